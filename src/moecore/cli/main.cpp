@@ -1,0 +1,76 @@
+// The `moecore` program: one binary, subcommands. Errors from user input print one line and exit 1.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "moecore/cli/bench.h"
+#include "moecore/core/error.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace {
+
+std::string version_line() {
+  return fmt::format("moecore {} (CPU backend: oneDNN GEMM, OpenMP; bf16 GEMM {})", MOECORE_VERSION,
+                     moecore::kernels::gemm_stats().bf16_native ? "native" : "widened to f32 on this CPU");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moecore: train Mixture-of-Experts language models the way Megatron-Core MoE does", "moecore"};
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the version and exit");
+
+  CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
+  bench->require_subcommand(1);
+
+  int64_t gemm_size = 2048;
+  int gemm_iters = 10;
+  CLI::App* bgemm = bench->add_subcommand("gemm", "f32 and bf16 GEMM GFLOP/s (the roofline other benchmarks use)");
+  bgemm->add_option("--size", gemm_size, "M = N = K")->check(CLI::Range(int64_t{1}, int64_t{65536}))
+      ->capture_default_str();
+  bgemm->add_option("--iters", gemm_iters, "Timed runs")->check(CLI::Range(1, 100000))->capture_default_str();
+
+  moecore::cli::AttentionBenchArgs att;
+  CLI::App* batt = bench->add_subcommand("attention", "Causal GQA attention forward+backward GFLOP/s vs GEMM peak");
+  batt->add_option("--seq-length", att.seq, "S")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  batt->add_option("--micro-batch-size", att.batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  batt->add_option("--num-attention-heads", att.heads, "query heads")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  batt->add_option("--num-query-groups", att.kv_heads, "kv heads")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  batt->add_option("--kv-channels", att.head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
+  batt->add_option("--iters", att.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (show_version) {
+      fmt::print("{}\n", version_line());
+      return 0;
+    }
+    if (bgemm->parsed()) {
+      moecore::cli::run_bench_gemm(gemm_size, gemm_iters);
+    } else if (batt->parsed()) {
+      MOE_CHECK(att.heads % att.kv_heads == 0,
+                "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})", att.heads, att.kv_heads);
+      moecore::cli::run_bench_attention(att);
+    } else {
+      fmt::print("{}", app.help());
+    }
+  } catch (const moecore::Error& e) {
+    fmt::print(stderr, "moecore: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moecore: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}

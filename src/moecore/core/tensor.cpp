@@ -1,0 +1,168 @@
+// Tensor, Shape and Storage (see tensor.h).
+#include "moecore/core/tensor.h"
+
+#include <cstring>
+
+#include "moecore/core/allocator.h"
+
+namespace moecore {
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  MOE_ASSERT(static_cast<int>(dims.size()) <= kMaxDims);
+  for (int64_t d : dims) push_back(d);
+}
+
+void Shape::push_back(int64_t d) {
+  MOE_ASSERT(nd_ < kMaxDims);
+  MOE_ASSERT_MSG(d >= 0, "negative dimension {}", d);
+  d_[nd_++] = d;
+}
+
+void Shape::set(int i, int64_t d) {
+  MOE_ASSERT(i >= 0 && i < nd_ && d >= 0);
+  d_[i] = d;
+}
+
+int64_t Shape::operator[](int i) const {
+  MOE_ASSERT_MSG(i >= 0 && i < nd_, "dimension {} of a {}-d shape", i, nd_);
+  return d_[i];
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < nd_; i++) n *= d_[i];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (nd_ != o.nd_) return false;
+  for (int i = 0; i < nd_; i++)
+    if (d_[i] != o.d_[i]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < nd_; i++) s += (i ? ", " : "") + std::to_string(d_[i]);
+  return s + "]";
+}
+
+Storage::Storage(size_t n) : bytes(n) { ptr = Allocator::instance().allocate(n); }
+Storage::~Storage() { Allocator::instance().deallocate(ptr, bytes); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::slice(int64_t start, int64_t len) const {
+  MOE_ASSERT(ndim() >= 1);
+  MOE_ASSERT_MSG(start >= 0 && len >= 0 && start + len <= shape_[0], "slice [{}, {}) of leading dim {}", start,
+                 start + len, shape_[0]);
+  Tensor t = *this;
+  int64_t row = numel() / (shape_[0] == 0 ? 1 : shape_[0]);
+  t.offset_ += static_cast<size_t>(start * row) * dtype_size(dtype_);
+  t.shape_.set(0, len);
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  MOE_ASSERT_MSG(shape.numel() == numel(), "reshape {} -> {} changes the element count", shape_.str(), shape.str());
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+void Tensor::zero_() {
+  if (numel() > 0) std::memset(raw(), 0, nbytes());
+}
+
+double Tensor::item(int64_t i) const {
+  MOE_ASSERT(i >= 0 && i < numel());
+  switch (dtype_) {
+    case DType::F32: return data<float>()[i];
+    case DType::F64: return data<double>()[i];
+    case DType::BF16: return bf16_to_float(data<bf16>()[i]);
+    case DType::I32: return data<int32_t>()[i];
+    case DType::I64: return static_cast<double>(data<int64_t>()[i]);
+  }
+  return 0;
+}
+
+void Tensor::set_item(int64_t i, double v) {
+  MOE_ASSERT(i >= 0 && i < numel());
+  switch (dtype_) {
+    case DType::F32: data<float>()[i] = static_cast<float>(v); break;
+    case DType::F64: data<double>()[i] = v; break;
+    case DType::BF16: data<bf16>()[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::I32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::I64: data<int64_t>()[i] = static_cast<int64_t>(v); break;
+  }
+}
+
+namespace {
+template <typename D, typename S>
+void convert(D* dst, const S* src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) {
+    if constexpr (std::is_same_v<D, bf16>) {
+      if constexpr (std::is_same_v<S, bf16>)
+        dst[i] = src[i];
+      else
+        dst[i] = float_to_bf16(static_cast<float>(src[i]));
+    } else if constexpr (std::is_same_v<S, bf16>) {
+      dst[i] = static_cast<D>(bf16_to_float(src[i]));
+    } else {
+      dst[i] = static_cast<D>(src[i]);
+    }
+  }
+}
+
+template <typename D>
+void convert_from(D* dst, const Tensor& src) {
+  int64_t n = src.numel();
+  switch (src.dtype()) {
+    case DType::F32: convert(dst, src.data<float>(), n); break;
+    case DType::F64: convert(dst, src.data<double>(), n); break;
+    case DType::BF16: convert(dst, src.data<bf16>(), n); break;
+    default: MOE_ASSERT_MSG(false, "cannot convert from {}", dtype_name(src.dtype()));
+  }
+}
+}  // namespace
+
+void Tensor::copy_from(const Tensor& src) {
+  MOE_ASSERT_MSG(src.numel() == numel(), "copy of {} elements into {}", src.numel(), numel());
+  if (src.dtype() == dtype_) {
+    if (numel() > 0 && raw() != src.raw()) std::memcpy(raw(), src.raw(), nbytes());
+    return;
+  }
+  switch (dtype_) {
+    case DType::F32: convert_from(data<float>(), src); break;
+    case DType::F64: convert_from(data<double>(), src); break;
+    case DType::BF16: convert_from(data<bf16>(), src); break;
+    default: MOE_ASSERT_MSG(false, "cannot convert {} to {}", dtype_name(src.dtype()), dtype_name(dtype_));
+  }
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor t = empty(shape_, dtype);
+  t.copy_from(*this);
+  return t;
+}
+
+}  // namespace moecore

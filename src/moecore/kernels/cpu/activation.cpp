@@ -1,0 +1,133 @@
+// Activations (see activation.h). Derivatives, with σ the logistic function and Φ/φ the normal CDF/PDF:
+//   SwiGLU  y = silu(a)·b,  silu(a) = a·σ(a),  silu'(a) = σ(a)·(1 + a·(1 − σ(a)))
+//           da = dy·b·silu'(a),  db = dy·silu(a)
+//   GeLU    y = x·Φ(x) (exact erf form, Megatron's default),  y' = Φ(x) + x·φ(x)
+//   sqReLU  y = max(x, 0)²,  y' = 2·max(x, 0)
+// With a row scale p: y = f(x)·p, so dx = f'(x)·dy·p and dp = Σ_j dy_j·f(x)_j.
+#include "moecore/kernels/cpu/activation.h"
+
+#include <cmath>
+
+#include "moecore/core/cpu.h"
+
+namespace moecore::kernels {
+
+Activation parse_activation(std::string_view name) {
+  if (name == "swiglu") return Activation::SwiGLU;
+  if (name == "gelu") return Activation::GeLU;
+  if (name == "squared-relu" || name == "squared_relu") return Activation::SquaredReLU;
+  MOE_CHECK(false, "unknown activation '{}'; choose one of swiglu, gelu, squared-relu", name);
+  return Activation::SwiGLU;
+}
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::SwiGLU: return "swiglu";
+    case Activation::GeLU: return "gelu";
+    case Activation::SquaredReLU: return "squared-relu";
+  }
+  return "?";
+}
+
+namespace {
+template <typename T>
+inline T sigmoid(T a) {
+  return T(1) / (T(1) + std::exp(-a));
+}
+
+// f(x) and f'(x) for the ungated activations.
+template <typename T>
+inline void act_and_grad(Activation act, T x, T& f, T& df) {
+  if (act == Activation::GeLU) {
+    const T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
+    const T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);
+    f = x * cdf;
+    df = cdf + x * pdf;
+  } else {
+    const T r = x > T(0) ? x : T(0);
+    f = r * r;
+    df = T(2) * r;
+  }
+}
+
+template <typename T>
+MOE_TARGET_CLONES void fwd(Activation act, const T* x, const T* p, T* y, int64_t rows, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const T scale = p ? p[t] : T(1);
+    T* yr = y + t * F;
+    if (act == Activation::SwiGLU) {
+      const T* a = x + t * 2 * F;
+      const T* b = a + F;
+      for (int64_t j = 0; j < F; j++) yr[j] = a[j] * sigmoid(a[j]) * b[j] * scale;
+    } else {
+      const T* xr = x + t * F;
+      for (int64_t j = 0; j < F; j++) {
+        T f, df;
+        act_and_grad(act, xr[j], f, df);
+        yr[j] = f * scale;
+      }
+    }
+  }
+}
+
+template <typename T>
+MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, T* dx, T* dp, int64_t rows,
+                           int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const T scale = p ? p[t] : T(1);
+    const T* dyr = dy + t * F;
+    T dps = 0;
+    if (act == Activation::SwiGLU) {
+      const T* a = x + t * 2 * F;
+      const T* b = a + F;
+      T* da = dx + t * 2 * F;
+      T* db = da + F;
+      for (int64_t j = 0; j < F; j++) {
+        const T s = sigmoid(a[j]);
+        const T silu = a[j] * s;
+        const T g = dyr[j] * scale;
+        da[j] = g * b[j] * s * (T(1) + a[j] * (T(1) - s));
+        db[j] = g * silu;
+        dps += dyr[j] * silu * b[j];
+      }
+    } else {
+      const T* xr = x + t * F;
+      T* dxr = dx + t * F;
+      for (int64_t j = 0; j < F; j++) {
+        T f, df;
+        act_and_grad(act, xr[j], f, df);
+        dxr[j] = dyr[j] * scale * df;
+        dps += dyr[j] * f;
+      }
+    }
+    if (dp) dp[t] = dps;
+  }
+}
+}  // namespace
+
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  const int64_t rows = x.rows(), F = y_TF.cols();
+  MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
+                 activation_name(act), x.shape().str(), y_TF.shape().str());
+  MOE_ASSERT(!probs_T || probs_T->numel() == rows);
+  MOE_DISPATCH_FLOAT(x.dtype(), T, {
+    fwd<T>(act, x.data<T>(), probs_T ? probs_T->data<T>() : nullptr, y_TF.data<T>(), rows, F);
+  });
+}
+
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T) {
+  const int64_t rows = x.rows(), F = dy_TF.cols();
+  MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
+  MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
+  MOE_ASSERT(!probs_T || probs_T->numel() == rows);
+  MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
+  MOE_DISPATCH_FLOAT(x.dtype(), T, {
+    bwd<T>(act, dy_TF.data<T>(), x.data<T>(), probs_T ? probs_T->data<T>() : nullptr, dx.data<T>(),
+           dprobs_T ? dprobs_T->data<T>() : nullptr, rows, F);
+  });
+}
+
+}  // namespace moecore::kernels

@@ -1,0 +1,23 @@
+// FFN activations with an optional per-row scale p (the router probability Megatron applies inside the expert
+// activation): y = act(x) ⊙ p. SwiGLU takes fc1's [T, 2F] output as gate ‖ linear halves.
+#pragma once
+
+#include <string_view>
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::kernels {
+
+enum class Activation { SwiGLU, GeLU, SquaredReLU };
+
+Activation parse_activation(std::string_view name);  // "swiglu", "gelu", "squared-relu"
+std::string_view activation_name(Activation a);
+inline bool is_gated(Activation a) { return a == Activation::SwiGLU; }
+
+// x_TF2 [T, 2F] (gated) or x_TF [T, F] -> y_TF [T, F]. probs_T: nullptr or [T] (same dtype).
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
+// dy_TF -> dx (written, shape of x); dprobs_T (written) when probs_T is given.
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T);
+
+}  // namespace moecore::kernels

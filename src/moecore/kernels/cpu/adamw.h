@@ -1,0 +1,22 @@
+// AdamW (decoupled weight decay, Loshchilov & Hutter), the update Megatron's FusedAdam applies with adam_w_mode:
+//   p ← p·(1 − lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
+//   p ← p − lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + eps)
+// One tensor per call; the optimizer decides lr and wd per parameter.
+#pragma once
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::kernels {
+
+struct AdamWParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// param, m, v updated in place; grad read. All the same floating dtype (f32 master weights, or f64). step ≥ 1.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step);
+
+}  // namespace moecore::kernels

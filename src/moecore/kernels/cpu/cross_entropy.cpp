@@ -1,0 +1,69 @@
+// Fused cross-entropy (see cross_entropy.h). ∂loss_t/∂logit_tv = softmax_tv − [v = target_t].
+#include "moecore/kernels/cpu/cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+
+#include "moecore/core/cpu.h"
+
+namespace moecore::kernels {
+
+namespace {
+inline int64_t target_at(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::I32 ? t.data<int32_t>()[i] : t.data<int64_t>()[i];
+}
+
+template <typename T>
+MOE_TARGET_CLONES void lse_rows(const T* logits, T* lse, int64_t rows, int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const T* l = logits + t * V;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+    T s = 0;
+    for (int64_t v = 0; v < V; v++) s += std::exp(l[v] - mx);
+    lse[t] = mx + std::log(s);
+  }
+}
+
+template <typename T>
+MOE_TARGET_CLONES void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t rows, int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const T* l = logits + t * V;
+    T* d = dl + t * V;
+    const T g = dloss[t], m = lse[t];
+    for (int64_t v = 0; v < V; v++) d[v] = std::exp(l[v] - m) * g;
+  }
+}
+}  // namespace
+
+void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
+  MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
+  for (int64_t t = 0; t < rows; t++) {
+    const int64_t y = target_at(targets_T, t);
+    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
+  }
+  MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
+    const T* l = logits_TV.data<T>();
+    T* lse = lse_T.data<T>();
+    T* loss = loss_T.data<T>();
+    lse_rows<T>(l, lse, rows, V);
+    for (int64_t t = 0; t < rows; t++) loss[t] = lse[t] - l[t * V + target_at(targets_T, t)];
+  });
+}
+
+void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, Tensor& dlogits_TV) {
+  const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
+  MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
+  MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
+    T* d = dlogits_TV.data<T>();
+    const T* g = dloss_T.data<T>();
+    grad_rows<T>(g, logits_TV.data<T>(), lse_T.data<T>(), d, rows, V);
+    for (int64_t t = 0; t < rows; t++) d[t * V + target_at(targets_T, t)] -= g[t];
+  });
+}
+
+}  // namespace moecore::kernels

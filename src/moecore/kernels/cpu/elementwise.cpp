@@ -1,0 +1,128 @@
+// Elementwise helpers (see elementwise.h).
+#include "moecore/kernels/cpu/elementwise.h"
+
+#include <vector>
+
+#include "moecore/core/cpu.h"
+
+namespace moecore::kernels {
+
+namespace {
+constexpr int64_t kChunk = 16384;
+
+template <typename T, typename F>
+double chunked_sum(int64_t n, F term) {
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+  // Partial sums per fixed chunk, then a sequential sum over chunks: same result for any thread count.
+  double partial_stack[64];
+  std::vector<double> partial_heap;
+  double* partial = partial_stack;
+  if (nchunks > 64) {
+    partial_heap.resize(nchunks);
+    partial = partial_heap.data();
+  }
+_Pragma("omp parallel for schedule(static) if (nchunks > 1)")
+  for (int64_t c = 0; c < nchunks; c++) {
+    double s = 0;
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; i++) s += term(i);
+    partial[c] = s;
+  }
+  double s = 0;
+  for (int64_t c = 0; c < nchunks; c++) s += partial[c];
+  return s;
+}
+}  // namespace
+
+void add_(Tensor& a, const Tensor& b) { add(a, b, a); }
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  MOE_ASSERT_MSG(a.numel() == b.numel() && a.numel() == out.numel(), "add of {} + {} into {}", a.shape().str(),
+                 b.shape().str(), out.shape().str());
+  MOE_ASSERT(a.dtype() == b.dtype() && a.dtype() == out.dtype());
+  const int64_t n = a.numel();
+  MOE_DISPATCH_FLOAT(a.dtype(), T, {
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.data<T>();
+_Pragma("omp parallel for schedule(static) if (n > 65536)")
+    for (int64_t i = 0; i < n; i++) po[i] = pa[i] + pb[i];
+  });
+}
+
+void scale_(Tensor& a, double s) {
+  const int64_t n = a.numel();
+  MOE_DISPATCH_FLOAT(a.dtype(), T, {
+    T* p = a.data<T>();
+    const T ts = static_cast<T>(s);
+_Pragma("omp parallel for schedule(static) if (n > 65536)")
+    for (int64_t i = 0; i < n; i++) p[i] *= ts;
+  });
+}
+
+void fill_(Tensor& a, double v) {
+  const int64_t n = a.numel();
+  MOE_DISPATCH_FLOAT(a.dtype(), T, {
+    T* p = a.data<T>();
+    for (int64_t i = 0; i < n; i++) p[i] = static_cast<T>(v);
+  });
+}
+
+double sum(const Tensor& a) {
+  double r = 0;
+  MOE_DISPATCH_FLOAT(a.dtype(), T, {
+    const T* p = a.data<T>();
+    r = chunked_sum<T>(a.numel(), [p](int64_t i) { return static_cast<double>(p[i]); });
+  });
+  return r;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  MOE_ASSERT(a.numel() == b.numel() && a.dtype() == b.dtype());
+  double r = 0;
+  MOE_DISPATCH_FLOAT(a.dtype(), T, {
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    r = chunked_sum<T>(a.numel(), [pa, pb](int64_t i) { return static_cast<double>(pa[i]) * pb[i]; });
+  });
+  return r;
+}
+
+double sum_squares(const Tensor& a) { return dot(a, a); }
+
+}  // namespace moecore::kernels
+
+namespace moecore::kernels {
+
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  const int64_t rows = y_TN.rows(), N = y_TN.cols();
+  MOE_ASSERT(b_N.numel() == N && b_N.dtype() == y_TN.dtype());
+  MOE_DISPATCH_FLOAT(y_TN.dtype(), T, {
+    T* y = y_TN.data<T>();
+    const T* b = b_N.data<T>();
+_Pragma("omp parallel for schedule(static)")
+    for (int64_t t = 0; t < rows; t++)
+      for (int64_t j = 0; j < N; j++) y[t * N + j] += b[j];
+  });
+}
+
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  const int64_t rows = dy_TN.rows(), N = dy_TN.cols();
+  MOE_ASSERT(db_N.numel() == N && db_N.dtype() == dy_TN.dtype());
+  constexpr int64_t kCols = 64;
+  const int64_t nblk = (N + kCols - 1) / kCols;
+  MOE_DISPATCH_FLOAT(dy_TN.dtype(), T, {
+    const T* dy = dy_TN.data<T>();
+    T* db = db_N.data<T>();
+_Pragma("omp parallel for schedule(static)")
+    for (int64_t b = 0; b < nblk; b++) {
+      const int64_t j0 = b * kCols, j1 = std::min(N, j0 + kCols);
+      T acc[kCols] = {};
+      for (int64_t t = 0; t < rows; t++)
+        for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy[t * N + j];
+      for (int64_t j = j0; j < j1; j++) db[j] += acc[j - j0];
+    }
+  });
+}
+
+}  // namespace moecore::kernels

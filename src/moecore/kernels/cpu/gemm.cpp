@@ -1,0 +1,173 @@
+// GEMM through oneDNN matmul with a primitive cache (see gemm.h).
+#include "moecore/kernels/cpu/gemm.h"
+
+#include <cstring>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+namespace moecore::kernels {
+
+namespace {
+
+struct Key {
+  int64_t m, n, k;
+  bool ta, tb;
+  DType dt;
+  uint32_t alpha_bits, beta_bits;
+  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 1469598103934665603ull;
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
+    for (size_t i = 0; i < sizeof(Key); i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+  }
+};
+
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c;
+};
+
+struct Ctx {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  std::mutex mu;
+  std::unordered_map<Key, Entry, KeyHash> cache;
+  GemmStats stats;
+  Ctx();
+};
+
+Ctx& ctx() {
+  static Ctx* c = new Ctx();
+  return *c;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+dnnl::memory::data_type dnnl_dt(DType t) {
+  return t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+// Creates the matmul for one shape. Strides express the transposes, so no operand is ever copied.
+Entry make_entry(Ctx& c, const Key& k) {
+  using dims = dnnl::memory::dims;
+  auto dt = dnnl_dt(k.dt);
+  dnnl::memory::desc a_md(dims{k.m, k.k}, dt, k.ta ? dims{1, k.m} : dims{k.k, 1});
+  dnnl::memory::desc b_md(dims{k.k, k.n}, dt, k.tb ? dims{1, k.k} : dims{k.n, 1});
+  dnnl::memory::desc c_md(dims{k.m, k.n}, dnnl::memory::data_type::f32, dims{k.n, 1});
+  dnnl::primitive_attr attr;
+  float alpha, beta;
+  std::memcpy(&alpha, &k.alpha_bits, 4);
+  std::memcpy(&beta, &k.beta_bits, 4);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.eng);
+  Entry e{dnnl::matmul(pd), dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE), dnnl::memory(b_md, c.eng, DNNL_MEMORY_NONE),
+          dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE)};
+  c.stats.primitives_created++;
+  return e;
+}
+
+template <typename T>
+void gemm_ref(const T* A, bool ta, const T* B, bool tb, T* C, int64_t M, int64_t N, int64_t K, T alpha, T beta) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M; i++) {
+    T* c = C + i * N;
+    for (int64_t j = 0; j < N; j++) c[j] = beta == T(0) ? T(0) : beta * c[j];
+    for (int64_t p = 0; p < K; p++) {
+      T a = alpha * (ta ? A[p * M + i] : A[i * K + p]);
+      if (tb) {
+        for (int64_t j = 0; j < N; j++) c[j] += a * B[j * K + p];
+      } else {
+        const T* b = B + p * N;
+        for (int64_t j = 0; j < N; j++) c[j] += a * b[j];
+      }
+    }
+  }
+}
+
+// CPUs without AVX-512 have no bf16 matmul in oneDNN: find out once, then widen bf16 operands to f32 there.
+Ctx::Ctx() {
+  using dims = dnnl::memory::dims;
+  try {
+    dnnl::memory::desc a(dims{2, 2}, dnnl::memory::data_type::bf16, dims{2, 1});
+    dnnl::memory::desc c(dims{2, 2}, dnnl::memory::data_type::f32, dims{2, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), eng);
+  } catch (const dnnl::error&) {
+    stats.bf16_native = false;
+  }
+}
+
+}  // namespace
+
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  const int64_t M = trans_a ? A.cols() : A.rows();
+  const int64_t K = trans_a ? A.rows() : A.cols();
+  const int64_t Kb = trans_b ? B.cols() : B.rows();
+  const int64_t N = trans_b ? B.rows() : B.cols();
+  MOE_ASSERT_MSG(K == Kb, "gemm inner dims differ: A {}{} vs B {}{}", A.shape().str(), trans_a ? "ᵀ" : "",
+                 B.shape().str(), trans_b ? "ᵀ" : "");
+  MOE_ASSERT_MSG(C.rows() == M && C.cols() == N, "gemm output {} expected [{}, {}]", C.shape().str(), M, N);
+  MOE_ASSERT_MSG(A.dtype() == B.dtype(), "gemm operand dtypes differ: {} vs {}", dtype_name(A.dtype()),
+                 dtype_name(B.dtype()));
+  Ctx& c = ctx();
+  if (A.dtype() == DType::F64) {
+    MOE_ASSERT(C.dtype() == DType::F64);
+    c.stats.calls++;
+    gemm_ref<double>(A.data<double>(), trans_a, B.data<double>(), trans_b, C.data<double>(), M, N, K, alpha, beta);
+    return;
+  }
+  MOE_ASSERT_MSG(C.dtype() == DType::F32, "gemm output must be f32 for {} operands", dtype_name(A.dtype()));
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // oneDNN rejects empty reductions: C = beta·C.
+    float* cp = C.data<float>();
+    for (int64_t i = 0; i < M * N; i++) cp[i] = beta == 0.0f ? 0.0f : beta * cp[i];
+    return;
+  }
+  if (A.dtype() == DType::BF16 && !c.stats.bf16_native) {
+    Tensor a32 = A.to(DType::F32), b32 = B.to(DType::F32);
+    gemm(a32, trans_a, b32, trans_b, C, alpha, beta);
+    return;
+  }
+  Key key{M, N, K, trans_a, trans_b, A.dtype(), bits(alpha), bits(beta)};
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.stats.calls++;
+  auto it = c.cache.find(key);
+  if (it == c.cache.end()) {
+    try {
+      it = c.cache.emplace(key, make_entry(c, key)).first;
+    } catch (const dnnl::error& e) {
+      MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), M, N, K);
+    }
+  }
+  Entry& e = it->second;
+  e.a.set_data_handle(A.raw());
+  e.b.set_data_handle(B.raw());
+  e.c.set_data_handle(C.raw());
+  try {
+    e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    c.strm.wait();
+  } catch (const dnnl::error& err) {
+    MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
+  }
+}
+
+GemmStats gemm_stats() {
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.stats;
+}
+
+}  // namespace moecore::kernels

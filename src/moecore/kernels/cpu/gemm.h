@@ -1,0 +1,26 @@
+// Dense matrix multiply C = alpha·op(A)·op(B) + beta·C, the one GEMM every module uses.
+// f32 and bf16 operands go to oneDNN matmul (f32 accumulation, f32 output; oneDNN chooses AVX-512/AMX/AVX2 at run
+// time). f64 runs a plain blocked loop: it exists for finite-difference gradient checks, not for speed.
+// Primitives are created once per shape and cached: a steady-state step creates none (gemm_stats() proves it).
+#pragma once
+
+#include <cstdint>
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::kernels {
+
+// Tensors are seen as 2-D matrices [rows, cols] (leading dims flattened).
+// op(A) is M×K: A is [M, K], or [K, M] when trans_a. op(B) is K×N: B is [K, N], or [N, K] when trans_b.
+// C is [M, N], f32 for f32/bf16 operands, f64 for f64 operands. beta = 0 overwrites C, beta = 1 accumulates.
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
+          float beta = 0.0f);
+
+struct GemmStats {
+  int64_t calls = 0;
+  int64_t primitives_created = 0;
+  bool bf16_native = true;  // false when this CPU has no bf16 matmul and operands are widened to f32
+};
+GemmStats gemm_stats();
+
+}  // namespace moecore::kernels

@@ -1,0 +1,82 @@
+// RMSNorm forward/backward (see rmsnorm.h). Statistics in f64 for f64 tensors, f32 otherwise.
+//
+// Gradient, per row with r = rstd, c = Σ_j w_j·dy_j·x_j:
+//   y_k = w_k·x_k·r,   ∂r/∂x_k = −r³·x_k/H
+//   dx_k = w_k·dy_k·r + c·(−r³·x_k/H) = r·(w_k·dy_k − x_k·r²·c/H)
+//   dw_k += Σ_rows dy_k·x_k·r
+#include "moecore/kernels/cpu/rmsnorm.h"
+
+#include <cmath>
+
+#include "moecore/core/cpu.h"
+
+namespace moecore::kernels {
+
+namespace {
+template <typename T>
+MOE_TARGET_CLONES void fwd(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t H, double eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const T* xr = x + t * H;
+    T ss = 0;
+    for (int64_t j = 0; j < H; j++) ss += xr[j] * xr[j];
+    T r = T(1) / std::sqrt(ss / T(H) + T(eps));
+    rstd[t] = r;
+    T* yr = y + t * H;
+    for (int64_t j = 0; j < H; j++) yr[j] = xr[j] * r * w[j];
+  }
+}
+
+template <typename T>
+MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows,
+                           int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const T* xr = x + t * H;
+    const T* dyr = dy + t * H;
+    const T r = rstd[t];
+    T c = 0;
+    for (int64_t j = 0; j < H; j++) c += w[j] * dyr[j] * xr[j];
+    const T k = r * r * c / T(H);
+    T* dxr = dx + t * H;
+    for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - xr[j] * k);
+  }
+  // dw: each thread owns a column range and walks rows in order, so the sum order is fixed.
+  constexpr int64_t kCols = 64;
+  const int64_t nblk = (H + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < nblk; b++) {
+    const int64_t j0 = b * kCols, j1 = std::min(H, j0 + kCols);
+    T acc[kCols] = {};
+    for (int64_t t = 0; t < rows; t++) {
+      const T r = rstd[t];
+      for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy[t * H + j] * x[t * H + j] * r;
+    }
+    for (int64_t j = j0; j < j1; j++) dw[j] += acc[j - j0];
+  }
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
+  MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
+    fwd<T>(x_TH.data<T>(), w_H.data<T>(), y_TH.data<T>(), rstd_T.data<T>(), rows, H, eps);
+  });
+}
+
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T,
+                      Tensor& dx_TH, Tensor& dw_H) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT_SHAPE(dw_H, {H});
+  MOE_ASSERT(rstd_T.numel() == rows);
+  MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
+    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dw_H.data<T>(),
+           rows, H);
+  });
+}
+
+}  // namespace moecore::kernels

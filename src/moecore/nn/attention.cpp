@@ -1,0 +1,78 @@
+// Attention module (see attention.h). Backward runs the forward chain in reverse: proj → attention kernel → RoPE
+// (inverse rotation) → qk-norm → q/k/v projections, whose input gradients sum into dx.
+#include "moecore/nn/attention.h"
+
+#include <cmath>
+
+#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/rope.h"
+
+namespace moecore::nn {
+
+namespace {
+LinearConfig proj_cfg(int64_t in, int64_t out, const AttentionConfig& c, double std) {
+  return LinearConfig{in, out, c.bias, InitRule::normal(std), c.bf16};
+}
+}  // namespace
+
+Attention::Attention(ParamRegistry& reg, const std::string& name, const AttentionConfig& cfg)
+    : cfg_(cfg),
+      rot_dim_(static_cast<int64_t>(std::llround(cfg.head_dim * cfg.rotary_percent)) / 2 * 2),
+      q_(reg, name + ".linear_q", proj_cfg(cfg.hidden, cfg.num_heads * cfg.head_dim, cfg, cfg.init_std)),
+      k_(reg, name + ".linear_k", proj_cfg(cfg.hidden, cfg.num_query_groups * cfg.head_dim, cfg, cfg.init_std)),
+      v_(reg, name + ".linear_v", proj_cfg(cfg.hidden, cfg.num_query_groups * cfg.head_dim, cfg, cfg.init_std)),
+      proj_(reg, name + ".linear_proj", proj_cfg(cfg.num_heads * cfg.head_dim, cfg.hidden, cfg, cfg.output_init_std)) {
+  MOE_ASSERT(cfg.num_query_groups > 0 && cfg.num_heads % cfg.num_query_groups == 0);
+  MOE_ASSERT(rot_dim_ >= 2 && rot_dim_ <= cfg.head_dim);
+  if (cfg.qk_layernorm) {
+    q_norm_ = std::make_unique<RMSNorm>(reg, name + ".q_layernorm", cfg.head_dim, cfg.norm_eps);
+    k_norm_ = std::make_unique<RMSNorm>(reg, name + ".k_layernorm", cfg.head_dim, cfg.norm_eps);
+  }
+  kernels::rope_tables(cfg.max_seq_len, rot_dim_, cfg.rotary_base, reg.dtype(), cos_, sin_);
+}
+
+Tensor Attention::forward(const Tensor& x_SBH, Stash& st) {
+  MOE_ASSERT(x_SBH.ndim() == 3 && x_SBH.dim(2) == cfg_.hidden);
+  const int64_t S = x_SBH.dim(0), B = x_SBH.dim(1), D = cfg_.head_dim;
+  MOE_CHECK(S <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S,
+            cfg_.max_seq_len);
+  Tensor q = q_.forward(x_SBH, st.q).reshape({S, B, cfg_.num_heads, D});
+  Tensor k = k_.forward(x_SBH, st.k).reshape({S, B, cfg_.num_query_groups, D});
+  st.v_SBND = v_.forward(x_SBH, st.v).reshape({S, B, cfg_.num_query_groups, D});
+  if (q_norm_) {
+    q = q_norm_->forward(q, st.q_norm);
+    k = k_norm_->forward(k, st.k_norm);
+  }
+  kernels::rope_forward(q, cos_, sin_, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
+  kernels::rope_forward(k, cos_, sin_, rot_dim_, k);
+  st.q_SBND = q;
+  st.k_SBND = k;
+  st.o_SBND = Tensor::empty(q.shape(), q.dtype());
+  st.lse_BNS = Tensor::empty({B, cfg_.num_heads, S}, q.dtype());
+  kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
+  return proj_.forward(st.o_SBND, st.proj).reshape({S, B, cfg_.hidden});
+}
+
+Tensor Attention::backward(const Tensor& dy_SBH, Stash& st) {
+  const int64_t S = dy_SBH.dim(0), B = dy_SBH.dim(1), D = cfg_.head_dim;
+  const Tensor d_o = proj_.backward(dy_SBH, st.proj).reshape(st.o_SBND.shape());
+  Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype());
+  Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype());
+  Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype());
+  kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS,
+                              1.0 / std::sqrt(static_cast<double>(D)), dq, dk, dv);
+  kernels::rope_backward(dq, cos_, sin_, rot_dim_, dq);
+  kernels::rope_backward(dk, cos_, sin_, rot_dim_, dk);
+  if (q_norm_) {
+    dq = q_norm_->backward(dq, st.q_norm);
+    dk = k_norm_->backward(dk, st.k_norm);
+  }
+  Tensor dx = q_.backward(dq.reshape({S * B, cfg_.num_heads * D}), st.q);
+  kernels::add_(dx, k_.backward(dk.reshape({S * B, cfg_.num_query_groups * D}), st.k));
+  kernels::add_(dx, v_.backward(dv.reshape({S * B, cfg_.num_query_groups * D}), st.v));
+  st.q_SBND = st.k_SBND = st.v_SBND = st.o_SBND = st.lse_BNS = Tensor();
+  return dx.reshape({S, B, cfg_.hidden});
+}
+
+}  // namespace moecore::nn

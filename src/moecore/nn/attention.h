@@ -1,0 +1,51 @@
+// Self-attention block: q/k/v projections (grouped-query: Nkv ≤ Nq heads), optional per-head RMSNorm of q and k
+// (Qwen3's qk-layernorm, applied before RoPE as in Megatron), RoPE on a fraction of each head, causal tiled
+// attention, output projection. Activations are [S, B, H].
+#pragma once
+
+#include <string>
+
+#include "moecore/nn/linear.h"
+#include "moecore/nn/rmsnorm.h"
+
+namespace moecore::nn {
+
+struct AttentionConfig {
+  int64_t hidden = 0;
+  int64_t num_heads = 0;       // Nq
+  int64_t num_query_groups = 0;  // Nkv
+  int64_t head_dim = 0;        // D (kv_channels)
+  int64_t max_seq_len = 0;
+  double rotary_base = 10000.0;
+  double rotary_percent = 1.0;
+  bool qk_layernorm = false;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  double output_init_std = 0.02;  // init_std / sqrt(2·num_layers) in a model
+  bool bias = false;
+  bool bf16 = false;
+};
+
+class Attention {
+ public:
+  struct Stash {
+    Linear::Stash q, k, v, proj;
+    RMSNorm::Stash q_norm, k_norm;
+    Tensor q_SBND, k_SBND, v_SBND;  // post-norm, post-RoPE inputs of the attention kernel
+    Tensor o_SBND, lse_BNS;
+  };
+
+  Attention(ParamRegistry& reg, const std::string& name, const AttentionConfig& cfg);
+  // x_SBH [S, B, H] -> [S, B, H]
+  Tensor forward(const Tensor& x_SBH, Stash& st);
+  Tensor backward(const Tensor& dy_SBH, Stash& st);
+
+ private:
+  AttentionConfig cfg_;
+  int64_t rot_dim_;
+  Linear q_, k_, v_, proj_;
+  std::unique_ptr<RMSNorm> q_norm_, k_norm_;
+  Tensor cos_, sin_;
+};
+
+}  // namespace moecore::nn

@@ -1,0 +1,105 @@
+// GPT model (see gpt_model.h). Loss = Σ_t mask_t·ce_t / Σ_t mask_t, so dloss_t = scale·mask_t / Σ mask.
+#include "moecore/nn/gpt_model.h"
+
+#include <cmath>
+
+#include "moecore/kernels/cpu/cross_entropy.h"
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/mlp.h"
+
+namespace moecore::nn {
+
+Tensor to_sequence_major(const Tensor& x_BS) {
+  MOE_ASSERT_MSG(x_BS.ndim() == 2, "expected [B, S], got {}", x_BS.shape().str());
+  const int64_t B = x_BS.dim(0), S = x_BS.dim(1);
+  Tensor y = Tensor::empty({S * B}, x_BS.dtype() == DType::I32 ? DType::I64 : x_BS.dtype());
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t s = 0; s < S; s++) y.set_item(s * B + b, x_BS.item(b * S + s));
+  return y;
+}
+
+GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
+    : cfg_(c),
+      embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std),
+      final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm_eps) {
+  MOE_CHECK(c.num_attention_heads > 0 && c.num_query_groups > 0 && c.num_attention_heads % c.num_query_groups == 0,
+            "--num-attention-heads ({}) must be a positive multiple of --num-query-groups ({})",
+            c.num_attention_heads, c.num_query_groups);
+  const double out_std = c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  AttentionConfig ac{c.hidden_size, c.num_attention_heads, c.num_query_groups, c.kv_channels, c.max_seq_len,
+                     c.rotary_base, c.rotary_percent, c.qk_layernorm, c.norm_eps, c.init_method_std, out_std,
+                     c.add_bias_linear, c.bf16};
+  for (int64_t i = 0; i < c.num_layers; i++) {
+    const std::string name = "decoder.layers." + std::to_string(i);
+    std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
+    if (!f) {
+      MLPConfig mc{c.hidden_size, c.ffn_hidden_size, c.activation, c.add_bias_linear, c.init_method_std, out_std,
+                   c.bf16};
+      f = std::make_unique<MLP>(reg, name + ".mlp", mc);
+    }
+    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f)));
+  }
+  if (c.untie_embeddings_and_output_weights) {
+    output_ = std::make_unique<Linear>(reg, "output_layer",
+                                       LinearConfig{c.hidden_size, c.vocab_size, false,
+                                                    InitRule::normal(c.init_method_std), c.bf16});
+  } else {
+    output_ = std::make_unique<Linear>(embedding_.weight(), c.bf16);
+  }
+}
+
+GPTModel::Stash GPTModel::make_stash() const {
+  Stash s;
+  for (auto& l : layers_) s.layers.push_back(l->make_stash());
+  return s;
+}
+
+Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
+  MOE_ASSERT(tokens_BS.ndim() == 2);
+  st.B = tokens_BS.dim(0);
+  st.S = tokens_BS.dim(1);
+  Tensor h = embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S, st.B, cfg_.hidden_size});
+  for (size_t i = 0; i < layers_.size(); i++) h = layers_[i]->forward(h, st.layers[i]);
+  h = final_norm_.forward(h, st.final_norm);
+  return output_->forward(h, st.output);
+}
+
+double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st) {
+  MOE_ASSERT(labels_BS.shape() == tokens_BS.shape());
+  st.logits_TV = embed_and_decode(tokens_BS, st);
+  const int64_t T = st.S * st.B;
+  const DType dt = st.logits_TV.dtype();
+  st.labels_T = to_sequence_major(labels_BS);
+  st.mask_T = Tensor::empty({T}, dt);
+  if (loss_mask_BS.defined()) {
+    MOE_ASSERT(loss_mask_BS.shape() == tokens_BS.shape());
+    for (int64_t b = 0; b < st.B; b++)
+      for (int64_t s = 0; s < st.S; s++) st.mask_T.set_item(s * st.B + b, loss_mask_BS.item(b * st.S + s));
+  } else {
+    kernels::fill_(st.mask_T, 1.0);
+  }
+  Tensor loss_T = Tensor::empty({T}, dt);
+  st.lse_T = Tensor::empty({T}, dt);
+  kernels::cross_entropy_forward(st.logits_TV, st.labels_T, loss_T, st.lse_T);
+  st.mask_sum = kernels::sum(st.mask_T);
+  return st.mask_sum > 0 ? kernels::dot(loss_T, st.mask_T) / st.mask_sum : 0.0;
+}
+
+void GPTModel::backward(Stash& st, double loss_scale) {
+  Tensor dloss = st.mask_T.clone();
+  kernels::scale_(dloss, st.mask_sum > 0 ? loss_scale / st.mask_sum : 0.0);
+  // The logits are not needed after this, so their gradient overwrites them.
+  kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV);
+  Tensor dh = output_->backward(st.logits_TV, st.output);
+  st.logits_TV = Tensor();
+  dh = final_norm_.backward(dh.reshape({st.S, st.B, cfg_.hidden_size}), st.final_norm);
+  for (size_t i = layers_.size(); i-- > 0;) dh = layers_[i]->backward(dh, st.layers[i]);
+  embedding_.backward(dh.reshape({st.S * st.B, cfg_.hidden_size}), st.emb);
+}
+
+Tensor GPTModel::logits(const Tensor& tokens_BS) {
+  Stash st = make_stash();
+  return embed_and_decode(tokens_BS, st);
+}
+
+}  // namespace moecore::nn

@@ -1,0 +1,79 @@
+// Decoder-only GPT: embedding → L transformer layers → final RMSNorm → output layer (tied to the embedding or
+// its own weight) → cross-entropy. Tokens arrive [B, S] as a loader gives them; activations run [S, B, H].
+// Parameter names follow Megatron-Core's GPTModel (embedding.word_embeddings, decoder.layers.i..., output_layer).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moecore/kernels/cpu/activation.h"
+#include "moecore/nn/embedding.h"
+#include "moecore/nn/linear.h"
+#include "moecore/nn/rmsnorm.h"
+#include "moecore/nn/transformer_layer.h"
+
+namespace moecore::nn {
+
+struct GPTConfig {
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t ffn_hidden_size = 256;
+  int64_t num_attention_heads = 4;
+  int64_t num_query_groups = 4;  // = heads unless grouped-query attention
+  int64_t kv_channels = 16;      // head dim
+  int64_t vocab_size = 256;
+  int64_t max_seq_len = 128;
+  double rotary_base = 10000.0;
+  double rotary_percent = 1.0;
+  bool qk_layernorm = false;
+  bool untie_embeddings_and_output_weights = false;
+  double norm_eps = 1e-5;
+  double init_method_std = 0.02;
+  kernels::Activation activation = kernels::Activation::SwiGLU;
+  bool add_bias_linear = false;
+  bool bf16 = false;  // bf16 GEMM operands with f32 accumulation
+};
+
+// Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.
+using FfnFactory = std::function<std::unique_ptr<FeedForward>(ParamRegistry&, const std::string&, int64_t)>;
+
+class GPTModel {
+ public:
+  struct Stash {
+    Embedding::Stash emb;
+    std::vector<TransformerLayer::Stash> layers;
+    RMSNorm::Stash final_norm;
+    Linear::Stash output;
+    Tensor labels_T, mask_T, logits_TV, lse_T;
+    int64_t S = 0, B = 0;
+    double mask_sum = 0;
+  };
+
+  GPTModel(const GPTConfig& cfg, ParamRegistry& reg, FfnFactory ffn = nullptr);
+  Stash make_stash() const;
+
+  // tokens_BS, labels_BS [B, S] (i32/i64), loss_mask_BS [B, S] (f32/f64 or undefined = all ones).
+  // Returns the mean loss over unmasked tokens.
+  double forward(const Tensor& tokens_BS, const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st);
+  // Backpropagates loss_scale · d(mean loss); accumulates parameter gradients.
+  void backward(Stash& st, double loss_scale = 1.0);
+  // Logits [S·B, V] (row t = s·B + b) for generation and evaluation; no stash is kept.
+  Tensor logits(const Tensor& tokens_BS);
+
+  const GPTConfig& config() const { return cfg_; }
+
+ private:
+  Tensor embed_and_decode(const Tensor& tokens_BS, Stash& st);
+  GPTConfig cfg_;
+  Embedding embedding_;
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  RMSNorm final_norm_;
+  std::unique_ptr<Linear> output_;
+};
+
+// Converts [B, S] integer tokens to the sequence-major [S·B] order the model runs in.
+Tensor to_sequence_major(const Tensor& x_BS);
+
+}  // namespace moecore::nn

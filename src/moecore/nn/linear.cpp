@@ -1,0 +1,55 @@
+// Linear (see linear.h). With y = x·Wᵀ + b:  dx = dy·W,  dW += dyᵀ·x,  db += Σ_rows dy.
+#include "moecore/nn/linear.h"
+
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::nn {
+
+Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& cfg)
+    : in_(cfg.in), out_(cfg.out), bf16_(cfg.bf16) {
+  MOE_ASSERT(cfg.in > 0 && cfg.out > 0);
+  weight_ = &reg.add(name + ".weight", {cfg.out, cfg.in}, cfg.init);
+  if (cfg.bias) bias_ = &reg.add(name + ".bias", {cfg.out}, InitRule::zeros(), /*no_weight_decay=*/true);
+  MOE_ASSERT_MSG(!bf16_ || reg.dtype() == DType::F32, "bf16 GEMMs need f32 master weights");
+}
+
+Linear::Linear(Parameter& weight, bool bf16)
+    : weight_(&weight), in_(weight.value.dim(1)), out_(weight.value.dim(0)), bf16_(bf16) {}
+
+Tensor Linear::forward(const Tensor& x, Stash& st) {
+  MOE_ASSERT_MSG(x.cols() == in_, "{} expects inputs with {} features, got {}", weight_->name, in_,
+                 x.shape().str());
+  const Tensor x2 = x.reshape({x.rows(), in_});
+  const Tensor& w = weight_->value;
+  Tensor y = Tensor::empty({x2.rows(), out_}, w.dtype());
+  if (bf16_) {
+    w_bf16_ = w.to(DType::BF16);
+    st.x = x2.to(DType::BF16);
+    kernels::gemm(st.x, false, w_bf16_, true, y);
+  } else {
+    st.x = x2;
+    kernels::gemm(st.x, false, w, true, y);
+  }
+  if (bias_) kernels::add_row_bias_(y, bias_->value);
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy, Stash& st) {
+  MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
+  const Tensor dy2 = dy.reshape({dy.rows(), out_});
+  Tensor dx = Tensor::empty({dy2.rows(), in_}, weight_->value.dtype());
+  if (bf16_) {
+    const Tensor dyb = dy2.to(DType::BF16);
+    kernels::gemm(dyb, false, w_bf16_, false, dx);
+    kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, 1.0f);
+  } else {
+    kernels::gemm(dy2, false, weight_->value, false, dx);
+    kernels::gemm(dy2, true, st.x, false, weight_->grad, 1.0f, 1.0f);
+  }
+  if (bias_) kernels::accumulate_col_sums(dy2, bias_->grad);
+  st.x = Tensor();
+  return dx;
+}
+
+}  // namespace moecore::nn

@@ -1,0 +1,47 @@
+// Linear layer y = x·Wᵀ (+ b), W stored [out, in] as in Megatron and HuggingFace. With bf16 on, GEMM operands are
+// rounded to bf16 (f32 accumulation, f32 output) and the stash keeps the bf16 input; master weights and gradients
+// stay f32. A Linear can also wrap a parameter owned elsewhere (the tied output layer uses the embedding).
+#pragma once
+
+#include <string>
+
+#include "moecore/nn/parameter.h"
+
+namespace moecore::nn {
+
+struct LinearConfig {
+  int64_t in = 0;
+  int64_t out = 0;
+  bool bias = false;
+  InitRule init = InitRule::normal(0.02);
+  bool bf16 = false;
+};
+
+class Linear {
+ public:
+  struct Stash {
+    Tensor x;  // input as fed to the GEMM ([rows, in]; bf16 when bf16 is on)
+  };
+
+  Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& cfg);
+  // Wraps an existing weight [out, in] (no bias), e.g. the tied output layer.
+  Linear(Parameter& weight, bool bf16);
+
+  // x [..., in] -> y [rows, out]
+  Tensor forward(const Tensor& x, Stash& st);
+  // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated.
+  Tensor backward(const Tensor& dy, Stash& st);
+
+  Parameter& weight() { return *weight_; }
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+
+ private:
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+  int64_t in_ = 0, out_ = 0;
+  bool bf16_ = false;
+  Tensor w_bf16_;  // bf16 copy of the weight, refreshed every forward
+};
+
+}  // namespace moecore::nn

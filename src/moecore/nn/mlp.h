@@ -1,0 +1,39 @@
+// Dense MLP: fc1 → activation → fc2. For SwiGLU, fc1 is [2F, H] with gate rows first, then linear rows (Megatron's
+// gated_linear_unit layout); fc2 is [H, F].
+#pragma once
+
+#include <string>
+
+#include "moecore/kernels/cpu/activation.h"
+#include "moecore/nn/feed_forward.h"
+#include "moecore/nn/linear.h"
+
+namespace moecore::nn {
+
+struct MLPConfig {
+  int64_t hidden = 0;
+  int64_t ffn_hidden = 0;
+  kernels::Activation activation = kernels::Activation::SwiGLU;
+  bool bias = false;
+  double init_std = 0.02;
+  double output_init_std = 0.02;
+  bool bf16 = false;
+};
+
+class MLP : public FeedForward {
+ public:
+  struct Stash : FeedForward::Stash {
+    Linear::Stash fc1, fc2;
+    Tensor h;  // fc1 output, the activation's input
+  };
+  MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg);
+  std::unique_ptr<FeedForward::Stash> make_stash() const override { return std::make_unique<Stash>(); }
+  Tensor forward(const Tensor& x_SBH, FeedForward::Stash& st) override;
+  Tensor backward(const Tensor& dy_SBH, FeedForward::Stash& st) override;
+
+ private:
+  MLPConfig cfg_;
+  Linear fc1_, fc2_;
+};
+
+}  // namespace moecore::nn

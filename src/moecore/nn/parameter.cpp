@@ -1,0 +1,62 @@
+// Parameter registry and layout-independent initialization (see parameter.h).
+#include "moecore/nn/parameter.h"
+
+#include "moecore/core/rng.h"
+#include "moecore/kernels/cpu/elementwise.h"
+
+namespace moecore::nn {
+
+ParamRegistry::ParamRegistry(DType dtype) : dtype_(dtype) {
+  MOE_ASSERT_MSG(dtype == DType::F32 || dtype == DType::F64, "parameters are f32 (or f64 for checks), not {}",
+                 dtype_name(dtype));
+}
+
+Parameter& ParamRegistry::add(const std::string& name, const Shape& shape, InitRule init, bool no_weight_decay) {
+  for (auto& p : params_) MOE_ASSERT_MSG(p->name != name, "parameter {} registered twice", name);
+  auto p = std::make_unique<Parameter>();
+  p->name = name;
+  p->value = Tensor::zeros(shape, dtype_);
+  p->grad = Tensor::zeros(shape, dtype_);
+  p->init = init;
+  p->no_weight_decay = no_weight_decay;
+  params_.push_back(std::move(p));
+  return *params_.back();
+}
+
+Parameter& ParamRegistry::get(const std::string& name) {
+  for (auto& p : params_)
+    if (p->name == name) return *p;
+  MOE_ASSERT_MSG(false, "no parameter named {}", name);
+  return *params_.front();
+}
+
+int64_t ParamRegistry::numel() const {
+  int64_t n = 0;
+  for (auto& p : params_) n += p->value.numel();
+  return n;
+}
+
+void ParamRegistry::initialize(uint64_t seed) {
+  for (auto& p : params_) init_tensor(p->value, p->name, p->init, seed);
+}
+
+void ParamRegistry::zero_grad() {
+  for (auto& p : params_) p->grad.zero_();
+}
+
+void init_tensor(Tensor& t, const std::string& name, InitRule rule, uint64_t seed, int64_t offset) {
+  switch (rule.kind) {
+    case InitKind::Zeros: kernels::fill_(t, 0.0); return;
+    case InitKind::Ones: kernels::fill_(t, 1.0); return;
+    case InitKind::Normal: break;
+  }
+  const Philox rng(seed, stream_id(name));
+  const int64_t n = t.numel();
+  MOE_DISPATCH_FLOAT(t.dtype(), T, {
+    T* p = t.data<T>();
+_Pragma("omp parallel for schedule(static)")
+    for (int64_t i = 0; i < n; i++) p[i] = static_cast<T>(rule.std * rng.normal(static_cast<uint64_t>(offset + i)));
+  });
+}
+
+}  // namespace moecore::nn

@@ -1,0 +1,36 @@
+// Pre-norm transformer layer: h = x + Attention(RMSNorm(x));  y = h + FFN(RMSNorm(h)). The FFN slot holds a dense
+// MLP or an MoE layer.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "moecore/nn/attention.h"
+#include "moecore/nn/feed_forward.h"
+#include "moecore/nn/rmsnorm.h"
+
+namespace moecore::nn {
+
+class TransformerLayer {
+ public:
+  struct Stash {
+    RMSNorm::Stash input_norm, pre_mlp_norm;
+    Attention::Stash attn;
+    std::unique_ptr<FeedForward::Stash> ffn;
+  };
+
+  TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn, double norm_eps,
+                   std::unique_ptr<FeedForward> ffn);
+  Stash make_stash() const;
+  Tensor forward(const Tensor& x_SBH, Stash& st);
+  Tensor backward(const Tensor& dy_SBH, Stash& st);
+  FeedForward& ffn() { return *ffn_; }
+
+ private:
+  RMSNorm input_norm_;
+  Attention attn_;
+  RMSNorm pre_mlp_norm_;
+  std::unique_ptr<FeedForward> ffn_;
+};
+
+}  // namespace moecore::nn
