@@ -56,7 +56,11 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
   // Rows when seen as a 2-D matrix [numel / last dim, last dim].
-  int64_t rows() const { return shape_.ndim() == 0 ? 1 : numel() / shape_.back(); }
+  int64_t rows() const {
+    int64_t r = 1;
+    for (int i = 0; i + 1 < shape_.ndim(); i++) r *= shape_[i];
+    return r;
+  }
   int64_t cols() const { return shape_.ndim() == 0 ? 1 : shape_.back(); }
 
   void* raw() const { return static_cast<char*>(storage_->ptr) + offset_; }

@@ -51,7 +51,7 @@ Tensor Attention::forward(const Tensor& x_SBH, Stash& st) {
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
   st.lse_BNS = Tensor::empty({B, cfg_.num_heads, S}, q.dtype());
   kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
-  return proj_.forward(st.o_SBND, st.proj).reshape({S, B, cfg_.hidden});
+  return proj_.forward(st.o_SBND.reshape({S * B, cfg_.num_heads * D}), st.proj).reshape({S, B, cfg_.hidden});
 }
 
 Tensor Attention::backward(const Tensor& dy_SBH, Stash& st) {

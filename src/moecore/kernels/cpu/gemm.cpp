@@ -15,14 +15,16 @@ struct Key {
   bool ta, tb;
   DType dt;
   uint32_t alpha_bits, beta_bits;
-  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+  bool operator==(const Key& o) const = default;
 };
 
+// Field by field: the struct has padding, whose bytes are indeterminate.
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    size_t h = 1469598103934665603ull;
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
-    for (size_t i = 0; i < sizeof(Key); i++) h = (h ^ p[i]) * 1099511628211ull;
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t v : {uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt),
+                       uint64_t(k.alpha_bits), uint64_t(k.beta_bits)})
+      h = (h ^ v) * 1099511628211ull;
     return h;
   }
 };

@@ -1,0 +1,100 @@
+// GEMM: oneDNN f32/bf16 against the f64 loop for every transpose and alpha/beta, the primitive cache, and edge
+// shapes.
+#include <gtest/gtest.h>
+
+#include "moecore/kernels/cpu/gemm.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::randn;
+
+// Reference C = alpha·op(A)·op(B) + beta·C0 in f64.
+Tensor reference(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C0, double alpha, double beta) {
+  Tensor a = A.to(DType::F64), b = B.to(DType::F64), c = C0.to(DType::F64);
+  kernels::gemm(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
+  return c;
+}
+
+TEST(Gemm, F64LoopMatchesHandComputed) {
+  Tensor a = Tensor::empty({2, 3}, DType::F64), b = Tensor::empty({3, 2}, DType::F64);
+  for (int i = 0; i < 6; i++) {
+    a.set_item(i, i + 1);   // [[1,2,3],[4,5,6]]
+    b.set_item(i, i + 7);   // [[7,8],[9,10],[11,12]]
+  }
+  Tensor c = Tensor::zeros({2, 2}, DType::F64);
+  kernels::gemm(a, false, b, false, c);
+  EXPECT_EQ(c.item(0), 58);
+  EXPECT_EQ(c.item(1), 64);
+  EXPECT_EQ(c.item(2), 139);
+  EXPECT_EQ(c.item(3), 154);
+  Tensor ct = Tensor::zeros({3, 3}, DType::F64);  // Aᵀ·Bᵀ: [3,2]·[2,3]
+  kernels::gemm(a, true, b, true, ct);
+  EXPECT_EQ(ct.item(0), 1 * 7 + 4 * 8);
+}
+
+struct GemmCase {
+  int64_t M, N, K;
+};
+
+TEST(Gemm, F32MatchesF64AllTransposes) {
+  for (GemmCase s : {GemmCase{7, 5, 3}, GemmCase{64, 33, 17}, GemmCase{1, 300, 64}, GemmCase{130, 1, 9}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}, std::pair{-2.0, 0.25}}) {
+          Tensor A = randn(ta ? Shape{s.K, s.M} : Shape{s.M, s.K}, DType::F32, 1);
+          Tensor B = randn(tb ? Shape{s.N, s.K} : Shape{s.K, s.N}, DType::F32, 2);
+          Tensor C = randn({s.M, s.N}, DType::F32, 3);
+          Tensor ref = reference(A, ta, B, tb, C, alpha, beta);
+          kernels::gemm(A, ta, B, tb, C, static_cast<float>(alpha), static_cast<float>(beta));
+          EXPECT_LT(testing::max_rel_diff(C, ref), 1e-5) << s.M << "x" << s.N << "x" << s.K << " ta=" << ta
+                                                         << " tb=" << tb << " alpha=" << alpha << " beta=" << beta;
+        }
+}
+
+// bf16 operands carry 8 significant bits: each product is off by up to ~2^-8 relative, and errors of K random
+// terms grow like sqrt(K). Tolerance: 3·2^-8·sqrt(K)/sqrt(K) relative to the output scale, i.e. 1.5% of max |C|.
+TEST(Gemm, Bf16WithinStatedTolerance) {
+  const int64_t M = 96, N = 80, K = 256;
+  Tensor A = randn({M, K}, DType::F32, 4), B = randn({N, K}, DType::F32, 5);
+  Tensor C = Tensor::zeros({M, N}, DType::F32);
+  Tensor ref = reference(A, false, B, true, C, 1.0, 0.0);
+  kernels::gemm(A.to(DType::BF16), false, B.to(DType::BF16), true, C);
+  EXPECT_LT(testing::max_rel_diff(C, ref), 0.015);
+  // With operands that are exactly representable in bf16, the result equals the f64 reference to f32 rounding.
+  Tensor Ab = A.to(DType::BF16), Bb = B.to(DType::BF16);
+  Tensor ref2 = reference(Ab.to(DType::F32), false, Bb.to(DType::F32), true, C, 1.0, 0.0);
+  kernels::gemm(Ab, false, Bb, true, C);
+  EXPECT_LT(testing::max_rel_diff(C, ref2), 1e-5);
+}
+
+TEST(Gemm, PrimitivesAreCreatedOncePerShape) {
+  Tensor A = randn({40, 24}, DType::F32, 6), B = randn({24, 56}, DType::F32, 7);
+  Tensor C = Tensor::empty({40, 56}, DType::F32);
+  kernels::gemm(A, false, B, false, C);
+  const int64_t created = kernels::gemm_stats().primitives_created;
+  for (int i = 0; i < 5; i++) kernels::gemm(A, false, B, false, C);
+  EXPECT_EQ(kernels::gemm_stats().primitives_created, created);
+  kernels::gemm(A, false, B, false, C, 1.0f, 1.0f);  // accumulate: a different primitive
+  EXPECT_EQ(kernels::gemm_stats().primitives_created, created + 1);
+}
+
+TEST(Gemm, EmptyReductionScalesC) {
+  Tensor A = Tensor::empty({4, 0}, DType::F32), B = Tensor::empty({0, 3}, DType::F32);
+  Tensor C = randn({4, 3}, DType::F32, 8);
+  Tensor C0 = C.clone();
+  kernels::gemm(A, false, B, false, C, 1.0f, 1.0f);
+  EXPECT_TRUE(testing::bitwise_equal(C, C0));
+  kernels::gemm(A, false, B, false, C);
+  EXPECT_EQ(testing::max_rel_diff(C, Tensor::zeros({4, 3}, DType::F32)), 0.0);
+}
+
+TEST(Gemm, RejectsMismatchedShapes) {
+  Tensor A = Tensor::empty({4, 5}, DType::F32), B = Tensor::empty({6, 3}, DType::F32);
+  Tensor C = Tensor::empty({4, 3}, DType::F32);
+  EXPECT_THROW(kernels::gemm(A, false, B, false, C), InternalError);
+}
+
+}  // namespace
+}  // namespace moecore
