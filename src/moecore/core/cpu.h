@@ -1,9 +1,11 @@
-// CPU feature helpers. MOE_TARGET_CLONES compiles a hot loop for AVX-512, AVX2+FMA and baseline x86-64 and picks
-// one at load time, so one binary runs everywhere and uses what the CPU has.
+// CPU feature helpers. MOE_TARGET_CLONES compiles a hot loop for the x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA)
+// and baseline feature levels and picks one at load time by CPU features, so one binary runs everywhere and uses
+// what the CPU has. (Clones named after a CPU model, arch=skylake-avx512, dispatch on the model and miss newer
+// CPUs: never use them.)
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MOE_TARGET_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define MOE_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MOE_TARGET_CLONES
 #endif

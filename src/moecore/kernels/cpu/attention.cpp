@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/vec_math.h"
 
 namespace moecore::kernels {
 
@@ -53,14 +54,17 @@ inline void load_rows_t(T* dst, const T* src, int64_t stride, int64_t n, int64_t
 }
 
 // out[0..nc) = Σ_d a[d] · bt[d][0..nc)   (one query row against a transposed key/value tile)
+// The accumulator spans the whole tile width, a compile-time constant, so it lives in vector registers across the
+// d loop instead of being loaded and stored per term; columns past nc are computed and ignored.
 template <typename T>
 inline void row_times_tile(T* out, const T* a, const T* bt, int64_t nc, int64_t D) {
-  for (int64_t j = 0; j < nc; j++) out[j] = 0;
+  T acc[kAttnTile] = {};
   for (int64_t d = 0; d < D; d++) {
     const T ad = a[d];
     const T* b = bt + d * kAttnTile;
-    for (int64_t j = 0; j < nc; j++) out[j] += ad * b[j];
+    for (int64_t j = 0; j < kAttnTile; j++) acc[j] += ad * b[j];
   }
+  for (int64_t j = 0; j < nc; j++) out[j] = acc[j];
 }
 
 template <typename T>
@@ -97,11 +101,13 @@ _Pragma("omp parallel for schedule(dynamic, 1)")
         if (jmax <= 0) continue;
         row_times_tile(s, Q + i * D, KT, jmax, D);
         T mx = m[i];
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
         const T alpha = std::exp(m[i] - mx);
         T sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < jmax; j++) {
-          s[j] = std::exp(s[j] - mx);
+          s[j] = vexp(s[j] - mx);
           sum += s[j];
         }
         l[i] = l[i] * alpha + sum;
@@ -133,8 +139,9 @@ inline int64_t row_probs(T* p, T* ds, const T* qrow, const T* dorow, const T* KT
   if (jmax <= 0) return 0;
   row_times_tile(p, qrow, KT, jmax, D);
   row_times_tile(ds, dorow, VT, jmax, D);
+#pragma omp simd
   for (int64_t j = 0; j < jmax; j++) {
-    p[j] = std::exp(p[j] * scale - lse_i);
+    p[j] = vexp(p[j] * scale - lse_i);
     ds[j] = p[j] * (ds[j] - delta_i);
   }
   return jmax;
