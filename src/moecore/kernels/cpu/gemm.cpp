@@ -11,7 +11,7 @@ namespace moecore::kernels {
 namespace {
 
 struct Key {
-  int64_t m, n, k;
+  int64_t m, n, k;  // m and k are DNNL_RUNTIME_DIM_VAL for dynamic primitives
   bool ta, tb;
   DType dt;
   uint32_t alpha_bits, beta_bits;
@@ -58,13 +58,24 @@ dnnl::memory::data_type dnnl_dt(DType t) {
   return t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
-// Creates the matmul for one shape. Strides express the transposes, so no operand is ever copied.
-Entry make_entry(Ctx& c, const Key& k) {
+struct Descs {
+  dnnl::memory::desc a, b, c;
+};
+
+// Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N]. Strides express the
+// transposes, so no operand is ever copied. With run-time M/K the values are DNNL_RUNTIME_DIM_VAL.
+Descs make_descs(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
   using dims = dnnl::memory::dims;
-  auto dt = dnnl_dt(k.dt);
-  dnnl::memory::desc a_md(dims{k.m, k.k}, dt, k.ta ? dims{1, k.m} : dims{k.k, 1});
-  dnnl::memory::desc b_md(dims{k.k, k.n}, dt, k.tb ? dims{1, k.k} : dims{k.n, 1});
-  dnnl::memory::desc c_md(dims{k.m, k.n}, dnnl::memory::data_type::f32, dims{k.n, 1});
+  auto dt = dnnl_dt(dtype);
+  return Descs{dnnl::memory::desc(dims{m, k}, dt, ta ? dims{1, m} : dims{k, 1}),
+               dnnl::memory::desc(dims{k, n}, dt, tb ? dims{1, k} : dims{n, 1}),
+               dnnl::memory::desc(dims{m, n}, dnnl::memory::data_type::f32, dims{n, 1})};
+}
+
+// Creates the matmul for one key.
+Entry make_entry(Ctx& c, const Key& k) {
+  const Descs d = make_descs(k.m, k.n, k.k, k.ta, k.tb, k.dt);
+  const dnnl::memory::desc &a_md = d.a, &b_md = d.b, &c_md = d.c;
   dnnl::primitive_attr attr;
   float alpha, beta;
   std::memcpy(&alpha, &k.alpha_bits, 4);
@@ -76,8 +87,12 @@ Entry make_entry(Ctx& c, const Key& k) {
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.eng);
-  Entry e{dnnl::matmul(pd), dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE), dnnl::memory(b_md, c.eng, DNNL_MEMORY_NONE),
-          dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE)};
+  Entry e{dnnl::matmul(pd), {}, {}, {}};
+  if (k.m != DNNL_RUNTIME_DIM_VAL) {  // fixed shapes keep their memory objects and only swap pointers
+    e.a = dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE);
+    e.b = dnnl::memory(b_md, c.eng, DNNL_MEMORY_NONE);
+    e.c = dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE);
+  }
   c.stats.primitives_created++;
   return e;
 }
@@ -114,7 +129,9 @@ Ctx::Ctx() {
 
 }  // namespace
 
-void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+namespace {
+void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
+               bool dynamic) {
   const int64_t M = trans_a ? A.cols() : A.rows();
   const int64_t K = trans_a ? A.rows() : A.cols();
   const int64_t Kb = trans_b ? B.cols() : B.rows();
@@ -140,10 +157,11 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
   }
   if (A.dtype() == DType::BF16 && !c.stats.bf16_native) {
     Tensor a32 = A.to(DType::F32), b32 = B.to(DType::F32);
-    gemm(a32, trans_a, b32, trans_b, C, alpha, beta);
+    gemm_impl(a32, trans_a, b32, trans_b, C, alpha, beta, dynamic);
     return;
   }
-  Key key{M, N, K, trans_a, trans_b, A.dtype(), bits(alpha), bits(beta)};
+  const int64_t rt = DNNL_RUNTIME_DIM_VAL;
+  Key key{dynamic ? rt : M, N, dynamic ? rt : K, trans_a, trans_b, A.dtype(), bits(alpha), bits(beta)};
   std::lock_guard<std::mutex> lock(c.mu);
   c.stats.calls++;
   auto it = c.cache.find(key);
@@ -155,15 +173,31 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
     }
   }
   Entry& e = it->second;
-  e.a.set_data_handle(A.raw());
-  e.b.set_data_handle(B.raw());
-  e.c.set_data_handle(C.raw());
   try {
-    e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    if (dynamic) {  // memory objects carry the concrete dims; creating them is cheap (no primitive)
+      const Descs d = make_descs(M, N, K, trans_a, trans_b, A.dtype());
+      dnnl::memory a(d.a, c.eng, A.raw()), b(d.b, c.eng, B.raw()), cm(d.c, c.eng, C.raw());
+      e.prim.execute(c.strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, cm}});
+    } else {
+      e.a.set_data_handle(A.raw());
+      e.b.set_data_handle(B.raw());
+      e.c.set_data_handle(C.raw());
+      e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    }
     c.strm.wait();
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
   }
+}
+}  // namespace
+
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, false);
+}
+
+void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
+                  float beta) {
+  gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, true);
 }
 
 GemmStats gemm_stats() {

@@ -16,6 +16,11 @@ namespace moecore::kernels {
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
           float beta = 0.0f);
 
+// The same product with M and K bound at run time: one primitive serves every M and K for a given N, so the
+// per-expert GEMMs of an MoE layer, whose row counts change every step, create no primitive in steady state.
+void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
+                  float beta = 0.0f);
+
 struct GemmStats {
   int64_t calls = 0;
   int64_t primitives_created = 0;
