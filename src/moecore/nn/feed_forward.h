@@ -12,8 +12,13 @@ class FeedForward {
  public:
   struct Stash {
     virtual ~Stash() = default;
+    // Scale of this micro-batch's LM-loss gradient (1/num_micro_batches in gradient accumulation); auxiliary
+    // losses inside the FFN (MoE load balancing) scale their injected gradients by it, as Megatron does.
+    double loss_scale = 1.0;
   };
   virtual ~FeedForward() = default;
+  // Training mode: auxiliary losses, balancing counters and statistics are updated only when training.
+  virtual void set_training(bool training) { (void)training; }
   virtual std::unique_ptr<Stash> make_stash() const = 0;
   // x_SBH [S, B, H] -> [S, B, H]
   virtual Tensor forward(const Tensor& x_SBH, Stash& st) = 0;

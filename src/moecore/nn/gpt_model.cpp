@@ -93,13 +93,23 @@ void GPTModel::backward(Stash& st, double loss_scale) {
   Tensor dh = output_->backward(st.logits_TV, st.output);
   st.logits_TV = Tensor();
   dh = final_norm_.backward(dh.reshape({st.S, st.B, cfg_.hidden_size}), st.final_norm);
-  for (size_t i = layers_.size(); i-- > 0;) dh = layers_[i]->backward(dh, st.layers[i]);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    st.layers[i].ffn->loss_scale = loss_scale;
+    dh = layers_[i]->backward(dh, st.layers[i]);
+  }
   embedding_.backward(dh.reshape({st.S * st.B, cfg_.hidden_size}), st.emb);
 }
 
 Tensor GPTModel::logits(const Tensor& tokens_BS) {
   Stash st = make_stash();
-  return embed_and_decode(tokens_BS, st);
+  set_training(false);
+  Tensor out = embed_and_decode(tokens_BS, st);
+  set_training(true);
+  return out;
+}
+
+void GPTModel::set_training(bool training) {
+  for (auto& l : layers_) l->ffn().set_training(training);
 }
 
 }  // namespace moecore::nn

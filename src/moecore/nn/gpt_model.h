@@ -62,6 +62,10 @@ class GPTModel {
   // Logits [S·B, V] (row t = s·B + b) for generation and evaluation; no stash is kept.
   Tensor logits(const Tensor& tokens_BS);
 
+  // Training mode (the default) lets MoE layers update aux losses, balancing counters and statistics.
+  void set_training(bool training);
+  TransformerLayer& layer(size_t i) { return *layers_[i]; }
+  size_t num_layers() const { return layers_.size(); }
   const GPTConfig& config() const { return cfg_; }
 
  private:

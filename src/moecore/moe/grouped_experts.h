@@ -1,0 +1,59 @@
+// The routed experts of one MoE layer: weights stacked per expert (fc1 [E, F1, H] with F1 = 2F for SwiGLU, gate
+// rows first; fc2 [E, H, F]) and one grouped GEMM per projection over the rows of every local expert, whose row
+// counts change every step (experts with no rows are skipped). The router probability multiplies the activation
+// inside the expert: y = fc2(act(fc1·x) ⊙ p), as Megatron does.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moecore/kernels/cpu/activation.h"
+#include "moecore/nn/parameter.h"
+
+namespace moecore::moe {
+
+struct ExpertsConfig {
+  int64_t hidden = 0;       // H
+  int64_t ffn_hidden = 0;   // F (--moe-ffn-hidden-size)
+  int64_t num_experts = 0;  // local experts
+  kernels::Activation activation = kernels::Activation::SwiGLU;
+  double init_std = 0.02;
+  double output_init_std = 0.02;
+  bool bf16 = false;
+};
+
+class GroupedExperts {
+ public:
+  struct Stash {
+    Tensor x_RH;    // input rows as fed to fc1 (bf16 when bf16 is on)
+    Tensor h_RF1;   // fc1 output
+    Tensor a_RF;    // activation ⊙ prob, as fed to fc2
+    Tensor probs_R;
+    std::vector<int64_t> tokens_per_expert;
+  };
+
+  GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
+  // x_RH [R, H], probs_R [R], rows grouped by expert with the given counts -> y_RH [R, H]
+  Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert,
+                 Stash& st);
+  // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated.
+  Tensor backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
+
+  nn::Parameter& fc1() { return *fc1_; }
+  nn::Parameter& fc2() { return *fc2_; }
+  const ExpertsConfig& config() const { return cfg_; }
+  int64_t fc1_rows() const { return (kernels::is_gated(cfg_.activation) ? 2 : 1) * cfg_.ffn_hidden; }
+
+ private:
+  ExpertsConfig cfg_;
+  nn::Parameter* fc1_;
+  nn::Parameter* fc2_;
+  Tensor w1_bf16_, w2_bf16_;
+};
+
+// Reference: the same experts computed row by row with plain loops in f64, one expert at a time. Kept for tests.
+Tensor sequential_experts_forward(const Tensor& w1_EFH, const Tensor& w2_EHF, kernels::Activation act,
+                                  const Tensor& x_RH, const Tensor& probs_R,
+                                  const std::vector<int64_t>& tokens_per_expert);
+
+}  // namespace moecore::moe

@@ -1,0 +1,136 @@
+// MoE layer (see moe_layer.h). Backward runs the stages in reverse; the router's input gradient adds to the
+// dispatched tokens' gradient because x feeds both.
+#include "moecore/moe/moe_layer.h"
+
+#include <cctype>
+
+#include "moecore/kernels/cpu/elementwise.h"
+
+namespace moecore::moe {
+
+void validate(const MoELayerConfig& c) {
+  validate(c.router);
+  MOE_CHECK(c.ffn_hidden > 0, "--moe-ffn-hidden-size must be positive, got {}", c.ffn_hidden);
+  MOE_CHECK(c.shared_ffn_hidden >= 0, "--moe-shared-expert-intermediate-size must be >= 0, got {}",
+            c.shared_ffn_hidden);
+  MOE_CHECK(!c.shared_expert_gate || c.shared_ffn_hidden > 0,
+            "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+}
+
+MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg)
+    : cfg_(cfg),
+      router_(reg, name + ".router", cfg.router),
+      experts_(reg, name + ".experts",
+               ExpertsConfig{cfg.router.hidden, cfg.ffn_hidden, cfg.router.num_experts, cfg.activation, cfg.init_std,
+                             cfg.output_init_std, cfg.bf16}),
+      dispatcher_(std::make_unique<LocalTokenDispatcher>()) {
+  validate(cfg);
+  if (cfg.shared_ffn_hidden > 0) {
+    nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false, cfg.init_std,
+                     cfg.output_init_std, cfg.bf16};
+    shared_ = std::make_unique<SharedExperts>(reg, name + ".shared_experts", mc, cfg.shared_expert_gate);
+  }
+}
+
+std::unique_ptr<nn::FeedForward::Stash> MoELayer::make_stash() const {
+  auto s = std::make_unique<Stash>();
+  if (shared_) s->shared = shared_->make_stash();
+  return s;
+}
+
+Tensor MoELayer::forward(const Tensor& x_SBH, nn::FeedForward::Stash& base) {
+  auto& st = static_cast<Stash&>(base);
+  MOE_ASSERT(x_SBH.ndim() == 3 && x_SBH.dim(2) == cfg_.router.hidden);
+  st.S = x_SBH.dim(0);
+  st.B = x_SBH.dim(1);
+  const int64_t T = st.S * st.B, H = cfg_.router.hidden;
+  const Tensor x_TH = x_SBH.reshape({T, H});
+  Tensor shared_out;
+  if (shared_) shared_out = shared_->forward(x_SBH, st.shared);
+  Router::Output route = router_.forward(x_TH, st.S, st.B, training_, st.router, training_ ? &stats_ : nullptr);
+  Tensor x_RH, probs_R;
+  dispatcher_->dispatch(x_TH, route.probs_TE, route.map_TE, st.plan, x_RH, probs_R);
+  const Tensor y_RH = experts_.forward(x_RH, probs_R, st.plan.tokens_per_expert, st.experts);
+  Tensor y = dispatcher_->combine(y_RH, st.plan);
+  if (shared_) kernels::add_(y, shared_out);
+  return y.reshape(x_SBH.shape());
+}
+
+Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
+  auto& st = static_cast<Stash&>(base);
+  const int64_t T = st.S * st.B, H = cfg_.router.hidden;
+  const Tensor dy_TH = dy_SBH.reshape({T, H});
+  const Tensor dy_RH = dispatcher_->combine_backward(dy_TH, st.plan);
+  Tensor dprobs_R;
+  const Tensor dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R);
+  Tensor dx, dprobs_TE;
+  dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TE);
+  kernels::add_(dx, router_.backward(dprobs_TE, dx.dtype(), st.loss_scale, st.router));
+  if (shared_) kernels::add_(dx, shared_->backward(dy_SBH, st.shared).reshape({T, H}));
+  return dx.reshape(dy_SBH.shape());
+}
+
+std::vector<bool> parse_moe_layer_freq(const std::string& spec_in, int64_t num_layers) {
+  std::string spec;
+  for (char ch : spec_in)
+    if (!std::isspace(static_cast<unsigned char>(ch))) spec += ch;
+  auto fail = [&](const std::string& why) {
+    MOE_CHECK(false,
+              "--moe-layer-freq '{}' is not valid ({}); give an integer N (every N-th layer is MoE, starting with "
+              "layer 0) or a list such as \"([0]*1+[1]*3)\" with one 0/1 per layer",
+              spec_in, why);
+  };
+  if (spec.empty()) fail("empty");
+  bool all_digits = true;
+  for (char ch : spec) all_digits &= std::isdigit(static_cast<unsigned char>(ch)) != 0;
+  std::vector<bool> out;
+  if (all_digits) {
+    const long n = std::stol(spec);
+    if (n <= 0) fail("the integer must be positive");
+    for (int64_t i = 0; i < num_layers; i++) out.push_back(i % n == 0);
+    return out;
+  }
+  // Grammar: expr := '(' expr ')' | term ('+' term)*;  term := '[' digit (',' digit)* ']' ('*' int)?
+  size_t pos = 0;
+  while (pos < spec.size() && spec[pos] == '(' && spec.back() == ')') {
+    spec = spec.substr(1, spec.size() - 2);
+  }
+  while (pos < spec.size()) {
+    if (spec[pos] != '[') fail("expected '[' at offset " + std::to_string(pos));
+    pos++;
+    std::vector<bool> term;
+    while (true) {
+      if (pos >= spec.size() || (spec[pos] != '0' && spec[pos] != '1')) fail("list entries must be 0 or 1");
+      term.push_back(spec[pos] == '1');
+      pos++;
+      if (pos < spec.size() && spec[pos] == ',') {
+        pos++;
+        continue;
+      }
+      if (pos < spec.size() && spec[pos] == ']') {
+        pos++;
+        break;
+      }
+      fail("expected ',' or ']'");
+    }
+    long times = 1;
+    if (pos < spec.size() && spec[pos] == '*') {
+      pos++;
+      size_t end = pos;
+      while (end < spec.size() && std::isdigit(static_cast<unsigned char>(spec[end]))) end++;
+      if (end == pos) fail("expected a count after '*'");
+      times = std::stol(spec.substr(pos, end - pos));
+      pos = end;
+    }
+    for (long r = 0; r < times; r++) out.insert(out.end(), term.begin(), term.end());
+    if (pos < spec.size()) {
+      if (spec[pos] != '+') fail("expected '+' between lists");
+      pos++;
+    }
+  }
+  if (static_cast<int64_t>(out.size()) != num_layers)
+    fail("it has " + std::to_string(out.size()) + " entries for --num-layers " + std::to_string(num_layers));
+  return out;
+}
+
+}  // namespace moecore::moe

@@ -1,0 +1,69 @@
+// The MoE layer, the FFN of a transformer layer: shared experts (if any) → Route → Dispatch → Compute (grouped
+// experts) → Combine (+ shared output). One process here; the dispatcher is the seam where expert parallelism
+// plugs in.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "moecore/moe/grouped_experts.h"
+#include "moecore/moe/router.h"
+#include "moecore/moe/routing_stats.h"
+#include "moecore/moe/shared_experts.h"
+#include "moecore/moe/token_dispatcher.h"
+#include "moecore/nn/feed_forward.h"
+
+namespace moecore::moe {
+
+struct MoELayerConfig {
+  RouterConfig router;
+  int64_t ffn_hidden = 0;              // --moe-ffn-hidden-size
+  int64_t shared_ffn_hidden = 0;       // --moe-shared-expert-intermediate-size (0: none)
+  bool shared_expert_gate = false;     // --moe-shared-expert-gate
+  kernels::Activation activation = kernels::Activation::SwiGLU;
+  double init_std = 0.02;
+  double output_init_std = 0.02;
+  bool bf16 = false;
+};
+
+void validate(const MoELayerConfig& c);
+
+class MoELayer : public nn::FeedForward {
+ public:
+  struct Stash : nn::FeedForward::Stash {
+    Router::Stash router;
+    DispatchPlan plan;
+    GroupedExperts::Stash experts;
+    SharedExperts::Stash shared;
+    int64_t S = 0, B = 0;
+  };
+
+  MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg);
+  std::unique_ptr<nn::FeedForward::Stash> make_stash() const override;
+  Tensor forward(const Tensor& x_SBH, nn::FeedForward::Stash& st) override;
+  Tensor backward(const Tensor& dy_SBH, nn::FeedForward::Stash& st) override;
+  void set_training(bool training) override { training_ = training; }
+
+  Router& router() { return router_; }
+  GroupedExperts& experts() { return experts_; }
+  RoutingStats& stats() { return stats_; }
+  // Σ of this micro-batch's aux losses (coefficients included) and z-loss: what backward differentiates.
+  static double aux_loss_total(const nn::FeedForward::Stash& st) {
+    return static_cast<const Stash&>(st).router.aux_loss_total;
+  }
+
+ private:
+  MoELayerConfig cfg_;
+  Router router_;
+  GroupedExperts experts_;
+  std::unique_ptr<SharedExperts> shared_;
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+  RoutingStats stats_;
+  bool training_ = true;
+};
+
+// --moe-layer-freq: an integer N (layer i is MoE iff i % N == 0) or a list expression such as "([0]*1+[1]*3)" or
+// "[1,0,1,1]". Returns one flag per layer; a list must have exactly num_layers entries.
+std::vector<bool> parse_moe_layer_freq(const std::string& spec, int64_t num_layers);
+
+}  // namespace moecore::moe

@@ -1,0 +1,106 @@
+// TopKRouter with Megatron-Core's semantics (reference §1.1, §1.2): gating linear → score function → top-k (group
+// limited, expert-bias selection) → capacity dropping; load-balancing losses (aux_loss, seq_aux_loss,
+// global_aux_loss) and z-loss enter backward as "identity forward, scaled gradient" on the logits, never through
+// the LM loss. Logits, scores and losses are computed in the router dtype (f32 or f64) whatever the activations.
+// Not here: communication (a distributed router reduces counts through a hook the dispatcher issue adds).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moecore/moe/routing_stats.h"
+#include "moecore/nn/parameter.h"
+
+namespace moecore::moe {
+
+enum class ScoreFunction { Softmax, Sigmoid };
+enum class LoadBalancingType { AuxLoss, SeqAuxLoss, GlobalAuxLoss, None };
+enum class DropPolicy { Probs, Position };
+
+ScoreFunction parse_score_function(const std::string& s);
+LoadBalancingType parse_load_balancing_type(const std::string& s);
+DropPolicy parse_drop_policy(const std::string& s);
+const char* load_balancing_name(LoadBalancingType t);
+
+struct RouterConfig {
+  int64_t hidden = 0;
+  int64_t num_experts = 0;  // E
+  int64_t topk = 2;         // K
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  bool pre_softmax = false;
+  double topk_scaling_factor = 0.0;  // 0: none
+  int64_t num_groups = 0;            // 0: no group-limited routing
+  int64_t group_topk = 0;
+  bool enable_expert_bias = false;
+  double bias_update_rate = 1e-3;
+  std::vector<LoadBalancingType> load_balancing{LoadBalancingType::AuxLoss};
+  std::vector<double> aux_loss_coeff{0.0};  // one per load-balancing type
+  double z_loss_coeff = 0.0;
+  double input_jitter_eps = 0.0;
+  bool force_load_balancing = false;
+  DType router_dtype = DType::F32;  // F32 or F64
+  double capacity_factor = -1.0;    // < 0: dropless
+  DropPolicy drop_policy = DropPolicy::Probs;
+  bool pad_to_capacity = false;
+  double init_std = 0.02;
+  uint64_t seed = 1234;  // jitter and forced-balance noise streams
+};
+
+// Rejects inconsistent settings with Megatron's flag names in the message. Called before anything is allocated.
+void validate(const RouterConfig& c);
+
+// Capacity per expert for T local tokens: ceil(K·T/E · CF).
+int64_t expert_capacity(const RouterConfig& c, int64_t T);
+
+class Router {
+ public:
+  struct Stash {
+    int64_t S = 0, B = 0;  // token t = s·B + b
+    Tensor x_r;            // gating input in router dtype (jittered) [T, H]
+    Tensor jitter_TH;      // multiplicative jitter (router dtype) or undefined
+    Tensor logits_TE;      // gating output
+    Tensor scores_TE;      // softmax over E (pre-softmax) or sigmoid, for backward
+    Tensor idx_TK;         // I32 selected experts, in selection order
+    Tensor p_TK;           // normalized selected probs, before the scaling factor
+    Tensor kept_TK;        // I32: 1 where the assignment survived capacity dropping
+    Tensor daux_TE;        // Σ over aux-loss types of dL/d(aux score), or undefined
+    Tensor aux_scores_TE;  // aux scores (softmax, or sigmoid normalized over E)
+    Tensor lse_T;          // logsumexp of the logits, for the z-loss
+    double aux_loss_total = 0;  // Σ over types of L (coefficients included) + z-loss, this micro-batch
+  };
+
+  // Router output for the dispatcher: dense [T, E] probabilities (router dtype) and 0/1 map (I32).
+  struct Output {
+    Tensor probs_TE;
+    Tensor map_TE;
+  };
+
+  Router(nn::ParamRegistry& reg, const std::string& name, const RouterConfig& cfg);
+
+  // x_TH [T, H] with T = S·B -> probs and map. Aux losses, expert-bias counts and statistics only when training.
+  Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st, RoutingStats* stats);
+  // dprobs_TE [T, E] (router dtype) -> dx_TH [T, H] in x's dtype; adds aux_grad_scale · d(aux + z)/dx.
+  Tensor backward(const Tensor& dprobs_TE, DType x_dtype, double aux_grad_scale, Stash& st);
+
+  // Once per global batch, after gradients are final: b_e += rate · sign(mean(c) − c_e); counts and the
+  // global-aux accumulators are reset.
+  void finish_global_batch();
+  // Clears the balancing counters and global-aux accumulators without touching the bias.
+  void reset_counters();
+
+  const RouterConfig& config() const { return cfg_; }
+  Tensor& expert_bias() { return expert_bias_E_; }
+  Tensor& local_tokens_per_expert() { return tokens_per_expert_E_; }
+  nn::Parameter& weight() { return *weight_; }
+
+ private:
+  RouterConfig cfg_;
+  nn::Parameter* weight_;
+  Tensor expert_bias_E_;        // f32, used for selection only
+  Tensor tokens_per_expert_E_;  // f64 counts since the last global batch (expert-bias update)
+  Tensor global_tokens_E_;      // f64 global-aux counts accumulated over micro-batches
+  int64_t ga_steps_ = 0;
+  uint64_t forward_count_ = 0;  // advances the jitter / forced-balance noise streams
+};
+
+}  // namespace moecore::moe

@@ -1,0 +1,71 @@
+// Shared experts (see shared_experts.h). With g_t = σ(x_t·w): y_t = m_t·g_t, where m = MLP(x);
+//   dm_t = dy_t·g_t;  dz_t = (Σ_h dy_th·m_th)·g_t·(1 − g_t);  dw += Σ_t dz_t·x_t;  dx_t += dz_t·w
+#include "moecore/moe/shared_experts.h"
+
+#include <cmath>
+
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::moe {
+
+SharedExperts::SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate)
+    : mlp_(reg, name, cfg) {
+  if (gate) gate_ = &reg.add(name + ".gate_weight", {1, cfg.hidden}, nn::InitRule::normal(cfg.init_std));
+}
+
+SharedExperts::Stash SharedExperts::make_stash() const {
+  Stash s;
+  s.mlp = mlp_.make_stash();
+  return s;
+}
+
+Tensor SharedExperts::forward(const Tensor& x_SBH, Stash& st) {
+  Tensor m = mlp_.forward(x_SBH, *st.mlp);
+  if (!gate_) return m;
+  const int64_t T = x_SBH.rows(), H = x_SBH.cols();
+  st.x_TH = x_SBH.reshape({T, H});
+  st.out_TH = m.reshape({T, H});
+  st.gate_T = Tensor::empty({T, 1}, x_SBH.dtype());
+  kernels::gemm(st.x_TH, false, gate_->value, true, st.gate_T);
+  Tensor y = Tensor::empty({T, H}, x_SBH.dtype());
+  MOE_DISPATCH_FLOAT(x_SBH.dtype(), F, {
+    F* g = st.gate_T.data<F>();
+    const F* mp = st.out_TH.data<F>();
+    F* yp = y.data<F>();
+    for (int64_t t = 0; t < T; t++) {
+      g[t] = F(1) / (F(1) + std::exp(-g[t]));
+      for (int64_t h = 0; h < H; h++) yp[t * H + h] = mp[t * H + h] * g[t];
+    }
+  });
+  return y.reshape(x_SBH.shape());
+}
+
+Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
+  if (!gate_) return mlp_.backward(dy_SBH, *st.mlp);
+  const int64_t T = dy_SBH.rows(), H = dy_SBH.cols();
+  Tensor dm = Tensor::empty({T, H}, dy_SBH.dtype());
+  Tensor dz = Tensor::empty({T, 1}, dy_SBH.dtype());
+  MOE_DISPATCH_FLOAT(dy_SBH.dtype(), F, {
+    const F* dy = dy_SBH.data<F>();
+    const F* g = st.gate_T.data<F>();
+    const F* m = st.out_TH.data<F>();
+    F* dmp = dm.data<F>();
+    F* dzp = dz.data<F>();
+    for (int64_t t = 0; t < T; t++) {
+      F s = 0;
+      for (int64_t h = 0; h < H; h++) {
+        dmp[t * H + h] = dy[t * H + h] * g[t];
+        s += dy[t * H + h] * m[t * H + h];
+      }
+      dzp[t] = s * g[t] * (F(1) - g[t]);
+    }
+  });
+  kernels::gemm(dz, true, st.x_TH, false, gate_->grad, 1.0f, 1.0f);
+  Tensor dx = mlp_.backward(dm.reshape(dy_SBH.shape()), *st.mlp).reshape({T, H});
+  kernels::gemm(dz, false, gate_->value, false, dx, 1.0f, 1.0f);
+  st.x_TH = st.out_TH = st.gate_T = Tensor();
+  return dx.reshape(dy_SBH.shape());
+}
+
+}  // namespace moecore::moe

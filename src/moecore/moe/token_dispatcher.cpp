@@ -1,0 +1,105 @@
+// Local token dispatcher (see token_dispatcher.h).
+#include "moecore/moe/token_dispatcher.h"
+
+#include <cstring>
+
+namespace moecore::moe {
+
+void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
+  const int64_t R = row_token_R.numel(), H = src_TH.cols();
+  MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H && dst_RH.dtype() == src_TH.dtype());
+  const size_t bytes = static_cast<size_t>(H) * dtype_size(src_TH.dtype());
+  const char* s = static_cast<const char*>(src_TH.raw());
+  char* d = static_cast<char*>(dst_RH.raw());
+  const int32_t* tok = row_token_R.data<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; r++) std::memcpy(d + r * bytes, s + tok[r] * bytes, bytes);
+}
+
+void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
+  const int64_t T = plan.T, H = src_RH.cols();
+  MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == src_RH.dtype());
+  const int64_t* off = plan.token_offsets_T1.data<int64_t>();
+  const int32_t* rows = plan.token_rows.data<int32_t>();
+  MOE_DISPATCH_FLOAT(src_RH.dtype(), F, {
+    const F* s = src_RH.data<F>();
+    F* d = dst_TH.data<F>();
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t t = 0; t < T; t++) {
+      F* out = d + t * H;
+      for (int64_t h = 0; h < H; h++) out[h] = 0;
+      for (int64_t i = off[t]; i < off[t + 1]; i++) {
+        const F* in = s + static_cast<int64_t>(rows[i]) * H;
+        for (int64_t h = 0; h < H; h++) out[h] += in[h];
+      }
+    }
+  });
+}
+
+void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE,
+                                    DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+  const int64_t T = map_TE.dim(0), E = map_TE.dim(1);
+  MOE_ASSERT(x_TH.rows() == T && probs_TE.numel() == T * E);
+  const int32_t* map = map_TE.data<int32_t>();
+  plan.T = T;
+  plan.E = E;
+  plan.tokens_per_expert.assign(static_cast<size_t>(E), 0);
+  std::vector<int64_t> per_token(static_cast<size_t>(T), 0);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++)
+      if (map[t * E + e]) {
+        plan.tokens_per_expert[e]++;
+        per_token[t]++;
+      }
+  int64_t R = 0;
+  for (int64_t c : plan.tokens_per_expert) R += c;
+  plan.R = R;
+  plan.row_token_R = Tensor::empty({R}, DType::I32);
+  plan.row_te_R = Tensor::empty({R}, DType::I64);
+  plan.token_offsets_T1 = Tensor::empty({T + 1}, DType::I64);
+  plan.token_rows = Tensor::empty({R}, DType::I32);
+  int64_t* off = plan.token_offsets_T1.data<int64_t>();
+  off[0] = 0;
+  for (int64_t t = 0; t < T; t++) off[t + 1] = off[t] + per_token[t];
+  // Expert-major, ascending token inside an expert; each token's rows land in ascending expert order.
+  int32_t* rt = plan.row_token_R.data<int32_t>();
+  int64_t* rte = plan.row_te_R.data<int64_t>();
+  int32_t* trows = plan.token_rows.data<int32_t>();
+  std::fill(per_token.begin(), per_token.end(), 0);
+  int64_t r = 0;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t t = 0; t < T; t++)
+      if (map[t * E + e]) {
+        rt[r] = static_cast<int32_t>(t);
+        rte[r] = t * E + e;
+        trows[off[t] + per_token[t]++] = static_cast<int32_t>(r);
+        r++;
+      }
+  x_RH = Tensor::empty({R, x_TH.cols()}, x_TH.dtype());
+  gather_rows(x_TH, plan.row_token_R, x_RH);
+  probs_R = Tensor::empty({R}, x_TH.dtype());
+  for (int64_t i = 0; i < R; i++) probs_R.set_item(i, probs_TE.item(rte[i]));
+}
+
+Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
+  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype());
+  sum_rows_per_token(y_RH, plan, y);
+  return y;
+}
+
+Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
+  Tensor d = Tensor::empty({plan.R, dy_TH.cols()}, dy_TH.dtype());
+  gather_rows(dy_TH, plan.row_token_R, d);
+  return d;
+}
+
+void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
+                                             DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) {
+  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype());
+  sum_rows_per_token(dx_RH, plan, dx_TH);
+  dprobs_TE = Tensor::zeros({plan.T, plan.E}, probs_dtype);
+  const int64_t* rte = plan.row_te_R.data<int64_t>();
+  for (int64_t i = 0; i < plan.R; i++) dprobs_TE.set_item(rte[i], dprobs_R.item(i));
+}
+
+}  // namespace moecore::moe

@@ -1,0 +1,53 @@
+// TokenDispatcher: moves routed rows to their experts and back (Dispatch and Combine of the four MoE stages).
+// The local dispatcher permutes inside one process: rows expert-major, ascending token index inside an expert
+// (Megatron's permute); combine sums each token's rows in ascending expert order (a fixed order, so results are
+// deterministic). Dispatch and combine are each other's adjoint; the plan (the "handle") lives in the stash.
+// The allgather and alltoall dispatchers over MPI implement the same interface (distributed issue).
+#pragma once
+
+#include <vector>
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::moe {
+
+struct DispatchPlan {
+  int64_t T = 0, E = 0, R = 0;
+  std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order
+  Tensor row_token_R;                      // I32: source token of each permuted row
+  Tensor row_te_R;                         // I64: t·E + e of each row (its entry in the dense probs)
+  Tensor token_offsets_T1;                 // I64 CSR over tokens: rows of token t are
+  Tensor token_rows;                       //   token_rows[token_offsets[t] .. token_offsets[t+1]) (I32)
+};
+
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+  // x_TH [T, H], probs_TE [T, E] (router dtype), map_TE [T, E] (I32 0/1) -> x_RH [R, H] and probs_R [R] (x's
+  // dtype), rows grouped by local expert.
+  virtual void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan,
+                        Tensor& x_RH, Tensor& probs_R) = 0;
+  // y_RH [R, H] -> y_TH [T, H]: each token's rows summed.
+  virtual Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) = 0;
+  // Adjoint of combine: dy_TH -> dy_RH (each row gets its token's gradient).
+  virtual Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) = 0;
+  // Adjoint of dispatch: dx_RH, dprobs_R -> dx_TH (sum over a token's rows), dprobs_TE (router dtype, dense).
+  virtual void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
+                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) = 0;
+};
+
+class LocalTokenDispatcher : public TokenDispatcher {
+ public:
+  void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
+                Tensor& probs_R) override;
+  Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
+  Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
+  void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
+                         Tensor& dx_TH, Tensor& dprobs_TE) override;
+};
+
+// Helpers shared by dispatchers: row gather (permute) and the per-token ordered row sum (unpermute).
+void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);
+void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
+
+}  // namespace moecore::moe
