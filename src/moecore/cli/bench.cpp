@@ -12,6 +12,7 @@
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/moe/moe_layer.h"
 
 namespace moecore::cli {
 
@@ -48,6 +49,12 @@ GemmBenchResult bench_gemm(DType dtype, int64_t n, int iters) {
   return {*std::max_element(rates.begin(), rates.end()), median(rates)};
 }
 
+double gemm_peak(DType dtype) {
+  double best = 0;
+  for (int64_t n : {512, 1024, 2048}) best = std::max(best, bench_gemm(dtype, n, n == 2048 ? 3 : 6).gflops_best);
+  return best;
+}
+
 void run_bench_gemm(int64_t size, int iters) {
   fmt::print("moecore bench gemm: M=N=K={}, {} timed runs, {} threads\n", size, iters, num_threads());
   const GemmBenchResult f = bench_gemm(DType::F32, size, iters);
@@ -61,7 +68,7 @@ void run_bench_gemm(int64_t size, int iters) {
 void run_bench_attention(const AttentionBenchArgs& a) {
   fmt::print("moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} timed runs, {} threads\n",
              a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.iters, num_threads());
-  const GemmBenchResult peak = bench_gemm(DType::F32, a.gemm_size, 3);
+  const double peak = gemm_peak(DType::F32);
   Tensor q = Tensor::empty({a.seq, a.batch, a.heads, a.head_dim}, DType::F32);
   Tensor k = Tensor::empty({a.seq, a.batch, a.kv_heads, a.head_dim}, DType::F32);
   Tensor v = Tensor::empty(k.shape(), DType::F32);
@@ -89,11 +96,48 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     total_rates.push_back(3.5 * fwd_flops / (t2 - t0) / 1e9);
   }
   const double fwd = median(fwd_rates), tot = median(total_rates);
-  fmt::print("  f32 GEMM peak (M=N=K={}): {:.1f} GFLOP/s\n", a.gemm_size, peak.gflops_best);
-  fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd,
-             100.0 * fwd / peak.gflops_best);
-  fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot,
-             100.0 * tot / peak.gflops_best);
+  fmt::print("  f32 GEMM peak (best of M=N=K 512/1024/2048): {:.1f} GFLOP/s\n", peak);
+  fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / peak);
+  fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / peak);
+}
+
+void run_bench_moe_layer(const MoEBenchArgs& a) {
+  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
+  const bool bf16 = a.dtype == "bf16";
+  fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, {} threads\n",
+             a.tokens, a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters, num_threads());
+  moe::MoELayerConfig c;
+  c.router.hidden = a.hidden;
+  c.router.num_experts = a.experts;
+  c.router.topk = a.topk;
+  c.router.force_load_balancing = a.force_balance;
+  c.ffn_hidden = a.ffn;
+  c.bf16 = bf16;
+  nn::ParamRegistry reg(DType::F32);
+  moe::MoELayer layer(reg, "mlp", c);
+  reg.initialize(1);
+  Tensor x = Tensor::empty({a.tokens, 1, a.hidden}, DType::F32), dy = Tensor::empty(x.shape(), DType::F32);
+  fill_random(x, 7, 1.0);
+  fill_random(dy, 8, 1.0);
+  auto st = layer.make_stash();
+  // Three H×F GEMMs per routed token (fc1 gate and linear halves, fc2), 2 FLOPs per multiply-add, ×3 for
+  // forward + backward (data and weight gradients).
+  const double flops = 3.0 * 2.0 * a.hidden * a.ffn * static_cast<double>(a.tokens * a.topk) * 3.0;
+  std::vector<double> rates;
+  for (int i = 0; i <= a.iters; i++) {
+    reg.zero_grad();
+    const double t0 = now_s();
+    layer.forward(x, *st);
+    layer.backward(dy, *st);
+    const double dt = now_s() - t0;
+    if (i > 0) rates.push_back(flops / dt / 1e9);
+  }
+  const double rate = median(rates);
+  const double peak = gemm_peak(bf16 ? DType::BF16 : DType::F32);
+  fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n",
+             layer.stats().max_load() / layer.stats().mean_load(), a.iters + 1);
+  fmt::print("  {} GEMM peak (best of M=N=K 512/1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
+  fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
 }
 
 }  // namespace moecore::cli

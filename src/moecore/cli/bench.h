@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "moecore/core/dtype.h"
 
@@ -16,12 +17,24 @@ struct GemmBenchResult {
 // Square GEMM M=N=K=size with operands of `dtype` (f32 or bf16), `iters` timed runs after one warm-up.
 GemmBenchResult bench_gemm(DType dtype, int64_t size, int iters);
 
+// The roofline other benchmarks divide by: the best rate of square GEMMs of sizes 512, 1024 and 2048 with
+// operands of `dtype`, measured now. Taking the best over shapes keeps ratios honest (never flattered by a shape
+// the GEMM library handles badly).
+double gemm_peak(DType dtype);
+
 struct AttentionBenchArgs {
   int64_t seq = 2048, batch = 1, heads = 8, kv_heads = 2, head_dim = 64;
   int iters = 3;
-  int64_t gemm_size = 2048;
 };
 void run_bench_attention(const AttentionBenchArgs& a);
+
+struct MoEBenchArgs {
+  int64_t tokens = 4096, hidden = 1024, ffn = 512, experts = 16, topk = 4;
+  std::string dtype = "f32";
+  int iters = 3;
+  bool force_balance = false;
+};
+void run_bench_moe_layer(const MoEBenchArgs& a);
 void run_bench_gemm(int64_t size, int iters);
 
 }  // namespace moecore::cli

@@ -45,6 +45,18 @@ int main(int argc, char** argv) {
   batt->add_option("--kv-channels", att.head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
   batt->add_option("--iters", att.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
 
+  moecore::cli::MoEBenchArgs moeb;
+  CLI::App* bmoe = bench->add_subcommand("moe-layer", "One MoE layer forward+backward GFLOP/s vs GEMM peak");
+  bmoe->add_option("--tokens", moeb.tokens, "T")->check(CLI::PositiveNumber)->capture_default_str();
+  bmoe->add_option("--hidden", moeb.hidden, "H")->check(CLI::PositiveNumber)->capture_default_str();
+  bmoe->add_option("--ffn", moeb.ffn, "F (per expert)")->check(CLI::PositiveNumber)->capture_default_str();
+  bmoe->add_option("--experts", moeb.experts, "E")->check(CLI::PositiveNumber)->capture_default_str();
+  bmoe->add_option("--topk", moeb.topk, "k")->check(CLI::PositiveNumber)->capture_default_str();
+  bmoe->add_option("--dtype", moeb.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  bmoe->add_option("--iters", moeb.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
+  bmoe->add_flag("--moe-router-force-load-balancing", moeb.force_balance, "Route on random logits");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -62,6 +74,8 @@ int main(int argc, char** argv) {
       MOE_CHECK(att.heads % att.kv_heads == 0,
                 "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})", att.heads, att.kv_heads);
       moecore::cli::run_bench_attention(att);
+    } else if (bmoe->parsed()) {
+      moecore::cli::run_bench_moe_layer(moeb);
     } else {
       fmt::print("{}", app.help());
     }

@@ -30,6 +30,32 @@ void for_each_expert(const std::vector<int64_t>& counts, Fn fn) {
 }
 
 Tensor expert_weight(const Tensor& w, int64_t e) { return w.slice(e, 1).reshape({w.dim(1), w.dim(2)}); }
+
+// An expert's rows go through fixed-shape GEMMs in chunks of kRowChunk rows (oneDNN's fastest kernels, one
+// primitive per weight shape) and one run-time-M GEMM for the remainder: the set of primitives stays bounded
+// however the row counts change from step to step.
+constexpr int64_t kRowChunk = 256;
+
+// C_rows = A_rows · op(W)   (forward and data-gradient GEMMs)
+void rows_gemm(const Tensor& A, const Tensor& W, bool trans_w, Tensor& C) {
+  const int64_t n = A.rows(), full = n / kRowChunk * kRowChunk;
+  for (int64_t r = 0; r < full; r += kRowChunk) {
+    Tensor c = C.slice(r, kRowChunk);
+    kernels::gemm(A.slice(r, kRowChunk), false, W, trans_w, c);
+  }
+  if (full < n) {
+    Tensor c = C.slice(full, n - full);
+    kernels::gemm_dynamic(A.slice(full, n - full), false, W, trans_w, c);
+  }
+}
+
+// dW += dY_rowsᵀ · X_rows   (weight-gradient GEMM, reduced over rows chunk by chunk in a fixed order)
+void wgrad_gemm(const Tensor& dY, const Tensor& X, Tensor& dW) {
+  const int64_t n = dY.rows(), full = n / kRowChunk * kRowChunk;
+  for (int64_t r = 0; r < full; r += kRowChunk)
+    kernels::gemm(dY.slice(r, kRowChunk), true, X.slice(r, kRowChunk), false, dW, 1.0f, 1.0f);
+  if (full < n) kernels::gemm_dynamic(dY.slice(full, n - full), true, X.slice(full, n - full), false, dW, 1.0f, 1.0f);
+}
 }  // namespace
 
 Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts,
@@ -49,50 +75,50 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
     w2_bf16_ = fc2_->value.to(DType::BF16);
     w1 = &w1_bf16_;
     w2 = &w2_bf16_;
-    st.x_RH = x_RH.to(DType::BF16);
+    st.x_RH = x_RH.dtype() == DType::BF16 ? x_RH : x_RH.to(DType::BF16);
   } else {
     st.x_RH = x_RH;
   }
   st.h_RF1 = Tensor::empty({R, F1}, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor h = st.h_RF1.slice(r0, n);
-    kernels::gemm_dynamic(st.x_RH.slice(r0, n), false, expert_weight(*w1, e), true, h);
+    rows_gemm(st.x_RH.slice(r0, n), expert_weight(*w1, e), true, h);
   });
-  Tensor a = Tensor::empty({R, F}, dt);
-  kernels::activation_forward(cfg_.activation, st.h_RF1, &probs_R, a);
-  st.a_RF = cfg_.bf16 ? a.to(DType::BF16) : a;
+  // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
+  st.a_RF = Tensor::empty({R, F}, cfg_.bf16 ? DType::BF16 : dt);
+  kernels::activation_forward(cfg_.activation, st.h_RF1, &probs_R, st.a_RF);
   Tensor y = Tensor::empty({R, H}, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor yr = y.slice(r0, n);
-    kernels::gemm_dynamic(st.a_RF.slice(r0, n), false, expert_weight(*w2, e), true, yr);
+    rows_gemm(st.a_RF.slice(r0, n), expert_weight(*w2, e), true, yr);
   });
   return y;
 }
 
 Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R) {
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
+  MOE_ASSERT(dy_RH.cols() == H && R == st.x_RH.rows());
   const DType dt = fc1_->value.dtype();
   const std::vector<int64_t>& counts = st.tokens_per_expert;
-  const Tensor dy = cfg_.bf16 ? dy_RH.to(DType::BF16) : dy_RH;
+  const Tensor dy = cfg_.bf16 && dy_RH.dtype() != DType::BF16 ? dy_RH.to(DType::BF16) : dy_RH;
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
   const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;
   Tensor da = Tensor::empty({R, F}, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);
-    kernels::gemm_dynamic(dy.slice(r0, n), false, expert_weight(w2, e), false, dar);
+    rows_gemm(dy.slice(r0, n), expert_weight(w2, e), false, dar);
     Tensor dw2 = expert_weight(fc2_->grad, e);
-    kernels::gemm_dynamic(dy.slice(r0, n), true, st.a_RF.slice(r0, n), false, dw2, 1.0f, 1.0f);
+    wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2);
   });
-  Tensor dh = Tensor::empty(st.h_RF1.shape(), dt);
+  Tensor dhc = Tensor::empty(st.h_RF1.shape(), cfg_.bf16 ? DType::BF16 : dt);
   dprobs_R = Tensor::empty({R}, dt);
-  kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dh, &dprobs_R);
-  const Tensor dhc = cfg_.bf16 ? dh.to(DType::BF16) : dh;
+  kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs_R);
   Tensor dx = Tensor::empty({R, H}, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dxr = dx.slice(r0, n);
-    kernels::gemm_dynamic(dhc.slice(r0, n), false, expert_weight(w1, e), false, dxr);
+    rows_gemm(dhc.slice(r0, n), expert_weight(w1, e), false, dxr);
     Tensor dw1 = expert_weight(fc1_->grad, e);
-    kernels::gemm_dynamic(dhc.slice(r0, n), true, st.x_RH.slice(r0, n), false, dw1, 1.0f, 1.0f);
+    wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1);
   });
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
   return dx;

@@ -33,7 +33,8 @@ class GroupedExperts {
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
-  // x_RH [R, H], probs_R [R], rows grouped by expert with the given counts -> y_RH [R, H]
+  // x_RH [R, H], probs_R [R], rows grouped by expert with the given counts -> y_RH [R, H]. With bf16 on, x_RH
+  // (and dy_RH in backward) may arrive already in bf16.
   Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert,
                  Stash& st);
   // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated.

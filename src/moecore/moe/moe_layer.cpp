@@ -49,7 +49,9 @@ Tensor MoELayer::forward(const Tensor& x_SBH, nn::FeedForward::Stash& base) {
   if (shared_) shared_out = shared_->forward(x_SBH, st.shared);
   Router::Output route = router_.forward(x_TH, st.S, st.B, training_, st.router, training_ ? &stats_ : nullptr);
   Tensor x_RH, probs_R;
-  dispatcher_->dispatch(x_TH, route.probs_TE, route.map_TE, st.plan, x_RH, probs_R);
+  // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows.
+  dispatcher_->dispatch(cfg_.bf16 ? x_TH.to(DType::BF16) : x_TH, route.probs_TE, route.map_TE, st.plan, x_RH,
+                        probs_R);
   const Tensor y_RH = experts_.forward(x_RH, probs_R, st.plan.tokens_per_expert, st.experts);
   Tensor y = dispatcher_->combine(y_RH, st.plan);
   if (shared_) kernels::add_(y, shared_out);
@@ -60,7 +62,7 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
   const int64_t T = st.S * st.B, H = cfg_.router.hidden;
   const Tensor dy_TH = dy_SBH.reshape({T, H});
-  const Tensor dy_RH = dispatcher_->combine_backward(dy_TH, st.plan);
+  const Tensor dy_RH = dispatcher_->combine_backward(cfg_.bf16 ? dy_TH.to(DType::BF16) : dy_TH, st.plan);
   Tensor dprobs_R;
   const Tensor dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R);
   Tensor dx, dprobs_TE;

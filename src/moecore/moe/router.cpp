@@ -382,6 +382,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
     const Philox rng(cfg_.seed, stream_id(weight_->name + "#force_balance") + fwd);
     for (int64_t i = 0; i < T_ * E; i++) used.set_item(i, rng.normal(static_cast<uint64_t>(i)));
   }
+  st.used_TE = used;
   // 4. Scores, top-k, probs; capacity.
   st.idx_TK = Tensor::empty({T_, K}, DType::I32);
   st.p_TK = Tensor::empty({T_, K}, rd);
@@ -557,8 +558,8 @@ Tensor Router::backward(const Tensor& dprobs_TE, DType x_dtype, double aux_grad_
     if (st.daux_TE.defined()) {
       // The aux scores were computed from the logits actually routed on; with forced balance those are noise
       // and the gradient passes straight through to the real logits.
-      aux_score_backward<R>(cfg_.score_function, nullptr, st.aux_scores_TE.data<R>(), st.daux_TE.data<R>(), d, T_,
-                            E, R(aux_grad_scale));
+      aux_score_backward<R>(cfg_.score_function, st.used_TE.data<R>(), st.aux_scores_TE.data<R>(),
+                            st.daux_TE.data<R>(), d, T_, E, R(aux_grad_scale));
     }
     if (st.lse_T.defined()) {
       // z = coeff/T · Σ_t lse_t²:  dl_te = coeff · 2·lse_t/T · softmax(l)_te

@@ -59,6 +59,7 @@ class Router {
     Tensor x_r;            // gating input in router dtype (jittered) [T, H]
     Tensor jitter_TH;      // multiplicative jitter (router dtype) or undefined
     Tensor logits_TE;      // gating output
+    Tensor used_TE;        // logits routed on: logits_TE, or N(0,1) noise under forced balance
     Tensor scores_TE;      // softmax over E (pre-softmax) or sigmoid, for backward
     Tensor idx_TK;         // I32 selected experts, in selection order
     Tensor p_TK;           // normalized selected probs, before the scaling factor

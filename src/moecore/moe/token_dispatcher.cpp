@@ -77,7 +77,7 @@ void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, 
       }
   x_RH = Tensor::empty({R, x_TH.cols()}, x_TH.dtype());
   gather_rows(x_TH, plan.row_token_R, x_RH);
-  probs_R = Tensor::empty({R}, x_TH.dtype());
+  probs_R = Tensor::empty({R}, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype());
   for (int64_t i = 0; i < R; i++) probs_R.set_item(i, probs_TE.item(rte[i]));
 }
 

@@ -24,7 +24,7 @@ class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
   // x_TH [T, H], probs_TE [T, E] (router dtype), map_TE [T, E] (I32 0/1) -> x_RH [R, H] and probs_R [R] (x's
-  // dtype), rows grouped by local expert.
+  // dtype; f32 when x is bf16), rows grouped by local expert.
   virtual void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan,
                         Tensor& x_RH, Tensor& probs_R) = 0;
   // y_RH [R, H] -> y_TH [T, H]: each token's rows summed.

@@ -7,8 +7,10 @@
 #include "moecore/kernels/cpu/activation.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/vec_math.h"
 
 namespace moecore::kernels {
 
@@ -32,7 +34,16 @@ std::string_view activation_name(Activation a) {
 namespace {
 template <typename T>
 inline T sigmoid(T a) {
-  return T(1) / (T(1) + std::exp(-a));
+  return T(1) / (T(1) + vexp(-a));
+}
+
+// Stores v into an output element of type O (T itself, or bf16 rounded to nearest even).
+template <typename O, typename T>
+inline void store(O* p, T v) {
+  if constexpr (std::is_same_v<O, bf16>)
+    *p = float_to_bf16(static_cast<float>(v));
+  else
+    *p = v;
 }
 
 // f(x) and f'(x) for the ungated activations.
@@ -50,29 +61,29 @@ inline void act_and_grad(Activation act, T x, T& f, T& df) {
   }
 }
 
-template <typename T>
-MOE_TARGET_CLONES void fwd(Activation act, const T* x, const T* p, T* y, int64_t rows, int64_t F) {
+template <typename T, typename O>
+MOE_TARGET_CLONES void fwd(Activation act, const T* x, const T* p, O* y, int64_t rows, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);
-    T* yr = y + t * F;
+    O* yr = y + t * F;
     if (act == Activation::SwiGLU) {
       const T* a = x + t * 2 * F;
       const T* b = a + F;
-      for (int64_t j = 0; j < F; j++) yr[j] = a[j] * sigmoid(a[j]) * b[j] * scale;
+      for (int64_t j = 0; j < F; j++) store(yr + j, a[j] * sigmoid(a[j]) * b[j] * scale);
     } else {
       const T* xr = x + t * F;
       for (int64_t j = 0; j < F; j++) {
         T f, df;
         act_and_grad(act, xr[j], f, df);
-        yr[j] = f * scale;
+        store(yr + j, f * scale);
       }
     }
   }
 }
 
-template <typename T>
-MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, T* dx, T* dp, int64_t rows,
+template <typename T, typename O>
+MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, O* dx, T* dp, int64_t rows,
                            int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
@@ -82,23 +93,23 @@ MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, 
     if (act == Activation::SwiGLU) {
       const T* a = x + t * 2 * F;
       const T* b = a + F;
-      T* da = dx + t * 2 * F;
-      T* db = da + F;
+      O* da = dx + t * 2 * F;
+      O* db = da + F;
       for (int64_t j = 0; j < F; j++) {
         const T s = sigmoid(a[j]);
         const T silu = a[j] * s;
         const T g = dyr[j] * scale;
-        da[j] = g * b[j] * s * (T(1) + a[j] * (T(1) - s));
-        db[j] = g * silu;
+        store(da + j, g * b[j] * s * (T(1) + a[j] * (T(1) - s)));
+        store(db + j, g * silu);
         dps += dyr[j] * silu * b[j];
       }
     } else {
       const T* xr = x + t * F;
-      T* dxr = dx + t * F;
+      O* dxr = dx + t * F;
       for (int64_t j = 0; j < F; j++) {
         T f, df;
         act_and_grad(act, xr[j], f, df);
-        dxr[j] = dyr[j] * scale * df;
+        store(dxr + j, dyr[j] * scale * df);
         dps += dyr[j] * f;
       }
     }
@@ -112,8 +123,13 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
+  MOE_ASSERT(y_TF.dtype() == x.dtype() || (y_TF.dtype() == DType::BF16 && x.dtype() == DType::F32));
   MOE_DISPATCH_FLOAT(x.dtype(), T, {
-    fwd<T>(act, x.data<T>(), probs_T ? probs_T->data<T>() : nullptr, y_TF.data<T>(), rows, F);
+    const T* p = probs_T ? probs_T->data<T>() : nullptr;
+    if (y_TF.dtype() == DType::BF16)
+      fwd<T, bf16>(act, x.data<T>(), p, y_TF.data<bf16>(), rows, F);
+    else
+      fwd<T, T>(act, x.data<T>(), p, y_TF.data<T>(), rows, F);
   });
 }
 
@@ -124,9 +140,14 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
+  MOE_ASSERT(dx.dtype() == x.dtype() || (dx.dtype() == DType::BF16 && x.dtype() == DType::F32));
   MOE_DISPATCH_FLOAT(x.dtype(), T, {
-    bwd<T>(act, dy_TF.data<T>(), x.data<T>(), probs_T ? probs_T->data<T>() : nullptr, dx.data<T>(),
-           dprobs_T ? dprobs_T->data<T>() : nullptr, rows, F);
+    const T* p = probs_T ? probs_T->data<T>() : nullptr;
+    T* dp = dprobs_T ? dprobs_T->data<T>() : nullptr;
+    if (dx.dtype() == DType::BF16)
+      bwd<T, bf16>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<bf16>(), dp, rows, F);
+    else
+      bwd<T, T>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<T>(), dp, rows, F);
   });
 }
 

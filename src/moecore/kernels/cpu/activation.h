@@ -14,9 +14,11 @@ Activation parse_activation(std::string_view name);  // "swiglu", "gelu", "squar
 std::string_view activation_name(Activation a);
 inline bool is_gated(Activation a) { return a == Activation::SwiGLU; }
 
-// x_TF2 [T, 2F] (gated) or x_TF [T, F] -> y_TF [T, F]. probs_T: nullptr or [T] (same dtype).
+// x_TF2 [T, 2F] (gated) or x_TF [T, F] -> y_TF [T, F]. probs_T: nullptr or [T] (same dtype as x).
+// y_TF may be bf16 for an f32 x: the result is rounded as it is stored, ready for a bf16 GEMM.
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
-// dy_TF -> dx (written, shape of x); dprobs_T (written) when probs_T is given.
+// dy_TF -> dx (written, shape of x; bf16 allowed for an f32 x, like y above); dprobs_T (written) when probs_T is
+// given.
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T);
 
