@@ -297,3 +297,27 @@ TEST(Kernel, AttentionIsDeterministic) {
 
 }  // namespace
 }  // namespace moecore
+
+#include "moecore/kernels/cpu/vec_math.h"
+
+namespace moecore {
+namespace {
+
+TEST(VecMath, ExpAccuracy) {
+  double worst32 = 0, worst64 = 0;
+  for (double x = -80; x <= 80; x += 0.0137) {
+    const double ref = std::exp(x);
+    worst32 = std::max(worst32, std::fabs(kernels::vexp(static_cast<float>(x)) - std::exp(static_cast<double>(static_cast<float>(x)))) /
+                                    std::exp(static_cast<double>(static_cast<float>(x))));
+    worst64 = std::max(worst64, std::fabs(kernels::vexp(x) - ref) / ref);
+  }
+  EXPECT_LT(worst32, 3e-7);
+  EXPECT_LT(worst64, 5e-16);
+  EXPECT_LT(kernels::vexp(-std::numeric_limits<float>::infinity()), 1e-37f);
+  EXPECT_LT(kernels::vexp(-std::numeric_limits<double>::infinity()), 1e-300);
+  EXPECT_EQ(kernels::vexp(0.0f), 1.0f);
+  EXPECT_EQ(kernels::vexp(0.0), 1.0);
+}
+
+}  // namespace
+}  // namespace moecore

@@ -2,6 +2,7 @@
 // Not a general numeric library: only what kernels and file formats need.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,20 +41,15 @@ struct bf16 {
   uint16_t bits;
 };
 
-inline float bf16_to_float(bf16 v) {
-  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float bf16_to_float(bf16 v) { return std::bit_cast<float>(static_cast<uint32_t>(v.bits) << 16); }
 
-// Round to nearest, ties to even; NaN stays NaN (quiet).
+// Round to nearest, ties to even; NaN stays NaN (quiet). Branch-free, so conversion loops vectorize.
 inline bf16 float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  uint32_t rounding = 0x7FFF + ((u >> 16) & 1);
-  return bf16{static_cast<uint16_t>((u + rounding) >> 16)};
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  const bool is_nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return bf16{static_cast<uint16_t>(is_nan ? quiet_nan : rounded)};
 }
 
 template <typename T>

@@ -38,10 +38,11 @@ inline T sigmoid(T a) {
 }
 
 // Stores v into an output element of type O (T itself, or bf16 rounded to nearest even).
+// (bf16 goes through its uint16_t bits: a struct store keeps the loop from vectorizing.)
 template <typename O, typename T>
 inline void store(O* p, T v) {
   if constexpr (std::is_same_v<O, bf16>)
-    *p = float_to_bf16(static_cast<float>(v));
+    *reinterpret_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)).bits;
   else
     *p = v;
 }
@@ -70,6 +71,7 @@ MOE_TARGET_CLONES void fwd(Activation act, const T* x, const T* p, O* y, int64_t
     if (act == Activation::SwiGLU) {
       const T* a = x + t * 2 * F;
       const T* b = a + F;
+#pragma omp simd
       for (int64_t j = 0; j < F; j++) store(yr + j, a[j] * sigmoid(a[j]) * b[j] * scale);
     } else {
       const T* xr = x + t * F;
@@ -95,6 +97,7 @@ MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, 
       const T* b = a + F;
       O* da = dx + t * 2 * F;
       O* db = da + F;
+#pragma omp simd reduction(+ : dps)
       for (int64_t j = 0; j < F; j++) {
         const T s = sigmoid(a[j]);
         const T silu = a[j] * s;
