@@ -6,6 +6,9 @@
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
+#include "copy_task.h"
+#include "moecore/core/allocator.h"
+#include "moecore/kernels/cpu/gemm.h"
 #include "test_util.h"
 
 namespace moecore {
@@ -287,6 +290,68 @@ TEST(MoEGPT, GradientOfAMixedDenseAndMoEModel) {
   loss();
   model.backward(st, scale);
   for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 30), kGradTol) << p->name;
+}
+
+nn::GPTConfig moe_copy_config() {
+  nn::GPTConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.ffn_hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 16;
+  c.vocab_size = 16;
+  c.max_seq_len = 32;
+  return c;
+}
+
+moe::MoELayerConfig moe_copy_layer() {
+  moe::MoELayerConfig m;
+  m.router.hidden = 64;
+  m.router.num_experts = 8;
+  m.router.topk = 2;
+  m.router.score_function = moe::ScoreFunction::Sigmoid;
+  m.router.enable_expert_bias = true;
+  m.router.load_balancing = {moe::LoadBalancingType::AuxLoss};
+  m.router.aux_loss_coeff = {1e-2};
+  m.ffn_hidden = 32;
+  m.shared_ffn_hidden = 32;
+  return m;
+}
+
+void finish_global_batch(nn::GPTModel& model) {
+  for (size_t i = 0; i < model.num_layers(); i++)
+    if (auto* l = dynamic_cast<moe::MoELayer*>(&model.layer(i).ffn())) l->router().finish_global_batch();
+}
+
+TEST(MoEGPT, LearnsCopyTaskWithBalancedExperts) {
+  testing::Trainer t(moe_copy_config(), moe_factory(moe_copy_layer(), {true, true}));
+  t.after_backward = [&] { finish_global_batch(t.model); };
+  t.decay_steps = 600;
+  double last = 0;
+  for (int s = 0; s < 600; s++) {
+    last = t.train_step(testing::copy_batch(16, 8, 16, s));
+    if (s >= 50 && last < 0.01) break;
+  }
+  EXPECT_LT(last, 0.05);
+  auto& layer = static_cast<moe::MoELayer&>(t.model.layer(1).ffn());
+  EXPECT_GT(layer.stats().micro_batches, 0);
+  EXPECT_LT(layer.stats().max_load() / layer.stats().mean_load(), 2.0) << "aux loss and expert bias keep load even";
+  double bias_norm = 0;
+  for (int64_t e = 0; e < 8; e++) bias_norm += std::fabs(layer.router().expert_bias().item(e));
+  EXPECT_GT(bias_norm, 0.0) << "the expert bias was updated once per step";
+}
+
+TEST(MoEGPT, SteadyStateStepAllocatesNothingAndCreatesNoPrimitive) {
+  testing::Trainer t(moe_copy_config(), moe_factory(moe_copy_layer(), {true, true}));
+  t.after_backward = [&] { finish_global_batch(t.model); };
+  testing::CopyBatch b = testing::copy_batch(8, 8, 16, 0);
+  for (int i = 0; i < 3; i++) t.train_step(b);
+  const AllocatorMark mark = Allocator::instance().mark();
+  const int64_t prims = kernels::gemm_stats().primitives_created;
+  for (int i = 0; i < 3; i++) t.train_step(b);
+  EXPECT_EQ(Allocator::instance().system_allocs_since(mark), 0);
+  EXPECT_EQ(kernels::gemm_stats().primitives_created, prims);
 }
 
 }  // namespace

@@ -8,10 +8,15 @@
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/nn/gpt_model.h"
+#include "copy_task.h"
 #include "test_util.h"
 
 namespace moecore {
 namespace {
+
+using testing::copy_batch;
+using testing::CopyBatch;
+using testing::Trainer;
 
 double sample_std(const Tensor& t) {
   double s = 0, s2 = 0;
@@ -57,62 +62,6 @@ TEST(GPTInit, MegatronRules) {
   EXPECT_FALSE(testing::bitwise_equal(reg.get("decoder.layers.1.mlp.linear_fc1.weight").value,
                                       reg2.get("decoder.layers.1.mlp.linear_fc1.weight").value));
 }
-
-// Copy task: the second half of each sequence repeats the first; the loss counts only the copied half.
-struct CopyBatch {
-  Tensor tokens, labels, mask;
-};
-
-CopyBatch copy_batch(int64_t B, int64_t half, int64_t vocab, uint64_t step) {
-  const int64_t S = 2 * half - 1;  // inputs seq[0..2h-2], labels seq[1..2h-1]
-  CopyBatch cb{Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::F32)};
-  Philox rng(99, step);
-  for (int64_t b = 0; b < B; b++) {
-    std::vector<int64_t> seq(2 * half);
-    for (int64_t i = 0; i < half; i++) seq[i] = seq[i + half] = rng.block(b * half + i)[0] % vocab;
-    for (int64_t s = 0; s < S; s++) {
-      cb.tokens.data<int64_t>()[b * S + s] = seq[s];
-      cb.labels.data<int64_t>()[b * S + s] = seq[s + 1];
-      cb.mask.data<float>()[b * S + s] = s + 1 >= half ? 1.0f : 0.0f;
-    }
-  }
-  return cb;
-}
-
-struct Trainer {
-  nn::ParamRegistry reg;
-  nn::GPTModel model;
-  nn::GPTModel::Stash st;
-  std::vector<Tensor> m, v;
-  int64_t step = 0;
-  kernels::AdamWParams hp{3e-3, 0.9, 0.98, 1e-8, 0.0};
-
-  explicit Trainer(const nn::GPTConfig& c) : reg(DType::F32), model(c, reg), st(model.make_stash()) {
-    reg.initialize(7);
-    for (auto& p : reg.all()) {
-      m.push_back(Tensor::zeros(p->value.shape(), DType::F32));
-      v.push_back(Tensor::zeros(p->value.shape(), DType::F32));
-    }
-  }
-  // Linear warmup over 20 steps, then cosine decay to 5% over `decay_steps` (0: constant).
-  int64_t decay_steps = 0;
-  double base_lr = 3e-3;
-  double train_step(const CopyBatch& b) {
-    if (decay_steps > 0) {
-      const double t = std::min(1.0, static_cast<double>(step) / static_cast<double>(decay_steps));
-      hp.lr = base_lr * std::min(1.0, (step + 1) / 20.0) * (0.05 + 0.95 * 0.5 * (1 + std::cos(M_PI * t)));
-    }
-    reg.zero_grad();
-    const double loss = model.forward(b.tokens, b.labels, b.mask, st);
-    model.backward(st);
-    step++;
-    for (size_t i = 0; i < reg.all().size(); i++) {
-      auto& p = *reg.all()[i];
-      kernels::adamw_step(p.value, p.grad, m[i], v[i], hp, step);
-    }
-    return loss;
-  }
-};
 
 nn::GPTConfig copy_config() {
   nn::GPTConfig c;
