@@ -13,6 +13,12 @@
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
+#include "moecore/data/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 namespace moecore::cli {
 
@@ -138,6 +144,68 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
              layer.stats().max_load() / layer.stats().mean_load(), a.iters + 1);
   fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
+}
+
+namespace {
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MOE_CHECK(f.good(), "cannot open {}", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+void run_bench_tokenizer(const std::string& tokenizer_json, const std::string& input, int workers) {
+  MOE_CHECK(workers >= 1, "--workers must be >= 1, got {}", workers);
+  std::string text;
+  if (input.empty()) {
+    for (const char* f : {"fortunes", "literature", "riddles", "science", "wisdom", "people", "computers", "humorists"}) {
+      const std::string p = std::string("/usr/share/games/fortunes/") + f;
+      if (std::filesystem::exists(p)) text += read_text(p);
+    }
+    MOE_CHECK(!text.empty(), "no default text: the Debian package 'fortunes' is not installed; pass --input FILE");
+  } else {
+    text = read_text(input);
+  }
+  // Documents: paragraphs separated by the fortune delimiter or blank lines, as a JSONL corpus would give them.
+  std::vector<std::string> docs;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find("\n%\n", pos);
+    end = end == std::string::npos ? text.size() : end + 3;
+    docs.push_back(text.substr(pos, end - pos));
+    pos = end;
+  }
+  const double mb = static_cast<double>(text.size()) / 1e6;
+  const double t0 = now_s();
+  const data::Tokenizer tok = data::Tokenizer::from_file(tokenizer_json);
+  fmt::print("moecore bench tokenizer: {} ({} tokens), {:.2f} MB of text in {} documents; load {:.2f} s\n",
+             tokenizer_json, tok.vocab_size(), mb, docs.size(), now_s() - t0);
+  auto run = [&](int nthreads) {
+    std::vector<std::thread> threads;
+    std::vector<int64_t> counts(static_cast<size_t>(nthreads), 0);
+    const double t = now_s();
+    for (int w = 0; w < nthreads; w++)
+      threads.emplace_back([&, w] {
+        for (size_t i = static_cast<size_t>(w); i < docs.size(); i += static_cast<size_t>(nthreads))
+          counts[static_cast<size_t>(w)] += static_cast<int64_t>(tok.encode(docs[i]).size());
+      });
+    for (auto& th : threads) th.join();
+    const double dt = now_s() - t;
+    int64_t tokens = 0;
+    for (int64_t c : counts) tokens += c;
+    return std::make_pair(mb / dt, tokens);
+  };
+  run(1);  // warm the per-thread caches as a long preprocessing run would
+  const auto [one, tokens] = run(1);
+  fmt::print("  1 thread:  {:7.2f} MB/s ({} tokens, {:.2f} bytes/token)\n", one, tokens,
+             static_cast<double>(text.size()) / static_cast<double>(tokens));
+  if (workers > 1) {
+    const auto [many, t2] = run(workers);
+    MOE_ASSERT(t2 == tokens);
+    fmt::print("  {} workers: {:7.2f} MB/s ({:.2f} MB/s per worker)\n", workers, many, many / workers);
+  }
 }
 
 }  // namespace moecore::cli

@@ -36,6 +36,10 @@ struct MoEBenchArgs {
   bool force_balance = false;
 };
 void run_bench_moe_layer(const MoEBenchArgs& a);
+
+// Tokenizer encode throughput on one thread and on `workers` threads (each encoding its share of documents).
+// Input: a text file, or by default the English fortunes shipped by Debian.
+void run_bench_tokenizer(const std::string& tokenizer_json, const std::string& input, int workers);
 void run_bench_gemm(int64_t size, int iters);
 
 }  // namespace moecore::cli

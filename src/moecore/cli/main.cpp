@@ -57,6 +57,13 @@ int main(int argc, char** argv) {
   bmoe->add_option("--iters", moeb.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
   bmoe->add_flag("--moe-router-force-load-balancing", moeb.force_balance, "Route on random logits");
 
+  std::string tok_json, tok_input;
+  int tok_workers = 2;
+  CLI::App* btok = bench->add_subcommand("tokenizer", "Tokenizer encode MB/s on one thread and on several workers");
+  btok->add_option("--tokenizer-model", tok_json, "Path to tokenizer.json")->required()->check(CLI::ExistingFile);
+  btok->add_option("--input", tok_input, "Text file (default: Debian's English fortunes)")->check(CLI::ExistingFile);
+  btok->add_option("--workers", tok_workers, "Worker threads")->check(CLI::Range(1, 256))->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -74,6 +81,8 @@ int main(int argc, char** argv) {
       MOE_CHECK(att.heads % att.kv_heads == 0,
                 "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})", att.heads, att.kv_heads);
       moecore::cli::run_bench_attention(att);
+    } else if (btok->parsed()) {
+      moecore::cli::run_bench_tokenizer(tok_json, tok_input, tok_workers);
     } else if (bmoe->parsed()) {
       moecore::cli::run_bench_moe_layer(moeb);
     } else {

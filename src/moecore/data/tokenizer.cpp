@@ -8,6 +8,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <deque>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -123,6 +124,18 @@ struct Normalizer {
   bool left = true, right = true;
   std::unique_ptr<Regex> re;
   std::vector<Normalizer> children;
+
+  // True when the normalizer leaves pure-ASCII text unchanged (Unicode normal forms), so ASCII can skip it.
+  bool identity_on_ascii() const {
+    switch (kind) {
+      case NFC: case NFD: case NFKC: case NFKD: return true;
+      case Sequence:
+        for (const auto& c : children)
+          if (!c.identity_on_ascii()) return false;
+        return true;
+      default: return false;
+    }
+  }
 
   std::string apply(std::string s) const {
     switch (kind) {
@@ -253,27 +266,40 @@ struct PreTokenizer {
   bool add_prefix_space = false;
   std::vector<PreTokenizer> children;
 
-  // Splits each piece of `in` (raw UTF-8 byte strings) into `out`.
-  void apply(std::vector<std::string>& pieces) const {
+  // Splits pieces in place. A piece is a view into `storage` (the normalized text) or, once a prefix space was
+  // added, into a string owned by `owned`.
+  void apply(std::vector<std::string_view>& pieces, std::deque<std::string>& owned) const {
     if (kind == Sequence) {
-      for (const auto& c : children) c.apply(pieces);
+      for (const auto& c : children) c.apply(pieces, owned);
       return;
     }
-    std::vector<std::string> out;
+    std::vector<std::string_view> out;
     out.reserve(pieces.size() * 2);
-    for (auto& p : pieces) {
-      std::string s = std::move(p);
-      if (kind == ByteLevel && add_prefix_space && !s.empty() && s[0] != ' ') s = " " + s;
+    for (std::string_view p : pieces) {
+      if (kind == ByteLevel && add_prefix_space && !p.empty() && p[0] != ' ') {
+        owned.push_back(" " + std::string(p));
+        p = owned.back();
+      }
       if (!re) {
-        out.push_back(std::move(s));
+        out.push_back(p);
         continue;
       }
-      split(s, out);
+      split(p, out);
     }
     pieces = std::move(out);
   }
 
-  void split(const std::string& s, std::vector<std::string>& out) const {
+  void split(std::string_view s, std::vector<std::string_view>& out) const {
+    if (behavior == SplitBehavior::Isolated && !invert) {  // the common case: matches and gaps, in order
+      size_t last = 0;
+      re->for_each_match(s, [&](size_t a, size_t b) {
+        if (a > last) out.push_back(s.substr(last, a - last));
+        out.push_back(s.substr(a, b - a));
+        last = b;
+      });
+      if (last < s.size()) out.push_back(s.substr(last));
+      return;
+    }
     // Segments covering s: (begin, end, is_match).
     std::vector<std::tuple<size_t, size_t, bool>> seg;
     size_t last = 0;
@@ -285,41 +311,42 @@ struct PreTokenizer {
     if (last < s.size()) seg.emplace_back(last, s.size(), false);
     if (invert)
       for (auto& t : seg) std::get<2>(t) = !std::get<2>(t);
-    std::string pending;  // for MergedWithNext / Contiguous
-    bool have_pending = false;
+    // Merging only ever joins adjacent segments, so every output piece is a contiguous view of s.
+    size_t pend_begin = 0;
+    bool have_pending = false;  // MergedWithNext: matches waiting for the next gap
     for (size_t i = 0; i < seg.size(); i++) {
       auto [a, b, m] = seg[i];
-      std::string piece = s.substr(a, b - a);
+      auto extend_last = [&] { out.back() = s.substr(out.back().data() - s.data(), b - (out.back().data() - s.data())); };
       switch (behavior) {
         case SplitBehavior::Removed:
-          if (!m) out.push_back(std::move(piece));
+          if (!m) out.push_back(s.substr(a, b - a));
           break;
-        case SplitBehavior::Isolated: out.push_back(std::move(piece)); break;
+        case SplitBehavior::Isolated: out.push_back(s.substr(a, b - a)); break;
         case SplitBehavior::MergedWithPrevious:
-          if (m && !out.empty() && i > 0 && !std::get<2>(seg[i - 1]))
-            out.back() += piece;
+          if (m && i > 0 && !std::get<2>(seg[i - 1]))
+            extend_last();
           else
-            out.push_back(std::move(piece));
+            out.push_back(s.substr(a, b - a));
           break;
         case SplitBehavior::MergedWithNext:
           if (m) {
-            pending += piece;
+            if (!have_pending) pend_begin = a;
             have_pending = true;
           } else {
-            out.push_back(pending + piece);
-            pending.clear();
+            const size_t from = have_pending ? pend_begin : a;
+            out.push_back(s.substr(from, b - from));
             have_pending = false;
           }
           break;
         case SplitBehavior::Contiguous:
-          if (m && i > 0 && std::get<2>(seg[i - 1]) && !out.empty())
-            out.back() += piece;
+          if (m && i > 0 && std::get<2>(seg[i - 1]))
+            extend_last();
           else
-            out.push_back(std::move(piece));
+            out.push_back(s.substr(a, b - a));
           break;
       }
     }
-    if (have_pending) out.push_back(pending);
+    if (have_pending) out.push_back(s.substr(pend_begin));
   }
 };
 
@@ -360,6 +387,42 @@ PreTokenizer parse_pretokenizer(const json& j, const std::string& src, bool& has
   return p;
 }
 
+// Open-addressing map from a merge pair (a, b) to (rank, merged id): one cache line per probe, where a node-based
+// map costs a pointer chase; BPE asks it for every adjacent pair of every new word.
+class MergeTable {
+ public:
+  void build(const std::vector<std::pair<uint64_t, std::pair<int32_t, int32_t>>>& items) {
+    size_t cap = 16;
+    while (cap < items.size() * 2) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, {0, 0});
+    mask_ = cap - 1;
+    for (const auto& [k, v] : items) {
+      size_t i = hash(k) & mask_;
+      while (keys_[i] != kEmpty && keys_[i] != k) i = (i + 1) & mask_;
+      if (keys_[i] == kEmpty) {  // the first (lowest-rank) merge of a pair wins
+        keys_[i] = k;
+        vals_[i] = v;
+      }
+    }
+  }
+  const std::pair<int32_t, int32_t>* find(uint64_t k) const {
+    size_t i = hash(k) & mask_;
+    while (true) {
+      if (keys_[i] == k) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+      i = (i + 1) & mask_;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 17); }
+  std::vector<uint64_t> keys_;
+  std::vector<std::pair<int32_t, int32_t>> vals_;
+  size_t mask_ = 0;
+};
+
 struct AddedToken {
   std::string content;
   int32_t id;
@@ -392,14 +455,16 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_to_bytes;                  // raw bytes (or added-token text) per id
   std::vector<bool> is_added;
   int32_t byte_id[256];
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, merged id)
+  MergeTable merges;  // (a, b) -> (rank, merged id)
   std::vector<AddedToken> added;                                      // longest first
+  std::vector<std::vector<const AddedToken*>> added_by_byte;          // [first byte] -> candidates, longest first
   bool ignore_merges = false;
   int64_t vocab_size = 0;
   std::optional<int32_t> eos;
   uint64_t serial = 0;
 
-  void bpe(const std::string& piece, std::vector<int32_t>& out) const;
+  bool ascii_fast = false;  // normalizer is the identity on ASCII text
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
 };
 
@@ -410,11 +475,18 @@ uint64_t next_serial() {
 }
 }  // namespace
 
-void Tokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) const {
+namespace {
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+}  // namespace
+
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
   // Per-thread cache of whole pieces: text repeats words constantly.
   struct Cache {
     uint64_t owner = 0;
-    std::unordered_map<std::string, std::vector<int32_t>> map;
+    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
   };
   thread_local Cache cache;
   if (cache.owner != serial) {
@@ -427,7 +499,7 @@ void Tokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) c
   }
   std::vector<int32_t> sym;
   if (ignore_merges) {
-    if (auto it = bytes_to_id.find(piece); it != bytes_to_id.end()) sym.push_back(it->second);
+    if (auto it = bytes_to_id.find(std::string(piece)); it != bytes_to_id.end()) sym.push_back(it->second);
   }
   if (sym.empty()) {
     sym.reserve(piece.size());
@@ -436,11 +508,11 @@ void Tokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) c
       int32_t best_rank = INT32_MAX, best_id = -1;
       size_t best_i = 0;
       for (size_t i = 0; i + 1 < sym.size(); i++) {
-        auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) |
-                              static_cast<uint32_t>(sym[i + 1]));
-        if (it != merges.end() && it->second.first < best_rank) {
-          best_rank = it->second.first;
-          best_id = it->second.second;
+        const auto* hit = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) |
+                                      static_cast<uint32_t>(sym[i + 1]));
+        if (hit && hit->first < best_rank) {
+          best_rank = hit->first;
+          best_id = hit->second;
           best_i = i;
         }
       }
@@ -451,14 +523,22 @@ void Tokenizer::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) c
   }
   out.insert(out.end(), sym.begin(), sym.end());
   if (cache.map.size() > 200000) cache.map.clear();
-  cache.map.emplace(piece, std::move(sym));
+  cache.map.emplace(std::string(piece), std::move(sym));
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
   if (text.empty()) return;
-  std::vector<std::string> pieces{normalizer.apply(std::string(text))};
-  pre.apply(pieces);
-  for (const auto& p : pieces)
+  bool ascii = ascii_fast;
+  for (size_t i = 0; ascii && i < text.size(); i++) ascii = static_cast<unsigned char>(text[i]) < 0x80;
+  std::string normalized;
+  if (!ascii) {
+    normalized = normalizer.apply(std::string(text));
+    text = normalized;
+  }
+  std::vector<std::string_view> pieces{text};
+  std::deque<std::string> owned;  // stable addresses: pieces view into it
+  pre.apply(pieces, owned);
+  for (std::string_view p : pieces)
     if (!p.empty()) bpe(p, out);
 }
 
@@ -535,6 +615,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     bool byte_level = false;
     m.normalizer = parse_normalizer(j.value("normalizer", json()), src);
     m.pre = parse_pretokenizer(j.value("pre_tokenizer", json()), src, byte_level);
+    m.ascii_fast = m.normalizer.identity_on_ascii();
     MOE_CHECK(byte_level, "{}: no ByteLevel pre-tokenizer; only byte-level BPE tokenizers are supported", src);
     // Vocabulary: byte-level strings -> raw bytes.
     const auto b2c = byte_to_codepoint();
@@ -581,6 +662,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     }
     // Merges: "a b" strings or ["a", "b"] pairs, rank = position.
     const json& merges = model.at("merges");
+    std::vector<std::pair<uint64_t, std::pair<int32_t, int32_t>>> merge_items;
+    merge_items.reserve(merges.size());
     int32_t rank = 0;
     for (const auto& mg : merges) {
       std::string a, b;
@@ -599,9 +682,10 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
       MOE_CHECK(ia != vocab.end() && ib != vocab.end() && iab != vocab.end(),
                 "{}: merge {} ('{}' + '{}') refers to a token missing from the vocabulary", src, rank, a, b);
       const uint64_t key = (static_cast<uint64_t>(ia.value().get<uint32_t>()) << 32) | ib.value().get<uint32_t>();
-      m.merges.emplace(key, std::make_pair(rank, iab.value().get<int32_t>()));
+      merge_items.emplace_back(key, std::make_pair(rank, iab.value().get<int32_t>()));
       rank++;
     }
+    m.merges.build(merge_items);
     // Added tokens.
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken at{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
@@ -619,6 +703,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     }
     std::stable_sort(m.added.begin(), m.added.end(),
                      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    m.added_by_byte.assign(256, {});
+    for (const auto& a : m.added) m.added_by_byte[static_cast<unsigned char>(a.content[0])].push_back(&a);
     m.vocab_size = std::count(present.begin(), present.end(), true);
   } catch (const json::exception& e) {
     MOE_CHECK(false, "{}: malformed tokenizer.json: {}", src, e.what());
@@ -636,13 +722,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   size_t seg_begin = 0, pos = 0;
   while (pos < text.size()) {
     const AddedToken* hit = nullptr;
-    if (!m.added.empty()) {
-      for (const auto& a : m.added)
-        if (text.compare(pos, a.content.size(), a.content) == 0) {
-          hit = &a;
-          break;
-        }
-    }
+    for (const AddedToken* a : m.added_by_byte[static_cast<unsigned char>(text[pos])])
+      if (text.compare(pos, a->content.size(), a->content) == 0) {
+        hit = a;
+        break;
+      }
     if (!hit) {
       pos++;
       continue;
