@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "moecore/cli/bench.h"
+#include "moecore/cli/data_commands.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
 
@@ -22,6 +23,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and exit");
+
+  moecore::cli::PreprocessArgs pre;
+  moecore::cli::add_preprocess_command(app, pre);
+  moecore::cli::TrainTokenizerArgs ttok;
+  moecore::cli::add_train_tokenizer_command(app, ttok);
 
   CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
   bench->require_subcommand(1);
@@ -75,7 +81,11 @@ int main(int argc, char** argv) {
       fmt::print("{}\n", version_line());
       return 0;
     }
-    if (bgemm->parsed()) {
+    if (pre.cmd->parsed()) {
+      moecore::cli::run_preprocess(pre);
+    } else if (ttok.cmd->parsed()) {
+      moecore::cli::run_train_tokenizer(ttok);
+    } else if (bgemm->parsed()) {
       moecore::cli::run_bench_gemm(gemm_size, gemm_iters);
     } else if (batt->parsed()) {
       MOE_CHECK(att.heads % att.kv_heads == 0,
