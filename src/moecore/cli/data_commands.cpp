@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,6 +94,51 @@ void run_train_tokenizer(const TrainTokenizerArgs& a) {
   const auto ids = t.encode(corpus);
   fmt::print("wrote {} ({} tokens; {:.2f} bytes per token on the training text)\n", path.string(), t.vocab_size(),
              static_cast<double>(corpus.size()) / static_cast<double>(std::max<size_t>(ids.size(), 1)));
+}
+
+void add_corpus_command(CLI::App& app, CorpusArgs& a) {
+  a.cmd = app.add_subcommand("corpus", "Write the embedded default corpus (Debian's fortunes) as JSONL");
+  auto* f = a.cmd->add_subcommand("fortunes", "One JSON line {\"text\": ...} per fortune, English files only");
+  a.cmd->require_subcommand(1);
+  f->add_option("--output", a.output, "JSONL file to write")->required();
+  f->add_option("--source-dir", a.source_dir, "Directory of fortune files")->capture_default_str();
+}
+
+void run_corpus(const CorpusArgs& a) {
+  namespace fs = std::filesystem;
+  MOE_CHECK(fs::is_directory(a.source_dir),
+            "{} does not exist: install Debian's 'fortunes' package (scripts/install-deps.sh does)", a.source_dir);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(a.source_dir))
+    if (e.is_regular_file() && e.path().extension().empty()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  const std::string tmp = a.output + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  MOE_CHECK(out.good(), "cannot write {}", tmp);
+  int64_t n = 0, bytes = 0;
+  for (const auto& p : files) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    if (data::find_invalid_utf8(text) >= 0) continue;  // not a text file of fortunes (none in the package)
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find("\n%\n", pos);
+      const size_t stop = end == std::string::npos ? text.size() : end + 1;
+      std::string fortune = text.substr(pos, stop - pos);
+      pos = end == std::string::npos ? text.size() : end + 3;
+      if (fortune.find_first_not_of(" \t\n") == std::string::npos) continue;
+      out << nlohmann::json({{"text", fortune}}).dump() << '\n';
+      n++;
+      bytes += static_cast<int64_t>(fortune.size());
+    }
+  }
+  out.close();
+  MOE_CHECK(n > 0, "no fortunes found in {}", a.source_dir);
+  fs::rename(tmp, a.output);
+  fmt::print("wrote {}: {} fortunes from {} files, {:.2f} MB of text\n", a.output, n, files.size(),
+             static_cast<double>(bytes) / 1e6);
 }
 
 }  // namespace moecore::cli

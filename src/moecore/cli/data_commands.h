@@ -27,4 +27,12 @@ struct TrainTokenizerArgs {
 void add_train_tokenizer_command(CLI::App& app, TrainTokenizerArgs& a);
 void run_train_tokenizer(const TrainTokenizerArgs& a);
 
+struct CorpusArgs {
+  CLI::App* cmd = nullptr;
+  std::string output;
+  std::string source_dir = "/usr/share/games/fortunes";
+};
+void add_corpus_command(CLI::App& app, CorpusArgs& a);
+void run_corpus(const CorpusArgs& a);
+
 }  // namespace moecore::cli

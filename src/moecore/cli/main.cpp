@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   moecore::cli::add_preprocess_command(app, pre);
   moecore::cli::TrainTokenizerArgs ttok;
   moecore::cli::add_train_tokenizer_command(app, ttok);
+  moecore::cli::CorpusArgs corpus;
+  moecore::cli::add_corpus_command(app, corpus);
 
   CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
   bench->require_subcommand(1);
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
     }
     if (pre.cmd->parsed()) {
       moecore::cli::run_preprocess(pre);
+    } else if (corpus.cmd->parsed()) {
+      moecore::cli::run_corpus(corpus);
     } else if (ttok.cmd->parsed()) {
       moecore::cli::run_train_tokenizer(ttok);
     } else if (bgemm->parsed()) {

@@ -131,7 +131,19 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   }
 }
 
+IndexedDataset::IndexedDataset(const uint8_t* idx, size_t idx_size, const uint8_t* bin, size_t bin_size,
+                               const std::string& name)
+    : prefix_(name),
+      idx_map_(const_cast<uint8_t*>(idx)),
+      idx_size_(idx_size),
+      bin_map_(const_cast<uint8_t*>(bin)),
+      bin_size_(bin_size),
+      owns_maps_(false) {
+  idx_ = parse_index(idx, idx_size, bin_size, name + ".idx");
+}
+
 IndexedDataset::~IndexedDataset() {
+  if (!owns_maps_) return;
   if (idx_map_) ::munmap(idx_map_, idx_size_);
   if (bin_map_) ::munmap(bin_map_, bin_size_);
 }

@@ -34,6 +34,8 @@ class IndexedDataset {
  public:
   // Opens {prefix}.idx and {prefix}.bin.
   explicit IndexedDataset(const std::string& prefix);
+  // Over .idx and .bin bytes already in memory (not owned; they must outlive the dataset).
+  IndexedDataset(const uint8_t* idx, size_t idx_size, const uint8_t* bin, size_t bin_size, const std::string& name);
   ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;
@@ -54,6 +56,7 @@ class IndexedDataset {
   size_t idx_size_ = 0;
   void* bin_map_ = nullptr;
   size_t bin_size_ = 0;
+  bool owns_maps_ = true;
   IndexView idx_;
 };
 

@@ -315,8 +315,12 @@ struct PreTokenizer {
     size_t pend_begin = 0;
     bool have_pending = false;  // MergedWithNext: matches waiting for the next gap
     for (size_t i = 0; i < seg.size(); i++) {
-      auto [a, b, m] = seg[i];
-      auto extend_last = [&] { out.back() = s.substr(out.back().data() - s.data(), b - (out.back().data() - s.data())); };
+      const size_t a = std::get<0>(seg[i]), b = std::get<1>(seg[i]);
+      const bool m = std::get<2>(seg[i]);
+      auto extend_last = [&] {
+        const size_t from = static_cast<size_t>(out.back().data() - s.data());
+        out.back() = s.substr(from, b - from);
+      };
       switch (behavior) {
         case SplitBehavior::Removed:
           if (!m) out.push_back(s.substr(a, b - a));
@@ -623,8 +627,15 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     for (int b = 0; b < 256; b++) c2b[b2c[b]] = static_cast<uint8_t>(b);
     const json& vocab = model.at("vocab");
     MOE_CHECK(vocab.is_object() && !vocab.empty(), "{}: model.vocab must be a non-empty object", src);
+    // Ids index dense tables: bound them by the token count so a corrupt file cannot demand gigabytes.
+    const int64_t id_bound = 2 * static_cast<int64_t>(vocab.size() + j.value("added_tokens", json::array()).size()) + 1024;
     int32_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it.value().get<int32_t>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const int64_t id = it.value().get<int64_t>();
+      MOE_CHECK(id >= 0 && id < id_bound, "{}: token '{}' has id {}, outside [0, {}) for a vocabulary of {} tokens",
+                src, it.key(), id, id_bound, vocab.size());
+      max_id = std::max(max_id, static_cast<int32_t>(id));
+    }
     m.id_to_bytes.assign(static_cast<size_t>(max_id) + 1, std::string());
     m.is_added.assign(static_cast<size_t>(max_id) + 1, false);
     std::vector<bool> present(static_cast<size_t>(max_id) + 1, false);
@@ -690,7 +701,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken at{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
                     a.value("lstrip", false), a.value("rstrip", false)};
-      MOE_CHECK(at.id >= 0 && !at.content.empty(), "{}: invalid added token (id {})", src, at.id);
+      MOE_CHECK(at.id >= 0 && at.id < id_bound && !at.content.empty(), "{}: invalid added token (id {})", src, at.id);
       if (at.id >= static_cast<int32_t>(m.id_to_bytes.size())) {
         m.id_to_bytes.resize(static_cast<size_t>(at.id) + 1);
         m.is_added.resize(static_cast<size_t>(at.id) + 1, false);
