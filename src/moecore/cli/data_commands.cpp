@@ -98,7 +98,7 @@ void run_train_tokenizer(const TrainTokenizerArgs& a) {
 
 void add_corpus_command(CLI::App& app, CorpusArgs& a) {
   a.cmd = app.add_subcommand("corpus", "Write the embedded default corpus (Debian's fortunes) as JSONL");
-  auto* f = a.cmd->add_subcommand("fortunes", "One JSON line {\"text\": ...} per fortune, English files only");
+  auto* f = a.cmd->add_subcommand("fortunes", "One JSON line {\"text\": ...} per fortune from the files directly in --source-dir");
   a.cmd->require_subcommand(1);
   f->add_option("--output", a.output, "JSONL file to write")->required();
   f->add_option("--source-dir", a.source_dir, "Directory of fortune files")->capture_default_str();
