@@ -39,27 +39,11 @@ double median(std::vector<double> v) {
 }  // namespace
 
 GemmBenchResult bench_gemm(DType dtype, int64_t n, int iters) {
-  Tensor a = Tensor::empty({n, n}, DType::F32), b = Tensor::empty({n, n}, DType::F32);
-  fill_random(a, 1, 1.0);
-  fill_random(b, 2, 1.0);
-  Tensor A = a.to(dtype), B = b.to(dtype);
-  Tensor C = Tensor::empty({n, n}, DType::F32);
-  kernels::gemm(A, false, B, false, C);  // warm-up: creates the primitive
-  std::vector<double> rates;
-  for (int i = 0; i < iters; i++) {
-    const double t0 = now_s();
-    kernels::gemm(A, false, B, false, C);
-    const double dt = now_s() - t0;
-    rates.push_back(2.0 * n * n * n / dt / 1e9);
-  }
-  return {*std::max_element(rates.begin(), rates.end()), median(rates)};
+  const auto [best, med] = kernels::time_square_gemm(dtype, n, iters);
+  return {best, med};
 }
 
-double gemm_peak(DType dtype) {
-  double best = 0;
-  for (int64_t n : {1024, 2048}) best = std::max(best, bench_gemm(dtype, n, n == 2048 ? 3 : 6).gflops_best);
-  return best;
-}
+double gemm_peak(DType dtype) { return kernels::measure_gemm_peak_gflops(dtype); }
 
 void run_bench_gemm(int64_t size, int iters) {
   fmt::print("moecore bench gemm: M=N=K={}, {} timed runs, {} threads\n", size, iters, num_threads());

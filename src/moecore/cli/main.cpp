@@ -8,6 +8,7 @@
 #include "moecore/cli/data_commands.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/train/trainer.h"
 
 namespace {
 
@@ -18,11 +19,32 @@ std::string version_line() {
 
 }  // namespace
 
+// `moecore train ...` takes Megatron's flags, parsed by train/config (one table for flags and YAML keys).
+int run_train(int argc, char** argv) {
+  try {
+    moecore::train::TrainConfig cfg =
+        moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc));
+    moecore::train::Trainer trainer(cfg);
+    trainer.run();
+  } catch (const moecore::train::HelpRequested& h) {
+    fmt::print("{}", h.text);
+  } catch (const moecore::Error& e) {
+    fmt::print(stderr, "moecore: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moecore: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "train") return run_train(argc, argv);
   CLI::App app{"moecore: train Mixture-of-Experts language models the way Megatron-Core MoE does", "moecore"};
   app.require_subcommand(0, 1);
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and exit");
+  app.footer("Subcommands also include: train (Megatron-LM flags; moecore train --help)");
 
   moecore::cli::PreprocessArgs pre;
   moecore::cli::add_preprocess_command(app, pre);

@@ -410,7 +410,8 @@ _Pragma("omp parallel for schedule(static)")
     for (int64_t i = 0; i < T_ * E; i++)
       if (a[i] > 0) entropy -= static_cast<double>(a[i]) * std::log(static_cast<double>(a[i]));
   });
-  if (stats && static_cast<int64_t>(stats->tokens_per_expert.size()) != E) {
+  if (stats && (static_cast<int64_t>(stats->tokens_per_expert.size()) != E ||
+                stats->loss_sums.size() != cfg_.load_balancing.size())) {
     stats->loss_names.clear();
     for (auto ty : cfg_.load_balancing) stats->loss_names.push_back(load_balancing_name(ty));
     stats->loss_sums.assign(cfg_.load_balancing.size(), 0.0);

@@ -1,7 +1,10 @@
 // GEMM through oneDNN matmul with a primitive cache (see gemm.h).
 #include "moecore/kernels/cpu/gemm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <vector>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
@@ -198,6 +201,33 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
                   float beta) {
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, true);
+}
+
+std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {
+  Tensor a = Tensor::empty({n, n}, DType::F32), b = Tensor::empty({n, n}, DType::F32);
+  float* pa = a.data<float>();
+  float* pb = b.data<float>();
+  for (int64_t i = 0; i < n * n; i++) {  // values in [-1, 1), cheap and deterministic
+    pa[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
+    pb[i] = static_cast<float>((i * 104729) % 2003) / 1001.0f - 1.0f;
+  }
+  Tensor A = a.to(dtype), B = b.to(dtype), C = Tensor::empty({n, n}, DType::F32);
+  gemm(A, false, B, false, C);  // warm-up: creates the primitive
+  std::vector<double> rates;
+  for (int i = 0; i < iters; i++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(A, false, B, false, C);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * static_cast<double>(n) * n * n / dt / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates.back(), rates[rates.size() / 2]};
+}
+
+double measure_gemm_peak_gflops(DType dtype) {
+  double best = 0;
+  for (int64_t n : {1024, 2048}) best = std::max(best, time_square_gemm(dtype, n, n == 2048 ? 3 : 6).first);
+  return best;
 }
 
 GemmStats gemm_stats() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "moecore/core/tensor.h"
 
@@ -20,6 +21,13 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 // per-expert GEMMs of an MoE layer, whose row counts change every step, create no primitive in steady state.
 void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
                   float beta = 0.0f);
+
+// The roofline benchmarks and the trainer's MFU divide by: the best rate (GFLOP/s) of square GEMMs of sizes
+// 1024 and 2048 with operands of `dtype`, measured now (a second or two). Smaller sizes are left out: their
+// operands stay in L2, which training GEMMs never do.
+double measure_gemm_peak_gflops(DType dtype);
+// GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
+std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters);
 
 struct GemmStats {
   int64_t calls = 0;

@@ -1,0 +1,106 @@
+// The one training configuration: Megatron-LM flag names, set from defaults, then a --model preset, then a
+// --config YAML file (keys are the flag names), then the command line; validated before anything is allocated
+// and printed at start. Only train/ and cli/ see it; modules get their own small config structs from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moecore/moe/moe_layer.h"
+#include "moecore/nn/gpt_model.h"
+#include "moecore/optim/lr_schedule.h"
+
+namespace moecore::train {
+
+struct TrainConfig {
+  // model
+  std::string model;  // preset name, or empty
+  int64_t num_layers = 2, hidden_size = 256, ffn_hidden_size = 0, num_attention_heads = 4;
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1, kv_channels = 0;
+  bool qk_layernorm = false;
+  int64_t seq_length = 256, max_position_embeddings = 0;
+  double rotary_base = 10000, rotary_percent = 1.0;
+  std::string position_embedding_type = "rope", normalization = "RMSNorm";
+  double norm_epsilon = 1e-5;
+  bool untie_embeddings_and_output_weights = false;
+  bool swiglu = false, squared_relu = false;
+  bool disable_bias_linear = false;
+  double init_method_std = 0.02;
+  int64_t make_vocab_size_divisible_by = 128;
+  // MoE
+  int64_t num_experts = 0, moe_ffn_hidden_size = 0, moe_router_topk = 2;
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0;
+  int64_t moe_router_num_groups = 0, moe_router_group_topk = 0;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  std::vector<std::string> moe_router_load_balancing_type{"aux_loss"};
+  std::vector<std::string> moe_aux_loss_coeff{"0.0"};
+  double moe_z_loss_coeff = 0, moe_input_jitter_eps = 0;
+  bool moe_router_force_load_balancing = false;
+  std::string moe_router_dtype = "fp32";
+  double moe_expert_capacity_factor = -1;
+  std::string moe_token_drop_policy = "probs";
+  bool moe_pad_expert_input_to_capacity = false;
+  int64_t moe_shared_expert_intermediate_size = 0;
+  bool moe_shared_expert_gate = false;
+  std::string moe_layer_freq = "1";
+  bool moe_grouped_gemm = true;
+  std::string moe_token_dispatcher_type = "alltoall";
+  bool moe_per_layer_logging = false;
+  // training
+  int64_t micro_batch_size = 4, global_batch_size = 0, train_iters = 0;
+  double lr = 1e-4, min_lr = 0;
+  std::string lr_decay_style = "linear", lr_wsd_decay_style = "exponential";
+  int64_t lr_warmup_iters = 0, lr_decay_iters = 0, lr_wsd_decay_iters = 0;
+  double weight_decay = 0.01, clip_grad = 1.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  std::string optimizer = "adam";
+  int64_t seed = 1234;
+  bool bf16 = false;
+  // parallelism (one process until the distributed issue)
+  int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1,
+          expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
+  bool sequence_parallel = false;
+  // data
+  std::vector<std::string> data_path;
+  std::string split = "969,30,1";
+  bool mock_data = false;
+  std::string tokenizer_type, tokenizer_model;
+  int64_t vocab_size = 0;
+  // evaluation, logging, generation
+  int64_t eval_interval = 1000, eval_iters = 100, log_interval = 100;
+  bool skip_train = false;
+  std::string metrics_file;
+  std::vector<std::string> generate_prompts;
+  int64_t generate_tokens = 48, generate_top_k = 20;
+  double generate_temperature = 0.8;
+  // checkpoints (the checkpoint issue)
+  std::string save, load;
+  int64_t save_interval = 0;
+};
+
+// Thrown by parse_train_config for --help: the text to print.
+struct HelpRequested {
+  std::string text;
+};
+
+// Parses `moecore train` arguments (argv after "train"); throws Error on unknown, conflicting or unsupported
+// options, naming the flag.
+TrainConfig parse_train_config(const std::vector<std::string>& args);
+void validate(TrainConfig& c);
+// "key: value" lines in flag order, for the start of a run and the metrics file.
+std::string describe(const TrainConfig& c);
+
+nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab);
+moe::MoELayerConfig moe_layer_config(const TrainConfig& c);
+optim::LRSchedule lr_schedule(const TrainConfig& c);
+// Vocabulary padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
+int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab);
+
+// Preset names for --model.
+std::vector<std::string> preset_names();
+
+}  // namespace moecore::train

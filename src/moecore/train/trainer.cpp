@@ -1,0 +1,406 @@
+// Trainer (see trainer.h).
+#include "moecore/train/trainer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "moecore/core/allocator.h"
+#include "moecore/core/rng.h"
+#include "moecore/data/preprocess.h"
+#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::train {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) {
+    b /= 1024;
+    i++;
+  }
+  return fmt::format("{:.1f} {}", b, u[i]);
+}
+}  // namespace
+
+Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak) : cfg_(std::move(cfg)), out_(out) {
+  validate(cfg_);
+  fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
+  // Tokenizer and vocabulary.
+  if (cfg_.tokenizer_type == "HuggingFaceTokenizer") {
+    tok_ = std::make_unique<data::Tokenizer>(
+        data::Tokenizer::from_file(data::resolve_tokenizer_json(cfg_.tokenizer_model)));
+    vocab_ = tok_->vocab_size();
+  } else {
+    vocab_ = cfg_.tokenizer_type == "NullTokenizer" ? cfg_.vocab_size + 1 : cfg_.vocab_size;  // NullTokenizer: + EOD
+  }
+  padded_vocab_ = padded_vocab_size(cfg_, vocab_);
+  // Data: enough samples for every step and every evaluation.
+  const int64_t gbs = cfg_.global_batch_size;
+  const int64_t train_samples = cfg_.skip_train ? 0 : cfg_.train_iters * gbs;
+  const int64_t valid_samples = cfg_.eval_iters * gbs;  // every evaluation reads the same first batches
+  if (cfg_.mock_data) {
+    const uint64_t seed = static_cast<uint64_t>(cfg_.seed);
+    if (train_samples > 0)
+      data_[0] = std::make_shared<data::MockGPTDataset>(train_samples, cfg_.seq_length, vocab_, seed);
+    if (valid_samples > 0)
+      data_[1] = std::make_shared<data::MockGPTDataset>(valid_samples, cfg_.seq_length, vocab_, seed + 1);
+  } else {
+    data_ = data::build_gpt_datasets(cfg_.data_path, cfg_.split, cfg_.seq_length, {train_samples, valid_samples, 0},
+                                     static_cast<uint64_t>(cfg_.seed));
+  }
+  MOE_CHECK(cfg_.skip_train || data_[0], "no training data: --split {} gives the train split no documents", cfg_.split);
+  // Model.
+  nn::FfnFactory ffn = nullptr;
+  if (cfg_.num_experts > 0) {
+    const auto is_moe = moe::parse_moe_layer_freq(cfg_.moe_layer_freq, cfg_.num_layers);
+    const moe::MoELayerConfig mc = moe_layer_config(cfg_);
+    ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
+      if (!is_moe[static_cast<size_t>(i)]) return nullptr;
+      return std::make_unique<moe::MoELayer>(r, name, mc);
+    };
+  }
+  model_ = std::make_unique<nn::GPTModel>(gpt_config(cfg_, padded_vocab_), reg_, ffn);
+  reg_.initialize(static_cast<uint64_t>(cfg_.seed));
+  stash_ = model_->make_stash();
+  for (auto& p : reg_.all()) {
+    adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
+    adam_v_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
+  }
+  if (!cfg_.metrics_file.empty()) {
+    metrics_ = std::fopen(cfg_.metrics_file.c_str(), "w");
+    MOE_CHECK(metrics_ != nullptr, "cannot write --metrics-file {}", cfg_.metrics_file);
+  }
+  if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
+  print_memory_plan();
+}
+
+Trainer::~Trainer() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+std::vector<moe::MoELayer*> Trainer::moe_layers() {
+  std::vector<moe::MoELayer*> v;
+  for (size_t i = 0; i < model_->num_layers(); i++)
+    if (auto* l = dynamic_cast<moe::MoELayer*>(&model_->layer(i).ffn())) v.push_back(l);
+  return v;
+}
+
+double Trainer::step_flops() const {
+  // Per token, forward: 2·(GEMM weights touched) + attention scores and values over the causal half.
+  const double H = static_cast<double>(cfg_.hidden_size), D = static_cast<double>(cfg_.kv_channels);
+  const double Nq = static_cast<double>(cfg_.num_attention_heads), Nkv = static_cast<double>(cfg_.num_query_groups);
+  const double S = static_cast<double>(cfg_.seq_length);
+  const double gated = cfg_.swiglu ? 3.0 : 2.0;  // weight matrices per FFN
+  const double attn = 2.0 * H * D * (2 * Nq + 2 * Nkv) + 2.0 * 2.0 * (S / 2.0) * Nq * D;
+  const double dense_ffn = 2.0 * gated * H * static_cast<double>(cfg_.ffn_hidden_size);
+  double moe_ffn = dense_ffn;
+  std::vector<bool> is_moe(static_cast<size_t>(cfg_.num_layers), false);
+  if (cfg_.num_experts > 0) {
+    is_moe = moe::parse_moe_layer_freq(cfg_.moe_layer_freq, cfg_.num_layers);
+    const double fe = static_cast<double>(cfg_.moe_ffn_hidden_size);
+    moe_ffn = 2.0 * gated * H * fe * static_cast<double>(cfg_.moe_router_topk) +
+              2.0 * gated * H * static_cast<double>(cfg_.moe_shared_expert_intermediate_size);
+  }
+  double per_token = 2.0 * H * static_cast<double>(padded_vocab_);  // logits
+  for (bool m : is_moe) per_token += attn + (m ? moe_ffn : dense_ffn);
+  return 3.0 * per_token * S * static_cast<double>(cfg_.global_batch_size);  // forward + backward (2x)
+}
+
+void Trainer::print_memory_plan() {
+  const double n = static_cast<double>(reg_.numel());
+  int64_t expert_params = 0;
+  for (auto& p : reg_.all())
+    if (p->name.find(".experts.") != std::string::npos) expert_params += p->value.numel();
+  fmt::print(out_, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n", n / 1e6,
+             static_cast<double>(expert_params) / 1e6, vocab_, padded_vocab_);
+  // Activations kept per micro-batch, estimated from the stash contents of each layer.
+  const double T = static_cast<double>(cfg_.seq_length * cfg_.micro_batch_size), H = static_cast<double>(cfg_.hidden_size);
+  const double qkv = static_cast<double>(cfg_.kv_channels) * static_cast<double>(cfg_.num_attention_heads + 2 * cfg_.num_query_groups);
+  double ffn_act = 3.0 * static_cast<double>(cfg_.ffn_hidden_size);
+  if (cfg_.num_experts > 0) ffn_act = static_cast<double>(cfg_.moe_router_topk) * (H + 3.0 * static_cast<double>(cfg_.moe_ffn_hidden_size)) + static_cast<double>(cfg_.num_experts);
+  const double per_layer = T * (6 * H + 2 * qkv + ffn_act) * 4.0;
+  const double logits = T * static_cast<double>(padded_vocab_) * 4.0;
+  fmt::print(out_,
+             "memory plan: weights {} | gradients {} | Adam moments {} | activations per micro-batch ~{} "
+             "({} layers x {} + logits {})\n",
+             human_bytes(4 * n), human_bytes(4 * n), human_bytes(8 * n),
+             human_bytes(per_layer * static_cast<double>(cfg_.num_layers) + logits), cfg_.num_layers,
+             human_bytes(per_layer), human_bytes(logits));
+}
+
+StepResult Trainer::train_step() {
+  MOE_ASSERT(data_[0]);
+  const int64_t micro = cfg_.global_batch_size / cfg_.micro_batch_size;
+  StepResult r;
+  r.lr = lr_schedule(cfg_).lr(iteration_);
+  reg_.zero_grad();
+  for (auto* l : moe_layers()) l->stats().reset(cfg_.num_experts);
+  const double scale = 1.0 / static_cast<double>(micro);
+  for (int64_t m = 0; m < micro; m++) {
+    const auto idx = cursor_.micro_batch(m, 0, 1, cfg_.micro_batch_size);
+    const data::Batch b = data::make_batch(*data_[0], idx);
+    r.lm_loss += model_->forward(b.tokens, b.labels, b.loss_mask, stash_) * scale;
+    model_->backward(stash_, scale);
+  }
+  cursor_.advance(cfg_.global_batch_size);
+  // Once per global batch, after gradients are final: expert-bias updates and counter resets.
+  for (auto* l : moe_layers()) l->router().finish_global_batch();
+  // Global gradient norm (f64 accumulation in a fixed order), clipping, AdamW.
+  double sq = 0;
+  for (auto& p : reg_.all()) sq += kernels::sum_squares(p->grad);
+  r.grad_norm = std::sqrt(sq);
+  MOE_CHECK(std::isfinite(r.grad_norm),
+            "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
+            iteration_ + 1, r.grad_norm, r.lm_loss);
+  if (cfg_.clip_grad > 0) {
+    const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
+    if (coeff < 1.0)
+      for (auto& p : reg_.all()) kernels::scale_(p->grad, coeff);
+  }
+  iteration_++;
+  kernels::AdamWParams hp{r.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay};
+  for (size_t i = 0; i < reg_.all().size(); i++) {
+    auto& p = *reg_.all()[i];
+    kernels::AdamWParams h = hp;
+    if (p.no_weight_decay) h.weight_decay = 0;
+    kernels::adamw_step(p.value, p.grad, adam_m_[i], adam_v_[i], h, iteration_);
+  }
+  // Aux losses as Megatron logs them: L/coeff per layer, averaged over MoE layers and micro-batches.
+  const auto layers = moe_layers();
+  r.aux_losses.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
+  for (auto* l : layers) {
+    const auto& s = l->stats();
+    for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++)
+      r.aux_losses[t] += s.loss_sums[t] / static_cast<double>(std::max<int64_t>(1, s.micro_batches)) /
+                         static_cast<double>(layers.size());
+    r.z_loss += s.z_loss_sum / static_cast<double>(std::max<int64_t>(1, s.micro_batches)) /
+                static_cast<double>(layers.size());
+  }
+  return r;
+}
+
+double Trainer::evaluate(int64_t iters) {
+  MOE_CHECK(data_[1], "no validation data: --split {} gives the valid split no documents", cfg_.split);
+  model_->set_training(false);
+  double sum = 0;
+  int64_t n = 0;
+  data::SampleCursor c;
+  for (int64_t it = 0; it < iters; it++) {
+    for (int64_t m = 0; m < cfg_.global_batch_size / cfg_.micro_batch_size; m++) {
+      const auto idx = c.micro_batch(m, 0, 1, cfg_.micro_batch_size);
+      const data::Batch b = data::make_batch(*data_[1], idx);
+      sum += model_->forward(b.tokens, b.labels, b.loss_mask, stash_);
+      n++;
+    }
+    c.advance(cfg_.global_batch_size);
+  }
+  model_->set_training(true);
+  stash_ = model_->make_stash();  // forward-only passes leave stashes filled; start the next step clean
+  return n ? sum / static_cast<double>(n) : 0.0;
+}
+
+std::string Trainer::generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
+                              uint64_t seed) {
+  MOE_CHECK(tok_, "generation needs --tokenizer-type HuggingFaceTokenizer");
+  std::vector<int32_t> ids = tok_->encode(prompt);
+  MOE_CHECK(!ids.empty(), "empty prompt");
+  const Philox rng(seed, stream_id("generate:" + prompt));
+  model_->set_training(false);
+  for (int64_t step = 0; step < n; step++) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - cfg_.seq_length);
+    const int64_t len = static_cast<int64_t>(ids.size()) - start;
+    Tensor t = Tensor::empty({1, len}, DType::I64);
+    for (int64_t i = 0; i < len; i++) t.data<int64_t>()[i] = ids[static_cast<size_t>(start + i)];
+    const Tensor logits = model_->logits(t);  // [len, V_padded], row i = position i
+    const float* row = logits.data<float>() + (len - 1) * padded_vocab_;
+    int32_t next = 0;
+    if (temperature <= 0) {
+      for (int64_t v = 1; v < vocab_; v++)
+        if (row[v] > row[next]) next = static_cast<int32_t>(v);
+    } else {
+      std::vector<int32_t> order(static_cast<size_t>(vocab_));
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t k = top_k > 0 ? std::min(top_k, vocab_) : vocab_;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      std::vector<double> p(static_cast<size_t>(k));
+      double z = 0;
+      for (int64_t i = 0; i < k; i++) z += (p[static_cast<size_t>(i)] = std::exp((row[order[static_cast<size_t>(i)]] - row[order[0]]) / temperature));
+      double u = rng.uniform(static_cast<uint64_t>(step)) * z;
+      next = order[static_cast<size_t>(k - 1)];
+      for (int64_t i = 0; i < k; i++) {
+        u -= p[static_cast<size_t>(i)];
+        if (u <= 0) {
+          next = order[static_cast<size_t>(i)];
+          break;
+        }
+      }
+    }
+    if (tok_->eos_id() && next == *tok_->eos_id()) break;
+    ids.push_back(next);
+  }
+  model_->set_training(true);
+  return tok_->decode(ids);
+}
+
+double Trainer::unigram_entropy() const {
+  MOE_ASSERT(data_[0]);
+  std::vector<int64_t> counts(static_cast<size_t>(padded_vocab_), 0);
+  std::vector<int64_t> buf(static_cast<size_t>(cfg_.seq_length + 1));
+  int64_t total = 0;
+  const int64_t n = std::min<int64_t>(data_[0]->size(), 20000);
+  for (int64_t i = 0; i < n; i++) {
+    data_[0]->get(i, buf.data());
+    for (int64_t s = 0; s < cfg_.seq_length; s++) counts[static_cast<size_t>(buf[static_cast<size_t>(s)])]++;
+    total += cfg_.seq_length;
+  }
+  double h = 0;
+  for (int64_t c : counts)
+    if (c > 0) {
+      const double p = static_cast<double>(c) / static_cast<double>(total);
+      h -= p * std::log(p);
+    }
+  return h;
+}
+
+void Trainer::write_metrics(const std::string& line) {
+  if (!metrics_) return;
+  std::fputs(line.c_str(), metrics_);
+  std::fputc('\n', metrics_);
+  std::fflush(metrics_);
+}
+
+void Trainer::log_line(const StepResult& r, double seconds, int64_t steps) {
+  const double n = static_cast<double>(std::max<int64_t>(1, interval_steps_));
+  const double tokens = static_cast<double>(steps * cfg_.global_batch_size * cfg_.seq_length);
+  const double tps = tokens / seconds;
+  const double gflops = step_flops() * static_cast<double>(steps) / seconds / 1e9;
+  const auto mem = Allocator::instance().stats();
+  std::string aux;
+  nlohmann::json j = {{"iteration", iteration_},
+                      {"consumed_samples", cursor_.consumed_samples},
+                      {"lr", r.lr},
+                      {"lm_loss", sum_loss_ / n},
+                      {"grad_norm", sum_norm_ / n},
+                      {"tokens_per_sec", tps},
+                      {"gflops", gflops},
+                      {"gflops_ratio_to_gemm_peak", peak_gflops_ > 0 ? gflops / peak_gflops_ : 0.0},
+                      {"peak_memory_bytes", mem.peak_bytes}};
+  const auto layers = moe_layers();
+  if (!layers.empty()) {
+    for (size_t t = 0; t < cfg_.moe_router_load_balancing_type.size(); t++) {
+      const std::string name = moe::load_balancing_name(moe::parse_load_balancing_type(cfg_.moe_router_load_balancing_type[t]));
+      if (name == "none") continue;
+      aux += fmt::format(" {}: {:.4f} |", name, sum_aux_[t] / n);
+      j[name] = sum_aux_[t] / n;
+    }
+    if (cfg_.moe_z_loss_coeff > 0) {
+      aux += fmt::format(" z_loss: {:.4f} |", sum_z_ / n);
+      j["z_loss"] = sum_z_ / n;
+    }
+    nlohmann::json tpe = nlohmann::json::object();
+    double worst = 0;
+    for (size_t i = 0; i < model_->num_layers(); i++) {
+      auto* l = dynamic_cast<moe::MoELayer*>(&model_->layer(i).ffn());
+      if (!l) continue;
+      tpe["layer_" + std::to_string(i)] = l->stats().tokens_per_expert;
+      worst = std::max(worst, l->stats().max_load() / std::max(1.0, l->stats().mean_load()));
+    }
+    j["tokens_per_expert"] = tpe;
+    j["max_over_mean_expert_load"] = worst;
+    aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
+  }
+  fmt::print(out_,
+             " iteration {:>8}/{:>8} | consumed samples: {:>10} | learning rate: {:.6E} | lm loss: {:.6E} |{} "
+             "grad norm: {:.3f} | tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {}\n",
+             iteration_, cfg_.train_iters, cursor_.consumed_samples, r.lr, sum_loss_ / n, aux, sum_norm_ / n, tps,
+             gflops, peak_gflops_ > 0 ? 100.0 * gflops / peak_gflops_ : 0.0, human_bytes(static_cast<double>(mem.peak_bytes)));
+  std::fflush(out_);
+  write_metrics(j.dump());
+  sum_loss_ = sum_norm_ = sum_z_ = 0;
+  std::fill(sum_aux_.begin(), sum_aux_.end(), 0.0);
+  interval_steps_ = 0;
+}
+
+void Trainer::run() {
+  const bool tty = ::isatty(fileno(out_)) != 0;
+  if (!cfg_.skip_train) {
+    fmt::print(out_, "training {} iterations of {} sequences x {} tokens ({} micro-batches of {})\n", cfg_.train_iters,
+               cfg_.global_batch_size, cfg_.seq_length, cfg_.global_batch_size / cfg_.micro_batch_size,
+               cfg_.micro_batch_size);
+    sum_aux_.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
+    const double t_start = now_s();
+    double t_interval = t_start;
+    while (iteration_ < cfg_.train_iters) {
+      const StepResult r = train_step();
+      sum_loss_ += r.lm_loss;
+      sum_norm_ += r.grad_norm;
+      sum_z_ += r.z_loss;
+      for (size_t t = 0; t < r.aux_losses.size(); t++) sum_aux_[t] += r.aux_losses[t];
+      interval_steps_++;
+      if (tty) {
+        const double el = now_s() - t_start;
+        const double eta = el / static_cast<double>(iteration_) * static_cast<double>(cfg_.train_iters - iteration_);
+        fmt::print(out_, "\r[{}/{}] lm loss {:.4f} ETA {:.0f}s   ", iteration_, cfg_.train_iters, r.lm_loss, eta);
+        std::fflush(out_);
+      }
+      if (iteration_ % cfg_.log_interval == 0 || iteration_ == cfg_.train_iters) {
+        if (tty) fmt::print(out_, "\r\033[K");
+        const double t = now_s();
+        log_line(r, t - t_interval, interval_steps_);
+        t_interval = now_s();
+      }
+      if (cfg_.eval_iters > 0 && data_[1] && iteration_ % cfg_.eval_interval == 0 && iteration_ < cfg_.train_iters) {
+        const double v = evaluate(cfg_.eval_iters);
+        fmt::print(out_, " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.3f}\n", iteration_,
+                   v, std::exp(std::min(v, 50.0)));
+        write_metrics(nlohmann::json({{"eval", "valid"}, {"iteration", iteration_}, {"lm_loss", v}}).dump());
+        t_interval = now_s();
+      }
+    }
+  }
+  if (cfg_.eval_iters > 0 && data_[1]) {
+    const double v = evaluate(cfg_.eval_iters);
+    fmt::print(out_, " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.3f}\n", iteration_, v,
+               std::exp(std::min(v, 50.0)));
+    write_metrics(nlohmann::json({{"eval", "valid"}, {"iteration", iteration_}, {"lm_loss", v}}).dump());
+    if (data_[0]) {
+      const double h = unigram_entropy();
+      fmt::print(out_, "final validation loss {:.4f} nats vs unigram entropy of the training data {:.4f} nats ({})\n", v,
+                 h, v < h ? "the model uses context" : "NOT below the unigram entropy: train longer or check the data");
+    }
+  }
+  // Where the last step's tokens went, layer by layer.
+  for (size_t i = 0; i < model_->num_layers(); i++) {
+    auto* l = dynamic_cast<moe::MoELayer*>(&model_->layer(i).ffn());
+    if (!l || l->stats().tokens_per_expert.empty()) continue;
+    const auto& t = l->stats().tokens_per_expert;
+    const int64_t mx = *std::max_element(t.begin(), t.end());
+    std::string bars;
+    for (int64_t c : t) bars += fmt::format(" {}:{}", c, std::string(static_cast<size_t>(mx > 0 ? 1 + 8 * c / mx : 0), '#'));
+    fmt::print(out_, "expert load, layer {} (tokens per expert, last step):{}\n", i, bars);
+  }
+  if (!cfg_.generate_prompts.empty() && tok_) {
+    for (const auto& p : cfg_.generate_prompts) {
+      fmt::print(out_, "--- greedy: {}\n", generate(p, cfg_.generate_tokens, 0.0, 0, static_cast<uint64_t>(cfg_.seed)));
+      fmt::print(out_, "--- sampled (temperature {}, top-k {}): {}\n", cfg_.generate_temperature, cfg_.generate_top_k,
+                 generate(p, cfg_.generate_tokens, cfg_.generate_temperature, cfg_.generate_top_k,
+                          static_cast<uint64_t>(cfg_.seed)));
+    }
+  }
+}
+
+}  // namespace moecore::train

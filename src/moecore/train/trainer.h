@@ -1,0 +1,79 @@
+// The training loop of `moecore train`: data, model (dense or MoE layers by --moe-layer-freq), AdamW with fp32
+// master weights, Megatron's LR schedule, gradient accumulation over micro-batches, global-norm clipping, the
+// once-per-global-batch MoE updates, Megatron-style logging (console, progress bar, JSON-lines metrics),
+// evaluation and sampling. One process; the distributed issue adds data/expert/tensor parallelism underneath.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moecore/data/gpt_dataset.h"
+#include "moecore/data/tokenizer.h"
+#include "moecore/moe/moe_layer.h"
+#include "moecore/nn/gpt_model.h"
+#include "moecore/train/config.h"
+
+namespace moecore::train {
+
+struct StepResult {
+  double lm_loss = 0;     // mean over the micro-batches of the step
+  double grad_norm = 0;   // before clipping
+  double lr = 0;
+  std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches
+  double z_loss = 0;
+};
+
+class Trainer {
+ public:
+  // `out` receives the log (stdout for the CLI). The GEMM peak (for MFU) is measured when `measure_peak`.
+  Trainer(TrainConfig cfg, std::FILE* out = stdout, bool measure_peak = true);
+  ~Trainer();
+
+  // Runs the configured job: training with periodic logs and evaluation, a final evaluation, then samples.
+  void run();
+  // One optimizer step on the next global batch (advances the data cursor).
+  StepResult train_step();
+  // Mean LM loss over `iters` global batches of the validation split (from its start).
+  double evaluate(int64_t iters);
+  // Continues `prompt` by `n` tokens: greedy when temperature is 0, else temperature + top-k sampling.
+  std::string generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k, uint64_t seed);
+  // Entropy (nats) of the unigram token distribution of the training data: the loss of a model that ignores
+  // context, the bar a trained model must clear.
+  double unigram_entropy() const;
+
+  int64_t iteration() const { return iteration_; }
+  nn::ParamRegistry& params() { return reg_; }
+  nn::GPTModel& model() { return *model_; }
+  const TrainConfig& config() const { return cfg_; }
+  std::vector<moe::MoELayer*> moe_layers();
+  // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
+  double step_flops() const;
+
+ private:
+  void log_line(const StepResult& r, double seconds, int64_t steps);
+  void print_memory_plan();
+  void write_metrics(const std::string& json_line);
+
+  TrainConfig cfg_;
+  std::FILE* out_;
+  std::unique_ptr<data::Tokenizer> tok_;
+  int64_t vocab_ = 0, padded_vocab_ = 0;
+  std::array<std::shared_ptr<const data::SampleSource>, 3> data_;
+  nn::ParamRegistry reg_;
+  std::unique_ptr<nn::GPTModel> model_;
+  nn::GPTModel::Stash stash_;
+  std::vector<Tensor> adam_m_, adam_v_;
+  data::SampleCursor cursor_;
+  int64_t iteration_ = 0;
+  double peak_gflops_ = 0;
+  std::FILE* metrics_ = nullptr;
+  // Interval accumulators for the log line.
+  double sum_loss_ = 0, sum_norm_ = 0, sum_z_ = 0;
+  std::vector<double> sum_aux_;
+  int64_t interval_steps_ = 0;
+};
+
+}  // namespace moecore::train
