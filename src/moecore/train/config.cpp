@@ -252,7 +252,14 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     else
       opts[f.name] = app.add_option("--" + f.name, cli_values[f.name], f.help)->expected(1);
   }
-  std::vector<std::string> rev(args.rbegin(), args.rend());
+  // CLI11 expands a "[a,b,c]" argument into three values; --moe-layer-freq takes a Python list expression as one
+  // string, so its value gets a leading space (whitespace is insignificant to the pattern parser).
+  std::vector<std::string> fixed = args;
+  for (size_t i = 0; i < fixed.size(); i++) {
+    if (fixed[i] == "--moe-layer-freq" && i + 1 < fixed.size()) fixed[i + 1] = " " + fixed[i + 1];
+    if (fixed[i].rfind("--moe-layer-freq=", 0) == 0) fixed[i] = "--moe-layer-freq= " + fixed[i].substr(17);
+  }
+  std::vector<std::string> rev(fixed.rbegin(), fixed.rend());
   try {
     app.parse(rev);
   } catch (const CLI::CallForHelp&) {
