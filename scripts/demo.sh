@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# The main job from a fresh clone: install dependencies, build, and run what moecore does today.
-# Today that is the machine's roofline (GEMM) and the attention kernel against it; the MoE training demo on the
-# fortunes corpus replaces this once `moecore train` lands (issue "Train end to end").
+# The main job from a fresh clone: install dependencies, build, turn Debian's fortunes into a dataset with a
+# small BPE vocabulary of its own, train the tiny-moe model (8 experts, top-2) for a few minutes, and sample
+# fortunes from it. Everything lands in demo/ (ignored by git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_BUILD_TESTS=OFF
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)" --target moecore
-./build/moecore --version
-./build/moecore bench gemm
-./build/moecore bench attention
+M=./build/moecore
+mkdir -p demo
+$M --version
+$M corpus fortunes --output demo/fortunes.jsonl
+$M train-tokenizer --input demo/fortunes.jsonl --json-keys text --vocab-size 4096 --output demo/tokenizer
+$M preprocess --input demo/fortunes.jsonl --output-prefix demo/fortunes --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model demo/tokenizer --append-eod --workers "$(nproc)"
+ITERS="${1:-400}"  # training steps; bash scripts/demo.sh 100 for a quicker look
+$M train --model tiny-moe \
+  --data-path demo/fortunes_text_document --split 98,2,0 \
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model demo/tokenizer \
+  --train-iters "$ITERS" --log-interval 25 --eval-interval 100 --eval-iters 10 \
+  --metrics-file demo/metrics.jsonl \
+  --generate-prompts "The " "Q: What" "A man" --generate-tokens 40
+echo "metrics (one JSON object per logged iteration): demo/metrics.jsonl"

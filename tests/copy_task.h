@@ -33,6 +33,21 @@ inline CopyBatch copy_batch(int64_t B, int64_t half, int64_t vocab, uint64_t ste
   return cb;
 }
 
+// The small dense GPT both copy-task tests train (the MoE test swaps its FFNs).
+inline nn::GPTConfig copy_config() {
+  nn::GPTConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.ffn_hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 16;
+  c.vocab_size = 16;
+  c.max_seq_len = 32;
+  c.init_method_std = 0.02;
+  return c;
+}
+
 struct Trainer {
   nn::ParamRegistry reg;
   nn::GPTModel model;

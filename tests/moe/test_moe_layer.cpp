@@ -292,18 +292,6 @@ TEST(MoEGPT, GradientOfAMixedDenseAndMoEModel) {
   for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 30), kGradTol) << p->name;
 }
 
-nn::GPTConfig moe_copy_config() {
-  nn::GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.ffn_hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 16;
-  c.vocab_size = 16;
-  c.max_seq_len = 32;
-  return c;
-}
 
 moe::MoELayerConfig moe_copy_layer() {
   moe::MoELayerConfig m;
@@ -325,7 +313,7 @@ void finish_global_batch(nn::GPTModel& model) {
 }
 
 TEST(MoEGPT, LearnsCopyTaskWithBalancedExperts) {
-  testing::Trainer t(moe_copy_config(), moe_factory(moe_copy_layer(), {true, true}));
+  testing::Trainer t(testing::copy_config(), moe_factory(moe_copy_layer(), {true, true}));
   t.after_backward = [&] { finish_global_batch(t.model); };
   t.decay_steps = 600;
   double last = 0;
@@ -343,7 +331,7 @@ TEST(MoEGPT, LearnsCopyTaskWithBalancedExperts) {
 }
 
 TEST(MoEGPT, SteadyStateStepAllocatesNothingAndCreatesNoPrimitive) {
-  testing::Trainer t(moe_copy_config(), moe_factory(moe_copy_layer(), {true, true}));
+  testing::Trainer t(testing::copy_config(), moe_factory(moe_copy_layer(), {true, true}));
   t.after_backward = [&] { finish_global_batch(t.model); };
   testing::CopyBatch b = testing::copy_batch(8, 8, 16, 0);
   for (int i = 0; i < 3; i++) t.train_step(b);

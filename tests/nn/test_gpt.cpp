@@ -17,6 +17,7 @@ namespace {
 using testing::copy_batch;
 using testing::CopyBatch;
 using testing::Trainer;
+using testing::copy_config;
 
 double sample_std(const Tensor& t) {
   double s = 0, s2 = 0;
@@ -63,19 +64,6 @@ TEST(GPTInit, MegatronRules) {
                                       reg2.get("decoder.layers.1.mlp.linear_fc1.weight").value));
 }
 
-nn::GPTConfig copy_config() {
-  nn::GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.ffn_hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 16;
-  c.vocab_size = 16;
-  c.max_seq_len = 32;
-  c.init_method_std = 0.02;
-  return c;
-}
 
 TEST(GPTTrain, LearnsCopyTask) {
   Trainer t(copy_config());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <functional>
 
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
@@ -19,15 +20,10 @@ std::string version_line() {
 
 }  // namespace
 
-// `moecore train ...` takes Megatron's flags, parsed by train/config (one table for flags and YAML keys).
-int run_train(int argc, char** argv) {
+// Runs a command body: a user error prints one line and exits 1, an internal error exits 2.
+int guarded(const std::function<void()>& body) {
   try {
-    moecore::train::TrainConfig cfg =
-        moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc));
-    moecore::train::Trainer trainer(cfg);
-    trainer.run();
-  } catch (const moecore::train::HelpRequested& h) {
-    fmt::print("{}", h.text);
+    body();
   } catch (const moecore::Error& e) {
     fmt::print(stderr, "moecore: error: {}\n", e.what());
     return 1;
@@ -36,6 +32,19 @@ int run_train(int argc, char** argv) {
     return 2;
   }
   return 0;
+}
+
+// `moecore train ...` takes Megatron's flags, parsed by train/config (one table for flags and YAML keys).
+int run_train(int argc, char** argv) {
+  return guarded([&] {
+    try {
+      moecore::train::Trainer trainer(
+          moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc)));
+      trainer.run();
+    } catch (const moecore::train::HelpRequested& h) {
+      fmt::print("{}", h.text);
+    }
+  });
 }
 
 int main(int argc, char** argv) {
@@ -100,10 +109,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  try {
+  return guarded([&] {
     if (show_version) {
       fmt::print("{}\n", version_line());
-      return 0;
+      return;
     }
     if (pre.cmd->parsed()) {
       moecore::cli::run_preprocess(pre);
@@ -124,12 +133,5 @@ int main(int argc, char** argv) {
     } else {
       fmt::print("{}", app.help());
     }
-  } catch (const moecore::Error& e) {
-    fmt::print(stderr, "moecore: error: {}\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "moecore: {}\n", e.what());
-    return 2;
-  }
-  return 0;
+  });
 }

@@ -311,15 +311,21 @@ void Trainer::log_line(const StepResult& r, double seconds, int64_t steps) {
       aux += fmt::format(" z_loss: {:.4f} |", sum_z_ / n);
       j["z_loss"] = sum_z_ / n;
     }
-    nlohmann::json tpe = nlohmann::json::object();
+    nlohmann::json tpe = nlohmann::json::object(), entropy = nlohmann::json::object(),
+                   dropped = nlohmann::json::object();
     double worst = 0;
     for (size_t i = 0; i < model_->num_layers(); i++) {
       auto* l = dynamic_cast<moe::MoELayer*>(&model_->layer(i).ffn());
       if (!l) continue;
-      tpe["layer_" + std::to_string(i)] = l->stats().tokens_per_expert;
+      const std::string key = "layer_" + std::to_string(i);
+      tpe[key] = l->stats().tokens_per_expert;
+      entropy[key] = l->stats().entropy();
+      dropped[key] = l->stats().dropped;
       worst = std::max(worst, l->stats().max_load() / std::max(1.0, l->stats().mean_load()));
     }
     j["tokens_per_expert"] = tpe;
+    j["router_entropy"] = entropy;  // nats, mean over the step's tokens
+    j["dropped_assignments"] = dropped;
     j["max_over_mean_expert_load"] = worst;
     aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
   }
