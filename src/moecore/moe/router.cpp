@@ -27,7 +27,7 @@ LoadBalancingType parse_load_balancing_type(const std::string& s) {
   if (s == "none") return LoadBalancingType::None;
   MOE_CHECK(false,
             "--moe-router-load-balancing-type {} is not supported; choose from aux_loss, seq_aux_loss, "
-            "global_aux_loss, none (sinkhorn and quantile_balancing are not implemented)",
+            "global_aux_loss, none (sinkhorn and quantile_balancing are rejected: not available)",
             s);
   return LoadBalancingType::None;
 }

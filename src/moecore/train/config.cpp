@@ -116,9 +116,9 @@ std::vector<Flag> flag_table(TrainConfig& c) {
       {"generate-tokens", Kind::Int, &c.generate_tokens, "Tokens to sample per prompt"},
       {"generate-top-k", Kind::Int, &c.generate_top_k, "Top-k for sampling"},
       {"generate-temperature", Kind::Double, &c.generate_temperature, "Sampling temperature"},
-      {"save", Kind::String, &c.save, "Checkpoint directory (not implemented yet)"},
-      {"load", Kind::String, &c.load, "Checkpoint to resume (not implemented yet)"},
-      {"save-interval", Kind::Int, &c.save_interval, "Steps between checkpoints (not implemented yet)"},
+      {"save", Kind::String, &c.save, "Checkpoint directory (rejected until checkpoints exist)"},
+      {"load", Kind::String, &c.load, "Checkpoint to resume (rejected until checkpoints exist)"},
+      {"save-interval", Kind::Int, &c.save_interval, "Steps between checkpoints (rejected until checkpoints exist)"},
   };
 }
 
@@ -328,8 +328,8 @@ void validate(TrainConfig& c) {
   pos(c.seq_length, "seq-length");
   pos(c.micro_batch_size, "micro-batch-size");
   MOE_CHECK(c.position_embedding_type == "rope",
-            "--position-embedding-type {} is not implemented; moecore uses rope", c.position_embedding_type);
-  MOE_CHECK(c.normalization == "RMSNorm", "--normalization {} is not implemented; use RMSNorm", c.normalization);
+            "--position-embedding-type {} is rejected: moecore has rope only", c.position_embedding_type);
+  MOE_CHECK(c.normalization == "RMSNorm", "--normalization {} is rejected: moecore has RMSNorm only", c.normalization);
   MOE_CHECK(!(c.swiglu && c.squared_relu), "--swiglu and --squared-relu are exclusive");
   if (c.kv_channels == 0) {
     MOE_CHECK(c.hidden_size % c.num_attention_heads == 0,
@@ -355,14 +355,14 @@ void validate(TrainConfig& c) {
                       std::pair{c.expert_model_parallel_size, "expert-model-parallel-size"},
                       std::pair{c.expert_tensor_parallel_size, "expert-tensor-parallel-size"}})
     MOE_CHECK(v == 1,
-              "--{} {}: multi-rank parallelism is not implemented in this build yet (it arrives with the distributed "
-              "issue); run with 1",
+              "--{} {}: multi-rank parallelism is rejected in this build (it arrives with the distributed issue); "
+              "run with 1",
               n, v);
-  MOE_CHECK(!c.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1, which is not "
-                                  "implemented yet");
+  MOE_CHECK(!c.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1, which is rejected "
+                                  "in this build");
   MOE_CHECK(c.save.empty() && c.load.empty() && c.save_interval == 0,
-            "--save/--load/--save-interval: checkpointing is not implemented in this build yet; remove them");
-  MOE_CHECK(c.optimizer == "adam", "--optimizer {} is not implemented; use adam", c.optimizer);
+            "--save/--load/--save-interval are rejected: checkpointing arrives with the checkpoint issue; remove them");
+  MOE_CHECK(c.optimizer == "adam", "--optimizer {} is rejected: moecore has adam (AdamW) only", c.optimizer);
   if (c.global_batch_size == 0) c.global_batch_size = c.micro_batch_size;
   MOE_CHECK(c.global_batch_size % c.micro_batch_size == 0,
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size 1",
@@ -392,7 +392,7 @@ void validate(TrainConfig& c) {
     if (c.moe_ffn_hidden_size == 0) c.moe_ffn_hidden_size = c.ffn_hidden_size;
     MOE_CHECK(c.moe_grouped_gemm, "moecore always runs experts as grouped GEMMs; drop --no-moe-grouped-gemm");
     MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "allgather",
-              "--moe-token-dispatcher-type {} is not implemented; use alltoall or allgather",
+              "--moe-token-dispatcher-type {} is rejected; use alltoall or allgather",
               c.moe_token_dispatcher_type);
     moe::validate(moe_layer_config(c));
     moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
