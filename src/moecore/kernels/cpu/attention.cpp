@@ -244,7 +244,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
   MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype());
   MOE_ASSERT_SHAPE(lse, {dm.B, dm.Nq, dm.S});
   const int64_t per_thread = 4 * kAttnTile * dm.D + 3 * kAttnTile;
-  Tensor scratch = Tensor::empty({num_threads(), per_thread}, q.dtype());
+  Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   MOE_DISPATCH_FLOAT(q.dtype(), T, {
     forward_impl<T>(dm, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), T(scale),
                     scratch.data<T>(), per_thread);
@@ -258,7 +258,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   MOE_ASSERT_SHAPE(lse, {dm.B, dm.Nq, dm.S});
   const int64_t per_thread = 4 * kAttnTile * dm.D + 2 * kAttnTile;
-  Tensor scratch = Tensor::empty({num_threads(), per_thread}, q.dtype());
+  Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   Tensor delta = Tensor::empty({dm.B, dm.Nq, dm.S}, q.dtype());
   MOE_DISPATCH_FLOAT(q.dtype(), T, {
     const T* od = o.data<T>();
