@@ -76,6 +76,27 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
             std::string::npos);
   EXPECT_NE(with({"--seq-length", "x"}).find("integer"), std::string::npos);
   EXPECT_NE(error_of({"--train-iters", "10"}).find("--data-path"), std::string::npos);
+  EXPECT_NE(error_of({"--mock-data", "--train-iters", "10"}).find("--vocab-size"), std::string::npos);
+  EXPECT_NE(with({"--tokenizer-type", "HuggingFaceTokenizer"}).find("--tokenizer-model"), std::string::npos);
+  EXPECT_NE(with({"--tokenizer-type", "GPT2BPETokenizer"}).find("GPT2BPETokenizer"), std::string::npos);
+  EXPECT_NE(with({"--swiglu", "--squared-relu"}).find("exclusive"), std::string::npos);
+  EXPECT_NE(with({"--seq-length", "512", "--max-position-embeddings", "256"}).find("below --seq-length"),
+            std::string::npos);
+  EXPECT_NE(with({"--moe-ffn-hidden-size", "64"}).find("--num-experts is 0"), std::string::npos);
+  EXPECT_NE(with({"--eval-iters", "-1"}).find("--eval-iters"), std::string::npos);
+  EXPECT_NE(with({"--optimizer", "sgd"}).find("sgd"), std::string::npos);
+  EXPECT_NE(with({"--sequence-parallel"}).find("--sequence-parallel"), std::string::npos);
+  EXPECT_NE(with({"--lr", "1e-3", "--min-lr", "1e-2"}).find("--min-lr"), std::string::npos);
+  EXPECT_NE(with({"--lr-decay-style", "WSD"}).find("--lr-wsd-decay-iters"), std::string::npos);
+  EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-num-groups", "3",
+                  "--moe-router-group-topk", "1"}).find("divisible"), std::string::npos);
+  EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-enable-expert-bias"}).find("sigmoid"),
+            std::string::npos);
+  EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-load-balancing-type", "aux_loss",
+                  "seq_aux_loss"}).find("one coefficient per"), std::string::npos);
+  EXPECT_NE(with({"--model", "gpt-9"}).find("not a preset"), std::string::npos);
+  EXPECT_NE(with({"--moe-token-drop-policy", "random", "--num-experts", "4", "--disable-bias-linear"}).find("random"),
+            std::string::npos);
 }
 
 TEST(LRSchedule, MegatronValues) {

@@ -14,6 +14,8 @@
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/data/tokenizer.h"
+#include "moecore/core/allocator.h"
+#include "moecore/train/trainer.h"
 
 #include <filesystem>
 #include <fstream>
@@ -128,6 +130,40 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
              layer.stats().max_load() / layer.stats().mean_load(), a.iters + 1);
   fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
+}
+
+void run_bench_train(const TrainBenchArgs& a) {
+  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
+  // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
+  std::vector<std::string> flags{"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16",
+                                 "--group-query-attention", "--num-query-groups", "4", "--swiglu",
+                                 "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk", "2",
+                                 "--moe-ffn-hidden-size", "1024", "--moe-aux-loss-coeff", "1e-2", "--seq-length", "256",
+                                 "--micro-batch-size", "4", "--global-batch-size", "8", "--mock-data", "--vocab-size",
+                                 "32000", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
+                                 "--eval-iters", "0", "--log-interval", "1000000"};
+  if (a.dtype == "bf16") flags.push_back("--bf16");
+  flags.insert(flags.end(), a.train_flags.begin(), a.train_flags.end());
+  const train::TrainConfig cfg = train::parse_train_config(flags);
+  std::FILE* null = std::fopen("/dev/null", "w");
+  train::Trainer t(cfg, null, /*measure_peak=*/false);
+  const double peak = kernels::measure_gemm_peak_gflops(a.dtype == "bf16" ? DType::BF16 : DType::F32);
+  t.train_step();  // warm-up: primitives, allocator cache
+  Allocator::instance().reset_peak();
+  const double t0 = now_s();
+  for (int i = 0; i < a.iters; i++) t.train_step();
+  const double dt = (now_s() - t0) / a.iters;
+  std::fclose(null);
+  const double tokens = static_cast<double>(cfg.global_batch_size * cfg.seq_length);
+  const double gflops = t.step_flops() / dt / 1e9;
+  fmt::print("moecore bench train: {} layers, H={}, {} experts top-{} (F={}), S={}, global batch {} x {}, {}, {} threads\n",
+             cfg.num_layers, cfg.hidden_size, cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size,
+             cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, a.dtype, num_threads());
+  fmt::print("  {:.2f} M parameters; step {:.3f} s; {} GEMM peak (best of M=N=K 1024/2048) {:.1f} GFLOP/s\n",
+             static_cast<double>(t.params().numel()) / 1e6, dt, a.dtype, peak);
+  fmt::print("train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f}\n", a.dtype,
+             tokens / dt, gflops, gflops / peak,
+             static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0));
 }
 
 namespace {

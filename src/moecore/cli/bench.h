@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moecore/core/dtype.h"
 
@@ -36,6 +37,15 @@ struct MoEBenchArgs {
   bool force_balance = false;
 };
 void run_bench_moe_layer(const MoEBenchArgs& a);
+
+// Training throughput of a small MoE GPT on --mock-data: tokens/s, model-FLOP utilization against the same-run
+// GEMM peak, peak memory. Extra arguments are `moecore train` flags that override the benchmark's model.
+struct TrainBenchArgs {
+  std::string dtype = "bf16";
+  int iters = 4;
+  std::vector<std::string> train_flags;
+};
+void run_bench_train(const TrainBenchArgs& a);
 
 // Tokenizer encode throughput on one thread and on `workers` threads (each encoding its share of documents).
 // Input: a text file, or by default the English fortunes shipped by Debian.

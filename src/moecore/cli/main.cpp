@@ -96,6 +96,12 @@ int main(int argc, char** argv) {
   bmoe->add_option("--iters", moeb.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
   bmoe->add_flag("--moe-router-force-load-balancing", moeb.force_balance, "Route on random logits");
 
+  moecore::cli::TrainBenchArgs trb;
+  CLI::App* btrain = bench->add_subcommand("train", "MoE GPT training step: tokens/s, MFU vs GEMM peak, peak memory");
+  btrain->add_option("--dtype", trb.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  btrain->add_option("--iters", trb.iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
+  btrain->allow_extras();  // any other arguments are moecore train flags overriding the model, checked there
+
   std::string tok_json, tok_input;
   int tok_workers = 2;
   CLI::App* btok = bench->add_subcommand("tokenizer", "Tokenizer encode MB/s on one thread and on several workers");
@@ -128,6 +134,9 @@ int main(int argc, char** argv) {
       moecore::cli::run_bench_attention(att);
     } else if (btok->parsed()) {
       moecore::cli::run_bench_tokenizer(tok_json, tok_input, tok_workers);
+    } else if (btrain->parsed()) {
+      trb.train_flags = btrain->remaining();
+      moecore::cli::run_bench_train(trb);
     } else if (bmoe->parsed()) {
       moecore::cli::run_bench_moe_layer(moeb);
     } else {

@@ -390,7 +390,7 @@ void validate(TrainConfig& c) {
     MOE_CHECK(c.disable_bias_linear,
               "--num-experts with linear biases: moecore's experts have no bias; pass --disable-bias-linear");
     if (c.moe_ffn_hidden_size == 0) c.moe_ffn_hidden_size = c.ffn_hidden_size;
-    MOE_CHECK(c.moe_grouped_gemm, "moecore always runs experts as grouped GEMMs; drop --no-moe-grouped-gemm");
+    MOE_CHECK(c.moe_grouped_gemm, "moe-grouped-gemm: false is rejected: moecore always runs experts as grouped GEMMs");
     MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "allgather",
               "--moe-token-dispatcher-type {} is rejected; use alltoall or allgather",
               c.moe_token_dispatcher_type);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/vec_math.h"
 
 namespace moecore::kernels {
 
@@ -19,9 +20,11 @@ MOE_TARGET_CLONES void lse_rows(const T* logits, T* lse, int64_t rows, int64_t V
   for (int64_t t = 0; t < rows; t++) {
     const T* l = logits + t * V;
     T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
     for (int64_t v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
     T s = 0;
-    for (int64_t v = 0; v < V; v++) s += std::exp(l[v] - mx);
+#pragma omp simd reduction(+ : s)
+    for (int64_t v = 0; v < V; v++) s += vexp(l[v] - mx);
     lse[t] = mx + std::log(s);
   }
 }
@@ -33,7 +36,8 @@ MOE_TARGET_CLONES void grad_rows(const T* dloss, const T* logits, const T* lse, 
     const T* l = logits + t * V;
     T* d = dl + t * V;
     const T g = dloss[t], m = lse[t];
-    for (int64_t v = 0; v < V; v++) d[v] = std::exp(l[v] - m) * g;
+#pragma omp simd
+    for (int64_t v = 0; v < V; v++) d[v] = vexp(l[v] - m) * g;
   }
 }
 }  // namespace
