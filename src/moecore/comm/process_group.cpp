@@ -1,0 +1,208 @@
+// ProcessGroup over MPI (see process_group.h).
+#include "moecore/comm/process_group.h"
+
+#include <climits>
+
+#include "moecore/core/error.h"
+
+namespace moecore::comm {
+
+namespace {
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  MOE_ASSERT_MSG(false, "MPI {} failed: {}", what, std::string(msg, static_cast<size_t>(len)));
+}
+#define MOE_MPI(call) check_mpi((call), #call)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::BF16: return MPI_UINT16_T;  // moved, never reduced
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  MOE_ASSERT_MSG(t != DType::BF16, "reductions run in f32/f64 (bf16 tensors can only be moved)");
+  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+}
+
+int to_int(int64_t n, const char* what) {
+  MOE_ASSERT_MSG(n >= 0 && n <= INT_MAX, "{}: {} elements exceed MPI's int counts", what, n);
+  return static_cast<int>(n);
+}
+
+int64_t row_elems(const Tensor& t) { return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0)); }
+}  // namespace
+
+Work::~Work() {
+  if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+}
+
+void Work::wait() {
+  if (pending()) MOE_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+}
+
+bool Work::test() {
+  if (!pending()) return true;
+  int flag = 0;
+  MOE_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  return flag != 0;
+}
+
+ProcessGroup::Comm::~Comm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned && !finalized && c != MPI_COMM_NULL) MPI_Comm_free(&c);
+}
+
+void ProcessGroup::init(int* argc, char*** argv) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) return;
+  int provided = 0;
+  MOE_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+void ProcessGroup::finalize() {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) MPI_Finalize();
+}
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Comm> c) : comm_(std::move(c)) {
+  int r = 0, s = 1;
+  MOE_MPI(MPI_Comm_rank(comm_->c, &r));
+  MOE_MPI(MPI_Comm_size(comm_->c, &s));
+  rank_ = r;
+  size_ = s;
+}
+
+ProcessGroup ProcessGroup::world() {
+  auto c = std::make_shared<Comm>();
+  c->c = MPI_COMM_WORLD;
+  return ProcessGroup(c);
+}
+
+ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
+  int color = -1, key = 0;
+  for (size_t g = 0; g < groups.size(); g++)
+    for (size_t i = 0; i < groups[g].size(); i++)
+      if (groups[g][i] == rank_) {
+        color = static_cast<int>(g);
+        key = static_cast<int>(i);
+      }
+  MOE_ASSERT_MSG(color >= 0, "rank {} is in none of the groups", rank_);
+  auto c = std::make_shared<Comm>();
+  MOE_MPI(MPI_Comm_split(comm_->c, color, key, &c->c));
+  c->owned = true;
+  MPI_Comm_set_errhandler(c->c, MPI_ERRORS_RETURN);
+  return ProcessGroup(c);
+}
+
+Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
+  Work w;
+  w.what_ = "all_reduce";
+  MOE_MPI(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), to_int(t.numel(), "all_reduce"), mpi_type(t.dtype()),
+                         mpi_op(op, t.dtype()), comm_->c, &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::all_gather(const Tensor& in, Tensor& out, bool async) const {
+  MOE_ASSERT_MSG(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: in {} out {} size {}",
+                 in.shape().str(), out.shape().str(), size_);
+  Work w;
+  const int n = to_int(in.numel(), "all_gather");
+  MOE_MPI(MPI_Iallgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(out.dtype()), comm_->c, &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::all_gather_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, bool async) const {
+  MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
+  MOE_ASSERT_MSG(in.numel() == 0 || in.dim(0) == rows[static_cast<size_t>(rank_)], "all_gather_v: {} rows, expected {}",
+                 in.ndim() ? in.dim(0) : 0, rows[static_cast<size_t>(rank_)]);
+  const int64_t re = out.numel() == 0 ? row_elems(in) : row_elems(out);
+  Work w;
+  int64_t off = 0;
+  for (int64_t r : rows) {
+    w.counts_a_.push_back(to_int(r * re, "all_gather_v"));
+    w.displs_a_.push_back(to_int(off, "all_gather_v"));
+    off += r * re;
+  }
+  MOE_ASSERT_MSG(off == out.numel(), "all_gather_v: output holds {} elements, the counts give {}", out.numel(), off);
+  MOE_MPI(MPI_Iallgatherv(in.raw(), to_int(in.numel(), "all_gather_v"), mpi_type(in.dtype()), out.raw(),
+                          w.counts_a_.data(), w.displs_a_.data(), mpi_type(out.dtype()), comm_->c, &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) const {
+  MOE_ASSERT_MSG(in.numel() == out.numel() * size_ && in.dtype() == out.dtype(), "reduce_scatter: in {} out {}",
+                 in.shape().str(), out.shape().str());
+  Work w;
+  MOE_MPI(MPI_Ireduce_scatter_block(in.raw(), out.raw(), to_int(out.numel(), "reduce_scatter"), mpi_type(in.dtype()),
+                                    mpi_op(op, in.dtype()), comm_->c, &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                                const std::vector<int64_t>& recv_rows, bool async) const {
+  MOE_ASSERT(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_);
+  MOE_ASSERT(in.dtype() == out.dtype());
+  const int64_t re = in.numel() > 0 ? row_elems(in) : row_elems(out);
+  Work w;
+  int64_t so = 0, ro = 0;
+  for (int64_t r = 0; r < size_; r++) {
+    w.counts_a_.push_back(to_int(send_rows[static_cast<size_t>(r)] * re, "all_to_all_v"));
+    w.displs_a_.push_back(to_int(so, "all_to_all_v"));
+    so += send_rows[static_cast<size_t>(r)] * re;
+    w.counts_b_.push_back(to_int(recv_rows[static_cast<size_t>(r)] * re, "all_to_all_v"));
+    w.displs_b_.push_back(to_int(ro, "all_to_all_v"));
+    ro += recv_rows[static_cast<size_t>(r)] * re;
+  }
+  MOE_ASSERT_MSG(so == in.numel() && ro == out.numel(), "all_to_all_v: send {} of {}, receive {} into {}", so,
+                 in.numel(), ro, out.numel());
+  MOE_MPI(MPI_Ialltoallv(in.raw(), w.counts_a_.data(), w.displs_a_.data(), mpi_type(in.dtype()), out.raw(),
+                         w.counts_b_.data(), w.displs_b_.data(), mpi_type(out.dtype()), comm_->c, &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
+  Work w;
+  MOE_MPI(MPI_Ibcast(t.raw(), to_int(t.numel(), "broadcast"), mpi_type(t.dtype()), static_cast<int>(root), comm_->c,
+                     &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const {
+  Work w;
+  MOE_MPI(MPI_Isend(t.raw(), to_int(t.numel(), "send"), mpi_type(t.dtype()), static_cast<int>(dst), tag, comm_->c,
+                    &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
+  Work w;
+  MOE_MPI(MPI_Irecv(t.raw(), to_int(t.numel(), "recv"), mpi_type(t.dtype()), static_cast<int>(src), tag, comm_->c,
+                    &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
+void ProcessGroup::barrier() const { MOE_MPI(MPI_Barrier(comm_->c)); }
+
+}  // namespace moecore::comm

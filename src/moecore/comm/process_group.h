@@ -1,0 +1,79 @@
+// ProcessGroup: the collectives moecore's distributed code uses, over MPI (NCCL later, behind the same
+// interface). Every operation has a non-blocking form returning Work to wait on, so communication can overlap
+// computation; the blocking form is that plus wait(). Tensors are contiguous; rows are the leading dimension.
+// Every MPI call is checked: a failure throws with the MPI error string and the operation's name.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "moecore/comm/rank_generator.h"
+#include "moecore/core/tensor.h"
+
+namespace moecore::comm {
+
+enum class ReduceOp { Sum, Max };
+
+// A pending operation. Holds the buffers it needs until completion (count and displacement arrays).
+class Work {
+ public:
+  Work() = default;
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&&) noexcept = default;
+  ~Work();  // waits if still pending: an operation is never abandoned with live buffers
+  void wait();
+  bool test();  // true when complete
+  bool pending() const { return req_ != MPI_REQUEST_NULL; }
+
+ private:
+  friend class ProcessGroup;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<int> counts_a_, displs_a_, counts_b_, displs_b_;
+  const char* what_ = "";
+};
+
+class ProcessGroup {
+ public:
+  // MPI_Init_thread when not yet initialized (a single process needs no mpirun); idempotent.
+  static void init(int* argc, char*** argv);
+  static void finalize();
+  static ProcessGroup world();
+
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+  // Collective over this group: every member passes the same `groups` (from ParallelState) and gets the one it
+  // belongs to, ranks ordered as in the list. `groups` hold ranks of this group.
+  ProcessGroup split(const RankGroups& groups) const;
+
+  Work all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum, bool async = false) const;
+  // out [size·rows, ...] = concat over ranks of in [rows, ...]
+  Work all_gather(const Tensor& in, Tensor& out, bool async = false) const;
+  // out = concat over ranks of in, rank r contributing rows_per_rank[r] rows
+  Work all_gather_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows_per_rank, bool async = false) const;
+  // out [rows, ...] = reduction over ranks of in's slice for this rank (in [size·rows, ...])
+  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum, bool async = false) const;
+  // Rows send_rows[r] of in go to rank r (in order); out receives recv_rows[r] rows from rank r (in order).
+  Work all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                    const std::vector<int64_t>& recv_rows, bool async = false) const;
+  Work broadcast(Tensor& t, int64_t root, bool async = false) const;
+  Work send(const Tensor& t, int64_t dst, int tag = 0, bool async = false) const;
+  Work recv(Tensor& t, int64_t src, int tag = 0, bool async = false) const;
+  void barrier() const;
+
+  MPI_Comm comm() const { return comm_->c; }
+
+ private:
+  struct Comm {
+    MPI_Comm c = MPI_COMM_NULL;
+    bool owned = false;
+    ~Comm();
+  };
+  explicit ProcessGroup(std::shared_ptr<Comm> c);
+  std::shared_ptr<Comm> comm_;
+  int64_t rank_ = 0, size_ = 1;
+};
+
+}  // namespace moecore::comm
