@@ -9,6 +9,7 @@
 #include "moecore/cli/data_commands.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
 
 namespace {
@@ -35,16 +36,27 @@ int guarded(const std::function<void()>& body) {
 }
 
 // `moecore train ...` takes Megatron's flags, parsed by train/config (one table for flags and YAML keys).
+// Under mpirun every rank runs this; a single process needs no mpirun. Configuration errors are found before MPI
+// starts, identically on every rank, so all ranks exit with the same message and none waits for the others.
 int run_train(int argc, char** argv) {
-  return guarded([&] {
+  const int rc = guarded([&] {
     try {
-      moecore::train::Trainer trainer(
-          moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc)));
+      const auto cfg = moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc));
+      moecore::comm::ProcessGroup::init(&argc, &argv);
+      const moecore::comm::ProcessGroup world = moecore::comm::ProcessGroup::world();
+      moecore::train::Trainer trainer(cfg, stdout, true, &world);
       trainer.run();
     } catch (const moecore::train::HelpRequested& h) {
       fmt::print("{}", h.text);
     }
   });
+  if (rc != 0) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (inited) MPI_Abort(MPI_COMM_WORLD, rc);  // a failure after start-up stops every rank, not just this one
+  }
+  moecore::comm::ProcessGroup::finalize();
+  return rc;
 }
 
 int main(int argc, char** argv) {

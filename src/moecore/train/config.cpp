@@ -355,8 +355,8 @@ void validate(TrainConfig& c) {
                       std::pair{c.expert_model_parallel_size, "expert-model-parallel-size"},
                       std::pair{c.expert_tensor_parallel_size, "expert-tensor-parallel-size"}})
     MOE_CHECK(v == 1,
-              "--{} {}: multi-rank parallelism is rejected in this build (it arrives with the distributed issue); "
-              "run with 1",
+              "--{} {}: model parallelism is rejected in this build (it arrives with the distributed issue); run "
+              "with 1 (data parallelism over mpirun ranks is supported)",
               n, v);
   MOE_CHECK(!c.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1, which is rejected "
                                   "in this build");

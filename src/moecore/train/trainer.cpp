@@ -35,9 +35,30 @@ std::string human_bytes(double b) {
 }
 }  // namespace
 
-Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak) : cfg_(std::move(cfg)), out_(out) {
+Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
+    : cfg_(std::move(cfg)), out_(out) {
   validate(cfg_);
+  if (world && world->size() > 1) {
+    // Data parallelism over the whole world (model parallel sizes are 1 until the TP/EP work lands).
+    mesh_ = std::make_unique<comm::ParallelState>(comm::ParallelSizes{
+        world->size(), cfg_.tensor_model_parallel_size, cfg_.pipeline_model_parallel_size, cfg_.context_parallel_size,
+        cfg_.expert_model_parallel_size, cfg_.expert_tensor_parallel_size});
+    dp_ = mesh_->dp;
+    world_rank_ = world->rank();
+    dp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->dp_cp));
+    stats_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->tp_dp_cp));
+    dp_rank_ = dp_group_->rank();
+    MOE_CHECK(cfg_.global_batch_size % (cfg_.micro_batch_size * dp_) == 0,
+              "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
+              cfg_.global_batch_size, cfg_.micro_batch_size, dp_);
+    for (const auto& t : cfg_.moe_router_load_balancing_type)
+      MOE_CHECK(t != "global_aux_loss",
+                "--moe-router-load-balancing-type global_aux_loss needs its counts reduced over data-parallel ranks "
+                "inside the router, which is rejected in this build with more than one rank");
+    if (world_rank_ != 0) out_ = std::fopen("/dev/null", "w");  // one rank speaks
+  }
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
+  if (mesh_) fmt::print(out_, "{}", mesh_->describe());
   // Tokenizer and vocabulary.
   if (cfg_.tokenizer_type == "HuggingFaceTokenizer") {
     tok_ = std::make_unique<data::Tokenizer>(
@@ -79,7 +100,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak) : cfg_(std:
     adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
     adam_v_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
   }
-  if (!cfg_.metrics_file.empty()) {
+  if (!cfg_.metrics_file.empty() && world_rank_ == 0) {
     metrics_ = std::fopen(cfg_.metrics_file.c_str(), "w");
     MOE_CHECK(metrics_ != nullptr, "cannot write --metrics-file {}", cfg_.metrics_file);
   }
@@ -89,6 +110,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak) : cfg_(std:
 
 Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
+  if (world_rank_ != 0 && out_) std::fclose(out_);
 }
 
 std::vector<moe::MoELayer*> Trainer::moe_layers() {
@@ -143,19 +165,32 @@ void Trainer::print_memory_plan() {
 
 StepResult Trainer::train_step() {
   MOE_ASSERT(data_[0]);
-  const int64_t micro = cfg_.global_batch_size / cfg_.micro_batch_size;
+  const int64_t micro = cfg_.global_batch_size / (cfg_.micro_batch_size * dp_);
   StepResult r;
   r.lr = lr_schedule(cfg_).lr(iteration_);
   reg_.zero_grad();
   for (auto* l : moe_layers()) l->stats().reset(cfg_.num_experts);
   const double scale = 1.0 / static_cast<double>(micro);
   for (int64_t m = 0; m < micro; m++) {
-    const auto idx = cursor_.micro_batch(m, 0, 1, cfg_.micro_batch_size);
+    const auto idx = cursor_.micro_batch(m, dp_rank_, dp_, cfg_.micro_batch_size);
     const data::Batch b = data::make_batch(*data_[0], idx);
     r.lm_loss += model_->forward(b.tokens, b.labels, b.loss_mask, stash_) * scale;
     model_->backward(stash_, scale);
   }
   cursor_.advance(cfg_.global_batch_size);
+  if (dp_group_) {
+    // Gradients summed over data-parallel ranks and scaled by 1/DP (Megatron's 1/(DP·CP)); expert-bias counts
+    // summed over TP×DP×CP before the bias update; the reported loss averaged over DP.
+    for (auto& p : reg_.all()) {
+      dp_group_->all_reduce(p->grad);
+      kernels::scale_(p->grad, 1.0 / static_cast<double>(dp_));
+    }
+    for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
+    Tensor loss = Tensor::empty({1}, DType::F64);
+    loss.set_item(0, r.lm_loss);
+    dp_group_->all_reduce(loss);
+    r.lm_loss = loss.item(0) / static_cast<double>(dp_);
+  }
   // Once per global batch, after gradients are final: expert-bias updates and counter resets.
   for (auto* l : moe_layers()) l->router().finish_global_batch();
   // Global gradient norm (f64 accumulation in a fixed order), clipping, AdamW.
@@ -188,6 +223,14 @@ StepResult Trainer::train_step() {
                          static_cast<double>(layers.size());
     r.z_loss += s.z_loss_sum / static_cast<double>(std::max<int64_t>(1, s.micro_batches)) /
                 static_cast<double>(layers.size());
+  }
+  if (dp_group_ && !layers.empty()) {  // logged aux losses: averaged over data-parallel ranks, as Megatron logs them
+    Tensor a = Tensor::empty({static_cast<int64_t>(r.aux_losses.size()) + 1}, DType::F64);
+    for (size_t t = 0; t < r.aux_losses.size(); t++) a.set_item(static_cast<int64_t>(t), r.aux_losses[t]);
+    a.set_item(static_cast<int64_t>(r.aux_losses.size()), r.z_loss);
+    dp_group_->all_reduce(a);
+    for (size_t t = 0; t < r.aux_losses.size(); t++) r.aux_losses[t] = a.item(static_cast<int64_t>(t)) / static_cast<double>(dp_);
+    r.z_loss = a.item(static_cast<int64_t>(r.aux_losses.size())) / static_cast<double>(dp_);
   }
   return r;
 }
@@ -344,9 +387,9 @@ void Trainer::log_line(const StepResult& r, double seconds, int64_t steps) {
 void Trainer::run() {
   const bool tty = ::isatty(fileno(out_)) != 0;
   if (!cfg_.skip_train) {
-    fmt::print(out_, "training {} iterations of {} sequences x {} tokens ({} micro-batches of {})\n", cfg_.train_iters,
-               cfg_.global_batch_size, cfg_.seq_length, cfg_.global_batch_size / cfg_.micro_batch_size,
-               cfg_.micro_batch_size);
+    fmt::print(out_, "training {} iterations of {} sequences x {} tokens ({} data-parallel rank(s) x {} micro-batches of {})\n",
+               cfg_.train_iters, cfg_.global_batch_size, cfg_.seq_length, dp_,
+               cfg_.global_batch_size / (cfg_.micro_batch_size * dp_), cfg_.micro_batch_size);
     sum_aux_.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
     const double t_start = now_s();
     double t_interval = t_start;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/comm/process_group.h"
 #include "moecore/data/gpt_dataset.h"
 #include "moecore/data/tokenizer.h"
 #include "moecore/moe/moe_layer.h"
@@ -28,8 +29,10 @@ struct StepResult {
 
 class Trainer {
  public:
-  // `out` receives the log (stdout for the CLI). The GEMM peak (for MFU) is measured when `measure_peak`.
-  Trainer(TrainConfig cfg, std::FILE* out = stdout, bool measure_peak = true);
+  // `out` receives the log (stdout for the CLI; only rank 0 writes). The GEMM peak (for MFU) is measured when
+  // `measure_peak`. `world`: the ranks to train on (null or one rank: a single process).
+  Trainer(TrainConfig cfg, std::FILE* out = stdout, bool measure_peak = true,
+          const comm::ProcessGroup* world = nullptr);
   ~Trainer();
 
   // Runs the configured job: training with periodic logs and evaluation, a final evaluation, then samples.
@@ -59,6 +62,10 @@ class Trainer {
 
   TrainConfig cfg_;
   std::FILE* out_;
+  // Data parallelism: this rank's coordinate and the groups gradients and statistics are reduced over.
+  int64_t dp_ = 1, dp_rank_ = 0, world_rank_ = 0;
+  std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_;
+  std::unique_ptr<comm::ParallelState> mesh_;
   std::unique_ptr<data::Tokenizer> tok_;
   int64_t vocab_ = 0, padded_vocab_ = 0;
   std::array<std::shared_ptr<const data::SampleSource>, 3> data_;
