@@ -123,7 +123,7 @@ TEST(GroupedExperts, EqualsSequentialReference) {
     const int64_t R = 11;
     for (DType dt : {DType::F64, DType::F32}) {
       nn::ParamRegistry reg(dt);
-      moe::GroupedExperts ex(reg, "experts", moe::ExpertsConfig{H, F, E, act, 0.3, 0.3, false});
+      moe::GroupedExperts ex(reg, "experts", moe::ExpertsConfig{H, F, E, 0, act, 0.3, 0.3, false});
       reg.initialize(3);
       Tensor x = randn({R, H}, dt, 1), p = randn({R}, dt, 2);
       moe::GroupedExperts::Stash st;

@@ -10,18 +10,25 @@
 namespace moecore {
 namespace {
 
-TEST(Layouts, DataParallelMatchesSingleRank) {
+// Every layout this world size allows (DP over all ranks; EP 2 and 4 folded over the data-parallel ranks).
+class Layouts : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Layouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const std::vector<std::string> args{
+  const int64_t ep = GetParam();
+  if (w.size() % ep != 0) GTEST_SKIP() << "EP" << ep << " needs a multiple of " << ep << " ranks";
+  std::vector<std::string> args{
       "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--swiglu", "--disable-bias-linear",
       "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "64", "--moe-router-score-function",
       "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
       "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
       "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "128", "--train-iters",
       "5", "--lr", "1e-3", "--eval-iters", "0"};
+  const train::TrainConfig one = train::parse_train_config(args);
+  args.insert(args.end(), {"--expert-model-parallel-size", std::to_string(ep)});
   const train::TrainConfig cfg = train::parse_train_config(args);
   std::FILE* null = std::fopen("/dev/null", "w");
-  train::Trainer single(cfg, null, false, nullptr), multi(cfg, null, false, &w);
+  train::Trainer single(one, null, false, nullptr), multi(cfg, null, false, &w);
   for (int step = 0; step < 5; step++) {
     const auto a = single.train_step(), b = multi.train_step();
     EXPECT_NEAR(b.lm_loss, a.lm_loss, 1e-5 * std::fabs(a.lm_loss)) << "step " << step;
@@ -33,6 +40,8 @@ TEST(Layouts, DataParallelMatchesSingleRank) {
   }
   std::fclose(null);
 }
+
+INSTANTIATE_TEST_SUITE_P(EP, Layouts, ::testing::Values(1, 2, 4));
 
 }  // namespace
 }  // namespace moecore

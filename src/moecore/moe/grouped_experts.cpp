@@ -16,6 +16,10 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
                   nn::InitRule::normal(cfg.init_std));
   fc2_ = &reg.add(name + ".linear_fc2.weight", {cfg.num_experts, cfg.hidden, cfg.ffn_hidden},
                   nn::InitRule::normal(cfg.output_init_std));
+  // Weights are drawn by global expert index, so a shard holds exactly its experts' single-rank values.
+  fc1_->global_offset = cfg.first_expert * fc1_rows() * cfg.hidden;
+  fc2_->global_offset = cfg.first_expert * cfg.hidden * cfg.ffn_hidden;
+  fc1_->expert_parallel = fc2_->expert_parallel = true;
 }
 
 namespace {

@@ -16,6 +16,7 @@ struct ExpertsConfig {
   int64_t hidden = 0;       // H
   int64_t ffn_hidden = 0;   // F (--moe-ffn-hidden-size)
   int64_t num_experts = 0;  // local experts
+  int64_t first_expert = 0;  // global index of the first local expert (expert parallelism)
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
   double output_init_std = 0.02;

@@ -17,13 +17,25 @@ void validate(const MoELayerConfig& c) {
             "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
 }
 
+namespace {
+// The experts this rank holds: all of them, or its contiguous share under expert parallelism.
+ExpertsConfig experts_config(const MoELayerConfig& c) {
+  const int64_t ep = c.ep_group ? c.ep_group->size() : 1, rank = c.ep_group ? c.ep_group->rank() : 0;
+  MOE_CHECK(c.router.num_experts % ep == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
+            c.router.num_experts, ep);
+  const int64_t n = c.router.num_experts / ep;
+  return ExpertsConfig{c.router.hidden, c.ffn_hidden, n, n * rank, c.activation, c.init_std, c.output_init_std, c.bf16};
+}
+}  // namespace
+
 MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg)
     : cfg_(cfg),
       router_(reg, name + ".router", cfg.router),
-      experts_(reg, name + ".experts",
-               ExpertsConfig{cfg.router.hidden, cfg.ffn_hidden, cfg.router.num_experts, cfg.activation, cfg.init_std,
-                             cfg.output_init_std, cfg.bf16}),
-      dispatcher_(std::make_unique<LocalTokenDispatcher>()) {
+      experts_(reg, name + ".experts", experts_config(cfg)),
+      dispatcher_(cfg.ep_group && cfg.ep_group->size() > 1
+                      ? std::unique_ptr<TokenDispatcher>(
+                            std::make_unique<AllToAllTokenDispatcher>(*cfg.ep_group, cfg.router.num_experts))
+                      : std::make_unique<LocalTokenDispatcher>()) {
   validate(cfg);
   if (cfg.shared_ffn_hidden > 0) {
     nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false, cfg.init_std,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "moecore/comm/process_group.h"
 #include "moecore/moe/grouped_experts.h"
 #include "moecore/moe/router.h"
 #include "moecore/moe/routing_stats.h"
@@ -24,6 +25,8 @@ struct MoELayerConfig {
   double init_std = 0.02;
   double output_init_std = 0.02;
   bool bf16 = false;
+  // Expert parallelism: the group experts are spread over (null: all experts local).
+  const comm::ProcessGroup* ep_group = nullptr;
 };
 
 void validate(const MoELayerConfig& c);

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "moecore/comm/process_group.h"
+
 namespace moecore::moe {
 
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
@@ -100,6 +102,112 @@ void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& 
   dprobs_TE = Tensor::zeros({plan.T, plan.E}, probs_dtype);
   const int64_t* rte = plan.row_te_R.data<int64_t>();
   for (int64_t i = 0; i < plan.R; i++) dprobs_TE.set_item(rte[i], dprobs_R.item(i));
+}
+
+}  // namespace moecore::moe
+
+// --- AlltoAll over expert parallelism ---------------------------------------------------------------------------
+
+namespace moecore::moe {
+
+AllToAllTokenDispatcher::AllToAllTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
+    : ep_(ep), E_(num_experts), n_local_(num_experts / ep.size()) {
+  MOE_CHECK(num_experts % ep.size() == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
+            num_experts, ep.size());
+}
+
+void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE,
+                                       DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+  // 1. Local permute over all E experts: rows for EP rank d are contiguous (experts d·n_le .. (d+1)·n_le − 1).
+  Tensor x_perm, p_perm;
+  local_.dispatch(x_TH, probs_TE, map_TE, plan, x_perm, p_perm);
+  const int64_t P = ep_.size(), me = ep_.rank();
+  plan.local_rows = plan.R;
+  // 2. Count exchange: every rank's tokens per expert.
+  Tensor counts = Tensor::empty({E_}, DType::I64), all = Tensor::empty({P, E_}, DType::I64);
+  for (int64_t e = 0; e < E_; e++) counts.data<int64_t>()[e] = plan.tokens_per_expert[static_cast<size_t>(e)];
+  ep_.all_gather(counts, all);
+  const int64_t* g = all.data<int64_t>();
+  plan.input_splits.assign(static_cast<size_t>(P), 0);
+  plan.output_splits.assign(static_cast<size_t>(P), 0);
+  for (int64_t d = 0; d < P; d++)
+    for (int64_t le = 0; le < n_local_; le++) {
+      plan.input_splits[static_cast<size_t>(d)] += plan.tokens_per_expert[static_cast<size_t>(d * n_local_ + le)];
+      plan.output_splits[static_cast<size_t>(d)] += g[d * E_ + me * n_local_ + le];
+    }
+  // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank].
+  int64_t recv_rows = 0;
+  for (int64_t v : plan.output_splits) recv_rows += v;
+  plan.sorted_from_recv = Tensor::empty({recv_rows}, DType::I32);
+  std::vector<int64_t> chunk_start(static_cast<size_t>(P * n_local_));
+  int64_t off = 0;
+  for (int64_t s = 0; s < P; s++)
+    for (int64_t le = 0; le < n_local_; le++) {
+      chunk_start[static_cast<size_t>(s * n_local_ + le)] = off;
+      off += g[s * E_ + me * n_local_ + le];
+    }
+  std::vector<int64_t> local_counts(static_cast<size_t>(n_local_), 0);
+  int32_t* perm = plan.sorted_from_recv.data<int32_t>();
+  int64_t row = 0;
+  for (int64_t le = 0; le < n_local_; le++)
+    for (int64_t s = 0; s < P; s++) {
+      const int64_t n = g[s * E_ + me * n_local_ + le];
+      for (int64_t i = 0; i < n; i++) perm[row++] = static_cast<int32_t>(chunk_start[static_cast<size_t>(s * n_local_ + le)] + i);
+      local_counts[static_cast<size_t>(le)] += n;
+    }
+  // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
+  x_RH = exchange_forward(x_perm, plan);
+  probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({recv_rows});
+  plan.tokens_per_expert = local_counts;  // from here on: rows per local expert
+  plan.R = recv_rows;
+}
+
+Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const {
+  const int64_t recv_rows = plan.sorted_from_recv.numel();
+  Tensor recv = Tensor::empty({recv_rows, local_rows.cols()}, local_rows.dtype());
+  ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
+                   plan.output_splits);
+  Tensor sorted = Tensor::empty(recv.shape(), recv.dtype());
+  gather_rows(recv, plan.sorted_from_recv, sorted);
+  return sorted;
+}
+
+Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const {
+  const int64_t recv_rows = plan.sorted_from_recv.numel(), H = sorted_rows.cols();
+  MOE_ASSERT(sorted_rows.rows() == recv_rows);
+  Tensor recv = Tensor::empty({recv_rows, H}, sorted_rows.dtype());
+  const int32_t* perm = plan.sorted_from_recv.data<int32_t>();
+  const size_t bytes = static_cast<size_t>(H) * dtype_size(sorted_rows.dtype());
+  const char* src = static_cast<const char*>(sorted_rows.raw());
+  char* dst = static_cast<char*>(recv.raw());
+  for (int64_t i = 0; i < recv_rows; i++) std::memcpy(dst + perm[i] * bytes, src + i * bytes, bytes);
+  Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype());
+  ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
+  return local;
+}
+
+Tensor AllToAllTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
+  const Tensor local = exchange_backward(y_RH, plan);
+  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype());
+  sum_rows_per_token(local, plan, y);
+  return y;
+}
+
+Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
+  Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, dy_TH.dtype());
+  gather_rows(dy_TH, plan.row_token_R, local);
+  return exchange_forward(local, plan);
+}
+
+void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
+                                                DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) {
+  const Tensor dx_local = exchange_backward(dx_RH, plan);
+  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype());
+  sum_rows_per_token(dx_local, plan, dx_TH);
+  const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
+  dprobs_TE = Tensor::zeros({plan.T, plan.E}, probs_dtype);
+  const int64_t* rte = plan.row_te_R.data<int64_t>();
+  for (int64_t i = 0; i < plan.local_rows; i++) dprobs_TE.set_item(rte[i], dp_local.item(i));
 }
 
 }  // namespace moecore::moe

@@ -13,6 +13,11 @@ namespace moecore::moe {
 
 struct DispatchPlan {
   int64_t T = 0, E = 0, R = 0;
+  // Expert parallelism (empty on one rank): rows sent to / received from each EP rank, and for every row of the
+  // expert-major output, its row in the receive buffer.
+  std::vector<int64_t> input_splits, output_splits;
+  Tensor sorted_from_recv;  // I32 [rows received]
+  int64_t local_rows = 0;            // rows this rank permuted before the exchange
   std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order
   Tensor row_token_R;                      // I32: source token of each permuted row
   Tensor row_te_R;                         // I64: t·E + e of each row (its entry in the dense probs)
@@ -49,5 +54,35 @@ class LocalTokenDispatcher : public TokenDispatcher {
 // Helpers shared by dispatchers: row gather (permute) and the per-token ordered row sum (unpermute).
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
+
+}  // namespace moecore::moe
+
+namespace moecore::comm {
+class ProcessGroup;
+}
+
+namespace moecore::moe {
+
+// Megatron's AlltoAll dispatcher over an expert-parallel group (reference §3): local permute by global expert,
+// all-gather of per-expert counts, all-to-all-v of tokens and probabilities, then chunks reordered from
+// [source rank][local expert] to expert-major. Combine and both backward passes are the exact adjoints.
+class AllToAllTokenDispatcher : public TokenDispatcher {
+ public:
+  AllToAllTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts);
+  void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
+                Tensor& probs_R) override;
+  Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
+  Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
+  void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
+                         Tensor& dx_TH, Tensor& dprobs_TE) override;
+
+ private:
+  // local permuted rows -> received rows in expert-major order, and back
+  Tensor exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const;
+  Tensor exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const;
+  const comm::ProcessGroup& ep_;
+  int64_t E_, n_local_;
+  LocalTokenDispatcher local_;
+};
 
 }  // namespace moecore::moe

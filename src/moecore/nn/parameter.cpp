@@ -37,7 +37,7 @@ int64_t ParamRegistry::numel() const {
 }
 
 void ParamRegistry::initialize(uint64_t seed) {
-  for (auto& p : params_) init_tensor(p->value, p->name, p->init, seed);
+  for (auto& p : params_) init_tensor(p->value, p->name, p->init, seed, p->global_offset);
 }
 
 void ParamRegistry::zero_grad() {

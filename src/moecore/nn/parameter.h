@@ -28,6 +28,11 @@ struct Parameter {
   Tensor grad;   // same shape and dtype; backward accumulates into it
   InitRule init;
   bool no_weight_decay = false;  // norms, biases (Megatron's default exclusions)
+  // A shard of a larger global parameter (expert parallelism): its first element's index in the global tensor,
+  // so initialization draws the global tensor's values. Expert shards reduce gradients over the expert-data-
+  // parallel group and count in the grad norm once per expert-parallel group.
+  int64_t global_offset = 0;
+  bool expert_parallel = false;
 };
 
 class ParamRegistry {

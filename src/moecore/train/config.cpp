@@ -352,11 +352,10 @@ void validate(TrainConfig& c) {
   for (auto [v, n] : {std::pair{c.tensor_model_parallel_size, "tensor-model-parallel-size"},
                       std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
                       std::pair{c.context_parallel_size, "context-parallel-size"},
-                      std::pair{c.expert_model_parallel_size, "expert-model-parallel-size"},
                       std::pair{c.expert_tensor_parallel_size, "expert-tensor-parallel-size"}})
     MOE_CHECK(v == 1,
               "--{} {}: model parallelism is rejected in this build (it arrives with the distributed issue); run "
-              "with 1 (data parallelism over mpirun ranks is supported)",
+              "with 1 (data and expert parallelism over mpirun ranks are supported)",
               n, v);
   MOE_CHECK(!c.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1, which is rejected "
                                   "in this build");
@@ -394,9 +393,14 @@ void validate(TrainConfig& c) {
     MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "allgather",
               "--moe-token-dispatcher-type {} is rejected; use alltoall or allgather",
               c.moe_token_dispatcher_type);
+    MOE_CHECK(c.expert_model_parallel_size >= 1 && c.num_experts % c.expert_model_parallel_size == 0,
+              "--num-experts {} is not divisible by --expert-model-parallel-size {}", c.num_experts,
+              c.expert_model_parallel_size);
     moe::validate(moe_layer_config(c));
     moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
   } else {
+    MOE_CHECK(c.expert_model_parallel_size == 1, "--expert-model-parallel-size {} needs --num-experts",
+              c.expert_model_parallel_size);
     MOE_CHECK(c.moe_shared_expert_intermediate_size == 0 && c.moe_ffn_hidden_size == 0,
               "--moe-* sizes are set but --num-experts is 0");
   }

@@ -47,6 +47,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     world_rank_ = world->rank();
     dp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->dp_cp));
     stats_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->tp_dp_cp));
+    ep_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->ep_groups));
+    edp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->edp_groups));
     dp_rank_ = dp_group_->rank();
     MOE_CHECK(cfg_.global_batch_size % (cfg_.micro_batch_size * dp_) == 0,
               "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
@@ -87,7 +89,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   nn::FfnFactory ffn = nullptr;
   if (cfg_.num_experts > 0) {
     const auto is_moe = moe::parse_moe_layer_freq(cfg_.moe_layer_freq, cfg_.num_layers);
-    const moe::MoELayerConfig mc = moe_layer_config(cfg_);
+    moe::MoELayerConfig mc = moe_layer_config(cfg_);
+    mc.ep_group = ep_group_ && ep_group_->size() > 1 ? ep_group_.get() : nullptr;
     ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
       if (!is_moe[static_cast<size_t>(i)]) return nullptr;
       return std::make_unique<moe::MoELayer>(r, name, mc);
@@ -181,8 +184,10 @@ StepResult Trainer::train_step() {
   if (dp_group_) {
     // Gradients summed over data-parallel ranks and scaled by 1/DP (Megatron's 1/(DP·CP)); expert-bias counts
     // summed over TP×DP×CP before the bias update; the reported loss averaged over DP.
+    // Dense gradients over DP×CP; expert shards over EDP (their other contributions arrived through the
+    // all-to-all); both scaled by 1/DP.
     for (auto& p : reg_.all()) {
-      dp_group_->all_reduce(p->grad);
+      (p->expert_parallel ? edp_group_ : dp_group_)->all_reduce(p->grad);
       kernels::scale_(p->grad, 1.0 / static_cast<double>(dp_));
     }
     for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
@@ -194,9 +199,17 @@ StepResult Trainer::train_step() {
   // Once per global batch, after gradients are final: expert-bias updates and counter resets.
   for (auto* l : moe_layers()) l->router().finish_global_batch();
   // Global gradient norm (f64 accumulation in a fixed order), clipping, AdamW.
-  double sq = 0;
-  for (auto& p : reg_.all()) sq += kernels::sum_squares(p->grad);
-  r.grad_norm = std::sqrt(sq);
+  // Each parameter counted once: replicated gradients are equal on every rank; expert shards are summed over the
+  // expert-parallel group (EDP replicas hold the same shard and are not added again).
+  double sq = 0, sq_expert = 0;
+  for (auto& p : reg_.all()) (p->expert_parallel ? sq_expert : sq) += kernels::sum_squares(p->grad);
+  if (ep_group_ && ep_group_->size() > 1) {
+    Tensor t = Tensor::empty({1}, DType::F64);
+    t.set_item(0, sq_expert);
+    ep_group_->all_reduce(t);
+    sq_expert = t.item(0);
+  }
+  r.grad_norm = std::sqrt(sq + sq_expert);
   MOE_CHECK(std::isfinite(r.grad_norm),
             "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
             iteration_ + 1, r.grad_norm, r.lm_loss);

@@ -64,7 +64,7 @@ class Trainer {
   std::FILE* out_;
   // Data parallelism: this rank's coordinate and the groups gradients and statistics are reduced over.
   int64_t dp_ = 1, dp_rank_ = 0, world_rank_ = 0;
-  std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_;
+  std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_, ep_group_, edp_group_;
   std::unique_ptr<comm::ParallelState> mesh_;
   std::unique_ptr<data::Tokenizer> tok_;
   int64_t vocab_ = 0, padded_vocab_ = 0;
