@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job from a fresh clone: install dependencies, build, turn Debian's fortunes into a dataset with a
-# small BPE vocabulary of its own, train the tiny-moe model (8 experts, top-2) for a few minutes, and sample
-# fortunes from it. Everything lands in demo/ (ignored by git).
+# small BPE vocabulary of its own, train the tiny-moe model (8 experts, top-2) on 2 MPI ranks with expert
+# parallelism for a few minutes, and sample fortunes from it. Everything lands in demo/ (ignored by git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -15,7 +15,9 @@ $M train-tokenizer --input demo/fortunes.jsonl --json-keys text --vocab-size 409
 $M preprocess --input demo/fortunes.jsonl --output-prefix demo/fortunes --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model demo/tokenizer --append-eod --workers "$(nproc)"
 ITERS="${1:-400}"  # training steps; bash scripts/demo.sh 100 for a quicker look
-$M train --model tiny-moe \
+# Two MPI ranks, the 8 experts split 4 + 4 between them (expert parallelism folded over data parallelism).
+mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 $M train --model tiny-moe \
+  --expert-model-parallel-size 2 \
   --data-path demo/fortunes_text_document --split 98,2,0 \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model demo/tokenizer \
   --train-iters "$ITERS" --log-interval 25 --eval-interval 100 --eval-iters 10 \

@@ -398,7 +398,9 @@ void Trainer::log_line(const StepResult& r, double seconds, int64_t steps) {
 }
 
 void Trainer::run() {
-  const bool tty = ::isatty(fileno(out_)) != 0;
+  // Under mpirun a rank's stdout is a pty even when the job's output goes to a file, so the redrawn progress
+  // line is only shown by a single process; multi-rank runs log every --log-interval steps.
+  const bool tty = ::isatty(fileno(out_)) != 0 && !mesh_;
   if (!cfg_.skip_train) {
     fmt::print(out_, "training {} iterations of {} sequences x {} tokens ({} data-parallel rank(s) x {} micro-batches of {})\n",
                cfg_.train_iters, cfg_.global_batch_size, cfg_.seq_length, dp_,
@@ -453,7 +455,8 @@ void Trainer::run() {
     const int64_t mx = *std::max_element(t.begin(), t.end());
     std::string bars;
     for (int64_t c : t) bars += fmt::format(" {}:{}", c, std::string(static_cast<size_t>(mx > 0 ? 1 + 8 * c / mx : 0), '#'));
-    fmt::print(out_, "expert load, layer {} (tokens per expert, last step):{}\n", i, bars);
+    fmt::print(out_, "expert load, layer {} (tokens per expert, last step{}):{}\n", i, mesh_ ? ", this rank's tokens" : "",
+               bars);
   }
   if (!cfg_.generate_prompts.empty() && tok_) {
     for (const auto& p : cfg_.generate_prompts) {
