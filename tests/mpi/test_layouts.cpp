@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
@@ -11,11 +12,11 @@ namespace moecore {
 namespace {
 
 // Every layout this world size allows (DP over all ranks; EP 2 and 4 folded over the data-parallel ranks).
-class Layouts : public ::testing::TestWithParam<int64_t> {};
+class Layouts : public ::testing::TestWithParam<std::tuple<int64_t, std::string>> {};
 
 TEST_P(Layouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const int64_t ep = GetParam();
+  const int64_t ep = std::get<0>(GetParam());
   if (w.size() % ep != 0) GTEST_SKIP() << "EP" << ep << " needs a multiple of " << ep << " ranks";
   std::vector<std::string> args{
       "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--swiglu", "--disable-bias-linear",
@@ -25,7 +26,8 @@ TEST_P(Layouts, MatchSingleRank) {
       "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "128", "--train-iters",
       "5", "--lr", "1e-3", "--eval-iters", "0"};
   const train::TrainConfig one = train::parse_train_config(args);
-  args.insert(args.end(), {"--expert-model-parallel-size", std::to_string(ep)});
+  args.insert(args.end(), {"--expert-model-parallel-size", std::to_string(ep), "--moe-token-dispatcher-type",
+                           std::get<1>(GetParam())});
   const train::TrainConfig cfg = train::parse_train_config(args);
   std::FILE* null = std::fopen("/dev/null", "w");
   train::Trainer single(one, null, false, nullptr), multi(cfg, null, false, &w);
@@ -41,7 +43,8 @@ TEST_P(Layouts, MatchSingleRank) {
   std::fclose(null);
 }
 
-INSTANTIATE_TEST_SUITE_P(EP, Layouts, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(EP, Layouts,
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("alltoall", "allgather")));
 
 }  // namespace
 }  // namespace moecore

@@ -26,16 +26,18 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
   const int64_t n = c.router.num_experts / ep;
   return ExpertsConfig{c.router.hidden, c.ffn_hidden, n, n * rank, c.activation, c.init_std, c.output_init_std, c.bf16};
 }
+std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {
+  if (!c.ep_group || c.ep_group->size() == 1) return std::make_unique<LocalTokenDispatcher>();
+  if (c.allgather_dispatcher) return std::make_unique<AllGatherTokenDispatcher>(*c.ep_group, c.router.num_experts);
+  return std::make_unique<AllToAllTokenDispatcher>(*c.ep_group, c.router.num_experts);
+}
 }  // namespace
 
 MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg)
     : cfg_(cfg),
       router_(reg, name + ".router", cfg.router),
       experts_(reg, name + ".experts", experts_config(cfg)),
-      dispatcher_(cfg.ep_group && cfg.ep_group->size() > 1
-                      ? std::unique_ptr<TokenDispatcher>(
-                            std::make_unique<AllToAllTokenDispatcher>(*cfg.ep_group, cfg.router.num_experts))
-                      : std::make_unique<LocalTokenDispatcher>()) {
+      dispatcher_(make_dispatcher(cfg)) {
   validate(cfg);
   if (cfg.shared_ffn_hidden > 0) {
     nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false, cfg.init_std,

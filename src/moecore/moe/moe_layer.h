@@ -27,6 +27,7 @@ struct MoELayerConfig {
   bool bf16 = false;
   // Expert parallelism: the group experts are spread over (null: all experts local).
   const comm::ProcessGroup* ep_group = nullptr;
+  bool allgather_dispatcher = false;  // --moe-token-dispatcher-type allgather (else alltoall)
 };
 
 void validate(const MoELayerConfig& c);

@@ -211,3 +211,64 @@ void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tenso
 }
 
 }  // namespace moecore::moe
+
+// --- AllGather over expert parallelism --------------------------------------------------------------------------
+
+namespace moecore::moe {
+
+AllGatherTokenDispatcher::AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
+    : ep_(ep), E_(num_experts), n_local_(num_experts / ep.size()) {
+  MOE_CHECK(num_experts % ep.size() == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
+            num_experts, ep.size());
+}
+
+Tensor AllGatherTokenDispatcher::gather(const Tensor& t) const {
+  Tensor all = Tensor::empty({t.rows() * ep_.size(), t.cols()}, t.dtype());
+  ep_.all_gather(t.reshape({t.rows(), t.cols()}), all);
+  return all;
+}
+
+Tensor AllGatherTokenDispatcher::scatter_sum(const Tensor& t) const {
+  Tensor out = Tensor::empty({t.rows() / ep_.size(), t.cols()}, t.dtype());
+  ep_.reduce_scatter(t, out);
+  return out;
+}
+
+void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE,
+                                        DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+  const int64_t T = map_TE.dim(0), first = ep_.rank() * n_local_;
+  const Tensor x_all = gather(x_TH), p_all = gather(probs_TE), m_all = gather(map_TE);
+  // This rank's experts: their columns of the gathered map and probabilities.
+  const int64_t TA = x_all.rows();
+  Tensor m_loc = Tensor::empty({TA, n_local_}, DType::I32), p_loc = Tensor::empty({TA, n_local_}, probs_TE.dtype());
+  for (int64_t t = 0; t < TA; t++)
+    for (int64_t e = 0; e < n_local_; e++) {
+      m_loc.data<int32_t>()[t * n_local_ + e] = m_all.data<int32_t>()[t * E_ + first + e];
+      p_loc.set_item(t * n_local_ + e, p_all.item(t * E_ + first + e));
+    }
+  local_.dispatch(x_all, p_loc, m_loc, plan, x_RH, probs_R);
+  plan.T_local = T;
+}
+
+Tensor AllGatherTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
+  return scatter_sum(local_.combine(y_RH, plan));
+}
+
+Tensor AllGatherTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
+  return local_.combine_backward(gather(dy_TH), plan);
+}
+
+void AllGatherTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
+                                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) {
+  Tensor dx_all, dp_loc;
+  local_.dispatch_backward(dx_RH, dprobs_R, plan, probs_dtype, dx_all, dp_loc);
+  dx_TH = scatter_sum(dx_all);
+  // Probability gradients live in this rank's expert columns; the sum over ranks assembles every column.
+  const int64_t TA = dp_loc.rows(), first = ep_.rank() * n_local_;
+  Tensor dp_all = Tensor::zeros({TA, E_}, probs_dtype);
+  for (int64_t t = 0; t < TA; t++)
+    for (int64_t e = 0; e < n_local_; e++) dp_all.set_item(t * E_ + first + e, dp_loc.item(t * n_local_ + e));
+  dprobs_TE = scatter_sum(dp_all);
+}
+
+}  // namespace moecore::moe

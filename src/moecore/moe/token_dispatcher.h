@@ -18,6 +18,7 @@ struct DispatchPlan {
   std::vector<int64_t> input_splits, output_splits;
   Tensor sorted_from_recv;  // I32 [rows received]
   int64_t local_rows = 0;            // rows this rank permuted before the exchange
+  int64_t T_local = 0;               // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
   std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order
   Tensor row_token_R;                      // I32: source token of each permuted row
   Tensor row_te_R;                         // I64: t·E + e of each row (its entry in the dense probs)
@@ -80,6 +81,32 @@ class AllToAllTokenDispatcher : public TokenDispatcher {
   // local permuted rows -> received rows in expert-major order, and back
   Tensor exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const;
   Tensor exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const;
+  const comm::ProcessGroup& ep_;
+  int64_t E_, n_local_;
+  LocalTokenDispatcher local_;
+};
+
+}  // namespace moecore::moe
+
+namespace moecore::moe {
+
+// Megatron's AllGather dispatcher over an expert-parallel group (with ETP = 1): tokens, probabilities and the
+// routing map are all-gathered, each rank permutes the rows of its own experts, and combine reduce-scatters the
+// expert outputs back to the tokens' ranks. Backward all-gathers output gradients and reduce-scatters input and
+// probability gradients.
+class AllGatherTokenDispatcher : public TokenDispatcher {
+ public:
+  AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts);
+  void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
+                Tensor& probs_R) override;
+  Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
+  Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
+  void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
+                         Tensor& dx_TH, Tensor& dprobs_TE) override;
+
+ private:
+  Tensor gather(const Tensor& t_local) const;        // [T, C] -> [P·T, C]
+  Tensor scatter_sum(const Tensor& t_all) const;     // [P·T, C] -> [T, C], summed over ranks
   const comm::ProcessGroup& ep_;
   int64_t E_, n_local_;
   LocalTokenDispatcher local_;
