@@ -12,7 +12,7 @@ namespace moecore {
 namespace {
 
 // Every layout this world size allows (DP over all ranks; EP 2 and 4 folded over the data-parallel ranks).
-class Layouts : public ::testing::TestWithParam<std::tuple<int64_t, std::string>> {};
+class Layouts : public ::testing::TestWithParam<std::tuple<int64_t, std::string, bool>> {};
 
 TEST_P(Layouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
@@ -28,6 +28,7 @@ TEST_P(Layouts, MatchSingleRank) {
   const train::TrainConfig one = train::parse_train_config(args);
   args.insert(args.end(), {"--expert-model-parallel-size", std::to_string(ep), "--moe-token-dispatcher-type",
                            std::get<1>(GetParam())});
+  if (std::get<2>(GetParam())) args.push_back("--use-distributed-optimizer");
   const train::TrainConfig cfg = train::parse_train_config(args);
   std::FILE* null = std::fopen("/dev/null", "w");
   train::Trainer single(one, null, false, nullptr), multi(cfg, null, false, &w);
@@ -44,7 +45,8 @@ TEST_P(Layouts, MatchSingleRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EP, Layouts,
-                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("alltoall", "allgather")));
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("alltoall", "allgather"),
+                                            ::testing::Values(false, true)));
 
 }  // namespace
 }  // namespace moecore

@@ -101,6 +101,8 @@ std::vector<Flag> flag_table(TrainConfig& c) {
       {"expert-model-parallel-size", Kind::Int, &c.expert_model_parallel_size, "EP"},
       {"expert-tensor-parallel-size", Kind::Int, &c.expert_tensor_parallel_size, "ETP (default TP)"},
       {"sequence-parallel", Kind::Bool, &c.sequence_parallel, "Sequence parallelism (with TP)"},
+      {"use-distributed-optimizer", Kind::Bool, &c.use_distributed_optimizer,
+       "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
       {"data-path", Kind::List, &c.data_path, "Dataset prefix, or weight/prefix pairs"},
       {"split", Kind::String, &c.split, "train,valid,test proportions"},
       {"mock-data", Kind::Bool, &c.mock_data, "Synthetic tokens instead of --data-path"},

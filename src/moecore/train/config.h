@@ -64,6 +64,7 @@ struct TrainConfig {
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1,
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
   bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";

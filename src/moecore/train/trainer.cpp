@@ -99,9 +99,16 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   model_ = std::make_unique<nn::GPTModel>(gpt_config(cfg_, padded_vocab_), reg_, ffn);
   reg_.initialize(static_cast<uint64_t>(cfg_.seed));
   stash_ = model_->make_stash();
-  for (auto& p : reg_.all()) {
-    adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
-    adam_v_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
+  if (cfg_.use_distributed_optimizer && dp_group_) {
+    std::vector<nn::Parameter*> dense, expert;
+    for (auto& p : reg_.all()) (p->expert_parallel ? expert : dense).push_back(p.get());
+    dist_dense_ = std::make_unique<optim::ShardedAdamW>(dense, *dp_group_);
+    if (!expert.empty()) dist_expert_ = std::make_unique<optim::ShardedAdamW>(expert, *edp_group_);
+  } else {
+    for (auto& p : reg_.all()) {
+      adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
+      adam_v_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
+    }
   }
   if (!cfg_.metrics_file.empty() && world_rank_ == 0) {
     metrics_ = std::fopen(cfg_.metrics_file.c_str(), "w");
@@ -181,14 +188,20 @@ StepResult Trainer::train_step() {
     model_->backward(stash_, scale);
   }
   cursor_.advance(cfg_.global_batch_size);
+  double dist_sq_dense = 0, dist_sq_expert = 0;
   if (dp_group_) {
-    // Gradients summed over data-parallel ranks and scaled by 1/DP (Megatron's 1/(DP·CP)); expert-bias counts
-    // summed over TP×DP×CP before the bias update; the reported loss averaged over DP.
-    // Dense gradients over DP×CP; expert shards over EDP (their other contributions arrived through the
-    // all-to-all); both scaled by 1/DP.
-    for (auto& p : reg_.all()) {
-      (p->expert_parallel ? edp_group_ : dp_group_)->all_reduce(p->grad);
-      kernels::scale_(p->grad, 1.0 / static_cast<double>(dp_));
+    // Gradients summed over data-parallel ranks and scaled by 1/DP (Megatron's 1/(DP·CP)): dense gradients over
+    // DP×CP, expert shards over EDP (their other contributions arrived through the dispatcher); with the
+    // distributed optimizer each rank keeps only its shard of the sums. Expert-bias counts are summed over
+    // TP×DP×CP before the bias update; the reported loss is averaged over DP.
+    if (dist_dense_) {
+      dist_sq_dense = dist_dense_->reduce_gradients(1.0 / static_cast<double>(dp_));
+      if (dist_expert_) dist_sq_expert = dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
+    } else {
+      for (auto& p : reg_.all()) {
+        (p->expert_parallel ? edp_group_ : dp_group_)->all_reduce(p->grad);
+        kernels::scale_(p->grad, 1.0 / static_cast<double>(dp_));
+      }
     }
     for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
     Tensor loss = Tensor::empty({1}, DType::F64);
@@ -202,12 +215,25 @@ StepResult Trainer::train_step() {
   // Each parameter counted once: replicated gradients are equal on every rank; expert shards are summed over the
   // expert-parallel group (EDP replicas hold the same shard and are not added again).
   double sq = 0, sq_expert = 0;
-  for (auto& p : reg_.all()) (p->expert_parallel ? sq_expert : sq) += kernels::sum_squares(p->grad);
-  if (ep_group_ && ep_group_->size() > 1) {
-    Tensor t = Tensor::empty({1}, DType::F64);
-    t.set_item(0, sq_expert);
-    ep_group_->all_reduce(t);
-    sq_expert = t.item(0);
+  if (dist_dense_) {
+    // Dense shards partition the DP×CP group's parameters; expert shards partition each EDP group's experts and
+    // the EP ranks hold different experts, so over the whole world (TP = CP = PP = 1) every expert element is
+    // counted once. Each parameter therefore enters the norm exactly once.
+    Tensor u = Tensor::empty({1}, DType::F64);
+    u.set_item(0, dist_sq_dense);
+    dp_group_->all_reduce(u);
+    sq = u.item(0);
+    u.set_item(0, dist_sq_expert);
+    stats_group_->all_reduce(u);
+    sq_expert = u.item(0);
+  } else {
+    for (auto& p : reg_.all()) (p->expert_parallel ? sq_expert : sq) += kernels::sum_squares(p->grad);
+    if (ep_group_ && ep_group_->size() > 1) {
+      Tensor t = Tensor::empty({1}, DType::F64);
+      t.set_item(0, sq_expert);
+      ep_group_->all_reduce(t);
+      sq_expert = t.item(0);
+    }
   }
   r.grad_norm = std::sqrt(sq + sq_expert);
   MOE_CHECK(std::isfinite(r.grad_norm),
@@ -215,12 +241,22 @@ StepResult Trainer::train_step() {
             iteration_ + 1, r.grad_norm, r.lm_loss);
   if (cfg_.clip_grad > 0) {
     const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
-    if (coeff < 1.0)
-      for (auto& p : reg_.all()) kernels::scale_(p->grad, coeff);
+    if (coeff < 1.0) {
+      if (dist_dense_) {
+        dist_dense_->scale_gradients(coeff);
+        if (dist_expert_) dist_expert_->scale_gradients(coeff);
+      } else {
+        for (auto& p : reg_.all()) kernels::scale_(p->grad, coeff);
+      }
+    }
   }
   iteration_++;
   kernels::AdamWParams hp{r.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay};
-  for (size_t i = 0; i < reg_.all().size(); i++) {
+  if (dist_dense_) {
+    dist_dense_->step(hp, iteration_);
+    if (dist_expert_) dist_expert_->step(hp, iteration_);
+  }
+  for (size_t i = 0; i < adam_m_.size(); i++) {
     auto& p = *reg_.all()[i];
     kernels::AdamWParams h = hp;
     if (p.no_weight_decay) h.weight_decay = 0;

@@ -15,6 +15,7 @@
 #include "moecore/data/tokenizer.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
+#include "moecore/optim/distributed_optimizer.h"
 #include "moecore/train/config.h"
 
 namespace moecore::train {
@@ -66,6 +67,7 @@ class Trainer {
   int64_t dp_ = 1, dp_rank_ = 0, world_rank_ = 0;
   std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_, ep_group_, edp_group_;
   std::unique_ptr<comm::ParallelState> mesh_;
+  std::unique_ptr<optim::ShardedAdamW> dist_dense_, dist_expert_;  // --use-distributed-optimizer
   std::unique_ptr<data::Tokenizer> tok_;
   int64_t vocab_ = 0, padded_vocab_ = 0;
   std::array<std::shared_ptr<const data::SampleSource>, 3> data_;
