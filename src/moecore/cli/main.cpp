@@ -51,9 +51,10 @@ int run_train(int argc, char** argv) {
     }
   });
   if (rc != 0) {
-    int inited = 0;
+    int inited = 0, size = 1;
     MPI_Initialized(&inited);
-    if (inited) MPI_Abort(MPI_COMM_WORLD, rc);  // a failure after start-up stops every rank, not just this one
+    if (inited) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, rc);  // a failure after start-up stops every rank, not just this one
   }
   moecore::comm::ProcessGroup::finalize();
   return rc;

@@ -38,11 +38,15 @@ std::string human_bytes(double b) {
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
     : cfg_(std::move(cfg)), out_(out) {
   validate(cfg_);
-  if (world && world->size() > 1) {
-    // Data parallelism over the whole world (model parallel sizes are 1 until the TP/EP work lands).
+  const int64_t world_size = world ? world->size() : 1;
+  if (world_size > 1 || cfg_.expert_model_parallel_size > 1) {
+    // The meshes over the ranks (TP, CP, PP and ETP are 1 in this build): data parallelism over DP×CP, experts
+    // over EP folded onto it. ParallelState rejects sizes the world cannot hold, a single process with EP > 1
+    // included, so no parallel flag is ever silently ignored.
     mesh_ = std::make_unique<comm::ParallelState>(comm::ParallelSizes{
-        world->size(), cfg_.tensor_model_parallel_size, cfg_.pipeline_model_parallel_size, cfg_.context_parallel_size,
+        world_size, cfg_.tensor_model_parallel_size, cfg_.pipeline_model_parallel_size, cfg_.context_parallel_size,
         cfg_.expert_model_parallel_size, cfg_.expert_tensor_parallel_size});
+    MOE_ASSERT(world != nullptr);
     dp_ = mesh_->dp;
     world_rank_ = world->rank();
     dp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->dp_cp));
