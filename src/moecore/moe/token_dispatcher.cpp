@@ -110,7 +110,7 @@ void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& 
 
 namespace moecore::moe {
 
-AllToAllTokenDispatcher::AllToAllTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
+ExpertParallelDispatcher::ExpertParallelDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
     : ep_(ep), E_(num_experts), n_local_(num_experts / ep.size()) {
   MOE_CHECK(num_experts % ep.size() == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
             num_experts, ep.size());
@@ -215,12 +215,6 @@ void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tenso
 // --- AllGather over expert parallelism --------------------------------------------------------------------------
 
 namespace moecore::moe {
-
-AllGatherTokenDispatcher::AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
-    : ep_(ep), E_(num_experts), n_local_(num_experts / ep.size()) {
-  MOE_CHECK(num_experts % ep.size() == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
-            num_experts, ep.size());
-}
 
 Tensor AllGatherTokenDispatcher::gather(const Tensor& t) const {
   Tensor all = Tensor::empty({t.rows() * ep_.size(), t.cols()}, t.dtype());

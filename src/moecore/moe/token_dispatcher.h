@@ -64,12 +64,23 @@ class ProcessGroup;
 
 namespace moecore::moe {
 
+// What both expert-parallel dispatchers share: the group, the expert counts (E divisible by EP, checked once), and
+// the local dispatcher that permutes rows on this rank.
+class ExpertParallelDispatcher : public TokenDispatcher {
+ protected:
+  ExpertParallelDispatcher(const comm::ProcessGroup& ep, int64_t num_experts);
+  const comm::ProcessGroup& ep_;
+  int64_t E_, n_local_;
+  LocalTokenDispatcher local_;
+};
+
 // Megatron's AlltoAll dispatcher over an expert-parallel group (reference §3): local permute by global expert,
 // all-gather of per-expert counts, all-to-all-v of tokens and probabilities, then chunks reordered from
 // [source rank][local expert] to expert-major. Combine and both backward passes are the exact adjoints.
-class AllToAllTokenDispatcher : public TokenDispatcher {
+class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
  public:
-  AllToAllTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts);
+  AllToAllTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
+      : ExpertParallelDispatcher(ep, num_experts) {}
   void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
                 Tensor& probs_R) override;
   Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
@@ -81,9 +92,6 @@ class AllToAllTokenDispatcher : public TokenDispatcher {
   // local permuted rows -> received rows in expert-major order, and back
   Tensor exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const;
   Tensor exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const;
-  const comm::ProcessGroup& ep_;
-  int64_t E_, n_local_;
-  LocalTokenDispatcher local_;
 };
 
 }  // namespace moecore::moe
@@ -94,9 +102,10 @@ namespace moecore::moe {
 // routing map are all-gathered, each rank permutes the rows of its own experts, and combine reduce-scatters the
 // expert outputs back to the tokens' ranks. Backward all-gathers output gradients and reduce-scatters input and
 // probability gradients.
-class AllGatherTokenDispatcher : public TokenDispatcher {
+class AllGatherTokenDispatcher : public ExpertParallelDispatcher {
  public:
-  AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts);
+  AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
+      : ExpertParallelDispatcher(ep, num_experts) {}
   void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
                 Tensor& probs_R) override;
   Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
@@ -105,11 +114,8 @@ class AllGatherTokenDispatcher : public TokenDispatcher {
                          Tensor& dx_TH, Tensor& dprobs_TE) override;
 
  private:
-  Tensor gather(const Tensor& t_local) const;        // [T, C] -> [P·T, C]
-  Tensor scatter_sum(const Tensor& t_all) const;     // [P·T, C] -> [T, C], summed over ranks
-  const comm::ProcessGroup& ep_;
-  int64_t E_, n_local_;
-  LocalTokenDispatcher local_;
+  Tensor gather(const Tensor& t_local) const;     // [T, C] -> [P·T, C]
+  Tensor scatter_sum(const Tensor& t_all) const;  // [P·T, C] -> [T, C], summed over ranks
 };
 
 }  // namespace moecore::moe
