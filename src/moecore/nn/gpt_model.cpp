@@ -85,7 +85,7 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   return st.mask_sum > 0 ? kernels::dot(loss_T, st.mask_T) / st.mask_sum : 0.0;
 }
 
-void GPTModel::backward(Stash& st, double loss_scale) {
+void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(size_t)>& grads_final) {
   Tensor dloss = st.mask_T.clone();
   kernels::scale_(dloss, st.mask_sum > 0 ? loss_scale / st.mask_sum : 0.0);
   // The logits are not needed after this, so their gradient overwrites them.
@@ -96,8 +96,10 @@ void GPTModel::backward(Stash& st, double loss_scale) {
   for (size_t i = layers_.size(); i-- > 0;) {
     st.layers[i].ffn->loss_scale = loss_scale;
     dh = layers_[i]->backward(dh, st.layers[i]);
+    if (grads_final) grads_final(i);
   }
   embedding_.backward(dh.reshape({st.S * st.B, cfg_.hidden_size}), st.emb);
+  if (grads_final) grads_final(layers_.size());
 }
 
 Tensor GPTModel::logits(const Tensor& tokens_BS) {

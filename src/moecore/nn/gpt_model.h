@@ -57,8 +57,10 @@ class GPTModel {
   // tokens_BS, labels_BS [B, S] (i32/i64), loss_mask_BS [B, S] (f32/f64 or undefined = all ones).
   // Returns the mean loss over unmasked tokens.
   double forward(const Tensor& tokens_BS, const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st);
-  // Backpropagates loss_scale · d(mean loss); accumulates parameter gradients.
-  void backward(Stash& st, double loss_scale = 1.0);
+  // Backpropagates loss_scale · d(mean loss); accumulates parameter gradients. `grads_final(i)` (optional) is
+  // called as soon as layer i's gradients are complete, from the last layer down, then with num_layers() once the
+  // embedding, final norm and output layer are done: the hook data parallelism starts its reductions from.
+  void backward(Stash& st, double loss_scale = 1.0, const std::function<void(size_t)>& grads_final = {});
   // Logits [S·B, V] (row t = s·B + b) for generation and evaluation; no stash is kept.
   Tensor logits(const Tensor& tokens_BS);
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <numeric>
 
 #include "moecore/core/allocator.h"
@@ -113,6 +114,21 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
       adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
       adam_v_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
     }
+    if (dp_group_) {
+      const size_t L = model_->num_layers();
+      buckets_.resize(2 * L + 2);
+      for (auto& p : reg_.all()) {
+        size_t b = 2 * L;  // embedding, final norm, output layer
+        const std::string pre = "decoder.layers.";
+        if (p->name.rfind(pre, 0) == 0) b = 2 * std::stoul(p->name.substr(pre.size()));
+        buckets_[b + (p->expert_parallel ? 1 : 0)].params.push_back(p.get());
+      }
+      for (auto& bk : buckets_) {
+        int64_t n = 0;
+        for (auto* p : bk.params) n += p->grad.numel();
+        bk.flat = Tensor::empty({n}, DType::F32);
+      }
+    }
   }
   if (!cfg_.metrics_file.empty() && world_rank_ == 0) {
     metrics_ = std::fopen(cfg_.metrics_file.c_str(), "w");
@@ -189,7 +205,15 @@ StepResult Trainer::train_step() {
     const auto idx = cursor_.micro_batch(m, dp_rank_, dp_, cfg_.micro_batch_size);
     const data::Batch b = data::make_batch(*data_[0], idx);
     r.lm_loss += model_->forward(b.tokens, b.labels, b.loss_mask, stash_) * scale;
-    model_->backward(stash_, scale);
+    if (!buckets_.empty() && m == micro - 1) {
+      // Last micro-batch: each layer's reduction starts as soon as its gradients are final.
+      model_->backward(stash_, scale, [this](size_t layer) {
+        start_bucket(2 * layer);
+        start_bucket(2 * layer + 1);
+      });
+    } else {
+      model_->backward(stash_, scale);
+    }
   }
   cursor_.advance(cfg_.global_batch_size);
   double dist_sq_dense = 0, dist_sq_expert = 0;
@@ -202,10 +226,7 @@ StepResult Trainer::train_step() {
       dist_sq_dense = dist_dense_->reduce_gradients(1.0 / static_cast<double>(dp_));
       if (dist_expert_) dist_sq_expert = dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
     } else {
-      for (auto& p : reg_.all()) {
-        (p->expert_parallel ? edp_group_ : dp_group_)->all_reduce(p->grad);
-        kernels::scale_(p->grad, 1.0 / static_cast<double>(dp_));
-      }
+      finish_buckets();
     }
     for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
     Tensor loss = Tensor::empty({1}, DType::F64);
@@ -286,6 +307,32 @@ StepResult Trainer::train_step() {
     r.z_loss = a.item(static_cast<int64_t>(r.aux_losses.size())) / static_cast<double>(dp_);
   }
   return r;
+}
+
+void Trainer::start_bucket(size_t index) {
+  Bucket& bk = buckets_[index];
+  if (bk.params.empty()) return;
+  int64_t off = 0;
+  for (auto* p : bk.params) {
+    std::memcpy(bk.flat.data<float>() + off, p->grad.raw(), p->grad.nbytes());
+    off += p->grad.numel();
+  }
+  // Dense buckets (even index) over DP×CP, expert buckets over EDP; every rank starts them in the same order.
+  bk.work = (index % 2 ? edp_group_ : dp_group_)->all_reduce(bk.flat, comm::ReduceOp::Sum, /*async=*/true);
+}
+
+void Trainer::finish_buckets() {
+  const double s = 1.0 / static_cast<double>(dp_);
+  for (auto& bk : buckets_) {
+    if (bk.params.empty()) continue;
+    bk.work.wait();
+    kernels::scale_(bk.flat, s);
+    int64_t off = 0;
+    for (auto* p : bk.params) {
+      std::memcpy(p->grad.raw(), bk.flat.data<float>() + off, p->grad.nbytes());
+      off += p->grad.numel();
+    }
+  }
 }
 
 double Trainer::evaluate(int64_t iters) {

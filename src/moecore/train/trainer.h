@@ -68,6 +68,17 @@ class Trainer {
   std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_, ep_group_, edp_group_;
   std::unique_ptr<comm::ParallelState> mesh_;
   std::unique_ptr<optim::ShardedAdamW> dist_dense_, dist_expert_;  // --use-distributed-optimizer
+  // Gradient buckets, one per layer and one for the rest (embedding, final norm, output layer), each split into
+  // dense and expert parts: a bucket's all-reduce starts as soon as its layer's gradients are final in the last
+  // micro-batch's backward, overlapping the layers still to go.
+  struct Bucket {
+    std::vector<nn::Parameter*> params;
+    Tensor flat;
+    comm::Work work;
+  };
+  std::vector<Bucket> buckets_;  // [2·layer + expert?], then the rest at 2·num_layers
+  void start_bucket(size_t index);
+  void finish_buckets();
   std::unique_ptr<data::Tokenizer> tok_;
   int64_t vocab_ = 0, padded_vocab_ = 0;
   std::array<std::shared_ptr<const data::SampleSource>, 3> data_;
