@@ -31,6 +31,24 @@ TEST(ProcessGroup, AllReduceSumAndMaxBlockingAndAsync) {
   EXPECT_EQ(m.item(3), (n - 1) * 10 + 1.5);
 }
 
+// A Work moved into a longer-lived slot keeps the one live request (the trainer's gradient buckets do this).
+TEST(ProcessGroup, WorkHandlesMoveWithoutDoubleWait) {
+  const ProcessGroup w = ProcessGroup::world();
+  std::vector<comm::Work> slots(3);
+  std::vector<Tensor> ts;
+  for (int i = 0; i < 6; i++) ts.push_back(filled({64}, DType::F32, 1.0, 0.0));
+  // Round two moves new requests into slots whose round-one requests are still pending: the assignment must
+  // finish the old request, and the new one must stay live in the slot.
+  for (int round = 0; round < 2; round++)
+    for (int i = 0; i < 3; i++)
+      slots[static_cast<size_t>(i)] = w.all_reduce(ts[static_cast<size_t>(round * 3 + i)], comm::ReduceOp::Sum, true);
+  for (auto& s : slots) s.wait();
+  comm::Work moved = std::move(slots[0]);
+  EXPECT_FALSE(slots[0].pending());
+  const double n = static_cast<double>(w.size());
+  for (const auto& t : ts) EXPECT_EQ(t.item(7), n);
+}
+
 TEST(ProcessGroup, AllGatherAndVariableAllGather) {
   const ProcessGroup w = ProcessGroup::world();
   const int64_t n = w.size(), r = w.rank();

@@ -41,6 +41,30 @@ int to_int(int64_t n, const char* what) {
 int64_t row_elems(const Tensor& t) { return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0)); }
 }  // namespace
 
+Work::Work(Work&& o) noexcept
+    : req_(o.req_),
+      counts_a_(std::move(o.counts_a_)),
+      displs_a_(std::move(o.displs_a_)),
+      counts_b_(std::move(o.counts_b_)),
+      displs_b_(std::move(o.displs_b_)),
+      what_(o.what_) {
+  o.req_ = MPI_REQUEST_NULL;
+}
+
+Work& Work::operator=(Work&& o) noexcept {
+  if (this != &o) {
+    if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // finish what this handle owned before taking another
+    req_ = o.req_;
+    o.req_ = MPI_REQUEST_NULL;
+    counts_a_ = std::move(o.counts_a_);
+    displs_a_ = std::move(o.displs_a_);
+    counts_b_ = std::move(o.counts_b_);
+    displs_b_ = std::move(o.displs_b_);
+    what_ = o.what_;
+  }
+  return *this;
+}
+
 Work::~Work() {
   if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
 }

@@ -21,8 +21,11 @@ enum class ReduceOp { Sum, Max };
 class Work {
  public:
   Work() = default;
-  Work(Work&&) noexcept = default;
-  Work& operator=(Work&&) noexcept = default;
+  // Moves hand the request over and leave the source empty (a copied handle would be waited on, and freed, twice).
+  Work(Work&& o) noexcept;
+  Work& operator=(Work&& o) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
   ~Work();  // waits if still pending: an operation is never abandoned with live buffers
   void wait();
   bool test();  // true when complete
