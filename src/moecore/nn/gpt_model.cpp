@@ -9,12 +9,25 @@
 
 namespace moecore::nn {
 
+namespace {
+// y[s·B + b] = x[b·S + s], converted to the output type.
+template <typename Out, typename In>
+void transpose_bs(const In* x, Out* y, int64_t B, int64_t S) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t s = 0; s < S; s++) y[s * B + b] = static_cast<Out>(x[b * S + s]);
+}
+}  // namespace
+
 Tensor to_sequence_major(const Tensor& x_BS) {
   MOE_ASSERT_MSG(x_BS.ndim() == 2, "expected [B, S], got {}", x_BS.shape().str());
+  MOE_ASSERT_MSG(x_BS.dtype() == DType::I32 || x_BS.dtype() == DType::I64, "token ids are i32 or i64, got {}",
+                 dtype_name(x_BS.dtype()));
   const int64_t B = x_BS.dim(0), S = x_BS.dim(1);
-  Tensor y = Tensor::empty({S * B}, x_BS.dtype() == DType::I32 ? DType::I64 : x_BS.dtype());
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t s = 0; s < S; s++) y.set_item(s * B + b, x_BS.item(b * S + s));
+  Tensor y = Tensor::empty({S * B}, DType::I64);
+  if (x_BS.dtype() == DType::I32)
+    transpose_bs(x_BS.data<int32_t>(), y.data<int64_t>(), B, S);
+  else
+    transpose_bs(x_BS.data<int64_t>(), y.data<int64_t>(), B, S);
   return y;
 }
 
@@ -73,8 +86,12 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   st.mask_T = Tensor::empty({T}, dt);
   if (loss_mask_BS.defined()) {
     MOE_ASSERT(loss_mask_BS.shape() == tokens_BS.shape());
-    for (int64_t b = 0; b < st.B; b++)
-      for (int64_t s = 0; s < st.S; s++) st.mask_T.set_item(s * st.B + b, loss_mask_BS.item(b * st.S + s));
+    MOE_DISPATCH_FLOAT(dt, T, {
+      if (loss_mask_BS.dtype() == DType::F32)
+        transpose_bs(loss_mask_BS.data<float>(), st.mask_T.data<T>(), st.B, st.S);
+      else
+        transpose_bs(loss_mask_BS.data<double>(), st.mask_T.data<T>(), st.B, st.S);
+    });
   } else {
     kernels::fill_(st.mask_T, 1.0);
   }
