@@ -174,7 +174,9 @@ TEST(Dispatcher, RoundTripAndAdjoint) {
   for (int64_t e = 0; e < E; e++)
     for (int64_t i = 0; i < plan.tokens_per_expert[e]; i++, r++) {
       EXPECT_EQ(map.item(tok[r] * E + e), 1.0);
-      if (i > 0) EXPECT_LT(tok[r - 1], tok[r]);
+      if (i > 0) {
+        EXPECT_LT(tok[r - 1], tok[r]);
+      }
     }
   // Identity experts scaled by prob 1/k: combine returns the input exactly.
   Tensor scaled = x_RH.clone();

@@ -199,7 +199,9 @@ TEST(Router, CapacityDropsAndPads) {
     for (int64_t t = 0; t < 8; t++) {
       const bool kept = t >= first_kept && t < first_kept + 4;
       EXPECT_EQ(out.map_TE.item(t * 4), kept ? 1.0 : 0.0) << "token " << t;
-      if (!kept) EXPECT_EQ(out.probs_TE.item(t * 4), 0.0);
+      if (!kept) {
+        EXPECT_EQ(out.probs_TE.item(t * 4), 0.0);
+      }
     }
     c.pad_to_capacity = true;
     IdentityRouter rp(c);

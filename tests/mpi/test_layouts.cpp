@@ -1,5 +1,6 @@
-// Layout invariance over MPI ranks: a tiny MoE model trained data-parallel gives the single-rank run's per-step lm
-// loss, aux losses and grad norm within 1e-5 relative (f32).
+// Layout invariance over MPI ranks: a tiny MoE model trained under data, expert, tensor (+ sequence) and
+// expert-tensor parallelism gives the single-rank run's per-step lm loss, aux losses and grad norm within 1e-5
+// relative (f32).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,23 @@
 
 namespace moecore {
 namespace {
+
+// Trains `one` on a single rank and `multi` over the world for 5 steps; every step's figures must agree.
+void expect_same_steps(const train::TrainConfig& one, const train::TrainConfig& multi_cfg,
+                       const comm::ProcessGroup& w) {
+  std::FILE* null = std::fopen("/dev/null", "w");
+  train::Trainer single(one, null, false, nullptr), multi(multi_cfg, null, false, &w);
+  for (int step = 0; step < 5; step++) {
+    const auto a = single.train_step(), b = multi.train_step();
+    EXPECT_NEAR(b.lm_loss, a.lm_loss, 1e-5 * std::fabs(a.lm_loss)) << "step " << step;
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-5 * a.grad_norm) << "step " << step;
+    ASSERT_EQ(a.aux_losses.size(), b.aux_losses.size());
+    for (size_t t = 0; t < a.aux_losses.size(); t++)
+      EXPECT_NEAR(b.aux_losses[t], a.aux_losses[t], 1e-5 * std::fabs(a.aux_losses[t])) << "step " << step;
+    EXPECT_NEAR(b.z_loss, a.z_loss, 1e-5 * std::fabs(a.z_loss)) << "step " << step;
+  }
+  std::fclose(null);
+}
 
 // Every layout this world size allows (DP over all ranks; EP 2 and 4 folded over the data-parallel ranks).
 class Layouts : public ::testing::TestWithParam<std::tuple<int64_t, std::string, bool>> {};
@@ -29,24 +47,68 @@ TEST_P(Layouts, MatchSingleRank) {
   args.insert(args.end(), {"--expert-model-parallel-size", std::to_string(ep), "--moe-token-dispatcher-type",
                            std::get<1>(GetParam())});
   if (std::get<2>(GetParam())) args.push_back("--use-distributed-optimizer");
-  const train::TrainConfig cfg = train::parse_train_config(args);
-  std::FILE* null = std::fopen("/dev/null", "w");
-  train::Trainer single(one, null, false, nullptr), multi(cfg, null, false, &w);
-  for (int step = 0; step < 5; step++) {
-    const auto a = single.train_step(), b = multi.train_step();
-    EXPECT_NEAR(b.lm_loss, a.lm_loss, 1e-5 * std::fabs(a.lm_loss)) << "step " << step;
-    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-5 * a.grad_norm) << "step " << step;
-    ASSERT_EQ(a.aux_losses.size(), b.aux_losses.size());
-    for (size_t t = 0; t < a.aux_losses.size(); t++)
-      EXPECT_NEAR(b.aux_losses[t], a.aux_losses[t], 1e-5 * std::fabs(a.aux_losses[t])) << "step " << step;
-    EXPECT_NEAR(b.z_loss, a.z_loss, 1e-5 * std::fabs(a.z_loss)) << "step " << step;
-  }
-  std::fclose(null);
+  expect_same_steps(one, train::parse_train_config(args), w);
 }
 
 INSTANTIATE_TEST_SUITE_P(EP, Layouts,
                          ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("alltoall", "allgather"),
                                             ::testing::Values(false, true)));
+
+// Model-parallel layouts on a model that exercises every split: grouped-query attention with qk-norm, untied
+// output layer, shared experts with a gate, a dense first layer, sequence-aux and z losses.
+struct ModelParallel {
+  std::string name;
+  int64_t world;  // ranks the layout needs (run on that world size only)
+  std::vector<std::string> flags;
+};
+
+class ModelParallelLayouts : public ::testing::TestWithParam<ModelParallel> {};
+
+TEST_P(ModelParallelLayouts, MatchSingleRank) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  const ModelParallel& l = GetParam();
+  if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
+  std::vector<std::string> args{
+      "--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
+      "--num-query-groups", "2", "--qk-layernorm", "--untie-embeddings-and-output-weights", "--swiglu",
+      "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+      "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--moe-layer-freq", "[0,1,1]",
+      "--ffn-hidden-size", "96", "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
+      "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
+      "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "120", "--make-vocab-size-divisible-by", "64", "--train-iters",
+      "5", "--lr", "1e-3", "--eval-iters", "0"};
+  const train::TrainConfig one = train::parse_train_config(args);
+  args.insert(args.end(), l.flags.begin(), l.flags.end());
+  expect_same_steps(one, train::parse_train_config(args), w);
+}
+
+const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ModelParallelLayouts,
+    ::testing::Values(
+        ModelParallel{"TP2_SP", 2, kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
+        ModelParallel{"TP2_ETP2", 2, kTP2},
+        ModelParallel{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}},
+        ModelParallel{"TP2_DP2_distopt", 4,
+                      kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
+                                                      "--use-distributed-optimizer"}},
+        ModelParallel{"TP2xEP2_folded", 4,
+                      kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
+                                                      "--expert-model-parallel-size", "2"}},
+        ModelParallel{"TP2xEP2xETP2_allgather", 4,
+                      kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2",
+                                                      "--moe-token-dispatcher-type", "allgather"}},
+        ModelParallel{"DP2xEP2xETP2", 4,
+                      kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
+        ModelParallel{"DP4xEP2xETP2_distopt", 4,
+                      {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",
+                       "--use-distributed-optimizer"}}),
+    [](const ::testing::TestParamInfo<ModelParallel>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

@@ -119,7 +119,7 @@ TEST(ModuleGrad, AttentionVariants) {
 TEST(ModuleGrad, MLPActivations) {
   for (auto act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU, kernels::Activation::SquaredReLU}) {
     ParamRegistry reg(DType::F64);
-    nn::MLP mlp(reg, "mlp", nn::MLPConfig{6, 10, act, true, 0.4, 0.3, false});
+    nn::MLP mlp(reg, "mlp", nn::MLPConfig{6, 10, act, true, 0.4, 0.3, false, {}});
     reg.initialize(4);
     randomize_norms(reg);
     Tensor x = randn({3, 2, 6}, DType::F64, 2);
@@ -133,7 +133,7 @@ TEST(ModuleGrad, TransformerLayer) {
   ParamRegistry reg(DType::F64);
   nn::AttentionConfig ac = small_attention(true, 1.0, 2);
   auto mlp = std::make_unique<nn::MLP>(reg, "layer.mlp",
-                                       nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, false});
+                                       nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, false, {}});
   nn::TransformerLayer layer(reg, "layer", ac, 1e-6, std::move(mlp));
   reg.initialize(5);
   randomize_norms(reg);

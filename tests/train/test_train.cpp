@@ -63,7 +63,17 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   };
   EXPECT_NE(with({"--no-such-flag"}).find("--no-such-flag"), std::string::npos);
   EXPECT_NE(with({"--data-path", "x"}).find("exactly one of --data-path and --mock-data"), std::string::npos);
-  EXPECT_NE(with({"--tensor-model-parallel-size", "2"}).find("rejected"), std::string::npos);
+  EXPECT_NE(with({"--tensor-model-parallel-size", "2"}).find("needs --sequence-parallel"), std::string::npos);
+  EXPECT_NE(with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}).find("--disable-bias-linear"),
+            std::string::npos);
+  EXPECT_NE(with({"--tensor-model-parallel-size", "3", "--sequence-parallel", "--disable-bias-linear"})
+                .find("divisible by --tensor-model-parallel-size 3"),
+            std::string::npos);
+  EXPECT_NE(with({"--context-parallel-size", "2"}).find("not available yet"), std::string::npos);
+  EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-ffn-hidden-size", "63",
+                  "--expert-tensor-parallel-size", "2"})
+                .find("--expert-tensor-parallel-size 2"),
+            std::string::npos);
   EXPECT_NE(with({"--num-experts", "4"}).find("--disable-bias-linear"), std::string::npos);
   EXPECT_NE(with({"--save", "ckpt"}).find("checkpointing"), std::string::npos);
   EXPECT_NE(with({"--micro-batch-size", "3", "--global-batch-size", "8"}).find("multiple"), std::string::npos);
@@ -85,7 +95,6 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   EXPECT_NE(with({"--moe-ffn-hidden-size", "64"}).find("--num-experts is 0"), std::string::npos);
   EXPECT_NE(with({"--eval-iters", "-1"}).find("--eval-iters"), std::string::npos);
   EXPECT_NE(with({"--optimizer", "sgd"}).find("sgd"), std::string::npos);
-  EXPECT_NE(with({"--sequence-parallel"}).find("--sequence-parallel"), std::string::npos);
   EXPECT_NE(with({"--lr", "1e-3", "--min-lr", "1e-2"}).find("--min-lr"), std::string::npos);
   EXPECT_NE(with({"--lr-decay-style", "WSD"}).find("--lr-wsd-decay-iters"), std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-num-groups", "3",

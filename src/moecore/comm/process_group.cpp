@@ -180,6 +180,25 @@ Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bo
   return w;
 }
 
+Work ProcessGroup::reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, ReduceOp op,
+                                    bool async) const {
+  MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
+  const int64_t re = in.numel() == 0 ? row_elems(out) : row_elems(in);
+  Work w;
+  int64_t total = 0;
+  for (int64_t r : rows) {
+    w.counts_a_.push_back(to_int(r * re, "reduce_scatter_v"));
+    total += r * re;
+  }
+  MOE_ASSERT_MSG(total == in.numel() && out.numel() == rows[static_cast<size_t>(rank_)] * re,
+                 "reduce_scatter_v: in {} out {}, the counts give {} and {}", in.shape().str(), out.shape().str(),
+                 total, rows[static_cast<size_t>(rank_)] * re);
+  MOE_MPI(MPI_Ireduce_scatter(in.raw(), out.raw(), w.counts_a_.data(), mpi_type(in.dtype()), mpi_op(op, in.dtype()),
+                              comm_->c, &w.req_));
+  if (!async) w.wait();
+  return w;
+}
+
 Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
                                 const std::vector<int64_t>& recv_rows, bool async) const {
   MOE_ASSERT(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_);

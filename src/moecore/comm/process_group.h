@@ -58,6 +58,9 @@ class ProcessGroup {
   Work all_gather_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows_per_rank, bool async = false) const;
   // out [rows, ...] = reduction over ranks of in's slice for this rank (in [size·rows, ...])
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum, bool async = false) const;
+  // out [rows_per_rank[me], ...] = reduction over ranks of in's rows for this rank (in: Σ rows_per_rank rows)
+  Work reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows_per_rank,
+                        ReduceOp op = ReduceOp::Sum, bool async = false) const;
   // Rows send_rows[r] of in go to rank r (in order); out receives recv_rows[r] rows from rank r (in order).
   Work all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
                     const std::vector<int64_t>& recv_rows, bool async = false) const;

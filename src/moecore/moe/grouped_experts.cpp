@@ -16,10 +16,18 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
                   nn::InitRule::normal(cfg.init_std));
   fc2_ = &reg.add(name + ".linear_fc2.weight", {cfg.num_experts, cfg.hidden, cfg.ffn_hidden},
                   nn::InitRule::normal(cfg.output_init_std));
-  // Weights are drawn by global expert index, so a shard holds exactly its experts' single-rank values.
-  fc1_->global_offset = cfg.first_expert * fc1_rows() * cfg.hidden;
-  fc2_->global_offset = cfg.first_expert * cfg.hidden * cfg.ffn_hidden;
+  // Weights are drawn by global expert index (and, under expert tensor parallelism, global FFN column), so a
+  // shard holds exactly its part of the single-rank values: fc1 seen as [E, (2,) F, H], fc2 as [E, H, F].
+  MOE_ASSERT(cfg.etp_rank >= 0 && cfg.etp_rank < cfg.etp_size);
+  const int64_t E = cfg.num_global_experts > 0 ? cfg.num_global_experts : cfg.num_experts, F = cfg.ffn_hidden;
+  const int64_t n = cfg.num_experts, f0 = cfg.etp_rank * F, FG = F * cfg.etp_size, H = cfg.hidden;
+  if (kernels::is_gated(cfg.activation))
+    fc1_->set_shard({E, 2, FG, H}, {cfg.first_expert, 0, f0, 0}, {n, 2, F, H});
+  else
+    fc1_->set_shard({E, FG, H}, {cfg.first_expert, f0, 0}, {n, F, H});
+  fc2_->set_shard({E, H, FG}, {cfg.first_expert, 0, f0}, {n, H, F});
   fc1_->expert_parallel = fc2_->expert_parallel = true;
+  fc1_->tensor_parallel = fc2_->tensor_parallel = cfg.etp_size > 1;
 }
 
 namespace {

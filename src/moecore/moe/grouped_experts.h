@@ -14,13 +14,17 @@ namespace moecore::moe {
 
 struct ExpertsConfig {
   int64_t hidden = 0;       // H
-  int64_t ffn_hidden = 0;   // F (--moe-ffn-hidden-size)
+  int64_t ffn_hidden = 0;   // F held here: --moe-ffn-hidden-size / ETP
   int64_t num_experts = 0;  // local experts
   int64_t first_expert = 0;  // global index of the first local expert (expert parallelism)
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
   double output_init_std = 0.02;
   bool bf16 = false;
+  int64_t num_global_experts = 0;  // E over all EP ranks (0: num_experts)
+  // Expert tensor parallelism: this rank holds FFN columns [etp_rank·F, (etp_rank + 1)·F) of every local expert
+  // (fc1 column-parallel, fc2 row-parallel, outputs partial sums over ETP).
+  int64_t etp_size = 1, etp_rank = 0;
 };
 
 class GroupedExperts {

@@ -24,7 +24,20 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
   MOE_CHECK(c.router.num_experts % ep == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
             c.router.num_experts, ep);
   const int64_t n = c.router.num_experts / ep;
-  return ExpertsConfig{c.router.hidden, c.ffn_hidden, n, n * rank, c.activation, c.init_std, c.output_init_std, c.bf16};
+  const int64_t etp = c.etp_group ? c.etp_group->size() : 1;
+  MOE_CHECK(c.ffn_hidden % etp == 0, "--moe-ffn-hidden-size {} is not divisible by --expert-tensor-parallel-size {}",
+            c.ffn_hidden, etp);
+  ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n, n * rank, c.activation, c.init_std, c.output_init_std,
+                  c.bf16};
+  e.num_global_experts = c.router.num_experts;
+  e.etp_size = etp;
+  e.etp_rank = c.etp_group ? c.etp_group->rank() : 0;
+  return e;
+}
+RouterConfig router_config(const MoELayerConfig& c) {
+  RouterConfig r = c.router;
+  if (c.tp.on()) r.count_group = c.tp.group;  // TP×CP (CP = 1)
+  return r;
 }
 std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {
   if (!c.ep_group || c.ep_group->size() == 1) return std::make_unique<LocalTokenDispatcher>();
@@ -35,13 +48,15 @@ std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {
 
 MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg)
     : cfg_(cfg),
-      router_(reg, name + ".router", cfg.router),
+      router_(reg, name + ".router", router_config(cfg)),
       experts_(reg, name + ".experts", experts_config(cfg)),
       dispatcher_(make_dispatcher(cfg)) {
   validate(cfg);
+  if (cfg.etp_group && cfg.etp_group->size() > 1)
+    etp_ = std::make_unique<ExpertTensorParallel>(*cfg.etp_group, experts_.config().num_experts);
   if (cfg.shared_ffn_hidden > 0) {
     nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false, cfg.init_std,
-                     cfg.output_init_std, cfg.bf16};
+                     cfg.output_init_std, cfg.bf16, cfg.tp};
     shared_ = std::make_unique<SharedExperts>(reg, name + ".shared_experts", mc, cfg.shared_expert_gate);
   }
 }
@@ -66,7 +81,14 @@ Tensor MoELayer::forward(const Tensor& x_SBH, nn::FeedForward::Stash& base) {
   // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows.
   dispatcher_->dispatch(cfg_.bf16 ? x_TH.to(DType::BF16) : x_TH, route.probs_TE, route.map_TE, st.plan, x_RH,
                         probs_R);
-  const Tensor y_RH = experts_.forward(x_RH, probs_R, st.plan.tokens_per_expert, st.experts);
+  Tensor y_RH;
+  if (etp_) {
+    Tensor x_all, probs_all;
+    etp_->gather(x_RH, probs_R, st.plan.tokens_per_expert, st.etp, x_all, probs_all);
+    y_RH = etp_->reduce_scatter(experts_.forward(x_all, probs_all, st.etp.tokens_per_expert, st.experts), st.etp);
+  } else {
+    y_RH = experts_.forward(x_RH, probs_R, st.plan.tokens_per_expert, st.experts);
+  }
   Tensor y = dispatcher_->combine(y_RH, st.plan);
   if (shared_) kernels::add_(y, shared_out);
   return y.reshape(x_SBH.shape());
@@ -77,8 +99,15 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   const int64_t T = st.S * st.B, H = cfg_.router.hidden;
   const Tensor dy_TH = dy_SBH.reshape({T, H});
   const Tensor dy_RH = dispatcher_->combine_backward(cfg_.bf16 ? dy_TH.to(DType::BF16) : dy_TH, st.plan);
-  Tensor dprobs_R;
-  const Tensor dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R);
+  Tensor dprobs_R, dx_RH;
+  if (etp_) {
+    Tensor dprobs_all;
+    const Tensor dx_all = experts_.backward(etp_->gather_rows_like(dy_RH, st.etp), st.experts, dprobs_all);
+    dx_RH = etp_->reduce_scatter(dx_all, st.etp);
+    dprobs_R = etp_->reduce_scatter(dprobs_all, st.etp);
+  } else {
+    dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R);
+  }
   Tensor dx, dprobs_TE;
   dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TE);
   kernels::add_(dx, router_.backward(dprobs_TE, dx.dtype(), st.loss_scale, st.router));

@@ -1,12 +1,14 @@
 // The MoE layer, the FFN of a transformer layer: shared experts (if any) → Route → Dispatch → Compute (grouped
-// experts) → Combine (+ shared output). One process here; the dispatcher is the seam where expert parallelism
-// plugs in.
+// experts) → Combine (+ shared output). Expert parallelism lives in the dispatcher (alltoall or allgather over
+// EP), expert tensor parallelism in the ETP stage around the experts; under attention tensor parallelism the layer
+// takes sequence shards [S/TP, B, H], each rank routing its own tokens, and the shared experts run TP-parallel.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/moe/expert_tensor_parallel.h"
 #include "moecore/moe/grouped_experts.h"
 #include "moecore/moe/router.h"
 #include "moecore/moe/routing_stats.h"
@@ -28,6 +30,11 @@ struct MoELayerConfig {
   // Expert parallelism: the group experts are spread over (null: all experts local).
   const comm::ProcessGroup* ep_group = nullptr;
   bool allgather_dispatcher = false;  // --moe-token-dispatcher-type allgather (else alltoall)
+  // Expert tensor parallelism: the ETP group (null or one rank: experts hold all their FFN columns).
+  const comm::ProcessGroup* etp_group = nullptr;
+  // Attention tensor parallelism (with sequence parallelism): shared experts split over it, aux-loss counts
+  // summed over it.
+  nn::TPContext tp;
 };
 
 void validate(const MoELayerConfig& c);
@@ -38,6 +45,7 @@ class MoELayer : public nn::FeedForward {
     Router::Stash router;
     DispatchPlan plan;
     GroupedExperts::Stash experts;
+    EtpPlan etp;
     SharedExperts::Stash shared;
     int64_t S = 0, B = 0;
   };
@@ -62,6 +70,7 @@ class MoELayer : public nn::FeedForward {
   GroupedExperts experts_;
   std::unique_ptr<SharedExperts> shared_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
+  std::unique_ptr<ExpertTensorParallel> etp_;
   RoutingStats stats_;
   bool training_ = true;
 };

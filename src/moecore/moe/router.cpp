@@ -286,11 +286,21 @@ _Pragma("omp parallel for schedule(static) reduction(+ : dropped)")
   return dropped;
 }
 
+// Sums counts over the TP×CP ranks (f64, exact for counts).
+void sum_over_group(std::vector<double>& v, const comm::ProcessGroup* g) {
+  if (!g || g->size() == 1) return;
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::F64);
+  std::copy(v.begin(), v.end(), t.data<double>());
+  g->all_reduce(t);
+  std::copy(t.data<double>(), t.data<double>() + v.size(), v.begin());
+}
+
 // Aux losses: fills st.daux_TE with Σ_types dL/da and returns Σ L; logs L/coeff per type into stats.
 template <typename T>
 double aux_losses(const RouterConfig& c, Router::Stash& st, Tensor& global_tokens_E, int64_t& ga_steps,
                   RoutingStats* stats) {
   const int64_t T_ = st.aux_scores_TE.dim(0), E = c.num_experts, K = c.topk, S = st.S, B = st.B;
+  const int64_t P = c.count_group ? c.count_group->size() : 1;
   const T* a = st.aux_scores_TE.data<T>();
   // Plain top-k on the aux scores (no bias, no groups, no dropping) gives the counts.
   std::vector<int32_t> top(static_cast<size_t>(T_ * K));
@@ -312,7 +322,9 @@ double aux_losses(const RouterConfig& c, Router::Stash& st, Tensor& global_token
         for (int64_t j = 0; j < K; j++) cnt[b * E + top[t * K + j]] += 1;
         for (int64_t e = 0; e < E; e++) agg[b * E + e] += a[t * E + e];
       }
-      const double f = coeff * E / (K * static_cast<double>(S) * S * B);
+      sum_over_group(cnt, c.count_group);
+      const double St = static_cast<double>(S * P);  // the whole sequence
+      const double f = coeff * E / (K * St * St * B);
       for (int64_t i = 0; i < B * E; i++) L += agg[i] * cnt[i] * f;
       for (int64_t t = 0; t < T_; t++)
         for (int64_t e = 0; e < E; e++) d[t * E + e] += static_cast<T>(f * cnt[(t % B) * E + e]);
@@ -324,6 +336,7 @@ double aux_losses(const RouterConfig& c, Router::Stash& st, Tensor& global_token
         for (int64_t j = 0; j < K; j++) cnt[top[t * K + j]] += 1;
         for (int64_t e = 0; e < E; e++) agg[e] += a[t * E + e];
       }
+      sum_over_group(cnt, c.count_group);
       if (type == LoadBalancingType::GlobalAuxLoss) {
         double* g = global_tokens_E.data<double>();
         ga_steps++;
@@ -332,7 +345,8 @@ double aux_losses(const RouterConfig& c, Router::Stash& st, Tensor& global_token
           cnt[e] = g[e] / static_cast<double>(ga_steps);
         }
       }
-      const double f = coeff * E / (K * static_cast<double>(T_) * T_);
+      const double Tt = static_cast<double>(T_ * P);
+      const double f = coeff * E / (K * Tt * Tt);
       for (int64_t e = 0; e < E; e++) L += agg[e] * cnt[e] * f;
       for (int64_t t = 0; t < T_; t++)
         for (int64_t e = 0; e < E; e++) d[t * E + e] += static_cast<T>(f * cnt[e]);
@@ -357,6 +371,8 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   st.jitter_TH = Tensor();
   const uint64_t fwd = forward_count_;
   if (training) forward_count_++;
+  // Noise is drawn by global token index: under sequence parallelism this rank's tokens start at rank·T.
+  const uint64_t tok0 = static_cast<uint64_t>(cfg_.count_group ? cfg_.count_group->rank() * T_ : 0);
   if (training && cfg_.input_jitter_eps > 0) {
     st.jitter_TH = Tensor::empty({T_, H}, rd);
     st.x_r = st.x_r.clone();
@@ -366,7 +382,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
       R* u = st.jitter_TH.data<R>();
       R* xr = st.x_r.data<R>();
       for (int64_t i = 0; i < T_ * H; i++) {
-        u[i] = static_cast<R>(1.0 - eps + 2.0 * eps * rng.uniform(static_cast<uint64_t>(i)));
+        u[i] = static_cast<R>(1.0 - eps + 2.0 * eps * rng.uniform(tok0 * static_cast<uint64_t>(H) + i));
         xr[i] *= u[i];
       }
     });
@@ -380,7 +396,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   if (cfg_.force_load_balancing) {
     used = Tensor::empty({T_, E}, rd);
     const Philox rng(cfg_.seed, stream_id(weight_->name + "#force_balance") + fwd);
-    for (int64_t i = 0; i < T_ * E; i++) used.set_item(i, rng.normal(static_cast<uint64_t>(i)));
+    for (int64_t i = 0; i < T_ * E; i++) used.set_item(i, rng.normal(tok0 * static_cast<uint64_t>(E) + i));
   }
   st.used_TE = used;
   // 4. Scores, top-k, probs; capacity.
@@ -440,7 +456,7 @@ _Pragma("omp parallel for schedule(static)")
           z += static_cast<double>(lse[t]) * lse[t];
         }
       });
-      z = cfg_.z_loss_coeff * z / static_cast<double>(T_);
+      z = cfg_.z_loss_coeff * z / static_cast<double>(T_ * count_ranks());  // coeff/#(TP×CP) · local mean
       st.aux_loss_total += z;
       if (stats) stats->z_loss_sum += z / cfg_.z_loss_coeff;
     }
@@ -566,7 +582,7 @@ Tensor Router::backward(const Tensor& dprobs_TE, DType x_dtype, double aux_grad_
       // z = coeff/T · Σ_t lse_t²:  dl_te = coeff · 2·lse_t/T · softmax(l)_te
       const R* l = st.logits_TE.data<R>();
       const R* lse = st.lse_T.data<R>();
-      const R f = R(aux_grad_scale * cfg_.z_loss_coeff * 2.0 / static_cast<double>(T_));
+      const R f = R(aux_grad_scale * cfg_.z_loss_coeff * 2.0 / static_cast<double>(T_ * count_ranks()));
       for (int64_t t = 0; t < T_; t++)
         for (int64_t e = 0; e < E; e++) d[t * E + e] += f * lse[t] * std::exp(l[t * E + e] - lse[t]);
     }

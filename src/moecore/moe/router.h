@@ -2,12 +2,15 @@
 // limited, expert-bias selection) → capacity dropping; load-balancing losses (aux_loss, seq_aux_loss,
 // global_aux_loss) and z-loss enter backward as "identity forward, scaled gradient" on the logits, never through
 // the LM loss. Logits, scores and losses are computed in the router dtype (f32 or f64) whatever the activations.
-// Not here: communication (a distributed router reduces counts through a hook the dispatcher issue adds).
+// Under sequence (and context) parallelism each rank routes its own tokens; the aux-loss counts are summed over the
+// TP×CP group and the token totals count all of its ranks, so the losses summed over the group are the
+// single-rank losses (reference §1.1b).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "moecore/comm/process_group.h"
 #include "moecore/moe/routing_stats.h"
 #include "moecore/nn/parameter.h"
 
@@ -44,6 +47,7 @@ struct RouterConfig {
   bool pad_to_capacity = false;
   double init_std = 0.02;
   uint64_t seed = 1234;  // jitter and forced-balance noise streams
+  const comm::ProcessGroup* count_group = nullptr;  // TP×CP (null: this rank's tokens are the whole set)
 };
 
 // Rejects inconsistent settings with Megatron's flag names in the message. Called before anything is allocated.
@@ -95,6 +99,7 @@ class Router {
   nn::Parameter& weight() { return *weight_; }
 
  private:
+  int64_t count_ranks() const { return cfg_.count_group ? cfg_.count_group->size() : 1; }
   RouterConfig cfg_;
   nn::Parameter* weight_;
   Tensor expert_bias_E_;        // f32, used for selection only

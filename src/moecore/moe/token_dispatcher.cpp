@@ -18,6 +18,17 @@ void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH
   for (int64_t r = 0; r < R; r++) std::memcpy(d + r * bytes, s + tok[r] * bytes, bytes);
 }
 
+void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
+  const int64_t R = idx_R.numel(), H = src_RH.cols();
+  MOE_ASSERT(src_RH.rows() == R && dst.cols() == H && dst.dtype() == src_RH.dtype());
+  const size_t bytes = static_cast<size_t>(H) * dtype_size(src_RH.dtype());
+  const char* s = static_cast<const char*>(src_RH.raw());
+  char* d = static_cast<char*>(dst.raw());
+  const int32_t* idx = idx_R.data<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; r++) std::memcpy(d + idx[r] * bytes, s + r * bytes, bytes);
+}
+
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
   const int64_t T = plan.T, H = src_RH.cols();
   MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == src_RH.dtype());
@@ -176,11 +187,7 @@ Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, con
   const int64_t recv_rows = plan.sorted_from_recv.numel(), H = sorted_rows.cols();
   MOE_ASSERT(sorted_rows.rows() == recv_rows);
   Tensor recv = Tensor::empty({recv_rows, H}, sorted_rows.dtype());
-  const int32_t* perm = plan.sorted_from_recv.data<int32_t>();
-  const size_t bytes = static_cast<size_t>(H) * dtype_size(sorted_rows.dtype());
-  const char* src = static_cast<const char*>(sorted_rows.raw());
-  char* dst = static_cast<char*>(recv.raw());
-  for (int64_t i = 0; i < recv_rows; i++) std::memcpy(dst + perm[i] * bytes, src + i * bytes, bytes);
+  scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
   Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype());
   ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
   return local;

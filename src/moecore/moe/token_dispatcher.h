@@ -52,8 +52,10 @@ class LocalTokenDispatcher : public TokenDispatcher {
                          Tensor& dx_TH, Tensor& dprobs_TE) override;
 };
 
-// Helpers shared by dispatchers: row gather (permute) and the per-token ordered row sum (unpermute).
-void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);
+// Helpers shared by dispatchers: row gather (permute), its inverse scatter, and the per-token ordered row sum
+// (unpermute).
+void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);  // dst[r] = src[idx[r]]
+void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);          // dst[idx[r]] = src[r]
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
 
 }  // namespace moecore::moe

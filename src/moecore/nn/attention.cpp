@@ -11,18 +11,34 @@
 namespace moecore::nn {
 
 namespace {
-LinearConfig proj_cfg(int64_t in, int64_t out, const AttentionConfig& c, double std) {
-  return LinearConfig{in, out, c.bias, InitRule::normal(std), c.bf16};
+LinearConfig proj_cfg(int64_t in, int64_t out, const AttentionConfig& c, double std, TPSplit split) {
+  LinearConfig l{in, out, c.bias, InitRule::normal(std), c.bf16};
+  if (c.tp.on()) {
+    l.split = split;
+    l.tp_size = c.tp.size();
+    l.tp_rank = c.tp.rank();
+  }
+  return l;
+}
+int64_t heads_here(int64_t n, const TPContext& tp, const char* what) {
+  MOE_CHECK(n % tp.size() == 0, "{} {} do not split over --tensor-model-parallel-size {}", n, what, tp.size());
+  return n / tp.size();
 }
 }  // namespace
 
 Attention::Attention(ParamRegistry& reg, const std::string& name, const AttentionConfig& cfg)
     : cfg_(cfg),
+      nq_(heads_here(cfg.num_heads, cfg.tp, "attention heads")),
+      nkv_(heads_here(cfg.num_query_groups, cfg.tp, "query groups (--num-query-groups)")),
       rot_dim_(static_cast<int64_t>(std::llround(cfg.head_dim * cfg.rotary_percent)) / 2 * 2),
-      q_(reg, name + ".linear_q", proj_cfg(cfg.hidden, cfg.num_heads * cfg.head_dim, cfg, cfg.init_std)),
-      k_(reg, name + ".linear_k", proj_cfg(cfg.hidden, cfg.num_query_groups * cfg.head_dim, cfg, cfg.init_std)),
-      v_(reg, name + ".linear_v", proj_cfg(cfg.hidden, cfg.num_query_groups * cfg.head_dim, cfg, cfg.init_std)),
-      proj_(reg, name + ".linear_proj", proj_cfg(cfg.num_heads * cfg.head_dim, cfg.hidden, cfg, cfg.output_init_std)) {
+      q_(reg, name + ".linear_q",
+         proj_cfg(cfg.hidden, cfg.num_heads * cfg.head_dim, cfg, cfg.init_std, TPSplit::Column)),
+      k_(reg, name + ".linear_k",
+         proj_cfg(cfg.hidden, cfg.num_query_groups * cfg.head_dim, cfg, cfg.init_std, TPSplit::Column)),
+      v_(reg, name + ".linear_v",
+         proj_cfg(cfg.hidden, cfg.num_query_groups * cfg.head_dim, cfg, cfg.init_std, TPSplit::Column)),
+      proj_(reg, name + ".linear_proj",
+            proj_cfg(cfg.num_heads * cfg.head_dim, cfg.hidden, cfg, cfg.output_init_std, TPSplit::Row)) {
   MOE_ASSERT(cfg.num_query_groups > 0 && cfg.num_heads % cfg.num_query_groups == 0);
   MOE_ASSERT(rot_dim_ >= 2 && rot_dim_ <= cfg.head_dim);
   if (cfg.qk_layernorm) {
@@ -32,14 +48,15 @@ Attention::Attention(ParamRegistry& reg, const std::string& name, const Attentio
   kernels::rope_tables(cfg.max_seq_len, rot_dim_, cfg.rotary_base, reg.dtype(), cos_, sin_);
 }
 
-Tensor Attention::forward(const Tensor& x_SBH, Stash& st) {
-  MOE_ASSERT(x_SBH.ndim() == 3 && x_SBH.dim(2) == cfg_.hidden);
+Tensor Attention::forward(const Tensor& x_local, Stash& st) {
+  MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == cfg_.hidden);
+  const Tensor x_SBH = sp_all_gather(x_local, cfg_.tp);
   const int64_t S = x_SBH.dim(0), B = x_SBH.dim(1), D = cfg_.head_dim;
   MOE_CHECK(S <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S,
             cfg_.max_seq_len);
-  Tensor q = q_.forward(x_SBH, st.q).reshape({S, B, cfg_.num_heads, D});
-  Tensor k = k_.forward(x_SBH, st.k).reshape({S, B, cfg_.num_query_groups, D});
-  st.v_SBND = v_.forward(x_SBH, st.v).reshape({S, B, cfg_.num_query_groups, D});
+  Tensor q = q_.forward(x_SBH, st.q).reshape({S, B, nq_, D});
+  Tensor k = k_.forward(x_SBH, st.k).reshape({S, B, nkv_, D});
+  st.v_SBND = v_.forward(x_SBH, st.v).reshape({S, B, nkv_, D});
   if (q_norm_) {
     q = q_norm_->forward(q, st.q_norm);
     k = k_norm_->forward(k, st.k_norm);
@@ -49,12 +66,14 @@ Tensor Attention::forward(const Tensor& x_SBH, Stash& st) {
   st.q_SBND = q;
   st.k_SBND = k;
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
-  st.lse_BNS = Tensor::empty({B, cfg_.num_heads, S}, q.dtype());
+  st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype());
   kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
-  return proj_.forward(st.o_SBND.reshape({S * B, cfg_.num_heads * D}), st.proj).reshape({S, B, cfg_.hidden});
+  return sp_reduce_scatter(
+      proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden}), cfg_.tp);
 }
 
-Tensor Attention::backward(const Tensor& dy_SBH, Stash& st) {
+Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
+  const Tensor dy_SBH = sp_all_gather(dy_local, cfg_.tp);
   const int64_t S = dy_SBH.dim(0), B = dy_SBH.dim(1), D = cfg_.head_dim;
   const Tensor d_o = proj_.backward(dy_SBH, st.proj).reshape(st.o_SBND.shape());
   Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype());
@@ -68,11 +87,11 @@ Tensor Attention::backward(const Tensor& dy_SBH, Stash& st) {
     dq = q_norm_->backward(dq, st.q_norm);
     dk = k_norm_->backward(dk, st.k_norm);
   }
-  Tensor dx = q_.backward(dq.reshape({S * B, cfg_.num_heads * D}), st.q);
-  kernels::add_(dx, k_.backward(dk.reshape({S * B, cfg_.num_query_groups * D}), st.k));
-  kernels::add_(dx, v_.backward(dv.reshape({S * B, cfg_.num_query_groups * D}), st.v));
+  Tensor dx = q_.backward(dq.reshape({S * B, nq_ * D}), st.q);
+  kernels::add_(dx, k_.backward(dk.reshape({S * B, nkv_ * D}), st.k));
+  kernels::add_(dx, v_.backward(dv.reshape({S * B, nkv_ * D}), st.v));
   st.q_SBND = st.k_SBND = st.v_SBND = st.o_SBND = st.lse_BNS = Tensor();
-  return dx.reshape({S, B, cfg_.hidden});
+  return sp_reduce_scatter(dx.reshape({S, B, cfg_.hidden}), cfg_.tp);
 }
 
 }  // namespace moecore::nn

@@ -1,12 +1,15 @@
 // Self-attention block: q/k/v projections (grouped-query: Nkv ≤ Nq heads), optional per-head RMSNorm of q and k
 // (Qwen3's qk-layernorm, applied before RoPE as in Megatron), RoPE on a fraction of each head, causal tiled
-// attention, output projection. Activations are [S, B, H].
+// attention, output projection. Activations are [S, B, H]. Under tensor parallelism each rank holds Nq/TP query
+// heads and Nkv/TP key-value groups (q/k/v column-parallel, the output projection row-parallel) and the block takes
+// and returns sequence shards [S/TP, B, H] (see tensor_parallel.h).
 #pragma once
 
 #include <string>
 
 #include "moecore/nn/linear.h"
 #include "moecore/nn/rmsnorm.h"
+#include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
 
@@ -24,6 +27,7 @@ struct AttentionConfig {
   double output_init_std = 0.02;  // init_std / sqrt(2·num_layers) in a model
   bool bias = false;
   bool bf16 = false;
+  TPContext tp;
 };
 
 class Attention {
@@ -42,6 +46,7 @@ class Attention {
 
  private:
   AttentionConfig cfg_;
+  int64_t nq_, nkv_;  // heads and groups held here
   int64_t rot_dim_;
   Linear q_, k_, v_, proj_;
   std::unique_ptr<RMSNorm> q_norm_, k_norm_;

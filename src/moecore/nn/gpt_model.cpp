@@ -2,6 +2,7 @@
 #include "moecore/nn/gpt_model.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "moecore/kernels/cpu/cross_entropy.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -33,7 +34,7 @@ Tensor to_sequence_major(const Tensor& x_BS) {
 
 GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     : cfg_(c),
-      embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std),
+      embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std, c.tp),
       final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm_eps) {
   MOE_CHECK(c.num_attention_heads > 0 && c.num_query_groups > 0 && c.num_attention_heads % c.num_query_groups == 0,
             "--num-attention-heads ({}) must be a positive multiple of --num-query-groups ({})",
@@ -41,21 +42,25 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
   const double out_std = c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   AttentionConfig ac{c.hidden_size, c.num_attention_heads, c.num_query_groups, c.kv_channels, c.max_seq_len,
                      c.rotary_base, c.rotary_percent, c.qk_layernorm, c.norm_eps, c.init_method_std, out_std,
-                     c.add_bias_linear, c.bf16};
+                     c.add_bias_linear, c.bf16, c.tp};
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string name = "decoder.layers." + std::to_string(i);
     std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
     if (!f) {
       MLPConfig mc{c.hidden_size, c.ffn_hidden_size, c.activation, c.add_bias_linear, c.init_method_std, out_std,
-                   c.bf16};
+                   c.bf16, c.tp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f)));
   }
   if (c.untie_embeddings_and_output_weights) {
-    output_ = std::make_unique<Linear>(reg, "output_layer",
-                                       LinearConfig{c.hidden_size, c.vocab_size, false,
-                                                    InitRule::normal(c.init_method_std), c.bf16});
+    LinearConfig oc{c.hidden_size, c.vocab_size, false, InitRule::normal(c.init_method_std), c.bf16};
+    if (c.tp.on()) {
+      oc.split = TPSplit::Column;
+      oc.tp_size = c.tp.size();
+      oc.tp_rank = c.tp.rank();
+    }
+    output_ = std::make_unique<Linear>(reg, "output_layer", oc);
   } else {
     output_ = std::make_unique<Linear>(embedding_.weight(), c.bf16);
   }
@@ -71,10 +76,14 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
   MOE_ASSERT(tokens_BS.ndim() == 2);
   st.B = tokens_BS.dim(0);
   st.S = tokens_BS.dim(1);
-  Tensor h = embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S, st.B, cfg_.hidden_size});
+  MOE_CHECK(st.S % cfg_.tp.size() == 0,
+            "sequence length {} is not divisible by --tensor-model-parallel-size {} (sequence parallelism)", st.S,
+            cfg_.tp.size());
+  Tensor h = embedding_.forward(to_sequence_major(tokens_BS), st.emb)
+                 .reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
   for (size_t i = 0; i < layers_.size(); i++) h = layers_[i]->forward(h, st.layers[i]);
   h = final_norm_.forward(h, st.final_norm);
-  return output_->forward(h, st.output);
+  return output_->forward(sp_all_gather(h, cfg_.tp), st.output);
 }
 
 double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st) {
@@ -97,7 +106,15 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   }
   Tensor loss_T = Tensor::empty({T}, dt);
   st.lse_T = Tensor::empty({T}, dt);
-  kernels::cross_entropy_forward(st.logits_TV, st.labels_T, loss_T, st.lse_T);
+  if (cfg_.tp.on()) {
+    const comm::ProcessGroup& g = *cfg_.tp.group;
+    kernels::cross_entropy_forward_vocab_parallel(
+        st.logits_TV, st.labels_T, embedding_.vocab_start(), cfg_.vocab_size,
+        [&g](Tensor& t, bool max) { g.all_reduce(t, max ? comm::ReduceOp::Max : comm::ReduceOp::Sum); }, loss_T,
+        st.lse_T);
+  } else {
+    kernels::cross_entropy_forward(st.logits_TV, st.labels_T, loss_T, st.lse_T);
+  }
   st.mask_sum = kernels::sum(st.mask_T);
   return st.mask_sum > 0 ? kernels::dot(loss_T, st.mask_T) / st.mask_sum : 0.0;
 }
@@ -106,24 +123,47 @@ void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(s
   Tensor dloss = st.mask_T.clone();
   kernels::scale_(dloss, st.mask_sum > 0 ? loss_scale / st.mask_sum : 0.0);
   // The logits are not needed after this, so their gradient overwrites them.
-  kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV);
+  kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV, embedding_.vocab_start());
   Tensor dh = output_->backward(st.logits_TV, st.output);
   st.logits_TV = Tensor();
-  dh = final_norm_.backward(dh.reshape({st.S, st.B, cfg_.hidden_size}), st.final_norm);
+  const int64_t S_local = st.S / cfg_.tp.size();
+  dh = final_norm_.backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp),
+                            st.final_norm);
   for (size_t i = layers_.size(); i-- > 0;) {
     st.layers[i].ffn->loss_scale = loss_scale;
     dh = layers_[i]->backward(dh, st.layers[i]);
     if (grads_final) grads_final(i);
   }
-  embedding_.backward(dh.reshape({st.S * st.B, cfg_.hidden_size}), st.emb);
+  embedding_.backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
   if (grads_final) grads_final(layers_.size());
 }
 
 Tensor GPTModel::logits(const Tensor& tokens_BS) {
   Stash st = make_stash();
   set_training(false);
-  Tensor out = embed_and_decode(tokens_BS, st);
+  const int64_t P = cfg_.tp.size(), B = tokens_BS.dim(0), S = tokens_BS.dim(1);
+  if (P == 1) {
+    Tensor out = embed_and_decode(tokens_BS, st);
+    set_training(true);
+    return out;
+  }
+  // Tensor parallel: pad the sequence to a multiple of TP with copies of its last token (causal attention keeps
+  // the real positions blind to them), then gather the vocabulary columns of the real rows.
+  const int64_t Sp = (S + P - 1) / P * P;
+  Tensor padded = Tensor::empty({B, Sp}, DType::I64);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t s = 0; s < Sp; s++) padded.set_item(b * Sp + s, tokens_BS.item(b * S + std::min(s, S - 1)));
+  const Tensor local = embed_and_decode(padded, st);  // [Sp·B, V/P]
   set_training(true);
+  const int64_t VL = local.cols(), rows = S * B;
+  Tensor parts = Tensor::empty({P, rows, VL}, local.dtype());
+  cfg_.tp.group->all_gather(local.slice(0, rows), parts);
+  Tensor out = Tensor::empty({rows, P * VL}, local.dtype());
+  const size_t bytes = static_cast<size_t>(VL) * dtype_size(local.dtype());
+  for (int64_t r = 0; r < P; r++)
+    for (int64_t t = 0; t < rows; t++)
+      std::memcpy(static_cast<char*>(out.raw()) + (t * P + r) * bytes,
+                  static_cast<const char*>(parts.raw()) + (r * rows + t) * bytes, bytes);
   return out;
 }
 

@@ -34,6 +34,9 @@ struct GPTConfig {
   kernels::Activation activation = kernels::Activation::SwiGLU;
   bool add_bias_linear = false;
   bool bf16 = false;  // bf16 GEMM operands with f32 accumulation
+  // Tensor parallelism with sequence parallelism: vocabulary-parallel embedding, output layer and cross-entropy;
+  // attention heads and FFN columns split; layers run on sequence shards [S/TP, B, H].
+  TPContext tp;
 };
 
 // Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.
@@ -46,7 +49,7 @@ class GPTModel {
     std::vector<TransformerLayer::Stash> layers;
     RMSNorm::Stash final_norm;
     Linear::Stash output;
-    Tensor labels_T, mask_T, logits_TV, lse_T;
+    Tensor labels_T, mask_T, logits_TV, lse_T;  // logits: this rank's vocabulary columns
     int64_t S = 0, B = 0;
     double mask_sum = 0;
   };
@@ -61,7 +64,9 @@ class GPTModel {
   // called as soon as layer i's gradients are complete, from the last layer down, then with num_layers() once the
   // embedding, final norm and output layer are done: the hook data parallelism starts its reductions from.
   void backward(Stash& st, double loss_scale = 1.0, const std::function<void(size_t)>& grads_final = {});
-  // Logits [S·B, V] (row t = s·B + b) for generation and evaluation; no stash is kept.
+  // Logits [S·B, V] (row t = s·B + b, the whole vocabulary on every rank) for generation and evaluation; no stash
+  // is kept. Under tensor parallelism any S works (the sequence is padded at its end, which causal attention
+  // cannot see).
   Tensor logits(const Tensor& tokens_BS);
 
   // Training mode (the default) lets MoE layers update aux losses, balancing counters and statistics.

@@ -9,12 +9,20 @@
 
 namespace moecore::nn {
 
+// Tensor-parallel split of the weight (sizes in LinearConfig stay global): Column keeps rows
+// [r·out/TP, (r+1)·out/TP) — for a gated FFN's fc1 the same share of the gate and of the linear half — and Row
+// keeps input columns [r·in/TP, (r+1)·in/TP), its outputs being partial sums over the TP ranks.
+enum class TPSplit { None, Column, Row };
+
 struct LinearConfig {
   int64_t in = 0;
   int64_t out = 0;
   bool bias = false;
   InitRule init = InitRule::normal(0.02);
   bool bf16 = false;
+  TPSplit split = TPSplit::None;
+  int64_t tp_size = 1, tp_rank = 0;
+  bool gated = false;  // Column split of [gate; linear] halves
 };
 
 class Linear {
@@ -33,8 +41,8 @@ class Linear {
   Tensor backward(const Tensor& dy, Stash& st);
 
   Parameter& weight() { return *weight_; }
-  int64_t in() const { return in_; }
-  int64_t out() const { return out_; }
+  int64_t in() const { return in_; }    // local (this rank's share under a Row split)
+  int64_t out() const { return out_; }  // local (this rank's share under a Column split)
 
  private:
   Parameter* weight_ = nullptr;

@@ -3,29 +3,44 @@
 
 namespace moecore::nn {
 
+namespace {
+LinearConfig fc_cfg(const MLPConfig& c, bool fc1) {
+  const bool gated = kernels::is_gated(c.activation);
+  LinearConfig l{fc1 ? c.hidden : c.ffn_hidden,
+                 fc1 ? (gated ? 2 : 1) * c.ffn_hidden : c.hidden,
+                 c.bias,
+                 InitRule::normal(fc1 ? c.init_std : c.output_init_std),
+                 c.bf16};
+  if (c.tp.on()) {
+    l.split = fc1 ? TPSplit::Column : TPSplit::Row;
+    l.tp_size = c.tp.size();
+    l.tp_rank = c.tp.rank();
+    l.gated = fc1 && gated;
+  }
+  return l;
+}
+}  // namespace
+
 MLP::MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg)
-    : cfg_(cfg),
-      fc1_(reg, name + ".linear_fc1",
-           LinearConfig{cfg.hidden, (kernels::is_gated(cfg.activation) ? 2 : 1) * cfg.ffn_hidden, cfg.bias,
-                        InitRule::normal(cfg.init_std), cfg.bf16}),
-      fc2_(reg, name + ".linear_fc2",
-           LinearConfig{cfg.ffn_hidden, cfg.hidden, cfg.bias, InitRule::normal(cfg.output_init_std), cfg.bf16}) {}
+    : cfg_(cfg), fc1_(reg, name + ".linear_fc1", fc_cfg(cfg, true)), fc2_(reg, name + ".linear_fc2", fc_cfg(cfg, false)) {}
 
 Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
-  st.h = fc1_.forward(x_SBH, st.fc1);
-  Tensor a = Tensor::empty({st.h.rows(), cfg_.ffn_hidden}, st.h.dtype());
+  const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
+  st.h = fc1_.forward(x, st.fc1);
+  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, st.h.dtype());
   kernels::activation_forward(cfg_.activation, st.h, nullptr, a);
-  return fc2_.forward(a, st.fc2).reshape(x_SBH.shape());
+  return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
 }
 
 Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
-  const Tensor da = fc2_.backward(dy_SBH.reshape({dy_SBH.rows(), cfg_.hidden}), st.fc2);
+  const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
+  const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
   Tensor dh = Tensor::empty(st.h.shape(), st.h.dtype());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
-  return fc1_.backward(dh, st.fc1).reshape(dy_SBH.shape());
+  return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);
 }
 
 }  // namespace moecore::nn

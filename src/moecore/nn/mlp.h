@@ -1,5 +1,6 @@
 // Dense MLP: fc1 → activation → fc2. For SwiGLU, fc1 is [2F, H] with gate rows first, then linear rows (Megatron's
-// gated_linear_unit layout); fc2 is [H, F].
+// gated_linear_unit layout); fc2 is [H, F]. Under tensor parallelism fc1 is column- and fc2 row-parallel: the
+// block takes and returns sequence shards [S/TP, B, H] (see tensor_parallel.h).
 #pragma once
 
 #include <string>
@@ -7,6 +8,7 @@
 #include "moecore/kernels/cpu/activation.h"
 #include "moecore/nn/feed_forward.h"
 #include "moecore/nn/linear.h"
+#include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
 
@@ -18,6 +20,7 @@ struct MLPConfig {
   double init_std = 0.02;
   double output_init_std = 0.02;
   bool bf16 = false;
+  TPContext tp;
 };
 
 class MLP : public FeedForward {

@@ -37,7 +37,48 @@ int64_t ParamRegistry::numel() const {
 }
 
 void ParamRegistry::initialize(uint64_t seed) {
-  for (auto& p : params_) init_tensor(p->value, p->name, p->init, seed, p->global_offset);
+  for (auto& p : params_) init_parameter(*p, seed);
+}
+
+void Parameter::set_shard(const Shape& global, const std::vector<int64_t>& offset, const Shape& box) {
+  MOE_ASSERT_MSG(global.ndim() == box.ndim() && static_cast<int>(offset.size()) == box.ndim(),
+                 "{}: shard box {} does not match global view {}", name, box.str(), global.str());
+  MOE_ASSERT_MSG(box.numel() == value.numel(), "{}: shard box {} has a different size than {}", name, box.str(),
+                 value.shape().str());
+  for (int d = 0; d < box.ndim(); d++)
+    MOE_ASSERT_MSG(offset[static_cast<size_t>(d)] >= 0 && offset[static_cast<size_t>(d)] + box[d] <= global[d],
+                   "{}: shard box {} at dim {} offset {} exceeds global view {}", name, box.str(), d,
+                   offset[static_cast<size_t>(d)], global.str());
+  global_view = global;
+  box_offset = offset;
+  box_shape = box;
+}
+
+int64_t Parameter::global_index(int64_t i) const {
+  if (!sharded()) return i;
+  int64_t g = 0, stride = 1;
+  for (int d = box_shape.ndim() - 1; d >= 0; d--) {
+    const int64_t local = i % box_shape[d];
+    i /= box_shape[d];
+    g += (box_offset[static_cast<size_t>(d)] + local) * stride;
+    stride *= global_view[d];
+  }
+  return g;
+}
+
+void init_parameter(Parameter& p, uint64_t seed) {
+  if (!p.sharded() || p.init.kind != InitKind::Normal) {
+    init_tensor(p.value, p.name, p.init, seed);
+    return;
+  }
+  const Philox rng(seed, stream_id(p.name));
+  const int64_t n = p.value.numel();
+  const double std = p.init.std;
+  MOE_DISPATCH_FLOAT(p.value.dtype(), T, {
+    T* v = p.value.data<T>();
+_Pragma("omp parallel for schedule(static)")
+    for (int64_t i = 0; i < n; i++) v[i] = static_cast<T>(std * rng.normal(static_cast<uint64_t>(p.global_index(i))));
+  });
 }
 
 void ParamRegistry::zero_grad() {

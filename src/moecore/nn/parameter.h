@@ -28,11 +28,23 @@ struct Parameter {
   Tensor grad;   // same shape and dtype; backward accumulates into it
   InitRule init;
   bool no_weight_decay = false;  // norms, biases (Megatron's default exclusions)
-  // A shard of a larger global parameter (expert parallelism): its first element's index in the global tensor,
-  // so initialization draws the global tensor's values. Expert shards reduce gradients over the expert-data-
-  // parallel group and count in the grad norm once per expert-parallel group.
-  int64_t global_offset = 0;
+  // A shard of a larger global parameter: this tensor is the box [box_offset, box_offset + box_shape) of the
+  // global tensor seen as `global_view`, a row-major view that may split a dimension (a SwiGLU fc1 [2F, H] seen as
+  // [2, F, H], so a tensor-parallel shard takes matching gate and up rows). Initialization draws the global
+  // tensor's values; checkpoints place the shard by it. Empty global_view: the parameter is the whole tensor.
+  Shape global_view, box_shape;
+  std::vector<int64_t> box_offset;
+  // Expert shards reduce gradients over the expert-data-parallel group; tensor-parallel shards differ across the
+  // TP (or ETP) ranks. A parameter that is neither is replicated over TP: under sequence parallelism each TP rank
+  // holds a partial gradient (its tokens), summed over TP (Megatron's `sequence_parallel` parameters).
   bool expert_parallel = false;
+  bool tensor_parallel = false;
+
+  bool sharded() const { return global_view.ndim() > 0; }
+  // Declares this parameter the box of a global view (see above); box_shape.numel() must equal value.numel().
+  void set_shard(const Shape& global, const std::vector<int64_t>& offset, const Shape& box);
+  // Global row-major index of each local element's position, for element i of the local tensor.
+  int64_t global_index(int64_t i) const;
 };
 
 class ParamRegistry {
@@ -56,5 +68,7 @@ class ParamRegistry {
 
 // Fills `t` with init values for the global elements [offset, offset + t.numel()) of parameter `name`.
 void init_tensor(Tensor& t, const std::string& name, InitRule rule, uint64_t seed, int64_t offset = 0);
+// Fills p.value with its init values: the global tensor's elements at the shard's positions.
+void init_parameter(Parameter& p, uint64_t seed);
 
 }  // namespace moecore::nn

@@ -8,10 +8,12 @@
 
 namespace moecore::optim {
 
-ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group) : group_(group) {
+ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
+                           const std::function<double(const nn::Parameter&)>& norm_weight)
+    : group_(group) {
   for (auto* p : params) {
     MOE_ASSERT(p->value.dtype() == DType::F32);
-    segs_.push_back({p, total_});
+    segs_.push_back({p, total_, norm_weight ? norm_weight(*p) : 1.0});
     total_ += p->value.numel();
   }
   const int64_t n = group_.size();
@@ -32,7 +34,13 @@ double ShardedAdamW::reduce_gradients(double scale) {
   for (const auto& s : segs_) std::memcpy(flat_grad_.data<float>() + s.offset, s.p->grad.raw(), s.p->grad.nbytes());
   group_.reduce_scatter(flat_grad_, grad_shard_);
   kernels::scale_(grad_shard_, scale);
-  return kernels::sum_squares(grad_shard_);
+  const int64_t lo = group_.rank() * shard_, hi = lo + shard_;
+  double sq = 0;
+  for (const auto& s : segs_) {
+    const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
+    if (a < b) sq += s.norm_weight * kernels::sum_squares(grad_shard_.slice(a - lo, b - a));
+  }
+  return sq;
 }
 
 void ShardedAdamW::scale_gradients(double s) { kernels::scale_(grad_shard_, s); }

@@ -4,6 +4,7 @@
 // all-gathered back into every rank's parameters. Dense parameters shard over DP×CP, expert shards over EDP.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "moecore/comm/process_group.h"
@@ -14,9 +15,12 @@ namespace moecore::optim {
 
 class ShardedAdamW {
  public:
-  ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group);
-  // Reduce-scatters the gradients (sum) and scales the owned shard by `scale` (1/DP). Returns the sum of squares
-  // of the owned shard, so the caller can form one global norm.
+  // `norm_weight(p)`: the weight of p's elements in the returned sum of squares (1 over the number of ranks outside
+  // this group holding the same shard, e.g. 1/TP for parameters replicated over tensor parallelism).
+  ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
+               const std::function<double(const nn::Parameter&)>& norm_weight = {});
+  // Reduce-scatters the gradients (sum) and scales the owned shard by `scale` (1/DP). Returns the weighted sum of
+  // squares of the owned shard, so the caller can form one global norm.
   double reduce_gradients(double scale);
   void scale_gradients(double s);  // clipping
   // AdamW on the owned shard (per-parameter weight decay), then all-gather of the updated parameters.
@@ -26,6 +30,7 @@ class ShardedAdamW {
   struct Segment {
     nn::Parameter* p;
     int64_t offset;  // in the flat buffer
+    double norm_weight;
   };
   std::vector<Segment> segs_;
   const comm::ProcessGroup& group_;

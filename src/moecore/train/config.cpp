@@ -351,16 +351,32 @@ void validate(TrainConfig& c) {
             c.max_position_embeddings, c.seq_length);
   MOE_CHECK(c.rotary_percent > 0 && c.rotary_percent <= 1, "--rotary-percent must be in (0, 1]");
   if (c.expert_tensor_parallel_size == 0) c.expert_tensor_parallel_size = c.tensor_model_parallel_size;
-  for (auto [v, n] : {std::pair{c.tensor_model_parallel_size, "tensor-model-parallel-size"},
-                      std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
-                      std::pair{c.context_parallel_size, "context-parallel-size"},
-                      std::pair{c.expert_tensor_parallel_size, "expert-tensor-parallel-size"}})
+  for (auto [v, n] : {std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
+                      std::pair{c.context_parallel_size, "context-parallel-size"}})
     MOE_CHECK(v == 1,
-              "--{} {}: model parallelism is rejected in this build (it arrives with the distributed issue); run "
-              "with 1 (data and expert parallelism over mpirun ranks are supported)",
+              "--{} {}: pipeline and context parallelism are not available yet; run with 1 (tensor, sequence, "
+              "data, expert and expert-tensor parallelism over mpirun ranks are)",
               n, v);
-  MOE_CHECK(!c.sequence_parallel, "--sequence-parallel needs --tensor-model-parallel-size > 1, which is rejected "
-                                  "in this build");
+  const int64_t tp = c.tensor_model_parallel_size, etp = c.expert_tensor_parallel_size;
+  MOE_CHECK(tp >= 1 && etp >= 1, "--tensor-model-parallel-size and --expert-tensor-parallel-size must be >= 1");
+  if (tp > 1) {
+    MOE_CHECK(c.sequence_parallel,
+              "--tensor-model-parallel-size {} needs --sequence-parallel: moecore runs tensor parallelism with "
+              "sequence parallelism only (Megatron requires it for MoE; add the flag)",
+              tp);
+    MOE_CHECK(c.disable_bias_linear,
+              "--tensor-model-parallel-size {} with linear biases is not available; pass --disable-bias-linear", tp);
+    MOE_CHECK(c.num_attention_heads % tp == 0 && c.num_query_groups % tp == 0,
+              "--num-attention-heads {} and --num-query-groups {} must be divisible by --tensor-model-parallel-size {}",
+              c.num_attention_heads, c.num_query_groups, tp);
+    MOE_CHECK(c.seq_length % tp == 0, "--seq-length {} must be divisible by --tensor-model-parallel-size {} "
+              "(sequence parallelism splits it)", c.seq_length, tp);
+    MOE_CHECK(c.ffn_hidden_size % tp == 0, "--ffn-hidden-size {} must be divisible by --tensor-model-parallel-size {}",
+              c.ffn_hidden_size, tp);
+    MOE_CHECK(c.moe_shared_expert_intermediate_size % tp == 0,
+              "--moe-shared-expert-intermediate-size {} must be divisible by --tensor-model-parallel-size {}",
+              c.moe_shared_expert_intermediate_size, tp);
+  }
   MOE_CHECK(c.save.empty() && c.load.empty() && c.save_interval == 0,
             "--save/--load/--save-interval are rejected: checkpointing arrives with the checkpoint issue; remove them");
   MOE_CHECK(c.optimizer == "adam", "--optimizer {} is rejected: moecore has adam (AdamW) only", c.optimizer);
@@ -398,6 +414,9 @@ void validate(TrainConfig& c) {
     MOE_CHECK(c.expert_model_parallel_size >= 1 && c.num_experts % c.expert_model_parallel_size == 0,
               "--num-experts {} is not divisible by --expert-model-parallel-size {}", c.num_experts,
               c.expert_model_parallel_size);
+    MOE_CHECK(c.moe_ffn_hidden_size % etp == 0,
+              "--moe-ffn-hidden-size {} must be divisible by --expert-tensor-parallel-size {}", c.moe_ffn_hidden_size,
+              etp);
     moe::validate(moe_layer_config(c));
     moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
   } else {

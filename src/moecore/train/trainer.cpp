@@ -40,9 +40,10 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     : cfg_(std::move(cfg)), out_(out) {
   validate(cfg_);
   const int64_t world_size = world ? world->size() : 1;
-  if (world_size > 1 || cfg_.expert_model_parallel_size > 1) {
-    // The meshes over the ranks (TP, CP, PP and ETP are 1 in this build): data parallelism over DP×CP, experts
-    // over EP folded onto it. ParallelState rejects sizes the world cannot hold, a single process with EP > 1
+  if (world_size > 1 || cfg_.expert_model_parallel_size > 1 || cfg_.tensor_model_parallel_size > 1 ||
+      cfg_.expert_tensor_parallel_size > 1) {
+    // The two meshes over the ranks (CP and PP are 1 in this build): attention TP×DP, experts ETP×EP×EDP folded
+    // onto the same ranks. ParallelState rejects sizes the world cannot hold, a single process with EP > 1
     // included, so no parallel flag is ever silently ignored.
     mesh_ = std::make_unique<comm::ParallelState>(comm::ParallelSizes{
         world_size, cfg_.tensor_model_parallel_size, cfg_.pipeline_model_parallel_size, cfg_.context_parallel_size,
@@ -54,6 +55,13 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     stats_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->tp_dp_cp));
     ep_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->ep_groups));
     edp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->edp_groups));
+    tp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->tp));
+    etp_group_ = std::make_unique<comm::ProcessGroup>(world->split(mesh_->etp));
+    world_group_ = std::make_unique<comm::ProcessGroup>(world->split({[&] {
+      std::vector<int64_t> all(static_cast<size_t>(world_size));
+      std::iota(all.begin(), all.end(), 0);
+      return all;
+    }()}));
     dp_rank_ = dp_group_->rank();
     MOE_CHECK(cfg_.global_batch_size % (cfg_.micro_batch_size * dp_) == 0,
               "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
@@ -96,19 +104,24 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     const auto is_moe = moe::parse_moe_layer_freq(cfg_.moe_layer_freq, cfg_.num_layers);
     moe::MoELayerConfig mc = moe_layer_config(cfg_);
     mc.ep_group = ep_group_ && ep_group_->size() > 1 ? ep_group_.get() : nullptr;
+    mc.etp_group = etp_group_ && etp_group_->size() > 1 ? etp_group_.get() : nullptr;
+    mc.tp.group = tp_group_ && tp_group_->size() > 1 ? tp_group_.get() : nullptr;
     ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
       if (!is_moe[static_cast<size_t>(i)]) return nullptr;
       return std::make_unique<moe::MoELayer>(r, name, mc);
     };
   }
-  model_ = std::make_unique<nn::GPTModel>(gpt_config(cfg_, padded_vocab_), reg_, ffn);
+  nn::GPTConfig gc = gpt_config(cfg_, padded_vocab_);
+  gc.tp.group = tp_group_ && tp_group_->size() > 1 ? tp_group_.get() : nullptr;
+  model_ = std::make_unique<nn::GPTModel>(gc, reg_, ffn);
   reg_.initialize(static_cast<uint64_t>(cfg_.seed));
   stash_ = model_->make_stash();
   if (cfg_.use_distributed_optimizer && dp_group_) {
     std::vector<nn::Parameter*> dense, expert;
     for (auto& p : reg_.all()) (p->expert_parallel ? expert : dense).push_back(p.get());
-    dist_dense_ = std::make_unique<optim::ShardedAdamW>(dense, *dp_group_);
-    if (!expert.empty()) dist_expert_ = std::make_unique<optim::ShardedAdamW>(expert, *edp_group_);
+    auto weight = [this](const nn::Parameter& p) { return norm_weight(p) * (p.expert_parallel ? edp() : dp_); };
+    dist_dense_ = std::make_unique<optim::ShardedAdamW>(dense, *dp_group_, weight);
+    if (!expert.empty()) dist_expert_ = std::make_unique<optim::ShardedAdamW>(expert, *edp_group_, weight);
   } else {
     for (auto& p : reg_.all()) {
       adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
@@ -216,51 +229,40 @@ StepResult Trainer::train_step() {
     }
   }
   cursor_.advance(cfg_.global_batch_size);
-  double dist_sq_dense = 0, dist_sq_expert = 0;
+  double sq = 0;  // this rank's weighted share of the squared global gradient norm
   if (dp_group_) {
-    // Gradients summed over data-parallel ranks and scaled by 1/DP (Megatron's 1/(DP·CP)): dense gradients over
-    // DP×CP, expert shards over EDP (their other contributions arrived through the dispatcher); with the
-    // distributed optimizer each rank keeps only its shard of the sums. Expert-bias counts are summed over
-    // TP×DP×CP before the bias update; the reported loss is averaged over DP.
+    // Replicated-over-TP parameters (norms, router) hold partial gradients under sequence parallelism: summed over
+    // TP first (Megatron's sequence_parallel grads). Then gradients are summed over data-parallel ranks and scaled
+    // by 1/DP (Megatron's 1/(DP·CP)): dense gradients over DP×CP, expert shards over EDP (their other
+    // contributions arrived through the dispatcher); with the distributed optimizer each rank keeps only its shard
+    // of the sums. Expert-bias counts are summed over TP×DP×CP before the bias update; the reported loss is
+    // averaged over DP.
     if (dist_dense_) {
-      dist_sq_dense = dist_dense_->reduce_gradients(1.0 / static_cast<double>(dp_));
-      if (dist_expert_) dist_sq_expert = dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
+      sum_sequence_parallel_grads();
+      sq = dist_dense_->reduce_gradients(1.0 / static_cast<double>(dp_));
+      if (dist_expert_) sq += dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
     } else {
       finish_buckets();
+      sum_sequence_parallel_grads();
+      for (auto& p : reg_.all()) sq += norm_weight(*p) * kernels::sum_squares(p->grad);
     }
     for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
     Tensor loss = Tensor::empty({1}, DType::F64);
     loss.set_item(0, r.lm_loss);
     dp_group_->all_reduce(loss);
     r.lm_loss = loss.item(0) / static_cast<double>(dp_);
+    // Global gradient norm: each rank's weighted share (see norm_weight) summed over all ranks, so every parameter
+    // element counts exactly once whatever the layout.
+    Tensor u = Tensor::empty({1}, DType::F64);
+    u.set_item(0, sq);
+    world_group_->all_reduce(u);
+    sq = u.item(0);
+  } else {
+    for (auto& p : reg_.all()) sq += kernels::sum_squares(p->grad);
   }
   // Once per global batch, after gradients are final: expert-bias updates and counter resets.
   for (auto* l : moe_layers()) l->router().finish_global_batch();
-  // Global gradient norm (f64 accumulation in a fixed order), clipping, AdamW.
-  // Each parameter counted once: replicated gradients are equal on every rank; expert shards are summed over the
-  // expert-parallel group (EDP replicas hold the same shard and are not added again).
-  double sq = 0, sq_expert = 0;
-  if (dist_dense_) {
-    // Dense shards partition the DP×CP group's parameters; expert shards partition each EDP group's experts and
-    // the EP ranks hold different experts, so over the whole world (TP = CP = PP = 1) every expert element is
-    // counted once. Each parameter therefore enters the norm exactly once.
-    Tensor u = Tensor::empty({1}, DType::F64);
-    u.set_item(0, dist_sq_dense);
-    dp_group_->all_reduce(u);
-    sq = u.item(0);
-    u.set_item(0, dist_sq_expert);
-    stats_group_->all_reduce(u);
-    sq_expert = u.item(0);
-  } else {
-    for (auto& p : reg_.all()) (p->expert_parallel ? sq_expert : sq) += kernels::sum_squares(p->grad);
-    if (ep_group_ && ep_group_->size() > 1) {
-      Tensor t = Tensor::empty({1}, DType::F64);
-      t.set_item(0, sq_expert);
-      ep_group_->all_reduce(t);
-      sq_expert = t.item(0);
-    }
-  }
-  r.grad_norm = std::sqrt(sq + sq_expert);
+  r.grad_norm = std::sqrt(sq);
   MOE_CHECK(std::isfinite(r.grad_norm),
             "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
             iteration_ + 1, r.grad_norm, r.lm_loss);
@@ -298,15 +300,46 @@ StepResult Trainer::train_step() {
     r.z_loss += s.z_loss_sum / static_cast<double>(std::max<int64_t>(1, s.micro_batches)) /
                 static_cast<double>(layers.size());
   }
-  if (dp_group_ && !layers.empty()) {  // logged aux losses: averaged over data-parallel ranks, as Megatron logs them
+  if (dp_group_ && !layers.empty()) {  // logged aux losses: summed over TP, averaged over DP, as Megatron logs them
     Tensor a = Tensor::empty({static_cast<int64_t>(r.aux_losses.size()) + 1}, DType::F64);
     for (size_t t = 0; t < r.aux_losses.size(); t++) a.set_item(static_cast<int64_t>(t), r.aux_losses[t]);
     a.set_item(static_cast<int64_t>(r.aux_losses.size()), r.z_loss);
-    dp_group_->all_reduce(a);
+    stats_group_->all_reduce(a);  // each TP rank holds its tokens' share of a layer's loss: summed over TP
     for (size_t t = 0; t < r.aux_losses.size(); t++) r.aux_losses[t] = a.item(static_cast<int64_t>(t)) / static_cast<double>(dp_);
     r.z_loss = a.item(static_cast<int64_t>(r.aux_losses.size())) / static_cast<double>(dp_);
   }
   return r;
+}
+
+double Trainer::norm_weight(const nn::Parameter& p) const {
+  if (p.expert_parallel) return 1.0 / static_cast<double>(edp());
+  const double tp = static_cast<double>(tp_group_ ? tp_group_->size() : 1);
+  return 1.0 / (static_cast<double>(dp_) * (p.tensor_parallel ? 1.0 : tp));
+}
+
+int64_t Trainer::edp() const { return edp_group_ ? edp_group_->size() : 1; }
+
+void Trainer::sum_sequence_parallel_grads() {
+  if (!tp_group_ || tp_group_->size() == 1) return;
+  std::vector<nn::Parameter*> ps;
+  int64_t n = 0;
+  for (auto& p : reg_.all())
+    if (!p->tensor_parallel && !p->expert_parallel) {
+      ps.push_back(p.get());
+      n += p->grad.numel();
+    }
+  if (sp_flat_.numel() != n) sp_flat_ = Tensor::empty({n}, DType::F32);
+  int64_t off = 0;
+  for (auto* p : ps) {
+    std::memcpy(sp_flat_.data<float>() + off, p->grad.raw(), p->grad.nbytes());
+    off += p->grad.numel();
+  }
+  tp_group_->all_reduce(sp_flat_);
+  off = 0;
+  for (auto* p : ps) {
+    std::memcpy(p->grad.raw(), sp_flat_.data<float>() + off, p->grad.nbytes());
+    off += p->grad.numel();
+  }
 }
 
 void Trainer::start_bucket(size_t index) {

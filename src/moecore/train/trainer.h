@@ -65,7 +65,8 @@ class Trainer {
   std::FILE* out_;
   // Data parallelism: this rank's coordinate and the groups gradients and statistics are reduced over.
   int64_t dp_ = 1, dp_rank_ = 0, world_rank_ = 0;
-  std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_, ep_group_, edp_group_;
+  std::unique_ptr<comm::ProcessGroup> dp_group_, stats_group_, ep_group_, edp_group_, tp_group_, etp_group_,
+      world_group_;
   std::unique_ptr<comm::ParallelState> mesh_;
   std::unique_ptr<optim::ShardedAdamW> dist_dense_, dist_expert_;  // --use-distributed-optimizer
   // Gradient buckets, one per layer and one for the rest (embedding, final norm, output layer), each split into
@@ -78,6 +79,13 @@ class Trainer {
   };
   std::vector<Bucket> buckets_;  // [2·layer + expert?], then the rest at 2·num_layers
   void start_bucket(size_t index);
+  // Share of a parameter's squared gradient this rank adds to the global norm: 1 over the number of ranks holding
+  // the same (reduced) gradient, so the sum over all ranks counts every element once.
+  double norm_weight(const nn::Parameter& p) const;
+  int64_t edp() const;
+  // Sums the partial gradients of replicated-over-TP parameters over the TP group (sequence parallelism).
+  void sum_sequence_parallel_grads();
+  Tensor sp_flat_;
   void finish_buckets();
   std::unique_ptr<data::Tokenizer> tok_;
   int64_t vocab_ = 0, padded_vocab_ = 0;

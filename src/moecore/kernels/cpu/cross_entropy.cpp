@@ -58,15 +58,59 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
   });
 }
 
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T) {
+  const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
+  MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
+  for (int64_t t = 0; t < rows; t++) {
+    const int64_t y = target_at(targets_T, t);
+    MOE_CHECK(y >= 0 && y < vocab_total, "label {} at position {} is outside the vocabulary [0, {})", y, t,
+              vocab_total);
+  }
+  MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
+    const T* l = logits_TV.data<T>();
+    Tensor mx = Tensor::empty({rows}, logits_TV.dtype());
+    T* m = mx.data<T>();
+_Pragma("omp parallel for schedule(static)")
+    for (int64_t t = 0; t < rows; t++) {
+      T v = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < V; j++) v = l[t * V + j] > v ? l[t * V + j] : v;
+      m[t] = v;
+    }
+    all_reduce(mx, true);
+    Tensor sums = Tensor::empty({2 * rows}, logits_TV.dtype());  // [Σ exp(l − max) | target logit or 0]
+    T* se = sums.data<T>();
+_Pragma("omp parallel for schedule(static)")
+    for (int64_t t = 0; t < rows; t++) {
+      T s = 0;
+      for (int64_t j = 0; j < V; j++) s += vexp(l[t * V + j] - m[t]);
+      se[t] = s;
+      const int64_t c = target_at(targets_T, t) - vocab_start;
+      se[rows + t] = c >= 0 && c < V ? l[t * V + c] : T(0);
+    }
+    all_reduce(sums, false);
+    T* lse = lse_T.data<T>();
+    T* loss = loss_T.data<T>();
+    for (int64_t t = 0; t < rows; t++) {
+      lse[t] = m[t] + std::log(se[t]);
+      loss[t] = lse[t] - se[rows + t];
+    }
+  });
+}
+
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
-                            const Tensor& lse_T, Tensor& dlogits_TV) {
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
   MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
     T* d = dlogits_TV.data<T>();
     const T* g = dloss_T.data<T>();
     grad_rows<T>(g, logits_TV.data<T>(), lse_T.data<T>(), d, rows, V);
-    for (int64_t t = 0; t < rows; t++) d[t * V + target_at(targets_T, t)] -= g[t];
+    for (int64_t t = 0; t < rows; t++) {
+      const int64_t c = target_at(targets_T, t) - vocab_start;
+      if (c >= 0 && c < V) d[t * V + c] -= g[t];
+    }
   });
 }
 

@@ -2,6 +2,8 @@
 // The loss mask and the averaging live in the upstream gradient dloss_T, so one kernel serves every reduction.
 #pragma once
 
+#include <functional>
+
 #include "moecore/core/tensor.h"
 
 namespace moecore::kernels {
@@ -9,7 +11,16 @@ namespace moecore::kernels {
 // logits_TV [T, V], targets_T [T] (i32/i64) -> loss_T [T], lse_T [T] (kept for backward).
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T);
 // dlogits_TV = (softmax(logits) − onehot(target)) · dloss_T (written; may alias logits_TV to save memory).
+// Vocabulary-parallel: logits_TV holds columns [vocab_start, vocab_start + V) and lse_T is over all columns.
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
-                            const Tensor& lse_T, Tensor& dlogits_TV);
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start = 0);
+
+// Vocabulary-parallel forward (Megatron's vocab_parallel_cross_entropy): logits_TV holds columns
+// [vocab_start, vocab_start + V) of a vocabulary of vocab_total; `all_reduce(t, max)` reduces t (f32/f64) over
+// the ranks holding the other columns, with max or sum. Row max, then Σ exp and the target's logit, are reduced.
+using ReduceFn = std::function<void(Tensor&, bool max)>;
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T);
 
 }  // namespace moecore::kernels

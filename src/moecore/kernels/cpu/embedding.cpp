@@ -12,8 +12,10 @@ inline int64_t id_at(const Tensor& ids, int64_t t) {
 }
 }  // namespace
 
-void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH) {
-  const int64_t T_ = ids_T.numel(), V = w_VH.dim(0), H = w_VH.dim(1);
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
+                       int64_t vocab_total) {
+  const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
+  const int64_t V = vocab_total > 0 ? vocab_total : VL;
   MOE_ASSERT(ids_T.dtype() == DType::I32 || ids_T.dtype() == DType::I64);
   MOE_ASSERT(y_TH.rows() == T_ && y_TH.cols() == H && y_TH.dtype() == w_VH.dtype());
   for (int64_t t = 0; t < T_; t++) {
@@ -27,11 +29,17 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH) {
   const char* w = static_cast<const char*>(w_VH.raw());
   char* y = static_cast<char*>(y_TH.raw());
 _Pragma("omp parallel for schedule(static)")
-  for (int64_t t = 0; t < T_; t++) std::memcpy(y + t * row_bytes, w + id_at(ids_T, t) * row_bytes, row_bytes);
+  for (int64_t t = 0; t < T_; t++) {
+    const int64_t r = id_at(ids_T, t) - vocab_start;
+    if (r >= 0 && r < VL)
+      std::memcpy(y + t * row_bytes, w + r * row_bytes, row_bytes);
+    else
+      std::memset(y + t * row_bytes, 0, row_bytes);
+  }
 }
 
-void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH) {
-  const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1);
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
+  const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
   constexpr int64_t kCols = 64;
   const int64_t nblk = (H + kCols - 1) / kCols;
@@ -42,7 +50,9 @@ _Pragma("omp parallel for schedule(static)")
     for (int64_t b = 0; b < nblk; b++) {
       const int64_t j0 = b * kCols, j1 = std::min(H, j0 + kCols);
       for (int64_t t = 0; t < T_; t++) {
-        T* row = dw + id_at(ids_T, t) * H;
+        const int64_t r = id_at(ids_T, t) - vocab_start;
+        if (r < 0 || r >= VL) continue;
+        T* row = dw + r * H;
         const T* g = dy + t * H;
         for (int64_t j = j0; j < j1; j++) row[j] += g[j];
       }

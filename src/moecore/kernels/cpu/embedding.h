@@ -6,8 +6,11 @@
 namespace moecore::kernels {
 
 // ids_T [T] (i32 or i64), w_VH [V, H] -> y_TH [T, H]. An id outside [0, V) is a user error (data/vocab mismatch).
-void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH);
-// dy_TH -> dw_VH (accumulated).
-void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH);
+// Vocabulary-parallel form: w_VH holds rows [vocab_start, vocab_start + V) of a table of vocab_total rows; ids
+// outside this rank's rows give zero rows (the sum over ranks is the lookup).
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start = 0,
+                       int64_t vocab_total = 0);
+// dy_TH -> dw_VH (accumulated); ids outside [vocab_start, vocab_start + V) are skipped.
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start = 0);
 
 }  // namespace moecore::kernels
