@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "moecore/moe/moe_layer.h"
 #include "moecore/data/tokenizer.h"
 #include "moecore/core/allocator.h"
+#include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
 
 #include <filesystem>
@@ -132,38 +134,136 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
 }
 
+namespace {
+struct TrainRun {
+  double step_s = 0, exposed_s = 0, exposed_max_s = 0;
+  int64_t world = 1, rank = 0;
+  std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
+};
+
+// Trains `flags` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with
+// the communication counters cleared in between.
+TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out) {
+  comm::ProcessGroup::init(nullptr, nullptr);
+  const comm::ProcessGroup world = comm::ProcessGroup::world();
+  std::FILE* null = std::fopen("/dev/null", "w");
+  out = std::make_unique<train::Trainer>(cfg, null, /*measure_peak=*/false, &world);
+  train::Trainer& t = *out;
+  t.train_step();  // warm-up: primitives, allocator cache
+  Allocator::instance().reset_peak();
+  comm::comm_counters().clear();
+  world.barrier();
+  const double t0 = now_s();
+  for (int i = 0; i < iters; i++) t.train_step();
+  world.barrier();
+  TrainRun r;
+  r.step_s = (now_s() - t0) / iters;
+  r.counters = comm::comm_counters();
+  for (const auto& [k, c] : r.counters) r.exposed_s += c.blocked_seconds / iters;
+  Tensor e = Tensor::empty({1}, DType::F64);
+  e.set_item(0, r.exposed_s);
+  if (world.size() > 1) world.all_reduce(e, comm::ReduceOp::Max);
+  r.exposed_max_s = e.item(0);
+  r.world = world.size();
+  r.rank = world.rank();
+  std::fclose(null);
+  return r;
+}
+
+// The benchmark's model flags, minus those the user gives (with their values), then the user's.
+std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::vector<std::string>& defaults) {
+  std::vector<std::string> flags;
+  auto given = [&](const std::string& f) {
+    return std::find(a.train_flags.begin(), a.train_flags.end(), f) != a.train_flags.end();
+  };
+  bool skipping = false;
+  for (const auto& d : defaults) {
+    if (d.rfind("--", 0) == 0) skipping = given(d);
+    if (!skipping) flags.push_back(d);
+  }
+  if (a.dtype == "bf16") flags.push_back("--bf16");
+  flags.insert(flags.end(), {"--mock-data", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
+                             "--eval-iters", "0", "--log-interval", "1000000"});
+  flags.insert(flags.end(), a.train_flags.begin(), a.train_flags.end());
+  return flags;
+}
+
+void print_split(const TrainRun& r) {
+  fmt::print("  step {:.3f} s = compute {:.3f} s + exposed communication {:.3f} s ({:.1f}%; slowest rank {:.3f} s)\n",
+             r.step_s, r.step_s - r.exposed_s, r.exposed_s, 100.0 * r.exposed_s / r.step_s, r.exposed_max_s);
+}
+}  // namespace
+
 void run_bench_train(const TrainBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
-  std::vector<std::string> flags{"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16",
-                                 "--group-query-attention", "--num-query-groups", "4", "--swiglu",
-                                 "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk", "2",
-                                 "--moe-ffn-hidden-size", "1024", "--moe-aux-loss-coeff", "1e-2", "--seq-length", "256",
-                                 "--micro-batch-size", "4", "--global-batch-size", "8", "--mock-data", "--vocab-size",
-                                 "32000", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
-                                 "--eval-iters", "0", "--log-interval", "1000000"};
-  if (a.dtype == "bf16") flags.push_back("--bf16");
-  flags.insert(flags.end(), a.train_flags.begin(), a.train_flags.end());
-  const train::TrainConfig cfg = train::parse_train_config(flags);
-  std::FILE* null = std::fopen("/dev/null", "w");
-  train::Trainer t(cfg, null, /*measure_peak=*/false);
+  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
+      a, {"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16", "--group-query-attention",
+          "--num-query-groups", "4", "--swiglu", "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk",
+          "2", "--moe-ffn-hidden-size", "1024", "--moe-aux-loss-coeff", "1e-2", "--seq-length", "256",
+          "--micro-batch-size", "4", "--global-batch-size", "8", "--vocab-size", "32000"}));
   const double peak = kernels::measure_gemm_peak_gflops(a.dtype == "bf16" ? DType::BF16 : DType::F32);
-  t.train_step();  // warm-up: primitives, allocator cache
-  Allocator::instance().reset_peak();
-  const double t0 = now_s();
-  for (int i = 0; i < a.iters; i++) t.train_step();
-  const double dt = (now_s() - t0) / a.iters;
-  std::fclose(null);
+  std::unique_ptr<train::Trainer> t;
+  const TrainRun r = timed_train(cfg, a.iters, t);
+  if (r.rank != 0) return;
   const double tokens = static_cast<double>(cfg.global_batch_size * cfg.seq_length);
-  const double gflops = t.step_flops() / dt / 1e9;
-  fmt::print("moecore bench train: {} layers, H={}, {} experts top-{} (F={}), S={}, global batch {} x {}, {}, {} threads\n",
+  const double gflops = t->step_flops() / r.step_s / 1e9 / static_cast<double>(r.world);  // per rank
+  fmt::print("moecore bench train: {} layers, H={}, {} experts top-{} (F={}), S={}, global batch {} x {}, {}, {} "
+             "threads, {} rank(s)\n",
              cfg.num_layers, cfg.hidden_size, cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size,
-             cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, a.dtype, num_threads());
-  fmt::print("  {:.2f} M parameters; step {:.3f} s; {} GEMM peak (best of M=N=K 1024/2048) {:.1f} GFLOP/s\n",
-             static_cast<double>(t.params().numel()) / 1e6, dt, a.dtype, peak);
+             cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, a.dtype, num_threads(), r.world);
+  fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s; {} GEMM peak (best of M=N=K 1024/2048) {:.1f} GFLOP/s\n",
+             static_cast<double>(t->params().numel()) / 1e6, r.step_s, a.dtype, peak);
+  if (r.world > 1) print_split(r);
   fmt::print("train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f}\n", a.dtype,
-             tokens / dt, gflops, gflops / peak,
+             tokens / r.step_s, gflops, gflops / peak,
              static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0));
+}
+
+void run_bench_comm(const TrainBenchArgs& a) {
+  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
+  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
+      a, {"--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8", "--swiglu",
+          "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "256",
+          "--moe-router-force-load-balancing", "--seq-length", "256", "--micro-batch-size", "2",
+          "--global-batch-size", "8", "--vocab-size", "4096"}));
+  std::unique_ptr<train::Trainer> t;
+  const TrainRun r = timed_train(cfg, a.iters, t);
+  // Per group: measured bytes received per step (this rank), against the analytic minimum.
+  std::map<std::string, double> measured;
+  for (const auto& [k, c] : r.counters) measured[k.substr(0, k.find(':'))] += c.received_bytes / a.iters;
+  const auto analytic = t->analytic_comm_bytes();
+  {  // mean over ranks (routing spreads rows unevenly between ranks; the mean is what the analytic figure models)
+    const comm::ProcessGroup world = comm::ProcessGroup::world();
+    Tensor v = Tensor::zeros({static_cast<int64_t>(analytic.size())}, DType::F64);
+    int64_t i = 0;
+    for (const auto& [g, bytes] : analytic) v.set_item(i++, measured.count(g) ? measured[g] : 0.0);
+    world.all_reduce(v);
+    i = 0;
+    for (const auto& [g, bytes] : analytic) measured[g] = v.item(i++) / static_cast<double>(r.world);
+  }
+  if (r.rank != 0) return;
+  fmt::print("moecore bench comm: {} ranks, TP={} EP={} ETP={} (DP and EDP fill the rest), {} dispatcher, {}, "
+             "{} layers H={} S={} global batch {} x {}\n",
+             r.world, cfg.tensor_model_parallel_size, cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size,
+             cfg.moe_token_dispatcher_type, a.dtype, cfg.num_layers, cfg.hidden_size, cfg.seq_length,
+             cfg.global_batch_size, cfg.micro_batch_size);
+  fmt::print("  {:<28} {:>7} {:>14} {:>14} {:>10}\n", "group:collective (rank 0)", "calls", "payload MiB",
+             "received MiB", "blocked s");
+  const double mib = 1024.0 * 1024.0;
+  for (const auto& [k, c] : r.counters)
+    fmt::print("  {:<28} {:>7.1f} {:>14.3f} {:>14.3f} {:>10.4f}\n", k, static_cast<double>(c.calls) / a.iters,
+               c.payload_bytes / a.iters / mib, c.received_bytes / a.iters / mib, c.blocked_seconds / a.iters);
+  fmt::print("  per group, per step, mean over ranks: received vs analytic minimum (uniform routing, "
+             "bandwidth-optimal collectives)\n");
+  for (const auto& [g, bytes] : analytic) {
+    const double m = measured.count(g) ? measured[g] : 0.0;
+    fmt::print("comm group={} received_mib={:.3f} analytic_mib={:.3f} ratio={:.3f}\n", g, m / mib, bytes / mib,
+               bytes > 0 ? m / bytes : 0.0);
+  }
+  for (const auto& [g, m] : measured)
+    if (!analytic.count(g)) fmt::print("  {}: {:.4f} MiB of metadata and statistics (no analytic bulk term)\n", g, m / mib);
+  print_split(r);
 }
 
 namespace {

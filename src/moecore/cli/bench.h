@@ -39,13 +39,20 @@ struct MoEBenchArgs {
 void run_bench_moe_layer(const MoEBenchArgs& a);
 
 // Training throughput of a small MoE GPT on --mock-data: tokens/s, model-FLOP utilization against the same-run
-// GEMM peak, peak memory. Extra arguments are `moecore train` flags that override the benchmark's model.
+// GEMM peak, peak memory. Extra arguments are `moecore train` flags that override the benchmark's model. Under
+// mpirun the ranks train together in the layout the flags give, and the step time is split into compute and
+// exposed communication (time blocked in collectives).
 struct TrainBenchArgs {
   std::string dtype = "bf16";
   int iters = 4;
   std::vector<std::string> train_flags;
 };
 void run_bench_train(const TrainBenchArgs& a);
+
+// Communication of a training step under mpirun (a small MoE model by default, routing forced uniform): for
+// every group and collective, calls and bytes received per rank per step, the analytic minimum for the layout
+// per group and the ratio; step time split into compute and exposed communication.
+void run_bench_comm(const TrainBenchArgs& a);
 
 // Tokenizer encode throughput on one thread and on `workers` threads (each encoding its share of documents).
 // Input: a text file, or by default the English fortunes shipped by Debian.

@@ -35,6 +35,18 @@ int guarded(const std::function<void()>& body) {
   return 0;
 }
 
+// Ends MPI if a command started it: a failure after start-up stops every rank, not just this one.
+int finish_mpi(int rc) {
+  if (rc != 0) {
+    int inited = 0, size = 1;
+    MPI_Initialized(&inited);
+    if (inited) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, rc);
+  }
+  moecore::comm::ProcessGroup::finalize();
+  return rc;
+}
+
 // `moecore train ...` takes Megatron's flags, parsed by train/config (one table for flags and YAML keys).
 // Under mpirun every rank runs this; a single process needs no mpirun. Configuration errors are found before MPI
 // starts, identically on every rank, so all ranks exit with the same message and none waits for the others.
@@ -50,14 +62,7 @@ int run_train(int argc, char** argv) {
       fmt::print("{}", h.text);
     }
   });
-  if (rc != 0) {
-    int inited = 0, size = 1;
-    MPI_Initialized(&inited);
-    if (inited) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, rc);  // a failure after start-up stops every rank, not just this one
-  }
-  moecore::comm::ProcessGroup::finalize();
-  return rc;
+  return finish_mpi(rc);
 }
 
 int main(int argc, char** argv) {
@@ -114,6 +119,14 @@ int main(int argc, char** argv) {
   btrain->add_option("--dtype", trb.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   btrain->add_option("--iters", trb.iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
   btrain->allow_extras();  // any other arguments are moecore train flags overriding the model, checked there
+  moecore::cli::TrainBenchArgs cob;
+  cob.dtype = "f32";
+  cob.iters = 3;
+  CLI::App* bcomm = bench->add_subcommand(
+      "comm", "Under mpirun: bytes per collective vs the layout's analytic minimum; compute vs exposed communication");
+  bcomm->add_option("--dtype", cob.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  bcomm->add_option("--iters", cob.iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
+  bcomm->allow_extras();  // layout and model flags of moecore train
 
   std::string tok_json, tok_input;
   int tok_workers = 2;
@@ -128,7 +141,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  return guarded([&] {
+  const int rc = guarded([&] {
     if (show_version) {
       fmt::print("{}\n", version_line());
       return;
@@ -150,10 +163,14 @@ int main(int argc, char** argv) {
     } else if (btrain->parsed()) {
       trb.train_flags = btrain->remaining();
       moecore::cli::run_bench_train(trb);
+    } else if (bcomm->parsed()) {
+      cob.train_flags = bcomm->remaining();
+      moecore::cli::run_bench_comm(cob);
     } else if (bmoe->parsed()) {
       moecore::cli::run_bench_moe_layer(moeb);
     } else {
       fmt::print("{}", app.help());
     }
   });
+  return finish_mpi(rc);  // benchmarks under mpirun start MPI
 }

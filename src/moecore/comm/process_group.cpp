@@ -41,13 +41,28 @@ int to_int(int64_t n, const char* what) {
 int64_t row_elems(const Tensor& t) { return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0)); }
 }  // namespace
 
+std::map<std::string, CommCounter>& comm_counters() {
+  static std::map<std::string, CommCounter> m;
+  return m;
+}
+
+void ProcessGroup::count(Work& w, const char* op, double payload, double received) const {
+  if (size_ == 1) return;
+  CommCounter& c = comm_counters()[name_ + ":" + op];
+  c.calls++;
+  c.payload_bytes += payload;
+  c.received_bytes += received;
+  w.counter_ = &c;
+}
+
 Work::Work(Work&& o) noexcept
     : req_(o.req_),
       counts_a_(std::move(o.counts_a_)),
       displs_a_(std::move(o.displs_a_)),
       counts_b_(std::move(o.counts_b_)),
       displs_b_(std::move(o.displs_b_)),
-      what_(o.what_) {
+      what_(o.what_),
+      counter_(o.counter_) {
   o.req_ = MPI_REQUEST_NULL;
 }
 
@@ -61,6 +76,7 @@ Work& Work::operator=(Work&& o) noexcept {
     counts_b_ = std::move(o.counts_b_);
     displs_b_ = std::move(o.displs_b_);
     what_ = o.what_;
+    counter_ = o.counter_;
   }
   return *this;
 }
@@ -70,7 +86,10 @@ Work::~Work() {
 }
 
 void Work::wait() {
-  if (pending()) MOE_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  if (!pending()) return;
+  const double t0 = MPI_Wtime();
+  MOE_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  if (counter_) counter_->blocked_seconds += MPI_Wtime() - t0;
 }
 
 bool Work::test() {
@@ -137,6 +156,8 @@ Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
   w.what_ = "all_reduce";
   MOE_MPI(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), to_int(t.numel(), "all_reduce"), mpi_type(t.dtype()),
                          mpi_op(op, t.dtype()), comm_->c, &w.req_));
+  { const double n = static_cast<double>(t.nbytes()), P = static_cast<double>(size_);
+    count(w, "all_reduce", n, 2.0 * (P - 1) / P * n); }
   if (!async) w.wait();
   return w;
 }
@@ -147,6 +168,7 @@ Work ProcessGroup::all_gather(const Tensor& in, Tensor& out, bool async) const {
   Work w;
   const int n = to_int(in.numel(), "all_gather");
   MOE_MPI(MPI_Iallgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(out.dtype()), comm_->c, &w.req_));
+  count(w, "all_gather", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes() - in.nbytes()));
   if (!async) w.wait();
   return w;
 }
@@ -166,6 +188,7 @@ Work ProcessGroup::all_gather_v(const Tensor& in, Tensor& out, const std::vector
   MOE_ASSERT_MSG(off == out.numel(), "all_gather_v: output holds {} elements, the counts give {}", out.numel(), off);
   MOE_MPI(MPI_Iallgatherv(in.raw(), to_int(in.numel(), "all_gather_v"), mpi_type(in.dtype()), out.raw(),
                           w.counts_a_.data(), w.displs_a_.data(), mpi_type(out.dtype()), comm_->c, &w.req_));
+  count(w, "all_gather_v", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes() - in.nbytes()));
   if (!async) w.wait();
   return w;
 }
@@ -176,6 +199,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bo
   Work w;
   MOE_MPI(MPI_Ireduce_scatter_block(in.raw(), out.raw(), to_int(out.numel(), "reduce_scatter"), mpi_type(in.dtype()),
                                     mpi_op(op, in.dtype()), comm_->c, &w.req_));
+  count(w, "reduce_scatter", static_cast<double>(in.nbytes()), static_cast<double>(in.nbytes() - out.nbytes()));
   if (!async) w.wait();
   return w;
 }
@@ -195,6 +219,7 @@ Work ProcessGroup::reduce_scatter_v(const Tensor& in, Tensor& out, const std::ve
                  total, rows[static_cast<size_t>(rank_)] * re);
   MOE_MPI(MPI_Ireduce_scatter(in.raw(), out.raw(), w.counts_a_.data(), mpi_type(in.dtype()), mpi_op(op, in.dtype()),
                               comm_->c, &w.req_));
+  count(w, "reduce_scatter_v", static_cast<double>(in.nbytes()), static_cast<double>(in.nbytes() - out.nbytes()));
   if (!async) w.wait();
   return w;
 }
@@ -218,6 +243,9 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
                  in.numel(), ro, out.numel());
   MOE_MPI(MPI_Ialltoallv(in.raw(), w.counts_a_.data(), w.displs_a_.data(), mpi_type(in.dtype()), out.raw(),
                          w.counts_b_.data(), w.displs_b_.data(), mpi_type(out.dtype()), comm_->c, &w.req_));
+  { const double es = static_cast<double>(dtype_size(in.dtype()) * re);
+    const double self = static_cast<double>(recv_rows[static_cast<size_t>(rank_)]) * es;
+    count(w, "all_to_all_v", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes()) - self); }
   if (!async) w.wait();
   return w;
 }
@@ -226,6 +254,7 @@ Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
   Work w;
   MOE_MPI(MPI_Ibcast(t.raw(), to_int(t.numel(), "broadcast"), mpi_type(t.dtype()), static_cast<int>(root), comm_->c,
                      &w.req_));
+  count(w, "broadcast", static_cast<double>(t.nbytes()), rank_ == root ? 0.0 : static_cast<double>(t.nbytes()));
   if (!async) w.wait();
   return w;
 }
@@ -234,6 +263,7 @@ Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const
   Work w;
   MOE_MPI(MPI_Isend(t.raw(), to_int(t.numel(), "send"), mpi_type(t.dtype()), static_cast<int>(dst), tag, comm_->c,
                     &w.req_));
+  count(w, "send", static_cast<double>(t.nbytes()), 0.0);
   if (!async) w.wait();
   return w;
 }
@@ -242,6 +272,7 @@ Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
   Work w;
   MOE_MPI(MPI_Irecv(t.raw(), to_int(t.numel(), "recv"), mpi_type(t.dtype()), static_cast<int>(src), tag, comm_->c,
                     &w.req_));
+  count(w, "recv", 0.0, static_cast<double>(t.nbytes()));
   if (!async) w.wait();
   return w;
 }

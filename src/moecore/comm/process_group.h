@@ -7,7 +7,9 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "moecore/comm/rank_generator.h"
@@ -16,6 +18,18 @@
 namespace moecore::comm {
 
 enum class ReduceOp { Sum, Max };
+
+// Traffic of one kind of collective on one named group, for `moecore bench comm`: calls, payload bytes (this
+// rank's input), bytes this rank must receive under a bandwidth-optimal algorithm (ring all-reduce
+// 2(P−1)/P·N; all-gather and all-to-all: the rows coming from other ranks; reduce-scatter (P−1)/P of the input)
+// and seconds this rank spent blocked waiting for completion (exposed communication).
+struct CommCounter {
+  int64_t calls = 0;
+  double payload_bytes = 0, received_bytes = 0, blocked_seconds = 0;
+};
+// Counters keyed "group:operation", accumulated by every rank for its own calls. Not thread-safe (collectives
+// are issued by the training thread only).
+std::map<std::string, CommCounter>& comm_counters();
 
 // A pending operation. Holds the buffers it needs until completion (count and displacement arrays).
 class Work {
@@ -36,6 +50,7 @@ class Work {
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::vector<int> counts_a_, displs_a_, counts_b_, displs_b_;
   const char* what_ = "";
+  CommCounter* counter_ = nullptr;  // blocked time is charged here
 };
 
 class ProcessGroup {
@@ -70,6 +85,9 @@ class ProcessGroup {
   void barrier() const;
 
   MPI_Comm comm() const { return comm_->c; }
+  // Names the group in the traffic counters ("dp", "tp", "ep", ...); unnamed groups count as "group".
+  void set_name(const std::string& name) { name_ = name; }
+  const std::string& name() const { return name_; }
 
  private:
   struct Comm {
@@ -78,8 +96,11 @@ class ProcessGroup {
     ~Comm();
   };
   explicit ProcessGroup(std::shared_ptr<Comm> c);
+  // Charges a call to the counters and points the Work at them.
+  void count(Work& w, const char* op, double payload, double received) const;
   std::shared_ptr<Comm> comm_;
   int64_t rank_ = 0, size_ = 1;
+  std::string name_ = "group";
 };
 
 }  // namespace moecore::comm

@@ -62,6 +62,10 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
       std::iota(all.begin(), all.end(), 0);
       return all;
     }()}));
+    for (auto [g, n] : {std::pair{dp_group_.get(), "dp"}, {stats_group_.get(), "tp-dp"}, {ep_group_.get(), "ep"},
+                        {edp_group_.get(), "edp"}, {tp_group_.get(), "tp"}, {etp_group_.get(), "etp"},
+                        {world_group_.get(), "world"}})
+      g->set_name(n);
     dp_rank_ = dp_group_->rank();
     MOE_CHECK(cfg_.global_batch_size % (cfg_.micro_batch_size * dp_) == 0,
               "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
@@ -182,6 +186,63 @@ double Trainer::step_flops() const {
   double per_token = 2.0 * H * static_cast<double>(padded_vocab_);  // logits
   for (bool m : is_moe) per_token += attn + (m ? moe_ffn : dense_ffn);
   return 3.0 * per_token * S * static_cast<double>(cfg_.global_batch_size);  // forward + backward (2x)
+}
+
+std::map<std::string, double> Trainer::analytic_comm_bytes() const {
+  std::map<std::string, double> out;
+  if (!mesh_) return out;
+  auto size = [](const std::unique_ptr<comm::ProcessGroup>& g) { return static_cast<double>(g ? g->size() : 1); };
+  const double TP = size(tp_group_), DP = static_cast<double>(dp_), EP = size(ep_group_), ETP = size(etp_group_),
+               EDP = size(edp_group_);
+  const double M = static_cast<double>(cfg_.global_batch_size / (cfg_.micro_batch_size * dp_));
+  const double T = static_cast<double>(cfg_.seq_length * cfg_.micro_batch_size);  // tokens of a micro-batch
+  const double H = static_cast<double>(cfg_.hidden_size), k = static_cast<double>(cfg_.moe_router_topk);
+  const double E = static_cast<double>(cfg_.num_experts), ab = cfg_.bf16 ? 2.0 : 4.0;  // dispatched token bytes
+  double n_dense = 0, n_rep = 0, n_exp = 0;
+  for (auto& p : reg_.all()) {
+    const double n = static_cast<double>(p->value.numel());
+    if (p->expert_parallel) {
+      n_exp += n;
+    } else {
+      n_dense += n;
+      if (!p->tensor_parallel) n_rep += n;
+    }
+  }
+  std::vector<bool> is_moe(static_cast<size_t>(cfg_.num_layers), false);
+  if (cfg_.num_experts > 0) is_moe = moe::parse_moe_layer_freq(cfg_.moe_layer_freq, cfg_.num_layers);
+  const double Lm = static_cast<double>(std::count(is_moe.begin(), is_moe.end(), true));
+  const double Ld = static_cast<double>(cfg_.num_layers) - Lm;
+  const bool shared = cfg_.moe_shared_expert_intermediate_size > 0;
+  // Tensor/sequence parallel: per micro-batch and direction, the embedding's reduce-scatter, an all-gather and a
+  // reduce-scatter around every attention and dense or shared MLP block, the output layer's all-gather; each of a
+  // [S·b, H] f32 activation, of which a rank receives (TP−1)/TP. Vocabulary-parallel cross-entropy all-reduces
+  // 3 values per token; replicated parameters' gradients are all-reduced once per step.
+  if (TP > 1) {
+    const double blocks = 2.0 + 2.0 * (static_cast<double>(cfg_.num_layers) + Ld + (shared ? Lm : 0.0));
+    out["tp"] = M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) +
+                2 * (TP - 1) / TP * n_rep * 4;
+  }
+  // Data parallel: ring all-reduce (or reduce-scatter + all-gather) of the gradients, dense over DP, experts over
+  // EDP.
+  if (DP > 1) out["dp"] = 2 * (DP - 1) / DP * n_dense * 4;
+  if (EDP > 1 && n_exp > 0) out["edp"] = 2 * (EDP - 1) / EDP * n_exp * 4;
+  // Expert parallel, per micro-batch and MoE layer, with uniform routing: of the T/TP·k rows a rank routes,
+  // (EP−1)/EP go to other ranks, as tokens and probabilities, and come back: forward dispatch (ab bytes per value)
+  // and combine (f32), backward the same in reverse.
+  const double Tl = T / TP, rows = Tl * k;
+  if (EP > 1 && Lm > 0) {
+    if (cfg_.moe_token_dispatcher_type == "alltoall") {
+      out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + 4) + 2 * 4);
+    } else {  // allgather: tokens, probabilities and map gathered; outputs and input gradients reduce-scattered
+      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + 2 * E * 4 + H * 4 + H * ab + H * 4 + E * 4);
+    }
+  }
+  // Expert tensor parallel: the rows a rank holds after dispatch (T/TP·k on average) are gathered from the other
+  // ETP ranks and their partial outputs reduce-scattered back; backward mirrors it (plus probability gradients).
+  if (ETP > 1 && Lm > 0) {
+    out["etp"] = M * Lm * (ETP - 1) * rows * (H * ab + 4 + H * 4 + H * ab + H * 4 + 4);
+  }
+  return out;
 }
 
 void Trainer::print_memory_plan() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,11 @@ class Trainer {
   std::vector<moe::MoELayer*> moe_layers();
   // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
   double step_flops() const;
+  // Bytes this rank must receive per training step on each named group ("tp", "dp", "edp", "ep", "etp") under
+  // bandwidth-optimal collectives, from the model's sizes and the layout alone, with routing taken as uniform:
+  // the analytic minimum `moecore bench comm` compares the measured traffic with.
+  std::map<std::string, double> analytic_comm_bytes() const;
+  const comm::ProcessGroup* world_group() const { return world_group_.get(); }
 
  private:
   void log_line(const StepResult& r, double seconds, int64_t steps);
