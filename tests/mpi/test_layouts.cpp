@@ -3,6 +3,7 @@
 // relative (f32).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -60,6 +61,8 @@ struct ModelParallel {
   std::string name;
   int64_t world;  // ranks the layout needs (run on that world size only)
   std::vector<std::string> flags;
+  std::vector<std::string> both = {};    // flags for the single-rank run too
+  std::vector<std::string> single = {};  // flags for the single-rank run only
 };
 
 class ModelParallelLayouts : public ::testing::TestWithParam<ModelParallel> {};
@@ -77,9 +80,22 @@ TEST_P(ModelParallelLayouts, MatchSingleRank) {
       "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
       "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "120", "--make-vocab-size-divisible-by", "64", "--train-iters",
       "5", "--lr", "1e-3", "--eval-iters", "0"};
-  const train::TrainConfig one = train::parse_train_config(args);
-  args.insert(args.end(), l.flags.begin(), l.flags.end());
-  expect_same_steps(one, train::parse_train_config(args), w);
+  // Appends `extra`, replacing any flag it sets (and that flag's values) already in `a`.
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& extra) {
+    for (const auto& f : extra) {
+      if (f.rfind("--", 0) != 0) continue;
+      auto it = std::find(a.begin(), a.end(), f);
+      if (it == a.end()) continue;
+      auto end = it + 1;
+      while (end != a.end() && end->rfind("--", 0) != 0) ++end;
+      a.erase(it, end);
+    }
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  args = with(args, l.both);
+  const train::TrainConfig one = train::parse_train_config(with(args, l.single));
+  expect_same_steps(one, train::parse_train_config(with(args, l.flags)), w);
 }
 
 const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
@@ -105,6 +121,18 @@ INSTANTIATE_TEST_SUITE_P(
                                                       "--moe-token-dispatcher-type", "allgather"}},
         ModelParallel{"DP2xEP2xETP2", 4,
                       kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
+        // global_aux_loss over the global batch: one micro-batch per rank against one micro-batch of all samples
+        // on a single rank (with several micro-batches the running count mean depends on their order).
+        ModelParallel{"GlobalAux_TP2xDP2", 4,
+                      kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--micro-batch-size", "2"},
+                      {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+                       "--global-batch-size", "4"},
+                      {"--micro-batch-size", "4"}},
+        ModelParallel{"GlobalAux_DP2xEP2", 2,
+                      {"--expert-model-parallel-size", "2", "--micro-batch-size", "2"},
+                      {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+                       "--global-batch-size", "4"},
+                      {"--micro-batch-size", "4"}},
         ModelParallel{"DP4xEP2xETP2_distopt", 4,
                       {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",
                        "--use-distributed-optimizer"}}),

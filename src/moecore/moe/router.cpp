@@ -336,8 +336,10 @@ double aux_losses(const RouterConfig& c, Router::Stash& st, Tensor& global_token
         for (int64_t j = 0; j < K; j++) cnt[top[t * K + j]] += 1;
         for (int64_t e = 0; e < E; e++) agg[e] += a[t * E + e];
       }
-      sum_over_group(cnt, c.count_group);
-      if (type == LoadBalancingType::GlobalAuxLoss) {
+      const bool global = type == LoadBalancingType::GlobalAuxLoss;
+      sum_over_group(cnt, global ? c.global_group : c.count_group);
+      const int64_t ranks = global ? (c.global_group ? c.global_group->size() : 1) : P;
+      if (global) {
         double* g = global_tokens_E.data<double>();
         ga_steps++;
         for (int64_t e = 0; e < E; e++) {
@@ -345,11 +347,14 @@ double aux_losses(const RouterConfig& c, Router::Stash& st, Tensor& global_token
           cnt[e] = g[e] / static_cast<double>(ga_steps);
         }
       }
-      const double Tt = static_cast<double>(T_ * P);
+      const double Tt = static_cast<double>(T_ * ranks), gs = global ? c.global_grad_scale : 1.0;
       const double f = coeff * E / (K * Tt * Tt);
       for (int64_t e = 0; e < E; e++) L += agg[e] * cnt[e] * f;
       for (int64_t t = 0; t < T_; t++)
-        for (int64_t e = 0; e < E; e++) d[t * E + e] += static_cast<T>(f * cnt[e]);
+        for (int64_t e = 0; e < E; e++) d[t * E + e] += static_cast<T>(gs * f * cnt[e]);
+      if (stats) stats->loss_sums[ty] += L / coeff;
+      total += gs * L;
+      continue;
     }
     total += L;
     if (stats) stats->loss_sums[ty] += L / coeff;

@@ -48,6 +48,11 @@ struct RouterConfig {
   double init_std = 0.02;
   uint64_t seed = 1234;  // jitter and forced-balance noise streams
   const comm::ProcessGroup* count_group = nullptr;  // TP×CP (null: this rank's tokens are the whole set)
+  // global_aux_loss: counts summed over TP×DP×CP; each rank's share of the loss is the global batch's loss over
+  // its tokens, its gradient multiplied by DP so that data-parallel gradient averaging leaves the global loss's
+  // gradient (Megatron's 1/DP weakening, upstream issue #3672, is not reproduced).
+  const comm::ProcessGroup* global_group = nullptr;
+  double global_grad_scale = 1.0;
 };
 
 // Rejects inconsistent settings with Megatron's flag names in the message. Called before anything is allocated.

@@ -70,10 +70,6 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     MOE_CHECK(cfg_.global_batch_size % (cfg_.micro_batch_size * dp_) == 0,
               "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
               cfg_.global_batch_size, cfg_.micro_batch_size, dp_);
-    for (const auto& t : cfg_.moe_router_load_balancing_type)
-      MOE_CHECK(t != "global_aux_loss",
-                "--moe-router-load-balancing-type global_aux_loss needs its counts reduced over data-parallel ranks "
-                "inside the router, which is rejected in this build with more than one rank");
     if (world_rank_ != 0) out_ = std::fopen("/dev/null", "w");  // one rank speaks
   }
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
@@ -110,6 +106,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     mc.ep_group = ep_group_ && ep_group_->size() > 1 ? ep_group_.get() : nullptr;
     mc.etp_group = etp_group_ && etp_group_->size() > 1 ? etp_group_.get() : nullptr;
     mc.tp.group = tp_group_ && tp_group_->size() > 1 ? tp_group_.get() : nullptr;
+    mc.router.global_group = stats_group_ && stats_group_->size() > 1 ? stats_group_.get() : nullptr;
+    mc.router.global_grad_scale = static_cast<double>(dp_);
     ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
       if (!is_moe[static_cast<size_t>(i)]) return nullptr;
       return std::make_unique<moe::MoELayer>(r, name, mc);
@@ -366,7 +364,10 @@ StepResult Trainer::train_step() {
     for (size_t t = 0; t < r.aux_losses.size(); t++) a.set_item(static_cast<int64_t>(t), r.aux_losses[t]);
     a.set_item(static_cast<int64_t>(r.aux_losses.size()), r.z_loss);
     stats_group_->all_reduce(a);  // each TP rank holds its tokens' share of a layer's loss: summed over TP
-    for (size_t t = 0; t < r.aux_losses.size(); t++) r.aux_losses[t] = a.item(static_cast<int64_t>(t)) / static_cast<double>(dp_);
+    // global_aux_loss shares are parts of one global-batch loss: summed, not averaged.
+    for (size_t t = 0; t < r.aux_losses.size(); t++)
+      r.aux_losses[t] = a.item(static_cast<int64_t>(t)) /
+                        (cfg_.moe_router_load_balancing_type[t] == "global_aux_loss" ? 1.0 : static_cast<double>(dp_));
     r.z_loss = a.item(static_cast<int64_t>(r.aux_losses.size())) / static_cast<double>(dp_);
   }
   return r;
