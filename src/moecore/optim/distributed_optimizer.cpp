@@ -9,36 +9,71 @@
 namespace moecore::optim {
 
 ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
-                           const std::function<double(const nn::Parameter&)>& norm_weight)
+                           const std::function<double(const nn::Parameter&)>& norm_weight,
+                           const std::function<size_t(const nn::Parameter&)>& bucket_of)
     : group_(group) {
   for (auto* p : params) {
     MOE_ASSERT(p->value.dtype() == DType::F32);
-    segs_.push_back({p, total_, norm_weight ? norm_weight(*p) : 1.0});
-    total_ += p->value.numel();
+    const size_t b = bucket_of ? bucket_of(*p) : 0;
+    if (buckets_.size() <= b) buckets_.resize(b + 1);
+    Bucket& bk = buckets_[b];
+    bk.segs.push_back({p, bk.size, norm_weight ? norm_weight(*p) : 1.0});
+    bk.size += p->value.numel();
   }
   const int64_t n = group_.size();
-  shard_ = (total_ + n - 1) / n;  // padded so every rank owns the same number of elements
-  flat_grad_ = Tensor::zeros({shard_ * n}, DType::F32);
-  flat_param_ = Tensor::zeros({shard_ * n}, DType::F32);
-  grad_shard_ = Tensor::zeros({shard_}, DType::F32);
-  master_shard_ = Tensor::zeros({shard_}, DType::F32);
-  m_ = Tensor::zeros({shard_}, DType::F32);
-  v_ = Tensor::zeros({shard_}, DType::F32);
-  // fp32 master shard from the (identically initialized) parameters.
-  for (const auto& s : segs_)
-    std::memcpy(flat_param_.data<float>() + s.offset, s.p->value.raw(), s.p->value.nbytes());
-  std::memcpy(master_shard_.raw(), flat_param_.data<float>() + group_.rank() * shard_, static_cast<size_t>(shard_) * 4);
+  int64_t owned = 0;
+  for (auto& bk : buckets_) {
+    bk.shard = (bk.size + n - 1) / n;  // padded so every rank owns the same number of elements
+    bk.size = bk.shard * n;
+    bk.local = owned;
+    owned += bk.shard;
+    bk.flat_grad = Tensor::zeros({bk.size}, DType::F32);
+    bk.flat_param = Tensor::zeros({bk.size}, DType::F32);
+  }
+  grad_shard_ = Tensor::zeros({owned}, DType::F32);
+  master_shard_ = Tensor::zeros({owned}, DType::F32);
+  m_ = Tensor::zeros({owned}, DType::F32);
+  v_ = Tensor::zeros({owned}, DType::F32);
+  // fp32 master shares from the (identically initialized) parameters.
+  for (auto& bk : buckets_) {
+    for (const auto& s : bk.segs)
+      std::memcpy(bk.flat_param.data<float>() + s.offset, s.p->value.raw(), s.p->value.nbytes());
+    std::memcpy(master_shard_.data<float>() + bk.local, bk.flat_param.data<float>() + group_.rank() * bk.shard,
+                static_cast<size_t>(bk.shard) * 4);
+  }
+}
+
+template <typename Fn>
+void ShardedAdamW::for_owned(const Bucket& bk, Fn fn) const {
+  const int64_t lo = group_.rank() * bk.shard, hi = lo + bk.shard;
+  for (const auto& s : bk.segs) {
+    const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
+    if (a < b) fn(s, a - lo + bk.local, b - a);  // owned-array offset, length
+  }
+}
+
+void ShardedAdamW::start_bucket(size_t b) {
+  if (b >= buckets_.size() || buckets_[b].segs.empty()) return;
+  Bucket& bk = buckets_[b];
+  MOE_ASSERT_MSG(!bk.started, "bucket {} reduced twice in one step", b);
+  for (const auto& s : bk.segs) std::memcpy(bk.flat_grad.data<float>() + s.offset, s.p->grad.raw(), s.p->grad.nbytes());
+  Tensor out = grad_shard_.slice(bk.local, bk.shard);
+  bk.work = group_.reduce_scatter(bk.flat_grad, out, comm::ReduceOp::Sum, /*async=*/true);
+  bk.started = true;
 }
 
 double ShardedAdamW::reduce_gradients(double scale) {
-  for (const auto& s : segs_) std::memcpy(flat_grad_.data<float>() + s.offset, s.p->grad.raw(), s.p->grad.nbytes());
-  group_.reduce_scatter(flat_grad_, grad_shard_);
-  kernels::scale_(grad_shard_, scale);
-  const int64_t lo = group_.rank() * shard_, hi = lo + shard_;
+  for (size_t b = 0; b < buckets_.size(); b++)
+    if (!buckets_[b].started) start_bucket(b);
   double sq = 0;
-  for (const auto& s : segs_) {
-    const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
-    if (a < b) sq += s.norm_weight * kernels::sum_squares(grad_shard_.slice(a - lo, b - a));
+  for (auto& bk : buckets_) {
+    bk.work.wait();
+    bk.started = false;
+    Tensor g = grad_shard_.slice(bk.local, bk.shard);
+    kernels::scale_(g, scale);
+    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
+      sq += s.norm_weight * kernels::sum_squares(grad_shard_.slice(off, len));
+    });
   }
   return sq;
 }
@@ -46,20 +81,26 @@ double ShardedAdamW::reduce_gradients(double scale) {
 void ShardedAdamW::scale_gradients(double s) { kernels::scale_(grad_shard_, s); }
 
 void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
-  const int64_t lo = group_.rank() * shard_, hi = lo + shard_;
   // Each parameter overlapping the owned range updates its part with its own weight decay.
-  for (const auto& s : segs_) {
-    const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
-    if (a >= b) continue;
-    kernels::AdamWParams h = hp;
-    if (s.p->no_weight_decay) h.weight_decay = 0;
-    Tensor pm = master_shard_.slice(a - lo, b - a), g = grad_shard_.slice(a - lo, b - a);
-    Tensor mm = m_.slice(a - lo, b - a), vv = v_.slice(a - lo, b - a);
-    kernels::adamw_step(pm, g, mm, vv, h, step);
+  for (auto& bk : buckets_) {
+    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
+      kernels::AdamWParams h = hp;
+      if (s.p->no_weight_decay) h.weight_decay = 0;
+      Tensor pm = master_shard_.slice(off, len), g = grad_shard_.slice(off, len);
+      Tensor mm = m_.slice(off, len), vv = v_.slice(off, len);
+      kernels::adamw_step(pm, g, mm, vv, h, step);
+    });
   }
-  group_.all_gather(master_shard_, flat_param_);
-  for (const auto& s : segs_)
-    std::memcpy(s.p->value.raw(), flat_param_.data<float>() + s.offset, s.p->value.nbytes());
+  for (auto& bk : buckets_) {
+    if (bk.segs.empty()) continue;
+    bk.work = group_.all_gather(master_shard_.slice(bk.local, bk.shard), bk.flat_param, /*async=*/true);
+  }
+  for (auto& bk : buckets_) {
+    if (bk.segs.empty()) continue;
+    bk.work.wait();
+    for (const auto& s : bk.segs)
+      std::memcpy(s.p->value.raw(), bk.flat_param.data<float>() + s.offset, s.p->value.nbytes());
+  }
 }
 
 }  // namespace moecore::optim

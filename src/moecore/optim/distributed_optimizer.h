@@ -1,7 +1,8 @@
-// Megatron's distributed optimizer (ZeRO-1) for one parameter class: the parameters are laid end to end in a flat
-// buffer (padded to a multiple of the group size), gradients are reduce-scattered so each rank owns the sum for
-// its contiguous shard, AdamW updates that shard of fp32 master weights and moments, and the updated shard is
-// all-gathered back into every rank's parameters. Dense parameters shard over DP×CP, expert shards over EDP.
+// Megatron's distributed optimizer (ZeRO-1) for one parameter class: the parameters are laid end to end in flat
+// buckets (one per transformer layer, padded to a multiple of the group size), each bucket's gradients are
+// reduce-scattered as soon as the bucket is final so each rank owns the sum for its contiguous share of every
+// bucket, AdamW updates that share of fp32 master weights and moments, and the updated shares are all-gathered back
+// into every rank's parameters. Dense parameters shard over DP×CP, expert shards over EDP.
 #pragma once
 
 #include <functional>
@@ -17,10 +18,15 @@ class ShardedAdamW {
  public:
   // `norm_weight(p)`: the weight of p's elements in the returned sum of squares (1 over the number of ranks outside
   // this group holding the same shard, e.g. 1/TP for parameters replicated over tensor parallelism).
+  // `bucket_of(p)`: p's bucket (buckets are reduced in the order start_bucket is called; default: one bucket).
   ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
-               const std::function<double(const nn::Parameter&)>& norm_weight = {});
-  // Reduce-scatters the gradients (sum) and scales the owned shard by `scale` (1/DP). Returns the weighted sum of
-  // squares of the owned shard, so the caller can form one global norm.
+               const std::function<double(const nn::Parameter&)>& norm_weight = {},
+               const std::function<size_t(const nn::Parameter&)>& bucket_of = {});
+  // Copies bucket b's gradients and starts their reduce-scatter (non-blocking). Every rank starts the buckets in
+  // the same order; an unknown or empty bucket is ignored.
+  void start_bucket(size_t b);
+  // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP). Returns the
+  // weighted sum of squares of the owned shard, so the caller can form one global norm.
   double reduce_gradients(double scale);
   void scale_gradients(double s);  // clipping
   // AdamW on the owned shard (per-parameter weight decay), then all-gather of the updated parameters.
@@ -29,13 +35,23 @@ class ShardedAdamW {
  private:
   struct Segment {
     nn::Parameter* p;
-    int64_t offset;  // in the flat buffer
+    int64_t offset;  // in its bucket's flat buffer
     double norm_weight;
   };
-  std::vector<Segment> segs_;
+  struct Bucket {
+    std::vector<Segment> segs;
+    int64_t size = 0, shard = 0;  // padded size = shard · group size
+    int64_t local = 0;            // offset of this bucket's share in the owned arrays
+    Tensor flat_grad, flat_param;
+    comm::Work work;
+    bool started = false;
+  };
+  // Runs fn(segment, owned range [a, b) in the bucket's flat coordinates) for every segment overlapping the share.
+  template <typename Fn>
+  void for_owned(const Bucket& bk, Fn fn) const;
+  std::vector<Bucket> buckets_;
   const comm::ProcessGroup& group_;
-  int64_t total_ = 0, shard_ = 0;
-  Tensor flat_grad_, grad_shard_, master_shard_, m_, v_, flat_param_;
+  Tensor grad_shard_, master_shard_, m_, v_;
 };
 
 }  // namespace moecore::optim

@@ -122,21 +122,18 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     std::vector<nn::Parameter*> dense, expert;
     for (auto& p : reg_.all()) (p->expert_parallel ? expert : dense).push_back(p.get());
     auto weight = [this](const nn::Parameter& p) { return norm_weight(p) * (p.expert_parallel ? edp() : dp_); };
-    dist_dense_ = std::make_unique<optim::ShardedAdamW>(dense, *dp_group_, weight);
-    if (!expert.empty()) dist_expert_ = std::make_unique<optim::ShardedAdamW>(expert, *edp_group_, weight);
+    auto bucket = [this](const nn::Parameter& p) { return layer_of(p); };
+    dist_dense_ = std::make_unique<optim::ShardedAdamW>(dense, *dp_group_, weight, bucket);
+    if (!expert.empty()) dist_expert_ = std::make_unique<optim::ShardedAdamW>(expert, *edp_group_, weight, bucket);
   } else {
     for (auto& p : reg_.all()) {
       adam_m_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
       adam_v_.push_back(Tensor::zeros(p->value.shape(), DType::F32));
     }
     if (dp_group_) {
-      const size_t L = model_->num_layers();
-      buckets_.resize(2 * L + 2);
+      buckets_.resize(2 * model_->num_layers() + 2);
       for (auto& p : reg_.all()) {
-        size_t b = 2 * L;  // embedding, final norm, output layer
-        const std::string pre = "decoder.layers.";
-        if (p->name.rfind(pre, 0) == 0) b = 2 * std::stoul(p->name.substr(pre.size()));
-        buckets_[b + (p->expert_parallel ? 1 : 0)].params.push_back(p.get());
+        buckets_[2 * layer_of(*p) + (p->expert_parallel ? 1 : 0)].params.push_back(p.get());
       }
       for (auto& bk : buckets_) {
         int64_t n = 0;
@@ -277,11 +274,18 @@ StepResult Trainer::train_step() {
     const auto idx = cursor_.micro_batch(m, dp_rank_, dp_, cfg_.micro_batch_size);
     const data::Batch b = data::make_batch(*data_[0], idx);
     r.lm_loss += model_->forward(b.tokens, b.labels, b.loss_mask, stash_) * scale;
-    if (!buckets_.empty() && m == micro - 1) {
-      // Last micro-batch: each layer's reduction starts as soon as its gradients are final.
+    if ((!buckets_.empty() || dist_dense_) && m == micro - 1) {
+      // Last micro-batch: each layer's reduction starts as soon as its gradients are final (replicated-over-TP
+      // gradients summed over TP first, where the distributed optimizer reduce-scatters them).
       model_->backward(stash_, scale, [this](size_t layer) {
-        start_bucket(2 * layer);
-        start_bucket(2 * layer + 1);
+        if (dist_dense_) {
+          sum_sequence_parallel_grads(layer);
+          dist_dense_->start_bucket(layer);
+          if (dist_expert_) dist_expert_->start_bucket(layer);
+        } else {
+          start_bucket(2 * layer);
+          start_bucket(2 * layer + 1);
+        }
       });
     } else {
       model_->backward(stash_, scale);
@@ -297,7 +301,6 @@ StepResult Trainer::train_step() {
     // of the sums. Expert-bias counts are summed over TP×DP×CP before the bias update; the reported loss is
     // averaged over DP.
     if (dist_dense_) {
-      sum_sequence_parallel_grads();
       sq = dist_dense_->reduce_gradients(1.0 / static_cast<double>(dp_));
       if (dist_expert_) sq += dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
     } else {
@@ -381,25 +384,33 @@ double Trainer::norm_weight(const nn::Parameter& p) const {
 
 int64_t Trainer::edp() const { return edp_group_ ? edp_group_->size() : 1; }
 
-void Trainer::sum_sequence_parallel_grads() {
+size_t Trainer::layer_of(const nn::Parameter& p) const {
+  const std::string pre = "decoder.layers.";
+  if (p.name.rfind(pre, 0) == 0) return std::stoul(p.name.substr(pre.size()));
+  return model_->num_layers();  // embedding, final norm, output layer
+}
+
+void Trainer::sum_sequence_parallel_grads(std::optional<size_t> layer) {
   if (!tp_group_ || tp_group_->size() == 1) return;
   std::vector<nn::Parameter*> ps;
   int64_t n = 0;
   for (auto& p : reg_.all())
-    if (!p->tensor_parallel && !p->expert_parallel) {
+    if (!p->tensor_parallel && !p->expert_parallel && (!layer || layer_of(*p) == *layer)) {
       ps.push_back(p.get());
       n += p->grad.numel();
     }
-  if (sp_flat_.numel() != n) sp_flat_ = Tensor::empty({n}, DType::F32);
+  if (n == 0) return;
+  if (sp_flat_.numel() < n) sp_flat_ = Tensor::empty({n}, DType::F32);
+  Tensor flat = sp_flat_.slice(0, n);
   int64_t off = 0;
   for (auto* p : ps) {
-    std::memcpy(sp_flat_.data<float>() + off, p->grad.raw(), p->grad.nbytes());
+    std::memcpy(flat.data<float>() + off, p->grad.raw(), p->grad.nbytes());
     off += p->grad.numel();
   }
-  tp_group_->all_reduce(sp_flat_);
+  tp_group_->all_reduce(flat);
   off = 0;
   for (auto* p : ps) {
-    std::memcpy(p->grad.raw(), sp_flat_.data<float>() + off, p->grad.nbytes());
+    std::memcpy(p->grad.raw(), flat.data<float>() + off, p->grad.nbytes());
     off += p->grad.numel();
   }
 }

@@ -89,8 +89,12 @@ class Trainer {
   // the same (reduced) gradient, so the sum over all ranks counts every element once.
   double norm_weight(const nn::Parameter& p) const;
   int64_t edp() const;
-  // Sums the partial gradients of replicated-over-TP parameters over the TP group (sequence parallelism).
-  void sum_sequence_parallel_grads();
+  // Sums the partial gradients of replicated-over-TP parameters (of one layer, or all) over the TP group
+  // (sequence parallelism).
+  void sum_sequence_parallel_grads(std::optional<size_t> layer = std::nullopt);
+  // The transformer layer a parameter belongs to (num_layers for the embedding, final norm and output layer): its
+  // gradient bucket.
+  size_t layer_of(const nn::Parameter& p) const;
   Tensor sp_flat_;
   void finish_buckets();
   std::unique_ptr<data::Tokenizer> tok_;
