@@ -8,6 +8,8 @@
 #include <tuple>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/core/rng.h"
+#include "moecore/moe/moe_layer.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore {
@@ -54,6 +56,42 @@ TEST_P(Layouts, MatchSingleRank) {
 INSTANTIATE_TEST_SUITE_P(EP, Layouts,
                          ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("alltoall", "allgather"),
                                             ::testing::Values(false, true)));
+
+// The two expert-parallel dispatchers route the same rows to the same experts: one MoE layer with experts spread
+// over every rank gives the same outputs, input gradients and expert gradients (to f32 summation order) with
+// alltoall and allgather.
+TEST(Dispatchers, AllGatherAndAllToAllGiveTheSameLayer) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  const int64_t H = 16, E = 2 * w.size(), S = 8, B = 2;
+  auto run = [&](bool allgather, Tensor& y, Tensor& dx, Tensor& dw1) {
+    moe::MoELayerConfig c;
+    c.router.hidden = H;
+    c.router.num_experts = E;
+    c.router.topk = 2;
+    c.router.aux_loss_coeff = {1e-2};
+    c.ffn_hidden = 12;
+    c.ep_group = &w;
+    c.allgather_dispatcher = allgather;
+    nn::ParamRegistry reg;
+    moe::MoELayer layer(reg, "mlp", c);
+    reg.initialize(7);
+    Tensor x = Tensor::empty({S, B, H}, DType::F32), dy = Tensor::empty({S, B, H}, DType::F32);
+    const Philox rng(11 + static_cast<uint64_t>(w.rank()), 3);  // each rank its own tokens
+    for (int64_t i = 0; i < x.numel(); i++) {
+      x.set_item(i, rng.normal(static_cast<uint64_t>(i)));
+      dy.set_item(i, rng.normal(static_cast<uint64_t>(i + x.numel())));
+    }
+    auto st = layer.make_stash();
+    y = layer.forward(x, *st).clone();
+    dx = layer.backward(dy, *st).clone();
+    dw1 = layer.experts().fc1().grad.clone();
+  };
+  Tensor y1, dx1, g1, y2, dx2, g2;
+  run(false, y1, dx1, g1);
+  run(true, y2, dx2, g2);
+  for (auto [a, b] : {std::pair{&y1, &y2}, {&dx1, &dx2}, {&g1, &g2}})
+    for (int64_t i = 0; i < a->numel(); i++) EXPECT_NEAR(a->item(i), b->item(i), 1e-5 * (1 + std::fabs(a->item(i))));
+}
 
 // Model-parallel layouts on a model that exercises every split: grouped-query attention with qk-norm, untied
 // output layer, shared experts with a gate, a dense first layer, sequence-aux and z losses.

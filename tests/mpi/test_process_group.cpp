@@ -83,6 +83,23 @@ TEST(ProcessGroup, ReduceScatterIsTheAdjointOfAllGather) {
     EXPECT_EQ(out.item(i), static_cast<double>(n * (n - 1) / 2 + n * (4 * r + i)));
 }
 
+TEST(ProcessGroup, VariableReduceScatterSumsEachRanksRows) {
+  const ProcessGroup w = ProcessGroup::world();
+  const int64_t n = w.size(), r = w.rank();
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  int64_t total = 0, before = 0;
+  for (int64_t i = 0; i < n; i++) {
+    rows[static_cast<size_t>(i)] = i + 1;  // rank i receives i + 1 rows of 3
+    if (i < r) before += i + 1;
+    total += i + 1;
+  }
+  Tensor in = filled({total, 3}, DType::F32, static_cast<double>(r), 1.0);  // element j holds r + j
+  Tensor out = Tensor::empty({r + 1, 3}, DType::F32);
+  w.reduce_scatter_v(in, out, rows);
+  for (int64_t i = 0; i < out.numel(); i++)
+    EXPECT_EQ(out.item(i), static_cast<double>(n * (n - 1) / 2 + n * (3 * before + i)));
+}
+
 TEST(ProcessGroup, AllToAllVWithUnevenCounts) {
   const ProcessGroup w = ProcessGroup::world();
   const int64_t n = w.size(), r = w.rank();
