@@ -1,0 +1,91 @@
+// safetensors: round trip of every dtype with metadata, byte layout as the format defines it, and clear errors
+// naming the file for corrupt, truncated or inconsistent files.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "moecore/ckpt/safetensors.h"
+
+namespace moecore {
+namespace {
+
+std::string tmp(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("moecore_st_" + name)).string();
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    ckpt::SafetensorsFile f(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void write_raw(const std::string& path, const std::string& header, const std::string& data) {
+  std::ofstream f(path, std::ios::binary);
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; i++) f.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  f << header << data;
+}
+
+TEST(Safetensors, RoundTripEveryDtypeWithMetadata) {
+  std::vector<ckpt::NamedTensor> ts;
+  for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::I32, DType::I64}) {
+    Tensor t = Tensor::empty({2, 3}, dt);
+    for (int64_t i = 0; i < 6; i++) t.set_item(i, static_cast<double>(i) - 2.5 * (dt == DType::I32 || dt == DType::I64 ? 0 : 1));
+    ts.push_back({std::string("t.") + ckpt::safetensors_dtype(dt), t});
+  }
+  ts.push_back({"empty", Tensor::empty({0, 4}, DType::F32)});
+  const std::string p = tmp("roundtrip.safetensors");
+  ckpt::write_safetensors(p, ts, {{"format", "pt"}});
+  const ckpt::SafetensorsFile f(p);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  ASSERT_EQ(f.entries().size(), ts.size());
+  for (const auto& t : ts) {
+    const Tensor r = f.read(t.name);
+    ASSERT_EQ(r.shape(), t.tensor.shape()) << t.name;
+    ASSERT_EQ(r.dtype(), t.tensor.dtype()) << t.name;
+    EXPECT_EQ(std::memcmp(r.raw(), t.tensor.raw(), r.nbytes()), 0) << t.name;
+  }
+  // Layout: 8-byte length, JSON header padded to 8 bytes, data in the given order.
+  std::ifstream in(p, std::ios::binary);
+  uint8_t len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t hl = 0;
+  for (int i = 0; i < 8; i++) hl |= static_cast<uint64_t>(len[i]) << (8 * i);
+  EXPECT_EQ(hl % 8, 0u);
+  EXPECT_EQ(f.entries().at("t.F32").begin, 0);
+  EXPECT_EQ(f.entries().at("t.F64").begin, 24);
+  std::remove(p.c_str());
+}
+
+TEST(Safetensors, BrokenFilesAreNamedWithTheProblem) {
+  const std::string p = tmp("broken.safetensors");
+  EXPECT_NE(error_of(tmp("does_not_exist")).find("cannot open"), std::string::npos);
+  { std::ofstream f(p, std::ios::binary); f << "abc"; }
+  EXPECT_NE(error_of(p).find("too short"), std::string::npos);
+  write_raw(p, "{\"a\": 1", "");
+  EXPECT_NE(error_of(p).find("not valid JSON"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "1234");
+  EXPECT_NE(error_of(p).find("truncated"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", "12345678");
+  EXPECT_NE(error_of(p).find("needs 12"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})", "12");
+  EXPECT_NE(error_of(p).find("unsupported dtype F8_E4M3"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                   "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})", "12345678");
+  EXPECT_NE(error_of(p).find("overlap"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "1234");
+  EXPECT_NE(error_of(p).find("invalid dimension"), std::string::npos);
+  // Header length beyond the file.
+  { std::ofstream f(p, std::ios::binary); const char b[8] = {static_cast<char>(0xff), 0x10, 0, 0, 0, 0, 0, 0}; f.write(b, 8); }
+  EXPECT_NE(error_of(p).find("corrupt or truncated"), std::string::npos);
+  EXPECT_NE(error_of(p).find(p), std::string::npos);  // the file is named
+  std::remove(p.c_str());
+}
+
+}  // namespace
+}  // namespace moecore
