@@ -1,0 +1,312 @@
+// Native checkpoint model state (see checkpoint.h).
+#include "moecore/ckpt/checkpoint.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "moecore/ckpt/safetensors.h"
+
+namespace moecore::ckpt {
+
+namespace {
+uint32_t crc_of(const Tensor& t) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(t.raw());
+  size_t n = t.nbytes();
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+std::vector<int64_t> dims(const Shape& s) {
+  std::vector<int64_t> v;
+  for (int d = 0; d < s.ndim(); d++) v.push_back(s[d]);
+  return v;
+}
+Shape shape_of(const std::vector<int64_t>& v) {
+  Shape s;
+  for (int64_t d : v) s.push_back(d);
+  return s;
+}
+
+bool intersect(const Box& a, const Box& b, std::vector<int64_t>& lo, std::vector<int64_t>& hi) {
+  const int nd = a.global.ndim();
+  lo.assign(static_cast<size_t>(nd), 0);
+  hi.assign(static_cast<size_t>(nd), 0);
+  for (int d = 0; d < nd; d++) {
+    const size_t i = static_cast<size_t>(d);
+    lo[i] = std::max(a.offset[i], b.offset[i]);
+    hi[i] = std::min(a.offset[i] + a.size[d], b.offset[i] + b.size[d]);
+    if (lo[i] >= hi[i]) return false;
+  }
+  return true;
+}
+
+std::string box_str(const Box& b) {
+  std::string s = "[";
+  for (int d = 0; d < b.size.ndim(); d++)
+    s += fmt::format("{}{}:{}", d ? ", " : "", b.offset[static_cast<size_t>(d)],
+                     b.offset[static_cast<size_t>(d)] + b.size[d]);
+  return s + "]";
+}
+
+std::string fragment_path(const std::string& dir, int64_t rank) {
+  return fmt::format("{}/index_rank{:05d}.json", dir, rank);
+}
+}  // namespace
+
+Box box_of(const nn::Parameter& p) {
+  Box b;
+  if (p.sharded()) {
+    b.global = p.global_view;
+    b.size = p.box_shape;
+    b.offset = p.box_offset;
+  } else {
+    b.global = b.size = p.value.shape();
+    b.offset.assign(static_cast<size_t>(b.size.ndim()), 0);
+  }
+  return b;
+}
+
+int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const Box& db) {
+  MOE_ASSERT(src.dtype() == dst.dtype() && sb.global == db.global);
+  MOE_ASSERT(src.numel() == sb.volume() && dst.numel() == db.volume());
+  std::vector<int64_t> lo, hi;
+  if (!intersect(sb, db, lo, hi)) return 0;
+  const int nd = sb.global.ndim();
+  const size_t es = dtype_size(src.dtype());
+  // Walk the intersection row by row along the last dimension.
+  const int64_t row = hi.back() - lo.back();
+  std::vector<int64_t> idx(lo.begin(), lo.end());
+  int64_t copied = 0;
+  while (true) {
+    int64_t so = 0, dof = 0;
+    for (int d = 0; d < nd; d++) {
+      const size_t i = static_cast<size_t>(d);
+      so = so * sb.size[d] + (idx[i] - sb.offset[i]);
+      dof = dof * db.size[d] + (idx[i] - db.offset[i]);
+    }
+    std::memcpy(static_cast<char*>(dst.raw()) + static_cast<size_t>(dof) * es,
+                static_cast<const char*>(src.raw()) + static_cast<size_t>(so) * es, static_cast<size_t>(row) * es);
+    copied += row;
+    int d = nd - 2;
+    for (; d >= 0; d--) {
+      const size_t i = static_cast<size_t>(d);
+      if (++idx[i] < hi[i]) break;
+      idx[i] = lo[i];
+    }
+    if (d < 0) break;
+  }
+  return copied;
+}
+
+void write_model_shards(const std::string& dir, int64_t rank, const std::vector<const nn::Parameter*>& params) {
+  const std::string file = fmt::format("model_rank{:05d}.safetensors", rank);
+  std::vector<NamedTensor> ts;
+  nlohmann::json frag = nlohmann::json::array();
+  for (const auto* p : params) {
+    const Box b = box_of(*p);
+    ts.push_back({p->name, p->value});
+    frag.push_back({{"name", p->name},
+                    {"file", file},
+                    {"global", dims(b.global)},
+                    {"offset", b.offset},
+                    {"size", dims(b.size)},
+                    {"dtype", safetensors_dtype(p->value.dtype())},
+                    {"crc32", crc_of(p->value)}});
+  }
+  write_safetensors(dir + "/" + file, ts);
+  std::ofstream f(fragment_path(dir, rank));
+  f << frag.dump(1) << "\n";
+  f.flush();
+  MOE_CHECK(f.good(), "cannot write {}", fragment_path(dir, rank));
+}
+
+namespace {
+std::vector<ShardRecord> parse_records(const nlohmann::json& j, const std::string& where) {
+  std::vector<ShardRecord> out;
+  MOE_CHECK(j.is_array(), "{}: expected a list of shards", where);
+  for (const auto& e : j) {
+    try {
+      ShardRecord r;
+      r.name = e.at("name").get<std::string>();
+      r.file = e.at("file").get<std::string>();
+      r.box.global = shape_of(e.at("global").get<std::vector<int64_t>>());
+      r.box.offset = e.at("offset").get<std::vector<int64_t>>();
+      r.box.size = shape_of(e.at("size").get<std::vector<int64_t>>());
+      const std::string dt = e.at("dtype").get<std::string>();
+      MOE_CHECK(dt == "F32" || dt == "F64", "dtype {}", dt);
+      r.dtype = dt == "F32" ? DType::F32 : DType::F64;
+      r.crc32 = e.at("crc32").get<uint32_t>();
+      MOE_CHECK(r.file.find('/') == std::string::npos && r.file.find("..") == std::string::npos, "file {}", r.file);
+      out.push_back(r);
+    } catch (const std::exception& ex) {
+      MOE_CHECK(false, "{}: a shard entry is malformed ({}): {}", where, ex.what(), e.dump());
+    }
+  }
+  return out;
+}
+
+// Every problem with how the records tile their global views, one line each (empty: valid).
+std::vector<std::string> tiling_problems(const std::vector<ShardRecord>& recs) {
+  std::map<std::string, std::vector<const ShardRecord*>> by_name;
+  for (const auto& r : recs) by_name[r.name].push_back(&r);
+  std::vector<std::string> problems;
+  for (const auto& [name, rs] : by_name) {
+    const Box& first = rs.front()->box;
+    bool consistent = true;
+    for (const auto* r : rs) {
+      const Box& b = r->box;
+      bool ok = b.global == first.global && r->dtype == rs.front()->dtype &&
+                static_cast<int>(b.offset.size()) == b.global.ndim() && b.size.ndim() == b.global.ndim();
+      for (int d = 0; ok && d < b.global.ndim(); d++)
+        ok = b.offset[static_cast<size_t>(d)] >= 0 && b.offset[static_cast<size_t>(d)] + b.size[d] <= b.global[d];
+      if (!ok) {
+        problems.push_back(fmt::format("{}: shard {} in {} does not fit the global shape {} (or its dtype differs)",
+                                       name, box_str(b), r->file, first.global.str()));
+        consistent = false;
+      }
+    }
+    if (!consistent) continue;
+    std::vector<int64_t> lo, hi;
+    for (size_t i = 0; i < rs.size(); i++)
+      for (size_t j = i + 1; j < rs.size(); j++)
+        if (intersect(rs[i]->box, rs[j]->box, lo, hi))
+          problems.push_back(fmt::format("{}: duplicated elements: shard {} in {} overlaps shard {} in {}", name,
+                                         box_str(rs[i]->box), rs[i]->file, box_str(rs[j]->box), rs[j]->file));
+    // Coverage along the first dimension (the expert index for routed experts).
+    const int64_t n0 = first.global[0], slab = first.global.numel() / std::max<int64_t>(1, n0);
+    std::vector<int64_t> covered(static_cast<size_t>(n0), 0);
+    for (const auto* r : rs)
+      for (int64_t i = r->box.offset[0]; i < r->box.offset[0] + r->box.size[0]; i++)
+        covered[static_cast<size_t>(i)] += r->box.volume() / r->box.size[0];
+    std::vector<int64_t> missing;
+    for (int64_t i = 0; i < n0; i++)
+      if (covered[static_cast<size_t>(i)] < slab) missing.push_back(i);
+    if (!missing.empty()) {
+      std::string list;
+      for (size_t k = 0; k < missing.size() && k < 16; k++) list += (k ? ", " : "") + std::to_string(missing[k]);
+      if (missing.size() > 16) list += ", ...";
+      problems.push_back(fmt::format("{}: missing elements of global shape {} at index {} of its first dimension{}",
+                                     name, first.global.str(), list,
+                                     name.find(".experts.") != std::string::npos ? " (experts)" : ""));
+    }
+  }
+  return problems;
+}
+
+void throw_problems(const std::string& dir, const std::vector<std::string>& problems) {
+  std::string msg = fmt::format("checkpoint {} is not usable ({} problem{}):", dir, problems.size(),
+                                problems.size() == 1 ? "" : "s");
+  for (const auto& p : problems) msg += "\n  " + p;
+  MOE_CHECK(false, "{}", msg);
+}
+}  // namespace
+
+void write_model_index(const std::string& dir, int64_t world) {
+  std::vector<ShardRecord> all;
+  nlohmann::json merged = nlohmann::json::array();
+  std::vector<std::string> problems;
+  for (int64_t r = 0; r < world; r++) {
+    std::ifstream f(fragment_path(dir, r));
+    if (!f.good()) {
+      problems.push_back(fmt::format("rank {} wrote no index fragment ({})", r, fragment_path(dir, r)));
+      continue;
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+      problems.push_back(fmt::format("{} is not valid JSON ({})", fragment_path(dir, r), e.what()));
+      continue;
+    }
+    for (const auto& rec : parse_records(j, fragment_path(dir, r))) all.push_back(rec);
+    for (const auto& e : j) merged.push_back(e);
+  }
+  for (const auto& p : tiling_problems(all)) problems.push_back(p);
+  if (!problems.empty()) throw_problems(dir, problems);
+  const std::string tmp = dir + "/index.json.tmp";
+  {
+    std::ofstream f(tmp);
+    f << nlohmann::json{{"format", "moecore-native-1"}, {"shards", merged}}.dump(1) << "\n";
+    f.flush();
+    MOE_CHECK(f.good(), "cannot write {}", tmp);
+  }
+  std::filesystem::rename(tmp, dir + "/index.json");
+  for (int64_t r = 0; r < world; r++) std::filesystem::remove(fragment_path(dir, r));
+}
+
+std::vector<ShardRecord> read_model_index(const std::string& dir) {
+  const std::string path = dir + "/index.json";
+  std::ifstream f(path);
+  MOE_CHECK(f.good(), "{} has no index.json: not a moecore checkpoint, or its save did not finish", dir);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    MOE_CHECK(false, "{} is not valid JSON ({})", path, e.what());
+  }
+  MOE_CHECK(j.is_object() && j.value("format", "") == "moecore-native-1" && j.contains("shards"),
+            "{} is not a moecore-native-1 index", path);
+  auto recs = parse_records(j["shards"], path);
+  const auto problems = tiling_problems(recs);
+  if (!problems.empty()) throw_problems(dir, problems);
+  return recs;
+}
+
+void load_model(const std::string& dir, nn::ParamRegistry& reg) {
+  const auto recs = read_model_index(dir);
+  std::map<std::string, std::vector<const ShardRecord*>> by_name;
+  for (const auto& r : recs) by_name[r.name].push_back(&r);
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  std::vector<std::string> problems;
+  for (auto& p : reg.all()) {
+    const auto it = by_name.find(p->name);
+    if (it == by_name.end()) {
+      problems.push_back(fmt::format("{}: not in the checkpoint", p->name));
+      continue;
+    }
+    const Box mine = box_of(*p);
+    if (!(it->second.front()->box.global == mine.global)) {
+      problems.push_back(fmt::format("{}: the checkpoint's global shape {} differs from the model's {}", p->name,
+                                     it->second.front()->box.global.str(), mine.global.str()));
+      continue;
+    }
+    int64_t got = 0;
+    for (const auto* r : it->second) {
+      std::vector<int64_t> lo, hi;
+      if (!intersect(r->box, mine, lo, hi)) continue;
+      auto& f = files[r->file];
+      if (!f) f = std::make_unique<SafetensorsFile>(dir + "/" + r->file);
+      Tensor t = f->read(r->name);
+      if (t.numel() != r->box.volume() || t.dtype() != r->dtype) {
+        problems.push_back(fmt::format("{}: {} holds {} {} where the index says {} {}", p->name, r->file,
+                                       t.shape().str(), dtype_name(t.dtype()), r->box.size.str(), dtype_name(r->dtype)));
+        continue;
+      }
+      if (crc_of(t) != r->crc32) {
+        problems.push_back(fmt::format("{}: checksum mismatch in {} (the file is corrupt)", p->name, r->file));
+        continue;
+      }
+      if (t.dtype() != p->value.dtype()) t = t.to(p->value.dtype());
+      got += copy_intersection(t, r->box, p->value, mine);
+    }
+    if (got != p->value.numel() && problems.empty())
+      problems.push_back(fmt::format("{}: {} of {} elements found", p->name, got, p->value.numel()));
+  }
+  if (!problems.empty()) throw_problems(dir, problems);
+}
+
+}  // namespace moecore::ckpt
