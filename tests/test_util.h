@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "moecore/core/error.h"
 #include "moecore/core/rng.h"
 #include "moecore/core/tensor.h"
 
@@ -71,5 +72,15 @@ inline double fd_rel_error(const std::function<double()>& loss, Tensor& x, const
 }
 
 constexpr double kGradTol = 1e-6;
+
+// The message of the moecore::Error `f` throws ("" if none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace moecore::testing

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "moecore/ckpt/checkpoint.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
@@ -37,14 +38,7 @@ struct FakeRank {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Checkpoint, ReshardsAcrossLayouts) {
   const std::string dir = fresh_dir("reshard");

@@ -12,6 +12,7 @@
 #include "moecore/data/indexed_dataset.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/data/tokenizer.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
@@ -139,14 +140,7 @@ TEST(Preprocess, SmallVocabularyWritesUint16) {
   EXPECT_EQ(slurp(d / "o_text_document.idx"), megatron_idx(8, {static_cast<int32_t>(ids.size())}, {0, 1}, 2));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Preprocess, BadLinesAreNamedAndNothingIsWritten) {
   const fs::path d = tmpdir("bad");
