@@ -118,22 +118,9 @@ TEST_P(ModelParallelLayouts, MatchSingleRank) {
       "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
       "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "120", "--make-vocab-size-divisible-by", "64", "--train-iters",
       "5", "--lr", "1e-3", "--eval-iters", "0"};
-  // Appends `extra`, replacing any flag it sets (and that flag's values) already in `a`.
-  auto with = [](std::vector<std::string> a, const std::vector<std::string>& extra) {
-    for (const auto& f : extra) {
-      if (f.rfind("--", 0) != 0) continue;
-      auto it = std::find(a.begin(), a.end(), f);
-      if (it == a.end()) continue;
-      auto end = it + 1;
-      while (end != a.end() && end->rfind("--", 0) != 0) ++end;
-      a.erase(it, end);
-    }
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
-  };
-  args = with(args, l.both);
-  const train::TrainConfig one = train::parse_train_config(with(args, l.single));
-  expect_same_steps(one, train::parse_train_config(with(args, l.flags)), w);
+  args = train::override_flags(args, l.both);
+  const train::TrainConfig one = train::parse_train_config(train::override_flags(args, l.single));
+  expect_same_steps(one, train::parse_train_config(train::override_flags(args, l.flags)), w);
 }
 
 const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};

@@ -170,22 +170,12 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   return r;
 }
 
-// The benchmark's model flags, minus those the user gives (with their values), then the user's.
-std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::vector<std::string>& defaults) {
-  std::vector<std::string> flags;
-  auto given = [&](const std::string& f) {
-    return std::find(a.train_flags.begin(), a.train_flags.end(), f) != a.train_flags.end();
-  };
-  bool skipping = false;
-  for (const auto& d : defaults) {
-    if (d.rfind("--", 0) == 0) skipping = given(d);
-    if (!skipping) flags.push_back(d);
-  }
+// The benchmark's model and run flags, overridden by the user's.
+std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, std::vector<std::string> flags) {
   if (a.dtype == "bf16") flags.push_back("--bf16");
   flags.insert(flags.end(), {"--mock-data", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
                              "--eval-iters", "0", "--log-interval", "1000000"});
-  flags.insert(flags.end(), a.train_flags.begin(), a.train_flags.end());
-  return flags;
+  return train::override_flags(flags, a.train_flags);
 }
 
 void print_split(const TrainRun& r) {

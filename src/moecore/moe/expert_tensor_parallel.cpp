@@ -19,26 +19,14 @@ void ExpertTensorParallel::gather(const Tensor& x_RH, const Tensor& probs_R,
   etp_.all_gather(mine, counts);
   const int64_t* c = counts.data<int64_t>();
   plan.rows_per_rank.assign(static_cast<size_t>(P), 0);
-  plan.tokens_per_expert.assign(static_cast<size_t>(n), 0);
-  std::vector<int64_t> chunk_start(static_cast<size_t>(P * n));
-  int64_t off = 0;
   for (int64_t r = 0; r < P; r++)
-    for (int64_t e = 0; e < n; e++) {
-      chunk_start[static_cast<size_t>(r * n + e)] = off;
-      off += c[r * n + e];
-      plan.rows_per_rank[static_cast<size_t>(r)] += c[r * n + e];
-      plan.tokens_per_expert[static_cast<size_t>(e)] += c[r * n + e];
-    }
+    for (int64_t e = 0; e < n; e++) plan.rows_per_rank[static_cast<size_t>(r)] += c[r * n + e];
   // Gathered layout [source rank][local expert] -> expert-major [local expert][source rank].
-  plan.sorted_from_all = Tensor::empty({off}, DType::I32);
-  int32_t* perm = plan.sorted_from_all.data<int32_t>();
-  int64_t row = 0;
-  for (int64_t e = 0; e < n; e++)
-    for (int64_t r = 0; r < P; r++)
-      for (int64_t i = 0; i < c[r * n + e]; i++)
-        perm[row++] = static_cast<int32_t>(chunk_start[static_cast<size_t>(r * n + e)] + i);
+  plan.sorted_from_all =
+      expert_major_order(P, n, [&](int64_t r, int64_t e) { return c[r * n + e]; }, plan.tokens_per_expert);
+  const int64_t total = plan.sorted_from_all.numel();
   x_all = gather_rows_like(x_RH, plan);
-  probs_all = gather_rows_like(probs_R, plan).reshape({off});
+  probs_all = gather_rows_like(probs_R, plan).reshape({total});
 }
 
 Tensor ExpertTensorParallel::gather_rows_like(const Tensor& rows_in, const EtpPlan& plan) const {

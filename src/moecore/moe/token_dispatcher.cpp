@@ -29,6 +29,28 @@ void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
   for (int64_t r = 0; r < R; r++) std::memcpy(d + idx[r] * bytes, s + r * bytes, bytes);
 }
 
+Tensor expert_major_order(int64_t ranks, int64_t n_local, const std::function<int64_t(int64_t, int64_t)>& count,
+                          std::vector<int64_t>& per_expert) {
+  std::vector<int64_t> chunk_start(static_cast<size_t>(ranks * n_local));
+  int64_t off = 0;
+  for (int64_t s = 0; s < ranks; s++)
+    for (int64_t e = 0; e < n_local; e++) {
+      chunk_start[static_cast<size_t>(s * n_local + e)] = off;
+      off += count(s, e);
+    }
+  per_expert.assign(static_cast<size_t>(n_local), 0);
+  Tensor order = Tensor::empty({off}, DType::I32);
+  int32_t* perm = order.data<int32_t>();
+  int64_t row = 0;
+  for (int64_t e = 0; e < n_local; e++)
+    for (int64_t s = 0; s < ranks; s++) {
+      const int64_t n = count(s, e), start = chunk_start[static_cast<size_t>(s * n_local + e)];
+      for (int64_t i = 0; i < n; i++) perm[row++] = static_cast<int32_t>(start + i);
+      per_expert[static_cast<size_t>(e)] += n;
+    }
+  return order;
+}
+
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
   const int64_t T = plan.T, H = src_RH.cols();
   MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == src_RH.dtype());
@@ -147,25 +169,10 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_T
       plan.output_splits[static_cast<size_t>(d)] += g[d * E_ + me * n_local_ + le];
     }
   // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank].
-  int64_t recv_rows = 0;
-  for (int64_t v : plan.output_splits) recv_rows += v;
-  plan.sorted_from_recv = Tensor::empty({recv_rows}, DType::I32);
-  std::vector<int64_t> chunk_start(static_cast<size_t>(P * n_local_));
-  int64_t off = 0;
-  for (int64_t s = 0; s < P; s++)
-    for (int64_t le = 0; le < n_local_; le++) {
-      chunk_start[static_cast<size_t>(s * n_local_ + le)] = off;
-      off += g[s * E_ + me * n_local_ + le];
-    }
-  std::vector<int64_t> local_counts(static_cast<size_t>(n_local_), 0);
-  int32_t* perm = plan.sorted_from_recv.data<int32_t>();
-  int64_t row = 0;
-  for (int64_t le = 0; le < n_local_; le++)
-    for (int64_t s = 0; s < P; s++) {
-      const int64_t n = g[s * E_ + me * n_local_ + le];
-      for (int64_t i = 0; i < n; i++) perm[row++] = static_cast<int32_t>(chunk_start[static_cast<size_t>(s * n_local_ + le)] + i);
-      local_counts[static_cast<size_t>(le)] += n;
-    }
+  std::vector<int64_t> local_counts;
+  plan.sorted_from_recv = expert_major_order(
+      P, n_local_, [&](int64_t s, int64_t le) { return g[s * E_ + me * n_local_ + le]; }, local_counts);
+  const int64_t recv_rows = plan.sorted_from_recv.numel();
   // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
   x_RH = exchange_forward(x_perm, plan);
   probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({recv_rows});

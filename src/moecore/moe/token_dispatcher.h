@@ -5,6 +5,7 @@
 // The allgather and alltoall dispatchers over MPI implement the same interface (distributed issue).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -56,6 +57,11 @@ class LocalTokenDispatcher : public TokenDispatcher {
 // (unpermute).
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);  // dst[r] = src[idx[r]]
 void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);          // dst[idx[r]] = src[r]
+// Rows arriving as chunks [source rank s][local expert e] of count(s, e) rows, reordered expert-major
+// ([e][s], source order kept): for each output row, its row in the arriving buffer (I32). Adds each expert's rows
+// to per_expert ([n_local], zeroed here).
+Tensor expert_major_order(int64_t ranks, int64_t n_local, const std::function<int64_t(int64_t, int64_t)>& count,
+                          std::vector<int64_t>& per_expert);
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
 
 }  // namespace moecore::moe

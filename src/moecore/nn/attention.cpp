@@ -12,13 +12,7 @@ namespace moecore::nn {
 
 namespace {
 LinearConfig proj_cfg(int64_t in, int64_t out, const AttentionConfig& c, double std, TPSplit split) {
-  LinearConfig l{in, out, c.bias, InitRule::normal(std), c.bf16};
-  if (c.tp.on()) {
-    l.split = split;
-    l.tp_size = c.tp.size();
-    l.tp_rank = c.tp.rank();
-  }
-  return l;
+  return LinearConfig{in, out, c.bias, InitRule::normal(std), c.bf16, split, c.tp};
 }
 int64_t heads_here(int64_t n, const TPContext& tp, const char* what) {
   MOE_CHECK(n % tp.size() == 0, "{} {} do not split over --tensor-model-parallel-size {}", n, what, tp.size());

@@ -54,13 +54,10 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f)));
   }
   if (c.untie_embeddings_and_output_weights) {
-    LinearConfig oc{c.hidden_size, c.vocab_size, false, InitRule::normal(c.init_method_std), c.bf16};
-    if (c.tp.on()) {
-      oc.split = TPSplit::Column;
-      oc.tp_size = c.tp.size();
-      oc.tp_rank = c.tp.rank();
-    }
-    output_ = std::make_unique<Linear>(reg, "output_layer", oc);
+    output_ = std::make_unique<Linear>(reg, "output_layer",
+                                       LinearConfig{c.hidden_size, c.vocab_size, false,
+                                                    InitRule::normal(c.init_method_std), c.bf16, TPSplit::Column,
+                                                    c.tp});
   } else {
     output_ = std::make_unique<Linear>(embedding_.weight(), c.bf16);
   }

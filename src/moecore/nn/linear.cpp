@@ -9,31 +9,31 @@ namespace moecore::nn {
 Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& cfg)
     : in_(cfg.in), out_(cfg.out), bf16_(cfg.bf16) {
   MOE_ASSERT(cfg.in > 0 && cfg.out > 0);
-  const int64_t P = cfg.tp_size, r = cfg.tp_rank;
-  MOE_ASSERT(P >= 1 && r >= 0 && r < P);
-  if (cfg.split == TPSplit::Column) {
+  const int64_t P = cfg.tp.size(), r = cfg.tp.rank();
+  const TPSplit split = cfg.tp.on() ? cfg.split : TPSplit::None;
+  if (split == TPSplit::Column) {
     const int64_t halves = cfg.gated ? 2 : 1;
     MOE_CHECK(cfg.out % (halves * P) == 0, "{}: {} output features do not split over {} tensor-parallel ranks",
               name, cfg.out, P);
     out_ = cfg.out / P;
-  } else if (cfg.split == TPSplit::Row) {
+  } else if (split == TPSplit::Row) {
     MOE_CHECK(cfg.in % P == 0, "{}: {} input features do not split over {} tensor-parallel ranks", name, cfg.in, P);
     MOE_ASSERT_MSG(!cfg.bias, "{}: a row-parallel bias is added after the reduction, not here", name);
     in_ = cfg.in / P;
   }
   weight_ = &reg.add(name + ".weight", {out_, in_}, cfg.init);
   if (cfg.bias) bias_ = &reg.add(name + ".bias", {out_}, InitRule::zeros(), /*no_weight_decay=*/true);
-  if (cfg.split == TPSplit::Column && cfg.gated) {
+  if (split == TPSplit::Column && cfg.gated) {
     const int64_t half = cfg.out / 2, h = out_ / 2;
     weight_->set_shard({2, half, cfg.in}, {0, r * h, 0}, {2, h, cfg.in});
     if (bias_) bias_->set_shard({2, half}, {0, r * h}, {2, h});
-  } else if (cfg.split == TPSplit::Column) {
+  } else if (split == TPSplit::Column) {
     weight_->set_shard({cfg.out, cfg.in}, {r * out_, 0}, {out_, cfg.in});
     if (bias_) bias_->set_shard({cfg.out}, {r * out_}, {out_});
-  } else if (cfg.split == TPSplit::Row) {
+  } else if (split == TPSplit::Row) {
     weight_->set_shard({cfg.out, cfg.in}, {0, r * in_}, {cfg.out, in_});
   }
-  weight_->tensor_parallel = cfg.split != TPSplit::None && P > 1;
+  weight_->tensor_parallel = split != TPSplit::None;
   if (bias_) bias_->tensor_parallel = weight_->tensor_parallel;
   MOE_ASSERT_MSG(!bf16_ || reg.dtype() == DType::F32, "bf16 GEMMs need f32 master weights");
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "moecore/nn/parameter.h"
+#include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
 
@@ -20,8 +21,8 @@ struct LinearConfig {
   bool bias = false;
   InitRule init = InitRule::normal(0.02);
   bool bf16 = false;
-  TPSplit split = TPSplit::None;
-  int64_t tp_size = 1, tp_rank = 0;
+  TPSplit split = TPSplit::None;  // applies when tp has more than one rank
+  TPContext tp = {};
   bool gated = false;  // Column split of [gate; linear] halves
 };
 

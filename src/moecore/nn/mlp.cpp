@@ -6,18 +6,14 @@ namespace moecore::nn {
 namespace {
 LinearConfig fc_cfg(const MLPConfig& c, bool fc1) {
   const bool gated = kernels::is_gated(c.activation);
-  LinearConfig l{fc1 ? c.hidden : c.ffn_hidden,
-                 fc1 ? (gated ? 2 : 1) * c.ffn_hidden : c.hidden,
-                 c.bias,
-                 InitRule::normal(fc1 ? c.init_std : c.output_init_std),
-                 c.bf16};
-  if (c.tp.on()) {
-    l.split = fc1 ? TPSplit::Column : TPSplit::Row;
-    l.tp_size = c.tp.size();
-    l.tp_rank = c.tp.rank();
-    l.gated = fc1 && gated;
-  }
-  return l;
+  return LinearConfig{fc1 ? c.hidden : c.ffn_hidden,
+                      fc1 ? (gated ? 2 : 1) * c.ffn_hidden : c.hidden,
+                      c.bias,
+                      InitRule::normal(fc1 ? c.init_std : c.output_init_std),
+                      c.bf16,
+                      fc1 ? TPSplit::Column : TPSplit::Row,
+                      c.tp,
+                      fc1 && gated};
 }
 }  // namespace
 

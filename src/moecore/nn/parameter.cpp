@@ -1,6 +1,8 @@
 // Parameter registry and layout-independent initialization (see parameter.h).
 #include "moecore/nn/parameter.h"
 
+#include <cstring>
+
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
 
@@ -83,6 +85,24 @@ _Pragma("omp parallel for schedule(static)")
 
 void ParamRegistry::zero_grad() {
   for (auto& p : params_) p->grad.zero_();
+}
+
+void pack_grads(const std::vector<Parameter*>& params, Tensor& flat) {
+  int64_t off = 0;
+  for (auto* p : params) {
+    MOE_ASSERT(p->grad.dtype() == flat.dtype() && off + p->grad.numel() <= flat.numel());
+    std::memcpy(static_cast<char*>(flat.raw()) + off * 4, p->grad.raw(), p->grad.nbytes());
+    off += p->grad.numel();
+  }
+}
+
+void unpack_grads(const Tensor& flat, const std::vector<Parameter*>& params) {
+  int64_t off = 0;
+  for (auto* p : params) {
+    MOE_ASSERT(p->grad.dtype() == flat.dtype() && off + p->grad.numel() <= flat.numel());
+    std::memcpy(p->grad.raw(), static_cast<const char*>(flat.raw()) + off * 4, p->grad.nbytes());
+    off += p->grad.numel();
+  }
 }
 
 void init_tensor(Tensor& t, const std::string& name, InitRule rule, uint64_t seed, int64_t offset) {

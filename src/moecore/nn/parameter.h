@@ -66,6 +66,11 @@ class ParamRegistry {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
+// Gradients of `params` laid end to end from the start of `flat` (f32), and back: the flat buffers collectives
+// reduce.
+void pack_grads(const std::vector<Parameter*>& params, Tensor& flat);
+void unpack_grads(const Tensor& flat, const std::vector<Parameter*>& params);
+
 // Fills `t` with init values for the global elements [offset, offset + t.numel()) of parameter `name`.
 void init_tensor(Tensor& t, const std::string& name, InitRule rule, uint64_t seed, int64_t offset = 0);
 // Fills p.value with its init values: the global tensor's elements at the shard's positions.

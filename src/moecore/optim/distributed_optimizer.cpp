@@ -18,6 +18,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     if (buckets_.size() <= b) buckets_.resize(b + 1);
     Bucket& bk = buckets_[b];
     bk.segs.push_back({p, bk.size, norm_weight ? norm_weight(*p) : 1.0});
+    bk.params.push_back(p);
     bk.size += p->value.numel();
   }
   const int64_t n = group_.size();
@@ -56,7 +57,7 @@ void ShardedAdamW::start_bucket(size_t b) {
   if (b >= buckets_.size() || buckets_[b].segs.empty()) return;
   Bucket& bk = buckets_[b];
   MOE_ASSERT_MSG(!bk.started, "bucket {} reduced twice in one step", b);
-  for (const auto& s : bk.segs) std::memcpy(bk.flat_grad.data<float>() + s.offset, s.p->grad.raw(), s.p->grad.nbytes());
+  nn::pack_grads(bk.params, bk.flat_grad);
   Tensor out = grad_shard_.slice(bk.local, bk.shard);
   bk.work = group_.reduce_scatter(bk.flat_grad, out, comm::ReduceOp::Sum, /*async=*/true);
   bk.started = true;

@@ -2,6 +2,8 @@
 // file (yaml-cpp), the presets and the printed configuration all go through it.
 #include "moecore/train/config.h"
 
+#include <algorithm>
+
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
@@ -425,6 +427,19 @@ void validate(TrainConfig& c) {
     MOE_CHECK(c.moe_shared_expert_intermediate_size == 0 && c.moe_ffn_hidden_size == 0,
               "--moe-* sizes are set but --num-experts is 0");
   }
+}
+
+std::vector<std::string> override_flags(std::vector<std::string> base, const std::vector<std::string>& extra) {
+  for (const auto& f : extra) {
+    if (f.rfind("--", 0) != 0) continue;
+    const auto it = std::find(base.begin(), base.end(), f);
+    if (it == base.end()) continue;
+    auto end = it + 1;
+    while (end != base.end() && end->rfind("--", 0) != 0) ++end;
+    base.erase(it, end);
+  }
+  base.insert(base.end(), extra.begin(), extra.end());
+  return base;
 }
 
 std::string describe(const TrainConfig& c0) {

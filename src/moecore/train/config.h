@@ -88,6 +88,10 @@ struct HelpRequested {
   std::string text;
 };
 
+// `base` with `extra` appended, every flag `extra` sets removed from `base` first (with its values): how
+// benchmarks and tests override a model's flags without CLI11 seeing a flag twice.
+std::vector<std::string> override_flags(std::vector<std::string> base, const std::vector<std::string>& extra);
+
 // Parses `moecore train` arguments (argv after "train"); throws Error on unknown, conflicting or unsupported
 // options, naming the flag.
 TrainConfig parse_train_config(const std::vector<std::string>& args);

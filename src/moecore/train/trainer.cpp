@@ -21,6 +21,11 @@
 namespace moecore::train {
 
 namespace {
+// The group when it has more than one rank (what modules take), else null.
+const comm::ProcessGroup* active(const std::unique_ptr<comm::ProcessGroup>& g) {
+  return g && g->size() > 1 ? g.get() : nullptr;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -103,10 +108,10 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (cfg_.num_experts > 0) {
     const auto is_moe = moe::parse_moe_layer_freq(cfg_.moe_layer_freq, cfg_.num_layers);
     moe::MoELayerConfig mc = moe_layer_config(cfg_);
-    mc.ep_group = ep_group_ && ep_group_->size() > 1 ? ep_group_.get() : nullptr;
-    mc.etp_group = etp_group_ && etp_group_->size() > 1 ? etp_group_.get() : nullptr;
-    mc.tp.group = tp_group_ && tp_group_->size() > 1 ? tp_group_.get() : nullptr;
-    mc.router.global_group = stats_group_ && stats_group_->size() > 1 ? stats_group_.get() : nullptr;
+    mc.ep_group = active(ep_group_);
+    mc.etp_group = active(etp_group_);
+    mc.tp.group = active(tp_group_);
+    mc.router.global_group = active(stats_group_);
     mc.router.global_grad_scale = static_cast<double>(dp_);
     ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
       if (!is_moe[static_cast<size_t>(i)]) return nullptr;
@@ -114,8 +119,16 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     };
   }
   nn::GPTConfig gc = gpt_config(cfg_, padded_vocab_);
-  gc.tp.group = tp_group_ && tp_group_->size() > 1 ? tp_group_.get() : nullptr;
+  gc.tp.group = active(tp_group_);
   model_ = std::make_unique<nn::GPTModel>(gc, reg_, ffn);
+  // Replicated-over-TP parameters per gradient bucket: their partial gradients are summed over TP.
+  sp_params_.resize(model_->num_layers() + 1);
+  if (active(tp_group_))
+    for (auto& p : reg_.all())
+      if (!p->tensor_parallel && !p->expert_parallel) {
+        sp_params_[layer_of(*p)].push_back(p.get());
+        sp_params_all_.push_back(p.get());
+      }
   reg_.initialize(static_cast<uint64_t>(cfg_.seed));
   stash_ = model_->make_stash();
   if (cfg_.use_distributed_optimizer && dp_group_) {
@@ -279,7 +292,7 @@ StepResult Trainer::train_step() {
       // gradients summed over TP first, where the distributed optimizer reduce-scatters them).
       model_->backward(stash_, scale, [this](size_t layer) {
         if (dist_dense_) {
-          sum_sequence_parallel_grads(layer);
+          sum_sequence_parallel_grads(sp_params_[layer]);
           dist_dense_->start_bucket(layer);
           if (dist_expert_) dist_expert_->start_bucket(layer);
         } else {
@@ -305,7 +318,7 @@ StepResult Trainer::train_step() {
       if (dist_expert_) sq += dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
     } else {
       finish_buckets();
-      sum_sequence_parallel_grads();
+      sum_sequence_parallel_grads(sp_params_all_);
       for (auto& p : reg_.all()) sq += norm_weight(*p) * kernels::sum_squares(p->grad);
     }
     for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
@@ -390,39 +403,21 @@ size_t Trainer::layer_of(const nn::Parameter& p) const {
   return model_->num_layers();  // embedding, final norm, output layer
 }
 
-void Trainer::sum_sequence_parallel_grads(std::optional<size_t> layer) {
-  if (!tp_group_ || tp_group_->size() == 1) return;
-  std::vector<nn::Parameter*> ps;
+void Trainer::sum_sequence_parallel_grads(const std::vector<nn::Parameter*>& ps) {
+  if (ps.empty()) return;
   int64_t n = 0;
-  for (auto& p : reg_.all())
-    if (!p->tensor_parallel && !p->expert_parallel && (!layer || layer_of(*p) == *layer)) {
-      ps.push_back(p.get());
-      n += p->grad.numel();
-    }
-  if (n == 0) return;
+  for (auto* p : ps) n += p->grad.numel();
   if (sp_flat_.numel() < n) sp_flat_ = Tensor::empty({n}, DType::F32);
   Tensor flat = sp_flat_.slice(0, n);
-  int64_t off = 0;
-  for (auto* p : ps) {
-    std::memcpy(flat.data<float>() + off, p->grad.raw(), p->grad.nbytes());
-    off += p->grad.numel();
-  }
+  nn::pack_grads(ps, flat);
   tp_group_->all_reduce(flat);
-  off = 0;
-  for (auto* p : ps) {
-    std::memcpy(p->grad.raw(), flat.data<float>() + off, p->grad.nbytes());
-    off += p->grad.numel();
-  }
+  nn::unpack_grads(flat, ps);
 }
 
 void Trainer::start_bucket(size_t index) {
   Bucket& bk = buckets_[index];
   if (bk.params.empty()) return;
-  int64_t off = 0;
-  for (auto* p : bk.params) {
-    std::memcpy(bk.flat.data<float>() + off, p->grad.raw(), p->grad.nbytes());
-    off += p->grad.numel();
-  }
+  nn::pack_grads(bk.params, bk.flat);
   // Dense buckets (even index) over DP×CP, expert buckets over EDP; every rank starts them in the same order.
   bk.work = (index % 2 ? edp_group_ : dp_group_)->all_reduce(bk.flat, comm::ReduceOp::Sum, /*async=*/true);
 }
@@ -433,11 +428,7 @@ void Trainer::finish_buckets() {
     if (bk.params.empty()) continue;
     bk.work.wait();
     kernels::scale_(bk.flat, s);
-    int64_t off = 0;
-    for (auto* p : bk.params) {
-      std::memcpy(p->grad.raw(), bk.flat.data<float>() + off, p->grad.nbytes());
-      off += p->grad.numel();
-    }
+    nn::unpack_grads(bk.flat, bk.params);
   }
 }
 

@@ -89,9 +89,11 @@ class Trainer {
   // the same (reduced) gradient, so the sum over all ranks counts every element once.
   double norm_weight(const nn::Parameter& p) const;
   int64_t edp() const;
-  // Sums the partial gradients of replicated-over-TP parameters (of one layer, or all) over the TP group
-  // (sequence parallelism).
-  void sum_sequence_parallel_grads(std::optional<size_t> layer = std::nullopt);
+  // Sums the partial gradients of replicated-over-TP parameters over the TP group (sequence parallelism).
+  void sum_sequence_parallel_grads(const std::vector<nn::Parameter*>& params);
+  // Replicated-over-TP parameters per bucket (layer) and all of them; empty without TP.
+  std::vector<std::vector<nn::Parameter*>> sp_params_;
+  std::vector<nn::Parameter*> sp_params_all_;
   // The transformer layer a parameter belongs to (num_layers for the embedding, final norm and output layer): its
   // gradient bucket.
   size_t layer_of(const nn::Parameter& p) const;
