@@ -75,7 +75,10 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
                 .find("--expert-tensor-parallel-size 2"),
             std::string::npos);
   EXPECT_NE(with({"--num-experts", "4"}).find("--disable-bias-linear"), std::string::npos);
-  EXPECT_NE(with({"--save", "ckpt"}).find("checkpointing"), std::string::npos);
+  EXPECT_NE(with({"--save-interval", "5"}).find("without --save"), std::string::npos);
+  EXPECT_NE(with({"--finetune"}).find("--finetune needs --load"), std::string::npos);
+  EXPECT_NE(with({"--no-load-optim"}).find("--no-load-optim needs --load"), std::string::npos);
+  EXPECT_NE(with({"--fault-kill-during-save", "3"}).find("RANK:ITERATION"), std::string::npos);
   EXPECT_NE(with({"--micro-batch-size", "3", "--global-batch-size", "8"}).find("multiple"), std::string::npos);
   EXPECT_NE(with({"--normalization", "LayerNorm"}).find("RMSNorm"), std::string::npos);
   EXPECT_NE(with({"--num-attention-heads", "3"}).find("divisible"), std::string::npos);

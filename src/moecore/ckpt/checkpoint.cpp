@@ -2,6 +2,8 @@
 #include "moecore/ckpt/checkpoint.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -112,26 +114,54 @@ int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const B
   return copied;
 }
 
-void write_model_shards(const std::string& dir, int64_t rank, const std::vector<const nn::Parameter*>& params) {
+StoredTensor stored(const nn::Parameter& p) { return {p.name, box_of(p), p.value}; }
+
+void write_file_durable(const std::string& path, const std::string& content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MOE_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t w = ::write(fd, content.data() + done, content.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) ::close(fd);
+    MOE_CHECK(w > 0, "cannot write {}: {}", path, std::strerror(errno));
+    done += static_cast<size_t>(w);
+  }
+  MOE_CHECK(::fsync(fd) == 0, "cannot fsync {}: {}", path, std::strerror(errno));
+  MOE_CHECK(::close(fd) == 0, "cannot close {}: {}", path, std::strerror(errno));
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  MOE_CHECK(fd >= 0, "cannot open directory {}: {}", dir, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  MOE_CHECK(rc == 0, "cannot fsync directory {}: {}", dir, std::strerror(errno));
+}
+
+void write_shards(const std::string& dir, int64_t rank, const std::vector<StoredTensor>& tensors) {
   const std::string file = fmt::format("model_rank{:05d}.safetensors", rank);
   std::vector<NamedTensor> ts;
   nlohmann::json frag = nlohmann::json::array();
-  for (const auto* p : params) {
-    const Box b = box_of(*p);
-    ts.push_back({p->name, p->value});
-    frag.push_back({{"name", p->name},
+  for (const auto& t : tensors) {
+    MOE_ASSERT(t.tensor.numel() == t.box.volume());
+    ts.push_back({t.name, t.tensor});
+    frag.push_back({{"name", t.name},
                     {"file", file},
-                    {"global", dims(b.global)},
-                    {"offset", b.offset},
-                    {"size", dims(b.size)},
-                    {"dtype", safetensors_dtype(p->value.dtype())},
-                    {"crc32", crc_of(p->value)}});
+                    {"global", dims(t.box.global)},
+                    {"offset", t.box.offset},
+                    {"size", dims(t.box.size)},
+                    {"dtype", safetensors_dtype(t.tensor.dtype())},
+                    {"crc32", crc_of(t.tensor)}});
   }
   write_safetensors(dir + "/" + file, ts);
-  std::ofstream f(fragment_path(dir, rank));
-  f << frag.dump(1) << "\n";
-  f.flush();
-  MOE_CHECK(f.good(), "cannot write {}", fragment_path(dir, rank));
+  write_file_durable(fragment_path(dir, rank), frag.dump(1) + "\n");
+}
+
+void write_model_shards(const std::string& dir, int64_t rank, const std::vector<const nn::Parameter*>& params) {
+  std::vector<StoredTensor> ts;
+  for (const auto* p : params) ts.push_back(stored(*p));
+  write_shards(dir, rank, ts);
 }
 
 namespace {
@@ -238,12 +268,7 @@ void write_model_index(const std::string& dir, int64_t world) {
   for (const auto& p : tiling_problems(all)) problems.push_back(p);
   if (!problems.empty()) throw_problems(dir, problems);
   const std::string tmp = dir + "/index.json.tmp";
-  {
-    std::ofstream f(tmp);
-    f << nlohmann::json{{"format", "moecore-native-1"}, {"shards", merged}}.dump(1) << "\n";
-    f.flush();
-    MOE_CHECK(f.good(), "cannot write {}", tmp);
-  }
+  write_file_durable(tmp, nlohmann::json{{"format", "moecore-native-1"}, {"shards", merged}}.dump(1) + "\n");
   std::filesystem::rename(tmp, dir + "/index.json");
   for (int64_t r = 0; r < world; r++) std::filesystem::remove(fragment_path(dir, r));
 }
@@ -266,47 +291,68 @@ std::vector<ShardRecord> read_model_index(const std::string& dir) {
   return recs;
 }
 
-void load_model(const std::string& dir, nn::ParamRegistry& reg) {
+void load_tensors(const std::string& dir, const std::vector<LoadTarget>& targets) {
   const auto recs = read_model_index(dir);
   std::map<std::string, std::vector<const ShardRecord*>> by_name;
   for (const auto& r : recs) by_name[r.name].push_back(&r);
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
   std::vector<std::string> problems;
-  for (auto& p : reg.all()) {
-    const auto it = by_name.find(p->name);
+  for (const auto& tg : targets) {
+    MOE_ASSERT(tg.dst && tg.dst->numel() == tg.box.volume());
+    const auto it = by_name.find(tg.name);
     if (it == by_name.end()) {
-      problems.push_back(fmt::format("{}: not in the checkpoint", p->name));
+      problems.push_back(fmt::format("{}: not in the checkpoint", tg.name));
       continue;
     }
-    const Box mine = box_of(*p);
-    if (!(it->second.front()->box.global == mine.global)) {
-      problems.push_back(fmt::format("{}: the checkpoint's global shape {} differs from the model's {}", p->name,
-                                     it->second.front()->box.global.str(), mine.global.str()));
+    Box mine = tg.box;
+    const Shape& theirs = it->second.front()->box.global;
+    // Elements of `mine` the checkpoint must provide: all of them, or with a differently padded vocabulary the
+    // rows below the checkpoint's row count (both must hold the real vocabulary).
+    int64_t expect = mine.volume();
+    bool same = theirs == mine.global;
+    if (!same && tg.vocab_rows > 0 && theirs.ndim() == mine.global.ndim() && theirs[0] >= tg.vocab_rows &&
+        mine.global[0] >= tg.vocab_rows) {
+      same = true;
+      for (int d = 1; d < theirs.ndim(); d++) same = same && theirs[d] == mine.global[d];
+      const int64_t rows = std::clamp<int64_t>(theirs[0] - mine.offset[0], 0, mine.size[0]);
+      expect = mine.volume() / std::max<int64_t>(1, mine.size[0]) * rows;
+    }
+    if (!same) {
+      problems.push_back(fmt::format("{}: the checkpoint's global shape {} differs from the model's {}", tg.name,
+                                     theirs.str(), mine.global.str()));
       continue;
     }
     int64_t got = 0;
     for (const auto* r : it->second) {
+      Box rb = r->box;
+      rb.global = mine.global;  // equal, or differing only in vocabulary padding (boxes are absolute)
       std::vector<int64_t> lo, hi;
-      if (!intersect(r->box, mine, lo, hi)) continue;
+      if (!intersect(rb, mine, lo, hi)) continue;
       auto& f = files[r->file];
       if (!f) f = std::make_unique<SafetensorsFile>(dir + "/" + r->file);
       Tensor t = f->read(r->name);
       if (t.numel() != r->box.volume() || t.dtype() != r->dtype) {
-        problems.push_back(fmt::format("{}: {} holds {} {} where the index says {} {}", p->name, r->file,
+        problems.push_back(fmt::format("{}: {} holds {} {} where the index says {} {}", tg.name, r->file,
                                        t.shape().str(), dtype_name(t.dtype()), r->box.size.str(), dtype_name(r->dtype)));
         continue;
       }
       if (crc_of(t) != r->crc32) {
-        problems.push_back(fmt::format("{}: checksum mismatch in {} (the file is corrupt)", p->name, r->file));
+        problems.push_back(fmt::format("{}: checksum mismatch in {} (the file is corrupt)", tg.name, r->file));
         continue;
       }
-      if (t.dtype() != p->value.dtype()) t = t.to(p->value.dtype());
-      got += copy_intersection(t, r->box, p->value, mine);
+      if (t.dtype() != tg.dst->dtype()) t = t.to(tg.dst->dtype());
+      got += copy_intersection(t, rb, *tg.dst, mine);
     }
-    if (got != p->value.numel() && problems.empty())
-      problems.push_back(fmt::format("{}: {} of {} elements found", p->name, got, p->value.numel()));
+    if (got != expect && problems.empty())
+      problems.push_back(fmt::format("{}: {} of {} elements found", tg.name, got, expect));
   }
   if (!problems.empty()) throw_problems(dir, problems);
+}
+
+void load_model(const std::string& dir, nn::ParamRegistry& reg) {
+  std::vector<LoadTarget> targets;
+  for (auto& p : reg.all()) targets.push_back({p->name, box_of(*p), &p->value});
+  load_tensors(dir, targets);
 }
 
 }  // namespace moecore::ckpt

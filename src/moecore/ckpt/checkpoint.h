@@ -32,17 +32,43 @@ struct ShardRecord {
   uint32_t crc32 = 0;
 };
 
-// Writes `params` (the shards this rank stores; each global name at most once) to
-// dir/model_rank<rank>.safetensors and its index fragment dir/index_rank<rank>.json.
+// A tensor a rank stores: the box `box` of the global tensor `name` (model parameters, optimizer moments, buffers).
+struct StoredTensor {
+  std::string name;
+  Box box;
+  Tensor tensor;
+};
+StoredTensor stored(const nn::Parameter& p);
+
+// Writes `tensors` (this rank's; each global element stored by exactly one rank) to
+// dir/model_rank<rank>.safetensors and its index fragment dir/index_rank<rank>.json, both fsynced.
+void write_shards(const std::string& dir, int64_t rank, const std::vector<StoredTensor>& tensors);
 void write_model_shards(const std::string& dir, int64_t rank, const std::vector<const nn::Parameter*>& params);
-// Merges the fragments of ranks [0, world) into dir/index.json after checking that every parameter's global view
+// Merges the fragments of ranks [0, world) into dir/index.json after checking that every tensor's global view
 // is tiled exactly once by consistent shards; otherwise throws listing every problem (missing or duplicated
 // elements, with the indices along the first dimension, e.g. experts; inconsistent global shapes or dtypes).
 void write_model_index(const std::string& dir, int64_t world);
 // The validated shard list of a checkpoint directory.
 std::vector<ShardRecord> read_model_index(const std::string& dir);
-// Loads every parameter of `reg` from dir, whatever layout wrote it: checksums verified, shapes checked, every
-// element of every parameter found exactly once.
+
+// A tensor to fill from a checkpoint: the box `box` of global tensor `name`, copied into *dst (same dtype or
+// converted). vocab_rows > 0 marks dimension 0 as a padded vocabulary: the checkpoint may pad it differently
+// (vocabulary padding depends on TP) as long as both hold the first vocab_rows rows; rows beyond the
+// checkpoint's are left as they are.
+struct LoadTarget {
+  std::string name;
+  Box box;
+  Tensor* dst = nullptr;
+  int64_t vocab_rows = 0;
+};
+// Fills every target from dir, whatever layout wrote it: checksums verified, shapes checked, every element found
+// exactly once; otherwise throws listing every problem.
+void load_tensors(const std::string& dir, const std::vector<LoadTarget>& targets);
+// load_tensors for every parameter of `reg`.
 void load_model(const std::string& dir, nn::ParamRegistry& reg);
+
+// Durable small files: written, fsynced, closed (the caller places them atomically by rename).
+void write_file_durable(const std::string& path, const std::string& content);
+void fsync_dir(const std::string& dir);
 
 }  // namespace moecore::ckpt

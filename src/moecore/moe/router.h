@@ -102,6 +102,8 @@ class Router {
   Tensor& expert_bias() { return expert_bias_E_; }
   Tensor& local_tokens_per_expert() { return tokens_per_expert_E_; }
   nn::Parameter& weight() { return *weight_; }
+  // Training forwards so far: the position of the jitter and forced-balance noise streams (checkpointed).
+  uint64_t& forward_count() { return forward_count_; }
 
  private:
   int64_t count_ranks() const { return cfg_.count_group ? cfg_.count_group->size() : 1; }

@@ -23,7 +23,8 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
   }
   weight_ = &reg.add(name + ".weight", {out_, in_}, cfg.init);
   if (cfg.bias) bias_ = &reg.add(name + ".bias", {out_}, InitRule::zeros(), /*no_weight_decay=*/true);
-  if (split == TPSplit::Column && cfg.gated) {
+  if (cfg.gated) {  // seen as [2, F, in] whatever the split, so every layout's checkpoint has the same view
+    MOE_ASSERT(split != TPSplit::Row && cfg.out % 2 == 0);
     const int64_t half = cfg.out / 2, h = out_ / 2;
     weight_->set_shard({2, half, cfg.in}, {0, r * h, 0}, {2, h, cfg.in});
     if (bias_) bias_->set_shard({2, half}, {0, r * h}, {2, h});

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "moecore/kernels/cpu/elementwise.h"
 
@@ -11,7 +12,7 @@ namespace moecore::optim {
 ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
                            const std::function<double(const nn::Parameter&)>& norm_weight,
                            const std::function<size_t(const nn::Parameter&)>& bucket_of)
-    : group_(group) {
+    : params_(params), group_(group) {
   for (auto* p : params) {
     MOE_ASSERT(p->value.dtype() == DType::F32);
     const size_t b = bucket_of ? bucket_of(*p) : 0;
@@ -35,7 +36,10 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   master_shard_ = Tensor::zeros({owned}, DType::F32);
   m_ = Tensor::zeros({owned}, DType::F32);
   v_ = Tensor::zeros({owned}, DType::F32);
-  // fp32 master shares from the (identically initialized) parameters.
+  refresh_master();  // from the (identically initialized) parameters
+}
+
+void ShardedAdamW::refresh_master() {
   for (auto& bk : buckets_) {
     for (const auto& s : bk.segs)
       std::memcpy(bk.flat_param.data<float>() + s.offset, s.p->value.raw(), s.p->value.nbytes());
@@ -50,6 +54,42 @@ void ShardedAdamW::for_owned(const Bucket& bk, Fn fn) const {
   for (const auto& s : bk.segs) {
     const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
     if (a < b) fn(s, a - lo + bk.local, b - a);  // owned-array offset, length
+  }
+}
+
+void ShardedAdamW::gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const {
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
+  m.assign(params_.size(), Tensor());
+  v.assign(params_.size(), Tensor());
+  for (const auto& bk : buckets_) {
+    if (bk.segs.empty()) continue;
+    Tensor flat = Tensor::empty({bk.size}, DType::F32);
+    for (auto [owned, out] : {std::pair{&m_, &m}, std::pair{&v_, &v}}) {
+      group_.all_gather(owned->slice(bk.local, bk.shard), flat);
+      for (const auto& s : bk.segs) {
+        Tensor t = Tensor::empty(s.p->value.shape(), DType::F32);
+        std::memcpy(t.raw(), flat.data<float>() + s.offset, t.nbytes());
+        (*out)[index[s.p]] = t;
+      }
+    }
+  }
+}
+
+void ShardedAdamW::load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {
+  MOE_ASSERT(m.size() == params_.size() && v.size() == params_.size());
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
+  refresh_master();
+  for (auto& bk : buckets_) {
+    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
+      // The owned range [off, off + len) holds elements starting at (lo + off - local) - s.offset of the parameter.
+      const int64_t first = group_.rank() * bk.shard + (off - bk.local) - s.offset;
+      const size_t i = index[s.p];
+      MOE_ASSERT(m[i].numel() == s.p->value.numel() && v[i].numel() == s.p->value.numel());
+      std::memcpy(m_.data<float>() + off, m[i].data<float>() + first, static_cast<size_t>(len) * 4);
+      std::memcpy(v_.data<float>() + off, v[i].data<float>() + first, static_cast<size_t>(len) * 4);
+    });
   }
 }
 

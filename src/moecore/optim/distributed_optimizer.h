@@ -29,6 +29,15 @@ class ShardedAdamW {
   // weighted sum of squares of the owned shard, so the caller can form one global norm.
   double reduce_gradients(double scale);
   void scale_gradients(double s);  // clipping
+  // The parameters, in construction order (the order of the state lists below).
+  const std::vector<nn::Parameter*>& params() const { return params_; }
+  // Checkpoints: the Adam moments of every parameter, whole (each the shape of its parameter), gathered from the
+  // owners (collective over the group); and back, each rank keeping its share, the fp32 master share re-read
+  // from the parameters (which the caller has loaded). Whole per-parameter moments reshard across any DP size.
+  void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const;
+  void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v);
+  // Re-reads the owned fp32 master share from the parameters (after they were loaded).
+  void refresh_master();
   // AdamW on the owned shard (per-parameter weight decay), then all-gather of the updated parameters.
   void step(const kernels::AdamWParams& hp, int64_t step);
 
@@ -51,6 +60,7 @@ class ShardedAdamW {
   template <typename Fn>
   void for_owned(const Bucket& bk, Fn fn) const;
   std::vector<Bucket> buckets_;
+  std::vector<nn::Parameter*> params_;
   const comm::ProcessGroup& group_;
   Tensor grad_shard_, master_shard_, m_, v_;
 };

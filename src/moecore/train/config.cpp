@@ -120,9 +120,27 @@ std::vector<Flag> flag_table(TrainConfig& c) {
       {"generate-tokens", Kind::Int, &c.generate_tokens, "Tokens to sample per prompt"},
       {"generate-top-k", Kind::Int, &c.generate_top_k, "Top-k for sampling"},
       {"generate-temperature", Kind::Double, &c.generate_temperature, "Sampling temperature"},
-      {"save", Kind::String, &c.save, "Checkpoint directory (rejected until checkpoints exist)"},
-      {"load", Kind::String, &c.load, "Checkpoint to resume (rejected until checkpoints exist)"},
-      {"save-interval", Kind::Int, &c.save_interval, "Steps between checkpoints (rejected until checkpoints exist)"},
+      {"save", Kind::String, &c.save,
+       "Checkpoint root: iter_NNNNNNN directories and latest_checkpointed_iteration.txt (also saved at the end "
+       "and on SIGTERM/SIGINT)"},
+      {"save-interval", Kind::Int, &c.save_interval, "Steps between checkpoints (0: at the end only)"},
+      {"load", Kind::String, &c.load,
+       "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
+      {"finetune", Kind::Bool, &c.finetune,
+       "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
+      {"no-load-optim", Kind::Bool, &c.no_load_optim, "Do not load the optimizer state (Adam moments)"},
+      {"no-load-rng", Kind::Bool, &c.no_load_rng, "Do not load the RNG state (router noise counters)"},
+      {"exit-interval", Kind::Int, &c.exit_interval, "Save (with --save) and exit at iterations divisible by this"},
+      {"load-hf", Kind::String, &c.load_hf,
+       "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load "
+       "holds a checkpoint"},
+      {"moe-use-upcycling", Kind::Bool, &c.moe_use_upcycling,
+       "Turn the dense checkpoint in --load into this MoE model, save it to --save and train on (resumes from "
+       "--save once it holds a checkpoint)"},
+      {"moe-upcycling-granularity", Kind::Int, &c.moe_upcycling_granularity,
+       "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size"},
+      {"fault-kill-during-save", Kind::String, &c.fault_kill_during_save,
+       "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"},
   };
 }
 
@@ -379,8 +397,28 @@ void validate(TrainConfig& c) {
               "--moe-shared-expert-intermediate-size {} must be divisible by --tensor-model-parallel-size {}",
               c.moe_shared_expert_intermediate_size, tp);
   }
-  MOE_CHECK(c.save.empty() && c.load.empty() && c.save_interval == 0,
-            "--save/--load/--save-interval are rejected: checkpointing arrives with the checkpoint issue; remove them");
+  MOE_CHECK(c.save_interval >= 0 && c.exit_interval >= 0, "--save-interval and --exit-interval must be >= 0");
+  MOE_CHECK(c.save_interval == 0 || !c.save.empty(), "--save-interval {} without --save: add --save DIR",
+            c.save_interval);
+  for (auto [on, name] : {std::pair{c.finetune, "finetune"}, {c.no_load_optim, "no-load-optim"},
+                          {c.no_load_rng, "no-load-rng"}, {c.moe_use_upcycling, "moe-use-upcycling"}})
+    MOE_CHECK(!on || !c.load.empty(), "--{} needs --load (the checkpoint it applies to)", name);
+  MOE_CHECK(c.moe_upcycling_granularity >= 1, "--moe-upcycling-granularity must be >= 1");
+  MOE_CHECK(c.moe_upcycling_granularity == 1 || c.moe_use_upcycling,
+            "--moe-upcycling-granularity {} without --moe-use-upcycling", c.moe_upcycling_granularity);
+  MOE_CHECK(c.load_hf.empty() && !c.moe_use_upcycling, "--load-hf and --moe-use-upcycling: not available yet");
+  if (c.moe_use_upcycling) {
+    MOE_CHECK(c.num_experts > 0, "--moe-use-upcycling needs --num-experts (the MoE model to make)");
+    MOE_CHECK(!c.save.empty(), "--moe-use-upcycling needs --save (where the upcycled checkpoint goes)");
+    MOE_CHECK(c.load_hf.empty(), "--moe-use-upcycling upcycles a native dense checkpoint (--load), not --load-hf");
+  }
+  if (!c.fault_kill_during_save.empty()) {
+    const auto colon = c.fault_kill_during_save.find(':');
+    MOE_CHECK(colon != std::string::npos, "--fault-kill-during-save expects RANK:ITERATION, got '{}'",
+              c.fault_kill_during_save);
+    to_int("fault-kill-during-save", c.fault_kill_during_save.substr(0, colon));
+    to_int("fault-kill-during-save", c.fault_kill_during_save.substr(colon + 1));
+  }
   MOE_CHECK(c.optimizer == "adam", "--optimizer {} is rejected: moecore has adam (AdamW) only", c.optimizer);
   if (c.global_batch_size == 0) c.global_batch_size = c.micro_batch_size;
   MOE_CHECK(c.global_batch_size % c.micro_batch_size == 0,
@@ -440,6 +478,40 @@ std::vector<std::string> override_flags(std::vector<std::string> base, const std
   }
   base.insert(base.end(), extra.begin(), extra.end());
   return base;
+}
+
+nlohmann::json config_json(const TrainConfig& c0) {
+  TrainConfig c = c0;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& f : flag_table(c)) {
+    switch (f.kind) {
+      case Kind::Int: j[f.name] = *static_cast<int64_t*>(f.field); break;
+      case Kind::Double: j[f.name] = *static_cast<double*>(f.field); break;
+      case Kind::Bool: j[f.name] = *static_cast<bool*>(f.field); break;
+      case Kind::String: j[f.name] = *static_cast<std::string*>(f.field); break;
+      case Kind::List: j[f.name] = *static_cast<std::vector<std::string>*>(f.field); break;
+    }
+  }
+  return j;
+}
+
+void apply_config_json(TrainConfig& c, const nlohmann::json& j, const std::string& where) {
+  MOE_CHECK(j.is_object(), "{}: the configuration is not an object", where);
+  for (const auto& f : flag_table(c)) {
+    if (!j.contains(f.name)) continue;
+    const auto& v = j[f.name];
+    try {
+      switch (f.kind) {
+        case Kind::Int: *static_cast<int64_t*>(f.field) = v.get<int64_t>(); break;
+        case Kind::Double: *static_cast<double*>(f.field) = v.get<double>(); break;
+        case Kind::Bool: *static_cast<bool*>(f.field) = v.get<bool>(); break;
+        case Kind::String: *static_cast<std::string*>(f.field) = v.get<std::string>(); break;
+        case Kind::List: *static_cast<std::vector<std::string>*>(f.field) = v.get<std::vector<std::string>>(); break;
+      }
+    } catch (const nlohmann::json::exception&) {
+      MOE_CHECK(false, "{}: '{}' has the wrong type ({})", where, f.name, v.dump());
+    }
+  }
 }
 
 std::string describe(const TrainConfig& c0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -78,9 +79,13 @@ struct TrainConfig {
   std::vector<std::string> generate_prompts;
   int64_t generate_tokens = 48, generate_top_k = 20;
   double generate_temperature = 0.8;
-  // checkpoints (the checkpoint issue)
-  std::string save, load;
-  int64_t save_interval = 0;
+  // checkpoints
+  std::string save, load, load_hf;
+  int64_t save_interval = 0, exit_interval = 0;
+  bool finetune = false, no_load_optim = false, no_load_rng = false;
+  bool moe_use_upcycling = false;
+  int64_t moe_upcycling_granularity = 1;
+  std::string fault_kill_during_save;  // "RANK:ITERATION" (crash-safety tests)
 };
 
 // Thrown by parse_train_config for --help: the text to print.
@@ -98,6 +103,10 @@ TrainConfig parse_train_config(const std::vector<std::string>& args);
 void validate(TrainConfig& c);
 // "key: value" lines in flag order, for the start of a run and the metrics file.
 std::string describe(const TrainConfig& c);
+// The configuration as a JSON object keyed by flag name (checkpoints store it), and back: every key of `j` that
+// is a flag name sets that field (types checked; `where` names the source in errors).
+nlohmann::json config_json(const TrainConfig& c);
+void apply_config_json(TrainConfig& c, const nlohmann::json& j, const std::string& where);
 
 nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab);
 moe::MoELayerConfig moe_layer_config(const TrainConfig& c);

@@ -5,12 +5,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <cstring>
 #include <numeric>
 
+#include "moecore/ckpt/manager.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/rng.h"
 #include "moecore/data/preprocess.h"
@@ -28,6 +34,31 @@ const comm::ProcessGroup* active(const std::unique_ptr<comm::ProcessGroup>& g) {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Set by SIGTERM/SIGINT (or Trainer::request_stop): training ends at the next step boundary with a checkpoint.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Flags that fix the model's weights and what they compute: a resumed run must match the checkpoint on all of
+// them (--finetune only on those that change shapes, which loading checks anyway). The schedule keys must match
+// on resume too, as Megatron checks its scheduler state.
+const char* const kModelKeys[] = {
+    "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
+    "qk-layernorm", "rotary-base", "rotary-percent", "norm-epsilon", "untie-embeddings-and-output-weights",
+    "swiglu", "squared-relu", "disable-bias-linear", "num-experts", "moe-ffn-hidden-size", "moe-router-topk",
+    "moe-router-score-function", "moe-router-pre-softmax", "moe-router-topk-scaling-factor", "moe-router-num-groups",
+    "moe-router-group-topk", "moe-router-enable-expert-bias", "moe-shared-expert-intermediate-size",
+    "moe-shared-expert-gate", "moe-layer-freq"};
+const char* const kScheduleKeys[] = {"lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-decay-iters",
+                                     "lr-wsd-decay-style", "lr-wsd-decay-iters"};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MOE_CHECK(f.good(), "cannot read {}", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 std::string human_bytes(double b) {
@@ -159,6 +190,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     metrics_ = std::fopen(cfg_.metrics_file.c_str(), "w");
     MOE_CHECK(metrics_ != nullptr, "cannot write --metrics-file {}", cfg_.metrics_file);
   }
+  load_at_start();
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
   print_memory_plan();
 }
@@ -328,12 +360,16 @@ StepResult Trainer::train_step() {
     r.lm_loss = loss.item(0) / static_cast<double>(dp_);
     // Global gradient norm: each rank's weighted share (see norm_weight) summed over all ranks, so every parameter
     // element counts exactly once whatever the layout.
-    Tensor u = Tensor::empty({1}, DType::F64);
+    // A stop signal seen by any rank rides along, so every rank ends at the same step boundary.
+    Tensor u = Tensor::empty({2}, DType::F64);
     u.set_item(0, sq);
+    u.set_item(1, g_stop_signal != 0 ? 1.0 : 0.0);
     world_group_->all_reduce(u);
     sq = u.item(0);
+    stop_requested_ = u.item(1) > 0;
   } else {
     for (auto& p : reg_.all()) sq += kernels::sum_squares(p->grad);
+    stop_requested_ = g_stop_signal != 0;
   }
   // Once per global batch, after gradients are final: expert-bias updates and counter resets.
   for (auto* l : moe_layers()) l->router().finish_global_batch();
@@ -585,12 +621,35 @@ void Trainer::run() {
   // Under mpirun a rank's stdout is a pty even when the job's output goes to a file, so the redrawn progress
   // line is only shown by a single process; multi-rank runs log every --log-interval steps.
   const bool tty = ::isatty(fileno(out_)) != 0 && !mesh_;
-  if (!cfg_.skip_train) {
+  // With --save, SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) end training at the next step boundary
+  // with a checkpoint; the previous handlers come back afterwards.
+  g_stop_signal = 0;
+  struct Handlers {
+    bool on;
+    void (*term)(int) = SIG_DFL;
+    void (*intr)(int) = SIG_DFL;
+    explicit Handlers(bool enable) : on(enable) {
+      if (!on) return;
+      term = std::signal(SIGTERM, on_stop_signal);
+      intr = std::signal(SIGINT, on_stop_signal);
+    }
+    ~Handlers() {
+      if (!on) return;
+      std::signal(SIGTERM, term);
+      std::signal(SIGINT, intr);
+    }
+  } handlers(!cfg_.save.empty());
+  if (!cfg_.skip_train && iteration_ >= cfg_.train_iters)
+    fmt::print(out_, "the checkpoint is at iteration {}, --train-iters is {}: nothing to train\n", iteration_,
+               cfg_.train_iters);
+  if (!cfg_.skip_train && iteration_ < cfg_.train_iters) {
     fmt::print(out_, "training {} iterations of {} sequences x {} tokens ({} data-parallel rank(s) x {} micro-batches of {})\n",
-               cfg_.train_iters, cfg_.global_batch_size, cfg_.seq_length, dp_,
+               cfg_.train_iters - iteration_, cfg_.global_batch_size, cfg_.seq_length, dp_,
                cfg_.global_batch_size / (cfg_.micro_batch_size * dp_), cfg_.micro_batch_size);
-    sum_aux_.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
+    if (sum_aux_.size() != cfg_.moe_router_load_balancing_type.size())
+      sum_aux_.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
     const double t_start = now_s();
+    const int64_t first = iteration_;
     double t_interval = t_start;
     while (iteration_ < cfg_.train_iters) {
       const StepResult r = train_step();
@@ -601,7 +660,8 @@ void Trainer::run() {
       interval_steps_++;
       if (tty) {
         const double el = now_s() - t_start;
-        const double eta = el / static_cast<double>(iteration_) * static_cast<double>(cfg_.train_iters - iteration_);
+        const double eta =
+            el / static_cast<double>(iteration_ - first) * static_cast<double>(cfg_.train_iters - iteration_);
         fmt::print(out_, "\r[{}/{}] lm loss {:.4f} ETA {:.0f}s   ", iteration_, cfg_.train_iters, r.lm_loss, eta);
         std::fflush(out_);
       }
@@ -618,7 +678,26 @@ void Trainer::run() {
         write_metrics(nlohmann::json({{"eval", "valid"}, {"iteration", iteration_}, {"lm_loss", v}}).dump());
         t_interval = now_s();
       }
+      const bool exit_now = cfg_.exit_interval > 0 && iteration_ % cfg_.exit_interval == 0;
+      if (!cfg_.save.empty() &&
+          ((cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0) || exit_now || stop_requested_)) {
+        if (tty) fmt::print(out_, "\r\033[K");
+        save_checkpoint();
+        t_interval = now_s();
+      }
+      if (stop_requested_) {
+        fmt::print(out_, "stopping at iteration {} on {}{}\n", iteration_,
+                   g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                   cfg_.save.empty() ? "" : fmt::format("; resume with --load {}", cfg_.save));
+        return;
+      }
+      if (exit_now) {
+        fmt::print(out_, "exiting at iteration {} (--exit-interval {}){}\n", iteration_, cfg_.exit_interval,
+                   cfg_.save.empty() ? "" : fmt::format("; resume with --load {}", cfg_.save));
+        return;
+      }
     }
+    if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint();
   }
   if (cfg_.eval_iters > 0 && data_[1]) {
     const double v = evaluate(cfg_.eval_iters);
@@ -649,6 +728,231 @@ void Trainer::run() {
                  generate(p, cfg_.generate_tokens, cfg_.generate_temperature, cfg_.generate_top_k,
                           static_cast<uint64_t>(cfg_.seed)));
     }
+  }
+}
+
+// ---- checkpoints ----
+
+void Trainer::request_stop(int signal) { g_stop_signal = signal; }
+
+bool Trainer::stores(const nn::Parameter& p) const {
+  if (!mesh_) return true;
+  if (p.expert_parallel) return edp_group_->rank() == 0;
+  return dp_group_->rank() == 0 && (p.tensor_parallel || tp_group_->rank() == 0);
+}
+
+void Trainer::moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const {
+  const auto& all = reg_.all();
+  if (!dist_dense_) {
+    m = adam_m_;
+    v = adam_v_;
+    return;
+  }
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < all.size(); i++) index[all[i].get()] = i;
+  m.assign(all.size(), Tensor());
+  v.assign(all.size(), Tensor());
+  for (const auto* opt : {dist_dense_.get(), dist_expert_.get()}) {
+    if (!opt) continue;
+    std::vector<Tensor> om, ov;
+    opt->gather_moments(om, ov);
+    for (size_t i = 0; i < om.size(); i++) {
+      m[index[opt->params()[i]]] = om[i];
+      v[index[opt->params()[i]]] = ov[i];
+    }
+  }
+}
+
+namespace {
+std::string expert_bias_name(moe::MoELayer& l) {
+  const std::string& w = l.router().weight().name;  // ...mlp.router.weight
+  return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
+}
+ckpt::Box whole(const Tensor& t) {
+  ckpt::Box b;
+  b.global = b.size = t.shape();
+  b.offset.assign(static_cast<size_t>(t.ndim()), 0);
+  return b;
+}
+bool is_vocab_parameter(const std::string& name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+}
+}  // namespace
+
+std::vector<ckpt::LoadTarget> Trainer::load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v) {
+  std::vector<ckpt::LoadTarget> t;
+  const auto& all = reg_.all();
+  for (auto& p : all)
+    t.push_back({p->name, ckpt::box_of(*p), &p->value, is_vocab_parameter(p->name) ? vocab_ : 0});
+  if (cfg_.moe_router_enable_expert_bias)
+    for (auto* l : moe_layers()) t.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), &l->router().expert_bias()});
+  if (optimizer) {
+    m.clear();
+    v.clear();
+    for (auto& p : all) {
+      m.push_back(Tensor::empty(p->value.shape(), DType::F32));
+      v.push_back(Tensor::empty(p->value.shape(), DType::F32));
+    }
+    for (size_t i = 0; i < all.size(); i++) {
+      const int64_t vr = is_vocab_parameter(all[i]->name) ? vocab_ : 0;
+      t.push_back({"optimizer.exp_avg." + all[i]->name, ckpt::box_of(*all[i]), &m[i], vr});
+      t.push_back({"optimizer.exp_avg_sq." + all[i]->name, ckpt::box_of(*all[i]), &v[i], vr});
+    }
+  }
+  return t;
+}
+
+nlohmann::json Trainer::train_state() const {
+  nlohmann::json counts = nlohmann::json::object();
+  for (auto* l : const_cast<Trainer*>(this)->moe_layers()) counts[l->router().weight().name] = l->router().forward_count();
+  auto size = [](const std::unique_ptr<comm::ProcessGroup>& g) { return g ? g->size() : int64_t{1}; };
+  return {{"format", "moecore-train-state-1"},
+          {"moecore_version", MOECORE_VERSION},
+          {"iteration", iteration_},
+          {"consumed_samples", cursor_.consumed_samples},
+          {"optimizer", true},
+          {"vocab", {{"size", vocab_}, {"padded", padded_vocab_}}},
+          {"layout",
+           {{"world", size(world_group_)}, {"tp", size(tp_group_)}, {"dp", dp_}, {"ep", size(ep_group_)},
+            {"etp", size(etp_group_)}, {"distributed_optimizer", dist_dense_ != nullptr}}},
+          {"rng", {{"seed", cfg_.seed}, {"router_forward_counts", counts}}},
+          {"log_interval_sums",
+           {{"lm_loss", sum_loss_}, {"grad_norm", sum_norm_}, {"z_loss", sum_z_}, {"aux", sum_aux_},
+            {"steps", interval_steps_}}},
+          {"config", config_json(cfg_)}};
+}
+
+std::string Trainer::save_checkpoint() {
+  MOE_CHECK(!cfg_.save.empty(), "no --save directory to save a checkpoint to");
+  const double t0 = now_s();
+  std::vector<Tensor> m, v;
+  moments(m, v);
+  std::vector<ckpt::StoredTensor> mine;
+  const auto& all = reg_.all();
+  int64_t bytes = 0;
+  for (size_t i = 0; i < all.size(); i++) {
+    const nn::Parameter& p = *all[i];
+    if (!stores(p)) continue;
+    const ckpt::Box b = ckpt::box_of(p);
+    mine.push_back({p.name, b, p.value});
+    mine.push_back({"optimizer.exp_avg." + p.name, b, m[i]});
+    mine.push_back({"optimizer.exp_avg_sq." + p.name, b, v[i]});
+    bytes += 3 * static_cast<int64_t>(p.value.nbytes());
+  }
+  if (world_rank_ == 0 && cfg_.moe_router_enable_expert_bias)
+    for (auto* l : moe_layers()) mine.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), l->router().expert_bias()});
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (tok_ && world_rank_ == 0)  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
+    extra.push_back({"tokenizer.json", read_file(data::resolve_tokenizer_json(cfg_.tokenizer_model))});
+  ckpt::SaveFault fault;
+  if (!cfg_.fault_kill_during_save.empty()) {
+    const auto colon = cfg_.fault_kill_during_save.find(':');
+    fault = {std::stoll(cfg_.fault_kill_during_save.substr(0, colon)),
+             std::stoll(cfg_.fault_kill_during_save.substr(colon + 1))};
+  }
+  const std::string dir =
+      ckpt::save_checkpoint(cfg_.save, iteration_, mine, train_state(), world_group_.get(), extra, fault);
+  Tensor total = Tensor::empty({1}, DType::F64);
+  total.set_item(0, static_cast<double>(bytes));
+  if (world_group_) world_group_->all_reduce(total);
+  const double secs = now_s() - t0;
+  fmt::print(out_, " saved checkpoint at iteration {} to {} ({} in {:.2f} s)\n", iteration_, dir,
+             human_bytes(total.item(0)), secs);
+  std::fflush(out_);
+  last_saved_ = iteration_;
+  return dir;
+}
+
+void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& state) {
+  const std::string where = dir + "/" + ckpt::kStateFile;
+  MOE_CHECK(state.contains("config") && state["config"].is_object(), "{} has no configuration", where);
+  const nlohmann::json& saved = state["config"];
+  const nlohmann::json here = config_json(cfg_);
+  auto differing = [&](const auto& keys) {
+    std::string out;
+    for (const char* k : keys)
+      if (saved.contains(k) && saved[k] != here[k])
+        out += fmt::format("\n  --{}: {} in the checkpoint, {} here", k, saved[k].dump(), here[k].dump());
+    return out;
+  };
+  const std::string model_diff = differing(kModelKeys);
+  if (!cfg_.finetune) {
+    MOE_CHECK(model_diff.empty(),
+              "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
+              "run from its weights)",
+              dir, model_diff);
+    const std::string sched_diff = differing(kScheduleKeys);
+    MOE_CHECK(sched_diff.empty(),
+              "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, or "
+              "--finetune to start a new schedule from its weights",
+              dir, sched_diff);
+  } else if (!model_diff.empty()) {
+    fmt::print(out_, "note: --finetune from a checkpoint whose model flags differ:{}\n", model_diff);
+  }
+  const bool has_optim = state.value("optimizer", false);
+  const bool optim = has_optim && !cfg_.finetune && !cfg_.no_load_optim;
+  std::vector<Tensor> m, v;
+  ckpt::load_tensors(dir, load_targets(optim, m, v));
+  const auto& all = reg_.all();
+  if (dist_dense_) {
+    std::map<const nn::Parameter*, size_t> index;
+    for (size_t i = 0; i < all.size(); i++) index[all[i].get()] = i;
+    for (auto* opt : {dist_dense_.get(), dist_expert_.get()}) {
+      if (!opt) continue;
+      if (!optim) {
+        opt->refresh_master();
+        continue;
+      }
+      std::vector<Tensor> om, ov;
+      for (auto* p : opt->params()) {
+        om.push_back(m[index[p]]);
+        ov.push_back(v[index[p]]);
+      }
+      opt->load_moments(om, ov);
+    }
+  } else if (optim) {
+    adam_m_ = m;
+    adam_v_ = v;
+  }
+  if (!cfg_.finetune) {
+    iteration_ = state.at("iteration").get<int64_t>();
+    cursor_.consumed_samples = state.at("consumed_samples").get<int64_t>();
+    const auto& sums = state.at("log_interval_sums");
+    sum_loss_ = sums.at("lm_loss").get<double>();
+    sum_norm_ = sums.at("grad_norm").get<double>();
+    sum_z_ = sums.at("z_loss").get<double>();
+    sum_aux_ = sums.at("aux").get<std::vector<double>>();
+    interval_steps_ = sums.at("steps").get<int64_t>();
+    if (!cfg_.no_load_rng) {
+      const auto& counts = state.at("rng").at("router_forward_counts");
+      for (auto* l : moe_layers()) {
+        const std::string& n = l->router().weight().name;
+        MOE_CHECK(counts.contains(n), "{}: no RNG state for {} (pass --no-load-rng to start its noise afresh)",
+                  where, n);
+        l->router().forward_count() = counts[n].get<uint64_t>();
+      }
+    }
+  }
+  last_saved_ = iteration_;
+  loaded_from_ = dir;
+  fmt::print(out_, " loaded checkpoint {}: iteration {}, consumed samples {}, {}\n", dir, iteration_,
+             cursor_.consumed_samples,
+             optim       ? "optimizer state restored"
+             : has_optim ? (cfg_.finetune ? "weights only (--finetune)" : "optimizer state not loaded (--no-load-optim)")
+                         : "the checkpoint has no optimizer state: Adam moments start at zero");
+}
+
+void Trainer::load_at_start() {
+  if (!cfg_.load.empty()) {
+    const auto found = ckpt::find_checkpoint(cfg_.load);
+    if (found) {
+      load_checkpoint(found->dir, found->state);
+      return;
+    }
+    MOE_CHECK(!cfg_.finetune, "--finetune: --load {} holds no checkpoint (no {} and no index.json)", cfg_.load,
+              ckpt::kLatestFile);
+    fmt::print(out_, "note: --load {} holds no checkpoint (no {}): training starts from scratch\n", cfg_.load,
+               ckpt::kLatestFile);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/ckpt/checkpoint.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/data/gpt_dataset.h"
 #include "moecore/data/tokenizer.h"
@@ -62,7 +63,33 @@ class Trainer {
   std::map<std::string, double> analytic_comm_bytes() const;
   const comm::ProcessGroup* world_group() const { return world_group_.get(); }
 
+  // Saves the whole training state to --save as iteration iteration() (collective over all ranks): each rank its
+  // own shards of the model and the Adam moments, rank 0 the training state. Returns the directory.
+  std::string save_checkpoint();
+  // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
+  const std::string& loaded_from() const { return loaded_from_; }
+  // SIGTERM/SIGINT during run() (with --save) end training at the next step boundary with a checkpoint;
+  // tests call this instead of raising a signal.
+  static void request_stop(int signal);
+
  private:
+  // Start-up from --load / --load-hf / upcycling (see TrainConfig).
+  void load_at_start();
+  void load_checkpoint(const std::string& dir, const nlohmann::json& state);
+  // Whether this rank stores p in checkpoints: one rank of those holding the same box (the first DP rank, and
+  // the first TP rank for replicated-over-TP parameters; the first EDP rank for experts).
+  bool stores(const nn::Parameter& p) const;
+  // Adam moments by parameter (registry order), whole per local parameter: gathered from the distributed
+  // optimizer's owners, or this rank's own.
+  void moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const;
+  // Load targets for the model (parameters, expert-bias buffers) and, when `optimizer`, the Adam moments into
+  // `m`/`v` (allocated here).
+  std::vector<ckpt::LoadTarget> load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v);
+  nlohmann::json train_state() const;
+  std::string loaded_from_;
+  int64_t last_saved_ = -1;
+  bool stop_requested_ = false;
+
   void log_line(const StepResult& r, double seconds, int64_t steps);
   void print_memory_plan();
   void write_metrics(const std::string& json_line);

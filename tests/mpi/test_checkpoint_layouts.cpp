@@ -1,0 +1,132 @@
+// Checkpoints across layouts over MPI ranks: a model saved under one layout (TP2 with the distributed optimizer
+// on 2 ranks; TP2×EP2 with DP2 on 4) loads under another (EP2; TP1×EP4 with DP4) and on one rank with the same
+// logits, and training continues with the same losses (Adam moments resharded over DP). In one layout, K steps +
+// save + load + N−K steps equal N straight steps bitwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "moecore/core/rng.h"
+#include "moecore/train/trainer.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> model_args() {
+  return {"--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
+          "--num-query-groups", "2", "--qk-layernorm", "--untie-embeddings-and-output-weights", "--swiglu",
+          "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+          "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--moe-layer-freq", "[0,1,1]",
+          "--ffn-hidden-size", "96", "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+          "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
+          "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "100",
+          "--train-iters", "6", "--lr", "1e-3", "--eval-iters", "0"};
+}
+
+train::TrainConfig config(const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
+  return train::parse_train_config(train::override_flags(train::override_flags(model_args(), layout), extra));
+}
+
+// A directory every rank sees, emptied by rank 0.
+std::string shared_dir(const comm::ProcessGroup& w, const std::string& name) {
+  const std::string d = (fs::temp_directory_path() / fmt::format("moecore_mpi_{}_{}", name, w.size())).string();
+  if (w.rank() == 0) fs::remove_all(d);
+  w.barrier();
+  return d;
+}
+
+const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+
+// The first `vocab` logits of every position of a fixed sequence.
+std::vector<float> logits_of(train::Trainer& t, int64_t vocab) {
+  Tensor tok = Tensor::empty({1, 32}, DType::I64);
+  const Philox rng(3, 9);
+  for (int64_t i = 0; i < 32; i++) tok.data<int64_t>()[i] = static_cast<int64_t>(rng.block(static_cast<uint64_t>(i))[0] % 100);
+  const Tensor l = t.model().logits(tok);
+  std::vector<float> out;
+  for (int64_t s = 0; s < 32; s++)
+    for (int64_t v = 0; v < vocab; v++) out.push_back(l.data<float>()[s * l.dim(1) + v]);
+  return out;
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  double mx = 0, diff = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    mx = std::max(mx, std::fabs(static_cast<double>(b[i])));
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  EXPECT_LE(diff, 1e-5 * mx) << what;
+}
+
+TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
+  std::vector<std::string> save_layout = kTP2, load_layout = {"--expert-model-parallel-size", "2"};
+  save_layout.insert(save_layout.end(), {"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"});
+  if (w.size() == 4) {
+    save_layout.insert(save_layout.end(), {"--expert-model-parallel-size", "2"});  // TP2 x EP2, DP2
+    load_layout = {"--expert-model-parallel-size", "4", "--use-distributed-optimizer"};  // TP1 x EP4, DP4
+  }
+  const std::string dir = shared_dir(w, "reshard");
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<float> saved_logits;
+  {
+    train::Trainer a(config(save_layout, {"--save", dir}), null, false, &w);
+    for (int i = 0; i < 3; i++) a.train_step();
+    a.save_checkpoint();
+    saved_logits = logits_of(a, 100);
+  }
+  train::Trainer b(config(load_layout, {"--load", dir}), null, false, &w);
+  train::Trainer one(config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
+  EXPECT_EQ(b.iteration(), 3);
+  EXPECT_EQ(one.iteration(), 3);
+  const auto want = logits_of(one, 100);
+  expect_close(saved_logits, want, "saved layout vs one rank");
+  expect_close(logits_of(b, 100), want, "loaded layout vs one rank");
+  for (int i = 0; i < 3; i++) {
+    const auto rb = b.train_step(), r1 = one.train_step();
+    EXPECT_NEAR(rb.lm_loss, r1.lm_loss, 1e-5 * r1.lm_loss) << "step " << i;
+    EXPECT_NEAR(rb.grad_norm, r1.grad_norm, 1e-5 * r1.grad_norm) << "step " << i;
+  }
+  std::fclose(null);
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+TEST(CheckpointLayouts, ResumeIsBitwiseInOneLayout) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
+  std::vector<std::string> layout = {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"};
+  if (w.size() == 4) layout.insert(layout.end(), kTP2.begin(), kTP2.end());
+  const std::string dir = shared_dir(w, "resume");
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<train::StepResult> want;
+  {
+    train::Trainer straight(config(layout, {}), null, false, &w);
+    for (int i = 0; i < 5; i++) want.push_back(straight.train_step());
+  }
+  {
+    train::Trainer first(config(layout, {"--save", dir}), null, false, &w);
+    for (int i = 0; i < 2; i++) first.train_step();
+    first.save_checkpoint();
+  }
+  train::Trainer resumed(config(layout, {"--load", dir}), null, false, &w);
+  ASSERT_EQ(resumed.iteration(), 2);
+  for (size_t i = 2; i < 5; i++) {
+    const auto r = resumed.train_step();
+    EXPECT_EQ(r.lm_loss, want[i].lm_loss) << "step " << i;
+    EXPECT_EQ(r.grad_norm, want[i].grad_norm) << "step " << i;
+    EXPECT_EQ(r.aux_losses, want[i].aux_losses) << "step " << i;
+  }
+  std::fclose(null);
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moecore
