@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job from a fresh clone: install dependencies, build, turn Debian's fortunes into a dataset with a
 # small BPE vocabulary of its own, train the tiny-moe model (8 experts, top-2) on 2 MPI ranks with expert
-# parallelism for a few minutes, and sample fortunes from it. Everything lands in demo/ (ignored by git).
+# parallelism for a few minutes (checkpoints in demo/checkpoints), and sample fortunes from it, then again from the
+# saved checkpoint with moecore generate. Everything lands in demo/ (ignored by git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -21,6 +22,8 @@ mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 $M train -
   --data-path demo/fortunes_text_document --split 98,2,0 \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model demo/tokenizer \
   --train-iters "$ITERS" --log-interval 25 --eval-interval 100 --eval-iters 10 \
-  --metrics-file demo/metrics.jsonl \
+  --metrics-file demo/metrics.jsonl --save demo/checkpoints --save-interval 200 \
   --generate-prompts "The " "Q: What" "A man" --generate-tokens 40
 echo "metrics (one JSON object per logged iteration): demo/metrics.jsonl"
+# The saved model on one process, from the checkpoint alone (its tokenizer is saved with it).
+$M generate --load demo/checkpoints --prompt "Q: Why" --prompt "You will" --tokens 40 --temperature 0.8 --top-k 20

@@ -7,6 +7,7 @@
 
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
+#include "moecore/cli/model_commands.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/comm/process_group.h"
@@ -79,6 +80,8 @@ int main(int argc, char** argv) {
   moecore::cli::add_train_tokenizer_command(app, ttok);
   moecore::cli::CorpusArgs corpus;
   moecore::cli::add_corpus_command(app, corpus);
+  moecore::cli::GenerateArgs gen;
+  moecore::cli::add_generate_command(app, gen);
 
   CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
   bench->require_subcommand(1);
@@ -150,6 +153,8 @@ int main(int argc, char** argv) {
       moecore::cli::run_preprocess(pre);
     } else if (corpus.cmd->parsed()) {
       moecore::cli::run_corpus(corpus);
+    } else if (gen.cmd->parsed()) {
+      moecore::cli::run_generate(gen);
     } else if (ttok.cmd->parsed()) {
       moecore::cli::run_train_tokenizer(ttok);
     } else if (bgemm->parsed()) {

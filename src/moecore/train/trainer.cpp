@@ -842,8 +842,12 @@ std::string Trainer::save_checkpoint() {
   if (world_rank_ == 0 && cfg_.moe_router_enable_expert_bias)
     for (auto* l : moe_layers()) mine.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), l->router().expert_bias()});
   std::vector<std::pair<std::string, std::string>> extra;
-  if (tok_ && world_rank_ == 0)  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
-    extra.push_back({"tokenizer.json", read_file(data::resolve_tokenizer_json(cfg_.tokenizer_model))});
+  if (tok_ && world_rank_ == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
+    const std::string json = data::resolve_tokenizer_json(cfg_.tokenizer_model);
+    extra.push_back({"tokenizer.json", read_file(json)});
+    const auto config = std::filesystem::path(json).parent_path() / "tokenizer_config.json";  // EOS
+    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", read_file(config.string())});
+  }
   ckpt::SaveFault fault;
   if (!cfg_.fault_kill_during_save.empty()) {
     const auto colon = cfg_.fault_kill_during_save.find(':');
