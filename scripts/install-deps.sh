@@ -19,6 +19,7 @@ PACKAGES=(
   fortunes             # the embedded default corpus of the demo
   fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl fortunes-cs  # multilingual tokenizer test text
   clang-format
+  python3-numpy        # independent reference of the Qwen3-MoE and Mixtral forward pass (HF interop test)
   clang-14 libfuzzer-14-dev     # libFuzzer targets (.idx reader, tokenizer.json loader)
 )
 

@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   moecore::cli::add_corpus_command(app, corpus);
   moecore::cli::GenerateArgs gen;
   moecore::cli::add_generate_command(app, gen);
+  moecore::cli::ConvertArgs conv;
+  moecore::cli::add_convert_command(app, conv);
 
   CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
   bench->require_subcommand(1);
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
       moecore::cli::run_preprocess(pre);
     } else if (corpus.cmd->parsed()) {
       moecore::cli::run_corpus(corpus);
+    } else if (moecore::cli::run_convert(conv)) {
     } else if (gen.cmd->parsed()) {
       moecore::cli::run_generate(gen);
     } else if (ttok.cmd->parsed()) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
 #include "moecore/train/trainer.h"
@@ -68,6 +69,42 @@ void run_generate(const GenerateArgs& a) {
     throw;
   }
   std::fclose(null);
+}
+
+void add_convert_command(CLI::App& app, ConvertArgs& a) {
+  CLI::App* conv = app.add_subcommand("convert", "HuggingFace <-> native checkpoints (Qwen3-MoE, Mixtral)");
+  conv->require_subcommand(1);
+  a.hf_to_native = conv->add_subcommand("hf-to-native", "HF model directory -> native checkpoint (--load it)");
+  a.native_to_hf = conv->add_subcommand("native-to-hf", "Native checkpoint -> HF model directory");
+  for (CLI::App* c : {a.hf_to_native, a.native_to_hf}) {
+    c->add_option("--input", a.input, "Source directory")->required();
+    c->add_option("--output", a.output, "Destination directory")->required();
+  }
+  a.native_to_hf->add_option("--arch", a.arch, "qwen3-moe or mixtral (default: the source HF model's, else "
+                                               "qwen3-moe with qk-layernorm and mixtral without)")
+      ->check(CLI::IsMember({"qwen3-moe", "mixtral"}));
+  a.native_to_hf->add_option("--dtype", a.dtype, "bf16 or f32 (default: the source HF model's torch_dtype, else bf16)")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  a.native_to_hf->add_option("--max-shard-size-mb", a.max_shard_mb, "Largest safetensors shard")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
+}
+
+bool run_convert(const ConvertArgs& a) {
+  if (a.hf_to_native->parsed()) {
+    const int64_t n = ckpt::convert_hf_to_native(a.input, a.output);
+    fmt::print("converted {} -> {}: {} tensors (release checkpoint; moecore train --load {} "
+               "--use-checkpoint-args, or moecore generate --load {})\n",
+               a.input, ckpt::iteration_dir(a.output, -1), n, a.output, a.output);
+    return true;
+  }
+  if (a.native_to_hf->parsed()) {
+    const std::string kind = a.arch == "qwen3-moe" ? "qwen3_moe" : a.arch;
+    const int64_t n = ckpt::convert_native_to_hf(a.input, a.output, kind, a.dtype, a.max_shard_mb << 20);
+    fmt::print("converted {} -> {}: {} HF tensors with config.json and model.safetensors.index.json\n", a.input,
+               a.output, n);
+    return true;
+  }
+  return false;
 }
 
 }  // namespace moecore::cli

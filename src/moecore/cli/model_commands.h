@@ -25,4 +25,13 @@ void add_generate_command(CLI::App& app, GenerateArgs& a);
 // prints each prompt's continuation.
 void run_generate(const GenerateArgs& a);
 
+struct ConvertArgs {
+  CLI::App *hf_to_native = nullptr, *native_to_hf = nullptr;
+  std::string input, output, arch, dtype;
+  int64_t max_shard_mb = 5000;
+};
+void add_convert_command(CLI::App& app, ConvertArgs& a);
+// Returns false when neither convert subcommand was chosen.
+bool run_convert(const ConvertArgs& a);
+
 }  // namespace moecore::cli

@@ -8,10 +8,14 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 
+#include "moecore/ckpt/hf.h"
+#include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
 
 namespace moecore::train {
@@ -130,6 +134,8 @@ std::vector<Flag> flag_table(TrainConfig& c) {
        "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
       {"no-load-optim", Kind::Bool, &c.no_load_optim, "Do not load the optimizer state (Adam moments)"},
       {"no-load-rng", Kind::Bool, &c.no_load_rng, "Do not load the RNG state (router noise counters)"},
+      {"use-checkpoint-args", Kind::Bool, &c.use_checkpoint_args,
+       "Take the model flags (layers, sizes, experts, routing) from the checkpoint in --load"},
       {"exit-interval", Kind::Int, &c.exit_interval, "Save (with --save) and exit at iterations divisible by this"},
       {"load-hf", Kind::String, &c.load_hf,
        "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load "
@@ -315,6 +321,27 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     apply_preset(preset, c);
     c.model = preset;
   }
+  // --load-hf: the HF config.json's architecture (and its tokenizer), under YAML values and flags.
+  std::string load_hf = opts["load-hf"]->count() ? cli_values["load-hf"][0] : "";
+  for (const char* k : {"load-hf", "load_hf"})
+    if (load_hf.empty() && yaml && yaml.IsMap() && yaml[k]) load_hf = yaml[k].as<std::string>();
+  if (!load_hf.empty()) {
+    const std::string cfg = load_hf + "/config.json";
+    MOE_CHECK(std::filesystem::exists(cfg), "--load-hf {}: no config.json there (a HuggingFace model directory?)",
+              load_hf);
+    std::ifstream in(cfg);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      MOE_CHECK(false, "{} is not valid JSON ({})", cfg, e.what());
+    }
+    apply_config_json(c, ckpt::hf_train_flags(j, cfg), cfg);
+    if (std::filesystem::exists(load_hf + "/tokenizer.json")) {
+      c.tokenizer_type = "HuggingFaceTokenizer";
+      c.tokenizer_model = load_hf;
+    }
+  }
   if (yaml && yaml.IsMap()) {
     for (const auto& kv : yaml) {
       const std::string key = kv.first.as<std::string>();
@@ -338,8 +365,31 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     else
       set_value(f, cli_values[f.name]);
   }
+  if (c.use_checkpoint_args) {  // Megatron's --use-checkpoint-args: the checkpoint's model flags win
+    MOE_CHECK(!c.load.empty(), "--use-checkpoint-args needs --load");
+    const auto found = ckpt::find_checkpoint(c.load);
+    MOE_CHECK(found, "--use-checkpoint-args: --load {} holds no checkpoint", c.load);
+    nlohmann::json model = nlohmann::json::object();
+    const auto& saved = found->state.at("config");
+    for (const auto& k : model_flag_names())
+      if (saved.contains(k)) model[k] = saved[k];
+    for (const char* k : {"group-query-attention", "max-position-embeddings"})
+      if (saved.contains(k)) model[k] = saved[k];
+    apply_config_json(c, model, found->dir + "/" + ckpt::kStateFile);
+  }
   validate(c);
   return c;
+}
+
+const std::vector<std::string>& model_flag_names() {
+  static const std::vector<std::string> names = {
+      "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
+      "qk-layernorm", "rotary-base", "rotary-percent", "norm-epsilon", "untie-embeddings-and-output-weights",
+      "swiglu", "squared-relu", "disable-bias-linear", "num-experts", "moe-ffn-hidden-size", "moe-router-topk",
+      "moe-router-score-function", "moe-router-pre-softmax", "moe-router-topk-scaling-factor",
+      "moe-router-num-groups", "moe-router-group-topk", "moe-router-enable-expert-bias",
+      "moe-shared-expert-intermediate-size", "moe-shared-expert-gate", "moe-layer-freq"};
+  return names;
 }
 
 void validate(TrainConfig& c) {
@@ -406,7 +456,7 @@ void validate(TrainConfig& c) {
   MOE_CHECK(c.moe_upcycling_granularity >= 1, "--moe-upcycling-granularity must be >= 1");
   MOE_CHECK(c.moe_upcycling_granularity == 1 || c.moe_use_upcycling,
             "--moe-upcycling-granularity {} without --moe-use-upcycling", c.moe_upcycling_granularity);
-  MOE_CHECK(c.load_hf.empty() && !c.moe_use_upcycling, "--load-hf and --moe-use-upcycling: not available yet");
+  MOE_CHECK(!c.moe_use_upcycling, "--moe-use-upcycling: not available yet");
   if (c.moe_use_upcycling) {
     MOE_CHECK(c.num_experts > 0, "--moe-use-upcycling needs --num-experts (the MoE model to make)");
     MOE_CHECK(!c.save.empty(), "--moe-use-upcycling needs --save (where the upcycled checkpoint goes)");

@@ -83,6 +83,7 @@ struct TrainConfig {
   std::string save, load, load_hf;
   int64_t save_interval = 0, exit_interval = 0;
   bool finetune = false, no_load_optim = false, no_load_rng = false;
+  bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
   std::string fault_kill_during_save;  // "RANK:ITERATION" (crash-safety tests)
@@ -113,6 +114,10 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c);
 optim::LRSchedule lr_schedule(const TrainConfig& c);
 // Vocabulary padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
 int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab);
+
+// The flags that fix a model's weights and what they compute (a resumed run must match its checkpoint on them;
+// --use-checkpoint-args takes them from the checkpoint).
+const std::vector<std::string>& model_flag_names();
 
 // Preset names for --model.
 std::vector<std::string> preset_names();

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/rng.h"
@@ -40,16 +41,7 @@ double now_s() {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// Flags that fix the model's weights and what they compute: a resumed run must match the checkpoint on all of
-// them (--finetune only on those that change shapes, which loading checks anyway). The schedule keys must match
-// on resume too, as Megatron checks its scheduler state.
-const char* const kModelKeys[] = {
-    "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
-    "qk-layernorm", "rotary-base", "rotary-percent", "norm-epsilon", "untie-embeddings-and-output-weights",
-    "swiglu", "squared-relu", "disable-bias-linear", "num-experts", "moe-ffn-hidden-size", "moe-router-topk",
-    "moe-router-score-function", "moe-router-pre-softmax", "moe-router-topk-scaling-factor", "moe-router-num-groups",
-    "moe-router-group-topk", "moe-router-enable-expert-bias", "moe-shared-expert-intermediate-size",
-    "moe-shared-expert-gate", "moe-layer-freq"};
+// The schedule flags must match on resume too, as Megatron checks its scheduler state.
 const char* const kScheduleKeys[] = {"lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-decay-iters",
                                      "lr-wsd-decay-style", "lr-wsd-decay-iters"};
 
@@ -119,6 +111,13 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     vocab_ = cfg_.tokenizer_type == "NullTokenizer" ? cfg_.vocab_size + 1 : cfg_.vocab_size;  // NullTokenizer: + EOD
   }
   padded_vocab_ = padded_vocab_size(cfg_, vocab_);
+  // A loaded model keeps the vocabulary padding it was saved with (an HF model its vocab_size) when the TP size
+  // divides it, so its output layer, logits and loss are the same in every layout.
+  if (!cfg_.load.empty()) found_ = ckpt::find_checkpoint(cfg_.load);
+  int64_t saved_rows = 0;
+  if (found_ && found_->state.contains("vocab")) saved_rows = found_->state["vocab"].value("padded", int64_t{0});
+  if (!found_ && !cfg_.load_hf.empty()) saved_rows = ckpt::HFModel(cfg_.load_hf).architecture().vocab;
+  if (saved_rows >= vocab_ && saved_rows % cfg_.tensor_model_parallel_size == 0) padded_vocab_ = saved_rows;
   // Data: enough samples for every step and every evaluation.
   const int64_t gbs = cfg_.global_batch_size;
   const int64_t train_samples = cfg_.skip_train ? 0 : cfg_.train_iters * gbs;
@@ -874,12 +873,12 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
   const nlohmann::json here = config_json(cfg_);
   auto differing = [&](const auto& keys) {
     std::string out;
-    for (const char* k : keys)
+    for (const std::string k : keys)
       if (saved.contains(k) && saved[k] != here[k])
         out += fmt::format("\n  --{}: {} in the checkpoint, {} here", k, saved[k].dump(), here[k].dump());
     return out;
   };
-  const std::string model_diff = differing(kModelKeys);
+  const std::string model_diff = differing(model_flag_names());
   if (!cfg_.finetune) {
     MOE_CHECK(model_diff.empty(),
               "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
@@ -918,7 +917,8 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
     adam_m_ = m;
     adam_v_ = v;
   }
-  if (!cfg_.finetune) {
+  const bool release = state.value("release", false);  // a converted model: weights only
+  if (!cfg_.finetune && !release) {
     iteration_ = state.at("iteration").get<int64_t>();
     cursor_.consumed_samples = state.at("consumed_samples").get<int64_t>();
     const auto& sums = state.at("log_interval_sums");
@@ -942,22 +942,55 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
   fmt::print(out_, " loaded checkpoint {}: iteration {}, consumed samples {}, {}\n", dir, iteration_,
              cursor_.consumed_samples,
              optim       ? "optimizer state restored"
+             : release   ? "a converted model (weights only)"
              : has_optim ? (cfg_.finetune ? "weights only (--finetune)" : "optimizer state not loaded (--no-load-optim)")
                          : "the checkpoint has no optimizer state: Adam moments start at zero");
 }
 
+void Trainer::load_hf(const std::string& dir) {
+  ckpt::HFModel m(dir);
+  std::map<std::string, nn::Parameter*> mine;
+  for (auto& p : reg_.all()) mine[p->name] = p.get();
+  std::string problems;
+  for (const auto& t : ckpt::native_tensors(m.architecture())) {
+    const auto it = mine.find(t.name);
+    if (it == mine.end()) {
+      problems += fmt::format("\n  {} (from {}) has no place in this model", t.name, t.pieces.front().hf_name);
+      continue;
+    }
+    nn::Parameter& p = *it->second;
+    const ckpt::Box b = ckpt::box_of(p);
+    if (!(b.global == t.global)) {
+      problems += fmt::format("\n  {}: {} in the HF model, {} here", t.name, t.global.str(), b.global.str());
+      mine.erase(it);
+      continue;
+    }
+    ckpt::copy_intersection(m.read(t), ckpt::Box{t.global, t.global, std::vector<int64_t>(static_cast<size_t>(t.global.ndim()), 0)},
+                            p.value, b);
+    mine.erase(it);
+  }
+  for (const auto& [name, p] : mine) problems += fmt::format("\n  {}: not in the HF model", name);
+  MOE_CHECK(problems.empty(), "--load-hf {}: the model built from these flags does not match it:{}\n(drop the flags "
+            "that change the architecture: --load-hf sets it from config.json)", dir, problems);
+  for (auto* opt : {dist_dense_.get(), dist_expert_.get()})
+    if (opt) opt->refresh_master();
+  loaded_from_ = dir;
+  fmt::print(out_, " loaded HuggingFace {} model {}: weights only, iteration 0\n", m.architecture().kind, dir);
+}
+
 void Trainer::load_at_start() {
   if (!cfg_.load.empty()) {
-    const auto found = ckpt::find_checkpoint(cfg_.load);
-    if (found) {
-      load_checkpoint(found->dir, found->state);
+    if (found_) {
+      load_checkpoint(found_->dir, found_->state);
       return;
     }
     MOE_CHECK(!cfg_.finetune, "--finetune: --load {} holds no checkpoint (no {} and no index.json)", cfg_.load,
               ckpt::kLatestFile);
-    fmt::print(out_, "note: --load {} holds no checkpoint (no {}): training starts from scratch\n", cfg_.load,
-               ckpt::kLatestFile);
+    if (cfg_.load_hf.empty())
+      fmt::print(out_, "note: --load {} holds no checkpoint (no {}): training starts from scratch\n", cfg_.load,
+                 ckpt::kLatestFile);
   }
+  if (!cfg_.load_hf.empty()) load_hf(cfg_.load_hf);
 }
 
 }  // namespace moecore::train

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "moecore/ckpt/checkpoint.h"
+#include "moecore/ckpt/manager.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/data/gpt_dataset.h"
 #include "moecore/data/tokenizer.h"
@@ -75,6 +75,9 @@ class Trainer {
  private:
   // Start-up from --load / --load-hf / upcycling (see TrainConfig).
   void load_at_start();
+  void load_hf(const std::string& dir);
+  // The checkpoint start-up loads (found before the model is built: its vocabulary padding is kept).
+  std::optional<ckpt::FoundCheckpoint> found_;
   void load_checkpoint(const std::string& dir, const nlohmann::json& state);
   // Whether this rank stores p in checkpoints: one rank of those holding the same box (the first DP rank, and
   // the first TP rank for replicated-over-TP parameters; the first EDP rank for experts).

@@ -1,0 +1,82 @@
+// HuggingFace interop for Qwen3-MoE (Qwen3MoeForCausalLM) and Mixtral (MixtralForCausalLM): config.json to
+// moecore's flags and back, and the exact map between HF tensor names and moecore's global tensors — every HF
+// tensor is a box of one native global view (an expert's gate_proj is box [e, 0, :, :] of the grouped fc1
+// [E, 2, F, H], its up_proj box [e, 1, :, :]), so reading and writing are the same box copies both ways. HF
+// safetensors directories are read sharded (model.safetensors.index.json) or single-file, written sharded.
+// Not a general HF model loader: other architectures, sliding windows, RoPE scaling and biases are refused by name.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moecore/ckpt/checkpoint.h"
+#include "moecore/ckpt/safetensors.h"
+
+namespace moecore::ckpt {
+
+// The shape facts the name map needs.
+struct HFArchitecture {
+  std::string kind;  // "qwen3_moe" or "mixtral"
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, moe_ffn = 0, experts = 0;
+  int64_t vocab = 0;
+  bool tied = false, qk_norm = false;
+  std::vector<bool> is_moe;  // per layer
+};
+
+// One HF tensor: its name and the box of the native global view it fills.
+struct HFPiece {
+  std::string hf_name;
+  Shape hf_shape;
+  Box box;
+};
+// One native global tensor (whole, in its global view) and the HF tensors that tile it.
+struct NativeTensor {
+  std::string name;
+  Shape global;
+  std::vector<HFPiece> pieces;
+};
+std::vector<NativeTensor> native_tensors(const HFArchitecture& a);
+
+// From an HF config.json: the architecture (unsupported features refused, naming the key) and the equivalent
+// moecore train flags (flag name -> value; architecture only, training hyperparameters are the user's).
+HFArchitecture hf_architecture(const nlohmann::json& config, const std::string& where);
+nlohmann::json hf_train_flags(const nlohmann::json& config, const std::string& where);
+// From moecore train flags (a checkpoint's config): the architecture of `kind` ("qwen3_moe", "mixtral", or ""
+// to choose: qk-norm means Qwen3-MoE), refusing what the HF class cannot express; and its config.json.
+HFArchitecture architecture_from_flags(const nlohmann::json& flags, int64_t vocab, std::string kind);
+nlohmann::json hf_config_from_flags(const nlohmann::json& flags, const HFArchitecture& a, const std::string& dtype);
+
+// An HF model directory opened for reading.
+class HFModel {
+ public:
+  explicit HFModel(const std::string& dir);
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& config() const { return config_; }
+  const HFArchitecture& architecture() const { return arch_; }
+  // The whole native tensor `t` (f32) assembled from its HF pieces; names the file and tensor when one is
+  // missing or mis-shaped.
+  Tensor read(const NativeTensor& t);
+
+ private:
+  std::string dir_;
+  nlohmann::json config_;
+  HFArchitecture arch_;
+  std::map<std::string, std::string> file_of_;  // HF tensor -> file
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+// `moecore convert hf-to-native`: a native checkpoint directory (root with a "release" marker, no optimizer
+// state) holding the HF weights exactly (bf16 widened to f32), the moecore flags, the original config.json and
+// the tokenizer files. Returns the number of tensors written.
+int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_root);
+// `moecore convert native-to-hf`: safetensors shards of at most max_shard_bytes with
+// model.safetensors.index.json, config.json (the original one when the checkpoint came from HF) and the
+// tokenizer. dtype "bf16" or "f32"; empty: the original config's torch_dtype, else bf16.
+int64_t convert_native_to_hf(const std::string& native, const std::string& out_dir, const std::string& kind,
+                             std::string dtype, int64_t max_shard_bytes);
+
+}  // namespace moecore::ckpt

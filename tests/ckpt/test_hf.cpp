@@ -1,0 +1,229 @@
+// HuggingFace interop: small Qwen3-MoE and Mixtral models written in HF layout with known weights (bf16, two
+// safetensors shards and an index) give, through `--load-hf`, the logits an independent NumPy implementation of the
+// published architectures computes (tests/ckpt/hf_reference.py, float64); HF -> native -> HF is bit-exact
+// (every tensor and config.json); a native checkpoint trained here exports to an HF directory the reference reads
+// back to the same logits; unsupported models are refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "moecore/ckpt/hf.h"
+#include "moecore/ckpt/safetensors.h"
+#include "moecore/core/rng.h"
+#include "moecore/train/trainer.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("moecore_hf_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json qwen3_config() {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}, {"hidden_size", 32},
+          {"num_hidden_layers", 3}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+          {"intermediate_size", 48}, {"moe_intermediate_size", 16}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+          {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", {0}}, {"vocab_size", 96},
+          {"tie_word_embeddings", false}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+          {"max_position_embeddings", 64}, {"hidden_act", "silu"}, {"attention_bias", false},
+          {"use_sliding_window", false}, {"rope_scaling", nullptr}, {"torch_dtype", "bfloat16"}};
+}
+
+nlohmann::json mixtral_config() {
+  return {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"hidden_size", 32},
+          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"intermediate_size", 24}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}, {"vocab_size", 96},
+          {"tie_word_embeddings", true}, {"rope_theta", 1e6}, {"rms_norm_eps", 1e-5},
+          {"max_position_embeddings", 64}, {"hidden_act", "silu"}, {"sliding_window", nullptr},
+          {"router_jitter_noise", 0.0}, {"torch_dtype", "bfloat16"}};
+}
+
+// Writes an HF directory: every tensor of the architecture drawn from N(0, 0.2²) (norm weights 1 + N(0, 0.1²)),
+// stored as bf16 across two shards with model.safetensors.index.json.
+void write_hf(const std::string& dir, const nlohmann::json& config) {
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+  const auto arch = ckpt::hf_architecture(config, "test");
+  std::vector<ckpt::NamedTensor> shard[2];
+  nlohmann::json map = nlohmann::json::object();
+  uint64_t stream = 0;
+  for (const auto& t : ckpt::native_tensors(arch))
+    for (const auto& p : t.pieces) {
+      Tensor x = Tensor::empty(p.hf_shape, DType::F32);
+      const Philox rng(17, stream++);
+      const bool norm = p.hf_name.find("norm") != std::string::npos;
+      for (int64_t i = 0; i < x.numel(); i++)
+        x.set_item(i, norm ? 1.0 + 0.1 * rng.normal(static_cast<uint64_t>(i)) : 0.2 * rng.normal(static_cast<uint64_t>(i)));
+      const int s = p.hf_name.find("layers.0.") != std::string::npos || p.hf_name.find("embed") != std::string::npos;
+      shard[s].push_back({p.hf_name, x.to(DType::BF16)});
+      map[p.hf_name] = fmt::format("model-0000{}-of-00002.safetensors", s + 1);
+    }
+  for (int s = 0; s < 2; s++)
+    ckpt::write_safetensors(fmt::format("{}/model-0000{}-of-00002.safetensors", dir, s + 1), shard[s]);
+  std::ofstream(dir + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+}
+
+const std::vector<int64_t> kTokens = {5, 17, 3, 88, 42, 42, 7, 0, 95, 61, 23, 11};
+
+// The NumPy reference's logits [S][V].
+std::vector<std::vector<double>> reference_logits(const std::string& dir) {
+  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/ckpt/hf_reference.py {}", MOECORE_SOURCE_DIR, dir);
+  for (int64_t t : kTokens) cmd += " " + std::to_string(t);
+  std::FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << cmd << " (is python3-numpy installed? scripts/install-deps.sh)";
+  return nlohmann::json::parse(out).get<std::vector<std::vector<double>>>();
+}
+
+std::vector<std::vector<double>> our_logits(train::Trainer& t) {
+  Tensor tok = Tensor::empty({1, static_cast<int64_t>(kTokens.size())}, DType::I64);
+  for (size_t i = 0; i < kTokens.size(); i++) tok.data<int64_t>()[i] = kTokens[i];
+  const Tensor l = t.model().logits(tok);
+  std::vector<std::vector<double>> out(kTokens.size());
+  for (int64_t s = 0; s < l.dim(0); s++)
+    for (int64_t v = 0; v < 96; v++) out[static_cast<size_t>(s)].push_back(l.item(s * l.dim(1) + v));
+  return out;
+}
+
+double max_rel(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  double diff = 0, mx = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); s++)
+    for (size_t v = 0; v < a[s].size(); v++) {
+      diff = std::max(diff, std::fabs(a[s][v] - b[s][v]));
+      mx = std::max(mx, std::fabs(b[s][v]));
+    }
+  return diff / mx;
+}
+
+train::TrainConfig run_config(std::vector<std::string> extra) {
+  std::vector<std::string> a{"--mock-data", "--vocab-size", "96", "--seq-length", "16", "--micro-batch-size", "2",
+                             "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "0", "--lr", "1e-3"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return train::parse_train_config(a);
+}
+
+// Every tensor of HF directory `a` is in `b` with the same dtype, shape and bytes, and nothing else is.
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  auto tensors = [](const std::string& dir) {
+    std::map<std::string, Tensor> m;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") {
+        ckpt::SafetensorsFile f(e.path().string());
+        for (const auto& [name, _] : f.entries()) m[name] = f.read(name);
+      }
+    return m;
+  };
+  const auto ta = tensors(a), tb = tensors(b);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (const auto& [name, x] : ta) {
+    ASSERT_TRUE(tb.count(name)) << name;
+    const Tensor& y = tb.at(name);
+    ASSERT_EQ(x.dtype(), y.dtype()) << name;
+    ASSERT_EQ(x.shape(), y.shape()) << name;
+    ASSERT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << name;
+  }
+}
+
+class HFInterop : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HFInterop, LogitsRoundTripAndExport) {
+  const bool qwen = GetParam().rfind("qwen3_moe", 0) == 0;
+  const std::string hf = fresh_dir(GetParam() + "_in"), native = fresh_dir(GetParam() + "_native"),
+                    back = fresh_dir(GetParam() + "_back"), trained = fresh_dir(GetParam() + "_trained"),
+                    exported = fresh_dir(GetParam() + "_exported");
+  nlohmann::json config = qwen ? qwen3_config() : mixtral_config();
+  if (GetParam() == "qwen3_moe_unnormalized") config["norm_topk_prob"] = false;  // --moe-router-pre-softmax
+  write_hf(hf, config);
+  const auto want = reference_logits(hf);
+  std::FILE* null = std::fopen("/dev/null", "w");
+
+  // --load-hf: the architecture from config.json, the weights from the shards.
+  train::Trainer direct(run_config({"--load-hf", hf}), null, false);
+  const auto got = our_logits(direct);
+  EXPECT_LT(max_rel(got, want), 2e-5) << "moecore's logits vs the NumPy reference";
+
+  // HF -> native: the same model through --load (architecture from the checkpoint).
+  ckpt::convert_hf_to_native(hf, native);
+  train::Trainer loaded(run_config({"--load", native, "--use-checkpoint-args"}), null, false);
+  EXPECT_EQ(our_logits(loaded), got);
+
+  // native -> HF: bit-exact tensors and config.json.
+  ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
+  expect_same_tensors(hf, back);
+  EXPECT_EQ(read_text(hf + "/config.json"), read_text(back + "/config.json"));
+  EXPECT_TRUE(fs::exists(back + "/model-00002-of-" + fmt::format("{:05d}", [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(back)) n += e.path().extension() == ".safetensors";
+    return n;
+  }()) + ".safetensors")) << "small shards: several files";
+
+  // A model trained here (one step from the HF weights) exports with a generated config.json that the reference
+  // reads back to our logits.
+  {
+    train::Trainer t(run_config({"--load-hf", hf, "--save", trained}), null, false);
+    t.train_step();
+    t.save_checkpoint();
+    const std::string kind = qwen ? "qwen3_moe" : "mixtral";
+    ckpt::convert_native_to_hf(trained, exported, kind, "f32", 1 << 20);
+    EXPECT_LT(max_rel(our_logits(t), reference_logits(exported)), 2e-5) << "exported model vs the reference";
+  }
+  std::fclose(null);
+  for (const auto& d : {hf, native, back, trained, exported}) fs::remove_all(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, HFInterop, ::testing::Values("qwen3_moe", "qwen3_moe_unnormalized", "mixtral"));
+
+TEST(HFInterop, RefusesWhatItCannotMapByName) {
+  const std::string hf = fresh_dir("refuse");
+  nlohmann::json c = qwen3_config();
+  write_hf(hf, c);
+  // An extra tensor (a bias) would be dropped: refused, naming it.
+  ckpt::write_safetensors(hf + "/model.safetensors.extra", {});
+  {
+    nlohmann::json idx = nlohmann::json::parse(read_text(hf + "/model.safetensors.index.json"));
+    idx["weight_map"]["model.layers.1.self_attn.q_proj.bias"] = "model-00001-of-00002.safetensors";
+    std::ofstream(hf + "/model.safetensors.index.json") << idx.dump();
+  }
+  std::string e = error_of([&] { ckpt::HFModel m(hf); });
+  EXPECT_NE(e.find("model.layers.1.self_attn.q_proj.bias"), std::string::npos) << e;
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  e = error_of([&] { ckpt::hf_architecture(c, "config.json"); });
+  EXPECT_NE(e.find("rope_scaling"), std::string::npos) << e;
+  c = qwen3_config();
+  c["model_type"] = "llama";
+  c["architectures"] = {"LlamaForCausalLM"};
+  e = error_of([&] { ckpt::hf_architecture(c, "config.json"); });
+  EXPECT_NE(e.find("LlamaForCausalLM"), std::string::npos) << e;
+  // A moecore model with shared experts and sigmoid routing has no Mixtral form.
+  nlohmann::json flags = {{"num-layers", 2}, {"hidden-size", 32}, {"num-attention-heads", 4}, {"swiglu", true},
+                          {"disable-bias-linear", true}, {"num-experts", 4}, {"moe-ffn-hidden-size", 16},
+                          {"moe-shared-expert-intermediate-size", 16}, {"moe-router-score-function", "sigmoid"}};
+  e = error_of([&] { ckpt::architecture_from_flags(flags, 96, "mixtral"); });
+  EXPECT_NE(e.find("shared experts, sigmoid routing"), std::string::npos) << e;
+  fs::remove_all(hf);
+}
+
+}  // namespace
+}  // namespace moecore
