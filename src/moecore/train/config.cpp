@@ -456,7 +456,6 @@ void validate(TrainConfig& c) {
   MOE_CHECK(c.moe_upcycling_granularity >= 1, "--moe-upcycling-granularity must be >= 1");
   MOE_CHECK(c.moe_upcycling_granularity == 1 || c.moe_use_upcycling,
             "--moe-upcycling-granularity {} without --moe-use-upcycling", c.moe_upcycling_granularity);
-  MOE_CHECK(!c.moe_use_upcycling, "--moe-use-upcycling: not available yet");
   if (c.moe_use_upcycling) {
     MOE_CHECK(c.num_experts > 0, "--moe-use-upcycling needs --num-experts (the MoE model to make)");
     MOE_CHECK(!c.save.empty(), "--moe-use-upcycling needs --save (where the upcycled checkpoint goes)");
@@ -509,6 +508,18 @@ void validate(TrainConfig& c) {
               etp);
     moe::validate(moe_layer_config(c));
     moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    if (c.moe_use_upcycling) {  // reference §1.14: g = F_dense / F_moe, experts E = r·g
+      const int64_t g = c.moe_upcycling_granularity;
+      MOE_CHECK(c.moe_ffn_hidden_size * g == c.ffn_hidden_size,
+                "--moe-upcycling-granularity {} cuts the dense FFN of --ffn-hidden-size {} into experts of {}: set "
+                "--moe-ffn-hidden-size {}",
+                g, c.ffn_hidden_size, c.ffn_hidden_size / g, c.ffn_hidden_size / g);
+      MOE_CHECK(c.ffn_hidden_size % g == 0 && c.num_experts % g == 0,
+                "--moe-upcycling-granularity {} must divide --ffn-hidden-size {} and --num-experts {}", g,
+                c.ffn_hidden_size, c.num_experts);
+      MOE_CHECK(c.moe_shared_expert_intermediate_size == 0,
+                "--moe-use-upcycling with shared experts is not supported: the dense FFN becomes the routed experts");
+    }
   } else {
     MOE_CHECK(c.expert_model_parallel_size == 1, "--expert-model-parallel-size {} needs --num-experts",
               c.expert_model_parallel_size);

@@ -978,7 +978,98 @@ void Trainer::load_hf(const std::string& dir) {
   fmt::print(out_, " loaded HuggingFace {} model {}: weights only, iteration 0\n", m.architecture().kind, dir);
 }
 
+void Trainer::upcycle(const std::string& dir, const nlohmann::json& state) {
+  const std::string where = dir + "/" + ckpt::kStateFile;
+  const nlohmann::json& saved = state.at("config");
+  MOE_CHECK(saved.value("num-experts", int64_t{0}) == 0,
+            "--moe-use-upcycling: {} is already an MoE checkpoint (upcycling starts from a dense one)", dir);
+  const nlohmann::json here = config_json(cfg_);
+  std::string diff;
+  for (const char* k : {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
+                        "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent", "norm-epsilon",
+                        "untie-embeddings-and-output-weights", "swiglu", "squared-relu", "disable-bias-linear"})
+    if (saved.contains(k) && saved[k] != here[k])
+      diff += fmt::format("\n  --{}: {} in the dense checkpoint, {} here", k, saved[k].dump(), here[k].dump());
+  MOE_CHECK(diff.empty(), "--moe-use-upcycling: the non-MoE flags must match the dense model:{}", diff);
+  // Everything outside the MoE layers' mlp loads as it is.
+  std::vector<std::string> moe_prefixes;
+  for (auto* l : moe_layers()) {
+    const std::string& w = l->router().weight().name;  // decoder.layers.N.mlp.router.weight
+    moe_prefixes.push_back(w.substr(0, w.size() - std::string("router.weight").size()));
+  }
+  auto in_moe = [&](const std::string& name) {
+    for (const auto& p : moe_prefixes)
+      if (name.rfind(p, 0) == 0) return true;
+    return false;
+  };
+  std::vector<ckpt::LoadTarget> targets;
+  for (auto& p : reg_.all())
+    if (!in_moe(p->name))
+      targets.push_back({p->name, ckpt::box_of(*p), &p->value, is_vocab_parameter(p->name) ? vocab_ : 0});
+  ckpt::load_tensors(dir, targets);
+  // Each MoE layer from its dense FFN: fc1 cut into g chunks along F (gate and up halves cut alike), fc2 along its
+  // input; expert e takes chunk e mod g; router row e is the initialized row e div g, so a replica's g chunks tie;
+  // both matrices scaled by act_scale^(1/3) (gated, squared ReLU) or ^(1/2) so the routed mix of chunks gives
+  // the dense output: act_scale = g (top-k then softmax), r·g²/k (softmax before top-k).
+  const int64_t g = cfg_.moe_upcycling_granularity, E = cfg_.num_experts, r = E / g, H = cfg_.hidden_size;
+  const int64_t F = cfg_.ffn_hidden_size, Fm = cfg_.moe_ffn_hidden_size, K = cfg_.moe_router_topk;
+  const double act_scale = cfg_.moe_router_pre_softmax ? static_cast<double>(r * g * g) / static_cast<double>(K)
+                                                       : static_cast<double>(g);
+  const bool cubic = cfg_.swiglu || cfg_.squared_relu;
+  const double s = std::pow(act_scale, cubic ? 1.0 / 3.0 : 0.5);
+  const int64_t halves = cfg_.swiglu ? 2 : 1;
+  for (size_t li = 0; li < moe_prefixes.size(); li++) {
+    const std::string& pre = moe_prefixes[li];
+    Tensor d1 = Tensor::empty({halves, F, H}, DType::F32), d2 = Tensor::empty({H, F}, DType::F32);
+    auto whole = [](const Tensor& t) {
+      return ckpt::Box{t.shape(), t.shape(), std::vector<int64_t>(static_cast<size_t>(t.ndim()), 0)};
+    };
+    // The dense fc1 is stored as [2, F, H] (gated) or [F, H]: a whole box of either has the same bytes.
+    Tensor d1_view = cfg_.swiglu ? d1 : d1.reshape({F, H});
+    ckpt::load_tensors(dir, {{pre + "linear_fc1.weight", whole(d1_view), &d1_view}, {pre + "linear_fc2.weight", whole(d2), &d2}});
+    Tensor e1 = Tensor::empty({E, halves, Fm, H}, DType::F32), e2 = Tensor::empty({E, H, Fm}, DType::F32);
+    for (int64_t e = 0; e < E; e++) {
+      const int64_t c = e % g;
+      for (int64_t h = 0; h < halves; h++)
+        for (int64_t f = 0; f < Fm; f++)
+          for (int64_t x = 0; x < H; x++)
+            e1.data<float>()[((e * halves + h) * Fm + f) * H + x] =
+                static_cast<float>(s * d1.data<float>()[(h * F + c * Fm + f) * H + x]);
+      for (int64_t x = 0; x < H; x++)
+        for (int64_t f = 0; f < Fm; f++)
+          e2.data<float>()[(e * H + x) * Fm + f] = static_cast<float>(s * d2.data<float>()[x * F + c * Fm + f]);
+    }
+    nn::Parameter& fc1 = reg_.get(pre + "experts.linear_fc1.weight");
+    nn::Parameter& fc2 = reg_.get(pre + "experts.linear_fc2.weight");
+    Tensor e1_view = cfg_.swiglu ? e1 : e1.reshape({E, Fm, H});
+    ckpt::copy_intersection(e1_view, whole(e1_view), fc1.value, ckpt::box_of(fc1));
+    ckpt::copy_intersection(e2, whole(e2), fc2.value, ckpt::box_of(fc2));
+    Tensor& router = reg_.get(pre + "router.weight").value;  // [E, H], replicated, initialized by global index
+    const Tensor init = router.clone();
+    for (int64_t e = 0; e < E; e++)
+      std::memcpy(router.data<float>() + e * H, init.data<float>() + (e / g) * H, static_cast<size_t>(H) * 4);
+  }
+  for (auto* opt : {dist_dense_.get(), dist_expert_.get()})
+    if (opt) opt->refresh_master();
+  loaded_from_ = dir;
+  fmt::print(out_,
+             " upcycled the dense checkpoint {} into {} experts per MoE layer (granularity {}, {} replicas, "
+             "weights scaled by {:.4f})\n",
+             dir, E, g, r, s);
+}
+
 void Trainer::load_at_start() {
+  if (cfg_.moe_use_upcycling) {
+    // Once the upcycled model is saved, later runs resume it from --save (as Megatron does).
+    if (const auto own = ckpt::find_checkpoint(cfg_.save)) {
+      load_checkpoint(own->dir, own->state);
+      return;
+    }
+    MOE_CHECK(found_, "--moe-use-upcycling: --load {} holds no dense checkpoint", cfg_.load);
+    upcycle(found_->dir, found_->state);
+    save_checkpoint();
+    return;
+  }
   if (!cfg_.load.empty()) {
     if (found_) {
       load_checkpoint(found_->dir, found_->state);

@@ -76,6 +76,8 @@ class Trainer {
   // Start-up from --load / --load-hf / upcycling (see TrainConfig).
   void load_at_start();
   void load_hf(const std::string& dir);
+  // --moe-use-upcycling: this MoE model from the dense checkpoint in `dir` (reference §1.14).
+  void upcycle(const std::string& dir, const nlohmann::json& state);
   // The checkpoint start-up loads (found before the model is built: its vocabulary padding is kept).
   std::optional<ckpt::FoundCheckpoint> found_;
   void load_checkpoint(const std::string& dir, const nlohmann::json& state);
