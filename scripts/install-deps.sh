@@ -13,7 +13,7 @@ PACKAGES=(
   libfmt-dev           # formatting
   libyaml-cpp-dev      # --config FILE.yaml
   nlohmann-json3-dev   # JSON: metadata, tokenizer.json, safetensors headers
-  zlib1g-dev           # CRC-32 checksums of checkpoint shards
+  libxxhash-dev        # XXH3 checksums of checkpoint shards (verified on load at tens of GB/s)
   libpcre2-dev libutf8proc-dev  # tokenizer pre-tokenizer regex and Unicode normalization
   libopenmpi-dev openmpi-bin    # distributed training
   fortunes             # the embedded default corpus of the demo

@@ -151,16 +151,28 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 Tensor SafetensorsFile::read(const std::string& name) const {
   const auto it = entries_.find(name);
   MOE_CHECK(it != entries_.end(), "{} has no tensor named '{}'", path_, name);
-  const SafetensorsEntry& e = it->second;
-  Tensor t = Tensor::empty(e.shape, e.dtype);
-  std::FILE* f = std::fopen(path_.c_str(), "rb");
-  MOE_CHECK(f != nullptr, "cannot open {}: {}", path_, std::strerror(errno));
-  const size_t n = static_cast<size_t>(e.end - e.begin);
-  const bool ok = std::fseek(f, static_cast<long>(data_start_ + e.begin), SEEK_SET) == 0 &&
-                  (n == 0 || std::fread(t.raw(), 1, n, f) == n);
-  std::fclose(f);
-  MOE_CHECK(ok, "{}: cannot read tensor '{}' (file changed or truncated?)", path_, name);
+  Tensor t = Tensor::empty(it->second.shape, it->second.dtype);
+  read_into(name, t);
   return t;
 }
 
+void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
+  const auto it = entries_.find(name);
+  MOE_CHECK(it != entries_.end(), "{} has no tensor named '{}'", path_, name);
+  const SafetensorsEntry& e = it->second;
+  const size_t n = static_cast<size_t>(e.end - e.begin);
+  MOE_ASSERT(dst.dtype() == e.dtype && dst.nbytes() == n);
+  const int fd = ::open(path_.c_str(), O_RDONLY);
+  MOE_CHECK(fd >= 0, "cannot open {}: {}", path_, std::strerror(errno));
+  char* p = static_cast<char*>(dst.raw());
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(data_start_ + e.begin) + static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  MOE_CHECK(done == n, "{}: cannot read tensor '{}' (file changed or truncated?)", path_, name);
+}
 }  // namespace moecore::ckpt

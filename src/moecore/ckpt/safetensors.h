@@ -39,6 +39,8 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   // The tensor `name` in its stored dtype.
   Tensor read(const std::string& name) const;
+  // Reads `name` into dst, which must have its dtype and byte size.
+  void read_into(const std::string& name, Tensor& dst) const;
 
  private:
   std::string path_;

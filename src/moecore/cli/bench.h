@@ -54,6 +54,16 @@ void run_bench_train(const TrainBenchArgs& a);
 // per group and the ratio; step time split into compute and exposed communication.
 void run_bench_comm(const TrainBenchArgs& a);
 
+// Checkpoint save and load throughput (GB/s) of a small MoE model's full training state (weights and Adam
+// moments), each against a plain sequential write (+ fsync) and read of the same bytes in one file in the same
+// directory and run. Extra arguments are `moecore train` flags overriding the model.
+struct CheckpointBenchArgs {
+  std::string dir = "/tmp/moecore_bench_checkpoint";
+  int iters = 3;
+  std::vector<std::string> train_flags;
+};
+void run_bench_checkpoint(const CheckpointBenchArgs& a);
+
 // Tokenizer encode throughput on one thread and on `workers` threads (each encoding its share of documents).
 // Input: a text file, or by default the English fortunes shipped by Debian.
 void run_bench_tokenizer(const std::string& tokenizer_json, const std::string& input, int workers);

@@ -133,6 +133,14 @@ int main(int argc, char** argv) {
   bcomm->add_option("--iters", cob.iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
   bcomm->allow_extras();  // layout and model flags of moecore train
 
+  moecore::cli::CheckpointBenchArgs ckb;
+  CLI::App* bckpt = bench->add_subcommand(
+      "checkpoint", "Checkpoint save/load GB/s vs a plain sequential write/read of the same bytes");
+  bckpt->add_option("--dir", ckb.dir, "Scratch directory (removed afterwards)")->capture_default_str();
+  bckpt->add_option("--iters", ckb.iters, "Repetitions (best is reported)")->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  bckpt->allow_extras();  // moecore train flags overriding the model
+
   std::string tok_json, tok_input;
   int tok_workers = 2;
   CLI::App* btok = bench->add_subcommand("tokenizer", "Tokenizer encode MB/s on one thread and on several workers");
@@ -171,6 +179,9 @@ int main(int argc, char** argv) {
     } else if (btrain->parsed()) {
       trb.train_flags = btrain->remaining();
       moecore::cli::run_bench_train(trb);
+    } else if (bckpt->parsed()) {
+      ckb.train_flags = bckpt->remaining();
+      moecore::cli::run_bench_checkpoint(ckb);
     } else if (bcomm->parsed()) {
       cob.train_flags = bcomm->remaining();
       moecore::cli::run_bench_comm(cob);

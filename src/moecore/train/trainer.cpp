@@ -873,9 +873,11 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
   const nlohmann::json here = config_json(cfg_);
   auto differing = [&](const auto& keys) {
     std::string out;
-    for (const std::string k : keys)
+    for (const auto& key : keys) {
+      const std::string k = key;
       if (saved.contains(k) && saved[k] != here[k])
         out += fmt::format("\n  --{}: {} in the checkpoint, {} here", k, saved[k].dump(), here[k].dump());
+    }
     return out;
   };
   const std::string model_diff = differing(model_flag_names());
