@@ -18,6 +18,7 @@
 
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
+#include "moecore/ckpt/upcycling.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/rng.h"
 #include "moecore/data/preprocess.h"
@@ -1009,47 +1010,28 @@ void Trainer::upcycle(const std::string& dir, const nlohmann::json& state) {
     if (!in_moe(p->name))
       targets.push_back({p->name, ckpt::box_of(*p), &p->value, is_vocab_parameter(p->name) ? vocab_ : 0});
   ckpt::load_tensors(dir, targets);
-  // Each MoE layer from its dense FFN: fc1 cut into g chunks along F (gate and up halves cut alike), fc2 along its
-  // input; expert e takes chunk e mod g; router row e is the initialized row e div g, so a replica's g chunks tie;
-  // both matrices scaled by act_scale^(1/3) (gated, squared ReLU) or ^(1/2) so the routed mix of chunks gives
-  // the dense output: act_scale = g (top-k then softmax), r·g²/k (softmax before top-k).
+  // Each MoE layer from its dense FFN (ckpt/upcycling).
   const int64_t g = cfg_.moe_upcycling_granularity, E = cfg_.num_experts, r = E / g, H = cfg_.hidden_size;
-  const int64_t F = cfg_.ffn_hidden_size, Fm = cfg_.moe_ffn_hidden_size, K = cfg_.moe_router_topk;
-  const double act_scale = cfg_.moe_router_pre_softmax ? static_cast<double>(r * g * g) / static_cast<double>(K)
-                                                       : static_cast<double>(g);
-  const bool cubic = cfg_.swiglu || cfg_.squared_relu;
-  const double s = std::pow(act_scale, cubic ? 1.0 / 3.0 : 0.5);
+  const int64_t F = cfg_.ffn_hidden_size;
+  const double s = ckpt::upcycling_scale(E, g, cfg_.moe_router_topk, cfg_.moe_router_pre_softmax,
+                                         cfg_.swiglu || cfg_.squared_relu);
   const int64_t halves = cfg_.swiglu ? 2 : 1;
-  for (size_t li = 0; li < moe_prefixes.size(); li++) {
-    const std::string& pre = moe_prefixes[li];
-    Tensor d1 = Tensor::empty({halves, F, H}, DType::F32), d2 = Tensor::empty({H, F}, DType::F32);
-    auto whole = [](const Tensor& t) {
-      return ckpt::Box{t.shape(), t.shape(), std::vector<int64_t>(static_cast<size_t>(t.ndim()), 0)};
-    };
+  auto whole = [](const Tensor& t) {
+    return ckpt::Box{t.shape(), t.shape(), std::vector<int64_t>(static_cast<size_t>(t.ndim()), 0)};
+  };
+  for (const std::string& pre : moe_prefixes) {
     // The dense fc1 is stored as [2, F, H] (gated) or [F, H]: a whole box of either has the same bytes.
+    Tensor d1 = Tensor::empty({halves, F, H}, DType::F32), d2 = Tensor::empty({H, F}, DType::F32);
     Tensor d1_view = cfg_.swiglu ? d1 : d1.reshape({F, H});
-    ckpt::load_tensors(dir, {{pre + "linear_fc1.weight", whole(d1_view), &d1_view}, {pre + "linear_fc2.weight", whole(d2), &d2}});
-    Tensor e1 = Tensor::empty({E, halves, Fm, H}, DType::F32), e2 = Tensor::empty({E, H, Fm}, DType::F32);
-    for (int64_t e = 0; e < E; e++) {
-      const int64_t c = e % g;
-      for (int64_t h = 0; h < halves; h++)
-        for (int64_t f = 0; f < Fm; f++)
-          for (int64_t x = 0; x < H; x++)
-            e1.data<float>()[((e * halves + h) * Fm + f) * H + x] =
-                static_cast<float>(s * d1.data<float>()[(h * F + c * Fm + f) * H + x]);
-      for (int64_t x = 0; x < H; x++)
-        for (int64_t f = 0; f < Fm; f++)
-          e2.data<float>()[(e * H + x) * Fm + f] = static_cast<float>(s * d2.data<float>()[x * F + c * Fm + f]);
-    }
+    ckpt::load_tensors(dir, {{pre + "linear_fc1.weight", whole(d1_view), &d1_view},
+                             {pre + "linear_fc2.weight", whole(d2), &d2}});
+    auto [e1, e2] = ckpt::upcycle_experts(d1, d2, E, g, s);
     nn::Parameter& fc1 = reg_.get(pre + "experts.linear_fc1.weight");
     nn::Parameter& fc2 = reg_.get(pre + "experts.linear_fc2.weight");
-    Tensor e1_view = cfg_.swiglu ? e1 : e1.reshape({E, Fm, H});
+    Tensor e1_view = cfg_.swiglu ? e1 : e1.reshape({E, F / g, H});
     ckpt::copy_intersection(e1_view, whole(e1_view), fc1.value, ckpt::box_of(fc1));
     ckpt::copy_intersection(e2, whole(e2), fc2.value, ckpt::box_of(fc2));
-    Tensor& router = reg_.get(pre + "router.weight").value;  // [E, H], replicated, initialized by global index
-    const Tensor init = router.clone();
-    for (int64_t e = 0; e < E; e++)
-      std::memcpy(router.data<float>() + e * H, init.data<float>() + (e / g) * H, static_cast<size_t>(H) * 4);
+    ckpt::tie_router_rows(reg_.get(pre + "router.weight").value, g);  // replicated, initialized by global index
   }
   for (auto* opt : {dist_dense_.get(), dist_expert_.get()})
     if (opt) opt->refresh_master();
