@@ -1,6 +1,7 @@
 // Checkpoints across layouts over MPI ranks: a model saved under one layout (TP2 with the distributed optimizer
 // on 2 ranks; TP2×EP2 with DP2 on 4) loads under another (EP2; TP1×EP4 with DP4) and on one rank with the same
-// logits, and training continues with the same losses (Adam moments resharded over DP). In one layout, K steps +
+// logits, training continues with the same losses (Adam moments resharded over DP), and the second layout's
+// checkpoint (EP2; EP4) loads on one rank with its logits. In one layout, K steps +
 // save + load + N−K steps equal N straight steps bitwise.
 #include <gtest/gtest.h>
 
@@ -81,7 +82,8 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
     a.save_checkpoint();
     saved_logits = logits_of(a, 100);
   }
-  train::Trainer b(config(load_layout, {"--load", dir}), null, false, &w);
+  const std::string dir2 = shared_dir(w, "reshard_again");
+  train::Trainer b(config(load_layout, {"--load", dir, "--save", dir2}), null, false, &w);
   train::Trainer one(config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
   EXPECT_EQ(b.iteration(), 3);
   EXPECT_EQ(one.iteration(), 3);
@@ -93,9 +95,17 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
     EXPECT_NEAR(rb.lm_loss, r1.lm_loss, 1e-5 * r1.lm_loss) << "step " << i;
     EXPECT_NEAR(rb.grad_norm, r1.grad_norm, 1e-5 * r1.grad_norm) << "step " << i;
   }
+  // And back: the second layout's checkpoint (EP2 or EP4) on one rank.
+  b.save_checkpoint();
+  train::Trainer again(config({}, {"--load", dir2}), null, false, nullptr);
+  EXPECT_EQ(again.iteration(), 6);
+  expect_close(logits_of(again, 100), logits_of(b, 100), "second layout vs one rank");
   std::fclose(null);
   w.barrier();
-  if (w.rank() == 0) fs::remove_all(dir);
+  if (w.rank() == 0) {
+    fs::remove_all(dir);
+    fs::remove_all(dir2);
+  }
 }
 
 TEST(CheckpointLayouts, ResumeIsBitwiseInOneLayout) {
