@@ -186,11 +186,13 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
       }
     }
   }
+  load_at_start();
   if (!cfg_.metrics_file.empty() && world_rank_ == 0) {
-    metrics_ = std::fopen(cfg_.metrics_file.c_str(), "w");
+    // A resumed run appends to the history (lines past the checkpoint from an interrupted run repeat iterations;
+    // the later line is the one that counts).
+    metrics_ = std::fopen(cfg_.metrics_file.c_str(), iteration_ > 0 ? "a" : "w");
     MOE_CHECK(metrics_ != nullptr, "cannot write --metrics-file {}", cfg_.metrics_file);
   }
-  load_at_start();
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
   print_memory_plan();
 }
