@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -81,6 +82,13 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// An empty scratch path under the temporary directory: removed if it exists, not created.
+inline std::string fresh_temp_path(const std::string& name) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / ("moecore_test_" + name);
+  std::filesystem::remove_all(p);
+  return p.string();
 }
 
 }  // namespace moecore::testing

@@ -14,10 +14,9 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("moecore_ckpt_" + name);
-  fs::remove_all(p);
+  const std::string p = testing::fresh_temp_path("ckpt_" + name);
   fs::create_directories(p);
-  return p.string();
+  return p;
 }
 
 // A "rank" holding the box of w [4, 6] given by offset/size, and experts [E=4, 3, 2] split over `ep` ranks.

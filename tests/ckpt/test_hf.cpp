@@ -23,11 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("moecore_hf_" + name);
-  fs::remove_all(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return testing::fresh_temp_path("hf_" + name); }
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -18,11 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("moecore_resume_" + name);
-  fs::remove_all(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return testing::fresh_temp_path("resume_" + name); }
 
 // Sigmoid routing with expert bias and input jitter: every kind of state a step carries into the next.
 std::vector<std::string> model_args() {

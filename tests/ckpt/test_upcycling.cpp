@@ -17,11 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("moecore_upcycle_" + name);
-  fs::remove_all(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return testing::fresh_temp_path("upcycle_" + name); }
 
 train::TrainConfig config(const std::vector<std::string>& act, std::vector<std::string> extra) {
   std::vector<std::string> a{"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",

@@ -67,6 +67,8 @@ void load_tensors(const std::string& dir, const std::vector<LoadTarget>& targets
 // load_tensors for every parameter of `reg`.
 void load_model(const std::string& dir, nn::ParamRegistry& reg);
 
+// A whole file's bytes (configs, markers, tokenizers); names the file when it cannot be read.
+std::string read_file(const std::string& path);
 // Durable small files: written, fsynced, closed (the caller places them atomically by rename).
 void write_file_durable(const std::string& path, const std::string& content);
 void fsync_dir(const std::string& dir);

@@ -19,17 +19,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  MOE_CHECK(f.good(), "cannot read {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 nlohmann::json read_json(const std::string& path) {
   try {
-    return nlohmann::json::parse(read_text(path));
+    return nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
     MOE_CHECK(false, "{} is not valid JSON ({})", path, e.what());
   }
@@ -361,9 +354,9 @@ int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_r
                           {"hf", {{"architecture", m.architecture().kind}, {"source", fs::absolute(hf_dir).string()}}},
                           {"config", hf_train_flags(m.config(), hf_dir + "/config.json")}};
   // The original config.json travels verbatim (native-to-hf writes it back); the tokenizer too.
-  std::vector<std::pair<std::string, std::string>> extra{{"hf_config.json", read_text(hf_dir + "/config.json")}};
+  std::vector<std::pair<std::string, std::string>> extra{{"hf_config.json", read_file(hf_dir + "/config.json")}};
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    if (fs::exists(hf_dir + "/" + f)) extra.push_back({f, read_text(hf_dir + "/" + f)});
+    if (fs::exists(hf_dir + "/" + f)) extra.push_back({f, read_file(hf_dir + "/" + f)});
   save_checkpoint(out_root, -1, all, state, nullptr, extra);
   return static_cast<int64_t>(all.size());
 }
@@ -378,7 +371,7 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
   const std::string hfc = found->dir + "/hf_config.json";
   std::string config_text, kind = kind_flag;
   if (fs::exists(hfc)) {  // converted from HF: its config.json, exactly
-    config_text = read_text(hfc);
+    config_text = read_file(hfc);
     const nlohmann::json c = nlohmann::json::parse(config_text);
     const std::string k = kind_of(c, hfc);
     MOE_CHECK(kind.empty() || kind == k, "--arch {}: the checkpoint came from a {} model", kind, k);
@@ -430,7 +423,7 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
                      nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
   write_file_durable(out_dir + "/config.json", config_text);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    if (fs::exists(found->dir + "/" + f)) write_file_durable(out_dir + "/" + f, read_text(found->dir + "/" + f));
+    if (fs::exists(found->dir + "/" + f)) write_file_durable(out_dir + "/" + f, read_file(found->dir + "/" + f));
   return count;
 }
 

@@ -23,13 +23,6 @@ void barrier(const comm::ProcessGroup* world) {
   if (world && world->size() > 1) world->barrier();
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  MOE_CHECK(f.good(), "cannot read {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 }  // namespace
 
 std::string save_checkpoint(const std::string& root, int64_t iteration, const std::vector<StoredTensor>& mine,
@@ -79,7 +72,7 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& path) {
   std::string dir;
   const std::string marker = path + "/" + kLatestFile;
   if (fs::exists(marker)) {
-    std::string text = read_text(marker);
+    std::string text = read_file(marker);
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
     int64_t it = -1;
     if (text != "release") {
@@ -108,7 +101,7 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& path) {
   const std::string sp = dir + "/" + kStateFile;
   MOE_CHECK(fs::exists(sp), "{} has no {}: the checkpoint is incomplete", dir, kStateFile);
   try {
-    f.state = nlohmann::json::parse(read_text(sp));
+    f.state = nlohmann::json::parse(read_file(sp));
   } catch (const nlohmann::json::exception& e) {
     MOE_CHECK(false, "{} is not valid JSON ({}): the checkpoint is corrupt", sp, e.what());
   }

@@ -259,15 +259,6 @@ void run_bench_comm(const TrainBenchArgs& a) {
   print_split(r);
 }
 
-namespace {
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  MOE_CHECK(f.good(), "cannot open {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-}  // namespace
 
 void run_bench_tokenizer(const std::string& tokenizer_json, const std::string& input, int workers) {
   MOE_CHECK(workers >= 1, "--workers must be >= 1, got {}", workers);
@@ -275,11 +266,11 @@ void run_bench_tokenizer(const std::string& tokenizer_json, const std::string& i
   if (input.empty()) {
     for (const char* f : {"fortunes", "literature", "riddles", "science", "wisdom", "people", "computers", "humorists"}) {
       const std::string p = std::string("/usr/share/games/fortunes/") + f;
-      if (std::filesystem::exists(p)) text += read_text(p);
+      if (std::filesystem::exists(p)) text += ckpt::read_file(p);
     }
     MOE_CHECK(!text.empty(), "no default text: the Debian package 'fortunes' is not installed; pass --input FILE");
   } else {
-    text = read_text(input);
+    text = ckpt::read_file(input);
   }
   // Documents: paragraphs separated by the fortune delimiter or blank lines, as a JSONL corpus would give them.
   std::vector<std::string> docs;

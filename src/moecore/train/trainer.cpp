@@ -46,13 +46,6 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 const char* const kScheduleKeys[] = {"lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-decay-iters",
                                      "lr-wsd-decay-style", "lr-wsd-decay-iters"};
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  MOE_CHECK(f.good(), "cannot read {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string human_bytes(double b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -846,9 +839,9 @@ std::string Trainer::save_checkpoint() {
   std::vector<std::pair<std::string, std::string>> extra;
   if (tok_ && world_rank_ == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
     const std::string json = data::resolve_tokenizer_json(cfg_.tokenizer_model);
-    extra.push_back({"tokenizer.json", read_file(json)});
+    extra.push_back({"tokenizer.json", ckpt::read_file(json)});
     const auto config = std::filesystem::path(json).parent_path() / "tokenizer_config.json";  // EOS
-    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", read_file(config.string())});
+    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", ckpt::read_file(config.string())});
   }
   ckpt::SaveFault fault;
   if (!cfg_.fault_kill_during_save.empty()) {
