@@ -296,7 +296,10 @@ std::vector<ShardRecord> read_model_index(const std::string& dir) {
 }
 
 void load_tensors(const std::string& dir, const std::vector<LoadTarget>& targets) {
-  const auto recs = read_model_index(dir);
+  load_tensors(dir, read_model_index(dir), targets);
+}
+
+void load_tensors(const std::string& dir, const std::vector<ShardRecord>& recs, const std::vector<LoadTarget>& targets) {
   std::map<std::string, std::vector<const ShardRecord*>> by_name;
   for (const auto& r : recs) by_name[r.name].push_back(&r);
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;

@@ -64,6 +64,9 @@ struct LoadTarget {
 // Fills every target from dir, whatever layout wrote it: checksums verified, shapes checked, every element found
 // exactly once; otherwise throws listing every problem.
 void load_tensors(const std::string& dir, const std::vector<LoadTarget>& targets);
+// The same with the index already read (read_model_index), for callers loading tensor by tensor.
+void load_tensors(const std::string& dir, const std::vector<ShardRecord>& records,
+                  const std::vector<LoadTarget>& targets);
 // load_tensors for every parameter of `reg`.
 void load_model(const std::string& dir, nn::ParamRegistry& reg);
 

@@ -397,9 +397,10 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
     shard.clear();
     shard_bytes = 0;
   };
+  const std::vector<ShardRecord> records = read_model_index(found->dir);
   for (const auto& t : native_tensors(a)) {
     Tensor whole = Tensor::empty(t.global, DType::F32);
-    load_tensors(found->dir, {LoadTarget{t.name, whole_box(t.global), &whole}});
+    load_tensors(found->dir, records, {LoadTarget{t.name, whole_box(t.global), &whole}});
     for (const auto& p : t.pieces) {
       Tensor x = Tensor::empty(p.hf_shape, DType::F32);
       copy_intersection(whole, whole_box(t.global), x, p.box);

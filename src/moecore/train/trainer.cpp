@@ -110,7 +110,10 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (!cfg_.load.empty()) found_ = ckpt::find_checkpoint(cfg_.load);
   int64_t saved_rows = 0;
   if (found_ && found_->state.contains("vocab")) saved_rows = found_->state["vocab"].value("padded", int64_t{0});
-  if (!found_ && !cfg_.load_hf.empty()) saved_rows = ckpt::HFModel(cfg_.load_hf).architecture().vocab;
+  if (!found_ && !cfg_.load_hf.empty()) {
+    hf_ = std::make_unique<ckpt::HFModel>(cfg_.load_hf);
+    saved_rows = hf_->architecture().vocab;
+  }
   if (saved_rows >= vocab_ && saved_rows % cfg_.tensor_model_parallel_size == 0) padded_vocab_ = saved_rows;
   // Data: enough samples for every step and every evaluation.
   const int64_t gbs = cfg_.global_batch_size;
@@ -946,7 +949,8 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
 }
 
 void Trainer::load_hf(const std::string& dir) {
-  ckpt::HFModel m(dir);
+  MOE_ASSERT(hf_ && hf_->dir() == dir);
+  ckpt::HFModel& m = *hf_;
   std::map<std::string, nn::Parameter*> mine;
   for (auto& p : reg_.all()) mine[p->name] = p.get();
   std::string problems;
@@ -974,6 +978,7 @@ void Trainer::load_hf(const std::string& dir) {
     if (opt) opt->refresh_master();
   loaded_from_ = dir;
   fmt::print(out_, " loaded HuggingFace {} model {}: weights only, iteration 0\n", m.architecture().kind, dir);
+  hf_.reset();  // its open files
 }
 
 void Trainer::upcycle(const std::string& dir, const nlohmann::json& state) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/data/gpt_dataset.h"
@@ -80,6 +81,7 @@ class Trainer {
   void upcycle(const std::string& dir, const nlohmann::json& state);
   // The checkpoint start-up loads (found before the model is built: its vocabulary padding is kept).
   std::optional<ckpt::FoundCheckpoint> found_;
+  std::unique_ptr<ckpt::HFModel> hf_;  // --load-hf (when --load holds no checkpoint)
   void load_checkpoint(const std::string& dir, const nlohmann::json& state);
   // Whether this rank stores p in checkpoints: one rank of those holding the same box (the first DP rank, and
   // the first TP rank for replicated-over-TP parameters; the first EDP rank for experts).
