@@ -6,16 +6,7 @@
 #  2. SIGTERM sent to one rank only: both ranks stop at the same step boundary, save, and exit 0;
 #  3. SIGINT to a single process: it saves and exits 0.
 # Usage: crash_safety.sh MOECORE MPIRUN [MPIRUN ARGS...]
-set -u
-moecore=$1
-shift
-mpirun=("$@")
-D=$(mktemp -d)
-trap 'rm -rf "$D"' EXIT
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
+source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
   --num-experts 4 --seq-length 16 --eval-iters 0 --global-batch-size 8 --lr-decay-style cosine
   --lr-warmup-iters 2 --lr-decay-iters 1000 --log-interval 1)

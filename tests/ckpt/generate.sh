@@ -3,16 +3,7 @@
 # parallelism, loaded on one process from the checkpoint alone (the tokenizer travels with it), continues a prompt
 # exactly as the training run itself did at its end, greedy and sampled.
 # Usage: generate.sh MOECORE MPIRUN [MPIRUN ARGS...]
-set -u
-moecore=$1
-shift
-mpirun=("$@")
-D=$(mktemp -d)
-trap 'rm -rf "$D"' EXIT
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
+source "$(dirname "$0")/script_setup.sh"
 cd "$D" || exit 1
 "$moecore" corpus fortunes --output f.jsonl >/dev/null || fail "corpus"
 "$moecore" train-tokenizer --input f.jsonl --json-keys text --vocab-size 512 --output tok >/dev/null || fail "tokenizer"

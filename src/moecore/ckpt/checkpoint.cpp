@@ -61,17 +61,11 @@ std::string fragment_path(const std::string& dir, int64_t rank) {
 }
 }  // namespace
 
+Box whole_box(const Shape& s) { return Box{s, s, std::vector<int64_t>(static_cast<size_t>(s.ndim()), 0)}; }
+
 Box box_of(const nn::Parameter& p) {
-  Box b;
-  if (p.sharded()) {
-    b.global = p.global_view;
-    b.size = p.box_shape;
-    b.offset = p.box_offset;
-  } else {
-    b.global = b.size = p.value.shape();
-    b.offset.assign(static_cast<size_t>(b.size.ndim()), 0);
-  }
-  return b;
+  if (!p.sharded()) return whole_box(p.value.shape());
+  return Box{p.global_view, p.box_shape, p.box_offset};
 }
 
 int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const Box& db) {

@@ -20,6 +20,8 @@ struct Box {
   int64_t volume() const { return size.numel(); }
 };
 Box box_of(const nn::Parameter& p);
+// The whole of a tensor of shape s, as a box of itself.
+Box whole_box(const Shape& s);
 
 // Copies the elements of `src` (holding box sb) that fall inside db into `dst` (holding box db); both boxes of the
 // same global view, tensors of the same dtype. Returns the number of elements copied.

@@ -30,7 +30,6 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 Box box(const Shape& global, std::vector<int64_t> offset, const Shape& size) { return Box{global, size, offset}; }
-Box whole_box(const Shape& s) { return box(s, std::vector<int64_t>(static_cast<size_t>(s.ndim()), 0), s); }
 
 // A value of the HF config with a default; wrong types are named.
 template <typename T>

@@ -731,6 +731,35 @@ void Trainer::run() {
 
 // ---- checkpoints ----
 
+namespace {
+std::string expert_bias_name(moe::MoELayer& l) {
+  const std::string& w = l.router().weight().name;  // ...mlp.router.weight
+  return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
+}
+ckpt::Box whole(const Tensor& t) { return ckpt::whole_box(t.shape()); }
+// "--flag: saved in the checkpoint, here" lines for the flags of `keys` whose values differ.
+template <typename Keys>
+std::string flag_differences(const nlohmann::json& saved, const nlohmann::json& here, const Keys& keys,
+                             const char* where) {
+  std::string out;
+  for (const auto& key : keys) {
+    const std::string k = key;
+    if (saved.contains(k) && saved[k] != here[k])
+      out += fmt::format("\n  --{}: {} in {}, {} here", k, saved[k].dump(), where, here[k].dump());
+  }
+  return out;
+}
+// Position of each parameter in the registry (the order of the Adam moment lists).
+std::map<const nn::Parameter*, size_t> registry_index(const nn::ParamRegistry& reg) {
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < reg.all().size(); i++) index[reg.all()[i].get()] = i;
+  return index;
+}
+bool is_vocab_parameter(const std::string& name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+}
+}  // namespace
+
 void Trainer::request_stop(int signal) { g_stop_signal = signal; }
 
 bool Trainer::stores(const nn::Parameter& p) const {
@@ -746,8 +775,7 @@ void Trainer::moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const {
     v = adam_v_;
     return;
   }
-  std::map<const nn::Parameter*, size_t> index;
-  for (size_t i = 0; i < all.size(); i++) index[all[i].get()] = i;
+  const auto index = registry_index(reg_);
   m.assign(all.size(), Tensor());
   v.assign(all.size(), Tensor());
   for (const auto* opt : {dist_dense_.get(), dist_expert_.get()}) {
@@ -755,27 +783,12 @@ void Trainer::moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const {
     std::vector<Tensor> om, ov;
     opt->gather_moments(om, ov);
     for (size_t i = 0; i < om.size(); i++) {
-      m[index[opt->params()[i]]] = om[i];
-      v[index[opt->params()[i]]] = ov[i];
+      m[index.at(opt->params()[i])] = om[i];
+      v[index.at(opt->params()[i])] = ov[i];
     }
   }
 }
 
-namespace {
-std::string expert_bias_name(moe::MoELayer& l) {
-  const std::string& w = l.router().weight().name;  // ...mlp.router.weight
-  return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
-}
-ckpt::Box whole(const Tensor& t) {
-  ckpt::Box b;
-  b.global = b.size = t.shape();
-  b.offset.assign(static_cast<size_t>(t.ndim()), 0);
-  return b;
-}
-bool is_vocab_parameter(const std::string& name) {
-  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
-}
-}  // namespace
 
 std::vector<ckpt::LoadTarget> Trainer::load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v) {
   std::vector<ckpt::LoadTarget> t;
@@ -870,22 +883,13 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
   MOE_CHECK(state.contains("config") && state["config"].is_object(), "{} has no configuration", where);
   const nlohmann::json& saved = state["config"];
   const nlohmann::json here = config_json(cfg_);
-  auto differing = [&](const auto& keys) {
-    std::string out;
-    for (const auto& key : keys) {
-      const std::string k = key;
-      if (saved.contains(k) && saved[k] != here[k])
-        out += fmt::format("\n  --{}: {} in the checkpoint, {} here", k, saved[k].dump(), here[k].dump());
-    }
-    return out;
-  };
-  const std::string model_diff = differing(model_flag_names());
+  const std::string model_diff = flag_differences(saved, here, model_flag_names(), "the checkpoint");
   if (!cfg_.finetune) {
     MOE_CHECK(model_diff.empty(),
               "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
               "run from its weights)",
               dir, model_diff);
-    const std::string sched_diff = differing(kScheduleKeys);
+    const std::string sched_diff = flag_differences(saved, here, kScheduleKeys, "the checkpoint");
     MOE_CHECK(sched_diff.empty(),
               "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, or "
               "--finetune to start a new schedule from its weights",
@@ -897,10 +901,8 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
   const bool optim = has_optim && !cfg_.finetune && !cfg_.no_load_optim;
   std::vector<Tensor> m, v;
   ckpt::load_tensors(dir, load_targets(optim, m, v));
-  const auto& all = reg_.all();
   if (dist_dense_) {
-    std::map<const nn::Parameter*, size_t> index;
-    for (size_t i = 0; i < all.size(); i++) index[all[i].get()] = i;
+    const auto index = registry_index(reg_);
     for (auto* opt : {dist_dense_.get(), dist_expert_.get()}) {
       if (!opt) continue;
       if (!optim) {
@@ -909,8 +911,8 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
       }
       std::vector<Tensor> om, ov;
       for (auto* p : opt->params()) {
-        om.push_back(m[index[p]]);
-        ov.push_back(v[index[p]]);
+        om.push_back(m[index.at(p)]);
+        ov.push_back(v[index.at(p)]);
       }
       opt->load_moments(om, ov);
     }
@@ -967,8 +969,7 @@ void Trainer::load_hf(const std::string& dir) {
       mine.erase(it);
       continue;
     }
-    ckpt::copy_intersection(m.read(t), ckpt::Box{t.global, t.global, std::vector<int64_t>(static_cast<size_t>(t.global.ndim()), 0)},
-                            p.value, b);
+    ckpt::copy_intersection(m.read(t), ckpt::whole_box(t.global), p.value, b);
     mine.erase(it);
   }
   for (const auto& [name, p] : mine) problems += fmt::format("\n  {}: not in the HF model", name);
@@ -987,12 +988,11 @@ void Trainer::upcycle(const std::string& dir, const nlohmann::json& state) {
   MOE_CHECK(saved.value("num-experts", int64_t{0}) == 0,
             "--moe-use-upcycling: {} is already an MoE checkpoint (upcycling starts from a dense one)", dir);
   const nlohmann::json here = config_json(cfg_);
-  std::string diff;
-  for (const char* k : {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
-                        "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent", "norm-epsilon",
-                        "untie-embeddings-and-output-weights", "swiglu", "squared-relu", "disable-bias-linear"})
-    if (saved.contains(k) && saved[k] != here[k])
-      diff += fmt::format("\n  --{}: {} in the dense checkpoint, {} here", k, saved[k].dump(), here[k].dump());
+  const char* const dense_keys[] = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
+                                   "num-query-groups", "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent",
+                                   "norm-epsilon", "untie-embeddings-and-output-weights", "swiglu", "squared-relu",
+                                   "disable-bias-linear"};
+  const std::string diff = flag_differences(saved, here, dense_keys, "the dense checkpoint");
   MOE_CHECK(diff.empty(), "--moe-use-upcycling: the non-MoE flags must match the dense model:{}", diff);
   // Everything outside the MoE layers' mlp loads as it is.
   std::vector<std::string> moe_prefixes;
@@ -1016,9 +1016,6 @@ void Trainer::upcycle(const std::string& dir, const nlohmann::json& state) {
   const double s = ckpt::upcycling_scale(E, g, cfg_.moe_router_topk, cfg_.moe_router_pre_softmax,
                                          cfg_.swiglu || cfg_.squared_relu);
   const int64_t halves = cfg_.swiglu ? 2 : 1;
-  auto whole = [](const Tensor& t) {
-    return ckpt::Box{t.shape(), t.shape(), std::vector<int64_t>(static_cast<size_t>(t.ndim()), 0)};
-  };
   for (const std::string& pre : moe_prefixes) {
     // The dense fc1 is stored as [2, F, H] (gated) or [F, H]: a whole box of either has the same bytes.
     Tensor d1 = Tensor::empty({halves, F, H}, DType::F32), d2 = Tensor::empty({H, F}, DType::F32);
