@@ -134,3 +134,58 @@ TEST(Gemm, DynamicShapesShareOnePrimitive) {
 
 }  // namespace
 }  // namespace moecore
+
+namespace moecore {
+namespace {
+
+// One batched call equals a loop of 2-D products, for every transpose, in f32 (to rounding) and bf16.
+TEST(Gemm, BatchedMatchesPerMatrixProducts) {
+  const int64_t batch = 3, M = 17, N = 9, K = 12;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Tensor A = testing::randn(ta ? Shape{batch, K, M} : Shape{batch, M, K}, DType::F32, 1).to(dt);
+        Tensor B = testing::randn(tb ? Shape{batch, N, K} : Shape{batch, K, N}, DType::F32, 2).to(dt);
+        Tensor C = testing::randn({batch, M, N}, DType::F32, 3), ref = C.clone();
+        kernels::gemm_batched(A, ta, B, tb, C, 0.5f, 1.0f);
+        for (int64_t i = 0; i < batch; i++) {
+          Tensor a = A.slice(i, 1).reshape({A.dim(1), A.dim(2)}), b = B.slice(i, 1).reshape({B.dim(1), B.dim(2)});
+          Tensor c = ref.slice(i, 1).reshape({M, N});
+          kernels::gemm(a, ta, b, tb, c, 0.5f, 1.0f);
+        }
+        EXPECT_LT(testing::max_rel_diff(C, ref), 1e-6) << dtype_name(dt) << " ta=" << ta << " tb=" << tb;
+      }
+  Tensor A = Tensor::empty({2, 4, 5}, DType::F32), B = Tensor::empty({3, 5, 4}, DType::F32);
+  Tensor C = Tensor::empty({2, 4, 4}, DType::F32);
+  EXPECT_THROW(kernels::gemm_batched(A, false, B, false, C), InternalError);  // batch sizes differ
+}
+
+// Reductions of 16384 and more run in chunks accumulated into C: the result still equals the f64 product to f32
+// rounding, for every transpose and with alpha/beta, and ragged chunk sizes.
+TEST(Gemm, LongReductionsInChunksMatchF64) {
+  const int64_t M = 6, N = 5, K = 20001;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor A = testing::randn(ta ? Shape{K, M} : Shape{M, K}, DType::F32, 4);
+      Tensor B = testing::randn(tb ? Shape{N, K} : Shape{K, N}, DType::F32, 5);
+      Tensor C = testing::randn({M, N}, DType::F32, 6);
+      Tensor ref = reference(A, ta, B, tb, C, 0.5, 2.0);
+      kernels::gemm(A, ta, B, tb, C, 0.5f, 2.0f);
+      EXPECT_LT(testing::max_rel_diff(C, ref), 1e-5) << "ta=" << ta << " tb=" << tb;
+    }
+}
+
+TEST(Gemm, PreparedPrimitiveIsTheOneGemmUses) {
+  const int64_t M = 32, N = 48, K = 40;
+  kernels::gemm_prepare(M, N, K, true, false, DType::BF16, 1.0f, 1.0f);
+  const int64_t created = kernels::gemm_stats().primitives_created;
+  Tensor A = testing::randn({K, M}, DType::F32, 7).to(DType::BF16), B = testing::randn({K, N}, DType::F32, 8).to(DType::BF16);
+  Tensor C = Tensor::zeros({M, N}, DType::F32);
+  kernels::gemm(A, true, B, false, C, 1.0f, 1.0f);
+  EXPECT_EQ(kernels::gemm_stats().primitives_created, created);
+  kernels::gemm_prepare(M, N, K, true, false, DType::BF16, 1.0f, 1.0f);  // already there
+  EXPECT_EQ(kernels::gemm_stats().primitives_created, created);
+}
+
+}  // namespace
+}  // namespace moecore

@@ -295,6 +295,39 @@ TEST(Kernel, AttentionIsDeterministic) {
   EXPECT_TRUE(testing::bitwise_equal(dk[0], dk[1]));
 }
 
+// The bf16-GEMM attention (--bf16 training) against the exact f64 kernel: outputs and gradients within bf16
+// rounding (operands carry 8 significant bits; errors are relative to the largest element). Cases cross query
+// blocks with a ragged last block (S=301) and split one kv head's query group across head chunks (S=2048, 8 query
+// heads on one kv head).
+TEST(Kernel, Bf16AttentionWithinBf16Rounding) {
+  for (AttnCase c : {AttnCase{5, 2, 2, 2, 4}, AttnCase{70, 2, 4, 2, 16}, AttnCase{301, 1, 3, 1, 8},
+                     AttnCase{2048, 1, 8, 1, 8}}) {
+    Tensor q = randn({c.S, c.B, c.Nq, c.D}, DType::F64, 1), k = randn({c.S, c.B, c.Nkv, c.D}, DType::F64, 2);
+    Tensor v = randn({c.S, c.B, c.Nkv, c.D}, DType::F64, 3), g = randn(q.shape(), DType::F64, 4);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    Tensor o = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({c.B, c.Nq, c.S}, DType::F64);
+    Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = Tensor::empty(k.shape(), DType::F64),
+           dv = Tensor::empty(v.shape(), DType::F64);
+    kernels::attention_forward(q, k, v, scale, o, lse);
+    kernels::attention_backward(g, q, k, v, o, lse, scale, dq, dk, dv);
+    Tensor q32 = q.to(DType::F32), k32 = k.to(DType::F32), v32 = v.to(DType::F32), g32 = g.to(DType::F32);
+    Tensor o2 = Tensor::empty(q.shape(), DType::F32), lse2 = Tensor::empty({c.B, c.Nq, c.S}, DType::F32);
+    Tensor dq2 = Tensor::empty(q.shape(), DType::F32), dk2 = Tensor::empty(k.shape(), DType::F32),
+           dv2 = Tensor::empty(v.shape(), DType::F32);
+    kernels::attention_forward_bf16(q32, k32, v32, scale, o2, lse2);
+    kernels::attention_backward_bf16(g32, q32, k32, v32, o2, lse2, scale, dq2, dk2, dv2);
+    EXPECT_LT(testing::max_rel_diff(o2, o), 1e-2) << "S=" << c.S;
+    EXPECT_LT(testing::max_rel_diff(lse2, lse), 1e-2) << "S=" << c.S;
+    EXPECT_LT(testing::max_rel_diff(dq2, dq), 2e-2) << "S=" << c.S;
+    EXPECT_LT(testing::max_rel_diff(dk2, dk), 2e-2) << "S=" << c.S;
+    EXPECT_LT(testing::max_rel_diff(dv2, dv), 2e-2) << "S=" << c.S;
+    // A rerun is bitwise identical (fixed reduction order over heads and blocks).
+    Tensor dk3 = Tensor::empty(k.shape(), DType::F32);
+    kernels::attention_backward_bf16(g32, q32, k32, v32, o2, lse2, scale, dq2, dk3, dv2);
+    EXPECT_TRUE(testing::bitwise_equal(dk2, dk3)) << "S=" << c.S;
+  }
+}
+
 }  // namespace
 }  // namespace moecore
 

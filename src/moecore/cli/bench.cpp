@@ -63,9 +63,13 @@ void run_bench_gemm(int64_t size, int iters) {
 }
 
 void run_bench_attention(const AttentionBenchArgs& a) {
-  fmt::print("moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} timed runs, {} threads\n",
-             a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.iters, num_threads());
-  const double peak = gemm_peak(DType::F32);
+  const bool bf16 = a.dtype == "bf16";
+  MOE_CHECK(!bf16 || a.seq <= kernels::kMaxBf16AttentionSeq, "bf16 attention runs up to --seq-length {}, got {}",
+            kernels::kMaxBf16AttentionSeq, a.seq);
+  fmt::print("moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {}, {} timed runs, {} "
+             "threads\n",
+             a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, a.iters, num_threads());
+  const double peak = gemm_peak(bf16 ? DType::BF16 : DType::F32);
   Tensor q = Tensor::empty({a.seq, a.batch, a.heads, a.head_dim}, DType::F32);
   Tensor k = Tensor::empty({a.seq, a.batch, a.kv_heads, a.head_dim}, DType::F32);
   Tensor v = Tensor::empty(k.shape(), DType::F32);
@@ -84,16 +88,22 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   std::vector<double> fwd_rates, total_rates;
   for (int i = 0; i <= a.iters; i++) {
     const double t0 = now_s();
-    kernels::attention_forward(q, k, v, scale, o, lse);
+    if (bf16)
+      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
+    else
+      kernels::attention_forward(q, k, v, scale, o, lse);
     const double t1 = now_s();
-    kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    if (bf16)
+      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else
+      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
     const double t2 = now_s();
     if (i == 0) continue;  // warm-up
     fwd_rates.push_back(fwd_flops / (t1 - t0) / 1e9);
     total_rates.push_back(3.5 * fwd_flops / (t2 - t0) / 1e9);
   }
   const double fwd = median(fwd_rates), tot = median(total_rates);
-  fmt::print("  f32 GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", peak);
+  fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
   fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / peak);
   fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / peak);
 }
@@ -140,6 +150,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
 namespace {
 struct TrainRun {
   double step_s = 0, exposed_s = 0, exposed_max_s = 0;
+  double gemm_s = 0, gemm_flops = 0;  // per step: time inside oneDNN matmuls and their FLOPs
   int64_t world = 1, rank = 0;
   std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
 };
@@ -156,11 +167,15 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   Allocator::instance().reset_peak();
   comm::comm_counters().clear();
   world.barrier();
+  const kernels::GemmStats g0 = kernels::gemm_stats();
   const double t0 = now_s();
   for (int i = 0; i < iters; i++) t.train_step();
   world.barrier();
   TrainRun r;
   r.step_s = (now_s() - t0) / iters;
+  const kernels::GemmStats g1 = kernels::gemm_stats();
+  r.gemm_s = (g1.seconds - g0.seconds) / iters;
+  r.gemm_flops = (g1.flops - g0.flops) / iters;
   r.counters = comm::comm_counters();
   for (const auto& [k, c] : r.counters) r.exposed_s += c.blocked_seconds / iters;
   Tensor e = Tensor::empty({1}, DType::F64);
@@ -208,6 +223,8 @@ void run_bench_train(const TrainBenchArgs& a) {
   fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s; {} GEMM peak (best of M=N=K 1024/2048) {:.1f} GFLOP/s\n",
              static_cast<double>(t->params().numel()) / 1e6, r.step_s, a.dtype, peak);
   if (r.world > 1) print_split(r);
+  fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
+             100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
   fmt::print("train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f}\n", a.dtype,
              tokens / r.step_s, gflops, gflops / peak,
              static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0));

@@ -27,6 +27,7 @@ double gemm_peak(DType dtype);
 struct AttentionBenchArgs {
   int64_t seq = 2048, batch = 1, heads = 8, kv_heads = 2, head_dim = 64;
   int iters = 3;
+  std::string dtype = "f32";
 };
 void run_bench_attention(const AttentionBenchArgs& a);
 

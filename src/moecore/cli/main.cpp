@@ -106,6 +106,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   batt->add_option("--kv-channels", att.head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
   batt->add_option("--iters", att.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
+  batt->add_option("--dtype", att.dtype, "f32 (tiled kernel) or bf16 (bf16 GEMM kernel, as --bf16 trains)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
 
   moecore::cli::MoEBenchArgs moeb;
   CLI::App* bmoe = bench->add_subcommand("moe-layer", "One MoE layer forward+backward GFLOP/s vs GEMM peak");

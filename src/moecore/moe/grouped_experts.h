@@ -29,11 +29,12 @@ struct ExpertsConfig {
 
 class GroupedExperts {
  public:
+  // Rows inside the experts are padded: each expert's rows start at a multiple of 32 (see grouped_experts.cpp).
   struct Stash {
-    Tensor x_RH;    // input rows as fed to fc1 (bf16 when bf16 is on)
-    Tensor h_RF1;   // fc1 output
-    Tensor a_RF;    // activation ⊙ prob, as fed to fc2
-    Tensor probs_R;
+    Tensor x_RH;    // input rows as fed to fc1 (bf16 when bf16 is on), padded
+    Tensor h_RF1;   // fc1 output, padded
+    Tensor a_RF;    // activation ⊙ prob, as fed to fc2, padded
+    Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
   };
 
@@ -51,6 +52,9 @@ class GroupedExperts {
   int64_t fc1_rows() const { return (kernels::is_gated(cfg_.activation) ? 2 : 1) * cfg_.ffn_hidden; }
 
  private:
+  // Creates the fixed-shape GEMM primitives every row count will use, so no step ever creates one.
+  void prepare_gemms() const;
+
   ExpertsConfig cfg_;
   nn::Parameter* fc1_;
   nn::Parameter* fc2_;

@@ -61,7 +61,11 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   st.k_SBND = k;
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
   st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype());
-  kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
+  if (bf16_attention(S))
+    kernels::attention_forward_bf16(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND,
+                                    st.lse_BNS);
+  else
+    kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
   return sp_reduce_scatter(
       proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden}), cfg_.tp);
 }
@@ -73,8 +77,12 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype());
   Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype());
   Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype());
-  kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS,
-                              1.0 / std::sqrt(static_cast<double>(D)), dq, dk, dv);
+  if (bf16_attention(S))
+    kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS,
+                                     1.0 / std::sqrt(static_cast<double>(D)), dq, dk, dv);
+  else
+    kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS,
+                                1.0 / std::sqrt(static_cast<double>(D)), dq, dk, dv);
   kernels::rope_backward(dq, cos_, sin_, rot_dim_, dq);
   kernels::rope_backward(dk, cos_, sin_, rot_dim_, dk);
   if (q_norm_) {

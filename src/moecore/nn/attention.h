@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "moecore/kernels/cpu/attention.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/rmsnorm.h"
 #include "moecore/nn/tensor_parallel.h"
@@ -45,6 +46,9 @@ class Attention {
   Tensor backward(const Tensor& dy_SBH, Stash& st);
 
  private:
+  // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
+  bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+
   AttentionConfig cfg_;
   int64_t nq_, nkv_;  // heads and groups held here
   int64_t rot_dim_;

@@ -15,6 +15,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
 
+// The same attention with bf16 GEMM operands, for --bf16 training (attention_bf16.cpp): q, k, v, dout are f32 and
+// rounded to bf16 where they enter a GEMM, probabilities and dS are rounded to bf16 for theirs; scores, softmax,
+// lse and every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Query blocks of a chunk of heads
+// go through oneDNN batched matmuls against their visible keys with an exact (not online) softmax per row: a block
+// holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
+// S > 128. Sequences longer than kMaxBf16AttentionSeq use the tiled kernel above instead.
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
+                            Tensor& lse);
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
+constexpr int64_t kMaxBf16AttentionSeq = 8192;
+
 // Tile edge used for queries and keys (rows of a tile).
 constexpr int64_t kAttnTile = 64;
 

@@ -14,7 +14,9 @@ namespace moecore::kernels {
 namespace {
 
 struct Key {
+  int64_t batch;    // 0 for a plain 2-D product
   int64_t m, n, k;  // m and k are DNNL_RUNTIME_DIM_VAL for dynamic primitives
+  int64_t lda, ldb;  // row strides of the stored A and B when they are column blocks of wider matrices; 0: dense
   bool ta, tb;
   DType dt;
   uint32_t alpha_bits, beta_bits;
@@ -25,7 +27,7 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
-    for (uint64_t v : {uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt),
+    for (uint64_t v : {uint64_t(k.batch), uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.lda), uint64_t(k.ldb), uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt),
                        uint64_t(k.alpha_bits), uint64_t(k.beta_bits)})
       h = (h ^ v) * 1099511628211ull;
     return h;
@@ -65,19 +67,25 @@ struct Descs {
   dnnl::memory::desc a, b, c;
 };
 
-// Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N]. Strides express the
-// transposes, so no operand is ever copied. With run-time M/K the values are DNNL_RUNTIME_DIM_VAL.
-Descs make_descs(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
+// Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N], each preceded by a batch
+// dimension when batch > 0. Strides express the transposes, so no operand is ever copied; lda/ldb (2-D only), when
+// non-zero, are the row strides of A and B as stored. With run-time M/K the values are DNNL_RUNTIME_DIM_VAL.
+Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype, int64_t lda = 0,
+                 int64_t ldb = 0) {
   using dims = dnnl::memory::dims;
   auto dt = dnnl_dt(dtype);
-  return Descs{dnnl::memory::desc(dims{m, k}, dt, ta ? dims{1, m} : dims{k, 1}),
-               dnnl::memory::desc(dims{k, n}, dt, tb ? dims{1, k} : dims{n, 1}),
-               dnnl::memory::desc(dims{m, n}, dnnl::memory::data_type::f32, dims{n, 1})};
+  if (batch == 0)
+    return Descs{dnnl::memory::desc(dims{m, k}, dt, ta ? dims{1, lda ? lda : m} : dims{lda ? lda : k, 1}),
+                 dnnl::memory::desc(dims{k, n}, dt, tb ? dims{1, ldb ? ldb : k} : dims{ldb ? ldb : n, 1}),
+                 dnnl::memory::desc(dims{m, n}, dnnl::memory::data_type::f32, dims{n, 1})};
+  return Descs{dnnl::memory::desc(dims{batch, m, k}, dt, ta ? dims{m * k, 1, m} : dims{m * k, k, 1}),
+               dnnl::memory::desc(dims{batch, k, n}, dt, tb ? dims{k * n, 1, k} : dims{k * n, n, 1}),
+               dnnl::memory::desc(dims{batch, m, n}, dnnl::memory::data_type::f32, dims{m * n, n, 1})};
 }
 
 // Creates the matmul for one key.
 Entry make_entry(Ctx& c, const Key& k) {
-  const Descs d = make_descs(k.m, k.n, k.k, k.ta, k.tb, k.dt);
+  const Descs d = make_descs(k.batch, k.m, k.n, k.k, k.ta, k.tb, k.dt, k.lda, k.ldb);
   const dnnl::memory::desc &a_md = d.a, &b_md = d.b, &c_md = d.c;
   dnnl::primitive_attr attr;
   float alpha, beta;
@@ -133,15 +141,30 @@ Ctx::Ctx() {
 }  // namespace
 
 namespace {
+// Reductions at least this long run in chunks of about kReductionChunk (see gemm_impl).
+constexpr int64_t kLongReduction = 16384, kReductionChunk = 4096;
+
+void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K);
+
+// batch = 0: 2-D product of the flattened matrices; batch > 0: A, B, C are [batch, rows, cols].
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
-               bool dynamic) {
-  const int64_t M = trans_a ? A.cols() : A.rows();
-  const int64_t K = trans_a ? A.rows() : A.cols();
-  const int64_t Kb = trans_b ? B.cols() : B.rows();
-  const int64_t N = trans_b ? B.rows() : B.cols();
+               bool dynamic, int64_t batch = 0) {
+  const int64_t a_rows = batch ? A.dim(1) : A.rows(), b_rows = batch ? B.dim(1) : B.rows();
+  const int64_t M = trans_a ? A.cols() : a_rows;
+  const int64_t K = trans_a ? a_rows : A.cols();
+  const int64_t Kb = trans_b ? B.cols() : b_rows;
+  const int64_t N = trans_b ? b_rows : B.cols();
   MOE_ASSERT_MSG(K == Kb, "gemm inner dims differ: A {}{} vs B {}{}", A.shape().str(), trans_a ? "ᵀ" : "",
                  B.shape().str(), trans_b ? "ᵀ" : "");
-  MOE_ASSERT_MSG(C.rows() == M && C.cols() == N, "gemm output {} expected [{}, {}]", C.shape().str(), M, N);
+  if (batch) {
+    MOE_ASSERT_MSG(A.ndim() == 3 && B.ndim() == 3 && C.ndim() == 3 && A.dim(0) == batch && B.dim(0) == batch &&
+                       C.dim(0) == batch,
+                   "batched gemm wants [batch, rows, cols] operands, got A {} B {} C {}", A.shape().str(),
+                   B.shape().str(), C.shape().str());
+    MOE_ASSERT(A.dtype() != DType::F64 && !dynamic);
+  }
+  MOE_ASSERT_MSG((batch ? C.dim(1) : C.rows()) == M && C.cols() == N, "gemm output {} expected [{}, {}]",
+                 C.shape().str(), M, N);
   MOE_ASSERT_MSG(A.dtype() == B.dtype(), "gemm operand dtypes differ: {} vs {}", dtype_name(A.dtype()),
                  dtype_name(B.dtype()));
   Ctx& c = ctx();
@@ -155,16 +178,37 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
   if (M == 0 || N == 0) return;
   if (K == 0) {  // oneDNN rejects empty reductions: C = beta·C.
     float* cp = C.data<float>();
-    for (int64_t i = 0; i < M * N; i++) cp[i] = beta == 0.0f ? 0.0f : beta * cp[i];
+    for (int64_t i = 0; i < C.numel(); i++) cp[i] = beta == 0.0f ? 0.0f : beta * cp[i];
     return;
   }
   if (A.dtype() == DType::BF16 && !c.stats.bf16_native) {
     Tensor a32 = A.to(DType::F32), b32 = B.to(DType::F32);
-    gemm_impl(a32, trans_a, b32, trans_b, C, alpha, beta, dynamic);
+    gemm_impl(a32, trans_a, b32, trans_b, C, alpha, beta, dynamic, batch);
     return;
   }
   const int64_t rt = DNNL_RUNTIME_DIM_VAL;
-  Key key{dynamic ? rt : M, N, dynamic ? rt : K, trans_a, trans_b, A.dtype(), bits(alpha), bits(beta)};
+  const uint32_t ab = bits(alpha);
+  if (!dynamic && batch == 0 && K >= kLongReduction) {
+    // Long reductions (the output layer's data gradient, K = vocabulary) in chunks accumulated into C in a fixed
+    // order: one oneDNN call streaming all of K runs at about half the rate of several calls of a few thousand.
+    const int64_t chunks = (K + kReductionChunk - 1) / kReductionChunk, kc = (K + chunks - 1) / chunks;
+    const size_t es = dtype_size(A.dtype());
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+      const int64_t n = std::min(kc, K - k0);
+      const char* a = static_cast<const char*>(A.raw()) + es * static_cast<size_t>(trans_a ? k0 * M : k0);
+      const char* b = static_cast<const char*>(B.raw()) + es * static_cast<size_t>(trans_b ? k0 : k0 * N);
+      run(c, Key{0, M, N, n, trans_a ? 0 : K, trans_b ? K : 0, trans_a, trans_b, A.dtype(), ab,
+                 bits(k0 == 0 ? beta : 1.0f)},
+          a, b, C.raw(), M, N, n);
+    }
+    return;
+  }
+  run(c, Key{batch, dynamic ? rt : M, N, dynamic ? rt : K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)},
+      A.raw(), B.raw(), C.raw(), M, N, K);
+}
+
+// Executes one cached primitive on raw operand pointers (M, N, K are the concrete sizes).
+void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K) {
   std::lock_guard<std::mutex> lock(c.mu);
   c.stats.calls++;
   auto it = c.cache.find(key);
@@ -176,21 +220,27 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     }
   }
   Entry& e = it->second;
+  void* a_ptr = const_cast<void*>(A);  // oneDNN's handles are non-const; sources are only read
+  void* b_ptr = const_cast<void*>(B);
+  const auto t0 = std::chrono::steady_clock::now();
   try {
-    if (dynamic) {  // memory objects carry the concrete dims; creating them is cheap (no primitive)
-      const Descs d = make_descs(M, N, K, trans_a, trans_b, A.dtype());
-      dnnl::memory a(d.a, c.eng, A.raw()), b(d.b, c.eng, B.raw()), cm(d.c, c.eng, C.raw());
+    if (key.m == DNNL_RUNTIME_DIM_VAL) {  // memory objects carry the concrete dims; creating them is cheap
+      const Descs d = make_descs(0, M, N, K, key.ta, key.tb, key.dt);
+      dnnl::memory a(d.a, c.eng, a_ptr), b(d.b, c.eng, b_ptr), cm(d.c, c.eng, C);
       e.prim.execute(c.strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, cm}});
     } else {
-      e.a.set_data_handle(A.raw());
-      e.b.set_data_handle(B.raw());
-      e.c.set_data_handle(C.raw());
+      e.a.set_data_handle(a_ptr);
+      e.b.set_data_handle(b_ptr);
+      e.c.set_data_handle(C);
       e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
     }
     c.strm.wait();
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
   }
+  c.stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.stats.flops += 2.0 * static_cast<double>(std::max<int64_t>(key.batch, 1)) * static_cast<double>(M) *
+                   static_cast<double>(N) * static_cast<double>(K);
 }
 }  // namespace
 
@@ -201,6 +251,23 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
                   float beta) {
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, true);
+}
+
+void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha,
+                  float beta) {
+  MOE_ASSERT(dtype == DType::F32 || dtype == DType::BF16);
+  MOE_ASSERT_MSG(K < kLongReduction, "gemm_prepare: K={} runs in chunks", K);
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = DType::F32;
+  const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta)};
+  if (M > 0 && N > 0 && K > 0 && c.cache.find(key) == c.cache.end()) c.cache.emplace(key, make_entry(c, key));
+}
+
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
+                  float beta) {
+  MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
+  if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, false, A.dim(0));
 }
 
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {

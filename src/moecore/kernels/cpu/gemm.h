@@ -22,6 +22,16 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
                   float beta = 0.0f);
 
+// Creates (and caches) the primitive gemm() would use for these sizes, without running it: for modules that know
+// the bounded set of shapes they will use, so that no training step creates one. dtype: the operands' dtype.
+void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha = 1.0f,
+                  float beta = 0.0f);
+
+// The same product for each of `batch` independent matrices in one call: A, B and C are [batch, rows, cols]
+// (transposes apply to the last two dims). f32 and bf16 operands only.
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
+                  float beta = 0.0f);
+
 // The roofline benchmarks and the trainer's MFU divide by: the best rate (GFLOP/s) of square GEMMs of sizes
 // 1024 and 2048 with operands of `dtype`, measured now (a second or two). Smaller sizes are left out: their
 // operands stay in L2, which training GEMMs never do.
@@ -32,6 +42,7 @@ std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters);
 struct GemmStats {
   int64_t calls = 0;
   int64_t primitives_created = 0;
+  double flops = 0, seconds = 0;  // oneDNN calls only: 2·M·N·K summed, and their wall time
   bool bf16_native = true;  // false when this CPU has no bf16 matmul and operands are widened to f32
 };
 GemmStats gemm_stats();
