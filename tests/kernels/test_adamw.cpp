@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/cpu/elementwise.h"
 #include "test_util.h"
 
 namespace moecore {
@@ -40,6 +41,23 @@ TEST(AdamW, F32MatchesF64) {
     kernels::adamw_step(p32, g32, m32, v32, hp, s);
   }
   EXPECT_LT(testing::max_rel_diff(p32, p), 1e-6);
+}
+
+// Clipping's coefficient applied as the gradient is read equals scaling the gradient in place first, bitwise.
+TEST(AdamW, GradScaleEqualsPrescaledGradient) {
+  Tensor p = testing::randn({40000}, DType::F32, 3), g = testing::randn({40000}, DType::F32, 4);
+  Tensor m = testing::randn({40000}, DType::F32, 5), v = testing::randn({40000}, DType::F32, 6);
+  kernels::scale_(v, 0.0);
+  Tensor p2 = p.clone(), g2 = g.clone(), m2 = m.clone(), v2 = v.clone();
+  kernels::AdamWParams hp{1e-3, 0.9, 0.95, 1e-8, 0.1};
+  const double coeff = 0.37;
+  kernels::scale_(g2, coeff);
+  kernels::adamw_step(p2, g2, m2, v2, hp, 2);
+  hp.grad_scale = coeff;
+  kernels::adamw_step(p, g, m, v, hp, 2);
+  EXPECT_TRUE(testing::bitwise_equal(p, p2));
+  EXPECT_TRUE(testing::bitwise_equal(m, m2));
+  EXPECT_TRUE(testing::bitwise_equal(v, v2));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <chrono>
 #include <vector>
 
@@ -149,15 +150,22 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
 
 namespace {
 struct TrainRun {
-  double step_s = 0, exposed_s = 0, exposed_max_s = 0;
+  double step_s = 0, step_median_s = 0, exposed_s = 0, exposed_max_s = 0;
   double gemm_s = 0, gemm_flops = 0;  // per step: time inside oneDNN matmuls and their FLOPs
+  std::vector<double> peak_samples;   // GEMM GFLOP/s measured between the timed steps (when asked)
   int64_t world = 1, rank = 0;
   std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
 };
 
+// One reference GEMM rate: the best of 3 runs of an M=N=K=2048 product (tens of milliseconds).
+double gemm_rate_sample(DType dtype) { return kernels::time_square_gemm(dtype, 2048, 3).first; }
+
 // Trains `flags` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with
-// the communication counters cleared in between.
-TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out) {
+// the communication counters cleared in between. With `peak`, a reference GEMM rate of that dtype is sampled on
+// every rank before each timed step and after the last, so the peak an MFU divides by is measured in the same
+// conditions as the steps (on a shared machine both swing together).
+TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out,
+                     std::optional<DType> peak = std::nullopt) {
   comm::ProcessGroup::init(nullptr, nullptr);
   const comm::ProcessGroup world = comm::ProcessGroup::world();
   std::FILE* null = std::fopen("/dev/null", "w");
@@ -166,16 +174,26 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   t.train_step();  // warm-up: primitives, allocator cache
   Allocator::instance().reset_peak();
   comm::comm_counters().clear();
-  world.barrier();
-  const kernels::GemmStats g0 = kernels::gemm_stats();
-  const double t0 = now_s();
-  for (int i = 0; i < iters; i++) t.train_step();
-  world.barrier();
   TrainRun r;
-  r.step_s = (now_s() - t0) / iters;
-  const kernels::GemmStats g1 = kernels::gemm_stats();
-  r.gemm_s = (g1.seconds - g0.seconds) / iters;
-  r.gemm_flops = (g1.flops - g0.flops) / iters;
+  std::vector<double> steps;
+  for (int i = 0; i <= iters; i++) {
+    if (peak) {
+      world.barrier();
+      r.peak_samples.push_back(gemm_rate_sample(*peak));
+    }
+    if (i == iters) break;
+    world.barrier();
+    const kernels::GemmStats g0 = kernels::gemm_stats();
+    const double t0 = now_s();
+    t.train_step();
+    world.barrier();
+    steps.push_back(now_s() - t0);
+    const kernels::GemmStats g1 = kernels::gemm_stats();
+    r.gemm_s += (g1.seconds - g0.seconds) / iters;
+    r.gemm_flops += (g1.flops - g0.flops) / iters;
+  }
+  for (double s : steps) r.step_s += s / iters;
+  r.step_median_s = median(steps);
   r.counters = comm::comm_counters();
   for (const auto& [k, c] : r.counters) r.exposed_s += c.blocked_seconds / iters;
   Tensor e = Tensor::empty({1}, DType::F64);
@@ -210,23 +228,27 @@ void run_bench_train(const TrainBenchArgs& a) {
           "--num-query-groups", "4", "--swiglu", "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk",
           "2", "--moe-ffn-hidden-size", "1024", "--moe-aux-loss-coeff", "1e-2", "--seq-length", "256",
           "--micro-batch-size", "4", "--global-batch-size", "8", "--vocab-size", "32000"}));
-  const double peak = kernels::measure_gemm_peak_gflops(a.dtype == "bf16" ? DType::BF16 : DType::F32);
   std::unique_ptr<train::Trainer> t;
-  const TrainRun r = timed_train(cfg, a.iters, t);
+  const TrainRun r = timed_train(cfg, a.iters, t, a.dtype == "bf16" ? DType::BF16 : DType::F32);
   if (r.rank != 0) return;
   const double tokens = static_cast<double>(cfg.global_batch_size * cfg.seq_length);
-  const double gflops = t->step_flops() / r.step_s / 1e9 / static_cast<double>(r.world);  // per rank
+  const double step = r.step_median_s, peak = median(r.peak_samples);
+  const double gflops = t->step_flops() / step / 1e9 / static_cast<double>(r.world);  // per rank
   fmt::print("moecore bench train: {} layers, H={}, {} experts top-{} (F={}), S={}, global batch {} x {}, {}, {} "
              "threads, {} rank(s)\n",
              cfg.num_layers, cfg.hidden_size, cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size,
              cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, a.dtype, num_threads(), r.world);
-  fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s; {} GEMM peak (best of M=N=K 1024/2048) {:.1f} GFLOP/s\n",
-             static_cast<double>(t->params().numel()) / 1e6, r.step_s, a.dtype, peak);
+  fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s (median of {}; mean {:.3f} s)\n",
+             static_cast<double>(t->params().numel()) / 1e6, step, a.iters, r.step_s);
+  fmt::print("  {} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the steps, each the best of 3 "
+             "M=N=K=2048 runs (range {:.1f}-{:.1f})\n",
+             a.dtype, peak, r.peak_samples.size(), *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
+             *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
   if (r.world > 1) print_split(r);
   fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
              100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
   fmt::print("train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f}\n", a.dtype,
-             tokens / r.step_s, gflops, gflops / peak,
+             tokens / step, gflops, gflops / peak,
              static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0));
 }
 

@@ -150,8 +150,8 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
   if (cfg_.bf16) {
-    w1_bf16_ = fc1_->value.to(DType::BF16);
-    w2_bf16_ = fc2_->value.to(DType::BF16);
+    w1_bf16_ = nn::bf16_weights(*fc1_);
+    w2_bf16_ = nn::bf16_weights(*fc2_);
     w1 = &w1_bf16_;
     w2 = &w2_bf16_;
   }

@@ -49,7 +49,7 @@ Tensor Linear::forward(const Tensor& x, Stash& st) {
   const Tensor& w = weight_->value;
   Tensor y = Tensor::empty({x2.rows(), out_}, w.dtype());
   if (bf16_) {
-    w_bf16_ = w.to(DType::BF16);
+    w_bf16_ = bf16_weights(*weight_);
     st.x = x2.to(DType::BF16);
     kernels::gemm(st.x, false, w_bf16_, true, y);
   } else {

@@ -87,6 +87,27 @@ void ParamRegistry::zero_grad() {
   for (auto& p : params_) p->grad.zero_();
 }
 
+Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg) : reg_(reg) {
+  for (auto& p : reg_.all()) {
+    p->bf16_cache_enabled = true;
+    p->bf16_cache_valid = false;
+  }
+}
+
+Bf16WeightScope::~Bf16WeightScope() {
+  for (auto& p : reg_.all()) p->bf16_cache_enabled = p->bf16_cache_valid = false;
+}
+
+Tensor bf16_weights(Parameter& p) {
+  if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
+  if (!p.bf16_cache_valid) {
+    if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16);
+    p.bf16_cache.copy_from(p.value);
+    p.bf16_cache_valid = true;
+  }
+  return p.bf16_cache;
+}
+
 void pack_grads(const std::vector<Parameter*>& params, Tensor& flat) {
   int64_t off = 0;
   for (auto* p : params) {

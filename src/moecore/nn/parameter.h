@@ -40,6 +40,10 @@ struct Parameter {
   bool expert_parallel = false;
   bool tensor_parallel = false;
 
+  // The bf16 copy of `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
+  Tensor bf16_cache;
+  bool bf16_cache_valid = false, bf16_cache_enabled = false;
+
   bool sharded() const { return global_view.ndim() > 0; }
   // Declares this parameter the box of a global view (see above); box_shape.numel() must equal value.numel().
   void set_shard(const Shape& global, const std::vector<int64_t>& offset, const Shape& box);
@@ -65,6 +69,22 @@ class ParamRegistry {
   DType dtype_;
   std::vector<std::unique_ptr<Parameter>> params_;
 };
+
+// Within one training step's micro-batches no weight changes, so each weight is rounded to bf16 once per step
+// instead of once per micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
+// parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed).
+class Bf16WeightScope {
+ public:
+  explicit Bf16WeightScope(ParamRegistry& reg);
+  ~Bf16WeightScope();
+  Bf16WeightScope(const Bf16WeightScope&) = delete;
+  Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
+
+ private:
+  ParamRegistry& reg_;
+};
+// p.value rounded to bf16 (see Bf16WeightScope).
+Tensor bf16_weights(Parameter& p);
 
 // Gradients of `params` laid end to end from the start of `flat` (f32), and back: the flat buffers collectives
 // reduce.

@@ -119,8 +119,6 @@ double ShardedAdamW::reduce_gradients(double scale) {
   return sq;
 }
 
-void ShardedAdamW::scale_gradients(double s) { kernels::scale_(grad_shard_, s); }
-
 void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   // Each parameter overlapping the owned range updates its part with its own weight decay.
   for (auto& bk : buckets_) {

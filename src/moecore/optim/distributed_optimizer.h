@@ -28,7 +28,6 @@ class ShardedAdamW {
   // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP). Returns the
   // weighted sum of squares of the owned shard, so the caller can form one global norm.
   double reduce_gradients(double scale);
-  void scale_gradients(double s);  // clipping
   // The parameters, in construction order (the order of the state lists below).
   const std::vector<nn::Parameter*>& params() const { return params_; }
   // Checkpoints: the Adam moments of every parameter, whole (each the shape of its parameter), gathered from the

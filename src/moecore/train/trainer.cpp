@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -313,6 +314,7 @@ StepResult Trainer::train_step() {
   reg_.zero_grad();
   for (auto* l : moe_layers()) l->stats().reset(cfg_.num_experts);
   const double scale = 1.0 / static_cast<double>(micro);
+  std::optional<nn::Bf16WeightScope> bf16_scope(reg_);  // weights change only after the micro-batches
   for (int64_t m = 0; m < micro; m++) {
     const auto idx = cursor_.micro_batch(m, dp_rank_, dp_, cfg_.micro_batch_size);
     const data::Batch b = data::make_batch(*data_[0], idx);
@@ -334,6 +336,7 @@ StepResult Trainer::train_step() {
       model_->backward(stash_, scale);
     }
   }
+  bf16_scope.reset();
   cursor_.advance(cfg_.global_batch_size);
   double sq = 0;  // this rank's weighted share of the squared global gradient norm
   if (dp_group_) {
@@ -375,19 +378,12 @@ StepResult Trainer::train_step() {
   MOE_CHECK(std::isfinite(r.grad_norm),
             "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
             iteration_ + 1, r.grad_norm, r.lm_loss);
-  if (cfg_.clip_grad > 0) {
-    const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
-    if (coeff < 1.0) {
-      if (dist_dense_) {
-        dist_dense_->scale_gradients(coeff);
-        if (dist_expert_) dist_expert_->scale_gradients(coeff);
-      } else {
-        for (auto& p : reg_.all()) kernels::scale_(p->grad, coeff);
-      }
-    }
-  }
   iteration_++;
   kernels::AdamWParams hp{r.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay};
+  if (cfg_.clip_grad > 0) {  // global-norm clipping, applied by the optimizer as it reads each gradient
+    const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
+    if (coeff < 1.0) hp.grad_scale = coeff;
+  }
   if (dist_dense_) {
     dist_dense_->step(hp, iteration_);
     if (dist_expert_) dist_expert_->step(hp, iteration_);
@@ -469,6 +465,7 @@ void Trainer::finish_buckets() {
 double Trainer::evaluate(int64_t iters) {
   MOE_CHECK(data_[1], "no validation data: --split {} gives the valid split no documents", cfg_.split);
   model_->set_training(false);
+  nn::Bf16WeightScope bf16_scope(reg_);
   double sum = 0;
   int64_t n = 0;
   data::SampleCursor c;

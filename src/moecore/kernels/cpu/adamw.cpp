@@ -10,10 +10,10 @@ namespace moecore::kernels {
 namespace {
 template <typename T>
 MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1,
-                              T bc2) {
+                              T bc2, T gs) {
 #pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; i++) {
-    const T gi = g[i];
+    const T gi = g[i] * gs;
     m[i] = b1 * m[i] + (T(1) - b1) * gi;
     v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
     const T mhat = m[i] / bc1;
@@ -31,7 +31,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(step));
   MOE_DISPATCH_FLOAT(param.dtype(), T, {
     update<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), param.numel(), T(hp.lr), T(hp.beta1),
-              T(hp.beta2), T(hp.eps), T(hp.weight_decay), T(bc1), T(bc2));
+              T(hp.beta2), T(hp.eps), T(hp.weight_decay), T(bc1), T(bc2), T(hp.grad_scale));
   });
 }
 

@@ -1,7 +1,9 @@
 // AdamW (decoupled weight decay, Loshchilov & Hutter), the update Megatron's FusedAdam applies with adam_w_mode:
 //   p ← p·(1 − lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
 //   p ← p − lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + eps)
-// One tensor per call; the optimizer decides lr and wd per parameter.
+// with g = grad_scale · grad: gradient clipping's coefficient is applied as the gradient is read, bitwise the same
+// as scaling the gradient in place first, without another pass over it. One tensor per call; the optimizer
+// decides lr and wd per parameter.
 #pragma once
 
 #include "moecore/core/tensor.h"
@@ -14,6 +16,7 @@ struct AdamWParams {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  double grad_scale = 1.0;
 };
 
 // param, m, v updated in place; grad read. All the same floating dtype (f32 master weights, or f64). step ≥ 1.
