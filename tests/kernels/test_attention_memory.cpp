@@ -9,45 +9,46 @@
 namespace moecore {
 namespace {
 
-TEST(AttentionMemory, NoSxSBufferAtS4096) {
-  const int64_t S = 4096, B = 1, Nq = 2, Nkv = 1, D = 16;
+// One forward+backward at S=4096 (2 query heads on 1 kv head, D=16) through `fwd` and `bwd`; returns the
+// allocator's peak bytes beyond what was live before, and the output.
+struct Case {
+  static constexpr int64_t S = 4096, B = 1, Nq = 2, Nkv = 1, D = 16;
   Tensor q = testing::randn({S, B, Nq, D}, DType::F32, 1), k = testing::randn({S, B, Nkv, D}, DType::F32, 2);
   Tensor v = testing::randn({S, B, Nkv, D}, DType::F32, 3), g = testing::randn(q.shape(), DType::F32, 4);
   Tensor o = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({B, Nq, S}, DType::F32);
   Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
          dv = Tensor::empty(v.shape(), DType::F32);
-  Allocator& a = Allocator::instance();
-  a.reset_peak();
-  const int64_t base = a.stats().live_bytes;
-  kernels::attention_forward(q, k, v, 0.25, o, lse);
-  kernels::attention_backward(g, q, k, v, o, lse, 0.25, dq, dk, dv);
-  const int64_t extra = a.stats().peak_bytes - base;
-  const int64_t sxs = S * S * static_cast<int64_t>(sizeof(float));  // 64 MiB
+
+  template <typename Fwd, typename Bwd>
+  int64_t peak_extra_bytes(Fwd fwd, Bwd bwd) {
+    Allocator& a = Allocator::instance();
+    a.reset_peak();
+    const int64_t base = a.stats().live_bytes;
+    fwd(q, k, v, 0.25, o, lse);
+    bwd(g, q, k, v, o, lse, 0.25, dq, dk, dv);
+    return a.stats().peak_bytes - base;
+  }
+};
+constexpr int64_t kSxS = Case::S * Case::S * static_cast<int64_t>(sizeof(float));  // one S×S f32 matrix: 64 MiB
+
+TEST(AttentionMemory, NoSxSBufferAtS4096) {
+  Case c;
+  const int64_t extra = c.peak_extra_bytes(kernels::attention_forward, kernels::attention_backward);
   // Scratch is per thread tiles plus one [B, Nq, S] row statistic: a few hundred KiB.
-  EXPECT_LT(extra, sxs / 64) << "attention used " << extra << " extra bytes";
+  EXPECT_LT(extra, kSxS / 64) << "attention used " << extra << " extra bytes";
   EXPECT_LT(extra, 2 * 1024 * 1024);
   // The result is a real attention: outputs are finite and row 0 attends only to key 0 (o_0 = v_0).
-  for (int64_t d = 0; d < D; d++) EXPECT_NEAR(o.item(d), v.item(d), 1e-6);
-  for (int64_t i = 0; i < o.numel(); i += 997) EXPECT_TRUE(std::isfinite(o.item(i)));
+  for (int64_t d = 0; d < Case::D; d++) EXPECT_NEAR(c.o.item(d), c.v.item(d), 1e-6);
+  for (int64_t i = 0; i < c.o.numel(); i += 997) EXPECT_TRUE(std::isfinite(c.o.item(i)));
 }
 
 // The bf16-GEMM attention holds query blocks' scores for a bounded chunk of heads: at S=4096 its peak extra memory
-// stays below half of one S×S f32 matrix (64 MiB), and row 0 still attends only to key 0.
+// stays below half of one S×S f32 matrix, and row 0 still attends only to key 0.
 TEST(AttentionMemory, Bf16KernelHoldsNoSxSMatrixAtS4096) {
-  const int64_t S = 4096, B = 1, Nq = 2, Nkv = 1, D = 16;
-  Tensor q = testing::randn({S, B, Nq, D}, DType::F32, 1), k = testing::randn({S, B, Nkv, D}, DType::F32, 2);
-  Tensor v = testing::randn({S, B, Nkv, D}, DType::F32, 3), g = testing::randn(q.shape(), DType::F32, 4);
-  Tensor o = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({B, Nq, S}, DType::F32);
-  Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
-         dv = Tensor::empty(v.shape(), DType::F32);
-  Allocator& a = Allocator::instance();
-  a.reset_peak();
-  const int64_t base = a.stats().live_bytes;
-  kernels::attention_forward_bf16(q, k, v, 0.25, o, lse);
-  kernels::attention_backward_bf16(g, q, k, v, o, lse, 0.25, dq, dk, dv);
-  const int64_t extra = a.stats().peak_bytes - base;
-  EXPECT_LT(extra, S * S * static_cast<int64_t>(sizeof(float)) / 2) << "attention used " << extra << " extra bytes";
-  for (int64_t d = 0; d < D; d++) EXPECT_NEAR(o.item(d), v.item(d), 1e-2 * std::fabs(v.item(d)) + 1e-6);
+  Case c;
+  const int64_t extra = c.peak_extra_bytes(kernels::attention_forward_bf16, kernels::attention_backward_bf16);
+  EXPECT_LT(extra, kSxS / 2) << "attention used " << extra << " extra bytes";
+  for (int64_t d = 0; d < Case::D; d++) EXPECT_NEAR(c.o.item(d), c.v.item(d), 1e-2 * std::fabs(c.v.item(d)) + 1e-6);
 }
 
 }  // namespace

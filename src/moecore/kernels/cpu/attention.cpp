@@ -19,25 +19,18 @@
 
 namespace moecore::kernels {
 
-namespace {
-
-struct Dims {
-  int64_t S, B, Nq, Nkv, D;
-  int64_t q_row() const { return B * Nq * D; }   // stride between sequence positions in q/o
-  int64_t kv_row() const { return B * Nkv * D; }  // ... in k/v
-  int64_t ntiles() const { return (S + kAttnTile - 1) / kAttnTile; }
-};
-
-Dims check_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
+AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
   MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
                  k.shape().str());
-  Dims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  AttentionDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
   MOE_ASSERT_SHAPE(k, {d.S, d.B, d.Nkv, d.D});
   MOE_ASSERT_SHAPE(v, {d.S, d.B, d.Nkv, d.D});
   MOE_ASSERT_MSG(d.Nkv > 0 && d.Nq % d.Nkv == 0, "query heads {} not a multiple of kv heads {}", d.Nq, d.Nkv);
   MOE_ASSERT(q.dtype() == k.dtype() && q.dtype() == v.dtype());
   return d;
 }
+
+namespace {
 
 // Copies `n` rows of length D from a strided source into a dense [n, D] tile, scaled.
 template <typename T>
@@ -68,7 +61,7 @@ inline void row_times_tile(T* out, const T* a, const T* bt, int64_t nc, int64_t 
 }
 
 template <typename T>
-MOE_TARGET_CLONES void forward_impl(const Dims& dm, const T* q, const T* k, const T* v, T* o, T* lse, T scale,
+MOE_TARGET_CLONES void forward_impl(const AttentionDims& dm, const T* q, const T* k, const T* v, T* o, T* lse, T scale,
                                     T* scratch, int64_t per_thread) {
   const int64_t S = dm.S, D = dm.D, nt = dm.ntiles(), group = dm.Nq / dm.Nkv;
   const int64_t items = dm.B * dm.Nq * nt;
@@ -148,7 +141,7 @@ inline int64_t row_probs(T* p, T* ds, const T* qrow, const T* dorow, const T* KT
 }
 
 template <typename T>
-MOE_TARGET_CLONES void backward_impl(const Dims& dm, const T* dout, const T* q, const T* k, const T* v,
+MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, const T* q, const T* k, const T* v,
                                      const T* lse, const T* delta, T* dq, T* dk, T* dv, T scale, T* scratch,
                                      int64_t per_thread) {
   const int64_t S = dm.S, D = dm.D, nt = dm.ntiles(), group = dm.Nq / dm.Nkv;
@@ -240,7 +233,7 @@ _Pragma("omp parallel for schedule(dynamic, 1)")
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse) {
-  const Dims dm = check_dims(q, k, v);
+  const AttentionDims dm = attention_dims(q, k, v);
   MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype());
   MOE_ASSERT_SHAPE(lse, {dm.B, dm.Nq, dm.S});
   const int64_t per_thread = 4 * kAttnTile * dm.D + 3 * kAttnTile;
@@ -253,7 +246,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const Dims dm = check_dims(q, k, v);
+  const AttentionDims dm = attention_dims(q, k, v);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   MOE_ASSERT_SHAPE(lse, {dm.B, dm.Nq, dm.S});

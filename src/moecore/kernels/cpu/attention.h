@@ -30,4 +30,14 @@ constexpr int64_t kMaxBf16AttentionSeq = 8192;
 // Tile edge used for queries and keys (rows of a tile).
 constexpr int64_t kAttnTile = 64;
 
+// Sizes of one attention call, checked: q [S, B, Nq, D], k and v [S, B, Nkv, D] of one dtype, Nkv dividing Nq.
+struct AttentionDims {
+  int64_t S, B, Nq, Nkv, D;
+  int64_t group() const { return Nq / Nkv; }      // query heads per kv head
+  int64_t q_row() const { return B * Nq * D; }    // stride between sequence positions in q/o
+  int64_t kv_row() const { return B * Nkv * D; }  // ... in k/v
+  int64_t ntiles() const { return (S + kAttnTile - 1) / kAttnTile; }
+};
+AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
+
 }  // namespace moecore::kernels

@@ -20,20 +20,10 @@ namespace moecore::kernels {
 
 namespace {
 
-struct Layout {
-  int64_t S, B, Nq, Nkv, D;
-  int64_t group() const { return Nq / Nkv; }
-};
-
-Layout check_layout(const Tensor& q, const Tensor& k, const Tensor& v) {
-  MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
-                 k.shape().str());
-  Layout l{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  MOE_ASSERT_SHAPE(k, {l.S, l.B, l.Nkv, l.D});
-  MOE_ASSERT_SHAPE(v, {l.S, l.B, l.Nkv, l.D});
-  MOE_ASSERT_MSG(l.Nkv > 0 && l.Nq % l.Nkv == 0, "query heads {} not a multiple of kv heads {}", l.Nq, l.Nkv);
-  MOE_ASSERT_MSG(q.dtype() == DType::F32 && k.dtype() == DType::F32 && v.dtype() == DType::F32,
-                 "bf16 attention takes f32 tensors (rounded to bf16 inside), got {}", dtype_name(q.dtype()));
+AttentionDims check_layout(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const AttentionDims l = attention_dims(q, k, v);
+  MOE_ASSERT_MSG(q.dtype() == DType::F32, "bf16 attention takes f32 tensors (rounded to bf16 inside), got {}",
+                 dtype_name(q.dtype()));
   return l;
 }
 
@@ -50,13 +40,13 @@ Blocks query_blocks(int64_t S) {
 
 // Heads per chunk: a chunk's f32 scores of the largest block stay within kScoreBudget bytes (at least one head).
 constexpr int64_t kScoreBudget = int64_t(8) << 20;
-int64_t chunk_heads(const Layout& l, const Blocks& q) {
+int64_t chunk_heads(const AttentionDims& l, const Blocks& q) {
   return std::clamp<int64_t>(kScoreBudget / (q.rows * l.S * 4), 1, l.B * l.Nq);
 }
 
 // dst [c, n, D] bf16 ← rows s0..s0+n of src [S, B, N, D] for the head pairs r0..r0+c (pair r = b·Nq + h; pair r
 // reads source head h / per_src, so a kv head repeats for its query group), times `scale`.
-MOE_TARGET_CLONES void pack(const Layout& l, const float* src, int64_t N, int64_t per_src, int64_t r0, int64_t c,
+MOE_TARGET_CLONES void pack(const AttentionDims& l, const float* src, int64_t N, int64_t per_src, int64_t r0, int64_t c,
                             int64_t s0, int64_t n, float scale, bf16* dst) {
   const int64_t D = l.D;
 #pragma omp parallel for schedule(static) collapse(2)
@@ -70,7 +60,7 @@ MOE_TARGET_CLONES void pack(const Layout& l, const float* src, int64_t N, int64_
 }
 
 // Rows s0..s0+n of dst [S, B, Nq, D] ← rows [c, n, D] for pairs r0..r0+c (one writer per element).
-MOE_TARGET_CLONES void unpack_q(const Layout& l, const float* rows, int64_t r0, int64_t c, int64_t s0, int64_t n,
+MOE_TARGET_CLONES void unpack_q(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t s0, int64_t n,
                                 float* dst) {
   const int64_t D = l.D;
 #pragma omp parallel for schedule(static) collapse(2)
@@ -83,7 +73,7 @@ MOE_TARGET_CLONES void unpack_q(const Layout& l, const float* rows, int64_t r0, 
 
 // Rows 0..n of dst [S, B, Nkv, D] += rows [c, n, D], summed over the query heads of each kv head in head order.
 // Each thread owns whole sequence positions, so the order is fixed and no two threads touch one element.
-MOE_TARGET_CLONES void accumulate_kv(const Layout& l, const float* rows, int64_t r0, int64_t c, int64_t n,
+MOE_TARGET_CLONES void accumulate_kv(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t n,
                                      float* dst) {
   const int64_t D = l.D;
 #pragma omp parallel for schedule(static)
@@ -155,7 +145,7 @@ struct Packed {
   Tensor q, k, v;
 };
 
-Packed pack_block(const Layout& l, const Tensor& q, const Tensor& k, const Tensor& v, int64_t r0,
+Packed pack_block(const AttentionDims& l, const Tensor& q, const Tensor& k, const Tensor& v, int64_t r0,
                   const BlockRows& br, float scale) {
   Packed p{Tensor::empty({br.c, br.nq, l.D}, DType::BF16), Tensor::empty({br.c, br.nk, l.D}, DType::BF16),
            Tensor::empty({br.c, br.nk, l.D}, DType::BF16)};
@@ -167,7 +157,7 @@ Packed pack_block(const Layout& l, const Tensor& q, const Tensor& k, const Tenso
 
 // Runs fn(r0, block rows) over chunks of head pairs and their query blocks, in a fixed order.
 template <typename Fn>
-void for_each_block(const Layout& l, Fn fn) {
+void for_each_block(const AttentionDims& l, Fn fn) {
   const Blocks qb = query_blocks(l.S);
   const int64_t pairs = l.B * l.Nq, chunk = chunk_heads(l, qb);
   for (int64_t r0 = 0; r0 < pairs; r0 += chunk)
@@ -181,7 +171,7 @@ void for_each_block(const Layout& l, Fn fn) {
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
                             Tensor& lse) {
-  const Layout l = check_layout(q, k, v);
+  const AttentionDims l = check_layout(q, k, v);
   MOE_ASSERT(o.shape() == q.shape() && o.dtype() == DType::F32);
   MOE_ASSERT_SHAPE(lse, {l.B, l.Nq, l.S});
   MOE_ASSERT(lse.dtype() == DType::F32);
@@ -199,7 +189,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const Layout l = check_layout(q, k, v);
+  const AttentionDims l = check_layout(q, k, v);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   MOE_ASSERT_SHAPE(lse, {l.B, l.Nq, l.S});
