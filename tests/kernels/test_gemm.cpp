@@ -179,7 +179,8 @@ TEST(Gemm, PreparedPrimitiveIsTheOneGemmUses) {
   const int64_t M = 32, N = 48, K = 40;
   kernels::gemm_prepare(M, N, K, true, false, DType::BF16, 1.0f, 1.0f);
   const int64_t created = kernels::gemm_stats().primitives_created;
-  Tensor A = testing::randn({K, M}, DType::F32, 7).to(DType::BF16), B = testing::randn({K, N}, DType::F32, 8).to(DType::BF16);
+  Tensor A = testing::randn({K, M}, DType::F32, 7).to(DType::BF16),
+         B = testing::randn({K, N}, DType::F32, 8).to(DType::BF16);
   Tensor C = Tensor::zeros({M, N}, DType::F32);
   kernels::gemm(A, true, B, false, C, 1.0f, 1.0f);
   EXPECT_EQ(kernels::gemm_stats().primitives_created, created);

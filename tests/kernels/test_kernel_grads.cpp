@@ -300,8 +300,8 @@ TEST(Kernel, AttentionIsDeterministic) {
 // blocks with a ragged last block (S=301) and split one kv head's query group across head chunks (S=2048, 8 query
 // heads on one kv head).
 TEST(Kernel, Bf16AttentionWithinBf16Rounding) {
-  for (AttnCase c : {AttnCase{5, 2, 2, 2, 4}, AttnCase{70, 2, 4, 2, 16}, AttnCase{301, 1, 3, 1, 8},
-                     AttnCase{2048, 1, 8, 1, 8}}) {
+  for (AttnCase c :
+       {AttnCase{5, 2, 2, 2, 4}, AttnCase{70, 2, 4, 2, 16}, AttnCase{301, 1, 3, 1, 8}, AttnCase{2048, 1, 8, 1, 8}}) {
     Tensor q = randn({c.S, c.B, c.Nq, c.D}, DType::F64, 1), k = randn({c.S, c.B, c.Nkv, c.D}, DType::F64, 2);
     Tensor v = randn({c.S, c.B, c.Nkv, c.D}, DType::F64, 3), g = randn(q.shape(), DType::F64, 4);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));

@@ -1,32 +1,31 @@
 // Benchmarks (see bench.h).
 #include "moecore/cli/bench.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
-#include <chrono>
+#include <sstream>
+#include <thread>
 #include <vector>
 
+#include "moecore/ckpt/checkpoint.h"
+#include "moecore/comm/process_group.h"
+#include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
 #include "moecore/core/tensor.h"
+#include "moecore/data/tokenizer.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
-#include "moecore/data/tokenizer.h"
-#include "moecore/core/allocator.h"
-#include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
-#include "moecore/ckpt/checkpoint.h"
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <thread>
 
 namespace moecore::cli {
 
@@ -67,9 +66,10 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const bool bf16 = a.dtype == "bf16";
   MOE_CHECK(!bf16 || a.seq <= kernels::kMaxBf16AttentionSeq, "bf16 attention runs up to --seq-length {}, got {}",
             kernels::kMaxBf16AttentionSeq, a.seq);
-  fmt::print("moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {}, {} timed runs, {} "
-             "threads\n",
-             a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, a.iters, num_threads());
+  fmt::print(
+      "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {}, {} timed runs, {} "
+      "threads\n",
+      a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, a.iters, num_threads());
   const double peak = gemm_peak(bf16 ? DType::BF16 : DType::F32);
   Tensor q = Tensor::empty({a.seq, a.batch, a.heads, a.head_dim}, DType::F32);
   Tensor k = Tensor::empty({a.seq, a.batch, a.kv_heads, a.head_dim}, DType::F32);
@@ -158,7 +158,9 @@ struct TrainRun {
 };
 
 // One reference GEMM rate: the best of 3 runs of an M=N=K=2048 product (tens of milliseconds).
-double gemm_rate_sample(DType dtype) { return kernels::time_square_gemm(dtype, 2048, 3).first; }
+double gemm_rate_sample(DType dtype) {
+  return kernels::time_square_gemm(dtype, 2048, 3).first;
+}
 
 // Trains `flags` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with
 // the communication counters cleared in between. With `peak`, a reference GEMM rate of that dtype is sampled on
@@ -223,11 +225,33 @@ void print_split(const TrainRun& r) {
 void run_bench_train(const TrainBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
-  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
-      a, {"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16", "--group-query-attention",
-          "--num-query-groups", "4", "--swiglu", "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk",
-          "2", "--moe-ffn-hidden-size", "1024", "--moe-aux-loss-coeff", "1e-2", "--seq-length", "256",
-          "--micro-batch-size", "4", "--global-batch-size", "8", "--vocab-size", "32000"}));
+  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(a, {"--num-layers",
+                                                                                 "4",
+                                                                                 "--hidden-size",
+                                                                                 "1024",
+                                                                                 "--num-attention-heads",
+                                                                                 "16",
+                                                                                 "--group-query-attention",
+                                                                                 "--num-query-groups",
+                                                                                 "4",
+                                                                                 "--swiglu",
+                                                                                 "--disable-bias-linear",
+                                                                                 "--num-experts",
+                                                                                 "8",
+                                                                                 "--moe-router-topk",
+                                                                                 "2",
+                                                                                 "--moe-ffn-hidden-size",
+                                                                                 "1024",
+                                                                                 "--moe-aux-loss-coeff",
+                                                                                 "1e-2",
+                                                                                 "--seq-length",
+                                                                                 "256",
+                                                                                 "--micro-batch-size",
+                                                                                 "4",
+                                                                                 "--global-batch-size",
+                                                                                 "8",
+                                                                                 "--vocab-size",
+                                                                                 "32000"}));
   std::unique_ptr<train::Trainer> t;
   const TrainRun r = timed_train(cfg, a.iters, t, a.dtype == "bf16" ? DType::BF16 : DType::F32);
   if (r.rank != 0) return;
@@ -240,10 +264,11 @@ void run_bench_train(const TrainBenchArgs& a) {
              cfg.seq_length, cfg.global_batch_size, cfg.micro_batch_size, a.dtype, num_threads(), r.world);
   fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s (median of {}; mean {:.3f} s)\n",
              static_cast<double>(t->params().numel()) / 1e6, step, a.iters, r.step_s);
-  fmt::print("  {} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the steps, each the best of 3 "
-             "M=N=K=2048 runs (range {:.1f}-{:.1f})\n",
-             a.dtype, peak, r.peak_samples.size(), *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
-             *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
+  fmt::print(
+      "  {} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the steps, each the best of 3 "
+      "M=N=K=2048 runs (range {:.1f}-{:.1f})\n",
+      a.dtype, peak, r.peak_samples.size(), *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
+      *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
   if (r.world > 1) print_split(r);
   fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
              100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);

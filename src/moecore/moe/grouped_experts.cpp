@@ -40,7 +40,9 @@ namespace {
 // reduce over chunks of kWgradChunk rows in a fixed order.
 constexpr int64_t kRowAlign = 32, kRowChunk = 256, kWgradChunk = 512;
 
-int64_t align_rows(int64_t n) { return (n + kRowAlign - 1) / kRowAlign * kRowAlign; }
+int64_t align_rows(int64_t n) {
+  return (n + kRowAlign - 1) / kRowAlign * kRowAlign;
+}
 
 // Runs fn(e, row_begin, padded_rows) for every expert with rows, in the padded layout.
 template <typename Fn>
@@ -97,7 +99,9 @@ Tensor from_padded(const Tensor& xp, const std::vector<int64_t>& counts, const S
   return out;
 }
 
-Tensor expert_weight(const Tensor& w, int64_t e) { return w.slice(e, 1).reshape({w.dim(1), w.dim(2)}); }
+Tensor expert_weight(const Tensor& w, int64_t e) {
+  return w.slice(e, 1).reshape({w.dim(1), w.dim(2)});
+}
 
 // C_rows = A_rows · op(W)   (forward and data-gradient GEMMs; rows a multiple of kRowAlign)
 void rows_gemm(const Tensor& A, const Tensor& W, bool trans_w, Tensor& C) {
@@ -125,9 +129,9 @@ void GroupedExperts::prepare_gemms() const {
   const DType dt = cfg_.bf16 ? DType::BF16 : wt;
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
   for (int64_t m = kRowAlign; m <= kRowChunk; m += kRowAlign) {
-    kernels::gemm_prepare(m, F1, H, false, true, dt);  // fc1
-    kernels::gemm_prepare(m, H, F, false, true, dt);   // fc2
-    kernels::gemm_prepare(m, F, H, false, false, dt);  // fc2 data gradient
+    kernels::gemm_prepare(m, F1, H, false, true, dt);   // fc1
+    kernels::gemm_prepare(m, H, F, false, true, dt);    // fc2
+    kernels::gemm_prepare(m, F, H, false, false, dt);   // fc2 data gradient
     kernels::gemm_prepare(m, H, F1, false, false, dt);  // fc1 data gradient
   }
   for (int64_t k = kRowAlign; k <= kWgradChunk; k += kRowAlign) {

@@ -31,9 +31,9 @@ class GroupedExperts {
  public:
   // Rows inside the experts are padded: each expert's rows start at a multiple of 32 (see grouped_experts.cpp).
   struct Stash {
-    Tensor x_RH;    // input rows as fed to fc1 (bf16 when bf16 is on), padded
-    Tensor h_RF1;   // fc1 output, padded
-    Tensor a_RF;    // activation ⊙ prob, as fed to fc2, padded
+    Tensor x_RH;     // input rows as fed to fc1 (bf16 when bf16 is on), padded
+    Tensor h_RF1;    // fc1 output, padded
+    Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
   };

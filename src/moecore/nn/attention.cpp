@@ -62,8 +62,7 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
   st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype());
   if (bf16_attention(S))
-    kernels::attention_forward_bf16(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND,
-                                    st.lse_BNS);
+    kernels::attention_forward_bf16(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
   else
     kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
   return sp_reduce_scatter(

@@ -7,15 +7,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <sstream>
-#include <cmath>
-#include <nlohmann/json.hpp>
-#include <cstring>
-#include <numeric>
 
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"

@@ -9,8 +9,8 @@ namespace moecore::kernels {
 
 namespace {
 template <typename T>
-MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1,
-                              T bc2, T gs) {
+MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
+                              T gs) {
 #pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;

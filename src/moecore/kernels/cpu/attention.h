@@ -21,10 +21,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 // go through oneDNN batched matmuls against their visible keys with an exact (not online) softmax per row: a block
 // holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
 // S > 128. Sequences longer than kMaxBf16AttentionSeq use the tiled kernel above instead.
-void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
-                            Tensor& lse);
-void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse);
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
 constexpr int64_t kMaxBf16AttentionSeq = 8192;
 
 // Tile edge used for queries and keys (rows of a tile).

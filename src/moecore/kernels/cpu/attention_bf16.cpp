@@ -11,7 +11,6 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
-
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cpu/vec_math.h"
@@ -169,8 +168,7 @@ void for_each_block(const AttentionDims& l, Fn fn) {
 
 }  // namespace
 
-void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
-                            Tensor& lse) {
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse) {
   const AttentionDims l = check_layout(q, k, v);
   MOE_ASSERT(o.shape() == q.shape() && o.dtype() == DType::F32);
   MOE_ASSERT_SHAPE(lse, {l.B, l.Nq, l.S});
@@ -187,8 +185,8 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
   });
 }
 
-void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const AttentionDims l = check_layout(q, k, v);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());

@@ -27,8 +27,8 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
-    for (uint64_t v : {uint64_t(k.batch), uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.lda), uint64_t(k.ldb), uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt),
-                       uint64_t(k.alpha_bits), uint64_t(k.beta_bits)})
+    for (uint64_t v : {uint64_t(k.batch), uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.lda), uint64_t(k.ldb),
+                       uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt), uint64_t(k.alpha_bits), uint64_t(k.beta_bits)})
       h = (h ^ v) * 1099511628211ull;
     return h;
   }
@@ -157,10 +157,10 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
   MOE_ASSERT_MSG(K == Kb, "gemm inner dims differ: A {}{} vs B {}{}", A.shape().str(), trans_a ? "ᵀ" : "",
                  B.shape().str(), trans_b ? "ᵀ" : "");
   if (batch) {
-    MOE_ASSERT_MSG(A.ndim() == 3 && B.ndim() == 3 && C.ndim() == 3 && A.dim(0) == batch && B.dim(0) == batch &&
-                       C.dim(0) == batch,
-                   "batched gemm wants [batch, rows, cols] operands, got A {} B {} C {}", A.shape().str(),
-                   B.shape().str(), C.shape().str());
+    MOE_ASSERT_MSG(
+        A.ndim() == 3 && B.ndim() == 3 && C.ndim() == 3 && A.dim(0) == batch && B.dim(0) == batch && C.dim(0) == batch,
+        "batched gemm wants [batch, rows, cols] operands, got A {} B {} C {}", A.shape().str(), B.shape().str(),
+        C.shape().str());
     MOE_ASSERT(A.dtype() != DType::F64 && !dynamic);
   }
   MOE_ASSERT_MSG((batch ? C.dim(1) : C.rows()) == M && C.cols() == N, "gemm output {} expected [{}, {}]",
@@ -197,14 +197,15 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
       const int64_t n = std::min(kc, K - k0);
       const char* a = static_cast<const char*>(A.raw()) + es * static_cast<size_t>(trans_a ? k0 * M : k0);
       const char* b = static_cast<const char*>(B.raw()) + es * static_cast<size_t>(trans_b ? k0 : k0 * N);
-      run(c, Key{0, M, N, n, trans_a ? 0 : K, trans_b ? K : 0, trans_a, trans_b, A.dtype(), ab,
-                 bits(k0 == 0 ? beta : 1.0f)},
+      run(c,
+          Key{0, M, N, n, trans_a ? 0 : K, trans_b ? K : 0, trans_a, trans_b, A.dtype(), ab,
+              bits(k0 == 0 ? beta : 1.0f)},
           a, b, C.raw(), M, N, n);
     }
     return;
   }
-  run(c, Key{batch, dynamic ? rt : M, N, dynamic ? rt : K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)},
-      A.raw(), B.raw(), C.raw(), M, N, K);
+  run(c, Key{batch, dynamic ? rt : M, N, dynamic ? rt : K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(),
+      B.raw(), C.raw(), M, N, K);
 }
 
 // Executes one cached primitive on raw operand pointers (M, N, K are the concrete sizes).
@@ -253,19 +254,22 @@ void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, true);
 }
 
-void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha,
-                  float beta) {
+void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta) {
   MOE_ASSERT(dtype == DType::F32 || dtype == DType::BF16);
   MOE_ASSERT_MSG(K < kLongReduction, "gemm_prepare: K={} runs in chunks", K);
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
   if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = DType::F32;
   const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta)};
-  if (M > 0 && N > 0 && K > 0 && c.cache.find(key) == c.cache.end()) c.cache.emplace(key, make_entry(c, key));
+  if (M <= 0 || N <= 0 || K <= 0 || c.cache.count(key)) return;
+  try {
+    c.cache.emplace(key, make_entry(c, key));
+  } catch (const dnnl::error& e) {
+    MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), M, N, K);
+  }
 }
 
-void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
-                  float beta) {
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
   MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
   if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, false, A.dim(0));
 }
