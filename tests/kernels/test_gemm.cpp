@@ -99,41 +99,6 @@ TEST(Gemm, RejectsMismatchedShapes) {
 }  // namespace
 }  // namespace moecore
 
-namespace moecore {
-namespace {
-
-TEST(Gemm, DynamicShapesShareOnePrimitive) {
-  const int64_t N = 24, K0 = 16;
-  Tensor B = testing::randn({N, K0}, DType::F32, 1);
-  int64_t created = -1;
-  for (int64_t M : {5, 0, 17, 64, 1}) {
-    Tensor A = testing::randn({M, K0}, DType::F32, 2);
-    Tensor C = Tensor::empty({M, N}, DType::F32), ref = Tensor::empty({M, N}, DType::F32);
-    kernels::gemm_dynamic(A, false, B, true, C);
-    if (created < 0) created = kernels::gemm_stats().primitives_created;
-    Tensor a64 = A.to(DType::F64), b64 = B.to(DType::F64), c64 = Tensor::empty({M, N}, DType::F64);
-    kernels::gemm(a64, false, b64, true, c64);
-    if (M > 0) {
-      EXPECT_LT(testing::max_rel_diff(C, c64), 1e-5);
-    }
-  }
-  EXPECT_EQ(kernels::gemm_stats().primitives_created, created) << "one primitive serves every M";
-  // Run-time K (the weight-gradient GEMM of a grouped expert): dW[N, K0] += dYᵀ[N, M] · X[M, K0].
-  for (int64_t M : {3, 40}) {
-    Tensor dy = testing::randn({M, N}, DType::F32, 3), x = testing::randn({M, K0}, DType::F32, 4);
-    Tensor dw = testing::randn({N, K0}, DType::F32, 5);
-    Tensor dwb = dw.clone();
-    Tensor ref = dw.to(DType::F64);
-    kernels::gemm(dy.to(DType::F64), true, x.to(DType::F64), false, ref, 1.0f, 1.0f);
-    kernels::gemm_dynamic(dy, true, x, false, dw, 1.0f, 1.0f);
-    EXPECT_LT(testing::max_rel_diff(dw, ref), 1e-5);
-    kernels::gemm_dynamic(dy.to(DType::BF16), true, x.to(DType::BF16), false, dwb, 1.0f, 1.0f);
-    EXPECT_LT(testing::max_rel_diff(dwb, ref), 0.05);
-  }
-}
-
-}  // namespace
-}  // namespace moecore
 
 namespace moecore {
 namespace {

@@ -3,6 +3,7 @@
 // Backward: dA_e = dY_e·W2_e, dW2_e += dY_eᵀ·A_e;  (dH_e, dp) = act'(...);  dX_e = dH_e·W1_e, dW1_e += dH_eᵀ·X_e
 #include "moecore/moe/grouped_experts.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moecore/kernels/cpu/gemm.h"
@@ -70,9 +71,15 @@ Tensor padded_empty(const std::vector<int64_t>& counts, int64_t C, DType dtype) 
   return Tensor::empty({capacity, C}, dtype).slice(0, padded_total(counts));
 }
 
-// [R, C] rows grouped by expert -> [padded_total, C] of `dtype` with zero gap rows.
+bool already_aligned(const std::vector<int64_t>& counts) {
+  return std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c % kRowAlign == 0; });
+}
+
+// [R, C] rows grouped by expert -> [padded_total, C] of `dtype` with zero gap rows (x itself when no expert needs
+// padding and the dtype is the same).
 Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, DType dtype) {
   const int64_t C = x.numel() / std::max<int64_t>(x.dim(0), 1);
+  if (already_aligned(counts) && x.dtype() == dtype) return x.reshape({x.dim(0), C});
   Tensor out = padded_empty(counts, C, dtype);
   int64_t src = 0, dst = 0;
   for (int64_t c : counts) {
@@ -85,8 +92,9 @@ Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, DType dtyp
   return out;
 }
 
-// The inverse: the expert rows of a padded [padded_total, C] tensor as [R, C] (or [R] when C is 1 and 1-D).
+// The inverse: the expert rows of a padded [padded_total, C] tensor in `shape` ([R, C], or [R] for C = 1).
 Tensor from_padded(const Tensor& xp, const std::vector<int64_t>& counts, const Shape& shape) {
+  if (already_aligned(counts)) return xp.reshape(shape);
   Tensor out = Tensor::empty(shape, xp.dtype());
   const int64_t C = xp.numel() / std::max<int64_t>(xp.dim(0), 1);
   Tensor out2 = out.reshape({shape[0], C});
@@ -148,7 +156,6 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   for (int64_t c : counts) total += c;
   MOE_ASSERT_MSG(total == R, "expert row counts sum to {}, but {} rows were dispatched", total, R);
   const DType dt = fc1_->value.dtype();
-  const int64_t Rp = padded_total(counts);
   st.tokens_per_expert = counts;
   st.probs_R = to_padded(probs_R, counts, dt);
   const Tensor* w1 = &fc1_->value;

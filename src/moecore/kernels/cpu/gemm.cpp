@@ -15,7 +15,7 @@ namespace {
 
 struct Key {
   int64_t batch;    // 0 for a plain 2-D product
-  int64_t m, n, k;  // m and k are DNNL_RUNTIME_DIM_VAL for dynamic primitives
+  int64_t m, n, k;
   int64_t lda, ldb;  // row strides of the stored A and B when they are column blocks of wider matrices; 0: dense
   bool ta, tb;
   DType dt;
@@ -69,7 +69,7 @@ struct Descs {
 
 // Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N], each preceded by a batch
 // dimension when batch > 0. Strides express the transposes, so no operand is ever copied; lda/ldb (2-D only), when
-// non-zero, are the row strides of A and B as stored. With run-time M/K the values are DNNL_RUNTIME_DIM_VAL.
+// non-zero, are the row strides of A and B as stored.
 Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype, int64_t lda = 0,
                  int64_t ldb = 0) {
   using dims = dnnl::memory::dims;
@@ -99,11 +99,10 @@ Entry make_entry(Ctx& c, const Key& k) {
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.eng);
   Entry e{dnnl::matmul(pd), {}, {}, {}};
-  if (k.m != DNNL_RUNTIME_DIM_VAL) {  // fixed shapes keep their memory objects and only swap pointers
-    e.a = dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE);
-    e.b = dnnl::memory(b_md, c.eng, DNNL_MEMORY_NONE);
-    e.c = dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE);
-  }
+  // Memory objects are kept; each call only swaps their pointers.
+  e.a = dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE);
+  e.b = dnnl::memory(b_md, c.eng, DNNL_MEMORY_NONE);
+  e.c = dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE);
   c.stats.primitives_created++;
   return e;
 }
@@ -148,7 +147,7 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
 
 // batch = 0: 2-D product of the flattened matrices; batch > 0: A, B, C are [batch, rows, cols].
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
-               bool dynamic, int64_t batch = 0) {
+               int64_t batch = 0) {
   const int64_t a_rows = batch ? A.dim(1) : A.rows(), b_rows = batch ? B.dim(1) : B.rows();
   const int64_t M = trans_a ? A.cols() : a_rows;
   const int64_t K = trans_a ? a_rows : A.cols();
@@ -161,7 +160,7 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
         A.ndim() == 3 && B.ndim() == 3 && C.ndim() == 3 && A.dim(0) == batch && B.dim(0) == batch && C.dim(0) == batch,
         "batched gemm wants [batch, rows, cols] operands, got A {} B {} C {}", A.shape().str(), B.shape().str(),
         C.shape().str());
-    MOE_ASSERT(A.dtype() != DType::F64 && !dynamic);
+    MOE_ASSERT(A.dtype() != DType::F64);
   }
   MOE_ASSERT_MSG((batch ? C.dim(1) : C.rows()) == M && C.cols() == N, "gemm output {} expected [{}, {}]",
                  C.shape().str(), M, N);
@@ -183,12 +182,11 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
   }
   if (A.dtype() == DType::BF16 && !c.stats.bf16_native) {
     Tensor a32 = A.to(DType::F32), b32 = B.to(DType::F32);
-    gemm_impl(a32, trans_a, b32, trans_b, C, alpha, beta, dynamic, batch);
+    gemm_impl(a32, trans_a, b32, trans_b, C, alpha, beta, batch);
     return;
   }
-  const int64_t rt = DNNL_RUNTIME_DIM_VAL;
   const uint32_t ab = bits(alpha);
-  if (!dynamic && batch == 0 && K >= kLongReduction) {
+  if (batch == 0 && K >= kLongReduction) {
     // Long reductions (the output layer's data gradient, K = vocabulary) in chunks accumulated into C in a fixed
     // order: one oneDNN call streaming all of K runs at about half the rate of several calls of a few thousand.
     const int64_t chunks = (K + kReductionChunk - 1) / kReductionChunk, kc = (K + chunks - 1) / chunks;
@@ -204,11 +202,11 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     }
     return;
   }
-  run(c, Key{batch, dynamic ? rt : M, N, dynamic ? rt : K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(),
+  run(c, Key{batch, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(),
       B.raw(), C.raw(), M, N, K);
 }
 
-// Executes one cached primitive on raw operand pointers (M, N, K are the concrete sizes).
+// Executes one cached primitive on raw operand pointers.
 void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K) {
   std::lock_guard<std::mutex> lock(c.mu);
   c.stats.calls++;
@@ -225,16 +223,10 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
   void* b_ptr = const_cast<void*>(B);
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    if (key.m == DNNL_RUNTIME_DIM_VAL) {  // memory objects carry the concrete dims; creating them is cheap
-      const Descs d = make_descs(0, M, N, K, key.ta, key.tb, key.dt);
-      dnnl::memory a(d.a, c.eng, a_ptr), b(d.b, c.eng, b_ptr), cm(d.c, c.eng, C);
-      e.prim.execute(c.strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, cm}});
-    } else {
-      e.a.set_data_handle(a_ptr);
-      e.b.set_data_handle(b_ptr);
-      e.c.set_data_handle(C);
-      e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
-    }
+    e.a.set_data_handle(a_ptr);
+    e.b.set_data_handle(b_ptr);
+    e.c.set_data_handle(C);
+    e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
     c.strm.wait();
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
@@ -246,13 +238,9 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
 }  // namespace
 
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
-  gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, false);
+  gemm_impl(A, trans_a, B, trans_b, C, alpha, beta);
 }
 
-void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
-                  float beta) {
-  gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, true);
-}
 
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta) {
   MOE_ASSERT(dtype == DType::F32 || dtype == DType::BF16);
@@ -271,7 +259,7 @@ void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, D
 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
   MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
-  if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, false, A.dim(0));
+  if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
 }
 
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {

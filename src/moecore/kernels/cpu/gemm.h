@@ -17,11 +17,6 @@ namespace moecore::kernels {
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
           float beta = 0.0f);
 
-// The same product with M and K bound at run time: one primitive serves every M and K for a given N, so the
-// per-expert GEMMs of an MoE layer, whose row counts change every step, create no primitive in steady state.
-void gemm_dynamic(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
-                  float beta = 0.0f);
-
 // Creates (and caches) the primitive gemm() would use for these sizes, without running it: for modules that know
 // the bounded set of shapes they will use, so that no training step creates one. dtype: the operands' dtype.
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha = 1.0f,
