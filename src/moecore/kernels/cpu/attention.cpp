@@ -30,6 +30,24 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) 
   return d;
 }
 
+AttentionDims attention_forward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                     const Tensor& lse) {
+  const AttentionDims d = attention_dims(q, k, v);
+  MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype() && lse.dtype() == q.dtype());
+  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.S});
+  return d;
+}
+
+AttentionDims attention_backward_dims(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv) {
+  const AttentionDims d = attention_dims(q, k, v);
+  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
+  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
+  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.S});
+  return d;
+}
+
 namespace {
 
 // Copies `n` rows of length D from a strided source into a dense [n, D] tile, scaled.
@@ -233,9 +251,7 @@ _Pragma("omp parallel for schedule(dynamic, 1)")
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse) {
-  const AttentionDims dm = attention_dims(q, k, v);
-  MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype());
-  MOE_ASSERT_SHAPE(lse, {dm.B, dm.Nq, dm.S});
+  const AttentionDims dm = attention_forward_dims(q, k, v, o, lse);
   const int64_t per_thread = 4 * kAttnTile * dm.D + 3 * kAttnTile;
   Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   MOE_DISPATCH_FLOAT(q.dtype(), T, {
@@ -246,10 +262,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const AttentionDims dm = attention_dims(q, k, v);
-  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
-  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
-  MOE_ASSERT_SHAPE(lse, {dm.B, dm.Nq, dm.S});
+  const AttentionDims dm = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
   const int64_t per_thread = 4 * kAttnTile * dm.D + 2 * kAttnTile;
   Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   Tensor delta = Tensor::empty({dm.B, dm.Nq, dm.S}, q.dtype());

@@ -38,5 +38,11 @@ struct AttentionDims {
   int64_t ntiles() const { return (S + kAttnTile - 1) / kAttnTile; }
 };
 AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
+// The same, also checking a forward's outputs (o like q, lse [B, Nq, S] of q's dtype) or a backward's operands.
+AttentionDims attention_forward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                     const Tensor& lse);
+AttentionDims attention_backward_dims(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv);
 
 }  // namespace moecore::kernels

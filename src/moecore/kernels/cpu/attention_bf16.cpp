@@ -19,11 +19,10 @@ namespace moecore::kernels {
 
 namespace {
 
-AttentionDims check_layout(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const AttentionDims l = attention_dims(q, k, v);
+// bf16 GEMM operands are rounded from f32 tensors here.
+void require_f32(const Tensor& q) {
   MOE_ASSERT_MSG(q.dtype() == DType::F32, "bf16 attention takes f32 tensors (rounded to bf16 inside), got {}",
                  dtype_name(q.dtype()));
-  return l;
 }
 
 // Query blocks: at most 8 per sequence and at least 128 rows, so the set of GEMM shapes (one primitive each) stays
@@ -169,10 +168,8 @@ void for_each_block(const AttentionDims& l, Fn fn) {
 }  // namespace
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse) {
-  const AttentionDims l = check_layout(q, k, v);
-  MOE_ASSERT(o.shape() == q.shape() && o.dtype() == DType::F32);
-  MOE_ASSERT_SHAPE(lse, {l.B, l.Nq, l.S});
-  MOE_ASSERT(lse.dtype() == DType::F32);
+  require_f32(q);
+  const AttentionDims l = attention_forward_dims(q, k, v, o, lse);
   for_each_block(l, [&](int64_t r0, const BlockRows& br) {
     const Packed p = pack_block(l, q, k, v, r0, br, static_cast<float>(scale));
     Tensor scores = Tensor::empty({br.c, br.nq, br.nk}, DType::F32);
@@ -187,10 +184,8 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const AttentionDims l = check_layout(q, k, v);
-  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
-  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
-  MOE_ASSERT_SHAPE(lse, {l.B, l.Nq, l.S});
+  require_f32(q);
+  const AttentionDims l = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
   const int64_t S = l.S, D = l.D;
   dk.zero_();
   dv.zero_();

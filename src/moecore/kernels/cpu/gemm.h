@@ -27,7 +27,8 @@ void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, D
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
                   float beta = 0.0f);
 
-// The roofline benchmarks and the trainer's MFU divide by: the best rate (GFLOP/s) of square GEMMs of sizes
+// The roofline benchmarks and the trainer's logged MFU divide by (`bench train` samples its own between steps,
+// cli/bench.cpp): the best rate (GFLOP/s) of square GEMMs of sizes
 // 1024 and 2048 with operands of `dtype`, measured now (a second or two). Smaller sizes are left out: their
 // operands stay in L2, which training GEMMs never do.
 double measure_gemm_peak_gflops(DType dtype);
