@@ -11,10 +11,11 @@
 #include "moecore/comm/process_group.h"
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/nn/parameter.h"
+#include "moecore/optim/optimizer.h"
 
 namespace moecore::optim {
 
-class ShardedAdamW {
+class ShardedAdamW : public ParamClassOptimizer {
  public:
   // `norm_weight(p)`: the weight of p's elements in the returned sum of squares (1 over the number of ranks outside
   // this group holding the same shard, e.g. 1/TP for parameters replicated over tensor parallelism).
@@ -24,21 +25,21 @@ class ShardedAdamW {
                const std::function<size_t(const nn::Parameter&)>& bucket_of = {});
   // Copies bucket b's gradients and starts their reduce-scatter (non-blocking). Every rank starts the buckets in
   // the same order; an unknown or empty bucket is ignored.
-  void start_bucket(size_t b);
+  void start_bucket(size_t b) override;
   // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP). Returns the
   // weighted sum of squares of the owned shard, so the caller can form one global norm.
-  double reduce_gradients(double scale);
+  double reduce_gradients(double scale) override;
   // The parameters, in construction order (the order of the state lists below).
-  const std::vector<nn::Parameter*>& params() const { return params_; }
+  const std::vector<nn::Parameter*>& params() const override { return params_; }
   // Checkpoints: the Adam moments of every parameter, whole (each the shape of its parameter), gathered from the
   // owners (collective over the group); and back, each rank keeping its share, the fp32 master share re-read
   // from the parameters (which the caller has loaded). Whole per-parameter moments reshard across any DP size.
-  void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const;
-  void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v);
+  void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const override;
+  void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override;
   // Re-reads the owned fp32 master share from the parameters (after they were loaded).
-  void refresh_master();
+  void refresh_master() override;
   // AdamW on the owned shard (per-parameter weight decay), then all-gather of the updated parameters.
-  void step(const kernels::AdamWParams& hp, int64_t step);
+  void step(const kernels::AdamWParams& hp, int64_t step) override;
 
  private:
   struct Segment {

@@ -1,0 +1,321 @@
+// Saving and loading the training state (see checkpointing.h).
+#include "moecore/train/checkpointing.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+
+#include "moecore/ckpt/upcycling.h"
+#include "moecore/core/error.h"
+#include "moecore/core/timer.h"
+#include "moecore/data/preprocess.h"
+
+namespace moecore::train {
+
+namespace {
+// The schedule flags must match on resume too, as Megatron checks its scheduler state.
+const char* const kScheduleKeys[] = {"lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-decay-iters",
+                                     "lr-wsd-decay-style", "lr-wsd-decay-iters"};
+std::string expert_bias_name(moe::MoELayer& l) {
+  const std::string& w = l.router().weight().name;  // ...mlp.router.weight
+  return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
+}
+ckpt::Box whole(const Tensor& t) { return ckpt::whole_box(t.shape()); }
+// "--flag: saved in the checkpoint, here" lines for the flags of `keys` whose values differ.
+template <typename Keys>
+std::string flag_differences(const nlohmann::json& saved, const nlohmann::json& here, const Keys& keys,
+                             const char* where) {
+  std::string out;
+  for (const auto& key : keys) {
+    const std::string k = key;
+    if (saved.contains(k) && saved[k] != here[k])
+      out += fmt::format("\n  --{}: {} in {}, {} here", k, saved[k].dump(), where, here[k].dump());
+  }
+  return out;
+}
+bool is_vocab_parameter(const std::string& name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+}
+}  // namespace
+
+bool Checkpointing::stores(const nn::Parameter& p) const {
+  if (!g_.distributed()) return true;
+  if (p.expert_parallel) return g_.edp->rank() == 0;
+  return g_.dp->rank() == 0 && (p.tensor_parallel || g_.tp->rank() == 0);
+}
+
+void Checkpointing::refresh_master() {
+  if (opt_) opt_->refresh_master();
+}
+
+std::vector<ckpt::LoadTarget> Checkpointing::load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v) {
+  std::vector<ckpt::LoadTarget> t;
+  const auto& all = reg_.all();
+  for (auto& p : all)
+    t.push_back({p->name, ckpt::box_of(*p), &p->value, is_vocab_parameter(p->name) ? vocab_.size : 0});
+  if (c_.moe_router_enable_expert_bias)
+    for (auto* l : moe_layers(model_)) t.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), &l->router().expert_bias()});
+  if (optimizer) {
+    m.clear();
+    v.clear();
+    for (auto& p : all) {
+      m.push_back(Tensor::empty(p->value.shape(), DType::F32));
+      v.push_back(Tensor::empty(p->value.shape(), DType::F32));
+    }
+    for (size_t i = 0; i < all.size(); i++) {
+      const int64_t vr = is_vocab_parameter(all[i]->name) ? vocab_.size : 0;
+      t.push_back({"optimizer.exp_avg." + all[i]->name, ckpt::box_of(*all[i]), &m[i], vr});
+      t.push_back({"optimizer.exp_avg_sq." + all[i]->name, ckpt::box_of(*all[i]), &v[i], vr});
+    }
+  }
+  return t;
+}
+
+nlohmann::json Checkpointing::train_state(const Progress& p) const {
+  nlohmann::json counts = nlohmann::json::object();
+  for (auto* l : moe_layers(model_)) counts[l->router().weight().name] = l->router().forward_count();
+  auto size = [](const std::unique_ptr<comm::ProcessGroup>& g) { return ParallelGroups::size(g); };
+  return {{"format", "moecore-train-state-1"},
+          {"moecore_version", MOECORE_VERSION},
+          {"iteration", p.iteration},
+          {"consumed_samples", p.cursor.consumed_samples},
+          {"optimizer", true},
+          {"vocab", {{"size", vocab_.size}, {"padded", vocab_.padded}}},
+          {"layout",
+           {{"world", size(g_.world)}, {"tp", size(g_.tp)}, {"dp", g_.dp_size}, {"ep", size(g_.ep)},
+            {"etp", size(g_.etp)}, {"distributed_optimizer", opt_ && opt_->distributed()}}},
+          {"rng", {{"seed", c_.seed}, {"router_forward_counts", counts}}},
+          {"log_interval_sums", p.sums.to_json()},
+          {"config", config_json(c_)}};
+}
+
+std::string Checkpointing::save(const Progress& prog) {
+  MOE_CHECK(!c_.save.empty(), "no --save directory to save a checkpoint to");
+  const double t0 = now_seconds();
+  std::vector<Tensor> m, v;
+  MOE_ASSERT(opt_ != nullptr);
+  opt_->gather_moments(m, v);
+  std::vector<ckpt::StoredTensor> mine;
+  const auto& all = reg_.all();
+  int64_t bytes = 0;
+  for (size_t i = 0; i < all.size(); i++) {
+    const nn::Parameter& p = *all[i];
+    if (!stores(p)) continue;
+    const ckpt::Box b = ckpt::box_of(p);
+    mine.push_back({p.name, b, p.value});
+    mine.push_back({"optimizer.exp_avg." + p.name, b, m[i]});
+    mine.push_back({"optimizer.exp_avg_sq." + p.name, b, v[i]});
+    bytes += 3 * static_cast<int64_t>(p.value.nbytes());
+  }
+  if (g_.world_rank == 0 && c_.moe_router_enable_expert_bias)
+    for (auto* l : moe_layers(model_)) mine.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), l->router().expert_bias()});
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (vocab_.tokenizer && g_.world_rank == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
+    const std::string json = data::resolve_tokenizer_json(c_.tokenizer_model);
+    extra.push_back({"tokenizer.json", ckpt::read_file(json)});
+    const auto config = std::filesystem::path(json).parent_path() / "tokenizer_config.json";  // EOS
+    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", ckpt::read_file(config.string())});
+  }
+  ckpt::SaveFault fault;
+  if (!c_.fault_kill_during_save.empty()) {
+    const auto colon = c_.fault_kill_during_save.find(':');
+    fault = {std::stoll(c_.fault_kill_during_save.substr(0, colon)),
+             std::stoll(c_.fault_kill_during_save.substr(colon + 1))};
+  }
+  const std::string dir =
+      ckpt::save_checkpoint(c_.save, prog.iteration, mine, train_state(prog), g_.world.get(), extra, fault);
+  Tensor total = Tensor::empty({1}, DType::F64);
+  total.set_item(0, static_cast<double>(bytes));
+  if (g_.world) g_.world->all_reduce(total);
+  const double secs = now_seconds() - t0;
+  fmt::print(out_, " saved checkpoint at iteration {} to {} ({} in {:.2f} s)\n", prog.iteration, dir,
+             human_bytes(total.item(0)), secs);
+  std::fflush(out_);
+  last_saved_ = prog.iteration;
+  return dir;
+}
+
+void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json& state, Progress& p) {
+  const std::string where = dir + "/" + ckpt::kStateFile;
+  MOE_CHECK(state.contains("config") && state["config"].is_object(), "{} has no configuration", where);
+  const nlohmann::json& saved = state["config"];
+  const nlohmann::json here = config_json(c_);
+  const std::string model_diff = flag_differences(saved, here, model_flag_names(), "the checkpoint");
+  if (!c_.finetune) {
+    MOE_CHECK(model_diff.empty(),
+              "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
+              "run from its weights)",
+              dir, model_diff);
+    const std::string sched_diff = flag_differences(saved, here, kScheduleKeys, "the checkpoint");
+    MOE_CHECK(sched_diff.empty(),
+              "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, or "
+              "--finetune to start a new schedule from its weights",
+              dir, sched_diff);
+  } else if (!model_diff.empty()) {
+    fmt::print(out_, "note: --finetune from a checkpoint whose model flags differ:{}\n", model_diff);
+  }
+  const bool has_optim = state.value("optimizer", false);
+  const bool optim = has_optim && !c_.finetune && !c_.no_load_optim && opt_;
+  std::vector<Tensor> m, v;
+  ckpt::load_tensors(dir, load_targets(optim, m, v));
+  if (optim)
+    opt_->load_moments(m, v);  // the sharded master weights re-read from the loaded parameters
+  else
+    refresh_master();
+  const bool release = state.value("release", false);  // a converted model: weights only
+  if (!c_.finetune && !release) {
+    p.iteration = state.at("iteration").get<int64_t>();
+    p.cursor.consumed_samples = state.at("consumed_samples").get<int64_t>();
+    p.sums = IntervalSums::from_json(state.at("log_interval_sums"));
+    if (!c_.no_load_rng) {
+      const auto& counts = state.at("rng").at("router_forward_counts");
+      for (auto* l : moe_layers(model_)) {
+        const std::string& n = l->router().weight().name;
+        MOE_CHECK(counts.contains(n), "{}: no RNG state for {} (pass --no-load-rng to start its noise afresh)",
+                  where, n);
+        l->router().forward_count() = counts[n].get<uint64_t>();
+      }
+    }
+  }
+  last_saved_ = p.iteration;
+  loaded_from_ = dir;
+  fmt::print(out_, " loaded checkpoint {}: iteration {}, consumed samples {}, {}\n", dir, p.iteration,
+             p.cursor.consumed_samples,
+             optim       ? "optimizer state restored"
+             : release   ? "a converted model (weights only)"
+             : has_optim ? (c_.finetune ? "weights only (--finetune)" : "optimizer state not loaded (--no-load-optim)")
+                         : "the checkpoint has no optimizer state: Adam moments start at zero");
+}
+
+void Checkpointing::load_hf(ckpt::HFModel& m) {
+  const std::string& dir = m.dir();
+  std::map<std::string, nn::Parameter*> mine;
+  for (auto& p : reg_.all()) mine[p->name] = p.get();
+  std::string problems;
+  for (const auto& t : ckpt::native_tensors(m.architecture())) {
+    const auto it = mine.find(t.name);
+    if (it == mine.end()) {
+      problems += fmt::format("\n  {} (from {}) has no place in this model", t.name, t.pieces.front().hf_name);
+      continue;
+    }
+    nn::Parameter& p = *it->second;
+    const ckpt::Box b = ckpt::box_of(p);
+    if (!(b.global == t.global)) {
+      problems += fmt::format("\n  {}: {} in the HF model, {} here", t.name, t.global.str(), b.global.str());
+      mine.erase(it);
+      continue;
+    }
+    ckpt::copy_intersection(m.read(t), ckpt::whole_box(t.global), p.value, b);
+    mine.erase(it);
+  }
+  for (const auto& [name, p] : mine) problems += fmt::format("\n  {}: not in the HF model", name);
+  MOE_CHECK(problems.empty(), "--load-hf {}: the model built from these flags does not match it:{}\n(drop the flags "
+            "that change the architecture: --load-hf sets it from config.json)", dir, problems);
+  refresh_master();
+  loaded_from_ = dir;
+  fmt::print(out_, " loaded HuggingFace {} model {}: weights only, iteration 0\n", m.architecture().kind, dir);
+}
+
+void Checkpointing::upcycle(const std::string& dir, const nlohmann::json& state) {
+  const std::string where = dir + "/" + ckpt::kStateFile;
+  const nlohmann::json& saved = state.at("config");
+  MOE_CHECK(saved.value("num-experts", int64_t{0}) == 0,
+            "--moe-use-upcycling: {} is already an MoE checkpoint (upcycling starts from a dense one)", dir);
+  const nlohmann::json here = config_json(c_);
+  const char* const dense_keys[] = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
+                                   "num-query-groups", "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent",
+                                   "norm-epsilon", "untie-embeddings-and-output-weights", "swiglu", "squared-relu",
+                                   "disable-bias-linear"};
+  const std::string diff = flag_differences(saved, here, dense_keys, "the dense checkpoint");
+  MOE_CHECK(diff.empty(), "--moe-use-upcycling: the non-MoE flags must match the dense model:{}", diff);
+  // Everything outside the MoE layers' mlp loads as it is.
+  std::vector<std::string> moe_prefixes;
+  for (auto* l : moe_layers(model_)) {
+    const std::string& w = l->router().weight().name;  // decoder.layers.N.mlp.router.weight
+    moe_prefixes.push_back(w.substr(0, w.size() - std::string("router.weight").size()));
+  }
+  auto in_moe = [&](const std::string& name) {
+    for (const auto& p : moe_prefixes)
+      if (name.rfind(p, 0) == 0) return true;
+    return false;
+  };
+  std::vector<ckpt::LoadTarget> targets;
+  for (auto& p : reg_.all())
+    if (!in_moe(p->name))
+      targets.push_back({p->name, ckpt::box_of(*p), &p->value, is_vocab_parameter(p->name) ? vocab_.size : 0});
+  ckpt::load_tensors(dir, targets);
+  // Each MoE layer from its dense FFN (ckpt/upcycling).
+  const int64_t g = c_.moe_upcycling_granularity, E = c_.num_experts, r = E / g, H = c_.hidden_size;
+  const int64_t F = c_.ffn_hidden_size;
+  const double s = ckpt::upcycling_scale(E, g, c_.moe_router_topk, c_.moe_router_pre_softmax,
+                                         c_.swiglu || c_.squared_relu);
+  const int64_t halves = c_.swiglu ? 2 : 1;
+  for (const std::string& pre : moe_prefixes) {
+    // The dense fc1 is stored as [2, F, H] (gated) or [F, H]: a whole box of either has the same bytes.
+    Tensor d1 = Tensor::empty({halves, F, H}, DType::F32), d2 = Tensor::empty({H, F}, DType::F32);
+    Tensor d1_view = c_.swiglu ? d1 : d1.reshape({F, H});
+    ckpt::load_tensors(dir, {{pre + "linear_fc1.weight", whole(d1_view), &d1_view},
+                             {pre + "linear_fc2.weight", whole(d2), &d2}});
+    auto [e1, e2] = ckpt::upcycle_experts(d1, d2, E, g, s);
+    nn::Parameter& fc1 = reg_.get(pre + "experts.linear_fc1.weight");
+    nn::Parameter& fc2 = reg_.get(pre + "experts.linear_fc2.weight");
+    Tensor e1_view = c_.swiglu ? e1 : e1.reshape({E, F / g, H});
+    ckpt::copy_intersection(e1_view, whole(e1_view), fc1.value, ckpt::box_of(fc1));
+    ckpt::copy_intersection(e2, whole(e2), fc2.value, ckpt::box_of(fc2));
+    ckpt::tie_router_rows(reg_.get(pre + "router.weight").value, g);  // replicated, initialized by global index
+  }
+  refresh_master();
+  loaded_from_ = dir;
+  fmt::print(out_,
+             " upcycled the dense checkpoint {} into {} experts per MoE layer (granularity {}, {} replicas, "
+             "weights scaled by {:.4f})\n",
+             dir, E, g, r, s);
+}
+
+void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
+  if (c_.moe_use_upcycling) {
+    // Once the upcycled model is saved, later runs resume it from --save (as Megatron does).
+    if (const auto own = ckpt::find_checkpoint(c_.save)) {
+      load_checkpoint(own->dir, own->state, p);
+      return;
+    }
+    MOE_CHECK(start.checkpoint, "--moe-use-upcycling: --load {} holds no dense checkpoint", c_.load);
+    upcycle(start.checkpoint->dir, start.checkpoint->state);
+    save(p);
+    return;
+  }
+  if (!c_.load.empty()) {
+    if (start.checkpoint) {
+      load_checkpoint(start.checkpoint->dir, start.checkpoint->state, p);
+      return;
+    }
+    MOE_CHECK(!c_.finetune, "--finetune: --load {} holds no checkpoint (no {} and no index.json)", c_.load,
+              ckpt::kLatestFile);
+    if (c_.load_hf.empty())
+      fmt::print(out_, "note: --load {} holds no checkpoint (no {}): training starts from scratch\n", c_.load,
+                 ckpt::kLatestFile);
+  }
+  if (start.hf) {
+    load_hf(*start.hf);
+    start.hf.reset();  // its open files
+  }
+}
+
+StartPoint find_start_point(const TrainConfig& c) {
+  StartPoint s;
+  if (!c.load.empty()) s.checkpoint = ckpt::find_checkpoint(c.load);
+  if (s.checkpoint && s.checkpoint->state.contains("vocab"))
+    s.vocab_rows = s.checkpoint->state["vocab"].value("padded", int64_t{0});
+  if (!s.checkpoint && !c.load_hf.empty()) {
+    s.hf = std::make_unique<ckpt::HFModel>(c.load_hf);
+    s.vocab_rows = s.hf->architecture().vocab;
+  }
+  return s;
+}
+
+Checkpointing::Checkpointing(const TrainConfig& c, std::FILE* out, const ParallelGroups& g, const Vocabulary& vocab,
+                             nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimizer* opt)
+    : c_(c), out_(out), g_(g), vocab_(vocab), reg_(reg), model_(model), opt_(opt) {}
+
+}  // namespace moecore::train

@@ -1,0 +1,77 @@
+// The trainer's side of checkpoints: what a save holds (each rank's boxes of the parameters and whole-per-parameter
+// Adam moments, the expert bias, the tokenizer, the training state) and what start-up loads (--load with its resume
+// rules, --load-hf, --moe-use-upcycling). File formats, atomicity and resharding are ckpt/'s.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "moecore/ckpt/hf.h"
+#include "moecore/ckpt/manager.h"
+#include "moecore/optim/chained_optimizer.h"
+#include "moecore/train/metrics.h"
+#include "moecore/train/model_builder.h"
+
+namespace moecore::train {
+
+// Where the run stands: what a checkpoint restores besides tensors.
+struct Progress {
+  int64_t iteration = 0;
+  data::SampleCursor cursor;
+  IntervalSums sums;
+};
+
+// What start-up will load, found before the model is built (a loaded model keeps its vocabulary padding).
+struct StartPoint {
+  std::optional<ckpt::FoundCheckpoint> checkpoint;  // --load, when it holds one
+  std::unique_ptr<ckpt::HFModel> hf;                // --load-hf, when --load holds no checkpoint
+  int64_t vocab_rows = 0;                           // the saved model's vocabulary rows (0: unknown)
+};
+StartPoint find_start_point(const TrainConfig& c);
+
+class Checkpointing {
+ public:
+  // `opt` null: a model without optimizer state (generation).
+  Checkpointing(const TrainConfig& c, std::FILE* out, const ParallelGroups& g, const Vocabulary& vocab,
+                nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimizer* opt);
+
+  // Start-up from `start` (see TrainConfig: --load, --load-hf, --moe-use-upcycling) into the model, the optimizer
+  // and `p`. Upcycling saves the upcycled model at once.
+  void load_at_start(StartPoint& start, Progress& p);
+  // Saves the whole training state to --save as iteration p.iteration (collective over all ranks). Returns the
+  // directory.
+  std::string save(const Progress& p);
+
+  // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
+  const std::string& loaded_from() const { return loaded_from_; }
+  int64_t last_saved() const { return last_saved_; }
+
+ private:
+  void load_checkpoint(const std::string& dir, const nlohmann::json& state, Progress& p);
+  void load_hf(ckpt::HFModel& m);
+  // --moe-use-upcycling: this MoE model from the dense checkpoint in `dir` (reference §1.14).
+  void upcycle(const std::string& dir, const nlohmann::json& state);
+  // Whether this rank stores p: one rank of those holding the same box (the first DP rank, and the first TP rank
+  // for replicated-over-TP parameters; the first EDP rank for experts).
+  bool stores(const nn::Parameter& p) const;
+  // Load targets for the model (parameters, expert-bias buffers) and, when `optimizer`, the Adam moments into
+  // `m`/`v` (allocated here).
+  std::vector<ckpt::LoadTarget> load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v);
+  nlohmann::json train_state(const Progress& p) const;
+  void refresh_master();
+
+  const TrainConfig& c_;
+  std::FILE* out_;
+  const ParallelGroups& g_;
+  const Vocabulary& vocab_;
+  nn::ParamRegistry& reg_;
+  nn::GPTModel& model_;
+  optim::ChainedOptimizer* opt_;
+  std::string loaded_from_;
+  int64_t last_saved_ = -1;
+};
+
+}  // namespace moecore::train

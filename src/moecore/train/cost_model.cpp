@@ -1,0 +1,90 @@
+// Step FLOPs and analytic communication volumes (see cost_model.h).
+#include "moecore/train/cost_model.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "moecore/moe/moe_layer.h"
+
+namespace moecore::train {
+
+double step_flops(const TrainConfig& c, int64_t padded_vocab) {
+  // Per token, forward: 2·(GEMM weights touched) + attention scores and values over the causal half.
+  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.kv_channels);
+  const double Nq = static_cast<double>(c.num_attention_heads), Nkv = static_cast<double>(c.num_query_groups);
+  const double S = static_cast<double>(c.seq_length);
+  const double gated = c.swiglu ? 3.0 : 2.0;  // weight matrices per FFN
+  const double attn = 2.0 * H * D * (2 * Nq + 2 * Nkv) + 2.0 * 2.0 * (S / 2.0) * Nq * D;
+  const double dense_ffn = 2.0 * gated * H * static_cast<double>(c.ffn_hidden_size);
+  double moe_ffn = dense_ffn;
+  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) {
+    is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    const double fe = static_cast<double>(c.moe_ffn_hidden_size);
+    moe_ffn = 2.0 * gated * H * fe * static_cast<double>(c.moe_router_topk) +
+              2.0 * gated * H * static_cast<double>(c.moe_shared_expert_intermediate_size);
+  }
+  double per_token = 2.0 * H * static_cast<double>(padded_vocab);  // logits
+  for (bool m : is_moe) per_token += attn + (m ? moe_ffn : dense_ffn);
+  return 3.0 * per_token * S * static_cast<double>(c.global_batch_size);  // forward + backward (2x)
+}
+
+std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,
+                                                  const ParallelGroups& g) {
+  std::map<std::string, double> out;
+  if (!g.distributed()) return out;
+  auto size = [](const std::unique_ptr<comm::ProcessGroup>& p) { return static_cast<double>(ParallelGroups::size(p)); };
+  const double TP = size(g.tp), DP = static_cast<double>(g.dp_size), EP = size(g.ep), ETP = size(g.etp),
+               EDP = size(g.edp);
+  const double M = static_cast<double>(c.global_batch_size / (c.micro_batch_size * g.dp_size));
+  const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
+  const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
+  const double E = static_cast<double>(c.num_experts), ab = c.bf16 ? 2.0 : 4.0;  // dispatched token bytes
+  double n_dense = 0, n_rep = 0, n_exp = 0;
+  for (auto& p : reg.all()) {
+    const double n = static_cast<double>(p->value.numel());
+    if (p->expert_parallel) {
+      n_exp += n;
+    } else {
+      n_dense += n;
+      if (!p->tensor_parallel) n_rep += n;
+    }
+  }
+  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+  const double Lm = static_cast<double>(std::count(is_moe.begin(), is_moe.end(), true));
+  const double Ld = static_cast<double>(c.num_layers) - Lm;
+  const bool shared = c.moe_shared_expert_intermediate_size > 0;
+  // Tensor/sequence parallel: per micro-batch and direction, the embedding's reduce-scatter, an all-gather and a
+  // reduce-scatter around every attention and dense or shared MLP block, the output layer's all-gather; each of a
+  // [S·b, H] f32 activation, of which a rank receives (TP−1)/TP. Vocabulary-parallel cross-entropy all-reduces
+  // 3 values per token; replicated parameters' gradients are all-reduced once per step.
+  if (TP > 1) {
+    const double blocks = 2.0 + 2.0 * (static_cast<double>(c.num_layers) + Ld + (shared ? Lm : 0.0));
+    out["tp"] = M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) +
+                2 * (TP - 1) / TP * n_rep * 4;
+  }
+  // Data parallel: ring all-reduce (or reduce-scatter + all-gather) of the gradients, dense over DP, experts over
+  // EDP.
+  if (DP > 1) out["dp"] = 2 * (DP - 1) / DP * n_dense * 4;
+  if (EDP > 1 && n_exp > 0) out["edp"] = 2 * (EDP - 1) / EDP * n_exp * 4;
+  // Expert parallel, per micro-batch and MoE layer, with uniform routing: of the T/TP·k rows a rank routes,
+  // (EP−1)/EP go to other ranks, as tokens and probabilities, and come back: forward dispatch (ab bytes per value)
+  // and combine (f32), backward the same in reverse.
+  const double Tl = T / TP, rows = Tl * k;
+  if (EP > 1 && Lm > 0) {
+    if (c.moe_token_dispatcher_type == "alltoall") {
+      out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + 4) + 2 * 4);
+    } else {  // allgather: tokens, probabilities and map gathered; outputs and input gradients reduce-scattered
+      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + 2 * E * 4 + H * 4 + H * ab + H * 4 + E * 4);
+    }
+  }
+  // Expert tensor parallel: the rows a rank holds after dispatch (T/TP·k on average) are gathered from the other
+  // ETP ranks and their partial outputs reduce-scattered back; backward mirrors it (plus probability gradients).
+  if (ETP > 1 && Lm > 0) {
+    out["etp"] = M * Lm * (ETP - 1) * rows * (H * ab + 4 + H * 4 + H * ab + H * 4 + 4);
+  }
+  return out;
+}
+
+}  // namespace moecore::train

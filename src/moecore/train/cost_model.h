@@ -1,0 +1,23 @@
+// Analytic costs of one training step from the model's sizes and the layout alone: the model FLOPs (as Megatron
+// counts them for MoE; what MFU divides) and the bytes each process group must carry under bandwidth-optimal
+// collectives (what `moecore bench comm` compares the measured traffic with). No measurement here.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "moecore/nn/parameter.h"
+#include "moecore/train/config.h"
+#include "moecore/train/parallel_groups.h"
+
+namespace moecore::train {
+
+// Model FLOPs of one training step (forward + backward) over the global batch.
+double step_flops(const TrainConfig& c, int64_t padded_vocab);
+
+// Bytes this rank must receive per training step on each named group ("tp", "dp", "edp", "ep", "etp") with
+// routing taken as uniform; empty for a single process.
+std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,
+                                                  const ParallelGroups& g);
+
+}  // namespace moecore::train

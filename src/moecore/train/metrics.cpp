@@ -1,0 +1,201 @@
+// Step numbers, log line, metrics file, memory plan and expert-load bars (see metrics.h).
+#include "moecore/train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "moecore/core/allocator.h"
+#include "moecore/core/error.h"
+#include "moecore/train/model_builder.h"
+
+namespace moecore::train {
+
+void router_losses(const TrainConfig& c, const std::vector<moe::MoELayer*>& layers, const ParallelGroups& g,
+                   StepResult& r) {
+  r.aux_losses.assign(c.moe_router_load_balancing_type.size(), 0.0);
+  r.z_loss = 0;
+  const double L = static_cast<double>(layers.size());
+  for (auto* l : layers) {
+    const auto& s = l->stats();
+    const double mb = static_cast<double>(std::max<int64_t>(1, s.micro_batches));
+    for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++) r.aux_losses[t] += s.loss_sums[t] / mb / L;
+    r.z_loss += s.z_loss_sum / mb / L;
+  }
+  if (!g.distributed() || layers.empty()) return;
+  const int64_t n = static_cast<int64_t>(r.aux_losses.size());
+  Tensor a = Tensor::empty({n + 1}, DType::F64);
+  for (int64_t t = 0; t < n; t++) a.set_item(t, r.aux_losses[static_cast<size_t>(t)]);
+  a.set_item(n, r.z_loss);
+  g.tp_dp->all_reduce(a);
+  const double dp = static_cast<double>(g.dp_size);
+  for (int64_t t = 0; t < n; t++)
+    r.aux_losses[static_cast<size_t>(t)] =
+        a.item(t) / (c.moe_router_load_balancing_type[static_cast<size_t>(t)] == "global_aux_loss" ? 1.0 : dp);
+  r.z_loss = a.item(n) / dp;
+}
+
+void IntervalSums::add(const StepResult& r) {
+  lm_loss += r.lm_loss;
+  grad_norm += r.grad_norm;
+  z_loss += r.z_loss;
+  if (aux.size() < r.aux_losses.size()) aux.resize(r.aux_losses.size(), 0.0);
+  for (size_t t = 0; t < r.aux_losses.size(); t++) aux[t] += r.aux_losses[t];
+  steps++;
+}
+
+nlohmann::json IntervalSums::to_json() const {
+  return {{"lm_loss", lm_loss}, {"grad_norm", grad_norm}, {"z_loss", z_loss}, {"aux", aux}, {"steps", steps}};
+}
+
+IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
+  IntervalSums s;
+  s.lm_loss = j.at("lm_loss").get<double>();
+  s.grad_norm = j.at("grad_norm").get<double>();
+  s.z_loss = j.at("z_loss").get<double>();
+  s.aux = j.at("aux").get<std::vector<double>>();
+  s.steps = j.at("steps").get<int64_t>();
+  return s;
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) {
+    b /= 1024;
+    i++;
+  }
+  return fmt::format("{:.1f} {}", b, u[i]);
+}
+
+MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume)
+    : c_(c), out_(out) {
+  if (metrics_file.empty()) return;
+  // A resumed run appends to the history (lines past the checkpoint from an interrupted run repeat iterations;
+  // the later line is the one that counts).
+  file_ = std::fopen(metrics_file.c_str(), resume ? "a" : "w");
+  MOE_CHECK(file_ != nullptr, "cannot write --metrics-file {}", metrics_file);
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLog::write_json(const nlohmann::json& line) {
+  if (!file_) return;
+  std::fputs(line.dump().c_str(), file_);
+  std::fputc('\n', file_);
+  std::fflush(file_);
+}
+
+void MetricsLog::log_validation(int64_t iteration, double v) {
+  if (out_)
+    fmt::print(out_, " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.3f}\n", iteration, v,
+               std::exp(std::min(v, 50.0)));
+  write_json({{"eval", "valid"}, {"iteration", iteration}, {"lm_loss", v}});
+}
+
+void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& r, IntervalSums& sums,
+                              double seconds, double step_flops, double peak_gflops, nn::GPTModel& model) {
+  const auto layers = moe_layers_by_index(model);
+  const double n = static_cast<double>(std::max<int64_t>(1, sums.steps));
+  const int64_t steps = sums.steps;
+  const double tokens = static_cast<double>(steps * c_.global_batch_size * c_.seq_length);
+  const double tps = tokens / seconds;
+  const double gflops = step_flops * static_cast<double>(steps) / seconds / 1e9;
+  const auto mem = Allocator::instance().stats();
+  std::string aux;
+  nlohmann::json j = {{"iteration", iteration},
+                      {"consumed_samples", consumed_samples},
+                      {"lr", r.lr},
+                      {"lm_loss", sums.lm_loss / n},
+                      {"grad_norm", sums.grad_norm / n},
+                      {"tokens_per_sec", tps},
+                      {"gflops", gflops},
+                      {"gflops_ratio_to_gemm_peak", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
+                      {"peak_memory_bytes", mem.peak_bytes}};
+  if (!layers.empty()) {
+    for (size_t t = 0; t < c_.moe_router_load_balancing_type.size(); t++) {
+      const std::string name =
+          moe::load_balancing_name(moe::parse_load_balancing_type(c_.moe_router_load_balancing_type[t]));
+      if (name == "none") continue;
+      const double v = t < sums.aux.size() ? sums.aux[t] / n : 0.0;
+      aux += fmt::format(" {}: {:.4f} |", name, v);
+      j[name] = v;
+    }
+    if (c_.moe_z_loss_coeff > 0) {
+      aux += fmt::format(" z_loss: {:.4f} |", sums.z_loss / n);
+      j["z_loss"] = sums.z_loss / n;
+    }
+    nlohmann::json tpe = nlohmann::json::object(), entropy = nlohmann::json::object(),
+                   dropped = nlohmann::json::object();
+    double worst = 0;
+    for (const auto& [i, l] : layers) {
+      const std::string key = "layer_" + std::to_string(i);
+      tpe[key] = l->stats().tokens_per_expert;
+      entropy[key] = l->stats().entropy();
+      dropped[key] = l->stats().dropped;
+      worst = std::max(worst, l->stats().max_load() / std::max(1.0, l->stats().mean_load()));
+    }
+    j["tokens_per_expert"] = tpe;
+    j["router_entropy"] = entropy;  // nats, mean over the step's tokens
+    j["dropped_assignments"] = dropped;
+    j["max_over_mean_expert_load"] = worst;
+    aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
+  }
+  if (out_) {
+    fmt::print(out_,
+               " iteration {:>8}/{:>8} | consumed samples: {:>10} | learning rate: {:.6E} | lm loss: {:.6E} |{} "
+               "grad norm: {:.3f} | tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {}\n",
+               iteration, c_.train_iters, consumed_samples, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n, tps,
+               gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
+               human_bytes(static_cast<double>(mem.peak_bytes)));
+    std::fflush(out_);
+  }
+  write_json(j);
+  const size_t types = sums.aux.size();
+  sums = IntervalSums{};
+  sums.aux.assign(types, 0.0);
+}
+
+void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
+                       int64_t padded_vocab) {
+  const double n = static_cast<double>(reg.numel());
+  int64_t expert_params = 0;
+  for (auto& p : reg.all())
+    if (p->name.find(".experts.") != std::string::npos) expert_params += p->value.numel();
+  fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n", n / 1e6,
+             static_cast<double>(expert_params) / 1e6, vocab, padded_vocab);
+  // Activations kept per micro-batch, estimated from the stash contents of each layer.
+  const double T = static_cast<double>(c.seq_length * c.micro_batch_size), H = static_cast<double>(c.hidden_size);
+  const double qkv =
+      static_cast<double>(c.kv_channels) * static_cast<double>(c.num_attention_heads + 2 * c.num_query_groups);
+  double ffn_act = 3.0 * static_cast<double>(c.ffn_hidden_size);
+  if (c.num_experts > 0)
+    ffn_act = static_cast<double>(c.moe_router_topk) * (H + 3.0 * static_cast<double>(c.moe_ffn_hidden_size)) +
+              static_cast<double>(c.num_experts);
+  const double per_layer = T * (6 * H + 2 * qkv + ffn_act) * 4.0;
+  const double logits = T * static_cast<double>(padded_vocab) * 4.0;
+  fmt::print(out,
+             "memory plan: weights {} | gradients {} | Adam moments {} | activations per micro-batch ~{} "
+             "({} layers x {} + logits {})\n",
+             human_bytes(4 * n), human_bytes(4 * n), human_bytes(8 * n),
+             human_bytes(per_layer * static_cast<double>(c.num_layers) + logits), c.num_layers,
+             human_bytes(per_layer), human_bytes(logits));
+}
+
+void print_expert_load(std::FILE* out, nn::GPTModel& model, bool distributed) {
+  for (const auto& [i, l] : moe_layers_by_index(model)) {
+    if (l->stats().tokens_per_expert.empty()) continue;
+    const auto& t = l->stats().tokens_per_expert;
+    const int64_t mx = *std::max_element(t.begin(), t.end());
+    std::string bars;
+    for (int64_t c : t)
+      bars += fmt::format(" {}:{}", c, std::string(static_cast<size_t>(mx > 0 ? 1 + 8 * c / mx : 0), '#'));
+    fmt::print(out, "expert load, layer {} (tokens per expert, last step{}):{}\n", i,
+               distributed ? ", this rank's tokens" : "", bars);
+  }
+}
+
+}  // namespace moecore::train

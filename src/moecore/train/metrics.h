@@ -1,0 +1,71 @@
+// What a run reports: the step's numbers (loss, grad norm, lr, aux and z losses aggregated over MoE layers and
+// ranks as Megatron logs them), interval averages, the log line, the JSON-lines metrics file, the memory plan at
+// start and the per-expert load bars at the end. Reads the model and the run's groups; changes neither.
+#pragma once
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moecore/moe/moe_layer.h"
+#include "moecore/nn/gpt_model.h"
+#include "moecore/train/config.h"
+#include "moecore/train/parallel_groups.h"
+
+namespace moecore::train {
+
+struct StepResult {
+  double lm_loss = 0;     // mean over the micro-batches of the step
+  double grad_norm = 0;   // before clipping
+  double lr = 0;
+  std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches
+  double z_loss = 0;
+};
+
+// Aux losses and z-loss of the step just finished, as Megatron logs them: L/coeff per layer, averaged over MoE
+// layers and micro-batches, summed over TP (each TP rank holds its tokens' share), averaged over DP (global_aux_loss
+// shares are parts of one global-batch loss: summed). Collective over the TP×DP group.
+void router_losses(const TrainConfig& c, const std::vector<moe::MoELayer*>& layers, const ParallelGroups& g,
+                   StepResult& r);
+
+// Sums of the steps since the last log line (checkpointed, so a resumed run logs the same averages).
+struct IntervalSums {
+  double lm_loss = 0, grad_norm = 0, z_loss = 0;
+  std::vector<double> aux;
+  int64_t steps = 0;
+  void add(const StepResult& r);
+  nlohmann::json to_json() const;
+  static IntervalSums from_json(const nlohmann::json& j);
+};
+
+std::string human_bytes(double bytes);
+
+class MetricsLog {
+ public:
+  // `out`: the console (null: nothing printed); `metrics_file`: JSON lines (empty: none), appended when `resume`.
+  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // The log line of the interval ending at `iteration` (averages of `sums`, which it then clears), with the
+  // throughput of `seconds` over `steps` steps and the MoE layers' routing statistics of the last step.
+  void log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& last, IntervalSums& sums,
+                    double seconds, double step_flops, double peak_gflops, nn::GPTModel& model);
+  void log_validation(int64_t iteration, double loss);
+  void write_json(const nlohmann::json& line);
+
+ private:
+  const TrainConfig& c_;
+  std::FILE* out_;
+  std::FILE* file_ = nullptr;
+};
+
+// Parameters, gradients, optimizer state and activations per micro-batch, printed before the first step.
+void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
+                       int64_t padded_vocab);
+// Where the last step's tokens went, one bar per expert, layer by layer.
+void print_expert_load(std::FILE* out, nn::GPTModel& model, bool distributed);
+
+}  // namespace moecore::train

@@ -1,0 +1,85 @@
+// Vocabulary, datasets and model from the configuration (see model_builder.h).
+#include "moecore/train/model_builder.h"
+
+#include <string>
+
+#include "moecore/core/error.h"
+#include "moecore/data/preprocess.h"
+
+namespace moecore::train {
+
+Vocabulary build_vocabulary(const TrainConfig& c, int64_t saved_rows) {
+  Vocabulary v;
+  if (c.tokenizer_type == "HuggingFaceTokenizer") {
+    v.tokenizer = std::make_unique<data::Tokenizer>(
+        data::Tokenizer::from_file(data::resolve_tokenizer_json(c.tokenizer_model)));
+    v.size = v.tokenizer->vocab_size();
+  } else {
+    v.size = c.tokenizer_type == "NullTokenizer" ? c.vocab_size + 1 : c.vocab_size;  // NullTokenizer: + EOD
+  }
+  v.padded = padded_vocab_size(c, v.size);
+  if (saved_rows >= v.size && saved_rows % c.tensor_model_parallel_size == 0) v.padded = saved_rows;
+  return v;
+}
+
+std::array<std::shared_ptr<const data::SampleSource>, 3> build_datasets(const TrainConfig& c, int64_t vocab) {
+  const int64_t gbs = c.global_batch_size;
+  const int64_t train_samples = c.skip_train ? 0 : c.train_iters * gbs;
+  const int64_t valid_samples = c.eval_iters * gbs;  // every evaluation reads the same first batches
+  std::array<std::shared_ptr<const data::SampleSource>, 3> d;
+  if (c.mock_data) {
+    const uint64_t seed = static_cast<uint64_t>(c.seed);
+    if (train_samples > 0) d[0] = std::make_shared<data::MockGPTDataset>(train_samples, c.seq_length, vocab, seed);
+    if (valid_samples > 0)
+      d[1] = std::make_shared<data::MockGPTDataset>(valid_samples, c.seq_length, vocab, seed + 1);
+  } else {
+    d = data::build_gpt_datasets(c.data_path, c.split, c.seq_length, {train_samples, valid_samples, 0},
+                                 static_cast<uint64_t>(c.seed));
+  }
+  MOE_CHECK(c.skip_train || d[0], "no training data: --split {} gives the train split no documents", c.split);
+  return d;
+}
+
+std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_vocab, nn::ParamRegistry& reg,
+                                          const ParallelGroups& g) {
+  nn::FfnFactory ffn = nullptr;
+  if (c.num_experts > 0) {
+    const auto is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    moe::MoELayerConfig mc = moe_layer_config(c);
+    mc.ep_group = ParallelGroups::active(g.ep);
+    mc.etp_group = ParallelGroups::active(g.etp);
+    mc.tp.group = ParallelGroups::active(g.tp);
+    mc.router.global_group = ParallelGroups::active(g.tp_dp);
+    mc.router.global_grad_scale = static_cast<double>(g.dp_size);
+    ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
+      if (!is_moe[static_cast<size_t>(i)]) return nullptr;
+      return std::make_unique<moe::MoELayer>(r, name, mc);
+    };
+  }
+  nn::GPTConfig gc = gpt_config(c, padded_vocab);
+  gc.tp.group = ParallelGroups::active(g.tp);
+  auto model = std::make_unique<nn::GPTModel>(gc, reg, ffn);
+  reg.initialize(static_cast<uint64_t>(c.seed));
+  return model;
+}
+
+std::vector<std::pair<size_t, moe::MoELayer*>> moe_layers_by_index(nn::GPTModel& model) {
+  std::vector<std::pair<size_t, moe::MoELayer*>> v;
+  for (size_t i = 0; i < model.num_layers(); i++)
+    if (auto* l = dynamic_cast<moe::MoELayer*>(&model.layer(i).ffn())) v.push_back({i, l});
+  return v;
+}
+
+std::vector<moe::MoELayer*> moe_layers(nn::GPTModel& model) {
+  std::vector<moe::MoELayer*> v;
+  for (const auto& [i, l] : moe_layers_by_index(model)) v.push_back(l);
+  return v;
+}
+
+size_t layer_of(const nn::Parameter& p, size_t num_layers) {
+  const std::string pre = "decoder.layers.";
+  if (p.name.rfind(pre, 0) == 0) return std::stoul(p.name.substr(pre.size()));
+  return num_layers;  // embedding, final norm, output layer
+}
+
+}  // namespace moecore::train

@@ -1,0 +1,42 @@
+// ParallelGroups (see parallel_groups.h).
+#include "moecore/train/parallel_groups.h"
+
+#include <numeric>
+
+#include "moecore/core/error.h"
+#include "moecore/train/config.h"
+
+namespace moecore::train {
+
+ParallelGroups::ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* w) {
+  const int64_t world_size = w ? w->size() : 1;
+  if (world_size == 1 && c.expert_model_parallel_size == 1 && c.tensor_model_parallel_size == 1 &&
+      c.expert_tensor_parallel_size <= 1)
+    return;
+  // The two meshes over the ranks (CP and PP are 1 in this build): attention TP×DP, experts ETP×EP×EDP folded
+  // onto the same ranks. ParallelState rejects sizes the world cannot hold, a single process with EP > 1
+  // included, so no parallel flag is ever silently ignored.
+  mesh = std::make_unique<comm::ParallelState>(
+      comm::ParallelSizes{world_size, c.tensor_model_parallel_size, c.pipeline_model_parallel_size,
+                          c.context_parallel_size, c.expert_model_parallel_size, c.expert_tensor_parallel_size});
+  MOE_ASSERT(w != nullptr);
+  dp_size = mesh->dp;
+  world_rank = w->rank();
+  std::vector<int64_t> all(static_cast<size_t>(world_size));
+  std::iota(all.begin(), all.end(), 0);
+  const std::pair<std::unique_ptr<comm::ProcessGroup>*, std::pair<const comm::RankGroups*, const char*>> groups[] = {
+      {&dp, {&mesh->dp_cp, "dp"}},          {&tp_dp, {&mesh->tp_dp_cp, "tp-dp"}}, {&ep, {&mesh->ep_groups, "ep"}},
+      {&edp, {&mesh->edp_groups, "edp"}},   {&tp, {&mesh->tp, "tp"}},            {&etp, {&mesh->etp, "etp"}}};
+  for (const auto& [g, spec] : groups) {
+    *g = std::make_unique<comm::ProcessGroup>(w->split(*spec.first));
+    (*g)->set_name(spec.second);
+  }
+  world = std::make_unique<comm::ProcessGroup>(w->split({all}));
+  world->set_name("world");
+  dp_rank = dp->rank();
+  MOE_CHECK(c.global_batch_size % (c.micro_batch_size * dp_size) == 0,
+            "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
+            c.global_batch_size, c.micro_batch_size, dp_size);
+}
+
+}  // namespace moecore::train

@@ -1,0 +1,35 @@
+// The process groups one training run talks over, built once from the layout flags: the dense mesh (TP, DP×CP,
+// TP×DP×CP) and the folded expert mesh (EP, ETP, EDP) over the same ranks (reference: RankGenerator). What each
+// group carries is decided elsewhere (optim/ for gradients, moe/ for tokens, train/metrics for statistics).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "moecore/comm/process_group.h"
+
+namespace moecore::train {
+
+struct TrainConfig;
+
+struct ParallelGroups {
+  // Null for a single process (no mesh, no groups); otherwise every group exists, possibly of one rank.
+  std::unique_ptr<comm::ParallelState> mesh;
+  std::unique_ptr<comm::ProcessGroup> dp, tp_dp, ep, edp, tp, etp, world;
+  int64_t dp_size = 1, dp_rank = 0, world_rank = 0;
+
+  // Builds the meshes over `world` (null or one rank: a single process unless a layout flag asks for more, which
+  // ParallelState then refuses). Checks that the global batch splits over data parallelism.
+  ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* world);
+
+  bool distributed() const { return mesh != nullptr; }
+  // Size of a group (1 when absent).
+  static int64_t size(const std::unique_ptr<comm::ProcessGroup>& g) { return g ? g->size() : 1; }
+  // The group when it has more than one rank (what modules take), else null.
+  static const comm::ProcessGroup* active(const std::unique_ptr<comm::ProcessGroup>& g) {
+    return g && g->size() > 1 ? g.get() : nullptr;
+  }
+};
+
+}  // namespace moecore::train

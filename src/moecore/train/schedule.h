@@ -1,0 +1,38 @@
+// The loop over a step's micro-batches: the one seam pipeline parallelism replaces. Without pipelining (this
+// build) each micro-batch runs forward then backward on the whole model; in the last one every layer's gradients
+// are handed to the optimizer as soon as they are final, so their reduction overlaps the rest of backward.
+// 1F1B and interleaved 1F1B (sending activations between stages) implement the same interface.
+#pragma once
+
+#include <memory>
+
+#include "moecore/data/gpt_dataset.h"
+#include "moecore/nn/gpt_model.h"
+#include "moecore/optim/chained_optimizer.h"
+
+namespace moecore::train {
+
+struct MicroBatches {
+  int64_t count = 1;       // micro-batches per step on this data-parallel rank
+  int64_t size = 1;        // sequences per micro-batch
+  int64_t dp_rank = 0, dp_size = 1;
+};
+
+class Schedule {
+ public:
+  virtual ~Schedule() = default;
+  // Forward and backward over the step's micro-batches from `data` at `cursor` (not advanced), gradients
+  // accumulated as the mean over micro-batches. Returns this rank's mean LM loss.
+  virtual double forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
+                                  const data::SampleCursor& cursor, const MicroBatches& mb,
+                                  optim::ChainedOptimizer& opt) = 0;
+};
+
+class NoPipelining : public Schedule {
+ public:
+  double forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
+                          const data::SampleCursor& cursor, const MicroBatches& mb,
+                          optim::ChainedOptimizer& opt) override;
+};
+
+}  // namespace moecore::train
