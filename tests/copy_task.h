@@ -1,14 +1,17 @@
 // The copy-task trainer shared by the dense and MoE end-to-end tests: batches whose second half repeats the
-// first, and a minimal AdamW loop (warmup + cosine) over a GPTModel.
+// first, and a minimal training loop over a GPTModel with optim/'s AdamW and LR schedule.
 #pragma once
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/nn/gpt_model.h"
+#include "moecore/optim/adamw.h"
+#include "moecore/optim/lr_schedule.h"
 
 namespace moecore::testing {
 
@@ -52,36 +55,37 @@ struct Trainer {
   nn::ParamRegistry reg;
   nn::GPTModel model;
   nn::GPTModel::Stash st;
-  std::vector<Tensor> m, v;
+  std::unique_ptr<optim::AdamW> adam;
   int64_t step = 0;
   kernels::AdamWParams hp{3e-3, 0.9, 0.98, 1e-8, 0.0};
 
   explicit Trainer(const nn::GPTConfig& c, nn::FfnFactory ffn = nullptr)
       : reg(DType::F32), model(c, reg, std::move(ffn)), st(model.make_stash()) {
     reg.initialize(7);
-    for (auto& p : reg.all()) {
-      m.push_back(Tensor::zeros(p->value.shape(), DType::F32));
-      v.push_back(Tensor::zeros(p->value.shape(), DType::F32));
-    }
+    std::vector<nn::Parameter*> params;
+    for (auto& p : reg.all()) params.push_back(p.get());
+    adam = std::make_unique<optim::AdamW>(params);
   }
-  // Linear warmup over 20 steps, then cosine decay to 5% over `decay_steps` (0: constant).
+  // Linear warmup over 20 steps, then cosine decay to 5% over `decay_steps` (0: constant): Megatron's schedule.
   int64_t decay_steps = 0;
   std::function<void()> after_backward;  // end-of-global-batch work, e.g. MoE expert-bias updates
   double base_lr = 3e-3;
   double train_step(const CopyBatch& b) {
     if (decay_steps > 0) {
-      const double t = std::min(1.0, static_cast<double>(step) / static_cast<double>(decay_steps));
-      hp.lr = base_lr * std::min(1.0, (step + 1) / 20.0) * (0.05 + 0.95 * 0.5 * (1 + std::cos(M_PI * t)));
+      optim::LRSchedule s;
+      s.max_lr = base_lr;
+      s.min_lr = 0.05 * base_lr;
+      s.warmup_iters = 20;
+      s.decay_iters = decay_steps;
+      s.style = "cosine";
+      hp.lr = s.lr(step);
     }
     reg.zero_grad();
     const double loss = model.forward(b.tokens, b.labels, b.mask, st);
     model.backward(st);
     if (after_backward) after_backward();
     step++;
-    for (size_t i = 0; i < reg.all().size(); i++) {
-      auto& p = *reg.all()[i];
-      kernels::adamw_step(p.value, p.grad, m[i], v[i], hp, step);
-    }
+    adam->step(hp, step);
     return loss;
   }
 };
