@@ -2,6 +2,7 @@
 // on the world and on groups split from ParallelState.
 #include <gtest/gtest.h>
 
+#include "moecore/comm/mpi_check.h"
 #include "moecore/comm/process_group.h"
 
 namespace moecore {
@@ -175,7 +176,7 @@ int main(int argc, char** argv) {
   const int rc = RUN_ALL_TESTS();
   // Every rank's verdict counts: a failure on any rank fails the run.
   int all = rc;
-  MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MOE_MPI(MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   moecore::comm::ProcessGroup::finalize();
   return all;
 }

@@ -38,12 +38,7 @@ int guarded(const std::function<void()>& body) {
 
 // Ends MPI if a command started it: a failure after start-up stops every rank, not just this one.
 int finish_mpi(int rc) {
-  if (rc != 0) {
-    int inited = 0, size = 1;
-    MPI_Initialized(&inited);
-    if (inited) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, rc);
-  }
+  if (rc != 0) moecore::comm::ProcessGroup::abort_job_if_shared(rc);
   moecore::comm::ProcessGroup::finalize();
   return rc;
 }

@@ -2,20 +2,35 @@
 #include "moecore/comm/process_group.h"
 
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 
+#include "moecore/comm/mpi_check.h"
 #include "moecore/core/error.h"
 
 namespace moecore::comm {
 
 namespace {
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
+std::string mpi_error_string(int rc) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  MOE_ASSERT_MSG(false, "MPI {} failed: {}", what, std::string(msg, static_cast<size_t>(len)));
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(msg, static_cast<size_t>(len));
 }
-#define MOE_MPI(call) check_mpi((call), #call)
+}  // namespace
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  MOE_ASSERT_MSG(false, "MPI {} failed: {}", what, mpi_error_string(rc));
+}
+
+void check_mpi_nothrow(int rc, const char* what) noexcept {
+  if (rc == MPI_SUCCESS) return;
+  std::fprintf(stderr, "moecore: MPI %s failed: %s\n", what, mpi_error_string(rc).c_str());
+  std::abort();
+}
+
+namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -68,7 +83,7 @@ Work::Work(Work&& o) noexcept
 
 Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
-    if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // finish what this handle owned before taking another
+    if (pending()) MOE_MPI_NOTHROW(MPI_Wait(&req_, MPI_STATUS_IGNORE));  // finish what this handle owned before taking another
     req_ = o.req_;
     o.req_ = MPI_REQUEST_NULL;
     counts_a_ = std::move(o.counts_a_);
@@ -82,7 +97,7 @@ Work& Work::operator=(Work&& o) noexcept {
 }
 
 Work::~Work() {
-  if (pending()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  if (pending()) MOE_MPI_NOTHROW(MPI_Wait(&req_, MPI_STATUS_IGNORE));
 }
 
 void Work::wait() {
@@ -101,24 +116,33 @@ bool Work::test() {
 
 ProcessGroup::Comm::~Comm() {
   int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (owned && !finalized && c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  MOE_MPI_NOTHROW(MPI_Finalized(&finalized));
+  if (owned && !finalized && c != MPI_COMM_NULL) MOE_MPI_NOTHROW(MPI_Comm_free(&c));
 }
 
 void ProcessGroup::init(int* argc, char*** argv) {
   int inited = 0;
-  MPI_Initialized(&inited);
+  MOE_MPI(MPI_Initialized(&inited));
   if (inited) return;
   int provided = 0;
   MOE_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MOE_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
 }
 
 void ProcessGroup::finalize() {
   int inited = 0, finalized = 0;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (inited && !finalized) MPI_Finalize();
+  MOE_MPI(MPI_Initialized(&inited));
+  MOE_MPI(MPI_Finalized(&finalized));
+  if (inited && !finalized) MOE_MPI(MPI_Finalize());
+}
+
+void ProcessGroup::abort_job_if_shared(int rc) {
+  int inited = 0, finalized = 0, size = 1;
+  MOE_MPI_NOTHROW(MPI_Initialized(&inited));
+  MOE_MPI_NOTHROW(MPI_Finalized(&finalized));
+  if (!inited || finalized) return;
+  MOE_MPI_NOTHROW(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  if (size > 1) MOE_MPI_NOTHROW(MPI_Abort(MPI_COMM_WORLD, rc));
 }
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Comm> c) : comm_(std::move(c)) {
@@ -147,7 +171,7 @@ ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
   auto c = std::make_shared<Comm>();
   MOE_MPI(MPI_Comm_split(comm_->c, color, key, &c->c));
   c->owned = true;
-  MPI_Comm_set_errhandler(c->c, MPI_ERRORS_RETURN);
+  MOE_MPI(MPI_Comm_set_errhandler(c->c, MPI_ERRORS_RETURN));
   return ProcessGroup(c);
 }
 

@@ -58,6 +58,9 @@ class ProcessGroup {
   // MPI_Init_thread when not yet initialized (a single process needs no mpirun); idempotent.
   static void init(int* argc, char*** argv);
   static void finalize();
+  // After a failure: ends every rank of a multi-rank job (MPI_Abort), so none waits for this one; nothing for a
+  // single process or before MPI started.
+  static void abort_job_if_shared(int rc);
   static ProcessGroup world();
 
   int64_t rank() const { return rank_; }
