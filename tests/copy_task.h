@@ -12,6 +12,7 @@
 #include "moecore/nn/gpt_model.h"
 #include "moecore/optim/adamw.h"
 #include "moecore/optim/lr_schedule.h"
+#include "model_util.h"
 
 namespace moecore::testing {
 
@@ -38,17 +39,8 @@ inline CopyBatch copy_batch(int64_t B, int64_t half, int64_t vocab, uint64_t ste
 
 // The small dense GPT both copy-task tests train (the MoE test swaps its FFNs).
 inline nn::GPTConfig copy_config() {
-  nn::GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.ffn_hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 16;
-  c.vocab_size = 16;
-  c.max_seq_len = 32;
-  c.init_method_std = 0.02;
-  return c;
+  return small_gpt({.hidden = 64, .ffn = 128, .heads = 4, .kv_heads = 2, .head_dim = 16, .vocab = 16, .max_seq = 32,
+                    .init_std = 0.02});
 }
 
 struct Trainer {

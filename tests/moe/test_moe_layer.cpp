@@ -10,6 +10,7 @@
 #include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "test_util.h"
+#include "model_util.h"
 
 namespace moecore {
 namespace {
@@ -262,16 +263,7 @@ nn::FfnFactory moe_factory(const moe::MoELayerConfig& base, std::vector<bool> is
 }
 
 TEST(MoEGPT, GradientOfAMixedDenseAndMoEModel) {
-  nn::GPTConfig g;
-  g.num_layers = 2;
-  g.hidden_size = 8;
-  g.ffn_hidden_size = 12;
-  g.num_attention_heads = 2;
-  g.num_query_groups = 2;
-  g.kv_channels = 4;
-  g.vocab_size = 13;
-  g.max_seq_len = 8;
-  g.init_method_std = 0.5;
+  const nn::GPTConfig g = testing::small_gpt({});
   moe::MoELayerConfig m = layer_config(8, 4, 2);
   m.router.load_balancing = {moe::LoadBalancingType::AuxLoss};
   m.router.aux_loss_coeff = {0.2};

@@ -10,6 +10,7 @@
 #include "moecore/nn/gpt_model.h"
 #include "copy_task.h"
 #include "test_util.h"
+#include "model_util.h"
 
 namespace moecore {
 namespace {
@@ -30,15 +31,9 @@ double sample_std(const Tensor& t) {
 }
 
 TEST(GPTInit, MegatronRules) {
-  nn::GPTConfig c;
-  c.num_layers = 4;
-  c.hidden_size = 128;
-  c.ffn_hidden_size = 256;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 4;
-  c.kv_channels = 32;
-  c.vocab_size = 512;
-  c.init_method_std = 0.02;
+  const nn::GPTConfig c = testing::small_gpt(
+      {.layers = 4, .hidden = 128, .ffn = 256, .heads = 4, .kv_heads = 4, .head_dim = 32, .vocab = 512,
+       .max_seq = 128, .init_std = 0.02});
   nn::ParamRegistry reg;
   nn::GPTModel model(c, reg);
   reg.initialize(1234);

@@ -10,6 +10,7 @@
 #include "moecore/nn/rmsnorm.h"
 #include "moecore/nn/transformer_layer.h"
 #include "test_util.h"
+#include "model_util.h"
 
 namespace moecore {
 namespace {
@@ -144,18 +145,9 @@ TEST(ModuleGrad, TransformerLayer) {
 }
 
 nn::GPTConfig tiny_gpt(bool untied) {
-  nn::GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 8;
-  c.ffn_hidden_size = 12;
-  c.num_attention_heads = 2;
-  c.num_query_groups = 1;
-  c.kv_channels = 4;
-  c.vocab_size = 11;
-  c.max_seq_len = 8;
+  nn::GPTConfig c = testing::small_gpt({.kv_heads = 1, .vocab = 11});
   c.qk_layernorm = true;
   c.untie_embeddings_and_output_weights = untied;
-  c.init_method_std = 0.5;
   c.norm_eps = 1e-6;
   return c;
 }

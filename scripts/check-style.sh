@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The house rules a machine can check, run by CTest (style_check): every C++ file under src/ and tests/ is
+# clang-format clean with the repo's .clang-format, no line is over 120 columns, and no source file is over 600
+# lines. Prints each offending file with what to run; exits 1 if any.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CLANG_FORMAT=${CLANG_FORMAT:-clang-format}
+mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'tests/*.cpp' 'tests/*.h' 2>/dev/null ||
+                     find src tests -name '*.cpp' -o -name '*.h')
+bad=0
+for f in "${files[@]}"; do
+  [ -f "$f" ] || continue
+  if ! "$CLANG_FORMAT" --style=file --dry-run -Werror "$f" >/dev/null 2>&1; then
+    echo "style: $f is not clang-format clean (run: clang-format -i $f)"
+    bad=1
+  fi
+  long=$(awk 'length($0) > 120 { print FILENAME ":" FNR ": " length($0) " columns" }' "$f")
+  if [ -n "$long" ]; then
+    echo "style: lines over 120 columns:"
+    echo "$long"
+    bad=1
+  fi
+  n=$(wc -l <"$f")
+  if [ "$n" -gt 600 ]; then
+    echo "style: $f has $n lines (at most 600: split it by job)"
+    bad=1
+  fi
+done
+if [ "$bad" -eq 0 ]; then
+  echo "style: ${#files[@]} C++ files clang-format clean, within 120 columns and 600 lines"
+fi
+exit "$bad"

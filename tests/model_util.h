@@ -1,0 +1,30 @@
+// Small model configurations for tests, one designated-initializer line each instead of a field-by-field builder
+// in every test file. Only the shape; tests set the rest (activation, tying, norms) on the result.
+#pragma once
+
+#include <cstdint>
+
+#include "moecore/nn/gpt_model.h"
+
+namespace moecore::testing {
+
+struct GptShape {
+  int64_t layers = 2, hidden = 8, ffn = 12, heads = 2, kv_heads = 2, head_dim = 4, vocab = 13, max_seq = 8;
+  double init_std = 0.5;
+};
+
+inline nn::GPTConfig small_gpt(const GptShape& s) {
+  nn::GPTConfig c;
+  c.num_layers = s.layers;
+  c.hidden_size = s.hidden;
+  c.ffn_hidden_size = s.ffn;
+  c.num_attention_heads = s.heads;
+  c.num_query_groups = s.kv_heads;
+  c.kv_channels = s.head_dim;
+  c.vocab_size = s.vocab;
+  c.max_seq_len = s.max_seq;
+  c.init_method_std = s.init_std;
+  return c;
+}
+
+}  // namespace moecore::testing
