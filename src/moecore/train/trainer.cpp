@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -22,6 +21,7 @@
 #include "moecore/ckpt/upcycling.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/rng.h"
+#include "moecore/core/timer.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -33,10 +33,6 @@ namespace {
 // The group when it has more than one rank (what modules take), else null.
 const comm::ProcessGroup* active(const std::unique_ptr<comm::ProcessGroup>& g) {
   return g && g->size() > 1 ? g.get() : nullptr;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Set by SIGTERM/SIGINT (or Trainer::request_stop): training ends at the next step boundary with a checkpoint.
@@ -643,7 +639,7 @@ void Trainer::run() {
                cfg_.global_batch_size / (cfg_.micro_batch_size * dp_), cfg_.micro_batch_size);
     if (sum_aux_.size() != cfg_.moe_router_load_balancing_type.size())
       sum_aux_.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
-    const double t_start = now_s();
+    const double t_start = now_seconds();
     const int64_t first = iteration_;
     double t_interval = t_start;
     while (iteration_ < cfg_.train_iters) {
@@ -654,7 +650,7 @@ void Trainer::run() {
       for (size_t t = 0; t < r.aux_losses.size(); t++) sum_aux_[t] += r.aux_losses[t];
       interval_steps_++;
       if (tty) {
-        const double el = now_s() - t_start;
+        const double el = now_seconds() - t_start;
         const double eta =
             el / static_cast<double>(iteration_ - first) * static_cast<double>(cfg_.train_iters - iteration_);
         fmt::print(out_, "\r[{}/{}] lm loss {:.4f} ETA {:.0f}s   ", iteration_, cfg_.train_iters, r.lm_loss, eta);
@@ -662,23 +658,23 @@ void Trainer::run() {
       }
       if (iteration_ % cfg_.log_interval == 0 || iteration_ == cfg_.train_iters) {
         if (tty) fmt::print(out_, "\r\033[K");
-        const double t = now_s();
+        const double t = now_seconds();
         log_line(r, t - t_interval, interval_steps_);
-        t_interval = now_s();
+        t_interval = now_seconds();
       }
       if (cfg_.eval_iters > 0 && data_[1] && iteration_ % cfg_.eval_interval == 0 && iteration_ < cfg_.train_iters) {
         const double v = evaluate(cfg_.eval_iters);
         fmt::print(out_, " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.3f}\n", iteration_,
                    v, std::exp(std::min(v, 50.0)));
         write_metrics(nlohmann::json({{"eval", "valid"}, {"iteration", iteration_}, {"lm_loss", v}}).dump());
-        t_interval = now_s();
+        t_interval = now_seconds();
       }
       const bool exit_now = cfg_.exit_interval > 0 && iteration_ % cfg_.exit_interval == 0;
       if (!cfg_.save.empty() &&
           ((cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0) || exit_now || stop_requested_)) {
         if (tty) fmt::print(out_, "\r\033[K");
         save_checkpoint();
-        t_interval = now_s();
+        t_interval = now_seconds();
       }
       if (stop_requested_) {
         fmt::print(out_, "stopping at iteration {} on {}{}\n", iteration_,
@@ -832,7 +828,7 @@ nlohmann::json Trainer::train_state() const {
 
 std::string Trainer::save_checkpoint() {
   MOE_CHECK(!cfg_.save.empty(), "no --save directory to save a checkpoint to");
-  const double t0 = now_s();
+  const double t0 = now_seconds();
   std::vector<Tensor> m, v;
   moments(m, v);
   std::vector<ckpt::StoredTensor> mine;
@@ -867,7 +863,7 @@ std::string Trainer::save_checkpoint() {
   Tensor total = Tensor::empty({1}, DType::F64);
   total.set_item(0, static_cast<double>(bytes));
   if (world_group_) world_group_->all_reduce(total);
-  const double secs = now_s() - t0;
+  const double secs = now_seconds() - t0;
   fmt::print(out_, " saved checkpoint at iteration {} to {} ({} in {:.2f} s)\n", iteration_, dir,
              human_bytes(total.item(0)), secs);
   std::fflush(out_);
