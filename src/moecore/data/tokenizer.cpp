@@ -34,6 +34,50 @@ std::string token_name(const json& j) {
   return "";
 }
 
+// The BPE model options moecore implements; anything else is rejected by name.
+void check_bpe_options(const json& model, const std::string& src) {
+  const std::string type = model.value("type", "");
+  MOE_CHECK(type == "BPE",
+            "{}: model type '{}' is not supported; moecore reads byte-level BPE tokenizers (Qwen, DeepSeek, "
+            "Llama-3, GPT-2 style)",
+            src, type.empty() ? "(missing)" : type);
+  MOE_CHECK(model.value("dropout", json()).is_null() || model["dropout"].get<double>() == 0.0,
+            "{}: BPE dropout is not supported", src);
+  MOE_CHECK(!model.value("byte_fallback", false), "{}: BPE with byte_fallback (SentencePiece style) is not supported",
+            src);
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json v = model.value(k, json());
+    MOE_CHECK(v.is_null() || v.get<std::string>().empty(), "{}: BPE {} is not supported", src, k);
+  }
+}
+
+// Merges: "a b" strings or ["a", "b"] pairs of vocabulary tokens, rank = position.
+std::vector<BpeMerge> parse_merges(const json& merges, const json& vocab, const std::string& src) {
+  std::vector<BpeMerge> out;
+  out.reserve(merges.size());
+  int32_t rank = 0;
+  for (const auto& mg : merges) {
+    std::string a, b;
+    if (mg.is_string()) {
+      const std::string s = mg.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      MOE_CHECK(sp != std::string::npos, "{}: merge {} '{}' is not two space-separated tokens", src, rank, s);
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else {
+      MOE_CHECK(mg.is_array() && mg.size() == 2, "{}: merge {} is not a pair", src, rank);
+      a = mg[0].get<std::string>();
+      b = mg[1].get<std::string>();
+    }
+    auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+    MOE_CHECK(ia != vocab.end() && ib != vocab.end() && iab != vocab.end(),
+              "{}: merge {} ('{}' + '{}') refers to a token missing from the vocabulary", src, rank, a, b);
+    out.push_back({ia.value().get<int32_t>(), ib.value().get<int32_t>(), iab.value().get<int32_t>()});
+    rank++;
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -97,19 +141,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     MOE_CHECK(j.is_object() && j.contains("model"), "{} has no \"model\" section; is it a HuggingFace tokenizer.json?",
               src);
     const json& model = j["model"];
-    const std::string type = model.value("type", "");
-    MOE_CHECK(type == "BPE",
-              "{}: model type '{}' is not supported; moecore reads byte-level BPE tokenizers (Qwen, DeepSeek, "
-              "Llama-3, GPT-2 style)",
-              src, type.empty() ? "(missing)" : type);
-    MOE_CHECK(model.value("dropout", json()).is_null() || model["dropout"].get<double>() == 0.0,
-              "{}: BPE dropout is not supported", src);
-    MOE_CHECK(!model.value("byte_fallback", false), "{}: BPE with byte_fallback (SentencePiece style) is not supported",
-              src);
-    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      const json v = model.value(k, json());
-      MOE_CHECK(v.is_null() || v.get<std::string>().empty(), "{}: BPE {} is not supported", src, k);
-    }
+    check_bpe_options(model, src);
     m.text = TextPipeline::from_json(j.value("normalizer", json()), j.value("pre_tokenizer", json()), src);
     MOE_CHECK(m.text.byte_level, "{}: no ByteLevel pre-tokenizer; only byte-level BPE tokenizers are supported", src);
     // Vocabulary: byte-level strings -> raw bytes.
@@ -139,31 +171,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
       if (raw) bytes_to_id.emplace(*raw, id);
     }
     m.model.emplace(std::move(bytes_to_id), model.value("ignore_merges", false), src);
-    // Merges: "a b" strings or ["a", "b"] pairs, rank = position.
-    const json& merges = model.at("merges");
-    std::vector<BpeMerge> merge_list;
-    merge_list.reserve(merges.size());
-    int32_t rank = 0;
-    for (const auto& mg : merges) {
-      std::string a, b;
-      if (mg.is_string()) {
-        const std::string s = mg.get<std::string>();
-        const size_t sp = s.find(' ', 1);
-        MOE_CHECK(sp != std::string::npos, "{}: merge {} '{}' is not two space-separated tokens", src, rank, s);
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else {
-        MOE_CHECK(mg.is_array() && mg.size() == 2, "{}: merge {} is not a pair", src, rank);
-        a = mg[0].get<std::string>();
-        b = mg[1].get<std::string>();
-      }
-      auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
-      MOE_CHECK(ia != vocab.end() && ib != vocab.end() && iab != vocab.end(),
-                "{}: merge {} ('{}' + '{}') refers to a token missing from the vocabulary", src, rank, a, b);
-      merge_list.push_back({ia.value().get<int32_t>(), ib.value().get<int32_t>(), iab.value().get<int32_t>()});
-      rank++;
-    }
-    m.model->set_merges(merge_list);
+    m.model->set_merges(parse_merges(model.at("merges"), vocab, src));
     // Added tokens.
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken at{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),

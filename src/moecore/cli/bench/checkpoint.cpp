@@ -66,28 +66,11 @@ void run_bench_checkpoint(const CheckpointBenchArgs& a) {
   ta.train_flags = a.train_flags;
   ta.train_flags.insert(ta.train_flags.end(), {"--save", a.dir + "/ckpt"});
   // About 55 M parameters: 0.66 GB of weights and Adam moments per checkpoint.
-  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(ta, {"--num-layers",
-                                                                                  "4",
-                                                                                  "--hidden-size",
-                                                                                  "512",
-                                                                                  "--num-attention-heads",
-                                                                                  "8",
-                                                                                  "--swiglu",
-                                                                                  "--disable-bias-linear",
-                                                                                  "--num-experts",
-                                                                                  "8",
-                                                                                  "--moe-router-topk",
-                                                                                  "2",
-                                                                                  "--moe-ffn-hidden-size",
-                                                                                  "1024",
-                                                                                  "--seq-length",
-                                                                                  "64",
-                                                                                  "--micro-batch-size",
-                                                                                  "1",
-                                                                                  "--global-batch-size",
-                                                                                  "1",
-                                                                                  "--vocab-size",
-                                                                                  "32000"}));
+  const train::TrainConfig cfg = train::parse_train_config(
+      bench_model_flags(ta,
+                        "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --swiglu --disable-bias-linear "
+                        "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 --seq-length 64 "
+                        "--micro-batch-size 1 --global-batch-size 1 --vocab-size 32000"));
   fs::remove_all(a.dir);
   fs::create_directories(a.dir);
   std::FILE* null = std::fopen("/dev/null", "w");

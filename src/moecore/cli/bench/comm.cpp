@@ -11,30 +11,11 @@ namespace moecore::cli {
 
 namespace {
 void run_bench_comm(const TrainBenchArgs& a) {
-  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
-  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(a, {"--num-layers",
-                                                                                 "2",
-                                                                                 "--hidden-size",
-                                                                                 "256",
-                                                                                 "--num-attention-heads",
-                                                                                 "8",
-                                                                                 "--swiglu",
-                                                                                 "--disable-bias-linear",
-                                                                                 "--num-experts",
-                                                                                 "8",
-                                                                                 "--moe-router-topk",
-                                                                                 "2",
-                                                                                 "--moe-ffn-hidden-size",
-                                                                                 "256",
-                                                                                 "--moe-router-force-load-balancing",
-                                                                                 "--seq-length",
-                                                                                 "256",
-                                                                                 "--micro-batch-size",
-                                                                                 "2",
-                                                                                 "--global-batch-size",
-                                                                                 "8",
-                                                                                 "--vocab-size",
-                                                                                 "4096"}));
+  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
+      a,
+      "--num-layers 2 --hidden-size 256 --num-attention-heads 8 --swiglu --disable-bias-linear --num-experts 8 "
+      "--moe-router-topk 2 --moe-ffn-hidden-size 256 --moe-router-force-load-balancing --seq-length 256 "
+      "--micro-batch-size 2 --global-batch-size 8 --vocab-size 4096"));
   std::unique_ptr<train::Trainer> t;
   const TrainRun r = timed_train(cfg, a.iters, t);
   // Per group: measured bytes received per step (this rank), against the analytic minimum.

@@ -15,35 +15,12 @@ namespace moecore::cli {
 
 namespace {
 void run_bench_train(const TrainBenchArgs& a) {
-  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
-  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(a, {"--num-layers",
-                                                                                 "4",
-                                                                                 "--hidden-size",
-                                                                                 "1024",
-                                                                                 "--num-attention-heads",
-                                                                                 "16",
-                                                                                 "--group-query-attention",
-                                                                                 "--num-query-groups",
-                                                                                 "4",
-                                                                                 "--swiglu",
-                                                                                 "--disable-bias-linear",
-                                                                                 "--num-experts",
-                                                                                 "8",
-                                                                                 "--moe-router-topk",
-                                                                                 "2",
-                                                                                 "--moe-ffn-hidden-size",
-                                                                                 "1024",
-                                                                                 "--moe-aux-loss-coeff",
-                                                                                 "1e-2",
-                                                                                 "--seq-length",
-                                                                                 "256",
-                                                                                 "--micro-batch-size",
-                                                                                 "4",
-                                                                                 "--global-batch-size",
-                                                                                 "8",
-                                                                                 "--vocab-size",
-                                                                                 "32000"}));
+  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
+      a,
+      "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 4 "
+      "--swiglu --disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
+      "--moe-aux-loss-coeff 1e-2 --seq-length 256 --micro-batch-size 4 --global-batch-size 8 --vocab-size 32000"));
   std::unique_ptr<train::Trainer> t;
   const TrainRun r = timed_train(cfg, a.iters, t, a.dtype == "bf16" ? DType::BF16 : DType::F32);
   if (r.rank != 0) return;

@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <sstream>
 
 #include "moecore/cli/bench/common.h"
 #include "moecore/core/allocator.h"
+#include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/cpu/gemm.h"
@@ -62,7 +64,11 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   return r;
 }
 
-std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, std::vector<std::string> flags) {
+std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::string& model) {
+  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
+  std::vector<std::string> flags;
+  std::istringstream words(model);
+  for (std::string w; words >> w;) flags.push_back(w);
   if (a.dtype == "bf16") flags.push_back("--bf16");
   flags.insert(flags.end(), {"--mock-data", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
                              "--eval-iters", "0", "--log-interval", "1000000"});

@@ -37,8 +37,9 @@ struct TrainRun {
 TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out,
                      std::optional<DType> peak = std::nullopt);
 
-// The benchmark's model `flags` and run flags (mock data, iterations, no logging), overridden by the user's.
-std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, std::vector<std::string> flags);
+// The benchmark's model flags (`model`: flags and values separated by spaces) and run flags (mock data, dtype,
+// iterations, no logging), overridden by the user's.
+std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::string& model);
 
 // "step = compute + exposed communication" for a run over several ranks.
 void print_split(const TrainRun& r);
