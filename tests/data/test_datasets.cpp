@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "moecore/core/error.h"
+#include "moecore/data/bpe_trainer.h"
 #include "moecore/data/gpt_dataset.h"
 #include "moecore/data/indexed_dataset.h"
 #include "moecore/data/preprocess.h"

@@ -8,8 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "moecore/core/rng.h"
 #include "moecore/core/error.h"
+#include "moecore/core/rng.h"
+#include "moecore/data/bpe_trainer.h"
 #include "moecore/data/tokenizer.h"
 
 namespace moecore {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "moecore/core/allocator.h"
+#include "moecore/data/bpe_trainer.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/data/tokenizer.h"
 #include "moecore/kernels/cpu/gemm.h"

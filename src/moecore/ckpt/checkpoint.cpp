@@ -1,8 +1,8 @@
 // Native checkpoint model state (see checkpoint.h).
 #include "moecore/ckpt/checkpoint.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -115,15 +114,6 @@ void write_file_durable(const std::string& path, const std::string& content) {
   }
   MOE_CHECK(::fsync(fd) == 0, "cannot fsync {}: {}", path, std::strerror(errno));
   MOE_CHECK(::close(fd) == 0, "cannot close {}: {}", path, std::strerror(errno));
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  MOE_CHECK(f.good(), "cannot read {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  MOE_CHECK(!f.bad(), "cannot read {}", path);
-  return ss.str();
 }
 
 void fsync_dir(const std::string& dir) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/core/file.h"
 #include "moecore/nn/parameter.h"
 
 namespace moecore::ckpt {
@@ -72,8 +73,6 @@ void load_tensors(const std::string& dir, const std::vector<ShardRecord>& record
 // load_tensors for every parameter of `reg`.
 void load_model(const std::string& dir, nn::ParamRegistry& reg);
 
-// A whole file's bytes (configs, markers, tokenizers); names the file when it cannot be read.
-std::string read_file(const std::string& path);
 // Durable small files: written, fsynced, closed (the caller places them atomically by rename).
 void write_file_durable(const std::string& path, const std::string& content);
 void fsync_dir(const std::string& dir);

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
+#include "moecore/core/file.h"
 #include "moecore/moe/moe_layer.h"
 
 namespace moecore::ckpt {
@@ -22,7 +22,7 @@ namespace {
 
 nlohmann::json read_json(const std::string& path) {
   try {
-    return nlohmann::json::parse(read_file(path));
+    return nlohmann::json::parse(moecore::read_file(path, "JSON file"));
   } catch (const nlohmann::json::exception& e) {
     MOE_CHECK(false, "{} is not valid JSON ({})", path, e.what());
   }
@@ -353,9 +353,10 @@ int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_r
                           {"hf", {{"architecture", m.architecture().kind}, {"source", fs::absolute(hf_dir).string()}}},
                           {"config", hf_train_flags(m.config(), hf_dir + "/config.json")}};
   // The original config.json travels verbatim (native-to-hf writes it back); the tokenizer too.
-  std::vector<std::pair<std::string, std::string>> extra{{"hf_config.json", read_file(hf_dir + "/config.json")}};
+  std::vector<std::pair<std::string, std::string>> extra{
+      {"hf_config.json", moecore::read_file(hf_dir + "/config.json", "HF config")}};
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    if (fs::exists(hf_dir + "/" + f)) extra.push_back({f, read_file(hf_dir + "/" + f)});
+    if (fs::exists(hf_dir + "/" + f)) extra.push_back({f, moecore::read_file(hf_dir + "/" + f, "HF tokenizer file")});
   save_checkpoint(out_root, -1, all, state, nullptr, extra);
   return static_cast<int64_t>(all.size());
 }
@@ -370,7 +371,7 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
   const std::string hfc = found->dir + "/hf_config.json";
   std::string config_text, kind = kind_flag;
   if (fs::exists(hfc)) {  // converted from HF: its config.json, exactly
-    config_text = read_file(hfc);
+    config_text = moecore::read_file(hfc, "HF config");
     const nlohmann::json c = nlohmann::json::parse(config_text);
     const std::string k = kind_of(c, hfc);
     MOE_CHECK(kind.empty() || kind == k, "--arch {}: the checkpoint came from a {} model", kind, k);
@@ -423,7 +424,8 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
                      nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
   write_file_durable(out_dir + "/config.json", config_text);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    if (fs::exists(found->dir + "/" + f)) write_file_durable(out_dir + "/" + f, read_file(found->dir + "/" + f));
+    if (fs::exists(found->dir + "/" + f))
+      write_file_durable(out_dir + "/" + f, moecore::read_file(found->dir + "/" + f, "tokenizer file"));
   return count;
 }
 

@@ -6,9 +6,9 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "moecore/core/error.h"
+#include "moecore/core/file.h"
 
 namespace moecore::ckpt {
 
@@ -72,7 +72,7 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& path) {
   std::string dir;
   const std::string marker = path + "/" + kLatestFile;
   if (fs::exists(marker)) {
-    std::string text = read_file(marker);
+    std::string text = moecore::read_file(marker, "checkpoint marker");
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
     int64_t it = -1;
     if (text != "release") {
@@ -101,7 +101,7 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& path) {
   const std::string sp = dir + "/" + kStateFile;
   MOE_CHECK(fs::exists(sp), "{} has no {}: the checkpoint is incomplete", dir, kStateFile);
   try {
-    f.state = nlohmann::json::parse(read_file(sp));
+    f.state = nlohmann::json::parse(moecore::read_file(sp, "checkpoint state"));
   } catch (const nlohmann::json::exception& e) {
     MOE_CHECK(false, "{} is not valid JSON ({}): the checkpoint is corrupt", sp, e.what());
   }

@@ -7,10 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "moecore/cli/progress.h"
 #include "moecore/core/error.h"
+#include "moecore/core/file.h"
+#include "moecore/data/bpe_trainer.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/data/tokenizer.h"
 
@@ -58,14 +59,12 @@ void add_train_tokenizer_command(CLI::App& app, TrainTokenizerArgs& a) {
 }
 
 void run_train_tokenizer(const TrainTokenizerArgs& a) {
-  std::ifstream f(a.input, std::ios::binary);
-  MOE_CHECK(f.good(), "cannot open --input {}", a.input);
   std::string corpus;
   if (a.json_keys.empty()) {
-    std::stringstream ss;
-    ss << f.rdbuf();
-    corpus = ss.str();
+    corpus = read_file(a.input, "--input");
   } else {
+    std::ifstream f(a.input, std::ios::binary);
+    MOE_CHECK(f.good(), "cannot open --input {}", a.input);
     std::string line;
     int64_t n = 0;
     while (std::getline(f, line)) {
@@ -117,10 +116,7 @@ void run_corpus(const CorpusArgs& a) {
   MOE_CHECK(out.good(), "cannot write {}", tmp);
   int64_t n = 0, bytes = 0;
   for (const auto& p : files) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string text = ss.str();
+    const std::string text = read_file(p.string(), "fortune file");
     if (data::find_invalid_utf8(text) >= 0) continue;  // not a text file of fortunes (none in the package)
     size_t pos = 0;
     while (pos < text.size()) {

@@ -80,71 +80,7 @@ int main(int argc, char** argv) {
   moecore::cli::ConvertArgs conv;
   moecore::cli::add_convert_command(app, conv);
 
-  CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
-  bench->require_subcommand(1);
-
-  int64_t gemm_size = 2048;
-  int gemm_iters = 10;
-  CLI::App* bgemm = bench->add_subcommand("gemm", "f32 and bf16 GEMM GFLOP/s (the roofline other benchmarks use)");
-  bgemm->add_option("--size", gemm_size, "M = N = K")->check(CLI::Range(int64_t{1}, int64_t{65536}))
-      ->capture_default_str();
-  bgemm->add_option("--iters", gemm_iters, "Timed runs")->check(CLI::Range(1, 100000))->capture_default_str();
-
-  moecore::cli::AttentionBenchArgs att;
-  CLI::App* batt = bench->add_subcommand("attention", "Causal GQA attention forward+backward GFLOP/s vs GEMM peak");
-  batt->add_option("--seq-length", att.seq, "S")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
-      ->capture_default_str();
-  batt->add_option("--micro-batch-size", att.batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
-  batt->add_option("--num-attention-heads", att.heads, "query heads")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  batt->add_option("--num-query-groups", att.kv_heads, "kv heads")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  batt->add_option("--kv-channels", att.head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
-  batt->add_option("--iters", att.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
-  batt->add_option("--dtype", att.dtype, "f32 (tiled kernel) or bf16 (bf16 GEMM kernel, as --bf16 trains)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
-
-  moecore::cli::MoEBenchArgs moeb;
-  CLI::App* bmoe = bench->add_subcommand("moe-layer", "One MoE layer forward+backward GFLOP/s vs GEMM peak");
-  bmoe->add_option("--tokens", moeb.tokens, "T")->check(CLI::PositiveNumber)->capture_default_str();
-  bmoe->add_option("--hidden", moeb.hidden, "H")->check(CLI::PositiveNumber)->capture_default_str();
-  bmoe->add_option("--ffn", moeb.ffn, "F (per expert)")->check(CLI::PositiveNumber)->capture_default_str();
-  bmoe->add_option("--experts", moeb.experts, "E")->check(CLI::PositiveNumber)->capture_default_str();
-  bmoe->add_option("--topk", moeb.topk, "k")->check(CLI::PositiveNumber)->capture_default_str();
-  bmoe->add_option("--dtype", moeb.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
-  bmoe->add_option("--iters", moeb.iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
-  bmoe->add_flag("--moe-router-force-load-balancing", moeb.force_balance, "Route on random logits");
-
-  moecore::cli::TrainBenchArgs trb;
-  CLI::App* btrain = bench->add_subcommand("train", "MoE GPT training step: tokens/s, MFU vs GEMM peak, peak memory");
-  btrain->add_option("--dtype", trb.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
-  btrain->add_option("--iters", trb.iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
-  btrain->allow_extras();  // any other arguments are moecore train flags overriding the model, checked there
-  moecore::cli::TrainBenchArgs cob;
-  cob.dtype = "f32";
-  cob.iters = 3;
-  CLI::App* bcomm = bench->add_subcommand(
-      "comm", "Under mpirun: bytes per collective vs the layout's analytic minimum; compute vs exposed communication");
-  bcomm->add_option("--dtype", cob.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
-  bcomm->add_option("--iters", cob.iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
-  bcomm->allow_extras();  // layout and model flags of moecore train
-
-  moecore::cli::CheckpointBenchArgs ckb;
-  CLI::App* bckpt = bench->add_subcommand(
-      "checkpoint", "Checkpoint save/load GB/s vs a plain sequential write/read of the same bytes");
-  bckpt->add_option("--dir", ckb.dir, "Scratch directory (removed afterwards)")->capture_default_str();
-  bckpt->add_option("--iters", ckb.iters, "Repetitions (best is reported)")->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  bckpt->allow_extras();  // moecore train flags overriding the model
-
-  std::string tok_json, tok_input;
-  int tok_workers = 2;
-  CLI::App* btok = bench->add_subcommand("tokenizer", "Tokenizer encode MB/s on one thread and on several workers");
-  btok->add_option("--tokenizer-model", tok_json, "Path to tokenizer.json")->required()->check(CLI::ExistingFile);
-  btok->add_option("--input", tok_input, "Text file (default: Debian's English fortunes)")->check(CLI::ExistingFile);
-  btok->add_option("--workers", tok_workers, "Worker threads")->check(CLI::Range(1, 256))->capture_default_str();
+  const moecore::cli::BenchCommands benches(app);
 
   try {
     app.parse(argc, argv);
@@ -166,25 +102,7 @@ int main(int argc, char** argv) {
       moecore::cli::run_generate(gen);
     } else if (ttok.cmd->parsed()) {
       moecore::cli::run_train_tokenizer(ttok);
-    } else if (bgemm->parsed()) {
-      moecore::cli::run_bench_gemm(gemm_size, gemm_iters);
-    } else if (batt->parsed()) {
-      MOE_CHECK(att.heads % att.kv_heads == 0,
-                "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})", att.heads, att.kv_heads);
-      moecore::cli::run_bench_attention(att);
-    } else if (btok->parsed()) {
-      moecore::cli::run_bench_tokenizer(tok_json, tok_input, tok_workers);
-    } else if (btrain->parsed()) {
-      trb.train_flags = btrain->remaining();
-      moecore::cli::run_bench_train(trb);
-    } else if (bckpt->parsed()) {
-      ckb.train_flags = bckpt->remaining();
-      moecore::cli::run_bench_checkpoint(ckb);
-    } else if (bcomm->parsed()) {
-      cob.train_flags = bcomm->remaining();
-      moecore::cli::run_bench_comm(cob);
-    } else if (bmoe->parsed()) {
-      moecore::cli::run_bench_moe_layer(moeb);
+    } else if (benches.run_parsed()) {
     } else {
       fmt::print("{}", app.help());
     }

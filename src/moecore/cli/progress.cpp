@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "moecore/core/timer.h"
+
 namespace moecore::cli {
 
 std::string format_duration(double s) {
@@ -16,15 +18,20 @@ std::string format_duration(double s) {
 }
 
 Progress::Progress(std::string label, int64_t total, std::string unit, double unit_scale)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total), scale_(unit_scale),
-      tty_(::isatty(fileno(stderr)) != 0), start_(std::chrono::steady_clock::now()), last_(start_) {}
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      scale_(unit_scale),
+      tty_(::isatty(fileno(stderr)) != 0),
+      start_(now_seconds()),
+      last_(start_) {}
 
 void Progress::update(int64_t done, const std::string& extra) {
-  const auto now = std::chrono::steady_clock::now();
-  const double since_last = std::chrono::duration<double>(now - last_).count();
+  const double now = now_seconds();
+  const double since_last = now - last_;
   if (since_last < (tty_ ? 0.1 : 10.0) && done < total_) return;
   last_ = now;
-  const double el = std::chrono::duration<double>(now - start_).count();
+  const double el = now - start_;
   const double frac = total_ > 0 ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total_)) : 0.0;
   const double rate = el > 0 ? static_cast<double>(done) / scale_ / el : 0.0;
   const double eta = frac > 0 ? el * (1 - frac) / frac : 0.0;

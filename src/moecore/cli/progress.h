@@ -2,7 +2,6 @@
 // (logs and CI), never both.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -20,7 +19,7 @@ class Progress {
   int64_t total_;
   double scale_;
   bool tty_;
-  std::chrono::steady_clock::time_point start_, last_;
+  double start_, last_;  // now_seconds()
 };
 
 std::string format_duration(double seconds);

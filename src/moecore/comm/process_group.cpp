@@ -7,6 +7,7 @@
 
 #include "moecore/comm/mpi_check.h"
 #include "moecore/core/error.h"
+#include "moecore/core/timer.h"
 
 namespace moecore::comm {
 
@@ -102,9 +103,9 @@ Work::~Work() {
 
 void Work::wait() {
   if (!pending()) return;
-  const double t0 = MPI_Wtime();
+  const Stopwatch timer;
   MOE_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
-  if (counter_) counter_->blocked_seconds += MPI_Wtime() - t0;
+  if (counter_) counter_->blocked_seconds += timer.seconds();
 }
 
 bool Work::test() {

@@ -3,7 +3,6 @@
 #include "moecore/data/preprocess.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "moecore/core/error.h"
+#include "moecore/core/timer.h"
 #include "moecore/data/indexed_dataset.h"
 #include "moecore/data/tokenizer.h"
 
@@ -112,7 +112,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const std::function<voi
     builders.push_back(
         std::make_unique<IndexedDatasetBuilder>(opt.output_prefix + "_" + key + "_document.bin", dtype));
   PreprocessStats st;
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch timer;
   const size_t kBlock = 4096;  // lines per block
   std::vector<std::string> lines;
   std::vector<Encoded> enc;
@@ -159,7 +159,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const std::function<voi
   }
   for (size_t k = 0; k < builders.size(); k++)
     builders[k]->finalize(opt.output_prefix + "_" + opt.json_keys[k] + "_document.idx");
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.seconds = timer.seconds();
   return st;
 }
 

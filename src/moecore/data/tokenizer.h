@@ -3,6 +3,8 @@
 // Strip, Sequence), pre-tokenizer (Split with a PCRE2 regex or string, ByteLevel, Digits, Sequence), BPE merges
 // by rank, and ByteLevel decoding. Token ids equal HuggingFace's encode(text, add_special_tokens=False).
 // Not here: SentencePiece-style BPE (Metaspace, byte fallback), WordPiece, Unigram: rejected with the model type.
+// Files: text_pipeline (normalizers, pre-tokenizers), bpe_model (merges), byte_level (the byte alphabet),
+// bpe_trainer (training a vocabulary); this file holds the public class and tokenizer.json loading.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "moecore/data/utf8.h"  // find_invalid_utf8, which encode applies
 
 namespace moecore::data {
 
@@ -43,14 +47,5 @@ class Tokenizer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Checks that `text` is valid UTF-8; returns the byte offset of the first invalid sequence, or -1.
-int64_t find_invalid_utf8(std::string_view text);
-
-// Trains a byte-level BPE vocabulary of `vocab_size` tokens (256 byte symbols + merges + the special tokens) on
-// `corpus`, pre-tokenized with the GPT-2 pattern, and returns a tokenizer.json document (HF format) that
-// Tokenizer::from_json loads. Special tokens are added at the end of the vocabulary; the first is the EOS.
-std::string train_bpe_tokenizer_json(std::string_view corpus, int64_t vocab_size,
-                                     const std::vector<std::string>& special_tokens);
 
 }  // namespace moecore::data

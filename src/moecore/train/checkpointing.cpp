@@ -8,6 +8,7 @@
 
 #include "moecore/ckpt/upcycling.h"
 #include "moecore/core/error.h"
+#include "moecore/core/file.h"
 #include "moecore/core/timer.h"
 #include "moecore/data/preprocess.h"
 
@@ -113,9 +114,9 @@ std::string Checkpointing::save(const Progress& prog) {
   std::vector<std::pair<std::string, std::string>> extra;
   if (vocab_.tokenizer && g_.world_rank == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
     const std::string json = data::resolve_tokenizer_json(c_.tokenizer_model);
-    extra.push_back({"tokenizer.json", ckpt::read_file(json)});
+    extra.push_back({"tokenizer.json", read_file(json, "tokenizer file")});
     const auto config = std::filesystem::path(json).parent_path() / "tokenizer_config.json";  // EOS
-    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", ckpt::read_file(config.string())});
+    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", read_file(config.string(), "tokenizer config")});
   }
   ckpt::SaveFault fault;
   if (!c_.fault_kill_during_save.empty()) {

@@ -2,12 +2,13 @@
 #include "moecore/kernels/cpu/gemm.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <vector>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <vector>
+
+#include "moecore/core/timer.h"
 
 namespace moecore::kernels {
 
@@ -221,7 +222,7 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
   Entry& e = it->second;
   void* a_ptr = const_cast<void*>(A);  // oneDNN's handles are non-const; sources are only read
   void* b_ptr = const_cast<void*>(B);
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch timer;
   try {
     e.a.set_data_handle(a_ptr);
     e.b.set_data_handle(b_ptr);
@@ -231,7 +232,7 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
   }
-  c.stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.stats.seconds += timer.seconds();
   c.stats.flops += 2.0 * static_cast<double>(std::max<int64_t>(key.batch, 1)) * static_cast<double>(M) *
                    static_cast<double>(N) * static_cast<double>(K);
 }
@@ -274,9 +275,9 @@ std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {
   gemm(A, false, B, false, C);  // warm-up: creates the primitive
   std::vector<double> rates;
   for (int i = 0; i < iters; i++) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch timer;
     gemm(A, false, B, false, C);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = timer.seconds();
     rates.push_back(2.0 * static_cast<double>(n) * n * n / dt / 1e9);
   }
   std::sort(rates.begin(), rates.end());

@@ -28,7 +28,7 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
                   float beta = 0.0f);
 
 // The roofline benchmarks and the trainer's logged MFU divide by (`bench train` samples its own between steps,
-// cli/bench.cpp): the best rate (GFLOP/s) of square GEMMs of sizes
+// cli/bench/train_run.cpp): the best rate (GFLOP/s) of square GEMMs of sizes
 // 1024 and 2048 with operands of `dtype`, measured now (a second or two). Smaller sizes are left out: their
 // operands stay in L2, which training GEMMs never do.
 double measure_gemm_peak_gflops(DType dtype);

@@ -1,0 +1,89 @@
+// `moecore bench attention`: causal GQA attention forward and forward+backward GFLOP/s against the same-run GEMM
+// peak, f32 (tiled kernel) or bf16 (bf16 GEMM kernel). Not the attention module (no projections).
+#include "moecore/kernels/cpu/attention.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "moecore/cli/bench/benches.h"
+#include "moecore/cli/bench/common.h"
+#include "moecore/core/cpu.h"
+#include "moecore/core/timer.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::cli {
+
+namespace {
+struct AttentionBenchArgs {
+  int64_t seq = 2048, batch = 1, heads = 8, kv_heads = 2, head_dim = 64;
+  int iters = 3;
+  std::string dtype = "f32";
+};
+
+void run_bench_attention(const AttentionBenchArgs& a) {
+  MOE_CHECK(a.heads % a.kv_heads == 0, "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})",
+            a.heads, a.kv_heads);
+  const bool bf16 = a.dtype == "bf16";
+  MOE_CHECK(!bf16 || a.seq <= kernels::kMaxBf16AttentionSeq, "bf16 attention runs up to --seq-length {}, got {}",
+            kernels::kMaxBf16AttentionSeq, a.seq);
+  fmt::print(
+      "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {}, {} timed runs, {} "
+      "threads\n",
+      a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, a.iters, num_threads());
+  const double peak = kernels::measure_gemm_peak_gflops(bf16 ? DType::BF16 : DType::F32);
+  Tensor q = Tensor::empty({a.seq, a.batch, a.heads, a.head_dim}, DType::F32);
+  Tensor k = Tensor::empty({a.seq, a.batch, a.kv_heads, a.head_dim}, DType::F32);
+  Tensor v = Tensor::empty(k.shape(), DType::F32);
+  Tensor dout = Tensor::empty(q.shape(), DType::F32);
+  fill_random(q, 3, 1.0);
+  fill_random(k, 4, 1.0);
+  fill_random(v, 5, 1.0);
+  fill_random(dout, 6, 1.0);
+  Tensor o = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({a.batch, a.heads, a.seq}, DType::F32);
+  Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
+         dv = Tensor::empty(v.shape(), DType::F32);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+  // FLOPs as FlashAttention counts them: forward 4·S²·D per head (QKᵀ and PV), halved by the causal mask;
+  // backward 2.5× forward.
+  const double fwd_flops = 4.0 * a.seq * a.seq * a.head_dim * a.heads * a.batch / 2.0;
+  std::vector<double> fwd_rates, total_rates;
+  for (int i = 0; i <= a.iters; i++) {
+    const Stopwatch timer;
+    if (bf16)
+      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
+    else
+      kernels::attention_forward(q, k, v, scale, o, lse);
+    const double fwd_s = timer.seconds();
+    if (bf16)
+      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else
+      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    const double total_s = timer.seconds();
+    if (i == 0) continue;  // warm-up
+    fwd_rates.push_back(fwd_flops / fwd_s / 1e9);
+    total_rates.push_back(3.5 * fwd_flops / total_s / 1e9);
+  }
+  const double fwd = median(fwd_rates), tot = median(total_rates);
+  fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
+  fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / peak);
+  fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / peak);
+}
+}  // namespace
+
+BenchCommand add_attention_bench(CLI::App& bench) {
+  auto a = std::make_shared<AttentionBenchArgs>();
+  CLI::App* cmd = bench.add_subcommand("attention", "Causal GQA attention forward+backward GFLOP/s vs GEMM peak");
+  cmd->add_option("--seq-length", a->seq, "S")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+  cmd->add_option("--micro-batch-size", a->batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--num-attention-heads", a->heads, "query heads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--num-query-groups", a->kv_heads, "kv heads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--kv-channels", a->head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "f32 (tiled kernel) or bf16 (bf16 GEMM kernel, as --bf16 trains)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  return {cmd, [a] { run_bench_attention(*a); }};
+}
+
+}  // namespace moecore::cli

@@ -1,0 +1,17 @@
+// The benchmarks the registry (cli/bench.h) adds, one file each: every function adds its subcommand under
+// `bench`, binds the flags, and returns the subcommand with the body that runs it.
+#pragma once
+
+#include "moecore/cli/bench.h"
+
+namespace moecore::cli {
+
+BenchCommand add_gemm_bench(CLI::App& bench);        // gemm.cpp
+BenchCommand add_attention_bench(CLI::App& bench);   // attention.cpp
+BenchCommand add_moe_layer_bench(CLI::App& bench);   // moe_layer.cpp
+BenchCommand add_train_bench(CLI::App& bench);       // train.cpp
+BenchCommand add_comm_bench(CLI::App& bench);        // comm.cpp
+BenchCommand add_checkpoint_bench(CLI::App& bench);  // checkpoint.cpp
+BenchCommand add_tokenizer_bench(CLI::App& bench);   // tokenizer.cpp
+
+}  // namespace moecore::cli

@@ -1,0 +1,77 @@
+// `moecore bench moe-layer`: one MoE layer (router, dispatch, SwiGLU experts, combine) forward+backward GFLOP/s
+// against the same-run GEMM peak, on one rank. Not a training step (bench train) or communication (bench comm).
+#include "moecore/moe/moe_layer.h"
+
+#include <fmt/format.h>
+
+#include "moecore/cli/bench/benches.h"
+#include "moecore/cli/bench/common.h"
+#include "moecore/core/cpu.h"
+#include "moecore/core/timer.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::cli {
+
+namespace {
+struct MoEBenchArgs {
+  int64_t tokens = 4096, hidden = 1024, ffn = 512, experts = 16, topk = 4;
+  std::string dtype = "f32";
+  int iters = 3;
+  bool force_balance = false;
+};
+
+void run_bench_moe_layer(const MoEBenchArgs& a) {
+  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
+  const bool bf16 = a.dtype == "bf16";
+  fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, {} threads\n", a.tokens,
+             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters, num_threads());
+  moe::MoELayerConfig c;
+  c.router.hidden = a.hidden;
+  c.router.num_experts = a.experts;
+  c.router.topk = a.topk;
+  c.router.force_load_balancing = a.force_balance;
+  c.ffn_hidden = a.ffn;
+  c.bf16 = bf16;
+  nn::ParamRegistry reg(DType::F32);
+  moe::MoELayer layer(reg, "mlp", c);
+  reg.initialize(1);
+  Tensor x = Tensor::empty({a.tokens, 1, a.hidden}, DType::F32), dy = Tensor::empty(x.shape(), DType::F32);
+  fill_random(x, 7, 1.0);
+  fill_random(dy, 8, 1.0);
+  auto st = layer.make_stash();
+  // Three H×F GEMMs per routed token (fc1 gate and linear halves, fc2), 2 FLOPs per multiply-add, ×3 for
+  // forward + backward (data and weight gradients).
+  const double flops = 3.0 * 2.0 * a.hidden * a.ffn * static_cast<double>(a.tokens * a.topk) * 3.0;
+  std::vector<double> rates;
+  for (int i = 0; i <= a.iters; i++) {
+    reg.zero_grad();
+    const Stopwatch timer;
+    layer.forward(x, *st);
+    layer.backward(dy, *st);
+    const double dt = timer.seconds();
+    if (i > 0) rates.push_back(flops / dt / 1e9);
+  }
+  const double rate = median(rates);
+  const double peak = kernels::measure_gemm_peak_gflops(bf16 ? DType::BF16 : DType::F32);
+  fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n",
+             layer.stats().max_load() / layer.stats().mean_load(), a.iters + 1);
+  fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
+  fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
+}
+}  // namespace
+
+BenchCommand add_moe_layer_bench(CLI::App& bench) {
+  auto a = std::make_shared<MoEBenchArgs>();
+  CLI::App* cmd = bench.add_subcommand("moe-layer", "One MoE layer forward+backward GFLOP/s vs GEMM peak");
+  cmd->add_option("--tokens", a->tokens, "T")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--hidden", a->hidden, "H")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--ffn", a->ffn, "F (per expert)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--experts", a->experts, "E")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--topk", a->topk, "k")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_flag("--moe-router-force-load-balancing", a->force_balance, "Route on random logits");
+  return {cmd, [a] { run_bench_moe_layer(*a); }};
+}
+
+}  // namespace moecore::cli

@@ -1,0 +1,96 @@
+// Timed training steps for the benchmarks that train a model (see train_run.h).
+#include "moecore/cli/bench/train_run.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "moecore/cli/bench/common.h"
+#include "moecore/core/allocator.h"
+#include "moecore/core/error.h"
+#include "moecore/core/tensor.h"
+#include "moecore/core/timer.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::cli {
+
+namespace {
+// One reference GEMM rate: the best of 3 runs of an M=N=K=2048 product (tens of milliseconds).
+double gemm_rate_sample(DType dtype) {
+  return kernels::time_square_gemm(dtype, 2048, 3).first;
+}
+}  // namespace
+
+TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out,
+                     std::optional<DType> peak) {
+  comm::ProcessGroup::init(nullptr, nullptr);
+  const comm::ProcessGroup world = comm::ProcessGroup::world();
+  std::FILE* null = std::fopen("/dev/null", "w");
+  out = std::make_unique<train::Trainer>(cfg, null, /*measure_peak=*/false, &world);
+  train::Trainer& t = *out;
+  t.train_step();  // warm-up: primitives, allocator cache
+  Allocator::instance().reset_peak();
+  comm::comm_counters().clear();
+  TrainRun r;
+  std::vector<double> steps;
+  for (int i = 0; i <= iters; i++) {
+    if (peak) {
+      world.barrier();
+      r.peak_samples.push_back(gemm_rate_sample(*peak));
+    }
+    if (i == iters) break;
+    world.barrier();
+    const kernels::GemmStats g0 = kernels::gemm_stats();
+    const Stopwatch timer;
+    t.train_step();
+    world.barrier();
+    steps.push_back(timer.seconds());
+    const kernels::GemmStats g1 = kernels::gemm_stats();
+    r.gemm_s += (g1.seconds - g0.seconds) / iters;
+    r.gemm_flops += (g1.flops - g0.flops) / iters;
+  }
+  for (double s : steps) r.step_s += s / iters;
+  r.step_median_s = median(steps);
+  r.counters = comm::comm_counters();
+  for (const auto& [k, c] : r.counters) r.exposed_s += c.blocked_seconds / iters;
+  Tensor e = Tensor::empty({1}, DType::F64);
+  e.set_item(0, r.exposed_s);
+  if (world.size() > 1) world.all_reduce(e, comm::ReduceOp::Max);
+  r.exposed_max_s = e.item(0);
+  r.world = world.size();
+  r.rank = world.rank();
+  std::fclose(null);
+  return r;
+}
+
+std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::string& model) {
+  MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
+  std::vector<std::string> flags;
+  std::istringstream words(model);
+  for (std::string w; words >> w;) flags.push_back(w);
+  if (a.dtype == "bf16") flags.push_back("--bf16");
+  flags.insert(flags.end(), {"--mock-data", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
+                             "--eval-iters", "0", "--log-interval", "1000000"});
+  return train::override_flags(flags, a.train_flags);
+}
+
+void print_split(const TrainRun& r) {
+  fmt::print("  step {:.3f} s = compute {:.3f} s + exposed communication {:.3f} s ({:.1f}%; slowest rank {:.3f} s)\n",
+             r.step_s, r.step_s - r.exposed_s, r.exposed_s, 100.0 * r.exposed_s / r.step_s, r.exposed_max_s);
+}
+
+BenchCommand add_training_bench(CLI::App& bench, const std::string& name, const std::string& description,
+                                const TrainBenchArgs& defaults, void (*run)(const TrainBenchArgs&)) {
+  auto a = std::make_shared<TrainBenchArgs>(defaults);
+  CLI::App* cmd = bench.add_subcommand(name, description);
+  cmd->add_option("--dtype", a->dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->allow_extras();
+  return {cmd, [a, cmd, run] {
+            a->train_flags = cmd->remaining();
+            run(*a);
+          }};
+}
+
+}  // namespace moecore::cli

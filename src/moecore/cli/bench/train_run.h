@@ -1,0 +1,52 @@
+// What the benchmarks that train a model share (bench train, comm, checkpoint): their arguments, the model flags
+// under the user's overrides, and timed training steps with communication counters. Not a benchmark itself.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moecore/cli/bench.h"
+#include "moecore/comm/process_group.h"
+#include "moecore/core/dtype.h"
+#include "moecore/train/trainer.h"
+
+namespace moecore::cli {
+
+struct TrainBenchArgs {
+  std::string dtype = "bf16";
+  int iters = 4;
+  std::vector<std::string> train_flags;  // `moecore train` flags overriding the benchmark's model
+};
+
+struct TrainRun {
+  double step_s = 0, step_median_s = 0, exposed_s = 0, exposed_max_s = 0;
+  double gemm_s = 0, gemm_flops = 0;  // per step: time inside oneDNN matmuls and their FLOPs
+  std::vector<double> peak_samples;   // GEMM GFLOP/s measured between the timed steps (when asked)
+  int64_t world = 1, rank = 0;
+  std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
+};
+
+// Trains `cfg` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with
+// the communication counters cleared in between. With `peak`, a reference GEMM rate of that dtype is sampled on
+// every rank before each timed step and after the last, so the peak an MFU divides by is measured in the same
+// conditions as the steps (on a shared machine both swing together).
+TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out,
+                     std::optional<DType> peak = std::nullopt);
+
+// The benchmark's model flags (`model`: flags and values separated by spaces) and run flags (mock data, dtype,
+// iterations, no logging), overridden by the user's.
+std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::string& model);
+
+// "step = compute + exposed communication" for a run over several ranks.
+void print_split(const TrainRun& r);
+
+// The subcommand of a benchmark that trains: --dtype and --iters (defaults from `defaults`); any other arguments
+// are `moecore train` flags, checked there, that reach `run` in train_flags.
+BenchCommand add_training_bench(CLI::App& bench, const std::string& name, const std::string& description,
+                                const TrainBenchArgs& defaults, void (*run)(const TrainBenchArgs&));
+
+}  // namespace moecore::cli
