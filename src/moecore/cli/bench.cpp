@@ -25,6 +25,7 @@
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
+#include "moecore/train/start_config.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore::cli {

@@ -57,7 +57,7 @@ void run_generate(const GenerateArgs& a) {
             c.tokenizer_type.empty() ? "none" : c.tokenizer_type);
   c.tokenizer_type = "HuggingFaceTokenizer";
   c.tokenizer_model = tok;
-  train::validate(c);
+  train::resolve(c);
   std::FILE* null = std::fopen("/dev/null", "w");
   try {
     train::Trainer t(c, null, false, nullptr);

@@ -43,11 +43,6 @@ double now_s() {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// The schedule flags must match on resume too, as Megatron checks its scheduler state.
-const char* const kScheduleKeys[] = {"lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-decay-iters",
-                                     "lr-wsd-decay-style", "lr-wsd-decay-iters"};
-
-
 std::string human_bytes(double b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int i = 0;
@@ -61,7 +56,7 @@ std::string human_bytes(double b) {
 
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
     : cfg_(std::move(cfg)), out_(out) {
-  validate(cfg_);
+  MOE_ASSERT_MSG(is_resolved(cfg_), "a configuration changed since train::resolve (or never resolved): resolve it");
   const int64_t world_size = world ? world->size() : 1;
   if (world_size > 1 || cfg_.expert_model_parallel_size > 1 || cfg_.tensor_model_parallel_size > 1 ||
       cfg_.expert_tensor_parallel_size > 1) {
@@ -880,13 +875,14 @@ void Trainer::load_checkpoint(const std::string& dir, const nlohmann::json& stat
   MOE_CHECK(state.contains("config") && state["config"].is_object(), "{} has no configuration", where);
   const nlohmann::json& saved = state["config"];
   const nlohmann::json here = config_json(cfg_);
-  const std::string model_diff = flag_differences(saved, here, model_flag_names(), "the checkpoint");
+  const std::string model_diff = flag_differences(saved, here, flag_names(kIdentity), "the checkpoint");
   if (!cfg_.finetune) {
     MOE_CHECK(model_diff.empty(),
               "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
               "run from its weights)",
               dir, model_diff);
-    const std::string sched_diff = flag_differences(saved, here, kScheduleKeys, "the checkpoint");
+    // The schedule flags must match on resume too, as Megatron checks its scheduler state.
+    const std::string sched_diff = flag_differences(saved, here, flag_names(kSchedule), "the checkpoint");
     MOE_CHECK(sched_diff.empty(),
               "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, or "
               "--finetune to start a new schedule from its weights",
@@ -985,11 +981,8 @@ void Trainer::upcycle(const std::string& dir, const nlohmann::json& state) {
   MOE_CHECK(saved.value("num-experts", int64_t{0}) == 0,
             "--moe-use-upcycling: {} is already an MoE checkpoint (upcycling starts from a dense one)", dir);
   const nlohmann::json here = config_json(cfg_);
-  const char* const dense_keys[] = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
-                                   "num-query-groups", "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent",
-                                   "norm-epsilon", "untie-embeddings-and-output-weights", "swiglu", "squared-relu",
-                                   "disable-bias-linear"};
-  const std::string diff = flag_differences(saved, here, dense_keys, "the dense checkpoint");
+  const std::string diff =
+      flag_differences(saved, here, flag_names(kIdentity, FlagGroup::Model), "the dense checkpoint");
   MOE_CHECK(diff.empty(), "--moe-use-upcycling: the non-MoE flags must match the dense model:{}", diff);
   // Everything outside the MoE layers' mlp loads as it is.
   std::vector<std::string> moe_prefixes;
