@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "moecore/core/error.h"
 #include "moecore/train/presets.h"
@@ -28,145 +29,130 @@ std::vector<FlagSpec> build_flag_table() {
   for (const auto& p : preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   section(
       FlagGroup::Model,
-      {
-          {"model", &C::model, "Preset: " + presets + " (flags override)"},
-          {"num-layers", &C::num_layers, "Transformer layers", kModel},
-          {"hidden-size", &C::hidden_size, "Hidden size H", kModel},
-          {"ffn-hidden-size", &C::ffn_hidden_size, "Dense FFN size (default 4H; 8H/3 rounded to 64 with --swiglu)",
-           kModel | kDerived},
-          {"num-attention-heads", &C::num_attention_heads, "Query heads", kModel},
-          {"group-query-attention", &C::group_query_attention, "Use --num-query-groups key/value heads",
-           kCheckpointArg},
-          {"num-query-groups", &C::num_query_groups, "Key/value heads with --group-query-attention", kModel | kDerived},
-          {"kv-channels", &C::kv_channels, "Head dimension (default H / heads)", kModel | kDerived},
-          {"qk-layernorm", &C::qk_layernorm, "RMSNorm on each query and key head (Qwen3, OLMoE)", kModel},
-          {"seq-length", &C::seq_length, "Sequence length"},
-          {"max-position-embeddings", &C::max_position_embeddings, "Longest position (default --seq-length)",
-           kCheckpointArg | kDerived},
-          {"rotary-base", &C::rotary_base, "RoPE base", kModel},
-          {"rotary-percent", &C::rotary_percent, "Fraction of each head rotated", kModel},
-          {"position-embedding-type", &C::position_embedding_type, "rope (the only one implemented)"},
-          {"normalization", &C::normalization, "RMSNorm (the only one implemented)"},
-          {"norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon", kModel},
-          {"untie-embeddings-and-output-weights", &C::untie_embeddings_and_output_weights, "Separate output layer",
-           kModel},
-          {"swiglu", &C::swiglu, "SwiGLU FFNs (default GeLU)", kModel},
-          {"squared-relu", &C::squared_relu, "Squared-ReLU FFNs", kModel},
-          {"disable-bias-linear", &C::disable_bias_linear, "No biases in linear layers (required for MoE)", kModel},
-          {"init-method-std", &C::init_method_std, "Std of the normal weight init"},
-          {"make-vocab-size-divisible-by", &C::make_vocab_size_divisible_by, "Pad the vocabulary to a multiple"},
-      });
-  section(FlagGroup::MoE,
-          {
-              {"num-experts", &C::num_experts, "Routed experts per MoE layer (0: dense)", kModel},
-              {"moe-ffn-hidden-size", &C::moe_ffn_hidden_size, "Expert FFN size (default --ffn-hidden-size)",
-               kModel | kDerived},
-              {"moe-router-topk", &C::moe_router_topk, "Experts per token", kModel},
-              {"moe-router-score-function", &C::moe_router_score_function, "softmax or sigmoid", kModel},
-              {"moe-router-pre-softmax", &C::moe_router_pre_softmax, "Softmax over all experts before top-k", kModel},
-              {"moe-router-topk-scaling-factor", &C::moe_router_topk_scaling_factor, "Scale routing probs", kModel},
-              {"moe-router-num-groups", &C::moe_router_num_groups, "Expert groups for group-limited routing", kModel},
-              {"moe-router-group-topk", &C::moe_router_group_topk, "Groups each token may use", kModel},
-              {"moe-router-enable-expert-bias", &C::moe_router_enable_expert_bias, "Aux-loss-free balancing", kModel},
-              {"moe-router-bias-update-rate", &C::moe_router_bias_update_rate, "Expert-bias step per batch"},
-              {"moe-router-load-balancing-type", &C::moe_router_load_balancing_type,
-               "aux_loss, seq_aux_loss, global_aux_loss, none (a list)"},
-              {"moe-aux-loss-coeff", &C::moe_aux_loss_coeff, "One coefficient per load-balancing type"},
-              {"moe-z-loss-coeff", &C::moe_z_loss_coeff, "Router z-loss coefficient"},
-              {"moe-input-jitter-eps", &C::moe_input_jitter_eps, "Multiplicative router input jitter"},
-              {"moe-router-force-load-balancing", &C::moe_router_force_load_balancing, "Route on noise (bench)"},
-              {"moe-router-dtype", &C::moe_router_dtype, "fp32 or fp64"},
-              {"moe-expert-capacity-factor", &C::moe_expert_capacity_factor, "Capacity factor (<0: dropless)"},
-              {"moe-token-drop-policy", &C::moe_token_drop_policy, "probs or position"},
-              {"moe-pad-expert-input-to-capacity", &C::moe_pad_expert_input_to_capacity, "Pad to capacity"},
-              {"moe-shared-expert-intermediate-size", &C::moe_shared_expert_intermediate_size, "Shared expert size",
-               kModel},
-              {"moe-shared-expert-gate", &C::moe_shared_expert_gate, "Sigmoid gate on the shared expert", kModel},
-              {"moe-layer-freq", &C::moe_layer_freq, "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
-              {"moe-grouped-gemm", &C::moe_grouped_gemm, "Grouped GEMM experts (always on in moecore)"},
-              {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type,
-               "alltoall or allgather (one rank: local dispatch either way)"},
-              {"moe-per-layer-logging", &C::moe_per_layer_logging, "Log each MoE layer's losses and load"},
-          });
-  section(FlagGroup::Training,
-          {
-              {"micro-batch-size", &C::micro_batch_size, "Sequences per micro-batch"},
-              {"global-batch-size", &C::global_batch_size, "Sequences per step (default micro x DP)", kDerived},
-              {"train-iters", &C::train_iters, "Optimizer steps"},
-              {"lr", &C::lr, "Peak learning rate", kSchedule},
-              {"min-lr", &C::min_lr, "Final learning rate", kSchedule},
-              {"lr-decay-style", &C::lr_decay_style, "constant, linear, cosine or WSD", kSchedule},
-              {"lr-wsd-decay-style", &C::lr_wsd_decay_style, "WSD anneal: linear, cosine, exponential, minus_sqrt",
-               kSchedule},
-              {"lr-warmup-iters", &C::lr_warmup_iters, "Linear warmup steps", kSchedule},
-              {"lr-decay-iters", &C::lr_decay_iters, "Decay steps (default --train-iters)", kSchedule | kDerived},
-              {"lr-wsd-decay-iters", &C::lr_wsd_decay_iters, "WSD anneal steps", kSchedule},
-              {"weight-decay", &C::weight_decay, "AdamW weight decay (not on norms and biases)"},
-              {"clip-grad", &C::clip_grad, "Global gradient-norm clip (0: off)"},
-              {"adam-beta1", &C::adam_beta1, "Adam beta1"},
-              {"adam-beta2", &C::adam_beta2, "Adam beta2"},
-              {"adam-eps", &C::adam_eps, "Adam epsilon"},
-              {"optimizer", &C::optimizer, "adam (AdamW)"},
-              {"seed", &C::seed, "Random seed"},
-              {"bf16", &C::bf16, "bf16 GEMMs with fp32 master weights and accumulation"},
-          });
+      {{"model", &C::model, "Preset: " + presets + " (flags override)"},
+       {"num-layers", &C::num_layers, "Transformer layers", kModel},
+       {"hidden-size", &C::hidden_size, "Hidden size H", kModel},
+       {"ffn-hidden-size", &C::ffn_hidden_size, "Dense FFN size (default 4H; 8H/3 rounded to 64 with --swiglu)",
+        kModel | kDerived},
+       {"num-attention-heads", &C::num_attention_heads, "Query heads", kModel},
+       {"group-query-attention", &C::group_query_attention, "Use --num-query-groups key/value heads", kCheckpointArg},
+       {"num-query-groups", &C::num_query_groups, "Key/value heads with --group-query-attention", kModel | kDerived},
+       {"kv-channels", &C::kv_channels, "Head dimension (default H / heads)", kModel | kDerived},
+       {"qk-layernorm", &C::qk_layernorm, "RMSNorm on each query and key head (Qwen3, OLMoE)", kModel},
+       {"seq-length", &C::seq_length, "Sequence length"},
+       {"max-position-embeddings", &C::max_position_embeddings, "Longest position (default --seq-length)",
+        kCheckpointArg | kDerived},
+       {"rotary-base", &C::rotary_base, "RoPE base", kModel},
+       {"rotary-percent", &C::rotary_percent, "Fraction of each head rotated", kModel},
+       {"position-embedding-type", &C::position_embedding_type, "rope (the only one implemented)"},
+       {"normalization", &C::normalization, "RMSNorm (the only one implemented)"},
+       {"norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon", kModel},
+       {"untie-embeddings-and-output-weights", &C::untie_embeddings_and_output_weights, "Separate output layer",
+        kModel},
+       {"swiglu", &C::swiglu, "SwiGLU FFNs (default GeLU)", kModel},
+       {"squared-relu", &C::squared_relu, "Squared-ReLU FFNs", kModel},
+       {"disable-bias-linear", &C::disable_bias_linear, "No biases in linear layers (required for MoE)", kModel},
+       {"init-method-std", &C::init_method_std, "Std of the normal weight init"},
+       {"make-vocab-size-divisible-by", &C::make_vocab_size_divisible_by, "Pad the vocabulary to a multiple"}});
+  section(
+      FlagGroup::MoE,
+      {{"num-experts", &C::num_experts, "Routed experts per MoE layer (0: dense)", kModel},
+       {"moe-ffn-hidden-size", &C::moe_ffn_hidden_size, "Expert FFN size (default --ffn-hidden-size)",
+        kModel | kDerived},
+       {"moe-router-topk", &C::moe_router_topk, "Experts per token", kModel},
+       {"moe-router-score-function", &C::moe_router_score_function, "softmax or sigmoid", kModel},
+       {"moe-router-pre-softmax", &C::moe_router_pre_softmax, "Softmax over all experts before top-k", kModel},
+       {"moe-router-topk-scaling-factor", &C::moe_router_topk_scaling_factor, "Scale routing probs", kModel},
+       {"moe-router-num-groups", &C::moe_router_num_groups, "Expert groups for group-limited routing", kModel},
+       {"moe-router-group-topk", &C::moe_router_group_topk, "Groups each token may use", kModel},
+       {"moe-router-enable-expert-bias", &C::moe_router_enable_expert_bias, "Aux-loss-free balancing", kModel},
+       {"moe-router-bias-update-rate", &C::moe_router_bias_update_rate, "Expert-bias step per batch"},
+       {"moe-router-load-balancing-type", &C::moe_router_load_balancing_type,
+        "aux_loss, seq_aux_loss, global_aux_loss, none (a list)"},
+       {"moe-aux-loss-coeff", &C::moe_aux_loss_coeff, "One coefficient per load-balancing type"},
+       {"moe-z-loss-coeff", &C::moe_z_loss_coeff, "Router z-loss coefficient"},
+       {"moe-input-jitter-eps", &C::moe_input_jitter_eps, "Multiplicative router input jitter"},
+       {"moe-router-force-load-balancing", &C::moe_router_force_load_balancing, "Route on noise (bench)"},
+       {"moe-router-dtype", &C::moe_router_dtype, "fp32 or fp64"},
+       {"moe-expert-capacity-factor", &C::moe_expert_capacity_factor, "Capacity factor (<0: dropless)"},
+       {"moe-token-drop-policy", &C::moe_token_drop_policy, "probs or position"},
+       {"moe-pad-expert-input-to-capacity", &C::moe_pad_expert_input_to_capacity, "Pad to capacity"},
+       {"moe-shared-expert-intermediate-size", &C::moe_shared_expert_intermediate_size, "Shared expert size", kModel},
+       {"moe-shared-expert-gate", &C::moe_shared_expert_gate, "Sigmoid gate on the shared expert", kModel},
+       {"moe-layer-freq", &C::moe_layer_freq, "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
+       {"moe-grouped-gemm", &C::moe_grouped_gemm, "Grouped GEMM experts (always on in moecore)"},
+       {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type,
+        "alltoall or allgather (one rank: local dispatch either way)"},
+       {"moe-per-layer-logging", &C::moe_per_layer_logging, "Log each MoE layer's losses and load"}});
+  section(
+      FlagGroup::Training,
+      {{"micro-batch-size", &C::micro_batch_size, "Sequences per micro-batch"},
+       {"global-batch-size", &C::global_batch_size, "Sequences per step (default micro x DP)", kDerived},
+       {"train-iters", &C::train_iters, "Optimizer steps"},
+       {"lr", &C::lr, "Peak learning rate", kSchedule},
+       {"min-lr", &C::min_lr, "Final learning rate", kSchedule},
+       {"lr-decay-style", &C::lr_decay_style, "constant, linear, cosine or WSD", kSchedule},
+       {"lr-wsd-decay-style", &C::lr_wsd_decay_style, "WSD anneal: linear, cosine, exponential, minus_sqrt", kSchedule},
+       {"lr-warmup-iters", &C::lr_warmup_iters, "Linear warmup steps", kSchedule},
+       {"lr-decay-iters", &C::lr_decay_iters, "Decay steps (default --train-iters)", kSchedule | kDerived},
+       {"lr-wsd-decay-iters", &C::lr_wsd_decay_iters, "WSD anneal steps", kSchedule},
+       {"weight-decay", &C::weight_decay, "AdamW weight decay (not on norms and biases)"},
+       {"clip-grad", &C::clip_grad, "Global gradient-norm clip (0: off)"},
+       {"adam-beta1", &C::adam_beta1, "Adam beta1"},
+       {"adam-beta2", &C::adam_beta2, "Adam beta2"},
+       {"adam-eps", &C::adam_eps, "Adam epsilon"},
+       {"optimizer", &C::optimizer, "adam (AdamW)"},
+       {"seed", &C::seed, "Random seed"},
+       {"bf16", &C::bf16, "bf16 GEMMs with fp32 master weights and accumulation"}});
   section(FlagGroup::Parallel,
-          {
-              {"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP"},
-              {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP"},
-              {"context-parallel-size", &C::context_parallel_size, "CP"},
-              {"expert-model-parallel-size", &C::expert_model_parallel_size, "EP"},
-              {"expert-tensor-parallel-size", &C::expert_tensor_parallel_size, "ETP (default TP)", kDerived},
-              {"sequence-parallel", &C::sequence_parallel, "Sequence parallelism (with TP)"},
-              {"use-distributed-optimizer", &C::use_distributed_optimizer,
-               "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
-          });
-  section(FlagGroup::Data, {
-                               {"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
-                               {"split", &C::split, "train,valid,test proportions"},
-                               {"mock-data", &C::mock_data, "Synthetic tokens instead of --data-path"},
-                               {"tokenizer-type", &C::tokenizer_type, "HuggingFaceTokenizer or NullTokenizer"},
-                               {"tokenizer-model", &C::tokenizer_model, "tokenizer.json or its directory"},
-                               {"vocab-size", &C::vocab_size, "Vocabulary with NullTokenizer or --mock-data"},
-                           });
-  section(FlagGroup::Logging, {
-                                  {"eval-interval", &C::eval_interval, "Steps between validations"},
-                                  {"eval-iters", &C::eval_iters, "Global batches per validation"},
-                                  {"log-interval", &C::log_interval, "Steps between log lines"},
-                                  {"skip-train", &C::skip_train, "Only evaluate"},
-                                  {"metrics-file", &C::metrics_file, "JSON lines of logged metrics"},
-                                  {"generate-prompts", &C::generate_prompts, "Prompts to sample from after training"},
-                                  {"generate-tokens", &C::generate_tokens, "Tokens to sample per prompt"},
-                                  {"generate-top-k", &C::generate_top_k, "Top-k for sampling"},
-                                  {"generate-temperature", &C::generate_temperature, "Sampling temperature"},
-                              });
+          {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP"},
+           {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP"},
+           {"context-parallel-size", &C::context_parallel_size, "CP"},
+           {"expert-model-parallel-size", &C::expert_model_parallel_size, "EP"},
+           {"expert-tensor-parallel-size", &C::expert_tensor_parallel_size, "ETP (default TP)", kDerived},
+           {"sequence-parallel", &C::sequence_parallel, "Sequence parallelism (with TP)"},
+           {"use-distributed-optimizer", &C::use_distributed_optimizer,
+            "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"}});
+  section(FlagGroup::Data, {{"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
+                            {"split", &C::split, "train,valid,test proportions"},
+                            {"mock-data", &C::mock_data, "Synthetic tokens instead of --data-path"},
+                            {"tokenizer-type", &C::tokenizer_type, "HuggingFaceTokenizer or NullTokenizer"},
+                            {"tokenizer-model", &C::tokenizer_model, "tokenizer.json or its directory"},
+                            {"vocab-size", &C::vocab_size, "Vocabulary with NullTokenizer or --mock-data"}});
+  section(FlagGroup::Logging, {{"eval-interval", &C::eval_interval, "Steps between validations"},
+                               {"eval-iters", &C::eval_iters, "Global batches per validation"},
+                               {"log-interval", &C::log_interval, "Steps between log lines"},
+                               {"skip-train", &C::skip_train, "Only evaluate"},
+                               {"metrics-file", &C::metrics_file, "JSON lines of logged metrics"},
+                               {"generate-prompts", &C::generate_prompts, "Prompts to sample from after training"},
+                               {"generate-tokens", &C::generate_tokens, "Tokens to sample per prompt"},
+                               {"generate-top-k", &C::generate_top_k, "Top-k for sampling"},
+                               {"generate-temperature", &C::generate_temperature, "Sampling temperature"}});
   section(
       FlagGroup::Checkpoint,
-      {
-          {"save", &C::save,
-           "Checkpoint root: iter_NNNNNNN directories and latest_checkpointed_iteration.txt (also saved at the end and "
-           "on SIGTERM/SIGINT)"},
-          {"save-interval", &C::save_interval, "Steps between checkpoints (0: at the end only)"},
-          {"load", &C::load,
-           "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
-          {"finetune", &C::finetune,
-           "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
-          {"no-load-optim", &C::no_load_optim, "Do not load the optimizer state (Adam moments)"},
-          {"no-load-rng", &C::no_load_rng, "Do not load the RNG state (router noise counters)"},
-          {"use-checkpoint-args", &C::use_checkpoint_args,
-           "Take the model flags (layers, sizes, experts, routing) from the checkpoint in --load"},
-          {"exit-interval", &C::exit_interval, "Save (with --save) and exit at iterations divisible by this"},
-          {"load-hf", &C::load_hf,
-           "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load holds a "
-           "checkpoint"},
-          {"moe-use-upcycling", &C::moe_use_upcycling,
-           "Turn the dense checkpoint in --load into this MoE model, save it to --save and train on (resumes from "
-           "--save once it holds a checkpoint)"},
-          {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
-           "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size"},
-          {"fault-kill-during-save", &C::fault_kill_during_save,
-           "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"},
-      });
+      {{"save", &C::save,
+        "Checkpoint root: iter_NNNNNNN directories and latest_checkpointed_iteration.txt (also saved at the end and "
+        "on SIGTERM/SIGINT)"},
+       {"save-interval", &C::save_interval, "Steps between checkpoints (0: at the end only)"},
+       {"load", &C::load,
+        "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
+       {"finetune", &C::finetune,
+        "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
+       {"no-load-optim", &C::no_load_optim, "Do not load the optimizer state (Adam moments)"},
+       {"no-load-rng", &C::no_load_rng, "Do not load the RNG state (router noise counters)"},
+       {"use-checkpoint-args", &C::use_checkpoint_args,
+        "Take the model flags (layers, sizes, experts, routing) from the checkpoint in --load"},
+       {"exit-interval", &C::exit_interval, "Save (with --save) and exit at iterations divisible by this"},
+       {"load-hf", &C::load_hf,
+        "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load holds a "
+        "checkpoint"},
+       {"moe-use-upcycling", &C::moe_use_upcycling,
+        "Turn the dense checkpoint in --load into this MoE model, save it to --save and train on (resumes from "
+        "--save once it holds a checkpoint)"},
+       {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
+        "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size"},
+       {"fault-kill-during-save", &C::fault_kill_during_save,
+        "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"}});
   return t;
 }
 
@@ -193,36 +179,20 @@ const FlagSpec& flag_of(const FlagSpec::Field& field) {
 }
 
 std::string group_name(FlagGroup g) {
-  switch (g) {
-    case FlagGroup::Model:
-      return "Model";
-    case FlagGroup::MoE:
-      return "Mixture of experts";
-    case FlagGroup::Parallel:
-      return "Parallelism";
-    case FlagGroup::Training:
-      return "Optimizer and schedule";
-    case FlagGroup::Data:
-      return "Data";
-    case FlagGroup::Checkpoint:
-      return "Checkpoints";
-    case FlagGroup::Logging:
-      return "Evaluation, logging and generation";
-  }
-  return "";
+  static const char* const names[] = {"Model",
+                                      "Mixture of experts",
+                                      "Parallelism",
+                                      "Optimizer and schedule",
+                                      "Data",
+                                      "Checkpoints",
+                                      "Evaluation, logging and generation"};
+  return names[static_cast<int>(g)];
 }
 
-std::vector<std::string> flag_names(unsigned roles) {
+std::vector<std::string> flag_names(unsigned roles, std::optional<FlagGroup> group) {
   std::vector<std::string> names;
   for (const auto& f : flag_table())
-    if ((f.roles & roles) == roles) names.push_back(f.name);
-  return names;
-}
-
-std::vector<std::string> flag_names(unsigned roles, FlagGroup group) {
-  std::vector<std::string> names;
-  for (const auto& f : flag_table())
-    if ((f.roles & roles) == roles && f.group == group) names.push_back(f.name);
+    if ((f.roles & roles) == roles && (!group || f.group == *group)) names.push_back(f.name);
   return names;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -137,8 +138,7 @@ const FlagSpec* find_flag(const std::string& name);     // null if none
 const FlagSpec& flag_of(const FlagSpec::Field& field);  // the flag that sets `field`
 std::string group_name(FlagGroup g);
 // Names of the flags with every bit of `roles`, in table order; with `group`, only that group's.
-std::vector<std::string> flag_names(unsigned roles);
-std::vector<std::string> flag_names(unsigned roles, FlagGroup group);
+std::vector<std::string> flag_names(unsigned roles, std::optional<FlagGroup> group = std::nullopt);
 
 // One flag's value: set from strings as given on the command line or in YAML (converted and type-checked, the
 // errors naming the flag), and printed.
