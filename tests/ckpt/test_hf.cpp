@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "config_util.h"
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/safetensors.h"
 #include "moecore/core/rng.h"
@@ -23,7 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-std::string fresh_dir(const std::string& name) { return testing::fresh_temp_path("hf_" + name); }
+std::string fresh_dir(const std::string& name) {
+  return testing::fresh_temp_path("hf_" + name);
+}
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -33,22 +36,51 @@ std::string read_text(const std::string& path) {
 }
 
 nlohmann::json qwen3_config() {
-  return {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}, {"hidden_size", 32},
-          {"num_hidden_layers", 3}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
-          {"intermediate_size", 48}, {"moe_intermediate_size", 16}, {"num_experts", 4}, {"num_experts_per_tok", 2},
-          {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", {0}}, {"vocab_size", 96},
-          {"tie_word_embeddings", false}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-          {"max_position_embeddings", 64}, {"hidden_act", "silu"}, {"attention_bias", false},
-          {"use_sliding_window", false}, {"rope_scaling", nullptr}, {"torch_dtype", "bfloat16"}};
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"hidden_size", 32},
+          {"num_hidden_layers", 3},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"head_dim", 16},
+          {"intermediate_size", 48},
+          {"moe_intermediate_size", 16},
+          {"num_experts", 4},
+          {"num_experts_per_tok", 2},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", {0}},
+          {"vocab_size", 96},
+          {"tie_word_embeddings", false},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-6},
+          {"max_position_embeddings", 64},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"use_sliding_window", false},
+          {"rope_scaling", nullptr},
+          {"torch_dtype", "bfloat16"}};
 }
 
 nlohmann::json mixtral_config() {
-  return {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"hidden_size", 32},
-          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"intermediate_size", 24}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}, {"vocab_size", 96},
-          {"tie_word_embeddings", true}, {"rope_theta", 1e6}, {"rms_norm_eps", 1e-5},
-          {"max_position_embeddings", 64}, {"hidden_act", "silu"}, {"sliding_window", nullptr},
-          {"router_jitter_noise", 0.0}, {"torch_dtype", "bfloat16"}};
+  return {{"architectures", {"MixtralForCausalLM"}},
+          {"model_type", "mixtral"},
+          {"hidden_size", 32},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"intermediate_size", 24},
+          {"num_local_experts", 4},
+          {"num_experts_per_tok", 2},
+          {"vocab_size", 96},
+          {"tie_word_embeddings", true},
+          {"rope_theta", 1e6},
+          {"rms_norm_eps", 1e-5},
+          {"max_position_embeddings", 64},
+          {"hidden_act", "silu"},
+          {"sliding_window", nullptr},
+          {"router_jitter_noise", 0.0},
+          {"torch_dtype", "bfloat16"}};
 }
 
 // Writes an HF directory: every tensor of the architecture drawn from N(0, 0.2²) (norm weights 1 + N(0, 0.1²)),
@@ -66,7 +98,8 @@ void write_hf(const std::string& dir, const nlohmann::json& config) {
       const Philox rng(17, stream++);
       const bool norm = p.hf_name.find("norm") != std::string::npos;
       for (int64_t i = 0; i < x.numel(); i++)
-        x.set_item(i, norm ? 1.0 + 0.1 * rng.normal(static_cast<uint64_t>(i)) : 0.2 * rng.normal(static_cast<uint64_t>(i)));
+        x.set_item(
+            i, norm ? 1.0 + 0.1 * rng.normal(static_cast<uint64_t>(i)) : 0.2 * rng.normal(static_cast<uint64_t>(i)));
       const int s = p.hf_name.find("layers.0.") != std::string::npos || p.hf_name.find("embed") != std::string::npos;
       shard[s].push_back({p.hf_name, x.to(DType::BF16)});
       map[p.hf_name] = fmt::format("model-0000{}-of-00002.safetensors", s + 1);
@@ -113,11 +146,8 @@ double max_rel(const std::vector<std::vector<double>>& a, const std::vector<std:
   return diff / mx;
 }
 
-train::TrainConfig run_config(std::vector<std::string> extra) {
-  std::vector<std::string> a{"--mock-data", "--vocab-size", "96", "--seq-length", "16", "--micro-batch-size", "2",
-                             "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "0", "--lr", "1e-3"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return train::parse_train_config(a);
+train::TrainConfig run_config(const std::vector<std::string>& extra) {
+  return testing::small_config(testing::mock_run_flags(16, 2, 2, 96, 2, "1e-3"), extra);
 }
 
 // Every tensor of HF directory `a` is in `b` with the same dtype, shape and bytes, and nothing else is.
@@ -169,11 +199,16 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
   ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
   expect_same_tensors(hf, back);
   EXPECT_EQ(read_text(hf + "/config.json"), read_text(back + "/config.json"));
-  EXPECT_TRUE(fs::exists(back + "/model-00002-of-" + fmt::format("{:05d}", [&] {
-    int n = 0;
-    for (const auto& e : fs::directory_iterator(back)) n += e.path().extension() == ".safetensors";
-    return n;
-  }()) + ".safetensors")) << "small shards: several files";
+  EXPECT_TRUE(fs::exists(back + "/model-00002-of-" +
+                         fmt::format("{:05d}",
+                                     [&] {
+                                       int n = 0;
+                                       for (const auto& e : fs::directory_iterator(back))
+                                         n += e.path().extension() == ".safetensors";
+                                       return n;
+                                     }()) +
+                         ".safetensors"))
+      << "small shards: several files";
 
   // A model trained here (one step from the HF weights) exports with a generated config.json that the reference
   // reads back to our logits.
@@ -213,9 +248,15 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
   e = error_of([&] { ckpt::hf_architecture(c, "config.json"); });
   EXPECT_NE(e.find("LlamaForCausalLM"), std::string::npos) << e;
   // A moecore model with shared experts and sigmoid routing has no Mixtral form.
-  nlohmann::json flags = {{"num-layers", 2}, {"hidden-size", 32}, {"num-attention-heads", 4}, {"swiglu", true},
-                          {"disable-bias-linear", true}, {"num-experts", 4}, {"moe-ffn-hidden-size", 16},
-                          {"moe-shared-expert-intermediate-size", 16}, {"moe-router-score-function", "sigmoid"}};
+  nlohmann::json flags = {{"num-layers", 2},
+                          {"hidden-size", 32},
+                          {"num-attention-heads", 4},
+                          {"swiglu", true},
+                          {"disable-bias-linear", true},
+                          {"num-experts", 4},
+                          {"moe-ffn-hidden-size", 16},
+                          {"moe-shared-expert-intermediate-size", 16},
+                          {"moe-router-score-function", "sigmoid"}};
   e = error_of([&] { ckpt::architecture_from_flags(flags, 96, "mixtral"); });
   EXPECT_NE(e.find("shared experts, sigmoid routing"), std::string::npos) << e;
   fs::remove_all(hf);

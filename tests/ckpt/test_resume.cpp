@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "config_util.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
@@ -17,22 +18,38 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_of;
+using testing::operator+;
 
-std::string fresh_dir(const std::string& name) { return testing::fresh_temp_path("resume_" + name); }
+std::string fresh_dir(const std::string& name) {
+  return testing::fresh_temp_path("resume_" + name);
+}
 
 // Sigmoid routing with expert bias and input jitter: every kind of state a step carries into the next.
 std::vector<std::string> model_args() {
-  return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--group-query-attention",
-          "--num-query-groups", "2", "--swiglu", "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk",
-          "2", "--moe-ffn-hidden-size", "32", "--moe-router-score-function", "sigmoid",
-          "--moe-router-enable-expert-bias", "--moe-input-jitter-eps", "0.01", "--moe-aux-loss-coeff", "1e-2",
-          "--moe-z-loss-coeff", "1e-3", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
-          "--mock-data", "--vocab-size", "100", "--train-iters", "6", "--lr", "3e-3", "--lr-warmup-iters", "2",
-          "--lr-decay-style", "cosine", "--eval-iters", "0", "--log-interval", "4"};
+  return testing::tiny_moe_flags() +
+         std::vector<std::string>{"--group-query-attention",
+                                  "--num-query-groups",
+                                  "2",
+                                  "--moe-router-score-function",
+                                  "sigmoid",
+                                  "--moe-router-enable-expert-bias",
+                                  "--moe-input-jitter-eps",
+                                  "0.01",
+                                  "--moe-aux-loss-coeff",
+                                  "1e-2",
+                                  "--moe-z-loss-coeff",
+                                  "1e-3",
+                                  "--lr-warmup-iters",
+                                  "2",
+                                  "--lr-decay-style",
+                                  "cosine",
+                                  "--log-interval",
+                                  "4"} +
+         testing::mock_run_flags(16, 2, 4, 100, 6, "3e-3");
 }
 
-train::TrainConfig config(std::vector<std::string> extra) {
-  return train::parse_train_config(train::override_flags(model_args(), extra));
+train::TrainConfig config(const std::vector<std::string>& extra) {
+  return testing::small_config(model_args(), extra);
 }
 
 struct Null {
@@ -101,7 +118,9 @@ TEST(Resume, RefusesAnotherModelOrScheduleNamingTheFlags) {
     train::Trainer(config({"--load", dir, "--finetune", "--moe-ffn-hidden-size", "16"}), null.f, false);
   });
   EXPECT_NE(e.find("experts.linear_fc2.weight: the checkpoint's global shape [4, 32, 32] differs from the "
-                   "model's [4, 32, 16]"), std::string::npos) << e;
+                   "model's [4, 32, 16]"),
+            std::string::npos)
+      << e;
   // A broken marker is named with what it holds.
   std::ofstream(dir + "/" + ckpt::kLatestFile) << "twelve";
   e = error_of([&] { train::Trainer(config({"--load", dir}), null.f, false); });

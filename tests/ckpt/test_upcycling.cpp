@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "config_util.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 
@@ -16,17 +17,18 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_of;
+using testing::operator+;
 
-std::string fresh_dir(const std::string& name) { return testing::fresh_temp_path("upcycle_" + name); }
+std::string fresh_dir(const std::string& name) {
+  return testing::fresh_temp_path("upcycle_" + name);
+}
 
-train::TrainConfig config(const std::vector<std::string>& act, std::vector<std::string> extra) {
-  std::vector<std::string> a{"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                             "--disable-bias-linear", "--ffn-hidden-size", "64", "--seq-length", "16",
-                             "--micro-batch-size", "2", "--global-batch-size", "2", "--mock-data", "--vocab-size",
-                             "64", "--train-iters", "8", "--lr", "3e-3", "--eval-iters", "0"};
-  a.insert(a.end(), act.begin(), act.end());
-  a.insert(a.end(), extra.begin(), extra.end());
-  return train::parse_train_config(a);
+// A dense model (FFN 64, activation `act`), or with `extra` an MoE model cut from it.
+train::TrainConfig config(const std::vector<std::string>& act, const std::vector<std::string>& extra) {
+  const std::vector<std::string> dense{
+      "--num-layers",      "2", "--hidden-size", "32", "--num-attention-heads", "4", "--disable-bias-linear",
+      "--ffn-hidden-size", "64"};
+  return testing::small_config(dense + testing::mock_run_flags(16, 2, 2, 64, 8, "3e-3") + act, extra);
 }
 
 std::vector<double> logits(train::Trainer& t) {
@@ -53,7 +55,9 @@ struct Case {
   int64_t granularity, moe_ffn;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class Upcycling : public ::testing::TestWithParam<Case> {};
 
@@ -68,10 +72,19 @@ TEST_P(Upcycling, MoEOutputsEqualTheDenseModel) {
     dense.save_checkpoint();
     want = logits(dense);
   }
-  const std::vector<std::string> moe{"--num-experts", "4", "--moe-router-topk", std::to_string(c.granularity == 1 ? 2 : c.granularity),
-                                     "--moe-ffn-hidden-size", std::to_string(c.moe_ffn), "--moe-use-upcycling",
-                                     "--moe-upcycling-granularity", std::to_string(c.granularity), "--load",
-                                     dense_dir, "--save", moe_dir};
+  const std::vector<std::string> moe{"--num-experts",
+                                     "4",
+                                     "--moe-router-topk",
+                                     std::to_string(c.granularity == 1 ? 2 : c.granularity),
+                                     "--moe-ffn-hidden-size",
+                                     std::to_string(c.moe_ffn),
+                                     "--moe-use-upcycling",
+                                     "--moe-upcycling-granularity",
+                                     std::to_string(c.granularity),
+                                     "--load",
+                                     dense_dir,
+                                     "--save",
+                                     moe_dir};
   {
     train::Trainer up(config(c.act, moe), null, false);
     EXPECT_EQ(up.loaded_from(), dense_dir + "/iter_0000003");

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "config_util.h"
 #include "moecore/core/rng.h"
 #include "moecore/train/trainer.h"
 
@@ -16,20 +17,16 @@ namespace moecore {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::operator+;
 
 std::vector<std::string> model_args() {
-  return {"--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
-          "--num-query-groups", "2", "--qk-layernorm", "--untie-embeddings-and-output-weights", "--swiglu",
-          "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
-          "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--moe-layer-freq", "[0,1,1]",
-          "--ffn-hidden-size", "96", "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
-          "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
-          "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "100",
-          "--train-iters", "6", "--lr", "1e-3", "--eval-iters", "0"};
+  return testing::layered_moe_flags() +
+         std::vector<std::string>{"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"} +
+         testing::mock_run_flags(32, 2, 8, 100, 6, "1e-3");
 }
 
 train::TrainConfig config(const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
-  return train::parse_train_config(train::override_flags(train::override_flags(model_args(), layout), extra));
+  return testing::small_config(train::override_flags(model_args(), layout), extra);
 }
 
 // A directory every rank sees, emptied by rank 0.
@@ -46,7 +43,8 @@ const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequ
 std::vector<float> logits_of(train::Trainer& t, int64_t vocab) {
   Tensor tok = Tensor::empty({1, 32}, DType::I64);
   const Philox rng(3, 9);
-  for (int64_t i = 0; i < 32; i++) tok.data<int64_t>()[i] = static_cast<int64_t>(rng.block(static_cast<uint64_t>(i))[0] % 100);
+  for (int64_t i = 0; i < 32; i++)
+    tok.data<int64_t>()[i] = static_cast<int64_t>(rng.block(static_cast<uint64_t>(i))[0] % 100);
   const Tensor l = t.model().logits(tok);
   std::vector<float> out;
   for (int64_t s = 0; s < 32; s++)
@@ -70,7 +68,7 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
   std::vector<std::string> save_layout = kTP2, load_layout = {"--expert-model-parallel-size", "2"};
   save_layout.insert(save_layout.end(), {"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"});
   if (w.size() == 4) {
-    save_layout.insert(save_layout.end(), {"--expert-model-parallel-size", "2"});  // TP2 x EP2, DP2
+    save_layout.insert(save_layout.end(), {"--expert-model-parallel-size", "2"});        // TP2 x EP2, DP2
     load_layout = {"--expert-model-parallel-size", "4", "--use-distributed-optimizer"};  // TP1 x EP4, DP4
   }
   const std::string dir = shared_dir(w, "reshard");

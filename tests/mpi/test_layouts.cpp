@@ -7,6 +7,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "config_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/rng.h"
 #include "moecore/moe/moe_layer.h"
@@ -14,6 +15,8 @@
 
 namespace moecore {
 namespace {
+
+using testing::operator+;
 
 // Trains `one` on a single rank and `multi` over the world for 5 steps; every step's figures must agree.
 void expect_same_steps(const train::TrainConfig& one, const train::TrainConfig& multi_cfg,
@@ -39,18 +42,25 @@ TEST_P(Layouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const int64_t ep = std::get<0>(GetParam());
   if (w.size() % ep != 0) GTEST_SKIP() << "EP" << ep << " needs a multiple of " << ep << " ranks";
-  std::vector<std::string> args{
-      "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--swiglu", "--disable-bias-linear",
-      "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "64", "--moe-router-score-function",
-      "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
-      "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
-      "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "128", "--train-iters",
-      "5", "--lr", "1e-3", "--eval-iters", "0"};
-  const train::TrainConfig one = train::parse_train_config(args);
+  std::vector<std::string> args =
+      train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64", "--moe-ffn-hidden-size", "64"}) +
+      std::vector<std::string>{"--moe-router-score-function",
+                               "sigmoid",
+                               "--moe-router-enable-expert-bias",
+                               "--moe-router-load-balancing-type",
+                               "aux_loss",
+                               "seq_aux_loss",
+                               "--moe-aux-loss-coeff",
+                               "1e-2",
+                               "1e-3",
+                               "--moe-z-loss-coeff",
+                               "1e-3"} +
+      testing::mock_run_flags(32, 2, 8, 128, 5, "1e-3");
+  const train::TrainConfig one = testing::small_config(args);
   args.insert(args.end(), {"--expert-model-parallel-size", std::to_string(ep), "--moe-token-dispatcher-type",
                            std::get<1>(GetParam())});
   if (std::get<2>(GetParam())) args.push_back("--use-distributed-optimizer");
-  expect_same_steps(one, train::parse_train_config(args), w);
+  expect_same_steps(one, testing::small_config(args), w);
 }
 
 INSTANTIATE_TEST_SUITE_P(EP, Layouts,
@@ -109,56 +119,49 @@ TEST_P(ModelParallelLayouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const ModelParallel& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
-  std::vector<std::string> args{
-      "--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
-      "--num-query-groups", "2", "--qk-layernorm", "--untie-embeddings-and-output-weights", "--swiglu",
-      "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
-      "--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate", "--moe-layer-freq", "[0,1,1]",
-      "--ffn-hidden-size", "96", "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
-      "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3", "--seq-length", "32",
-      "--micro-batch-size", "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "120", "--make-vocab-size-divisible-by", "64", "--train-iters",
-      "5", "--lr", "1e-3", "--eval-iters", "0"};
+  std::vector<std::string> args =
+      train::override_flags(testing::layered_moe_flags(), {"--moe-router-load-balancing-type", "aux_loss",
+                                                           "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2", "1e-3"}) +
+      testing::mock_run_flags(32, 2, 8, 120, 5, "1e-3") +
+      std::vector<std::string>{"--make-vocab-size-divisible-by", "64"};
   args = train::override_flags(args, l.both);
-  const train::TrainConfig one = train::parse_train_config(train::override_flags(args, l.single));
-  expect_same_steps(one, train::parse_train_config(train::override_flags(args, l.flags)), w);
+  const train::TrainConfig one = testing::small_config(args, l.single);
+  expect_same_steps(one, testing::small_config(args, l.flags), w);
 }
 
 const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
-std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ModelParallelLayouts,
     ::testing::Values(
         ModelParallel{"TP2_SP", 2, kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
-        ModelParallel{"TP2_ETP2", 2, kTP2},
-        ModelParallel{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}},
-        ModelParallel{"TP2_DP2_distopt", 4,
-                      kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
-                                                      "--use-distributed-optimizer"}},
-        ModelParallel{"TP2xEP2_folded", 4,
-                      kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
-                                                      "--expert-model-parallel-size", "2"}},
+        ModelParallel{"TP2_ETP2", 2, kTP2}, ModelParallel{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}},
+        ModelParallel{
+            "TP2_DP2_distopt", 4,
+            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}},
+        ModelParallel{
+            "TP2xEP2_folded", 4,
+            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"}},
         ModelParallel{"TP2xEP2xETP2_allgather", 4,
                       kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2",
                                                       "--moe-token-dispatcher-type", "allgather"}},
-        ModelParallel{"DP2xEP2xETP2", 4,
-                      kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
+        ModelParallel{"DP2xEP2xETP2", 4, kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
         // global_aux_loss over the global batch: one micro-batch per rank against one micro-batch of all samples
         // on a single rank (with several micro-batches the running count mean depends on their order).
-        ModelParallel{"GlobalAux_TP2xDP2", 4,
+        ModelParallel{"GlobalAux_TP2xDP2",
+                      4,
                       kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--micro-batch-size", "2"},
                       {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
                        "--global-batch-size", "4"},
                       {"--micro-batch-size", "4"}},
-        ModelParallel{"GlobalAux_DP2xEP2", 2,
+        ModelParallel{"GlobalAux_DP2xEP2",
+                      2,
                       {"--expert-model-parallel-size", "2", "--micro-batch-size", "2"},
                       {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
                        "--global-batch-size", "4"},
                       {"--micro-batch-size", "4"}},
-        ModelParallel{"DP4xEP2xETP2_distopt", 4,
+        ModelParallel{"DP4xEP2xETP2_distopt",
+                      4,
                       {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",
                        "--use-distributed-optimizer"}}),
     [](const ::testing::TestParamInfo<ModelParallel>& i) { return i.param.name; });

@@ -9,20 +9,25 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "config_util.h"
 #include "moecore/core/allocator.h"
 #include "moecore/data/bpe_trainer.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/data/tokenizer.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/train/presets.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::operator+;
 using train::TrainConfig;
 
-TrainConfig parse(const std::vector<std::string>& a) { return train::parse_train_config(a); }
+TrainConfig parse(const std::vector<std::string>& a) {
+  return train::parse_train_config(a);
+}
 
 std::string error_of(const std::vector<std::string>& a) {
   try {
@@ -36,10 +41,10 @@ std::string error_of(const std::vector<std::string>& a) {
 TEST(TrainConfig, PresetsYamlAndFlagsInOrder) {
   const TrainConfig c = parse({"--model", "tiny-moe", "--mock-data", "--vocab-size", "100", "--train-iters", "50",
                                "--num-layers", "3", "--lr-warmup-iters", "5"});
-  EXPECT_EQ(c.num_experts, 8);       // from the preset
-  EXPECT_EQ(c.num_layers, 3);        // flag overrides preset
-  EXPECT_EQ(c.lr_decay_iters, 50);   // defaults to --train-iters
-  EXPECT_EQ(c.kv_channels, 64);      // H / heads
+  EXPECT_EQ(c.num_experts, 8);      // from the preset
+  EXPECT_EQ(c.num_layers, 3);       // flag overrides preset
+  EXPECT_EQ(c.lr_decay_iters, 50);  // defaults to --train-iters
+  EXPECT_EQ(c.kv_channels, 64);     // H / heads
   const fs::path y = fs::temp_directory_path() / "moecore_train_cfg.yaml";
   std::ofstream(y) << "model: deepseek-v3\nnum_layers: 4\nmoe-router-topk: 2\nmock-data: true\nvocab-size: 64\n"
                       "train-iters: 10\nmoe-router-load-balancing-type: [aux_loss, seq_aux_loss]\n"
@@ -102,11 +107,15 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   EXPECT_NE(with({"--lr", "1e-3", "--min-lr", "1e-2"}).find("--min-lr"), std::string::npos);
   EXPECT_NE(with({"--lr-decay-style", "WSD"}).find("--lr-wsd-decay-iters"), std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-num-groups", "3",
-                  "--moe-router-group-topk", "1"}).find("divisible"), std::string::npos);
+                  "--moe-router-group-topk", "1"})
+                .find("divisible"),
+            std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-enable-expert-bias"}).find("sigmoid"),
             std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-load-balancing-type", "aux_loss",
-                  "seq_aux_loss"}).find("one coefficient per"), std::string::npos);
+                  "seq_aux_loss"})
+                .find("one coefficient per"),
+            std::string::npos);
   EXPECT_NE(with({"--model", "gpt-9"}).find("not a preset"), std::string::npos);
   EXPECT_NE(with({"--moe-token-drop-policy", "random", "--num-experts", "4", "--disable-bias-linear"}).find("random"),
             std::string::npos);
@@ -119,7 +128,7 @@ TEST(LRSchedule, MegatronValues) {
   s.warmup_iters = 10;
   s.decay_iters = 110;
   s.style = "cosine";
-  EXPECT_DOUBLE_EQ(s.lr(0), 0.0);    // the first step runs at the warmup start, as in Megatron
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.0);  // the first step runs at the warmup start, as in Megatron
   EXPECT_DOUBLE_EQ(s.lr(5), 0.5);
   EXPECT_DOUBLE_EQ(s.lr(10), 1.0);
   EXPECT_NEAR(s.lr(60), 0.1 + 0.9 * 0.5, 1e-15);  // halfway: cos(pi/2) = 0
@@ -177,13 +186,35 @@ RealData real_data() {
 }
 
 std::vector<std::string> small_moe_args(const RealData& r, int64_t iters, const std::string& aux = "1e-2") {
-  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--swiglu",
-          "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "64",
-          "--moe-aux-loss-coeff", aux, "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "8",
-          "--lr", "3e-3", "--lr-warmup-iters", "3", "--lr-decay-style", "cosine", "--train-iters",
-          std::to_string(iters), "--data-path", r.prefix, "--tokenizer-type", "HuggingFaceTokenizer",
-          "--tokenizer-model", r.tokenizer_dir, "--eval-iters", "2", "--log-interval", "1000", "--eval-interval",
-          "1000"};
+  return train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64", "--moe-ffn-hidden-size", "64"}) +
+         std::vector<std::string>{"--moe-aux-loss-coeff",
+                                  aux,
+                                  "--seq-length",
+                                  "64",
+                                  "--micro-batch-size",
+                                  "4",
+                                  "--global-batch-size",
+                                  "8",
+                                  "--lr",
+                                  "3e-3",
+                                  "--lr-warmup-iters",
+                                  "3",
+                                  "--lr-decay-style",
+                                  "cosine",
+                                  "--train-iters",
+                                  std::to_string(iters),
+                                  "--data-path",
+                                  r.prefix,
+                                  "--tokenizer-type",
+                                  "HuggingFaceTokenizer",
+                                  "--tokenizer-model",
+                                  r.tokenizer_dir,
+                                  "--eval-iters",
+                                  "2",
+                                  "--log-interval",
+                                  "1000",
+                                  "--eval-interval",
+                                  "1000"};
 }
 
 TEST(Train, LossFallsOnRealText) {
@@ -210,9 +241,7 @@ TEST(Train, AccumulationEqualsOneLargerBatch) {
   std::FILE* null = std::fopen("/dev/null", "w");
   // Aux losses are per micro-batch statistics, so they are off here: the LM gradient must be identical.
   auto args = small_moe_args(r, 6, "0");
-  auto one = args;
-  for (size_t i = 0; i + 1 < one.size(); i++)
-    if (one[i] == "--micro-batch-size") one[i + 1] = "8";
+  const auto one = train::override_flags(args, {"--micro-batch-size", "8"});
   train::Trainer a(parse(args), null, false), b(parse(one), null, false);
   for (int i = 0; i < 3; i++) {
     const auto sa = a.train_step(), sb = b.train_step();

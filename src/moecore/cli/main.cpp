@@ -1,16 +1,17 @@
 // The `moecore` program: one binary, subcommands. Errors from user input print one line and exit 1.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
 
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
 #include "moecore/cli/model_commands.h"
+#include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
-#include "moecore/comm/process_group.h"
+#include "moecore/train/start_config.h"
 #include "moecore/train/trainer.h"
 
 namespace {

@@ -15,9 +15,6 @@
 namespace moecore::train {
 
 namespace {
-// The schedule flags must match on resume too, as Megatron checks its scheduler state.
-const char* const kScheduleKeys[] = {"lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-decay-iters",
-                                     "lr-wsd-decay-style", "lr-wsd-decay-iters"};
 std::string expert_bias_name(moe::MoELayer& l) {
   const std::string& w = l.router().weight().name;  // ...mlp.router.weight
   return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
@@ -142,13 +139,14 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
   MOE_CHECK(state.contains("config") && state["config"].is_object(), "{} has no configuration", where);
   const nlohmann::json& saved = state["config"];
   const nlohmann::json here = config_json(c_);
-  const std::string model_diff = flag_differences(saved, here, model_flag_names(), "the checkpoint");
+  const std::string model_diff = flag_differences(saved, here, flag_names(kIdentity), "the checkpoint");
   if (!c_.finetune) {
     MOE_CHECK(model_diff.empty(),
               "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
               "run from its weights)",
               dir, model_diff);
-    const std::string sched_diff = flag_differences(saved, here, kScheduleKeys, "the checkpoint");
+    // The schedule flags must match on resume too, as Megatron checks its scheduler state.
+    const std::string sched_diff = flag_differences(saved, here, flag_names(kSchedule), "the checkpoint");
     MOE_CHECK(sched_diff.empty(),
               "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, or "
               "--finetune to start a new schedule from its weights",
@@ -224,11 +222,7 @@ void Checkpointing::upcycle(const std::string& dir, const nlohmann::json& state)
   MOE_CHECK(saved.value("num-experts", int64_t{0}) == 0,
             "--moe-use-upcycling: {} is already an MoE checkpoint (upcycling starts from a dense one)", dir);
   const nlohmann::json here = config_json(c_);
-  const char* const dense_keys[] = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
-                                   "num-query-groups", "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent",
-                                   "norm-epsilon", "untie-embeddings-and-output-weights", "swiglu", "squared-relu",
-                                   "disable-bias-linear"};
-  const std::string diff = flag_differences(saved, here, dense_keys, "the dense checkpoint");
+  const std::string diff = flag_differences(saved, here, flag_names(kIdentity, FlagGroup::Model), "the dense checkpoint");
   MOE_CHECK(diff.empty(), "--moe-use-upcycling: the non-MoE flags must match the dense model:{}", diff);
   // Everything outside the MoE layers' mlp loads as it is.
   std::vector<std::string> moe_prefixes;

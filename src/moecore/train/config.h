@@ -1,11 +1,17 @@
-// The one training configuration: Megatron-LM flag names, set from defaults, then a --model preset, then a
-// --config YAML file (keys are the flag names), then the command line; validated before anything is allocated
-// and printed at start. Only train/ and cli/ see it; modules get their own small config structs from it.
+// The one training configuration: Megatron-LM flag names, declared once in the flag table (name, type, group, help,
+// roles; the default is the member initializer below). Parsing, YAML, --help, the printed configuration, saved
+// checkpoint args and the role lists (model identity, schedule) all derive from the table. Two passes make a
+// config usable: resolve_defaults fills derived values, validate checks; resolve runs both once and stamps the
+// config, and the Trainer accepts only a stamped, unchanged config. Only train/ and cli/ see it; modules get their
+// own small config structs from it. Composition of presets, HF config and checkpoint args: start_config.h.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "moecore/moe/moe_layer.h"
@@ -87,9 +93,68 @@ struct TrainConfig {
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
   std::string fault_kill_during_save;  // "RANK:ITERATION" (crash-safety tests)
+
+  // Bookkeeping of resolve(), not flags: the flags resolve_defaults derived with their values (the next
+  // resolve_defaults derives those still holding them anew), and a fingerprint of the values resolve() validated
+  // (0: never resolved).
+  std::vector<std::pair<std::string, int64_t>> derived;
+  uint64_t resolved_fingerprint = 0;
 };
 
-// Thrown by parse_train_config for --help: the text to print.
+// --help groups the flags by these.
+enum class FlagGroup { Model, MoE, Parallel, Training, Data, Checkpoint, Logging };
+
+// What a flag means beyond its own value (a bit set).
+enum FlagRole : unsigned {
+  kNoRole = 0,
+  // Fixes the model's weights and what they compute: a resumed run must match its checkpoint on it.
+  kIdentity = 1,
+  // Taken from the checkpoint by --use-checkpoint-args (every identity flag, and a few that only shape the model).
+  kCheckpointArg = 2,
+  // The learning-rate schedule: a resumed run must match its checkpoint on it too.
+  kSchedule = 4,
+  // Filled by resolve_defaults when left at its default (its help says from what).
+  kDerived = 8,
+  // One value written as a Python list expression ("[0,1,1]"), which CLI11 must not split into several.
+  kListExpression = 16,
+};
+inline constexpr unsigned kModel = kIdentity | kCheckpointArg;
+
+// A flag: its name without dashes, the TrainConfig field it sets (the field's type is the flag's type), its group,
+// help and roles. The default is the field's member initializer.
+struct FlagSpec {
+  using Field = std::variant<int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
+                             std::string TrainConfig::*, std::vector<std::string> TrainConfig::*>;
+  std::string name;
+  Field field;
+  std::string help;
+  unsigned roles = kNoRole;
+  FlagGroup group = FlagGroup::Model;
+};
+
+// The table, in flag order (grouped).
+const std::vector<FlagSpec>& flag_table();
+const FlagSpec* find_flag(const std::string& name);     // null if none
+const FlagSpec& flag_of(const FlagSpec::Field& field);  // the flag that sets `field`
+std::string group_name(FlagGroup g);
+// Names of the flags with every bit of `roles`, in table order; with `group`, only that group's.
+std::vector<std::string> flag_names(unsigned roles, std::optional<FlagGroup> group = std::nullopt);
+
+// One flag's value: set from strings as given on the command line or in YAML (converted and type-checked, the
+// errors naming the flag), and printed.
+void set_flag(TrainConfig& c, const FlagSpec& f, const std::vector<std::string>& values);
+std::string flag_value(const TrainConfig& c, const FlagSpec& f);
+int64_t to_int(const std::string& flag, const std::string& v);
+double to_double(const std::string& flag, const std::string& v);
+
+// The flags one source sets, in its order, keyed by canonical flag name (dashes), values as given.
+struct FlagLayer {
+  std::string source;  // "the command line" or "--config FILE"
+  std::vector<std::pair<std::string, std::vector<std::string>>> values;
+};
+void apply_flags(TrainConfig& c, const FlagLayer& layer);
+
+// Thrown by parse_flags (and so parse_train_config) for --help: the text to print.
 struct HelpRequested {
   std::string text;
 };
@@ -98,11 +163,24 @@ struct HelpRequested {
 // benchmarks and tests override a model's flags without CLI11 seeing a flag twice.
 std::vector<std::string> override_flags(std::vector<std::string> base, const std::vector<std::string>& extra);
 
-// Parses `moecore train` arguments (argv after "train"); throws Error on unknown, conflicting or unsupported
-// options, naming the flag.
-TrainConfig parse_train_config(const std::vector<std::string>& args);
-void validate(TrainConfig& c);
-// "key: value" lines in flag order, for the start of a run and the metrics file.
+// What `moecore train` arguments say, unapplied: the --config YAML file's flags and the command line's. Reads no
+// file but that YAML; throws Error on unknown flags or keys and malformed YAML, HelpRequested for --help.
+struct ParsedFlags {
+  FlagLayer yaml, cli;
+};
+ParsedFlags parse_flags(const std::vector<std::string>& args);
+
+// Pass 1: fill the derived defaults (kv-channels, ffn-hidden-size, ...: the kDerived flags) left at their default
+// or derived by an earlier pass, recording which in c.derived.
+void resolve_defaults(TrainConfig& c);
+// Pass 2: throws Error naming the flag, the value and the fix for anything rejected. Expects resolved defaults.
+void validate(const TrainConfig& c);
+// Both passes, then stamps the config as resolved; call it again after changing a field.
+void resolve(TrainConfig& c);
+// Whether `c` went through resolve() and has not changed since.
+bool is_resolved(const TrainConfig& c);
+
+// "key: value" lines in flag order (derived values marked), for the start of a run.
 std::string describe(const TrainConfig& c);
 // The configuration as a JSON object keyed by flag name (checkpoints store it), and back: every key of `j` that
 // is a flag name sets that field (types checked; `where` names the source in errors).
@@ -114,12 +192,5 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c);
 optim::LRSchedule lr_schedule(const TrainConfig& c);
 // Vocabulary padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
 int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab);
-
-// The flags that fix a model's weights and what they compute (a resumed run must match its checkpoint on them;
-// --use-checkpoint-args takes them from the checkpoint).
-const std::vector<std::string>& model_flag_names();
-
-// Preset names for --model.
-std::vector<std::string> preset_names();
 
 }  // namespace moecore::train

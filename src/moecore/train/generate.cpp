@@ -68,15 +68,15 @@ TrainConfig generation_config(const ckpt::FoundCheckpoint& found, const std::str
   MOE_CHECK(found.state.contains("config"), "{} has no configuration", state_file);
   TrainConfig saved;
   apply_config_json(saved, found.state["config"], state_file);
-  // What the model computes comes from the checkpoint; everything else is a default.
+  // What the model computes comes from the checkpoint (its model and MoE flags, and the GEMM precision);
+  // layout, data, schedule and checkpoint flags keep their defaults: one process, weights only, no data.
   TrainConfig c;
   nlohmann::json model = nlohmann::json::object();
-  for (const auto& k : model_flag_names())
-    if (found.state["config"].contains(k)) model[k] = found.state["config"][k];
-  for (const char* k : {"group-query-attention", "max-position-embeddings", "seq-length", "seed", "bf16",
-                        "make-vocab-size-divisible-by", "init-method-std", "moe-router-load-balancing-type",
-                        "moe-aux-loss-coeff", "vocab-size", "tokenizer-type"})
-    if (found.state["config"].contains(k)) model[k] = found.state["config"][k];
+  const std::string& bf16 = flag_of(&TrainConfig::bf16).name;
+  for (const auto& f : flag_table())
+    if ((f.group == FlagGroup::Model || f.group == FlagGroup::MoE || f.name == bf16) &&
+        found.state["config"].contains(f.name))
+      model[f.name] = found.state["config"][f.name];
   apply_config_json(c, model, state_file);
   std::string tok = tokenizer_model;
   if (tok.empty() && std::filesystem::exists(found.dir + "/tokenizer.json")) tok = found.dir + "/tokenizer.json";
@@ -90,7 +90,7 @@ TrainConfig generation_config(const ckpt::FoundCheckpoint& found, const std::str
   c.eval_iters = 0;
   c.load = found.dir;
   c.finetune = true;  // the weights only
-  validate(c);
+  resolve(c);
   return c;
 }
 }  // namespace

@@ -47,7 +47,7 @@ void Trainer::request_stop(int signal) { g_stop_signal = signal; }
 
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
     : cfg_(std::move(cfg)), out_(out) {
-  validate(cfg_);
+  MOE_ASSERT_MSG(is_resolved(cfg_), "a configuration changed since train::resolve (or never resolved): resolve it");
   groups_ = std::make_unique<ParallelGroups>(cfg_, world);
   if (groups_->world_rank != 0) out_ = null_out_ = std::fopen("/dev/null", "w");  // one rank speaks
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));

@@ -12,6 +12,7 @@
 
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/train_run.h"
+#include "moecore/train/start_config.h"
 #include "moecore/core/timer.h"
 
 namespace moecore::cli {

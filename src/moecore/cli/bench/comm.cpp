@@ -5,6 +5,7 @@
 
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/train_run.h"
+#include "moecore/train/start_config.h"
 #include "moecore/core/tensor.h"
 
 namespace moecore::cli {

@@ -1,0 +1,79 @@
+// Model presets (see presets.h): code setting TrainConfig fields, one function per preset.
+#include "moecore/train/presets.h"
+
+#include <functional>
+#include <utility>
+
+#include "moecore/core/error.h"
+
+namespace moecore::train {
+
+namespace {
+
+using Preset = std::pair<std::string, std::function<void(TrainConfig&)>>;
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> all = {
+      {"tiny-moe",
+       [](TrainConfig& x) {  // the demo: 8 experts, top-2, a few million parameters
+         x.num_layers = 4, x.hidden_size = 256, x.num_attention_heads = 4, x.group_query_attention = true;
+         x.num_query_groups = 2, x.ffn_hidden_size = 512, x.swiglu = true, x.disable_bias_linear = true;
+         x.num_experts = 8, x.moe_router_topk = 2, x.moe_ffn_hidden_size = 256;
+         x.moe_router_load_balancing_type = {"aux_loss"}, x.moe_aux_loss_coeff = {"1e-2"}, x.moe_z_loss_coeff = 1e-3;
+         x.seq_length = 128, x.micro_batch_size = 8, x.global_batch_size = 16;
+         x.lr = 2e-3, x.min_lr = 1e-4, x.lr_warmup_iters = 20, x.lr_decay_style = "cosine", x.weight_decay = 0.1;
+       }},
+      {"mixtral",
+       [](TrainConfig& x) {  // softmax top-2 over 8 experts, no shared expert, GQA, untied output
+         x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.group_query_attention = true;
+         x.num_query_groups = 2, x.swiglu = true, x.disable_bias_linear = true, x.rotary_base = 1e6;
+         x.untie_embeddings_and_output_weights = true, x.num_experts = 8, x.moe_router_topk = 2;
+         x.moe_ffn_hidden_size = 1024, x.ffn_hidden_size = 1024, x.moe_aux_loss_coeff = {"1e-2"};
+       }},
+      {"qwen3-moe",
+       [](TrainConfig& x) {  // qk-norm, fine-grained experts, top-8, fp32 router
+         x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.kv_channels = 64;
+         x.group_query_attention = true, x.num_query_groups = 2, x.qk_layernorm = true, x.swiglu = true;
+         x.disable_bias_linear = true, x.rotary_base = 1e6, x.untie_embeddings_and_output_weights = true;
+         x.num_experts = 32, x.moe_router_topk = 8, x.moe_ffn_hidden_size = 128, x.ffn_hidden_size = 1024;
+         x.moe_aux_loss_coeff = {"1e-3"};
+       }},
+      {"olmoe",
+       [](TrainConfig& x) {  // qk-norm, 64 experts top-8 scaled down, aux and z losses
+         x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.qk_layernorm = true, x.swiglu = true;
+         x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.num_experts = 32;
+         x.moe_router_topk = 4, x.moe_ffn_hidden_size = 128, x.ffn_hidden_size = 1024;
+         x.moe_aux_loss_coeff = {"1e-2"}, x.moe_z_loss_coeff = 1e-3;
+       }},
+      {"deepseek-v3",
+       [](TrainConfig& x) {  // sigmoid, groups, expert bias, scaling, shared expert, first layer dense
+         x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.swiglu = true;
+         x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.ffn_hidden_size = 1024;
+         x.num_experts = 32, x.moe_router_topk = 4, x.moe_ffn_hidden_size = 128;
+         x.moe_router_score_function = "sigmoid", x.moe_router_num_groups = 4, x.moe_router_group_topk = 2;
+         x.moe_router_enable_expert_bias = true, x.moe_router_bias_update_rate = 1e-3;
+         x.moe_router_topk_scaling_factor = 2.5, x.moe_shared_expert_intermediate_size = 128;
+         x.moe_layer_freq = "([0]*1+[1]*3)", x.moe_router_load_balancing_type = {"seq_aux_loss"};
+         x.moe_aux_loss_coeff = {"1e-4"};
+       }},
+  };
+  return all;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, set] : presets()) names.push_back(name);
+  return names;
+}
+
+void apply_preset(const std::string& name, TrainConfig& c) {
+  for (const auto& [preset, set] : presets())
+    if (preset == name) return set(c);
+  std::string names;
+  for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  MOE_CHECK(false, "--model {} is not a preset; choose one of {}", name, names);
+}
+
+}  // namespace moecore::train

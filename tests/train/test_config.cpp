@@ -1,0 +1,96 @@
+// The flag table and the configuration passes: the role lists resume and upcycling compare, one resolve pass whose
+// derived values follow their inputs (and a Trainer that refuses a config changed since), a parser that reads no
+// file but the YAML, and --help grouped with defaults.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "config_util.h"
+#include "moecore/train/trainer.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+using train::TrainConfig;
+
+bool has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+TEST(TrainConfig, TableRolesGiveTheResumeAndUpcyclingLists) {
+  std::set<std::string> names;
+  for (const auto& f : train::flag_table()) EXPECT_TRUE(names.insert(f.name).second) << f.name << " twice";
+  EXPECT_EQ(train::config_json(TrainConfig{}).size(), names.size());
+  // Megatron checks its scheduler state on resume: these flags.
+  EXPECT_EQ(train::flag_names(train::kSchedule),
+            (std::vector<std::string>{"lr", "min-lr", "lr-decay-style", "lr-wsd-decay-style", "lr-warmup-iters",
+                                      "lr-decay-iters", "lr-wsd-decay-iters"}));
+  // Upcycling keeps everything outside the MoE layers: the dense model's identity flags must match.
+  EXPECT_EQ(train::flag_names(train::kIdentity, train::FlagGroup::Model),
+            (std::vector<std::string>{"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
+                                      "num-query-groups", "kv-channels", "qk-layernorm", "rotary-base",
+                                      "rotary-percent", "norm-epsilon", "untie-embeddings-and-output-weights", "swiglu",
+                                      "squared-relu", "disable-bias-linear"}));
+  const auto identity = train::flag_names(train::kIdentity), ckpt_args = train::flag_names(train::kCheckpointArg);
+  EXPECT_TRUE(has(identity, "moe-router-topk") && has(identity, "moe-layer-freq") && !has(identity, "lr"));
+  for (const auto& n : identity) EXPECT_TRUE(has(ckpt_args, n)) << n;
+  EXPECT_EQ(ckpt_args.size(), identity.size() + 2);
+  EXPECT_TRUE(has(ckpt_args, "group-query-attention") && has(ckpt_args, "max-position-embeddings"));
+}
+
+TEST(TrainConfig, ResolveFollowsInputsAndTheTrainerRefusesAChangedConfig) {
+  TrainConfig c = testing::small_config(testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 64, 2, "1e-3"));
+  EXPECT_TRUE(train::is_resolved(c));
+  EXPECT_EQ(c.kv_channels, 8);       // H 32 / 4 heads
+  EXPECT_EQ(c.ffn_hidden_size, 64);  // SwiGLU: 8H/3 = 85, rounded down to 64
+  EXPECT_NE(train::describe(c).find("kv-channels ...."), std::string::npos);
+  EXPECT_NE(train::describe(c).find(" 8 (derived)"), std::string::npos);
+  c.hidden_size = 64;
+  EXPECT_FALSE(train::is_resolved(c));
+  std::FILE* null = std::fopen("/dev/null", "w");
+  EXPECT_THROW(train::Trainer(c, null, false), InternalError) << "stale kv-channels and ffn-hidden-size";
+  std::fclose(null);
+  train::resolve(c);
+  EXPECT_TRUE(train::is_resolved(c));
+  EXPECT_EQ(c.kv_channels, 16);          // derived again from the new H
+  EXPECT_EQ(c.ffn_hidden_size, 128);     // 170 rounded down to 128
+  EXPECT_EQ(c.moe_ffn_hidden_size, 32);  // given, not derived
+  c.kv_channels = 8;                     // set since: kept
+  train::resolve(c);
+  EXPECT_EQ(c.kv_channels, 8);
+  EXPECT_EQ(c.global_batch_size, 2);
+}
+
+TEST(TrainConfig, ParserReadsNoFileButTheYaml) {
+  const train::ParsedFlags p = train::parse_flags(
+      {"--num-layers", "3", "--load-hf", "/nonexistent/hf", "--swiglu", "--moe-layer-freq", "[0,1]"});
+  EXPECT_TRUE(p.yaml.values.empty());
+  ASSERT_EQ(p.cli.values.size(), 4u);
+  EXPECT_EQ(p.cli.values[0], (std::pair<std::string, std::vector<std::string>>{"num-layers", {"3"}}));
+  EXPECT_EQ(p.cli.values[1], (std::pair<std::string, std::vector<std::string>>{"swiglu", {"true"}}));
+  EXPECT_EQ(p.cli.values[2].second.size(), 1u) << "a list expression stays one value";
+  EXPECT_EQ(p.cli.values[3], (std::pair<std::string, std::vector<std::string>>{"load-hf", {"/nonexistent/hf"}}));
+  const std::string e = testing::error_of([&] { train::compose_train_config(p); });
+  EXPECT_NE(e.find("--load-hf /nonexistent/hf: no config.json"), std::string::npos) << e;
+  std::string help;
+  try {
+    train::parse_flags({"--help"});
+  } catch (const train::HelpRequested& h) {
+    help = h.text;
+  }
+  size_t at = 0;
+  for (const char* s :
+       {"Model:", "--num-layers INT=2", "--ffn-hidden-size INT ", "Mixture of experts:", "--moe-router-topk INT=2",
+        "Optimizer and schedule:", "--lr FLOAT=0.0001",
+        "Parallelism:", "Data:", "Evaluation, logging and generation:", "Checkpoints:", "--load-hf TEXT"}) {
+    const size_t next = help.find(s, at);
+    EXPECT_NE(next, std::string::npos) << s << " in order in\n" << help;
+    if (next != std::string::npos) at = next;
+  }
+}
+
+}  // namespace
+}  // namespace moecore
