@@ -312,7 +312,6 @@ StepResult Trainer::train_step() {
   StepResult r;
   r.lr = lr_schedule(cfg_).lr(iteration_);
   reg_.zero_grad();
-  for (auto* l : moe_layers()) l->stats().reset(cfg_.num_experts);
   const double scale = 1.0 / static_cast<double>(micro);
   std::optional<nn::Bf16WeightScope> bf16_scope(reg_);  // weights change only after the micro-batches
   for (int64_t m = 0; m < micro; m++) {
@@ -344,8 +343,7 @@ StepResult Trainer::train_step() {
     // TP first (Megatron's sequence_parallel grads). Then gradients are summed over data-parallel ranks and scaled
     // by 1/DP (Megatron's 1/(DP·CP)): dense gradients over DP×CP, expert shards over EDP (their other
     // contributions arrived through the dispatcher); with the distributed optimizer each rank keeps only its shard
-    // of the sums. Expert-bias counts are summed over TP×DP×CP before the bias update; the reported loss is
-    // averaged over DP.
+    // of the sums. The reported loss is averaged over DP.
     if (dist_dense_) {
       sq = dist_dense_->reduce_gradients(1.0 / static_cast<double>(dp_));
       if (dist_expert_) sq += dist_expert_->reduce_gradients(1.0 / static_cast<double>(dp_));
@@ -354,7 +352,6 @@ StepResult Trainer::train_step() {
       sum_sequence_parallel_grads(sp_params_all_);
       for (auto& p : reg_.all()) sq += norm_weight(*p) * kernels::sum_squares(p->grad);
     }
-    for (auto* l : moe_layers()) stats_group_->all_reduce(l->router().local_tokens_per_expert());
     Tensor loss = Tensor::empty({1}, DType::F64);
     loss.set_item(0, r.lm_loss);
     dp_group_->all_reduce(loss);
@@ -372,8 +369,9 @@ StepResult Trainer::train_step() {
     for (auto& p : reg_.all()) sq += kernels::sum_squares(p->grad);
     stop_requested_ = g_stop_signal != 0;
   }
-  // Once per global batch, after gradients are final: expert-bias updates and counter resets.
-  for (auto* l : moe_layers()) l->router().finish_global_batch();
+  // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias updated,
+  // routing statistics snapshotted, counters reset.
+  model_->finish_global_batch();
   r.grad_norm = std::sqrt(sq);
   MOE_CHECK(std::isfinite(r.grad_norm),
             "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
@@ -395,10 +393,12 @@ StepResult Trainer::train_step() {
     kernels::adamw_step(p.value, p.grad, adam_m_[i], adam_v_[i], h, iteration_);
   }
   // Aux losses as Megatron logs them: L/coeff per layer, averaged over MoE layers and micro-batches.
-  const auto layers = moe_layers();
+  std::vector<const nn::RoutingStats*> layers;
+  for (size_t i = 0; i < model_->num_layers(); i++)
+    if (const nn::RoutingStats* s = model_->routing_stats(i)) layers.push_back(s);
   r.aux_losses.assign(cfg_.moe_router_load_balancing_type.size(), 0.0);
-  for (auto* l : layers) {
-    const auto& s = l->stats();
+  for (const nn::RoutingStats* l : layers) {
+    const auto& s = *l;
     for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++)
       r.aux_losses[t] += s.loss_sums[t] / static_cast<double>(std::max<int64_t>(1, s.micro_batches)) /
                          static_cast<double>(layers.size());
@@ -586,13 +586,13 @@ void Trainer::log_line(const StepResult& r, double seconds, int64_t steps) {
                    dropped = nlohmann::json::object();
     double worst = 0;
     for (size_t i = 0; i < model_->num_layers(); i++) {
-      auto* l = dynamic_cast<moe::MoELayer*>(&model_->layer(i).ffn());
-      if (!l) continue;
+      const nn::RoutingStats* s = model_->routing_stats(i);
+      if (!s) continue;
       const std::string key = "layer_" + std::to_string(i);
-      tpe[key] = l->stats().tokens_per_expert;
-      entropy[key] = l->stats().entropy();
-      dropped[key] = l->stats().dropped;
-      worst = std::max(worst, l->stats().max_load() / std::max(1.0, l->stats().mean_load()));
+      tpe[key] = s->tokens_per_expert;
+      entropy[key] = s->entropy();
+      dropped[key] = s->dropped;
+      worst = std::max(worst, s->max_load() / std::max(1.0, s->mean_load()));
     }
     j["tokens_per_expert"] = tpe;
     j["router_entropy"] = entropy;  // nats, mean over the step's tokens
@@ -707,9 +707,9 @@ void Trainer::run() {
   }
   // Where the last step's tokens went, layer by layer.
   for (size_t i = 0; i < model_->num_layers(); i++) {
-    auto* l = dynamic_cast<moe::MoELayer*>(&model_->layer(i).ffn());
-    if (!l || l->stats().tokens_per_expert.empty()) continue;
-    const auto& t = l->stats().tokens_per_expert;
+    const nn::RoutingStats* s = model_->routing_stats(i);
+    if (!s || s->tokens_per_expert.empty()) continue;
+    const auto& t = s->tokens_per_expert;
     const int64_t mx = *std::max_element(t.begin(), t.end());
     std::string bars;
     for (int64_t c : t) bars += fmt::format(" {}:{}", c, std::string(static_cast<size_t>(mx > 0 ? 1 + 8 * c / mx : 0), '#'));
