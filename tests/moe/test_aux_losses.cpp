@@ -142,7 +142,8 @@ TEST(Router, ManyExpertsAndGroupsMatchReference) {
     }
     std::vector<int64_t> groups(10);
     std::iota(groups.begin(), groups.end(), 0);
-    std::sort(groups.begin(), groups.end(), [&](int64_t a, int64_t b) { return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b); });
+    std::sort(groups.begin(), groups.end(),
+              [&](int64_t a, int64_t b) { return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b); });
     std::vector<int64_t> cand;
     for (int64_t g : {groups[0], groups[1]})
       for (int64_t e = g * n; e < (g + 1) * n; e++) cand.push_back(e);

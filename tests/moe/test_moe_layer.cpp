@@ -314,7 +314,9 @@ moe::MoELayerConfig moe_copy_layer() {
   return m;
 }
 
-void finish_global_batch(nn::GPTModel& model) { model.finish_global_batch(); }
+void finish_global_batch(nn::GPTModel& model) {
+  model.finish_global_batch();
+}
 
 TEST(MoEGPT, LearnsCopyTaskWithBalancedExperts) {
   testing::Trainer t(testing::copy_config(), moe_factory(moe_copy_layer(), {true, true}));

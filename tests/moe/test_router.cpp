@@ -227,7 +227,8 @@ TEST(Router, CapacityDropsAndPads) {
     moe::DispatchPlan plan;
     Tensor x_RH, p_R;
     d.dispatch(Tensor::zeros({8, 4}, DType::F64), outp, plan, x_RH, p_R);
-    for (int64_t e = 0; e < 4; e++) EXPECT_EQ(plan.tokens_per_expert[e], 4) << "every expert receives exactly C rows when padded";
+    for (int64_t e = 0; e < 4; e++)
+      EXPECT_EQ(plan.tokens_per_expert[e], 4) << "every expert receives exactly C rows when padded";
     const int64_t first3 = 12;  // expert 3's first row: token 0, a padding row
     EXPECT_EQ(plan.row_token_R.item(first3), 0.0);
     EXPECT_EQ(p_R.item(first3), 0.0) << "padding rows carry probability 0";

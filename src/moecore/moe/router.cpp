@@ -2,12 +2,12 @@
 // Top-k breaks ties toward the lower expert index (torch.topk leaves this to the backend).
 #include "moecore/moe/router.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
-
-#include <omp.h>
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"

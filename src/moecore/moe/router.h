@@ -2,10 +2,10 @@
 // limited, expert-bias selection) → capacity dropping, emitting [T, K] ids and probabilities for the dispatcher;
 // load-balancing losses and z-loss (aux_losses.h) enter backward as "identity forward, scaled gradient" on the
 // logits, never through the LM loss. The router owns the expert-bias counters and the routing statistics, both
-// closed once per global batch by finish_global_batch(). Logits, scores and losses are computed in the router dtype (f32 or f64) whatever the activations.
-// Under sequence (and context) parallelism each rank routes its own tokens; the aux-loss counts are summed over the
-// TP×CP group and the token totals count all of its ranks, so the losses summed over the group are the
-// single-rank losses (reference §1.1b).
+// closed once per global batch by finish_global_batch(). Logits, scores and losses are computed in the router dtype
+// (f32 or f64) whatever the activations. Under sequence (and context) parallelism each rank routes its own tokens; the
+// aux-loss counts are summed over the TP×CP group and the token totals count all of its ranks, so the losses summed
+// over the group are the single-rank losses (reference §1.1b).
 #pragma once
 
 #include <string>

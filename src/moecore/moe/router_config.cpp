@@ -35,10 +35,14 @@ DropPolicy parse_drop_policy(const std::string& s) {
 
 const char* load_balancing_name(LoadBalancingType t) {
   switch (t) {
-    case LoadBalancingType::AuxLoss: return "load_balancing_loss";
-    case LoadBalancingType::SeqAuxLoss: return "seq_load_balancing_loss";
-    case LoadBalancingType::GlobalAuxLoss: return "global_load_balancing_loss";
-    case LoadBalancingType::None: return "none";
+    case LoadBalancingType::AuxLoss:
+      return "load_balancing_loss";
+    case LoadBalancingType::SeqAuxLoss:
+      return "seq_load_balancing_loss";
+    case LoadBalancingType::GlobalAuxLoss:
+      return "global_load_balancing_loss";
+    case LoadBalancingType::None:
+      return "none";
   }
   return "?";
 }
@@ -53,12 +57,11 @@ void validate(const RouterConfig& c) {
   MOE_CHECK(!(c.topk == 1 && c.score_function == ScoreFunction::Softmax && !c.pre_softmax),
             "--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax (a softmax over one "
             "selected logit is constant, so the router would get no gradient)");
-  MOE_CHECK(c.router_dtype == DType::F32 || c.router_dtype == DType::F64,
-            "--moe-router-dtype must be fp32 or fp64");
+  MOE_CHECK(c.router_dtype == DType::F32 || c.router_dtype == DType::F64, "--moe-router-dtype must be fp32 or fp64");
   if (c.num_groups > 0 || c.group_topk > 0) {
     MOE_CHECK(c.num_groups > 0 && c.group_topk > 0,
-              "--moe-router-num-groups and --moe-router-group-topk must be set together (got {} and {})",
-              c.num_groups, c.group_topk);
+              "--moe-router-num-groups and --moe-router-group-topk must be set together (got {} and {})", c.num_groups,
+              c.group_topk);
     MOE_CHECK(c.num_experts % c.num_groups == 0, "--num-experts {} must be divisible by --moe-router-num-groups {}",
               c.num_experts, c.num_groups);
     MOE_CHECK(c.group_topk <= c.num_groups, "--moe-router-group-topk {} exceeds --moe-router-num-groups {}",
@@ -94,9 +97,8 @@ void validate(const RouterConfig& c) {
 }
 
 int64_t expert_capacity(const RouterConfig& c, int64_t T) {
-  return static_cast<int64_t>(
-      std::ceil(static_cast<double>(c.topk) * static_cast<double>(T) / static_cast<double>(c.num_experts) *
-                c.capacity_factor));
+  return static_cast<int64_t>(std::ceil(static_cast<double>(c.topk) * static_cast<double>(T) /
+                                        static_cast<double>(c.num_experts) * c.capacity_factor));
 }
 
 }  // namespace moecore::moe

@@ -73,8 +73,8 @@ void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& 
   });
 }
 
-void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
-                                    Tensor& x_RH, Tensor& probs_R) {
+void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
+                                    Tensor& probs_R) {
   permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), plan, x_RH, probs_R);
 }
 
@@ -153,7 +153,8 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
   } else {  // counting sort: plan.expert_offsets[e] runs from expert e's first row to its end
     auto& eo = plan.expert_offsets;
     eo.assign(static_cast<size_t>(E + 1), 0);
-    for (int64_t e = 0; e < E; e++) eo[static_cast<size_t>(e + 1)] = eo[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < E; e++)
+      eo[static_cast<size_t>(e + 1)] = eo[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)];
     for (int64_t i = 0; i < T * K; i++)
       if (mine(i)) {
         const int64_t r = eo[static_cast<size_t>(id[i])]++;
@@ -211,8 +212,8 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(const comm::ProcessGroup& ep,
             num_experts, ep.size());
 }
 
-void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
-                                       Tensor& x_RH, Tensor& probs_R) {
+void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
+                                       Tensor& probs_R) {
   // 1. Local permute over all E experts: rows for EP rank d are contiguous (experts d·n_le .. (d+1)·n_le − 1).
   Tensor x_perm, p_perm;
   local_.dispatch(x_TH, routed, plan, x_perm, p_perm);

@@ -120,9 +120,9 @@ class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
 namespace moecore::moe {
 
 // Megatron's AllGather dispatcher over an expert-parallel group (with ETP = 1): tokens and the [T, K] ids and
-// probabilities are all-gathered (Megatron gathers the dense [T, E] map and probabilities), each rank permutes the rows of its own experts, and combine reduce-scatters the
-// expert outputs back to the tokens' ranks. Backward all-gathers output gradients and reduce-scatters input and
-// probability gradients.
+// probabilities are all-gathered (Megatron gathers the dense [T, E] map and probabilities), each rank permutes the rows
+// of its own experts, and combine reduce-scatters the expert outputs back to the tokens' ranks. Backward all-gathers
+// output gradients and reduce-scatters input and probability gradients.
 class AllGatherTokenDispatcher : public ExpertParallelDispatcher {
  public:
   AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)

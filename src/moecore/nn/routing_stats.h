@@ -16,8 +16,8 @@ struct RoutingStats {
   double entropy_sum = 0;                  // Σ over tokens of the router entropy (nats)
   int64_t tokens = 0;
   int64_t micro_batches = 0;
-  std::vector<std::string> loss_names;     // "load_balancing_loss", "seq_load_balancing_loss", ...
-  std::vector<double> loss_sums;           // Σ over micro-batches of L / coeff (Megatron's logged value)
+  std::vector<std::string> loss_names;  // "load_balancing_loss", "seq_load_balancing_loss", ...
+  std::vector<double> loss_sums;        // Σ over micro-batches of L / coeff (Megatron's logged value)
   double z_loss_sum = 0;
 
   // Zeroes every count and sum; sizes and names stay (no allocation).
