@@ -22,8 +22,7 @@ void ExpertTensorParallel::gather(const Tensor& x_RH, const Tensor& probs_R,
   for (int64_t r = 0; r < P; r++)
     for (int64_t e = 0; e < n; e++) plan.rows_per_rank[static_cast<size_t>(r)] += c[r * n + e];
   // Gathered layout [source rank][local expert] -> expert-major [local expert][source rank].
-  plan.sorted_from_all =
-      expert_major_order(P, n, [&](int64_t r, int64_t e) { return c[r * n + e]; }, plan.tokens_per_expert);
+  plan.sorted_from_all = expert_major_order(P, n, c, n, 0, plan.tokens_per_expert);
   const int64_t total = plan.sorted_from_all.numel();
   x_all = gather_rows_like(x_RH, plan);
   probs_all = gather_rows_like(probs_R, plan).reshape({total});

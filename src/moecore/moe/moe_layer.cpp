@@ -40,7 +40,7 @@ RouterConfig router_config(const MoELayerConfig& c) {
   return r;
 }
 std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {
-  if (!c.ep_group || c.ep_group->size() == 1) return std::make_unique<LocalTokenDispatcher>();
+  if (!c.ep_group || c.ep_group->size() == 1) return std::make_unique<LocalTokenDispatcher>(c.router.num_experts);
   if (c.allgather_dispatcher) return std::make_unique<AllGatherTokenDispatcher>(*c.ep_group, c.router.num_experts);
   return std::make_unique<AllToAllTokenDispatcher>(*c.ep_group, c.router.num_experts);
 }
@@ -76,11 +76,10 @@ Tensor MoELayer::forward(const Tensor& x_SBH, nn::FeedForward::Stash& base) {
   const Tensor x_TH = x_SBH.reshape({T, H});
   Tensor shared_out;
   if (shared_) shared_out = shared_->forward(x_SBH, st.shared);
-  Router::Output route = router_.forward(x_TH, st.S, st.B, training_, st.router, training_ ? &stats_ : nullptr);
+  const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
   Tensor x_RH, probs_R;
   // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows.
-  dispatcher_->dispatch(cfg_.bf16 ? x_TH.to(DType::BF16) : x_TH, route.probs_TE, route.map_TE, st.plan, x_RH,
-                        probs_R);
+  dispatcher_->dispatch(cfg_.bf16 ? x_TH.to(DType::BF16) : x_TH, routed, st.plan, x_RH, probs_R);
   Tensor y_RH;
   if (etp_) {
     Tensor x_all, probs_all;
@@ -108,9 +107,9 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   } else {
     dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R);
   }
-  Tensor dx, dprobs_TE;
-  dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TE);
-  kernels::add_(dx, router_.backward(dprobs_TE, dx.dtype(), st.loss_scale, st.router));
+  Tensor dx, dprobs_TK;
+  dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
+  kernels::add_(dx, router_.backward(dprobs_TK, dx.dtype(), st.loss_scale, st.router));
   if (shared_) kernels::add_(dx, shared_->backward(dy_SBH, st.shared).reshape({T, H}));
   return dx.reshape(dy_SBH.shape());
 }

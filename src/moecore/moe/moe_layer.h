@@ -11,7 +11,6 @@
 #include "moecore/moe/expert_tensor_parallel.h"
 #include "moecore/moe/grouped_experts.h"
 #include "moecore/moe/router.h"
-#include "moecore/moe/routing_stats.h"
 #include "moecore/moe/shared_experts.h"
 #include "moecore/moe/token_dispatcher.h"
 #include "moecore/nn/feed_forward.h"
@@ -55,10 +54,15 @@ class MoELayer : public nn::FeedForward {
   Tensor forward(const Tensor& x_SBH, nn::FeedForward::Stash& st) override;
   Tensor backward(const Tensor& dy_SBH, nn::FeedForward::Stash& st) override;
   void set_training(bool training) override { training_ = training; }
+  // Once per optimizer step: the router's expert-bias update and statistics snapshot (Router::finish_global_batch).
+  void finish_global_batch() override { router_.finish_global_batch(); }
+  const nn::RoutingStats* routing_stats() const override { return &router_.last_global_batch(); }
 
   Router& router() { return router_; }
+  const Router& router() const { return router_; }
   GroupedExperts& experts() { return experts_; }
-  RoutingStats& stats() { return stats_; }
+  // Statistics of the global batch in progress (routing_stats(): the last finished one).
+  const nn::RoutingStats& stats() const { return router_.stats(); }
   // Σ of this micro-batch's aux losses (coefficients included) and z-loss: what backward differentiates.
   static double aux_loss_total(const nn::FeedForward::Stash& st) {
     return static_cast<const Stash&>(st).router.aux_loss_total;
@@ -71,7 +75,6 @@ class MoELayer : public nn::FeedForward {
   std::unique_ptr<SharedExperts> shared_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<ExpertTensorParallel> etp_;
-  RoutingStats stats_;
   bool training_ = true;
 };
 

@@ -1,18 +1,21 @@
 // TopKRouter with Megatron-Core's semantics (reference §1.1, §1.2): gating linear → score function → top-k (group
-// limited, expert-bias selection) → capacity dropping; load-balancing losses (aux_loss, seq_aux_loss,
-// global_aux_loss) and z-loss enter backward as "identity forward, scaled gradient" on the logits, never through
-// the LM loss. Logits, scores and losses are computed in the router dtype (f32 or f64) whatever the activations.
-// Under sequence (and context) parallelism each rank routes its own tokens; the aux-loss counts are summed over the
-// TP×CP group and the token totals count all of its ranks, so the losses summed over the group are the
-// single-rank losses (reference §1.1b).
+// limited, expert-bias selection) → capacity dropping, emitting [T, K] ids and probabilities for the dispatcher;
+// load-balancing losses and z-loss (aux_losses.h) enter backward as "identity forward, scaled gradient" on the
+// logits, never through the LM loss. The router owns the expert-bias counters and the routing statistics, both
+// closed once per global batch by finish_global_batch(). Logits, scores and losses are computed in the router dtype
+// (f32 or f64) whatever the activations. Under sequence (and context) parallelism each rank routes its own tokens; the
+// aux-loss counts are summed over the TP×CP group and the token totals count all of its ranks, so the losses summed
+// over the group are the single-rank losses (reference §1.1b).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/moe/routing_stats.h"
+#include "moecore/moe/aux_losses.h"
+#include "moecore/moe/routed_tokens.h"
 #include "moecore/nn/parameter.h"
+#include "moecore/nn/routing_stats.h"
 
 namespace moecore::moe {
 
@@ -56,6 +59,7 @@ struct RouterConfig {
 };
 
 // Rejects inconsistent settings with Megatron's flag names in the message. Called before anything is allocated.
+// Any expert and group count that fits the I32 expert ids is supported (scratch is sized from the config).
 void validate(const RouterConfig& c);
 
 // Capacity per expert for T local tokens: ceil(K·T/E · CF).
@@ -70,7 +74,7 @@ class Router {
     Tensor logits_TE;      // gating output
     Tensor used_TE;        // logits routed on: logits_TE, or N(0,1) noise under forced balance
     Tensor scores_TE;      // softmax over E (pre-softmax) or sigmoid, for backward
-    Tensor idx_TK;         // I32 selected experts, in selection order
+    Tensor idx_TK;         // I32 selected experts, in selection order (dropped ones included)
     Tensor p_TK;           // normalized selected probs, before the scaling factor
     Tensor kept_TK;        // I32: 1 where the assignment survived capacity dropping
     Tensor daux_TE;        // Σ over aux-loss types of dL/d(aux score), or undefined
@@ -79,24 +83,28 @@ class Router {
     double aux_loss_total = 0;  // Σ over types of L (coefficients included) + z-loss, this micro-batch
   };
 
-  // Router output for the dispatcher: dense [T, E] probabilities (router dtype) and 0/1 map (I32).
-  struct Output {
-    Tensor probs_TE;
-    Tensor map_TE;
-  };
+  using Output = RoutedTokens;
 
   Router(nn::ParamRegistry& reg, const std::string& name, const RouterConfig& cfg);
 
-  // x_TH [T, H] with T = S·B -> probs and map. Aux losses, expert-bias counts and statistics only when training.
-  Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st, RoutingStats* stats);
-  // dprobs_TE [T, E] (router dtype) -> dx_TH [T, H] in x's dtype; adds aux_grad_scale · d(aux + z)/dx.
-  Tensor backward(const Tensor& dprobs_TE, DType x_dtype, double aux_grad_scale, Stash& st);
+  // x_TH [T, H] with T = S·B -> ids and probabilities [T, K]. Aux losses, expert-bias counts and statistics only
+  // when training.
+  Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
+  // dprobs_TK [T, K] (router dtype; dropped assignments carry none) -> dx_TH [T, H] in x's dtype; adds
+  // aux_grad_scale · d(aux + z)/dx.
+  Tensor backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
 
-  // Once per global batch, after gradients are final: b_e += rate · sign(mean(c) − c_e); counts and the
-  // global-aux accumulators are reset.
+  // Once per global batch, after gradients are final: the expert-bias counts are summed over global_group
+  // (TP×DP×CP), b_e += rate · sign(mean(c) − c_e); the batch's statistics become last_global_batch(); counters,
+  // statistics and the global-aux accumulators are reset.
   void finish_global_batch();
-  // Clears the balancing counters and global-aux accumulators without touching the bias.
+  // Clears the balancing counters and global-aux accumulators without touching the bias or the statistics.
   void reset_counters();
+
+  // Statistics of the global batch in progress (this rank's tokens, training forwards only).
+  const nn::RoutingStats& stats() const { return stats_; }
+  // Statistics of the last finished global batch: what logging reads.
+  const nn::RoutingStats& last_global_batch() const { return last_stats_; }
 
   const RouterConfig& config() const { return cfg_; }
   Tensor& expert_bias() { return expert_bias_E_; }
@@ -111,9 +119,14 @@ class Router {
   nn::Parameter* weight_;
   Tensor expert_bias_E_;        // f32, used for selection only
   Tensor tokens_per_expert_E_;  // f64 counts since the last global batch (expert-bias update)
-  Tensor global_tokens_E_;      // f64 global-aux counts accumulated over micro-batches
-  int64_t ga_steps_ = 0;
+  GlobalAuxCounts global_aux_;  // global_aux_loss counts accumulated over micro-batches
   uint64_t forward_count_ = 0;  // advances the jitter / forced-balance noise streams
+  uint64_t jitter_stream_ = 0, balance_stream_ = 0;
+  nn::RoutingStats stats_, last_stats_;
+  // Per-thread selection scratch (taken/allowed masks, selection and group scores, group ids), sized from E, K and
+  // the group count at construction for scratch_threads_ threads.
+  Tensor scratch_;
+  int64_t scratch_threads_ = 1, scratch_words_ = 0;
 };
 
 }  // namespace moecore::moe

@@ -29,13 +29,15 @@ void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
   for (int64_t r = 0; r < R; r++) std::memcpy(d + idx[r] * bytes, s + r * bytes, bytes);
 }
 
-Tensor expert_major_order(int64_t ranks, int64_t n_local, const std::function<int64_t(int64_t, int64_t)>& count,
+Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
                           std::vector<int64_t>& per_expert) {
-  std::vector<int64_t> chunk_start(static_cast<size_t>(ranks * n_local));
+  auto count = [&](int64_t s, int64_t e) { return counts[s * stride + offset + e]; };
+  Tensor start_t = Tensor::empty({std::max<int64_t>(ranks * n_local, 1)}, DType::I64);
+  int64_t* chunk_start = start_t.data<int64_t>();
   int64_t off = 0;
   for (int64_t s = 0; s < ranks; s++)
     for (int64_t e = 0; e < n_local; e++) {
-      chunk_start[static_cast<size_t>(s * n_local + e)] = off;
+      chunk_start[s * n_local + e] = off;
       off += count(s, e);
     }
   per_expert.assign(static_cast<size_t>(n_local), 0);
@@ -44,7 +46,7 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const std::function<in
   int64_t row = 0;
   for (int64_t e = 0; e < n_local; e++)
     for (int64_t s = 0; s < ranks; s++) {
-      const int64_t n = count(s, e), start = chunk_start[static_cast<size_t>(s * n_local + e)];
+      const int64_t n = count(s, e), start = chunk_start[s * n_local + e];
       for (int64_t i = 0; i < n; i++) perm[row++] = static_cast<int32_t>(start + i);
       per_expert[static_cast<size_t>(e)] += n;
     }
@@ -71,49 +73,105 @@ void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& 
   });
 }
 
-void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE,
-                                    DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
-  const int64_t T = map_TE.dim(0), E = map_TE.dim(1);
-  MOE_ASSERT(x_TH.rows() == T && probs_TE.numel() == T * E);
-  const int32_t* map = map_TE.data<int32_t>();
+void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
+                                    Tensor& probs_R) {
+  permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), plan, x_RH, probs_R);
+}
+
+void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK,
+                                   int64_t pad_capacity, int64_t block, DispatchPlan& plan, Tensor& x_RH,
+                                   Tensor& probs_R) const {
+  const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), E = E_;
+  MOE_ASSERT(idx_TK.dtype() == DType::I32 && x_TH.rows() == T && probs_TK.numel() == T * K);
+  MOE_ASSERT(pad_capacity == 0 || (block > 0 && T % block == 0));
+  const int32_t* id = idx_TK.data<int32_t>();
+  auto mine = [&](int64_t i) { return id[i] >= 0 && id[i] < E; };
+  // j of token t's choice of expert e, or −1 (an expert appears at most once among a token's K choices).
+  auto choice = [&](int64_t t, int64_t e) {
+    for (int64_t j = 0; j < K; j++)
+      if (id[t * K + j] == e) return j;
+    return int64_t{-1};
+  };
   plan.T = T;
   plan.E = E;
+  plan.K = K;
   plan.tokens_per_expert.assign(static_cast<size_t>(E), 0);
-  std::vector<int64_t> per_token(static_cast<size_t>(T), 0);
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t e = 0; e < E; e++)
-      if (map[t * E + e]) {
-        plan.tokens_per_expert[e]++;
-        per_token[t]++;
-      }
-  int64_t R = 0;
-  for (int64_t c : plan.tokens_per_expert) R += c;
-  plan.R = R;
-  plan.row_token_R = Tensor::empty({R}, DType::I32);
-  plan.row_te_R = Tensor::empty({R}, DType::I64);
-  plan.token_offsets_T1 = Tensor::empty({T + 1}, DType::I64);
-  plan.token_rows = Tensor::empty({R}, DType::I32);
+  plan.token_offsets_T1 = Tensor::zeros({T + 1}, DType::I64);
   int64_t* off = plan.token_offsets_T1.data<int64_t>();
-  off[0] = 0;
-  for (int64_t t = 0; t < T; t++) off[t + 1] = off[t] + per_token[t];
-  // Expert-major, ascending token inside an expert; each token's rows land in ascending expert order.
-  int32_t* rt = plan.row_token_R.data<int32_t>();
-  int64_t* rte = plan.row_te_R.data<int64_t>();
-  int32_t* trows = plan.token_rows.data<int32_t>();
-  std::fill(per_token.begin(), per_token.end(), 0);
-  int64_t r = 0;
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t t = 0; t < T; t++)
-      if (map[t * E + e]) {
-        rt[r] = static_cast<int32_t>(t);
-        rte[r] = t * E + e;
-        trows[off[t] + per_token[t]++] = static_cast<int32_t>(r);
-        r++;
+  auto& tpe = plan.tokens_per_expert;
+  // Rows per expert and per token (off[t + 1]); under padding, each expert is filled to pad_capacity per block
+  // with the earliest tokens that have no row for it.
+  for (int64_t i = 0; i < T * K; i++)
+    if (mine(i)) {
+      tpe[static_cast<size_t>(id[i])]++;
+      off[i / K + 1]++;
+    }
+  auto pad_walk = [&](int64_t e, auto&& row) {  // calls row(t, j or −1) for expert e's rows, ascending t
+    for (int64_t b0 = 0; b0 < T; b0 += block) {
+      int64_t have = 0;
+      for (int64_t t = b0; t < b0 + block; t++) have += choice(t, e) >= 0;
+      MOE_ASSERT(have <= pad_capacity);
+      int64_t need = pad_capacity - have;
+      for (int64_t t = b0; t < b0 + block; t++) {
+        const int64_t j = choice(t, e);
+        if (j >= 0) {
+          row(t, j);
+        } else if (need > 0) {
+          row(t, int64_t{-1});
+          need--;
+        }
       }
+    }
+  };
+  if (pad_capacity > 0)
+    for (int64_t e = 0; e < E; e++)
+      pad_walk(e, [&](int64_t t, int64_t j) {
+        if (j < 0) {
+          tpe[static_cast<size_t>(e)]++;
+          off[t + 1]++;
+        }
+      });
+  int64_t R = 0;
+  for (int64_t c : tpe) R += c;
+  plan.R = R;
+  for (int64_t t = 0; t < T; t++) off[t + 1] += off[t];
+  plan.row_token_R = Tensor::empty({R}, DType::I32);
+  plan.row_tk_R = Tensor::empty({R}, DType::I64);
+  plan.token_rows = Tensor::empty({R}, DType::I32);
+  int32_t* rt = plan.row_token_R.data<int32_t>();
+  int64_t* rtk = plan.row_tk_R.data<int64_t>();
+  // Expert-major, ascending token inside an expert.
+  if (pad_capacity > 0) {
+    int64_t r = 0;
+    for (int64_t e = 0; e < E; e++)
+      pad_walk(e, [&](int64_t t, int64_t j) {
+        rt[r] = static_cast<int32_t>(t);
+        rtk[r] = j >= 0 ? t * K + j : -1;
+        r++;
+      });
+    MOE_ASSERT(r == R);
+  } else {  // counting sort: plan.expert_offsets[e] runs from expert e's first row to its end
+    auto& eo = plan.expert_offsets;
+    eo.assign(static_cast<size_t>(E + 1), 0);
+    for (int64_t e = 0; e < E; e++)
+      eo[static_cast<size_t>(e + 1)] = eo[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)];
+    for (int64_t i = 0; i < T * K; i++)
+      if (mine(i)) {
+        const int64_t r = eo[static_cast<size_t>(id[i])]++;
+        rt[r] = static_cast<int32_t>(i / K);
+        rtk[r] = i;
+      }
+  }
+  // Each token's rows in ascending expert order (rows are expert-major).
+  plan.token_cursor_T = Tensor::empty({std::max<int64_t>(T, 1)}, DType::I64);
+  int64_t* cur = plan.token_cursor_T.data<int64_t>();
+  std::copy(off, off + T, cur);
+  int32_t* trows = plan.token_rows.data<int32_t>();
+  for (int64_t r = 0; r < R; r++) trows[cur[rt[r]]++] = static_cast<int32_t>(r);
   x_RH = Tensor::empty({R, x_TH.cols()}, x_TH.dtype());
   gather_rows(x_TH, plan.row_token_R, x_RH);
   probs_R = Tensor::empty({R}, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype());
-  for (int64_t i = 0; i < R; i++) probs_R.set_item(i, probs_TE.item(rte[i]));
+  for (int64_t r = 0; r < R; r++) probs_R.set_item(r, rtk[r] >= 0 ? probs_TK.item(rtk[r]) : 0.0);
 }
 
 Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
@@ -129,12 +187,13 @@ Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const Dispatc
 }
 
 void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
-                                             DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) {
+                                             DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype());
   sum_rows_per_token(dx_RH, plan, dx_TH);
-  dprobs_TE = Tensor::zeros({plan.T, plan.E}, probs_dtype);
-  const int64_t* rte = plan.row_te_R.data<int64_t>();
-  for (int64_t i = 0; i < plan.R; i++) dprobs_TE.set_item(rte[i], dprobs_R.item(i));
+  dprobs_TK = Tensor::zeros({plan.T, plan.K}, probs_dtype);
+  const int64_t* rtk = plan.row_tk_R.data<int64_t>();
+  for (int64_t r = 0; r < plan.R; r++)
+    if (rtk[r] >= 0) dprobs_TK.set_item(rtk[r], dprobs_R.item(r));
 }
 
 }  // namespace moecore::moe
@@ -143,17 +202,21 @@ void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& 
 
 namespace moecore::moe {
 
-ExpertParallelDispatcher::ExpertParallelDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
-    : ep_(ep), E_(num_experts), n_local_(num_experts / ep.size()) {
+ExpertParallelDispatcher::ExpertParallelDispatcher(const comm::ProcessGroup& ep, int64_t num_experts,
+                                                   bool local_experts_only)
+    : ep_(ep),
+      E_(num_experts),
+      n_local_(num_experts / ep.size()),
+      local_(local_experts_only ? num_experts / ep.size() : num_experts) {
   MOE_CHECK(num_experts % ep.size() == 0, "--num-experts {} is not divisible by --expert-model-parallel-size {}",
             num_experts, ep.size());
 }
 
-void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE,
-                                       DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
+                                       Tensor& probs_R) {
   // 1. Local permute over all E experts: rows for EP rank d are contiguous (experts d·n_le .. (d+1)·n_le − 1).
   Tensor x_perm, p_perm;
-  local_.dispatch(x_TH, probs_TE, map_TE, plan, x_perm, p_perm);
+  local_.dispatch(x_TH, routed, plan, x_perm, p_perm);
   const int64_t P = ep_.size(), me = ep_.rank();
   plan.local_rows = plan.R;
   // 2. Count exchange: every rank's tokens per expert.
@@ -168,15 +231,13 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_T
       plan.input_splits[static_cast<size_t>(d)] += plan.tokens_per_expert[static_cast<size_t>(d * n_local_ + le)];
       plan.output_splits[static_cast<size_t>(d)] += g[d * E_ + me * n_local_ + le];
     }
-  // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank].
-  std::vector<int64_t> local_counts;
-  plan.sorted_from_recv = expert_major_order(
-      P, n_local_, [&](int64_t s, int64_t le) { return g[s * E_ + me * n_local_ + le]; }, local_counts);
+  // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank]; from here on
+  // tokens_per_expert counts rows per local expert.
+  plan.sorted_from_recv = expert_major_order(P, n_local_, g, E_, me * n_local_, plan.tokens_per_expert);
   const int64_t recv_rows = plan.sorted_from_recv.numel();
   // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
   x_RH = exchange_forward(x_perm, plan);
   probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({recv_rows});
-  plan.tokens_per_expert = local_counts;  // from here on: rows per local expert
   plan.R = recv_rows;
 }
 
@@ -214,14 +275,15 @@ Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const Disp
 }
 
 void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
-                                                DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) {
+                                                DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   const Tensor dx_local = exchange_backward(dx_RH, plan);
   dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype());
   sum_rows_per_token(dx_local, plan, dx_TH);
   const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
-  dprobs_TE = Tensor::zeros({plan.T, plan.E}, probs_dtype);
-  const int64_t* rte = plan.row_te_R.data<int64_t>();
-  for (int64_t i = 0; i < plan.local_rows; i++) dprobs_TE.set_item(rte[i], dp_local.item(i));
+  dprobs_TK = Tensor::zeros({plan.T, plan.K}, probs_dtype);
+  const int64_t* rtk = plan.row_tk_R.data<int64_t>();
+  for (int64_t i = 0; i < plan.local_rows; i++)
+    if (rtk[i] >= 0) dprobs_TK.set_item(rtk[i], dp_local.item(i));
 }
 
 }  // namespace moecore::moe
@@ -242,19 +304,19 @@ Tensor AllGatherTokenDispatcher::scatter_sum(const Tensor& t) const {
   return out;
 }
 
-void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE,
-                                        DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
-  const int64_t T = map_TE.dim(0), first = ep_.rank() * n_local_;
-  const Tensor x_all = gather(x_TH), p_all = gather(probs_TE), m_all = gather(map_TE);
-  // This rank's experts: their columns of the gathered map and probabilities.
-  const int64_t TA = x_all.rows();
-  Tensor m_loc = Tensor::empty({TA, n_local_}, DType::I32), p_loc = Tensor::empty({TA, n_local_}, probs_TE.dtype());
-  for (int64_t t = 0; t < TA; t++)
-    for (int64_t e = 0; e < n_local_; e++) {
-      m_loc.data<int32_t>()[t * n_local_ + e] = m_all.data<int32_t>()[t * E_ + first + e];
-      p_loc.set_item(t * n_local_ + e, p_all.item(t * E_ + first + e));
-    }
-  local_.dispatch(x_all, p_loc, m_loc, plan, x_RH, probs_R);
+void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
+                                        Tensor& x_RH, Tensor& probs_R) {
+  const int64_t T = routed.idx_TK.dim(0), K = routed.idx_TK.dim(1), first = ep_.rank() * n_local_;
+  const Tensor x_all = gather(x_TH), id_all = gather(routed.idx_TK), p_all = gather(routed.probs_TK);
+  // This rank's experts, renumbered from 0; other ranks' experts and dropped assignments become −1.
+  const int64_t n = id_all.numel();
+  Tensor id_loc = Tensor::empty({n / K, K}, DType::I32);
+  const int32_t* ga = id_all.data<int32_t>();
+  int32_t* gl = id_loc.data<int32_t>();
+  for (int64_t i = 0; i < n; i++)
+    gl[i] = ga[i] >= first && ga[i] < first + n_local_ ? static_cast<int32_t>(ga[i] - first) : -1;
+  // Padding fills each expert from every source rank's own T tokens, as that rank's router would.
+  local_.permute(x_all, id_loc, p_all, routed.pad_capacity, T, plan, x_RH, probs_R);
   plan.T_local = T;
 }
 
@@ -267,16 +329,12 @@ Tensor AllGatherTokenDispatcher::combine_backward(const Tensor& dy_TH, const Dis
 }
 
 void AllGatherTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
-                                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) {
-  Tensor dx_all, dp_loc;
-  local_.dispatch_backward(dx_RH, dprobs_R, plan, probs_dtype, dx_all, dp_loc);
+                                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
+  Tensor dx_all, dp_all;
+  local_.dispatch_backward(dx_RH, dprobs_R, plan, probs_dtype, dx_all, dp_all);
   dx_TH = scatter_sum(dx_all);
-  // Probability gradients live in this rank's expert columns; the sum over ranks assembles every column.
-  const int64_t TA = dp_loc.rows(), first = ep_.rank() * n_local_;
-  Tensor dp_all = Tensor::zeros({TA, E_}, probs_dtype);
-  for (int64_t t = 0; t < TA; t++)
-    for (int64_t e = 0; e < n_local_; e++) dp_all.set_item(t * E_ + first + e, dp_loc.item(t * n_local_ + e));
-  dprobs_TE = scatter_sum(dp_all);
+  // An assignment's gradient lives on the rank of its expert (0 elsewhere): the sum over ranks assembles them.
+  dprobs_TK = scatter_sum(dp_all);
 }
 
 }  // namespace moecore::moe

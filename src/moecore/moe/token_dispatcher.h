@@ -1,19 +1,20 @@
-// TokenDispatcher: moves routed rows to their experts and back (Dispatch and Combine of the four MoE stages).
-// The local dispatcher permutes inside one process: rows expert-major, ascending token index inside an expert
+// TokenDispatcher: moves routed rows to their experts and back (Dispatch and Combine of the four MoE stages),
+// consuming the router's [T, K] ids and probabilities (routed_tokens.h). The local dispatcher permutes inside one
+// process: rows expert-major, ascending token index inside an expert
 // (Megatron's permute); combine sums each token's rows in ascending expert order (a fixed order, so results are
 // deterministic). Dispatch and combine are each other's adjoint; the plan (the "handle") lives in the stash.
 // The allgather and alltoall dispatchers over MPI implement the same interface (distributed issue).
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/moe/routed_tokens.h"
 
 namespace moecore::moe {
 
 struct DispatchPlan {
-  int64_t T = 0, E = 0, R = 0;
+  int64_t T = 0, E = 0, K = 0, R = 0;  // E: the experts permuted over (all, or this rank's under allgather)
   // Expert parallelism (empty on one rank): rows sent to / received from each EP rank, and for every row of the
   // expert-major output, its row in the receive buffer.
   std::vector<int64_t> input_splits, output_splits;
@@ -22,45 +23,56 @@ struct DispatchPlan {
   int64_t T_local = 0;               // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
   std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order
   Tensor row_token_R;                      // I32: source token of each permuted row
-  Tensor row_te_R;                         // I64: t·E + e of each row (its entry in the dense probs)
+  Tensor row_tk_R;                         // I64: t·K + j of each row (its [T, K] entry), −1 for a padding row
   Tensor token_offsets_T1;                 // I64 CSR over tokens: rows of token t are
   Tensor token_rows;                       //   token_rows[token_offsets[t] .. token_offsets[t+1]) (I32)
+  std::vector<int64_t> expert_offsets;     // scratch [E + 1]: row offsets per expert while permuting
+  Tensor token_cursor_T;                   // scratch I64 [T]: fill position per token while permuting
 };
 
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
-  // x_TH [T, H], probs_TE [T, E] (router dtype), map_TE [T, E] (I32 0/1) -> x_RH [R, H] and probs_R [R] (x's
-  // dtype; f32 when x is bf16), rows grouped by local expert.
-  virtual void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan,
-                        Tensor& x_RH, Tensor& probs_R) = 0;
+  // x_TH [T, H] and the routing ([T, K] ids and probabilities) -> x_RH [R, H] and probs_R [R] (x's dtype; f32
+  // when x is bf16), rows grouped by local expert.
+  virtual void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
+                        Tensor& probs_R) = 0;
   // y_RH [R, H] -> y_TH [T, H]: each token's rows summed.
   virtual Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) = 0;
   // Adjoint of combine: dy_TH -> dy_RH (each row gets its token's gradient).
   virtual Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) = 0;
-  // Adjoint of dispatch: dx_RH, dprobs_R -> dx_TH (sum over a token's rows), dprobs_TE (router dtype, dense).
+  // Adjoint of dispatch: dx_RH, dprobs_R -> dx_TH (sum over a token's rows), dprobs_TK [T, K] (probs_dtype; 0 for
+  // dropped assignments, padding rows' gradients discarded).
   virtual void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
-                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TE) = 0;
+                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) = 0;
 };
 
 class LocalTokenDispatcher : public TokenDispatcher {
  public:
-  void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
+  explicit LocalTokenDispatcher(int64_t num_experts) : E_(num_experts) {}
+  void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                 Tensor& probs_R) override;
+  // The permutation itself: rows of experts [0, E) (other ids, −1 included, are skipped); under padding, every
+  // block of `block` tokens (one source rank's) gives each expert exactly pad_capacity rows.
+  void permute(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK, int64_t pad_capacity, int64_t block,
+               DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
   Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
   Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
   void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
-                         Tensor& dx_TH, Tensor& dprobs_TE) override;
+                         Tensor& dx_TH, Tensor& dprobs_TK) override;
+
+ private:
+  int64_t E_;
 };
 
 // Helpers shared by dispatchers: row gather (permute), its inverse scatter, and the per-token ordered row sum
 // (unpermute).
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);  // dst[r] = src[idx[r]]
 void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);          // dst[idx[r]] = src[r]
-// Rows arriving as chunks [source rank s][local expert e] of count(s, e) rows, reordered expert-major
-// ([e][s], source order kept): for each output row, its row in the arriving buffer (I32). Adds each expert's rows
-// to per_expert ([n_local], zeroed here).
-Tensor expert_major_order(int64_t ranks, int64_t n_local, const std::function<int64_t(int64_t, int64_t)>& count,
+// Rows arriving as chunks [source rank s][local expert e] of count(s, e) = counts[s·stride + offset + e] rows,
+// reordered expert-major ([e][s], source order kept): for each output row, its row in the arriving buffer (I32).
+// Sets per_expert ([n_local]) to each expert's rows.
+Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
                           std::vector<int64_t>& per_expert);
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
 
@@ -76,7 +88,8 @@ namespace moecore::moe {
 // the local dispatcher that permutes rows on this rank.
 class ExpertParallelDispatcher : public TokenDispatcher {
  protected:
-  ExpertParallelDispatcher(const comm::ProcessGroup& ep, int64_t num_experts);
+  // local_ permutes over all experts, or only this rank's (local_experts_only).
+  ExpertParallelDispatcher(const comm::ProcessGroup& ep, int64_t num_experts, bool local_experts_only);
   const comm::ProcessGroup& ep_;
   int64_t E_, n_local_;
   LocalTokenDispatcher local_;
@@ -88,13 +101,13 @@ class ExpertParallelDispatcher : public TokenDispatcher {
 class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
  public:
   AllToAllTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
-      : ExpertParallelDispatcher(ep, num_experts) {}
-  void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
+      : ExpertParallelDispatcher(ep, num_experts, false) {}
+  void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                 Tensor& probs_R) override;
   Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
   Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
   void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
-                         Tensor& dx_TH, Tensor& dprobs_TE) override;
+                         Tensor& dx_TH, Tensor& dprobs_TK) override;
 
  private:
   // local permuted rows -> received rows in expert-major order, and back
@@ -106,20 +119,20 @@ class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
 
 namespace moecore::moe {
 
-// Megatron's AllGather dispatcher over an expert-parallel group (with ETP = 1): tokens, probabilities and the
-// routing map are all-gathered, each rank permutes the rows of its own experts, and combine reduce-scatters the
-// expert outputs back to the tokens' ranks. Backward all-gathers output gradients and reduce-scatters input and
-// probability gradients.
+// Megatron's AllGather dispatcher over an expert-parallel group (with ETP = 1): tokens and the [T, K] ids and
+// probabilities are all-gathered (Megatron gathers the dense [T, E] map and probabilities), each rank permutes the rows
+// of its own experts, and combine reduce-scatters the expert outputs back to the tokens' ranks. Backward all-gathers
+// output gradients and reduce-scatters input and probability gradients.
 class AllGatherTokenDispatcher : public ExpertParallelDispatcher {
  public:
   AllGatherTokenDispatcher(const comm::ProcessGroup& ep, int64_t num_experts)
-      : ExpertParallelDispatcher(ep, num_experts) {}
-  void dispatch(const Tensor& x_TH, const Tensor& probs_TE, const Tensor& map_TE, DispatchPlan& plan, Tensor& x_RH,
+      : ExpertParallelDispatcher(ep, num_experts, true) {}
+  void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                 Tensor& probs_R) override;
   Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
   Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
   void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
-                         Tensor& dx_TH, Tensor& dprobs_TE) override;
+                         Tensor& dx_TH, Tensor& dprobs_TK) override;
 
  private:
   Tensor gather(const Tensor& t_local) const;     // [T, C] -> [P·T, C]

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "moecore/core/tensor.h"
+#include "moecore/nn/routing_stats.h"
 
 namespace moecore::nn {
 
@@ -23,6 +24,11 @@ class FeedForward {
   // x_SBH [S, B, H] -> [S, B, H]
   virtual Tensor forward(const Tensor& x_SBH, Stash& st) = 0;
   virtual Tensor backward(const Tensor& dy_SBH, Stash& st) = 0;
+  // Once per optimizer step, after the global batch's gradients are final (MoE: expert-bias counts summed and the
+  // bias updated, routing statistics snapshotted and reset). Collective over the ranks that share the batch.
+  virtual void finish_global_batch() {}
+  // Routing statistics of the last finished global batch; null for an FFN that does not route.
+  virtual const RoutingStats* routing_stats() const { return nullptr; }
 };
 
 }  // namespace moecore::nn

@@ -168,4 +168,8 @@ void GPTModel::set_training(bool training) {
   for (auto& l : layers_) l->ffn().set_training(training);
 }
 
+void GPTModel::finish_global_batch() {
+  for (auto& l : layers_) l->ffn().finish_global_batch();
+}
+
 }  // namespace moecore::nn

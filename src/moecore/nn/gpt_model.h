@@ -71,6 +71,11 @@ class GPTModel {
 
   // Training mode (the default) lets MoE layers update aux losses, balancing counters and statistics.
   void set_training(bool training);
+  // Once per optimizer step, after the gradients are final: every layer's FFN closes its global batch (MoE:
+  // expert-bias update and routing-statistics snapshot; collective over the ranks that share the batch).
+  void finish_global_batch();
+  // Layer i's routing statistics for its last finished global batch; null for a dense layer.
+  const RoutingStats* routing_stats(size_t i) const { return layers_[i]->ffn().routing_stats(); }
   TransformerLayer& layer(size_t i) { return *layers_[i]; }
   size_t num_layers() const { return layers_.size(); }
   const GPTConfig& config() const { return cfg_; }

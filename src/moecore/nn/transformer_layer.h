@@ -25,6 +25,7 @@ class TransformerLayer {
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
   FeedForward& ffn() { return *ffn_; }
+  const FeedForward& ffn() const { return *ffn_; }
 
  private:
   RMSNorm input_norm_;

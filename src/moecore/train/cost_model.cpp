@@ -39,7 +39,7 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
   const double M = static_cast<double>(c.global_batch_size / (c.micro_batch_size * g.dp_size));
   const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
   const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
-  const double E = static_cast<double>(c.num_experts), ab = c.bf16 ? 2.0 : 4.0;  // dispatched token bytes
+  const double ab = c.bf16 ? 2.0 : 4.0;  // dispatched token bytes
   double n_dense = 0, n_rep = 0, n_exp = 0;
   for (auto& p : reg.all()) {
     const double n = static_cast<double>(p->value.numel());
@@ -75,8 +75,10 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
   if (EP > 1 && Lm > 0) {
     if (c.moe_token_dispatcher_type == "alltoall") {
       out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + 4) + 2 * 4);
-    } else {  // allgather: tokens, probabilities and map gathered; outputs and input gradients reduce-scattered
-      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + 2 * E * 4 + H * 4 + H * ab + H * 4 + E * 4);
+    } else {  // allgather: tokens and [T, K] ids and probabilities (pb bytes each) gathered; outputs, input and
+              // probability gradients reduce-scattered
+      const double pb = c.moe_router_dtype == "fp64" ? 8.0 : 4.0;
+      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + k * (4 + pb) + H * 4 + H * ab + H * 4 + k * pb);
     }
   }
   // Expert tensor parallel: the rows a rank holds after dispatch (T/TP·k on average) are gathered from the other

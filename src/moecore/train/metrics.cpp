@@ -8,17 +8,26 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
-#include "moecore/train/model_builder.h"
 
 namespace moecore::train {
 
-void router_losses(const TrainConfig& c, const std::vector<moe::MoELayer*>& layers, const ParallelGroups& g,
-                   StepResult& r) {
+namespace {
+// The routing statistics of the last global batch, by layer index, of the layers that route (MoE layers).
+std::vector<std::pair<size_t, const nn::RoutingStats*>> routed_layers(const nn::GPTModel& model) {
+  std::vector<std::pair<size_t, const nn::RoutingStats*>> v;
+  for (size_t i = 0; i < model.num_layers(); i++)
+    if (const nn::RoutingStats* s = model.routing_stats(i)) v.push_back({i, s});
+  return v;
+}
+}  // namespace
+
+void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {
   r.aux_losses.assign(c.moe_router_load_balancing_type.size(), 0.0);
   r.z_loss = 0;
+  const auto layers = routed_layers(model);
   const double L = static_cast<double>(layers.size());
-  for (auto* l : layers) {
-    const auto& s = l->stats();
+  for (const auto& [i, st] : layers) {
+    const nn::RoutingStats& s = *st;
     const double mb = static_cast<double>(std::max<int64_t>(1, s.micro_batches));
     for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++) r.aux_losses[t] += s.loss_sums[t] / mb / L;
     r.z_loss += s.z_loss_sum / mb / L;
@@ -97,8 +106,8 @@ void MetricsLog::log_validation(int64_t iteration, double v) {
 }
 
 void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& r, IntervalSums& sums,
-                              double seconds, double step_flops, double peak_gflops, nn::GPTModel& model) {
-  const auto layers = moe_layers_by_index(model);
+                              double seconds, double step_flops, double peak_gflops, const nn::GPTModel& model) {
+  const auto layers = routed_layers(model);
   const double n = static_cast<double>(std::max<int64_t>(1, sums.steps));
   const int64_t steps = sums.steps;
   const double tokens = static_cast<double>(steps * c_.global_batch_size * c_.seq_length);
@@ -131,12 +140,12 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     nlohmann::json tpe = nlohmann::json::object(), entropy = nlohmann::json::object(),
                    dropped = nlohmann::json::object();
     double worst = 0;
-    for (const auto& [i, l] : layers) {
+    for (const auto& [i, s] : layers) {
       const std::string key = "layer_" + std::to_string(i);
-      tpe[key] = l->stats().tokens_per_expert;
-      entropy[key] = l->stats().entropy();
-      dropped[key] = l->stats().dropped;
-      worst = std::max(worst, l->stats().max_load() / std::max(1.0, l->stats().mean_load()));
+      tpe[key] = s->tokens_per_expert;
+      entropy[key] = s->entropy();
+      dropped[key] = s->dropped;
+      worst = std::max(worst, s->max_load() / std::max(1.0, s->mean_load()));
     }
     j["tokens_per_expert"] = tpe;
     j["router_entropy"] = entropy;  // nats, mean over the step's tokens
@@ -185,10 +194,10 @@ void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegi
              human_bytes(per_layer), human_bytes(logits));
 }
 
-void print_expert_load(std::FILE* out, nn::GPTModel& model, bool distributed) {
-  for (const auto& [i, l] : moe_layers_by_index(model)) {
-    if (l->stats().tokens_per_expert.empty()) continue;
-    const auto& t = l->stats().tokens_per_expert;
+void print_expert_load(std::FILE* out, const nn::GPTModel& model, bool distributed) {
+  for (const auto& [i, s] : routed_layers(model)) {
+    if (s->tokens_per_expert.empty()) continue;
+    const auto& t = s->tokens_per_expert;
     const int64_t mx = *std::max_element(t.begin(), t.end());
     std::string bars;
     for (int64_t c : t)

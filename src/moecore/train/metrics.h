@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/train/config.h"
 #include "moecore/train/parallel_groups.h"
@@ -26,8 +25,7 @@ struct StepResult {
 // Aux losses and z-loss of the step just finished, as Megatron logs them: L/coeff per layer, averaged over MoE
 // layers and micro-batches, summed over TP (each TP rank holds its tokens' share), averaged over DP (global_aux_loss
 // shares are parts of one global-batch loss: summed). Collective over the TP×DP group.
-void router_losses(const TrainConfig& c, const std::vector<moe::MoELayer*>& layers, const ParallelGroups& g,
-                   StepResult& r);
+void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r);
 
 // Sums of the steps since the last log line (checkpointed, so a resumed run logs the same averages).
 struct IntervalSums {
@@ -52,7 +50,7 @@ class MetricsLog {
   // The log line of the interval ending at `iteration` (averages of `sums`, which it then clears), with the
   // throughput of `seconds` over `steps` steps and the MoE layers' routing statistics of the last step.
   void log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& last, IntervalSums& sums,
-                    double seconds, double step_flops, double peak_gflops, nn::GPTModel& model);
+                    double seconds, double step_flops, double peak_gflops, const nn::GPTModel& model);
   void log_validation(int64_t iteration, double loss);
   void write_json(const nlohmann::json& line);
 
@@ -66,6 +64,6 @@ class MetricsLog {
 void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
                        int64_t padded_vocab);
 // Where the last step's tokens went, one bar per expert, layer by layer.
-void print_expert_load(std::FILE* out, nn::GPTModel& model, bool distributed);
+void print_expert_load(std::FILE* out, const nn::GPTModel& model, bool distributed);
 
 }  // namespace moecore::train

@@ -63,16 +63,10 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   return model;
 }
 
-std::vector<std::pair<size_t, moe::MoELayer*>> moe_layers_by_index(nn::GPTModel& model) {
-  std::vector<std::pair<size_t, moe::MoELayer*>> v;
-  for (size_t i = 0; i < model.num_layers(); i++)
-    if (auto* l = dynamic_cast<moe::MoELayer*>(&model.layer(i).ffn())) v.push_back({i, l});
-  return v;
-}
-
 std::vector<moe::MoELayer*> moe_layers(nn::GPTModel& model) {
   std::vector<moe::MoELayer*> v;
-  for (const auto& [i, l] : moe_layers_by_index(model)) v.push_back(l);
+  for (size_t i = 0; i < model.num_layers(); i++)
+    if (auto* l = dynamic_cast<moe::MoELayer*>(&model.layer(i).ffn())) v.push_back(l);
   return v;
 }
 

@@ -33,9 +33,8 @@ std::array<std::shared_ptr<const data::SampleSource>, 3> build_datasets(const Tr
 std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_vocab, nn::ParamRegistry& reg,
                                           const ParallelGroups& g);
 
-// The model's MoE layers, in layer order (with their layer index).
+// The model's MoE layers, in layer order (their routers hold checkpointed state: expert bias, noise counters).
 std::vector<moe::MoELayer*> moe_layers(nn::GPTModel& model);
-std::vector<std::pair<size_t, moe::MoELayer*>> moe_layers_by_index(nn::GPTModel& model);
 
 // The gradient bucket of a parameter: its transformer layer, or num_layers for the embedding, final norm and
 // output layer.

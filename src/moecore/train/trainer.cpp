@@ -97,16 +97,12 @@ StepResult Trainer::train_step() {
   StepResult r;
   r.lr = lr_schedule(cfg_).lr(progress_.iteration);
   reg_.zero_grad();
-  const auto layers = moe_layers();
-  for (auto* l : layers) l->stats().reset(cfg_.num_experts);
   {
     nn::Bf16WeightScope bf16_scope(reg_);  // weights change only after the micro-batches
     r.lm_loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
   progress_.cursor.advance(cfg_.global_batch_size);
-  // Expert-bias counts are summed over TP×DP×CP before the bias update; the reported loss is averaged over DP.
-  if (groups_->distributed()) {
-    for (auto* l : layers) groups_->tp_dp->all_reduce(l->router().local_tokens_per_expert());
+  if (groups_->distributed()) {  // the reported loss is averaged over DP
     Tensor loss = Tensor::empty({1}, DType::F64);
     loss.set_item(0, r.lm_loss);
     groups_->dp->all_reduce(loss);
@@ -117,14 +113,15 @@ StepResult Trainer::train_step() {
   std::vector<double> stop{g_stop_signal != 0 ? 1.0 : 0.0};
   r.grad_norm = opt_->finish_gradients(stop);
   stop_requested_ = stop[0] > 0;
-  // Once per global batch, after gradients are final: expert-bias updates and counter resets.
-  for (auto* l : layers) l->router().finish_global_batch();
+  // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
+  // updated, routing statistics of the step snapshotted, counters reset.
+  model_->finish_global_batch();
   MOE_CHECK(std::isfinite(r.grad_norm),
             "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
             progress_.iteration + 1, r.grad_norm, r.lm_loss);
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
-  router_losses(cfg_, layers, *groups_, r);
+  router_losses(cfg_, *model_, *groups_, r);
   return r;
 }
 
