@@ -14,7 +14,7 @@ for f in "${files[@]}"; do
     echo "style: $f is not clang-format clean (run: clang-format -i $f)"
     bad=1
   fi
-  long=$(awk 'length($0) > 120 { print FILENAME ":" FNR ": " length($0) " columns" }' "$f")
+  long=$(LC_ALL=C.UTF-8 grep -nP '^.{121,}' "$f" | cut -c1-60 | sed "s|^|$f:|")  # characters, not bytes
   if [ -n "$long" ]; then
     echo "style: lines over 120 columns:"
     echo "$long"

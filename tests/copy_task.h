@@ -7,12 +7,12 @@
 #include <memory>
 #include <vector>
 
+#include "model_util.h"
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/optim/adamw.h"
 #include "moecore/optim/lr_schedule.h"
-#include "model_util.h"
 
 namespace moecore::testing {
 
@@ -39,7 +39,13 @@ inline CopyBatch copy_batch(int64_t B, int64_t half, int64_t vocab, uint64_t ste
 
 // The small dense GPT both copy-task tests train (the MoE test swaps its FFNs).
 inline nn::GPTConfig copy_config() {
-  return small_gpt({.hidden = 64, .ffn = 128, .heads = 4, .kv_heads = 2, .head_dim = 16, .vocab = 16, .max_seq = 32,
+  return small_gpt({.hidden = 64,
+                    .ffn = 128,
+                    .heads = 4,
+                    .kv_heads = 2,
+                    .head_dim = 16,
+                    .vocab = 16,
+                    .max_seq = 32,
                     .init_std = 0.02});
 }
 

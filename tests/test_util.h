@@ -46,8 +46,8 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
 
 // Central differences of `loss` with respect to the elements of `x` (f64), compared with `grad` as a norm-wise
 // relative error ‖num − ana‖ / max(‖num‖, ‖ana‖). At most `max_elems` elements are probed, evenly spread.
-inline double fd_rel_error(const std::function<double()>& loss, Tensor& x, const Tensor& grad,
-                           int64_t max_elems = 400, double eps = 1e-6) {
+inline double fd_rel_error(const std::function<double()>& loss, Tensor& x, const Tensor& grad, int64_t max_elems = 400,
+                           double eps = 1e-6) {
   EXPECT_EQ(x.dtype(), DType::F64);
   EXPECT_EQ(x.numel(), grad.numel());
   const int64_t n = x.numel();

@@ -46,7 +46,8 @@ TEST(Checkpoint, ReshardsAcrossLayouts) {
   ckpt::write_model_shards(dir, 1, r1.params());
   ckpt::write_model_index(dir, 2);
   FakeRank whole({0, 0}, {4, 6}, 1, 0);  // one rank: the reference values
-  for (auto [off, size] : {std::pair<std::vector<int64_t>, Shape>{{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 4}}}) {
+  for (auto [off, size] :
+       {std::pair<std::vector<int64_t>, Shape>{{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 4}}}) {
     FakeRank target(off, size, 1, 0);
     for (auto& p : target.reg.all()) p->value.zero_();
     ckpt::load_model(dir, target.reg);
@@ -69,7 +70,9 @@ TEST(Checkpoint, RefusesBrokenCheckpointsListingEveryProblem) {
   EXPECT_NE(e.find("rank 1 wrote no index fragment"), std::string::npos) << e;
   EXPECT_NE(e.find("w: missing elements of global shape [4, 6] at index 2, 3"), std::string::npos) << e;
   EXPECT_NE(e.find("experts.linear_fc1.weight: missing elements of global shape [4, 3, 2] at index 2, 3 of its "
-                   "first dimension (experts)"), std::string::npos) << e;
+                   "first dimension (experts)"),
+            std::string::npos)
+      << e;
   // A duplicated expert: rank 1 writes rank 0's shards again.
   ckpt::write_model_shards(dir, 1, r0.params());
   e = error_of([&] { ckpt::write_model_index(dir, 2); });

@@ -35,7 +35,8 @@ TEST(Safetensors, RoundTripEveryDtypeWithMetadata) {
   std::vector<ckpt::NamedTensor> ts;
   for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::I32, DType::I64}) {
     Tensor t = Tensor::empty({2, 3}, dt);
-    for (int64_t i = 0; i < 6; i++) t.set_item(i, static_cast<double>(i) - 2.5 * (dt == DType::I32 || dt == DType::I64 ? 0 : 1));
+    for (int64_t i = 0; i < 6; i++)
+      t.set_item(i, static_cast<double>(i) - 2.5 * (dt == DType::I32 || dt == DType::I64 ? 0 : 1));
     ts.push_back({std::string("t.") + ckpt::safetensors_dtype(dt), t});
   }
   ts.push_back({"empty", Tensor::empty({0, 4}, DType::F32)});
@@ -65,7 +66,10 @@ TEST(Safetensors, RoundTripEveryDtypeWithMetadata) {
 TEST(Safetensors, BrokenFilesAreNamedWithTheProblem) {
   const std::string p = tmp("broken.safetensors");
   EXPECT_NE(error_of(tmp("does_not_exist")).find("cannot open"), std::string::npos);
-  { std::ofstream f(p, std::ios::binary); f << "abc"; }
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "abc";
+  }
   EXPECT_NE(error_of(p).find("too short"), std::string::npos);
   write_raw(p, "{\"a\": 1", "");
   EXPECT_NE(error_of(p).find("not valid JSON"), std::string::npos);
@@ -76,12 +80,17 @@ TEST(Safetensors, BrokenFilesAreNamedWithTheProblem) {
   write_raw(p, R"({"a": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})", "12");
   EXPECT_NE(error_of(p).find("unsupported dtype F8_E4M3"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-                   "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})", "12345678");
+                   "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})",
+            "12345678");
   EXPECT_NE(error_of(p).find("overlap"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "1234");
   EXPECT_NE(error_of(p).find("invalid dimension"), std::string::npos);
   // Header length beyond the file.
-  { std::ofstream f(p, std::ios::binary); const char b[8] = {static_cast<char>(0xff), 0x10, 0, 0, 0, 0, 0, 0}; f.write(b, 8); }
+  {
+    std::ofstream f(p, std::ios::binary);
+    const char b[8] = {static_cast<char>(0xff), 0x10, 0, 0, 0, 0, 0, 0};
+    f.write(b, 8);
+  }
   EXPECT_NE(error_of(p).find("corrupt or truncated"), std::string::npos);
   EXPECT_NE(error_of(p).find(p), std::string::npos);  // the file is named
   std::remove(p.c_str());

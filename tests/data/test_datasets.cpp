@@ -47,7 +47,8 @@ void put(std::string& s, T v) {
 }
 
 // The .idx Megatron's _IndexWriter writes, field by field.
-std::string megatron_idx(uint8_t code, const std::vector<int32_t>& lens, const std::vector<int64_t>& docs, size_t item) {
+std::string megatron_idx(uint8_t code, const std::vector<int32_t>& lens, const std::vector<int64_t>& docs,
+                         size_t item) {
   std::string s("MMIDIDX\0\0", 9);
   put<uint64_t>(s, 1);
   put<uint8_t>(s, code);
@@ -96,12 +97,18 @@ TEST(Preprocess, ByteIdenticalToMegatronLayout) {
     std::vector<int64_t> text_docs{0};
     size_t before = text_lens.size();
     add(text_ids, text_lens, {"Hello world"});
-    if (text_lens.size() > before) { text_ids.push_back(eod); text_lens.back()++; }
+    if (text_lens.size() > before) {
+      text_ids.push_back(eod);
+      text_lens.back()++;
+    }
     text_docs.push_back(static_cast<int64_t>(text_lens.size()));
     text_docs.push_back(static_cast<int64_t>(text_lens.size()));  // the empty document
     before = text_lens.size();
     add(text_ids, text_lens, {"a b", "", "c"});
-    if (text_lens.size() > before) { text_ids.push_back(eod); text_lens.back()++; }
+    if (text_lens.size() > before) {
+      text_ids.push_back(eod);
+      text_lens.back()++;
+    }
     text_docs.push_back(static_cast<int64_t>(text_lens.size()));
     std::string bin;
     for (int32_t t : text_ids) put<int32_t>(bin, t);  // 151669 tokens >= 65500: int32 (code 4)
@@ -152,11 +159,11 @@ TEST(Preprocess, BadLinesAreNamedAndNothingIsWritten) {
   struct Case {
     std::string content, needle;
   };
-  for (const Case& c : {Case{"{\"text\": \"ok\"}\nnot json\n", ":2: not a JSON object"},
-                        Case{"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", ":2: no key \"text\""},
-                        Case{"{\"text\": 5}\n", ":1: \"text\" is a number"},
-                        Case{"{\"text\": \"ok\"}\n\n", ":2: not a JSON object"},
-                        Case{"{\"text\": \"bad \xC3\x28\"}\n", ":1:"}}) {
+  for (const Case& c :
+       {Case{"{\"text\": \"ok\"}\nnot json\n", ":2: not a JSON object"},
+        Case{"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", ":2: no key \"text\""},
+        Case{"{\"text\": 5}\n", ":1: \"text\" is a number"}, Case{"{\"text\": \"ok\"}\n\n", ":2: not a JSON object"},
+        Case{"{\"text\": \"bad \xC3\x28\"}\n", ":1:"}}) {
     spit(d / "in.jsonl", c.content);
     o.input = (d / "in.jsonl").string();
     const std::string e = error_of([&] { data::preprocess(o); });
@@ -184,7 +191,11 @@ TEST(IndexedDataset, CorruptFilesAreRejectedWithTheProblem) {
     EXPECT_NE(e.find(needle), std::string::npos) << "got: " << e;
     EXPECT_NE(e.find("x.idx"), std::string::npos) << e;
   };
-  { spit(d / "x.idx", good); spit(d / "x.bin", bin); EXPECT_NO_THROW(data::IndexedDataset((d / "x").string())); }
+  {
+    spit(d / "x.idx", good);
+    spit(d / "x.bin", bin);
+    EXPECT_NO_THROW(data::IndexedDataset((d / "x").string()));
+  }
   check(good.substr(0, 20), bin, "truncated");
   check(good.substr(0, good.size() - 3), bin, "does not match its header");
   std::string m = good;
@@ -312,8 +323,9 @@ TEST(GPTDataset, BuildsSplitsFromDataPath) {
     sets[1]->get(i, t.data());
     for (int64_t v : t) EXPECT_GE(v, 900);
   }
-  EXPECT_NE(error_of([&] { data::build_gpt_datasets({(d / "s").string()}, "1000,1,0", 16, {1, 1, 0}, 1); })
-                .find("without documents"),
+  EXPECT_NE(error_of([&] {
+              data::build_gpt_datasets({(d / "s").string()}, "1000,1,0", 16, {1, 1, 0}, 1);
+            }).find("without documents"),
             std::string::npos);
 }
 

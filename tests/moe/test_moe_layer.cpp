@@ -3,14 +3,14 @@
 // --moe-layer-freq parsing, bitwise repeatability, and an MoE GPT learning the copy task.
 #include <gtest/gtest.h>
 
+#include "copy_task.h"
+#include "model_util.h"
+#include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
-#include "copy_task.h"
-#include "moecore/core/allocator.h"
-#include "moecore/kernels/cpu/gemm.h"
 #include "test_util.h"
-#include "model_util.h"
 
 namespace moecore {
 namespace {
@@ -113,7 +113,8 @@ TEST(MoELayerGrad, WholeLayerFiniteDifferences) {
     st->loss_scale = loss_scale;
     Tensor dx = layer.backward(W, *st);
     EXPECT_LT(fd_rel_error(loss, x, dx, 200), kGradTol) << c.name << ": input";
-    for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 80), kGradTol) << c.name << ": " << p->name;
+    for (auto& p : reg.all())
+      EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 80), kGradTol) << c.name << ": " << p->name;
   }
 }
 
@@ -260,11 +261,11 @@ TEST(MoELayerFreq, IntegersAndLists) {
 }
 
 nn::FfnFactory moe_factory(const moe::MoELayerConfig& base, std::vector<bool> is_moe) {
-  return [base, is_moe](nn::ParamRegistry& reg, const std::string& name,
-                        int64_t i) -> std::unique_ptr<nn::FeedForward> {
-    if (!is_moe[static_cast<size_t>(i)]) return nullptr;
-    return std::make_unique<moe::MoELayer>(reg, name, base);
-  };
+  return
+      [base, is_moe](nn::ParamRegistry& reg, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
+        if (!is_moe[static_cast<size_t>(i)]) return nullptr;
+        return std::make_unique<moe::MoELayer>(reg, name, base);
+      };
 }
 
 TEST(MoEGPT, GradientOfAMixedDenseAndMoEModel) {
@@ -290,7 +291,6 @@ TEST(MoEGPT, GradientOfAMixedDenseAndMoEModel) {
   model.backward(st, scale);
   for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 30), kGradTol) << p->name;
 }
-
 
 moe::MoELayerConfig moe_copy_layer() {
   moe::MoELayerConfig m;

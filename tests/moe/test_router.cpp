@@ -18,7 +18,8 @@ using moe::RouterConfig;
 struct IdentityRouter {
   nn::ParamRegistry reg{DType::F64};
   Router router;
-  explicit IdentityRouter(RouterConfig c) : router(reg, "router", (c.hidden = c.num_experts, c.router_dtype = DType::F64, c)) {
+  explicit IdentityRouter(RouterConfig c)
+      : router(reg, "router", (c.hidden = c.num_experts, c.router_dtype = DType::F64, c)) {
     Tensor& w = router.weight().value;
     w.zero_();
     for (int64_t e = 0; e < c.num_experts; e++) w.set_item(e * c.num_experts + e, 1.0);
@@ -32,7 +33,9 @@ Tensor rows(std::vector<std::vector<double>> v) {
   return t;
 }
 
-double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sig(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 // Token t's probability for expert e (0 if e is not among its kept choices), and whether it routes to e.
 double prob(const Router::Output& o, int64_t t, int64_t e) {
@@ -174,8 +177,8 @@ TEST(Router, GlobalAuxLossAveragesCountsOverMicroBatches) {
 
 TEST(Router, UniformRoutingGivesAuxLossExactlyOne) {
   for (auto sf : {moe::ScoreFunction::Softmax, moe::ScoreFunction::Sigmoid})
-    for (auto type : {moe::LoadBalancingType::AuxLoss, moe::LoadBalancingType::SeqAuxLoss,
-                      moe::LoadBalancingType::GlobalAuxLoss}) {
+    for (auto type :
+         {moe::LoadBalancingType::AuxLoss, moe::LoadBalancingType::SeqAuxLoss, moe::LoadBalancingType::GlobalAuxLoss}) {
       RouterConfig c;
       c.num_experts = 8;
       c.topk = 2;

@@ -80,8 +80,7 @@ TEST(ProcessGroup, ReduceScatterIsTheAdjointOfAllGather) {
   Tensor out = Tensor::empty({2, 2}, DType::F64);
   w.reduce_scatter(in, out);
   // This rank's slice starts at element 4r; the sum over ranks of (k + 4r + i) is n(n-1)/2 + n(4r + i).
-  for (int64_t i = 0; i < 4; i++)
-    EXPECT_EQ(out.item(i), static_cast<double>(n * (n - 1) / 2 + n * (4 * r + i)));
+  for (int64_t i = 0; i < 4; i++) EXPECT_EQ(out.item(i), static_cast<double>(n * (n - 1) / 2 + n * (4 * r + i)));
 }
 
 TEST(ProcessGroup, VariableReduceScatterSumsEachRanksRows) {

@@ -4,21 +4,21 @@
 
 #include <cmath>
 
+#include "copy_task.h"
+#include "model_util.h"
 #include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/nn/gpt_model.h"
-#include "copy_task.h"
 #include "test_util.h"
-#include "model_util.h"
 
 namespace moecore {
 namespace {
 
 using testing::copy_batch;
+using testing::copy_config;
 using testing::CopyBatch;
 using testing::Trainer;
-using testing::copy_config;
 
 double sample_std(const Tensor& t) {
   double s = 0, s2 = 0;
@@ -31,9 +31,15 @@ double sample_std(const Tensor& t) {
 }
 
 TEST(GPTInit, MegatronRules) {
-  const nn::GPTConfig c = testing::small_gpt(
-      {.layers = 4, .hidden = 128, .ffn = 256, .heads = 4, .kv_heads = 4, .head_dim = 32, .vocab = 512,
-       .max_seq = 128, .init_std = 0.02});
+  const nn::GPTConfig c = testing::small_gpt({.layers = 4,
+                                              .hidden = 128,
+                                              .ffn = 256,
+                                              .heads = 4,
+                                              .kv_heads = 4,
+                                              .head_dim = 32,
+                                              .vocab = 512,
+                                              .max_seq = 128,
+                                              .init_std = 0.02});
   nn::ParamRegistry reg;
   nn::GPTModel model(c, reg);
   reg.initialize(1234);
@@ -41,8 +47,7 @@ TEST(GPTInit, MegatronRules) {
   EXPECT_NEAR(sample_std(reg.get("decoder.layers.0.self_attention.linear_q.weight").value), 0.02, 0.02 * 0.05);
   EXPECT_NEAR(sample_std(reg.get("decoder.layers.1.mlp.linear_fc1.weight").value), 0.02, 0.02 * 0.05);
   EXPECT_NEAR(sample_std(reg.get("embedding.word_embeddings.weight").value), 0.02, 0.02 * 0.05);
-  EXPECT_NEAR(sample_std(reg.get("decoder.layers.2.self_attention.linear_proj.weight").value), out_std,
-              out_std * 0.05);
+  EXPECT_NEAR(sample_std(reg.get("decoder.layers.2.self_attention.linear_proj.weight").value), out_std, out_std * 0.05);
   EXPECT_NEAR(sample_std(reg.get("decoder.layers.3.mlp.linear_fc2.weight").value), out_std, out_std * 0.05);
   const Tensor& norm = reg.get("decoder.final_layernorm.weight").value;
   for (int64_t i = 0; i < norm.numel(); i++) EXPECT_EQ(norm.item(i), 1.0);
@@ -58,7 +63,6 @@ TEST(GPTInit, MegatronRules) {
   EXPECT_FALSE(testing::bitwise_equal(reg.get("decoder.layers.1.mlp.linear_fc1.weight").value,
                                       reg2.get("decoder.layers.1.mlp.linear_fc1.weight").value));
 }
-
 
 TEST(GPTTrain, LearnsCopyTask) {
   Trainer t(copy_config());

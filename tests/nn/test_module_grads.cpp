@@ -1,6 +1,7 @@
 // fp64 finite-difference gradient checks of every nn module, for the input and every parameter.
 #include <gtest/gtest.h>
 
+#include "model_util.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/attention.h"
 #include "moecore/nn/embedding.h"
@@ -10,7 +11,6 @@
 #include "moecore/nn/rmsnorm.h"
 #include "moecore/nn/transformer_layer.h"
 #include "test_util.h"
-#include "model_util.h"
 
 namespace moecore {
 namespace {
@@ -32,8 +32,7 @@ void check_module(ParamRegistry& reg, Tensor& x, Fwd fwd, Bwd bwd, const std::st
   if (x.defined()) {
     EXPECT_LT(fd_rel_error(loss, x, dx, 200), kGradTol) << what << ": input";
   }
-  for (auto& p : reg.all())
-    EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 60), kGradTol) << what << ": " << p->name;
+  for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 60), kGradTol) << what << ": " << p->name;
 }
 
 TEST(ModuleGrad, LinearWithAndWithoutBias) {
@@ -44,8 +43,9 @@ TEST(ModuleGrad, LinearWithAndWithoutBias) {
     if (bias) reg.get("lin.bias").value.copy_from(randn({4}, DType::F64, 5));
     Tensor x = randn({5, 6}, DType::F64, 2);
     nn::Linear::Stash st;
-    check_module(reg, x, [&] { return lin.forward(x, st); }, [&](const Tensor& dy) { return lin.backward(dy, st); },
-                 bias ? "linear+bias" : "linear");
+    check_module(
+        reg, x, [&] { return lin.forward(x, st); }, [&](const Tensor& dy) { return lin.backward(dy, st); },
+        bias ? "linear+bias" : "linear");
   }
 }
 
@@ -56,12 +56,13 @@ TEST(ModuleGrad, Embedding) {
   Tensor ids = testing::randint({7}, 9, 3);
   nn::Embedding::Stash st;
   Tensor none;
-  check_module(reg, none, [&] { return emb.forward(ids, st); },
-               [&](const Tensor& dy) {
-                 emb.backward(dy, st);
-                 return Tensor();
-               },
-               "embedding");
+  check_module(
+      reg, none, [&] { return emb.forward(ids, st); },
+      [&](const Tensor& dy) {
+        emb.backward(dy, st);
+        return Tensor();
+      },
+      "embedding");
 }
 
 TEST(ModuleGrad, RMSNorm) {
@@ -70,8 +71,8 @@ TEST(ModuleGrad, RMSNorm) {
   reg.get("norm.weight").value.copy_from(randn({8}, DType::F64, 4));
   Tensor x = randn({3, 2, 8}, DType::F64, 2);
   nn::RMSNorm::Stash st;
-  check_module(reg, x, [&] { return norm.forward(x, st); }, [&](const Tensor& dy) { return norm.backward(dy, st); },
-               "rmsnorm");
+  check_module(
+      reg, x, [&] { return norm.forward(x, st); }, [&](const Tensor& dy) { return norm.backward(dy, st); }, "rmsnorm");
 }
 
 nn::AttentionConfig small_attention(bool qk_norm, double rotary_percent, int64_t groups) {
@@ -111,9 +112,9 @@ TEST(ModuleGrad, AttentionVariants) {
     randomize_norms(reg);
     Tensor x = randn({5, 2, 8}, DType::F64, 2);
     nn::Attention::Stash st;
-    check_module(reg, x, [&] { return attn.forward(x, st); },
-                 [&](const Tensor& dy) { return attn.backward(dy, st); },
-                 fmt::format("attention qk_norm={} rot={} groups={}", c.qk_norm, c.rot, c.groups));
+    check_module(
+        reg, x, [&] { return attn.forward(x, st); }, [&](const Tensor& dy) { return attn.backward(dy, st); },
+        fmt::format("attention qk_norm={} rot={} groups={}", c.qk_norm, c.rot, c.groups));
   }
 }
 
@@ -125,8 +126,9 @@ TEST(ModuleGrad, MLPActivations) {
     randomize_norms(reg);
     Tensor x = randn({3, 2, 6}, DType::F64, 2);
     auto st = mlp.make_stash();
-    check_module(reg, x, [&] { return mlp.forward(x, *st); }, [&](const Tensor& dy) { return mlp.backward(dy, *st); },
-                 std::string("mlp ") + std::string(kernels::activation_name(act)));
+    check_module(
+        reg, x, [&] { return mlp.forward(x, *st); }, [&](const Tensor& dy) { return mlp.backward(dy, *st); },
+        std::string("mlp ") + std::string(kernels::activation_name(act)));
   }
 }
 
@@ -140,8 +142,9 @@ TEST(ModuleGrad, TransformerLayer) {
   randomize_norms(reg);
   Tensor x = randn({6, 2, 8}, DType::F64, 2);
   auto st = layer.make_stash();
-  check_module(reg, x, [&] { return layer.forward(x, st); }, [&](const Tensor& dy) { return layer.backward(dy, st); },
-               "transformer layer");
+  check_module(
+      reg, x, [&] { return layer.forward(x, st); }, [&](const Tensor& dy) { return layer.backward(dy, st); },
+      "transformer layer");
 }
 
 nn::GPTConfig tiny_gpt(bool untied) {

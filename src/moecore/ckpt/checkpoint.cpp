@@ -21,7 +21,9 @@ namespace moecore::ckpt {
 namespace {
 // The checksum of a tensor's bytes: XXH3-64 (xxHash), fast enough (tens of GB/s) that verifying every shard on
 // load costs little next to reading it.
-uint64_t checksum_of(const Tensor& t) { return XXH3_64bits(t.raw(), t.nbytes()); }
+uint64_t checksum_of(const Tensor& t) {
+  return XXH3_64bits(t.raw(), t.nbytes());
+}
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> v;
@@ -60,7 +62,9 @@ std::string fragment_path(const std::string& dir, int64_t rank) {
 }
 }  // namespace
 
-Box whole_box(const Shape& s) { return Box{s, s, std::vector<int64_t>(static_cast<size_t>(s.ndim()), 0)}; }
+Box whole_box(const Shape& s) {
+  return Box{s, s, std::vector<int64_t>(static_cast<size_t>(s.ndim()), 0)};
+}
 
 Box box_of(const nn::Parameter& p) {
   if (!p.sharded()) return whole_box(p.value.shape());
@@ -99,7 +103,9 @@ int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const B
   return copied;
 }
 
-StoredTensor stored(const nn::Parameter& p) { return {p.name, box_of(p), p.value}; }
+StoredTensor stored(const nn::Parameter& p) {
+  return {p.name, box_of(p), p.value};
+}
 
 void write_file_durable(const std::string& path, const std::string& content) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -226,8 +232,8 @@ std::vector<std::string> tiling_problems(const std::vector<ShardRecord>& recs) {
 }
 
 void throw_problems(const std::string& dir, const std::vector<std::string>& problems) {
-  std::string msg = fmt::format("checkpoint {} is not usable ({} problem{}):", dir, problems.size(),
-                                problems.size() == 1 ? "" : "s");
+  std::string msg =
+      fmt::format("checkpoint {} is not usable ({} problem{}):", dir, problems.size(), problems.size() == 1 ? "" : "s");
   for (const auto& p : problems) msg += "\n  " + p;
   MOE_CHECK(false, "{}", msg);
 }
@@ -283,7 +289,8 @@ void load_tensors(const std::string& dir, const std::vector<LoadTarget>& targets
   load_tensors(dir, read_model_index(dir), targets);
 }
 
-void load_tensors(const std::string& dir, const std::vector<ShardRecord>& recs, const std::vector<LoadTarget>& targets) {
+void load_tensors(const std::string& dir, const std::vector<ShardRecord>& recs,
+                  const std::vector<LoadTarget>& targets) {
   std::map<std::string, std::vector<const ShardRecord*>> by_name;
   for (const auto& r : recs) by_name[r.name].push_back(&r);
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
@@ -322,14 +329,16 @@ void load_tensors(const std::string& dir, const std::vector<ShardRecord>& recs, 
       auto& f = files[r->file];
       if (!f) f = std::make_unique<SafetensorsFile>(dir + "/" + r->file);
       // The stored box is the wanted one (same layout): read straight into place.
-      const bool in_place = r->box.offset == mine.offset && r->box.size == mine.size && r->dtype == tg.dst->dtype() &&
-                            f->contains(r->name) && f->entries().at(r->name).end - f->entries().at(r->name).begin ==
-                                                        static_cast<int64_t>(tg.dst->nbytes());
+      const bool in_place =
+          r->box.offset == mine.offset && r->box.size == mine.size && r->dtype == tg.dst->dtype() &&
+          f->contains(r->name) &&
+          f->entries().at(r->name).end - f->entries().at(r->name).begin == static_cast<int64_t>(tg.dst->nbytes());
       Tensor t = in_place ? *tg.dst : f->read(r->name);
       if (in_place) f->read_into(r->name, t);
       if (t.numel() != r->box.volume() || t.dtype() != r->dtype) {
         problems.push_back(fmt::format("{}: {} holds {} {} where the index says {} {}", tg.name, r->file,
-                                       t.shape().str(), dtype_name(t.dtype()), r->box.size.str(), dtype_name(r->dtype)));
+                                       t.shape().str(), dtype_name(t.dtype()), r->box.size.str(),
+                                       dtype_name(r->dtype)));
         continue;
       }
       if (checksum_of(t) != r->checksum) {

@@ -1,8 +1,8 @@
 // The native checkpoint's model state, layout-free: every rank writes the parameter shards it is responsible for
 // into its own safetensors file, with an index fragment recording for each shard its global name, the global
-// view it is a box of (Parameter::set_shard), the box, the dtype and an XXH3-64 checksum of its bytes. The fragments are
-// merged into index.json only after every name is checked to be tiled exactly once. Loading reads, for each
-// local parameter, every stored box that intersects its own, so any layout (TP, EP, ETP, DP) loads any other.
+// view it is a box of (Parameter::set_shard), the box, the dtype and an XXH3-64 checksum of its bytes. The fragments
+// are merged into index.json only after every name is checked to be tiled exactly once. Loading reads, for each local
+// parameter, every stored box that intersects its own, so any layout (TP, EP, ETP, DP) loads any other.
 #pragma once
 
 #include <cstdint>

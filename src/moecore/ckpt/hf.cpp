@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 nlohmann::json read_json(const std::string& path) {
   try {
     return nlohmann::json::parse(moecore::read_file(path, "JSON file"));
@@ -29,7 +28,9 @@ nlohmann::json read_json(const std::string& path) {
   return {};
 }
 
-Box box(const Shape& global, std::vector<int64_t> offset, const Shape& size) { return Box{global, size, offset}; }
+Box box(const Shape& global, std::vector<int64_t> offset, const Shape& size) {
+  return Box{global, size, offset};
+}
 
 // A value of the HF config with a default; wrong types are named.
 template <typename T>
@@ -76,7 +77,8 @@ HFArchitecture hf_architecture(const nlohmann::json& c, const std::string& where
   MOE_CHECK(get<std::string>(c, "hidden_act", "silu", where) == "silu", "{}: hidden_act '{}' is not supported (silu)",
             where, c["hidden_act"].dump());
   MOE_CHECK(!c.contains("rope_scaling") || c["rope_scaling"].is_null(),
-            "{}: rope_scaling {} is not supported (plain RoPE only)", where, c.contains("rope_scaling") ? c["rope_scaling"].dump() : "");
+            "{}: rope_scaling {} is not supported (plain RoPE only)", where,
+            c.contains("rope_scaling") ? c["rope_scaling"].dump() : "");
   MOE_CHECK(!get<bool>(c, "attention_bias", false, where), "{}: attention_bias is not supported", where);
   a.is_moe.assign(static_cast<size_t>(a.layers), true);
   if (a.kind == "qwen3_moe") {
@@ -128,7 +130,8 @@ nlohmann::json hf_train_flags(const nlohmann::json& c, const std::string& where)
                       {"rotary-base", get<double>(c, "rope_theta", a.kind == "mixtral" ? 1e6 : 1e4, where)},
                       {"rotary-percent", 1.0},
                       {"norm-epsilon", get<double>(c, "rms_norm_eps", a.kind == "mixtral" ? 1e-5 : 1e-6, where)}};
-  if (c.contains("max_position_embeddings")) f["max-position-embeddings"] = need<int64_t>(c, "max_position_embeddings", where);
+  if (c.contains("max_position_embeddings"))
+    f["max-position-embeddings"] = need<int64_t>(c, "max_position_embeddings", where);
   // Qwen3-MoE: softmax over all experts, top-k, renormalized when norm_topk_prob (Megatron's default top-k then
   // softmax), kept as they are otherwise (Megatron's --moe-router-pre-softmax). Mixtral always renormalizes.
   f["moe-router-pre-softmax"] = a.kind == "qwen3_moe" && !get<bool>(c, "norm_topk_prob", false, where);
@@ -270,9 +273,12 @@ std::vector<NativeTensor> native_tensors(const HFArchitecture& a) {
     NativeTensor fc2{n + "mlp.experts.linear_fc2.weight", {E, H, F}, {}};
     for (int64_t e = 0; e < E; e++) {
       const std::string x = fmt::format("{}experts.{}.", moe, e);
-      fc1.pieces.push_back({x + (mix ? "w1.weight" : "gate_proj.weight"), {F, H}, box(fc1.global, {e, 0, 0, 0}, {1, 1, F, H})});
-      fc1.pieces.push_back({x + (mix ? "w3.weight" : "up_proj.weight"), {F, H}, box(fc1.global, {e, 1, 0, 0}, {1, 1, F, H})});
-      fc2.pieces.push_back({x + (mix ? "w2.weight" : "down_proj.weight"), {H, F}, box(fc2.global, {e, 0, 0}, {1, H, F})});
+      fc1.pieces.push_back(
+          {x + (mix ? "w1.weight" : "gate_proj.weight"), {F, H}, box(fc1.global, {e, 0, 0, 0}, {1, 1, F, H})});
+      fc1.pieces.push_back(
+          {x + (mix ? "w3.weight" : "up_proj.weight"), {F, H}, box(fc1.global, {e, 1, 0, 0}, {1, 1, F, H})});
+      fc2.pieces.push_back(
+          {x + (mix ? "w2.weight" : "down_proj.weight"), {H, F}, box(fc2.global, {e, 0, 0}, {1, H, F})});
     }
     out.push_back(fc1);
     out.push_back(fc2);
@@ -311,7 +317,8 @@ HFModel::HFModel(const std::string& dir) : dir_(dir) {
   std::string unknown;
   int n = 0;
   for (const auto& [name, file] : file_of_) {
-    const bool ignorable = name.find("rotary_emb.inv_freq") != std::string::npos || (arch_.tied && name == "lm_head.weight");
+    const bool ignorable =
+        name.find("rotary_emb.inv_freq") != std::string::npos || (arch_.tied && name == "lm_head.weight");
     if (known.count(name) || ignorable) continue;
     if (n++ < 8) unknown += "\n  " + name + " (" + file + ")";
   }
@@ -389,8 +396,7 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
   std::vector<std::vector<std::string>> shard_names;
   auto flush = [&] {
     if (shard.empty()) return;
-    write_safetensors(fmt::format("{}/part-{:05d}.tmp", out_dir, shard_names.size()), shard,
-                      {{"format", "pt"}});
+    write_safetensors(fmt::format("{}/part-{:05d}.tmp", out_dir, shard_names.size()), shard, {{"format", "pt"}});
     std::vector<std::string> names;
     for (const auto& t : shard) names.push_back(t.name);
     shard_names.push_back(names);

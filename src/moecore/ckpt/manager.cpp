@@ -41,7 +41,7 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
   barrier(world);
   write_shards(tmp, rank, mine);
   if (fault.rank == rank && fault.iteration == iteration) std::raise(SIGKILL);  // --fault-kill-during-save
-  barrier(world);  // every rank's files are on disk
+  barrier(world);                                                               // every rank's files are on disk
   if (rank == 0) {
     write_model_index(tmp, size);  // refuses any missing or duplicated element
     write_file_durable(tmp + "/" + kStateFile, state.dump(1) + "\n");

@@ -38,11 +38,16 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F64: return "F64";
-    case DType::BF16: return "BF16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
+    case DType::F32:
+      return "F32";
+    case DType::F64:
+      return "F64";
+    case DType::BF16:
+      return "BF16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
   }
   return "?";
 }
@@ -131,15 +136,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       numel *= d.get<int64_t>();
     }
     for (const auto& o : v["data_offsets"])
-      MOE_CHECK(o.is_number_integer() && o.get<int64_t>() >= 0, "{}: tensor '{}' has an invalid offset {}", path,
-                name, o.dump());
+      MOE_CHECK(o.is_number_integer() && o.get<int64_t>() >= 0, "{}: tensor '{}' has an invalid offset {}", path, name,
+                o.dump());
     e.begin = v["data_offsets"][0].get<int64_t>();
     e.end = v["data_offsets"][1].get<int64_t>();
     MOE_CHECK(e.begin <= e.end && e.end - e.begin == numel * static_cast<int64_t>(dtype_size(e.dtype)),
-              "{}: tensor '{}' spans bytes [{}, {}) but {} x {} needs {}", path, name, e.begin, e.end,
-              e.shape.str(), dtype_name(e.dtype), numel * static_cast<int64_t>(dtype_size(e.dtype)));
-    MOE_CHECK(e.end <= data_size, "{} is truncated: tensor '{}' ends at byte {} of a {}-byte data section", path,
-              name, e.end, data_size);
+              "{}: tensor '{}' spans bytes [{}, {}) but {} x {} needs {}", path, name, e.begin, e.end, e.shape.str(),
+              dtype_name(e.dtype), numel * static_cast<int64_t>(dtype_size(e.dtype)));
+    MOE_CHECK(e.end <= data_size, "{} is truncated: tensor '{}' ends at byte {} of a {}-byte data section", path, name,
+              e.end, data_size);
     ranges.emplace_back(e.begin, e.end);
     entries_[name] = e;
   }
@@ -167,7 +172,8 @@ void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
   char* p = static_cast<char*>(dst.raw());
   size_t done = 0;
   while (done < n) {
-    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(data_start_ + e.begin) + static_cast<off_t>(done));
+    const ssize_t r =
+        ::pread(fd, p + done, n - done, static_cast<off_t>(data_start_ + e.begin) + static_cast<off_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     done += static_cast<size_t>(r);

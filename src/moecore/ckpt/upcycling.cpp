@@ -10,8 +10,8 @@ namespace moecore::ckpt {
 
 double upcycling_scale(int64_t experts, int64_t g, int64_t topk, bool pre_softmax, bool cubic) {
   const double r = static_cast<double>(experts / g);
-  const double act_scale = pre_softmax ? r * static_cast<double>(g * g) / static_cast<double>(topk)
-                                       : static_cast<double>(g);
+  const double act_scale =
+      pre_softmax ? r * static_cast<double>(g * g) / static_cast<double>(topk) : static_cast<double>(g);
   return std::pow(act_scale, cubic ? 1.0 / 3.0 : 0.5);
 }
 

@@ -38,9 +38,8 @@ void add_preprocess_command(CLI::App& app, PreprocessArgs& a) {
 
 void run_preprocess(const PreprocessArgs& a) {
   Progress bar("preprocess", static_cast<int64_t>(std::filesystem::file_size(a.opt.input)), "MB/s", 1e6);
-  const data::PreprocessStats st = data::preprocess(a.opt, [&](int64_t docs, int64_t bytes, int64_t) {
-    bar.update(bytes, fmt::format("{} documents", docs));
-  });
+  const data::PreprocessStats st = data::preprocess(
+      a.opt, [&](int64_t docs, int64_t bytes, int64_t) { bar.update(bytes, fmt::format("{} documents", docs)); });
   bar.finish(fmt::format("{} documents, {} tokens, {:.1f} MB in {:.1f} s ({:.2f} MB/s)", st.documents, st.tokens,
                          static_cast<double>(st.bytes) / 1e6, st.seconds,
                          static_cast<double>(st.bytes) / 1e6 / std::max(st.seconds, 1e-9)));
@@ -97,7 +96,8 @@ void run_train_tokenizer(const TrainTokenizerArgs& a) {
 
 void add_corpus_command(CLI::App& app, CorpusArgs& a) {
   a.cmd = app.add_subcommand("corpus", "Write the embedded default corpus (Debian's fortunes) as JSONL");
-  auto* f = a.cmd->add_subcommand("fortunes", "One JSON line {\"text\": ...} per fortune from the files directly in --source-dir");
+  auto* f = a.cmd->add_subcommand("fortunes",
+                                  "One JSON line {\"text\": ...} per fortune from the files directly in --source-dir");
   a.cmd->require_subcommand(1);
   f->add_option("--output", a.output, "JSONL file to write")->required();
   f->add_option("--source-dir", a.source_dir, "Directory of fortune files")->capture_default_str();

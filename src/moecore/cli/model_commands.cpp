@@ -18,12 +18,15 @@ void add_generate_command(CLI::App& app, GenerateArgs& a) {
   a.cmd = app.add_subcommand("generate", "Continue prompts with a model from a checkpoint (any layout, one process)");
   a.cmd->add_option("--load", a.load, "Checkpoint root (its latest iteration) or iteration directory")->required();
   a.cmd->add_option("--prompt", a.prompts, "Text to continue (repeatable)")->required();
-  a.cmd->add_option("--tokens", a.tokens, "Tokens to generate per prompt")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+  a.cmd->add_option("--tokens", a.tokens, "Tokens to generate per prompt")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   a.cmd->add_option("--temperature", a.temperature, "0: greedy; otherwise sampling temperature")
-      ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
   a.cmd->add_option("--top-k", a.top_k, "Sample among the k most likely tokens (0: all)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))->capture_default_str();
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   a.cmd->add_option("--seed", a.seed, "Sampling seed")->capture_default_str();
   a.cmd->add_option("--tokenizer-model", a.tokenizer_model,
                     "tokenizer.json (default: the one saved in the checkpoint)");
@@ -33,8 +36,7 @@ void run_generate(const GenerateArgs& a) {
   train::CheckpointModel m(a.load, a.tokenizer_model);
   fmt::print(stderr, "moecore generate: {} (iteration {}), {} sampling\n", m.dir(), m.iteration(),
              a.temperature > 0 ? fmt::format("temperature {} top-k {}", a.temperature, a.top_k) : "greedy");
-  for (const auto& p : a.prompts)
-    fmt::print("{}\n", m.generate(p, {a.tokens, a.temperature, a.top_k, a.seed}));
+  for (const auto& p : a.prompts) fmt::print("{}\n", m.generate(p, {a.tokens, a.temperature, a.top_k, a.seed}));
 }
 
 void add_convert_command(CLI::App& app, ConvertArgs& a) {
@@ -46,21 +48,25 @@ void add_convert_command(CLI::App& app, ConvertArgs& a) {
     c->add_option("--input", a.input, "Source directory")->required();
     c->add_option("--output", a.output, "Destination directory")->required();
   }
-  a.native_to_hf->add_option("--arch", a.arch, "qwen3-moe or mixtral (default: the source HF model's, else "
-                                               "qwen3-moe with qk-layernorm and mixtral without)")
+  a.native_to_hf
+      ->add_option("--arch", a.arch,
+                   "qwen3-moe or mixtral (default: the source HF model's, else "
+                   "qwen3-moe with qk-layernorm and mixtral without)")
       ->check(CLI::IsMember({"qwen3-moe", "mixtral"}));
   a.native_to_hf->add_option("--dtype", a.dtype, "bf16 or f32 (default: the source HF model's torch_dtype, else bf16)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   a.native_to_hf->add_option("--max-shard-size-mb", a.max_shard_mb, "Largest safetensors shard")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
 }
 
 bool run_convert(const ConvertArgs& a) {
   if (a.hf_to_native->parsed()) {
     const int64_t n = ckpt::convert_hf_to_native(a.input, a.output);
-    fmt::print("converted {} -> {}: {} tensors (release checkpoint; moecore train --load {} "
-               "--use-checkpoint-args, or moecore generate --load {})\n",
-               a.input, ckpt::iteration_dir(a.output, -1), n, a.output, a.output);
+    fmt::print(
+        "converted {} -> {}: {} tensors (release checkpoint; moecore train --load {} "
+        "--use-checkpoint-args, or moecore generate --load {})\n",
+        a.input, ckpt::iteration_dir(a.output, -1), n, a.output, a.output);
     return true;
   }
   if (a.native_to_hf->parsed()) {

@@ -35,11 +35,16 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::BF16: return MPI_UINT16_T;  // moved, never reduced
-    case DType::I32: return MPI_INT32_T;
-    case DType::I64: return MPI_INT64_T;
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::BF16:
+      return MPI_UINT16_T;  // moved, never reduced
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
   }
   return MPI_BYTE;
 }
@@ -54,7 +59,9 @@ int to_int(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-int64_t row_elems(const Tensor& t) { return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0)); }
+int64_t row_elems(const Tensor& t) {
+  return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0));
+}
 }  // namespace
 
 std::map<std::string, CommCounter>& comm_counters() {
@@ -84,7 +91,8 @@ Work::Work(Work&& o) noexcept
 
 Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
-    if (pending()) MOE_MPI_NOTHROW(MPI_Wait(&req_, MPI_STATUS_IGNORE));  // finish what this handle owned before taking another
+    if (pending())
+      MOE_MPI_NOTHROW(MPI_Wait(&req_, MPI_STATUS_IGNORE));  // finish what this handle owned before taking another
     req_ = o.req_;
     o.req_ = MPI_REQUEST_NULL;
     counts_a_ = std::move(o.counts_a_);
@@ -181,8 +189,10 @@ Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
   w.what_ = "all_reduce";
   MOE_MPI(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), to_int(t.numel(), "all_reduce"), mpi_type(t.dtype()),
                          mpi_op(op, t.dtype()), comm_->c, &w.req_));
-  { const double n = static_cast<double>(t.nbytes()), P = static_cast<double>(size_);
-    count(w, "all_reduce", n, 2.0 * (P - 1) / P * n); }
+  {
+    const double n = static_cast<double>(t.nbytes()), P = static_cast<double>(size_);
+    count(w, "all_reduce", n, 2.0 * (P - 1) / P * n);
+  }
   if (!async) w.wait();
   return w;
 }
@@ -268,9 +278,11 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
                  in.numel(), ro, out.numel());
   MOE_MPI(MPI_Ialltoallv(in.raw(), w.counts_a_.data(), w.displs_a_.data(), mpi_type(in.dtype()), out.raw(),
                          w.counts_b_.data(), w.displs_b_.data(), mpi_type(out.dtype()), comm_->c, &w.req_));
-  { const double es = static_cast<double>(dtype_size(in.dtype()) * re);
+  {
+    const double es = static_cast<double>(dtype_size(in.dtype()) * re);
     const double self = static_cast<double>(recv_rows[static_cast<size_t>(rank_)]) * es;
-    count(w, "all_to_all_v", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes()) - self); }
+    count(w, "all_to_all_v", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes()) - self);
+  }
   if (!async) w.wait();
   return w;
 }
@@ -302,6 +314,8 @@ Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
   return w;
 }
 
-void ProcessGroup::barrier() const { MOE_MPI(MPI_Barrier(comm_->c)); }
+void ProcessGroup::barrier() const {
+  MOE_MPI(MPI_Barrier(comm_->c));
+}
 
 }  // namespace moecore::comm

@@ -119,8 +119,9 @@ ParallelState::ParallelState(const ParallelSizes& s) : sizes(s) {
   etp_ep_pp = e.get_ranks("tp-ep-pp");
   edp_groups = e.get_ranks("dp");
   expert_pp = e.get_ranks("pp");
-  MOE_CHECK(expert_pp == pp, "the expert mesh's pipeline groups differ from the dense mesh's; with order "
-                             "tp-cp-ep-dp-pp this cannot happen unless sizes are inconsistent");
+  MOE_CHECK(expert_pp == pp,
+            "the expert mesh's pipeline groups differ from the dense mesh's; with order "
+            "tp-cp-ep-dp-pp this cannot happen unless sizes are inconsistent");
 }
 
 const std::vector<int64_t>& ParallelState::group_of(const RankGroups& groups, int64_t rank) {

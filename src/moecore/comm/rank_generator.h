@@ -34,8 +34,8 @@ struct ParallelSizes {
 struct ParallelState {
   ParallelSizes sizes;
   int64_t dp = 1, edp = 1;
-  RankGroups tp, cp, dp_groups, dp_cp, pp, tp_pp, tp_cp, tp_dp_cp;          // dense mesh
-  RankGroups etp, ep_groups, etp_ep, etp_ep_pp, edp_groups, expert_pp;      // expert mesh
+  RankGroups tp, cp, dp_groups, dp_cp, pp, tp_pp, tp_cp, tp_dp_cp;      // dense mesh
+  RankGroups etp, ep_groups, etp_ep, etp_ep_pp, edp_groups, expert_pp;  // expert mesh
   explicit ParallelState(const ParallelSizes& s);
   // The group of `kind` that contains `rank`, and the rank's position in it.
   static const std::vector<int64_t>& group_of(const RankGroups& groups, int64_t rank);

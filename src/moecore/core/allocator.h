@@ -9,12 +9,12 @@
 namespace moecore {
 
 struct AllocatorStats {
-  int64_t live_bytes = 0;      // bytes handed out and not yet freed (rounded sizes)
-  int64_t peak_bytes = 0;      // max of live_bytes since the last reset_peak()
-  int64_t cached_bytes = 0;    // bytes held in free lists
-  int64_t requests = 0;        // allocate() calls, ever
-  int64_t system_allocs = 0;   // allocate() calls that had to go to the system (cache misses), ever
-  int64_t system_bytes = 0;    // bytes obtained from the system and not returned
+  int64_t live_bytes = 0;     // bytes handed out and not yet freed (rounded sizes)
+  int64_t peak_bytes = 0;     // max of live_bytes since the last reset_peak()
+  int64_t cached_bytes = 0;   // bytes held in free lists
+  int64_t requests = 0;       // allocate() calls, ever
+  int64_t system_allocs = 0;  // allocate() calls that had to go to the system (cache misses), ever
+  int64_t system_bytes = 0;   // bytes obtained from the system and not returned
 };
 
 // A point to measure from: "how many system allocations since the mark".

@@ -4,5 +4,7 @@
 #include <omp.h>
 
 namespace moecore {
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 }  // namespace moecore

@@ -26,17 +26,17 @@ class InternalError : public std::logic_error {
 
 }  // namespace moecore
 
-#define MOE_CHECK(cond, ...)                                      \
-  do {                                                            \
+#define MOE_CHECK(cond, ...)                                       \
+  do {                                                             \
     if (!(cond)) throw ::moecore::Error(fmt::format(__VA_ARGS__)); \
   } while (0)
 
-#define MOE_ASSERT(cond)                                                  \
-  do {                                                                    \
+#define MOE_ASSERT(cond)                                                   \
+  do {                                                                     \
     if (!(cond)) ::moecore::throw_internal(#cond, __FILE__, __LINE__, ""); \
   } while (0)
 
-#define MOE_ASSERT_MSG(cond, ...)                                                               \
-  do {                                                                                          \
+#define MOE_ASSERT_MSG(cond, ...)                                                                \
+  do {                                                                                           \
     if (!(cond)) ::moecore::throw_internal(#cond, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
   } while (0)

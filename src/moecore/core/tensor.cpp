@@ -47,8 +47,12 @@ std::string Shape::str() const {
   return s + "]";
 }
 
-Storage::Storage(size_t n) : bytes(n) { ptr = Allocator::instance().allocate(n); }
-Storage::~Storage() { Allocator::instance().deallocate(ptr, bytes); }
+Storage::Storage(size_t n) : bytes(n) {
+  ptr = Allocator::instance().allocate(n);
+}
+Storage::~Storage() {
+  Allocator::instance().deallocate(ptr, bytes);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   Tensor t;
@@ -89,11 +93,16 @@ void Tensor::zero_() {
 double Tensor::item(int64_t i) const {
   MOE_ASSERT(i >= 0 && i < numel());
   switch (dtype_) {
-    case DType::F32: return data<float>()[i];
-    case DType::F64: return data<double>()[i];
-    case DType::BF16: return bf16_to_float(data<bf16>()[i]);
-    case DType::I32: return data<int32_t>()[i];
-    case DType::I64: return static_cast<double>(data<int64_t>()[i]);
+    case DType::F32:
+      return data<float>()[i];
+    case DType::F64:
+      return data<double>()[i];
+    case DType::BF16:
+      return bf16_to_float(data<bf16>()[i]);
+    case DType::I32:
+      return data<int32_t>()[i];
+    case DType::I64:
+      return static_cast<double>(data<int64_t>()[i]);
   }
   return 0;
 }
@@ -101,11 +110,21 @@ double Tensor::item(int64_t i) const {
 void Tensor::set_item(int64_t i, double v) {
   MOE_ASSERT(i >= 0 && i < numel());
   switch (dtype_) {
-    case DType::F32: data<float>()[i] = static_cast<float>(v); break;
-    case DType::F64: data<double>()[i] = v; break;
-    case DType::BF16: data<bf16>()[i] = float_to_bf16(static_cast<float>(v)); break;
-    case DType::I32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case DType::I64: data<int64_t>()[i] = static_cast<int64_t>(v); break;
+    case DType::F32:
+      data<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::F64:
+      data<double>()[i] = v;
+      break;
+    case DType::BF16:
+      data<bf16>()[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::I32:
+      data<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case DType::I64:
+      data<int64_t>()[i] = static_cast<int64_t>(v);
+      break;
   }
 }
 
@@ -136,10 +155,17 @@ template <typename D>
 void convert_from(D* dst, const Tensor& src) {
   int64_t n = src.numel();
   switch (src.dtype()) {
-    case DType::F32: convert(dst, src.data<float>(), n); break;
-    case DType::F64: convert(dst, src.data<double>(), n); break;
-    case DType::BF16: convert(dst, src.data<bf16>(), n); break;
-    default: MOE_ASSERT_MSG(false, "cannot convert from {}", dtype_name(src.dtype()));
+    case DType::F32:
+      convert(dst, src.data<float>(), n);
+      break;
+    case DType::F64:
+      convert(dst, src.data<double>(), n);
+      break;
+    case DType::BF16:
+      convert(dst, src.data<bf16>(), n);
+      break;
+    default:
+      MOE_ASSERT_MSG(false, "cannot convert from {}", dtype_name(src.dtype()));
   }
 }
 }  // namespace
@@ -151,10 +177,17 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   switch (dtype_) {
-    case DType::F32: convert_from(data<float>(), src); break;
-    case DType::F64: convert_from(data<double>(), src); break;
-    case DType::BF16: convert_from(data<bf16>(), src); break;
-    default: MOE_ASSERT_MSG(false, "cannot convert {} to {}", dtype_name(src.dtype()), dtype_name(dtype_));
+    case DType::F32:
+      convert_from(data<float>(), src);
+      break;
+    case DType::F64:
+      convert_from(data<double>(), src);
+      break;
+    case DType::BF16:
+      convert_from(data<bf16>(), src);
+      break;
+    default:
+      MOE_ASSERT_MSG(false, "cannot convert {} to {}", dtype_name(src.dtype()), dtype_name(dtype_));
   }
 }
 

@@ -96,27 +96,27 @@ class Tensor {
 };
 
 // Runs `body` with `T` bound to the C++ type of a floating dtype computed in (f32 or f64).
-#define MOE_DISPATCH_FLOAT(dtype, T, ...)                                                     \
-  do {                                                                                        \
-    switch (dtype) {                                                                          \
-      case ::moecore::DType::F32: {                                                           \
-        using T = float;                                                                      \
-        __VA_ARGS__;                                                                          \
-        break;                                                                                \
-      }                                                                                       \
-      case ::moecore::DType::F64: {                                                           \
-        using T = double;                                                                     \
-        __VA_ARGS__;                                                                          \
-        break;                                                                                \
-      }                                                                                       \
-      default:                                                                                \
+#define MOE_DISPATCH_FLOAT(dtype, T, ...)                                                             \
+  do {                                                                                                \
+    switch (dtype) {                                                                                  \
+      case ::moecore::DType::F32: {                                                                   \
+        using T = float;                                                                              \
+        __VA_ARGS__;                                                                                  \
+        break;                                                                                        \
+      }                                                                                               \
+      case ::moecore::DType::F64: {                                                                   \
+        using T = double;                                                                             \
+        __VA_ARGS__;                                                                                  \
+        break;                                                                                        \
+      }                                                                                               \
+      default:                                                                                        \
         MOE_ASSERT_MSG(false, "kernel computes in f32 or f64, got {}", ::moecore::dtype_name(dtype)); \
-    }                                                                                         \
+    }                                                                                                 \
   } while (0)
 
 // Asserts a tensor's shape at a kernel entry, naming the tensor.
-#define MOE_ASSERT_SHAPE(t, ...)                                                                           \
-  MOE_ASSERT_MSG((t).shape() == ::moecore::Shape(__VA_ARGS__), "{} has shape {}, expected {}", #t,       \
-                 (t).shape().str(), ::moecore::Shape(__VA_ARGS__).str())
+#define MOE_ASSERT_SHAPE(t, ...)                                                                                      \
+  MOE_ASSERT_MSG((t).shape() == ::moecore::Shape(__VA_ARGS__), "{} has shape {}, expected {}", #t, (t).shape().str(), \
+                 ::moecore::Shape(__VA_ARGS__).str())
 
 }  // namespace moecore

@@ -170,8 +170,7 @@ std::array<double, 3> parse_split(const std::string& split) {
 std::array<int64_t, 4> split_boundaries(const std::array<double, 3>& f, int64_t n) {
   std::array<int64_t, 4> b{0, 0, 0, 0};
   // Python's round() ties to even, as nearbyint does in the default rounding mode.
-  for (size_t i = 0; i < 3; i++)
-    b[i + 1] = b[i] + static_cast<int64_t>(std::nearbyint(f[i] * static_cast<double>(n)));
+  for (size_t i = 0; i < 3; i++) b[i + 1] = b[i] + static_cast<int64_t>(std::nearbyint(f[i] * static_cast<double>(n)));
   const int64_t diff = b[3] - n;  // rounding drift, taken off every boundary after the first (Megatron's rule)
   for (size_t i = 1; i < 4; i++) b[i] -= diff;
   return b;

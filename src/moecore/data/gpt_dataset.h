@@ -43,7 +43,7 @@ class GPTDataset : public SampleSource {
   std::vector<int64_t> doc_index_;                   // documents in stream order (all epochs)
   std::vector<std::pair<int64_t, int64_t>> sample_;  // (position in doc_index_, token offset) of each sample start
   std::vector<int64_t> shuffle_;
-  std::vector<int64_t> doc_tokens_;                  // tokens per document of ds
+  std::vector<int64_t> doc_tokens_;  // tokens per document of ds
   void read_document(int64_t doc, int64_t offset, int64_t length, int64_t* out) const;
 };
 

@@ -29,15 +29,25 @@ T load(const uint8_t* p) {
 
 size_t index_dtype_size(IndexDType t) {
   switch (t) {
-    case IndexDType::U8: case IndexDType::I8: return 1;
-    case IndexDType::I16: case IndexDType::U16: return 2;
-    case IndexDType::I32: case IndexDType::F32: return 4;
-    case IndexDType::I64: case IndexDType::F64: return 8;
+    case IndexDType::U8:
+    case IndexDType::I8:
+      return 1;
+    case IndexDType::I16:
+    case IndexDType::U16:
+      return 2;
+    case IndexDType::I32:
+    case IndexDType::F32:
+      return 4;
+    case IndexDType::I64:
+    case IndexDType::F64:
+      return 8;
   }
   return 0;
 }
 
-IndexDType optimal_index_dtype(int64_t vocab_size) { return vocab_size < 65500 ? IndexDType::U16 : IndexDType::I32; }
+IndexDType optimal_index_dtype(int64_t vocab_size) {
+  return vocab_size < 65500 ? IndexDType::U16 : IndexDType::I32;
+}
 
 IndexView parse_index(const uint8_t* d, size_t size, uint64_t bin_size, const std::string& name) {
   MOE_CHECK(size >= kHeader, "{}: truncated index ({} bytes, the header alone is {})", name, size, kHeader);
@@ -59,8 +69,8 @@ IndexView parse_index(const uint8_t* d, size_t size, uint64_t bin_size, const st
             seq, docs, size);
   const uint64_t need = kHeader + seq * 4 + seq * 8 + docs * 8;
   MOE_CHECK(size == need || size == need + seq,  // + seq: Megatron's optional int8 sequence modes (multimodal)
-            "{}: size {} bytes does not match its header ({} sequences, {} document entries need {} bytes)", name,
-            size, seq, docs, need);
+            "{}: size {} bytes does not match its header ({} sequences, {} document entries need {} bytes)", name, size,
+            seq, docs, need);
   MOE_CHECK(size == need, "{}: has per-sequence modes (a multimodal dataset), which moecore does not read", name);
   MOE_CHECK(docs >= 1, "{}: no document indices (at least the leading 0 is required)", name);
   v.sequence_count = static_cast<int64_t>(seq);
@@ -116,8 +126,10 @@ void* map_file(const std::string& path, size_t& size, const char* what) {
 
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const std::string idx = prefix + ".idx", bin = prefix + ".bin";
-  MOE_CHECK(std::filesystem::exists(idx), "dataset index {} does not exist (--data-path takes the prefix without "
-                                          ".bin/.idx)", idx);
+  MOE_CHECK(std::filesystem::exists(idx),
+            "dataset index {} does not exist (--data-path takes the prefix without "
+            ".bin/.idx)",
+            idx);
   MOE_CHECK(std::filesystem::exists(bin), "dataset file {} does not exist next to its index", bin);
   idx_map_ = map_file(idx, idx_size_, "dataset index");
   bin_map_ = map_file(bin, bin_size_, "dataset");
@@ -167,13 +179,26 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t length, int64_t* ou
   const uint8_t* p = static_cast<const uint8_t*>(bin_map_) + ptr + offset * static_cast<int64_t>(item);
   for (int64_t k = 0; k < length; k++, p += item) {
     switch (idx_.dtype) {
-      case IndexDType::U8: out[k] = *p; break;
-      case IndexDType::I8: out[k] = static_cast<int8_t>(*p); break;
-      case IndexDType::I16: out[k] = load<int16_t>(p); break;
-      case IndexDType::U16: out[k] = load<uint16_t>(p); break;
-      case IndexDType::I32: out[k] = load<int32_t>(p); break;
-      case IndexDType::I64: out[k] = load<int64_t>(p); break;
-      default: MOE_ASSERT(false);
+      case IndexDType::U8:
+        out[k] = *p;
+        break;
+      case IndexDType::I8:
+        out[k] = static_cast<int8_t>(*p);
+        break;
+      case IndexDType::I16:
+        out[k] = load<int16_t>(p);
+        break;
+      case IndexDType::U16:
+        out[k] = load<uint16_t>(p);
+        break;
+      case IndexDType::I32:
+        out[k] = load<int32_t>(p);
+        break;
+      case IndexDType::I64:
+        out[k] = load<int64_t>(p);
+        break;
+      default:
+        MOE_ASSERT(false);
     }
   }
 }
@@ -206,17 +231,21 @@ void IndexedDatasetBuilder::add_document(const std::vector<int32_t>& tokens, con
         std::memcpy(&buf_[i * 2], &v, 2);
         break;
       }
-      case IndexDType::I32: std::memcpy(&buf_[i * 4], &t, 4); break;
+      case IndexDType::I32:
+        std::memcpy(&buf_[i * 4], &t, 4);
+        break;
       case IndexDType::I64: {
         const int64_t v = t;
         std::memcpy(&buf_[i * 8], &v, 8);
         break;
       }
-      default: MOE_ASSERT_MSG(false, "builder writes u16, i32 or i64 tokens");
+      default:
+        MOE_ASSERT_MSG(false, "builder writes u16, i32 or i64 tokens");
     }
   }
-  if (!buf_.empty()) MOE_CHECK(std::fwrite(buf_.data(), 1, buf_.size(), bin_) == buf_.size(),
-                               "write to {} failed: {}", bin_tmp_, std::strerror(errno));
+  if (!buf_.empty())
+    MOE_CHECK(std::fwrite(buf_.data(), 1, buf_.size(), bin_) == buf_.size(), "write to {} failed: {}", bin_tmp_,
+              std::strerror(errno));
   lengths_.insert(lengths_.end(), lengths.begin(), lengths.end());
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }

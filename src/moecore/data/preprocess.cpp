@@ -56,8 +56,8 @@ Encoded encode_line(const std::string& line, int64_t line_no, const PreprocessOp
       sentences.push_back(v.get<std::string>());
     } else if (v.is_array()) {
       for (const auto& s : v) {
-        MOE_CHECK(s.is_string(), "{}:{}: \"{}\" is a list containing a {}, expected strings", opt.input, line_no,
-                  key, s.type_name());
+        MOE_CHECK(s.is_string(), "{}:{}: \"{}\" is a list containing a {}, expected strings", opt.input, line_no, key,
+                  s.type_name());
         sentences.push_back(s.get<std::string>());
       }
     } else {
@@ -89,7 +89,8 @@ Encoded encode_line(const std::string& line, int64_t line_no, const PreprocessOp
 
 }  // namespace
 
-PreprocessStats preprocess(const PreprocessOptions& opt, const std::function<void(int64_t, int64_t, int64_t)>& progress) {
+PreprocessStats preprocess(const PreprocessOptions& opt,
+                           const std::function<void(int64_t, int64_t, int64_t)>& progress) {
   MOE_CHECK(!opt.input.empty(), "--input is required");
   MOE_CHECK(!opt.output_prefix.empty(), "--output-prefix is required");
   MOE_CHECK(!opt.json_keys.empty(), "--json-keys needs at least one key");
@@ -109,8 +110,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt, const std::function<voi
   const IndexDType dtype = optimal_index_dtype(tok.vocab_size());
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
   for (const auto& key : opt.json_keys)
-    builders.push_back(
-        std::make_unique<IndexedDatasetBuilder>(opt.output_prefix + "_" + key + "_document.bin", dtype));
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(opt.output_prefix + "_" + key + "_document.bin", dtype));
   PreprocessStats st;
   const Stopwatch timer;
   const size_t kBlock = 4096;  // lines per block

@@ -10,13 +10,13 @@
 namespace moecore::data {
 
 struct PreprocessOptions {
-  std::string input;                          // JSONL file
+  std::string input;  // JSONL file
   std::vector<std::string> json_keys{"text"};
-  std::string output_prefix;                  // writes {prefix}_{key}_document.bin/.idx
-  std::string tokenizer_model;                // tokenizer.json, or a directory holding it
+  std::string output_prefix;    // writes {prefix}_{key}_document.bin/.idx
+  std::string tokenizer_model;  // tokenizer.json, or a directory holding it
   bool append_eod = false;
   int workers = 1;
-  int64_t log_interval = 1000;                // documents between progress lines when not on a terminal
+  int64_t log_interval = 1000;  // documents between progress lines when not on a terminal
 };
 
 struct PreprocessStats {

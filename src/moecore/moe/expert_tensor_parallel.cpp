@@ -6,7 +6,9 @@
 namespace moecore::moe {
 
 namespace {
-Tensor as_rows(const Tensor& t) { return t.ndim() == 1 ? t.reshape({t.numel(), 1}) : t; }
+Tensor as_rows(const Tensor& t) {
+  return t.ndim() == 1 ? t.reshape({t.numel(), 1}) : t;
+}
 }  // namespace
 
 void ExpertTensorParallel::gather(const Tensor& x_RH, const Tensor& probs_R,

@@ -23,8 +23,8 @@ class ExpertTensorParallel {
   ExpertTensorParallel(const comm::ProcessGroup& etp, int64_t local_experts) : etp_(etp), n_local_(local_experts) {}
   // This rank's expert-major rows (tokens_per_expert rows per local expert) -> all ETP ranks' rows, expert-major
   // (inside an expert: source ETP rank order).
-  void gather(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert,
-              EtpPlan& plan, Tensor& x_all, Tensor& probs_all) const;
+  void gather(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert, EtpPlan& plan,
+              Tensor& x_all, Tensor& probs_all) const;
   // The same movement for another row tensor (output gradients in backward).
   Tensor gather_rows_like(const Tensor& rows, const EtpPlan& plan) const;
   // Partial results for all gathered rows -> this rank's rows, summed over ETP (f32; [R] stays [R]).

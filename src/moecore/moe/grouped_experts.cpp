@@ -10,8 +10,7 @@
 
 namespace moecore::moe {
 
-GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg)
-    : cfg_(cfg) {
+GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg) : cfg_(cfg) {
   MOE_ASSERT(cfg.hidden > 0 && cfg.ffn_hidden > 0 && cfg.num_experts > 0);
   fc1_ = &reg.add(name + ".linear_fc1.weight", {cfg.num_experts, fc1_rows(), cfg.hidden},
                   nn::InitRule::normal(cfg.init_std));

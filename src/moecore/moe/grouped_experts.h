@@ -13,9 +13,9 @@
 namespace moecore::moe {
 
 struct ExpertsConfig {
-  int64_t hidden = 0;       // H
-  int64_t ffn_hidden = 0;   // F held here: --moe-ffn-hidden-size / ETP
-  int64_t num_experts = 0;  // local experts
+  int64_t hidden = 0;        // H
+  int64_t ffn_hidden = 0;    // F held here: --moe-ffn-hidden-size / ETP
+  int64_t num_experts = 0;   // local experts
   int64_t first_expert = 0;  // global index of the first local expert (expert parallelism)
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
@@ -41,8 +41,7 @@ class GroupedExperts {
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
   // x_RH [R, H], probs_R [R], rows grouped by expert with the given counts -> y_RH [R, H]. With bf16 on, x_RH
   // (and dy_RH in backward) may arrive already in bf16.
-  Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert,
-                 Stash& st);
+  Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert, Stash& st);
   // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated.
   Tensor backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
 

@@ -27,8 +27,8 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
   const int64_t etp = c.etp_group ? c.etp_group->size() : 1;
   MOE_CHECK(c.ffn_hidden % etp == 0, "--moe-ffn-hidden-size {} is not divisible by --expert-tensor-parallel-size {}",
             c.ffn_hidden, etp);
-  ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n, n * rank, c.activation, c.init_std, c.output_init_std,
-                  c.bf16};
+  ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n,     n * rank, c.activation,
+                  c.init_std,      c.output_init_std,  c.bf16};
   e.num_global_experts = c.router.num_experts;
   e.etp_size = etp;
   e.etp_rank = c.etp_group ? c.etp_group->rank() : 0;
@@ -55,8 +55,8 @@ MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELay
   if (cfg.etp_group && cfg.etp_group->size() > 1)
     etp_ = std::make_unique<ExpertTensorParallel>(*cfg.etp_group, experts_.config().num_experts);
   if (cfg.shared_ffn_hidden > 0) {
-    nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false, cfg.init_std,
-                     cfg.output_init_std, cfg.bf16, cfg.tp};
+    nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false,
+                     cfg.init_std,      cfg.output_init_std,   cfg.bf16,       cfg.tp};
     shared_ = std::make_unique<SharedExperts>(reg, name + ".shared_experts", mc, cfg.shared_expert_gate);
   }
 }

@@ -138,12 +138,10 @@ void route_impl(const RouterConfig& c, Router::Stash& st, const T* used_logits, 
   int32_t* idx = st.idx_TK.data<int32_t>();
   T* p = st.p_TK.data<T>();
   T* scores = st.scores_TE.defined() ? st.scores_TE.data<T>() : nullptr;
-_Pragma("omp parallel num_threads(nthreads)")
-  {
+  _Pragma("omp parallel num_threads(nthreads)") {
     const RowScratch rs = row_scratch(c, scratch + omp_get_thread_num() * words);
     T* sel = static_cast<T*>(rs.sel);
-_Pragma("omp for schedule(static)")
-    for (int64_t t = 0; t < T_; t++) {
+    _Pragma("omp for schedule(static)") for (int64_t t = 0; t < T_; t++) {
       const T* l = used_logits + t * E;
       int32_t* id = idx + t * K;
       T* pr = p + t * K;
@@ -209,8 +207,7 @@ int64_t apply_capacity(const RouterConfig& c, Router::Stash& st, Tensor& probs_T
   for (int64_t e = E; e > 0; e--) off[e] = off[e - 1];
   off[0] = 0;
   int64_t dropped = 0;
-_Pragma("omp parallel for schedule(static) reduction(+ : dropped)")
-  for (int64_t e = 0; e < E; e++) {
+  _Pragma("omp parallel for schedule(static) reduction(+ : dropped)") for (int64_t e = 0; e < E; e++) {
     int64_t* seg = ent + off[e];
     const int64_t n = off[e + 1] - off[e];
     auto drop = [&](int64_t i) {
@@ -322,8 +319,8 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   MOE_DISPATCH_FLOAT(rd, R, {
     const R* l = used.data<R>();
     R* a = st.aux_scores_TE.data<R>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t t = 0; t < T_; t++) aux_scores_row(cfg_.score_function, l + t * E, a + t * E, E);
+    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < T_; t++)
+        aux_scores_row(cfg_.score_function, l + t * E, a + t * E, E);
     for (int64_t i = 0; i < T_ * E; i++)
       if (a[i] > 0) entropy -= static_cast<double>(a[i]) * std::log(static_cast<double>(a[i]));
   });
@@ -390,8 +387,7 @@ void score_backward(const RouterConfig& c, const Router::Stash& st, const T* dP,
   const T* p = st.p_TK.data<T>();
   const T* s = st.scores_TE.defined() ? st.scores_TE.data<T>() : nullptr;
   const T scale = c.topk_scaling_factor > 0 ? T(c.topk_scaling_factor) : T(1);
-_Pragma("omp parallel for schedule(static)")
-  for (int64_t t = 0; t < T_; t++) {
+  _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < T_; t++) {
     const int32_t* id = idx + t * K;
     // g_j: gradient w.r.t. the unscaled selected prob j (dropped assignments carry none).
     auto g = [&](int64_t j) { return kept[t * K + j] ? dP[t * K + j] * scale : T(0); };
@@ -434,8 +430,7 @@ _Pragma("omp parallel for schedule(static)")
 template <typename T>
 void aux_score_backward(ScoreFunction f, const T* used_logits, const T* a, const T* da, T* dl, int64_t T_, int64_t E,
                         T scale) {
-_Pragma("omp parallel for schedule(static)")
-  for (int64_t t = 0; t < T_; t++) {
+  _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < T_; t++) {
     const T* ar = a + t * E;
     const T* dr = da + t * E;
     T* out = dl + t * E;
@@ -473,8 +468,8 @@ Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_
     if (st.daux_TE.defined()) {
       // The aux scores were computed from the logits actually routed on; with forced balance those are noise
       // and the gradient passes straight through to the real logits.
-      aux_score_backward<R>(cfg_.score_function, st.used_TE.data<R>(), st.aux_scores_TE.data<R>(),
-                            st.daux_TE.data<R>(), d, T_, E, R(aux_grad_scale));
+      aux_score_backward<R>(cfg_.score_function, st.used_TE.data<R>(), st.aux_scores_TE.data<R>(), st.daux_TE.data<R>(),
+                            d, T_, E, R(aux_grad_scale));
     }
   });
   if (st.lse_T.defined()) z_loss_backward(st.logits_TE, st.lse_T, cfg_.z_loss_coeff, count_ranks(), aux_grad_scale, dl);

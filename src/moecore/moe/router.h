@@ -49,7 +49,7 @@ struct RouterConfig {
   DropPolicy drop_policy = DropPolicy::Probs;
   bool pad_to_capacity = false;
   double init_std = 0.02;
-  uint64_t seed = 1234;  // jitter and forced-balance noise streams
+  uint64_t seed = 1234;                             // jitter and forced-balance noise streams
   const comm::ProcessGroup* count_group = nullptr;  // TP×CP (null: this rank's tokens are the whole set)
   // global_aux_loss: counts summed over TP×DP×CP; each rank's share of the loss is the global batch's loss over
   // its tokens, its gradient multiplied by DP so that data-parallel gradient averaging leaves the global loss's
@@ -68,18 +68,18 @@ int64_t expert_capacity(const RouterConfig& c, int64_t T);
 class Router {
  public:
   struct Stash {
-    int64_t S = 0, B = 0;  // token t = s·B + b
-    Tensor x_r;            // gating input in router dtype (jittered) [T, H]
-    Tensor jitter_TH;      // multiplicative jitter (router dtype) or undefined
-    Tensor logits_TE;      // gating output
-    Tensor used_TE;        // logits routed on: logits_TE, or N(0,1) noise under forced balance
-    Tensor scores_TE;      // softmax over E (pre-softmax) or sigmoid, for backward
-    Tensor idx_TK;         // I32 selected experts, in selection order (dropped ones included)
-    Tensor p_TK;           // normalized selected probs, before the scaling factor
-    Tensor kept_TK;        // I32: 1 where the assignment survived capacity dropping
-    Tensor daux_TE;        // Σ over aux-loss types of dL/d(aux score), or undefined
-    Tensor aux_scores_TE;  // aux scores (softmax, or sigmoid normalized over E)
-    Tensor lse_T;          // logsumexp of the logits, for the z-loss
+    int64_t S = 0, B = 0;       // token t = s·B + b
+    Tensor x_r;                 // gating input in router dtype (jittered) [T, H]
+    Tensor jitter_TH;           // multiplicative jitter (router dtype) or undefined
+    Tensor logits_TE;           // gating output
+    Tensor used_TE;             // logits routed on: logits_TE, or N(0,1) noise under forced balance
+    Tensor scores_TE;           // softmax over E (pre-softmax) or sigmoid, for backward
+    Tensor idx_TK;              // I32 selected experts, in selection order (dropped ones included)
+    Tensor p_TK;                // normalized selected probs, before the scaling factor
+    Tensor kept_TK;             // I32: 1 where the assignment survived capacity dropping
+    Tensor daux_TE;             // Σ over aux-loss types of dL/d(aux score), or undefined
+    Tensor aux_scores_TE;       // aux scores (softmax, or sigmoid normalized over E)
+    Tensor lse_T;               // logsumexp of the logits, for the z-loss
     double aux_loss_total = 0;  // Σ over types of L (coefficients included) + z-loss, this micro-batch
   };
 

@@ -61,8 +61,7 @@ void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& 
   MOE_DISPATCH_FLOAT(src_RH.dtype(), F, {
     const F* s = src_RH.data<F>();
     F* d = dst_TH.data<F>();
-    _Pragma("omp parallel for schedule(static)")
-    for (int64_t t = 0; t < T; t++) {
+    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < T; t++) {
       F* out = d + t * H;
       for (int64_t h = 0; h < H; h++) out[h] = 0;
       for (int64_t i = off[t]; i < off[t + 1]; i++) {

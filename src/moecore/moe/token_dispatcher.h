@@ -18,9 +18,9 @@ struct DispatchPlan {
   // Expert parallelism (empty on one rank): rows sent to / received from each EP rank, and for every row of the
   // expert-major output, its row in the receive buffer.
   std::vector<int64_t> input_splits, output_splits;
-  Tensor sorted_from_recv;  // I32 [rows received]
-  int64_t local_rows = 0;            // rows this rank permuted before the exchange
-  int64_t T_local = 0;               // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
+  Tensor sorted_from_recv;                 // I32 [rows received]
+  int64_t local_rows = 0;                  // rows this rank permuted before the exchange
+  int64_t T_local = 0;                     // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
   std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order
   Tensor row_token_R;                      // I32: source token of each permuted row
   Tensor row_tk_R;                         // I64: t·K + j of each row (its [T, K] entry), −1 for a padding row

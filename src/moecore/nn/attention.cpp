@@ -46,8 +46,7 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == cfg_.hidden);
   const Tensor x_SBH = sp_all_gather(x_local, cfg_.tp);
   const int64_t S = x_SBH.dim(0), B = x_SBH.dim(1), D = cfg_.head_dim;
-  MOE_CHECK(S <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S,
-            cfg_.max_seq_len);
+  MOE_CHECK(S <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S, cfg_.max_seq_len);
   Tensor q = q_.forward(x_SBH, st.q).reshape({S, B, nq_, D});
   Tensor k = k_.forward(x_SBH, st.k).reshape({S, B, nkv_, D});
   st.v_SBND = v_.forward(x_SBH, st.v).reshape({S, B, nkv_, D});
@@ -65,8 +64,8 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
     kernels::attention_forward_bf16(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
   else
     kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
-  return sp_reduce_scatter(
-      proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden}), cfg_.tp);
+  return sp_reduce_scatter(proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden}),
+                           cfg_.tp);
 }
 
 Tensor Attention::backward(const Tensor& dy_local, Stash& st) {

@@ -16,9 +16,9 @@ namespace moecore::nn {
 
 struct AttentionConfig {
   int64_t hidden = 0;
-  int64_t num_heads = 0;       // Nq
+  int64_t num_heads = 0;         // Nq
   int64_t num_query_groups = 0;  // Nkv
-  int64_t head_dim = 0;        // D (kv_channels)
+  int64_t head_dim = 0;          // D (kv_channels)
   int64_t max_seq_len = 0;
   double rotary_base = 10000.0;
   double rotary_percent = 1.0;

@@ -37,27 +37,38 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
       embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std, c.tp),
       final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm_eps) {
   MOE_CHECK(c.num_attention_heads > 0 && c.num_query_groups > 0 && c.num_attention_heads % c.num_query_groups == 0,
-            "--num-attention-heads ({}) must be a positive multiple of --num-query-groups ({})",
-            c.num_attention_heads, c.num_query_groups);
+            "--num-attention-heads ({}) must be a positive multiple of --num-query-groups ({})", c.num_attention_heads,
+            c.num_query_groups);
   const double out_std = c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
-  AttentionConfig ac{c.hidden_size, c.num_attention_heads, c.num_query_groups, c.kv_channels, c.max_seq_len,
-                     c.rotary_base, c.rotary_percent, c.qk_layernorm, c.norm_eps, c.init_method_std, out_std,
-                     c.add_bias_linear, c.bf16, c.tp};
+  AttentionConfig ac{c.hidden_size,
+                     c.num_attention_heads,
+                     c.num_query_groups,
+                     c.kv_channels,
+                     c.max_seq_len,
+                     c.rotary_base,
+                     c.rotary_percent,
+                     c.qk_layernorm,
+                     c.norm_eps,
+                     c.init_method_std,
+                     out_std,
+                     c.add_bias_linear,
+                     c.bf16,
+                     c.tp};
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string name = "decoder.layers." + std::to_string(i);
     std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
     if (!f) {
-      MLPConfig mc{c.hidden_size, c.ffn_hidden_size, c.activation, c.add_bias_linear, c.init_method_std, out_std,
-                   c.bf16, c.tp};
+      MLPConfig mc{c.hidden_size,     c.ffn_hidden_size, c.activation, c.add_bias_linear,
+                   c.init_method_std, out_std,           c.bf16,       c.tp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f)));
   }
   if (c.untie_embeddings_and_output_weights) {
-    output_ = std::make_unique<Linear>(reg, "output_layer",
-                                       LinearConfig{c.hidden_size, c.vocab_size, false,
-                                                    InitRule::normal(c.init_method_std), c.bf16, TPSplit::Column,
-                                                    c.tp});
+    output_ =
+        std::make_unique<Linear>(reg, "output_layer",
+                                 LinearConfig{c.hidden_size, c.vocab_size, false, InitRule::normal(c.init_method_std),
+                                              c.bf16, TPSplit::Column, c.tp});
   } else {
     output_ = std::make_unique<Linear>(embedding_.weight(), c.bf16);
   }
@@ -76,8 +87,8 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
   MOE_CHECK(st.S % cfg_.tp.size() == 0,
             "sequence length {} is not divisible by --tensor-model-parallel-size {} (sequence parallelism)", st.S,
             cfg_.tp.size());
-  Tensor h = embedding_.forward(to_sequence_major(tokens_BS), st.emb)
-                 .reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+  Tensor h =
+      embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
   for (size_t i = 0; i < layers_.size(); i++) h = layers_[i]->forward(h, st.layers[i]);
   h = final_norm_.forward(h, st.final_norm);
   return output_->forward(sp_all_gather(h, cfg_.tp), st.output);
@@ -124,8 +135,7 @@ void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(s
   Tensor dh = output_->backward(st.logits_TV, st.output);
   st.logits_TV = Tensor();
   const int64_t S_local = st.S / cfg_.tp.size();
-  dh = final_norm_.backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp),
-                            st.final_norm);
+  dh = final_norm_.backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
   for (size_t i = layers_.size(); i-- > 0;) {
     st.layers[i].ffn->loss_scale = loss_scale;
     dh = layers_[i]->backward(dh, st.layers[i]);

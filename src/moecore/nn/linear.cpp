@@ -13,8 +13,8 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
   const TPSplit split = cfg.tp.on() ? cfg.split : TPSplit::None;
   if (split == TPSplit::Column) {
     const int64_t halves = cfg.gated ? 2 : 1;
-    MOE_CHECK(cfg.out % (halves * P) == 0, "{}: {} output features do not split over {} tensor-parallel ranks",
-              name, cfg.out, P);
+    MOE_CHECK(cfg.out % (halves * P) == 0, "{}: {} output features do not split over {} tensor-parallel ranks", name,
+              cfg.out, P);
     out_ = cfg.out / P;
   } else if (split == TPSplit::Row) {
     MOE_CHECK(cfg.in % P == 0, "{}: {} input features do not split over {} tensor-parallel ranks", name, cfg.in, P);
@@ -43,8 +43,7 @@ Linear::Linear(Parameter& weight, bool bf16)
     : weight_(&weight), in_(weight.value.dim(1)), out_(weight.value.dim(0)), bf16_(bf16) {}
 
 Tensor Linear::forward(const Tensor& x, Stash& st) {
-  MOE_ASSERT_MSG(x.cols() == in_, "{} expects inputs with {} features, got {}", weight_->name, in_,
-                 x.shape().str());
+  MOE_ASSERT_MSG(x.cols() == in_, "{} expects inputs with {} features, got {}", weight_->name, in_, x.shape().str());
   const Tensor x2 = x.reshape({x.rows(), in_});
   const Tensor& w = weight_->value;
   Tensor y = Tensor::empty({x2.rows(), out_}, w.dtype());

@@ -18,7 +18,9 @@ LinearConfig fc_cfg(const MLPConfig& c, bool fc1) {
 }  // namespace
 
 MLP::MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg)
-    : cfg_(cfg), fc1_(reg, name + ".linear_fc1", fc_cfg(cfg, true)), fc2_(reg, name + ".linear_fc2", fc_cfg(cfg, false)) {}
+    : cfg_(cfg),
+      fc1_(reg, name + ".linear_fc1", fc_cfg(cfg, true)),
+      fc2_(reg, name + ".linear_fc2", fc_cfg(cfg, false)) {}
 
 Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);

@@ -78,8 +78,8 @@ void init_parameter(Parameter& p, uint64_t seed) {
   const double std = p.init.std;
   MOE_DISPATCH_FLOAT(p.value.dtype(), T, {
     T* v = p.value.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t i = 0; i < n; i++) v[i] = static_cast<T>(std * rng.normal(static_cast<uint64_t>(p.global_index(i))));
+    _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++) v[i] =
+        static_cast<T>(std * rng.normal(static_cast<uint64_t>(p.global_index(i))));
   });
 }
 
@@ -128,16 +128,21 @@ void unpack_grads(const Tensor& flat, const std::vector<Parameter*>& params) {
 
 void init_tensor(Tensor& t, const std::string& name, InitRule rule, uint64_t seed, int64_t offset) {
   switch (rule.kind) {
-    case InitKind::Zeros: kernels::fill_(t, 0.0); return;
-    case InitKind::Ones: kernels::fill_(t, 1.0); return;
-    case InitKind::Normal: break;
+    case InitKind::Zeros:
+      kernels::fill_(t, 0.0);
+      return;
+    case InitKind::Ones:
+      kernels::fill_(t, 1.0);
+      return;
+    case InitKind::Normal:
+      break;
   }
   const Philox rng(seed, stream_id(name));
   const int64_t n = t.numel();
   MOE_DISPATCH_FLOAT(t.dtype(), T, {
     T* p = t.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t i = 0; i < n; i++) p[i] = static_cast<T>(rule.std * rng.normal(static_cast<uint64_t>(offset + i)));
+    _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++) p[i] =
+        static_cast<T>(rule.std * rng.normal(static_cast<uint64_t>(offset + i)));
   });
 }
 

@@ -20,8 +20,8 @@ Tensor sp_all_gather(const Tensor& x, const TPContext& tp) {
 
 Tensor sp_reduce_scatter(const Tensor& x, const TPContext& tp) {
   if (!tp.on()) return x;
-  MOE_ASSERT_MSG(x.dim(0) % tp.size() == 0, "sequence-parallel reduce-scatter of {} over {} ranks",
-                 x.shape().str(), tp.size());
+  MOE_ASSERT_MSG(x.dim(0) % tp.size() == 0, "sequence-parallel reduce-scatter of {} over {} ranks", x.shape().str(),
+                 tp.size());
   Tensor out = Tensor::empty(with_leading(x.shape(), x.dim(0) / tp.size()), x.dtype());
   tp.group->reduce_scatter(x, out);
   return out;

@@ -44,8 +44,7 @@ class ReplicatedAdamW : public ParamClassOptimizer {
 }  // namespace
 
 ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, size_t num_buckets,
-                                   const BucketOf& bucket_of, const OptimizerGroups& groups,
-                                   const OptimizerConfig& cfg)
+                                   const BucketOf& bucket_of, const OptimizerGroups& groups, const OptimizerConfig& cfg)
     : params_(params), g_(groups), cfg_(cfg) {
   for (size_t i = 0; i < params_.size(); i++) index_[params_[i]] = i;
   dp_size_ = static_cast<double>(g_.dp ? g_.dp->size() : 1);

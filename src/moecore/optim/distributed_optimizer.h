@@ -50,8 +50,8 @@ class ShardedAdamW : public ParamClassOptimizer {
   struct Bucket {
     std::vector<Segment> segs;
     std::vector<nn::Parameter*> params;  // the segments' parameters, in order (laid end to end from offset 0)
-    int64_t size = 0, shard = 0;  // padded size = shard · group size
-    int64_t local = 0;            // offset of this bucket's share in the owned arrays
+    int64_t size = 0, shard = 0;         // padded size = shard · group size
+    int64_t local = 0;                   // offset of this bucket's share in the owned arrays
     Tensor flat_grad, flat_param;
     comm::Work work;
     bool started = false;

@@ -37,10 +37,14 @@ double LRSchedule::lr(int64_t step) const {
     if (step <= anneal_start) return max_lr;
     const double r = static_cast<double>(step - anneal_start) / static_cast<double>(wsd_decay_iters);
     double coeff;
-    if (wsd_style == "linear") coeff = 1.0 - r;
-    else if (wsd_style == "cosine") coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
-    else if (wsd_style == "exponential") coeff = 2.0 * std::pow(0.5, r) - 1.0;
-    else coeff = 1.0 - std::sqrt(r);  // minus_sqrt
+    if (wsd_style == "linear")
+      coeff = 1.0 - r;
+    else if (wsd_style == "cosine")
+      coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
+    else if (wsd_style == "exponential")
+      coeff = 2.0 * std::pow(0.5, r) - 1.0;
+    else
+      coeff = 1.0 - std::sqrt(r);  // minus_sqrt
     return min_lr + coeff * delta;
   }
   const double r = static_cast<double>(step - warmup_iters) / static_cast<double>(decay_iters - warmup_iters);

@@ -12,8 +12,8 @@ struct LRSchedule {
   double max_lr = 1e-4;
   double min_lr = 0.0;
   int64_t warmup_iters = 0;
-  int64_t decay_iters = 0;  // --lr-decay-iters (defaults to --train-iters)
-  std::string style = "linear";  // constant | linear | cosine | WSD
+  int64_t decay_iters = 0;                // --lr-decay-iters (defaults to --train-iters)
+  std::string style = "linear";           // constant | linear | cosine | WSD
   std::string wsd_style = "exponential";  // linear | cosine | exponential | minus_sqrt
   int64_t wsd_decay_iters = 0;
 

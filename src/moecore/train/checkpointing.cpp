@@ -19,7 +19,9 @@ std::string expert_bias_name(moe::MoELayer& l) {
   const std::string& w = l.router().weight().name;  // ...mlp.router.weight
   return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
 }
-ckpt::Box whole(const Tensor& t) { return ckpt::whole_box(t.shape()); }
+ckpt::Box whole(const Tensor& t) {
+  return ckpt::whole_box(t.shape());
+}
 // "--flag: saved in the checkpoint, here" lines for the flags of `keys` whose values differ.
 template <typename Keys>
 std::string flag_differences(const nlohmann::json& saved, const nlohmann::json& here, const Keys& keys,
@@ -47,13 +49,15 @@ void Checkpointing::refresh_master() {
   if (opt_) opt_->refresh_master();
 }
 
-std::vector<ckpt::LoadTarget> Checkpointing::load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v) {
+std::vector<ckpt::LoadTarget> Checkpointing::load_targets(bool optimizer, std::vector<Tensor>& m,
+                                                          std::vector<Tensor>& v) {
   std::vector<ckpt::LoadTarget> t;
   const auto& all = reg_.all();
   for (auto& p : all)
     t.push_back({p->name, ckpt::box_of(*p), &p->value, is_vocab_parameter(p->name) ? vocab_.size : 0});
   if (c_.moe_router_enable_expert_bias)
-    for (auto* l : moe_layers(model_)) t.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), &l->router().expert_bias()});
+    for (auto* l : moe_layers(model_))
+      t.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), &l->router().expert_bias()});
   if (optimizer) {
     m.clear();
     v.clear();
@@ -81,8 +85,12 @@ nlohmann::json Checkpointing::train_state(const Progress& p) const {
           {"optimizer", true},
           {"vocab", {{"size", vocab_.size}, {"padded", vocab_.padded}}},
           {"layout",
-           {{"world", size(g_.world)}, {"tp", size(g_.tp)}, {"dp", g_.dp_size}, {"ep", size(g_.ep)},
-            {"etp", size(g_.etp)}, {"distributed_optimizer", opt_ && opt_->distributed()}}},
+           {{"world", size(g_.world)},
+            {"tp", size(g_.tp)},
+            {"dp", g_.dp_size},
+            {"ep", size(g_.ep)},
+            {"etp", size(g_.etp)},
+            {"distributed_optimizer", opt_ && opt_->distributed()}}},
           {"rng", {{"seed", c_.seed}, {"router_forward_counts", counts}}},
           {"log_interval_sums", p.sums.to_json()},
           {"config", config_json(c_)}};
@@ -107,13 +115,16 @@ std::string Checkpointing::save(const Progress& prog) {
     bytes += 3 * static_cast<int64_t>(p.value.nbytes());
   }
   if (g_.world_rank == 0 && c_.moe_router_enable_expert_bias)
-    for (auto* l : moe_layers(model_)) mine.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), l->router().expert_bias()});
+    for (auto* l : moe_layers(model_))
+      mine.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), l->router().expert_bias()});
   std::vector<std::pair<std::string, std::string>> extra;
-  if (vocab_.tokenizer && g_.world_rank == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
+  if (vocab_.tokenizer &&
+      g_.world_rank == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
     const std::string json = data::resolve_tokenizer_json(c_.tokenizer_model);
     extra.push_back({"tokenizer.json", read_file(json, "tokenizer file")});
     const auto config = std::filesystem::path(json).parent_path() / "tokenizer_config.json";  // EOS
-    if (std::filesystem::exists(config)) extra.push_back({"tokenizer_config.json", read_file(config.string(), "tokenizer config")});
+    if (std::filesystem::exists(config))
+      extra.push_back({"tokenizer_config.json", read_file(config.string(), "tokenizer config")});
   }
   ckpt::SaveFault fault;
   if (!c_.fault_kill_during_save.empty()) {
@@ -171,8 +182,8 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
       const auto& counts = state.at("rng").at("router_forward_counts");
       for (auto* l : moe_layers(model_)) {
         const std::string& n = l->router().weight().name;
-        MOE_CHECK(counts.contains(n), "{}: no RNG state for {} (pass --no-load-rng to start its noise afresh)",
-                  where, n);
+        MOE_CHECK(counts.contains(n), "{}: no RNG state for {} (pass --no-load-rng to start its noise afresh)", where,
+                  n);
         l->router().forward_count() = counts[n].get<uint64_t>();
       }
     }
@@ -209,8 +220,10 @@ void Checkpointing::load_hf(ckpt::HFModel& m) {
     mine.erase(it);
   }
   for (const auto& [name, p] : mine) problems += fmt::format("\n  {}: not in the HF model", name);
-  MOE_CHECK(problems.empty(), "--load-hf {}: the model built from these flags does not match it:{}\n(drop the flags "
-            "that change the architecture: --load-hf sets it from config.json)", dir, problems);
+  MOE_CHECK(problems.empty(),
+            "--load-hf {}: the model built from these flags does not match it:{}\n(drop the flags "
+            "that change the architecture: --load-hf sets it from config.json)",
+            dir, problems);
   refresh_master();
   loaded_from_ = dir;
   fmt::print(out_, " loaded HuggingFace {} model {}: weights only, iteration 0\n", m.architecture().kind, dir);
@@ -222,7 +235,8 @@ void Checkpointing::upcycle(const std::string& dir, const nlohmann::json& state)
   MOE_CHECK(saved.value("num-experts", int64_t{0}) == 0,
             "--moe-use-upcycling: {} is already an MoE checkpoint (upcycling starts from a dense one)", dir);
   const nlohmann::json here = config_json(c_);
-  const std::string diff = flag_differences(saved, here, flag_names(kIdentity, FlagGroup::Model), "the dense checkpoint");
+  const std::string diff =
+      flag_differences(saved, here, flag_names(kIdentity, FlagGroup::Model), "the dense checkpoint");
   MOE_CHECK(diff.empty(), "--moe-use-upcycling: the non-MoE flags must match the dense model:{}", diff);
   // Everything outside the MoE layers' mlp loads as it is.
   std::vector<std::string> moe_prefixes;
@@ -243,15 +257,15 @@ void Checkpointing::upcycle(const std::string& dir, const nlohmann::json& state)
   // Each MoE layer from its dense FFN (ckpt/upcycling).
   const int64_t g = c_.moe_upcycling_granularity, E = c_.num_experts, r = E / g, H = c_.hidden_size;
   const int64_t F = c_.ffn_hidden_size;
-  const double s = ckpt::upcycling_scale(E, g, c_.moe_router_topk, c_.moe_router_pre_softmax,
-                                         c_.swiglu || c_.squared_relu);
+  const double s =
+      ckpt::upcycling_scale(E, g, c_.moe_router_topk, c_.moe_router_pre_softmax, c_.swiglu || c_.squared_relu);
   const int64_t halves = c_.swiglu ? 2 : 1;
   for (const std::string& pre : moe_prefixes) {
     // The dense fc1 is stored as [2, F, H] (gated) or [F, H]: a whole box of either has the same bytes.
     Tensor d1 = Tensor::empty({halves, F, H}, DType::F32), d2 = Tensor::empty({H, F}, DType::F32);
     Tensor d1_view = c_.swiglu ? d1 : d1.reshape({F, H});
-    ckpt::load_tensors(dir, {{pre + "linear_fc1.weight", whole(d1_view), &d1_view},
-                             {pre + "linear_fc2.weight", whole(d2), &d2}});
+    ckpt::load_tensors(
+        dir, {{pre + "linear_fc1.weight", whole(d1_view), &d1_view}, {pre + "linear_fc2.weight", whole(d2), &d2}});
     auto [e1, e2] = ckpt::upcycle_experts(d1, d2, E, g, s);
     nn::Parameter& fc1 = reg_.get(pre + "experts.linear_fc1.weight");
     nn::Parameter& fc2 = reg_.get(pre + "experts.linear_fc2.weight");

@@ -61,8 +61,8 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
   // 3 values per token; replicated parameters' gradients are all-reduced once per step.
   if (TP > 1) {
     const double blocks = 2.0 + 2.0 * (static_cast<double>(c.num_layers) + Ld + (shared ? Lm : 0.0));
-    out["tp"] = M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) +
-                2 * (TP - 1) / TP * n_rep * 4;
+    out["tp"] =
+        M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) + 2 * (TP - 1) / TP * n_rep * 4;
   }
   // Data parallel: ring all-reduce (or reduce-scatter + all-gather) of the gradients, dense over DP, experts over
   // EDP.

@@ -80,9 +80,8 @@ TrainConfig generation_config(const ckpt::FoundCheckpoint& found, const std::str
   apply_config_json(c, model, state_file);
   std::string tok = tokenizer_model;
   if (tok.empty() && std::filesystem::exists(found.dir + "/tokenizer.json")) tok = found.dir + "/tokenizer.json";
-  MOE_CHECK(!tok.empty(),
-            "{} has no tokenizer.json (it was trained with --tokenizer-type {}); pass --tokenizer-model", found.dir,
-            saved.tokenizer_type.empty() ? "none" : saved.tokenizer_type);
+  MOE_CHECK(!tok.empty(), "{} has no tokenizer.json (it was trained with --tokenizer-type {}); pass --tokenizer-model",
+            found.dir, saved.tokenizer_type.empty() ? "none" : saved.tokenizer_type);
   c.tokenizer_type = "HuggingFaceTokenizer";
   c.tokenizer_model = tok;
   c.mock_data = c.skip_train = true;  // no data, no training: no schedule either

@@ -13,11 +13,11 @@
 namespace moecore::train {
 
 struct SamplingOptions {
-  int64_t tokens = 48;       // new tokens at most (stops early at the tokenizer's EOS)
-  double temperature = 0;    // 0: greedy
-  int64_t top_k = 0;         // 0: the whole vocabulary
+  int64_t tokens = 48;     // new tokens at most (stops early at the tokenizer's EOS)
+  double temperature = 0;  // 0: greedy
+  int64_t top_k = 0;       // 0: the whole vocabulary
   uint64_t seed = 0;
-  int64_t context = 0;       // tokens the model sees (its --seq-length)
+  int64_t context = 0;  // tokens the model sees (its --seq-length)
 };
 
 // `prompt` continued; the text of prompt and continuation.

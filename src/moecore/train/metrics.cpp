@@ -29,7 +29,8 @@ void router_losses(const TrainConfig& c, const nn::GPTModel& model, const Parall
   for (const auto& [i, st] : layers) {
     const nn::RoutingStats& s = *st;
     const double mb = static_cast<double>(std::max<int64_t>(1, s.micro_batches));
-    for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++) r.aux_losses[t] += s.loss_sums[t] / mb / L;
+    for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++)
+      r.aux_losses[t] += s.loss_sums[t] / mb / L;
     r.z_loss += s.z_loss_sum / mb / L;
   }
   if (!g.distributed() || layers.empty()) return;
@@ -190,8 +191,8 @@ void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegi
              "memory plan: weights {} | gradients {} | Adam moments {} | activations per micro-batch ~{} "
              "({} layers x {} + logits {})\n",
              human_bytes(4 * n), human_bytes(4 * n), human_bytes(8 * n),
-             human_bytes(per_layer * static_cast<double>(c.num_layers) + logits), c.num_layers,
-             human_bytes(per_layer), human_bytes(logits));
+             human_bytes(per_layer * static_cast<double>(c.num_layers) + logits), c.num_layers, human_bytes(per_layer),
+             human_bytes(logits));
 }
 
 void print_expert_load(std::FILE* out, const nn::GPTModel& model, bool distributed) {

@@ -11,8 +11,8 @@ namespace moecore::train {
 Vocabulary build_vocabulary(const TrainConfig& c, int64_t saved_rows) {
   Vocabulary v;
   if (c.tokenizer_type == "HuggingFaceTokenizer") {
-    v.tokenizer = std::make_unique<data::Tokenizer>(
-        data::Tokenizer::from_file(data::resolve_tokenizer_json(c.tokenizer_model)));
+    v.tokenizer =
+        std::make_unique<data::Tokenizer>(data::Tokenizer::from_file(data::resolve_tokenizer_json(c.tokenizer_model)));
     v.size = v.tokenizer->vocab_size();
   } else {
     v.size = c.tokenizer_type == "NullTokenizer" ? c.vocab_size + 1 : c.vocab_size;  // NullTokenizer: + EOD
@@ -30,8 +30,7 @@ std::array<std::shared_ptr<const data::SampleSource>, 3> build_datasets(const Tr
   if (c.mock_data) {
     const uint64_t seed = static_cast<uint64_t>(c.seed);
     if (train_samples > 0) d[0] = std::make_shared<data::MockGPTDataset>(train_samples, c.seq_length, vocab, seed);
-    if (valid_samples > 0)
-      d[1] = std::make_shared<data::MockGPTDataset>(valid_samples, c.seq_length, vocab, seed + 1);
+    if (valid_samples > 0) d[1] = std::make_shared<data::MockGPTDataset>(valid_samples, c.seq_length, vocab, seed + 1);
   } else {
     d = data::build_gpt_datasets(c.data_path, c.split, c.seq_length, {train_samples, valid_samples, 0},
                                  static_cast<uint64_t>(c.seed));

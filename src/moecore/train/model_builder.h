@@ -18,8 +18,8 @@ namespace moecore::train {
 
 struct Vocabulary {
   std::unique_ptr<data::Tokenizer> tokenizer;  // null without a HuggingFace tokenizer
-  int64_t size = 0;    // token ids the data may hold (NullTokenizer: --vocab-size + EOD)
-  int64_t padded = 0;  // rows of the embedding and output layer
+  int64_t size = 0;                            // token ids the data may hold (NullTokenizer: --vocab-size + EOD)
+  int64_t padded = 0;                          // rows of the embedding and output layer
 };
 
 // `saved_rows`: the vocabulary rows of the model about to be loaded (0: none), kept when at least `size` and

@@ -25,8 +25,9 @@ ParallelGroups::ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* w
   std::vector<int64_t> all(static_cast<size_t>(world_size));
   std::iota(all.begin(), all.end(), 0);
   const std::pair<std::unique_ptr<comm::ProcessGroup>*, std::pair<const comm::RankGroups*, const char*>> groups[] = {
-      {&dp, {&mesh->dp_cp, "dp"}},          {&tp_dp, {&mesh->tp_dp_cp, "tp-dp"}}, {&ep, {&mesh->ep_groups, "ep"}},
-      {&edp, {&mesh->edp_groups, "edp"}},   {&tp, {&mesh->tp, "tp"}},            {&etp, {&mesh->etp, "etp"}}};
+      {&dp, {&mesh->dp_cp, "dp"}},     {&tp_dp, {&mesh->tp_dp_cp, "tp-dp"}},
+      {&ep, {&mesh->ep_groups, "ep"}}, {&edp, {&mesh->edp_groups, "edp"}},
+      {&tp, {&mesh->tp, "tp"}},        {&etp, {&mesh->etp, "etp"}}};
   for (const auto& [g, spec] : groups) {
     *g = std::make_unique<comm::ProcessGroup>(w->split(*spec.first));
     (*g)->set_name(spec.second);

@@ -13,8 +13,8 @@
 namespace moecore::train {
 
 struct MicroBatches {
-  int64_t count = 1;       // micro-batches per step on this data-parallel rank
-  int64_t size = 1;        // sequences per micro-batch
+  int64_t count = 1;  // micro-batches per step on this data-parallel rank
+  int64_t size = 1;   // sequences per micro-batch
   int64_t dp_rank = 0, dp_size = 1;
 };
 

@@ -21,7 +21,9 @@ namespace moecore::train {
 namespace {
 // Set by SIGTERM/SIGINT (or Trainer::request_stop): training ends at the next step boundary with a checkpoint.
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
 
 // With --save, SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) end training at the next step boundary with
 // a checkpoint; the previous handlers come back afterwards.
@@ -43,7 +45,9 @@ struct StopSignalHandlers {
 };
 }  // namespace
 
-void Trainer::request_stop(int signal) { g_stop_signal = signal; }
+void Trainer::request_stop(int signal) {
+  g_stop_signal = signal;
+}
 
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
     : cfg_(std::move(cfg)), out_(out) {
@@ -81,15 +85,17 @@ Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
 
-double Trainer::step_flops() const { return train::step_flops(cfg_, vocab_.padded); }
+double Trainer::step_flops() const {
+  return train::step_flops(cfg_, vocab_.padded);
+}
 
 std::map<std::string, double> Trainer::analytic_comm_bytes() const {
   return train::analytic_comm_bytes(cfg_, reg_, *groups_);
 }
 
 MicroBatches Trainer::micro_batches() const {
-  return {cfg_.global_batch_size / (cfg_.micro_batch_size * groups_->dp_size), cfg_.micro_batch_size,
-          groups_->dp_rank, groups_->dp_size};
+  return {cfg_.global_batch_size / (cfg_.micro_batch_size * groups_->dp_size), cfg_.micro_batch_size, groups_->dp_rank,
+          groups_->dp_size};
 }
 
 StepResult Trainer::train_step() {
@@ -145,8 +151,7 @@ double Trainer::evaluate(int64_t iters) {
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
-std::string Trainer::generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
-                              uint64_t seed) {
+std::string Trainer::generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k, uint64_t seed) {
   MOE_CHECK(vocab_.tokenizer, "generation needs --tokenizer-type HuggingFaceTokenizer");
   return generate_text(*model_, *vocab_.tokenizer, vocab_.size, prompt, {n, temperature, top_k, seed, cfg_.seq_length});
 }
@@ -176,7 +181,8 @@ void Trainer::train_loop() {
   // line is only shown by a single process; multi-rank runs log every --log-interval steps.
   const bool tty = ::isatty(fileno(out_)) != 0 && !groups_->distributed();
   int64_t& it = progress_.iteration;
-  fmt::print(out_, "training {} iterations of {} sequences x {} tokens ({} data-parallel rank(s) x {} micro-batches of {})\n",
+  fmt::print(out_,
+             "training {} iterations of {} sequences x {} tokens ({} data-parallel rank(s) x {} micro-batches of {})\n",
              cfg_.train_iters - it, cfg_.global_batch_size, cfg_.seq_length, groups_->dp_size, micro_batches().count,
              cfg_.micro_batch_size);
   const double t_start = now_seconds();
@@ -230,7 +236,8 @@ void Trainer::final_report() {
     if (data_[0]) {
       const double h = unigram_entropy();
       fmt::print(out_, "final validation loss {:.4f} nats vs unigram entropy of the training data {:.4f} nats ({})\n",
-                 v, h, v < h ? "the model uses context" : "NOT below the unigram entropy: train longer or check the data");
+                 v, h,
+                 v < h ? "the model uses context" : "NOT below the unigram entropy: train longer or check the data");
     }
   }
   print_expert_load(out_, *model_, groups_->distributed());
@@ -251,8 +258,8 @@ void Trainer::run() {
     return;
   }
   if (progress_.iteration >= cfg_.train_iters) {
-    fmt::print(out_, "the checkpoint is at iteration {}, --train-iters is {}: nothing to train\n",
-               progress_.iteration, cfg_.train_iters);
+    fmt::print(out_, "the checkpoint is at iteration {}, --train-iters is {}: nothing to train\n", progress_.iteration,
+               cfg_.train_iters);
     final_report();
     return;
   }

@@ -5,8 +5,8 @@
 
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/train_run.h"
-#include "moecore/train/start_config.h"
 #include "moecore/core/tensor.h"
+#include "moecore/train/start_config.h"
 
 namespace moecore::cli {
 

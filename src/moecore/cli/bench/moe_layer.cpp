@@ -55,8 +55,8 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   const double peak = kernels::measure_gemm_peak_gflops(bf16 ? DType::BF16 : DType::F32);
   layer.finish_global_batch();  // the steps so far as one global batch
   const nn::RoutingStats& load = *layer.routing_stats();
-  fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n",
-             load.max_load() / load.mean_load(), a.iters + 1);
+  fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n", load.max_load() / load.mean_load(),
+             a.iters + 1);
   fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
 }

@@ -8,9 +8,9 @@
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/train_run.h"
-#include "moecore/train/start_config.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
+#include "moecore/train/start_config.h"
 
 namespace moecore::cli {
 

@@ -24,9 +24,12 @@ Activation parse_activation(std::string_view name) {
 
 std::string_view activation_name(Activation a) {
   switch (a) {
-    case Activation::SwiGLU: return "swiglu";
-    case Activation::GeLU: return "gelu";
-    case Activation::SquaredReLU: return "squared-relu";
+    case Activation::SwiGLU:
+      return "swiglu";
+    case Activation::GeLU:
+      return "gelu";
+    case Activation::SquaredReLU:
+      return "squared-relu";
   }
   return "?";
 }
@@ -85,8 +88,7 @@ MOE_TARGET_CLONES void fwd(Activation act, const T* x, const T* p, O* y, int64_t
 }
 
 template <typename T, typename O>
-MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, O* dx, T* dp, int64_t rows,
-                           int64_t F) {
+MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);

@@ -12,7 +12,9 @@ enum class Activation { SwiGLU, GeLU, SquaredReLU };
 
 Activation parse_activation(std::string_view name);  // "swiglu", "gelu", "squared-relu"
 std::string_view activation_name(Activation a);
-inline bool is_gated(Activation a) { return a == Activation::SwiGLU; }
+inline bool is_gated(Activation a) {
+  return a == Activation::SwiGLU;
+}
 
 // x_TF2 [T, 2F] (gated) or x_TF [T, F] -> y_TF [T, F]. probs_T: nullptr or [T] (same dtype as x).
 // y_TF may be bf16 for an f32 x: the result is rounded as it is stored, ready for a bf16 GEMM.

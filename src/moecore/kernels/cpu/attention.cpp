@@ -83,8 +83,7 @@ MOE_TARGET_CLONES void forward_impl(const AttentionDims& dm, const T* q, const T
                                     T* scratch, int64_t per_thread) {
   const int64_t S = dm.S, D = dm.D, nt = dm.ntiles(), group = dm.Nq / dm.Nkv;
   const int64_t items = dm.B * dm.Nq * nt;
-_Pragma("omp parallel for schedule(dynamic, 1)")
-  for (int64_t it = 0; it < items; it++) {
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < items; it++) {
     const int64_t qt = it % nt, h = (it / nt) % dm.Nq, b = it / (nt * dm.Nq);
     const int64_t g = h / group;
     T* Q = scratch + omp_get_thread_num() * per_thread;  // [Br, D] pre-scaled
@@ -165,8 +164,7 @@ MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, con
   const int64_t S = dm.S, D = dm.D, nt = dm.ntiles(), group = dm.Nq / dm.Nkv;
   // Pass 1: dK, dV per (b, kv head g, key tile).
   const int64_t items1 = dm.B * dm.Nkv * nt;
-_Pragma("omp parallel for schedule(dynamic, 1)")
-  for (int64_t it = 0; it < items1; it++) {
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < items1; it++) {
     const int64_t kt = it % nt, g = (it / nt) % dm.Nkv, b = it / (nt * dm.Nkv);
     T* KT = scratch + omp_get_thread_num() * per_thread;  // [D, Bc]
     T* VT = KT + kAttnTile * D;                           // [D, Bc]
@@ -208,8 +206,7 @@ _Pragma("omp parallel for schedule(dynamic, 1)")
   }
   // Pass 2: dQ per (b, h, query tile).
   const int64_t items2 = dm.B * dm.Nq * nt;
-_Pragma("omp parallel for schedule(dynamic, 1)")
-  for (int64_t it = 0; it < items2; it++) {
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < items2; it++) {
     const int64_t qt = it % nt, h = (it / nt) % dm.Nq, b = it / (nt * dm.Nq);
     const int64_t g = h / group;
     T* KT = scratch + omp_get_thread_num() * per_thread;  // [D, Bc]
@@ -255,8 +252,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
   const int64_t per_thread = 4 * kAttnTile * dm.D + 3 * kAttnTile;
   Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   MOE_DISPATCH_FLOAT(q.dtype(), T, {
-    forward_impl<T>(dm, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), T(scale),
-                    scratch.data<T>(), per_thread);
+    forward_impl<T>(dm, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), T(scale), scratch.data<T>(),
+                    per_thread);
   });
 }
 
@@ -271,16 +268,14 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     const T* dod = dout.data<T>();
     T* dl = delta.data<T>();
     const int64_t rows = dm.B * dm.Nq;
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t r = 0; r < rows; r++)
-      for (int64_t i = 0; i < dm.S; i++) {
-        const int64_t off = i * dm.q_row() + r * dm.D;  // r = b·Nq + h matches the [S, B, Nq, D] layout
-        T s = 0;
-        for (int64_t d = 0; d < dm.D; d++) s += dod[off + d] * od[off + d];
-        dl[r * dm.S + i] = s;
-      }
-    backward_impl<T>(dm, dod, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), dl, dq.data<T>(),
-                     dk.data<T>(), dv.data<T>(), T(scale), scratch.data<T>(), per_thread);
+    _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < rows; r++) for (int64_t i = 0; i < dm.S; i++) {
+      const int64_t off = i * dm.q_row() + r * dm.D;  // r = b·Nq + h matches the [S, B, Nq, D] layout
+      T s = 0;
+      for (int64_t d = 0; d < dm.D; d++) s += dod[off + d] * od[off + d];
+      dl[r * dm.S + i] = s;
+    }
+    backward_impl<T>(dm, dod, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), dl, dq.data<T>(), dk.data<T>(),
+                     dv.data<T>(), T(scale), scratch.data<T>(), per_thread);
   });
 }
 

@@ -72,8 +72,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
     const T* l = logits_TV.data<T>();
     Tensor mx = Tensor::empty({rows}, logits_TV.dtype());
     T* m = mx.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t t = 0; t < rows; t++) {
+    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < rows; t++) {
       T v = -std::numeric_limits<T>::infinity();
       for (int64_t j = 0; j < V; j++) v = l[t * V + j] > v ? l[t * V + j] : v;
       m[t] = v;
@@ -81,8 +80,7 @@ _Pragma("omp parallel for schedule(static)")
     all_reduce(mx, true);
     Tensor sums = Tensor::empty({2 * rows}, logits_TV.dtype());  // [Σ exp(l − max) | target logit or 0]
     T* se = sums.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t t = 0; t < rows; t++) {
+    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < rows; t++) {
       T s = 0;
       for (int64_t j = 0; j < V; j++) s += vexp(l[t * V + j] - m[t]);
       se[t] = s;

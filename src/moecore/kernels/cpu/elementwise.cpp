@@ -21,8 +21,7 @@ double chunked_sum(int64_t n, F term) {
     partial_heap.resize(nchunks);
     partial = partial_heap.data();
   }
-_Pragma("omp parallel for schedule(static) if (nchunks > 1)")
-  for (int64_t c = 0; c < nchunks; c++) {
+  _Pragma("omp parallel for schedule(static) if (nchunks > 1)") for (int64_t c = 0; c < nchunks; c++) {
     double s = 0;
     const int64_t end = std::min(n, (c + 1) * kChunk);
     for (int64_t i = c * kChunk; i < end; i++) s += term(i);
@@ -34,7 +33,9 @@ _Pragma("omp parallel for schedule(static) if (nchunks > 1)")
 }
 }  // namespace
 
-void add_(Tensor& a, const Tensor& b) { add(a, b, a); }
+void add_(Tensor& a, const Tensor& b) {
+  add(a, b, a);
+}
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   MOE_ASSERT_MSG(a.numel() == b.numel() && a.numel() == out.numel(), "add of {} + {} into {}", a.shape().str(),
@@ -45,8 +46,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
     T* po = out.data<T>();
-_Pragma("omp parallel for schedule(static) if (n > 65536)")
-    for (int64_t i = 0; i < n; i++) po[i] = pa[i] + pb[i];
+    _Pragma("omp parallel for schedule(static) if (n > 65536)") for (int64_t i = 0; i < n; i++) po[i] = pa[i] + pb[i];
   });
 }
 
@@ -55,8 +55,7 @@ void scale_(Tensor& a, double s) {
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
     const T ts = static_cast<T>(s);
-_Pragma("omp parallel for schedule(static) if (n > 65536)")
-    for (int64_t i = 0; i < n; i++) p[i] *= ts;
+    _Pragma("omp parallel for schedule(static) if (n > 65536)") for (int64_t i = 0; i < n; i++) p[i] *= ts;
   });
 }
 
@@ -88,7 +87,9 @@ double dot(const Tensor& a, const Tensor& b) {
   return r;
 }
 
-double sum_squares(const Tensor& a) { return dot(a, a); }
+double sum_squares(const Tensor& a) {
+  return dot(a, a);
+}
 
 }  // namespace moecore::kernels
 
@@ -100,9 +101,8 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
   MOE_DISPATCH_FLOAT(y_TN.dtype(), T, {
     T* y = y_TN.data<T>();
     const T* b = b_N.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t t = 0; t < rows; t++)
-      for (int64_t j = 0; j < N; j++) y[t * N + j] += b[j];
+    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < rows; t++) for (int64_t j = 0; j < N; j++)
+        y[t * N + j] += b[j];
   });
 }
 
@@ -114,8 +114,7 @@ void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
   MOE_DISPATCH_FLOAT(dy_TN.dtype(), T, {
     const T* dy = dy_TN.data<T>();
     T* db = db_N.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t b = 0; b < nblk; b++) {
+    _Pragma("omp parallel for schedule(static)") for (int64_t b = 0; b < nblk; b++) {
       const int64_t j0 = b * kCols, j1 = std::min(N, j0 + kCols);
       T acc[kCols] = {};
       for (int64_t t = 0; t < rows; t++)

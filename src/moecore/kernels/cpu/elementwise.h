@@ -6,9 +6,9 @@
 
 namespace moecore::kernels {
 
-void add_(Tensor& a, const Tensor& b);                            // a += b
-void add(const Tensor& a, const Tensor& b, Tensor& out);         // out = a + b (out may alias a or b)
-void scale_(Tensor& a, double s);                                 // a *= s
+void add_(Tensor& a, const Tensor& b);                    // a += b
+void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (out may alias a or b)
+void scale_(Tensor& a, double s);                         // a *= s
 void fill_(Tensor& a, double v);
 double sum(const Tensor& a);
 double dot(const Tensor& a, const Tensor& b);

@@ -28,8 +28,7 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
   const size_t row_bytes = static_cast<size_t>(H) * dtype_size(w_VH.dtype());
   const char* w = static_cast<const char*>(w_VH.raw());
   char* y = static_cast<char*>(y_TH.raw());
-_Pragma("omp parallel for schedule(static)")
-  for (int64_t t = 0; t < T_; t++) {
+  _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < T_; t++) {
     const int64_t r = id_at(ids_T, t) - vocab_start;
     if (r >= 0 && r < VL)
       std::memcpy(y + t * row_bytes, w + r * row_bytes, row_bytes);
@@ -46,8 +45,7 @@ void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH,
   MOE_DISPATCH_FLOAT(dw_VH.dtype(), T, {
     const T* dy = dy_TH.data<T>();
     T* dw = dw_VH.data<T>();
-_Pragma("omp parallel for schedule(static)")
-    for (int64_t b = 0; b < nblk; b++) {
+    _Pragma("omp parallel for schedule(static)") for (int64_t b = 0; b < nblk; b++) {
       const int64_t j0 = b * kCols, j1 = std::min(H, j0 + kCols);
       for (int64_t t = 0; t < T_; t++) {
         const int64_t r = id_at(ids_T, t) - vocab_start;

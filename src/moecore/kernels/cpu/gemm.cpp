@@ -15,7 +15,7 @@ namespace moecore::kernels {
 namespace {
 
 struct Key {
-  int64_t batch;    // 0 for a plain 2-D product
+  int64_t batch;  // 0 for a plain 2-D product
   int64_t m, n, k;
   int64_t lda, ldb;  // row strides of the stored A and B when they are column blocks of wider matrices; 0: dense
   bool ta, tb;
@@ -203,8 +203,7 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     }
     return;
   }
-  run(c, Key{batch, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(),
-      B.raw(), C.raw(), M, N, K);
+  run(c, Key{batch, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(), B.raw(), C.raw(), M, N, K);
 }
 
 // Executes one cached primitive on raw operand pointers.
@@ -241,7 +240,6 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta);
 }
-
 
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta) {
   MOE_ASSERT(dtype == DType::F32 || dtype == DType::BF16);

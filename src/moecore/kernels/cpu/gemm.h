@@ -39,7 +39,7 @@ struct GemmStats {
   int64_t calls = 0;
   int64_t primitives_created = 0;
   double flops = 0, seconds = 0;  // oneDNN calls only: 2·M·N·K summed, and their wall time
-  bool bf16_native = true;  // false when this CPU has no bf16 matmul and operands are widened to f32
+  bool bf16_native = true;        // false when this CPU has no bf16 matmul and operands are widened to f32
 };
 GemmStats gemm_stats();
 

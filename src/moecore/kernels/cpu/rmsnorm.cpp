@@ -28,8 +28,7 @@ MOE_TARGET_CLONES void fwd(const T* x, const T* w, T* y, T* rstd, int64_t rows, 
 }
 
 template <typename T>
-MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows,
-                           int64_t H) {
+MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T* xr = x + t * H;
@@ -61,21 +60,19 @@ void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& 
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
-  MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
-    fwd<T>(x_TH.data<T>(), w_H.data<T>(), y_TH.data<T>(), rstd_T.data<T>(), rows, H, eps);
-  });
+  MOE_DISPATCH_FLOAT(x_TH.dtype(), T,
+                     { fwd<T>(x_TH.data<T>(), w_H.data<T>(), y_TH.data<T>(), rstd_T.data<T>(), rows, H, eps); });
 }
 
-void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T,
-                      Tensor& dx_TH, Tensor& dw_H) {
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H) {
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT(rstd_T.numel() == rows);
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
-    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dw_H.data<T>(),
-           rows, H);
+    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dw_H.data<T>(), rows, H);
   });
 }
 

@@ -53,8 +53,7 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
 }
 }  // namespace
 
-void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim,
-                  Tensor& y_SBND) {
+void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y_SBND) {
   MOE_DISPATCH_FLOAT(x_SBND.dtype(), T, rotate<T>(x_SBND, cos_SR, sin_SR, rot_dim, y_SBND, T(1)));
 }
 

@@ -1,7 +1,7 @@
 // Branch-free exp that the compiler can vectorize (libm's exp is a call per element). Range reduction
-// x = n·ln2 + r, |r| ≤ ln2/2 (n rounded to nearest), then a Taylor polynomial (degree 7 for f32, 12 for f64: truncation below one ulp)
-// scaled by 2^n built in the exponent bits. Inputs below the underflow limit (including −inf) give the smallest
-// normal number's neighbourhood (≤ 1e-37 for f32), which every caller here multiplies into sums of O(1) terms.
+// x = n·ln2 + r, |r| ≤ ln2/2 (n rounded to nearest), then a Taylor polynomial (degree 7 for f32, 12 for f64: truncation
+// below one ulp) scaled by 2^n built in the exponent bits. Inputs below the underflow limit (including −inf) give the
+// smallest normal number's neighbourhood (≤ 1e-37 for f32), which every caller here multiplies into sums of O(1) terms.
 #pragma once
 
 #include <bit>
