@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
+#include <new>
 
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
@@ -11,6 +12,7 @@
 #include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/train/rank_agreement.h"
 #include "moecore/train/start_config.h"
 #include "moecore/train/trainer.h"
 
@@ -29,6 +31,12 @@ int guarded(const std::function<void()>& body) {
     body();
   } catch (const moecore::Error& e) {
     fmt::print(stderr, "moecore: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc& e) {  // an allocation outside the caching allocator: a message, not a signal
+    fmt::print(stderr,
+               "moecore: error: out of memory ({}); reduce --micro-batch-size, --seq-length or the model size, or "
+               "spread it over more ranks\n",
+               e.what());
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "moecore: {}\n", e.what());
@@ -53,6 +61,7 @@ int run_train(int argc, char** argv) {
       const auto cfg = moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc));
       moecore::comm::ProcessGroup::init(&argc, &argv);
       const moecore::comm::ProcessGroup world = moecore::comm::ProcessGroup::world();
+      moecore::train::check_ranks_agree(cfg, world);  // before any other collective: same flags, data, checkpoint
       moecore::train::Trainer trainer(cfg, stdout, true, &world);
       trainer.run();
     } catch (const moecore::train::HelpRequested& h) {

@@ -38,9 +38,20 @@ size_t Allocator::round_size(size_t bytes) {
 }
 
 void* Allocator::allocate(size_t bytes) {
-  size_t sz = round_size(bytes);
   Impl& m = impl();
   std::lock_guard<std::mutex> lock(m.mu);
+  // A failed allocation is the user's to fix (model, batch, ranks): an Error with the numbers, never a signal.
+  auto out_of_memory = [&] {
+    MOE_CHECK(false,
+              "out of host memory: could not allocate {} bytes ({}) with {} bytes in use (peak {}); reduce "
+              "--micro-batch-size, --seq-length or the model size, or spread it over more ranks",
+              bytes,
+              bytes >= (size_t(1) << 40) ? fmt::format("{:.3g} TiB", static_cast<double>(bytes) / 0x1p40)
+                                         : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 0x1p20),
+              m.st.live_bytes, m.st.peak_bytes);
+  };
+  if (bytes > (size_t(1) << 60)) out_of_memory();  // no machine has it, and rounding it up would overflow
+  const size_t sz = round_size(bytes);
   m.st.requests++;
   void* p = nullptr;
   auto it = m.free_lists.find(sz);
@@ -61,10 +72,7 @@ void* Allocator::allocate(size_t bytes) {
       m.st.cached_bytes = 0;
       p = std::aligned_alloc(64, sz);
     }
-    MOE_CHECK(p != nullptr,
-              "out of host memory: could not allocate {} bytes ({} live, {} peak); reduce --micro-batch-size, "
-              "--seq-length or the model size",
-              sz, m.st.live_bytes, m.st.peak_bytes);
+    if (p == nullptr) out_of_memory();
     m.st.system_allocs++;
     m.st.system_bytes += static_cast<int64_t>(sz);
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -93,6 +94,7 @@ struct TrainConfig {
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
   std::string fault_kill_during_save;  // "RANK:ITERATION" (crash-safety tests)
+  int64_t testing_memory_limit = 0;    // bytes the run may use instead of the detected limit (memory tests)
 
   // Bookkeeping of resolve(), not flags: the flags resolve_defaults derived with their values (the next
   // resolve_defaults derives those still holding them anew), and a fingerprint of the values resolve() validated
@@ -120,8 +122,36 @@ enum FlagRole : unsigned {
 };
 inline constexpr unsigned kModel = kIdentity | kCheckpointArg;
 
-// A flag: its name without dashes, the TrainConfig field it sets (the field's type is the flag's type), its group,
-// help and roles. The default is the field's member initializer.
+// What a flag accepts beyond its type: validate checks it (after resolve_defaults, so derived values too) and
+// --help shows it. Numbers lie in [min, max], an end open where said; a double must also be finite, always. A
+// string, or each element of a list, is one of `choices` when there are any.
+struct Accepts {
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  double min = -kInf, max = kInf;
+  bool min_open = false, max_open = false;
+  std::vector<std::string> choices;
+  bool any() const { return min == -kInf && max == kInf && choices.empty(); }
+  std::string describe() const;  // "> 0", "in [0, 1)", "one of: a, b"; empty when anything is accepted
+};
+inline Accepts positive() {
+  return {0, Accepts::kInf, true, false, {}};
+}
+inline Accepts at_least(double lo) {
+  return {lo, Accepts::kInf, false, false, {}};
+}
+inline Accepts between(double lo, double hi, bool hi_open = false) {
+  return {lo, hi, false, hi_open, {}};
+}
+inline Accepts above_to(double lo, double hi) {  // (lo, hi]
+  return {lo, hi, true, false, {}};
+}
+inline Accepts one_of(std::vector<std::string> choices) {
+  return {-Accepts::kInf, Accepts::kInf, false, false, std::move(choices)};
+}
+
+// A flag: its name without dashes, the TrainConfig field it sets (the field's type is the flag's type), its help,
+// roles, what it accepts, and its group (set by the table's section). The default is the field's member
+// initializer.
 struct FlagSpec {
   using Field = std::variant<int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
                              std::string TrainConfig::*, std::vector<std::string> TrainConfig::*>;
@@ -129,6 +159,7 @@ struct FlagSpec {
   Field field;
   std::string help;
   unsigned roles = kNoRole;
+  Accepts accepts = {};
   FlagGroup group = FlagGroup::Model;
 };
 
@@ -174,7 +205,10 @@ ParsedFlags parse_flags(const std::vector<std::string>& args);
 // or derived by an earlier pass, recording which in c.derived.
 void resolve_defaults(TrainConfig& c);
 // Pass 2: throws Error naming the flag, the value and the fix for anything rejected. Expects resolved defaults.
+// First every flag against its table row (Accepts), then the relations between flags (Megatron's argument checks).
 void validate(const TrainConfig& c);
+// One flag's value against its table row; throws Error naming the flag, the value and what is accepted.
+void check_accepted(const TrainConfig& c, const FlagSpec& f);
 // Both passes, then stamps the config as resolved; call it again after changing a field.
 void resolve(TrainConfig& c);
 // Whether `c` went through resolve() and has not changed since.

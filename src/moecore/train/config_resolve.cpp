@@ -1,7 +1,9 @@
 // The two passes that make a parsed configuration usable (see config.h): resolve_defaults fills the values Megatron
 // derives from others (each recorded, so a later pass derives it again), validate checks everything and changes
 // nothing. resolve runs both and stamps the result; the Trainer takes only stamped, unchanged configurations.
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include "moecore/core/error.h"
@@ -38,8 +40,11 @@ void resolve_defaults(TrainConfig& c) {
   if (c.kv_channels == 0 && heads > 0 && c.hidden_size % heads == 0)
     derive(&TrainConfig::kv_channels, c.hidden_size / heads);
   if (!c.group_query_attention) derive(&TrainConfig::num_query_groups, heads);
-  if (c.ffn_hidden_size == 0)
+  if (c.ffn_hidden_size == 0) {
+    MOE_CHECK(c.hidden_size <= std::numeric_limits<int64_t>::max() / 8,
+              "--hidden-size {} is too large: the default --ffn-hidden-size (4 x it) overflows", c.hidden_size);
     derive(&TrainConfig::ffn_hidden_size, c.swiglu ? (4 * c.hidden_size * 2 / 3) / 64 * 64 : 4 * c.hidden_size);
+  }
   if (c.max_position_embeddings == 0) derive(&TrainConfig::max_position_embeddings, c.seq_length);
   if (c.expert_tensor_parallel_size == 0)
     derive(&TrainConfig::expert_tensor_parallel_size, c.tensor_model_parallel_size);
@@ -49,6 +54,15 @@ void resolve_defaults(TrainConfig& c) {
 }
 
 void validate(const TrainConfig& c) {
+  // Not derivable (H not divisible by the heads) says more than "--kv-channels 0 is out of range".
+  MOE_CHECK(c.kv_channels != 0 || c.hidden_size <= 0 || c.num_attention_heads <= 0,
+            "--hidden-size {} is not divisible by --num-attention-heads {}; set --kv-channels", c.hidden_size,
+            c.num_attention_heads);
+  for (const auto& f : flag_table()) check_accepted(c, f);
+  for (const auto& v : c.moe_aux_loss_coeff) {
+    const double x = to_double("moe-aux-loss-coeff", v);
+    MOE_CHECK(std::isfinite(x) && x >= 0, "--moe-aux-loss-coeff {} is out of range; accepted: finite numbers >= 0", v);
+  }
   auto pos = [](int64_t v, const char* n) { MOE_CHECK(v > 0, "--{} must be positive, got {}", n, v); };
   pos(c.num_layers, "num-layers");
   pos(c.hidden_size, "hidden-size");
@@ -68,6 +82,11 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.max_position_embeddings >= c.seq_length, "--max-position-embeddings {} is below --seq-length {}",
             c.max_position_embeddings, c.seq_length);
   MOE_CHECK(c.rotary_percent > 0 && c.rotary_percent <= 1, "--rotary-percent must be in (0, 1]");
+  MOE_CHECK(std::llround(static_cast<double>(c.kv_channels) * c.rotary_percent) / 2 * 2 >= 2,
+            "--kv-channels {} x --rotary-percent {} rotates fewer than 2 dimensions of each head (RoPE rotates "
+            "pairs); raise either",
+            c.kv_channels, c.rotary_percent);
+  padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
   for (auto [v, n] : {std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
                       std::pair{c.context_parallel_size, "context-parallel-size"}})
     MOE_CHECK(v == 1,

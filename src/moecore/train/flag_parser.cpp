@@ -54,13 +54,14 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
   std::map<std::string, bool> switches;
   std::vector<std::pair<const FlagSpec*, CLI::Option*>> options;
   for (const auto& f : flag_table()) {
-    const std::string opt = "--" + f.name;
+    const std::string opt = "--" + f.name, accepted = f.accepts.describe();
+    const std::string help = f.help + (accepted.empty() ? "" : " [" + accepted + "]");
     CLI::Option* o = nullptr;
     if (std::holds_alternative<bool TrainConfig::*>(f.field)) {
-      o = app.add_flag(opt, switches[f.name], f.help);
+      o = app.add_flag(opt, switches[f.name], help);
     } else {
       const bool list = std::holds_alternative<std::vector<std::string> TrainConfig::*>(f.field);
-      o = app.add_option(opt, values[f.name], f.help)->expected(1, list ? -1 : 1);
+      o = app.add_option(opt, values[f.name], help)->expected(1, list ? -1 : 1);
       o->type_name(std::holds_alternative<int64_t TrainConfig::*>(f.field)  ? "INT"
                    : std::holds_alternative<double TrainConfig::*>(f.field) ? "FLOAT"
                                                                             : "TEXT");

@@ -169,30 +169,17 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   sums.aux.assign(types, 0.0);
 }
 
-void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
-                       int64_t padded_vocab) {
-  const double n = static_cast<double>(reg.numel());
-  int64_t expert_params = 0;
-  for (auto& p : reg.all())
-    if (p->name.find(".experts.") != std::string::npos) expert_params += p->value.numel();
-  fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n", n / 1e6,
-             static_cast<double>(expert_params) / 1e6, vocab, padded_vocab);
-  // Activations kept per micro-batch, estimated from the stash contents of each layer.
-  const double T = static_cast<double>(c.seq_length * c.micro_batch_size), H = static_cast<double>(c.hidden_size);
-  const double qkv =
-      static_cast<double>(c.kv_channels) * static_cast<double>(c.num_attention_heads + 2 * c.num_query_groups);
-  double ffn_act = 3.0 * static_cast<double>(c.ffn_hidden_size);
-  if (c.num_experts > 0)
-    ffn_act = static_cast<double>(c.moe_router_topk) * (H + 3.0 * static_cast<double>(c.moe_ffn_hidden_size)) +
-              static_cast<double>(c.num_experts);
-  const double per_layer = T * (6 * H + 2 * qkv + ffn_act) * 4.0;
-  const double logits = T * static_cast<double>(padded_vocab) * 4.0;
-  fmt::print(out,
-             "memory plan: weights {} | gradients {} | Adam moments {} | activations per micro-batch ~{} "
-             "({} layers x {} + logits {})\n",
-             human_bytes(4 * n), human_bytes(4 * n), human_bytes(8 * n),
-             human_bytes(per_layer * static_cast<double>(c.num_layers) + logits), c.num_layers, human_bytes(per_layer),
-             human_bytes(logits));
+MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
+                             int64_t padded_vocab, const ParallelGroups& g) {
+  ParamCounts p;
+  for (auto& q : reg.all())
+    (q->name.find(".experts.") != std::string::npos ? p.expert : p.dense) += static_cast<double>(q->value.numel());
+  fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
+             (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
+  const MemoryPlan m =
+      plan_memory(c, p, padded_vocab, ParallelGroups::size(g.tp), g.dp_size, ParallelGroups::size(g.edp));
+  fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
+  return m;
 }
 
 void print_expert_load(std::FILE* out, const nn::GPTModel& model, bool distributed) {

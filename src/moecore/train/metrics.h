@@ -10,6 +10,7 @@
 
 #include "moecore/nn/gpt_model.h"
 #include "moecore/train/config.h"
+#include "moecore/train/memory_plan.h"
 #include "moecore/train/parallel_groups.h"
 
 namespace moecore::train {
@@ -60,9 +61,10 @@ class MetricsLog {
   std::FILE* file_ = nullptr;
 };
 
-// Parameters, gradients, optimizer state and activations per micro-batch, printed before the first step.
-void print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
-                       int64_t padded_vocab);
+// Parameters, gradients, optimizer state and activations per micro-batch of the built model (this rank's
+// parameters), printed before the first step and returned (memory_plan.h).
+MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
+                             int64_t padded_vocab, const ParallelGroups& g);
 // Where the last step's tokens went, one bar per expert, layer by layer.
 void print_expert_load(std::FILE* out, const nn::GPTModel& model, bool distributed);
 

@@ -58,6 +58,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
   StartPoint start = find_start_point(cfg_);
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
+  check_memory_before_start(cfg_, vocab_.padded, *groups_);  // refuses a run that cannot fit, before allocating
   data_ = build_datasets(cfg_, vocab_.size);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   stash_ = model_->make_stash();
@@ -77,7 +78,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
-  print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded);
+  print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
 }
 
 Trainer::~Trainer() {
