@@ -48,7 +48,7 @@ std::vector<FlagSpec> build_flag_table() {
        {"position-embedding-type", &C::position_embedding_type, "rope (the only one implemented)", kNoRole,
         one_of({"rope"})},
        {"normalization", &C::normalization, "RMSNorm (the only one implemented)", kNoRole, one_of({"RMSNorm"})},
-       {"norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon", kModel, positive()},
+       {"norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon", kModel, at_least(0)},
        {"untie-embeddings-and-output-weights", &C::untie_embeddings_and_output_weights, "Separate output layer",
         kModel},
        {"swiglu", &C::swiglu, "SwiGLU FFNs (default GeLU)", kModel},
