@@ -3,12 +3,14 @@
 // internal assertion, another exception type or a crash. Also: ranges show in --help, the memory plan refuses a
 // run that cannot fit, and an absurd allocation is an Error with the numbers.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 
 #include "config_util.h"
 #include "moecore/core/allocator.h"
 #include "moecore/train/memory_plan.h"
+#include "moecore/train/model_builder.h"
 #include "moecore/train/rank_agreement.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
@@ -37,6 +39,9 @@ TEST(TrainConfigWalk, EveryFlagAcceptsOrNamesItselfAndNothingAssertsLater) {
   InScratchDir scratch("flag_walk");
   const std::vector<std::string> values = {
       "0", "-1", "1e30", "9223372036854775807", "-9223372036854775808", "nan", "inf", "", "abc", "1"};
+  // ~840 tiny cases: one thread each keeps the walk within seconds on a shared machine.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   std::FILE* null = std::fopen("/dev/null", "w");
   int parsed = 0, accepted = 0, stepped = 0;
   std::vector<std::string> failures;
@@ -77,6 +82,7 @@ TEST(TrainConfigWalk, EveryFlagAcceptsOrNamesItselfAndNothingAssertsLater) {
     }
   }
   std::fclose(null);
+  omp_set_num_threads(threads);
   std::string all;
   for (const auto& s : failures) all += s + "\n";
   EXPECT_TRUE(failures.empty()) << failures.size() << " of " << parsed << " cases:\n" << all;
@@ -133,6 +139,26 @@ TEST(TrainMemory, ARunThatCannotFitIsRefusedWithThePlanAndAdvice) {
   const train::MemoryLimit here = train::detect_memory_limit(1), shared = train::detect_memory_limit(4);
   EXPECT_GT(here.bytes, 0);
   EXPECT_NEAR(shared.bytes * 4, here.bytes, here.bytes * 0.05);  // MemAvailable moves a little between reads
+}
+
+TEST(TrainMemory, ThePlanBeforeBuildingCountsTheParametersTheModelHolds) {
+  const std::vector<std::string> run = testing::mock_run_flags(16, 2, 2, 64, 1, "1e-3");
+  for (const auto& model :
+       {testing::tiny_moe_flags(), testing::layered_moe_flags(),
+        std::vector<std::string>{"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                 "--untie-embeddings-and-output-weights"}}) {
+    const train::TrainConfig c = testing::small_config(model + run);
+    const int64_t padded = train::padded_vocab_size(c, c.vocab_size + 1);
+    const train::ParallelGroups g(c, nullptr);
+    nn::ParamRegistry reg;
+    const auto built = train::build_model(c, padded, reg, g);
+    double dense = 0, expert = 0;
+    for (const auto& p : reg.all())
+      (p->name.find(".experts.") != std::string::npos ? expert : dense) += static_cast<double>(p->value.numel());
+    const train::ParamCounts planned = train::count_params(c, padded, 1, 1);
+    EXPECT_EQ(planned.expert, expert) << model[1];
+    EXPECT_NEAR(planned.dense, dense, 0.01 * dense) << model[1];
+  }
 }
 
 TEST(TrainMemory, AnAbsurdAllocationIsAnErrorWithTheNumbers) {
