@@ -119,11 +119,16 @@ MemoryLimit detect_memory_limit(int64_t ranks_on_node) {
       source = s;
     }
   };
-  std::string s2, s1;
-  const auto v2 = cgroup_headroom("/sys/fs/cgroup" + cgroup_path(""), "memory.max", "memory.current", s2);
-  take(v2, s2);
-  const auto v1 = cgroup_headroom("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", s1);
-  take(v1, s1);
+  // This process's cgroup under the mount, or the mount's root (a container sees its own cgroup there).
+  for (const std::string& dir : {"/sys/fs/cgroup" + cgroup_path(""), std::string("/sys/fs/cgroup")}) {
+    std::string s2;
+    take(cgroup_headroom(dir, "memory.max", "memory.current", s2), s2);
+  }
+  for (const std::string& dir :
+       {"/sys/fs/cgroup/memory" + cgroup_path("memory"), std::string("/sys/fs/cgroup/memory")}) {
+    std::string s1;
+    take(cgroup_headroom(dir, "memory.limit_in_bytes", "memory.usage_in_bytes", s1), s1);
+  }
   std::ifstream in("/proc/meminfo");
   for (std::string key; in >> key;) {
     double kb = 0;
@@ -152,7 +157,8 @@ void check_memory_fits(const TrainConfig& c, const MemoryPlan& plan, const Memor
             human_bytes(plan.total()), plan.describe(), human_bytes(limit.bytes), limit.source, advice);
 }
 
-MemoryPlan check_memory_before_start(const TrainConfig& c, int64_t padded_vocab, const ParallelGroups& g) {
+MemoryPlan check_memory_before_start(const TrainConfig& c, int64_t padded_vocab, const ParallelGroups& g,
+                                     std::FILE* out) {
   using PG = ParallelGroups;
   const int64_t tp = PG::size(g.tp), ep_etp = PG::size(g.ep) * PG::size(g.etp);
   const MemoryPlan plan =
@@ -171,6 +177,8 @@ MemoryPlan check_memory_before_start(const TrainConfig& c, int64_t padded_vocab,
     limit = detect_memory_limit(local);
   }
   check_memory_fits(c, plan, limit);
+  fmt::print(out, "memory: this rank plans {} and may use {} ({})\n", human_bytes(plan.total()),
+             human_bytes(limit.bytes), limit.source);
   return plan;
 }
 

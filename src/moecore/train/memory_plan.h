@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "moecore/train/config.h"
@@ -49,7 +50,8 @@ void check_memory_fits(const TrainConfig& c, const MemoryPlan& plan, const Memor
 
 // What the Trainer runs before it builds the datasets and the model: the plan from the configuration and `g`,
 // the limit (--testing-memory-limit, or detected with the ranks on this node counted by an MPI shared-memory
-// split: collective over g's world), the check. Returns the plan.
-MemoryPlan check_memory_before_start(const TrainConfig& c, int64_t padded_vocab, const ParallelGroups& g);
+// split: collective over g's world), the check; prints both to `out`. Returns the plan.
+MemoryPlan check_memory_before_start(const TrainConfig& c, int64_t padded_vocab, const ParallelGroups& g,
+                                     std::FILE* out);
 
 }  // namespace moecore::train

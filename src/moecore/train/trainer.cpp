@@ -58,7 +58,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
   StartPoint start = find_start_point(cfg_);
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
-  check_memory_before_start(cfg_, vocab_.padded, *groups_);  // refuses a run that cannot fit, before allocating
+  check_memory_before_start(cfg_, vocab_.padded, *groups_, out_);  // refuses a run that cannot fit, before allocating
   data_ = build_datasets(cfg_, vocab_.size);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   stash_ = model_->make_stash();
