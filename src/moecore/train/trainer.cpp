@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <optional>
@@ -15,38 +14,25 @@
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/cost_model.h"
 #include "moecore/train/generate.h"
+#include "moecore/train/signals.h"
 
 namespace moecore::train {
 
 namespace {
-// Set by SIGTERM/SIGINT (or Trainer::request_stop): training ends at the next step boundary with a checkpoint.
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) {
-  g_stop_signal = sig;
+// The signals that end training at the next step boundary (with a checkpoint when --save is given): SIGTERM and
+// SIGINT (a scheduler's preemption, Ctrl-C), SIGUSR1 and SIGUSR2 (what mpirun forwards), and --exit-signal.
+// Without --save and --exit-signal-handler they keep their default action, as in Megatron.
+std::vector<int> stop_signals(const TrainConfig& c) {
+  if (c.save.empty() && !c.exit_signal_handler) return {};
+  std::vector<int> s = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+  const int extra = StopSignals::parse(c.exit_signal);
+  if (std::find(s.begin(), s.end(), extra) == s.end()) s.push_back(extra);
+  return s;
 }
-
-// With --save, SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) end training at the next step boundary with
-// a checkpoint; the previous handlers come back afterwards.
-struct StopSignalHandlers {
-  bool on;
-  void (*term)(int) = SIG_DFL;
-  void (*intr)(int) = SIG_DFL;
-  explicit StopSignalHandlers(bool enable) : on(enable) {
-    g_stop_signal = 0;
-    if (!on) return;
-    term = std::signal(SIGTERM, on_stop_signal);
-    intr = std::signal(SIGINT, on_stop_signal);
-  }
-  ~StopSignalHandlers() {
-    if (!on) return;
-    std::signal(SIGTERM, term);
-    std::signal(SIGINT, intr);
-  }
-};
 }  // namespace
 
 void Trainer::request_stop(int signal) {
-  g_stop_signal = signal;
+  StopSignals::request(signal);
 }
 
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
@@ -116,9 +102,10 @@ StepResult Trainer::train_step() {
   }
   // One global norm over dense and expert gradients; a stop signal seen by any rank rides along, so every rank
   // ends at the same step boundary.
-  std::vector<double> stop{g_stop_signal != 0 ? 1.0 : 0.0};
+  const int mine = StopSignals::requested();
+  std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine)};
   r.grad_norm = opt_->finish_gradients(stop);
-  stop_requested_ = stop[0] > 0;
+  if (stop[0] > 0) stop_signal_ = mine != 0 ? mine : static_cast<int>(std::lround(stop[1] / stop[0]));
   // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
   // updated, routing statistics of the step snapshotted, counters reset.
   model_->finish_global_batch();
@@ -210,14 +197,13 @@ void Trainer::train_loop() {
     }
     const bool exit_now = cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0;
     if (!cfg_.save.empty() &&
-        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_requested_)) {
+        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_signal_ != 0)) {
       if (tty) fmt::print(out_, "\r\033[K");
       save_checkpoint();
       t_interval = now_seconds();
     }
-    if (stop_requested_) {
-      fmt::print(out_, "stopping at iteration {} on {}{}\n", it, g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
-                 resume);
+    if (stop_signal_ != 0) {
+      fmt::print(out_, "stopping at iteration {} on {}{}\n", it, StopSignals::name(stop_signal_), resume);
       return;
     }
     if (exit_now) {
@@ -252,7 +238,7 @@ void Trainer::final_report() {
 }
 
 void Trainer::run() {
-  StopSignalHandlers handlers(!cfg_.save.empty());
+  StopSignals signals(stop_signals(cfg_));
   if (cfg_.skip_train) {
     final_report();
     return;

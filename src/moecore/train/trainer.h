@@ -61,8 +61,8 @@ class Trainer {
   std::string save_checkpoint() { return ckpt_->save(progress_); }
   // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
   const std::string& loaded_from() const { return ckpt_->loaded_from(); }
-  // SIGTERM/SIGINT during run() (with --save) end training at the next step boundary with a checkpoint;
-  // tests call this instead of raising a signal.
+  // A stop signal during run() (see train/signals.h) ends training at the next step boundary, with a checkpoint
+  // when --save is given; tests call this instead of raising a signal.
   static void request_stop(int signal);
 
  private:
@@ -86,7 +86,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> log_;
   Progress progress_;
   double peak_gflops_ = 0;
-  bool stop_requested_ = false;
+  int stop_signal_ = 0;  // the signal that stops training at this step boundary (agreed over all ranks)
 };
 
 }  // namespace moecore::train
