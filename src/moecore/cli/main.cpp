@@ -29,6 +29,7 @@ int guarded(const std::function<void()>& body) {
   try {
     body();
   } catch (const moecore::Error& e) {
+    std::fflush(stdout);  // what was logged comes before the error
     fmt::print(stderr, "moecore: error: {}\n", e.what());
     return 1;
   } catch (const std::exception& e) {

@@ -14,6 +14,7 @@
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/cost_model.h"
 #include "moecore/train/generate.h"
+#include "moecore/train/health.h"
 #include "moecore/train/signals.h"
 
 namespace moecore::train {
@@ -60,6 +61,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   schedule_ = std::make_unique<NoPipelining>();
   ckpt_ = std::make_unique<Checkpointing>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
   ckpt_->load_at_start(start, progress_);
+  if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
+  stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
@@ -69,6 +72,11 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
 Trainer::~Trainer() {
   log_.reset();
   if (null_out_) std::fclose(null_out_);
+}
+
+std::string Trainer::save_checkpoint() {
+  check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
+  return ckpt_->save(progress_);
 }
 
 double Trainer::step_flops() const {
@@ -93,6 +101,7 @@ StepResult Trainer::train_step() {
     nn::Bf16WeightScope bf16_scope(reg_);  // weights change only after the micro-batches
     r.lm_loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
+  const data::SampleCursor step_cursor = progress_.cursor;
   progress_.cursor.advance(cfg_.global_batch_size);
   if (groups_->distributed()) {  // the reported loss is averaged over DP
     Tensor loss = Tensor::empty({1}, DType::F64);
@@ -109,9 +118,16 @@ StepResult Trainer::train_step() {
   // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
   // updated, routing statistics of the step snapshotted, counters reset.
   model_->finish_global_batch();
-  MOE_CHECK(std::isfinite(r.grad_norm),
-            "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
-            progress_.iteration + 1, r.grad_norm, r.lm_loss);
+  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
+    const std::string where =
+        locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
+    MOE_CHECK(
+        false,
+        "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
+        "step: {}.\nThe step was not applied and nothing was saved{}.",
+        progress_.iteration + 1, std::isfinite(r.lm_loss) ? "gradient norm" : "loss", r.lm_loss, r.grad_norm, where,
+        ckpt_->last_saved() >= 0 ? fmt::format("; the last checkpoint is iteration {}", ckpt_->last_saved()) : "");
+  }
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
   router_losses(cfg_, *model_, *groups_, r);
@@ -179,6 +195,10 @@ void Trainer::train_loop() {
   while (it < cfg_.train_iters) {
     const StepResult r = train_step();
     progress_.sums.add(r);
+    if (const auto warning = stall_->after_step(r)) {
+      if (tty) fmt::print(out_, "\r\033[K");
+      fmt::print(out_, "{}\n", *warning);
+    }
     if (tty) {
       const double el = now_seconds() - t_start;
       const double eta = el / static_cast<double>(it - first) * static_cast<double>(cfg_.train_iters - it);
