@@ -115,9 +115,6 @@ StepResult Trainer::train_step() {
   std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine)};
   r.grad_norm = opt_->finish_gradients(stop);
   if (stop[0] > 0) stop_signal_ = mine != 0 ? mine : static_cast<int>(std::lround(stop[1] / stop[0]));
-  // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
-  // updated, routing statistics of the step snapshotted, counters reset.
-  model_->finish_global_batch();
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
     const std::string where =
         locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
@@ -128,6 +125,9 @@ StepResult Trainer::train_step() {
         progress_.iteration + 1, std::isfinite(r.lm_loss) ? "gradient norm" : "loss", r.lm_loss, r.grad_norm, where,
         ckpt_->last_saved() >= 0 ? fmt::format("; the last checkpoint is iteration {}", ckpt_->last_saved()) : "");
   }
+  // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
+  // updated, routing statistics of the step snapshotted, counters reset.
+  model_->finish_global_batch();
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
   router_losses(cfg_, *model_, *groups_, r);
