@@ -24,16 +24,19 @@ wait_lines() {  # FILE N: until FILE has N lines (60 s at most)
   fail "no progress in $1"
 }
 stopped_at() { sed -nE "s/^stopping at iteration ([0-9]+) on $2.*/\1/p" "$1"; }
+stop_job() {  # PID SIGNAL LOG EXPECTED: signal the job, which must exit 0 saying it stopped on EXPECTED; sets $it
+  kill "-$2" "$1"
+  wait "$1" || fail "SIG$2: the job exited non-zero: $(tail -5 "$3")"
+  it=$(stopped_at "$3" "$4")
+  [ -n "$it" ] || fail "SIG$2: no stop message: $(tail -5 "$3")"
+}
 
 # 1. SIGUSR1 to mpirun.
 "${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters 100000 --save "$D/usr1" \
   --metrics-file "$D/usr1.jsonl" >"$D/usr1.log" 2>&1 &
 job=$!
 wait_lines "$D/usr1.jsonl" 3
-kill -USR1 $job
-wait $job || fail "SIGUSR1 to mpirun: the job exited non-zero: $(tail -5 "$D/usr1.log")"
-it=$(stopped_at "$D/usr1.log" SIGUSR1)
-[ -n "$it" ] || fail "SIGUSR1 to mpirun: no stop message: $(tail -5 "$D/usr1.log")"
+stop_job $job USR1 "$D/usr1.log" SIGUSR1
 [ "$(cat "$D/usr1/latest_checkpointed_iteration.txt")" = "$it" ] || fail "SIGUSR1 to mpirun: no checkpoint at $it"
 "${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters $((it + 2)) --save "$D/usr1" \
   --load "$D/usr1" >"$D/usr1_resume.log" 2>&1 || fail "resume after SIGUSR1: $(tail -5 "$D/usr1_resume.log")"
@@ -46,11 +49,8 @@ echo "SIGUSR1 to mpirun: every rank stopped at iteration $it with a checkpoint, 
   --train-iters 100000 --save "$D/term" --metrics-file "$D/term.jsonl" >"$D/term.log" 2>&1 &
 job=$!
 wait_lines "$D/term.jsonl" 3
-kill -TERM $job
-wait $job || fail "SIGTERM to moecore launch: exited non-zero: $(tail -5 "$D/term.log")"
-it=$(stopped_at "$D/term.log" SIGUSR1)
-[ -n "$it" ] && [ "$(cat "$D/term/latest_checkpointed_iteration.txt")" = "$it" ] ||
-  fail "SIGTERM to moecore launch: no checkpoint: $(tail -5 "$D/term.log")"
+stop_job $job TERM "$D/term.log" SIGUSR1
+[ "$(cat "$D/term/latest_checkpointed_iteration.txt")" = "$it" ] || fail "SIGTERM to moecore launch: no checkpoint"
 echo "SIGTERM to moecore launch: every rank stopped at iteration $it with a checkpoint"
 
 # 3. SIGINT twice to the launcher, after a first checkpoint.
@@ -99,10 +99,7 @@ echo "two SIGINTs to one process: exited at once (130), the marker names the com
   --metrics-file "$D/hup.jsonl" >"$D/hup.log" 2>&1 &
 job=$!
 wait_lines "$D/hup.jsonl" 2
-kill -HUP $job
-wait $job || fail "SIGHUP with --exit-signal-handler: exited non-zero: $(tail -3 "$D/hup.log")"
-it=$(stopped_at "$D/hup.log" SIGHUP)
-[ -n "$it" ] || fail "SIGHUP: no stop message: $(tail -3 "$D/hup.log")"
+stop_job $job HUP "$D/hup.log" SIGHUP
 grep -q "saved checkpoint" "$D/hup.log" && fail "SIGHUP without --save saved a checkpoint"
 echo "--exit-signal SIGHUP: stopped at iteration $it, exit 0, nothing saved"
 echo "signals: all checks passed"
