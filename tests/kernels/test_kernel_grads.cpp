@@ -67,6 +67,30 @@ TEST(KernelGrad, RMSNorm) {
   EXPECT_LT(testing::max_rel_diff(dw2, dw), 1e-14);
 }
 
+// Rows whose f32 sum of squares overflows (a diverged run's activations) still normalize to the f64 result.
+TEST(Kernel, RMSNormHugeRowsStayFinite) {
+  const int64_t H = 8;
+  const double rows[3][8] = {{1e30, -2e30, 3e30, 0, 5e29, -1e30, 1e30, 2e30},
+                             {3e38, -3e38, 1e38, 2e38, -1e38, 3e38, 0, 1},
+                             {1e-3, 2e-3, -1e-3, 0, 4e-3, 1e-3, -2e-3, 3e-3}};  // the ordinary path, unchanged
+  Tensor x = Tensor::empty({3, H}, DType::F32), w = Tensor::empty({H}, DType::F32);
+  for (int64_t j = 0; j < H; j++) w.set_item(j, 0.5 + 0.1 * static_cast<double>(j));
+  for (int64_t t = 0; t < 3; t++)
+    for (int64_t j = 0; j < H; j++) x.set_item(t * H + j, rows[t][j]);
+  Tensor y = Tensor::empty({3, H}, DType::F32), r = Tensor::empty({3}, DType::F32);
+  kernels::rmsnorm_forward(x, w, 1e-5, y, r);
+  for (int64_t t = 0; t < 3; t++) {
+    double ss = 0;  // f64 reference from the f32 inputs
+    for (int64_t j = 0; j < H; j++) ss += x.item(t * H + j) * x.item(t * H + j);
+    const double rstd = 1.0 / std::sqrt(ss / H + 1e-5);
+    for (int64_t j = 0; j < H; j++) {
+      const double ref = x.item(t * H + j) * rstd * w.item(j);
+      ASSERT_TRUE(std::isfinite(y.item(t * H + j))) << "row " << t;
+      EXPECT_NEAR(y.item(t * H + j), ref, 1e-5 * (1 + std::fabs(ref))) << "row " << t << " column " << j;
+    }
+  }
+}
+
 TEST(KernelGrad, RoPE) {
   for (double frac : {1.0, 0.5}) {
     const int64_t S = 5, B = 2, N = 3, D = 8, rot = static_cast<int64_t>(D * frac);

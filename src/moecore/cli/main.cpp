@@ -8,6 +8,7 @@
 
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
+#include "moecore/cli/launch.h"
 #include "moecore/cli/model_commands.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
@@ -30,6 +31,7 @@ int guarded(const std::function<void()>& body) {
   try {
     body();
   } catch (const moecore::Error& e) {
+    std::fflush(stdout);  // what was logged comes before the error
     fmt::print(stderr, "moecore: error: {}\n", e.what());
     return 1;
   } catch (const std::bad_alloc& e) {  // an allocation outside the caching allocator: a message, not a signal
@@ -43,6 +45,13 @@ int guarded(const std::function<void()>& body) {
     return 2;
   }
   return 0;
+}
+
+// A command body that returns its own exit status; user errors as in guarded().
+int guarded_status(const std::function<int()>& body) {
+  int status = 0;
+  const int rc = guarded([&] { status = body(); });
+  return rc != 0 ? rc : status;
 }
 
 // Ends MPI if a command started it: a failure after start-up stops every rank, not just this one.
@@ -73,11 +82,15 @@ int run_train(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "train") return run_train(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "launch")
+    return guarded_status([&] { return moecore::cli::run_launch(argc, argv); });
   CLI::App app{"moecore: train Mixture-of-Experts language models the way Megatron-Core MoE does", "moecore"};
   app.require_subcommand(0, 1);
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and exit");
-  app.footer("Subcommands also include: train (Megatron-LM flags; moecore train --help)");
+  app.footer(
+      "Subcommands also include: train (Megatron-LM flags; moecore train --help), launch (mpirun with graceful "
+      "SIGTERM/SIGINT: moecore launch --nproc-per-node N -- train ...)");
 
   moecore::cli::PreprocessArgs pre;
   moecore::cli::add_preprocess_command(app, pre);

@@ -89,9 +89,13 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
             cfg_.tp.size());
   Tensor h =
       embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+  probe("embedding", false, h);
   for (size_t i = 0; i < layers_.size(); i++) h = layers_[i]->forward(h, st.layers[i]);
   h = final_norm_.forward(h, st.final_norm);
-  return output_->forward(sp_all_gather(h, cfg_.tp), st.output);
+  probe("decoder.final_layernorm", false, h);
+  Tensor logits = output_->forward(sp_all_gather(h, cfg_.tp), st.output);
+  probe("output_layer", false, logits);
+  return logits;
 }
 
 double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st) {
@@ -132,10 +136,13 @@ void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(s
   kernels::scale_(dloss, st.mask_sum > 0 ? loss_scale / st.mask_sum : 0.0);
   // The logits are not needed after this, so their gradient overwrites them.
   kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV, embedding_.vocab_start());
+  probe("cross_entropy", true, st.logits_TV);  // the gradient of the logits
   Tensor dh = output_->backward(st.logits_TV, st.output);
   st.logits_TV = Tensor();
+  probe("output_layer", true, dh);
   const int64_t S_local = st.S / cfg_.tp.size();
   dh = final_norm_.backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
+  probe("decoder.final_layernorm", true, dh);
   for (size_t i = layers_.size(); i-- > 0;) {
     st.layers[i].ffn->loss_scale = loss_scale;
     dh = layers_[i]->backward(dh, st.layers[i]);
@@ -172,6 +179,11 @@ Tensor GPTModel::logits(const Tensor& tokens_BS) {
       std::memcpy(static_cast<char*>(out.raw()) + (t * P + r) * bytes,
                   static_cast<const char*>(parts.raw()) + (r * rows + t) * bytes, bytes);
   return out;
+}
+
+void GPTModel::set_probe(const Probe* probe) {
+  probe_ = probe;
+  for (auto& l : layers_) l->set_probe(probe);
 }
 
 void GPTModel::set_training(bool training) {

@@ -11,6 +11,7 @@
 #include "moecore/kernels/cpu/activation.h"
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/linear.h"
+#include "moecore/nn/probe.h"
 #include "moecore/nn/rmsnorm.h"
 #include "moecore/nn/transformer_layer.h"
 
@@ -76,6 +77,9 @@ class GPTModel {
   void finish_global_batch();
   // Layer i's routing statistics for its last finished global batch; null for a dense layer.
   const RoutingStats* routing_stats(size_t i) const { return layers_[i]->ffn().routing_stats(); }
+  // Sees every module's forward output and backward input gradient (probe.h); null: none. The probe must outlive
+  // its use.
+  void set_probe(const Probe* probe);
   TransformerLayer& layer(size_t i) { return *layers_[i]; }
   size_t num_layers() const { return layers_.size(); }
   const GPTConfig& config() const { return cfg_; }
@@ -87,6 +91,10 @@ class GPTModel {
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   RMSNorm final_norm_;
   std::unique_ptr<Linear> output_;
+  const Probe* probe_ = nullptr;
+  void probe(const char* module, bool backward, const Tensor& t) const {
+    if (probe_) (*probe_)(module, backward, t);
+  }
 };
 
 // Converts [B, S] integer tokens to the sequence-major [S·B] order the model runs in.

@@ -10,7 +10,8 @@ TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, 
     : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm_eps),
       attn_(reg, name + ".self_attention", attn),
       pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm_eps),
-      ffn_(std::move(ffn)) {}
+      ffn_(std::move(ffn)),
+      name_(name) {}
 
 TransformerLayer::Stash TransformerLayer::make_stash() const {
   Stash s;
@@ -19,17 +20,29 @@ TransformerLayer::Stash TransformerLayer::make_stash() const {
 }
 
 Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
-  Tensor h = attn_.forward(input_norm_.forward(x_SBH, st.input_norm), st.attn);
+  const Tensor n1 = input_norm_.forward(x_SBH, st.input_norm);
+  probe(".input_layernorm", false, n1);
+  Tensor h = attn_.forward(n1, st.attn);
+  probe(".self_attention", false, h);
   kernels::add_(h, x_SBH);
-  Tensor y = ffn_->forward(pre_mlp_norm_.forward(h, st.pre_mlp_norm), *st.ffn);
+  const Tensor n2 = pre_mlp_norm_.forward(h, st.pre_mlp_norm);
+  probe(".pre_mlp_layernorm", false, n2);
+  Tensor y = ffn_->forward(n2, *st.ffn);
+  probe(".mlp", false, y);
   kernels::add_(y, h);
   return y;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
-  Tensor dh = pre_mlp_norm_.backward(ffn_->backward(dy_SBH, *st.ffn), st.pre_mlp_norm);
+  const Tensor dn2 = ffn_->backward(dy_SBH, *st.ffn);
+  probe(".mlp", true, dn2);
+  Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm);
+  probe(".pre_mlp_layernorm", true, dh);
   kernels::add_(dh, dy_SBH);
-  Tensor dx = input_norm_.backward(attn_.backward(dh, st.attn), st.input_norm);
+  const Tensor dn1 = attn_.backward(dh, st.attn);
+  probe(".self_attention", true, dn1);
+  Tensor dx = input_norm_.backward(dn1, st.input_norm);
+  probe(".input_layernorm", true, dx);
   kernels::add_(dx, dh);
   return dx.reshape(dy_SBH.shape());
 }

@@ -7,6 +7,7 @@
 
 #include "moecore/nn/attention.h"
 #include "moecore/nn/feed_forward.h"
+#include "moecore/nn/probe.h"
 #include "moecore/nn/rmsnorm.h"
 
 namespace moecore::nn {
@@ -24,6 +25,8 @@ class TransformerLayer {
   Stash make_stash() const;
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
+  // Called after each module (see probe.h); null: none.
+  void set_probe(const Probe* probe) { probe_ = probe; }
   FeedForward& ffn() { return *ffn_; }
   const FeedForward& ffn() const { return *ffn_; }
 
@@ -32,6 +35,11 @@ class TransformerLayer {
   Attention attn_;
   RMSNorm pre_mlp_norm_;
   std::unique_ptr<FeedForward> ffn_;
+  std::string name_;
+  const Probe* probe_ = nullptr;
+  void probe(const char* module, bool backward, const Tensor& t) const {
+    if (probe_) (*probe_)(name_ + module, backward, t);
+  }
 };
 
 }  // namespace moecore::nn

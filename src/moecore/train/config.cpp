@@ -162,6 +162,12 @@ std::vector<FlagSpec> build_flag_table() {
         "Take the model flags (layers, sizes, experts, routing) from the checkpoint in --load"},
        {"exit-interval", &C::exit_interval, "Save (with --save) and exit at iterations divisible by this", kNoRole,
         at_least(0)},
+       {"exit-signal-handler", &C::exit_signal_handler,
+        "Stop at the next step boundary on --exit-signal, saving with --save (moecore also does so on SIGTERM, "
+        "SIGINT, SIGUSR1 and SIGUSR2 whenever --save is given)"},
+       {"exit-signal", &C::exit_signal,
+        "The signal --exit-signal-handler waits for: SIGTERM, SIGINT, SIGUSR1, "
+        "SIGUSR2 or SIGHUP"},
        {"load-hf", &C::load_hf,
         "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load holds a "
         "checkpoint"},

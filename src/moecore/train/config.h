@@ -89,6 +89,8 @@ struct TrainConfig {
   // checkpoints
   std::string save, load, load_hf;
   int64_t save_interval = 0, exit_interval = 0;
+  bool exit_signal_handler = false;
+  std::string exit_signal = "SIGTERM";
   bool finetune = false, no_load_optim = false, no_load_rng = false;
   bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;

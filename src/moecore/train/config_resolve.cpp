@@ -8,6 +8,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/train/config.h"
+#include "moecore/train/signals.h"
 
 namespace moecore::train {
 
@@ -116,6 +117,8 @@ void validate(const TrainConfig& c) {
               c.moe_shared_expert_intermediate_size, tp);
   }
   MOE_CHECK(c.save_interval >= 0 && c.exit_interval >= 0, "--save-interval and --exit-interval must be >= 0");
+  MOE_CHECK(StopSignals::parse(c.exit_signal) != 0,
+            "--exit-signal {} is not supported; choose SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP", c.exit_signal);
   MOE_CHECK(c.save_interval == 0 || !c.save.empty(), "--save-interval {} without --save: add --save DIR",
             c.save_interval);
   for (auto [on, name] : {std::pair{c.finetune, "finetune"},

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <optional>
@@ -15,38 +14,26 @@
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/cost_model.h"
 #include "moecore/train/generate.h"
+#include "moecore/train/health.h"
+#include "moecore/train/signals.h"
 
 namespace moecore::train {
 
 namespace {
-// Set by SIGTERM/SIGINT (or Trainer::request_stop): training ends at the next step boundary with a checkpoint.
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) {
-  g_stop_signal = sig;
+// The signals that end training at the next step boundary (with a checkpoint when --save is given): SIGTERM and
+// SIGINT (a scheduler's preemption, Ctrl-C), SIGUSR1 and SIGUSR2 (what mpirun forwards), and --exit-signal.
+// Without --save and --exit-signal-handler they keep their default action, as in Megatron.
+std::vector<int> stop_signals(const TrainConfig& c) {
+  if (c.save.empty() && !c.exit_signal_handler) return {};
+  std::vector<int> s = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+  const int extra = StopSignals::parse(c.exit_signal);
+  if (std::find(s.begin(), s.end(), extra) == s.end()) s.push_back(extra);
+  return s;
 }
-
-// With --save, SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C) end training at the next step boundary with
-// a checkpoint; the previous handlers come back afterwards.
-struct StopSignalHandlers {
-  bool on;
-  void (*term)(int) = SIG_DFL;
-  void (*intr)(int) = SIG_DFL;
-  explicit StopSignalHandlers(bool enable) : on(enable) {
-    g_stop_signal = 0;
-    if (!on) return;
-    term = std::signal(SIGTERM, on_stop_signal);
-    intr = std::signal(SIGINT, on_stop_signal);
-  }
-  ~StopSignalHandlers() {
-    if (!on) return;
-    std::signal(SIGTERM, term);
-    std::signal(SIGINT, intr);
-  }
-};
 }  // namespace
 
 void Trainer::request_stop(int signal) {
-  g_stop_signal = signal;
+  StopSignals::request(signal);
 }
 
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
@@ -75,6 +62,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   schedule_ = std::make_unique<NoPipelining>();
   ckpt_ = std::make_unique<Checkpointing>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
   ckpt_->load_at_start(start, progress_);
+  if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
+  stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
@@ -84,6 +73,11 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
 Trainer::~Trainer() {
   log_.reset();
   if (null_out_) std::fclose(null_out_);
+}
+
+std::string Trainer::save_checkpoint() {
+  check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
+  return ckpt_->save(progress_);
 }
 
 double Trainer::step_flops() const {
@@ -108,6 +102,7 @@ StepResult Trainer::train_step() {
     nn::Bf16WeightScope bf16_scope(reg_);  // weights change only after the micro-batches
     r.lm_loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
+  const data::SampleCursor step_cursor = progress_.cursor;
   progress_.cursor.advance(cfg_.global_batch_size);
   if (groups_->distributed()) {  // the reported loss is averaged over DP
     Tensor loss = Tensor::empty({1}, DType::F64);
@@ -117,15 +112,23 @@ StepResult Trainer::train_step() {
   }
   // One global norm over dense and expert gradients; a stop signal seen by any rank rides along, so every rank
   // ends at the same step boundary.
-  std::vector<double> stop{g_stop_signal != 0 ? 1.0 : 0.0};
+  const int mine = StopSignals::requested();
+  std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine)};
   r.grad_norm = opt_->finish_gradients(stop);
-  stop_requested_ = stop[0] > 0;
+  if (stop[0] > 0) stop_signal_ = mine != 0 ? mine : static_cast<int>(std::lround(stop[1] / stop[0]));
+  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
+    const std::string where =
+        locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
+    MOE_CHECK(
+        false,
+        "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
+        "step: {}.\nThe step was not applied and nothing was saved{}.",
+        progress_.iteration + 1, std::isfinite(r.lm_loss) ? "gradient norm" : "loss", r.lm_loss, r.grad_norm, where,
+        ckpt_->last_saved() >= 0 ? fmt::format("; the last checkpoint is iteration {}", ckpt_->last_saved()) : "");
+  }
   // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
   // updated, routing statistics of the step snapshotted, counters reset.
   model_->finish_global_batch();
-  MOE_CHECK(std::isfinite(r.grad_norm),
-            "iteration {}: the gradient norm is {} (lm loss {}); lower --lr, raise --lr-warmup-iters or check the data",
-            progress_.iteration + 1, r.grad_norm, r.lm_loss);
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
   router_losses(cfg_, *model_, *groups_, r);
@@ -193,6 +196,10 @@ void Trainer::train_loop() {
   while (it < cfg_.train_iters) {
     const StepResult r = train_step();
     progress_.sums.add(r);
+    if (const auto warning = stall_->after_step(r)) {
+      if (tty) fmt::print(out_, "\r\033[K");
+      fmt::print(out_, "{}\n", *warning);
+    }
     if (tty) {
       const double el = now_seconds() - t_start;
       const double eta = el / static_cast<double>(it - first) * static_cast<double>(cfg_.train_iters - it);
@@ -211,14 +218,13 @@ void Trainer::train_loop() {
     }
     const bool exit_now = cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0;
     if (!cfg_.save.empty() &&
-        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_requested_)) {
+        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_signal_ != 0)) {
       if (tty) fmt::print(out_, "\r\033[K");
       save_checkpoint();
       t_interval = now_seconds();
     }
-    if (stop_requested_) {
-      fmt::print(out_, "stopping at iteration {} on {}{}\n", it, g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
-                 resume);
+    if (stop_signal_ != 0) {
+      fmt::print(out_, "stopping at iteration {} on {}{}\n", it, StopSignals::name(stop_signal_), resume);
       return;
     }
     if (exit_now) {
@@ -253,7 +259,7 @@ void Trainer::final_report() {
 }
 
 void Trainer::run() {
-  StopSignalHandlers handlers(!cfg_.save.empty());
+  StopSignals signals(stop_signals(cfg_));
   if (cfg_.skip_train) {
     final_report();
     return;

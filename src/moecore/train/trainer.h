@@ -18,6 +18,7 @@
 #include "moecore/optim/chained_optimizer.h"
 #include "moecore/train/checkpointing.h"
 #include "moecore/train/config.h"
+#include "moecore/train/health.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/parallel_groups.h"
@@ -56,13 +57,13 @@ class Trainer {
   std::map<std::string, double> analytic_comm_bytes() const;
   const comm::ProcessGroup* world_group() const { return groups_->world.get(); }
 
-  // Saves the whole training state to --save as iteration iteration() (collective over all ranks). Returns the
-  // directory.
-  std::string save_checkpoint() { return ckpt_->save(progress_); }
+  // Saves the whole training state to --save as iteration iteration() (collective over all ranks); refuses
+  // parameters that are not finite. Returns the directory.
+  std::string save_checkpoint();
   // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
   const std::string& loaded_from() const { return ckpt_->loaded_from(); }
-  // SIGTERM/SIGINT during run() (with --save) end training at the next step boundary with a checkpoint;
-  // tests call this instead of raising a signal.
+  // A stop signal during run() (see train/signals.h) ends training at the next step boundary, with a checkpoint
+  // when --save is given; tests call this instead of raising a signal.
   static void request_stop(int signal);
 
  private:
@@ -84,9 +85,10 @@ class Trainer {
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<Checkpointing> ckpt_;
   std::unique_ptr<MetricsLog> log_;
+  std::unique_ptr<StallAlarm> stall_;
   Progress progress_;
   double peak_gflops_ = 0;
-  bool stop_requested_ = false;
+  int stop_signal_ = 0;  // the signal that stops training at this step boundary (agreed over all ranks)
 };
 
 }  // namespace moecore::train

@@ -1,4 +1,5 @@
-// RMSNorm forward/backward (see rmsnorm.h). Statistics in f64 for f64 tensors, f32 otherwise.
+// RMSNorm forward/backward (see rmsnorm.h). Statistics in f64 for f64 tensors, f32 otherwise; a row whose sum
+// of squares overflows is normalized by its largest magnitude first, so no finite input gives inf or NaN.
 //
 // Gradient, per row with r = rstd, c = Σ_j w_j·dy_j·x_j:
 //   y_k = w_k·x_k·r,   ∂r/∂x_k = −r³·x_k/H
@@ -6,6 +7,7 @@
 //   dw_k += Σ_rows dy_k·x_k·r
 #include "moecore/kernels/cpu/rmsnorm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moecore/core/cpu.h"
@@ -21,6 +23,15 @@ MOE_TARGET_CLONES void fwd(const T* x, const T* w, T* y, T* rstd, int64_t rows, 
     T ss = 0;
     for (int64_t j = 0; j < H; j++) ss += xr[j] * xr[j];
     T r = T(1) / std::sqrt(ss / T(H) + T(eps));
+    if (!std::isfinite(ss)) {
+      // The squares overflowed (|x| beyond ~1e19 in f32): the same statistic with the row scaled by its largest
+      // magnitude m, rms = m·sqrt(mean((x/m)²) + eps/m²), so any finite row normalizes to finite values.
+      T m = 0;
+      for (int64_t j = 0; j < H; j++) m = std::max(m, std::fabs(xr[j]));
+      T ss_m = 0;
+      for (int64_t j = 0; j < H; j++) ss_m += (xr[j] / m) * (xr[j] / m);
+      r = T(1) / (m * std::sqrt(ss_m / T(H) + T(eps) / (m * m)));
+    }
     rstd[t] = r;
     T* yr = y + t * H;
     for (int64_t j = 0; j < H; j++) yr[j] = xr[j] * r * w[j];

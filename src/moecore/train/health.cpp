@@ -1,0 +1,100 @@
+// Numerical fault finding (see health.h).
+#include "moecore/train/health.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "moecore/core/error.h"
+#include "moecore/kernels/cpu/elementwise.h"
+
+namespace moecore::train {
+
+namespace {
+// The sum of squares is accumulated in f64: finite for every finite f32/bf16 tensor, NaN or inf otherwise.
+bool all_finite(const Tensor& t) {
+  return std::isfinite(kernels::sum_squares(t));
+}
+
+// The smallest `ordinal` over all ranks, and the lowest rank holding it (none: numeric_limits max).
+std::pair<double, int64_t> first_over_ranks(double ordinal, const comm::ProcessGroup* world) {
+  if (!world || world->size() == 1) return {ordinal, 0};
+  Tensor m = Tensor::empty({1}, DType::F64);  // the minimum as the maximum of negatives
+  m.set_item(0, -ordinal);
+  world->all_reduce(m, comm::ReduceOp::Max);
+  const double best = -m.item(0);
+  Tensor r = Tensor::empty({1}, DType::F64);
+  r.set_item(0, ordinal == best ? -static_cast<double>(world->rank()) : -1e18);
+  world->all_reduce(r, comm::ReduceOp::Max);
+  return {best, static_cast<int64_t>(-r.item(0))};
+}
+}  // namespace
+
+void check_parameters_finite(const nn::ParamRegistry& reg, const std::string& source) {
+  for (const auto& p : reg.all())
+    MOE_CHECK(all_finite(p->value), "{}: parameter {} {} holds NaN or infinite values", source, p->name,
+              p->value.shape().str());
+}
+
+std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn::ParamRegistry& reg,
+                             const data::SampleSource& data, const data::SampleCursor& cursor, const MicroBatches& mb,
+                             const comm::ProcessGroup* world) {
+  constexpr double kNone = std::numeric_limits<double>::max();
+  // Every place is numbered in execution order, identically on every rank: parameters, then per micro-batch the
+  // modules' outputs and gradients, then the parameter gradients.
+  std::vector<std::string> places;
+  double first = kNone;
+  auto note = [&](std::string place, bool finite) {
+    if (!finite && first == kNone) first = static_cast<double>(places.size());
+    places.push_back(std::move(place));
+  };
+  for (const auto& p : reg.all()) note(fmt::format("the parameter {} (its values)", p->name), all_finite(p->value));
+  int64_t micro = 0;
+  const nn::Probe probe = [&](const std::string& where, bool backward, const Tensor& t) {
+    note(fmt::format("{} {} (micro-batch {})", backward ? "the gradient passed down by" : "the forward output of",
+                     where, micro),
+         all_finite(t));
+  };
+  model.set_probe(&probe);
+  reg.zero_grad();
+  try {
+    for (micro = 0; micro < mb.count; micro++) {
+      const data::Batch b = data::make_batch(data, cursor.micro_batch(micro, mb.dp_rank, mb.dp_size, mb.size));
+      model.forward(b.tokens, b.labels, b.loss_mask, stash);
+      model.backward(stash, 1.0 / static_cast<double>(mb.count));
+    }
+  } catch (...) {
+    model.set_probe(nullptr);
+    throw;
+  }
+  model.set_probe(nullptr);
+  for (const auto& p : reg.all()) note(fmt::format("the gradient of {}", p->name), all_finite(p->grad));
+  const auto [at, rank] = first_over_ranks(first, world);
+  if (at == kNone) return "the re-run of the step found every value finite (a fault that does not repeat)";
+  const std::string where = places.at(static_cast<size_t>(at));
+  return world && world->size() > 1 ? fmt::format("{} on rank {}", where, rank) : where;
+}
+
+std::optional<std::string> StallAlarm::after_step(const StepResult& r) {
+  zero_ = r.grad_norm == 0.0 ? zero_ + 1 : 0;
+  uniform_ = std::fabs(r.lm_loss - log_vocab_) < 1e-4 ? uniform_ + 1 : 0;
+  if (zero_ < n_ && uniform_ < n_) {
+    warned_ = false;
+    return std::nullopt;
+  }
+  if (warned_) return std::nullopt;
+  warned_ = true;
+  if (zero_ >= n_)
+    return fmt::format(
+        "warning: the gradient norm has been exactly 0 for {} steps: the model is not learning (all gradients "
+        "vanished: check --lr, --init-method-std and the data's loss mask)",
+        zero_);
+  return fmt::format(
+      "warning: the LM loss has equalled ln(vocabulary) = {:.4f} for {} steps: the logits are uniform, the model "
+      "predicts nothing (a diverged run: lower --lr or raise --lr-warmup-iters)",
+      log_vocab_, uniform_);
+}
+
+}  // namespace moecore::train

@@ -1,0 +1,36 @@
+// Stop requests by signal, so a preempted or interrupted run ends at a step boundary with a checkpoint instead of
+// losing the steps since the last save. While a StopSignals is alive its signals only set a flag (the trainer
+// agrees on it over all ranks at the next step boundary, saves and exits 0); a second SIGINT exits at once
+// (status 130) without touching any checkpoint. SIGUSR1 and SIGUSR2 are among them because Open MPI's mpirun
+// forwards those to every rank (it turns SIGTERM and SIGINT into a kill of the job; `moecore launch` turns them
+// into SIGUSR1). Not the save itself, nor the agreement: those are the trainer's.
+#pragma once
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+namespace moecore::train {
+
+class StopSignals {
+ public:
+  // Handles `signals` until destroyed, then restores the previous handlers. Clears any earlier request.
+  explicit StopSignals(const std::vector<int>& signals);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The first signal received since construction (0: none).
+  static int requested();
+  // What a signal would do (tests, and ranks told by another rank).
+  static void request(int signal);
+  // "SIGTERM", "SIGUSR1", ... for the signals moecore handles; "signal N" otherwise.
+  static std::string name(int signal);
+  // --exit-signal values: SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP (0 for anything else).
+  static int parse(const std::string& name);
+
+ private:
+  std::vector<std::pair<int, struct sigaction>> previous_;
+};
+
+}  // namespace moecore::train
