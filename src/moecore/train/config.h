@@ -88,6 +88,7 @@ struct TrainConfig {
   // checkpoints
   std::string save, load, load_hf;
   int64_t save_interval = 0, exit_interval = 0;
+  int64_t ckpt_step = -1;  // -1: the iteration the marker names
   bool finetune = false, no_load_optim = false, no_load_rng = false;
   bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;
