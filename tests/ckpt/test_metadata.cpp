@@ -101,6 +101,27 @@ TEST(CheckpointMetadata, IndexEditsAreCaught) {
   fs::remove_all(root);
 }
 
+TEST(CheckpointMetadata, ExtraFilesAreCheckedAgainstTheState) {
+  const std::string root = run_with_checkpoints("files");
+  const std::string dir = ckpt::iteration_dir(root, 4);
+  const std::string content = "{\"model\": {}}";
+  std::ofstream(dir + "/tokenizer.json") << content;
+  edit_json(
+      state_of(root, 4),
+      [&](auto& j) {
+        j["files"]["tokenizer.json"] = fmt::format("{:016x}", XXH3_64bits(content.data(), content.size()));
+      },
+      true);
+  EXPECT_TRUE(ckpt::find_checkpoint(root));
+  std::ofstream(dir + "/tokenizer.json") << "{\"model\": []}";
+  std::string e = error_of([&] { ckpt::find_checkpoint(root); });
+  EXPECT_TRUE(contains(e, dir + "/tokenizer.json: checksum mismatch (recorded in " + state_of(root, 4))) << e;
+  fs::remove(dir + "/tokenizer.json");
+  e = error_of([&] { ckpt::find_checkpoint(root); });
+  EXPECT_TRUE(contains(e, "field 'files.tokenizer.json' names a file that is not in " + dir)) << e;
+  fs::remove_all(root);
+}
+
 TEST(CheckpointMetadata, OlderFormatsAreReadWithFieldsValidated) {
   const std::string root = run_with_checkpoints("legacy");
   edit_json(

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <csignal>
@@ -109,7 +110,11 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
   if (rank == 0) {
     try {
       write_model_index(tmp, size);  // refuses any missing or duplicated element
-      write_file_durable(tmp + "/" + kStateFile, metadata_text(state));
+      // The extra files' checksums ride in the checksummed state (verified on load).
+      nlohmann::json st = state;
+      for (const auto& [name, content] : extra_files)
+        st["files"][name] = fmt::format("{:016x}", XXH3_64bits(content.data(), content.size()));
+      write_file_durable(tmp + "/" + kStateFile, metadata_text(st));
       for (const auto& [name, content] : extra_files) write_file_durable(tmp + "/" + name, content);
       fsync_dir(tmp);
     } catch (const Error&) {
@@ -146,6 +151,18 @@ FoundCheckpoint read_found(const std::string& dir) {
   f.state = read_metadata(sp, "checkpoint state", {kTrainStateFormat, kTrainStateFormatV1}, &f.legacy);
   validate_train_state(f.state, dir);
   validate_state_against_index(f.state, read_model_index(dir), dir);
+  if (f.state.contains("files")) {
+    const Fields files = Fields(f.state, sp).object("files");
+    for (auto it = files.json().begin(); it != files.json().end(); ++it) {
+      const std::string want = files.string(it.key().c_str()), path = dir + "/" + it.key();
+      MOE_CHECK(it.key().find('/') == std::string::npos && fs::exists(path),
+                "{}: field 'files.{}' names a file that is not in {}; {}", sp, it.key(), dir, kMetadataFix);
+      const std::string bytes = moecore::read_file(path, "checkpoint file");
+      const std::string got = fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size()));
+      MOE_CHECK(got == want, "{}: checksum mismatch (recorded in {} as {}, computed {}): {}", path, sp, want, got,
+                kMetadataFix);
+    }
+  }
   if (f.legacy)
     f.note = fmt::format(
         "{} is in the older format {} (no checksum): its fields were validated; the next save "

@@ -60,11 +60,13 @@ nlohmann::json IntervalSums::to_json() const {
 }
 
 IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
+  // JSON writes NaN as null: read it back as NaN (a diverged run's sums still resume).
+  auto num = [](const nlohmann::json& v) { return v.is_null() ? std::nan("") : v.get<double>(); };
   IntervalSums s;
-  s.lm_loss = j.at("lm_loss").get<double>();
-  s.grad_norm = j.at("grad_norm").get<double>();
-  s.z_loss = j.at("z_loss").get<double>();
-  s.aux = j.at("aux").get<std::vector<double>>();
+  s.lm_loss = num(j.at("lm_loss"));
+  s.grad_norm = num(j.at("grad_norm"));
+  s.z_loss = num(j.at("z_loss"));
+  for (const auto& a : j.at("aux")) s.aux.push_back(num(a));
   s.steps = j.at("steps").get<int64_t>();
   return s;
 }
