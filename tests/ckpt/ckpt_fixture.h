@@ -2,6 +2,7 @@
 // checkpoints, and a digest of every file under a directory (to prove that nothing was lost or overwritten).
 #pragma once
 
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cstdio>
@@ -16,6 +17,11 @@
 #include "test_util.h"
 
 namespace moecore::testing {
+
+// A fresh temporary path of this process: CTest runs the tests of one file in parallel processes.
+inline std::string own_temp_path(const std::string& name) {
+  return fresh_temp_path(name + "_" + std::to_string(::getpid()));
+}
 
 inline train::TrainConfig ckpt_config(const std::vector<std::string>& extra) {
   return small_config(tiny_moe_flags() + mock_run_flags(16, 2, 4, 100, 8, "3e-3"), extra);

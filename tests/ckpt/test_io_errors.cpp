@@ -42,7 +42,7 @@ struct FileSizeLimit {
 };
 
 TEST(CheckpointIO, FullDiskDuringSaveKeepsThePreviousCheckpoint) {
-  const std::string root = testing::fresh_temp_path("io_save");
+  const std::string root = testing::own_temp_path("io_save");
   testing::NullOut null;
   train::Trainer t(testing::ckpt_config({"--save", root}), null.f, false);
   t.train_step();
@@ -81,7 +81,7 @@ TEST(CheckpointIO, MetricsFileAndLogOnAFullDevice) {
 }
 
 TEST(CheckpointIO, AtomicReplaceKeepsTheOldFileOnAFullDisk) {
-  const std::string d = testing::fresh_temp_path("io_atomic");
+  const std::string d = testing::own_temp_path("io_atomic");
   fs::create_directories(d);
   write_file_atomic(d + "/f.json", "old");
   std::string e;
@@ -96,7 +96,7 @@ TEST(CheckpointIO, AtomicReplaceKeepsTheOldFileOnAFullDisk) {
 }
 
 TEST(PreprocessIO, FullDiskKeepsThePreviousOutput) {
-  const std::string d = testing::fresh_temp_path("io_preprocess");
+  const std::string d = testing::own_temp_path("io_preprocess");
   fs::create_directories(d + "/tok");
   std::string corpus, jsonl;
   for (int i = 0; i < 400; i++) {
@@ -126,9 +126,9 @@ TEST(PreprocessIO, FullDiskKeepsThePreviousOutput) {
 }
 
 TEST(HFExportIO, FullDiskKeepsAnEarlierExport) {
-  const std::string root = testing::fresh_temp_path("io_hf");
+  const std::string root = testing::own_temp_path("io_hf");
   testing::make_checkpoints(root, {1});
-  const std::string out = testing::fresh_temp_path("io_hf_out");
+  const std::string out = testing::own_temp_path("io_hf_out");
   ckpt::convert_native_to_hf(root, out, "mixtral", "f32", int64_t{1} << 30);
   const auto before = digest(out);
   std::string e;

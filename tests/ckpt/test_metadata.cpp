@@ -24,11 +24,11 @@ using testing::error_of;
 // The root of a run with complete checkpoints at iterations 2 and 4 (made once, copied per test).
 std::string run_with_checkpoints(const std::string& name) {
   static const std::string master = [] {
-    const std::string m = testing::fresh_temp_path("meta_master");
+    const std::string m = testing::own_temp_path("meta_master");
     testing::make_checkpoints(m, {2, 4});
     return m;
   }();
-  const std::string dir = testing::fresh_temp_path("meta_" + name);
+  const std::string dir = testing::own_temp_path("meta_" + name);
   fs::copy(master, dir, fs::copy_options::recursive);
   return dir;
 }
@@ -237,7 +237,7 @@ TEST(CheckpointMetadata, SaveNeverReplacesCheckpointsItDidNotLoad) {
       << e;
   EXPECT_TRUE(contains(e, "Pass --load " + root + " to resume")) << e;
   // Loaded from elsewhere at iteration 2, saving into a root that holds iteration 4.
-  const std::string other = testing::fresh_temp_path("meta_other");
+  const std::string other = testing::own_temp_path("meta_other");
   testing::make_checkpoints(other, {2});
   e = error_of([&] { train::Trainer(testing::ckpt_config({"--load", other, "--save", root}), null.f, false); });
   EXPECT_TRUE(contains(e, "at or after iteration 2 that this run did not load (iter_0000002, iter_0000004)")) << e;
@@ -277,7 +277,7 @@ TEST(CheckpointMetadata, TmpAndIncompleteDirectoriesAreRefusedByName) {
 }
 
 TEST(CheckpointMetadata, SaveDirectoryIsCheckedWritableWithRoom) {
-  const std::string d = testing::fresh_temp_path("meta_space");
+  const std::string d = testing::own_temp_path("meta_space");
   fs::create_directories(d);
   std::ofstream(d + "/file") << "x";
   // Not creatable (a regular file in the way; permissions would not stop root): refused before the first step.
