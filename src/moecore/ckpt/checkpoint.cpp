@@ -14,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "moecore/ckpt/metadata.h"
 #include "moecore/ckpt/safetensors.h"
 
 namespace moecore::ckpt {
@@ -105,29 +106,6 @@ int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const B
 
 StoredTensor stored(const nn::Parameter& p) {
   return {p.name, box_of(p), p.value};
-}
-
-void write_file_durable(const std::string& path, const std::string& content) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  MOE_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t w = ::write(fd, content.data() + done, content.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) ::close(fd);
-    MOE_CHECK(w > 0, "cannot write {}: {}", path, std::strerror(errno));
-    done += static_cast<size_t>(w);
-  }
-  MOE_CHECK(::fsync(fd) == 0, "cannot fsync {}: {}", path, std::strerror(errno));
-  MOE_CHECK(::close(fd) == 0, "cannot close {}: {}", path, std::strerror(errno));
-}
-
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  MOE_CHECK(fd >= 0, "cannot open directory {}: {}", dir, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  MOE_CHECK(rc == 0, "cannot fsync directory {}: {}", dir, std::strerror(errno));
 }
 
 void write_shards(const std::string& dir, int64_t rank, const std::vector<StoredTensor>& tensors) {
@@ -262,23 +240,17 @@ void write_model_index(const std::string& dir, int64_t world) {
   for (const auto& p : tiling_problems(all)) problems.push_back(p);
   if (!problems.empty()) throw_problems(dir, problems);
   const std::string tmp = dir + "/index.json.tmp";
-  write_file_durable(tmp, nlohmann::json{{"format", "moecore-native-1"}, {"shards", merged}}.dump(1) + "\n");
-  std::filesystem::rename(tmp, dir + "/index.json");
+  write_file_durable(tmp, metadata_text({{"format", kIndexFormat}, {"shards", merged}}));
+  rename_checked(tmp, dir + "/index.json");
   for (int64_t r = 0; r < world; r++) std::filesystem::remove(fragment_path(dir, r));
 }
 
 std::vector<ShardRecord> read_model_index(const std::string& dir) {
   const std::string path = dir + "/index.json";
-  std::ifstream f(path);
-  MOE_CHECK(f.good(), "{} has no index.json: not a moecore checkpoint, or its save did not finish", dir);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    MOE_CHECK(false, "{} is not valid JSON ({})", path, e.what());
-  }
-  MOE_CHECK(j.is_object() && j.value("format", "") == "moecore-native-1" && j.contains("shards"),
-            "{} is not a moecore-native-1 index", path);
+  MOE_CHECK(std::filesystem::exists(path), "{} has no index.json: not a moecore checkpoint, or its save did not finish",
+            dir);
+  const nlohmann::json j = read_metadata(path, "checkpoint index", {kIndexFormat, kIndexFormatV1});
+  MOE_CHECK(j.contains("shards"), "{}: field 'shards' is missing; {}", path, kMetadataFix);
   auto recs = parse_records(j["shards"], path);
   const auto problems = tiling_problems(recs);
   if (!problems.empty()) throw_problems(dir, problems);

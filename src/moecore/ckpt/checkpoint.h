@@ -73,8 +73,8 @@ void load_tensors(const std::string& dir, const std::vector<ShardRecord>& record
 // load_tensors for every parameter of `reg`.
 void load_model(const std::string& dir, nn::ParamRegistry& reg);
 
-// Durable small files: written, fsynced, closed (the caller places them atomically by rename).
-void write_file_durable(const std::string& path, const std::string& content);
-void fsync_dir(const std::string& dir);
+// Durable small files (core/file.h): written, fsynced, closed (the caller places them atomically by rename).
+using moecore::fsync_dir;
+using moecore::write_file_durable;
 
 }  // namespace moecore::ckpt

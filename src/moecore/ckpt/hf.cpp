@@ -9,6 +9,7 @@
 #include <set>
 
 #include "moecore/ckpt/manager.h"
+#include "moecore/ckpt/metadata.h"
 #include "moecore/core/error.h"
 #include "moecore/core/file.h"
 #include "moecore/moe/moe_layer.h"
@@ -351,7 +352,7 @@ int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_r
   HFModel m(hf_dir);
   std::vector<StoredTensor> all;
   for (const auto& t : native_tensors(m.architecture())) all.push_back({t.name, whole_box(t.global), m.read(t)});
-  nlohmann::json state = {{"format", "moecore-train-state-1"},
+  nlohmann::json state = {{"format", kTrainStateFormat},
                           {"release", true},
                           {"iteration", 0},
                           {"consumed_samples", 0},
@@ -423,15 +424,16 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
   const size_t n = shard_names.size();
   for (size_t i = 0; i < n; i++) {
     const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
-    fs::rename(fmt::format("{}/part-{:05d}.tmp", out_dir, i), out_dir + "/" + name);
+    rename_checked(fmt::format("{}/part-{:05d}.tmp", out_dir, i), out_dir + "/" + name);
     for (const auto& t : shard_names[i]) map[t] = name;
   }
-  write_file_durable(out_dir + "/model.safetensors.index.json",
-                     nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
-  write_file_durable(out_dir + "/config.json", config_text);
+  // Files an earlier export may hold are replaced atomically: a failure leaves them as they were.
+  write_file_atomic(out_dir + "/model.safetensors.index.json",
+                    nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
+  write_file_atomic(out_dir + "/config.json", config_text);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     if (fs::exists(found->dir + "/" + f))
-      write_file_durable(out_dir + "/" + f, moecore::read_file(found->dir + "/" + f, "tokenizer file"));
+      write_file_atomic(out_dir + "/" + f, moecore::read_file(found->dir + "/" + f, "tokenizer file"));
   return count;
 }
 

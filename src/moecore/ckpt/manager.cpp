@@ -1,12 +1,20 @@
-// Checkpoint directories, atomic saves and the latest marker (see manager.h).
+// Checkpoint directories, atomic saves, the latest marker and its sidecar, and the guards around them (see
+// manager.h).
 #include "moecore/ckpt/manager.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <regex>
 
+#include "moecore/ckpt/metadata.h"
 #include "moecore/core/error.h"
 #include "moecore/core/file.h"
 
@@ -23,7 +31,57 @@ void barrier(const comm::ProcessGroup* world) {
   if (world && world->size() > 1) world->barrier();
 }
 
+bool complete(const std::string& dir) {
+  return fs::exists(dir + "/index.json") && fs::exists(dir + "/" + kStateFile);
+}
+
+std::string trimmed_marker(const std::string& path) {
+  std::string text = moecore::read_file(path, "checkpoint marker");
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+  return text;
+}
+
+std::string names_of(const std::vector<std::pair<int64_t, std::string>>& cks) {
+  std::vector<std::string> names;
+  for (const auto& [it, dir] : cks) names.push_back(fs::path(dir).filename().string());
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
+// The marker's text parsed: an iteration >= 0, or -1 for "release".
+int64_t parse_marker(const std::string& text, const std::string& marker) {
+  if (text == "release") return -1;
+  size_t pos = 0;
+  int64_t it = -1;
+  try {
+    it = std::stoll(text, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  MOE_CHECK(pos == text.size() && pos > 0 && it >= 0,
+            "{} is corrupt: expected an iteration number or 'release', found '{}'", marker, text);
+  return it;
+}
+
+std::string strip_slashes(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
 }  // namespace
+
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  static const std::regex iter_dir(R"(iter_(\d{7,}))");
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, m, iter_dir) && complete(e.path().string()))
+      out.push_back({std::stoll(m[1].str()), e.path().string()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 std::string save_checkpoint(const std::string& root, int64_t iteration, const std::vector<StoredTensor>& mine,
                             const nlohmann::json& state, const comm::ProcessGroup* world,
@@ -39,14 +97,31 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
     MOE_CHECK(!ec, "cannot create {}: {}", tmp, ec.message());
   }
   barrier(world);
-  write_shards(tmp, rank, mine);
+  try {
+    write_shards(tmp, rank, mine);
+  } catch (const Error&) {
+    // A full disk: the partial directory goes (it is never loaded); the previous checkpoint stays as it was.
+    std::error_code ec;
+    if (rank == 0) fs::remove_all(tmp, ec);
+    throw;
+  }
   if (fault.rank == rank && fault.iteration == iteration) std::raise(SIGKILL);  // --fault-kill-during-save
   barrier(world);                                                               // every rank's files are on disk
   if (rank == 0) {
-    write_model_index(tmp, size);  // refuses any missing or duplicated element
-    write_file_durable(tmp + "/" + kStateFile, state.dump(1) + "\n");
-    for (const auto& [name, content] : extra_files) write_file_durable(tmp + "/" + name, content);
-    fsync_dir(tmp);
+    try {
+      write_model_index(tmp, size);  // refuses any missing or duplicated element
+      // The extra files' checksums ride in the checksummed state (verified on load).
+      nlohmann::json st = state;
+      for (const auto& [name, content] : extra_files)
+        st["files"][name] = fmt::format("{:016x}", XXH3_64bits(content.data(), content.size()));
+      write_file_durable(tmp + "/" + kStateFile, metadata_text(st));
+      for (const auto& [name, content] : extra_files) write_file_durable(tmp + "/" + name, content);
+      fsync_dir(tmp);
+    } catch (const Error&) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      throw;
+    }
     std::error_code ec;
     if (fs::exists(final_dir)) {
       // Saving an iteration again (e.g. resumed from it): the old copy goes only once the new one is complete.
@@ -54,60 +129,173 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
       fs::rename(final_dir, final_dir + ".old", ec);
       MOE_CHECK(!ec, "cannot move the previous {} aside: {}", final_dir, ec.message());
     }
-    fs::rename(tmp, final_dir, ec);
-    MOE_CHECK(!ec, "cannot rename {} to {}: {}", tmp, final_dir, ec.message());
+    rename_checked(tmp, final_dir);
     fsync_dir(root);
-    const std::string marker = root + "/" + kLatestFile;
-    write_file_durable(marker + ".tmp", iteration < 0 ? "release" : std::to_string(iteration));
-    fs::rename(marker + ".tmp", marker, ec);
-    MOE_CHECK(!ec, "cannot update {}: {}", marker, ec.message());
-    fsync_dir(root);
+    // Megatron's plain marker first, then its checksummed sidecar: a crash between the two leaves the sidecar one
+    // save behind a marker that names a newer complete checkpoint, which loading recognizes; a marker moved back
+    // (edited) is refused.
+    const std::string text = iteration < 0 ? "release" : std::to_string(iteration);
+    write_file_atomic(root + "/" + kLatestFile, text);
+    write_file_atomic(root + "/" + kMarkerSidecar, metadata_text({{"format", kMarkerFormat}, {"marker", text}}));
     fs::remove_all(final_dir + ".old", ec);
   }
   barrier(world);
   return final_dir;
 }
 
-std::optional<FoundCheckpoint> find_checkpoint(const std::string& path) {
-  std::string dir;
+namespace {
+FoundCheckpoint read_found(const std::string& dir) {
+  FoundCheckpoint f{dir, {}, false, {}};
+  const std::string sp = dir + "/" + kStateFile;
+  MOE_CHECK(fs::exists(sp), "{} has no {}: the checkpoint is incomplete (its save did not finish)", dir, kStateFile);
+  f.state = read_metadata(sp, "checkpoint state", {kTrainStateFormat, kTrainStateFormatV1}, &f.legacy);
+  validate_train_state(f.state, dir);
+  validate_state_against_index(f.state, read_model_index(dir), dir);
+  if (f.state.contains("files")) {
+    const Fields files = Fields(f.state, sp).object("files");
+    for (auto it = files.json().begin(); it != files.json().end(); ++it) {
+      const std::string want = files.string(it.key().c_str()), path = dir + "/" + it.key();
+      MOE_CHECK(it.key().find('/') == std::string::npos && fs::exists(path),
+                "{}: field 'files.{}' names a file that is not in {}; {}", sp, it.key(), dir, kMetadataFix);
+      const std::string bytes = moecore::read_file(path, "checkpoint file");
+      const std::string got = fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size()));
+      MOE_CHECK(got == want, "{}: checksum mismatch (recorded in {} as {}, computed {}): {}", path, sp, want, got,
+                kMetadataFix);
+    }
+  }
+  if (f.legacy)
+    f.note = fmt::format(
+        "{} is in the older format {} (no checksum): its fields were validated; the next save "
+        "writes {}",
+        sp, kTrainStateFormatV1, kTrainStateFormat);
+  return f;
+}
+
+// Refuses a directory that only looks like a checkpoint: a save's temporary directory or one whose save did not
+// finish.
+void refuse_partial(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  const std::string parent = fs::path(path).parent_path().string();
+  MOE_CHECK(name.size() < 4 || name.substr(name.size() - 4) != ".tmp",
+            "--load {} is the temporary directory of a checkpoint save that did not finish and is never loaded; point "
+            "--load at {} (its latest complete checkpoint) or pick one with --ckpt-step N (complete there: {})",
+            path, parent, names_of(complete_checkpoints(parent)));
+  static const std::regex iter_like(R"((iter_\d{7,}|release)(\.old)?)");
+  bool partial = std::regex_match(name, iter_like) || fs::exists(path + "/" + kStateFile);
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    for (const auto& e : fs::directory_iterator(path, ec))
+      partial = partial || e.path().filename().string().rfind("model_rank", 0) == 0 ||
+                e.path().filename().string().rfind("index_rank", 0) == 0;
+  MOE_CHECK(!partial,
+            "--load {} is an incomplete checkpoint (no index.json: its save did not finish); point --load at {} or "
+            "pick a complete iteration with --ckpt-step N (complete there: {})",
+            path, parent, names_of(complete_checkpoints(parent)));
+}
+}  // namespace
+
+std::optional<FoundCheckpoint> find_checkpoint(const std::string& given, int64_t step) {
+  const std::string path = strip_slashes(given);
+  if (path.size() >= 4 && path.substr(path.size() - 4) == ".tmp") refuse_partial(path);
+  if (step >= 0) {
+    MOE_CHECK(!fs::exists(path + "/index.json"),
+              "--ckpt-step {}: --load {} is itself a checkpoint directory; point --load at the directory holding its "
+              "iter_NNNNNNN directories",
+              step, path);
+    const std::string dir = iteration_dir(path, step);
+    MOE_CHECK(complete(dir), "--ckpt-step {}: {} is {}; complete checkpoints in {}: {}", step, dir,
+              fs::exists(dir) ? "incomplete (its save did not finish)" : "not there", path,
+              names_of(complete_checkpoints(path)));
+    return read_found(dir);
+  }
+  std::string dir, note;
   const std::string marker = path + "/" + kLatestFile;
   if (fs::exists(marker)) {
-    std::string text = moecore::read_file(marker, "checkpoint marker");
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-    int64_t it = -1;
-    if (text != "release") {
-      size_t pos = 0;
-      try {
-        it = std::stoll(text, &pos);
-      } catch (...) {
-        pos = 0;
-      }
-      MOE_CHECK(pos == text.size() && pos > 0 && it >= 0,
-                "{} is corrupt: expected an iteration number or 'release', found '{}'", marker, text);
-    }
+    const std::string text = trimmed_marker(marker);
+    const int64_t it = parse_marker(text, marker);
     dir = iteration_dir(path, it);
     // A crash while re-saving the same iteration can leave only the previous copy, moved aside.
     if (!fs::exists(dir + "/index.json") && fs::exists(dir + ".old/index.json")) dir += ".old";
     MOE_CHECK(fs::exists(dir + "/index.json"),
-              "{} names {}, which is missing or incomplete; restore it or point --load at another iteration "
-              "directory",
-              marker, dir);
+              "{} names {}, which is missing or incomplete; restore it, or pick a complete iteration with "
+              "--ckpt-step N (complete there: {})",
+              marker, dir, names_of(complete_checkpoints(path)));
+    // The sidecar says which marker text moecore wrote last: anything else was edited by hand or by another tool.
+    const std::string sidecar = path + "/" + kMarkerSidecar;
+    if (fs::exists(sidecar)) {
+      const nlohmann::json j = read_metadata(sidecar, "checkpoint marker sidecar", {kMarkerFormat});
+      const Fields f(j, sidecar);
+      const std::string wrote = f.string("marker");
+      if (text != wrote) {
+        const int64_t recorded = parse_marker(wrote, sidecar);
+        // Interrupted between the marker and its sidecar: the marker names the newer, complete checkpoint.
+        const bool interrupted = it > recorded && complete(dir);
+        MOE_CHECK(interrupted,
+                  "{} says '{}' but {} records that moecore last wrote '{}': the marker was edited or replaced "
+                  "after the save; restore it, or pick the iteration to load with --ckpt-step N (complete there: {})",
+                  marker, text, sidecar, wrote, names_of(complete_checkpoints(path)));
+        note = fmt::format("{} is one save behind {} (a save interrupted after its checkpoint was complete)", sidecar,
+                           marker);
+      }
+    }
   } else if (fs::exists(path + "/index.json")) {
     dir = path;
   } else {
+    refuse_partial(path);
+    const auto cks = complete_checkpoints(path);
+    MOE_CHECK(cks.empty(),
+              "--load {} has no {} but holds complete checkpoints: {}; choose one with --ckpt-step N (e.g. "
+              "--ckpt-step {} for the newest), or restore the marker",
+              path, kLatestFile, names_of(cks), cks.empty() ? 0 : cks.back().first);
     return std::nullopt;
   }
-  FoundCheckpoint f{dir, {}};
-  const std::string sp = dir + "/" + kStateFile;
-  MOE_CHECK(fs::exists(sp), "{} has no {}: the checkpoint is incomplete", dir, kStateFile);
-  try {
-    f.state = nlohmann::json::parse(moecore::read_file(sp, "checkpoint state"));
-  } catch (const nlohmann::json::exception& e) {
-    MOE_CHECK(false, "{} is not valid JSON ({}): the checkpoint is corrupt", sp, e.what());
-  }
-  MOE_CHECK(f.state.is_object() && f.state.value("format", "") == "moecore-train-state-1",
-            "{} is not a moecore training state (format moecore-train-state-1)", sp);
+  FoundCheckpoint f = read_found(dir);
+  if (!note.empty()) f.note = note + (f.note.empty() ? "" : "\n" + f.note);
   return f;
+}
+
+void check_save_overwrites(const std::string& root, int64_t start_iteration, const std::string& loaded_dir) {
+  std::error_code ec;
+  const fs::path loaded = loaded_dir.empty() ? fs::path() : fs::weakly_canonical(loaded_dir, ec);
+  std::vector<std::pair<int64_t, std::string>> at_risk;
+  for (const auto& [it, dir] : complete_checkpoints(root)) {
+    if (start_iteration >= 0 && it < start_iteration) continue;  // older: never saved again by this run
+    if (it == start_iteration && !loaded.empty() && fs::weakly_canonical(dir, ec) == loaded) continue;
+    at_risk.push_back({it, dir});
+  }
+  if (at_risk.empty()) return;
+  MOE_CHECK(start_iteration >= 0,
+            "--save {} already holds complete checkpoints ({}) and this run loads none of them: its saves would "
+            "replace them. Pass --load {} to resume the newest (or --ckpt-step N for another), or choose another "
+            "--save directory",
+            root, names_of(at_risk), root);
+  MOE_CHECK(false,
+            "--save {} holds complete checkpoints at or after iteration {} that this run did not load ({}): training "
+            "on from iteration {} would replace them. Choose another --save directory, or load the newest with "
+            "--load {}",
+            root, start_iteration, names_of(at_risk), start_iteration, root);
+}
+
+void check_save_directory(const std::string& root, int64_t bytes, int64_t rank) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  MOE_CHECK(!ec, "--save {}: cannot create the directory: {}", root, ec.message());
+  const std::string probe = fmt::format("{}/.moecore-write-probe.{}.{}", root, rank, ::getpid());
+  try {
+    write_file_durable(probe, "moecore checks that --save is writable\n");
+  } catch (const Error& e) {
+    fs::remove(probe, ec);
+    MOE_CHECK(false, "--save {} is not writable: {}", root, e.what());
+  }
+  MOE_CHECK(fs::remove(probe, ec) && !ec, "--save {}: cannot remove the probe file {}: {}", root, probe, ec.message());
+  struct statvfs st {};
+  MOE_CHECK(::statvfs(root.c_str(), &st) == 0, "--save {}: cannot read its free space: {}", root, std::strerror(errno));
+  const int64_t avail = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  MOE_CHECK(avail >= bytes,
+            "--save {}: a checkpoint of this model needs {} bytes ({:.2f} GiB: parameters and Adam moments) but its "
+            "file system has {} bytes ({:.2f} GiB) available; free space or choose another --save directory",
+            root, bytes, static_cast<double>(bytes) / gib, avail, static_cast<double>(avail) / gib);
 }
 
 }  // namespace moecore::ckpt

@@ -3,7 +3,11 @@
 // atomic. All ranks write their shards into <root>/iter_0000100.tmp/, every file fsynced; after a barrier rank 0
 // merges the index (refusing any gap or overlap), writes train_state.json, renames the directory into place and
 // only then replaces the marker. A crash at any point leaves the previous checkpoint and marker untouched; the
-// next save removes the stale temporary directory. Not the content: the trainer decides what is stored.
+// next save removes the stale temporary directory. Megatron's marker stays a plain integer (or "release") that its
+// tools read; its checksum and format version live in the sidecar latest_checkpointed_iteration.json, written just
+// before it (metadata.h). Loading refuses what cannot be trusted (a .tmp or incomplete directory, a marker that
+// disagrees with its sidecar, iteration directories without a marker) by name, and a save refuses to replace
+// complete checkpoints the run did not load. Not the content: the trainer decides what is stored.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,7 @@ namespace moecore::ckpt {
 
 inline constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
 inline constexpr const char* kStateFile = "train_state.json";
+inline constexpr const char* kMarkerSidecar = "latest_checkpointed_iteration.json";
 
 // <root>/iter_0000100, or <root>/release for iteration < 0.
 std::string iteration_dir(const std::string& root, int64_t iteration);
@@ -39,11 +44,26 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
 
 struct FoundCheckpoint {
   std::string dir;
-  nlohmann::json state;  // train_state.json
+  nlohmann::json state;  // train_state.json, validated (metadata.h)
+  bool legacy = false;   // written before checksummed metadata: fields validated, no checksum to verify
+  std::string note;      // for the user, when non-empty (e.g. a marker update interrupted by a crash)
 };
 // The checkpoint --load names: a root with a latest marker (its newest complete iteration) or an iteration
-// directory itself. Empty when `path` holds no checkpoint at all (no marker, no index); throws, naming the file,
-// when the marker or the state is broken or names a directory that is not there.
-std::optional<FoundCheckpoint> find_checkpoint(const std::string& path);
+// directory itself; with `step` >= 0 (--ckpt-step) the root's iteration `step`, whatever the marker says. Empty
+// when `path` holds no checkpoint at all (no marker, no index, no complete iteration directory). Throws, naming the
+// file, when the marker, its sidecar, the state or the index is broken or names a directory that is not there; when
+// `path` is a .tmp or incomplete directory; when complete iteration directories are there but no marker.
+std::optional<FoundCheckpoint> find_checkpoint(const std::string& path, int64_t step = -1);
+
+// The complete checkpoints (index.json and train_state.json present) iter_NNNNNNN of `root`, by iteration.
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& root);
+
+// Before the first step of a run saving to `root`: refuses when `root` holds complete checkpoints that a save would
+// overwrite although the run did not load them, i.e. at or after `start_iteration` (the iteration training
+// continues from; -1: nothing loaded, a fresh run), except `loaded_dir` itself when training resumes from it.
+void check_save_overwrites(const std::string& root, int64_t start_iteration, const std::string& loaded_dir);
+// Before the first step: `root` is created, a probe file written and removed (this rank's), and its file system
+// has `bytes` free (statvfs) for one checkpoint; otherwise throws naming the directory, the bytes needed and free.
+void check_save_directory(const std::string& root, int64_t bytes, int64_t rank);
 
 }  // namespace moecore::ckpt

@@ -29,7 +29,13 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
     const ssize_t w = ::write(fd, c, n);
-    MOE_CHECK(w > 0, "cannot write {}: {}", path, std::strerror(errno));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : ENOSPC;
+      ::close(fd);
+      std::remove(path.c_str());  // never a truncated file under the final name
+      MOE_CHECK(false, "cannot write {}: {}", path, std::strerror(err));
+    }
     c += w;
     n -= static_cast<size_t>(w);
   }
@@ -74,8 +80,17 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   write_all(fd, len, 8, path);
   write_all(fd, header.data(), header.size(), path);
   for (const auto& t : tensors) write_all(fd, t.tensor.raw(), t.tensor.nbytes(), path);
-  MOE_CHECK(::fsync(fd) == 0, "cannot fsync {}: {}", path, std::strerror(errno));
-  MOE_CHECK(::close(fd) == 0, "cannot close {}: {}", path, std::strerror(errno));
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    std::remove(path.c_str());
+    MOE_CHECK(false, "cannot fsync {}: {}", path, std::strerror(err));
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    std::remove(path.c_str());
+    MOE_CHECK(false, "cannot close {}: {}", path, std::strerror(err));
+  }
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {

@@ -85,9 +85,10 @@ void run_train_tokenizer(const TrainTokenizerArgs& a) {
   const std::string tj = data::train_bpe_tokenizer_json(corpus, a.vocab_size, {eos});
   std::filesystem::create_directories(a.output);
   const auto path = std::filesystem::path(a.output) / "tokenizer.json";
-  std::ofstream(path) << tj;
-  std::ofstream(std::filesystem::path(a.output) / "tokenizer_config.json")
-      << nlohmann::json({{"eos_token", eos}, {"tokenizer_class", "PreTrainedTokenizerFast"}}).dump(2);
+  // Each file replaced atomically: a full disk leaves an earlier tokenizer in --output as it was.
+  write_file_atomic(path.string(), tj);
+  write_file_atomic((std::filesystem::path(a.output) / "tokenizer_config.json").string(),
+                    nlohmann::json({{"eos_token", eos}, {"tokenizer_class", "PreTrainedTokenizerFast"}}).dump(2));
   const data::Tokenizer t = data::Tokenizer::from_file(path.string());
   const auto ids = t.encode(corpus);
   fmt::print("wrote {} ({} tokens; {:.2f} bytes per token on the training text)\n", path.string(), t.vocab_size(),
@@ -111,9 +112,7 @@ void run_corpus(const CorpusArgs& a) {
   for (const auto& e : fs::directory_iterator(a.source_dir))
     if (e.is_regular_file() && e.path().extension().empty()) files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  const std::string tmp = a.output + ".tmp";
-  std::ofstream out(tmp, std::ios::binary);
-  MOE_CHECK(out.good(), "cannot write {}", tmp);
+  std::string out;
   int64_t n = 0, bytes = 0;
   for (const auto& p : files) {
     const std::string text = read_file(p.string(), "fortune file");
@@ -125,14 +124,13 @@ void run_corpus(const CorpusArgs& a) {
       std::string fortune = text.substr(pos, stop - pos);
       pos = end == std::string::npos ? text.size() : end + 3;
       if (fortune.find_first_not_of(" \t\n") == std::string::npos) continue;
-      out << nlohmann::json({{"text", fortune}}).dump() << '\n';
+      out += nlohmann::json({{"text", fortune}}).dump() + '\n';
       n++;
       bytes += static_cast<int64_t>(fortune.size());
     }
   }
-  out.close();
   MOE_CHECK(n > 0, "no fortunes found in {}", a.source_dir);
-  fs::rename(tmp, a.output);
+  write_file_atomic(a.output, out);
   fmt::print("wrote {}: {} fortunes from {} files, {:.2f} MB of text\n", a.output, n, files.size(),
              static_cast<double>(bytes) / 1e6);
 }

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "moecore/core/error.h"
+#include "moecore/core/file.h"
 
 namespace moecore::data {
 
@@ -244,17 +245,19 @@ void IndexedDatasetBuilder::add_document(const std::vector<int32_t>& tokens, con
     }
   }
   if (!buf_.empty())
-    MOE_CHECK(std::fwrite(buf_.data(), 1, buf_.size(), bin_) == buf_.size(), "write to {} failed: {}", bin_tmp_,
+    MOE_CHECK(std::fwrite(buf_.data(), 1, buf_.size(), bin_) == buf_.size(), "cannot write {}: {}", bin_tmp_,
               std::strerror(errno));
   lengths_.insert(lengths_.end(), lengths.begin(), lengths.end());
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
 void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
-  MOE_CHECK(std::fflush(bin_) == 0 && ::fsync(fileno(bin_)) == 0, "cannot flush {}: {}", bin_tmp_,
-            std::strerror(errno));
-  std::fclose(bin_);
+  const bool flushed = std::fflush(bin_) == 0 && ::fsync(fileno(bin_)) == 0;
+  const int flush_err = errno;
+  const bool closed = std::fclose(bin_) == 0;
   bin_ = nullptr;
+  if (!flushed || !closed) std::remove(bin_tmp_.c_str());
+  MOE_CHECK(flushed && closed, "cannot write {}: {}", bin_tmp_, std::strerror(flushed ? errno : flush_err));
   const std::string idx_tmp = idx_path + ".tmp";
   std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
   MOE_CHECK(f != nullptr, "cannot create {}: {}", idx_tmp, std::strerror(errno));
@@ -272,10 +275,15 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   ok = ok && (seq == 0 || std::fwrite(ptrs.data(), 8, seq, f) == seq);
   ok = ok && std::fwrite(doc_idx_.data(), 8, docs, f) == docs;
   ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  std::fclose(f);
-  MOE_CHECK(ok, "writing {} failed: {}", idx_tmp, std::strerror(errno));
-  std::filesystem::rename(bin_tmp_, bin_path_);
-  std::filesystem::rename(idx_tmp, idx_path);
+  const int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {  // a full disk: the previous .bin/.idx (if any) stay as they were
+    std::remove(idx_tmp.c_str());
+    std::remove(bin_tmp_.c_str());
+  }
+  MOE_CHECK(ok, "cannot write {}: {}", idx_tmp, std::strerror(err != 0 ? err : errno));
+  rename_checked(bin_tmp_, bin_path_);
+  rename_checked(idx_tmp, idx_path);
 }
 
 }  // namespace moecore::data

@@ -78,10 +78,12 @@ nlohmann::json Checkpointing::train_state(const Progress& p) const {
   nlohmann::json counts = nlohmann::json::object();
   for (auto* l : moe_layers(model_)) counts[l->router().weight().name] = l->router().forward_count();
   auto size = [](const std::unique_ptr<comm::ProcessGroup>& g) { return ParallelGroups::size(g); };
-  return {{"format", "moecore-train-state-1"},
+  return {{"format", ckpt::kTrainStateFormat},
           {"moecore_version", MOECORE_VERSION},
           {"iteration", p.iteration},
           {"consumed_samples", p.cursor.consumed_samples},
+          // Where this run's global batch size took effect: consumed_samples follows from it (validated on load).
+          {"run_start", {{"iteration", run_start_iteration_}, {"consumed_samples", run_start_consumed_}}},
           {"optimizer", true},
           {"vocab", {{"size", vocab_.size}, {"padded", vocab_.padded}}},
           {"layout",
@@ -140,7 +142,7 @@ std::string Checkpointing::save(const Progress& prog) {
   const double secs = now_seconds() - t0;
   fmt::print(out_, " saved checkpoint at iteration {} to {} ({} in {:.2f} s)\n", prog.iteration, dir,
              human_bytes(total.item(0)), secs);
-  std::fflush(out_);
+  flush_checked(out_, "training log");
   last_saved_ = prog.iteration;
   return dir;
 }
@@ -189,6 +191,8 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
     }
   }
   last_saved_ = p.iteration;
+  run_start_iteration_ = p.iteration;
+  run_start_consumed_ = p.cursor.consumed_samples;
   loaded_from_ = dir;
   fmt::print(out_, " loaded checkpoint {}: iteration {}, consumed samples {}, {}\n", dir, p.iteration,
              p.cursor.consumed_samples,
@@ -282,18 +286,34 @@ void Checkpointing::upcycle(const std::string& dir, const nlohmann::json& state)
              dir, E, g, r, s);
 }
 
+int64_t Checkpointing::checkpoint_bytes() const {
+  // Parameters and both Adam moments in fp32, over the whole (global) model; the expert bias is negligible.
+  int64_t n = 0;
+  for (const auto& p : reg_.all()) n += ckpt::box_of(*p).global.numel();
+  return 3 * 4 * n;
+}
+
+void Checkpointing::check_save_target() {
+  if (!c_.save.empty() && opt_) ckpt::check_save_directory(c_.save, checkpoint_bytes(), g_.world_rank);
+}
+
 void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
+  if (start.checkpoint && !start.checkpoint->note.empty()) fmt::print(out_, "note: {}\n", start.checkpoint->note);
   if (c_.moe_use_upcycling) {
     // Once the upcycled model is saved, later runs resume it from --save (as Megatron does).
     if (const auto own = ckpt::find_checkpoint(c_.save)) {
+      if (!own->note.empty()) fmt::print(out_, "note: {}\n", own->note);
       load_checkpoint(own->dir, own->state, p);
+      check_save_target();
       return;
     }
     MOE_CHECK(start.checkpoint, "--moe-use-upcycling: --load {} holds no dense checkpoint", c_.load);
     upcycle(start.checkpoint->dir, start.checkpoint->state);
+    check_save_target();
     save(p);
     return;
   }
+  check_save_target();
   if (!c_.load.empty()) {
     if (start.checkpoint) {
       load_checkpoint(start.checkpoint->dir, start.checkpoint->state, p);
@@ -313,7 +333,21 @@ void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
 
 StartPoint find_start_point(const TrainConfig& c) {
   StartPoint s;
-  if (!c.load.empty()) s.checkpoint = ckpt::find_checkpoint(c.load);
+  MOE_CHECK(c.ckpt_step >= -1, "--ckpt-step {}: expected an iteration >= 0", c.ckpt_step);
+  MOE_CHECK(c.ckpt_step < 0 || !c.load.empty(), "--ckpt-step {} needs --load (the directory holding iter_NNNNNNN)",
+            c.ckpt_step);
+  if (!c.load.empty()) s.checkpoint = ckpt::find_checkpoint(c.load, c.ckpt_step);
+  if (!c.save.empty()) {
+    // Before anything is built: a save must never replace complete checkpoints this run did not load. Upcycling
+    // resumes from --save once that holds its checkpoint.
+    const auto loaded = c.moe_use_upcycling ? ckpt::find_checkpoint(c.save) : s.checkpoint;
+    int64_t from = -1;
+    if (loaded) {
+      const bool restart = c.finetune || loaded->state.value("release", false);
+      from = restart ? 0 : loaded->state.at("iteration").get<int64_t>();
+    }
+    ckpt::check_save_overwrites(c.save, from, loaded ? loaded->dir : "");
+  }
   if (s.checkpoint && s.checkpoint->state.contains("vocab"))
     s.vocab_rows = s.checkpoint->state["vocab"].value("padded", int64_t{0});
   if (!s.checkpoint && !c.load_hf.empty()) {

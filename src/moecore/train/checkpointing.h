@@ -11,6 +11,7 @@
 
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
+#include "moecore/ckpt/metadata.h"
 #include "moecore/optim/chained_optimizer.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
@@ -62,6 +63,9 @@ class Checkpointing {
   std::vector<ckpt::LoadTarget> load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v);
   nlohmann::json train_state(const Progress& p) const;
   void refresh_master();
+  // The bytes one checkpoint takes (parameters and Adam moments), and the --save checks before the first step.
+  int64_t checkpoint_bytes() const;
+  void check_save_target();
 
   const TrainConfig& c_;
   std::FILE* out_;
@@ -72,6 +76,7 @@ class Checkpointing {
   optim::ChainedOptimizer* opt_;
   std::string loaded_from_;
   int64_t last_saved_ = -1;
+  int64_t run_start_iteration_ = 0, run_start_consumed_ = 0;  // where this run's batch size took effect
 };
 
 }  // namespace moecore::train

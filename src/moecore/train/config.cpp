@@ -154,6 +154,10 @@ std::vector<FlagSpec> build_flag_table() {
        {"save-interval", &C::save_interval, "Steps between checkpoints (0: at the end only)", kNoRole, at_least(0)},
        {"load", &C::load,
         "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
+       {"ckpt-step", &C::ckpt_step,
+        "Load iteration N of --load (its iter_NNNNNNN directory) instead of the one its marker names (-1: the "
+        "marker's)",
+        kNoRole, at_least(-1)},
        {"finetune", &C::finetune,
         "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
        {"no-load-optim", &C::no_load_optim, "Do not load the optimizer state (Adam moments)"},

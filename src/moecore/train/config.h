@@ -91,6 +91,7 @@ struct TrainConfig {
   int64_t save_interval = 0, exit_interval = 0;
   bool exit_signal_handler = false;
   std::string exit_signal = "SIGTERM";
+  int64_t ckpt_step = -1;  // -1: the iteration the marker names
   bool finetune = false, no_load_optim = false, no_load_rng = false;
   bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;

@@ -60,11 +60,13 @@ nlohmann::json IntervalSums::to_json() const {
 }
 
 IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
+  // JSON writes NaN as null: read it back as NaN (a diverged run's sums still resume).
+  auto num = [](const nlohmann::json& v) { return v.is_null() ? std::nan("") : v.get<double>(); };
   IntervalSums s;
-  s.lm_loss = j.at("lm_loss").get<double>();
-  s.grad_norm = j.at("grad_norm").get<double>();
-  s.z_loss = j.at("z_loss").get<double>();
-  s.aux = j.at("aux").get<std::vector<double>>();
+  s.lm_loss = num(j.at("lm_loss"));
+  s.grad_norm = num(j.at("grad_norm"));
+  s.z_loss = num(j.at("z_loss"));
+  for (const auto& a : j.at("aux")) s.aux.push_back(num(a));
   s.steps = j.at("steps").get<int64_t>();
   return s;
 }
@@ -84,19 +86,15 @@ MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& 
   if (metrics_file.empty()) return;
   // A resumed run appends to the history (lines past the checkpoint from an interrupted run repeat iterations;
   // the later line is the one that counts).
-  file_ = std::fopen(metrics_file.c_str(), resume ? "a" : "w");
-  MOE_CHECK(file_ != nullptr, "cannot write --metrics-file {}", metrics_file);
-}
-
-MetricsLog::~MetricsLog() {
-  if (file_) std::fclose(file_);
+  try {
+    file_.open(metrics_file, resume);
+  } catch (const Error& e) {
+    MOE_CHECK(false, "--metrics-file: {}", e.what());
+  }
 }
 
 void MetricsLog::write_json(const nlohmann::json& line) {
-  if (!file_) return;
-  std::fputs(line.dump().c_str(), file_);
-  std::fputc('\n', file_);
-  std::fflush(file_);
+  if (file_.is_open()) file_.write_line(line.dump());
 }
 
 void MetricsLog::log_validation(int64_t iteration, double v) {
@@ -161,7 +159,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
                iteration, c_.train_iters, consumed_samples, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n, tps,
                gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
                human_bytes(static_cast<double>(mem.peak_bytes)));
-    std::fflush(out_);
+    flush_checked(out_, "training log");
   }
   write_json(j);
   const size_t types = sums.aux.size();

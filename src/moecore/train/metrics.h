@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/core/file.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/train/config.h"
 #include "moecore/train/memory_plan.h"
@@ -44,7 +45,6 @@ class MetricsLog {
  public:
   // `out`: the console (null: nothing printed); `metrics_file`: JSON lines (empty: none), appended when `resume`.
   MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume);
-  ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
@@ -58,7 +58,7 @@ class MetricsLog {
  private:
   const TrainConfig& c_;
   std::FILE* out_;
-  std::FILE* file_ = nullptr;
+  LineFile file_;  // every line checked: a full disk ends the run naming the file
 };
 
 // Parameters, gradients, optimizer state and activations per micro-batch of the built model (this rank's

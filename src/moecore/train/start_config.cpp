@@ -31,7 +31,7 @@ void apply_hf_config(TrainConfig& c, const std::string& hf_dir) {
 
 void apply_checkpoint_args(TrainConfig& c) {  // Megatron's --use-checkpoint-args: the checkpoint's model flags win
   MOE_CHECK(!c.load.empty(), "--use-checkpoint-args needs --load");
-  const auto found = ckpt::find_checkpoint(c.load);
+  const auto found = ckpt::find_checkpoint(c.load, c.ckpt_step);
   MOE_CHECK(found, "--use-checkpoint-args: --load {} holds no checkpoint", c.load);
   const auto& saved = found->state.at("config");
   nlohmann::json model = nlohmann::json::object();

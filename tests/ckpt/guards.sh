@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Checkpoint guards and I/O errors at the command line (one process; no privileges needed):
+#  1. a fresh run whose --save holds complete checkpoints is refused before training, every file unchanged;
+#  2. the marker removed: --load D --save D is refused listing the iteration directories (it used to start from
+#     scratch and overwrite them); --ckpt-step 4 resumes iteration 4 and saves on; the marker stays a plain integer;
+#  3. --load of a .tmp directory is refused by name;
+#  4. --save under a regular file is refused before the first step;
+#  5. --metrics-file /dev/full ends the run naming the file and ENOSPC;
+#  6. a full disk during a save (ulimit -f, SIGXFSZ ignored: EFBIG) ends the run naming the file and leaves the
+#     previous checkpoint, the marker and its sidecar exactly as they were;
+#  7. a full disk while train-tokenizer replaces its output ends it naming the file; the earlier tokenizer stays.
+# Usage: guards.sh MOECORE MPIRUN [MPIRUN ARGS...]
+source "$(dirname "$0")/script_setup.sh"
+A=(--mock-data --vocab-size 64 --num-layers 2 --num-attention-heads 2 --disable-bias-linear
+  --num-experts 4 --seq-length 16 --eval-iters 0 --global-batch-size 8 --lr-decay-style constant --lr-decay-iters 1000 --log-interval 1)
+sums() { (cd "$1" && find . -type f | sort | xargs sha256sum); }
+H=(--hidden-size 32)
+train() { "$moecore" train "${A[@]}" "${H[@]}" "$@"; }
+big() { "$moecore" train "${A[@]}" --hidden-size 128 "$@"; }
+
+train --train-iters 4 --save "$D/ck" --save-interval 2 >"$D/first.log" 2>&1 || fail "first run: $(tail -3 "$D/first.log")"
+[ "$(cat "$D/ck/latest_checkpointed_iteration.txt")" = 4 ] || fail "the marker is not Megatron's plain integer"
+[ -f "$D/ck/latest_checkpointed_iteration.json" ] || fail "no marker sidecar"
+before=$(sums "$D/ck")
+
+# 1. A fresh run into a directory of checkpoints.
+train --train-iters 4 --save "$D/ck" >"$D/fresh.log" 2>&1 && fail "a fresh run was allowed to save over checkpoints"
+grep -q -- "--save $D/ck already holds complete checkpoints (iter_0000002, iter_0000004) and this run loads none" \
+  "$D/fresh.log" || fail "fresh run: $(tail -3 "$D/fresh.log")"
+grep -q "iteration .*/" "$D/fresh.log" && fail "the refused run trained"
+[ "$(sums "$D/ck")" = "$before" ] || fail "a refused run changed the checkpoints"
+echo "fresh run over checkpoints: refused before training"
+
+# 2. The marker missing.
+rm "$D/ck/latest_checkpointed_iteration.txt"
+before=$(sums "$D/ck")
+train --train-iters 6 --load "$D/ck" --save "$D/ck" >"$D/nomarker.log" 2>&1 && fail "loaded without a marker"
+grep -q "holds complete checkpoints: iter_0000002, iter_0000004; choose one with --ckpt-step N" "$D/nomarker.log" ||
+  fail "no marker: $(tail -3 "$D/nomarker.log")"
+[ "$(sums "$D/ck")" = "$before" ] || fail "the refused run changed the checkpoints"
+train --train-iters 6 --load "$D/ck" --save "$D/ck" --ckpt-step 4 >"$D/step.log" 2>&1 ||
+  fail "--ckpt-step 4: $(tail -3 "$D/step.log")"
+grep -q "loaded checkpoint $D/ck/iter_0000004: iteration 4" "$D/step.log" || fail "--ckpt-step 4 did not load 4"
+[ "$(cat "$D/ck/latest_checkpointed_iteration.txt")" = 6 ] || fail "no save at iteration 6"
+echo "no marker: refused listing the iterations; --ckpt-step 4 resumed"
+
+# 3. A temporary directory.
+cp -r "$D/ck/iter_0000006" "$D/ck/iter_0000008.tmp"
+train --train-iters 10 --load "$D/ck/iter_0000008.tmp" >"$D/tmp.log" 2>&1 && fail "loaded a .tmp directory"
+grep -q -- "--load $D/ck/iter_0000008.tmp is the temporary directory of a checkpoint save that did not finish" \
+  "$D/tmp.log" || fail ".tmp: $(tail -3 "$D/tmp.log")"
+rm -r "$D/ck/iter_0000008.tmp"
+echo ".tmp directory: refused by name"
+
+# 4. An unwritable --save.
+touch "$D/file"
+train --train-iters 2 --save "$D/file/ck" >"$D/unwritable.log" 2>&1 && fail "saved under a regular file"
+grep -q -- "--save $D/file/ck: cannot create the directory" "$D/unwritable.log" ||
+  fail "unwritable: $(tail -3 "$D/unwritable.log")"
+grep -q "iteration .*/" "$D/unwritable.log" && fail "the refused run trained"
+echo "unwritable --save: refused before the first step"
+
+# 5. The metrics file on a full device.
+train --train-iters 2 --metrics-file /dev/full >"$D/full.log" 2>&1 && fail "a full metrics device went unnoticed"
+grep -q "cannot write /dev/full: No space left on device" "$D/full.log" || fail "/dev/full: $(tail -3 "$D/full.log")"
+echo "metrics file on a full device: the run ended naming it"
+
+# 6. A full disk during a save. MPI's start-up needs a few MiB of files, so the model is made larger than the
+#    limit (hidden 128: about 20 MB per checkpoint) and the limit set to 8 MiB.
+big --train-iters 2 --save "$D/big" >"$D/big.log" 2>&1 || fail "big: $(tail -3 "$D/big.log")"
+before=$(sums "$D/big")
+(
+  trap '' XFSZ
+  ulimit -f 8192
+  exec "$moecore" train "${A[@]}" --hidden-size 128 --train-iters 4 --load "$D/big" --save "$D/big"
+) >"$D/efbig.log" 2>&1 && fail "a save on a full disk went unnoticed"
+grep -q "cannot write $D/big/iter_0000004.tmp/model_rank00000.safetensors: File too large" "$D/efbig.log" ||
+  fail "full disk: $(tail -3 "$D/efbig.log")"
+[ "$(sums "$D/big")" = "$before" ] || fail "a failed save changed the previous checkpoint or the marker"
+[ -e "$D/big/iter_0000004.tmp" ] && fail "the failed save left its temporary directory"
+echo "full disk during a save: the run ended naming the file; iteration 2 intact"
+# 7. train-tokenizer on a full disk.
+for i in $(seq 300); do echo "the quick brown fox $i jumps over the lazy dog"; done >"$D/corpus.txt"
+"$moecore" train-tokenizer --input "$D/corpus.txt" --vocab-size 400 --output "$D/tok" >"$D/tok.log" 2>&1 ||
+  fail "train-tokenizer: $(tail -3 "$D/tok.log")"
+before=$(sums "$D/tok")
+(
+  trap '' XFSZ
+  ulimit -f 4
+  exec "$moecore" train-tokenizer --input "$D/corpus.txt" --vocab-size 500 --output "$D/tok"
+) >"$D/tokfull.log" 2>&1 && fail "train-tokenizer on a full disk went unnoticed"
+grep -q "cannot write $D/tok/tokenizer.json.tmp: File too large" "$D/tokfull.log" ||
+  fail "tokenizer full disk: $(tail -3 "$D/tokfull.log")"
+[ "$(sums "$D/tok")" = "$before" ] || fail "a failed train-tokenizer changed the earlier tokenizer"
+echo "full disk in train-tokenizer: ended naming the file; the earlier tokenizer intact"
+echo "checkpoint guards: all checks passed"
