@@ -277,7 +277,7 @@ std::vector<ShardRecord> read_model_index(const std::string& dir) {
   } catch (const std::exception& e) {
     MOE_CHECK(false, "{} is not valid JSON ({})", path, e.what());
   }
-  MOE_CHECK(j.is_object() && j.value("format", "") == "moecore-native-1" && j.contains("shards"),
+  MOE_CHECK(j.is_object() && j.value("format", nlohmann::json()) == "moecore-native-1" && j.contains("shards"),
             "{} is not a moecore-native-1 index", path);
   auto recs = parse_records(j["shards"], path);
   const auto problems = tiling_problems(recs);

@@ -105,7 +105,7 @@ std::optional<FoundCheckpoint> find_checkpoint(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     MOE_CHECK(false, "{} is not valid JSON ({}): the checkpoint is corrupt", sp, e.what());
   }
-  MOE_CHECK(f.state.is_object() && f.state.value("format", "") == "moecore-train-state-1",
+  MOE_CHECK(f.state.is_object() && f.state.value("format", nlohmann::json()) == "moecore-train-state-1",
             "{} is not a moecore training state (format moecore-train-state-1)", sp);
   return f;
 }
