@@ -7,6 +7,7 @@
 # A finding (crash, sanitizer report, timeout, out-of-memory) fails the run and leaves the input in
 # WORK/artifacts/; add it to the target's corpus as a regression case once fixed.
 set -euo pipefail
+export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"  # where, not only what
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="$1"
 work="$2"
