@@ -20,7 +20,7 @@ PACKAGES=(
   fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl fortunes-cs  # multilingual tokenizer test text
   clang-format
   python3-numpy        # independent reference of the Qwen3-MoE and Mixtral forward pass (HF interop test)
-  clang-14 libfuzzer-14-dev     # libFuzzer targets (.idx reader, tokenizer.json loader)
+  clang-14 libfuzzer-14-dev     # the sanitized stage: ASan+UBSan build and libFuzzer targets (tests/fuzz)
 )
 
 missing=()

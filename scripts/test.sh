@@ -1,8 +1,29 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh clone: install dependencies, configure, build, run CTest.
+# The whole test suite from a fresh clone, in two stages, each timed:
+#   1. install dependencies, configure and build (g++, Release), CTest without the sanitizer tests;
+#   2. the sanitized stage: clang-14 ASan+UBSan build of the library, fuzz targets and unit tests
+#      (tests/fuzz/CMakeLists.txt), the unit tests run against it, every fuzz target for a short run on its seed
+#      corpus (CTest sanitized_build, sanitized_unit_tests, fuzz_all_targets; a finding fails the run).
+# Budget: under 15 minutes on the 2-core build machine (docs/reliability.md has the measured times).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_BUILD_TESTS=ON
-cmake --build build -j"$(nproc)"
-ctest --test-dir build --output-on-failure
+start=$(date +%s)
+times=()
+stage() {  # stage NAME COMMAND...: runs it, records its seconds
+  local name="$1" t0
+  shift
+  t0=$(date +%s)
+  echo "=== test.sh: $name"
+  "$@"
+  times+=("$name: $(($(date +%s) - t0)) s")
+  echo "=== test.sh: $name took $(($(date +%s) - t0)) s"
+}
+sanitized='^(sanitized_|fuzz_)'
+stage "install dependencies" bash scripts/install-deps.sh
+stage "configure and build" bash -c 'cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_BUILD_TESTS=ON &&
+  cmake --build build -j"$(nproc)"'
+stage "stage 1: tests" ctest --test-dir build --output-on-failure -E "$sanitized"
+stage "stage 2: sanitized build, unit tests and fuzzing" ctest --test-dir build --output-on-failure -R "$sanitized"
+echo "=== test.sh: times"
+for t in "${times[@]}"; do echo "  $t"; done
+echo "  total: $(($(date +%s) - start)) s"

@@ -1,31 +1,61 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang and runs each for a bounded number of iterations from a seed corpus
-# (a valid .idx and a small trained tokenizer.json made by the moecore binary). Usage: run.sh MOECORE_BIN RUNS
+# The sanitized build and what runs in it (stage 2 of scripts/test.sh; CTest tests sanitized_build,
+# sanitized_unit_tests and fuzz_all_targets). Usage:
+#   run.sh build WORK            configure and build tests/fuzz/CMakeLists.txt with clang-14 into WORK
+#   run.sh unit WORK [FILTER]    the unit tests built against the ASan+UBSan library (a gtest filter)
+#   run.sh fuzz WORK [SECONDS]   every libFuzzer target for SECONDS (default 10) from tests/fuzz/corpus/<target>/
+# A finding (crash, sanitizer report, timeout, out-of-memory) fails the run and leaves the input in
+# WORK/artifacts/; add it to the target's corpus as a regression case once fixed.
 set -euo pipefail
+export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"  # where, not only what
 here="$(cd "$(dirname "$0")" && pwd)"
-moecore="$1"
-runs="${2:-20000}"
-work="$(dirname "$moecore")/fuzz"
+mode="$1"
+work="$2"
 mkdir -p "$work"
-cmake -S "$here" -B "$work/build" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$work/build" | grep -v "^\[" || true
-test -x "$work/build/fuzz_index" && test -x "$work/build/fuzz_tokenizer_json"
-# Seeds: a real preprocess output and a trained tokenizer.
-seeds="$work/seeds"
-rm -rf "$seeds" && mkdir -p "$seeds/idx" "$seeds/tok"
-printf 'the cat sat on the mat\nthe dog sat\n' > "$seeds/text.txt"
-"$moecore" train-tokenizer --input "$seeds/text.txt" --vocab-size 270 --output "$seeds/tk" >/dev/null
-cp "$seeds/tk/tokenizer.json" "$seeds/tok/seed.json"
-printf '{"text": "the cat"}\n{"text": ""}\n{"text": "sat on the mat"}\n' > "$seeds/in.jsonl"
-"$moecore" preprocess --input "$seeds/in.jsonl" --output-prefix "$seeds/p" --tokenizer-type HuggingFaceTokenizer \
-  --tokenizer-model "$seeds/tk" --append-eod --workers 1 >/dev/null 2>&1
-binsize=$(stat -c %s "$seeds/p_text_document.bin")
-python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<I', $binsize))" > "$seeds/idx/seed"
-cat "$seeds/p_text_document.idx" >> "$seeds/idx/seed"
-for t in fuzz_index:idx fuzz_tokenizer_json:tok; do
-  exe="${t%%:*}"; dir="${t##*:}"
-  echo "fuzzing $exe"
-  n=$runs; [ "$exe" = fuzz_index ] && n=$((runs * 10))
-  "$work/build/$exe" -runs="$n" -max_len=8192 -rss_limit_mb=2048 -timeout=20 "$seeds/$dir" 2>&1 | tail -3
-done
-echo "fuzz: all targets completed $runs runs without a finding"
+case "$mode" in
+build)
+  cmake -S "$here" -B "$work/build" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
+  # The log keeps clang's warnings (OpenMP simd hints it cannot honour at -O1) out of the test output.
+  cmake --build "$work/build" -j"$(nproc)" >"$work/build.log" 2>&1 || {
+    grep -B2 -A8 "error" "$work/build.log" | head -80
+    echo "sanitized build: FAILED (log: $work/build.log)"
+    exit 1
+  }
+  test -x "$work/build/moecore_san_tests"
+  for t in "$here"/corpus/*/; do test -x "$work/build/$(basename "$t")"; done
+  echo "sanitized build: done"
+  ;;
+unit)
+  # LeakSanitizer stays on: a leak fails the run like any other report.
+  "$work/build/moecore_san_tests" --gtest_filter="${3:-*}" --gtest_brief=1
+  ;;
+fuzz)
+  seconds="${3:-10}"
+  n=0
+  failed=""
+  for dir in "$here"/corpus/*/; do
+    t="$(basename "$dir")"
+    out="$work/corpus/$t"  # what the run finds goes here, not into the source tree
+    rm -rf "$out" && mkdir -p "$out" "$work/artifacts"
+    echo "fuzzing $t for ${seconds} s from $(ls "$dir" | wc -l) seeds"
+    "$work/build/$t" -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
+      -artifact_prefix="$work/artifacts/$t-" "$out" "$dir" >"$work/$t.log" 2>&1 || {
+      grep -E "ERROR|SUMMARY|terminate|what\(\)|^    #[0-9] |#1[0-9] .*moecore|Test unit written" "$work/$t.log" | head -40
+      echo "fuzz: FINDING in $t (log $work/$t.log, input in $work/artifacts/)"
+      failed="$failed $t"
+    }
+    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$t.log" | tr '\n' ' '
+    echo
+    n=$((n + 1))
+  done
+  if [ -n "${failed:-}" ]; then
+    echo "fuzz: findings in$failed"
+    exit 1
+  fi
+  echo "fuzz: all $n targets ran ${seconds} s each without a finding"
+  ;;
+*)
+  echo "usage: run.sh build|unit|fuzz WORK [ARG]" >&2
+  exit 2
+  ;;
+esac

@@ -134,6 +134,13 @@ void write_model_shards(const std::string& dir, int64_t rank, const std::vector<
 }
 
 namespace {
+// A list of integers; get<std::vector<int64_t>>() would cast floats, undefined beyond int64's range (fuzzing).
+std::vector<int64_t> integers(const nlohmann::json& j) {
+  MOE_CHECK(j.is_array(), "not a list: {}", j.dump());
+  for (const auto& x : j) MOE_CHECK(x.is_number_integer(), "not an integer: {}", x.dump());
+  return j.get<std::vector<int64_t>>();
+}
+
 std::vector<ShardRecord> parse_records(const nlohmann::json& j, const std::string& where) {
   std::vector<ShardRecord> out;
   MOE_CHECK(j.is_array(), "{}: expected a list of shards", where);
@@ -142,9 +149,9 @@ std::vector<ShardRecord> parse_records(const nlohmann::json& j, const std::strin
       ShardRecord r;
       r.name = e.at("name").get<std::string>();
       r.file = e.at("file").get<std::string>();
-      r.box.global = shape_of(e.at("global").get<std::vector<int64_t>>());
-      r.box.offset = e.at("offset").get<std::vector<int64_t>>();
-      r.box.size = shape_of(e.at("size").get<std::vector<int64_t>>());
+      r.box.global = shape_of(integers(e.at("global")));
+      r.box.offset = integers(e.at("offset"));
+      r.box.size = shape_of(integers(e.at("size")));
       const std::string dt = e.at("dtype").get<std::string>();
       MOE_CHECK(dt == "F32" || dt == "F64", "dtype {}", dt);
       r.dtype = dt == "F32" ? DType::F32 : DType::F64;

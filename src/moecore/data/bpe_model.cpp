@@ -1,9 +1,11 @@
-// Applying BPE merges to a word (see bpe_model.h). Quadratic in the word's length: every round rescans all
-// adjacent pairs for the lowest rank. Words are short and cached per thread, so this rarely matters.
+// Applying BPE merges to a word (see bpe_model.h) in O(n log n) of the word's length n, as HuggingFace's
+// Word::merge_all does: symbols in a linked list, a min-heap of merge candidates (rank, position of the left
+// symbol). A word the pre-tokenizer cannot split (a megabyte of letters) must not cost n^2.
 #include "moecore/data/bpe_model.h"
 
+#include <algorithm>
 #include <atomic>
-#include <climits>
+#include <limits>
 
 #include "moecore/core/error.h"
 
@@ -68,6 +70,71 @@ std::optional<int32_t> BpeModel::id_of(const std::string& raw) const {
   return it->second;
 }
 
+namespace {
+// A symbol of the word being merged: its id and its neighbours (indices into the symbol array, -1 at an end).
+// A symbol absorbed into its left neighbour is dead: next == kDead.
+struct Symbol {
+  int32_t id, prev, next;
+};
+constexpr int32_t kDead = -2;
+// A possible merge of the symbol at `pos` with its right neighbour. Candidates are never removed when a merge
+// changes their symbols; a popped candidate is checked against the symbols as they are now (stale: skipped).
+struct Candidate {
+  int32_t rank, pos;
+};
+// std::push_heap keeps the "largest" on top: the lowest rank, then the leftmost position, is the largest here.
+bool later(const Candidate& a, const Candidate& b) {
+  return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+}
+}  // namespace
+
+// The merges in the order of the reference algorithm (repeat: merge the lowest-rank adjacent pair, the leftmost
+// of equals). Equal because the heap holds every adjacent pair that has a merge (each pair formed is pushed), a
+// popped candidate is applied only if the pair now at `pos` still has exactly that rank (ranks name pairs), and
+// positions grow left to right along the list. At most n - 1 + 2 * merges <= 3n candidates: O(n log n).
+void BpeModel::merge_all(std::string_view word, std::vector<int32_t>& sym) const {
+  thread_local std::vector<Symbol> syms;
+  thread_local std::vector<Candidate> heap;
+  MOE_CHECK(word.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+            "a pre-tokenized word of {} bytes: words must stay below 2 GiB", word.size());
+  const auto n = static_cast<int32_t>(word.size());
+  syms.resize(word.size());
+  heap.clear();
+  for (int32_t i = 0; i < n; i++)
+    syms[static_cast<size_t>(i)] = {byte_id_[static_cast<unsigned char>(word[static_cast<size_t>(i)])], i - 1,
+                                    i + 1 < n ? i + 1 : -1};
+  auto push_pair = [&](int32_t pos) {
+    const Symbol& l = syms[static_cast<size_t>(pos)];
+    if (const auto* hit = merges_.find(l.id, syms[static_cast<size_t>(l.next)].id)) {
+      heap.push_back({hit->first, pos});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+  };
+  for (int32_t i = 0; i + 1 < n; i++) push_pair(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Candidate c = heap.back();
+    heap.pop_back();
+    Symbol& l = syms[static_cast<size_t>(c.pos)];
+    if (l.next < 0) continue;  // dead, or now the last symbol
+    Symbol& r = syms[static_cast<size_t>(l.next)];
+    const auto* hit = merges_.find(l.id, r.id);
+    if (!hit || hit->first != c.rank) continue;  // stale: a neighbour changed since the candidate was pushed
+    l.id = hit->second;
+    l.next = r.next;
+    r.next = kDead;
+    if (l.next >= 0) syms[static_cast<size_t>(l.next)].prev = c.pos;
+    if (l.prev >= 0) push_pair(l.prev);
+    if (l.next >= 0) push_pair(c.pos);
+  }
+  sym.clear();
+  for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) sym.push_back(syms[static_cast<size_t>(i)].id);
+  if (syms.capacity() > (size_t{1} << 16)) {  // a huge word: do not keep its scratch for the thread's lifetime
+    syms = {};
+    heap = {};
+  }
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   // Per-thread cache of whole words: text repeats words constantly.
   struct Cache {
@@ -87,25 +154,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   if (ignore_merges_) {
     if (auto it = bytes_to_id_.find(std::string(word)); it != bytes_to_id_.end()) sym.push_back(it->second);
   }
-  if (sym.empty()) {
-    sym.reserve(word.size());
-    for (unsigned char c : word) sym.push_back(byte_id_[c]);
-    while (sym.size() > 1) {
-      int32_t best_rank = INT32_MAX, best_id = -1;
-      size_t best_i = 0;
-      for (size_t i = 0; i + 1 < sym.size(); i++) {
-        const auto* hit = merges_.find(sym[i], sym[i + 1]);
-        if (hit && hit->first < best_rank) {
-          best_rank = hit->first;
-          best_id = hit->second;
-          best_i = i;
-        }
-      }
-      if (best_id < 0) break;
-      sym[best_i] = best_id;
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_i) + 1);
-    }
-  }
+  if (sym.empty()) merge_all(word, sym);
   out.insert(out.end(), sym.begin(), sym.end());
   if (cache.map.size() > 200000) cache.map.clear();
   cache.map.emplace(std::string(word), std::move(sym));

@@ -1,6 +1,6 @@
 // The BPE model of a byte-level tokenizer: vocabulary ids of raw byte strings and merge ranks, and applying the
-// merges to one word (lowest rank first, leftmost first: HuggingFace's order). Not JSON parsing (tokenizer.cpp),
-// not pre-tokenization (text_pipeline.h), not training (bpe_trainer.h).
+// merges to one word (lowest rank first, leftmost first: HuggingFace's order) in O(n log n) of its length. Not JSON
+// parsing (tokenizer.cpp), not pre-tokenization (text_pipeline.h), not training (bpe_trainer.h).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +49,8 @@ class BpeModel {
   std::optional<int32_t> id_of(const std::string& raw) const;
 
  private:
+  // The merges applied to the bytes of `word` (non-empty), ids into `sym`.
+  void merge_all(std::string_view word, std::vector<int32_t>& sym) const;
   std::unordered_map<std::string, int32_t> bytes_to_id_;
   int32_t byte_id_[256];
   MergeTable merges_;

@@ -152,6 +152,9 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
         2 * static_cast<int64_t>(vocab.size() + j.value("added_tokens", json::array()).size()) + 1024;
     int32_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      // Checked first: get<int64_t>() casts a float, undefined beyond int64's range (found by fuzz_tokenizer_json).
+      MOE_CHECK(it.value().is_number_integer(), "{}: token '{}' has id {}, not an integer", src, it.key(),
+                it.value().dump());
       const int64_t id = it.value().get<int64_t>();
       MOE_CHECK(id >= 0 && id < id_bound, "{}: token '{}' has id {}, outside [0, {}) for a vocabulary of {} tokens",
                 src, it.key(), id, id_bound, vocab.size());
@@ -174,6 +177,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     m.model->set_merges(parse_merges(model.at("merges"), vocab, src));
     // Added tokens.
     for (const auto& a : j.value("added_tokens", json::array())) {
+      MOE_CHECK(a.at("id").is_number_integer(), "{}: added token id {} is not an integer", src, a.at("id").dump());
       AddedToken at{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
                     a.value("lstrip", false), a.value("rstrip", false)};
       MOE_CHECK(at.id >= 0 && at.id < id_bound && !at.content.empty(), "{}: invalid added token (id {})", src, at.id);

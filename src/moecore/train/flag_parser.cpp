@@ -13,17 +13,8 @@ namespace moecore::train {
 
 namespace {
 
-// A --config file: its keys are flag names (with dashes or underscores), its values scalars or lists.
-FlagLayer yaml_layer(const std::string& file) {
-  FlagLayer layer{"--config " + file, {}};
-  YAML::Node yaml;
-  try {
-    yaml = YAML::LoadFile(file);
-  } catch (const YAML::Exception& e) {
-    MOE_CHECK(false, "--config {}: not valid YAML: {}", file, e.what());
-  }
-  MOE_CHECK(yaml.IsMap() || yaml.IsNull(), "--config {}: expected a mapping of flag names to values", file);
-  if (!yaml.IsMap()) return layer;
+// The mapping's keys and values into `layer` (yaml-cpp conversions throw YAML::Exception).
+void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer& layer) {
   for (const auto& kv : yaml) {
     const std::string key = kv.first.as<std::string>();
     std::string name = key;
@@ -39,6 +30,25 @@ FlagLayer yaml_layer(const std::string& file) {
       vals.push_back(kv.second.as<std::string>());
     }
     layer.values.emplace_back(name, std::move(vals));
+  }
+}
+
+// A --config file: its keys are flag names (with dashes or underscores), its values scalars or lists.
+FlagLayer yaml_layer(const std::string& file) {
+  FlagLayer layer{"--config " + file, {}};
+  YAML::Node yaml;
+  try {
+    yaml = YAML::LoadFile(file);
+  } catch (const YAML::Exception& e) {
+    MOE_CHECK(false, "--config {}: not valid YAML: {}", file, e.what());
+  }
+  MOE_CHECK(yaml.IsMap() || yaml.IsNull(), "--config {}: expected a mapping of flag names to values", file);
+  if (!yaml.IsMap()) return layer;
+  // Conversions throw too (a key or list element that is itself a map; found by fuzz_yaml_config).
+  try {
+    add_yaml_values(yaml, file, layer);
+  } catch (const YAML::Exception& e) {
+    MOE_CHECK(false, "--config {}: {} (keys and values must be scalars, or lists of scalars)", file, e.what());
   }
   return layer;
 }

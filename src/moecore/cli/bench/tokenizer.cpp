@@ -1,5 +1,6 @@
 // `moecore bench tokenizer`: tokenizer encode MB/s on one thread (steady state and cold cache) and on several
-// worker threads, over documents of a text file. Not preprocessing (no dataset files are written).
+// worker threads, over documents of a text file, and on one long run of letters the pre-tokenizer cannot split
+// (BPE's worst case: its cost must stay O(n log n) in the word). Not preprocessing (no dataset files are written).
 #include "moecore/data/tokenizer.h"
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@ namespace {
 struct TokenizerBenchArgs {
   std::string tokenizer_json, input;
   int workers = 2;
+  int64_t no_split_bytes = 1000000;
 };
 
 // The text: a file, or by default the English fortunes shipped by Debian.
@@ -30,6 +32,20 @@ std::string bench_text(const std::string& input) {
   }
   MOE_CHECK(!text.empty(), "no default text: the Debian package 'fortunes' is not installed; pass --input FILE");
   return text;
+}
+
+// `bytes` bytes of the text's ASCII letters with everything else dropped: one pre-tokenizer word (\p{L}+) of
+// English-like letter statistics, so the merges fire as they would inside real words.
+std::string no_split_text(const std::string& text, int64_t bytes) {
+  std::string letters;
+  for (char c : text)
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) letters += c;
+  MOE_CHECK(!letters.empty(), "the bench text has no ASCII letters to build the no-split word from");
+  std::string word;
+  word.reserve(static_cast<size_t>(bytes));
+  while (static_cast<int64_t>(word.size()) < bytes) word += letters;
+  word.resize(static_cast<size_t>(bytes));
+  return word;
 }
 
 // Documents: paragraphs separated by the fortune delimiter or blank lines, as a JSONL corpus would give them.
@@ -87,6 +103,16 @@ void run_bench_tokenizer(const TokenizerBenchArgs& a) {
     MOE_ASSERT(t2 == tokens);
     fmt::print("  {} workers: {:7.2f} MB/s from cold caches ({:.2f} MB/s per worker)\n", workers, many, many / workers);
   }
+  if (a.no_split_bytes > 0) {
+    // Not in the word cache (never seen), so this is the BPE merge loop on one word of the full length.
+    const std::string word = no_split_text(text, a.no_split_bytes);
+    const Stopwatch timer;
+    const size_t n = tok.encode(word).size();
+    const double seconds = timer.seconds();
+    const double rate = static_cast<double>(word.size()) / 1e6 / seconds;
+    fmt::print("  no-split word: bytes={} tokens={} seconds={:.3f} mb_s={:.4g} normal_cold_mb_s={:.2f} ratio={:.3g}\n",
+               word.size(), n, seconds, rate, cold, rate / cold);
+  }
 }
 }  // namespace
 
@@ -98,6 +124,10 @@ BenchCommand add_tokenizer_bench(CLI::App& bench) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--input", a->input, "Text file (default: Debian's English fortunes)")->check(CLI::ExistingFile);
   cmd->add_option("--workers", a->workers, "Worker threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--no-split-bytes", a->no_split_bytes,
+                  "Also time one word of this many letters without a pre-tokenizer split (0: skip)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   return {cmd, [a] { run_bench_tokenizer(*a); }};
 }
 
