@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -85,7 +86,8 @@ nlohmann::json mixtral_config() {
 
 // Writes an HF directory: every tensor of the architecture drawn from N(0, 0.2²) (norm weights 1 + N(0, 0.1²)),
 // stored as bf16 across two shards with model.safetensors.index.json.
-void write_hf(const std::string& dir, const nlohmann::json& config) {
+// `nan_in`: an HF tensor name whose element 3 is written as NaN (a damaged download).
+void write_hf(const std::string& dir, const nlohmann::json& config, const std::string& nan_in = "") {
   fs::create_directories(dir);
   std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
   const auto arch = ckpt::hf_architecture(config, "test");
@@ -100,6 +102,7 @@ void write_hf(const std::string& dir, const nlohmann::json& config) {
       for (int64_t i = 0; i < x.numel(); i++)
         x.set_item(
             i, norm ? 1.0 + 0.1 * rng.normal(static_cast<uint64_t>(i)) : 0.2 * rng.normal(static_cast<uint64_t>(i)));
+      if (p.hf_name == nan_in) x.set_item(3, std::numeric_limits<double>::quiet_NaN());
       const int s = p.hf_name.find("layers.0.") != std::string::npos || p.hf_name.find("embed") != std::string::npos;
       shard[s].push_back({p.hf_name, x.to(DType::BF16)});
       map[p.hf_name] = fmt::format("model-0000{}-of-00002.safetensors", s + 1);
@@ -225,6 +228,19 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, HFInterop, ::testing::Values("qwen3_moe", "qwen3_moe_unnormalized", "mixtral"));
+
+// Imported weights are checked finite before any step: a NaN in the HF files is named, not trained on.
+TEST(HFInterop, RefusesNonFiniteWeightsNamingTheTensor) {
+  const std::string hf = fresh_dir("nan");
+  write_hf(hf, qwen3_config(), "model.layers.1.self_attn.o_proj.weight");
+  std::FILE* null = std::fopen("/dev/null", "w");
+  const std::string e = error_of([&] { train::Trainer t(run_config({"--load-hf", hf}), null, false); });
+  std::fclose(null);
+  EXPECT_NE(e.find("the model loaded from " + hf), std::string::npos) << e;
+  EXPECT_NE(e.find("decoder.layers.1.self_attention.linear_proj.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("holds NaN or infinite values"), std::string::npos) << e;
+  fs::remove_all(hf);
+}
 
 TEST(HFInterop, RefusesWhatItCannotMapByName) {
   const std::string hf = fresh_dir("refuse");
