@@ -84,6 +84,21 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// The message of the moecore::Error `f` throws; fails the test when `f` throws anything else or nothing (parsers of
+// untrusted input must answer every input with a user error).
+inline std::string user_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a moecore::Error: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
 // An empty scratch path under the temporary directory: removed if it exists, not created.
 inline std::string fresh_temp_path(const std::string& name) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() / ("moecore_test_" + name);

@@ -20,20 +20,7 @@ void write(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
 
-// The message of the moecore::Error `f` throws; fails the test when it throws anything else or nothing.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a moecore::Error: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
+const auto& error_of = testing::user_error_of;
 
 TEST(CheckpointMetadata, FormatOfWrongTypeIsAUserError) {
   const fs::path root = testing::fresh_temp_path("ckpt_meta_format");

@@ -17,19 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a moecore::Error: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
+const auto& error_of = testing::user_error_of;
 
 TEST(ParserFuzzRegressions, YamlMapInsideAListIsAUserError) {
   const std::string path = testing::fresh_temp_path("fuzz_regression.yaml");
