@@ -41,7 +41,7 @@ void resolve_defaults(TrainConfig& c) {
   if (c.kv_channels == 0 && heads > 0 && c.hidden_size % heads == 0)
     derive(&TrainConfig::kv_channels, c.hidden_size / heads);
   if (!c.group_query_attention) derive(&TrainConfig::num_query_groups, heads);
-  if (c.ffn_hidden_size == 0) {
+  if (c.ffn_hidden_size == 0 && c.hidden_size > 0) {  // a non-positive --hidden-size is refused by validate
     MOE_CHECK(c.hidden_size <= std::numeric_limits<int64_t>::max() / 8,
               "--hidden-size {} is too large: the default --ffn-hidden-size (4 x it) overflows", c.hidden_size);
     derive(&TrainConfig::ffn_hidden_size, c.swiglu ? (4 * c.hidden_size * 2 / 3) / 64 * 64 : 4 * c.hidden_size);
