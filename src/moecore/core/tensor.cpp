@@ -30,7 +30,9 @@ int64_t Shape::operator[](int i) const {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < nd_; i++) n *= d_[i];
+  for (int i = 0; i < nd_; i++)
+    MOE_CHECK(!__builtin_mul_overflow(n, d_[i], &n), "a tensor of shape {} has more elements than fit in 64 bits",
+              str());
   return n;
 }
 
