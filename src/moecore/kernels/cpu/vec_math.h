@@ -24,7 +24,8 @@ inline float vexp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  // A NaN input stays NaN through p; only the exponent's integer conversion needs a number (NaN to int is UB).
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n == n ? n : 0.0f) + 127) << 23);
   return p * scale;
 }
 
@@ -45,7 +46,7 @@ inline double vexp(double x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  const double scale = std::bit_cast<double>((static_cast<int64_t>(n) + 1023) << 52);
+  const double scale = std::bit_cast<double>((static_cast<int64_t>(n == n ? n : 0.0) + 1023) << 52);
   return p * scale;
 }
 
