@@ -97,8 +97,11 @@ void validate(const RouterConfig& c) {
 }
 
 int64_t expert_capacity(const RouterConfig& c, int64_t T) {
-  return static_cast<int64_t>(std::ceil(static_cast<double>(c.topk) * static_cast<double>(T) /
-                                        static_cast<double>(c.num_experts) * c.capacity_factor));
+  const double cap = std::ceil(static_cast<double>(c.topk) * static_cast<double>(T) /
+                               static_cast<double>(c.num_experts) * c.capacity_factor);
+  MOE_CHECK(cap < 0x1p62, "--moe-expert-capacity-factor {} gives each expert a capacity of {} tokens: too large to hold",
+            c.capacity_factor, cap);
+  return static_cast<int64_t>(cap);
 }
 
 }  // namespace moecore::moe
