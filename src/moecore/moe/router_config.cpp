@@ -99,7 +99,8 @@ void validate(const RouterConfig& c) {
 int64_t expert_capacity(const RouterConfig& c, int64_t T) {
   const double cap = std::ceil(static_cast<double>(c.topk) * static_cast<double>(T) /
                                static_cast<double>(c.num_experts) * c.capacity_factor);
-  MOE_CHECK(cap < 0x1p62, "--moe-expert-capacity-factor {} gives each expert a capacity of {} tokens: too large to hold",
+  MOE_CHECK(cap < 0x1p62,
+            "--moe-expert-capacity-factor {} gives each expert a capacity of {} tokens: too large to hold",
             c.capacity_factor, cap);
   return static_cast<int64_t>(cap);
 }

@@ -24,8 +24,11 @@ Vocabulary build_vocabulary(const TrainConfig& c, int64_t saved_rows) {
 
 std::array<std::shared_ptr<const data::SampleSource>, 3> build_datasets(const TrainConfig& c, int64_t vocab) {
   const int64_t gbs = c.global_batch_size;
-  const int64_t train_samples = c.skip_train ? 0 : c.train_iters * gbs;
-  const int64_t valid_samples = c.eval_iters * gbs;  // every evaluation reads the same first batches
+  int64_t train_samples = 0, valid_samples = 0;  // every evaluation reads the same first batches
+  MOE_CHECK(!__builtin_mul_overflow(c.skip_train ? 0 : c.train_iters, gbs, &train_samples) &&
+                !__builtin_mul_overflow(c.eval_iters, gbs, &valid_samples),
+            "--train-iters {} or --eval-iters {} times --global-batch-size {} samples do not fit in 64 bits",
+            c.train_iters, c.eval_iters, gbs);
   std::array<std::shared_ptr<const data::SampleSource>, 3> d;
   if (c.mock_data) {
     const uint64_t seed = static_cast<uint64_t>(c.seed);
