@@ -16,6 +16,9 @@ $M train-tokenizer --input demo/fortunes.jsonl --json-keys text --vocab-size 409
 $M preprocess --input demo/fortunes.jsonl --output-prefix demo/fortunes --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model demo/tokenizer --append-eod --workers "$(nproc)"
 ITERS="${1:-400}"  # training steps; bash scripts/demo.sh 100 for a quicker look
+# Each demo run trains afresh: its previous checkpoints are the demo's own (moecore refuses to overwrite
+# checkpoints a run did not load).
+rm -rf demo/checkpoints
 # Two MPI ranks, the 8 experts split 4 + 4 between them (expert parallelism folded over data parallelism).
 mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 $M train --model tiny-moe \
   --expert-model-parallel-size 2 \
