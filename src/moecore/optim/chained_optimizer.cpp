@@ -45,11 +45,12 @@ class ReplicatedAdamW : public ParamClassOptimizer {
 
 ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, size_t num_buckets,
                                    const BucketOf& bucket_of, const OptimizerGroups& groups, const OptimizerConfig& cfg)
-    : params_(params), g_(groups), cfg_(cfg) {
+    : params_(params),
+      g_(groups),
+      cfg_(cfg),
+      dp_size_(static_cast<double>(g_.dp ? g_.dp->size() : 1)),
+      sp_(params, num_buckets, bucket_of, g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr) {
   for (size_t i = 0; i < params_.size(); i++) index_[params_[i]] = i;
-  dp_size_ = static_cast<double>(g_.dp ? g_.dp->size() : 1);
-  sp_ = std::make_unique<SequenceParallelGrads>(params, num_buckets, bucket_of,
-                                                g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr);
   std::vector<nn::Parameter*> dense, expert;
   for (auto* p : params) (p->expert_parallel ? expert : dense).push_back(p);
   const double edp = static_cast<double>(g_.edp ? g_.edp->size() : 1);
@@ -81,7 +82,7 @@ double ChainedOptimizer::norm_weight(const nn::Parameter& p) const {
 }
 
 void ChainedOptimizer::layer_grads_final(size_t bucket) {
-  sp_->sum(bucket);
+  sp_.sum(bucket);
   for (auto& part : parts_) part->start_bucket(bucket);
 }
 

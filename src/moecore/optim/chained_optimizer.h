@@ -59,8 +59,8 @@ class ChainedOptimizer {
   std::map<const nn::Parameter*, size_t> index_;  // position in params_
   OptimizerGroups g_;
   OptimizerConfig cfg_;
-  double dp_size_ = 1;
-  std::unique_ptr<SequenceParallelGrads> sp_;
+  double dp_size_;
+  SequenceParallelGrads sp_;
   std::vector<std::unique_ptr<ParamClassOptimizer>> parts_;  // dense, then expert (if any)
 };
 

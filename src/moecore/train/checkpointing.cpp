@@ -333,9 +333,6 @@ void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
 
 StartPoint find_start_point(const TrainConfig& c) {
   StartPoint s;
-  MOE_CHECK(c.ckpt_step >= -1, "--ckpt-step {}: expected an iteration >= 0", c.ckpt_step);
-  MOE_CHECK(c.ckpt_step < 0 || !c.load.empty(), "--ckpt-step {} needs --load (the directory holding iter_NNNNNNN)",
-            c.ckpt_step);
   if (!c.load.empty()) s.checkpoint = ckpt::find_checkpoint(c.load, c.ckpt_step);
   if (!c.save.empty()) {
     // Before anything is built: a save must never replace complete checkpoints this run did not load. Upcycling

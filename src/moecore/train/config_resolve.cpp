@@ -126,6 +126,8 @@ void validate(const TrainConfig& c) {
                           {c.no_load_rng, "no-load-rng"},
                           {c.moe_use_upcycling, "moe-use-upcycling"}})
     MOE_CHECK(!on || !c.load.empty(), "--{} needs --load (the checkpoint it applies to)", name);
+  MOE_CHECK(c.ckpt_step < 0 || !c.load.empty(), "--ckpt-step {} needs --load (the directory holding iter_NNNNNNN)",
+            c.ckpt_step);
   MOE_CHECK(c.moe_upcycling_granularity >= 1, "--moe-upcycling-granularity must be >= 1");
   MOE_CHECK(c.moe_upcycling_granularity == 1 || c.moe_use_upcycling,
             "--moe-upcycling-granularity {} without --moe-use-upcycling", c.moe_upcycling_granularity);

@@ -66,22 +66,22 @@ namespace {
 TrainConfig generation_config(const ckpt::FoundCheckpoint& found, const std::string& tokenizer_model) {
   const std::string state_file = found.dir + "/" + ckpt::kStateFile;
   MOE_CHECK(found.state.contains("config"), "{} has no configuration", state_file);
-  TrainConfig saved;
-  apply_config_json(saved, found.state["config"], state_file);
+  const nlohmann::json& saved = found.state["config"];
   // What the model computes comes from the checkpoint (its model and MoE flags, and the GEMM precision);
   // layout, data, schedule and checkpoint flags keep their defaults: one process, weights only, no data.
   TrainConfig c;
   nlohmann::json model = nlohmann::json::object();
   const std::string& bf16 = flag_of(&TrainConfig::bf16).name;
   for (const auto& f : flag_table())
-    if ((f.group == FlagGroup::Model || f.group == FlagGroup::MoE || f.name == bf16) &&
-        found.state["config"].contains(f.name))
-      model[f.name] = found.state["config"][f.name];
+    if ((f.group == FlagGroup::Model || f.group == FlagGroup::MoE || f.name == bf16) && saved.contains(f.name))
+      model[f.name] = saved[f.name];
   apply_config_json(c, model, state_file);
+  std::string trained_with = saved.value("tokenizer-type", std::string());
+  if (trained_with.empty()) trained_with = "none";
   std::string tok = tokenizer_model;
   if (tok.empty() && std::filesystem::exists(found.dir + "/tokenizer.json")) tok = found.dir + "/tokenizer.json";
   MOE_CHECK(!tok.empty(), "{} has no tokenizer.json (it was trained with --tokenizer-type {}); pass --tokenizer-model",
-            found.dir, saved.tokenizer_type.empty() ? "none" : saved.tokenizer_type);
+            found.dir, trained_with);
   c.tokenizer_type = "HuggingFaceTokenizer";
   c.tokenizer_model = tok;
   c.mock_data = c.skip_train = true;  // no data, no training: no schedule either

@@ -47,7 +47,7 @@ std::vector<std::pair<std::string, std::string>> run_identity(const TrainConfig&
   if (!c.load.empty()) {
     std::string what;
     try {  // a broken checkpoint is reported later by the load itself, on every rank alike
-      const auto found = ckpt::find_checkpoint(c.load);
+      const auto found = ckpt::find_checkpoint(c.load, c.ckpt_step);
       what = found ? fmt::format("{} at iteration {}", found->dir, found->state.value("iteration", int64_t{-1}))
                    : "none (start from scratch)";
     } catch (const std::exception& e) {
