@@ -1,0 +1,218 @@
+// The flag table (see config.h): every moecore train flag with its field, help, roles, accepted values and
+// group, in --help order; and the lookups over it. The values' conversions and the module configs: config.cpp.
+#include <fmt/format.h>
+
+#include "moecore/core/error.h"
+#include "moecore/train/config.h"
+#include "moecore/train/presets.h"
+
+namespace moecore::train {
+namespace {
+
+std::vector<FlagSpec> build_flag_table() {
+  using C = TrainConfig;
+  std::vector<FlagSpec> t;
+  auto section = [&](FlagGroup g, std::vector<FlagSpec> flags) {
+    for (auto& f : flags) {
+      f.group = g;
+      t.push_back(std::move(f));
+    }
+  };
+  std::string presets;
+  for (const auto& p : preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  section(
+      FlagGroup::Model,
+      {{"model", &C::model, "Preset: " + presets + " (flags override)"},
+       {"num-layers", &C::num_layers, "Transformer layers", kModel, above_to(0, 2147483647)},
+       {"hidden-size", &C::hidden_size, "Hidden size H", kModel, positive()},
+       {"ffn-hidden-size", &C::ffn_hidden_size, "Dense FFN size (default 4H; 8H/3 rounded to 64 with --swiglu)",
+        kModel | kDerived, positive()},
+       {"num-attention-heads", &C::num_attention_heads, "Query heads", kModel, positive()},
+       {"group-query-attention", &C::group_query_attention, "Use --num-query-groups key/value heads", kCheckpointArg},
+       {"num-query-groups", &C::num_query_groups, "Key/value heads with --group-query-attention", kModel | kDerived,
+        positive()},
+       {"kv-channels", &C::kv_channels, "Head dimension (default H / heads)", kModel | kDerived, positive()},
+       {"qk-layernorm", &C::qk_layernorm, "RMSNorm on each query and key head (Qwen3, OLMoE)", kModel},
+       {"seq-length", &C::seq_length, "Sequence length", kNoRole, positive()},
+       {"max-position-embeddings", &C::max_position_embeddings, "Longest position (default --seq-length)",
+        kCheckpointArg | kDerived, positive()},
+       {"rotary-base", &C::rotary_base, "RoPE base", kModel, positive()},
+       {"rotary-percent", &C::rotary_percent, "Fraction of each head rotated", kModel, above_to(0, 1)},
+       {"position-embedding-type", &C::position_embedding_type, "rope (the only one implemented)", kNoRole,
+        one_of({"rope"})},
+       {"normalization", &C::normalization, "RMSNorm (the only one implemented)", kNoRole, one_of({"RMSNorm"})},
+       {"norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon", kModel, at_least(0)},
+       {"untie-embeddings-and-output-weights", &C::untie_embeddings_and_output_weights, "Separate output layer",
+        kModel},
+       {"swiglu", &C::swiglu, "SwiGLU FFNs (default GeLU)", kModel},
+       {"squared-relu", &C::squared_relu, "Squared-ReLU FFNs", kModel},
+       {"disable-bias-linear", &C::disable_bias_linear, "No biases in linear layers (required for MoE)", kModel},
+       {"init-method-std", &C::init_method_std, "Std of the normal weight init", kNoRole, at_least(0)},
+       {"make-vocab-size-divisible-by", &C::make_vocab_size_divisible_by, "Pad the vocabulary to a multiple", kNoRole,
+        positive()}});
+  section(FlagGroup::MoE,
+          {{"num-experts", &C::num_experts, "Routed experts per MoE layer (0: dense)", kModel, at_least(0)},
+           {"moe-ffn-hidden-size", &C::moe_ffn_hidden_size, "Expert FFN size (default --ffn-hidden-size)",
+            kModel | kDerived, at_least(0)},
+           {"moe-router-topk", &C::moe_router_topk, "Experts per token", kModel, positive()},
+           {"moe-router-score-function", &C::moe_router_score_function, "softmax or sigmoid", kModel,
+            one_of({"softmax", "sigmoid"})},
+           {"moe-router-pre-softmax", &C::moe_router_pre_softmax, "Softmax over all experts before top-k", kModel},
+           {"moe-router-topk-scaling-factor", &C::moe_router_topk_scaling_factor, "Scale routing probs", kModel,
+            at_least(0)},
+           {"moe-router-num-groups", &C::moe_router_num_groups, "Expert groups for group-limited routing", kModel,
+            at_least(0)},
+           {"moe-router-group-topk", &C::moe_router_group_topk, "Groups each token may use", kModel, at_least(0)},
+           {"moe-router-enable-expert-bias", &C::moe_router_enable_expert_bias, "Aux-loss-free balancing", kModel},
+           {"moe-router-bias-update-rate", &C::moe_router_bias_update_rate, "Expert-bias step per batch", kNoRole,
+            at_least(0)},
+           {"moe-router-load-balancing-type", &C::moe_router_load_balancing_type,
+            "aux_loss, seq_aux_loss, global_aux_loss, none (a list)", kNoRole,
+            one_of({"aux_loss", "seq_aux_loss", "global_aux_loss", "none"})},
+           {"moe-aux-loss-coeff", &C::moe_aux_loss_coeff, "One coefficient per load-balancing type"},
+           {"moe-z-loss-coeff", &C::moe_z_loss_coeff, "Router z-loss coefficient", kNoRole, at_least(0)},
+           {"moe-input-jitter-eps", &C::moe_input_jitter_eps, "Multiplicative router input jitter", kNoRole,
+            between(0, 1, true)},
+           {"moe-router-force-load-balancing", &C::moe_router_force_load_balancing, "Route on noise (bench)"},
+           {"moe-router-dtype", &C::moe_router_dtype, "fp32 or fp64", kNoRole, one_of({"fp32", "fp64"})},
+           {"moe-expert-capacity-factor", &C::moe_expert_capacity_factor, "Capacity factor (<0: dropless)"},
+           {"moe-token-drop-policy", &C::moe_token_drop_policy, "probs or position", kNoRole,
+            one_of({"probs", "position"})},
+           {"moe-pad-expert-input-to-capacity", &C::moe_pad_expert_input_to_capacity, "Pad to capacity"},
+           {"moe-shared-expert-intermediate-size", &C::moe_shared_expert_intermediate_size, "Shared expert size",
+            kModel, at_least(0)},
+           {"moe-shared-expert-gate", &C::moe_shared_expert_gate, "Sigmoid gate on the shared expert", kModel},
+           {"moe-layer-freq", &C::moe_layer_freq, "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
+           {"moe-grouped-gemm", &C::moe_grouped_gemm, "Grouped GEMM experts (always on in moecore)"},
+           {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type,
+            "alltoall or allgather (one rank: local dispatch either way)", kNoRole, one_of({"alltoall", "allgather"})},
+           {"moe-per-layer-logging", &C::moe_per_layer_logging, "Log each MoE layer's losses and load"}});
+  section(
+      FlagGroup::Training,
+      {{"micro-batch-size", &C::micro_batch_size, "Sequences per micro-batch", kNoRole, positive()},
+       {"global-batch-size", &C::global_batch_size, "Sequences per step (default micro x DP)", kDerived, positive()},
+       {"train-iters", &C::train_iters, "Optimizer steps", kNoRole, at_least(0)},
+       {"lr", &C::lr, "Peak learning rate", kSchedule, at_least(0)},
+       {"min-lr", &C::min_lr, "Final learning rate", kSchedule, at_least(0)},
+       {"lr-decay-style", &C::lr_decay_style, "constant, linear, cosine or WSD", kSchedule,
+        one_of({"constant", "linear", "cosine", "WSD"})},
+       {"lr-wsd-decay-style", &C::lr_wsd_decay_style, "WSD anneal: linear, cosine, exponential, minus_sqrt", kSchedule,
+        one_of({"linear", "cosine", "exponential", "minus_sqrt"})},
+       {"lr-warmup-iters", &C::lr_warmup_iters, "Linear warmup steps", kSchedule, at_least(0)},
+       {"lr-decay-iters", &C::lr_decay_iters, "Decay steps (default --train-iters)", kSchedule | kDerived, at_least(0)},
+       {"lr-wsd-decay-iters", &C::lr_wsd_decay_iters, "WSD anneal steps", kSchedule, at_least(0)},
+       {"weight-decay", &C::weight_decay, "AdamW weight decay (not on norms and biases)", kNoRole, at_least(0)},
+       {"clip-grad", &C::clip_grad, "Global gradient-norm clip (0: off)", kNoRole, at_least(0)},
+       {"adam-beta1", &C::adam_beta1, "Adam beta1", kNoRole, between(0, 1, true)},
+       {"adam-beta2", &C::adam_beta2, "Adam beta2", kNoRole, between(0, 1, true)},
+       {"adam-eps", &C::adam_eps, "Adam epsilon", kNoRole, at_least(0)},
+       {"optimizer", &C::optimizer, "adam (AdamW)", kNoRole, one_of({"adam"})},
+       {"seed", &C::seed, "Random seed"},
+       {"bf16", &C::bf16, "bf16 GEMMs with fp32 master weights and accumulation"},
+       {"testing-memory-limit", &C::testing_memory_limit,
+        "Testing: bytes this rank may use, instead of the cgroup or MemAvailable limit (0: detect)", kNoRole,
+        at_least(0)}});
+  section(FlagGroup::Parallel,
+          {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP", kNoRole, positive()},
+           {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP", kNoRole, positive()},
+           {"context-parallel-size", &C::context_parallel_size, "CP", kNoRole, positive()},
+           {"expert-model-parallel-size", &C::expert_model_parallel_size, "EP", kNoRole, positive()},
+           {"expert-tensor-parallel-size", &C::expert_tensor_parallel_size, "ETP (default TP)", kDerived, positive()},
+           {"sequence-parallel", &C::sequence_parallel, "Sequence parallelism (with TP)"},
+           {"use-distributed-optimizer", &C::use_distributed_optimizer,
+            "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"}});
+  section(FlagGroup::Data,
+          {{"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
+           {"split", &C::split, "train,valid,test proportions"},
+           {"mock-data", &C::mock_data, "Synthetic tokens instead of --data-path"},
+           {"tokenizer-type", &C::tokenizer_type, "HuggingFaceTokenizer or NullTokenizer", kNoRole,
+            one_of({"", "HuggingFaceTokenizer", "NullTokenizer"})},
+           {"tokenizer-model", &C::tokenizer_model, "tokenizer.json or its directory"},
+           {"vocab-size", &C::vocab_size, "Vocabulary with NullTokenizer or --mock-data", kNoRole, at_least(0)}});
+  section(FlagGroup::Logging,
+          {{"eval-interval", &C::eval_interval, "Steps between validations", kNoRole, positive()},
+           {"eval-iters", &C::eval_iters, "Global batches per validation", kNoRole, at_least(0)},
+           {"log-interval", &C::log_interval, "Steps between log lines", kNoRole, positive()},
+           {"skip-train", &C::skip_train, "Only evaluate"},
+           {"metrics-file", &C::metrics_file, "JSON lines of logged metrics"},
+           {"generate-prompts", &C::generate_prompts, "Prompts to sample from after training"},
+           {"generate-tokens", &C::generate_tokens, "Tokens to sample per prompt", kNoRole, at_least(0)},
+           {"generate-top-k", &C::generate_top_k, "Top-k for sampling", kNoRole, at_least(0)},
+           {"generate-temperature", &C::generate_temperature, "Sampling temperature", kNoRole, positive()}});
+  section(
+      FlagGroup::Checkpoint,
+      {{"save", &C::save,
+        "Checkpoint root: iter_NNNNNNN directories and latest_checkpointed_iteration.txt (also saved at the end and "
+        "on SIGTERM/SIGINT)"},
+       {"save-interval", &C::save_interval, "Steps between checkpoints (0: at the end only)", kNoRole, at_least(0)},
+       {"load", &C::load,
+        "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
+       {"ckpt-step", &C::ckpt_step,
+        "Load iteration N of --load (its iter_NNNNNNN directory) instead of the one its marker names (-1: the "
+        "marker's)",
+        kNoRole, at_least(-1)},
+       {"finetune", &C::finetune,
+        "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
+       {"no-load-optim", &C::no_load_optim, "Do not load the optimizer state (Adam moments)"},
+       {"no-load-rng", &C::no_load_rng, "Do not load the RNG state (router noise counters)"},
+       {"use-checkpoint-args", &C::use_checkpoint_args,
+        "Take the model flags (layers, sizes, experts, routing) from the checkpoint in --load"},
+       {"exit-interval", &C::exit_interval, "Save (with --save) and exit at iterations divisible by this", kNoRole,
+        at_least(0)},
+       {"exit-signal-handler", &C::exit_signal_handler,
+        "Stop at the next step boundary on --exit-signal, saving with --save (moecore also does so on SIGTERM, "
+        "SIGINT, SIGUSR1 and SIGUSR2 whenever --save is given)"},
+       {"exit-signal", &C::exit_signal,
+        "The signal --exit-signal-handler waits for: SIGTERM, SIGINT, SIGUSR1, "
+        "SIGUSR2 or SIGHUP"},
+       {"load-hf", &C::load_hf,
+        "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load holds a "
+        "checkpoint"},
+       {"moe-use-upcycling", &C::moe_use_upcycling,
+        "Turn the dense checkpoint in --load into this MoE model, save it to --save and train on (resumes from "
+        "--save once it holds a checkpoint)"},
+       {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
+        "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size", kNoRole, at_least(1)},
+       {"fault-kill-during-save", &C::fault_kill_during_save,
+        "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"}});
+  return t;
+}
+
+}  // namespace
+
+const std::vector<FlagSpec>& flag_table() {
+  static const std::vector<FlagSpec> table = build_flag_table();
+  return table;
+}
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const auto& f : flag_table())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+const FlagSpec& flag_of(const FlagSpec::Field& field) {
+  for (const auto& f : flag_table())
+    if (f.field == field) return f;
+  MOE_ASSERT_MSG(false, "a TrainConfig field without a flag");
+}
+
+std::string group_name(FlagGroup g) {
+  static const char* const names[] = {"Model",
+                                      "Mixture of experts",
+                                      "Parallelism",
+                                      "Optimizer and schedule",
+                                      "Data",
+                                      "Checkpoints",
+                                      "Evaluation, logging and generation"};
+  return names[static_cast<int>(g)];
+}
+
+std::vector<std::string> flag_names(unsigned roles, std::optional<FlagGroup> group) {
+  std::vector<std::string> names;
+  for (const auto& f : flag_table())
+    if ((f.roles & roles) == roles && (!group || f.group == *group)) names.push_back(f.name);
+  return names;
+}
+
+}  // namespace moecore::train
