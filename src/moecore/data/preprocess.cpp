@@ -28,6 +28,17 @@ std::string resolve_tokenizer_json(const std::string& model) {
   return model;
 }
 
+Tokenizer load_tokenizer(const std::string& type, const std::string& model, const std::string& vocab_file,
+                         const std::string& merge_file) {
+  if (type == "GPT2BPETokenizer") {
+    MOE_CHECK(!vocab_file.empty() && !merge_file.empty(),
+              "--tokenizer-type GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
+    return Tokenizer::from_gpt2_files(vocab_file, merge_file);
+  }
+  MOE_CHECK(type == "HuggingFaceTokenizer", "--tokenizer-type {}: use HuggingFaceTokenizer or GPT2BPETokenizer", type);
+  return Tokenizer::from_file(resolve_tokenizer_json(model));
+}
+
 namespace {
 
 struct Encoded {
@@ -98,13 +109,13 @@ PreprocessStats preprocess(const PreprocessOptions& opt,
   std::ifstream in(opt.input, std::ios::binary);
   MOE_CHECK(in.good(), "cannot open --input {}", opt.input);
   const int64_t total_bytes = static_cast<int64_t>(std::filesystem::file_size(opt.input));
-  const Tokenizer tok = Tokenizer::from_file(resolve_tokenizer_json(opt.tokenizer_model));
+  const Tokenizer tok = load_tokenizer(opt.tokenizer_type, opt.tokenizer_model, opt.vocab_file, opt.merge_file);
   int32_t eod = -1;
   if (opt.append_eod) {
     MOE_CHECK(tok.eos_id().has_value(),
               "--append-eod needs the tokenizer's EOS token, but {} has no tokenizer_config.json with eos_token "
               "next to it",
-              tok.source());
+              tok.source());  // GPT2BPETokenizer always has one (<|endoftext|>)
     eod = *tok.eos_id();
   }
   const IndexDType dtype = optimal_index_dtype(tok.vocab_size());

@@ -7,13 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "moecore/data/tokenizer.h"
+
 namespace moecore::data {
 
 struct PreprocessOptions {
   std::string input;  // JSONL file
   std::vector<std::string> json_keys{"text"};
-  std::string output_prefix;    // writes {prefix}_{key}_document.bin/.idx
-  std::string tokenizer_model;  // tokenizer.json, or a directory holding it
+  std::string output_prefix;                            // writes {prefix}_{key}_document.bin/.idx
+  std::string tokenizer_type = "HuggingFaceTokenizer";  // or GPT2BPETokenizer
+  std::string tokenizer_model;                          // HuggingFaceTokenizer: tokenizer.json, or its directory
+  std::string vocab_file, merge_file;                   // GPT2BPETokenizer: vocab.json and merges.txt
   bool append_eod = false;
   int workers = 1;
   int64_t log_interval = 1000;  // documents between progress lines when not on a terminal
@@ -32,5 +36,10 @@ PreprocessStats preprocess(const PreprocessOptions& opt,
 
 // The tokenizer.json path for --tokenizer-model (a file, or a directory containing tokenizer.json).
 std::string resolve_tokenizer_json(const std::string& tokenizer_model);
+
+// The tokenizer Megatron's flags name: HuggingFaceTokenizer with --tokenizer-model, or GPT2BPETokenizer with
+// --vocab-file and --merge-file.
+Tokenizer load_tokenizer(const std::string& type, const std::string& model, const std::string& vocab_file,
+                         const std::string& merge_file);
 
 }  // namespace moecore::data

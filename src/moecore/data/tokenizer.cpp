@@ -14,6 +14,7 @@
 #include "moecore/core/file.h"
 #include "moecore/data/bpe_model.h"
 #include "moecore/data/byte_level.h"
+#include "moecore/data/gpt2_bpe.h"
 #include "moecore/data/text_pipeline.h"
 
 namespace moecore::data {
@@ -89,6 +90,7 @@ struct Tokenizer::Impl {
   std::vector<std::vector<const AddedToken*>> added_by_byte;  // [first byte] -> candidates, longest first
   int64_t vocab_size = 0;
   std::optional<int32_t> eos;
+  std::string json_text;
 
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
 };
@@ -127,10 +129,17 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   return t;
 }
 
+Tokenizer Tokenizer::from_gpt2_files(const std::string& vocab_file, const std::string& merge_file) {
+  Tokenizer t = from_json(gpt2_tokenizer_json(vocab_file, merge_file), vocab_file + " with " + merge_file);
+  t.impl_->eos = t.token_to_id(kGpt2EndOfText);
+  return t;
+}
+
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) {
   Tokenizer t;
   Impl& m = *t.impl_;
   m.source = src;
+  m.json_text = text;
   json j;
   try {
     j = json::parse(text);
@@ -250,6 +259,9 @@ std::optional<int32_t> Tokenizer::eos_id() const {
 }
 const std::string& Tokenizer::source() const {
   return impl_->source;
+}
+const std::string& Tokenizer::json_text() const {
+  return impl_->json_text;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {

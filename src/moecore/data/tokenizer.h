@@ -24,6 +24,8 @@ class Tokenizer {
   static Tokenizer from_file(const std::string& path);
   // Loads from JSON text (`source` names it in errors).
   static Tokenizer from_json(const std::string& json_text, const std::string& source);
+  // Megatron's GPT2BPETokenizer: GPT-2's vocab.json and merges.txt (gpt2_bpe.h); EOS is <|endoftext|>.
+  static Tokenizer from_gpt2_files(const std::string& vocab_file, const std::string& merge_file);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -41,6 +43,8 @@ class Tokenizer {
   // EOS token id (tokenizer_config.json eos_token), used as Megatron's eod. nullopt when not configured.
   std::optional<int32_t> eos_id() const;
   const std::string& source() const;
+  // The tokenizer.json text it was loaded from (a checkpoint carries it, with the EOS token's name).
+  const std::string& json_text() const;
 
  private:
   Tokenizer();

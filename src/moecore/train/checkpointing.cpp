@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "moecore/ckpt/upcycling.h"
 #include "moecore/core/error.h"
@@ -122,11 +123,10 @@ std::string Checkpointing::save(const Progress& prog) {
   std::vector<std::pair<std::string, std::string>> extra;
   if (vocab_.tokenizer &&
       g_.world_rank == 0) {  // the checkpoint carries its tokenizer: `moecore generate` needs nothing else
-    const std::string json = data::resolve_tokenizer_json(c_.tokenizer_model);
-    extra.push_back({"tokenizer.json", read_file(json, "tokenizer file")});
-    const auto config = std::filesystem::path(json).parent_path() / "tokenizer_config.json";  // EOS
-    if (std::filesystem::exists(config))
-      extra.push_back({"tokenizer_config.json", read_file(config.string(), "tokenizer config")});
+    extra.push_back({"tokenizer.json", vocab_.tokenizer->json_text()});
+    if (const auto eos = vocab_.tokenizer->eos_id())  // what `moecore generate` reads of tokenizer_config.json
+      extra.push_back(
+          {"tokenizer_config.json", nlohmann::json{{"eos_token", vocab_.tokenizer->decode({*eos})}}.dump()});
   }
   ckpt::SaveFault fault;
   if (!c_.fault_kill_during_save.empty()) {

@@ -77,7 +77,7 @@ struct TrainConfig {
   std::vector<std::string> data_path;
   std::string split = "969,30,1";
   bool mock_data = false;
-  std::string tokenizer_type, tokenizer_model;
+  std::string tokenizer_type, tokenizer_model, vocab_file, merge_file;
   int64_t vocab_size = 0;
   // evaluation, logging, generation
   int64_t eval_interval = 1000, eval_iters = 100, log_interval = 100;

@@ -155,11 +155,11 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.generate_temperature > 0 && c.generate_top_k >= 0 && c.generate_tokens >= 0,
             "--generate-temperature must be positive and --generate-top-k, --generate-tokens >= 0");
   MOE_CHECK(c.mock_data != !c.data_path.empty(), "give exactly one of --data-path and --mock-data");
-  MOE_CHECK(
-      c.tokenizer_type.empty() || c.tokenizer_type == "HuggingFaceTokenizer" || c.tokenizer_type == "NullTokenizer",
-      "--tokenizer-type {} is not supported; use HuggingFaceTokenizer or NullTokenizer", c.tokenizer_type);
   if (c.tokenizer_type == "HuggingFaceTokenizer")
     MOE_CHECK(!c.tokenizer_model.empty(), "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model");
+  if (c.tokenizer_type == "GPT2BPETokenizer")
+    MOE_CHECK(!c.vocab_file.empty() && !c.merge_file.empty(),
+              "--tokenizer-type GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
   if (c.tokenizer_type == "NullTokenizer" || c.tokenizer_type.empty())
     MOE_CHECK(c.vocab_size > 0, "--vocab-size is required with {} (or use --tokenizer-type HuggingFaceTokenizer)",
               c.tokenizer_type.empty() ? "no --tokenizer-type" : "NullTokenizer");

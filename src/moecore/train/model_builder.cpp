@@ -10,9 +10,9 @@ namespace moecore::train {
 
 Vocabulary build_vocabulary(const TrainConfig& c, int64_t saved_rows) {
   Vocabulary v;
-  if (c.tokenizer_type == "HuggingFaceTokenizer") {
-    v.tokenizer =
-        std::make_unique<data::Tokenizer>(data::Tokenizer::from_file(data::resolve_tokenizer_json(c.tokenizer_model)));
+  if (c.tokenizer_type == "HuggingFaceTokenizer" || c.tokenizer_type == "GPT2BPETokenizer") {
+    v.tokenizer = std::make_unique<data::Tokenizer>(
+        data::load_tokenizer(c.tokenizer_type, c.tokenizer_model, c.vocab_file, c.merge_file));
     v.size = v.tokenizer->vocab_size();
   } else {
     v.size = c.tokenizer_type == "NullTokenizer" ? c.vocab_size + 1 : c.vocab_size;  // NullTokenizer: + EOD

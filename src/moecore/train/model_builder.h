@@ -17,7 +17,7 @@
 namespace moecore::train {
 
 struct Vocabulary {
-  std::unique_ptr<data::Tokenizer> tokenizer;  // null without a HuggingFace tokenizer
+  std::unique_ptr<data::Tokenizer> tokenizer;  // null without a tokenizer (NullTokenizer, mock data)
   int64_t size = 0;                            // token ids the data may hold (NullTokenizer: --vocab-size + EOD)
   int64_t padded = 0;                          // rows of the embedding and output layer
 };
