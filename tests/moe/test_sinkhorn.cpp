@@ -25,7 +25,8 @@ TEST(Sinkhorn, MatchesMegatronsLoopOnAHandCase) {
   }
 }
 
-// At convergence every expert's column sums to 1/E (the last scaling) and every token's row to about 1/T.
+// At convergence every expert's column sums to 1/E (the last scaling, up to its 1e-8 epsilon) and every
+// token's row to about 1/T.
 TEST(Sinkhorn, BalancesRowsAndColumns) {
   const int64_t T = 16, E = 4;
   Tensor l = Tensor::empty({T, E}, DType::F32);
@@ -34,7 +35,7 @@ TEST(Sinkhorn, BalancesRowsAndColumns) {
   for (int64_t e = 0; e < E; e++) {
     double col = 0;
     for (int64_t t = 0; t < T; t++) col += r.item(t * E + e);
-    EXPECT_NEAR(col, 1.0 / E, 1e-9) << "expert " << e;
+    EXPECT_NEAR(col, 1.0 / E, 1e-7) << "expert " << e;
   }
   for (int64_t t = 0; t < T; t++) {
     double row = 0;
