@@ -50,6 +50,9 @@ TrainConfig compose_train_config(const ParsedFlags& flags) {
   apply_flags(c, flags.yaml);
   apply_flags(c, flags.cli);
   if (c.use_checkpoint_args) apply_checkpoint_args(c);
+  // pretrain_gpt.py's default tokenizer: GPT2BPETokenizer, here when its files are given.
+  if (c.tokenizer_type.empty() && (!c.vocab_file.empty() || !c.merge_file.empty()))
+    c.tokenizer_type = "GPT2BPETokenizer";
   resolve(c);
   return c;
 }

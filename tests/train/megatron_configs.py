@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Megatron-LM MoE launch lines run as written (docs/megatron-flags.md).
+
+Each configuration below is the MODEL_ARGS of one of Megatron-LM's own MoE functional tests or examples
+(tests/functional_tests/test_cases/moe/*/model_config.yaml, examples/..., Megatron-LM at d98e8a64dd), expanded as
+Megatron's launcher expands them (`--flag: true` becomes `--flag`), with only the sizes shrunk (layers, hidden size,
+heads, sequence length, iterations, expert FFN size) and the ${...} paths pointing into a scratch directory laid
+out as Megatron's CI data is (a dataset and GPT-2 vocab.json/merges.txt made here from the embedded corpus).
+
+A configuration runs under mpirun on the ranks its layout needs and must finish its iterations. Where it uses a
+feature moecore refuses, the unmodified line must be refused before any work with a message naming that feature
+(`refused`: (flag, expected words, replacement)); the line with those flags replaced must then run. So nothing
+passes by being refused for the wrong reason, and everything else on the line is shown to work.
+
+Usage: megatron_configs.py MOECORE [NAME...]   (NAME: run only those configurations)
+"""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+MOECORE = os.path.abspath(sys.argv[1])
+ONLY = set(sys.argv[2:])
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1"]
+
+# The flags every functional test of tests/functional_tests/test_cases/moe/ shares (gpt3 MoE family), shrunk:
+# --num-layers 12 -> 2, --hidden-size 512 -> 64, --num-attention-heads 8 -> 4, --seq-length and
+# --max-position-embeddings 1024 -> 64, --train-iters 50 -> 3, --eval-iters 10 -> 1.
+GPT3_MOE_COMMON = """
+--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+--log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+--micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+--timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+--data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+--vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json
+--merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt
+--split 949,50,1 --distributed-backend nccl --lr 0.00015 --lr-decay-style cosine --min-lr 1.0e-5
+--weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction .01 --log-interval 1 --eval-interval 1000 --eval-iters 1
+--transformer-impl transformer_engine --deterministic-mode --no-gradient-accumulation-fusion
+--attention-softmax-in-fp32 --use-mcore-models --ckpt-format torch_dist --data-cache-path ${DATA_CACHE_PATH}
+--bf16 --log-memory-to-tensorboard
+"""
+# Megatron's torch_dist checkpoints cannot be written here: the same run with moecore's own format.
+TORCH_DIST = ("--ckpt-format", "torch_dist", "--ckpt-format moecore")
+
+CONFIGS = [
+    dict(name="tp2_ep2_sinkhorn_dist_optimizer", np=4,
+         source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_dist_optimizer",
+         args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --sequence-parallel --num-experts 8
+           --use-distributed-optimizer --moe-router-load-balancing-type sinkhorn --moe-router-topk 1
+           --ckpt-fully-parallel-load --dist-ckpt-strictness log_all --attention-backend unfused
+           --disable-bias-linear --no-bias-gelu-fusion --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="tp2_ep4_etp1_aux_loss", np=4, source="moe/gpt3_mcore_te_tp2_pp1_te_8experts_etp1_ep4",
+         args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1
+           --disable-bias-linear --sequence-parallel --num-experts 8 --moe-router-load-balancing-type aux_loss
+           --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm --dist-ckpt-optim-fully-reshardable
+           --dist-ckpt-strictness log_all --attention-backend unfused --no-bias-gelu-fusion --async-save
+           --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="tp2_ep2_top2router", np=4, source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_top2router",
+         args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --disable-bias-linear --sequence-parallel
+           --num-experts 8 --moe-router-load-balancing-type aux_loss --moe-router-topk 2 --moe-aux-loss-coeff 1e-2
+           --moe-grouped-gemm --dist-ckpt-strictness log_all --attention-backend unfused --no-bias-gelu-fusion
+           --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="tp2_ep2_overlap_grad_reduce_param_gather", np=4,
+         source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_overlap_grad_reduce_param_gather_groupedGEMM",
+         args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --no-ckpt-fully-parallel-save
+           --moe-grouped-gemm --disable-bias-linear --sequence-parallel --num-experts 8 --use-distributed-optimizer
+           --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --overlap-grad-reduce
+           --overlap-param-gather --dist-ckpt-strictness log_all --attention-backend unfused --no-bias-gelu-fusion
+           --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="tp2_ep2_ddp_average_in_collective", np=4,
+         source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_ddp_average_in_collective",
+         args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --no-ckpt-fully-parallel-save
+           --moe-grouped-gemm --disable-bias-linear --sequence-parallel --num-experts 8 --use-distributed-optimizer
+           --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --overlap-grad-reduce
+           --overlap-param-gather --ddp-average-in-collective --dist-ckpt-strictness log_all
+           --attention-backend unfused --no-bias-gelu-fusion --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="tp2_ep2_multi_dist_optimizer_instances", np=4,
+         source="moe/gpt3_mcore_te_tp2_pp1_resume_torch_dist_te_8experts2parallel_multi_dist_optimizer_instances",
+         args=GPT3_MOE_COMMON + """--save-interval 50 --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --sequence-parallel --num-experts 8
+           --use-distributed-optimizer --moe-router-load-balancing-type sinkhorn --moe-router-topk 1
+           --ckpt-fully-parallel-load --use-checkpoint-opt_param-scheduler --dist-ckpt-strictness log_all
+           --ckpt-assume-constant-structure --disable-bias-linear --no-bias-gelu-fusion
+           --num-distributed-optimizer-instances 2 --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="ep8_allgather_muon", np=8, source="moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon",
+         args=GPT3_MOE_COMMON + """--disable-bias-linear --save-interval 50 --tensor-model-parallel-size 1
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 --num-experts 8
+           --moe-token-dispatcher-type allgather --moe-router-load-balancing-type aux_loss --moe-router-topk 2
+           --moe-router-dtype fp32 --moe-ffn-hidden-size 128 --moe-grouped-gemm --ckpt-fully-parallel-load
+           --use-checkpoint-opt_param-scheduler --ckpt-assume-constant-structure --no-bias-gelu-fusion
+           --optimizer muon --muon-momentum 0.9 --muon-extra-scale-factor 0.2 --muon-scale-mode spectral
+           --check-weight-hash-across-dp-replicas-interval 1 --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="ep8_allgather_dist_muon", np=8, source="moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon",
+         args=GPT3_MOE_COMMON + """--disable-bias-linear --save-interval 50 --tensor-model-parallel-size 1
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 --num-experts 8
+           --moe-token-dispatcher-type allgather --moe-router-load-balancing-type aux_loss --moe-router-topk 2
+           --moe-router-dtype fp32 --moe-ffn-hidden-size 128 --moe-grouped-gemm --ckpt-fully-parallel-load
+           --use-checkpoint-opt_param-scheduler --ckpt-assume-constant-structure --no-bias-gelu-fusion
+           --optimizer dist_muon --muon-momentum 0.9 --muon-extra-scale-factor 0.2 --muon-scale-mode spectral
+           --use-distributed-optimizer --async-save --use-persistent-ckpt-worker""",
+         refused=[TORCH_DIST]),
+    dict(name="tp1_4experts_swiglu_sinkhorn", np=2,
+         source="moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser",
+         args=GPT3_MOE_COMMON.replace("--save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}", "") +
+         """--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 1
+           --moe-grouped-gemm --use-transformer-engine-op-fuser --disable-bias-linear --num-experts 4
+           --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --swiglu""",
+         refused=[TORCH_DIST]),
+    dict(name="qwen3_30b_a3b", np=4,
+         source="model flags of examples/rl/model_configs/qwen3_30b_a3b_moe.sh (48 layers, 128 experts top-8), "
+                "pretraining flags of the functional tests",
+         args="""--bf16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --expert-model-parallel-size 2
+           --sequence-parallel --attention-backend flash --transformer-impl transformer_engine
+           --tokenizer-type GPT2BPETokenizer --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json
+           --merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt
+           --untie-embeddings-and-output-weights --num-layers 2 --hidden-size 64 --ffn-hidden-size 192
+           --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64 --group-query-attention
+           --num-query-groups 2 --normalization RMSNorm --norm-epsilon 1e-6 --position-embedding-type rope
+           --rotary-percent 1.0 --rotary-base 1000000 --use-rotary-position-embeddings --swiglu
+           --disable-bias-linear --num-experts 16 --moe-router-topk 8 --moe-ffn-hidden-size 32
+           --moe-aux-loss-coeff 0.001 --moe-router-load-balancing-type aux_loss --attention-dropout 0.0
+           --hidden-dropout 0.0 --no-masked-softmax-fusion --attention-softmax-in-fp32
+           --make-vocab-size-divisible-by 128 --qk-layernorm --moe-token-dispatcher-type alltoall
+           --moe-layer-freq 1 --optimizer adam --adam-beta1 0.9 --adam-beta2 0.999 --adam-eps 1e-8 --lr 1e-6
+           --min-lr 1e-7 --lr-warmup-samples 0 --clip-grad 1.0 --seq-length 64 --micro-batch-size 2
+           --global-batch-size 8 --train-samples 24 --lr-decay-style cosine --lr-decay-samples 24
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
+           --eval-iters 1 --eval-interval 1000 --log-interval 1 --log-throughput""",
+         refused=[]),
+    dict(name="mixtral_8x7b_example", np=8, source="examples/mixtral/train_mixtral_8x7b_distributed.sh",
+         args="""--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256
+           --num-layers 4 --hidden-size 64 --ffn-hidden-size 224 --num-attention-heads 4 --init-method-std 0.01
+           --attention-dropout 0.0 --hidden-dropout 0.0 --normalization RMSNorm --position-embedding-type rope
+           --swiglu --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2
+           --no-masked-softmax-fusion --no-position-embedding --rotary-base 1000000 --num-experts 8
+           --moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2
+           --moe-grouped-gemm --moe-token-dispatcher-type alltoall --overlap-param-gather --overlap-grad-reduce
+           --tokenizer-type Llama2Tokenizer --tokenizer-model ${DATA_PATH}/tokenizer.model
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --split 99990,8,2 --micro-batch-size 1 --global-batch-size 8 --lr 1e-4 --train-iters 3
+           --lr-decay-iters 320000 --lr-decay-style cosine --min-lr 1.0e-5 --weight-decay 0.1
+           --lr-warmup-iters 500 --clip-grad 1.0 --bf16 --tensor-model-parallel-size 1
+           --pipeline-model-parallel-size 4 --expert-model-parallel-size 8 --use-distributed-optimizer
+           --sequence-parallel --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1
+           --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_SAVE_PATH} --tensorboard-dir ${TENSORBOARD_PATH}
+           --no-load-optim --no-load-rng""",
+         refused=[("--pipeline-model-parallel-size", "pipeline", "--pipeline-model-parallel-size 1"),
+                  ("--tokenizer-type", "Llama2Tokenizer",
+                   "--tokenizer-type GPT2BPETokenizer "
+                   "--vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json "
+                   "--merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt"),
+                  ("--tokenizer-model", "", "")]),
+]
+
+
+def expand(s, paths):
+    for k, v in paths.items():
+        s = s.replace("${" + k + "}", v)
+    return s
+
+
+def replace_flag(args, flag, replacement):
+    """args without `flag` and its values, `replacement` (already split) put where it was."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == flag:
+            i += 1
+            while i < len(args) and not args[i].startswith("--"):
+                i += 1
+            out += replacement
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def run(cfg, args, log):
+    cmd = MPIRUN + ["-np", str(cfg["np"]), MOECORE, "train"] + args
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    with open(log, "w") as f:
+        f.write(" ".join(shlex.quote(a) for a in cmd) + "\n\n" + p.stdout)
+    return p.returncode, p.stdout, time.time() - t0
+
+
+def make_data(work):
+    """The dataset and GPT-2 vocabulary files, where Megatron's CI keeps them."""
+    base = os.path.join(work, "data/text/common_pile/v01_filtered_data")
+    os.makedirs(os.path.join(base, "bpe"))
+    subprocess.run([MOECORE, "corpus", "fortunes", "--output", os.path.join(work, "all.jsonl")], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(os.path.join(work, "all.jsonl")) as f, open(os.path.join(work, "docs.jsonl"), "w") as g:
+        g.writelines(f.readlines()[:3000])
+    subprocess.run([MOECORE, "train-tokenizer", "--input", os.path.join(work, "docs.jsonl"), "--json-keys", "text",
+                    "--vocab-size", "512", "--output", os.path.join(work, "tok")], check=True,
+                   stdout=subprocess.DEVNULL)
+    tok = json.load(open(os.path.join(work, "tok/tokenizer.json")))
+    vocab = dict(tok["model"]["vocab"])
+    for a in tok["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+    json.dump(vocab, open(os.path.join(base, "bpe/vocab.json"), "w"))
+    with open(os.path.join(base, "bpe/merges.txt"), "w") as f:
+        f.write("#version: 0.2\n")
+        for m in tok["model"]["merges"]:
+            f.write((m if isinstance(m, str) else " ".join(m)) + "\n")
+    subprocess.run([MOECORE, "preprocess", "--input", os.path.join(work, "docs.jsonl"), "--output-prefix",
+                    os.path.join(base, "my-gpt3_00"), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                    os.path.join(base, "bpe/vocab.json"), "--merge-file", os.path.join(base, "bpe/merges.txt"),
+                    "--append-eod", "--workers", "1"], check=True, stdout=subprocess.DEVNULL)
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="moecore_megatron_configs_")
+    make_data(work)
+    failures = []
+    for cfg in CONFIGS:
+        if ONLY and cfg["name"] not in ONLY:
+            continue
+        d = os.path.join(work, cfg["name"])
+        paths = {"DATA_PATH": os.path.join(work, "data"), "TENSORBOARD_PATH": os.path.join(d, "tensorboard"),
+                 "CHECKPOINT_SAVE_PATH": os.path.join(d, "checkpoints"),
+                 "CHECKPOINT_LOAD_PATH": os.path.join(d, "checkpoints"), "DATA_CACHE_PATH": os.path.join(d, "cache")}
+        os.makedirs(d)
+        args = shlex.split(expand(cfg["args"], paths))
+        verdict = []
+        if cfg["refused"]:
+            rc, out, secs = run(cfg, args, os.path.join(d, "unmodified.log"))
+            named = [r for r in cfg["refused"] if r[1] and re.search(re.escape(r[1]), out)]
+            if rc == 0 or not named:
+                failures.append(f"{cfg['name']}: the unmodified line was not refused naming one of "
+                                f"{[r[1] for r in cfg['refused'] if r[1]]} (rc {rc}); see {d}/unmodified.log")
+                print(f"FAIL {cfg['name']} (unmodified)\n" + out[-3000:], flush=True)
+                continue
+            verdict.append(f"refused naming '{named[0][1]}' ({secs:.1f} s)")
+            for flag, _, replacement in cfg["refused"]:
+                args = replace_flag(args, flag, shlex.split(expand(replacement, paths)))
+        rc, out, secs = run(cfg, args, os.path.join(d, "run.log"))
+        iters = re.findall(r"iteration +(\d+)/ +(\d+)", out)
+        if rc != 0 or not iters or iters[-1][0] != iters[-1][1]:
+            failures.append(f"{cfg['name']}: did not finish (rc {rc}); see {d}/run.log")
+            print(f"FAIL {cfg['name']}\n" + out[-4000:], flush=True)
+            continue
+        verdict.append(f"trained {iters[-1][0]} iterations on {cfg['np']} ranks ({secs:.1f} s)")
+        print(f"ok   {cfg['name']:<42} {cfg['source']}\n     " + "; then ".join(verdict), flush=True)
+    if failures:
+        print("\n".join(["FAILED:"] + failures))
+        sys.exit(1)
+    subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    main()
