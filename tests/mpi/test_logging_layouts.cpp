@@ -35,7 +35,7 @@ TEST_P(LoggingLayouts, MatchSingleRank) {
                                 testing::mock_run_flags(32, 2, 8, 120, 3, "1e-3"),
                             {"--make-vocab-size-divisible-by", "64", "--moe-router-load-balancing-type", "aux_loss",
                              "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-z-loss-coeff", "1e-3",
-                             "--log-params-norm", "--moe-per-layer-logging"});
+                             "--log-params-norm", "--untie-embeddings-and-output-weights", "--moe-per-layer-logging"});
   if (!distopt) args.push_back("--log-num-zeros-in-grad");
   const train::TrainConfig one = testing::small_config(args);
   const train::TrainConfig multi = testing::small_config(args, l.flags);
