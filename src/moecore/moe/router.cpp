@@ -84,7 +84,9 @@ void topk_row(const T* v, const uint8_t* allowed, int64_t E, int64_t k, int32_t*
   }
 }
 
-// Group-limited top-k: groups scored by the sum of their top (k/g) values, the best g groups kept.
+// Group-limited top-k (Megatron's group_limited_topk): each group scored by the sum of its top (k // g) values (integer
+// division: 0 when k < g, every group then scores 0 and the lower-indexed groups win the tie), the best g groups
+// kept, the top k among their experts selected.
 template <typename T>
 void group_topk_row(const T* v, int64_t E, int64_t k, int64_t G, int64_t g, int32_t* idx, const RowScratch& s) {
   const int64_t n = E / G, per = k / g;
@@ -134,7 +136,7 @@ template <typename T>
 void route_impl(const RouterConfig& c, Router::Stash& st, const T* used_logits, const float* bias, int64_t* scratch,
                 int64_t words, int nthreads, Tensor& probs_TK) {
   const int64_t T_ = st.logits_TE.dim(0), E = c.num_experts, K = c.topk;
-  const bool groups = c.num_groups > 0;
+  const bool groups = c.group_topk > 0;
   int32_t* idx = st.idx_TK.data<int32_t>();
   T* p = st.p_TK.data<T>();
   T* scores = st.scores_TE.defined() ? st.scores_TE.data<T>() : nullptr;
@@ -361,14 +363,18 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
     st.aux_loss_total += z;
     stats_.z_loss_sum += z / cfg_.z_loss_coeff;
   }
-  // Expert-bias counts and statistics: kept assignments (after dropping, padding rows excluded).
+  // Statistics: kept assignments (after dropping, padding rows excluded). Expert-bias counts: the same, except under
+  // --moe-pad-expert-input-to-capacity, where Megatron counts its routing map, the padded capacity mask: every
+  // expert counts its capacity, so the counts are equal and the bias does not move (followed, not corrected).
   double* cnt = tokens_per_expert_E_.data<double>();
   const int32_t* id_out = out.idx_TK.data<int32_t>();
   for (int64_t i = 0; i < T_ * K; i++)
     if (id_out[i] >= 0) {
-      cnt[id_out[i]] += 1;
+      if (!cfg_.pad_to_capacity) cnt[id_out[i]] += 1;
       stats_.tokens_per_expert[static_cast<size_t>(id_out[i])]++;
     }
+  if (cfg_.pad_to_capacity)
+    for (int64_t e = 0; e < E; e++) cnt[e] += static_cast<double>(out.pad_capacity);
   stats_.assignments += T_ * K;
   stats_.dropped += dropped;
   stats_.entropy_sum += entropy;

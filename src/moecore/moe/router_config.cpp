@@ -58,21 +58,21 @@ void validate(const RouterConfig& c) {
             "--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax (a softmax over one "
             "selected logit is constant, so the router would get no gradient)");
   MOE_CHECK(c.router_dtype == DType::F32 || c.router_dtype == DType::F64, "--moe-router-dtype must be fp32 or fp64");
-  if (c.num_groups > 0 || c.group_topk > 0) {
-    MOE_CHECK(c.num_groups > 0 && c.group_topk > 0,
-              "--moe-router-num-groups and --moe-router-group-topk must be set together (got {} and {})", c.num_groups,
+  // As in Megatron, group-limited routing is on when --moe-router-group-topk is set; --moe-router-num-groups alone
+  // routes over all experts. Each group scores the sum of its top (topk // group_topk) experts, which need not
+  // divide evenly (topk 4 over 3 groups: each group scores its best one).
+  if (c.group_topk > 0) {
+    MOE_CHECK(c.num_groups > 0, "--moe-router-group-topk {} needs --moe-router-num-groups (the groups to choose from)",
               c.group_topk);
     MOE_CHECK(c.num_experts % c.num_groups == 0, "--num-experts {} must be divisible by --moe-router-num-groups {}",
               c.num_experts, c.num_groups);
     MOE_CHECK(c.group_topk <= c.num_groups, "--moe-router-group-topk {} exceeds --moe-router-num-groups {}",
               c.group_topk, c.num_groups);
-    MOE_CHECK(c.topk % c.group_topk == 0,
-              "--moe-router-topk {} must be a multiple of --moe-router-group-topk {} (each group contributes "
-              "topk/group_topk experts to its score)",
-              c.topk, c.group_topk);
-    MOE_CHECK(c.topk / c.group_topk <= c.num_experts / c.num_groups,
-              "--moe-router-topk/--moe-router-group-topk = {} exceeds the {} experts per group", c.topk / c.group_topk,
-              c.num_experts / c.num_groups);
+    // Megatron would pick -inf scores (experts outside the chosen groups) here; refused instead.
+    MOE_CHECK(c.topk <= c.group_topk * (c.num_experts / c.num_groups),
+              "--moe-router-topk {} exceeds the {} experts of the --moe-router-group-topk {} chosen groups ({} experts "
+              "per group): raise --moe-router-group-topk or lower --moe-router-topk",
+              c.topk, c.group_topk * (c.num_experts / c.num_groups), c.group_topk, c.num_experts / c.num_groups);
   }
   MOE_CHECK(!c.enable_expert_bias || c.score_function == ScoreFunction::Sigmoid,
             "--moe-router-enable-expert-bias requires --moe-router-score-function sigmoid");

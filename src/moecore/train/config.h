@@ -83,6 +83,10 @@ struct TrainConfig {
   int64_t eval_interval = 1000, eval_iters = 100, log_interval = 100;
   bool skip_train = false;
   std::string metrics_file;
+  // Megatron's logging flags (train/metrics.cpp): the log line's throughput, params norm and gradient zeros;
+  // --logging-level gates moecore's warnings as Python's logging level gates Megatron's (30: WARNING, the default).
+  bool log_throughput = false, log_params_norm = false, log_num_zeros_in_grad = false, log_progress = false;
+  int64_t logging_level = 30;
   std::vector<std::string> generate_prompts;
   int64_t generate_tokens = 48, generate_top_k = 20;
   double generate_temperature = 0.8;

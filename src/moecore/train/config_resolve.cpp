@@ -65,6 +65,13 @@ void validate(const TrainConfig& c) {
     MOE_CHECK(std::isfinite(x) && x >= 0, "--moe-aux-loss-coeff {} is out of range; accepted: finite numbers >= 0", v);
   }
   auto pos = [](int64_t v, const char* n) { MOE_CHECK(v > 0, "--{} must be positive, got {}", n, v); };
+  // Logging flags (train/metrics.cpp).
+  MOE_CHECK(!c.log_progress,
+            "--log-progress is not implemented: progress.txt needs the floating-point operations of every earlier job "
+            "kept in the checkpoint; drop it (--log-throughput puts the throughput in the log line)");
+  MOE_CHECK(!(c.log_num_zeros_in_grad && c.use_distributed_optimizer),
+            "--log-num-zeros-in-grad with --use-distributed-optimizer is not implemented (each rank holds only its "
+            "shard of the reduced gradients); drop one of them");
   pos(c.num_layers, "num-layers");
   pos(c.hidden_size, "hidden-size");
   pos(c.num_attention_heads, "num-attention-heads");

@@ -29,6 +29,32 @@ double step_flops(const TrainConfig& c, int64_t padded_vocab) {
   return 3.0 * per_token * S * static_cast<double>(c.global_batch_size);  // forward + backward (2x)
 }
 
+double num_floating_point_operations(const TrainConfig& c, int64_t padded_vocab) {
+  const double batch = static_cast<double>(c.global_batch_size), s = static_cast<double>(c.seq_length);
+  const double total_tokens = batch * s, seqlen_squared_sum = batch * s * s;
+  const double h = static_cast<double>(c.hidden_size);
+  double num_moe_layers = 0, num_experts_routed_to = 0;
+  if (c.num_experts > 0) {
+    const auto pattern = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    num_moe_layers = static_cast<double>(std::count(pattern.begin(), pattern.end(), true));
+    num_experts_routed_to = static_cast<double>(c.moe_router_topk);
+  }
+  const double num_layers = static_cast<double>(c.num_layers), num_dense_layers = num_layers - num_moe_layers;
+  const double moe_ffn = static_cast<double>(c.moe_ffn_hidden_size);
+  const double shared_ffn = static_cast<double>(c.moe_shared_expert_intermediate_size);
+  const double fwd_bwd = 3, fma = 2, ffn_expansion = c.swiglu ? 3 : 2;
+  const double q = static_cast<double>(c.kv_channels * c.num_attention_heads);
+  const double kv = static_cast<double>(c.kv_channels * c.num_query_groups);
+  const double self_attn_term = fwd_bwd * fma * (h * (q + kv + kv) + q * h) * num_layers;
+  const double self_attn_core_term = fwd_bwd * fma * q / 2 * 2 * num_layers;  // causal half, QK^T and (QK^T)V
+  return total_tokens * (fwd_bwd * fma * h *
+                             (static_cast<double>(c.ffn_hidden_size) * ffn_expansion * num_dense_layers +
+                              moe_ffn * num_experts_routed_to * ffn_expansion * num_moe_layers +
+                              shared_ffn * ffn_expansion * num_moe_layers) +
+                         self_attn_term + fwd_bwd * fma * h * static_cast<double>(padded_vocab)) +
+         seqlen_squared_sum * self_attn_core_term;
+}
+
 std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,
                                                   const ParallelGroups& g) {
   std::map<std::string, double> out;

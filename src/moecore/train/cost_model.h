@@ -15,6 +15,11 @@ namespace moecore::train {
 // Model FLOPs of one training step (forward + backward) over the global batch.
 double step_flops(const TrainConfig& c, int64_t padded_vocab);
 
+// Megatron's num_floating_point_operations (training.py, transformer_flops, the BSHD path) for one global batch,
+// written in its own terms: what --log-throughput divides by the time and the world size. Equal to step_flops
+// (tests/train/test_logging.cpp checks both against a hand count); kept separate so that a change to one is caught.
+double num_floating_point_operations(const TrainConfig& c, int64_t padded_vocab);
+
 // Bytes this rank must receive per training step on each named group ("tp", "dp", "edp", "ep", "etp") with
 // routing taken as uniform; empty for a single process.
 std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,

@@ -8,6 +8,7 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
+#include "moecore/kernels/cpu/elementwise.h"
 
 namespace moecore::train {
 
@@ -19,31 +20,100 @@ std::vector<std::pair<size_t, const nn::RoutingStats*>> routed_layers(const nn::
     if (const nn::RoutingStats* s = model.routing_stats(i)) v.push_back({i, s});
   return v;
 }
+
+// --moe-per-layer-logging: each MoE layer's aux and z losses of the last step (Megatron writes them as
+// moe/<name>_layer_<i>, i the layer's index among all layers; their mean over the MoE layers is the total).
+std::string per_layer_losses(const StepResult& r, const std::vector<std::pair<size_t, const nn::RoutingStats*>>& layers,
+                             bool z_loss, nlohmann::json& j) {
+  std::string line;
+  auto add = [&](const std::string& name, const std::vector<double>& v) {
+    line += fmt::format(" {} per layer:", name);
+    for (size_t l = 0; l < layers.size() && l < v.size(); l++) {
+      line += fmt::format(" {:.4f}", v[l]);
+      j[fmt::format("moe/{}_layer_{}", name, layers[l].first)] = v[l];
+    }
+    line += " |";
+  };
+  for (size_t t = 0; t < r.aux_layers.size() && !layers.empty(); t++) {
+    const std::string& name = layers[0].second->loss_names[t];
+    if (name != "none") add(name, r.aux_layers[t]);
+  }
+  if (z_loss) add("z_loss", r.z_layers);
+  return line;
+}
 }  // namespace
 
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {
-  r.aux_losses.assign(c.moe_router_load_balancing_type.size(), 0.0);
-  r.z_loss = 0;
+  const size_t n = c.moe_router_load_balancing_type.size();
   const auto layers = routed_layers(model);
-  const double L = static_cast<double>(layers.size());
-  for (const auto& [i, st] : layers) {
-    const nn::RoutingStats& s = *st;
+  const size_t L = layers.size();
+  r.aux_layers.assign(n, std::vector<double>(L, 0.0));
+  r.z_layers.assign(L, 0.0);
+  for (size_t l = 0; l < L; l++) {  // per layer: L/coeff averaged over the micro-batches (Megatron's loss_scale)
+    const nn::RoutingStats& s = *layers[l].second;
     const double mb = static_cast<double>(std::max<int64_t>(1, s.micro_batches));
-    for (size_t t = 0; t < s.loss_sums.size() && t < r.aux_losses.size(); t++)
-      r.aux_losses[t] += s.loss_sums[t] / mb / L;
-    r.z_loss += s.z_loss_sum / mb / L;
+    for (size_t t = 0; t < s.loss_sums.size() && t < n; t++) r.aux_layers[t][l] = s.loss_sums[t] / mb;
+    r.z_layers[l] = s.z_loss_sum / mb;
   }
-  if (!g.distributed() || layers.empty()) return;
-  const int64_t n = static_cast<int64_t>(r.aux_losses.size());
-  Tensor a = Tensor::empty({n + 1}, DType::F64);
-  for (int64_t t = 0; t < n; t++) a.set_item(t, r.aux_losses[static_cast<size_t>(t)]);
-  a.set_item(n, r.z_loss);
-  g.tp_dp->all_reduce(a);
-  const double dp = static_cast<double>(g.dp_size);
-  for (int64_t t = 0; t < n; t++)
-    r.aux_losses[static_cast<size_t>(t)] =
-        a.item(t) / (c.moe_router_load_balancing_type[static_cast<size_t>(t)] == "global_aux_loss" ? 1.0 : dp);
-  r.z_loss = a.item(n) / dp;
+  if (g.distributed() && L > 0) {  // [type][layer] then z by layer, in one all-reduce
+    Tensor a = Tensor::empty({static_cast<int64_t>((n + 1) * L)}, DType::F64);
+    int64_t i = 0;
+    for (size_t t = 0; t < n; t++)
+      for (size_t l = 0; l < L; l++) a.set_item(i++, r.aux_layers[t][l]);
+    for (size_t l = 0; l < L; l++) a.set_item(i++, r.z_layers[l]);
+    g.tp_dp->all_reduce(a);
+    const double dp = static_cast<double>(g.dp_size);
+    i = 0;
+    for (size_t t = 0; t < n; t++) {
+      const double div = c.moe_router_load_balancing_type[t] == "global_aux_loss" ? 1.0 : dp;
+      for (size_t l = 0; l < L; l++) r.aux_layers[t][l] = a.item(i++) / div;
+    }
+    for (size_t l = 0; l < L; l++) r.z_layers[l] = a.item(i++) / dp;
+  }
+  // The totals: means over the MoE layers.
+  const double Ld = static_cast<double>(L);
+  r.aux_losses.assign(n, 0.0);
+  r.z_loss = 0;
+  for (size_t l = 0; l < L; l++) {
+    for (size_t t = 0; t < n; t++) r.aux_losses[t] += r.aux_layers[t][l] / Ld;
+    r.z_loss += r.z_layers[l] / Ld;
+  }
+}
+
+namespace {
+int64_t count_zeros(const Tensor& t) {
+  int64_t z = 0;
+  MOE_DISPATCH_FLOAT(t.dtype(), R, {
+    const R* v = t.data<R>();
+    for (int64_t i = 0; i < t.numel(); i++) z += v[i] == R(0);
+  });
+  return z;
+}
+}  // namespace
+
+void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r) {
+  if (!c.log_params_norm && !c.log_num_zeros_in_grad) return;
+  // The ranks holding the same values: experts' over EDP; dense over DP×CP, and over TP too unless split by TP
+  // (Megatron's param_is_not_tensor_parallel_duplicate). The same weights as the optimizer's gradient norm.
+  const double dp = static_cast<double>(ParallelGroups::size(g.dp)),
+               tp = static_cast<double>(ParallelGroups::size(g.tp));
+  const double edp = static_cast<double>(ParallelGroups::size(g.edp));
+  double sq = 0, zeros = 0;
+  for (const auto& p : reg.all()) {
+    const double w = p->expert_parallel ? 1.0 / edp : 1.0 / (dp * (p->tensor_parallel ? 1.0 : tp));
+    if (c.log_params_norm) sq += w * kernels::sum_squares(p->value);
+    if (c.log_num_zeros_in_grad) zeros += w * static_cast<double>(count_zeros(p->grad));
+  }
+  if (g.distributed()) {
+    Tensor u = Tensor::empty({2}, DType::F64);
+    u.set_item(0, sq);
+    u.set_item(1, zeros);
+    g.world->all_reduce(u);
+    sq = u.item(0);
+    zeros = u.item(1);
+  }
+  r.params_norm = std::sqrt(sq);
+  r.num_zeros = std::llround(zeros);
 }
 
 void IntervalSums::add(const StepResult& r) {
@@ -81,8 +151,9 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f} {}", b, u[i]);
 }
 
-MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume)
-    : c_(c), out_(out) {
+MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume,
+                       int64_t world_size)
+    : c_(c), out_(out), world_size_(world_size) {
   if (metrics_file.empty()) return;
   // A resumed run appends to the history (lines past the checkpoint from an interrupted run repeat iterations;
   // the later line is the one that counts).
@@ -151,13 +222,29 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     j["dropped_assignments"] = dropped;
     j["max_over_mean_expert_load"] = worst;
     aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
+    if (c_.moe_per_layer_logging) aux += per_layer_losses(r, layers, c_.moe_z_loss_coeff > 0, j);
+  }
+  // Megatron's optional fields: throughput after the timing, num zeros and params norm after the grad norm.
+  std::string throughput, after_norm;
+  if (c_.log_throughput) {
+    const double tflops = step_flops * static_cast<double>(steps) / seconds / 1e12 / static_cast<double>(world_size_);
+    throughput = fmt::format(" throughput per GPU (TFLOP/s/GPU): {:.3f} |", tflops);
+    j["throughput_tflops_per_gpu"] = tflops;
+  }
+  if (c_.log_num_zeros_in_grad) {
+    after_norm += fmt::format(" num zeros: {} |", r.num_zeros);
+    j["num_zeros"] = r.num_zeros;
+  }
+  if (c_.log_params_norm) {
+    after_norm += fmt::format(" params norm: {:.3f} |", r.params_norm);
+    j["params_norm"] = r.params_norm;
   }
   if (out_) {
     fmt::print(out_,
-               " iteration {:>8}/{:>8} | consumed samples: {:>10} | learning rate: {:.6E} | lm loss: {:.6E} |{} "
-               "grad norm: {:.3f} | tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {}\n",
-               iteration, c_.train_iters, consumed_samples, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n, tps,
-               gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
+               " iteration {:>8}/{:>8} | consumed samples: {:>10} |{} learning rate: {:.6E} | lm loss: {:.6E} |{} "
+               "grad norm: {:.3f} |{} tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {}\n",
+               iteration, c_.train_iters, consumed_samples, throughput, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n,
+               after_norm, tps, gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
                human_bytes(static_cast<double>(mem.peak_bytes)));
     flush_checked(out_, "training log");
   }

@@ -22,12 +22,25 @@ struct StepResult {
   double lr = 0;
   std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches
   double z_loss = 0;
+  // The same per MoE layer (in layer order; the totals above are their means): [type][MoE layer], [MoE layer].
+  std::vector<std::vector<double>> aux_layers;
+  std::vector<double> z_layers;
+  // With --log-params-norm / --log-num-zeros-in-grad (param_stats): the L2 norm of every parameter after the
+  // update, and the zero entries of the gradients the step used, each element counted once over all ranks.
+  double params_norm = 0;
+  int64_t num_zeros = 0;
 };
 
 // Aux losses and z-loss of the step just finished, as Megatron logs them: L/coeff per layer, averaged over MoE
 // layers and micro-batches, summed over TP (each TP rank holds its tokens' share), averaged over DP (global_aux_loss
 // shares are parts of one global-batch loss: summed). Collective over the TP×DP group.
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r);
+
+// Megatron's calc_params_l2_norm (--log-params-norm) and count_zeros_fp32 (--log-num-zeros-in-grad) into r: every
+// parameter element counted once whatever the layout (a rank weighs its share by 1 over the ranks holding the same
+// values, as the gradient norm does), summed over the world. Call after the update, before the next zero_grad.
+// Collective over the world when either flag is set; nothing otherwise.
+void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r);
 
 // Sums of the steps since the last log line (checkpointed, so a resumed run logs the same averages).
 struct IntervalSums {
@@ -43,8 +56,10 @@ std::string human_bytes(double bytes);
 
 class MetricsLog {
  public:
-  // `out`: the console (null: nothing printed); `metrics_file`: JSON lines (empty: none), appended when `resume`.
-  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume);
+  // `out`: the console (null: nothing printed); `metrics_file`: JSON lines (empty: none), appended when `resume`;
+  // `world_size`: the ranks the throughput per GPU divides by.
+  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume,
+             int64_t world_size = 1);
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
@@ -58,6 +73,7 @@ class MetricsLog {
  private:
   const TrainConfig& c_;
   std::FILE* out_;
+  int64_t world_size_;
   LineFile file_;  // every line checked: a full disk ends the run naming the file
 };
 

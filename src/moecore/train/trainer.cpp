@@ -65,7 +65,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
-                                      progress_.iteration > 0);
+                                      progress_.iteration > 0, ParallelGroups::size(groups_->world));
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
   print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
 }
@@ -132,6 +132,7 @@ StepResult Trainer::train_step() {
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
   router_losses(cfg_, *model_, *groups_, r);
+  param_stats(cfg_, reg_, *groups_, r);  // --log-params-norm, --log-num-zeros-in-grad
   return r;
 }
 
@@ -196,7 +197,8 @@ void Trainer::train_loop() {
   while (it < cfg_.train_iters) {
     const StepResult r = train_step();
     progress_.sums.add(r);
-    if (const auto warning = stall_->after_step(r)) {
+    // Warnings are Python logging's WARNING (30) in Megatron: shown unless --logging-level is above it.
+    if (const auto warning = stall_->after_step(r); warning && cfg_.logging_level <= 30) {
       if (tty) fmt::print(out_, "\r\033[K");
       fmt::print(out_, "{}\n", *warning);
     }

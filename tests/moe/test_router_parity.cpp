@@ -1,0 +1,185 @@
+// Router parity with Megatron-Core on the points where moecore used to differ: group-limited top-k when
+// --moe-router-group-topk does not divide --moe-router-topk (moe_utils.group_limited_topk), --moe-router-num-groups
+// alone (no group limit), and the expert-bias counts under --moe-pad-expert-input-to-capacity (router.py
+// _apply_expert_bias counts the padded capacity mask).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "moecore/moe/router.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using moe::Router;
+using moe::RouterConfig;
+
+// A router whose weight is the identity (H = E), so the logits equal the input rows.
+struct IdentityRouter {
+  nn::ParamRegistry reg{DType::F64};
+  Router router;
+  explicit IdentityRouter(RouterConfig c)
+      : router(reg, "router", (c.hidden = c.num_experts, c.router_dtype = DType::F64, c)) {
+    Tensor& w = router.weight().value;
+    w.zero_();
+    for (int64_t e = 0; e < c.num_experts; e++) w.set_item(e * c.num_experts + e, 1.0);
+  }
+};
+
+Tensor rows(const std::vector<std::vector<double>>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size()), static_cast<int64_t>(v[0].size())}, DType::F64);
+  for (size_t i = 0; i < v.size(); i++)
+    for (size_t j = 0; j < v[0].size(); j++) t.set_item(static_cast<int64_t>(i * v[0].size() + j), v[i][j]);
+  return t;
+}
+
+double sig(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+std::vector<int64_t> sorted_ids(const Router::Output& o, int64_t t) {
+  const int64_t K = o.idx_TK.dim(1);
+  std::vector<int64_t> v;
+  for (int64_t j = 0; j < K; j++) v.push_back(static_cast<int64_t>(o.idx_TK.item(t * K + j)));
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// Indices of the k largest of v (restricted to `allowed`), ties to the lower index.
+std::vector<int64_t> topk(const std::vector<double>& v, int64_t k, const std::vector<bool>& allowed) {
+  std::vector<int64_t> i;
+  for (int64_t e = 0; e < static_cast<int64_t>(v.size()); e++)
+    if (allowed[static_cast<size_t>(e)]) i.push_back(e);
+  std::stable_sort(i.begin(), i.end(), [&](int64_t a, int64_t b) { return v[a] > v[b]; });
+  i.resize(static_cast<size_t>(k));
+  return i;
+}
+
+// Megatron's group_limited_topk, written out: group score = sum of its top (topk // group_topk) scores.
+std::vector<int64_t> megatron_group_topk(const std::vector<double>& s, int64_t k, int64_t G, int64_t g) {
+  const int64_t n = static_cast<int64_t>(s.size()) / G;
+  std::vector<double> gs(static_cast<size_t>(G), 0.0);
+  for (int64_t grp = 0; grp < G; grp++) {
+    std::vector<double> in(s.begin() + grp * n, s.begin() + (grp + 1) * n);
+    std::sort(in.begin(), in.end(), std::greater<>());
+    for (int64_t j = 0; j < k / g; j++) gs[static_cast<size_t>(grp)] += in[static_cast<size_t>(j)];
+  }
+  std::vector<bool> allowed(s.size(), false);
+  for (int64_t grp : topk(gs, g, std::vector<bool>(static_cast<size_t>(G), true)))
+    for (int64_t e = grp * n; e < (grp + 1) * n; e++) allowed[static_cast<size_t>(e)] = true;
+  std::vector<int64_t> r = topk(s, k, allowed);
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+// topk 4 with group-topk 3 (the brief's case): 4 groups of 2, each scored by its single best expert (4 // 3 = 1).
+// Group D = {-5, 2.95} beats C = {2.9, 2.8} on its best expert, though C's top-2 sum is larger; so the experts
+// come from A, B and D: 0 (9), 2 (3), 3 (3), 7 (2.95).
+TEST(RouterParity, GroupTopKNotDividingTopKScoresByTopKFloorDiv) {
+  RouterConfig c;
+  c.num_experts = 8;
+  c.topk = 4;
+  c.num_groups = 4;
+  c.group_topk = 3;
+  c.score_function = moe::ScoreFunction::Sigmoid;
+  EXPECT_NO_THROW(moe::validate((c.hidden = 8, c)));
+  IdentityRouter r(c);
+  Router::Stash st;
+  const auto out = r.router.forward(rows({{9, -10, 3, 3, 2.9, 2.8, -5, 2.95}}), 1, 1, false, st);
+  EXPECT_EQ(sorted_ids(out, 0), (std::vector<int64_t>{0, 2, 3, 7}));
+  // Probabilities: sigmoid scores renormalized over the 4 selected.
+  const double z = sig(9) + 2 * sig(3) + sig(2.95);
+  for (int64_t j = 0; j < 4; j++) {
+    const int64_t e = static_cast<int64_t>(out.idx_TK.item(j));
+    const double l[] = {9, -10, 3, 3, 2.9, 2.8, -5, 2.95};
+    EXPECT_NEAR(out.probs_TK.item(j), sig(l[e]) / z, 1e-15);
+  }
+}
+
+// Megatron's formula on random scores for every (topk, group-topk) with 12 experts in 4 and 6 groups, including
+// topk < group-topk (every group scores 0: the lower-indexed groups win the tie).
+TEST(RouterParity, GroupLimitedTopKMatchesMegatronFormula) {
+  const int64_t E = 12, T = 24;
+  const Tensor x = testing::randn({T, E}, DType::F64, 11);
+  int checked = 0;
+  for (int64_t G : {4, 6})
+    for (int64_t g = 1; g <= G; g++)
+      for (int64_t k = 1; k <= g * (E / G); k++) {
+        RouterConfig c;
+        c.num_experts = E;
+        c.topk = k;
+        c.num_groups = G;
+        c.group_topk = g;
+        c.score_function = moe::ScoreFunction::Sigmoid;
+        IdentityRouter r(c);
+        Router::Stash st;
+        const auto out = r.router.forward(x, T, 1, false, st);
+        for (int64_t t = 0; t < T; t++) {
+          std::vector<double> s(static_cast<size_t>(E));
+          for (int64_t e = 0; e < E; e++) s[static_cast<size_t>(e)] = sig(x.item(t * E + e));
+          ASSERT_EQ(sorted_ids(out, t), megatron_group_topk(s, k, G, g)) << "G " << G << " g " << g << " k " << k;
+        }
+        checked++;
+      }
+  EXPECT_GT(checked, 40);
+}
+
+// --moe-router-num-groups without --moe-router-group-topk: Megatron routes over all experts.
+TEST(RouterParity, NumGroupsAloneRoutesOverAllExperts) {
+  RouterConfig c;
+  c.num_experts = 4;
+  c.topk = 2;
+  c.num_groups = 2;
+  c.score_function = moe::ScoreFunction::Sigmoid;
+  IdentityRouter r(c);
+  Router::Stash st;
+  const auto out = r.router.forward(rows({{5, -10, 4, 3.9}}), 1, 1, false, st);
+  EXPECT_EQ(sorted_ids(out, 0), (std::vector<int64_t>{0, 2}));  // group-limited would give {2, 3}
+  c.hidden = 4;
+  c.group_topk = 1;
+  c.num_groups = 0;
+  try {
+    moe::validate(c);
+    ADD_FAILURE() << "--moe-router-group-topk without --moe-router-num-groups accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-router-group-topk 1 needs --moe-router-num-groups"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Under --moe-pad-expert-input-to-capacity Megatron counts the padded capacity mask for the expert bias: every
+// expert counts its capacity and the bias stays put, however skewed the routing. Without padding the same routing
+// moves it (the control).
+TEST(RouterParity, ExpertBiasCountsPaddedCapacityAsMegatron) {
+  const std::vector<std::vector<double>> skewed = {{3, 2, -1, -2}, {3, 2, -1, -2}, {3, -1, 2, -2}, {2, 3, -1, -2}};
+  for (bool pad : {true, false}) {
+    RouterConfig c;
+    c.num_experts = 4;
+    c.topk = 2;
+    c.score_function = moe::ScoreFunction::Sigmoid;
+    c.enable_expert_bias = true;
+    c.bias_update_rate = 0.25;
+    c.capacity_factor = 1.0;  // C = ceil(2·4/4) = 2
+    c.pad_to_capacity = pad;
+    IdentityRouter r(c);
+    Router::Stash st;
+    const auto out = r.router.forward(rows(skewed), 4, 1, true, st);
+    const Tensor& cnt = r.router.local_tokens_per_expert();
+    // Kept assignments: expert 0 keeps 2 of 4, expert 1 keeps 2 of 3, expert 2 its 1, expert 3 none.
+    const std::vector<double> kept = {2, 2, 1, 0};
+    for (int64_t e = 0; e < 4; e++) EXPECT_EQ(cnt.item(e), pad ? 2.0 : kept[static_cast<size_t>(e)]) << e;
+    // The statistics still count the real kept assignments.
+    EXPECT_EQ(r.router.stats().tokens_per_expert, (std::vector<int64_t>{2, 2, 1, 0}));
+    r.router.finish_global_batch();
+    const Tensor& b = r.router.expert_bias();
+    const std::vector<double> moved = {-0.25, -0.25, 0.25, 0.25};  // mean 1.25
+    for (int64_t e = 0; e < 4; e++) EXPECT_EQ(b.item(e), pad ? 0.0 : moved[static_cast<size_t>(e)]) << e;
+    (void)out;
+  }
+}
+
+}  // namespace
+}  // namespace moecore
