@@ -181,5 +181,49 @@ TEST(RouterParity, ExpertBiasCountsPaddedCapacityAsMegatron) {
   }
 }
 
+// --moe-router-load-balancing-type sinkhorn (router.py sinkhorn_load_balancing): in training the experts are the
+// top-k of the Sinkhorn-balanced cost (tests/moe/test_sinkhorn.cpp has its values for these logits: arg-max 1, 2,
+// 0, 2 where the logits' own arg-max is 0 everywhere), the probabilities the sigmoid of the chosen logit for top-1;
+// in evaluation the top-k of the activation itself. Top-2: softmax over all experts, the chosen values unnormalised.
+TEST(RouterParity, SinkhornChoosesBalancedExpertsInTrainingOnly) {
+  const std::vector<std::vector<double>> l = {{2.0, 0.5, -1.0}, {1.5, 0.2, 0.3}, {3.0, -0.5, 0.0}, {0.1, 0.0, -0.2}};
+  RouterConfig c;
+  c.num_experts = 3;
+  c.topk = 1;
+  c.load_balancing = {moe::LoadBalancingType::Sinkhorn};
+  c.aux_loss_coeff = {0.0};
+  IdentityRouter r(c);
+  Router::Stash st;
+  const auto train = r.router.forward(rows(l), 4, 1, true, st);
+  const std::vector<int64_t> balanced = {1, 2, 0, 2};
+  for (int64_t t = 0; t < 4; t++) {
+    EXPECT_EQ(train.idx_TK.item(t), balanced[static_cast<size_t>(t)]) << t;
+    EXPECT_NEAR(train.probs_TK.item(t), sig(l[t][balanced[static_cast<size_t>(t)]]), 1e-12) << t;
+  }
+  Router::Stash st2;
+  const auto eval = r.router.forward(rows(l), 4, 1, false, st2);
+  for (int64_t t = 0; t < 4; t++) {
+    EXPECT_EQ(eval.idx_TK.item(t), 0) << t;
+    EXPECT_NEAR(eval.probs_TK.item(t), sig(l[t][0]), 1e-12) << t;
+  }
+  c.topk = 2;
+  IdentityRouter r2(c);
+  Router::Stash st3;
+  const auto top2 = r2.router.forward(rows(l), 4, 1, true, st3);
+  for (int64_t t = 0; t < 4; t++) {
+    double z = 0;
+    for (double x : l[t]) z += std::exp(x);
+    for (int64_t j = 0; j < 2; j++) {
+      const auto e = static_cast<size_t>(top2.idx_TK.item(t * 2 + j));
+      EXPECT_NEAR(top2.probs_TK.item(t * 2 + j), std::exp(l[t][e]) / z, 1e-12) << t;
+    }
+  }
+  c.aux_loss_coeff = {1e-2};
+  EXPECT_NE(testing::user_error_of([&] { moe::validate(c); }).find("does not support aux loss"), std::string::npos);
+  c.aux_loss_coeff = {0.0, 1e-2};
+  c.load_balancing = {moe::LoadBalancingType::Sinkhorn, moe::LoadBalancingType::AuxLoss};
+  EXPECT_NE(testing::user_error_of([&] { moe::validate(c); }).find("on its own"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace moecore

@@ -160,6 +160,16 @@ INSTANTIATE_TEST_SUITE_P(
                       {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
                        "--global-batch-size", "4"},
                       {"--micro-batch-size", "4"}},
+        // Sinkhorn selection balances over every token of the micro-batch: its column sums span the TP group.
+        ModelParallel{
+            "Sinkhorn_top1_TP2xEP2",
+            4,
+            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"},
+            {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0", "--moe-router-topk", "1"}},
+        ModelParallel{"Sinkhorn_top2_TP2_ETP2",
+                      2,
+                      kTP2,
+                      {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0"}},
         ModelParallel{"DP4xEP2xETP2_distopt",
                       4,
                       {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",

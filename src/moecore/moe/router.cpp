@@ -12,6 +12,7 @@
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/moe/sinkhorn.h"
 
 namespace moecore::moe {
 
@@ -49,6 +50,10 @@ RowScratch row_scratch(const RouterConfig& c, int64_t* w) {
 
 Router::Router(nn::ParamRegistry& reg, const std::string& name, const RouterConfig& cfg) : cfg_(cfg) {
   validate(cfg);
+  if (routes_by_sinkhorn(cfg_)) {  // Megatron's _sinkhorn_activation
+    cfg_.score_function = cfg_.topk == 1 ? ScoreFunction::Sigmoid : ScoreFunction::Softmax;
+    cfg_.pre_softmax = cfg_.topk > 1;
+  }
   const int64_t E = cfg.num_experts;
   weight_ = &reg.add(name + ".weight", {E, cfg.hidden}, nn::InitRule::normal(cfg.init_std));
   expert_bias_E_ = Tensor::zeros({E}, DType::F32);
@@ -133,8 +138,8 @@ void aux_scores_row(ScoreFunction f, const T* l, T* a, int64_t E) {
 
 // Scores, top-k and probabilities per token into st.idx_TK / st.p_TK; probs_TK = p · scaling factor, all kept.
 template <typename T>
-void route_impl(const RouterConfig& c, Router::Stash& st, const T* used_logits, const float* bias, int64_t* scratch,
-                int64_t words, int nthreads, Tensor& probs_TK) {
+void route_impl(const RouterConfig& c, Router::Stash& st, const T* used_logits, const float* bias,
+                const double* sinkhorn_TE, int64_t* scratch, int64_t words, int nthreads, Tensor& probs_TK) {
   const int64_t T_ = st.logits_TE.dim(0), E = c.num_experts, K = c.topk;
   const bool groups = c.group_topk > 0;
   int32_t* idx = st.idx_TK.data<int32_t>();
@@ -148,7 +153,9 @@ void route_impl(const RouterConfig& c, Router::Stash& st, const T* used_logits, 
       int32_t* id = idx + t * K;
       T* pr = p + t * K;
       auto select = [&](const T* v) {
-        if (groups)
+        if (sinkhorn_TE)  // training under sinkhorn: the experts come from the balanced cost, the probs from v
+          topk_row(sinkhorn_TE + t * E, nullptr, E, K, id, rs.taken);
+        else if (groups)
           group_topk_row(v, E, K, c.num_groups, c.group_topk, id, rs);
         else
           topk_row(v, nullptr, E, K, id, rs.taken);
@@ -295,9 +302,11 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   Output out{Tensor::empty({T_, K}, DType::I32), Tensor::empty({T_, K}, rd), 0};
   const int nthreads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), scratch_threads_));
   int64_t dropped = 0;
+  const Tensor sinkhorn = training && routes_by_sinkhorn(cfg_) ? sinkhorn_TE(used, cfg_.count_group) : Tensor();
   MOE_DISPATCH_FLOAT(rd, R, {
     route_impl<R>(cfg_, st, used.data<R>(), cfg_.enable_expert_bias ? expert_bias_E_.data<float>() : nullptr,
-                  scratch_.data<int64_t>(), scratch_words_, nthreads, out.probs_TK);
+                  sinkhorn.defined() ? sinkhorn.data<double>() : nullptr, scratch_.data<int64_t>(), scratch_words_,
+                  nthreads, out.probs_TK);
     if (cfg_.capacity_factor >= 0) {
       int64_t C = expert_capacity(cfg_, T_);
       if (cfg_.pad_to_capacity) out.pad_capacity = C = std::min(C, T_);

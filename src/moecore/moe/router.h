@@ -20,7 +20,7 @@
 namespace moecore::moe {
 
 enum class ScoreFunction { Softmax, Sigmoid };
-enum class LoadBalancingType { AuxLoss, SeqAuxLoss, GlobalAuxLoss, None };
+enum class LoadBalancingType { AuxLoss, SeqAuxLoss, GlobalAuxLoss, Sinkhorn, None };
 enum class DropPolicy { Probs, Position };
 
 ScoreFunction parse_score_function(const std::string& s);
@@ -57,6 +57,10 @@ struct RouterConfig {
   const comm::ProcessGroup* global_group = nullptr;
   double global_grad_scale = 1.0;
 };
+
+// Megatron's sinkhorn routing (sinkhorn.h) is the one type given: it fixes the activation (sigmoid for top-1,
+// softmax over all experts otherwise, the selected values unnormalised); the Router routes with that.
+bool routes_by_sinkhorn(const RouterConfig& c);
 
 // Rejects inconsistent settings with Megatron's flag names in the message. Called before anything is allocated.
 // Any expert and group count that fits the I32 expert ids is supported (scratch is sized from the config).

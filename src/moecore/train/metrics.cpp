@@ -198,7 +198,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     for (size_t t = 0; t < c_.moe_router_load_balancing_type.size(); t++) {
       const std::string name =
           moe::load_balancing_name(moe::parse_load_balancing_type(c_.moe_router_load_balancing_type[t]));
-      if (name == "none") continue;
+      if (name == "none" || name == "sinkhorn") continue;  // no loss to log
       const double v = t < sums.aux.size() ? sums.aux[t] / n : 0.0;
       aux += fmt::format(" {}: {:.4f} |", name, v);
       j[name] = v;
