@@ -83,6 +83,12 @@ struct TrainConfig {
   int64_t eval_interval = 1000, eval_iters = 100, log_interval = 100;
   bool skip_train = false;
   std::string metrics_file;
+  // TensorBoard event files (train/tensorboard_log.h), written by the last rank as Megatron's are
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1, tensorboard_queue_size = 1000;
+  bool log_timers_to_tensorboard = false, no_log_loss_scale_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false, log_memory_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
   std::vector<std::string> generate_prompts;
   int64_t generate_tokens = 48, generate_top_k = 20;
   double generate_temperature = 0.8;

@@ -22,6 +22,7 @@ struct StepResult {
   double lr = 0;
   std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches
   double z_loss = 0;
+  double forward_backward_seconds = 0, optimizer_seconds = 0;  // Megatron's timers of the same names
 };
 
 // Aux losses and z-loss of the step just finished, as Megatron logs them: L/coeff per layer, averaged over MoE
