@@ -9,6 +9,7 @@
 # Usage: tensorboard.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/../ckpt/script_setup.sh"
 reader="$(dirname "$0")/tensorboard_reader.py"
+python3=/usr/bin/python3  # Debian's, with python3-protobuf (not a python3 earlier on PATH)
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
   --num-experts 4 --moe-layer-freq "[0,1]" --seq-length 16 --micro-batch-size 2 --log-interval 1
   --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-per-layer-logging)
@@ -19,14 +20,14 @@ export OMP_NUM_THREADS=1
   --tensorboard-dir "$D/one" --metrics-file "$D/one.jsonl" --log-timers-to-tensorboard --log-memory-to-tensorboard \
   --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --tensorboard-queue-size 7 \
   >"$D/one.log" 2>&1 || fail "one process: $(tail -5 "$D/one.log")"
-python3 "$reader" check "$D/one" "$D/one.jsonl" --global-batch-size 4 --world-size 1 --per-layer 2 --timers \
+"$python3" "$reader" check "$D/one" "$D/one.jsonl" --global-batch-size 4 --world-size 1 --per-layer 2 --timers \
   --memory --ppl --last-iteration 6 || fail "one process: the event file does not match the metrics"
 
 # 2. Two ranks, EP 2 (DP 2): rank 1 writes; the metrics file (rank 0) has rank 0's tokens, the histogram all 8x16x2.
 "${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" --train-iters 4 --global-batch-size 8 --eval-iters 0 \
   --expert-model-parallel-size 2 --tensorboard-dir "$D/ep2" --metrics-file "$D/ep2.jsonl" \
   --log-world-size-to-tensorboard >"$D/ep2.log" 2>&1 || fail "EP 2: $(tail -5 "$D/ep2.log")"
-python3 "$reader" check "$D/ep2" "$D/ep2.jsonl" --global-batch-size 8 --world-size 2 --per-layer 2 \
+"$python3" "$reader" check "$D/ep2" "$D/ep2.jsonl" --global-batch-size 8 --world-size 2 --per-layer 2 \
   --no-metrics-tokens --tokens-per-layer 256 --last-iteration 4 || fail "EP 2: the event file does not match"
 
 # 3. SIGTERM: nothing reaches the file before the stop (queue of 100000 records), all of it after.
@@ -42,6 +43,6 @@ kill -TERM $job
 wait $job || fail "SIGTERM: the job exited non-zero: $(tail -5 "$D/term.log")"
 it=$(sed -nE 's/^stopping at iteration ([0-9]+) on SIGTERM.*/\1/p' "$D/term.log")
 [ -n "$it" ] || fail "SIGTERM: no stop message: $(tail -5 "$D/term.log")"
-python3 "$reader" check "$D/term" "$D/term.jsonl" --global-batch-size 4 --per-layer 2 --last-iteration "$it" ||
+"$python3" "$reader" check "$D/term" "$D/term.jsonl" --global-batch-size 4 --per-layer 2 --last-iteration "$it" ||
   fail "SIGTERM: the event file does not hold every step up to $it"
 echo "tensorboard: all checks passed"

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """An independent reader of TensorBoard event files, for the tests of moecore's --tensorboard-dir.
 
 It shares no code with moecore's writer: it parses the TFRecord framing itself (both CRCs checked with the CRC-32C
