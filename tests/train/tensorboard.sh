@@ -4,7 +4,8 @@
 # tag by tag, step by step, against the metrics JSON lines of the same run:
 #  1. one process: every Megatron tag moecore writes (per-layer MoE losses, timers, memory, validation ppl, world
 #     size, tokens-per-expert histograms equal to the metrics file's);
-#  2. two ranks, EP 2: one event file, written by the last rank, the histograms holding every rank's tokens;
+#  2. two ranks, EP 2, and four, TP 2 (SP) x EP 2: one event file, written by the last rank, the histograms holding
+#     every rank's tokens;
 #  3. SIGTERM with --exit-signal-handler and a queue larger than the run: the records reach the file at the stop.
 # Usage: tensorboard.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/../ckpt/script_setup.sh"
@@ -29,6 +30,13 @@ export OMP_NUM_THREADS=1
   --log-world-size-to-tensorboard >"$D/ep2.log" 2>&1 || fail "EP 2: $(tail -5 "$D/ep2.log")"
 "$python3" "$reader" check "$D/ep2" "$D/ep2.jsonl" --global-batch-size 8 --world-size 2 --per-layer 2 \
   --no-metrics-tokens --tokens-per-layer 256 --last-iteration 4 || fail "EP 2: the event file does not match"
+
+# 2b. Four ranks, TP 2 with SP and EP 2: each TP rank routes its sequence shard; the histograms still hold 256.
+"${mpirun[@]}" -np 4 "$moecore" train "${A[@]}" --train-iters 2 --global-batch-size 8 --eval-iters 0 \
+  --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 \
+  --tensorboard-dir "$D/tp2" --metrics-file "$D/tp2.jsonl" >"$D/tp2.log" 2>&1 || fail "TP 2 EP 2: $(tail -5 "$D/tp2.log")"
+"$python3" "$reader" check "$D/tp2" "$D/tp2.jsonl" --global-batch-size 8 --per-layer 2 --no-metrics-tokens \
+  --tokens-per-layer 256 --last-iteration 2 || fail "TP 2 EP 2: the event file does not match"
 
 # 3. SIGTERM: nothing reaches the file before the stop (queue of 100000 records), all of it after.
 "$moecore" train "${A[@]}" --train-iters 100000 --global-batch-size 4 --eval-iters 0 --lr-decay-style constant \

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "moecore/core/crc32c.h"
 #include "moecore/core/error.h"
@@ -60,7 +61,7 @@ std::string tfrecord_frame(std::string_view record) {
 }
 
 EventFileWriter::EventFileWriter(const std::string& dir, int64_t queue_size, double flush_secs)
-    : queue_size_(std::max<int64_t>(1, queue_size)), flush_secs_(flush_secs) {
+    : queue_size_(queue_size > 0 ? queue_size : std::numeric_limits<int64_t>::max()), flush_secs_(flush_secs) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   MOE_CHECK(!ec, "--tensorboard-dir {}: cannot create the directory: {}", dir, ec.message());

@@ -30,7 +30,7 @@ std::string tfrecord_frame(std::string_view record);
 class EventFileWriter {
  public:
   // Creates `dir` (and its parents) and events.out.tfevents.<unix seconds>.<hostname>.<pid> in it, and writes
-  // the file-version record. Errors name `dir`.
+  // the file-version record. Errors name `dir`. `queue_size` <= 0: no limit (as Python's queue.Queue).
   EventFileWriter(const std::string& dir, int64_t queue_size, double flush_secs = 120);
   ~EventFileWriter();  // close(); an error there is printed (a destructor cannot throw)
   EventFileWriter(const EventFileWriter&) = delete;
