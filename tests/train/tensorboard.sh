@@ -34,7 +34,8 @@ export OMP_NUM_THREADS=1
 # 2b. Four ranks, TP 2 with SP and EP 2: each TP rank routes its sequence shard; the histograms still hold 256.
 "${mpirun[@]}" -np 4 "$moecore" train "${A[@]}" --train-iters 2 --global-batch-size 8 --eval-iters 0 \
   --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 \
-  --tensorboard-dir "$D/tp2" --metrics-file "$D/tp2.jsonl" >"$D/tp2.log" 2>&1 || fail "TP 2 EP 2: $(tail -5 "$D/tp2.log")"
+  --tensorboard-dir "$D/tp2" --metrics-file "$D/tp2.jsonl" >"$D/tp2.log" 2>&1 ||
+  fail "TP 2 EP 2: $(tail -5 "$D/tp2.log")"
 "$python3" "$reader" check "$D/tp2" "$D/tp2.jsonl" --global-batch-size 8 --per-layer 2 --no-metrics-tokens \
   --tokens-per-layer 256 --last-iteration 2 || fail "TP 2 EP 2: the event file does not match"
 
