@@ -19,6 +19,8 @@ PACKAGES=(
   fortunes             # the embedded default corpus of the demo
   fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl fortunes-cs  # multilingual tokenizer test text
   clang-format
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files (--tensorboard-dir): protobuf library and protoc
+  python3-protobuf     # the independent TensorBoard event-file reader (tests/train/tensorboard_reader.py)
   python3-numpy        # independent reference of the Qwen3-MoE and Mixtral forward pass (HF interop test)
   clang-14 libfuzzer-14-dev     # the sanitized stage: ASan+UBSan build and libFuzzer targets (tests/fuzz)
 )

@@ -87,6 +87,12 @@ struct TrainConfig {
   // --logging-level gates moecore's warnings as Python's logging level gates Megatron's (30: WARNING, the default).
   bool log_throughput = false, log_params_norm = false, log_num_zeros_in_grad = false, log_progress = false;
   int64_t logging_level = 30;
+  // TensorBoard event files (train/tensorboard_log.h), written by the last rank as Megatron's are
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1, tensorboard_queue_size = 1000;
+  bool log_timers_to_tensorboard = false, no_log_loss_scale_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false, log_memory_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
   std::vector<std::string> generate_prompts;
   int64_t generate_tokens = 48, generate_top_k = 20;
   double generate_temperature = 0.8;

@@ -29,6 +29,7 @@ struct StepResult {
   // update, and the zero entries of the gradients the step used, each element counted once over all ranks.
   double params_norm = 0;
   int64_t num_zeros = 0;
+  double forward_backward_seconds = 0, optimizer_seconds = 0;  // Megatron's timers of the same names
 };
 
 // Aux losses and z-loss of the step just finished, as Megatron logs them: L/coeff per layer, averaged over MoE

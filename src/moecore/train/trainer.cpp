@@ -66,11 +66,13 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0, ParallelGroups::size(groups_->world));
+  tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
   print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
 }
 
 Trainer::~Trainer() {
+  tb_.reset();  // the event file flushed and closed (also after a stop signal or an error)
   log_.reset();
   if (null_out_) std::fclose(null_out_);
 }
@@ -98,10 +100,13 @@ StepResult Trainer::train_step() {
   StepResult r;
   r.lr = lr_schedule(cfg_).lr(progress_.iteration);
   reg_.zero_grad();
+  const double t0 = now_seconds();
   {
     nn::Bf16WeightScope bf16_scope(reg_);  // weights change only after the micro-batches
     r.lm_loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
+  const double t1 = now_seconds();
+  r.forward_backward_seconds = t1 - t0;
   const data::SampleCursor step_cursor = progress_.cursor;
   progress_.cursor.advance(cfg_.global_batch_size);
   if (groups_->distributed()) {  // the reported loss is averaged over DP
@@ -131,6 +136,7 @@ StepResult Trainer::train_step() {
   model_->finish_global_batch();
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
+  r.optimizer_seconds = now_seconds() - t1;
   router_losses(cfg_, *model_, *groups_, r);
   param_stats(cfg_, reg_, *groups_, r);  // --log-params-norm, --log-num-zeros-in-grad
   return r;
@@ -197,6 +203,10 @@ void Trainer::train_loop() {
   while (it < cfg_.train_iters) {
     const StepResult r = train_step();
     progress_.sums.add(r);
+    Scalars extra;  // Megatron's params-norm and num-zeros tags follow its log flags
+    if (cfg_.log_params_norm) extra.emplace_back("params-norm", r.params_norm);
+    if (cfg_.log_num_zeros_in_grad) extra.emplace_back("num-zeros", static_cast<double>(r.num_zeros));
+    tb_->after_step(it, progress_.cursor.consumed_samples, r, *model_, extra);
     // Warnings are Python logging's WARNING (30) in Megatron: shown unless --logging-level is above it.
     if (const auto warning = stall_->after_step(r); warning && cfg_.logging_level <= 30) {
       if (tty) fmt::print(out_, "\r\033[K");
@@ -210,12 +220,16 @@ void Trainer::train_loop() {
     }
     if (it % cfg_.log_interval == 0 || it == cfg_.train_iters) {
       if (tty) fmt::print(out_, "\r\033[K");
-      log_->log_interval(it, progress_.cursor.consumed_samples, r, progress_.sums, now_seconds() - t_interval,
-                         step_flops(), peak_gflops_, *model_);
+      const double secs = now_seconds() - t_interval, steps = static_cast<double>(progress_.sums.steps);
+      log_->log_interval(it, progress_.cursor.consumed_samples, r, progress_.sums, secs, step_flops(), peak_gflops_,
+                         *model_);
+      tb_->at_log_interval(it, secs / steps);
       t_interval = now_seconds();
     }
     if (cfg_.eval_iters > 0 && data_[1] && it % cfg_.eval_interval == 0 && it < cfg_.train_iters) {
-      log_->log_validation(it, evaluate(cfg_.eval_iters));
+      const double v = evaluate(cfg_.eval_iters);
+      log_->log_validation(it, v);
+      tb_->validation(it, progress_.cursor.consumed_samples, v);
       t_interval = now_seconds();
     }
     const bool exit_now = cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0;
@@ -242,6 +256,7 @@ void Trainer::final_report() {
   if (cfg_.eval_iters > 0 && data_[1]) {
     const double v = evaluate(cfg_.eval_iters);
     log_->log_validation(progress_.iteration, v);
+    tb_->validation(progress_.iteration, progress_.cursor.consumed_samples, v);
     if (data_[0]) {
       const double h = unigram_entropy();
       fmt::print(out_, "final validation loss {:.4f} nats vs unigram entropy of the training data {:.4f} nats ({})\n",

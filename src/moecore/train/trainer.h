@@ -23,6 +23,7 @@
 #include "moecore/train/model_builder.h"
 #include "moecore/train/parallel_groups.h"
 #include "moecore/train/schedule.h"
+#include "moecore/train/tensorboard_log.h"
 
 namespace moecore::train {
 
@@ -85,6 +86,7 @@ class Trainer {
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<Checkpointing> ckpt_;
   std::unique_ptr<MetricsLog> log_;
+  std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir
   std::unique_ptr<StallAlarm> stall_;
   Progress progress_;
   double peak_gflops_ = 0;

@@ -1,0 +1,148 @@
+// Megatron's TensorBoard tags (see tensorboard_log.h).
+#include "moecore/train/tensorboard_log.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "moecore/core/allocator.h"
+#include "moecore/core/tensor.h"
+#include "moecore/moe/router.h"
+
+namespace moecore::train {
+
+namespace {
+// Megatron's tracker names of the load-balancing types (track_names in training_log), "" for none.
+std::string loss_name(const std::string& type) {
+  const std::string n = moe::load_balancing_name(moe::parse_load_balancing_type(type));
+  return n == "none" ? "" : n;
+}
+}  // namespace
+
+TensorBoardLog::TensorBoardLog(const TrainConfig& c, const ParallelGroups& g) : c_(c), g_(g) {
+  world_size_ = g.world ? g.world->size() : 1;
+  if (!c.tensorboard_dir.empty() && g.world_rank == world_size_ - 1)
+    writer_ = std::make_unique<EventFileWriter>(c.tensorboard_dir, c.tensorboard_queue_size);
+}
+
+void TensorBoardLog::scalar(const std::string& tag, double v, int64_t step) {
+  if (writer_) writer_->add_scalar(tag, v, step);
+}
+
+void TensorBoardLog::flush() {
+  if (writer_) writer_->flush();
+}
+
+void TensorBoardLog::after_step(int64_t it, int64_t samples, const StepResult& r, const nn::GPTModel& model,
+                                const Scalars& extra) {
+  if (c_.tensorboard_dir.empty()) return;
+  forward_backward_seconds_ += r.forward_backward_seconds;
+  optimizer_seconds_ += r.optimizer_seconds;
+  if (it % c_.tensorboard_log_interval == 0) {
+    auto both = [&](const std::string& tag, double v) {
+      scalar(tag, v, it);
+      scalar(tag + " vs samples", v, samples);
+    };
+    both("learning-rate", r.lr);
+    both("batch-size", static_cast<double>(c_.global_batch_size));
+    both("lm loss", r.lm_loss);
+    if (!c_.no_log_loss_scale_to_tensorboard) both("loss-scale", 1.0);  // bf16 and fp32: no loss scaling
+    if (c_.log_world_size_to_tensorboard) both("world-size", static_cast<double>(world_size_));
+    both("grad-norm", r.grad_norm);
+    for (const auto& [tag, v] : extra) both(tag, v);
+    if (c_.log_memory_to_tensorboard) {  // the host allocator's counters in place of torch.cuda.memory_stats()
+      const AllocatorStats m = Allocator::instance().stats();
+      scalar("mem-reserved-bytes", static_cast<double>(m.system_bytes), it);
+      scalar("mem-allocated-bytes", static_cast<double>(m.live_bytes), it);
+      scalar("mem-max-allocated-bytes", static_cast<double>(m.peak_bytes), it);
+    }
+    expert_loads(it, model);
+  }
+  moe_losses(it, r, model);
+}
+
+void TensorBoardLog::moe_losses(int64_t it, const StepResult& r, const nn::GPTModel& model) {
+  if (c_.num_experts == 0) return;
+  const auto& types = c_.moe_router_load_balancing_type;
+  for (size_t t = 0; t < types.size() && t < r.aux_losses.size(); t++)
+    if (const std::string n = loss_name(types[t]); !n.empty()) scalar(n, r.aux_losses[t], it);
+  if (c_.moe_z_loss_coeff > 0) scalar("z_loss", r.z_loss, it);
+  if (!c_.moe_per_layer_logging) return;
+  // Per layer: L / coeff averaged over the micro-batches, summed over TP, averaged over DP (global_aux_loss summed),
+  // as router_losses reduces the means. Rows: the load-balancing types, then z-loss; columns: every layer.
+  const int64_t L = static_cast<int64_t>(model.num_layers()), T = static_cast<int64_t>(types.size());
+  Tensor v = Tensor::zeros({T + 1, L}, DType::F64);
+  for (int64_t i = 0; i < L; i++) {
+    const nn::RoutingStats* s = model.routing_stats(static_cast<size_t>(i));
+    if (!s) continue;
+    const double mb = static_cast<double>(std::max<int64_t>(1, s->micro_batches));
+    for (int64_t t = 0; t < T && t < static_cast<int64_t>(s->loss_sums.size()); t++)
+      v.set_item(t * L + i, s->loss_sums[static_cast<size_t>(t)] / mb);
+    v.set_item(T * L + i, s->z_loss_sum / mb);
+  }
+  const double dp = static_cast<double>(g_.dp_size);
+  if (g_.distributed()) g_.tp_dp->all_reduce(v);
+  for (int64_t t = 0; t <= T; t++) {
+    const std::string n = t < T ? loss_name(types[static_cast<size_t>(t)]) : (c_.moe_z_loss_coeff > 0 ? "z_loss" : "");
+    if (n.empty()) continue;
+    const double div = t < T && types[static_cast<size_t>(t)] == "global_aux_loss" ? 1.0 : dp;
+    for (int64_t i = 0; i < L; i++) scalar(fmt::format("moe/{}_layer_{}", n, i), v.item(t * L + i) / div, it);
+  }
+}
+
+void TensorBoardLog::expert_loads(int64_t it, const nn::GPTModel& model) {
+  // Tokens per expert of the step, summed over TP×DP (all the step's tokens), one histogram per MoE layer.
+  std::vector<std::pair<size_t, std::vector<int64_t>>> layers;
+  int64_t n = 0;
+  for (size_t i = 0; i < model.num_layers(); i++)
+    if (const nn::RoutingStats* s = model.routing_stats(i); s && !s->tokens_per_expert.empty()) {
+      layers.push_back({i, s->tokens_per_expert});
+      n += static_cast<int64_t>(s->tokens_per_expert.size());
+    }
+  if (layers.empty()) return;
+  if (g_.distributed()) {
+    Tensor t = Tensor::empty({n}, DType::F64);
+    int64_t k = 0;
+    for (const auto& [i, tpe] : layers)
+      for (int64_t x : tpe) t.set_item(k++, static_cast<double>(x));
+    g_.tp_dp->all_reduce(t);
+    k = 0;
+    for (auto& [i, tpe] : layers)
+      for (int64_t& x : tpe) x = std::llround(t.item(k++));
+  }
+  if (writer_)
+    for (const auto& [i, tpe] : layers)
+      writer_->add_histogram(fmt::format("moe/tokens_per_expert_layer_{}", i), expert_load_histogram(tpe), it);
+}
+
+void TensorBoardLog::at_log_interval(int64_t it, double seconds_per_iteration) {
+  if (c_.tensorboard_dir.empty() || !c_.log_timers_to_tensorboard) return;
+  double fb = forward_backward_seconds_ / static_cast<double>(c_.log_interval);
+  double opt = optimizer_seconds_ / static_cast<double>(c_.log_interval);
+  forward_backward_seconds_ = optimizer_seconds_ = 0;
+  if (g_.distributed()) {  // Megatron's timers.write reports the slowest rank
+    Tensor t = Tensor::empty({2}, DType::F64);
+    t.set_item(0, fb);
+    t.set_item(1, opt);
+    g_.world->all_reduce(t, comm::ReduceOp::Max);
+    fb = t.item(0);
+    opt = t.item(1);
+  }
+  scalar("iteration-time", seconds_per_iteration, it);
+  scalar("forward-backward-time", fb, it);
+  scalar("optimizer-time", opt, it);
+}
+
+void TensorBoardLog::validation(int64_t it, int64_t samples, double loss) {
+  if (c_.skip_train) return;  // Megatron writes the final evaluation only when it trained
+  scalar("lm loss validation", loss, it);
+  scalar("lm loss validation vs samples", loss, samples);
+  if (c_.log_validation_ppl_to_tensorboard) {
+    const double ppl = std::exp(std::min(20.0, loss));
+    scalar("lm loss validation ppl", ppl, it);
+    scalar("lm loss validation ppl vs samples", ppl, samples);
+  }
+}
+
+}  // namespace moecore::train
