@@ -26,11 +26,10 @@ extern "C" void on_stop_signal(int sig) {
 // handler can catch and return from (SIGKILL and SIGSTOP cannot be caught; after SIGSEGV, SIGBUS, SIGFPE, SIGILL,
 // SIGTRAP, SIGABRT or SIGSYS returning from a handler re-runs the fault, so those are refused).
 const std::pair<int, const char*> kNames[] = {
-    {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},     {SIGUSR1, "SIGUSR1"},     {SIGUSR2, "SIGUSR2"},
-    {SIGHUP, "SIGHUP"},   {SIGQUIT, "SIGQUIT"},   {SIGALRM, "SIGALRM"},     {SIGVTALRM, "SIGVTALRM"},
-    {SIGPROF, "SIGPROF"}, {SIGXCPU, "SIGXCPU"},   {SIGXFSZ, "SIGXFSZ"},     {SIGPIPE, "SIGPIPE"},
-    {SIGCHLD, "SIGCHLD"}, {SIGCONT, "SIGCONT"},   {SIGTSTP, "SIGTSTP"},     {SIGTTIN, "SIGTTIN"},
-    {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},     {SIGWINCH, "SIGWINCH"},   {SIGIO, "SIGIO"},
+    {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},   {SIGUSR1, "SIGUSR1"},     {SIGUSR2, "SIGUSR2"},   {SIGHUP, "SIGHUP"},
+    {SIGQUIT, "SIGQUIT"}, {SIGALRM, "SIGALRM"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"},   {SIGXCPU, "SIGXCPU"},
+    {SIGXFSZ, "SIGXFSZ"}, {SIGPIPE, "SIGPIPE"}, {SIGCHLD, "SIGCHLD"},     {SIGCONT, "SIGCONT"},   {SIGTSTP, "SIGTSTP"},
+    {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},       {SIGWINCH, "SIGWINCH"}, {SIGIO, "SIGIO"},
     {SIGPWR, "SIGPWR"}};
 }  // namespace
 

@@ -116,14 +116,15 @@ StepResult Trainer::train_step() {
   // ends at the same step boundary.
   const int mine = StopSignals::requested();
   // Riders 2 and 3 (run control): --exit-duration-in-mins passed here; this rank's background save is written.
-  const bool late = cfg_.exit_duration_in_mins > 0 &&
-                    minutes_since_process_start() > static_cast<double>(cfg_.exit_duration_in_mins);
+  const bool late =
+      cfg_.exit_duration_in_mins > 0 && minutes_since_process_start() > static_cast<double>(cfg_.exit_duration_in_mins);
   std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine), late ? 1.0 : 0.0,
                            ckpt_->async_written() ? 1.0 : 0.0};
   r.grad_norm = opt_->finish_gradients(stop);
   if (stop[0] > 0) stop_signal_ = mine != 0 ? mine : static_cast<int>(std::lround(stop[1] / stop[0]));
   duration_exit_ = stop[2] > 0;
-  const bool async_written = ckpt_->async_pending() && stop[3] >= static_cast<double>(ParallelGroups::size(groups_->world));
+  const bool async_written =
+      ckpt_->async_pending() && stop[3] >= static_cast<double>(ParallelGroups::size(groups_->world));
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
     const std::string where =
         locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
@@ -226,8 +227,8 @@ void Trainer::train_loop() {
       t_interval = now_seconds();
     }
     const bool exit_now = cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0;
-    if (!cfg_.save.empty() && ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now ||
-                               stop_signal_ != 0 || duration_exit_)) {
+    if (!cfg_.save.empty() &&
+        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_signal_ != 0 || duration_exit_)) {
       if (tty) fmt::print(out_, "\r\033[K");
       save_checkpoint();
       t_interval = now_seconds();

@@ -89,7 +89,7 @@ class Trainer {
   Progress progress_;
   double peak_gflops_ = 0;
   bool duration_exit_ = false;  // --exit-duration-in-mins passed on some rank (agreed with the stop signal)
-  int stop_signal_ = 0;  // the signal that stops training at this step boundary (agreed over all ranks)
+  int stop_signal_ = 0;         // the signal that stops training at this step boundary (agreed over all ranks)
 };
 
 }  // namespace moecore::train
