@@ -5,6 +5,7 @@
 // check that the retain interval is a multiple of --save-interval.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 
@@ -12,6 +13,7 @@
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/file.h"
 #include "moecore/train/run_control.h"
+#include "moecore/train/signals.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 
@@ -140,6 +142,20 @@ TEST(RunControl, RetainIntervalMustBeAMultipleOfTheSaveInterval) {
   EXPECT_NE(e.find("--save-retain-interval 3 must be a multiple of --save-interval 2"), std::string::npos) << e;
   const std::string s = testing::user_error_of([&] { testing::small_config(args(4), {"--testing-stall", "1:2"}); });
   EXPECT_NE(s.find("--testing-stall expects RANK:ITERATION:SECONDS"), std::string::npos) << s;
+}
+
+TEST(RunControl, ExitSignalTakesCatchableSignalsByName) {
+  EXPECT_EQ(train::StopSignals::parse("SIGQUIT"), SIGQUIT);
+  EXPECT_EQ(train::StopSignals::parse("SIGALRM"), SIGALRM);
+  EXPECT_EQ(train::StopSignals::parse("SIGUSR1"), SIGUSR1);
+  EXPECT_EQ(train::StopSignals::parse("SIGKILL"), 0);
+  testing::small_config(args(4), {"--exit-signal-handler", "--exit-signal", "SIGQUIT"});
+  const std::string e = testing::user_error_of([&] {
+    testing::small_config(args(4), {"--exit-signal-handler", "--exit-signal", "SIGSEGV"});
+  });
+  EXPECT_NE(e.find("--exit-signal SIGSEGV is not a signal a handler can catch and return from; one of: SIGTERM"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace
