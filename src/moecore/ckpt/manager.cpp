@@ -83,30 +83,37 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
-std::string save_checkpoint(const std::string& root, int64_t iteration, const std::vector<StoredTensor>& mine,
-                            const nlohmann::json& state, const comm::ProcessGroup* world,
-                            const std::vector<std::pair<std::string, std::string>>& extra_files, SaveFault fault) {
-  const int64_t rank = world ? world->rank() : 0, size = world ? world->size() : 1;
-  const std::string final_dir = iteration_dir(root, iteration), tmp = final_dir + ".tmp";
+PendingSave begin_save(const std::string& root, int64_t iteration, const comm::ProcessGroup* world) {
+  const int64_t rank = world ? world->rank() : 0;
+  PendingSave p{root, iteration_dir(root, iteration) + ".tmp", iteration_dir(root, iteration), iteration};
   if (rank == 0) {
     std::error_code ec;
     fs::create_directories(root, ec);
     MOE_CHECK(!ec, "cannot create the --save directory {}: {}", root, ec.message());
-    fs::remove_all(tmp, ec);  // a save that crashed before
-    fs::create_directory(tmp, ec);
-    MOE_CHECK(!ec, "cannot create {}: {}", tmp, ec.message());
+    fs::remove_all(p.tmp, ec);  // a save that crashed before
+    fs::create_directory(p.tmp, ec);
+    MOE_CHECK(!ec, "cannot create {}: {}", p.tmp, ec.message());
   }
   barrier(world);
-  try {
-    write_shards(tmp, rank, mine);
-  } catch (const Error&) {
-    // A full disk: the partial directory goes (it is never loaded); the previous checkpoint stays as it was.
-    std::error_code ec;
-    if (rank == 0) fs::remove_all(tmp, ec);
-    throw;
-  }
-  if (fault.rank == rank && fault.iteration == iteration) std::raise(SIGKILL);  // --fault-kill-during-save
-  barrier(world);                                                               // every rank's files are on disk
+  return p;
+}
+
+void write_rank_files(const PendingSave& p, int64_t rank, const std::vector<StoredTensor>& mine, SaveFault fault) {
+  write_shards(p.tmp, rank, mine);
+  if (fault.rank == rank && fault.iteration == p.iteration) std::raise(SIGKILL);  // --fault-kill-during-save
+}
+
+void abandon_save(const PendingSave& p, int64_t rank) {
+  // A full disk: the partial directory goes (it is never loaded); the previous checkpoint stays as it was.
+  std::error_code ec;
+  if (rank == 0) fs::remove_all(p.tmp, ec);
+}
+
+void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::ProcessGroup* world,
+                 const std::vector<std::pair<std::string, std::string>>& extra_files) {
+  const int64_t rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+  const std::string &root = p.root, &tmp = p.tmp, &final_dir = p.final_dir;
+  barrier(world);  // every rank's files are on disk
   if (rank == 0) {
     try {
       write_model_index(tmp, size);  // refuses any missing or duplicated element
@@ -134,13 +141,42 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
     // Megatron's plain marker first, then its checksummed sidecar: a crash between the two leaves the sidecar one
     // save behind a marker that names a newer complete checkpoint, which loading recognizes; a marker moved back
     // (edited) is refused.
-    const std::string text = iteration < 0 ? "release" : std::to_string(iteration);
+    const std::string text = p.iteration < 0 ? "release" : std::to_string(p.iteration);
     write_file_atomic(root + "/" + kLatestFile, text);
     write_file_atomic(root + "/" + kMarkerSidecar, metadata_text({{"format", kMarkerFormat}, {"marker", text}}));
     fs::remove_all(final_dir + ".old", ec);
   }
   barrier(world);
-  return final_dir;
+}
+
+std::string save_checkpoint(const std::string& root, int64_t iteration, const std::vector<StoredTensor>& mine,
+                            const nlohmann::json& state, const comm::ProcessGroup* world,
+                            const std::vector<std::pair<std::string, std::string>>& extra_files, SaveFault fault) {
+  const int64_t rank = world ? world->rank() : 0;
+  const PendingSave p = begin_save(root, iteration, world);
+  try {
+    write_rank_files(p, rank, mine, fault);
+  } catch (const Error&) {
+    abandon_save(p, rank);
+    throw;
+  }
+  commit_save(p, state, world, extra_files);
+  return p.final_dir;
+}
+
+void delete_checkpoints(const std::string& root, const std::vector<int64_t>& iterations) {
+  for (int64_t it : iterations) {
+    const std::string dir = iteration_dir(root, it), gone = dir + ".deleted";
+    std::error_code ec;
+    if (!fs::exists(dir, ec) || fs::is_symlink(dir, ec)) continue;  // as Megatron, never through a symbolic link
+    // Renamed first: a crash mid-deletion leaves no directory that looks like a checkpoint.
+    fs::remove_all(gone, ec);
+    fs::rename(dir, gone, ec);
+    MOE_CHECK(!ec, "cannot move {} aside to delete it: {}", dir, ec.message());
+    fs::remove_all(gone, ec);
+    MOE_CHECK(!ec, "cannot delete {}: {}", gone, ec.message());
+  }
+  if (!iterations.empty()) fsync_dir(root);
 }
 
 namespace {

@@ -42,6 +42,25 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
                             const std::vector<std::pair<std::string, std::string>>& extra_files = {},
                             SaveFault fault = {});
 
+// The same in phases, for asynchronous saves: begin_save (collective: rank 0 creates the temporary directory),
+// write_rank_files (this rank's shards and index fragment, fsynced; no communication, so any thread may run it),
+// then commit_save (collective: rank 0 merges the index, writes the state and extra files, renames the directory
+// into place and only then moves the marker) or, after a failed write, abandon_save.
+struct PendingSave {
+  std::string root, tmp, final_dir;
+  int64_t iteration = 0;
+};
+PendingSave begin_save(const std::string& root, int64_t iteration, const comm::ProcessGroup* world);
+void write_rank_files(const PendingSave& p, int64_t rank, const std::vector<StoredTensor>& mine, SaveFault fault);
+void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::ProcessGroup* world,
+                 const std::vector<std::pair<std::string, std::string>>& extra_files);
+void abandon_save(const PendingSave& p, int64_t rank);
+
+// Deletes the checkpoints iter_N of `root` for N in `iterations` (one rank calls it): each directory is renamed
+// to iter_N.deleted first, so a crash mid-deletion leaves nothing that looks like a checkpoint. Symbolic links
+// are skipped (as in Megatron). The caller decides what may go (--save-retain-interval, --keep-last-checkpoints).
+void delete_checkpoints(const std::string& root, const std::vector<int64_t>& iterations);
+
 struct FoundCheckpoint {
   std::string dir;
   nlohmann::json state;  // train_state.json, validated (metadata.h)

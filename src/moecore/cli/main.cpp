@@ -14,6 +14,7 @@
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/rank_agreement.h"
+#include "moecore/train/run_control.h"
 #include "moecore/train/start_config.h"
 #include "moecore/train/trainer.h"
 
@@ -69,6 +70,7 @@ int run_train(int argc, char** argv) {
     try {
       const auto cfg = moecore::train::parse_train_config(std::vector<std::string>(argv + 2, argv + argc));
       moecore::comm::ProcessGroup::init(&argc, &argv);
+      moecore::train::configure_collective_timeout(cfg);  // --distributed-timeout-minutes, before any collective
       const moecore::comm::ProcessGroup world = moecore::comm::ProcessGroup::world();
       moecore::train::check_ranks_agree(cfg, world);  // before any other collective: same flags, data, checkpoint
       moecore::train::Trainer trainer(cfg, stdout, true, &world);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "moecore/comm/mpi_check.h"
+#include "moecore/comm/watchdog.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
 
@@ -69,8 +70,16 @@ std::map<std::string, CommCounter>& comm_counters() {
   return m;
 }
 
-void ProcessGroup::count(Work& w, const char* op, double payload, double received) const {
+void ProcessGroup::count(Work& w, const char* op, double payload, double received, int64_t peer) const {
+  w.what_ = op;
   if (size_ == 1) return;
+  w.group_ = name_;
+  if (peer >= 0)
+    w.members_ =
+        std::make_shared<const std::vector<int>>(std::vector<int>{(*comm_->world_ranks)[static_cast<size_t>(peer)]});
+  else
+    w.members_ = comm_->world_ranks;
+  w.seq_ = peer >= 0 ? 0 : ++comm_->seq;
   CommCounter& c = comm_counters()[name_ + ":" + op];
   c.calls++;
   c.payload_bytes += payload;
@@ -85,14 +94,16 @@ Work::Work(Work&& o) noexcept
       counts_b_(std::move(o.counts_b_)),
       displs_b_(std::move(o.displs_b_)),
       what_(o.what_),
-      counter_(o.counter_) {
+      counter_(o.counter_),
+      members_(std::move(o.members_)),
+      group_(std::move(o.group_)),
+      seq_(o.seq_) {
   o.req_ = MPI_REQUEST_NULL;
 }
 
 Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
-    if (pending())
-      MOE_MPI_NOTHROW(MPI_Wait(&req_, MPI_STATUS_IGNORE));  // finish what this handle owned before taking another
+    if (pending()) MOE_MPI_NOTHROW(finish());  // finish what this handle owned before taking another
     req_ = o.req_;
     o.req_ = MPI_REQUEST_NULL;
     counts_a_ = std::move(o.counts_a_);
@@ -101,18 +112,26 @@ Work& Work::operator=(Work&& o) noexcept {
     displs_b_ = std::move(o.displs_b_);
     what_ = o.what_;
     counter_ = o.counter_;
+    members_ = std::move(o.members_);
+    group_ = std::move(o.group_);
+    seq_ = o.seq_;
   }
   return *this;
 }
 
 Work::~Work() {
-  if (pending()) MOE_MPI_NOTHROW(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  if (pending()) MOE_MPI_NOTHROW(finish());
+}
+
+int Work::finish() {
+  const WaitSite site{&group_, members_.get(), seq_, what_};
+  return wait_with_watchdog(&req_, site);
 }
 
 void Work::wait() {
   if (!pending()) return;
   const Stopwatch timer;
-  MOE_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+  MOE_MPI(finish());
   if (counter_) counter_->blocked_seconds += timer.seconds();
 }
 
@@ -136,13 +155,17 @@ void ProcessGroup::init(int* argc, char*** argv) {
   int provided = 0;
   MOE_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   MOE_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  init_watchdog();
 }
 
 void ProcessGroup::finalize() {
   int inited = 0, finalized = 0;
   MOE_MPI(MPI_Initialized(&inited));
   MOE_MPI(MPI_Finalized(&finalized));
-  if (inited && !finalized) MOE_MPI(MPI_Finalize());
+  if (inited && !finalized) {
+    free_watchdog();
+    MOE_MPI(MPI_Finalize());
+  }
 }
 
 void ProcessGroup::abort_job_if_shared(int rc) {
@@ -160,12 +183,25 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Comm> c) : comm_(std::move(c)) {
   MOE_MPI(MPI_Comm_size(comm_->c, &s));
   rank_ = r;
   size_ = s;
+  if (!comm_->world_ranks) {  // the members' world ranks, for the watchdog's messages
+    std::vector<int> mine(static_cast<size_t>(s)), world(static_cast<size_t>(s));
+    for (int i = 0; i < s; i++) mine[static_cast<size_t>(i)] = i;
+    MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+    MOE_MPI(MPI_Comm_group(comm_->c, &g));
+    MOE_MPI(MPI_Comm_group(MPI_COMM_WORLD, &wg));
+    MOE_MPI(MPI_Group_translate_ranks(g, s, mine.data(), wg, world.data()));
+    MOE_MPI(MPI_Group_free(&g));
+    MOE_MPI(MPI_Group_free(&wg));
+    comm_->world_ranks = std::make_shared<const std::vector<int>>(std::move(world));
+  }
 }
 
 ProcessGroup ProcessGroup::world() {
   auto c = std::make_shared<Comm>();
   c->c = MPI_COMM_WORLD;
-  return ProcessGroup(c);
+  ProcessGroup w(c);
+  w.set_name("world");
+  return w;
 }
 
 ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
@@ -300,7 +336,7 @@ Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const
   Work w;
   MOE_MPI(MPI_Isend(t.raw(), to_int(t.numel(), "send"), mpi_type(t.dtype()), static_cast<int>(dst), tag, comm_->c,
                     &w.req_));
-  count(w, "send", static_cast<double>(t.nbytes()), 0.0);
+  count(w, "send", static_cast<double>(t.nbytes()), 0.0, dst);
   if (!async) w.wait();
   return w;
 }
@@ -309,13 +345,19 @@ Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
   Work w;
   MOE_MPI(MPI_Irecv(t.raw(), to_int(t.numel(), "recv"), mpi_type(t.dtype()), static_cast<int>(src), tag, comm_->c,
                     &w.req_));
-  count(w, "recv", 0.0, static_cast<double>(t.nbytes()));
+  count(w, "recv", 0.0, static_cast<double>(t.nbytes()), src);
   if (!async) w.wait();
   return w;
 }
 
 void ProcessGroup::barrier() const {
-  MOE_MPI(MPI_Barrier(comm_->c));
+  Work w;
+  MOE_MPI(MPI_Ibarrier(comm_->c, &w.req_));
+  w.what_ = "barrier";  // named for the watchdog, not counted as traffic
+  w.group_ = name_;
+  w.members_ = comm_->world_ranks;
+  w.seq_ = ++comm_->seq;
+  w.wait();
 }
 
 }  // namespace moecore::comm

@@ -51,6 +51,12 @@ class Work {
   std::vector<int> counts_a_, displs_a_, counts_b_, displs_b_;
   const char* what_ = "";
   CommCounter* counter_ = nullptr;  // blocked time is charged here
+  // Where this wait is, for the watchdog (comm/watchdog.h): the group's name and world ranks, the group's sequence
+  // number of this collective.
+  std::shared_ptr<const std::vector<int>> members_;
+  std::string group_;
+  uint64_t seq_ = 0;
+  int finish();  // polls to completion under the watchdog; the MPI status code
 };
 
 class ProcessGroup {
@@ -96,11 +102,14 @@ class ProcessGroup {
   struct Comm {
     MPI_Comm c = MPI_COMM_NULL;
     bool owned = false;
+    std::shared_ptr<const std::vector<int>> world_ranks;  // of the members, in group order (the watchdog's)
+    uint64_t seq = 0;                                     // collectives issued on this communicator
     ~Comm();
   };
   explicit ProcessGroup(std::shared_ptr<Comm> c);
-  // Charges a call to the counters and points the Work at them.
-  void count(Work& w, const char* op, double payload, double received) const;
+  // Charges a call to the counters and points the Work at them; names the wait for the watchdog (`peer` >= 0:
+  // a point-to-point operation with that group rank).
+  void count(Work& w, const char* op, double payload, double received, int64_t peer = -1) const;
   std::shared_ptr<Comm> comm_;
   int64_t rank_ = 0, size_ = 1;
   std::string name_ = "group";

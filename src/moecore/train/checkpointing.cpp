@@ -2,6 +2,7 @@
 #include "moecore/train/checkpointing.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <map>
@@ -101,6 +102,7 @@ nlohmann::json Checkpointing::train_state(const Progress& p) const {
 
 std::string Checkpointing::save(const Progress& prog) {
   MOE_CHECK(!c_.save.empty(), "no --save directory to save a checkpoint to");
+  finish_async();  // a save in flight becomes visible before the next one starts
   const double t0 = now_seconds();
   std::vector<Tensor> m, v;
   MOE_ASSERT(opt_ != nullptr);
@@ -134,17 +136,99 @@ std::string Checkpointing::save(const Progress& prog) {
     fault = {std::stoll(c_.fault_kill_during_save.substr(0, colon)),
              std::stoll(c_.fault_kill_during_save.substr(colon + 1))};
   }
-  const std::string dir =
-      ckpt::save_checkpoint(c_.save, prog.iteration, mine, train_state(prog), g_.world.get(), extra, fault);
   Tensor total = Tensor::empty({1}, DType::F64);
   total.set_item(0, static_cast<double>(bytes));
   if (g_.world) g_.world->all_reduce(total);
+  if (c_.async_save) {
+    // Snapshot at the step boundary (parameters and moments copied: training changes them from the next step),
+    // then a background thread writes this rank's files; the commit is collective and comes later.
+    auto a = std::make_unique<AsyncSave>();
+    for (auto& t : mine) t.tensor = t.tensor.clone();
+    a->mine = std::move(mine);
+    a->state = train_state(prog);
+    a->extra = std::move(extra);
+    a->bytes = total.item(0);
+    a->started = t0;
+    a->pending = ckpt::begin_save(c_.save, prog.iteration, g_.world.get());
+    const int64_t rank = g_.world_rank;
+    AsyncSave* raw = a.get();
+    a->writer = std::thread([raw, rank, fault] {
+      try {
+        ckpt::write_rank_files(raw->pending, rank, raw->mine, fault);
+      } catch (const std::exception& e) {
+        raw->error = e.what();
+      }
+      raw->done = true;
+    });
+    async_ = std::move(a);
+    fmt::print(out_, " saving checkpoint at iteration {} to {} in the background ({}, snapshot in {:.2f} s)\n",
+               prog.iteration, async_->pending.final_dir, human_bytes(async_->bytes), now_seconds() - t0);
+    flush_checked(out_, "training log");
+    last_saved_ = prog.iteration;
+    return async_->pending.final_dir;
+  }
+  const std::string dir =
+      ckpt::save_checkpoint(c_.save, prog.iteration, mine, train_state(prog), g_.world.get(), extra, fault);
   const double secs = now_seconds() - t0;
   fmt::print(out_, " saved checkpoint at iteration {} to {} ({} in {:.2f} s)\n", prog.iteration, dir,
              human_bytes(total.item(0)), secs);
   flush_checked(out_, "training log");
   last_saved_ = prog.iteration;
+  retain_after_save(prog.iteration);
   return dir;
+}
+
+void Checkpointing::finish_async() {
+  if (!async_) return;
+  std::unique_ptr<AsyncSave> a = std::move(async_);
+  const double t_wait = now_seconds();
+  if (a->writer.joinable()) a->writer.join();
+  const double waited = now_seconds() - t_wait;
+  // Every rank learns whether any rank's write failed, so all commit or none does.
+  Tensor failed = Tensor::empty({1}, DType::F64);
+  failed.set_item(0, a->error.empty() ? 0.0 : 1.0);
+  if (g_.world) g_.world->all_reduce(failed);
+  if (failed.item(0) > 0) {
+    ckpt::abandon_save(a->pending, g_.world_rank);
+    last_saved_ = written_.empty() ? -1 : written_.back();
+    MOE_CHECK(a->error.empty(), "the background save of iteration {} failed: {}", a->pending.iteration, a->error);
+    MOE_CHECK(false, "the background save of iteration {} failed on another rank (its message names the file)",
+              a->pending.iteration);
+  }
+  ckpt::commit_save(a->pending, a->state, g_.world.get(), a->extra);
+  fmt::print(out_,
+             " saved checkpoint at iteration {} to {} ({} in the background, {:.2f} s after the snapshot; "
+             "training waited {:.2f} s for it here)\n",
+             a->pending.iteration, a->pending.final_dir, human_bytes(a->bytes), now_seconds() - a->started, waited);
+  flush_checked(out_, "training log");
+  retain_after_save(a->pending.iteration);
+}
+
+Checkpointing::~Checkpointing() {
+  // Unwinding from an error: the writer is joined (its files stay in the .tmp directory, never loaded).
+  if (async_ && async_->writer.joinable()) async_->writer.join();
+}
+
+void Checkpointing::retain_after_save(int64_t iteration) {
+  if (written_.empty() || written_.back() != iteration) written_.push_back(iteration);
+  const int64_t N = c_.save_retain_interval, K = c_.keep_last_checkpoints;
+  if (N <= 0 && K <= 0) return;
+  std::vector<int64_t> drop, keep;
+  const int64_t n = static_cast<int64_t>(written_.size());
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t it = written_[static_cast<size_t>(i)];
+    // The newest stays; iteration 0 stays (as Megatron's prev_iteration > 0); multiples of N stay; the newest K
+    // this run wrote stay.
+    const bool stays = i == n - 1 || it == 0 || (N > 0 && it % N == 0) || (K > 0 && i >= n - K);
+    (stays ? keep : drop).push_back(it);
+  }
+  written_ = keep;
+  if (g_.world_rank == 0 && !drop.empty()) {
+    ckpt::delete_checkpoints(c_.save, drop);
+    fmt::print(out_, " deleted checkpoint(s) {} of this run ({}{})\n", fmt::join(drop, ", "),
+               N > 0 ? fmt::format("--save-retain-interval {}", N) : "",
+               K > 0 ? fmt::format("{}--keep-last-checkpoints {}", N > 0 ? ", " : "", K) : "");
+  }
 }
 
 void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json& state, Progress& p) {

@@ -3,11 +3,14 @@
 // rules, --load-hf, --moe-use-upcycling). File formats, atomicity and resharding are ckpt/'s.
 #pragma once
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
@@ -43,8 +46,17 @@ class Checkpointing {
   // and `p`. Upcycling saves the upcycled model at once.
   void load_at_start(StartPoint& start, Progress& p);
   // Saves the whole training state to --save as iteration p.iteration (collective over all ranks). Returns the
-  // directory.
+  // directory. With --async-save the state is copied now and written by a background thread; the save becomes
+  // visible (marker moved) at finish_async. A save still in flight is finished first.
   std::string save(const Progress& p);
+
+  // --async-save: whether a save is in flight, whether this rank's files of it are written (the trainer agrees on
+  // that over all ranks at a step boundary), and finishing it (collective: waits for this rank's writer, then
+  // commits; every rank throws when any rank's write failed). Nothing to do when none is in flight.
+  bool async_pending() const { return async_ != nullptr; }
+  bool async_written() const { return async_ && async_->done.load(); }
+  void finish_async();
+  ~Checkpointing();
 
   // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
   const std::string& loaded_from() const { return loaded_from_; }
@@ -66,6 +78,22 @@ class Checkpointing {
   // The bytes one checkpoint takes (parameters and Adam moments), and the --save checks before the first step.
   int64_t checkpoint_bytes() const;
   void check_save_target();
+
+  // After a save is visible: deletes this run's older checkpoints that --save-retain-interval and
+  // --keep-last-checkpoints let go (rank 0; never one this run did not write, never the newest).
+  void retain_after_save(int64_t iteration);
+  struct AsyncSave {
+    ckpt::PendingSave pending;
+    std::vector<ckpt::StoredTensor> mine;  // copies taken at the step boundary
+    nlohmann::json state;
+    std::vector<std::pair<std::string, std::string>> extra;
+    double bytes = 0, started = 0;
+    std::thread writer;
+    std::atomic<bool> done{false};
+    std::string error;  // the writer's failure (read after join)
+  };
+  std::unique_ptr<AsyncSave> async_;
+  std::vector<int64_t> written_;  // iterations this run saved, in order (retention deletes only among these)
 
   const TrainConfig& c_;
   std::FILE* out_;

@@ -108,6 +108,14 @@ struct TrainConfig {
   int64_t moe_upcycling_granularity = 1;
   std::string fault_kill_during_save;  // "RANK:ITERATION" (crash-safety tests)
   int64_t testing_memory_limit = 0;    // bytes the run may use instead of the detected limit (memory tests)
+  // run control (runcontrol): collective timeout, timed exit, retained and asynchronous saves
+  int64_t distributed_timeout_minutes = 10;
+  double testing_collective_timeout_seconds = 0;  // > 0: replaces --distributed-timeout-minutes (tests)
+  std::string testing_stall;                      // "RANK:ITERATION:SECONDS" (watchdog tests)
+  int64_t exit_duration_in_mins = 0;              // 0: off (Megatron's None)
+  int64_t save_retain_interval = 0;               // 0: off (Megatron's None)
+  int64_t keep_last_checkpoints = 0;              // 0: off (moecore's own)
+  bool async_save = false;
 
   // Bookkeeping of resolve(), not flags: the flags resolve_defaults derived with their values (the next
   // resolve_defaults derives those still holding them anew), and a fingerprint of the values resolve() validated

@@ -125,7 +125,8 @@ void validate(const TrainConfig& c) {
   }
   MOE_CHECK(c.save_interval >= 0 && c.exit_interval >= 0, "--save-interval and --exit-interval must be >= 0");
   MOE_CHECK(StopSignals::parse(c.exit_signal) != 0,
-            "--exit-signal {} is not supported; choose SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP", c.exit_signal);
+            "--exit-signal {} is not a signal a handler can catch and return from; one of: {}", c.exit_signal,
+            StopSignals::kExitSignalChoices);
   MOE_CHECK(c.save_interval == 0 || !c.save.empty(), "--save-interval {} without --save: add --save DIR",
             c.save_interval);
   for (auto [on, name] : {std::pair{c.finetune, "finetune"},
@@ -149,6 +150,19 @@ void validate(const TrainConfig& c) {
               c.fault_kill_during_save);
     to_int("fault-kill-during-save", c.fault_kill_during_save.substr(0, colon));
     to_int("fault-kill-during-save", c.fault_kill_during_save.substr(colon + 1));
+  }
+  // run control (runcontrol): Megatron's checks on --save-retain-interval, the testing stall's form.
+  if (c.save_retain_interval > 0 && c.save_interval > 0)
+    MOE_CHECK(c.save_retain_interval % c.save_interval == 0,
+              "--save-retain-interval {} must be a multiple of --save-interval {} (as Megatron requires)",
+              c.save_retain_interval, c.save_interval);
+  if (!c.testing_stall.empty()) {
+    const auto a = c.testing_stall.find(':'), b = c.testing_stall.rfind(':');
+    MOE_CHECK(a != std::string::npos && b != a, "--testing-stall expects RANK:ITERATION:SECONDS, got '{}'",
+              c.testing_stall);
+    to_int("testing-stall", c.testing_stall.substr(0, a));
+    to_int("testing-stall", c.testing_stall.substr(a + 1, b - a - 1));
+    to_int("testing-stall", c.testing_stall.substr(b + 1));
   }
   MOE_CHECK(c.optimizer == "adam", "--optimizer {} is rejected: moecore has adam (AdamW) only", c.optimizer);
   MOE_CHECK(c.global_batch_size % c.micro_batch_size == 0,

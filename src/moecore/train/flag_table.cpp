@@ -187,8 +187,8 @@ std::vector<FlagSpec> build_flag_table() {
         "Stop at the next step boundary on --exit-signal, saving with --save (moecore also does so on SIGTERM, "
         "SIGINT, SIGUSR1 and SIGUSR2 whenever --save is given)"},
        {"exit-signal", &C::exit_signal,
-        "The signal --exit-signal-handler waits for: SIGTERM, SIGINT, SIGUSR1, "
-        "SIGUSR2 or SIGHUP"},
+        "The signal --exit-signal-handler waits for (a name, as Megatron's signal.Signals: SIGTERM, SIGINT, SIGUSR1, "
+        "SIGUSR2, SIGHUP, SIGQUIT, SIGALRM, ...)"},
        {"load-hf", &C::load_hf,
         "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load holds a "
         "checkpoint"},
@@ -198,7 +198,29 @@ std::vector<FlagSpec> build_flag_table() {
        {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
         "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size", kNoRole, at_least(1)},
        {"fault-kill-during-save", &C::fault_kill_during_save,
-        "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"}});
+        "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"},
+       // run control: collective timeout, timed exit, retained and asynchronous saves
+       {"distributed-timeout-minutes", &C::distributed_timeout_minutes,
+        "A collective waiting longer ends the job, naming the collective and the ranks that did not arrive", kNoRole,
+        positive()},
+       {"testing-collective-timeout-seconds", &C::testing_collective_timeout_seconds,
+        "Testing: the collective timeout in seconds, instead of --distributed-timeout-minutes (0: that flag)", kNoRole,
+        at_least(0)},
+       {"testing-stall", &C::testing_stall,
+        "Testing the collective timeout: RANK:ITERATION:SECONDS makes that rank sleep before that step"},
+       {"exit-duration-in-mins", &C::exit_duration_in_mins,
+        "Save (with --save) and exit once this many minutes have passed since the process started (0: off)", kNoRole,
+        at_least(0)},
+       {"save-retain-interval", &C::save_retain_interval,
+        "After each save, delete this run's older checkpoints except those at iterations divisible by this (0: "
+        "keep all)",
+        kNoRole, at_least(0)},
+       {"keep-last-checkpoints", &C::keep_last_checkpoints,
+        "moecore: after each save, keep only the newest K checkpoints this run wrote (0: keep all)", kNoRole,
+        at_least(0)},
+       {"async-save", &C::async_save,
+        "Write checkpoints in a background thread while training goes on; the marker moves once every rank's "
+        "files are complete"}});
   return t;
 }
 

@@ -22,8 +22,15 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
+// The signals --exit-signal accepts: Megatron takes any name of Python's signal.Signals; these are the ones a
+// handler can catch and return from (SIGKILL and SIGSTOP cannot be caught; after SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+// SIGTRAP, SIGABRT or SIGSYS returning from a handler re-runs the fault, so those are refused).
 const std::pair<int, const char*> kNames[] = {
-    {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}, {SIGHUP, "SIGHUP"}};
+    {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},   {SIGUSR1, "SIGUSR1"},     {SIGUSR2, "SIGUSR2"},   {SIGHUP, "SIGHUP"},
+    {SIGQUIT, "SIGQUIT"}, {SIGALRM, "SIGALRM"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"},   {SIGXCPU, "SIGXCPU"},
+    {SIGXFSZ, "SIGXFSZ"}, {SIGPIPE, "SIGPIPE"}, {SIGCHLD, "SIGCHLD"},     {SIGCONT, "SIGCONT"},   {SIGTSTP, "SIGTSTP"},
+    {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},       {SIGWINCH, "SIGWINCH"}, {SIGIO, "SIGIO"},
+    {SIGPWR, "SIGPWR"}};
 }  // namespace
 
 StopSignals::StopSignals(const std::vector<int>& signals) {
@@ -56,6 +63,10 @@ std::string StopSignals::name(int signal) {
     if (s == signal) return n;
   return "signal " + std::to_string(signal);
 }
+
+const char* const StopSignals::kExitSignalChoices =
+    "SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP, SIGQUIT, SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGPIPE, "
+    "SIGCHLD, SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU, SIGURG, SIGWINCH, SIGIO, SIGPWR";
 
 int StopSignals::parse(const std::string& name) {
   for (const auto& [s, n] : kNames)

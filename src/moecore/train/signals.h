@@ -26,7 +26,9 @@ class StopSignals {
   static void request(int signal);
   // "SIGTERM", "SIGUSR1", ... for the signals moecore handles; "signal N" otherwise.
   static std::string name(int signal);
-  // --exit-signal values: SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP (0 for anything else).
+  // --exit-signal values: the catchable signals a handler can return from, by name (SIGTERM, SIGINT, SIGUSR1,
+  // SIGUSR2, SIGHUP, SIGQUIT, SIGALRM, ...; 0 for anything else). kExitSignalChoices lists them.
+  static const char* const kExitSignalChoices;
   static int parse(const std::string& name);
 
  private:

@@ -15,6 +15,7 @@
 #include "moecore/train/cost_model.h"
 #include "moecore/train/generate.h"
 #include "moecore/train/health.h"
+#include "moecore/train/run_control.h"
 #include "moecore/train/signals.h"
 
 namespace moecore::train {
@@ -97,6 +98,7 @@ MicroBatches Trainer::micro_batches() const {
 
 StepResult Trainer::train_step() {
   MOE_ASSERT(data_[0]);
+  maybe_stall(cfg_, groups_->world_rank, progress_.iteration);  // --testing-stall
   StepResult r;
   r.lr = lr_schedule(cfg_).lr(progress_.iteration);
   reg_.zero_grad();
@@ -118,9 +120,16 @@ StepResult Trainer::train_step() {
   // One global norm over dense and expert gradients; a stop signal seen by any rank rides along, so every rank
   // ends at the same step boundary.
   const int mine = StopSignals::requested();
-  std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine)};
+  // Riders 2 and 3 (run control): --exit-duration-in-mins passed here; this rank's background save is written.
+  const bool late =
+      cfg_.exit_duration_in_mins > 0 && minutes_since_process_start() > static_cast<double>(cfg_.exit_duration_in_mins);
+  std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine), late ? 1.0 : 0.0,
+                           ckpt_->async_written() ? 1.0 : 0.0};
   r.grad_norm = opt_->finish_gradients(stop);
   if (stop[0] > 0) stop_signal_ = mine != 0 ? mine : static_cast<int>(std::lround(stop[1] / stop[0]));
+  duration_exit_ = stop[2] > 0;
+  const bool async_written =
+      ckpt_->async_pending() && stop[3] >= static_cast<double>(ParallelGroups::size(groups_->world));
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
     const std::string where =
         locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
@@ -138,7 +147,8 @@ StepResult Trainer::train_step() {
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
   r.optimizer_seconds = now_seconds() - t1;
   router_losses(cfg_, *model_, *groups_, r);
-  param_stats(cfg_, reg_, *groups_, r);  // --log-params-norm, --log-num-zeros-in-grad
+  param_stats(cfg_, reg_, *groups_, r);      // --log-params-norm, --log-num-zeros-in-grad
+  if (async_written) ckpt_->finish_async();  // every rank's files are written: the save becomes visible
   return r;
 }
 
@@ -234,13 +244,19 @@ void Trainer::train_loop() {
     }
     const bool exit_now = cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0;
     if (!cfg_.save.empty() &&
-        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_signal_ != 0)) {
+        ((cfg_.save_interval > 0 && it % cfg_.save_interval == 0) || exit_now || stop_signal_ != 0 || duration_exit_)) {
       if (tty) fmt::print(out_, "\r\033[K");
       save_checkpoint();
       t_interval = now_seconds();
     }
+    if (stop_signal_ != 0 || duration_exit_ || exit_now) ckpt_->finish_async();  // a save in flight completes
     if (stop_signal_ != 0) {
       fmt::print(out_, "stopping at iteration {} on {}{}\n", it, StopSignals::name(stop_signal_), resume);
+      return;
+    }
+    if (duration_exit_) {
+      fmt::print(out_, "exiting at iteration {} after {:.2f} minutes (--exit-duration-in-mins {}){}\n", it,
+                 minutes_since_process_start(), cfg_.exit_duration_in_mins, resume);
       return;
     }
     if (exit_now) {
@@ -249,6 +265,7 @@ void Trainer::train_loop() {
     }
   }
   if (!cfg_.save.empty() && ckpt_->last_saved() != it) save_checkpoint();
+  ckpt_->finish_async();
   final_report();
 }
 
