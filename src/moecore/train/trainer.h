@@ -88,7 +88,9 @@ class Trainer {
   std::unique_ptr<StallAlarm> stall_;
   Progress progress_;
   double peak_gflops_ = 0;
-  int stop_signal_ = 0;  // the signal that stops training at this step boundary (agreed over all ranks)
+  int stop_signal_ = 0;
+  int64_t eod_mask_token_ = -1;  // --eod-mask-loss: the EOD token (-1: every token has a loss)  // the signal that
+                                 // stops training at this step boundary (agreed over all ranks)
 };
 
 }  // namespace moecore::train
