@@ -209,13 +209,18 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
         apply_config_json(old, saved, where);
         sd = scheduler_state(lr_schedule(old), state.at("consumed_samples").get<int64_t>());
       }
-      const std::string sched_diff = load_scheduler(sd, c_, p.schedule);
+      std::string sched_diff;
+      try {
+        sched_diff = load_scheduler(sd, c_, p.schedule);
+        p.schedule_steps = sd.at("num_steps").get<int64_t>();
+      } catch (const nlohmann::json::exception& e) {
+        MOE_CHECK(false, "{}: field 'opt_param_scheduler' is malformed ({})", where, e.what());
+      }
       MOE_CHECK(sched_diff.empty(),
                 "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, "
                 "--use-checkpoint-opt_param-scheduler to take the checkpoint's, --override-opt_param-scheduler to "
                 "take these flags', or --finetune to start a new schedule from its weights",
                 dir, sched_diff);
-      p.schedule_steps = sd.at("num_steps").get<int64_t>();
     }
   } else if (!model_diff.empty()) {
     fmt::print(out_, "note: --finetune from a checkpoint whose model flags differ:{}\n", model_diff);
