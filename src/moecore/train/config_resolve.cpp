@@ -67,10 +67,13 @@ void validate_schedule_flags(const TrainConfig& c) {
   }
   MOE_CHECK(c.lr_warmup_fraction == -1 || (c.lr_warmup_fraction >= 0 && c.lr_warmup_fraction < 1),
             "--lr-warmup-fraction {} must be in [0, 1) (-1: unset)", c.lr_warmup_fraction);
-  for (int64_t v : {c.lr_decay_iters, c.lr_warmup_iters, c.lr_wsd_decay_iters, c.train_iters}) {
+  for (auto [v, name] :
+       {std::pair{c.train_iters, "train-iters"}, std::pair{c.lr_decay_iters, "lr-decay-iters"},
+        std::pair{c.lr_warmup_iters, "lr-warmup-iters"}, std::pair{c.lr_wsd_decay_iters, "lr-wsd-decay-iters"}}) {
     int64_t product = 0;
     MOE_CHECK(!__builtin_mul_overflow(v, c.global_batch_size, &product),
-              "{} iterations x --global-batch-size {} samples do not fit in 64 bits", v, c.global_batch_size);
+              "--{} {} x --global-batch-size {} samples (the scheduler counts samples) do not fit in 64 bits", name, v,
+              c.global_batch_size);
   }
   if (c.weight_decay_incr_style == "constant") {
     MOE_CHECK(c.start_weight_decay == -1 && c.end_weight_decay == -1,
