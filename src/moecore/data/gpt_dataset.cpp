@@ -232,7 +232,7 @@ std::vector<int64_t> SampleCursor::micro_batch(int64_t m, int64_t dp_rank, int64
   return idx;
 }
 
-Batch make_batch(const SampleSource& src, const std::vector<int64_t>& samples) {
+Batch make_batch(const SampleSource& src, const std::vector<int64_t>& samples, int64_t eod_mask_token) {
   const int64_t B = static_cast<int64_t>(samples.size()), S = src.seq_length();
   Batch b{Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::F32)};
   std::vector<int64_t> buf(static_cast<size_t>(S + 1));
@@ -244,7 +244,7 @@ Batch make_batch(const SampleSource& src, const std::vector<int64_t>& samples) {
     for (int64_t s = 0; s < S; s++) {
       b.tokens.data<int64_t>()[r * S + s] = buf[static_cast<size_t>(s)];
       b.labels.data<int64_t>()[r * S + s] = buf[static_cast<size_t>(s + 1)];
-      b.loss_mask.data<float>()[r * S + s] = 1.0f;
+      b.loss_mask.data<float>()[r * S + s] = buf[static_cast<size_t>(s)] == eod_mask_token ? 0.0f : 1.0f;
     }
   }
   return b;

@@ -96,10 +96,11 @@ struct SampleCursor {
   void advance(int64_t global_batch_size) { consumed_samples += global_batch_size; }
 };
 
-// tokens [B, S], labels [B, S] (tokens shifted by one), loss_mask [B, S] (ones) for the given samples.
+// tokens [B, S], labels [B, S] (tokens shifted by one), loss_mask [B, S] for the given samples: ones, but zero
+// where the input token is `eod_mask_token` (Megatron's --eod-mask-loss; -1: none).
 struct Batch {
   Tensor tokens, labels, loss_mask;
 };
-Batch make_batch(const SampleSource& src, const std::vector<int64_t>& samples);
+Batch make_batch(const SampleSource& src, const std::vector<int64_t>& samples, int64_t eod_mask_token = -1);
 
 }  // namespace moecore::data

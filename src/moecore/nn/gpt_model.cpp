@@ -132,8 +132,13 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
 }
 
 void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(size_t)>& grads_final) {
+  backward_scaled(st, st.mask_sum > 0 ? loss_scale / st.mask_sum : 0.0, loss_scale, grads_final);
+}
+
+void GPTModel::backward_scaled(Stash& st, double token_scale, double aux_scale,
+                               const std::function<void(size_t)>& grads_final) {
   Tensor dloss = st.mask_T.clone();
-  kernels::scale_(dloss, st.mask_sum > 0 ? loss_scale / st.mask_sum : 0.0);
+  kernels::scale_(dloss, token_scale);
   // The logits are not needed after this, so their gradient overwrites them.
   kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV, embedding_.vocab_start());
   probe("cross_entropy", true, st.logits_TV);  // the gradient of the logits
@@ -144,7 +149,7 @@ void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(s
   dh = final_norm_.backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
   probe("decoder.final_layernorm", true, dh);
   for (size_t i = layers_.size(); i-- > 0;) {
-    st.layers[i].ffn->loss_scale = loss_scale;
+    st.layers[i].ffn->loss_scale = aux_scale;
     dh = layers_[i]->backward(dh, st.layers[i]);
     if (grads_final) grads_final(i);
   }

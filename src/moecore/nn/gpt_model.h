@@ -65,6 +65,10 @@ class GPTModel {
   // called as soon as layer i's gradients are complete, from the last layer down, then with num_layers() once the
   // embedding, final norm and output layer are done: the hook data parallelism starts its reductions from.
   void backward(Stash& st, double loss_scale = 1.0, const std::function<void(size_t)>& grads_final = {});
+  // Backpropagates token_scale · d(sum of the masked token losses) + aux_scale · d(MoE aux and z losses): Megatron's
+  // --calculate-per-token-loss form (backward is this with token_scale = loss_scale / unmasked tokens).
+  void backward_scaled(Stash& st, double token_scale, double aux_scale,
+                       const std::function<void(size_t)>& grads_final = {});
   // Logits [S·B, V] (row t = s·B + b, the whole vocabulary on every rank) for generation and evaluation; no stash
   // is kept. Under tensor parallelism any S works (the sequence is padded at its end, which causal attention
   // cannot see).

@@ -43,6 +43,8 @@ class ChainedOptimizer {
   double finish_gradients(std::vector<double>& riders);
   // Clipping by `grad_norm` (applied as AdamW reads each gradient) and one AdamW update at learning rate `lr`.
   void step(double lr, double grad_norm, int64_t iteration);
+  // The weight decay of the next steps (the scheduler's, Megatron's get_wd; norms and biases still take none).
+  void set_weight_decay(double wd) { cfg_.adam.weight_decay = wd; }
 
   // Adam moments of every parameter, whole, in `params` order (collective under the distributed optimizer), and
   // back; refresh_master re-reads sharded master weights after the parameters were loaded.

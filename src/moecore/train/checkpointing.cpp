@@ -36,6 +36,45 @@ std::string flag_differences(const nlohmann::json& saved, const nlohmann::json& 
   }
   return out;
 }
+// Megatron's OptimizerParamScheduler.state_dict (steps in samples).
+nlohmann::json scheduler_state(const optim::LRSchedule& s, int64_t num_steps) {
+  return {{"max_lr", s.max_lr},
+          {"lr_warmup_steps", s.warmup_iters},
+          {"num_steps", num_steps},
+          {"lr_decay_style", s.style},
+          {"lr_decay_steps", s.decay_iters},
+          {"min_lr", s.min_lr},
+          {"start_wd", s.start_wd},
+          {"end_wd", s.end_wd},
+          {"wd_incr_style", s.wd_incr_style},
+          {"wd_incr_steps", s.wd_incr_steps}};
+}
+// Megatron's load_state_dict (_check_and_set per value): --override-opt_param-scheduler keeps the flags' values,
+// --use-checkpoint-opt_param-scheduler takes the checkpoint's, neither requires them equal (the differences are
+// returned). Deliberately looser than Megatron: the weight-decay length is compared only when a weight-decay
+// increase uses it, so a constant-weight-decay run may be extended with a larger --train-iters.
+std::string load_scheduler(const nlohmann::json& sd, const TrainConfig& c, optim::LRSchedule& s) {
+  std::string diff;
+  auto check = [&](auto& mine, const char* key, const char* flags) {
+    using V = std::decay_t<decltype(mine)>;
+    const V saved = sd.at(key).get<V>();
+    if (c.override_opt_param_scheduler) return;
+    if (!c.use_checkpoint_opt_param_scheduler && saved != mine)
+      diff += fmt::format("\n  {}: {} in the checkpoint, {} here", flags, saved, mine);
+    mine = saved;
+  };
+  check(s.max_lr, "max_lr", "--lr");
+  check(s.min_lr, "min_lr", "--min-lr");
+  check(s.warmup_iters, "lr_warmup_steps", "warmup samples (--lr-warmup-iters x batch, -samples or -fraction)");
+  check(s.decay_iters, "lr_decay_steps", "decay samples (--lr-decay-iters x batch or --lr-decay-samples)");
+  check(s.style, "lr_decay_style", "--lr-decay-style");
+  check(s.start_wd, "start_wd", "--start-weight-decay (or --weight-decay)");
+  check(s.end_wd, "end_wd", "--end-weight-decay (or --weight-decay)");
+  check(s.wd_incr_style, "wd_incr_style", "--weight-decay-incr-style");
+  if (s.wd_incr_style != "constant" || sd.at("wd_incr_style").get<std::string>() != "constant")
+    check(s.wd_incr_steps, "wd_incr_steps", "weight-decay samples (--train-iters x batch or --train-samples)");
+  return diff;
+}
 bool is_vocab_parameter(const std::string& name) {
   return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
 }
@@ -97,6 +136,7 @@ nlohmann::json Checkpointing::train_state(const Progress& p) const {
             {"distributed_optimizer", opt_ && opt_->distributed()}}},
           {"rng", {{"seed", c_.seed}, {"router_forward_counts", counts}}},
           {"log_interval_sums", p.sums.to_json()},
+          {"opt_param_scheduler", scheduler_state(p.schedule, p.schedule_steps)},
           {"config", config_json(c_)}};
 }
 
@@ -242,12 +282,30 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
               "{} holds a different model:{}\npass the checkpoint's values to resume it (or --finetune to start a new "
               "run from its weights)",
               dir, model_diff);
-    // The schedule flags must match on resume too, as Megatron checks its scheduler state.
-    const std::string sched_diff = flag_differences(saved, here, flag_names(kSchedule), "the checkpoint");
-    MOE_CHECK(sched_diff.empty(),
-              "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, or "
-              "--finetune to start a new schedule from its weights",
-              dir, sched_diff);
+    // The scheduler state, as Megatron loads it (with the optimizer: not under --no-load-optim). A checkpoint from
+    // before it was saved: the state its configuration gives.
+    if (!c_.no_load_optim && !state.value("release", false)) {
+      nlohmann::json sd;
+      if (state.contains("opt_param_scheduler")) {
+        sd = state["opt_param_scheduler"];
+      } else {
+        TrainConfig old = c_;
+        apply_config_json(old, saved, where);
+        sd = scheduler_state(lr_schedule(old), state.at("consumed_samples").get<int64_t>());
+      }
+      std::string sched_diff;
+      try {
+        sched_diff = load_scheduler(sd, c_, p.schedule);
+        p.schedule_steps = sd.at("num_steps").get<int64_t>();
+      } catch (const nlohmann::json::exception& e) {
+        MOE_CHECK(false, "{}: field 'opt_param_scheduler' is malformed ({})", where, e.what());
+      }
+      MOE_CHECK(sched_diff.empty(),
+                "{} was trained with a different learning-rate schedule:{}\npass the same values to resume it, "
+                "--use-checkpoint-opt_param-scheduler to take the checkpoint's, --override-opt_param-scheduler to "
+                "take these flags', or --finetune to start a new schedule from its weights",
+                dir, sched_diff);
+    }
   } else if (!model_diff.empty()) {
     fmt::print(out_, "note: --finetune from a checkpoint whose model flags differ:{}\n", model_diff);
   }

@@ -16,6 +16,7 @@
 #include "moecore/ckpt/manager.h"
 #include "moecore/ckpt/metadata.h"
 #include "moecore/optim/chained_optimizer.h"
+#include "moecore/optim/lr_schedule.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
 
@@ -26,6 +27,10 @@ struct Progress {
   int64_t iteration = 0;
   data::SampleCursor cursor;
   IntervalSums sums;
+  // Megatron's OptimizerParamScheduler: the schedule (the flags', or the checkpoint's with
+  // --use-checkpoint-opt_param-scheduler) and its step count in samples (num_steps).
+  optim::LRSchedule schedule;
+  int64_t schedule_steps = 0;
 };
 
 // What start-up will load, found before the model is built (a loaded model keeps its vocabulary padding).

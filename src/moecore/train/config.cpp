@@ -250,14 +250,30 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
 }
 
 optim::LRSchedule lr_schedule(const TrainConfig& c) {
+  // Megatron's get_optimizer_param_scheduler: the scheduler counts samples, iteration flags times the global batch.
   optim::LRSchedule s;
+  const int64_t gbs = c.global_batch_size;
+  s.init_lr = c.lr_warmup_init;
   s.max_lr = c.lr;
   s.min_lr = c.min_lr;
-  s.warmup_iters = c.lr_warmup_iters;
-  s.decay_iters = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
   s.style = c.lr_decay_style;
   s.wsd_style = c.lr_wsd_decay_style;
-  s.wsd_decay_iters = c.lr_wsd_decay_iters;
+  if (c.train_samples == 0) {
+    s.decay_iters = (c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters) * gbs;
+    s.wd_incr_steps = c.train_iters * gbs;
+    s.wsd_decay_iters = c.lr_wsd_decay_iters * gbs;
+    s.warmup_iters = static_cast<double>(c.lr_warmup_iters * gbs);
+  } else {
+    s.decay_iters = c.lr_decay_samples > 0 ? c.lr_decay_samples : c.train_samples;
+    s.wd_incr_steps = c.train_samples;
+    s.wsd_decay_iters = c.lr_wsd_decay_samples;
+    s.warmup_iters = static_cast<double>(c.lr_warmup_samples);
+  }
+  if (c.lr_warmup_fraction >= 0) s.warmup_iters = c.lr_warmup_fraction * static_cast<double>(s.decay_iters);
+  s.wd_incr_style = c.weight_decay_incr_style;
+  const bool constant = c.weight_decay_incr_style == "constant";
+  s.start_wd = constant ? c.weight_decay : c.start_weight_decay;
+  s.end_wd = constant ? c.weight_decay : c.end_weight_decay;
   return s;
 }
 

@@ -66,6 +66,14 @@ struct TrainConfig {
   int64_t lr_warmup_iters = 0, lr_decay_iters = 0, lr_wsd_decay_iters = 0;
   double weight_decay = 0.01, clip_grad = 1.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   std::string optimizer = "adam";
+  // sample-based training, the scheduler's other flags, per-token loss (-1: unset where Megatron has None)
+  int64_t train_samples = 0, lr_decay_samples = 0, lr_warmup_samples = 0, lr_wsd_decay_samples = 0;
+  double lr_warmup_fraction = -1, lr_warmup_init = 0;
+  double start_weight_decay = -1, end_weight_decay = -1;
+  std::string weight_decay_incr_style = "constant";
+  bool use_checkpoint_opt_param_scheduler = false, override_opt_param_scheduler = false;
+  bool calculate_per_token_loss = false, eod_mask_loss = false;
+  std::vector<std::string> rampup_batch_size;
   int64_t seed = 1234;
   bool bf16 = false;
   // parallelism (one process until the distributed issue)

@@ -1,6 +1,9 @@
 // The two passes that make a parsed configuration usable (see config.h): resolve_defaults fills the values Megatron
 // derives from others (each recorded, so a later pass derives it again), validate checks everything and changes
 // nothing. resolve runs both and stamps the result; the Trainer takes only stamped, unchanged configurations.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -17,6 +20,78 @@ namespace {
 uint64_t fingerprint(const TrainConfig& c) {
   const uint64_t h = std::hash<std::string>{}(config_json(c).dump());
   return h != 0 ? h : 1;  // 0 means never resolved
+}
+
+bool was_derived(const TrainConfig& c, const std::string& flag) {
+  for (const auto& [name, value] : c.derived)
+    if (name == flag) return true;
+  return false;
+}
+
+// Megatron's checks on sample- vs iteration-based training, the warmup forms, the weight-decay schedule and the
+// scheduler's resume flags; per-token loss and the EOD mask.
+void validate_schedule_flags(const TrainConfig& c) {
+  if (c.train_samples > 0 && !c.skip_train) {
+    MOE_CHECK(was_derived(c, "train-iters"),
+              "--train-iters {} and --train-samples {} are exclusive: give one (iterations follow from samples / "
+              "--global-batch-size)",
+              c.train_iters, c.train_samples);
+    MOE_CHECK(c.lr_decay_iters == 0, "--lr-decay-iters {} with --train-samples: use --lr-decay-samples",
+              c.lr_decay_iters);
+    MOE_CHECK(c.lr_warmup_iters == 0, "--lr-warmup-iters {} with --train-samples: use --lr-warmup-samples",
+              c.lr_warmup_iters);
+    MOE_CHECK(c.lr_wsd_decay_iters == 0, "--lr-wsd-decay-iters {} with --train-samples: use --lr-wsd-decay-samples",
+              c.lr_wsd_decay_iters);
+    MOE_CHECK(c.lr_warmup_fraction < 0 || c.lr_warmup_samples == 0,
+              "--lr-warmup-fraction {} and --lr-warmup-samples {} are exclusive: give one", c.lr_warmup_fraction,
+              c.lr_warmup_samples);
+    MOE_CHECK(c.train_samples >= c.global_batch_size,
+              "--train-samples {} is less than one global batch (--global-batch-size {}): no iteration to train",
+              c.train_samples, c.global_batch_size);
+  } else if (!c.skip_train) {
+    MOE_CHECK(c.lr_decay_samples == 0,
+              "--lr-decay-samples {} needs --train-samples (with --train-iters use "
+              "--lr-decay-iters)",
+              c.lr_decay_samples);
+    MOE_CHECK(c.lr_warmup_samples == 0,
+              "--lr-warmup-samples {} needs --train-samples (with --train-iters use "
+              "--lr-warmup-iters)",
+              c.lr_warmup_samples);
+    MOE_CHECK(c.lr_wsd_decay_samples == 0,
+              "--lr-wsd-decay-samples {} needs --train-samples (with --train-iters use "
+              "--lr-wsd-decay-iters)",
+              c.lr_wsd_decay_samples);
+    MOE_CHECK(c.lr_warmup_fraction < 0 || c.lr_warmup_iters == 0,
+              "--lr-warmup-fraction {} and --lr-warmup-iters {} are exclusive: give one", c.lr_warmup_fraction,
+              c.lr_warmup_iters);
+  }
+  MOE_CHECK(c.lr_warmup_fraction == -1 || (c.lr_warmup_fraction >= 0 && c.lr_warmup_fraction < 1),
+            "--lr-warmup-fraction {} must be in [0, 1) (-1: unset)", c.lr_warmup_fraction);
+  for (auto [v, name] :
+       {std::pair{c.train_iters, "train-iters"}, std::pair{c.lr_decay_iters, "lr-decay-iters"},
+        std::pair{c.lr_warmup_iters, "lr-warmup-iters"}, std::pair{c.lr_wsd_decay_iters, "lr-wsd-decay-iters"}}) {
+    int64_t product = 0;
+    MOE_CHECK(!__builtin_mul_overflow(v, c.global_batch_size, &product),
+              "--{} {} x --global-batch-size {} samples (the scheduler counts samples) do not fit in 64 bits", name, v,
+              c.global_batch_size);
+  }
+  if (c.weight_decay_incr_style == "constant") {
+    MOE_CHECK(c.start_weight_decay == -1 && c.end_weight_decay == -1,
+              "--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine (constant "
+              "uses --weight-decay)");
+  } else {
+    MOE_CHECK(c.start_weight_decay >= 0 && c.end_weight_decay >= 0,
+              "--weight-decay-incr-style {} needs --start-weight-decay and --end-weight-decay (>= 0)",
+              c.weight_decay_incr_style);
+  }
+  MOE_CHECK(!(c.use_checkpoint_opt_param_scheduler && c.override_opt_param_scheduler),
+            "--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler are exclusive: the schedule "
+            "comes from the checkpoint or from the flags");
+  MOE_CHECK(c.rampup_batch_size.empty(),
+            "--rampup-batch-size {} is not available in moecore: train with a constant --global-batch-size",
+            fmt::join(c.rampup_batch_size, " "));
+  MOE_CHECK(!c.eod_mask_loss || !c.tokenizer_type.empty(),
+            "--eod-mask-loss needs a --tokenizer-type (the tokenizer names the end-of-document token)");
 }
 
 }  // namespace
@@ -50,7 +125,11 @@ void resolve_defaults(TrainConfig& c) {
   if (c.expert_tensor_parallel_size == 0)
     derive(&TrainConfig::expert_tensor_parallel_size, c.tensor_model_parallel_size);
   if (c.global_batch_size == 0) derive(&TrainConfig::global_batch_size, c.micro_batch_size);  // x DP 1 here
-  if (c.lr_decay_iters == 0) derive(&TrainConfig::lr_decay_iters, c.train_iters);
+  // Sample-based training (Megatron's update_train_iters): the iterations follow from the samples.
+  if (c.train_samples > 0 && c.train_iters == 0 && c.global_batch_size > 0)
+    derive(&TrainConfig::train_iters, c.train_samples / c.global_batch_size);
+  if (c.train_samples == 0 && c.lr_decay_iters == 0) derive(&TrainConfig::lr_decay_iters, c.train_iters);
+  if (c.train_samples > 0 && c.lr_decay_samples == 0) derive(&TrainConfig::lr_decay_samples, c.train_samples);
   if (c.num_experts > 0 && c.moe_ffn_hidden_size == 0) derive(&TrainConfig::moe_ffn_hidden_size, c.ffn_hidden_size);
 }
 
@@ -168,6 +247,7 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.global_batch_size % c.micro_batch_size == 0,
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size 1",
             c.global_batch_size, c.micro_batch_size);
+  validate_schedule_flags(c);
   MOE_CHECK(c.skip_train || c.train_iters > 0, "--train-iters must be positive (or pass --skip-train)");
   pos(c.log_interval, "log-interval");
   pos(c.eval_interval, "eval-interval");

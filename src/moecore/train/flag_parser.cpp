@@ -13,6 +13,12 @@ namespace moecore::train {
 
 namespace {
 
+std::string dashed(std::string name) {
+  for (char& ch : name)
+    if (ch == '_') ch = '-';
+  return name;
+}
+
 // The mapping's keys and values into `layer` (yaml-cpp conversions throw YAML::Exception).
 void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer& layer) {
   for (const auto& kv : yaml) {
@@ -20,6 +26,8 @@ void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer&
     std::string name = key;
     for (char& ch : name)
       if (ch == '_') ch = '-';
+    for (const auto& f : flag_table())  // Megatron spells a few with an underscore: --override-opt_param-scheduler
+      if (f.name != name && dashed(f.name) == name) name = f.name;
     MOE_CHECK(find_flag(name) != nullptr, "--config {}: unknown key '{}' (keys are moecore train's flag names)", file,
               key);
     std::vector<std::string> vals;
@@ -64,7 +72,9 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
   std::map<std::string, bool> switches;
   std::vector<std::pair<const FlagSpec*, CLI::Option*>> options;
   for (const auto& f : flag_table()) {
-    const std::string opt = "--" + f.name, accepted = f.accepts.describe();
+    const std::string accepted = f.accepts.describe();
+    // Megatron's names with an underscore (--use-checkpoint-opt_param-scheduler) also take the all-dash spelling.
+    const std::string opt = "--" + f.name + (dashed(f.name) != f.name ? ",--" + dashed(f.name) : "");
     const std::string help = f.help + (accepted.empty() ? "" : " [" + accepted + "]");
     CLI::Option* o = nullptr;
     if (std::holds_alternative<bool TrainConfig::*>(f.field)) {

@@ -17,7 +17,7 @@
 namespace moecore::train {
 
 struct StepResult {
-  double lm_loss = 0;    // mean over the micro-batches of the step
+  double lm_loss = 0;    // over the loss tokens of the global batch (Megatron)
   double grad_norm = 0;  // before clipping
   double lr = 0;
   std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches

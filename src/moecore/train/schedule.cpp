@@ -3,18 +3,56 @@
 
 namespace moecore::train {
 
-double NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
-                                      const data::SampleCursor& cursor, const MicroBatches& mb,
-                                      optim::ChainedOptimizer& opt) {
-  const double scale = 1.0 / static_cast<double>(mb.count);
-  double loss = 0;
+namespace {
+double loss_tokens(const data::Batch& b) {
+  double n = 0;
+  const float* m = b.loss_mask.data<float>();
+  for (int64_t i = 0; i < b.loss_mask.numel(); i++) n += m[i];
+  return n;
+}
+}  // namespace
+
+StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
+                                        const data::SampleCursor& cursor, const MicroBatches& mb,
+                                        optim::ChainedOptimizer& opt) {
+  auto batch = [&](int64_t m) {
+    return data::make_batch(data, cursor.micro_batch(m, mb.dp_rank, mb.dp_size, mb.size), mb.eod_mask_token);
+  };
+  // Per-token loss needs the global batch's loss tokens before the first backward (Megatron divides by them in
+  // finalize_model_grads; here the backward scales by them, so the bucket reductions can still overlap it).
+  std::vector<data::Batch> batches;
+  double global_tokens = 0;
+  if (mb.per_token_loss) {
+    for (int64_t m = 0; m < mb.count; m++) {
+      batches.push_back(batch(m));
+      global_tokens += loss_tokens(batches.back());
+    }
+    if (mb.dp) {
+      Tensor t = Tensor::empty({1}, DType::F64);
+      t.set_item(0, global_tokens);
+      mb.dp->all_reduce(t);
+      global_tokens = t.item(0);
+    }
+  }
+  const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size);
+  StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
-    const data::Batch b = data::make_batch(data, cursor.micro_batch(m, mb.dp_rank, mb.dp_size, mb.size));
-    loss += model.forward(b.tokens, b.labels, b.loss_mask, stash) * scale;
+    const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)]) : batch(m);
+    const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);
+    loss.sum += mean * stash.mask_sum;
+    loss.tokens += stash.mask_sum;
+    double token_scale = stash.mask_sum > 0 ? scale / stash.mask_sum : 0.0, aux_scale = scale;
+    if (mb.per_token_loss) {
+      // Megatron: token losses summed, every gradient divided by the global loss tokens; the router multiplies its
+      // aux and z losses by the micro-batch's tokens (its local tokens x TP), so they keep 1/(micro-batches x DP)
+      // when every token has a loss.
+      token_scale = global_tokens > 0 ? dp / global_tokens : 0.0;
+      aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;
+    }
     if (opt.reduces_gradients() && m == mb.count - 1)
-      model.backward(stash, scale, [&opt](size_t layer) { opt.layer_grads_final(layer); });
+      model.backward_scaled(stash, token_scale, aux_scale, [&opt](size_t layer) { opt.layer_grads_final(layer); });
     else
-      model.backward(stash, scale);
+      model.backward_scaled(stash, token_scale, aux_scale);
   }
   return loss;
 }

@@ -16,23 +16,35 @@ struct MicroBatches {
   int64_t count = 1;  // micro-batches per step on this data-parallel rank
   int64_t size = 1;   // sequences per micro-batch
   int64_t dp_rank = 0, dp_size = 1;
+  int64_t eod_mask_token = -1;             // --eod-mask-loss: no loss where the input is this token (-1: none)
+  bool per_token_loss = false;             // --calculate-per-token-loss
+  const comm::ProcessGroup* dp = nullptr;  // where the global batch's loss tokens are summed (null: this rank)
+};
+
+// This rank's share of a step's LM loss: the sum of its masked token losses and the number of loss tokens. Megatron
+// reports sum / tokens over the whole global batch (all micro-batches and DP ranks).
+struct StepLoss {
+  double sum = 0, tokens = 0;
 };
 
 class Schedule {
  public:
   virtual ~Schedule() = default;
   // Forward and backward over the step's micro-batches from `data` at `cursor` (not advanced), gradients
-  // accumulated as the mean over micro-batches. Returns this rank's mean LM loss.
-  virtual double forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
-                                  const data::SampleCursor& cursor, const MicroBatches& mb,
-                                  optim::ChainedOptimizer& opt) = 0;
+  // accumulated as the mean over micro-batches of each one's mean token loss (Megatron's default), or with
+  // per_token_loss as the sum of token losses over (DP / the global batch's loss tokens), which the optimizer's
+  // 1/DP makes the per-token mean; MoE aux losses scaled as Megatron scales them in each form. Returns this rank's
+  // loss sum and tokens.
+  virtual StepLoss forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
+                                    const data::SampleCursor& cursor, const MicroBatches& mb,
+                                    optim::ChainedOptimizer& opt) = 0;
 };
 
 class NoPipelining : public Schedule {
  public:
-  double forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
-                          const data::SampleCursor& cursor, const MicroBatches& mb,
-                          optim::ChainedOptimizer& opt) override;
+  StepLoss forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
+                            const data::SampleCursor& cursor, const MicroBatches& mb,
+                            optim::ChainedOptimizer& opt) override;
 };
 
 }  // namespace moecore::train

@@ -31,6 +31,15 @@ std::vector<int> stop_signals(const TrainConfig& c) {
   if (std::find(s.begin(), s.end(), extra) == s.end()) s.push_back(extra);
   return s;
 }
+// --eod-mask-loss: the tokenizer's end-of-document token (NullTokenizer: --vocab-size; HuggingFace: its EOS).
+int64_t eod_mask_token(const TrainConfig& c, const Vocabulary& v) {
+  if (!c.eod_mask_loss) return -1;
+  if (c.tokenizer_type == "NullTokenizer") return c.vocab_size;
+  MOE_CHECK(v.tokenizer && v.tokenizer->eos_id(),
+            "--eod-mask-loss: the tokenizer in {} names no EOS token (tokenizer_config.json eos_token)",
+            c.tokenizer_model);
+  return *v.tokenizer->eos_id();
+}
 }  // namespace
 
 void Trainer::request_stop(int signal) {
@@ -46,6 +55,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
   StartPoint start = find_start_point(cfg_);
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
+  eod_mask_token_ = eod_mask_token(cfg_, vocab_);
   check_memory_before_start(cfg_, vocab_.padded, *groups_, out_);  // refuses a run that cannot fit, before allocating
   data_ = build_datasets(cfg_, vocab_.size);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
@@ -62,6 +72,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
       params, layers + 1, [layers](const nn::Parameter& p) { return layer_of(p, layers); }, og, oc);
   schedule_ = std::make_unique<NoPipelining>();
   ckpt_ = std::make_unique<Checkpointing>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
+  progress_.schedule = lr_schedule(cfg_);  // the checkpoint's may replace it (--use-checkpoint-opt_param-scheduler)
   ckpt_->load_at_start(start, progress_);
   if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
@@ -92,31 +103,40 @@ std::map<std::string, double> Trainer::analytic_comm_bytes() const {
 }
 
 MicroBatches Trainer::micro_batches() const {
-  return {cfg_.global_batch_size / (cfg_.micro_batch_size * groups_->dp_size), cfg_.micro_batch_size, groups_->dp_rank,
-          groups_->dp_size};
+  MicroBatches mb{cfg_.global_batch_size / (cfg_.micro_batch_size * groups_->dp_size), cfg_.micro_batch_size,
+                  groups_->dp_rank, groups_->dp_size};
+  mb.eod_mask_token = eod_mask_token_;
+  mb.per_token_loss = cfg_.calculate_per_token_loss;
+  mb.dp = ParallelGroups::active(groups_->dp);
+  return mb;
 }
 
 StepResult Trainer::train_step() {
   MOE_ASSERT(data_[0]);
   maybe_stall(cfg_, groups_->world_rank, progress_.iteration);  // --testing-stall
   StepResult r;
-  r.lr = lr_schedule(cfg_).lr(progress_.iteration);
+  // Megatron's OptimizerParamScheduler: learning rate and weight decay after schedule_steps samples.
+  r.lr = progress_.schedule.lr(progress_.schedule_steps);
+  opt_->set_weight_decay(progress_.schedule.wd(progress_.schedule_steps));
   reg_.zero_grad();
   const double t0 = now_seconds();
+  StepLoss loss;
   {
     nn::Bf16WeightScope bf16_scope(reg_);  // weights change only after the micro-batches
-    r.lm_loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
+    loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
   const double t1 = now_seconds();
   r.forward_backward_seconds = t1 - t0;
   const data::SampleCursor step_cursor = progress_.cursor;
   progress_.cursor.advance(cfg_.global_batch_size);
-  if (groups_->distributed()) {  // the reported loss is averaged over DP
-    Tensor loss = Tensor::empty({1}, DType::F64);
-    loss.set_item(0, r.lm_loss);
-    groups_->dp->all_reduce(loss);
-    r.lm_loss = loss.item(0) / static_cast<double>(groups_->dp_size);
+  if (groups_->distributed()) {  // the reported loss: over the loss tokens of the whole global batch, as Megatron
+    Tensor t = Tensor::empty({2}, DType::F64);
+    t.set_item(0, loss.sum);
+    t.set_item(1, loss.tokens);
+    groups_->dp->all_reduce(t);
+    loss = {t.item(0), t.item(1)};
   }
+  r.lm_loss = loss.tokens > 0 ? loss.sum / loss.tokens : 0.0;
   // One global norm over dense and expert gradients; a stop signal seen by any rank rides along, so every rank
   // ends at the same step boundary.
   const int mine = StopSignals::requested();
@@ -146,6 +166,7 @@ StepResult Trainer::train_step() {
   progress_.iteration++;
   opt_->step(r.lr, r.grad_norm, progress_.iteration);
   r.optimizer_seconds = now_seconds() - t1;
+  progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);
   param_stats(cfg_, reg_, *groups_, r);      // --log-params-norm, --log-num-zeros-in-grad
   if (async_written) ckpt_->finish_async();  // every rank's files are written: the save becomes visible
@@ -156,20 +177,19 @@ double Trainer::evaluate(int64_t iters) {
   MOE_CHECK(data_[1], "no validation data: --split {} gives the valid split no documents", cfg_.split);
   model_->set_training(false);
   nn::Bf16WeightScope bf16_scope(reg_);
-  double sum = 0;
-  int64_t n = 0;
+  double sum = 0, tokens = 0;  // Megatron: the loss over the loss tokens of all evaluated batches
   data::SampleCursor c;
   for (int64_t it = 0; it < iters; it++) {
     for (int64_t m = 0; m < cfg_.global_batch_size / cfg_.micro_batch_size; m++) {
-      const data::Batch b = data::make_batch(*data_[1], c.micro_batch(m, 0, 1, cfg_.micro_batch_size));
-      sum += model_->forward(b.tokens, b.labels, b.loss_mask, stash_);
-      n++;
+      const data::Batch b = data::make_batch(*data_[1], c.micro_batch(m, 0, 1, cfg_.micro_batch_size), eod_mask_token_);
+      sum += model_->forward(b.tokens, b.labels, b.loss_mask, stash_) * stash_.mask_sum;
+      tokens += stash_.mask_sum;
     }
     c.advance(cfg_.global_batch_size);
   }
   model_->set_training(true);
   stash_ = model_->make_stash();  // forward-only passes leave stashes filled; start the next step clean
-  return n ? sum / static_cast<double>(n) : 0.0;
+  return tokens > 0 ? sum / tokens : 0.0;
 }
 
 std::string Trainer::generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k, uint64_t seed) {

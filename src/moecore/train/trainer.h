@@ -90,8 +90,9 @@ class Trainer {
   std::unique_ptr<StallAlarm> stall_;
   Progress progress_;
   double peak_gflops_ = 0;
-  bool duration_exit_ = false;  // --exit-duration-in-mins passed on some rank (agreed with the stop signal)
-  int stop_signal_ = 0;         // the signal that stops training at this step boundary (agreed over all ranks)
+  bool duration_exit_ = false;   // --exit-duration-in-mins passed on some rank (agreed with the stop signal)
+  int stop_signal_ = 0;          // the signal that stops training at this step boundary (agreed over all ranks)
+  int64_t eod_mask_token_ = -1;  // --eod-mask-loss: the EOD token (-1: every token has a loss)
 };
 
 }  // namespace moecore::train
