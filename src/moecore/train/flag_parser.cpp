@@ -1,6 +1,9 @@
 // The `moecore train` argument parser (see config.h, parse_flags): CLI11 options and YAML keys made from the flag
-// table, --help grouped as the table groups them with each default. It returns what each source says and applies
-// nothing; it reads no file but the --config YAML (presets, HF configs, checkpoints: start_config.cpp).
+// table, --help grouped as the table groups them with each default; and Megatron's other flags, each with its rule
+// (megatron_flags.h), taken with Megatron's arity and refused here when their rule refuses them. It returns what
+// each source says and applies nothing; it reads no file but the --config YAML (presets, HF configs, checkpoints:
+// start_config.cpp).
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
@@ -8,20 +11,23 @@
 
 #include "moecore/core/error.h"
 #include "moecore/train/config.h"
+#include "moecore/train/megatron_flags.h"
 
 namespace moecore::train {
 
 namespace {
 
-// The mapping's keys and values into `layer` (yaml-cpp conversions throw YAML::Exception).
-void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer& layer) {
+// The mapping's keys and values into `layer`, Megatron's rule flags into `megatron` (yaml-cpp conversions throw
+// YAML::Exception).
+void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer& layer, GivenFlags& megatron) {
   for (const auto& kv : yaml) {
     const std::string key = kv.first.as<std::string>();
     std::string name = key;
     for (char& ch : name)
       if (ch == '_') ch = '-';
-    MOE_CHECK(find_flag(name) != nullptr, "--config {}: unknown key '{}' (keys are moecore train's flag names)", file,
-              key);
+    const bool ruled = find_flag(name) == nullptr && find_megatron_flag(name) != nullptr && megatron_rule(name);
+    MOE_CHECK(find_flag(name) != nullptr || ruled,
+              "--config {}: unknown key '{}' (keys are moecore train's flag names)", file, key);
     std::vector<std::string> vals;
     if (kv.second.IsSequence()) {
       for (const auto& v : kv.second) vals.push_back(v.as<std::string>());
@@ -29,12 +35,15 @@ void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer&
       MOE_CHECK(kv.second.IsScalar(), "--config {}: '{}' must be a scalar or a list", file, key);
       vals.push_back(kv.second.as<std::string>());
     }
-    layer.values.emplace_back(name, std::move(vals));
+    if (ruled)
+      megatron.emplace_back(name, std::move(vals));
+    else
+      layer.values.emplace_back(name, std::move(vals));
   }
 }
 
 // A --config file: its keys are flag names (with dashes or underscores), its values scalars or lists.
-FlagLayer yaml_layer(const std::string& file) {
+FlagLayer yaml_layer(const std::string& file, GivenFlags& megatron) {
   FlagLayer layer{"--config " + file, {}};
   YAML::Node yaml;
   try {
@@ -46,7 +55,7 @@ FlagLayer yaml_layer(const std::string& file) {
   if (!yaml.IsMap()) return layer;
   // Conversions throw too (a key or list element that is itself a map; found by fuzz_yaml_config).
   try {
-    add_yaml_values(yaml, file, layer);
+    add_yaml_values(yaml, file, layer, megatron);
   } catch (const YAML::Exception& e) {
     MOE_CHECK(false, "--config {}: {} (keys and values must be scalars, or lists of scalars)", file, e.what());
   }
@@ -80,9 +89,42 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     o->group(group_name(f.group));
     options.emplace_back(&f, o);
   }
+  // Megatron's flags without a table row: Megatron's arity, their rule applied after parsing; --help names them
+  // in its footer only (moecore flags lists each with its rule).
+  std::map<std::string, std::vector<std::string>> megatron_values;
+  std::vector<std::pair<const MegatronFlag*, CLI::Option*>> megatron_options;
+  int no_effect = 0, refused = 0;
+  for (const MegatronFlag* f : megatron_ruled_flags()) {
+    const std::string opt = "--" + f->name;
+    CLI::Option* o = nullptr;
+    if (f->arity == MegatronArity::Switch) {
+      o = app.add_flag(opt);
+    } else {
+      o = app.add_option(opt, megatron_values[f->name]);
+      o->expected(f->arity == MegatronArity::Optional ? 0 : 1, f->arity == MegatronArity::List ? -1 : 1);
+    }
+    o->group("");  // hidden
+    (megatron_rule(f->name)->kind == RuleKind::Refused ? refused : no_effect)++;
+    megatron_options.emplace_back(f, o);
+  }
+  app.footer(
+      fmt::format("Megatron-LM's other flags are accepted too: {} without effect here (listed at the start of "
+                  "the run), {} refused here with the reason. `moecore flags` lists each with its rule "
+                  "(docs/megatron-flags.md).",
+                  no_effect, refused));
   // CLI11 expands a "[a,b,c]" argument into three values; a list-expression flag takes it as one string, so its
-  // value gets a leading space (whitespace is insignificant to the expression parser).
+  // value gets a leading space (whitespace is insignificant to the expression parser). So does a one-value
+  // Megatron flag's (its rule trims it), unless the next argument is a flag.
   std::vector<std::string> fixed = args;
+  for (const auto& [f, o] : megatron_options) {
+    if (f->arity != MegatronArity::Value && f->arity != MegatronArity::Optional) continue;
+    const std::string opt = "--" + f->name, opt_eq = opt + "=";
+    for (size_t i = 0; i < fixed.size(); i++) {
+      if (fixed[i] == opt && i + 1 < fixed.size() && fixed[i + 1].rfind("--", 0) != 0)
+        fixed[i + 1] = " " + fixed[i + 1];
+      if (fixed[i].rfind(opt_eq, 0) == 0) fixed[i] = opt_eq + " " + fixed[i].substr(opt_eq.size());
+    }
+  }
   for (const auto& f : flag_table()) {
     if (!(f.roles & kListExpression)) continue;
     const std::string opt = "--" + f.name, opt_eq = opt + "=";
@@ -100,7 +142,7 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     MOE_CHECK(false, "moecore train: {} (see moecore train --help)", e.what());
   }
   ParsedFlags p;
-  if (!config_file.empty()) p.yaml = yaml_layer(config_file);
+  if (!config_file.empty()) p.yaml = yaml_layer(config_file, p.megatron);
   p.cli.source = "the command line";
   for (const auto& [f, o] : options) {
     if (!o->count()) continue;
@@ -109,6 +151,9 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     else
       p.cli.values.emplace_back(f->name, values[f->name]);
   }
+  for (const auto& [f, o] : megatron_options)
+    if (o->count()) p.megatron.emplace_back(f->name, megatron_values[f->name]);
+  check_megatron_flags(p.megatron);  // refused before any work, identically on every rank
   return p;
 }
 

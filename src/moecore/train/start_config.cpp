@@ -7,6 +7,7 @@
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
+#include "moecore/train/megatron_flags.h"
 #include "moecore/train/presets.h"
 
 namespace moecore::train {
@@ -50,6 +51,7 @@ TrainConfig compose_train_config(const ParsedFlags& flags) {
   apply_flags(c, flags.yaml);
   apply_flags(c, flags.cli);
   if (c.use_checkpoint_args) apply_checkpoint_args(c);
+  c.no_effect = megatron_no_effect_lines(flags.megatron);
   resolve(c);
   return c;
 }
