@@ -32,7 +32,12 @@ TEST(MegatronFlags, TheListHoldsBothCommitsFlags) {
   std::ifstream in(std::string(MOECORE_SOURCE_DIR) + "/tests/train/megatron_flags.txt");
   std::string line, header;
   size_t n = 0;
-  while (std::getline(in, line)) (line.rfind('#', 0) == 0 ? header += line + "\n" : (n++, header));
+  while (std::getline(in, line)) {
+    if (line.rfind('#', 0) == 0)
+      header += line + "\n";
+    else
+      n++;
+  }
   EXPECT_NE(header.find("# core_v0.15.3 = "), std::string::npos);
   EXPECT_NE(header.find("# HEAD = "), std::string::npos);
   EXPECT_EQ(n, train::megatron_flags().size());  // the build compiled the committed file in

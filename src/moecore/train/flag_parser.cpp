@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <map>
 
 #include "moecore/core/error.h"
@@ -110,7 +111,7 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
   app.footer(
       fmt::format("Megatron-LM's other flags are accepted too: {} without effect here (listed at the start of "
                   "the run), {} refused here with the reason. `moecore flags` lists each with its rule "
-                  "(docs/megatron-flags.md).",
+                  "(docs/megatron-flags.md).\n",
                   no_effect, refused));
   // CLI11 expands a "[a,b,c]" argument into three values; a list-expression flag takes it as one string, so its
   // value gets a leading space (whitespace is insignificant to the expression parser). So does a one-value
@@ -151,8 +152,17 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     else
       p.cli.values.emplace_back(f->name, values[f->name]);
   }
+  // In the command line's order (the options are registered sorted by name).
+  auto position = [&](const std::string& name) {
+    for (size_t i = 0; i < fixed.size(); i++)
+      if (fixed[i] == "--" + name || fixed[i].rfind("--" + name + "=", 0) == 0) return i;
+    return fixed.size();
+  };
+  const size_t from_yaml = p.megatron.size();
   for (const auto& [f, o] : megatron_options)
     if (o->count()) p.megatron.emplace_back(f->name, megatron_values[f->name]);
+  std::stable_sort(p.megatron.begin() + static_cast<std::ptrdiff_t>(from_yaml), p.megatron.end(),
+                   [&](const auto& a, const auto& b) { return position(a.first) < position(b.first); });
   check_megatron_flags(p.megatron);  // refused before any work, identically on every rank
   return p;
 }

@@ -14,9 +14,6 @@ FlagRule no_effect(std::string why, Names names, Names prefixes = {}) {
 FlagRule refused(std::string why, Names names, Names prefixes = {}) {
   return {RuleKind::Refused, std::move(why), std::move(names), std::move(prefixes), {}, {}};
 }
-FlagRule no_effect_for(Names names, Names values, std::string why, std::string otherwise) {
-  return {RuleKind::NoEffectFor, std::move(why), std::move(names), {}, std::move(values), std::move(otherwise)};
-}
 
 const char* const kNotYet = " is not implemented in moecore yet";
 std::string not_yet(const std::string& feature, const std::string& instead = "") {
