@@ -63,6 +63,40 @@ FlagLayer yaml_layer(const std::string& file, GivenFlags& megatron) {
   return layer;
 }
 
+// Takes Megatron's rule flags (megatron_flags.h) out of `args` into `given`, each with the values its arity takes
+// as argparse would: a switch none, a one-value flag the next argument (or its --flag=value), an optional one the
+// next argument unless that is a flag, a list the arguments up to the next flag. Returns the other arguments.
+std::vector<std::string> take_megatron_flags(const std::vector<std::string>& args, GivenFlags& given) {
+  std::vector<std::string> rest;
+  auto is_flag = [](const std::string& a) { return a.rfind("--", 0) == 0; };
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    const size_t eq = a.find('=');
+    const std::string name = is_flag(a) ? a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2) : "";
+    const MegatronFlag* f = name.empty() || find_flag(name) ? nullptr : find_megatron_flag(name);
+    if (f == nullptr || megatron_rule(name) == nullptr) {
+      rest.push_back(a);
+      continue;
+    }
+    std::vector<std::string> values;
+    if (eq != std::string::npos) {
+      MOE_CHECK(f->arity != MegatronArity::Switch, "moecore train: --{} takes no value, got '{}'", name,
+                a.substr(eq + 1));
+      values.push_back(a.substr(eq + 1));
+    } else if (f->arity != MegatronArity::Switch) {
+      while (i + 1 < args.size() && !is_flag(args[i + 1])) {
+        values.push_back(args[++i]);
+        if (f->arity != MegatronArity::List) break;
+      }
+      MOE_CHECK(!values.empty() || f->arity == MegatronArity::Optional,
+                "moecore train: --{} expects {} (see moecore flags)", name,
+                f->arity == MegatronArity::List ? "one or more values" : "a value");
+    }
+    given.emplace_back(name, std::move(values));
+  }
+  return rest;
+}
+
 }  // namespace
 
 ParsedFlags parse_flags(const std::vector<std::string>& args) {
@@ -90,42 +124,21 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     o->group(group_name(f.group));
     options.emplace_back(&f, o);
   }
-  // Megatron's flags without a table row: Megatron's arity, their rule applied after parsing; --help names them
-  // in its footer only (moecore flags lists each with its rule).
-  std::map<std::string, std::vector<std::string>> megatron_values;
-  std::vector<std::pair<const MegatronFlag*, CLI::Option*>> megatron_options;
+  // Megatron's flags without a table row are taken out before CLI11 sees the arguments (800 more CLI11 options
+  // would make every parse slow); --help names them in its footer only (moecore flags lists each with its rule).
+  GivenFlags megatron_cli;
+  const std::vector<std::string> rest = take_megatron_flags(args, megatron_cli);
   int no_effect = 0, refused = 0;
-  for (const MegatronFlag* f : megatron_ruled_flags()) {
-    const std::string opt = "--" + f->name;
-    CLI::Option* o = nullptr;
-    if (f->arity == MegatronArity::Switch) {
-      o = app.add_flag(opt);
-    } else {
-      o = app.add_option(opt, megatron_values[f->name]);
-      o->expected(f->arity == MegatronArity::Optional ? 0 : 1, f->arity == MegatronArity::List ? -1 : 1);
-    }
-    o->group("");  // hidden
+  for (const MegatronFlag* f : megatron_ruled_flags())
     (megatron_rule(f->name)->kind == RuleKind::Refused ? refused : no_effect)++;
-    megatron_options.emplace_back(f, o);
-  }
   app.footer(
       fmt::format("Megatron-LM's other flags are accepted too: {} without effect here (listed at the start of "
                   "the run), {} refused here with the reason. `moecore flags` lists each with its rule "
                   "(docs/megatron-flags.md).\n",
                   no_effect, refused));
   // CLI11 expands a "[a,b,c]" argument into three values; a list-expression flag takes it as one string, so its
-  // value gets a leading space (whitespace is insignificant to the expression parser). So does a one-value
-  // Megatron flag's (its rule trims it), unless the next argument is a flag.
-  std::vector<std::string> fixed = args;
-  for (const auto& [f, o] : megatron_options) {
-    if (f->arity != MegatronArity::Value && f->arity != MegatronArity::Optional) continue;
-    const std::string opt = "--" + f->name, opt_eq = opt + "=";
-    for (size_t i = 0; i < fixed.size(); i++) {
-      if (fixed[i] == opt && i + 1 < fixed.size() && fixed[i + 1].rfind("--", 0) != 0)
-        fixed[i + 1] = " " + fixed[i + 1];
-      if (fixed[i].rfind(opt_eq, 0) == 0) fixed[i] = opt_eq + " " + fixed[i].substr(opt_eq.size());
-    }
-  }
+  // value gets a leading space (whitespace is insignificant to the expression parser).
+  std::vector<std::string> fixed = rest;
   for (const auto& f : flag_table()) {
     if (!(f.roles & kListExpression)) continue;
     const std::string opt = "--" + f.name, opt_eq = opt + "=";
@@ -152,17 +165,7 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     else
       p.cli.values.emplace_back(f->name, values[f->name]);
   }
-  // In the command line's order (the options are registered sorted by name).
-  auto position = [&](const std::string& name) {
-    for (size_t i = 0; i < fixed.size(); i++)
-      if (fixed[i] == "--" + name || fixed[i].rfind("--" + name + "=", 0) == 0) return i;
-    return fixed.size();
-  };
-  const size_t from_yaml = p.megatron.size();
-  for (const auto& [f, o] : megatron_options)
-    if (o->count()) p.megatron.emplace_back(f->name, megatron_values[f->name]);
-  std::stable_sort(p.megatron.begin() + static_cast<std::ptrdiff_t>(from_yaml), p.megatron.end(),
-                   [&](const auto& a, const auto& b) { return position(a.first) < position(b.first); });
+  p.megatron.insert(p.megatron.end(), megatron_cli.begin(), megatron_cli.end());
   check_megatron_flags(p.megatron);  // refused before any work, identically on every rank
   return p;
 }

@@ -211,8 +211,10 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
   r.push_back(no_effect("acts only with --inprocess-restart (refused in moecore)", {}, {"inprocess-"}));
   r.push_back(refused(not_yet("ADLR autoresume", "use --exit-signal-handler (moecore saves and stops on a signal)"),
                       {"adlr-autoresume", "adlr-autoresume-interval"}));
-  r.push_back(no_effect_for({"rerun-mode"}, {"disabled"}, "the rerun state machine off",
-                            "re-running iterations to validate results is not implemented in moecore"));
+  r.push_back(no_effect_for({"rerun-mode"}, {"disabled", "validate_results"},
+                            "moecore stops on a non-finite loss or gradient, after re-running the step to name where "
+                            "it appeared (docs/differences.md)",
+                            "statistics on the variability of re-run iterations are not implemented in moecore"));
   r.push_back(refused(not_yet("result validation and fault injection"),
                       {"check-for-large-grads", "check-for-spiky-loss", "check-weight-hash-across-dp-replicas-interval",
                        "error-injection-rate", "error-injection-type", "result-rejected-tracker-filename",

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "moecore/core/error.h"
@@ -60,7 +61,7 @@ std::string shown(const std::string& name, const std::vector<std::string>& value
   return s;
 }
 
-std::string trimmed(const std::string& v) {  // flag_parser.cpp shields values from CLI11 with a leading space
+std::string trimmed(const std::string& v) {  // " x" from a YAML list or a quoted argument: x
   const size_t b = v.find_first_not_of(' ');
   return b == std::string::npos ? "" : v.substr(b);
 }
@@ -88,7 +89,9 @@ const MegatronFlag* find_megatron_flag(const std::string& name) {
   return it == by_name.end() ? nullptr : it->second;
 }
 
-const FlagRule* megatron_rule(const std::string& name) {
+namespace {
+
+const FlagRule* find_rule(const std::string& name) {
   const FlagRule* best = nullptr;
   size_t best_len = 0;
   for (const auto& r : megatron_flag_rules()) {
@@ -99,11 +102,25 @@ const FlagRule* megatron_rule(const std::string& name) {
   return best;
 }
 
+}  // namespace
+
+const FlagRule* megatron_rule(const std::string& name) {  // looked up once per name: every parse asks for each
+  static std::map<std::string, const FlagRule*> cache;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find(name);
+  if (it != cache.end()) return it->second;
+  return cache[name] = find_rule(name);
+}
+
 std::vector<const MegatronFlag*> megatron_ruled_flags() {
-  std::vector<const MegatronFlag*> out;
-  for (const auto& f : megatron_flags())
-    if (find_flag(f.name) == nullptr && megatron_rule(f.name) != nullptr) out.push_back(&f);
-  return out;
+  static const std::vector<const MegatronFlag*> ruled = [] {
+    std::vector<const MegatronFlag*> out;
+    for (const auto& f : megatron_flags())
+      if (find_flag(f.name) == nullptr && megatron_rule(f.name) != nullptr) out.push_back(&f);
+    return out;
+  }();
+  return ruled;
 }
 
 void check_megatron_flags(const GivenFlags& given) {
