@@ -127,7 +127,7 @@ std::vector<FlagRule> build_rules() {
                       {"no-save-optim", "no-save-rng"}));
   r.push_back(refused(not_yet("leaving the tokenizer out of checkpoints", "moecore checkpoints always hold it"),
                       {"disable-save-tokenizer-assets", "no-save-tokenizer-assets"}));
-  r.push_back(refused(not_yet("non-persistent (local or in-memory) checkpoints", "use --save and --save-interval"),
+  r.push_back(refused(not_yet("non-persistent (local or in-memory) checkpointing", "use --save and --save-interval"),
                       {"persistent-save-interval", "replication", "replication-factor", "replication-jump"},
                       {"non-persistent-"}));
   r.push_back(refused(
