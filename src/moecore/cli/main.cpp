@@ -8,11 +8,13 @@
 
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
+#include "moecore/cli/flags_command.h"
 #include "moecore/cli/launch.h"
 #include "moecore/cli/model_commands.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/train/megatron_flags.h"
 #include "moecore/train/rank_agreement.h"
 #include "moecore/train/run_control.h"
 #include "moecore/train/start_config.h"
@@ -73,6 +75,7 @@ int run_train(int argc, char** argv) {
       moecore::train::configure_collective_timeout(cfg);  // --distributed-timeout-minutes, before any collective
       const moecore::comm::ProcessGroup world = moecore::comm::ProcessGroup::world();
       moecore::train::check_ranks_agree(cfg, world);  // before any other collective: same flags, data, checkpoint
+      if (world.rank() == 0) fmt::print("{}", moecore::train::describe_no_effect(cfg.no_effect));
       moecore::train::Trainer trainer(cfg, stdout, true, &world);
       trainer.run();
     } catch (const moecore::train::HelpRequested& h) {
@@ -105,6 +108,9 @@ int main(int argc, char** argv) {
   moecore::cli::ConvertArgs conv;
   moecore::cli::add_convert_command(app, conv);
 
+  moecore::cli::FlagsArgs flags;
+  moecore::cli::add_flags_command(app, flags);
+
   const moecore::cli::BenchCommands benches(app);
 
   try {
@@ -127,6 +133,8 @@ int main(int argc, char** argv) {
       moecore::cli::run_generate(gen);
     } else if (ttok.cmd->parsed()) {
       moecore::cli::run_train_tokenizer(ttok);
+    } else if (flags.cmd->parsed()) {
+      moecore::cli::run_flags(flags);
     } else if (benches.run_parsed()) {
     } else {
       fmt::print("{}", app.help());

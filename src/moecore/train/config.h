@@ -114,8 +114,9 @@ struct TrainConfig {
   bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
-  std::string fault_kill_during_save;  // "RANK:ITERATION" (crash-safety tests)
-  int64_t testing_memory_limit = 0;    // bytes the run may use instead of the detected limit (memory tests)
+  std::string ckpt_format = "moecore";  // Megatron's formats are refused (megatron_flags.h)
+  std::string fault_kill_during_save;   // "RANK:ITERATION" (crash-safety tests)
+  int64_t testing_memory_limit = 0;     // bytes the run may use instead of the detected limit (memory tests)
   // run control (runcontrol): collective timeout, timed exit, retained and asynchronous saves
   int64_t distributed_timeout_minutes = 10;
   double testing_collective_timeout_seconds = 0;  // > 0: replaces --distributed-timeout-minutes (tests)
@@ -130,6 +131,9 @@ struct TrainConfig {
   // (0: never resolved).
   std::vector<std::pair<std::string, int64_t>> derived;
   uint64_t resolved_fingerprint = 0;
+  // Bookkeeping too: the Megatron flags given that have no effect here, "--flag [value]: why" (megatron_flags.h);
+  // the run lists them at its start.
+  std::vector<std::string> no_effect;
 };
 
 // --help groups the flags by these.
@@ -227,6 +231,9 @@ std::vector<std::string> override_flags(std::vector<std::string> base, const std
 // file but that YAML; throws Error on unknown flags or keys and malformed YAML, HelpRequested for --help.
 struct ParsedFlags {
   FlagLayer yaml, cli;
+  // The Megatron flags with a rule instead of a table row (megatron_flags.h) the YAML and the command line gave,
+  // in that order; parse_flags has refused the refused ones.
+  std::vector<std::pair<std::string, std::vector<std::string>>> megatron;
 };
 ParsedFlags parse_flags(const std::vector<std::string>& args);
 

@@ -138,6 +138,11 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.kv_channels != 0 || c.hidden_size <= 0 || c.num_attention_heads <= 0,
             "--hidden-size {} is not divisible by --num-attention-heads {}; set --kv-channels", c.hidden_size,
             c.num_attention_heads);
+  MOE_CHECK(c.ckpt_format == "moecore",
+            "--ckpt-format {}: moecore reads and writes only its own checkpoint format (--ckpt-format moecore, the "
+            "default). To bring a Megatron checkpoint over, export it to HuggingFace from Megatron, then run `moecore "
+            "convert hf-to-native --input HF_DIR --output DIR` and train with --load DIR",
+            c.ckpt_format);
   for (const auto& f : flag_table()) check_accepted(c, f);
   for (const auto& v : c.moe_aux_loss_coeff) {
     const double x = to_double("moe-aux-loss-coeff", v);
@@ -206,8 +211,7 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(StopSignals::parse(c.exit_signal) != 0,
             "--exit-signal {} is not a signal a handler can catch and return from; one of: {}", c.exit_signal,
             StopSignals::kExitSignalChoices);
-  MOE_CHECK(c.save_interval == 0 || !c.save.empty(), "--save-interval {} without --save: add --save DIR",
-            c.save_interval);
+  // --save-interval without --save saves nothing, as in Megatron (training.py saves when both are set).
   for (auto [on, name] : {std::pair{c.finetune, "finetune"},
                           {c.no_load_optim, "no-load-optim"},
                           {c.no_load_rng, "no-load-rng"},

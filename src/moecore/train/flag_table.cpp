@@ -223,6 +223,10 @@ std::vector<FlagSpec> build_flag_table() {
         "--save once it holds a checkpoint)"},
        {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
         "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size", kNoRole, at_least(1)},
+       {"ckpt-format", &C::ckpt_format,
+        "Checkpoint format: moecore's own (Megatron's torch_dist, torch, zarr, torch_dcp, fsdp_dtensor are refused: "
+        "bring such a checkpoint over through HuggingFace and moecore convert hf-to-native)",
+        kNoRole, one_of({"moecore"})},
        {"fault-kill-during-save", &C::fault_kill_during_save,
         "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"},
        // run control: collective timeout, timed exit, retained and asynchronous saves

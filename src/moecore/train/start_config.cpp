@@ -7,6 +7,7 @@
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
+#include "moecore/train/megatron_flags.h"
 #include "moecore/train/presets.h"
 
 namespace moecore::train {
@@ -53,6 +54,7 @@ TrainConfig compose_train_config(const ParsedFlags& flags) {
   // pretrain_gpt.py's default tokenizer: GPT2BPETokenizer, here when its files are given.
   if (c.tokenizer_type.empty() && (!c.vocab_file.empty() || !c.merge_file.empty()))
     c.tokenizer_type = "GPT2BPETokenizer";
+  c.no_effect = megatron_no_effect_lines(flags.megatron);
   resolve(c);
   return c;
 }

@@ -1,0 +1,156 @@
+// The rules for Megatron-LM's flags that moecore's flag table does not hold (see megatron_flags.h), each
+// classified by reading what Megatron does with it. A flag named here must not be in the table and must be in
+// tests/train/megatron_flags.txt (tests/train/test_megatron_flags.cpp checks both, and that every flag has a rule).
+#include "moecore/train/megatron_flags.h"
+
+namespace moecore::train {
+namespace {
+
+using Names = std::vector<std::string>;
+
+FlagRule no_effect(std::string why, Names names, Names prefixes = {}) {
+  return {RuleKind::NoEffect, std::move(why), std::move(names), std::move(prefixes), {}, {}};
+}
+FlagRule refused(std::string why, Names names, Names prefixes = {}) {
+  return {RuleKind::Refused, std::move(why), std::move(names), std::move(prefixes), {}, {}};
+}
+
+const char* const kNotYet = " is not implemented in moecore yet";
+std::string not_yet(const std::string& feature, const std::string& instead = "") {
+  return feature + kNotYet + (instead.empty() ? "" : "; " + instead);
+}
+
+std::vector<FlagRule> build_rules() {
+  std::vector<FlagRule> r;
+  // Being implemented in parallel (issue 17): remove when merged
+  {
+    const std::string issue17 = " (issue 17 adds it)";
+    r.push_back(refused(not_yet("dropout") + issue17, {"hidden-dropout", "attention-dropout"}));
+    r.push_back(refused(not_yet("a schedule counted in samples") + issue17 +
+                            "; use --train-iters, --lr-warmup-iters, "
+                            "--lr-decay-iters, --lr-wsd-decay-iters",
+                        {"train-samples", "lr-warmup-samples", "lr-decay-samples", "lr-wsd-decay-samples"}));
+    r.push_back(refused(not_yet("this learning-rate warmup option") + issue17 + "; use --lr-warmup-iters",
+                        {"lr-warmup-fraction", "lr-warmup-init"}));
+    r.push_back(refused(not_yet("the per-token loss") + issue17, {"calculate-per-token-loss"}));
+    r.push_back(refused(not_yet("choosing between the checkpoint's and the command line's scheduler") + issue17,
+                        {"use-checkpoint-opt_param-scheduler", "use-checkpoint-opt-param-scheduler",
+                         "override-opt_param-scheduler", "override-opt-param-scheduler"}));
+    r.push_back(refused(not_yet("batch-size rampup") + issue17, {"rampup-batch-size"}));
+    r.push_back(refused(not_yet("a time limit") + issue17, {"exit-duration-in-mins"}));
+    r.push_back(refused(not_yet("a collective timeout") + issue17, {"distributed-timeout-minutes"}));
+    r.push_back(refused(not_yet("checkpoint retention") + issue17, {"save-retain-interval"}));
+    r.push_back(refused(not_yet("asynchronous checkpoint saving") + issue17, {"async-save"}));
+    r.push_back(refused(not_yet("this logging") + issue17,
+                        {"log-throughput", "log-params-norm", "log-num-zeros-in-grad", "logging-level"}));
+    r.push_back(refused("TensorBoard output is not implemented yet" + issue17,
+                        {"log-world-size-to-tensorboard", "log-timers-to-tensorboard"}));
+    r.push_back(refused(not_yet("this optimizer") + issue17 + "; use --optimizer adam",
+                        {"sgd-momentum", "num-distributed-optimizer-instances", "decoupled-lr", "decoupled-min-lr"},
+                        {"muon-"}));
+  }
+  // end of the block being implemented in parallel
+
+  // --- Features another issue will implement: refused with the feature named --------------------------------------
+  const std::string pp = not_yet("pipeline parallelism", "run with --pipeline-model-parallel-size 1");
+  r.push_back(
+      refused(pp, {"num-layers-per-virtual-pipeline-stage", "decoder-first-pipeline-num-layers",
+                   "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
+                   "account-for-loss-in-pipeline-split", "pipeline-model-parallel-layout",
+                   "num-virtual-stages-per-pipeline-rank", "microbatch-group-size-per-virtual-pipeline-stage"}));
+  r.push_back(no_effect(
+      "acts only with pipeline parallelism (moecore runs --pipeline-model-parallel-size 1)",
+      {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
+       "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"}));
+  r.push_back(refused(
+      not_yet("context parallelism", "run with --context-parallel-size 1"),
+      {"cp-comm-type", "hierarchical-context-parallel-sizes", "hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
+  r.push_back(refused(not_yet("activation recomputation (it changes memory, not the math)",
+                              "lower --micro-batch-size or spread the model over more ranks"),
+                      {"moe-layer-recompute", "checkpoint-activations", "distribute-saved-activations"},
+                      {"recompute-"}));
+  r.push_back(refused(not_yet("CPU offloading of activations or weights"),
+                      {"activation-offload-fraction", "fine-grained-activation-offloading",
+                       "fine-grained-offloading-max-inflight-offloads", "min-offloaded-tensor-size", "offload-modules",
+                       "delay-offload-until-cuda-graph", "delta-offload-bytes-across-pp-ranks"},
+                      {"cpu-offloading"}));
+  r.push_back(refused(
+      not_yet("multi-latent attention (MLA)"),
+      {"multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim",
+       "rotary-scaling-factor", "mscale", "mscale-all-dim", "cache-mla-latents", "mla-down-proj-fusion"}));
+  r.push_back(refused(not_yet("multi-token prediction (MTP)"), {}, {"mtp-"}));
+  r.push_back(refused(
+      not_yet("fp8/fp4 training", "use --bf16"),
+      {"disable-fp8-wgrad", "no-fp8-wgrad", "keep-fp8-transpose-cache", "reuse-grad-buf-for-mxfp8-param-ag",
+       "moe-router-padding-for-fp8", "moe-router-padding-for-quantization", "first-last-layers-bf16",
+       "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "te-precision-config-file", "use-kitchen-attention"},
+      {"fp8-", "fp4-", "kitchen-"}));
+  r.push_back(refused(not_yet("fp16 training with loss scaling", "use --bf16 (fp32 master weights, no loss scale)"),
+                      {"fp16", "fp16-lm-cross-entropy", "loss-scale", "initial-loss-scale", "min-loss-scale",
+                       "loss-scale-window", "hysteresis"}));
+  r.push_back(refused(not_yet("fully sharded data parallelism (Megatron FSDP, torch FSDP2)",
+                              "use --use-distributed-optimizer (sharded optimizer state)"),
+                      {"use-megatron-fsdp", "use-torch-fsdp2"}));
+  r.push_back(no_effect(
+      "acts only with --use-megatron-fsdp or --use-torch-fsdp2 (refused in moecore)",
+      {"data-parallel-sharding-strategy", "outer-dp-sharding-strategy", "enable-full-sharding-in-hsdp",
+       "disable-strict-fsdp-dtensor-load", "no-strict-fsdp-dtensor-load", "torch-fsdp2-no-reshard-after-forward",
+       "suggested-communication-unit-size", "no-pin-cpu-grads", "no-pin-cpu-params"},
+      {"megatron-fsdp-", "fsdp-"}));
+
+  // --- Checkpoints ---------------------------------------------------------------------------------------------------
+  const std::string convert =
+      "moecore reads and writes only its own checkpoint format (--ckpt-format moecore, the default). To bring a "
+      "Megatron checkpoint over, export it to HuggingFace from Megatron, then run `moecore convert hf-to-native "
+      "--input HF_DIR --output DIR` and train with --load DIR";
+  r.push_back(refused(convert, {"use-dist-ckpt", "dist-ckpt-format", "ckpt-convert-format", "ckpt-convert-save",
+                                "ckpt-convert-update-legacy-dist-opt-format"}));
+  r.push_back(
+      no_effect("how ranks share the work of saving and loading a checkpoint (moecore writes the same "
+                "files either way)",
+                {"ckpt-fully-parallel-save", "no-ckpt-fully-parallel-save", "ckpt-fully-parallel-load",
+                 "ckpt-fully-parallel-save-process-group", "ckpt-fully-parallel-load-process-group",
+                 "ckpt-fully-parallel-load-exchange-algo", "ckpt-fully-parallel-load-per-rank-objects",
+                 "ckpt-assume-constant-structure", "ckpt-pg-tensors-cache-create", "ckpt-pg-tensors-cache-path",
+                 "dist-ckpt-workers", "async-ckpt-cpu-priority", "async-ckpt-io-priority", "async-ckpt-use-cpu-shm",
+                 "async-strategy", "use-persistent-ckpt-worker"}));
+  r.push_back(
+      no_effect("options of Megatron's distributed-checkpoint format (moecore checkpoints load under any "
+                "layout and every load is checked strictly: a missing or unexpected tensor is an error)",
+                {"dist-ckpt-strictness", "dist-ckpt-optim-fully-reshardable", "dist-ckpt-save-pre-mcore-014",
+                 "distrib-optim-fully-reshardable-mem-efficient", "ckpt-drop-redundant-extra-state",
+                 "disable-ckpt-load-validate-sharding-integrity", "no-ckpt-load-validate-sharding-integrity",
+                 "auto-detect-ckpt-format", "no-use-layer-wise-param-layout"}));
+  r.push_back(refused(not_yet("saving checkpoints without the optimizer or RNG state",
+                              "moecore checkpoints always hold them; --no-load-optim and --no-load-rng skip them "
+                              "on load"),
+                      {"no-save-optim", "no-save-rng"}));
+  r.push_back(refused(not_yet("leaving the tokenizer out of checkpoints", "moecore checkpoints always hold it"),
+                      {"disable-save-tokenizer-assets", "no-save-tokenizer-assets"}));
+  r.push_back(refused(not_yet("non-persistent (local or in-memory) checkpointing", "use --save and --save-interval"),
+                      {"persistent-save-interval", "replication", "replication-factor", "replication-jump"},
+                      {"non-persistent-"}));
+  r.push_back(refused(
+      not_yet("this checkpoint option", "use --load with --finetune, --no-load-optim, --no-load-rng"),
+      {"pretrained-checkpoint", "load-main-params-from-ckpt", "override-ckpt-iteration",
+       "use-mp-args-from-checkpoint-args", "exit-on-missing-checkpoint", "verify-integrity", "no-initialization"}));
+  r.push_back(
+      no_effect("moecore's --use-checkpoint-args never takes --tokenizer-model from the checkpoint",
+                {"disable-use-tokenizer-model-from-checkpoint-args", "no-use-tokenizer-model-from-checkpoint-args"}));
+  return r;
+}
+
+}  // namespace
+
+std::vector<FlagRule> megatron_flag_rules_more();  // megatron_flag_rules_more.cpp
+
+const std::vector<FlagRule>& megatron_flag_rules() {
+  static const std::vector<FlagRule> rules = [] {
+    std::vector<FlagRule> r = build_rules();
+    for (auto& x : megatron_flag_rules_more()) r.push_back(std::move(x));
+    return r;
+  }();
+  return rules;
+}
+
+}  // namespace moecore::train
