@@ -149,7 +149,11 @@ TEST(Schedule, MegatronsChecksBetweenTheFlags) {
       },
       "at most --end-weight-decay");
   refused([] { iters({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler"}); }, "exclusive");
-  refused([] { iters({"--rampup-batch-size", "4", "4", "100"}); }, "--rampup-batch-size 4 4 100 is not available");
+  refused(
+      [] {
+        iters({"--rampup-batch-size", "4", "4", "100"});
+      },
+      "--rampup-batch-size 4 4 100: batch-size rampup is not implemented");
   refused([] { iters({"--eod-mask-loss"}); }, "--eod-mask-loss needs a --tokenizer-type");
   refused([] { iters({"--lr-decay-style", "WSD"}); }, "needs the anneal length");
   // Accepted: the all-dash spelling Megatron also takes, and the YAML key with underscores.

@@ -73,7 +73,6 @@ struct TrainConfig {
   std::string weight_decay_incr_style = "constant";
   bool use_checkpoint_opt_param_scheduler = false, override_opt_param_scheduler = false;
   bool calculate_per_token_loss = false, eod_mask_loss = false;
-  std::vector<std::string> rampup_batch_size;
   int64_t seed = 1234;
   bool bf16 = false;
   // parallelism (one process until the distributed issue)
@@ -93,7 +92,7 @@ struct TrainConfig {
   std::string metrics_file;
   // Megatron's logging flags (train/metrics.cpp): the log line's throughput, params norm and gradient zeros;
   // --logging-level gates moecore's warnings as Python's logging level gates Megatron's (30: WARNING, the default).
-  bool log_throughput = false, log_params_norm = false, log_num_zeros_in_grad = false, log_progress = false;
+  bool log_throughput = false, log_params_norm = false, log_num_zeros_in_grad = false;
   int64_t logging_level = 30;
   // TensorBoard event files (train/tensorboard_log.h), written by the last rank as Megatron's are
   std::string tensorboard_dir;
@@ -198,7 +197,8 @@ struct FlagSpec {
 
 // The table, in flag order (grouped).
 const std::vector<FlagSpec>& flag_table();
-const FlagSpec* find_flag(const std::string& name);     // null if none
+const FlagSpec* find_flag(const std::string& name);     // null if none; also by dashed(name)
+std::string dashed(std::string name);                   // '_' -> '-': Megatron accepts both for a few flags
 const FlagSpec& flag_of(const FlagSpec::Field& field);  // the flag that sets `field`
 std::string group_name(FlagGroup g);
 // Names of the flags with every bit of `roles`, in table order; with `group`, only that group's.

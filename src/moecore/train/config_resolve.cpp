@@ -87,9 +87,6 @@ void validate_schedule_flags(const TrainConfig& c) {
   MOE_CHECK(!(c.use_checkpoint_opt_param_scheduler && c.override_opt_param_scheduler),
             "--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler are exclusive: the schedule "
             "comes from the checkpoint or from the flags");
-  MOE_CHECK(c.rampup_batch_size.empty(),
-            "--rampup-batch-size {} is not available in moecore: train with a constant --global-batch-size",
-            fmt::join(c.rampup_batch_size, " "));
   MOE_CHECK(!c.eod_mask_loss || !c.tokenizer_type.empty(),
             "--eod-mask-loss needs a --tokenizer-type (the tokenizer names the end-of-document token)");
 }
@@ -150,9 +147,6 @@ void validate(const TrainConfig& c) {
   }
   auto pos = [](int64_t v, const char* n) { MOE_CHECK(v > 0, "--{} must be positive, got {}", n, v); };
   // Logging flags (train/metrics.cpp).
-  MOE_CHECK(!c.log_progress,
-            "--log-progress is not implemented: progress.txt needs the floating-point operations of every earlier job "
-            "kept in the checkpoint; drop it (--log-throughput puts the throughput in the log line)");
   MOE_CHECK(!(c.log_num_zeros_in_grad && c.use_distributed_optimizer),
             "--log-num-zeros-in-grad with --use-distributed-optimizer is not implemented (each rank holds only its "
             "shard of the reduced gradients); drop one of them");

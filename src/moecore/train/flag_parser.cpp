@@ -18,12 +18,6 @@ namespace moecore::train {
 
 namespace {
 
-std::string dashed(std::string name) {
-  for (char& ch : name)
-    if (ch == '_') ch = '-';
-  return name;
-}
-
 // The mapping's keys and values into `layer`, Megatron's rule flags into `megatron` (yaml-cpp conversions throw
 // YAML::Exception).
 void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer& layer, GivenFlags& megatron) {
@@ -32,8 +26,7 @@ void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer&
     std::string name = key;
     for (char& ch : name)
       if (ch == '_') ch = '-';
-    for (const auto& f : flag_table())  // Megatron spells a few with an underscore: --override-opt_param-scheduler
-      if (f.name != name && dashed(f.name) == name) name = f.name;
+    if (const FlagSpec* f = find_flag(name)) name = f->name;  // the canonical spelling of a dashed alias
     const bool ruled = find_flag(name) == nullptr && find_megatron_flag(name) != nullptr && megatron_rule(name);
     MOE_CHECK(find_flag(name) != nullptr || ruled,
               "--config {}: unknown key '{}' (keys are moecore train's flag names)", file, key);

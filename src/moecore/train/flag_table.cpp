@@ -131,8 +131,6 @@ std::vector<FlagSpec> build_flag_table() {
        {"calculate-per-token-loss", &C::calculate_per_token_loss,
         "Normalize loss and gradients by the loss tokens of the whole global batch (not per micro-batch)"},
        {"eod-mask-loss", &C::eod_mask_loss, "No loss on end-of-document tokens"},
-       {"rampup-batch-size", &C::rampup_batch_size,
-        "START INCREMENT SAMPLES batch-size ramp-up (not available: refused)"},
        {"seed", &C::seed, "Random seed"},
        {"bf16", &C::bf16, "bf16 GEMMs with fp32 master weights and accumulation"},
        {"testing-memory-limit", &C::testing_memory_limit,
@@ -167,7 +165,6 @@ std::vector<FlagSpec> build_flag_table() {
            {"log-throughput", &C::log_throughput, "Log line: throughput per GPU (TFLOP/s/GPU), Megatron's FLOP count"},
            {"log-params-norm", &C::log_params_norm, "Log line: L2 norm of all parameters (each counted once)"},
            {"log-num-zeros-in-grad", &C::log_num_zeros_in_grad, "Log line: zero entries of the step's gradients"},
-           {"log-progress", &C::log_progress, "progress.txt in --save (not implemented: refused)"},
            {"logging-level", &C::logging_level,
             "Python logging level: moecore's warnings show at <= 30 (WARNING); the log line always shows"},
            {"tensorboard-dir", &C::tensorboard_dir,
@@ -180,6 +177,8 @@ std::vector<FlagSpec> build_flag_table() {
             "TensorBoard: iteration-time, forward-backward-time and optimizer-time"},
            {"no-log-loss-scale-to-tensorboard", &C::no_log_loss_scale_to_tensorboard,
             "TensorBoard: no loss-scale (1.0: bf16 and fp32 train unscaled)"},
+           {"disable-log-loss-scale-to-tensorboard", &C::no_log_loss_scale_to_tensorboard,
+            "Megatron's other spelling of --no-log-loss-scale-to-tensorboard"},
            {"log-validation-ppl-to-tensorboard", &C::log_validation_ppl_to_tensorboard,
             "TensorBoard: validation perplexity"},
            {"log-memory-to-tensorboard", &C::log_memory_to_tensorboard,
@@ -261,9 +260,17 @@ const std::vector<FlagSpec>& flag_table() {
   return table;
 }
 
+std::string dashed(std::string name) {
+  for (char& ch : name)
+    if (ch == '_') ch = '-';
+  return name;
+}
+
 const FlagSpec* find_flag(const std::string& name) {
   for (const auto& f : flag_table())
     if (f.name == name) return &f;
+  for (const auto& f : flag_table())  // Megatron spells a few both ways: --override-opt_param-scheduler
+    if (f.name.find('_') != std::string::npos && dashed(f.name) == name) return &f;
   return nullptr;
 }
 

@@ -26,25 +26,8 @@ std::vector<FlagRule> build_rules() {
   {
     const std::string issue17 = " (issue 17 adds it)";
     r.push_back(refused(not_yet("dropout") + issue17, {"hidden-dropout", "attention-dropout"}));
-    r.push_back(refused(not_yet("a schedule counted in samples") + issue17 +
-                            "; use --train-iters, --lr-warmup-iters, "
-                            "--lr-decay-iters, --lr-wsd-decay-iters",
-                        {"train-samples", "lr-warmup-samples", "lr-decay-samples", "lr-wsd-decay-samples"}));
-    r.push_back(refused(not_yet("this learning-rate warmup option") + issue17 + "; use --lr-warmup-iters",
-                        {"lr-warmup-fraction", "lr-warmup-init"}));
-    r.push_back(refused(not_yet("the per-token loss") + issue17, {"calculate-per-token-loss"}));
-    r.push_back(refused(not_yet("choosing between the checkpoint's and the command line's scheduler") + issue17,
-                        {"use-checkpoint-opt_param-scheduler", "use-checkpoint-opt-param-scheduler",
-                         "override-opt_param-scheduler", "override-opt-param-scheduler"}));
-    r.push_back(refused(not_yet("batch-size rampup") + issue17, {"rampup-batch-size"}));
-    r.push_back(refused(not_yet("a time limit") + issue17, {"exit-duration-in-mins"}));
-    r.push_back(refused(not_yet("a collective timeout") + issue17, {"distributed-timeout-minutes"}));
-    r.push_back(refused(not_yet("checkpoint retention") + issue17, {"save-retain-interval"}));
-    r.push_back(refused(not_yet("asynchronous checkpoint saving") + issue17, {"async-save"}));
-    r.push_back(refused(not_yet("this logging") + issue17,
-                        {"log-throughput", "log-params-norm", "log-num-zeros-in-grad", "logging-level"}));
-    r.push_back(refused("TensorBoard output is not implemented yet" + issue17,
-                        {"log-world-size-to-tensorboard", "log-timers-to-tensorboard"}));
+    r.push_back(
+        refused(not_yet("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
     r.push_back(refused(not_yet("this optimizer") + issue17 + "; use --optimizer adam",
                         {"sgd-momentum", "num-distributed-optimizer-instances", "decoupled-lr", "decoupled-min-lr"},
                         {"muon-"}));

@@ -141,15 +141,13 @@ void data_and_tokenizers(std::vector<FlagRule>& r) {
               {"data-args-path", "per-split-data-args-path", "train-data-path", "valid-data-path", "test-data-path",
                "per-dataset-sequences-path", "sample-rate", "phase-transition-iterations", "multiple-validation-sets",
                "validation-set-names", "allow-ambiguous-pad-tokens", "iterations-to-skip"}));
-  r.push_back(
-      refused(not_yet("this change to what the model sees or is scored on"),
-              {"reset-attention-mask", "reset-position-ids", "eod-mask-loss", "dataloader-inter-document-masking"}));
+  r.push_back(refused(not_yet("this change to what the model sees or is scored on"),
+                      {"reset-attention-mask", "reset-position-ids", "dataloader-inter-document-masking"}));
   r.push_back(refused(not_yet("fill-in-the-middle (FIM) data"), {}, {"fim-"}));
   r.push_back(
-      no_effect("read only by tokenizer types moecore refuses (--tokenizer-type accepts HuggingFaceTokenizer "
-                "and NullTokenizer)",
-                {"vocab-file", "merge-file", "tokenizer-sentencepiece-legacy",
-                 "disable-tokenizer-sentencepiece-ignore-extra-whitespaces",
+      no_effect("read only by tokenizer types moecore refuses (--tokenizer-type accepts HuggingFaceTokenizer, "
+                "GPT2BPETokenizer and NullTokenizer)",
+                {"tokenizer-sentencepiece-legacy", "disable-tokenizer-sentencepiece-ignore-extra-whitespaces",
                  "no-tokenizer-sentencepiece-ignore-extra-whitespaces"},
                 {"tiktoken-"}));
   r.push_back(no_effect("selects Megatron's tokenizer code; moecore has its own with the same tokens",
@@ -163,12 +161,9 @@ void data_and_tokenizers(std::vector<FlagRule>& r) {
 
 void logging_and_resilience(std::vector<FlagRule>& r) {
   r.push_back(
-      refused("TensorBoard and Weights & Biases output is not implemented yet; moecore logs to stdout and "
-              "--metrics-file",
-              {"log-memory-to-tensorboard", "log-validation-ppl-to-tensorboard", "log-device-memory-used"},
-              {"tensorboard-", "wandb-"}));
-  r.push_back(no_effect("turns off a TensorBoard series moecore does not write",
-                        {"disable-log-loss-scale-to-tensorboard", "no-log-loss-scale-to-tensorboard"}));
+      refused("Weights & Biases output is not implemented; moecore logs to stdout, --metrics-file and "
+              "--tensorboard-dir",
+              {"log-device-memory-used"}, {"wandb-"}));
   r.push_back(refused(
       not_yet("this logging or dump",
               "moecore logs losses, norms and timings to stdout and "
@@ -225,10 +220,6 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
                        "eval-global-batch-size", "eval-micro-batch-size", "full-validation", "start-eval-at-iter",
                        "freeze-all-layers", "head-lr-mult", "no-weight-decay-cond-type", "apply-wd-to-qk-layernorm",
                        "data-parallel-random-init", "test-mode", "spec", "yaml-cfg"}));
-  r.push_back(no_effect_for({"weight-decay-incr-style"}, {"constant"}, "a constant --weight-decay, as moecore applies",
-                            "a weight-decay schedule is not implemented in moecore"));
-  r.push_back(
-      refused(not_yet("a weight-decay schedule", "use --weight-decay"), {"start-weight-decay", "end-weight-decay"}));
   r.push_back(refused(not_yet("the legacy --batch-size", "use --micro-batch-size"), {"batch-size"}));
   r.push_back(refused(not_yet("the legacy --warmup", "use --lr-warmup-iters"), {"warmup"}));
   r.push_back(no_effect("acts only with --optimizer lion (refused in moecore)", {"lion-beta1", "lion-beta2"}));
