@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "config_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
@@ -79,6 +81,52 @@ INSTANTIATE_TEST_SUITE_P(
         OptLayout{"DistMuon_DP2xEP2xETP2", 4, kDistMuon,
                   kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
     [](const ::testing::TestParamInfo<OptLayout>& i) { return i.param.name; });
+
+// Layer-wise distributed Muon (each matrix's momentum on one DP rank) and the K-instance distributed optimizer save
+// whole per-parameter state and resume bitwise identically.
+TEST(OptimizerCheckpoints, DistributedStateResumesBitwise) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  // One fresh directory for all ranks: rank 0's name, broadcast.
+  Tensor name = Tensor::zeros({256}, DType::I64);
+  if (w.rank() == 0) {
+    const std::string d = testing::fresh_temp_path("optim_ckpt_" + std::to_string(w.size()));
+    for (size_t i = 0; i < d.size() && i < 255; i++) name.data<int64_t>()[i] = d[i];
+  }
+  w.broadcast(name, 0);
+  std::string dir;
+  for (int64_t i = 0; i < 256 && name.data<int64_t>()[i] != 0; i++) dir += static_cast<char>(name.data<int64_t>()[i]);
+  std::vector<std::vector<std::string>> runs = {kDistMuon +
+                                                std::vector<std::string>{"--expert-model-parallel-size", "2"}};
+  if (w.size() == 4)
+    runs.push_back(kSgd + kDistOpt + std::vector<std::string>{"--num-distributed-optimizer-instances", "2"});
+  std::FILE* null = std::fopen("/dev/null", "w");
+  for (size_t k = 0; k < runs.size(); k++) {
+    const std::vector<std::string> args = testing::layered_moe_flags() +
+                                          testing::mock_run_flags(32, 2, 8, 100, 5, "1e-2") +
+                                          std::vector<std::string>{"--weight-decay", "0.1"} + runs[k];
+    const std::string d = dir + "_" + std::to_string(k);
+    std::vector<train::StepResult> want;
+    {
+      train::Trainer straight(testing::small_config(args), null, false, &w);
+      for (int i = 0; i < 5; i++) want.push_back(straight.train_step());
+    }
+    {
+      train::Trainer first(testing::small_config(args, {"--save", d}), null, false, &w);
+      for (int i = 0; i < 2; i++) first.train_step();
+      first.save_checkpoint();
+    }
+    train::Trainer resumed(testing::small_config(args, {"--load", d}), null, false, &w);
+    ASSERT_EQ(resumed.iteration(), 2);
+    for (size_t i = 2; i < 5; i++) {
+      const auto r = resumed.train_step();
+      EXPECT_EQ(r.lm_loss, want[i].lm_loss) << runs[k][1] << " step " << i;
+      EXPECT_EQ(r.grad_norm, want[i].grad_norm) << runs[k][1] << " step " << i;
+    }
+    w.barrier();
+    if (w.rank() == 0) std::filesystem::remove_all(d);
+  }
+  std::fclose(null);
+}
 
 }  // namespace
 }  // namespace moecore
