@@ -103,7 +103,7 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
             std::string::npos);
   EXPECT_NE(with({"--moe-ffn-hidden-size", "64"}).find("--num-experts is 0"), std::string::npos);
   EXPECT_NE(with({"--eval-iters", "-1"}).find("--eval-iters"), std::string::npos);
-  EXPECT_NE(with({"--optimizer", "sgd"}).find("sgd"), std::string::npos);
+  EXPECT_NE(with({"--optimizer", "lion"}).find("lion"), std::string::npos);
   EXPECT_NE(with({"--lr", "1e-3", "--min-lr", "1e-2"}).find("--min-lr"), std::string::npos);
   EXPECT_NE(with({"--lr-decay-style", "WSD"}).find("--lr-wsd-decay-iters"), std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-num-groups", "3",

@@ -3,7 +3,7 @@
 
 namespace moecore::optim {
 
-AdamW::AdamW(std::vector<nn::Parameter*> params) : params_(std::move(params)) {
+AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std::move(params)), rule_(rule) {
   for (auto* p : params_) {
     m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype()));
     v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype()));
@@ -15,7 +15,7 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     nn::Parameter& p = *params_[i];
     kernels::AdamWParams h = hp;
     if (p.no_weight_decay) h.weight_decay = 0;
-    kernels::adamw_step(p.value, p.grad, m_[i], v_[i], h, step);
+    element_step(rule_, p.value, p.grad, m_[i], v_[i], h, step);
   }
 }
 

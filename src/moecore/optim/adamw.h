@@ -8,12 +8,14 @@
 
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/nn/parameter.h"
+#include "moecore/optim/sgd.h"
 
 namespace moecore::optim {
 
 class AdamW {
  public:
-  explicit AdamW(std::vector<nn::Parameter*> params);
+  // `rule`: AdamW, or SGD with momentum (m holds the momentum buffer, v stays zero).
+  explicit AdamW(std::vector<nn::Parameter*> params, ElementRule rule = {});
   // One update of every parameter from its gradient; `step` ≥ 1 counts updates (bias correction).
   void step(const kernels::AdamWParams& hp, int64_t step);
   const std::vector<nn::Parameter*>& params() const { return params_; }
@@ -25,6 +27,7 @@ class AdamW {
 
  private:
   std::vector<nn::Parameter*> params_;
+  ElementRule rule_;
   std::vector<Tensor> m_, v_;
 };
 

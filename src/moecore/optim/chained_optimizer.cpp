@@ -15,8 +15,8 @@ namespace {
 class ReplicatedAdamW : public ParamClassOptimizer {
  public:
   ReplicatedAdamW(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketOf& bucket_of,
-                  const comm::ProcessGroup* group, std::vector<double> norm_weights)
-      : adam_(params), buckets_(params, num_buckets, bucket_of, group), weights_(std::move(norm_weights)) {}
+                  const comm::ProcessGroup* group, std::vector<double> norm_weights, ElementRule rule)
+      : adam_(params, rule), buckets_(params, num_buckets, bucket_of, group), weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
   void start_bucket(size_t b) override { buckets_.start(b); }
   double reduce_gradients(double scale) override {
@@ -51,24 +51,59 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       dp_size_(static_cast<double>(g_.dp ? g_.dp->size() : 1)),
       sp_(params, num_buckets, bucket_of, g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr) {
   for (size_t i = 0; i < params_.size(); i++) index_[params_[i]] = i;
-  std::vector<nn::Parameter*> dense, expert;
-  for (auto* p : params) (p->expert_parallel ? expert : dense).push_back(p);
-  const double edp = static_cast<double>(g_.edp ? g_.edp->size() : 1);
-  for (auto* part : {&dense, &expert}) {
+  std::vector<nn::Parameter*> dense, expert, decoupled;
+  for (auto* p : params) {
+    const bool emb_out = p->name.rfind("embedding.", 0) == 0 || p->name.rfind("output_layer.", 0) == 0;
+    (p->expert_parallel ? expert : cfg_.decoupled && emb_out ? decoupled : dense).push_back(p);
+  }
+  for (auto* part : {&dense, &expert, &decoupled}) {
     if (part->empty()) continue;
     const bool is_expert = part == &expert;
     const comm::ProcessGroup* group = is_expert ? g_.edp : g_.dp;
+    if (cfg_.muon) {  // Muon for the matrices; the rest stays in `part` for AdamW
+      std::vector<nn::Parameter*> mats, rest;
+      std::vector<double> w;
+      for (auto* p : *part) {
+        (is_muon_matrix(*p) ? mats : rest).push_back(p);
+        if (is_muon_matrix(*p)) w.push_back(norm_weight(*p));
+      }
+      if (!mats.empty())
+        parts_.push_back(std::make_unique<Muon>(mats, num_buckets, bucket_of, group, is_expert ? g_.etp : g_.tp,
+                                                std::move(w), cfg_.muon_cfg, cfg_.distributed));
+      *part = rest;
+      if (part->empty()) {
+        decoupled_part_.resize(parts_.size(), false);
+        continue;
+      }
+    }
     if (distributed()) {
-      // Shards count their elements once per group: the weight is scaled back by the group size.
-      auto weight = [this, is_expert, edp](const nn::Parameter& p) {
-        return norm_weight(p) * (is_expert ? edp : dp_size_);
-      };
-      parts_.push_back(std::make_unique<ShardedAdamW>(*part, *group, weight, bucket_of));
+      const comm::ProcessGroup *shard_group = group, *inter = nullptr;
+      if (cfg_.instances > 1) {  // Megatron's partial distributed optimizer
+        const int64_t n = group->size() / cfg_.instances;
+        MOE_CHECK(n * cfg_.instances == group->size(),
+                  "--num-distributed-optimizer-instances {} must divide the {} size {}", cfg_.instances,
+                  is_expert ? "expert-data-parallel" : "data-parallel", group->size());
+        comm::RankGroups intra(static_cast<size_t>(cfg_.instances)), across(static_cast<size_t>(n));
+        for (int64_t r = 0; r < group->size(); r++) {
+          intra[static_cast<size_t>(r / n)].push_back(r);
+          across[static_cast<size_t>(r % n)].push_back(r);
+        }
+        instance_groups_.push_back(std::make_unique<comm::ProcessGroup>(group->split(intra)));
+        shard_group = instance_groups_.back().get();
+        instance_groups_.push_back(std::make_unique<comm::ProcessGroup>(group->split(across)));
+        inter = instance_groups_.back().get();
+      }
+      // Shards count their elements once per shard group: the weight is scaled back by its size.
+      const double shards = static_cast<double>(shard_group->size());
+      auto weight = [this, shards](const nn::Parameter& p) { return norm_weight(p) * shards; };
+      parts_.push_back(std::make_unique<ShardedAdamW>(*part, *shard_group, weight, bucket_of, cfg_.rule, inter));
     } else {
       std::vector<double> w;
       for (auto* p : *part) w.push_back(norm_weight(*p));
-      parts_.push_back(std::make_unique<ReplicatedAdamW>(*part, num_buckets, bucket_of, group, std::move(w)));
+      parts_.push_back(
+          std::make_unique<ReplicatedAdamW>(*part, num_buckets, bucket_of, group, std::move(w), cfg_.rule));
     }
+    decoupled_part_.resize(parts_.size(), part == &decoupled);
   }
 }
 
@@ -101,14 +136,21 @@ double ChainedOptimizer::finish_gradients(std::vector<double>& riders) {
   return std::sqrt(sq);
 }
 
-void ChainedOptimizer::step(double lr, double grad_norm, int64_t iteration) {
+void ChainedOptimizer::step(double lr, double grad_norm, int64_t iteration, double decoupled_lr) {
   kernels::AdamWParams hp = cfg_.adam;
   hp.lr = lr;
   if (cfg_.clip_grad > 0) {  // global-norm clipping, applied by the optimizer as it reads each gradient
     const double coeff = cfg_.clip_grad / (grad_norm + 1e-6);
     if (coeff < 1.0) hp.grad_scale = coeff;
   }
-  for (auto& part : parts_) part->step(hp, iteration);
+  for (size_t i = 0; i < parts_.size(); i++) {
+    kernels::AdamWParams h = hp;
+    if (decoupled_part_[i]) {
+      MOE_ASSERT_MSG(decoupled_lr >= 0, "the decoupled parameters need --decoupled-lr's rate");
+      h.lr = decoupled_lr;
+    }
+    parts_[i]->step(h, iteration);
+  }
 }
 
 void ChainedOptimizer::gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const {

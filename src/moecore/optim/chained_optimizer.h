@@ -3,6 +3,9 @@
 // per-layer start of the gradient reductions that overlaps them with the rest of backward. Dense gradients reduce
 // over DP×CP, expert gradients over EDP (their other contributions arrived through the dispatcher); under
 // sequence parallelism replicated-over-TP gradients are first summed over TP. The learning rate is the caller's.
+// Each class is updated by AdamW or SGD (replicated, or sharded: distributed_optimizer.h, optionally as K
+// instances), or with --optimizer muon by Muon for its matrices (muon.h) beside AdamW for the rest; with
+// --decoupled-lr the embedding and output layer form a class of their own at that rate.
 #pragma once
 
 #include <map>
@@ -11,7 +14,9 @@
 
 #include "moecore/comm/process_group.h"
 #include "moecore/optim/grad_sync.h"
+#include "moecore/optim/muon.h"
 #include "moecore/optim/optimizer.h"
+#include "moecore/optim/sgd.h"
 
 namespace moecore::optim {
 
@@ -19,12 +24,18 @@ struct OptimizerGroups {
   // All null for a single process. dp: DP×CP (dense gradients); edp: expert data parallel; tp: tensor parallel
   // (sequence-parallel sums); world: every rank (the norm).
   const comm::ProcessGroup *dp = nullptr, *edp = nullptr, *tp = nullptr, *world = nullptr;
+  const comm::ProcessGroup* etp = nullptr;  // expert tensor parallel (Muon assembles expert matrices over it)
 };
 
 struct OptimizerConfig {
   kernels::AdamWParams adam;  // lr is set per step
   double clip_grad = 1.0;     // global-norm clip (0: off)
   bool distributed = false;   // --use-distributed-optimizer: shard master weights and moments
+  ElementRule rule;           // --optimizer adam or sgd (and the elementwise rule beside Muon: AdamW)
+  bool muon = false;          // --optimizer muon / dist_muon: Muon for the 2-D weights (is_muon_matrix)
+  MuonConfig muon_cfg;        // (with `distributed`: Megatron's layer-wise distributed optimizer for them)
+  int64_t instances = 1;      // --num-distributed-optimizer-instances: shard over DP/K, all-reduce over K
+  bool decoupled = false;     // --decoupled-lr: the embedding and output layer in parts of their own
 };
 
 class ChainedOptimizer {
@@ -42,7 +53,8 @@ class ChainedOptimizer {
   // ranks in the same collective (a stop request, say), so they cost no extra round.
   double finish_gradients(std::vector<double>& riders);
   // Clipping by `grad_norm` (applied as AdamW reads each gradient) and one AdamW update at learning rate `lr`.
-  void step(double lr, double grad_norm, int64_t iteration);
+  // `decoupled_lr` (≥ 0, with OptimizerConfig::decoupled): the embedding's and output layer's rate.
+  void step(double lr, double grad_norm, int64_t iteration, double decoupled_lr = -1);
   // The weight decay of the next steps (the scheduler's, Megatron's get_wd; norms and biases still take none).
   void set_weight_decay(double wd) { cfg_.adam.weight_decay = wd; }
 
@@ -64,6 +76,10 @@ class ChainedOptimizer {
   double dp_size_;
   SequenceParallelGrads sp_;
   std::vector<std::unique_ptr<ParamClassOptimizer>> parts_;  // dense, then expert (if any)
+  std::vector<bool> decoupled_part_;                         // per part: at the decoupled learning rate
+  // With K optimizer instances: per class (dense, expert) the intra-instance group (DP/K consecutive ranks of the
+  // class's data-parallel group) and the inter-instance group (the K ranks at the same place in each instance).
+  std::vector<std::unique_ptr<comm::ProcessGroup>> instance_groups_;
 };
 
 }  // namespace moecore::optim

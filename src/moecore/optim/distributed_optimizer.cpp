@@ -11,8 +11,9 @@ namespace moecore::optim {
 
 ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
                            const std::function<double(const nn::Parameter&)>& norm_weight,
-                           const std::function<size_t(const nn::Parameter&)>& bucket_of)
-    : params_(params), group_(group) {
+                           const std::function<size_t(const nn::Parameter&)>& bucket_of, ElementRule rule,
+                           const comm::ProcessGroup* inter)
+    : params_(params), group_(group), rule_(rule), inter_(inter && inter->size() > 1 ? inter : nullptr) {
   for (auto* p : params) {
     MOE_ASSERT(p->value.dtype() == DType::F32);
     const size_t b = bucket_of ? bucket_of(*p) : 0;
@@ -111,6 +112,7 @@ double ShardedAdamW::reduce_gradients(double scale) {
     bk.work.wait();
     bk.started = false;
     Tensor g = grad_shard_.slice(bk.local, bk.shard);
+    if (inter_) inter_->all_reduce(g);  // the other instances' sums of the same shard
     kernels::scale_(g, scale);
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
       sq += s.norm_weight * kernels::sum_squares(grad_shard_.slice(off, len));
@@ -127,7 +129,7 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
       if (s.p->no_weight_decay) h.weight_decay = 0;
       Tensor pm = master_shard_.slice(off, len), g = grad_shard_.slice(off, len);
       Tensor mm = m_.slice(off, len), vv = v_.slice(off, len);
-      kernels::adamw_step(pm, g, mm, vv, h, step);
+      element_step(rule_, pm, g, mm, vv, h, step);
     });
   }
   for (auto& bk : buckets_) {

@@ -12,6 +12,7 @@
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/optimizer.h"
+#include "moecore/optim/sgd.h"
 
 namespace moecore::optim {
 
@@ -20,9 +21,12 @@ class ShardedAdamW : public ParamClassOptimizer {
   // `norm_weight(p)`: the weight of p's elements in the returned sum of squares (1 over the number of ranks outside
   // this group holding the same shard, e.g. 1/TP for parameters replicated over tensor parallelism).
   // `bucket_of(p)`: p's bucket (buckets are reduced in the order start_bucket is called; default: one bucket).
+  // `inter`: with --num-distributed-optimizer-instances K > 1, `group` is one instance (DP/K ranks) and `inter`
+  // the K ranks holding the same shard in the other instances: the reduce-scattered shard is all-reduced over it.
   ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
                const std::function<double(const nn::Parameter&)>& norm_weight = {},
-               const std::function<size_t(const nn::Parameter&)>& bucket_of = {});
+               const std::function<size_t(const nn::Parameter&)>& bucket_of = {}, ElementRule rule = {},
+               const comm::ProcessGroup* inter = nullptr);
   // Copies bucket b's gradients and starts their reduce-scatter (non-blocking). Every rank starts the buckets in
   // the same order; an unknown or empty bucket is ignored.
   void start_bucket(size_t b) override;
@@ -62,6 +66,8 @@ class ShardedAdamW : public ParamClassOptimizer {
   std::vector<Bucket> buckets_;
   std::vector<nn::Parameter*> params_;
   const comm::ProcessGroup& group_;
+  ElementRule rule_;
+  const comm::ProcessGroup* inter_;
   Tensor grad_shard_, master_shard_, m_, v_;
 };
 

@@ -311,6 +311,14 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
   }
   const bool has_optim = state.value("optimizer", false);
   const bool optim = has_optim && !c_.finetune && !c_.no_load_optim && opt_;
+  if (optim) {  // Adam moments, an SGD momentum and a Muon momentum are not interchangeable
+    auto kind = [](const std::string& o) { return o == "dist_muon" ? std::string("muon") : o; };
+    const std::string was = saved.contains("optimizer") ? saved["optimizer"].get<std::string>() : "adam";
+    MOE_CHECK(kind(was) == kind(c_.optimizer),
+              "{} holds {} optimizer state and this run uses --optimizer {}: pass --optimizer {} to resume it, or "
+              "--no-load-optim to load the weights and start the {} state afresh",
+              dir, was, c_.optimizer, was, c_.optimizer);
+  }
   std::vector<Tensor> m, v;
   ckpt::load_tensors(dir, load_targets(optim, m, v));
   if (optim)

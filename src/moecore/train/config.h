@@ -73,6 +73,13 @@ struct TrainConfig {
   std::string weight_decay_incr_style = "constant";
   bool use_checkpoint_opt_param_scheduler = false, override_opt_param_scheduler = false;
   bool calculate_per_token_loss = false, eod_mask_loss = false;
+  // optimizers beside adam (optim/sgd.h, optim/muon.h)
+  double sgd_momentum = 0.9, muon_momentum = 0.9, muon_extra_scale_factor = 1.0;
+  bool muon_nesterov = false, muon_no_split_qkv = false;
+  std::string muon_scale_mode = "spectral", muon_fp32_matmul_prec = "medium", muon_coefficient_type = "quintic";
+  std::string muon_tp_mode = "duplicated", muon_scalar_optimizer = "adam";
+  int64_t muon_num_ns_steps = 5, num_distributed_optimizer_instances = 1;
+  double decoupled_lr = -1, decoupled_min_lr = -1;  // -1: none (Megatron's None)
   int64_t seed = 1234;
   bool bf16 = false;
   // parallelism (one process until the distributed issue)

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "moecore/core/error.h"
+#include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
 #include "moecore/train/signals.h"
 
@@ -241,7 +242,15 @@ void validate(const TrainConfig& c) {
     to_int("testing-stall", c.testing_stall.substr(a + 1, b - a - 1));
     to_int("testing-stall", c.testing_stall.substr(b + 1));
   }
-  MOE_CHECK(c.optimizer == "adam", "--optimizer {} is rejected: moecore has adam (AdamW) only", c.optimizer);
+  if (c.optimizer == "muon" || c.optimizer == "dist_muon") {  // Megatron checks these as it builds the optimizer
+    optim::check_newton_schulz(c.muon_coefficient_type, c.muon_num_ns_steps);
+    MOE_CHECK(c.num_distributed_optimizer_instances == 1 || (c.optimizer == "muon" && !c.use_distributed_optimizer),
+              "--num-distributed-optimizer-instances {} with {}: Megatron's layer-wise distributed optimizer (Muon's) "
+              "has one instance; use --num-distributed-optimizer-instances 1 or --optimizer muon without "
+              "--use-distributed-optimizer",
+              c.num_distributed_optimizer_instances,
+              c.optimizer == "dist_muon" ? "--optimizer dist_muon" : "--optimizer muon --use-distributed-optimizer");
+  }
   MOE_CHECK(c.global_batch_size % c.micro_batch_size == 0,
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size 1",
             c.global_batch_size, c.micro_batch_size);

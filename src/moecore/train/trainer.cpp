@@ -15,6 +15,7 @@
 #include "moecore/train/cost_model.h"
 #include "moecore/train/generate.h"
 #include "moecore/train/health.h"
+#include "moecore/train/optimizer_config.h"
 #include "moecore/train/run_control.h"
 #include "moecore/train/signals.h"
 
@@ -63,11 +64,9 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   std::vector<nn::Parameter*> params;
   for (auto& p : reg_.all()) params.push_back(p.get());
   const size_t layers = model_->num_layers();
-  const optim::OptimizerGroups og{groups_->dp.get(), groups_->edp.get(), groups_->tp.get(), groups_->world.get()};
-  optim::OptimizerConfig oc;
-  oc.adam = {cfg_.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay};
-  oc.clip_grad = cfg_.clip_grad;
-  oc.distributed = cfg_.use_distributed_optimizer;
+  const optim::OptimizerGroups og{groups_->dp.get(), groups_->edp.get(), groups_->tp.get(), groups_->world.get(),
+                                  groups_->etp.get()};
+  optim::OptimizerConfig oc = optimizer_config(cfg_);
   opt_ = std::make_unique<optim::ChainedOptimizer>(
       params, layers + 1, [layers](const nn::Parameter& p) { return layer_of(p, layers); }, og, oc);
   schedule_ = std::make_unique<NoPipelining>();
@@ -164,7 +163,8 @@ StepResult Trainer::train_step() {
   // updated, routing statistics of the step snapshotted, counters reset.
   model_->finish_global_batch();
   progress_.iteration++;
-  opt_->step(r.lr, r.grad_norm, progress_.iteration);
+  const double decoupled_lr = cfg_.decoupled_lr >= 0 ? decoupled_lr_schedule(cfg_).lr(progress_.schedule_steps) : -1.0;
+  opt_->step(r.lr, r.grad_norm, progress_.iteration, decoupled_lr);
   r.optimizer_seconds = now_seconds() - t1;
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);

@@ -1,0 +1,24 @@
+// SGD with momentum as Megatron builds it (torch.optim.SGD(lr, weight_decay, momentum); no dampening, no
+// Nesterov): d = g + wd·p (L2 weight decay added to the gradient), buf ← momentum·buf + d, p ← p − lr·buf, with
+// g = grad_scale · grad (clipping). torch's first step sets buf = d, the same as a zero buffer. And the elementwise
+// rule the AdamW and sharded optimizers apply per parameter (or per owned range): AdamW or SGD.
+#pragma once
+
+#include "moecore/core/tensor.h"
+#include "moecore/kernels/cpu/adamw.h"
+
+namespace moecore::optim {
+
+struct ElementRule {
+  bool sgd = false;           // false: AdamW
+  double sgd_momentum = 0.9;  // --sgd-momentum
+};
+
+// p and buf updated in place, grad read; lr, weight_decay and grad_scale from hp. Same floating dtype.
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::AdamWParams& hp, double momentum);
+
+// AdamW (m, v the moments) or SGD (m the momentum buffer, v untouched). step ≥ 1.
+void element_step(const ElementRule& rule, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                  const kernels::AdamWParams& hp, int64_t step);
+
+}  // namespace moecore::optim
