@@ -66,9 +66,9 @@ TEST(Dropout, MaskDependsOnGlobalCoordinatesOnly) {
   Tensor x = randn({6, 2, 40}, DType::F64, 3), y = Tensor::empty(x.shape(), DType::F64);
   kernels::dropout_forward(x, m, {100, 200}, 0, y);
   for (int64_t half = 0; half < 2; half++) {
-    Tensor xs = x.slice(half * 3, (half + 1) * 3).clone(), ys = Tensor::empty(xs.shape(), DType::F64);
+    Tensor xs = x.slice(half * 3, 3).clone(), ys = Tensor::empty(xs.shape(), DType::F64);
     kernels::dropout_forward(xs, m, {100, 200}, half * 3, ys);
-    EXPECT_TRUE(testing::bitwise_equal(ys, y.slice(half * 3, (half + 1) * 3).clone())) << "shard " << half;
+    EXPECT_TRUE(testing::bitwise_equal(ys, y.slice(half * 3, 3).clone())) << "shard " << half;
   }
   Tensor xr = Tensor::empty(x.shape(), DType::F64), yr = Tensor::empty(x.shape(), DType::F64);
   for (int64_t s = 0; s < 6; s++)
