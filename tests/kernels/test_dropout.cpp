@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/dropout.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -61,6 +62,15 @@ TEST(Dropout, MaskDependsOnGlobalCoordinatesOnly) {
   EXPECT_TRUE(differs(DropoutMask::make(42, 10, 0.3), 11, 6));
   EXPECT_TRUE(differs(m.sub(1), 11, 6));
   EXPECT_FALSE(differs(DropoutMask::make(42, 9, 0.3), 11, 6));
+  // Each multiplier is word c%4 of the core Philox4x32-10 block at counter (c/4, row, sample) against p·2³² (the
+  // kernel computes 16 blocks at once; here one at a time), for a sample index above 2³².
+  const uint64_t big = (uint64_t(5) << 32) + 9;
+  std::vector<double> z(301);
+  kernels::dropout_multipliers(m, big, 70000, 3, 301, z.data());
+  for (uint64_t c = 3; c < 304; c++) {
+    const Philox4 w = philox4x32_10({static_cast<uint32_t>(c / 4), 70000u, 9u, 5u}, {m.key[0], m.key[1]});
+    EXPECT_EQ(z[c - 3], w[c % 4] >= m.threshold ? 1.0 / 0.7 : 0.0) << "column " << c;
+  }
 
   // [S=6, B=2, H=40] in one call against two sequence shards of 3 positions, and against the batch reversed.
   Tensor x = randn({6, 2, 40}, DType::F64, 3), y = Tensor::empty(x.shape(), DType::F64);
