@@ -61,7 +61,7 @@ inline std::vector<std::string> layered_moe_flags() {
 }
 
 // `iters` steps of `global` sequences (micro-batches of `micro`) of length `seq` over mock tokens below `vocab`,
-// no evaluation.
+// no evaluation, no dropout (tests about something else compare exact numbers; dropout tests turn it on).
 inline std::vector<std::string> mock_run_flags(int64_t seq, int64_t micro, int64_t global, int64_t vocab, int64_t iters,
                                                const std::string& lr) {
   return {"--seq-length",
@@ -78,6 +78,10 @@ inline std::vector<std::string> mock_run_flags(int64_t seq, int64_t micro, int64
           "--lr",
           lr,
           "--eval-iters",
+          "0",
+          "--hidden-dropout",
+          "0",
+          "--attention-dropout",
           "0"};
 }
 

@@ -24,8 +24,8 @@ struct Case {
     Allocator& a = Allocator::instance();
     a.reset_peak();
     const int64_t base = a.stats().live_bytes;
-    fwd(q, k, v, 0.25, o, lse);
-    bwd(g, q, k, v, o, lse, 0.25, dq, dk, dv);
+    fwd(q, k, v, 0.25, o, lse, nullptr);
+    bwd(g, q, k, v, o, lse, 0.25, dq, dk, dv, nullptr);
     return a.stats().peak_bytes - base;
   }
 };

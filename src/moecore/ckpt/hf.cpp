@@ -130,7 +130,11 @@ nlohmann::json hf_train_flags(const nlohmann::json& c, const std::string& where)
                       {"moe-layer-freq", freq},
                       {"rotary-base", get<double>(c, "rope_theta", a.kind == "mixtral" ? 1e6 : 1e4, where)},
                       {"rotary-percent", 1.0},
-                      {"norm-epsilon", get<double>(c, "rms_norm_eps", a.kind == "mixtral" ? 1e-5 : 1e-6, where)}};
+                      {"norm-epsilon", get<double>(c, "rms_norm_eps", a.kind == "mixtral" ? 1e-5 : 1e-6, where)},
+                      // HF Qwen3-MoE and Mixtral drop only attention probabilities (attention_dropout, 0.0 in
+                      // their released configs); they have no hidden dropout.
+                      {"attention-dropout", get<double>(c, "attention_dropout", 0.0, where)},
+                      {"hidden-dropout", 0.0}};
   if (c.contains("max_position_embeddings"))
     f["max-position-embeddings"] = need<int64_t>(c, "max_position_embeddings", where);
   // Qwen3-MoE: softmax over all experts, top-k, renormalized when norm_topk_prob (Megatron's default top-k then
@@ -206,7 +210,7 @@ nlohmann::json hf_config_from_flags(const nlohmann::json& f, const HFArchitectur
                       {"rope_scaling", nullptr},
                       {"max_position_embeddings", get<int64_t>(f, "max-position-embeddings", 4096, where)},
                       {"num_experts_per_tok", get<int64_t>(f, "moe-router-topk", 2, where)},
-                      {"attention_dropout", 0.0},
+                      {"attention_dropout", get<double>(f, "attention-dropout", 0.0, where)},
                       {"initializer_range", get<double>(f, "init-method-std", 0.02, where)},
                       {"torch_dtype", dtype == "f32" ? "float32" : "bfloat16"},
                       {"use_cache", true}};

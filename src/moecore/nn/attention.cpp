@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/rope.h"
@@ -40,6 +41,16 @@ Attention::Attention(ParamRegistry& reg, const std::string& name, const Attentio
     k_norm_ = std::make_unique<RMSNorm>(reg, name + ".k_layernorm", cfg.head_dim, cfg.norm_eps);
   }
   kernels::rope_tables(cfg.max_seq_len, rot_dim_, cfg.rotary_base, reg.dtype(), cos_, sin_);
+  dropout_site_ = stream_id(name + ".core_attention.attention_dropout");
+}
+
+kernels::AttentionDropout Attention::dropout(const DropoutBatch& d) const {
+  kernels::AttentionDropout a;
+  if (!d.training || cfg_.attention_dropout <= 0) return a;
+  a.mask = kernels::DropoutMask::make(d.seed, dropout_site_, cfg_.attention_dropout);
+  a.sample_B = d.sample_B.data();
+  a.head_offset = cfg_.tp.rank() * nq_;
+  return a;
 }
 
 Tensor Attention::forward(const Tensor& x_local, Stash& st) {
@@ -60,10 +71,13 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   st.k_SBND = k;
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
   st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype());
+  const kernels::AttentionDropout drop = dropout(st.dropout);
+  MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (bf16_attention(S))
-    kernels::attention_forward_bf16(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
+    kernels::attention_forward_bf16(q, k, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
   else
-    kernels::attention_forward(q, k, st.v_SBND, 1.0 / std::sqrt(static_cast<double>(D)), st.o_SBND, st.lse_BNS);
+    kernels::attention_forward(q, k, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
   return sp_reduce_scatter(proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden}),
                            cfg_.tp);
 }
@@ -75,12 +89,13 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype());
   Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype());
   Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype());
+  const kernels::AttentionDropout drop = dropout(st.dropout);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (bf16_attention(S))
-    kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS,
-                                     1.0 / std::sqrt(static_cast<double>(D)), dq, dk, dv);
+    kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv,
+                                     &drop);
   else
-    kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS,
-                                1.0 / std::sqrt(static_cast<double>(D)), dq, dk, dv);
+    kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv, &drop);
   kernels::rope_backward(dq, cos_, sin_, rot_dim_, dq);
   kernels::rope_backward(dk, cos_, sin_, rot_dim_, dk);
   if (q_norm_) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "moecore/kernels/cpu/attention.h"
+#include "moecore/nn/dropout.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/rmsnorm.h"
 #include "moecore/nn/tensor_parallel.h"
@@ -29,6 +30,7 @@ struct AttentionConfig {
   bool bias = false;
   bool bf16 = false;
   TPContext tp;
+  double attention_dropout = 0;  // on the softmax probabilities, in training
 };
 
 class Attention {
@@ -38,6 +40,7 @@ class Attention {
     RMSNorm::Stash q_norm, k_norm;
     Tensor q_SBND, k_SBND, v_SBND;  // post-norm, post-RoPE inputs of the attention kernel
     Tensor o_SBND, lse_BNS;
+    DropoutBatch dropout;  // set by the caller before forward; backward regenerates the same masks
   };
 
   Attention(ParamRegistry& reg, const std::string& name, const AttentionConfig& cfg);
@@ -48,6 +51,8 @@ class Attention {
  private:
   // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
   bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+  // The kernel's dropout for this micro-batch (off outside training or at p = 0).
+  kernels::AttentionDropout dropout(const DropoutBatch& d) const;
 
   AttentionConfig cfg_;
   int64_t nq_, nkv_;  // heads and groups held here
@@ -55,6 +60,7 @@ class Attention {
   Linear q_, k_, v_, proj_;
   std::unique_ptr<RMSNorm> q_norm_, k_norm_;
   Tensor cos_, sin_;
+  uint64_t dropout_site_ = 0;
 };
 
 }  // namespace moecore::nn

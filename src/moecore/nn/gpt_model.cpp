@@ -35,7 +35,8 @@ Tensor to_sequence_major(const Tensor& x_BS) {
 GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     : cfg_(c),
       embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std, c.tp),
-      final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm_eps) {
+      final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm_eps),
+      embedding_dropout_("embedding.embedding_dropout", c.hidden_dropout, c.tp) {
   MOE_CHECK(c.num_attention_heads > 0 && c.num_query_groups > 0 && c.num_attention_heads % c.num_query_groups == 0,
             "--num-attention-heads ({}) must be a positive multiple of --num-query-groups ({})", c.num_attention_heads,
             c.num_query_groups);
@@ -53,7 +54,8 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      out_std,
                      c.add_bias_linear,
                      c.bf16,
-                     c.tp};
+                     c.tp,
+                     c.attention_dropout};
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string name = "decoder.layers." + std::to_string(i);
     std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
@@ -62,7 +64,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                    c.init_method_std, out_std,           c.bf16,       c.tp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
-    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f)));
+    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f), c.hidden_dropout));
   }
   if (c.untie_embeddings_and_output_weights) {
     output_ =
@@ -87,10 +89,19 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
   MOE_CHECK(st.S % cfg_.tp.size() == 0,
             "sequence length {} is not divisible by --tensor-model-parallel-size {} (sequence parallelism)", st.S,
             cfg_.tp.size());
+  st.dropout = DropoutBatch{training_, cfg_.seed, st.sample_B};
+  if (st.dropout.sample_B.empty())
+    for (int64_t b = 0; b < st.B; b++) st.dropout.sample_B.push_back(b);
+  MOE_ASSERT_MSG(static_cast<int64_t>(st.dropout.sample_B.size()) == st.B, "{} sample indices for a batch of {}",
+                 st.dropout.sample_B.size(), st.B);
   Tensor h =
       embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+  embedding_dropout_.forward_(h, st.dropout);
   probe("embedding", false, h);
-  for (size_t i = 0; i < layers_.size(); i++) h = layers_[i]->forward(h, st.layers[i]);
+  for (size_t i = 0; i < layers_.size(); i++) {
+    st.layers[i].dropout = st.dropout;
+    h = layers_[i]->forward(h, st.layers[i]);
+  }
   h = final_norm_.forward(h, st.final_norm);
   probe("decoder.final_layernorm", false, h);
   Tensor logits = output_->forward(sp_all_gather(h, cfg_.tp), st.output);
@@ -153,6 +164,7 @@ void GPTModel::backward_scaled(Stash& st, double token_scale, double aux_scale,
     dh = layers_[i]->backward(dh, st.layers[i]);
     if (grads_final) grads_final(i);
   }
+  dh = embedding_dropout_.backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.dropout);
   embedding_.backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
   if (grads_final) grads_final(layers_.size());
 }
@@ -192,6 +204,7 @@ void GPTModel::set_probe(const Probe* probe) {
 }
 
 void GPTModel::set_training(bool training) {
+  training_ = training;
   for (auto& l : layers_) l->ffn().set_training(training);
 }
 

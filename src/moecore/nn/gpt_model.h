@@ -38,6 +38,10 @@ struct GPTConfig {
   // Tensor parallelism with sequence parallelism: vocabulary-parallel embedding, output layer and cross-entropy;
   // attention heads and FFN columns split; layers run on sequence shards [S/TP, B, H].
   TPContext tp;
+  // Dropout in training (Megatron's --hidden-dropout on the embedding output and before each residual add,
+  // --attention-dropout on the attention probabilities), masks drawn from `seed` and global coordinates.
+  double hidden_dropout = 0, attention_dropout = 0;
+  uint64_t seed = 0;
 };
 
 // Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.
@@ -53,6 +57,10 @@ class GPTModel {
     Tensor labels_T, mask_T, logits_TV, lse_T;  // logits: this rank's vocabulary columns
     int64_t S = 0, B = 0;
     double mask_sum = 0;
+    // Global index of each sequence in the run (the data sampler's consumed-sample index), set before forward:
+    // dropout masks depend on it. Empty: 0 .. B−1.
+    std::vector<int64_t> sample_B;
+    DropoutBatch dropout;  // what forward used; backward regenerates the same masks
   };
 
   GPTModel(const GPTConfig& cfg, ParamRegistry& reg, FfnFactory ffn = nullptr);
@@ -74,7 +82,8 @@ class GPTModel {
   // cannot see).
   Tensor logits(const Tensor& tokens_BS);
 
-  // Training mode (the default) lets MoE layers update aux losses, balancing counters and statistics.
+  // Training mode (the default) lets MoE layers update aux losses, balancing counters and statistics, and turns
+  // dropout on.
   void set_training(bool training);
   // Once per optimizer step, after the gradients are final: every layer's FFN closes its global batch (MoE:
   // expert-bias update and routing-statistics snapshot; collective over the ranks that share the batch).
@@ -95,6 +104,8 @@ class GPTModel {
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   RMSNorm final_norm_;
   std::unique_ptr<Linear> output_;
+  HiddenDropout embedding_dropout_;
+  bool training_ = true;
   const Probe* probe_ = nullptr;
   void probe(const char* module, bool backward, const Tensor& t) const {
     if (probe_) (*probe_)(module, backward, t);

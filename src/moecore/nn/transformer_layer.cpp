@@ -1,4 +1,5 @@
-// Transformer layer (see transformer_layer.h). Backward of y = h + f(h): dh = dy + f'(h)ᵀ·dy; same for x.
+// Transformer layer (see transformer_layer.h). Backward of y = h + Z ⊙ f(h): dh = dy + f'(h)ᵀ·(Z ⊙ dy); same for
+// x (Z: the site's dropout multipliers, regenerated; ones outside training).
 #include "moecore/nn/transformer_layer.h"
 
 #include "moecore/kernels/cpu/elementwise.h"
@@ -6,11 +7,13 @@
 namespace moecore::nn {
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
-                                   double norm_eps, std::unique_ptr<FeedForward> ffn)
+                                   double norm_eps, std::unique_ptr<FeedForward> ffn, double hidden_dropout)
     : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm_eps),
       attn_(reg, name + ".self_attention", attn),
       pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm_eps),
       ffn_(std::move(ffn)),
+      attn_dropout_(name + ".self_attn_bda.hidden_dropout", hidden_dropout, attn.tp),
+      mlp_dropout_(name + ".mlp_bda.hidden_dropout", hidden_dropout, attn.tp),
       name_(name) {}
 
 TransformerLayer::Stash TransformerLayer::make_stash() const {
@@ -22,24 +25,27 @@ TransformerLayer::Stash TransformerLayer::make_stash() const {
 Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
   const Tensor n1 = input_norm_.forward(x_SBH, st.input_norm);
   probe(".input_layernorm", false, n1);
+  st.attn.dropout = st.dropout;
   Tensor h = attn_.forward(n1, st.attn);
   probe(".self_attention", false, h);
+  attn_dropout_.forward_(h, st.dropout);
   kernels::add_(h, x_SBH);
   const Tensor n2 = pre_mlp_norm_.forward(h, st.pre_mlp_norm);
   probe(".pre_mlp_layernorm", false, n2);
   Tensor y = ffn_->forward(n2, *st.ffn);
   probe(".mlp", false, y);
+  mlp_dropout_.forward_(y, st.dropout);
   kernels::add_(y, h);
   return y;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
-  const Tensor dn2 = ffn_->backward(dy_SBH, *st.ffn);
+  const Tensor dn2 = ffn_->backward(mlp_dropout_.backward(dy_SBH, st.dropout), *st.ffn);
   probe(".mlp", true, dn2);
   Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm);
   probe(".pre_mlp_layernorm", true, dh);
   kernels::add_(dh, dy_SBH);
-  const Tensor dn1 = attn_.backward(dh, st.attn);
+  const Tensor dn1 = attn_.backward(attn_dropout_.backward(dh, st.dropout), st.attn);
   probe(".self_attention", true, dn1);
   Tensor dx = input_norm_.backward(dn1, st.input_norm);
   probe(".input_layernorm", true, dx);

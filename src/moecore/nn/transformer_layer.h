@@ -1,11 +1,13 @@
 // Pre-norm transformer layer: h = x + Attention(RMSNorm(x));  y = h + FFN(RMSNorm(h)). The FFN slot holds a dense
-// MLP or an MoE layer.
+// MLP or an MoE layer. In training, hidden dropout drops elements of each block's output before its residual add
+// (Megatron's bias-dropout-add; the linears here carry no bias into it).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "moecore/nn/attention.h"
+#include "moecore/nn/dropout.h"
 #include "moecore/nn/feed_forward.h"
 #include "moecore/nn/probe.h"
 #include "moecore/nn/rmsnorm.h"
@@ -18,10 +20,11 @@ class TransformerLayer {
     RMSNorm::Stash input_norm, pre_mlp_norm;
     Attention::Stash attn;
     std::unique_ptr<FeedForward::Stash> ffn;
+    DropoutBatch dropout;  // set by the caller before forward (the model: training flag, seed, sample indices)
   };
 
   TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn, double norm_eps,
-                   std::unique_ptr<FeedForward> ffn);
+                   std::unique_ptr<FeedForward> ffn, double hidden_dropout = 0);
   Stash make_stash() const;
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
@@ -35,6 +38,7 @@ class TransformerLayer {
   Attention attn_;
   RMSNorm pre_mlp_norm_;
   std::unique_ptr<FeedForward> ffn_;
+  HiddenDropout attn_dropout_, mlp_dropout_;
   std::string name_;
   const Probe* probe_ = nullptr;
   void probe(const char* module, bool backward, const Tensor& t) const {

@@ -206,6 +206,9 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
                           : (c.squared_relu ? kernels::Activation::SquaredReLU : kernels::Activation::GeLU);
   g.add_bias_linear = !c.disable_bias_linear;
   g.bf16 = c.bf16;
+  g.hidden_dropout = c.hidden_dropout;
+  g.attention_dropout = c.attention_dropout;
+  g.seed = static_cast<uint64_t>(c.seed);
   return g;
 }
 

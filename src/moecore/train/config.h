@@ -37,6 +37,7 @@ struct TrainConfig {
   bool disable_bias_linear = false;
   double init_method_std = 0.02;
   int64_t make_vocab_size_divisible_by = 128;
+  double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults; training only
   // MoE
   int64_t num_experts = 0, moe_ffn_hidden_size = 0, moe_router_topk = 2;
   std::string moe_router_score_function = "softmax";

@@ -49,7 +49,12 @@ std::vector<FlagSpec> build_flag_table() {
        {"disable-bias-linear", &C::disable_bias_linear, "No biases in linear layers (required for MoE)", kModel},
        {"init-method-std", &C::init_method_std, "Std of the normal weight init", kNoRole, at_least(0)},
        {"make-vocab-size-divisible-by", &C::make_vocab_size_divisible_by, "Pad the vocabulary to a multiple", kNoRole,
-        positive()}});
+        positive()},
+       {"hidden-dropout", &C::hidden_dropout,
+        "Dropout probability on the embedding output and each block's output before its residual add (training)",
+        kNoRole, between(0, 1, true)},
+       {"attention-dropout", &C::attention_dropout, "Dropout probability on the attention probabilities (training)",
+        kNoRole, between(0, 1, true)}});
   section(FlagGroup::MoE,
           {{"num-experts", &C::num_experts, "Routed experts per MoE layer (0: dense)", kModel, at_least(0)},
            {"moe-ffn-hidden-size", &C::moe_ffn_hidden_size, "Expert FFN size (default --ffn-hidden-size)",

@@ -61,7 +61,8 @@ std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn
   reg.zero_grad();
   try {
     for (micro = 0; micro < mb.count; micro++) {
-      const data::Batch b = data::make_batch(data, cursor.micro_batch(micro, mb.dp_rank, mb.dp_size, mb.size));
+      stash.sample_B = cursor.micro_batch(micro, mb.dp_rank, mb.dp_size, mb.size);  // the step's dropout masks
+      const data::Batch b = data::make_batch(data, stash.sample_B);
       model.forward(b.tokens, b.labels, b.loss_mask, stash);
       model.backward(stash, 1.0 / static_cast<double>(mb.count));
     }

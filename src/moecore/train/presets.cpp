@@ -22,6 +22,7 @@ const std::vector<Preset>& presets() {
          x.moe_router_load_balancing_type = {"aux_loss"}, x.moe_aux_loss_coeff = {"1e-2"}, x.moe_z_loss_coeff = 1e-3;
          x.seq_length = 128, x.micro_batch_size = 8, x.global_batch_size = 16;
          x.lr = 2e-3, x.min_lr = 1e-4, x.lr_warmup_iters = 20, x.lr_decay_style = "cosine", x.weight_decay = 0.1;
+         x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
        }},
       {"mixtral",
        [](TrainConfig& x) {  // softmax top-2 over 8 experts, no shared expert, GQA, untied output
@@ -29,6 +30,7 @@ const std::vector<Preset>& presets() {
          x.num_query_groups = 2, x.swiglu = true, x.disable_bias_linear = true, x.rotary_base = 1e6;
          x.untie_embeddings_and_output_weights = true, x.num_experts = 8, x.moe_router_topk = 2;
          x.moe_ffn_hidden_size = 1024, x.ffn_hidden_size = 1024, x.moe_aux_loss_coeff = {"1e-2"};
+         x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
        }},
       {"qwen3-moe",
        [](TrainConfig& x) {  // qk-norm, fine-grained experts, top-8, fp32 router
@@ -37,6 +39,7 @@ const std::vector<Preset>& presets() {
          x.disable_bias_linear = true, x.rotary_base = 1e6, x.untie_embeddings_and_output_weights = true;
          x.num_experts = 32, x.moe_router_topk = 8, x.moe_ffn_hidden_size = 128, x.ffn_hidden_size = 1024;
          x.moe_aux_loss_coeff = {"1e-3"};
+         x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
        }},
       {"olmoe",
        [](TrainConfig& x) {  // qk-norm, 64 experts top-8 scaled down, aux and z losses
@@ -44,6 +47,7 @@ const std::vector<Preset>& presets() {
          x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.num_experts = 32;
          x.moe_router_topk = 4, x.moe_ffn_hidden_size = 128, x.ffn_hidden_size = 1024;
          x.moe_aux_loss_coeff = {"1e-2"}, x.moe_z_loss_coeff = 1e-3;
+         x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
        }},
       {"deepseek-v3",
        [](TrainConfig& x) {  // sigmoid, groups, expert bias, scaling, shared expert, first layer dense
@@ -55,6 +59,7 @@ const std::vector<Preset>& presets() {
          x.moe_router_topk_scaling_factor = 2.5, x.moe_shared_expert_intermediate_size = 128;
          x.moe_layer_freq = "([0]*1+[1]*3)", x.moe_router_load_balancing_type = {"seq_aux_loss"};
          x.moe_aux_loss_coeff = {"1e-4"};
+         x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
        }},
   };
   return all;

@@ -38,6 +38,7 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
   StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
     const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)]) : batch(m);
+    stash.sample_B = cursor.micro_batch(m, mb.dp_rank, mb.dp_size, mb.size);  // dropout masks' sample indices
     const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);
     loss.sum += mean * stash.mask_sum;
     loss.tokens += stash.mask_sum;

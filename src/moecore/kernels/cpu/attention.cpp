@@ -5,6 +5,8 @@
 //   o = acc / l;  lse = m + log l
 // Backward, with P = exp(s − lse), Δ_i = Σ_d dO_id·O_id:
 //   dV = Pᵀ·dO;  dP = dO·Vᵀ;  dS = P ⊙ (dP − Δ);  dQ = scale·dS·K;  dK = scale·dSᵀ·Q
+// With attention dropout (multipliers Z, regenerated per row and key tile): acc sums (p ⊙ Z)·v while l sums the
+// undropped p; backward dV = (P ⊙ Z)ᵀ·dO and dS = P ⊙ (Z ⊙ dP − Δ).
 // Pass 1 owns a key tile of one kv head and loops over the query heads of its group and query tiles (dK, dV);
 // pass 2 owns a query tile and loops over key tiles (dQ). Each output element has exactly one writer.
 #include "moecore/kernels/cpu/attention.h"
@@ -80,7 +82,7 @@ inline void row_times_tile(T* out, const T* a, const T* bt, int64_t nc, int64_t 
 
 template <typename T>
 MOE_TARGET_CLONES void forward_impl(const AttentionDims& dm, const T* q, const T* k, const T* v, T* o, T* lse, T scale,
-                                    T* scratch, int64_t per_thread) {
+                                    T* scratch, int64_t per_thread, const AttentionDropout* drop) {
   const int64_t S = dm.S, D = dm.D, nt = dm.ntiles(), group = dm.Nq / dm.Nkv;
   const int64_t items = dm.B * dm.Nq * nt;
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < items; it++) {
@@ -93,6 +95,7 @@ MOE_TARGET_CLONES void forward_impl(const AttentionDims& dm, const T* q, const T
     T* s = acc + kAttnTile * D;                          // [Bc]
     T* m = s + kAttnTile;                                // [Br]
     T* l = m + kAttnTile;                                // [Br]
+    T* z = l + kAttnTile;                                // [Bc] dropout multipliers
     const int64_t i0 = qt * kAttnTile, nr = std::min(kAttnTile, S - i0);
     load_rows(Q, q + i0 * dm.q_row() + (b * dm.Nq + h) * D, dm.q_row(), nr, D, scale);
     for (int64_t i = 0; i < nr; i++) {
@@ -122,6 +125,10 @@ MOE_TARGET_CLONES void forward_impl(const AttentionDims& dm, const T* q, const T
         }
         l[i] = l[i] * alpha + sum;
         m[i] = mx;
+        if (drop) {
+          drop->row(b, h, i0 + i, j0, jmax, z);
+          for (int64_t j = 0; j < jmax; j++) s[j] *= z[j];
+        }
         T* a = acc + i * D;
         for (int64_t d = 0; d < D; d++) a[d] *= alpha;
         for (int64_t j = 0; j < jmax; j++) {
@@ -141,14 +148,26 @@ MOE_TARGET_CLONES void forward_impl(const AttentionDims& dm, const T* q, const T
   }
 }
 
-// Recomputes one query row's probabilities p[j] and dS[j] against a key tile. Returns the visible key count.
+// Recomputes one query row's probabilities p[j] (times the dropout multipliers, for dV) and dS[j] against a key
+// tile. Returns the visible key count.
 template <typename T>
-inline int64_t row_probs(T* p, T* ds, const T* qrow, const T* dorow, const T* KT, const T* VT, int64_t i_global,
-                         int64_t j0, int64_t nc, int64_t D, T scale, T lse_i, T delta_i) {
+inline int64_t row_probs(T* p, T* ds, T* z, const T* qrow, const T* dorow, const T* KT, const T* VT,
+                         const AttentionDropout* drop, int64_t b, int64_t h, int64_t i_global, int64_t j0, int64_t nc,
+                         int64_t D, T scale, T lse_i, T delta_i) {
   const int64_t jmax = std::min(nc, i_global - j0 + 1);
   if (jmax <= 0) return 0;
   row_times_tile(p, qrow, KT, jmax, D);
   row_times_tile(ds, dorow, VT, jmax, D);
+  if (drop) {
+    drop->row(b, h, i_global, j0, jmax, z);
+#pragma omp simd
+    for (int64_t j = 0; j < jmax; j++) {
+      const T pj = vexp(p[j] * scale - lse_i);
+      ds[j] = pj * (ds[j] * z[j] - delta_i);
+      p[j] = pj * z[j];
+    }
+    return jmax;
+  }
 #pragma omp simd
   for (int64_t j = 0; j < jmax; j++) {
     p[j] = vexp(p[j] * scale - lse_i);
@@ -160,7 +179,7 @@ inline int64_t row_probs(T* p, T* ds, const T* qrow, const T* dorow, const T* KT
 template <typename T>
 MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, const T* q, const T* k, const T* v,
                                      const T* lse, const T* delta, T* dq, T* dk, T* dv, T scale, T* scratch,
-                                     int64_t per_thread) {
+                                     int64_t per_thread, const AttentionDropout* drop) {
   const int64_t S = dm.S, D = dm.D, nt = dm.ntiles(), group = dm.Nq / dm.Nkv;
   // Pass 1: dK, dV per (b, kv head g, key tile).
   const int64_t items1 = dm.B * dm.Nkv * nt;
@@ -172,6 +191,7 @@ MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, con
     T* dV = dK + kAttnTile * D;                           // [Bc, D]
     T* p = dV + kAttnTile * D;                            // [Bc]
     T* ds = p + kAttnTile;                                // [Bc]
+    T* z = ds + kAttnTile;                                // [Bc]
     const int64_t j0 = kt * kAttnTile, nc = std::min(kAttnTile, S - j0);
     const T* kbase = k + j0 * dm.kv_row() + (b * dm.Nkv + g) * D;
     const T* vbase = v + j0 * dm.kv_row() + (b * dm.Nkv + g) * D;
@@ -184,7 +204,8 @@ MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, con
       for (int64_t i = j0; i < S; i++) {  // queries at or after the first key of the tile
         const T* qrow = q + i * dm.q_row() + (b * dm.Nq + h) * D;
         const T* dorow = dout + i * dm.q_row() + (b * dm.Nq + h) * D;
-        const int64_t jmax = row_probs(p, ds, qrow, dorow, KT, VT, i, j0, nc, D, scale, lrow[i], drow[i]);
+        const int64_t jmax =
+            row_probs(p, ds, z, qrow, dorow, KT, VT, drop, b, h, i, j0, nc, D, scale, lrow[i], drow[i]);
         for (int64_t j = 0; j < jmax; j++) {
           const T pj = p[j], dsj = ds[j] * scale;
           T* dvr = dV + j * D;
@@ -215,6 +236,7 @@ MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, con
     T* dQ = K + kAttnTile * D;                            // [Br, D]
     T* p = dQ + kAttnTile * D;
     T* ds = p + kAttnTile;
+    T* z = ds + kAttnTile;
     const int64_t i0 = qt * kAttnTile, nr = std::min(kAttnTile, S - i0);
     const T* lrow = lse + (b * dm.Nq + h) * S;
     const T* drow = delta + (b * dm.Nq + h) * S;
@@ -230,7 +252,8 @@ MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, con
         const int64_t ig = i0 + i;
         const T* qrow = q + ig * dm.q_row() + (b * dm.Nq + h) * D;
         const T* dorow = dout + ig * dm.q_row() + (b * dm.Nq + h) * D;
-        const int64_t jmax = row_probs(p, ds, qrow, dorow, KT, VT, ig, j0, nc, D, scale, lrow[ig], drow[ig]);
+        const int64_t jmax =
+            row_probs(p, ds, z, qrow, dorow, KT, VT, drop, b, h, ig, j0, nc, D, scale, lrow[ig], drow[ig]);
         T* dqr = dQ + i * D;
         for (int64_t j = 0; j < jmax; j++) {
           const T dsj = ds[j] * scale;
@@ -247,20 +270,24 @@ MOE_TARGET_CLONES void backward_impl(const AttentionDims& dm, const T* dout, con
 
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse) {
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout) {
   const AttentionDims dm = attention_forward_dims(q, k, v, o, lse);
-  const int64_t per_thread = 4 * kAttnTile * dm.D + 3 * kAttnTile;
+  if (dropout && !dropout->on()) dropout = nullptr;
+  const int64_t per_thread = 4 * kAttnTile * dm.D + 4 * kAttnTile;
   Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   MOE_DISPATCH_FLOAT(q.dtype(), T, {
     forward_impl<T>(dm, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), T(scale), scratch.data<T>(),
-                    per_thread);
+                    per_thread, dropout);
   });
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout) {
   const AttentionDims dm = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
-  const int64_t per_thread = 4 * kAttnTile * dm.D + 2 * kAttnTile;
+  if (dropout && !dropout->on()) dropout = nullptr;
+  const int64_t per_thread = 4 * kAttnTile * dm.D + 3 * kAttnTile;
   Tensor scratch = Tensor::zeros({num_threads(), per_thread}, q.dtype());  // tiles are read full width
   Tensor delta = Tensor::empty({dm.B, dm.Nq, dm.S}, q.dtype());
   MOE_DISPATCH_FLOAT(q.dtype(), T, {
@@ -275,7 +302,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
       dl[r * dm.S + i] = s;
     }
     backward_impl<T>(dm, dod, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), dl, dq.data<T>(), dk.data<T>(),
-                     dv.data<T>(), T(scale), scratch.data<T>(), per_thread);
+                     dv.data<T>(), T(scale), scratch.data<T>(), per_thread, dropout);
   });
 }
 

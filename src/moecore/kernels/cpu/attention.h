@@ -5,15 +5,38 @@
 #pragma once
 
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/cpu/dropout.h"
 
 namespace moecore::kernels {
 
+// Attention dropout (Megatron's --attention-dropout on the softmax probabilities, before they weight the values):
+// probability (b, h, i, j) is kept or dropped by mask.sub(head_offset + h) at (sample_B[b], seq_offset + i,
+// seq_offset + j), so every layout draws the same mask for the same global head and positions. O = (P ⊙ Z)·V with
+// Z ∈ {0, 1/(1−p)}; lse stays that of the undropped softmax, Δ_i = Σ_d dO_id·O_id still equals Σ_j P_ij·dP_ij,
+// and backward regenerates Z: dV = (P ⊙ Z)ᵀ·dO, dS = P ⊙ (Z ⊙ (dO·Vᵀ) − Δ).
+struct AttentionDropout {
+  DropoutMask mask;
+  const int64_t* sample_B = nullptr;  // global sample index of each sequence of the batch
+  int64_t head_offset = 0;            // global index of this call's query head 0 (tensor parallelism)
+  int64_t seq_offset = 0;             // global position of row 0 (context parallelism)
+  bool on() const { return mask.on(); }
+  // Multipliers of keys j0 .. j0+n of query row i (local indices) of head h of sequence b.
+  template <typename T>
+  void row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, T* z) const {
+    dropout_multipliers(mask.sub(static_cast<uint64_t>(head_offset + h)), static_cast<uint64_t>(sample_B[b]),
+                        static_cast<uint64_t>(seq_offset + i), static_cast<uint64_t>(seq_offset + j0), n, z);
+  }
+};
+
 // q_SBND [S, B, Nq, D], k_SBND / v_SBND [S, B, Nkv, D] -> o_SBND [S, B, Nq, D], lse_BNS [B, Nq, S] (kept for
 // backward; in units of the scaled scores). scale is usually 1/sqrt(D).
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse);
-// do_SBND -> dq, dk, dv (written).
+// `dropout` (null or off: none) drops probabilities as AttentionDropout says.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout = nullptr);
+// do_SBND -> dq, dk, dv (written). `dropout`: the forward's.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout = nullptr);
 
 // The same attention with bf16 GEMM operands, for --bf16 training (attention_bf16.cpp): q, k, v, dout are f32 and
 // rounded to bf16 where they enter a GEMM, probabilities and dS are rounded to bf16 for theirs; scores, softmax,
@@ -21,9 +44,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 // go through oneDNN batched matmuls against their visible keys with an exact (not online) softmax per row: a block
 // holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
 // S > 128. Sequences longer than kMaxBf16AttentionSeq use the tiled kernel above instead.
-void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse);
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout = nullptr);
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout = nullptr);
 constexpr int64_t kMaxBf16AttentionSeq = 8192;
 
 // Tile edge used for queries and keys (rows of a tile).

@@ -5,6 +5,8 @@
 //   forward:  Σ = Q̂·K̂ᵀ (f32);  P = softmax(Σ) over each row's visible keys, lse kept;  O = bf16(P)·V̂
 //   backward: P = exp(Σ − lse);  dP = dÔ·V̂ᵀ;  dS = bf16(P ⊙ (dP − Δ));  dV += bf16(P)ᵀ·dÔ;  dK += dSᵀ·Q̂;
 //             dQ = scale·dS·K̂  (Q̂ already carries the scale, so dK = scale·dSᵀ·Q)
+// Attention dropout multiplies each row's probabilities by its multipliers Z before O = bf16(P ⊙ Z)·V̂; backward
+// regenerates Z: dV uses bf16(P ⊙ Z) and dS = bf16(P ⊙ (Z ⊙ dP − Δ)).
 // Every product is one oneDNN batched matmul over the chunk's heads (AMX where the CPU has it). dK and dV are summed
 // over query heads and blocks in a fixed order, so results are bitwise reproducible.
 #include <algorithm>
@@ -91,9 +93,19 @@ struct BlockRows {
   int64_t visible(int64_t row) const { return i0 + row % nq + 1; }
 };
 
+// Dropout multipliers of block row `row` (pairs from r0), keys k0 .. k0+n, into z.
+inline void row_dropout(const AttentionDims& l, const AttentionDropout& d, const BlockRows& br, int64_t r0, int64_t row,
+                        int64_t k0, int64_t n, float* z) {
+  const int64_t r = r0 + row / br.nq;
+  d.row(r / l.Nq, r % l.Nq, br.i0 + row % br.nq, k0, n, z);
+}
+constexpr int64_t kZChunk = 64;  // keys per batch of multipliers
+
 // Causal softmax of each row: probabilities as bf16 (zero past the visible keys) and the row's lse into
 // lse[j·S + i0 + i]. The scores are overwritten with the unnormalized exponentials.
-MOE_TARGET_CLONES void softmax_rows(const BlockRows& br, int64_t S, float* scores, bf16* probs, float* lse) {
+MOE_TARGET_CLONES void softmax_rows(const AttentionDims& l, const BlockRows& br, int64_t r0, float* scores, bf16* probs,
+                                    float* lse, const AttentionDropout* drop) {
+  const int64_t S = l.S;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < br.c * br.nq; row++) {
     const int64_t n = br.visible(row);
@@ -109,8 +121,17 @@ MOE_TARGET_CLONES void softmax_rows(const BlockRows& br, int64_t S, float* score
       sum += s[k];
     }
     const float inv = 1.0f / sum;
+    if (drop) {
+      float z[kZChunk];
+      for (int64_t k0 = 0; k0 < n; k0 += kZChunk) {
+        const int64_t m = std::min(kZChunk, n - k0);
+        row_dropout(l, *drop, br, r0, row, k0, m, z);
+        for (int64_t k = 0; k < m; k++) p[k0 + k] = float_to_bf16(s[k0 + k] * inv * z[k]);
+      }
+    } else {
 #pragma omp simd
-    for (int64_t k = 0; k < n; k++) p[k] = float_to_bf16(s[k] * inv);
+      for (int64_t k = 0; k < n; k++) p[k] = float_to_bf16(s[k] * inv);
+    }
     for (int64_t k = n; k < br.nk; k++) p[k] = bf16{0};
     lse[row / br.nq * S + br.i0 + row % br.nq] = mx + std::log(sum);
   }
@@ -118,8 +139,10 @@ MOE_TARGET_CLONES void softmax_rows(const BlockRows& br, int64_t S, float* score
 
 // P = exp(Σ − lse) as bf16 into `probs` and dS = P ⊙ (dP − Δ) as bf16 into `dS` (zero past the visible keys);
 // Δ is per row of the block.
-MOE_TARGET_CLONES void softmax_backward_rows(const BlockRows& br, int64_t S, const float* scores, const float* lse,
-                                             const float* dP, const float* delta, bf16* probs, bf16* dS) {
+MOE_TARGET_CLONES void softmax_backward_rows(const AttentionDims& ld, const BlockRows& br, int64_t r0,
+                                             const float* scores, const float* lse, const float* dP, const float* delta,
+                                             bf16* probs, bf16* dS, const AttentionDropout* drop) {
+  const int64_t S = ld.S;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < br.c * br.nq; row++) {
     const int64_t n = br.visible(row);
@@ -128,11 +151,24 @@ MOE_TARGET_CLONES void softmax_backward_rows(const BlockRows& br, int64_t S, con
     bf16* p = probs + row * br.nk;
     bf16* ds = dS + row * br.nk;
     const float l = lse[row / br.nq * S + br.i0 + row % br.nq], dl = delta[row];
+    if (drop) {
+      float z[kZChunk];
+      for (int64_t k0 = 0; k0 < n; k0 += kZChunk) {
+        const int64_t m = std::min(kZChunk, n - k0);
+        row_dropout(ld, *drop, br, r0, row, k0, m, z);
+        for (int64_t k = 0; k < m; k++) {
+          const float pk = vexp(s[k0 + k] - l);
+          p[k0 + k] = float_to_bf16(pk * z[k]);
+          ds[k0 + k] = float_to_bf16(pk * (dp[k0 + k] * z[k] - dl));
+        }
+      }
+    } else {
 #pragma omp simd
-    for (int64_t k = 0; k < n; k++) {
-      const float pk = vexp(s[k] - l);
-      p[k] = float_to_bf16(pk);
-      ds[k] = float_to_bf16(pk * (dp[k] - dl));
+      for (int64_t k = 0; k < n; k++) {
+        const float pk = vexp(s[k] - l);
+        p[k] = float_to_bf16(pk);
+        ds[k] = float_to_bf16(pk * (dp[k] - dl));
+      }
     }
     for (int64_t k = n; k < br.nk; k++) p[k] = ds[k] = bf16{0};
   }
@@ -167,15 +203,17 @@ void for_each_block(const AttentionDims& l, Fn fn) {
 
 }  // namespace
 
-void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse) {
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout) {
   require_f32(q);
   const AttentionDims l = attention_forward_dims(q, k, v, o, lse);
+  if (dropout && !dropout->on()) dropout = nullptr;
   for_each_block(l, [&](int64_t r0, const BlockRows& br) {
     const Packed p = pack_block(l, q, k, v, r0, br, static_cast<float>(scale));
     Tensor scores = Tensor::empty({br.c, br.nq, br.nk}, DType::F32);
     Tensor probs = Tensor::empty({br.c, br.nq, br.nk}, DType::BF16);
     gemm_batched(p.q, false, p.k, true, scores);
-    softmax_rows(br, l.S, scores.data<float>(), probs.data<bf16>(), lse.data<float>() + r0 * l.S);
+    softmax_rows(l, br, r0, scores.data<float>(), probs.data<bf16>(), lse.data<float>() + r0 * l.S, dropout);
     Tensor out = Tensor::empty({br.c, br.nq, l.D}, DType::F32);
     gemm_batched(probs, false, p.v, false, out);
     unpack_q(l, out.data<float>(), r0, br.c, br.i0, br.nq, o.data<float>());
@@ -183,9 +221,11 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 }
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout) {
   require_f32(q);
   const AttentionDims l = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
+  if (dropout && !dropout->on()) dropout = nullptr;
   const int64_t S = l.S, D = l.D;
   dk.zero_();
   dv.zero_();
@@ -210,8 +250,8 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
     Tensor probs = Tensor::empty(sq, DType::BF16), dS = Tensor::empty(sq, DType::BF16);
     gemm_batched(p.q, false, p.k, true, scores);
     gemm_batched(dO, false, p.v, true, dP);
-    softmax_backward_rows(br, S, scores.data<float>(), lse.data<float>() + r0 * S, dP.data<float>(),
-                          delta.data<float>(), probs.data<bf16>(), dS.data<bf16>());
+    softmax_backward_rows(l, br, r0, scores.data<float>(), lse.data<float>() + r0 * S, dP.data<float>(),
+                          delta.data<float>(), probs.data<bf16>(), dS.data<bf16>(), dropout);
     Tensor kv_rows = Tensor::empty({br.c, br.nk, D}, DType::F32);
     gemm_batched(probs, true, dO, false, kv_rows);  // dV per query head
     accumulate_kv(l, kv_rows.data<float>(), r0, br.c, br.nk, dv.data<float>());

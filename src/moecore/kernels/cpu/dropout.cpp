@@ -1,0 +1,148 @@
+// Dropout (see dropout.h). y = x ⊙ z with z ∈ {0, 1/(1−p)} a function of the element's global coordinates, so
+// dx = dy ⊙ z: backward is the forward applied to the gradient with the regenerated mask.
+#include "moecore/kernels/cpu/dropout.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "moecore/core/cpu.h"
+#include "moecore/core/rng.h"
+
+namespace moecore::kernels {
+
+namespace {
+// SplitMix64's finalizer: a bijective 64-bit mix, so distinct (seed, site) pairs give well-spread keys.
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+DropoutMask with_key(double p, uint64_t key) {
+  MOE_ASSERT_MSG(p >= 0 && p < 1, "dropout probability {} outside [0, 1)", p);
+  DropoutMask m;
+  m.p = p;
+  m.key[0] = static_cast<uint32_t>(key);
+  m.key[1] = static_cast<uint32_t>(key >> 32);
+  m.threshold = static_cast<uint32_t>(std::min(4294967295.0, std::round(p * 4294967296.0)));
+  return m;
+}
+}  // namespace
+
+DropoutMask DropoutMask::make(uint64_t seed, uint64_t site, double p) {
+  return with_key(p, mix64(seed ^ mix64(site)));
+}
+
+DropoutMask DropoutMask::sub(uint64_t index) const {
+  const uint64_t k = (static_cast<uint64_t>(key[1]) << 32) | key[0];
+  return with_key(p, mix64(k ^ mix64(index + 0x5851F42D4C957F2Dull)));
+}
+
+namespace {
+constexpr int kLanes = 16;  // Philox blocks computed together (64 multipliers)
+
+// Philox4x32-10 (the rounds of core/rng.cpp) of the `nb` ≤ kLanes counters (c0 + i, c1, c2, c3), lane by lane in
+// structure-of-arrays form so the rounds vectorize; words [4, kLanes] out (out[w][i] = word w of block i).
+MOE_TARGET_CLONES void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int nb,
+                                    uint32_t out[4][kLanes]) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
+  for (int i = 0; i < kLanes; i++) {
+    x0[i] = c0 + static_cast<uint32_t>(i);
+    x1[i] = c1;
+    x2[i] = c2;
+    x3[i] = c3;
+  }
+  uint32_t k0 = key[0], k1 = key[1];
+  for (int r = 0; r < 10; r++) {
+    if (r > 0) {
+      k0 += kW0;
+      k1 += kW1;
+    }
+#pragma omp simd
+    for (int i = 0; i < kLanes; i++) {
+      const uint64_t p0 = static_cast<uint64_t>(kM0) * x0[i], p1 = static_cast<uint64_t>(kM1) * x2[i];
+      const uint32_t y0 = static_cast<uint32_t>(p1 >> 32) ^ x1[i] ^ k0,
+                     y2 = static_cast<uint32_t>(p0 >> 32) ^ x3[i] ^ k1;
+      x1[i] = static_cast<uint32_t>(p1);
+      x3[i] = static_cast<uint32_t>(p0);
+      x0[i] = y0;
+      x2[i] = y2;
+    }
+  }
+  for (int i = 0; i < nb; i++) {
+    out[0][i] = x0[i];
+    out[1][i] = x1[i];
+    out[2][i] = x2[i];
+    out[3][i] = x3[i];
+  }
+}
+}  // namespace
+
+template <typename T>
+void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, T* z) {
+  if (n <= 0) return;
+  const T keep = static_cast<T>(1.0 / (1.0 - m.p));
+  const uint32_t r = static_cast<uint32_t>(row), n0 = static_cast<uint32_t>(sample),
+                 n1 = static_cast<uint32_t>(sample >> 32);
+  uint32_t w[4][kLanes];
+  const uint64_t first = col0 / 4, last = (col0 + static_cast<uint64_t>(n) - 1) / 4;
+  for (uint64_t blk = first; blk <= last; blk += kLanes) {
+    const int nb = static_cast<int>(std::min<uint64_t>(kLanes, last - blk + 1));
+    philox_lanes(m.key, static_cast<uint32_t>(blk), r, n0, n1, nb, w);
+    for (int i = 0; i < nb; i++)
+      for (uint64_t k = 0; k < 4; k++) {
+        const uint64_t col = (blk + static_cast<uint64_t>(i)) * 4 + k;
+        if (col < col0 || col >= col0 + static_cast<uint64_t>(n)) continue;
+        z[col - col0] = w[k][i] >= m.threshold ? keep : T(0);
+      }
+  }
+}
+
+template void dropout_multipliers<float>(const DropoutMask&, uint64_t, uint64_t, uint64_t, int64_t, float*);
+template void dropout_multipliers<double>(const DropoutMask&, uint64_t, uint64_t, uint64_t, int64_t, double*);
+
+namespace {
+template <typename T>
+MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const int64_t* sample_B, int64_t B,
+                                  int64_t seq_offset, int64_t rows, int64_t C) {
+  constexpr int64_t kChunk = 256;  // multipliers per batch, on the stack
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    const int64_t s = t / B, b = t % B;
+    T z[kChunk];
+    for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
+      const int64_t n = std::min(kChunk, C - c0);
+      dropout_multipliers(m, static_cast<uint64_t>(sample_B[b]), static_cast<uint64_t>(seq_offset + s),
+                          static_cast<uint64_t>(c0), n, z);
+      const T* xr = x + t * C + c0;
+      T* yr = y + t * C + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < n; c++) yr[c] = xr[c] * z[c];
+    }
+  }
+}
+}  // namespace
+
+void dropout_forward(const Tensor& x, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
+                     Tensor& y) {
+  const int64_t B = static_cast<int64_t>(sample_B.size());
+  MOE_ASSERT(B > 0 && x.numel() > 0 && x.shape() == y.shape() && x.dtype() == y.dtype());
+  const int64_t C = x.dim(x.ndim() - 1), rows = x.numel() / C;
+  MOE_ASSERT_MSG(rows % B == 0, "dropout over {} rows of {} samples", rows, B);
+  if (!m.on()) {
+    if (y.raw() != x.raw()) y.copy_from(x);
+    return;
+  }
+  MOE_DISPATCH_FLOAT(x.dtype(), T,
+                     { apply_mask<T>(m, x.data<T>(), y.data<T>(), sample_B.data(), B, seq_offset, rows, C); });
+}
+
+void dropout_backward(const Tensor& dy, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
+                      Tensor& dx) {
+  dropout_forward(dy, m, sample_B, seq_offset, dx);  // dx = dy ⊙ z: the same mask, regenerated
+}
+
+}  // namespace moecore::kernels
