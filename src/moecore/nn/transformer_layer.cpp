@@ -6,10 +6,10 @@
 namespace moecore::nn {
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
-                                   double norm_eps, std::unique_ptr<FeedForward> ffn)
-    : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm_eps),
+                                   const NormConfig& norm, std::unique_ptr<FeedForward> ffn)
+    : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm),
       attn_(reg, name + ".self_attention", attn),
-      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm_eps),
+      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm),
       ffn_(std::move(ffn)),
       name_(name) {}
 
