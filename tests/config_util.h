@@ -17,47 +17,55 @@ inline std::vector<std::string> operator+(std::vector<std::string> a, const std:
   return a;
 }
 
-// Two layers, H 32, 4 heads, SwiGLU, 4 experts top-2 of FFN 32: the smallest MoE model worth training.
+// Not Megatron's default LayerNorm and learned positions: the RMSNorm + RoPE model the tests were written for.
+inline std::vector<std::string> rmsnorm_rope_flags() {
+  return {"--normalization", "RMSNorm", "--position-embedding-type", "rope"};
+}
+
+// Two layers, H 32, 4 heads, SwiGLU, 4 experts top-2 of FFN 32, RMSNorm + RoPE: the smallest MoE model worth
+// training.
 inline std::vector<std::string> tiny_moe_flags() {
-  return {"--num-layers",          "2", "--hidden-size",     "32",
-          "--num-attention-heads", "4", "--swiglu",          "--disable-bias-linear",
-          "--num-experts",         "4", "--moe-router-topk", "2",
-          "--moe-ffn-hidden-size", "32"};
+  return std::vector<std::string>{"--num-layers",          "2", "--hidden-size",     "32",
+                                  "--num-attention-heads", "4", "--swiglu",          "--disable-bias-linear",
+                                  "--num-experts",         "4", "--moe-router-topk", "2",
+                                  "--moe-ffn-hidden-size", "32"} +
+         rmsnorm_rope_flags();
 }
 
 // Three layers H 64 with everything a layout can split: GQA, qk-norm, an untied output layer, a dense first layer
-// (FFN 96), then MoE layers of 4 experts top-2 (FFN 32) with a gated shared expert, aux and z losses.
+// (FFN 96), then MoE layers of 4 experts top-2 (FFN 32) with a gated shared expert, aux and z losses; RMSNorm + RoPE.
 inline std::vector<std::string> layered_moe_flags() {
-  return {"--num-layers",
-          "3",
-          "--hidden-size",
-          "64",
-          "--num-attention-heads",
-          "4",
-          "--group-query-attention",
-          "--num-query-groups",
-          "2",
-          "--qk-layernorm",
-          "--untie-embeddings-and-output-weights",
-          "--swiglu",
-          "--disable-bias-linear",
-          "--num-experts",
-          "4",
-          "--moe-router-topk",
-          "2",
-          "--moe-ffn-hidden-size",
-          "32",
-          "--moe-shared-expert-intermediate-size",
-          "32",
-          "--moe-shared-expert-gate",
-          "--moe-layer-freq",
-          "[0,1,1]",
-          "--ffn-hidden-size",
-          "96",
-          "--moe-aux-loss-coeff",
-          "1e-2",
-          "--moe-z-loss-coeff",
-          "1e-3"};
+  return std::vector<std::string>{"--num-layers",
+                                  "3",
+                                  "--hidden-size",
+                                  "64",
+                                  "--num-attention-heads",
+                                  "4",
+                                  "--group-query-attention",
+                                  "--num-query-groups",
+                                  "2",
+                                  "--qk-layernorm",
+                                  "--untie-embeddings-and-output-weights",
+                                  "--swiglu",
+                                  "--disable-bias-linear",
+                                  "--num-experts",
+                                  "4",
+                                  "--moe-router-topk",
+                                  "2",
+                                  "--moe-ffn-hidden-size",
+                                  "32",
+                                  "--moe-shared-expert-intermediate-size",
+                                  "32",
+                                  "--moe-shared-expert-gate",
+                                  "--moe-layer-freq",
+                                  "[0,1,1]",
+                                  "--ffn-hidden-size",
+                                  "96",
+                                  "--moe-aux-loss-coeff",
+                                  "1e-2",
+                                  "--moe-z-loss-coeff",
+                                  "1e-3"} +
+         rmsnorm_rope_flags();
 }
 
 // `iters` steps of `global` sequences (micro-batches of `micro`) of length `seq` over mock tokens below `vocab`,

@@ -8,6 +8,7 @@
 # Usage: crash_safety.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
+  --normalization RMSNorm --position-embedding-type rope
   --num-experts 4 --seq-length 16 --eval-iters 0 --global-batch-size 8 --lr-decay-style cosine
   --lr-warmup-iters 2 --lr-decay-iters 1000 --log-interval 1)
 P=(--expert-model-parallel-size 2 --use-distributed-optimizer)

@@ -10,6 +10,7 @@ cd "$D" || exit 1
 "$moecore" preprocess --input f.jsonl --output-prefix f --tokenizer-type HuggingFaceTokenizer --tokenizer-model tok \
   --append-eod --workers 2 >/dev/null 2>&1 || fail "preprocess"
 "${mpirun[@]}" -np 2 "$moecore" train --num-layers 2 --hidden-size 64 --num-attention-heads 4 --swiglu \
+  --normalization RMSNorm --position-embedding-type rope \
   --disable-bias-linear --num-experts 4 --moe-ffn-hidden-size 64 --seq-length 64 --micro-batch-size 4 \
   --global-batch-size 8 --lr 3e-3 --lr-warmup-iters 3 --train-iters 30 --data-path f_text_document \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model tok --eval-iters 2 --log-interval 10 \

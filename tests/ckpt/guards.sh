@@ -12,6 +12,7 @@
 # Usage: guards.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --num-attention-heads 2 --disable-bias-linear
+  --normalization RMSNorm --position-embedding-type rope
   --num-experts 4 --seq-length 16 --eval-iters 0 --global-batch-size 8 --lr-decay-style constant --lr-decay-iters 1000 --log-interval 1)
 sums() { (cd "$1" && find . -type f | sort | xargs sha256sum); }
 H=(--hidden-size 32)

@@ -9,6 +9,7 @@
 # Usage: signals.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
+  --normalization RMSNorm --position-embedding-type rope
   --num-experts 4 --seq-length 16 --eval-iters 0 --global-batch-size 8 --lr-decay-style constant --lr-decay-iters 1000
   --log-interval 1)
 P=(--expert-model-parallel-size 2 --use-distributed-optimizer)
@@ -77,6 +78,7 @@ echo "two SIGINTs to moecore launch: ended in ${took}s; iteration $first untouch
 
 # 4. SIGINT twice to a single process (a larger model, so a step outlasts the gap between the signals).
 B=(--mock-data --vocab-size 4096 --num-layers 2 --hidden-size 256 --num-attention-heads 4 --disable-bias-linear
+  --normalization RMSNorm --position-embedding-type rope
   --num-experts 4 --seq-length 256 --micro-batch-size 4 --global-batch-size 8 --eval-iters 0
   --lr-decay-style constant --log-interval 1)
 "$moecore" train "${B[@]}" --train-iters 100000 --save "$D/one" --save-interval 1 --metrics-file "$D/one.jsonl" \

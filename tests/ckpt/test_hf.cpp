@@ -275,6 +275,18 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
                           {"moe-router-score-function", "sigmoid"}};
   e = error_of([&] { ckpt::architecture_from_flags(flags, 96, "mixtral"); });
   EXPECT_NE(e.find("shared experts, sigmoid routing"), std::string::npos) << e;
+  // Nor does one with Megatron's default LayerNorm and learned absolute positions (the HF classes have RMSNorm and
+  // RoPE); a checkpoint that names neither (saved before the flags existed) is RMSNorm and RoPE.
+  flags.erase("moe-shared-expert-intermediate-size");
+  flags.erase("moe-router-score-function");
+  EXPECT_EQ(error_of([&] { ckpt::architecture_from_flags(flags, 96, "mixtral"); }), "");
+  flags["normalization"] = "LayerNorm";
+  flags["position-embedding-type"] = "learned_absolute";
+  e = error_of([&] { ckpt::architecture_from_flags(flags, 96, "mixtral"); });
+  EXPECT_NE(e.find("it has LayerNorm (the HF classes use RMSNorm: train with --normalization RMSNorm), "
+                   "--position-embedding-type learned_absolute"),
+            std::string::npos)
+      << e;
   fs::remove_all(hf);
 }
 

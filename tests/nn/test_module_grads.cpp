@@ -137,7 +137,7 @@ TEST(ModuleGrad, TransformerLayer) {
   nn::AttentionConfig ac = small_attention(true, 1.0, 2);
   auto mlp = std::make_unique<nn::MLP>(reg, "layer.mlp",
                                        nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, false, {}});
-  nn::TransformerLayer layer(reg, "layer", ac, 1e-6, std::move(mlp));
+  nn::TransformerLayer layer(reg, "layer", ac, nn::NormConfig{nn::NormKind::RMSNorm, 1e-6}, std::move(mlp));
   reg.initialize(5);
   randomize_norms(reg);
   Tensor x = randn({6, 2, 8}, DType::F64, 2);

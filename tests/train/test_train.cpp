@@ -86,7 +86,14 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   EXPECT_NE(with({"--no-load-optim"}).find("--no-load-optim needs --load"), std::string::npos);
   EXPECT_NE(with({"--fault-kill-during-save", "3"}).find("RANK:ITERATION"), std::string::npos);
   EXPECT_NE(with({"--micro-batch-size", "3", "--global-batch-size", "8"}).find("multiple"), std::string::npos);
-  EXPECT_NE(with({"--normalization", "LayerNorm"}).find("RMSNorm"), std::string::npos);
+  EXPECT_NE(
+      with({"--normalization", "L2Norm"}).find("--normalization L2Norm is not accepted; one of: LayerNorm, RMSNorm"),
+      std::string::npos);
+  EXPECT_NE(with({"--position-embedding-type", "yarn"}).find("--position-embedding-type yarn is not accepted"),
+            std::string::npos);
+  // Megatron: --no-position-embedding is deprecated, accepted only with rope (where it changes nothing).
+  EXPECT_NE(with({"--no-position-embedding"}).find("use --position-embedding-type none"), std::string::npos);
+  EXPECT_EQ(with({"--no-position-embedding", "--position-embedding-type", "rope"}), "");
   EXPECT_NE(with({"--num-attention-heads", "3"}).find("divisible"), std::string::npos);
   EXPECT_NE(with({"--lr-decay-style", "step"}).find("--lr-decay-style step"), std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-router-topk", "1"}).find("pre-softmax"),

@@ -130,6 +130,8 @@ nlohmann::json hf_train_flags(const nlohmann::json& c, const std::string& where)
                       {"moe-layer-freq", freq},
                       {"rotary-base", get<double>(c, "rope_theta", a.kind == "mixtral" ? 1e6 : 1e4, where)},
                       {"rotary-percent", 1.0},
+                      {"normalization", "RMSNorm"},  // Qwen3-MoE and Mixtral: not Megatron's defaults
+                      {"position-embedding-type", "rope"},
                       {"norm-epsilon", get<double>(c, "rms_norm_eps", a.kind == "mixtral" ? 1e-5 : 1e-6, where)},
                       // HF Qwen3-MoE and Mixtral drop only attention probabilities (attention_dropout, 0.0 in
                       // their released configs); they have no hidden dropout.
@@ -175,6 +177,13 @@ HFArchitecture architecture_from_flags(const nlohmann::json& f, int64_t vocab, s
   refuse_if(get<double>(f, "moe-router-topk-scaling-factor", 0.0, where) != 0.0, "a top-k scaling factor");
   refuse_if(get<int64_t>(f, "moe-router-num-groups", 0, where) > 0, "group-limited routing");
   refuse_if(get<double>(f, "rotary-percent", 1.0, where) != 1.0, "partial RoPE");
+  // Checkpoints from before these flags existed hold RMSNorm and rope models.
+  refuse_if(get<std::string>(f, "normalization", "RMSNorm", where) != "RMSNorm",
+            "LayerNorm (the HF classes use RMSNorm: train with --normalization RMSNorm)");
+  refuse_if(get<std::string>(f, "position-embedding-type", "rope", where) != "rope",
+            "--position-embedding-type " + get<std::string>(f, "position-embedding-type", "rope", where) +
+                " (the HF classes use RoPE: train with --position-embedding-type rope)");
+  refuse_if(get<bool>(f, "apply-layernorm-1p", false, where), "zero-centred norm weights (--apply-layernorm-1p)");
   if (a.experts > 0) a.is_moe = moe::parse_moe_layer_freq(get<std::string>(f, "moe-layer-freq", "1", where), a.layers);
   if (kind.empty()) kind = a.qk_norm ? "qwen3_moe" : "mixtral";
   a.kind = kind;

@@ -35,12 +35,13 @@ Attention::Attention(ParamRegistry& reg, const std::string& name, const Attentio
       proj_(reg, name + ".linear_proj",
             proj_cfg(cfg.num_heads * cfg.head_dim, cfg.hidden, cfg, cfg.output_init_std, TPSplit::Row)) {
   MOE_ASSERT(cfg.num_query_groups > 0 && cfg.num_heads % cfg.num_query_groups == 0);
-  MOE_ASSERT(rot_dim_ >= 2 && rot_dim_ <= cfg.head_dim);
+  MOE_ASSERT(!cfg.rope || (rot_dim_ >= 2 && rot_dim_ <= cfg.head_dim));
   if (cfg.qk_layernorm) {
-    q_norm_ = std::make_unique<RMSNorm>(reg, name + ".q_layernorm", cfg.head_dim, cfg.norm_eps);
-    k_norm_ = std::make_unique<RMSNorm>(reg, name + ".k_layernorm", cfg.head_dim, cfg.norm_eps);
+    const NormConfig nc{cfg.qk_norm_kind, cfg.norm_eps, cfg.zero_centered_gamma};
+    q_norm_ = std::make_unique<Norm>(reg, name + ".q_layernorm", cfg.head_dim, nc);
+    k_norm_ = std::make_unique<Norm>(reg, name + ".k_layernorm", cfg.head_dim, nc);
   }
-  kernels::rope_tables(cfg.max_seq_len, rot_dim_, cfg.rotary_base, reg.dtype(), cos_, sin_);
+  if (cfg.rope) kernels::rope_tables(cfg.max_seq_len, rot_dim_, cfg.rotary_base, reg.dtype(), cos_, sin_);
   dropout_site_ = stream_id(name + ".core_attention.attention_dropout");
 }
 
@@ -65,8 +66,10 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
     q = q_norm_->forward(q, st.q_norm);
     k = k_norm_->forward(k, st.k_norm);
   }
-  kernels::rope_forward(q, cos_, sin_, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
-  kernels::rope_forward(k, cos_, sin_, rot_dim_, k);
+  if (cfg_.rope) {
+    kernels::rope_forward(q, cos_, sin_, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
+    kernels::rope_forward(k, cos_, sin_, rot_dim_, k);
+  }
   st.q_SBND = q;
   st.k_SBND = k;
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
@@ -96,8 +99,10 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
                                      &drop);
   else
     kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv, &drop);
-  kernels::rope_backward(dq, cos_, sin_, rot_dim_, dq);
-  kernels::rope_backward(dk, cos_, sin_, rot_dim_, dk);
+  if (cfg_.rope) {
+    kernels::rope_backward(dq, cos_, sin_, rot_dim_, dq);
+    kernels::rope_backward(dk, cos_, sin_, rot_dim_, dk);
+  }
   if (q_norm_) {
     dq = q_norm_->backward(dq, st.q_norm);
     dk = k_norm_->backward(dk, st.k_norm);

@@ -1,5 +1,6 @@
-// Self-attention block: q/k/v projections (grouped-query: Nkv ≤ Nq heads), optional per-head RMSNorm of q and k
-// (Qwen3's qk-layernorm, applied before RoPE as in Megatron), RoPE on a fraction of each head, causal tiled
+// Self-attention block: q/k/v projections (grouped-query: Nkv ≤ Nq heads), optional per-head norm of q and k
+// (qk-layernorm, RMSNorm or LayerNorm, applied before RoPE as in Megatron), RoPE on a fraction of each head (with
+// rope position embeddings only), causal tiled
 // attention, output projection. Activations are [S, B, H]. Under tensor parallelism each rank holds Nq/TP query
 // heads and Nkv/TP key-value groups (q/k/v column-parallel, the output projection row-parallel) and the block takes
 // and returns sequence shards [S/TP, B, H] (see tensor_parallel.h).
@@ -10,7 +11,7 @@
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/linear.h"
-#include "moecore/nn/rmsnorm.h"
+#include "moecore/nn/norm.h"
 #include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
@@ -30,14 +31,17 @@ struct AttentionConfig {
   bool bias = false;
   bool bf16 = false;
   TPContext tp;
-  double attention_dropout = 0;  // on the softmax probabilities, in training
+  double attention_dropout = 0;               // on the softmax probabilities, in training
+  NormKind qk_norm_kind = NormKind::RMSNorm;  // Megatron's qk_layernorm uses the configured --normalization
+  bool zero_centered_gamma = false;
+  bool rope = true;  // false: no rotation (learned_absolute or none position embeddings)
 };
 
 class Attention {
  public:
   struct Stash {
     Linear::Stash q, k, v, proj;
-    RMSNorm::Stash q_norm, k_norm;
+    Norm::Stash q_norm, k_norm;
     Tensor q_SBND, k_SBND, v_SBND;  // post-norm, post-RoPE inputs of the attention kernel
     Tensor o_SBND, lse_BNS;
     DropoutBatch dropout;  // set by the caller before forward; backward regenerates the same masks
@@ -58,7 +62,7 @@ class Attention {
   int64_t nq_, nkv_;  // heads and groups held here
   int64_t rot_dim_;
   Linear q_, k_, v_, proj_;
-  std::unique_ptr<RMSNorm> q_norm_, k_norm_;
+  std::unique_ptr<Norm> q_norm_, k_norm_;
   Tensor cos_, sin_;
   uint64_t dropout_site_ = 0;
 };

@@ -35,8 +35,11 @@ Tensor to_sequence_major(const Tensor& x_BS) {
 GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     : cfg_(c),
       embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std, c.tp),
-      final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm_eps),
+      final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm()),
       embedding_dropout_("embedding.embedding_dropout", c.hidden_dropout, c.tp) {
+  if (c.position_embedding == PositionEmbeddingType::LearnedAbsolute)
+    position_ = std::make_unique<PositionEmbedding>(reg, "embedding.position_embeddings", c.max_seq_len, c.hidden_size,
+                                                    c.init_method_std, c.tp);
   MOE_CHECK(c.num_attention_heads > 0 && c.num_query_groups > 0 && c.num_attention_heads % c.num_query_groups == 0,
             "--num-attention-heads ({}) must be a positive multiple of --num-query-groups ({})", c.num_attention_heads,
             c.num_query_groups);
@@ -55,7 +58,10 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      c.add_bias_linear,
                      c.bf16,
                      c.tp,
-                     c.attention_dropout};
+                     c.attention_dropout,
+                     c.normalization,
+                     c.zero_centered_gamma,
+                     c.position_embedding == PositionEmbeddingType::Rope};
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string name = "decoder.layers." + std::to_string(i);
     std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
@@ -64,7 +70,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                    c.init_method_std, out_std,           c.bf16,       c.tp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
-    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm_eps, std::move(f), c.hidden_dropout));
+    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout));
   }
   if (c.untie_embeddings_and_output_weights) {
     output_ =
@@ -96,6 +102,7 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
                  st.dropout.sample_B.size(), st.B);
   Tensor h =
       embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+  if (position_) position_->forward_(h, st.pos);
   embedding_dropout_.forward_(h, st.dropout);
   probe("embedding", false, h);
   for (size_t i = 0; i < layers_.size(); i++) {
@@ -165,6 +172,7 @@ void GPTModel::backward_scaled(Stash& st, double token_scale, double aux_scale,
     if (grads_final) grads_final(i);
   }
   dh = embedding_dropout_.backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.dropout);
+  if (position_) position_->backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.pos);
   embedding_.backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
   if (grads_final) grads_final(layers_.size());
 }

@@ -1,5 +1,5 @@
-// Decoder-only GPT: embedding → L transformer layers → final RMSNorm → output layer (tied to the embedding or
-// its own weight) → cross-entropy. Tokens arrive [B, S] as a loader gives them; activations run [S, B, H].
+// Decoder-only GPT: embedding (+ learned positions) → L transformer layers → final norm → output layer (tied to the
+// embedding or its own weight) → cross-entropy. Tokens arrive [B, S] as a loader gives them; activations run [S, B, H].
 // Parameter names follow Megatron-Core's GPTModel (embedding.word_embeddings, decoder.layers.i..., output_layer).
 #pragma once
 
@@ -11,8 +11,9 @@
 #include "moecore/kernels/cpu/activation.h"
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/linear.h"
+#include "moecore/nn/norm.h"
+#include "moecore/nn/position_embedding.h"
 #include "moecore/nn/probe.h"
-#include "moecore/nn/rmsnorm.h"
 #include "moecore/nn/transformer_layer.h"
 
 namespace moecore::nn {
@@ -42,6 +43,13 @@ struct GPTConfig {
   // --attention-dropout on the attention probabilities), masks drawn from `seed` and global coordinates.
   double hidden_dropout = 0, attention_dropout = 0;
   uint64_t seed = 0;
+  // Megatron's --normalization, --apply-layernorm-1p and --position-embedding-type. Here the defaults are the
+  // Qwen3-style model the nn tests were written for; the flags' defaults (LayerNorm, learned_absolute) are
+  // Megatron's (train/config.h).
+  NormKind normalization = NormKind::RMSNorm;
+  bool zero_centered_gamma = false;
+  PositionEmbeddingType position_embedding = PositionEmbeddingType::Rope;
+  NormConfig norm() const { return {normalization, norm_eps, zero_centered_gamma}; }
 };
 
 // Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.
@@ -51,8 +59,9 @@ class GPTModel {
  public:
   struct Stash {
     Embedding::Stash emb;
+    PositionEmbedding::Stash pos;
     std::vector<TransformerLayer::Stash> layers;
-    RMSNorm::Stash final_norm;
+    Norm::Stash final_norm;
     Linear::Stash output;
     Tensor labels_T, mask_T, logits_TV, lse_T;  // logits: this rank's vocabulary columns
     int64_t S = 0, B = 0;
@@ -102,7 +111,8 @@ class GPTModel {
   GPTConfig cfg_;
   Embedding embedding_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
-  RMSNorm final_norm_;
+  std::unique_ptr<PositionEmbedding> position_;  // learned_absolute only
+  Norm final_norm_;
   std::unique_ptr<Linear> output_;
   HiddenDropout embedding_dropout_;
   bool training_ = true;

@@ -7,10 +7,10 @@
 namespace moecore::nn {
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
-                                   double norm_eps, std::unique_ptr<FeedForward> ffn, double hidden_dropout)
-    : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm_eps),
+                                   const NormConfig& norm, std::unique_ptr<FeedForward> ffn, double hidden_dropout)
+    : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm),
       attn_(reg, name + ".self_attention", attn),
-      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm_eps),
+      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm),
       ffn_(std::move(ffn)),
       attn_dropout_(name + ".self_attn_bda.hidden_dropout", hidden_dropout, attn.tp),
       mlp_dropout_(name + ".mlp_bda.hidden_dropout", hidden_dropout, attn.tp),

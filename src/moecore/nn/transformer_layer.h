@@ -1,6 +1,6 @@
-// Pre-norm transformer layer: h = x + Attention(RMSNorm(x));  y = h + FFN(RMSNorm(h)). The FFN slot holds a dense
-// MLP or an MoE layer. In training, hidden dropout drops elements of each block's output before its residual add
-// (Megatron's bias-dropout-add; the linears here carry no bias into it).
+// Pre-norm transformer layer: h = x + Attention(Norm(x));  y = h + FFN(Norm(h)) (Norm: RMSNorm or LayerNorm). The FFN
+// slot holds a dense MLP or an MoE layer. In training, hidden dropout drops elements of each block's output before
+// its residual add (Megatron's bias-dropout-add; the linears here carry no bias into it).
 #pragma once
 
 #include <memory>
@@ -9,21 +9,21 @@
 #include "moecore/nn/attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/feed_forward.h"
+#include "moecore/nn/norm.h"
 #include "moecore/nn/probe.h"
-#include "moecore/nn/rmsnorm.h"
 
 namespace moecore::nn {
 
 class TransformerLayer {
  public:
   struct Stash {
-    RMSNorm::Stash input_norm, pre_mlp_norm;
+    Norm::Stash input_norm, pre_mlp_norm;
     Attention::Stash attn;
     std::unique_ptr<FeedForward::Stash> ffn;
     DropoutBatch dropout;  // set by the caller before forward (the model: training flag, seed, sample indices)
   };
 
-  TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn, double norm_eps,
+  TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn, const NormConfig& norm,
                    std::unique_ptr<FeedForward> ffn, double hidden_dropout = 0);
   Stash make_stash() const;
   Tensor forward(const Tensor& x_SBH, Stash& st);
@@ -34,9 +34,9 @@ class TransformerLayer {
   const FeedForward& ffn() const { return *ffn_; }
 
  private:
-  RMSNorm input_norm_;
+  Norm input_norm_;
   Attention attn_;
-  RMSNorm pre_mlp_norm_;
+  Norm pre_mlp_norm_;
   std::unique_ptr<FeedForward> ffn_;
   HiddenDropout attn_dropout_, mlp_dropout_;
   std::string name_;

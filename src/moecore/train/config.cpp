@@ -201,6 +201,9 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   g.qk_layernorm = c.qk_layernorm;
   g.untie_embeddings_and_output_weights = c.untie_embeddings_and_output_weights;
   g.norm_eps = c.norm_epsilon;
+  g.normalization = nn::parse_norm_kind(c.normalization);
+  g.zero_centered_gamma = c.apply_layernorm_1p;
+  g.position_embedding = nn::parse_position_embedding_type(c.position_embedding_type);
   g.init_method_std = c.init_method_std;
   g.activation = c.swiglu ? kernels::Activation::SwiGLU
                           : (c.squared_relu ? kernels::Activation::SquaredReLU : kernels::Activation::GeLU);

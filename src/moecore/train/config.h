@@ -30,7 +30,8 @@ struct TrainConfig {
   bool qk_layernorm = false;
   int64_t seq_length = 256, max_position_embeddings = 0;
   double rotary_base = 10000, rotary_percent = 1.0;
-  std::string position_embedding_type = "rope", normalization = "RMSNorm";
+  std::string position_embedding_type = "learned_absolute", normalization = "LayerNorm";  // Megatron's defaults
+  bool apply_layernorm_1p = false, no_position_embedding = false;
   double norm_epsilon = 1e-5;
   bool untie_embeddings_and_output_weights = false;
   bool swiglu = false, squared_relu = false;

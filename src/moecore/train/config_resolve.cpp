@@ -156,9 +156,11 @@ void validate(const TrainConfig& c) {
   pos(c.num_attention_heads, "num-attention-heads");
   pos(c.seq_length, "seq-length");
   pos(c.micro_batch_size, "micro-batch-size");
-  MOE_CHECK(c.position_embedding_type == "rope", "--position-embedding-type {} is rejected: moecore has rope only",
+  // Megatron: --no-position-embedding is deprecated and allowed only where it changes nothing (rope).
+  MOE_CHECK(!c.no_position_embedding || c.position_embedding_type == "rope",
+            "--no-position-embedding with --position-embedding-type {} is refused (as Megatron: the flag is "
+            "deprecated); use --position-embedding-type none for no position embeddings",
             c.position_embedding_type);
-  MOE_CHECK(c.normalization == "RMSNorm", "--normalization {} is rejected: moecore has RMSNorm only", c.normalization);
   MOE_CHECK(!(c.swiglu && c.squared_relu), "--swiglu and --squared-relu are exclusive");
   MOE_CHECK(c.kv_channels != 0, "--hidden-size {} is not divisible by --num-attention-heads {}; set --kv-channels",
             c.hidden_size, c.num_attention_heads);
@@ -169,7 +171,8 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.max_position_embeddings >= c.seq_length, "--max-position-embeddings {} is below --seq-length {}",
             c.max_position_embeddings, c.seq_length);
   MOE_CHECK(c.rotary_percent > 0 && c.rotary_percent <= 1, "--rotary-percent must be in (0, 1]");
-  MOE_CHECK(std::llround(static_cast<double>(c.kv_channels) * c.rotary_percent) / 2 * 2 >= 2,
+  MOE_CHECK(c.position_embedding_type != "rope" ||
+                std::llround(static_cast<double>(c.kv_channels) * c.rotary_percent) / 2 * 2 >= 2,
             "--kv-channels {} x --rotary-percent {} rotates fewer than 2 dimensions of each head (RoPE rotates "
             "pairs); raise either",
             c.kv_channels, c.rotary_percent);

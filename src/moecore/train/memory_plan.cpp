@@ -69,8 +69,11 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   const double N = static_cast<double>(c.num_attention_heads), G = static_cast<double>(c.num_query_groups);
   const double V = static_cast<double>(padded_vocab), L = static_cast<double>(c.num_layers);
   const double glu = c.swiglu ? 3.0 : 2.0, bias = c.disable_bias_linear ? 0.0 : 1.0;
+  const double norm = c.normalization == "LayerNorm" ? 2.0 : 1.0;  // weight (+ bias) per norm
+  const double positions =
+      c.position_embedding_type == "learned_absolute" ? static_cast<double>(c.max_position_embeddings) * H : 0.0;
   const double attn =
-      H * (N + 2 * G) * D + N * D * H + 2 * H + (c.qk_layernorm ? 2 * D : 0) + bias * ((N + 2 * G) * D + H);
+      H * (N + 2 * G) * D + N * D * H + norm * (2 * H + (c.qk_layernorm ? 2 * D : 0)) + bias * ((N + 2 * G) * D + H);
   const double dense_ffn = glu * H * static_cast<double>(c.ffn_hidden_size) + bias * (H + glu / 2 * H);
   double moe_layers = 0;
   if (c.num_experts > 0)
@@ -78,8 +81,8 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   const double E = static_cast<double>(c.num_experts), Fs = static_cast<double>(c.moe_shared_expert_intermediate_size);
   const double moe_dense = E * H + glu * H * Fs + (c.moe_shared_expert_gate ? H : 0);
   ParamCounts p;
-  p.dense = V * H * (c.untie_embeddings_and_output_weights ? 2 : 1) + H + L * attn + (L - moe_layers) * dense_ffn +
-            moe_layers * moe_dense;
+  p.dense = V * H * (c.untie_embeddings_and_output_weights ? 2 : 1) + positions + norm * H + L * attn +
+            (L - moe_layers) * dense_ffn + moe_layers * moe_dense;
   p.expert = moe_layers * E * glu * H * static_cast<double>(c.moe_ffn_hidden_size);
   p.dense /= static_cast<double>(tp);
   p.expert /= static_cast<double>(ep_etp);

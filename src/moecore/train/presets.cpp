@@ -16,6 +16,7 @@ const std::vector<Preset>& presets() {
   static const std::vector<Preset> all = {
       {"tiny-moe",
        [](TrainConfig& x) {  // the demo: 8 experts, top-2, a few million parameters
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";  // not Megatron's defaults
          x.num_layers = 4, x.hidden_size = 256, x.num_attention_heads = 4, x.group_query_attention = true;
          x.num_query_groups = 2, x.ffn_hidden_size = 512, x.swiglu = true, x.disable_bias_linear = true;
          x.num_experts = 8, x.moe_router_topk = 2, x.moe_ffn_hidden_size = 256;
@@ -26,6 +27,7 @@ const std::vector<Preset>& presets() {
        }},
       {"mixtral",
        [](TrainConfig& x) {  // softmax top-2 over 8 experts, no shared expert, GQA, untied output
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";  // not Megatron's defaults
          x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.group_query_attention = true;
          x.num_query_groups = 2, x.swiglu = true, x.disable_bias_linear = true, x.rotary_base = 1e6;
          x.untie_embeddings_and_output_weights = true, x.num_experts = 8, x.moe_router_topk = 2;
@@ -34,6 +36,7 @@ const std::vector<Preset>& presets() {
        }},
       {"qwen3-moe",
        [](TrainConfig& x) {  // qk-norm, fine-grained experts, top-8, fp32 router
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";  // not Megatron's defaults
          x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.kv_channels = 64;
          x.group_query_attention = true, x.num_query_groups = 2, x.qk_layernorm = true, x.swiglu = true;
          x.disable_bias_linear = true, x.rotary_base = 1e6, x.untie_embeddings_and_output_weights = true;
@@ -43,6 +46,7 @@ const std::vector<Preset>& presets() {
        }},
       {"olmoe",
        [](TrainConfig& x) {  // qk-norm, 64 experts top-8 scaled down, aux and z losses
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";  // not Megatron's defaults
          x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.qk_layernorm = true, x.swiglu = true;
          x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.num_experts = 32;
          x.moe_router_topk = 4, x.moe_ffn_hidden_size = 128, x.ffn_hidden_size = 1024;
@@ -51,6 +55,7 @@ const std::vector<Preset>& presets() {
        }},
       {"deepseek-v3",
        [](TrainConfig& x) {  // sigmoid, groups, expert bias, scaling, shared expert, first layer dense
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";  // not Megatron's defaults
          x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.swiglu = true;
          x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.ffn_hidden_size = 1024;
          x.num_experts = 32, x.moe_router_topk = 4, x.moe_ffn_hidden_size = 128;

@@ -69,6 +69,7 @@ void run_bench_checkpoint(const CheckpointBenchArgs& a) {
   // About 55 M parameters: 0.66 GB of weights and Adam moments per checkpoint.
   const train::TrainConfig cfg = train::parse_train_config(
       bench_model_flags(ta,
+                        "--normalization RMSNorm --position-embedding-type rope "
                         "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --swiglu --disable-bias-linear "
                         "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 --seq-length 64 "
                         "--micro-batch-size 1 --global-batch-size 1 --vocab-size 32000"));

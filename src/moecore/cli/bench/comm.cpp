@@ -14,6 +14,7 @@ namespace {
 void run_bench_comm(const TrainBenchArgs& a) {
   const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
       a,
+      "--normalization RMSNorm --position-embedding-type rope "
       "--num-layers 2 --hidden-size 256 --num-attention-heads 8 --swiglu --disable-bias-linear --num-experts 8 "
       "--moe-router-topk 2 --moe-ffn-hidden-size 256 --moe-router-force-load-balancing --seq-length 256 "
       "--micro-batch-size 2 --global-batch-size 8 --vocab-size 4096"));

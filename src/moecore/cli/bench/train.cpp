@@ -19,6 +19,7 @@ void run_bench_train(const TrainBenchArgs& a) {
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
   const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
       a,
+      "--normalization RMSNorm --position-embedding-type rope "
       "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 4 "
       "--swiglu --disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
       "--moe-aux-loss-coeff 1e-2 --seq-length 256 --micro-batch-size 4 --global-batch-size 8 --vocab-size 32000"));

@@ -1,0 +1,18 @@
+// LayerNorm over the last dimension: y = (x − mean)·rstd·w + b, rstd = 1/sqrt(var + eps), var the biased variance.
+// Not RMSNorm (rmsnorm.h). Backward writes dx and accumulates dw and db (+=), as every backward here does for
+// parameter gradients.
+#pragma once
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::kernels {
+
+// x_TH [T, H], w_H [H], b_H [H] -> y_TH [T, H], mean_T and rstd_T [T] (kept for backward). Rows may be any leading
+// shape.
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T);
+// dy_TH -> dx_TH (written), dw_H and db_H (accumulated).
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H);
+
+}  // namespace moecore::kernels

@@ -1,0 +1,56 @@
+// Norm module (see norm.h).
+#include "moecore/nn/norm.h"
+
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/layernorm.h"
+#include "moecore/kernels/cpu/rmsnorm.h"
+
+namespace moecore::nn {
+
+NormKind parse_norm_kind(std::string_view s) {
+  if (s == "RMSNorm") return NormKind::RMSNorm;
+  MOE_CHECK(s == "LayerNorm", "--normalization {} is not supported; use LayerNorm or RMSNorm", s);
+  return NormKind::LayerNorm;
+}
+
+Norm::Norm(ParamRegistry& reg, const std::string& name, int64_t dim, const NormConfig& cfg) : cfg_(cfg) {
+  weight_ = &reg.add(name + ".weight", {dim}, cfg.zero_centered_gamma ? InitRule::zeros() : InitRule::ones(),
+                     /*no_weight_decay=*/true);
+  if (cfg.kind == NormKind::LayerNorm) bias_ = &reg.add(name + ".bias", {dim}, InitRule::zeros(), true);
+}
+
+const Tensor& Norm::gamma() {
+  if (!cfg_.zero_centered_gamma) return weight_->value;
+  // d(1 + w)/dw = 1, so the kernels' weight gradient is the parameter's.
+  if (!gamma_.defined() || gamma_.dtype() != weight_->value.dtype())
+    gamma_ = Tensor::empty(weight_->value.shape(), weight_->value.dtype());
+  kernels::fill_(gamma_, 1.0);
+  kernels::add_(gamma_, weight_->value);
+  return gamma_;
+}
+
+Tensor Norm::forward(const Tensor& x, Stash& st) {
+  st.x = x;
+  st.rstd = Tensor::empty({x.rows()}, x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  if (cfg_.kind == NormKind::LayerNorm) {
+    st.mean = Tensor::empty({x.rows()}, x.dtype());
+    kernels::layernorm_forward(x, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
+  } else {
+    kernels::rmsnorm_forward(x, gamma(), cfg_.eps, y, st.rstd);
+  }
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy, Stash& st) {
+  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype());
+  const Tensor dy_x = dy.reshape(st.x.shape());
+  if (cfg_.kind == NormKind::LayerNorm)
+    kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad, bias_->grad);
+  else
+    kernels::rmsnorm_backward(dy_x, st.x, gamma(), st.rstd, dx, weight_->grad);
+  st = Stash{};
+  return dx;
+}
+
+}  // namespace moecore::nn

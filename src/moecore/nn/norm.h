@@ -1,0 +1,45 @@
+// The normalization every norm slot uses (input_layernorm, pre_mlp_layernorm, final_layernorm, q/k_layernorm):
+// RMSNorm or LayerNorm by configuration (Megatron's --normalization), over the last dimension. Weight init ones
+// (zeros with zero-centred gamma, Megatron's --apply-layernorm-1p: the scale is 1 + weight), LayerNorm's bias
+// zeros; both excluded from weight decay as Megatron's 1-D parameters are. Parameters are `name.weight` and, for
+// LayerNorm, `name.bias`, replicated over tensor parallelism (their gradients are summed over TP under sequence
+// parallelism, as for every replicated parameter: see parameter.h).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "moecore/nn/parameter.h"
+
+namespace moecore::nn {
+
+enum class NormKind { RMSNorm, LayerNorm };
+// "RMSNorm" or "LayerNorm" (Megatron's spelling); anything else is refused.
+NormKind parse_norm_kind(std::string_view s);
+
+struct NormConfig {
+  NormKind kind = NormKind::RMSNorm;
+  double eps = 1e-5;
+  bool zero_centered_gamma = false;
+};
+
+class Norm {
+ public:
+  struct Stash {
+    Tensor x, mean, rstd;  // mean: LayerNorm only
+  };
+  Norm(ParamRegistry& reg, const std::string& name, int64_t dim, const NormConfig& cfg);
+  // x [..., dim] -> y (same shape)
+  Tensor forward(const Tensor& x, Stash& st);
+  Tensor backward(const Tensor& dy, Stash& st);
+
+ private:
+  // The scale the kernels apply: the weight, or 1 + weight with zero-centred gamma.
+  const Tensor& gamma();
+  NormConfig cfg_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor gamma_;  // 1 + weight, refreshed by gamma() (zero-centred gamma only)
+};
+
+}  // namespace moecore::nn
