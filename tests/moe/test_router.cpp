@@ -310,7 +310,7 @@ TEST(Router, RejectsBadConfigurations) {
   EXPECT_THROW(moe::validate(c), Error);
   c.pad_to_capacity = false;
   EXPECT_NO_THROW(moe::validate(c));
-  EXPECT_THROW(moe::parse_load_balancing_type("sinkhorn"), Error);
+  EXPECT_THROW(moe::parse_load_balancing_type("quantile_balancing"), Error);
 }
 
 }  // namespace

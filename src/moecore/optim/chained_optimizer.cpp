@@ -25,6 +25,12 @@ class ReplicatedAdamW : public ParamClassOptimizer {
     for (size_t i = 0; i < params().size(); i++) sq += weights_[i] * kernels::sum_squares(params()[i]->grad);
     return sq;
   }
+  double zero_share() const override {
+    double z = 0;
+    for (size_t i = 0; i < params().size(); i++)
+      z += weights_[i] * static_cast<double>(kernels::count_zeros(params()[i]->grad));
+    return z;
+  }
   void step(const kernels::AdamWParams& hp, int64_t step) override { adam_.step(hp, step); }
   void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const override {
     m = adam_.exp_avg();
@@ -123,16 +129,22 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
 
 double ChainedOptimizer::finish_gradients(std::vector<double>& riders) {
   // Dense and expert gradients are both scaled by 1/DP, Megatron's 1/(DP·CP).
-  double sq = 0;
-  for (auto& part : parts_) sq += part->reduce_gradients(1.0 / dp_size_);
+  double sq = 0, zeros = 0;
+  for (auto& part : parts_) {
+    sq += part->reduce_gradients(1.0 / dp_size_);
+    zeros += part->zero_share();
+  }
   if (g_.world) {
-    Tensor u = Tensor::empty({static_cast<int64_t>(riders.size()) + 1}, DType::F64);
+    Tensor u = Tensor::empty({static_cast<int64_t>(riders.size()) + 2}, DType::F64);
     u.set_item(0, sq);
-    for (size_t i = 0; i < riders.size(); i++) u.set_item(static_cast<int64_t>(i) + 1, riders[i]);
+    u.set_item(1, zeros);
+    for (size_t i = 0; i < riders.size(); i++) u.set_item(static_cast<int64_t>(i) + 2, riders[i]);
     g_.world->all_reduce(u);
     sq = u.item(0);
-    for (size_t i = 0; i < riders.size(); i++) riders[i] = u.item(static_cast<int64_t>(i) + 1);
+    zeros = u.item(1);
+    for (size_t i = 0; i < riders.size(); i++) riders[i] = u.item(static_cast<int64_t>(i) + 2);
   }
+  num_zeros_ = std::llround(zeros);
   return std::sqrt(sq);
 }
 

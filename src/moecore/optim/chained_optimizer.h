@@ -52,6 +52,9 @@ class ChainedOptimizer {
   // Finishes every reduction and returns the global gradient norm (before clipping). `riders` are summed over all
   // ranks in the same collective (a stop request, say), so they cost no extra round.
   double finish_gradients(std::vector<double>& riders);
+  // The zero entries of the gradients the last finish_gradients reduced, every element counted once over all ranks
+  // (Megatron's --log-num-zeros-in-grad; summed in the same collective as the norm).
+  int64_t num_zeros_in_grad() const { return num_zeros_; }
   // Clipping by `grad_norm` (applied as AdamW reads each gradient) and one AdamW update at learning rate `lr`.
   // `decoupled_lr` (≥ 0, with OptimizerConfig::decoupled): the embedding's and output layer's rate.
   void step(double lr, double grad_norm, int64_t iteration, double decoupled_lr = -1);
@@ -72,6 +75,7 @@ class ChainedOptimizer {
   std::vector<nn::Parameter*> params_;
   std::map<const nn::Parameter*, size_t> index_;  // position in params_
   OptimizerGroups g_;
+  int64_t num_zeros_ = 0;
   OptimizerConfig cfg_;
   double dp_size_;
   SequenceParallelGrads sp_;

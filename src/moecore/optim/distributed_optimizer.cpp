@@ -108,6 +108,7 @@ double ShardedAdamW::reduce_gradients(double scale) {
   for (size_t b = 0; b < buckets_.size(); b++)
     if (!buckets_[b].started) start_bucket(b);
   double sq = 0;
+  zeros_ = 0;
   for (auto& bk : buckets_) {
     bk.work.wait();
     bk.started = false;
@@ -115,7 +116,9 @@ double ShardedAdamW::reduce_gradients(double scale) {
     if (inter_) inter_->all_reduce(g);  // the other instances' sums of the same shard
     kernels::scale_(g, scale);
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
-      sq += s.norm_weight * kernels::sum_squares(grad_shard_.slice(off, len));
+      const Tensor part = grad_shard_.slice(off, len);
+      sq += s.norm_weight * kernels::sum_squares(part);
+      zeros_ += s.norm_weight * static_cast<double>(kernels::count_zeros(part));
     });
   }
   return sq;

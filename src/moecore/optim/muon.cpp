@@ -95,6 +95,13 @@ bool Muon::owns(const Unit& u) const {
   return !layer_wise_ || u.owner == group_->rank();
 }
 
+double Muon::zero_share() const {
+  double z = 0;
+  for (size_t i = 0; i < params_.size(); i++)
+    z += weights_[i] * static_cast<double>(kernels::count_zeros(params_[i]->grad));
+  return z;
+}
+
 double Muon::reduce_gradients(double scale) {
   buckets_.finish(scale);
   double sq = 0;

@@ -49,6 +49,7 @@ class Muon : public ParamClassOptimizer {
   const std::vector<nn::Parameter*>& params() const override { return params_; }
   void start_bucket(size_t b) override { buckets_.start(b); }
   double reduce_gradients(double scale) override;
+  double zero_share() const override;
   // hp: lr, weight_decay and grad_scale (clipping); the Adam moments are not used.
   void step(const kernels::AdamWParams& hp, int64_t step) override;
   // m: the momentum buffers, v: zeros (checkpoints keep one format); gathered from the owners under layer_wise.

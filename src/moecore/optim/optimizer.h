@@ -20,6 +20,9 @@ class ParamClassOptimizer {
   // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP). Returns this rank's
   // weighted share of the squared gradient norm (shares summed over all ranks count every element once).
   virtual double reduce_gradients(double scale) = 0;
+  // After reduce_gradients: this rank's weighted share of the zero entries of the reduced gradients (shares summed
+  // over all ranks count every element once; Megatron's --log-num-zeros-in-grad).
+  virtual double zero_share() const = 0;
   // AdamW with per-parameter weight decay; `step` ≥ 1.
   virtual void step(const kernels::AdamWParams& hp, int64_t step) = 0;
   // The Adam moments whole per parameter (collective where sharded), and back.

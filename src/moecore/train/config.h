@@ -101,6 +101,7 @@ struct TrainConfig {
   std::string metrics_file;
   // Megatron's logging flags (train/metrics.cpp): the log line's throughput, params norm and gradient zeros;
   // --logging-level gates moecore's warnings as Python's logging level gates Megatron's (30: WARNING, the default).
+  int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: off (Megatron's None)
   bool log_throughput = false, log_params_norm = false, log_num_zeros_in_grad = false;
   int64_t logging_level = 30;
   // TensorBoard event files (train/tensorboard_log.h), written by the last rank as Megatron's are

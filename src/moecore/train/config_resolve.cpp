@@ -148,9 +148,6 @@ void validate(const TrainConfig& c) {
   }
   auto pos = [](int64_t v, const char* n) { MOE_CHECK(v > 0, "--{} must be positive, got {}", n, v); };
   // Logging flags (train/metrics.cpp).
-  MOE_CHECK(!(c.log_num_zeros_in_grad && c.use_distributed_optimizer),
-            "--log-num-zeros-in-grad with --use-distributed-optimizer is not implemented (each rank holds only its "
-            "shard of the reduced gradients); drop one of them");
   pos(c.num_layers, "num-layers");
   pos(c.hidden_size, "hidden-size");
   pos(c.num_attention_heads, "num-attention-heads");

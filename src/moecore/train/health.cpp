@@ -2,6 +2,7 @@
 #include "moecore/train/health.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <cmath>
 #include <limits>
@@ -76,6 +77,33 @@ std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn
   if (at == kNone) return "the re-run of the step found every value finite (a fault that does not repeat)";
   const std::string where = places.at(static_cast<size_t>(at));
   return world && world->size() > 1 ? fmt::format("{} on rank {}", where, rank) : where;
+}
+
+void check_weight_hashes_across_dp(const nn::ParamRegistry& reg, const ParallelGroups& g, int64_t iteration) {
+  for (const bool expert : {false, true}) {
+    const comm::ProcessGroup* group = ParallelGroups::active(expert ? g.edp : g.dp);
+    if (!group) continue;
+    std::vector<const nn::Parameter*> ps;
+    for (const auto& p : reg.all())
+      if (p->expert_parallel == expert) ps.push_back(p.get());
+    // Each hash as two 32-bit halves, exact in f64; equal on every replica iff max(h) == -max(-h).
+    const auto n = static_cast<int64_t>(ps.size());
+    Tensor hi = Tensor::empty({2 * n}, DType::F64), lo = Tensor::empty({2 * n}, DType::F64);
+    for (int64_t i = 0; i < n; i++) {
+      const uint64_t h = XXH3_64bits(ps[i]->value.raw(), ps[i]->value.nbytes());
+      hi.set_item(i, static_cast<double>(h >> 32));
+      hi.set_item(n + i, -static_cast<double>(h >> 32));
+      lo.set_item(i, static_cast<double>(h & 0xffffffffu));
+      lo.set_item(n + i, -static_cast<double>(h & 0xffffffffu));
+    }
+    group->all_reduce(hi, comm::ReduceOp::Max);
+    group->all_reduce(lo, comm::ReduceOp::Max);
+    for (int64_t i = 0; i < n; i++)
+      MOE_CHECK(hi.item(i) == -hi.item(n + i) && lo.item(i) == -lo.item(n + i),
+                "--check-weight-hash-across-dp-replicas-interval: at iteration {} the {} replicas of {} differ "
+                "(their weights should be identical after every step); stopping",
+                iteration, expert ? "expert-data-parallel" : "data-parallel", ps[i]->name);
+  }
 }
 
 std::optional<std::string> StallAlarm::after_step(const StepResult& r) {

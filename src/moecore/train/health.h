@@ -13,6 +13,7 @@
 #include "moecore/data/gpt_dataset.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/train/metrics.h"
+#include "moecore/train/parallel_groups.h"
 #include "moecore/train/schedule.h"
 
 namespace moecore::train {
@@ -28,6 +29,11 @@ void check_parameters_finite(const nn::ParamRegistry& reg, const std::string& so
 std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn::ParamRegistry& reg,
                              const data::SampleSource& data, const data::SampleCursor& cursor, const MicroBatches& mb,
                              const comm::ProcessGroup* world);
+
+// Megatron's --check-weight-hash-across-dp-replicas-interval: every data-parallel replica of every parameter holds
+// the same bytes (dense parameters over DP, experts over EDP). Throws Error naming the first parameter that differs
+// and `iteration`. Collective over the DP and EDP groups; nothing for a single process.
+void check_weight_hashes_across_dp(const nn::ParamRegistry& reg, const ParallelGroups& g, int64_t iteration);
 
 // Warns once a run has not learned for `steps` steps in a row: a gradient norm of exactly zero (every gradient
 // zero), or an LM loss equal to ln(vocabulary rows) (uniform logits).

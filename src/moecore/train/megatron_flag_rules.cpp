@@ -1,38 +1,17 @@
 // The rules for Megatron-LM's flags that moecore's flag table does not hold (see megatron_flags.h), each
 // classified by reading what Megatron does with it. A flag named here must not be in the table and must be in
 // tests/train/megatron_flags.txt (tests/train/test_megatron_flags.cpp checks both, and that every flag has a rule).
-#include "moecore/train/megatron_flags.h"
+#include "moecore/train/megatron_flag_rule_builders.h"
 
 namespace moecore::train {
 namespace {
 
-using Names = std::vector<std::string>;
-
-FlagRule no_effect(std::string why, Names names, Names prefixes = {}) {
-  return {RuleKind::NoEffect, std::move(why), std::move(names), std::move(prefixes), {}, {}};
-}
-FlagRule refused(std::string why, Names names, Names prefixes = {}) {
-  return {RuleKind::Refused, std::move(why), std::move(names), std::move(prefixes), {}, {}};
-}
-
-const char* const kNotYet = " is not implemented in moecore yet";
-std::string not_yet(const std::string& feature, const std::string& instead = "") {
-  return feature + kNotYet + (instead.empty() ? "" : "; " + instead);
-}
+using namespace rule_builders;  // NOLINT(build/namespaces): the rule tables read as prose
 
 std::vector<FlagRule> build_rules() {
   std::vector<FlagRule> r;
-  // Being implemented in parallel (issue 17): remove when merged
-  {
-    const std::string issue17 = " (issue 17 adds it)";
-    r.push_back(refused(not_yet("dropout") + issue17, {"hidden-dropout", "attention-dropout"}));
-    r.push_back(
-        refused(not_yet("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
-    r.push_back(refused(not_yet("this optimizer") + issue17 + "; use --optimizer adam",
-                        {"sgd-momentum", "num-distributed-optimizer-instances", "decoupled-lr", "decoupled-min-lr"},
-                        {"muon-"}));
-  }
-  // end of the block being implemented in parallel
+  r.push_back(
+      refused(not_yet("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
 
   // --- Features another issue will implement: refused with the feature named --------------------------------------
   const std::string pp = not_yet("pipeline parallelism", "run with --pipeline-model-parallel-size 1");

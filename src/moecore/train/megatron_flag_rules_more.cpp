@@ -1,25 +1,12 @@
 // The rules for Megatron-LM's flags, continued (see megatron_flag_rules.cpp): numerics, implementation selectors,
 // communication, data and tokenizers, logging and profiling, resilience, model features, MoE, and the areas that
 // are not GPT pretraining.
-#include "moecore/train/megatron_flags.h"
+#include "moecore/train/megatron_flag_rule_builders.h"
 
 namespace moecore::train {
 namespace {
 
-using Names = std::vector<std::string>;
-
-FlagRule no_effect(std::string why, Names names, Names prefixes = {}) {
-  return {RuleKind::NoEffect, std::move(why), std::move(names), std::move(prefixes), {}, {}};
-}
-FlagRule refused(std::string why, Names names, Names prefixes = {}) {
-  return {RuleKind::Refused, std::move(why), std::move(names), std::move(prefixes), {}, {}};
-}
-FlagRule no_effect_for(Names names, Names values, std::string why, std::string otherwise) {
-  return {RuleKind::NoEffectFor, std::move(why), std::move(names), {}, std::move(values), std::move(otherwise)};
-}
-std::string not_yet(const std::string& feature, const std::string& instead = "") {
-  return feature + " is not implemented in moecore yet" + (instead.empty() ? "" : "; " + instead);
-}
+using namespace rule_builders;  // NOLINT(build/namespaces): the rule tables read as prose
 std::string not_gpt(const std::string& area) {
   return area + " is not a GPT pretraining feature: not implemented in moecore";
 }
@@ -211,9 +198,8 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
                             "it appeared (docs/differences.md)",
                             "statistics on the variability of re-run iterations are not implemented in moecore"));
   r.push_back(refused(not_yet("result validation and fault injection"),
-                      {"check-for-large-grads", "check-for-spiky-loss", "check-weight-hash-across-dp-replicas-interval",
-                       "error-injection-rate", "error-injection-type", "result-rejected-tracker-filename",
-                       "no-check-for-nan-in-loss-and-grad"},
+                      {"check-for-large-grads", "check-for-spiky-loss", "error-injection-rate", "error-injection-type",
+                       "result-rejected-tracker-filename", "no-check-for-nan-in-loss-and-grad"},
                       {"fault-injector-"}));
   r.push_back(refused(not_yet("this training option"),
                       {"exit-signal-handler-for-training", "decrease-batch-size-if-needed", "step-batch-size-schedule",
@@ -227,8 +213,7 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
 
 void model_features(std::vector<FlagRule>& r) {
   r.push_back(refused(not_yet("this architecture change"),
-                      {"apply-layernorm-1p",
-                       "apply-residual-connection-post-layernorm",
+                      {"apply-residual-connection-post-layernorm",
                        "add-qkv-bias",
                        "attention-output-gate",
                        "activation-func-clamp-value",
@@ -256,8 +241,9 @@ void model_features(std::vector<FlagRule>& r) {
   r.push_back(no_effect("acts only with --use-rope-scaling (refused in moecore)", {"rope-scaling-factor"}));
   r.push_back(no_effect("acts only with --position-embedding-type relative (moecore has rope)",
                         {"relative-attention-num-buckets", "relative-attention-max-distance"}));
-  r.push_back(no_effect("Megatron Core builds position embeddings from --position-embedding-type (rope here) alone",
-                        {"no-position-embedding", "use-rotary-position-embeddings"}));
+  r.push_back(no_effect("Megatron Core builds position embeddings from --position-embedding-type alone",
+                        {"use-rotary-position-embeddings"}));
+  r.push_back(no_effect("a kernel choice for Muon's Gram products (Triton SYRK): the same math", {"muon-use-syrk"}));
   r.push_back(no_effect_for({"rope-type"}, {"rope"}, "plain RoPE, as moecore applies", "YaRN is not implemented"));
   r.push_back(no_effect_for({"softmax-type"}, {"vanilla"}, "the plain attention softmax, as moecore computes",
                             "off-by-one and learnable softmax are not implemented in moecore"));

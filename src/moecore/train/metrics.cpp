@@ -80,40 +80,25 @@ void router_losses(const TrainConfig& c, const nn::GPTModel& model, const Parall
   }
 }
 
-namespace {
-int64_t count_zeros(const Tensor& t) {
-  int64_t z = 0;
-  MOE_DISPATCH_FLOAT(t.dtype(), R, {
-    const R* v = t.data<R>();
-    for (int64_t i = 0; i < t.numel(); i++) z += v[i] == R(0);
-  });
-  return z;
-}
-}  // namespace
-
 void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r) {
-  if (!c.log_params_norm && !c.log_num_zeros_in_grad) return;
+  if (!c.log_params_norm) return;
   // The ranks holding the same values: experts' over EDP; dense over DP×CP, and over TP too unless split by TP
   // (Megatron's param_is_not_tensor_parallel_duplicate). The same weights as the optimizer's gradient norm.
   const double dp = static_cast<double>(ParallelGroups::size(g.dp)),
                tp = static_cast<double>(ParallelGroups::size(g.tp));
   const double edp = static_cast<double>(ParallelGroups::size(g.edp));
-  double sq = 0, zeros = 0;
+  double sq = 0;
   for (const auto& p : reg.all()) {
     const double w = p->expert_parallel ? 1.0 / edp : 1.0 / (dp * (p->tensor_parallel ? 1.0 : tp));
-    if (c.log_params_norm) sq += w * kernels::sum_squares(p->value);
-    if (c.log_num_zeros_in_grad) zeros += w * static_cast<double>(count_zeros(p->grad));
+    sq += w * kernels::sum_squares(p->value);
   }
   if (g.distributed()) {
-    Tensor u = Tensor::empty({2}, DType::F64);
+    Tensor u = Tensor::empty({1}, DType::F64);
     u.set_item(0, sq);
-    u.set_item(1, zeros);
     g.world->all_reduce(u);
     sq = u.item(0);
-    zeros = u.item(1);
   }
   r.params_norm = std::sqrt(sq);
-  r.num_zeros = std::llround(zeros);
 }
 
 void IntervalSums::add(const StepResult& r) {

@@ -37,10 +37,10 @@ struct StepResult {
 // shares are parts of one global-batch loss: summed). Collective over the TP×DP group.
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r);
 
-// Megatron's calc_params_l2_norm (--log-params-norm) and count_zeros_fp32 (--log-num-zeros-in-grad) into r: every
-// parameter element counted once whatever the layout (a rank weighs its share by 1 over the ranks holding the same
-// values, as the gradient norm does), summed over the world. Call after the update, before the next zero_grad.
-// Collective over the world when either flag is set; nothing otherwise.
+// Megatron's calc_params_l2_norm (--log-params-norm) into r: every parameter element counted once whatever the
+// layout (a rank weighs its share by 1 over the ranks holding the same values, as the gradient norm does), summed
+// over the world. Call after the update. Collective over the world with the flag; nothing otherwise.
+// (--log-num-zeros-in-grad: ChainedOptimizer::num_zeros_in_grad, counted as the gradients are reduced.)
 void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r);
 
 // Sums of the steps since the last log line (checkpointed, so a resumed run logs the same averages).

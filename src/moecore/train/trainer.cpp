@@ -168,7 +168,8 @@ StepResult Trainer::train_step() {
   r.optimizer_seconds = now_seconds() - t1;
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);
-  param_stats(cfg_, reg_, *groups_, r);      // --log-params-norm, --log-num-zeros-in-grad
+  param_stats(cfg_, reg_, *groups_, r);      // --log-params-norm
+  r.num_zeros = opt_->num_zeros_in_grad();   // --log-num-zeros-in-grad: counted as the gradients were reduced
   if (async_written) ckpt_->finish_async();  // every rank's files are written: the save becomes visible
   return r;
 }
@@ -237,6 +238,9 @@ void Trainer::train_loop() {
     if (cfg_.log_params_norm) extra.emplace_back("params-norm", r.params_norm);
     if (cfg_.log_num_zeros_in_grad) extra.emplace_back("num-zeros", static_cast<double>(r.num_zeros));
     tb_->after_step(it, progress_.cursor.consumed_samples, r, *model_, extra);
+    if (cfg_.check_weight_hash_across_dp_replicas_interval > 0 &&
+        it % cfg_.check_weight_hash_across_dp_replicas_interval == 0)
+      check_weight_hashes_across_dp(reg_, *groups_, it);
     // Warnings are Python logging's WARNING (30) in Megatron: shown unless --logging-level is above it.
     if (const auto warning = stall_->after_step(r); warning && cfg_.logging_level <= 30) {
       if (tty) fmt::print(out_, "\r\033[K");

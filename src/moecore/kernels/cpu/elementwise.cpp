@@ -91,6 +91,15 @@ double sum_squares(const Tensor& a) {
   return dot(a, a);
 }
 
+int64_t count_zeros(const Tensor& a) {
+  int64_t z = 0;
+  MOE_DISPATCH_FLOAT(a.dtype(), R, {
+    const R* v = a.data<R>();
+    for (int64_t i = 0; i < a.numel(); i++) z += v[i] == R(0);
+  });
+  return z;
+}
+
 }  // namespace moecore::kernels
 
 namespace moecore::kernels {

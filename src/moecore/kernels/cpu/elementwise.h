@@ -13,6 +13,8 @@ void fill_(Tensor& a, double v);
 double sum(const Tensor& a);
 double dot(const Tensor& a, const Tensor& b);
 double sum_squares(const Tensor& a);
+// Entries exactly zero (Megatron's count_zeros_fp32 of a gradient).
+int64_t count_zeros(const Tensor& a);
 
 }  // namespace moecore::kernels
 
