@@ -89,7 +89,7 @@ CONFIGS = [
            --overlap-param-gather --ddp-average-in-collective --dist-ckpt-strictness log_all
            --attention-backend unfused --no-bias-gelu-fusion --async-save --use-persistent-ckpt-worker""",
          refused=[TORCH_DIST]),
-    dict(name="tp2_ep2_multi_dist_optimizer_instances", np=4,
+    dict(name="tp2_ep2_multi_dist_optimizer_instances", np=8,  # 8 GPUs in Megatron's CI: EDP 2 for 2 instances
          source="moe/gpt3_mcore_te_tp2_pp1_resume_torch_dist_te_8experts2parallel_multi_dist_optimizer_instances",
          args=GPT3_MOE_COMMON + """--save-interval 50 --tensor-model-parallel-size 2
            --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --sequence-parallel --num-experts 8
@@ -207,7 +207,7 @@ def make_data(work):
     subprocess.run([MOECORE, "corpus", "fortunes", "--output", os.path.join(work, "all.jsonl")], check=True,
                    stdout=subprocess.DEVNULL)
     with open(os.path.join(work, "all.jsonl")) as f, open(os.path.join(work, "docs.jsonl"), "w") as g:
-        g.writelines(f.readlines()[:3000])
+        g.writelines(f.readlines()[:3000])  # the vocabulary from a part; the dataset all (--split 99990,8,2)
     subprocess.run([MOECORE, "train-tokenizer", "--input", os.path.join(work, "docs.jsonl"), "--json-keys", "text",
                     "--vocab-size", "512", "--output", os.path.join(work, "tok")], check=True,
                    stdout=subprocess.DEVNULL)
@@ -220,7 +220,7 @@ def make_data(work):
         f.write("#version: 0.2\n")
         for m in tok["model"]["merges"]:
             f.write((m if isinstance(m, str) else " ".join(m)) + "\n")
-    subprocess.run([MOECORE, "preprocess", "--input", os.path.join(work, "docs.jsonl"), "--output-prefix",
+    subprocess.run([MOECORE, "preprocess", "--input", os.path.join(work, "all.jsonl"), "--output-prefix",
                     os.path.join(base, "my-gpt3_00"), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
                     os.path.join(base, "bpe/vocab.json"), "--merge-file", os.path.join(base, "bpe/merges.txt"),
                     "--append-eod", "--workers", "1"], check=True, stdout=subprocess.DEVNULL)
