@@ -6,6 +6,7 @@
 
 #include "moecore/moe/router.h"
 #include "moecore/moe/token_dispatcher.h"
+#include "router_util.h"
 #include "test_util.h"
 
 namespace moecore {
@@ -14,28 +15,9 @@ namespace {
 using moe::Router;
 using moe::RouterConfig;
 
-// A router whose weight is the identity (H = E), so the logits equal the input rows.
-struct IdentityRouter {
-  nn::ParamRegistry reg{DType::F64};
-  Router router;
-  explicit IdentityRouter(RouterConfig c)
-      : router(reg, "router", (c.hidden = c.num_experts, c.router_dtype = DType::F64, c)) {
-    Tensor& w = router.weight().value;
-    w.zero_();
-    for (int64_t e = 0; e < c.num_experts; e++) w.set_item(e * c.num_experts + e, 1.0);
-  }
-};
-
-Tensor rows(std::vector<std::vector<double>> v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size()), static_cast<int64_t>(v[0].size())}, DType::F64);
-  for (size_t i = 0; i < v.size(); i++)
-    for (size_t j = 0; j < v[0].size(); j++) t.set_item(static_cast<int64_t>(i * v[0].size() + j), v[i][j]);
-  return t;
-}
-
-double sig(double x) {
-  return 1.0 / (1.0 + std::exp(-x));
-}
+using testing::IdentityRouter;
+using testing::rows;
+using testing::sig;
 
 // Token t's probability for expert e (0 if e is not among its kept choices), and whether it routes to e.
 double prob(const Router::Output& o, int64_t t, int64_t e) {

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "moecore/moe/router.h"
+#include "router_util.h"
 #include "test_util.h"
 
 namespace moecore {
@@ -17,28 +18,9 @@ namespace {
 using moe::Router;
 using moe::RouterConfig;
 
-// A router whose weight is the identity (H = E), so the logits equal the input rows.
-struct IdentityRouter {
-  nn::ParamRegistry reg{DType::F64};
-  Router router;
-  explicit IdentityRouter(RouterConfig c)
-      : router(reg, "router", (c.hidden = c.num_experts, c.router_dtype = DType::F64, c)) {
-    Tensor& w = router.weight().value;
-    w.zero_();
-    for (int64_t e = 0; e < c.num_experts; e++) w.set_item(e * c.num_experts + e, 1.0);
-  }
-};
-
-Tensor rows(const std::vector<std::vector<double>>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size()), static_cast<int64_t>(v[0].size())}, DType::F64);
-  for (size_t i = 0; i < v.size(); i++)
-    for (size_t j = 0; j < v[0].size(); j++) t.set_item(static_cast<int64_t>(i * v[0].size() + j), v[i][j]);
-  return t;
-}
-
-double sig(double x) {
-  return 1.0 / (1.0 + std::exp(-x));
-}
+using testing::IdentityRouter;
+using testing::rows;
+using testing::sig;
 
 std::vector<int64_t> sorted_ids(const Router::Output& o, int64_t t) {
   const int64_t K = o.idx_TK.dim(1);

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "config_util.h"
+#include "layout_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/rng.h"
 #include "moecore/moe/moe_layer.h"
@@ -18,22 +19,7 @@ namespace {
 
 using testing::operator+;
 
-// Trains `one` on a single rank and `multi` over the world for 5 steps; every step's figures must agree.
-void expect_same_steps(const train::TrainConfig& one, const train::TrainConfig& multi_cfg,
-                       const comm::ProcessGroup& w) {
-  std::FILE* null = std::fopen("/dev/null", "w");
-  train::Trainer single(one, null, false, nullptr), multi(multi_cfg, null, false, &w);
-  for (int step = 0; step < 5; step++) {
-    const auto a = single.train_step(), b = multi.train_step();
-    EXPECT_NEAR(b.lm_loss, a.lm_loss, 1e-5 * std::fabs(a.lm_loss)) << "step " << step;
-    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-5 * a.grad_norm) << "step " << step;
-    ASSERT_EQ(a.aux_losses.size(), b.aux_losses.size());
-    for (size_t t = 0; t < a.aux_losses.size(); t++)
-      EXPECT_NEAR(b.aux_losses[t], a.aux_losses[t], 1e-5 * std::fabs(a.aux_losses[t])) << "step " << step;
-    EXPECT_NEAR(b.z_loss, a.z_loss, 1e-5 * std::fabs(a.z_loss)) << "step " << step;
-  }
-  std::fclose(null);
-}
+using testing::expect_same_steps;
 
 // Every layout this world size allows (DP over all ranks; EP 2 and 4 folded over the data-parallel ranks).
 class Layouts : public ::testing::TestWithParam<std::tuple<int64_t, std::string, bool>> {};
