@@ -29,13 +29,19 @@ struct RowScratch {
   int32_t* groups;
 };
 
+// Groups take scratch only with --moe-router-group-topk (--moe-router-num-groups alone routes over all experts,
+// and is then not bounded by them).
+int64_t scratch_groups(const RouterConfig& c) {
+  return c.group_topk > 0 ? c.num_groups : 1;
+}
+
 int64_t scratch_words(const RouterConfig& c) {
-  const int64_t E = c.num_experts, G = std::max<int64_t>(c.num_groups, 1), K = c.topk;
+  const int64_t E = c.num_experts, G = scratch_groups(c), K = c.topk;
   return E + G + (2 * E + 7) / 8 + (K + G + 1) / 2;
 }
 
 RowScratch row_scratch(const RouterConfig& c, int64_t* w) {
-  const int64_t E = c.num_experts, G = std::max<int64_t>(c.num_groups, 1), K = c.topk;
+  const int64_t E = c.num_experts, G = scratch_groups(c), K = c.topk;
   RowScratch r{};
   r.sel = w;
   r.group_scores = w + E;
