@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
 #include "moecore/ckpt/manager.h"
 #include "moecore/ckpt/metadata.h"
@@ -37,6 +38,10 @@ Box box(const Shape& global, std::vector<int64_t> offset, const Shape& size) {
 template <typename T>
 T get(const nlohmann::json& c, const char* key, T fallback, const std::string& where) {
   if (!c.contains(key) || c[key].is_null()) return fallback;
+  // An integer field must hold an integer: get<int64_t>() casts a float, undefined beyond int64's range (found by
+  // fuzz_hf_config: "moe_intermediate_size": 3.3e124).
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    MOE_CHECK(c[key].is_number_integer(), "{}: '{}' must be an integer, got {}", where, key, c[key].dump());
   try {
     return c[key].get<T>();
   } catch (const nlohmann::json::exception&) {
