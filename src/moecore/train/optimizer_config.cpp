@@ -30,8 +30,7 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   return oc;
 }
 
-optim::LRSchedule decoupled_lr_schedule(const TrainConfig& c) {
-  optim::LRSchedule s = lr_schedule(c);
+optim::LRSchedule decoupled_lr_schedule(const TrainConfig& c, optim::LRSchedule s) {
   s.max_lr = c.decoupled_lr;
   if (c.decoupled_min_lr >= 0) s.min_lr = c.decoupled_min_lr;
   return s;

@@ -8,8 +8,9 @@
 namespace moecore::train {
 
 optim::OptimizerConfig optimizer_config(const TrainConfig& c);
-// --decoupled-lr's schedule (Megatron's max_lr/min_lr override for is_embedding_or_output_parameter): the --lr
-// schedule with --decoupled-lr as its peak and --decoupled-min-lr (if given) as its floor.
-optim::LRSchedule decoupled_lr_schedule(const TrainConfig& c);
+// --decoupled-lr's schedule (Megatron's max_lr/min_lr override for is_embedding_or_output_parameter): the run's
+// schedule `s` (the flags', or the checkpoint's) with --decoupled-lr as its peak and --decoupled-min-lr (if given)
+// as its floor.
+optim::LRSchedule decoupled_lr_schedule(const TrainConfig& c, optim::LRSchedule s);
 
 }  // namespace moecore::train

@@ -15,16 +15,14 @@ double loss_tokens(const data::Batch& b) {
 StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
                                         const data::SampleCursor& cursor, const MicroBatches& mb,
                                         optim::ChainedOptimizer& opt) {
-  auto batch = [&](int64_t m) {
-    return data::make_batch(data, cursor.micro_batch(m, mb.dp_rank, mb.dp_size, mb.size), mb.eod_mask_token);
-  };
+  auto samples = [&](int64_t m) { return cursor.micro_batch(m, mb.dp_rank, mb.dp_size, mb.size); };
   // Per-token loss needs the global batch's loss tokens before the first backward (Megatron divides by them in
   // finalize_model_grads; here the backward scales by them, so the bucket reductions can still overlap it).
   std::vector<data::Batch> batches;
   double global_tokens = 0;
   if (mb.per_token_loss) {
     for (int64_t m = 0; m < mb.count; m++) {
-      batches.push_back(batch(m));
+      batches.push_back(data::make_batch(data, samples(m), mb.eod_mask_token));
       global_tokens += loss_tokens(batches.back());
     }
     if (mb.dp) {
@@ -37,8 +35,9 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
   const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size);
   StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
-    const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)]) : batch(m);
-    stash.sample_B = cursor.micro_batch(m, mb.dp_rank, mb.dp_size, mb.size);  // dropout masks' sample indices
+    stash.sample_B = samples(m);  // also the dropout masks' sample indices
+    const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)])
+                                            : data::make_batch(data, stash.sample_B, mb.eod_mask_token);
     const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);
     loss.sum += mean * stash.mask_sum;
     loss.tokens += stash.mask_sum;

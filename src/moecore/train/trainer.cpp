@@ -163,7 +163,8 @@ StepResult Trainer::train_step() {
   // updated, routing statistics of the step snapshotted, counters reset.
   model_->finish_global_batch();
   progress_.iteration++;
-  const double decoupled_lr = cfg_.decoupled_lr >= 0 ? decoupled_lr_schedule(cfg_).lr(progress_.schedule_steps) : -1.0;
+  const double decoupled_lr =
+      cfg_.decoupled_lr >= 0 ? decoupled_lr_schedule(cfg_, progress_.schedule).lr(progress_.schedule_steps) : -1.0;
   opt_->step(r.lr, r.grad_norm, progress_.iteration, decoupled_lr);
   r.optimizer_seconds = now_seconds() - t1;
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
