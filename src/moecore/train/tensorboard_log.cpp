@@ -69,25 +69,18 @@ void TensorBoardLog::moe_losses(int64_t it, const StepResult& r, const nn::GPTMo
     if (const std::string n = loss_name(types[t]); !n.empty()) scalar(n, r.aux_losses[t], it);
   if (c_.moe_z_loss_coeff > 0) scalar("z_loss", r.z_loss, it);
   if (!c_.moe_per_layer_logging) return;
-  // Per layer: L / coeff averaged over the micro-batches, summed over TP, averaged over DP (global_aux_loss summed),
-  // as router_losses reduces the means. Rows: the load-balancing types, then z-loss; columns: every layer.
-  const int64_t L = static_cast<int64_t>(model.num_layers()), T = static_cast<int64_t>(types.size());
-  Tensor v = Tensor::zeros({T + 1, L}, DType::F64);
-  for (int64_t i = 0; i < L; i++) {
-    const nn::RoutingStats* s = model.routing_stats(static_cast<size_t>(i));
-    if (!s) continue;
-    const double mb = static_cast<double>(std::max<int64_t>(1, s->micro_batches));
-    for (int64_t t = 0; t < T && t < static_cast<int64_t>(s->loss_sums.size()); t++)
-      v.set_item(t * L + i, s->loss_sums[static_cast<size_t>(t)] / mb);
-    v.set_item(T * L + i, s->z_loss_sum / mb);
-  }
-  const double dp = static_cast<double>(g_.dp_size);
-  if (g_.distributed()) g_.tp_dp->all_reduce(v);
-  for (int64_t t = 0; t <= T; t++) {
-    const std::string n = t < T ? loss_name(types[static_cast<size_t>(t)]) : (c_.moe_z_loss_coeff > 0 ? "z_loss" : "");
+  // Per layer: router_losses' reductions (r.aux_layers, r.z_layers: the MoE layers in layer order); 0 for the
+  // dense layers, as Megatron's tracker writes every layer.
+  const size_t T = types.size();
+  for (size_t t = 0; t <= T; t++) {
+    const std::string n = t < T ? loss_name(types[t]) : (c_.moe_z_loss_coeff > 0 ? "z_loss" : "");
     if (n.empty()) continue;
-    const double div = t < T && types[static_cast<size_t>(t)] == "global_aux_loss" ? 1.0 : dp;
-    for (int64_t i = 0; i < L; i++) scalar(fmt::format("moe/{}_layer_{}", n, i), v.item(t * L + i) / div, it);
+    const std::vector<double>& per_moe_layer = t < T ? r.aux_layers.at(t) : r.z_layers;
+    size_t k = 0;  // the layer's index among the MoE layers
+    for (size_t i = 0; i < model.num_layers(); i++) {
+      const double v = model.routing_stats(i) ? per_moe_layer.at(k++) : 0.0;
+      scalar(fmt::format("moe/{}_layer_{}", n, i), v, it);
+    }
   }
 }
 

@@ -23,8 +23,8 @@ using Scalars = std::vector<std::pair<std::string, double>>;
 class TensorBoardLog {
  public:
   TensorBoardLog(const TrainConfig& c, const ParallelGroups& g);
-  // On every rank after each training step (collective with --moe-per-layer-logging and at
-  // --tensorboard-log-interval steps of an MoE model). At --tensorboard-log-interval steps: learning-rate,
+  // On every rank after each training step (collective at --tensorboard-log-interval steps of an MoE model; the
+  // per-layer losses come reduced in `r`, from router_losses). At --tensorboard-log-interval steps: learning-rate,
   // batch-size, lm loss, loss-scale, world-size, grad-norm, `extra`, mem-* (each with its " vs samples" twin but
   // mem-*) and moe/tokens_per_expert_layer_N histograms; at every step the MoE losses (load_balancing_loss, ...,
   // z_loss) and with --moe-per-layer-logging moe/<loss>_layer_N for every layer N (0 for dense layers).
