@@ -138,7 +138,7 @@ std::vector<FlagSpec> build_flag_table() {
        {"muon-num-ns-steps", &C::muon_num_ns_steps, "Newton-Schulz iterations", kNoRole, positive()},
        {"muon-tp-mode", &C::muon_tp_mode, "TP shards: whole matrix (duplicated, distributed) or per shard (blockwise)",
         kNoRole, one_of({"blockwise", "duplicated", "distributed"})},
-       {"muon-scalar-optimizer", &C::muon_scalar_optimizer, "Optimizer beside Muon (adam; lion is not implemented)",
+       {"muon-scalar-optimizer", &C::muon_scalar_optimizer, "Optimizer beside Muon: adam (Megatron's lion is refused)",
         kNoRole, one_of({"adam"})},
        {"train-samples", &C::train_samples, "Train on this many samples instead of --train-iters (0: unset)", kNoRole,
         at_least(0)},
