@@ -5,7 +5,12 @@
 #  3. SIGINT twice to `moecore launch`: the job ends at once; the checkpoint saved before is untouched and the
 #     marker names a complete checkpoint;
 #  4. SIGINT twice to a single process: exits at once (status 130) without a new checkpoint;
-#  5. --exit-signal-handler --exit-signal SIGHUP without --save: stops at a step boundary, exits 0, saves nothing.
+#  5. --exit-signal-handler --exit-signal SIGHUP without --save: stops at a step boundary, exits 0, saves nothing;
+#  6. SIGTERM to a bare mpirun (Open MPI's kill sequence: SIGCONT, SIGTERM a second later, SIGKILL a second after
+#     that): the ranks take the SIGCONT as the stop request, save and exit 0 before the SIGKILL (mpirun itself
+#     exits 1, Open MPI's status for a job it was told to end);
+#  7. Ctrl-Z / fg through mpirun (SIGTSTP then SIGCONT, both forwarded) and a scheduler's suspend / resume of the
+#     ranks (SIGSTOP then SIGCONT): training goes on; SIGINT to the bare mpirun then stops it with a checkpoint.
 # Usage: signals.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
@@ -104,4 +109,45 @@ wait_lines "$D/hup.jsonl" 2
 stop_job $job HUP "$D/hup.log" SIGHUP
 grep -q "saved checkpoint" "$D/hup.log" && fail "SIGHUP without --save saved a checkpoint"
 echo "--exit-signal SIGHUP: stopped at iteration $it, exit 0, nothing saved"
+
+# 6. SIGTERM to a bare mpirun. The stop comes from the SIGCONT, or from the SIGTERM a second later when a loaded
+# machine delayed the ticker that judges the SIGCONT past the verdict's margin.
+KILLSEQ="(SIGCONT while running|SIGTERM)"
+"${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters 100000 --save "$D/bare" \
+  --metrics-file "$D/bare.jsonl" >"$D/bare.log" 2>&1 &
+job=$!
+wait_lines "$D/bare.jsonl" 3
+kill -TERM $job
+wait $job
+rc=$?
+it=$(stopped_at "$D/bare.log" "$KILLSEQ")
+[ -n "$it" ] || fail "SIGTERM to mpirun: no stop message (status $rc): $(tail -5 "$D/bare.log")"
+[ "$(cat "$D/bare/latest_checkpointed_iteration.txt")" = "$it" ] || fail "SIGTERM to mpirun: no checkpoint at $it"
+[ -f "$D/bare/iter_$(printf %07d "$it")/index.json" ] || fail "SIGTERM to mpirun: iteration $it incomplete"
+echo "SIGTERM to a bare mpirun: every rank stopped at iteration $it with a checkpoint (mpirun status $rc)"
+
+# 7. Job control and suspend / resume go on training; then SIGINT to the bare mpirun saves.
+"${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters 100000 --save "$D/jobctl" \
+  --metrics-file "$D/jobctl.jsonl" >"$D/jobctl.log" 2>&1 &
+job=$!
+wait_lines "$D/jobctl.jsonl" 3
+kill -TSTP $job
+sleep 2
+kill -CONT $job
+n=$(lines "$D/jobctl.jsonl")
+wait_lines "$D/jobctl.jsonl" $((n + 3))
+ranks=$(pgrep -P $job -f "train")
+[ -n "$ranks" ] || fail "job control: no rank processes under mpirun $job"
+kill -STOP $ranks
+sleep 2
+kill -CONT $ranks
+n=$(lines "$D/jobctl.jsonl")
+wait_lines "$D/jobctl.jsonl" $((n + 3))
+grep -q "^stopping" "$D/jobctl.log" && fail "a resume after a stop was taken for a kill sequence: $(tail -3 "$D/jobctl.log")"
+kill -INT $job
+wait $job
+it=$(stopped_at "$D/jobctl.log" "$KILLSEQ")
+[ -n "$it" ] || fail "SIGINT to mpirun: no stop message: $(tail -5 "$D/jobctl.log")"
+[ "$(cat "$D/jobctl/latest_checkpointed_iteration.txt")" = "$it" ] || fail "SIGINT to mpirun: no checkpoint at $it"
+echo "Ctrl-Z/fg and SIGSTOP/SIGCONT went on training; SIGINT to a bare mpirun then stopped at $it with a checkpoint"
 echo "signals: all checks passed"

@@ -318,7 +318,10 @@ void Trainer::final_report() {
 }
 
 void Trainer::run() {
-  StopSignals signals(stop_signals(cfg_));
+  // A SIGCONT that resumes nothing starts the stop too (signals.h: mpirun's kill sequence), unless --exit-signal
+  // claims SIGCONT for itself.
+  const std::vector<int> handled = stop_signals(cfg_);
+  StopSignals signals(handled, !handled.empty() && StopSignals::parse(cfg_.exit_signal) != SIGCONT);
   if (cfg_.skip_train) {
     final_report();
     return;
