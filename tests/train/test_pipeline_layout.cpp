@@ -59,7 +59,7 @@ TEST(PipelineLayout, LayoutStringExpandsAsMegatronsParser) {
   EXPECT_EQ(train::parse_pipeline_layout("Ettt|(tt|)*29,m|L"), want);
   // The docstring's unrolling examples, with layer characters: group repetition, then single-character repetition.
   EXPECT_EQ(train::parse_pipeline_layout("Et(t|tt|t)*2,tL"),
-            (std::vector<std::string>{"Ett", "tt", "tt", "tt", "tttL"}));
+            (std::vector<std::string>{"Ett", "tt", "tt", "tt", "ttL"}));
   EXPECT_EQ(train::parse_pipeline_layout("(t)*3"), (std::vector<std::string>{"ttt"}));
   EXPECT_EQ(train::parse_pipeline_layout("Et,(t|)*2"), (std::vector<std::string>{"Ett", "t", ""}));
   EXPECT_EQ(train::parse_pipeline_layout("(|t)*2,tL"), (std::vector<std::string>{"", "t", "ttL"}));
@@ -182,9 +182,11 @@ TEST(PipelineLayout, MegatronsLayerBuilderCases) {
     f.account_for_loss = c.l;
     f.decoder_first_pipeline_num_layers = c.first;
     f.decoder_last_pipeline_num_layers = c.last;
-    const std::string err = refusal(f);
+    const std::string err = testing::error_of([&] { plan_pipeline(f); });
     EXPECT_EQ(!err.empty(), c.error) << c.layers << " pp " << c.pp << ": " << err;
-    if (!c.error) EXPECT_EQ(plan_pipeline(f).num_layers(), c.layers);
+    if (!c.error) {
+      EXPECT_EQ(plan_pipeline(f).num_layers(), c.layers);
+    }
   }
 }
 
@@ -197,39 +199,39 @@ TEST(PipelineLayout, HandComputedUnevenAndAccountedSplits) {
   f = flags(60, 5);  // last 4: 14 | 14 | 14 | 14 | 4
   f.decoder_last_pipeline_num_layers = 4;
   auto s = spans(plan_pipeline(f));
-  EXPECT_EQ(s[{3, 0}], (std::pair<int64_t, int64_t>{42, 14}));
-  EXPECT_EQ(s[{4, 0}], (std::pair<int64_t, int64_t>{56, 4}));
+  EXPECT_EQ((s[{3, 0}]), (std::pair<int64_t, int64_t>{42, 14}));
+  EXPECT_EQ((s[{4, 0}]), (std::pair<int64_t, int64_t>{56, 4}));
   f = flags(7, 2);  // PP 2, both ends set: no middle stage
   f.decoder_first_pipeline_num_layers = 3;
   f.decoder_last_pipeline_num_layers = 4;
   s = spans(plan_pipeline(f));
-  EXPECT_EQ(s[{1, 0}], (std::pair<int64_t, int64_t>{3, 4}));
+  EXPECT_EQ((s[{1, 0}]), (std::pair<int64_t, int64_t>{3, 4}));
   // PP 2 x VPP 2 with both ends set: Megatron's offset divides by zero middle stages; the layers are well defined.
   f = flags(8, 2);
   f.num_virtual_stages_per_rank = 2;
   f.decoder_first_pipeline_num_layers = 2;
   f.decoder_last_pipeline_num_layers = 6;
   s = spans(plan_pipeline(f));
-  EXPECT_EQ(s[{0, 0}], (std::pair<int64_t, int64_t>{0, 1}));
-  EXPECT_EQ(s[{1, 0}], (std::pair<int64_t, int64_t>{1, 3}));
-  EXPECT_EQ(s[{0, 1}], (std::pair<int64_t, int64_t>{4, 1}));
-  EXPECT_EQ(s[{1, 1}], (std::pair<int64_t, int64_t>{5, 3}));
+  EXPECT_EQ((s[{0, 0}]), (std::pair<int64_t, int64_t>{0, 1}));
+  EXPECT_EQ((s[{1, 0}]), (std::pair<int64_t, int64_t>{1, 3}));
+  EXPECT_EQ((s[{0, 1}]), (std::pair<int64_t, int64_t>{4, 1}));
+  EXPECT_EQ((s[{1, 1}]), (std::pair<int64_t, int64_t>{5, 3}));
   // The embedding counted as a layer: 63 + 1 over 4 stages of 16, the first holding 15 decoder layers.
   f = flags(63, 4);
   f.account_for_embedding = true;
   s = spans(plan_pipeline(f));
-  EXPECT_EQ(s[{0, 0}], (std::pair<int64_t, int64_t>{0, 15}));
-  EXPECT_EQ(s[{1, 0}], (std::pair<int64_t, int64_t>{15, 16}));
-  EXPECT_EQ(s[{3, 0}], (std::pair<int64_t, int64_t>{47, 16}));
+  EXPECT_EQ((s[{0, 0}]), (std::pair<int64_t, int64_t>{0, 15}));
+  EXPECT_EQ((s[{1, 0}]), (std::pair<int64_t, int64_t>{15, 16}));
+  EXPECT_EQ((s[{3, 0}]), (std::pair<int64_t, int64_t>{47, 16}));
   // Both counted, two virtual stages: 62 + 2 over 8 chunks of 8; the first and the last chunk hold 7.
   f = flags(62, 4);
   f.account_for_embedding = f.account_for_loss = true;
   f.num_virtual_stages_per_rank = 2;
   s = spans(plan_pipeline(f));
-  EXPECT_EQ(s[{0, 0}], (std::pair<int64_t, int64_t>{0, 7}));
-  EXPECT_EQ(s[{1, 0}], (std::pair<int64_t, int64_t>{7, 8}));
-  EXPECT_EQ(s[{0, 1}], (std::pair<int64_t, int64_t>{31, 8}));
-  EXPECT_EQ(s[{3, 1}], (std::pair<int64_t, int64_t>{55, 7}));
+  EXPECT_EQ((s[{0, 0}]), (std::pair<int64_t, int64_t>{0, 7}));
+  EXPECT_EQ((s[{1, 0}]), (std::pair<int64_t, int64_t>{7, 8}));
+  EXPECT_EQ((s[{0, 1}]), (std::pair<int64_t, int64_t>{31, 8}));
+  EXPECT_EQ((s[{3, 1}]), (std::pair<int64_t, int64_t>{55, 7}));
   // --num-layers-per-virtual-pipeline-stage counts the embedding and the loss too: (6 + 2) / 2 = 4 = 2 x 2.
   f = flags(6, 2);
   f.account_for_embedding = f.account_for_loss = true;
@@ -606,10 +608,10 @@ bool covers(const std::vector<std::pair<int64_t, int64_t>>& s, int64_t layers) {
 }
 
 TEST(PipelineLayout, EveryLayerOnceInOrderAndAcceptedExactlyWhereMegatronBuildsEveryLayer) {
-  int64_t accepted = 0, refused = 0;
-  const std::vector<std::pair<int64_t, int64_t>> virtual_flags{{-1, -1}, {-1, 2}, {-1, 3}, {1, -1}, {2, -1}, {3, -1}};
-  const std::vector<int64_t> ends{-1, 1, 2, 3, 4, 6, 8, 12};
-  for (int64_t layers = 1; layers <= 16; layers++)
+  int64_t accepted = 0, refused = 0, accepted_past_zero_division = 0;
+  const std::vector<std::pair<int64_t, int64_t>> virtual_flags{{-1, -1}, {-1, 2}, {-1, 3}, {2, -1}};
+  const std::vector<int64_t> ends{-1, 1, 2, 3, 5, 8};
+  for (int64_t layers = 1; layers <= 12; layers++)
     for (int64_t pp = 1; pp <= 5; pp++)
       for (auto [lpvs, nvs] : virtual_flags)
         for (int64_t first : ends)
@@ -657,8 +659,12 @@ TEST(PipelineLayout, EveryLayerOnceInOrderAndAcceptedExactlyWhereMegatronBuildsE
               int64_t first_total = 0, last_total = 0;
               for (int64_t v = 0; v < got->vpp; v++)
                 first_total += got->at(0, v).num_layers, last_total += got->at(pp - 1, v).num_layers;
-              if (pp > 1 && first != -1) ASSERT_EQ(first_total, first) << what;
-              if (pp > 1 && last != -1) ASSERT_EQ(last_total, last) << what;
+              if (pp > 1 && first != -1) {
+                ASSERT_EQ(first_total, first) << what;
+              }
+              if (pp > 1 && last != -1) {
+                ASSERT_EQ(last_total, last) << what;
+              }
               if (first == -1 && last == -1) {
                 const int64_t chunk = (layers + f.account_for_embedding + f.account_for_loss) / (pp * got->vpp);
                 for (size_t i = 0; i < got->stages.size(); i++)
@@ -666,10 +672,12 @@ TEST(PipelineLayout, EveryLayerOnceInOrderAndAcceptedExactlyWhereMegatronBuildsE
                                                            (i + 1 == got->stages.size() && f.account_for_loss))
                       << what;
               }
-              (void)zero_division;
+              // Megatron's offset divides by zero there; the stages are the evident ones (HandComputed... above).
+              accepted_past_zero_division += zero_division;
             }
-  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(accepted, 500);
   EXPECT_GT(refused, 1000);
+  EXPECT_GT(accepted_past_zero_division, 0);
 }
 
 TEST(PipelineLayout, TheFlagsParseAndBadSplitsAreRefusedInTheFlagPass) {

@@ -127,9 +127,9 @@ struct Plan {
 
 PipelineLayout plan(const PipelineFlags& f, bool suggest);
 
-// A value of `field` near its current one for which the whole plan passes (searching +-64), for the messages.
+// A value of `field` near its current one for which the whole plan passes (searching +-16), for the messages.
 std::string suggestion(const PipelineFlags& f, int64_t PipelineFlags::*field, const char* flag) {
-  for (int64_t d = 1; d <= 64; d++)
+  for (int64_t d = 1; d <= 16; d++)
     for (int64_t sign : {-1, 1}) {
       PipelineFlags g = f;
       g.*field = f.*field + sign * d;
