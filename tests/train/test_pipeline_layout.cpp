@@ -356,8 +356,8 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
       << e;
   e = with(flags(4, 1), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 2; });
   EXPECT_TRUE(contains(e,
-                       "2 virtual stages per pipeline rank (the interleaved schedule) need "
-                       "--pipeline-model-parallel-size > 1, got 1"))
+                       "--num-virtual-stages-per-pipeline-rank 2 gives 2 virtual stages per pipeline rank (the "
+                       "interleaved schedule), which need --pipeline-model-parallel-size > 1, got 1"))
       << e;
   e = with(flags(8, 2), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
@@ -368,7 +368,10 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
     f.decoder_first_pipeline_num_layers = 4;
     f.account_for_loss = true;
   });
-  EXPECT_TRUE(contains(e, "are exclusive (as in Megatron)")) << e;
+  EXPECT_TRUE(contains(e,
+                       "--decoder-first-pipeline-num-layers 4 and --account-for-loss-in-pipeline-split are "
+                       "exclusive (as in Megatron)"))
+      << e;
   e = with(flags(8, 2), [](PipelineFlags& f) {
     f.layout = "Et*4|t*4L";
     f.account_for_embedding = true;
@@ -382,7 +385,10 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
     f.num_virtual_stages_per_rank = 2;
     f.decoder_first_pipeline_num_layers = 3;
   });
-  EXPECT_TRUE(contains(e, "--decoder-first-pipeline-num-layers 3 must be divisible by the 2 virtual stages")) << e;
+  EXPECT_TRUE(contains(e,
+                       "--decoder-first-pipeline-num-layers 3 must be divisible by the 2 virtual stages per "
+                       "pipeline rank of --num-virtual-stages-per-pipeline-rank 2"))
+      << e;
   e = with(flags(30, 4), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
     f.decoder_last_pipeline_num_layers = 5;
@@ -393,8 +399,9 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
     f.decoder_last_pipeline_num_layers = 4;
   });
   EXPECT_TRUE(contains(e,
-                       "leave 1 layers of --num-layers 8 for the 0 middle stage(s) of --pipeline-model-parallel-size "
-                       "2: with no middle stage the first and last stages must hold every layer (for example "
+                       "--decoder-first-pipeline-num-layers 3 and --decoder-last-pipeline-num-layers 4 leave 1 "
+                       "layers of --num-layers 8 for the 0 middle stage(s) of --pipeline-model-parallel-size 2: with "
+                       "no middle stage the first and last stages must hold every layer (for example "
                        "--decoder-first-pipeline-num-layers 4)"))
       << e;
   e = with(flags(8, 3), [](PipelineFlags& f) {
@@ -413,7 +420,7 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
       << e;
   e = with(flags(61, 4), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = 12; });
   EXPECT_TRUE(contains(e,
-                       "the 49 layers --decoder-first/last-pipeline-num-layers leave of --num-layers 61 do not "
+                       "the 49 layers --decoder-first-pipeline-num-layers 12 leave of --num-layers 61 do not "
                        "split evenly over the 3 middle stage(s) of --pipeline-model-parallel-size 4: they must be a "
                        "multiple of 3 (for example --decoder-first-pipeline-num-layers 13)"))
       << e;
@@ -422,14 +429,15 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
     f.decoder_first_pipeline_num_layers = 2;
   });
   EXPECT_TRUE(contains(e,
-                       "each middle pipeline rank holds 3 layers, which do not split into its 2 virtual stages: "
+                       "each middle pipeline rank holds 3 layers (--decoder-first-pipeline-num-layers 2 leave 9 for "
+                       "3), which do not split into the 2 virtual stages of --num-virtual-stages-per-pipeline-rank 2: "
                        "the layers left for the middle stages must be a multiple of 3 x 2"))
       << e;
   e = with(flags(4, 4), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 4; });
   EXPECT_TRUE(contains(e,
-                       "PP rank 0 holds 1 decoder layers, which do not split into "
-                       "--num-virtual-stages-per-pipeline-rank 4 virtual stages of equal size (Megatron requires "
-                       "it): use 1 virtual stages, or --num-layers a multiple of 16"))
+                       "PP rank 0 holds 1 decoder layers, which do not split into the 4 virtual stages of "
+                       "--num-virtual-stages-per-pipeline-rank 4 (equal shares, as Megatron requires): use 1 virtual "
+                       "stages, or --num-layers a multiple of 4 x 4"))
       << e;
   e = with(flags(9, 2), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
@@ -437,9 +445,22 @@ TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
   });
   EXPECT_TRUE(contains(e,
                        "each pipeline rank holds 5 layers (--num-layers 9 + 1 (--account-for-embedding-in-pipeline-"
-                       "split) = 10 (the embedding counted as a layer) / 2), which do not split into its 2 virtual "
-                       "stages: use 1 or 5 virtual stages per rank"))
+                       "split) = 10 (the embedding counted as a layer) / 2), which do not split into the 2 virtual "
+                       "stages of --num-virtual-stages-per-pipeline-rank 2: use 1 or 5 virtual stages per rank"))
       << e;
+  // Absurd sizes are refused, not allocated or overflowed.
+  e = refusal(flags(2147483647, 2147483647));
+  EXPECT_TRUE(contains(e, "beyond the 1048576 pipeline stages moecore plans for")) << e;
+  e = with(flags(8, 2), [](PipelineFlags& f) {
+    f.decoder_first_pipeline_num_layers = 9223372036854775807;
+    f.decoder_last_pipeline_num_layers = 9223372036854775807;
+  });
+  EXPECT_TRUE(contains(e, "hold more than --num-layers 8")) << e;
+  e = with(flags(8, 2), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = 9223372036854775807; });
+  EXPECT_TRUE(contains(e, "--decoder-first-pipeline-num-layers 9223372036854775807 hold more than --num-layers 8"))
+      << e;
+  e = with(flags(8, 2), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 9223372036854775807; });
+  EXPECT_TRUE(contains(e, "--num-virtual-stages-per-pipeline-rank 9223372036854775807 (equal shares")) << e;
   // PP 1 with both ends set: Megatron builds the last's count; accepted only where that is every layer.
   e = with(flags(4, 1), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 1;
@@ -691,8 +712,8 @@ TEST(PipelineLayout, TheFlagsParseAndBadSplitsAreRefusedInTheFlagPass) {
     return testing::user_error_of([&] { train::parse_train_config(run + extra); });
   };
   EXPECT_TRUE(contains(refused({"--pipeline-model-parallel-layout", "Et|tL"}),
-                       "2 virtual stages per pipeline rank (the interleaved schedule) need "
-                       "--pipeline-model-parallel-size > 1, got 1"));
+                       "--pipeline-model-parallel-layout 'Et|tL' (2 stages) gives 2 virtual stages per pipeline rank "
+                       "(the interleaved schedule), which need --pipeline-model-parallel-size > 1, got 1"));
   EXPECT_TRUE(contains(refused({"--decoder-first-pipeline-num-layers", "1"}),
                        "leave 1 layers of --num-layers 2 for the 0 middle stage(s)"));
   EXPECT_TRUE(contains(refused({"--decoder-last-pipeline-num-layers", "-3"}), "decoder-last-pipeline-num-layers"));

@@ -20,6 +20,8 @@ std::string stage_table(int64_t pp, int64_t vpp, const std::vector<std::string>&
 
 namespace {
 
+constexpr int64_t kMaxStages = int64_t{1} << 20;
+
 // Python's // and % (floor), which Megatron's formulas use; b != 0.
 int64_t floordiv(int64_t a, int64_t b) {
   const int64_t q = a / b;
@@ -52,6 +54,20 @@ struct Plan {
   const PipelineFlags& f;
   bool first_set, last_set, e, l;
   int64_t vpp = 1;
+  std::string vpp_source;  // the flag that set the virtual stages, with its value
+
+  // The uneven ends given: "--decoder-first-pipeline-num-layers 3 and --decoder-last-pipeline-num-layers 4".
+  std::string ends() const {
+    const std::string first =
+        fmt::format("--decoder-first-pipeline-num-layers {}", f.decoder_first_pipeline_num_layers);
+    const std::string last = fmt::format("--decoder-last-pipeline-num-layers {}", f.decoder_last_pipeline_num_layers);
+    return first_set && last_set ? first + " and " + last : first_set ? first : last;
+  }
+  std::string accounted() const {
+    return e && l ? "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split"
+           : e    ? "--account-for-embedding-in-pipeline-split"
+                  : "--account-for-loss-in-pipeline-split";
+  }
 
   // "--num-layers 63 + 1 (embedding) + 1 (loss) = 65" or "--num-layers 64".
   std::string counted() const {
@@ -81,11 +97,11 @@ struct Plan {
     int64_t build = per_rank;
     if (vpp > 1 && pp > 1) {
       MOE_CHECK(pymod(per_rank, vpp) == 0,
-                "PP rank {} holds {} decoder layers, which do not split into --num-virtual-stages-per-pipeline-rank "
-                "{} virtual stages of equal size (Megatron requires it): use {} virtual stages, or {}",
-                r, per_rank, vpp, divisors(std::max<int64_t>(per_rank, 1)),
+                "PP rank {} holds {} decoder layers, which do not split into the {} virtual stages of {} (equal "
+                "shares, as Megatron requires): use {} virtual stages, or {}",
+                r, per_rank, vpp, vpp_source, divisors(std::max<int64_t>(per_rank, 1)),
                 first_set || last_set ? "first/last stage sizes that are multiples of it"
-                                      : fmt::format("--num-layers a multiple of {}", pp * vpp));
+                                      : fmt::format("--num-layers a multiple of {} x {}", pp, vpp));
       build = per_rank / vpp;
     }
     if (e && v == 0 && r == 0) build -= 1;
@@ -132,8 +148,7 @@ std::string suggestion(const PipelineFlags& f, int64_t PipelineFlags::*field, co
   for (int64_t d = 1; d <= 16; d++)
     for (int64_t sign : {-1, 1}) {
       PipelineFlags g = f;
-      g.*field = f.*field + sign * d;
-      if (g.*field <= 0) continue;
+      if (__builtin_add_overflow(f.*field, sign * d, &(g.*field)) || g.*field <= 0) continue;
       try {
         plan(g, false);
         return fmt::format(" (for example --{} {})", flag, g.*field);
@@ -158,10 +173,10 @@ void check_uneven(const Plan& p, bool suggest) {
     if (!set) continue;
     MOE_CHECK(n > 0, "--decoder-{}-pipeline-num-layers {} must be larger than 0", which, n);
     MOE_CHECK(p.vpp == 1 || n % p.vpp == 0,
-              "--decoder-{}-pipeline-num-layers {} must be divisible by the {} virtual stages per pipeline rank: each "
-              "virtual stage of the {} pipeline rank holds an equal share{}",
-              which, n, p.vpp, which, hint());
-    left -= n;
+              "--decoder-{}-pipeline-num-layers {} must be divisible by the {} virtual stages per pipeline rank of {}: "
+              "each virtual stage of the {} pipeline rank holds an equal share{}",
+              which, n, p.vpp, p.vpp_source, which, hint());
+    MOE_CHECK(!__builtin_sub_overflow(left, n, &left), "{} hold more than --num-layers {}", p.ends(), f.num_layers);
     stages -= 1;
   }
   if (stages < 0) {  // PP 1 with both ends set: the one stage is first and last, and Megatron builds the last's count
@@ -173,25 +188,22 @@ void check_uneven(const Plan& p, bool suggest) {
     return;
   }
   MOE_CHECK((left != 0) == (stages != 0),
-            "--decoder-first/last-pipeline-num-layers leave {} layers of --num-layers {} for the {} middle stage(s) of "
-            "--pipeline-model-parallel-size {}: {}{}",
-            left, f.num_layers, stages, f.pp,
+            "{} leave {} layers of --num-layers {} for the {} middle stage(s) of --pipeline-model-parallel-size {}: "
+            "{}{}",
+            p.ends(), left, f.num_layers, stages, f.pp,
             stages == 0 ? "with no middle stage the first and last stages must hold every layer"
                         : "every middle stage needs layers",
             hint());
-  MOE_CHECK(left >= 0,
-            "--decoder-first-pipeline-num-layers {} and --decoder-last-pipeline-num-layers {} hold more than "
-            "--num-layers {}{}",
-            f.decoder_first_pipeline_num_layers, f.decoder_last_pipeline_num_layers, f.num_layers, hint());
+  MOE_CHECK(left >= 0, "{} hold more than --num-layers {}{}", p.ends(), f.num_layers, hint());
   if (stages == 0) return;
   MOE_CHECK(left % stages == 0,
-            "the {} layers --decoder-first/last-pipeline-num-layers leave of --num-layers {} do not split evenly "
-            "over the {} middle stage(s) of --pipeline-model-parallel-size {}: they must be a multiple of {}{}",
-            left, f.num_layers, stages, f.pp, stages * p.vpp, hint());
+            "the {} layers {} leave of --num-layers {} do not split evenly over the {} middle stage(s) of "
+            "--pipeline-model-parallel-size {}: they must be a multiple of {}{}",
+            left, p.ends(), f.num_layers, stages, f.pp, stages * p.vpp, hint());
   MOE_CHECK(p.vpp == 1 || (left / stages) % p.vpp == 0,
-            "each middle pipeline rank holds {} layers, which do not split into its {} virtual stages: the layers "
-            "left for the middle stages must be a multiple of {} x {}{}",
-            left / stages, p.vpp, stages, p.vpp, hint());
+            "each middle pipeline rank holds {} layers ({} leave {} for {}), which do not split into the {} virtual "
+            "stages of {}: the layers left for the middle stages must be a multiple of {} x {}{}",
+            left / stages, p.ends(), left, stages, p.vpp, p.vpp_source, stages, p.vpp, hint());
 }
 
 PipelineLayout plan(const PipelineFlags& f, bool suggest) {
@@ -223,12 +235,12 @@ PipelineLayout plan(const PipelineFlags& f, bool suggest) {
               "{}: give PP x (virtual stages per rank) stages separated by '|'",
               f.layout, n, pp);
     p.vpp = n / pp;
+    p.vpp_source = fmt::format("--pipeline-model-parallel-layout '{}' ({} stages)", f.layout, n);
   } else if (lpvs) {
     MOE_CHECK(!p.first_set && !p.last_set,
-              "--num-layers-per-virtual-pipeline-stage {} with --decoder-first/last-pipeline-num-layers: use "
-              "--num-virtual-stages-per-pipeline-rank to give the virtual stages of an uneven pipeline (as Megatron "
-              "requires)",
-              f.num_layers_per_virtual_stage);
+              "--num-layers-per-virtual-pipeline-stage {} with {}: use --num-virtual-stages-per-pipeline-rank to give "
+              "the virtual stages of an uneven pipeline (as Megatron requires)",
+              f.num_layers_per_virtual_stage, p.ends());
     const int64_t n = L + p.e + p.l;
     MOE_CHECK(n % pp == 0,
               "{} is not divisible by --pipeline-model-parallel-size {}: use --num-layers {} (each stage holds an "
@@ -240,8 +252,10 @@ PipelineLayout plan(const PipelineFlags& f, bool suggest) {
               "--num-layers-per-virtual-pipeline-stage {}: use {}",
               per_stage, p.counted(), pp, f.num_layers_per_virtual_stage, divisors(per_stage));
     p.vpp = per_stage / f.num_layers_per_virtual_stage;
+    p.vpp_source = fmt::format("--num-layers-per-virtual-pipeline-stage {}", f.num_layers_per_virtual_stage);
   } else if (nvs) {
     p.vpp = f.num_virtual_stages_per_rank;
+    p.vpp_source = fmt::format("--num-virtual-stages-per-pipeline-rank {}", p.vpp);
   } else if (!p.first_set && !p.last_set) {
     MOE_CHECK((L + p.e + p.l) % pp == 0,
               "{} is not divisible by --pipeline-model-parallel-size {}: each stage holds an equal share; use "
@@ -251,17 +265,17 @@ PipelineLayout plan(const PipelineFlags& f, bool suggest) {
   }
   if (p.vpp > 1)
     MOE_CHECK(f.overlap_p2p_comm ? pp > 1 : pp > 2,
-              "{} virtual stages per pipeline rank (the interleaved schedule) need --pipeline-model-parallel-size > "
-              "{}, got {}{}",
-              p.vpp, f.overlap_p2p_comm ? 1 : 2, pp,
+              "{} gives {} virtual stages per pipeline rank (the interleaved schedule), which need "
+              "--pipeline-model-parallel-size > {}, got {}{}",
+              p.vpp_source, p.vpp, f.overlap_p2p_comm ? 1 : 2, pp,
               f.overlap_p2p_comm ? ""
                                  : " (with --no-overlap-p2p-communication; Megatron avoids two sends between "
                                    "the same two ranks in one batch)");
 
   // TransformerConfig.
   MOE_CHECK(!((p.first_set || p.last_set) && (p.e || p.l)),
-            "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split are "
-            "exclusive (as in Megatron): give the stage sizes or count the embedding and loss as layers");
+            "{} and {} are exclusive (as in Megatron): give the stage sizes or count the embedding and loss as layers",
+            p.ends(), p.accounted());
   if (layout) {
     MOE_CHECK(!p.first_set && !p.last_set && !p.e && !p.l,
               "--pipeline-model-parallel-layout lays out every stage: leave out --decoder-first-pipeline-num-layers "
@@ -277,11 +291,19 @@ PipelineLayout plan(const PipelineFlags& f, bool suggest) {
     MOE_CHECK(n % pp == 0, "{} is not divisible by --pipeline-model-parallel-size {}: use --num-layers {}", p.counted(),
               pp, multiples_near(L, pp));
     MOE_CHECK(p.vpp == 1 || (n / pp) % p.vpp == 0,
-              "each pipeline rank holds {} layers ({} / {}), which do not split into its {} virtual stages: use {} "
-              "virtual stages per rank",
-              n / pp, p.counted(), pp, p.vpp, divisors(n / pp));
+              "each pipeline rank holds {} layers ({} / {}), which do not split into the {} virtual stages of {}: use "
+              "{} virtual stages per rank",
+              n / pp, p.counted(), pp, p.vpp, p.vpp_source, divisors(n / pp));
   }
 
+  // A plan is a few entries per stage; a run has at most as many stages as ranks. Megatron's own checks of each
+  // rank's share come first.
+  if (pp <= kMaxStages)
+    for (int64_t r = 0; r < pp; r++) p.layers_to_build(r, 0);
+  MOE_CHECK(pp <= kMaxStages && p.vpp <= kMaxStages / pp,
+            "--pipeline-model-parallel-size {} x {} virtual stages per rank is beyond the {} pipeline stages moecore "
+            "plans for",
+            pp, p.vpp, kMaxStages);
   // get_num_layers_to_build and get_transformer_layer_offset, stage by stage in model-chunk order.
   PipelineLayout out;
   out.pp = pp;
