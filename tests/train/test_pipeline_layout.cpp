@@ -251,7 +251,7 @@ TEST(PipelineLayout, MegatronsLayoutCases) {
   EXPECT_TRUE(contains(refusal(layout_flags(7, 2, "E|x*7L")), "invalid layer character 'x'"));
   EXPECT_TRUE(contains(refusal(layout_flags(7, 2, "E|t*7|L")), "has 3 stages, not a multiple of"));
   EXPECT_EQ(plan_pipeline(layout_flags(7, 2, "Et|t*4|t|tL")).vpp, 2);
-  EXPECT_EQ(plan_pipeline(layout_flags(7, 2, "Et|(tt|)*2,tL")).num_stages(), 4);    // --help's example
+  EXPECT_EQ(plan_pipeline(layout_flags(6, 2, "Et|(tt|)*2,tL")).num_stages(), 4);    // --help's example
   EXPECT_EQ(plan_pipeline(layout_flags(7, 2, "E|t*7||L")).at(1, 1).num_layers, 0);  // an empty stage
   EXPECT_EQ(plan_pipeline(layout_flags(7, 2, "E|t*6|t|L")).at(0, 1).first_layer, 6);
   // test_layout_layer_number's golden layer numbers (1-based there): [[[], []], [[1], [5]], [[2, 3], [6]], [[4],

@@ -197,7 +197,7 @@ std::vector<FlagSpec> build_flag_table() {
            {"account-for-loss-in-pipeline-split", &C::account_for_loss_in_pipeline_split,
             "Count the loss (output layer) as a transformer layer when splitting the layers over pipeline stages"},
            {"pipeline-model-parallel-layout", &C::pipeline_model_parallel_layout,
-            "Custom stage layout, e.g. \"Et|(tt|)*2,tL\" (7 layers, 4 stages): E embedding, t decoder layer, m MTP "
+            "Custom stage layout, e.g. \"Et|(tt|)*2,tL\" (6 layers, 4 stages): E embedding, t decoder layer, m MTP "
             "layer, L loss; '|' separates stages (PP x virtual stages, in model-chunk order), x*n and (...)*n "
             "repeat, commas are cosmetic"}});
   section(FlagGroup::Data,
