@@ -77,6 +77,15 @@ TEST(PipelineLayout, LayoutStringExpandsAsMegatronsParser) {
   EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("E t|L"); }), "character ' '"));
   EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("Et*99999999999999999999|L"); }),
                        "expands the layout beyond"));
+  // Long strings in linear time and without deep recursion: a million characters of one stage, of unclosed '('.
+  EXPECT_EQ(train::parse_pipeline_layout("E" + std::string(999998, 't') + "L")[0].size(), 1000000u);
+  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout(std::string(1000000, '(')); }),
+                       "invalid layer character '('"));
+  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout(std::string(1048577, 't')); }),
+                       "longer than 1048576 characters"));
+  // "x*n" repeats any character but a newline (Python's '.'); digits after a match are all the count.
+  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("E\n*2L"); }), "character '\n'"));
+  EXPECT_EQ(train::parse_pipeline_layout("Et*12L")[0].size(), 14u);
 }
 
 TEST(PipelineLayout, EvenSplitAndVirtualStagesAsMegatronsComments) {

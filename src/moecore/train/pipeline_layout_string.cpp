@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <regex>
 
 #include "moecore/core/error.h"
 #include "moecore/train/pipeline_layout.h"
@@ -19,28 +18,47 @@ const char* kKnownCharacters =
     "E (embedding), t (transformer decoder layer), m (MTP layer), L (loss), '|' between stages, (...)*n and x*n "
     "for repetition, commas (ignored)";
 
-// One re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s) of Megatron's: non-overlapping matches, left to
-// right, replaced by group 1 repeated group 2 times.
-std::string unroll(const std::string& layout, const std::string& s, const std::regex& pattern) {
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+// One re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s) of Megatron's, scanned by hand (std::regex recurses
+// per character and overflows the stack on long strings): non-overlapping matches, left to right, each replaced by
+// group 1 repeated group 2 times. `grouped`: the pattern \(([^)]+)\)\*(\d+), whose group ends at the first ')' after
+// its '('; otherwise (.)\*(\d+), any one character but a newline. \d+ takes every digit that follows.
+std::string unroll(const std::string& layout, const std::string& s, bool grouped) {
   std::string out;
-  size_t last = 0;
-  for (auto it = std::sregex_iterator(s.begin(), s.end(), pattern); it != std::sregex_iterator(); ++it) {
-    const std::smatch& m = *it;
-    out.append(s, last, static_cast<size_t>(m.position(0)) - last);
-    const std::string unit = m[1].str(), digits = m[2].str();
+  size_t i = 0, close = 0;  // close: the first ')' after the last '(' looked at (linear time over many '(')
+  while (i < s.size()) {
+    size_t unit_begin = i, unit_end = i + 1;  // group 1
+    bool match = false;
+    if (grouped && s[i] == '(') {
+      if (close != std::string::npos && close <= i) close = s.find(')', i + 1);
+      unit_begin = i + 1;
+      unit_end = close;
+      match = unit_end != std::string::npos && unit_end > unit_begin;
+    } else if (!grouped) {
+      match = s[i] != '\n';
+    }
+    const size_t star = grouped ? unit_end + 1 : unit_end;
+    match = match && star + 1 < s.size() && s[star] == '*' && is_digit(s[star + 1]);
+    if (!match) {
+      out += s[i++];
+      continue;
+    }
+    size_t end = star + 1, n = 0;
+    const size_t unit = unit_end - unit_begin;
     const size_t budget = kMaxExpandedLength - std::min(out.size(), kMaxExpandedLength);
-    size_t n = 0;
-    for (char d : digits) {
-      n = n * 10 + static_cast<size_t>(d - '0');
-      MOE_CHECK(n * unit.size() <= budget,
+    for (; end < s.size() && is_digit(s[end]); end++) {
+      n = n * 10 + static_cast<size_t>(s[end] - '0');
+      MOE_CHECK(n * unit <= budget,
                 "--pipeline-model-parallel-layout '{}': '{}' expands the layout beyond {} characters; describe the "
                 "stages with fewer repetitions",
-                layout, m[0].str(), kMaxExpandedLength);
+                layout, s.substr(i, end + 1 - i), kMaxExpandedLength);
     }
-    for (size_t i = 0; i < n; i++) out += unit;
-    last = static_cast<size_t>(m.position(0) + m.length(0));
+    for (size_t k = 0; k < n; k++) out.append(s, unit_begin, unit);
+    i = end;
   }
-  out.append(s, last, std::string::npos);
   MOE_CHECK(out.size() <= kMaxExpandedLength, "--pipeline-model-parallel-layout '{}' expands beyond {} characters",
             layout, kMaxExpandedLength);
   return out;
@@ -79,12 +97,13 @@ int64_t count(const std::string& stage, char c) {
 }  // namespace
 
 std::vector<std::string> parse_pipeline_layout(const std::string& layout) {
+  MOE_CHECK(layout.size() <= kMaxExpandedLength, "--pipeline-model-parallel-layout is longer than {} characters",
+            kMaxExpandedLength);
   std::string s;
   for (char c : layout)
     if (c != ',') s += c;  // purely cosmetic commas
   // Megatron's two patterns, in its order: "(...)*n" (no nesting: the group stops at the first ')'), then "x*n".
-  static const std::regex group(R"(\(([^)]+)\)\*(\d+))"), single(R"((.)\*(\d+))");
-  s = unroll(layout, unroll(layout, s, group), single);
+  s = unroll(layout, unroll(layout, s, true), false);
   std::vector<std::string> stages(1);
   for (char c : s) {
     if (c == '|') {
