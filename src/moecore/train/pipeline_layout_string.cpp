@@ -147,44 +147,46 @@ std::string stage_table(int64_t pp, int64_t vpp, const std::vector<std::string>&
 PipelineLayout plan_from_layout_string(const PipelineFlags& f, const std::vector<std::string>& parsed) {
   const int64_t pp = f.pp, vpp = static_cast<int64_t>(parsed.size()) / pp;
   MOE_ASSERT(vpp >= 1 && vpp * pp == static_cast<int64_t>(parsed.size()));
-  std::vector<std::string> cells;
-  for (const auto& s : parsed) cells.push_back(stage_cell(s));
-  const std::string shown = fmt::format(
-      "--pipeline-model-parallel-layout '{}' parsed for --pipeline-model-parallel-size {} ({} stages: "
-      "{} virtual per rank):\n{}",
-      f.layout, pp, parsed.size(), vpp, stage_table(pp, vpp, cells));
+  auto shown = [&] {  // only for a message (MOE_CHECK formats its arguments on failure)
+    std::vector<std::string> cells;
+    for (const auto& st : parsed) cells.push_back(stage_cell(st));
+    return fmt::format(
+        "--pipeline-model-parallel-layout '{}' parsed for --pipeline-model-parallel-size {} ({} "
+        "stages: {} virtual per rank):\n{}",
+        f.layout, pp, parsed.size(), vpp, stage_table(pp, vpp, cells));
+  };
   auto layer = [&](int64_t r, int64_t v) -> const std::string& { return parsed[static_cast<size_t>(v * pp + r)]; };
   std::string flat;
   for (const auto& s : parsed) flat += s;  // layer order: virtual stage major, pipeline rank minor
   // Megatron's validate_layer_layout, in its order.
   MOE_CHECK(!flat.empty() && flat.front() == 'E',
             "the first layer of the layout must be the embedding (E), but it is {}; {}",
-            flat.empty() ? "nothing" : layer_name(flat.front()), shown);
+            flat.empty() ? "nothing" : layer_name(flat.front()), shown());
   MOE_CHECK(flat.back() == 'L', "the last layer of the layout must be the loss (L), but it is {}; {}",
-            layer_name(flat.back()), shown);
+            layer_name(flat.back()), shown());
   MOE_CHECK(count(flat, 'E') == 1, "the layout must hold the embedding (E) exactly once, not {} times; {}",
-            count(flat, 'E'), shown);
+            count(flat, 'E'), shown());
   MOE_CHECK(count(flat, 'L') == 1, "the layout must hold the loss (L) exactly once, not {} times; {}", count(flat, 'L'),
-            shown);
+            shown());
   MOE_CHECK(count(flat, 't') == f.num_layers,
             "the layout holds {} decoder layers (t) but --num-layers is {}: give it exactly {} t's; {}",
-            count(flat, 't'), f.num_layers, f.num_layers, shown);
+            count(flat, 't'), f.num_layers, f.num_layers, shown());
   MOE_CHECK(count(flat, 'm') == f.mtp_num_layers, "the layout holds {} MTP layers (m) but --mtp-num-layers is {}{}; {}",
             count(flat, 'm'), f.mtp_num_layers,
-            f.mtp_num_layers == 0 ? " (moecore has no multi-token prediction yet: leave m out)" : "", shown);
+            f.mtp_num_layers == 0 ? " (moecore has no multi-token prediction yet: leave m out)" : "", shown());
   const size_t first_mtp = flat.find('m');
   MOE_CHECK(first_mtp == std::string::npos || flat.find('t', first_mtp) == std::string::npos,
-            "decoder layers (t) must all come before the MTP layers (m) in the layout; {}", shown);
+            "decoder layers (t) must all come before the MTP layers (m) in the layout; {}", shown());
   for (int64_t r = 0; r < pp; r++) {
     for (int64_t v = 0; v + 1 < vpp; v++)
       MOE_CHECK(count(layer(r, v), 'm') == 0,
                 "MTP layers (m) must be in the last virtual stage of their pipeline rank (as Megatron requires), but "
                 "PP rank {} holds them in virtual stage {} of {}; {}",
-                r, v, vpp, shown);
+                r, v, vpp, shown());
     const int64_t m = count(layer(r, vpp - 1), 'm');
     MOE_CHECK(m == 0 || m == f.mtp_num_layers,
               "all {} MTP layers (m) must be in one stage, but PP rank {} virtual stage {} holds {}; {}",
-              f.mtp_num_layers, r, vpp - 1, m, shown);
+              f.mtp_num_layers, r, vpp - 1, m, shown());
   }
   PipelineLayout out;
   out.pp = pp;
