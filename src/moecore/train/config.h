@@ -89,6 +89,11 @@ struct TrainConfig {
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
+  // pipeline stage layouts (train/pipeline_layout.h; -1 and "": unset, Megatron's None)
+  int64_t num_layers_per_virtual_pipeline_stage = -1, num_virtual_stages_per_pipeline_rank = -1;
+  int64_t decoder_first_pipeline_num_layers = -1, decoder_last_pipeline_num_layers = -1;
+  bool account_for_embedding_in_pipeline_split = false, account_for_loss_in_pipeline_split = false;
+  std::string pipeline_model_parallel_layout;
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";

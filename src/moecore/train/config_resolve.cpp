@@ -12,6 +12,7 @@
 #include "moecore/core/error.h"
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
+#include "moecore/train/pipeline_layout.h"
 #include "moecore/train/signals.h"
 
 namespace moecore::train {
@@ -174,6 +175,7 @@ void validate(const TrainConfig& c) {
             "pairs); raise either",
             c.kv_channels, c.rotary_percent);
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
+  plan_pipeline(pipeline_flags(c));    // Megatron's pipeline-split checks (train/pipeline_layout.h)
   for (auto [v, n] : {std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
                       std::pair{c.context_parallel_size, "context-parallel-size"}})
     MOE_CHECK(v == 1,

@@ -178,7 +178,28 @@ std::vector<FlagSpec> build_flag_table() {
            {"use-distributed-optimizer", &C::use_distributed_optimizer,
             "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
            {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
-            "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()}});
+            "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+           // Pipeline stage layouts (train/pipeline_layout.h); -1 and "" are Megatron's None.
+           {"num-layers-per-virtual-pipeline-stage", &C::num_layers_per_virtual_pipeline_stage,
+            "Number of layers per virtual pipeline stage (-1: none)", kNoRole, at_least(-1)},
+           {"num-virtual-stages-per-pipeline-rank", &C::num_virtual_stages_per_pipeline_rank,
+            "Number of virtual pipeline stages per pipeline parallelism rank (-1: none)", kNoRole, at_least(-1)},
+           {"decoder-first-pipeline-num-layers", &C::decoder_first_pipeline_num_layers,
+            "The number of transformer layers on the first pipeline stage of the decoder (-1: even split of "
+            "transformer layers across all pipeline stages)",
+            kNoRole, at_least(-1)},
+           {"decoder-last-pipeline-num-layers", &C::decoder_last_pipeline_num_layers,
+            "The number of transformer layers on the last pipeline stage of the decoder (-1: even split of "
+            "transformer layers across all pipeline stages)",
+            kNoRole, at_least(-1)},
+           {"account-for-embedding-in-pipeline-split", &C::account_for_embedding_in_pipeline_split,
+            "Count the embedding as a transformer layer when splitting the layers over pipeline stages"},
+           {"account-for-loss-in-pipeline-split", &C::account_for_loss_in_pipeline_split,
+            "Count the loss (output layer) as a transformer layer when splitting the layers over pipeline stages"},
+           {"pipeline-model-parallel-layout", &C::pipeline_model_parallel_layout,
+            "Custom stage layout, e.g. \"Et|(tt|)*2,tL\" (6 layers, 4 stages): E embedding, t decoder layer, m MTP "
+            "layer, L loss; '|' separates stages (PP x virtual stages, in model-chunk order), x*n and (...)*n "
+            "repeat, commas are cosmetic"}});
   section(FlagGroup::Data,
           {{"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
            {"split", &C::split, "train,valid,test proportions"},

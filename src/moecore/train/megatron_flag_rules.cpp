@@ -15,11 +15,7 @@ std::vector<FlagRule> build_rules() {
 
   // --- Features another issue will implement: refused with the feature named --------------------------------------
   const std::string pp = not_yet("pipeline parallelism", "run with --pipeline-model-parallel-size 1");
-  r.push_back(
-      refused(pp, {"num-layers-per-virtual-pipeline-stage", "decoder-first-pipeline-num-layers",
-                   "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
-                   "account-for-loss-in-pipeline-split", "pipeline-model-parallel-layout",
-                   "num-virtual-stages-per-pipeline-rank", "microbatch-group-size-per-virtual-pipeline-stage"}));
+  r.push_back(refused(pp, {"microbatch-group-size-per-virtual-pipeline-stage"}));
   r.push_back(no_effect(
       "acts only with pipeline parallelism (moecore runs --pipeline-model-parallel-size 1)",
       {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
