@@ -86,15 +86,13 @@ TEST_P(RecomputeLayouts, BitwiseLikeNoRecompute) {
 const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel",
                                     "--expert-tensor-parallel-size", "1"};
 
-INSTANTIATE_TEST_SUITE_P(Recompute, RecomputeLayouts,
-                         ::testing::Values(Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
-                                           Layout{"TP2_SP", 2, kTP2},
-                                           Layout{"TP2_SP_ETP2", 2,
-                                                  {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
-                                           Layout{"DP2xEP2_TP2_SP", 4, kTP2 + std::vector<std::string>{
-                                                                                 "--expert-model-parallel-size",
-                                                                                 "2"}}),
-                         [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Recompute, RecomputeLayouts,
+    ::testing::Values(Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}}, Layout{"TP2_SP", 2, kTP2},
+                      Layout{"TP2_SP_ETP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
+                      Layout{"DP2xEP2_TP2_SP", 4,
+                             kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

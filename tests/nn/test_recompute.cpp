@@ -23,6 +23,7 @@ struct Result {
   std::vector<Tensor> grads;
   std::vector<std::vector<double>> router;  // per MoE layer: statistics and counters
   int64_t stash_bytes = 0;                  // live bytes the first micro-batch's forward left behind
+  int64_t late_system_allocs = 0;           // system allocations in micro-batches 2 and 3 (of 4)
 };
 
 std::vector<double> router_state(moe::MoELayer& l) {
@@ -40,7 +41,7 @@ std::vector<double> router_state(moe::MoELayer& l) {
 }
 
 // Three layers (dense, then two MoE layers with a gated shared expert), dropout, qk-norm, jitter, aux and z losses.
-Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType::AuxLoss) {
+Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType::AuxLoss, int micro_batches = 2) {
   nn::GPTConfig c = testing::small_gpt(
       {.layers = 3, .hidden = 16, .ffn = 24, .heads = 4, .kv_heads = 2, .head_dim = 4, .vocab = 29, .max_seq = 8});
   c.hidden_dropout = 0.1;
@@ -75,11 +76,13 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   Result out;
   auto st = model.make_stash();
   const int64_t B = 2, S = 8;
-  for (int mb = 0; mb < 2; mb++) {
+  AllocatorMark mark;
+  for (int mb = 0; mb < micro_batches; mb++) {
+    if (mb == 2) mark = Allocator::instance().mark();
     Tensor tokens = Tensor::empty({B, S}, DType::I64), labels = Tensor::empty({B, S}, DType::I64);
     for (int64_t i = 0; i < B * S; i++) {
-      tokens.set_item(i, static_cast<double>((i * 7 + mb * 5 + 3) % 29));
-      labels.set_item(i, static_cast<double>((i * 11 + mb * 3 + 1) % 29));
+      tokens.set_item(i, static_cast<double>((i * 7 + mb % 2 * 5 + 3) % 29));
+      labels.set_item(i, static_cast<double>((i * 11 + mb % 2 * 3 + 1) % 29));
     }
     st.sample_B = {2 * mb, 2 * mb + 1};
     const int64_t before = Allocator::instance().stats().live_bytes;
@@ -87,6 +90,7 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
     if (mb == 0) out.stash_bytes = Allocator::instance().stats().live_bytes - before;
     model.backward(st, 0.5);
   }
+  if (micro_batches > 2) out.late_system_allocs = Allocator::instance().system_allocs_since(mark);
   for (const auto& p : reg.all()) out.grads.push_back(p->grad.clone());
   for (size_t i = 1; i < model.num_layers(); i++)
     out.router.push_back(router_state(dynamic_cast<moe::MoELayer&>(model.layer(i).ffn())));
@@ -152,6 +156,12 @@ INSTANTIATE_TEST_SUITE_P(Options, RecomputeExact, ::testing::ValuesIn(options())
 TEST(RecomputeExact, GlobalAuxLossReplaysItsCounts) {
   const Result base = run(RC{}, moe::LoadBalancingType::GlobalAuxLoss);
   for (const Option& o : options()) expect_bitwise(base, run(o.rc, moe::LoadBalancingType::GlobalAuxLoss), o.name);
+}
+
+// Recompute's replays reuse the allocator's cached blocks: once warm, micro-batches take no memory from the system.
+TEST(RecomputeExact, SteadyStateAllocatesNothingNew) {
+  for (const Option& o : options())
+    EXPECT_EQ(run(o.rc, moe::LoadBalancingType::AuxLoss, 4).late_system_allocs, 0) << o.name;
 }
 
 TEST(RecomputeConfig, UniformAndBlockChunks) {

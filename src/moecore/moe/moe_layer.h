@@ -50,7 +50,7 @@ class MoELayer : public nn::FeedForward {
     EtpPlan etp;
     SharedExperts::Stash shared;
     int64_t S = 0, B = 0;
-    Tensor x_in;                  // --recompute-modules moe: the layer's input, all the stash keeps after forward
+    Tensor x_in;                        // --recompute-modules moe: the layer's input, all the stash keeps after forward
     bool router_input_dropped = false;  // layernorm recompute: the router's input was the norm output
   };
 

@@ -69,11 +69,12 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
     if (!f) {
       MLPConfig mc{c.hidden_size,     c.ffn_hidden_size, c.activation, c.add_bias_linear,
-                   c.init_method_std, out_std,           c.bf16,       c.tp,       c.recompute.mlp};
+                   c.init_method_std, out_std,           c.bf16,       c.tp,
+                   c.recompute.mlp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout,
-                                                          c.recompute.layernorm));
+                                                         c.recompute.layernorm));
   }
   if (c.untie_embeddings_and_output_weights) {
     output_ =

@@ -27,20 +27,21 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(
       not_yet("context parallelism", "run with --context-parallel-size 1"),
       {"cp-comm-type", "hierarchical-context-parallel-sizes", "hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
-  r.push_back(refused("--checkpoint-activations is no longer valid in Megatron; use --recompute-activations, or "
-                      "--recompute-granularity and --recompute-method",
-                      {"checkpoint-activations"}));
+  r.push_back(
+      refused("--checkpoint-activations is no longer valid in Megatron; use --recompute-activations, or "
+              "--recompute-granularity and --recompute-method",
+              {"checkpoint-activations"}));
   r.push_back(refused(not_yet("--distribute-saved-activations (full recompute's saved layer inputs split over the "
                               "tensor-parallel group; it changes memory, not the math)",
                               "drop it: full recompute keeps each chunk's whole input"),
                       {"distribute-saved-activations"}));
-  r.push_back(refused("fine-grained activation offloading moves device (GPU) activations to host memory while they "
-                      "wait for backward; it needs the CUDA backend, and moecore's CPU backend keeps activations in "
-                      "host memory already; use --recompute-granularity selective --recompute-modules to save "
-                      "activation memory",
-                      {"fine-grained-activation-offloading", "offload-modules",
-                       "fine-grained-offloading-max-inflight-offloads", "min-offloaded-tensor-size",
-                       "delay-offload-until-cuda-graph"}));
+  r.push_back(
+      refused("fine-grained activation offloading moves device (GPU) activations to host memory while they "
+              "wait for backward; it needs the CUDA backend, and moecore's CPU backend keeps activations in "
+              "host memory already; use --recompute-granularity selective --recompute-modules to save "
+              "activation memory",
+              {"fine-grained-activation-offloading", "offload-modules", "fine-grained-offloading-max-inflight-offloads",
+               "min-offloaded-tensor-size", "delay-offload-until-cuda-graph"}));
   r.push_back(refused(not_yet("CPU offloading of activations or weights"),
                       {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
   r.push_back(refused(

@@ -46,7 +46,8 @@ nn::RecomputeConfig recompute_config(const TrainConfig& c) {
   nn::RecomputeConfig r;
   if (c.recompute_granularity == "full") {
     r.full = true;
-    r.method = c.recompute_method == "block" ? nn::RecomputeConfig::Method::Block : nn::RecomputeConfig::Method::Uniform;
+    r.method =
+        c.recompute_method == "block" ? nn::RecomputeConfig::Method::Block : nn::RecomputeConfig::Method::Uniform;
     r.num_layers = c.recompute_num_layers;
   } else if (c.recompute_granularity == "selective") {
     const std::vector<std::string> modules =
