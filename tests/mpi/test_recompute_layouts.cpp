@@ -19,21 +19,21 @@ using testing::operator+;
 
 constexpr int kSteps = 3;
 
-struct Run {
+struct RunResult {
   std::vector<train::StepResult> steps;
   std::vector<Tensor> params;
   std::vector<uint64_t> router_forwards;
 };
 
-Run train_run(const std::vector<std::string>& layout, const std::vector<std::string>& recompute,
-              const comm::ProcessGroup& w) {
+RunResult train_run(const std::vector<std::string>& layout, const std::vector<std::string>& recompute,
+                    const comm::ProcessGroup& w) {
   const std::vector<std::string> base =
       testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 8, 120, kSteps, "1e-3") +
       std::vector<std::string>{"--make-vocab-size-divisible-by", "64", "--moe-input-jitter-eps", "0.01"};
   const train::TrainConfig c = testing::small_config(
       train::override_flags(base, {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"}), layout + recompute);
   std::FILE* null = std::fopen("/dev/null", "w");
-  Run r;
+  RunResult r;
   {
     train::Trainer t(c, null, false, &w);
     for (int s = 0; s < kSteps; s++) r.steps.push_back(t.train_step());
@@ -56,7 +56,7 @@ TEST_P(RecomputeLayouts, BitwiseLikeNoRecompute) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const Layout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
-  const Run base = train_run(l.flags, {}, w);
+  const RunResult base = train_run(l.flags, {}, w);
   const std::vector<std::vector<std::string>> options = {
       {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
       {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"},
@@ -67,7 +67,7 @@ TEST_P(RecomputeLayouts, BitwiseLikeNoRecompute) {
   for (const auto& o : options) {
     std::string name;
     for (const auto& s : o) name += s + " ";
-    const Run r = train_run(l.flags, o, w);
+    const RunResult r = train_run(l.flags, o, w);
     for (int s = 0; s < kSteps; s++) {
       const auto& a = base.steps[static_cast<size_t>(s)];
       const auto& b = r.steps[static_cast<size_t>(s)];

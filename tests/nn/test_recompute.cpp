@@ -4,6 +4,7 @@
 // on; and the stash really holds less after forward (allocator live bytes).
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,8 @@ std::vector<double> router_state(moe::MoELayer& l) {
 }
 
 // Three layers (dense, then two MoE layers with a gated shared expert), dropout, qk-norm, jitter, aux and z losses.
-Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType::AuxLoss, int micro_batches = 2) {
+Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType::AuxLoss, int micro_batches = 2,
+           bool bf16 = false) {
   nn::GPTConfig c = testing::small_gpt(
       {.layers = 3, .hidden = 16, .ffn = 24, .heads = 4, .kv_heads = 2, .head_dim = 4, .vocab = 29, .max_seq = 8});
   c.hidden_dropout = 0.1;
@@ -49,7 +51,10 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   c.qk_layernorm = true;
   c.seed = 11;
   c.recompute = rc;
+  c.bf16 = bf16;
+  c.normalization = bf16 ? nn::NormKind::LayerNorm : nn::NormKind::RMSNorm;
   moe::MoELayerConfig mc;
+  mc.bf16 = bf16;
   mc.router.hidden = 16;
   mc.router.num_experts = 4;
   mc.router.topk = 2;
@@ -110,6 +115,9 @@ struct Option {
   std::string name;
   RC rc;
 };
+void PrintTo(const Option& o, std::ostream* os) {
+  *os << o.name;
+}
 
 std::vector<Option> options() {
   auto full = [](RC::Method m, int64_t n) {
@@ -156,6 +164,16 @@ INSTANTIATE_TEST_SUITE_P(Options, RecomputeExact, ::testing::ValuesIn(options())
 TEST(RecomputeExact, GlobalAuxLossReplaysItsCounts) {
   const Result base = run(RC{}, moe::LoadBalancingType::GlobalAuxLoss);
   for (const Option& o : options()) expect_bitwise(base, run(o.rc, moe::LoadBalancingType::GlobalAuxLoss), o.name);
+}
+
+// bf16 GEMMs (the linears keep bf16 copies of their inputs, the experts bf16 activations) and LayerNorm.
+TEST(RecomputeExact, Bf16AndLayerNorm) {
+  const Result base = run(RC{}, moe::LoadBalancingType::AuxLoss, 2, true);
+  for (const Option& o : options()) {
+    const Result r = run(o.rc, moe::LoadBalancingType::AuxLoss, 2, true);
+    expect_bitwise(base, r, o.name);
+    EXPECT_LT(r.stash_bytes, base.stash_bytes) << o.name;
+  }
 }
 
 // Recompute's replays reuse the allocator's cached blocks: once warm, micro-batches take no memory from the system.

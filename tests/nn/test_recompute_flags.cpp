@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "config_util.h"
+#include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
 #include "test_util.h"
 
@@ -71,6 +72,26 @@ TEST(RecomputeFlags, RefusedNeighbours) {
     EXPECT_NE(e.find("host memory"), std::string::npos) << e;
     EXPECT_NE(e.find("CUDA backend"), std::string::npos) << e;
   }
+}
+
+// The plan printed at start counts full recompute: chunk inputs plus one replayed chunk.
+TEST(RecomputeFlags, MemoryPlanCountsFullRecompute) {
+  const train::TrainConfig c = config({});
+  const train::ParamCounts p = train::count_params(c, 64, 1, 1);
+  const double none = train::plan_memory(c, p, 64, 1, 1, 1).activations;
+  const double uniform =
+      train::plan_memory(
+          config({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
+          p, 64, 1, 1, 1)
+          .activations;
+  const double block =
+      train::plan_memory(
+          config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}), p,
+          64, 1, 1, 1)
+          .activations;
+  EXPECT_LT(uniform, none);
+  EXPECT_LT(block, none);
+  EXPECT_LT(block, uniform);  // 2 layers: block keeps 1 input + layer 1 whole; uniform 2 inputs + 1 replayed layer
 }
 
 }  // namespace
