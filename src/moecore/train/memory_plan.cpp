@@ -108,17 +108,18 @@ MemoryPlan plan_memory(const TrainConfig& c, const ParamCounts& p, int64_t padde
     ffn_act = static_cast<double>(c.moe_router_topk) * (H + 3.0 * static_cast<double>(c.moe_ffn_hidden_size)) +
               static_cast<double>(c.num_experts);
   const double per_layer = T * (6 * H + 2 * qkv + ffn_act) * 4.0 / t;
-  const int64_t L = c.num_layers, n = c.recompute_num_layers;
+  const int64_t L = c.num_layers, chunk = c.recompute_num_layers;
   m.activations = per_layer * static_cast<double>(L);
-  if (c.recompute_granularity == "full" && n > 0) {
+  if (c.recompute_granularity == "full" && chunk > 0) {
     // Full recompute keeps each chunk's input; backward holds one replayed chunk's stashes at a time, the later
     // layers' already freed. (Selective recompute is not counted here: the plan stays an upper bound.)
     const double input = T * H * 4.0 / t;
     if (c.recompute_method == "block") {
-      const int64_t r = std::min(n, L);
+      const int64_t r = std::min(chunk, L);
       m.activations = input * static_cast<double>(r) + per_layer * static_cast<double>(std::max<int64_t>(L - r, r > 0));
     } else {
-      m.activations = input * static_cast<double>((L + n - 1) / n) + per_layer * static_cast<double>(std::min(n, L));
+      m.activations =
+          input * static_cast<double>((L + chunk - 1) / chunk) + per_layer * static_cast<double>(std::min(chunk, L));
     }
   }
   m.logits = T * static_cast<double>(padded_vocab) * 4.0 / t;
