@@ -4,6 +4,7 @@
 // on; and the stash really holds less after forward (allocator live bytes).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -154,6 +155,8 @@ TEST_P(RecomputeExact, BitwiseLikeNoRecomputeAndStashHoldsLess) {
   const Result r = run(GetParam().rc);
   expect_bitwise(base, r, GetParam().name);
   EXPECT_LT(r.stash_bytes, base.stash_bytes) << GetParam().name << ": the stash does not hold less";
+  std::printf("recompute %s: forward leaves %lld of %lld bytes\n", GetParam().name.c_str(),
+              static_cast<long long>(r.stash_bytes), static_cast<long long>(base.stash_bytes));
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, RecomputeExact, ::testing::ValuesIn(options()),
