@@ -179,6 +179,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
     Tensor yr = y.slice(r0, n);
     rows_gemm(st.a_RF.slice(r0, n), expert_weight(*w2, e), true, yr);
   });
+  if (cfg_.recompute_act) st.a_RF = Tensor();
   return from_padded(y, counts, {R, H});
 }
 
@@ -191,6 +192,10 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   const Tensor dy = to_padded(dy_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
   const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;
+  if (!st.a_RF.defined()) {  // moe_act recompute: the activation again, exactly as forward wrote it
+    st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
+    kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
+  }
   Tensor da = padded_empty(counts, F, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);

@@ -25,6 +25,8 @@ struct ExpertsConfig {
   // Expert tensor parallelism: this rank holds FFN columns [etp_rank·F, (etp_rank + 1)·F) of every local expert
   // (fc1 column-parallel, fc2 row-parallel, outputs partial sums over ETP).
   int64_t etp_size = 1, etp_rank = 0;
+  // --recompute-modules moe_act: a_RF is dropped after forward and recomputed from h_RF1 and probs_R in backward.
+  bool recompute_act = false;
 };
 
 class GroupedExperts {
@@ -33,7 +35,7 @@ class GroupedExperts {
   struct Stash {
     Tensor x_RH;     // input rows as fed to fc1 (bf16 when bf16 is on), padded
     Tensor h_RF1;    // fc1 output, padded
-    Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded
+    Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
   };

@@ -29,6 +29,7 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
             c.ffn_hidden, etp);
   ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n,     n * rank, c.activation,
                   c.init_std,      c.output_init_std,  c.bf16};
+  e.recompute_act = c.recompute_moe_act;
   e.num_global_experts = c.router.num_experts;
   e.etp_size = etp;
   e.etp_rank = c.etp_group ? c.etp_group->rank() : 0;
@@ -57,7 +58,8 @@ MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELay
   if (cfg.shared_ffn_hidden > 0) {
     nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false,
                      cfg.init_std,      cfg.output_init_std,   cfg.bf16,       cfg.tp};
-    shared_ = std::make_unique<SharedExperts>(reg, name + ".shared_experts", mc, cfg.shared_expert_gate);
+    shared_ = std::make_unique<SharedExperts>(reg, name + ".shared_experts", mc, cfg.shared_expert_gate,
+                                              cfg.recompute_shared_experts);
   }
 }
 
@@ -69,13 +71,57 @@ std::unique_ptr<nn::FeedForward::Stash> MoELayer::make_stash() const {
 
 Tensor MoELayer::forward(const Tensor& x_SBH, nn::FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
+  if (!cfg_.recompute_moe || st.recompute) return forward_impl(x_SBH, st);
+  Tensor y = forward_impl(x_SBH, st);
+  // Keep the input and what a replay needs; drop the rest (a fresh stash of the same layer).
+  Stash kept;
+  kept.loss_scale = st.loss_scale;
+  kept.router.replay = st.router.replay;
+  kept.router.aux_loss_total = st.router.aux_loss_total;
+  if (shared_) kept.shared = shared_->make_stash();
+  kept.x_in = x_SBH;
+  st = std::move(kept);
+  return y;
+}
+
+void MoELayer::carry_replay(const nn::FeedForward::Stash& from, nn::FeedForward::Stash& to) const {
+  const auto& f = static_cast<const Stash&>(from);
+  auto& t = static_cast<Stash&>(to);
+  t.router.replay = f.router.replay;
+  t.router.aux_loss_total = f.router.aux_loss_total;
+}
+
+void MoELayer::drop_input(const Tensor& x, nn::FeedForward::Stash& base) const {
+  auto& st = static_cast<Stash&>(base);
+  if (st.x_in.defined()) {
+    st.x_in = Tensor();
+    return;
+  }
+  st.router_input_dropped = st.router.x_r.shares_storage(x);
+  if (st.router_input_dropped) st.router.x_r = Tensor();
+  if (shared_) shared_->drop_input(x, st.shared);
+}
+
+void MoELayer::restore_input(const Tensor& x, nn::FeedForward::Stash& base) const {
+  auto& st = static_cast<Stash&>(base);
+  if (cfg_.recompute_moe) {
+    st.x_in = x;
+    return;
+  }
+  if (st.router_input_dropped) st.router.x_r = x.reshape({x.rows(), x.cols()});
+  st.router_input_dropped = false;
+  if (shared_) shared_->restore_input(x, st.shared);
+}
+
+Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   MOE_ASSERT(x_SBH.ndim() == 3 && x_SBH.dim(2) == cfg_.router.hidden);
   st.S = x_SBH.dim(0);
   st.B = x_SBH.dim(1);
   const int64_t T = st.S * st.B, H = cfg_.router.hidden;
   const Tensor x_TH = x_SBH.reshape({T, H});
   Tensor shared_out;
-  if (shared_) shared_out = shared_->forward(x_SBH, st.shared);
+  if (shared_) shared_out = shared_->forward(x_SBH, st.shared, st.recompute);
+  st.router.recompute = st.recompute;
   const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
   Tensor x_RH, probs_R;
   // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows.
@@ -95,6 +141,13 @@ Tensor MoELayer::forward(const Tensor& x_SBH, nn::FeedForward::Stash& base) {
 
 Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
+  if (st.x_in.defined()) {  // moe recompute: the whole layer again (router replayed, all-to-all repeated)
+    const Tensor x = st.x_in;
+    st.x_in = Tensor();
+    st.recompute = true;
+    forward_impl(x, st);
+    st.recompute = false;
+  }
   const int64_t T = st.S * st.B, H = cfg_.router.hidden;
   const Tensor dy_TH = dy_SBH.reshape({T, H});
   const Tensor dy_RH = dispatcher_->combine_backward(cfg_.bf16 ? dy_TH.to(DType::BF16) : dy_TH, st.plan);

@@ -34,6 +34,9 @@ struct MoELayerConfig {
   // Attention tensor parallelism (with sequence parallelism): shared experts split over it, aux-loss counts
   // summed over it.
   nn::TPContext tp;
+  // Selective recompute (nn/recompute.h): moe (the whole layer re-runs in backward, its all-to-all included),
+  // moe_act (the experts' activation), shared_experts.
+  bool recompute_moe = false, recompute_moe_act = false, recompute_shared_experts = false;
 };
 
 void validate(const MoELayerConfig& c);
@@ -47,12 +50,17 @@ class MoELayer : public nn::FeedForward {
     EtpPlan etp;
     SharedExperts::Stash shared;
     int64_t S = 0, B = 0;
+    Tensor x_in;                        // --recompute-modules moe: the layer's input, all the stash keeps after forward
+    bool router_input_dropped = false;  // layernorm recompute: the router's input was the norm output
   };
 
   MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg);
   std::unique_ptr<nn::FeedForward::Stash> make_stash() const override;
   Tensor forward(const Tensor& x_SBH, nn::FeedForward::Stash& st) override;
   Tensor backward(const Tensor& dy_SBH, nn::FeedForward::Stash& st) override;
+  void carry_replay(const nn::FeedForward::Stash& from, nn::FeedForward::Stash& to) const override;
+  void drop_input(const Tensor& x, nn::FeedForward::Stash& st) const override;
+  void restore_input(const Tensor& x, nn::FeedForward::Stash& st) const override;
   void set_training(bool training) override { training_ = training; }
   // Once per optimizer step: the router's expert-bias update and statistics snapshot (Router::finish_global_batch).
   void finish_global_batch() override { router_.finish_global_batch(); }
@@ -69,6 +77,7 @@ class MoELayer : public nn::FeedForward {
   }
 
  private:
+  Tensor forward_impl(const Tensor& x_SBH, Stash& st);
   MoELayerConfig cfg_;
   Router router_;
   GroupedExperts experts_;

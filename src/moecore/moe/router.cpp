@@ -269,8 +269,11 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   // 1. Gating input in router dtype, with multiplicative jitter x ⊙ U(1−ε, 1+ε) when training.
   st.x_r = x_TH.dtype() == rd ? x_TH.reshape({T_, H}) : x_TH.reshape({T_, H}).to(rd);
   st.jitter_TH = Tensor();
-  const uint64_t fwd = forward_count_;
-  if (training) forward_count_++;
+  // A replay draws the recorded forward's noise and advances nothing.
+  const uint64_t fwd = st.recompute ? st.replay.forward_index : forward_count_;
+  if (training && !st.recompute) forward_count_++;
+  st.replay.forward_index = fwd;
+  const bool count = !st.recompute;
   // Noise is drawn by global token index: under sequence parallelism this rank's tokens start at rank·T.
   const uint64_t tok0 = static_cast<uint64_t>(cfg_.count_group ? cfg_.count_group->rank() * T_ : 0);
   if (training && cfg_.input_jitter_eps > 0) {
@@ -365,9 +368,14 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
         L = seq_aux_loss(st.aux_scores_TE, top_TK, S, B, coeff, cfg_.count_group, st.daux_TE);
       } else {
         grad_scale = cfg_.global_grad_scale;
-        L = global_aux_loss(st.aux_scores_TE, top_TK, coeff, cfg_.global_group, grad_scale, global_aux_, st.daux_TE);
+        // A replay starts from the counts its forward saw (and repeats the count all-reduce), on a copy.
+        if (count) st.replay.global_before = {global_aux_.tokens_E.clone(), global_aux_.micro_batches};
+        GlobalAuxCounts replayed{count ? Tensor() : st.replay.global_before.tokens_E.clone(),
+                                 st.replay.global_before.micro_batches};
+        L = global_aux_loss(st.aux_scores_TE, top_TK, coeff, cfg_.global_group, grad_scale,
+                            count ? global_aux_ : replayed, st.daux_TE);
       }
-      stats_.loss_sums[ty] += L / coeff;
+      if (count) stats_.loss_sums[ty] += L / coeff;
       total += grad_scale * L;
     }
     st.aux_loss_total += total;
@@ -376,8 +384,9 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
     st.lse_T = Tensor::empty({T_}, rd);
     const double z = z_loss(st.logits_TE, cfg_.z_loss_coeff, count_ranks(), st.lse_T);
     st.aux_loss_total += z;
-    stats_.z_loss_sum += z / cfg_.z_loss_coeff;
+    if (count) stats_.z_loss_sum += z / cfg_.z_loss_coeff;
   }
+  if (!count) return out;
   // Statistics: kept assignments (after dropping, padding rows excluded). Expert-bias counts: the same, except under
   // --moe-pad-expert-input-to-capacity, where Megatron counts its routing map, the padded capacity mask: every
   // expert counts its capacity, so the counts are equal and the bias does not move (followed, not corrected).

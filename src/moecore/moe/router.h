@@ -85,6 +85,14 @@ class Router {
     Tensor aux_scores_TE;       // aux scores (softmax, or sigmoid normalized over E)
     Tensor lse_T;               // logsumexp of the logits, for the z-loss
     double aux_loss_total = 0;  // Σ over types of L (coefficients included) + z-loss, this micro-batch
+    // What a recompute's replay of this forward needs (nn/recompute.h), kept when the rest is dropped: the noise
+    // streams' position and the global-aux counts as they stood before this forward.
+    struct Replay {
+      uint64_t forward_index = 0;
+      GlobalAuxCounts global_before;
+    } replay;
+    // Set by the caller: this forward replays the one recorded in `replay`; it counts and accumulates nothing.
+    bool recompute = false;
   };
 
   using Output = RoutedTokens;

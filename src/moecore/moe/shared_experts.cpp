@@ -9,8 +9,9 @@
 
 namespace moecore::moe {
 
-SharedExperts::SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate)
-    : mlp_(reg, name, cfg) {
+SharedExperts::SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate,
+                             bool recompute)
+    : recompute_(recompute), mlp_(reg, name, cfg) {
   if (gate) gate_ = &reg.add(name + ".gate_weight", {1, cfg.hidden}, nn::InitRule::normal(cfg.init_std));
 }
 
@@ -20,7 +21,33 @@ SharedExperts::Stash SharedExperts::make_stash() const {
   return s;
 }
 
-Tensor SharedExperts::forward(const Tensor& x_SBH, Stash& st) {
+Tensor SharedExperts::forward(const Tensor& x_SBH, Stash& st, bool replay) {
+  if (!recompute_ || replay) return forward_impl(x_SBH, st);
+  Tensor y = forward_impl(x_SBH, st);
+  st = make_stash();
+  st.x_in = x_SBH;
+  return y;
+}
+
+void SharedExperts::drop_input(const Tensor& x, Stash& st) const {
+  if (st.x_in.defined()) {
+    st.x_in = Tensor();
+    return;
+  }
+  mlp_.drop_input(x, *st.mlp);
+  st.x_TH = Tensor();
+}
+
+void SharedExperts::restore_input(const Tensor& x, Stash& st) const {
+  if (recompute_) {
+    st.x_in = x;
+    return;
+  }
+  mlp_.restore_input(x, *st.mlp);
+  if (gate_) st.x_TH = x.reshape({x.rows(), x.cols()});
+}
+
+Tensor SharedExperts::forward_impl(const Tensor& x_SBH, Stash& st) {
   Tensor m = mlp_.forward(x_SBH, *st.mlp);
   if (!gate_) return m;
   const int64_t T = x_SBH.rows(), H = x_SBH.cols();
@@ -42,6 +69,13 @@ Tensor SharedExperts::forward(const Tensor& x_SBH, Stash& st) {
 }
 
 Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
+  if (st.x_in.defined()) {  // recompute: the forward again, into the stash
+    const Tensor x = st.x_in;
+    st = make_stash();
+    st.mlp->recompute = true;
+    forward_impl(x, st);
+    st.mlp->recompute = false;
+  }
   if (!gate_) return mlp_.backward(dy_SBH, *st.mlp);
   const int64_t T = dy_SBH.rows(), H = dy_SBH.cols();
   Tensor dm = Tensor::empty({T, H}, dy_SBH.dtype());

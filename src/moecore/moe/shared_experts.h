@@ -14,13 +14,22 @@ class SharedExperts {
   struct Stash {
     std::unique_ptr<nn::FeedForward::Stash> mlp;
     Tensor x_TH, out_TH, gate_T;  // gate only
+    Tensor x_in;                  // recompute: the input, all the stash keeps after forward
   };
-  SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate);
+  // recompute: --recompute-modules shared_experts (the stash keeps only the input; backward re-runs forward).
+  SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate,
+                bool recompute = false);
   Stash make_stash() const;
-  Tensor forward(const Tensor& x_SBH, Stash& st);
+  // replay: this forward is a recompute's replay (of the MoE layer), kept whole for the backward that follows.
+  Tensor forward(const Tensor& x_SBH, Stash& st, bool replay = false);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
+  // --recompute-modules layernorm: forget / put back every reference to the input x (see FeedForward).
+  void drop_input(const Tensor& x, Stash& st) const;
+  void restore_input(const Tensor& x, Stash& st) const;
 
  private:
+  Tensor forward_impl(const Tensor& x_SBH, Stash& st);
+  bool recompute_ = false;
   nn::MLP mlp_;
   nn::Parameter* gate_ = nullptr;  // [1, H]
 };

@@ -72,22 +72,47 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   }
   st.q_SBND = q;
   st.k_SBND = k;
+  core_forward(st);
+  Tensor y = proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden});
+  if (cfg_.recompute_core_attn) {
+    st.o_SBND = st.lse_BNS = Tensor();
+    st.proj = {};
+  }
+  return sp_reduce_scatter(y, cfg_.tp);
+}
+
+void Attention::core_forward(Stash& st) const {
+  const Tensor& q = st.q_SBND;
+  const int64_t S = q.dim(0), B = q.dim(1);
   st.o_SBND = Tensor::empty(q.shape(), q.dtype());
   st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype());
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
   if (bf16_attention(S))
-    kernels::attention_forward_bf16(q, k, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
+    kernels::attention_forward_bf16(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
   else
-    kernels::attention_forward(q, k, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
-  return sp_reduce_scatter(proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden}),
-                           cfg_.tp);
+    kernels::attention_forward(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
+}
+
+void Attention::drop_input(Stash& st) const {
+  st.q = st.k = st.v = {};
+}
+
+void Attention::restore_input(const Tensor& x_local, Stash& st) const {
+  const Tensor x_SBH = sp_all_gather(x_local, cfg_.tp);
+  q_.stash_input(x_SBH, st.q);
+  k_.stash_input(x_SBH, st.k);
+  v_.stash_input(x_SBH, st.v);
 }
 
 Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   const Tensor dy_SBH = sp_all_gather(dy_local, cfg_.tp);
   const int64_t S = dy_SBH.dim(0), B = dy_SBH.dim(1), D = cfg_.head_dim;
+  if (!st.lse_BNS.defined()) {  // core_attn recompute: the kernel again (same dropout masks), o back into proj
+    core_forward(st);
+    proj_.stash_input(st.o_SBND.reshape({S * B, nq_ * D}), st.proj);
+  }
   const Tensor d_o = proj_.backward(dy_SBH, st.proj).reshape(st.o_SBND.shape());
   Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype());
   Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype());

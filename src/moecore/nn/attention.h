@@ -35,6 +35,9 @@ struct AttentionConfig {
   NormKind qk_norm_kind = NormKind::RMSNorm;  // Megatron's qk_layernorm uses the configured --normalization
   bool zero_centered_gamma = false;
   bool rope = true;  // false: no rotation (learned_absolute or none position embeddings)
+  // --recompute-modules core_attn: the stash keeps q, k, v; the kernel's output and logsumexp (and the output
+  // projection's copy of it) are dropped after forward and recomputed at the start of backward.
+  bool recompute_core_attn = false;
 };
 
 class Attention {
@@ -51,8 +54,14 @@ class Attention {
   // x_SBH [S, B, H] -> [S, B, H]
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
+  // --recompute-modules layernorm: forget the q/k/v projections' copies of the input x_SBH (the input norm's output),
+  // and put them back from the recomputed x_SBH before backward (under SP: all-gathered again).
+  void drop_input(Stash& st) const;
+  void restore_input(const Tensor& x_SBH, Stash& st) const;
 
  private:
+  // The attention kernel (bf16 or f32 by the sequence length): q, k, v -> o, lse.
+  void core_forward(Stash& st) const;
   // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
   bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
   // The kernel's dropout for this micro-batch (off outside training or at p = 0).

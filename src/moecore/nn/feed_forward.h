@@ -16,6 +16,9 @@ class FeedForward {
     // Scale of this micro-batch's LM-loss gradient (1/num_micro_batches in gradient accumulation); auxiliary
     // losses inside the FFN (MoE load balancing) scale their injected gradients by it, as Megatron does.
     double loss_scale = 1.0;
+    // Set by the caller for a recompute's replay of a forward (recompute.h): the forward gives the same values and
+    // accumulates no statistics or counters.
+    bool recompute = false;
   };
   virtual ~FeedForward() = default;
   // Training mode: auxiliary losses, balancing counters and statistics are updated only when training.
@@ -24,6 +27,16 @@ class FeedForward {
   // x_SBH [S, B, H] -> [S, B, H]
   virtual Tensor forward(const Tensor& x_SBH, Stash& st) = 0;
   virtual Tensor backward(const Tensor& dy_SBH, Stash& st) = 0;
+  // Recompute (recompute.h). carry_replay: copies what a replay of `from`'s forward needs (router noise index,
+  // global-aux counts) into the fresh stash `to`. drop_input / restore_input: forgets every reference the stash
+  // holds to the input x (the pre-MLP norm's output, recomputed under --recompute-modules layernorm), and puts
+  // them back from the recomputed x before backward.
+  virtual void carry_replay(const Stash& from, Stash& to) const {
+    (void)from;
+    (void)to;
+  }
+  virtual void drop_input(const Tensor& x, Stash& st) const = 0;
+  virtual void restore_input(const Tensor& x, Stash& st) const = 0;
   // Once per optimizer step, after the global batch's gradients are final (MoE: expert-bias counts summed and the
   // bias updated, routing statistics snapshotted and reset). Collective over the ranks that share the batch.
   virtual void finish_global_batch() {}

@@ -36,7 +36,8 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     : cfg_(c),
       embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std, c.tp),
       final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm()),
-      embedding_dropout_("embedding.embedding_dropout", c.hidden_dropout, c.tp) {
+      embedding_dropout_("embedding.embedding_dropout", c.hidden_dropout, c.tp),
+      recompute_(c.recompute) {
   if (c.position_embedding == PositionEmbeddingType::LearnedAbsolute)
     position_ = std::make_unique<PositionEmbedding>(reg, "embedding.position_embeddings", c.max_seq_len, c.hidden_size,
                                                     c.init_method_std, c.tp);
@@ -61,16 +62,19 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      c.attention_dropout,
                      c.normalization,
                      c.zero_centered_gamma,
-                     c.position_embedding == PositionEmbeddingType::Rope};
+                     c.position_embedding == PositionEmbeddingType::Rope,
+                     c.recompute.core_attn};
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string name = "decoder.layers." + std::to_string(i);
     std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
     if (!f) {
       MLPConfig mc{c.hidden_size,     c.ffn_hidden_size, c.activation, c.add_bias_linear,
-                   c.init_method_std, out_std,           c.bf16,       c.tp};
+                   c.init_method_std, out_std,           c.bf16,       c.tp,
+                   c.recompute.mlp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
-    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout));
+    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout,
+                                                         c.recompute.layernorm));
   }
   if (c.untie_embeddings_and_output_weights) {
     output_ =
@@ -107,7 +111,7 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
   probe("embedding", false, h);
   for (size_t i = 0; i < layers_.size(); i++) {
     st.layers[i].dropout = st.dropout;
-    h = layers_[i]->forward(h, st.layers[i]);
+    h = recompute_.forward(layers_, st.layers, i, h);
   }
   h = final_norm_.forward(h, st.final_norm);
   probe("decoder.final_layernorm", false, h);
@@ -168,7 +172,7 @@ void GPTModel::backward_scaled(Stash& st, double token_scale, double aux_scale,
   probe("decoder.final_layernorm", true, dh);
   for (size_t i = layers_.size(); i-- > 0;) {
     st.layers[i].ffn->loss_scale = aux_scale;
-    dh = layers_[i]->backward(dh, st.layers[i]);
+    dh = recompute_.backward(layers_, st.layers, i, dh);
     if (grads_final) grads_final(i);
   }
   dh = embedding_dropout_.backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.dropout);

@@ -10,6 +10,7 @@
 
 #include "moecore/kernels/cpu/activation.h"
 #include "moecore/nn/embedding.h"
+#include "moecore/nn/layer_recompute.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/position_embedding.h"
@@ -50,6 +51,7 @@ struct GPTConfig {
   bool zero_centered_gamma = false;
   PositionEmbeddingType position_embedding = PositionEmbeddingType::Rope;
   NormConfig norm() const { return {normalization, norm_eps, zero_centered_gamma}; }
+  RecomputeConfig recompute;  // activation recompute (the MoE layers take theirs from their own config)
 };
 
 // Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.
@@ -115,6 +117,7 @@ class GPTModel {
   Norm final_norm_;
   std::unique_ptr<Linear> output_;
   HiddenDropout embedding_dropout_;
+  LayerRecompute recompute_;
   bool training_ = true;
   const Probe* probe_ = nullptr;
   void probe(const char* module, bool backward, const Tensor& t) const {

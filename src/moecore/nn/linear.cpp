@@ -59,6 +59,11 @@ Tensor Linear::forward(const Tensor& x, Stash& st) {
   return y;
 }
 
+void Linear::stash_input(const Tensor& x, Stash& st) const {
+  const Tensor x2 = x.reshape({x.rows(), in_});
+  st.x = bf16_ ? x2.to(DType::BF16) : x2;
+}
+
 Tensor Linear::backward(const Tensor& dy, Stash& st) {
   MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
   const Tensor dy2 = dy.reshape({dy.rows(), out_});

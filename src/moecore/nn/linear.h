@@ -38,6 +38,8 @@ class Linear {
 
   // x [..., in] -> y [rows, out]
   Tensor forward(const Tensor& x, Stash& st);
+  // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
+  void stash_input(const Tensor& x, Stash& st) const;
   // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated.
   Tensor backward(const Tensor& dy, Stash& st);
 

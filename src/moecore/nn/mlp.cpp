@@ -24,6 +24,15 @@ MLP::MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg)
 
 Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
+  if (!cfg_.recompute || st.recompute) return forward_impl(x_SBH, st);
+  Tensor y = forward_impl(x_SBH, st);
+  st.fc1 = st.fc2 = {};
+  st.h = Tensor();
+  st.x_in = x_SBH;
+  return y;
+}
+
+Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
   st.h = fc1_.forward(x, st.fc1);
   Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, st.h.dtype());
@@ -33,12 +42,35 @@ Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
 
 Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   auto& st = static_cast<Stash&>(base);
+  if (st.x_in.defined()) {  // recompute: the forward again, into the stash (the SP all-gather and reduce-scatter too)
+    st.recompute = true;
+    forward_impl(st.x_in, st);
+    st.recompute = false;
+    st.x_in = Tensor();
+  }
   const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
   const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
   Tensor dh = Tensor::empty(st.h.shape(), st.h.dtype());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
   return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);
+}
+
+void MLP::drop_input(const Tensor& x, FeedForward::Stash& base) const {
+  (void)x;
+  auto& st = static_cast<Stash&>(base);
+  if (cfg_.recompute)
+    st.x_in = Tensor();
+  else
+    st.fc1 = {};
+}
+
+void MLP::restore_input(const Tensor& x, FeedForward::Stash& base) const {
+  auto& st = static_cast<Stash&>(base);
+  if (cfg_.recompute)
+    st.x_in = x;
+  else
+    fc1_.stash_input(sp_all_gather(x, cfg_.tp), st.fc1);
 }
 
 }  // namespace moecore::nn

@@ -21,20 +21,25 @@ struct MLPConfig {
   double output_init_std = 0.02;
   bool bf16 = false;
   TPContext tp;
+  bool recompute = false;  // --recompute-modules mlp: the stash keeps only the input; backward re-runs forward
 };
 
 class MLP : public FeedForward {
  public:
   struct Stash : FeedForward::Stash {
     Linear::Stash fc1, fc2;
-    Tensor h;  // fc1 output, the activation's input
+    Tensor h;     // fc1 output, the activation's input
+    Tensor x_in;  // recompute: the block's input [S/TP, B, H], all the stash keeps after forward
   };
   MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg);
   std::unique_ptr<FeedForward::Stash> make_stash() const override { return std::make_unique<Stash>(); }
   Tensor forward(const Tensor& x_SBH, FeedForward::Stash& st) override;
   Tensor backward(const Tensor& dy_SBH, FeedForward::Stash& st) override;
+  void drop_input(const Tensor& x, FeedForward::Stash& st) const override;
+  void restore_input(const Tensor& x, FeedForward::Stash& st) const override;
 
  private:
+  Tensor forward_impl(const Tensor& x_SBH, Stash& st);
   MLPConfig cfg_;
   Linear fc1_, fc2_;
 };

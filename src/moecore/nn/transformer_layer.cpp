@@ -7,14 +7,16 @@
 namespace moecore::nn {
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
-                                   const NormConfig& norm, std::unique_ptr<FeedForward> ffn, double hidden_dropout)
+                                   const NormConfig& norm, std::unique_ptr<FeedForward> ffn, double hidden_dropout,
+                                   bool recompute_norms)
     : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm),
       attn_(reg, name + ".self_attention", attn),
       pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm),
       ffn_(std::move(ffn)),
       attn_dropout_(name + ".self_attn_bda.hidden_dropout", hidden_dropout, attn.tp),
       mlp_dropout_(name + ".mlp_bda.hidden_dropout", hidden_dropout, attn.tp),
-      name_(name) {}
+      name_(name),
+      recompute_norms_(recompute_norms) {}
 
 TransformerLayer::Stash TransformerLayer::make_stash() const {
   Stash s;
@@ -22,29 +24,52 @@ TransformerLayer::Stash TransformerLayer::make_stash() const {
   return s;
 }
 
+void TransformerLayer::release(Stash& st) const {
+  Stash kept = make_stash();
+  kept.dropout = st.dropout;
+  kept.ffn->loss_scale = st.ffn->loss_scale;
+  ffn_->carry_replay(*st.ffn, *kept.ffn);
+  kept.chunk_input = st.chunk_input;
+  st = std::move(kept);
+}
+
 Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
+  replaying_ = st.replay;
   const Tensor n1 = input_norm_.forward(x_SBH, st.input_norm);
   probe(".input_layernorm", false, n1);
   st.attn.dropout = st.dropout;
   Tensor h = attn_.forward(n1, st.attn);
+  if (recompute_norms_) attn_.drop_input(st.attn);
   probe(".self_attention", false, h);
   attn_dropout_.forward_(h, st.dropout);
   kernels::add_(h, x_SBH);
   const Tensor n2 = pre_mlp_norm_.forward(h, st.pre_mlp_norm);
   probe(".pre_mlp_layernorm", false, n2);
+  st.ffn->recompute = st.replay;
   Tensor y = ffn_->forward(n2, *st.ffn);
+  st.ffn->recompute = false;
+  if (recompute_norms_) ffn_->drop_input(n2, *st.ffn);
   probe(".mlp", false, y);
   mlp_dropout_.forward_(y, st.dropout);
   kernels::add_(y, h);
+  replaying_ = false;
   return y;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
+  if (recompute_norms_) {  // the pre-MLP norm's output again, handed back to the FFN's stash
+    const Tensor h = st.pre_mlp_norm.x;
+    ffn_->restore_input(pre_mlp_norm_.forward(h, st.pre_mlp_norm), *st.ffn);
+  }
   const Tensor dn2 = ffn_->backward(mlp_dropout_.backward(dy_SBH, st.dropout), *st.ffn);
   probe(".mlp", true, dn2);
   Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm);
   probe(".pre_mlp_layernorm", true, dh);
   kernels::add_(dh, dy_SBH);
+  if (recompute_norms_) {
+    const Tensor x = st.input_norm.x;
+    attn_.restore_input(input_norm_.forward(x, st.input_norm), st.attn);
+  }
   const Tensor dn1 = attn_.backward(attn_dropout_.backward(dh, st.dropout), st.attn);
   probe(".self_attention", true, dn1);
   Tensor dx = input_norm_.backward(dn1, st.input_norm);

@@ -21,13 +21,21 @@ class TransformerLayer {
     Attention::Stash attn;
     std::unique_ptr<FeedForward::Stash> ffn;
     DropoutBatch dropout;  // set by the caller before forward (the model: training flag, seed, sample indices)
+    // Full recompute (layer_recompute.h): the input of the chunk this layer begins; and, set by the caller, that
+    // this forward is a replay (no probes; the FFN replays its router and counts nothing).
+    Tensor chunk_input;
+    bool replay = false;
   };
 
+  // recompute_norms: --recompute-modules layernorm (both norms' outputs dropped after their consumers' forward,
+  // recomputed from the norms' inputs before their consumers' backward).
   TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn, const NormConfig& norm,
-                   std::unique_ptr<FeedForward> ffn, double hidden_dropout = 0);
+                   std::unique_ptr<FeedForward> ffn, double hidden_dropout = 0, bool recompute_norms = false);
   Stash make_stash() const;
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
+  // Full recompute: drops everything forward stashed but the dropout batch and what a replay needs.
+  void release(Stash& st) const;
   // Called after each module (see probe.h); null: none.
   void set_probe(const Probe* probe) { probe_ = probe; }
   FeedForward& ffn() { return *ffn_; }
@@ -40,9 +48,11 @@ class TransformerLayer {
   std::unique_ptr<FeedForward> ffn_;
   HiddenDropout attn_dropout_, mlp_dropout_;
   std::string name_;
+  bool recompute_norms_ = false;
   const Probe* probe_ = nullptr;
+  bool replaying_ = false;  // during a replay forward: no probes
   void probe(const char* module, bool backward, const Tensor& t) const {
-    if (probe_) (*probe_)(name_ + module, backward, t);
+    if (probe_ && !replaying_) (*probe_)(name_ + module, backward, t);
   }
 };
 

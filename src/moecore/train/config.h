@@ -84,6 +84,11 @@ struct TrainConfig {
   double decoupled_lr = -1, decoupled_min_lr = -1;  // -1: none (Megatron's None)
   int64_t seed = 1234;
   bool bf16 = false;
+  // activation recompute (nn/recompute.h); "" and 0 stand for Megatron's None
+  std::string recompute_granularity, recompute_method;
+  int64_t recompute_num_layers = 0;
+  std::vector<std::string> recompute_modules;  // empty: Megatron's default, core_attn
+  bool recompute_activations = false, moe_layer_recompute = false;
   // parallelism (one process until the distributed issue)
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1,
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -130,7 +131,55 @@ void resolve_defaults(TrainConfig& c) {
   if (c.train_samples == 0 && c.lr_decay_iters == 0) derive(&TrainConfig::lr_decay_iters, c.train_iters);
   if (c.train_samples > 0 && c.lr_decay_samples == 0) derive(&TrainConfig::lr_decay_samples, c.train_samples);
   if (c.num_experts > 0 && c.moe_ffn_hidden_size == 0) derive(&TrainConfig::moe_ffn_hidden_size, c.ffn_hidden_size);
+  // Activation recompute, as Megatron rewrites it: --recompute-activations is selective granularity;
+  // --moe-layer-recompute adds moe to the modules (the default core_attn included) unless granularity is full.
+  if (c.recompute_activations) c.recompute_granularity = "selective";
+  if (c.moe_layer_recompute && c.recompute_granularity != "full") {
+    c.recompute_granularity = "selective";
+    if (c.recompute_modules.empty()) c.recompute_modules = {"core_attn"};
+    if (std::find(c.recompute_modules.begin(), c.recompute_modules.end(), "moe") == c.recompute_modules.end())
+      c.recompute_modules.push_back("moe");
+  }
 }
+
+namespace {
+// Megatron's recompute checks (TransformerConfig.__post_init__, arguments.py), its messages' substance kept.
+void validate_recompute(const TrainConfig& c) {
+  const std::string& g = c.recompute_granularity;
+  MOE_CHECK(!c.moe_layer_recompute || g != "full",
+            "--moe-layer-recompute with --recompute-granularity full: Megatron refuses it (do not set "
+            "--moe-layer-recompute with full recompute granularity); drop one of them");
+  if (g == "full") {
+    MOE_CHECK(!c.recompute_method.empty(),
+              "--recompute-granularity full needs --recompute-method uniform or block (which layers to recompute)");
+    MOE_CHECK(c.recompute_num_layers > 0,
+              "--recompute-granularity full needs --recompute-num-layers between 1 and the layers per pipeline stage "
+              "({})",
+              c.num_layers / std::max<int64_t>(c.pipeline_model_parallel_size, 1));
+  }
+  if (g != "selective") return;
+  MOE_CHECK(c.recompute_method.empty(),
+            "--recompute-method {} is not supported with --recompute-granularity selective (Megatron: selective "
+            "recomputes its modules in every layer); drop --recompute-method",
+            c.recompute_method);
+  MOE_CHECK(c.recompute_num_layers == 0,
+            "--recompute-num-layers {} with --recompute-granularity selective: it must be left unset (selective "
+            "recomputes its modules in every layer)",
+            c.recompute_num_layers);
+  for (const std::string& m : c.recompute_modules) {
+    MOE_CHECK(m != "mla_up_proj",
+              "--recompute-modules mla_up_proj needs --multi-latent-attention, not implemented yet; use core_attn, "
+              "moe_act, layernorm, mlp, moe or shared_experts");
+    MOE_CHECK(m != "gdn_norm_out" && m != "gdp_in_proj" && m != "gdp_qkv",
+              "--recompute-modules {} needs gated delta-net attention (--experimental-attention-variant), not "
+              "implemented in moecore; use core_attn, moe_act, layernorm, mlp, moe or shared_experts",
+              m);
+    MOE_CHECK(m != "mhc",
+              "--recompute-modules mhc needs hyper-connections (--enable-mhc-connections), not implemented in "
+              "moecore; use core_attn, moe_act, layernorm, mlp, moe or shared_experts");
+  }
+}
+}  // namespace
 
 void validate(const TrainConfig& c) {
   // Not derivable (H not divisible by the heads) says more than "--kv-channels 0 is out of range".
@@ -257,6 +306,7 @@ void validate(const TrainConfig& c) {
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size 1",
             c.global_batch_size, c.micro_batch_size);
   validate_schedule_flags(c);
+  validate_recompute(c);
   MOE_CHECK(c.skip_train || c.train_iters > 0, "--train-iters must be positive (or pass --skip-train)");
   pos(c.log_interval, "log-interval");
   pos(c.eval_interval, "eval-interval");

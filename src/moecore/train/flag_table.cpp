@@ -167,7 +167,25 @@ std::vector<FlagSpec> build_flag_table() {
        {"bf16", &C::bf16, "bf16 GEMMs with fp32 master weights and accumulation"},
        {"testing-memory-limit", &C::testing_memory_limit,
         "Testing: bytes this rank may use, instead of the cgroup or MemAvailable limit (0: detect)", kNoRole,
-        at_least(0)}});
+        at_least(0)},
+       // activation recompute: bitwise the same losses and gradients, less activation memory, more compute
+       {"recompute-granularity", &C::recompute_granularity,
+        "full (whole layers keep only their input) or selective (the --recompute-modules); none by default", kNoRole,
+        one_of({"", "full", "selective"})},
+       {"recompute-method", &C::recompute_method,
+        "With full: uniform (chunks of --recompute-num-layers layers) or block (the first --recompute-num-layers "
+        "layers)",
+        kNoRole, one_of({"", "uniform", "block"})},
+       {"recompute-num-layers", &C::recompute_num_layers,
+        "With full: layers per recompute chunk (uniform) or layers recomputed (block)", kNoRole, at_least(0)},
+       {"recompute-modules", &C::recompute_modules,
+        "With selective (default core_attn): core_attn, moe_act, layernorm, mlp (dense layers), moe, shared_experts",
+        kNoRole,
+        one_of({"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out",
+                "gdp_in_proj", "gdp_qkv", "mhc"})},
+       {"recompute-activations", &C::recompute_activations, "Same as --recompute-granularity selective"},
+       {"moe-layer-recompute", &C::moe_layer_recompute,
+        "Deprecated in Megatron: --recompute-granularity selective with moe added to --recompute-modules"}});
   section(FlagGroup::Parallel,
           {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP", kNoRole, positive()},
            {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP", kNoRole, positive()},

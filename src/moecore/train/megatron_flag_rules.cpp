@@ -23,15 +23,23 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(
       not_yet("context parallelism", "run with --context-parallel-size 1"),
       {"cp-comm-type", "hierarchical-context-parallel-sizes", "hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
-  r.push_back(refused(not_yet("activation recomputation (it changes memory, not the math)",
-                              "lower --micro-batch-size or spread the model over more ranks"),
-                      {"moe-layer-recompute", "checkpoint-activations", "distribute-saved-activations"},
-                      {"recompute-"}));
+  r.push_back(
+      refused("--checkpoint-activations is no longer valid in Megatron; use --recompute-activations, or "
+              "--recompute-granularity and --recompute-method",
+              {"checkpoint-activations"}));
+  r.push_back(refused(not_yet("--distribute-saved-activations (full recompute's saved layer inputs split over the "
+                              "tensor-parallel group; it changes memory, not the math)",
+                              "drop it: full recompute keeps each chunk's whole input"),
+                      {"distribute-saved-activations"}));
+  r.push_back(
+      refused("fine-grained activation offloading moves device (GPU) activations to host memory while they "
+              "wait for backward; it needs the CUDA backend, and moecore's CPU backend keeps activations in "
+              "host memory already; use --recompute-granularity selective --recompute-modules to save "
+              "activation memory",
+              {"fine-grained-activation-offloading", "offload-modules", "fine-grained-offloading-max-inflight-offloads",
+               "min-offloaded-tensor-size", "delay-offload-until-cuda-graph"}));
   r.push_back(refused(not_yet("CPU offloading of activations or weights"),
-                      {"activation-offload-fraction", "fine-grained-activation-offloading",
-                       "fine-grained-offloading-max-inflight-offloads", "min-offloaded-tensor-size", "offload-modules",
-                       "delay-offload-until-cuda-graph", "delta-offload-bytes-across-pp-ranks"},
-                      {"cpu-offloading"}));
+                      {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
   r.push_back(refused(
       not_yet("multi-latent attention (MLA)"),
       {"multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim",

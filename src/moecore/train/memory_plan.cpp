@@ -107,7 +107,21 @@ MemoryPlan plan_memory(const TrainConfig& c, const ParamCounts& p, int64_t padde
   if (c.num_experts > 0)
     ffn_act = static_cast<double>(c.moe_router_topk) * (H + 3.0 * static_cast<double>(c.moe_ffn_hidden_size)) +
               static_cast<double>(c.num_experts);
-  m.activations = T * (6 * H + 2 * qkv + ffn_act) * 4.0 * static_cast<double>(c.num_layers) / t;
+  const double per_layer = T * (6 * H + 2 * qkv + ffn_act) * 4.0 / t;
+  const int64_t L = c.num_layers, chunk = c.recompute_num_layers;
+  m.activations = per_layer * static_cast<double>(L);
+  if (c.recompute_granularity == "full" && chunk > 0) {
+    // Full recompute keeps each chunk's input; backward holds one replayed chunk's stashes at a time, the later
+    // layers' already freed. (Selective recompute is not counted here: the plan stays an upper bound.)
+    const double input = T * H * 4.0 / t;
+    if (c.recompute_method == "block") {
+      const int64_t r = std::min(chunk, L);
+      m.activations = input * static_cast<double>(r) + per_layer * static_cast<double>(std::max<int64_t>(L - r, r > 0));
+    } else {
+      m.activations =
+          input * static_cast<double>((L + chunk - 1) / chunk) + per_layer * static_cast<double>(std::min(chunk, L));
+    }
+  }
   m.logits = T * static_cast<double>(padded_vocab) * 4.0 / t;
   return m;
 }
@@ -154,6 +168,10 @@ void check_memory_fits(const TrainConfig& c, const MemoryPlan& plan, const Memor
       "Adam moments divide over them)";
   if (!c.use_distributed_optimizer)
     advice += "; --use-distributed-optimizer (Adam moments divide over the data-parallel ranks)";
+  if (c.recompute_granularity.empty())
+    advice +=
+        "; activation recompute (--recompute-granularity selective --recompute-modules moe_act layernorm, or "
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)";
   MOE_CHECK(false,
             "the run cannot fit in memory: it plans {} per rank ({}), but this rank may use {} ({}). Try {}; or a "
             "smaller model",

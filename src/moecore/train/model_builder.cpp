@@ -42,9 +42,32 @@ std::array<std::shared_ptr<const data::SampleSource>, 3> build_datasets(const Tr
   return d;
 }
 
+nn::RecomputeConfig recompute_config(const TrainConfig& c) {
+  nn::RecomputeConfig r;
+  if (c.recompute_granularity == "full") {
+    r.full = true;
+    r.method =
+        c.recompute_method == "block" ? nn::RecomputeConfig::Method::Block : nn::RecomputeConfig::Method::Uniform;
+    r.num_layers = c.recompute_num_layers;
+  } else if (c.recompute_granularity == "selective") {
+    const std::vector<std::string> modules =
+        c.recompute_modules.empty() ? std::vector<std::string>{"core_attn"} : c.recompute_modules;
+    for (const std::string& m : modules) {
+      r.core_attn |= m == "core_attn";
+      r.moe_act |= m == "moe_act";
+      r.layernorm |= m == "layernorm";
+      r.mlp |= m == "mlp";
+      r.moe |= m == "moe";
+      r.shared_experts |= m == "shared_experts";
+    }
+  }
+  return r;
+}
+
 std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_vocab, nn::ParamRegistry& reg,
                                           const ParallelGroups& g) {
   nn::FfnFactory ffn = nullptr;
+  const nn::RecomputeConfig rc = recompute_config(c);
   if (c.num_experts > 0) {
     const auto is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
     moe::MoELayerConfig mc = moe_layer_config(c);
@@ -53,6 +76,9 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
     mc.tp.group = ParallelGroups::active(g.tp);
     mc.router.global_group = ParallelGroups::active(g.tp_dp);
     mc.router.global_grad_scale = static_cast<double>(g.dp_size);
+    mc.recompute_moe = rc.moe;
+    mc.recompute_moe_act = rc.moe_act;
+    mc.recompute_shared_experts = rc.shared_experts;
     ffn = [is_moe, mc](nn::ParamRegistry& r, const std::string& name, int64_t i) -> std::unique_ptr<nn::FeedForward> {
       if (!is_moe[static_cast<size_t>(i)]) return nullptr;
       return std::make_unique<moe::MoELayer>(r, name, mc);
@@ -60,6 +86,7 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   }
   nn::GPTConfig gc = gpt_config(c, padded_vocab);
   gc.tp.group = ParallelGroups::active(g.tp);
+  gc.recompute = rc;
   auto model = std::make_unique<nn::GPTModel>(gc, reg, ffn);
   reg.initialize(static_cast<uint64_t>(c.seed));
   return model;

@@ -29,6 +29,8 @@ Vocabulary build_vocabulary(const TrainConfig& c, int64_t saved_rows = 0);
 // Train and validation sources with enough samples for every step and every evaluation ([2], test, is unused).
 std::array<std::shared_ptr<const data::SampleSource>, 3> build_datasets(const TrainConfig& c, int64_t vocab);
 
+// The --recompute-* flags as the model takes them (MoE layers: moe, moe_act and shared_experts of it).
+nn::RecomputeConfig recompute_config(const TrainConfig& c);
 // The model on this rank's shards, its parameters in `reg`, initialized from --seed (layout-independent).
 std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_vocab, nn::ParamRegistry& reg,
                                           const ParallelGroups& g);

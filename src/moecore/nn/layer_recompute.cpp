@@ -1,0 +1,35 @@
+// Full-layer recompute (see layer_recompute.h).
+#include "moecore/nn/layer_recompute.h"
+
+namespace moecore::nn {
+
+Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i,
+                               const Tensor& x) const {
+  const auto L = static_cast<int64_t>(layers.size()), li = static_cast<int64_t>(i);
+  const RecomputeConfig::Chunk c = cfg_.chunk(li, L);
+  TransformerLayer::Stash& st = stashes[i];
+  Tensor y = layers[i]->forward(x, st);
+  if (!c.on()) return y;
+  layers[i]->release(st);
+  if (li == c.begin) st.chunk_input = x;
+  return y;
+}
+
+Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i,
+                                const Tensor& dy) const {
+  const auto L = static_cast<int64_t>(layers.size()), li = static_cast<int64_t>(i);
+  const RecomputeConfig::Chunk c = cfg_.chunk(li, L);
+  if (c.on() && li == c.end - 1) {  // the chunk's forwards again, from its input
+    const auto b = static_cast<size_t>(c.begin);
+    Tensor h = stashes[b].chunk_input;
+    stashes[b].chunk_input = Tensor();
+    for (auto j = b; j < static_cast<size_t>(c.end); j++) {
+      stashes[j].replay = true;
+      h = layers[j]->forward(h, stashes[j]);
+      stashes[j].replay = false;
+    }
+  }
+  return layers[i]->backward(dy, stashes[i]);
+}
+
+}  // namespace moecore::nn

@@ -1,0 +1,29 @@
+// Full-layer recompute over a model's layers (Megatron's --recompute-granularity full with --recompute-method
+// uniform or block, megatron/core/recompute.py): in a chunk of layers, forward keeps only the chunk's input (in
+// its first layer's stash) and each layer's replay state; the backward of the chunk's last layer re-runs the
+// chunk's forwards into the stashes, then each layer's backward runs as without recompute. Everything a layer does
+// in forward happens again in the replay, tensor- and expert-parallel communication included (as in Megatron).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "moecore/nn/recompute.h"
+#include "moecore/nn/transformer_layer.h"
+
+namespace moecore::nn {
+
+class LayerRecompute {
+ public:
+  explicit LayerRecompute(const RecomputeConfig& cfg = {}) : cfg_(cfg) {}
+  using Layers = std::vector<std::unique_ptr<TransformerLayer>>;
+  // Layer i's forward (backward) with stashes[i], for the stashes of every layer.
+  Tensor forward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i, const Tensor& x) const;
+  Tensor backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i, const Tensor& dy) const;
+  const RecomputeConfig& config() const { return cfg_; }
+
+ private:
+  RecomputeConfig cfg_;
+};
+
+}  // namespace moecore::nn

@@ -1,0 +1,98 @@
+// The --recompute-* flags with Megatron's defaults, rewrites and checks (train/config_resolve.cpp), what the model
+// takes from them (train::recompute_config), and the refused neighbours (--distribute-saved-activations,
+// fine-grained activation offloading).
+#include <gtest/gtest.h>
+
+#include "config_util.h"
+#include "moecore/train/memory_plan.h"
+#include "moecore/train/model_builder.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+using Args = std::vector<std::string>;
+
+train::TrainConfig config(const Args& extra) {
+  return testing::small_config(testing::tiny_moe_flags() + testing::mock_run_flags(8, 1, 1, 50, 1, "1e-3"), extra);
+}
+
+std::string error(const Args& extra) {
+  return testing::user_error_of([&] { config(extra); });
+}
+
+TEST(RecomputeFlags, DefaultsAndMegatronRewrites) {
+  EXPECT_FALSE(train::recompute_config(config({})).any());
+  // --recompute-activations is selective granularity; the modules default to core_attn.
+  nn::RecomputeConfig r = train::recompute_config(config({"--recompute-activations"}));
+  EXPECT_TRUE(r.core_attn && !r.full && !r.moe && !r.layernorm);
+  EXPECT_EQ(config({"--recompute-activations"}).recompute_granularity, "selective");
+  // --moe-layer-recompute (deprecated): selective with moe added to the default modules.
+  r = train::recompute_config(config({"--moe-layer-recompute"}));
+  EXPECT_TRUE(r.core_attn && r.moe && !r.moe_act);
+  r = train::recompute_config(config({"--moe-layer-recompute", "--recompute-modules", "layernorm"}));
+  EXPECT_TRUE(r.layernorm && r.moe && !r.core_attn);
+  r = train::recompute_config(config({"--recompute-granularity", "selective", "--recompute-modules", "moe_act",
+                                      "layernorm", "mlp", "moe", "shared_experts"}));
+  EXPECT_TRUE(r.moe_act && r.layernorm && r.mlp && r.moe && r.shared_experts && !r.core_attn && !r.full);
+  r = train::recompute_config(
+      config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
+  EXPECT_TRUE(r.full && r.method == nn::RecomputeConfig::Method::Block && r.num_layers == 1 && !r.core_attn);
+  // Modules and method without a granularity do nothing, as in Megatron.
+  EXPECT_FALSE(train::recompute_config(config({"--recompute-modules", "moe"})).any());
+}
+
+TEST(RecomputeFlags, MegatronChecks) {
+  EXPECT_NE(error({"--recompute-granularity", "full", "--recompute-num-layers", "1"}).find("--recompute-method"),
+            std::string::npos);
+  EXPECT_NE(error({"--recompute-granularity", "full", "--recompute-method", "uniform"}).find("--recompute-num-layers"),
+            std::string::npos);
+  EXPECT_NE(error({"--recompute-granularity", "selective", "--recompute-method", "uniform"}).find("selective"),
+            std::string::npos);
+  EXPECT_NE(error({"--recompute-activations", "--recompute-num-layers", "1"}).find("--recompute-num-layers 1"),
+            std::string::npos);
+  EXPECT_NE(error({"--moe-layer-recompute", "--recompute-granularity", "full", "--recompute-method", "uniform",
+                   "--recompute-num-layers", "1"})
+                .find("--moe-layer-recompute"),
+            std::string::npos);
+  EXPECT_NE(error({"--recompute-granularity", "partial"}).find("--recompute-granularity"), std::string::npos);
+  EXPECT_NE(error({"--recompute-activations", "--recompute-modules", "attention"}).find("attention"),
+            std::string::npos);
+  EXPECT_NE(error({"--recompute-activations", "--recompute-modules", "mla_up_proj"})
+                .find("needs --multi-latent-attention, not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(error({"--recompute-activations", "--recompute-modules", "mhc"}).find("mhc"), std::string::npos);
+}
+
+TEST(RecomputeFlags, RefusedNeighbours) {
+  EXPECT_NE(error({"--distribute-saved-activations"}).find("--distribute-saved-activations"), std::string::npos);
+  for (const Args& a : {Args{"--fine-grained-activation-offloading"}, Args{"--offload-modules", "core_attn"}}) {
+    const std::string e = error(a);
+    EXPECT_NE(e.find("host memory"), std::string::npos) << e;
+    EXPECT_NE(e.find("CUDA backend"), std::string::npos) << e;
+  }
+}
+
+// The plan printed at start counts full recompute: chunk inputs plus one replayed chunk.
+TEST(RecomputeFlags, MemoryPlanCountsFullRecompute) {
+  const train::TrainConfig c = config({});
+  const train::ParamCounts p = train::count_params(c, 64, 1, 1);
+  const double none = train::plan_memory(c, p, 64, 1, 1, 1).activations;
+  const double uniform =
+      train::plan_memory(
+          config({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
+          p, 64, 1, 1, 1)
+          .activations;
+  const double block =
+      train::plan_memory(
+          config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}), p,
+          64, 1, 1, 1)
+          .activations;
+  EXPECT_LT(uniform, none);
+  EXPECT_LT(block, none);
+  EXPECT_LT(block, uniform);  // 2 layers: block keeps 1 input + layer 1 whole; uniform 2 inputs + 1 replayed layer
+}
+
+}  // namespace
+}  // namespace moecore
