@@ -70,7 +70,8 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                    c.init_method_std, out_std,           c.bf16,       c.tp};
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
-    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout));
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout, c.mla));
   }
   if (c.untie_embeddings_and_output_weights) {
     output_ =

@@ -49,6 +49,8 @@ struct GPTConfig {
   NormKind normalization = NormKind::RMSNorm;
   bool zero_centered_gamma = false;
   PositionEmbeddingType position_embedding = PositionEmbeddingType::Rope;
+  // Multi-Latent Attention in every layer instead of the attention above (enabled: --multi-latent-attention).
+  MLAConfig mla;
   NormConfig norm() const { return {normalization, norm_eps, zero_centered_gamma}; }
 };
 
