@@ -30,8 +30,9 @@ std::vector<std::string> mla_model() {
                                                               "8"};
 }
 
-std::string error(const std::vector<std::string>& a) {
-  return testing::user_error_of([&] { testing::small_config(a); });
+// Flags in `extra` replace those in `a`.
+std::string error(const std::vector<std::string>& a, const std::vector<std::string>& extra = {}) {
+  return testing::user_error_of([&] { testing::small_config(a, extra); });
 }
 
 TEST(MLAFlags, SetTheModel) {
@@ -59,27 +60,23 @@ TEST(MLAFlags, MegatronsChecks) {
   EXPECT_NE(error(testing::tiny_moe_flags() + kRun + std::vector<std::string>{"--rope-type", "yarn"})
                 .find("--rope-type yarn: common attention only supports --rope-type rope"),
             std::string::npos);
-  EXPECT_EQ(error(testing::tiny_moe_flags() + kRun + std::vector<std::string>{"--rope-type", "rope"}), "");
-  EXPECT_NE(error(mla_model() + kRun + std::vector<std::string>{"--rope-type", "ntk"}).find("--rope-type ntk"),
-            std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun + std::vector<std::string>{"--group-query-attention", "--num-query-groups", "2"})
+  EXPECT_EQ(testing::small_config(testing::tiny_moe_flags() + kRun, {"--rope-type", "rope"}).rope_type, "rope");
+  EXPECT_NE(error(mla_model() + kRun, {"--rope-type", "ntk"}).find("--rope-type ntk"), std::string::npos);
+  EXPECT_NE(error(mla_model() + kRun, {"--group-query-attention", "--num-query-groups", "2"})
                 .find("--group-query-attention is mutually exclusive with --multi-latent-attention"),
             std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun + std::vector<std::string>{"--qk-pos-emb-head-dim", "5"})
-                .find("--qk-pos-emb-head-dim 5 rotates 5 channels"),
-            std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun + std::vector<std::string>{"--rope-type", "rope", "--rotary-percent", "0.25"})
+  EXPECT_NE(
+      error(mla_model() + kRun, {"--qk-pos-emb-head-dim", "5"}).find("--qk-pos-emb-head-dim 5 rotates 5 channels"),
+      std::string::npos);
+  EXPECT_NE(error(mla_model() + kRun, {"--rope-type", "rope", "--rotary-percent", "0.25"})
                 .find("--qk-pos-emb-head-dim 4 x --rotary-percent 0.25 rotates 1 channels"),
             std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun + std::vector<std::string>{"--kv-lora-rank", "0"}).find("--kv-lora-rank"),
-            std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun + std::vector<std::string>{"--cache-mla-latents"}).find("--cache-mla-latents"),
-            std::string::npos);
+  EXPECT_NE(error(mla_model() + kRun, {"--kv-lora-rank", "0"}).find("--kv-lora-rank"), std::string::npos);
+  EXPECT_NE(error(mla_model() + kRun, {"--cache-mla-latents"}).find("--cache-mla-latents"), std::string::npos);
   // Heads must split over TP; the latent ranks need not (the down projections are replicated).
-  EXPECT_NE(
-      error(mla_model() + kRun + std::vector<std::string>{"--tensor-model-parallel-size", "3", "--sequence-parallel"})
-          .find("divisible by --tensor-model-parallel-size 3"),
-      std::string::npos);
+  EXPECT_NE(error(mla_model() + kRun, {"--tensor-model-parallel-size", "3", "--sequence-parallel"})
+                .find("divisible by --tensor-model-parallel-size 3"),
+            std::string::npos);
 }
 
 TEST(MLAFlags, DeepSeekV3PresetUsesMLAWithYarn) {
