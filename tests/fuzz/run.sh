@@ -3,6 +3,7 @@
 # sanitized_unit_tests and fuzz_all_targets). Usage:
 #   run.sh build WORK            configure and build tests/fuzz/CMakeLists.txt with clang-14 into WORK
 #   run.sh unit WORK [FILTER]    the unit tests built against the ASan+UBSan library (a gtest filter)
+#   run.sh mpi WORK [FILTER]     the multi-rank tests against it, under mpirun on 2 ranks
 #   run.sh fuzz WORK [SECONDS]   every libFuzzer target for SECONDS (default 10) from tests/fuzz/corpus/<target>/
 # A finding (crash, sanitizer report, timeout, out-of-memory) fails the run and leaves the input in
 # WORK/artifacts/; add it to the target's corpus as a regression case once fixed.
@@ -22,6 +23,7 @@ build)
     exit 1
   }
   test -x "$work/build/moecore_san_tests"
+  test -x "$work/build/moecore_san_mpi_tests"
   for t in "$here"/corpus/*/; do test -x "$work/build/$(basename "$t")"; done
   echo "sanitized build: done"
   ;;
@@ -30,6 +32,12 @@ unit)
   # null, as malloc does, so the allocator's own out-of-memory message is what the tests see.
   ASAN_OPTIONS="allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
     "$work/build/moecore_san_tests" --gtest_filter="${3:-*}" --gtest_brief=1
+  ;;
+mpi)
+  # LeakSanitizer is off here: Open MPI keeps its allocations until the process ends, by design.
+  ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
+    mpirun --allow-run-as-root --oversubscribe -np 2 -x ASAN_OPTIONS -x UBSAN_OPTIONS -x OMP_NUM_THREADS=1 \
+    "$work/build/moecore_san_mpi_tests" --gtest_filter="${3:-*}" --gtest_brief=1
   ;;
 fuzz)
   seconds="${3:-10}"
@@ -57,7 +65,7 @@ fuzz)
   echo "fuzz: all $n targets ran ${seconds} s each without a finding"
   ;;
 *)
-  echo "usage: run.sh build|unit|fuzz WORK [ARG]" >&2
+  echo "usage: run.sh build|unit|mpi|fuzz WORK [ARG]" >&2
   exit 2
   ;;
 esac

@@ -30,11 +30,34 @@ TEST(TrainConfig, TableRolesGiveTheResumeAndUpcyclingLists) {
                                       "lr-decay-iters", "lr-wsd-decay-iters"}));
   // Upcycling keeps everything outside the MoE layers: the dense model's identity flags must match.
   EXPECT_EQ(train::flag_names(train::kIdentity, train::FlagGroup::Model),
-            (std::vector<std::string>{
-                "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
-                "kv-channels", "qk-layernorm", "rotary-base", "rotary-percent", "position-embedding-type",
-                "no-position-embedding", "normalization", "apply-layernorm-1p", "norm-epsilon",
-                "untie-embeddings-and-output-weights", "swiglu", "squared-relu", "disable-bias-linear"}));
+            (std::vector<std::string>{"num-layers",
+                                      "hidden-size",
+                                      "ffn-hidden-size",
+                                      "num-attention-heads",
+                                      "num-query-groups",
+                                      "kv-channels",
+                                      "qk-layernorm",
+                                      "rotary-base",
+                                      "rotary-percent",
+                                      "position-embedding-type",
+                                      "no-position-embedding",
+                                      "normalization",
+                                      "apply-layernorm-1p",
+                                      "norm-epsilon",
+                                      "untie-embeddings-and-output-weights",
+                                      "swiglu",
+                                      "squared-relu",
+                                      "disable-bias-linear",
+                                      "multi-latent-attention",
+                                      "q-lora-rank",
+                                      "kv-lora-rank",
+                                      "qk-head-dim",
+                                      "qk-pos-emb-head-dim",
+                                      "v-head-dim",
+                                      "rope-type",
+                                      "rotary-scaling-factor",
+                                      "mscale",
+                                      "mscale-all-dim"}));
   const auto identity = train::flag_names(train::kIdentity), ckpt_args = train::flag_names(train::kCheckpointArg);
   EXPECT_TRUE(has(identity, "moe-router-topk") && has(identity, "moe-layer-freq") && !has(identity, "lr"));
   for (const auto& n : identity) EXPECT_TRUE(has(ckpt_args, n)) << n;

@@ -74,7 +74,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
       f = std::make_unique<MLP>(reg, name + ".mlp", mc);
     }
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout,
-                                                         c.recompute.layernorm));
+                                                         c.recompute.layernorm, c.mla));
   }
   if (c.untie_embeddings_and_output_weights) {
     output_ =

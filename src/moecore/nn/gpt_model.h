@@ -50,6 +50,8 @@ struct GPTConfig {
   NormKind normalization = NormKind::RMSNorm;
   bool zero_centered_gamma = false;
   PositionEmbeddingType position_embedding = PositionEmbeddingType::Rope;
+  // Multi-Latent Attention in every layer instead of the attention above (enabled: --multi-latent-attention).
+  MLAConfig mla;
   NormConfig norm() const { return {normalization, norm_eps, zero_centered_gamma}; }
   RecomputeConfig recompute;  // activation recompute (the MoE layers take theirs from their own config)
 };

@@ -8,9 +8,10 @@ namespace moecore::nn {
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
                                    const NormConfig& norm, std::unique_ptr<FeedForward> ffn, double hidden_dropout,
-                                   bool recompute_norms)
+                                   bool recompute_norms, const MLAConfig& mla)
     : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm),
-      attn_(reg, name + ".self_attention", attn),
+      attn_(mla.enabled ? nullptr : std::make_unique<Attention>(reg, name + ".self_attention", attn)),
+      mla_(mla.enabled ? std::make_unique<MLAttention>(reg, name + ".self_attention", attn, mla) : nullptr),
       pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm),
       ffn_(std::move(ffn)),
       attn_dropout_(name + ".self_attn_bda.hidden_dropout", hidden_dropout, attn.tp),
@@ -37,9 +38,9 @@ Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
   replaying_ = st.replay;
   const Tensor n1 = input_norm_.forward(x_SBH, st.input_norm);
   probe(".input_layernorm", false, n1);
-  st.attn.dropout = st.dropout;
-  Tensor h = attn_.forward(n1, st.attn);
-  if (recompute_norms_) attn_.drop_input(st.attn);
+  st.attn.dropout = st.mla.dropout = st.dropout;
+  Tensor h = mla_ ? mla_->forward(n1, st.mla) : attn_->forward(n1, st.attn);
+  if (recompute_norms_ && attn_) attn_->drop_input(st.attn);
   probe(".self_attention", false, h);
   attn_dropout_.forward_(h, st.dropout);
   kernels::add_(h, x_SBH);
@@ -66,11 +67,12 @@ Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
   Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm);
   probe(".pre_mlp_layernorm", true, dh);
   kernels::add_(dh, dy_SBH);
-  if (recompute_norms_) {
+  if (recompute_norms_ && attn_) {
     const Tensor x = st.input_norm.x;
-    attn_.restore_input(input_norm_.forward(x, st.input_norm), st.attn);
+    attn_->restore_input(input_norm_.forward(x, st.input_norm), st.attn);
   }
-  const Tensor dn1 = attn_.backward(attn_dropout_.backward(dh, st.dropout), st.attn);
+  const Tensor dh_attn = attn_dropout_.backward(dh, st.dropout);
+  const Tensor dn1 = mla_ ? mla_->backward(dh_attn, st.mla) : attn_->backward(dh_attn, st.attn);
   probe(".self_attention", true, dn1);
   Tensor dx = input_norm_.backward(dn1, st.input_norm);
   probe(".input_layernorm", true, dx);

@@ -9,6 +9,7 @@
 #include "moecore/nn/attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/feed_forward.h"
+#include "moecore/nn/mla_attention.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/probe.h"
 
@@ -19,6 +20,7 @@ class TransformerLayer {
   struct Stash {
     Norm::Stash input_norm, pre_mlp_norm;
     Attention::Stash attn;
+    MLAttention::Stash mla;
     std::unique_ptr<FeedForward::Stash> ffn;
     DropoutBatch dropout;  // set by the caller before forward (the model: training flag, seed, sample indices)
     // Full recompute (layer_recompute.h): the input of the chunk this layer begins; and, set by the caller, that
@@ -30,7 +32,8 @@ class TransformerLayer {
   // recompute_norms: --recompute-modules layernorm (both norms' outputs dropped after their consumers' forward,
   // recomputed from the norms' inputs before their consumers' backward).
   TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn, const NormConfig& norm,
-                   std::unique_ptr<FeedForward> ffn, double hidden_dropout = 0, bool recompute_norms = false);
+                   std::unique_ptr<FeedForward> ffn, double hidden_dropout = 0, bool recompute_norms = false,
+                   const MLAConfig& mla = {});
   Stash make_stash() const;
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
@@ -43,7 +46,8 @@ class TransformerLayer {
 
  private:
   Norm input_norm_;
-  Attention attn_;
+  std::unique_ptr<Attention> attn_;  // one of the two
+  std::unique_ptr<MLAttention> mla_;
   Norm pre_mlp_norm_;
   std::unique_ptr<FeedForward> ffn_;
   HiddenDropout attn_dropout_, mlp_dropout_;

@@ -212,6 +212,14 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   g.hidden_dropout = c.hidden_dropout;
   g.attention_dropout = c.attention_dropout;
   g.seed = static_cast<uint64_t>(c.seed);
+  g.mla.enabled = c.multi_latent_attention;
+  g.mla.q_lora_rank = c.q_lora_rank, g.mla.kv_lora_rank = c.kv_lora_rank, g.mla.qk_head_dim = c.qk_head_dim;
+  g.mla.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim, g.mla.v_head_dim = c.v_head_dim;
+  g.mla.yarn = c.rope_type != "rope";  // unset: yarn, Megatron's MLA default
+  // Megatron's MLA takes the YaRN context and betas from MLATransformerConfig's defaults (4096, 32, 1): its
+  // --yarn-* flags reach only --position-embedding-type yarn.
+  g.mla.yarn_params.scaling_factor = c.rotary_scaling_factor;
+  g.mla.yarn_params.mscale = c.mscale, g.mla.yarn_params.mscale_all_dim = c.mscale_all_dim;
   return g;
 }
 

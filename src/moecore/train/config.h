@@ -39,6 +39,12 @@ struct TrainConfig {
   double init_method_std = 0.02;
   int64_t make_vocab_size_divisible_by = 128;
   double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults; training only
+  // Multi-Latent Attention and its RoPE (nn/mla_attention.h). q_lora_rank 0: unset (Megatron's None, a direct q
+  // projection); rope_type empty: unset (Megatron's None: yarn with MLA, rope otherwise).
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0, kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  std::string rope_type;
+  double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
   // MoE
   int64_t num_experts = 0, moe_ffn_hidden_size = 0, moe_router_topk = 2;
   std::string moe_router_score_function = "softmax";

@@ -168,8 +168,13 @@ void validate_recompute(const TrainConfig& c) {
             c.recompute_num_layers);
   for (const std::string& m : c.recompute_modules) {
     MOE_CHECK(m != "mla_up_proj",
-              "--recompute-modules mla_up_proj needs --multi-latent-attention, not implemented yet; use core_attn, "
-              "moe_act, layernorm, mlp, moe or shared_experts");
+              "--recompute-modules mla_up_proj (MLA's up projections) is not implemented yet; use moe_act, mlp, moe "
+              "or shared_experts, or --recompute-granularity full");
+    MOE_CHECK(!c.multi_latent_attention || (m != "core_attn" && m != "layernorm"),
+              "--recompute-modules {} with --multi-latent-attention is not implemented yet (MLA keeps its whole "
+              "stash); use moe_act, mlp, moe or shared_experts (give --recompute-modules explicitly: its default is "
+              "core_attn), or --recompute-granularity full",
+              m);
     MOE_CHECK(m != "gdn_norm_out" && m != "gdp_in_proj" && m != "gdp_qkv",
               "--recompute-modules {} needs gated delta-net attention (--experimental-attention-variant), not "
               "implemented in moecore; use core_attn, moe_act, layernorm, mlp, moe or shared_experts",
@@ -223,6 +228,28 @@ void validate(const TrainConfig& c) {
             "--kv-channels {} x --rotary-percent {} rotates fewer than 2 dimensions of each head (RoPE rotates "
             "pairs); raise either",
             c.kv_channels, c.rotary_percent);
+  // Multi-Latent Attention (Megatron's checks in arguments.py and core_transformer_config_from_args).
+  MOE_CHECK(c.rope_type.empty() || c.rope_type == "rope" || c.rope_type == "yarn",
+            "--rope-type {} is out of range; accepted: rope, yarn", c.rope_type);
+  MOE_CHECK(c.multi_latent_attention || c.rope_type.empty() || c.rope_type == "rope",
+            "--rope-type {}: common attention only supports --rope-type rope (as Megatron); yarn is for "
+            "--multi-latent-attention",
+            c.rope_type);
+  if (c.multi_latent_attention) {
+    MOE_CHECK(!c.group_query_attention,
+              "--group-query-attention is mutually exclusive with --multi-latent-attention (as Megatron); drop it");
+    const bool yarn = c.rope_type != "rope";
+    const int64_t rot = yarn ? c.qk_pos_emb_head_dim
+                             : static_cast<int64_t>(static_cast<double>(c.qk_pos_emb_head_dim) * c.rotary_percent);
+    MOE_CHECK(rot >= 2 && rot % 2 == 0,
+              "--qk-pos-emb-head-dim {}{} rotates {} channels; RoPE rotates pairs: use an even number, at least 2",
+              c.qk_pos_emb_head_dim, yarn ? "" : fmt::format(" x --rotary-percent {}", c.rotary_percent), rot);
+    MOE_CHECK(std::isfinite(c.mscale) && std::isfinite(c.mscale_all_dim),
+              "--mscale and --mscale-all-dim must be finite");
+    MOE_CHECK(c.rotary_scaling_factor <= 1 || 0.1 * c.mscale_all_dim * std::log(c.rotary_scaling_factor) + 1 != 0,
+              "--mscale-all-dim {} with --rotary-scaling-factor {} makes YaRN's denominator 0", c.mscale_all_dim,
+              c.rotary_scaling_factor);
+  }
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
   plan_pipeline(pipeline_flags(c));    // Megatron's pipeline-split checks (train/pipeline_layout.h)
   for (auto [v, n] : {std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},

@@ -40,10 +40,12 @@ std::vector<FlagRule> build_rules() {
                "min-offloaded-tensor-size", "delay-offload-until-cuda-graph"}));
   r.push_back(refused(not_yet("CPU offloading of activations or weights"),
                       {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
-  r.push_back(refused(
-      not_yet("multi-latent attention (MLA)"),
-      {"multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim",
-       "rotary-scaling-factor", "mscale", "mscale-all-dim", "cache-mla-latents", "mla-down-proj-fusion"}));
+  r.push_back(
+      refused("MLA latent caching serves Megatron's dynamic inference engine, not training: not implemented in moecore",
+              {"cache-mla-latents"}));
+  r.push_back(refused(not_yet("the fused MLA down projection (one linear_qkv_down_proj weight)",
+                              "leave it off: the unfused MLA computes the same"),
+                      {"mla-down-proj-fusion"}));
   r.push_back(refused(not_yet("multi-token prediction (MTP)"), {}, {"mtp-"}));
   r.push_back(refused(
       not_yet("fp8/fp4 training", "use --bf16"),

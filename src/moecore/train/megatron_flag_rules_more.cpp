@@ -244,7 +244,6 @@ void model_features(std::vector<FlagRule>& r) {
   r.push_back(no_effect("Megatron Core builds position embeddings from --position-embedding-type alone",
                         {"use-rotary-position-embeddings"}));
   r.push_back(no_effect("a kernel choice for Muon's Gram products (Triton SYRK): the same math", {"muon-use-syrk"}));
-  r.push_back(no_effect_for({"rope-type"}, {"rope"}, "plain RoPE, as moecore applies", "YaRN is not implemented"));
   r.push_back(no_effect_for({"softmax-type"}, {"vanilla"}, "the plain attention softmax, as moecore computes",
                             "off-by-one and learnable softmax are not implemented in moecore"));
   r.push_back(refused(not_yet("hybrid Mamba, linear-attention and sparse-attention models"),

@@ -72,8 +72,15 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   const double norm = c.normalization == "LayerNorm" ? 2.0 : 1.0;  // weight (+ bias) per norm
   const double positions =
       c.position_embedding_type == "learned_absolute" ? static_cast<double>(c.max_position_embeddings) * H : 0.0;
-  const double attn =
+  double attn =
       H * (N + 2 * G) * D + N * D * H + norm * (2 * H + (c.qk_layernorm ? 2 * D : 0)) + bias * ((N + 2 * G) * D + H);
+  if (c.multi_latent_attention) {  // nn/mla_attention.h: down, up and output projections, latent norms
+    const double Q = static_cast<double>(c.q_lora_rank), R = static_cast<double>(c.kv_lora_rank);
+    const double Dq = static_cast<double>(c.qk_head_dim + c.qk_pos_emb_head_dim);
+    const double Dr = static_cast<double>(c.qk_pos_emb_head_dim), Dv = static_cast<double>(c.v_head_dim);
+    attn = (Q > 0 ? H * Q + Q * N * Dq : H * N * Dq) + H * (R + Dr) + R * N * (Dq - Dr + Dv) + N * Dv * H +
+           norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
+  }
   const double dense_ffn = glu * H * static_cast<double>(c.ffn_hidden_size) + bias * (H + glu / 2 * H);
   double moe_layers = 0;
   if (c.num_experts > 0)

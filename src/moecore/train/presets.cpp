@@ -54,9 +54,14 @@ const std::vector<Preset>& presets() {
          x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
        }},
       {"deepseek-v3",
-       [](TrainConfig& x) {  // sigmoid, groups, expert bias, scaling, shared expert, first layer dense
+       [](TrainConfig& x) {  // MLA + YaRN, sigmoid, groups, expert bias, scaling, shared expert, first layer dense
          x.normalization = "RMSNorm", x.position_embedding_type = "rope";  // not Megatron's defaults
          x.num_layers = 4, x.hidden_size = 512, x.num_attention_heads = 8, x.swiglu = true;
+         // DeepSeek-V3's MLA scaled down (q_lora 1536, kv_lora 512, qk 128 + 64, v 128 at H 7168), its YaRN as
+         // published (factor 40, mscale = mscale_all_dim = 1; context 4096 and betas 32/1 are MLA's defaults).
+         x.multi_latent_attention = true, x.q_lora_rank = 192, x.kv_lora_rank = 64, x.qk_head_dim = 32;
+         x.qk_pos_emb_head_dim = 16, x.v_head_dim = 32, x.qk_layernorm = true, x.rope_type = "yarn";
+         x.rotary_scaling_factor = 40, x.mscale = 1.0, x.mscale_all_dim = 1.0;
          x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.ffn_hidden_size = 1024;
          x.num_experts = 32, x.moe_router_topk = 4, x.moe_ffn_hidden_size = 128;
          x.moe_router_score_function = "sigmoid", x.moe_router_num_groups = 4, x.moe_router_group_topk = 2;

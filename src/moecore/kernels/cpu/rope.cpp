@@ -1,35 +1,82 @@
-// RoPE (see rope.h). With h = rot_dim/2, for i < h:
-//   y_i   = x_i·cos − x_{i+h}·sin,   y_{i+h} = x_{i+h}·cos + x_i·sin
-// The map is a rotation, so backward is the inverse rotation (sin → −sin):
-//   dx_i  = dy_i·cos + dy_{i+h}·sin,  dx_{i+h} = dy_{i+h}·cos − dy_i·sin
+// RoPE (see rope.h). With a pair (a, b) of channels (rotate half: i and i + h, h = rot_dim/2; interleaved: 2i and
+// 2i+1) turned by pair i's angle, c = m·cos, s = m·sin:
+//   y_a = a·c − b·s,   y_b = b·c + a·s
+// The map is m times a rotation, so backward is the transposed map (s → −s):
+//   da = dy_a·c + dy_b·s,  db = dy_b·c − dy_a·s
 #include "moecore/kernels/cpu/rope.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 namespace moecore::kernels {
 
-void rope_tables(int64_t S, int64_t rot_dim, double base, DType dtype, Tensor& cos_SR, Tensor& sin_SR) {
+std::vector<double> rope_inv_freq(int64_t rot_dim, double base) {
   MOE_ASSERT_MSG(rot_dim > 0 && rot_dim % 2 == 0, "rotary dim {} must be positive and even", rot_dim);
-  const int64_t h = rot_dim / 2;
+  std::vector<double> f(static_cast<size_t>(rot_dim / 2));
+  for (int64_t i = 0; i < rot_dim / 2; i++)
+    f[static_cast<size_t>(i)] = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rot_dim));
+  return f;
+}
+
+double yarn_get_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double yarn_concentration_factor(const YarnParams& y) {
+  return yarn_get_mscale(y.scaling_factor, y.mscale) / yarn_get_mscale(y.scaling_factor, y.mscale_all_dim);
+}
+
+std::vector<double> yarn_inv_freq(int64_t rot_dim, double base, const YarnParams& y) {
+  const double d = static_cast<double>(rot_dim);
+  // The dimension whose wavelength fits n rotations into the original context.
+  auto correction_dim = [&](double n) {
+    return d * std::log(static_cast<double>(y.original_max_position_embeddings) / (n * 2 * std::numbers::pi)) /
+           (2 * std::log(base));
+  };
+  double lo = correction_dim(y.beta_fast), hi = correction_dim(y.beta_slow);
+  if (y.round_to_int) lo = std::floor(lo), hi = std::ceil(hi);
+  lo = std::max(lo, 0.0), hi = std::min(hi, d - 1);
+  if (lo == hi) hi += 0.001;  // no singular ramp
+  std::vector<double> f = rope_inv_freq(rot_dim, base);
+  for (size_t i = 0; i < f.size(); i++) {
+    const double ramp = std::clamp((static_cast<double>(i) - lo) / (hi - lo), 0.0, 1.0);
+    const double extrapolation = 1.0 - ramp;  // weight of the original frequency
+    f[i] = f[i] / y.scaling_factor * (1.0 - extrapolation) + f[i] * extrapolation;
+  }
+  return f;
+}
+
+void rope_tables_from(int64_t S, const std::vector<double>& inv_freq, double amplitude, DType dtype, Tensor& cos_SR,
+                      Tensor& sin_SR) {
+  const int64_t h = static_cast<int64_t>(inv_freq.size());
+  MOE_ASSERT(h > 0);
   cos_SR = Tensor::empty({S, h}, dtype);
   sin_SR = Tensor::empty({S, h}, dtype);
   for (int64_t s = 0; s < S; s++)
     for (int64_t i = 0; i < h; i++) {
-      double inv_freq = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rot_dim));
-      double a = static_cast<double>(s) * inv_freq;
-      cos_SR.set_item(s * h + i, std::cos(a));
-      sin_SR.set_item(s * h + i, std::sin(a));
+      const double a = static_cast<double>(s) * inv_freq[static_cast<size_t>(i)];
+      cos_SR.set_item(s * h + i, amplitude * std::cos(a));
+      sin_SR.set_item(s * h + i, amplitude * std::sin(a));
     }
+}
+
+void rope_tables(int64_t S, int64_t rot_dim, double base, DType dtype, Tensor& cos_SR, Tensor& sin_SR) {
+  rope_tables_from(S, rope_inv_freq(rot_dim, base), 1.0, dtype, cos_SR, sin_SR);
 }
 
 namespace {
 template <typename T>
-void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y, T sign) {
+void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+            RopePairs pairs, Tensor& y, T sign) {
   MOE_ASSERT_MSG(x.ndim() == 4, "rope input must be [S, B, N, D], got {}", x.shape().str());
   MOE_ASSERT(y.shape() == x.shape());
   const int64_t S = x.dim(0), BN = x.dim(1) * x.dim(2), D = x.dim(3), h = rot_dim / 2;
-  MOE_ASSERT_MSG(rot_dim <= D && rot_dim % 2 == 0, "rotary dim {} vs head dim {}", rot_dim, D);
+  MOE_ASSERT_MSG(offset >= 0 && offset + rot_dim <= D && rot_dim % 2 == 0, "rotary dims [{}, {}) vs head dim {}",
+                 offset, offset + rot_dim, D);
   MOE_ASSERT(cos_SR.dim(0) >= S && cos_SR.dim(1) == h);
+  // Pair i is channels (a_i, b_i) from the rotated window's start.
+  const int64_t a_step = pairs == RopePairs::Interleaved ? 2 : 1, b_off = pairs == RopePairs::Interleaved ? 1 : h;
   const T* xp = x.data<T>();
   T* yp = y.data<T>();
   const T* cp = cos_SR.data<T>();
@@ -41,25 +88,40 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
     for (int64_t r = 0; r < BN; r++) {
       const T* xr = xp + (s * BN + r) * D;
       T* yr = yp + (s * BN + r) * D;
-      for (int64_t i = 0; i < h; i++) {
-        const T a = xr[i], b = xr[i + h], si = sign * sn[i];
-        yr[i] = a * c[i] - b * si;
-        yr[i + h] = b * c[i] + a * si;
+      if (yr != xr) {
+        for (int64_t i = 0; i < offset; i++) yr[i] = xr[i];
+        for (int64_t i = offset + rot_dim; i < D; i++) yr[i] = xr[i];
       }
-      if (yr != xr)
-        for (int64_t i = rot_dim; i < D; i++) yr[i] = xr[i];
+      const T* xw = xr + offset;
+      T* yw = yr + offset;
+      for (int64_t i = 0; i < h; i++) {
+        const int64_t ia = i * a_step, ib = ia + b_off;
+        const T a = xw[ia], b = xw[ib], si = sign * sn[i];
+        yw[ia] = a * c[i] - b * si;
+        yw[ib] = b * c[i] + a * si;
+      }
     }
   }
 }
 }  // namespace
 
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND) {
+  MOE_DISPATCH_FLOAT(x_SBND.dtype(), T, rotate<T>(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND, T(1)));
+}
+
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
+  MOE_DISPATCH_FLOAT(dy_SBND.dtype(), T, rotate<T>(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND, T(-1)));
+}
+
 void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y_SBND) {
-  MOE_DISPATCH_FLOAT(x_SBND.dtype(), T, rotate<T>(x_SBND, cos_SR, sin_SR, rot_dim, y_SBND, T(1)));
+  rope_forward_at(x_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, y_SBND);
 }
 
 void rope_backward(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim,
                    Tensor& dx_SBND) {
-  MOE_DISPATCH_FLOAT(dy_SBND.dtype(), T, rotate<T>(dy_SBND, cos_SR, sin_SR, rot_dim, dx_SBND, T(-1)));
+  rope_backward_at(dy_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, dx_SBND);
 }
 
 }  // namespace moecore::kernels

@@ -1,6 +1,13 @@
-// Rotary position embedding (Megatron's non-interleaved "rotate half" form) on the first rot_dim channels of each
-// head; the rest pass through. inv_freq_i = base^(−2i/rot_dim), angle = position · inv_freq_i.
+// Rotary position embedding on rot_dim channels of each head, starting at channel `offset`; the rest pass
+// through. Two pairings: Megatron's default "rotate half" (channel i pairs with i + rot_dim/2) and the interleaved
+// pairs (2i, 2i+1) that Multi-Latent Attention rotates (Megatron's mla_rotary_interleaved, HF DeepSeek-V3's
+// rope_interleave: they de-interleave first and rotate halves; rotating the pairs in place gives the same numbers in
+// another channel order, applied alike to queries and keys, so every dot product is unchanged). Pair i turns by
+// angle position · inv_freq_i; inv_freq is plain RoPE's base^(−2i/rot_dim) or YaRN's blend (below). The tables may
+// carry an amplitude (YaRN's concentration factor, Megatron's and HF's `mscale` on cos and sin): y = m·R·x.
 #pragma once
+
+#include <vector>
 
 #include "moecore/core/tensor.h"
 
@@ -12,5 +19,36 @@ void rope_tables(int64_t S, int64_t rot_dim, double base, DType dtype, Tensor& c
 void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y_SBND);
 // dy_SBND -> dx_SBND (written; may alias dy).
 void rope_backward(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& dx_SBND);
+
+// YaRN ("YaRN: Efficient Context Window Extension", Megatron's YarnRotaryEmbedding, HF's _compute_yarn_parameters):
+// with r_i = base^(2i/d) and the correction range [lo, hi] = [floor(c(β_fast)), ceil(c(β_slow))] clamped to
+// [0, d−1], c(n) = d·ln(L₀ / (2π·n)) / (2·ln base) (L₀ the original context), the ramp
+// γ_i = clamp((i − lo) / (hi − lo), 0, 1) (hi += 0.001 when equal) blends extrapolation and interpolation:
+//   inv_freq_i = (1/(s·r_i))·γ_i + (1/r_i)·(1 − γ_i).
+// The concentration factor on cos and sin is get_mscale(s, mscale) / get_mscale(s, mscale_all_dim) with
+// get_mscale(s, m) = 0.1·m·ln(s) + 1 for s > 1, else 1.
+struct YarnParams {
+  double scaling_factor = 1.0;  // s (--rotary-scaling-factor)
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 1.0, mscale_all_dim = 0.0;
+  bool round_to_int = true;  // floor/ceil the correction range (Megatron's and HF's default)
+};
+double yarn_get_mscale(double scale, double mscale);
+double yarn_concentration_factor(const YarnParams& y);
+// inv_freq_i, i < rot_dim/2, in f64.
+std::vector<double> rope_inv_freq(int64_t rot_dim, double base);
+std::vector<double> yarn_inv_freq(int64_t rot_dim, double base, const YarnParams& y);
+// Tables [S, inv_freq.size()] of amplitude·cos(s·inv_freq_i), amplitude·sin(...), computed in f64.
+void rope_tables_from(int64_t S, const std::vector<double>& inv_freq, double amplitude, DType dtype, Tensor& cos_SR,
+                      Tensor& sin_SR);
+
+enum class RopePairs { RotateHalf, Interleaved };
+// The general form: channels [offset, offset + rot_dim) of each head, paired as `pairs` says. y may alias x.
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND);
+// Backward of the above: the transposed map (sin → −sin; the amplitude stays).
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND);
 
 }  // namespace moecore::kernels

@@ -1,0 +1,216 @@
+// Multi-Latent Attention (see mla_attention.h). Backward runs the chain in reverse: output projection → attention
+// kernel → RoPE (the transposed map) → the heads' q and [k_nope | v] slices back to the up projections' outputs →
+// the shared rope key's gradient summed over heads → all-gathers' adjoints (reduce-scatters) → latent norms → down
+// projections, whose input gradients sum into dx.
+#include "moecore/nn/mla_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moecore/core/rng.h"
+#include "moecore/kernels/cpu/elementwise.h"
+
+namespace moecore::nn {
+
+namespace {
+
+// Channel block copies between [R, Ns, Ws] and [R, Nd, Wd] views: channels [s0, s0 + w) of source head n go to
+// [d0, d0 + w) of destination head n (Ns == Nd), of every destination head (Ns == 1: broadcast), or source heads
+// are summed in ascending order into the one destination head (Nd == 1 < Ns). Destination channels outside the
+// block are left alone.
+template <typename T>
+void move_block(const T* src, int64_t Ns, int64_t Ws, int64_t s0, T* dst, int64_t Nd, int64_t Wd, int64_t d0, int64_t w,
+                int64_t R) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; r++) {
+    const T* sr = src + r * Ns * Ws + s0;
+    T* dr = dst + r * Nd * Wd + d0;
+    if (Nd == 1 && Ns > 1) {
+      for (int64_t i = 0; i < w; i++) dr[i] = 0;
+      for (int64_t n = 0; n < Ns; n++)
+        for (int64_t i = 0; i < w; i++) dr[i] += sr[n * Ws + i];
+      continue;
+    }
+    for (int64_t n = 0; n < Nd; n++) {
+      const T* s = sr + (Ns == 1 ? 0 : n * Ws);
+      std::copy(s, s + w, dr + n * Wd);
+    }
+  }
+}
+
+// Views: src has rows × Ns·Ws elements, dst rows × Nd·Wd.
+void move(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd, int64_t d0,
+          int64_t w, int64_t rows) {
+  MOE_ASSERT(src.numel() == rows * Ns * Ws && dst.numel() == rows * Nd * Wd && src.dtype() == dst.dtype());
+  MOE_ASSERT(s0 + w <= Ws && d0 + w <= Wd && (Ns == Nd || Ns == 1 || Nd == 1));
+  MOE_DISPATCH_FLOAT(src.dtype(), T, move_block<T>(src.data<T>(), Ns, Ws, s0, dst.data<T>(), Nd, Wd, d0, w, rows));
+}
+
+LinearConfig lin(int64_t in, int64_t out, bool bias, double std, const AttentionConfig& a, TPSplit split) {
+  return LinearConfig{in, out, bias, InitRule::normal(std), a.bf16, split, a.tp};
+}
+
+int64_t heads_here(const AttentionConfig& a) {
+  MOE_CHECK(a.num_heads % a.tp.size() == 0, "{} attention heads do not split over --tensor-model-parallel-size {}",
+            a.num_heads, a.tp.size());
+  return a.num_heads / a.tp.size();
+}
+
+}  // namespace
+
+MLAttention::MLAttention(ParamRegistry& reg, const std::string& name, const AttentionConfig& a, const MLAConfig& m)
+    : a_(a),
+      m_(m),
+      nh_(heads_here(a)),
+      dn_(m.qk_head_dim),
+      dr_(m.qk_pos_emb_head_dim),
+      dv_(m.v_head_dim),
+      da_(std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim)),
+      kv_down_(reg, name + ".linear_kv_down_proj",
+               lin(a.hidden, m.kv_lora_rank + m.qk_pos_emb_head_dim, false, a.init_std, a, TPSplit::None)),
+      kv_up_(reg, name + ".linear_kv_up_proj",
+             lin(m.kv_lora_rank, a.num_heads * (m.qk_head_dim + m.v_head_dim), false, a.init_std, a, TPSplit::Column)),
+      proj_(reg, name + ".linear_proj",
+            lin(a.num_heads * m.v_head_dim, a.hidden, a.bias, a.output_init_std, a, TPSplit::Row)) {
+  MOE_ASSERT(m.kv_lora_rank > 0 && m.qk_head_dim >= 0 && m.qk_pos_emb_head_dim >= 2 && m.v_head_dim > 0);
+  const int64_t dq = dn_ + dr_;
+  if (m.q_lora_rank > 0) {
+    q_down_ = std::make_unique<Linear>(reg, name + ".linear_q_down_proj",
+                                       lin(a.hidden, m.q_lora_rank, false, a.init_std, a, TPSplit::None));
+    q_up_ = std::make_unique<Linear>(reg, name + ".linear_q_up_proj",
+                                     lin(m.q_lora_rank, a.num_heads * dq, false, a.init_std, a, TPSplit::Column));
+  } else {
+    q_up_ = std::make_unique<Linear>(reg, name + ".linear_q_proj",
+                                     lin(a.hidden, a.num_heads * dq, false, a.init_std, a, TPSplit::Column));
+  }
+  if (a.qk_layernorm) {
+    const NormConfig nc{a.qk_norm_kind, a.norm_eps, a.zero_centered_gamma};
+    if (q_down_) q_norm_ = std::make_unique<Norm>(reg, name + ".q_layernorm", m.q_lora_rank, nc);
+    kv_norm_ = std::make_unique<Norm>(reg, name + ".kv_layernorm", m.kv_lora_rank, nc);
+  }
+  // Megatron: plain RoPE rotates int(d_rope · rotary_percent) channels; YaRN always all of them (rotary_percent
+  // does not reach it). The softmax scale carries YaRN's mscale(s, mscale_all_dim)² whatever the rope type.
+  std::vector<double> inv_freq;
+  double amplitude = 1.0;
+  if (m.yarn) {
+    rot_ = dr_;
+    inv_freq = kernels::yarn_inv_freq(rot_, a.rotary_base, m.yarn_params);
+    amplitude = kernels::yarn_concentration_factor(m.yarn_params);
+  } else {
+    rot_ = static_cast<int64_t>(static_cast<double>(dr_) * a.rotary_percent);
+    MOE_CHECK(rot_ >= 2 && rot_ % 2 == 0,
+              "--qk-pos-emb-head-dim {} x --rotary-percent {} must rotate an even number (at least 2) of channels", dr_,
+              a.rotary_percent);
+    inv_freq = kernels::rope_inv_freq(rot_, a.rotary_base);
+  }
+  kernels::rope_tables_from(a.max_seq_len, inv_freq, amplitude, reg.dtype(), cos_, sin_);
+  const double ms = kernels::yarn_get_mscale(m.yarn_params.scaling_factor, m.yarn_params.mscale_all_dim);
+  scale_ = ms * ms / std::sqrt(static_cast<double>(dq));
+  dropout_site_ = stream_id(name + ".core_attention.attention_dropout");
+}
+
+kernels::AttentionDropout MLAttention::dropout(const DropoutBatch& d) const {
+  kernels::AttentionDropout k;
+  if (!d.training || a_.attention_dropout <= 0) return k;
+  k.mask = kernels::DropoutMask::make(d.seed, dropout_site_, a_.attention_dropout);
+  k.sample_B = d.sample_B.data();
+  k.head_offset = a_.tp.rank() * nh_;
+  return k;
+}
+
+Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
+  MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == a_.hidden);
+  const int64_t Sl = x_local.dim(0), B = x_local.dim(1), S = Sl * a_.tp.size(), dq = dn_ + dr_;
+  MOE_CHECK(S <= a_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S, a_.max_seq_len);
+  const DType dt = x_local.dtype();
+  // Queries: [S·B, nh·dq].
+  Tensor q;
+  if (q_down_) {
+    Tensor cq = q_down_->forward(x_local, st.q_down);
+    if (q_norm_) cq = q_norm_->forward(cq, st.q_norm);
+    q = q_up_->forward(sp_all_gather(cq.reshape({Sl, B, m_.q_lora_rank}), a_.tp), st.q_up);
+  } else {
+    q = q_up_->forward(sp_all_gather(x_local, a_.tp), st.q_up);
+  }
+  // Compressed kv and the shared rope key, on this rank's shard, then gathered.
+  const int64_t R = m_.kv_lora_rank, W = R + dr_;
+  const Tensor kvc = kv_down_.forward(x_local, st.kv_down);  // [Sl·B, R + dr]
+  Tensor ckv = Tensor::empty({Sl, B, R}, dt), kpe = Tensor::empty({S, B, 1, dr_}, dt);
+  Tensor kpe_local = Tensor::empty({Sl, B, dr_}, dt);
+  move(kvc, 1, W, 0, ckv, 1, R, 0, R, Sl * B);
+  move(kvc, 1, W, R, kpe_local, 1, dr_, 0, dr_, Sl * B);
+  if (kv_norm_) ckv = kv_norm_->forward(ckv, st.kv_norm);
+  kpe.copy_from(sp_all_gather(kpe_local, a_.tp));
+  const Tensor kv = kv_up_.forward(sp_all_gather(ckv, a_.tp), st.kv_up);  // [S·B, nh·(dn + dv)]
+  // The kernel's operands, zero-padded to width A; RoPE in place on the rope channels.
+  const int64_t T = S * B;
+  st.q_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  move(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
+  kernels::rope_forward_at(st.q_SBNA, cos_, sin_, dn_, rot_, kernels::RopePairs::Interleaved, st.q_SBNA);
+  kernels::rope_forward_at(kpe, cos_, sin_, 0, rot_, kernels::RopePairs::Interleaved, kpe);
+  move(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
+  move(kpe, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
+  move(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
+  st.o_SBNA = Tensor::empty({S, B, nh_, da_}, dt);
+  st.lse_BNS = Tensor::empty({B, nh_, S}, dt);
+  const kernels::AttentionDropout drop = dropout(st.dropout);
+  MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
+  if (bf16_attention(S))
+    kernels::attention_forward_bf16(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
+  else
+    kernels::attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
+  Tensor o = Tensor::empty({T, nh_ * dv_}, dt);
+  move(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
+  return sp_reduce_scatter(proj_.forward(o, st.proj).reshape({S, B, a_.hidden}), a_.tp);
+}
+
+Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
+  const Tensor dy_SBH = sp_all_gather(dy_local, a_.tp);
+  const int64_t S = dy_SBH.dim(0), B = dy_SBH.dim(1), Sl = dy_local.dim(0), T = S * B, dq = dn_ + dr_;
+  const DType dt = dy_SBH.dtype();
+  const Tensor d_o = proj_.backward(dy_SBH, st.proj);  // [T, nh·dv]
+  Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt);
+  move(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
+  Tensor dQ = Tensor::empty(st.q_SBNA.shape(), dt), dK = Tensor::empty(st.k_SBNA.shape(), dt);
+  Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt);
+  const kernels::AttentionDropout drop = dropout(st.dropout);
+  if (bf16_attention(S))
+    kernels::attention_backward_bf16(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV,
+                                     &drop);
+  else
+    kernels::attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
+  st.q_SBNA = st.k_SBNA = st.v_SBNA = st.o_SBNA = st.lse_BNS = Tensor();
+  // Queries: undo RoPE, take each head's dq channels.
+  kernels::rope_backward_at(dQ, cos_, sin_, dn_, rot_, kernels::RopePairs::Interleaved, dQ);
+  Tensor d_q = Tensor::empty({T, nh_ * dq}, dt);
+  move(dQ, nh_, da_, 0, d_q, nh_, dq, 0, dq, T);
+  // Keys and values back to kv_up's output layout [k_nope | v] per head; the shared rope key sums its heads.
+  Tensor d_kv = Tensor::empty({T, nh_ * (dn_ + dv_)}, dt);
+  move(dK, nh_, da_, 0, d_kv, nh_, dn_ + dv_, 0, dn_, T);
+  move(dV, nh_, da_, 0, d_kv, nh_, dn_ + dv_, dn_, dv_, T);
+  Tensor d_kpe = Tensor::empty({S, B, 1, dr_}, dt);
+  move(dK, nh_, da_, dn_, d_kpe, 1, dr_, 0, dr_, T);
+  kernels::rope_backward_at(d_kpe, cos_, sin_, 0, rot_, kernels::RopePairs::Interleaved, d_kpe);
+  // Each rank's heads give part of the latents' gradients: reduce-scatter is the all-gather's adjoint.
+  const int64_t R = m_.kv_lora_rank, W = R + dr_;
+  Tensor d_ckv = sp_reduce_scatter(kv_up_.backward(d_kv, st.kv_up).reshape({S, B, R}), a_.tp);
+  if (kv_norm_) d_ckv = kv_norm_->backward(d_ckv, st.kv_norm);
+  const Tensor d_kpe_local = sp_reduce_scatter(d_kpe.reshape({S, B, dr_}), a_.tp);
+  Tensor d_kvc = Tensor::empty({Sl * B, W}, dt);
+  move(d_ckv, 1, R, 0, d_kvc, 1, W, 0, R, Sl * B);
+  move(d_kpe_local, 1, dr_, 0, d_kvc, 1, W, R, dr_, Sl * B);
+  Tensor dx = kv_down_.backward(d_kvc, st.kv_down);  // [Sl·B, H]
+  if (q_down_) {
+    Tensor d_cq = sp_reduce_scatter(q_up_->backward(d_q, st.q_up).reshape({S, B, m_.q_lora_rank}), a_.tp);
+    if (q_norm_) d_cq = q_norm_->backward(d_cq, st.q_norm);
+    kernels::add_(dx, q_down_->backward(d_cq.reshape({Sl * B, m_.q_lora_rank}), st.q_down));
+  } else {
+    kernels::add_(dx, sp_reduce_scatter(q_up_->backward(d_q, st.q_up).reshape({S, B, a_.hidden}), a_.tp)
+                          .reshape({Sl * B, a_.hidden}));
+  }
+  return dx.reshape({Sl, B, a_.hidden});
+}
+
+}  // namespace moecore::nn

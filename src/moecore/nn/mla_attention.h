@@ -1,0 +1,73 @@
+// Multi-Latent Attention (DeepSeek-V2/V3; Megatron's MLASelfAttention): queries from a low-rank latent
+// (x → q_down → norm → q_up, or one direct q projection without --q-lora-rank), keys and values from a shared
+// compressed latent (x → kv_down → [c_kv | k_rope]; norm(c_kv) → kv_up → per head [k_nope | v]), RoPE only on the
+// decoupled rope channels (the queries' own per head, the key's one part shared by every head), causal attention
+// with softmax scale mscale²/sqrt(d_nope + d_rope), output projection. Activations are [S, B, H].
+//
+// The latent norms exist with --qk-layernorm only, as in Megatron (its spec fuses them into the up projections;
+// HF's DeepseekV3 always has them, and Megatron's DeepSeek recipes set --qk-layernorm). They use --normalization.
+//
+// Tensor parallelism with sequence parallelism: the down projections and latent norms are replicated and run on this
+// rank's sequence shard (their gradients are partial per rank and summed over TP like every replicated parameter's,
+// parameter.h); the latents are all-gathered along the sequence, the up projections are column-parallel (each rank's
+// rows are whole heads: nh = N/TP heads here), the output projection row-parallel and reduce-scattered.
+//
+// The attention kernel needs one head width for q, k and v: both are padded with zero channels to
+// A = max(d_nope + d_rope, d_v) (zero channels add nothing to scores, zero value channels give zero outputs that are
+// dropped), so v_head_dim ≠ qk dims costs (A − d_v)/A more value work and nothing else.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "moecore/kernels/cpu/rope.h"
+#include "moecore/nn/attention.h"
+
+namespace moecore::nn {
+
+struct MLAConfig {
+  bool enabled = false;       // --multi-latent-attention
+  int64_t q_lora_rank = 0;    // 0: direct q projection (Megatron's None)
+  int64_t kv_lora_rank = 32;  // Megatron's command-line default
+  int64_t qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  bool yarn = true;  // --rope-type yarn (MLA's default); false: plain RoPE
+  kernels::YarnParams yarn_params;
+};
+
+class MLAttention {
+ public:
+  struct Stash {
+    Linear::Stash q_down, q_up, kv_down, kv_up, proj;  // q_up: also the direct q projection
+    Norm::Stash q_norm, kv_norm;
+    Tensor q_SBNA, k_SBNA, v_SBNA, o_SBNA, lse_BNS;  // the attention kernel's operands, padded to width A
+    DropoutBatch dropout;                            // set by the caller before forward
+  };
+
+  // `a` gives hidden, heads, max_seq_len, rotary base and percent, qk_layernorm (the latent norms), norm, init,
+  // bias (output projection only, as Megatron), bf16, tp and attention dropout; its kv heads, head dim and rope flag
+  // do not apply.
+  MLAttention(ParamRegistry& reg, const std::string& name, const AttentionConfig& a, const MLAConfig& m);
+  // x_SBH [S/TP, B, H] -> [S/TP, B, H]
+  Tensor forward(const Tensor& x_SBH, Stash& st);
+  Tensor backward(const Tensor& dy_SBH, Stash& st);
+
+  double softmax_scale() const { return scale_; }
+
+ private:
+  bool bf16_attention(int64_t S) const { return a_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+  kernels::AttentionDropout dropout(const DropoutBatch& d) const;
+
+  AttentionConfig a_;
+  MLAConfig m_;
+  int64_t nh_;                 // heads held here
+  int64_t dn_, dr_, dv_, da_;  // nope, rope, value and padded attention widths
+  int64_t rot_;                // rotated channels of the rope part
+  double scale_;
+  std::unique_ptr<Linear> q_down_, q_up_;  // q_up_: linear_q_up_proj, or linear_q_proj without a q latent
+  Linear kv_down_, kv_up_, proj_;
+  std::unique_ptr<Norm> q_norm_, kv_norm_;
+  Tensor cos_, sin_;
+  uint64_t dropout_site_ = 0;
+};
+
+}  // namespace moecore::nn
