@@ -44,7 +44,8 @@ const char* const kReportScript = R"js(
         return h;
       }},
       xAxis: {type: 'value', name: 'iteration', nameLocation: 'middle', nameGap: 24, scale: true},
-      yAxis: {type: 'value', name: c.y, scale: true, nameLocation: 'middle', nameGap: 48},
+      yAxis: {type: 'value', name: c.y, scale: true, nameLocation: 'middle', nameGap: 48,
+              max: c.ref === undefined ? null : function (v) { return Math.max(v.max, c.ref); }},
       dataZoom: [{type: 'inside'}, {type: 'slider', height: 14, bottom: 4}],
       series: series
     });
