@@ -49,8 +49,9 @@ TEST(ReportHistory, ResumedRunReplacesWhatTheInterruptedRunLoggedAfterItsCheckpo
   // Run 1 logged 10..40 and validated at 20 and 40, then died; the checkpoint was at 20; run 2 resumed from it.
   const json v20 = {{"eval", "valid"}, {"iteration", 20}, {"lm_loss", 5.0}};
   const json v40 = {{"eval", "valid"}, {"iteration", 40}, {"lm_loss", 4.0}};
-  const std::string p = write("report_resumed.jsonl", lines({row(10, 6), row(20, 5.5), v20, row(30, 5.2), row(40, 5.1),
-                                                            v40, row(30, 5.3), row(40, 5.25)}));
+  const std::string p =
+      write("report_resumed.jsonl",
+            lines({row(10, 6), row(20, 5.5), v20, row(30, 5.2), row(40, 5.1), v40, row(30, 5.3), row(40, 5.25)}));
   const RunHistory h = read_run_history(p, "r");
   ASSERT_EQ(h.train.size(), 4u);
   EXPECT_EQ(h.train[2]["lm_loss"], 5.3);   // the resumed run's iteration 30

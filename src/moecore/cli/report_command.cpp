@@ -36,12 +36,12 @@ void run_report(const ReportArgs& a) {
             "moecore report: this moecore was built without the charting library (ECharts from npm, in "
             ".deps/npm/node_modules/echarts): run scripts/install-deps.sh, then configure and build again");
   MOE_CHECK(a.names.empty() || a.names.size() == a.inputs.size(),
-            "moecore report: {} --name for {} metrics files: give one name per file, in order, or none",
-            a.names.size(), a.inputs.size());
+            "moecore report: {} --name for {} metrics files: give one name per file, in order, or none", a.names.size(),
+            a.inputs.size());
   std::vector<report::RunHistory> runs;
   for (size_t i = 0; i < a.inputs.size(); i++)
-    runs.push_back(report::read_run_history(
-        a.inputs[i], a.names.empty() ? report::default_run_name(a.inputs[i]) : a.names[i]));
+    runs.push_back(
+        report::read_run_history(a.inputs[i], a.names.empty() ? report::default_run_name(a.inputs[i]) : a.names[i]));
   const std::string page = report::render_report_html(
       runs, report::kChartLibraryJs,
       fmt::format("moecore {} report, ECharts {}", MOECORE_VERSION, report::kChartLibraryVersion));

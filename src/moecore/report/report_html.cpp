@@ -49,8 +49,8 @@ std::string run_table(const std::vector<RunHistory>& runs) {
     t += fmt::format(
         "<tr><td>{}</td><td class=\"path\">{}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         html_escape(r.name), html_escape(r.path),
-        r.skipped_lines > 0 ? fmt::format(" ({} cut-off line skipped)", r.skipped_lines) : "", r.train.size(),
-        last_it, fixed(last, "lm_loss", "{:.4f}"), fixed(last_valid, "lm_loss", "{:.4f}"),
+        r.skipped_lines > 0 ? fmt::format(" ({} cut-off line skipped)", r.skipped_lines) : "", r.train.size(), last_it,
+        fixed(last, "lm_loss", "{:.4f}"), fixed(last_valid, "lm_loss", "{:.4f}"),
         n > 0 ? fmt::format("{:.0f}", tps / n) : "–");
   }
   return t + "</table>\n";

@@ -103,8 +103,8 @@ void add_per_layer(json& charts, const std::vector<RunHistory>& runs, const std:
     for (size_t l = 0; l < keys.size(); l++) {
       json d = points(runs[r].train, [&](const json& row) { return number(row, key, keys[l]); });
       for (const auto& p : d) nonzero = nonzero || (p[1].is_number() && p[1].get<double>() != 0.0);
-      if (!d.empty()) s.push_back(series(label(runs, r, layer_label(keys[l])), std::move(d), static_cast<int>(l),
-                                         dash_of(r)));
+      if (!d.empty())
+        s.push_back(series(label(runs, r, layer_label(keys[l])), std::move(d), static_cast<int>(l), dash_of(r)));
     }
   if (s.empty() || (only_if_nonzero && !nonzero)) return;
   json c = {{"kind", "line"}, {"title", title}, {"y", y}, {"series", std::move(s)}};
@@ -128,8 +128,7 @@ void add_per_layer_losses(json& charts, const std::vector<RunHistory>& runs) {
       int l = 0;
       for (const auto& [i, k] : layers) {
         json d = points(runs[r].train, key_of(k));
-        if (!d.empty())
-          s.push_back(series(label(runs, r, fmt::format("layer {}", i)), std::move(d), l, dash_of(r)));
+        if (!d.empty()) s.push_back(series(label(runs, r, fmt::format("layer {}", i)), std::move(d), l, dash_of(r)));
         l++;
       }
     }
@@ -187,8 +186,8 @@ void add_expert_loads(json& charts, const std::vector<RunHistory>& runs, size_t 
       if (auto h = number(row, "router_entropy", key); h && std::isfinite(*h)) entropy.push_back({col, *h});
     }
     if (experts == 0) continue;
-    const std::string title = fmt::format("Expert load, {}{}", layer_label(key),
-                                          runs.size() > 1 ? " · " + run.name : std::string());
+    const std::string title =
+        fmt::format("Expert load, {}{}", layer_label(key), runs.size() > 1 ? " · " + run.name : std::string());
     charts.push_back({{"kind", "expert_load"},
                       {"title", title},
                       {"experts", experts},
@@ -243,8 +242,7 @@ nlohmann::json plan_charts(const std::vector<RunHistory>& runs) {
       charts.push_back({{"kind", "line"}, {"title", "MoE auxiliary and z losses"}, {"y", "L / coeff"}, {"series", s}});
   }
   add_per_run(charts, runs, "Max / mean expert load (worst layer)", "ratio", key_of("max_over_mean_expert_load"));
-  add_per_layer(charts, runs, "Router entropy per layer (ln E: uniform)", "nats", "router_entropy",
-                max_entropy(runs));
+  add_per_layer(charts, runs, "Router entropy per layer (ln E: uniform)", "nats", "router_entropy", max_entropy(runs));
   add_per_layer(charts, runs, "Dropped assignments per layer", "assignments", "dropped_assignments", std::nullopt,
                 true);
   add_per_layer_losses(charts, runs);
@@ -259,12 +257,23 @@ std::string html_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (char c : s) switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   return out;
 }
@@ -275,10 +284,17 @@ std::string json_for_script(const nlohmann::json& j) {
   std::string out;
   out.reserve(text.size());
   for (char c : text) switch (c) {
-      case '<': out += "\\u003c"; break;
-      case '>': out += "\\u003e"; break;
-      case '&': out += "\\u0026"; break;
-      default: out += c;
+      case '<':
+        out += "\\u003c";
+        break;
+      case '>':
+        out += "\\u003e";
+        break;
+      case '&':
+        out += "\\u0026";
+        break;
+      default:
+        out += c;
     }
   return out;
 }

@@ -41,6 +41,36 @@ std::string per_layer_losses(const StepResult& r, const std::vector<std::pair<si
   if (z_loss) add("z_loss", r.z_layers);
   return line;
 }
+
+// The layers' routing counts of the step over all ranks: each TP×DP rank routed its own tokens to all E experts,
+// so counts and entropy sums add up (the same reduction as TensorBoard's tokens-per-expert histograms).
+std::vector<nn::RoutingStats> step_routing(const std::vector<std::pair<size_t, const nn::RoutingStats*>>& layers,
+                                           const ParallelGroups* g) {
+  std::vector<nn::RoutingStats> out;
+  int64_t n = 0;
+  for (const auto& [i, s] : layers) {
+    out.push_back(*s);
+    n += static_cast<int64_t>(s->tokens_per_expert.size()) + 3;
+  }
+  if (!g || !g->distributed() || out.empty()) return out;
+  Tensor t = Tensor::empty({n}, DType::F64);
+  int64_t k = 0;
+  for (const auto& s : out) {
+    for (int64_t x : s.tokens_per_expert) t.set_item(k++, static_cast<double>(x));
+    t.set_item(k++, static_cast<double>(s.dropped));
+    t.set_item(k++, s.entropy_sum);
+    t.set_item(k++, static_cast<double>(s.tokens));
+  }
+  g->tp_dp->all_reduce(t);
+  k = 0;
+  for (auto& s : out) {
+    for (int64_t& x : s.tokens_per_expert) x = std::llround(t.item(k++));
+    s.dropped = std::llround(t.item(k++));
+    s.entropy_sum = t.item(k++);
+    s.tokens = std::llround(t.item(k++));
+  }
+  return out;
+}
 }  // namespace
 
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {
@@ -137,8 +167,8 @@ std::string human_bytes(double b) {
 }
 
 MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume,
-                       int64_t world_size)
-    : c_(c), out_(out), world_size_(world_size) {
+                       int64_t world_size, const ParallelGroups* groups)
+    : c_(c), out_(out), world_size_(world_size), groups_(groups) {
   if (metrics_file.empty()) return;
   // A resumed run appends to the history (lines past the checkpoint from an interrupted run repeat iterations;
   // the later line is the one that counts).
@@ -195,12 +225,14 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     nlohmann::json tpe = nlohmann::json::object(), entropy = nlohmann::json::object(),
                    dropped = nlohmann::json::object();
     double worst = 0;
-    for (const auto& [i, s] : layers) {
-      const std::string key = "layer_" + std::to_string(i);
-      tpe[key] = s->tokens_per_expert;
-      entropy[key] = s->entropy();
-      dropped[key] = s->dropped;
-      worst = std::max(worst, s->max_load() / std::max(1.0, s->mean_load()));
+    const std::vector<nn::RoutingStats> all = step_routing(layers, groups_);
+    for (size_t l = 0; l < layers.size(); l++) {
+      const nn::RoutingStats& s = all[l];
+      const std::string key = "layer_" + std::to_string(layers[l].first);
+      tpe[key] = s.tokens_per_expert;
+      entropy[key] = s.entropy();
+      dropped[key] = s.dropped;
+      worst = std::max(worst, s.max_load() / std::max(1.0, s.mean_load()));
     }
     j["tokens_per_expert"] = tpe;
     j["router_entropy"] = entropy;  // nats, mean over the step's tokens

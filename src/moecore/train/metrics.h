@@ -58,9 +58,12 @@ std::string human_bytes(double bytes);
 class MetricsLog {
  public:
   // `out`: the console (null: nothing printed); `metrics_file`: JSON lines (empty: none), appended when `resume`;
-  // `world_size`: the ranks the throughput per GPU divides by.
-  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume,
-             int64_t world_size = 1);
+  // `world_size`: the ranks the throughput per GPU divides by. `groups` (distributed runs): the routing statistics
+  // of the log line (tokens per expert, router entropy, dropped assignments, max/mean load) are the step's over
+  // all ranks (summed over TP×DP, one all-reduce per log line, so log_interval is then collective); without, this
+  // rank's.
+  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume, int64_t world_size = 1,
+             const ParallelGroups* groups = nullptr);
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
@@ -75,6 +78,7 @@ class MetricsLog {
   const TrainConfig& c_;
   std::FILE* out_;
   int64_t world_size_;
+  const ParallelGroups* groups_;
   LineFile file_;  // every line checked: a full disk ends the run naming the file
 };
 
