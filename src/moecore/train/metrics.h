@@ -54,6 +54,12 @@ struct IntervalSums {
 };
 
 std::string human_bytes(double bytes);
+// m:ss, or h:mm:ss from an hour on.
+std::string format_duration(double seconds);
+// The line a single-process run redraws on a terminal after each step (between its log lines): iteration, the
+// step's loss, tokens/s and the time left at the run's rate so far.
+std::string progress_line(int64_t iteration, int64_t train_iters, double lm_loss, double tokens_per_sec,
+                          double eta_seconds);
 
 class MetricsLog {
  public:

@@ -247,10 +247,12 @@ void Trainer::train_loop() {
       if (tty) fmt::print(out_, "\r\033[K");
       fmt::print(out_, "{}\n", *warning);
     }
-    if (tty) {
-      const double el = now_seconds() - t_start;
-      const double eta = el / static_cast<double>(it - first) * static_cast<double>(cfg_.train_iters - it);
-      fmt::print(out_, "\r[{}/{}] lm loss {:.4f} ETA {:.0f}s   ", it, cfg_.train_iters, r.lm_loss, eta);
+    if (tty) {  // one redrawn line on a terminal (train/metrics: progress_line); logs keep their lines only
+      const double el = now_seconds() - t_start, done = static_cast<double>(it - first);
+      const double tps = done * static_cast<double>(cfg_.global_batch_size * cfg_.seq_length) / el;
+      fmt::print(
+          out_, "\r\033[K{}",
+          progress_line(it, cfg_.train_iters, r.lm_loss, tps, el / done * static_cast<double>(cfg_.train_iters - it)));
       std::fflush(out_);
     }
     if (it % cfg_.log_interval == 0 || it == cfg_.train_iters) {
