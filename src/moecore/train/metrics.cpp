@@ -195,6 +195,11 @@ void MetricsLog::write_json(const nlohmann::json& line) {
   if (file_.is_open()) file_.write_line(line.dump());
 }
 
+void MetricsLog::after_step(const StepResult& r) {
+  forward_backward_seconds_ += r.forward_backward_seconds;
+  optimizer_seconds_ += r.optimizer_seconds;
+}
+
 void MetricsLog::log_validation(int64_t iteration, double v) {
   if (out_)
     fmt::print(out_, " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.3f}\n", iteration, v,
@@ -252,6 +257,15 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     j["max_over_mean_expert_load"] = worst;
     aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
     if (c_.moe_per_layer_logging) aux += per_layer_losses(r, layers, c_.moe_z_loss_coeff > 0, j);
+  }
+  {  // the timers, seconds per iteration of the interval, the slowest rank's
+    Tensor t = Tensor::empty({2}, DType::F64);
+    t.set_item(0, forward_backward_seconds_ / n);
+    t.set_item(1, optimizer_seconds_ / n);
+    if (groups_ && groups_->distributed()) groups_->world->all_reduce(t, comm::ReduceOp::Max);
+    j["timers/forward-backward"] = t.item(0);
+    j["timers/optimizer"] = t.item(1);
+    forward_backward_seconds_ = optimizer_seconds_ = 0;
   }
   // Megatron's optional fields: throughput after the timing, num zeros and params norm after the grad norm.
   std::string throughput, after_norm;

@@ -78,6 +78,10 @@ class MetricsLog {
   void log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& last, IntervalSums& sums,
                     double seconds, double step_flops, double peak_gflops, const nn::GPTModel& model);
   void log_validation(int64_t iteration, double loss);
+  // Adds the step's Megatron timers (forward-backward, optimizer); the metrics file's line carries their mean
+  // seconds per iteration since the last line, the slowest rank's with `groups` (as Megatron's timers.write), as
+  // "timers/forward-backward" and "timers/optimizer".
+  void after_step(const StepResult& r);
   void write_json(const nlohmann::json& line);
 
  private:
@@ -85,6 +89,7 @@ class MetricsLog {
   std::FILE* out_;
   int64_t world_size_;
   const ParallelGroups* groups_;
+  double forward_backward_seconds_ = 0, optimizer_seconds_ = 0;  // since the last log line (after_step)
   LineFile file_;  // every line checked: a full disk ends the run naming the file
 };
 

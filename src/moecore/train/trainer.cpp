@@ -235,6 +235,7 @@ void Trainer::train_loop() {
   while (it < cfg_.train_iters) {
     const StepResult r = train_step();
     progress_.sums.add(r);
+    log_->after_step(r);
     Scalars extra;  // Megatron's params-norm and num-zeros tags follow its log flags
     if (cfg_.log_params_norm) extra.emplace_back("params-norm", r.params_norm);
     if (cfg_.log_num_zeros_in_grad) extra.emplace_back("num-zeros", static_cast<double>(r.num_zeros));
