@@ -24,8 +24,8 @@ TINY=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --normalizatio
 EVIL='<img src=x onerror="document.title=1">'
 "$MOECORE" report a.jsonl b.jsonl --name "aux 1e-2" --name "$EVIL" -o report.html | tee report.log
 # 2 runs x 2 MoE layers: loss, lr, grad norm, tokens/s, MFU, memory, aux+z, max/mean, entropy, 2 per-layer losses,
-# and 4 heatmaps.
-EXPECTED=15
+# timers, and 4 heatmaps.
+EXPECTED=16
 grep -q "2 run(s), $EXPECTED charts" report.log || { echo "FAIL: the report plans other than $EXPECTED charts"; exit 1; }
 
 CHROME=(chromium --headless --no-sandbox --disable-gpu --no-first-run --hide-scrollbars --enable-logging=stderr --v=0

@@ -21,6 +21,9 @@ const char* const kReportScript = R"js(
     if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3);
     return Number(v.toPrecision(5)).toString();
   }
+  function tick(v) {  // axis labels: 4 significant digits, exponents only for large values
+    return Math.abs(v) >= 1e6 ? v.toExponential(2) : Number(v.toPrecision(4)).toString();
+  }
   var base = {animation: false, textStyle: {fontFamily: 'system-ui, sans-serif'}};
   function lineOption(c) {
     var series = c.series.map(function (s) {
@@ -45,6 +48,7 @@ const char* const kReportScript = R"js(
       }},
       xAxis: {type: 'value', name: 'iteration', nameLocation: 'middle', nameGap: 24, scale: true},
       yAxis: {type: 'value', name: c.y, scale: true, nameLocation: 'middle', nameGap: 48,
+              axisLabel: {formatter: tick},
               max: c.ref === undefined ? null : function (v) { return Math.max(v.max, c.ref); }},
       dataZoom: [{type: 'inside'}, {type: 'slider', height: 14, bottom: 4}],
       series: series
@@ -62,11 +66,11 @@ const char* const kReportScript = R"js(
                  esc(p.value[3]) + ' (' + esc(num(p.value[2])) + ' × mean)';
         return 'iteration ' + esc(c.x[p.value[0]]) + '<br>router entropy: ' + esc(num(p.value[1])) + ' nats';
       }},
-      grid: [{left: 64, right: 90, top: 36, height: '52%'}, {left: 64, right: 90, bottom: 48, height: '18%'}],
+      grid: [{left: 64, right: 90, top: 48, height: '50%'}, {left: 64, right: 90, bottom: 48, height: '18%'}],
       xAxis: [{type: 'category', data: cols, gridIndex: 0, axisLabel: {show: false}},
               {type: 'category', data: cols, gridIndex: 1, name: 'iteration', nameLocation: 'middle', nameGap: 28}],
       yAxis: [{type: 'category', data: experts, gridIndex: 0, name: 'expert'},
-              {type: 'value', gridIndex: 1, name: 'entropy', scale: true, splitNumber: 2}],
+              {type: 'value', gridIndex: 1, name: 'entropy', scale: true, splitNumber: 2, axisLabel: {formatter: tick}}],
       visualMap: {type: 'continuous', min: 0, max: 2, seriesIndex: 0, dimension: 2, right: 4, top: 36,
                   itemHeight: 140, text: ['≥2× mean', 'no tokens'], calculable: false,
                   inRange: {color: ['#313695', '#74add1', '#ffffbf', '#f46d43', '#a50026']}},
