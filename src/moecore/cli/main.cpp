@@ -11,6 +11,7 @@
 #include "moecore/cli/flags_command.h"
 #include "moecore/cli/launch.h"
 #include "moecore/cli/model_commands.h"
+#include "moecore/cli/report_command.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
 
   moecore::cli::FlagsArgs flags;
   moecore::cli::add_flags_command(app, flags);
+  moecore::cli::ReportArgs report;
+  moecore::cli::add_report_command(app, report);
 
   const moecore::cli::BenchCommands benches(app);
 
@@ -135,6 +138,8 @@ int main(int argc, char** argv) {
       moecore::cli::run_train_tokenizer(ttok);
     } else if (flags.cmd->parsed()) {
       moecore::cli::run_flags(flags);
+    } else if (report.cmd->parsed()) {
+      moecore::cli::run_report(report);
     } else if (benches.run_parsed()) {
     } else {
       fmt::print("{}", app.help());

@@ -8,13 +8,12 @@
 #include <cstdio>
 
 #include "moecore/core/timer.h"
+#include "moecore/train/metrics.h"
 
 namespace moecore::cli {
 
 std::string format_duration(double s) {
-  const int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-  return fmt::format("{}:{:02}", t / 60, t % 60);
+  return train::format_duration(s);  // one format for training's progress line and the commands' bars
 }
 
 Progress::Progress(std::string label, int64_t total, std::string unit, double unit_scale)

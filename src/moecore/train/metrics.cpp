@@ -41,6 +41,36 @@ std::string per_layer_losses(const StepResult& r, const std::vector<std::pair<si
   if (z_loss) add("z_loss", r.z_layers);
   return line;
 }
+
+// The layers' routing counts of the step over all ranks: each TP×DP rank routed its own tokens to all E experts,
+// so counts and entropy sums add up (the same reduction as TensorBoard's tokens-per-expert histograms).
+std::vector<nn::RoutingStats> step_routing(const std::vector<std::pair<size_t, const nn::RoutingStats*>>& layers,
+                                           const ParallelGroups* g) {
+  std::vector<nn::RoutingStats> out;
+  int64_t n = 0;
+  for (const auto& [i, s] : layers) {
+    out.push_back(*s);
+    n += static_cast<int64_t>(s->tokens_per_expert.size()) + 3;
+  }
+  if (!g || !g->distributed() || out.empty()) return out;
+  Tensor t = Tensor::empty({n}, DType::F64);
+  int64_t k = 0;
+  for (const auto& s : out) {
+    for (int64_t x : s.tokens_per_expert) t.set_item(k++, static_cast<double>(x));
+    t.set_item(k++, static_cast<double>(s.dropped));
+    t.set_item(k++, s.entropy_sum);
+    t.set_item(k++, static_cast<double>(s.tokens));
+  }
+  g->tp_dp->all_reduce(t);
+  k = 0;
+  for (auto& s : out) {
+    for (int64_t& x : s.tokens_per_expert) x = std::llround(t.item(k++));
+    s.dropped = std::llround(t.item(k++));
+    s.entropy_sum = t.item(k++);
+    s.tokens = std::llround(t.item(k++));
+  }
+  return out;
+}
 }  // namespace
 
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {
@@ -136,9 +166,21 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f} {}", b, u[i]);
 }
 
+std::string format_duration(double s) {
+  const int64_t t = std::isfinite(s) && s > 0 ? static_cast<int64_t>(s + 0.5) : 0;
+  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+  return fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+std::string progress_line(int64_t iteration, int64_t train_iters, double lm_loss, double tokens_per_sec,
+                          double eta_seconds) {
+  return fmt::format("iteration {}/{} | lm loss {:.4f} | {:.0f} tokens/s | ETA {}", iteration, train_iters, lm_loss,
+                     tokens_per_sec, format_duration(eta_seconds));
+}
+
 MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume,
-                       int64_t world_size)
-    : c_(c), out_(out), world_size_(world_size) {
+                       int64_t world_size, const ParallelGroups* groups)
+    : c_(c), out_(out), world_size_(world_size), groups_(groups) {
   if (metrics_file.empty()) return;
   // A resumed run appends to the history (lines past the checkpoint from an interrupted run repeat iterations;
   // the later line is the one that counts).
@@ -151,6 +193,11 @@ MetricsLog::MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& 
 
 void MetricsLog::write_json(const nlohmann::json& line) {
   if (file_.is_open()) file_.write_line(line.dump());
+}
+
+void MetricsLog::after_step(const StepResult& r) {
+  forward_backward_seconds_ += r.forward_backward_seconds;
+  optimizer_seconds_ += r.optimizer_seconds;
 }
 
 void MetricsLog::log_validation(int64_t iteration, double v) {
@@ -195,12 +242,14 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     nlohmann::json tpe = nlohmann::json::object(), entropy = nlohmann::json::object(),
                    dropped = nlohmann::json::object();
     double worst = 0;
-    for (const auto& [i, s] : layers) {
-      const std::string key = "layer_" + std::to_string(i);
-      tpe[key] = s->tokens_per_expert;
-      entropy[key] = s->entropy();
-      dropped[key] = s->dropped;
-      worst = std::max(worst, s->max_load() / std::max(1.0, s->mean_load()));
+    const std::vector<nn::RoutingStats> all = step_routing(layers, groups_);
+    for (size_t l = 0; l < layers.size(); l++) {
+      const nn::RoutingStats& s = all[l];
+      const std::string key = "layer_" + std::to_string(layers[l].first);
+      tpe[key] = s.tokens_per_expert;
+      entropy[key] = s.entropy();
+      dropped[key] = s.dropped;
+      worst = std::max(worst, s.max_load() / std::max(1.0, s.mean_load()));
     }
     j["tokens_per_expert"] = tpe;
     j["router_entropy"] = entropy;  // nats, mean over the step's tokens
@@ -208,6 +257,15 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     j["max_over_mean_expert_load"] = worst;
     aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
     if (c_.moe_per_layer_logging) aux += per_layer_losses(r, layers, c_.moe_z_loss_coeff > 0, j);
+  }
+  {  // the timers, seconds per iteration of the interval, the slowest rank's
+    Tensor t = Tensor::empty({2}, DType::F64);
+    t.set_item(0, forward_backward_seconds_ / n);
+    t.set_item(1, optimizer_seconds_ / n);
+    if (groups_ && groups_->distributed()) groups_->world->all_reduce(t, comm::ReduceOp::Max);
+    j["timers/forward-backward"] = t.item(0);
+    j["timers/optimizer"] = t.item(1);
+    forward_backward_seconds_ = optimizer_seconds_ = 0;
   }
   // Megatron's optional fields: throughput after the timing, num zeros and params norm after the grad norm.
   std::string throughput, after_norm;

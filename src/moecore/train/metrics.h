@@ -54,13 +54,22 @@ struct IntervalSums {
 };
 
 std::string human_bytes(double bytes);
+// m:ss, or h:mm:ss from an hour on.
+std::string format_duration(double seconds);
+// The line a single-process run redraws on a terminal after each step (between its log lines): iteration, the
+// step's loss, tokens/s and the time left at the run's rate so far.
+std::string progress_line(int64_t iteration, int64_t train_iters, double lm_loss, double tokens_per_sec,
+                          double eta_seconds);
 
 class MetricsLog {
  public:
   // `out`: the console (null: nothing printed); `metrics_file`: JSON lines (empty: none), appended when `resume`;
-  // `world_size`: the ranks the throughput per GPU divides by.
-  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume,
-             int64_t world_size = 1);
+  // `world_size`: the ranks the throughput per GPU divides by. `groups` (distributed runs): the routing statistics
+  // of the log line (tokens per expert, router entropy, dropped assignments, max/mean load) are the step's over
+  // all ranks (summed over TP×DP, one all-reduce per log line, so log_interval is then collective); without, this
+  // rank's.
+  MetricsLog(const TrainConfig& c, std::FILE* out, const std::string& metrics_file, bool resume, int64_t world_size = 1,
+             const ParallelGroups* groups = nullptr);
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
@@ -69,12 +78,18 @@ class MetricsLog {
   void log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& last, IntervalSums& sums,
                     double seconds, double step_flops, double peak_gflops, const nn::GPTModel& model);
   void log_validation(int64_t iteration, double loss);
+  // Adds the step's Megatron timers (forward-backward, optimizer); the metrics file's line carries their mean
+  // seconds per iteration since the last line, the slowest rank's with `groups` (as Megatron's timers.write), as
+  // "timers/forward-backward" and "timers/optimizer".
+  void after_step(const StepResult& r);
   void write_json(const nlohmann::json& line);
 
  private:
   const TrainConfig& c_;
   std::FILE* out_;
   int64_t world_size_;
+  const ParallelGroups* groups_;
+  double forward_backward_seconds_ = 0, optimizer_seconds_ = 0;  // since the last log line (after_step)
   LineFile file_;  // every line checked: a full disk ends the run naming the file
 };
 

@@ -76,7 +76,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
-                                      progress_.iteration > 0, ParallelGroups::size(groups_->world));
+                                      progress_.iteration > 0, ParallelGroups::size(groups_->world), groups_.get());
   tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
   print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
@@ -235,6 +235,7 @@ void Trainer::train_loop() {
   while (it < cfg_.train_iters) {
     const StepResult r = train_step();
     progress_.sums.add(r);
+    log_->after_step(r);
     Scalars extra;  // Megatron's params-norm and num-zeros tags follow its log flags
     if (cfg_.log_params_norm) extra.emplace_back("params-norm", r.params_norm);
     if (cfg_.log_num_zeros_in_grad) extra.emplace_back("num-zeros", static_cast<double>(r.num_zeros));
@@ -247,10 +248,12 @@ void Trainer::train_loop() {
       if (tty) fmt::print(out_, "\r\033[K");
       fmt::print(out_, "{}\n", *warning);
     }
-    if (tty) {
-      const double el = now_seconds() - t_start;
-      const double eta = el / static_cast<double>(it - first) * static_cast<double>(cfg_.train_iters - it);
-      fmt::print(out_, "\r[{}/{}] lm loss {:.4f} ETA {:.0f}s   ", it, cfg_.train_iters, r.lm_loss, eta);
+    if (tty) {  // one redrawn line on a terminal (train/metrics: progress_line); logs keep their lines only
+      const double el = now_seconds() - t_start, done = static_cast<double>(it - first);
+      const double tps = done * static_cast<double>(cfg_.global_batch_size * cfg_.seq_length) / el;
+      fmt::print(
+          out_, "\r\033[K{}",
+          progress_line(it, cfg_.train_iters, r.lm_loss, tps, el / done * static_cast<double>(cfg_.train_iters - it)));
       std::fflush(out_);
     }
     if (it % cfg_.log_interval == 0 || it == cfg_.train_iters) {
