@@ -40,7 +40,7 @@ Grads run_f(const Dims& c, DType dt, const kernels::AttentionDropout* drop, uint
 
 kernels::AttentionDropout make_dropout(const std::vector<int64_t>& samples, double p) {
   kernels::AttentionDropout d;
-  d.mask = DropoutMask::make(91, 5, p);
+  d.mask = kernels::DropoutMask::make(91, 5, p);
   d.sample_B = samples.data();
   d.head_offset = 1;
   return d;
