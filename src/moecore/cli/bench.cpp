@@ -1,7 +1,11 @@
 // The benchmark registry (see bench.h): the `bench` subcommand and its benchmarks, in help order.
 #include "moecore/cli/bench.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "moecore/cli/bench/benches.h"
+#include "moecore/cli/bench/common.h"
 
 namespace moecore::cli {
 
@@ -16,6 +20,8 @@ BenchCommands::BenchCommands(CLI::App& app) {
 bool BenchCommands::run_parsed() const {
   for (const auto& b : benches_)
     if (b.cmd->parsed()) {
+      if (!std::getenv("OMPI_COMM_WORLD_RANK") || std::string(std::getenv("OMPI_COMM_WORLD_RANK")) == "0")
+        print_machine();  // once per run, before the benchmark's own lines
       b.run();
       return true;
     }

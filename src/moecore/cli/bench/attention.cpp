@@ -1,5 +1,6 @@
-// `moecore bench attention`: causal GQA attention forward and forward+backward GFLOP/s against the same-run GEMM
-// peak, f32 (tiled kernel) or bf16 (bf16 GEMM kernel). Not the attention module (no projections).
+// `moecore bench attention`: causal GQA attention forward and forward+backward GFLOP/s against a GEMM peak of the
+// same dtype sampled between the timed runs, f32 (flash kernel) or bf16 (the kernel --bf16 training picks, or the one
+// --bf16-kernel names). Not the attention module (no projections).
 #include "moecore/kernels/cpu/attention.h"
 
 #include <fmt/format.h>
@@ -10,7 +11,6 @@
 #include "moecore/cli/bench/common.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
-#include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::cli {
 
@@ -19,6 +19,7 @@ struct AttentionBenchArgs {
   int64_t seq = 2048, batch = 1, heads = 8, kv_heads = 2, head_dim = 64;
   int iters = 3;
   std::string dtype = "f32";
+  std::string bf16_kernel = "auto";
 };
 
 void run_bench_attention(const AttentionBenchArgs& a) {
@@ -27,11 +28,15 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const bool bf16 = a.dtype == "bf16";
   MOE_CHECK(!bf16 || a.seq <= kernels::kMaxBf16AttentionSeq, "bf16 attention runs up to --seq-length {}, got {}",
             kernels::kMaxBf16AttentionSeq, a.seq);
+  MOE_CHECK(bf16 || a.bf16_kernel == "auto", "--bf16-kernel {} applies to --dtype bf16 only", a.bf16_kernel);
+  const bool onednn =
+      a.bf16_kernel == "onednn" ||
+      (a.bf16_kernel == "auto" && kernels::bf16_attention_kernel() == kernels::Bf16AttentionKernel::OneDnn);
+  const std::string kernel = !bf16 ? "flash f32" : onednn ? "oneDNN bf16 batched matmuls" : "flash, bf16 operands";
   fmt::print(
-      "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {}, {} timed runs, {} "
+      "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} timed runs, {} "
       "threads\n",
-      a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, a.iters, num_threads());
-  const double peak = kernels::measure_gemm_peak_gflops(bf16 ? DType::BF16 : DType::F32);
+      a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, kernel, a.iters, num_threads());
   Tensor q = Tensor::empty({a.seq, a.batch, a.heads, a.head_dim}, DType::F32);
   Tensor k = Tensor::empty({a.seq, a.batch, a.kv_heads, a.head_dim}, DType::F32);
   Tensor v = Tensor::empty(k.shape(), DType::F32);
@@ -48,26 +53,35 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   // backward 2.5× forward.
   const double fwd_flops = 4.0 * a.seq * a.seq * a.head_dim * a.heads * a.batch / 2.0;
   std::vector<double> fwd_rates, total_rates;
+  PeakSampler peak(bf16 ? DType::BF16 : DType::F32);
   for (int i = 0; i <= a.iters; i++) {
+    if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     const Stopwatch timer;
-    if (bf16)
-      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
-    else
+    if (!bf16)
       kernels::attention_forward(q, k, v, scale, o, lse);
-    const double fwd_s = timer.seconds();
-    if (bf16)
-      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else if (onednn)
+      kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse);
     else
+      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
+    const double fwd_s = timer.seconds();
+    if (!bf16)
       kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else if (onednn)
+      kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else
+      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
     const double total_s = timer.seconds();
     if (i == 0) continue;  // warm-up
     fwd_rates.push_back(fwd_flops / fwd_s / 1e9);
     total_rates.push_back(3.5 * fwd_flops / total_s / 1e9);
   }
-  const double fwd = median(fwd_rates), tot = median(total_rates);
-  fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
-  fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / peak);
-  fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / peak);
+  peak.sample();
+  const double fwd = median(fwd_rates), tot = median(total_rates), p = peak.median();
+  fmt::print("  {}\n", peak.describe());
+  fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / p);
+  fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / p);
+  fmt::print("attention dtype={} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype,
+             fwd, tot, p, tot / p);
 }
 }  // namespace
 
@@ -80,8 +94,13 @@ BenchCommand add_attention_bench(CLI::App& bench) {
   cmd->add_option("--num-query-groups", a->kv_heads, "kv heads")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--kv-channels", a->head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
-  cmd->add_option("--dtype", a->dtype, "f32 (tiled kernel) or bf16 (bf16 GEMM kernel, as --bf16 trains)")
+  cmd->add_option("--dtype", a->dtype, "f32 (flash kernel) or bf16 (bf16 operands, as --bf16 trains)")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option(
+         "--bf16-kernel", a->bf16_kernel,
+         "bf16 kernel: auto (as training picks: oneDNN where bf16 matmul is native, else flash), flash, onednn")
+      ->check(CLI::IsMember({"auto", "flash", "onednn"}))
       ->capture_default_str();
   return {cmd, [a] { run_bench_attention(*a); }};
 }

@@ -1,10 +1,17 @@
 // Shared benchmark helpers (see common.h).
 #include "moecore/cli/bench/common.h"
 
-#include <algorithm>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "moecore/core/cpu.h"
 #include "moecore/core/error.h"
 #include "moecore/core/rng.h"
+#include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::cli {
 
@@ -17,6 +24,59 @@ double median(std::vector<double> v) {
   MOE_ASSERT(!v.empty());
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+Machine this_machine() {
+  Machine m{"unknown", "unknown", kernels::gemm_stats().bf16_native};
+  std::ifstream in("/proc/cpuinfo");
+  std::set<std::string> flags;
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name" && m.cpu_model == "unknown") m.cpu_model = value;
+    if (key == "flags" && flags.empty()) {
+      std::istringstream words(value);
+      for (std::string w; words >> w;) flags.insert(w);
+    }
+  }
+  if (flags.count("amx_tile") && flags.count("amx_bf16"))
+    m.isa = "AMX";
+  else if (flags.count("avx512f"))
+    m.isa = flags.count("avx512_bf16") ? "AVX-512 (with AVX512-BF16)" : "AVX-512";
+  else if (flags.count("avx2"))
+    m.isa = "AVX2";
+  else if (!flags.empty())
+    m.isa = "SSE";
+  return m;
+}
+
+void print_machine() {
+  const Machine m = this_machine();
+  fmt::print("  machine: {}, {}{}, {} threads\n", m.cpu_model, m.isa, m.bf16_native ? "" : ", bf16 widened to f32",
+             num_threads());
+}
+
+double gemm_peak_sample(DType dtype) {
+  return kernels::time_square_gemm(dtype, 2048, 3).first;
+}
+
+void PeakSampler::sample() {
+  samples_.push_back(gemm_peak_sample(dtype_));
+}
+
+double PeakSampler::median() const {
+  return cli::median(samples_);
+}
+
+std::string PeakSampler::describe() const {
+  return fmt::format(
+      "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the timed runs, each the best of 3 "
+      "M=N=K=2048 runs (range {:.1f}-{:.1f})",
+      dtype_name(dtype_), median(), samples_.size(), *std::min_element(samples_.begin(), samples_.end()),
+      *std::max_element(samples_.begin(), samples_.end()));
 }
 
 }  // namespace moecore::cli

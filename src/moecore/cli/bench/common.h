@@ -1,8 +1,10 @@
-// Helpers several benchmarks share: random operands and the median of timed runs. Not timing itself
-// (core/timer.h) and not the GEMM roofline (kernels/cpu/gemm.h measures it).
+// Helpers several benchmarks share: random operands, the median of timed runs, the machine they ran on, and a GEMM
+// peak sampled between the timed runs. Not timing itself (core/timer.h) and not the GEMM kernels (kernels/cpu/gemm.h
+// times them).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -13,5 +15,34 @@ namespace moecore::cli {
 void fill_random(Tensor& t, uint64_t stream, double std);
 // The median (upper middle) of `v`, non-empty.
 double median(std::vector<double> v);
+
+// The CPU a benchmark runs on: its model name and the widest matrix instruction set oneDNN can use there
+// ("AMX", "AVX-512", "AVX2", "SSE"), from /proc/cpuinfo ("unknown" elsewhere).
+struct Machine {
+  std::string cpu_model, isa;
+  bool bf16_native = false;  // oneDNN has a bf16 matmul here (otherwise bf16 operands are widened to f32)
+};
+Machine this_machine();
+// "  machine: <model>, <ISA>[, bf16 widened to f32], <n> threads" on stdout (every benchmark prints it first).
+void print_machine();
+
+// A GEMM roofline measured in the same conditions as the timed work: sample() before each timed run and once after
+// the last; each sample is the best of 3 M=N=K=2048 GEMMs of `dtype` (tens of milliseconds). On a shared machine
+// the peak swings with the load, and the samples swing with the timed runs.
+class PeakSampler {
+ public:
+  explicit PeakSampler(DType dtype) : dtype_(dtype) {}
+  void sample();
+  double median() const;
+  // "<dtype> GEMM peak X GFLOP/s: median of N samples taken between the timed runs, each the best of 3 M=N=K=2048
+  // runs (range a-b)"
+  std::string describe() const;
+
+ private:
+  DType dtype_;
+  std::vector<double> samples_;
+};
+// One such sample: GFLOP/s of the best of 3 square M=N=K=2048 GEMMs of `dtype`.
+double gemm_peak_sample(DType dtype);
 
 }  // namespace moecore::cli

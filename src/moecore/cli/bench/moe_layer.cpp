@@ -43,7 +43,9 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   // forward + backward (data and weight gradients).
   const double flops = 3.0 * 2.0 * a.hidden * a.ffn * static_cast<double>(a.tokens * a.topk) * 3.0;
   std::vector<double> rates;
+  PeakSampler peak(bf16 ? DType::BF16 : DType::F32);
   for (int i = 0; i <= a.iters; i++) {
+    if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     reg.zero_grad();
     const Stopwatch timer;
     layer.forward(x, *st);
@@ -51,14 +53,14 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     const double dt = timer.seconds();
     if (i > 0) rates.push_back(flops / dt / 1e9);
   }
-  const double rate = median(rates);
-  const double peak = kernels::measure_gemm_peak_gflops(bf16 ? DType::BF16 : DType::F32);
+  peak.sample();
+  const double rate = median(rates), p = peak.median();
   layer.finish_global_batch();  // the steps so far as one global batch
   const nn::RoutingStats& load = *layer.routing_stats();
   fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n", load.max_load() / load.mean_load(),
              a.iters + 1);
-  fmt::print("  {} GEMM peak (best of M=N=K 1024/2048): {:.1f} GFLOP/s\n", a.dtype, peak);
-  fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, peak, rate / peak);
+  fmt::print("  {}\n", peak.describe());
+  fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, p, rate / p);
 }
 }  // namespace
 

@@ -15,13 +15,6 @@
 
 namespace moecore::cli {
 
-namespace {
-// One reference GEMM rate: the best of 3 runs of an M=N=K=2048 product (tens of milliseconds).
-double gemm_rate_sample(DType dtype) {
-  return kernels::time_square_gemm(dtype, 2048, 3).first;
-}
-}  // namespace
-
 TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out,
                      std::optional<DType> peak) {
   comm::ProcessGroup::init(nullptr, nullptr);
@@ -37,7 +30,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   for (int i = 0; i <= iters; i++) {
     if (peak) {
       world.barrier();
-      r.peak_samples.push_back(gemm_rate_sample(*peak));
+      r.peak_samples.push_back(gemm_peak_sample(*peak));
     }
     if (i == iters) break;
     world.barrier();

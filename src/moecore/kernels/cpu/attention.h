@@ -1,7 +1,8 @@
 // Causal self-attention with grouped-query heads, computed tile by tile with an online softmax (FlashAttention-2
-// style): no S×S matrix is ever materialized, forward or backward. Query head h reads key/value head
-// h / (Nq/Nkv). Backward recomputes probabilities from the saved log-sum-exp and runs in two deterministic passes
-// (dK,dV by key tile; dQ by query tile), so no two threads ever add into the same element.
+// style, attention_flash.cpp: every tile product a register-blocked block GEMM, tiles above the diagonal skipped):
+// no S×S matrix is ever materialized, forward or backward. Query head h reads key/value head
+// h / (Nq/Nkv). Backward recomputes probabilities from the saved log-sum-exp; each output element has one writer and
+// a fixed summation order (no atomics), so results are bitwise reproducible whatever the thread count.
 #pragma once
 
 #include "moecore/core/tensor.h"
@@ -38,17 +39,30 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionDropout* dropout = nullptr);
 
-// The same attention with bf16 GEMM operands, for --bf16 training (attention_bf16.cpp): q, k, v, dout are f32 and
-// rounded to bf16 where they enter a GEMM, probabilities and dS are rounded to bf16 for theirs; scores, softmax,
-// lse and every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Query blocks of a chunk of heads
-// go through oneDNN batched matmuls against their visible keys with an exact (not online) softmax per row: a block
-// holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
-// S > 128. Sequences longer than kMaxBf16AttentionSeq use the tiled kernel above instead.
+// The same attention with bf16 GEMM operands, for --bf16 training: q, k, v, dout are f32 and rounded to bf16 where
+// they enter a GEMM (q times scale), probabilities and dS are rounded to bf16 for theirs; scores, softmax, lse and
+// every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Two kernels, chosen at run time by
+// bf16_attention_kernel():
+// - OneDnn (CPUs with native bf16 matmul: AVX512-BF16, AMX; attention_bf16.cpp): query blocks of a chunk of heads
+//   go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online) softmax per row: a
+//   block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
+//   S > 128.
+// - Flash (other CPUs, where oneDNN would widen bf16 to f32 anyway; attention_flash.cpp): the f32 flash kernel on
+//   operands rounded to bf16, probabilities rounded before P·V (they are relative to the running row maximum).
+// Sequences longer than kMaxBf16AttentionSeq use the f32 kernel above instead (nn/attention.cpp).
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                             const AttentionDropout* dropout = nullptr);
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout = nullptr);
+enum class Bf16AttentionKernel { OneDnn, Flash };
+Bf16AttentionKernel bf16_attention_kernel();
+// The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares the two).
+void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
+                                   Tensor& lse, const AttentionDropout* dropout = nullptr);
+void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
+                                    Tensor& dv, const AttentionDropout* dropout = nullptr);
 constexpr int64_t kMaxBf16AttentionSeq = 8192;
 
 // Tile edge used for queries and keys (rows of a tile).

@@ -1,6 +1,7 @@
-// Causal GQA attention with bf16 GEMMs (see attention.h). Work is split into chunks of heads and, within a chunk,
-// into query blocks of Bq rows; block [i0, i0+Bq) sees keys [0, i0+Bq), so the fully masked key range is skipped
-// and no S×S matrix exists (a block's scores are [Bq, i0+Bq] per head, Bq ≤ S/2 once S > 128). Per block:
+// Causal GQA attention with bf16 oneDNN GEMMs (attention_forward_bf16_onednn, see attention.h). Work is split into
+// chunks of heads and, within a chunk, into query blocks of Bq rows; block [i0, i0+Bq) sees keys [0, i0+Bq), so the
+// fully masked key range is skipped and no S×S matrix exists (a block's scores are [Bq, i0+Bq] per head, Bq ≤ S/2 once
+// S > 128). Per block:
 //   Q̂ = bf16(scale·Q), K̂ = bf16(K), V̂ = bf16(V), packed [c, rows, D] (a kv head repeats for its query heads)
 //   forward:  Σ = Q̂·K̂ᵀ (f32);  P = softmax(Σ) over each row's visible keys, lse kept;  O = bf16(P)·V̂
 //   backward: P = exp(Σ − lse);  dP = dÔ·V̂ᵀ;  dS = bf16(P ⊙ (dP − Δ));  dV += bf16(P)ᵀ·dÔ;  dK += dSᵀ·Q̂;
@@ -14,6 +15,7 @@
 
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -203,8 +205,8 @@ void for_each_block(const AttentionDims& l, Fn fn) {
 
 }  // namespace
 
-void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout) {
+void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
+                                   Tensor& lse, const AttentionDropout* dropout) {
   require_f32(q);
   const AttentionDims l = attention_forward_dims(q, k, v, o, lse);
   if (dropout && !dropout->on()) dropout = nullptr;
@@ -220,9 +222,9 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
   });
 }
 
-void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout) {
+void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
+                                    Tensor& dv, const AttentionDropout* dropout) {
   require_f32(q);
   const AttentionDims l = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
   if (dropout && !dropout->on()) dropout = nullptr;
@@ -261,6 +263,27 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
     gemm_batched(dS, false, p.k, false, q_rows, static_cast<float>(scale));  // dQ
     unpack_q(l, q_rows.data<float>(), r0, br.c, br.i0, br.nq, dq.data<float>());
   });
+}
+
+Bf16AttentionKernel bf16_attention_kernel() {
+  return gemm_stats().bf16_native ? Bf16AttentionKernel::OneDnn : Bf16AttentionKernel::Flash;
+}
+
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout) {
+  if (bf16_attention_kernel() == Bf16AttentionKernel::OneDnn)
+    attention_forward_bf16_onednn(q, k, v, scale, o, lse, dropout);
+  else
+    flash::forward(q, k, v, scale, o, lse, dropout, /*round_bf16=*/true);
+}
+
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout) {
+  if (bf16_attention_kernel() == Bf16AttentionKernel::OneDnn)
+    attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+  else
+    flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, /*round_bf16=*/true);
 }
 
 }  // namespace moecore::kernels

@@ -1,0 +1,164 @@
+// Register-blocked small GEMMs for the flash attention kernels (attention_flash.cpp): C[M, N] (+)= A[M, K]·B[K, N]
+// on tiles of at most kAttnTile rows, with the causal shapes of a diagonal tile computed without their discarded
+// half. Written with GCC vector extensions of 32 bytes so that every target clone of block_gemm (AVX-512, AVX2,
+// baseline SSE2) keeps the accumulators in registers; the micro-kernels are force-inlined into block_gemm, which
+// is compiled once per instruction set. Not a general GEMM (kernels/cpu/gemm.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/attention.h"
+
+#define MOE_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace moecore::kernels::flash {
+
+// Which part of a diagonal tile's product is needed (local row i of C is query/key i of the tile):
+//   Full:       everything.
+//   ColsUpToRow: row i needs columns j ≤ i only (scores of a diagonal tile): columns past the row block's last row
+//               are skipped in steps of a vector.
+//   KUpToRow:   row i sums k ≤ i only (P·V, dS·K of a diagonal tile: the other terms are zero).
+//   KFromRow:   row i sums k ≥ i only (Pᵀ·dO, dSᵀ·Q of a diagonal tile).
+enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow };
+
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(32)));
+  static constexpr int kLanes = 32 / sizeof(T);
+};
+
+template <typename T>
+MOE_ALWAYS_INLINE typename Vec<T>::type load_vec(const T* p) {
+  typename Vec<T>::type v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+MOE_ALWAYS_INLINE void store_vec(T* p, typename Vec<T>::type v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Operand A: element (i, k) at a[i·rs + k·cs] (either stride may be 1: a row-major tile or a transposed one).
+template <typename T>
+struct MatA {
+  const T* a;
+  int64_t rs, cs;
+  MOE_ALWAYS_INLINE T at(int64_t i, int64_t k) const { return a[i * rs + k * cs]; }
+};
+// Operand B and C: row r at p + r·ld, contiguous columns.
+template <typename T>
+struct MatB {
+  const T* p;
+  int64_t ld;
+};
+template <typename T>
+struct MatC {
+  T* p;
+  int64_t ld;
+};
+
+// MR rows × NV vectors of C over k in [k0, k1): the accumulators stay in registers across the whole reduction.
+template <typename T, int MR, int NV>
+MOE_ALWAYS_INLINE void micro(int64_t k0, int64_t k1, MatA<T> a, int64_t i0, MatB<T> b, int64_t j0, MatC<T> c,
+                             bool accumulate) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::kLanes;
+  V acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) acc[i][v] = accumulate ? load_vec(c.p + (i0 + i) * c.ld + j0 + v * L) : V{};
+  for (int64_t k = k0; k < k1; k++) {
+    const T* bk = b.p + k * b.ld + j0;
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) bv[v] = load_vec(bk + v * L);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+      const T ai = a.at(i0 + i, k);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[i][v] += ai * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) store_vec(c.p + (i0 + i) * c.ld + j0 + v * L, acc[i][v]);
+}
+
+// Columns [j0, j1) of rows [i0, i0+mr) where fewer than a vector remain: plain loops, in the same k order.
+template <typename T>
+MOE_ALWAYS_INLINE void tail(int64_t k0, int64_t k1, MatA<T> a, int64_t i0, int64_t mr, MatB<T> b, int64_t j0,
+                            int64_t j1, MatC<T> c, bool accumulate) {
+  for (int64_t i = i0; i < i0 + mr; i++)
+    for (int64_t j = j0; j < j1; j++) {
+      T s = accumulate ? c.p[i * c.ld + j] : T(0);
+      for (int64_t k = k0; k < k1; k++) s += a.at(i, k) * b.p[k * b.ld + j];
+      c.p[i * c.ld + j] = s;
+    }
+}
+
+// One block of MR rows: columns in steps of 2 vectors, then 1, then the scalar tail.
+template <typename T, int MR>
+MOE_ALWAYS_INLINE void row_block(int64_t k0, int64_t k1, MatA<T> a, int64_t i0, MatB<T> b, int64_t n, MatC<T> c,
+                                 bool accumulate) {
+  constexpr int L = Vec<T>::kLanes;
+  int64_t j = 0;
+  for (; j + 2 * L <= n; j += 2 * L) micro<T, MR, 2>(k0, k1, a, i0, b, j, c, accumulate);
+  for (; j + L <= n; j += L) micro<T, MR, 1>(k0, k1, a, i0, b, j, c, accumulate);
+  if (j < n) tail(k0, k1, a, i0, MR, b, j, n, c, accumulate);
+}
+
+// Rows per register block: 6 rows × 2 vectors = 12 accumulators (of 16 AVX2 registers).
+constexpr int kMR = 6;
+
+// C[M, N] (+)= A[M, K]·B[K, N] with the causal restriction `mode` (see Causal). With ColsUpToRow the columns a row
+// block skips are not written (the caller treats them as masked). Each element's sum runs over k in increasing
+// order whatever the blocking, so results do not depend on thread count or tile position. One out-of-line function
+// per instruction set (target clones): a call costs one indirect jump per tile product.
+template <typename T>
+__attribute__((noinline)) MOE_TARGET_CLONES void block_gemm(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b,
+                                                            MatC<T> c, bool accumulate, Causal mode = Causal::Full) {
+  constexpr int L = Vec<T>::kLanes;
+  int64_t i0 = 0;
+  auto range = [&](int64_t rows, int64_t& k0, int64_t& k1, int64_t& n) {
+    k0 = 0, k1 = K, n = N;
+    if (mode == Causal::ColsUpToRow) n = std::min(N, (i0 + rows + L - 1) / L * L);
+    if (mode == Causal::KUpToRow) k1 = std::min(K, i0 + rows);
+    if (mode == Causal::KFromRow) k0 = std::min(K, i0);
+  };
+  int64_t k0, k1, n;
+  for (; i0 + kMR <= M; i0 += kMR) {
+    range(kMR, k0, k1, n);
+    row_block<T, kMR>(k0, k1, a, i0, b, n, c, accumulate);
+  }
+  const int64_t rest = M - i0;
+  range(rest, k0, k1, n);
+  switch (rest) {
+    case 5:
+      row_block<T, 5>(k0, k1, a, i0, b, n, c, accumulate);
+      break;
+    case 4:
+      row_block<T, 4>(k0, k1, a, i0, b, n, c, accumulate);
+      break;
+    case 3:
+      row_block<T, 3>(k0, k1, a, i0, b, n, c, accumulate);
+      break;
+    case 2:
+      row_block<T, 2>(k0, k1, a, i0, b, n, c, accumulate);
+      break;
+    case 1:
+      row_block<T, 1>(k0, k1, a, i0, b, n, c, accumulate);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace moecore::kernels::flash

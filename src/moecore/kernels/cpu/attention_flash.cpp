@@ -1,0 +1,462 @@
+// FlashAttention-2-style causal GQA attention on the CPU (see attention_flash.h, attention.h).
+//
+// Tiles of kAttnTile queries × kAttnTile keys. Every product is a register-blocked block GEMM (attention_blocks.h):
+//   forward, per (b, h, query tile), over key tiles up to the diagonal, with Q̂ = scale·Q:
+//     S = Q̂·Kᵀ;  m' = max(m, rowmax S);  P = exp(S − m');  l = e^(m−m')·l + rowsum P;  O = e^(m−m')·O + P·V
+//     finally O /= l, lse = m + log l
+//   backward, with P = exp(scale·Q·Kᵀ − lse) recomputed and Δ_i = Σ_d dO_id·O_id:
+//     dP = dO·Vᵀ;  dS = P ⊙ (dP − Δ);  dV += Pᵀ·dO;  dK += dSᵀ·Q (× scale);  dQ += dS·K (× scale)
+// Tiles above the diagonal are skipped; on a diagonal tile the scores right of a row block's last row and the
+// zero terms of the causal products are not computed (attention_blocks.h, Causal). K (and V for backward) are
+// transposed once per call into [B·Nkv, D, S] so that the key dimension is contiguous; a query head reads the
+// transposed copy of its kv head, never a per-head copy.
+// Attention dropout (multipliers Z regenerated per row and key tile): O sums (P ⊙ Z)·V while l sums the undropped
+// P; backward dV = (P ⊙ Z)ᵀ·dO and dS = P ⊙ (Z ⊙ dP − Δ).
+// Backward runs either fused (one item per (b, kv head): dK, dV tile by tile, dQ accumulated in place) or in two
+// passes (dK, dV per key tile; dQ per query tile) when there are too few kv heads to keep the threads busy. Both
+// add every dQ, dK, dV term in the same order (dQ over key tiles ascending, dK/dV over query heads then query
+// tiles), so the two give identical bits, and each output element has exactly one writer: no atomics.
+// round_bf16 (f32 only) rounds scale·q, k, v, dout, P and dS to bf16 before their products (attention.h).
+#include "moecore/kernels/cpu/attention_flash.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/attention_blocks.h"
+#include "moecore/kernels/cpu/vec_math.h"
+
+namespace moecore::kernels::flash {
+
+namespace {
+
+constexpr int64_t Bt = kAttnTile;
+
+// Rows of the head pair bn = b·N + n of a [S, B, N, D] tensor (head = D, ld = B·N·D) or of a packed
+// [B·N, S, D] copy (head = S·D, ld = D).
+template <typename T>
+struct Heads {
+  const T* p;
+  int64_t head, ld;
+  const T* at(int64_t bn, int64_t s) const { return p + bn * head + s * ld; }
+};
+template <typename T>
+Heads<T> heads_of(const T* p, const AttentionDims& d, int64_t N) {
+  return {p, d.D, d.B * N * d.D};
+}
+
+template <bool R, typename T>
+MOE_ALWAYS_INLINE T rnd(T x) {
+  if constexpr (R && std::is_same_v<T, float>)
+    return bf16_to_float(float_to_bf16(x));
+  else
+    return x;
+}
+
+int64_t padded_seq(const AttentionDims& d) {
+  return d.ntiles() * Bt;
+}
+
+// dst [heads, tiles, D, Bt] ← each key tile of each head of src transposed (zero past S), rounded when R. A tile
+// is one contiguous block, so a product's rows of B sit in consecutive cache lines (rows S apart would all fall
+// into the same few L1 sets).
+template <typename T, bool R>
+MOE_TARGET_CLONES void pack_transposed(const AttentionDims& d, Heads<T> src, int64_t heads, T* dst) {
+  const int64_t D = d.D, nt = d.ntiles();
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t bn = 0; bn < heads; bn++)
+    for (int64_t t = 0; t < nt; t++) {
+      T* out = dst + (bn * nt + t) * D * Bt;
+      for (int64_t j = 0; j < Bt; j++) {
+        const int64_t s = t * Bt + j;
+        if (s >= d.S) {
+          for (int64_t e = 0; e < D; e++) out[e * Bt + j] = T(0);
+          continue;
+        }
+        const T* in = src.at(bn, s);
+        for (int64_t e = 0; e < D; e++) out[e * Bt + j] = rnd<R>(in[e]);
+      }
+    }
+}
+
+// The transposed key tile kt of head pair bg (see pack_transposed), as a block GEMM operand.
+template <typename T>
+MOE_ALWAYS_INLINE MatB<T> tile_t(const T* packed, const AttentionDims& d, int64_t bg, int64_t kt) {
+  return {packed + (bg * d.ntiles() + kt) * d.D * Bt, Bt};
+}
+
+// dst [n, D] ← rows s0..s0+n of head bn of src (dense, so a product's operand rows are consecutive cache lines).
+template <typename T>
+MOE_ALWAYS_INLINE void copy_rows(Heads<T> src, int64_t bn, int64_t s0, int64_t n, int64_t D, T* dst) {
+  for (int64_t i = 0; i < n; i++) std::copy_n(src.at(bn, s0 + i), D, dst + i * D);
+}
+
+// dst [heads, S, D] ← rnd(mul · rows of each head of src), rounded when R.
+template <typename T, bool R>
+MOE_TARGET_CLONES void pack_rows(const AttentionDims& d, Heads<T> src, int64_t heads, T mul, T* dst) {
+  const int64_t D = d.D;
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t bn = 0; bn < heads; bn++)
+    for (int64_t s = 0; s < d.S; s++) {
+      const T* in = src.at(bn, s);
+      T* out = dst + (bn * d.S + s) * D;
+#pragma omp simd
+      for (int64_t e = 0; e < D; e++) out[e] = rnd<R>(in[e] * mul);
+    }
+}
+
+// Per-thread scratch: `per_thread` elements each, rounded up to whole cache lines so that threads share none.
+template <typename T>
+struct Scratch {
+  Tensor t;
+  int64_t per_thread;
+  Scratch(int64_t n, DType dt) : per_thread((n + 15) / 16 * 16) { t = Tensor::empty({num_threads(), per_thread}, dt); }
+  T* mine() { return t.data<T>() + omp_get_thread_num() * per_thread; }
+};
+
+template <typename T>
+struct FwdArgs {
+  AttentionDims d;
+  const T* q;   // [S, B, Nq, D]
+  const T* kt;  // [B·Nkv, tiles, D, Bt]
+  Heads<T> v;   // packed [B·Nkv, S, D]
+  T scale;
+  T* o;
+  T* lse;
+  const AttentionDropout* drop;
+};
+
+template <typename T, bool R>
+MOE_TARGET_CLONES void forward_impl(const FwdArgs<T>& a, Scratch<T>& scratch) {
+  using flash::Causal;
+  constexpr int64_t L = Vec<T>::kLanes;
+  const AttentionDims& d = a.d;
+  const int64_t S = d.S, D = d.D, nt = d.ntiles(), pairs = d.B * d.Nq;
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
+    const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
+    const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
+    T* Qs = scratch.mine();  // [Bt, D]
+    T* acc = Qs + Bt * D;    // [Bt, D]
+    T* sc = acc + Bt * D;    // [Bt, Bt] scores, then probabilities
+    T* m = sc + Bt * Bt;     // [Bt]
+    T* l = m + Bt;           // [Bt]
+    T* z = l + Bt;           // [Bt] dropout multipliers
+    const int64_t i0 = qt * Bt, nr = std::min(Bt, S - i0);
+    for (int64_t i = 0; i < nr; i++) {
+      const T* src = a.q + (i0 + i) * d.q_row() + bh * D;
+      for (int64_t e = 0; e < D; e++) Qs[i * D + e] = rnd<R>(src[e] * a.scale);
+      m[i] = -std::numeric_limits<T>::infinity();
+      l[i] = 0;
+    }
+    std::fill_n(acc, nr * D, T(0));
+    for (int64_t kt = 0; kt <= qt; kt++) {
+      const int64_t j0 = kt * Bt, nc = std::min(Bt, S - j0);
+      const bool diag = kt == qt;
+      block_gemm<T>(nr, (nc + L - 1) / L * L, D, MatA<T>{Qs, D, 1}, tile_t(a.kt, d, bg, kt), MatC<T>{sc, Bt}, false,
+                    diag ? Causal::ColsUpToRow : Causal::Full);
+      for (int64_t i = 0; i < nr; i++) {
+        const int64_t jmax = diag ? std::min(nc, i + 1) : nc;  // visible keys of row i
+        T* s = sc + i * Bt;
+        T mx = m[i];
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
+        const T alpha = std::exp(m[i] - mx);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < jmax; j++) {
+          s[j] = vexp(s[j] - mx);
+          sum += s[j];
+        }
+        l[i] = l[i] * alpha + sum;
+        m[i] = mx;
+        if (a.drop) {
+          a.drop->row(b, h, i0 + i, j0, jmax, z);
+#pragma omp simd
+          for (int64_t j = 0; j < jmax; j++) s[j] *= z[j];
+        }
+        if constexpr (R) {
+#pragma omp simd
+          for (int64_t j = 0; j < jmax; j++) s[j] = rnd<R>(s[j]);
+        }
+        for (int64_t j = jmax; j < nc; j++) s[j] = 0;
+        if (alpha != T(1)) {
+          T* ar = acc + i * D;
+#pragma omp simd
+          for (int64_t e = 0; e < D; e++) ar[e] *= alpha;
+        }
+      }
+      block_gemm<T>(nr, D, nc, MatA<T>{sc, Bt, 1}, MatB<T>{a.v.at(bg, j0), a.v.ld}, MatC<T>{acc, D}, true,
+                    diag ? Causal::KUpToRow : Causal::Full);
+    }
+    for (int64_t i = 0; i < nr; i++) {
+      T* out = a.o + (i0 + i) * d.q_row() + bh * D;
+      const T inv = T(1) / l[i];
+#pragma omp simd
+      for (int64_t e = 0; e < D; e++) out[e] = acc[i * D + e] * inv;
+      a.lse[bh * S + i0 + i] = m[i] + std::log(l[i]);
+    }
+  }
+}
+
+template <typename T>
+struct BwdArgs {
+  AttentionDims d;
+  Heads<T> q, k, dout;  // q carries `scale` already when score_mul is 1
+  const T* kt;          // [B·Nkv, tiles, D, Bt]
+  const T* vt;          // [B·Nkv, tiles, D, Bt]
+  const T *lse, *delta;
+  T *dq, *dk, *dv;
+  T score_mul, dk_mul, dq_mul;
+  const AttentionDropout* drop;
+};
+
+// Per-thread buffers of one backward item.
+template <typename T>
+struct BwdTiles {
+  T *sc, *dp, *dK, *dV, *q, *dout, *k, *z;
+  explicit BwdTiles(T* s, int64_t D)
+      : sc(s),
+        dp(s + Bt * Bt),
+        dK(dp + Bt * Bt),
+        dV(dK + Bt * D),
+        q(dV + Bt * D),
+        dout(q + Bt * D),
+        k(dout + Bt * D),
+        z(k + Bt * D) {}
+  static int64_t size(int64_t D) { return 2 * Bt * Bt + 5 * Bt * D + Bt; }
+};
+
+// One (query tile, key tile) pair of head h: recomputes P and dS, then adds into the dK/dV tiles (when kv) and into
+// dQ's rows in place (when dq).
+template <typename T, bool R>
+MOE_ALWAYS_INLINE void backward_pair(const BwdArgs<T>& a, int64_t b, int64_t h, int64_t qt, int64_t kt, BwdTiles<T>& w,
+                                     bool kv, bool dq) {
+  constexpr int64_t L = Vec<T>::kLanes;
+  const AttentionDims& d = a.d;
+  const int64_t S = d.S, D = d.D;
+  const int64_t bh = b * d.Nq + h, bg = b * d.Nkv + h / d.group();
+  const int64_t i0 = qt * Bt, nr = std::min(Bt, S - i0), j0 = kt * Bt, nc = std::min(Bt, S - j0);
+  const bool diag = qt == kt;
+  const Causal cols = diag ? Causal::ColsUpToRow : Causal::Full;
+  const int64_t N = (nc + L - 1) / L * L;
+  copy_rows(a.q, bh, i0, nr, D, w.q);
+  copy_rows(a.dout, bh, i0, nr, D, w.dout);
+  block_gemm<T>(nr, N, D, MatA<T>{w.q, D, 1}, tile_t(a.kt, d, bg, kt), MatC<T>{w.sc, Bt}, false, cols);
+  block_gemm<T>(nr, N, D, MatA<T>{w.dout, D, 1}, tile_t(a.vt, d, bg, kt), MatC<T>{w.dp, Bt}, false, cols);
+  for (int64_t i = 0; i < nr; i++) {
+    const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
+    const T li = a.lse[bh * S + i0 + i], dl = a.delta[bh * S + i0 + i], mul = a.score_mul;
+    T* s = w.sc + i * Bt;
+    T* g = w.dp + i * Bt;
+    if (a.drop) {
+      a.drop->row(b, h, i0 + i, j0, jmax, w.z);
+      const T* z = w.z;
+#pragma omp simd
+      for (int64_t j = 0; j < jmax; j++) {
+        const T p = vexp(s[j] * mul - li);
+        s[j] = rnd<R>(p * z[j]);
+        g[j] = rnd<R>(p * (g[j] * z[j] - dl));
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < jmax; j++) {
+        const T p = vexp(s[j] * mul - li);
+        s[j] = rnd<R>(p);
+        g[j] = rnd<R>(p * (g[j] - dl));
+      }
+    }
+    for (int64_t j = jmax; j < nc; j++) s[j] = g[j] = 0;
+  }
+  if (kv) {
+    const Causal from = diag ? Causal::KFromRow : Causal::Full;
+    block_gemm<T>(nc, D, nr, MatA<T>{w.sc, 1, Bt}, MatB<T>{w.dout, D}, MatC<T>{w.dV, D}, true, from);
+    block_gemm<T>(nc, D, nr, MatA<T>{w.dp, 1, Bt}, MatB<T>{w.q, D}, MatC<T>{w.dK, D}, true, from);
+  }
+  if (dq) {
+    copy_rows(a.k, bg, j0, nc, D, w.k);
+    block_gemm<T>(nr, D, nc, MatA<T>{w.dp, Bt, 1}, MatB<T>{w.k, D}, MatC<T>{a.dq + i0 * d.q_row() + bh * D, d.q_row()},
+                  true, diag ? Causal::KUpToRow : Causal::Full);
+  }
+}
+
+// dK and dV of key tile kt of kv head (b, g): the sum over the group's query heads and the query tiles from kt on.
+// With dq, also adds every pair's dQ terms in place.
+template <typename T, bool R>
+MOE_ALWAYS_INLINE void key_tile(const BwdArgs<T>& a, int64_t b, int64_t g, int64_t kt, BwdTiles<T>& w, bool dq) {
+  const AttentionDims& d = a.d;
+  const int64_t D = d.D, j0 = kt * Bt, nc = std::min(Bt, d.S - j0), bg = b * d.Nkv + g;
+  std::fill_n(w.dK, nc * D, T(0));
+  std::fill_n(w.dV, nc * D, T(0));
+  for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++)
+    for (int64_t qt = kt; qt < d.ntiles(); qt++) backward_pair<T, R>(a, b, h, qt, kt, w, true, dq);
+  for (int64_t j = 0; j < nc; j++) {
+    T* dkr = a.dk + (j0 + j) * d.kv_row() + bg * D;
+    T* dvr = a.dv + (j0 + j) * d.kv_row() + bg * D;
+#pragma omp simd
+    for (int64_t e = 0; e < D; e++) {
+      dkr[e] = w.dK[j * D + e] * a.dk_mul;
+      dvr[e] = w.dV[j * D + e];
+    }
+  }
+}
+
+// Rows [i0, i0+n) of head bh of dQ: zeroed (before the sum) or multiplied by dq_mul (after it).
+template <typename T>
+MOE_ALWAYS_INLINE void dq_rows(const BwdArgs<T>& a, int64_t bh, int64_t i0, int64_t n, bool zero) {
+  const int64_t D = a.d.D;
+  for (int64_t i = i0; i < i0 + n; i++) {
+    T* r = a.dq + i * a.d.q_row() + bh * D;
+#pragma omp simd
+    for (int64_t e = 0; e < D; e++) r[e] = zero ? T(0) : r[e] * a.dq_mul;
+  }
+}
+
+// Fused: one item per (b, kv head) does everything for its heads.
+template <typename T, bool R>
+MOE_TARGET_CLONES void backward_fused(const BwdArgs<T>& a, Scratch<T>& scratch) {
+  const AttentionDims& d = a.d;
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
+    const int64_t b = bg / d.Nkv, g = bg % d.Nkv;
+    BwdTiles<T> w(scratch.mine(), d.D);
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) dq_rows(a, b * d.Nq + h, 0, d.S, true);
+    for (int64_t kt = 0; kt < d.ntiles(); kt++) key_tile<T, R>(a, b, g, kt, w, true);
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) dq_rows(a, b * d.Nq + h, 0, d.S, false);
+  }
+}
+
+// Two passes: dK, dV per (key tile, b, kv head), longest first; then dQ per (query tile, b, head).
+template <typename T, bool R>
+MOE_TARGET_CLONES void backward_two_pass(const BwdArgs<T>& a, Scratch<T>& scratch) {
+  const AttentionDims& d = a.d;
+  const int64_t nt = d.ntiles(), kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nt; it++) {
+    BwdTiles<T> w(scratch.mine(), d.D);
+    const int64_t bg = it % kv_pairs;
+    key_tile<T, R>(a, bg / d.Nkv, bg % d.Nkv, it / kv_pairs, w, false);
+  }
+  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nt; it++) {
+    BwdTiles<T> w(scratch.mine(), d.D);
+    const int64_t qt = nt - 1 - it / q_pairs, bh = it % q_pairs, i0 = qt * Bt;
+    const int64_t b = bh / d.Nq, h = bh % d.Nq, n = std::min(Bt, d.S - i0);
+    dq_rows(a, bh, i0, n, true);
+    for (int64_t kt = 0; kt <= qt; kt++) backward_pair<T, R>(a, b, h, qt, kt, w, false, true);
+    dq_rows(a, bh, i0, n, false);
+  }
+}
+
+// The fused backward does 5 block products per tile pair, the two-pass one 7; fused wins unless its (b, kv head)
+// items leave threads idle for more than 2/7 of the time.
+bool use_fused(const AttentionDims& d) {
+  const int64_t items = d.B * d.Nkv, threads = num_threads();
+  const int64_t rounds = (items + threads - 1) / threads;
+  return 7 * items >= 5 * rounds * threads;
+}
+
+template <typename T, bool R>
+void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout* dropout) {
+  const AttentionDims d = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
+  const int64_t kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq, Sp = padded_seq(d);  // Kᵀ, Vᵀ: [pairs, D, Sp]
+  const DType dt = q.dtype();
+  Tensor delta = Tensor::empty({q_pairs, d.S}, dt);
+  {
+    const T* od = o.data<T>();
+    const T* dod = dout.data<T>();
+    T* dl = delta.data<T>();
+    _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < q_pairs; r++) {
+      for (int64_t i = 0; i < d.S; i++) {
+        const int64_t off = i * d.q_row() + r * d.D;  // r = b·Nq + h matches the [S, B, Nq, D] layout
+        T s = 0;
+        for (int64_t e = 0; e < d.D; e++) s += dod[off + e] * od[off + e];
+        dl[r * d.S + i] = s;
+      }
+    }
+  }
+  Tensor kt = Tensor::empty({kv_pairs * d.D * Sp}, dt), vt = Tensor::empty({kv_pairs * d.D * Sp}, dt);
+  pack_transposed<T, R>(d, heads_of(k.data<T>(), d, d.Nkv), kv_pairs, kt.data<T>());
+  pack_transposed<T, R>(d, heads_of(v.data<T>(), d, d.Nkv), kv_pairs, vt.data<T>());
+  BwdArgs<T> a{d,
+               heads_of(q.data<T>(), d, d.Nq),
+               heads_of(k.data<T>(), d, d.Nkv),
+               heads_of(dout.data<T>(), d, d.Nq),
+               kt.data<T>(),
+               vt.data<T>(),
+               lse.data<T>(),
+               delta.data<T>(),
+               dq.data<T>(),
+               dk.data<T>(),
+               dv.data<T>(),
+               T(scale),
+               T(scale),
+               T(scale),
+               dropout};
+  Tensor qh, kh, doh;  // bf16 operands, packed [heads, S, D]
+  if constexpr (R) {
+    qh = Tensor::empty({q_pairs * d.S * d.D}, dt);
+    kh = Tensor::empty({kv_pairs * d.S * d.D}, dt);
+    doh = Tensor::empty({q_pairs * d.S * d.D}, dt);
+    pack_rows<float, true>(d, a.q, q_pairs, static_cast<float>(scale), qh.data<float>());
+    pack_rows<float, true>(d, a.k, kv_pairs, 1.0f, kh.data<float>());
+    pack_rows<float, true>(d, a.dout, q_pairs, 1.0f, doh.data<float>());
+    a.q = {qh.data<float>(), d.S * d.D, d.D};
+    a.k = {kh.data<float>(), d.S * d.D, d.D};
+    a.dout = {doh.data<float>(), d.S * d.D, d.D};
+    a.score_mul = a.dk_mul = 1;  // q̂ carries the scale
+  }
+  Scratch<T> scratch(BwdTiles<T>::size(d.D), dt);
+  if (use_fused(d))
+    backward_fused<T, R>(a, scratch);
+  else
+    backward_two_pass<T, R>(a, scratch);
+}
+
+template <typename T, bool R>
+void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+               const AttentionDropout* dropout) {
+  const AttentionDims d = attention_forward_dims(q, k, v, o, lse);
+  const int64_t kv_pairs = d.B * d.Nkv;
+  Tensor kt = Tensor::empty({kv_pairs * d.D * padded_seq(d)}, q.dtype());
+  pack_transposed<T, R>(d, heads_of(k.data<T>(), d, d.Nkv), kv_pairs, kt.data<T>());
+  FwdArgs<T> a{d,        q.data<T>(), kt.data<T>(),  heads_of(v.data<T>(), d, d.Nkv),
+               T(scale), o.data<T>(), lse.data<T>(), dropout};
+  Tensor vh = Tensor::empty({kv_pairs * d.S * d.D}, q.dtype());
+  pack_rows<T, R>(d, a.v, kv_pairs, T(1), vh.data<T>());
+  a.v = {vh.data<T>(), d.S * d.D, d.D};
+  Scratch<T> scratch(2 * Bt * d.D + Bt * Bt + 3 * Bt, q.dtype());
+  forward_impl<T, R>(a, scratch);
+}
+
+void require_f32(const Tensor& q) {
+  MOE_ASSERT_MSG(q.dtype() == DType::F32, "bf16 attention takes f32 tensors (rounded to bf16 inside), got {}",
+                 dtype_name(q.dtype()));
+}
+
+}  // namespace
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+             const AttentionDropout* dropout, bool round_bf16) {
+  if (dropout && !dropout->on()) dropout = nullptr;
+  if (round_bf16) {
+    require_f32(q);
+    forward_t<float, true>(q, k, v, scale, o, lse, dropout);
+    return;
+  }
+  MOE_DISPATCH_FLOAT(q.dtype(), T, { forward_t<T, false>(q, k, v, scale, o, lse, dropout); });
+}
+
+void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+              double scale, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
+  if (dropout && !dropout->on()) dropout = nullptr;
+  if (round_bf16) {
+    require_f32(q);
+    backward_t<float, true>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+    return;
+  }
+  MOE_DISPATCH_FLOAT(q.dtype(), T, { backward_t<T, false>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout); });
+}
+
+}  // namespace moecore::kernels::flash

@@ -1,0 +1,17 @@
+// The FlashAttention-2-style CPU kernel behind attention_forward/backward (f32, f64) and, on CPUs without native
+// bf16 matmul, attention_forward_bf16/backward_bf16 (attention_flash.cpp). Internal to kernels/cpu: callers use
+// attention.h.
+#pragma once
+
+#include "moecore/kernels/cpu/attention.h"
+
+namespace moecore::kernels::flash {
+
+// round_bf16: q (times scale), k, v, dout, the probabilities and dS are rounded to bf16 where they enter a block
+// product (f32 tensors only), as attention_forward_bf16 documents; otherwise the products run in the tensors' dtype.
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+             const AttentionDropout* dropout, bool round_bf16);
+void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+              double scale, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout* dropout, bool round_bf16);
+
+}  // namespace moecore::kernels::flash
