@@ -216,8 +216,13 @@ PipelineLayout plan(const PipelineFlags& f, bool suggest) {
                          std::pair{f.decoder_first_pipeline_num_layers, "decoder-first-pipeline-num-layers"},
                          std::pair{f.decoder_last_pipeline_num_layers, "decoder-last-pipeline-num-layers"}})
     MOE_CHECK(v == -1 || v > 0, "--{} {} must be larger than 0 (-1: unset, Megatron's None)", name, v);
-  Plan p{f, f.decoder_first_pipeline_num_layers != -1, f.decoder_last_pipeline_num_layers != -1,
-         f.account_for_embedding, f.account_for_loss};
+  Plan p{f,
+         f.decoder_first_pipeline_num_layers != -1,
+         f.decoder_last_pipeline_num_layers != -1,
+         f.account_for_embedding,
+         f.account_for_loss,
+         1,
+         ""};
   const bool lpvs = f.num_layers_per_virtual_stage != -1, nvs = f.num_virtual_stages_per_rank != -1;
   const bool layout = !f.layout.empty();
 
