@@ -270,7 +270,7 @@ TEST(HealthAlarms, FlagsAreCheckedBeforeAnyWork) {
             }).find("--check-for-spiky-loss asks for the loss-spike check"),
             std::string::npos);
   EXPECT_NE(testing::user_error_of([&] {
-              testing::small_config(base, {"--health-alarm-stop", "nan,dead-experts"});
+              testing::small_config(base, {"--health-alarm-stop", "loss-spike,dead-experts"});
             }).find("dead-experts"),
             std::string::npos);
   EXPECT_NE(testing::user_error_of([&] {

@@ -19,7 +19,8 @@
 
 namespace moecore::train {
 
-// The alarm names (--health-alarm-stop takes these).
+// The alarm names (--health-alarm-stop takes all but "nan": a non-finite step stops unless
+// --no-check-for-nan-in-loss-and-grad, which asks to go on).
 inline const std::vector<std::string>& health_alarm_names() {
   static const std::vector<std::string> n = {"dead-expert",    "load-imbalance", "router-entropy-collapse",
                                              "aux-loss-spike", "loss-spike",     "nan"};
