@@ -63,7 +63,7 @@ std::string HealthAlarms::expert_place(int64_t e) const {
 
 std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, const std::vector<LayerRouting>& routing) {
   std::vector<Alarm> out;
-  auto raise = [&](const std::string& name, std::string message) {
+  auto alarm = [&](const std::string& name, std::string message) {
     const auto& s = c_.health_alarm_stop;
     out.push_back({name, std::find(s.begin(), s.end(), name) != s.end(), std::move(message)});
   };
@@ -81,7 +81,7 @@ std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, con
         if (n == c_.moe_dead_expert_steps) dead += (dead.empty() ? "" : ", ") + expert_place(e);
       }
       if (!dead.empty())
-        raise("dead-expert",
+        alarm("dead-expert",
               fmt::format("iteration {}: layer {}: {} received no tokens for {} steps in a row (over all ranks; "
                           "--moe-dead-expert-steps {}): raise --moe-aux-loss-coeff, try "
                           "--moe-router-enable-expert-bias, or lower --lr",
@@ -95,7 +95,7 @@ std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, con
       int64_t& n = imbalanced_[l.layer];
       n = ratio > c_.moe_load_imbalance_threshold ? n + 1 : 0;
       if (n == c_.moe_load_imbalance_steps)
-        raise("load-imbalance",
+        alarm("load-imbalance",
               fmt::format("iteration {}: layer {}: max/mean expert load {:.2f} (the busiest: {}) has been above "
                           "--moe-load-imbalance-threshold {} for {} steps in a row (over all ranks): the router "
                           "favours few experts; raise --moe-aux-loss-coeff or use --moe-router-enable-expert-bias",
@@ -107,7 +107,7 @@ std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, con
       int64_t& n = collapsed_[l.layer];
       n = l.entropy < floor ? n + 1 : 0;
       if (n == c_.moe_router_entropy_collapse_steps)
-        raise("router-entropy-collapse",
+        alarm("router-entropy-collapse",
               fmt::format("iteration {}: layer {}: the mean per-token router entropy {:.4f} nats has been below "
                           "--moe-router-entropy-collapse-fraction {} x ln({}) = {:.4f} for {} steps in a row (over "
                           "all ranks): each token's routing probabilities have collapsed onto few experts",
@@ -122,7 +122,7 @@ std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, con
         if (!spiking(s, v, c_.moe_aux_loss_spike_factor, c_.moe_aux_loss_spike_samples)) continue;
         const std::string type =
             t < c_.moe_router_load_balancing_type.size() ? c_.moe_router_load_balancing_type[t] : "aux_loss";
-        raise("aux-loss-spike",
+        alarm("aux-loss-spike",
               fmt::format("iteration {}: layer {}: its {} {:.6g} is >= --moe-aux-loss-spike-factor {} x {:.6g}, "
                           "its max over the first {} steps (reduced over all ranks): the routing balance broke down",
                           it, l < routing.size() ? routing[l].layer : l, type, v, c_.moe_aux_loss_spike_factor, s.max,
@@ -130,14 +130,14 @@ std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, con
       }
   // Megatron validates nothing on the first iteration of a process (rerun_state_machine: first_iteration_complete).
   if (c_.loss_spike_factor > 0 && !first && spiking(loss_, r.lm_loss, c_.loss_spike_factor, c_.loss_spike_samples))
-    raise("loss-spike",
+    alarm("loss-spike",
           fmt::format("iteration {}: lm loss {:.6g} is >= --loss-spike-factor {} x {:.6g}, the max of the first {} "
                       "steps' losses (Megatron's --check-for-spiky-loss rule; the loss over the global batch, the "
                       "same on every rank)",
                       it, r.lm_loss, c_.loss_spike_factor, loss_.max, c_.loss_spike_samples));
   const bool finite = std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm);
   if (!finite && !nan_warned_)
-    raise("nan", fmt::format("iteration {}: the lm loss ({}) or gradient norm ({}) is not finite and the step was "
+    alarm("nan", fmt::format("iteration {}: the lm loss ({}) or gradient norm ({}) is not finite and the step was "
                              "applied (--no-check-for-nan-in-loss-and-grad, as Megatron); a checkpoint of non-finite "
                              "weights is refused",
                              it, r.lm_loss, r.grad_norm));
