@@ -24,11 +24,11 @@ using testing::operator+;
 // Every alarm off but the ones `extra` turns on.
 train::TrainConfig quiet(const std::vector<std::string>& extra) {
   return testing::small_config(
-      testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 64, 4, "1e-3"),
-      std::vector<std::string>{"--moe-dead-expert-steps", "0", "--moe-load-imbalance-threshold", "0",
-                               "--moe-router-entropy-collapse-fraction", "0", "--moe-aux-loss-spike-factor", "0",
-                               "--loss-spike-factor", "0"} +
-          extra);
+      testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 64, 4, "1e-3") +
+          std::vector<std::string>{"--moe-dead-expert-steps", "0", "--moe-load-imbalance-threshold", "0",
+                                   "--moe-router-entropy-collapse-fraction", "0", "--moe-aux-loss-spike-factor", "0",
+                                   "--loss-spike-factor", "0"},
+      extra);
 }
 
 train::LayerRouting layer(std::vector<double> tokens, double entropy = 1.0) {
@@ -78,7 +78,7 @@ TEST(HealthAlarms, LoadImbalanceAndEntropyCollapseNeedTheirStepsInARow) {
   EXPECT_TRUE(h.after_step(5, r, {layer({9, 1, 1, 1}, low)}).empty());  // once per episode
   // 2x the mean is not above the threshold 2
   train::HealthAlarms h2(c, 1);
-  for (int64_t it = 1; it <= 3; it++) EXPECT_TRUE(h2.after_step(it, r, {layer({5, 1, 1, 1}, high)}).empty());
+  for (int64_t it = 1; it <= 3; it++) EXPECT_TRUE(h2.after_step(it, r, {layer({4, 2, 1, 1}, high)}).empty());
 }
 
 TEST(HealthAlarms, LossSpikeFollowsMegatronsRuleAfterTheFirstStep) {
@@ -117,11 +117,11 @@ TEST(HealthAlarms, AuxLossSpikePerLayerAfterItsWarmUp) {
   EXPECT_TRUE(h.after_step(1, r, routing).empty());
   r.aux_layers = {{1.1, 0.9}};
   EXPECT_TRUE(h.after_step(2, r, routing).empty());
-  r.aux_layers = {{3.2, 2.6}};  // layer 0: 3.2 >= 3 x 1.1; layer 1: 2.6 < 3 x 1.0
+  r.aux_layers = {{3.4, 2.6}};  // layer 0: 3.4 >= 3 x 1.1; layer 1: 2.6 < 3 x 1.0
   const auto a = h.after_step(3, r, routing);
   ASSERT_EQ(names(a), std::vector<std::string>{"aux-loss-spike"});
   EXPECT_TRUE(a[0].stop);
-  EXPECT_NE(a[0].message.find("iteration 3: layer 0: its aux_loss 3.2 is >= --moe-aux-loss-spike-factor 3 x 1.1"),
+  EXPECT_NE(a[0].message.find("iteration 3: layer 0: its aux_loss 3.4 is >= --moe-aux-loss-spike-factor 3 x 1.1"),
             std::string::npos)
       << a[0].message;
 }
