@@ -126,6 +126,15 @@ struct TrainConfig {
   bool log_timers_to_tensorboard = false, no_log_loss_scale_to_tensorboard = false;
   bool log_validation_ppl_to_tensorboard = false, log_memory_to_tensorboard = false;
   bool log_world_size_to_tensorboard = false;
+  // Health alarms (train/routing_health.h): each on by default, 0 turns one off; --health-alarm-stop names those
+  // that stop the run instead of warning. Megatron's --check-for-spiky-loss (its factor 10 over 100 samples is
+  // moecore's default --loss-spike-factor/-samples) and --no-check-for-nan-in-loss-and-grad (the step is applied).
+  int64_t moe_dead_expert_steps = 100, moe_load_imbalance_steps = 100, moe_router_entropy_collapse_steps = 100;
+  double moe_load_imbalance_threshold = 4.0, moe_router_entropy_collapse_fraction = 0.1;
+  double moe_aux_loss_spike_factor = 3.0, loss_spike_factor = 10.0;
+  int64_t moe_aux_loss_spike_samples = 100, loss_spike_samples = 100;
+  bool check_for_spiky_loss = false, no_check_for_nan_in_loss_and_grad = false;
+  std::vector<std::string> health_alarm_stop;
   std::vector<std::string> generate_prompts;
   int64_t generate_tokens = 48, generate_top_k = 20;
   double generate_temperature = 0.8;

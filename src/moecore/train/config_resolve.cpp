@@ -197,6 +197,10 @@ void validate(const TrainConfig& c) {
             "convert hf-to-native --input HF_DIR --output DIR` and train with --load DIR",
             c.ckpt_format);
   for (const auto& f : flag_table()) check_accepted(c, f);
+  // Health alarms (train/routing_health.h).
+  MOE_CHECK(!c.check_for_spiky_loss || c.loss_spike_factor > 0,
+            "--check-for-spiky-loss asks for the loss-spike check that --loss-spike-factor 0 turns off: drop one "
+            "(moecore checks by default, with Megatron's factor 10 over the first 100 samples)");
   for (const auto& v : c.moe_aux_loss_coeff) {
     const double x = to_double("moe-aux-loss-coeff", v);
     MOE_CHECK(std::isfinite(x) && x >= 0, "--moe-aux-loss-coeff {} is out of range; accepted: finite numbers >= 0", v);

@@ -279,6 +279,44 @@ std::vector<FlagSpec> build_flag_table() {
            {"generate-tokens", &C::generate_tokens, "Tokens to sample per prompt", kNoRole, at_least(0)},
            {"generate-top-k", &C::generate_top_k, "Top-k for sampling", kNoRole, at_least(0)},
            {"generate-temperature", &C::generate_temperature, "Sampling temperature", kNoRole, positive()}});
+  section(FlagGroup::Logging,  // health alarms (train/routing_health.h)
+          {{"moe-dead-expert-steps", &C::moe_dead_expert_steps,
+            "Alarm when an expert of a MoE layer gets no tokens (over all ranks) for N steps in a row (0: off)",
+            kNoRole, at_least(0)},
+           {"moe-load-imbalance-threshold", &C::moe_load_imbalance_threshold,
+            "Alarm when a MoE layer's max/mean tokens per expert stays above this for --moe-load-imbalance-steps "
+            "(0: off)",
+            kNoRole, at_least(0)},
+           {"moe-load-imbalance-steps", &C::moe_load_imbalance_steps,
+            "Steps in a row for --moe-load-imbalance-threshold", kNoRole, positive()},
+           {"moe-router-entropy-collapse-fraction", &C::moe_router_entropy_collapse_fraction,
+            "Alarm when a MoE layer's mean per-token router entropy stays below this fraction of ln(experts) for "
+            "--moe-router-entropy-collapse-steps (0: off)",
+            kNoRole, between(0, 1)},
+           {"moe-router-entropy-collapse-steps", &C::moe_router_entropy_collapse_steps,
+            "Steps in a row for --moe-router-entropy-collapse-fraction", kNoRole, positive()},
+           {"moe-aux-loss-spike-factor", &C::moe_aux_loss_spike_factor,
+            "Alarm when a MoE layer's aux loss reaches this factor x its max over the first "
+            "--moe-aux-loss-spike-samples steps (0: off)",
+            kNoRole, at_least(0)},
+           {"moe-aux-loss-spike-samples", &C::moe_aux_loss_spike_samples,
+            "Steps whose aux losses set the max for --moe-aux-loss-spike-factor", kNoRole, positive()},
+           {"loss-spike-factor", &C::loss_spike_factor,
+            "Alarm when the lm loss reaches this factor x its max over the first --loss-spike-samples steps "
+            "(Megatron's spiky-loss rule, 10; 0: off)",
+            kNoRole, at_least(0)},
+           {"loss-spike-samples", &C::loss_spike_samples,
+            "Steps (after the first) whose losses set the max for --loss-spike-factor (Megatron: 100)", kNoRole,
+            positive()},
+           {"check-for-spiky-loss", &C::check_for_spiky_loss,
+            "Megatron's spiky-loss check (warns on a loss >= 10x the max of the first 100): on by default in "
+            "moecore as --loss-spike-factor; refused with --loss-spike-factor 0"},
+           {"no-check-for-nan-in-loss-and-grad", &C::no_check_for_nan_in_loss_and_grad,
+            "Apply a step whose loss or gradient norm is NaN/inf and go on, as Megatron (warns; saving non-finite "
+            "weights is still refused); default: stop naming the first non-finite tensor"},
+           {"health-alarm-stop", &C::health_alarm_stop,
+            "Health alarms that stop the run (before saving that step) instead of warning (a list)", kNoRole,
+            one_of({"dead-expert", "load-imbalance", "router-entropy-collapse", "aux-loss-spike", "loss-spike"})}});
   section(
       FlagGroup::Checkpoint,
       {{"save", &C::save,

@@ -197,10 +197,10 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
                             "moecore stops on a non-finite loss or gradient, after re-running the step to name where "
                             "it appeared (docs/differences.md)",
                             "statistics on the variability of re-run iterations are not implemented in moecore"));
-  r.push_back(refused(not_yet("result validation and fault injection"),
-                      {"check-for-large-grads", "check-for-spiky-loss", "error-injection-rate", "error-injection-type",
-                       "result-rejected-tracker-filename", "no-check-for-nan-in-loss-and-grad"},
-                      {"fault-injector-"}));
+  r.push_back(refused(
+      not_yet("result validation and fault injection"),
+      {"check-for-large-grads", "error-injection-rate", "error-injection-type", "result-rejected-tracker-filename"},
+      {"fault-injector-"}));
   r.push_back(refused(not_yet("this training option"),
                       {"exit-signal-handler-for-training", "decrease-batch-size-if-needed", "step-batch-size-schedule",
                        "eval-global-batch-size", "eval-micro-batch-size", "full-validation", "start-eval-at-iter",

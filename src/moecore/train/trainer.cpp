@@ -75,6 +75,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   ckpt_->load_at_start(start, progress_);
   if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
+  health_ = std::make_unique<HealthAlarms>(cfg_, cfg_.expert_model_parallel_size);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0, ParallelGroups::size(groups_->world), groups_.get());
   tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
@@ -149,15 +150,17 @@ StepResult Trainer::train_step() {
   duration_exit_ = stop[2] > 0;
   const bool async_written =
       ckpt_->async_pending() && stop[3] >= static_cast<double>(ParallelGroups::size(groups_->world));
-  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
+  // Megatron's --check-for-nan-in-loss-and-grad (on by default); without it the step is applied (routing_health).
+  if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss))) {
     const std::string where =
         locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
-    MOE_CHECK(
-        false,
+    const std::string m = fmt::format(
         "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
         "step: {}.\nThe step was not applied and nothing was saved{}.",
         progress_.iteration + 1, std::isfinite(r.lm_loss) ? "gradient norm" : "loss", r.lm_loss, r.grad_norm, where,
         ckpt_->last_saved() >= 0 ? fmt::format("; the last checkpoint is iteration {}", ckpt_->last_saved()) : "");
+    log_->write_json({{"alarm", "nan"}, {"iteration", progress_.iteration + 1}, {"action", "stop"}, {"message", m}});
+    MOE_CHECK(false, "{}", m);
   }
   // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
   // updated, routing statistics of the step snapshotted, counters reset.
@@ -240,6 +243,8 @@ void Trainer::train_loop() {
     if (cfg_.log_params_norm) extra.emplace_back("params-norm", r.params_norm);
     if (cfg_.log_num_zeros_in_grad) extra.emplace_back("num-zeros", static_cast<double>(r.num_zeros));
     tb_->after_step(it, progress_.cursor.consumed_samples, r, *model_, extra);
+    // Routing and loss health (routing_health.h): warns, or stops every rank here before this step is saved.
+    run_health_alarms(*health_, it, r, *model_, *groups_, *log_, out_, tty, cfg_.logging_level, ckpt_->last_saved());
     if (cfg_.check_weight_hash_across_dp_replicas_interval > 0 &&
         it % cfg_.check_weight_hash_across_dp_replicas_interval == 0)
       check_weight_hashes_across_dp(reg_, *groups_, it);

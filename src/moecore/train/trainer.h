@@ -22,6 +22,7 @@
 #include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/parallel_groups.h"
+#include "moecore/train/routing_health.h"
 #include "moecore/train/schedule.h"
 #include "moecore/train/tensorboard_log.h"
 
@@ -88,6 +89,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> log_;
   std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir
   std::unique_ptr<StallAlarm> stall_;
+  std::unique_ptr<HealthAlarms> health_;  // routing and loss health alarms
   Progress progress_;
   double peak_gflops_ = 0;
   bool duration_exit_ = false;   // --exit-duration-in-mins passed on some rank (agreed with the stop signal)
