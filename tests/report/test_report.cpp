@@ -60,6 +60,15 @@ TEST(ReportHistory, ResumedRunReplacesWhatTheInterruptedRunLoggedAfterItsCheckpo
   EXPECT_EQ(h.valid[0]["iteration"], 20);
 }
 
+TEST(ReportHistory, AlarmRecordsAreKeptApartFromTheLogLines) {
+  const json alarm = {{"alarm", "dead-expert"}, {"iteration", 20}, {"action", "warn"}, {"message", "expert 3"}};
+  const RunHistory h = read_run_history(write("report_alarm.jsonl", lines({row(10, 6), row(20, 5.5), alarm})), "r");
+  ASSERT_EQ(h.train.size(), 2u);
+  EXPECT_EQ(h.train[1]["lm_loss"], 5.5);
+  ASSERT_EQ(h.alarms.size(), 1u);
+  EXPECT_EQ(h.alarms[0]["alarm"], "dead-expert");
+}
+
 TEST(ReportHistory, ACutOffLastLineIsSkippedAndCountedButABadLineInsideIsAnError) {
   const std::string ok = lines({row(10, 6), row(20, 5)});
   const RunHistory h = read_run_history(write("report_cut.jsonl", ok + "{\"iteration\": 30, \"lm_l"), "r");

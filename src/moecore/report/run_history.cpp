@@ -44,6 +44,10 @@ RunHistory read_run_history(const std::string& path, const std::string& name) {
     const auto it = j.find("iteration");
     MOE_CHECK(it != j.end() && it->is_number_integer(), "{} line {}: no integer \"iteration\" field", path, line_no);
     const int64_t iteration = it->get<int64_t>();
+    if (j.contains("alarm")) {  // a health alarm's record (train/routing_health.cpp), between the log lines
+      h.alarms.push_back(std::move(j));
+      continue;
+    }
     if (j.contains("eval")) {
       valid[iteration] = std::move(j);
       continue;

@@ -18,6 +18,7 @@ struct RunHistory {
   // the file from its checkpoint on: a training row whose iteration is not past the last one starts that new
   // segment, and what the interrupted run logged from that iteration on is dropped.
   std::vector<nlohmann::json> train, valid;
+  std::vector<nlohmann::json> alarms;  // health alarms' records ({"alarm", "iteration", "action", "message"})
   int64_t skipped_lines = 0;  // a last line cut short by a killed run (no newline, not JSON): left out, counted
 };
 
