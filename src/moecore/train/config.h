@@ -89,6 +89,9 @@ struct TrainConfig {
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
+  // pipeline parallelism (0: Megatron's None): interleaving over virtual stages, and its micro-batch groups
+  int64_t num_layers_per_virtual_pipeline_stage = 0, num_virtual_stages_per_pipeline_rank = 0,
+          microbatch_group_size_per_vp_stage = 0;
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";

@@ -12,6 +12,7 @@
 #include "moecore/core/error.h"
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
+#include "moecore/train/pipeline_stages.h"
 #include "moecore/train/signals.h"
 
 namespace moecore::train {
@@ -92,6 +93,40 @@ void validate_schedule_flags(const TrainConfig& c) {
             "--eod-mask-loss needs a --tokenizer-type (the tokenizer names the end-of-document token)");
 }
 
+
+// Pipeline parallelism (Megatron's checks in arguments.py; the stage split's own in pipeline_stages.cpp).
+void check_pipeline_flags(const TrainConfig& c) {
+  const int64_t P = c.pipeline_model_parallel_size;
+  MOE_CHECK(c.num_layers_per_virtual_pipeline_stage == 0 || c.num_virtual_stages_per_pipeline_rank == 0,
+            "No more than one of the following arguments can be set at the same time: "
+            "--num-layers-per-virtual-pipeline-stage ({}), --num-virtual-stages-per-pipeline-rank ({})",
+            c.num_layers_per_virtual_pipeline_stage, c.num_virtual_stages_per_pipeline_rank);
+  if (c.num_layers_per_virtual_pipeline_stage > 0) {
+    MOE_CHECK(c.num_layers % P == 0,
+              "--num-layers {}: number of layers of the model must be divisible by --pipeline-model-parallel-size {}",
+              c.num_layers, P);
+    MOE_CHECK((c.num_layers / P) % c.num_layers_per_virtual_pipeline_stage == 0,
+              "number of layers per pipeline stage ({}) must be divisible by --num-layers-per-virtual-pipeline-stage "
+              "{}",
+              c.num_layers / P, c.num_layers_per_virtual_pipeline_stage);
+  }
+  const int64_t v = virtual_stages(c);
+  if (v > 1) {
+    bool no_overlap = false;
+    for (const auto& l : c.no_effect) no_overlap = no_overlap || l.rfind("--no-overlap-p2p-communication", 0) == 0;
+    MOE_CHECK(P > (no_overlap ? 2 : 1),
+              "{} virtual stages per pipeline rank: when interleaved schedule is used{}, --pipeline-model-parallel-size "
+              "({}) should be greater than {}",
+              v, no_overlap ? " and p2p communication overlap is disabled (--no-overlap-p2p-communication)" : "", P,
+              no_overlap ? 2 : 1);
+  }
+  if (P == 1) return;
+  pipeline_stage_layers(c, 0);  // the split's divisibility, before any rank starts
+  MOE_CHECK(c.generate_prompts.empty(),
+            "--pipeline-model-parallel-size {}: text generation at the end of training runs on one stage; generate "
+            "from the saved checkpoint with `moecore generate` instead of the generation flags",
+            P);
+}
 }  // namespace
 
 void resolve_defaults(TrainConfig& c) {
@@ -174,12 +209,11 @@ void validate(const TrainConfig& c) {
             "pairs); raise either",
             c.kv_channels, c.rotary_percent);
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
-  for (auto [v, n] : {std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
-                      std::pair{c.context_parallel_size, "context-parallel-size"}})
-    MOE_CHECK(v == 1,
-              "--{} {}: pipeline and context parallelism are not available yet; run with 1 (tensor, sequence, "
-              "data, expert and expert-tensor parallelism over mpirun ranks are)",
-              n, v);
+  MOE_CHECK(c.context_parallel_size == 1,
+            "--context-parallel-size {}: context parallelism is not available yet; run with 1 (tensor, sequence, "
+            "pipeline, data, expert and expert-tensor parallelism over mpirun ranks are)",
+            c.context_parallel_size);
+  check_pipeline_flags(c);
   const int64_t tp = c.tensor_model_parallel_size, etp = c.expert_tensor_parallel_size;
   MOE_CHECK(tp >= 1 && etp >= 1, "--tensor-model-parallel-size and --expert-tensor-parallel-size must be >= 1");
   if (tp > 1) {

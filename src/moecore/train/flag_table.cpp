@@ -178,7 +178,15 @@ std::vector<FlagSpec> build_flag_table() {
            {"use-distributed-optimizer", &C::use_distributed_optimizer,
             "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
            {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
-            "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()}});
+            "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+           {"num-layers-per-virtual-pipeline-stage", &C::num_layers_per_virtual_pipeline_stage,
+            "Interleaved 1F1B: layers per virtual pipeline stage (0: no interleaving)", kNoRole, at_least(0)},
+           {"num-virtual-stages-per-pipeline-rank", &C::num_virtual_stages_per_pipeline_rank,
+            "Interleaved 1F1B: virtual stages (model chunks) per pipeline rank (0: from the flag above, else 1)",
+            kNoRole, at_least(0)},
+           {"microbatch-group-size-per-virtual-pipeline-stage", &C::microbatch_group_size_per_vp_stage,
+            "Interleaved 1F1B: contiguous micro-batches per virtual stage (0: the pipeline size)", kNoRole,
+            at_least(0)}});
   section(FlagGroup::Data,
           {{"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
            {"split", &C::split, "train,valid,test proportions"},

@@ -76,9 +76,10 @@ void TensorBoardLog::moe_losses(int64_t it, const StepResult& r, const nn::GPTMo
     const std::string n = t < T ? loss_name(types[t]) : (c_.moe_z_loss_coeff > 0 ? "z_loss" : "");
     if (n.empty()) continue;
     const std::vector<double>& per_moe_layer = t < T ? r.aux_layers.at(t) : r.z_layers;
-    size_t k = 0;  // the layer's index among the MoE layers
-    for (size_t i = 0; i < model.num_layers(); i++) {
-      const double v = model.routing_stats(i) ? per_moe_layer.at(k++) : 0.0;
+    size_t k = 0;  // the layer's index among the MoE layers (r.moe_layer_ids: every pipeline stage's)
+    for (int64_t i = 0; i < c_.num_layers; i++) {
+      const bool moe = k < r.moe_layer_ids.size() && r.moe_layer_ids[k] == i;
+      const double v = moe ? per_moe_layer.at(k++) : 0.0;
       scalar(fmt::format("moe/{}_layer_{}", n, i), v, it);
     }
   }

@@ -22,6 +22,7 @@
 #include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/parallel_groups.h"
+#include "moecore/train/pipeline_schedule.h"
 #include "moecore/train/schedule.h"
 #include "moecore/train/tensorboard_log.h"
 
@@ -84,6 +85,7 @@ class Trainer {
   nn::GPTModel::Stash stash_;
   std::unique_ptr<optim::ChainedOptimizer> opt_;
   std::unique_ptr<Schedule> schedule_;
+  PipelineSchedule* pipeline_ = nullptr;  // schedule_ under pipeline parallelism
   std::unique_ptr<Checkpointing> ckpt_;
   std::unique_ptr<MetricsLog> log_;
   std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir
