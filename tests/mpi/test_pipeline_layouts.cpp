@@ -39,7 +39,7 @@ TEST_P(PipelineLayouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const Layout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
-  const std::vector<std::string> args = base_flags() + l.flags;
+  const std::vector<std::string> args = train::override_flags(base_flags(), l.flags);
   testing::expect_same_steps(testing::small_config(args), testing::small_config(args + l.layout), w, 3);
 }
 

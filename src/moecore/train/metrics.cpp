@@ -114,6 +114,8 @@ void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const Paral
   const double edp = static_cast<double>(ParallelGroups::size(g.edp));
   double sq = 0;
   for (const auto& p : reg.all()) {
+    // The last stage's copy of the tied word embedding is Megatron's `shared` parameter: counted once.
+    if (g.pp_rank > 0 && p->name == "embedding.word_embeddings.weight") continue;
     const double w = p->expert_parallel ? 1.0 / edp : 1.0 / (dp * (p->tensor_parallel ? 1.0 : tp));
     sq += w * kernels::sum_squares(p->value);
   }

@@ -67,7 +67,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   const size_t layers = static_cast<size_t>(cfg_.num_layers);  // buckets by global layer (any pipeline stage)
   optim::OptimizerGroups og{groups_->dp.get(), groups_->edp.get(), groups_->tp.get(), groups_->world.get(),
                             groups_->etp.get()};
-  if (groups_->embedding && model_->word_embedding()) {  // the tied word embedding of the first and last stage
+  if (groups_->embedding && !cfg_.untie_embeddings_and_output_weights) {  // tied: the first and last stage's copies
     og.embedding = groups_->embedding.get();
     og.shared_embedding = model_->word_embedding();
   }
