@@ -3,11 +3,10 @@
 // and training continues with the same losses; K steps + save + load + N−K steps under PP2 equal N straight
 // steps bitwise.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
-
-#include <unistd.h>
 
 #include "config_util.h"
 #include "moecore/train/trainer.h"
@@ -20,10 +19,18 @@ using testing::operator+;
 
 std::vector<std::string> model_args() {
   return train::override_flags(testing::tiny_moe_flags(), {"--num-layers", "4"}) +
-         std::vector<std::string>{"--moe-layer-freq", "[0,1,1,1]", "--ffn-hidden-size", "48",
-                                  "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
-                                  "--moe-aux-loss-coeff", "1e-2"} +
-         testing::mock_run_flags(16, 2, 8, 96, 6, "1e-3");
+         std::vector<std::string>{"--moe-layer-freq",
+                                  "[0,1,1,1]",
+                                  "--ffn-hidden-size",
+                                  "48",
+                                  "--moe-router-score-function",
+                                  "sigmoid",
+                                  "--moe-router-enable-expert-bias",
+                                  "--moe-aux-loss-coeff",
+                                  "1e-2",
+                                  "--make-vocab-size-divisible-by",
+                                  "64"} +
+         testing::mock_run_flags(16, 2, 8, 128, 6, "1e-3");
 }
 
 train::TrainConfig config(const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
@@ -65,8 +72,8 @@ TEST(PipelineCheckpoints, SavedUnderPipelineLoadsInAnotherLayout) {
   train::Trainer one(config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
   EXPECT_EQ(one.iteration(), 3);
   std::unique_ptr<train::Trainer> other;
-  if (!load_layout.empty()) other = std::make_unique<train::Trainer>(config(load_layout, {"--load", dir}), null,
-                                                                     false, &w);
+  if (!load_layout.empty())
+    other = std::make_unique<train::Trainer>(config(load_layout, {"--load", dir}), null, false, &w);
   for (int i = 0; i < 3; i++) {
     const auto r1 = one.train_step();
     EXPECT_NEAR(r1.lm_loss, want[i].lm_loss, 1e-5 * want[i].lm_loss) << "step " << i;

@@ -28,9 +28,17 @@ struct Layout {
 // and z losses, 4 micro-batches of 2.
 std::vector<std::string> base_flags() {
   return train::override_flags(testing::tiny_moe_flags(), {"--num-layers", "4"}) +
-         std::vector<std::string>{"--moe-layer-freq", "[0,1,1,0]", "--ffn-hidden-size", "48", "--moe-aux-loss-coeff",
-                                  "1e-2", "--moe-z-loss-coeff", "1e-3"} +
-         testing::mock_run_flags(16, 2, 8, 96, 3, "1e-3");
+         std::vector<std::string>{"--moe-layer-freq",
+                                  "[0,1,1,0]",
+                                  "--ffn-hidden-size",
+                                  "48",
+                                  "--moe-aux-loss-coeff",
+                                  "1e-2",
+                                  "--moe-z-loss-coeff",
+                                  "1e-3",
+                                  "--make-vocab-size-divisible-by",
+                                  "64"} +
+         testing::mock_run_flags(16, 2, 8, 128, 3, "1e-3");
 }
 
 class PipelineLayouts : public ::testing::TestWithParam<Layout> {};
@@ -50,23 +58,25 @@ const std::vector<std::string> kVPP2{"--pipeline-model-parallel-size", "2", "--n
 INSTANTIATE_TEST_SUITE_P(
     PP, PipelineLayouts,
     ::testing::Values(
-        Layout{"PP2", 2, {}, kPP2},
-        Layout{"PP2Untied", 2, {"--untie-embeddings-and-output-weights"}, kPP2},
+        Layout{"PP2", 2, {}, kPP2}, Layout{"PP2Untied", 2, {"--untie-embeddings-and-output-weights"}, kPP2},
         Layout{"PP2MegatronDefaults",
                2,
                {"--normalization", "LayerNorm", "--position-embedding-type", "learned_absolute"},
                kPP2},
-        Layout{"PP2PerTokenLoss", 2, {"--calculate-per-token-loss"}, kPP2},
-        Layout{"PP2Interleaved", 2, {}, kVPP2},
+        Layout{"PP2PerTokenLoss", 2, {"--calculate-per-token-loss"}, kPP2}, Layout{"PP2Interleaved", 2, {}, kVPP2},
         Layout{"PP2InterleavedByLayers",
                2,
                {},
                {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}},
         Layout{"PP4", 4, {}, {"--pipeline-model-parallel-size", "4"}},
-        Layout{"PP2xTP2xSP", 4, {}, kPP2 + std::vector<std::string>{"--tensor-model-parallel-size", "2",
-                                                                     "--sequence-parallel"}},
+        Layout{"PP2xTP2xSP",
+               4,
+               {},
+               kPP2 + std::vector<std::string>{"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
         Layout{"PP2xEP2", 4, {}, kPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
-        Layout{"PP2xDP2xEP2DistOpt", 4, {},
+        Layout{"PP2xDP2xEP2DistOpt",
+               4,
+               {},
                kPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
         Layout{"PP2InterleavedxDP2", 4, {}, kVPP2}),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });

@@ -13,8 +13,12 @@ namespace {
 using testing::operator+;
 using train::PipelinePass;
 
-PipelinePass F(int64_t m, int64_t c = 0) { return {true, m, c}; }
-PipelinePass B(int64_t m, int64_t c = 0) { return {false, m, c}; }
+PipelinePass F(int64_t m, int64_t c = 0) {
+  return {true, m, c};
+}
+PipelinePass B(int64_t m, int64_t c = 0) {
+  return {false, m, c};
+}
 
 TEST(PipelineOrder, OneFOneBWarmupSteadyCooldown) {
   // PP4, 8 micro-batches: the first stage runs P-1 = 3 forwards before its first backward.
@@ -38,8 +42,8 @@ TEST(PipelineOrder, ScheduleTableIsMegatrons) {
 TEST(PipelineOrder, InterleavedWarmupAndChunkOrder) {
   // PP2, v2, m4 on the first rank: warm-up (P-1)·2 + (v-1)·P = 4 forwards; backwards run the chunks in reverse.
   EXPECT_EQ(train::pipeline_order(4, 2, 0, 2, 0),
-            (std::vector<PipelinePass>{F(0, 0), F(1, 0), F(0, 1), F(1, 1), F(2, 0), B(0, 1), F(3, 0), B(1, 1),
-                                       F(2, 1), B(0, 0), F(3, 1), B(1, 0), B(2, 1), B(3, 1), B(2, 0), B(3, 0)}));
+            (std::vector<PipelinePass>{F(0, 0), F(1, 0), F(0, 1), F(1, 1), F(2, 0), B(0, 1), F(3, 0), B(1, 1), F(2, 1),
+                                       B(0, 0), F(3, 1), B(1, 0), B(2, 1), B(3, 1), B(2, 0), B(3, 0)}));
   // Every rank runs each (micro-batch, chunk) once forward and once backward, the forward first.
   for (int64_t r = 0; r < 4; r++) {
     const auto o = train::pipeline_order(8, 4, r, 3, 0);
@@ -68,8 +72,8 @@ std::vector<std::string> pp_flags(const std::vector<std::string>& extra) {
 
 TEST(PipelineStages, EvenSplitWithVirtualStages) {
   // PP2 x v2 over 8 layers: rank 0 holds layers 0-1 and 4-5, rank 1 holds 2-3 and 6-7 (Megatron's chunk order).
-  const auto c = testing::small_config(pp_flags(
-      {"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"}));
+  const auto c = testing::small_config(
+      pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"}));
   const auto r0 = train::pipeline_stage_layers(c, 0), r1 = train::pipeline_stage_layers(c, 1);
   ASSERT_EQ(r0.size(), 2u);
   EXPECT_EQ(r0[0].first_layer, 0);
@@ -78,8 +82,8 @@ TEST(PipelineStages, EvenSplitWithVirtualStages) {
   EXPECT_EQ(r1[1].first_layer, 6);
   EXPECT_TRUE(r0[0].embedding && !r0[0].loss && !r0[1].embedding && !r0[1].loss);
   EXPECT_TRUE(!r1[0].loss && r1[1].loss && !r1[1].embedding);
-  const auto by_layers = testing::small_config(pp_flags(
-      {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}));
+  const auto by_layers = testing::small_config(
+      pp_flags({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}));
   EXPECT_EQ(train::virtual_stages(by_layers), 4);
 }
 
@@ -88,24 +92,24 @@ TEST(PipelineFlags, MegatronsChecks) {
               testing::small_config(pp_flags({"--pipeline-model-parallel-size", "3"}));
             }).find("--num-layers 8 must be divisible by --pipeline-model-parallel-size 3"),
             std::string::npos);
-  EXPECT_NE(user_error_of([] {
-              testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2",
-                                              "--num-virtual-stages-per-pipeline-rank", "2",
-                                              "--num-layers-per-virtual-pipeline-stage", "2"}));
-            }).find("No more than one of the following arguments"),
-            std::string::npos);
+  EXPECT_NE(
+      user_error_of([] {
+        testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
+                                        "2", "--num-layers-per-virtual-pipeline-stage", "2"}));
+      }).find("No more than one of the following arguments"),
+      std::string::npos);
   EXPECT_NE(user_error_of([] {
               testing::small_config(pp_flags({"--num-virtual-stages-per-pipeline-rank", "2"}));
             }).find("should be greater than 1"),
             std::string::npos);
-  EXPECT_NE(user_error_of([] {
-              testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2",
-                                              "--num-virtual-stages-per-pipeline-rank", "2",
-                                              "--no-overlap-p2p-communication"}));
-            }).find("should be greater than 2"),
-            std::string::npos);
-  EXPECT_NO_THROW(testing::small_config(pp_flags({"--pipeline-model-parallel-size", "4",
-                                                  "--num-virtual-stages-per-pipeline-rank", "2"})));
+  EXPECT_NE(
+      user_error_of([] {
+        testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
+                                        "2", "--no-overlap-p2p-communication"}));
+      }).find("should be greater than 2"),
+      std::string::npos);
+  EXPECT_NO_THROW(testing::small_config(
+      pp_flags({"--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "2"})));
 }
 
 }  // namespace

@@ -216,8 +216,7 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
     dh = output_->backward(st.logits_TV, st.output);
     st.logits_TV = Tensor();
     probe("output_layer", true, dh);
-    dh = final_norm_->backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp),
-                               st.final_norm);
+    dh = final_norm_->backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
     probe("decoder.final_layernorm", true, dh);
   } else {
     MOE_ASSERT_MSG(dy.defined() && dy.numel() == S_local * st.B * cfg_.hidden_size,

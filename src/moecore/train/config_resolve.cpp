@@ -93,7 +93,6 @@ void validate_schedule_flags(const TrainConfig& c) {
             "--eod-mask-loss needs a --tokenizer-type (the tokenizer names the end-of-document token)");
 }
 
-
 // Pipeline parallelism (Megatron's checks in arguments.py; the stage split's own in pipeline_stages.cpp).
 void check_pipeline_flags(const TrainConfig& c) {
   const int64_t P = c.pipeline_model_parallel_size;
@@ -114,11 +113,12 @@ void check_pipeline_flags(const TrainConfig& c) {
   if (v > 1) {
     bool no_overlap = false;
     for (const auto& l : c.no_effect) no_overlap = no_overlap || l.rfind("--no-overlap-p2p-communication", 0) == 0;
-    MOE_CHECK(P > (no_overlap ? 2 : 1),
-              "{} virtual stages per pipeline rank: when interleaved schedule is used{}, --pipeline-model-parallel-size "
-              "({}) should be greater than {}",
-              v, no_overlap ? " and p2p communication overlap is disabled (--no-overlap-p2p-communication)" : "", P,
-              no_overlap ? 2 : 1);
+    MOE_CHECK(
+        P > (no_overlap ? 2 : 1),
+        "{} virtual stages per pipeline rank: when interleaved schedule is used{}, --pipeline-model-parallel-size "
+        "({}) should be greater than {}",
+        v, no_overlap ? " and p2p communication overlap is disabled (--no-overlap-p2p-communication)" : "", P,
+        no_overlap ? 2 : 1);
   }
   if (P == 1) return;
   pipeline_stage_layers(c, 0);  // the split's divisibility, before any rank starts

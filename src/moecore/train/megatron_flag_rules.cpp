@@ -14,17 +14,18 @@ std::vector<FlagRule> build_rules() {
       refused(not_yet("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
 
   // --- Features another issue will implement: refused with the feature named --------------------------------------
-  const std::string pp = not_yet("uneven pipeline stage layouts", "use the even split (--num-layers divisible by "
+  const std::string pp = not_yet("uneven pipeline stage layouts",
+                                 "use the even split (--num-layers divisible by "
                                  "the pipeline size x virtual stages)");
   r.push_back(refused(pp, {"decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
                            "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
                            "pipeline-model-parallel-layout"}));
   // Pipeline transport details: moecore's sends and receives are always non-blocking and posted one pass ahead
   // over MPI, so these change timing in Megatron, never the math.
-  r.push_back(no_effect("a pipeline transport detail (moecore overlaps its non-blocking MPI sends and receives)",
-                        {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
-                         "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend",
-                         "use-ring-exchange-p2p"}));
+  r.push_back(no_effect(
+      "a pipeline transport detail (moecore overlaps its non-blocking MPI sends and receives)",
+      {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
+       "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"}));
   r.push_back(refused(
       not_yet("context parallelism", "run with --context-parallel-size 1"),
       {"cp-comm-type", "hierarchical-context-parallel-sizes", "hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));

@@ -48,8 +48,8 @@ Tensor PipelineP2P::wait_recv(int64_t c, bool backward) {
 }
 
 void PipelineP2P::send(int64_t c, bool backward, const Tensor& t) {
-  MOE_ASSERT_MSG(t.shape() == shape_ && t.dtype() == dtype_, "pipeline message {} {}, planned {} {}",
-                 t.shape().str(), dtype_name(t.dtype()), shape_.str(), dtype_name(dtype_));
+  MOE_ASSERT_MSG(t.shape() == shape_ && t.dtype() == dtype_, "pipeline message {} {}, planned {} {}", t.shape().str(),
+                 dtype_name(t.dtype()), shape_.str(), dtype_name(dtype_));
   int64_t peer;
   int tag;
   if (backward) {  // the gradient of chunk c's input goes back to where the input came from
@@ -60,7 +60,9 @@ void PipelineP2P::send(int64_t c, bool backward, const Tensor& t) {
   } else {
     std::tie(peer, tag) = output_peer(c, false);
   }
-  const Tensor& keep = t;
+  // A copy: a module may hand out a buffer it reuses in its next call (the sequence-parallel reduce-scatter's),
+  // which would change under a send still in flight.
+  const Tensor keep = t.clone();
   Pending p{comm::Work(), keep};
   p.work = pp_.send(p.t, peer, tag, /*async=*/true);
   sends_.push_back(std::move(p));

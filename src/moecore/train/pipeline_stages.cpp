@@ -22,10 +22,11 @@ int64_t virtual_stages(const TrainConfig& c) {
 
 std::vector<StageLayers> pipeline_stage_layers(const TrainConfig& c, int64_t pp_rank) {
   const int64_t P = c.pipeline_model_parallel_size, v = virtual_stages(c), L = c.num_layers;
-  MOE_CHECK(L % (P * v) == 0,
-            "--num-layers {} must be divisible by --pipeline-model-parallel-size {} x virtual stages per rank {} (the "
-            "even split; --decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout give uneven ones)",
-            L, P, v);
+  MOE_CHECK(
+      L % (P * v) == 0,
+      "--num-layers {} must be divisible by --pipeline-model-parallel-size {} x virtual stages per rank {} (the "
+      "even split; --decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout give uneven ones)",
+      L, P, v);
   MOE_ASSERT(pp_rank >= 0 && pp_rank < P);
   const int64_t n = L / (P * v);
   std::vector<StageLayers> chunks;

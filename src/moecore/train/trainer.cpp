@@ -166,10 +166,11 @@ StepResult Trainer::train_step() {
       ckpt_->async_pending() && stop[3] >= static_cast<double>(ParallelGroups::size(groups_->world));
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)) {
     const std::string where =
-        pipeline_ ? std::string("not located under pipeline parallelism (rerun the step with --pipeline-model-parallel-"
-                                "size 1 from the last checkpoint to find it)")
-                  : locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(),
-                                     groups_->world.get());
+        pipeline_
+            ? std::string(
+                  "not located under pipeline parallelism (rerun the step with --pipeline-model-parallel-"
+                  "size 1 from the last checkpoint to find it)")
+            : locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
     MOE_CHECK(
         false,
         "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
@@ -202,8 +203,8 @@ double Trainer::evaluate(int64_t iters) {
   for (int64_t it = 0; it < iters && pipeline_; it++) {  // pipeline: forward passes through the stages
     const int64_t mbs = cfg_.micro_batch_size;
     const StepLoss l = pipeline_->forward_only(
-        *model_, *data_[1], [&c, mbs](int64_t m) { return c.micro_batch(m, 0, 1, mbs); },
-        cfg_.global_batch_size / mbs, eod_mask_token_);
+        *model_, *data_[1], [&c, mbs](int64_t m) { return c.micro_batch(m, 0, 1, mbs); }, cfg_.global_batch_size / mbs,
+        eod_mask_token_);
     sum += l.sum;
     tokens += l.tokens;
     c.advance(cfg_.global_batch_size);
