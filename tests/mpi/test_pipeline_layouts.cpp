@@ -83,3 +83,27 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace moecore
+
+namespace moecore {
+namespace {
+
+// Evaluation runs forward passes through the stages (interleaved too): the validation loss equals one rank's.
+TEST(PipelineEvaluation, MatchesSingleRank) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  const std::vector<std::string> args = base_flags();
+  std::FILE* null = std::fopen("/dev/null", "w");
+  {
+    train::Trainer one(testing::small_config(args), null, false, nullptr);
+    train::Trainer pp(testing::small_config(args + kVPP2), null, false, &w);
+    one.train_step();
+    pp.train_step();
+    const double a = one.evaluate(2), b = pp.evaluate(2);
+    EXPECT_GT(a, 0);
+    EXPECT_NEAR(b, a, 1e-5 * a);
+  }
+  std::fclose(null);
+}
+
+}  // namespace
+}  // namespace moecore

@@ -123,8 +123,9 @@ void check_pipeline_flags(const TrainConfig& c) {
   if (P == 1) return;
   pipeline_stage_layers(c, 0);  // the split's divisibility, before any rank starts
   MOE_CHECK(c.generate_prompts.empty(),
-            "--pipeline-model-parallel-size {}: text generation at the end of training runs on one stage; generate "
-            "from the saved checkpoint with `moecore generate` instead of the generation flags",
+            "--generate-prompts with --pipeline-model-parallel-size {}: generation at the end of training runs the "
+            "whole model on one rank; drop --generate-prompts and sample from the saved checkpoint with `moecore "
+            "generate`",
             P);
 }
 }  // namespace

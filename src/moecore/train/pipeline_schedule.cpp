@@ -167,7 +167,8 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
   // gradient summed over the embedding group first, in ChainedOptimizer).
   if (r.opt) r.opt->layer_grads_final(static_cast<size_t>(model.config().num_layers));
   p2p_.finish_sends();
-  compute_seconds_ = now_seconds() - t0 - waited;
+  passes_seconds_ = now_seconds() - t0;
+  waited_seconds_ = waited;
   MOE_ASSERT_MSG(live.empty(), "{} passes left without their backward", live.size());
   // The loss lives on the last stage: summed over the pipeline group, every stage reports it.
   Tensor t = Tensor::empty({2}, DType::F64);

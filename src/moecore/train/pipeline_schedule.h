@@ -42,11 +42,13 @@ class PipelineSchedule : public Schedule {
                         const std::function<std::vector<int64_t>(int64_t)>& samples, int64_t count,
                         int64_t eod_mask_token);
 
-  // For `moecore bench pipeline`: the most micro-batches whose activations this rank held at once in the last
-  // step, the bytes it sent, and the seconds it spent in forward and backward passes.
+  // For `moecore bench pipeline`: the most (micro-batch, chunk) activations this rank held at once in the last
+  // step, the bytes it sent since construction, and of the last step's passes the seconds spent waiting for a
+  // neighbour's message (the bubble) and in all.
   int64_t peak_in_flight() const { return peak_in_flight_; }
   int64_t sent_bytes() const { return p2p_.sent_bytes(); }
-  double compute_seconds() const { return compute_seconds_; }
+  double waited_seconds() const { return waited_seconds_; }
+  double passes_seconds() const { return passes_seconds_; }
 
  private:
   struct Run;
@@ -57,7 +59,7 @@ class PipelineSchedule : public Schedule {
   std::vector<nn::GPTModel::Stash> stashes_;  // one per micro-batch in flight, reused across steps
   std::vector<size_t> free_;
   int64_t peak_in_flight_ = 0;
-  double compute_seconds_ = 0;
+  double waited_seconds_ = 0, passes_seconds_ = 0;
 };
 
 }  // namespace moecore::train

@@ -51,6 +51,7 @@ class Trainer {
   int64_t iteration() const { return progress_.iteration; }
   nn::ParamRegistry& params() { return reg_; }
   nn::GPTModel& model() { return *model_; }
+  const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }
   std::vector<moe::MoELayer*> moe_layers() { return train::moe_layers(*model_); }
   // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
