@@ -134,7 +134,8 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   };
   EXPECT_EQ(refusal({"--fp16"}).rfind("--fp16: fp16 training with loss scaling is not implemented", 0), 0u);
   EXPECT_NE(refusal({"--recompute-granularity", "full"}).find("activation recomputation"), std::string::npos);
-  EXPECT_NE(refusal({"--num-layers-per-virtual-pipeline-stage", "2"}).find("pipeline parallelism"), std::string::npos);
+  EXPECT_NE(refusal({"--pipeline-model-parallel-layout", "Et|tL"}).find("uneven pipeline stage layouts"),
+            std::string::npos);
   EXPECT_NE(refusal({"--transformer-impl", "inference_optimized"})
                 .find("--transformer-impl inference_optimized: the inference-optimized implementation"),
             std::string::npos);

@@ -10,7 +10,9 @@
 namespace moecore {
 namespace {
 
+using testing::error_of;
 using testing::operator+;
+using testing::user_error_of;
 using train::PipelinePass;
 
 PipelinePass F(int64_t m, int64_t c = 0) {

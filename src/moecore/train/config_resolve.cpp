@@ -113,12 +113,14 @@ void check_pipeline_flags(const TrainConfig& c) {
   if (v > 1) {
     bool no_overlap = false;
     for (const auto& l : c.no_effect) no_overlap = no_overlap || l.rfind("--no-overlap-p2p-communication", 0) == 0;
-    MOE_CHECK(
-        P > (no_overlap ? 2 : 1),
-        "{} virtual stages per pipeline rank: when interleaved schedule is used{}, --pipeline-model-parallel-size "
-        "({}) should be greater than {}",
-        v, no_overlap ? " and p2p communication overlap is disabled (--no-overlap-p2p-communication)" : "", P,
-        no_overlap ? 2 : 1);
+    const bool by_layers = c.num_layers_per_virtual_pipeline_stage > 0;
+    MOE_CHECK(P > (no_overlap ? 2 : 1),
+              "--{} {} ({} virtual stages per pipeline rank): when interleaved schedule is used{}, "
+              "--pipeline-model-parallel-size ({}) should be greater than {}",
+              by_layers ? "num-layers-per-virtual-pipeline-stage" : "num-virtual-stages-per-pipeline-rank",
+              by_layers ? c.num_layers_per_virtual_pipeline_stage : c.num_virtual_stages_per_pipeline_rank, v,
+              no_overlap ? " and p2p communication overlap is disabled (--no-overlap-p2p-communication)" : "", P,
+              no_overlap ? 2 : 1);
   }
   if (P == 1) return;
   pipeline_stage_layers(c, 0);  // the split's divisibility, before any rank starts
