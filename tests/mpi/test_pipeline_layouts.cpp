@@ -91,7 +91,8 @@ namespace {
 TEST(PipelineEvaluation, MatchesSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
-  const std::vector<std::string> args = base_flags();
+  const std::vector<std::string> args =
+      train::override_flags(base_flags(), {"--eval-iters", "2", "--eval-interval", "1000"});
   std::FILE* null = std::fopen("/dev/null", "w");
   {
     train::Trainer one(testing::small_config(args), null, false, nullptr);
