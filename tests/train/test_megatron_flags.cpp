@@ -133,8 +133,6 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
     return testing::user_error_of([&] { train::parse_flags(extra); });  // no valid run needed: refused first
   };
   EXPECT_EQ(refusal({"--fp16"}).rfind("--fp16: fp16 training with loss scaling is not implemented", 0), 0u);
-  EXPECT_NE(refusal({"--microbatch-group-size-per-virtual-pipeline-stage", "2"}).find("pipeline parallelism"),
-            std::string::npos);
   EXPECT_NE(refusal({"--distribute-saved-activations"}).find("full recompute"), std::string::npos);
   EXPECT_NE(refusal({"--transformer-impl", "inference_optimized"})
                 .find("--transformer-impl inference_optimized: the inference-optimized implementation"),

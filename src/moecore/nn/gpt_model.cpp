@@ -34,11 +34,25 @@ Tensor to_sequence_major(const Tensor& x_BS) {
 
 GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     : cfg_(c),
-      embedding_(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size, c.init_method_std, c.tp),
-      final_norm_(reg, "decoder.final_layernorm", c.hidden_size, c.norm()),
+      chunks_(c.chunks),
       embedding_dropout_("embedding.embedding_dropout", c.hidden_dropout, c.tp),
       recompute_(c.recompute) {
-  if (c.position_embedding == PositionEmbeddingType::LearnedAbsolute)
+  if (chunks_.empty()) chunks_.push_back({0, c.num_layers, true, true});
+  for (const ModelChunk& ch : chunks_) {
+    MOE_ASSERT(ch.first_layer >= 0 && ch.num_layers >= 0 && ch.first_layer + ch.num_layers <= c.num_layers);
+    has_embedding_ = has_embedding_ || ch.embedding;
+    has_loss_ = has_loss_ || ch.loss;
+  }
+  MOE_ASSERT_MSG(!has_embedding_ || chunks_.front().embedding, "the embedding belongs to the first chunk");
+  MOE_ASSERT_MSG(!has_loss_ || chunks_.back().loss, "the loss belongs to the last chunk");
+  // Megatron's shared weight: a last stage with a tied output layer holds the word embedding too (same name, so
+  // the same initial values; its gradient is summed with the first stage's over the embedding group).
+  if (has_embedding_ || (has_loss_ && !c.untie_embeddings_and_output_weights))
+    embedding_ = std::make_unique<Embedding>(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size,
+                                             c.init_method_std, c.tp);
+  vocab_start_ = c.tp.rank() * (c.vocab_size / c.tp.size());
+  if (has_loss_) final_norm_ = std::make_unique<Norm>(reg, "decoder.final_layernorm", c.hidden_size, c.norm());
+  if (has_embedding_ && c.position_embedding == PositionEmbeddingType::LearnedAbsolute)
     position_ = std::make_unique<PositionEmbedding>(reg, "embedding.position_embeddings", c.max_seq_len, c.hidden_size,
                                                     c.init_method_std, c.tp);
   MOE_CHECK(c.num_attention_heads > 0 && c.num_query_groups > 0 && c.num_attention_heads % c.num_query_groups == 0,
@@ -64,25 +78,31 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      c.zero_centered_gamma,
                      c.position_embedding == PositionEmbeddingType::Rope,
                      c.recompute.core_attn};
-  for (int64_t i = 0; i < c.num_layers; i++) {
-    const std::string name = "decoder.layers." + std::to_string(i);
-    std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
-    if (!f) {
-      MLPConfig mc{c.hidden_size,     c.ffn_hidden_size, c.activation, c.add_bias_linear,
-                   c.init_method_std, out_std,           c.bf16,       c.tp,
-                   c.recompute.mlp};
-      f = std::make_unique<MLP>(reg, name + ".mlp", mc);
+  for (const ModelChunk& ch : chunks_) {
+    chunk_begin_.push_back(layers_.size());
+    for (int64_t i = ch.first_layer; i < ch.first_layer + ch.num_layers; i++) {
+      const std::string name = "decoder.layers." + std::to_string(i);
+      std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
+      if (!f) {
+        MLPConfig mc{c.hidden_size,     c.ffn_hidden_size, c.activation, c.add_bias_linear,
+                     c.init_method_std, out_std,           c.bf16,       c.tp,
+                     c.recompute.mlp};
+        f = std::make_unique<MLP>(reg, name + ".mlp", mc);
+      }
+      layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout,
+                                                           c.recompute.layernorm, c.mla));
+      global_layer_.push_back(i);
     }
-    layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout,
-                                                         c.recompute.layernorm, c.mla));
   }
+  chunk_begin_.push_back(layers_.size());
+  if (!has_loss_) return;
   if (c.untie_embeddings_and_output_weights) {
     output_ =
         std::make_unique<Linear>(reg, "output_layer",
                                  LinearConfig{c.hidden_size, c.vocab_size, false, InitRule::normal(c.init_method_std),
                                               c.bf16, TPSplit::Column, c.tp});
   } else {
-    output_ = std::make_unique<Linear>(embedding_.weight(), c.bf16);
+    output_ = std::make_unique<Linear>(embedding_->weight(), c.bf16);
   }
 }
 
@@ -92,10 +112,9 @@ GPTModel::Stash GPTModel::make_stash() const {
   return s;
 }
 
-Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
-  MOE_ASSERT(tokens_BS.ndim() == 2);
-  st.B = tokens_BS.dim(0);
-  st.S = tokens_BS.dim(1);
+void GPTModel::begin_batch(int64_t S, int64_t B, Stash& st) {
+  st.S = S;
+  st.B = B;
   MOE_CHECK(st.S % cfg_.tp.size() == 0,
             "sequence length {} is not divisible by --tensor-model-parallel-size {} (sequence parallelism)", st.S,
             cfg_.tp.size());
@@ -104,31 +123,56 @@ Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
     for (int64_t b = 0; b < st.B; b++) st.dropout.sample_B.push_back(b);
   MOE_ASSERT_MSG(static_cast<int64_t>(st.dropout.sample_B.size()) == st.B, "{} sample indices for a batch of {}",
                  st.dropout.sample_B.size(), st.B);
-  Tensor h =
-      embedding_.forward(to_sequence_major(tokens_BS), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
-  if (position_) position_->forward_(h, st.pos);
-  embedding_dropout_.forward_(h, st.dropout);
-  probe("embedding", false, h);
-  for (size_t i = 0; i < layers_.size(); i++) {
-    st.layers[i].dropout = st.dropout;
-    h = recompute_.forward(layers_, st.layers, i, h);
+}
+
+Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
+  const ModelChunk& ch = chunks_.at(c);
+  Tensor h;
+  if (ch.embedding) {
+    MOE_ASSERT(in.ndim() == 2);
+    begin_batch(in.dim(1), in.dim(0), st);
+    h = embedding_->forward(to_sequence_major(in), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+    if (position_) position_->forward_(h, st.pos);
+    embedding_dropout_.forward_(h, st.dropout);
+    probe("embedding", false, h);
+  } else {
+    MOE_ASSERT_MSG(in.ndim() == 3 && in.dim(2) == cfg_.hidden_size, "a chunk's input is [S/TP, B, H], got {}",
+                   in.shape().str());
+    begin_batch(in.dim(0) * cfg_.tp.size(), in.dim(1), st);
+    h = in;
   }
-  h = final_norm_.forward(h, st.final_norm);
+  for (size_t i = chunk_begin_[c]; i < chunk_begin_[c + 1]; i++) {
+    st.layers[i].dropout = st.dropout;
+    h = recompute_.forward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, h);
+  }
+  if (!ch.loss) return h;
+  h = final_norm_->forward(h, st.final_norm);
   probe("decoder.final_layernorm", false, h);
-  Tensor logits = output_->forward(sp_all_gather(h, cfg_.tp), st.output);
-  probe("output_layer", false, logits);
-  return logits;
+  st.logits_TV = output_->forward(sp_all_gather(h, cfg_.tp), st.output);
+  probe("output_layer", false, st.logits_TV);
+  return st.logits_TV;
+}
+
+Tensor GPTModel::embed_and_decode(const Tensor& tokens_BS, Stash& st) {
+  MOE_ASSERT_MSG(chunks_.size() == 1 && has_embedding_ && has_loss_, "the whole model runs on one pipeline stage");
+  return forward_chunk(0, tokens_BS, st);
 }
 
 double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st) {
   MOE_ASSERT(labels_BS.shape() == tokens_BS.shape());
-  st.logits_TV = embed_and_decode(tokens_BS, st);
+  embed_and_decode(tokens_BS, st);
+  return loss_forward(labels_BS, loss_mask_BS, st);
+}
+
+double GPTModel::loss_forward(const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st) {
+  MOE_ASSERT(has_loss_ && st.logits_TV.defined());
+  MOE_ASSERT(labels_BS.ndim() == 2 && labels_BS.dim(0) == st.B && labels_BS.dim(1) == st.S);
   const int64_t T = st.S * st.B;
   const DType dt = st.logits_TV.dtype();
   st.labels_T = to_sequence_major(labels_BS);
   st.mask_T = Tensor::empty({T}, dt);
   if (loss_mask_BS.defined()) {
-    MOE_ASSERT(loss_mask_BS.shape() == tokens_BS.shape());
+    MOE_ASSERT(loss_mask_BS.shape() == labels_BS.shape());
     MOE_DISPATCH_FLOAT(dt, T, {
       if (loss_mask_BS.dtype() == DType::F32)
         transpose_bs(loss_mask_BS.data<float>(), st.mask_T.data<T>(), st.B, st.S);
@@ -143,7 +187,7 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   if (cfg_.tp.on()) {
     const comm::ProcessGroup& g = *cfg_.tp.group;
     kernels::cross_entropy_forward_vocab_parallel(
-        st.logits_TV, st.labels_T, embedding_.vocab_start(), cfg_.vocab_size,
+        st.logits_TV, st.labels_T, vocab_start_, cfg_.vocab_size,
         [&g](Tensor& t, bool max) { g.all_reduce(t, max ? comm::ReduceOp::Max : comm::ReduceOp::Sum); }, loss_T,
         st.lse_T);
   } else {
@@ -159,26 +203,41 @@ void GPTModel::backward(Stash& st, double loss_scale, const std::function<void(s
 
 void GPTModel::backward_scaled(Stash& st, double token_scale, double aux_scale,
                                const std::function<void(size_t)>& grads_final) {
-  Tensor dloss = st.mask_T.clone();
-  kernels::scale_(dloss, token_scale);
-  // The logits are not needed after this, so their gradient overwrites them.
-  kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV, embedding_.vocab_start());
-  probe("cross_entropy", true, st.logits_TV);  // the gradient of the logits
-  Tensor dh = output_->backward(st.logits_TV, st.output);
-  st.logits_TV = Tensor();
-  probe("output_layer", true, dh);
+  MOE_ASSERT_MSG(chunks_.size() == 1 && has_embedding_ && has_loss_, "the whole model runs on one pipeline stage");
+  backward_chunk(0, st, Tensor(), token_scale, aux_scale, grads_final);
+  if (grads_final) grads_final(static_cast<size_t>(cfg_.num_layers));
+}
+
+Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double token_scale, double aux_scale,
+                                const std::function<void(size_t)>& grads_final) {
+  const ModelChunk& ch = chunks_.at(c);
   const int64_t S_local = st.S / cfg_.tp.size();
-  dh = final_norm_.backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
-  probe("decoder.final_layernorm", true, dh);
-  for (size_t i = layers_.size(); i-- > 0;) {
-    st.layers[i].ffn->loss_scale = aux_scale;
-    dh = recompute_.backward(layers_, st.layers, i, dh);
-    if (grads_final) grads_final(i);
+  Tensor dh = dy;
+  if (ch.loss) {
+    Tensor dloss = st.mask_T.clone();
+    kernels::scale_(dloss, token_scale);
+    // The logits are not needed after this, so their gradient overwrites them.
+    kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV, vocab_start_);
+    probe("cross_entropy", true, st.logits_TV);  // the gradient of the logits
+    dh = output_->backward(st.logits_TV, st.output);
+    st.logits_TV = Tensor();
+    probe("output_layer", true, dh);
+    dh = final_norm_->backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
+    probe("decoder.final_layernorm", true, dh);
+  } else {
+    MOE_ASSERT_MSG(dy.defined() && dy.numel() == S_local * st.B * cfg_.hidden_size,
+                   "a chunk's output gradient is [S/TP, B, H]");
   }
+  for (size_t i = chunk_begin_[c + 1]; i-- > chunk_begin_[c];) {
+    st.layers[i].ffn->loss_scale = aux_scale;
+    dh = recompute_.backward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, dh);
+    if (grads_final) grads_final(static_cast<size_t>(global_layer_[i]));
+  }
+  if (!ch.embedding) return dh;
   dh = embedding_dropout_.backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.dropout);
   if (position_) position_->backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.pos);
-  embedding_.backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
-  if (grads_final) grads_final(layers_.size());
+  embedding_->backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
+  return Tensor();
 }
 
 Tensor GPTModel::logits(const Tensor& tokens_BS) {

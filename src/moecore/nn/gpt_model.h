@@ -1,6 +1,9 @@
 // Decoder-only GPT: embedding (+ learned positions) → L transformer layers → final norm → output layer (tied to the
 // embedding or its own weight) → cross-entropy. Tokens arrive [B, S] as a loader gives them; activations run [S, B, H].
 // Parameter names follow Megatron-Core's GPTModel (embedding.word_embeddings, decoder.layers.i..., output_layer).
+// Under pipeline parallelism a GPTModel is one pipeline rank's share: its model chunks (virtual stages), each a run
+// of decoder layers at their global indices, the embedding on the first stage's first chunk, the final norm, output
+// layer and loss on the last stage's last chunk; hidden states [S/TP, B, H] enter and leave at chunk boundaries.
 #pragma once
 
 #include <functional>
@@ -18,6 +21,13 @@
 #include "moecore/nn/transformer_layer.h"
 
 namespace moecore::nn {
+
+// One model chunk: decoder layers [first_layer, first_layer + num_layers) at their global indices, with the
+// embedding in front (the first pipeline stage) and/or the final norm, output layer and loss behind (the last).
+struct ModelChunk {
+  int64_t first_layer = 0, num_layers = 0;
+  bool embedding = true, loss = true;
+};
 
 struct GPTConfig {
   int64_t num_layers = 2;
@@ -54,6 +64,10 @@ struct GPTConfig {
   MLAConfig mla;
   NormConfig norm() const { return {normalization, norm_eps, zero_centered_gamma}; }
   RecomputeConfig recompute;  // activation recompute (the MoE layers take theirs from their own config)
+  // This rank's chunks, in virtual-stage order (empty: the whole model, one chunk). Layers keep their global names
+  // and initialization; a tied output layer on a last stage without the embedding holds its own copy of the word
+  // embedding (Megatron's shared weight, kept equal by summing its gradient over the embedding group).
+  std::vector<ModelChunk> chunks;
 };
 
 // Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.
@@ -95,6 +109,22 @@ class GPTModel {
   // cannot see).
   Tensor logits(const Tensor& tokens_BS);
 
+  // Pipeline entry points, per chunk c. forward_chunk takes tokens [B, S] (a chunk with the embedding) or the hidden
+  // state x [S/TP, B, H] from the previous stage, and returns the hidden state for the next stage, or for the loss
+  // chunk the logits (kept in st; loss_forward then gives the mean loss). st.sample_B is set before.
+  Tensor forward_chunk(size_t c, const Tensor& in, Stash& st);
+  double loss_forward(const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st);
+  // Backward of chunk c: from the loss (the loss chunk; dy ignored) or from dy [S/TP, B, H] the next stage sent.
+  // Returns the input's gradient [S/TP, B, H] (undefined for the embedding chunk). grads_final(global layer) as in
+  // backward, for this chunk's layers only.
+  Tensor backward_chunk(size_t c, Stash& st, const Tensor& dy, double token_scale, double aux_scale,
+                        const std::function<void(size_t)>& grads_final = {});
+  size_t num_chunks() const { return chunks_.size(); }
+  const ModelChunk& chunk(size_t c) const { return chunks_[c]; }
+  // The global index of local layer i; the word embedding (or the last stage's copy), null when not held.
+  int64_t global_layer(size_t i) const { return global_layer_[i]; }
+  Parameter* word_embedding() const { return embedding_ ? &embedding_->weight() : nullptr; }
+
   // Training mode (the default) lets MoE layers update aux losses, balancing counters and statistics, and turns
   // dropout on.
   void set_training(bool training);
@@ -106,17 +136,23 @@ class GPTModel {
   // Sees every module's forward output and backward input gradient (probe.h); null: none. The probe must outlive
   // its use.
   void set_probe(const Probe* probe);
-  TransformerLayer& layer(size_t i) { return *layers_[i]; }
+  TransformerLayer& layer(size_t i) { return *layers_[i]; }  // local index (global_layer(i) under PP)
   size_t num_layers() const { return layers_.size(); }
   const GPTConfig& config() const { return cfg_; }
 
  private:
   Tensor embed_and_decode(const Tensor& tokens_BS, Stash& st);
+  void begin_batch(int64_t S, int64_t B, Stash& st);
   GPTConfig cfg_;
-  Embedding embedding_;
+  std::vector<ModelChunk> chunks_;
+  std::vector<size_t> chunk_begin_;  // first local layer of each chunk
+  std::vector<int64_t> global_layer_;
+  std::unique_ptr<Embedding> embedding_;  // first stage; a tied last stage's copy
+  bool has_embedding_ = false, has_loss_ = false;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::unique_ptr<PositionEmbedding> position_;  // learned_absolute only
-  Norm final_norm_;
+  std::unique_ptr<Norm> final_norm_;
+  int64_t vocab_start_ = 0;  // this rank's first vocabulary column
   std::unique_ptr<Linear> output_;
   HiddenDropout embedding_dropout_;
   LayerRecompute recompute_;

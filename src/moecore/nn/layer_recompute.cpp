@@ -3,10 +3,22 @@
 
 namespace moecore::nn {
 
-Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i,
-                               const Tensor& x) const {
-  const auto L = static_cast<int64_t>(layers.size()), li = static_cast<int64_t>(i);
-  const RecomputeConfig::Chunk c = cfg_.chunk(li, L);
+namespace {
+// The recompute chunk of layer i in the block [begin, end), in indices of the whole layer list.
+RecomputeConfig::Chunk chunk_in_block(const RecomputeConfig& cfg, size_t begin, size_t end, size_t i) {
+  RecomputeConfig::Chunk c = cfg.chunk(static_cast<int64_t>(i - begin), static_cast<int64_t>(end - begin));
+  if (c.on()) {
+    c.begin += static_cast<int64_t>(begin);
+    c.end += static_cast<int64_t>(begin);
+  }
+  return c;
+}
+}  // namespace
+
+Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end,
+                               size_t i, const Tensor& x) const {
+  const auto li = static_cast<int64_t>(i);
+  const RecomputeConfig::Chunk c = chunk_in_block(cfg_, begin, end, i);
   TransformerLayer::Stash& st = stashes[i];
   Tensor y = layers[i]->forward(x, st);
   if (!c.on()) return y;
@@ -15,10 +27,10 @@ Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Sta
   return y;
 }
 
-Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i,
-                                const Tensor& dy) const {
-  const auto L = static_cast<int64_t>(layers.size()), li = static_cast<int64_t>(i);
-  const RecomputeConfig::Chunk c = cfg_.chunk(li, L);
+Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end,
+                                size_t i, const Tensor& dy) const {
+  const auto li = static_cast<int64_t>(i);
+  const RecomputeConfig::Chunk c = chunk_in_block(cfg_, begin, end, i);
   if (c.on() && li == c.end - 1) {  // the chunk's forwards again, from its input
     const auto b = static_cast<size_t>(c.begin);
     Tensor h = stashes[b].chunk_input;

@@ -17,9 +17,13 @@ class LayerRecompute {
  public:
   explicit LayerRecompute(const RecomputeConfig& cfg = {}) : cfg_(cfg) {}
   using Layers = std::vector<std::unique_ptr<TransformerLayer>>;
-  // Layer i's forward (backward) with stashes[i], for the stashes of every layer.
-  Tensor forward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i, const Tensor& x) const;
-  Tensor backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t i, const Tensor& dy) const;
+  // Layer i's forward (backward) with stashes[i], for the stashes of every layer. The recompute chunks are counted
+  // within the block of layers [begin, end) that holds i: a pipeline stage's model chunk (Megatron's
+  // TransformerBlock), so a recompute chunk never spans two model chunks.
+  Tensor forward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end, size_t i,
+                 const Tensor& x) const;
+  Tensor backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end, size_t i,
+                  const Tensor& dy) const;
   const RecomputeConfig& config() const { return cfg_; }
 
  private:

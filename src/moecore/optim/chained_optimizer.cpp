@@ -55,6 +55,7 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       g_(groups),
       cfg_(cfg),
       dp_size_(static_cast<double>(g_.dp ? g_.dp->size() : 1)),
+      num_buckets_(num_buckets),
       sp_(params, num_buckets, bucket_of, g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr) {
   for (size_t i = 0; i < params_.size(); i++) index_[params_[i]] = i;
   std::vector<nn::Parameter*> dense, expert, decoupled;
@@ -119,10 +120,15 @@ double ChainedOptimizer::norm_weight(const nn::Parameter& p) const {
   if (!g_.dp) return 1.0;
   if (p.expert_parallel) return 1.0 / static_cast<double>(g_.edp->size());
   const double tp = static_cast<double>(g_.tp ? g_.tp->size() : 1);
-  return 1.0 / (dp_size_ * (p.tensor_parallel ? 1.0 : tp));
+  const double copies = &p == g_.shared_embedding && g_.embedding ? static_cast<double>(g_.embedding->size()) : 1.0;
+  return 1.0 / (dp_size_ * (p.tensor_parallel ? 1.0 : tp) * copies);
 }
 
 void ChainedOptimizer::layer_grads_final(size_t bucket) {
+  // Megatron's _allreduce_word_embedding_grads: the first and last stage's word-embedding gradients summed, so
+  // both copies take the same update (a sum, so it commutes with the data-parallel reduction that follows).
+  if (bucket + 1 == num_buckets_ && g_.embedding && g_.shared_embedding && g_.embedding->size() > 1)
+    g_.embedding->all_reduce(const_cast<nn::Parameter*>(g_.shared_embedding)->grad);
   sp_.sum(bucket);
   for (auto& part : parts_) part->start_bucket(bucket);
 }

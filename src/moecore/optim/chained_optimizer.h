@@ -25,6 +25,11 @@ struct OptimizerGroups {
   // (sequence-parallel sums); world: every rank (the norm).
   const comm::ProcessGroup *dp = nullptr, *edp = nullptr, *tp = nullptr, *world = nullptr;
   const comm::ProcessGroup* etp = nullptr;  // expert tensor parallel (Muon assembles expert matrices over it)
+  // Pipeline parallelism: Megatron's embedding group (first and last stage) and the word embedding this rank holds
+  // in it (the first stage's, or the tied output layer's copy on the last stage). Its gradient is summed over the
+  // group before the last bucket's reduction, and each copy counts 1/|group| in the norm.
+  const comm::ProcessGroup* embedding = nullptr;
+  const nn::Parameter* shared_embedding = nullptr;
 };
 
 struct OptimizerConfig {
@@ -78,6 +83,7 @@ class ChainedOptimizer {
   int64_t num_zeros_ = 0;
   OptimizerConfig cfg_;
   double dp_size_;
+  size_t num_buckets_;
   SequenceParallelGrads sp_;
   std::vector<std::unique_ptr<ParamClassOptimizer>> parts_;  // dense, then expert (if any)
   std::vector<bool> decoupled_part_;                         // per part: at the decoupled learning rate

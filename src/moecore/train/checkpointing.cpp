@@ -82,6 +82,8 @@ bool is_vocab_parameter(const std::string& name) {
 
 bool Checkpointing::stores(const nn::Parameter& p) const {
   if (!g_.distributed()) return true;
+  // The last pipeline stage's copy of the tied word embedding: the first stage writes it (every tensor once).
+  if (g_.pp_rank > 0 && p.name == "embedding.word_embeddings.weight") return false;
   if (p.expert_parallel) return g_.edp->rank() == 0;
   return g_.dp->rank() == 0 && (p.tensor_parallel || g_.tp->rank() == 0);
 }
@@ -118,6 +120,20 @@ std::vector<ckpt::LoadTarget> Checkpointing::load_targets(bool optimizer, std::v
 nlohmann::json Checkpointing::train_state(const Progress& p) const {
   nlohmann::json counts = nlohmann::json::object();
   for (auto* l : moe_layers(model_)) counts[l->router().weight().name] = l->router().forward_count();
+  if (g_.pp_size > 1) {  // every stage's routers: gathered over the pipeline group (collective)
+    std::vector<std::string> names(static_cast<size_t>(c_.num_layers));
+    Tensor t = Tensor::zeros({2 * c_.num_layers}, DType::F64);
+    for (size_t i = 0; i < model_.num_layers(); i++)
+      if (auto* l = dynamic_cast<moe::MoELayer*>(&model_.layer(i).ffn())) {
+        t.set_item(model_.global_layer(i), 1.0);
+        t.set_item(c_.num_layers + model_.global_layer(i), static_cast<double>(l->router().forward_count()));
+      }
+    g_.pp->all_reduce(t);
+    for (int64_t i = 0; i < c_.num_layers; i++)
+      if (t.item(i) > 0)
+        counts[fmt::format("decoder.layers.{}.mlp.router.weight", i)] =
+            static_cast<uint64_t>(std::llround(t.item(c_.num_layers + i)));
+  }
   auto size = [](const std::unique_ptr<comm::ProcessGroup>& g) { return ParallelGroups::size(g); };
   return {{"format", ckpt::kTrainStateFormat},
           {"moecore_version", MOECORE_VERSION},
@@ -130,6 +146,7 @@ nlohmann::json Checkpointing::train_state(const Progress& p) const {
           {"layout",
            {{"world", size(g_.world)},
             {"tp", size(g_.tp)},
+            {"pp", size(g_.pp)},
             {"dp", g_.dp_size},
             {"ep", size(g_.ep)},
             {"etp", size(g_.etp)},
@@ -159,7 +176,8 @@ std::string Checkpointing::save(const Progress& prog) {
     mine.push_back({"optimizer.exp_avg_sq." + p.name, b, v[i]});
     bytes += 3 * static_cast<int64_t>(p.value.nbytes());
   }
-  if (g_.world_rank == 0 && c_.moe_router_enable_expert_bias)
+  // The expert bias is replicated over TP x DP within a stage: its first rank writes each stage's layers.
+  if ((g_.distributed() ? g_.tp_dp->rank() == 0 : true) && c_.moe_router_enable_expert_bias)
     for (auto* l : moe_layers(model_))
       mine.push_back({expert_bias_name(*l), whole(l->router().expert_bias()), l->router().expert_bias()});
   std::vector<std::pair<std::string, std::string>> extra;

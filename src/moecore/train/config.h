@@ -105,6 +105,7 @@ struct TrainConfig {
   int64_t decoder_first_pipeline_num_layers = -1, decoder_last_pipeline_num_layers = -1;
   bool account_for_embedding_in_pipeline_split = false, account_for_loss_in_pipeline_split = false;
   std::string pipeline_model_parallel_layout;
+  int64_t microbatch_group_size_per_vp_stage = 0;  // interleaved 1F1B's micro-batch groups (0: Megatron's None)
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";

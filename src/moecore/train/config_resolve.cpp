@@ -14,6 +14,7 @@
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
 #include "moecore/train/pipeline_layout.h"
+#include "moecore/train/pipeline_stages.h"
 #include "moecore/train/signals.h"
 
 namespace moecore::train {
@@ -94,6 +95,18 @@ void validate_schedule_flags(const TrainConfig& c) {
             "--eod-mask-loss needs a --tokenizer-type (the tokenizer names the end-of-document token)");
 }
 
+// Pipeline parallelism: Megatron's stage-split checks (train/pipeline_layout.cpp), and what moecore cannot do
+// under it.
+void check_pipeline_flags(const TrainConfig& c) {
+  const int64_t P = c.pipeline_model_parallel_size;
+  plan_pipeline(pipeline_flags(c));
+  if (P == 1) return;
+  MOE_CHECK(c.generate_prompts.empty(),
+            "--generate-prompts with --pipeline-model-parallel-size {}: generation at the end of training runs the "
+            "whole model on one rank; drop --generate-prompts and sample from the saved checkpoint with `moecore "
+            "generate`",
+            P);
+}
 }  // namespace
 
 void resolve_defaults(TrainConfig& c) {
@@ -255,13 +268,11 @@ void validate(const TrainConfig& c) {
               c.rotary_scaling_factor);
   }
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
-  plan_pipeline(pipeline_flags(c));    // Megatron's pipeline-split checks (train/pipeline_layout.h)
-  for (auto [v, n] : {std::pair{c.pipeline_model_parallel_size, "pipeline-model-parallel-size"},
-                      std::pair{c.context_parallel_size, "context-parallel-size"}})
-    MOE_CHECK(v == 1,
-              "--{} {}: pipeline and context parallelism are not available yet; run with 1 (tensor, sequence, "
-              "data, expert and expert-tensor parallelism over mpirun ranks are)",
-              n, v);
+  MOE_CHECK(c.context_parallel_size == 1,
+            "--context-parallel-size {}: context parallelism is not available yet; run with 1 (tensor, sequence, "
+            "pipeline, data, expert and expert-tensor parallelism over mpirun ranks are)",
+            c.context_parallel_size);
+  check_pipeline_flags(c);
   const int64_t tp = c.tensor_model_parallel_size, etp = c.expert_tensor_parallel_size;
   MOE_CHECK(tp >= 1 && etp >= 1, "--tensor-model-parallel-size and --expert-tensor-parallel-size must be >= 1");
   if (tp > 1) {

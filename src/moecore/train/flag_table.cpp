@@ -201,38 +201,41 @@ std::vector<FlagSpec> build_flag_table() {
        {"recompute-activations", &C::recompute_activations, "Same as --recompute-granularity selective"},
        {"moe-layer-recompute", &C::moe_layer_recompute,
         "Deprecated in Megatron: --recompute-granularity selective with moe added to --recompute-modules"}});
-  section(FlagGroup::Parallel,
-          {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP", kNoRole, positive()},
-           {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP", kNoRole, positive()},
-           {"context-parallel-size", &C::context_parallel_size, "CP", kNoRole, positive()},
-           {"expert-model-parallel-size", &C::expert_model_parallel_size, "EP", kNoRole, positive()},
-           {"expert-tensor-parallel-size", &C::expert_tensor_parallel_size, "ETP (default TP)", kDerived, positive()},
-           {"sequence-parallel", &C::sequence_parallel, "Sequence parallelism (with TP)"},
-           {"use-distributed-optimizer", &C::use_distributed_optimizer,
-            "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
-           {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
-            "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
-           // Pipeline stage layouts (train/pipeline_layout.h); -1 and "" are Megatron's None.
-           {"num-layers-per-virtual-pipeline-stage", &C::num_layers_per_virtual_pipeline_stage,
-            "Number of layers per virtual pipeline stage (-1: none)", kNoRole, at_least(-1)},
-           {"num-virtual-stages-per-pipeline-rank", &C::num_virtual_stages_per_pipeline_rank,
-            "Number of virtual pipeline stages per pipeline parallelism rank (-1: none)", kNoRole, at_least(-1)},
-           {"decoder-first-pipeline-num-layers", &C::decoder_first_pipeline_num_layers,
-            "The number of transformer layers on the first pipeline stage of the decoder (-1: even split of "
-            "transformer layers across all pipeline stages)",
-            kNoRole, at_least(-1)},
-           {"decoder-last-pipeline-num-layers", &C::decoder_last_pipeline_num_layers,
-            "The number of transformer layers on the last pipeline stage of the decoder (-1: even split of "
-            "transformer layers across all pipeline stages)",
-            kNoRole, at_least(-1)},
-           {"account-for-embedding-in-pipeline-split", &C::account_for_embedding_in_pipeline_split,
-            "Count the embedding as a transformer layer when splitting the layers over pipeline stages"},
-           {"account-for-loss-in-pipeline-split", &C::account_for_loss_in_pipeline_split,
-            "Count the loss (output layer) as a transformer layer when splitting the layers over pipeline stages"},
-           {"pipeline-model-parallel-layout", &C::pipeline_model_parallel_layout,
-            "Custom stage layout, e.g. \"Et|(tt|)*2,tL\" (6 layers, 4 stages): E embedding, t decoder layer, m MTP "
-            "layer, L loss; '|' separates stages (PP x virtual stages, in model-chunk order), x*n and (...)*n "
-            "repeat, commas are cosmetic"}});
+  section(
+      FlagGroup::Parallel,
+      {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP", kNoRole, positive()},
+       {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP", kNoRole, positive()},
+       {"context-parallel-size", &C::context_parallel_size, "CP", kNoRole, positive()},
+       {"expert-model-parallel-size", &C::expert_model_parallel_size, "EP", kNoRole, positive()},
+       {"expert-tensor-parallel-size", &C::expert_tensor_parallel_size, "ETP (default TP)", kDerived, positive()},
+       {"sequence-parallel", &C::sequence_parallel, "Sequence parallelism (with TP)"},
+       {"use-distributed-optimizer", &C::use_distributed_optimizer,
+        "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
+       {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
+        "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+       // Pipeline stage layouts (train/pipeline_layout.h); -1 and "" are Megatron's None.
+       {"num-layers-per-virtual-pipeline-stage", &C::num_layers_per_virtual_pipeline_stage,
+        "Number of layers per virtual pipeline stage (-1: none)", kNoRole, at_least(-1)},
+       {"num-virtual-stages-per-pipeline-rank", &C::num_virtual_stages_per_pipeline_rank,
+        "Number of virtual pipeline stages per pipeline parallelism rank (-1: none)", kNoRole, at_least(-1)},
+       {"decoder-first-pipeline-num-layers", &C::decoder_first_pipeline_num_layers,
+        "The number of transformer layers on the first pipeline stage of the decoder (-1: even split of "
+        "transformer layers across all pipeline stages)",
+        kNoRole, at_least(-1)},
+       {"decoder-last-pipeline-num-layers", &C::decoder_last_pipeline_num_layers,
+        "The number of transformer layers on the last pipeline stage of the decoder (-1: even split of "
+        "transformer layers across all pipeline stages)",
+        kNoRole, at_least(-1)},
+       {"account-for-embedding-in-pipeline-split", &C::account_for_embedding_in_pipeline_split,
+        "Count the embedding as a transformer layer when splitting the layers over pipeline stages"},
+       {"account-for-loss-in-pipeline-split", &C::account_for_loss_in_pipeline_split,
+        "Count the loss (output layer) as a transformer layer when splitting the layers over pipeline stages"},
+       {"pipeline-model-parallel-layout", &C::pipeline_model_parallel_layout,
+        "Custom stage layout, e.g. \"Et|(tt|)*2,tL\" (6 layers, 4 stages): E embedding, t decoder layer, m MTP "
+        "layer, L loss; '|' separates stages (PP x virtual stages, in model-chunk order), x*n and (...)*n "
+        "repeat, commas are cosmetic"},
+       {"microbatch-group-size-per-virtual-pipeline-stage", &C::microbatch_group_size_per_vp_stage,
+        "Interleaved 1F1B: contiguous micro-batches per virtual stage (0: the pipeline size)", kNoRole, at_least(0)}});
   section(FlagGroup::Data,
           {{"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
            {"split", &C::split, "train,valid,test proportions"},

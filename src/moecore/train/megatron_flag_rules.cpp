@@ -14,10 +14,10 @@ std::vector<FlagRule> build_rules() {
       refused(not_yet("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
 
   // --- Features another issue will implement: refused with the feature named --------------------------------------
-  const std::string pp = not_yet("pipeline parallelism", "run with --pipeline-model-parallel-size 1");
-  r.push_back(refused(pp, {"microbatch-group-size-per-virtual-pipeline-stage"}));
+  // Pipeline transport details: moecore's sends and receives are always non-blocking and posted one pass ahead
+  // over MPI, so these change timing in Megatron, never the math.
   r.push_back(no_effect(
-      "acts only with pipeline parallelism (moecore runs --pipeline-model-parallel-size 1)",
+      "a pipeline transport detail (moecore overlaps its non-blocking MPI sends and receives)",
       {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
        "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"}));
   r.push_back(refused(

@@ -23,19 +23,19 @@ std::vector<std::pair<size_t, const nn::RoutingStats*>> routed_layers(const nn::
 
 // --moe-per-layer-logging: each MoE layer's aux and z losses of the last step (Megatron writes them as
 // moe/<name>_layer_<i>, i the layer's index among all layers; their mean over the MoE layers is the total).
-std::string per_layer_losses(const StepResult& r, const std::vector<std::pair<size_t, const nn::RoutingStats*>>& layers,
-                             bool z_loss, nlohmann::json& j) {
+std::string per_layer_losses(const StepResult& r, const std::vector<std::string>& loss_types, bool z_loss,
+                             nlohmann::json& j) {
   std::string line;
   auto add = [&](const std::string& name, const std::vector<double>& v) {
     line += fmt::format(" {} per layer:", name);
-    for (size_t l = 0; l < layers.size() && l < v.size(); l++) {
+    for (size_t l = 0; l < r.moe_layer_ids.size() && l < v.size(); l++) {
       line += fmt::format(" {:.4f}", v[l]);
-      j[fmt::format("moe/{}_layer_{}", name, layers[l].first)] = v[l];
+      j[fmt::format("moe/{}_layer_{}", name, r.moe_layer_ids[l])] = v[l];
     }
     line += " |";
   };
-  for (size_t t = 0; t < r.aux_layers.size() && !layers.empty(); t++) {
-    const std::string& name = layers[0].second->loss_names[t];
+  for (size_t t = 0; t < r.aux_layers.size() && t < loss_types.size(); t++) {
+    const std::string name = moe::load_balancing_name(moe::parse_load_balancing_type(loss_types[t]));
     if (name != "none") add(name, r.aux_layers[t]);
   }
   if (z_loss) add("z_loss", r.z_layers);
@@ -70,7 +70,27 @@ std::vector<nn::RoutingStats> step_routing(const std::vector<std::pair<size_t, c
     s.tokens = std::llround(t.item(k++));
   }
   return out;
-}
+  // Pipeline parallelism: each stage reduced its own MoE layers; the per-layer values are summed over the pipeline
+  // group by global layer index (each layer lives on one stage), so every rank sees every MoE layer in layer order.
+  void gather_over_pipeline(const TrainConfig& c, const ParallelGroups& g, StepResult& r) {
+    const size_t n = r.aux_layers.size(), Lg = static_cast<size_t>(c.num_layers);
+    Tensor a = Tensor::zeros({static_cast<int64_t>((n + 2) * Lg)}, DType::F64);
+    for (size_t l = 0; l < r.moe_layer_ids.size(); l++) {
+      const size_t gl = static_cast<size_t>(r.moe_layer_ids[l]);
+      for (size_t t = 0; t < n; t++) a.set_item(static_cast<int64_t>(t * Lg + gl), r.aux_layers[t][l]);
+      a.set_item(static_cast<int64_t>(n * Lg + gl), r.z_layers[l]);
+      a.set_item(static_cast<int64_t>((n + 1) * Lg + gl), 1.0);
+    }
+    g.pp->all_reduce(a);
+    r.moe_layer_ids.clear();
+    for (size_t gl = 0; gl < Lg; gl++)
+      if (a.item(static_cast<int64_t>((n + 1) * Lg + gl)) > 0) r.moe_layer_ids.push_back(static_cast<int64_t>(gl));
+    for (size_t t = 0; t <= n; t++) {
+      std::vector<double>& v = t < n ? r.aux_layers[t] : r.z_layers;
+      v.clear();
+      for (int64_t gl : r.moe_layer_ids) v.push_back(a.item(static_cast<int64_t>(t * Lg + static_cast<size_t>(gl))));
+    }
+  }
 }  // namespace
 
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {
@@ -100,11 +120,15 @@ void router_losses(const TrainConfig& c, const nn::GPTModel& model, const Parall
     }
     for (size_t l = 0; l < L; l++) r.z_layers[l] = a.item(i++) / dp;
   }
-  // The totals: means over the MoE layers.
-  const double Ld = static_cast<double>(L);
+  r.moe_layer_ids.clear();
+  for (const auto& [i, s] : layers) r.moe_layer_ids.push_back(model.global_layer(i));
+  if (g.pp_size > 1) gather_over_pipeline(c, g, r);
+  // The totals: means over the MoE layers (of every stage).
+  const size_t L_all = r.moe_layer_ids.size();
+  const double Ld = static_cast<double>(L_all);
   r.aux_losses.assign(n, 0.0);
   r.z_loss = 0;
-  for (size_t l = 0; l < L; l++) {
+  for (size_t l = 0; l < L_all; l++) {
     for (size_t t = 0; t < n; t++) r.aux_losses[t] += r.aux_layers[t][l] / Ld;
     r.z_loss += r.z_layers[l] / Ld;
   }
@@ -119,6 +143,8 @@ void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const Paral
   const double edp = static_cast<double>(ParallelGroups::size(g.edp));
   double sq = 0;
   for (const auto& p : reg.all()) {
+    // The last stage's copy of the tied word embedding is Megatron's `shared` parameter: counted once.
+    if (g.pp_rank > 0 && p->name == "embedding.word_embeddings.weight") continue;
     const double w = p->expert_parallel ? 1.0 / edp : 1.0 / (dp * (p->tensor_parallel ? 1.0 : tp));
     sq += w * kernels::sum_squares(p->value);
   }
@@ -226,7 +252,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
                       {"gflops", gflops},
                       {"gflops_ratio_to_gemm_peak", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
                       {"peak_memory_bytes", mem.peak_bytes}};
-  if (!layers.empty()) {
+  if (!layers.empty() || (c_.num_experts > 0 && !r.moe_layer_ids.empty())) {  // this stage may hold none
     for (size_t t = 0; t < c_.moe_router_load_balancing_type.size(); t++) {
       const std::string name =
           moe::load_balancing_name(moe::parse_load_balancing_type(c_.moe_router_load_balancing_type[t]));
@@ -256,7 +282,8 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     j["dropped_assignments"] = dropped;
     j["max_over_mean_expert_load"] = worst;
     aux += fmt::format(" max/mean expert load: {:.2f} |", worst);
-    if (c_.moe_per_layer_logging) aux += per_layer_losses(r, layers, c_.moe_z_loss_coeff > 0, j);
+    if (c_.moe_per_layer_logging)
+      aux += per_layer_losses(r, c_.moe_router_load_balancing_type, c_.moe_z_loss_coeff > 0, j);
   }
   {  // the timers, seconds per iteration of the interval, the slowest rank's
     Tensor t = Tensor::empty({2}, DType::F64);

@@ -25,6 +25,7 @@ struct StepResult {
   // The same per MoE layer (in layer order; the totals above are their means): [type][MoE layer], [MoE layer].
   std::vector<std::vector<double>> aux_layers;
   std::vector<double> z_layers;
+  std::vector<int64_t> moe_layer_ids;  // the global index of each MoE layer (every pipeline stage's)
   // With --log-params-norm / --log-num-zeros-in-grad (param_stats): the L2 norm of every parameter after the
   // update, and the zero entries of the gradients the step used, each element counted once over all ranks.
   double params_norm = 0;

@@ -5,6 +5,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/data/preprocess.h"
+#include "moecore/train/pipeline_stages.h"
 
 namespace moecore::train {
 
@@ -87,6 +88,9 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   nn::GPTConfig gc = gpt_config(c, padded_vocab);
   gc.tp.group = ParallelGroups::active(g.tp);
   gc.recompute = rc;
+  if (c.pipeline_model_parallel_size > 1)  // this pipeline rank's chunks (global layer indices)
+    for (const StageLayers& s : pipeline_stage_layers(c, g.pp_rank))
+      gc.chunks.push_back({s.first_layer, s.num_layers, s.embedding, s.loss});
   auto model = std::make_unique<nn::GPTModel>(gc, reg, ffn);
   reg.initialize(static_cast<uint64_t>(c.seed));
   return model;

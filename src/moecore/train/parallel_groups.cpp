@@ -11,9 +11,9 @@ namespace moecore::train {
 ParallelGroups::ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* w) {
   const int64_t world_size = w ? w->size() : 1;
   if (world_size == 1 && c.expert_model_parallel_size == 1 && c.tensor_model_parallel_size == 1 &&
-      c.expert_tensor_parallel_size <= 1)
+      c.expert_tensor_parallel_size <= 1 && c.pipeline_model_parallel_size == 1)
     return;
-  // The two meshes over the ranks (CP and PP are 1 in this build): attention TP×DP, experts ETP×EP×EDP folded
+  // The two meshes over the ranks (CP is 1 in this build): attention TP×DP, experts ETP×EP×EDP folded
   // onto the same ranks. ParallelState rejects sizes the world cannot hold, a single process with EP > 1
   // included, so no parallel flag is ever silently ignored.
   mesh = std::make_unique<comm::ParallelState>(
@@ -34,6 +34,24 @@ ParallelGroups::ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* w
   }
   world = std::make_unique<comm::ProcessGroup>(w->split({all}));
   world->set_name("world");
+  pp = std::make_unique<comm::ProcessGroup>(w->split(mesh->pp));
+  pp->set_name("pp");
+  pp_size = pp->size();
+  pp_rank = pp->rank();
+  if (pp_size > 1) {  // every rank takes part in the split; the middle stages' groups are discarded
+    comm::RankGroups ends, middles;
+    for (const auto& g : mesh->pp) {
+      ends.push_back({g.front(), g.back()});
+      if (g.size() > 2) middles.emplace_back(g.begin() + 1, g.end() - 1);
+    }
+    comm::RankGroups all_groups = ends;
+    all_groups.insert(all_groups.end(), middles.begin(), middles.end());
+    auto e = std::make_unique<comm::ProcessGroup>(w->split(all_groups));
+    if (pp_rank == 0 || pp_rank == pp_size - 1) {
+      embedding = std::move(e);
+      embedding->set_name("embedding");
+    }
+  }
   dp_rank = dp->rank();
   MOE_CHECK(c.global_batch_size % (c.micro_batch_size * dp_size) == 0,
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",

@@ -17,7 +17,10 @@ struct ParallelGroups {
   // Null for a single process (no mesh, no groups); otherwise every group exists, possibly of one rank.
   std::unique_ptr<comm::ParallelState> mesh;
   std::unique_ptr<comm::ProcessGroup> dp, tp_dp, ep, edp, tp, etp, world;
-  int64_t dp_size = 1, dp_rank = 0, world_rank = 0;
+  // Pipeline parallelism: the pipeline group (this rank's stages, in stage order) and Megatron's embedding group
+  // (the first and last stage, which share the tied word embedding; null when PP is 1 or this rank is on neither).
+  std::unique_ptr<comm::ProcessGroup> pp, embedding;
+  int64_t dp_size = 1, dp_rank = 0, world_rank = 0, pp_size = 1, pp_rank = 0;
 
   // Builds the meshes over `world` (null or one rank: a single process unless a layout flag asks for more, which
   // ParallelState then refuses). Checks that the global batch splits over data parallelism.

@@ -11,27 +11,45 @@
 namespace moecore::train {
 
 std::vector<LayerRouting> global_routing(const nn::GPTModel& model, const ParallelGroups& g) {
-  std::vector<LayerRouting> v;
-  std::vector<double> flat;  // per layer: E counts, the entropy sum, the tokens
+  // One slot per global layer: a mark that the layer routes, then its E counts, entropy sum and tokens. Under
+  // pipeline parallelism each stage fills its own layers' slots and the sum over the pipeline group gives every
+  // rank all of them, so every rank judges the same values.
+  size_t E = 0, L = 0;
+  for (size_t i = 0; i < model.num_layers(); i++) {
+    L = std::max(L, static_cast<size_t>(model.global_layer(i)) + 1);
+    if (const nn::RoutingStats* s = model.routing_stats(i)) E = std::max(E, s->tokens_per_expert.size());
+  }
+  const bool pipeline = g.pp && ParallelGroups::size(g.pp) > 1;
+  if (pipeline) {  // the stages agree on the model's layer count and experts
+    Tensor n = Tensor::empty({2}, DType::F64);
+    n.set_item(0, static_cast<double>(L));
+    n.set_item(1, static_cast<double>(E));
+    g.pp->all_reduce(n, comm::ReduceOp::Max);
+    L = static_cast<size_t>(n.item(0));
+    E = static_cast<size_t>(n.item(1));
+  }
+  const size_t slot = E + 3;
+  Tensor t = Tensor::zeros({static_cast<int64_t>(std::max<size_t>(L * slot, 1))}, DType::F64);
   for (size_t i = 0; i < model.num_layers(); i++) {
     const nn::RoutingStats* s = model.routing_stats(i);
     if (!s || s->tokens_per_expert.empty()) continue;
-    for (int64_t n : s->tokens_per_expert) flat.push_back(static_cast<double>(n));
-    flat.push_back(s->entropy_sum);
-    flat.push_back(static_cast<double>(s->tokens));
-    v.push_back({i, std::vector<double>(s->tokens_per_expert.size()), 0.0});
+    auto k = static_cast<int64_t>(static_cast<size_t>(model.global_layer(i)) * slot);
+    t.set_item(k++, 1.0);
+    for (int64_t n : s->tokens_per_expert) t.set_item(k++, static_cast<double>(n));
+    t.set_item(k++, s->entropy_sum);
+    t.set_item(k, static_cast<double>(s->tokens));
   }
-  if (g.distributed() && !flat.empty()) {
-    Tensor t = Tensor::empty({static_cast<int64_t>(flat.size())}, DType::F64);
-    for (size_t i = 0; i < flat.size(); i++) t.set_item(static_cast<int64_t>(i), flat[i]);
-    g.tp_dp->all_reduce(t);
-    for (size_t i = 0; i < flat.size(); i++) flat[i] = t.item(static_cast<int64_t>(i));
-  }
-  size_t k = 0;
-  for (auto& l : v) {
-    for (double& n : l.tokens_per_expert) n = flat[k++];
-    const double sum = flat[k++], n = flat[k++];
-    l.entropy = n > 0 ? sum / n : 0.0;
+  if (g.distributed()) g.tp_dp->all_reduce(t);
+  if (pipeline) g.pp->all_reduce(t);
+  std::vector<LayerRouting> v;
+  for (size_t l = 0; l < L; l++) {
+    auto k = static_cast<int64_t>(l * slot);
+    if (t.item(k++) <= 0) continue;
+    LayerRouting r{l, std::vector<double>(E), 0.0};
+    for (double& n : r.tokens_per_expert) n = t.item(k++);
+    const double sum = t.item(k++), n = t.item(k);
+    r.entropy = n > 0 ? sum / n : 0.0;
+    v.push_back(std::move(r));
   }
   return v;
 }

@@ -30,13 +30,14 @@ inline const std::vector<std::string>& health_alarm_names() {
 // One MoE layer's routing of the step over all ranks: kept assignments per expert (summed over TP×DP×CP) and the
 // mean per-token router entropy (nats) over the step's tokens.
 struct LayerRouting {
-  size_t layer = 0;  // index among all layers
+  size_t layer = 0;  // global index among all layers
   std::vector<double> tokens_per_expert;
   double entropy = 0;
 };
 
 // The routing statistics of the step just finished, summed over the TP×DP×CP group (each rank routes its own
-// tokens): identical on every rank. Collective over that group (one all-reduce) when distributed.
+// tokens) and gathered over the pipeline stages by global layer: identical on every rank. Collective over those
+// groups when distributed.
 std::vector<LayerRouting> global_routing(const nn::GPTModel& model, const ParallelGroups& g);
 
 struct Alarm {

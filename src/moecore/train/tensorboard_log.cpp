@@ -76,25 +76,57 @@ void TensorBoardLog::moe_losses(int64_t it, const StepResult& r, const nn::GPTMo
     const std::string n = t < T ? loss_name(types[t]) : (c_.moe_z_loss_coeff > 0 ? "z_loss" : "");
     if (n.empty()) continue;
     const std::vector<double>& per_moe_layer = t < T ? r.aux_layers.at(t) : r.z_layers;
-    size_t k = 0;  // the layer's index among the MoE layers
-    for (size_t i = 0; i < model.num_layers(); i++) {
-      const double v = model.routing_stats(i) ? per_moe_layer.at(k++) : 0.0;
+    size_t k = 0;  // the layer's index among the MoE layers (r.moe_layer_ids: every pipeline stage's)
+    for (int64_t i = 0; i < c_.num_layers; i++) {
+      const bool moe = k < r.moe_layer_ids.size() && r.moe_layer_ids[k] == i;
+      const double v = moe ? per_moe_layer.at(k++) : 0.0;
       scalar(fmt::format("moe/{}_layer_{}", n, i), v, it);
     }
   }
 }
 
+// Pipeline parallelism: each stage's layers summed over its TP×DP, then placed by global layer index and summed
+// over the pipeline group (each layer lives on one stage), so the last rank writes every MoE layer.
+void TensorBoardLog::gather_over_pipeline(std::vector<std::pair<size_t, std::vector<int64_t>>>& layers,
+                                          int64_t& n) const {
+  const int64_t E = c_.num_experts, L = c_.num_layers;
+  Tensor t = Tensor::zeros({n > 0 ? n : 1}, DType::F64);
+  int64_t k = 0;
+  for (const auto& [i, tpe] : layers)
+    for (int64_t x : tpe) t.set_item(k++, static_cast<double>(x));
+  if (n > 0) g_.tp_dp->all_reduce(t);
+  Tensor all = Tensor::zeros({L * (E + 1)}, DType::F64);  // per layer: present, then E counts
+  k = 0;
+  for (const auto& [i, tpe] : layers) {
+    MOE_ASSERT(static_cast<int64_t>(tpe.size()) == E);
+    all.set_item(static_cast<int64_t>(i) * (E + 1), 1.0);
+    for (int64_t e = 0; e < E; e++) all.set_item(static_cast<int64_t>(i) * (E + 1) + 1 + e, t.item(k++));
+  }
+  g_.pp->all_reduce(all);
+  layers.clear();
+  n = 0;
+  for (int64_t i = 0; i < L; i++) {
+    if (all.item(i * (E + 1)) <= 0) continue;
+    std::vector<int64_t> tpe(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; e++) tpe[static_cast<size_t>(e)] = std::llround(all.item(i * (E + 1) + 1 + e));
+    layers.push_back({static_cast<size_t>(i), std::move(tpe)});
+    n += E;
+  }
+}
+
 void TensorBoardLog::expert_loads(int64_t it, const nn::GPTModel& model) {
-  // Tokens per expert of the step, summed over TP×DP (all the step's tokens), one histogram per MoE layer.
+  // Tokens per expert of the step, summed over TP×DP (all the step's tokens), one histogram per MoE layer (by
+  // global layer index).
   std::vector<std::pair<size_t, std::vector<int64_t>>> layers;
   int64_t n = 0;
   for (size_t i = 0; i < model.num_layers(); i++)
     if (const nn::RoutingStats* s = model.routing_stats(i); s && !s->tokens_per_expert.empty()) {
-      layers.push_back({i, s->tokens_per_expert});
+      layers.push_back({static_cast<size_t>(model.global_layer(i)), s->tokens_per_expert});
       n += static_cast<int64_t>(s->tokens_per_expert.size());
     }
+  if (g_.pp_size > 1) gather_over_pipeline(layers, n);  // every stage's layers (collective over PP)
   if (layers.empty()) return;
-  if (g_.distributed()) {
+  if (g_.distributed() && g_.pp_size == 1) {
     Tensor t = Tensor::empty({n}, DType::F64);
     int64_t k = 0;
     for (const auto& [i, tpe] : layers)

@@ -48,6 +48,7 @@ class TensorBoardLog {
   double forward_backward_seconds_ = 0, optimizer_seconds_ = 0;
   void scalar(const std::string& tag, double v, int64_t step);
   void moe_losses(int64_t iteration, const StepResult& r, const nn::GPTModel& model);
+  void gather_over_pipeline(std::vector<std::pair<size_t, std::vector<int64_t>>>& layers, int64_t& n) const;
   void expert_loads(int64_t iteration, const nn::GPTModel& model);
 };
 

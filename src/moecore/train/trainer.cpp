@@ -16,6 +16,7 @@
 #include "moecore/train/generate.h"
 #include "moecore/train/health.h"
 #include "moecore/train/optimizer_config.h"
+#include "moecore/train/pipeline_stages.h"
 #include "moecore/train/run_control.h"
 #include "moecore/train/signals.h"
 
@@ -63,13 +64,27 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   stash_ = model_->make_stash();
   std::vector<nn::Parameter*> params;
   for (auto& p : reg_.all()) params.push_back(p.get());
-  const size_t layers = model_->num_layers();
-  const optim::OptimizerGroups og{groups_->dp.get(), groups_->edp.get(), groups_->tp.get(), groups_->world.get(),
-                                  groups_->etp.get()};
+  const size_t layers = static_cast<size_t>(cfg_.num_layers);  // buckets by global layer (any pipeline stage)
+  optim::OptimizerGroups og{groups_->dp.get(), groups_->edp.get(), groups_->tp.get(), groups_->world.get(),
+                            groups_->etp.get()};
+  if (groups_->embedding && !cfg_.untie_embeddings_and_output_weights) {  // tied: the first and last stage's copies
+    og.embedding = groups_->embedding.get();
+    og.shared_embedding = model_->word_embedding();
+  }
   optim::OptimizerConfig oc = optimizer_config(cfg_);
   opt_ = std::make_unique<optim::ChainedOptimizer>(
       params, layers + 1, [layers](const nn::Parameter& p) { return layer_of(p, layers); }, og, oc);
-  schedule_ = std::make_unique<NoPipelining>();
+  if (groups_->pp_size > 1) {
+    const int64_t v = virtual_stages(cfg_), m = micro_batches().count;
+    // Megatron's micro-batch rules for interleaving, checked before the first step.
+    pipeline_order(m, groups_->pp_size, groups_->pp_rank, v, cfg_.microbatch_group_size_per_vp_stage);
+    const Shape hidden{cfg_.seq_length / cfg_.tensor_model_parallel_size, cfg_.micro_batch_size, cfg_.hidden_size};
+    auto p = std::make_unique<PipelineSchedule>(*groups_->pp, v, cfg_.microbatch_group_size_per_vp_stage, hidden);
+    pipeline_ = p.get();
+    schedule_ = std::move(p);
+  } else {
+    schedule_ = std::make_unique<NoPipelining>();
+  }
   ckpt_ = std::make_unique<Checkpointing>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
   progress_.schedule = lr_schedule(cfg_);  // the checkpoint's may replace it (--use-checkpoint-opt_param-scheduler)
   ckpt_->load_at_start(start, progress_);
@@ -153,7 +168,11 @@ StepResult Trainer::train_step() {
   // Megatron's --check-for-nan-in-loss-and-grad (on by default); without it the step is applied (routing_health).
   if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss))) {
     const std::string where =
-        locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
+        pipeline_
+            ? std::string(
+                  "not located under pipeline parallelism (rerun the step with --pipeline-model-parallel-"
+                  "size 1 from the last checkpoint to find it)")
+            : locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
     const std::string m = fmt::format(
         "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
         "step: {}.\nThe step was not applied and nothing was saved{}.",
@@ -184,7 +203,16 @@ double Trainer::evaluate(int64_t iters) {
   nn::Bf16WeightScope bf16_scope(reg_);
   double sum = 0, tokens = 0;  // Megatron: the loss over the loss tokens of all evaluated batches
   data::SampleCursor c;
-  for (int64_t it = 0; it < iters; it++) {
+  for (int64_t it = 0; it < iters && pipeline_; it++) {  // pipeline: forward passes through the stages
+    const int64_t mbs = cfg_.micro_batch_size;
+    const StepLoss l = pipeline_->forward_only(
+        *model_, *data_[1], [&c, mbs](int64_t m) { return c.micro_batch(m, 0, 1, mbs); }, cfg_.global_batch_size / mbs,
+        eod_mask_token_);
+    sum += l.sum;
+    tokens += l.tokens;
+    c.advance(cfg_.global_batch_size);
+  }
+  for (int64_t it = 0; it < iters && !pipeline_; it++) {
     for (int64_t m = 0; m < cfg_.global_batch_size / cfg_.micro_batch_size; m++) {
       const data::Batch b = data::make_batch(*data_[1], c.micro_batch(m, 0, 1, cfg_.micro_batch_size), eod_mask_token_);
       sum += model_->forward(b.tokens, b.labels, b.loss_mask, stash_) * stash_.mask_sum;

@@ -23,6 +23,7 @@
 #include "moecore/train/model_builder.h"
 #include "moecore/train/parallel_groups.h"
 #include "moecore/train/routing_health.h"
+#include "moecore/train/pipeline_schedule.h"
 #include "moecore/train/schedule.h"
 #include "moecore/train/tensorboard_log.h"
 
@@ -51,6 +52,7 @@ class Trainer {
   int64_t iteration() const { return progress_.iteration; }
   nn::ParamRegistry& params() { return reg_; }
   nn::GPTModel& model() { return *model_; }
+  const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }
   std::vector<moe::MoELayer*> moe_layers() { return train::moe_layers(*model_); }
   // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
@@ -85,6 +87,7 @@ class Trainer {
   nn::GPTModel::Stash stash_;
   std::unique_ptr<optim::ChainedOptimizer> opt_;
   std::unique_ptr<Schedule> schedule_;
+  PipelineSchedule* pipeline_ = nullptr;  // schedule_ under pipeline parallelism
   std::unique_ptr<Checkpointing> ckpt_;
   std::unique_ptr<MetricsLog> log_;
   std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir

@@ -13,5 +13,6 @@ BenchCommand add_train_bench(CLI::App& bench);       // train.cpp
 BenchCommand add_comm_bench(CLI::App& bench);        // comm.cpp
 BenchCommand add_checkpoint_bench(CLI::App& bench);  // checkpoint.cpp
 BenchCommand add_tokenizer_bench(CLI::App& bench);   // tokenizer.cpp
+BenchCommand add_pipeline_bench(CLI::App& bench);    // pipeline.cpp
 
 }  // namespace moecore::cli

@@ -1,0 +1,125 @@
+// Checkpoints under pipeline parallelism: each stage writes its layers (the tied word embedding once, every
+// router's state), the layout-free index loads into another layout (PP2 → one rank; on 4 ranks PP2×EP2 → TP2×EP2)
+// and training continues with the same losses; K steps + save + load + N−K steps under PP2 equal N straight
+// steps bitwise.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "config_util.h"
+#include "moecore/train/trainer.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::operator+;
+
+std::vector<std::string> model_args() {
+  return train::override_flags(testing::tiny_moe_flags(), {"--num-layers", "4"}) +
+         std::vector<std::string>{"--moe-layer-freq",
+                                  "[0,1,1,1]",
+                                  "--ffn-hidden-size",
+                                  "48",
+                                  "--moe-router-score-function",
+                                  "sigmoid",
+                                  "--moe-router-enable-expert-bias",
+                                  "--moe-aux-loss-coeff",
+                                  "1e-2",
+                                  "--make-vocab-size-divisible-by",
+                                  "64"} +
+         testing::mock_run_flags(16, 2, 8, 128, 6, "1e-3");
+}
+
+train::TrainConfig config(const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
+  return testing::small_config(model_args() + layout, extra);
+}
+
+// Every rank must agree on one directory: rank 0's name, broadcast.
+std::string agreed_dir(const comm::ProcessGroup& w, const std::string& name) {
+  Tensor pid = Tensor::empty({1}, DType::I64);
+  pid.set_item(0, static_cast<double>(::getpid()));
+  w.broadcast(pid, 0);
+  const std::string d = (fs::temp_directory_path() /
+                         fmt::format("moecore_mpi_pp_{}_{}_{}", name, w.size(), static_cast<int64_t>(pid.item(0))))
+                            .string();
+  if (w.rank() == 0) fs::remove_all(d);
+  w.barrier();
+  return d;
+}
+
+const std::vector<std::string> kPP2{"--pipeline-model-parallel-size", "2"};
+
+TEST(PipelineCheckpoints, SavedUnderPipelineLoadsInAnotherLayout) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
+  std::vector<std::string> save_layout = kPP2, load_layout = {};
+  if (w.size() == 4) {
+    save_layout = kPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"};
+    load_layout = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size", "2"};
+  }
+  const std::string dir = agreed_dir(w, "reshard");
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<train::StepResult> want;
+  {
+    train::Trainer a(config(save_layout, {"--save", dir}), null, false, &w);
+    for (int i = 0; i < 3; i++) a.train_step();
+    a.save_checkpoint();
+    for (int i = 0; i < 3; i++) want.push_back(a.train_step());
+  }
+  train::Trainer one(config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
+  EXPECT_EQ(one.iteration(), 3);
+  std::unique_ptr<train::Trainer> other;
+  if (!load_layout.empty())
+    other = std::make_unique<train::Trainer>(config(load_layout, {"--load", dir}), null, false, &w);
+  for (int i = 0; i < 3; i++) {
+    const auto r1 = one.train_step();
+    EXPECT_NEAR(r1.lm_loss, want[i].lm_loss, 1e-5 * want[i].lm_loss) << "step " << i;
+    EXPECT_NEAR(r1.grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i;
+    if (other) {
+      const auto r2 = other->train_step();
+      EXPECT_NEAR(r2.lm_loss, want[i].lm_loss, 1e-5 * want[i].lm_loss) << "step " << i;
+      EXPECT_NEAR(r2.grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i;
+    }
+  }
+  other.reset();
+  std::fclose(null);
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+TEST(PipelineCheckpoints, ResumeIsBitwiseUnderPipeline) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
+  std::vector<std::string> layout = kPP2;
+  if (w.size() == 4)
+    layout = layout + std::vector<std::string>{"--expert-model-parallel-size", "2", "--use-distributed-optimizer"};
+  const std::string dir = agreed_dir(w, "resume");
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<train::StepResult> want;
+  {
+    train::Trainer straight(config(layout, {}), null, false, &w);
+    for (int i = 0; i < 5; i++) want.push_back(straight.train_step());
+  }
+  {
+    train::Trainer first(config(layout, {"--save", dir}), null, false, &w);
+    for (int i = 0; i < 2; i++) first.train_step();
+    first.save_checkpoint();
+  }
+  train::Trainer resumed(config(layout, {"--load", dir}), null, false, &w);
+  ASSERT_EQ(resumed.iteration(), 2);
+  for (size_t i = 2; i < 5; i++) {
+    const auto r = resumed.train_step();
+    EXPECT_EQ(r.lm_loss, want[i].lm_loss) << "step " << i;
+    EXPECT_EQ(r.grad_norm, want[i].grad_norm) << "step " << i;
+    EXPECT_EQ(r.aux_losses, want[i].aux_losses) << "step " << i;
+  }
+  std::fclose(null);
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moecore
