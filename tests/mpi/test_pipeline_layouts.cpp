@@ -1,7 +1,9 @@
 // Layout invariance of pipeline parallelism: a tiny MoE job under 1F1B (PP2, PP4), interleaved 1F1B (PP2 with two
 // virtual stages), and PP combined with TP+SP, EP, DP and the distributed optimizer gives the single-rank run's
 // per-step lm loss, grad norm, aux and z losses within 1e-5 relative; tied and untied output layers, Megatron's
-// default LayerNorm + learned positions, dense and MoE layers on different stages, per-token loss.
+// default LayerNorm + learned positions, dense and MoE layers on different stages, per-token loss; uneven stages
+// from --decoder-first-pipeline-num-layers, the account-for options and --pipeline-model-parallel-layout (an
+// empty stage included).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -78,7 +80,25 @@ INSTANTIATE_TEST_SUITE_P(
                4,
                {},
                kPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
-        Layout{"PP2InterleavedxDP2", 4, {}, kVPP2}),
+        Layout{"PP2InterleavedxDP2", 4, {}, kVPP2},
+        // Uneven stage layouts (train/pipeline_layout.cpp): first stage given, the two account-for options, a
+        // layout string, and a layout string with virtual stages.
+        Layout{"PP2UnevenFirst", 2, {}, kPP2 + std::vector<std::string>{"--decoder-first-pipeline-num-layers", "1"}},
+        Layout{"PP2AccountForEmbeddingAndLoss",
+               2,
+               {},
+               kPP2 + std::vector<std::string>{"--account-for-embedding-in-pipeline-split",
+                                               "--account-for-loss-in-pipeline-split"}},
+        Layout{
+            "PP2LayoutString", 2, {}, kPP2 + std::vector<std::string>{"--pipeline-model-parallel-layout", "Et|tttL"}},
+        Layout{"PP2LayoutStringInterleaved",
+               2,
+               {},
+               kPP2 + std::vector<std::string>{"--pipeline-model-parallel-layout", "E|t*2|t|tL"}},
+        Layout{"PP4LayoutStringxTP1",
+               4,
+               {},
+               {"--pipeline-model-parallel-size", "4", "--pipeline-model-parallel-layout", "Ett||t|tL"}}),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 }  // namespace

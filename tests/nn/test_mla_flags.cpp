@@ -121,5 +121,17 @@ TEST(MLAFlags, TrainingIsRepeatable) {
   EXPECT_NE(a.front(), a.back());
 }
 
+TEST(MLAFlags, SelectiveRecomputeOfAttentionOrNormsIsRefusedUntilMLAHasIt) {
+  const std::vector<std::string> a = mla_model() + kRun;
+  EXPECT_NE(error(a, {"--recompute-activations"}).find("--recompute-modules core_attn with --multi-latent-attention"),
+            std::string::npos);  // Megatron's default module
+  EXPECT_NE(error(a, {"--recompute-activations", "--recompute-modules", "layernorm"})
+                .find("--recompute-modules layernorm with --multi-latent-attention is not implemented yet"),
+            std::string::npos);
+  EXPECT_NO_THROW(testing::small_config(a, {"--recompute-activations", "--recompute-modules", "moe_act"}));
+  EXPECT_NO_THROW(testing::small_config(
+      a, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}));
+}
+
 }  // namespace
 }  // namespace moecore

@@ -96,23 +96,23 @@ TEST(PipelineStages, EvenSplitWithVirtualStages) {
 TEST(PipelineFlags, MegatronsChecks) {
   EXPECT_NE(user_error_of([] {
               testing::small_config(pp_flags({"--pipeline-model-parallel-size", "3"}));
-            }).find("--num-layers 8 must be divisible by --pipeline-model-parallel-size 3"),
+            }).find("--num-layers 8 is not divisible by --pipeline-model-parallel-size 3"),
             std::string::npos);
   EXPECT_NE(
       user_error_of([] {
         testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
                                         "2", "--num-layers-per-virtual-pipeline-stage", "2"}));
-      }).find("No more than one of the following arguments"),
+      }).find("give at most one of --num-layers-per-virtual-pipeline-stage"),
       std::string::npos);
   EXPECT_NE(user_error_of([] {
               testing::small_config(pp_flags({"--num-virtual-stages-per-pipeline-rank", "2"}));
-            }).find("should be greater than 1"),
+            }).find("need --pipeline-model-parallel-size > 1, got 1"),
             std::string::npos);
   EXPECT_NE(
       user_error_of([] {
         testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
                                         "2", "--no-overlap-p2p-communication"}));
-      }).find("should be greater than 2"),
+      }).find("need --pipeline-model-parallel-size > 2, got 2 (with --no-overlap-p2p-communication"),
       std::string::npos);
   EXPECT_NO_THROW(testing::small_config(
       pp_flags({"--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "2"})));

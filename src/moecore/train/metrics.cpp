@@ -70,27 +70,29 @@ std::vector<nn::RoutingStats> step_routing(const std::vector<std::pair<size_t, c
     s.tokens = std::llround(t.item(k++));
   }
   return out;
-  // Pipeline parallelism: each stage reduced its own MoE layers; the per-layer values are summed over the pipeline
-  // group by global layer index (each layer lives on one stage), so every rank sees every MoE layer in layer order.
-  void gather_over_pipeline(const TrainConfig& c, const ParallelGroups& g, StepResult& r) {
-    const size_t n = r.aux_layers.size(), Lg = static_cast<size_t>(c.num_layers);
-    Tensor a = Tensor::zeros({static_cast<int64_t>((n + 2) * Lg)}, DType::F64);
-    for (size_t l = 0; l < r.moe_layer_ids.size(); l++) {
-      const size_t gl = static_cast<size_t>(r.moe_layer_ids[l]);
-      for (size_t t = 0; t < n; t++) a.set_item(static_cast<int64_t>(t * Lg + gl), r.aux_layers[t][l]);
-      a.set_item(static_cast<int64_t>(n * Lg + gl), r.z_layers[l]);
-      a.set_item(static_cast<int64_t>((n + 1) * Lg + gl), 1.0);
-    }
-    g.pp->all_reduce(a);
-    r.moe_layer_ids.clear();
-    for (size_t gl = 0; gl < Lg; gl++)
-      if (a.item(static_cast<int64_t>((n + 1) * Lg + gl)) > 0) r.moe_layer_ids.push_back(static_cast<int64_t>(gl));
-    for (size_t t = 0; t <= n; t++) {
-      std::vector<double>& v = t < n ? r.aux_layers[t] : r.z_layers;
-      v.clear();
-      for (int64_t gl : r.moe_layer_ids) v.push_back(a.item(static_cast<int64_t>(t * Lg + static_cast<size_t>(gl))));
-    }
+}
+
+// Pipeline parallelism: each stage reduced its own MoE layers; the per-layer values are summed over the pipeline
+// group by global layer index (each layer lives on one stage), so every rank sees every MoE layer in layer order.
+void gather_over_pipeline(const TrainConfig& c, const ParallelGroups& g, StepResult& r) {
+  const size_t n = r.aux_layers.size(), Lg = static_cast<size_t>(c.num_layers);
+  Tensor a = Tensor::zeros({static_cast<int64_t>((n + 2) * Lg)}, DType::F64);
+  for (size_t l = 0; l < r.moe_layer_ids.size(); l++) {
+    const size_t gl = static_cast<size_t>(r.moe_layer_ids[l]);
+    for (size_t t = 0; t < n; t++) a.set_item(static_cast<int64_t>(t * Lg + gl), r.aux_layers[t][l]);
+    a.set_item(static_cast<int64_t>(n * Lg + gl), r.z_layers[l]);
+    a.set_item(static_cast<int64_t>((n + 1) * Lg + gl), 1.0);
   }
+  g.pp->all_reduce(a);
+  r.moe_layer_ids.clear();
+  for (size_t gl = 0; gl < Lg; gl++)
+    if (a.item(static_cast<int64_t>((n + 1) * Lg + gl)) > 0) r.moe_layer_ids.push_back(static_cast<int64_t>(gl));
+  for (size_t t = 0; t <= n; t++) {
+    std::vector<double>& v = t < n ? r.aux_layers[t] : r.z_layers;
+    v.clear();
+    for (int64_t gl : r.moe_layer_ids) v.push_back(a.item(static_cast<int64_t>(t * Lg + static_cast<size_t>(gl))));
+  }
+}
 }  // namespace
 
 void router_losses(const TrainConfig& c, const nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {

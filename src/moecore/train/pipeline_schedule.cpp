@@ -53,15 +53,6 @@ std::vector<PipelinePass> pipeline_order(int64_t m, int64_t P, int64_t rank, int
   return order;
 }
 
-namespace {
-double loss_tokens(const data::Batch& b) {
-  double n = 0;
-  const float* m = b.loss_mask.data<float>();
-  for (int64_t i = 0; i < b.loss_mask.numel(); i++) n += m[i];
-  return n;
-}
-}  // namespace
-
 // What one step's passes read: the micro-batches' samples and batches, the loss scales, the optimizer's hooks.
 struct PipelineSchedule::Run {
   std::vector<std::vector<int64_t>> samples;

@@ -3,14 +3,12 @@
 
 namespace moecore::train {
 
-namespace {
 double loss_tokens(const data::Batch& b) {
   double n = 0;
   const float* m = b.loss_mask.data<float>();
   for (int64_t i = 0; i < b.loss_mask.numel(); i++) n += m[i];
   return n;
 }
-}  // namespace
 
 StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
                                         const data::SampleCursor& cursor, const MicroBatches& mb,

@@ -27,6 +27,9 @@ struct StepLoss {
   double sum = 0, tokens = 0;
 };
 
+// The loss tokens of a micro-batch (the sum of its loss mask).
+double loss_tokens(const data::Batch& b);
+
 class Schedule {
  public:
   virtual ~Schedule() = default;
