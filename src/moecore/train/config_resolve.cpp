@@ -179,7 +179,9 @@ void validate_recompute(const TrainConfig& c) {
             "--recompute-num-layers {} with --recompute-granularity selective: it must be left unset (selective "
             "recomputes its modules in every layer)",
             c.recompute_num_layers);
-  for (const std::string& m : c.recompute_modules) {
+  const std::vector<std::string> modules =
+      c.recompute_modules.empty() ? std::vector<std::string>{"core_attn"} : c.recompute_modules;  // Megatron's default
+  for (const std::string& m : modules) {
     MOE_CHECK(m != "mla_up_proj",
               "--recompute-modules mla_up_proj (MLA's up projections) is not implemented yet; use moe_act, mlp, moe "
               "or shared_experts, or --recompute-granularity full");

@@ -22,8 +22,8 @@
 #include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/parallel_groups.h"
-#include "moecore/train/routing_health.h"
 #include "moecore/train/pipeline_schedule.h"
+#include "moecore/train/routing_health.h"
 #include "moecore/train/schedule.h"
 #include "moecore/train/tensorboard_log.h"
 
