@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
@@ -29,6 +32,32 @@ inline void expect_same_steps(const train::TrainConfig& one, const train::TrainC
   {
     train::Trainer single(one, null, false, nullptr), parallel(multi, null, false, &w);
     for (int step = 0; step < steps; step++) expect_same_step(single.train_step(), parallel.train_step(), step, rel);
+  }
+  std::fclose(null);
+}
+
+// Five steps straight, then two steps, a save to `dir` and a resume for three more: the resumed steps must equal the
+// straight run's bitwise. `config(extra)` is the run's configuration with the flags `extra` added.
+inline void expect_bitwise_resume(const std::function<train::TrainConfig(const std::vector<std::string>&)>& config,
+                                  const std::string& dir, const comm::ProcessGroup& w) {
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<train::StepResult> want;
+  {
+    train::Trainer straight(config({}), null, false, &w);
+    for (int i = 0; i < 5; i++) want.push_back(straight.train_step());
+  }
+  {
+    train::Trainer first(config({"--save", dir}), null, false, &w);
+    for (int i = 0; i < 2; i++) first.train_step();
+    first.save_checkpoint();
+  }
+  train::Trainer resumed(config({"--load", dir}), null, false, &w);
+  ASSERT_EQ(resumed.iteration(), 2);
+  for (size_t i = 2; i < 5; i++) {
+    const auto r = resumed.train_step();
+    EXPECT_EQ(r.lm_loss, want[i].lm_loss) << "step " << i;
+    EXPECT_EQ(r.grad_norm, want[i].grad_norm) << "step " << i;
+    EXPECT_EQ(r.aux_losses, want[i].aux_losses) << "step " << i;
   }
   std::fclose(null);
 }

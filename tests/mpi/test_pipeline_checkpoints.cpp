@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "config_util.h"
+#include "layout_util.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore {
@@ -97,26 +98,7 @@ TEST(PipelineCheckpoints, ResumeIsBitwiseUnderPipeline) {
   if (w.size() == 4)
     layout = layout + std::vector<std::string>{"--expert-model-parallel-size", "2", "--use-distributed-optimizer"};
   const std::string dir = agreed_dir(w, "resume");
-  std::FILE* null = std::fopen("/dev/null", "w");
-  std::vector<train::StepResult> want;
-  {
-    train::Trainer straight(config(layout, {}), null, false, &w);
-    for (int i = 0; i < 5; i++) want.push_back(straight.train_step());
-  }
-  {
-    train::Trainer first(config(layout, {"--save", dir}), null, false, &w);
-    for (int i = 0; i < 2; i++) first.train_step();
-    first.save_checkpoint();
-  }
-  train::Trainer resumed(config(layout, {"--load", dir}), null, false, &w);
-  ASSERT_EQ(resumed.iteration(), 2);
-  for (size_t i = 2; i < 5; i++) {
-    const auto r = resumed.train_step();
-    EXPECT_EQ(r.lm_loss, want[i].lm_loss) << "step " << i;
-    EXPECT_EQ(r.grad_norm, want[i].grad_norm) << "step " << i;
-    EXPECT_EQ(r.aux_losses, want[i].aux_losses) << "step " << i;
-  }
-  std::fclose(null);
+  testing::expect_bitwise_resume([&](const std::vector<std::string>& extra) { return config(layout, extra); }, dir, w);
   w.barrier();
   if (w.rank() == 0) fs::remove_all(dir);
 }

@@ -3,6 +3,7 @@
 // width; and the kernel's RoPE variants (interleaved pairs at an offset, YaRN tables with their amplitude).
 #include <gtest/gtest.h>
 
+#include "module_grad_util.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/rope.h"
 #include "moecore/nn/mla_attention.h"
@@ -16,17 +17,7 @@ using testing::fd_rel_error;
 using testing::kGradTol;
 using testing::randn;
 
-template <typename Fwd, typename Bwd>
-void check_module(ParamRegistry& reg, Tensor& x, Fwd fwd, Bwd bwd, const std::string& what) {
-  Tensor y = fwd();
-  Tensor W = randn(y.shape(), DType::F64, 99);
-  auto loss = [&] { return kernels::dot(fwd(), W); };
-  reg.zero_grad();
-  fwd();
-  Tensor dx = bwd(W);
-  EXPECT_LT(fd_rel_error(loss, x, dx, 200), kGradTol) << what << ": input";
-  for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 60), kGradTol) << what << ": " << p->name;
-}
+using testing::check_module;
 
 struct MLACase {
   int64_t q_lora;

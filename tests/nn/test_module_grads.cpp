@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "model_util.h"
+#include "module_grad_util.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/attention.h"
 #include "moecore/nn/embedding.h"
@@ -20,20 +21,7 @@ using testing::fd_rel_error;
 using testing::kGradTol;
 using testing::randn;
 
-// Checks d(Σ y⊙W)/dx and /dθ for a module given as forward(x) -> y and backward(dy) -> dx.
-template <typename Fwd, typename Bwd>
-void check_module(ParamRegistry& reg, Tensor& x, Fwd fwd, Bwd bwd, const std::string& what) {
-  Tensor y = fwd();
-  Tensor W = randn(y.shape(), DType::F64, 99);
-  auto loss = [&] { return kernels::dot(fwd(), W); };
-  reg.zero_grad();
-  fwd();
-  Tensor dx = bwd(W);
-  if (x.defined()) {
-    EXPECT_LT(fd_rel_error(loss, x, dx, 200), kGradTol) << what << ": input";
-  }
-  for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 60), kGradTol) << what << ": " << p->name;
-}
+using testing::check_module;
 
 TEST(ModuleGrad, LinearWithAndWithoutBias) {
   for (bool bias : {false, true}) {
