@@ -126,7 +126,7 @@ TEST(MLAFlags, SelectiveRecomputeOfAttentionOrNormsIsRefusedUntilMLAHasIt) {
   EXPECT_NE(error(a, {"--recompute-activations"}).find("--recompute-modules core_attn with --multi-latent-attention"),
             std::string::npos);  // Megatron's default module
   EXPECT_NE(error(a, {"--recompute-activations", "--recompute-modules", "layernorm"})
-                .find("--recompute-modules layernorm with --multi-latent-attention is not implemented yet"),
+                .find("--recompute-modules layernorm with --multi-latent-attention is refused"),
             std::string::npos);
   EXPECT_NO_THROW(testing::small_config(a, {"--recompute-activations", "--recompute-modules", "moe_act"}));
   EXPECT_NO_THROW(testing::small_config(

@@ -183,7 +183,8 @@ HFArchitecture architecture_from_flags(const nlohmann::json& f, int64_t vocab, s
   refuse_if(get<int64_t>(f, "moe-router-num-groups", 0, where) > 0, "group-limited routing");
   refuse_if(get<double>(f, "rotary-percent", 1.0, where) != 1.0, "partial RoPE");
   refuse_if(get<bool>(f, "multi-latent-attention", false, where),
-            "multi-latent attention (DeepSeek-V3 export is not implemented yet)");
+            "multi-latent attention (the HF export covers Qwen3-MoE and Mixtral; a DeepSeek-V3 model stays in "
+            "moecore's checkpoint format)");
   // Checkpoints from before these flags existed hold RMSNorm and rope models.
   refuse_if(get<std::string>(f, "normalization", "RMSNorm", where) != "RMSNorm",
             "LayerNorm (the HF classes use RMSNorm: train with --normalization RMSNorm)");

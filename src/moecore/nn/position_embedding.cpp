@@ -8,8 +8,8 @@ PositionEmbeddingType parse_position_embedding_type(std::string_view s) {
   if (s == "learned_absolute") return PositionEmbeddingType::LearnedAbsolute;
   if (s == "rope") return PositionEmbeddingType::Rope;
   MOE_CHECK(s == "none",
-            "--position-embedding-type {} is not supported; use learned_absolute, rope or none (yarn, mrope and "
-            "relative are not implemented)",
+            "--position-embedding-type {} is refused: moecore has learned_absolute, rope and none (YaRN comes "
+            "with --multi-latent-attention --rope-type yarn; mrope and relative are not offered)",
             s);
   return PositionEmbeddingType::None;
 }

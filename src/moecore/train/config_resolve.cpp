@@ -183,20 +183,21 @@ void validate_recompute(const TrainConfig& c) {
       c.recompute_modules.empty() ? std::vector<std::string>{"core_attn"} : c.recompute_modules;  // Megatron's default
   for (const std::string& m : modules) {
     MOE_CHECK(m != "mla_up_proj",
-              "--recompute-modules mla_up_proj (MLA's up projections) is not implemented yet; use moe_act, mlp, moe "
-              "or shared_experts, or --recompute-granularity full");
+              "--recompute-modules mla_up_proj (MLA's up projections) is refused: moecore's MLA recomputes only as a "
+              "whole layer; use moe_act, mlp, moe or shared_experts, or --recompute-granularity full");
     MOE_CHECK(!c.multi_latent_attention || (m != "core_attn" && m != "layernorm"),
-              "--recompute-modules {} with --multi-latent-attention is not implemented yet (MLA keeps its whole "
-              "stash); use moe_act, mlp, moe or shared_experts (give --recompute-modules explicitly: its default is "
+              "--recompute-modules {} with --multi-latent-attention is refused: MLA keeps its whole stash and "
+              "recomputes only as a whole layer; use moe_act, mlp, moe or shared_experts (give --recompute-modules "
+              "explicitly: its default is "
               "core_attn), or --recompute-granularity full",
               m);
     MOE_CHECK(m != "gdn_norm_out" && m != "gdp_in_proj" && m != "gdp_qkv",
-              "--recompute-modules {} needs gated delta-net attention (--experimental-attention-variant), not "
-              "implemented in moecore; use core_attn, moe_act, layernorm, mlp, moe or shared_experts",
+              "--recompute-modules {} needs gated delta-net attention (--experimental-attention-variant), which "
+              "moecore does not have; use core_attn, moe_act, layernorm, mlp, moe or shared_experts",
               m);
     MOE_CHECK(m != "mhc",
-              "--recompute-modules mhc needs hyper-connections (--enable-mhc-connections), not implemented in "
-              "moecore; use core_attn, moe_act, layernorm, mlp, moe or shared_experts");
+              "--recompute-modules mhc needs hyper-connections (--enable-mhc-connections), which moecore does not "
+              "have; use core_attn, moe_act, layernorm, mlp, moe or shared_experts");
   }
 }
 }  // namespace

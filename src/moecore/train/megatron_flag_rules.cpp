@@ -41,7 +41,7 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(not_yet("CPU offloading of activations or weights"),
                       {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
   r.push_back(
-      refused("MLA latent caching serves Megatron's dynamic inference engine, not training: not implemented in moecore",
+      refused("MLA latent caching serves Megatron's dynamic inference engine; moecore trains and has no such engine",
               {"cache-mla-latents"}));
   r.push_back(refused(not_yet("the fused MLA down projection (one linear_qkv_down_proj weight)",
                               "leave it off: the unfused MLA computes the same"),
