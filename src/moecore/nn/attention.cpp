@@ -46,12 +46,7 @@ Attention::Attention(ParamRegistry& reg, const std::string& name, const Attentio
 }
 
 kernels::AttentionDropout Attention::dropout(const DropoutBatch& d) const {
-  kernels::AttentionDropout a;
-  if (!d.training || cfg_.attention_dropout <= 0) return a;
-  a.mask = kernels::DropoutMask::make(d.seed, dropout_site_, cfg_.attention_dropout);
-  a.sample_B = d.sample_B.data();
-  a.head_offset = cfg_.tp.rank() * nq_;
-  return a;
+  return attention_dropout(d, dropout_site_, cfg_.attention_dropout, cfg_.tp.rank() * nq_);
 }
 
 Tensor Attention::forward(const Tensor& x_local, Stash& st) {

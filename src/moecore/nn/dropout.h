@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/dropout.h"
 #include "moecore/nn/tensor_parallel.h"
 
@@ -20,6 +21,18 @@ struct DropoutBatch {
   uint64_t seed = 0;
   std::vector<int64_t> sample_B;
 };
+
+// Attention dropout of a batch (Attention and MLAttention): the mask of `site` (a stream id) with probability p, this
+// rank's query heads starting at global head `head_offset`; off outside training or with p = 0.
+inline kernels::AttentionDropout attention_dropout(const DropoutBatch& d, uint64_t site, double p,
+                                                   int64_t head_offset) {
+  kernels::AttentionDropout a;
+  if (!d.training || p <= 0) return a;
+  a.mask = kernels::DropoutMask::make(d.seed, site, p);
+  a.sample_B = d.sample_B.data();
+  a.head_offset = head_offset;
+  return a;
+}
 
 // Hidden dropout at one site, on sequence shards [S/TP, B, H] (the rank's shard starts at position rank·S/TP).
 class HiddenDropout {

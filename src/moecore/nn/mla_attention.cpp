@@ -110,12 +110,7 @@ MLAttention::MLAttention(ParamRegistry& reg, const std::string& name, const Atte
 }
 
 kernels::AttentionDropout MLAttention::dropout(const DropoutBatch& d) const {
-  kernels::AttentionDropout k;
-  if (!d.training || a_.attention_dropout <= 0) return k;
-  k.mask = kernels::DropoutMask::make(d.seed, dropout_site_, a_.attention_dropout);
-  k.sample_B = d.sample_B.data();
-  k.head_offset = a_.tp.rank() * nh_;
-  return k;
+  return attention_dropout(d, dropout_site_, a_.attention_dropout, a_.tp.rank() * nh_);
 }
 
 Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
