@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 
 #include "moecore/core/error.h"
@@ -104,6 +107,24 @@ inline std::string fresh_temp_path(const std::string& name) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() / ("moecore_test_" + name);
   std::filesystem::remove_all(p);
   return p.string();
+}
+
+// A FILE* that swallows what a Trainer writes.
+struct NullOut {
+  std::FILE* f = std::fopen("/dev/null", "w");
+  ~NullOut() { std::fclose(f); }
+};
+
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A whole file's bytes.
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace moecore::testing

@@ -27,11 +27,6 @@ inline train::TrainConfig ckpt_config(const std::vector<std::string>& extra) {
   return small_config(tiny_moe_flags() + mock_run_flags(16, 2, 4, 100, 8, "3e-3"), extra);
 }
 
-struct NullOut {
-  std::FILE* f = std::fopen("/dev/null", "w");
-  ~NullOut() { std::fclose(f); }
-};
-
 // A fresh `root` holding the complete checkpoints of one run at each of `iterations` (ascending).
 inline void make_checkpoints(const std::string& root, const std::vector<int64_t>& iterations) {
   NullOut null;
@@ -51,10 +46,6 @@ inline std::map<std::string, uint64_t> digest(const std::string& root) {
     d[std::filesystem::relative(e.path(), root).string()] = XXH3_64bits(bytes.data(), bytes.size());
   }
   return d;
-}
-
-inline bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
 }
 
 }  // namespace moecore::testing

@@ -13,7 +13,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
+std::string ckpt_dir(const std::string& name) {
   const std::string p = testing::fresh_temp_path("ckpt_" + name);
   fs::create_directories(p);
   return p;
@@ -40,7 +40,7 @@ struct FakeRank {
 using testing::error_of;
 
 TEST(Checkpoint, ReshardsAcrossLayouts) {
-  const std::string dir = fresh_dir("reshard");
+  const std::string dir = ckpt_dir("reshard");
   FakeRank r0({0, 0}, {2, 6}, 2, 0), r1({2, 0}, {2, 6}, 2, 1);  // TP rows 2 x EP 2
   ckpt::write_model_shards(dir, 0, r0.params());
   ckpt::write_model_shards(dir, 1, r1.params());
@@ -62,7 +62,7 @@ TEST(Checkpoint, ReshardsAcrossLayouts) {
 }
 
 TEST(Checkpoint, RefusesBrokenCheckpointsListingEveryProblem) {
-  const std::string dir = fresh_dir("broken");
+  const std::string dir = ckpt_dir("broken");
   FakeRank r0({0, 0}, {2, 6}, 2, 0), r1({2, 0}, {2, 6}, 2, 1);
   // A missing rank: its rows of w and experts 2 and 3 are absent.
   ckpt::write_model_shards(dir, 0, r0.params());

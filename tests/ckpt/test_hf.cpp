@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-std::string fresh_dir(const std::string& name) {
+std::string hf_dir(const std::string& name) {
   return testing::fresh_temp_path("hf_" + name);
 }
 
@@ -138,7 +138,7 @@ std::vector<std::vector<double>> our_logits(train::Trainer& t) {
   return out;
 }
 
-double max_rel(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+double hf_max_rel(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
   double diff = 0, mx = 0;
   EXPECT_EQ(a.size(), b.size());
   for (size_t s = 0; s < a.size(); s++)
@@ -179,9 +179,9 @@ class HFInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HFInterop, LogitsRoundTripAndExport) {
   const bool qwen = GetParam().rfind("qwen3_moe", 0) == 0;
-  const std::string hf = fresh_dir(GetParam() + "_in"), native = fresh_dir(GetParam() + "_native"),
-                    back = fresh_dir(GetParam() + "_back"), trained = fresh_dir(GetParam() + "_trained"),
-                    exported = fresh_dir(GetParam() + "_exported");
+  const std::string hf = hf_dir(GetParam() + "_in"), native = hf_dir(GetParam() + "_native"),
+                    back = hf_dir(GetParam() + "_back"), trained = hf_dir(GetParam() + "_trained"),
+                    exported = hf_dir(GetParam() + "_exported");
   nlohmann::json config = qwen ? qwen3_config() : mixtral_config();
   if (GetParam() == "qwen3_moe_unnormalized") config["norm_topk_prob"] = false;  // --moe-router-pre-softmax
   write_hf(hf, config);
@@ -191,7 +191,7 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
   // --load-hf: the architecture from config.json, the weights from the shards.
   train::Trainer direct(run_config({"--load-hf", hf}), null, false);
   const auto got = our_logits(direct);
-  EXPECT_LT(max_rel(got, want), 2e-5) << "moecore's logits vs the NumPy reference";
+  EXPECT_LT(hf_max_rel(got, want), 2e-5) << "moecore's logits vs the NumPy reference";
 
   // HF -> native: the same model through --load (architecture from the checkpoint).
   ckpt::convert_hf_to_native(hf, native);
@@ -221,7 +221,7 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
     t.save_checkpoint();
     const std::string kind = qwen ? "qwen3_moe" : "mixtral";
     ckpt::convert_native_to_hf(trained, exported, kind, "f32", 1 << 20);
-    EXPECT_LT(max_rel(our_logits(t), reference_logits(exported)), 2e-5) << "exported model vs the reference";
+    EXPECT_LT(hf_max_rel(our_logits(t), reference_logits(exported)), 2e-5) << "exported model vs the reference";
   }
   std::fclose(null);
   for (const auto& d : {hf, native, back, trained, exported}) fs::remove_all(d);
@@ -231,7 +231,7 @@ INSTANTIATE_TEST_SUITE_P(Architectures, HFInterop, ::testing::Values("qwen3_moe"
 
 // Imported weights are checked finite before any step: a NaN in the HF files is named, not trained on.
 TEST(HFInterop, RefusesNonFiniteWeightsNamingTheTensor) {
-  const std::string hf = fresh_dir("nan");
+  const std::string hf = hf_dir("nan");
   write_hf(hf, qwen3_config(), "model.layers.1.self_attn.o_proj.weight");
   std::FILE* null = std::fopen("/dev/null", "w");
   const std::string e = error_of([&] { train::Trainer t(run_config({"--load-hf", hf}), null, false); });
@@ -243,7 +243,7 @@ TEST(HFInterop, RefusesNonFiniteWeightsNamingTheTensor) {
 }
 
 TEST(HFInterop, RefusesWhatItCannotMapByName) {
-  const std::string hf = fresh_dir("refuse");
+  const std::string hf = hf_dir("refuse");
   nlohmann::json c = qwen3_config();
   write_hf(hf, c);
   // An extra tensor (a bias) would be dropped: refused, naming it.

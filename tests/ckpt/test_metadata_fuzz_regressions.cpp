@@ -16,25 +16,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void write(const fs::path& p, const std::string& text) {
+void write_text(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
-
-const auto& error_of = testing::user_error_of;
 
 TEST(CheckpointMetadata, FormatOfWrongTypeIsAUserError) {
   const fs::path root = testing::fresh_temp_path("ckpt_meta_format");
   fs::create_directories(root / "iter_0000001");
-  write(root / ckpt::kLatestFile, "1\n");
-  write(root / "iter_0000001" / "index.json", R"({"format": 5, "shards": []})");
-  write(root / "iter_0000001" / ckpt::kStateFile, R"({"format": 5, "iteration": "x"})");
-  EXPECT_NE(error_of([&] { ckpt::find_checkpoint(root.string()); }).find("train_state.json"), std::string::npos);
-  EXPECT_NE(error_of([&] { ckpt::read_model_index((root / "iter_0000001").string()); }).find("index.json"),
+  write_text(root / ckpt::kLatestFile, "1\n");
+  write_text(root / "iter_0000001" / "index.json", R"({"format": 5, "shards": []})");
+  write_text(root / "iter_0000001" / ckpt::kStateFile, R"({"format": 5, "iteration": "x"})");
+  EXPECT_NE(testing::user_error_of([&] { ckpt::find_checkpoint(root.string()); }).find("train_state.json"),
             std::string::npos);
+  EXPECT_NE(
+      testing::user_error_of([&] { ckpt::read_model_index((root / "iter_0000001").string()); }).find("index.json"),
+      std::string::npos);
   // With the format right, the checks go on to the fields: the refusals above were about the format's type.
-  write(root / "iter_0000001" / "index.json", R"({"format": "moecore-native-1", "shards": []})");
-  write(root / "iter_0000001" / ckpt::kStateFile, R"({"format": "moecore-train-state-1"})");
-  EXPECT_NE(error_of([&] { ckpt::find_checkpoint(root.string()); }).find("field 'iteration' is missing"),
+  write_text(root / "iter_0000001" / "index.json", R"({"format": "moecore-native-1", "shards": []})");
+  write_text(root / "iter_0000001" / ckpt::kStateFile, R"({"format": "moecore-train-state-1"})");
+  EXPECT_NE(testing::user_error_of([&] { ckpt::find_checkpoint(root.string()); }).find("field 'iteration' is missing"),
             std::string::npos);
   EXPECT_TRUE(ckpt::read_model_index((root / "iter_0000001").string()).empty());
   fs::remove_all(root);

@@ -29,11 +29,6 @@ std::vector<std::string> args(int64_t iters) {
          testing::mock_run_flags(16, 2, 4, 100, iters, "3e-3");
 }
 
-struct Null {
-  std::FILE* f = std::fopen("/dev/null", "w");
-  ~Null() { std::fclose(f); }
-};
-
 std::vector<int64_t> iterations_in(const std::string& dir) {
   std::vector<int64_t> out;
   for (const auto& [it, d] : ckpt::complete_checkpoints(dir)) out.push_back(it);
@@ -46,7 +41,7 @@ std::string marker(const std::string& dir) {
 }
 
 TEST(RunControl, ExitDurationSavesAndStopsAtAStepBoundary) {
-  Null null;
+  testing::NullOut null;
   const std::string dir = testing::fresh_temp_path("runcontrol_duration");
   train::Trainer t(testing::small_config(args(6), {"--save", dir, "--exit-duration-in-mins", "1"}), null.f, false);
   train::set_process_start_minutes_ago(2);  // the process has run for 2 minutes: past the limit at once
@@ -63,7 +58,7 @@ TEST(RunControl, ExitDurationSavesAndStopsAtAStepBoundary) {
 }
 
 TEST(RunControl, AsyncSaveIsBitwiseAndCommitsAtALaterStepBoundary) {
-  Null null;
+  testing::NullOut null;
   const std::string sync_dir = testing::fresh_temp_path("runcontrol_sync"),
                     async_dir = testing::fresh_temp_path("runcontrol_async");
   train::Trainer s(testing::small_config(args(60), {"--save", sync_dir}), null.f, false);
@@ -94,7 +89,7 @@ TEST(RunControl, AsyncSaveIsBitwiseAndCommitsAtALaterStepBoundary) {
 }
 
 TEST(RunControl, AsyncSaveInFlightIsFinishedAtTheEnd) {
-  Null null;
+  testing::NullOut null;
   const std::string dir = testing::fresh_temp_path("runcontrol_async_end");
   train::Trainer a(testing::small_config(args(3), {"--save", dir, "--async-save", "--save-interval", "3"}), null.f,
                    false);
@@ -104,7 +99,7 @@ TEST(RunControl, AsyncSaveInFlightIsFinishedAtTheEnd) {
 }
 
 TEST(RunControl, RetentionDeletesOnlyThisRunsOlderCheckpoints) {
-  Null null;
+  testing::NullOut null;
   const std::string dir = testing::fresh_temp_path("runcontrol_retain");
   {
     train::Trainer t(

@@ -15,7 +15,7 @@ std::string tmp(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("moecore_st_" + name)).string();
 }
 
-std::string error_of(const std::string& path) {
+std::string safetensors_error(const std::string& path) {
   try {
     ckpt::SafetensorsFile f(path);
   } catch (const Error& e) {
@@ -65,34 +65,34 @@ TEST(Safetensors, RoundTripEveryDtypeWithMetadata) {
 
 TEST(Safetensors, BrokenFilesAreNamedWithTheProblem) {
   const std::string p = tmp("broken.safetensors");
-  EXPECT_NE(error_of(tmp("does_not_exist")).find("cannot open"), std::string::npos);
+  EXPECT_NE(safetensors_error(tmp("does_not_exist")).find("cannot open"), std::string::npos);
   {
     std::ofstream f(p, std::ios::binary);
     f << "abc";
   }
-  EXPECT_NE(error_of(p).find("too short"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("too short"), std::string::npos);
   write_raw(p, "{\"a\": 1", "");
-  EXPECT_NE(error_of(p).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("not valid JSON"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "1234");
-  EXPECT_NE(error_of(p).find("truncated"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("truncated"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", "12345678");
-  EXPECT_NE(error_of(p).find("needs 12"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("needs 12"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})", "12");
-  EXPECT_NE(error_of(p).find("unsupported dtype F8_E4M3"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("unsupported dtype F8_E4M3"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})",
             "12345678");
-  EXPECT_NE(error_of(p).find("overlap"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("overlap"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "1234");
-  EXPECT_NE(error_of(p).find("invalid dimension"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find("invalid dimension"), std::string::npos);
   // Header length beyond the file.
   {
     std::ofstream f(p, std::ios::binary);
     const char b[8] = {static_cast<char>(0xff), 0x10, 0, 0, 0, 0, 0, 0};
     f.write(b, 8);
   }
-  EXPECT_NE(error_of(p).find("corrupt or truncated"), std::string::npos);
-  EXPECT_NE(error_of(p).find(p), std::string::npos);  // the file is named
+  EXPECT_NE(safetensors_error(p).find("corrupt or truncated"), std::string::npos);
+  EXPECT_NE(safetensors_error(p).find(p), std::string::npos);  // the file is named
   std::remove(p.c_str());
 }
 

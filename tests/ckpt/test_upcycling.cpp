@@ -19,12 +19,12 @@ namespace fs = std::filesystem;
 using testing::error_of;
 using testing::operator+;
 
-std::string fresh_dir(const std::string& name) {
+std::string upcycle_dir(const std::string& name) {
   return testing::fresh_temp_path("upcycle_" + name);
 }
 
 // A dense model (FFN 64, activation `act`), or with `extra` an MoE model cut from it.
-train::TrainConfig config(const std::vector<std::string>& act, const std::vector<std::string>& extra) {
+train::TrainConfig upcycle_config(const std::vector<std::string>& act, const std::vector<std::string>& extra) {
   const std::vector<std::string> dense{
       "--num-layers",      "2", "--hidden-size", "32", "--num-attention-heads", "4", "--disable-bias-linear",
       "--ffn-hidden-size", "64"};
@@ -40,7 +40,7 @@ std::vector<double> logits(train::Trainer& t) {
   return v;
 }
 
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+double upcycle_max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0, m = 0;
   for (size_t i = 0; i < a.size(); i++) {
     d = std::max(d, std::fabs(a[i] - b[i]));
@@ -49,25 +49,25 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   return d / m;
 }
 
-struct Case {
+struct UpcycleCase {
   std::string name;
   std::vector<std::string> act;  // FFN activation flags
   int64_t granularity, moe_ffn;
 };
 
-void PrintTo(const Case& c, std::ostream* os) {
+void PrintTo(const UpcycleCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-class Upcycling : public ::testing::TestWithParam<Case> {};
+class Upcycling : public ::testing::TestWithParam<UpcycleCase> {};
 
 TEST_P(Upcycling, MoEOutputsEqualTheDenseModel) {
-  const Case& c = GetParam();
-  const std::string dense_dir = fresh_dir(c.name + "_dense"), moe_dir = fresh_dir(c.name + "_moe");
+  const UpcycleCase& c = GetParam();
+  const std::string dense_dir = upcycle_dir(c.name + "_dense"), moe_dir = upcycle_dir(c.name + "_moe");
   std::FILE* null = std::fopen("/dev/null", "w");
   std::vector<double> want;
   {
-    train::Trainer dense(config(c.act, {"--save", dense_dir}), null, false);
+    train::Trainer dense(upcycle_config(c.act, {"--save", dense_dir}), null, false);
     for (int i = 0; i < 3; i++) dense.train_step();  // trained weights, not the init
     dense.save_checkpoint();
     want = logits(dense);
@@ -86,15 +86,15 @@ TEST_P(Upcycling, MoEOutputsEqualTheDenseModel) {
                                      "--save",
                                      moe_dir};
   {
-    train::Trainer up(config(c.act, moe), null, false);
+    train::Trainer up(upcycle_config(c.act, moe), null, false);
     EXPECT_EQ(up.loaded_from(), dense_dir + "/iter_0000003");
     EXPECT_EQ(up.iteration(), 0);
-    EXPECT_LT(max_rel(logits(up), want), 1e-5) << "upcycled logits vs the dense model's";
+    EXPECT_LT(upcycle_max_rel(logits(up), want), 1e-5) << "upcycled logits vs the dense model's";
     up.train_step();  // and it trains
     up.save_checkpoint();
   }
   // A second run resumes the upcycled model from --save instead of upcycling again.
-  train::Trainer again(config(c.act, moe), null, false);
+  train::Trainer again(upcycle_config(c.act, moe), null, false);
   EXPECT_EQ(again.iteration(), 1);
   EXPECT_EQ(again.loaded_from(), moe_dir + "/iter_0000001");
   std::fclose(null);
@@ -103,25 +103,26 @@ TEST_P(Upcycling, MoEOutputsEqualTheDenseModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Granularity, Upcycling,
-                         ::testing::Values(Case{"swiglu_g1", {"--swiglu"}, 1, 64},
-                                           Case{"squared_relu_g2", {"--squared-relu"}, 2, 32}),
+                         ::testing::Values(UpcycleCase{"swiglu_g1", {"--swiglu"}, 1, 64},
+                                           UpcycleCase{"squared_relu_g2", {"--squared-relu"}, 2, 32}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(Upcycling, RefusesAnMoECheckpointAndMismatchedFlags) {
-  const std::string moe_dir = fresh_dir("already_moe");
+  const std::string moe_dir = upcycle_dir("already_moe");
   std::FILE* null = std::fopen("/dev/null", "w");
   const std::vector<std::string> moe{"--swiglu", "--num-experts", "4", "--moe-ffn-hidden-size", "64"};
   {
-    train::Trainer t(config(moe, {"--save", moe_dir}), null, false);
+    train::Trainer t(upcycle_config(moe, {"--save", moe_dir}), null, false);
     t.save_checkpoint();
   }
   std::string e = error_of([&] {
-    train::Trainer(config(moe, {"--moe-use-upcycling", "--load", moe_dir, "--save", fresh_dir("x")}), null, false);
+    train::Trainer(upcycle_config(moe, {"--moe-use-upcycling", "--load", moe_dir, "--save", upcycle_dir("x")}), null,
+                   false);
   });
   EXPECT_NE(e.find("already an MoE checkpoint"), std::string::npos) << e;
   e = error_of([&] {
-    config({"--swiglu"}, {"--num-experts", "4", "--moe-ffn-hidden-size", "64", "--moe-use-upcycling",
-                          "--moe-upcycling-granularity", "2", "--load", moe_dir, "--save", "x"});
+    upcycle_config({"--swiglu"}, {"--num-experts", "4", "--moe-ffn-hidden-size", "64", "--moe-use-upcycling",
+                                  "--moe-upcycling-granularity", "2", "--load", moe_dir, "--save", "x"});
   });
   EXPECT_NE(e.find("set --moe-ffn-hidden-size 32"), std::string::npos) << e;
   std::fclose(null);

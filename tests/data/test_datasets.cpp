@@ -29,13 +29,6 @@ fs::path tmpdir(const std::string& name) {
   return p;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void spit(const fs::path& p, const std::string& s) {
   fs::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << s;
@@ -112,13 +105,13 @@ TEST(Preprocess, ByteIdenticalToMegatronLayout) {
     text_docs.push_back(static_cast<int64_t>(text_lens.size()));
     std::string bin;
     for (int32_t t : text_ids) put<int32_t>(bin, t);  // 151669 tokens >= 65500: int32 (code 4)
-    EXPECT_EQ(slurp(o.output_prefix + "_text_document.idx"), megatron_idx(4, text_lens, text_docs, 4));
-    EXPECT_EQ(slurp(o.output_prefix + "_text_document.bin"), bin);
+    EXPECT_EQ(testing::slurp(o.output_prefix + "_text_document.idx"), megatron_idx(4, text_lens, text_docs, 4));
+    EXPECT_EQ(testing::slurp(o.output_prefix + "_text_document.bin"), bin);
     EXPECT_TRUE(fs::exists(o.output_prefix + "_title_document.idx")) << "every key's index is finalized";
     EXPECT_FALSE(fs::exists(o.output_prefix + "_text_document.bin.tmp"));
   }
-  EXPECT_EQ(slurp(d / "out1_text_document.bin"), slurp(d / "out3_text_document.bin"));
-  EXPECT_EQ(slurp(d / "out1_title_document.idx"), slurp(d / "out3_title_document.idx"));
+  EXPECT_EQ(testing::slurp(d / "out1_text_document.bin"), testing::slurp(d / "out3_text_document.bin"));
+  EXPECT_EQ(testing::slurp(d / "out1_title_document.idx"), testing::slurp(d / "out3_title_document.idx"));
   // The reader gives the same tokens back.
   data::IndexedDataset ds((d / "out1_text_document").string());
   EXPECT_EQ(ds.num_documents(), 3);
@@ -144,8 +137,8 @@ TEST(Preprocess, SmallVocabularyWritesUint16) {
   ids.push_back(*t.eos_id());  // training stops early when no pair is left, so EOS is not at 299
   std::string bin;
   for (int32_t x : ids) put<uint16_t>(bin, static_cast<uint16_t>(x));
-  EXPECT_EQ(slurp(d / "o_text_document.bin"), bin);
-  EXPECT_EQ(slurp(d / "o_text_document.idx"), megatron_idx(8, {static_cast<int32_t>(ids.size())}, {0, 1}, 2));
+  EXPECT_EQ(testing::slurp(d / "o_text_document.bin"), bin);
+  EXPECT_EQ(testing::slurp(d / "o_text_document.idx"), megatron_idx(8, {static_cast<int32_t>(ids.size())}, {0, 1}, 2));
 }
 
 using testing::error_of;

@@ -20,15 +20,8 @@ namespace moecore {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kRoot = MOECORE_SOURCE_DIR;
-const fs::path kNpm = kRoot / ".deps/npm/node_modules";
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+const fs::path kTokRoot = MOECORE_SOURCE_DIR;
+const fs::path kNpm = kTokRoot / ".deps/npm/node_modules";
 
 void append_utf8(std::string& s, uint32_t cp) {
   if (cp < 0x80) {
@@ -92,7 +85,7 @@ std::vector<std::string> multilingual_corpus() {
     std::sort(files.begin(), files.end());
     size_t taken = 0;
     for (const auto& f : files) {
-      std::string text = slurp(f);
+      std::string text = testing::slurp(f);
       // Documents of about 4 KB, cut after a newline (so never inside a character).
       size_t pos = 0;
       while (pos < text.size() && taken < 200000) {
@@ -117,7 +110,7 @@ std::vector<std::vector<int32_t>> reference_ids(const std::string& which, const 
     for (size_t i = 0; i < docs.size(); i++) f << (i ? std::string(1, '\0') : "") << docs[i];
   }
   const std::string cmd = "NODE_PATH='" + kNpm.string() + "' node '" +
-                          (kRoot / "tests/data/reference_encode.cjs").string() + "' " + which + " '" +
+                          (kTokRoot / "tests/data/reference_encode.cjs").string() + "' " + which + " '" +
                           (dir / "in.txt").string() + "' '" + (dir / "out.jsonl").string() + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "reference tokenizer failed: " << cmd;
   std::vector<std::vector<int32_t>> out;
@@ -130,7 +123,7 @@ std::vector<std::vector<int32_t>> reference_ids(const std::string& which, const 
 // GPT-2's tokenizer as Megatron's GPT2BPETokenizer reads it: vocab.json and merges.txt (with its "#version"
 // header line), written from the reference package's tokenizer.json into `dir`.
 data::Tokenizer gpt2_from_megatron_files(const fs::path& tokenizer_json, const fs::path& dir) {
-  const auto j = nlohmann::json::parse(slurp(tokenizer_json));
+  const auto j = nlohmann::json::parse(testing::slurp(tokenizer_json));
   fs::create_directories(dir);
   std::ofstream(dir / "vocab.json") << j["model"]["vocab"].dump();
   std::ofstream merges(dir / "merges.txt");

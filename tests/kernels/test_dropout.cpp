@@ -141,7 +141,7 @@ Tensor naive_dropout_attention(const Tensor& q, const Tensor& k, const Tensor& v
   return o;
 }
 
-struct Case {
+struct DropoutCase {
   int64_t S, B, Nq, Nkv, D;
 };
 
@@ -155,7 +155,7 @@ kernels::AttentionDropout attention_dropout(const std::vector<int64_t>& samples,
 
 TEST(AttentionDropoutGrad, TiledKernelMatchesDefinitionAndFiniteDifferences) {
   // S=70 crosses a key tile with a ragged last tile; GQA.
-  for (Case c : {Case{5, 2, 2, 1, 4}, Case{70, 2, 4, 2, 4}}) {
+  for (DropoutCase c : {DropoutCase{5, 2, 2, 1, 4}, DropoutCase{70, 2, 4, 2, 4}}) {
     const std::vector<int64_t> samples = {13, 4};
     const kernels::AttentionDropout d = attention_dropout(samples, 0.3);
     Tensor q = randn({c.S, c.B, c.Nq, c.D}, DType::F64, 1), k = randn({c.S, c.B, c.Nkv, c.D}, DType::F64, 2);
@@ -185,7 +185,7 @@ TEST(AttentionDropoutGrad, TiledKernelMatchesDefinitionAndFiniteDifferences) {
 // The bf16 kernel drops the same probabilities: against the f64 tiled kernel with the same dropout, within bf16
 // rounding, and far from the result without dropout.
 TEST(AttentionDropout, Bf16KernelDropsTheSameProbabilities) {
-  for (Case c : {Case{70, 2, 4, 2, 16}, Case{301, 1, 3, 1, 8}}) {
+  for (DropoutCase c : {DropoutCase{70, 2, 4, 2, 16}, DropoutCase{301, 1, 3, 1, 8}}) {
     const std::vector<int64_t> samples = {5, 6};
     const kernels::AttentionDropout d = attention_dropout(samples, 0.2);
     Tensor q = randn({c.S, c.B, c.Nq, c.D}, DType::F64, 1), k = randn({c.S, c.B, c.Nkv, c.D}, DType::F64, 2);

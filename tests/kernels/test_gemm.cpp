@@ -11,7 +11,7 @@ namespace {
 using testing::randn;
 
 // Reference C = alpha·op(A)·op(B) + beta·C0 in f64.
-Tensor reference(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C0, double alpha, double beta) {
+Tensor gemm_reference(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C0, double alpha, double beta) {
   Tensor a = A.to(DType::F64), b = B.to(DType::F64), c = C0.to(DType::F64);
   kernels::gemm(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
   return c;
@@ -46,7 +46,7 @@ TEST(Gemm, F32MatchesF64AllTransposes) {
           Tensor A = randn(ta ? Shape{s.K, s.M} : Shape{s.M, s.K}, DType::F32, 1);
           Tensor B = randn(tb ? Shape{s.N, s.K} : Shape{s.K, s.N}, DType::F32, 2);
           Tensor C = randn({s.M, s.N}, DType::F32, 3);
-          Tensor ref = reference(A, ta, B, tb, C, alpha, beta);
+          Tensor ref = gemm_reference(A, ta, B, tb, C, alpha, beta);
           kernels::gemm(A, ta, B, tb, C, static_cast<float>(alpha), static_cast<float>(beta));
           EXPECT_LT(testing::max_rel_diff(C, ref), 1e-5) << s.M << "x" << s.N << "x" << s.K << " ta=" << ta
                                                          << " tb=" << tb << " alpha=" << alpha << " beta=" << beta;
@@ -59,12 +59,12 @@ TEST(Gemm, Bf16WithinStatedTolerance) {
   const int64_t M = 96, N = 80, K = 256;
   Tensor A = randn({M, K}, DType::F32, 4), B = randn({N, K}, DType::F32, 5);
   Tensor C = Tensor::zeros({M, N}, DType::F32);
-  Tensor ref = reference(A, false, B, true, C, 1.0, 0.0);
+  Tensor ref = gemm_reference(A, false, B, true, C, 1.0, 0.0);
   kernels::gemm(A.to(DType::BF16), false, B.to(DType::BF16), true, C);
   EXPECT_LT(testing::max_rel_diff(C, ref), 0.015);
   // With operands that are exactly representable in bf16, the result equals the f64 reference to f32 rounding.
   Tensor Ab = A.to(DType::BF16), Bb = B.to(DType::BF16);
-  Tensor ref2 = reference(Ab.to(DType::F32), false, Bb.to(DType::F32), true, C, 1.0, 0.0);
+  Tensor ref2 = gemm_reference(Ab.to(DType::F32), false, Bb.to(DType::F32), true, C, 1.0, 0.0);
   kernels::gemm(Ab, false, Bb, true, C);
   EXPECT_LT(testing::max_rel_diff(C, ref2), 1e-5);
 }
@@ -133,7 +133,7 @@ TEST(Gemm, LongReductionsInChunksMatchF64) {
       Tensor A = testing::randn(ta ? Shape{K, M} : Shape{M, K}, DType::F32, 4);
       Tensor B = testing::randn(tb ? Shape{N, K} : Shape{K, N}, DType::F32, 5);
       Tensor C = testing::randn({M, N}, DType::F32, 6);
-      Tensor ref = reference(A, ta, B, tb, C, 0.5, 2.0);
+      Tensor ref = gemm_reference(A, ta, B, tb, C, 0.5, 2.0);
       kernels::gemm(A, ta, B, tb, C, 0.5f, 2.0f);
       EXPECT_LT(testing::max_rel_diff(C, ref), 1e-5) << "ta=" << ta << " tb=" << tb;
     }

@@ -11,7 +11,7 @@
 namespace moecore {
 namespace {
 
-nlohmann::json reference(const std::string& args) {
+nlohmann::json yarn_reference(const std::string& args) {
   const std::string cmd =
       fmt::format("/usr/bin/python3 {}/tests/models/deepseek_v3_reference.py yarn {}", MOECORE_SOURCE_DIR, args);
   std::FILE* p = popen(cmd.c_str(), "r");
@@ -47,9 +47,9 @@ TEST(RopeYarn, MatchesHuggingFaceFormulas) {
       {6, 10, yp(2, 1 << 20, 32, 1, 1, 0)},     // correction range clamped at the top
   };
   for (const auto& c : cases) {
-    const nlohmann::json ref = reference(fmt::format("{} {} {} {} {} {} {} {}", c.dim, c.base, c.y.scaling_factor,
-                                                     c.y.original_max_position_embeddings, c.y.beta_fast, c.y.beta_slow,
-                                                     c.y.mscale, c.y.mscale_all_dim));
+    const nlohmann::json ref = yarn_reference(fmt::format("{} {} {} {} {} {} {} {}", c.dim, c.base, c.y.scaling_factor,
+                                                          c.y.original_max_position_embeddings, c.y.beta_fast,
+                                                          c.y.beta_slow, c.y.mscale, c.y.mscale_all_dim));
     const std::vector<double> want = ref["inv_freq"].get<std::vector<double>>();
     const std::vector<double> got = kernels::yarn_inv_freq(c.dim, c.base, c.y);
     ASSERT_EQ(got.size(), want.size());

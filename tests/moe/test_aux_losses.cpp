@@ -166,7 +166,7 @@ TEST(Router, ManyExpertsAndGroupsMatchReference) {
   EXPECT_EQ(router.stats().tokens, 0) << "accumulators reset at the global-batch boundary";
 }
 
-std::string refusal(const moe::RouterConfig& c) {
+std::string router_refusal(const moe::RouterConfig& c) {
   try {
     moe::validate(c);
   } catch (const Error& e) {
@@ -181,23 +181,26 @@ TEST(Router, RefusedSizesSayWhichFlagAndWhy) {
   c.num_experts = 300;
   c.topk = 8;
   c.score_function = moe::ScoreFunction::Sigmoid;
-  EXPECT_EQ(refusal(c), "");
+  EXPECT_EQ(router_refusal(c), "");
   c.num_experts = int64_t{1} << 32;
-  EXPECT_NE(refusal(c).find("--num-experts 4294967296 is too large"), std::string::npos) << refusal(c);
+  EXPECT_NE(router_refusal(c).find("--num-experts 4294967296 is too large"), std::string::npos) << router_refusal(c);
   c.num_experts = 300;
   c.num_groups = 7;
   c.group_topk = 1;
-  EXPECT_NE(refusal(c).find("--num-experts 300 must be divisible by --moe-router-num-groups 7"), std::string::npos)
-      << refusal(c);
+  EXPECT_NE(router_refusal(c).find("--num-experts 300 must be divisible by --moe-router-num-groups 7"),
+            std::string::npos)
+      << router_refusal(c);
   c.num_groups = 10;
   c.group_topk = 3;  // 8 not a multiple of 3: Megatron scores each group by its top 8 // 3 = 2
-  EXPECT_EQ(refusal(c), "");
+  EXPECT_EQ(router_refusal(c), "");
   c.num_groups = 150;
   c.group_topk = 1;  // 8 experts from one group of 2
-  EXPECT_NE(refusal(c).find("--moe-router-topk 8 exceeds the 2 experts"), std::string::npos) << refusal(c);
+  EXPECT_NE(router_refusal(c).find("--moe-router-topk 8 exceeds the 2 experts"), std::string::npos)
+      << router_refusal(c);
   c.num_groups = 100;  // 3 experts per group; 8 > 2 groups x 3
   c.group_topk = 2;
-  EXPECT_NE(refusal(c).find("--moe-router-topk 8 exceeds the 6 experts"), std::string::npos) << refusal(c);
+  EXPECT_NE(router_refusal(c).find("--moe-router-topk 8 exceeds the 6 experts"), std::string::npos)
+      << router_refusal(c);
 }
 
 }  // namespace

@@ -32,23 +32,23 @@ moe::MoELayerConfig layer_config(int64_t H, int64_t E, int64_t K) {
   return c;
 }
 
-struct Case {
+struct MoeLayerCase {
   std::string name;
   moe::MoELayerConfig cfg;
   bool set_bias = false;
 };
 
-std::vector<Case> gradient_cases() {
-  std::vector<Case> cases;
+std::vector<MoeLayerCase> gradient_cases() {
+  std::vector<MoeLayerCase> cases;
   {
-    Case c{"softmax post, aux + seq aux + z", layer_config(8, 4, 2)};
+    MoeLayerCase c{"softmax post, aux + seq aux + z", layer_config(8, 4, 2)};
     c.cfg.router.load_balancing = {moe::LoadBalancingType::AuxLoss, moe::LoadBalancingType::SeqAuxLoss};
     c.cfg.router.aux_loss_coeff = {0.3, 0.2};
     c.cfg.router.z_loss_coeff = 0.05;
     cases.push_back(c);
   }
   {
-    Case c{"softmax pre, scaling, global aux, shared expert with gate", layer_config(8, 4, 2)};
+    MoeLayerCase c{"softmax pre, scaling, global aux, shared expert with gate", layer_config(8, 4, 2)};
     c.cfg.router.pre_softmax = true;
     c.cfg.router.topk_scaling_factor = 2.5;
     c.cfg.router.load_balancing = {moe::LoadBalancingType::GlobalAuxLoss};
@@ -58,7 +58,7 @@ std::vector<Case> gradient_cases() {
     cases.push_back(c);
   }
   {
-    Case c{"sigmoid, groups, expert bias, aux + z", layer_config(8, 8, 4)};
+    MoeLayerCase c{"sigmoid, groups, expert bias, aux + z", layer_config(8, 8, 4)};
     c.cfg.router.score_function = moe::ScoreFunction::Sigmoid;
     c.cfg.router.num_groups = 4;
     c.cfg.router.group_topk = 2;
@@ -70,7 +70,7 @@ std::vector<Case> gradient_cases() {
     cases.push_back(c);
   }
   {
-    Case c{"sigmoid k=1, gelu, capacity 1.0 by probs", layer_config(8, 4, 1)};
+    MoeLayerCase c{"sigmoid k=1, gelu, capacity 1.0 by probs", layer_config(8, 4, 1)};
     c.cfg.router.score_function = moe::ScoreFunction::Sigmoid;
     c.cfg.activation = kernels::Activation::GeLU;
     c.cfg.router.capacity_factor = 1.0;
@@ -79,7 +79,7 @@ std::vector<Case> gradient_cases() {
     cases.push_back(c);
   }
   {
-    Case c{"softmax post, squared-relu, padded capacity by position", layer_config(8, 4, 2)};
+    MoeLayerCase c{"softmax post, squared-relu, padded capacity by position", layer_config(8, 4, 2)};
     c.cfg.activation = kernels::Activation::SquaredReLU;
     c.cfg.router.capacity_factor = 0.75;
     c.cfg.router.pad_to_capacity = true;
@@ -90,7 +90,7 @@ std::vector<Case> gradient_cases() {
 }
 
 TEST(MoELayerGrad, WholeLayerFiniteDifferences) {
-  for (const Case& c : gradient_cases()) {
+  for (const MoeLayerCase& c : gradient_cases()) {
     nn::ParamRegistry reg(DType::F64);
     moe::MoELayer layer(reg, "mlp", c.cfg);
     reg.initialize(11);

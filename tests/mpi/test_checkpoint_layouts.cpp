@@ -20,14 +20,14 @@ namespace {
 namespace fs = std::filesystem;
 using testing::operator+;
 
-std::vector<std::string> model_args() {
+std::vector<std::string> ckpt_layout_model_args() {
   return testing::layered_moe_flags() +
          std::vector<std::string>{"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"} +
          testing::mock_run_flags(32, 2, 8, 100, 6, "1e-3");
 }
 
-train::TrainConfig config(const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
-  return testing::small_config(train::override_flags(model_args(), layout), extra);
+train::TrainConfig ckpt_layout_config(const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
+  return testing::small_config(train::override_flags(ckpt_layout_model_args(), layout), extra);
 }
 
 // A directory every rank sees, emptied by rank 0.
@@ -38,7 +38,7 @@ std::string shared_dir(const comm::ProcessGroup& w, const std::string& name) {
   return d;
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+const std::vector<std::string> kCheckpointLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 
 // The first `vocab` logits of every position of a fixed sequence.
 std::vector<float> logits_of(train::Trainer& t, int64_t vocab) {
@@ -66,7 +66,7 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, cons
 TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
-  std::vector<std::string> save_layout = kTP2, load_layout = {"--expert-model-parallel-size", "2"};
+  std::vector<std::string> save_layout = kCheckpointLayoutsTP2, load_layout = {"--expert-model-parallel-size", "2"};
   save_layout.insert(save_layout.end(), {"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"});
   if (w.size() == 4) {
     save_layout.insert(save_layout.end(), {"--expert-model-parallel-size", "2"});        // TP2 x EP2, DP2
@@ -76,14 +76,14 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
   std::FILE* null = std::fopen("/dev/null", "w");
   std::vector<float> saved_logits;
   {
-    train::Trainer a(config(save_layout, {"--save", dir}), null, false, &w);
+    train::Trainer a(ckpt_layout_config(save_layout, {"--save", dir}), null, false, &w);
     for (int i = 0; i < 3; i++) a.train_step();
     a.save_checkpoint();
     saved_logits = logits_of(a, 100);
   }
   const std::string dir2 = shared_dir(w, "reshard_again");
-  train::Trainer b(config(load_layout, {"--load", dir, "--save", dir2}), null, false, &w);
-  train::Trainer one(config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
+  train::Trainer b(ckpt_layout_config(load_layout, {"--load", dir, "--save", dir2}), null, false, &w);
+  train::Trainer one(ckpt_layout_config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
   EXPECT_EQ(b.iteration(), 3);
   EXPECT_EQ(one.iteration(), 3);
   const auto want = logits_of(one, 100);
@@ -96,7 +96,7 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
   }
   // And back: the second layout's checkpoint (EP2 or EP4) on one rank.
   b.save_checkpoint();
-  train::Trainer again(config({}, {"--load", dir2}), null, false, nullptr);
+  train::Trainer again(ckpt_layout_config({}, {"--load", dir2}), null, false, nullptr);
   EXPECT_EQ(again.iteration(), 6);
   expect_close(logits_of(again, 100), logits_of(b, 100), "second layout vs one rank");
   std::fclose(null);
@@ -111,9 +111,10 @@ TEST(CheckpointLayouts, ResumeIsBitwiseInOneLayout) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
   std::vector<std::string> layout = {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"};
-  if (w.size() == 4) layout.insert(layout.end(), kTP2.begin(), kTP2.end());
+  if (w.size() == 4) layout.insert(layout.end(), kCheckpointLayoutsTP2.begin(), kCheckpointLayoutsTP2.end());
   const std::string dir = shared_dir(w, "resume");
-  testing::expect_bitwise_resume([&](const std::vector<std::string>& extra) { return config(layout, extra); }, dir, w);
+  testing::expect_bitwise_resume(
+      [&](const std::vector<std::string>& extra) { return ckpt_layout_config(layout, extra); }, dir, w);
   w.barrier();
   if (w.rank() == 0) fs::remove_all(dir);
 }

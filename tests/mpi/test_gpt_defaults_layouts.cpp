@@ -1,7 +1,7 @@
-// Layout invariance of Megatron's default GPT (issue 17): a tiny MoE model with LayerNorm, learned absolute position
-// embeddings and qk-layernorm trained under DP, EP, TP+SP and TP+SP+EP gives the single-rank run's per-step lm loss
-// and grad norm within 1e-5 relative (f32). Under TP+SP the position table and the norms' weights and biases are
-// replicated and each rank's gradient covers its sequence shard only: summed over TP, they must match.
+// Layout invariance of Megatron's default GPT (issue 17): a tiny MoE model with LayerNorm, learned
+// absolute position embeddings and qk-layernorm trained under DP, EP, TP+SP and TP+SP+EP gives the single-rank run's
+// per-step lm loss and grad norm within 1e-5 relative (f32). Under TP+SP the position table and the norms' weights and
+// biases are replicated and each rank's gradient covers its sequence shard only: summed over TP, they must match.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,18 +16,18 @@ namespace {
 
 using testing::operator+;
 
-struct Layout {
+struct GptDefaultsLayoutsLayout {
   std::string name;
   int64_t world;  // ranks the layout needs (run on that world size only)
   std::vector<std::string> flags;
   std::vector<std::string> both = {};  // flags for the single-rank run too
 };
 
-class GptDefaultsLayouts : public ::testing::TestWithParam<Layout> {};
+class GptDefaultsLayouts : public ::testing::TestWithParam<GptDefaultsLayoutsLayout> {};
 
 TEST_P(GptDefaultsLayouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const Layout& l = GetParam();
+  const GptDefaultsLayoutsLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   // The layered model (GQA, qk-layernorm, untied output, a dense first layer, shared experts) with Megatron's
   // default norm and positions instead of RMSNorm and RoPE.
@@ -44,18 +44,23 @@ TEST_P(GptDefaultsLayouts, MatchSingleRank) {
   testing::expect_same_steps(one, multi, w);
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+const std::vector<std::string> kGptDefaultsLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GptDefaultsLayouts,
-    ::testing::Values(Layout{"DP2", 2, {}}, Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
-                      Layout{"TP2_SP", 2, kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
-                      Layout{"TP2_SP_1p_none", 2, kTP2, {"--apply-layernorm-1p", "--position-embedding-type", "none"}},
-                      Layout{"TP2_SP_EP2", 4,
-                             kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
-                                                             "--expert-model-parallel-size", "2"}},
-                      Layout{"DP4_distopt", 4, {"--use-distributed-optimizer"}}),
-    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+    ::testing::Values(
+        GptDefaultsLayoutsLayout{"DP2", 2, {}},
+        GptDefaultsLayoutsLayout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
+        GptDefaultsLayoutsLayout{
+            "TP2_SP", 2, kGptDefaultsLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
+        GptDefaultsLayoutsLayout{
+            "TP2_SP_1p_none", 2, kGptDefaultsLayoutsTP2, {"--apply-layernorm-1p", "--position-embedding-type", "none"}},
+        GptDefaultsLayoutsLayout{
+            "TP2_SP_EP2", 4,
+            kGptDefaultsLayoutsTP2 +
+                std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"}},
+        GptDefaultsLayoutsLayout{"DP4_distopt", 4, {"--use-distributed-optimizer"}}),
+    [](const ::testing::TestParamInfo<GptDefaultsLayoutsLayout>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

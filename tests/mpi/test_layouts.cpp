@@ -115,31 +115,32 @@ TEST_P(ModelParallelLayouts, MatchSingleRank) {
   expect_same_steps(one, testing::small_config(args, l.flags), w);
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+const std::vector<std::string> kLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ModelParallelLayouts,
     ::testing::Values(
-        ModelParallel{"TP2_SP", 2, kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
-        ModelParallel{"TP2_ETP2", 2, kTP2}, ModelParallel{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}},
-        ModelParallel{
-            "TP2_DP2_distopt", 4,
-            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}},
-        ModelParallel{
-            "TP2xEP2_folded", 4,
-            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"}},
+        ModelParallel{"TP2_SP", 2, kLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
+        ModelParallel{"TP2_ETP2", 2, kLayoutsTP2}, ModelParallel{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}},
+        ModelParallel{"TP2_DP2_distopt", 4,
+                      kLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
+                                                             "--use-distributed-optimizer"}},
+        ModelParallel{"TP2xEP2_folded", 4,
+                      kLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
+                                                             "--expert-model-parallel-size", "2"}},
         ModelParallel{"TP2xEP2xETP2_allgather", 4,
-                      kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2",
-                                                      "--moe-token-dispatcher-type", "allgather"}},
-        ModelParallel{"DP2xEP2xETP2", 4, kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
+                      kLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2",
+                                                             "--moe-token-dispatcher-type", "allgather"}},
+        ModelParallel{"DP2xEP2xETP2", 4, kLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
         // global_aux_loss over the global batch: one micro-batch per rank against one micro-batch of all samples
         // on a single rank (with several micro-batches the running count mean depends on their order).
-        ModelParallel{"GlobalAux_TP2xDP2",
-                      4,
-                      kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--micro-batch-size", "2"},
-                      {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
-                       "--global-batch-size", "4"},
-                      {"--micro-batch-size", "4"}},
+        ModelParallel{
+            "GlobalAux_TP2xDP2",
+            4,
+            kLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--micro-batch-size", "2"},
+            {"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+             "--global-batch-size", "4"},
+            {"--micro-batch-size", "4"}},
         ModelParallel{"GlobalAux_DP2xEP2",
                       2,
                       {"--expert-model-parallel-size", "2", "--micro-batch-size", "2"},
@@ -150,11 +151,12 @@ INSTANTIATE_TEST_SUITE_P(
         ModelParallel{
             "Sinkhorn_top1_TP2xEP2",
             4,
-            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"},
+            kLayoutsTP2 +
+                std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"},
             {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0", "--moe-router-topk", "1"}},
         ModelParallel{"Sinkhorn_top2_TP2_ETP2",
                       2,
-                      kTP2,
+                      kLayoutsTP2,
                       {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0"}},
         ModelParallel{"DP4xEP2xETP2_distopt",
                       4,

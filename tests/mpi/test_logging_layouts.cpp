@@ -16,18 +16,18 @@ namespace {
 
 using testing::operator+;
 
-struct Layout {
+struct LoggingLayoutsLayout {
   std::string name;
   int64_t world;  // ranks the layout needs (run on that world size only)
   std::vector<std::string> flags;
   bool layered = false;  // the three-layer model with every split (GQA, shared experts, a dense layer)
 };
 
-class LoggingLayouts : public ::testing::TestWithParam<Layout> {};
+class LoggingLayouts : public ::testing::TestWithParam<LoggingLayoutsLayout> {};
 
 TEST_P(LoggingLayouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const Layout& l = GetParam();
+  const LoggingLayoutsLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   std::vector<std::string> args =
       train::override_flags((l.layered ? testing::layered_moe_flags() : testing::tiny_moe_flags()) +
@@ -60,25 +60,28 @@ TEST_P(LoggingLayouts, MatchSingleRank) {
   std::fclose(null);
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+const std::vector<std::string> kLoggingLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, LoggingLayouts,
     ::testing::Values(
-        Layout{"DP2", 2, {}}, Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
-        Layout{"TP2_SP", 2, kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}, true},
-        Layout{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}, true},
-        Layout{"DP2_distopt", 2, {"--use-distributed-optimizer"}},
-        Layout{"DP4xEP2", 4, {"--expert-model-parallel-size", "2"}},
-        Layout{"DP2xEP2xETP2", 4, kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}, true},
-        Layout{
-            "TP2xEP2_folded", 4,
-            kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2"},
-            true},
-        Layout{"TP2_DP2_distopt", 4,
-               kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"},
-               true}),
-    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+        LoggingLayoutsLayout{"DP2", 2, {}}, LoggingLayoutsLayout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
+        LoggingLayoutsLayout{"TP2_SP", 2,
+                             kLoggingLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}, true},
+        LoggingLayoutsLayout{"ETP2", 2, {"--expert-tensor-parallel-size", "2"}, true},
+        LoggingLayoutsLayout{"DP2_distopt", 2, {"--use-distributed-optimizer"}},
+        LoggingLayoutsLayout{"DP4xEP2", 4, {"--expert-model-parallel-size", "2"}},
+        LoggingLayoutsLayout{"DP2xEP2xETP2", 4,
+                             kLoggingLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}, true},
+        LoggingLayoutsLayout{"TP2xEP2_folded", 4,
+                             kLoggingLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
+                                                                           "--expert-model-parallel-size", "2"},
+                             true},
+        LoggingLayoutsLayout{"TP2_DP2_distopt", 4,
+                             kLoggingLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1",
+                                                                           "--use-distributed-optimizer"},
+                             true}),
+    [](const ::testing::TestParamInfo<LoggingLayoutsLayout>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

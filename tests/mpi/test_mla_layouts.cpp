@@ -104,15 +104,16 @@ TEST(MLAModule, TensorParallelShardsMatchOneRank) {
   }
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel",
-                                    "--expert-tensor-parallel-size", "1"};
+const std::vector<std::string> kMlaLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                              "--expert-tensor-parallel-size", "1"};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MLALayouts,
-    ::testing::Values(MLALayout{"TP2_SP", 2, kTP2}, MLALayout{"TP2_SP_direct_q", 2, kTP2, false},
-                      MLALayout{"EP2", 2, {"--expert-model-parallel-size", "2"}}, MLALayout{"DP2", 2, {}},
-                      MLALayout{"TP2xEP2", 4, kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
-                      MLALayout{"TP2xDP2_distopt", 4, kTP2 + std::vector<std::string>{"--use-distributed-optimizer"}}),
+    ::testing::Values(
+        MLALayout{"TP2_SP", 2, kMlaLayoutsTP2}, MLALayout{"TP2_SP_direct_q", 2, kMlaLayoutsTP2, false},
+        MLALayout{"EP2", 2, {"--expert-model-parallel-size", "2"}}, MLALayout{"DP2", 2, {}},
+        MLALayout{"TP2xEP2", 4, kMlaLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
+        MLALayout{"TP2xDP2_distopt", 4, kMlaLayoutsTP2 + std::vector<std::string>{"--use-distributed-optimizer"}}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

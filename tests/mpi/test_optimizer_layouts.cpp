@@ -57,7 +57,7 @@ const std::vector<std::string> kMuon{"--optimizer", "muon", "--muon-fp32-matmul-
 const std::vector<std::string> kDistMuon{"--optimizer", "dist_muon", "--muon-fp32-matmul-prec", "high"};
 // Megatron's default precision (medium) too: Newton-Schulz runs in fp32 for every precision (docs/differences.md).
 const std::vector<std::string> kSgd{"--optimizer", "sgd", "--sgd-momentum", "0.9"};
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+const std::vector<std::string> kOptimizerLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 const std::vector<std::string> kDistOpt{"--use-distributed-optimizer"};
 
 INSTANTIATE_TEST_SUITE_P(
@@ -66,11 +66,13 @@ INSTANTIATE_TEST_SUITE_P(
         OptLayout{"Muon_DP2", 2, kMuon, {}},
         OptLayout{"Muon_default_precision_DP2", 2, {"--optimizer", "muon", "--muon-nesterov"}, {}},
         OptLayout{"Muon_EP2", 2, kMuon, {"--expert-model-parallel-size", "2"}},
-        OptLayout{"Muon_TP2_SP", 2, kMuon, kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
-        OptLayout{"Muon_TP2_ETP2_noSplitQkv", 2, kMuon + std::vector<std::string>{"--muon-no-split-qkv"}, kTP2},
+        OptLayout{"Muon_TP2_SP", 2, kMuon,
+                  kOptimizerLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
+        OptLayout{"Muon_TP2_ETP2_noSplitQkv", 2, kMuon + std::vector<std::string>{"--muon-no-split-qkv"},
+                  kOptimizerLayoutsTP2},
         OptLayout{"Muon_distopt_DP2", 2, kMuon, kDistOpt},
         OptLayout{"Muon_TP2_blockwise_differs", 2, kMuon + std::vector<std::string>{"--muon-tp-mode", "blockwise"},
-                  kTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}, 1e-5, true},
+                  kOptimizerLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}, 1e-5, true},
         OptLayout{"DistMuon_DP2", 2, kDistMuon, {}}, OptLayout{"Sgd_DP2", 2, kSgd, {}},
         OptLayout{"Sgd_distopt_EP2", 2, kSgd, kDistOpt + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
         OptLayout{"DistMuon_DP4", 4, kDistMuon, {}},
@@ -82,9 +84,9 @@ INSTANTIATE_TEST_SUITE_P(
                   kDistOpt + std::vector<std::string>{"--num-distributed-optimizer-instances", "2",
                                                       "--expert-model-parallel-size", "2"}},
         OptLayout{"Muon_distopt_TP2xDP2", 4, kMuon,
-                  kTP2 + kDistOpt + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
+                  kOptimizerLayoutsTP2 + kDistOpt + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}},
         OptLayout{"DistMuon_DP2xEP2xETP2", 4, kDistMuon,
-                  kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
+                  kOptimizerLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
     [](const ::testing::TestParamInfo<OptLayout>& i) { return i.param.name; });
 
 // Layer-wise distributed Muon (each matrix's momentum on one DP rank) and the K-instance distributed optimizer save

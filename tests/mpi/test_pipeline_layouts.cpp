@@ -1,6 +1,6 @@
-// Layout invariance of pipeline parallelism: a tiny MoE job under 1F1B (PP2, PP4), interleaved 1F1B (PP2 with two
-// virtual stages), and PP combined with TP+SP, EP, DP and the distributed optimizer gives the single-rank run's
-// per-step lm loss, grad norm, aux and z losses within 1e-5 relative; tied and untied output layers, Megatron's
+// Layout invariance of pipeline parallelism: a tiny MoE job under 1F1B (PP2, PP4), interleaved 1F1B (PP2
+// with two virtual stages), and PP combined with TP+SP, EP, DP and the distributed optimizer gives the single-rank
+// run's per-step lm loss, grad norm, aux and z losses within 1e-5 relative; tied and untied output layers, Megatron's
 // default LayerNorm + learned positions, dense and MoE layers on different stages, per-token loss; uneven stages
 // from --decoder-first-pipeline-num-layers, the account-for options and --pipeline-model-parallel-layout (an
 // empty stage included).
@@ -19,7 +19,7 @@ namespace {
 
 using testing::operator+;
 
-struct Layout {
+struct PipelineLayoutsLayout {
   std::string name;
   int64_t world;
   std::vector<std::string> flags;   // the model and run (both runs)
@@ -43,63 +43,84 @@ std::vector<std::string> base_flags() {
          testing::mock_run_flags(16, 2, 8, 128, 3, "1e-3");
 }
 
-class PipelineLayouts : public ::testing::TestWithParam<Layout> {};
+class PipelineLayouts : public ::testing::TestWithParam<PipelineLayoutsLayout> {};
 
 TEST_P(PipelineLayouts, MatchSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const Layout& l = GetParam();
+  const PipelineLayoutsLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   const std::vector<std::string> args = train::override_flags(base_flags(), l.flags);
   testing::expect_same_steps(testing::small_config(args), testing::small_config(args + l.layout), w, 3);
 }
 
-const std::vector<std::string> kPP2{"--pipeline-model-parallel-size", "2"};
+const std::vector<std::string> kPipelineLayoutsPP2{"--pipeline-model-parallel-size", "2"};
 const std::vector<std::string> kVPP2{"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
                                      "2"};
 
 INSTANTIATE_TEST_SUITE_P(
     PP, PipelineLayouts,
     ::testing::Values(
-        Layout{"PP2", 2, {}, kPP2}, Layout{"PP2Untied", 2, {"--untie-embeddings-and-output-weights"}, kPP2},
-        Layout{"PP2MegatronDefaults",
-               2,
-               {"--normalization", "LayerNorm", "--position-embedding-type", "learned_absolute"},
-               kPP2},
-        Layout{"PP2PerTokenLoss", 2, {"--calculate-per-token-loss"}, kPP2}, Layout{"PP2Interleaved", 2, {}, kVPP2},
-        Layout{"PP2InterleavedByLayers",
-               2,
-               {},
-               {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}},
-        Layout{"PP4", 4, {}, {"--pipeline-model-parallel-size", "4"}},
-        Layout{"PP2xTP2xSP",
-               4,
-               {},
-               kPP2 + std::vector<std::string>{"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
-        Layout{"PP2xEP2", 4, {}, kPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
-        Layout{"PP2xDP2xEP2DistOpt",
-               4,
-               {},
-               kPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
-        Layout{"PP2InterleavedxDP2", 4, {}, kVPP2},
+        PipelineLayoutsLayout{"PP2", 2, {}, kPipelineLayoutsPP2},
+        PipelineLayoutsLayout{"PP2Untied", 2, {"--untie-embeddings-and-output-weights"}, kPipelineLayoutsPP2},
+        PipelineLayoutsLayout{"PP2MegatronDefaults",
+                              2,
+                              {"--normalization", "LayerNorm", "--position-embedding-type", "learned_absolute"},
+                              kPipelineLayoutsPP2},
+        PipelineLayoutsLayout{"PP2PerTokenLoss", 2, {"--calculate-per-token-loss"}, kPipelineLayoutsPP2},
+        PipelineLayoutsLayout{"PP2Interleaved", 2, {}, kVPP2},
+        PipelineLayoutsLayout{"PP2InterleavedByLayers",
+                              2,
+                              {},
+                              {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}},
+        PipelineLayoutsLayout{"PP4", 4, {}, {"--pipeline-model-parallel-size", "4"}},
+        PipelineLayoutsLayout{
+            "PP2xTP2xSP",
+            4,
+            {},
+            kPipelineLayoutsPP2 + std::vector<std::string>{"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
+        PipelineLayoutsLayout{
+            "PP2xEP2", 4, {}, kPipelineLayoutsPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
+        PipelineLayoutsLayout{"PP2xDP2xEP2DistOpt",
+                              4,
+                              {},
+                              kPipelineLayoutsPP2 + std::vector<std::string>{"--expert-model-parallel-size", "2",
+                                                                             "--use-distributed-optimizer"}},
+        PipelineLayoutsLayout{"PP2InterleavedxDP2", 4, {}, kVPP2},
+        // 8 ranks (CTest mpi_tests_8_ranks): each stage's 4 ranks are DP4 for the dense layers and EP4 for the experts.
+        PipelineLayoutsLayout{"PP2xDP4xEP4DistOpt",
+                              8,
+                              {},
+                              kPipelineLayoutsPP2 + std::vector<std::string>{"--expert-model-parallel-size", "4",
+                                                                             "--use-distributed-optimizer"}},
         // Uneven stage layouts (train/pipeline_layout.cpp): first stage given, the two account-for options, a
         // layout string, and a layout string with virtual stages.
-        Layout{"PP2UnevenFirst", 2, {}, kPP2 + std::vector<std::string>{"--decoder-first-pipeline-num-layers", "1"}},
-        Layout{"PP2AccountForEmbeddingAndLoss",
-               2,
-               {},
-               kPP2 + std::vector<std::string>{"--account-for-embedding-in-pipeline-split",
-                                               "--account-for-loss-in-pipeline-split"}},
-        Layout{
-            "PP2LayoutString", 2, {}, kPP2 + std::vector<std::string>{"--pipeline-model-parallel-layout", "Et|tttL"}},
-        Layout{"PP2LayoutStringInterleaved",
-               2,
-               {},
-               kPP2 + std::vector<std::string>{"--pipeline-model-parallel-layout", "E|t*2|t|tL"}},
-        Layout{"PP4LayoutStringxTP1",
-               4,
-               {},
-               {"--pipeline-model-parallel-size", "4", "--pipeline-model-parallel-layout", "Ett||t|tL"}}),
-    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+        PipelineLayoutsLayout{
+            "PP2UnevenFirst",
+            2,
+            {},
+            kPipelineLayoutsPP2 + std::vector<std::string>{"--decoder-first-pipeline-num-layers", "1"}},
+        PipelineLayoutsLayout{
+            "PP2AccountForEmbeddingAndLoss",
+            2,
+            {},
+            kPipelineLayoutsPP2 + std::vector<std::string>{"--account-for-embedding-in-pipeline-split",
+                                                           "--account-for-loss-in-pipeline-split"}},
+        PipelineLayoutsLayout{
+            "PP2LayoutString",
+            2,
+            {},
+            kPipelineLayoutsPP2 + std::vector<std::string>{"--pipeline-model-parallel-layout", "Et|tttL"}},
+        PipelineLayoutsLayout{
+            "PP2LayoutStringInterleaved",
+            2,
+            {},
+            kPipelineLayoutsPP2 + std::vector<std::string>{"--pipeline-model-parallel-layout", "E|t*2|t|tL"}},
+        PipelineLayoutsLayout{
+            "PP4LayoutStringxTP1",
+            4,
+            {},
+            {"--pipeline-model-parallel-size", "4", "--pipeline-model-parallel-layout", "Ett||t|tL"}}),
+    [](const ::testing::TestParamInfo<PipelineLayoutsLayout>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

@@ -44,17 +44,17 @@ RunResult train_run(const std::vector<std::string>& layout, const std::vector<st
   return r;
 }
 
-struct Layout {
+struct RecomputeLayoutsLayout {
   std::string name;
   int64_t world;
   std::vector<std::string> flags;
 };
 
-class RecomputeLayouts : public ::testing::TestWithParam<Layout> {};
+class RecomputeLayouts : public ::testing::TestWithParam<RecomputeLayoutsLayout> {};
 
 TEST_P(RecomputeLayouts, BitwiseLikeNoRecompute) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const Layout& l = GetParam();
+  const RecomputeLayoutsLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   const RunResult base = train_run(l.flags, {}, w);
   const std::vector<std::vector<std::string>> options = {
@@ -83,16 +83,18 @@ TEST_P(RecomputeLayouts, BitwiseLikeNoRecompute) {
   }
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel",
-                                    "--expert-tensor-parallel-size", "1"};
+const std::vector<std::string> kRecomputeLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                    "--expert-tensor-parallel-size", "1"};
 
 INSTANTIATE_TEST_SUITE_P(
     Recompute, RecomputeLayouts,
-    ::testing::Values(Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}}, Layout{"TP2_SP", 2, kTP2},
-                      Layout{"TP2_SP_ETP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
-                      Layout{"DP2xEP2_TP2_SP", 4,
-                             kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
-    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+    ::testing::Values(
+        RecomputeLayoutsLayout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
+        RecomputeLayoutsLayout{"TP2_SP", 2, kRecomputeLayoutsTP2},
+        RecomputeLayoutsLayout{"TP2_SP_ETP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
+        RecomputeLayoutsLayout{"DP2xEP2_TP2_SP", 4,
+                               kRecomputeLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
+    [](const ::testing::TestParamInfo<RecomputeLayoutsLayout>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

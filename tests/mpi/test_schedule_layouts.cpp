@@ -1,6 +1,6 @@
-// Layout invariance of --calculate-per-token-loss with --eod-mask-loss (micro-batches with different numbers of loss
-// tokens): the tiny MoE job under DP, EP, TP+SP (and on 4 ranks DP4, EP2xDP2, TP2xDP2) gives the single-rank run's
-// per-step lm loss, grad norm, aux and z losses within 1e-5 relative, over a sample-based schedule.
+// Layout invariance of --calculate-per-token-loss with --eod-mask-loss (micro-batches with different
+// numbers of loss tokens): the tiny MoE job under DP, EP, TP+SP (and on 4 ranks DP4, EP2xDP2, TP2xDP2) gives the
+// single-rank run's per-step lm loss, grad norm, aux and z losses within 1e-5 relative, over a sample-based schedule.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,17 +17,17 @@ namespace {
 
 using testing::operator+;
 
-struct Layout {
+struct ScheduleLayoutsLayout {
   std::string name;
   int64_t world;
   std::vector<std::string> flags;
 };
 
-class ScheduleLayouts : public ::testing::TestWithParam<Layout> {};
+class ScheduleLayouts : public ::testing::TestWithParam<ScheduleLayoutsLayout> {};
 
 TEST_P(ScheduleLayouts, PerTokenLossMatchesSingleRank) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const Layout& l = GetParam();
+  const ScheduleLayoutsLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   // 15 mock tokens + NullTokenizer's EOD: one token in 16 carries no loss, a different number per micro-batch.
   const std::vector<std::string> args =
@@ -75,15 +75,17 @@ TEST_P(ScheduleLayouts, PerTokenLossMatchesSingleRank) {
   std::fclose(null);
 }
 
-const std::vector<std::string> kTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+const std::vector<std::string> kScheduleLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ScheduleLayouts,
-    ::testing::Values(Layout{"DP2", 2, {}}, Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
-                      Layout{"TP2_SP", 2, kTP2}, Layout{"DP4", 4, {}},
-                      Layout{"EP2_DP2", 4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
-                      Layout{"TP2_DP2", 4, kTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
-    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+    ::testing::Values(
+        ScheduleLayoutsLayout{"DP2", 2, {}}, ScheduleLayoutsLayout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
+        ScheduleLayoutsLayout{"TP2_SP", 2, kScheduleLayoutsTP2}, ScheduleLayoutsLayout{"DP4", 4, {}},
+        ScheduleLayoutsLayout{"EP2_DP2", 4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
+        ScheduleLayoutsLayout{"TP2_DP2", 4,
+                              kScheduleLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
+    [](const ::testing::TestParamInfo<ScheduleLayoutsLayout>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace moecore

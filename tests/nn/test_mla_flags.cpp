@@ -31,7 +31,7 @@ std::vector<std::string> mla_model() {
 }
 
 // Flags in `extra` replace those in `a`.
-std::string error(const std::vector<std::string>& a, const std::vector<std::string>& extra = {}) {
+std::string mla_error(const std::vector<std::string>& a, const std::vector<std::string>& extra = {}) {
   return testing::user_error_of([&] { testing::small_config(a, extra); });
 }
 
@@ -57,24 +57,24 @@ TEST(MLAFlags, SetTheModel) {
 }
 
 TEST(MLAFlags, MegatronsChecks) {
-  EXPECT_NE(error(testing::tiny_moe_flags() + kRun + std::vector<std::string>{"--rope-type", "yarn"})
+  EXPECT_NE(mla_error(testing::tiny_moe_flags() + kRun + std::vector<std::string>{"--rope-type", "yarn"})
                 .find("--rope-type yarn: common attention only supports --rope-type rope"),
             std::string::npos);
   EXPECT_EQ(testing::small_config(testing::tiny_moe_flags() + kRun, {"--rope-type", "rope"}).rope_type, "rope");
-  EXPECT_NE(error(mla_model() + kRun, {"--rope-type", "ntk"}).find("--rope-type ntk"), std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun, {"--group-query-attention", "--num-query-groups", "2"})
+  EXPECT_NE(mla_error(mla_model() + kRun, {"--rope-type", "ntk"}).find("--rope-type ntk"), std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kRun, {"--group-query-attention", "--num-query-groups", "2"})
                 .find("--group-query-attention is mutually exclusive with --multi-latent-attention"),
             std::string::npos);
   EXPECT_NE(
-      error(mla_model() + kRun, {"--qk-pos-emb-head-dim", "5"}).find("--qk-pos-emb-head-dim 5 rotates 5 channels"),
+      mla_error(mla_model() + kRun, {"--qk-pos-emb-head-dim", "5"}).find("--qk-pos-emb-head-dim 5 rotates 5 channels"),
       std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun, {"--rope-type", "rope", "--rotary-percent", "0.25"})
+  EXPECT_NE(mla_error(mla_model() + kRun, {"--rope-type", "rope", "--rotary-percent", "0.25"})
                 .find("--qk-pos-emb-head-dim 4 x --rotary-percent 0.25 rotates 1 channels"),
             std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun, {"--kv-lora-rank", "0"}).find("--kv-lora-rank"), std::string::npos);
-  EXPECT_NE(error(mla_model() + kRun, {"--cache-mla-latents"}).find("--cache-mla-latents"), std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kRun, {"--kv-lora-rank", "0"}).find("--kv-lora-rank"), std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kRun, {"--cache-mla-latents"}).find("--cache-mla-latents"), std::string::npos);
   // Heads must split over TP; the latent ranks need not (the down projections are replicated).
-  EXPECT_NE(error(mla_model() + kRun, {"--tensor-model-parallel-size", "3", "--sequence-parallel"})
+  EXPECT_NE(mla_error(mla_model() + kRun, {"--tensor-model-parallel-size", "3", "--sequence-parallel"})
                 .find("divisible by --tensor-model-parallel-size 3"),
             std::string::npos);
 }
@@ -123,9 +123,10 @@ TEST(MLAFlags, TrainingIsRepeatable) {
 
 TEST(MLAFlags, SelectiveRecomputeOfAttentionOrNormsIsRefusedUntilMLAHasIt) {
   const std::vector<std::string> a = mla_model() + kRun;
-  EXPECT_NE(error(a, {"--recompute-activations"}).find("--recompute-modules core_attn with --multi-latent-attention"),
-            std::string::npos);  // Megatron's default module
-  EXPECT_NE(error(a, {"--recompute-activations", "--recompute-modules", "layernorm"})
+  EXPECT_NE(
+      mla_error(a, {"--recompute-activations"}).find("--recompute-modules core_attn with --multi-latent-attention"),
+      std::string::npos);  // Megatron's default module
+  EXPECT_NE(mla_error(a, {"--recompute-activations", "--recompute-modules", "layernorm"})
                 .find("--recompute-modules layernorm with --multi-latent-attention is refused"),
             std::string::npos);
   EXPECT_NO_THROW(testing::small_config(a, {"--recompute-activations", "--recompute-modules", "moe_act"}));

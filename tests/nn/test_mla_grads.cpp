@@ -17,8 +17,6 @@ using testing::fd_rel_error;
 using testing::kGradTol;
 using testing::randn;
 
-using testing::check_module;
-
 struct MLACase {
   int64_t q_lora;
   bool norms, yarn;
@@ -46,7 +44,7 @@ TEST(MLAGrad, Variants) {
       if (p->init.kind != nn::InitKind::Normal) p->value.copy_from(randn(p->value.shape(), DType::F64, s++, 0.5));
     Tensor x = randn({5, 2, 8}, DType::F64, 2);
     nn::MLAttention::Stash st;
-    check_module(
+    testing::check_module(
         reg, x, [&] { return mla.forward(x, st); }, [&](const Tensor& dy) { return mla.backward(dy, st); },
         fmt::format("mla q_lora={} norms={} yarn={} v={}", c.q_lora, c.norms, c.yarn, c.v_dim));
   }

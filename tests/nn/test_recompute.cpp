@@ -103,7 +103,7 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   return out;
 }
 
-void expect_bitwise(const Result& a, const Result& b, const std::string& what) {
+void expect_recompute_bitwise(const Result& a, const Result& b, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t i = 0; i < a.losses.size(); i++) EXPECT_EQ(a.losses[i], b.losses[i]) << what << " loss " << i;
   ASSERT_EQ(a.grads.size(), b.grads.size());
@@ -153,7 +153,7 @@ class RecomputeExact : public ::testing::TestWithParam<Option> {};
 TEST_P(RecomputeExact, BitwiseLikeNoRecomputeAndStashHoldsLess) {
   const Result base = run(RC{});
   const Result r = run(GetParam().rc);
-  expect_bitwise(base, r, GetParam().name);
+  expect_recompute_bitwise(base, r, GetParam().name);
   EXPECT_LT(r.stash_bytes, base.stash_bytes) << GetParam().name << ": the stash does not hold less";
   std::printf("recompute %s: forward leaves %lld of %lld bytes\n", GetParam().name.c_str(),
               static_cast<long long>(r.stash_bytes), static_cast<long long>(base.stash_bytes));
@@ -166,7 +166,8 @@ INSTANTIATE_TEST_SUITE_P(Options, RecomputeExact, ::testing::ValuesIn(options())
 // its forward saw, and add none.
 TEST(RecomputeExact, GlobalAuxLossReplaysItsCounts) {
   const Result base = run(RC{}, moe::LoadBalancingType::GlobalAuxLoss);
-  for (const Option& o : options()) expect_bitwise(base, run(o.rc, moe::LoadBalancingType::GlobalAuxLoss), o.name);
+  for (const Option& o : options())
+    expect_recompute_bitwise(base, run(o.rc, moe::LoadBalancingType::GlobalAuxLoss), o.name);
 }
 
 // bf16 GEMMs (the linears keep bf16 copies of their inputs, the experts bf16 activations) and LayerNorm.
@@ -174,7 +175,7 @@ TEST(RecomputeExact, Bf16AndLayerNorm) {
   const Result base = run(RC{}, moe::LoadBalancingType::AuxLoss, 2, true);
   for (const Option& o : options()) {
     const Result r = run(o.rc, moe::LoadBalancingType::AuxLoss, 2, true);
-    expect_bitwise(base, r, o.name);
+    expect_recompute_bitwise(base, r, o.name);
     EXPECT_LT(r.stash_bytes, base.stash_bytes) << o.name;
   }
 }

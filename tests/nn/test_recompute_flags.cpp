@@ -14,61 +14,66 @@ namespace {
 using testing::operator+;
 using Args = std::vector<std::string>;
 
-train::TrainConfig config(const Args& extra) {
+train::TrainConfig recompute_config(const Args& extra) {
   return testing::small_config(testing::tiny_moe_flags() + testing::mock_run_flags(8, 1, 1, 50, 1, "1e-3"), extra);
 }
 
-std::string error(const Args& extra) {
-  return testing::user_error_of([&] { config(extra); });
+std::string recompute_error(const Args& extra) {
+  return testing::user_error_of([&] { recompute_config(extra); });
 }
 
 TEST(RecomputeFlags, DefaultsAndMegatronRewrites) {
-  EXPECT_FALSE(train::recompute_config(config({})).any());
+  EXPECT_FALSE(train::recompute_config(recompute_config({})).any());
   // --recompute-activations is selective granularity; the modules default to core_attn.
-  nn::RecomputeConfig r = train::recompute_config(config({"--recompute-activations"}));
+  nn::RecomputeConfig r = train::recompute_config(recompute_config({"--recompute-activations"}));
   EXPECT_TRUE(r.core_attn && !r.full && !r.moe && !r.layernorm);
-  EXPECT_EQ(config({"--recompute-activations"}).recompute_granularity, "selective");
+  EXPECT_EQ(recompute_config({"--recompute-activations"}).recompute_granularity, "selective");
   // --moe-layer-recompute (deprecated): selective with moe added to the default modules.
-  r = train::recompute_config(config({"--moe-layer-recompute"}));
+  r = train::recompute_config(recompute_config({"--moe-layer-recompute"}));
   EXPECT_TRUE(r.core_attn && r.moe && !r.moe_act);
-  r = train::recompute_config(config({"--moe-layer-recompute", "--recompute-modules", "layernorm"}));
+  r = train::recompute_config(recompute_config({"--moe-layer-recompute", "--recompute-modules", "layernorm"}));
   EXPECT_TRUE(r.layernorm && r.moe && !r.core_attn);
-  r = train::recompute_config(config({"--recompute-granularity", "selective", "--recompute-modules", "moe_act",
-                                      "layernorm", "mlp", "moe", "shared_experts"}));
+  r = train::recompute_config(recompute_config({"--recompute-granularity", "selective", "--recompute-modules",
+                                                "moe_act", "layernorm", "mlp", "moe", "shared_experts"}));
   EXPECT_TRUE(r.moe_act && r.layernorm && r.mlp && r.moe && r.shared_experts && !r.core_attn && !r.full);
-  r = train::recompute_config(
-      config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
+  r = train::recompute_config(recompute_config(
+      {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
   EXPECT_TRUE(r.full && r.method == nn::RecomputeConfig::Method::Block && r.num_layers == 1 && !r.core_attn);
   // Modules and method without a granularity do nothing, as in Megatron.
-  EXPECT_FALSE(train::recompute_config(config({"--recompute-modules", "moe"})).any());
+  EXPECT_FALSE(train::recompute_config(recompute_config({"--recompute-modules", "moe"})).any());
 }
 
 TEST(RecomputeFlags, MegatronChecks) {
-  EXPECT_NE(error({"--recompute-granularity", "full", "--recompute-num-layers", "1"}).find("--recompute-method"),
+  EXPECT_NE(
+      recompute_error({"--recompute-granularity", "full", "--recompute-num-layers", "1"}).find("--recompute-method"),
+      std::string::npos);
+  EXPECT_NE(recompute_error({"--recompute-granularity", "full", "--recompute-method", "uniform"})
+                .find("--recompute-num-layers"),
             std::string::npos);
-  EXPECT_NE(error({"--recompute-granularity", "full", "--recompute-method", "uniform"}).find("--recompute-num-layers"),
-            std::string::npos);
-  EXPECT_NE(error({"--recompute-granularity", "selective", "--recompute-method", "uniform"}).find("selective"),
-            std::string::npos);
-  EXPECT_NE(error({"--recompute-activations", "--recompute-num-layers", "1"}).find("--recompute-num-layers 1"),
-            std::string::npos);
-  EXPECT_NE(error({"--moe-layer-recompute", "--recompute-granularity", "full", "--recompute-method", "uniform",
-                   "--recompute-num-layers", "1"})
+  EXPECT_NE(
+      recompute_error({"--recompute-granularity", "selective", "--recompute-method", "uniform"}).find("selective"),
+      std::string::npos);
+  EXPECT_NE(
+      recompute_error({"--recompute-activations", "--recompute-num-layers", "1"}).find("--recompute-num-layers 1"),
+      std::string::npos);
+  EXPECT_NE(recompute_error({"--moe-layer-recompute", "--recompute-granularity", "full", "--recompute-method",
+                             "uniform", "--recompute-num-layers", "1"})
                 .find("--moe-layer-recompute"),
             std::string::npos);
-  EXPECT_NE(error({"--recompute-granularity", "partial"}).find("--recompute-granularity"), std::string::npos);
-  EXPECT_NE(error({"--recompute-activations", "--recompute-modules", "attention"}).find("attention"),
+  EXPECT_NE(recompute_error({"--recompute-granularity", "partial"}).find("--recompute-granularity"), std::string::npos);
+  EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "attention"}).find("attention"),
             std::string::npos);
-  EXPECT_NE(error({"--recompute-activations", "--recompute-modules", "mla_up_proj"})
+  EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "mla_up_proj"})
                 .find("--recompute-modules mla_up_proj (MLA's up projections) is refused"),
             std::string::npos);
-  EXPECT_NE(error({"--recompute-activations", "--recompute-modules", "mhc"}).find("mhc"), std::string::npos);
+  EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "mhc"}).find("mhc"), std::string::npos);
 }
 
 TEST(RecomputeFlags, RefusedNeighbours) {
-  EXPECT_NE(error({"--distribute-saved-activations"}).find("--distribute-saved-activations"), std::string::npos);
+  EXPECT_NE(recompute_error({"--distribute-saved-activations"}).find("--distribute-saved-activations"),
+            std::string::npos);
   for (const Args& a : {Args{"--fine-grained-activation-offloading"}, Args{"--offload-modules", "core_attn"}}) {
-    const std::string e = error(a);
+    const std::string e = recompute_error(a);
     EXPECT_NE(e.find("host memory"), std::string::npos) << e;
     EXPECT_NE(e.find("CUDA backend"), std::string::npos) << e;
   }
@@ -76,19 +81,17 @@ TEST(RecomputeFlags, RefusedNeighbours) {
 
 // The plan printed at start counts full recompute: chunk inputs plus one replayed chunk.
 TEST(RecomputeFlags, MemoryPlanCountsFullRecompute) {
-  const train::TrainConfig c = config({});
+  const train::TrainConfig c = recompute_config({});
   const train::ParamCounts p = train::count_params(c, 64, 1, 1);
   const double none = train::plan_memory(c, p, 64, 1, 1, 1).activations;
-  const double uniform =
-      train::plan_memory(
-          config({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
-          p, 64, 1, 1, 1)
-          .activations;
-  const double block =
-      train::plan_memory(
-          config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}), p,
-          64, 1, 1, 1)
-          .activations;
+  const double uniform = train::plan_memory(recompute_config({"--recompute-granularity", "full", "--recompute-method",
+                                                              "uniform", "--recompute-num-layers", "1"}),
+                                            p, 64, 1, 1, 1)
+                             .activations;
+  const double block = train::plan_memory(recompute_config({"--recompute-granularity", "full", "--recompute-method",
+                                                            "block", "--recompute-num-layers", "1"}),
+                                          p, 64, 1, 1, 1)
+                           .activations;
   EXPECT_LT(uniform, none);
   EXPECT_LT(block, none);
   EXPECT_LT(block, uniform);  // 2 layers: block keeps 1 input + layer 1 whole; uniform 2 inputs + 1 replayed layer

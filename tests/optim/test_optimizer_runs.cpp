@@ -19,17 +19,12 @@ std::vector<std::string> run_args() {
          std::vector<std::string>{"--weight-decay", "0.1"};
 }
 
-train::TrainConfig config(const std::vector<std::string>& extra) {
+train::TrainConfig optim_config(const std::vector<std::string>& extra) {
   return testing::small_config(run_args(), extra);
 }
 
-struct Null {
-  std::FILE* f = std::fopen("/dev/null", "w");
-  ~Null() { std::fclose(f); }
-};
-
 std::vector<train::StepResult> steps(const train::TrainConfig& c, int n) {
-  Null null;
+  testing::NullOut null;
   train::Trainer t(c, null.f, false);
   std::vector<train::StepResult> r;
   for (int i = 0; i < n; i++) r.push_back(t.train_step());
@@ -37,7 +32,7 @@ std::vector<train::StepResult> steps(const train::TrainConfig& c, int n) {
 }
 
 TEST(OptimizerFlags, MegatronsChecks) {
-  auto err = [](const std::vector<std::string>& extra) { return testing::user_error_of([&] { config(extra); }); };
+  auto err = [](const std::vector<std::string>& extra) { return testing::user_error_of([&] { optim_config(extra); }); };
   EXPECT_NE(err({"--optimizer", "muon", "--muon-num-ns-steps", "4"}).find("multiple of 5"), std::string::npos);
   EXPECT_NE(err({"--optimizer", "lion"}).find("--optimizer"), std::string::npos);
   EXPECT_NE(err({"--optimizer", "muon", "--muon-scalar-optimizer", "lion"}).find("muon-scalar-optimizer"),
@@ -49,8 +44,8 @@ TEST(OptimizerFlags, MegatronsChecks) {
                 .find("layer-wise"),
             std::string::npos);
   EXPECT_NO_THROW(
-      config({"--optimizer", "muon", "--muon-coefficient-type", "polar_express", "--muon-num-ns-steps", "8"}));
-  EXPECT_NO_THROW(config({"--optimizer", "muon", "--num-distributed-optimizer-instances", "2"}));
+      optim_config({"--optimizer", "muon", "--muon-coefficient-type", "polar_express", "--muon-num-ns-steps", "8"}));
+  EXPECT_NO_THROW(optim_config({"--optimizer", "muon", "--num-distributed-optimizer-instances", "2"}));
 }
 
 TEST(OptimizerRuns, MuonAndSgdTrain) {
@@ -58,32 +53,32 @@ TEST(OptimizerRuns, MuonAndSgdTrain) {
            {"--optimizer", "muon"},
            {"--optimizer", "muon", "--muon-nesterov", "--muon-scale-mode", "unit_rms_norm"},
            {"--optimizer", "sgd", "--lr", "0.3"}}) {
-    const auto r = steps(config(opt), 6);
+    const auto r = steps(optim_config(opt), 6);
     EXPECT_LT(r.back().lm_loss, r.front().lm_loss) << opt[1];
   }
   // Muon is not Adam: the same run takes a different path.
-  EXPECT_NE(steps(config({"--optimizer", "muon"}), 2)[1].lm_loss, steps(config({}), 2)[1].lm_loss);
+  EXPECT_NE(steps(optim_config({"--optimizer", "muon"}), 2)[1].lm_loss, steps(optim_config({}), 2)[1].lm_loss);
 }
 
 TEST(OptimizerRuns, DecoupledLrMovesOnlyTheEmbeddingAndOutputRate) {
-  const auto base = steps(config({}), 3);
-  const auto same = steps(config({"--decoupled-lr", "3e-3"}), 3);  // = --lr: bitwise the same run
+  const auto base = steps(optim_config({}), 3);
+  const auto same = steps(optim_config({"--decoupled-lr", "3e-3"}), 3);  // = --lr: bitwise the same run
   for (int i = 0; i < 3; i++) EXPECT_EQ(same[static_cast<size_t>(i)].lm_loss, base[static_cast<size_t>(i)].lm_loss);
-  const auto other = steps(config({"--decoupled-lr", "0"}), 3);
+  const auto other = steps(optim_config({"--decoupled-lr", "0"}), 3);
   EXPECT_EQ(other[0].lm_loss, base[0].lm_loss);
   EXPECT_NE(other[2].lm_loss, base[2].lm_loss);
 }
 
 void expect_resumes_bitwise(const std::vector<std::string>& opt) {
-  Null null;
+  testing::NullOut null;
   const std::string dir = testing::fresh_temp_path("optim_resume");
-  const auto want = steps(config(opt), 6);
+  const auto want = steps(optim_config(opt), 6);
   {
-    train::Trainer first(config(opt + std::vector<std::string>{"--save", dir}), null.f, false);
+    train::Trainer first(optim_config(opt + std::vector<std::string>{"--save", dir}), null.f, false);
     for (int i = 0; i < 3; i++) first.train_step();
     first.save_checkpoint();
   }
-  train::Trainer resumed(config(opt + std::vector<std::string>{"--save", dir, "--load", dir}), null.f, false);
+  train::Trainer resumed(optim_config(opt + std::vector<std::string>{"--save", dir, "--load", dir}), null.f, false);
   for (int i = 3; i < 6; i++) {
     const auto r = resumed.train_step();
     EXPECT_EQ(r.lm_loss, want[static_cast<size_t>(i)].lm_loss) << opt[1] << " step " << i;
@@ -97,19 +92,19 @@ TEST(OptimizerRuns, MuonAndSgdResumeBitwise) {
 }
 
 TEST(OptimizerRuns, AnotherOptimizersStateIsRefused) {
-  Null null;
+  testing::NullOut null;
   const std::string dir = testing::fresh_temp_path("optim_kind");
   {
-    train::Trainer adam(config({"--save", dir}), null.f, false);
+    train::Trainer adam(optim_config({"--save", dir}), null.f, false);
     adam.train_step();
     adam.save_checkpoint();
   }
   const std::string e = testing::user_error_of([&] {
-    train::Trainer muon(config({"--optimizer", "muon", "--load", dir}), null.f, false);
+    train::Trainer muon(optim_config({"--optimizer", "muon", "--load", dir}), null.f, false);
   });
   EXPECT_NE(e.find("adam optimizer state"), std::string::npos) << e;
   EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
-  train::Trainer ok(config({"--optimizer", "muon", "--load", dir, "--no-load-optim"}), null.f, false);
+  train::Trainer ok(optim_config({"--optimizer", "muon", "--load", dir, "--no-load-optim"}), null.f, false);
   EXPECT_EQ(ok.iteration(), 1);
   ok.train_step();
 }

@@ -17,7 +17,7 @@ using nlohmann::json;
 using testing::fresh_temp_path;
 using testing::user_error_of;
 
-std::string write(const std::string& name, const std::string& text) {
+std::string write_run(const std::string& name, const std::string& text) {
   const std::string p = fresh_temp_path(name);
   std::ofstream(p) << text;
   return p;
@@ -50,8 +50,8 @@ TEST(ReportHistory, ResumedRunReplacesWhatTheInterruptedRunLoggedAfterItsCheckpo
   const json v20 = {{"eval", "valid"}, {"iteration", 20}, {"lm_loss", 5.0}};
   const json v40 = {{"eval", "valid"}, {"iteration", 40}, {"lm_loss", 4.0}};
   const std::string p =
-      write("report_resumed.jsonl",
-            lines({row(10, 6), row(20, 5.5), v20, row(30, 5.2), row(40, 5.1), v40, row(30, 5.3), row(40, 5.25)}));
+      write_run("report_resumed.jsonl",
+                lines({row(10, 6), row(20, 5.5), v20, row(30, 5.2), row(40, 5.1), v40, row(30, 5.3), row(40, 5.25)}));
   const RunHistory h = read_run_history(p, "r");
   ASSERT_EQ(h.train.size(), 4u);
   EXPECT_EQ(h.train[2]["lm_loss"], 5.3);   // the resumed run's iteration 30
@@ -62,7 +62,7 @@ TEST(ReportHistory, ResumedRunReplacesWhatTheInterruptedRunLoggedAfterItsCheckpo
 
 TEST(ReportHistory, AlarmRecordsAreKeptApartFromTheLogLines) {
   const json alarm = {{"alarm", "dead-expert"}, {"iteration", 20}, {"action", "warn"}, {"message", "expert 3"}};
-  const RunHistory h = read_run_history(write("report_alarm.jsonl", lines({row(10, 6), row(20, 5.5), alarm})), "r");
+  const RunHistory h = read_run_history(write_run("report_alarm.jsonl", lines({row(10, 6), row(20, 5.5), alarm})), "r");
   ASSERT_EQ(h.train.size(), 2u);
   EXPECT_EQ(h.train[1]["lm_loss"], 5.5);
   ASSERT_EQ(h.alarms.size(), 1u);
@@ -71,16 +71,16 @@ TEST(ReportHistory, AlarmRecordsAreKeptApartFromTheLogLines) {
 
 TEST(ReportHistory, ACutOffLastLineIsSkippedAndCountedButABadLineInsideIsAnError) {
   const std::string ok = lines({row(10, 6), row(20, 5)});
-  const RunHistory h = read_run_history(write("report_cut.jsonl", ok + "{\"iteration\": 30, \"lm_l"), "r");
+  const RunHistory h = read_run_history(write_run("report_cut.jsonl", ok + "{\"iteration\": 30, \"lm_l"), "r");
   EXPECT_EQ(h.train.size(), 2u);
   EXPECT_EQ(h.skipped_lines, 1);
-  const std::string bad = write("report_bad.jsonl", ok + "{\"iteration\": 30,\n" + row(40, 4).dump() + "\n");
+  const std::string bad = write_run("report_bad.jsonl", ok + "{\"iteration\": 30,\n" + row(40, 4).dump() + "\n");
   EXPECT_NE(user_error_of([&] { read_run_history(bad, "r"); }).find("report_bad.jsonl line 3: not a JSON object"),
             std::string::npos);
-  const std::string no_it = write("report_noit.jsonl", "{\"lm_loss\": 3}\n");
+  const std::string no_it = write_run("report_noit.jsonl", "{\"lm_loss\": 3}\n");
   EXPECT_NE(user_error_of([&] { read_run_history(no_it, "r"); }).find("line 1: no integer \"iteration\""),
             std::string::npos);
-  const std::string empty = write("report_empty.jsonl", "\n");
+  const std::string empty = write_run("report_empty.jsonl", "\n");
   EXPECT_NE(user_error_of([&] { read_run_history(empty, "r"); }).find("no metrics lines"), std::string::npos);
 }
 

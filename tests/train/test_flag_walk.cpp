@@ -20,7 +20,7 @@ namespace {
 
 using testing::operator+;
 
-std::vector<std::string> tiny_run() {
+std::vector<std::string> walk_tiny_run() {
   return testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 64, 1, "1e-3");
 }
 
@@ -58,7 +58,7 @@ TEST(TrainConfigWalk, EveryFlagAcceptsOrNamesItselfAndNothingAssertsLater) {
       parsed++;
       std::optional<train::TrainConfig> c;
       try {
-        c = testing::small_config(tiny_run(), extra);
+        c = testing::small_config(walk_tiny_run(), extra);
       } catch (const Error& e) {
         const std::string m = e.what();
         if (m.find(f.name) == std::string::npos) failures.push_back(what + ": the error names another flag: " + m);
@@ -92,7 +92,7 @@ TEST(TrainConfigWalk, EveryFlagAcceptsOrNamesItselfAndNothingAssertsLater) {
 
 TEST(TrainConfigWalk, KnownHolesAreClosedWithTheAcceptedRange) {
   auto err = [](std::vector<std::string> extra) {
-    return testing::error_of([&] { testing::small_config(tiny_run(), extra); });
+    return testing::error_of([&] { testing::small_config(walk_tiny_run(), extra); });
   };
   EXPECT_NE(err({"--num-experts", "-4"}).find("--num-experts -4 is out of range; accepted: >= 0"), std::string::npos);
   EXPECT_NE(err({"--moe-ffn-hidden-size", "-1"}).find("--moe-ffn-hidden-size -1 is out of range"), std::string::npos);
@@ -116,7 +116,7 @@ TEST(TrainConfigWalk, KnownHolesAreClosedWithTheAcceptedRange) {
 }
 
 TEST(TrainMemory, ARunThatCannotFitIsRefusedWithThePlanAndAdvice) {
-  const train::TrainConfig c = testing::small_config(tiny_run(), {"--testing-memory-limit", "100000"});
+  const train::TrainConfig c = testing::small_config(walk_tiny_run(), {"--testing-memory-limit", "100000"});
   std::FILE* null = std::fopen("/dev/null", "w");
   const std::string e = testing::error_of([&] { train::Trainer t(c, null, false); });
   std::fclose(null);
@@ -170,7 +170,7 @@ TEST(TrainMemory, AnAbsurdAllocationIsAnErrorWithTheNumbers) {
 }
 
 TEST(TrainConfigWalk, RunIdentityNamesFlagsDataFilesAndTheCheckpoint) {
-  train::TrainConfig c = testing::small_config(tiny_run());
+  train::TrainConfig c = testing::small_config(walk_tiny_run());
   c.data_path = {"0.3", "/nonexistent/corpus"};
   c.load = testing::fresh_temp_path("identity_load");
   const auto id = train::run_identity(c);

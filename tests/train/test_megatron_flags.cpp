@@ -20,7 +20,7 @@ namespace {
 using testing::operator+;
 using train::RuleKind;
 
-std::vector<std::string> tiny_run() {
+std::vector<std::string> megatron_tiny_run() {
   return testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 64, 1, "1e-3");
 }
 
@@ -78,7 +78,7 @@ TEST(MegatronFlags, EveryRuledFlagParsesToItsRule) {
   size_t no_effect = 0, refused = 0;
   for (const train::MegatronFlag* f : train::megatron_ruled_flags()) {
     const train::FlagRule* r = train::megatron_rule(f->name);
-    std::vector<std::string> args = tiny_run() + std::vector<std::string>{"--" + f->name};
+    std::vector<std::string> args = megatron_tiny_run() + std::vector<std::string>{"--" + f->name};
     std::string value;
     if (f->arity != train::MegatronArity::Switch) {
       value = r->kind == RuleKind::NoEffectFor ? r->values[0] : (f->choices.empty() ? "1" : f->choices[0]);
@@ -98,7 +98,7 @@ TEST(MegatronFlags, EveryRuledFlagParsesToItsRule) {
     EXPECT_EQ(c.no_effect[0], "--" + f->name + (value.empty() ? "" : " " + value) + ": " + r->why);
     if (r->kind == RuleKind::NoEffectFor) {  // another value: refused, naming the flag, the value and the rule
       const std::string e = testing::user_error_of([&] {
-        train::parse_flags(tiny_run() + std::vector<std::string>{"--" + f->name, "bogus"});
+        train::parse_flags(megatron_tiny_run() + std::vector<std::string>{"--" + f->name, "bogus"});
       });
       EXPECT_EQ(e.rfind("--" + f->name + " bogus: " + r->otherwise, 0), 0u) << e;
     }
@@ -109,9 +109,9 @@ TEST(MegatronFlags, EveryRuledFlagParsesToItsRule) {
 
 TEST(MegatronFlags, NoEffectFlagsAreListedOnceInTheGivenOrder) {
   const auto c = train::parse_train_config(
-      tiny_run() + std::vector<std::string>{"--use-mcore-models", "--attention-backend", "flash",
-                                            "--no-gradient-accumulation-fusion", "--main-grads-dtype", "fp32",
-                                            "--moe-permute-fusion"});
+      megatron_tiny_run() + std::vector<std::string>{"--use-mcore-models", "--attention-backend", "flash",
+                                                     "--no-gradient-accumulation-fusion", "--main-grads-dtype", "fp32",
+                                                     "--moe-permute-fusion"});
   ASSERT_EQ(c.no_effect.size(), 5u);
   EXPECT_EQ(c.no_effect[0].rfind("--use-mcore-models: ", 0), 0u);
   EXPECT_EQ(c.no_effect[1].rfind("--attention-backend flash: ", 0), 0u);
@@ -119,10 +119,10 @@ TEST(MegatronFlags, NoEffectFlagsAreListedOnceInTheGivenOrder) {
   const std::string listing = train::describe_no_effect(c.no_effect);
   EXPECT_EQ(listing.rfind("no effect in moecore:\n  --use-mcore-models: ", 0), 0u) << listing;
   EXPECT_EQ(train::describe_no_effect({}), "");
-  EXPECT_TRUE(train::parse_train_config(tiny_run()).no_effect.empty());
+  EXPECT_TRUE(train::parse_train_config(megatron_tiny_run()).no_effect.empty());
   // A one-value flag takes a bracketed value whole, and is followed by another flag as usual.
   const auto d = train::parse_train_config(
-      tiny_run() + std::vector<std::string>{"--main-grads-dtype=fp32", "--num-workers", "[2]", "--seed", "7"});
+      megatron_tiny_run() + std::vector<std::string>{"--main-grads-dtype=fp32", "--num-workers", "[2]", "--seed", "7"});
   EXPECT_TRUE(has_line_for(d.no_effect, "--main-grads-dtype fp32: "));
   EXPECT_TRUE(has_line_for(d.no_effect, "--num-workers [2]: "));
   EXPECT_EQ(d.seed, 7);
@@ -145,12 +145,13 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
 }
 
 TEST(MegatronFlags, CkptFormatIsMoecoresOwnAndMegatronsAreRefusedWithTheWayOver) {
-  EXPECT_EQ(train::parse_train_config(tiny_run()).ckpt_format, "moecore");
-  EXPECT_EQ(train::parse_train_config(tiny_run() + std::vector<std::string>{"--ckpt-format", "moecore"}).ckpt_format,
-            "moecore");
+  EXPECT_EQ(train::parse_train_config(megatron_tiny_run()).ckpt_format, "moecore");
+  EXPECT_EQ(
+      train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", "moecore"}).ckpt_format,
+      "moecore");
   for (const char* fmt : {"torch_dist", "torch", "zarr", "torch_dcp", "fsdp_dtensor"}) {
     const std::string e = testing::user_error_of([&] {
-      train::parse_train_config(tiny_run() + std::vector<std::string>{"--ckpt-format", fmt});
+      train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", fmt});
     });
     EXPECT_EQ(e.rfind(std::string("--ckpt-format ") + fmt + ": moecore reads and writes only its own", 0), 0u) << e;
     EXPECT_NE(e.find("moecore convert hf-to-native --input HF_DIR --output DIR"), std::string::npos) << e;
@@ -161,7 +162,7 @@ TEST(MegatronFlags, CkptFormatIsMoecoresOwnAndMegatronsAreRefusedWithTheWayOver)
         << f[0];
   // --save-interval without --save: accepted, as Megatron does (nothing is saved).
   EXPECT_EQ(testing::error_of([&] {
-              train::parse_train_config(tiny_run() + std::vector<std::string>{"--save-interval", "5"});
+              train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--save-interval", "5"});
             }),
             "");
 }
@@ -169,7 +170,7 @@ TEST(MegatronFlags, CkptFormatIsMoecoresOwnAndMegatronsAreRefusedWithTheWayOver)
 TEST(MegatronFlags, YamlKeysTakeTheRulesToo) {
   const std::string y = testing::fresh_temp_path("megatron_flags_yaml") + ".yaml";
   std::ofstream(y) << "use_mcore_models: true\ntransformer-impl: local\nno_rope_fusion: false\n";
-  const auto c = train::parse_train_config(tiny_run() + std::vector<std::string>{"--config", y});
+  const auto c = train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--config", y});
   ASSERT_EQ(c.no_effect.size(), 2u);  // a switch set to false is not given
   EXPECT_EQ(c.no_effect[0].rfind("--use-mcore-models: ", 0), 0u);
   EXPECT_EQ(c.no_effect[1].rfind("--transformer-impl local: ", 0), 0u);

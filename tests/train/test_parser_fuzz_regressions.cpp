@@ -17,14 +17,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const auto& error_of = testing::user_error_of;
-
 TEST(ParserFuzzRegressions, YamlMapInsideAListIsAUserError) {
   const std::string path = testing::fresh_temp_path("fuzz_regression.yaml");
   std::ofstream(path) << "num-layers: 2\ndata-path: [0.7,: /tmp/a, 0.3]\n";
-  EXPECT_NE(error_of([&] { train::parse_flags({"--config", path}); }).find(path), std::string::npos);
+  EXPECT_NE(testing::user_error_of([&] { train::parse_flags({"--config", path}); }).find(path), std::string::npos);
   std::ofstream(path) << "? [a, b]\n: 1\n";  // a key that is a list
-  EXPECT_NE(error_of([&] { train::parse_flags({"--config", path}); }).find(path), std::string::npos);
+  EXPECT_NE(testing::user_error_of([&] { train::parse_flags({"--config", path}); }).find(path), std::string::npos);
   fs::remove(path);
 }
 
@@ -33,7 +31,9 @@ TEST(ParserFuzzRegressions, TokenizerIdsMustBeIntegers) {
     const std::string j = R"({"pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "merges": [],
         "vocab": {"a": )" +
                           id + "}}}";
-    EXPECT_NE(error_of([&] { data::Tokenizer::from_json(j, "t"); }).find("not an integer"), std::string::npos) << id;
+    EXPECT_NE(testing::user_error_of([&] { data::Tokenizer::from_json(j, "t"); }).find("not an integer"),
+              std::string::npos)
+        << id;
   }
 }
 
@@ -42,7 +42,8 @@ TEST(ParserFuzzRegressions, CheckpointShapesMustBeIntegers) {
   fs::create_directories(dir);
   std::ofstream(dir / "index.json") << R"({"format": "moecore-native-1", "shards": [{"name": "w", "file": "f",
       "global": [9.3e19, 2], "offset": [0, 0], "size": [1, 2], "dtype": "F32", "xxh3_64": "0000000000000000"}]})";
-  EXPECT_NE(error_of([&] { ckpt::read_model_index(dir.string()); }).find("not an integer"), std::string::npos);
+  EXPECT_NE(testing::user_error_of([&] { ckpt::read_model_index(dir.string()); }).find("not an integer"),
+            std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -20,7 +20,7 @@ using train::PipelineFlags;
 using train::PipelineLayout;
 using train::plan_pipeline;
 
-PipelineFlags flags(int64_t layers, int64_t pp) {
+PipelineFlags stage_flags(int64_t layers, int64_t pp) {
   PipelineFlags f;
   f.num_layers = layers;
   f.pp = pp;
@@ -28,13 +28,13 @@ PipelineFlags flags(int64_t layers, int64_t pp) {
 }
 
 PipelineFlags layout_flags(int64_t layers, int64_t pp, const std::string& layout, int64_t mtp = 0) {
-  PipelineFlags f = flags(layers, pp);
+  PipelineFlags f = stage_flags(layers, pp);
   f.layout = layout;
   f.mtp_num_layers = mtp;
   return f;
 }
 
-std::string refusal(const PipelineFlags& f) {
+std::string pipeline_refusal(const PipelineFlags& f) {
   return testing::user_error_of([&] { plan_pipeline(f); });
 }
 
@@ -44,10 +44,6 @@ std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> spans(const P
   for (int64_t r = 0; r < l.pp; r++)
     for (int64_t v = 0; v < l.vpp; v++) m[{r, v}] = {l.at(r, v).first_layer, l.at(r, v).num_layers};
   return m;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 TEST(PipelineLayout, LayoutStringExpandsAsMegatronsParser) {
@@ -69,28 +65,32 @@ TEST(PipelineLayout, LayoutStringExpandsAsMegatronsParser) {
   EXPECT_EQ(train::parse_pipeline_layout("(tt)*2*3"), (std::vector<std::string>{"tttttt"}));
   EXPECT_EQ(train::parse_pipeline_layout(""), (std::vector<std::string>{""}));
   // No nesting (the group ends at the first ')'), unknown characters, spaces: the character is named.
-  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("((t)*2)*3"); }),
-                       "invalid layer character '('"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([] { train::parse_pipeline_layout("((t)*2)*3"); }),
+                                "invalid layer character '('"));
   const std::string bad = testing::user_error_of([] { train::parse_pipeline_layout("Et|x*2|L"); });
-  EXPECT_TRUE(contains(bad, "'Et|x*2|L': invalid layer character 'x' in stage 1 ('Et|xx|L' after expanding")) << bad;
-  EXPECT_TRUE(contains(bad, "E (embedding), t (transformer decoder layer), m (MTP layer), L (loss)")) << bad;
-  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("E t|L"); }), "character ' '"));
-  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("Et*99999999999999999999|L"); }),
-                       "expands the layout beyond"));
+  EXPECT_TRUE(testing::contains(bad, "'Et|x*2|L': invalid layer character 'x' in stage 1 ('Et|xx|L' after expanding"))
+      << bad;
+  EXPECT_TRUE(testing::contains(bad, "E (embedding), t (transformer decoder layer), m (MTP layer), L (loss)")) << bad;
+  EXPECT_TRUE(
+      testing::contains(testing::user_error_of([] { train::parse_pipeline_layout("E t|L"); }), "character ' '"));
+  EXPECT_TRUE(
+      testing::contains(testing::user_error_of([] { train::parse_pipeline_layout("Et*99999999999999999999|L"); }),
+                        "expands the layout beyond"));
   // Long strings in linear time and without deep recursion: a million characters of one stage, of unclosed '('.
   EXPECT_EQ(train::parse_pipeline_layout("E" + std::string(999998, 't') + "L")[0].size(), 1000000u);
-  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout(std::string(1000000, '(')); }),
-                       "invalid layer character '('"));
-  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout(std::string(1048577, 't')); }),
-                       "longer than 1048576 characters"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([] { train::parse_pipeline_layout(std::string(1000000, '(')); }),
+                                "invalid layer character '('"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([] { train::parse_pipeline_layout(std::string(1048577, 't')); }),
+                                "longer than 1048576 characters"));
   // "x*n" repeats any character but a newline (Python's '.'); digits after a match are all the count.
-  EXPECT_TRUE(contains(testing::user_error_of([] { train::parse_pipeline_layout("E\n*2L"); }), "character '\n'"));
+  EXPECT_TRUE(
+      testing::contains(testing::user_error_of([] { train::parse_pipeline_layout("E\n*2L"); }), "character '\n'"));
   EXPECT_EQ(train::parse_pipeline_layout("Et*12L")[0].size(), 14u);
 }
 
 TEST(PipelineLayout, EvenSplitAndVirtualStagesAsMegatronsComments) {
   // get_num_layers_to_build's comment: 8 layers, 2 stages, 4 chunks: Stage 0: [0] [2] [4] [6], Stage 1: [1] [3] ...
-  PipelineFlags f = flags(8, 2);
+  PipelineFlags f = stage_flags(8, 2);
   f.num_layers_per_virtual_stage = 1;
   PipelineLayout l = plan_pipeline(f);
   EXPECT_EQ(l.vpp, 4);
@@ -113,7 +113,7 @@ TEST(PipelineLayout, EvenSplitAndVirtualStagesAsMegatronsComments) {
   f.num_virtual_stages_per_rank = 1;
   EXPECT_FALSE(plan_pipeline(f).interleaved());
   // One stage: everything.
-  l = plan_pipeline(flags(5, 1));
+  l = plan_pipeline(stage_flags(5, 1));
   ASSERT_EQ(l.stages.size(), 1u);
   EXPECT_TRUE(l.stages[0].embedding && l.stages[0].loss && l.stages[0].num_layers == 5);
 }
@@ -142,7 +142,7 @@ TEST(PipelineLayout, MegatronsUnevenVirtualOffsets) {
        -1,
        {{{0, 0}, 0}, {{0, 1}, 12}, {{1, 0}, 3}, {{1, 1}, 15}, {{2, 0}, 6}, {{2, 1}, 18}, {{3, 0}, 9}, {{3, 1}, 21}}}};
   for (const auto& c : cases) {
-    PipelineFlags f = flags(c.layers, 4);
+    PipelineFlags f = stage_flags(c.layers, 4);
     f.num_virtual_stages_per_rank = 2;
     f.decoder_first_pipeline_num_layers = c.first;
     f.decoder_last_pipeline_num_layers = c.last;
@@ -152,7 +152,7 @@ TEST(PipelineLayout, MegatronsUnevenVirtualOffsets) {
     EXPECT_EQ(l.num_layers(), c.layers);
   }
   // Case 1's comments: stage 0 holds 4 + 4, stage 3 holds 5 + 5 (8 and 10 over two virtual stages).
-  PipelineFlags f = flags(30, 4);
+  PipelineFlags f = stage_flags(30, 4);
   f.num_virtual_stages_per_rank = 2;
   f.decoder_first_pipeline_num_layers = 8;
   f.decoder_last_pipeline_num_layers = 10;
@@ -161,9 +161,10 @@ TEST(PipelineLayout, MegatronsUnevenVirtualOffsets) {
   EXPECT_EQ(l.at(1, 0).num_layers, 3);
   EXPECT_EQ(l.at(3, 1).num_layers, 5);
   const std::string d = l.describe();
-  EXPECT_TRUE(contains(d, "pipeline: 30 decoder layers over 4 stage(s) x 2 virtual stages (interleaved)")) << d;
-  EXPECT_TRUE(contains(d, "PP rank 0    embedding, decoder 0-3")) << d;
-  EXPECT_TRUE(contains(d, "decoder 25-29, loss")) << d;
+  EXPECT_TRUE(testing::contains(d, "pipeline: 30 decoder layers over 4 stage(s) x 2 virtual stages (interleaved)"))
+      << d;
+  EXPECT_TRUE(testing::contains(d, "PP rank 0    embedding, decoder 0-3")) << d;
+  EXPECT_TRUE(testing::contains(d, "decoder 25-29, loss")) << d;
 }
 
 // test_transformer_block.py's TestPipelineParallelTransformerBlock.test_layer_builder: every case, accepted or not,
@@ -185,7 +186,7 @@ TEST(PipelineLayout, MegatronsLayerBuilderCases) {
                                 {60, 6, -1, true, false, 5, 5, true},     {50, 2, 7, false, false, -1, -1, true},
                                 {4, 4, 4, false, false, -1, -1, true}};
   for (const auto& c : cases) {
-    PipelineFlags f = flags(c.layers, c.pp);
+    PipelineFlags f = stage_flags(c.layers, c.pp);
     f.num_virtual_stages_per_rank = c.vpp;
     f.account_for_embedding = c.e;
     f.account_for_loss = c.l;
@@ -200,23 +201,23 @@ TEST(PipelineLayout, MegatronsLayerBuilderCases) {
 }
 
 TEST(PipelineLayout, HandComputedUnevenAndAccountedSplits) {
-  PipelineFlags f = flags(30, 4);  // 8 | 6 | 6 | 10
+  PipelineFlags f = stage_flags(30, 4);  // 8 | 6 | 6 | 10
   f.decoder_first_pipeline_num_layers = 8;
   f.decoder_last_pipeline_num_layers = 10;
   EXPECT_EQ(spans(plan_pipeline(f)), (decltype(spans(plan_pipeline(f))){
                                          {{0, 0}, {0, 8}}, {{1, 0}, {8, 6}}, {{2, 0}, {14, 6}}, {{3, 0}, {20, 10}}}));
-  f = flags(60, 5);  // last 4: 14 | 14 | 14 | 14 | 4
+  f = stage_flags(60, 5);  // last 4: 14 | 14 | 14 | 14 | 4
   f.decoder_last_pipeline_num_layers = 4;
   auto s = spans(plan_pipeline(f));
   EXPECT_EQ((s[{3, 0}]), (std::pair<int64_t, int64_t>{42, 14}));
   EXPECT_EQ((s[{4, 0}]), (std::pair<int64_t, int64_t>{56, 4}));
-  f = flags(7, 2);  // PP 2, both ends set: no middle stage
+  f = stage_flags(7, 2);  // PP 2, both ends set: no middle stage
   f.decoder_first_pipeline_num_layers = 3;
   f.decoder_last_pipeline_num_layers = 4;
   s = spans(plan_pipeline(f));
   EXPECT_EQ((s[{1, 0}]), (std::pair<int64_t, int64_t>{3, 4}));
   // PP 2 x VPP 2 with both ends set: Megatron's offset divides by zero middle stages; the layers are well defined.
-  f = flags(8, 2);
+  f = stage_flags(8, 2);
   f.num_virtual_stages_per_rank = 2;
   f.decoder_first_pipeline_num_layers = 2;
   f.decoder_last_pipeline_num_layers = 6;
@@ -226,14 +227,14 @@ TEST(PipelineLayout, HandComputedUnevenAndAccountedSplits) {
   EXPECT_EQ((s[{0, 1}]), (std::pair<int64_t, int64_t>{4, 1}));
   EXPECT_EQ((s[{1, 1}]), (std::pair<int64_t, int64_t>{5, 3}));
   // The embedding counted as a layer: 63 + 1 over 4 stages of 16, the first holding 15 decoder layers.
-  f = flags(63, 4);
+  f = stage_flags(63, 4);
   f.account_for_embedding = true;
   s = spans(plan_pipeline(f));
   EXPECT_EQ((s[{0, 0}]), (std::pair<int64_t, int64_t>{0, 15}));
   EXPECT_EQ((s[{1, 0}]), (std::pair<int64_t, int64_t>{15, 16}));
   EXPECT_EQ((s[{3, 0}]), (std::pair<int64_t, int64_t>{47, 16}));
   // Both counted, two virtual stages: 62 + 2 over 8 chunks of 8; the first and the last chunk hold 7.
-  f = flags(62, 4);
+  f = stage_flags(62, 4);
   f.account_for_embedding = f.account_for_loss = true;
   f.num_virtual_stages_per_rank = 2;
   s = spans(plan_pipeline(f));
@@ -242,7 +243,7 @@ TEST(PipelineLayout, HandComputedUnevenAndAccountedSplits) {
   EXPECT_EQ((s[{0, 1}]), (std::pair<int64_t, int64_t>{31, 8}));
   EXPECT_EQ((s[{3, 1}]), (std::pair<int64_t, int64_t>{55, 7}));
   // --num-layers-per-virtual-pipeline-stage counts the embedding and the loss too: (6 + 2) / 2 = 4 = 2 x 2.
-  f = flags(6, 2);
+  f = stage_flags(6, 2);
   f.account_for_embedding = f.account_for_loss = true;
   f.num_layers_per_virtual_stage = 2;
   const PipelineLayout l = plan_pipeline(f);
@@ -255,10 +256,12 @@ TEST(PipelineLayout, HandComputedUnevenAndAccountedSplits) {
 // test_transformer_block.py's TestPipelineParallelLayoutTransformerBlock (its lists written as strings), and
 // test_pipeline_layout.py's layouts with an MTP layer.
 TEST(PipelineLayout, MegatronsLayoutCases) {
-  EXPECT_TRUE(contains(refusal(layout_flags(7, 2, "t*6|tL")), "first layer of the layout must be the embedding"));
-  EXPECT_TRUE(contains(refusal(layout_flags(7, 2, "Et*6|t")), "last layer of the layout must be the loss (L)"));
-  EXPECT_TRUE(contains(refusal(layout_flags(7, 2, "E|x*7L")), "invalid layer character 'x'"));
-  EXPECT_TRUE(contains(refusal(layout_flags(7, 2, "E|t*7|L")), "has 3 stages, not a multiple of"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(7, 2, "t*6|tL")),
+                                "first layer of the layout must be the embedding"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(7, 2, "Et*6|t")),
+                                "last layer of the layout must be the loss (L)"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(7, 2, "E|x*7L")), "invalid layer character 'x'"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(7, 2, "E|t*7|L")), "has 3 stages, not a multiple of"));
   EXPECT_EQ(plan_pipeline(layout_flags(7, 2, "Et|t*4|t|tL")).vpp, 2);
   EXPECT_EQ(plan_pipeline(layout_flags(6, 2, "Et|(tt|)*2,tL")).num_stages(), 4);    // --help's example
   EXPECT_EQ(plan_pipeline(layout_flags(7, 2, "E|t*7||L")).at(1, 1).num_layers, 0);  // an empty stage
@@ -300,24 +303,32 @@ TEST(PipelineLayout, MegatronsLayoutCases) {
 }
 
 TEST(PipelineLayout, LayoutRefusalsShowTheParsedLayout) {
-  const std::string e = refusal(layout_flags(9, 2, "Et*3|t*4L"));
-  EXPECT_TRUE(contains(e, "the layout holds 7 decoder layers (t) but --num-layers is 9: give it exactly 9 t's")) << e;
-  EXPECT_TRUE(contains(e, "--pipeline-model-parallel-layout 'Et*3|t*4L' parsed for --pipeline-model-parallel-size 2"))
+  const std::string e = pipeline_refusal(layout_flags(9, 2, "Et*3|t*4L"));
+  EXPECT_TRUE(
+      testing::contains(e, "the layout holds 7 decoder layers (t) but --num-layers is 9: give it exactly 9 t's"))
       << e;
-  EXPECT_TRUE(contains(e, "PP rank 0    embedding,decoder*3\n  PP rank 1    decoder*4,loss")) << e;
-  const std::string v = refusal(layout_flags(6, 2, "Et|tt|t|tL"));
-  EXPECT_TRUE(contains(v, "VPP rank 0") && contains(v, "VPP rank 1")) << v;
-  EXPECT_TRUE(contains(refusal(layout_flags(2, 2, "EEt|tL")), "the embedding (E) exactly once, not 2 times"));
-  EXPECT_TRUE(contains(refusal(layout_flags(2, 2, "Et|LtL")), "the loss (L) exactly once, not 2 times"));
-  EXPECT_TRUE(contains(refusal(layout_flags(2, 2, "Et|mtL")), "moecore has no multi-token prediction yet"));
-  EXPECT_TRUE(contains(refusal(layout_flags(2, 2, "Et|mtL", 1)), "decoder layers (t) must all come before the MTP"));
-  EXPECT_TRUE(contains(refusal(layout_flags(4, 2, "Ettt|tm||L", 1)), "PP rank 1 holds them in virtual stage 0 of 2"));
+  EXPECT_TRUE(
+      testing::contains(e, "--pipeline-model-parallel-layout 'Et*3|t*4L' parsed for --pipeline-model-parallel-size 2"))
+      << e;
+  EXPECT_TRUE(testing::contains(e, "PP rank 0    embedding,decoder*3\n  PP rank 1    decoder*4,loss")) << e;
+  const std::string v = pipeline_refusal(layout_flags(6, 2, "Et|tt|t|tL"));
+  EXPECT_TRUE(testing::contains(v, "VPP rank 0") && testing::contains(v, "VPP rank 1")) << v;
+  EXPECT_TRUE(
+      testing::contains(pipeline_refusal(layout_flags(2, 2, "EEt|tL")), "the embedding (E) exactly once, not 2 times"));
+  EXPECT_TRUE(
+      testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|LtL")), "the loss (L) exactly once, not 2 times"));
+  EXPECT_TRUE(
+      testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|mtL")), "moecore has no multi-token prediction yet"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|mtL", 1)),
+                                "decoder layers (t) must all come before the MTP"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(4, 2, "Ettt|tm||L", 1)),
+                                "PP rank 1 holds them in virtual stage 0 of 2"));
   // The flag's own help example cannot fit any model: its two MTP layers sit in two stages.
-  EXPECT_TRUE(contains(refusal(layout_flags(3, 4, "E|(t|)*3,m|m||L", 2)),
-                       "all 2 MTP layers (m) must be in one stage, but PP rank 0 virtual stage 1 holds 1"));
-  EXPECT_TRUE(contains(refusal(layout_flags(2, 2, "|")),
-                       "first layer of the layout must be the embedding (E), but "
-                       "it is nothing"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(3, 4, "E|(t|)*3,m|m||L", 2)),
+                                "all 2 MTP layers (m) must be in one stage, but PP rank 0 virtual stage 1 holds 1"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(2, 2, "|")),
+                                "first layer of the layout must be the embedding (E), but "
+                                "it is nothing"));
   // Megatron's embedding and loss go on the pipeline's first and last stages; empty stages may come before E.
   const PipelineLayout l = plan_pipeline(layout_flags(2, 3, "|Et|tL"));
   EXPECT_TRUE(l.at(0, 0).embedding && !l.at(1, 0).embedding && l.at(1, 0).first_layer == 0);
@@ -329,197 +340,212 @@ TEST(PipelineLayout, LayoutRefusalsShowTheParsedLayout) {
 TEST(PipelineLayout, EveryArgumentCheckNamesTheFlagsAndAFix) {
   auto with = [](PipelineFlags f, auto set) {
     set(f);
-    return refusal(f);
+    return pipeline_refusal(f);
   };
-  std::string e = with(flags(8, 2), [](PipelineFlags& f) {
+  std::string e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.num_layers_per_virtual_stage = 2;
     f.layout = "Et*4|t*4L";
   });
-  EXPECT_TRUE(contains(e,
-                       "give at most one of --num-layers-per-virtual-pipeline-stage (2), "
-                       "--num-virtual-stages-per-pipeline-rank (-1) and --pipeline-model-parallel-layout"))
+  EXPECT_TRUE(testing::contains(e,
+                                "give at most one of --num-layers-per-virtual-pipeline-stage (2), "
+                                "--num-virtual-stages-per-pipeline-rank (-1) and --pipeline-model-parallel-layout"))
       << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) {
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.num_layers_per_virtual_stage = 2;
     f.decoder_first_pipeline_num_layers = 2;
   });
-  EXPECT_TRUE(contains(e, "use --num-virtual-stages-per-pipeline-rank to give the virtual stages")) << e;
-  e = with(flags(9, 2), [](PipelineFlags& f) { f.num_layers_per_virtual_stage = 2; });
-  EXPECT_TRUE(contains(e,
-                       "--num-layers 9 is not divisible by --pipeline-model-parallel-size 2: use --num-layers 8 or "
-                       "10"))
+  EXPECT_TRUE(testing::contains(e, "use --num-virtual-stages-per-pipeline-rank to give the virtual stages")) << e;
+  e = with(stage_flags(9, 2), [](PipelineFlags& f) { f.num_layers_per_virtual_stage = 2; });
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "--num-layers 9 is not divisible by --pipeline-model-parallel-size 2: use --num-layers 8 or "
+                        "10"))
       << e;
-  e = with(flags(12, 2), [](PipelineFlags& f) { f.num_layers_per_virtual_stage = 4; });
-  EXPECT_TRUE(contains(e,
-                       "each pipeline stage holds 6 layers (--num-layers 12 / 2 stages), not divisible by "
-                       "--num-layers-per-virtual-pipeline-stage 4: use 1, 2, 3 or 6"))
+  e = with(stage_flags(12, 2), [](PipelineFlags& f) { f.num_layers_per_virtual_stage = 4; });
+  EXPECT_TRUE(testing::contains(e,
+                                "each pipeline stage holds 6 layers (--num-layers 12 / 2 stages), not divisible by "
+                                "--num-layers-per-virtual-pipeline-stage 4: use 1, 2, 3 or 6"))
       << e;
-  e = refusal(flags(65, 4));
-  EXPECT_TRUE(contains(e,
-                       "--num-layers 65 is not divisible by --pipeline-model-parallel-size 4: each stage holds an "
-                       "equal share; use --num-layers 64 or 68, or size the first or last stage"))
+  e = pipeline_refusal(stage_flags(65, 4));
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "--num-layers 65 is not divisible by --pipeline-model-parallel-size 4: each stage holds an "
+                        "equal share; use --num-layers 64 or 68, or size the first or last stage"))
       << e;
-  e = with(flags(65, 4), [](PipelineFlags& f) { f.account_for_embedding = f.account_for_loss = true; });
-  EXPECT_TRUE(contains(e,
-                       "--num-layers 65 + 1 (--account-for-embedding-in-pipeline-split) + 1 "
-                       "(--account-for-loss-in-pipeline-split) = 67 (the embedding and the loss each counted"))
+  e = with(stage_flags(65, 4), [](PipelineFlags& f) { f.account_for_embedding = f.account_for_loss = true; });
+  EXPECT_TRUE(testing::contains(e,
+                                "--num-layers 65 + 1 (--account-for-embedding-in-pipeline-split) + 1 "
+                                "(--account-for-loss-in-pipeline-split) = 67 (the embedding and the loss each counted"))
       << e;
-  e = with(flags(4, 1), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 2; });
-  EXPECT_TRUE(contains(e,
-                       "--num-virtual-stages-per-pipeline-rank 2 gives 2 virtual stages per pipeline rank (the "
-                       "interleaved schedule), which need --pipeline-model-parallel-size > 1, got 1"))
+  e = with(stage_flags(4, 1), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 2; });
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "--num-virtual-stages-per-pipeline-rank 2 gives 2 virtual stages per pipeline rank (the "
+                        "interleaved schedule), which need --pipeline-model-parallel-size > 1, got 1"))
       << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) {
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
     f.overlap_p2p_comm = false;
   });
-  EXPECT_TRUE(contains(e, "> 2, got 2 (with --no-overlap-p2p-communication")) << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) {
+  EXPECT_TRUE(testing::contains(e, "> 2, got 2 (with --no-overlap-p2p-communication")) << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 4;
     f.account_for_loss = true;
   });
-  EXPECT_TRUE(contains(e,
-                       "--decoder-first-pipeline-num-layers 4 and --account-for-loss-in-pipeline-split are "
-                       "exclusive (as in Megatron)"))
+  EXPECT_TRUE(testing::contains(e,
+                                "--decoder-first-pipeline-num-layers 4 and --account-for-loss-in-pipeline-split are "
+                                "exclusive (as in Megatron)"))
       << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) {
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.layout = "Et*4|t*4L";
     f.account_for_embedding = true;
   });
-  EXPECT_TRUE(contains(e, "--pipeline-model-parallel-layout lays out every stage: leave out")) << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = -2; });
-  EXPECT_TRUE(contains(e, "--decoder-first-pipeline-num-layers -2 must be larger than 0 (-1: unset")) << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 0; });
-  EXPECT_TRUE(contains(e, "--num-virtual-stages-per-pipeline-rank 0 must be larger than 0")) << e;
-  e = with(flags(8, 4), [](PipelineFlags& f) {
+  EXPECT_TRUE(testing::contains(e, "--pipeline-model-parallel-layout lays out every stage: leave out")) << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = -2; });
+  EXPECT_TRUE(testing::contains(e, "--decoder-first-pipeline-num-layers -2 must be larger than 0 (-1: unset")) << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 0; });
+  EXPECT_TRUE(testing::contains(e, "--num-virtual-stages-per-pipeline-rank 0 must be larger than 0")) << e;
+  e = with(stage_flags(8, 4), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
     f.decoder_first_pipeline_num_layers = 3;
   });
-  EXPECT_TRUE(contains(e,
-                       "--decoder-first-pipeline-num-layers 3 must be divisible by the 2 virtual stages per "
-                       "pipeline rank of --num-virtual-stages-per-pipeline-rank 2"))
+  EXPECT_TRUE(testing::contains(e,
+                                "--decoder-first-pipeline-num-layers 3 must be divisible by the 2 virtual stages per "
+                                "pipeline rank of --num-virtual-stages-per-pipeline-rank 2"))
       << e;
-  e = with(flags(30, 4), [](PipelineFlags& f) {
+  e = with(stage_flags(30, 4), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
     f.decoder_last_pipeline_num_layers = 5;
   });
-  EXPECT_TRUE(contains(e, "--decoder-last-pipeline-num-layers 5 must be divisible by the 2 virtual stages")) << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) {
+  EXPECT_TRUE(testing::contains(e, "--decoder-last-pipeline-num-layers 5 must be divisible by the 2 virtual stages"))
+      << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 3;
     f.decoder_last_pipeline_num_layers = 4;
   });
-  EXPECT_TRUE(contains(e,
-                       "--decoder-first-pipeline-num-layers 3 and --decoder-last-pipeline-num-layers 4 leave 1 "
-                       "layers of --num-layers 8 for the 0 middle stage(s) of --pipeline-model-parallel-size 2: with "
-                       "no middle stage the first and last stages must hold every layer (for example "
-                       "--decoder-first-pipeline-num-layers 4)"))
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "--decoder-first-pipeline-num-layers 3 and --decoder-last-pipeline-num-layers 4 leave 1 "
+                        "layers of --num-layers 8 for the 0 middle stage(s) of --pipeline-model-parallel-size 2: with "
+                        "no middle stage the first and last stages must hold every layer (for example "
+                        "--decoder-first-pipeline-num-layers 4)"))
       << e;
-  e = with(flags(8, 3), [](PipelineFlags& f) {
+  e = with(stage_flags(8, 3), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 4;
     f.decoder_last_pipeline_num_layers = 4;
   });
-  EXPECT_TRUE(contains(e, "leave 0 layers of --num-layers 8 for the 1 middle stage(s)")) << e;
-  EXPECT_TRUE(contains(e, "every middle stage needs layers (for example --decoder-first-pipeline-num-layers 3)")) << e;
-  e = with(flags(4, 3), [](PipelineFlags& f) {
+  EXPECT_TRUE(testing::contains(e, "leave 0 layers of --num-layers 8 for the 1 middle stage(s)")) << e;
+  EXPECT_TRUE(
+      testing::contains(e, "every middle stage needs layers (for example --decoder-first-pipeline-num-layers 3)"))
+      << e;
+  e = with(stage_flags(4, 3), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 4;
     f.decoder_last_pipeline_num_layers = 1;
   });
-  EXPECT_TRUE(contains(e,
-                       "--decoder-first-pipeline-num-layers 4 and --decoder-last-pipeline-num-layers 1 hold more "
-                       "than --num-layers 4 (for example --decoder-first-pipeline-num-layers 2)"))
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "--decoder-first-pipeline-num-layers 4 and --decoder-last-pipeline-num-layers 1 hold more "
+                        "than --num-layers 4 (for example --decoder-first-pipeline-num-layers 2)"))
       << e;
-  e = with(flags(61, 4), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = 12; });
-  EXPECT_TRUE(contains(e,
-                       "the 49 layers --decoder-first-pipeline-num-layers 12 leave of --num-layers 61 do not "
-                       "split evenly over the 3 middle stage(s) of --pipeline-model-parallel-size 4: they must be a "
-                       "multiple of 3 (for example --decoder-first-pipeline-num-layers 13)"))
+  e = with(stage_flags(61, 4), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = 12; });
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "the 49 layers --decoder-first-pipeline-num-layers 12 leave of --num-layers 61 do not "
+                        "split evenly over the 3 middle stage(s) of --pipeline-model-parallel-size 4: they must be a "
+                        "multiple of 3 (for example --decoder-first-pipeline-num-layers 13)"))
       << e;
-  e = with(flags(11, 4), [](PipelineFlags& f) {
+  e = with(stage_flags(11, 4), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
     f.decoder_first_pipeline_num_layers = 2;
   });
-  EXPECT_TRUE(contains(e,
-                       "each middle pipeline rank holds 3 layers (--decoder-first-pipeline-num-layers 2 leave 9 for "
-                       "3), which do not split into the 2 virtual stages of --num-virtual-stages-per-pipeline-rank 2: "
-                       "the layers left for the middle stages must be a multiple of 3 x 2"))
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "each middle pipeline rank holds 3 layers (--decoder-first-pipeline-num-layers 2 leave 9 for "
+                        "3), which do not split into the 2 virtual stages of --num-virtual-stages-per-pipeline-rank 2: "
+                        "the layers left for the middle stages must be a multiple of 3 x 2"))
       << e;
-  e = with(flags(4, 4), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 4; });
-  EXPECT_TRUE(contains(e,
-                       "PP rank 0 holds 1 decoder layers, which do not split into the 4 virtual stages of "
-                       "--num-virtual-stages-per-pipeline-rank 4 (equal shares, as Megatron requires): use 1 virtual "
-                       "stages, or --num-layers a multiple of 4 x 4"))
+  e = with(stage_flags(4, 4), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 4; });
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "PP rank 0 holds 1 decoder layers, which do not split into the 4 virtual stages of "
+                        "--num-virtual-stages-per-pipeline-rank 4 (equal shares, as Megatron requires): use 1 virtual "
+                        "stages, or --num-layers a multiple of 4 x 4"))
       << e;
-  e = with(flags(9, 2), [](PipelineFlags& f) {
+  e = with(stage_flags(9, 2), [](PipelineFlags& f) {
     f.num_virtual_stages_per_rank = 2;
     f.account_for_embedding = true;
   });
-  EXPECT_TRUE(contains(e,
-                       "each pipeline rank holds 5 layers (--num-layers 9 + 1 (--account-for-embedding-in-pipeline-"
-                       "split) = 10 (the embedding counted as a layer) / 2), which do not split into the 2 virtual "
-                       "stages of --num-virtual-stages-per-pipeline-rank 2: use 1 or 5 virtual stages per rank"))
+  EXPECT_TRUE(
+      testing::contains(e,
+                        "each pipeline rank holds 5 layers (--num-layers 9 + 1 (--account-for-embedding-in-pipeline-"
+                        "split) = 10 (the embedding counted as a layer) / 2), which do not split into the 2 virtual "
+                        "stages of --num-virtual-stages-per-pipeline-rank 2: use 1 or 5 virtual stages per rank"))
       << e;
   // Absurd sizes are refused, not allocated or overflowed.
-  e = refusal(flags(2147483647, 2147483647));
-  EXPECT_TRUE(contains(e, "beyond the 1048576 pipeline stages moecore plans for")) << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) {
+  e = pipeline_refusal(stage_flags(2147483647, 2147483647));
+  EXPECT_TRUE(testing::contains(e, "beyond the 1048576 pipeline stages moecore plans for")) << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 9223372036854775807;
     f.decoder_last_pipeline_num_layers = 9223372036854775807;
   });
-  EXPECT_TRUE(contains(e, "hold more than --num-layers 8")) << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = 9223372036854775807; });
-  EXPECT_TRUE(contains(e, "--decoder-first-pipeline-num-layers 9223372036854775807 hold more than --num-layers 8"))
+  EXPECT_TRUE(testing::contains(e, "hold more than --num-layers 8")) << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) { f.decoder_first_pipeline_num_layers = 9223372036854775807; });
+  EXPECT_TRUE(
+      testing::contains(e, "--decoder-first-pipeline-num-layers 9223372036854775807 hold more than --num-layers 8"))
       << e;
-  e = with(flags(8, 2), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 9223372036854775807; });
-  EXPECT_TRUE(contains(e, "--num-virtual-stages-per-pipeline-rank 9223372036854775807 (equal shares")) << e;
+  e = with(stage_flags(8, 2), [](PipelineFlags& f) { f.num_virtual_stages_per_rank = 9223372036854775807; });
+  EXPECT_TRUE(testing::contains(e, "--num-virtual-stages-per-pipeline-rank 9223372036854775807 (equal shares")) << e;
   // PP 1 with both ends set: Megatron builds the last's count; accepted only where that is every layer.
-  e = with(flags(4, 1), [](PipelineFlags& f) {
+  e = with(stage_flags(4, 1), [](PipelineFlags& f) {
     f.decoder_first_pipeline_num_layers = 1;
     f.decoder_last_pipeline_num_layers = 2;
   });
-  EXPECT_TRUE(contains(e, "--pipeline-model-parallel-size 1 has one stage, both the first and the last")) << e;
-  PipelineFlags ok = flags(4, 1);
+  EXPECT_TRUE(testing::contains(e, "--pipeline-model-parallel-size 1 has one stage, both the first and the last")) << e;
+  PipelineFlags ok = stage_flags(4, 1);
   ok.decoder_first_pipeline_num_layers = 1;
   ok.decoder_last_pipeline_num_layers = 4;
   EXPECT_EQ(plan_pipeline(ok).at(0, 0).num_layers, 4);
   ok.decoder_last_pipeline_num_layers = -1;
-  EXPECT_TRUE(contains(refusal(ok), "leave 3 layers of --num-layers 4 for the 0 middle stage(s)"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(ok), "leave 3 layers of --num-layers 4 for the 0 middle stage(s)"));
   ok.decoder_first_pipeline_num_layers = 4;
   EXPECT_EQ(plan_pipeline(ok).num_layers(), 4);
 }
 
 TEST(PipelineLayout, InterleavedScheduleMicroBatchRules) {
-  PipelineFlags f = flags(8, 4);
+  PipelineFlags f = stage_flags(8, 4);
   const PipelineLayout plain = plan_pipeline(f);
   for (int64_t m : {1, 3, 5}) train::check_pipeline_microbatches(plain, m);  // 1F1B: any count
-  EXPECT_TRUE(contains(testing::user_error_of([&] { train::check_pipeline_microbatches(plain, 0); }),
-                       "at least one micro-batch"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([&] { train::check_pipeline_microbatches(plain, 0); }),
+                                "at least one micro-batch"));
   f.num_virtual_stages_per_rank = 2;
   const PipelineLayout l = plan_pipeline(f);
   train::check_pipeline_microbatches(l, 4);
   train::check_pipeline_microbatches(l, 12);
   for (int64_t m : {2, 6, 9}) {
     const std::string e = testing::user_error_of([&] { train::check_pipeline_microbatches(l, m); });
-    EXPECT_TRUE(contains(e, fmt::format("the interleaved schedule (2 virtual stages per pipeline rank) runs {} "
-                                        "micro-batch(es) per step",
-                                        m)))
+    EXPECT_TRUE(
+        testing::contains(e, fmt::format("the interleaved schedule (2 virtual stages per pipeline rank) runs {} "
+                                         "micro-batch(es) per step",
+                                         m)))
         << e;
-    EXPECT_TRUE(contains(e, "which must be a multiple of --pipeline-model-parallel-size 4")) << e;
+    EXPECT_TRUE(testing::contains(e, "which must be a multiple of --pipeline-model-parallel-size 4")) << e;
   }
-  EXPECT_TRUE(
-      contains(testing::user_error_of([&] { train::check_pipeline_microbatches(l, 6); }), "use 4 or 8 micro-batches"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([&] { train::check_pipeline_microbatches(l, 6); }),
+                                "use 4 or 8 micro-batches"));
   // A group size (Megatron's microbatch_group_size_per_vp_stage): its docstring's PP 2, group 3, 5 micro-batches.
-  f = flags(8, 2);
+  f = stage_flags(8, 2);
   f.num_virtual_stages_per_rank = 2;
   const PipelineLayout g = plan_pipeline(f);
   train::check_pipeline_microbatches(g, 5, 3);
   train::check_pipeline_microbatches(g, 6, 3);
-  EXPECT_TRUE(contains(testing::user_error_of([&] { train::check_pipeline_microbatches(g, 4, 3); }),
-                       "the last group of micro-batches, 1 of them (4 modulo the group size 3), must be empty or at "
-                       "least --pipeline-model-parallel-size 2"));
-  EXPECT_TRUE(contains(testing::user_error_of([&] { train::check_pipeline_microbatches(g, 2, 3); }),
-                       "must lie in [PP 2, micro-batches 2]"));
-  EXPECT_TRUE(contains(testing::user_error_of([&] { train::check_pipeline_microbatches(g, 4, 1); }),
-                       "must lie in [PP 2, micro-batches 4]"));
+  EXPECT_TRUE(
+      testing::contains(testing::user_error_of([&] { train::check_pipeline_microbatches(g, 4, 3); }),
+                        "the last group of micro-batches, 1 of them (4 modulo the group size 3), must be empty or at "
+                        "least --pipeline-model-parallel-size 2"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([&] { train::check_pipeline_microbatches(g, 2, 3); }),
+                                "must lie in [PP 2, micro-batches 2]"));
+  EXPECT_TRUE(testing::contains(testing::user_error_of([&] { train::check_pipeline_microbatches(g, 4, 1); }),
+                                "must lie in [PP 2, micro-batches 4]"));
 }
 
 }  // namespace

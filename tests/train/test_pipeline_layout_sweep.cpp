@@ -17,15 +17,11 @@ using testing::operator+;
 using train::PipelineFlags;
 using train::PipelineLayout;
 
-PipelineFlags flags(int64_t layers, int64_t pp) {
+PipelineFlags sweep_flags(int64_t layers, int64_t pp) {
   PipelineFlags f;
   f.num_layers = layers;
   f.pp = pp;
   return f;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // Python's // and %.
@@ -155,7 +151,7 @@ TEST(PipelineLayout, EveryLayerOnceInOrderAndAcceptedExactlyWhereMegatronBuildsE
           for (int64_t last : ends)
             for (int accounted = 0; accounted < 4; accounted++) {
               if ((first != -1 || last != -1) && accounted != 0 && (layers + pp) % 5 != 0) continue;  // thinned
-              PipelineFlags f = flags(layers, pp);
+              PipelineFlags f = sweep_flags(layers, pp);
               f.num_layers_per_virtual_stage = lpvs;
               f.num_virtual_stages_per_rank = nvs;
               f.decoder_first_pipeline_num_layers = first;
@@ -227,18 +223,21 @@ TEST(PipelineLayout, TheFlagsParseAndBadSplitsAreRefusedInTheFlagPass) {
   auto refused = [&](std::vector<std::string> extra) {
     return testing::user_error_of([&] { train::parse_train_config(run + extra); });
   };
-  EXPECT_TRUE(contains(refused({"--pipeline-model-parallel-layout", "Et|tL"}),
-                       "--pipeline-model-parallel-layout 'Et|tL' (2 stages) gives 2 virtual stages per pipeline rank "
-                       "(the interleaved schedule), which need --pipeline-model-parallel-size > 1, got 1"));
-  EXPECT_TRUE(contains(refused({"--decoder-first-pipeline-num-layers", "1"}),
-                       "leave 1 layers of --num-layers 2 for the 0 middle stage(s)"));
-  EXPECT_TRUE(contains(refused({"--decoder-last-pipeline-num-layers", "-3"}), "decoder-last-pipeline-num-layers"));
   EXPECT_TRUE(
-      contains(refused({"--num-layers-per-virtual-pipeline-stage", "1", "--num-virtual-stages-per-pipeline-rank", "2"}),
-               "give at most one of"));
+      testing::contains(refused({"--pipeline-model-parallel-layout", "Et|tL"}),
+                        "--pipeline-model-parallel-layout 'Et|tL' (2 stages) gives 2 virtual stages per pipeline rank "
+                        "(the interleaved schedule), which need --pipeline-model-parallel-size > 1, got 1"));
+  EXPECT_TRUE(testing::contains(refused({"--decoder-first-pipeline-num-layers", "1"}),
+                                "leave 1 layers of --num-layers 2 for the 0 middle stage(s)"));
+  EXPECT_TRUE(
+      testing::contains(refused({"--decoder-last-pipeline-num-layers", "-3"}), "decoder-last-pipeline-num-layers"));
+  EXPECT_TRUE(testing::contains(
+      refused({"--num-layers-per-virtual-pipeline-stage", "1", "--num-virtual-stages-per-pipeline-rank", "2"}),
+      "give at most one of"));
   // A layout that does not fit is refused by its own message before PP > 1 is looked at.
-  EXPECT_TRUE(contains(refused({"--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Ettt|tL"}),
-                       "the layout holds 4 decoder layers (t) but --num-layers is 2"));
+  EXPECT_TRUE(
+      testing::contains(refused({"--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Ettt|tL"}),
+                        "the layout holds 4 decoder layers (t) but --num-layers is 2"));
   try {
     train::parse_flags({"--help"});
     ADD_FAILURE() << "no help";
@@ -247,7 +246,7 @@ TEST(PipelineLayout, TheFlagsParseAndBadSplitsAreRefusedInTheFlagPass) {
                              "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                              "--pipeline-model-parallel-layout"})
-      EXPECT_TRUE(contains(h.text, flag)) << flag;
+      EXPECT_TRUE(testing::contains(h.text, flag)) << flag;
   }
 }
 

@@ -71,7 +71,7 @@ TEST(PipelineOrder, InterleavedMicroBatchRules) {
   EXPECT_NO_THROW(train::pipeline_order(5, 2, 1, 2, 5));  // one group of 5 >= P
 }
 
-std::vector<std::string> pp_flags(const std::vector<std::string>& extra) {
+std::vector<std::string> schedule_pp_flags(const std::vector<std::string>& extra) {
   return train::override_flags(testing::tiny_moe_flags(), {"--num-layers", "8"}) +
          testing::mock_run_flags(16, 2, 8, 96, 2, "1e-3") + extra;
 }
@@ -79,7 +79,7 @@ std::vector<std::string> pp_flags(const std::vector<std::string>& extra) {
 TEST(PipelineStages, EvenSplitWithVirtualStages) {
   // PP2 x v2 over 8 layers: rank 0 holds layers 0-1 and 4-5, rank 1 holds 2-3 and 6-7 (Megatron's chunk order).
   const auto c = testing::small_config(
-      pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"}));
+      schedule_pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"}));
   const auto r0 = train::pipeline_stage_layers(c, 0), r1 = train::pipeline_stage_layers(c, 1);
   ASSERT_EQ(r0.size(), 2u);
   EXPECT_EQ(r0[0].first_layer, 0);
@@ -89,33 +89,33 @@ TEST(PipelineStages, EvenSplitWithVirtualStages) {
   EXPECT_TRUE(r0[0].embedding && !r0[0].loss && !r0[1].embedding && !r0[1].loss);
   EXPECT_TRUE(!r1[0].loss && r1[1].loss && !r1[1].embedding);
   const auto by_layers = testing::small_config(
-      pp_flags({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}));
+      schedule_pp_flags({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}));
   EXPECT_EQ(train::virtual_stages(by_layers), 4);
 }
 
 TEST(PipelineFlags, MegatronsChecks) {
   EXPECT_NE(user_error_of([] {
-              testing::small_config(pp_flags({"--pipeline-model-parallel-size", "3"}));
+              testing::small_config(schedule_pp_flags({"--pipeline-model-parallel-size", "3"}));
             }).find("--num-layers 8 is not divisible by --pipeline-model-parallel-size 3"),
             std::string::npos);
-  EXPECT_NE(
-      user_error_of([] {
-        testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
-                                        "2", "--num-layers-per-virtual-pipeline-stage", "2"}));
-      }).find("give at most one of --num-layers-per-virtual-pipeline-stage"),
-      std::string::npos);
   EXPECT_NE(user_error_of([] {
-              testing::small_config(pp_flags({"--num-virtual-stages-per-pipeline-rank", "2"}));
+              testing::small_config(
+                  schedule_pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
+                                     "2", "--num-layers-per-virtual-pipeline-stage", "2"}));
+            }).find("give at most one of --num-layers-per-virtual-pipeline-stage"),
+            std::string::npos);
+  EXPECT_NE(user_error_of([] {
+              testing::small_config(schedule_pp_flags({"--num-virtual-stages-per-pipeline-rank", "2"}));
             }).find("need --pipeline-model-parallel-size > 1, got 1"),
             std::string::npos);
-  EXPECT_NE(
-      user_error_of([] {
-        testing::small_config(pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
-                                        "2", "--no-overlap-p2p-communication"}));
-      }).find("need --pipeline-model-parallel-size > 2, got 2 (with --no-overlap-p2p-communication"),
-      std::string::npos);
+  EXPECT_NE(user_error_of([] {
+              testing::small_config(
+                  schedule_pp_flags({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank",
+                                     "2", "--no-overlap-p2p-communication"}));
+            }).find("need --pipeline-model-parallel-size > 2, got 2 (with --no-overlap-p2p-communication"),
+            std::string::npos);
   EXPECT_NO_THROW(testing::small_config(
-      pp_flags({"--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "2"})));
+      schedule_pp_flags({"--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "2"})));
 }
 
 }  // namespace

@@ -21,11 +21,6 @@ namespace {
 using testing::operator+;
 using testing::error_of;
 
-struct Null {
-  std::FILE* f = std::fopen("/dev/null", "w");
-  ~Null() { std::fclose(f); }
-};
-
 std::vector<std::string> run_flags() {
   return testing::tiny_moe_flags() +
          std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3",
@@ -33,12 +28,12 @@ std::vector<std::string> run_flags() {
                                   "--lr-warmup-init",     "1e-4"} +
          testing::mock_run_flags(16, 2, 4, 100, 6, "3e-3");
 }
-train::TrainConfig config(const std::vector<std::string>& extra) {
+train::TrainConfig schedule_config(const std::vector<std::string>& extra) {
   return testing::small_config(run_flags(), extra);
 }
 
 TEST(ScheduleTraining, TrainSamplesEndsAtTheDerivedIteration) {
-  Null null;
+  testing::NullOut null;
   // 26 samples in global batches of 4: Megatron trains 26 // 4 = 6 iterations.
   auto c = testing::small_config(
       train::override_flags(run_flags(), {"--log-interval", "100"}),
@@ -50,8 +45,8 @@ TEST(ScheduleTraining, TrainSamplesEndsAtTheDerivedIteration) {
 }
 
 TEST(ScheduleTraining, StepsRunAtTheSchedulersRate) {
-  Null null;
-  const auto c = config({});
+  testing::NullOut null;
+  const auto c = schedule_config({});
   const auto s = train::lr_schedule(c);
   train::Trainer t(c, null.f, false);
   for (int64_t k = 0; k < 4; k++) EXPECT_EQ(t.train_step().lr, s.lr(4 * k)) << "iteration " << k;
@@ -59,9 +54,9 @@ TEST(ScheduleTraining, StepsRunAtTheSchedulersRate) {
 }
 
 TEST(ScheduleTraining, WeightDecayFollowsTheSchedule) {
-  Null null;
+  testing::NullOut null;
   auto losses = [&](const std::vector<std::string>& extra) {
-    train::Trainer t(config(extra), null.f, false);
+    train::Trainer t(schedule_config(extra), null.f, false);
     std::vector<double> l;
     for (int i = 0; i < 3; i++) l.push_back(t.train_step().lm_loss);
     return l;
@@ -79,20 +74,20 @@ TEST(ScheduleTraining, WeightDecayFollowsTheSchedule) {
 }
 
 TEST(ScheduleTraining, ResumeTakesTheSchedulerAsMegatronDoes) {
-  Null null;
+  testing::NullOut null;
   const std::string dir = testing::fresh_temp_path("schedule_resume");
   std::vector<train::StepResult> want;
   {
-    train::Trainer straight(config({}), null.f, false);
+    train::Trainer straight(schedule_config({}), null.f, false);
     for (int i = 0; i < 6; i++) want.push_back(straight.train_step());
   }
   {
-    train::Trainer first(config({"--save", dir}), null.f, false);
+    train::Trainer first(schedule_config({"--save", dir}), null.f, false);
     for (int i = 0; i < 3; i++) first.train_step();
     first.save_checkpoint();
   }
   {  // The same flags: the schedule and the losses continue bitwise.
-    train::Trainer resumed(config({"--load", dir}), null.f, false);
+    train::Trainer resumed(schedule_config({"--load", dir}), null.f, false);
     for (int i = 3; i < 6; i++) {
       const auto r = resumed.train_step();
       EXPECT_EQ(r.lr, want[static_cast<size_t>(i)].lr) << i;
@@ -101,22 +96,23 @@ TEST(ScheduleTraining, ResumeTakesTheSchedulerAsMegatronDoes) {
     }
   }
   // Another schedule is refused, naming the values (in samples where Megatron counts samples).
-  std::string e = error_of([&] { train::Trainer(config({"--load", dir, "--lr", "1e-3"}), null.f, false); });
+  std::string e = error_of([&] { train::Trainer(schedule_config({"--load", dir, "--lr", "1e-3"}), null.f, false); });
   EXPECT_NE(e.find("different learning-rate schedule"), std::string::npos) << e;
   EXPECT_NE(e.find("--lr: 0.003 in the checkpoint, 0.001 here"), std::string::npos) << e;
-  e = error_of([&] { train::Trainer(config({"--load", dir, "--lr-warmup-iters", "1"}), null.f, false); });
+  e = error_of([&] { train::Trainer(schedule_config({"--load", dir, "--lr-warmup-iters", "1"}), null.f, false); });
   EXPECT_NE(e.find("warmup samples (--lr-warmup-iters x batch, -samples or -fraction): 8 in the checkpoint, 4 here"),
             std::string::npos)
       << e;
   // The same schedule in samples is the same schedule.
-  EXPECT_EQ(train::Trainer(config({"--load", dir, "--train-iters", "0", "--train-samples", "24", "--lr-warmup-iters",
-                                   "0", "--lr-warmup-samples", "8"}),
+  EXPECT_EQ(train::Trainer(schedule_config({"--load", dir, "--train-iters", "0", "--train-samples", "24",
+                                            "--lr-warmup-iters", "0", "--lr-warmup-samples", "8"}),
                            null.f, false)
                 .train_step()
                 .lr,
             want[3].lr);
   {  // --use-checkpoint-opt_param-scheduler: the checkpoint's schedule, whatever the flags say.
-    train::Trainer t(config({"--load", dir, "--lr", "1e-3", "--use-checkpoint-opt_param-scheduler"}), null.f, false);
+    train::Trainer t(schedule_config({"--load", dir, "--lr", "1e-3", "--use-checkpoint-opt_param-scheduler"}), null.f,
+                     false);
     for (int i = 3; i < 6; i++) {
       const auto r = t.train_step();
       EXPECT_EQ(r.lr, want[static_cast<size_t>(i)].lr) << i;
@@ -124,25 +120,26 @@ TEST(ScheduleTraining, ResumeTakesTheSchedulerAsMegatronDoes) {
     }
   }
   {  // --override-opt_param-scheduler: the flags' schedule from the checkpoint's step count.
-    const auto c = config({"--load", dir, "--lr", "1e-3", "--override-opt_param-scheduler"});
+    const auto c = schedule_config({"--load", dir, "--lr", "1e-3", "--override-opt_param-scheduler"});
     train::Trainer t(c, null.f, false);
     EXPECT_EQ(t.train_step().lr, train::lr_schedule(c).lr(12));
     EXPECT_NE(want[3].lr, train::lr_schedule(c).lr(12));
   }
   {  // --no-load-optim: Megatron loads the scheduler with the optimizer, so it starts afresh.
-    train::Trainer t(config({"--load", dir, "--no-load-optim", "--lr", "1e-3"}), null.f, false);
+    train::Trainer t(schedule_config({"--load", dir, "--no-load-optim", "--lr", "1e-3"}), null.f, false);
     EXPECT_EQ(t.iteration(), 3);
     EXPECT_EQ(t.train_step().lr, 1e-4);
   }
   // A longer run keeps a constant weight decay (accepted, unlike Megatron, which compares the weight-decay length
   // too); another weight-decay style is refused.
-  EXPECT_EQ(train::Trainer(config({"--load", dir, "--train-iters", "8", "--lr-decay-iters", "6"}), null.f, false)
-                .train_step()
-                .lr,
-            want[3].lr);
+  EXPECT_EQ(
+      train::Trainer(schedule_config({"--load", dir, "--train-iters", "8", "--lr-decay-iters", "6"}), null.f, false)
+          .train_step()
+          .lr,
+      want[3].lr);
   e = error_of([&] {
-    train::Trainer(config({"--load", dir, "--weight-decay-incr-style", "linear", "--start-weight-decay", "0.01",
-                           "--end-weight-decay", "0.01"}),
+    train::Trainer(schedule_config({"--load", dir, "--weight-decay-incr-style", "linear", "--start-weight-decay",
+                                    "0.01", "--end-weight-decay", "0.01"}),
                    null.f, false);
   });
   EXPECT_NE(e.find("--weight-decay-incr-style: constant in the checkpoint, linear here"), std::string::npos) << e;
@@ -193,7 +190,7 @@ std::vector<double> gradients(train::Trainer& t) {
 }
 
 TEST(PerTokenLoss, ReportsTheLossOverTheGlobalBatchsTokens) {
-  Null null;
+  testing::NullOut null;
   const auto c = testing::small_config(masked_flags(false), {"--eod-mask-loss"});
   train::Trainer t(c, null.f, false), probe(c, null.f, false);
   // By hand: each micro-batch's mean loss and loss tokens from the same model and samples.
@@ -217,7 +214,7 @@ TEST(PerTokenLoss, ReportsTheLossOverTheGlobalBatchsTokens) {
 }
 
 TEST(PerTokenLoss, GradientIsTheGlobalBatchsPerTokenMean) {
-  Null null;
+  testing::NullOut null;
   // Per-token loss over 4 micro-batches = one micro-batch of 4 sequences (its mean is over all the batch's tokens).
   train::Trainer per_token(
       testing::small_config(masked_flags(false), {"--eod-mask-loss", "--calculate-per-token-loss"}), null.f, false);
@@ -239,7 +236,7 @@ TEST(PerTokenLoss, GradientIsTheGlobalBatchsPerTokenMean) {
 }
 
 TEST(PerTokenLoss, AuxLossGradientsKeepMegatronsScale) {
-  Null null;
+  testing::NullOut null;
   // Every token has a loss: per-token and per-micro-batch normalisation give the same gradients, the aux and z
   // losses' included (Megatron multiplies them by the micro-batch's tokens so their scale stays 1/micro-batches).
   train::Trainer per_token(testing::small_config(masked_flags(true), {"--calculate-per-token-loss"}), null.f, false);

@@ -29,7 +29,7 @@ TrainConfig parse(const std::vector<std::string>& a) {
   return train::parse_train_config(a);
 }
 
-std::string error_of(const std::vector<std::string>& a) {
+std::string train_error(const std::vector<std::string>& a) {
   try {
     parse(a);
   } catch (const Error& e) {
@@ -55,9 +55,9 @@ TEST(TrainConfig, PresetsYamlAndFlagsInOrder) {
   EXPECT_EQ(d.moe_router_load_balancing_type.size(), 2u);
   EXPECT_EQ(d.moe_layer_freq, "([0]*1+[1]*3)");
   for (const auto& m : train::preset_names())
-    EXPECT_EQ(error_of({"--model", m, "--mock-data", "--vocab-size", "64", "--train-iters", "100"}), "") << m;
+    EXPECT_EQ(train_error({"--model", m, "--mock-data", "--vocab-size", "64", "--train-iters", "100"}), "") << m;
   std::ofstream(y) << "num-layerz: 3\n";
-  EXPECT_NE(error_of({"--config", y.string()}).find("unknown key 'num-layerz'"), std::string::npos);
+  EXPECT_NE(train_error({"--config", y.string()}).find("unknown key 'num-layerz'"), std::string::npos);
 }
 
 TEST(TrainConfig, RejectsBeforeAnyWork) {
@@ -65,7 +65,7 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   auto with = [&](std::vector<std::string> extra) {
     auto a = base;
     a.insert(a.end(), extra.begin(), extra.end());
-    return error_of(a);
+    return train_error(a);
   };
   EXPECT_NE(with({"--no-such-flag"}).find("--no-such-flag"), std::string::npos);
   EXPECT_NE(with({"--data-path", "x"}).find("exactly one of --data-path and --mock-data"), std::string::npos);
@@ -101,8 +101,8 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-layer-freq", "[1,0,1]"}).find("--num-layers"),
             std::string::npos);
   EXPECT_NE(with({"--seq-length", "x"}).find("integer"), std::string::npos);
-  EXPECT_NE(error_of({"--train-iters", "10"}).find("--data-path"), std::string::npos);
-  EXPECT_NE(error_of({"--mock-data", "--train-iters", "10"}).find("--vocab-size"), std::string::npos);
+  EXPECT_NE(train_error({"--train-iters", "10"}).find("--data-path"), std::string::npos);
+  EXPECT_NE(train_error({"--mock-data", "--train-iters", "10"}).find("--vocab-size"), std::string::npos);
   EXPECT_NE(with({"--tokenizer-type", "HuggingFaceTokenizer"}).find("--tokenizer-model"), std::string::npos);
   EXPECT_NE(with({"--tokenizer-type", "GPT2BPETokenizer"}).find("GPT2BPETokenizer"), std::string::npos);
   EXPECT_NE(with({"--swiglu", "--squared-relu"}).find("exclusive"), std::string::npos);
