@@ -10,6 +10,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/train/pipeline_schedule.h"
 
 namespace moecore::train {
 
@@ -77,6 +78,86 @@ std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn
   if (at == kNone) return "the re-run of the step found every value finite (a fault that does not repeat)";
   const std::string where = places.at(static_cast<size_t>(at));
   return world && world->size() > 1 ? fmt::format("{} on rank {}", where, rank) : where;
+}
+
+namespace {
+// `text` of rank `root` on every rank of `world`.
+std::string broadcast_text(const std::string& text, int64_t root, const comm::ProcessGroup& world) {
+  Tensor n = Tensor::empty({1}, DType::F64);
+  n.set_item(0, static_cast<double>(text.size()));
+  world.broadcast(n, root);
+  Tensor chars = Tensor::zeros({std::max<int64_t>(1, static_cast<int64_t>(n.item(0)))}, DType::F64);
+  for (size_t i = 0; i < text.size() && world.rank() == root; i++)
+    chars.set_item(static_cast<int64_t>(i), static_cast<unsigned char>(text[i]));
+  world.broadcast(chars, root);
+  std::string out(static_cast<size_t>(n.item(0)), ' ');
+  for (size_t i = 0; i < out.size(); i++)
+    out[i] = static_cast<char>(static_cast<int>(chars.item(static_cast<int64_t>(i))));
+  return out;
+}
+}  // namespace
+
+std::string locate_nonfinite_pipeline(nn::GPTModel& model, nn::ParamRegistry& reg, PipelineSchedule& schedule,
+                                      const data::SampleSource& data, const data::SampleCursor& cursor,
+                                      const MicroBatches& mb, const comm::ProcessGroup& world, int64_t pp_rank,
+                                      int64_t pp_size) {
+  // Each place gets a key, the same ordering on every rank: category (parameters, the passes, parameter
+  // gradients), then for a pass its micro-batch, forward before backward, the model chunk's position in the model
+  // (virtual stage c·P + rank; reversed in backward), and the place's ordinal within the pass or stage. At most 46
+  // bits: exact in a double.
+  auto key = [](uint64_t category, uint64_t micro, uint64_t backward, uint64_t position, uint64_t ordinal) {
+    micro = std::min<uint64_t>(micro, (1u << 12) - 1), position = std::min<uint64_t>(position, (1u << 11) - 1);
+    ordinal = std::min<uint64_t>(ordinal, (1u << 20) - 1);
+    return static_cast<double>((((((category << 12) | micro) << 1 | backward) << 11 | position) << 20) | ordinal);
+  };
+  constexpr double kNone = std::numeric_limits<double>::max();
+  double first = kNone;
+  std::string first_place;
+  auto note = [&](double k, const std::function<std::string()>& place, bool finite) {
+    if (finite || k >= first) return;
+    first = k;
+    first_place = place();
+  };
+  const auto stage = static_cast<uint64_t>(pp_rank);
+  uint64_t ordinal = 0;
+  for (const auto& p : reg.all())
+    note(
+        key(0, 0, 0, stage, ordinal++), [&] { return fmt::format("the parameter {} (its values)", p->name); },
+        all_finite(p->value));
+  PipelinePass last{false, -1, -1};
+  const auto stages = static_cast<uint64_t>(pp_size) * static_cast<uint64_t>(model.num_chunks());
+  const nn::Probe probe = [&](const std::string& where, bool backward, const Tensor& t) {
+    const PipelinePass& pass = schedule.current_pass();
+    if (!(pass == last)) last = pass, ordinal = 0;
+    const uint64_t vstage = static_cast<uint64_t>(pass.chunk * pp_size + pp_rank);
+    note(
+        key(1, static_cast<uint64_t>(pass.micro_batch), pass.forward ? 0 : 1,
+            pass.forward ? vstage : stages - 1 - vstage, ordinal++),
+        [&] {
+          return fmt::format("{} {} (micro-batch {})",
+                             backward ? "the gradient passed down by" : "the forward output of", where,
+                             pass.micro_batch);
+        },
+        all_finite(t));
+  };
+  model.set_probe(&probe);
+  reg.zero_grad();
+  try {
+    schedule.forward_backward(model, data, cursor, mb, nullptr);
+  } catch (...) {
+    model.set_probe(nullptr);
+    throw;
+  }
+  model.set_probe(nullptr);
+  ordinal = 0;
+  for (const auto& p : reg.all())
+    note(
+        key(2, 0, 0, stage, ordinal++), [&] { return fmt::format("the gradient of {}", p->name); },
+        all_finite(p->grad));
+  const auto [at, rank] = first_over_ranks(first, &world);
+  if (at == kNone) return "the re-run of the step found every value finite (a fault that does not repeat)";
+  return fmt::format("{} on rank {} (pipeline stage {})", broadcast_text(first_place, rank, world), rank,
+                     broadcast_text(std::to_string(pp_rank), rank, world));
 }
 
 void check_weight_hashes_across_dp(const nn::ParamRegistry& reg, const ParallelGroups& g, int64_t iteration) {

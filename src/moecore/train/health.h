@@ -30,6 +30,16 @@ std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn
                              const data::SampleSource& data, const data::SampleCursor& cursor, const MicroBatches& mb,
                              const comm::ProcessGroup* world);
 
+class PipelineSchedule;
+// The same under pipeline parallelism: the step's passes re-run through the stages by `schedule` (without the
+// optimizer's gradient hooks; collective over `world` as the step was). Places are ordered parameters (stage by
+// stage), then per micro-batch its forward through the model chunks in model order and its backward in reverse,
+// then the parameter gradients; the first over all ranks is named with its rank and stage.
+std::string locate_nonfinite_pipeline(nn::GPTModel& model, nn::ParamRegistry& reg, PipelineSchedule& schedule,
+                                      const data::SampleSource& data, const data::SampleCursor& cursor,
+                                      const MicroBatches& mb, const comm::ProcessGroup& world, int64_t pp_rank,
+                                      int64_t pp_size);
+
 // Megatron's --check-weight-hash-across-dp-replicas-interval: every data-parallel replica of every parameter holds
 // the same bytes (dense parameters over DP, experts over EDP). Throws Error naming the first parameter that differs
 // and `iteration`. Collective over the DP and EDP groups; nothing for a single process.

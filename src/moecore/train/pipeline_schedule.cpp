@@ -59,7 +59,8 @@ struct PipelineSchedule::Run {
   std::vector<data::Batch> batches;
   bool per_token_loss = false;
   double global_tokens = 0, dp = 1;
-  optim::ChainedOptimizer* opt = nullptr;  // null: forward only
+  bool backward = false;                   // false: forward only
+  optim::ChainedOptimizer* opt = nullptr;  // its gradient hooks (null: none, as in a re-run that locates a fault)
 };
 
 PipelineSchedule::PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group,
@@ -86,6 +87,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
   for (size_t k = 0; k < order.size(); k++) {
     if (k + 1 < order.size() && needs_recv(order[k + 1])) p2p_.post_recv(order[k + 1].chunk, !order[k + 1].forward);
     const PipelinePass& p = order[k];
+    current_ = p;
     const nn::ModelChunk& ch = model.chunk(static_cast<size_t>(p.chunk));
     const data::Batch& b = r.batches[static_cast<size_t>(p.micro_batch)];
     if (p.forward) {
@@ -115,7 +117,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
       } else {
         p2p_.send(p.chunk, false, out);
       }
-      if (!r.opt) {  // forward only: nothing to keep
+      if (!r.backward) {  // forward only: nothing to keep
         free_.push_back(s);
         live.erase({p.micro_batch, p.chunk});
         in_flight--;
@@ -141,7 +143,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
     }
     optim::ChainedOptimizer* opt = r.opt;
     std::function<void(size_t)> hook;  // the chunk's last micro-batch: its layers' gradients are final
-    if (p.micro_batch == m - 1) hook = [opt](size_t layer) { opt->layer_grads_final(layer); };
+    if (opt && p.micro_batch == m - 1) hook = [opt](size_t layer) { opt->layer_grads_final(layer); };
     const Tensor dx = model.backward_chunk(static_cast<size_t>(p.chunk), st, dy, token_scale, aux_scale, hook);
     if (!ch.embedding) p2p_.send(p.chunk, true, dx);
     free_.push_back(it->second);
@@ -166,8 +168,15 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
 StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash&, const data::SampleSource& data,
                                             const data::SampleCursor& cursor, const MicroBatches& mb,
                                             optim::ChainedOptimizer& opt) {
+  return forward_backward(model, data, cursor, mb, &opt);
+}
+
+StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, const data::SampleSource& data,
+                                            const data::SampleCursor& cursor, const MicroBatches& mb,
+                                            optim::ChainedOptimizer* opt) {
   Run r;
-  r.opt = &opt;
+  r.backward = true;
+  r.opt = opt;
   r.per_token_loss = mb.per_token_loss;
   r.dp = static_cast<double>(mb.dp_size);
   // Every stage reads the micro-batches (the first needs the tokens, the last the labels; all need the sample

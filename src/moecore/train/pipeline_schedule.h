@@ -36,6 +36,10 @@ class PipelineSchedule : public Schedule {
   StepLoss forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
                             const data::SampleCursor& cursor, const MicroBatches& mb,
                             optim::ChainedOptimizer& opt) override;
+  // The same passes with the optimizer's gradient hooks when `opt` is given (null: none, for a re-run of the step
+  // that only looks at the values, as train/health's fault locator does).
+  StepLoss forward_backward(nn::GPTModel& model, const data::SampleSource& data, const data::SampleCursor& cursor,
+                            const MicroBatches& mb, optim::ChainedOptimizer* opt);
   // Forward only (evaluation) over `count` micro-batches with the given samples; the loss summed over the pipeline
   // group (every stage returns it).
   StepLoss forward_only(nn::GPTModel& model, const data::SampleSource& data,
@@ -49,6 +53,8 @@ class PipelineSchedule : public Schedule {
   int64_t sent_bytes() const { return p2p_.sent_bytes(); }
   double waited_seconds() const { return waited_seconds_; }
   double passes_seconds() const { return passes_seconds_; }
+  // The pass running now (or last run): what a module probe sees belongs to it.
+  const PipelinePass& current_pass() const { return current_; }
 
  private:
   struct Run;
@@ -58,6 +64,7 @@ class PipelineSchedule : public Schedule {
   PipelineP2P p2p_;
   std::vector<nn::GPTModel::Stash> stashes_;  // one per micro-batch in flight, reused across steps
   std::vector<size_t> free_;
+  PipelinePass current_;
   int64_t peak_in_flight_ = 0;
   double waited_seconds_ = 0, passes_seconds_ = 0;
 };

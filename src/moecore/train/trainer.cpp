@@ -169,9 +169,8 @@ StepResult Trainer::train_step() {
   if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss))) {
     const std::string where =
         pipeline_
-            ? std::string(
-                  "not located under pipeline parallelism (rerun the step with --pipeline-model-parallel-"
-                  "size 1 from the last checkpoint to find it)")
+            ? locate_nonfinite_pipeline(*model_, reg_, *pipeline_, *data_[0], step_cursor, micro_batches(),
+                                        *groups_->world, groups_->pp_rank, groups_->pp_size)
             : locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
     const std::string m = fmt::format(
         "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
