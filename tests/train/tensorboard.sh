@@ -3,8 +3,8 @@
 # TFRecord parser and CRC-32C, TensorBoard's message definitions compiled by protoc, python3-protobuf) and checked
 # tag by tag, step by step, against the metrics JSON lines of the same run:
 #  1. one process: every Megatron tag moecore writes (per-layer MoE losses, timers at level 2 equal to the metrics
-#     file's timer records, memory, validation ppl, world
-#     size, tokens-per-expert histograms equal to the metrics file's);
+#     file's timer records, memory, validation ppl, world size, tokens-per-expert histograms equal to the metrics
+#     file's);
 #  2. two ranks, EP 2, and four, TP 2 (SP) x EP 2: one event file, written by the last rank, the histograms holding
 #     every rank's tokens;
 #  3. SIGTERM with --exit-signal-handler and a queue larger than the run: the records reach the file at the stop.
