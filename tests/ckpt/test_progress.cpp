@@ -67,7 +67,8 @@ TEST(Progress, PlainLinesAndSummaryWhenShown) {
   EXPECT_NE(err.find("model_rank00000.safetensors"), std::string::npos) << err;
   EXPECT_EQ(err.find('\r'), std::string::npos) << "not a terminal: no redrawn line";
   ckpt::write_model_index(dir, 1);
-  std::vector<Tensor> back(4, Tensor::empty({256, 64}, DType::F32));
+  std::vector<Tensor> back;  // each its own storage (a Tensor copy shares it)
+  for (int i = 0; i < 4; i++) back.push_back(Tensor::empty({256, 64}, DType::F32));
   std::vector<ckpt::LoadTarget> targets;
   for (int i = 0; i < 4; i++) targets.push_back({"t" + std::to_string(i), ckpt::whole_box(back[0].shape()), &back[i]});
   ::testing::internal::CaptureStderr();

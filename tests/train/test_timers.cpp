@@ -130,13 +130,13 @@ TEST(TimersFlags, RangesAndChoicesAsMegatron) {
   EXPECT_NE(err.find("--timing-log-option"), std::string::npos) << err;
 }
 
-struct Run {
+struct TimedRun {
   std::string console, metrics, tensorboard;
   std::vector<json> losses, timers;  // the metrics file's loss records and timer records
 };
 
-Run run(const std::vector<std::string>& extra, int64_t iters = 4, int64_t log_interval = 2) {
-  Run r;
+TimedRun timed_run(const std::vector<std::string>& extra, int64_t iters = 4, int64_t log_interval = 2) {
+  TimedRun r;
   const std::string base = testing::fresh_temp_path("timers_run");
   r.metrics = base + ".jsonl";
   const train::TrainConfig c =
@@ -166,7 +166,7 @@ double max_ms(const json& record, const std::string& name) {
 }
 
 TEST(TimersRun, LevelOneShowsTheStepPhasesAndNoOperations) {
-  const Run r = run({"--timing-log-level", "1"});
+  const TimedRun r = timed_run({"--timing-log-level", "1"});
   EXPECT_NE(r.console.find("(min, max) time across ranks (ms):\n    forward-backward ....."), std::string::npos)
       << r.console;
   EXPECT_NE(r.console.find("    optimizer-inner-step ....."), std::string::npos) << r.console;
@@ -200,7 +200,7 @@ TEST(TimersRun, LevelOneShowsTheStepPhasesAndNoOperations) {
 }
 
 TEST(TimersRun, LevelTwoForwardBackwardCoversItsParts) {
-  const Run r = run({"--timing-log-level", "2", "--timing-log-option", "max"}, 2, 1);
+  const TimedRun r = timed_run({"--timing-log-level", "2", "--timing-log-option", "max"}, 2, 1);
   EXPECT_NE(r.console.find("max time across ranks (ms):\n    forward-backward ....."), std::string::npos) << r.console;
   ASSERT_EQ(r.timers.size(), 2u);
   for (const json& t : r.timers) {
@@ -217,14 +217,14 @@ TEST(TimersRun, LevelTwoForwardBackwardCoversItsParts) {
 
 TEST(TimersRun, LevelZeroLogsSetupAndCheckpointsOnly) {
   const std::string save = testing::fresh_temp_path("timers_save");
-  const Run r = run({"--save", save, "--save-interval", "2"});
+  const TimedRun r = timed_run({"--save", save, "--save-interval", "2"});
   EXPECT_TRUE(r.timers.empty());
   EXPECT_EQ(r.losses.size(), 2u);
   EXPECT_EQ(r.console.find("forward-backward ...."), std::string::npos) << r.console;
   EXPECT_NE(r.console.find("(min, max) time across ranks (ms):\n    save-checkpoint ....."), std::string::npos)
       << r.console;
   // Resuming logs the load the same way.
-  const Run resumed = run({"--load", save}, 6);
+  const TimedRun resumed = timed_run({"--load", save, "--use-checkpoint-opt_param-scheduler"}, 6);
   EXPECT_NE(resumed.console.find("(min, max) time across ranks (ms):\n    load-checkpoint ....."), std::string::npos)
       << resumed.console;
   std::filesystem::remove_all(save);
@@ -250,7 +250,7 @@ std::map<std::string, std::map<int64_t, double>> scalars_in(const std::string& d
 
 TEST(TimersRun, TensorBoardGetsTheLoggedTimersAsNameTime) {
   const std::string tb = testing::fresh_temp_path("timers_tb");
-  const Run r = run({"--timing-log-level", "1", "--tensorboard-dir", tb, "--log-timers-to-tensorboard"});
+  const TimedRun r = timed_run({"--timing-log-level", "1", "--tensorboard-dir", tb, "--log-timers-to-tensorboard"});
   const auto s = scalars_in(tb);
   ASSERT_EQ(r.timers.size(), 2u);
   for (const json& t : r.timers) {
@@ -264,7 +264,7 @@ TEST(TimersRun, TensorBoardGetsTheLoggedTimersAsNameTime) {
   }
   // Level 0 (Megatron's default): iteration-time only.
   const std::string tb0 = testing::fresh_temp_path("timers_tb0");
-  run({"--tensorboard-dir", tb0, "--log-timers-to-tensorboard"});
+  timed_run({"--tensorboard-dir", tb0, "--log-timers-to-tensorboard"});
   const auto s0 = scalars_in(tb0);
   EXPECT_TRUE(s0.count("iteration-time"));
   EXPECT_FALSE(s0.count("forward-backward-time"));
