@@ -290,5 +290,30 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
   fs::remove_all(hf);
 }
 
+// Progress of the conversions (core/progress.h): with the test-only MOECORE_TEST_PROGRESS_SECONDS=0 and stderr
+// not a terminal, plain lines and a summary; without it (quick work) nothing at all.
+TEST(HFProgress, ConversionsShowPlainLinesAndASummaryOnlyWhenAsked) {
+  const std::string hf = fresh_dir("progress_in"), native = fresh_dir("progress_native"),
+                    back = fresh_dir("progress_back"), quiet = fresh_dir("progress_quiet");
+  write_hf(hf, mixtral_config());
+  setenv("MOECORE_TEST_PROGRESS_SECONDS", "0", 1);
+  ::testing::internal::CaptureStderr();
+  ckpt::convert_hf_to_native(hf, native);
+  ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  unsetenv("MOECORE_TEST_PROGRESS_SECONDS");
+  EXPECT_NE(err.find("HF import: 100.0% "), std::string::npos) << err;
+  EXPECT_NE(err.find("HF import: read "), std::string::npos) << err;
+  EXPECT_NE(err.find("checkpoint save: 100.0% "), std::string::npos) << err;
+  EXPECT_NE(err.find("HF export: 0.0% "), std::string::npos) << err;
+  EXPECT_NE(err.find("HF export: wrote "), std::string::npos) << err;
+  EXPECT_NE(err.find(" MB/s elapsed "), std::string::npos) << err;
+  EXPECT_EQ(err.find('\r'), std::string::npos) << "not a terminal: plain lines";
+  ::testing::internal::CaptureStderr();
+  ckpt::convert_native_to_hf(native, quiet, "", "", 1 << 14);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "a quick conversion prints nothing";
+  for (const auto& d : {hf, native, back, quiet}) fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace moecore

@@ -2,8 +2,9 @@
 # --tensorboard-dir end to end: event files read back by an independent reader (tensorboard_reader.py: its own
 # TFRecord parser and CRC-32C, TensorBoard's message definitions compiled by protoc, python3-protobuf) and checked
 # tag by tag, step by step, against the metrics JSON lines of the same run:
-#  1. one process: every Megatron tag moecore writes (per-layer MoE losses, timers, memory, validation ppl, world
-#     size, tokens-per-expert histograms equal to the metrics file's);
+#  1. one process: every Megatron tag moecore writes (per-layer MoE losses, timers at level 2 equal to the metrics
+#     file's timer records, memory, validation ppl, world size, tokens-per-expert histograms equal to the metrics
+#     file's);
 #  2. two ranks, EP 2, and four, TP 2 (SP) x EP 2: one event file, written by the last rank, the histograms holding
 #     every rank's tokens;
 #  3. SIGTERM with --exit-signal-handler and a queue larger than the run: the records reach the file at the stop.
@@ -18,8 +19,8 @@ export OMP_NUM_THREADS=1
 
 # 1. One process, every switch on.
 "$moecore" train "${A[@]}" --train-iters 6 --global-batch-size 4 --eval-interval 3 --eval-iters 1 \
-  --tensorboard-dir "$D/one" --metrics-file "$D/one.jsonl" --log-timers-to-tensorboard --log-memory-to-tensorboard \
-  --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --tensorboard-queue-size 7 \
+  --tensorboard-dir "$D/one" --metrics-file "$D/one.jsonl" --log-timers-to-tensorboard --timing-log-level 2 \
+  --log-memory-to-tensorboard --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --tensorboard-queue-size 7 \
   >"$D/one.log" 2>&1 || fail "one process: $(tail -5 "$D/one.log")"
 "$python3" "$reader" check "$D/one" "$D/one.jsonl" --global-batch-size 4 --world-size 1 --per-layer 2 --timers \
   --memory --ppl --last-iteration 6 || fail "one process: the event file does not match the metrics"

@@ -153,7 +153,8 @@ def check(a):
     c = Checker()
     c.ok(len(files) == a.files, f"{len(files)} event files in {a.dir}, expected {a.files}")
     lines = [json.loads(s) for s in open(a.metrics) if s.strip()]
-    train = [j for j in lines if "eval" not in j]
+    train = [j for j in lines if "eval" not in j and "timers" not in j and "alarm" not in j]
+    timer_records = [j for j in lines if "timers" in j]
     evals = [j for j in lines if j.get("eval") == "valid"]
     c.ok(len(train) > 0, "the metrics file has training lines")
     for j in train:
@@ -188,12 +189,17 @@ def check(a):
                 c.ok(h.num == a.tokens_per_layer, f"{layer} histogram num {h.num}, expected {a.tokens_per_layer}")
             c.ok(list(h.bucket_limit) == [e + 0.5 for e in range(len(tpe))], f"{layer} bucket limits")
             c.ok(h.num == sum(h.bucket), f"{layer} histogram num {h.num} != sum of buckets")
-        if a.timers:
+        if a.timers:  # --timing-log-level 1 or more: the step phases
             for tag in ("iteration-time", "forward-backward-time", "optimizer-time"):
                 c.ok(scalars.get(tag, {}).get(it, 0) > 0, f"'{tag}' > 0 at step {it}")
         if a.memory:
             for tag in ("mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes"):
                 c.ok(scalars.get(tag, {}).get(it, 0) > 0, f"'{tag}' > 0 at step {it}")
+    if a.timers:  # every timer of the metrics file's timer records: "<name>-time", the max over ranks in seconds
+        c.ok(len(timer_records) > 0, "the metrics file has timer records (--timing-log-level 1 or more)")
+        for j in timer_records:
+            for name, t in j["timers"].items():
+                c.close(name + "-time", j["iteration"], None, t["max_ms"] / 1000.0, scalars, rel=1e-5)
     for j in evals:
         it = j["iteration"]
         c.close("lm loss validation", it, None, j["lm_loss"], scalars)

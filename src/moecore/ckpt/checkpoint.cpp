@@ -16,6 +16,8 @@
 
 #include "moecore/ckpt/metadata.h"
 #include "moecore/ckpt/safetensors.h"
+#include "moecore/core/progress.h"
+#include "moecore/core/timer.h"
 
 namespace moecore::ckpt {
 
@@ -123,7 +125,7 @@ void write_shards(const std::string& dir, int64_t rank, const std::vector<Stored
                     {"dtype", safetensors_dtype(t.tensor.dtype())},
                     {"xxh3_64", fmt::format("{:016x}", checksum_of(t.tensor))}});
   }
-  write_safetensors(dir + "/" + file, ts);
+  write_safetensors(dir + "/" + file, ts, {}, rank == 0 ? "checkpoint save" : "");  // rank 0 shows its files'
   write_file_durable(fragment_path(dir, rank), frag.dump(1) + "\n");
 }
 
@@ -274,8 +276,14 @@ void load_tensors(const std::string& dir, const std::vector<ShardRecord>& recs,
   for (const auto& r : recs) by_name[r.name].push_back(&r);
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
   std::vector<std::string> problems;
+  int64_t bytes = 0, done = 0;
+  for (const auto& tg : targets) bytes += static_cast<int64_t>(tg.dst->nbytes());
+  Progress bar("checkpoint load", bytes, "MB/s", 1e6);  // shown only when the load takes a while
+  const double t0 = now_seconds();
   for (const auto& tg : targets) {
     MOE_ASSERT(tg.dst && tg.dst->numel() == tg.box.volume());
+    bar.update(done, fmt::format("{} of {} tensors", &tg - targets.data(), targets.size()));
+    done += static_cast<int64_t>(tg.dst->nbytes());
     const auto it = by_name.find(tg.name);
     if (it == by_name.end()) {
       problems.push_back(fmt::format("{}: not in the checkpoint", tg.name));
@@ -335,6 +343,9 @@ void load_tensors(const std::string& dir, const std::vector<ShardRecord>& recs,
       problems.push_back(fmt::format("{}: {} of {} elements found", tg.name, got, expect));
   }
   if (!problems.empty()) throw_problems(dir, problems);
+  const double s = now_seconds() - t0;
+  bar.finish_if_shown(fmt::format("{:.1f} MB in {:.1f} s ({:.2f} MB/s) from {}", static_cast<double>(bytes) / 1e6, s,
+                                  static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9), dir));
 }
 
 void load_model(const std::string& dir, nn::ParamRegistry& reg) {

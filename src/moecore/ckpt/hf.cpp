@@ -13,6 +13,7 @@
 #include "moecore/ckpt/metadata.h"
 #include "moecore/core/error.h"
 #include "moecore/core/file.h"
+#include "moecore/core/progress.h"
 #include "moecore/moe/moe_layer.h"
 
 namespace moecore::ckpt {
@@ -372,7 +373,17 @@ Tensor HFModel::read(const NativeTensor& t) {
 int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_root) {
   HFModel m(hf_dir);
   std::vector<StoredTensor> all;
-  for (const auto& t : native_tensors(m.architecture())) all.push_back({t.name, whole_box(t.global), m.read(t)});
+  const std::vector<NativeTensor> tensors = native_tensors(m.architecture());
+  int64_t bytes = 0, done = 0;  // as fp32
+  for (const auto& t : tensors) bytes += t.global.numel() * 4;
+  Progress bar("HF import", bytes, "MB/s", 1e6);  // shown only when reading takes a while
+  for (const auto& t : tensors) {
+    all.push_back({t.name, whole_box(t.global), m.read(t)});
+    done += t.global.numel() * 4;
+    bar.update(done, fmt::format("{} of {} tensors", all.size(), tensors.size()));
+  }
+  bar.finish_if_shown(
+      fmt::format("read {} tensors ({:.1f} MB as fp32) from {}", all.size(), static_cast<double>(bytes) / 1e6, hf_dir));
   nlohmann::json state = {{"format", kTrainStateFormat},
                           {"release", true},
                           {"iteration", 0},
@@ -426,7 +437,13 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
     shard_bytes = 0;
   };
   const std::vector<ShardRecord> records = read_model_index(found->dir);
-  for (const auto& t : native_tensors(a)) {
+  const std::vector<NativeTensor> tensors = native_tensors(a);
+  int64_t bytes = 0, done = 0;  // as fp32
+  for (const auto& t : tensors) bytes += t.global.numel() * 4;
+  Progress bar("HF export", bytes, "MB/s", 1e6);  // shown only when the export takes a while
+  for (const auto& t : tensors) {
+    bar.update(done, fmt::format("{} of {} tensors", &t - tensors.data(), tensors.size()));
+    done += t.global.numel() * 4;
     Tensor whole = Tensor::empty(t.global, DType::F32);
     load_tensors(found->dir, records, {LoadTarget{t.name, whole_box(t.global), &whole}});
     for (const auto& p : t.pieces) {
@@ -441,6 +458,8 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
     }
   }
   flush();
+  bar.finish_if_shown(
+      fmt::format("wrote {} tensors ({:.1f} MB) to {}", count, static_cast<double>(total) / 1e6, out_dir));
   nlohmann::json map = nlohmann::json::object();
   const size_t n = shard_names.size();
   for (size_t i = 0; i < n; i++) {

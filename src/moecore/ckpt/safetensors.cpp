@@ -8,6 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
+
+#include "moecore/core/progress.h"
+#include "moecore/core/timer.h"
 
 namespace moecore::ckpt {
 
@@ -59,7 +63,7 @@ const char* safetensors_dtype(DType t) {
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const std::string& progress) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   int64_t off = 0;
@@ -79,7 +83,15 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   for (int i = 0; i < 8; i++) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
   write_all(fd, len, 8, path);
   write_all(fd, header.data(), header.size(), path);
-  for (const auto& t : tensors) write_all(fd, t.tensor.raw(), t.tensor.nbytes(), path);
+  std::optional<Progress> bar;
+  if (!progress.empty()) bar.emplace(progress, off, "MB/s", 1e6);
+  const double t0 = now_seconds();
+  int64_t written = 0;
+  for (const auto& t : tensors) {
+    write_all(fd, t.tensor.raw(), t.tensor.nbytes(), path);
+    written += static_cast<int64_t>(t.tensor.nbytes());
+    if (bar) bar->update(written, fmt::format("{} tensors", tensors.size()));
+  }
   if (::fsync(fd) != 0) {
     const int err = errno;
     ::close(fd);
@@ -91,6 +103,10 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     std::remove(path.c_str());
     MOE_CHECK(false, "cannot close {}: {}", path, std::strerror(err));
   }
+  const double s = now_seconds() - t0;
+  if (bar)
+    bar->finish_if_shown(fmt::format("{:.1f} MB in {:.1f} s ({:.2f} MB/s) to {}", static_cast<double>(off) / 1e6, s,
+                                     static_cast<double>(off) / 1e6 / std::max(s, 1e-9), path));
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {

@@ -19,9 +19,10 @@ struct NamedTensor {
 };
 
 // Writes `tensors` (in the given order) and `metadata` to `path`, fsynced. The caller handles atomic placement
-// (write under a temporary name, then rename).
+// (write under a temporary name, then rename). `progress`: a label to show the bytes written under when the write
+// takes a while (core/progress.h; empty: none).
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, const std::string& progress = "");
 
 struct SafetensorsEntry {
   DType dtype;

@@ -8,9 +8,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "moecore/cli/progress.h"
 #include "moecore/core/error.h"
 #include "moecore/core/file.h"
+#include "moecore/core/progress.h"
 #include "moecore/data/bpe_trainer.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/data/tokenizer.h"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::moe {
@@ -149,6 +150,7 @@ void GroupedExperts::prepare_gemms() const {
 
 Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts,
                                Stash& st) {
+  TimerScope timer("moe-expert-compute", 2);  // moecore's MoE timer (core/timers.h), forward and backward
   const int64_t R = x_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
   MOE_ASSERT(x_RH.cols() == H && probs_R.numel() == R && static_cast<int64_t>(counts.size()) == cfg_.num_experts);
   int64_t total = 0;
@@ -184,6 +186,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
 }
 
 Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R) {
+  TimerScope timer("moe-expert-compute", 2);
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
   const std::vector<int64_t>& counts = st.tokens_per_expert;
   const int64_t Rp = padded_total(counts);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/core/timers.h"
 
 namespace moecore::moe {
 
@@ -221,7 +222,10 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
   // 2. Count exchange: every rank's tokens per expert.
   Tensor counts = Tensor::empty({E_}, DType::I64), all = Tensor::empty({P, E_}, DType::I64);
   for (int64_t e = 0; e < E_; e++) counts.data<int64_t>()[e] = plan.tokens_per_expert[static_cast<size_t>(e)];
-  ep_.all_gather(counts, all);
+  {
+    TimerScope timer("moe-dispatch-all-to-all", 2);  // the counts travel with the dispatch
+    ep_.all_gather(counts, all);
+  }
   const int64_t* g = all.data<int64_t>();
   plan.input_splits.assign(static_cast<size_t>(P), 0);
   plan.output_splits.assign(static_cast<size_t>(P), 0);
@@ -243,6 +247,9 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
 Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const {
   const int64_t recv_rows = plan.sorted_from_recv.numel();
   Tensor recv = Tensor::empty({recv_rows, local_rows.cols()}, local_rows.dtype());
+  // moecore's MoE timers (core/timers.h) by direction: token ranks to expert ranks is the dispatch (its forward,
+  // and combine's backward), back is the combine.
+  TimerScope timer("moe-dispatch-all-to-all", 2);
   ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
                    plan.output_splits);
   Tensor sorted = Tensor::empty(recv.shape(), recv.dtype());
@@ -256,6 +263,7 @@ Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, con
   Tensor recv = Tensor::empty({recv_rows, H}, sorted_rows.dtype());
   scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
   Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype());
+  TimerScope timer("moe-combine-all-to-all", 2);
   ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
   return local;
 }
@@ -293,12 +301,14 @@ namespace moecore::moe {
 
 Tensor AllGatherTokenDispatcher::gather(const Tensor& t) const {
   Tensor all = Tensor::empty({t.rows() * ep_.size(), t.cols()}, t.dtype());
+  TimerScope timer("moe-dispatch-all-gather", 2);  // as the all-to-all's (dispatch: tokens to experts)
   ep_.all_gather(t.reshape({t.rows(), t.cols()}), all);
   return all;
 }
 
 Tensor AllGatherTokenDispatcher::scatter_sum(const Tensor& t) const {
   Tensor out = Tensor::empty({t.rows() / ep_.size(), t.cols()}, t.dtype());
+  TimerScope timer("moe-combine-reduce-scatter", 2);
   ep_.reduce_scatter(t, out);
   return out;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/optim/adamw.h"
 #include "moecore/optim/distributed_optimizer.h"
@@ -136,11 +137,15 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
 double ChainedOptimizer::finish_gradients(std::vector<double>& riders) {
   // Dense and expert gradients are both scaled by 1/DP, Megatron's 1/(DP·CP).
   double sq = 0, zeros = 0;
-  for (auto& part : parts_) {
-    sq += part->reduce_gradients(1.0 / dp_size_);
-    zeros += part->zero_share();
+  {
+    TimerScope timer("all-grads-sync", 1);  // Megatron's level-1 timers (core/timers.h)
+    for (auto& part : parts_) {
+      sq += part->reduce_gradients(1.0 / dp_size_);
+      zeros += part->zero_share();
+    }
   }
   if (g_.world) {
+    TimerScope timer("optimizer-clip-main-grad", 1);  // the global norm the clipping divides by
     Tensor u = Tensor::empty({static_cast<int64_t>(riders.size()) + 2}, DType::F64);
     u.set_item(0, sq);
     u.set_item(1, zeros);
@@ -161,6 +166,7 @@ void ChainedOptimizer::step(double lr, double grad_norm, int64_t iteration, doub
     const double coeff = cfg_.clip_grad / (grad_norm + 1e-6);
     if (coeff < 1.0) hp.grad_scale = coeff;
   }
+  TimerScope timer("optimizer-inner-step", 1);  // with the distributed optimizer's params-all-gather inside
   for (size_t i = 0; i < parts_.size(); i++) {
     kernels::AdamWParams h = hp;
     if (decoupled_part_[i]) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
 
 namespace moecore::optim {
@@ -135,6 +136,7 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
       element_step(rule_, pm, g, mm, vv, h, step);
     });
   }
+  TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
   for (auto& bk : buckets_) {
     if (bk.segs.empty()) continue;
     bk.work = group_.all_gather(master_shard_.slice(bk.local, bk.shard), bk.flat_param, /*async=*/true);

@@ -153,6 +153,24 @@ void add_timers(json& charts, const std::vector<RunHistory>& runs) {
       t++;
     }
   }
+  // --timing-log-level's records: the slowest rank's milliseconds per iteration of each timer, in seconds.
+  std::set<std::string> logged;
+  for (const auto& run : runs)
+    for (const json& row : run.timers)
+      for (const auto& [k, v] : row.at("timers").items())
+        if (!names.count("timers/" + k)) logged.insert(k);
+  for (size_t r = 0; r < runs.size(); r++) {
+    int t = static_cast<int>(names.size());
+    for (const auto& k : logged) {
+      json d = points(runs[r].timers, [&k](const json& row) -> std::optional<double> {
+        const json& v = row.at("timers");
+        if (!v.contains(k) || !v[k].contains("max_ms") || !v[k]["max_ms"].is_number()) return std::nullopt;
+        return v[k]["max_ms"].get<double>() / 1000.0;
+      });
+      if (!d.empty()) s.push_back(series(label(runs, r, k + " (max over ranks)"), std::move(d), t, dash_of(r)));
+      t++;
+    }
+  }
   if (!s.empty()) charts.push_back({{"kind", "line"}, {"title", "Timers"}, {"y", "seconds"}, {"series", s}});
 }
 

@@ -48,6 +48,10 @@ RunHistory read_run_history(const std::string& path, const std::string& name) {
       h.alarms.push_back(std::move(j));
       continue;
     }
+    if (j.contains("timers")) {  // the timers after a log line (train/timers.cpp), their own record
+      h.timers.push_back(std::move(j));
+      continue;
+    }
     if (j.contains("eval")) {
       valid[iteration] = std::move(j);
       continue;

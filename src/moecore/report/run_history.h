@@ -19,6 +19,8 @@ struct RunHistory {
   // segment, and what the interrupted run logged from that iteration on is dropped.
   std::vector<nlohmann::json> train, valid;
   std::vector<nlohmann::json> alarms;  // health alarms' records ({"alarm", "iteration", "action", "message"})
+  // --timing-log-level's records after the log lines ({"timers": {name: {"min_ms", "max_ms"}}, "iteration", ...}).
+  std::vector<nlohmann::json> timers;
   int64_t skipped_lines = 0;  // a last line cut short by a killed run (no newline, not JSON): left out, counted
 };
 

@@ -127,6 +127,11 @@ struct TrainConfig {
   bool log_timers_to_tensorboard = false, no_log_loss_scale_to_tensorboard = false;
   bool log_validation_ppl_to_tensorboard = false, log_memory_to_tensorboard = false;
   bool log_world_size_to_tensorboard = false;
+  // Megatron's timers (train/timers.h): which are kept (0: the few Megatron always logs; 1: per step phase;
+  // 2: per operation), how the log shows them over ranks, and the world barrier before the level-1 phases.
+  int64_t timing_log_level = 0;
+  std::string timing_log_option = "minmax";
+  bool no_barrier_with_level_1_timing = false;
   // Health alarms (train/routing_health.h): each on by default, 0 turns one off; --health-alarm-stop names those
   // that stop the run instead of warning. Megatron's --check-for-spiky-loss (its factor 10 over 100 samples is
   // moecore's default --loss-spike-factor/-samples) and --no-check-for-nan-in-loss-and-grad (the step is applied).

@@ -161,28 +161,11 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
       {"moe-routing-trace-"}));
   r.push_back(no_effect(
       "profiling and telemetry switches: they observe the run, not its math",
-      {"profile",
-       "profile-ranks",
-       "profile-step-start",
-       "profile-step-end",
-       "use-pytorch-profiler",
-       "pytorch-profiler-collect-callstack",
-       "pytorch-profiler-collect-chakra",
-       "pytorch-profiler-collect-shapes",
-       "record-shapes",
-       "record-memory-history",
-       "memory-snapshot-path",
-       "nvtx-ranges",
-       "timing-log-level",
-       "timing-log-option",
-       "no-barrier-with-level-1-timing",
-       "run-workload-inspector-server",
-       "no-one-logger",
-       "app-tag-run-name",
-       "app-tag-run-version",
-       "gpu-sniff-test-interval",
-       "disable-straggler-on-startup",
-       "onnx-safe"},
+      {"profile", "profile-ranks", "profile-step-start", "profile-step-end", "use-pytorch-profiler",
+       "pytorch-profiler-collect-callstack", "pytorch-profiler-collect-chakra", "pytorch-profiler-collect-shapes",
+       "record-shapes", "record-memory-history", "memory-snapshot-path", "nvtx-ranges", "run-workload-inspector-server",
+       "no-one-logger", "app-tag-run-name", "app-tag-run-version", "gpu-sniff-test-interval",
+       "disable-straggler-on-startup", "onnx-safe"},
       {"one-logger-", "otel-", "straggler-", "flight-recorder-", "disable-flight-recorder-", "no-flight-recorder-"}));
   r.push_back(
       no_effect("fault-tolerance heartbeats of nvidia-resiliency-ext (moecore stops every rank on a failure; "

@@ -194,12 +194,6 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f} {}", b, u[i]);
 }
 
-std::string format_duration(double s) {
-  const int64_t t = std::isfinite(s) && s > 0 ? static_cast<int64_t>(s + 0.5) : 0;
-  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-  return fmt::format("{}:{:02}", t / 60, t % 60);
-}
-
 std::string progress_line(int64_t iteration, int64_t train_iters, double lm_loss, double tokens_per_sec,
                           double eta_seconds) {
   return fmt::format("iteration {}/{} | lm loss {:.4f} | {:.0f} tokens/s | ETA {}", iteration, train_iters, lm_loss,

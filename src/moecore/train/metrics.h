@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moecore/core/file.h"
+#include "moecore/core/progress.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/train/config.h"
 #include "moecore/train/memory_plan.h"
@@ -55,8 +56,7 @@ struct IntervalSums {
 };
 
 std::string human_bytes(double bytes);
-// m:ss, or h:mm:ss from an hour on.
-std::string format_duration(double seconds);
+using moecore::format_duration;  // core/progress.h: m:ss, or h:mm:ss from an hour on
 // The line a single-process run redraws on a terminal after each step (between its log lines): iteration, the
 // step's loss, tokens/s and the time left at the run's rate so far.
 std::string progress_line(int64_t iteration, int64_t train_iters, double lm_loss, double tokens_per_sec,

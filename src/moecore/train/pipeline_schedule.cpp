@@ -2,9 +2,11 @@
 #include "moecore/train/pipeline_schedule.h"
 
 #include <map>
+#include <optional>
 
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
+#include "moecore/core/timers.h"
 #include "moecore/train/pipeline_layout.h"
 
 namespace moecore::train {
@@ -106,15 +108,20 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
         in = b.tokens;
       } else {
         const double w0 = now_seconds();
+        TimerScope timer("forward-recv", 2);  // Megatron's level-2 timers of the passes and their messages
         in = p2p_.wait_recv(p.chunk, false);
         waited += now_seconds() - w0;
       }
+      std::optional<TimerScope> compute(std::in_place, "forward-compute", 2);
       const Tensor out = model.forward_chunk(static_cast<size_t>(p.chunk), in, st);
       if (ch.loss) {
         const double mean = model.loss_forward(b.labels, b.loss_mask, st);
         loss.sum += mean * st.mask_sum;
         loss.tokens += st.mask_sum;
-      } else {
+      }
+      compute.reset();
+      if (!ch.loss) {
+        TimerScope timer("forward-send", 2);
         p2p_.send(p.chunk, false, out);
       }
       if (!r.backward) {  // forward only: nothing to keep
@@ -130,6 +137,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
     Tensor dy;
     if (!ch.loss) {
       const double w0 = now_seconds();
+      TimerScope timer("backward-recv", 2);
       dy = p2p_.wait_recv(p.chunk, true);
       waited += now_seconds() - w0;
     }
@@ -144,8 +152,13 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
     optim::ChainedOptimizer* opt = r.opt;
     std::function<void(size_t)> hook;  // the chunk's last micro-batch: its layers' gradients are final
     if (opt && p.micro_batch == m - 1) hook = [opt](size_t layer) { opt->layer_grads_final(layer); };
+    std::optional<TimerScope> compute(std::in_place, "backward-compute", 2);
     const Tensor dx = model.backward_chunk(static_cast<size_t>(p.chunk), st, dy, token_scale, aux_scale, hook);
-    if (!ch.embedding) p2p_.send(p.chunk, true, dx);
+    compute.reset();
+    if (!ch.embedding) {
+      TimerScope timer("backward-send", 2);
+      p2p_.send(p.chunk, true, dx);
+    }
     free_.push_back(it->second);
     live.erase(it);
     in_flight--;
@@ -182,6 +195,7 @@ StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, const data::Sam
   // Every stage reads the micro-batches (the first needs the tokens, the last the labels; all need the sample
   // indices for dropout and, with per-token loss, the global batch's loss tokens before the first backward).
   for (int64_t i = 0; i < mb.count; i++) {
+    TimerScope timer("batch-generator", 2);
     r.samples.push_back(cursor.micro_batch(i, mb.dp_rank, mb.dp_size, mb.size));
     r.batches.push_back(data::make_batch(data, r.samples.back(), mb.eod_mask_token));
     r.global_tokens += loss_tokens(r.batches.back());

@@ -1,6 +1,10 @@
 // Micro-batch schedules (see schedule.h).
 #include "moecore/train/schedule.h"
 
+#include <optional>
+
+#include "moecore/core/timers.h"
+
 namespace moecore::train {
 
 double loss_tokens(const data::Batch& b) {
@@ -20,6 +24,7 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
   double global_tokens = 0;
   if (mb.per_token_loss) {
     for (int64_t m = 0; m < mb.count; m++) {
+      TimerScope timer("batch-generator", 2);  // Megatron's level-2 timers of the micro-batch loop
       batches.push_back(data::make_batch(data, samples(m), mb.eod_mask_token));
       global_tokens += loss_tokens(batches.back());
     }
@@ -33,10 +38,14 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
   const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size);
   StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
+    std::optional<TimerScope> batch_timer(std::in_place, "batch-generator", 2);
     stash.sample_B = samples(m);  // also the dropout masks' sample indices
     const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)])
                                             : data::make_batch(data, stash.sample_B, mb.eod_mask_token);
+    batch_timer.reset();
+    std::optional<TimerScope> forward_timer(std::in_place, "forward-compute", 2);
     const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);
+    forward_timer.reset();
     loss.sum += mean * stash.mask_sum;
     loss.tokens += stash.mask_sum;
     double token_scale = stash.mask_sum > 0 ? scale / stash.mask_sum : 0.0, aux_scale = scale;
@@ -47,6 +56,7 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
       token_scale = global_tokens > 0 ? dp / global_tokens : 0.0;
       aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;
     }
+    TimerScope backward_timer("backward-compute", 2);
     if (opt.reduces_gradients() && m == mb.count - 1)
       model.backward_scaled(stash, token_scale, aux_scale, [&opt](size_t layer) { opt.layer_grads_final(layer); });
     else

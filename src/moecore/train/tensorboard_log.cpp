@@ -37,8 +37,6 @@ void TensorBoardLog::flush() {
 void TensorBoardLog::after_step(int64_t it, int64_t samples, const StepResult& r, const nn::GPTModel& model,
                                 const Scalars& extra) {
   if (c_.tensorboard_dir.empty()) return;
-  forward_backward_seconds_ += r.forward_backward_seconds;
-  optimizer_seconds_ += r.optimizer_seconds;
   if (it % c_.tensorboard_log_interval == 0) {
     auto both = [&](const std::string& tag, double v) {
       scalar(tag, v, it);
@@ -141,22 +139,10 @@ void TensorBoardLog::expert_loads(int64_t it, const nn::GPTModel& model) {
       writer_->add_histogram(fmt::format("moe/tokens_per_expert_layer_{}", i), expert_load_histogram(tpe), it);
 }
 
-void TensorBoardLog::at_log_interval(int64_t it, double seconds_per_iteration) {
+void TensorBoardLog::at_log_interval(int64_t it, double seconds_per_iteration, const std::vector<TimerRow>& timers) {
   if (c_.tensorboard_dir.empty() || !c_.log_timers_to_tensorboard) return;
-  double fb = forward_backward_seconds_ / static_cast<double>(c_.log_interval);
-  double opt = optimizer_seconds_ / static_cast<double>(c_.log_interval);
-  forward_backward_seconds_ = optimizer_seconds_ = 0;
-  if (g_.distributed()) {  // Megatron's timers.write reports the slowest rank
-    Tensor t = Tensor::empty({2}, DType::F64);
-    t.set_item(0, fb);
-    t.set_item(1, opt);
-    g_.world->all_reduce(t, comm::ReduceOp::Max);
-    fb = t.item(0);
-    opt = t.item(1);
-  }
   scalar("iteration-time", seconds_per_iteration, it);
-  scalar("forward-backward-time", fb, it);
-  scalar("optimizer-time", opt, it);
+  for (const TimerRow& t : timers) scalar(t.name + "-time", t.max_ms / 1000.0, it);  // the slowest rank's
 }
 
 void TensorBoardLog::validation(int64_t it, int64_t samples, double loss) {

@@ -1,7 +1,7 @@
 // TensorBoard logging with Megatron's tags (training.py training_log and evaluate_and_print_results,
 // moe_utils.py track_moe_metrics, timers.py write), into an event file (tensorboard_writer.h) in --tensorboard-dir.
-// Every rank holds one (the per-layer MoE values and the expert loads are summed over ranks, the timers maxed: those
-// calls are collective); only the last rank of the world writes, as Megatron's SummaryWriter does.
+// Every rank holds one (the per-layer MoE values and the expert loads are summed over ranks: those calls are
+// collective); only the last rank of the world writes, as Megatron's SummaryWriter does.
 #pragma once
 
 #include <memory>
@@ -14,6 +14,7 @@
 #include "moecore/train/metrics.h"
 #include "moecore/train/parallel_groups.h"
 #include "moecore/train/tensorboard_writer.h"
+#include "moecore/train/timers.h"
 
 namespace moecore::train {
 
@@ -30,10 +31,10 @@ class TensorBoardLog {
   // z_loss) and with --moe-per-layer-logging moe/<loss>_layer_N for every layer N (0 for dense layers).
   void after_step(int64_t iteration, int64_t consumed_samples, const StepResult& r, const nn::GPTModel& model,
                   const Scalars& extra = {});
-  // On every rank at --log-interval steps (collective with --log-timers-to-tensorboard): iteration-time (seconds
-  // per iteration over the interval) and the timers moecore has: forward-backward-time and optimizer-time (seconds
-  // summed since the last call / --log-interval, the max over ranks).
-  void at_log_interval(int64_t iteration, double seconds_per_iteration);
+  // At --log-interval steps, with --log-timers-to-tensorboard: iteration-time (seconds per iteration over the
+  // interval) and "<name>-time" for each timer the log shows (train/timers.h: the max over ranks, in seconds per
+  // iteration, as Megatron's timers.write).
+  void at_log_interval(int64_t iteration, double seconds_per_iteration, const std::vector<TimerRow>& timers = {});
   // After an evaluation: lm loss validation (+ ppl with --log-validation-ppl-to-tensorboard), and vs samples.
   void validation(int64_t iteration, int64_t consumed_samples, double loss);
   void flush();
@@ -45,7 +46,6 @@ class TensorBoardLog {
   const ParallelGroups& g_;
   int64_t world_size_ = 1;
   std::unique_ptr<EventFileWriter> writer_;  // the last rank's
-  double forward_backward_seconds_ = 0, optimizer_seconds_ = 0;
   void scalar(const std::string& tag, double v, int64_t step);
   void moe_losses(int64_t iteration, const StepResult& r, const nn::GPTModel& model);
   void gather_over_pipeline(std::vector<std::pair<size_t, std::vector<int64_t>>>& layers, int64_t& n) const;

@@ -49,17 +49,22 @@ void Trainer::request_stop(int signal) {
 }
 
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
-    : cfg_(std::move(cfg)), out_(out) {
+    : cfg_(std::move(cfg)), timers_(std::make_unique<Timers>(static_cast<int>(cfg_.timing_log_level))), out_(out) {
   MOE_ASSERT_MSG(is_resolved(cfg_), "a configuration changed since train::resolve (or never resolved): resolve it");
+  Timers::Install timing(timers_.get());
   groups_ = std::make_unique<ParallelGroups>(cfg_, world);
   if (groups_->world_rank != 0) out_ = null_out_ = std::fopen("/dev/null", "w");  // one rank speaks
+  if (groups_->world_rank != 0) moecore::Progress::silence_this_process();        // checkpoint progress too
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
   StartPoint start = find_start_point(cfg_);
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
   eod_mask_token_ = eod_mask_token(cfg_, vocab_);
   check_memory_before_start(cfg_, vocab_.padded, *groups_, out_);  // refuses a run that cannot fit, before allocating
+  timers_->start("train/valid/test-data-iterators-setup", 0);
   data_ = build_datasets(cfg_, vocab_.size);
+  timers_->stop("train/valid/test-data-iterators-setup");
+  timers_->start("model-and-optimizer-setup", 0);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   stash_ = model_->make_stash();
   std::vector<nn::Parameter*> params;
@@ -87,7 +92,12 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   }
   ckpt_ = std::make_unique<Checkpointing>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
   progress_.schedule = lr_schedule(cfg_);  // the checkpoint's may replace it (--use-checkpoint-opt_param-scheduler)
+  timers_->start("load-checkpoint", 0);
   ckpt_->load_at_start(start, progress_);
+  timers_->stop("load-checkpoint");
+  if (!ckpt_->loaded_from().empty()) log_timers({"load-checkpoint"});
+  timers_->elapsed("load-checkpoint", true);
+  timers_->stop("model-and-optimizer-setup");
   if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   health_ = std::make_unique<HealthAlarms>(cfg_, cfg_.expert_model_parallel_size);
@@ -96,6 +106,20 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
   print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
+  log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});
+}
+
+std::vector<TimerRow> Trainer::log_timers(const std::vector<std::string>& names, double normalizer, int64_t iteration) {
+  const std::vector<TimerRow> rows = gather_timers(*timers_, names, groups_->world.get(), normalizer);
+  if (rows.empty()) return rows;
+  fmt::print(out_, "{}\n", format_timers(rows, cfg_.timing_log_option));
+  if (iteration >= 0) log_->write_json(timers_record(rows, cfg_.timing_log_option, iteration));
+  return rows;
+}
+
+void Trainer::level_1_barrier() const {
+  if (cfg_.timing_log_level >= 1 && !cfg_.no_barrier_with_level_1_timing && groups_->distributed())
+    groups_->world->barrier();
 }
 
 Trainer::~Trainer() {
@@ -106,7 +130,12 @@ Trainer::~Trainer() {
 
 std::string Trainer::save_checkpoint() {
   check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
-  return ckpt_->save(progress_);
+  Timers::Install timing(timers_.get());
+  timers_->start("save-checkpoint", 0);
+  std::string dir = ckpt_->save(progress_);
+  timers_->stop("save-checkpoint");
+  log_timers({"save-checkpoint"});
+  return dir;
 }
 
 double Trainer::step_flops() const {
@@ -134,6 +163,9 @@ StepResult Trainer::train_step() {
   r.lr = progress_.schedule.lr(progress_.schedule_steps);
   opt_->set_weight_decay(progress_.schedule.wd(progress_.schedule_steps));
   reg_.zero_grad();
+  Timers::Install timing(timers_.get());
+  level_1_barrier();
+  timers_->start("forward-backward", 1);
   const double t0 = now_seconds();
   StepLoss loss;
   {
@@ -141,6 +173,9 @@ StepResult Trainer::train_step() {
     loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
   const double t1 = now_seconds();
+  timers_->stop("forward-backward");
+  level_1_barrier();
+  timers_->start("optimizer", 1);
   r.forward_backward_seconds = t1 - t0;
   const data::SampleCursor step_cursor = progress_.cursor;
   progress_.cursor.advance(cfg_.global_batch_size);
@@ -188,6 +223,7 @@ StepResult Trainer::train_step() {
       cfg_.decoupled_lr >= 0 ? decoupled_lr_schedule(cfg_, progress_.schedule).lr(progress_.schedule_steps) : -1.0;
   opt_->step(r.lr, r.grad_norm, progress_.iteration, decoupled_lr);
   r.optimizer_seconds = now_seconds() - t1;
+  timers_->stop("optimizer");
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);
   param_stats(cfg_, reg_, *groups_, r);      // --log-params-norm
@@ -198,6 +234,8 @@ StepResult Trainer::train_step() {
 
 double Trainer::evaluate(int64_t iters) {
   MOE_CHECK(data_[1], "no validation data: --split {} gives the valid split no documents", cfg_.split);
+  Timers::Install timing(timers_.get());
+  timers_->start("evaluate", 0);
   model_->set_training(false);
   nn::Bf16WeightScope bf16_scope(reg_);
   double sum = 0, tokens = 0;  // Megatron: the loss over the loss tokens of all evaluated batches
@@ -221,6 +259,8 @@ double Trainer::evaluate(int64_t iters) {
   }
   model_->set_training(true);
   stash_ = model_->make_stash();  // forward-only passes leave stashes filled; start the next step clean
+  timers_->stop("evaluate");
+  log_timers({"evaluate"});
   return tokens > 0 ? sum / tokens : 0.0;
 }
 
@@ -293,7 +333,8 @@ void Trainer::train_loop() {
       const double secs = now_seconds() - t_interval, steps = static_cast<double>(progress_.sums.steps);
       log_->log_interval(it, progress_.cursor.consumed_samples, r, progress_.sums, secs, step_flops(), peak_gflops_,
                          *model_);
-      tb_->at_log_interval(it, secs / steps);
+      // Megatron's timers of --timing-log-level after the log line, per iteration of the interval (collective).
+      tb_->at_log_interval(it, secs / steps, log_timers(logged_timer_names(timers_->log_level()), steps, it));
       t_interval = now_seconds();
     }
     if (cfg_.eval_iters > 0 && data_[1] && it % cfg_.eval_interval == 0 && it < cfg_.train_iters) {

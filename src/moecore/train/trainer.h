@@ -26,6 +26,7 @@
 #include "moecore/train/routing_health.h"
 #include "moecore/train/schedule.h"
 #include "moecore/train/tensorboard_log.h"
+#include "moecore/train/timers.h"
 
 namespace moecore::train {
 
@@ -75,8 +76,14 @@ class Trainer {
   // The training loop of run(): returns early on a stop signal or --exit-interval.
   void train_loop();
   void final_report();
+  // Megatron's timers.log (collective): `names`' milliseconds per `normalizer` over the ranks, printed in
+  // --timing-log-option's form (and, at a log line `iteration` >= 0, its metrics-file record). Resets them.
+  std::vector<TimerRow> log_timers(const std::vector<std::string>& names, double normalizer = 1.0,
+                                   int64_t iteration = -1);
+  void level_1_barrier() const;  // Megatron's barrier_with_L1_time (off with --no-barrier-with-level-1-timing)
 
   TrainConfig cfg_;
+  std::unique_ptr<Timers> timers_;  // --timing-log-level (current while a step, an evaluation or a save runs)
   std::FILE* out_;
   std::FILE* null_out_ = nullptr;  // ranks other than 0 log here
   std::unique_ptr<ParallelGroups> groups_;
