@@ -124,9 +124,12 @@ TEST(ContextAttention, EqualsWholeSequenceAttentionOnThisRanksRows) {
     Tensor dql = Tensor::empty({L, B, Nq, D}, DType::F32), dkl = Tensor::empty({L, B, Nkv, D}, DType::F32),
            dvl = Tensor::empty({L, B, Nkv, D}, DType::F32);
     nn::context_attention_backward(mine(dout), mine(q), mine(k), mine(v), ol, ll, scale, cp, dql, dkl, dvl, &drop);
-    for (auto [got, want] : {std::pair{&ol, mine(o)}, {&dql, mine(dq)}, {&dkl, mine(dk)}, {&dvl, mine(dv)}})
-      for (int64_t i = 0; i < want.numel(); i++)
-        ASSERT_NEAR(got->item(i), want.item(i), 1e-5 * (1 + std::fabs(want.item(i)))) << i;
+    const std::vector<std::pair<Tensor*, Tensor>> pairs{
+        {&ol, mine(o)}, {&dql, mine(dq)}, {&dkl, mine(dk)}, {&dvl, mine(dv)}};
+    for (size_t p = 0; p < pairs.size(); p++)
+      for (int64_t i = 0; i < pairs[p].second.numel(); i++)
+        ASSERT_NEAR(pairs[p].first->item(i), pairs[p].second.item(i), 1e-5 * (1 + std::fabs(pairs[p].second.item(i))))
+            << "tensor " << p << " (o, dq, dk, dv) element " << i << " type " << static_cast<int>(type);
     ASSERT_EQ(ll.shape(), Shape({B, Nq, L}));
     for (int64_t bn = 0; bn < B * Nq; bn++)
       for (int64_t i = 0; i < L; i++) ASSERT_NEAR(ll.item(bn * L + i), lse.item(bn * S + s.position(i, L)), 1e-5);

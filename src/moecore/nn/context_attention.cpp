@@ -1,9 +1,10 @@
 // Attention over context parallelism, the interim implementation (see context_attention.h): every --cp-comm-type
 // computes the same thing here, the simplest correct way. Forward all-gathers q, k, v over the CP group, puts the
 // chunks in sequence order, runs kernels::attention_forward on the whole sequence and keeps this rank's rows.
-// Backward all-gathers dO, o and lse too, runs the whole backward, keeps this rank's rows of dq and reduce-scatters
-// dk and dv (each rank's rows summed over the CP group). No S×S buffer (the flash kernel), but every rank does the
-// whole sequence's attention: the ring (p2p), a2a, allgather and a2a+p2p kernels replace this file.
+// Backward all-gathers dO, o and lse too, runs the whole backward and keeps this rank's rows of dq, dk and dv (with
+// all of dO every rank's whole-sequence gradients are complete, so nothing is reduced). No S×S buffer (the flash
+// kernel), but every rank does the whole sequence's attention: the ring (p2p), a2a, allgather and a2a+p2p kernels
+// replace this file.
 #include "moecore/nn/context_attention.h"
 
 #include <cstring>
@@ -88,10 +89,13 @@ void context_attention_backward(const Tensor& dout, const Tensor& q, const Tenso
   Tensor dqa = Tensor::empty(qa.shape(), qa.dtype()), dka = Tensor::empty(ka.shape(), ka.dtype()),
          dva = Tensor::empty(va.shape(), va.dtype());
   kernels::attention_backward(da, qa, ka, va, oa, la, scale, dqa, dka, dva, dropout);
-  const Tensor mine = rows_at_positions(dqa, L, split_of(cp));
-  std::memcpy(dq.raw(), mine.raw(), mine.nbytes());
-  cp.group->reduce_scatter(reorder(dka, cp, false), dk);
-  cp.group->reduce_scatter(reorder(dva, cp, false), dv);
+  // Every rank ran the whole backward (all of dO), so the whole-sequence gradients are complete here: keep this
+  // rank's rows of each.
+  for (auto [whole, part] : {std::pair{&dqa, &dq}, {&dka, &dk}, {&dva, &dv}}) {
+    const Tensor mine = rows_at_positions(*whole, L, split_of(cp));
+    MOE_ASSERT(mine.nbytes() == part->nbytes());
+    std::memcpy(part->raw(), mine.raw(), mine.nbytes());
+  }
 }
 
 }  // namespace moecore::nn
