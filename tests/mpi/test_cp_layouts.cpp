@@ -173,7 +173,9 @@ TEST(CpBitwise, RerunAndResumeAreBitwise) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
   const std::vector<std::string> args =
-      train::override_flags(base_flags(), {"--train-iters", "5", "--hidden-dropout", "0.1"}) + cp(2);
+      train::override_flags(testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 128, 5, "1e-3"),
+                            {"--hidden-dropout", "0.1"}) +
+      cp(2);
   std::FILE* null = std::fopen("/dev/null", "w");
   {
     train::Trainer a(testing::small_config(args), null, false, &w), b(testing::small_config(args), null, false, &w);
