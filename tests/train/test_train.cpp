@@ -75,7 +75,9 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
   EXPECT_NE(with({"--tensor-model-parallel-size", "3", "--sequence-parallel", "--disable-bias-linear"})
                 .find("divisible by --tensor-model-parallel-size 3"),
             std::string::npos);
-  EXPECT_NE(with({"--context-parallel-size", "2"}).find("not available yet"), std::string::npos);
+  EXPECT_NE(with({"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"})
+                .find("needs --hierarchical-context-parallel-sizes"),
+            std::string::npos);
   EXPECT_NE(with({"--num-experts", "4", "--disable-bias-linear", "--moe-ffn-hidden-size", "63",
                   "--expert-tensor-parallel-size", "2"})
                 .find("--expert-tensor-parallel-size 2"),

@@ -37,7 +37,8 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
 }
 RouterConfig router_config(const MoELayerConfig& c) {
   RouterConfig r = c.router;
-  if (c.tp.on()) r.count_group = c.tp.group;  // TP×CP (CP = 1)
+  if (c.tp.on()) r.count_group = c.tp.group;  // TP×CP
+  if (c.tp_cp_group) r.count_group = c.tp_cp_group;
   return r;
 }
 std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {

@@ -31,6 +31,8 @@ struct MoELayerConfig {
   bool allgather_dispatcher = false;  // --moe-token-dispatcher-type allgather (else alltoall)
   // Expert tensor parallelism: the ETP group (null or one rank: experts hold all their FFN columns).
   const comm::ProcessGroup* etp_group = nullptr;
+  // Context parallelism: the TP×CP group the router's aux-loss and z-loss statistics sum over (null: TP's).
+  const comm::ProcessGroup* tp_cp_group = nullptr;
   // Attention tensor parallelism (with sequence parallelism): shared experts split over it, aux-loss counts
   // summed over it.
   nn::TPContext tp;

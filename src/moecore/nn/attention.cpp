@@ -49,11 +49,18 @@ kernels::AttentionDropout Attention::dropout(const DropoutBatch& d) const {
   return attention_dropout(d, dropout_site_, cfg_.attention_dropout, cfg_.tp.rank() * nq_);
 }
 
+void Attention::rope_tables_for(int64_t L, Tensor& cos, Tensor& sin) const {
+  const SeqSplit seq{cfg_.cp.size, cfg_.cp.rank};
+  cos = rows_at_positions(cos_, L, seq);
+  sin = rows_at_positions(sin_, L, seq);
+}
+
 Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == cfg_.hidden);
   const Tensor x_SBH = sp_all_gather(x_local, cfg_.tp);
   const int64_t S = x_SBH.dim(0), B = x_SBH.dim(1), D = cfg_.head_dim;
-  MOE_CHECK(S <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S, cfg_.max_seq_len);
+  MOE_CHECK(S * cfg_.cp.size <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}",
+            S * cfg_.cp.size, cfg_.max_seq_len);
   Tensor q = q_.forward(x_SBH, st.q).reshape({S, B, nq_, D});
   Tensor k = k_.forward(x_SBH, st.k).reshape({S, B, nkv_, D});
   st.v_SBND = v_.forward(x_SBH, st.v).reshape({S, B, nkv_, D});
@@ -62,8 +69,10 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
     k = k_norm_->forward(k, st.k_norm);
   }
   if (cfg_.rope) {
-    kernels::rope_forward(q, cos_, sin_, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
-    kernels::rope_forward(k, cos_, sin_, rot_dim_, k);
+    Tensor cos = cos_, sin = sin_;
+    if (cfg_.cp.on()) rope_tables_for(S, cos, sin);
+    kernels::rope_forward(q, cos, sin, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
+    kernels::rope_forward(k, cos, sin, rot_dim_, k);
   }
   st.q_SBND = q;
   st.k_SBND = k;
@@ -84,7 +93,9 @@ void Attention::core_forward(Stash& st) const {
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
-  if (bf16_attention(S))
+  if (cfg_.cp.on())
+    context_attention_forward(q, st.k_SBND, st.v_SBND, scale, cfg_.cp, st.o_SBND, st.lse_BNS, &drop);
+  else if (bf16_attention(S))
     kernels::attention_forward_bf16(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
   else
     kernels::attention_forward(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
@@ -114,14 +125,19 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype());
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (bf16_attention(S))
+  if (cfg_.cp.on())
+    context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, cfg_.cp, dq, dk, dv,
+                               &drop);
+  else if (bf16_attention(S))
     kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv,
                                      &drop);
   else
     kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv, &drop);
   if (cfg_.rope) {
-    kernels::rope_backward(dq, cos_, sin_, rot_dim_, dq);
-    kernels::rope_backward(dk, cos_, sin_, rot_dim_, dk);
+    Tensor cos = cos_, sin = sin_;
+    if (cfg_.cp.on()) rope_tables_for(S, cos, sin);
+    kernels::rope_backward(dq, cos, sin, rot_dim_, dq);
+    kernels::rope_backward(dk, cos, sin, rot_dim_, dk);
   }
   if (q_norm_) {
     dq = q_norm_->backward(dq, st.q_norm);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moecore/kernels/cpu/attention.h"
+#include "moecore/nn/context_attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/norm.h"
@@ -38,6 +39,9 @@ struct AttentionConfig {
   // --recompute-modules core_attn: the stash keeps q, k, v; the kernel's output and logsumexp (and the output
   // projection's copy of it) are dropped after forward and recomputed at the start of backward.
   bool recompute_core_attn = false;
+  // Context parallelism (--context-parallel-size > 1): the block takes this rank's two chunks of each sequence
+  // (context_split.h), RoPE turns by their global positions, and the kernel is nn::context_attention_*.
+  ContextParallel cp;
 };
 
 class Attention {
@@ -66,6 +70,8 @@ class Attention {
   bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
   // The kernel's dropout for this micro-batch (off outside training or at p = 0).
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
+  // RoPE tables for the L local rows (context parallelism: the rows of this rank's global positions).
+  void rope_tables_for(int64_t L, Tensor& cos, Tensor& sin) const;
 
   AttentionConfig cfg_;
   int64_t nq_, nkv_;  // heads and groups held here

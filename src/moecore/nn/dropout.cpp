@@ -11,13 +11,21 @@ uint64_t HiddenDropout::stream_of(const std::string& site) {
 
 void HiddenDropout::forward_(Tensor& x_SBH, const DropoutBatch& d) const {
   if (!on(d)) return;
-  kernels::dropout_forward(x_SBH, mask(d.seed), d.sample_B, tp_.rank() * x_SBH.dim(0), x_SBH);
+  const int64_t rows = x_SBH.dim(0);
+  d.seq.runs(tp_.rank() * rows, rows, rows * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
+    Tensor part = x_SBH.slice(r - tp_.rank() * rows, n);
+    kernels::dropout_forward(part, mask(d.seed), d.sample_B, p, part);
+  });
 }
 
 Tensor HiddenDropout::backward(const Tensor& dy_SBH, const DropoutBatch& d) const {
   if (!on(d)) return dy_SBH;
   Tensor dx = Tensor::empty(dy_SBH.shape(), dy_SBH.dtype());
-  kernels::dropout_backward(dy_SBH, mask(d.seed), d.sample_B, tp_.rank() * dy_SBH.dim(0), dx);
+  const int64_t rows = dy_SBH.dim(0);
+  d.seq.runs(tp_.rank() * rows, rows, rows * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
+    Tensor part = dx.slice(r - tp_.rank() * rows, n);
+    kernels::dropout_backward(dy_SBH.slice(r - tp_.rank() * rows, n), mask(d.seed), d.sample_B, p, part);
+  });
   return dx;
 }
 

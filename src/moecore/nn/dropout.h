@@ -10,6 +10,7 @@
 
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/dropout.h"
+#include "moecore/nn/context_split.h"
 #include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
@@ -20,6 +21,7 @@ struct DropoutBatch {
   bool training = false;
   uint64_t seed = 0;
   std::vector<int64_t> sample_B;
+  SeqSplit seq;  // context parallelism: the global position of each local row
 };
 
 // Attention dropout of a batch (Attention and MLAttention): the mask of `site` (a stream id) with probability p, this

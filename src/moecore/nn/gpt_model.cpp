@@ -77,7 +77,8 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      c.normalization,
                      c.zero_centered_gamma,
                      c.position_embedding == PositionEmbeddingType::Rope,
-                     c.recompute.core_attn};
+                     c.recompute.core_attn,
+                     c.cp};
   for (const ModelChunk& ch : chunks_) {
     chunk_begin_.push_back(layers_.size());
     for (int64_t i = ch.first_layer; i < ch.first_layer + ch.num_layers; i++) {
@@ -89,7 +90,10 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      c.recompute.mlp};
         f = std::make_unique<MLP>(reg, name + ".mlp", mc);
       }
-      layers_.push_back(std::make_unique<TransformerLayer>(reg, name, ac, c.norm(), std::move(f), c.hidden_dropout,
+      AttentionConfig lac = ac;  // context parallelism: this layer's --cp-comm-type
+      lac.cp = c.cp;
+      if (!c.cp_comm_types.empty()) lac.cp.comm_type = c.cp_comm_types.at(static_cast<size_t>(i));
+      layers_.push_back(std::make_unique<TransformerLayer>(reg, name, lac, c.norm(), std::move(f), c.hidden_dropout,
                                                            c.recompute.layernorm, c.mla));
       global_layer_.push_back(i);
     }
@@ -118,7 +122,8 @@ void GPTModel::begin_batch(int64_t S, int64_t B, Stash& st) {
   MOE_CHECK(st.S % cfg_.tp.size() == 0,
             "sequence length {} is not divisible by --tensor-model-parallel-size {} (sequence parallelism)", st.S,
             cfg_.tp.size());
-  st.dropout = DropoutBatch{training_, cfg_.seed, st.sample_B};
+  st.dropout = DropoutBatch{training_, cfg_.seed, st.sample_B, SeqSplit{cfg_.cp.size, cfg_.cp.rank}};
+  st.pos.seq = st.dropout.seq;
   if (st.dropout.sample_B.empty())
     for (int64_t b = 0; b < st.B; b++) st.dropout.sample_B.push_back(b);
   MOE_ASSERT_MSG(static_cast<int64_t>(st.dropout.sample_B.size()) == st.B, "{} sample indices for a batch of {}",
@@ -130,8 +135,9 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   Tensor h;
   if (ch.embedding) {
     MOE_ASSERT(in.ndim() == 2);
-    begin_batch(in.dim(1), in.dim(0), st);
-    h = embedding_->forward(to_sequence_major(in), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+    const Tensor tokens = split_sequence_BS(in, SeqSplit{cfg_.cp.size, cfg_.cp.rank});  // CP: this rank's chunks
+    begin_batch(tokens.dim(1), tokens.dim(0), st);
+    h = embedding_->forward(to_sequence_major(tokens), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
     if (position_) position_->forward_(h, st.pos);
     embedding_dropout_.forward_(h, st.dropout);
     probe("embedding", false, h);
@@ -164,8 +170,10 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   return loss_forward(labels_BS, loss_mask_BS, st);
 }
 
-double GPTModel::loss_forward(const Tensor& labels_BS, const Tensor& loss_mask_BS, Stash& st) {
+double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, Stash& st) {
   MOE_ASSERT(has_loss_ && st.logits_TV.defined());
+  const SeqSplit seq{cfg_.cp.size, cfg_.cp.rank};  // CP: this rank's chunks of labels and mask
+  const Tensor labels_BS = split_sequence_BS(labels_all, seq), loss_mask_BS = split_sequence_BS(mask_all, seq);
   MOE_ASSERT(labels_BS.ndim() == 2 && labels_BS.dim(0) == st.B && labels_BS.dim(1) == st.S);
   const int64_t T = st.S * st.B;
   const DType dt = st.logits_TV.dtype();
@@ -244,6 +252,10 @@ Tensor GPTModel::logits(const Tensor& tokens_BS) {
   Stash st = make_stash();
   set_training(false);
   const int64_t P = cfg_.tp.size(), B = tokens_BS.dim(0), S = tokens_BS.dim(1);
+  MOE_CHECK(!cfg_.cp.on(),
+            "generation and logits under --context-parallel-size {} are not available: generate from a checkpoint "
+            "with --context-parallel-size 1 (checkpoints do not depend on it)",
+            cfg_.cp.size);
   if (P == 1) {
     Tensor out = embed_and_decode(tokens_BS, st);
     set_training(true);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moecore/kernels/cpu/activation.h"
+#include "moecore/nn/context_attention.h"
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/layer_recompute.h"
 #include "moecore/nn/linear.h"
@@ -68,6 +69,11 @@ struct GPTConfig {
   // and initialization; a tied output layer on a last stage without the embedding holds its own copy of the word
   // embedding (Megatron's shared weight, kept equal by summing its gradient over the embedding group).
   std::vector<ModelChunk> chunks;
+  // Context parallelism (--context-parallel-size C > 1): forward takes whole sequences [B, S] and keeps this rank's
+  // two chunks of each (context_split.h); layers run on [S/(C·TP), B, H]. cp_comm_types: one per layer, or empty
+  // (cp.comm_type for every layer).
+  ContextParallel cp;
+  std::vector<CpCommType> cp_comm_types;
 };
 
 // Builds the FFN of layer `i` (a dense MLP, or an MoE layer). nullptr means the dense MLP.

@@ -43,16 +43,22 @@ void PositionEmbedding::forward_(Tensor& h_SBH, Stash& st) {
   const int64_t S = h_SBH.dim(0), B = h_SBH.dim(1), H = table.dim(1);
   MOE_ASSERT(h_SBH.ndim() == 3 && h_SBH.dim(2) == H && h_SBH.dtype() == table.dtype());
   st.s0 = tp_.rank() * S;
-  MOE_CHECK(st.s0 + S <= table.dim(0), "sequence length {} exceeds --max-position-embeddings {}", tp_.size() * S,
-            table.dim(0));
-  MOE_DISPATCH_FLOAT(table.dtype(), T, { add_rows<T>(h_SBH.data<T>(), table.data<T>() + st.s0 * H, S, B, H); });
+  MOE_CHECK(st.seq.size * (st.s0 + S) <= table.dim(0), "sequence length {} exceeds --max-position-embeddings {}",
+            st.seq.size * tp_.size() * S, table.dim(0));
+  st.seq.runs(st.s0, S, S * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
+    MOE_DISPATCH_FLOAT(table.dtype(), T,
+                       { add_rows<T>(h_SBH.data<T>() + (r - st.s0) * B * H, table.data<T>() + p * H, n, B, H); });
+  });
 }
 
 void PositionEmbedding::backward(const Tensor& dh_SBH, Stash& st) {
   Tensor& grad = weight_->grad;
   const int64_t S = dh_SBH.dim(0), B = dh_SBH.dim(1), H = grad.dim(1);
-  MOE_ASSERT(dh_SBH.ndim() == 3 && dh_SBH.dim(2) == H && st.s0 + S <= grad.dim(0));
-  MOE_DISPATCH_FLOAT(grad.dtype(), T, { sum_rows<T>(dh_SBH.data<T>(), grad.data<T>() + st.s0 * H, S, B, H); });
+  MOE_ASSERT(dh_SBH.ndim() == 3 && dh_SBH.dim(2) == H && st.seq.size * (st.s0 + S) <= grad.dim(0));
+  st.seq.runs(st.s0, S, S * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
+    MOE_DISPATCH_FLOAT(grad.dtype(), T,
+                       { sum_rows<T>(dh_SBH.data<T>() + (r - st.s0) * B * H, grad.data<T>() + p * H, n, B, H); });
+  });
 }
 
 }  // namespace moecore::nn

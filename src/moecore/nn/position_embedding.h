@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "moecore/nn/context_split.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/nn/tensor_parallel.h"
 
@@ -22,6 +23,7 @@ class PositionEmbedding {
  public:
   struct Stash {
     int64_t s0 = 0;  // first position of this rank's sequence shard
+    SeqSplit seq;    // set by the caller under context parallelism: positions of the local rows
   };
   PositionEmbedding(ParamRegistry& reg, const std::string& name, int64_t max_positions, int64_t hidden, double init_std,
                     TPContext tp = {});

@@ -148,6 +148,7 @@ nlohmann::json Checkpointing::train_state(const Progress& p) const {
             {"tp", size(g_.tp)},
             {"pp", size(g_.pp)},
             {"dp", g_.dp_size},
+            {"cp", g_.cp_size},
             {"ep", size(g_.ep)},
             {"etp", size(g_.etp)},
             {"distributed_optimizer", opt_ && opt_->distributed()}}},

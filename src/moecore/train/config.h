@@ -100,6 +100,9 @@ struct TrainConfig {
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
+  // context parallelism (train/context_parallel.h): one --cp-comm-type for every layer or one per layer; the
+  // hierarchical sizes as given (integers, validated)
+  std::vector<std::string> cp_comm_type{"p2p"}, hierarchical_context_parallel_sizes;
   // pipeline stage layouts (train/pipeline_layout.h; -1 and "": unset, Megatron's None)
   int64_t num_layers_per_virtual_pipeline_stage = -1, num_virtual_stages_per_pipeline_rank = -1;
   int64_t decoder_first_pipeline_num_layers = -1, decoder_last_pipeline_num_layers = -1;

@@ -13,6 +13,7 @@
 #include "moecore/core/error.h"
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
+#include "moecore/train/context_parallel.h"
 #include "moecore/train/pipeline_layout.h"
 #include "moecore/train/pipeline_stages.h"
 #include "moecore/train/signals.h"
@@ -271,10 +272,7 @@ void validate(const TrainConfig& c) {
               c.rotary_scaling_factor);
   }
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
-  MOE_CHECK(c.context_parallel_size == 1,
-            "--context-parallel-size {}: context parallelism is not available yet; run with 1 (tensor, sequence, "
-            "pipeline, data, expert and expert-tensor parallelism over mpirun ranks are)",
-            c.context_parallel_size);
+  check_context_parallel(c);           // --context-parallel-size, --cp-comm-type, --hierarchical-context-parallel-sizes
   check_pipeline_flags(c);
   const int64_t tp = c.tensor_model_parallel_size, etp = c.expert_tensor_parallel_size;
   MOE_CHECK(tp >= 1 && etp >= 1, "--tensor-model-parallel-size and --expert-tensor-parallel-size must be >= 1");

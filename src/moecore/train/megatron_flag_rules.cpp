@@ -20,9 +20,9 @@ std::vector<FlagRule> build_rules() {
       "a pipeline transport detail (moecore overlaps its non-blocking MPI sends and receives)",
       {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
        "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"}));
-  r.push_back(refused(
-      not_yet("context parallelism", "run with --context-parallel-size 1"),
-      {"cp-comm-type", "hierarchical-context-parallel-sizes", "hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
+  r.push_back(refused(not_yet("hybrid context parallelism (dynamic CP per sequence)",
+                              "use a fixed --context-parallel-size with --cp-comm-type"),
+                      {"hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
   r.push_back(
       refused("--checkpoint-activations is no longer valid in Megatron; use --recompute-activations, or "
               "--recompute-granularity and --recompute-method",

@@ -102,11 +102,15 @@ MemoryPlan plan_memory(const TrainConfig& c, const ParamCounts& p, int64_t padde
   const double n = p.dense + p.expert;
   m.weights = 4 * n;
   m.grads = 4 * n;
-  m.adam = c.use_distributed_optimizer ? 8 * (p.dense / static_cast<double>(dp) + p.expert / static_cast<double>(edp))
-                                       : 8 * n;
+  // [context parallelism] each rank holds S/CP positions of each sequence (activations and logits fall as 1/CP),
+  // and the distributed optimizer shards dense state over DP×CP.
+  const double cp = static_cast<double>(c.context_parallel_size);
+  m.adam = c.use_distributed_optimizer
+               ? 8 * (p.dense / (static_cast<double>(dp) * cp) + p.expert / static_cast<double>(edp))
+               : 8 * n;
   // Activations kept per micro-batch, estimated from the stash contents of each layer; sequence-parallel and
   // vocabulary-parallel under TP.
-  const double T = static_cast<double>(c.seq_length) * static_cast<double>(c.micro_batch_size);
+  const double T = static_cast<double>(c.seq_length) * static_cast<double>(c.micro_batch_size) / cp;
   const double H = static_cast<double>(c.hidden_size), t = static_cast<double>(tp);
   const double qkv =
       static_cast<double>(c.kv_channels) * (static_cast<double>(c.num_attention_heads) + 2.0 * c.num_query_groups);

@@ -5,6 +5,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/data/preprocess.h"
+#include "moecore/train/context_parallel.h"
 #include "moecore/train/pipeline_stages.h"
 
 namespace moecore::train {
@@ -75,6 +76,7 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
     mc.ep_group = ParallelGroups::active(g.ep);
     mc.etp_group = ParallelGroups::active(g.etp);
     mc.tp.group = ParallelGroups::active(g.tp);
+    if (g.cp_size > 1) mc.tp_cp_group = ParallelGroups::active(g.tp_cp);
     mc.router.global_group = ParallelGroups::active(g.tp_dp);
     mc.router.global_grad_scale = static_cast<double>(g.dp_size);
     mc.recompute_moe = rc.moe;
@@ -88,6 +90,15 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   nn::GPTConfig gc = gpt_config(c, padded_vocab);
   gc.tp.group = ParallelGroups::active(g.tp);
   gc.recompute = rc;
+  if (g.cp_size > 1) {  // context parallelism: this rank's chunks, attention over the CP group
+    gc.cp.group = g.cp.get();
+    gc.cp.size = g.cp_size;
+    gc.cp.rank = g.cp_rank;
+    gc.cp.inner = g.cp_inner.get();
+    gc.cp.outer = g.cp_outer.get();
+    gc.cp_comm_types = cp_comm_types(c);
+    gc.cp.comm_type = gc.cp_comm_types.at(0);
+  }
   if (c.pipeline_model_parallel_size > 1)  // this pipeline rank's chunks (global layer indices)
     for (const StageLayers& s : pipeline_stage_layers(c, g.pp_rank))
       gc.chunks.push_back({s.first_layer, s.num_layers, s.embedding, s.loss});

@@ -5,13 +5,40 @@
 
 #include "moecore/core/error.h"
 #include "moecore/train/config.h"
+#include "moecore/train/context_parallel.h"
 
 namespace moecore::train {
+
+void ParallelGroups::make_context_parallel_groups(const TrainConfig& c, const comm::ProcessGroup& w) {
+  cp = std::make_unique<comm::ProcessGroup>(w.split(mesh->cp));
+  cp->set_name("cp");
+  tp_cp = std::make_unique<comm::ProcessGroup>(w.split(mesh->tp_cp));
+  tp_cp->set_name("tp-cp");
+  cp_size = cp->size();
+  cp_rank = cp->rank();
+  const std::vector<int64_t> h = hierarchical_cp_sizes(c);
+  if (cp_size == 1 || h.size() < 2) return;
+  // Megatron's hierarchical groups: level 0 = consecutive CP ranks (the a2a), level 1 = those h[0] apart (p2p).
+  comm::RankGroups inner, outer;
+  for (const auto& g : mesh->cp) {
+    for (size_t i = 0; i < g.size(); i += static_cast<size_t>(h[0]))
+      inner.emplace_back(g.begin() + i, g.begin() + i + h[0]);
+    for (int64_t j = 0; j < h[0]; j++) {
+      outer.emplace_back();
+      for (size_t i = static_cast<size_t>(j); i < g.size(); i += static_cast<size_t>(h[0]))
+        outer.back().push_back(g[i]);
+    }
+  }
+  cp_inner = std::make_unique<comm::ProcessGroup>(w.split(inner));
+  cp_inner->set_name("cp-a2a");
+  cp_outer = std::make_unique<comm::ProcessGroup>(w.split(outer));
+  cp_outer->set_name("cp-p2p");
+}
 
 ParallelGroups::ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* w) {
   const int64_t world_size = w ? w->size() : 1;
   if (world_size == 1 && c.expert_model_parallel_size == 1 && c.tensor_model_parallel_size == 1 &&
-      c.expert_tensor_parallel_size <= 1 && c.pipeline_model_parallel_size == 1)
+      c.expert_tensor_parallel_size <= 1 && c.pipeline_model_parallel_size == 1 && c.context_parallel_size == 1)
     return;
   // The two meshes over the ranks (CP is 1 in this build): attention TP×DP, experts ETP×EP×EDP folded
   // onto the same ranks. ParallelState rejects sizes the world cannot hold, a single process with EP > 1
@@ -52,7 +79,8 @@ ParallelGroups::ParallelGroups(const TrainConfig& c, const comm::ProcessGroup* w
       embedding->set_name("embedding");
     }
   }
-  dp_rank = dp->rank();
+  make_context_parallel_groups(c, *w);
+  dp_rank = dp->rank() / cp_size;  // DP×CP groups list CP fastest
   MOE_CHECK(c.global_batch_size % (c.micro_batch_size * dp_size) == 0,
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size {}",
             c.global_batch_size, c.micro_batch_size, dp_size);

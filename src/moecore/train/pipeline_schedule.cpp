@@ -60,9 +60,9 @@ struct PipelineSchedule::Run {
   std::vector<std::vector<int64_t>> samples;
   std::vector<data::Batch> batches;
   bool per_token_loss = false;
-  double global_tokens = 0, dp = 1;
-  bool backward = false;                   // false: forward only
-  optim::ChainedOptimizer* opt = nullptr;  // its gradient hooks (null: none, as in a re-run that locates a fault)
+  double global_tokens = 0, dp = 1, cp = 1;  // dp: DP×CP; cp: context-parallel size
+  bool backward = false;                      // false: forward only
+  optim::ChainedOptimizer* opt = nullptr;     // its gradient hooks (null: none, as in a re-run that locates a fault)
 };
 
 PipelineSchedule::PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group,
@@ -144,7 +144,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
     // The scales of NoPipelining (schedule.cpp): the mean over micro-batches of each one's mean token loss, or
     // with per-token loss the token losses over the global batch's loss tokens (× DP, undone by the 1/DP).
     double token_scale = st.mask_sum > 0 ? 1.0 / static_cast<double>(m) / st.mask_sum : 0.0;
-    double aux_scale = 1.0 / static_cast<double>(m);
+    double aux_scale = r.cp / static_cast<double>(m);
     if (r.per_token_loss) {
       token_scale = r.global_tokens > 0 ? r.dp / r.global_tokens : 0.0;
       aux_scale = r.global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * r.dp / r.global_tokens : 0.0;
@@ -191,7 +191,8 @@ StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, const data::Sam
   r.backward = true;
   r.opt = opt;
   r.per_token_loss = mb.per_token_loss;
-  r.dp = static_cast<double>(mb.dp_size);
+  r.dp = static_cast<double>(mb.dp_size * mb.cp_size);
+  r.cp = static_cast<double>(mb.cp_size);
   // Every stage reads the micro-batches (the first needs the tokens, the last the labels; all need the sample
   // indices for dropout and, with per-token loss, the global batch's loss tokens before the first backward).
   for (int64_t i = 0; i < mb.count; i++) {
@@ -204,7 +205,7 @@ StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, const data::Sam
     Tensor t = Tensor::empty({1}, DType::F64);
     t.set_item(0, r.global_tokens);
     mb.dp->all_reduce(t);
-    r.global_tokens = t.item(0);
+    r.global_tokens = t.item(0) / r.cp;  // each CP rank counted its sequences' tokens
   }
   const auto order = pipeline_order(mb.count, pp_.size(), pp_.rank(), v_, group_);
   return run(model, order, r);

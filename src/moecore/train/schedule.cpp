@@ -32,10 +32,13 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
       Tensor t = Tensor::empty({1}, DType::F64);
       t.set_item(0, global_tokens);
       mb.dp->all_reduce(t);
-      global_tokens = t.item(0);
+      global_tokens = t.item(0) / static_cast<double>(mb.cp_size);  // each CP rank counted its sequences' tokens
     }
   }
-  const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size);
+  // dp: the ranks gradients are averaged over (DP×CP); each CP rank's aux losses are partial sums, which Megatron
+  // scales by CP so that the average leaves their sum.
+  const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size * mb.cp_size),
+               cp = static_cast<double>(mb.cp_size);
   StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
     std::optional<TimerScope> batch_timer(std::in_place, "batch-generator", 2);
@@ -48,13 +51,13 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
     forward_timer.reset();
     loss.sum += mean * stash.mask_sum;
     loss.tokens += stash.mask_sum;
-    double token_scale = stash.mask_sum > 0 ? scale / stash.mask_sum : 0.0, aux_scale = scale;
+    double token_scale = stash.mask_sum > 0 ? scale / stash.mask_sum : 0.0, aux_scale = scale * cp;
     if (mb.per_token_loss) {
       // Megatron: token losses summed, every gradient divided by the global loss tokens; the router multiplies its
       // aux and z losses by the micro-batch's tokens (its local tokens x TP), so they keep 1/(micro-batches x DP)
       // when every token has a loss.
       token_scale = global_tokens > 0 ? dp / global_tokens : 0.0;
-      aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;
+      aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;  // B·S
     }
     TimerScope backward_timer("backward-compute", 2);
     if (opt.reduces_gradients() && m == mb.count - 1)

@@ -16,6 +16,7 @@ struct MicroBatches {
   int64_t count = 1;  // micro-batches per step on this data-parallel rank
   int64_t size = 1;   // sequences per micro-batch
   int64_t dp_rank = 0, dp_size = 1;
+  int64_t cp_size = 1;  // context parallelism: gradients average over DP×CP, aux losses scaled by CP (Megatron)
   int64_t eod_mask_token = -1;             // --eod-mask-loss: no loss where the input is this token (-1: none)
   bool per_token_loss = false;             // --calculate-per-token-loss
   const comm::ProcessGroup* dp = nullptr;  // where the global batch's loss tokens are summed (null: this rank)

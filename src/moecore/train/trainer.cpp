@@ -83,7 +83,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     const int64_t v = virtual_stages(cfg_), m = micro_batches().count;
     // Megatron's micro-batch rules for interleaving, checked before the first step.
     pipeline_order(m, groups_->pp_size, groups_->pp_rank, v, cfg_.microbatch_group_size_per_vp_stage);
-    const Shape hidden{cfg_.seq_length / cfg_.tensor_model_parallel_size, cfg_.micro_batch_size, cfg_.hidden_size};
+    const Shape hidden{cfg_.seq_length / (cfg_.tensor_model_parallel_size * groups_->cp_size), cfg_.micro_batch_size,
+                       cfg_.hidden_size};
     auto p = std::make_unique<PipelineSchedule>(*groups_->pp, v, cfg_.microbatch_group_size_per_vp_stage, hidden);
     pipeline_ = p.get();
     schedule_ = std::move(p);
@@ -152,6 +153,7 @@ MicroBatches Trainer::micro_batches() const {
   mb.eod_mask_token = eod_mask_token_;
   mb.per_token_loss = cfg_.calculate_per_token_loss;
   mb.dp = ParallelGroups::active(groups_->dp);
+  mb.cp_size = groups_->cp_size;
   return mb;
 }
 
@@ -259,6 +261,14 @@ double Trainer::evaluate(int64_t iters) {
   }
   model_->set_training(true);
   stash_ = model_->make_stash();  // forward-only passes leave stashes filled; start the next step clean
+  if (groups_->cp_size > 1) {     // context parallelism: each CP rank holds its chunks' losses
+    Tensor t = Tensor::empty({2}, DType::F64);
+    t.set_item(0, sum);
+    t.set_item(1, tokens);
+    groups_->cp->all_reduce(t);
+    sum = t.item(0);
+    tokens = t.item(1);
+  }
   timers_->stop("evaluate");
   log_timers({"evaluate"});
   return tokens > 0 ? sum / tokens : 0.0;
