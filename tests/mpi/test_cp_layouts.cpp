@@ -137,7 +137,7 @@ TEST(ContextAttention, EqualsWholeSequenceAttentionOnThisRanksRows) {
 }
 
 // A directory every rank sees, emptied by rank 0.
-std::string shared_dir(const comm::ProcessGroup& w, const std::string& name) {
+std::string cp_shared_dir(const comm::ProcessGroup& w, const std::string& name) {
   const std::string d = (fs::temp_directory_path() / fmt::format("moecore_mpi_cp_{}_{}", name, w.size())).string();
   if (w.rank() == 0) fs::remove_all(d);
   w.barrier();
@@ -149,7 +149,7 @@ TEST(CpCheckpoint, SavedUnderCp2LoadsUnderCp1AndCp4) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 4) GTEST_SKIP() << "runs on 4 ranks";
   const std::vector<std::string> args = train::override_flags(base_flags(), {"--train-iters", "4"});
-  const std::string dir = shared_dir(w, "save");
+  const std::string dir = cp_shared_dir(w, "save");
   std::FILE* null = std::fopen("/dev/null", "w");
   std::vector<train::StepResult> want;
   {
@@ -186,7 +186,7 @@ TEST(CpBitwise, RerunAndResumeAreBitwise) {
     }
   }
   std::fclose(null);
-  const std::string dir = shared_dir(w, "resume");
+  const std::string dir = cp_shared_dir(w, "resume");
   testing::expect_bitwise_resume(
       [&](const std::vector<std::string>& extra) { return testing::small_config(args, extra); }, dir, w);
   w.barrier();
