@@ -11,6 +11,7 @@
 
 #include "moecore/comm/process_group.h"
 #include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/context_attention_parts.h"
 
 namespace moecore::nn::cp_parts {
@@ -27,16 +28,7 @@ Tensor pack_kv(const Tensor& k, const Tensor& v) {
   return kv;
 }
 
-void add_into(Tensor& acc, const Tensor& x) {
-  MOE_ASSERT(acc.numel() == x.numel() && acc.dtype() == x.dtype());
-  MOE_DISPATCH_FLOAT(acc.dtype(), T, {
-    T* a = acc.data<T>();
-    const T* b = x.data<T>();
-    const int64_t n = acc.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) a[i] += b[i];
-  });
-}
+void add_into(Tensor& acc, const Tensor& x) { kernels::add_(acc, x); }
 
 // lse [B, N, R] <- the per-chunk pieces [B, N, sc] in chunk order.
 void join_lse(const std::vector<Tensor>& parts, int64_t sc, Tensor& lse) {
