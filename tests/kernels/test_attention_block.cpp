@@ -70,8 +70,7 @@ TEST(AttentionBlock, MatchesPlainMaskedSoftmax) {
     }
     // f32 within f32 rounding.
     Tensor o32 = Tensor::empty(q.shape(), DType::F32), l32 = Tensor::empty({B, Nq, c.Sq}, DType::F32);
-    kernels::attention_block_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), c.q0, c.k0, scale, o32,
-                                     l32);
+    kernels::attention_block_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), c.q0, c.k0, scale, o32, l32);
     EXPECT_LT(max_rel_diff(o32, ro), 1e-5);
   }
 }
@@ -121,10 +120,9 @@ void check_chunked(const Problem& p, const kernels::AttentionDropout* drop, doub
       for (int64_t c = 0; c < 2 * p.C; c++) {
         Tensor dkc = Tensor::empty({p.sc, p.B, p.Nkv, p.D}, p.dt), dvc = Tensor::empty(dkc.shape(), p.dt);
         Tensor dqc = dqr.slice(i * p.sc, p.sc);
-        kernels::attention_block_backward(dor.slice(i * p.sc, p.sc), qr.slice(i * p.sc, p.sc),
-                                          k.slice(c * p.sc, p.sc), v.slice(c * p.sc, p.sc),
-                                          orr.slice(i * p.sc, p.sc), ls[static_cast<size_t>(i)], ids[i] * p.sc,
-                                          c * p.sc, scale, dqc, dkc, dvc, drop);
+        kernels::attention_block_backward(
+            dor.slice(i * p.sc, p.sc), qr.slice(i * p.sc, p.sc), k.slice(c * p.sc, p.sc), v.slice(c * p.sc, p.sc),
+            orr.slice(i * p.sc, p.sc), ls[static_cast<size_t>(i)], ids[i] * p.sc, c * p.sc, scale, dqc, dkc, dvc, drop);
         Tensor a = dk_sum.slice(c * p.sc, p.sc), b = dv_sum.slice(c * p.sc, p.sc);
         kernels::add_(a, dkc);
         kernels::add_(b, dvc);
@@ -191,7 +189,8 @@ TEST(AttentionBlockGrad, BlocksAndMergeMatchFiniteDifferences) {
       return s;
     };
     Tensor dq[2], dk[3], dv[3];
-    for (int j = 0; j < 3; j++) dk[j] = Tensor::zeros(k[j].shape(), DType::F64), dv[j] = Tensor::zeros(k[j].shape(), DType::F64);
+    for (int j = 0; j < 3; j++)
+      dk[j] = Tensor::zeros(k[j].shape(), DType::F64), dv[j] = Tensor::zeros(k[j].shape(), DType::F64);
     for (int i = 0; i < 2; i++) {
       Tensor o, lse;
       forward(i, o, lse);

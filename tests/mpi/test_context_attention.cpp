@@ -93,7 +93,8 @@ void check(CpCommType type, const Shape4& s, bool dropout) {
     Tensor* res = results[run];
     Tensor ol = Tensor::empty(ql.shape(), dt), ll = Tensor::empty({s.B, s.Nq, 2 * s.sc}, dt);
     nn::context_attention_forward(ql, kl, vl, scale, cp, ol, ll, drop);
-    Tensor dql = Tensor::empty(ql.shape(), dt), dkl = Tensor::empty(kl.shape(), dt), dvl = Tensor::empty(kl.shape(), dt);
+    Tensor dql = Tensor::empty(ql.shape(), dt), dkl = Tensor::empty(kl.shape(), dt),
+           dvl = Tensor::empty(kl.shape(), dt);
     nn::context_attention_backward(dol, ql, kl, vl, ol, ll, scale, cp, dql, dkl, dvl, drop);
     res[0] = ol, res[1] = ll, res[2] = dql, res[3] = dkl, res[4] = dvl;
   }

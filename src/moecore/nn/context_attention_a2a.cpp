@@ -124,7 +124,8 @@ Tensor expand_kv_heads(const Tensor& kv, int64_t Nq, int64_t G) {
   char* o = static_cast<char*>(out.raw());
   for (int64_t rb = 0; rb < R * B; rb++)
     for (int64_t h = 0; h < Nq; h++)
-      std::copy_n(in + static_cast<size_t>(rb * Nkv + h / grp) * bytes, bytes, o + static_cast<size_t>(rb * Nq + h) * bytes);
+      std::copy_n(in + static_cast<size_t>(rb * Nkv + h / grp) * bytes, bytes,
+                  o + static_cast<size_t>(rb * Nq + h) * bytes);
   return out;
 }
 

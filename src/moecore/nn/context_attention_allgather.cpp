@@ -59,15 +59,15 @@ void allgather_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
   for (int64_t i = 0; i < 2; i++) {
     const int64_t c = mine[static_cast<size_t>(i)], keys = (c + 1) * sc;
     Tensor oc = chunk_rows(o, i, sc);
-    kernels::attention_block_forward(chunk_rows(q, i, sc), K.slice(0, keys), V.slice(0, keys), c * sc, 0, scale, oc,
-                                     l, dropout, cp.bf16);
+    kernels::attention_block_forward(chunk_rows(q, i, sc), K.slice(0, keys), V.slice(0, keys), c * sc, 0, scale, oc, l,
+                                     dropout, cp.bf16);
     lse_piece(lse, i, sc, &l);
   }
 }
 
 void allgather_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, const ContextParallel& cp, Tensor& dq, Tensor& dk,
-                        Tensor& dv, const kernels::AttentionDropout* dropout) {
+                        const Tensor& lse, double scale, const ContextParallel& cp, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const kernels::AttentionDropout* dropout) {
   const int64_t C = cp.size, R = q.dim(0), sc = R / 2;
   Tensor K, V;
   gather_kv(k, v, cp, K, V);
@@ -79,9 +79,9 @@ void allgather_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     const int64_t c = mine[static_cast<size_t>(i)], keys = (c + 1) * sc;
     Tensor dqc = chunk_rows(dq, i, sc);
     Tensor dkb = Tensor::empty(K.slice(0, keys).shape(), k.dtype()), dvb = Tensor::empty(dkb.shape(), k.dtype());
-    kernels::attention_block_backward(chunk_rows(dout, i, sc), chunk_rows(q, i, sc), K.slice(0, keys),
-                                      V.slice(0, keys), chunk_rows(o, i, sc), lse_piece(lse, i, sc, nullptr), c * sc,
-                                      0, scale, dqc, dkb, dvb, dropout, cp.bf16);
+    kernels::attention_block_backward(chunk_rows(dout, i, sc), chunk_rows(q, i, sc), K.slice(0, keys), V.slice(0, keys),
+                                      chunk_rows(o, i, sc), lse_piece(lse, i, sc, nullptr), c * sc, 0, scale, dqc, dkb,
+                                      dvb, dropout, cp.bf16);
     MOE_DISPATCH_FLOAT(dkv.dtype(), T, {
       T* a = dkv.data<T>();
       const T* gk = dkb.data<T>();

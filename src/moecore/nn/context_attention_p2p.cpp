@@ -28,7 +28,9 @@ Tensor pack_kv(const Tensor& k, const Tensor& v) {
   return kv;
 }
 
-void add_into(Tensor& acc, const Tensor& x) { kernels::add_(acc, x); }
+void add_into(Tensor& acc, const Tensor& x) {
+  kernels::add_(acc, x);
+}
 
 // lse [B, N, R] <- the per-chunk pieces [B, N, sc] in chunk order.
 void join_lse(const std::vector<Tensor>& parts, int64_t sc, Tensor& lse) {
@@ -97,8 +99,8 @@ void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
         const int64_t cq = mine[static_cast<size_t>(i)], ck = theirs[j];
         if (ck > cq) continue;  // wholly masked
         kernels::attention_block_forward(chunk_rows(q, i, sc), chunk_rows(kb, static_cast<int64_t>(j), sc),
-                                         chunk_rows(vb, static_cast<int64_t>(j), sc), cq * sc, ck * sc, scale,
-                                         part_o, part_l, dropout, bf16);
+                                         chunk_rows(vb, static_cast<int64_t>(j), sc), cq * sc, ck * sc, scale, part_o,
+                                         part_l, dropout, bf16);
         Tensor oc = chunk_rows(o, i, sc);
         kernels::attention_merge(oc, lse_parts[static_cast<size_t>(i)], part_o, part_l);
         if (got.pending()) got.test();  // lets MPI progress the transfer between blocks

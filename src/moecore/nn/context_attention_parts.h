@@ -13,7 +13,9 @@ namespace moecore::nn::cp_parts {
 // The chunks of this rank's rows, in row order: chunk c holds global positions c·sc .. c·sc+sc−1.
 using ChunkIds = std::vector<int64_t>;
 // CP rank r's chunks under the load-balanced split of 2C chunks: {r, 2C−1−r}.
-inline ChunkIds balanced_chunks(int64_t r, int64_t C) { return {r, 2 * C - 1 - r}; }
+inline ChunkIds balanced_chunks(int64_t r, int64_t C) {
+  return {r, 2 * C - 1 - r};
+}
 
 // Attention of q (rows: chunks ids_of[me]) against the K/V of every member of `ring` (member m's rows: chunks
 // ids_of[m]), K/V travelling around the ring with non-blocking sends overlapped with the current block's compute.
@@ -52,15 +54,17 @@ inline kernels::AttentionDropout head_shard(const kernels::AttentionDropout* d, 
 // Member-ordered values of one int64 per member of g.
 std::vector<int64_t> gather_ints(int64_t mine, const comm::ProcessGroup& g);
 // Rows [c·sc, c·sc + sc) of x (a view).
-inline Tensor chunk_rows(const Tensor& x, int64_t c, int64_t sc) { return x.slice(c * sc, sc); }
+inline Tensor chunk_rows(const Tensor& x, int64_t c, int64_t sc) {
+  return x.slice(c * sc, sc);
+}
 
 // The four --cp-comm-type implementations, with context_attention_forward/backward's contracts.
-#define MOE_CP_ENTRY(name)                                                                                      \
-  void name##_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const ContextParallel& cp, \
-                      Tensor& o, Tensor& lse, const kernels::AttentionDropout* dropout);                          \
-  void name##_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,    \
-                       const Tensor& lse, double scale, const ContextParallel& cp, Tensor& dq, Tensor& dk,        \
-                       Tensor& dv, const kernels::AttentionDropout* dropout);
+#define MOE_CP_ENTRY(name)                                                                                             \
+  void name##_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const ContextParallel& cp,      \
+                      Tensor& o, Tensor& lse, const kernels::AttentionDropout* dropout);                               \
+  void name##_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,         \
+                       const Tensor& lse, double scale, const ContextParallel& cp, Tensor& dq, Tensor& dk, Tensor& dv, \
+                       const kernels::AttentionDropout* dropout);
 MOE_CP_ENTRY(p2p)
 MOE_CP_ENTRY(a2a)
 MOE_CP_ENTRY(allgather)

@@ -51,11 +51,11 @@ struct BlockDims {
   int64_t qtiles() const { return (Sq + Bt - 1) / Bt; }
   int64_t ktiles() const { return (Sk + Bt - 1) / Bt; }
   // Visible keys of local row i within the key tile starting at local key j0 (0 .. nc).
-  int64_t visible(int64_t i, int64_t j0, int64_t nc) const { return std::clamp(q0 + i - (k0 + j0) + 1, int64_t{0}, nc); }
-  // Key tile kt has a key visible to some row of query tile qt.
-  bool any(int64_t qt, int64_t kt) const {
-    return k0 + kt * Bt <= q0 + std::min(Sq, (qt + 1) * Bt) - 1;
+  int64_t visible(int64_t i, int64_t j0, int64_t nc) const {
+    return std::clamp(q0 + i - (k0 + j0) + 1, int64_t{0}, nc);
   }
+  // Key tile kt has a key visible to some row of query tile qt.
+  bool any(int64_t qt, int64_t kt) const { return k0 + kt * Bt <= q0 + std::min(Sq, (qt + 1) * Bt) - 1; }
 };
 
 BlockDims block_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0) {
@@ -248,10 +248,10 @@ MOE_ALWAYS_INLINE void probs(const BwdCtx<T>& a, int64_t bh, int64_t qt, int64_t
   const int64_t D = d.D, b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
   const int64_t i0 = qt * Bt, nr = std::min(Bt, d.Sq - i0), j0 = kt * Bt, nc = std::min(Bt, d.Sk - j0);
   const int64_t N = (nc + L - 1) / L * L, nkt = d.ktiles();
-  flash::block_gemm<T>(nr, N, D, MatA<T>{w.q, D, 1}, MatB<T>{a.kt + (bg * nkt + kt) * D * Bt, Bt},
-                       MatC<T>{w.sc, Bt}, false, Causal::Full);
-  flash::block_gemm<T>(nr, N, D, MatA<T>{w.dout, D, 1}, MatB<T>{a.vt + (bg * nkt + kt) * D * Bt, Bt},
-                       MatC<T>{w.dp, Bt}, false, Causal::Full);
+  flash::block_gemm<T>(nr, N, D, MatA<T>{w.q, D, 1}, MatB<T>{a.kt + (bg * nkt + kt) * D * Bt, Bt}, MatC<T>{w.sc, Bt},
+                       false, Causal::Full);
+  flash::block_gemm<T>(nr, N, D, MatA<T>{w.dout, D, 1}, MatB<T>{a.vt + (bg * nkt + kt) * D * Bt, Bt}, MatC<T>{w.dp, Bt},
+                       false, Causal::Full);
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = d.visible(i0 + i, j0, nc);
     const T li = a.lse[bh * d.Sq + i0 + i], dl = a.delta[bh * d.Sq + i0 + i];
@@ -294,8 +294,9 @@ void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
   Tensor kt = Tensor::empty({kv_pairs * nkt * D * Bt}, dt), vt = Tensor::empty({kv_pairs * nkt * D * Bt}, dt);
   pack_t<T, R>(d, k.data<T>(), kt.data<T>());
   pack_t<T, R>(d, v.data<T>(), vt.data<T>());
-  BwdCtx<T> a{d, q.data<T>(), k.data<T>(), dout.data<T>(), lse.data<T>(), delta.data<T>(), kt.data<T>(),
-              vt.data<T>(), T(scale), drop};
+  BwdCtx<T> a{
+      d,        q.data<T>(), k.data<T>(), dout.data<T>(), lse.data<T>(), delta.data<T>(), kt.data<T>(), vt.data<T>(),
+      T(scale), drop};
   Scratch<T> scratch(Tiles<T>::size(D), dt);
   T* dkd = dk.data<T>();
   T* dvd = dv.data<T>();
@@ -392,7 +393,8 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
     flash_block::backward_t<float, true>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp);
     return;
   }
-  MOE_DISPATCH_FLOAT(q.dtype(), T, { flash_block::backward_t<T, false>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp); });
+  MOE_DISPATCH_FLOAT(q.dtype(), T,
+                     { flash_block::backward_t<T, false>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp); });
 }
 
 }  // namespace moecore::kernels
