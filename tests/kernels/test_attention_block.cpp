@@ -160,7 +160,8 @@ TEST(AttentionBlockGrad, BlocksAndMergeMatchFiniteDifferences) {
   kernels::AttentionDropout d;
   d.mask = kernels::DropoutMask::make(5, 9, 0.25);
   d.sample_B = samples.data();
-  for (const kernels::AttentionDropout* drop : {static_cast<const kernels::AttentionDropout*>(nullptr), &d}) {
+  for (const kernels::AttentionDropout* drop :
+       {static_cast<const kernels::AttentionDropout*>(nullptr), static_cast<const kernels::AttentionDropout*>(&d)}) {
     Tensor q[2] = {randn({q_len[0], B, Nq, D}, DType::F64, 1), randn({q_len[1], B, Nq, D}, DType::F64, 2)};
     Tensor k[3], v[3];
     for (int j = 0; j < 3; j++) {

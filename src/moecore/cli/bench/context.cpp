@@ -67,6 +67,7 @@ void blocks_only(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 }
 
 void run_bench_context(const ContextBenchArgs& a) {
+  comm::ProcessGroup::init(nullptr, nullptr);
   comm::ProcessGroup cpg = comm::ProcessGroup::world();
   cpg.set_name("cp");
   const int64_t C = cpg.size(), r = cpg.rank(), S = a.seq;
