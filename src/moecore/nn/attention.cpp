@@ -94,7 +94,7 @@ void Attention::core_forward(Stash& st) const {
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
   if (cfg_.cp.on())
-    context_attention_forward(q, st.k_SBND, st.v_SBND, scale, cfg_.cp, st.o_SBND, st.lse_BNS, &drop);
+    context_attention_forward(q, st.k_SBND, st.v_SBND, scale, context_parallel(S), st.o_SBND, st.lse_BNS, &drop);
   else if (bf16_attention(S))
     kernels::attention_forward_bf16(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
   else
@@ -126,8 +126,8 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (cfg_.cp.on())
-    context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, cfg_.cp, dq, dk, dv,
-                               &drop);
+    context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale,
+                               context_parallel(S), dq, dk, dv, &drop);
   else if (bf16_attention(S))
     kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv,
                                      &drop);

@@ -68,6 +68,12 @@ class Attention {
   void core_forward(Stash& st) const;
   // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
   bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+  // Under context parallelism (S: this rank's rows): bf16 as one rank would run the whole sequence.
+  ContextParallel context_parallel(int64_t S) const {
+    ContextParallel cp = cfg_.cp;
+    cp.bf16 = bf16_attention(S * cp.size);
+    return cp;
+  }
   // The kernel's dropout for this micro-batch (off outside training or at p = 0).
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
   // RoPE tables for the L local rows (context parallelism: the rows of this rank's global positions).

@@ -30,6 +30,9 @@ struct ContextParallel {
   // a2a+p2p only: the inner (a2a) and outer (p2p) groups of --hierarchical-context-parallel-sizes.
   const comm::ProcessGroup* inner = nullptr;
   const comm::ProcessGroup* outer = nullptr;
+  // --bf16: operands rounded to bf16 as kernels::attention_forward_bf16's Flash kernel does (a2a's full-sequence
+  // attention uses attention_forward_bf16 itself, oneDNN included; p2p and allgather the flash block kernel).
+  bool bf16 = false;
   bool on() const { return size > 1; }
   // Global position of this rank's local row i of a sequence of `S` positions (chunk layout above).
   int64_t position(int64_t i, int64_t S) const {

@@ -19,13 +19,15 @@ struct AttentionDropout {
   DropoutMask mask;
   const int64_t* sample_B = nullptr;  // global sample index of each sequence of the batch
   int64_t head_offset = 0;            // global index of this call's query head 0 (tensor parallelism)
-  int64_t seq_offset = 0;             // global position of row 0 (context parallelism)
+  int64_t seq_offset = 0;             // global position of query row 0 (context parallelism)
+  int64_t key_offset = -1;            // global position of key 0; -1: seq_offset (queries and keys aligned)
   bool on() const { return mask.on(); }
   // Multipliers of keys j0 .. j0+n of query row i (local indices) of head h of sequence b.
   template <typename T>
   void row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, T* z) const {
     dropout_multipliers(mask.sub(static_cast<uint64_t>(head_offset + h)), static_cast<uint64_t>(sample_B[b]),
-                        static_cast<uint64_t>(seq_offset + i), static_cast<uint64_t>(seq_offset + j0), n, z);
+                        static_cast<uint64_t>(seq_offset + i),
+                        static_cast<uint64_t>((key_offset < 0 ? seq_offset : key_offset) + j0), n, z);
   }
 };
 
@@ -64,6 +66,25 @@ void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const T
                                     const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionDropout* dropout = nullptr);
 constexpr int64_t kMaxBf16AttentionSeq = 8192;
+
+// Blocks of attention at global positions, for context parallelism (nn/context_attention*.cpp;
+// attention_flash_block.cpp): query rows i = 0..Sq-1 sit at global positions q0 + i, keys j = 0..Sk-1 at k0 + j, and
+// key j is visible to row i when k0 + j ≤ q0 + i. Tiles wholly masked are skipped, wholly visible ones unmasked.
+// q [Sq, B, Nq, D], k/v [Sk, B, Nkv, D] -> o [Sq, B, Nq, D], lse [B, Nq, Sq] of this block alone (a row that sees no
+// key: o 0, lse −inf). `dropout` keys the mask by global positions: its seq_offset (and key_offset, when set) are
+// the global positions of the whole sequence's position 0, q0 and k0 are added. round_bf16: operands rounded to
+// bf16 as attention_forward_bf16's Flash kernel does (f32 only).
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                             Tensor& o, Tensor& lse, const AttentionDropout* dropout = nullptr,
+                             bool round_bf16 = false);
+// (o, lse) ← the softmax-weighted merge of (o, lse) and (o_part, lse_part), two partial results of the same query
+// rows over disjoint key sets (online softmax across blocks). Deterministic for a fixed merge order.
+void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part);
+// Backward of one block given the final (merged) o and lse of the rows: dq += this block's term, dk and dv written
+// (this block's keys' terms from these rows).
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                              const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
+                              Tensor& dv, const AttentionDropout* dropout = nullptr, bool round_bf16 = false);
 
 // Tile edge used for queries and keys (rows of a tile).
 constexpr int64_t kAttnTile = 64;
