@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -13,10 +12,6 @@
 #include "config_util.h"
 #include "layout_util.h"
 #include "moecore/comm/process_group.h"
-#include "moecore/core/rng.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/nn/context_attention.h"
-#include "moecore/nn/context_split.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore {
@@ -87,54 +82,6 @@ INSTANTIATE_TEST_SUITE_P(
                  cp(2) + kTP2 +
                      std::vector<std::string>{"--expert-model-parallel-size", "4", "--use-distributed-optimizer"}}),
     [](const ::testing::TestParamInfo<CpLayout>& i) { return i.param.name; });
-
-// nn::context_attention_* over the whole world as the CP group equals the kernel on the whole sequence restricted to
-// this rank's rows (forward o and lse; backward dq, dk, dv), GQA and dropout included.
-TEST(ContextAttention, EqualsWholeSequenceAttentionOnThisRanksRows) {
-  const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const int64_t C = w.size(), S = 8 * C, B = 2, Nq = 4, Nkv = 2, D = 8, L = S / C;
-  auto randn = [](const Shape& shape, uint64_t stream) {
-    Tensor t = Tensor::empty(shape, DType::F32);
-    const Philox rng(5, stream);
-    for (int64_t i = 0; i < t.numel(); i++) t.set_item(i, rng.normal(static_cast<uint64_t>(i)));
-    return t;
-  };
-  const Tensor q = randn({S, B, Nq, D}, 1), k = randn({S, B, Nkv, D}, 2), v = randn({S, B, Nkv, D}, 3),
-               dout = randn({S, B, Nq, D}, 4);
-  const std::vector<int64_t> samples{3, 9};
-  kernels::AttentionDropout drop;
-  drop.mask = kernels::DropoutMask::make(7, 11, 0.2);
-  drop.sample_B = samples.data();
-  const double scale = 0.3;
-  Tensor o = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({B, Nq, S}, DType::F32);
-  kernels::attention_forward(q, k, v, scale, o, lse, &drop);
-  Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
-         dv = Tensor::empty(v.shape(), DType::F32);
-  kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, &drop);
-  for (nn::CpCommType type : {nn::CpCommType::P2P, nn::CpCommType::A2A, nn::CpCommType::AllGather}) {
-    nn::ContextParallel cp;
-    cp.group = &w;
-    cp.size = C;
-    cp.rank = w.rank();
-    cp.comm_type = type;
-    const nn::SeqSplit s{C, w.rank()};
-    auto mine = [&](const Tensor& t) { return nn::rows_at_positions(t, L, s); };
-    Tensor ol = Tensor::empty({L, B, Nq, D}, DType::F32), ll;
-    nn::context_attention_forward(mine(q), mine(k), mine(v), scale, cp, ol, ll, &drop);
-    Tensor dql = Tensor::empty({L, B, Nq, D}, DType::F32), dkl = Tensor::empty({L, B, Nkv, D}, DType::F32),
-           dvl = Tensor::empty({L, B, Nkv, D}, DType::F32);
-    nn::context_attention_backward(mine(dout), mine(q), mine(k), mine(v), ol, ll, scale, cp, dql, dkl, dvl, &drop);
-    const std::vector<std::pair<Tensor*, Tensor>> pairs{
-        {&ol, mine(o)}, {&dql, mine(dq)}, {&dkl, mine(dk)}, {&dvl, mine(dv)}};
-    for (size_t p = 0; p < pairs.size(); p++)
-      for (int64_t i = 0; i < pairs[p].second.numel(); i++)
-        ASSERT_NEAR(pairs[p].first->item(i), pairs[p].second.item(i), 1e-5 * (1 + std::fabs(pairs[p].second.item(i))))
-            << "tensor " << p << " (o, dq, dk, dv) element " << i << " type " << static_cast<int>(type);
-    ASSERT_EQ(ll.shape(), Shape({B, Nq, L}));
-    for (int64_t bn = 0; bn < B * Nq; bn++)
-      for (int64_t i = 0; i < L; i++) ASSERT_NEAR(ll.item(bn * L + i), lse.item(bn * S + s.position(i, L)), 1e-5);
-  }
-}
 
 // A directory every rank sees, emptied by rank 0.
 std::string cp_shared_dir(const comm::ProcessGroup& w, const std::string& name) {
