@@ -47,8 +47,7 @@ std::vector<FlagRule> build_rules() {
                               "leave it off: the unfused MLA computes the same"),
                       {"mla-down-proj-fusion"}));
   r.push_back(refused(
-      not_yet("this multi-token prediction variant",
-              "--mtp-num-layers with separate (not repeated, not detached) depths"),
+      not_yet("this multi-token prediction variant", "use --mtp-num-layers alone (separate, trained depths)"),
       {"mtp-detach-heads", "mtp-hsm", "mtp-hybrid-override-pattern", "mtp-standalone", "mtp-use-repeated-layer"}));
   r.push_back(refused(
       not_yet("fp8/fp4 training", "use --bf16"),
