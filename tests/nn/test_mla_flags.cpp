@@ -93,7 +93,7 @@ TEST(MLAFlags, DeepSeekV3PresetUsesMLAWithYarn) {
     EXPECT_EQ(p->name.find("linear_q.weight"), std::string::npos) << p->name;  // no standard attention
     mla_params += p->name.find("self_attention.linear_kv_down_proj") != std::string::npos;
   }
-  EXPECT_EQ(mla_params, c.num_layers);
+  EXPECT_EQ(mla_params, c.num_layers + c.mtp_num_layers);  // and the preset's MTP depth
   // The memory plan's count before building is the model's.
   double n = 0;
   for (const auto& p : reg.all()) n += static_cast<double>(p->value.numel());

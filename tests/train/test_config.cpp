@@ -48,6 +48,7 @@ TEST(TrainConfig, TableRolesGiveTheResumeAndUpcyclingLists) {
                                       "swiglu",
                                       "squared-relu",
                                       "disable-bias-linear",
+                                      "mtp-num-layers",
                                       "multi-latent-attention",
                                       "q-lora-rank",
                                       "kv-lora-rank",

@@ -1,6 +1,7 @@
 // GPT model (see gpt_model.h). Loss = Σ_t mask_t·ce_t / Σ_t mask_t, so dloss_t = scale·mask_t / Σ mask.
 #include "moecore/nn/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,7 +48,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
   MOE_ASSERT_MSG(!has_loss_ || chunks_.back().loss, "the loss belongs to the last chunk");
   // Megatron's shared weight: a last stage with a tied output layer holds the word embedding too (same name, so
   // the same initial values; its gradient is summed with the first stage's over the embedding group).
-  if (has_embedding_ || (has_loss_ && !c.untie_embeddings_and_output_weights))
+  if (has_embedding_ || (has_loss_ && (!c.untie_embeddings_and_output_weights || c.mtp.num_layers > 0)))
     embedding_ = std::make_unique<Embedding>(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size,
                                              c.init_method_std, c.tp);
   vocab_start_ = c.tp.rank() * (c.vocab_size / c.tp.size());
@@ -100,6 +101,21 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
   }
   chunk_begin_.push_back(layers_.size());
   if (!has_loss_) return;
+  if (c.mtp.num_layers > 0) {
+    std::vector<std::unique_ptr<FeedForward>> mf;
+    for (int64_t k = 0; k < c.mtp.num_layers; k++) {
+      const std::string name = "mtp.layers." + std::to_string(k) + ".mtp_model_layer.mlp";
+      std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name, c.num_layers - 1) : nullptr;
+      if (!f)
+        f = std::make_unique<MLP>(reg, name,
+                                  MLPConfig{c.hidden_size, c.ffn_hidden_size, c.activation, c.add_bias_linear,
+                                            c.init_method_std, out_std, c.bf16, c.tp, c.recompute.mlp});
+      mf.push_back(std::move(f));
+    }
+    mtp_ = std::make_unique<MTPBlock>(reg, c.mtp, c.hidden_size, ac, c.norm(), c.mla, c.hidden_dropout,
+                                      c.recompute.layernorm, std::move(mf), c.init_method_std, c.bf16, c.tp);
+    mtp_loss_sums_.assign(static_cast<size_t>(c.mtp.num_layers), 0.0);
+  }
   if (c.untie_embeddings_and_output_weights) {
     output_ =
         std::make_unique<Linear>(reg, "output_layer",
@@ -113,6 +129,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
 GPTModel::Stash GPTModel::make_stash() const {
   Stash s;
   for (auto& l : layers_) s.layers.push_back(l->make_stash());
+  if (mtp_) s.mtp = mtp_->make_stash();
   return s;
 }
 
@@ -137,6 +154,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
     MOE_ASSERT(in.ndim() == 2);
     const Tensor tokens = split_sequence_BS(in, SeqSplit{cfg_.cp.size, cfg_.cp.rank});  // CP: this rank's chunks
     begin_batch(tokens.dim(1), tokens.dim(0), st);
+    st.tokens_BS = in;  // MTP's inputs (MTP with CP is refused)
     h = embedding_->forward(to_sequence_major(tokens), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
     if (position_) position_->forward_(h, st.pos);
     embedding_dropout_.forward_(h, st.dropout);
@@ -154,6 +172,11 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   if (!ch.loss) return h;
   h = final_norm_->forward(h, st.final_norm);
   probe("decoder.final_layernorm", false, h);
+  if (mtp_) {
+    MOE_ASSERT_MSG(st.tokens_BS.defined() && st.tokens_BS.dim(0) == st.B && st.tokens_BS.dim(1) == st.S,
+                   "MTP needs the micro-batch's input ids on the loss chunk");
+    mtp_->forward(h, to_sequence_major(st.tokens_BS), st.S, st.B, *embedding_, *output_, st.dropout, st.mtp);
+  }
   st.logits_TV = output_->forward(sp_all_gather(h, cfg_.tp), st.output);
   probe("output_layer", false, st.logits_TV);
   return st.logits_TV;
@@ -202,6 +225,13 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
     kernels::cross_entropy_forward(st.logits_TV, st.labels_T, loss_T, st.lse_T);
   }
   st.mask_sum = kernels::sum(st.mask_T);
+  if (mtp_) {
+    mtp_->loss(st.labels_T, st.mask_T, st.S, st.B, vocab_start_, cfg_.vocab_size, st.mtp);
+    if (training_) {
+      for (size_t k = 0; k < mtp_loss_sums_.size(); k++) mtp_loss_sums_[k] += st.mtp.depths[k].loss;
+      mtp_micro_batches_++;
+    }
+  }
   return st.mask_sum > 0 ? kernels::dot(loss_T, st.mask_T) / st.mask_sum : 0.0;
 }
 
@@ -230,7 +260,16 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
     dh = output_->backward(st.logits_TV, st.output);
     st.logits_TV = Tensor();
     probe("output_layer", true, dh);
-    dh = final_norm_->backward(sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp), st.final_norm);
+    dh = sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp);
+    // MTP (Megatron's MTPLossAutoScaler): scale·(factor/D)·d(Σ_k mean_k ce_k), where a mean over this micro-batch's
+    // loss tokens has scale token_scale·mask_sum (per-token loss: the rolled mean re-weighted by the main tokens).
+    if (mtp_) {
+      const double sc =
+          token_scale * st.mask_sum * cfg_.mtp.loss_scaling_factor / static_cast<double>(cfg_.mtp.num_layers);
+      for (auto& d : st.mtp.depths) d.layer.ffn->loss_scale = aux_scale;
+      kernels::add_(dh, mtp_->backward(st.mtp, sc, vocab_start_, *embedding_, *output_));
+    }
+    dh = final_norm_->backward(dh, st.final_norm);
     probe("decoder.final_layernorm", true, dh);
   } else {
     MOE_ASSERT_MSG(dy.defined() && dy.numel() == S_local * st.B * cfg_.hidden_size,
@@ -289,10 +328,22 @@ void GPTModel::set_probe(const Probe* probe) {
 void GPTModel::set_training(bool training) {
   training_ = training;
   for (auto& l : layers_) l->ffn().set_training(training);
+  if (mtp_)
+    for (size_t k = 0; k < mtp_->num_layers(); k++) mtp_->layer(k).ffn().set_training(training);
 }
 
 void GPTModel::finish_global_batch() {
   for (auto& l : layers_) l->ffn().finish_global_batch();
+  if (mtp_)
+    for (size_t k = 0; k < mtp_->num_layers(); k++) mtp_->layer(k).ffn().finish_global_batch();
+}
+
+std::vector<double> GPTModel::take_mtp_losses() {
+  std::vector<double> v = mtp_loss_sums_;
+  for (double& x : v) x /= static_cast<double>(std::max<int64_t>(1, mtp_micro_batches_));
+  std::fill(mtp_loss_sums_.begin(), mtp_loss_sums_.end(), 0.0);
+  mtp_micro_batches_ = 0;
+  return v;
 }
 
 }  // namespace moecore::nn

@@ -16,6 +16,7 @@
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/layer_recompute.h"
 #include "moecore/nn/linear.h"
+#include "moecore/nn/mtp.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/position_embedding.h"
 #include "moecore/nn/probe.h"
@@ -64,6 +65,9 @@ struct GPTConfig {
   // Multi-Latent Attention in every layer instead of the attention above (enabled: --multi-latent-attention).
   MLAConfig mla;
   NormConfig norm() const { return {normalization, norm_eps, zero_centered_gamma}; }
+  // Multi-token prediction (--mtp-num-layers): its depths after the final norm, on the loss chunk; each depth's FFN
+  // from the factory as for the last decoder layer (Megatron's MTP layer spec); losses apart from the LM loss.
+  MTPConfig mtp;
   RecomputeConfig recompute;  // activation recompute (the MoE layers take theirs from their own config)
   // This rank's chunks, in virtual-stage order (empty: the whole model, one chunk). Layers keep their global names
   // and initialization; a tied output layer on a last stage without the embedding holds its own copy of the word
@@ -94,6 +98,10 @@ class GPTModel {
     // dropout masks depend on it. Empty: 0 .. B−1.
     std::vector<int64_t> sample_B;
     DropoutBatch dropout;  // what forward used; backward regenerates the same masks
+    // MTP: the micro-batch's input ids [B, S] (set by forward_chunk on the embedding chunk, else by the caller
+    // before the loss chunk's forward) and the depths' stash (losses in mtp.depths[k].loss after loss_forward).
+    Tensor tokens_BS;
+    MTPBlock::Stash mtp;
   };
 
   GPTModel(const GPTConfig& cfg, ParamRegistry& reg, FfnFactory ffn = nullptr);
@@ -145,6 +153,10 @@ class GPTModel {
   TransformerLayer& layer(size_t i) { return *layers_[i]; }  // local index (global_layer(i) under PP)
   size_t num_layers() const { return layers_.size(); }
   const GPTConfig& config() const { return cfg_; }
+  // MTP (null without): the block, and each depth's loss summed over the training micro-batches since the last
+  // take_mtp_losses, which returns their means over those micro-batches (Megatron's logged `mtp_k loss`) and resets.
+  MTPBlock* mtp() const { return mtp_.get(); }
+  std::vector<double> take_mtp_losses();
 
  private:
   Tensor embed_and_decode(const Tensor& tokens_BS, Stash& st);
@@ -162,6 +174,9 @@ class GPTModel {
   std::unique_ptr<Linear> output_;
   HiddenDropout embedding_dropout_;
   LayerRecompute recompute_;
+  std::unique_ptr<MTPBlock> mtp_;  // the loss chunk's
+  std::vector<double> mtp_loss_sums_;
+  int64_t mtp_micro_batches_ = 0;
   bool training_ = true;
   const Probe* probe_ = nullptr;
   void probe(const char* module, bool backward, const Tensor& t) const {

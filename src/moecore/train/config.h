@@ -45,6 +45,9 @@ struct TrainConfig {
   int64_t q_lora_rank = 0, kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   std::string rope_type;
   double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
+  // Multi-token prediction (nn/mtp.h): --mtp-num-layers (0: Megatron's None, off), --mtp-loss-scaling-factor.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   // MoE
   int64_t num_experts = 0, moe_ffn_hidden_size = 0, moe_router_topk = 2;
   std::string moe_router_score_function = "softmax";

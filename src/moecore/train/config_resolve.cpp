@@ -100,7 +100,11 @@ void validate_schedule_flags(const TrainConfig& c) {
 // under it.
 void check_pipeline_flags(const TrainConfig& c) {
   const int64_t P = c.pipeline_model_parallel_size;
-  plan_pipeline(pipeline_flags(c));
+  for (const StageLayers& st : plan_pipeline(pipeline_flags(c)).stages)
+    MOE_CHECK(st.mtp_layers == 0 || st.loss,
+              "--pipeline-model-parallel-layout {} puts MTP layers (m) on a stage without the loss (L); moecore runs "
+              "MTP on the loss stage: move m next to L",
+              c.pipeline_model_parallel_layout);
   if (P == 1) return;
   MOE_CHECK(c.generate_prompts.empty(),
             "--generate-prompts with --pipeline-model-parallel-size {}: generation at the end of training runs the "
@@ -256,6 +260,10 @@ void validate(const TrainConfig& c) {
             "--rope-type {}: common attention only supports --rope-type rope (as Megatron); yarn is for "
             "--multi-latent-attention",
             c.rope_type);
+  // Multi-token prediction (Megatron's MTP validation in arguments.py).
+  MOE_CHECK(c.mtp_num_layers == 0 || c.position_embedding_type == "rope" || c.position_embedding_type == "none",
+            "--mtp-num-layers {} needs --position-embedding-type rope or none (as Megatron), not {}", c.mtp_num_layers,
+            c.position_embedding_type);
   if (c.multi_latent_attention) {
     MOE_CHECK(!c.group_query_attention,
               "--group-query-attention is mutually exclusive with --multi-latent-attention (as Megatron); drop it");

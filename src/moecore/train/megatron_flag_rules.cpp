@@ -46,7 +46,9 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(not_yet("the fused MLA down projection (one linear_qkv_down_proj weight)",
                               "leave it off: the unfused MLA computes the same"),
                       {"mla-down-proj-fusion"}));
-  r.push_back(refused(not_yet("multi-token prediction (MTP)"), {}, {"mtp-"}));
+  r.push_back(refused(
+      not_yet("this multi-token prediction variant", "use --mtp-num-layers alone (separate, trained depths)"),
+      {"mtp-detach-heads", "mtp-hsm", "mtp-hybrid-override-pattern", "mtp-standalone", "mtp-use-repeated-layer"}));
   r.push_back(refused(
       not_yet("fp8/fp4 training", "use --bf16"),
       {"disable-fp8-wgrad", "no-fp8-wgrad", "keep-fp8-transpose-cache", "reuse-grad-buf-for-mxfp8-param-ag",

@@ -91,6 +91,12 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   p.dense = V * H * (c.untie_embeddings_and_output_weights ? 2 : 1) + positions + norm * H + L * attn +
             (L - moe_layers) * dense_ffn + moe_layers * moe_dense;
   p.expert = moe_layers * E * glu * H * static_cast<double>(c.moe_ffn_hidden_size);
+  if (c.mtp_num_layers > 0) {  // nn/mtp.h per depth: enorm, hnorm, final norm, eh_proj, a layer of the last's kind
+    const bool last_moe = c.num_experts > 0 && moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers).back();
+    const double Dm = static_cast<double>(c.mtp_num_layers);
+    p.dense += Dm * (3 * norm * H + 2 * H * H + attn + (last_moe ? moe_dense : dense_ffn));
+    if (last_moe) p.expert += Dm * E * glu * H * static_cast<double>(c.moe_ffn_hidden_size);
+  }
   p.dense /= static_cast<double>(tp);
   p.expert /= static_cast<double>(ep_etp);
   return p;

@@ -136,6 +136,21 @@ void router_losses(const TrainConfig& c, const nn::GPTModel& model, const Parall
   }
 }
 
+void mtp_losses(const TrainConfig& c, nn::GPTModel& model, const ParallelGroups& g, StepResult& r) {
+  r.mtp_losses.clear();
+  if (c.mtp_num_layers == 0) return;
+  const size_t D = static_cast<size_t>(c.mtp_num_layers);
+  std::vector<double> v = model.mtp() ? model.take_mtp_losses() : std::vector<double>(D, 0.0);
+  if (g.distributed()) {  // only the loss stage holds values; its TP ranks equal copies: sum / (TP×DP)
+    Tensor t = Tensor::empty({static_cast<int64_t>(D)}, DType::F64);
+    for (size_t k = 0; k < D; k++) t.set_item(static_cast<int64_t>(k), v[k]);
+    g.world->all_reduce(t);
+    const double copies = static_cast<double>(ParallelGroups::size(g.world) / g.pp_size);
+    for (size_t k = 0; k < D; k++) v[k] = t.item(static_cast<int64_t>(k)) / copies;
+  }
+  r.mtp_losses = v;
+}
+
 void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r) {
   if (!c.log_params_norm) return;
   // The ranks holding the same values: experts' over EDP; dense over DP×CP, and over TP too unless split by TP
@@ -165,11 +180,14 @@ void IntervalSums::add(const StepResult& r) {
   z_loss += r.z_loss;
   if (aux.size() < r.aux_losses.size()) aux.resize(r.aux_losses.size(), 0.0);
   for (size_t t = 0; t < r.aux_losses.size(); t++) aux[t] += r.aux_losses[t];
+  if (mtp.size() < r.mtp_losses.size()) mtp.resize(r.mtp_losses.size(), 0.0);
+  for (size_t k = 0; k < r.mtp_losses.size(); k++) mtp[k] += r.mtp_losses[k];
   steps++;
 }
 
 nlohmann::json IntervalSums::to_json() const {
-  return {{"lm_loss", lm_loss}, {"grad_norm", grad_norm}, {"z_loss", z_loss}, {"aux", aux}, {"steps", steps}};
+  return {{"lm_loss", lm_loss}, {"grad_norm", grad_norm}, {"z_loss", z_loss}, {"aux", aux},
+          {"mtp", mtp},         {"steps", steps}};
 }
 
 IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
@@ -180,6 +198,8 @@ IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
   s.grad_norm = num(j.at("grad_norm"));
   s.z_loss = num(j.at("z_loss"));
   for (const auto& a : j.at("aux")) s.aux.push_back(num(a));
+  if (j.contains("mtp"))
+    for (const auto& a : j.at("mtp")) s.mtp.push_back(num(a));
   s.steps = j.at("steps").get<int64_t>();
   return s;
 }
@@ -248,6 +268,11 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
                       {"gflops", gflops},
                       {"gflops_ratio_to_gemm_peak", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
                       {"peak_memory_bytes", mem.peak_bytes}};
+  for (size_t k = 0; k < sums.mtp.size(); k++) {  // Megatron's total_loss_dict entries, after lm loss
+    const double v = sums.mtp[k] / n;
+    aux += fmt::format(" mtp_{} loss: {:.6E} |", k + 1, v);
+    j[fmt::format("mtp_{}_loss", k + 1)] = v;
+  }
   if (!layers.empty() || (c_.num_experts > 0 && !r.moe_layer_ids.empty())) {  // this stage may hold none
     for (size_t t = 0; t < c_.moe_router_load_balancing_type.size(); t++) {
       const std::string name =
@@ -316,8 +341,10 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   }
   write_json(j);
   const size_t types = sums.aux.size();
+  const size_t depths = sums.mtp.size();
   sums = IntervalSums{};
   sums.aux.assign(types, 0.0);
+  sums.mtp.assign(depths, 0.0);
 }
 
 MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,

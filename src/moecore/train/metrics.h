@@ -23,6 +23,7 @@ struct StepResult {
   double lr = 0;
   std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches
   double z_loss = 0;
+  std::vector<double> mtp_losses;  // MTP depth k's mean loss (Megatron's `mtp_k loss`), averaged over DP
   // The same per MoE layer (in layer order; the totals above are their means): [type][MoE layer], [MoE layer].
   std::vector<std::vector<double>> aux_layers;
   std::vector<double> z_layers;
@@ -45,10 +46,15 @@ void router_losses(const TrainConfig& c, const nn::GPTModel& model, const Parall
 // (--log-num-zeros-in-grad: ChainedOptimizer::num_zeros_in_grad, counted as the gradients are reduced.)
 void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r);
 
+// The MTP losses of the step just finished into r.mtp_losses, as Megatron's MTPLossLoggingHelper: each depth's
+// mean loss per micro-batch, averaged over micro-batches and DP (the loss stage's; TP ranks hold equal copies).
+// Collective over the world with --mtp-num-layers; nothing otherwise.
+void mtp_losses(const TrainConfig& c, nn::GPTModel& model, const ParallelGroups& g, StepResult& r);
+
 // Sums of the steps since the last log line (checkpointed, so a resumed run logs the same averages).
 struct IntervalSums {
   double lm_loss = 0, grad_norm = 0, z_loss = 0;
-  std::vector<double> aux;
+  std::vector<double> aux, mtp;
   int64_t steps = 0;
   void add(const StepResult& r);
   nlohmann::json to_json() const;

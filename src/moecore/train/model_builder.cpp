@@ -111,6 +111,9 @@ std::vector<moe::MoELayer*> moe_layers(nn::GPTModel& model) {
   std::vector<moe::MoELayer*> v;
   for (size_t i = 0; i < model.num_layers(); i++)
     if (auto* l = dynamic_cast<moe::MoELayer*>(&model.layer(i).ffn())) v.push_back(l);
+  if (nn::MTPBlock* m = model.mtp())  // MTP depths of MoE kind: their expert bias and counters are saved too
+    for (size_t k = 0; k < m->num_layers(); k++)
+      if (auto* l = dynamic_cast<moe::MoELayer*>(&m->layer(k).ffn())) v.push_back(l);
   return v;
 }
 

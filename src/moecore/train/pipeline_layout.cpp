@@ -389,6 +389,7 @@ PipelineFlags pipeline_flags(const TrainConfig& c) {
   f.account_for_embedding = c.account_for_embedding_in_pipeline_split;
   f.account_for_loss = c.account_for_loss_in_pipeline_split;
   f.layout = c.pipeline_model_parallel_layout;
+  f.mtp_num_layers = c.mtp_num_layers;
   // --no-overlap-p2p-communication has no effect on moecore's transport, but Megatron's check on it still holds.
   for (const auto& line : c.no_effect)
     if (line.rfind("--no-overlap-p2p-communication", 0) == 0) f.overlap_p2p_comm = false;

@@ -103,6 +103,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
       peak_in_flight_ = std::max(peak_in_flight_, ++in_flight);
       nn::GPTModel::Stash& st = stashes_[s];
       st.sample_B = r.samples[static_cast<size_t>(p.micro_batch)];
+      st.tokens_BS = b.tokens;  // MTP on the loss chunk embeds the input ids
       Tensor in;
       if (ch.embedding) {
         in = b.tokens;

@@ -69,7 +69,18 @@ const std::vector<Preset>& presets() {
          x.moe_router_topk_scaling_factor = 2.5, x.moe_shared_expert_intermediate_size = 128;
          x.moe_layer_freq = "([0]*1+[1]*3)", x.moe_router_load_balancing_type = {"seq_aux_loss"};
          x.moe_aux_loss_coeff = {"1e-4"};
+         x.mtp_num_layers = 1;                           // DeepSeek-V3's one MTP module (its layer 61)
          x.hidden_dropout = 0, x.attention_dropout = 0;  // none in the modelled MoEs
+       }},
+      {"kimi-k2",
+       [](TrainConfig& x) {  // DeepSeek-V3's architecture (HF DeepseekV3ForCausalLM) with Kimi-K2's choices
+         apply_preset("deepseek-v3", x);
+         // Kimi-K2 against DeepSeek-V3: half the heads (64 of 128), 1.5x the experts (384 of 256, 8 active, one
+         // shared), no group-limited routing (n_group 1), routed scaling 2.827, rope_theta 50000 with YaRN factor
+         // 32, no MTP module in the published checkpoint (num_nextn_predict_layers 0); here at the preset's size.
+         x.num_attention_heads = 4, x.num_experts = 48, x.moe_router_num_groups = 0, x.moe_router_group_topk = 0;
+         x.moe_router_topk_scaling_factor = 2.827, x.rotary_base = 50000, x.rotary_scaling_factor = 32;
+         x.mtp_num_layers = 0;
        }},
   };
   return all;

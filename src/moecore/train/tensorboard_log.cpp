@@ -58,6 +58,8 @@ void TensorBoardLog::after_step(int64_t it, int64_t samples, const StepResult& r
     expert_loads(it, model);
   }
   moe_losses(it, r, model);
+  for (size_t k = 0; k < r.mtp_losses.size(); k++)  // Megatron's track_mtp_metrics: every iteration
+    scalar(fmt::format("mtp_{} loss", k + 1), r.mtp_losses[k], it);
 }
 
 void TensorBoardLog::moe_losses(int64_t it, const StepResult& r, const nn::GPTModel& model) {

@@ -72,7 +72,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   const size_t layers = static_cast<size_t>(cfg_.num_layers);  // buckets by global layer (any pipeline stage)
   optim::OptimizerGroups og{groups_->dp.get(), groups_->edp.get(), groups_->tp.get(), groups_->world.get(),
                             groups_->etp.get()};
-  if (groups_->embedding && !cfg_.untie_embeddings_and_output_weights) {  // tied: the first and last stage's copies
+  // Tied, or MTP (Megatron embeds the MTP inputs with the last stage's copy of the word embedding): shared copies.
+  if (groups_->embedding && (!cfg_.untie_embeddings_and_output_weights || cfg_.mtp_num_layers > 0)) {
     og.embedding = groups_->embedding.get();
     og.shared_embedding = model_->word_embedding();
   }
@@ -228,6 +229,7 @@ StepResult Trainer::train_step() {
   timers_->stop("optimizer");
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);
+  mtp_losses(cfg_, *model_, *groups_, r);    // --mtp-num-layers
   param_stats(cfg_, reg_, *groups_, r);      // --log-params-norm
   r.num_zeros = opt_->num_zeros_in_grad();   // --log-num-zeros-in-grad: counted as the gradients were reduced
   if (async_written) ckpt_->finish_async();  // every rank's files are written: the save becomes visible

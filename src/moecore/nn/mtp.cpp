@@ -1,0 +1,150 @@
+// Multi-token prediction (see mtp.h). Backward accumulates into parameter gradients. Depth k's gradient:
+// d(scale · Σ mask_k·ce_k / Σ mask_k) through the shared output layer and final_layernorm_k, plus what depth k+1
+// sends back through hnorm_{k+1}; the layer, eh_proj, then the concat split: the embedding half through enorm_k and
+// the (shared) embedding, the hidden half through hnorm_k to depth k−1 (depth 0: the main model's final norm).
+#include "moecore/nn/mtp.h"
+
+#include <cstring>
+
+#include "moecore/kernels/cpu/cross_entropy.h"
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/tensor_parallel.h"
+
+namespace moecore::nn {
+
+namespace {
+// [rows, H] ‖ [rows, H] -> [rows, 2H] (Megatron's torch.cat((embedding, hidden), -1)).
+Tensor concat_cols(const Tensor& a, const Tensor& b, int64_t rows, int64_t H) {
+  MOE_ASSERT(a.numel() == rows * H && b.numel() == rows * H && a.dtype() == b.dtype());
+  Tensor y = Tensor::empty({rows, 2 * H}, a.dtype());
+  const size_t n = static_cast<size_t>(H) * dtype_size(a.dtype());
+  auto* out = static_cast<char*>(y.raw());
+  for (int64_t r = 0; r < rows; r++) {
+    std::memcpy(out + 2 * r * n, static_cast<const char*>(a.raw()) + r * n, n);
+    std::memcpy(out + (2 * r + 1) * n, static_cast<const char*>(b.raw()) + r * n, n);
+  }
+  return y;
+}
+// The adjoint: [rows, 2H] -> its two halves [rows, H].
+void split_cols(const Tensor& y, int64_t rows, int64_t H, Tensor& a, Tensor& b) {
+  MOE_ASSERT(y.numel() == rows * 2 * H);
+  a = Tensor::empty({rows, H}, y.dtype());
+  b = Tensor::empty({rows, H}, y.dtype());
+  const size_t n = static_cast<size_t>(H) * dtype_size(y.dtype());
+  const auto* in = static_cast<const char*>(y.raw());
+  for (int64_t r = 0; r < rows; r++) {
+    std::memcpy(static_cast<char*>(a.raw()) + r * n, in + 2 * r * n, n);
+    std::memcpy(static_cast<char*>(b.raw()) + r * n, in + (2 * r + 1) * n, n);
+  }
+}
+}  // namespace
+
+Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k) {
+  MOE_ASSERT(x_T.numel() == S * B && k >= 0);
+  Tensor y = Tensor::zeros({S * B}, x_T.dtype());
+  const size_t row = static_cast<size_t>(B) * dtype_size(x_T.dtype());
+  for (int64_t s = 0; s + k < S; s++)
+    std::memcpy(static_cast<char*>(y.raw()) + s * row, static_cast<const char*>(x_T.raw()) + (s + k) * row, row);
+  return y;
+}
+
+MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, const AttentionConfig& attn,
+                   const NormConfig& norm, const MLAConfig& mla, double hidden_dropout, bool recompute_norms,
+                   std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, bool bf16, TPContext tp)
+    : cfg_(cfg), hidden_(hidden), tp_(tp) {
+  MOE_ASSERT(static_cast<int64_t>(ffn.size()) == cfg.num_layers);
+  for (int64_t k = 0; k < cfg.num_layers; k++) {
+    const std::string name = "mtp.layers." + std::to_string(k);
+    enorm_.push_back(std::make_unique<Norm>(reg, name + ".enorm", hidden, norm));
+    hnorm_.push_back(std::make_unique<Norm>(reg, name + ".hnorm", hidden, norm));
+    // Replicated over TP and run on the sequence shard: the same values as Megatron's column-parallel eh_proj
+    // followed by its gather and scatter (its gradient is summed over TP like every replicated parameter's).
+    eh_proj_.push_back(std::make_unique<Linear>(
+        reg, name + ".eh_proj",
+        LinearConfig{2 * hidden, hidden, false, InitRule::normal(init_std), bf16, TPSplit::None, tp}));
+    layers_.push_back(std::make_unique<TransformerLayer>(reg, name + ".mtp_model_layer", attn, norm,
+                                                         std::move(ffn[static_cast<size_t>(k)]), hidden_dropout,
+                                                         recompute_norms, mla));
+    final_norm_.push_back(std::make_unique<Norm>(reg, name + ".final_layernorm", hidden, norm));
+    emb_dropout_.emplace_back(name + ".embedding_dropout", hidden_dropout, tp);
+  }
+}
+
+MTPBlock::Stash MTPBlock::make_stash() const {
+  Stash s;
+  for (const auto& l : layers_) {
+    s.depths.emplace_back();
+    s.depths.back().layer = l->make_stash();
+  }
+  return s;
+}
+
+void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, int64_t B, Embedding& emb,
+                       Linear& output, const DropoutBatch& dropout, Stash& st) {
+  const int64_t SL = S / tp_.size(), H = hidden_, rows = SL * B;
+  MOE_ASSERT(h0_SBH.numel() == rows * H && tokens_T.numel() == S * B);
+  st.S = S;
+  st.B = B;
+  st.dropout = dropout;
+  Tensor h = h0_SBH.reshape({SL, B, H});
+  for (size_t k = 0; k < layers_.size(); k++) {
+    Depth& d = st.depths[k];
+    // Megatron rolls the input ids once per depth (the last positions read token 0).
+    Tensor e = emb.forward(roll_sequence(tokens_T, S, B, static_cast<int64_t>(k) + 1), d.emb).reshape({SL, B, H});
+    emb_dropout_[k].forward_(e, dropout);
+    const Tensor en = enorm_[k]->forward(e, d.enorm), hn = hnorm_[k]->forward(h, d.hnorm);
+    const Tensor x = eh_proj_[k]->forward(concat_cols(en, hn, rows, H), d.eh_proj).reshape({SL, B, H});
+    d.layer.dropout = dropout;
+    h = final_norm_[k]->forward(layers_[k]->forward(x, d.layer), d.final_norm);
+    d.logits_TV = output.forward(sp_all_gather(h, tp_), d.output);
+  }
+}
+
+void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, int64_t S, int64_t B, int64_t vocab_start,
+                    int64_t vocab_size, Stash& st) const {
+  const int64_t T = S * B;
+  for (size_t k = 0; k < st.depths.size(); k++) {
+    Depth& d = st.depths[k];
+    const DType dt = d.logits_TV.dtype();
+    d.labels_T = roll_sequence(labels_T, S, B, static_cast<int64_t>(k) + 1);
+    d.mask_T = roll_sequence(mask_T, S, B, static_cast<int64_t>(k) + 1);
+    Tensor loss_T = Tensor::empty({T}, dt);
+    d.lse_T = Tensor::empty({T}, dt);
+    if (tp_.on()) {
+      const comm::ProcessGroup& g = *tp_.group;
+      kernels::cross_entropy_forward_vocab_parallel(
+          d.logits_TV, d.labels_T, vocab_start, vocab_size,
+          [&g](Tensor& t, bool max) { g.all_reduce(t, max ? comm::ReduceOp::Max : comm::ReduceOp::Sum); }, loss_T,
+          d.lse_T);
+    } else {
+      kernels::cross_entropy_forward(d.logits_TV, d.labels_T, loss_T, d.lse_T);
+    }
+    d.mask_sum = kernels::sum(d.mask_T);
+    d.loss = d.mask_sum > 0 ? kernels::dot(loss_T, d.mask_T) / d.mask_sum : 0.0;
+  }
+}
+
+Tensor MTPBlock::backward(Stash& st, double scale, int64_t vocab_start, Embedding& emb, Linear& output) {
+  const int64_t S = st.S, B = st.B, SL = S / tp_.size(), H = hidden_, rows = SL * B;
+  Tensor dh_next;  // d h_k through depth k+1's hnorm
+  for (size_t k = layers_.size(); k-- > 0;) {
+    Depth& d = st.depths[k];
+    Tensor dloss = d.mask_T.clone();
+    kernels::scale_(dloss, d.mask_sum > 0 ? scale / d.mask_sum : 0.0);
+    kernels::cross_entropy_backward(dloss, d.logits_TV, d.labels_T, d.lse_T, d.logits_TV, vocab_start);
+    Tensor dh = output.backward(d.logits_TV, d.output);
+    d.logits_TV = Tensor();
+    dh = sp_reduce_scatter(dh.reshape({S, B, H}), tp_);
+    if (dh_next.defined()) kernels::add_(dh, dh_next.reshape({SL, B, H}));
+    const Tensor dx = layers_[k]->backward(final_norm_[k]->backward(dh, d.final_norm), d.layer);
+    Tensor de, dhn;
+    split_cols(eh_proj_[k]->backward(dx.reshape({rows, H}), d.eh_proj), rows, H, de, dhn);
+    Tensor den = enorm_[k]->backward(de.reshape({SL, B, H}), d.enorm);
+    den = emb_dropout_[k].backward(den, st.dropout);
+    emb.backward(den.reshape({rows, H}), d.emb);
+    dh_next = hnorm_[k]->backward(dhn.reshape({SL, B, H}), d.hnorm);
+  }
+  return dh_next;
+}
+
+}  // namespace moecore::nn

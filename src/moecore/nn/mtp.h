@@ -1,0 +1,77 @@
+// Multi-token prediction (Megatron's MultiTokenPredictionBlock, DeepSeek-V3's MTP modules): depth k = 1..D predicts
+// the token k+1 positions ahead. h_k = final_layernorm_k(Layer_k(eh_proj_k([enorm_k(emb(tok rolled k)) ‖
+// hnorm_k(h_{k−1})]))) with h_0 the main model's final-normed hidden state; logits_k = output_layer(h_k) with the
+// main model's (shared) embedding and output layer. Not here: the main loss, pipeline placement (gpt_model.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moecore/nn/dropout.h"
+#include "moecore/nn/embedding.h"
+#include "moecore/nn/linear.h"
+#include "moecore/nn/norm.h"
+#include "moecore/nn/transformer_layer.h"
+
+namespace moecore::nn {
+
+struct MTPConfig {
+  int64_t num_layers = 0;            // D (--mtp-num-layers); 0: no MTP
+  double loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+};
+
+// Megatron's roll_tensor(shifts=−1) applied k times along the sequence: x'[s] = x[s+k] for s < S−k, else 0.
+// x_T is sequence-major [S·B] (t = s·B + b), i64 ids or f32/f64 values.
+Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k);
+
+class MTPBlock {
+ public:
+  struct Depth {
+    Embedding::Stash emb;
+    Norm::Stash enorm, hnorm, final_norm;
+    Linear::Stash eh_proj, output;
+    TransformerLayer::Stash layer;
+    Tensor h_SBH;                               // this depth's output h_k (this rank's sequence shard)
+    Tensor labels_T, mask_T, logits_TV, lse_T;  // labels and mask rolled k; logits: this rank's vocab columns
+    double mask_sum = 0, loss = 0;              // loss: Σ mask·ce / max(1, Σ mask) (Megatron's logged value)
+  };
+  struct Stash {
+    std::vector<Depth> depths;
+    int64_t S = 0, B = 0;
+    DropoutBatch dropout;
+  };
+
+  // ffn: one per depth, built by the caller from the last decoder layer's spec (Megatron's MTP layer spec).
+  MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, const AttentionConfig& attn,
+           const NormConfig& norm, const MLAConfig& mla, double hidden_dropout, bool recompute_norms,
+           std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, bool bf16, TPContext tp);
+  Stash make_stash() const;
+  const MTPConfig& config() const { return cfg_; }
+
+  // h0_SBH [S/TP, B, H] (the main final norm's output), tokens_T [S·B] sequence-major: runs every depth, keeping
+  // each depth's logits [S·B, V/TP] (output: the main model's output layer) in st.
+  void forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, int64_t B, Embedding& emb, Linear& output,
+               const DropoutBatch& dropout, Stash& st);
+  // Each depth's loss with labels and mask rolled by k (labels_T, mask_T: the main ones, sequence-major).
+  void loss(const Tensor& labels_T, const Tensor& mask_T, int64_t S, int64_t B, int64_t vocab_start, int64_t vocab_size,
+            Stash& st) const;
+  // Backpropagates scale·Σ_k (Σ_t mask_k·ce_k / max(1, Σ mask_k)) (scale: factor/D times the main loss's scale of
+  // a mean loss); accumulates into every parameter (the shared embedding and output layer too) and returns
+  // the gradient of h0 [S/TP, B, H].
+  Tensor backward(Stash& st, double scale, int64_t vocab_start, Embedding& emb, Linear& output);
+
+  TransformerLayer& layer(size_t k) { return *layers_[k]; }
+  size_t num_layers() const { return layers_.size(); }
+
+ private:
+  MTPConfig cfg_;
+  int64_t hidden_ = 0;
+  TPContext tp_;
+  std::vector<std::unique_ptr<Norm>> enorm_, hnorm_, final_norm_;
+  std::vector<std::unique_ptr<Linear>> eh_proj_;
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::vector<HiddenDropout> emb_dropout_;
+};
+
+}  // namespace moecore::nn
