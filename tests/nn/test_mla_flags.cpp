@@ -16,7 +16,7 @@ namespace {
 
 using testing::operator+;
 
-const std::vector<std::string> kRun = testing::mock_run_flags(16, 2, 4, 64, 3, "1e-3");
+const std::vector<std::string> kMlaRun = testing::mock_run_flags(16, 2, 4, 64, 3, "1e-3");
 
 std::vector<std::string> mla_model() {
   return testing::tiny_moe_flags() + std::vector<std::string>{"--multi-latent-attention",
@@ -36,7 +36,7 @@ std::string mla_error(const std::vector<std::string>& a, const std::vector<std::
 }
 
 TEST(MLAFlags, SetTheModel) {
-  train::TrainConfig c = testing::small_config(mla_model() + kRun);
+  train::TrainConfig c = testing::small_config(mla_model() + kMlaRun);
   nn::GPTConfig g = train::gpt_config(c, 64);
   EXPECT_TRUE(g.mla.enabled);
   EXPECT_EQ(g.mla.q_lora_rank, 0);  // Megatron's None: a direct q projection
@@ -44,7 +44,7 @@ TEST(MLAFlags, SetTheModel) {
   EXPECT_TRUE(g.mla.yarn);  // MLA's default rope type
   EXPECT_EQ(g.mla.yarn_params.scaling_factor, 1.0);
   EXPECT_EQ(g.mla.yarn_params.original_max_position_embeddings, 4096);
-  c = testing::small_config(mla_model() + kRun,
+  c = testing::small_config(mla_model() + kMlaRun,
                             {"--rope-type", "rope", "--q-lora-rank", "12", "--rotary-scaling-factor", "40", "--mscale",
                              "0.5", "--mscale-all-dim", "0.7"});
   g = train::gpt_config(c, 64);
@@ -53,34 +53,34 @@ TEST(MLAFlags, SetTheModel) {
   EXPECT_EQ(g.mla.yarn_params.scaling_factor, 40.0);
   EXPECT_EQ(g.mla.yarn_params.mscale, 0.5);
   EXPECT_EQ(g.mla.yarn_params.mscale_all_dim, 0.7);
-  EXPECT_FALSE(train::gpt_config(testing::small_config(testing::tiny_moe_flags() + kRun), 64).mla.enabled);
+  EXPECT_FALSE(train::gpt_config(testing::small_config(testing::tiny_moe_flags() + kMlaRun), 64).mla.enabled);
 }
 
 TEST(MLAFlags, MegatronsChecks) {
-  EXPECT_NE(mla_error(testing::tiny_moe_flags() + kRun + std::vector<std::string>{"--rope-type", "yarn"})
+  EXPECT_NE(mla_error(testing::tiny_moe_flags() + kMlaRun + std::vector<std::string>{"--rope-type", "yarn"})
                 .find("--rope-type yarn: common attention only supports --rope-type rope"),
             std::string::npos);
-  EXPECT_EQ(testing::small_config(testing::tiny_moe_flags() + kRun, {"--rope-type", "rope"}).rope_type, "rope");
-  EXPECT_NE(mla_error(mla_model() + kRun, {"--rope-type", "ntk"}).find("--rope-type ntk"), std::string::npos);
-  EXPECT_NE(mla_error(mla_model() + kRun, {"--group-query-attention", "--num-query-groups", "2"})
+  EXPECT_EQ(testing::small_config(testing::tiny_moe_flags() + kMlaRun, {"--rope-type", "rope"}).rope_type, "rope");
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--rope-type", "ntk"}).find("--rope-type ntk"), std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--group-query-attention", "--num-query-groups", "2"})
                 .find("--group-query-attention is mutually exclusive with --multi-latent-attention"),
             std::string::npos);
-  EXPECT_NE(
-      mla_error(mla_model() + kRun, {"--qk-pos-emb-head-dim", "5"}).find("--qk-pos-emb-head-dim 5 rotates 5 channels"),
-      std::string::npos);
-  EXPECT_NE(mla_error(mla_model() + kRun, {"--rope-type", "rope", "--rotary-percent", "0.25"})
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--qk-pos-emb-head-dim", "5"})
+                .find("--qk-pos-emb-head-dim 5 rotates 5 channels"),
+            std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--rope-type", "rope", "--rotary-percent", "0.25"})
                 .find("--qk-pos-emb-head-dim 4 x --rotary-percent 0.25 rotates 1 channels"),
             std::string::npos);
-  EXPECT_NE(mla_error(mla_model() + kRun, {"--kv-lora-rank", "0"}).find("--kv-lora-rank"), std::string::npos);
-  EXPECT_NE(mla_error(mla_model() + kRun, {"--cache-mla-latents"}).find("--cache-mla-latents"), std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--kv-lora-rank", "0"}).find("--kv-lora-rank"), std::string::npos);
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--cache-mla-latents"}).find("--cache-mla-latents"), std::string::npos);
   // Heads must split over TP; the latent ranks need not (the down projections are replicated).
-  EXPECT_NE(mla_error(mla_model() + kRun, {"--tensor-model-parallel-size", "3", "--sequence-parallel"})
+  EXPECT_NE(mla_error(mla_model() + kMlaRun, {"--tensor-model-parallel-size", "3", "--sequence-parallel"})
                 .find("divisible by --tensor-model-parallel-size 3"),
             std::string::npos);
 }
 
 TEST(MLAFlags, DeepSeekV3PresetUsesMLAWithYarn) {
-  const train::TrainConfig c = testing::small_config({"--model", "deepseek-v3"}, kRun);
+  const train::TrainConfig c = testing::small_config({"--model", "deepseek-v3"}, kMlaRun);
   EXPECT_TRUE(c.multi_latent_attention);
   EXPECT_EQ(c.rope_type, "yarn");
   EXPECT_EQ(c.rotary_scaling_factor, 40.0);
@@ -122,7 +122,7 @@ TEST(MLAFlags, TrainingIsRepeatable) {
 }
 
 TEST(MLAFlags, SelectiveRecomputeOfAttentionOrNormsIsRefusedUntilMLAHasIt) {
-  const std::vector<std::string> a = mla_model() + kRun;
+  const std::vector<std::string> a = mla_model() + kMlaRun;
   EXPECT_NE(
       mla_error(a, {"--recompute-activations"}).find("--recompute-modules core_attn with --multi-latent-attention"),
       std::string::npos);  // Megatron's default module

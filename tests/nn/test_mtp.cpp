@@ -102,26 +102,26 @@ TEST(MTPGrad, WholeObjectiveFiniteDifference) {
   }
 }
 
-const std::vector<std::string> kRun =
+const std::vector<std::string> kMtpRun =
     testing::rmsnorm_rope_flags() +
     std::vector<std::string>{"--mock-data", "--vocab-size", "64", "--train-iters", "10"};
 
 TEST(MTPFlags, DefaultsRangeAndRefusals) {
-  const train::TrainConfig c = testing::small_config(kRun);
+  const train::TrainConfig c = testing::small_config(kMtpRun);
   EXPECT_EQ(c.mtp_num_layers, 0);
   EXPECT_EQ(c.mtp_loss_scaling_factor, 0.1);
-  const nn::GPTConfig g =
-      train::gpt_config(testing::small_config(kRun, {"--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.2"}), 64);
+  const nn::GPTConfig g = train::gpt_config(
+      testing::small_config(kMtpRun, {"--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.2"}), 64);
   EXPECT_EQ(g.mtp.num_layers, 2);
   EXPECT_EQ(g.mtp.loss_scaling_factor, 0.2);
-  std::string e = testing::user_error_of([&] { testing::small_config(kRun, {"--mtp-num-layers", "-1"}); });
+  std::string e = testing::user_error_of([&] { testing::small_config(kMtpRun, {"--mtp-num-layers", "-1"}); });
   EXPECT_NE(e.find("--mtp-num-layers"), std::string::npos) << e;
   e = testing::user_error_of([&] {
-    testing::small_config(kRun, {"--mtp-num-layers", "1", "--position-embedding-type", "learned_absolute"});
+    testing::small_config(kMtpRun, {"--mtp-num-layers", "1", "--position-embedding-type", "learned_absolute"});
   });
   EXPECT_NE(e.find("rope or none"), std::string::npos) << e;
   e = testing::user_error_of(
-      [&] { testing::small_config(kRun + std::vector<std::string>{"--mtp-use-repeated-layer"}); });
+      [&] { testing::small_config(kMtpRun + std::vector<std::string>{"--mtp-use-repeated-layer"}); });
   EXPECT_NE(e.find("--mtp-use-repeated-layer"), std::string::npos) << e;
 }
 
