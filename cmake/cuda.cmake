@@ -48,7 +48,8 @@ if(MOECORE_WITH_CUDA)
   # CMake before 3.28 does not know the "a" architectures in CMAKE_CUDA_ARCHITECTURES.
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES OFF)
-    set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90")
+    string(APPEND CMAKE_CUDA_FLAGS " -gencode arch=compute_90a,code=sm_90a"
+           " -gencode arch=compute_90,code=compute_90")
   endif()
   set(CMAKE_CUDA_STANDARD 17)  # the .cu files need C++17 only (CMake 3.25 knows no CUDA20 for nvcc 13)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)

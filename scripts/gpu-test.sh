@@ -14,7 +14,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi: unavailable"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 ||
+    echo "nvidia-smi: unavailable"
   nvcc --version | tail -1
 } | tee "$OUT/machine.txt"
 

@@ -51,8 +51,8 @@ CachingAllocator& allocator_of(Device d) {
   MOE_ASSERT_MSG(d.is_cuda() && d.index >= 0 && d.index < kMaxDevices, "no allocator for device {}", d.str());
   static std::array<std::unique_ptr<CachingAllocator>, kMaxDevices>* all =
       new std::array<std::unique_ptr<CachingAllocator>, kMaxDevices>();  // never destroyed (static order)
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  static std::mutex* mu = new std::mutex();  // tensors may be freed during static destruction
+  std::lock_guard<std::mutex> lock(*mu);
   auto& a = (*all)[d.index];
   if (!a) {
     const int index = d.index;
