@@ -25,7 +25,8 @@ struct Key {
   bool ta, tb;
   DType dtype;
   bool tf32;
-  auto tie() const { return std::tie(device, M, N, K, batch, ta, tb, dtype, tf32); }
+  uint32_t align_a, align_b, align_c;  // of the pointers, in bytes (the heuristic otherwise assumes 256)
+  auto tie() const { return std::tie(device, M, N, K, batch, ta, tb, dtype, tf32, align_a, align_b, align_c); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -80,6 +81,14 @@ Plan make_plan(DeviceCtx& dc, const Key& k, int64_t a_rows, int64_t a_cols, int6
   MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
                                                         sizeof kWorkspace));
+  // Views (slices) need not be 256-byte aligned: tell the heuristic what the pointers really are. Its "A" is our B.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_c}};
+  for (const auto& [attr, bytes] : aligns)
+    MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   MOE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(dc.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
@@ -87,6 +96,13 @@ Plan make_plan(DeviceCtx& dc, const Key& k, int64_t a_rows, int64_t a_cols, int6
   MOE_ASSERT_MSG(found > 0, "cuBLASLt has no algorithm for M={} N={} K={} ({})", k.M, k.N, k.K, dtype_name(k.dtype));
   p.algo = result.algo;
   return p;
+}
+// The largest power of two (up to 256) that divides the address.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t b = 256;
+  while (b > 1 && a % b != 0) b /= 2;
+  return b;
 }
 }  // namespace
 
@@ -121,7 +137,8 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
       scale_(C, beta);
     return;
   }
-  const Key key{A.device().index, M, N, K, batch, trans_a, trans_b, A.dtype(), g_tf32.load()};
+  Key key{A.device().index, M, N, K, batch, trans_a, trans_b, A.dtype(), g_tf32.load(), 0, 0, 0};
+  key.align_a = alignment(A.raw()), key.align_b = alignment(B.raw()), key.align_c = alignment(C.raw());
   Ctx& c = ctx();
   cublasLtHandle_t handle;
   void* workspace;
