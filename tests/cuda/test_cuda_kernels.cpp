@@ -50,6 +50,21 @@ TEST(CudaKernels, GemmMatchesTheCpuInF32AndBf16) {
   }
 }
 
+TEST(CudaKernels, GemmOnUnalignedViews) {
+  MOE_REQUIRE_GPU();
+  // Row 1 of a [*, 7] bf16 matrix starts 14 bytes in: cuBLASLt must not assume 256-byte aligned operands.
+  const Tensor A = host_random({10, 7}, 30), B = host_random({8, 5}, 31);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor want = Tensor::empty({9, 5}, DType::F32);
+    gemm(A.slice(1, 9).to(dt), false, B.slice(1, 7).to(dt), false, want);
+    const Tensor gA = gpu(A).to(dt), gB = gpu(B).to(dt);
+    Tensor got = Tensor::empty({10, 5}, DType::F32, Device::cuda());
+    Tensor out = got.slice(1, 9);
+    gemm(gA.slice(1, 9), false, gB.slice(1, 7), false, out);
+    EXPECT_LT(rel_diff(out, want), dt == DType::F32 ? kF32 : kBf16Gemm) << dtype_name(dt);
+  }
+}
+
 TEST(CudaKernels, BatchedGemmMatchesTheCpu) {
   MOE_REQUIRE_GPU();
   const Tensor A = host_random({3, 17, 9}, 4), B = host_random({3, 9, 11}, 5);
