@@ -15,6 +15,7 @@
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cpu/rmsnorm.h"
 #include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 namespace {
