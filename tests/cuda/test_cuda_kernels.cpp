@@ -143,7 +143,9 @@ TEST(CudaKernels, ActivationsWithAndWithoutRowScales) {
       activation_backward(act, dy, x, pp, dx, scaled ? &dp : nullptr);
       activation_backward(act, gpu(dy), gpu(x), gpp, gdx, scaled ? &gdp : nullptr);
       EXPECT_LT(rel_diff(gdx, dx), kF32) << activation_name(act);
-      if (scaled) EXPECT_LT(rel_diff(gdp, dp), kF32) << activation_name(act);
+      if (scaled) {
+        EXPECT_LT(rel_diff(gdp, dp), kF32) << activation_name(act);
+      }
     }
   }
 }
