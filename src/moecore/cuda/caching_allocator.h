@@ -4,8 +4,8 @@
 // Stream-ordered: a freed block goes to the free list of the stream it was allocated on, and only allocations on
 // that stream take it again, so work queued on the stream before the free finishes before the new owner's work
 // starts (no synchronisation). Sizes round to the CPU allocator's classes (Allocator::round_size: 64 B up to 4 KiB,
-// then 8 steps per power of two), with a 512-byte minimum so every block is 512-byte aligned for vector loads.
-// Blocks are not split. When the backend fails, every cached block of every stream is released (after the
+// then 8 steps per power of two), with a 512-byte minimum. Every block is its own raw allocation (cudaMalloc: 256-byte
+// aligned); blocks are not split. When the backend fails, every cached block of every stream is released (after the
 // backend's synchronise) and the allocation tried once more; then an Error says how much is live and the peak.
 // Statistics are the CPU allocator's (AllocatorStats, marks). One mutex: allocation is per tensor.
 #pragma once
