@@ -19,23 +19,29 @@ struct Dims {
   __device__ int64_t kvoff(int64_t s, int64_t b, int64_t h) const { return ((s * B + b) * Nkv + h) * D; }
 };
 
-__device__ __forceinline__ void load_row(const float* p, int64_t D, bool rnd, float (&r)[kMaxPer]) {
+// Element d of a row times mul, rounded to bf16 when rnd (the CPU bf16 kernel rounds scale·q, k, v, dO).
+__device__ __forceinline__ float elem(const float* p, int64_t d, bool rnd, float mul = 1.0f) {
+  const float x = p[d] * mul;
+  return rnd ? round_bf16(x) : x;
+}
+
+__device__ __forceinline__ void load_row(const float* p, int64_t D, bool rnd, float (&r)[kMaxPer], float mul = 1.0f) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int c = 0; c < kMaxPer; c++) {
     const int64_t d = lane + 32 * c;
-    const float x = d < D ? p[d] : 0.0f;
-    r[c] = rnd ? round_bf16(x) : x;
+    r[c] = d < D ? elem(p, d, rnd, mul) : 0.0f;
   }
 }
 
-__device__ __forceinline__ float dot_row(const float (&a)[kMaxPer], const float* p, int64_t D, bool rnd) {
+__device__ __forceinline__ float dot_row(const float (&a)[kMaxPer], const float* p, int64_t D, bool rnd,
+                                         float mul = 1.0f) {
   const int lane = threadIdx.x & 31;
   float s = 0;
 #pragma unroll
   for (int c = 0; c < kMaxPer; c++) {
     const int64_t d = lane + 32 * c;
-    if (d < D) s += a[c] * (rnd ? round_bf16(p[d]) : p[d]);
+    if (d < D) s += a[c] * elem(p, d, rnd, mul);
   }
   return warp_sum(s);
 }
@@ -47,11 +53,13 @@ __global__ void fwd_k(const float* q, const float* k, const float* v, float* o, 
   if (row >= dm.B * dm.Nq * dm.S) return;
   const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq, hk = h / (dm.Nq / dm.Nkv);
   const int lane = threadIdx.x & 31;
+  // bf16: q̂ = bf16(scale·q) carries the scale, as on the CPU; f32: the scores are scaled.
+  const float qmul = rnd ? scale : 1.0f, smul = rnd ? 1.0f : scale;
   float qr[kMaxPer], acc[kMaxPer] = {};
-  load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr);
+  load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr, qmul);
   float mx = -INFINITY, sum = 0;
   for (int64_t j = 0; j <= i; j++) {
-    const float s = dot_row(qr, k + dm.kvoff(j, b, hk), dm.D, rnd) * scale;
+    const float s = dot_row(qr, k + dm.kvoff(j, b, hk), dm.D, rnd) * smul;
     const float nm = fmaxf(mx, s);
     const float corr = expf(mx - nm), p = expf(s - nm);
     sum = sum * corr + p;
@@ -60,7 +68,7 @@ __global__ void fwd_k(const float* q, const float* k, const float* v, float* o, 
 #pragma unroll
     for (int c = 0; c < kMaxPer; c++) {
       const int64_t d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < dm.D ? pv * (rnd ? round_bf16(vr[d]) : vr[d]) : 0.0f);
+      acc[c] = acc[c] * corr + (d < dm.D ? pv * elem(vr, d, rnd) : 0.0f);
     }
     mx = nm;
   }
@@ -90,20 +98,21 @@ __global__ void dq_k(const float* dout, const float* q, const float* k, const fl
   if (row >= dm.B * dm.Nq * dm.S) return;
   const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq, hk = h / (dm.Nq / dm.Nkv);
   const int lane = threadIdx.x & 31;
+  const float qmul = rnd ? scale : 1.0f, smul = rnd ? 1.0f : scale;
   float qr[kMaxPer], dor[kMaxPer], acc[kMaxPer] = {};
-  load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr);
+  load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr, qmul);
   load_row(dout + dm.qoff(i, b, h), dm.D, rnd, dor);
   const float l = lse[row], dl = delta[row];
   for (int64_t j = 0; j <= i; j++) {
     const float* kr = k + dm.kvoff(j, b, hk);
-    const float p = expf(dot_row(qr, kr, dm.D, rnd) * scale - l);
+    const float p = expf(dot_row(qr, kr, dm.D, rnd) * smul - l);
     const float dp = dot_row(dor, v + dm.kvoff(j, b, hk), dm.D, rnd);
     float ds = p * (dp - dl);
     if (rnd) ds = round_bf16(ds);
 #pragma unroll
     for (int c = 0; c < kMaxPer; c++) {
       const int64_t d = lane + 32 * c;
-      if (d < dm.D) acc[c] += ds * (rnd ? round_bf16(kr[d]) : kr[d]);
+      if (d < dm.D) acc[c] += ds * elem(kr, d, rnd);
     }
   }
   float* out = dq + dm.qoff(i, b, h);
@@ -121,6 +130,7 @@ __global__ void dkv_k(const float* dout, const float* q, const float* k, const f
   if (row >= dm.B * dm.Nkv * dm.S) return;
   const int64_t j = row % dm.S, bh = row / dm.S, hk = bh % dm.Nkv, b = bh / dm.Nkv, group = dm.Nq / dm.Nkv;
   const int lane = threadIdx.x & 31;
+  const float qmul = rnd ? scale : 1.0f, smul = rnd ? 1.0f : scale;  // bf16: q̂ = bf16(scale·q), as on the CPU
   float kr[kMaxPer], vr[kMaxPer], dka[kMaxPer] = {}, dva[kMaxPer] = {};
   load_row(k + dm.kvoff(j, b, hk), dm.D, rnd, kr);
   load_row(v + dm.kvoff(j, b, hk), dm.D, rnd, vr);
@@ -129,7 +139,7 @@ __global__ void dkv_k(const float* dout, const float* q, const float* k, const f
     for (int64_t i = j; i < dm.S; i++) {
       const float* qr = q + dm.qoff(i, b, h);
       const float* dor = dout + dm.qoff(i, b, h);
-      const float p = expf(dot_row(kr, qr, dm.D, rnd) * scale - lse[base + i]);
+      const float p = expf(dot_row(kr, qr, dm.D, rnd, qmul) * smul - lse[base + i]);
       const float dp = dot_row(vr, dor, dm.D, rnd);
       float ds = p * (dp - delta[base + i]);
       const float pv = rnd ? round_bf16(p) : p;
@@ -138,8 +148,8 @@ __global__ void dkv_k(const float* dout, const float* q, const float* k, const f
       for (int c = 0; c < kMaxPer; c++) {
         const int64_t d = lane + 32 * c;
         if (d < dm.D) {
-          dva[c] += pv * (rnd ? round_bf16(dor[d]) : dor[d]);
-          dka[c] += ds * (rnd ? round_bf16(qr[d]) : qr[d]);
+          dva[c] += pv * elem(dor, d, rnd);
+          dka[c] += ds * elem(qr, d, rnd, qmul);
         }
       }
     }
@@ -150,7 +160,7 @@ __global__ void dkv_k(const float* dout, const float* q, const float* k, const f
   for (int c = 0; c < kMaxPer; c++) {
     const int64_t d = lane + 32 * c;
     if (d < dm.D) {
-      dko[d] = dka[c] * scale;
+      dko[d] = dka[c] * smul;
       dvo[d] = dva[c];
     }
   }
