@@ -13,6 +13,7 @@
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/embedding.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/cpu/layernorm.h"
 #include "moecore/kernels/cpu/rmsnorm.h"
 #include "moecore/kernels/cpu/rope.h"
 #include "moecore/kernels/cuda/kernels.h"
@@ -95,6 +96,46 @@ TEST(CudaKernels, RmsNormForwardAndBackward) {
     EXPECT_LT(rel_diff(gdx, dx), kF32);
     EXPECT_LT(rel_diff(gdw, dw), kF32);
   }
+}
+
+TEST(CudaKernels, LayerNormForwardAndBackward) {
+  MOE_REQUIRE_GPU();
+  const Device g = Device::cuda();
+  for (int64_t H : {32, 257, 1024}) {
+    const int64_t T = 19;
+    const Tensor x = host_random({T, H}, 40, 2.0), w = host_random({H}, 41), b = host_random({H}, 42);
+    const Tensor dy = host_random({T, H}, 43);
+    Tensor y = Tensor::empty({T, H}, DType::F32), mu = Tensor::empty({T}, DType::F32),
+           r = Tensor::empty({T}, DType::F32);
+    layernorm_forward(x, w, b, 1e-5, y, mu, r);
+    Tensor gy = Tensor::empty({T, H}, DType::F32, g), gmu = Tensor::empty({T}, DType::F32, g),
+           gr = Tensor::empty({T}, DType::F32, g);
+    layernorm_forward(gpu(x), gpu(w), gpu(b), 1e-5, gy, gmu, gr);
+    EXPECT_LT(rel_diff(gy, y), kF32);
+    EXPECT_LT(rel_diff(gr, r), kF32);
+    Tensor dx = Tensor::empty({T, H}, DType::F32), dw = Tensor::zeros({H}, DType::F32),
+           db = Tensor::zeros({H}, DType::F32);
+    layernorm_backward(dy, x, w, mu, r, dx, dw, db);
+    Tensor gdx = Tensor::empty({T, H}, DType::F32, g), gdw = Tensor::zeros({H}, DType::F32, g),
+           gdb = Tensor::zeros({H}, DType::F32, g);
+    layernorm_backward(gpu(dy), gpu(x), gpu(w), gmu, gr, gdx, gdw, gdb);
+    EXPECT_LT(rel_diff(gdx, dx), kF32);
+    EXPECT_LT(rel_diff(gdw, dw), kF32);
+    EXPECT_LT(rel_diff(gdb, db), kF32);
+  }
+}
+
+TEST(CudaKernels, RowBiasAndColumnSums) {
+  MOE_REQUIRE_GPU();
+  const Tensor y0 = host_random({23, 70}, 44), b = host_random({70}, 45);
+  Tensor y = y0.clone(), gy = gpu(y0);
+  add_row_bias_(y, b);
+  add_row_bias_(gy, gpu(b));
+  EXPECT_EQ(rel_diff(gy, y), 0.0);
+  Tensor db = b.clone(), gdb = gpu(b);
+  accumulate_col_sums(y0, db);
+  accumulate_col_sums(gpu(y0), gdb);
+  EXPECT_LT(rel_diff(gdb, db), kF32);
 }
 
 TEST(CudaKernels, RopeBothPairingsForwardAndBackward) {

@@ -104,6 +104,19 @@ void rmsnorm_forward(const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
 void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
   MOE_NO_CUDA_KERNEL("rmsnorm_backward");
 }
+void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("layernorm_forward");
+}
+void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
+                        Tensor&) {
+  MOE_NO_CUDA_KERNEL("layernorm_backward");
+}
+void add_row_bias_(Tensor&, const Tensor&) {
+  MOE_NO_CUDA_KERNEL("add_row_bias_");
+}
+void accumulate_col_sums(const Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("accumulate_col_sums");
+}
 void rope_forward_at(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, RopePairs, Tensor&) {
   MOE_NO_CUDA_KERNEL("rope_forward");
 }

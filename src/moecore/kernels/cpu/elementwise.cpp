@@ -113,6 +113,7 @@ int64_t count_zeros(const Tensor& a) {
 namespace moecore::kernels {
 
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  if (y_TN.device().is_cuda()) return cuda::add_row_bias_(y_TN, b_N);
   const int64_t rows = y_TN.rows(), N = y_TN.cols();
   MOE_ASSERT(b_N.numel() == N && b_N.dtype() == y_TN.dtype());
   MOE_DISPATCH_FLOAT(y_TN.dtype(), T, {
@@ -124,6 +125,7 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
 }
 
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  if (dy_TN.device().is_cuda()) return cuda::accumulate_col_sums(dy_TN, db_N);
   const int64_t rows = dy_TN.rows(), N = dy_TN.cols();
   MOE_ASSERT(db_N.numel() == N && db_N.dtype() == dy_TN.dtype());
   constexpr int64_t kCols = 64;

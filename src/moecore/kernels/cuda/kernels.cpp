@@ -88,6 +88,42 @@ void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H
   check_launch("rmsnorm_backward");
 }
 
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT_SHAPE(b_H, {H});
+  MOE_ASSERT(y_TH.shape() == x_TH.shape() && mean_T.numel() == rows && rstd_T.numel() == rows);
+  launch::layernorm_forward(f32(x_TH, "x"), f32(w_H, "w"), f32(b_H, "b"), f32(y_TH, "y"), f32(mean_T, "mean"),
+                            f32(rstd_T, "rstd"), rows, H, static_cast<float>(eps), current_stream());
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT_SHAPE(dw_H, {H});
+  MOE_ASSERT_SHAPE(db_H, {H});
+  MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
+  launch::layernorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(mean_T, "mean"), f32(rstd_T, "rstd"),
+                             f32(dx_TH, "dx"), f32(dw_H, "dw"), f32(db_H, "db"), rows, H, current_stream());
+  check_launch("layernorm_backward");
+}
+
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  MOE_ASSERT(b_N.numel() == y_TN.cols());
+  launch::add_row_bias(f32(y_TN, "y"), f32(b_N, "b"), y_TN.rows(), y_TN.cols(), current_stream());
+  check_launch("add_row_bias");
+}
+
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  MOE_ASSERT(db_N.numel() == dy_TN.cols());
+  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), dy_TN.rows(), dy_TN.cols(), current_stream());
+  check_launch("accumulate_col_sums");
+}
+
 namespace {
 void rope(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim, RopePairs pairs,
           Tensor& y, float sign) {

@@ -33,6 +33,12 @@ double sum_squares(const Tensor& a);
 void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T);
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H);
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T);
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H);
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
                      RopePairs pairs, Tensor& y_SBND);
 void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,

@@ -23,6 +23,14 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                       int64_t rows, int64_t H, cudaStream_t s);
 
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
+                       int64_t H, float eps, cudaStream_t s);
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t s);
+// y[t, :] += b; db += Σ_t dy[t, :] (one thread per column, rows in order).
+void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s);
+void accumulate_col_sums(const float* dy, float* db, int64_t rows, int64_t N, cudaStream_t s);
+
 // Rotates channels [offset, offset+rot_dim) of each [S, BN, D] row pair-wise; sign −1 is the backward.
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
           int64_t offset, int64_t rot_dim, bool interleaved, float sign, cudaStream_t s);
