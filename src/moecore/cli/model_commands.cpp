@@ -10,6 +10,7 @@
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
+#include "moecore/cuda/device_select.h"
 #include "moecore/train/generate.h"
 
 namespace moecore::cli {
@@ -30,9 +31,16 @@ void add_generate_command(CLI::App& app, GenerateArgs& a) {
   a.cmd->add_option("--seed", a.seed, "Sampling seed")->capture_default_str();
   a.cmd->add_option("--tokenizer-model", a.tokenizer_model,
                     "tokenizer.json (default: the one saved in the checkpoint)");
+  a.cmd->add_option("--device", a.device, "auto, cpu or cuda; generation runs on the CPU for now (docs/cuda.md)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
 }
 
 void run_generate(const GenerateArgs& a) {
+  MOE_CHECK(a.device == "auto" || cuda::resolve_device(a.device, "generate").is_cpu(),
+            "--device {}: generation on the GPU is not available yet: the model's modules still allocate on the host "
+            "(docs/cuda.md); use --device cpu or auto",
+            a.device);
   train::CheckpointModel m(a.load, a.tokenizer_model);
   fmt::print(stderr, "moecore generate: {} (iteration {}), {} sampling\n", m.dir(), m.iteration(),
              a.temperature > 0 ? fmt::format("temperature {} top-k {}", a.temperature, a.top_k) : "greedy");

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "moecore/core/allocator.h"
+#include "moecore/cuda/runtime.h"
 
 namespace moecore {
 
@@ -49,25 +50,38 @@ std::string Shape::str() const {
   return s + "]";
 }
 
-Storage::Storage(size_t n) : bytes(n) {
-  ptr = Allocator::instance().allocate(n);
+Storage::Storage(size_t n, Device d) : bytes(n), device(d) {
+  ptr = d.is_cpu() ? Allocator::instance().allocate(n) : cuda::device_allocate(n, d);
 }
 Storage::~Storage() {
-  Allocator::instance().deallocate(ptr, bytes);
+  if (device.is_cpu())
+    Allocator::instance().deallocate(ptr, bytes);
+  else
+    cuda::device_deallocate(ptr, device);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   t.zero_();
   return t;
+}
+
+std::string Tensor::data_error(std::string_view as) const {
+  if (!device_.is_cpu())
+    return fmt::format(
+        "a {} tensor {} on {} was read from host code; copy it first with .to(Device::cpu()) (or "
+        "launch a CUDA kernel on it)",
+        dtype_name(dtype_), shape_.str(), device_.str());
+  return fmt::format("tensor is {}, accessed as {}", dtype_name(dtype_), as);
 }
 
 Tensor Tensor::slice(int64_t start, int64_t len) const {
@@ -89,11 +103,16 @@ Tensor Tensor::reshape(const Shape& shape) const {
 }
 
 void Tensor::zero_() {
-  if (numel() > 0) std::memset(raw(), 0, nbytes());
+  if (numel() == 0) return;
+  if (device_.is_cuda())
+    cuda::zero_bytes(raw(), nbytes(), device_);
+  else
+    std::memset(raw(), 0, nbytes());
 }
 
 double Tensor::item(int64_t i) const {
   MOE_ASSERT(i >= 0 && i < numel());
+  if (device_.is_cuda()) return reshape({numel()}).slice(i, 1).to(Device::cpu()).item(0);
   switch (dtype_) {
     case DType::F32:
       return data<float>()[i];
@@ -111,6 +130,12 @@ double Tensor::item(int64_t i) const {
 
 void Tensor::set_item(int64_t i, double v) {
   MOE_ASSERT(i >= 0 && i < numel());
+  if (device_.is_cuda()) {
+    Tensor one = Tensor::empty({1}, dtype_);
+    one.set_item(0, v);
+    reshape({numel()}).slice(i, 1).copy_from(one);
+    return;
+  }
   switch (dtype_) {
     case DType::F32:
       data<float>()[i] = static_cast<float>(v);
@@ -174,6 +199,19 @@ void convert_from(D* dst, const Tensor& src) {
 
 void Tensor::copy_from(const Tensor& src) {
   MOE_ASSERT_MSG(src.numel() == numel(), "copy of {} elements into {}", src.numel(), numel());
+  if (!device_.is_cpu() || !src.device_.is_cpu()) {
+    if (numel() == 0) return;
+    if (src.dtype() == dtype_) {
+      if (raw() != src.raw()) cuda::copy_bytes(raw(), device_, src.raw(), src.device_, nbytes());
+    } else if (device_.is_cuda() && src.device_ == device_) {
+      cuda::convert_on_device(raw(), dtype_, src.raw(), src.dtype(), numel());
+    } else if (device_.is_cuda()) {  // host → GPU with conversion: convert on the host, then one copy
+      copy_from(src.to(dtype_));
+    } else {  // GPU → host with conversion
+      copy_from(src.to(Device::cpu()));
+    }
+    return;
+  }
   if (src.dtype() == dtype_) {
     if (numel() > 0 && raw() != src.raw()) std::memcpy(raw(), src.raw(), nbytes());
     return;
@@ -194,13 +232,20 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t = empty(shape_, dtype_);
+  Tensor t = empty(shape_, dtype_, device_);
   t.copy_from(*this);
   return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
-  Tensor t = empty(shape_, dtype);
+  Tensor t = empty(shape_, dtype, device_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  Tensor t = empty(shape_, dtype_, device);
   t.copy_from(*this);
   return t;
 }

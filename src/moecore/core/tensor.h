@@ -1,6 +1,8 @@
 // Tensor: a typed, contiguous, row-major view into reference-counted storage from the caching allocator.
 // Views (leading-dim slices, reshapes) share storage and cost nothing. No strides, no autograd, no broadcasting:
-// kernels take tensors of the exact shapes they assert.
+// kernels take tensors of the exact shapes they assert. A tensor lives on a Device (core/device.h): the CPU by
+// default, or a GPU, whose storage comes from the GPU's stream-ordered caching allocator (cuda/runtime.h); host
+// code reads a GPU tensor only through to(Device::cpu()) (data<T>() on it is an error naming the fix).
 #pragma once
 
 #include <array>
@@ -9,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "moecore/core/device.h"
 #include "moecore/core/dtype.h"
 #include "moecore/core/error.h"
 
@@ -36,7 +39,8 @@ class Shape {
 struct Storage {
   void* ptr = nullptr;
   size_t bytes = 0;
-  Storage(size_t n);
+  Device device;
+  explicit Storage(size_t n, Device d = Device::cpu());
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -45,8 +49,8 @@ struct Storage {
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(const Shape& shape, DType dtype);
-  static Tensor zeros(const Shape& shape, DType dtype);
+  static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -55,6 +59,7 @@ class Tensor {
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
   // Rows when seen as a 2-D matrix [numel / last dim, last dim].
   int64_t rows() const {
     int64_t r = 1;
@@ -66,6 +71,12 @@ class Tensor {
   void* raw() const { return static_cast<char*>(storage_->ptr) + offset_; }
   template <typename T>
   T* data() const {
+    MOE_ASSERT_MSG(dtype_of<T>() == dtype_ && device_.is_cpu(), "{}", data_error(dtype_name(dtype_of<T>())));
+    return static_cast<T*>(raw());
+  }
+  // The typed address on whatever device the tensor lives on: for kernel launchers, never dereferenced on the host.
+  template <typename T>
+  T* device_data() const {
     MOE_ASSERT_MSG(dtype_of<T>() == dtype_, "tensor is {}, accessed as {}", dtype_name(dtype_),
                    dtype_name(dtype_of<T>()));
     return static_cast<T*>(raw());
@@ -84,15 +95,19 @@ class Tensor {
   Tensor clone() const;
   // A new tensor of another floating dtype with the same values (rounded when narrowing).
   Tensor to(DType dtype) const;
+  // A copy on another device (the same tensor when it is already there).
+  Tensor to(Device device) const;
   // Element i as double, for tests and diagnostics (slow).
   double item(int64_t i) const;
   void set_item(int64_t i, double v);
 
  private:
   std::shared_ptr<Storage> storage_;
+  std::string data_error(std::string_view as) const;
   size_t offset_ = 0;  // bytes
   Shape shape_;
   DType dtype_ = DType::F32;
+  Device device_;
 };
 
 // Runs `body` with `T` bound to the C++ type of a floating dtype computed in (f32 or f64).

@@ -163,6 +163,7 @@ struct TrainConfig {
   std::string ckpt_format = "moecore";  // Megatron's formats are refused (megatron_flags.h)
   std::string fault_kill_during_save;   // "RANK:ITERATION" (crash-safety tests)
   int64_t testing_memory_limit = 0;     // bytes the run may use instead of the detected limit (memory tests)
+  std::string device = "auto";          // --device auto|cpu|cuda (cuda/device_select.h, docs/cuda.md)
   // run control (runcontrol): collective timeout, timed exit, retained and asynchronous saves
   int64_t distributed_timeout_minutes = 10;
   double testing_collective_timeout_seconds = 0;  // > 0: replaces --distributed-timeout-minutes (tests)

@@ -189,6 +189,10 @@ std::vector<FlagSpec> build_flag_table() {
        {"testing-memory-limit", &C::testing_memory_limit,
         "Testing: bytes this rank may use, instead of the cgroup or MemAvailable limit (0: detect)", kNoRole,
         at_least(0)},
+       {"device", &C::device,
+        "auto, cpu or cuda. Training runs on the CPU for now (auto picks it); cuda is refused with the reason "
+        "(docs/cuda.md)",
+        kNoRole, one_of({"auto", "cpu", "cuda"})},
        // activation recompute: bitwise the same losses and gradients, less activation memory, more compute
        {"recompute-granularity", &C::recompute_granularity,
         "full (whole layers keep only their input) or selective (the --recompute-modules); none by default", kNoRole,

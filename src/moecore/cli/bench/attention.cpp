@@ -9,8 +9,10 @@
 
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/common.h"
+#include "moecore/cli/bench/gpu.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
+#include "moecore/cuda/device_select.h"
 
 namespace moecore::cli {
 
@@ -20,11 +22,18 @@ struct AttentionBenchArgs {
   int iters = 3;
   std::string dtype = "f32";
   std::string bf16_kernel = "auto";
+  std::string device = "auto";
 };
 
 void run_bench_attention(const AttentionBenchArgs& a) {
   MOE_CHECK(a.heads % a.kv_heads == 0, "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})",
             a.heads, a.kv_heads);
+  const Device d = cuda::resolve_device(a.device, "bench attention");
+  if (d.is_cuda()) {
+    MOE_CHECK(a.bf16_kernel == "auto", "--bf16-kernel {} names a CPU kernel; the GPU has one attention kernel",
+              a.bf16_kernel);
+    return run_bench_attention_gpu(d, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.iters, a.dtype == "bf16");
+  }
   const bool bf16 = a.dtype == "bf16";
   MOE_CHECK(!bf16 || a.seq <= kernels::kMaxBf16AttentionSeq, "bf16 attention runs up to --seq-length {}, got {}",
             kernels::kMaxBf16AttentionSeq, a.seq);
@@ -102,6 +111,7 @@ BenchCommand add_attention_bench(CLI::App& bench) {
          "bf16 kernel: auto (as training picks: oneDNN where bf16 matmul is native, else flash), flash, onednn")
       ->check(CLI::IsMember({"auto", "flash", "onednn"}))
       ->capture_default_str();
+  cmd->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda[:N]")->capture_default_str();
   return {cmd, [a] { run_bench_attention(*a); }};
 }
 

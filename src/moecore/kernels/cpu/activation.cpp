@@ -11,6 +11,7 @@
 
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/vec_math.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -124,6 +125,7 @@ MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, 
 }  // namespace
 
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  if (x.device().is_cuda()) return cuda::activation_forward(act, x, probs_T, y_TF);
   const int64_t rows = x.rows(), F = y_TF.cols();
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
@@ -140,6 +142,7 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T) {
+  if (x.device().is_cuda()) return cuda::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
   const int64_t rows = x.rows(), F = dy_TF.cols();
   MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));

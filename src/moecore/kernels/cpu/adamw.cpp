@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -24,6 +25,7 @@ MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
+  if (param.device().is_cuda()) return cuda::adamw_step(param, grad, m, v, hp, step);
   MOE_ASSERT(step >= 1);
   MOE_ASSERT(param.numel() == grad.numel() && param.numel() == m.numel() && param.numel() == v.numel());
   MOE_ASSERT(param.dtype() == grad.dtype() && param.dtype() == m.dtype() && param.dtype() == v.dtype());

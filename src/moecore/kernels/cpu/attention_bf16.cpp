@@ -18,6 +18,7 @@
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cpu/vec_math.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -271,6 +272,7 @@ Bf16AttentionKernel bf16_attention_kernel() {
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                             const AttentionDropout* dropout) {
+  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, scale, o, lse, dropout && dropout->on(), true);
   if (bf16_attention_kernel() == Bf16AttentionKernel::OneDnn)
     attention_forward_bf16_onednn(q, k, v, scale, o, lse, dropout);
   else
@@ -280,6 +282,8 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout) {
+  if (q.device().is_cuda())
+    return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout && dropout->on(), true);
   if (bf16_attention_kernel() == Bf16AttentionKernel::OneDnn)
     attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
   else

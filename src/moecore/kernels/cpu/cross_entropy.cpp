@@ -6,6 +6,7 @@
 
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/vec_math.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -43,6 +44,7 @@ MOE_TARGET_CLONES void grad_rows(const T* dloss, const T* logits, const T* lse, 
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   for (int64_t t = 0; t < rows; t++) {
@@ -61,6 +63,9 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T) {
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce,
+                                                      loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   for (int64_t t = 0; t < rows; t++) {
@@ -99,6 +104,8 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
   MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -34,10 +35,12 @@ double chunked_sum(int64_t n, F term) {
 }  // namespace
 
 void add_(Tensor& a, const Tensor& b) {
+  if (a.device().is_cuda()) return cuda::add_(a, b);
   add(a, b, a);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.device().is_cuda()) return cuda::add(a, b, out);
   MOE_ASSERT_MSG(a.numel() == b.numel() && a.numel() == out.numel(), "add of {} + {} into {}", a.shape().str(),
                  b.shape().str(), out.shape().str());
   MOE_ASSERT(a.dtype() == b.dtype() && a.dtype() == out.dtype());
@@ -51,6 +54,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void scale_(Tensor& a, double s) {
+  if (a.device().is_cuda()) return cuda::scale_(a, s);
   const int64_t n = a.numel();
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
@@ -60,6 +64,7 @@ void scale_(Tensor& a, double s) {
 }
 
 void fill_(Tensor& a, double v) {
+  if (a.device().is_cuda()) return cuda::fill_(a, v);
   const int64_t n = a.numel();
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
@@ -68,6 +73,7 @@ void fill_(Tensor& a, double v) {
 }
 
 double sum(const Tensor& a) {
+  if (a.device().is_cuda()) return cuda::sum(a);
   double r = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     const T* p = a.data<T>();
@@ -77,6 +83,7 @@ double sum(const Tensor& a) {
 }
 
 double dot(const Tensor& a, const Tensor& b) {
+  if (a.device().is_cuda()) return cuda::dot(a, b);
   MOE_ASSERT(a.numel() == b.numel() && a.dtype() == b.dtype());
   double r = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
@@ -88,6 +95,7 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 
 double sum_squares(const Tensor& a) {
+  if (a.device().is_cuda()) return cuda::sum_squares(a);
   return dot(a, a);
 }
 
@@ -105,6 +113,7 @@ int64_t count_zeros(const Tensor& a) {
 namespace moecore::kernels {
 
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  if (y_TN.device().is_cuda()) return cuda::add_row_bias_(y_TN, b_N);
   const int64_t rows = y_TN.rows(), N = y_TN.cols();
   MOE_ASSERT(b_N.numel() == N && b_N.dtype() == y_TN.dtype());
   MOE_DISPATCH_FLOAT(y_TN.dtype(), T, {
@@ -116,6 +125,7 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
 }
 
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  if (dy_TN.device().is_cuda()) return cuda::accumulate_col_sums(dy_TN, db_N);
   const int64_t rows = dy_TN.rows(), N = dy_TN.cols();
   MOE_ASSERT(db_N.numel() == N && db_N.dtype() == dy_TN.dtype());
   constexpr int64_t kCols = 64;

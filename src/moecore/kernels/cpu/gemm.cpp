@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moecore/core/timer.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -238,6 +239,7 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
 }  // namespace
 
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  if (A.device().is_cuda()) return cuda::gemm(A, trans_a, B, trans_b, C, alpha, beta);
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta);
 }
 
@@ -257,6 +259,7 @@ void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, D
 }
 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  if (A.device().is_cuda()) return cuda::gemm(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
   MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
   if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
 }

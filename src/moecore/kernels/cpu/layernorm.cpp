@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -94,6 +95,7 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, c
 
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T) {
+  if (x_TH.device().is_cuda()) return cuda::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(b_H, {H});
@@ -106,6 +108,7 @@ void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H,
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
+  if (x_TH.device().is_cuda()) return cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});

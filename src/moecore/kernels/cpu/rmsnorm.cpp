@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -68,6 +69,7 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T
 }  // namespace
 
 void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
@@ -77,6 +79,7 @@ void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& 
 
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H) {
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});

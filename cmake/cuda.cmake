@@ -1,0 +1,59 @@
+# The CUDA backend (docs/cuda.md). MOECORE_CUDA: AUTO (on when CMake's CheckLanguage finds nvcc), ON (required) or
+# OFF. When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart + cuBLASLt (+ cuDNN when found) linked, the
+# compile definition MOECORE_HAVE_CUDA, and the GPU test binary moecore_cuda_tests (CTest label gpu; every test skips
+# with a one-line reason where no GPU is visible). When off: src/moecore/cuda/unavailable.cpp answers every device
+# call with "this build has no CUDA", so the CPU-only build links the same interfaces.
+set(MOECORE_CUDA AUTO CACHE STRING "CUDA backend: AUTO (on when nvcc is found), ON or OFF")
+set_property(CACHE MOECORE_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(MOECORE_WITH_CUDA OFF)
+if(NOT MOECORE_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(MOECORE_WITH_CUDA ON)
+  elseif(MOECORE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "MOECORE_CUDA=ON but no CUDA compiler was found: put nvcc on PATH (e.g. /usr/local/cuda/bin) "
+                        "or set CMAKE_CUDA_COMPILER, or configure with -DMOECORE_CUDA=OFF")
+  endif()
+endif()
+
+# Sources every build compiles: the device-independent bookkeeping of the caching allocator and device parsing.
+set(MOECORE_CUDA_HOST_SOURCES src/moecore/cuda/caching_allocator.cpp src/moecore/cuda/device_select.cpp)
+
+function(moecore_add_cuda target)
+  target_sources(${target} PRIVATE ${MOECORE_CUDA_HOST_SOURCES})
+  if(NOT MOECORE_WITH_CUDA)
+    target_sources(${target} PRIVATE src/moecore/cuda/unavailable.cpp)
+    message(STATUS "moecore: CUDA backend off (MOECORE_CUDA=${MOECORE_CUDA})")
+    return()
+  endif()
+  file(GLOB cu_sources CONFIGURE_DEPENDS src/moecore/kernels/cuda/*.cu)
+  file(GLOB cuda_cpp CONFIGURE_DEPENDS src/moecore/cuda/*_cuda.cpp src/moecore/kernels/cuda/*.cpp)
+  target_sources(${target} PRIVATE ${cu_sources} ${cuda_cpp})
+  # nvcc parses only the small pointer-level headers (kernels/cuda/launch.h); unity batches are for the C++ side.
+  set_source_files_properties(${cu_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+  target_compile_definitions(${target} PUBLIC MOECORE_HAVE_CUDA)
+  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublasLt)
+  find_library(MOECORE_CUDNN_LIBRARY NAMES cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(MOECORE_CUDNN_LIBRARY)
+    target_link_libraries(${target} PUBLIC ${MOECORE_CUDNN_LIBRARY})
+  endif()
+  set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
+  message(STATUS "moecore: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
+                 "${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${MOECORE_CUDNN_LIBRARY})")
+endfunction()
+
+if(MOECORE_WITH_CUDA)
+  # SASS for H100/H200 (sm_90a: wgmma, TMA) and compute_90 PTX for anything newer. Given as -gencode flags:
+  # CMake before 3.28 does not know the "a" architectures in CMAKE_CUDA_ARCHITECTURES.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES OFF)
+    string(APPEND CMAKE_CUDA_FLAGS " -gencode arch=compute_90a,code=sm_90a"
+           " -gencode arch=compute_90,code=compute_90")
+  endif()
+  set(CMAKE_CUDA_STANDARD 17)  # the .cu files need C++17 only (CMake 3.25 knows no CUDA20 for nvcc 13)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_FLAGS_RELEASE "-O3 -DNDEBUG")
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+endif()

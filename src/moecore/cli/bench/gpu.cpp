@@ -1,0 +1,104 @@
+// GPU benchmarks (see gpu.h). Operands are filled on the host and copied once; every timed run ends with a
+// synchronisation, so the host clock measures the GPU's work.
+#include "moecore/cli/bench/gpu.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "moecore/cli/bench/common.h"
+#include "moecore/core/timer.h"
+#include "moecore/cuda/runtime.h"
+#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/gemm.h"
+
+namespace moecore::cli {
+
+namespace {
+Tensor random_on(Device d, const Shape& s, DType dtype, uint64_t stream) {
+  Tensor h = Tensor::empty(s, DType::F32);
+  fill_random(h, stream, 1.0);
+  return h.to(dtype).to(d);
+}
+
+// Best and median GFLOP/s of `iters` square GEMMs after one warm-up.
+std::pair<double, double> time_gemm(Device d, DType dtype, int64_t n, int iters) {
+  const Tensor A = random_on(d, {n, n}, dtype, 1), B = random_on(d, {n, n}, dtype, 2);
+  Tensor C = Tensor::empty({n, n}, DType::F32, d);
+  kernels::gemm(A, false, B, false, C);
+  cuda::synchronize();
+  std::vector<double> rates;
+  for (int i = 0; i < iters; i++) {
+    const Stopwatch t;
+    kernels::gemm(A, false, B, false, C);
+    cuda::synchronize();
+    rates.push_back(2.0 * static_cast<double>(n) * n * n / t.seconds() / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates.back(), rates[rates.size() / 2]};
+}
+}  // namespace
+
+double gpu_bf16_peak_gflops(Device d) {
+  return std::max(time_gemm(d, DType::BF16, 4096, 3).first, time_gemm(d, DType::BF16, 8192, 3).first);
+}
+
+void run_bench_gemm_gpu(Device d, int64_t size, int iters) {
+  fmt::print("moecore bench gemm --device {}: M=N=K={}, {} timed runs\n  device: {}\n", d.str(), size, iters,
+             cuda::describe_device(d));
+  const auto [f_best, f_median] = time_gemm(d, DType::F32, size, iters);
+  fmt::print("  f32  GEMM: {:8.1f} GFLOP/s best, {:8.1f} median (cuBLASLt, TF32 off)\n", f_best, f_median);
+  const auto [h_best, h_median] = time_gemm(d, DType::BF16, size, iters);
+  fmt::print("  bf16 GEMM: {:8.1f} GFLOP/s best, {:8.1f} median  ({:.2f}x f32)\n", h_best, h_median, h_best / f_best);
+  fmt::print("  cuBLAS bf16 peak: {:.1f} GFLOP/s (best of M=N=K=4096 and 8192, this run)\n", gpu_bf16_peak_gflops(d));
+}
+
+void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                             int iters, bool bf16) {
+  fmt::print(
+      "moecore bench attention --device {}: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} "
+      "timed runs\n  device: {}\n",
+      d.str(), seq, batch, heads, kv_heads, head_dim, bf16 ? "bf16" : "f32",
+      bf16 ? "own flash kernel, bf16-rounded operands" : "own flash kernel", iters, cuda::describe_device(d));
+  const Tensor q = random_on(d, {seq, batch, heads, head_dim}, DType::F32, 3);
+  const Tensor k = random_on(d, {seq, batch, kv_heads, head_dim}, DType::F32, 4);
+  const Tensor v = random_on(d, k.shape(), DType::F32, 5), dout = random_on(d, q.shape(), DType::F32, 6);
+  Tensor o = Tensor::empty(q.shape(), DType::F32, d), lse = Tensor::empty({batch, heads, seq}, DType::F32, d);
+  Tensor dq = Tensor::empty(q.shape(), DType::F32, d), dk = Tensor::empty(k.shape(), DType::F32, d),
+         dv = Tensor::empty(v.shape(), DType::F32, d);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const double fwd_flops = 4.0 * seq * seq * head_dim * heads * batch / 2.0;  // causal: half of 4·S²·D per head
+  auto fwd = [&] {
+    if (bf16)
+      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
+    else
+      kernels::attention_forward(q, k, v, scale, o, lse);
+  };
+  auto bwd = [&] {
+    if (bf16)
+      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else
+      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
+  };
+  std::vector<double> f_rates, t_rates;
+  for (int i = 0; i <= iters; i++) {
+    Stopwatch t;
+    fwd();
+    cuda::synchronize();
+    const double tf = t.seconds();
+    bwd();
+    cuda::synchronize();
+    const double tt = t.seconds();
+    if (i == 0) continue;  // warm-up
+    f_rates.push_back(fwd_flops / tf / 1e9);
+    t_rates.push_back(3.5 * fwd_flops / tt / 1e9);
+  }
+  const double peak = gpu_bf16_peak_gflops(d), f = median(f_rates), tot = median(t_rates);
+  fmt::print("  attention forward:          {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", f, f / peak);
+  fmt::print("  attention forward+backward: {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", tot, tot / peak);
+  fmt::print("  cuBLAS bf16 peak: {:.1f} GFLOP/s (this run)\n", peak);
+}
+
+}  // namespace moecore::cli

@@ -1,0 +1,42 @@
+// The CUDA runtime as the rest of moecore sees it: plain host declarations, no CUDA headers, so core/ and the CPU
+// kernels include it in every build. A CUDA build implements it in runtime_cuda.cpp; a CPU-only build in
+// unavailable.cpp, where every call that would touch a GPU throws "this moecore was built without CUDA".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "moecore/core/allocator.h"
+#include "moecore/core/device.h"
+#include "moecore/core/dtype.h"
+
+namespace moecore::cuda {
+
+// True when this binary was compiled with the CUDA backend (MOECORE_HAVE_CUDA).
+bool built_with_cuda();
+// GPUs visible to this process; 0 when none, with the one-line reason in *why (CPU-only build, no driver, the
+// runtime's error string, or "0 devices").
+int visible_devices(std::string* why = nullptr);
+
+// Device memory from the stream-ordered caching allocator of GPU d, on the calling thread's current stream.
+void* device_allocate(size_t bytes, Device d);
+void device_deallocate(void* ptr, Device d);
+AllocatorStats device_allocator_stats(Device d);
+AllocatorMark device_allocator_mark(Device d);
+int64_t device_system_allocs_since(Device d, const AllocatorMark& m);
+void device_reset_peak(Device d);
+void device_empty_cache(Device d);
+
+// Byte copy between any two devices, ordered on the current stream; returns when the copy is complete.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Zero bytes on the GPU (stream-ordered).
+void zero_bytes(void* ptr, size_t bytes, Device d);
+// Element conversion between floating dtypes (f32, f64, bf16) of n elements, both on the GPU.
+void convert_on_device(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n);
+// Waits for all work on the current stream.
+void synchronize();
+// "NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB, compute 9.0" (for benchmark headers).
+std::string describe_device(Device d);
+
+}  // namespace moecore::cuda

@@ -1,0 +1,192 @@
+// Causal GQA attention, FlashAttention-2 style (see launch.h). One warp owns one query row (forward, dQ) or one
+// key row (dK, dV); lane l holds channels l, l+32, ... (D ≤ 256: 8 per lane). The forward keeps a running max and
+// sum (online softmax) and writes lse; the backward recomputes P = exp(scale·q·k − lse). No atomics: every output
+// row has exactly one writer, which walks its partners in a fixed order, so reruns give the same bits.
+// This is the correctness-first version (K/V rows stream from L2, no tensor cores); the tiled tensor-core kernel
+// replaces the loops below once it can be measured on a GPU (docs/cuda.md).
+#include "moecore/kernels/cuda/common.cuh"
+#include "moecore/kernels/cuda/launch.h"
+
+namespace moecore::launch {
+
+namespace {
+constexpr int kMaxPer = 8;  // channels per lane: D ≤ 256
+constexpr int kWarps = 4;   // rows per block
+
+struct Dims {
+  int64_t S, B, Nq, Nkv, D;
+  __device__ int64_t qoff(int64_t s, int64_t b, int64_t h) const { return ((s * B + b) * Nq + h) * D; }
+  __device__ int64_t kvoff(int64_t s, int64_t b, int64_t h) const { return ((s * B + b) * Nkv + h) * D; }
+};
+
+// Element d of a row times mul, rounded to bf16 when rnd (the CPU bf16 kernel rounds scale·q, k, v, dO).
+__device__ __forceinline__ float elem(const float* p, int64_t d, bool rnd, float mul = 1.0f) {
+  const float x = p[d] * mul;
+  return rnd ? round_bf16(x) : x;
+}
+
+__device__ __forceinline__ void load_row(const float* p, int64_t D, bool rnd, float (&r)[kMaxPer], float mul = 1.0f) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < kMaxPer; c++) {
+    const int64_t d = lane + 32 * c;
+    r[c] = d < D ? elem(p, d, rnd, mul) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float dot_row(const float (&a)[kMaxPer], const float* p, int64_t D, bool rnd,
+                                         float mul = 1.0f) {
+  const int lane = threadIdx.x & 31;
+  float s = 0;
+#pragma unroll
+  for (int c = 0; c < kMaxPer; c++) {
+    const int64_t d = lane + 32 * c;
+    if (d < D) s += a[c] * elem(p, d, rnd, mul);
+  }
+  return warp_sum(s);
+}
+
+// Row (b, h, i) per warp; rows are numbered ((b·Nq + h)·S + i), the lse layout.
+__global__ void fwd_k(const float* q, const float* k, const float* v, float* o, float* lse, Dims dm, float scale,
+                      bool rnd) {
+  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+  if (row >= dm.B * dm.Nq * dm.S) return;
+  const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq, hk = h / (dm.Nq / dm.Nkv);
+  const int lane = threadIdx.x & 31;
+  // bf16: q̂ = bf16(scale·q) carries the scale, as on the CPU; f32: the scores are scaled.
+  const float qmul = rnd ? scale : 1.0f, smul = rnd ? 1.0f : scale;
+  float qr[kMaxPer], acc[kMaxPer] = {};
+  load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr, qmul);
+  float mx = -INFINITY, sum = 0;
+  for (int64_t j = 0; j <= i; j++) {
+    const float s = dot_row(qr, k + dm.kvoff(j, b, hk), dm.D, rnd) * smul;
+    const float nm = fmaxf(mx, s);
+    const float corr = expf(mx - nm), p = expf(s - nm);
+    sum = sum * corr + p;
+    const float pv = rnd ? round_bf16(p) : p;
+    const float* vr = v + dm.kvoff(j, b, hk);
+#pragma unroll
+    for (int c = 0; c < kMaxPer; c++) {
+      const int64_t d = lane + 32 * c;
+      acc[c] = acc[c] * corr + (d < dm.D ? pv * elem(vr, d, rnd) : 0.0f);
+    }
+    mx = nm;
+  }
+  float* orow = o + dm.qoff(i, b, h);
+#pragma unroll
+  for (int c = 0; c < kMaxPer; c++) {
+    const int64_t d = lane + 32 * c;
+    if (d < dm.D) orow[d] = acc[c] / sum;
+  }
+  if (lane == 0) lse[row] = mx + logf(sum);
+}
+
+// delta[row] = Σ_d dO·O (the softmax backward's row term).
+__global__ void delta_k(const float* dout, const float* o, float* delta, Dims dm) {
+  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+  if (row >= dm.B * dm.Nq * dm.S) return;
+  const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq;
+  float r[kMaxPer];
+  load_row(dout + dm.qoff(i, b, h), dm.D, false, r);
+  const float d = dot_row(r, o + dm.qoff(i, b, h), dm.D, false);
+  if ((threadIdx.x & 31) == 0) delta[row] = d;
+}
+
+__global__ void dq_k(const float* dout, const float* q, const float* k, const float* v, const float* lse,
+                     const float* delta, float* dq, Dims dm, float scale, bool rnd) {
+  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+  if (row >= dm.B * dm.Nq * dm.S) return;
+  const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq, hk = h / (dm.Nq / dm.Nkv);
+  const int lane = threadIdx.x & 31;
+  const float qmul = rnd ? scale : 1.0f, smul = rnd ? 1.0f : scale;
+  float qr[kMaxPer], dor[kMaxPer], acc[kMaxPer] = {};
+  load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr, qmul);
+  load_row(dout + dm.qoff(i, b, h), dm.D, rnd, dor);
+  const float l = lse[row], dl = delta[row];
+  for (int64_t j = 0; j <= i; j++) {
+    const float* kr = k + dm.kvoff(j, b, hk);
+    const float p = expf(dot_row(qr, kr, dm.D, rnd) * smul - l);
+    const float dp = dot_row(dor, v + dm.kvoff(j, b, hk), dm.D, rnd);
+    float ds = p * (dp - dl);
+    if (rnd) ds = round_bf16(ds);
+#pragma unroll
+    for (int c = 0; c < kMaxPer; c++) {
+      const int64_t d = lane + 32 * c;
+      if (d < dm.D) acc[c] += ds * elem(kr, d, rnd);
+    }
+  }
+  float* out = dq + dm.qoff(i, b, h);
+#pragma unroll
+  for (int c = 0; c < kMaxPer; c++) {
+    const int64_t d = lane + 32 * c;
+    if (d < dm.D) out[d] = acc[c] * scale;
+  }
+}
+
+// Key row (b, hk, j) per warp: walks the group's query heads, then rows i ≥ j, in order.
+__global__ void dkv_k(const float* dout, const float* q, const float* k, const float* v, const float* lse,
+                      const float* delta, float* dk, float* dv, Dims dm, float scale, bool rnd) {
+  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+  if (row >= dm.B * dm.Nkv * dm.S) return;
+  const int64_t j = row % dm.S, bh = row / dm.S, hk = bh % dm.Nkv, b = bh / dm.Nkv, group = dm.Nq / dm.Nkv;
+  const int lane = threadIdx.x & 31;
+  const float qmul = rnd ? scale : 1.0f, smul = rnd ? 1.0f : scale;  // bf16: q̂ = bf16(scale·q), as on the CPU
+  float kr[kMaxPer], vr[kMaxPer], dka[kMaxPer] = {}, dva[kMaxPer] = {};
+  load_row(k + dm.kvoff(j, b, hk), dm.D, rnd, kr);
+  load_row(v + dm.kvoff(j, b, hk), dm.D, rnd, vr);
+  for (int64_t g = 0; g < group; g++) {
+    const int64_t h = hk * group + g, base = (b * dm.Nq + h) * dm.S;
+    for (int64_t i = j; i < dm.S; i++) {
+      const float* qr = q + dm.qoff(i, b, h);
+      const float* dor = dout + dm.qoff(i, b, h);
+      const float p = expf(dot_row(kr, qr, dm.D, rnd, qmul) * smul - lse[base + i]);
+      const float dp = dot_row(vr, dor, dm.D, rnd);
+      float ds = p * (dp - delta[base + i]);
+      const float pv = rnd ? round_bf16(p) : p;
+      if (rnd) ds = round_bf16(ds);
+#pragma unroll
+      for (int c = 0; c < kMaxPer; c++) {
+        const int64_t d = lane + 32 * c;
+        if (d < dm.D) {
+          dva[c] += pv * elem(dor, d, rnd);
+          dka[c] += ds * elem(qr, d, rnd, qmul);
+        }
+      }
+    }
+  }
+  float* dko = dk + dm.kvoff(j, b, hk);
+  float* dvo = dv + dm.kvoff(j, b, hk);
+#pragma unroll
+  for (int c = 0; c < kMaxPer; c++) {
+    const int64_t d = lane + 32 * c;
+    if (d < dm.D) {
+      dko[d] = dka[c] * smul;
+      dvo[d] = dva[c];
+    }
+  }
+}
+
+unsigned blocks_for(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+}
+}  // namespace
+
+void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
+                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+  const Dims dm{S, B, Nq, Nkv, D};
+  const int64_t rows = B * Nq * S;
+  if (rows > 0) fwd_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(q, k, v, o, lse, dm, scale, round_bf16);
+}
+
+void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
+                        const float* lse, float* dq, float* dk, float* dv, float* delta, int64_t S, int64_t B,
+                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+  const Dims dm{S, B, Nq, Nkv, D};
+  const int64_t rows = B * Nq * S, kv_rows = B * Nkv * S;
+  if (rows == 0) return;
+  delta_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, o, delta, dm);
+  dq_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, q, k, v, lse, delta, dq, dm, scale, round_bf16);
+  dkv_k<<<blocks_for(kv_rows), 32 * kWarps, 0, s>>>(dout, q, k, v, lse, delta, dk, dv, dm, scale, round_bf16);
+}
+
+}  // namespace moecore::launch

@@ -1,0 +1,327 @@
+// Elementwise and row-wise kernels: dtype conversion, fill/add/scale, deterministic sums, RMSNorm, RoPE,
+// activations, embedding, multi-tensor AdamW (see launch.h). Straightforward one-pass kernels; the math follows
+// the CPU kernels in kernels/cpu line by line.
+#include "moecore/kernels/cuda/common.cuh"
+#include "moecore/kernels/cuda/launch.h"
+
+namespace moecore::launch {
+
+namespace {
+template <typename D, typename S>
+__global__ void convert_k(D* d, const S* s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (sizeof(D) == 2)
+      d[i] = __float2bfloat16_rn(static_cast<float>(s[i]));
+    else if constexpr (sizeof(S) == 2)
+      d[i] = static_cast<D>(__bfloat162float(s[i]));
+    else
+      d[i] = static_cast<D>(s[i]);
+  }
+}
+
+template <typename D>
+void convert_from(D* d, const void* src, int st, int64_t n, cudaStream_t s) {
+  const unsigned g = grid_for(n);
+  if (st == 0) convert_k<<<g, kThreads, 0, s>>>(d, static_cast<const float*>(src), n);
+  if (st == 1) convert_k<<<g, kThreads, 0, s>>>(d, static_cast<const __nv_bfloat16*>(src), n);
+  if (st == 2) convert_k<<<g, kThreads, 0, s>>>(d, static_cast<const double*>(src), n);
+}
+
+__global__ void fill_k(float* p, float v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+__global__ void add_k(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = a[i] + b[i];
+}
+__global__ void scale_k(float* a, float v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    a[i] *= v;
+}
+
+// Stage 1: each of kReduceBlocks blocks sums a fixed strided subset; stage 2: one block sums the partials.
+constexpr int kReduceBlocks = 256;
+__global__ void reduce_partial_k(int kind, const float* a, const float* b, int64_t n, double* partial) {
+  __shared__ double sm[kThreads];
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const double x = a[i];
+    acc += kind == 0 ? x * x : (kind == 1 ? x : x * static_cast<double>(b[i]));
+  }
+  const double r = block_sum(acc, sm);
+  if (threadIdx.x == 0) partial[blockIdx.x] = r;
+}
+__global__ void reduce_final_k(const double* partial, double* out) {
+  __shared__ double sm[kThreads];
+  const double r = block_sum(threadIdx.x < kReduceBlocks ? partial[threadIdx.x] : 0.0, sm);
+  if (threadIdx.x == 0) *out = r;
+}
+
+__global__ void rmsnorm_fwd_k(const float* x, const float* w, float* y, float* rstd, int64_t H, float eps) {
+  __shared__ float sm[kThreads];
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * H;
+  float ss = 0;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) ss += xr[j] * xr[j];
+  ss = block_sum(ss, sm);
+  float r = 1.0f / sqrtf(ss / float(H) + eps);
+  if (!isfinite(ss)) {  // the squares overflowed: normalise by the largest magnitude first (as the CPU kernel)
+    float m = 0;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
+    m = block_max(m, sm);
+    float sm2 = 0;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) sm2 += (xr[j] / m) * (xr[j] / m);
+    sm2 = block_sum(sm2, sm);
+    r = 1.0f / (m * sqrtf(sm2 / float(H) + eps / (m * m)));
+  }
+  if (threadIdx.x == 0) rstd[t] = r;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) y[t * H + j] = xr[j] * r * w[j];
+}
+
+__global__ void rmsnorm_bwd_dx_k(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                 int64_t H) {
+  __shared__ float sm[kThreads];
+  const int64_t t = blockIdx.x;
+  const float r = rstd[t];
+  float c = 0;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) c += w[j] * dy[t * H + j] * x[t * H + j];
+  c = block_sum(c, sm);
+  const float k = r * r * c / float(H);
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
+}
+
+// dw: one thread per column walks the rows in order (the CPU kernel's order), no atomics.
+__global__ void rmsnorm_bwd_dw_k(const float* dy, const float* x, const float* rstd, float* dw, int64_t rows,
+                                 int64_t H) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= H) return;
+  float acc = 0;
+  for (int64_t t = 0; t < rows; t++) acc += dy[t * H + j] * x[t * H + j] * rstd[t];
+  dw[j] += acc;
+}
+
+__global__ void rope_k(const float* x, const float* cs, const float* sn, float* y, int64_t S, int64_t BN, int64_t D,
+                       int64_t offset, int64_t rot_dim, bool interleaved, float sign) {
+  const int64_t h = rot_dim / 2, n = S * BN * D;
+  const int64_t a_step = interleaved ? 2 : 1, b_off = interleaved ? 1 : h;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / D, c = idx % D, s = row / BN;
+    const float* xr = x + row * D;
+    float* yr = y + row * D;
+    if (c < offset || c >= offset + rot_dim) {
+      yr[c] = xr[c];
+      continue;
+    }
+    const int64_t w = c - offset;
+    // Channel w is a_i (w = i·a_step) or b_i (w = i·a_step + b_off) of pair i.
+    int64_t i;
+    bool is_a;
+    if (interleaved) {
+      i = w / 2, is_a = (w % 2) == 0;
+    } else {
+      is_a = w < h, i = is_a ? w : w - h;
+    }
+    const int64_t ia = i * a_step, ib = ia + b_off;
+    const float a = xr[offset + ia], b = xr[offset + ib], ci = cs[s * h + i], si = sign * sn[s * h + i];
+    yr[c] = is_a ? a * ci - b * si : b * ci + a * si;
+  }
+}
+
+__device__ __forceinline__ float sigmoidf_(float a) {
+  return 1.0f / (1.0f + expf(-a));
+}
+__device__ __forceinline__ void act_and_grad(int act, float x, float& f, float& df) {
+  if (act == 1) {
+    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    const float pdf = expf(-0.5f * x * x) * 0.3989422804014327f;
+    f = x * cdf;
+    df = cdf + x * pdf;
+  } else {
+    const float r = x > 0.0f ? x : 0.0f;
+    f = r * r;
+    df = 2.0f * r;
+  }
+}
+__device__ __forceinline__ void store(void* p, bool bf, int64_t i, float v) {
+  if (bf)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(p)[i] = v;
+}
+
+__global__ void act_fwd_k(int act, const float* x, const float* p, void* y, bool bf, int64_t rows, int64_t F) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * F;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / F, j = idx % F;
+    const float scale = p ? p[t] : 1.0f;
+    if (act == 0) {
+      const float a = x[t * 2 * F + j], b = x[t * 2 * F + F + j];
+      store(y, bf, idx, a * sigmoidf_(a) * b * scale);
+    } else {
+      float f, df;
+      act_and_grad(act, x[idx], f, df);
+      store(y, bf, idx, f * scale);
+    }
+  }
+}
+
+// One block per row: dx elementwise, dprobs as the row's fixed-order block sum.
+__global__ void act_bwd_k(int act, const float* dy, const float* x, const float* p, void* dx, bool bf, float* dp,
+                          int64_t F) {
+  __shared__ float sm[kThreads];
+  const int64_t t = blockIdx.x;
+  const float scale = p ? p[t] : 1.0f;
+  float dps = 0;
+  for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+    const float g0 = dy[t * F + j];
+    if (act == 0) {
+      const float a = x[t * 2 * F + j], b = x[t * 2 * F + F + j], s = sigmoidf_(a), silu = a * s, g = g0 * scale;
+      store(dx, bf, t * 2 * F + j, g * b * s * (1.0f + a * (1.0f - s)));
+      store(dx, bf, t * 2 * F + F + j, g * silu);
+      dps += g0 * silu * b;
+    } else {
+      float f, df;
+      act_and_grad(act, x[t * F + j], f, df);
+      store(dx, bf, t * F + j, g0 * scale * df);
+      dps += g0 * f;
+    }
+  }
+  if (dp) {
+    dps = block_sum(dps, sm);
+    if (threadIdx.x == 0) dp[t] = dps;
+  }
+}
+
+__global__ void first_id_outside_k(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* out) {
+  __shared__ int64_t sm[kThreads];
+  int64_t first = n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t id = id_at(ids, ids64, i);
+    if ((id < 0 || id >= V) && i < first) first = i;
+  }
+  sm[threadIdx.x] = first;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && sm[threadIdx.x + s] < sm[threadIdx.x]) sm[threadIdx.x] = sm[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = sm[0];
+}
+
+__global__ void embedding_fwd_k(const void* ids, bool ids64, const char* w, char* y, int64_t T, int64_t row_bytes,
+                                int64_t VL, int64_t vocab_start) {
+  const int64_t t = blockIdx.x;
+  const int64_t r = id_at(ids, ids64, t) - vocab_start;
+  for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x)
+    y[t * row_bytes + b] = r >= 0 && r < VL ? w[r * row_bytes + b] : 0;
+}
+
+__global__ void embedding_bwd_k(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H,
+                                int64_t VL, int64_t vocab_start) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= H) return;
+  for (int64_t t = 0; t < T; t++) {
+    const int64_t r = id_at(ids, ids64, t) - vocab_start;
+    if (r >= 0 && r < VL) dw[r * H + j] += dy[t * H + j];
+  }
+}
+
+__global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
+  const int k = blockIdx.y;
+  float* p = b.p[k];
+  const float* g = b.g[k];
+  float* m = b.m[k];
+  float* v = b.v[k];
+  const int64_t n = b.n[k];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float gi = g[i] * hp.grad_scale;
+    m[i] = hp.beta1 * m[i] + (1.0f - hp.beta1) * gi;
+    v[i] = hp.beta2 * v[i] + (1.0f - hp.beta2) * gi * gi;
+    const float mhat = m[i] / hp.bc1, vhat = v[i] / hp.bc2;
+    p[i] = p[i] * (1.0f - hp.lr * hp.wd) - hp.lr * mhat / (sqrtf(vhat) + hp.eps);
+  }
+}
+}  // namespace
+
+void convert(void* dst, int dt, const void* src, int st, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (dt == 0) convert_from(static_cast<float*>(dst), src, st, n, s);
+  if (dt == 1) convert_from(static_cast<__nv_bfloat16*>(dst), src, st, n, s);
+  if (dt == 2) convert_from(static_cast<double*>(dst), src, st, n, s);
+}
+void fill(float* p, float v, int64_t n, cudaStream_t s) {
+  if (n > 0) fill_k<<<grid_for(n), kThreads, 0, s>>>(p, v, n);
+}
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
+  if (n > 0) add_k<<<grid_for(n), kThreads, 0, s>>>(a, b, out, n);
+}
+void scale(float* a, float v, int64_t n, cudaStream_t s) {
+  if (n > 0) scale_k<<<grid_for(n), kThreads, 0, s>>>(a, v, n);
+}
+void reduce_sum(int kind, const float* a, const float* b, int64_t n, double* out, cudaStream_t s) {
+  double* partial = nullptr;
+  cudaMallocAsync(&partial, kReduceBlocks * sizeof(double), s);
+  reduce_partial_k<<<kReduceBlocks, kThreads, 0, s>>>(kind, a, b, n, partial);
+  reduce_final_k<<<1, kThreads, 0, s>>>(partial, out);
+  cudaFreeAsync(partial, s);
+}
+
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H, float eps,
+                     cudaStream_t s) {
+  if (rows > 0) rmsnorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, rstd, H, eps);
+}
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      int64_t rows, int64_t H, cudaStream_t s) {
+  if (rows == 0) return;
+  rmsnorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, H);
+  rmsnorm_bwd_dw_k<<<grid_for(H), kThreads, 0, s>>>(dy, x, rstd, dw, rows, H);
+}
+
+void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
+          int64_t offset, int64_t rot_dim, bool interleaved, float sign, cudaStream_t s) {
+  const int64_t n = S * BN * D;
+  if (n == 0) return;
+  if (x == y) {  // in place: rotate through a scratch copy so each pair reads its inputs before they change
+    float* tmp = nullptr;
+    cudaMallocAsync(&tmp, n * sizeof(float), s);
+    cudaMemcpyAsync(tmp, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    rope_k<<<grid_for(n), kThreads, 0, s>>>(tmp, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved, sign);
+    cudaFreeAsync(tmp, s);
+    return;
+  }
+  rope_k<<<grid_for(n), kThreads, 0, s>>>(x, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved, sign);
+}
+
+void activation_forward(int act, const float* x, const float* probs, void* y, bool y_bf16, int64_t rows, int64_t F,
+                        cudaStream_t s) {
+  if (rows * F > 0) act_fwd_k<<<grid_for(rows * F), kThreads, 0, s>>>(act, x, probs, y, y_bf16, rows, F);
+}
+void activation_backward(int act, const float* dy, const float* x, const float* probs, void* dx, bool dx_bf16,
+                         float* dprobs, int64_t rows, int64_t F, cudaStream_t s) {
+  if (rows > 0) act_bwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(act, dy, x, probs, dx, dx_bf16, dprobs, F);
+}
+
+void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* out, cudaStream_t s) {
+  first_id_outside_k<<<1, kThreads, 0, s>>>(ids, ids64, n, V, out);
+}
+void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int64_t T, int64_t H, int64_t VL,
+                       int64_t vocab_start, int elem_bytes, cudaStream_t s) {
+  if (T > 0)
+    embedding_fwd_k<<<static_cast<unsigned>(T), kThreads, 0, s>>>(
+        ids, ids64, static_cast<const char*>(w), static_cast<char*>(y), T, H * elem_bytes, VL, vocab_start);
+}
+void embedding_backward(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H, int64_t VL,
+                        int64_t vocab_start, cudaStream_t s) {
+  if (T > 0 && H > 0) embedding_bwd_k<<<grid_for(H), kThreads, 0, s>>>(dy, ids, ids64, dw, T, H, VL, vocab_start);
+}
+
+void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s) {
+  if (batch.count == 0) return;
+  int64_t most = 1;
+  for (int i = 0; i < batch.count; i++) most = batch.n[i] > most ? batch.n[i] : most;
+  const dim3 grid(grid_for(most, kThreads, 1024), static_cast<unsigned>(batch.count));
+  adamw_k<<<grid, kThreads, 0, s>>>(batch, hp);
+}
+
+}  // namespace moecore::launch

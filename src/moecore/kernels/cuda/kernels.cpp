@@ -1,0 +1,204 @@
+// Tensor-level CUDA entry points (see kernels.h): shape and device checks, then the launchers of launch.h on the
+// current stream. Shapes are asserted exactly as the CPU kernels assert them.
+#include "moecore/kernels/cuda/kernels.h"
+
+#include <cmath>
+
+#include "moecore/cuda/check.h"
+#include "moecore/cuda/runtime.h"
+#include "moecore/cuda/stream.h"
+#include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/tensor_args.h"
+
+namespace moecore::kernels::cuda {
+
+using moecore::cuda::current_stream;
+
+namespace {
+using detail::check_launch;
+using detail::f32;
+using detail::ids64;
+
+// The reductions leave one f64 on the GPU; copy it back.
+double reduce(int kind, const Tensor& a, const Tensor* b) {
+  Tensor out = Tensor::empty({1}, DType::F64, a.device());
+  launch::reduce_sum(kind, f32(a, "a"), b ? f32(*b, "b") : nullptr, a.numel(), out.device_data<double>(),
+                     current_stream());
+  check_launch("reduce_sum");
+  double r = 0;
+  moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
+  return r;
+}
+// Index of the first id outside [0, V) (n when none), read back for the CPU kernels' error message.
+int64_t first_bad_id(const Tensor& ids, int64_t V) {
+  Tensor out = Tensor::empty({1}, DType::I64, ids.device());
+  launch::first_id_outside(ids.raw(), ids64(ids), ids.numel(), V, out.device_data<int64_t>(), current_stream());
+  check_launch("first_id_outside");
+  int64_t r = 0;
+  moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), ids.device(), sizeof r);
+  return r;
+}
+}  // namespace
+
+void add_(Tensor& a, const Tensor& b) {
+  add(a, b, a);
+}
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  MOE_ASSERT(a.numel() == b.numel() && a.numel() == out.numel());
+  launch::add(f32(a, "a"), f32(b, "b"), f32(out, "out"), a.numel(), current_stream());
+  check_launch("add");
+}
+void scale_(Tensor& a, double s) {
+  launch::scale(f32(a, "a"), static_cast<float>(s), a.numel(), current_stream());
+  check_launch("scale");
+}
+void fill_(Tensor& a, double v) {
+  launch::fill(f32(a, "a"), static_cast<float>(v), a.numel(), current_stream());
+  check_launch("fill");
+}
+double sum(const Tensor& a) {
+  return reduce(1, a, nullptr);
+}
+double dot(const Tensor& a, const Tensor& b) {
+  MOE_ASSERT(a.numel() == b.numel());
+  return reduce(2, a, &b);
+}
+double sum_squares(const Tensor& a) {
+  return reduce(0, a, nullptr);
+}
+
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
+  launch::rmsnorm_forward(f32(x_TH, "x"), f32(w_H, "w"), f32(y_TH, "y"), f32(rstd_T, "rstd"), rows, H,
+                          static_cast<float>(eps), current_stream());
+  check_launch("rmsnorm_forward");
+}
+
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT_SHAPE(dw_H, {H});
+  MOE_ASSERT(rstd_T.numel() == rows);
+  launch::rmsnorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(rstd_T, "rstd"), f32(dx_TH, "dx"),
+                           f32(dw_H, "dw"), rows, H, current_stream());
+  check_launch("rmsnorm_backward");
+}
+
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT_SHAPE(b_H, {H});
+  MOE_ASSERT(y_TH.shape() == x_TH.shape() && mean_T.numel() == rows && rstd_T.numel() == rows);
+  launch::layernorm_forward(f32(x_TH, "x"), f32(w_H, "w"), f32(b_H, "b"), f32(y_TH, "y"), f32(mean_T, "mean"),
+                            f32(rstd_T, "rstd"), rows, H, static_cast<float>(eps), current_stream());
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
+  const int64_t H = x_TH.cols(), rows = x_TH.rows();
+  MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
+  MOE_ASSERT_SHAPE(w_H, {H});
+  MOE_ASSERT_SHAPE(dw_H, {H});
+  MOE_ASSERT_SHAPE(db_H, {H});
+  MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
+  launch::layernorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(mean_T, "mean"), f32(rstd_T, "rstd"),
+                             f32(dx_TH, "dx"), f32(dw_H, "dw"), f32(db_H, "db"), rows, H, current_stream());
+  check_launch("layernorm_backward");
+}
+
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  MOE_ASSERT(b_N.numel() == y_TN.cols());
+  launch::add_row_bias(f32(y_TN, "y"), f32(b_N, "b"), y_TN.rows(), y_TN.cols(), current_stream());
+  check_launch("add_row_bias");
+}
+
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  MOE_ASSERT(db_N.numel() == dy_TN.cols());
+  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), dy_TN.rows(), dy_TN.cols(), current_stream());
+  check_launch("accumulate_col_sums");
+}
+
+namespace {
+void rope(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim, RopePairs pairs,
+          Tensor& y, float sign) {
+  MOE_ASSERT_MSG(x.ndim() == 4, "rope input must be [S, B, N, D], got {}", x.shape().str());
+  MOE_ASSERT(y.shape() == x.shape());
+  const int64_t S = x.dim(0), BN = x.dim(1) * x.dim(2), D = x.dim(3), h = rot_dim / 2;
+  MOE_ASSERT_MSG(offset >= 0 && offset + rot_dim <= D && rot_dim % 2 == 0, "rotary dims [{}, {}) vs head dim {}",
+                 offset, offset + rot_dim, D);
+  MOE_ASSERT(cos_SR.dim(0) >= S && cos_SR.dim(1) == h);
+  launch::rope(f32(x, "x"), f32(cos_SR, "cos"), f32(sin_SR, "sin"), f32(y, "y"), S, BN, D, offset, rot_dim,
+               pairs == RopePairs::Interleaved, sign, current_stream());
+  check_launch("rope");
+}
+}  // namespace
+
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND) {
+  rope(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND, 1.0f);
+}
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
+  rope(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND, -1.0f);
+}
+
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  const int64_t rows = x.rows(), F = y_TF.cols();
+  MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
+                 activation_name(act), x.shape().str(), y_TF.shape().str());
+  MOE_ASSERT(!probs_T || probs_T->numel() == rows);
+  MOE_ASSERT(y_TF.dtype() == DType::F32 || y_TF.dtype() == DType::BF16);
+  MOE_ASSERT(y_TF.device().is_cuda());
+  launch::activation_forward(static_cast<int>(act), f32(x, "x"), probs_T ? f32(*probs_T, "probs") : nullptr, y_TF.raw(),
+                             y_TF.dtype() == DType::BF16, rows, F, current_stream());
+  check_launch("activation_forward");
+}
+
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T) {
+  const int64_t rows = x.rows(), F = dy_TF.cols();
+  MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
+  MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
+  MOE_ASSERT(!probs_T || probs_T->numel() == rows);
+  MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
+  MOE_ASSERT((dx.dtype() == DType::F32 || dx.dtype() == DType::BF16) && dx.device().is_cuda());
+  launch::activation_backward(static_cast<int>(act), f32(dy_TF, "dy"), f32(x, "x"),
+                              probs_T ? f32(*probs_T, "probs") : nullptr, dx.raw(), dx.dtype() == DType::BF16,
+                              dprobs_T ? f32(*dprobs_T, "dprobs") : nullptr, rows, F, current_stream());
+  check_launch("activation_backward");
+}
+
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
+                       int64_t vocab_total) {
+  const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
+  const int64_t V = vocab_total > 0 ? vocab_total : VL;
+  MOE_ASSERT(y_TH.rows() == T_ && y_TH.cols() == H && y_TH.dtype() == w_VH.dtype());
+  MOE_ASSERT(w_VH.device().is_cuda() && y_TH.device().is_cuda());
+  const int64_t bad = first_bad_id(ids_T, V);
+  if (bad < T_) {
+    const int64_t id = static_cast<int64_t>(ids_T.reshape({T_}).slice(bad, 1).to(Device::cpu()).item(0));
+    MOE_CHECK(false,
+              "token id {} at position {} is outside the vocabulary [0, {}); the data was tokenized with a larger "
+              "vocabulary than --vocab-size / the tokenizer in use",
+              id, bad, V);
+  }
+  launch::embedding_forward(ids_T.raw(), ids64(ids_T), w_VH.raw(), y_TH.raw(), T_, H, VL, vocab_start,
+                            static_cast<int>(dtype_size(w_VH.dtype())), current_stream());
+  check_launch("embedding_forward");
+}
+
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
+  const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
+  MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
+  launch::embedding_backward(f32(dy_TH, "dy"), ids_T.raw(), ids64(ids_T), f32(dw_VH, "dw"), T_, H, VL, vocab_start,
+                             current_stream());
+  check_launch("embedding_backward");
+}
+
+}  // namespace moecore::kernels::cuda

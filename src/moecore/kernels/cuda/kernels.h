@@ -1,0 +1,78 @@
+// The CUDA kernels at the Tensor level, with the CPU kernels' signatures: kernels/cpu entry points forward here
+// when their tensors are on a GPU (`if (x.device().is_cuda()) return cuda::...`), so nn/ and moe/ run unchanged.
+// Element types: f32 everywhere (as the CPU kernels compute), gemm operands f32 or bf16 with an f32 output; the
+// bf16 attention takes f32 tensors and rounds inside, like the CPU one. A CPU-only build defines these in
+// cuda/unavailable.cpp (they throw: no cuda tensor can exist there).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "moecore/core/tensor.h"
+#include "moecore/kernels/cpu/activation.h"
+#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/cpu/rope.h"
+
+namespace moecore::kernels::cuda {
+
+// C = alpha·op(A)·op(B) + beta·C through cuBLASLt (handle, descriptors, algorithm and workspace cached per shape).
+// f32 operands compute in f32 (TF32 off unless set_allow_tf32(true)); bf16 operands accumulate in f32.
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
+          int64_t batch = 0);
+void set_allow_tf32(bool on);
+bool allow_tf32();
+
+void add_(Tensor& a, const Tensor& b);
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void scale_(Tensor& a, double s);
+void fill_(Tensor& a, double v);
+double sum(const Tensor& a);
+double dot(const Tensor& a, const Tensor& b);
+double sum_squares(const Tensor& a);
+
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T);
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H);
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T);
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H);
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND);
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND);
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T);
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start, int64_t vocab_total);
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start);
+
+using ReduceFn = std::function<void(Tensor&, bool max)>;
+void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T);
+// The all-reduces run on host copies of the [T] statistics (host-staged MPI; NCCL comes later).
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T);
+void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start);
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step);
+// Every tensor of the lists in as few launches as possible (kernels/cuda/launch.h kAdamTensors per launch).
+struct AdamWTensors {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* m;
+  Tensor* v;
+};
+void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step);
+
+// round_bf16 = the bf16 variant (f32 tensors, bf16 rounding inside). Attention dropout is refused on the GPU.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       bool dropout_on, bool round_bf16);
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
+                        bool round_bf16);
+
+}  // namespace moecore::kernels::cuda

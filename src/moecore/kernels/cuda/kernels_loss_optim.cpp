@@ -1,0 +1,148 @@
+// Tensor-level CUDA cross-entropy, AdamW and attention (see kernels.h).
+#include <cmath>
+
+#include "moecore/cuda/check.h"
+#include "moecore/cuda/runtime.h"
+#include "moecore/cuda/stream.h"
+#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/tensor_args.h"
+
+namespace moecore::kernels::cuda {
+
+using moecore::cuda::current_stream;
+
+namespace {
+using detail::check_launch;
+using detail::f32;
+
+// The labels are checked as the CPU kernel checks them (one small read-back per call).
+void check_labels(const Tensor& targets_T, int64_t V) {
+  const Tensor host = targets_T.to(Device::cpu());
+  for (int64_t t = 0; t < host.numel(); t++) {
+    const int64_t y = static_cast<int64_t>(host.item(t));
+    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
+  }
+}
+}  // namespace
+
+void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  const int64_t V = logits_TV.cols();
+  cross_entropy_forward_vocab_parallel(logits_TV, targets_T, 0, V, ReduceFn(), loss_T, lse_T);
+}
+
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T) {
+  const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
+  MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
+  check_labels(targets_T, vocab_total);
+  const Device dev = logits_TV.device();
+  Tensor mx = Tensor::empty({rows}, DType::F32, dev), sums = Tensor::empty({2 * rows}, DType::F32, dev);
+  launch::ce_row_max(f32(logits_TV, "logits"), rows, V, mx.device_data<float>(), current_stream());
+  check_launch("ce_row_max");
+  if (all_reduce) {  // host-staged: [T] statistics to the host, all-reduce, back
+    Tensor h = mx.to(Device::cpu());
+    all_reduce(h, true);
+    mx.copy_from(h);
+  }
+  launch::ce_sumexp_target(logits_TV.device_data<float>(), targets_T.raw(), detail::ids64(targets_T), rows, V,
+                           vocab_start, mx.device_data<float>(), sums.device_data<float>(), current_stream());
+  check_launch("ce_sumexp_target");
+  if (all_reduce) {
+    Tensor h = sums.to(Device::cpu());
+    all_reduce(h, false);
+    sums.copy_from(h);
+  }
+  launch::ce_finish(mx.device_data<float>(), sums.device_data<float>(), rows, f32(lse_T, "lse"), f32(loss_T, "loss"),
+                    current_stream());
+  check_launch("ce_finish");
+}
+
+void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
+  const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
+  MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
+  launch::ce_backward(f32(dloss_T, "dloss"), f32(logits_TV, "logits"), targets_T.raw(), detail::ids64(targets_T),
+                      f32(lse_T, "lse"), f32(dlogits_TV, "dlogits"), rows, V, vocab_start, current_stream());
+  check_launch("ce_backward");
+}
+
+namespace {
+launch::AdamWScalars scalars(const AdamWParams& hp, int64_t step) {
+  MOE_ASSERT(step >= 1);
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(step));
+  return launch::AdamWScalars{
+      static_cast<float>(hp.lr),  static_cast<float>(hp.beta1),        static_cast<float>(hp.beta2),
+      static_cast<float>(hp.eps), static_cast<float>(hp.weight_decay), static_cast<float>(bc1),
+      static_cast<float>(bc2),    static_cast<float>(hp.grad_scale)};
+}
+}  // namespace
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
+  adamw_multi_step({AdamWTensors{&param, &grad, &m, &v}}, hp, step);
+}
+
+void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step) {
+  const launch::AdamWScalars s = scalars(hp, step);
+  launch::AdamWBatch batch;
+  auto flush = [&] {
+    launch::adamw(batch, s, current_stream());
+    check_launch("adamw");
+    batch.count = 0;
+  };
+  for (const AdamWTensors& t : tensors) {
+    const int64_t n = t.param->numel();
+    MOE_ASSERT(n == t.grad->numel() && n == t.m->numel() && n == t.v->numel());
+    const int i = batch.count++;
+    batch.p[i] = f32(*t.param, "param");
+    batch.g[i] = f32(*t.grad, "grad");
+    batch.m[i] = f32(*t.m, "m");
+    batch.v[i] = f32(*t.v, "v");
+    batch.n[i] = n;
+    if (batch.count == launch::kAdamTensors) flush();
+  }
+  if (batch.count) flush();
+}
+
+namespace {
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, bool dropout_on) {
+  MOE_CHECK(!dropout_on,
+            "attention dropout on the GPU is not implemented yet (its Philox mask is CPU-only); use "
+            "--attention-dropout 0 with --device cuda, or --device cpu");
+  MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
+                 k.shape().str());
+  MOE_ASSERT_SHAPE(k, {q.dim(0), q.dim(1), k.dim(2), q.dim(3)});
+  MOE_ASSERT(v.shape() == k.shape());
+  MOE_ASSERT_MSG(k.dim(2) > 0 && q.dim(2) % k.dim(2) == 0, "query heads {} not a multiple of kv heads {}", q.dim(2),
+                 k.dim(2));
+  MOE_ASSERT_SHAPE(lse, {q.dim(1), q.dim(2), q.dim(0)});
+  MOE_CHECK(q.dim(3) <= 256, "attention on the GPU supports head dims up to 256, got {}", q.dim(3));
+}
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       bool dropout_on, bool round_bf16) {
+  check_attention(q, k, v, lse, dropout_on);
+  MOE_ASSERT(o.shape() == q.shape());
+  launch::attention_forward(f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"), q.dim(0), q.dim(1),
+                            q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16, current_stream());
+  check_launch("attention_forward");
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
+                        bool round_bf16) {
+  check_attention(q, k, v, lse, dropout_on);
+  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
+  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
+  Tensor delta = Tensor::empty(lse.shape(), DType::F32, q.device());
+  launch::attention_backward(f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"),
+                             f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(), q.dim(0),
+                             q.dim(1), q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16,
+                             current_stream());
+  check_launch("attention_backward");
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,85 @@
+// Pointer-level launchers of the CUDA kernels: the only header nvcc parses besides CUDA's own (no fmt, no Tensor),
+// so the .cu files compile fast. Callers are the Tensor-level entry points in kernels.cpp (checks, shapes) and
+// cuda/runtime_cuda.cpp. Every launcher queues work on `s` and returns; dtype codes are moecore::DType's values
+// (0 f32, 1 bf16, 2 f64). Element types: f32 unless a parameter says otherwise.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moecore::launch {
+
+void convert(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n, cudaStream_t s);
+void fill(float* p, float v, int64_t n, cudaStream_t s);
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
+void scale(float* a, float v, int64_t n, cudaStream_t s);
+// Σ a_i² (kind 0), Σ a_i (1) or Σ a_i·b_i (2) in f64 over a fixed tree: the same bits on every run.
+void reduce_sum(int kind, const float* a, const float* b, int64_t n, double* out_device, cudaStream_t s);
+
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H, float eps,
+                     cudaStream_t s);
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      int64_t rows, int64_t H, cudaStream_t s);
+
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
+                       int64_t H, float eps, cudaStream_t s);
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t s);
+// y[t, :] += b; db += Σ_t dy[t, :] (one thread per column, rows in order).
+void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s);
+void accumulate_col_sums(const float* dy, float* db, int64_t rows, int64_t N, cudaStream_t s);
+
+// Rotates channels [offset, offset+rot_dim) of each [S, BN, D] row pair-wise; sign −1 is the backward.
+void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
+          int64_t offset, int64_t rot_dim, bool interleaved, float sign, cudaStream_t s);
+
+// act: 0 SwiGLU, 1 GeLU, 2 squared ReLU (kernels::Activation's order). y / dx are bf16 when *_bf16.
+void activation_forward(int act, const float* x, const float* probs, void* y, bool y_bf16, int64_t rows, int64_t F,
+                        cudaStream_t s);
+void activation_backward(int act, const float* dy, const float* x, const float* probs, void* dx, bool dx_bf16,
+                         float* dprobs, int64_t rows, int64_t F, cudaStream_t s);
+
+// Index of the first id outside [0, V) into *first_bad_device (or n when all are inside); ids are i64 when ids64.
+void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* first_bad_device, cudaStream_t s);
+void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int64_t T, int64_t H, int64_t VL,
+                       int64_t vocab_start, int elem_bytes, cudaStream_t s);
+// dW[r] += Σ_{t: id[t]−vocab_start = r} dy[t]; each thread owns a column and walks the tokens in order: no atomics.
+void embedding_backward(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H, int64_t VL,
+                        int64_t vocab_start, cudaStream_t s);
+
+// Cross-entropy in three steps so the vocab-parallel version can all-reduce between them (host-staged MPI).
+void ce_row_max(const float* logits, int64_t rows, int64_t V, float* mx, cudaStream_t s);
+// sums[t] = Σ_v exp(l − mx[t]); sums[rows + t] = the target's logit if it is in this shard, else 0.
+void ce_sumexp_target(const float* logits, const void* targets, bool t64, int64_t rows, int64_t V, int64_t vocab_start,
+                      const float* mx, float* sums, cudaStream_t s);
+void ce_finish(const float* mx, const float* sums, int64_t rows, float* lse, float* loss, cudaStream_t s);
+void ce_backward(const float* dloss, const float* logits, const void* targets, bool t64, const float* lse,
+                 float* dlogits, int64_t rows, int64_t V, int64_t vocab_start, cudaStream_t s);
+
+// Multi-tensor AdamW: up to kAdamTensors tensors per launch.
+constexpr int kAdamTensors = 24;
+struct AdamWBatch {
+  float* p[kAdamTensors];
+  const float* g[kAdamTensors];
+  float* m[kAdamTensors];
+  float* v[kAdamTensors];
+  int64_t n[kAdamTensors];
+  int count = 0;
+};
+struct AdamWScalars {
+  float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
+};
+void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s);
+
+// Causal GQA attention, FlashAttention-2 style (online softmax, lse kept, recomputation in the backward),
+// q/o [S, B, Nq, D], k/v [S, B, Nkv, D], lse [B, Nq, S], all f32 in memory. round_bf16: q, k, v, P and dS are
+// rounded to bf16 where the CPU bf16 kernel rounds them. D ≤ 256. Deterministic: dK/dV and dQ each have one owner.
+void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
+                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
+                        const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, int64_t S, int64_t B,
+                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+
+}  // namespace moecore::launch

@@ -1,0 +1,101 @@
+// LayerNorm forward/backward and the linear layers' bias kernels (see launch.h). The math follows
+// kernels/cpu/layernorm.cpp and elementwise.cpp: two-pass statistics, the overflow-safe path, and weight/bias
+// gradients summed by one thread per column walking the rows in order (no atomics).
+#include "moecore/kernels/cuda/common.cuh"
+#include "moecore/kernels/cuda/launch.h"
+
+namespace moecore::launch {
+
+namespace {
+__global__ void layernorm_fwd_k(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                int64_t H, float eps) {
+  __shared__ float sm[kThreads];
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * H;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) s += xr[j];
+  float mu = block_sum(s, sm) / float(H);
+  float ss = 0;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) ss += (xr[j] - mu) * (xr[j] - mu);
+  ss = block_sum(ss, sm);
+  float r = 1.0f / sqrtf(ss / float(H) + eps);
+  float div = 1.0f, shift = mu, rs = r;   // y = (x/div − shift)·rs·w + b (x/1 is exact)
+  if (!(isfinite(mu) && isfinite(ss))) {  // overflow: statistics of the row scaled by its largest magnitude
+    float m = 0;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) m = fmaxf(m, fabsf(xr[j]));
+    m = block_max(m, sm);
+    float sm1 = 0;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) sm1 += xr[j] / m;
+    const float mu_m = block_sum(sm1, sm) / float(H);
+    float ss_m = 0;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) ss_m += (xr[j] / m - mu_m) * (xr[j] / m - mu_m);
+    ss_m = block_sum(ss_m, sm);
+    const float r_m = 1.0f / sqrtf(ss_m / float(H) + eps / (m * m));
+    div = m, shift = mu_m, rs = r_m;
+    mu = mu_m * m, r = r_m / m;
+  }
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) y[t * H + j] = (xr[j] / div - shift) * rs * w[j] + b[j];
+  if (threadIdx.x == 0) mean[t] = mu, rstd[t] = r;
+}
+
+__global__ void layernorm_bwd_dx_k(const float* dy, const float* x, const float* w, const float* mean,
+                                   const float* rstd, float* dx, int64_t H) {
+  __shared__ float sm[kThreads];
+  const int64_t t = blockIdx.x;
+  const float mu = mean[t], r = rstd[t];
+  float sg = 0, sgx = 0;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
+    const float g = w[j] * dy[t * H + j];
+    sg += g;
+    sgx += g * (x[t * H + j] - mu) * r;
+  }
+  const float mg = block_sum(sg, sm) / float(H), mgx = block_sum(sgx, sm) / float(H);
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
+    dx[t * H + j] = r * (w[j] * dy[t * H + j] - mg - (x[t * H + j] - mu) * r * mgx);
+}
+
+__global__ void layernorm_bwd_dwb_k(const float* dy, const float* x, const float* mean, const float* rstd, float* dw,
+                                    float* db, int64_t rows, int64_t H) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= H) return;
+  float aw = 0, ab = 0;
+  for (int64_t t = 0; t < rows; t++) {
+    aw += dy[t * H + j] * (x[t * H + j] - mean[t]) * rstd[t];
+    ab += dy[t * H + j];
+  }
+  dw[j] += aw;
+  db[j] += ab;
+}
+
+__global__ void add_row_bias_k(float* y, const float* b, int64_t rows, int64_t N) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * N; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += b[i % N];
+}
+
+__global__ void col_sums_k(const float* dy, float* db, int64_t rows, int64_t N) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= N) return;
+  float a = 0;
+  for (int64_t t = 0; t < rows; t++) a += dy[t * N + j];
+  db[j] += a;
+}
+}  // namespace
+
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
+                       int64_t H, float eps, cudaStream_t s) {
+  if (rows > 0) layernorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, H, eps);
+}
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t s) {
+  if (rows == 0) return;
+  layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
+  layernorm_bwd_dwb_k<<<grid_for(H), kThreads, 0, s>>>(dy, x, mean, rstd, dw, db, rows, H);
+}
+void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s) {
+  if (rows * N > 0) add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(y, b, rows, N);
+}
+void accumulate_col_sums(const float* dy, float* db, int64_t rows, int64_t N, cudaStream_t s) {
+  if (N > 0) col_sums_k<<<grid_for(N), kThreads, 0, s>>>(dy, db, rows, N);
+}
+
+}  // namespace moecore::launch

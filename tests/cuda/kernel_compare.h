@@ -1,0 +1,52 @@
+// Helpers of the GPU-vs-CPU kernel tests: random host tensors, copies to the GPU, and the largest difference
+// relative to the reference's largest magnitude.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::testing_cuda {
+
+inline Tensor host_random(const Shape& s, uint64_t seed, double scale = 1.0) {
+  Tensor t = Tensor::empty(s, DType::F32);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.numel(); i++) {  // splitmix64 → uniform(-scale, scale)
+    x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    t.set_item(i, scale * (static_cast<double>(z >> 11) / 0x1p53 * 2 - 1));
+  }
+  return t;
+}
+
+inline Tensor gpu(const Tensor& t) {
+  return t.to(Device::cuda());
+}
+
+// max |got − want| / max(max |want|, tiny), got copied back from the GPU.
+inline double rel_diff(const Tensor& got_gpu, const Tensor& want) {
+  const Tensor got = got_gpu.to(Device::cpu());
+  EXPECT_EQ(got.numel(), want.numel());
+  double diff = 0, mag = 1e-30;
+  for (int64_t i = 0; i < want.numel(); i++) {
+    diff = std::max(diff, std::fabs(got.item(i) - want.item(i)));
+    mag = std::max(mag, std::fabs(want.item(i)));
+  }
+  return diff / mag;
+}
+
+inline bool bitwise_equal(const Tensor& a_gpu, const Tensor& b_gpu) {
+  const Tensor a = a_gpu.to(Device::cpu()), b = b_gpu.to(Device::cpu());
+  return a.nbytes() == b.nbytes() &&
+         std::equal(static_cast<const char*>(a.raw()), static_cast<const char*>(a.raw()) + a.nbytes(),
+                    static_cast<const char*>(b.raw()));
+}
+
+}  // namespace moecore::testing_cuda
