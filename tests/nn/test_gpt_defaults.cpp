@@ -10,6 +10,7 @@
 
 #include "config_util.h"
 #include "model_util.h"
+#include "module_grad_util.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/norm.h"
@@ -34,19 +35,7 @@ void randomize_non_normal(ParamRegistry& reg) {
     if (p->init.kind != nn::InitKind::Normal) p->value.copy_from(randn(p->value.shape(), DType::F64, s++, 0.5));
 }
 
-// d(Σ y⊙W)/dx and /dθ against finite differences.
-template <typename Fwd, typename Bwd>
-void check_module(ParamRegistry& reg, Tensor& x, Fwd fwd, Bwd bwd, const std::string& what) {
-  Tensor W = randn(fwd().shape(), DType::F64, 99);
-  auto loss = [&] { return kernels::dot(fwd(), W); };
-  reg.zero_grad();
-  fwd();
-  Tensor dx = bwd(W);
-  if (dx.defined()) {
-    EXPECT_LT(fd_rel_error(loss, x, dx, 200), kGradTol) << what << ": input";
-  }
-  for (auto& p : reg.all()) EXPECT_LT(fd_rel_error(loss, p->value, p->grad, 60), kGradTol) << what << ": " << p->name;
-}
+using testing::check_module;
 
 TEST(ModuleGrad, NormKindsAndZeroCenteredGamma) {
   for (NormKind kind : {NormKind::LayerNorm, NormKind::RMSNorm})
