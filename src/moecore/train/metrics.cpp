@@ -333,9 +333,14 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
     (q->name.find(".experts.") != std::string::npos ? p.expert : p.dense) += static_cast<double>(q->value.numel());
   fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
              (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
-  const MemoryPlan m =
-      plan_memory(c, p, padded_vocab, ParallelGroups::size(g.tp), g.dp_size, ParallelGroups::size(g.edp));
+  const PlanLayout l = PlanLayout::from(c, g.world ? g.world->size() : 1);
+  const MemoryPlan m = plan_memory(c, padded_vocab, l, g.pp_rank, &p);
   fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
+  if (l.pp > 1) {
+    const MemoryPlan& w = worst_stage(plan_memory_stages(c, padded_vocab, l));
+    fmt::print(out, "memory plan, worst pipeline stage: {} per rank on stage {} ({:.2f} micro-batches in flight)\n",
+               human_bytes(w.total()), w.pp_rank, w.in_flight);
+  }
   return m;
 }
 
