@@ -13,7 +13,7 @@ namespace {
 using testing::operator+;
 
 std::vector<std::string> model() {
-  return testing::tiny_moe_flags() + std::vector<std::string>{"--hidden-size", "64", "--moe-ffn-hidden-size", "64"} +
+  return train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64", "--moe-ffn-hidden-size", "64"}) +
          testing::mock_run_flags(256, 2, 8, 256, 10, "1e-3");
 }
 

@@ -19,6 +19,7 @@ struct MeasuredMemory {
   double peak = 0;        // bytes: the allocator's peak during step 3, less the bytes live before the run
   double planned = 0;     // the plan's total for this rank
   double activations = 0; // the plan's activations (stashes at the schedule's peak + backward working set)
+  double working = 0;     // the plan's backward working set
   int64_t new_allocs = 0; // system allocations during step 3
 };
 
@@ -45,6 +46,7 @@ inline MeasuredMemory measure_memory(const train::TrainConfig& c, const comm::Pr
       train::plan_memory(c, train::build_vocabulary(c).padded, train::PlanLayout::from(c, n), pp_rank);
   m.planned = p.total();
   m.activations = p.peak_activations + p.working;
+  m.working = p.working;
   return m;
 }
 
@@ -52,7 +54,8 @@ inline MeasuredMemory measure_memory(const train::TrainConfig& c, const comm::Pr
 inline void expect_plan_matches(const MeasuredMemory& m, const std::string& what, double rel = 0.10) {
   EXPECT_NEAR(m.planned, m.peak, rel * m.peak)
       << what << ": planned " << m.planned / 0x1p20 << " MiB, measured peak " << m.peak / 0x1p20
-      << " MiB (activations planned " << m.activations / 0x1p20 << " MiB)";
+      << " MiB (activations planned " << m.activations / 0x1p20 << " MiB, of which backward working set "
+      << m.working / 0x1p20 << " MiB)";
   EXPECT_EQ(m.new_allocs, 0) << what << ": step 3 allocated from the system";
 }
 

@@ -140,17 +140,18 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.weights = 4 * n;  // f32 parameters: moecore's master weights (bf16 is a per-step copy, below)
   m.grads = 4 * n;
   if (c.bf16) m.bf16_weights = 2 * n;  // Bf16WeightScope: every weight rounded once per step
-  if (c.use_distributed_optimizer) {
-    // optim/distributed_optimizer.cpp: flat gradient and parameter buffers over the whole bucket, and this rank's
-    // shard of gradients, master weights and both moments.
+  // One process has no data-parallel group: the plain AdamW, no buckets. Over several ranks every part of the
+  // optimizer has its group (possibly of one rank): the distributed optimizer's flat gradient and parameter
+  // buffers and this rank's shard of gradients, master weights and both moments (optim/distributed_optimizer.cpp),
+  // or one flat bucket per layer for the all-reduce (optim/grad_sync.cpp).
+  if (l.world() > 1 && c.use_distributed_optimizer) {
     const double shard = p.dense / dp + p.expert / edp;
     m.adam = 8 * shard;
     m.master = 8 * shard;  // the f32 master shard and the reduce-scattered gradient shard
     m.comm = 8 * n;
   } else {
     m.adam = 8 * n;
-    // optim/grad_sync.cpp: one flat bucket per layer for the data-parallel all-reduce.
-    m.comm = 4 * ((l.dp > 1 ? p.dense : 0.0) + (l.edp > 1 ? p.expert : 0.0));
+    m.comm = l.world() > 1 ? 4 * n : 0.0;
   }
   const StageActivations a = stage_activations(c, padded_vocab, l, pp_rank);
   for (double b : a.chunk_bytes) m.activations += b;

@@ -22,6 +22,10 @@ namespace moecore::train {
 
 namespace {
 
+// A layer's backward allocates its gradients while its stash is still held: measured on the reference runs
+// (tests/train/test_memory_plan_measured.cpp) at about this fraction of the layer's whole stash.
+constexpr double kBackwardTemporaries = 0.6;
+
 // The modules' configurations as build_model gives them (sizes, bf16, recompute), without any group.
 struct ModelShapes {
   nn::AttentionConfig attn;
@@ -78,10 +82,19 @@ std::vector<StageLayers> chunks_of(const TrainConfig& c, int64_t pp_rank) {
   return pipeline_stage_layers(c, pp_rank);
 }
 
+// The same model with no recompute: what a layer's stash holds when nothing is dropped.
+ModelShapes without_recompute(ModelShapes m) {
+  m.rc = nn::RecomputeConfig{};
+  m.attn.recompute_core_attn = false;
+  m.mlp.recompute = false;
+  m.moe.recompute_moe = m.moe.recompute_moe_act = m.moe.recompute_shared_experts = false;
+  return m;
+}
+
 }  // namespace
 
 StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank) {
-  const ModelShapes m = model_shapes(c, padded_vocab);
+  const ModelShapes m = model_shapes(c, padded_vocab), whole = without_recompute(m);
   nn::StashDims d;
   d.S = c.seq_length / std::max<int64_t>(l.cp, 1);  // context parallelism: each rank holds S / CP of the sequence
   d.B = c.micro_batch_size;
@@ -90,29 +103,27 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   StageActivations a;
   for (const StageLayers& ch : chunks_of(c, pp_rank)) {
     double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;
-    double replay = 0;  // full recompute: the largest chunk its backward replays
     for (int64_t k = 0; k < ch.num_layers; k++) {
       const int64_t i = ch.first_layer + k;
       const nn::RecomputeConfig::Chunk rc = m.rc.full ? m.rc.chunk(k, ch.num_layers) : nn::RecomputeConfig::Chunk{};
-      const double full = layer_bytes(m, l, i, d);
-      a.working = std::max(a.working, full);  // one layer's backward: its gradients are about its stash
-      if (!rc.on()) {
-        b += full;
-        continue;
+      const double kept = layer_bytes(m, l, i, d), all = layer_bytes(whole, l, i, d);
+      // Backward of layer i: what it rematerializes (a full-recompute chunk replayed whole at its last layer, or
+      // what selective recompute dropped) and its gradient temporaries (kBackwardTemporaries of its whole stash).
+      double remat = all - kept;
+      if (rc.on()) {
+        remat = 0;
+        for (int64_t j = rc.begin; j < rc.end; j++) remat += layer_bytes(m, l, ch.first_layer + j, d);
+        b += static_cast<double>(nn::released_layer_stash_bytes(m.hidden, k == rc.begin, d));
+      } else {
+        b += kept;
       }
-      b += static_cast<double>(nn::released_layer_stash_bytes(m.hidden, k == rc.begin, d));
-      if (k == rc.begin) {
-        double chunk = 0;
-        for (int64_t j = rc.begin; j < rc.end; j++) chunk += layer_bytes(m, l, ch.first_layer + j, d);
-        replay = std::max(replay, chunk);
-      }
+      a.working = std::max(a.working, remat + kBackwardTemporaries * all);
     }
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));
       a.logits = static_cast<double>(nn::tensor_bytes(d.rows() * (padded_vocab / d.tp), DType::F32));
       b += all - a.logits;
     }
-    a.working = std::max(a.working, replay);
     a.chunk_bytes.push_back(b);
   }
   // The schedule's passes in order: a forward adds its chunk's stash, a backward frees it.
