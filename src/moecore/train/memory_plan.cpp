@@ -6,12 +6,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "moecore/comm/mpi_check.h"
 #include "moecore/core/error.h"
+#include "moecore/nn/stash_bytes.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/parallel_groups.h"
 #include "moecore/train/pipeline_stages.h"
@@ -159,6 +161,14 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.in_flight = a.in_flight;
   m.peak_activations = a.peak;
   m.working = a.working;
+  // Pipeline P2P (train/pipeline_p2p.cpp): a send's buffer lives until the send completes (at most one per
+  // micro-batch in flight) and each direction has one receive posted ahead.
+  if (l.pp > 1) {
+    const double act = static_cast<double>(
+        nn::tensor_bytes(c.seq_length / std::max<int64_t>(l.cp, 1) / l.tp * c.micro_batch_size * c.hidden_size,
+                         DType::F32));
+    m.comm += (std::ceil(a.in_flight) + 2) * act;
+  }
   return m;
 }
 

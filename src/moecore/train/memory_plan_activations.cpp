@@ -126,6 +126,9 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     }
     a.chunk_bytes.push_back(b);
   }
+  // Under TP a layer's backward also holds the all-gathered output gradient and its input gradient before the
+  // reduce-scatter, both of the whole sequence.
+  if (l.tp > 1) a.working += 2.0 * static_cast<double>(nn::tensor_bytes(d.rows() * m.hidden, DType::F32));
   // The schedule's passes in order: a forward adds its chunk's stash, a backward frees it.
   const int64_t v = static_cast<int64_t>(a.chunk_bytes.size()), P = std::max<int64_t>(l.pp, 1);
   const int64_t M = std::max<int64_t>(l.num_microbatches, 1);
