@@ -39,17 +39,19 @@ TEST_P(MemoryPlanLayouts, PlanWithinTenPercentOfPeak) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, MemoryPlanLayouts,
-    ::testing::Values(
-        Layout{"TP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
-        Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}, false},
-        Layout{"DP2 distributed optimizer bf16", 2, {"--use-distributed-optimizer", "--bf16"}},
-        Layout{"PP2 1F1B", 2, {"--pipeline-model-parallel-size", "2"}},
-        Layout{"TP2 x EP2", 4,
-               {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size", "2"},
-               false},
-        Layout{"PP2 x DP2 selective recompute", 4,
-               {"--pipeline-model-parallel-size", "2", "--recompute-granularity", "selective", "--recompute-modules",
-                "moe_act", "layernorm"}}),
+    ::testing::Values(Layout{"TP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
+                      Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}, false},
+                      Layout{"DP2 distributed optimizer bf16", 2, {"--use-distributed-optimizer", "--bf16"}},
+                      Layout{"PP2 1F1B", 2, {"--pipeline-model-parallel-size", "2"}},
+                      Layout{"TP2 x EP2",
+                             4,
+                             {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                              "--expert-model-parallel-size", "2"},
+                             false},
+                      Layout{"PP2 x DP2 selective recompute",
+                             4,
+                             {"--pipeline-model-parallel-size", "2", "--recompute-granularity", "selective",
+                              "--recompute-modules", "moe_act", "layernorm"}}),
     [](const auto& info) {
       std::string s = info.param.name;
       for (char& ch : s)

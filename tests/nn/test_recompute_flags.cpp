@@ -83,8 +83,8 @@ TEST(RecomputeFlags, MemoryPlanCountsFullRecompute) {
   const double none = planned(config({}));
   const double uniform = planned(
       config({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}));
-  const double block =
-      planned(config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
+  const double block = planned(
+      config({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
   EXPECT_LT(uniform, none);
   EXPECT_LT(block, none);
   EXPECT_LT(uniform, block);  // 2 layers: uniform keeps 2 layer inputs; block 1 input and layer 1 whole

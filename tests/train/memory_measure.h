@@ -16,11 +16,11 @@
 namespace moecore::testing {
 
 struct MeasuredMemory {
-  double peak = 0;        // bytes: the allocator's peak during step 3, less the bytes live before the run
-  double planned = 0;     // the plan's total for this rank
-  double activations = 0; // the plan's activations (stashes at the schedule's peak + backward working set)
-  double working = 0;     // the plan's backward working set
-  int64_t new_allocs = 0; // system allocations during step 3
+  double peak = 0;         // bytes: the allocator's peak during step 3, less the bytes live before the run
+  double planned = 0;      // the plan's total for this rank
+  double activations = 0;  // the plan's activations (stashes at the schedule's peak + backward working set)
+  double working = 0;      // the plan's backward working set
+  int64_t new_allocs = 0;  // system allocations during step 3
 };
 
 // `warmup` steps first (the allocator's cache filled), then the measured one.

@@ -13,8 +13,8 @@ namespace {
 using testing::operator+;
 
 std::vector<std::string> model() {
-  return train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64", "--moe-ffn-hidden-size", "64",
-                                                              "--ffn-hidden-size", "128"}) +
+  return train::override_flags(testing::tiny_moe_flags(),
+                               {"--hidden-size", "64", "--moe-ffn-hidden-size", "64", "--ffn-hidden-size", "128"}) +
          testing::mock_run_flags(256, 4, 4, 256, 10, "1e-3");
 }
 
@@ -23,8 +23,12 @@ void check(const std::vector<std::string>& extra, const std::string& what) {
   testing::expect_plan_matches(m, what);
 }
 
-TEST(MemoryPlanMeasured, NoRecompute) { check({}, "no recompute"); }
-TEST(MemoryPlanMeasured, Bf16) { check({"--bf16"}, "bf16"); }
+TEST(MemoryPlanMeasured, NoRecompute) {
+  check({}, "no recompute");
+}
+TEST(MemoryPlanMeasured, Bf16) {
+  check({"--bf16"}, "bf16");
+}
 TEST(MemoryPlanMeasured, SelectiveRecompute) {
   check({"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act", "layernorm"},
         "selective core_attn moe_act layernorm");

@@ -22,7 +22,9 @@ using train::MemoryPlan;
 using train::PlanLayout;
 using train::TrainConfig;
 
-std::string gib(double b) { return b >= 0x1p30 ? fmt::format("{:.2f} GiB", b / 0x1p30) : train::human_bytes(b); }
+std::string gib(double b) {
+  return b >= 0x1p30 ? fmt::format("{:.2f} GiB", b / 0x1p30) : train::human_bytes(b);
+}
 
 std::string describe_layout(const TrainConfig& c, const PlanLayout& l) {
   std::string v = c.num_virtual_stages_per_pipeline_rank > 1
@@ -30,10 +32,10 @@ std::string describe_layout(const TrainConfig& c, const PlanLayout& l) {
                       : std::string();
   if (v.empty() && c.num_layers_per_virtual_pipeline_stage > 0 && l.pp > 1)
     v = fmt::format(" ({} layers per virtual stage)", c.num_layers_per_virtual_pipeline_stage);
-  return fmt::format("{} ranks: TP {} x CP {} x PP {}{} x DP {}; experts EP {} x ETP {} x EDP {}; {} micro-batches of "
-                     "{} x {} tokens per step",
-                     l.world(), l.tp, l.cp, l.pp, v, l.dp, l.ep, l.etp, l.edp, l.num_microbatches, c.micro_batch_size,
-                     c.seq_length);
+  return fmt::format(
+      "{} ranks: TP {} x CP {} x PP {}{} x DP {}; experts EP {} x ETP {} x EDP {}; {} micro-batches of "
+      "{} x {} tokens per step",
+      l.world(), l.tp, l.cp, l.pp, v, l.dp, l.ep, l.etp, l.edp, l.num_microbatches, c.micro_batch_size, c.seq_length);
 }
 
 // The worst pipeline stage's plan of `c` on `world` ranks.
@@ -55,8 +57,8 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
                "in flight", "act", "total");
     for (const MemoryPlan& m : stages)
       fmt::print(out, "{:>6} {:>11.1f}M {:>11} {:>11} {:>12.2f} {:>9} {:>11}\n", m.pp_rank, m.params / 1e6,
-                 gib(m.weights + m.bf16_weights + m.grads + m.adam + m.master + m.comm),
-                 gib(m.activations + m.logits), m.in_flight, gib(m.peak_activations + m.working), gib(m.total()));
+                 gib(m.weights + m.bf16_weights + m.grads + m.adam + m.master + m.comm), gib(m.activations + m.logits),
+                 m.in_flight, gib(m.peak_activations + m.working), gib(m.total()));
   }
   fmt::print(out, "worst rank (pipeline stage {}), per rank:\n", w.pp_rank);
   const std::vector<std::pair<const char*, double>> rows = {
@@ -95,7 +97,8 @@ std::vector<Change> changes() {
        }},
       {"--recompute-granularity selective --recompute-modules moe_act layernorm",
        [](TrainConfig& c, int64_t) {
-         if (c.recompute_granularity == "selective" && c.recompute_modules == std::vector<std::string>{"moe_act", "layernorm"})
+         if (c.recompute_granularity == "selective" &&
+             c.recompute_modules == std::vector<std::string>{"moe_act", "layernorm"})
            return false;
          if (c.recompute_granularity == "full" || c.multi_latent_attention) return false;
          c.recompute_granularity = "selective";
@@ -142,10 +145,12 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
       }
     }
   }
-  fmt::print(out, "no change in Megatron's order (raise EP, recompute moe_act/layernorm, raise PP, distributed "
-                  "optimizer) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
-                  "--micro-batch-size or --seq-length, or full recompute (--recompute-granularity full)\n",
-             gib(device), world, applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")));
+  fmt::print(out,
+             "no change in Megatron's order (raise EP, recompute moe_act/layernorm, raise PP, distributed "
+             "optimizer) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
+             "--micro-batch-size or --seq-length, or full recompute (--recompute-granularity full)\n",
+             gib(device), world,
+             applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")));
 }
 
 }  // namespace

@@ -2,12 +2,12 @@
 //   H_e = X_e·W1_eᵀ;  A_e = act(H_e) ⊙ p;  Y_e = A_e·W2_eᵀ
 // Backward: dA_e = dY_e·W2_e, dW2_e += dY_eᵀ·A_e;  (dH_e, dp) = act'(...);  dX_e = dH_e·W1_e, dW1_e += dH_eᵀ·X_e
 #include "moecore/moe/grouped_experts.h"
-#include "moecore/nn/stash_bytes.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -261,8 +261,8 @@ int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t cap = aligned ? rows : rows + n * (kRowAlign - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
   int64_t b = nn::tensor_bytes(cap * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x_RH, probs_R
-  b += nn::tensor_bytes(cap * F1, DType::F32);                                            // h_RF1
-  if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                  // a_RF
+  b += nn::tensor_bytes(cap * F1, DType::F32);                                           // h_RF1
+  if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                   // a_RF
   return b;
 }
 

@@ -1,11 +1,11 @@
 // MoE layer (see moe_layer.h). Backward runs the stages in reverse; the router's input gradient adds to the
 // dispatched tokens' gradient because x feeds both.
 #include "moecore/moe/moe_layer.h"
-#include "moecore/nn/stash_bytes.h"
 
 #include <cctype>
 
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -240,8 +240,7 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   // Routed rows: T·K, balanced over the EP ranks (the same count arrives); with padding to capacity every expert
   // gets its capacity. Under ETP the ETP group's rows are gathered.
   int64_t rows = T * K;
-  if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity)
-    rows = E * std::min(expert_capacity(c.router, T), T);
+  if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity) rows = E * std::min(expert_capacity(c.router, T), T);
   ExpertsConfig e{H, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
   e.recompute_act = c.recompute_moe_act;
   int64_t b = router_stash_bytes(c.router, T, d.training);
@@ -252,8 +251,8 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   // The input, when the router keeps it (f32 gating input, no jitter) or the shared experts do (f32, no TP, or
   // the gate's x_TH); dropped with the norm's output under layernorm recompute.
   const bool router_keeps = c.router.router_dtype == DType::F32 && !(d.training && c.router.input_jitter_eps > 0);
-  const bool shared_keeps = c.shared_ffn_hidden > 0 && !c.recompute_shared_experts &&
-                            (c.shared_expert_gate || (!c.bf16 && d.tp == 1));
+  const bool shared_keeps =
+      c.shared_ffn_hidden > 0 && !c.recompute_shared_experts && (c.shared_expert_gate || (!c.bf16 && d.tp == 1));
   if (!input_dropped && (router_keeps || shared_keeps || (c.shared_ffn_hidden > 0 && c.recompute_shared_experts)))
     b += input;
   return b;

@@ -1,7 +1,6 @@
 // Router (see router.h). Formulas follow reference §1.1a/§1.1b; every backward term is derived next to its code.
 // Top-k breaks ties toward the lower expert index (torch.topk leaves this to the backend).
 #include "moecore/moe/router.h"
-#include "moecore/nn/stash_bytes.h"
 
 #include <omp.h>
 
@@ -14,6 +13,7 @@
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/sinkhorn.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -561,9 +561,9 @@ int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training) {
   const int64_t H = c.hidden, E = c.num_experts, K = c.topk;
   const bool jitter = training && c.input_jitter_eps > 0;
   int64_t b = 0;
-  if (jitter || rd != DType::F32) b += nn::tensor_bytes(T * H, rd);  // x_r
-  if (jitter) b += nn::tensor_bytes(T * H, rd);                      // jitter_TH
-  b += nn::tensor_bytes(T * E, rd) * (c.force_load_balancing ? 2 : 1);  // logits_TE (used_TE: its noise)
+  if (jitter || rd != DType::F32) b += nn::tensor_bytes(T * H, rd);            // x_r
+  if (jitter) b += nn::tensor_bytes(T * H, rd);                                // jitter_TH
+  b += nn::tensor_bytes(T * E, rd) * (c.force_load_balancing ? 2 : 1);         // logits_TE (used_TE: its noise)
   b += 2 * nn::tensor_bytes(T * K, DType::I32) + nn::tensor_bytes(T * K, rd);  // idx_TK, kept_TK, p_TK
   if (c.score_function == ScoreFunction::Sigmoid || c.pre_softmax) b += nn::tensor_bytes(T * E, rd);  // scores_TE
   if (!training) return b;
@@ -574,8 +574,8 @@ int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training) {
     any_aux |= on;
     global |= on && c.load_balancing[i] == LoadBalancingType::GlobalAuxLoss;
   }
-  if (any_aux) b += nn::tensor_bytes(T * E, rd);  // daux_TE
-  if (global) b += nn::tensor_bytes(E, DType::F64);  // replay.global_before
+  if (any_aux) b += nn::tensor_bytes(T * E, rd);         // daux_TE
+  if (global) b += nn::tensor_bytes(E, DType::F64);      // replay.global_before
   if (c.z_loss_coeff > 0) b += nn::tensor_bytes(T, rd);  // lse_T
   return b;
 }

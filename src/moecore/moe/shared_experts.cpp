@@ -1,12 +1,12 @@
 // Shared experts (see shared_experts.h). With g_t = σ(x_t·w): y_t = m_t·g_t, where m = MLP(x);
 //   dm_t = dy_t·g_t;  dz_t = (Σ_h dy_th·m_th)·g_t·(1 − g_t);  dw += Σ_t dz_t·x_t;  dx_t += dz_t·w
 #include "moecore/moe/shared_experts.h"
-#include "moecore/nn/stash_bytes.h"
 
 #include <cmath>
 
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 

@@ -1,10 +1,10 @@
 // Local token dispatcher (see token_dispatcher.h).
 #include "moecore/moe/token_dispatcher.h"
-#include "moecore/nn/stash_bytes.h"
 
 #include <cstring>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -340,8 +340,8 @@ void AllGatherTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tens
 // What dispatch leaves in the DispatchPlan (nn/stash_bytes.h).
 int64_t dispatch_plan_bytes(int64_t T, int64_t rows, int64_t received, bool ep) {
   int64_t b = nn::tensor_bytes(T + 1, DType::I64) + nn::tensor_bytes(T, DType::I64);  // token_offsets, cursor
-  b += 2 * nn::tensor_bytes(rows, DType::I32) + nn::tensor_bytes(rows, DType::I64);  // row_token, token_rows, row_tk
-  if (ep) b += nn::tensor_bytes(received, DType::I32);                             // sorted_from_recv
+  b += 2 * nn::tensor_bytes(rows, DType::I32) + nn::tensor_bytes(rows, DType::I64);   // row_token, token_rows, row_tk
+  if (ep) b += nn::tensor_bytes(received, DType::I32);                                // sorted_from_recv
   return b;
 }
 

@@ -2,13 +2,13 @@
 // (inverse rotation) → qk-norm → q/k/v projections, whose input gradients sum into dx.
 #include "moecore/nn/attention.h"
 
-#include "moecore/nn/stash_bytes.h"
 #include <cmath>
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/rope.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -147,7 +147,8 @@ int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool
   if (a.qk_layernorm) b += norm_stash_bytes(r * nq, a.qk_norm_kind) + norm_stash_bytes(r * nkv, a.qk_norm_kind);
   b += tensor_bytes(r * nkv * D, DType::F32);
   if (!a.recompute_core_attn)  // o_SBND (proj's input: shared, or its bf16 copy) and lse_BNS
-    b += tensor_bytes(r * nq * D, DType::F32) + linear_stash_bytes(r, nq * D, d.bf16) + tensor_bytes(r * nq, DType::F32);
+    b +=
+        tensor_bytes(r * nq * D, DType::F32) + linear_stash_bytes(r, nq * D, d.bf16) + tensor_bytes(r * nq, DType::F32);
   return b;
 }
 

@@ -2,9 +2,9 @@
 #include "moecore/nn/linear.h"
 
 #include "moecore/core/allocator.h"
-#include "moecore/nn/stash_bytes.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -88,6 +88,8 @@ int64_t tensor_bytes(int64_t numel, DType dt) {
 }
 
 // What Linear::forward / stash_input keep in st.x beyond the caller's tensor (stash_bytes.h).
-int64_t linear_stash_bytes(int64_t rows, int64_t in, bool bf16) { return bf16 ? tensor_bytes(rows * in, DType::BF16) : 0; }
+int64_t linear_stash_bytes(int64_t rows, int64_t in, bool bf16) {
+  return bf16 ? tensor_bytes(rows * in, DType::BF16) : 0;
+}
 
 }  // namespace moecore::nn

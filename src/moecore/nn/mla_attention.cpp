@@ -4,12 +4,12 @@
 // projections, whose input gradients sum into dx.
 #include "moecore/nn/mla_attention.h"
 
-#include "moecore/nn/stash_bytes.h"
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -225,9 +225,9 @@ int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const Stas
     b += tensor_bytes(r * H, gd);  // linear_q_proj's input: the gathered x, or its bf16 copy
   }
   if (a.qk_layernorm) b += f32(rl * R) + norm_stash_bytes(rl, a.qk_norm_kind);  // kv_norm's input
-  b += tensor_bytes(r * R, gd);                                                  // kv_up's input (gathered)
-  b += 4 * f32(r * nh * da) + f32(r * nh);  // q, k, v, o padded to width A; lse
-  b += tensor_bytes(r * nh * m.v_head_dim, gd);  // proj's input: o unpadded
+  b += tensor_bytes(r * R, gd);                                                 // kv_up's input (gathered)
+  b += 4 * f32(r * nh * da) + f32(r * nh);                                      // q, k, v, o padded to width A; lse
+  b += tensor_bytes(r * nh * m.v_head_dim, gd);                                 // proj's input: o unpadded
   return b;
 }
 

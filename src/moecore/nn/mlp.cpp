@@ -82,7 +82,7 @@ int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropp
   if (m.recompute) return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, DType::F32);
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x
-  b += tensor_bytes(r * F1, DType::F32);  // h: fc1's output
+  b += tensor_bytes(r * F1, DType::F32);     // h: fc1's output
   b += tensor_bytes(r * F, d.gemm_input());  // fc2.x: the activation (in f32 the tensor itself)
   return b;
 }

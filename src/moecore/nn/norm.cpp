@@ -1,10 +1,10 @@
 // Norm module (see norm.h).
 #include "moecore/nn/norm.h"
 
-#include "moecore/nn/stash_bytes.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/layernorm.h"
 #include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 

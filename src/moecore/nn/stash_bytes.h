@@ -24,7 +24,7 @@ struct StashDims {
   int64_t tp = 1;  // tensor parallel size: between blocks, sequence shards of S/tp rows (sequence parallelism)
   bool bf16 = false;
   bool training = true;
-  int64_t rows() const { return S * B; }              // tokens after the sequence all-gather
+  int64_t rows() const { return S * B; }             // tokens after the sequence all-gather
   int64_t local_rows() const { return S / tp * B; }  // tokens of a sequence shard
   DType gemm_input() const { return bf16 ? DType::BF16 : DType::F32; }
 };

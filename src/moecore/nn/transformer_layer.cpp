@@ -1,9 +1,9 @@
 // Transformer layer (see transformer_layer.h). Backward of y = h + Z ⊙ f(h): dh = dy + f'(h)ᵀ·(Z ⊙ dy); same for
 // x (Z: the site's dropout multipliers, regenerated; ones outside training).
 #include "moecore/nn/transformer_layer.h"
-#include "moecore/nn/stash_bytes.h"
 
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 

@@ -67,8 +67,8 @@ std::string MemoryPlan::describe() const {
   if (master > 0) s += fmt::format(" | master shard {}", human_bytes(master));
   if (bf16_weights > 0) s += fmt::format(" | bf16 weights {}", human_bytes(bf16_weights));
   if (comm > 0) s += fmt::format(" | comm buffers {}", human_bytes(comm));
-  s += fmt::format(" | activations {} per micro-batch x {:.2f} in flight", human_bytes(activations + logits),
-                   in_flight);
+  s +=
+      fmt::format(" | activations {} per micro-batch x {:.2f} in flight", human_bytes(activations + logits), in_flight);
   if (logits > 0) s += fmt::format(" (logits {})", human_bytes(logits));
   s += fmt::format(" = {} | backward working set {}", human_bytes(peak_activations), human_bytes(working));
   return s;
@@ -107,8 +107,8 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
     const double Q = static_cast<double>(c.q_lora_rank), R = static_cast<double>(c.kv_lora_rank);
     const double Dq = static_cast<double>(c.qk_head_dim + c.qk_pos_emb_head_dim);
     const double Dr = static_cast<double>(c.qk_pos_emb_head_dim), Dv = static_cast<double>(c.v_head_dim);
-    attn = (Q > 0 ? H * Q + Q * N * Dq / t : H * N * Dq / t) + H * (R + Dr) + (R * N * (Dq - Dr + Dv) + N * Dv * H) / t +
-           norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
+    attn = (Q > 0 ? H * Q + Q * N * Dq / t : H * N * Dq / t) + H * (R + Dr) +
+           (R * N * (Dq - Dr + Dv) + N * Dv * H) / t + norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
   }
   const double dense_ffn = (glu * H * static_cast<double>(c.ffn_hidden_size)) / t + bias * (H + glu / 2 * H);
   const double E = static_cast<double>(c.num_experts), Fs = static_cast<double>(c.moe_shared_expert_intermediate_size);
@@ -164,9 +164,8 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   // Pipeline P2P (train/pipeline_p2p.cpp): a send's buffer lives until the send completes (at most one per
   // micro-batch in flight) and each direction has one receive posted ahead.
   if (l.pp > 1) {
-    const double act = static_cast<double>(
-        nn::tensor_bytes(c.seq_length / std::max<int64_t>(l.cp, 1) / l.tp * c.micro_batch_size * c.hidden_size,
-                         DType::F32));
+    const double act = static_cast<double>(nn::tensor_bytes(
+        c.seq_length / std::max<int64_t>(l.cp, 1) / l.tp * c.micro_batch_size * c.hidden_size, DType::F32));
     m.comm += (std::ceil(a.in_flight) + 2) * act;
   }
   return m;

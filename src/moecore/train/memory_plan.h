@@ -37,9 +37,7 @@ struct MemoryPlan {
   double in_flight = 1;                    // micro-batches' stashes held at the schedule's peak (stage units)
   double peak_activations = 0;             // the stashes at the schedule's peak, logits included
   double working = 0;                      // on top, in backward: a replayed full-recompute chunk, one layer's grads
-  double total() const {
-    return weights + bf16_weights + grads + adam + master + comm + peak_activations + working;
-  }
+  double total() const { return weights + bf16_weights + grads + adam + master + comm + peak_activations + working; }
   std::string describe() const;  // "weights 1.0 MiB | gradients ..."
 };
 

@@ -133,8 +133,8 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   const int64_t v = static_cast<int64_t>(a.chunk_bytes.size()), P = std::max<int64_t>(l.pp, 1);
   const int64_t M = std::max<int64_t>(l.num_microbatches, 1);
   double live = 0;
-  for (const PipelinePass& p : pipeline_order(M, P, std::min(pp_rank, P - 1), v, c.microbatch_group_size_per_vp_stage,
-                                              false)) {
+  for (const PipelinePass& p :
+       pipeline_order(M, P, std::min(pp_rank, P - 1), v, c.microbatch_group_size_per_vp_stage, false)) {
     double b = a.chunk_bytes[static_cast<size_t>(p.chunk)];
     if (p.chunk == v - 1) b += a.logits;
     live += p.forward ? b : -b;

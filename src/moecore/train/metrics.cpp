@@ -253,7 +253,8 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
                       {"tokens_per_sec", tps},
                       {"gflops", gflops},
                       {"gflops_ratio_to_gemm_peak", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
-                      {"peak_memory_bytes", mem.peak_bytes}};
+                      {"peak_memory_bytes", mem.peak_bytes},
+                      {"planned_memory_bytes", planned_memory_}};
   if (!layers.empty() || (c_.num_experts > 0 && !r.moe_layer_ids.empty())) {  // this stage may hold none
     for (size_t t = 0; t < c_.moe_router_load_balancing_type.size(); t++) {
       const std::string name =
@@ -312,12 +313,13 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     j["params_norm"] = r.params_norm;
   }
   if (out_) {
-    fmt::print(out_,
-               " iteration {:>8}/{:>8} | consumed samples: {:>10} |{} learning rate: {:.6E} | lm loss: {:.6E} |{} "
-               "grad norm: {:.3f} |{} tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {}\n",
-               iteration, c_.train_iters, consumed_samples, throughput, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n,
-               after_norm, tps, gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
-               human_bytes(static_cast<double>(mem.peak_bytes)));
+    fmt::print(
+        out_,
+        " iteration {:>8}/{:>8} | consumed samples: {:>10} |{} learning rate: {:.6E} | lm loss: {:.6E} |{} "
+        "grad norm: {:.3f} |{} tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {} (plan {})\n",
+        iteration, c_.train_iters, consumed_samples, throughput, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n,
+        after_norm, tps, gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
+        human_bytes(static_cast<double>(mem.peak_bytes)), human_bytes(planned_memory_));
     flush_checked(out_, "training log");
   }
   write_json(j);

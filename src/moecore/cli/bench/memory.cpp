@@ -51,16 +51,15 @@ void run_bench_memory(const TrainBenchArgs& a) {
     const TrainRun r = timed_train(c, a.iters, t);
     rank = r.rank;
     const AllocatorStats s = Allocator::instance().stats();
-    const train::MemoryPlan p = train::plan_memory(c, train::build_vocabulary(c).padded,
-                                                   train::PlanLayout::from(c, r.world), 0);
-    rows.push_back({name, static_cast<double>(s.peak_bytes - s.live_bytes), p.peak_activations + p.working,
-                    r.step_median_s});
+    const train::MemoryPlan p =
+        train::plan_memory(c, train::build_vocabulary(c).padded, train::PlanLayout::from(c, r.world), 0);
+    rows.push_back(
+        {name, static_cast<double>(s.peak_bytes - s.live_bytes), p.peak_activations + p.working, r.step_median_s});
   }
   if (rank != 0) return;
-  fmt::print(
-      "moecore bench memory: {} layers, H={}, {} experts top-{} (F={}), S={}, micro-batch {}, {}, {} threads\n",
-      c0.num_layers, c0.hidden_size, c0.num_experts, c0.moe_router_topk, c0.moe_ffn_hidden_size, c0.seq_length,
-      c0.micro_batch_size, a.dtype, num_threads());
+  fmt::print("moecore bench memory: {} layers, H={}, {} experts top-{} (F={}), S={}, micro-batch {}, {}, {} threads\n",
+             c0.num_layers, c0.hidden_size, c0.num_experts, c0.moe_router_topk, c0.moe_ffn_hidden_size, c0.seq_length,
+             c0.micro_batch_size, a.dtype, num_threads());
   fmt::print("{:<26} {:>14} {:>10} {:>14} {:>10} {:>10}\n", "recompute", "peak act MiB", "saved MiB", "plan MiB",
              "step s", "time +%");
   const Row& none = rows.front();
