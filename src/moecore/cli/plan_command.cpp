@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <initializer_list>
 
 #include "moecore/core/error.h"
 #include "moecore/train/config.h"
@@ -95,14 +96,17 @@ std::vector<Change> changes() {
          c.expert_model_parallel_size = ep;
          return true;
        }},
-      {"--recompute-granularity selective --recompute-modules moe_act layernorm",
+      {"--recompute-granularity selective --recompute-modules moe_act layernorm (MLA: moe_act)",
        [](TrainConfig& c, int64_t) {
-         if (c.recompute_granularity == "selective" &&
-             c.recompute_modules == std::vector<std::string>{"moe_act", "layernorm"})
+         // MLA refuses layernorm recompute (it keeps its whole stash): moe_act alone there.
+         const std::vector<std::string> modules = c.multi_latent_attention
+                                                      ? std::vector<std::string>{"moe_act"}
+                                                      : std::vector<std::string>{"moe_act", "layernorm"};
+         if (c.recompute_granularity == "full" ||
+             (c.recompute_granularity == "selective" && c.recompute_modules == modules))
            return false;
-         if (c.recompute_granularity == "full" || c.multi_latent_attention) return false;
          c.recompute_granularity = "selective";
-         c.recompute_modules = {"moe_act", "layernorm"};
+         c.recompute_modules = modules;
          return true;
        }},
       {"raise --pipeline-model-parallel-size",
@@ -175,6 +179,16 @@ int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
     }
     args.push_back(a);
   }
+  // Nothing is trained or read: a step count and a data source are not needed to plan (given ones are checked).
+  auto given = [&](std::initializer_list<const char*> flags) {
+    for (const std::string& a : args)
+      for (const char* f : flags)
+        if (a == f) return true;
+    return false;
+  };
+  if (!given({"--train-iters", "--train-samples", "--skip-train"})) args.insert(args.end(), {"--train-iters", "1"});
+  if (!given({"--mock-data", "--data-path", "--train-data-path", "--per-split-data-args-path", "--data-args-path"}))
+    args.push_back("--mock-data");
   const TrainConfig c = train::parse_train_config(args);
   const int64_t padded_vocab = train::build_vocabulary(c).padded;
   if (world == 0) world = PlanLayout::from(c, 0).world();
