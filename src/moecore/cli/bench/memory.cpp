@@ -5,6 +5,8 @@
 // (train/memory_plan.h) for the same configuration.
 #include <fmt/format.h>
 
+#include <cstdio>
+
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/train_run.h"
@@ -38,34 +40,35 @@ void run_bench_memory(const TrainBenchArgs& a) {
   options.push_back(
       {"full (uniform, 1 layer)",
        {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}});
-  struct Row {
-    std::string name;
-    double peak = 0, planned = 0, step = 0;
-  };
-  std::vector<Row> rows;
-  int64_t rank = 0;
-  for (const auto& [name, extra] : options) {
+  // Each row is printed as soon as it is measured (a run of the default model takes minutes per option).
+  std::FILE* out = stdout;
+  double none_peak = 0, none_step = 0;
+  for (size_t k = 0; k < options.size(); k++) {
+    const auto& [name, extra] = options[k];
     const train::TrainConfig c = train::parse_train_config(train::override_flags(base, extra));
     std::unique_ptr<train::Trainer> t;
     Allocator::instance().reset_peak();
     const TrainRun r = timed_train(c, a.iters, t);
-    rank = r.rank;
     const AllocatorStats s = Allocator::instance().stats();
     const train::MemoryPlan p =
         train::plan_memory(c, train::build_vocabulary(c).padded, train::PlanLayout::from(c, r.world), 0);
-    rows.push_back(
-        {name, static_cast<double>(s.peak_bytes - s.live_bytes), p.peak_activations + p.working, r.step_median_s});
+    const double peak = static_cast<double>(s.peak_bytes - s.live_bytes), step = r.step_median_s;
+    if (k == 0) none_peak = peak, none_step = step;
+    if (r.rank != 0) continue;
+    if (k == 0) {
+      fmt::print(
+          out,
+          "moecore bench memory: {} layers, H={}, {} experts top-{} (F={}), S={}, micro-batch {}, {}, {} threads\n",
+          c0.num_layers, c0.hidden_size, c0.num_experts, c0.moe_router_topk, c0.moe_ffn_hidden_size, c0.seq_length,
+          c0.micro_batch_size, a.dtype, num_threads());
+      fmt::print(out, "{:<26} {:>14} {:>10} {:>14} {:>10} {:>10}\n", "recompute", "peak act MiB", "saved MiB",
+                 "plan MiB", "step s", "time +%");
+    }
+    fmt::print(out, "{:<26} {:>14.1f} {:>10.1f} {:>14.1f} {:>10.3f} {:>+10.1f}\n", name, peak / 0x1p20,
+               (none_peak - peak) / 0x1p20, (p.peak_activations + p.working) / 0x1p20, step,
+               100.0 * (step / none_step - 1.0));
+    std::fflush(out);
   }
-  if (rank != 0) return;
-  fmt::print("moecore bench memory: {} layers, H={}, {} experts top-{} (F={}), S={}, micro-batch {}, {}, {} threads\n",
-             c0.num_layers, c0.hidden_size, c0.num_experts, c0.moe_router_topk, c0.moe_ffn_hidden_size, c0.seq_length,
-             c0.micro_batch_size, a.dtype, num_threads());
-  fmt::print("{:<26} {:>14} {:>10} {:>14} {:>10} {:>10}\n", "recompute", "peak act MiB", "saved MiB", "plan MiB",
-             "step s", "time +%");
-  const Row& none = rows.front();
-  for (const Row& r : rows)
-    fmt::print("{:<26} {:>14.1f} {:>10.1f} {:>14.1f} {:>10.3f} {:>+10.1f}\n", r.name, r.peak / 0x1p20,
-               (none.peak - r.peak) / 0x1p20, r.planned / 0x1p20, r.step, 100.0 * (r.step / none.step - 1.0));
 }
 
 }  // namespace
