@@ -11,6 +11,7 @@
 #include "moecore/cli/flags_command.h"
 #include "moecore/cli/launch.h"
 #include "moecore/cli/model_commands.h"
+#include "moecore/cli/plan_command.h"
 #include "moecore/cli/report_command.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
@@ -88,6 +89,15 @@ int run_train(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "train") return run_train(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "plan")  // the train flags, no MPI, nothing trained
+    return guarded_status([&] {
+      try {
+        return moecore::cli::run_plan(std::vector<std::string>(argv + 2, argv + argc), stdout);
+      } catch (const moecore::train::HelpRequested& h) {
+        fmt::print("{}", h.text);
+        return 0;
+      }
+    });
   if (argc >= 2 && std::string(argv[1]) == "launch")
     return guarded_status([&] { return moecore::cli::run_launch(argc, argv); });
   CLI::App app{"moecore: train Mixture-of-Experts language models the way Megatron-Core MoE does", "moecore"};
@@ -95,7 +105,9 @@ int main(int argc, char** argv) {
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and exit");
   app.footer(
-      "Subcommands also include: train (Megatron-LM flags; moecore train --help), launch (mpirun with graceful "
+      "Subcommands also include: train (Megatron-LM flags; moecore train --help), plan (the memory plan of train "
+      "flags without running: moecore plan --world-size N --device-memory-gib G <train flags>), launch (mpirun with "
+      "graceful "
       "SIGTERM/SIGINT: moecore launch --nproc-per-node N -- train ...)");
 
   moecore::cli::PreprocessArgs pre;

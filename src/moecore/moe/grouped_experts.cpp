@@ -8,6 +8,7 @@
 
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -252,6 +253,20 @@ Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::A
       }
     }
   return y;
+}
+
+// What GroupedExperts::forward leaves in its Stash for `rows` rows spread evenly over the local experts
+// (nn/stash_bytes.h): padded buffers are allocated at rows + experts·(kRowAlign − 1), their largest size.
+int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
+  const int64_t n = std::max<int64_t>(e.num_experts, 1), F1 = (kernels::is_gated(e.activation) ? 2 : 1) * e.ffn_hidden;
+  bool aligned = true;
+  for (int64_t i = 0; i < n; i++) aligned &= (rows / n + (i < rows % n ? 1 : 0)) % kRowAlign == 0;
+  const int64_t cap = aligned ? rows : rows + n * (kRowAlign - 1);
+  const DType xt = e.bf16 ? DType::BF16 : DType::F32;
+  int64_t b = nn::tensor_bytes(cap * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x_RH, probs_R
+  b += nn::tensor_bytes(cap * F1, DType::F32);                                           // h_RF1
+  if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                   // a_RF
+  return b;
 }
 
 }  // namespace moecore::moe

@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -229,6 +230,33 @@ std::vector<bool> parse_moe_layer_freq(const std::string& spec_in, int64_t num_l
   if (static_cast<int64_t>(out.size()) != num_layers)
     fail("it has " + std::to_string(out.size()) + " entries for --num-layers " + std::to_string(num_layers));
   return out;
+}
+
+// What MoELayer::forward leaves in its Stash (nn/stash_bytes.h).
+int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, const nn::StashDims& d,
+                              bool input_dropped) {
+  const int64_t T = d.local_rows(), H = c.router.hidden, K = c.router.topk, E = c.router.num_experts;
+  const int64_t input = nn::tensor_bytes(T * H, DType::F32);  // x: the pre-MLP norm's output
+  if (c.recompute_moe) return input_dropped ? 0 : input;
+  // Routed rows: T·K, balanced over the EP ranks (the same count arrives); with padding to capacity every expert
+  // gets its capacity. Under ETP the ETP group's rows are gathered.
+  int64_t rows = T * K;
+  if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity) rows = E * std::min(expert_capacity(c.router, T), T);
+  ExpertsConfig e{H, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
+  e.recompute_act = c.recompute_moe_act;
+  int64_t b = router_stash_bytes(c.router, T, d.training);
+  b += dispatch_plan_bytes(T, rows, rows, ep > 1);
+  if (etp > 1) b += nn::tensor_bytes(rows * etp, DType::I32);  // EtpPlan::sorted_from_all
+  b += grouped_experts_stash_bytes(e, rows * etp);
+  b += shared_experts_stash_bytes(c, d, input_dropped);
+  // The input, when the router keeps it (f32 gating input, no jitter) or the shared experts do (f32, no TP, or
+  // the gate's x_TH); dropped with the norm's output under layernorm recompute.
+  const bool router_keeps = c.router.router_dtype == DType::F32 && !(d.training && c.router.input_jitter_eps > 0);
+  const bool shared_keeps =
+      c.shared_ffn_hidden > 0 && !c.recompute_shared_experts && (c.shared_expert_gate || (!c.bf16 && d.tp == 1));
+  if (!input_dropped && (router_keeps || shared_keeps || (c.shared_ffn_hidden > 0 && c.recompute_shared_experts)))
+    b += input;
+  return b;
 }
 
 }  // namespace moecore::moe

@@ -13,6 +13,7 @@
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/sinkhorn.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -551,6 +552,32 @@ void Router::reset_counters() {
   tokens_per_expert_E_.zero_();
   global_aux_.tokens_E.zero_();
   global_aux_.micro_batches = 0;
+}
+
+// What Router::forward leaves in its Stash (nn/stash_bytes.h); the gating input is the caller's unless converted
+// to the router dtype or jittered.
+int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training) {
+  const DType rd = c.router_dtype;
+  const int64_t H = c.hidden, E = c.num_experts, K = c.topk;
+  const bool jitter = training && c.input_jitter_eps > 0;
+  int64_t b = 0;
+  if (jitter || rd != DType::F32) b += nn::tensor_bytes(T * H, rd);            // x_r
+  if (jitter) b += nn::tensor_bytes(T * H, rd);                                // jitter_TH
+  b += nn::tensor_bytes(T * E, rd) * (c.force_load_balancing ? 2 : 1);         // logits_TE (used_TE: its noise)
+  b += 2 * nn::tensor_bytes(T * K, DType::I32) + nn::tensor_bytes(T * K, rd);  // idx_TK, kept_TK, p_TK
+  if (c.score_function == ScoreFunction::Sigmoid || c.pre_softmax) b += nn::tensor_bytes(T * E, rd);  // scores_TE
+  if (!training) return b;
+  b += nn::tensor_bytes(T * E, rd);  // aux_scores_TE
+  bool any_aux = false, global = false;
+  for (size_t i = 0; i < c.load_balancing.size(); i++) {
+    const bool on = c.load_balancing[i] != LoadBalancingType::None && c.aux_loss_coeff[i] > 0;
+    any_aux |= on;
+    global |= on && c.load_balancing[i] == LoadBalancingType::GlobalAuxLoss;
+  }
+  if (any_aux) b += nn::tensor_bytes(T * E, rd);         // daux_TE
+  if (global) b += nn::tensor_bytes(E, DType::F64);      // replay.global_before
+  if (c.z_loss_coeff > 0) b += nn::tensor_bytes(T, rd);  // lse_T
+  return b;
 }
 
 }  // namespace moecore::moe

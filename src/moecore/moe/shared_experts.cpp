@@ -6,6 +6,7 @@
 
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -100,6 +101,17 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
   kernels::gemm(dz, false, gate_->value, false, dx, 1.0f, 1.0f);
   st.x_TH = st.out_TH = st.gate_T = Tensor();
   return dx.reshape(dy_SBH.shape());
+}
+
+// What SharedExperts::forward leaves in its Stash (nn/stash_bytes.h): the MLP's, and with the gate its output and
+// gate values; only the input (the MoE layer's, counted there) under shared_experts recompute.
+int64_t shared_experts_stash_bytes(const MoELayerConfig& c, const nn::StashDims& d, bool input_dropped) {
+  if (c.shared_ffn_hidden <= 0 || c.recompute_shared_experts) return 0;
+  const nn::MLPConfig mc{c.router.hidden, c.shared_ffn_hidden, c.activation, false, 0, 0, c.bf16, {}};
+  int64_t b = nn::mlp_stash_bytes(mc, d, input_dropped, /*input_shared=*/true);
+  if (c.shared_expert_gate)
+    b += nn::tensor_bytes(d.local_rows() * c.router.hidden, DType::F32) + nn::tensor_bytes(d.local_rows(), DType::F32);
+  return b;
 }
 
 }  // namespace moecore::moe

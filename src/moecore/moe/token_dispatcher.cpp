@@ -5,6 +5,7 @@
 
 #include "moecore/comm/process_group.h"
 #include "moecore/core/timers.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
@@ -344,6 +345,14 @@ void AllGatherTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tens
   dx_TH = scatter_sum(dx_all);
   // An assignment's gradient lives on the rank of its expert (0 elsewhere): the sum over ranks assembles them.
   dprobs_TK = scatter_sum(dp_all);
+}
+
+// What dispatch leaves in the DispatchPlan (nn/stash_bytes.h).
+int64_t dispatch_plan_bytes(int64_t T, int64_t rows, int64_t received, bool ep) {
+  int64_t b = nn::tensor_bytes(T + 1, DType::I64) + nn::tensor_bytes(T, DType::I64);  // token_offsets, cursor
+  b += 2 * nn::tensor_bytes(rows, DType::I32) + nn::tensor_bytes(rows, DType::I64);   // row_token, token_rows, row_tk
+  if (ep) b += nn::tensor_bytes(received, DType::I32);                                // sorted_from_recv
+  return b;
 }
 
 }  // namespace moecore::moe

@@ -8,6 +8,7 @@
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/rope.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -148,6 +149,23 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   kernels::add_(dx, v_.backward(dv.reshape({S * B, nkv_ * D}), st.v));
   st.q_SBND = st.k_SBND = st.v_SBND = st.o_SBND = st.lse_BNS = Tensor();
   return sp_reduce_scatter(dx.reshape({S, B, cfg_.hidden}), cfg_.tp);
+}
+
+// What Attention::forward leaves in its Stash (stash_bytes.h).
+int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool input_dropped) {
+  const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
+  int64_t b = 0;
+  // st.q/k/v.x: the input norm's output (all-gathered under TP), shared in f32, one bf16 copy per projection.
+  if (!input_dropped) b += d.bf16 ? 3 * linear_stash_bytes(r, a.hidden, true) : tensor_bytes(r * a.hidden, DType::F32);
+  // q_SBND, k_SBND (with qk_layernorm also the projections' outputs, kept as the norms' inputs), v_SBND.
+  const int64_t norms = a.qk_layernorm ? 2 : 1;
+  b += norms * (tensor_bytes(r * nq * D, DType::F32) + tensor_bytes(r * nkv * D, DType::F32));
+  if (a.qk_layernorm) b += norm_stash_bytes(r * nq, a.qk_norm_kind) + norm_stash_bytes(r * nkv, a.qk_norm_kind);
+  b += tensor_bytes(r * nkv * D, DType::F32);
+  if (!a.recompute_core_attn)  // o_SBND (proj's input: shared, or its bf16 copy) and lse_BNS
+    b +=
+        tensor_bytes(r * nq * D, DType::F32) + linear_stash_bytes(r, nq * D, d.bf16) + tensor_bytes(r * nq, DType::F32);
+  return b;
 }
 
 }  // namespace moecore::nn

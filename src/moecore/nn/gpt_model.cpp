@@ -8,6 +8,7 @@
 #include "moecore/kernels/cpu/cross_entropy.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/mlp.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -344,6 +345,20 @@ std::vector<double> GPTModel::take_mtp_losses() {
   std::fill(mtp_loss_sums_.begin(), mtp_loss_sums_.end(), 0.0);
   mtp_micro_batches_ = 0;
   return v;
+}
+
+// What forward_chunk and loss_forward leave in the Stash at a first and a last chunk (stash_bytes.h).
+int64_t embedding_stash_bytes(const StashDims& d) {
+  return tensor_bytes(d.rows(), DType::I64);
+}  // emb.ids_T
+
+int64_t loss_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d) {
+  const int64_t r = d.rows();
+  int64_t b = tensor_bytes(d.local_rows() * hidden, DType::F32) + norm_stash_bytes(d.local_rows(), norm);
+  b += tensor_bytes(r * hidden, d.gemm_input());             // output.x: the normed output (gathered), or its bf16 copy
+  b += tensor_bytes(r * (padded_vocab / d.tp), DType::F32);  // logits_TV
+  b += tensor_bytes(r, DType::I64) + 2 * tensor_bytes(r, DType::F32);  // labels_T, mask_T, lse_T
+  return b;
 }
 
 }  // namespace moecore::nn

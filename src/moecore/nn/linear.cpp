@@ -1,8 +1,10 @@
 // Linear (see linear.h). With y = x·Wᵀ + b:  dx = dy·W,  dW += dyᵀ·x,  db += Σ_rows dy.
 #include "moecore/nn/linear.h"
 
+#include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -79,6 +81,15 @@ Tensor Linear::backward(const Tensor& dy, Stash& st) {
   if (bias_) kernels::accumulate_col_sums(dy2, bias_->grad);
   st.x = Tensor();
   return dx;
+}
+
+int64_t tensor_bytes(int64_t numel, DType dt) {
+  return numel > 0 ? static_cast<int64_t>(Allocator::round_size(static_cast<size_t>(numel) * dtype_size(dt))) : 0;
+}
+
+// What Linear::forward / stash_input keep in st.x beyond the caller's tensor (stash_bytes.h).
+int64_t linear_stash_bytes(int64_t rows, int64_t in, bool bf16) {
+  return bf16 ? tensor_bytes(rows * in, DType::BF16) : 0;
 }
 
 }  // namespace moecore::nn

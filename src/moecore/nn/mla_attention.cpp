@@ -9,6 +9,7 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -206,6 +207,28 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
                           .reshape({Sl * B, a_.hidden}));
   }
   return dx.reshape({Sl, B, a_.hidden});
+}
+
+// What MLAttention::forward leaves in its Stash (stash_bytes.h).
+int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d) {
+  const int64_t r = d.rows(), rl = d.local_rows(), H = a.hidden, nh = a.num_heads / d.tp;
+  const int64_t da = std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim), R = m.kv_lora_rank;
+  const auto f32 = [](int64_t n) { return tensor_bytes(n, DType::F32); };
+  const DType gd = d.gemm_input();
+  // The layer's normed input x_local: kv_down's (and q_down's) input, shared in f32, one bf16 copy each.
+  int64_t b = d.bf16 ? linear_stash_bytes(rl, H, true) * (m.q_lora_rank > 0 ? 2 : 1) : f32(rl * H);
+  if (m.q_lora_rank > 0) {
+    const int64_t Q = m.q_lora_rank;
+    if (a.qk_layernorm) b += f32(rl * Q) + norm_stash_bytes(rl, a.qk_norm_kind);  // q_norm's input
+    b += tensor_bytes(r * Q, gd);                                                 // q_up's input (gathered)
+  } else if (d.bf16 || d.tp > 1) {
+    b += tensor_bytes(r * H, gd);  // linear_q_proj's input: the gathered x, or its bf16 copy
+  }
+  if (a.qk_layernorm) b += f32(rl * R) + norm_stash_bytes(rl, a.qk_norm_kind);  // kv_norm's input
+  b += tensor_bytes(r * R, gd);                                                 // kv_up's input (gathered)
+  b += 4 * f32(r * nh * da) + f32(r * nh);                                      // q, k, v, o padded to width A; lse
+  b += tensor_bytes(r * nh * m.v_head_dim, gd);                                 // proj's input: o unpadded
+  return b;
 }
 
 }  // namespace moecore::nn

@@ -1,6 +1,7 @@
 // Dense MLP (see mlp.h).
 #include "moecore/nn/mlp.h"
 
+#include "moecore/nn/stash_bytes.h"
 namespace moecore::nn {
 
 namespace {
@@ -71,6 +72,19 @@ void MLP::restore_input(const Tensor& x, FeedForward::Stash& base) const {
     st.x_in = x;
   else
     fc1_.stash_input(sp_all_gather(x, cfg_.tp), st.fc1);
+}
+
+// What MLP::forward leaves in its Stash (stash_bytes.h). input_shared: the f32 input x is counted by the caller
+// (an MoE layer whose router keeps it too).
+int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropped, bool input_shared) {
+  const int64_t r = d.rows(), F = m.ffn_hidden / d.tp, F1 = (kernels::is_gated(m.activation) ? 2 : 1) * F;
+  const bool own_input = d.bf16 || d.tp > 1;  // a copy (bf16) or the all-gathered input; else the caller's x
+  if (m.recompute) return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, DType::F32);
+  int64_t b = 0;
+  if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x
+  b += tensor_bytes(r * F1, DType::F32);     // h: fc1's output
+  b += tensor_bytes(r * F, d.gemm_input());  // fc2.x: the activation (in f32 the tensor itself)
+  return b;
 }
 
 }  // namespace moecore::nn

@@ -4,6 +4,7 @@
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/layernorm.h"
 #include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -51,6 +52,11 @@ Tensor Norm::backward(const Tensor& dy, Stash& st) {
     kernels::rmsnorm_backward(dy_x, st.x, gamma(), st.rstd, dx, weight_->grad);
   st = Stash{};
   return dx;
+}
+
+// What Norm::forward keeps beyond its input st.x: the statistics (stash_bytes.h).
+int64_t norm_stash_bytes(int64_t rows, NormKind kind) {
+  return tensor_bytes(rows, DType::F32) * (kind == NormKind::LayerNorm ? 2 : 1);
 }
 
 }  // namespace moecore::nn

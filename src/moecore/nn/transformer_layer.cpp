@@ -3,6 +3,7 @@
 #include "moecore/nn/transformer_layer.h"
 
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
@@ -78,6 +79,20 @@ Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
   probe(".input_layernorm", true, dx);
   kernels::add_(dx, dh);
   return dx.reshape(dy_SBH.shape());
+}
+
+// What TransformerLayer::forward leaves in its Stash (stash_bytes.h).
+int64_t layer_stash_bytes(const AttentionConfig& a, const MLAConfig& m, NormKind norm, bool recompute_norms,
+                          int64_t ffn_bytes, const StashDims& d) {
+  const int64_t rl = d.local_rows();
+  int64_t b = 2 * tensor_bytes(rl * a.hidden, DType::F32) + 2 * norm_stash_bytes(rl, norm);  // x, h; statistics
+  b += m.enabled ? mla_stash_bytes(a, m, d) : attention_stash_bytes(a, d, recompute_norms);
+  return b + ffn_bytes;
+}
+
+// What TransformerLayer::release keeps (stash_bytes.h).
+int64_t released_layer_stash_bytes(int64_t hidden, bool chunk_begin, const StashDims& d) {
+  return chunk_begin ? tensor_bytes(d.local_rows() * hidden, DType::F32) : 0;
 }
 
 }  // namespace moecore::nn

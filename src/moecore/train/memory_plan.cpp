@@ -6,14 +6,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "moecore/comm/mpi_check.h"
 #include "moecore/core/error.h"
+#include "moecore/nn/stash_bytes.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/parallel_groups.h"
+#include "moecore/train/pipeline_stages.h"
 
 namespace moecore::train {
 
@@ -59,88 +62,133 @@ std::optional<double> cgroup_headroom(const std::string& dir, const char* limit_
 }  // namespace
 
 std::string MemoryPlan::describe() const {
-  return fmt::format("weights {} | gradients {} | Adam moments {} | activations per micro-batch ~{} | logits {}",
-                     human_bytes(weights), human_bytes(grads), human_bytes(adam), human_bytes(activations),
-                     human_bytes(logits));
+  std::string s = fmt::format("weights {} | gradients {} | Adam moments {}", human_bytes(weights), human_bytes(grads),
+                              human_bytes(adam));
+  if (master > 0) s += fmt::format(" | master shard {}", human_bytes(master));
+  if (bf16_weights > 0) s += fmt::format(" | bf16 weights {}", human_bytes(bf16_weights));
+  if (comm > 0) s += fmt::format(" | comm buffers {}", human_bytes(comm));
+  s +=
+      fmt::format(" | activations {} per micro-batch x {:.2f} in flight", human_bytes(activations + logits), in_flight);
+  if (logits > 0) s += fmt::format(" (logits {})", human_bytes(logits));
+  s += fmt::format(" = {} | backward working set {}", human_bytes(peak_activations), human_bytes(working));
+  return s;
 }
 
-ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp) {
+PlanLayout PlanLayout::from(const TrainConfig& c, int64_t world) {
+  PlanLayout l;
+  l.tp = c.tensor_model_parallel_size, l.cp = c.context_parallel_size, l.pp = c.pipeline_model_parallel_size;
+  l.ep = c.expert_model_parallel_size;
+  l.etp = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : l.tp;
+  const int64_t model = l.tp * l.cp * l.pp;
+  if (world <= 0) world = std::max(model, l.ep * l.etp * l.pp);
+  MOE_CHECK(world % model == 0, "world size {} is not divisible by TP x CP x PP = {} x {} x {}", world, l.tp, l.cp,
+            l.pp);
+  MOE_CHECK(world % (l.ep * l.etp * l.pp) == 0,
+            "world size {} is not divisible by EP x ETP x PP = {} x {} x {} (the expert mesh)", world, l.ep, l.etp,
+            l.pp);
+  l.dp = world / model;
+  l.edp = world / (l.ep * l.etp * l.pp);
+  l.num_microbatches = std::max<int64_t>(1, c.global_batch_size / std::max<int64_t>(1, c.micro_batch_size * l.dp));
+  return l;
+}
+
+ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank) {
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.kv_channels);
   const double N = static_cast<double>(c.num_attention_heads), G = static_cast<double>(c.num_query_groups);
-  const double V = static_cast<double>(padded_vocab), L = static_cast<double>(c.num_layers);
+  const double V = static_cast<double>(padded_vocab), t = static_cast<double>(tp);
   const double glu = c.swiglu ? 3.0 : 2.0, bias = c.disable_bias_linear ? 0.0 : 1.0;
   const double norm = c.normalization == "LayerNorm" ? 2.0 : 1.0;  // weight (+ bias) per norm
   const double positions =
       c.position_embedding_type == "learned_absolute" ? static_cast<double>(c.max_position_embeddings) * H : 0.0;
-  double attn =
-      H * (N + 2 * G) * D + N * D * H + norm * (2 * H + (c.qk_layernorm ? 2 * D : 0)) + bias * ((N + 2 * G) * D + H);
+  // Split over TP: the projections; replicated: the norms (and MLA's down projections).
+  double attn = (H * (N + 2 * G) * D + N * D * H + bias * (N + 2 * G) * D) / t + bias * H +
+                norm * (2 * H + (c.qk_layernorm ? 2 * D : 0));
   if (c.multi_latent_attention) {  // nn/mla_attention.h: down, up and output projections, latent norms
     const double Q = static_cast<double>(c.q_lora_rank), R = static_cast<double>(c.kv_lora_rank);
     const double Dq = static_cast<double>(c.qk_head_dim + c.qk_pos_emb_head_dim);
     const double Dr = static_cast<double>(c.qk_pos_emb_head_dim), Dv = static_cast<double>(c.v_head_dim);
-    attn = (Q > 0 ? H * Q + Q * N * Dq : H * N * Dq) + H * (R + Dr) + R * N * (Dq - Dr + Dv) + N * Dv * H +
-           norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
+    attn = (Q > 0 ? H * Q + Q * N * Dq / t : H * N * Dq / t) + H * (R + Dr) +
+           (R * N * (Dq - Dr + Dv) + N * Dv * H) / t + norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
   }
-  const double dense_ffn = glu * H * static_cast<double>(c.ffn_hidden_size) + bias * (H + glu / 2 * H);
-  double moe_layers = 0;
-  if (c.num_experts > 0)
-    for (bool m : moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers)) moe_layers += m ? 1 : 0;
+  const double dense_ffn = (glu * H * static_cast<double>(c.ffn_hidden_size)) / t + bias * (H + glu / 2 * H);
   const double E = static_cast<double>(c.num_experts), Fs = static_cast<double>(c.moe_shared_expert_intermediate_size);
-  const double moe_dense = E * H + glu * H * Fs + (c.moe_shared_expert_gate ? H : 0);
+  const double moe_dense = E * H + glu * H * Fs / t + (c.moe_shared_expert_gate ? H : 0);
+  const double expert = E * glu * H * static_cast<double>(c.moe_ffn_hidden_size) / static_cast<double>(ep_etp);
+  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+  std::vector<StageLayers> chunks{StageLayers{0, c.num_layers, true, true, 0}};
+  if (pp_rank >= 0 && c.pipeline_model_parallel_size > 1) chunks = pipeline_stage_layers(c, pp_rank);
   ParamCounts p;
-  p.dense = V * H * (c.untie_embeddings_and_output_weights ? 2 : 1) + positions + norm * H + L * attn +
-            (L - moe_layers) * dense_ffn + moe_layers * moe_dense;
-  p.expert = moe_layers * E * glu * H * static_cast<double>(c.moe_ffn_hidden_size);
-  if (c.mtp_num_layers > 0) {  // nn/mtp.h per depth: enorm, hnorm, final norm, eh_proj, a layer of the last's kind
-    const bool last_moe = c.num_experts > 0 && moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers).back();
-    const double Dm = static_cast<double>(c.mtp_num_layers);
-    p.dense += Dm * (3 * norm * H + 2 * H * H + attn + (last_moe ? moe_dense : dense_ffn));
-    if (last_moe) p.expert += Dm * E * glu * H * static_cast<double>(c.moe_ffn_hidden_size);
+  for (const StageLayers& ch : chunks) {
+    if (ch.embedding) p.dense += V * H / t + positions;
+    // The output layer: its own weight, or on a last stage without the embedding a copy of the tied one.
+    if (ch.loss) p.dense += norm * H + ((c.untie_embeddings_and_output_weights || !ch.embedding) ? V * H / t : 0.0);
+    for (int64_t i = ch.first_layer; i < ch.first_layer + ch.num_layers; i++) {
+      const bool m = is_moe[static_cast<size_t>(i)];
+      p.dense += attn + (m ? moe_dense : dense_ffn);
+      p.expert += m ? expert : 0.0;
+    }
+    if (ch.loss && c.mtp_num_layers > 0) {  // nn/mtp.h per depth: 3 norms, eh_proj (replicated), a last-kind layer
+      const bool last_moe = is_moe.back();
+      const double depths = static_cast<double>(c.mtp_num_layers);
+      p.dense += depths * (3 * norm * H + 2 * H * H + attn + (last_moe ? moe_dense : dense_ffn));
+      p.expert += last_moe ? depths * expert : 0.0;
+      // Untied, a last stage without the embedding keeps a copy of the word embedding for MTP's inputs.
+      if (!ch.embedding && c.untie_embeddings_and_output_weights) p.dense += V * H / t;
+    }
   }
-  p.dense /= static_cast<double>(tp);
-  p.expert /= static_cast<double>(ep_etp);
   return p;
 }
 
-MemoryPlan plan_memory(const TrainConfig& c, const ParamCounts& p, int64_t padded_vocab, int64_t tp, int64_t dp,
-                       int64_t edp) {
+MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank,
+                       const ParamCounts* measured) {
+  const ParamCounts p = measured ? *measured : count_params(c, padded_vocab, l.tp, l.ep * l.etp, pp_rank);
   MemoryPlan m;
-  const double n = p.dense + p.expert;
-  m.weights = 4 * n;
+  m.pp_rank = pp_rank;
+  const double n = p.dense + p.expert, dp = static_cast<double>(l.dp), edp = static_cast<double>(l.edp);
+  m.params = n;
+  m.weights = 4 * n;  // f32 parameters: moecore's master weights (bf16 is a per-step copy, below)
   m.grads = 4 * n;
-  // [context parallelism] each rank holds S/CP positions of each sequence (activations and logits fall as 1/CP),
-  // and the distributed optimizer shards dense state over DP×CP.
-  const double cp = static_cast<double>(c.context_parallel_size);
-  m.adam = c.use_distributed_optimizer
-               ? 8 * (p.dense / (static_cast<double>(dp) * cp) + p.expert / static_cast<double>(edp))
-               : 8 * n;
-  // Activations kept per micro-batch, estimated from the stash contents of each layer; sequence-parallel and
-  // vocabulary-parallel under TP.
-  const double T = static_cast<double>(c.seq_length) * static_cast<double>(c.micro_batch_size) / cp;
-  const double H = static_cast<double>(c.hidden_size), t = static_cast<double>(tp);
-  const double qkv =
-      static_cast<double>(c.kv_channels) * (static_cast<double>(c.num_attention_heads) + 2.0 * c.num_query_groups);
-  double ffn_act = 3.0 * static_cast<double>(c.ffn_hidden_size);
-  if (c.num_experts > 0)
-    ffn_act = static_cast<double>(c.moe_router_topk) * (H + 3.0 * static_cast<double>(c.moe_ffn_hidden_size)) +
-              static_cast<double>(c.num_experts);
-  const double per_layer = T * (6 * H + 2 * qkv + ffn_act) * 4.0 / t;
-  const int64_t L = c.num_layers, chunk = c.recompute_num_layers;
-  m.activations = per_layer * static_cast<double>(L);
-  if (c.recompute_granularity == "full" && chunk > 0) {
-    // Full recompute keeps each chunk's input; backward holds one replayed chunk's stashes at a time, the later
-    // layers' already freed. (Selective recompute is not counted here: the plan stays an upper bound.)
-    const double input = T * H * 4.0 / t;
-    if (c.recompute_method == "block") {
-      const int64_t r = std::min(chunk, L);
-      m.activations = input * static_cast<double>(r) + per_layer * static_cast<double>(std::max<int64_t>(L - r, r > 0));
-    } else {
-      m.activations =
-          input * static_cast<double>((L + chunk - 1) / chunk) + per_layer * static_cast<double>(std::min(chunk, L));
-    }
+  if (c.bf16) m.bf16_weights = 2 * n;  // Bf16WeightScope: every weight rounded once per step
+  // One process has no data-parallel group: the plain AdamW, no buckets. Over several ranks every part of the
+  // optimizer has its group (possibly of one rank): the distributed optimizer's flat gradient and parameter
+  // buffers and this rank's shard of gradients, master weights and both moments (optim/distributed_optimizer.cpp),
+  // or one flat bucket per layer for the all-reduce (optim/grad_sync.cpp).
+  if (l.world() > 1 && c.use_distributed_optimizer) {
+    const double shard = p.dense / (dp * static_cast<double>(l.cp)) + p.expert / edp;  // dense over DP×CP
+    m.adam = 8 * shard;
+    m.master = 8 * shard;  // the f32 master shard and the reduce-scattered gradient shard
+    m.comm = 8 * n;
+  } else {
+    m.adam = 8 * n;
+    m.comm = l.world() > 1 ? 4 * n : 0.0;
   }
-  m.logits = T * static_cast<double>(padded_vocab) * 4.0 / t;
+  const StageActivations a = stage_activations(c, padded_vocab, l, pp_rank);
+  for (double b : a.chunk_bytes) m.activations += b;
+  m.logits = a.logits;
+  m.in_flight = a.in_flight;
+  m.peak_activations = a.peak;
+  m.working = a.working;
+  // Pipeline P2P (train/pipeline_p2p.cpp): a send's buffer lives until the send completes (at most one per
+  // micro-batch in flight) and each direction has one receive posted ahead.
+  if (l.pp > 1) {
+    const double act = static_cast<double>(nn::tensor_bytes(
+        c.seq_length / std::max<int64_t>(l.cp, 1) / l.tp * c.micro_batch_size * c.hidden_size, DType::F32));
+    m.comm += (std::ceil(a.in_flight) + 2) * act;
+  }
   return m;
+}
+
+std::vector<MemoryPlan> plan_memory_stages(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l) {
+  std::vector<MemoryPlan> v;
+  for (int64_t r = 0; r < std::max<int64_t>(l.pp, 1); r++) v.push_back(plan_memory(c, padded_vocab, l, r));
+  return v;
+}
+
+const MemoryPlan& worst_stage(const std::vector<MemoryPlan>& plans) {
+  MOE_ASSERT(!plans.empty());
+  return *std::max_element(plans.begin(), plans.end(),
+                           [](const MemoryPlan& a, const MemoryPlan& b) { return a.total() < b.total(); });
 }
 
 MemoryLimit detect_memory_limit(int64_t ranks_on_node) {
@@ -197,10 +245,8 @@ void check_memory_fits(const TrainConfig& c, const MemoryPlan& plan, const Memor
 
 MemoryPlan check_memory_before_start(const TrainConfig& c, int64_t padded_vocab, const ParallelGroups& g,
                                      std::FILE* out) {
-  using PG = ParallelGroups;
-  const int64_t tp = PG::size(g.tp), ep_etp = PG::size(g.ep) * PG::size(g.etp);
-  const MemoryPlan plan =
-      plan_memory(c, count_params(c, padded_vocab, tp, ep_etp), padded_vocab, tp, g.dp_size, PG::size(g.edp));
+  const int64_t world = g.world ? g.world->size() : 1;
+  const MemoryPlan plan = plan_memory(c, padded_vocab, PlanLayout::from(c, world), g.pp_rank);
   MemoryLimit limit{static_cast<double>(c.testing_memory_limit), "--testing-memory-limit"};
   if (c.testing_memory_limit == 0) {
     int64_t local = 1;

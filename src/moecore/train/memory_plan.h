@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "moecore/train/config.h"
 
@@ -14,12 +15,29 @@ namespace moecore::train {
 
 struct ParallelGroups;
 
-// Bytes on one rank.
+// The layout a plan is for: every group's size (world = TP·CP·PP·DP = ETP·EP·PP·EDP) and the micro-batches of
+// one step on one data-parallel rank.
+struct PlanLayout {
+  int64_t tp = 1, cp = 1, pp = 1, dp = 1, ep = 1, etp = 1, edp = 1;
+  int64_t num_microbatches = 1;
+  int64_t world() const { return tp * cp * pp * dp; }
+  // From the flags and a world size (0: the product of the layout flags, DP = 1).
+  static PlanLayout from(const TrainConfig& c, int64_t world = 0);
+};
+
+// Bytes on one rank (one pipeline stage's rank).
 struct MemoryPlan {
-  double weights = 0, grads = 0, adam = 0;
-  double activations = 0;  // kept per micro-batch, all layers
-  double logits = 0;       // one micro-batch's logits
-  double total() const { return weights + grads + adam + activations + logits; }
+  int64_t pp_rank = 0;
+  double params = 0;                       // parameters held here
+  double weights = 0, bf16_weights = 0;    // f32 parameters (the master weights); their bf16 copy under --bf16
+  double grads = 0, adam = 0, master = 0;  // f32 gradients; Adam moments; the distributed optimizer's f32 shard
+  double comm = 0;                         // gradient buckets, the distributed optimizer's flat buffers, SP sums
+  double activations = 0;                  // one micro-batch's stashes on this stage (all its chunks), no logits
+  double logits = 0;                       // one micro-batch's logits stash (a last stage)
+  double in_flight = 1;                    // micro-batches' stashes held at the schedule's peak (stage units)
+  double peak_activations = 0;             // the stashes at the schedule's peak, logits included
+  double working = 0;                      // on top, in backward: a replayed full-recompute chunk, one layer's grads
+  double total() const { return weights + bf16_weights + grads + adam + master + comm + peak_activations + working; }
   std::string describe() const;  // "weights 1.0 MiB | gradients ..."
 };
 
@@ -28,13 +46,29 @@ struct MemoryPlan {
 struct ParamCounts {
   double dense = 0, expert = 0;
 };
-// From the model's sizes (what build_model will create), before anything exists.
-ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp);
+// From the model's sizes (what build_model will create), before anything exists: the whole model, or the layers
+// and ends of pipeline rank pp_rank (pp_rank >= 0).
+ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank = -1);
 
-// The plan for `p` with data-parallel sizes dp (dense) and edp (experts), which shard the Adam moments under
-// --use-distributed-optimizer, and tensor parallel size tp (sequence- and vocabulary-parallel activations).
-MemoryPlan plan_memory(const TrainConfig& c, const ParamCounts& p, int64_t padded_vocab, int64_t tp, int64_t dp,
-                       int64_t edp);
+// The plan of pipeline rank `pp_rank` under `l`: parameters counted from the configuration (or `measured`, the
+// built model's), optimizer state by --use-distributed-optimizer, activations as the modules' stash_bytes
+// (nn/stash_bytes.h) summed over the stage's layers, held for the micro-batches the schedule keeps in flight.
+MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank,
+                       const ParamCounts* measured = nullptr);
+// Every pipeline rank's plan; the worst is the one with the largest total.
+std::vector<MemoryPlan> plan_memory_stages(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l);
+const MemoryPlan& worst_stage(const std::vector<MemoryPlan>& plans);
+
+// Activations (memory_plan_activations.cpp): one micro-batch's stash bytes per model chunk of pipeline rank
+// `pp_rank` (logits apart), and the bytes the schedule holds at its peak; the backward's working set.
+struct StageActivations {
+  std::vector<double> chunk_bytes;  // per model chunk (virtual stage), logits excluded
+  double logits = 0;                // the last chunk's logits, on a last stage
+  double peak = 0;                  // the schedule's peak of live stashes
+  double in_flight = 1;             // peak / one micro-batch's stashes
+  double working = 0;               // backward's working set on top of the stashes
+};
+StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank);
 
 // The memory this rank may use and where that figure comes from.
 struct MemoryLimit {

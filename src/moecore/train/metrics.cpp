@@ -267,7 +267,8 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
                       {"tokens_per_sec", tps},
                       {"gflops", gflops},
                       {"gflops_ratio_to_gemm_peak", peak_gflops > 0 ? gflops / peak_gflops : 0.0},
-                      {"peak_memory_bytes", mem.peak_bytes}};
+                      {"peak_memory_bytes", mem.peak_bytes},
+                      {"planned_memory_bytes", planned_memory_}};
   for (size_t k = 0; k < sums.mtp.size(); k++) {  // Megatron's total_loss_dict entries, after lm loss
     const double v = sums.mtp[k] / n;
     aux += fmt::format(" mtp_{} loss: {:.6E} |", k + 1, v);
@@ -331,12 +332,13 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
     j["params_norm"] = r.params_norm;
   }
   if (out_) {
-    fmt::print(out_,
-               " iteration {:>8}/{:>8} | consumed samples: {:>10} |{} learning rate: {:.6E} | lm loss: {:.6E} |{} "
-               "grad norm: {:.3f} |{} tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {}\n",
-               iteration, c_.train_iters, consumed_samples, throughput, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n,
-               after_norm, tps, gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
-               human_bytes(static_cast<double>(mem.peak_bytes)));
+    fmt::print(
+        out_,
+        " iteration {:>8}/{:>8} | consumed samples: {:>10} |{} learning rate: {:.6E} | lm loss: {:.6E} |{} "
+        "grad norm: {:.3f} |{} tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {} (plan {})\n",
+        iteration, c_.train_iters, consumed_samples, throughput, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n,
+        after_norm, tps, gflops, peak_gflops > 0 ? 100.0 * gflops / peak_gflops : 0.0,
+        human_bytes(static_cast<double>(mem.peak_bytes)), human_bytes(planned_memory_));
     flush_checked(out_, "training log");
   }
   write_json(j);
@@ -354,9 +356,14 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
     (q->name.find(".experts.") != std::string::npos ? p.expert : p.dense) += static_cast<double>(q->value.numel());
   fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
              (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
-  const MemoryPlan m =
-      plan_memory(c, p, padded_vocab, ParallelGroups::size(g.tp), g.dp_size, ParallelGroups::size(g.edp));
+  const PlanLayout l = PlanLayout::from(c, g.world ? g.world->size() : 1);
+  const MemoryPlan m = plan_memory(c, padded_vocab, l, g.pp_rank, &p);
   fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
+  if (l.pp > 1) {
+    const MemoryPlan& w = worst_stage(plan_memory_stages(c, padded_vocab, l));
+    fmt::print(out, "memory plan, worst pipeline stage: {} per rank on stage {} ({:.2f} micro-batches in flight)\n",
+               human_bytes(w.total()), w.pp_rank, w.in_flight);
+  }
   return m;
 }
 

@@ -90,12 +90,15 @@ class MetricsLog {
   // "timers/forward-backward" and "timers/optimizer".
   void after_step(const StepResult& r);
   void write_json(const nlohmann::json& line);
+  // The memory plan's total for this rank, logged beside the allocator's measured peak on every log line.
+  void set_planned_memory(double bytes) { planned_memory_ = bytes; }
 
  private:
   const TrainConfig& c_;
   std::FILE* out_;
   int64_t world_size_;
   const ParallelGroups* groups_;
+  double planned_memory_ = 0;
   double forward_backward_seconds_ = 0, optimizer_seconds_ = 0;  // since the last log line (after_step)
   LineFile file_;  // every line checked: a full disk ends the run naming the file
 };

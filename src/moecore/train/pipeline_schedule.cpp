@@ -61,8 +61,8 @@ struct PipelineSchedule::Run {
   std::vector<data::Batch> batches;
   bool per_token_loss = false;
   double global_tokens = 0, dp = 1, cp = 1;  // dp: DP×CP; cp: context-parallel size
-  bool backward = false;                      // false: forward only
-  optim::ChainedOptimizer* opt = nullptr;     // its gradient hooks (null: none, as in a re-run that locates a fault)
+  bool backward = false;                     // false: forward only
+  optim::ChainedOptimizer* opt = nullptr;    // its gradient hooks (null: none, as in a re-run that locates a fault)
 };
 
 PipelineSchedule::PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group,

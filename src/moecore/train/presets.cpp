@@ -82,6 +82,33 @@ const std::vector<Preset>& presets() {
          x.moe_router_topk_scaling_factor = 2.827, x.rotary_base = 50000, x.rotary_scaling_factor = 32;
          x.mtp_num_layers = 0;
        }},
+      // Full-size published models, for `moecore plan` (training them needs the ranks and memory the plan shows).
+      {"deepseek-v3-671b",
+       [](TrainConfig& x) {  // DeepSeek-V3 as Megatron's recipes train it, without the MTP module
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";
+         x.num_layers = 61, x.hidden_size = 7168, x.num_attention_heads = 128, x.swiglu = true;
+         x.multi_latent_attention = true, x.q_lora_rank = 1536, x.kv_lora_rank = 512, x.qk_head_dim = 128;
+         x.qk_pos_emb_head_dim = 64, x.v_head_dim = 128, x.qk_layernorm = true, x.rope_type = "yarn";
+         x.rotary_scaling_factor = 40, x.mscale = 1.0, x.mscale_all_dim = 1.0, x.rotary_base = 10000;
+         x.disable_bias_linear = true, x.untie_embeddings_and_output_weights = true, x.ffn_hidden_size = 18432;
+         x.num_experts = 256, x.moe_router_topk = 8, x.moe_ffn_hidden_size = 2048;
+         x.moe_shared_expert_intermediate_size = 2048, x.moe_layer_freq = "([0]*3+[1]*58)";
+         x.moe_router_score_function = "sigmoid", x.moe_router_num_groups = 8, x.moe_router_group_topk = 4;
+         x.moe_router_enable_expert_bias = true, x.moe_router_bias_update_rate = 1e-3;
+         x.moe_router_topk_scaling_factor = 2.5, x.moe_router_load_balancing_type = {"seq_aux_loss"};
+         x.moe_aux_loss_coeff = {"1e-4"}, x.vocab_size = 129280, x.seq_length = 4096;
+         x.max_position_embeddings = 4096, x.hidden_dropout = 0, x.attention_dropout = 0;
+       }},
+      {"qwen3-235b",
+       [](TrainConfig& x) {  // Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4, qk-norm
+         x.normalization = "RMSNorm", x.position_embedding_type = "rope";
+         x.num_layers = 94, x.hidden_size = 4096, x.num_attention_heads = 64, x.kv_channels = 128;
+         x.group_query_attention = true, x.num_query_groups = 4, x.qk_layernorm = true, x.swiglu = true;
+         x.disable_bias_linear = true, x.rotary_base = 1e6, x.untie_embeddings_and_output_weights = true;
+         x.num_experts = 128, x.moe_router_topk = 8, x.moe_ffn_hidden_size = 1536, x.ffn_hidden_size = 12288;
+         x.moe_aux_loss_coeff = {"1e-3"}, x.vocab_size = 151936, x.seq_length = 4096;
+         x.max_position_embeddings = 40960, x.hidden_dropout = 0, x.attention_dropout = 0;
+       }},
   };
   return all;
 }

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <optional>
 
+#include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/cpu/gemm.h"
@@ -107,7 +108,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
                                       progress_.iteration > 0, ParallelGroups::size(groups_->world), groups_.get());
   tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
-  print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
+  log_->set_planned_memory(print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_).total());
+  Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});
 }
 

@@ -1,0 +1,207 @@
+// `moecore plan` (see plan_command.h).
+#include "moecore/cli/plan_command.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <functional>
+#include <initializer_list>
+
+#include "moecore/core/error.h"
+#include "moecore/train/config.h"
+#include "moecore/train/memory_plan.h"
+#include "moecore/train/metrics.h"
+#include "moecore/train/model_builder.h"
+#include "moecore/train/start_config.h"
+
+namespace moecore::cli {
+
+namespace {
+
+using train::MemoryPlan;
+using train::PlanLayout;
+using train::TrainConfig;
+
+std::string gib(double b) {
+  return b >= 0x1p30 ? fmt::format("{:.2f} GiB", b / 0x1p30) : train::human_bytes(b);
+}
+
+std::string describe_layout(const TrainConfig& c, const PlanLayout& l) {
+  std::string v = c.num_virtual_stages_per_pipeline_rank > 1
+                      ? fmt::format(" (x{} virtual)", c.num_virtual_stages_per_pipeline_rank)
+                      : std::string();
+  if (v.empty() && c.num_layers_per_virtual_pipeline_stage > 0 && l.pp > 1)
+    v = fmt::format(" ({} layers per virtual stage)", c.num_layers_per_virtual_pipeline_stage);
+  return fmt::format(
+      "{} ranks: TP {} x CP {} x PP {}{} x DP {}; experts EP {} x ETP {} x EDP {}; {} micro-batches of "
+      "{} x {} tokens per step",
+      l.world(), l.tp, l.cp, l.pp, v, l.dp, l.ep, l.etp, l.edp, l.num_microbatches, c.micro_batch_size, c.seq_length);
+}
+
+// The worst pipeline stage's plan of `c` on `world` ranks.
+MemoryPlan worst(const TrainConfig& c, int64_t padded_vocab, int64_t world) {
+  return train::worst_stage(train::plan_memory_stages(c, padded_vocab, PlanLayout::from(c, world)));
+}
+
+void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int64_t world) {
+  const PlanLayout l = PlanLayout::from(c, world);
+  const std::vector<MemoryPlan> stages = train::plan_memory_stages(c, padded_vocab, l);
+  const MemoryPlan& w = train::worst_stage(stages);
+  const train::ParamCounts all = train::count_params(c, padded_vocab, 1, 1);
+  fmt::print(out, "moecore plan: {}\n", describe_layout(c, l));
+  fmt::print(out, "parameters: {:.2f} B ({:.2f} B in routed experts); vocabulary padded to {}; {}{}\n",
+             (all.dense + all.expert) / 1e9, all.expert / 1e9, padded_vocab, c.bf16 ? "bf16" : "fp32",
+             c.use_distributed_optimizer ? ", distributed optimizer" : "");
+  if (stages.size() > 1) {
+    fmt::print(out, "{:>6} {:>12} {:>11} {:>11} {:>12} {:>9} {:>11}\n", "stage", "params", "states", "act/mb",
+               "in flight", "act", "total");
+    for (const MemoryPlan& m : stages)
+      fmt::print(out, "{:>6} {:>11.1f}M {:>11} {:>11} {:>12.2f} {:>9} {:>11}\n", m.pp_rank, m.params / 1e6,
+                 gib(m.weights + m.bf16_weights + m.grads + m.adam + m.master + m.comm), gib(m.activations + m.logits),
+                 m.in_flight, gib(m.peak_activations + m.working), gib(m.total()));
+  }
+  fmt::print(out, "worst rank (pipeline stage {}), per rank:\n", w.pp_rank);
+  const std::vector<std::pair<const char*, double>> rows = {
+      {"weights (f32)", w.weights},
+      {"weights (bf16 copy)", w.bf16_weights},
+      {"gradients (f32)", w.grads},
+      {"Adam moments", w.adam},
+      {"master + gradient shard", w.master},
+      {"communication buffers", w.comm},
+      {"activations", w.peak_activations - w.logits},
+      {"logits", w.logits},
+      {"backward working set", w.working},
+  };
+  for (const auto& [name, b] : rows)
+    if (b > 0) fmt::print(out, "  {:<26} {:>12}\n", name, gib(b));
+  fmt::print(out, "  {:<26} {:>12}   ({:.2f} micro-batches in flight, {} each)\n", "total", gib(w.total()), w.in_flight,
+             gib(w.activations + w.logits));
+}
+
+// Megatron's best-practice order for a run that does not fit: more expert parallelism, selective recompute of
+// moe_act and layernorm, more pipeline stages, the distributed optimizer; each applied on top of the last.
+struct Change {
+  std::string what;
+  std::function<bool(TrainConfig&, int64_t world)> apply;  // false: not possible from here
+};
+
+std::vector<Change> changes() {
+  return {
+      {"raise --expert-model-parallel-size",
+       [](TrainConfig& c, int64_t world) {
+         const int64_t ep = c.expert_model_parallel_size * 2, etp = std::max<int64_t>(c.expert_tensor_parallel_size, 1);
+         if (c.num_experts == 0 || c.num_experts % ep != 0 || world % (ep * etp * c.pipeline_model_parallel_size))
+           return false;
+         c.expert_model_parallel_size = ep;
+         return true;
+       }},
+      {"--recompute-granularity selective --recompute-modules moe_act layernorm (MLA: moe_act)",
+       [](TrainConfig& c, int64_t) {
+         // MLA refuses layernorm recompute (it keeps its whole stash): moe_act alone there.
+         const std::vector<std::string> modules = c.multi_latent_attention
+                                                      ? std::vector<std::string>{"moe_act"}
+                                                      : std::vector<std::string>{"moe_act", "layernorm"};
+         if (c.recompute_granularity == "full" ||
+             (c.recompute_granularity == "selective" && c.recompute_modules == modules))
+           return false;
+         c.recompute_granularity = "selective";
+         c.recompute_modules = modules;
+         return true;
+       }},
+      {"raise --pipeline-model-parallel-size",
+       [](TrainConfig& c, int64_t world) {
+         const int64_t pp = c.pipeline_model_parallel_size * 2;
+         const int64_t model = c.tensor_model_parallel_size * c.context_parallel_size * pp;
+         const int64_t etp = std::max<int64_t>(c.expert_tensor_parallel_size, 1);
+         if (c.num_layers % pp != 0 || world % model != 0 || world % (c.expert_model_parallel_size * etp * pp) != 0)
+           return false;
+         if (c.global_batch_size % (c.micro_batch_size * (world / model)) != 0) return false;
+         c.pipeline_model_parallel_size = pp;
+         return true;
+       }},
+      {"--use-distributed-optimizer",
+       [](TrainConfig& c, int64_t) {
+         if (c.use_distributed_optimizer) return false;
+         c.use_distributed_optimizer = true;
+         return true;
+       }},
+  };
+}
+
+void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, double device) {
+  std::vector<std::string> applied;
+  for (const Change& ch : changes()) {
+    for (int k = 0; k < 16; k++) {  // a size change may be applied again (EP 8 -> 16 -> 32)
+      TrainConfig next = c;
+      if (!ch.apply(next, world)) break;
+      double total = 0;
+      try {
+        total = worst(next, padded_vocab, world).total();
+      } catch (const Error&) {
+        break;  // a layout Megatron refuses (pipeline split, micro-batch rules)
+      }
+      c = next;
+      applied.push_back(ch.what + fmt::format(" ({})", gib(total)));
+      if (total <= device) {
+        fmt::print(out, "fits with: {}\n", fmt::join(applied, "; then "));
+        return;
+      }
+    }
+  }
+  fmt::print(out,
+             "no change in Megatron's order (raise EP, recompute moe_act/layernorm, raise PP, distributed "
+             "optimizer) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
+             "--micro-batch-size or --seq-length, or full recompute (--recompute-granularity full)\n",
+             gib(device), world,
+             applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")));
+}
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
+  std::vector<std::string> args;
+  int64_t world = 0;
+  double device_gib = 0;
+  for (size_t i = 0; i < args_in.size(); i++) {
+    const std::string& a = args_in[i];
+    if (a == "--world-size" || a == "--device-memory-gib") {
+      MOE_CHECK(i + 1 < args_in.size(), "moecore plan: {} needs a value", a);
+      const std::string& v = args_in[++i];
+      if (a == "--world-size") {
+        world = train::to_int(a, v);
+        MOE_CHECK(world >= 1, "moecore plan: --world-size {} must be at least 1", world);
+      } else {
+        device_gib = train::to_double(a, v);
+        MOE_CHECK(device_gib > 0, "moecore plan: --device-memory-gib {} must be positive", v);
+      }
+      continue;
+    }
+    args.push_back(a);
+  }
+  // Nothing is trained or read: a step count and a data source are not needed to plan (given ones are checked).
+  auto given = [&](std::initializer_list<const char*> flags) {
+    for (const std::string& a : args)
+      for (const char* f : flags)
+        if (a == f) return true;
+    return false;
+  };
+  if (!given({"--train-iters", "--train-samples", "--skip-train"})) args.insert(args.end(), {"--train-iters", "1"});
+  if (!given({"--mock-data", "--data-path", "--train-data-path", "--per-split-data-args-path", "--data-args-path"}))
+    args.push_back("--mock-data");
+  const TrainConfig c = train::parse_train_config(args);
+  const int64_t padded_vocab = train::build_vocabulary(c).padded;
+  if (world == 0) world = PlanLayout::from(c, 0).world();
+  print_plan(out, c, padded_vocab, world);
+  if (device_gib <= 0) return 0;
+  const double device = device_gib * 0x1p30, total = worst(c, padded_vocab, world).total();
+  if (total <= device) {
+    fmt::print(out, "fits in {} per device ({} free)\n", gib(device), gib(device - total));
+    return 0;
+  }
+  fmt::print(out, "does not fit in {} per device (needs {})\n", gib(device), gib(total));
+  advise(out, c, padded_vocab, world, device);
+  return 3;
+}
+
+}  // namespace moecore::cli

@@ -1,0 +1,149 @@
+// Activations in the memory plan (memory_plan.h): the modules' own stash sizes (nn/stash_bytes.h, each defined
+// next to its module's forward) summed over the layers of one pipeline rank's model chunks, then the pipeline
+// schedule walked pass by pass (pipeline_order, the order the trainer runs) to find how many micro-batches'
+// stashes are alive at once. No formula of its own: the module configurations come from the flags exactly as the
+// model builder makes them.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "moecore/moe/moe_layer.h"
+#include "moecore/nn/attention.h"
+#include "moecore/nn/gpt_model.h"
+#include "moecore/nn/mla_attention.h"
+#include "moecore/nn/mlp.h"
+#include "moecore/nn/stash_bytes.h"
+#include "moecore/train/memory_plan.h"
+#include "moecore/train/model_builder.h"
+#include "moecore/train/pipeline_schedule.h"
+#include "moecore/train/pipeline_stages.h"
+
+namespace moecore::train {
+
+namespace {
+
+// A layer's backward allocates its gradients while its stash is still held: measured on the reference runs
+// (tests/train/test_memory_plan_measured.cpp) at about this fraction of the layer's whole stash.
+constexpr double kBackwardTemporaries = 0.6;
+
+// The modules' configurations as build_model gives them (sizes, bf16, recompute), without any group.
+struct ModelShapes {
+  nn::AttentionConfig attn;
+  nn::MLAConfig mla;
+  nn::NormKind norm = nn::NormKind::RMSNorm;
+  nn::MLPConfig mlp;
+  moe::MoELayerConfig moe;
+  std::vector<bool> is_moe;
+  nn::RecomputeConfig rc;
+  int64_t hidden = 0;
+};
+
+ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
+  const nn::GPTConfig g = gpt_config(c, padded_vocab);
+  ModelShapes m;
+  m.rc = recompute_config(c);
+  m.hidden = g.hidden_size;
+  m.norm = g.normalization;
+  m.attn.hidden = g.hidden_size;
+  m.attn.num_heads = g.num_attention_heads;
+  m.attn.num_query_groups = g.num_query_groups;
+  m.attn.head_dim = g.kv_channels;
+  m.attn.qk_layernorm = g.qk_layernorm;
+  m.attn.bf16 = g.bf16;
+  m.attn.qk_norm_kind = g.normalization;
+  m.attn.recompute_core_attn = m.rc.core_attn;
+  m.mla = g.mla;
+  m.mlp.hidden = g.hidden_size;
+  m.mlp.ffn_hidden = g.ffn_hidden_size;
+  m.mlp.activation = g.activation;
+  m.mlp.bf16 = g.bf16;
+  m.mlp.recompute = m.rc.mlp;
+  m.is_moe.assign(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) {
+    m.is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    m.moe = moe_layer_config(c);
+    m.moe.recompute_moe = m.rc.moe;
+    m.moe.recompute_moe_act = m.rc.moe_act;
+    m.moe.recompute_shared_experts = m.rc.shared_experts;
+  }
+  return m;
+}
+
+// One layer's stash after its forward, nothing recomputed by full recompute.
+double layer_bytes(const ModelShapes& m, const PlanLayout& l, int64_t i, const nn::StashDims& d) {
+  const bool moe = m.is_moe[static_cast<size_t>(i)];
+  const int64_t ffn = moe ? moe::moe_layer_stash_bytes(m.moe, l.ep, l.etp, d, m.rc.layernorm)
+                          : nn::mlp_stash_bytes(m.mlp, d, m.rc.layernorm);
+  return static_cast<double>(nn::layer_stash_bytes(m.attn, m.mla, m.norm, m.rc.layernorm, ffn, d));
+}
+
+std::vector<StageLayers> chunks_of(const TrainConfig& c, int64_t pp_rank) {
+  if (c.pipeline_model_parallel_size <= 1) return {StageLayers{0, c.num_layers, true, true, 0}};
+  return pipeline_stage_layers(c, pp_rank);
+}
+
+// The same model with no recompute: what a layer's stash holds when nothing is dropped.
+ModelShapes without_recompute(ModelShapes m) {
+  m.rc = nn::RecomputeConfig{};
+  m.attn.recompute_core_attn = false;
+  m.mlp.recompute = false;
+  m.moe.recompute_moe = m.moe.recompute_moe_act = m.moe.recompute_shared_experts = false;
+  return m;
+}
+
+}  // namespace
+
+StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank) {
+  const ModelShapes m = model_shapes(c, padded_vocab), whole = without_recompute(m);
+  nn::StashDims d;
+  d.S = c.seq_length / std::max<int64_t>(l.cp, 1);  // context parallelism: each rank holds S / CP of the sequence
+  d.B = c.micro_batch_size;
+  d.tp = l.tp;
+  d.bf16 = c.bf16;
+  StageActivations a;
+  for (const StageLayers& ch : chunks_of(c, pp_rank)) {
+    double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;
+    for (int64_t k = 0; k < ch.num_layers; k++) {
+      const int64_t i = ch.first_layer + k;
+      const nn::RecomputeConfig::Chunk rc = m.rc.full ? m.rc.chunk(k, ch.num_layers) : nn::RecomputeConfig::Chunk{};
+      const double kept = layer_bytes(m, l, i, d), all = layer_bytes(whole, l, i, d);
+      // Backward of layer i: what it rematerializes (a full-recompute chunk replayed whole at its last layer, or
+      // what selective recompute dropped) and its gradient temporaries (kBackwardTemporaries of its whole stash).
+      double remat = all - kept;
+      if (rc.on()) {
+        remat = 0;
+        for (int64_t j = rc.begin; j < rc.end; j++) remat += layer_bytes(m, l, ch.first_layer + j, d);
+        b += static_cast<double>(nn::released_layer_stash_bytes(m.hidden, k == rc.begin, d));
+      } else {
+        b += kept;
+      }
+      a.working = std::max(a.working, remat + kBackwardTemporaries * all);
+    }
+    if (ch.loss) {
+      const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));
+      a.logits = static_cast<double>(nn::tensor_bytes(d.rows() * (padded_vocab / d.tp), DType::F32));
+      b += all - a.logits;
+    }
+    a.chunk_bytes.push_back(b);
+  }
+  // Under TP a layer's backward also holds the all-gathered output gradient and its input gradient before the
+  // reduce-scatter, both of the whole sequence.
+  if (l.tp > 1) a.working += 2.0 * static_cast<double>(nn::tensor_bytes(d.rows() * m.hidden, DType::F32));
+  // The schedule's passes in order: a forward adds its chunk's stash, a backward frees it.
+  const int64_t v = static_cast<int64_t>(a.chunk_bytes.size()), P = std::max<int64_t>(l.pp, 1);
+  const int64_t M = std::max<int64_t>(l.num_microbatches, 1);
+  double live = 0;
+  for (const PipelinePass& p :
+       pipeline_order(M, P, std::min(pp_rank, P - 1), v, c.microbatch_group_size_per_vp_stage, false)) {
+    double b = a.chunk_bytes[static_cast<size_t>(p.chunk)];
+    if (p.chunk == v - 1) b += a.logits;
+    live += p.forward ? b : -b;
+    a.peak = std::max(a.peak, live);
+  }
+  double one = a.logits;
+  for (double b : a.chunk_bytes) one += b;
+  a.in_flight = one > 0 ? a.peak / one : 1.0;
+  return a;
+}
+
+}  // namespace moecore::train

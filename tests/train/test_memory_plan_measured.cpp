@@ -1,0 +1,63 @@
+// The memory plan (train/memory_plan.h) against the allocator's measured peak on one rank: activations dominate
+// (H 64, 1024 tokens per micro-batch), and the plan must be within 10% with and without recompute, in bf16, with
+// the distributed optimizer, with several micro-batches; a step after the second allocates nothing new. The
+// layouts (TP, EP, PP, DP): tests/mpi/test_memory_plan_layouts.cpp.
+#include <gtest/gtest.h>
+
+#include "../config_util.h"
+#include "memory_measure.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+
+std::vector<std::string> model() {
+  return train::override_flags(testing::tiny_moe_flags(),
+                               {"--hidden-size", "64", "--moe-ffn-hidden-size", "64", "--ffn-hidden-size", "128"}) +
+         testing::mock_run_flags(256, 4, 4, 256, 10, "1e-3");
+}
+
+void check(const std::vector<std::string>& extra, const std::string& what) {
+  const testing::MeasuredMemory m = testing::measure_memory(testing::small_config(model(), extra));
+  testing::expect_plan_matches(m, what);
+}
+
+TEST(MemoryPlanMeasured, NoRecompute) {
+  check({}, "no recompute");
+}
+TEST(MemoryPlanMeasured, Bf16) {
+  check({"--bf16"}, "bf16");
+}
+TEST(MemoryPlanMeasured, SelectiveRecompute) {
+  check({"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act", "layernorm"},
+        "selective core_attn moe_act layernorm");
+}
+TEST(MemoryPlanMeasured, MoeRecompute) {
+  check({"--recompute-granularity", "selective", "--recompute-modules", "moe"}, "selective moe");
+}
+TEST(MemoryPlanMeasured, FullRecompute) {
+  check({"--num-layers", "4", "--recompute-granularity", "full", "--recompute-method", "uniform",
+         "--recompute-num-layers", "2"},
+        "full uniform 2 of 4 layers");
+}
+TEST(MemoryPlanMeasured, DistributedOptimizerBf16) {
+  check({"--bf16", "--use-distributed-optimizer"}, "bf16, distributed optimizer");
+}
+TEST(MemoryPlanMeasured, MicroBatchesAndSharedExperts) {
+  check({"--global-batch-size", "8", "--micro-batch-size", "2", "--moe-shared-expert-intermediate-size", "64",
+         "--moe-layer-freq", "[0,1]"},
+        "2 micro-batches, dense first layer, shared experts");
+}
+
+// The stash sizes behind the plan: the modules' stash_bytes against the live bytes after a forward (the part of
+// the plan that scales with tokens), within 2%.
+TEST(MemoryPlanMeasured, ActivationsScaleWithTokens) {
+  const testing::MeasuredMemory a = testing::measure_memory(testing::small_config(model(), {}));
+  const testing::MeasuredMemory b =
+      testing::measure_memory(testing::small_config(model(), {"--micro-batch-size", "2", "--global-batch-size", "2"}));
+  EXPECT_NEAR(a.peak - b.peak, a.planned - b.planned, 0.05 * (a.peak - b.peak));
+}
+
+}  // namespace
+}  // namespace moecore
