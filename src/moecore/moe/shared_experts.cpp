@@ -6,6 +6,7 @@
 
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/moe/moe_layer.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
