@@ -293,8 +293,8 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
 // Progress of the conversions (core/progress.h): with the test-only MOECORE_TEST_PROGRESS_SECONDS=0 and stderr
 // not a terminal, plain lines and a summary; without it (quick work) nothing at all.
 TEST(HFProgress, ConversionsShowPlainLinesAndASummaryOnlyWhenAsked) {
-  const std::string hf = hf_dir("progress_in"), native = hf_dir("progress_native"),
-                    back = hf_dir("progress_back"), quiet = hf_dir("progress_quiet");
+  const std::string hf = hf_dir("progress_in"), native = hf_dir("progress_native"), back = hf_dir("progress_back"),
+                    quiet = hf_dir("progress_quiet");
   write_hf(hf, mixtral_config());
   setenv("MOECORE_TEST_PROGRESS_SECONDS", "0", 1);
   ::testing::internal::CaptureStderr();

@@ -127,8 +127,8 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (cfg_.cp.on())
-    context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale,
-                               context_parallel(S), dq, dk, dv, &drop);
+    context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, context_parallel(S),
+                               dq, dk, dv, &drop);
   else if (bf16_attention(S))
     kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv,
                                      &drop);
