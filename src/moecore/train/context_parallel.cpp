@@ -62,6 +62,9 @@ void check_context_parallel(const TrainConfig& c) {
             "product --context-parallel-size {}), or use p2p, a2a or allgather",
             C);
   if (C == 1) return;
+  MOE_CHECK(C <= c.seq_length / 2,
+            "--context-parallel-size {} cuts --seq-length {} into 2x{} chunks: use at most {} (each chunk one token)",
+            C, c.seq_length, C, c.seq_length / 2);
   MOE_CHECK(c.cp_comm_type.size() == 1 || static_cast<int64_t>(c.cp_comm_type.size()) == c.num_layers,
             "--cp-comm-type has {} values: give one for every layer or one per layer ({} for --num-layers {})",
             c.cp_comm_type.size(), c.num_layers, c.num_layers);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -162,6 +163,21 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   } else {
     m.adam = 8 * n;
     m.comm = l.world() > 1 ? 4 * n : 0.0;
+  }
+  // Sizes whose stash bytes do not fit in int64 (a sequence or batch of ~1e18 tokens) plan as unbounded: the
+  // memory check then refuses them, instead of the byte counts overflowing.
+  double widest = 1;
+  for (const double w :
+       {static_cast<double>(c.hidden_size), static_cast<double>(padded_vocab), static_cast<double>(c.ffn_hidden_size),
+        static_cast<double>(c.moe_ffn_hidden_size), static_cast<double>(c.moe_shared_expert_intermediate_size),
+        static_cast<double>(c.num_experts) * static_cast<double>(c.moe_router_topk),
+        static_cast<double>(c.kv_channels) * static_cast<double>(c.num_attention_heads),
+        static_cast<double>(c.q_lora_rank) * static_cast<double>(c.num_attention_heads),
+        static_cast<double>(c.kv_lora_rank) * static_cast<double>(c.num_attention_heads)})
+    widest = std::max(widest, w);
+  if (static_cast<double>(c.seq_length) * static_cast<double>(c.micro_batch_size) * widest * 64 > 9e18) {
+    m.peak_activations = m.activations = std::numeric_limits<double>::infinity();
+    return m;
   }
   const StageActivations a = stage_activations(c, padded_vocab, l, pp_rank);
   for (double b : a.chunk_bytes) m.activations += b;

@@ -360,7 +360,8 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
   const MemoryPlan m = plan_memory(c, padded_vocab, l, g.pp_rank, &p);
   fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
   if (l.pp > 1) {
-    const MemoryPlan& w = worst_stage(plan_memory_stages(c, padded_vocab, l));
+    const std::vector<MemoryPlan> stages = plan_memory_stages(c, padded_vocab, l);
+    const MemoryPlan& w = worst_stage(stages);
     fmt::print(out, "memory plan, worst pipeline stage: {} per rank on stage {} ({:.2f} micro-batches in flight)\n",
                human_bytes(w.total()), w.pp_rank, w.in_flight);
   }
