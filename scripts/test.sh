@@ -18,13 +18,13 @@ stage() {  # stage NAME COMMAND...: runs it, records its seconds
   times+=("$name: $(($(date +%s) - t0)) s")
   echo "=== test.sh: $name took $(($(date +%s) - t0)) s"
 }
-# CTest runs serially: the OpenMP tests each use every core, and two at once spin against each other (a 0.3 s
-# gradient check took 287 s under -j2 on 2 cores).
+# Stage 1 runs the unit tests (gtest cases, each single-threaded: OMP_NUM_THREADS=1 in CMakeLists.txt) one per core;
+# every scripted test (multi-rank, signals, timing, benchmarks) has RUN_SERIAL and runs alone.
 sanitized='^(sanitized_|fuzz_)'
 stage "install dependencies" bash scripts/install-deps.sh
 stage "configure and build" bash -c 'cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_BUILD_TESTS=ON &&
   cmake --build build -j"$(nproc)"'
-stage "stage 1: tests" ctest --test-dir build --output-on-failure -E "$sanitized"
+stage "stage 1: tests" ctest --test-dir build --output-on-failure -j"$(nproc)" -E "$sanitized"
 stage "stage 2: sanitized build, unit tests and fuzzing" ctest --test-dir build --output-on-failure -R "$sanitized"
 echo "=== test.sh: times"
 for t in "${times[@]}"; do echo "  $t"; done

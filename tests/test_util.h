@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -102,11 +103,18 @@ inline std::string user_error_of(const std::function<void()>& f) {
   return "";
 }
 
-// An empty scratch path under the temporary directory: removed if it exists, not created.
+// A scratch path under the temporary directory that belongs to this process (the unit tests run two at a time:
+// ctest -j2), not created.
+inline std::string process_temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("moecore_test_" + name + "_" + std::to_string(::getpid())))
+      .string();
+}
+
+// An empty scratch path of this process: removed if it exists, not created.
 inline std::string fresh_temp_path(const std::string& name) {
-  const std::filesystem::path p = std::filesystem::temp_directory_path() / ("moecore_test_" + name);
+  const std::string p = process_temp_path(name);
   std::filesystem::remove_all(p);
-  return p.string();
+  return p;
 }
 
 // A FILE* that swallows what a Trainer writes.

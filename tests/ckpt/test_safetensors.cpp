@@ -7,12 +7,13 @@
 #include <fstream>
 
 #include "moecore/ckpt/safetensors.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
 
 std::string tmp(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("moecore_st_" + name)).string();
+  return testing::process_temp_path("st_" + name);
 }
 
 std::string safetensors_error(const std::string& path) {

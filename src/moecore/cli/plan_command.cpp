@@ -149,12 +149,27 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
       }
     }
   }
+  // Past Megatron's order: full recompute of every layer (the stash of one layer input each), on top of it all.
+  TrainConfig full = c;
+  full.recompute_granularity = "full";
+  full.recompute_method = "uniform";
+  full.recompute_num_layers = 1;
+  full.recompute_modules.clear();
+  std::string last = "or full recompute (--recompute-granularity full)";
+  try {
+    const double total = worst(full, padded_vocab, world).total();
+    last = fmt::format(
+        "or full recompute (--recompute-granularity full --recompute-method uniform "
+        "--recompute-num-layers 1: {}{})",
+        gib(total), total <= device ? ", fits" : ", does not fit either");
+  } catch (const Error&) {
+  }
   fmt::print(out,
              "no change in Megatron's order (raise EP, recompute moe_act/layernorm, raise PP, distributed "
              "optimizer) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
-             "--micro-batch-size or --seq-length, or full recompute (--recompute-granularity full)\n",
+             "--micro-batch-size or --seq-length, {}\n",
              gib(device), world,
-             applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")));
+             applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")), last);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // `moecore bench memory`: for one model (the bench train model under the user's flags), peak activation memory and
 // step time with no recompute, each selective recompute module that applies, and full recompute, in one run: what
-// each option saves and what it costs. Peak activation memory: the allocator's peak over the timed steps less
-// what stays live between steps (weights, gradients, optimizer state), beside the memory plan's figure
-// (train/memory_plan.h) for the same configuration.
+// each option saves and what it costs. The step's memory: the allocator's peak over the timed steps less what stays
+// live between steps (weights, gradients, optimizer state), beside the memory plan's figure for what a step
+// allocates and frees (train/memory_plan.h, MemoryPlan::transient: activations at the schedule's peak, the
+// backward's working set and, under --bf16, the weights' bf16 copies).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -61,11 +62,11 @@ void run_bench_memory(const TrainBenchArgs& a) {
           "moecore bench memory: {} layers, H={}, {} experts top-{} (F={}), S={}, micro-batch {}, {}, {} threads\n",
           c0.num_layers, c0.hidden_size, c0.num_experts, c0.moe_router_topk, c0.moe_ffn_hidden_size, c0.seq_length,
           c0.micro_batch_size, a.dtype, num_threads());
-      fmt::print(out, "{:<26} {:>14} {:>10} {:>14} {:>10} {:>10}\n", "recompute", "peak act MiB", "saved MiB",
+      fmt::print(out, "{:<26} {:>14} {:>10} {:>14} {:>10} {:>10}\n", "recompute", "step peak MiB", "saved MiB",
                  "plan MiB", "step s", "time +%");
     }
     fmt::print(out, "{:<26} {:>14.1f} {:>10.1f} {:>14.1f} {:>10.3f} {:>+10.1f}\n", name, peak / 0x1p20,
-               (none_peak - peak) / 0x1p20, (p.peak_activations + p.working) / 0x1p20, step,
+               (none_peak - peak) / 0x1p20, p.transient() / 0x1p20, step,
                100.0 * (step / none_step - 1.0));
     std::fflush(out);
   }
