@@ -67,6 +67,12 @@ struct Ring {
   int64_t src(int64_t step) const { return (me - step + size) % size; }
 };
 
+// Starts one ring step's K/V transfer: `cur` to the next rank, the previous rank's block into `nxt`.
+void pass_kv(const Ring& rg, const Tensor& cur, Tensor& nxt, comm::Work& sent, comm::Work& got) {
+  sent = rg.g->send(cur, rg.next, kTagKv, /*async=*/true);
+  got = rg.g->recv(nxt, rg.prev, kTagKv, /*async=*/true);
+}
+
 }  // namespace
 
 void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const comm::ProcessGroup* ring,
@@ -88,10 +94,7 @@ void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   Tensor part_l = Tensor::empty({q.dim(1), q.dim(2), sc}, q.dtype());
   for (int64_t s = 0; s < rg.size; s++) {
     comm::Work sent, got;
-    if (s + 1 < rg.size) {
-      sent = rg.g->send(cur, rg.next, kTagKv, /*async=*/true);
-      got = rg.g->recv(nxt, rg.prev, kTagKv, /*async=*/true);
-    }
+    if (s + 1 < rg.size) pass_kv(rg, cur, nxt, sent, got);
     const ChunkIds& theirs = ids_of[static_cast<size_t>(rg.src(s))];
     const Tensor kb = cur.slice(0, R), vb = cur.slice(R, R);
     for (int64_t i = 0; i < nq; i++)
@@ -130,10 +133,7 @@ void ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   comm::Work dkv_sent, dkv_got;
   for (int64_t s = 0; s < rg.size; s++) {
     comm::Work sent, got;
-    if (s + 1 < rg.size) {
-      sent = rg.g->send(cur, rg.next, kTagKv, /*async=*/true);
-      got = rg.g->recv(nxt, rg.prev, kTagKv, /*async=*/true);
-    }
+    if (s + 1 < rg.size) pass_kv(rg, cur, nxt, sent, got);
     const ChunkIds& theirs = ids_of[static_cast<size_t>(rg.src(s))];
     const Tensor kb = cur.slice(0, R), vb = cur.slice(R, R);
     dkv_part.zero_();

@@ -38,8 +38,9 @@ struct MemoryPlan {
   double peak_activations = 0;             // the stashes at the schedule's peak, logits included
   double working = 0;                      // on top, in backward: a replayed full-recompute chunk, one layer's grads
   double total() const { return weights + bf16_weights + grads + adam + master + comm + peak_activations + working; }
-  // What a step allocates and frees again: the bf16 weight copies, the stashes at the peak and the working set.
-  double transient() const { return bf16_weights + peak_activations + working; }
+  // What a step allocates and frees again: the stashes at the schedule's peak and the backward's working set (the
+  // bf16 weight copies stay allocated between steps: Bf16WeightScope keeps their buffers).
+  double transient() const { return peak_activations + working; }
   std::string describe() const;  // "weights 1.0 MiB | gradients ..."
 };
 

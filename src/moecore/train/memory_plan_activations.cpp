@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/attention.h"
 #include "moecore/nn/gpt_model.h"
@@ -121,8 +122,19 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     }
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));
-      a.logits = static_cast<double>(nn::tensor_bytes(d.rows() * (padded_vocab / d.tp), DType::F32));
+      const int64_t logits = d.rows() * (padded_vocab / d.tp);
+      a.logits = static_cast<double>(nn::tensor_bytes(logits, DType::F32));
       b += all - a.logits;
+      // The output layer's backward under --bf16: the logits gradient rounded to bf16 for its two GEMMs and, where
+      // this CPU has no bf16 matmul (operands widened to f32 in kernels::gemm), that gradient and the [V/TP, H]
+      // weight widened back to f32 while a GEMM runs.
+      if (d.bf16) {
+        double out = static_cast<double>(nn::tensor_bytes(logits, DType::BF16));
+        if (!kernels::gemm_stats().bf16_native)
+          out += static_cast<double>(nn::tensor_bytes(logits, DType::F32) +
+                                     nn::tensor_bytes(padded_vocab / d.tp * m.hidden, DType::F32));
+        a.working = std::max(a.working, out);
+      }
     }
     a.chunk_bytes.push_back(b);
   }

@@ -2,8 +2,8 @@
 // step time with no recompute, each selective recompute module that applies, and full recompute, in one run: what
 // each option saves and what it costs. The step's memory: the allocator's peak over the timed steps less what stays
 // live between steps (weights, gradients, optimizer state), beside the memory plan's figure for what a step
-// allocates and frees (train/memory_plan.h, MemoryPlan::transient: activations at the schedule's peak, the
-// backward's working set and, under --bf16, the weights' bf16 copies).
+// allocates and frees (train/memory_plan.h, MemoryPlan::transient: activations at the schedule's peak and the
+// backward's working set).
 #include <fmt/format.h>
 
 #include <cstdio>

@@ -161,4 +161,21 @@ __attribute__((noinline)) MOE_TARGET_CLONES void block_gemm(int64_t M, int64_t N
   }
 }
 
+// Per-thread buffers of one backward item (a key tile against its query tiles): the score and dP/dS tiles, the dK
+// and dV accumulators, the query, output-gradient and key rows of the current tile pair, and a row of zeros.
+template <typename T>
+struct BackwardTiles {
+  T *sc, *dp, *dK, *dV, *q, *dout, *k, *z;
+  explicit BackwardTiles(T* s, int64_t D)
+      : sc(s),
+        dp(s + kAttnTile * kAttnTile),
+        dK(dp + kAttnTile * kAttnTile),
+        dV(dK + kAttnTile * D),
+        q(dV + kAttnTile * D),
+        dout(q + kAttnTile * D),
+        k(dout + kAttnTile * D),
+        z(k + kAttnTile * D) {}
+  static int64_t size(int64_t D) { return 2 * kAttnTile * kAttnTile + 5 * kAttnTile * D + kAttnTile; }
+};
+
 }  // namespace moecore::kernels::flash

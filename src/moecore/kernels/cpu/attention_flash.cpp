@@ -214,27 +214,11 @@ struct BwdArgs {
   const AttentionDropout* drop;
 };
 
-// Per-thread buffers of one backward item.
-template <typename T>
-struct BwdTiles {
-  T *sc, *dp, *dK, *dV, *q, *dout, *k, *z;
-  explicit BwdTiles(T* s, int64_t D)
-      : sc(s),
-        dp(s + Bt * Bt),
-        dK(dp + Bt * Bt),
-        dV(dK + Bt * D),
-        q(dV + Bt * D),
-        dout(q + Bt * D),
-        k(dout + Bt * D),
-        z(k + Bt * D) {}
-  static int64_t size(int64_t D) { return 2 * Bt * Bt + 5 * Bt * D + Bt; }
-};
-
 // One (query tile, key tile) pair of head h: recomputes P and dS, then adds into the dK/dV tiles (when kv) and into
 // dQ's rows in place (when dq).
 template <typename T, bool R>
-MOE_ALWAYS_INLINE void backward_pair(const BwdArgs<T>& a, int64_t b, int64_t h, int64_t qt, int64_t kt, BwdTiles<T>& w,
-                                     bool kv, bool dq) {
+MOE_ALWAYS_INLINE void backward_pair(const BwdArgs<T>& a, int64_t b, int64_t h, int64_t qt, int64_t kt,
+                                     BackwardTiles<T>& w, bool kv, bool dq) {
   constexpr int64_t L = Vec<T>::kLanes;
   const AttentionDims& d = a.d;
   const int64_t S = d.S, D = d.D;
@@ -286,7 +270,7 @@ MOE_ALWAYS_INLINE void backward_pair(const BwdArgs<T>& a, int64_t b, int64_t h, 
 // dK and dV of key tile kt of kv head (b, g): the sum over the group's query heads and the query tiles from kt on.
 // With dq, also adds every pair's dQ terms in place.
 template <typename T, bool R>
-MOE_ALWAYS_INLINE void key_tile(const BwdArgs<T>& a, int64_t b, int64_t g, int64_t kt, BwdTiles<T>& w, bool dq) {
+MOE_ALWAYS_INLINE void key_tile(const BwdArgs<T>& a, int64_t b, int64_t g, int64_t kt, BackwardTiles<T>& w, bool dq) {
   const AttentionDims& d = a.d;
   const int64_t D = d.D, j0 = kt * Bt, nc = std::min(Bt, d.S - j0), bg = b * d.Nkv + g;
   std::fill_n(w.dK, nc * D, T(0));
@@ -321,7 +305,7 @@ MOE_TARGET_CLONES void backward_fused(const BwdArgs<T>& a, Scratch<T>& scratch) 
   const AttentionDims& d = a.d;
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
     const int64_t b = bg / d.Nkv, g = bg % d.Nkv;
-    BwdTiles<T> w(scratch.mine(), d.D);
+    BackwardTiles<T> w(scratch.mine(), d.D);
     for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) dq_rows(a, b * d.Nq + h, 0, d.S, true);
     for (int64_t kt = 0; kt < d.ntiles(); kt++) key_tile<T, R>(a, b, g, kt, w, true);
     for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) dq_rows(a, b * d.Nq + h, 0, d.S, false);
@@ -334,12 +318,12 @@ MOE_TARGET_CLONES void backward_two_pass(const BwdArgs<T>& a, Scratch<T>& scratc
   const AttentionDims& d = a.d;
   const int64_t nt = d.ntiles(), kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nt; it++) {
-    BwdTiles<T> w(scratch.mine(), d.D);
+    BackwardTiles<T> w(scratch.mine(), d.D);
     const int64_t bg = it % kv_pairs;
     key_tile<T, R>(a, bg / d.Nkv, bg % d.Nkv, it / kv_pairs, w, false);
   }
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nt; it++) {
-    BwdTiles<T> w(scratch.mine(), d.D);
+    BackwardTiles<T> w(scratch.mine(), d.D);
     const int64_t qt = nt - 1 - it / q_pairs, bh = it % q_pairs, i0 = qt * Bt;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, n = std::min(Bt, d.S - i0);
     dq_rows(a, bh, i0, n, true);
@@ -407,7 +391,7 @@ void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
     a.dout = {doh.data<float>(), d.S * d.D, d.D};
     a.score_mul = a.dk_mul = 1;  // q̂ carries the scale
   }
-  Scratch<T> scratch(BwdTiles<T>::size(d.D), dt);
+  Scratch<T> scratch(BackwardTiles<T>::size(d.D), dt);
   if (use_fused(d))
     backward_fused<T, R>(a, scratch);
   else

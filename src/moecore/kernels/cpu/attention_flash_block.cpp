@@ -28,6 +28,7 @@ namespace moecore::kernels {
 
 namespace flash_block {
 
+using flash::BackwardTiles;
 using flash::Causal;
 using flash::MatA;
 using flash::MatB;
@@ -223,26 +224,10 @@ struct BwdCtx {
   const AttentionDropout* drop;
 };
 
-// Buffers of one backward item.
-template <typename T>
-struct Tiles {
-  T *sc, *dp, *acc_a, *acc_b, *q, *dout, *k, *z;
-  explicit Tiles(T* s, int64_t D)
-      : sc(s),
-        dp(s + Bt * Bt),
-        acc_a(dp + Bt * Bt),
-        acc_b(acc_a + Bt * D),
-        q(acc_b + Bt * D),
-        dout(q + Bt * D),
-        k(dout + Bt * D),
-        z(k + Bt * D) {}
-  static int64_t size(int64_t D) { return 2 * Bt * Bt + 5 * Bt * D + Bt; }
-};
-
 // P (into w.sc, times the dropout multipliers) and dS (into w.dp) of query tile qt of head bh against key tile kt;
 // w.q (scaled q̂) and w.dout hold the query tile's rows. Masked entries are 0.
 template <typename T, bool R>
-MOE_ALWAYS_INLINE void probs(const BwdCtx<T>& a, int64_t bh, int64_t qt, int64_t kt, Tiles<T>& w) {
+MOE_ALWAYS_INLINE void probs(const BwdCtx<T>& a, int64_t bh, int64_t qt, int64_t kt, BackwardTiles<T>& w) {
   constexpr int64_t L = Vec<T>::kLanes;
   const BlockDims& d = a.d;
   const int64_t D = d.D, b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
@@ -297,18 +282,18 @@ void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
   BwdCtx<T> a{
       d,        q.data<T>(), k.data<T>(), dout.data<T>(), lse.data<T>(), delta.data<T>(), kt.data<T>(), vt.data<T>(),
       T(scale), drop};
-  Scratch<T> scratch(Tiles<T>::size(D), dt);
+  Scratch<T> scratch(BackwardTiles<T>::size(D), dt);
   T* dkd = dk.data<T>();
   T* dvd = dv.data<T>();
   T* dqd = dq.data<T>();
   // dK, dV per (key tile, b, kv head).
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < kv_pairs * nkt; it++) {
-    Tiles<T> w(scratch.mine(), D);
+    BackwardTiles<T> w(scratch.mine(), D);
     const int64_t t = it / kv_pairs, bg = it % kv_pairs, b = bg / d.Nkv, g = bg % d.Nkv;
     const int64_t j0 = t * Bt, nc = std::min(Bt, d.Sk - j0);
-    std::fill_n(w.acc_a, nc * D, T(0));  // dK
-    std::fill_n(w.acc_b, nc * D, T(0));  // dV
+    std::fill_n(w.dK, nc * D, T(0));
+    std::fill_n(w.dV, nc * D, T(0));
     for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) {
       const int64_t bh = b * d.Nq + h;
       for (int64_t qt = 0; qt < nqt; qt++) {
@@ -317,37 +302,37 @@ void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
         rows<T, R>(a.q, d.q_row(), bh, i0, nr, D, a.scale, w.q);
         rows<T, R>(a.dout, d.q_row(), bh, i0, nr, D, T(1), w.dout);
         probs<T, R>(a, bh, qt, t, w);
-        flash::block_gemm<T>(nc, D, nr, MatA<T>{w.sc, 1, Bt}, MatB<T>{w.dout, D}, MatC<T>{w.acc_b, D}, true);
-        flash::block_gemm<T>(nc, D, nr, MatA<T>{w.dp, 1, Bt}, MatB<T>{w.q, D}, MatC<T>{w.acc_a, D}, true);
+        flash::block_gemm<T>(nc, D, nr, MatA<T>{w.sc, 1, Bt}, MatB<T>{w.dout, D}, MatC<T>{w.dV, D}, true);
+        flash::block_gemm<T>(nc, D, nr, MatA<T>{w.dp, 1, Bt}, MatB<T>{w.q, D}, MatC<T>{w.dK, D}, true);
       }
     }
     for (int64_t j = 0; j < nc; j++) {
       T* dkr = dkd + (j0 + j) * d.kv_row() + bg * D;
       T* dvr = dvd + (j0 + j) * d.kv_row() + bg * D;
       for (int64_t e = 0; e < D; e++) {
-        dkr[e] = w.acc_a[j * D + e];  // q̂ carried the scale
-        dvr[e] = w.acc_b[j * D + e];
+        dkr[e] = w.dK[j * D + e];  // q̂ carried the scale
+        dvr[e] = w.dV[j * D + e];
       }
     }
   }
   // dQ per (query tile, b, head).
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < q_pairs * nqt; it++) {
-    Tiles<T> w(scratch.mine(), D);
+    BackwardTiles<T> w(scratch.mine(), D);
     const int64_t qt = nqt - 1 - it / q_pairs, bh = it % q_pairs, b = bh / d.Nq, h = bh % d.Nq;
     const int64_t bg = b * d.Nkv + h / d.group(), i0 = qt * Bt, nr = std::min(Bt, d.Sq - i0);
     rows<T, R>(a.q, d.q_row(), bh, i0, nr, D, a.scale, w.q);
     rows<T, R>(a.dout, d.q_row(), bh, i0, nr, D, T(1), w.dout);
-    std::fill_n(w.acc_a, nr * D, T(0));
+    std::fill_n(w.dK, nr * D, T(0));
     for (int64_t t = 0; t < nkt && d.any(qt, t); t++) {
       const int64_t j0 = t * Bt, nc = std::min(Bt, d.Sk - j0);
       probs<T, R>(a, bh, qt, t, w);
       rows<T, R>(a.k, d.kv_row(), bg, j0, nc, D, T(1), w.k);
-      flash::block_gemm<T>(nr, D, nc, MatA<T>{w.dp, Bt, 1}, MatB<T>{w.k, D}, MatC<T>{w.acc_a, D}, true);
+      flash::block_gemm<T>(nr, D, nc, MatA<T>{w.dp, Bt, 1}, MatB<T>{w.k, D}, MatC<T>{w.dK, D}, true);
     }
     for (int64_t i = 0; i < nr; i++) {
       T* r = dqd + (i0 + i) * d.q_row() + bh * D;
-      for (int64_t e = 0; e < D; e++) r[e] += w.acc_a[i * D + e] * a.scale;
+      for (int64_t e = 0; e < D; e++) r[e] += w.dK[i * D + e] * a.scale;
     }
   }
 }
@@ -357,16 +342,20 @@ void require_f32(const Tensor& q) {
                  dtype_name(q.dtype()));
 }
 
+// The dropout of the block at (q0, k0) (`shifted`, kept in `storage`), or null when there is none.
+const AttentionDropout* shifted_or_null(const AttentionDropout* dropout, int64_t q0, int64_t k0,
+                                        AttentionDropout& storage) {
+  if (!dropout || !dropout->on()) return nullptr;
+  storage = shifted(dropout, q0, k0);
+  return &storage;
+}
+
 }  // namespace flash_block
 
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
   AttentionDropout drop;
-  const AttentionDropout* dp = nullptr;
-  if (dropout && dropout->on()) {
-    drop = flash_block::shifted(dropout, q0, k0);
-    dp = &drop;
-  }
+  const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
   if (round_bf16) {
     flash_block::require_f32(q);
     flash_block::forward_t<float, true>(q, k, v, q0, k0, scale, o, lse, dp);
@@ -383,11 +372,7 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
                               const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
                               Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
   AttentionDropout drop;
-  const AttentionDropout* dp = nullptr;
-  if (dropout && dropout->on()) {
-    drop = flash_block::shifted(dropout, q0, k0);
-    dp = &drop;
-  }
+  const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
   if (round_bf16) {
     flash_block::require_f32(q);
     flash_block::backward_t<float, true>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp);
