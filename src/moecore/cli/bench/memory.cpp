@@ -66,8 +66,7 @@ void run_bench_memory(const TrainBenchArgs& a) {
                  "plan MiB", "step s", "time +%");
     }
     fmt::print(out, "{:<26} {:>14.1f} {:>10.1f} {:>14.1f} {:>10.3f} {:>+10.1f}\n", name, peak / 0x1p20,
-               (none_peak - peak) / 0x1p20, p.transient() / 0x1p20, step,
-               100.0 * (step / none_step - 1.0));
+               (none_peak - peak) / 0x1p20, p.transient() / 0x1p20, step, 100.0 * (step / none_step - 1.0));
     std::fflush(out);
   }
 }
