@@ -2,10 +2,13 @@
 // gives, step by step, the one-rank LM loss, gradient norm, aux losses and z-loss within `rel` relative.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -14,6 +17,20 @@
 #include "moecore/train/trainer.h"
 
 namespace moecore::testing {
+
+// A scratch directory every rank of `w` sees (named with rank 0's process id, so two runs never share it), emptied
+// by rank 0.
+inline std::string mpi_shared_dir(const comm::ProcessGroup& w, const std::string& name) {
+  Tensor pid = Tensor::empty({1}, DType::I64);
+  pid.set_item(0, static_cast<double>(::getpid()));
+  w.broadcast(pid, 0);
+  const std::string d = (std::filesystem::temp_directory_path() /
+                         fmt::format("moecore_mpi_{}_{}_{}", name, w.size(), static_cast<int64_t>(pid.item(0))))
+                            .string();
+  if (w.rank() == 0) std::filesystem::remove_all(d);
+  w.barrier();
+  return d;
+}
 
 // One step's figures of the parallel run `b` against the single-rank run `a`.
 inline void expect_same_step(const train::StepResult& a, const train::StepResult& b, int step, double rel = 1e-5) {

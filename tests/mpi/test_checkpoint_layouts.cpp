@@ -30,14 +30,6 @@ train::TrainConfig ckpt_layout_config(const std::vector<std::string>& layout, co
   return testing::small_config(train::override_flags(ckpt_layout_model_args(), layout), extra);
 }
 
-// A directory every rank sees, emptied by rank 0.
-std::string shared_dir(const comm::ProcessGroup& w, const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / fmt::format("moecore_mpi_{}_{}", name, w.size())).string();
-  if (w.rank() == 0) fs::remove_all(d);
-  w.barrier();
-  return d;
-}
-
 const std::vector<std::string> kCheckpointLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 
 // The first `vocab` logits of every position of a fixed sequence.
@@ -72,7 +64,7 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
     save_layout.insert(save_layout.end(), {"--expert-model-parallel-size", "2"});        // TP2 x EP2, DP2
     load_layout = {"--expert-model-parallel-size", "4", "--use-distributed-optimizer"};  // TP1 x EP4, DP4
   }
-  const std::string dir = shared_dir(w, "reshard");
+  const std::string dir = testing::mpi_shared_dir(w, "reshard");
   std::FILE* null = std::fopen("/dev/null", "w");
   std::vector<float> saved_logits;
   {
@@ -81,7 +73,7 @@ TEST(CheckpointLayouts, ReshardedModelGivesTheSameLogitsAndTraining) {
     a.save_checkpoint();
     saved_logits = logits_of(a, 100);
   }
-  const std::string dir2 = shared_dir(w, "reshard_again");
+  const std::string dir2 = testing::mpi_shared_dir(w, "reshard_again");
   train::Trainer b(ckpt_layout_config(load_layout, {"--load", dir, "--save", dir2}), null, false, &w);
   train::Trainer one(ckpt_layout_config({}, {"--load", dir}), null, false, nullptr);  // every rank: the whole model
   EXPECT_EQ(b.iteration(), 3);
@@ -112,7 +104,7 @@ TEST(CheckpointLayouts, ResumeIsBitwiseInOneLayout) {
   if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
   std::vector<std::string> layout = {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"};
   if (w.size() == 4) layout.insert(layout.end(), kCheckpointLayoutsTP2.begin(), kCheckpointLayoutsTP2.end());
-  const std::string dir = shared_dir(w, "resume");
+  const std::string dir = testing::mpi_shared_dir(w, "resume");
   testing::expect_bitwise_resume(
       [&](const std::vector<std::string>& extra) { return ckpt_layout_config(layout, extra); }, dir, w);
   w.barrier();

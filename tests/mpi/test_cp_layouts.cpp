@@ -83,20 +83,12 @@ INSTANTIATE_TEST_SUITE_P(
                      std::vector<std::string>{"--expert-model-parallel-size", "4", "--use-distributed-optimizer"}}),
     [](const ::testing::TestParamInfo<CpLayout>& i) { return i.param.name; });
 
-// A directory every rank sees, emptied by rank 0.
-std::string cp_shared_dir(const comm::ProcessGroup& w, const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / fmt::format("moecore_mpi_cp_{}_{}", name, w.size())).string();
-  if (w.rank() == 0) fs::remove_all(d);
-  w.barrier();
-  return d;
-}
-
 // Saved under CP2 (DP2), loaded under CP1 (DP4) and CP4: the next steps equal the CP2 run's.
 TEST(CpCheckpoint, SavedUnderCp2LoadsUnderCp1AndCp4) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 4) GTEST_SKIP() << "runs on 4 ranks";
   const std::vector<std::string> args = train::override_flags(base_flags(), {"--train-iters", "4"});
-  const std::string dir = cp_shared_dir(w, "save");
+  const std::string dir = testing::mpi_shared_dir(w, "cp_save");
   std::FILE* null = std::fopen("/dev/null", "w");
   std::vector<train::StepResult> want;
   {
@@ -133,7 +125,7 @@ TEST(CpBitwise, RerunAndResumeAreBitwise) {
     }
   }
   std::fclose(null);
-  const std::string dir = cp_shared_dir(w, "resume");
+  const std::string dir = testing::mpi_shared_dir(w, "cp_resume");
   testing::expect_bitwise_resume(
       [&](const std::vector<std::string>& extra) { return testing::small_config(args, extra); }, dir, w);
   w.barrier();

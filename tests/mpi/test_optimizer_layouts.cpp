@@ -49,7 +49,9 @@ TEST_P(OptimizerLayouts, MatchSingleRank) {
     max_rel = std::max(max_rel, std::fabs(b.lm_loss - a.lm_loss) / std::fabs(a.lm_loss));
     if (!l.differs) testing::expect_same_step(a, b, step, l.tol);
   }
-  if (l.differs) EXPECT_GT(max_rel, 1e-4) << "blockwise Newton-Schulz of TP shards should change the run";
+  if (l.differs) {
+    EXPECT_GT(max_rel, 1e-4) << "blockwise Newton-Schulz of TP shards should change the run";
+  }
   std::fclose(null);
 }
 

@@ -4,7 +4,6 @@
 // continues with the same losses; K steps + save + load + N−K steps under PP2 equal N straight
 // steps bitwise.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -39,19 +38,6 @@ train::TrainConfig pp_ckpt_config(const std::vector<std::string>& layout, const 
   return testing::small_config(pp_ckpt_model_args() + layout, extra);
 }
 
-// Every rank must agree on one directory: rank 0's name, broadcast.
-std::string agreed_dir(const comm::ProcessGroup& w, const std::string& name) {
-  Tensor pid = Tensor::empty({1}, DType::I64);
-  pid.set_item(0, static_cast<double>(::getpid()));
-  w.broadcast(pid, 0);
-  const std::string d = (fs::temp_directory_path() /
-                         fmt::format("moecore_mpi_pp_{}_{}_{}", name, w.size(), static_cast<int64_t>(pid.item(0))))
-                            .string();
-  if (w.rank() == 0) fs::remove_all(d);
-  w.barrier();
-  return d;
-}
-
 const std::vector<std::string> kPipelineCheckpointsPP2{"--pipeline-model-parallel-size", "2"};
 
 TEST(PipelineCheckpoints, SavedUnderPipelineLoadsInAnotherLayout) {
@@ -63,7 +49,7 @@ TEST(PipelineCheckpoints, SavedUnderPipelineLoadsInAnotherLayout) {
     load_layout = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size",
                    w.size() == 8 ? "4" : "2"};
   }
-  const std::string dir = agreed_dir(w, "reshard");
+  const std::string dir = testing::mpi_shared_dir(w, "pp_reshard");
   std::FILE* null = std::fopen("/dev/null", "w");
   std::vector<train::StepResult> want;
   {
@@ -102,7 +88,7 @@ TEST(PipelineCheckpoints, OneRankCheckpointLoadsIntoVirtualStages) {
   auto config = [&](const std::vector<std::string>& layout, const std::vector<std::string>& extra) {
     return testing::small_config(train::override_flags(pp_ckpt_model_args(), eight) + layout, extra);
   };
-  const std::string dir = agreed_dir(w, "vpp");
+  const std::string dir = testing::mpi_shared_dir(w, "pp_vpp");
   std::FILE* null = std::fopen("/dev/null", "w");
   Tensor want = Tensor::zeros({3, 2}, DType::F64);  // rank 0's losses and grad norms after the save
   if (w.rank() == 0) {
@@ -137,7 +123,7 @@ TEST(PipelineCheckpoints, ResumeIsBitwiseUnderPipeline) {
   std::vector<std::string> layout = kPipelineCheckpointsPP2;
   if (w.size() == 4)
     layout = layout + std::vector<std::string>{"--expert-model-parallel-size", "2", "--use-distributed-optimizer"};
-  const std::string dir = agreed_dir(w, "resume");
+  const std::string dir = testing::mpi_shared_dir(w, "pp_resume");
   testing::expect_bitwise_resume([&](const std::vector<std::string>& extra) { return pp_ckpt_config(layout, extra); },
                                  dir, w);
   w.barrier();

@@ -58,7 +58,9 @@ inline void expect_plan_matches(const MeasuredMemory& m, const std::string& what
       << what << ": planned " << m.planned / 0x1p20 << " MiB, measured peak " << m.peak / 0x1p20
       << " MiB (activations planned " << m.activations / 0x1p20 << " MiB, of which backward working set "
       << m.working / 0x1p20 << " MiB)";
-  if (steady) EXPECT_EQ(m.new_allocs, 0) << what << ": step 3 allocated from the system";
+  if (steady) {
+    EXPECT_EQ(m.new_allocs, 0) << what << ": step 3 allocated from the system";
+  }
 }
 
 }  // namespace moecore::testing
