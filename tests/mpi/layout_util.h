@@ -40,6 +40,10 @@ inline void expect_same_step(const train::StepResult& a, const train::StepResult
   for (size_t t = 0; t < a.aux_losses.size(); t++)
     EXPECT_NEAR(b.aux_losses[t], a.aux_losses[t], rel * std::fabs(a.aux_losses[t])) << "step " << step;
   EXPECT_NEAR(b.z_loss, a.z_loss, rel * std::fabs(a.z_loss)) << "step " << step;
+  ASSERT_EQ(a.mtp_losses.size(), b.mtp_losses.size());
+  for (size_t k = 0; k < a.mtp_losses.size(); k++)
+    EXPECT_NEAR(b.mtp_losses[k], a.mtp_losses[k], rel * std::fabs(a.mtp_losses[k]))
+        << "step " << step << " mtp_" << k + 1;
 }
 
 // Trains `one` on a single rank and `multi` over `w` for `steps` steps (output discarded); every step must agree.

@@ -1,4 +1,5 @@
-// Layout invariance of context parallelism: a tiny MoE job under CP2, CP4, CP2×TP2×SP, CP2×EP2, CP2×PP2,
+// Layout invariance of context parallelism: a tiny MoE job under CP2, CP4, CP2×TP2×SP, CP2×EP2, CP2×PP2, MTP under
+// CP2, CP4 and CP2×TP2,
 // CP2×DP2 with the distributed optimizer and CP2×TP2×DP2×EP4 (8 ranks) gives the single-rank run's per-step lm loss,
 // grad norm, aux and z losses within 1e-5 relative; every --cp-comm-type at least once; dropout, learned positions
 // and per-token loss under CP; checkpoints saved under CP2 load under CP1 and CP4; reruns are bitwise identical.
@@ -62,7 +63,11 @@ INSTANTIATE_TEST_SUITE_P(
                  cp(2)},
         CpLayout{"CP2_PerTokenLoss", 2, {"--calculate-per-token-loss"}, cp(2)},
         CpLayout{"CP2_EP2", 2, {}, cp(2) + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
-        CpLayout{"CP4", 4, {}, cp(4)},
+        CpLayout{"CP2_MTP", 2, {"--mtp-num-layers", "2"}, cp(2)},
+        CpLayout{
+            "CP2_MTP_PerTokenLoss", 2, {"--mtp-num-layers", "1", "--calculate-per-token-loss"}, cp(2, "allgather")},
+        CpLayout{"CP4_MTP", 4, {"--mtp-num-layers", "1"}, cp(4)},
+        CpLayout{"CP2_TP2_MTP", 4, {"--mtp-num-layers", "1"}, cp(2) + kTP2}, CpLayout{"CP4", 4, {}, cp(4)},
         CpLayout{"CP4_a2a_p2p",
                  4,
                  {},

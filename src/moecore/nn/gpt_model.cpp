@@ -19,6 +19,24 @@ void transpose_bs(const In* x, Out* y, int64_t B, int64_t S) {
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) y[s * B + b] = static_cast<Out>(x[b * S + s]);
 }
+
+// The loss mask [B, S] (f32 or f64; undefined: every token) as [S·B] of dtype dt, sequence-major.
+Tensor mask_sequence_major(const Tensor& mask_BS, const Tensor& labels_BS, DType dt) {
+  const int64_t B = labels_BS.dim(0), S = labels_BS.dim(1);
+  Tensor m = Tensor::empty({S * B}, dt);
+  if (!mask_BS.defined()) {
+    kernels::fill_(m, 1.0);
+    return m;
+  }
+  MOE_ASSERT(mask_BS.shape() == labels_BS.shape());
+  MOE_DISPATCH_FLOAT(dt, T, {
+    if (mask_BS.dtype() == DType::F32)
+      transpose_bs(mask_BS.data<float>(), m.data<T>(), B, S);
+    else
+      transpose_bs(mask_BS.data<double>(), m.data<T>(), B, S);
+  });
+  return m;
+}
 }  // namespace
 
 Tensor to_sequence_major(const Tensor& x_BS) {
@@ -155,7 +173,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
     MOE_ASSERT(in.ndim() == 2);
     const Tensor tokens = split_sequence_BS(in, SeqSplit{cfg_.cp.size, cfg_.cp.rank});  // CP: this rank's chunks
     begin_batch(tokens.dim(1), tokens.dim(0), st);
-    st.tokens_BS = in;  // MTP's inputs (MTP with CP is refused)
+    st.tokens_BS = in;  // MTP's inputs: the whole sequence (under CP too)
     h = embedding_->forward(to_sequence_major(tokens), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
     if (position_) position_->forward_(h, st.pos);
     embedding_dropout_.forward_(h, st.dropout);
@@ -174,7 +192,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   h = final_norm_->forward(h, st.final_norm);
   probe("decoder.final_layernorm", false, h);
   if (mtp_) {
-    MOE_ASSERT_MSG(st.tokens_BS.defined() && st.tokens_BS.dim(0) == st.B && st.tokens_BS.dim(1) == st.S,
+    MOE_ASSERT_MSG(st.tokens_BS.defined() && st.tokens_BS.dim(0) == st.B && st.tokens_BS.dim(1) == st.S * cfg_.cp.size,
                    "MTP needs the micro-batch's input ids on the loss chunk");
     mtp_->forward(h, to_sequence_major(st.tokens_BS), st.S, st.B, *embedding_, *output_, st.dropout, st.mtp);
   }
@@ -202,18 +220,7 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   const int64_t T = st.S * st.B;
   const DType dt = st.logits_TV.dtype();
   st.labels_T = to_sequence_major(labels_BS);
-  st.mask_T = Tensor::empty({T}, dt);
-  if (loss_mask_BS.defined()) {
-    MOE_ASSERT(loss_mask_BS.shape() == labels_BS.shape());
-    MOE_DISPATCH_FLOAT(dt, T, {
-      if (loss_mask_BS.dtype() == DType::F32)
-        transpose_bs(loss_mask_BS.data<float>(), st.mask_T.data<T>(), st.B, st.S);
-      else
-        transpose_bs(loss_mask_BS.data<double>(), st.mask_T.data<T>(), st.B, st.S);
-    });
-  } else {
-    kernels::fill_(st.mask_T, 1.0);
-  }
+  st.mask_T = mask_sequence_major(loss_mask_BS, labels_BS, dt);
   Tensor loss_T = Tensor::empty({T}, dt);
   st.lse_T = Tensor::empty({T}, dt);
   if (cfg_.tp.on()) {
@@ -227,7 +234,11 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   }
   st.mask_sum = kernels::sum(st.mask_T);
   if (mtp_) {
-    mtp_->loss(st.labels_T, st.mask_T, st.S, st.B, vocab_start_, cfg_.vocab_size, st.mtp);
+    if (seq.on())  // MTP rolls the whole sequence
+      mtp_->loss(to_sequence_major(labels_all), mask_sequence_major(mask_all, labels_all, dt), st.mask_sum, st.S, st.B,
+                 vocab_start_, cfg_.vocab_size, st.mtp);
+    else
+      mtp_->loss(st.labels_T, st.mask_T, st.mask_sum, st.S, st.B, vocab_start_, cfg_.vocab_size, st.mtp);
     if (training_) {
       for (size_t k = 0; k < mtp_loss_sums_.size(); k++) mtp_loss_sums_[k] += st.mtp.depths[k].loss;
       mtp_micro_batches_++;

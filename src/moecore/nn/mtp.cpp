@@ -8,6 +8,7 @@
 
 #include "moecore/kernels/cpu/cross_entropy.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/context_split.h"
 #include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
@@ -48,10 +49,16 @@ Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k) {
   return y;
 }
 
+Tensor roll_local(const Tensor& x_T, int64_t S, int64_t B, int64_t k, const ContextParallel& cp) {
+  Tensor r = roll_sequence(x_T, S * cp.size, B, k);
+  if (!cp.on()) return r;
+  return rows_at_positions(r.reshape({S * cp.size, B}), S, SeqSplit{cp.size, cp.rank}).reshape({S * B});
+}
+
 MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, const AttentionConfig& attn,
                    const NormConfig& norm, const MLAConfig& mla, double hidden_dropout, bool recompute_norms,
                    std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, bool bf16, TPContext tp)
-    : cfg_(cfg), hidden_(hidden), tp_(tp) {
+    : cfg_(cfg), hidden_(hidden), tp_(tp), cp_(attn.cp) {
   MOE_ASSERT(static_cast<int64_t>(ffn.size()) == cfg.num_layers);
   for (int64_t k = 0; k < cfg.num_layers; k++) {
     const std::string name = "mtp.layers." + std::to_string(k);
@@ -82,7 +89,7 @@ MTPBlock::Stash MTPBlock::make_stash() const {
 void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, int64_t B, Embedding& emb,
                        Linear& output, const DropoutBatch& dropout, Stash& st) {
   const int64_t SL = S / tp_.size(), H = hidden_, rows = SL * B;
-  MOE_ASSERT(h0_SBH.numel() == rows * H && tokens_T.numel() == S * B);
+  MOE_ASSERT(h0_SBH.numel() == rows * H && tokens_T.numel() == S * cp_.size * B);
   st.S = S;
   st.B = B;
   st.dropout = dropout;
@@ -90,7 +97,7 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
   for (size_t k = 0; k < layers_.size(); k++) {
     Depth& d = st.depths[k];
     // Megatron rolls the input ids once per depth (the last positions read token 0).
-    Tensor e = emb.forward(roll_sequence(tokens_T, S, B, static_cast<int64_t>(k) + 1), d.emb).reshape({SL, B, H});
+    Tensor e = emb.forward(roll_local(tokens_T, S, B, static_cast<int64_t>(k) + 1, cp_), d.emb).reshape({SL, B, H});
     emb_dropout_[k].forward_(e, dropout);
     const Tensor en = enorm_[k]->forward(e, d.enorm), hn = hnorm_[k]->forward(h, d.hnorm);
     const Tensor x = eh_proj_[k]->forward(concat_cols(en, hn, rows, H), d.eh_proj).reshape({SL, B, H});
@@ -100,14 +107,16 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
   }
 }
 
-void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, int64_t S, int64_t B, int64_t vocab_start,
-                    int64_t vocab_size, Stash& st) const {
+void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_mask_sum, int64_t S, int64_t B,
+                    int64_t vocab_start, int64_t vocab_size, Stash& st) const {
   const int64_t T = S * B;
+  const double main_all = cp_.on() ? kernels::sum(mask_T) : main_mask_sum;  // the whole sequence's loss tokens
   for (size_t k = 0; k < st.depths.size(); k++) {
     Depth& d = st.depths[k];
     const DType dt = d.logits_TV.dtype();
-    d.labels_T = roll_sequence(labels_T, S, B, static_cast<int64_t>(k) + 1);
-    d.mask_T = roll_sequence(mask_T, S, B, static_cast<int64_t>(k) + 1);
+    const int64_t shift = static_cast<int64_t>(k) + 1;
+    d.labels_T = roll_local(labels_T, S, B, shift, cp_);
+    d.mask_T = roll_local(mask_T, S, B, shift, cp_);
     Tensor loss_T = Tensor::empty({T}, dt);
     d.lse_T = Tensor::empty({T}, dt);
     if (tp_.on()) {
@@ -119,8 +128,18 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, int64_t S, int
     } else {
       kernels::cross_entropy_forward(d.logits_TV, d.labels_T, loss_T, d.lse_T);
     }
-    d.mask_sum = kernels::sum(d.mask_T);
-    d.loss = d.mask_sum > 0 ? kernels::dot(loss_T, d.mask_T) / d.mask_sum : 0.0;
+    if (!cp_.on()) {
+      d.mask_sum = kernels::sum(d.mask_T);
+      d.loss = d.mask_sum > 0 ? kernels::dot(loss_T, d.mask_T) / d.mask_sum : 0.0;
+      continue;
+    }
+    // CP: the rolled tokens of the whole sequence, and the loss summed over the CP ranks.
+    const double tokens = kernels::sum(roll_sequence(mask_T, S * cp_.size, B, shift));
+    Tensor sum = Tensor::empty({1}, DType::F64);
+    sum.set_item(0, kernels::dot(loss_T, d.mask_T));
+    cp_.group->all_reduce(sum);
+    d.loss = tokens > 0 ? sum.item(0) / tokens : 0.0;
+    d.mask_sum = main_all > 0 ? tokens * main_mask_sum / main_all : 0.0;
   }
 }
 

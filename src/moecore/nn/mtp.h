@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "moecore/nn/context_attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/linear.h"
@@ -24,6 +25,9 @@ struct MTPConfig {
 // Megatron's roll_tensor(shifts=−1) applied k times along the sequence: x'[s] = x[s+k] for s < S−k, else 0.
 // x_T is sequence-major [S·B] (t = s·B + b), i64 ids or f32/f64 values.
 Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k);
+// The whole sequence's x_T [S·C·B] rolled k, at this context-parallel rank's S local positions -> [S·B]: Megatron's
+// roll_tensor with its CP boundary exchange, from the whole sequence every CP rank holds.
+Tensor roll_local(const Tensor& x_T, int64_t S, int64_t B, int64_t k, const ContextParallel& cp);
 
 class MTPBlock {
  public:
@@ -34,7 +38,7 @@ class MTPBlock {
     TransformerLayer::Stash layer;
     Tensor h_SBH;                               // this depth's output h_k (this rank's sequence shard)
     Tensor labels_T, mask_T, logits_TV, lse_T;  // labels and mask rolled k; logits: this rank's vocab columns
-    double mask_sum = 0, loss = 0;              // loss: Σ mask·ce / max(1, Σ mask) (Megatron's logged value)
+    double mask_sum = 0, loss = 0;  // loss: Σ mask·ce / max(1, Σ mask) (Megatron's logged value); mask_sum: weight
   };
   struct Stash {
     std::vector<Depth> depths;
@@ -49,13 +53,17 @@ class MTPBlock {
   Stash make_stash() const;
   const MTPConfig& config() const { return cfg_; }
 
-  // h0_SBH [S/TP, B, H] (the main final norm's output), tokens_T [S·B] sequence-major: runs every depth, keeping
-  // each depth's logits [S·B, V/TP] (output: the main model's output layer) in st.
+  // h0_SBH [S/TP, B, H] (the main final norm's output; S: this CP rank's positions), tokens_T [S·C·B] the whole
+  // sequence's ids, sequence-major: runs every depth, keeping each depth's logits [S·B, V/TP] (output: the main
+  // model's output layer) in st.
   void forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, int64_t B, Embedding& emb, Linear& output,
                const DropoutBatch& dropout, Stash& st);
-  // Each depth's loss with labels and mask rolled by k (labels_T, mask_T: the main ones, sequence-major).
-  void loss(const Tensor& labels_T, const Tensor& mask_T, int64_t S, int64_t B, int64_t vocab_start, int64_t vocab_size,
-            Stash& st) const;
+  // Each depth's loss with labels and mask rolled by k (labels_T, mask_T: the main ones of the whole sequence,
+  // [S·C·B] sequence-major; main_mask_sum: Σ of this rank's main loss mask). Under CP the logged loss is the whole
+  // sequence's mean (summed over CP), and each rank's gradient weight is its share of the whole sequence's rolled
+  // tokens, so the MTP loss, like the main one, does not depend on C (Megatron normalises by local counts there).
+  void loss(const Tensor& labels_T, const Tensor& mask_T, double main_mask_sum, int64_t S, int64_t B,
+            int64_t vocab_start, int64_t vocab_size, Stash& st) const;
   // Backpropagates scale·Σ_k (Σ_t mask_k·ce_k / max(1, Σ mask_k)) (scale: factor/D times the main loss's scale of
   // a mean loss); accumulates into every parameter (the shared embedding and output layer too) and returns
   // the gradient of h0 [S/TP, B, H].
@@ -68,6 +76,7 @@ class MTPBlock {
   MTPConfig cfg_;
   int64_t hidden_ = 0;
   TPContext tp_;
+  ContextParallel cp_;
   std::vector<std::unique_ptr<Norm>> enorm_, hnorm_, final_norm_;
   std::vector<std::unique_ptr<Linear>> eh_proj_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;

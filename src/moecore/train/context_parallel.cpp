@@ -80,10 +80,6 @@ void check_context_parallel(const TrainConfig& c) {
             "--context-parallel-size {} with --multi-latent-attention is not available: Multi-Latent Attention runs "
             "with --context-parallel-size 1 (use tensor, pipeline, data or expert parallelism for it)",
             C);
-  MOE_CHECK(c.mtp_num_layers == 0,
-            "--context-parallel-size {} with --mtp-num-layers {} is not available: multi-token prediction runs with "
-            "--context-parallel-size 1 (use tensor, pipeline, data or expert parallelism for it)",
-            C, c.mtp_num_layers);
   // Transformer Engine's all-to-all turns sequence shards into head shards: this rank's heads (and key-value
   // groups) must split over the a2a group.
   const int64_t heads = c.num_attention_heads / tp, groups = c.num_query_groups / tp;
