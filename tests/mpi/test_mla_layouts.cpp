@@ -1,7 +1,8 @@
 // Layout invariance of Multi-Latent Attention: a tiny MoE model with MLA (q latent and latent norms, YaRN with both
 // mscales, v_head_dim ≠ qk width) trained under TP2 with sequence parallelism (heads split, down projections
-// replicated on sequence shards), EP2, TP2×EP2 and DP gives the single-rank run's per-step losses and grad norms
-// within 1e-5 relative; and without the q latent (a direct, column-parallel q projection) under TP2.
+// replicated on sequence shards), EP2, TP2×EP2, DP, and context parallelism (CP2 p2p and a2a, CP4 allgather,
+// CP2×TP2) gives the single-rank run's per-step losses and grad norms within 1e-5 relative; and without the q latent
+// (a direct, column-parallel q projection) under TP2.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -113,7 +114,12 @@ INSTANTIATE_TEST_SUITE_P(
         MLALayout{"TP2_SP", 2, kMlaLayoutsTP2}, MLALayout{"TP2_SP_direct_q", 2, kMlaLayoutsTP2, false},
         MLALayout{"EP2", 2, {"--expert-model-parallel-size", "2"}}, MLALayout{"DP2", 2, {}},
         MLALayout{"TP2xEP2", 4, kMlaLayoutsTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
-        MLALayout{"TP2xDP2_distopt", 4, kMlaLayoutsTP2 + std::vector<std::string>{"--use-distributed-optimizer"}}),
+        MLALayout{"TP2xDP2_distopt", 4, kMlaLayoutsTP2 + std::vector<std::string>{"--use-distributed-optimizer"}},
+        // Context parallelism: the padded q/k/v through the ring, all-gather and all-to-all, YaRN at global positions.
+        MLALayout{"CP2", 2, {"--context-parallel-size", "2"}},
+        MLALayout{"CP2_a2a", 2, {"--context-parallel-size", "2", "--cp-comm-type", "a2a"}},
+        MLALayout{"CP4_allgather", 4, {"--context-parallel-size", "4", "--cp-comm-type", "allgather"}},
+        MLALayout{"CP2xTP2", 4, kMlaLayoutsTP2 + std::vector<std::string>{"--context-parallel-size", "2"}}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/nn/context_split.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
@@ -114,10 +115,17 @@ kernels::AttentionDropout MLAttention::dropout(const DropoutBatch& d) const {
   return attention_dropout(d, dropout_site_, a_.attention_dropout, a_.tp.rank() * nh_);
 }
 
+void MLAttention::rope_tables_for(int64_t S, Tensor& cos, Tensor& sin) const {
+  const SeqSplit seq{a_.cp.size, a_.cp.rank};
+  cos = seq.on() ? rows_at_positions(cos_, S, seq) : cos_;
+  sin = seq.on() ? rows_at_positions(sin_, S, seq) : sin_;
+}
+
 Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == a_.hidden);
   const int64_t Sl = x_local.dim(0), B = x_local.dim(1), S = Sl * a_.tp.size(), dq = dn_ + dr_;
-  MOE_CHECK(S <= a_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S, a_.max_seq_len);
+  MOE_CHECK(S * a_.cp.size <= a_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S * a_.cp.size,
+            a_.max_seq_len);
   const DType dt = x_local.dtype();
   // Queries: [S·B, nh·dq].
   Tensor q;
@@ -144,8 +152,10 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
   st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
   move(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
-  kernels::rope_forward_at(st.q_SBNA, cos_, sin_, dn_, rot_, kernels::RopePairs::Interleaved, st.q_SBNA);
-  kernels::rope_forward_at(kpe, cos_, sin_, 0, rot_, kernels::RopePairs::Interleaved, kpe);
+  Tensor cos, sin;
+  rope_tables_for(S, cos, sin);
+  kernels::rope_forward_at(st.q_SBNA, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, st.q_SBNA);
+  kernels::rope_forward_at(kpe, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, kpe);
   move(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
   move(kpe, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
   move(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
@@ -153,7 +163,10 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   st.lse_BNS = Tensor::empty({B, nh_, S}, dt);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
-  if (bf16_attention(S))
+  if (a_.cp.on())
+    context_attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, context_parallel(S), st.o_SBNA, st.lse_BNS,
+                              &drop);
+  else if (bf16_attention(S))
     kernels::attention_forward_bf16(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
   else
     kernels::attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
@@ -172,14 +185,19 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dQ = Tensor::empty(st.q_SBNA.shape(), dt), dK = Tensor::empty(st.k_SBNA.shape(), dt);
   Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt);
   const kernels::AttentionDropout drop = dropout(st.dropout);
-  if (bf16_attention(S))
+  if (a_.cp.on())
+    context_attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, context_parallel(S),
+                               dQ, dK, dV, &drop);
+  else if (bf16_attention(S))
     kernels::attention_backward_bf16(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV,
                                      &drop);
   else
     kernels::attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
   st.q_SBNA = st.k_SBNA = st.v_SBNA = st.o_SBNA = st.lse_BNS = Tensor();
   // Queries: undo RoPE, take each head's dq channels.
-  kernels::rope_backward_at(dQ, cos_, sin_, dn_, rot_, kernels::RopePairs::Interleaved, dQ);
+  Tensor cos, sin;
+  rope_tables_for(S, cos, sin);
+  kernels::rope_backward_at(dQ, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, dQ);
   Tensor d_q = Tensor::empty({T, nh_ * dq}, dt);
   move(dQ, nh_, da_, 0, d_q, nh_, dq, 0, dq, T);
   // Keys and values back to kv_up's output layout [k_nope | v] per head; the shared rope key sums its heads.
@@ -188,7 +206,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   move(dV, nh_, da_, 0, d_kv, nh_, dn_ + dv_, dn_, dv_, T);
   Tensor d_kpe = Tensor::empty({S, B, 1, dr_}, dt);
   move(dK, nh_, da_, dn_, d_kpe, 1, dr_, 0, dr_, T);
-  kernels::rope_backward_at(d_kpe, cos_, sin_, 0, rot_, kernels::RopePairs::Interleaved, d_kpe);
+  kernels::rope_backward_at(d_kpe, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, d_kpe);
   // Each rank's heads give part of the latents' gradients: reduce-scatter is the all-gather's adjoint.
   const int64_t R = m_.kv_lora_rank, W = R + dr_;
   Tensor d_ckv = sp_reduce_scatter(kv_up_.backward(d_kv, st.kv_up).reshape({S, B, R}), a_.tp);

@@ -55,6 +55,14 @@ class MLAttention {
 
  private:
   bool bf16_attention(int64_t S) const { return a_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+  // Context parallelism: the attention of this rank's S rows over the whole sequence (bf16 as a single rank would
+  // run it), and the YaRN tables' rows at their global positions (the first S rows without CP).
+  ContextParallel context_parallel(int64_t S) const {
+    ContextParallel cp = a_.cp;
+    cp.bf16 = bf16_attention(S * cp.size);
+    return cp;
+  }
+  void rope_tables_for(int64_t S, Tensor& cos, Tensor& sin) const;
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
 
   AttentionConfig a_;

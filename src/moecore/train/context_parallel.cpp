@@ -76,10 +76,6 @@ void check_context_parallel(const TrainConfig& c) {
             "--seq-length {} / --context-parallel-size {} = {} positions per CP rank do not split over "
             "--tensor-model-parallel-size {} (sequence parallelism): use a --seq-length that is a multiple of {}",
             c.seq_length, C, c.seq_length / C, tp, std::lcm(2 * C, C * tp));
-  MOE_CHECK(!c.multi_latent_attention,
-            "--context-parallel-size {} with --multi-latent-attention is not available: Multi-Latent Attention runs "
-            "with --context-parallel-size 1 (use tensor, pipeline, data or expert parallelism for it)",
-            C);
   // Transformer Engine's all-to-all turns sequence shards into head shards: this rank's heads (and key-value
   // groups) must split over the a2a group.
   const int64_t heads = c.num_attention_heads / tp, groups = c.num_query_groups / tp;
