@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -60,8 +61,16 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
 std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::string& model) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   std::vector<std::string> flags;
+  // --model NAME: the preset is the model; of the bench's own flags (which would override the preset's, e.g. GQA
+  // under MLA) only the batch shape and the vocabulary stay.
+  const bool preset = std::find(a.train_flags.begin(), a.train_flags.end(), "--model") != a.train_flags.end();
   std::istringstream words(model);
-  for (std::string w; words >> w;) flags.push_back(w);
+  bool keep = !preset;
+  for (std::string w; words >> w;) {
+    if (preset && w.rfind("--", 0) == 0)
+      keep = w == "--seq-length" || w == "--micro-batch-size" || w == "--global-batch-size" || w == "--vocab-size";
+    if (keep) flags.push_back(w);
+  }
   if (a.dtype == "bf16") flags.push_back("--bf16");
   flags.insert(flags.end(), {"--mock-data", "--train-iters", std::to_string(a.iters + 1), "--lr", "1e-4",
                              "--eval-iters", "0", "--log-interval", "1000000"});
