@@ -43,8 +43,10 @@ std::vector<double> router_state(moe::MoELayer& l) {
 }
 
 // Three layers (dense, then two MoE layers with a gated shared expert), dropout, qk-norm, jitter, aux and z losses.
+// mtp: MTP depths (their layer of the last layer's kind: MoE); mtp_recompute: whether full uniform recompute
+// checkpoints them (Megatron's, the trainer's choice) or, false, leaves them alone.
 Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType::AuxLoss, int micro_batches = 2,
-           bool bf16 = false) {
+           bool bf16 = false, int64_t mtp = 0, bool mtp_recompute = true) {
   nn::GPTConfig c = testing::small_gpt(
       {.layers = 3, .hidden = 16, .ffn = 24, .heads = 4, .kv_heads = 2, .head_dim = 4, .vocab = 29, .max_seq = 8});
   c.hidden_dropout = 0.1;
@@ -52,6 +54,8 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   c.qk_layernorm = true;
   c.seed = 11;
   c.recompute = rc;
+  c.mtp.num_layers = mtp;
+  c.mtp.recompute = mtp_recompute && rc.full && rc.method == RC::Method::Uniform;
   c.bf16 = bf16;
   c.normalization = bf16 ? nn::NormKind::LayerNorm : nn::NormKind::RMSNorm;
   moe::MoELayerConfig mc;
@@ -100,6 +104,9 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   for (const auto& p : reg.all()) out.grads.push_back(p->grad.clone());
   for (size_t i = 1; i < model.num_layers(); i++)
     out.router.push_back(router_state(dynamic_cast<moe::MoELayer&>(model.layer(i).ffn())));
+  for (size_t k = 0; model.mtp() && k < model.mtp()->num_layers(); k++)
+    out.router.push_back(router_state(dynamic_cast<moe::MoELayer&>(model.mtp()->layer(k).ffn())));
+  for (double l : model.take_mtp_losses()) out.losses.push_back(l);
   return out;
 }
 
@@ -184,6 +191,20 @@ TEST(RecomputeExact, Bf16AndLayerNorm) {
 TEST(RecomputeExact, SteadyStateAllocatesNothingNew) {
   for (const Option& o : options())
     EXPECT_EQ(run(o.rc, moe::LoadBalancingType::AuxLoss, 4).late_system_allocs, 0) << o.name;
+}
+
+// Megatron checkpoints each MTP depth's enorm/hnorm, eh_proj and transformer layer under full uniform recompute:
+// the same bits (losses, MTP losses, gradients, the MTP MoE layers' router statistics), and the depths hold less.
+TEST(RecomputeExact, MtpDepthsUnderFullUniformRecompute) {
+  RC full;
+  full.full = true;
+  full.num_layers = 1;
+  const Result base = run(RC{}, moe::LoadBalancingType::AuxLoss, 2, false, 2);
+  const Result r = run(full, moe::LoadBalancingType::AuxLoss, 2, false, 2);
+  expect_recompute_bitwise(base, r, "full uniform 1 with MTP");
+  const Result kept = run(full, moe::LoadBalancingType::AuxLoss, 2, false, 2, false);
+  expect_recompute_bitwise(base, kept, "full uniform 1, MTP depths not recomputed");
+  EXPECT_LT(r.stash_bytes, kept.stash_bytes) << "the MTP depths keep their whole stash under recompute";
 }
 
 TEST(RecomputeConfig, UniformAndBlockChunks) {

@@ -67,6 +67,18 @@ TEST(RecomputeFlags, MegatronChecks) {
                 .find("--recompute-modules mla_up_proj (MLA's up projections) is refused"),
             std::string::npos);
   EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "mhc"}).find("mhc"), std::string::npos);
+  // MTP: Megatron's MTP recompute asserts recompute_num_layers == 1 under uniform; block leaves MTP alone.
+  const Args full_uniform_2{"--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers",  "2",    "--mtp-num-layers",   "1"};
+  EXPECT_NE(recompute_error(full_uniform_2).find("MTP recompute needs --recompute-num-layers 1"), std::string::npos);
+  EXPECT_TRUE(train::gpt_config(recompute_config({"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                  "--recompute-num-layers", "1", "--mtp-num-layers", "1"}),
+                                64)
+                  .mtp.recompute);
+  EXPECT_FALSE(train::gpt_config(recompute_config({"--recompute-granularity", "full", "--recompute-method", "block",
+                                                   "--recompute-num-layers", "2", "--mtp-num-layers", "1"}),
+                                 64)
+                   .mtp.recompute);
 }
 
 TEST(RecomputeFlags, RefusedNeighbours) {

@@ -99,12 +99,23 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
     // Megatron rolls the input ids once per depth (the last positions read token 0).
     Tensor e = emb.forward(roll_local(tokens_T, S, B, static_cast<int64_t>(k) + 1, cp_), d.emb).reshape({SL, B, H});
     emb_dropout_[k].forward_(e, dropout);
-    const Tensor en = enorm_[k]->forward(e, d.enorm), hn = hnorm_[k]->forward(h, d.hnorm);
-    const Tensor x = eh_proj_[k]->forward(concat_cols(en, hn, rows, H), d.eh_proj).reshape({SL, B, H});
     d.layer.dropout = dropout;
-    h = final_norm_[k]->forward(layers_[k]->forward(x, d.layer), d.final_norm);
+    const Tensor y = proj_and_layer(k, e, h, d);
+    if (cfg_.recompute) {  // keep only the inputs: the stashes are filled again in backward
+      d.e_in = e, d.h_in = h;
+      d.enorm = {}, d.hnorm = {}, d.eh_proj = {};
+      layers_[k]->release(d.layer);
+    }
+    h = final_norm_[k]->forward(y, d.final_norm);
     d.logits_TV = output.forward(sp_all_gather(h, tp_), d.output);
   }
+}
+
+Tensor MTPBlock::proj_and_layer(size_t k, const Tensor& e, const Tensor& h, Depth& d) {
+  const int64_t SL = h.dim(0), B = h.dim(1), H = hidden_, rows = SL * B;
+  const Tensor en = enorm_[k]->forward(e, d.enorm), hn = hnorm_[k]->forward(h, d.hnorm);
+  const Tensor x = eh_proj_[k]->forward(concat_cols(en, hn, rows, H), d.eh_proj).reshape({SL, B, H});
+  return layers_[k]->forward(x, d.layer);
 }
 
 void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_mask_sum, int64_t S, int64_t B,
@@ -155,7 +166,14 @@ Tensor MTPBlock::backward(Stash& st, double scale, int64_t vocab_start, Embeddin
     d.logits_TV = Tensor();
     dh = sp_reduce_scatter(dh.reshape({S, B, H}), tp_);
     if (dh_next.defined()) kernels::add_(dh, dh_next.reshape({SL, B, H}));
-    const Tensor dx = layers_[k]->backward(final_norm_[k]->backward(dh, d.final_norm), d.layer);
+    const Tensor dy = final_norm_[k]->backward(dh, d.final_norm);
+    if (cfg_.recompute) {  // the checkpointed part again (a replay: no statistics counted twice)
+      d.layer.replay = true;
+      proj_and_layer(k, d.e_in, d.h_in, d);
+      d.layer.replay = false;
+      d.e_in = d.h_in = Tensor();
+    }
+    const Tensor dx = layers_[k]->backward(dy, d.layer);
     Tensor de, dhn;
     split_cols(eh_proj_[k]->backward(dx.reshape({rows, H}), d.eh_proj), rows, H, de, dhn);
     Tensor den = enorm_[k]->backward(de.reshape({SL, B, H}), d.enorm);

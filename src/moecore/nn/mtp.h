@@ -20,6 +20,9 @@ namespace moecore::nn {
 struct MTPConfig {
   int64_t num_layers = 0;            // D (--mtp-num-layers); 0: no MTP
   double loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+  // --recompute-granularity full --recompute-method uniform (Megatron's MTP _checkpointed_forward): each depth keeps
+  // the inputs of its enorm/hnorm, eh_proj and transformer layer, and re-runs them in backward.
+  bool recompute = false;
 };
 
 // Megatron's roll_tensor(shifts=−1) applied k times along the sequence: x'[s] = x[s+k] for s < S−k, else 0.
@@ -36,7 +39,8 @@ class MTPBlock {
     Norm::Stash enorm, hnorm, final_norm;
     Linear::Stash eh_proj, output;
     TransformerLayer::Stash layer;
-    Tensor h_SBH;                               // this depth's output h_k (this rank's sequence shard)
+    Tensor h_SBH;       // this depth's output h_k (this rank's sequence shard)
+    Tensor e_in, h_in;  // recompute: the embedding (after dropout) and h_{k−1} it re-runs from
     Tensor labels_T, mask_T, logits_TV, lse_T;  // labels and mask rolled k; logits: this rank's vocab columns
     double mask_sum = 0, loss = 0;  // loss: Σ mask·ce / max(1, Σ mask) (Megatron's logged value); mask_sum: weight
   };
@@ -70,6 +74,9 @@ class MTPBlock {
   Tensor backward(Stash& st, double scale, int64_t vocab_start, Embedding& emb, Linear& output);
 
   TransformerLayer& layer(size_t k) { return *layers_[k]; }
+  // One depth's checkpointed part (Megatron's _proj_and_transformer_layer): enorm(e) ‖ hnorm(h) -> eh_proj -> the
+  // transformer layer, into d's stashes.
+  Tensor proj_and_layer(size_t k, const Tensor& e, const Tensor& h, Depth& d);
   size_t num_layers() const { return layers_.size(); }
 
  private:

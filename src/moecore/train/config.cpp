@@ -213,6 +213,8 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   g.attention_dropout = c.attention_dropout;
   g.seed = static_cast<uint64_t>(c.seed);
   g.mtp.num_layers = c.mtp_num_layers, g.mtp.loss_scaling_factor = c.mtp_loss_scaling_factor;
+  // Megatron checkpoints the MTP layer under full uniform recompute (block: not recomputed, with a warning).
+  g.mtp.recompute = c.recompute_granularity == "full" && c.recompute_method == "uniform";
   g.mla.enabled = c.multi_latent_attention;
   g.mla.q_lora_rank = c.q_lora_rank, g.mla.kv_lora_rank = c.kv_lora_rank, g.mla.qk_head_dim = c.qk_head_dim;
   g.mla.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim, g.mla.v_head_dim = c.v_head_dim;

@@ -175,6 +175,12 @@ void validate_recompute(const TrainConfig& c) {
               "--recompute-granularity full needs --recompute-num-layers between 1 and the layers per pipeline stage "
               "({})",
               c.num_layers / std::max<int64_t>(c.pipeline_model_parallel_size, 1));
+    MOE_CHECK(c.mtp_num_layers == 0 || c.recompute_method != "uniform" || c.recompute_num_layers == 1,
+              "--recompute-method uniform --recompute-num-layers {} with --mtp-num-layers {}: Megatron's MTP "
+              "recompute needs --recompute-num-layers 1 (it asserts \"recompute_num_layers must be 1 for MTP "
+              "recompute\"); use --recompute-num-layers 1, or --recompute-method block (which does not recompute "
+              "the MTP layers)",
+              c.recompute_num_layers, c.mtp_num_layers);
   }
   if (g != "selective") return;
   MOE_CHECK(c.recompute_method.empty(),
