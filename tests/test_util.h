@@ -104,9 +104,9 @@ inline std::string user_error_of(const std::function<void()>& f) {
 }
 
 // A scratch path under the temporary directory that belongs to this process (the unit tests run two at a time:
-// ctest -j2), not created.
+// ctest -j2), not created; `name` ends it, extension included.
 inline std::string process_temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("moecore_test_" + name + "_" + std::to_string(::getpid())))
+  return (std::filesystem::temp_directory_path() / ("moecore_test_" + std::to_string(::getpid()) + "_" + name))
       .string();
 }
 
