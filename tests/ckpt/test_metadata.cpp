@@ -221,7 +221,9 @@ TEST(CheckpointMetadata, MissingMarkerRefusesAndCkptStepChooses) {
   EXPECT_EQ(read_file(root + "/" + ckpt::kLatestFile, "test"), "8");
   const auto after = digest(root);
   for (const auto& [file, sum] : before) {
-    if (file != ckpt::kMarkerSidecar) EXPECT_EQ(after.at(file), sum) << file;
+    if (file != ckpt::kMarkerSidecar) {
+      EXPECT_EQ(after.at(file), sum) << file;
+    }
   }
   fs::remove_all(root);
 }

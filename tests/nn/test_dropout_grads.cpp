@@ -48,7 +48,7 @@ TEST(DropoutGrad, TransformerLayerWithBothDropouts) {
   Layer l(0.2, 0.2);
   Tensor x = randn({6, 2, 8}, DType::F64, 2);
   auto st = l.layer->make_stash();
-  st.dropout = nn::DropoutBatch{true, 9, {31, 4}};
+  st.dropout = nn::DropoutBatch{true, 9, {31, 4}, {}};
   auto fwd = [&] { return l.layer->forward(x, st); };
   Tensor W = randn({6, 2, 8}, DType::F64, 99);
   auto loss = [&] { return kernels::dot(fwd(), W); };
@@ -66,7 +66,7 @@ TEST(DropoutGrad, TransformerLayerWithBothDropouts) {
   const Tensor y_train = fwd().clone();
   st.dropout.training = false;
   EXPECT_TRUE(testing::bitwise_equal(fwd(), y0));
-  st.dropout = nn::DropoutBatch{true, 9, {31, 5}};
+  st.dropout = nn::DropoutBatch{true, 9, {31, 5}, {}};
   const Tensor y_other = fwd().clone();
   EXPECT_GT(testing::max_rel_diff(y_train, y0), 1e-3);
   EXPECT_GT(testing::max_rel_diff(y_other, y_train), 1e-3);

@@ -49,6 +49,12 @@ TEST(MemoryPlanMeasured, MicroBatchesAndSharedExperts) {
          "--moe-layer-freq", "[0,1]"},
         "2 micro-batches, dense first layer, shared experts");
 }
+TEST(MemoryPlanMeasured, MultiTokenPrediction) {
+  check({"--mtp-num-layers", "2"}, "two MTP depths");
+  check({"--mtp-num-layers", "1", "--recompute-granularity", "full", "--recompute-method", "uniform",
+         "--recompute-num-layers", "1"},
+        "one MTP depth, full recompute");
+}
 
 // The stash sizes behind the plan: the modules' stash_bytes against the live bytes after a forward (the part of
 // the plan that scales with tokens), within 2%.

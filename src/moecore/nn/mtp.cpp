@@ -9,6 +9,7 @@
 #include "moecore/kernels/cpu/cross_entropy.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/context_split.h"
+#include "moecore/nn/stash_bytes.h"
 #include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
@@ -182,6 +183,18 @@ Tensor MTPBlock::backward(Stash& st, double scale, int64_t vocab_start, Embeddin
     dh_next = hnorm_[k]->backward(dhn.reshape({SL, B, H}), d.hnorm);
   }
   return dh_next;
+}
+
+int64_t mtp_depth_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d, bool recompute,
+                              int64_t layer) {
+  const int64_t rl = d.local_rows(), H = hidden;
+  int64_t b = embedding_stash_bytes(d);
+  if (recompute)
+    b += 2 * tensor_bytes(rl * H, DType::F32);  // e_in, h_in
+  else
+    b += 2 * (tensor_bytes(rl * H, DType::F32) + norm_stash_bytes(rl, norm)) +
+         tensor_bytes(rl * 2 * H, d.gemm_input()) + layer;
+  return b + loss_stash_bytes(hidden, padded_vocab, norm, d);  // final norm, output input, logits, labels/mask/lse
 }
 
 }  // namespace moecore::nn

@@ -58,6 +58,11 @@ int64_t released_layer_stash_bytes(int64_t hidden, bool chunk_begin, const Stash
 // logits [S·B, V/TP], labels, loss mask and logsumexp (a last chunk).
 int64_t embedding_stash_bytes(const StashDims& d);
 int64_t loss_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d);
+// One multi-token-prediction depth (nn/mtp.h) with `layer` its transformer layer's stash: the embedding lookup, the
+// enorm/hnorm inputs and eh_proj's (only the two inputs under recompute), the final norm, the output layer's input,
+// its logits and loss statistics.
+int64_t mtp_depth_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d, bool recompute,
+                              int64_t layer);
 
 }  // namespace moecore::nn
 

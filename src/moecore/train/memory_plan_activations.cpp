@@ -125,6 +125,13 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
       const int64_t logits = d.rows() * (padded_vocab / d.tp);
       a.logits = static_cast<double>(nn::tensor_bytes(logits, DType::F32));
       b += all - a.logits;
+      // Multi-token prediction's depths (their layer of the last decoder layer's kind) hold theirs until backward.
+      if (c.mtp_num_layers > 0) {
+        const bool rc = m.rc.full && m.rc.method == nn::RecomputeConfig::Method::Uniform;
+        b += static_cast<double>(c.mtp_num_layers) *
+             static_cast<double>(nn::mtp_depth_stash_bytes(
+                 m.hidden, padded_vocab, m.norm, d, rc, static_cast<int64_t>(layer_bytes(m, l, c.num_layers - 1, d))));
+      }
       // The output layer's backward under --bf16: the logits gradient rounded to bf16 for its two GEMMs and, where
       // this CPU has no bf16 matmul (operands widened to f32 in kernels::gemm), that gradient and the [V/TP, H]
       // weight widened back to f32 while a GEMM runs.
