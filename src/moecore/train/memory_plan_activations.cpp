@@ -132,15 +132,14 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
              static_cast<double>(nn::mtp_depth_stash_bytes(
                  m.hidden, padded_vocab, m.norm, d, rc, static_cast<int64_t>(layer_bytes(m, l, c.num_layers - 1, d))));
       }
-      // The output layer's backward under --bf16: the logits gradient rounded to bf16 for its two GEMMs and, where
-      // this CPU has no bf16 matmul (operands widened to f32 in kernels::gemm), that gradient and the [V/TP, H]
-      // weight widened back to f32 while a GEMM runs.
+      // The output layer's backward under --bf16: the logits gradient rounded to bf16 for its two GEMMs (input
+      // gradient [T, H] = dlogits·W, weight gradient [V/TP, H] = dlogitsᵀ·x) and, where this CPU has no bf16
+      // matmul, the f32 blocks kernels::gemm widens their operands into.
       if (d.bf16) {
-        double out = static_cast<double>(nn::tensor_bytes(logits, DType::BF16));
-        if (!kernels::gemm_stats().bf16_native)
-          out += static_cast<double>(nn::tensor_bytes(logits, DType::F32) +
-                                     nn::tensor_bytes(padded_vocab / d.tp * m.hidden, DType::F32));
-        a.working = std::max(a.working, out);
+        const int64_t T = d.rows(), V = padded_vocab / d.tp;
+        a.working = std::max(a.working, static_cast<double>(nn::tensor_bytes(logits, DType::BF16) +
+                                                            std::max(kernels::gemm_widened_bytes(T, m.hidden, V),
+                                                                     kernels::gemm_widened_bytes(V, m.hidden, T))));
       }
     }
     a.chunk_bytes.push_back(b);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "moecore/core/allocator.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/cuda/kernels.h"
 
@@ -147,9 +148,59 @@ constexpr int64_t kLongReduction = 16384, kReductionChunk = 4096;
 
 void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K);
 
+void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
+               int64_t batch = 0);
+
+// Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the row-major bf16 matrix x [rows, cols], widened to f32.
+Tensor widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  Tensor y = Tensor::empty({nr, nc}, DType::F32);
+  const int64_t cols = x.cols();
+  const bf16* src = x.data<bf16>();
+  float* dst = y.data<float>();
+#pragma omp parallel for if (nr * nc >= (1 << 16))
+  for (int64_t r = 0; r < nr; r++)
+    for (int64_t j = 0; j < nc; j++) dst[r * nc + j] = bf16_to_float(src[(r0 + r) * cols + c0 + j]);
+  return y;
+}
+
+// A bf16 product on a CPU without bf16 matmul: the operands widened to f32 block by block, so a wide bf16 operand
+// (the output layer's [tokens, vocabulary] gradient) never has a whole f32 copy: K in the long-reduction chunks
+// (gemm_impl's own), M in blocks of about kWidenBlock f32 elements of A. Each element of C still receives the
+// K chunks in order.
+constexpr int64_t kWidenBlock = int64_t{1} << 22;
+void gemm_widened(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
+                  int64_t M, int64_t N, int64_t K) {
+  const Tensor A2 = A.reshape({A.rows(), A.cols()}), B2 = B.reshape({B.rows(), B.cols()});
+  Tensor C2 = C.reshape({M, N});
+  const int64_t chunks = K >= kLongReduction ? (K + kReductionChunk - 1) / kReductionChunk : 1;
+  const int64_t kc = (K + chunks - 1) / chunks, mb = std::clamp<int64_t>(kWidenBlock / kc, 1, M);
+  for (int64_t k0 = 0; k0 < K; k0 += kc) {
+    const int64_t n = std::min(kc, K - k0);
+    const Tensor b = trans_b ? widen_block(B2, 0, N, k0, n) : widen_block(B2, k0, n, 0, N);
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+      const int64_t m = std::min(mb, M - m0);
+      const Tensor a = trans_a ? widen_block(A2, k0, n, m0, m) : widen_block(A2, m0, m, k0, n);
+      Tensor c = C2.slice(m0, m);
+      gemm_impl(a, trans_a, b, trans_b, c, alpha, k0 == 0 ? beta : 1.0f);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t gemm_widened_bytes(int64_t M, int64_t N, int64_t K) {
+  if (ctx().stats.bf16_native) return 0;
+  const int64_t chunks = K >= kLongReduction ? (K + kReductionChunk - 1) / kReductionChunk : 1;
+  const int64_t kc = (K + chunks - 1) / chunks, mb = std::clamp<int64_t>(kWidenBlock / kc, 1, M);
+  const auto f32 = [](int64_t n) { return static_cast<int64_t>(Allocator::round_size(static_cast<size_t>(n) * 4)); };
+  return f32(mb * kc) + f32(kc * N);
+}
+
+namespace {
+
 // batch = 0: 2-D product of the flattened matrices; batch > 0: A, B, C are [batch, rows, cols].
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
-               int64_t batch = 0) {
+               int64_t batch) {
   const int64_t a_rows = batch ? A.dim(1) : A.rows(), b_rows = batch ? B.dim(1) : B.rows();
   const int64_t M = trans_a ? A.cols() : a_rows;
   const int64_t K = trans_a ? a_rows : A.cols();
@@ -183,6 +234,10 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     return;
   }
   if (A.dtype() == DType::BF16 && !c.stats.bf16_native) {
+    if (batch == 0) {
+      gemm_widened(A, trans_a, B, trans_b, C, alpha, beta, M, N, K);
+      return;
+    }
     Tensor a32 = A.to(DType::F32), b32 = B.to(DType::F32);
     gemm_impl(a32, trans_a, b32, trans_b, C, alpha, beta, batch);
     return;

@@ -35,6 +35,10 @@ double measure_gemm_peak_gflops(DType dtype);
 // GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters);
 
+// The f32 blocks a bf16 product C[M, N] = A[M, K]·B[K, N] holds while it runs on a CPU without bf16 matmul (its
+// operands widened block by block); 0 where oneDNN multiplies bf16 natively.
+int64_t gemm_widened_bytes(int64_t M, int64_t N, int64_t K);
+
 struct GemmStats {
   int64_t calls = 0;
   int64_t primitives_created = 0;
