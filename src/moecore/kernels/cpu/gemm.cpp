@@ -155,11 +155,18 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
 Tensor widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
   Tensor y = Tensor::empty({nr, nc}, DType::F32);
   const int64_t cols = x.cols();
-  const bf16* src = x.data<bf16>();
+  const auto* src = reinterpret_cast<const uint16_t*>(x.data<bf16>());
   float* dst = y.data<float>();
-#pragma omp parallel for if (nr * nc >= (1 << 16))
-  for (int64_t r = 0; r < nr; r++)
-    for (int64_t j = 0; j < nc; j++) dst[r * nc + j] = bf16_to_float(src[(r0 + r) * cols + c0 + j]);
+#pragma omp parallel for schedule(static) if (nr * nc >= (1 << 16))
+  for (int64_t r = 0; r < nr; r++) {
+    const uint16_t* s = src + (r0 + r) * cols + c0;
+    float* d = dst + r * nc;
+#pragma omp simd
+    for (int64_t j = 0; j < nc; j++) {  // bf16 is the high half of an f32
+      const uint32_t u = static_cast<uint32_t>(s[j]) << 16;
+      std::memcpy(d + j, &u, 4);
+    }
+  }
   return y;
 }
 
