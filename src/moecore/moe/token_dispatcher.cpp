@@ -10,6 +10,7 @@
 namespace moecore::moe {
 
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
+  TimerScope timer("moe-permute", 2);  // moecore's: token permutation copies (bench train's phase table)
   const int64_t R = row_token_R.numel(), H = src_TH.cols();
   MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H && dst_RH.dtype() == src_TH.dtype());
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src_TH.dtype());
@@ -21,6 +22,7 @@ void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH
 }
 
 void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
+  TimerScope timer("moe-permute", 2);
   const int64_t R = idx_R.numel(), H = src_RH.cols();
   MOE_ASSERT(src_RH.rows() == R && dst.cols() == H && dst.dtype() == src_RH.dtype());
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src_RH.dtype());
@@ -56,6 +58,7 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts,
 }
 
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
+  TimerScope timer("moe-permute", 2);
   const int64_t T = plan.T, H = src_RH.cols();
   MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == src_RH.dtype());
   const int64_t* off = plan.token_offsets_T1.data<int64_t>();

@@ -3,8 +3,10 @@
 #include "moecore/nn/attention.h"
 
 #include <cmath>
+#include <optional>
 
 #include "moecore/core/rng.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/rope.h"
@@ -94,6 +96,7 @@ void Attention::core_forward(Stash& st) const {
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
+  TimerScope timer("attention-core", 2);  // moecore's: the attention kernels (bench train's phase table)
   if (cfg_.cp.on())
     context_attention_forward(q, st.k_SBND, st.v_SBND, scale, context_parallel(S), st.o_SBND, st.lse_BNS, &drop);
   else if (bf16_attention(S))
@@ -126,6 +129,7 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype());
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
   if (cfg_.cp.on())
     context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, context_parallel(S),
                                dq, dk, dv, &drop);
@@ -134,6 +138,7 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
                                      &drop);
   else
     kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv, &drop);
+  timer.reset();
   if (cfg_.rope) {
     Tensor cos = cos_, sin = sin_;
     if (cfg_.cp.on()) rope_tables_for(S, cos, sin);

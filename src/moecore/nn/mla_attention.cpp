@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "moecore/core/rng.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/context_split.h"
 #include "moecore/nn/stash_bytes.h"
@@ -163,6 +165,7 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   st.lse_BNS = Tensor::empty({B, nh_, S}, dt);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
+  std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
   if (a_.cp.on())
     context_attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, context_parallel(S), st.o_SBNA, st.lse_BNS,
                               &drop);
@@ -170,6 +173,7 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
     kernels::attention_forward_bf16(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
   else
     kernels::attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
+  timer.reset();
   Tensor o = Tensor::empty({T, nh_ * dv_}, dt);
   move(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
   return sp_reduce_scatter(proj_.forward(o, st.proj).reshape({S, B, a_.hidden}), a_.tp);
@@ -185,6 +189,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dQ = Tensor::empty(st.q_SBNA.shape(), dt), dK = Tensor::empty(st.k_SBNA.shape(), dt);
   Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt);
   const kernels::AttentionDropout drop = dropout(st.dropout);
+  std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
   if (a_.cp.on())
     context_attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, context_parallel(S),
                                dQ, dK, dV, &drop);
@@ -193,6 +198,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
                                      &drop);
   else
     kernels::attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
+  timer.reset();
   st.q_SBNA = st.k_SBNA = st.v_SBNA = st.o_SBNA = st.lse_BNS = Tensor();
   // Queries: undo RoPE, take each head's dq channels.
   Tensor cos, sin;

@@ -52,6 +52,7 @@ class Trainer {
 
   int64_t iteration() const { return progress_.iteration; }
   nn::ParamRegistry& params() { return reg_; }
+  Timers& timers() { return *timers_; }  // this run's (--timing-log-level)
   nn::GPTModel& model() { return *model_; }
   const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }

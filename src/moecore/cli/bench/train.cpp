@@ -15,14 +15,37 @@
 namespace moecore::cli {
 
 namespace {
+// The step's time by phase: oneDNN GEMMs, the attention kernels, the token permutation copies, communication a rank
+// waited for, the optimizer, and the rest (norms, activations, RoPE, router, casts, losses, gradient norm).
+struct Phases {
+  std::vector<std::pair<std::string, double>> rows;
+};
+Phases phases(const TrainRun& r) {
+  const auto timer = [&r](const char* n) { return r.timer_s.count(n) ? r.timer_s.at(n) : 0.0; };
+  Phases p;
+  p.rows = {{"GEMM (oneDNN matmuls)", r.gemm_s},
+            {"attention kernels", timer("attention-core")},
+            {"token permutation", timer("moe-permute")},
+            {"communication (waited for)", r.exposed_s},
+            {"optimizer (clip + update)", timer("optimizer")}};
+  double other = r.step_s;
+  for (const auto& [n, s] : p.rows) other -= s;
+  p.rows.push_back({"the rest (norms, activations, router, casts)", other});
+  return p;
+}
+
 void run_bench_train(const TrainBenchArgs& a) {
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
-  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
-      a,
-      "--normalization RMSNorm --position-embedding-type rope "
-      "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 4 "
-      "--swiglu --disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
-      "--moe-aux-loss-coeff 1e-2 --seq-length 256 --micro-batch-size 4 --global-batch-size 8 --vocab-size 32000"));
+  // Level-2 timers (no barriers) for the phase table, unless the user asked for other timing.
+  const train::TrainConfig cfg = train::parse_train_config(train::override_flags(
+      {"--timing-log-level", "2", "--no-barrier-with-level-1-timing"},
+      bench_model_flags(
+          a,
+          "--normalization RMSNorm --position-embedding-type rope "
+          "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 4 "
+          "--swiglu --disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
+          "--moe-aux-loss-coeff 1e-2 --seq-length 256 --micro-batch-size 4 --global-batch-size 8 "
+          "--vocab-size 32000")));
   std::unique_ptr<train::Trainer> t;
   const TrainRun r = timed_train(cfg, a.iters, t, a.dtype == "bf16" ? DType::BF16 : DType::F32);
   if (r.rank != 0) return;
@@ -44,9 +67,15 @@ void run_bench_train(const TrainBenchArgs& a) {
   if (r.world > 1) print_split(r);
   fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
              100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
-  fmt::print("train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f}\n", a.dtype,
-             tokens / step, gflops, gflops / peak,
-             static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0));
+  const Phases ph = phases(r);
+  fmt::print("  the step by phase (mean of the timed steps; the next bottleneck is the largest):\n");
+  for (const auto& [name, s] : ph.rows) fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", name, s, 100.0 * s / r.step_s);
+  fmt::print(
+      "train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f} gemm_s={:.3f} "
+      "attention_s={:.3f} permute_s={:.3f} comm_s={:.3f} optimizer_s={:.3f} other_s={:.3f}\n",
+      a.dtype, tokens / step, gflops, gflops / peak,
+      static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0), ph.rows[0].second,
+      ph.rows[1].second, ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rows[5].second);
 }
 }  // namespace
 

@@ -24,6 +24,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   out = std::make_unique<train::Trainer>(cfg, null, /*measure_peak=*/false, &world);
   train::Trainer& t = *out;
   t.train_step();  // warm-up: primitives, allocator cache
+  for (const std::string& n : kPhaseTimers) t.timers().elapsed(n, /*reset=*/true);
   Allocator::instance().reset_peak();
   comm::comm_counters().clear();
   TrainRun r;
@@ -43,6 +44,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
     const kernels::GemmStats g1 = kernels::gemm_stats();
     r.gemm_s += (g1.seconds - g0.seconds) / iters;
     r.gemm_flops += (g1.flops - g0.flops) / iters;
+    for (const std::string& n : kPhaseTimers) r.timer_s[n] += t.timers().elapsed(n, /*reset=*/true) / iters;
   }
   for (double s : steps) r.step_s += s / iters;
   r.step_median_s = median(steps);

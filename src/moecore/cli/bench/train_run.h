@@ -22,12 +22,17 @@ struct TrainBenchArgs {
   std::vector<std::string> train_flags;  // `moecore train` flags overriding the benchmark's model
 };
 
+// The level-2 timers bench train reads for its phase table: the attention kernels, the token permutation copies,
+// the optimizer step (Megatron's "optimizer": clipping and the update).
+inline const std::vector<std::string> kPhaseTimers = {"attention-core", "moe-permute", "optimizer"};
+
 struct TrainRun {
   double step_s = 0, step_median_s = 0, exposed_s = 0, exposed_max_s = 0;
   double gemm_s = 0, gemm_flops = 0;  // per step: time inside oneDNN matmuls and their FLOPs
   std::vector<double> peak_samples;   // GEMM GFLOP/s measured between the timed steps (when asked)
   int64_t world = 1, rank = 0;
   std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
+  std::map<std::string, double> timer_s;              // per step: kPhaseTimers (with --timing-log-level 2)
 };
 
 // Trains `cfg` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with
