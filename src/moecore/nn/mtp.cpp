@@ -50,10 +50,16 @@ Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k) {
   return y;
 }
 
+namespace {
+// This CP rank's S positions of a whole sequence's x_T [S·C·B] (sequence-major).
+Tensor local_rows(const Tensor& x_T, int64_t S, int64_t B, const ContextParallel& cp) {
+  return rows_at_positions(x_T.reshape({S * cp.size, B}), S, SeqSplit{cp.size, cp.rank}).reshape({S * B});
+}
+}  // namespace
+
 Tensor roll_local(const Tensor& x_T, int64_t S, int64_t B, int64_t k, const ContextParallel& cp) {
   Tensor r = roll_sequence(x_T, S * cp.size, B, k);
-  if (!cp.on()) return r;
-  return rows_at_positions(r.reshape({S * cp.size, B}), S, SeqSplit{cp.size, cp.rank}).reshape({S * B});
+  return cp.on() ? local_rows(r, S, B, cp) : r;
 }
 
 MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, const AttentionConfig& attn,
@@ -128,7 +134,8 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_ma
     const DType dt = d.logits_TV.dtype();
     const int64_t shift = static_cast<int64_t>(k) + 1;
     d.labels_T = roll_local(labels_T, S, B, shift, cp_);
-    d.mask_T = roll_local(mask_T, S, B, shift, cp_);
+    const Tensor mask_rolled = roll_sequence(mask_T, S * cp_.size, B, shift);  // the whole sequence's
+    d.mask_T = cp_.on() ? local_rows(mask_rolled, S, B, cp_) : mask_rolled;
     Tensor loss_T = Tensor::empty({T}, dt);
     d.lse_T = Tensor::empty({T}, dt);
     if (tp_.on()) {
@@ -146,7 +153,7 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_ma
       continue;
     }
     // CP: the rolled tokens of the whole sequence, and the loss summed over the CP ranks.
-    const double tokens = kernels::sum(roll_sequence(mask_T, S * cp_.size, B, shift));
+    const double tokens = kernels::sum(mask_rolled);
     Tensor sum = Tensor::empty({1}, DType::F64);
     sum.set_item(0, kernels::dot(loss_T, d.mask_T));
     cp_.group->all_reduce(sum);
