@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "config_util.h"
+#include "hf_test_util.h"
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/safetensors.h"
 #include "moecore/core/rng.h"
@@ -27,13 +28,6 @@ using testing::error_of;
 
 std::string hf_dir(const std::string& name) {
   return testing::fresh_temp_path("hf_" + name);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 nlohmann::json qwen3_config() {
@@ -138,43 +132,6 @@ std::vector<std::vector<double>> our_logits(train::Trainer& t) {
   return out;
 }
 
-double hf_max_rel(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
-  double diff = 0, mx = 0;
-  EXPECT_EQ(a.size(), b.size());
-  for (size_t s = 0; s < a.size(); s++)
-    for (size_t v = 0; v < a[s].size(); v++) {
-      diff = std::max(diff, std::fabs(a[s][v] - b[s][v]));
-      mx = std::max(mx, std::fabs(b[s][v]));
-    }
-  return diff / mx;
-}
-
-train::TrainConfig run_config(const std::vector<std::string>& extra) {
-  return testing::small_config(testing::mock_run_flags(16, 2, 2, 96, 2, "1e-3"), extra);
-}
-
-// Every tensor of HF directory `a` is in `b` with the same dtype, shape and bytes, and nothing else is.
-void expect_same_tensors(const std::string& a, const std::string& b) {
-  auto tensors = [](const std::string& dir) {
-    std::map<std::string, Tensor> m;
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".safetensors") {
-        ckpt::SafetensorsFile f(e.path().string());
-        for (const auto& [name, _] : f.entries()) m[name] = f.read(name);
-      }
-    return m;
-  };
-  const auto ta = tensors(a), tb = tensors(b);
-  ASSERT_EQ(ta.size(), tb.size());
-  for (const auto& [name, x] : ta) {
-    ASSERT_TRUE(tb.count(name)) << name;
-    const Tensor& y = tb.at(name);
-    ASSERT_EQ(x.dtype(), y.dtype()) << name;
-    ASSERT_EQ(x.shape(), y.shape()) << name;
-    ASSERT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << name;
-  }
-}
-
 class HFInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HFInterop, LogitsRoundTripAndExport) {
@@ -189,19 +146,19 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
   std::FILE* null = std::fopen("/dev/null", "w");
 
   // --load-hf: the architecture from config.json, the weights from the shards.
-  train::Trainer direct(run_config({"--load-hf", hf}), null, false);
+  train::Trainer direct(testing::hf_run_config({"--load-hf", hf}), null, false);
   const auto got = our_logits(direct);
-  EXPECT_LT(hf_max_rel(got, want), 2e-5) << "moecore's logits vs the NumPy reference";
+  EXPECT_LT(testing::max_rel(got, want), 2e-5) << "moecore's logits vs the NumPy reference";
 
   // HF -> native: the same model through --load (architecture from the checkpoint).
   ckpt::convert_hf_to_native(hf, native);
-  train::Trainer loaded(run_config({"--load", native, "--use-checkpoint-args"}), null, false);
+  train::Trainer loaded(testing::hf_run_config({"--load", native, "--use-checkpoint-args"}), null, false);
   EXPECT_EQ(our_logits(loaded), got);
 
   // native -> HF: bit-exact tensors and config.json.
   ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
-  expect_same_tensors(hf, back);
-  EXPECT_EQ(read_text(hf + "/config.json"), read_text(back + "/config.json"));
+  testing::expect_same_tensors(hf, back);
+  EXPECT_EQ(testing::read_text(hf + "/config.json"), testing::read_text(back + "/config.json"));
   EXPECT_TRUE(fs::exists(back + "/model-00002-of-" +
                          fmt::format("{:05d}",
                                      [&] {
@@ -216,12 +173,12 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
   // A model trained here (one step from the HF weights) exports with a generated config.json that the reference
   // reads back to our logits.
   {
-    train::Trainer t(run_config({"--load-hf", hf, "--save", trained}), null, false);
+    train::Trainer t(testing::hf_run_config({"--load-hf", hf, "--save", trained}), null, false);
     t.train_step();
     t.save_checkpoint();
     const std::string kind = qwen ? "qwen3_moe" : "mixtral";
     ckpt::convert_native_to_hf(trained, exported, kind, "f32", 1 << 20);
-    EXPECT_LT(hf_max_rel(our_logits(t), reference_logits(exported)), 2e-5) << "exported model vs the reference";
+    EXPECT_LT(testing::max_rel(our_logits(t), reference_logits(exported)), 2e-5) << "exported model vs the reference";
   }
   std::fclose(null);
   for (const auto& d : {hf, native, back, trained, exported}) fs::remove_all(d);
@@ -234,7 +191,7 @@ TEST(HFInterop, RefusesNonFiniteWeightsNamingTheTensor) {
   const std::string hf = hf_dir("nan");
   write_hf(hf, qwen3_config(), "model.layers.1.self_attn.o_proj.weight");
   std::FILE* null = std::fopen("/dev/null", "w");
-  const std::string e = error_of([&] { train::Trainer t(run_config({"--load-hf", hf}), null, false); });
+  const std::string e = error_of([&] { train::Trainer t(testing::hf_run_config({"--load-hf", hf}), null, false); });
   std::fclose(null);
   EXPECT_NE(e.find("the model loaded from " + hf), std::string::npos) << e;
   EXPECT_NE(e.find("decoder.layers.1.self_attention.linear_proj.weight"), std::string::npos) << e;
@@ -249,7 +206,7 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
   // An extra tensor (a bias) would be dropped: refused, naming it.
   ckpt::write_safetensors(hf + "/model.safetensors.extra", {});
   {
-    nlohmann::json idx = nlohmann::json::parse(read_text(hf + "/model.safetensors.index.json"));
+    nlohmann::json idx = nlohmann::json::parse(testing::read_text(hf + "/model.safetensors.index.json"));
     idx["weight_map"]["model.layers.1.self_attn.q_proj.bias"] = "model-00001-of-00002.safetensors";
     std::ofstream(hf + "/model.safetensors.index.json") << idx.dump();
   }

@@ -64,13 +64,42 @@ const std::vector<std::string> kMLA{"--multi-latent-attention",
                                     "--q-lora-rank",
                                     "16"};
 
+// DeepSeek-V3's routing with MLA: a dense first layer, sigmoid scores over 2 groups of which 1 is kept (each
+// scored by its top 2, as HF's DeepseekV3), the expert bias moving at a visible rate, scaling 2.5, a shared expert
+// and the sequence aux loss.
+const std::vector<std::string> kDeepSeek = kMLA + std::vector<std::string>{"--moe-layer-freq",
+                                                                           "[0,1]",
+                                                                           "--ffn-hidden-size",
+                                                                           "64",
+                                                                           "--moe-router-score-function",
+                                                                           "sigmoid",
+                                                                           "--moe-router-num-groups",
+                                                                           "2",
+                                                                           "--moe-router-group-topk",
+                                                                           "1",
+                                                                           "--moe-router-enable-expert-bias",
+                                                                           "--moe-router-bias-update-rate",
+                                                                           "1e-2",
+                                                                           "--moe-router-topk-scaling-factor",
+                                                                           "2.5",
+                                                                           "--moe-shared-expert-intermediate-size",
+                                                                           "32",
+                                                                           "--moe-router-load-balancing-type",
+                                                                           "seq_aux_loss",
+                                                                           "--moe-aux-loss-coeff",
+                                                                           "1e-3"};
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MTPLayouts,
     ::testing::Values(MTPLayout{"TP2_SP_D1", 2, 1, kTP2}, MTPLayout{"TP2_SP_D2", 2, 2, kTP2},
                       MTPLayout{"EP2_D1", 2, 1, kEP2}, MTPLayout{"EP2_D2", 2, 2, kEP2}, MTPLayout{"DP2_D2", 2, 2, {}},
                       MTPLayout{"PP2_D1", 2, 1, kPP2}, MTPLayout{"PP2_D2", 2, 2, kPP2},
                       MTPLayout{"PP2_Untied_D1", 2, 1, kPP2, {"--untie-embeddings-and-output-weights"}},
-                      MTPLayout{"MLA_TP2_SP_D1", 2, 1, kTP2, kMLA}, MTPLayout{"TP2xEP2_D2", 4, 2, kTP2 + kEP2}),
+                      MTPLayout{"MLA_TP2_SP_D1", 2, 1, kTP2, kMLA}, MTPLayout{"TP2xEP2_D2", 4, 2, kTP2 + kEP2},
+                      MTPLayout{"DeepSeek_TP2_SP_D1", 2, 1, kTP2, kDeepSeek},
+                      MTPLayout{"DeepSeek_EP2_D1", 2, 1, kEP2, kDeepSeek},
+                      MTPLayout{"DeepSeek_PP2_D1", 2, 1, kPP2, kDeepSeek},
+                      MTPLayout{"DeepSeek_TP2xEP2_D1", 4, 1, kTP2 + kEP2, kDeepSeek}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -58,7 +58,10 @@ TEST(TrainConfig, TableRolesGiveTheResumeAndUpcyclingLists) {
                                       "rope-type",
                                       "rotary-scaling-factor",
                                       "mscale",
-                                      "mscale-all-dim"}));
+                                      "mscale-all-dim",
+                                      "yarn-beta-fast",
+                                      "yarn-beta-slow",
+                                      "yarn-original-max-position-embeddings"}));
   const auto identity = train::flag_names(train::kIdentity), ckpt_args = train::flag_names(train::kCheckpointArg);
   EXPECT_TRUE(has(identity, "moe-router-topk") && has(identity, "moe-layer-freq") && !has(identity, "lr"));
   for (const auto& n : identity) EXPECT_TRUE(has(ckpt_args, n)) << n;

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -18,7 +20,12 @@ namespace moecore::ckpt {
 namespace {
 constexpr int64_t kMaxHeader = 100 * 1024 * 1024;  // the format's own limit
 
-bool parse_dtype(const std::string& s, DType& out) {
+bool parse_dtype(const std::string& s, DType& out, bool& f8) {
+  f8 = s == "F8_E4M3";
+  if (f8) {
+    out = DType::F32;
+    return true;
+  }
   static const std::pair<const char*, DType> table[] = {
       {"F32", DType::F32}, {"F64", DType::F64}, {"BF16", DType::BF16}, {"I32", DType::I32}, {"I64", DType::I64}};
   for (const auto& [n, t] : table)
@@ -155,8 +162,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                   v["data_offsets"].size() == 2,
               "{}: tensor '{}' needs dtype, shape and data_offsets [begin, end]", path, name);
     SafetensorsEntry e;
-    MOE_CHECK(parse_dtype(v["dtype"].get<std::string>(), e.dtype), "{}: tensor '{}' has unsupported dtype {}", path,
-              name, v["dtype"].get<std::string>());
+    MOE_CHECK(parse_dtype(v["dtype"].get<std::string>(), e.dtype, e.f8_e4m3),
+              "{}: tensor '{}' has unsupported dtype {}", path, name, v["dtype"].get<std::string>());
     MOE_CHECK(v["shape"].size() <= static_cast<size_t>(Shape::kMaxDims), "{}: tensor '{}' has {} dimensions", path,
               name, v["shape"].size());
     int64_t numel = 1;
@@ -171,9 +178,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                 o.dump());
     e.begin = v["data_offsets"][0].get<int64_t>();
     e.end = v["data_offsets"][1].get<int64_t>();
-    MOE_CHECK(e.begin <= e.end && e.end - e.begin == numel * static_cast<int64_t>(dtype_size(e.dtype)),
+    const int64_t element = e.f8_e4m3 ? 1 : static_cast<int64_t>(dtype_size(e.dtype));
+    MOE_CHECK(e.begin <= e.end && e.end - e.begin == numel * element,
               "{}: tensor '{}' spans bytes [{}, {}) but {} x {} needs {}", path, name, e.begin, e.end, e.shape.str(),
-              dtype_name(e.dtype), numel * static_cast<int64_t>(dtype_size(e.dtype)));
+              v["dtype"].get<std::string>(), numel * element);
     MOE_CHECK(e.end <= data_size, "{} is truncated: tensor '{}' ends at byte {} of a {}-byte data section", path, name,
               e.end, data_size);
     ranges.emplace_back(e.begin, e.end);
@@ -197,10 +205,11 @@ void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
   MOE_CHECK(it != entries_.end(), "{} has no tensor named '{}'", path_, name);
   const SafetensorsEntry& e = it->second;
   const size_t n = static_cast<size_t>(e.end - e.begin);
-  MOE_ASSERT(dst.dtype() == e.dtype && dst.nbytes() == n);
+  MOE_ASSERT(dst.dtype() == e.dtype && dst.numel() == e.shape.numel());
+  std::vector<uint8_t> bytes(e.f8_e4m3 ? n : 0);
   const int fd = ::open(path_.c_str(), O_RDONLY);
   MOE_CHECK(fd >= 0, "cannot open {}: {}", path_, std::strerror(errno));
-  char* p = static_cast<char*>(dst.raw());
+  char* p = e.f8_e4m3 ? reinterpret_cast<char*>(bytes.data()) : static_cast<char*>(dst.raw());
   size_t done = 0;
   while (done < n) {
     const ssize_t r =
@@ -211,5 +220,17 @@ void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
   }
   ::close(fd);
   MOE_CHECK(done == n, "{}: cannot read tensor '{}' (file changed or truncated?)", path_, name);
+  if (e.f8_e4m3) {
+    float* out = dst.data<float>();
+    for (size_t i = 0; i < n; i++) out[i] = f8_e4m3_to_f32(bytes[i]);
+  }
+}
+
+float f8_e4m3_to_f32(uint8_t b) {
+  const int exponent = (b >> 3) & 0xF, mantissa = b & 0x7;
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (exponent == 0xF && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 · 2^−6
+  return sign * std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);      // (1 + m/8) · 2^(e−7)
 }
 }  // namespace moecore::ckpt

@@ -25,9 +25,12 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                        const std::map<std::string, std::string>& metadata = {}, const std::string& progress = "");
 
 struct SafetensorsEntry {
-  DType dtype;
+  DType dtype;  // as read: F32 for an F8_E4M3 tensor
   Shape shape;
   int64_t begin = 0, end = 0;  // byte offsets in the data section
+  // Stored as F8_E4M3 (float8 e4m3fn, the FP8 of DeepSeek-V3's published checkpoints: one byte per element),
+  // widened exactly to F32 on read.
+  bool f8_e4m3 = false;
 };
 
 // An opened file: the parsed, validated header; tensors are read on demand.
@@ -38,9 +41,9 @@ class SafetensorsFile {
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
-  // The tensor `name` in its stored dtype.
+  // The tensor `name` in its stored dtype (F8_E4M3: widened to F32).
   Tensor read(const std::string& name) const;
-  // Reads `name` into dst, which must have its dtype and byte size.
+  // Reads `name` into dst, which must have its entry's dtype and shape.
   void read_into(const std::string& name, Tensor& dst) const;
 
  private:
@@ -52,5 +55,8 @@ class SafetensorsFile {
 
 // safetensors dtype names ("F32", "BF16", ...).
 const char* safetensors_dtype(DType t);
+// float8 e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities; 0x7F and 0xFF are NaN)
+// to its exact f32 value.
+float f8_e4m3_to_f32(uint8_t b);
 
 }  // namespace moecore::ckpt

@@ -48,7 +48,8 @@ void run_generate(const GenerateArgs& a) {
 }
 
 void add_convert_command(CLI::App& app, ConvertArgs& a) {
-  CLI::App* conv = app.add_subcommand("convert", "HuggingFace <-> native checkpoints (Qwen3-MoE, Mixtral)");
+  CLI::App* conv =
+      app.add_subcommand("convert", "HuggingFace <-> native checkpoints (Qwen3-MoE, Mixtral, DeepSeek-V3/Kimi-K2)");
   conv->require_subcommand(1);
   a.hf_to_native = conv->add_subcommand("hf-to-native", "HF model directory -> native checkpoint (--load it)");
   a.native_to_hf = conv->add_subcommand("native-to-hf", "Native checkpoint -> HF model directory");
@@ -58,9 +59,9 @@ void add_convert_command(CLI::App& app, ConvertArgs& a) {
   }
   a.native_to_hf
       ->add_option("--arch", a.arch,
-                   "qwen3-moe or mixtral (default: the source HF model's, else "
-                   "qwen3-moe with qk-layernorm and mixtral without)")
-      ->check(CLI::IsMember({"qwen3-moe", "mixtral"}));
+                   "qwen3-moe, mixtral or deepseek-v3 (default: the source HF model's, else deepseek-v3 "
+                   "with multi-latent attention, qwen3-moe with qk-layernorm and mixtral without)")
+      ->check(CLI::IsMember({"qwen3-moe", "mixtral", "deepseek-v3"}));
   a.native_to_hf->add_option("--dtype", a.dtype, "bf16 or f32 (default: the source HF model's torch_dtype, else bf16)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   a.native_to_hf->add_option("--max-shard-size-mb", a.max_shard_mb, "Largest safetensors shard")
@@ -78,7 +79,7 @@ bool run_convert(const ConvertArgs& a) {
     return true;
   }
   if (a.native_to_hf->parsed()) {
-    const std::string kind = a.arch == "qwen3-moe" ? "qwen3_moe" : a.arch;
+    const std::string kind = a.arch == "qwen3-moe" ? "qwen3_moe" : a.arch == "deepseek-v3" ? "deepseek_v3" : a.arch;
     const int64_t n = ckpt::convert_native_to_hf(a.input, a.output, kind, a.dtype, a.max_shard_mb << 20);
     fmt::print("converted {} -> {}: {} HF tensors with config.json and model.safetensors.index.json\n", a.input,
                a.output, n);

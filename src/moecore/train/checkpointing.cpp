@@ -373,23 +373,30 @@ void Checkpointing::load_checkpoint(const std::string& dir, const nlohmann::json
 
 void Checkpointing::load_hf(ckpt::HFModel& m) {
   const std::string& dir = m.dir();
-  std::map<std::string, nn::Parameter*> mine;
-  for (auto& p : reg_.all()) mine[p->name] = p.get();
+  struct Target {
+    Tensor* value;
+    ckpt::Box box;  // this rank's part of the global tensor
+  };
+  std::map<std::string, Target> mine;
+  for (auto& p : reg_.all()) mine[p->name] = {&p->value, ckpt::box_of(*p)};
+  if (c_.moe_router_enable_expert_bias)  // DeepSeek-V3's e_score_correction_bias: router state, not a parameter
+    for (auto* l : moe_layers(model_))
+      mine[expert_bias_name(*l)] = {&l->router().expert_bias(), whole(l->router().expert_bias())};
   std::string problems;
   for (const auto& t : ckpt::native_tensors(m.architecture())) {
     const auto it = mine.find(t.name);
-    if (it == mine.end()) {
-      problems += fmt::format("\n  {} (from {}) has no place in this model", t.name, t.pieces.front().hf_name);
+    if (it == mine.end()) {  // under pipeline parallelism: another stage's
+      if (c_.pipeline_model_parallel_size == 1)
+        problems += fmt::format("\n  {} (from {}) has no place in this model", t.name, t.pieces.front().hf_name);
       continue;
     }
-    nn::Parameter& p = *it->second;
-    const ckpt::Box b = ckpt::box_of(p);
-    if (!(b.global == t.global)) {
-      problems += fmt::format("\n  {}: {} in the HF model, {} here", t.name, t.global.str(), b.global.str());
+    const Target& p = it->second;
+    if (!(p.box.global == t.global)) {
+      problems += fmt::format("\n  {}: {} in the HF model, {} here", t.name, t.global.str(), p.box.global.str());
       mine.erase(it);
       continue;
     }
-    ckpt::copy_intersection(m.read(t), ckpt::whole_box(t.global), p.value, b);
+    ckpt::copy_intersection(m.read(t), ckpt::whole_box(t.global), *p.value, p.box);
     mine.erase(it);
   }
   for (const auto& [name, p] : mine) problems += fmt::format("\n  {}: not in the HF model", name);

@@ -219,10 +219,12 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   g.mla.q_lora_rank = c.q_lora_rank, g.mla.kv_lora_rank = c.kv_lora_rank, g.mla.qk_head_dim = c.qk_head_dim;
   g.mla.qk_pos_emb_head_dim = c.qk_pos_emb_head_dim, g.mla.v_head_dim = c.v_head_dim;
   g.mla.yarn = c.rope_type != "rope";  // unset: yarn, Megatron's MLA default
-  // Megatron's MLA takes the YaRN context and betas from MLATransformerConfig's defaults (4096, 32, 1): its
-  // --yarn-* flags reach only --position-embedding-type yarn.
+  // MLATransformerConfig's beta_fast, beta_slow and original context (defaults 32, 1, 4096) from the --yarn-* flags,
+  // which in Megatron reach only --position-embedding-type yarn (docs/differences.md).
   g.mla.yarn_params.scaling_factor = c.rotary_scaling_factor;
   g.mla.yarn_params.mscale = c.mscale, g.mla.yarn_params.mscale_all_dim = c.mscale_all_dim;
+  g.mla.yarn_params.beta_fast = c.yarn_beta_fast, g.mla.yarn_params.beta_slow = c.yarn_beta_slow;
+  g.mla.yarn_params.original_max_position_embeddings = c.yarn_original_max_position_embeddings;
   return g;
 }
 

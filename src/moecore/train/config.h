@@ -45,6 +45,10 @@ struct TrainConfig {
   int64_t q_lora_rank = 0, kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   std::string rope_type;
   double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
+  // MLA's YaRN ramp and original context: MLATransformerConfig's beta_fast, beta_slow and
+  // original_max_position_embeddings, set here through Megatron's --yarn-* flags (docs/differences.md).
+  double yarn_beta_fast = 32, yarn_beta_slow = 1;
+  int64_t yarn_original_max_position_embeddings = 4096;
   // Multi-token prediction (nn/mtp.h): --mtp-num-layers (0: Megatron's None, off), --mtp-loss-scaling-factor.
   int64_t mtp_num_layers = 0;
   double mtp_loss_scaling_factor = 0.1;

@@ -278,6 +278,12 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.mtp_num_layers == 0 || c.position_embedding_type == "rope" || c.position_embedding_type == "none",
             "--mtp-num-layers {} needs --position-embedding-type rope or none (as Megatron), not {}", c.mtp_num_layers,
             c.position_embedding_type);
+  const bool yarn_flags =
+      c.yarn_beta_fast != 32 || c.yarn_beta_slow != 1 || c.yarn_original_max_position_embeddings != 4096;
+  MOE_CHECK(!yarn_flags || (c.multi_latent_attention && c.rope_type != "rope"),
+            "--yarn-beta-fast, --yarn-beta-slow and --yarn-original-max-position-embeddings act on the YaRN of "
+            "--multi-latent-attention here (--position-embedding-type yarn is not implemented); without MLA's YaRN "
+            "they would change nothing: drop them");
   if (c.multi_latent_attention) {
     MOE_CHECK(!c.group_query_attention,
               "--group-query-attention is mutually exclusive with --multi-latent-attention (as Megatron); drop it");

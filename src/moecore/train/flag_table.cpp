@@ -81,7 +81,12 @@ std::vector<FlagSpec> build_flag_table() {
         kModel, positive()},
        {"mscale", &C::mscale, "MLA YaRN mscale (the cos/sin factor's numerator)", kModel},
        {"mscale-all-dim", &C::mscale_all_dim, "MLA YaRN mscale_all_dim (cos/sin factor's denominator, softmax scale)",
-        kModel}});
+        kModel},
+       {"yarn-beta-fast", &C::yarn_beta_fast, "MLA YaRN beta_fast: rotations where the ramp starts", kModel,
+        positive()},
+       {"yarn-beta-slow", &C::yarn_beta_slow, "MLA YaRN beta_slow: rotations where the ramp ends", kModel, positive()},
+       {"yarn-original-max-position-embeddings", &C::yarn_original_max_position_embeddings,
+        "MLA YaRN original context length (the one the model was pretrained at)", kModel, positive()}});
   section(FlagGroup::MoE,
           {{"num-experts", &C::num_experts, "Routed experts per MoE layer (0: dense)", kModel, at_least(0)},
            {"moe-ffn-hidden-size", &C::moe_ffn_hidden_size, "Expert FFN size (default --ffn-hidden-size)",

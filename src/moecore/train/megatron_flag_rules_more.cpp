@@ -220,7 +220,11 @@ void model_features(std::vector<FlagRule>& r) {
                        "qk-clip-alpha",
                        "qk-clip-threshold",
                        "use-mup"},
-                      {"mhc-", "mup-", "yarn-", "no-yarn-"}));
+                      {"mhc-", "mup-", "no-yarn-"}));
+  r.push_back(
+      no_effect("Megatron's default: YaRN's correction range rounded to whole channels, as moecore's MLA "
+                "computes it",
+                {"yarn-correction-range-round-to-int"}));
   r.push_back(no_effect("acts only with --use-rope-scaling (refused in moecore)", {"rope-scaling-factor"}));
   r.push_back(no_effect("acts only with --position-embedding-type relative (moecore has rope)",
                         {"relative-attention-num-buckets", "relative-attention-max-distance"}));

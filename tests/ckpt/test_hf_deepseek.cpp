@@ -1,0 +1,402 @@
+// HuggingFace DeepseekV3ForCausalLM interop (DeepSeek-V3 and Kimi-K2): small models written in HF layout with
+// known weights give, through --load-hf, the logits, MTP logits and losses of an independent float64 NumPy forward
+// (tests/models/deepseek_v3_reference.py model: MLA with YaRN, sigmoid group-limited routing with the expert bias,
+// shared experts, first-k dense layers, the MTP module stored as HF layer L); HF -> native -> HF is bit-exact; a
+// model trained here exports to a directory the reference reads back to our logits; FP8 checkpoints (e4m3 with a
+// weight_scale_inv per block) dequantize on import to exactly the bf16 twin's weights; what Megatron cannot express
+// is refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "config_util.h"
+#include "hf_test_util.h"
+#include "moecore/ckpt/hf.h"
+#include "moecore/ckpt/safetensors.h"
+#include "moecore/core/rng.h"
+#include "moecore/train/trainer.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+
+const std::vector<int64_t> kIds = {5, 17, 3, 88, 42, 42, 7, 0, 95, 61, 23, 11};  // inputs [0, S), labels [1, S]
+constexpr int64_t kVocab = 96;
+
+nlohmann::json deepseek_config() {
+  return {{"architectures", {"DeepseekV3ForCausalLM"}},
+          {"model_type", "deepseek_v3"},
+          {"vocab_size", kVocab},
+          {"hidden_size", 32},
+          {"intermediate_size", 40},
+          {"moe_intermediate_size", 8},
+          {"num_hidden_layers", 3},
+          {"num_nextn_predict_layers", 1},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 4},
+          {"n_shared_experts", 1},
+          {"n_routed_experts", 16},
+          {"routed_scaling_factor", 2.5},
+          {"kv_lora_rank", 10},
+          {"q_lora_rank", 12},
+          {"qk_rope_head_dim", 8},
+          {"v_head_dim", 6},
+          {"qk_nope_head_dim", 6},
+          {"topk_method", "noaux_tc"},
+          {"scoring_func", "sigmoid"},
+          {"n_group", 4},
+          {"topk_group", 2},
+          {"num_experts_per_tok", 4},
+          {"moe_layer_freq", 1},
+          {"first_k_dense_replace", 1},
+          {"norm_topk_prob", true},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", 64},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"rope_theta", 10000.0},
+          // Betas off the defaults, where they move the ramp over the 4 frequencies (channels 2..4 instead of
+          // 1..3), so that --yarn-beta-fast/--yarn-beta-slow must carry them.
+          {"rope_scaling",
+           {{"type", "yarn"},
+            {"factor", 8.0},
+            {"original_max_position_embeddings", 4096},
+            {"beta_fast", 4.0},
+            {"beta_slow", 0.25},
+            {"mscale", 0.9},
+            {"mscale_all_dim", 0.6}}},
+          {"rope_interleave", true},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"torch_dtype", "bfloat16"}};
+}
+
+// Kimi-K2: the same class, no group-limited routing (n_group 1), no MTP module, betas 1/1 (its published values:
+// the ramp over channels 2..3 where the defaults give 1..3).
+nlohmann::json kimi_config() {
+  nlohmann::json c = deepseek_config();
+  c["model_type"] = "kimi_k2";
+  c["n_group"] = 1, c["topk_group"] = 1, c["num_nextn_predict_layers"] = 0, c["routed_scaling_factor"] = 2.827;
+  c["rope_theta"] = 50000.0;
+  c["rope_scaling"] = {{"type", "yarn"},       {"factor", 32.0},   {"original_max_position_embeddings", 4096},
+                       {"beta_fast", 1.0},     {"beta_slow", 1.0}, {"mscale", 1.0},
+                       {"mscale_all_dim", 1.0}};
+  return c;
+}
+
+bool quantized(const std::string& hf_name) {  // DeepSeek's FP8 checkpoints: the linear layers' weights
+  return hf_name.size() > 12 && hf_name.compare(hf_name.size() - 12, 12, "_proj.weight") == 0 &&
+         hf_name.find("shared_head") == std::string::npos;
+}
+
+// A tensor as raw safetensors bytes (F8_E4M3 has no moecore dtype).
+struct RawTensor {
+  std::string name, dtype;
+  Shape shape;
+  std::string bytes;
+};
+RawTensor raw(const std::string& name, const Tensor& t) {
+  return {name, ckpt::safetensors_dtype(t.dtype()), t.shape(),
+          std::string(static_cast<const char*>(t.raw()), t.nbytes())};
+}
+void write_raw(const std::string& path, const std::vector<RawTensor>& ts) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  int64_t off = 0;
+  for (const auto& t : ts) {
+    std::vector<int64_t> shape;
+    for (int d = 0; d < t.shape.ndim(); d++) shape.push_back(t.shape[d]);
+    h[t.name] = {
+        {"dtype", t.dtype}, {"shape", shape}, {"data_offsets", {off, off + static_cast<int64_t>(t.bytes.size())}}};
+    off += static_cast<int64_t>(t.bytes.size());
+  }
+  const std::string header = h.dump();
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header;
+  for (const auto& t : ts) f << t.bytes;
+}
+
+// Writes an HF directory of `config`: weights N(0, 0.2²), norms 1 + N(0, 0.1²), the expert bias N(0, 0.05²) in f32,
+// everything else bf16, over two shards with an index. With `fp8_block` > 0 the linear weights are float8 e4m3
+// with a power-of-two weight_scale_inv per fp8_block² block (quantization_config says so); their values are the same
+// either way (fp8 × 2^−k is exact in bf16), so the bf16 and FP8 directories hold the same model.
+void write_deepseek(const std::string& dir, nlohmann::json config, int64_t fp8_block = 0) {
+  fs::create_directories(dir);
+  if (fp8_block > 0)
+    config["quantization_config"] = {{"quant_method", "fp8"},
+                                     {"fmt", "e4m3"},
+                                     {"activation_scheme", "dynamic"},
+                                     {"weight_block_size", {fp8_block, fp8_block}}};
+  std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+  const ckpt::HFArchitecture arch = ckpt::hf_architecture(config, "test");
+  std::vector<RawTensor> shard[2];
+  nlohmann::json map = nlohmann::json::object();
+  uint64_t stream = 0;
+  auto place = [&](const std::string& name, RawTensor t) {
+    const int s = name.find("layers.0.") != std::string::npos || name.find("embed") != std::string::npos;
+    map[name] = fmt::format("model-0000{}-of-00002.safetensors", s + 1);
+    shard[s].push_back(std::move(t));
+  };
+  for (const auto& t : ckpt::native_tensors(arch)) {
+    Tensor whole = Tensor::empty(t.global, DType::F32);
+    const Philox rng(23, stream++);
+    const bool norm = t.name.find("norm") != std::string::npos, bias = t.name.find("expert_bias") != std::string::npos;
+    for (int64_t i = 0; i < whole.numel(); i++) {
+      const double z = rng.normal(static_cast<uint64_t>(i));
+      whole.set_item(i, norm ? 1.0 + 0.1 * z : bias ? 0.05 * z : 0.2 * z);
+    }
+    for (const auto& p : t.pieces) {
+      Tensor x = Tensor::empty(p.hf_shape, DType::F32);
+      ckpt::copy_intersection(whole, ckpt::whole_box(t.global), x, p.box);
+      if (p.keep_f32) {
+        place(p.hf_name, raw(p.hf_name, x));
+        continue;
+      }
+      if (!quantized(p.hf_name)) {
+        place(p.hf_name, raw(p.hf_name, x.to(DType::BF16)));
+        continue;
+      }
+      // e4m3 bytes with exponents 4..8 (|v| in [1/8, 2)), times a block scale 2^−3..2^−5.
+      const int64_t M = x.dim(0), N = x.dim(1), B = fp8_block > 0 ? fp8_block : 16;
+      const int64_t SM = (M + B - 1) / B, SN = (N + B - 1) / B;
+      const Philox q(29, stream++);
+      std::string bytes(static_cast<size_t>(M * N), '\0');
+      Tensor scale = Tensor::empty({SM, SN}, DType::F32);
+      for (int64_t b = 0; b < SM * SN; b++) scale.data<float>()[b] = std::ldexp(1.0f, -3 - static_cast<int>(b % 3));
+      for (int64_t i = 0; i < M * N; i++) {
+        const uint32_t r = q.block(static_cast<uint64_t>(i))[0];
+        const uint8_t byte = static_cast<uint8_t>((r & 0x80) | ((4 + (r >> 8) % 5) << 3) | ((r >> 16) & 7));
+        bytes[static_cast<size_t>(i)] = static_cast<char>(byte);
+        x.data<float>()[i] = ckpt::f8_e4m3_to_f32(byte) * scale.data<float>()[(i / N / B) * SN + (i % N) / B];
+      }
+      if (fp8_block > 0) {
+        place(p.hf_name, {p.hf_name, "F8_E4M3", p.hf_shape, bytes});
+        place(p.hf_name + "_scale_inv", raw(p.hf_name + "_scale_inv", scale));
+      } else {
+        place(p.hf_name, raw(p.hf_name, x.to(DType::BF16)));
+      }
+    }
+  }
+  for (int s = 0; s < 2; s++) write_raw(fmt::format("{}/model-0000{}-of-00002.safetensors", dir, s + 1), shard[s]);
+  std::ofstream(dir + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+}
+
+struct Outputs {
+  std::vector<std::vector<double>> logits;            // [S][V]
+  std::vector<std::vector<std::vector<double>>> mtp;  // [D][S][V]
+  double lm_loss = 0;
+  std::vector<double> mtp_losses;
+};
+
+Outputs reference(const std::string& dir) {
+  std::string cmd =
+      fmt::format("/usr/bin/python3 {}/tests/models/deepseek_v3_reference.py model {}", MOECORE_SOURCE_DIR, dir);
+  for (int64_t t : kIds) cmd += " " + std::to_string(t);
+  std::FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << cmd;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  return {j["logits"].get<std::vector<std::vector<double>>>(),
+          j["mtp_logits"].get<std::vector<std::vector<std::vector<double>>>>(), j["lm_loss"].get<double>(),
+          j["mtp_losses"].get<std::vector<double>>()};
+}
+
+std::vector<std::vector<double>> rows(const Tensor& l, int64_t S) {  // [S·1, V'] -> [S][V]
+  std::vector<std::vector<double>> out(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; s++)
+    for (int64_t v = 0; v < kVocab; v++) out[static_cast<size_t>(s)].push_back(l.item(s * l.dim(1) + v));
+  return out;
+}
+
+// moecore's logits, MTP logits and losses for kIds (evaluation mode: the expert bias and statistics stay).
+Outputs ours(train::Trainer& t) {
+  const int64_t S = static_cast<int64_t>(kIds.size()) - 1;
+  Tensor tok = Tensor::empty({1, S}, DType::I64), lab = Tensor::empty({1, S}, DType::I64);
+  for (int64_t s = 0; s < S; s++) {
+    tok.data<int64_t>()[s] = kIds[static_cast<size_t>(s)];
+    lab.data<int64_t>()[s] = kIds[static_cast<size_t>(s + 1)];
+  }
+  nn::GPTModel& m = t.model();
+  m.set_training(false);
+  Outputs o;
+  o.logits = rows(m.logits(tok), S);
+  nn::GPTModel::Stash st = m.make_stash();
+  o.lm_loss = m.forward(tok, lab, Tensor(), st);
+  for (const auto& d : st.mtp.depths) {
+    o.mtp.push_back(rows(d.logits_TV, S));
+    o.mtp_losses.push_back(d.loss);
+  }
+  m.set_training(true);
+  return o;
+}
+
+void expect_matches(const Outputs& got, const Outputs& want, const std::string& what) {
+  EXPECT_LT(testing::max_rel(got.logits, want.logits), 2e-5) << what << ": logits";
+  EXPECT_NEAR(got.lm_loss, want.lm_loss, 1e-5) << what << ": lm loss";
+  ASSERT_EQ(got.mtp.size(), want.mtp.size()) << what;
+  for (size_t k = 0; k < got.mtp.size(); k++) {
+    EXPECT_LT(testing::max_rel(got.mtp[k], want.mtp[k]), 2e-5) << what << ": MTP depth " << k + 1 << " logits";
+    EXPECT_NEAR(got.mtp_losses[k], want.mtp_losses[k], 1e-5) << what << ": MTP depth " << k + 1 << " loss";
+  }
+}
+
+class DeepSeekV3HF : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeepSeekV3HF, MatchesTheReferenceRoundTripsAndExports) {
+  const std::string name = GetParam();
+  const std::string hf = testing::fresh_temp_path("ds_" + name + "_in"),
+                    native = testing::fresh_temp_path("ds_" + name + "_native"),
+                    back = testing::fresh_temp_path("ds_" + name + "_back"),
+                    trained = testing::fresh_temp_path("ds_" + name + "_trained"),
+                    exported = testing::fresh_temp_path("ds_" + name + "_exported");
+  write_deepseek(hf, name == "kimi_k2" ? kimi_config() : deepseek_config());
+  const Outputs want = reference(hf);
+  ASSERT_EQ(want.mtp.size(), name == "kimi_k2" ? 0u : 1u);
+  std::FILE* null = std::fopen("/dev/null", "w");
+
+  train::Trainer direct(testing::hf_run_config({"--load-hf", hf}), null, false);
+  const Outputs got = ours(direct);
+  expect_matches(got, want, "--load-hf vs the NumPy reference");
+
+  // HF -> native -> (--load) the same logits; native -> HF bit-exact (the expert bias stays f32).
+  ckpt::convert_hf_to_native(hf, native);
+  train::Trainer loaded(testing::hf_run_config({"--load", native, "--use-checkpoint-args"}), null, false);
+  const Outputs again = ours(loaded);
+  EXPECT_EQ(again.logits, got.logits);
+  EXPECT_EQ(again.mtp, got.mtp);
+  ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
+  testing::expect_same_tensors(hf, back);
+  EXPECT_EQ(testing::read_text(hf + "/config.json"), testing::read_text(back + "/config.json"));
+
+  // Two steps from the HF weights (the expert bias moves: rate 1e-2) export with a generated config.json that the
+  // reference reads back to our outputs.
+  {
+    train::Trainer t(
+        testing::hf_run_config({"--load-hf", hf, "--save", trained, "--moe-router-bias-update-rate", "1e-2"}), null,
+        false);
+    const Tensor bias0 = t.moe_layers().front()->router().expert_bias().clone();
+    t.train_step();
+    t.train_step();
+    EXPECT_NE(std::memcmp(bias0.raw(), t.moe_layers().front()->router().expert_bias().raw(), bias0.nbytes()), 0)
+        << "the expert bias must have moved for the export to show it";
+    t.save_checkpoint();
+    ckpt::convert_native_to_hf(trained, exported, "deepseek_v3", "f32", 1 << 20);
+    expect_matches(ours(t), reference(exported), "exported model vs the reference");
+  }
+  std::fclose(null);
+  for (const auto& d : {hf, native, back, trained, exported}) fs::remove_all(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeepSeekV3HF, ::testing::Values("deepseek_v3", "kimi_k2"));
+
+TEST(DeepSeekV3HF, Fp8CheckpointDequantizesToTheBf16Model) {
+  const std::string bf16 = testing::fresh_temp_path("ds_fp8_twin"), fp8 = testing::fresh_temp_path("ds_fp8"),
+                    native = testing::fresh_temp_path("ds_fp8_native"), out = testing::fresh_temp_path("ds_fp8_out");
+  nlohmann::json c = deepseek_config();
+  c["intermediate_size"] = 40;
+  write_deepseek(bf16, c);
+  write_deepseek(fp8, c, 16);  // 16×16 blocks: every weight spans several, some partial
+  {
+    ckpt::SafetensorsFile f(fp8 + "/model-00002-of-00002.safetensors");  // layer 0's
+    ASSERT_TRUE(f.entries().at("model.layers.0.mlp.down_proj.weight").f8_e4m3);
+    ASSERT_EQ(f.read("model.layers.0.mlp.down_proj.weight_scale_inv").shape(), Shape({2, 3}));  // [32, 40] / 16
+  }
+  std::FILE* null = std::fopen("/dev/null", "w");
+  train::Trainer a(testing::hf_run_config({"--load-hf", bf16}), null, false),
+      b(testing::hf_run_config({"--load-hf", fp8}), null, false);
+  const Outputs from_fp8 = ours(b);
+  EXPECT_EQ(from_fp8.logits, ours(a).logits) << "the dequantized weights are the bf16 twin's exactly";
+  expect_matches(from_fp8, reference(fp8), "FP8 import vs the reference's own dequantization");
+  // The export holds the dequantized model in bf16: the twin's tensors, a config without quantization_config.
+  ckpt::convert_hf_to_native(fp8, native);
+  ckpt::convert_native_to_hf(native, out, "", "", 1 << 20);
+  testing::expect_same_tensors(bf16, out);
+  const nlohmann::json oc = nlohmann::json::parse(testing::read_text(out + "/config.json"));
+  EXPECT_FALSE(oc.contains("quantization_config"));
+  EXPECT_EQ(oc["torch_dtype"], "bfloat16");
+  // A weight without its scale, and a wrong-shaped scale, are named.
+  {
+    nlohmann::json idx = nlohmann::json::parse(testing::read_text(fp8 + "/model.safetensors.index.json"));
+    idx["weight_map"].erase("model.layers.1.self_attn.o_proj.weight_scale_inv");
+    std::ofstream(fp8 + "/model.safetensors.index.json") << idx.dump();
+    const std::string e = error_of([&] { train::Trainer t(testing::hf_run_config({"--load-hf", fp8}), null, false); });
+    EXPECT_NE(e.find("model.layers.1.self_attn.o_proj.weight is FP8 but"), std::string::npos) << e;
+    EXPECT_NE(e.find("o_proj.weight_scale_inv to dequantize it with"), std::string::npos) << e;
+  }
+  std::fclose(null);
+  for (const auto& d : {bf16, fp8, native, out}) fs::remove_all(d);
+}
+
+TEST(DeepSeekV3HF, RefusesWhatMegatronCannotExpress) {
+  auto refusal = [](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json c = deepseek_config();
+    edit(c);
+    return error_of([&] { ckpt::hf_train_flags(c, "config.json"); });
+  };
+  EXPECT_NE(refusal([](auto& c) { c["norm_topk_prob"] = false; }).find("norm_topk_prob false"), std::string::npos);
+  EXPECT_NE(refusal([](auto& c) { c["topk_group"] = 1; }).find("must be 2 (HF sums each group's top 2"),
+            std::string::npos);
+  EXPECT_NE(refusal([](auto& c) { c["scoring_func"] = "softmax"; }).find("scoring_func"), std::string::npos);
+  EXPECT_NE(refusal([](auto& c) { c["topk_method"] = "greedy"; }).find("topk_method"), std::string::npos);
+  EXPECT_NE(refusal([](auto& c) { c["rope_scaling"]["type"] = "linear"; }).find("RoPE scaling 'linear'"),
+            std::string::npos);
+  EXPECT_NE(refusal([](auto& c) { c["rope_scaling"]["mscale_all_dim"] = 0.0; }).find("mscale 0.9"), std::string::npos);
+  EXPECT_NE(refusal([](auto& c) { c["first_k_dense_replace"] = 3; }).find("the MTP layers would be MoE"),
+            std::string::npos);
+  EXPECT_EQ(refusal([](auto& c) { c["first_k_dense_replace"] = 4; }), "") << "all dense, MTP dense: expressible";
+  // The MTP layer's copies of the embedding and output head must equal the shared ones.
+  const std::string hf = testing::fresh_temp_path("ds_copy");
+  write_deepseek(hf, deepseek_config());
+  {
+    const std::string file = hf + "/model-00001-of-00002.safetensors";  // layer 3's
+    ckpt::SafetensorsFile f(file);
+    std::vector<ckpt::NamedTensor> all;
+    for (const auto& [name, e] : f.entries()) {
+      Tensor x = f.read(name);
+      if (name == "model.layers.3.shared_head.head.weight") x.set_item(7, x.item(7) + 1.0);
+      all.push_back({name, x});
+    }
+    ckpt::write_safetensors(file, all);
+  }
+  std::FILE* null = std::fopen("/dev/null", "w");
+  const std::string e = error_of([&] { train::Trainer t(testing::hf_run_config({"--load-hf", hf}), null, false); });
+  std::fclose(null);
+  EXPECT_NE(e.find("model.layers.3.shared_head.head.weight differs from lm_head.weight"), std::string::npos) << e;
+  fs::remove_all(hf);
+  // The --yarn-* flags carry an import's YaRN to MLA; without MLA's YaRN they would change nothing.
+  const std::string y = error_of([] { testing::hf_run_config({"--yarn-beta-fast", "4"}); });
+  EXPECT_NE(y.find("act on the YaRN of --multi-latent-attention here"), std::string::npos) << y;
+  // A moecore model DeepseekV3 has no form for.
+  nlohmann::json flags = {{"num-layers", 2},
+                          {"hidden-size", 32},
+                          {"num-attention-heads", 4},
+                          {"swiglu", true},
+                          {"disable-bias-linear", true},
+                          {"num-experts", 4},
+                          {"moe-ffn-hidden-size", 16},
+                          {"multi-latent-attention", true},
+                          {"qk-layernorm", true},
+                          {"moe-router-score-function", "softmax"}};
+  const std::string x = error_of([&] { ckpt::architecture_from_flags(flags, 96, ""); });
+  EXPECT_NE(x.find("cannot be written as deepseek_v3: it has softmax routing (DeepseekV3 routes by sigmoid "
+                   "scores), no expert bias"),
+            std::string::npos)
+      << x;
+}
+
+}  // namespace
+}  // namespace moecore
