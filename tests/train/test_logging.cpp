@@ -57,6 +57,26 @@ TEST(LoggingFlops, MegatronFormulaMatchesHandCountAndStepFlops) {
   EXPECT_EQ(train::step_flops(c, 32), train::num_floating_point_operations(c, 32));
 }
 
+// MLA and MTP (Megatron's MLA branch and its MTP terms), by hand: H 8, 2 heads, q_lora 4, kv_lora 2, qk 3 + rope 2,
+// v 3, 2 layers (both dense FFN 16, SwiGLU), one MTP depth, S 4, global batch 2, padded vocabulary 32.
+//   per layer per token: q 4·(8 + 2·5 + 1) = 76; kv 2·(8 + 2·6 + 1) + 8·2 = 58; o 2·3·8 = 48;
+//   core 4·2·5/2 + 4·2·3/2 = 32; ×6 = 1284; 3 layers with the MTP one: 3852.
+//   FFNs: 6·8·16·3 = 2304 per layer, 6912 for 3; MTP norms and eh_proj: 6·(24 + 128) = 912; logits 2·6·8·32 = 3072.
+//   total = 8·(3852 + 6912 + 912 + 3072) = 117984.
+TEST(LoggingFlops, MultiLatentAttentionAndMtpAsMegatronCounts) {
+  train::TrainConfig c;
+  c.num_layers = 2, c.hidden_size = 8, c.num_attention_heads = 2, c.swiglu = true, c.ffn_hidden_size = 16;
+  c.multi_latent_attention = true, c.q_lora_rank = 4, c.kv_lora_rank = 2, c.qk_head_dim = 3;
+  c.qk_pos_emb_head_dim = 2, c.v_head_dim = 3, c.mtp_num_layers = 1, c.seq_length = 4, c.global_batch_size = 2;
+  EXPECT_EQ(train::num_floating_point_operations(c, 32), 117984.0);
+  EXPECT_DOUBLE_EQ(train::step_flops(c, 32), train::num_floating_point_operations(c, 32));
+  // The DeepSeek-V3 preset (MoE layers, a shared expert, the MTP depth MoE like the last layer): the two agree.
+  const train::TrainConfig d =
+      testing::small_config(testing::mock_run_flags(64, 2, 8, 1000, 1, "1e-3"), {"--model", "deepseek-v3"});
+  EXPECT_NEAR(train::step_flops(d, 1024), train::num_floating_point_operations(d, 1024),
+              1e-12 * train::step_flops(d, 1024));
+}
+
 TEST(LoggingFlops, AgreeOnResolvedPresetSizedConfigs) {
   for (const auto& extra : std::vector<std::vector<std::string>>{
            {},

@@ -16,5 +16,6 @@ BenchCommand add_tokenizer_bench(CLI::App& bench);   // tokenizer.cpp
 BenchCommand add_pipeline_bench(CLI::App& bench);    // pipeline.cpp
 BenchCommand add_context_bench(CLI::App& bench);     // context.cpp
 BenchCommand add_memory_bench(CLI::App& bench);      // memory.cpp
+BenchCommand add_mla_bench(CLI::App& bench);         // mla.cpp
 
 }  // namespace moecore::cli
