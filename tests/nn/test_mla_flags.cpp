@@ -121,15 +121,17 @@ TEST(MLAFlags, TrainingIsRepeatable) {
   EXPECT_NE(a.front(), a.back());
 }
 
-TEST(MLAFlags, SelectiveRecomputeOfAttentionOrNormsIsRefusedUntilMLAHasIt) {
+// Every selective module runs with MLA (tests/nn/test_recompute.cpp shows them bitwise), Megatron's default
+// core_attn and DeepSeek-V3's recipe (mla_up_proj mlp) among them; mla_up_proj reaches the attention's config.
+TEST(MLAFlags, SelectiveRecomputeModulesRunWithMLA) {
   const std::vector<std::string> a = mla_model() + kMlaRun;
-  EXPECT_NE(
-      mla_error(a, {"--recompute-activations"}).find("--recompute-modules core_attn with --multi-latent-attention"),
-      std::string::npos);  // Megatron's default module
-  EXPECT_NE(mla_error(a, {"--recompute-activations", "--recompute-modules", "layernorm"})
-                .find("--recompute-modules layernorm with --multi-latent-attention is refused"),
-            std::string::npos);
-  EXPECT_NO_THROW(testing::small_config(a, {"--recompute-activations", "--recompute-modules", "moe_act"}));
+  EXPECT_NO_THROW(testing::small_config(a, {"--recompute-activations"}));
+  for (const char* m : {"core_attn", "layernorm", "mla_up_proj", "moe_act"})
+    EXPECT_NO_THROW(testing::small_config(a, {"--recompute-activations", "--recompute-modules", m})) << m;
+  const train::TrainConfig recipe =
+      testing::small_config(a, {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "mlp"});
+  EXPECT_TRUE(recipe.no_effect.empty());
+  EXPECT_TRUE(train::recompute_config(recipe).mla_up_proj);
   EXPECT_NO_THROW(testing::small_config(
       a, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}));
 }

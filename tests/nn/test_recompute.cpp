@@ -46,7 +46,7 @@ std::vector<double> router_state(moe::MoELayer& l) {
 // mtp: MTP depths (their layer of the last layer's kind: MoE); mtp_recompute: whether full uniform recompute
 // checkpoints them (Megatron's, the trainer's choice) or, false, leaves them alone.
 Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType::AuxLoss, int micro_batches = 2,
-           bool bf16 = false, int64_t mtp = 0, bool mtp_recompute = true) {
+           bool bf16 = false, int64_t mtp = 0, bool mtp_recompute = true, bool mla = false) {
   nn::GPTConfig c = testing::small_gpt(
       {.layers = 3, .hidden = 16, .ffn = 24, .heads = 4, .kv_heads = 2, .head_dim = 4, .vocab = 29, .max_seq = 8});
   c.hidden_dropout = 0.1;
@@ -58,6 +58,12 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   c.mtp.recompute = mtp_recompute && rc.full && rc.method == RC::Method::Uniform;
   c.bf16 = bf16;
   c.normalization = bf16 ? nn::NormKind::LayerNorm : nn::NormKind::RMSNorm;
+  if (mla) {  // Multi-Latent Attention with YaRN and its latent norms (qk_layernorm)
+    c.mla.enabled = true;
+    c.mla.q_lora_rank = 8, c.mla.kv_lora_rank = 6, c.mla.qk_head_dim = 4, c.mla.qk_pos_emb_head_dim = 4;
+    c.mla.v_head_dim = 6, c.mla.yarn_params.scaling_factor = 4;
+    c.mla.recompute_up_proj = rc.mla_up_proj;
+  }
   moe::MoELayerConfig mc;
   mc.bf16 = bf16;
   mc.router.hidden = 16;
@@ -205,6 +211,34 @@ TEST(RecomputeExact, MtpDepthsUnderFullUniformRecompute) {
   const Result kept = run(full, moe::LoadBalancingType::AuxLoss, 2, false, 2, false);
   expect_recompute_bitwise(base, kept, "full uniform 1, MTP depths not recomputed");
   EXPECT_LT(r.stash_bytes, kept.stash_bytes) << "the MTP depths keep their whole stash under recompute";
+}
+
+// Multi-Latent Attention layers with an MTP depth, f32 and bf16, under --recompute-modules mla_up_proj (q, k, v
+// rebuilt from the latents before the kernel's backward), with mlp (Megatron's DeepSeek-V3 recipe), core_attn (the
+// kernel again), layernorm (the input norm's output again), all of them, and full recompute: the same bits, and the
+// stash holds less.
+TEST(RecomputeExact, MultiLatentAttention) {
+  RC up, recipe, core, norms, every, full;
+  up.mla_up_proj = true;
+  recipe.mla_up_proj = recipe.mlp = true;
+  core.core_attn = true;
+  norms.layernorm = true;
+  every.mla_up_proj = every.core_attn = every.layernorm = every.moe_act = every.mlp = every.moe = true;
+  every.shared_experts = true;
+  full.full = true, full.num_layers = 1;
+  for (bool bf16 : {false, true}) {
+    const Result base = run(RC{}, moe::LoadBalancingType::AuxLoss, 2, bf16, 1, true, true);
+    for (const auto& [name, rc] : std::vector<std::pair<std::string, RC>>{{"mla_up_proj", up},
+                                                                          {"mla_up_proj mlp", recipe},
+                                                                          {"core_attn", core},
+                                                                          {"layernorm", norms},
+                                                                          {"every module", every},
+                                                                          {"full", full}}) {
+      const Result r = run(rc, moe::LoadBalancingType::AuxLoss, 2, bf16, 1, true, true);
+      expect_recompute_bitwise(base, r, name + (bf16 ? " bf16" : ""));
+      EXPECT_LT(r.stash_bytes, base.stash_bytes) << name;
+    }
+  }
 }
 
 TEST(RecomputeConfig, UniformAndBlockChunks) {

@@ -63,9 +63,10 @@ TEST(RecomputeFlags, MegatronChecks) {
   EXPECT_NE(recompute_error({"--recompute-granularity", "partial"}).find("--recompute-granularity"), std::string::npos);
   EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "attention"}).find("attention"),
             std::string::npos);
-  EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "mla_up_proj"})
-                .find("--recompute-modules mla_up_proj (MLA's up projections) is refused"),
-            std::string::npos);
+  // mla_up_proj: implemented with MLA; without it Megatron never reads it, listed as having no effect.
+  const train::TrainConfig no_mla = recompute_config({"--recompute-activations", "--recompute-modules", "mla_up_proj"});
+  ASSERT_EQ(no_mla.no_effect.size(), 1u);
+  EXPECT_NE(no_mla.no_effect[0].find("this model has none"), std::string::npos);
   EXPECT_NE(recompute_error({"--recompute-activations", "--recompute-modules", "mhc"}).find("mhc"), std::string::npos);
   // MTP: Megatron's MTP recompute asserts recompute_num_layers == 1 under uniform; block leaves MTP alone.
   const Args full_uniform_2{"--recompute-granularity", "full", "--recompute-method", "uniform",

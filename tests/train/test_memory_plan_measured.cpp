@@ -56,6 +56,28 @@ TEST(MemoryPlanMeasured, MultiTokenPrediction) {
         "one MTP depth, full recompute");
 }
 
+TEST(MemoryPlanMeasured, MultiLatentAttention) {
+  const std::vector<std::string> mla{"--multi-latent-attention",
+                                     "--q-lora-rank",
+                                     "32",
+                                     "--kv-lora-rank",
+                                     "32",
+                                     "--qk-head-dim",
+                                     "32",
+                                     "--qk-pos-emb-head-dim",
+                                     "16",
+                                     "--v-head-dim",
+                                     "32",
+                                     "--qk-layernorm"};
+  check(mla, "MLA");
+  check(mla + std::vector<std::string>{"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"},
+        "MLA, mla_up_proj recompute");
+  check(mla + std::vector<std::string>{"--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                       "layernorm", "mla_up_proj"},
+        "MLA, core_attn layernorm mla_up_proj recompute");
+  check(mla + std::vector<std::string>{"--bf16"}, "MLA, bf16");
+}
+
 // The stash sizes behind the plan: the modules' stash_bytes against the live bytes after a forward (the part of
 // the plan that scales with tokens), within 2%.
 TEST(MemoryPlanMeasured, ActivationsScaleWithTokens) {

@@ -125,7 +125,7 @@ void MLAttention::rope_tables_for(int64_t S, Tensor& cos, Tensor& sin) const {
 
 Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == a_.hidden);
-  const int64_t Sl = x_local.dim(0), B = x_local.dim(1), S = Sl * a_.tp.size(), dq = dn_ + dr_;
+  const int64_t Sl = x_local.dim(0), B = x_local.dim(1), S = Sl * a_.tp.size();
   MOE_CHECK(S * a_.cp.size <= a_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S * a_.cp.size,
             a_.max_seq_len);
   const DType dt = x_local.dtype();
@@ -148,24 +148,25 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   if (kv_norm_) ckv = kv_norm_->forward(ckv, st.kv_norm);
   kpe.copy_from(sp_all_gather(kpe_local, a_.tp));
   const Tensor kv = kv_up_.forward(sp_all_gather(ckv, a_.tp), st.kv_up);  // [S·B, nh·(dn + dv)]
-  // The kernel's operands, zero-padded to width A; RoPE in place on the rope channels.
-  const int64_t T = S * B;
-  st.q_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
-  st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
-  st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
-  move(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
-  Tensor cos, sin;
-  rope_tables_for(S, cos, sin);
-  kernels::rope_forward_at(st.q_SBNA, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, st.q_SBNA);
-  kernels::rope_forward_at(kpe, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, kpe);
-  move(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
-  move(kpe, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
-  move(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
+  fill_operands(q, kv, kpe, S, B, st);
+  if (m_.recompute_up_proj) st.kpe_SB1R = kpe;
+  core_forward(S, B, st);
+  if (m_.recompute_up_proj) st.q_SBNA = st.k_SBNA = st.v_SBNA = Tensor();  // rebuilt before the kernel's backward
+  const Tensor y = proj_.forward(unpadded_output(st), st.proj).reshape({S, B, a_.hidden});
+  if (a_.recompute_core_attn) {  // the kernel runs again in backward
+    st.o_SBNA = st.lse_BNS = Tensor();
+    st.proj = {};
+  }
+  return sp_reduce_scatter(y, a_.tp);
+}
+
+void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
+  const DType dt = st.q_SBNA.dtype();
   st.o_SBNA = Tensor::empty({S, B, nh_, da_}, dt);
   st.lse_BNS = Tensor::empty({B, nh_, S}, dt);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
-  std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
+  const TimerScope timer("attention-core", 2);
   if (a_.cp.on())
     context_attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, context_parallel(S), st.o_SBNA, st.lse_BNS,
                               &drop);
@@ -173,16 +174,62 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
     kernels::attention_forward_bf16(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
   else
     kernels::attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
-  timer.reset();
-  Tensor o = Tensor::empty({T, nh_ * dv_}, dt);
+}
+
+Tensor MLAttention::unpadded_output(const Stash& st) const {
+  const int64_t T = st.o_SBNA.dim(0) * st.o_SBNA.dim(1);
+  Tensor o = Tensor::empty({T, nh_ * dv_}, st.o_SBNA.dtype());
   move(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
-  return sp_reduce_scatter(proj_.forward(o, st.proj).reshape({S, B, a_.hidden}), a_.tp);
+  return o;
+}
+
+void MLAttention::drop_input(Stash& st) const {
+  st.kv_down = {};
+  if (q_down_)
+    st.q_down = {};
+  else
+    st.q_up = {};
+}
+
+void MLAttention::restore_input(const Tensor& x_local, Stash& st) const {
+  kv_down_.stash_input(x_local, st.kv_down);
+  if (q_down_)
+    q_down_->stash_input(x_local, st.q_down);
+  else
+    q_up_->stash_input(sp_all_gather(x_local, a_.tp), st.q_up);
+}
+
+void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor& kpe, int64_t S, int64_t B,
+                                Stash& st) const {
+  const int64_t T = S * B, dq = dn_ + dr_;
+  const DType dt = q.dtype();
+  st.q_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  move(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
+  Tensor cos, sin;
+  rope_tables_for(S, cos, sin);
+  kernels::rope_forward_at(st.q_SBNA, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, st.q_SBNA);
+  Tensor kpe_rot = kpe.clone();
+  kernels::rope_forward_at(kpe_rot, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, kpe_rot);
+  move(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
+  move(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
+  move(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
 }
 
 Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   const Tensor dy_SBH = sp_all_gather(dy_local, a_.tp);
   const int64_t S = dy_SBH.dim(0), B = dy_SBH.dim(1), Sl = dy_local.dim(0), T = S * B, dq = dn_ + dr_;
   const DType dt = dy_SBH.dtype();
+  if (m_.recompute_up_proj) {  // mla_up_proj: the up projections and RoPE again, from their stashed inputs
+    const Tensor q_in = st.q_up.x, kv_in = st.kv_up.x;
+    fill_operands(q_up_->forward(q_in, st.q_up), kv_up_.forward(kv_in, st.kv_up), st.kpe_SB1R, S, B, st);
+    st.kpe_SB1R = Tensor();
+  }
+  if (!st.lse_BNS.defined()) {  // core_attn recompute: the kernel again (same dropout masks), o back into proj
+    core_forward(S, B, st);
+    proj_.stash_input(unpadded_output(st), st.proj);
+  }
   const Tensor d_o = proj_.backward(dy_SBH, st.proj);  // [T, nh·dv]
   Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt);
   move(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
@@ -234,24 +281,27 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
 }
 
 // What MLAttention::forward leaves in its Stash (stash_bytes.h).
-int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d) {
+int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d, bool input_dropped) {
   const int64_t r = d.rows(), rl = d.local_rows(), H = a.hidden, nh = a.num_heads / d.tp;
   const int64_t da = std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim), R = m.kv_lora_rank;
   const auto f32 = [](int64_t n) { return tensor_bytes(n, DType::F32); };
   const DType gd = d.gemm_input();
-  // The layer's normed input x_local: kv_down's (and q_down's) input, shared in f32, one bf16 copy each.
-  int64_t b = d.bf16 ? linear_stash_bytes(rl, H, true) * (m.q_lora_rank > 0 ? 2 : 1) : f32(rl * H);
+  // The layer's normed input x_local: kv_down's (and q_down's) input, shared in f32, one bf16 copy each (none when
+  // layernorm recompute drops it).
+  int64_t b = input_dropped ? 0 : d.bf16 ? linear_stash_bytes(rl, H, true) * (m.q_lora_rank > 0 ? 2 : 1) : f32(rl * H);
   if (m.q_lora_rank > 0) {
     const int64_t Q = m.q_lora_rank;
     if (a.qk_layernorm) b += f32(rl * Q) + norm_stash_bytes(rl, a.qk_norm_kind);  // q_norm's input
     b += tensor_bytes(r * Q, gd);                                                 // q_up's input (gathered)
-  } else if (d.bf16 || d.tp > 1) {
+  } else if (!input_dropped && (d.bf16 || d.tp > 1)) {
     b += tensor_bytes(r * H, gd);  // linear_q_proj's input: the gathered x, or its bf16 copy
   }
   if (a.qk_layernorm) b += f32(rl * R) + norm_stash_bytes(rl, a.qk_norm_kind);  // kv_norm's input
   b += tensor_bytes(r * R, gd);                                                 // kv_up's input (gathered)
-  b += 4 * f32(r * nh * da) + f32(r * nh);                                      // q, k, v, o padded to width A; lse
-  b += tensor_bytes(r * nh * m.v_head_dim, gd);                                 // proj's input: o unpadded
+  // q, k, v padded to width A (mla_up_proj: the rope key before RoPE instead); o padded, lse and proj's input, o
+  // unpadded (core_attn: none).
+  b += m.recompute_up_proj ? f32(r * m.qk_pos_emb_head_dim) : 3 * f32(r * nh * da);
+  if (!a.recompute_core_attn) b += f32(r * nh * da) + f32(r * nh) + tensor_bytes(r * nh * m.v_head_dim, gd);
   return b;
 }
 

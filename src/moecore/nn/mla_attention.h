@@ -32,6 +32,10 @@ struct MLAConfig {
   int64_t qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   bool yarn = true;  // --rope-type yarn (MLA's default); false: plain RoPE
   kernels::YarnParams yarn_params;
+  // --recompute-modules mla_up_proj (Megatron's output-discarding checkpoint of qkv_up_proj_and_rope_apply): q, k and
+  // v are freed once the attention kernel has run and recomputed from the up projections' stashed inputs (and the
+  // rope key) just before its backward.
+  bool recompute_up_proj = false;
 };
 
 class MLAttention {
@@ -40,16 +44,21 @@ class MLAttention {
     Linear::Stash q_down, q_up, kv_down, kv_up, proj;  // q_up: also the direct q projection
     Norm::Stash q_norm, kv_norm;
     Tensor q_SBNA, k_SBNA, v_SBNA, o_SBNA, lse_BNS;  // the attention kernel's operands, padded to width A
-    DropoutBatch dropout;                            // set by the caller before forward
+    Tensor kpe_SB1R;  // mla_up_proj: the gathered rope key before RoPE (q, k, v are rebuilt from it and the stashes)
+    DropoutBatch dropout;  // set by the caller before forward
   };
 
   // `a` gives hidden, heads, max_seq_len, rotary base and percent, qk_layernorm (the latent norms), norm, init,
   // bias (output projection only, as Megatron), bf16, tp and attention dropout; its kv heads, head dim and rope flag
   // do not apply.
   MLAttention(ParamRegistry& reg, const std::string& name, const AttentionConfig& a, const MLAConfig& m);
-  // x_SBH [S/TP, B, H] -> [S/TP, B, H]
+  // x_SBH [S/TP, B, H] -> [S/TP, B, H]. With a.recompute_core_attn (--recompute-modules core_attn) the stash keeps
+  // q, k, v and backward runs the kernel again for its output and softmax statistics.
   Tensor forward(const Tensor& x_SBH, Stash& st);
   Tensor backward(const Tensor& dy_SBH, Stash& st);
+  // Layernorm recompute: drop the stashed copies of the (input norm's) input, and put them back before backward.
+  void drop_input(Stash& st) const;
+  void restore_input(const Tensor& x_local, Stash& st) const;
 
   double softmax_scale() const { return scale_; }
 
@@ -64,6 +73,12 @@ class MLAttention {
   }
   void rope_tables_for(int64_t S, Tensor& cos, Tensor& sin) const;
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
+  // The kernel's operands q, k, v [S, B, nh, A] into st: the up projections' outputs q [S·B, nh·dq] and kv
+  // [S·B, nh·(dn + dv)] and the gathered rope key kpe [S, B, 1, dr] (not changed), zero-padded, RoPE applied.
+  void fill_operands(const Tensor& q, const Tensor& kv, const Tensor& kpe, int64_t S, int64_t B, Stash& st) const;
+  // The attention kernel on st's q, k, v into st.o_SBNA and st.lse_BNS; and o without its padding [S·B, nh·dv].
+  void core_forward(int64_t S, int64_t B, Stash& st) const;
+  Tensor unpadded_output(const Stash& st) const;
 
   AttentionConfig a_;
   MLAConfig m_;

@@ -24,6 +24,7 @@ struct RecomputeConfig {
   bool mlp = false;             // a dense MLP (not an MoE layer) keeps only its input
   bool moe = false;             // an MoE layer keeps only its input (router, dispatch and experts re-run)
   bool shared_experts = false;  // shared experts keep only their input
+  bool mla_up_proj = false;     // MLA keeps its latents; the up projections, RoPE and q, k, v are recomputed
 
   // The full-recompute chunk of layer i among L: [begin, end); empty (begin == end) when layer i is not recomputed.
   struct Chunk {
@@ -31,7 +32,7 @@ struct RecomputeConfig {
     bool on() const { return end > begin; }
   };
   Chunk chunk(int64_t i, int64_t L) const;
-  bool any() const { return full || core_attn || moe_act || layernorm || mlp || moe || shared_experts; }
+  bool any() const { return full || core_attn || moe_act || layernorm || mlp || moe || shared_experts || mla_up_proj; }
 };
 
 }  // namespace moecore::nn

@@ -45,7 +45,7 @@ int64_t norm_stash_bytes(int64_t rows, NormKind kind);
 // Attention (GQA) and MLA: the input norm's output as kept (gathered under TP), q/k/v, the kernel's output and
 // statistics; core_attn recompute drops the last two; drop_input (layernorm recompute) the first.
 int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool input_dropped);
-int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d);
+int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d, bool input_dropped);
 // MLP: the pre-MLP norm's output as kept, fc1's output, the activation (fc2's input).
 int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropped, bool input_shared = false);
 // TransformerLayer: its input and the attention block's output (the two norms' inputs), both norms' statistics,

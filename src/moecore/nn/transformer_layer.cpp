@@ -41,7 +41,7 @@ Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
   probe(".input_layernorm", false, n1);
   st.attn.dropout = st.mla.dropout = st.dropout;
   Tensor h = mla_ ? mla_->forward(n1, st.mla) : attn_->forward(n1, st.attn);
-  if (recompute_norms_ && attn_) attn_->drop_input(st.attn);
+  if (recompute_norms_) mla_ ? mla_->drop_input(st.mla) : attn_->drop_input(st.attn);
   probe(".self_attention", false, h);
   attn_dropout_.forward_(h, st.dropout);
   kernels::add_(h, x_SBH);
@@ -68,9 +68,10 @@ Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
   Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm);
   probe(".pre_mlp_layernorm", true, dh);
   kernels::add_(dh, dy_SBH);
-  if (recompute_norms_ && attn_) {
+  if (recompute_norms_) {  // the input norm's output again, handed back to the attention's stash
     const Tensor x = st.input_norm.x;
-    attn_->restore_input(input_norm_.forward(x, st.input_norm), st.attn);
+    const Tensor n1 = input_norm_.forward(x, st.input_norm);
+    mla_ ? mla_->restore_input(n1, st.mla) : attn_->restore_input(n1, st.attn);
   }
   const Tensor dh_attn = attn_dropout_.backward(dh, st.dropout);
   const Tensor dn1 = mla_ ? mla_->backward(dh_attn, st.mla) : attn_->backward(dh_attn, st.attn);
@@ -86,7 +87,7 @@ int64_t layer_stash_bytes(const AttentionConfig& a, const MLAConfig& m, NormKind
                           int64_t ffn_bytes, const StashDims& d) {
   const int64_t rl = d.local_rows();
   int64_t b = 2 * tensor_bytes(rl * a.hidden, DType::F32) + 2 * norm_stash_bytes(rl, norm);  // x, h; statistics
-  b += m.enabled ? mla_stash_bytes(a, m, d) : attention_stash_bytes(a, d, recompute_norms);
+  b += m.enabled ? mla_stash_bytes(a, m, d, recompute_norms) : attention_stash_bytes(a, d, recompute_norms);
   return b + ffn_bytes;
 }
 

@@ -22,6 +22,12 @@
 namespace moecore::train {
 
 namespace {
+constexpr const char* kUpProjNoEffect =
+    "--recompute-modules mla_up_proj: recomputes Multi-Latent Attention's up projections, and this model has none "
+    "(as in Megatron)";
+}  // namespace
+
+namespace {
 
 uint64_t fingerprint(const TrainConfig& c) {
   const uint64_t h = std::hash<std::string>{}(config_json(c).dump());
@@ -194,15 +200,6 @@ void validate_recompute(const TrainConfig& c) {
   const std::vector<std::string> modules =
       c.recompute_modules.empty() ? std::vector<std::string>{"core_attn"} : c.recompute_modules;  // Megatron's default
   for (const std::string& m : modules) {
-    MOE_CHECK(m != "mla_up_proj",
-              "--recompute-modules mla_up_proj (MLA's up projections) is refused: moecore's MLA recomputes only as a "
-              "whole layer; use moe_act, mlp, moe or shared_experts, or --recompute-granularity full");
-    MOE_CHECK(!c.multi_latent_attention || (m != "core_attn" && m != "layernorm"),
-              "--recompute-modules {} with --multi-latent-attention is refused: MLA keeps its whole stash and "
-              "recomputes only as a whole layer; use moe_act, mlp, moe or shared_experts (give --recompute-modules "
-              "explicitly: its default is "
-              "core_attn), or --recompute-granularity full",
-              m);
     MOE_CHECK(m != "gdn_norm_out" && m != "gdp_in_proj" && m != "gdp_qkv",
               "--recompute-modules {} needs gated delta-net attention (--experimental-attention-variant), which "
               "moecore does not have; use core_attn, moe_act, layernorm, mlp, moe or shared_experts",
@@ -432,6 +429,13 @@ void validate(const TrainConfig& c) {
 
 void resolve(TrainConfig& c) {
   resolve_defaults(c);
+  // Megatron's standard attention never reads --recompute-modules mla_up_proj: listed with the flags that have no
+  // effect.
+  const auto& rm = c.recompute_modules;
+  if (c.recompute_granularity == "selective" && !c.multi_latent_attention &&
+      std::find(rm.begin(), rm.end(), "mla_up_proj") != rm.end() &&
+      std::find(c.no_effect.begin(), c.no_effect.end(), kUpProjNoEffect) == c.no_effect.end())
+    c.no_effect.push_back(kUpProjNoEffect);
   validate(c);
   c.resolved_fingerprint = fingerprint(c);
 }

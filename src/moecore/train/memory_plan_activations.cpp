@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/attention.h"
@@ -54,6 +55,7 @@ ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
   m.attn.qk_norm_kind = g.normalization;
   m.attn.recompute_core_attn = m.rc.core_attn;
   m.mla = g.mla;
+  m.mla.recompute_up_proj = m.rc.mla_up_proj;
   m.mlp.hidden = g.hidden_size;
   m.mlp.ffn_hidden = g.ffn_hidden_size;
   m.mlp.activation = g.activation;
@@ -70,12 +72,15 @@ ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
   return m;
 }
 
+// Layer i's FFN stash after its forward.
+int64_t ffn_bytes(const ModelShapes& m, const PlanLayout& l, int64_t i, const nn::StashDims& d) {
+  return m.is_moe[static_cast<size_t>(i)] ? moe::moe_layer_stash_bytes(m.moe, l.ep, l.etp, d, m.rc.layernorm)
+                                          : nn::mlp_stash_bytes(m.mlp, d, m.rc.layernorm);
+}
+
 // One layer's stash after its forward, nothing recomputed by full recompute.
 double layer_bytes(const ModelShapes& m, const PlanLayout& l, int64_t i, const nn::StashDims& d) {
-  const bool moe = m.is_moe[static_cast<size_t>(i)];
-  const int64_t ffn = moe ? moe::moe_layer_stash_bytes(m.moe, l.ep, l.etp, d, m.rc.layernorm)
-                          : nn::mlp_stash_bytes(m.mlp, d, m.rc.layernorm);
-  return static_cast<double>(nn::layer_stash_bytes(m.attn, m.mla, m.norm, m.rc.layernorm, ffn, d));
+  return static_cast<double>(nn::layer_stash_bytes(m.attn, m.mla, m.norm, m.rc.layernorm, ffn_bytes(m, l, i, d), d));
 }
 
 std::vector<StageLayers> chunks_of(const TrainConfig& c, int64_t pp_rank) {
@@ -87,6 +92,7 @@ std::vector<StageLayers> chunks_of(const TrainConfig& c, int64_t pp_rank) {
 ModelShapes without_recompute(ModelShapes m) {
   m.rc = nn::RecomputeConfig{};
   m.attn.recompute_core_attn = false;
+  m.mla.recompute_up_proj = false;
   m.mlp.recompute = false;
   m.moe.recompute_moe = m.moe.recompute_moe_act = m.moe.recompute_shared_experts = false;
   return m;
@@ -102,6 +108,16 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   d.tp = l.tp;
   d.bf16 = c.bf16;
   StageActivations a;
+  // --bf16 where the CPU has native bf16 matmul: the oneDNN attention kernel's backward temporaries (its largest
+  // block's scores, probabilities and packed operands) are alive during each attention's backward.
+  double attention_kernel = 0;
+  if (d.bf16 && l.cp <= 1 && d.S <= kernels::kMaxBf16AttentionSeq &&
+      kernels::bf16_attention_kernel() == kernels::Bf16AttentionKernel::OneDnn) {
+    const int64_t width =
+        m.mla.enabled ? std::max(m.mla.qk_head_dim + m.mla.qk_pos_emb_head_dim, m.mla.v_head_dim) : m.attn.head_dim;
+    attention_kernel = static_cast<double>(
+        kernels::attention_backward_bf16_onednn_bytes(d.S, d.B, m.attn.num_heads / std::max<int64_t>(l.tp, 1), width));
+  }
   for (const StageLayers& ch : chunks_of(c, pp_rank)) {
     double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;
     for (int64_t k = 0; k < ch.num_layers; k++) {
@@ -118,7 +134,16 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
       } else {
         b += kept;
       }
+      // mla_up_proj rebuilds q, k and v in the attention's backward, after the layer's FFN backward has freed the
+      // FFN's stash.
+      if (!rc.on() && m.mla.enabled && m.mla.recompute_up_proj) {
+        const double up = static_cast<double>(nn::mla_stash_bytes(m.attn, whole.mla, d, m.rc.layernorm) -
+                                              nn::mla_stash_bytes(m.attn, m.mla, d, m.rc.layernorm));
+        remat -= up;
+        a.working = std::max(a.working, up + kBackwardTemporaries * all - static_cast<double>(ffn_bytes(m, l, i, d)));
+      }
       a.working = std::max(a.working, remat + kBackwardTemporaries * all);
+      a.working = std::max(a.working, remat + attention_kernel);
     }
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));

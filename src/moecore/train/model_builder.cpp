@@ -61,6 +61,7 @@ nn::RecomputeConfig recompute_config(const TrainConfig& c) {
       r.mlp |= m == "mlp";
       r.moe |= m == "moe";
       r.shared_experts |= m == "shared_experts";
+      r.mla_up_proj |= m == "mla_up_proj";
     }
   }
   return r;
@@ -90,6 +91,7 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   nn::GPTConfig gc = gpt_config(c, padded_vocab);
   gc.tp.group = ParallelGroups::active(g.tp);
   gc.recompute = rc;
+  gc.mla.recompute_up_proj = rc.mla_up_proj;
   if (g.cp_size > 1) {  // context parallelism: this rank's chunks, attention over the CP group
     gc.cp.group = g.cp.get();
     gc.cp.size = g.cp_size;

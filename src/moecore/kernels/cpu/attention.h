@@ -66,6 +66,10 @@ void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const T
                                     const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionDropout* dropout = nullptr);
 constexpr int64_t kMaxBf16AttentionSeq = 8192;
+// The oneDNN kernel's backward temporaries for its largest block (scores, dP, probabilities, dS, packed operands,
+// per-head dK/dV and dQ rows), in bytes: what the memory plan adds to the backward's working set where training
+// picks it. `heads`: query heads on this rank; D: the head width the kernel sees.
+int64_t attention_backward_bf16_onednn_bytes(int64_t S, int64_t B, int64_t heads, int64_t D);
 
 // Blocks of attention at global positions, for context parallelism (nn/context_attention*.cpp;
 // attention_flash_block.cpp): query rows i = 0..Sq-1 sit at global positions q0 + i, keys j = 0..Sk-1 at k0 + j, and

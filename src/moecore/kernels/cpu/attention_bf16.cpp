@@ -266,6 +266,14 @@ void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const T
   });
 }
 
+int64_t attention_backward_bf16_onednn_bytes(int64_t S, int64_t B, int64_t heads, int64_t D) {
+  AttentionDims l{};
+  l.S = S, l.B = B, l.Nq = heads, l.D = D;
+  const Blocks qb = query_blocks(S);
+  const int64_t c = std::min(chunk_heads(l, qb), B * heads), nq = qb.rows, nk = S;  // the last block sees every key
+  return c * nq * nk * (4 + 4 + 2 + 2) + c * nq * D * (2 + 2 + 4) + c * nk * D * (2 + 2 + 4) + c * nq * 4;
+}
+
 Bf16AttentionKernel bf16_attention_kernel() {
   return gemm_stats().bf16_native ? Bf16AttentionKernel::OneDnn : Bf16AttentionKernel::Flash;
 }
