@@ -2,6 +2,7 @@
 // naming the file for corrupt, truncated or inconsistent files.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -78,8 +79,10 @@ TEST(Safetensors, BrokenFilesAreNamedWithTheProblem) {
   EXPECT_NE(safetensors_error(p).find("truncated"), std::string::npos);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", "12345678");
   EXPECT_NE(safetensors_error(p).find("needs 12"), std::string::npos);
-  write_raw(p, R"({"a": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})", "12");
-  EXPECT_NE(safetensors_error(p).find("unsupported dtype F8_E4M3"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}})", "12");
+  EXPECT_NE(safetensors_error(p).find("unsupported dtype F8_E5M2"), std::string::npos);
+  write_raw(p, R"({"a": {"dtype": "F8_E4M3", "shape": [3], "data_offsets": [0, 2]}})", "12");
+  EXPECT_NE(safetensors_error(p).find("but [3] x F8_E4M3 needs 3"), std::string::npos) << safetensors_error(p);
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})",
             "12345678");
@@ -94,6 +97,30 @@ TEST(Safetensors, BrokenFilesAreNamedWithTheProblem) {
   }
   EXPECT_NE(safetensors_error(p).find("corrupt or truncated"), std::string::npos);
   EXPECT_NE(safetensors_error(p).find(p), std::string::npos);  // the file is named
+  std::remove(p.c_str());
+}
+
+// DeepSeek-V3's FP8 weights: float8 e4m3fn bytes read back as their exact f32 values (normals, subnormals, signed
+// zero, the largest finite 448, NaN), one byte per element.
+TEST(Safetensors, ReadsFloat8E4M3AsExactF32) {
+  const std::string p = testing::fresh_temp_path("f8") + ".safetensors";
+  const std::string bytes = {'\x38', '\x7e', '\x01', '\x80', '\xb8', '\x7f', '\x0f', '\x4d'};
+  write_raw(p, R"({"w": {"dtype": "F8_E4M3", "shape": [2, 4], "data_offsets": [0, 8]}})", bytes);
+  ckpt::SafetensorsFile f(p);
+  ASSERT_TRUE(f.entries().at("w").f8_e4m3);
+  const Tensor w = f.read("w");
+  ASSERT_EQ(w.dtype(), DType::F32);
+  ASSERT_EQ(w.shape(), Shape({2, 4}));
+  const float* x = w.data<float>();
+  EXPECT_EQ(x[0], 1.0f);
+  EXPECT_EQ(x[1], 448.0f);
+  EXPECT_EQ(x[2], std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(x[3], 0.0f);
+  EXPECT_TRUE(std::signbit(x[3]));
+  EXPECT_EQ(x[4], -1.0f);
+  EXPECT_TRUE(std::isnan(x[5]));
+  EXPECT_EQ(x[6], 15.0f / 512);  // 0x0f: exponent 1, mantissa 7: (1 + 7/8) · 2^−6
+  EXPECT_EQ(x[7], 1.625f * 4);   // 0x4d: exponent 9, mantissa 5
   std::remove(p.c_str());
 }
 
