@@ -1,5 +1,10 @@
 // AdamW against hand-computed values (PyTorch / Megatron FusedAdam adam_w_mode semantics).
 #include <gtest/gtest.h>
+#include <omp.h>
+
+#include <array>
+#include <cmath>
+#include <vector>
 
 #include "moecore/kernels/cpu/adamw.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -58,6 +63,40 @@ TEST(AdamW, GradScaleEqualsPrescaledGradient) {
   EXPECT_TRUE(testing::bitwise_equal(p, p2));
   EXPECT_TRUE(testing::bitwise_equal(m, m2));
   EXPECT_TRUE(testing::bitwise_equal(v, v2));
+}
+
+// The multi-tensor pass: tensors of awkward sizes (empty, one element, across thread boundaries), each with its own
+// weight decay, split over 3 threads, give bitwise what one call per tensor gives.
+TEST(AdamW, MultiTensorEqualsOneCallPerTensor) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(3);
+  const std::vector<int64_t> sizes{0, 1, 17, 40001, 5, 100003, 64};
+  std::vector<kernels::AdamWTensor> multi;
+  std::vector<std::array<Tensor, 4>> single;
+  uint64_t seed = 10;
+  for (int64_t n : sizes) {
+    Tensor p = testing::randn({n}, DType::F32, seed++), g = testing::randn({n}, DType::F32, seed++);
+    Tensor m = testing::randn({n}, DType::F32, seed++), v = testing::randn({n}, DType::F32, seed++);
+    for (int64_t i = 0; i < n; i++) v.set_item(i, std::fabs(v.item(i)));  // second moments are not negative
+    multi.push_back({p, g, m, v, 0.01 * static_cast<double>(multi.size())});
+    single.push_back({p.clone(), g.clone(), m.clone(), v.clone()});
+  }
+  kernels::AdamWParams hp{1e-3, 0.9, 0.95, 1e-8, 0.5};
+  hp.grad_scale = 0.7;
+  for (int step = 1; step <= 2; step++) {
+    kernels::adamw_step_multi(multi, hp, step);
+    for (size_t k = 0; k < single.size(); k++) {
+      kernels::AdamWParams h = hp;
+      h.weight_decay = multi[k].weight_decay;
+      kernels::adamw_step(single[k][0], single[k][1], single[k][2], single[k][3], h, step);
+    }
+  }
+  for (size_t k = 0; k < single.size(); k++) {
+    EXPECT_TRUE(testing::bitwise_equal(multi[k].param, single[k][0])) << "tensor " << k;
+    EXPECT_TRUE(testing::bitwise_equal(multi[k].m, single[k][2])) << "tensor " << k;
+    EXPECT_TRUE(testing::bitwise_equal(multi[k].v, single[k][3])) << "tensor " << k;
+  }
+  omp_set_num_threads(threads);
 }
 
 }  // namespace

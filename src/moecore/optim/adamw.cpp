@@ -11,12 +11,13 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std
 }
 
 void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
+  std::vector<kernels::AdamWTensor> all;
+  all.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); i++) {
     nn::Parameter& p = *params_[i];
-    kernels::AdamWParams h = hp;
-    if (p.no_weight_decay) h.weight_decay = 0;
-    element_step(rule_, p.value, p.grad, m_[i], v_[i], h, step);
+    all.push_back({p.value, p.grad, m_[i], v_[i], p.no_weight_decay ? 0.0 : hp.weight_decay});
   }
+  element_step_multi(rule_, all, hp, step);
 }
 
 }  // namespace moecore::optim

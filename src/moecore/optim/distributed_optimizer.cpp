@@ -126,16 +126,16 @@ double ShardedAdamW::reduce_gradients(double scale) {
 }
 
 void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
-  // Each parameter overlapping the owned range updates its part with its own weight decay.
+  // Each parameter overlapping the owned range updates its part with its own weight decay: the parts of the flat
+  // shards in one multi-tensor pass.
+  std::vector<kernels::AdamWTensor> parts;
   for (auto& bk : buckets_) {
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
-      kernels::AdamWParams h = hp;
-      if (s.p->no_weight_decay) h.weight_decay = 0;
-      Tensor pm = master_shard_.slice(off, len), g = grad_shard_.slice(off, len);
-      Tensor mm = m_.slice(off, len), vv = v_.slice(off, len);
-      element_step(rule_, pm, g, mm, vv, h, step);
+      parts.push_back({master_shard_.slice(off, len), grad_shard_.slice(off, len), m_.slice(off, len),
+                       v_.slice(off, len), s.p->no_weight_decay ? 0.0 : hp.weight_decay});
     });
   }
+  element_step_multi(rule_, parts, hp, step);
   TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
   for (auto& bk : buckets_) {
     if (bk.segs.empty()) continue;

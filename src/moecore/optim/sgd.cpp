@@ -26,12 +26,14 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::Ada
   });
 }
 
-void element_step(const ElementRule& rule, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
-                  const kernels::AdamWParams& hp, int64_t step) {
-  if (rule.sgd)
-    sgd_step(param, grad, m, hp, rule.sgd_momentum);
-  else
-    kernels::adamw_step(param, grad, m, v, hp, step);
+void element_step_multi(const ElementRule& rule, std::vector<kernels::AdamWTensor>& tensors,
+                        const kernels::AdamWParams& hp, int64_t step) {
+  if (!rule.sgd) return kernels::adamw_step_multi(tensors, hp, step);
+  for (auto& x : tensors) {
+    kernels::AdamWParams h = hp;
+    h.weight_decay = x.weight_decay;
+    sgd_step(x.param, x.grad, x.m, h, rule.sgd_momentum);
+  }
 }
 
 }  // namespace moecore::optim

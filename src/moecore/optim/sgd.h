@@ -17,8 +17,9 @@ struct ElementRule {
 // p and buf updated in place, grad read; lr, weight_decay and grad_scale from hp. Same floating dtype.
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::AdamWParams& hp, double momentum);
 
-// AdamW (m, v the moments) or SGD (m the momentum buffer, v untouched). step ≥ 1.
-void element_step(const ElementRule& rule, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
-                  const kernels::AdamWParams& hp, int64_t step);
+// AdamW (m, v the moments) or SGD (m the momentum buffer, v untouched) over many tensors, each with its own weight
+// decay: AdamW in one multi-tensor pass, SGD one by one. step ≥ 1.
+void element_step_multi(const ElementRule& rule, std::vector<kernels::AdamWTensor>& tensors,
+                        const kernels::AdamWParams& hp, int64_t step);
 
 }  // namespace moecore::optim

@@ -1,6 +1,9 @@
 // AdamW update (see adamw.h).
 #include "moecore/kernels/cpu/adamw.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "moecore/core/cpu.h"
@@ -9,10 +12,10 @@
 namespace moecore::kernels {
 
 namespace {
+// One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits).
 template <typename T>
 MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
                               T gs) {
-#pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
     m[i] = b1 * m[i] + (T(1) - b1) * gi;
@@ -22,19 +25,59 @@ MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b
     p[i] = p[i] * (T(1) - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
   }
 }
+
+constexpr int64_t kSerialElements = 16384;  // below this, one thread
+constexpr int64_t kLine = 16;               // elements per thread boundary step (a 64-byte line of f32)
+
+template <typename T>
+void step_all(std::vector<AdamWTensor>& ts, const AdamWParams& hp, double bc1, double bc2) {
+  std::vector<int64_t> start(ts.size() + 1, 0);
+  for (size_t k = 0; k < ts.size(); k++) start[k + 1] = start[k] + ts[k].param.numel();
+  const int64_t total = start.back();
+  const int threads = total > kSerialElements ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lines = (total + kLine - 1) / kLine;
+    const int64_t begin = std::min(total, lines * t / nt * kLine), end = std::min(total, lines * (t + 1) / nt * kLine);
+    size_t k = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), begin) - start.begin()) - 1;
+    for (int64_t at = begin; at < end && k < ts.size(); k++) {
+      const int64_t lo = at - start[k], hi = std::min(end, start[k + 1]) - start[k];
+      if (hi <= lo) continue;
+      AdamWTensor& x = ts[k];
+      update<T>(x.param.data<T>() + lo, x.grad.data<T>() + lo, x.m.data<T>() + lo, x.v.data<T>() + lo, hi - lo,
+                T(hp.lr), T(hp.beta1), T(hp.beta2), T(hp.eps), T(x.weight_decay), T(bc1), T(bc2), T(hp.grad_scale));
+      at = start[k] + hi;
+    }
+  }
+}
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
-  if (param.device().is_cuda()) return cuda::adamw_step(param, grad, m, v, hp, step);
+  std::vector<AdamWTensor> one{{param, grad, m, v, hp.weight_decay}};
+  adamw_step_multi(one, hp, step);
+}
+
+void adamw_step_multi(std::vector<AdamWTensor>& ts, const AdamWParams& hp, int64_t step) {
   MOE_ASSERT(step >= 1);
-  MOE_ASSERT(param.numel() == grad.numel() && param.numel() == m.numel() && param.numel() == v.numel());
-  MOE_ASSERT(param.dtype() == grad.dtype() && param.dtype() == m.dtype() && param.dtype() == v.dtype());
+  if (ts.empty()) return;
+  if (ts.front().param.device().is_cuda()) {
+    for (auto& x : ts) {
+      AdamWParams h = hp;
+      h.weight_decay = x.weight_decay;
+      cuda::adamw_step(x.param, x.grad, x.m, x.v, h, step);
+    }
+    return;
+  }
+  const DType dt = ts.front().param.dtype();
+  for (const auto& x : ts) {
+    MOE_ASSERT(!x.param.device().is_cuda());
+    MOE_ASSERT(x.param.numel() == x.grad.numel() && x.param.numel() == x.m.numel() && x.param.numel() == x.v.numel());
+    MOE_ASSERT(x.param.dtype() == dt && x.grad.dtype() == dt && x.m.dtype() == dt && x.v.dtype() == dt);
+  }
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(step));
-  MOE_DISPATCH_FLOAT(param.dtype(), T, {
-    update<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), param.numel(), T(hp.lr), T(hp.beta1),
-              T(hp.beta2), T(hp.eps), T(hp.weight_decay), T(bc1), T(bc2), T(hp.grad_scale));
-  });
+  MOE_DISPATCH_FLOAT(dt, T, { step_all<T>(ts, hp, bc1, bc2); });
 }
 
 }  // namespace moecore::kernels

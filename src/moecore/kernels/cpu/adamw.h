@@ -2,9 +2,11 @@
 //   p ← p·(1 − lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
 //   p ← p − lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + eps)
 // with g = grad_scale · grad: gradient clipping's coefficient is applied as the gradient is read, bitwise the same
-// as scaling the gradient in place first, without another pass over it. One tensor per call; the optimizer
-// decides lr and wd per parameter.
+// as scaling the gradient in place first, without another pass over it. One tensor per call, or many in one pass
+// (adamw_step_multi); the optimizer decides lr and wd per parameter.
 #pragma once
+
+#include <vector>
 
 #include "moecore/core/tensor.h"
 
@@ -21,5 +23,15 @@ struct AdamWParams {
 
 // param, m, v updated in place; grad read. All the same floating dtype (f32 master weights, or f64). step ≥ 1.
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step);
+
+// Multi-tensor AdamW: one pass over many tensors (every parameter of a model, or the slices of the distributed
+// optimizer's flat shards), each with its own weight decay. The elements of all of them are split evenly over the
+// threads of one parallel region, each thread a contiguous run across tensor boundaries starting on a cache line,
+// so small tensors cost no fork and join of their own. Bitwise the same as adamw_step on each.
+struct AdamWTensor {
+  Tensor param, grad, m, v;  // handles (slices share their storage)
+  double weight_decay = 0;
+};
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step);
 
 }  // namespace moecore::kernels
