@@ -127,6 +127,23 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+#ifdef MOECORE_SOURCE_DIR
+// The standard output of an independent reference (tests/models/*.py, tests/ckpt/*.py) run by the system python3
+// with NumPy: `script_and_args` from the source tree's root. The test fails when it exits non-zero.
+inline std::string python_reference(const std::string& script_and_args) {
+  const std::string cmd = "/usr/bin/python3 " + std::string(MOECORE_SOURCE_DIR) + "/" + script_and_args;
+  std::FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr) << cmd;
+  std::string out;
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << cmd << " (is python3-numpy installed? scripts/install-deps.sh)";
+  return out;
+}
+#endif
+
 // A whole file's bytes.
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -17,13 +17,6 @@
 
 namespace moecore::testing {
 
-inline std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // A run over the HF test models' 96-token vocabulary, with `extra` flags.
 inline train::TrainConfig hf_run_config(const std::vector<std::string>& extra) {
   return small_config(mock_run_flags(16, 2, 2, 96, 2, "1e-3"), extra);

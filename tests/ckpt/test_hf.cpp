@@ -110,16 +110,9 @@ const std::vector<int64_t> kTokens = {5, 17, 3, 88, 42, 42, 7, 0, 95, 61, 23, 11
 
 // The NumPy reference's logits [S][V].
 std::vector<std::vector<double>> reference_logits(const std::string& dir) {
-  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/ckpt/hf_reference.py {}", MOECORE_SOURCE_DIR, dir);
-  for (int64_t t : kTokens) cmd += " " + std::to_string(t);
-  std::FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << cmd << " (is python3-numpy installed? scripts/install-deps.sh)";
-  return nlohmann::json::parse(out).get<std::vector<std::vector<double>>>();
+  std::string args = "tests/ckpt/hf_reference.py " + dir;
+  for (int64_t t : kTokens) args += " " + std::to_string(t);
+  return nlohmann::json::parse(testing::python_reference(args)).get<std::vector<std::vector<double>>>();
 }
 
 std::vector<std::vector<double>> our_logits(train::Trainer& t) {
@@ -158,7 +151,7 @@ TEST_P(HFInterop, LogitsRoundTripAndExport) {
   // native -> HF: bit-exact tensors and config.json.
   ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
   testing::expect_same_tensors(hf, back);
-  EXPECT_EQ(testing::read_text(hf + "/config.json"), testing::read_text(back + "/config.json"));
+  EXPECT_EQ(testing::slurp(hf + "/config.json"), testing::slurp(back + "/config.json"));
   EXPECT_TRUE(fs::exists(back + "/model-00002-of-" +
                          fmt::format("{:05d}",
                                      [&] {
@@ -206,7 +199,7 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
   // An extra tensor (a bias) would be dropped: refused, naming it.
   ckpt::write_safetensors(hf + "/model.safetensors.extra", {});
   {
-    nlohmann::json idx = nlohmann::json::parse(testing::read_text(hf + "/model.safetensors.index.json"));
+    nlohmann::json idx = nlohmann::json::parse(testing::slurp(hf + "/model.safetensors.index.json"));
     idx["weight_map"]["model.layers.1.self_attn.q_proj.bias"] = "model-00001-of-00002.safetensors";
     std::ofstream(hf + "/model.safetensors.index.json") << idx.dump();
   }

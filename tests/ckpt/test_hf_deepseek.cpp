@@ -44,17 +44,9 @@ struct Outputs {
 };
 
 Outputs reference(const std::string& dir) {
-  std::string cmd =
-      fmt::format("/usr/bin/python3 {}/tests/models/deepseek_v3_reference.py model {}", MOECORE_SOURCE_DIR, dir);
-  for (int64_t t : kIds) cmd += " " + std::to_string(t);
-  std::FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << cmd;
-  const nlohmann::json j = nlohmann::json::parse(out);
+  std::string args = "tests/models/deepseek_v3_reference.py model " + dir;
+  for (int64_t t : kIds) args += " " + std::to_string(t);
+  const nlohmann::json j = nlohmann::json::parse(testing::python_reference(args));
   return {j["logits"].get<std::vector<std::vector<double>>>(),
           j["mtp_logits"].get<std::vector<std::vector<std::vector<double>>>>(), j["lm_loss"].get<double>(),
           j["mtp_losses"].get<std::vector<double>>()};
@@ -125,7 +117,7 @@ TEST_P(DeepSeekV3HF, MatchesTheReferenceRoundTripsAndExports) {
   EXPECT_EQ(again.mtp, got.mtp);
   ckpt::convert_native_to_hf(native, back, "", "", 1 << 14);
   testing::expect_same_tensors(hf, back);
-  EXPECT_EQ(testing::read_text(hf + "/config.json"), testing::read_text(back + "/config.json"));
+  EXPECT_EQ(testing::slurp(hf + "/config.json"), testing::slurp(back + "/config.json"));
 
   // Two steps from the HF weights (the expert bias moves: rate 1e-2) export with a generated config.json that the
   // reference reads back to our outputs.
@@ -170,12 +162,12 @@ TEST(DeepSeekV3HF, Fp8CheckpointDequantizesToTheBf16Model) {
   ckpt::convert_hf_to_native(fp8, native);
   ckpt::convert_native_to_hf(native, out, "", "", 1 << 20);
   testing::expect_same_tensors(bf16, out);
-  const nlohmann::json oc = nlohmann::json::parse(testing::read_text(out + "/config.json"));
+  const nlohmann::json oc = nlohmann::json::parse(testing::slurp(out + "/config.json"));
   EXPECT_FALSE(oc.contains("quantization_config"));
   EXPECT_EQ(oc["torch_dtype"], "bfloat16");
   // A weight without its scale, and a wrong-shaped scale, are named.
   {
-    nlohmann::json idx = nlohmann::json::parse(testing::read_text(fp8 + "/model.safetensors.index.json"));
+    nlohmann::json idx = nlohmann::json::parse(testing::slurp(fp8 + "/model.safetensors.index.json"));
     idx["weight_map"].erase("model.layers.1.self_attn.o_proj.weight_scale_inv");
     std::ofstream(fp8 + "/model.safetensors.index.json") << idx.dump();
     const std::string e = error_of([&] { train::Trainer t(testing::hf_run_config({"--load-hf", fp8}), null, false); });

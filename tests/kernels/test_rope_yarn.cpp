@@ -12,16 +12,7 @@ namespace moecore {
 namespace {
 
 nlohmann::json yarn_reference(const std::string& args) {
-  const std::string cmd =
-      fmt::format("/usr/bin/python3 {}/tests/models/deepseek_v3_reference.py yarn {}", MOECORE_SOURCE_DIR, args);
-  std::FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << cmd << " (is python3-numpy installed? scripts/install-deps.sh)";
-  return nlohmann::json::parse(out);
+  return nlohmann::json::parse(testing::python_reference("tests/models/deepseek_v3_reference.py yarn " + args));
 }
 
 struct YarnCase {

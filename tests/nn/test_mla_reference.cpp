@@ -86,15 +86,7 @@ TEST(MLAReference, ForwardMatchesHuggingFaceDefinition) {
         {"mscale_all_dim", 0.6}};
     const std::string path = testing::fresh_temp_path("mla_case") + ".json";
     std::ofstream(path) << nlohmann::json{{"config", cfg}, {"weights", weights}, {"x", xs}}.dump();
-    const std::string cmd =
-        fmt::format("/usr/bin/python3 {}/tests/models/deepseek_v3_reference.py mla {}", MOECORE_SOURCE_DIR, path);
-    std::FILE* pipe = popen(cmd.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-    ASSERT_EQ(pclose(pipe), 0) << cmd;
+    const std::string out = testing::python_reference("tests/models/deepseek_v3_reference.py mla " + path);
     std::remove(path.c_str());
     const auto ref = nlohmann::json::parse(out).get<std::vector<std::vector<std::vector<double>>>>();
     double max_err = 0, max_abs = 0;

@@ -18,6 +18,8 @@ using hf::kind_of;
 using hf::layer_freq;
 using hf::need;
 using hf::refuse_listed;
+using hf::refuse_unexpressible;
+using hf::shared_train_flags;
 
 HFArchitecture hf_architecture(const nlohmann::json& c, const std::string& where) {
   if (kind_of(c, where) == "deepseek_v3") return deepseek_architecture(c, where);
@@ -64,33 +66,18 @@ HFArchitecture hf_architecture(const nlohmann::json& c, const std::string& where
 nlohmann::json hf_train_flags(const nlohmann::json& c, const std::string& where) {
   const HFArchitecture a = hf_architecture(c, where);
   if (a.kind == "deepseek_v3") return deepseek_train_flags(c, a, where);
-  const std::string freq = layer_freq(a.is_moe);
-  nlohmann::json f = {{"num-layers", a.layers},
-                      {"hidden-size", a.hidden},
-                      {"num-attention-heads", a.heads},
-                      {"group-query-attention", a.kv_heads != a.heads},
-                      {"num-query-groups", a.kv_heads},
-                      {"kv-channels", a.head_dim},
-                      {"qk-layernorm", a.qk_norm},
-                      {"untie-embeddings-and-output-weights", !a.tied},
-                      {"swiglu", true},
-                      {"squared-relu", false},
-                      {"disable-bias-linear", true},
-                      {"num-experts", a.experts},
-                      {"ffn-hidden-size", a.ffn},
-                      {"moe-ffn-hidden-size", a.moe_ffn},
-                      {"moe-router-topk", need<int64_t>(c, "num_experts_per_tok", where)},
-                      {"moe-router-score-function", "softmax"},
-                      {"moe-layer-freq", freq},
-                      {"rotary-base", get<double>(c, "rope_theta", a.kind == "mixtral" ? 1e6 : 1e4, where)},
-                      {"rotary-percent", 1.0},
-                      {"normalization", "RMSNorm"},  // Qwen3-MoE and Mixtral: not Megatron's defaults
-                      {"position-embedding-type", "rope"},
-                      {"norm-epsilon", get<double>(c, "rms_norm_eps", a.kind == "mixtral" ? 1e-5 : 1e-6, where)},
-                      // HF Qwen3-MoE and Mixtral drop only attention probabilities (attention_dropout, 0.0 in
-                      // their released configs); they have no hidden dropout.
-                      {"attention-dropout", get<double>(c, "attention_dropout", 0.0, where)},
-                      {"hidden-dropout", 0.0}};
+  nlohmann::json f = shared_train_flags(a);
+  f.update({{"group-query-attention", a.kv_heads != a.heads},
+            {"num-query-groups", a.kv_heads},
+            {"kv-channels", a.head_dim},
+            {"qk-layernorm", a.qk_norm},
+            {"moe-router-topk", need<int64_t>(c, "num_experts_per_tok", where)},
+            {"moe-router-score-function", "softmax"},
+            {"rotary-base", get<double>(c, "rope_theta", a.kind == "mixtral" ? 1e6 : 1e4, where)},
+            {"norm-epsilon", get<double>(c, "rms_norm_eps", a.kind == "mixtral" ? 1e-5 : 1e-6, where)},
+            // HF Qwen3-MoE and Mixtral drop only attention probabilities (attention_dropout, 0.0 in their released
+            // configs); they have no hidden dropout.
+            {"attention-dropout", get<double>(c, "attention_dropout", 0.0, where)}});
   if (c.contains("max_position_embeddings"))
     f["max-position-embeddings"] = need<int64_t>(c, "max_position_embeddings", where);
   // Qwen3-MoE: softmax over all experts, top-k, renormalized when norm_topk_prob (Megatron's default top-k then
@@ -124,9 +111,7 @@ HFArchitecture architecture_from_flags(const nlohmann::json& f, int64_t vocab, s
   auto refuse_if = [&](bool bad, const std::string& what) {
     if (bad) refused.push_back(what);
   };
-  refuse_if(a.experts == 0, "a dense model (no --num-experts)");
-  refuse_if(!b("swiglu"), "a non-SwiGLU FFN");
-  refuse_if(!b("disable-bias-linear"), "linear biases");
+  refuse_unexpressible(f, refused);
   refuse_if(get<int64_t>(f, "moe-shared-expert-intermediate-size", 0, where) > 0, "shared experts");
   refuse_if(get<std::string>(f, "moe-router-score-function", "softmax", where) != "softmax", "sigmoid routing");
   refuse_if(b("moe-router-enable-expert-bias"), "expert bias");
@@ -135,13 +120,6 @@ HFArchitecture architecture_from_flags(const nlohmann::json& f, int64_t vocab, s
   refuse_if(get<double>(f, "rotary-percent", 1.0, where) != 1.0, "partial RoPE");
   refuse_if(get<bool>(f, "multi-latent-attention", false, where), "multi-latent attention (--arch deepseek-v3)");
   refuse_if(get<int64_t>(f, "mtp-num-layers", 0, where) > 0, "multi-token prediction (--arch deepseek-v3)");
-  // Checkpoints from before these flags existed hold RMSNorm and rope models.
-  refuse_if(get<std::string>(f, "normalization", "RMSNorm", where) != "RMSNorm",
-            "LayerNorm (the HF classes use RMSNorm: train with --normalization RMSNorm)");
-  refuse_if(get<std::string>(f, "position-embedding-type", "rope", where) != "rope",
-            "--position-embedding-type " + get<std::string>(f, "position-embedding-type", "rope", where) +
-                " (the HF classes use RoPE: train with --position-embedding-type rope)");
-  refuse_if(get<bool>(f, "apply-layernorm-1p", false, where), "zero-centred norm weights (--apply-layernorm-1p)");
   if (a.experts > 0) a.is_moe = moe::parse_moe_layer_freq(get<std::string>(f, "moe-layer-freq", "1", where), a.layers);
   if (kind.empty()) kind = a.qk_norm ? "qwen3_moe" : "mixtral";
   a.kind = kind;

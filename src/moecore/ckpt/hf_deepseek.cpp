@@ -122,49 +122,35 @@ nlohmann::json deepseek_train_flags(const nlohmann::json& c, const HFArchitectur
   const bool yarn = rope_type(rope, where) == "yarn";
   const int64_t groups = get<int64_t>(c, "n_group", 1, where);
   const double scale = get<double>(c, "routed_scaling_factor", 1.0, where);
-  nlohmann::json f = {{"num-layers", a.layers},
-                      {"hidden-size", a.hidden},
-                      {"num-attention-heads", a.heads},
-                      {"group-query-attention", false},
-                      {"multi-latent-attention", true},
-                      {"q-lora-rank", a.q_lora},
-                      {"kv-lora-rank", a.kv_lora},
-                      {"qk-head-dim", a.qk_nope},
-                      {"qk-pos-emb-head-dim", a.qk_rope},
-                      {"v-head-dim", a.v_dim},
-                      {"qk-layernorm", true},
-                      {"rope-type", yarn ? "yarn" : "rope"},
-                      {"rotary-scaling-factor", yarn ? get<double>(rope, "factor", 1.0, where) : 1.0},
-                      {"mscale", yarn ? get<double>(rope, "mscale", 1.0, where) : 1.0},
-                      {"mscale-all-dim", yarn ? get<double>(rope, "mscale_all_dim", 0.0, where) : 0.0},
-                      {"yarn-beta-fast", yarn ? get<double>(rope, "beta_fast", 32.0, where) : 32.0},
-                      {"yarn-beta-slow", yarn ? get<double>(rope, "beta_slow", 1.0, where) : 1.0},
-                      {"yarn-original-max-position-embeddings",
-                       yarn ? get<int64_t>(rope, "original_max_position_embeddings", 4096, where) : 4096},
-                      {"rotary-base", get<double>(c, "rope_theta", get<double>(rope, "rope_theta", 1e4, where), where)},
-                      {"rotary-percent", 1.0},
-                      {"position-embedding-type", "rope"},
-                      {"normalization", "RMSNorm"},
-                      {"norm-epsilon", get<double>(c, "rms_norm_eps", 1e-6, where)},
-                      {"untie-embeddings-and-output-weights", !a.tied},
-                      {"swiglu", true},
-                      {"squared-relu", false},
-                      {"disable-bias-linear", true},
-                      {"num-experts", a.experts},
-                      {"ffn-hidden-size", a.ffn},
-                      {"moe-ffn-hidden-size", a.moe_ffn},
-                      {"moe-shared-expert-intermediate-size", a.shared_ffn},
-                      {"moe-router-topk", need<int64_t>(c, "num_experts_per_tok", where)},
-                      {"moe-router-score-function", "sigmoid"},
-                      {"moe-router-pre-softmax", false},
-                      {"moe-router-enable-expert-bias", true},
-                      {"moe-router-topk-scaling-factor", scale == 1.0 ? 0.0 : scale},
-                      {"moe-router-num-groups", groups > 1 ? groups : 0},
-                      {"moe-router-group-topk", groups > 1 ? get<int64_t>(c, "topk_group", 1, where) : 0},
-                      {"moe-layer-freq", layer_freq(a.is_moe)},
-                      {"mtp-num-layers", a.mtp_layers},
-                      {"attention-dropout", get<double>(c, "attention_dropout", 0.0, where)},
-                      {"hidden-dropout", 0.0}};
+  nlohmann::json f = shared_train_flags(a);
+  f.update({{"group-query-attention", false},
+            {"multi-latent-attention", true},
+            {"q-lora-rank", a.q_lora},
+            {"kv-lora-rank", a.kv_lora},
+            {"qk-head-dim", a.qk_nope},
+            {"qk-pos-emb-head-dim", a.qk_rope},
+            {"v-head-dim", a.v_dim},
+            {"qk-layernorm", true},
+            {"rope-type", yarn ? "yarn" : "rope"},
+            {"rotary-scaling-factor", yarn ? get<double>(rope, "factor", 1.0, where) : 1.0},
+            {"mscale", yarn ? get<double>(rope, "mscale", 1.0, where) : 1.0},
+            {"mscale-all-dim", yarn ? get<double>(rope, "mscale_all_dim", 0.0, where) : 0.0},
+            {"yarn-beta-fast", yarn ? get<double>(rope, "beta_fast", 32.0, where) : 32.0},
+            {"yarn-beta-slow", yarn ? get<double>(rope, "beta_slow", 1.0, where) : 1.0},
+            {"yarn-original-max-position-embeddings",
+             yarn ? get<int64_t>(rope, "original_max_position_embeddings", 4096, where) : 4096},
+            {"rotary-base", get<double>(c, "rope_theta", get<double>(rope, "rope_theta", 1e4, where), where)},
+            {"norm-epsilon", get<double>(c, "rms_norm_eps", 1e-6, where)},
+            {"moe-shared-expert-intermediate-size", a.shared_ffn},
+            {"moe-router-topk", need<int64_t>(c, "num_experts_per_tok", where)},
+            {"moe-router-score-function", "sigmoid"},
+            {"moe-router-pre-softmax", false},
+            {"moe-router-enable-expert-bias", true},
+            {"moe-router-topk-scaling-factor", scale == 1.0 ? 0.0 : scale},
+            {"moe-router-num-groups", groups > 1 ? groups : 0},
+            {"moe-router-group-topk", groups > 1 ? get<int64_t>(c, "topk_group", 1, where) : 0},
+            {"mtp-num-layers", a.mtp_layers},
+            {"attention-dropout", get<double>(c, "attention_dropout", 0.0, where)}});
   if (c.contains("max_position_embeddings"))
     f["max-position-embeddings"] = need<int64_t>(c, "max_position_embeddings", where);
   return f;
@@ -198,13 +184,7 @@ HFArchitecture deepseek_architecture_from_flags(const nlohmann::json& f, int64_t
     if (bad) refused.push_back(what);
   };
   refuse_if(!b("multi-latent-attention"), "no multi-latent attention (--arch qwen3-moe or mixtral)");
-  refuse_if(a.experts == 0, "a dense model (no --num-experts)");
-  refuse_if(!b("swiglu"), "a non-SwiGLU FFN");
-  refuse_if(!b("disable-bias-linear"), "linear biases");
-  refuse_if(get<std::string>(f, "normalization", "RMSNorm", where) != "RMSNorm", "LayerNorm");
-  refuse_if(get<std::string>(f, "position-embedding-type", "rope", where) != "rope",
-            "--position-embedding-type " + get<std::string>(f, "position-embedding-type", "rope", where));
-  refuse_if(b("apply-layernorm-1p"), "zero-centred norm weights (--apply-layernorm-1p)");
+  refuse_unexpressible(f, refused);
   refuse_if(!a.qk_norm, "no latent norms (DeepseekV3 normalizes the q and kv latents: --qk-layernorm)");
   refuse_if(get<std::string>(f, "moe-router-score-function", "softmax", where) != "sigmoid",
             "softmax routing (DeepseekV3 routes by sigmoid scores)");

@@ -49,6 +49,41 @@ void add_experts(std::vector<NativeTensor>& out, const std::string& n, const std
   out.push_back(fc2);
 }
 
+nlohmann::json shared_train_flags(const HFArchitecture& a) {
+  return {{"num-layers", a.layers},
+          {"hidden-size", a.hidden},
+          {"num-attention-heads", a.heads},
+          {"untie-embeddings-and-output-weights", !a.tied},
+          {"swiglu", true},
+          {"squared-relu", false},
+          {"disable-bias-linear", true},
+          {"num-experts", a.experts},
+          {"ffn-hidden-size", a.ffn},
+          {"moe-ffn-hidden-size", a.moe_ffn},
+          {"moe-layer-freq", layer_freq(a.is_moe)},
+          {"rotary-percent", 1.0},
+          {"normalization", "RMSNorm"},  // not Megatron's defaults
+          {"position-embedding-type", "rope"},
+          {"hidden-dropout", 0.0}};  // the HF classes drop only attention probabilities (attention_dropout)
+}
+
+void refuse_unexpressible(const nlohmann::json& f, std::vector<std::string>& refused) {
+  const std::string where = "the checkpoint's configuration";
+  auto refuse_if = [&](bool bad, const std::string& what) {
+    if (bad) refused.push_back(what);
+  };
+  refuse_if(get<int64_t>(f, "num-experts", 0, where) == 0, "a dense model (no --num-experts)");
+  refuse_if(!get<bool>(f, "swiglu", false, where), "a non-SwiGLU FFN");
+  refuse_if(!get<bool>(f, "disable-bias-linear", false, where), "linear biases");
+  // Checkpoints from before these flags existed hold RMSNorm and rope models.
+  refuse_if(get<std::string>(f, "normalization", "RMSNorm", where) != "RMSNorm",
+            "LayerNorm (the HF classes use RMSNorm: train with --normalization RMSNorm)");
+  refuse_if(get<std::string>(f, "position-embedding-type", "rope", where) != "rope",
+            "--position-embedding-type " + get<std::string>(f, "position-embedding-type", "rope", where) +
+                " (the HF classes use RoPE: train with --position-embedding-type rope)");
+  refuse_if(get<bool>(f, "apply-layernorm-1p", false, where), "zero-centred norm weights (--apply-layernorm-1p)");
+}
+
 std::string layer_freq(const std::vector<bool>& is_moe) {
   std::string freq = "[";
   for (size_t i = 0; i < is_moe.size(); i++) freq += fmt::format("{}{}", i ? "," : "", is_moe[i] ? 1 : 0);

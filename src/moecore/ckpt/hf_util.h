@@ -50,6 +50,13 @@ void add_swiglu_mlp(std::vector<NativeTensor>& out, const std::string& n, const 
 void add_experts(std::vector<NativeTensor>& out, const std::string& n, const std::string& h, int64_t E, int64_t F,
                  int64_t H, const char* gate, const char* up, const char* down);
 
+// The train flags every HF MoE class shares: the layer count and widths, SwiGLU without biases, RMSNorm, full RoPE,
+// the expert shapes and the layer pattern, no hidden dropout.
+nlohmann::json shared_train_flags(const HFArchitecture& a);
+// What none of the HF MoE classes can express, appended to `refused`: a dense model, a non-SwiGLU FFN, linear biases,
+// LayerNorm, positions other than RoPE, zero-centred norm weights.
+void refuse_unexpressible(const nlohmann::json& flags, std::vector<std::string>& refused);
+
 // The "[0,1,...]" moe-layer-freq of a per-layer MoE mask.
 std::string layer_freq(const std::vector<bool>& is_moe);
 // Refused features, listed: "the checkpoint's model cannot be written as K: it has A, B".
