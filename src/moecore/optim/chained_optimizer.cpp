@@ -141,7 +141,7 @@ double ChainedOptimizer::finish_gradients(std::vector<double>& riders) {
     TimerScope timer("all-grads-sync", 1);  // Megatron's level-1 timers (core/timers.h)
     for (auto& part : parts_) {
       sq += part->reduce_gradients(1.0 / dp_size_);
-      zeros += part->zero_share();
+      if (cfg_.count_zeros) zeros += part->zero_share();
     }
   }
   if (g_.world) {

@@ -41,6 +41,7 @@ struct OptimizerConfig {
   MuonConfig muon_cfg;        // (with `distributed`: Megatron's layer-wise distributed optimizer for them)
   int64_t instances = 1;      // --num-distributed-optimizer-instances: shard over DP/K, all-reduce over K
   bool decoupled = false;     // --decoupled-lr: the embedding and output layer in parts of their own
+  bool count_zeros = false;   // --log-num-zeros-in-grad: count the gradients' zeros (a pass over them) every step
 };
 
 class ChainedOptimizer {
@@ -57,8 +58,8 @@ class ChainedOptimizer {
   // Finishes every reduction and returns the global gradient norm (before clipping). `riders` are summed over all
   // ranks in the same collective (a stop request, say), so they cost no extra round.
   double finish_gradients(std::vector<double>& riders);
-  // The zero entries of the gradients the last finish_gradients reduced, every element counted once over all ranks
-  // (Megatron's --log-num-zeros-in-grad; summed in the same collective as the norm).
+  // The zero entries of the gradients the last finish_gradients reduced (with cfg.count_zeros; else 0), every element
+  // counted once over all ranks (Megatron's --log-num-zeros-in-grad; summed in the same collective as the norm).
   int64_t num_zeros_in_grad() const { return num_zeros_; }
   // Clipping by `grad_norm` (applied as AdamW reads each gradient) and one AdamW update at learning rate `lr`.
   // `decoupled_lr` (≥ 0, with OptimizerConfig::decoupled): the embedding's and output layer's rate.

@@ -109,7 +109,6 @@ double ShardedAdamW::reduce_gradients(double scale) {
   for (size_t b = 0; b < buckets_.size(); b++)
     if (!buckets_[b].started) start_bucket(b);
   double sq = 0;
-  zeros_ = 0;
   for (auto& bk : buckets_) {
     bk.work.wait();
     bk.started = false;
@@ -119,10 +118,18 @@ double ShardedAdamW::reduce_gradients(double scale) {
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
       const Tensor part = grad_shard_.slice(off, len);
       sq += s.norm_weight * kernels::sum_squares(part);
-      zeros_ += s.norm_weight * static_cast<double>(kernels::count_zeros(part));
     });
   }
   return sq;
+}
+
+double ShardedAdamW::zero_share() const {
+  double zeros = 0;
+  for (const auto& bk : buckets_)
+    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
+      zeros += s.norm_weight * static_cast<double>(kernels::count_zeros(grad_shard_.slice(off, len)));
+    });
+  return zeros;
 }
 
 void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {

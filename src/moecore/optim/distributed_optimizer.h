@@ -33,7 +33,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP). Returns the
   // weighted sum of squares of the owned shard, so the caller can form one global norm.
   double reduce_gradients(double scale) override;
-  double zero_share() const override { return zeros_; }
+  double zero_share() const override;
   // The parameters, in construction order (the order of the state lists below).
   const std::vector<nn::Parameter*>& params() const override { return params_; }
   // Checkpoints: the Adam moments of every parameter, whole (each the shape of its parameter), gathered from the
@@ -70,7 +70,6 @@ class ShardedAdamW : public ParamClassOptimizer {
   ElementRule rule_;
   const comm::ProcessGroup* inter_;
   Tensor grad_shard_, master_shard_, m_, v_;
-  double zeros_ = 0;  // zero_share() of the last reduce_gradients
 };
 
 }  // namespace moecore::optim

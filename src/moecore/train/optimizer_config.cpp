@@ -12,6 +12,7 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.distributed = c.use_distributed_optimizer || c.optimizer == "dist_muon";
   oc.instances = c.num_distributed_optimizer_instances;
   oc.decoupled = c.decoupled_lr >= 0;
+  oc.count_zeros = c.log_num_zeros_in_grad;
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
   oc.muon = c.optimizer == "muon" || c.optimizer == "dist_muon";

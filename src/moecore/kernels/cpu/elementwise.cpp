@@ -99,12 +99,19 @@ double sum_squares(const Tensor& a) {
   return dot(a, a);
 }
 
+namespace {
+template <typename R>
+MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
+  int64_t z = 0;
+#pragma omp parallel for reduction(+ : z) schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) z += v[i] == R(0);
+  return z;
+}
+}  // namespace
+
 int64_t count_zeros(const Tensor& a) {
   int64_t z = 0;
-  MOE_DISPATCH_FLOAT(a.dtype(), R, {
-    const R* v = a.data<R>();
-    for (int64_t i = 0; i < a.numel(); i++) z += v[i] == R(0);
-  });
+  MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
   return z;
 }
 
