@@ -19,7 +19,9 @@
 #include "hf_deepseek_writer.h"
 #include "hf_test_util.h"
 #include "moecore/ckpt/hf.h"
+#include "moecore/ckpt/manager.h"
 #include "moecore/ckpt/safetensors.h"
+#include "moecore/core/allocator.h"
 #include "moecore/core/rng.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
@@ -176,6 +178,31 @@ TEST(DeepSeekV3HF, Fp8CheckpointDequantizesToTheBf16Model) {
   }
   std::fclose(null);
   for (const auto& d : {bf16, fp8, native, out}) fs::remove_all(d);
+}
+
+// hf-to-native streams: with 4 KiB shards the native tensors are stored in chunks along their first dimension over
+// many shard files, the allocator never holds more than a few chunks, and the checkpoint loads to the same bits as
+// one written in large shards.
+TEST(DeepSeekV3HF, ImportIsStreamedInChunks) {
+  const std::string hf = testing::fresh_temp_path("ds_stream"), small = testing::fresh_temp_path("ds_stream_small"),
+                    large = testing::fresh_temp_path("ds_stream_large");
+  write_deepseek(hf, deepseek_config());
+  Allocator::instance().reset_peak();
+  const int64_t before = Allocator::instance().stats().live_bytes;
+  ckpt::convert_hf_to_native(hf, small, 4096);
+  const int64_t peak = Allocator::instance().stats().peak_bytes - before;
+  ckpt::convert_hf_to_native(hf, large);
+  int64_t files = 0, model_bytes = 0;
+  for (const auto& e : fs::directory_iterator(ckpt::iteration_dir(small, -1)))
+    if (e.path().extension() == ".safetensors") files++, model_bytes += static_cast<int64_t>(fs::file_size(e.path()));
+  EXPECT_GT(files, 20) << "many shards";
+  EXPECT_LT(peak, model_bytes / 4) << "the import held " << peak << " bytes of a " << model_bytes << "-byte model";
+  std::FILE* null = std::fopen("/dev/null", "w");
+  train::Trainer a(testing::hf_run_config({"--load", small, "--use-checkpoint-args"}), null, false),
+      b(testing::hf_run_config({"--load", large, "--use-checkpoint-args"}), null, false);
+  EXPECT_EQ(ours(a).logits, ours(b).logits);
+  std::fclose(null);
+  for (const auto& d : {hf, small, large}) fs::remove_all(d);
 }
 
 TEST(DeepSeekV3HF, RefusesWhatMegatronCannotExpress) {

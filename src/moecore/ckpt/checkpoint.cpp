@@ -74,6 +74,11 @@ Box box_of(const nn::Parameter& p) {
   return Box{p.global_view, p.box_shape, p.box_offset};
 }
 
+bool boxes_intersect(const Box& a, const Box& b) {
+  std::vector<int64_t> lo, hi;
+  return intersect(a, b, lo, hi);
+}
+
 int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const Box& db) {
   MOE_ASSERT(src.dtype() == dst.dtype() && sb.global == db.global);
   MOE_ASSERT(src.numel() == sb.volume() && dst.numel() == db.volume());

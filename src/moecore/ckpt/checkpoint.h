@@ -24,6 +24,8 @@ Box box_of(const nn::Parameter& p);
 // The whole of a tensor of shape s, as a box of itself.
 Box whole_box(const Shape& s);
 
+// Whether two boxes of the same global view share an element.
+bool boxes_intersect(const Box& a, const Box& b);
 // Copies the elements of `src` (holding box sb) that fall inside db into `dst` (holding box db); both boxes of the
 // same global view, tensors of the same dtype. Returns the number of elements copied.
 int64_t copy_intersection(const Tensor& src, const Box& sb, Tensor& dst, const Box& db);

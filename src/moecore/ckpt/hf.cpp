@@ -123,41 +123,80 @@ Tensor HFModel::read_piece(const HFPiece& p) {
 
 Tensor HFModel::read(const NativeTensor& t) {
   Tensor whole = Tensor::zeros(t.global, DType::F32);
-  const Box wb = whole_box(t.global);
+  read_into(t, whole, whole_box(t.global));
+  return whole;
+}
+
+void HFModel::read_into(const NativeTensor& t, Tensor& dst, const Box& db) {
+  Tensor first;  // the first piece, kept while duplicates of it are checked
   for (const auto& p : t.pieces) {
+    if (!boxes_intersect(p.box, db)) continue;
     const Tensor x = read_piece(p);
-    if (p.duplicate) {  // must hold what the first piece placed
-      MOE_CHECK(std::memcmp(x.raw(), whole.raw(), x.nbytes()) == 0,
+    if (p.duplicate) {  // must equal the first piece
+      if (!first.defined()) first = read_piece(t.pieces.front());
+      MOE_CHECK(std::memcmp(x.raw(), first.raw(), x.nbytes()) == 0,
                 "{}: {} differs from {}; DeepSeek's MTP layer stores copies of the shared embedding and output "
                 "head, which must be equal",
                 dir_, p.hf_name, t.pieces.front().hf_name);
       continue;
     }
-    copy_intersection(x, p.box, whole, wb);
+    if (&p == &t.pieces.front()) first = x;
+    copy_intersection(x, p.box, dst, db);
   }
-  return whole;
 }
 
-int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_root) {
+int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_root, int64_t shard_bytes) {
   HFModel m(hf_dir);
-  std::vector<StoredTensor> all;
   const std::vector<NativeTensor> tensors = native_tensors(m.architecture());
   int64_t bytes = 0, done = 0;  // as fp32
   for (const auto& t : tensors) bytes += t.global.numel() * 4;
   Progress bar("HF import", bytes, "MB/s", 1e6);  // shown only when reading takes a while
-  for (const auto& t : tensors) {
-    all.push_back({t.name, whole_box(t.global), m.read(t)});
-    done += t.global.numel() * 4;
-    bar.update(done, fmt::format("{} of {} tensors", all.size(), tensors.size()));
+  const PendingSave save = begin_save(out_root, -1, nullptr);
+  int64_t fragments = 0;
+  try {
+    std::vector<StoredTensor> shard;
+    int64_t held = 0;
+    auto flush = [&] {
+      if (shard.empty()) return;
+      write_rank_files(save, fragments++, shard, {});
+      shard.clear();
+      held = 0;
+    };
+    for (const auto& t : tensors) {
+      // The native tensor in chunks along its first dimension (experts, vocabulary rows), each at most about
+      // shard_bytes, each assembled from the HF pieces that intersect it (duplicates checked) and stored as a box of
+      // its own. A shard file holds one box per name.
+      const int64_t rows = t.global[0], row_bytes = t.global.numel() / std::max<int64_t>(rows, 1) * 4;
+      const int64_t per_chunk = std::clamp<int64_t>(shard_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
+      for (int64_t r0 = 0; r0 < rows; r0 += per_chunk) {
+        Box b = whole_box(t.global);
+        b.offset[0] = r0;
+        b.size.set(0, std::min(per_chunk, rows - r0));
+        Tensor chunk = Tensor::zeros(b.size, DType::F32);
+        m.read_into(t, chunk, b);
+        const bool named = std::any_of(shard.begin(), shard.end(), [&](const auto& x) { return x.name == t.name; });
+        if (named) flush();
+        held += static_cast<int64_t>(chunk.nbytes());
+        shard.push_back({t.name, b, chunk});
+        if (held >= shard_bytes) flush();
+      }
+      done += t.global.numel() * 4;
+      bar.update(done, fmt::format("{} of {} tensors", &t - tensors.data() + 1, tensors.size()));
+    }
+    flush();
+  } catch (const Error&) {
+    abandon_save(save, 0);
+    throw;
   }
-  bar.finish_if_shown(
-      fmt::format("read {} tensors ({:.1f} MB as fp32) from {}", all.size(), static_cast<double>(bytes) / 1e6, hf_dir));
+  bar.finish_if_shown(fmt::format("read {} tensors ({:.1f} MB as fp32) from {}", tensors.size(),
+                                  static_cast<double>(bytes) / 1e6, hf_dir));
   nlohmann::json state = {{"format", kTrainStateFormat},
                           {"release", true},
                           {"iteration", 0},
                           {"consumed_samples", 0},
                           {"optimizer", false},
                           {"vocab", {{"size", m.architecture().vocab}, {"padded", m.architecture().vocab}}},
+                          {"layout", {{"world", fragments}}},  // the shard files, as if written by that many ranks
                           {"hf", {{"architecture", m.architecture().kind}, {"source", fs::absolute(hf_dir).string()}}},
                           {"config", hf_train_flags(m.config(), hf_dir + "/config.json")}};
   // The original config.json travels verbatim (native-to-hf writes it back); the tokenizer too.
@@ -165,8 +204,8 @@ int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_r
       {"hf_config.json", moecore::read_file(hf_dir + "/config.json", "HF config")}};
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     if (fs::exists(hf_dir + "/" + f)) extra.push_back({f, moecore::read_file(hf_dir + "/" + f, "HF tokenizer file")});
-  save_checkpoint(out_root, -1, all, state, nullptr, extra);
-  return static_cast<int64_t>(all.size());
+  commit_save(save, state, nullptr, extra, fragments);
+  return static_cast<int64_t>(tensors.size());
 }
 
 int64_t convert_native_to_hf(const std::string& native, const std::string& out_dir, const std::string& kind_flag,

@@ -72,10 +72,13 @@ class HFModel {
   // The whole native tensor `t` (f32) assembled from its HF pieces; names the file and tensor when one is
   // missing or mis-shaped. FP8 pieces are dequantized with their weight_scale_inv.
   Tensor read(const NativeTensor& t);
-
- private:
+  // The part of `t` in box db of its global view, into dst (f32, db's volume): only the pieces that intersect db are
+  // read (an expert-parallel rank reads its experts), duplicates checked where they are.
+  void read_into(const NativeTensor& t, Tensor& dst, const Box& db);
+  // One HF piece as f32, dequantized.
   Tensor read_piece(const HFPiece& p);
 
+ private:
   std::string dir_;
   nlohmann::json config_;
   HFArchitecture arch_;
@@ -86,8 +89,11 @@ class HFModel {
 
 // `moecore convert hf-to-native`: a native checkpoint directory (root with a "release" marker, no optimizer
 // state) holding the HF weights exactly (bf16 widened to f32), the moecore flags, the original config.json and
-// the tokenizer files. Returns the number of tensors written.
-int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_root);
+// the tokenizer files. Streamed: each native tensor is stored in chunks along its first dimension (experts,
+// vocabulary rows) of at most about `shard_bytes` (f32), in shard files of about that size, so memory holds one
+// shard, not the model (a 671B model is 2.7 TB as f32). Returns the number of native tensors written.
+int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_root,
+                             int64_t shard_bytes = int64_t{4} << 30);
 // `moecore convert native-to-hf`: safetensors shards of at most max_shard_bytes with
 // model.safetensors.index.json, config.json (the original one when the checkpoint came from HF) and the
 // tokenizer. dtype "bf16" or "f32"; empty: the original config's torch_dtype, else bf16.

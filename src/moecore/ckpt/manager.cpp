@@ -110,8 +110,9 @@ void abandon_save(const PendingSave& p, int64_t rank) {
 }
 
 void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::ProcessGroup* world,
-                 const std::vector<std::pair<std::string, std::string>>& extra_files) {
-  const int64_t rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+                 const std::vector<std::pair<std::string, std::string>>& extra_files, int64_t fragments) {
+  const int64_t rank = world ? world->rank() : 0;
+  const int64_t size = fragments > 0 ? fragments : world ? world->size() : 1;
   const std::string &root = p.root, &tmp = p.tmp, &final_dir = p.final_dir;
   barrier(world);  // every rank's files are on disk
   if (rank == 0) {

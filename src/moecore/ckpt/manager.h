@@ -52,8 +52,9 @@ struct PendingSave {
 };
 PendingSave begin_save(const std::string& root, int64_t iteration, const comm::ProcessGroup* world);
 void write_rank_files(const PendingSave& p, int64_t rank, const std::vector<StoredTensor>& mine, SaveFault fault);
+// `fragments`: how many index fragments (write_rank_files calls) to merge; 0: one per rank of `world`.
 void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::ProcessGroup* world,
-                 const std::vector<std::pair<std::string, std::string>>& extra_files);
+                 const std::vector<std::pair<std::string, std::string>>& extra_files, int64_t fragments = 0);
 void abandon_save(const PendingSave& p, int64_t rank);
 
 // Deletes the checkpoints iter_N of `root` for N in `iterations` (one rank calls it): each directory is renamed

@@ -396,7 +396,7 @@ void Checkpointing::load_hf(ckpt::HFModel& m) {
       mine.erase(it);
       continue;
     }
-    ckpt::copy_intersection(m.read(t), ckpt::whole_box(t.global), *p.value, p.box);
+    m.read_into(t, *p.value, p.box);  // only the HF pieces this rank holds part of
     mine.erase(it);
   }
   for (const auto& [name, p] : mine) problems += fmt::format("\n  {}: not in the HF model", name);
