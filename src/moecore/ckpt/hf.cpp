@@ -32,6 +32,21 @@ nlohmann::json read_json(const std::string& path) {
   return {};
 }
 
+// Boxes of `global` along its first dimension (experts, vocabulary rows) holding at most about `bytes` of f32 each
+// (at least one index).
+std::vector<Box> row_chunks(const Shape& global, int64_t bytes) {
+  const int64_t rows = global[0], row_bytes = global.numel() / std::max<int64_t>(rows, 1) * 4;
+  const int64_t per_chunk = std::clamp<int64_t>(bytes / std::max<int64_t>(row_bytes, 1), 1, std::max<int64_t>(rows, 1));
+  std::vector<Box> out;
+  for (int64_t r0 = 0; r0 < rows; r0 += per_chunk) {
+    Box b = whole_box(global);
+    b.offset[0] = r0;
+    b.size.set(0, std::min(per_chunk, rows - r0));
+    out.push_back(b);
+  }
+  return out;
+}
+
 }  // namespace
 
 HFModel::HFModel(const std::string& dir) : dir_(dir) {
@@ -166,12 +181,7 @@ int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_r
       // The native tensor in chunks along its first dimension (experts, vocabulary rows), each at most about
       // shard_bytes, each assembled from the HF pieces that intersect it (duplicates checked) and stored as a box of
       // its own. A shard file holds one box per name.
-      const int64_t rows = t.global[0], row_bytes = t.global.numel() / std::max<int64_t>(rows, 1) * 4;
-      const int64_t per_chunk = std::clamp<int64_t>(shard_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
-      for (int64_t r0 = 0; r0 < rows; r0 += per_chunk) {
-        Box b = whole_box(t.global);
-        b.offset[0] = r0;
-        b.size.set(0, std::min(per_chunk, rows - r0));
+      for (const Box& b : row_chunks(t.global, shard_bytes)) {
         Tensor chunk = Tensor::zeros(b.size, DType::F32);
         m.read_into(t, chunk, b);
         const bool named = std::any_of(shard.begin(), shard.end(), [&](const auto& x) { return x.name == t.name; });
@@ -257,18 +267,40 @@ int64_t convert_native_to_hf(const std::string& native, const std::string& out_d
   for (const auto& t : tensors) {
     bar.update(done, fmt::format("{} of {} tensors", &t - tensors.data(), tensors.size()));
     done += t.global.numel() * 4;
-    Tensor whole = Tensor::empty(t.global, DType::F32);
-    load_tensors(found->dir, records, {LoadTarget{t.name, whole_box(t.global), &whole}});
-    for (const auto& p : t.pieces) {
-      Tensor x = Tensor::empty(p.hf_shape, DType::F32);
-      copy_intersection(whole, whole_box(t.global), x, p.box);
+    auto emit = [&](const HFPiece& p, Tensor x) {
+      x = x.reshape(p.hf_shape);
       if (dt != DType::F32 && !p.keep_f32) x = x.to(dt);
       if (shard_bytes > 0 && shard_bytes + static_cast<int64_t>(x.nbytes()) > max_shard_bytes) flush();
       shard_bytes += static_cast<int64_t>(x.nbytes());
       total += static_cast<int64_t>(x.nbytes());
       shard.push_back({p.hf_name, x});
       count++;
+    };
+    // The native tensor in chunks of about 1 GiB along its first dimension (experts, vocabulary rows), each loaded
+    // once and cut into the HF tensors inside it; an HF tensor wider than a chunk is loaded alone.
+    std::vector<bool> placed(t.pieces.size(), false);
+    for (const Box& b : row_chunks(t.global, int64_t{1} << 30)) {
+      Tensor chunk;
+      for (size_t i = 0; i < t.pieces.size(); i++) {
+        const HFPiece& p = t.pieces[i];
+        if (p.box.offset[0] < b.offset[0] || p.box.offset[0] + p.box.size[0] > b.offset[0] + b.size[0]) continue;
+        if (!chunk.defined()) {
+          chunk = Tensor::empty(b.size, DType::F32);
+          load_tensors(found->dir, records, {LoadTarget{t.name, b, &chunk}});
+        }
+        Tensor x = Tensor::empty(p.box.size, DType::F32);
+        copy_intersection(chunk, b, x, p.box);
+        emit(p, x);
+        placed[i] = true;
+      }
     }
+    for (size_t i = 0; i < t.pieces.size(); i++)
+      if (!placed[i]) {
+        const HFPiece& p = t.pieces[i];
+        Tensor x = Tensor::empty(p.box.size, DType::F32);
+        load_tensors(found->dir, records, {LoadTarget{t.name, p.box, &x}});
+        emit(p, x);
+      }
   }
   flush();
   bar.finish_if_shown(
