@@ -144,6 +144,34 @@ CONFIGS = [
            --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
            --eval-iters 1 --eval-interval 1000 --log-interval 1 --log-throughput""",
          refused=[]),
+    dict(name="deepseek_v3_recipe", np=4,
+         source="the DeepSeek-V3 recipe of Megatron's MoE model zoo (MLA with YaRN, sigmoid group-limited routing "
+                "with expert bias, shared expert, dense first layer, seq_aux_loss, MTP on the last stage, recompute "
+                "mla_up_proj mlp, bf16 Adam states), shrunk to 2 layers",
+         args="""--bf16 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+           --pipeline-model-parallel-layout Et|tmL --use-distributed-optimizer --transformer-impl transformer_engine
+           --tokenizer-type GPT2BPETokenizer --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json
+           --merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt
+           --untie-embeddings-and-output-weights --num-layers 2 --hidden-size 64 --ffn-hidden-size 128
+           --num-attention-heads 4 --max-position-embeddings 64 --multi-latent-attention --q-lora-rank 32
+           --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --qk-layernorm
+           --rotary-base 10000 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
+           --normalization RMSNorm --norm-epsilon 1e-6 --position-embedding-type rope --swiglu --disable-bias-linear
+           --num-experts 8 --moe-layer-freq ([0]*1+[1]*1) --moe-ffn-hidden-size 32
+           --moe-shared-expert-intermediate-size 32 --moe-router-score-function sigmoid
+           --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3 --moe-router-topk 4
+           --moe-router-topk-scaling-factor 2.5 --moe-router-num-groups 4 --moe-router-group-topk 2
+           --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-4 --moe-router-dtype fp32
+           --moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall --mtp-num-layers 1
+           --mtp-loss-scaling-factor 0.1 --recompute-granularity selective --recompute-modules mla_up_proj mlp
+           --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
+           --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 128 --optimizer adam
+           --adam-beta1 0.9 --adam-beta2 0.95 --lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine --clip-grad 1.0
+           --weight-decay 0.1 --seq-length 64 --micro-batch-size 1 --global-batch-size 8 --train-iters 3
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
+           --eval-iters 1 --eval-interval 1000 --log-interval 1 --log-throughput""",
+         refused=[("--exp-avg-dtype", "lower-precision optimizer state", "--exp-avg-dtype fp32"),
+                  ("--exp-avg-sq-dtype", "", "--exp-avg-sq-dtype fp32")]),
     dict(name="mixtral_8x7b_example", np=8, source="examples/mixtral/train_mixtral_8x7b_distributed.sh",
          args="""--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256
            --num-layers 4 --hidden-size 64 --ffn-hidden-size 224 --num-attention-heads 4 --init-method-std 0.01
