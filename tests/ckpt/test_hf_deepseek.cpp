@@ -176,6 +176,19 @@ TEST(DeepSeekV3HF, Fp8CheckpointDequantizesToTheBf16Model) {
     EXPECT_NE(e.find("model.layers.1.self_attn.o_proj.weight is FP8 but"), std::string::npos) << e;
     EXPECT_NE(e.find("o_proj.weight_scale_inv to dequantize it with"), std::string::npos) << e;
   }
+  // A scale beside a weight that is not FP8 would be ignored: refused, naming both.
+  {
+    ckpt::write_safetensors(bf16 + "/extra.safetensors",
+                            {{"model.layers.1.self_attn.o_proj.weight_scale_inv", Tensor::zeros({1, 1}, DType::F32)}});
+    nlohmann::json idx = nlohmann::json::parse(testing::slurp(bf16 + "/model.safetensors.index.json"));
+    idx["weight_map"]["model.layers.1.self_attn.o_proj.weight_scale_inv"] = "extra.safetensors";
+    std::ofstream(bf16 + "/model.safetensors.index.json") << idx.dump();
+    const std::string e = error_of([&] { train::Trainer t(testing::hf_run_config({"--load-hf", bf16}), null, false); });
+    EXPECT_NE(e.find("model.layers.1.self_attn.o_proj.weight has a model.layers.1.self_attn.o_proj.weight_scale_inv "
+                     "but is not FP8 (bf16)"),
+              std::string::npos)
+        << e;
+  }
   std::fclose(null);
   for (const auto& d : {bf16, fp8, native, out}) fs::remove_all(d);
 }

@@ -117,10 +117,17 @@ Tensor HFModel::read_piece(const HFPiece& p) {
             f.path(), x.shape().str(), p.hf_shape.str());
   MOE_CHECK(x.dtype() == DType::BF16 || x.dtype() == DType::F32, "{}: {} is {}; bf16, f32 and fp8 e4m3 are supported",
             dir_, p.hf_name, dtype_name(x.dtype()));
+  const DType stored = x.dtype();
   if (x.dtype() != DType::F32) x = x.to(DType::F32);
-  if (!f.entries().at(p.hf_name).f8_e4m3) return x;
-  // DeepSeek's weight_dequant: w[i, j] = fp8[i, j] · scale_inv[i / 128, j / 128].
   const std::string sname = p.hf_name + "_scale_inv";
+  if (!f.entries().at(p.hf_name).f8_e4m3) {  // a scale beside an unquantized weight would be ignored: refused
+    MOE_CHECK(!file_of_.count(sname),
+              "{}: {} has a {} but is not FP8 ({}); moecore applies block scales to F8_E4M3 "
+              "weights only",
+              dir_, p.hf_name, sname, dtype_name(stored));
+    return x;
+  }
+  // DeepSeek's weight_dequant: w[i, j] = fp8[i, j] · scale_inv[i / 128, j / 128].
   MOE_CHECK(x.ndim() == 2 && file_of_.count(sname), "{}: {} is FP8 but {} has no {} to dequantize it with", dir_,
             p.hf_name, dir_, sname);
   SafetensorsFile& sf = open(sname);
@@ -134,12 +141,6 @@ Tensor HFModel::read_piece(const HFPiece& p) {
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < N; j++) w[i * N + j] *= sc[(i / bm) * want[1] + j / bn];
   return x;
-}
-
-Tensor HFModel::read(const NativeTensor& t) {
-  Tensor whole = Tensor::zeros(t.global, DType::F32);
-  read_into(t, whole, whole_box(t.global));
-  return whole;
 }
 
 void HFModel::read_into(const NativeTensor& t, Tensor& dst, const Box& db) {

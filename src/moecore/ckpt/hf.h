@@ -69,11 +69,9 @@ class HFModel {
   const std::string& dir() const { return dir_; }
   const nlohmann::json& config() const { return config_; }
   const HFArchitecture& architecture() const { return arch_; }
-  // The whole native tensor `t` (f32) assembled from its HF pieces; names the file and tensor when one is
-  // missing or mis-shaped. FP8 pieces are dequantized with their weight_scale_inv.
-  Tensor read(const NativeTensor& t);
-  // The part of `t` in box db of its global view, into dst (f32, db's volume): only the pieces that intersect db are
-  // read (an expert-parallel rank reads its experts), duplicates checked where they are.
+  // The part of native tensor `t` in box db of its global view, into dst (f32, db's volume), from the HF pieces that
+  // intersect db (an expert-parallel rank reads its experts); duplicates checked where they are. Names the file and
+  // tensor when one is missing or mis-shaped. FP8 pieces are dequantized with their weight_scale_inv.
   void read_into(const NativeTensor& t, Tensor& dst, const Box& db);
   // One HF piece as f32, dequantized.
   Tensor read_piece(const HFPiece& p);
