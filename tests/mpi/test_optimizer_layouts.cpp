@@ -61,6 +61,14 @@ const std::vector<std::string> kDistMuon{"--optimizer", "dist_muon", "--muon-fp3
 const std::vector<std::string> kSgd{"--optimizer", "sgd", "--sgd-momentum", "0.9"};
 const std::vector<std::string> kOptimizerLayoutsTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 const std::vector<std::string> kDistOpt{"--use-distributed-optimizer"};
+// Megatron's precision-aware optimizer with bf16 Adam moments (DeepSeek-V3's recipe): one rank keeps whole bf16
+// moments, the distributed optimizer bf16 shards; the same update either way.
+const std::vector<std::string> kBf16Moments{"--use-distributed-optimizer",
+                                            "--use-precision-aware-optimizer",
+                                            "--exp-avg-dtype",
+                                            "bf16",
+                                            "--exp-avg-sq-dtype",
+                                            "bf16"};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, OptimizerLayouts,
@@ -76,6 +84,9 @@ INSTANTIATE_TEST_SUITE_P(
         OptLayout{"Muon_TP2_blockwise_differs", 2, kMuon + std::vector<std::string>{"--muon-tp-mode", "blockwise"},
                   kOptimizerLayoutsTP2 + std::vector<std::string>{"--expert-tensor-parallel-size", "1"}, 1e-5, true},
         OptLayout{"DistMuon_DP2", 2, kDistMuon, {}}, OptLayout{"Sgd_DP2", 2, kSgd, {}},
+        OptLayout{"Adam_bf16_moments_DP2", 2, kBf16Moments, {}},
+        OptLayout{"Adam_bf16_moments_EP2", 2, kBf16Moments, {"--expert-model-parallel-size", "2"}},
+        OptLayout{"Adam_bf16_moments_DP4_K2", 4, kBf16Moments, {"--num-distributed-optimizer-instances", "2"}},
         OptLayout{"Sgd_distopt_EP2", 2, kSgd, kDistOpt + std::vector<std::string>{"--expert-model-parallel-size", "2"}},
         OptLayout{"DistMuon_DP4", 4, kDistMuon, {}},
         OptLayout{"Adam_distopt_DP4_K2",
@@ -104,8 +115,9 @@ TEST(OptimizerCheckpoints, DistributedStateResumesBitwise) {
   w.broadcast(name, 0);
   std::string dir;
   for (int64_t i = 0; i < 256 && name.data<int64_t>()[i] != 0; i++) dir += static_cast<char>(name.data<int64_t>()[i]);
-  std::vector<std::vector<std::string>> runs = {kDistMuon +
-                                                std::vector<std::string>{"--expert-model-parallel-size", "2"}};
+  std::vector<std::vector<std::string>> runs = {
+      kDistMuon + std::vector<std::string>{"--expert-model-parallel-size", "2"},
+      kBf16Moments + std::vector<std::string>{"--expert-model-parallel-size", "2"}};
   if (w.size() == 4)
     runs.push_back(kSgd + kDistOpt + std::vector<std::string>{"--num-distributed-optimizer-instances", "2"});
   std::FILE* null = std::fopen("/dev/null", "w");

@@ -170,8 +170,7 @@ CONFIGS = [
            --weight-decay 0.1 --seq-length 64 --micro-batch-size 1 --global-batch-size 8 --train-iters 3
            --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
            --eval-iters 1 --eval-interval 1000 --log-interval 1 --log-throughput""",
-         refused=[("--exp-avg-dtype", "lower-precision optimizer state", "--exp-avg-dtype fp32"),
-                  ("--exp-avg-sq-dtype", "", "--exp-avg-sq-dtype fp32")]),
+         refused=[]),
     dict(name="mixtral_8x7b_example", np=8, source="examples/mixtral/train_mixtral_8x7b_distributed.sh",
          args="""--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256
            --num-layers 4 --hidden-size 64 --ffn-hidden-size 224 --num-attention-heads 4 --init-method-std 0.01

@@ -137,7 +137,7 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   EXPECT_NE(refusal({"--transformer-impl", "inference_optimized"})
                 .find("--transformer-impl inference_optimized: the inference-optimized implementation"),
             std::string::npos);
-  EXPECT_NE(refusal({"--exp-avg-dtype", "bf16"}).find("(no effect in moecore only with fp32)"), std::string::npos);
+  EXPECT_NE(refusal({"--main-grads-dtype", "bf16"}).find("(no effect in moecore only with fp32)"), std::string::npos);
   EXPECT_NE(refusal({"--wandb-project", "p"}).find("Weights & Biases"), std::string::npos);
   EXPECT_NE(refusal({"--no-save-optim"}).find("--no-load-optim"), std::string::npos);
   EXPECT_NE(refusal({"--rl-use-sequence-packing", "true"}).find("not a GPT pretraining feature"), std::string::npos);

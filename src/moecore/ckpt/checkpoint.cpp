@@ -160,8 +160,9 @@ std::vector<ShardRecord> parse_records(const nlohmann::json& j, const std::strin
       r.box.offset = integers(e.at("offset"));
       r.box.size = shape_of(integers(e.at("size")));
       const std::string dt = e.at("dtype").get<std::string>();
-      MOE_CHECK(dt == "F32" || dt == "F64", "dtype {}", dt);
-      r.dtype = dt == "F32" ? DType::F32 : DType::F64;
+      // f32 parameters and master state, f64 (tests), bf16 Adam moments (--exp-avg-dtype bf16).
+      MOE_CHECK(dt == "F32" || dt == "F64" || dt == "BF16", "dtype {}", dt);
+      r.dtype = dt == "F32" ? DType::F32 : dt == "F64" ? DType::F64 : DType::BF16;
       const std::string sum = e.at("xxh3_64").get<std::string>();
       size_t used = 0;
       r.checksum = std::stoull(sum, &used, 16);

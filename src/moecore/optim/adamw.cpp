@@ -5,8 +5,8 @@ namespace moecore::optim {
 
 AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std::move(params)), rule_(rule) {
   for (auto* p : params_) {
-    m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype()));
-    v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype()));
+    m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(p->value.dtype())));
+    v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(p->value.dtype())));
   }
 }
 
@@ -18,6 +18,14 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     all.push_back({p.value, p.grad, m_[i], v_[i], p.no_weight_decay ? 0.0 : hp.weight_decay});
   }
   element_step_multi(rule_, all, hp, step);
+}
+
+void AdamW::load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {
+  MOE_ASSERT(m.size() == m_.size() && v.size() == v_.size());
+  for (size_t i = 0; i < m_.size(); i++) {
+    m_[i].copy_from(m[i].reshape(m_[i].shape()));
+    v_[i].copy_from(v[i].reshape(v_[i].shape()));
+  }
 }
 
 }  // namespace moecore::optim

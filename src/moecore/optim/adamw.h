@@ -19,11 +19,13 @@ class AdamW {
   // One update of every parameter from its gradient; `step` ≥ 1 counts updates (bias correction).
   void step(const kernels::AdamWParams& hp, int64_t step);
   const std::vector<nn::Parameter*>& params() const { return params_; }
-  // The moments, one whole tensor per parameter in params() order (checkpoints read and replace them).
+  // The moments, one whole tensor per parameter in params() order, in their storage dtype (checkpoints read them;
+  // load_moments copies into them, converting).
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v);
 
  private:
   std::vector<nn::Parameter*> params_;

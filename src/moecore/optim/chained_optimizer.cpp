@@ -37,10 +37,7 @@ class ReplicatedAdamW : public ParamClassOptimizer {
     m = adam_.exp_avg();
     v = adam_.exp_avg_sq();
   }
-  void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override {
-    adam_.exp_avg() = m;
-    adam_.exp_avg_sq() = v;
-  }
+  void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override { adam_.load_moments(m, v); }
   void refresh_master() override {}
 
  private:

@@ -36,8 +36,8 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   }
   grad_shard_ = Tensor::zeros({owned}, DType::F32);
   master_shard_ = Tensor::zeros({owned}, DType::F32);
-  m_ = Tensor::zeros({owned}, DType::F32);
-  v_ = Tensor::zeros({owned}, DType::F32);
+  m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32));
+  v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32));
   refresh_master();  // from the (identically initialized) parameters
 }
 
@@ -66,12 +66,12 @@ void ShardedAdamW::gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v
   v.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
     if (bk.segs.empty()) continue;
-    Tensor flat = Tensor::empty({bk.size}, DType::F32);
     for (auto [owned, out] : {std::pair{&m_, &m}, std::pair{&v_, &v}}) {
+      Tensor flat = Tensor::empty({bk.size}, owned->dtype());  // the moments' storage dtype (bf16 or f32)
       group_.all_gather(owned->slice(bk.local, bk.shard), flat);
       for (const auto& s : bk.segs) {
-        Tensor t = Tensor::empty(s.p->value.shape(), DType::F32);
-        std::memcpy(t.raw(), flat.data<float>() + s.offset, t.nbytes());
+        Tensor t = Tensor::empty(s.p->value.shape(), owned->dtype());
+        t.copy_from(flat.slice(s.offset, s.p->value.numel()).reshape(t.shape()));
         (*out)[index[s.p]] = t;
       }
     }
@@ -89,8 +89,9 @@ void ShardedAdamW::load_moments(const std::vector<Tensor>& m, const std::vector<
       const int64_t first = group_.rank() * bk.shard + (off - bk.local) - s.offset;
       const size_t i = index[s.p];
       MOE_ASSERT(m[i].numel() == s.p->value.numel() && v[i].numel() == s.p->value.numel());
-      std::memcpy(m_.data<float>() + off, m[i].data<float>() + first, static_cast<size_t>(len) * 4);
-      std::memcpy(v_.data<float>() + off, v[i].data<float>() + first, static_cast<size_t>(len) * 4);
+      Tensor mm = m_.slice(off, len), vv = v_.slice(off, len);  // converted to the storage dtype
+      mm.copy_from(m[i].reshape({m[i].numel()}).slice(first, len));
+      vv.copy_from(v[i].reshape({v[i].numel()}).slice(first, len));
     });
   }
 }

@@ -12,6 +12,11 @@ namespace moecore::optim {
 struct ElementRule {
   bool sgd = false;           // false: AdamW
   double sgd_momentum = 0.9;  // --sgd-momentum
+  // AdamW's moments stored in bf16 (--use-precision-aware-optimizer --exp-avg-dtype / --exp-avg-sq-dtype bf16);
+  // otherwise in the parameters' dtype.
+  bool bf16_exp_avg = false, bf16_exp_avg_sq = false;
+  DType exp_avg_dtype(DType param) const { return bf16_exp_avg ? DType::BF16 : param; }
+  DType exp_avg_sq_dtype(DType param) const { return bf16_exp_avg_sq ? DType::BF16 : param; }
 };
 
 // p and buf updated in place, grad read; lr, weight_decay and grad_scale from hp. Same floating dtype.

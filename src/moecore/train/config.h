@@ -107,6 +107,10 @@ struct TrainConfig {
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
+  // Megatron's precision-aware optimizer (TransformerEngine's FusedAdam): Adam moments stored in bf16, computed in
+  // fp32 (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16).
+  bool use_precision_aware_optimizer = false;
+  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32";
   // context parallelism (train/context_parallel.h): one --cp-comm-type for every layer or one per layer; the
   // hierarchical sizes as given (integers, validated)
   std::vector<std::string> cp_comm_type{"p2p"}, hierarchical_context_parallel_sizes;

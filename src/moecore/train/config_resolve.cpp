@@ -361,6 +361,27 @@ void validate(const TrainConfig& c) {
     to_int("testing-stall", c.testing_stall.substr(a + 1, b - a - 1));
     to_int("testing-stall", c.testing_stall.substr(b + 1));
   }
+  // Megatron's precision-aware optimizer checks (OptimizerConfig, get_megatron_optimizer).
+  for (const auto& [flag, dtype] :
+       {std::pair<const char*, const std::string&>{"exp-avg-dtype", c.exp_avg_dtype},
+        std::pair<const char*, const std::string&>{"exp-avg-sq-dtype", c.exp_avg_sq_dtype}}) {
+    MOE_CHECK(dtype == "fp32" || c.use_precision_aware_optimizer,
+              "--{} {}: {} can only be fp32 when not using precision-aware optimizer (as Megatron): add "
+              "--use-precision-aware-optimizer",
+              flag, dtype, flag);
+    MOE_CHECK(dtype == "fp32" || dtype == "bf16",
+              "--{} {}: Adam moments in {} (scaled states) are not implemented in moecore; use bf16 or fp32", flag,
+              dtype, dtype);
+  }
+  if (c.use_precision_aware_optimizer) {
+    MOE_CHECK(c.optimizer == "adam",
+              "--use-precision-aware-optimizer only supported with adam (as Megatron), not "
+              "--optimizer {}",
+              c.optimizer);
+    MOE_CHECK(c.use_distributed_optimizer,
+              "--use-precision-aware-optimizer only supported with distributed optimizer (as Megatron): add "
+              "--use-distributed-optimizer");
+  }
   if (c.optimizer == "muon" || c.optimizer == "dist_muon") {  // Megatron checks these as it builds the optimizer
     optim::check_newton_schulz(c.muon_coefficient_type, c.muon_num_ns_steps);
     MOE_CHECK(c.num_distributed_optimizer_instances == 1 || (c.optimizer == "muon" && !c.use_distributed_optimizer),

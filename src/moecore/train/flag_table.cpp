@@ -233,6 +233,13 @@ std::vector<FlagSpec> build_flag_table() {
         "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
        {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
         "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+       {"use-precision-aware-optimizer", &C::use_precision_aware_optimizer,
+        "Adam moments in --exp-avg-dtype/--exp-avg-sq-dtype (TransformerEngine's FusedAdam: stored low, computed in "
+        "fp32)"},
+       {"exp-avg-dtype", &C::exp_avg_dtype, "Adam first moment storage: fp32 or bf16 (fp16, fp8: refused)", kNoRole,
+        one_of({"fp32", "fp16", "bf16", "fp8"})},
+       {"exp-avg-sq-dtype", &C::exp_avg_sq_dtype, "Adam second moment storage: fp32 or bf16 (fp16, fp8: refused)",
+        kNoRole, one_of({"fp32", "fp16", "bf16", "fp8"})},
        // Pipeline stage layouts (train/pipeline_layout.h); -1 and "" are Megatron's None.
        {"num-layers-per-virtual-pipeline-stage", &C::num_layers_per_virtual_pipeline_stage,
         "Number of layers per virtual pipeline stage (-1: none)", kNoRole, at_least(-1)},

@@ -16,13 +16,10 @@ void numerics(std::vector<FlagRule>& r) {
       "moecore keeps fp32 main gradients and accumulates and reduces them in fp32 always",
       {"accumulate-allreduce-grads-in-fp32", "ddp-reduce-scatter-with-fp32-accumulation",
        "ddp-param-name-patterns-for-fp32-local-accumulation", "gtp-remat-reduce-scatter-with-fp32-accumulation"}));
-  r.push_back(no_effect_for({"main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"}, {"fp32"},
-                            "moecore's main gradients, master weights and Adam moments are fp32",
-                            "lower-precision optimizer state is not implemented in moecore"));
-  r.push_back(
-      no_effect("with fp32 main gradients, master weights and Adam moments (the only dtypes moecore "
-                "accepts) it is the same AdamW",
-                {"use-precision-aware-optimizer"}));
+  r.push_back(no_effect_for({"main-grads-dtype", "main-params-dtype"}, {"fp32"},
+                            "moecore's main gradients and master weights are fp32",
+                            "lower-precision main gradients and master weights are not implemented in moecore "
+                            "(bf16 Adam moments are: --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)"));
   r.push_back(
       refused(not_yet("gradient reduction in bf16", "moecore reduces gradients in fp32"), {"grad-reduce-in-bf16"}));
   r.push_back(no_effect("moecore computes the attention softmax in fp32 always", {"attention-softmax-in-fp32"}));

@@ -155,13 +155,16 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   // optimizer has its group (possibly of one rank): the distributed optimizer's flat gradient and parameter
   // buffers and this rank's shard of gradients, master weights and both moments (optim/distributed_optimizer.cpp),
   // or one flat bucket per layer for the all-reduce (optim/grad_sync.cpp).
+  // Adam's two moments: 4 bytes each, or 2 in bf16 (--use-precision-aware-optimizer --exp-avg-dtype bf16 ...).
+  const bool aware = c.use_precision_aware_optimizer;
+  const double moments = (aware && c.exp_avg_dtype == "bf16" ? 2 : 4) + (aware && c.exp_avg_sq_dtype == "bf16" ? 2 : 4);
   if (l.world() > 1 && c.use_distributed_optimizer) {
     const double shard = p.dense / (dp * static_cast<double>(l.cp)) + p.expert / edp;  // dense over DP×CP
-    m.adam = 8 * shard;
+    m.adam = moments * shard;
     m.master = 8 * shard;  // the f32 master shard and the reduce-scattered gradient shard
     m.comm = 8 * n;
   } else {
-    m.adam = 8 * n;
+    m.adam = moments * n;
     m.comm = l.world() > 1 ? 4 * n : 0.0;
   }
   // Sizes whose stash bytes do not fit in int64 (a sequence or batch of ~1e18 tokens) plan as unbounded: the

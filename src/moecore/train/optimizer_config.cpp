@@ -15,6 +15,8 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.count_zeros = c.log_num_zeros_in_grad;
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
+  oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";
+  oc.rule.bf16_exp_avg_sq = c.use_precision_aware_optimizer && c.exp_avg_sq_dtype == "bf16";
   oc.muon = c.optimizer == "muon" || c.optimizer == "dist_muon";
   optim::MuonConfig& m = oc.muon_cfg;
   m.momentum = c.muon_momentum;

@@ -54,6 +54,7 @@ class Trainer {
   nn::ParamRegistry& params() { return reg_; }
   Timers& timers() { return *timers_; }  // this run's (--timing-log-level)
   nn::GPTModel& model() { return *model_; }
+  const optim::ChainedOptimizer& optimizer() const { return *opt_; }
   const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }
   std::vector<moe::MoELayer*> moe_layers() { return train::moe_layers(*model_); }

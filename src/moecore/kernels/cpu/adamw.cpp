@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cuda/kernels.h"
@@ -12,16 +13,36 @@
 namespace moecore::kernels {
 
 namespace {
-// One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits).
+// Moments are read and written as f32 (or f64), or stored in bf16 (Megatron's precision-aware optimizer,
+// TransformerEngine's FusedAdam with bf16 states): loaded to f32, updated in f32, the update computed from the f32
+// values, then rounded to nearest even on store.
 template <typename T>
-MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
+inline T load(T x) {
+  return x;
+}
+inline float load(bf16 x) {
+  return bf16_to_float(x);
+}
+template <typename M, typename T>
+inline M store(T x) {
+  if constexpr (std::is_same_v<M, bf16>)
+    return float_to_bf16(x);
+  else
+    return x;
+}
+
+// One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits).
+template <typename T, typename M, typename V>
+MOE_TARGET_CLONES void update(T* p, const T* g, M* m, V* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
                               T gs) {
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
-    m[i] = b1 * m[i] + (T(1) - b1) * gi;
-    v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
-    const T mhat = m[i] / bc1;
-    const T vhat = v[i] / bc2;
+    const T mi = b1 * load(m[i]) + (T(1) - b1) * gi;
+    const T vi = b2 * load(v[i]) + (T(1) - b2) * gi * gi;
+    m[i] = store<M>(mi);
+    v[i] = store<V>(vi);
+    const T mhat = mi / bc1;
+    const T vhat = vi / bc2;
     p[i] = p[i] * (T(1) - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
   }
 }
@@ -29,7 +50,7 @@ MOE_TARGET_CLONES void update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T b
 constexpr int64_t kSerialElements = 16384;  // below this, one thread
 constexpr int64_t kLine = 16;               // elements per thread boundary step (a 64-byte line of f32)
 
-template <typename T>
+template <typename T, typename M, typename V>
 void step_all(std::vector<AdamWTensor>& ts, const AdamWParams& hp, double bc1, double bc2) {
   std::vector<int64_t> start(ts.size() + 1, 0);
   for (size_t k = 0; k < ts.size(); k++) start[k + 1] = start[k] + ts[k].param.numel();
@@ -45,8 +66,9 @@ void step_all(std::vector<AdamWTensor>& ts, const AdamWParams& hp, double bc1, d
       const int64_t lo = at - start[k], hi = std::min(end, start[k + 1]) - start[k];
       if (hi <= lo) continue;
       AdamWTensor& x = ts[k];
-      update<T>(x.param.data<T>() + lo, x.grad.data<T>() + lo, x.m.data<T>() + lo, x.v.data<T>() + lo, hi - lo,
-                T(hp.lr), T(hp.beta1), T(hp.beta2), T(hp.eps), T(x.weight_decay), T(bc1), T(bc2), T(hp.grad_scale));
+      update<T, M, V>(x.param.data<T>() + lo, x.grad.data<T>() + lo, x.m.data<M>() + lo, x.v.data<V>() + lo, hi - lo,
+                      T(hp.lr), T(hp.beta1), T(hp.beta2), T(hp.eps), T(x.weight_decay), T(bc1), T(bc2),
+                      T(hp.grad_scale));
       at = start[k] + hi;
     }
   }
@@ -69,15 +91,25 @@ void adamw_step_multi(std::vector<AdamWTensor>& ts, const AdamWParams& hp, int64
     }
     return;
   }
-  const DType dt = ts.front().param.dtype();
+  const DType dt = ts.front().param.dtype(), md = ts.front().m.dtype(), vd = ts.front().v.dtype();
   for (const auto& x : ts) {
     MOE_ASSERT(!x.param.device().is_cuda());
     MOE_ASSERT(x.param.numel() == x.grad.numel() && x.param.numel() == x.m.numel() && x.param.numel() == x.v.numel());
-    MOE_ASSERT(x.param.dtype() == dt && x.grad.dtype() == dt && x.m.dtype() == dt && x.v.dtype() == dt);
+    MOE_ASSERT(x.param.dtype() == dt && x.grad.dtype() == dt && x.m.dtype() == md && x.v.dtype() == vd);
   }
+  // Moments in the parameters' dtype, or bf16 beside f32 parameters.
+  MOE_ASSERT((md == dt || (md == DType::BF16 && dt == DType::F32)) &&
+             (vd == dt || (vd == DType::BF16 && dt == DType::F32)));
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(step));
-  MOE_DISPATCH_FLOAT(dt, T, { step_all<T>(ts, hp, bc1, bc2); });
+  if (md == DType::BF16 && vd == DType::BF16)
+    step_all<float, bf16, bf16>(ts, hp, bc1, bc2);
+  else if (md == DType::BF16)
+    step_all<float, bf16, float>(ts, hp, bc1, bc2);
+  else if (vd == DType::BF16)
+    step_all<float, float, bf16>(ts, hp, bc1, bc2);
+  else
+    MOE_DISPATCH_FLOAT(dt, T, { step_all<T, T, T>(ts, hp, bc1, bc2); });
 }
 
 }  // namespace moecore::kernels

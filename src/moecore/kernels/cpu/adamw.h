@@ -28,6 +28,9 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 // optimizer's flat shards), each with its own weight decay. The elements of all of them are split evenly over the
 // threads of one parallel region, each thread a contiguous run across tensor boundaries starting on a cache line,
 // so small tensors cost no fork and join of their own. Bitwise the same as adamw_step on each.
+// Moments m, v in the parameters' dtype, or bf16 beside f32 parameters (Megatron's precision-aware optimizer:
+// loaded to f32, updated in f32, the parameter update computed from the f32 values, rounded to nearest even on
+// store).
 struct AdamWTensor {
   Tensor param, grad, m, v;  // handles (slices share their storage)
   double weight_decay = 0;
