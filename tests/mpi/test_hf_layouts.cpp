@@ -39,10 +39,8 @@ TEST_P(HFLayouts, ImportedDeepSeekV3MatchesOneRank) {
         multi(testing::small_config(args, l.flags), null, false, &w);
     for (int step = 0; step < 3; step++) {
       const train::StepResult a = one.train_step(), b = multi.train_step();
-      testing::expect_same_step(a, b, step);
-      ASSERT_EQ(a.mtp_losses.size(), 1u);
-      ASSERT_EQ(b.mtp_losses.size(), 1u);
-      EXPECT_NEAR(b.mtp_losses[0], a.mtp_losses[0], 1e-5 * a.mtp_losses[0]) << "step " << step;
+      ASSERT_EQ(a.mtp_losses.size(), 1u) << "the imported MTP depth trains";
+      testing::expect_same_step(a, b, step);  // the MTP losses too
     }
   }
   std::fclose(null);
