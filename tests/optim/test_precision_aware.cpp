@@ -33,7 +33,7 @@ TEST(PrecisionAwareOptimizer, MegatronsChecks) {
                 .find("only supported with adam"),
             std::string::npos);
   EXPECT_NE(error({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype", "fp16"})
-                .find("Adam moments in fp16 (scaled states) are not implemented"),
+                .find("Adam moments in fp16 (scaled states) are not supported"),
             std::string::npos);
   // fp32 moments with the flag: the same AdamW.
   const train::TrainConfig same =

@@ -132,7 +132,7 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   auto refusal = [](std::vector<std::string> extra) {
     return testing::user_error_of([&] { train::parse_flags(extra); });  // no valid run needed: refused first
   };
-  EXPECT_EQ(refusal({"--fp16"}).rfind("--fp16: fp16 training with loss scaling is not implemented", 0), 0u);
+  EXPECT_EQ(refusal({"--fp16"}).rfind("--fp16: fp16 training with loss scaling is not supported", 0), 0u);
   EXPECT_NE(refusal({"--distribute-saved-activations"}).find("full recompute"), std::string::npos);
   EXPECT_NE(refusal({"--transformer-impl", "inference_optimized"})
                 .find("--transformer-impl inference_optimized: the inference-optimized implementation"),

@@ -317,8 +317,8 @@ TEST(PipelineLayout, LayoutRefusalsShowTheParsedLayout) {
       testing::contains(pipeline_refusal(layout_flags(2, 2, "EEt|tL")), "the embedding (E) exactly once, not 2 times"));
   EXPECT_TRUE(
       testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|LtL")), "the loss (L) exactly once, not 2 times"));
-  EXPECT_TRUE(
-      testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|mtL")), "moecore has no multi-token prediction yet"));
+  EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|mtL")),
+                                "but --mtp-num-layers is 0 (leave m out, or set --mtp-num-layers to the m's)"));
   EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(2, 2, "Et|mtL", 1)),
                                 "decoder layers (t) must all come before the MTP"));
   EXPECT_TRUE(testing::contains(pipeline_refusal(layout_flags(4, 2, "Ettt|tm||L", 1)),

@@ -153,7 +153,7 @@ TEST(Schedule, MegatronsChecksBetweenTheFlags) {
       [] {
         iters({"--rampup-batch-size", "4", "4", "100"});
       },
-      "--rampup-batch-size 4 4 100: batch-size rampup is not implemented");
+      "--rampup-batch-size 4 4 100: batch-size rampup is not supported");
   refused([] { iters({"--eod-mask-loss"}); }, "--eod-mask-loss needs a --tokenizer-type");
   refused([] { iters({"--lr-decay-style", "WSD"}); }, "needs the anneal length");
   // Accepted: the all-dash spelling Megatron also takes, and the YAML key with underscores.

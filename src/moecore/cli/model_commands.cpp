@@ -37,10 +37,11 @@ void add_generate_command(CLI::App& app, GenerateArgs& a) {
 }
 
 void run_generate(const GenerateArgs& a) {
-  MOE_CHECK(a.device == "auto" || cuda::resolve_device(a.device, "generate").is_cpu(),
-            "--device {}: generation on the GPU is not available yet: the model's modules still allocate on the host "
-            "(docs/cuda.md); use --device cpu or auto",
-            a.device);
+  MOE_CHECK(
+      a.device == "auto" || cuda::resolve_device(a.device, "generate").is_cpu(),
+      "--device {}: generation on the GPU is not supported by moecore: the model's modules still allocate on the host "
+      "(docs/cuda.md); use --device cpu or auto",
+      a.device);
   train::CheckpointModel m(a.load, a.tokenizer_model);
   fmt::print(stderr, "moecore generate: {} (iteration {}), {} sampling\n", m.dir(), m.iteration(),
              a.temperature > 0 ? fmt::format("temperature {} top-k {}", a.temperature, a.top_k) : "greedy");

@@ -22,7 +22,7 @@ LoadBalancingType parse_load_balancing_type(const std::string& s) {
   if (s == "none") return LoadBalancingType::None;
   MOE_CHECK(false,
             "--moe-router-load-balancing-type {} is not supported; choose from aux_loss, seq_aux_loss, "
-            "global_aux_loss, sinkhorn, none (quantile_balancing is not implemented in moecore)",
+            "global_aux_loss, sinkhorn, none (quantile_balancing is not supported by moecore)",
             s);
   return LoadBalancingType::None;
 }

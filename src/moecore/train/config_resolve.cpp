@@ -222,13 +222,15 @@ void validate(const TrainConfig& c) {
             "convert hf-to-native --input HF_DIR --output DIR` and train with --load DIR",
             c.ckpt_format);
   for (const auto& f : flag_table()) check_accepted(c, f);
-  // --device (docs/cuda.md): a GPU that cannot be used, or GPU training (not wired yet), refused before any work.
+  // --device (docs/cuda.md): a GPU that cannot be used, or GPU training (the modules allocate on the host), refused
+  // before any work.
   if (c.device != "auto" && cuda::resolve_device(c.device, "train").is_cuda())
-    MOE_CHECK(false,
-              "--device {}: training on the GPU is not available yet: the CUDA kernels run (moecore bench gemm / "
-              "attention --device cuda) but the model's modules still allocate on the host (docs/cuda.md); use "
-              "--device cpu or auto",
-              c.device);
+    MOE_CHECK(
+        false,
+        "--device {}: training on the GPU is not supported by moecore: the CUDA kernels run (moecore bench gemm / "
+        "attention --device cuda) but the model's modules still allocate on the host (docs/cuda.md); use "
+        "--device cpu or auto",
+        c.device);
   // Health alarms (train/routing_health.h).
   MOE_CHECK(!c.check_for_spiky_loss || c.loss_spike_factor > 0,
             "--check-for-spiky-loss asks for the loss-spike check that --loss-spike-factor 0 turns off: drop one "
@@ -277,10 +279,11 @@ void validate(const TrainConfig& c) {
             c.position_embedding_type);
   const bool yarn_flags =
       c.yarn_beta_fast != 32 || c.yarn_beta_slow != 1 || c.yarn_original_max_position_embeddings != 4096;
-  MOE_CHECK(!yarn_flags || (c.multi_latent_attention && c.rope_type != "rope"),
-            "--yarn-beta-fast, --yarn-beta-slow and --yarn-original-max-position-embeddings act on the YaRN of "
-            "--multi-latent-attention here (--position-embedding-type yarn is not implemented); without MLA's YaRN "
-            "they would change nothing: drop them");
+  MOE_CHECK(
+      !yarn_flags || (c.multi_latent_attention && c.rope_type != "rope"),
+      "--yarn-beta-fast, --yarn-beta-slow and --yarn-original-max-position-embeddings act on the YaRN of "
+      "--multi-latent-attention here (moecore does not support --position-embedding-type yarn); without MLA's YaRN "
+      "they would change nothing: drop them");
   if (c.multi_latent_attention) {
     MOE_CHECK(!c.group_query_attention,
               "--group-query-attention is mutually exclusive with --multi-latent-attention (as Megatron); drop it");
@@ -370,8 +373,8 @@ void validate(const TrainConfig& c) {
               "--use-precision-aware-optimizer",
               flag, dtype, flag);
     MOE_CHECK(dtype == "fp32" || dtype == "bf16",
-              "--{} {}: Adam moments in {} (scaled states) are not implemented in moecore; use bf16 or fp32", flag,
-              dtype, dtype);
+              "--{} {}: Adam moments in {} (scaled states) are not supported by moecore; use bf16 or fp32", flag, dtype,
+              dtype);
   }
   if (c.use_precision_aware_optimizer) {
     MOE_CHECK(c.optimizer == "adam",

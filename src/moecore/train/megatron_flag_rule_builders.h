@@ -20,9 +20,9 @@ inline FlagRule refused(std::string why, Names names, Names prefixes = {}) {
 inline FlagRule no_effect_for(Names names, Names values, std::string why, std::string otherwise) {
   return {RuleKind::NoEffectFor, std::move(why), std::move(names), {}, std::move(values), std::move(otherwise)};
 }
-// "<feature> is not implemented in moecore yet[; <instead>]"
-inline std::string not_yet(const std::string& feature, const std::string& instead = "") {
-  return feature + " is not implemented in moecore yet" + (instead.empty() ? "" : "; " + instead);
+// "<feature> is not supported by moecore[; <instead>]"
+inline std::string unsupported(const std::string& feature, const std::string& instead = "") {
+  return feature + " is not supported by moecore" + (instead.empty() ? "" : "; " + instead);
 }
 
 }  // namespace moecore::train::rule_builders

@@ -11,7 +11,7 @@ using namespace rule_builders;  // NOLINT(build/namespaces): the rule tables rea
 std::vector<FlagRule> build_rules() {
   std::vector<FlagRule> r;
   r.push_back(
-      refused(not_yet("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
+      refused(unsupported("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
 
   // --- Features another issue will implement: refused with the feature named --------------------------------------
   // Pipeline transport details: moecore's sends and receives are always non-blocking and posted one pass ahead
@@ -20,16 +20,16 @@ std::vector<FlagRule> build_rules() {
       "a pipeline transport detail (moecore overlaps its non-blocking MPI sends and receives)",
       {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
        "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"}));
-  r.push_back(refused(not_yet("hybrid context parallelism (dynamic CP per sequence)",
-                              "use a fixed --context-parallel-size with --cp-comm-type"),
+  r.push_back(refused(unsupported("hybrid context parallelism (dynamic CP per sequence)",
+                                  "use a fixed --context-parallel-size with --cp-comm-type"),
                       {"hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
   r.push_back(
       refused("--checkpoint-activations is no longer valid in Megatron; use --recompute-activations, or "
               "--recompute-granularity and --recompute-method",
               {"checkpoint-activations"}));
-  r.push_back(refused(not_yet("--distribute-saved-activations (full recompute's saved layer inputs split over the "
-                              "tensor-parallel group; it changes memory, not the math)",
-                              "drop it: full recompute keeps each chunk's whole input"),
+  r.push_back(refused(unsupported("--distribute-saved-activations (full recompute's saved layer inputs split over the "
+                                  "tensor-parallel group; it changes memory, not the math)",
+                                  "drop it: full recompute keeps each chunk's whole input"),
                       {"distribute-saved-activations"}));
   r.push_back(
       refused("fine-grained activation offloading moves device (GPU) activations to host memory while they "
@@ -38,28 +38,28 @@ std::vector<FlagRule> build_rules() {
               "activation memory",
               {"fine-grained-activation-offloading", "offload-modules", "fine-grained-offloading-max-inflight-offloads",
                "min-offloaded-tensor-size", "delay-offload-until-cuda-graph"}));
-  r.push_back(refused(not_yet("CPU offloading of activations or weights"),
+  r.push_back(refused(unsupported("CPU offloading of activations or weights"),
                       {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
   r.push_back(
       refused("MLA latent caching serves Megatron's dynamic inference engine; moecore trains and has no such engine",
               {"cache-mla-latents"}));
-  r.push_back(refused(not_yet("the fused MLA down projection (one linear_qkv_down_proj weight)",
-                              "leave it off: the unfused MLA computes the same"),
+  r.push_back(refused(unsupported("the fused MLA down projection (one linear_qkv_down_proj weight)",
+                                  "leave it off: the unfused MLA computes the same"),
                       {"mla-down-proj-fusion"}));
   r.push_back(refused(
-      not_yet("this multi-token prediction variant", "use --mtp-num-layers alone (separate, trained depths)"),
+      unsupported("this multi-token prediction variant", "use --mtp-num-layers alone (separate, trained depths)"),
       {"mtp-detach-heads", "mtp-hsm", "mtp-hybrid-override-pattern", "mtp-standalone", "mtp-use-repeated-layer"}));
   r.push_back(refused(
-      not_yet("fp8/fp4 training", "use --bf16"),
+      unsupported("fp8/fp4 training", "use --bf16"),
       {"disable-fp8-wgrad", "no-fp8-wgrad", "keep-fp8-transpose-cache", "reuse-grad-buf-for-mxfp8-param-ag",
        "moe-router-padding-for-fp8", "moe-router-padding-for-quantization", "first-last-layers-bf16",
        "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "te-precision-config-file", "use-kitchen-attention"},
       {"fp8-", "fp4-", "kitchen-"}));
-  r.push_back(refused(not_yet("fp16 training with loss scaling", "use --bf16 (fp32 master weights, no loss scale)"),
+  r.push_back(refused(unsupported("fp16 training with loss scaling", "use --bf16 (fp32 master weights, no loss scale)"),
                       {"fp16", "fp16-lm-cross-entropy", "loss-scale", "initial-loss-scale", "min-loss-scale",
                        "loss-scale-window", "hysteresis"}));
-  r.push_back(refused(not_yet("fully sharded data parallelism (Megatron FSDP, torch FSDP2)",
-                              "use --use-distributed-optimizer (sharded optimizer state)"),
+  r.push_back(refused(unsupported("fully sharded data parallelism (Megatron FSDP, torch FSDP2)",
+                                  "use --use-distributed-optimizer (sharded optimizer state)"),
                       {"use-megatron-fsdp", "use-torch-fsdp2"}));
   r.push_back(no_effect(
       "acts only with --use-megatron-fsdp or --use-torch-fsdp2 (refused in moecore)",
@@ -91,17 +91,17 @@ std::vector<FlagRule> build_rules() {
                  "distrib-optim-fully-reshardable-mem-efficient", "ckpt-drop-redundant-extra-state",
                  "disable-ckpt-load-validate-sharding-integrity", "no-ckpt-load-validate-sharding-integrity",
                  "auto-detect-ckpt-format", "no-use-layer-wise-param-layout"}));
-  r.push_back(refused(not_yet("saving checkpoints without the optimizer or RNG state",
-                              "moecore checkpoints always hold them; --no-load-optim and --no-load-rng skip them "
-                              "on load"),
+  r.push_back(refused(unsupported("saving checkpoints without the optimizer or RNG state",
+                                  "moecore checkpoints always hold them; --no-load-optim and --no-load-rng skip them "
+                                  "on load"),
                       {"no-save-optim", "no-save-rng"}));
-  r.push_back(refused(not_yet("leaving the tokenizer out of checkpoints", "moecore checkpoints always hold it"),
+  r.push_back(refused(unsupported("leaving the tokenizer out of checkpoints", "moecore checkpoints always hold it"),
                       {"disable-save-tokenizer-assets", "no-save-tokenizer-assets"}));
-  r.push_back(refused(not_yet("non-persistent (local or in-memory) checkpointing", "use --save and --save-interval"),
-                      {"persistent-save-interval", "replication", "replication-factor", "replication-jump"},
-                      {"non-persistent-"}));
   r.push_back(refused(
-      not_yet("this checkpoint option", "use --load with --finetune, --no-load-optim, --no-load-rng"),
+      unsupported("non-persistent (local or in-memory) checkpointing", "use --save and --save-interval"),
+      {"persistent-save-interval", "replication", "replication-factor", "replication-jump"}, {"non-persistent-"}));
+  r.push_back(refused(
+      unsupported("this checkpoint option", "use --load with --finetune, --no-load-optim, --no-load-rng"),
       {"pretrained-checkpoint", "load-main-params-from-ckpt", "override-ckpt-iteration",
        "use-mp-args-from-checkpoint-args", "exit-on-missing-checkpoint", "verify-integrity", "no-initialization"}));
   r.push_back(

@@ -8,7 +8,7 @@ namespace {
 
 using namespace rule_builders;  // NOLINT(build/namespaces): the rule tables read as prose
 std::string not_gpt(const std::string& area) {
-  return area + " is not a GPT pretraining feature: not implemented in moecore";
+  return area + " is not a GPT pretraining feature: not supported by moecore";
 }
 
 void numerics(std::vector<FlagRule>& r) {
@@ -18,20 +18,20 @@ void numerics(std::vector<FlagRule>& r) {
        "ddp-param-name-patterns-for-fp32-local-accumulation", "gtp-remat-reduce-scatter-with-fp32-accumulation"}));
   r.push_back(no_effect_for({"main-grads-dtype", "main-params-dtype"}, {"fp32"},
                             "moecore's main gradients and master weights are fp32",
-                            "lower-precision main gradients and master weights are not implemented in moecore "
+                            "lower-precision main gradients and master weights are not supported by moecore "
                             "(bf16 Adam moments are: --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)"));
   r.push_back(
-      refused(not_yet("gradient reduction in bf16", "moecore reduces gradients in fp32"), {"grad-reduce-in-bf16"}));
+      refused(unsupported("gradient reduction in bf16", "moecore reduces gradients in fp32"), {"grad-reduce-in-bf16"}));
   r.push_back(no_effect("moecore computes the attention softmax in fp32 always", {"attention-softmax-in-fp32"}));
   r.push_back(
       no_effect("scales Q·Kᵀ down by the layer number and the fp32 softmax back up: the same attention up "
                 "to rounding (an fp16 safeguard)",
                 {"apply-query-key-layer-scaling"}));
   r.push_back(no_effect("moecore's bf16 GEMMs accumulate in fp32 always", {"disable-bf16-reduced-precision-matmul"}));
-  r.push_back(refused(not_yet("an fp32 residual stream"), {"fp32-residual-connection"}));
+  r.push_back(refused(unsupported("an fp32 residual stream"), {"fp32-residual-connection"}));
   r.push_back(no_effect_for({"output-logit-dtype"}, {"fp32"}, "moecore's output layer produces fp32 logits",
-                            "bf16 logits are not implemented in moecore"));
-  r.push_back(refused(not_yet("batch-invariant kernels"), {"batch-invariant-mode"}));
+                            "bf16 logits are not supported by moecore"));
+  r.push_back(refused(unsupported("batch-invariant kernels"), {"batch-invariant-mode"}));
   r.push_back(no_effect("acts only with --batch-invariant-mode (refused in moecore)", {"batch-invariant-backend"}));
 }
 
@@ -45,8 +45,9 @@ void selectors(std::vector<FlagRule>& r) {
        "use-transformer-engine-op-fuser", "use-te-activation-func"}));
   r.push_back(no_effect("selects Megatron's model code (Megatron Core here); moecore has one implementation",
                         {"use-mcore-models"}));
-  r.push_back(refused(not_yet("Megatron's legacy (non-Core) models", "drop the flag: moecore follows Megatron Core"),
-                      {"use-legacy-models"}));
+  r.push_back(
+      refused(unsupported("Megatron's legacy (non-Core) models", "drop the flag: moecore follows Megatron Core"),
+              {"use-legacy-models"}));
   r.push_back(no_effect_for({"transformer-impl"}, {"local", "transformer_engine"},
                             "selects Megatron's layer implementation; moecore has one with the same math",
                             "the inference-optimized implementation is not a training feature"));
@@ -75,10 +76,10 @@ void selectors(std::vector<FlagRule>& r) {
   r.push_back(no_effect("Python garbage collection",
                         {"manual-gc", "manual-gc-interval", "disable-manual-gc-eval", "no-manual-gc-eval"}));
   r.push_back(no_effect_for({"mlp-chunks-for-training"}, {"1"}, "moecore computes the MLP in one piece",
-                            "chunking the MLP along the sequence (a memory saver) is not implemented in moecore"));
+                            "chunking the MLP along the sequence (a memory saver) is not supported by moecore"));
   r.push_back(no_effect_for({"tensor-parallel-num-weight-shards", "expert-tensor-parallel-num-weight-shards"}, {"1"},
                             "weight shards beyond tensor parallelism: none",
-                            "weight rematerialization across extra shards is not implemented in moecore"));
+                            "weight rematerialization across extra shards is not supported by moecore"));
 }
 
 void communication(std::vector<FlagRule>& r) {
@@ -104,10 +105,10 @@ void communication(std::vector<FlagRule>& r) {
       {"moe-hybridep-"}));
   r.push_back(no_effect_for({"moe-dispatch-fwd-dtype", "moe-combine-bwd-dtype"}, {"bf16"},
                             "the dispatch wire dtype of the NCCL EP dispatcher; moecore sends activations unrounded",
-                            "mxfp8 dispatch is not implemented in moecore"));
-  r.push_back(
-      refused(not_yet("the model-parallel-size alias", "use --tensor-model-parallel-size"), {"model-parallel-size"}));
-  r.push_back(refused(not_yet("a fake process group (no real communication)"), {"fake-process-group"}));
+                            "mxfp8 dispatch is not supported by moecore"));
+  r.push_back(refused(unsupported("the model-parallel-size alias", "use --tensor-model-parallel-size"),
+                      {"model-parallel-size"}));
+  r.push_back(refused(unsupported("a fake process group (no real communication)"), {"fake-process-group"}));
 }
 
 void data_and_tokenizers(std::vector<FlagRule>& r) {
@@ -117,17 +118,17 @@ void data_and_tokenizers(std::vector<FlagRule>& r) {
                          "data-cache-path", "exit-signal-handler-for-dataloader", "object-storage-cache-path",
                          "enable-msc", "disable-msc", "no-data-sharding"}));
   r.push_back(no_effect_for({"dataloader-type"}, {"single"}, "moecore's sampler is Megatron's single sampler",
-                            "cyclic or external data loaders are not implemented in moecore"));
+                            "cyclic or external data loaders are not supported by moecore"));
   r.push_back(no_effect_for({"mid-level-dataset-surplus"}, {"0.005"}, "Megatron's default blending surplus",
-                            "another blending surplus is not implemented in moecore"));
+                            "another blending surplus is not supported by moecore"));
   r.push_back(
-      refused(not_yet("this data option", "use --data-path (with weights) and --split"),
+      refused(unsupported("this data option", "use --data-path (with weights) and --split"),
               {"data-args-path", "per-split-data-args-path", "train-data-path", "valid-data-path", "test-data-path",
                "per-dataset-sequences-path", "sample-rate", "phase-transition-iterations", "multiple-validation-sets",
                "validation-set-names", "allow-ambiguous-pad-tokens", "iterations-to-skip"}));
-  r.push_back(refused(not_yet("this change to what the model sees or is scored on"),
+  r.push_back(refused(unsupported("this change to what the model sees or is scored on"),
                       {"reset-attention-mask", "reset-position-ids", "dataloader-inter-document-masking"}));
-  r.push_back(refused(not_yet("fill-in-the-middle (FIM) data"), {}, {"fim-"}));
+  r.push_back(refused(unsupported("fill-in-the-middle (FIM) data"), {}, {"fim-"}));
   r.push_back(
       no_effect("read only by tokenizer types moecore refuses (--tokenizer-type accepts HuggingFaceTokenizer, "
                 "GPT2BPETokenizer and NullTokenizer)",
@@ -136,22 +137,22 @@ void data_and_tokenizers(std::vector<FlagRule>& r) {
                 {"tiktoken-"}));
   r.push_back(no_effect("selects Megatron's tokenizer code; moecore has its own with the same tokens",
                         {"legacy-tokenizer", "tokenizer-hf-no-use-fast", "use-gigatoken", "trust-remote-code"}));
-  r.push_back(refused(not_yet("this tokenizer option"),
+  r.push_back(refused(unsupported("this tokenizer option"),
                       {"tokenizer-hf-no-include-special-tokens", "tokenizer-metadata", "tokenizer-special-tokens",
                        "null-tokenizer-eod-id", "null-tokenizer-pad-id", "chat-template"}));
-  r.push_back(refused(not_yet("an unpadded vocabulary", "use --make-vocab-size-divisible-by 1"),
+  r.push_back(refused(unsupported("an unpadded vocabulary", "use --make-vocab-size-divisible-by 1"),
                       {"disable-pad-vocab-size", "no-pad-vocab-size", "padded-vocab-size"}));
 }
 
 void logging_and_resilience(std::vector<FlagRule>& r) {
   r.push_back(
-      refused("Weights & Biases output is not implemented; moecore logs to stdout, --metrics-file and "
+      refused("Weights & Biases output is not supported; moecore logs to stdout, --metrics-file and "
               "--tensorboard-dir",
               {"log-device-memory-used"}, {"wandb-"}));
   r.push_back(refused(
-      not_yet("this logging or dump",
-              "moecore logs losses, norms and timings to stdout and "
-              "--metrics-file"),
+      unsupported("this logging or dump",
+                  "moecore logs losses, norms and timings to stdout and "
+                  "--metrics-file"),
       {"log-energy", "log-max-attention-logit", "log-memory-interval", "log-progress", "log-straggler",
        "config-logger-dir", "dump-param-to-param-group-map", "save-activations-interval", "save-dgrads-interval",
        "save-params-interval", "save-wgrads-interval", "save-tokens-per-expert-interval"},
@@ -168,31 +169,31 @@ void logging_and_resilience(std::vector<FlagRule>& r) {
       no_effect("fault-tolerance heartbeats of nvidia-resiliency-ext (moecore stops every rank on a failure; "
                 "resume from the last checkpoint)",
                 {"enable-ft-package", "calc-ft-timeouts", "ft-num-warmup-iters"}));
-  r.push_back(refused(not_yet("in-process restart", "moecore stops every rank on a failure; resume with --load"),
+  r.push_back(refused(unsupported("in-process restart", "moecore stops every rank on a failure; resume with --load"),
                       {"inprocess-restart"}));
   r.push_back(no_effect("acts only with --inprocess-restart (refused in moecore)", {}, {"inprocess-"}));
-  r.push_back(refused(not_yet("ADLR autoresume", "use --exit-signal-handler (moecore saves and stops on a signal)"),
+  r.push_back(refused(unsupported("ADLR autoresume", "use --exit-signal-handler (moecore saves and stops on a signal)"),
                       {"adlr-autoresume", "adlr-autoresume-interval"}));
   r.push_back(no_effect_for({"rerun-mode"}, {"disabled", "validate_results"},
                             "moecore stops on a non-finite loss or gradient, after re-running the step to name where "
                             "it appeared (docs/differences.md)",
-                            "statistics on the variability of re-run iterations are not implemented in moecore"));
+                            "statistics on the variability of re-run iterations are not supported by moecore"));
   r.push_back(refused(
-      not_yet("result validation and fault injection"),
+      unsupported("result validation and fault injection"),
       {"check-for-large-grads", "error-injection-rate", "error-injection-type", "result-rejected-tracker-filename"},
       {"fault-injector-"}));
-  r.push_back(refused(not_yet("this training option"),
+  r.push_back(refused(unsupported("this training option"),
                       {"exit-signal-handler-for-training", "decrease-batch-size-if-needed", "step-batch-size-schedule",
                        "eval-global-batch-size", "eval-micro-batch-size", "full-validation", "start-eval-at-iter",
                        "freeze-all-layers", "head-lr-mult", "no-weight-decay-cond-type", "apply-wd-to-qk-layernorm",
                        "data-parallel-random-init", "test-mode", "spec", "yaml-cfg"}));
-  r.push_back(refused(not_yet("the legacy --batch-size", "use --micro-batch-size"), {"batch-size"}));
-  r.push_back(refused(not_yet("the legacy --warmup", "use --lr-warmup-iters"), {"warmup"}));
+  r.push_back(refused(unsupported("the legacy --batch-size", "use --micro-batch-size"), {"batch-size"}));
+  r.push_back(refused(unsupported("the legacy --warmup", "use --lr-warmup-iters"), {"warmup"}));
   r.push_back(no_effect("acts only with --optimizer lion (refused in moecore)", {"lion-beta1", "lion-beta2"}));
 }
 
 void model_features(std::vector<FlagRule>& r) {
-  r.push_back(refused(not_yet("this architecture change"),
+  r.push_back(refused(unsupported("this architecture change"),
                       {"apply-residual-connection-post-layernorm",
                        "add-qkv-bias",
                        "attention-output-gate",
@@ -229,13 +230,13 @@ void model_features(std::vector<FlagRule>& r) {
                         {"use-rotary-position-embeddings"}));
   r.push_back(no_effect("a kernel choice for Muon's Gram products (Triton SYRK): the same math", {"muon-use-syrk"}));
   r.push_back(no_effect_for({"softmax-type"}, {"vanilla"}, "the plain attention softmax, as moecore computes",
-                            "off-by-one and learnable softmax are not implemented in moecore"));
-  r.push_back(refused(not_yet("hybrid Mamba, linear-attention and sparse-attention models"),
+                            "off-by-one and learnable softmax are not supported by moecore"));
+  r.push_back(refused(unsupported("hybrid Mamba, linear-attention and sparse-attention models"),
                       {"is-hybrid-model", "experimental-attention-variant", "disable-mamba-mem-eff-path",
                        "disable-dsa-indexer-rotate-activation", "disable-dsa-indexer-scoring-relu",
                        "no-dsa-indexer-rotate-activation", "no-dsa-indexer-scoring-relu"},
                       {"mamba-", "hybrid-", "linear-", "dsa-", "gdp-"}));
-  r.push_back(refused(not_yet("this MoE option"),
+  r.push_back(refused(unsupported("this MoE option"),
                       {"moe-apply-probs-on-input", "moe-latent-size", "moe-expert-rank-capacity-factor",
                        "moe-router-force-biased", "moe-enable-routing-replay", "moe-extended-tp",
                        "moe-mlp-glu-interleave-size", "moe-shared-expert-glu-interleave-size"}));

@@ -173,7 +173,7 @@ PipelineLayout plan_from_layout_string(const PipelineFlags& f, const std::vector
             count(flat, 't'), f.num_layers, f.num_layers, shown());
   MOE_CHECK(count(flat, 'm') == f.mtp_num_layers, "the layout holds {} MTP layers (m) but --mtp-num-layers is {}{}; {}",
             count(flat, 'm'), f.mtp_num_layers,
-            f.mtp_num_layers == 0 ? " (moecore has no multi-token prediction yet: leave m out)" : "", shown());
+            f.mtp_num_layers == 0 ? " (leave m out, or set --mtp-num-layers to the m's)" : "", shown());
   const size_t first_mtp = flat.find('m');
   MOE_CHECK(first_mtp == std::string::npos || flat.find('t', first_mtp) == std::string::npos,
             "decoder layers (t) must all come before the MTP layers (m) in the layout; {}", shown());

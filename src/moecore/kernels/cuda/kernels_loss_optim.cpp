@@ -109,7 +109,7 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
 namespace {
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, bool dropout_on) {
   MOE_CHECK(!dropout_on,
-            "attention dropout on the GPU is not implemented yet (its Philox mask is CPU-only); use "
+            "attention dropout is not supported by the CUDA backend (its Philox mask is generated on the CPU); use "
             "--attention-dropout 0 with --device cuda, or --device cpu");
   MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
                  k.shape().str());
