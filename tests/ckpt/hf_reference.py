@@ -7,41 +7,14 @@ Usage: hf_reference.py HF_DIR TOKEN_ID... > logits.json   (prints [[logit per vo
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
 
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        raw = data[b:end]
-        if e["dtype"] == "BF16":
-            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            x = u.view(np.float32)
-        elif e["dtype"] == "F32":
-            x = np.frombuffer(raw, dtype="<f4")
-        else:
-            raise SystemExit(f"unsupported dtype {e['dtype']}")
-        out[name] = x.astype(np.float64).reshape(e["shape"])
-    return out
-
-
-def load_weights(d):
-    index = os.path.join(d, "model.safetensors.index.json")
-    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
-    w = {}
-    for f in files:
-        w.update(load_safetensors(os.path.join(d, f)))
-    return w
+# The safetensors reader of the DeepSeek-V3 reference (tests/models/): bf16, f32 and FP8 tensors as float64.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+from deepseek_v3_reference import load_hf_weights as load_weights  # noqa: E402
 
 
 def rms_norm(x, weight, eps):

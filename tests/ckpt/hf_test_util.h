@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,14 @@ namespace moecore::testing {
 // A run over the HF test models' 96-token vocabulary, with `extra` flags.
 inline train::TrainConfig hf_run_config(const std::vector<std::string>& extra) {
   return small_config(mock_run_flags(16, 2, 2, 96, 2, "1e-3"), extra);
+}
+
+// A small moecore MoE model's flags as a checkpoint stores them (2 layers, H 32, 4 SwiGLU experts), for the export
+// refusals.
+inline nlohmann::json small_moe_flags() {
+  return {{"num-layers", 2},          {"hidden-size", 32},           {"num-attention-heads", 4},
+          {"swiglu", true},           {"disable-bias-linear", true}, {"num-experts", 4},
+          {"moe-ffn-hidden-size", 16}};
 }
 
 // max |a − b| / max |b| over [S][V] logits.

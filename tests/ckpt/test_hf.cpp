@@ -214,15 +214,8 @@ TEST(HFInterop, RefusesWhatItCannotMapByName) {
   e = error_of([&] { ckpt::hf_architecture(c, "config.json"); });
   EXPECT_NE(e.find("LlamaForCausalLM"), std::string::npos) << e;
   // A moecore model with shared experts and sigmoid routing has no Mixtral form.
-  nlohmann::json flags = {{"num-layers", 2},
-                          {"hidden-size", 32},
-                          {"num-attention-heads", 4},
-                          {"swiglu", true},
-                          {"disable-bias-linear", true},
-                          {"num-experts", 4},
-                          {"moe-ffn-hidden-size", 16},
-                          {"moe-shared-expert-intermediate-size", 16},
-                          {"moe-router-score-function", "sigmoid"}};
+  nlohmann::json flags = testing::small_moe_flags();
+  flags.update({{"moe-shared-expert-intermediate-size", 16}, {"moe-router-score-function", "sigmoid"}});
   e = error_of([&] { ckpt::architecture_from_flags(flags, 96, "mixtral"); });
   EXPECT_NE(e.find("shared experts, sigmoid routing"), std::string::npos) << e;
   // Nor does one with Megatron's default LayerNorm and learned absolute positions (the HF classes have RMSNorm and

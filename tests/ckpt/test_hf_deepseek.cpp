@@ -258,16 +258,8 @@ TEST(DeepSeekV3HF, RefusesWhatMegatronCannotExpress) {
   const std::string y = error_of([] { testing::hf_run_config({"--yarn-beta-fast", "4"}); });
   EXPECT_NE(y.find("act on the YaRN of --multi-latent-attention here"), std::string::npos) << y;
   // A moecore model DeepseekV3 has no form for.
-  nlohmann::json flags = {{"num-layers", 2},
-                          {"hidden-size", 32},
-                          {"num-attention-heads", 4},
-                          {"swiglu", true},
-                          {"disable-bias-linear", true},
-                          {"num-experts", 4},
-                          {"moe-ffn-hidden-size", 16},
-                          {"multi-latent-attention", true},
-                          {"qk-layernorm", true},
-                          {"moe-router-score-function", "softmax"}};
+  nlohmann::json flags = testing::small_moe_flags();
+  flags.update({{"multi-latent-attention", true}, {"qk-layernorm", true}, {"moe-router-score-function", "softmax"}});
   const std::string x = error_of([&] { ckpt::architecture_from_flags(flags, 96, ""); });
   EXPECT_NE(x.find("cannot be written as deepseek_v3: it has softmax routing (DeepseekV3 routes by sigmoid "
                    "scores), no expert bias"),

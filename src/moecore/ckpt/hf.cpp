@@ -185,8 +185,7 @@ int64_t convert_hf_to_native(const std::string& hf_dir, const std::string& out_r
       for (const Box& b : row_chunks(t.global, shard_bytes)) {
         Tensor chunk = Tensor::zeros(b.size, DType::F32);
         m.read_into(t, chunk, b);
-        const bool named = std::any_of(shard.begin(), shard.end(), [&](const auto& x) { return x.name == t.name; });
-        if (named) flush();
+        if (!shard.empty() && shard.back().name == t.name) flush();  // a tensor's chunks are consecutive
         held += static_cast<int64_t>(chunk.nbytes());
         shard.push_back({t.name, b, chunk});
         if (held >= shard_bytes) flush();

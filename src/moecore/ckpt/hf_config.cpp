@@ -19,6 +19,7 @@ using hf::layer_freq;
 using hf::need;
 using hf::refuse_listed;
 using hf::refuse_unexpressible;
+using hf::shared_hf_config;
 using hf::shared_train_flags;
 
 HFArchitecture hf_architecture(const nlohmann::json& c, const std::string& where) {
@@ -139,23 +140,8 @@ HFArchitecture architecture_from_flags(const nlohmann::json& f, int64_t vocab, s
 nlohmann::json hf_config_from_flags(const nlohmann::json& f, const HFArchitecture& a, const std::string& dtype) {
   if (a.kind == "deepseek_v3") return deepseek_config_from_flags(f, a, dtype);
   const std::string where = "the checkpoint's configuration";
-  nlohmann::json c = {{"hidden_size", a.hidden},
-                      {"num_hidden_layers", a.layers},
-                      {"num_attention_heads", a.heads},
-                      {"num_key_value_heads", a.kv_heads},
-                      {"head_dim", a.head_dim},
-                      {"vocab_size", a.vocab},
-                      {"tie_word_embeddings", a.tied},
-                      {"hidden_act", "silu"},
-                      {"rms_norm_eps", get<double>(f, "norm-epsilon", 1e-5, where)},
-                      {"rope_theta", get<double>(f, "rotary-base", 1e4, where)},
-                      {"rope_scaling", nullptr},
-                      {"max_position_embeddings", get<int64_t>(f, "max-position-embeddings", 4096, where)},
-                      {"num_experts_per_tok", get<int64_t>(f, "moe-router-topk", 2, where)},
-                      {"attention_dropout", get<double>(f, "attention-dropout", 0.0, where)},
-                      {"initializer_range", get<double>(f, "init-method-std", 0.02, where)},
-                      {"torch_dtype", dtype == "f32" ? "float32" : "bfloat16"},
-                      {"use_cache", true}};
+  nlohmann::json c = shared_hf_config(f, a, dtype);
+  c["head_dim"] = a.head_dim;
   if (a.kind == "qwen3_moe") {
     std::vector<int64_t> dense;
     for (size_t i = 0; i < a.is_moe.size(); i++)

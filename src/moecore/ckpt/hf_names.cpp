@@ -67,6 +67,26 @@ nlohmann::json shared_train_flags(const HFArchitecture& a) {
           {"hidden-dropout", 0.0}};  // the HF classes drop only attention probabilities (attention_dropout)
 }
 
+nlohmann::json shared_hf_config(const nlohmann::json& f, const HFArchitecture& a, const std::string& dtype) {
+  const std::string where = "the checkpoint's configuration";
+  return {{"hidden_size", a.hidden},
+          {"num_hidden_layers", a.layers},
+          {"num_attention_heads", a.heads},
+          {"num_key_value_heads", a.kv_heads},
+          {"vocab_size", a.vocab},
+          {"tie_word_embeddings", a.tied},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", get<double>(f, "norm-epsilon", 1e-5, where)},
+          {"rope_theta", get<double>(f, "rotary-base", 1e4, where)},
+          {"rope_scaling", nullptr},
+          {"max_position_embeddings", get<int64_t>(f, "max-position-embeddings", 4096, where)},
+          {"num_experts_per_tok", get<int64_t>(f, "moe-router-topk", 2, where)},
+          {"attention_dropout", get<double>(f, "attention-dropout", 0.0, where)},
+          {"initializer_range", get<double>(f, "init-method-std", 0.02, where)},
+          {"torch_dtype", dtype == "f32" ? "float32" : "bfloat16"},
+          {"use_cache", true}};
+}
+
 void refuse_unexpressible(const nlohmann::json& f, std::vector<std::string>& refused) {
   const std::string where = "the checkpoint's configuration";
   auto refuse_if = [&](bool bad, const std::string& what) {

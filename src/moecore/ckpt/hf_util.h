@@ -53,6 +53,9 @@ void add_experts(std::vector<NativeTensor>& out, const std::string& n, const std
 // The train flags every HF MoE class shares: the layer count and widths, SwiGLU without biases, RMSNorm, full RoPE,
 // the expert shapes and the layer pattern, no hidden dropout.
 nlohmann::json shared_train_flags(const HFArchitecture& a);
+// The config.json keys every HF MoE class shares, from the train flags: sizes, vocabulary, RoPE base (rope_scaling
+// null), norm epsilon, top-k, dropout, init, dtype.
+nlohmann::json shared_hf_config(const nlohmann::json& flags, const HFArchitecture& a, const std::string& dtype);
 // What none of the HF MoE classes can express, appended to `refused`: a dense model, a non-SwiGLU FFN, linear biases,
 // LayerNorm, positions other than RoPE, zero-centred norm weights.
 void refuse_unexpressible(const nlohmann::json& flags, std::vector<std::string>& refused);

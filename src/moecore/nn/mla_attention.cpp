@@ -69,7 +69,7 @@ MLAttention::MLAttention(ParamRegistry& reg, const std::string& name, const Atte
       dn_(m.qk_head_dim),
       dr_(m.qk_pos_emb_head_dim),
       dv_(m.v_head_dim),
-      da_(std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim)),
+      da_(m.kernel_head_dim()),
       kv_down_(reg, name + ".linear_kv_down_proj",
                lin(a.hidden, m.kv_lora_rank + m.qk_pos_emb_head_dim, false, a.init_std, a, TPSplit::None)),
       kv_up_(reg, name + ".linear_kv_up_proj",
@@ -283,7 +283,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
 // What MLAttention::forward leaves in its Stash (stash_bytes.h).
 int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d, bool input_dropped) {
   const int64_t r = d.rows(), rl = d.local_rows(), H = a.hidden, nh = a.num_heads / d.tp;
-  const int64_t da = std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim), R = m.kv_lora_rank;
+  const int64_t da = m.kernel_head_dim(), R = m.kv_lora_rank;
   const auto f32 = [](int64_t n) { return tensor_bytes(n, DType::F32); };
   const DType gd = d.gemm_input();
   // The layer's normed input x_local: kv_down's (and q_down's) input, shared in f32, one bf16 copy each (none when

@@ -17,6 +17,7 @@
 // dropped), so v_head_dim ≠ qk dims costs (A − d_v)/A more value work and nothing else.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,8 @@ struct MLAConfig {
   // v are freed once the attention kernel has run and recomputed from the up projections' stashed inputs (and the
   // rope key) just before its backward.
   bool recompute_up_proj = false;
+  // The one head width the attention kernel sees: q, k and v zero-padded to max(qk + rope, v) channels.
+  int64_t kernel_head_dim() const { return std::max(qk_head_dim + qk_pos_emb_head_dim, v_head_dim); }
 };
 
 class MLAttention {

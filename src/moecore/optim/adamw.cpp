@@ -23,8 +23,8 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
 void AdamW::load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {
   MOE_ASSERT(m.size() == m_.size() && v.size() == v_.size());
   for (size_t i = 0; i < m_.size(); i++) {
-    m_[i].copy_from(m[i].reshape(m_[i].shape()));
-    v_[i].copy_from(v[i].reshape(v_[i].shape()));
+    m_[i].copy_from(m[i]);  // converted to the storage dtype
+    v_[i].copy_from(v[i]);
   }
 }
 

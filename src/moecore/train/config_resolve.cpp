@@ -277,8 +277,9 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.mtp_num_layers == 0 || c.position_embedding_type == "rope" || c.position_embedding_type == "none",
             "--mtp-num-layers {} needs --position-embedding-type rope or none (as Megatron), not {}", c.mtp_num_layers,
             c.position_embedding_type);
-  const bool yarn_flags =
-      c.yarn_beta_fast != 32 || c.yarn_beta_slow != 1 || c.yarn_original_max_position_embeddings != 4096;
+  const TrainConfig defaults;
+  const bool yarn_flags = c.yarn_beta_fast != defaults.yarn_beta_fast || c.yarn_beta_slow != defaults.yarn_beta_slow ||
+                          c.yarn_original_max_position_embeddings != defaults.yarn_original_max_position_embeddings;
   MOE_CHECK(
       !yarn_flags || (c.multi_latent_attention && c.rope_type != "rope"),
       "--yarn-beta-fast, --yarn-beta-slow and --yarn-original-max-position-embeddings act on the YaRN of "

@@ -113,8 +113,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   double attention_kernel = 0;
   if (d.bf16 && l.cp <= 1 && d.S <= kernels::kMaxBf16AttentionSeq &&
       kernels::bf16_attention_kernel() == kernels::Bf16AttentionKernel::OneDnn) {
-    const int64_t width =
-        m.mla.enabled ? std::max(m.mla.qk_head_dim + m.mla.qk_pos_emb_head_dim, m.mla.v_head_dim) : m.attn.head_dim;
+    const int64_t width = m.mla.enabled ? m.mla.kernel_head_dim() : m.attn.head_dim;
     attention_kernel = static_cast<double>(
         kernels::attention_backward_bf16_onednn_bytes(d.S, d.B, m.attn.num_heads / std::max<int64_t>(l.tp, 1), width));
   }
