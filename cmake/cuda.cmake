@@ -23,7 +23,9 @@ set(MOECORE_CUDA_HOST_SOURCES src/moecore/cuda/caching_allocator.cpp src/moecore
 function(moecore_add_cuda target)
   target_sources(${target} PRIVATE ${MOECORE_CUDA_HOST_SOURCES})
   if(NOT MOECORE_WITH_CUDA)
-    target_sources(${target} PRIVATE src/moecore/cuda/unavailable.cpp)
+    # unavailable*.cpp: the CPU-only build's answers to every GPU entry point (one file per kernel family).
+    file(GLOB unavailable CONFIGURE_DEPENDS src/moecore/cuda/unavailable*.cpp)
+    target_sources(${target} PRIVATE ${unavailable})
     message(STATUS "moecore: CUDA backend off (MOECORE_CUDA=${MOECORE_CUDA})")
     return()
   endif()

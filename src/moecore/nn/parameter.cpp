@@ -87,6 +87,16 @@ void ParamRegistry::zero_grad() {
   for (auto& p : params_) p->grad.zero_();
 }
 
+void ParamRegistry::to(Device d) {
+  for (auto& p : params_) {
+    p->value = p->value.to(d);
+    p->grad = p->grad.to(d);
+    p->bf16_cache = Tensor();
+    p->bf16_cache_valid = false;
+  }
+  device_ = d;
+}
+
 Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg) : reg_(reg) {
   for (auto& p : reg_.all()) {
     p->bf16_cache_enabled = true;

@@ -64,9 +64,13 @@ class ParamRegistry {
 
   void initialize(uint64_t seed);
   void zero_grad();
+  // Moves every value and gradient to `d` (initialization draws on the host; a model then moves as a whole).
+  void to(Device d);
+  Device device() const { return device_; }
 
  private:
   DType dtype_;
+  Device device_ = Device::cpu();
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
