@@ -35,7 +35,7 @@ function(moecore_add_cuda target)
   # nvcc parses only the small pointer-level headers (kernels/cuda/launch.h); unity batches are for the C++ side.
   set_source_files_properties(${cu_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   target_compile_definitions(${target} PUBLIC MOECORE_HAVE_CUDA)
-  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublasLt)
+  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
   find_library(MOECORE_CUDNN_LIBRARY NAMES cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
   if(MOECORE_CUDNN_LIBRARY)
     target_link_libraries(${target} PUBLIC ${MOECORE_CUDNN_LIBRARY})
