@@ -220,7 +220,27 @@ ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
   return ProcessGroup(c);
 }
 
+namespace {
+// GPU tensors travel through host copies (host-staged MPI; NCCL is a later backend behind this same interface): the
+// collective runs on the copies synchronously, and the result is copied back.
+bool on_gpu(const Tensor& t) {
+  return t.defined() && t.device().is_cuda();
+}
+Tensor host_copy(const Tensor& t) {
+  return t.to(Device::cpu());
+}
+Tensor host_like(const Tensor& t) {
+  return Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+}
+}  // namespace
+
 Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
+  if (on_gpu(t)) {
+    Tensor h = host_copy(t);
+    Work w = all_reduce(h, op, false);
+    t.copy_from(h);
+    return w;
+  }
   Work w;
   w.what_ = "all_reduce";
   MOE_MPI(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), to_int(t.numel(), "all_reduce"), mpi_type(t.dtype()),
@@ -236,6 +256,12 @@ Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
 Work ProcessGroup::all_gather(const Tensor& in, Tensor& out, bool async) const {
   MOE_ASSERT_MSG(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: in {} out {} size {}",
                  in.shape().str(), out.shape().str(), size_);
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor h = host_like(out);
+    Work w = all_gather(host_copy(in), h, false);
+    out.copy_from(h);
+    return w;
+  }
   Work w;
   const int n = to_int(in.numel(), "all_gather");
   MOE_MPI(MPI_Iallgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(out.dtype()), comm_->c, &w.req_));
@@ -245,6 +271,12 @@ Work ProcessGroup::all_gather(const Tensor& in, Tensor& out, bool async) const {
 }
 
 Work ProcessGroup::all_gather_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, bool async) const {
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor h = host_like(out);
+    Work w = all_gather_v(host_copy(in), h, rows, false);
+    out.copy_from(h);
+    return w;
+  }
   MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
   MOE_ASSERT_MSG(in.numel() == 0 || in.dim(0) == rows[static_cast<size_t>(rank_)], "all_gather_v: {} rows, expected {}",
                  in.ndim() ? in.dim(0) : 0, rows[static_cast<size_t>(rank_)]);
@@ -267,6 +299,12 @@ Work ProcessGroup::all_gather_v(const Tensor& in, Tensor& out, const std::vector
 Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) const {
   MOE_ASSERT_MSG(in.numel() == out.numel() * size_ && in.dtype() == out.dtype(), "reduce_scatter: in {} out {}",
                  in.shape().str(), out.shape().str());
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor h = host_like(out);
+    Work w = reduce_scatter(host_copy(in), h, op, false);
+    out.copy_from(h);
+    return w;
+  }
   Work w;
   MOE_MPI(MPI_Ireduce_scatter_block(in.raw(), out.raw(), to_int(out.numel(), "reduce_scatter"), mpi_type(in.dtype()),
                                     mpi_op(op, in.dtype()), comm_->c, &w.req_));
@@ -278,6 +316,12 @@ Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bo
 Work ProcessGroup::reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, ReduceOp op,
                                     bool async) const {
   MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor h = host_like(out);
+    Work w = reduce_scatter_v(host_copy(in), h, rows, op, false);
+    out.copy_from(h);
+    return w;
+  }
   const int64_t re = in.numel() == 0 ? row_elems(out) : row_elems(in);
   Work w;
   int64_t total = 0;
@@ -299,6 +343,12 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
                                 const std::vector<int64_t>& recv_rows, bool async) const {
   MOE_ASSERT(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_);
   MOE_ASSERT(in.dtype() == out.dtype());
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor h = host_like(out);
+    Work w = all_to_all_v(host_copy(in), send_rows, h, recv_rows, false);
+    out.copy_from(h);
+    return w;
+  }
   const int64_t re = in.numel() > 0 ? row_elems(in) : row_elems(out);
   Work w;
   int64_t so = 0, ro = 0;
@@ -324,6 +374,12 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
 }
 
 Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
+  if (on_gpu(t)) {
+    Tensor h = host_copy(t);
+    Work w = broadcast(h, root, false);
+    t.copy_from(h);
+    return w;
+  }
   Work w;
   MOE_MPI(MPI_Ibcast(t.raw(), to_int(t.numel(), "broadcast"), mpi_type(t.dtype()), static_cast<int>(root), comm_->c,
                      &w.req_));
@@ -333,6 +389,10 @@ Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
 }
 
 Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const {
+  if (on_gpu(t)) {
+    MOE_CHECK(!async, "an asynchronous send of a GPU tensor is not supported by moecore (host-staged MPI)");
+    return send(host_copy(t), dst, tag, false);
+  }
   Work w;
   MOE_MPI(MPI_Isend(t.raw(), to_int(t.numel(), "send"), mpi_type(t.dtype()), static_cast<int>(dst), tag, comm_->c,
                     &w.req_));
@@ -342,6 +402,13 @@ Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const
 }
 
 Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
+  if (on_gpu(t)) {
+    MOE_CHECK(!async, "an asynchronous receive into a GPU tensor is not supported by moecore (host-staged MPI)");
+    Tensor h = host_like(t);
+    Work w = recv(h, src, tag, false);
+    t.copy_from(h);
+    return w;
+  }
   Work w;
   MOE_MPI(MPI_Irecv(t.raw(), to_int(t.numel(), "recv"), mpi_type(t.dtype()), static_cast<int>(src), tag, comm_->c,
                     &w.req_));

@@ -72,6 +72,10 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
     k = k_norm_->forward(k, st.k_norm);
   }
   if (cfg_.rope) {
+    if (cos_.device() != q.device()) {  // the tables follow the model to its device on first use
+      cos_ = cos_.to(q.device());
+      sin_ = sin_.to(q.device());
+    }
     Tensor cos = cos_, sin = sin_;
     if (cfg_.cp.on()) rope_tables_for(S, cos, sin);
     kernels::rope_forward(q, cos, sin, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
@@ -91,8 +95,8 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
 void Attention::core_forward(Stash& st) const {
   const Tensor& q = st.q_SBND;
   const int64_t S = q.dim(0), B = q.dim(1);
-  st.o_SBND = Tensor::empty(q.shape(), q.dtype());
-  st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype());
+  st.o_SBND = Tensor::empty(q.shape(), q.dtype(), q.device());
+  st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype(), q.device());
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
@@ -124,9 +128,9 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
     proj_.stash_input(st.o_SBND.reshape({S * B, nq_ * D}), st.proj);
   }
   const Tensor d_o = proj_.backward(dy_SBH, st.proj).reshape(st.o_SBND.shape());
-  Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype());
-  Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype());
-  Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype());
+  Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype(), st.q_SBND.device());
+  Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype(), st.q_SBND.device());
+  Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype(), st.q_SBND.device());
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::optional<TimerScope> timer(std::in_place, "attention-core", 2);

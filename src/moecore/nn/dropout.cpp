@@ -20,7 +20,7 @@ void HiddenDropout::forward_(Tensor& x_SBH, const DropoutBatch& d) const {
 
 Tensor HiddenDropout::backward(const Tensor& dy_SBH, const DropoutBatch& d) const {
   if (!on(d)) return dy_SBH;
-  Tensor dx = Tensor::empty(dy_SBH.shape(), dy_SBH.dtype());
+  Tensor dx = Tensor::empty(dy_SBH.shape(), dy_SBH.dtype(), dy_SBH.device());
   const int64_t rows = dy_SBH.dim(0);
   d.seq.runs(tp_.rank() * rows, rows, rows * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
     Tensor part = dx.slice(r - tp_.rank() * rows, n);

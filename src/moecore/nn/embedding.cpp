@@ -21,7 +21,7 @@ Embedding::Embedding(ParamRegistry& reg, const std::string& name, int64_t vocab,
 
 Tensor Embedding::forward(const Tensor& ids_T, Stash& st) {
   st.ids_T = ids_T;
-  Tensor y = Tensor::empty({ids_T.numel(), weight_->value.dim(1)}, weight_->value.dtype());
+  Tensor y = Tensor::empty({ids_T.numel(), weight_->value.dim(1)}, weight_->value.dtype(), weight_->value.device());
   kernels::embedding_forward(ids_T, weight_->value, y, vocab_start_, vocab_);
   return sp_reduce_scatter(y, tp_);
 }

@@ -174,7 +174,8 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
     const Tensor tokens = split_sequence_BS(in, SeqSplit{cfg_.cp.size, cfg_.cp.rank});  // CP: this rank's chunks
     begin_batch(tokens.dim(1), tokens.dim(0), st);
     st.tokens_BS = in;  // MTP's inputs: the whole sequence (under CP too)
-    h = embedding_->forward(to_sequence_major(tokens), st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
+    const Tensor ids_T = to_sequence_major(tokens).to(embedding_->weight().value.device());
+    h = embedding_->forward(ids_T, st.emb).reshape({st.S / cfg_.tp.size(), st.B, cfg_.hidden_size});
     if (position_) position_->forward_(h, st.pos);
     embedding_dropout_.forward_(h, st.dropout);
     probe("embedding", false, h);
@@ -219,10 +220,11 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   MOE_ASSERT(labels_BS.ndim() == 2 && labels_BS.dim(0) == st.B && labels_BS.dim(1) == st.S);
   const int64_t T = st.S * st.B;
   const DType dt = st.logits_TV.dtype();
-  st.labels_T = to_sequence_major(labels_BS);
-  st.mask_T = mask_sequence_major(loss_mask_BS, labels_BS, dt);
-  Tensor loss_T = Tensor::empty({T}, dt);
-  st.lse_T = Tensor::empty({T}, dt);
+  const Device dev = st.logits_TV.device();  // the batch is built on the host and moves to the model's device
+  st.labels_T = to_sequence_major(labels_BS).to(dev);
+  st.mask_T = mask_sequence_major(loss_mask_BS, labels_BS, dt).to(dev);
+  Tensor loss_T = Tensor::empty({T}, dt, dev);
+  st.lse_T = Tensor::empty({T}, dt, dev);
   if (cfg_.tp.on()) {
     const comm::ProcessGroup& g = *cfg_.tp.group;
     kernels::cross_entropy_forward_vocab_parallel(
@@ -308,7 +310,7 @@ Tensor GPTModel::logits(const Tensor& tokens_BS) {
             "with --context-parallel-size 1 (checkpoints do not depend on it)",
             cfg_.cp.size);
   if (P == 1) {
-    Tensor out = embed_and_decode(tokens_BS, st);
+    Tensor out = embed_and_decode(tokens_BS, st).to(Device::cpu());  // callers read logits on the host
     set_training(true);
     return out;
   }
@@ -318,7 +320,7 @@ Tensor GPTModel::logits(const Tensor& tokens_BS) {
   Tensor padded = Tensor::empty({B, Sp}, DType::I64);
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < Sp; s++) padded.set_item(b * Sp + s, tokens_BS.item(b * S + std::min(s, S - 1)));
-  const Tensor local = embed_and_decode(padded, st);  // [Sp·B, V/P]
+  const Tensor local = embed_and_decode(padded, st).to(Device::cpu());  // [Sp·B, V/P]
   set_training(true);
   const int64_t VL = local.cols(), rows = S * B;
   Tensor parts = Tensor::empty({P, rows, VL}, local.dtype());

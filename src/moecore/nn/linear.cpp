@@ -48,7 +48,7 @@ Tensor Linear::forward(const Tensor& x, Stash& st) {
   MOE_ASSERT_MSG(x.cols() == in_, "{} expects inputs with {} features, got {}", weight_->name, in_, x.shape().str());
   const Tensor x2 = x.reshape({x.rows(), in_});
   const Tensor& w = weight_->value;
-  Tensor y = Tensor::empty({x2.rows(), out_}, w.dtype());
+  Tensor y = Tensor::empty({x2.rows(), out_}, w.dtype(), x2.device());
   if (bf16_) {
     w_bf16_ = bf16_weights(*weight_);
     st.x = x2.to(DType::BF16);
@@ -69,7 +69,7 @@ void Linear::stash_input(const Tensor& x, Stash& st) const {
 Tensor Linear::backward(const Tensor& dy, Stash& st) {
   MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
-  Tensor dx = Tensor::empty({dy2.rows(), in_}, weight_->value.dtype());
+  Tensor dx = Tensor::empty({dy2.rows(), in_}, weight_->value.dtype(), dy2.device());
   if (bf16_) {
     const Tensor dyb = dy2.to(DType::BF16);
     kernels::gemm(dyb, false, w_bf16_, false, dx);

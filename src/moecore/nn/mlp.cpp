@@ -36,7 +36,7 @@ Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
 Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
   st.h = fc1_.forward(x, st.fc1);
-  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, st.h.dtype());
+  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, st.h.dtype(), st.h.device());
   kernels::activation_forward(cfg_.activation, st.h, nullptr, a);
   return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
 }
@@ -51,7 +51,7 @@ Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   }
   const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
   const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
-  Tensor dh = Tensor::empty(st.h.shape(), st.h.dtype());
+  Tensor dh = Tensor::empty(st.h.shape(), st.h.dtype(), st.h.device());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
   return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);

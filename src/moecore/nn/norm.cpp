@@ -24,7 +24,7 @@ const Tensor& Norm::gamma() {
   if (!cfg_.zero_centered_gamma) return weight_->value;
   // d(1 + w)/dw = 1, so the kernels' weight gradient is the parameter's.
   if (!gamma_.defined() || gamma_.dtype() != weight_->value.dtype())
-    gamma_ = Tensor::empty(weight_->value.shape(), weight_->value.dtype());
+    gamma_ = Tensor::empty(weight_->value.shape(), weight_->value.dtype(), weight_->value.device());
   kernels::fill_(gamma_, 1.0);
   kernels::add_(gamma_, weight_->value);
   return gamma_;
@@ -32,10 +32,10 @@ const Tensor& Norm::gamma() {
 
 Tensor Norm::forward(const Tensor& x, Stash& st) {
   st.x = x;
-  st.rstd = Tensor::empty({x.rows()}, x.dtype());
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  st.rstd = Tensor::empty({x.rows()}, x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (cfg_.kind == NormKind::LayerNorm) {
-    st.mean = Tensor::empty({x.rows()}, x.dtype());
+    st.mean = Tensor::empty({x.rows()}, x.dtype(), x.device());
     kernels::layernorm_forward(x, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
   } else {
     kernels::rmsnorm_forward(x, gamma(), cfg_.eps, y, st.rstd);
@@ -44,7 +44,7 @@ Tensor Norm::forward(const Tensor& x, Stash& st) {
 }
 
 Tensor Norm::backward(const Tensor& dy, Stash& st) {
-  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype());
+  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype(), st.x.device());
   const Tensor dy_x = dy.reshape(st.x.shape());
   if (cfg_.kind == NormKind::LayerNorm)
     kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad, bias_->grad);

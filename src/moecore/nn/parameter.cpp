@@ -1,7 +1,6 @@
 // Parameter registry and layout-independent initialization (see parameter.h).
 #include "moecore/nn/parameter.h"
 
-#include <cstring>
 
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -111,7 +110,7 @@ Bf16WeightScope::~Bf16WeightScope() {
 Tensor bf16_weights(Parameter& p) {
   if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
   if (!p.bf16_cache_valid) {
-    if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16);
+    if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16, p.value.device());
     p.bf16_cache.copy_from(p.value);
     p.bf16_cache_valid = true;
   }
@@ -122,7 +121,7 @@ void pack_grads(const std::vector<Parameter*>& params, Tensor& flat) {
   int64_t off = 0;
   for (auto* p : params) {
     MOE_ASSERT(p->grad.dtype() == flat.dtype() && off + p->grad.numel() <= flat.numel());
-    std::memcpy(static_cast<char*>(flat.raw()) + off * 4, p->grad.raw(), p->grad.nbytes());
+    flat.reshape({flat.numel()}).slice(off, p->grad.numel()).copy_from(p->grad);
     off += p->grad.numel();
   }
 }
@@ -131,7 +130,7 @@ void unpack_grads(const Tensor& flat, const std::vector<Parameter*>& params) {
   int64_t off = 0;
   for (auto* p : params) {
     MOE_ASSERT(p->grad.dtype() == flat.dtype() && off + p->grad.numel() <= flat.numel());
-    std::memcpy(p->grad.raw(), static_cast<const char*>(flat.raw()) + off * 4, p->grad.nbytes());
+    p->grad.copy_from(flat.reshape({flat.numel()}).slice(off, p->grad.numel()));
     off += p->grad.numel();
   }
 }

@@ -13,7 +13,7 @@ Shape with_leading(const Shape& s, int64_t lead) {
 
 Tensor sp_all_gather(const Tensor& x, const TPContext& tp) {
   if (!tp.on()) return x;
-  Tensor out = Tensor::empty(with_leading(x.shape(), x.dim(0) * tp.size()), x.dtype());
+  Tensor out = Tensor::empty(with_leading(x.shape(), x.dim(0) * tp.size()), x.dtype(), x.device());
   tp.group->all_gather(x, out);
   return out;
 }
@@ -22,7 +22,7 @@ Tensor sp_reduce_scatter(const Tensor& x, const TPContext& tp) {
   if (!tp.on()) return x;
   MOE_ASSERT_MSG(x.dim(0) % tp.size() == 0, "sequence-parallel reduce-scatter of {} over {} ranks", x.shape().str(),
                  tp.size());
-  Tensor out = Tensor::empty(with_leading(x.shape(), x.dim(0) / tp.size()), x.dtype());
+  Tensor out = Tensor::empty(with_leading(x.shape(), x.dim(0) / tp.size()), x.dtype(), x.device());
   tp.group->reduce_scatter(x, out);
   return out;
 }

@@ -5,8 +5,8 @@ namespace moecore::optim {
 
 AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std::move(params)), rule_(rule) {
   for (auto* p : params_) {
-    m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(p->value.dtype())));
-    v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(p->value.dtype())));
+    m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(p->value.dtype()), p->value.device()));
+    v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(p->value.dtype()), p->value.device()));
   }
 }
 

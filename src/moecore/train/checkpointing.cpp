@@ -17,6 +17,33 @@
 namespace moecore::train {
 
 namespace {
+// Checkpoints read and write the parameters and the router state on the host: a model training on a GPU is copied
+// to the host for a save or a load and back after it (the same bits either way; the moments are copied by save).
+class OnHost {
+ public:
+  OnHost(nn::ParamRegistry& reg, nn::GPTModel& model) : reg_(reg), model_(model), dev_(reg.device()) {
+    if (dev_.is_cuda()) move(Device::cpu());
+  }
+  ~OnHost() {
+    if (!dev_.is_cuda()) return;
+    try {
+      move(dev_);
+    } catch (...) {  // an error already on its way out says more than a failed copy back
+    }
+  }
+  OnHost(const OnHost&) = delete;
+  OnHost& operator=(const OnHost&) = delete;
+
+ private:
+  void move(Device d) {
+    reg_.to(d);
+    for (auto* l : moe_layers(model_)) l->router().expert_bias() = l->router().expert_bias().to(d);
+  }
+  nn::ParamRegistry& reg_;
+  nn::GPTModel& model_;
+  Device dev_;
+};
+
 std::string expert_bias_name(moe::MoELayer& l) {
   const std::string& w = l.router().weight().name;  // ...mlp.router.weight
   return w.substr(0, w.size() - std::string("weight").size()) + "expert_bias";
@@ -165,6 +192,9 @@ std::string Checkpointing::save(const Progress& prog) {
   std::vector<Tensor> m, v;
   MOE_ASSERT(opt_ != nullptr);
   opt_->gather_moments(m, v);
+  for (Tensor& t : m) t = t.to(Device::cpu());
+  for (Tensor& t : v) t = t.to(Device::cpu());
+  const OnHost host(reg_, model_);
   std::vector<ckpt::StoredTensor> mine;
   const auto& all = reg_.all();
   int64_t bytes = 0;
@@ -474,6 +504,7 @@ void Checkpointing::check_save_target() {
 }
 
 void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
+  const OnHost host(reg_, model_);
   if (start.checkpoint && !start.checkpoint->note.empty()) fmt::print(out_, "note: {}\n", start.checkpoint->note);
   if (c_.moe_use_upcycling) {
     // Once the upcycled model is saved, later runs resume it from --save (as Megatron does).

@@ -12,6 +12,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/cuda/device_select.h"
+#include "moecore/train/device_support.h"
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
 #include "moecore/train/context_parallel.h"
@@ -222,15 +223,9 @@ void validate(const TrainConfig& c) {
             "convert hf-to-native --input HF_DIR --output DIR` and train with --load DIR",
             c.ckpt_format);
   for (const auto& f : flag_table()) check_accepted(c, f);
-  // --device (docs/cuda.md): a GPU that cannot be used, or GPU training (the modules allocate on the host), refused
-  // before any work.
-  if (c.device != "auto" && cuda::resolve_device(c.device, "train").is_cuda())
-    MOE_CHECK(
-        false,
-        "--device {}: training on the GPU is not supported by moecore: the CUDA kernels run (moecore bench gemm / "
-        "attention --device cuda) but the model's modules still allocate on the host (docs/cuda.md); use "
-        "--device cpu or auto",
-        c.device);
+  // --device (docs/cuda.md): a GPU that cannot be used, or a setting GPU training does not cover, refused before any
+  // work.
+  if (c.device != "auto") training_device(c);
   // Health alarms (train/routing_health.h).
   MOE_CHECK(!c.check_for_spiky_loss || c.loss_spike_factor > 0,
             "--check-for-spiky-loss asks for the loss-spike check that --loss-spike-factor 0 turns off: drop one "

@@ -171,7 +171,8 @@ void check_weight_hashes_across_dp(const nn::ParamRegistry& reg, const ParallelG
     const auto n = static_cast<int64_t>(ps.size());
     Tensor hi = Tensor::empty({2 * n}, DType::F64), lo = Tensor::empty({2 * n}, DType::F64);
     for (int64_t i = 0; i < n; i++) {
-      const uint64_t h = XXH3_64bits(ps[i]->value.raw(), ps[i]->value.nbytes());
+      const Tensor w = ps[i]->value.to(Device::cpu());  // a GPU's weights are hashed from a host copy
+      const uint64_t h = XXH3_64bits(w.raw(), w.nbytes());
       hi.set_item(i, static_cast<double>(h >> 32));
       hi.set_item(n + i, -static_cast<double>(h >> 32));
       lo.set_item(i, static_cast<double>(h & 0xffffffffu));

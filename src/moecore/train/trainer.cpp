@@ -12,8 +12,10 @@
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/cost_model.h"
+#include "moecore/train/device_support.h"
 #include "moecore/train/generate.h"
 #include "moecore/train/health.h"
 #include "moecore/train/optimizer_config.h"
@@ -67,6 +69,15 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   timers_->stop("train/valid/test-data-iterators-setup");
   timers_->start("model-and-optimizer-setup", 0);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
+  {  // initialized on the host (the same values on every device), then moved as a whole
+    std::string why_cpu;
+    device_ = training_device(cfg_, &why_cpu);
+    if (!why_cpu.empty()) fmt::print(out_, "moecore train: training on the CPU: {}\n", why_cpu);
+    if (device_.is_cuda()) {
+      reg_.to(device_);
+      fmt::print(out_, "moecore train: training on {}\n", cuda::describe_device(device_));
+    }
+  }
   stash_ = model_->make_stash();
   std::vector<nn::Parameter*> params;
   for (auto& p : reg_.all()) params.push_back(p.get());
@@ -107,7 +118,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0, ParallelGroups::size(groups_->world), groups_.get());
   tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
-  if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32);
+  if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32, device_);
   log_->set_planned_memory(print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_).total());
   Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});

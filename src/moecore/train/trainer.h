@@ -52,6 +52,7 @@ class Trainer {
 
   int64_t iteration() const { return progress_.iteration; }
   nn::ParamRegistry& params() { return reg_; }
+  Device device() const { return device_; }  // where the model trains (--device)
   Timers& timers() { return *timers_; }  // this run's (--timing-log-level)
   nn::GPTModel& model() { return *model_; }
   const optim::ChainedOptimizer& optimizer() const { return *opt_; }
@@ -92,6 +93,7 @@ class Trainer {
   Vocabulary vocab_;
   std::array<std::shared_ptr<const data::SampleSource>, 3> data_;
   nn::ParamRegistry reg_;
+  Device device_ = Device::cpu();
   std::unique_ptr<nn::GPTModel> model_;
   nn::GPTModel::Stash stash_;
   std::unique_ptr<optim::ChainedOptimizer> opt_;

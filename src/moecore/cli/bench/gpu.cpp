@@ -23,34 +23,18 @@ Tensor random_on(Device d, const Shape& s, DType dtype, uint64_t stream) {
   return h.to(dtype).to(d);
 }
 
-// Best and median GFLOP/s of `iters` square GEMMs after one warm-up.
-std::pair<double, double> time_gemm(Device d, DType dtype, int64_t n, int iters) {
-  const Tensor A = random_on(d, {n, n}, dtype, 1), B = random_on(d, {n, n}, dtype, 2);
-  Tensor C = Tensor::empty({n, n}, DType::F32, d);
-  kernels::gemm(A, false, B, false, C);
-  cuda::synchronize();
-  std::vector<double> rates;
-  for (int i = 0; i < iters; i++) {
-    const Stopwatch t;
-    kernels::gemm(A, false, B, false, C);
-    cuda::synchronize();
-    rates.push_back(2.0 * static_cast<double>(n) * n * n / t.seconds() / 1e9);
-  }
-  std::sort(rates.begin(), rates.end());
-  return {rates.back(), rates[rates.size() / 2]};
-}
 }  // namespace
 
 double gpu_bf16_peak_gflops(Device d) {
-  return std::max(time_gemm(d, DType::BF16, 4096, 3).first, time_gemm(d, DType::BF16, 8192, 3).first);
+  return kernels::measure_gemm_peak_gflops(DType::BF16, d);
 }
 
 void run_bench_gemm_gpu(Device d, int64_t size, int iters) {
   fmt::print("moecore bench gemm --device {}: M=N=K={}, {} timed runs\n  device: {}\n", d.str(), size, iters,
              cuda::describe_device(d));
-  const auto [f_best, f_median] = time_gemm(d, DType::F32, size, iters);
+  const auto [f_best, f_median] = kernels::time_square_gemm(DType::F32, size, iters, d);
   fmt::print("  f32  GEMM: {:8.1f} GFLOP/s best, {:8.1f} median (cuBLASLt, TF32 off)\n", f_best, f_median);
-  const auto [h_best, h_median] = time_gemm(d, DType::BF16, size, iters);
+  const auto [h_best, h_median] = kernels::time_square_gemm(DType::BF16, size, iters, d);
   fmt::print("  bf16 GEMM: {:8.1f} GFLOP/s best, {:8.1f} median  ({:.2f}x f32)\n", h_best, h_median, h_best / f_best);
   fmt::print("  cuBLAS bf16 peak: {:.1f} GFLOP/s (best of M=N=K=4096 and 8192, this run)\n", gpu_bf16_peak_gflops(d));
 }

@@ -12,6 +12,7 @@
 #include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
 #include "moecore/core/timer.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::cli {
@@ -32,13 +33,14 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   for (int i = 0; i <= iters; i++) {
     if (peak) {
       world.barrier();
-      r.peak_samples.push_back(gemm_peak_sample(*peak));
+      r.peak_samples.push_back(gemm_peak_sample(*peak, t.device()));
     }
     if (i == iters) break;
     world.barrier();
     const kernels::GemmStats g0 = kernels::gemm_stats();
     const Stopwatch timer;
     t.train_step();
+    if (t.device().is_cuda()) cuda::synchronize();  // the step's queued GPU work (the optimizer's last kernels)
     world.barrier();
     steps.push_back(timer.seconds());
     const kernels::GemmStats g1 = kernels::gemm_stats();

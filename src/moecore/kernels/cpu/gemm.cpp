@@ -10,6 +10,7 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/timer.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
@@ -326,7 +327,7 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
   if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
 }
 
-std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {
+std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device) {
   Tensor a = Tensor::empty({n, n}, DType::F32), b = Tensor::empty({n, n}, DType::F32);
   float* pa = a.data<float>();
   float* pb = b.data<float>();
@@ -334,12 +335,18 @@ std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {
     pa[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
     pb[i] = static_cast<float>((i * 104729) % 2003) / 1001.0f - 1.0f;
   }
-  Tensor A = a.to(dtype), B = b.to(dtype), C = Tensor::empty({n, n}, DType::F32);
-  gemm(A, false, B, false, C);  // warm-up: creates the primitive
+  Tensor A = a.to(dtype).to(device), B = b.to(dtype).to(device), C = Tensor::empty({n, n}, DType::F32, device);
+  // A GPU runs asynchronously: each timed product ends with a synchronisation, so the host clock sees its work.
+  auto sync = [&] {
+    if (device.is_cuda()) moecore::cuda::synchronize();
+  };
+  gemm(A, false, B, false, C);  // warm-up: creates the primitive (the cuBLASLt plan)
+  sync();
   std::vector<double> rates;
   for (int i = 0; i < iters; i++) {
     const Stopwatch timer;
     gemm(A, false, B, false, C);
+    sync();
     const double dt = timer.seconds();
     rates.push_back(2.0 * static_cast<double>(n) * n * n / dt / 1e9);
   }
@@ -347,8 +354,12 @@ std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters) {
   return {rates.back(), rates[rates.size() / 2]};
 }
 
-double measure_gemm_peak_gflops(DType dtype) {
+double measure_gemm_peak_gflops(DType dtype, Device device) {
   double best = 0;
+  if (device.is_cuda()) {  // the cuBLAS peak: sizes that fill the GPU
+    for (int64_t n : {4096, 8192}) best = std::max(best, time_square_gemm(dtype, n, 3, device).first);
+    return best;
+  }
   for (int64_t n : {1024, 2048}) best = std::max(best, time_square_gemm(dtype, n, n == 2048 ? 3 : 6).first);
   return best;
 }

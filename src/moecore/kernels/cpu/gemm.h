@@ -30,10 +30,10 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
 // The roofline benchmarks and the trainer's logged MFU divide by (`bench train` samples its own between steps,
 // cli/bench/train_run.cpp): the best rate (GFLOP/s) of square GEMMs of sizes
 // 1024 and 2048 with operands of `dtype`, measured now (a second or two). Smaller sizes are left out: their
-// operands stay in L2, which training GEMMs never do.
-double measure_gemm_peak_gflops(DType dtype);
+// operands stay in L2, which training GEMMs never do. On a GPU: the cuBLAS rate, best of 4096 and 8192.
+double measure_gemm_peak_gflops(DType dtype, Device device = Device::cpu());
 // GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
-std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters);
+std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device = Device::cpu());
 
 // The f32 blocks a bf16 product C[M, N] = A[M, K]·B[K, N] holds while it runs on a CPU without bf16 matmul (its
 // operands widened block by block); 0 where oneDNN multiplies bf16 natively.

@@ -1,0 +1,40 @@
+// Training device choice (see device_support.h).
+#include "moecore/train/device_support.h"
+
+#include <fmt/format.h>
+
+#include "moecore/core/error.h"
+#include "moecore/cuda/device_select.h"
+
+namespace moecore::train {
+
+std::string gpu_training_gap(const TrainConfig& c) {
+  auto gap = [](const std::string& what) { return what + " is not supported by moecore on the GPU yet"; };
+  if (c.pipeline_model_parallel_size > 1) return gap("--pipeline-model-parallel-size > 1 (pipeline parallelism)");
+  if (c.context_parallel_size > 1) return gap("--context-parallel-size > 1 (context parallelism)");
+  if (c.multi_latent_attention) return gap("--multi-latent-attention");
+  if (c.mtp_num_layers > 0) return gap("--mtp-num-layers (multi-token prediction)");
+  if (c.position_embedding_type == "learned_absolute")
+    return gap("--position-embedding-type learned_absolute (Megatron's default; pass --position-embedding-type rope)");
+  if (c.hidden_dropout > 0 || c.attention_dropout > 0)
+    return gap(fmt::format("dropout (--hidden-dropout {} --attention-dropout {}; Megatron's defaults are 0.1: pass 0)",
+                           c.hidden_dropout, c.attention_dropout));
+  if (c.optimizer != "adam") return gap("--optimizer " + c.optimizer);
+  if (c.use_distributed_optimizer) return gap("--use-distributed-optimizer");
+  if (c.use_precision_aware_optimizer) return gap("--use-precision-aware-optimizer");
+  if (c.log_num_zeros_in_grad) return gap("--log-num-zeros-in-grad");
+  if (c.num_experts > 0) return gap("--num-experts (the MoE layer)");
+  return "";
+}
+
+Device training_device(const TrainConfig& c, std::string* why_cpu) {
+  const Device d = cuda::resolve_device(c.device, "train");
+  if (!d.is_cuda()) return d;
+  const std::string gap = gpu_training_gap(c);
+  if (gap.empty()) return d;
+  MOE_CHECK(c.device == "auto", "--device {}: {}; use --device cpu", c.device, gap);
+  if (why_cpu) *why_cpu = gap;
+  return Device::cpu();
+}
+
+}  // namespace moecore::train
