@@ -6,6 +6,7 @@
 
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/cuda/shared_gate.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/stash_bytes.h"
 
@@ -55,9 +56,13 @@ Tensor SharedExperts::forward_impl(const Tensor& x_SBH, Stash& st) {
   const int64_t T = x_SBH.rows(), H = x_SBH.cols();
   st.x_TH = x_SBH.reshape({T, H});
   st.out_TH = m.reshape({T, H});
-  st.gate_T = Tensor::empty({T, 1}, x_SBH.dtype());
+  st.gate_T = Tensor::empty({T, 1}, x_SBH.dtype(), x_SBH.device());
   kernels::gemm(st.x_TH, false, gate_->value, true, st.gate_T);
-  Tensor y = Tensor::empty({T, H}, x_SBH.dtype());
+  Tensor y = Tensor::empty({T, H}, x_SBH.dtype(), x_SBH.device());
+  if (x_SBH.device().is_cuda()) {
+    kernels::cuda::shared_gate_forward(st.gate_T, st.out_TH, y);
+    return y.reshape(x_SBH.shape());
+  }
   MOE_DISPATCH_FLOAT(x_SBH.dtype(), F, {
     F* g = st.gate_T.data<F>();
     const F* mp = st.out_TH.data<F>();
@@ -80,9 +85,12 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
   }
   if (!gate_) return mlp_.backward(dy_SBH, *st.mlp);
   const int64_t T = dy_SBH.rows(), H = dy_SBH.cols();
-  Tensor dm = Tensor::empty({T, H}, dy_SBH.dtype());
-  Tensor dz = Tensor::empty({T, 1}, dy_SBH.dtype());
-  MOE_DISPATCH_FLOAT(dy_SBH.dtype(), F, {
+  Tensor dm = Tensor::empty({T, H}, dy_SBH.dtype(), dy_SBH.device());
+  Tensor dz = Tensor::empty({T, 1}, dy_SBH.dtype(), dy_SBH.device());
+  if (dy_SBH.device().is_cuda())
+    kernels::cuda::shared_gate_backward(dy_SBH, st.gate_T, st.out_TH, dm, dz);
+  else
+    MOE_DISPATCH_FLOAT(dy_SBH.dtype(), F, {
     const F* dy = dy_SBH.data<F>();
     const F* g = st.gate_T.data<F>();
     const F* m = st.out_TH.data<F>();

@@ -65,7 +65,7 @@ double gemm_peak_sample(DType dtype, Device device) {
 }
 
 void PeakSampler::sample() {
-  samples_.push_back(gemm_peak_sample(dtype_));
+  samples_.push_back(gemm_peak_sample(dtype_, device_));
 }
 
 double PeakSampler::median() const {
@@ -75,8 +75,8 @@ double PeakSampler::median() const {
 std::string PeakSampler::describe() const {
   return fmt::format(
       "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the timed runs, each the best of 3 "
-      "M=N=K=2048 runs (range {:.1f}-{:.1f})",
-      dtype_name(dtype_), median(), samples_.size(), *std::min_element(samples_.begin(), samples_.end()),
+      "M=N=K={} runs on {} (range {:.1f}-{:.1f})",
+      dtype_name(dtype_), median(), samples_.size(), device_.is_cuda() ? 8192 : 2048, device_.str(), *std::min_element(samples_.begin(), samples_.end()),
       *std::max_element(samples_.begin(), samples_.end()));
 }
 

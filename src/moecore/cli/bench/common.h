@@ -31,7 +31,7 @@ void print_machine();
 // the peak swings with the load, and the samples swing with the timed runs.
 class PeakSampler {
  public:
-  explicit PeakSampler(DType dtype) : dtype_(dtype) {}
+  explicit PeakSampler(DType dtype, Device device = Device::cpu()) : dtype_(dtype), device_(device) {}
   void sample();
   double median() const;
   // "<dtype> GEMM peak X GFLOP/s: median of N samples taken between the timed runs, each the best of 3 M=N=K=2048
@@ -40,6 +40,7 @@ class PeakSampler {
 
  private:
   DType dtype_;
+  Device device_;
   std::vector<double> samples_;
 };
 // One such sample: GFLOP/s of the best of 3 square GEMMs of `dtype` (M=N=K=2048 on a CPU, 8192 on a GPU).

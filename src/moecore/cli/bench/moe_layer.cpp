@@ -8,6 +8,8 @@
 #include "moecore/cli/bench/common.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
+#include "moecore/cuda/device_select.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::cli {
@@ -18,13 +20,16 @@ struct MoEBenchArgs {
   std::string dtype = "f32";
   int iters = 3;
   bool force_balance = false;
+  std::string device = "cpu";
 };
 
 void run_bench_moe_layer(const MoEBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   const bool bf16 = a.dtype == "bf16";
-  fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, {} threads\n", a.tokens,
-             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters, num_threads());
+  const Device dev = cuda::resolve_device(a.device, "bench moe-layer");
+  fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, on {}\n", a.tokens,
+             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters,
+             dev.is_cuda() ? cuda::describe_device(dev) : fmt::format("the CPU, {} threads", num_threads()));
   moe::MoELayerConfig c;
   c.router.hidden = a.hidden;
   c.router.num_experts = a.experts;
@@ -35,21 +40,25 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   nn::ParamRegistry reg(DType::F32);
   moe::MoELayer layer(reg, "mlp", c);
   reg.initialize(1);
+  reg.to(dev);
   Tensor x = Tensor::empty({a.tokens, 1, a.hidden}, DType::F32), dy = Tensor::empty(x.shape(), DType::F32);
   fill_random(x, 7, 1.0);
   fill_random(dy, 8, 1.0);
+  x = x.to(dev);
+  dy = dy.to(dev);
   auto st = layer.make_stash();
   // Three H×F GEMMs per routed token (fc1 gate and linear halves, fc2), 2 FLOPs per multiply-add, ×3 for
   // forward + backward (data and weight gradients).
   const double flops = 3.0 * 2.0 * a.hidden * a.ffn * static_cast<double>(a.tokens * a.topk) * 3.0;
   std::vector<double> rates;
-  PeakSampler peak(bf16 ? DType::BF16 : DType::F32);
+  PeakSampler peak(bf16 ? DType::BF16 : DType::F32, dev);
   for (int i = 0; i <= a.iters; i++) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     reg.zero_grad();
     const Stopwatch timer;
     layer.forward(x, *st);
     layer.backward(dy, *st);
+    if (dev.is_cuda()) cuda::synchronize();  // the GPU's queued work belongs to this run
     const double dt = timer.seconds();
     if (i > 0) rates.push_back(flops / dt / 1e9);
   }
@@ -75,6 +84,7 @@ BenchCommand add_moe_layer_bench(CLI::App& bench) {
   cmd->add_option("--dtype", a->dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_flag("--moe-router-force-load-balancing", a->force_balance, "Route on random logits");
+  cmd->add_option("--device", a->device, "cpu, cuda[:N] or auto (the GPU when one is visible)")->capture_default_str();
   return {cmd, [a] { run_bench_moe_layer(*a); }};
 }
 
