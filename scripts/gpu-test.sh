@@ -49,6 +49,13 @@ if [[ -x "$BUILD/moecore_tests" ]]; then
   "$BUILD/moecore_tests" --gtest_filter='CachingAllocator.*:DeviceSelect.*:DeviceTensor.*' >"$OUT/host_tests.log" 2>&1 ||
     status=1
 fi
+# Layout invariance on the GPU: every rank on this machine's GPU, host-staged MPI between them.
+if [[ -x "$BUILD/moecore_mpi_tests" ]]; then
+  for np in 2 4; do
+    OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np "$BUILD/moecore_mpi_tests" \
+      --gtest_filter='*GpuLayouts*' >"$OUT/gpu_layouts_$np.log" 2>&1 || status=1
+  done
+fi
 
 # Benchmarks (figures for docs/performance.md and docs/cuda.md).
 M="$BUILD/moecore"
@@ -56,16 +63,26 @@ run_bench() {
   local name=$1
   shift
   echo "\$ moecore $*" >"$OUT/bench_$name.txt"
-  timeout 180 "$M" "$@" >>"$OUT/bench_$name.txt" 2>&1 || { echo "bench $name failed" >>"$OUT/bench_$name.txt"; status=1; }
+  timeout 300 "$M" "$@" >>"$OUT/bench_$name.txt" 2>&1 || { echo "bench $name failed" >>"$OUT/bench_$name.txt"; status=1; }
 }
-run_bench gemm_2048 bench gemm --device cuda --size 2048 --iters 20
-run_bench gemm_8192 bench gemm --device cuda --size 8192 --iters 10
-run_bench attention_f32 bench attention --device cuda --seq-length 4096 --num-attention-heads 16 \
-  --num-query-groups 16 --kv-channels 128 --iters 5
+run_bench gemm bench gemm --device cuda --size 8192 --iters 10
 run_bench attention_bf16 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 5
-# GPU training is refused until the modules allocate on the GPU (docs/cuda.md): record the refusal.
-"$M" bench train --device cuda --iters 1 >"$OUT/bench_train.txt" 2>&1 || true
+run_bench attention_f32 bench attention --device cuda --seq-length 4096 --num-attention-heads 16 \
+  --num-query-groups 16 --kv-channels 128 --iters 2
+# The MoE layer at the Qwen3-30B-A3B and Mixtral shapes (torch_baselines.py measures PyTorch on the same shapes).
+run_bench moe_qwen3 bench moe-layer --device cuda --dtype bf16 --tokens 16384 --hidden 2048 --ffn 768 --experts 128 \
+  --topk 8 --iters 5
+run_bench moe_mixtral bench moe-layer --device cuda --dtype bf16 --tokens 16384 --hidden 4096 --ffn 14336 \
+  --experts 8 --topk 2 --iters 3
+if "$M" bench grouped-gemm --help >/dev/null 2>&1; then run_bench grouped_gemm bench grouped-gemm --device cuda; fi
+# Training steps: a ~0.9B dense GPT, and the Qwen3-MoE-shaped model of torch_baselines.py's HF step.
+run_bench train_dense bench train --device cuda --iters 3 --num-experts 0 --num-layers 16 --hidden-size 2048 \
+  --ffn-hidden-size 5632 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 4 --global-batch-size 8
+run_bench train_qwen3moe bench train --device cuda --iters 3 --num-layers 8 --hidden-size 2048 \
+  --num-attention-heads 32 --num-query-groups 4 --kv-channels 128 --qk-layernorm --num-experts 64 \
+  --moe-router-topk 8 --moe-ffn-hidden-size 768 --moe-aux-loss-coeff 1e-3 --untie-embeddings-and-output-weights \
+  --vocab-size 32768 --seq-length 4096 --micro-batch-size 1 --global-batch-size 4 --rotary-base 1000000
 
 # PyTorch on the same GPU in the same run: cuBLAS bf16 peak, SDPA, the MoE layer, the HF Qwen3-MoE step.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then

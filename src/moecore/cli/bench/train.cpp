@@ -37,15 +37,20 @@ Phases phases(const TrainRun& r) {
 void run_bench_train(const TrainBenchArgs& a) {
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
   // Level-2 timers (no barriers) for the phase table, unless the user asked for other timing.
+  // `--num-experts 0` among the user's flags benchmarks the dense model: the MoE flags are left out.
+  const auto& f = a.train_flags;
+  bool dense = false;
+  for (size_t i = 0; i + 1 < f.size(); i++) dense = dense || (f[i] == "--num-experts" && f[i + 1] == "0");
+  const std::string moe = dense ? ""
+                                : "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
+                                  "--moe-aux-loss-coeff 1e-2 ";
   const train::TrainConfig cfg = train::parse_train_config(train::override_flags(
       {"--timing-log-level", "2", "--no-barrier-with-level-1-timing"},
-      bench_model_flags(
-          a,
-          "--normalization RMSNorm --position-embedding-type rope "
-          "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 4 "
-          "--swiglu --disable-bias-linear --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
-          "--moe-aux-loss-coeff 1e-2 --seq-length 256 --micro-batch-size 4 --global-batch-size 8 "
-          "--vocab-size 32000")));
+      bench_model_flags(a,
+                        "--normalization RMSNorm --position-embedding-type rope "
+                        "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention "
+                        "--num-query-groups 4 --swiglu --disable-bias-linear " +
+                            moe + "--seq-length 256 --micro-batch-size 4 --global-batch-size 8 --vocab-size 32000")));
   std::unique_ptr<train::Trainer> t;
   const TrainRun r = timed_train(cfg, a.iters, t, a.dtype == "bf16" ? DType::BF16 : DType::F32);
   if (r.rank != 0) return;
