@@ -93,6 +93,19 @@ TEST(CudaMoELayer, Bf16MatchesTheCpuWithinOnePercent) {
   expect_layers_agree(layer_config(true, true, false), 1e-2, "bf16");
 }
 
+TEST(CudaMoELayer, SharedExpertOverlapOnASecondStreamChangesNoBit) {
+  MOE_REQUIRE_GPU();
+  moe::MoELayerConfig c = layer_config(false, true, false);
+  const Tensor x = host_random({16, 4, 64}, 41), dy = host_random({16, 4, 64}, 42);
+  const LayerRun serial = run_layer(c, Device::cuda(), x, dy);
+  c.shared_expert_overlap = true;
+  const LayerRun overlap = run_layer(c, Device::cuda(), x, dy);
+  EXPECT_TRUE(bitwise_equal(gpu(overlap.y), gpu(serial.y))) << "forward output";
+  EXPECT_TRUE(bitwise_equal(gpu(overlap.dx), gpu(serial.dx))) << "input gradient";
+  for (size_t i = 0; i < serial.grads.size(); i++)
+    EXPECT_TRUE(bitwise_equal(gpu(overlap.grads[i]), gpu(serial.grads[i]))) << "gradient of parameter " << i;
+}
+
 TEST(CudaSharedExperts, GateForwardAndBackwardMatchTheCpu) {
   MOE_REQUIRE_GPU();
   const nn::MLPConfig mc{64, 32, kernels::Activation::SwiGLU, false, 0.02, 0.02, false, {}};

@@ -53,7 +53,8 @@ MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELay
     : cfg_(cfg),
       router_(reg, name + ".router", router_config(cfg)),
       experts_(reg, name + ".experts", experts_config(cfg)),
-      dispatcher_(make_dispatcher(cfg)) {
+      dispatcher_(make_dispatcher(cfg)),
+      side_(cfg.shared_expert_overlap) {
   validate(cfg);
   if (cfg.etp_group && cfg.etp_group->size() > 1)
     etp_ = std::make_unique<ExpertTensorParallel>(*cfg.etp_group, experts_.config().num_experts);
@@ -122,7 +123,11 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   const int64_t T = st.S * st.B, H = cfg_.router.hidden;
   const Tensor x_TH = x_SBH.reshape({T, H});
   Tensor shared_out;
-  if (shared_) shared_out = shared_->forward(x_SBH, st.shared, st.recompute);
+  if (shared_) {  // --moe-shared-expert-overlap on a GPU: beside the router, dispatch and routed experts
+    side_.fork(x_SBH.device());
+    shared_out = shared_->forward(x_SBH, st.shared, st.recompute);
+    side_.end();
+  }
   st.router.recompute = st.recompute;
   const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
   Tensor x_RH, probs_R;
@@ -137,6 +142,7 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
     y_RH = experts_.forward(x_RH, probs_R, st.plan.tokens_per_expert, st.experts);
   }
   Tensor y = dispatcher_->combine(y_RH, st.plan);
+  side_.join();
   if (shared_) kernels::add_(y, shared_out);
   return y.reshape(x_SBH.shape());
 }
@@ -151,6 +157,15 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
     st.recompute = false;
   }
   const int64_t T = st.S * st.B, H = cfg_.router.hidden;
+  // Under the overlap the shared experts' backward is queued first, beside the routed backward; either way its
+  // input gradient is added last.
+  const bool shared_first = shared_ && side_.active(dy_SBH.device());
+  Tensor shared_dx;
+  if (shared_first) {
+    side_.fork(dy_SBH.device());
+    shared_dx = shared_->backward(dy_SBH, st.shared);
+    side_.end();
+  }
   const Tensor dy_TH = dy_SBH.reshape({T, H});
   const Tensor dy_RH = dispatcher_->combine_backward(cfg_.bf16 ? dy_TH.to(DType::BF16) : dy_TH, st.plan);
   Tensor dprobs_R, dx_RH;
@@ -165,7 +180,8 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   Tensor dx, dprobs_TK;
   dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
   kernels::add_(dx, router_.backward(dprobs_TK, dx.dtype(), st.loss_scale, st.router));
-  if (shared_) kernels::add_(dx, shared_->backward(dy_SBH, st.shared).reshape({T, H}));
+  side_.join();
+  if (shared_) kernels::add_(dx, (shared_first ? shared_dx : shared_->backward(dy_SBH, st.shared)).reshape({T, H}));
   return dx.reshape(dy_SBH.shape());
 }
 

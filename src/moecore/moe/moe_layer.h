@@ -12,6 +12,7 @@
 #include "moecore/moe/grouped_experts.h"
 #include "moecore/moe/router.h"
 #include "moecore/moe/shared_experts.h"
+#include "moecore/moe/side_stream.h"
 #include "moecore/moe/token_dispatcher.h"
 #include "moecore/nn/feed_forward.h"
 
@@ -22,6 +23,7 @@ struct MoELayerConfig {
   int64_t ffn_hidden = 0;           // --moe-ffn-hidden-size
   int64_t shared_ffn_hidden = 0;    // --moe-shared-expert-intermediate-size (0: none)
   bool shared_expert_gate = false;  // --moe-shared-expert-gate
+  bool shared_expert_overlap = false;  // --moe-shared-expert-overlap: on a GPU, shared experts on a second stream
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
   double output_init_std = 0.02;
@@ -86,6 +88,7 @@ class MoELayer : public nn::FeedForward {
   std::unique_ptr<SharedExperts> shared_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<ExpertTensorParallel> etp_;
+  SideStream side_;  // --moe-shared-expert-overlap
   bool training_ = true;
 };
 

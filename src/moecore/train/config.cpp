@@ -259,6 +259,7 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   m.ffn_hidden = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : c.ffn_hidden_size;
   m.shared_ffn_hidden = c.moe_shared_expert_intermediate_size;
   m.shared_expert_gate = c.moe_shared_expert_gate;
+  m.shared_expert_overlap = c.moe_shared_expert_overlap;
   m.activation = c.swiglu ? kernels::Activation::SwiGLU
                           : (c.squared_relu ? kernels::Activation::SquaredReLU : kernels::Activation::GeLU);
   m.init_std = c.init_method_std;

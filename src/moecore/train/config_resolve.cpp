@@ -419,6 +419,17 @@ void validate(const TrainConfig& c) {
     MOE_CHECK(c.moe_grouped_gemm, "moe-grouped-gemm: false is rejected: moecore always runs experts as grouped GEMMs");
     MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "allgather",
               "--moe-token-dispatcher-type {} is rejected; use alltoall or allgather", c.moe_token_dispatcher_type);
+    // Megatron's checks of --moe-shared-expert-overlap (TransformerConfig): with shared experts, the alltoall
+    // dispatcher, and no shared_experts recompute.
+    if (c.moe_shared_expert_overlap && c.moe_shared_expert_intermediate_size > 0) {
+      MOE_CHECK(c.moe_token_dispatcher_type == "alltoall",
+                "--moe-shared-expert-overlap only works with the alltoall token dispatcher (Megatron's rule); drop "
+                "--moe-token-dispatcher-type {} or the overlap",
+                c.moe_token_dispatcher_type);
+      for (const std::string& m : c.recompute_modules)
+        MOE_CHECK(m != "shared_experts",
+                  "--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (Megatron's rule)");
+    }
     MOE_CHECK(c.expert_model_parallel_size >= 1 && c.num_experts % c.expert_model_parallel_size == 0,
               "--num-experts {} is not divisible by --expert-model-parallel-size {}", c.num_experts,
               c.expert_model_parallel_size);

@@ -119,6 +119,8 @@ std::vector<FlagSpec> build_flag_table() {
            {"moe-shared-expert-intermediate-size", &C::moe_shared_expert_intermediate_size, "Shared expert size",
             kModel, at_least(0)},
            {"moe-shared-expert-gate", &C::moe_shared_expert_gate, "Sigmoid gate on the shared expert", kModel},
+           {"moe-shared-expert-overlap", &C::moe_shared_expert_overlap,
+            "GPU: shared experts on a second stream beside the routed experts (the same math)"},
            {"moe-layer-freq", &C::moe_layer_freq, "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
            {"moe-grouped-gemm", &C::moe_grouped_gemm, "Grouped GEMM experts (always on in moecore)"},
            {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type,

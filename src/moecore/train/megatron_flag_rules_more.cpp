@@ -88,7 +88,7 @@ void communication(std::vector<FlagRule>& r) {
                 "its own",
                 {"overlap-grad-reduce", "overlap-param-gather", "overlap-param-gather-with-optimizer-step",
                  "overlap-moe-expert-parallel-comm", "overlap-dispatch-backward-with-experts-wgrad",
-                 "moe-shared-expert-overlap", "no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce",
+                 "no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce",
                  "no-align-grad-reduce", "no-align-param-gather", "defer-embedding-wgrad-compute",
                  "delay-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group", "ddp-bucket-size",
                  "ddp-num-buckets", "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
