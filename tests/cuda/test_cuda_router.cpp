@@ -83,8 +83,7 @@ void compare(Pair& p, const RouterConfig& c, int64_t S, int64_t B, bool training
   const Router::Output oc = p.cpu.forward(x, S, B, training, sc);
   const Router::Output og = p.gpu.forward(gpu(x), S, B, training, sg);
   ASSERT_TRUE(og.idx_TK.device().is_cuda() && og.probs_TK.device().is_cuda()) << what;
-  ASSERT_TRUE(sg.logits_TE.device().is_cuda() && sg.idx_TK.device().is_cuda() && sg.kept_TK.device().is_cuda())
-      << what;
+  ASSERT_TRUE(sg.logits_TE.device().is_cuda() && sg.idx_TK.device().is_cuda() && sg.kept_TK.device().is_cuda()) << what;
   EXPECT_EQ(og.pad_capacity, oc.pad_capacity) << what;
   const Tensor ids = og.idx_TK.to(Device::cpu());
   int64_t id_mismatch = 0;
@@ -99,8 +98,8 @@ void compare(Pair& p, const RouterConfig& c, int64_t S, int64_t B, bool training
     EXPECT_EQ(a.tokens_per_expert, b.tokens_per_expert) << what;
     EXPECT_EQ(a.dropped, b.dropped) << what;
     EXPECT_EQ(a.assignments, b.assignments) << what;
-    EXPECT_LE(rel(a.entropy_sum, b.entropy_sum), 1e-6) << what << ": entropy " << a.entropy_sum << " vs "
-                                                       << b.entropy_sum;
+    EXPECT_LE(rel(a.entropy_sum, b.entropy_sum), 1e-6)
+        << what << ": entropy " << a.entropy_sum << " vs " << b.entropy_sum;
     for (size_t i = 0; i < b.loss_sums.size(); i++)
       EXPECT_LE(rel(a.loss_sums[i], b.loss_sums[i]), 1e-6)
           << what << ": " << b.loss_names[i] << " " << a.loss_sums[i] << " vs " << b.loss_sums[i];

@@ -325,12 +325,12 @@ Tensor Router::backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_
   Tensor dl = Tensor::empty({T_, E}, rd, dev);
   const bool sigmoid = cfg_.score_function == ScoreFunction::Sigmoid;
   const float scale = cfg_.topk_scaling_factor > 0 ? static_cast<float>(cfg_.topk_scaling_factor) : 1.0f;
-  launch::router_score_backward(f32p(dprobs_TK), i32p(st.idx_TK), i32p(st.kept_TK), f32p(st.p_TK),
-                                f32p(st.scores_TE), sigmoid, cfg_.pre_softmax, scale, T_, E, K, f32p(dl), stream);
+  launch::router_score_backward(f32p(dprobs_TK), i32p(st.idx_TK), i32p(st.kept_TK), f32p(st.p_TK), f32p(st.scores_TE),
+                                sigmoid, cfg_.pre_softmax, scale, T_, E, K, f32p(dl), stream);
   MOE_CUDA_CHECK_LAUNCH("router_score_backward");
   if (st.daux_TE.defined()) {  // through the aux scores of the logits routed on (straight through under forced balance)
-    launch::router_aux_score_backward(sigmoid, f32p(st.used_TE), f32p(st.aux_scores_TE), f32p(st.daux_TE), f32p(dl),
-                                      T_, E, static_cast<float>(aux_grad_scale), stream);
+    launch::router_aux_score_backward(sigmoid, f32p(st.used_TE), f32p(st.aux_scores_TE), f32p(st.daux_TE), f32p(dl), T_,
+                                      E, static_cast<float>(aux_grad_scale), stream);
     MOE_CUDA_CHECK_LAUNCH("router_aux_score_backward");
   }
   if (st.lse_T.defined()) {  // dz/dl_te = coeff · 2·lse_t/(T·ranks) · softmax(l_t)_e, times the grad scale

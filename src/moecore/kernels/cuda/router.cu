@@ -68,7 +68,8 @@ __device__ void select_row(const RouterRowArgs& a, int64_t t, const V& v, int32_
     gsel[grp] = 0;
   }
   topk([&](int64_t e) { return gs[e]; }, all, G, g, [&](int64_t, int64_t e, float) { gsel[e] = 1; });
-  topk(v, [&](int64_t e) { return gsel[e / n] != 0; }, E, K, to_id);
+  topk(
+      v, [&](int64_t e) { return gsel[e / n] != 0; }, E, K, to_id);
 }
 
 // out = softmax(l) over n values (out may alias l), the CPU's softmax_row.
@@ -91,10 +92,12 @@ __global__ void rows_k(RouterRowArgs a) {
     if (a.pre_softmax) {  // s = softmax(l) over E; p = top-k of s, not renormalised
       float* s = a.scores + t * E;
       softmax_n(l, s, E);
-      select_row(a, t, [&](int64_t e) { return s[e]; }, id);
+      select_row(
+          a, t, [&](int64_t e) { return s[e]; }, id);
       for (int64_t j = 0; j < K; j++) pr[j] = s[id[j]];
     } else {  // top-k of the logits, softmax over the k selected
-      select_row(a, t, [&](int64_t e) { return l[e]; }, id);
+      select_row(
+          a, t, [&](int64_t e) { return l[e]; }, id);
       for (int64_t j = 0; j < K; j++) pr[j] = l[id[j]];
       softmax_n(pr, pr, K);
     }
@@ -103,9 +106,11 @@ __global__ void rows_k(RouterRowArgs a) {
     for (int64_t e = 0; e < E; e++) s[e] = sigmoid_f(l[e]);
     if (a.bias) {
       const float* b = a.bias;
-      select_row(a, t, [&](int64_t e) { return s[e] + b[e]; }, id);
+      select_row(
+          a, t, [&](int64_t e) { return s[e] + b[e]; }, id);
     } else {
-      select_row(a, t, [&](int64_t e) { return s[e]; }, id);
+      select_row(
+          a, t, [&](int64_t e) { return s[e]; }, id);
     }
     float z = 0.0f;
     for (int64_t j = 0; j < K; j++) z += (pr[j] = s[id[j]]);
@@ -198,8 +203,8 @@ __global__ void mul_k(float* a, const float* u, int64_t n) {
 
 // The CPU's score_backward, one thread per token (derivations in moe/router.cpp).
 __global__ void score_backward_k(const float* dP, const int32_t* idx, const int32_t* kept, const float* p,
-                                 const float* scores, bool sigmoid, bool pre_softmax, float scale, int64_t T,
-                                 int64_t E, int64_t K, float* dl) {
+                                 const float* scores, bool sigmoid, bool pre_softmax, float scale, int64_t T, int64_t E,
+                                 int64_t K, float* dl) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= T) return;
   const int32_t* id = idx + t * K;
@@ -306,8 +311,8 @@ void router_score_backward(const float* dP, const int32_t* idx, const int32_t* k
                            const float* scores, bool sigmoid, bool pre_softmax, float scale, int64_t T, int64_t E,
                            int64_t K, float* dl, cudaStream_t s) {
   if (T > 0)
-    score_backward_k<<<row_grid(T), kRowThreads, 0, s>>>(dP, idx, kept, p, scores, sigmoid, pre_softmax, scale, T, E,
-                                                         K, dl);
+    score_backward_k<<<row_grid(T), kRowThreads, 0, s>>>(dP, idx, kept, p, scores, sigmoid, pre_softmax, scale, T, E, K,
+                                                         dl);
 }
 
 void router_aux_score_backward(bool sigmoid, const float* used, const float* a, const float* da, float* dl, int64_t T,
