@@ -210,6 +210,30 @@ TEST(CudaRouter, JitterAndForcedBalanceMatchTheCpu) {
   }
 }
 
+// bf16 activations: the gating input is converted to f32 on the GPU, dx returned in bf16 (values exact in bf16).
+TEST(CudaRouter, Bf16InputMatchesTheCpu) {
+  MOE_REQUIRE_GPU();
+  RouterConfig c = base();
+  c.load_balancing = {LoadBalancingType::AuxLoss};
+  c.aux_loss_coeff = {1e-2};
+  c.z_loss_coeff = 1e-3;
+  c.capacity_factor = 1.0;
+  Pair p(c, 15);
+  const Tensor x = quantized({32, c.hidden}, 16, 1.0, 0.125).to(DType::BF16);
+  Router::Stash sc, sg;
+  const auto oc = p.cpu.forward(x, 16, 2, true, sc);
+  const auto og = p.gpu.forward(gpu(x), 16, 2, true, sg);
+  EXPECT_TRUE(bitwise_equal(og.idx_TK, gpu(oc.idx_TK)));
+  EXPECT_LE(rel_diff(og.probs_TK, oc.probs_TK), 1e-6);
+  const Tensor dp = host_random({32, c.topk}, 17);
+  const Tensor dxc = p.cpu.backward(dp, DType::BF16, 1.0, sc), dxg = p.gpu.backward(gpu(dp), DType::BF16, 1.0, sg);
+  ASSERT_EQ(dxg.dtype(), DType::BF16);
+  const double d = rel_diff(dxg, dxc);
+  EXPECT_LE(d, 1e-2) << "bf16 dx differs by " << d;  // one bf16 rounding of values within 1e-5 of each other
+  const double dw = rel_diff(p.gpu.weight().grad, p.cpu.weight().grad);
+  EXPECT_LE(dw, 1e-5) << "dW differs by " << dw;
+}
+
 // A recompute replays the recorded forward: same noise, same global-aux counts, nothing counted twice.
 TEST(CudaRouter, RecomputeReplayMatchesTheCpu) {
   MOE_REQUIRE_GPU();
