@@ -262,6 +262,7 @@ int64_t apply_capacity(const RouterConfig& c, Router::Stash& st, Tensor& probs_T
 }  // namespace
 
 Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st) {
+  if (x_TH.device().is_cuda()) return forward_cuda(x_TH, S, B, training, st);
   const int64_t T_ = x_TH.rows(), H = cfg_.hidden, E = cfg_.num_experts, K = cfg_.topk;
   MOE_ASSERT(T_ == S * B && x_TH.cols() == H);
   const DType rd = cfg_.router_dtype;
@@ -489,6 +490,7 @@ void aux_score_backward(ScoreFunction f, const T* used_logits, const T* a, const
 }  // namespace
 
 Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st) {
+  if (st.logits_TE.device().is_cuda()) return backward_cuda(dprobs_TK, x_dtype, aux_grad_scale, st);
   const int64_t T_ = st.logits_TE.dim(0), E = cfg_.num_experts, H = cfg_.hidden;
   const DType rd = cfg_.router_dtype;
   MOE_ASSERT(dprobs_TK.dtype() == rd && dprobs_TK.numel() == T_ * cfg_.topk);
@@ -533,7 +535,9 @@ void Router::finish_global_batch() {
     if (cfg_.global_group && cfg_.global_group->size() > 1) cfg_.global_group->all_reduce(tokens_per_expert_E_);
     const int64_t E = cfg_.num_experts;
     const double* c = tokens_per_expert_E_.data<double>();
-    float* b = expert_bias_E_.data<float>();
+    // A GPU bias (router_cuda.cpp) is updated through a host copy of its [E] values.
+    Tensor bias_host = expert_bias_E_.to(Device::cpu());
+    float* b = bias_host.data<float>();
     double mean = 0;
     for (int64_t e = 0; e < E; e++) mean += c[e];
     mean /= static_cast<double>(E);
@@ -542,6 +546,7 @@ void Router::finish_global_batch() {
       const double sign = off > 0 ? 1.0 : (off < 0 ? -1.0 : 0.0);
       b[e] = static_cast<float>(b[e] + sign * cfg_.bias_update_rate);
     }
+    if (expert_bias_E_.device().is_cuda()) expert_bias_E_.copy_from(bias_host);
   }
   last_stats_.copy_values(stats_);
   stats_.reset();

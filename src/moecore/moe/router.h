@@ -100,7 +100,9 @@ class Router {
   Router(nn::ParamRegistry& reg, const std::string& name, const RouterConfig& cfg);
 
   // x_TH [T, H] with T = S·B -> ids and probabilities [T, K]. Aux losses, expert-bias counts and statistics only
-  // when training.
+  // when training. With x_TH on a GPU (and the weight moved there by ParamRegistry::to) every Stash tensor and the
+  // output live on that GPU (router_cuda.cpp says what still passes through the host: the noise draws and [E]-sized
+  // counts); the expert bias moves there on the first GPU forward, the expert-bias counts stay on the host.
   Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
   // dprobs_TK [T, K] (router dtype; dropped assignments carry none) -> dx_TH [T, H] in x's dtype; adds
   // aux_grad_scale · d(aux + z)/dx.
@@ -127,9 +129,13 @@ class Router {
 
  private:
   int64_t count_ranks() const { return cfg_.count_group ? cfg_.count_group->size() : 1; }
+  // The GPU path, taken when the input (forward) or the stash (backward) is on a GPU: moe/router_cuda.cpp (a
+  // CPU-only build's counterparts throw: cuda/unavailable_router.cpp).
+  Output forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
+  Tensor backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
   RouterConfig cfg_;
   nn::Parameter* weight_;
-  Tensor expert_bias_E_;        // f32, used for selection only
+  Tensor expert_bias_E_;        // f32, used for selection only (on the GPU after a GPU forward)
   Tensor tokens_per_expert_E_;  // f64 counts since the last global batch (expert-bias update)
   GlobalAuxCounts global_aux_;  // global_aux_loss counts accumulated over micro-batches
   uint64_t forward_count_ = 0;  // advances the jitter / forced-balance noise streams
