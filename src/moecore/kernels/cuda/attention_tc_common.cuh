@@ -1,0 +1,122 @@
+// Device helpers of the tensor-core attention kernels (attention_tc.cu, attention_tc_bwd.cu): bf16 tiles in shared
+// memory, ldmatrix fragment loads and the m16n8k16 bf16 MMA.
+//
+// Fragment layouts of mma.sync.m16n8k16 (bf16 in, f32 accumulate), lane = 4·g + c (g = lane / 4, c = lane % 4):
+//   A 16×16 (row-major): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
+//   B 16×8  (k × n):     b0 = (k 2c..2c+1, n g), b1 = (k 2c+8.., n g)
+//   C 16×8  (f32):       c0, c1 = (g, 2c), (g, 2c+1); c2, c3 = (g+8, 2c), (g+8, 2c+1)
+// Each 32-bit register holds two bf16, the lower column (or k) index in the low half. A C fragment pair of adjacent
+// n-blocks, packed to bf16, is an A fragment (the score → probability reuse of FlashAttention-2).
+//
+// Tiles are bf16 rows of D elements padded to D + 8: the row stride is 16 bytes past a multiple of 128, so the 8
+// rows one ldmatrix phase reads fall on distinct bank groups (no conflicts for D = 64 or 128).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moecore::launch::tc {
+
+constexpr int kThreads = 128;  // 4 warps, each owning 16 rows of the block's tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D>
+constexpr int kStride = D + 8;  // bf16 elements per padded tile row
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo (low half), round to nearest even
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Rows [s0, s0 + R) of one head of an [S, B, N, D] f32 tensor (row s at base + s·row_stride), times mul, rounded to
+// bf16 into the padded tile dst; rows at or past S are zero (they must not carry garbage into the MMAs).
+template <int D, int R>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* base, int64_t s0, int64_t S,
+                                          int64_t row_stride, float mul) {
+  constexpr int C4 = D / 4, kIters = R * C4 / kThreads;
+  static_assert(R * C4 % kThreads == 0, "tile must split evenly over the block");
+  float4 x[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; it++) {  // all loads first, so they are in flight together
+    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
+    const int64_t s = s0 + r;
+    x[it] = s < S ? __ldg(reinterpret_cast<const float4*>(base + s * row_stride) + c) : make_float4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; it++) {
+    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
+    uint2 u;
+    u.x = pack_bf16(x[it].x * mul, x[it].y * mul);
+    u.y = pack_bf16(x[it].z * mul, x[it].w * mul);
+    *reinterpret_cast<uint2*>(dst + r * kStride<D> + 4 * c) = u;
+  }
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// A fragment of rows m0..m0+15, columns k0..k0+15 of a row-major [m][k] tile.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int row = m0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = k0 + 8 * (lane >> 4);
+  ldsm_x4(a, smem_addr(tile + row * kStride<D> + col));
+}
+
+// B fragments of two n-blocks (n0, n0+8) × k0..k0+15 from a tile stored [n][k] row-major (Bᵀ: keys × channels
+// for Q·Kᵀ): b = {b0(n0), b1(n0), b0(n0+8), b1(n0+8)}.
+template <int D>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const __nv_bfloat16* tile, int n0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int row = n0 + (lane & 7) + 8 * (lane >> 4), col = k0 + 8 * ((lane >> 3) & 1);
+  ldsm_x4(b, smem_addr(tile + row * kStride<D> + col));
+}
+
+// The same two B fragments from a tile stored [k][n] row-major (V for P·V: keys × channels), transposed by ldmatrix.
+template <int D>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16* tile, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  const int row = k0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = n0 + 8 * (lane >> 4);
+  ldsm_x4_t(b, smem_addr(tile + row * kStride<D> + col));
+}
+
+// acc += A·B, one 16×8×16 bf16 MMA with f32 accumulation.
+__device__ __forceinline__ void mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// C fragments of n-blocks 2kk and 2kk+1 of a 16-row strip, rounded to bf16, as the A fragment of k-block kk.
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// Row (s, b, h) of an [S, B, N, D] tensor is at head(b, h) + s·B·N·D.
+struct Heads {
+  int64_t S, B, Nq, Nkv;
+  int64_t group() const { return Nq / Nkv; }
+};
+
+}  // namespace moecore::launch::tc
