@@ -31,10 +31,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Rows [s0, s0 + R) of one head of an [S, B, N, D] f32 tensor (row s at base + s·row_stride), times mul, rounded to
 // bf16 into the padded tile dst; rows at or past S are zero (they must not carry garbage into the MMAs).
 template <int D, int R>
@@ -59,41 +55,27 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* base,
   }
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+#ifndef MOE_TC_EMULATE  // scripts/attention_tc_emulate.cpp supplies host versions of these five
+// The block's dynamic shared memory (16-byte aligned: ldmatrix rows and the uint2 tile stores need it).
+__device__ __forceinline__ unsigned char* dyn_smem() {
+  extern __shared__ __align__(16) unsigned char smem_[];
+  return smem_;
+}
+
+// ldmatrix: lane l gives the address of row l % 8 of 8×8 matrix l / 8; register j receives, for lane 4g + c,
+// row g, columns 2c, 2c+1 of matrix j (trans: row 2c, 2c+1 of column g).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
 
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// A fragment of rows m0..m0+15, columns k0..k0+15 of a row-major [m][k] tile.
-template <int D>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int m0, int k0) {
-  const int lane = threadIdx.x & 31;
-  const int row = m0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = k0 + 8 * (lane >> 4);
-  ldsm_x4(a, smem_addr(tile + row * kStride<D> + col));
-}
-
-// B fragments of two n-blocks (n0, n0+8) × k0..k0+15 from a tile stored [n][k] row-major (Bᵀ: keys × channels
-// for Q·Kᵀ): b = {b0(n0), b1(n0), b0(n0+8), b1(n0+8)}.
-template <int D>
-__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const __nv_bfloat16* tile, int n0, int k0) {
-  const int lane = threadIdx.x & 31;
-  const int row = n0 + (lane & 7) + 8 * (lane >> 4), col = k0 + 8 * ((lane >> 3) & 1);
-  ldsm_x4(b, smem_addr(tile + row * kStride<D> + col));
-}
-
-// The same two B fragments from a tile stored [k][n] row-major (V for P·V: keys × channels), transposed by ldmatrix.
-template <int D>
-__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16* tile, int k0, int n0) {
-  const int lane = threadIdx.x & 31;
-  const int row = k0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = n0 + 8 * (lane >> 4);
-  ldsm_x4_t(b, smem_addr(tile + row * kStride<D> + col));
 }
 
 // acc += A·B, one 16×8×16 bf16 MMA with f32 accumulation.
@@ -104,6 +86,32 @@ __device__ __forceinline__ void mma(float (&acc)[4], const uint32_t (&a)[4], uin
       : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
+
+// A fragment of rows m0..m0+15, columns k0..k0+15 of a row-major [m][k] tile.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int row = m0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = k0 + 8 * (lane >> 4);
+  ldsm_x4(a, tile + row * kStride<D> + col);
+}
+
+// B fragments of two n-blocks (n0, n0+8) × k0..k0+15 from a tile stored [n][k] row-major (Bᵀ: keys × channels
+// for Q·Kᵀ): b = {b0(n0), b1(n0), b0(n0+8), b1(n0+8)}.
+template <int D>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const __nv_bfloat16* tile, int n0, int k0) {
+  const int lane = threadIdx.x & 31;
+  const int row = n0 + (lane & 7) + 8 * (lane >> 4), col = k0 + 8 * ((lane >> 3) & 1);
+  ldsm_x4(b, tile + row * kStride<D> + col);
+}
+
+// The same two B fragments from a tile stored [k][n] row-major (V for P·V: keys × channels), transposed by ldmatrix.
+template <int D>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const __nv_bfloat16* tile, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  const int row = k0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = n0 + 8 * (lane >> 4);
+  ldsm_x4_t(b, tile + row * kStride<D> + col);
+}
 
 // C fragments of n-blocks 2kk and 2kk+1 of a 16-row strip, rounded to bf16, as the A fragment of k-block kk.
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
@@ -112,11 +120,5 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], c
   a[2] = pack_bf16(hi[0], hi[1]);
   a[3] = pack_bf16(hi[2], hi[3]);
 }
-
-// Row (s, b, h) of an [S, B, N, D] tensor is at head(b, h) + s·B·N·D.
-struct Heads {
-  int64_t S, B, Nq, Nkv;
-  int64_t group() const { return Nq / Nkv; }
-};
 
 }  // namespace moecore::launch::tc
