@@ -280,6 +280,8 @@ int main() {
   ok &= run_case<128>(70, 1, 2, 2);
   ok &= run_case<64>(130, 1, 4, 2);
   ok &= run_case<128>(200, 2, 2, 1);
+  ok &= run_case<64>(65, 2, 4, 2);
+  ok &= run_case<128>(129, 1, 3, 1);
   std::printf(ok ? "all cases pass\n" : "FAILURES\n");
   return ok ? 0 : 1;
 }

@@ -20,8 +20,8 @@ void launch_fwd(const float* q, const float* k, const float* v, float* o, float*
 }  // namespace
 
 bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool round_bf16) {
-  // grid.y is B·Nq (at most 65535); grid.x the query tiles.
-  return round_bf16 && (D == 64 || D == 128) && S > 0 && B * Nq <= 65535 && (S + kBr - 1) / kBr <= 0x7fffffff;
+  // grid.y is B·Nq (at most 65535); the kernels index sequence positions (plus a tile) in int.
+  return round_bf16 && (D == 64 || D == 128) && S > 0 && S <= (int64_t(1) << 30) && B * Nq <= 65535;
 }
 
 void attention_tc_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,

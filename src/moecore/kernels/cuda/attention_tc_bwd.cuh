@@ -36,7 +36,7 @@ __device__ __forceinline__ void load_stats(float* lse2_s, float* delta_s, const 
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dkv_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
              const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
              float* __restrict__ dk, float* __restrict__ dv, int64_t S, int64_t B, int64_t Nq, int64_t Nkv,
@@ -49,21 +49,23 @@ __global__ void __launch_bounds__(kThreads)
   float* lse2_s = reinterpret_cast<float*>(dOs + kKvQ * kStride<D>);
   float* delta_s = lse2_s + kKvQ;
 
-  const int64_t j0 = int64_t(blockIdx.x) * kKvRows;  // tile 0 has the most query rows below it: it starts first
+  // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loops saves registers.
+  const int Sn = static_cast<int>(S);
+  const int j0 = static_cast<int>(blockIdx.x) * kKvRows;  // tile 0 has the most query rows below it: it starts first
   const int64_t bhk = blockIdx.y, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   load_tile<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, j0, S, kv_stride, 1.0f);
   load_tile<D, kKvRows>(Vs, v + (b * Nkv + hk) * D, j0, S, kv_stride, 1.0f);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int64_t key0 = j0 + warp * 16 + g, key1 = key0 + 8;  // this lane's keys (rows of Sᵀ)
+  const int key0 = j0 + warp * 16 + g, key1 = key0 + 8;  // this lane's keys (rows of Sᵀ)
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};
   for (int64_t gi = 0; gi < group; gi++) {
     const int64_t h = hk * group + gi, bh = b * Nq + h;
     const float* qh = q + bh * D;
     const float* doh = dout + bh * D;
-    for (int64_t i0 = j0; i0 < S; i0 += kKvQ) {  // query tiles above j0 see none of these keys
-      __syncthreads();                           // the previous Q/dO tile is consumed (and K/V are staged)
+    for (int i0 = j0; i0 < Sn; i0 += kKvQ) {  // query tiles above j0 see none of these keys
+      __syncthreads();                        // the previous Q/dO tile is consumed (and K/V are staged)
       load_tile<D, kKvQ>(Qs, qh, i0, S, q_stride, scale);
       load_tile<D, kKvQ>(dOs, doh, i0, S, q_stride, 1.0f);
       load_stats<kKvQ>(lse2_s, delta_s, lse, delta, bh, i0, S);
@@ -92,7 +94,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int col = n * 8 + 2 * c + (e & 1);
-          const int64_t query = i0 + col, key = e < 2 ? key0 : key1;
+          const int query = i0 + col, key = e < 2 ? key0 : key1;
           const float p = key > query ? 0.0f : exp2f(st[n][e] * kLog2e - lse2_s[col]);
           st[n][e] = p;
           dpt[n][e] = p * (dpt[n][e] - delta_s[col]);
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dq_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
             const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
             float* __restrict__ dq, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale) {
@@ -148,24 +150,26 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* Ks = dOs + kQRows * kStride<D>;
   __nv_bfloat16* Vs = Ks + kQKeys * kStride<D>;
 
-  const int64_t tiles = (S + kQRows - 1) / kQRows, tile = tiles - 1 - blockIdx.x;  // longest rows first
+  const int Sn = static_cast<int>(S), tiles = (Sn + kQRows - 1) / kQRows;
+  const int tile = tiles - 1 - static_cast<int>(blockIdx.x);  // longest rows first
   const int64_t bh = blockIdx.y, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
-  const int64_t i0 = tile * kQRows, q_stride = B * Nq * D, kv_stride = B * Nkv * D;
+  const int i0 = tile * kQRows;
+  const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
   load_tile<D, kQRows>(Qs, q + bh * D, i0, S, q_stride, scale);
   load_tile<D, kQRows>(dOs, dout + bh * D, i0, S, q_stride, 1.0f);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int64_t row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
+  const int row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
   // This lane's rows' lse (log2 units) and Δ; rows past S: P = 0.
   const float lse2_0 = row0 < S ? lse[bh * S + row0] * kLog2e : INFINITY;
   const float lse2_1 = row1 < S ? lse[bh * S + row1] * kLog2e : INFINITY;
   const float dl0 = row0 < S ? delta[bh * S + row0] : 0.0f, dl1 = row1 < S ? delta[bh * S + row1] : 0.0f;
 
   float acc[D / 8][4] = {};
-  const int64_t kend = i0 + kQRows < S ? i0 + kQRows : S;
-  for (int64_t j0 = 0; j0 < kend; j0 += kQKeys) {
+  const int kend = i0 + kQRows < Sn ? i0 + kQRows : Sn;
+  for (int j0 = 0; j0 < kend; j0 += kQKeys) {
     __syncthreads();  // the previous K/V tile is consumed
     load_tile<D, kQKeys>(Ks, kh, j0, S, kv_stride, 1.0f);
     load_tile<D, kQKeys>(Vs, vh, j0, S, kv_stride, 1.0f);
@@ -193,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kQKeys / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int64_t key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
+        const int key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
         const float p = diag && key > row ? 0.0f : exp2f(s[n][e] * kLog2e - (e < 2 ? lse2_0 : lse2_1));
         dp[n][e] = p * (dp[n][e] - (e < 2 ? dl0 : dl1));  // dS, rounded to bf16 below
       }

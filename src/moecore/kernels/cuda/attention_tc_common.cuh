@@ -20,6 +20,10 @@
 namespace moecore::launch::tc {
 
 constexpr int kThreads = 128;  // 4 warps, each owning 16 rows of the block's tile
+// Blocks per SM the register budget aims at: D = 128 needs ~170 registers (64 accumulators alone), which spill
+// at 3 blocks (168), so it gets 2; D = 64 fits 3 without spills.
+template <int D>
+constexpr int kMinBlocks = D <= 64 ? 3 : 2;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -32,26 +36,31 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Rows [s0, s0 + R) of one head of an [S, B, N, D] f32 tensor (row s at base + s·row_stride), times mul, rounded to
-// bf16 into the padded tile dst; rows at or past S are zero (they must not carry garbage into the MMAs).
-template <int D, int R>
+// bf16 into the padded tile dst; rows at or past S are zero (they must not carry garbage into the MMAs). Loads go
+// out kBatch float4 at a time per thread: enough in flight to cover the latency with a few blocks per SM, few
+// enough registers to sit beside the accumulators.
+template <int D, int R, int kBatch = 8>
 __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* base, int64_t s0, int64_t S,
                                           int64_t row_stride, float mul) {
-  constexpr int C4 = D / 4, kIters = R * C4 / kThreads;
-  static_assert(R * C4 % kThreads == 0, "tile must split evenly over the block");
-  float4 x[kIters];
+  constexpr int C4 = D / 4, kIters = R * C4 / kThreads, kB = kBatch < kIters ? kBatch : kIters;
+  static_assert(R * C4 % kThreads == 0 && kIters % kB == 0, "tile must split evenly over the block");
 #pragma unroll
-  for (int it = 0; it < kIters; it++) {  // all loads first, so they are in flight together
-    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
-    const int64_t s = s0 + r;
-    x[it] = s < S ? __ldg(reinterpret_cast<const float4*>(base + s * row_stride) + c) : make_float4(0, 0, 0, 0);
-  }
+  for (int it0 = 0; it0 < kIters; it0 += kB) {
+    float4 x[kB];
 #pragma unroll
-  for (int it = 0; it < kIters; it++) {
-    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
-    uint2 u;
-    u.x = pack_bf16(x[it].x * mul, x[it].y * mul);
-    u.y = pack_bf16(x[it].z * mul, x[it].w * mul);
-    *reinterpret_cast<uint2*>(dst + r * kStride<D> + 4 * c) = u;
+    for (int u = 0; u < kB; u++) {
+      const int idx = threadIdx.x + (it0 + u) * kThreads, r = idx / C4, c = idx % C4;
+      const int64_t s = s0 + r;
+      x[u] = s < S ? __ldg(reinterpret_cast<const float4*>(base + s * row_stride) + c) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kB; u++) {
+      const int idx = threadIdx.x + (it0 + u) * kThreads, r = idx / C4, c = idx % C4;
+      uint2 w;
+      w.x = pack_bf16(x[u].x * mul, x[u].y * mul);
+      w.y = pack_bf16(x[u].z * mul, x[u].w * mul);
+      *reinterpret_cast<uint2*>(dst + r * kStride<D> + 4 * c) = w;
+    }
   }
 }
 

@@ -18,7 +18,7 @@ constexpr int fwd_smem_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     fwd_tc_k(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
              float* __restrict__ o, float* __restrict__ lse, int64_t S, int64_t B, int64_t Nq, int64_t Nkv,
              float scale) {
@@ -28,25 +28,26 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* Vs = Ks + kBc * kStride<D>;
 
   // The longest rows (the last query tiles) start first, so the short ones fill the tail of the grid.
-  const int64_t tiles = (S + kBr - 1) / kBr, tile = tiles - 1 - blockIdx.x;
+  // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loop saves registers.
+  const int Sn = static_cast<int>(S), tiles = (Sn + kBr - 1) / kBr, tile = tiles - 1 - static_cast<int>(blockIdx.x);
   const int64_t bh = blockIdx.y, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
-  const int64_t i0 = tile * kBr, q_stride = B * Nq * D, kv_stride = B * Nkv * D;
+  const int i0 = tile * kBr;
+  const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   const float* qh = q + (b * Nq + h) * D;
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
 
   load_tile<D, kBr>(Qs, qh, i0, S, q_stride, scale);
   __syncthreads();
+  // This warp's 16 rows of Q̂ are re-read from shared memory for every key tile (8 ldmatrix per tile): holding them
+  // in registers would cost 32 per thread, and one block fewer per SM.
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  uint32_t qf[D / 16][4];  // this warp's 16 rows of Q̂ as A fragments, kept for every key tile
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) load_a<D>(qf[kk], Qs, warp * 16, kk * 16);
 
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g+8: running max (log2 units), sum
-  const int64_t row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
-  const int64_t kend = i0 + kBr < S ? i0 + kBr : S;
-  for (int64_t j0 = 0; j0 < kend; j0 += kBc) {
+  const int row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
+  const int kend = i0 + kBr < Sn ? i0 + kBr : Sn;
+  for (int j0 = 0; j0 < kend; j0 += kBc) {
     __syncthreads();  // every warp is done with the previous K/V tile
     load_tile<D, kBc>(Ks, kh, j0, S, kv_stride, 1.0f);
     load_tile<D, kBc>(Vs, vh, j0, S, kv_stride, 1.0f);
@@ -54,14 +55,17 @@ __global__ void __launch_bounds__(kThreads)
 
     float s[kBc / 8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t qa[4];
+      load_a<D>(qa, Qs, warp * 16, kk * 16);
 #pragma unroll
       for (int np = 0; np < kBc / 16; np++) {
         uint32_t bf[4];
         load_b_nk<D>(bf, Ks, np * 16, kk * 16);
-        mma(s[2 * np], qf[kk], bf[0], bf[1]);
-        mma(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+        mma(s[2 * np], qa, bf[0], bf[1]);
+        mma(s[2 * np + 1], qa, bf[2], bf[3]);
       }
+    }
 
     // Scores in log2 units; keys past the row (the diagonal tile) are −inf. Every row of a visited tile sees key
     // j0 (j0 ≤ i0 ≤ row), so each row's max below is finite.
@@ -71,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kBc / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int64_t key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
+        const int key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
         float x = s[n][e] * kLog2e;
         if (diag && key > row) x = -INFINITY;
         s[n][e] = x;
