@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const int j0 = static_cast<int>(blockIdx.x) * kKvRows;  // tile 0 has the most query rows below it: it starts first
   const int64_t bhk = blockIdx.y, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
-  load_tile<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, j0, S, kv_stride, 1.0f);
-  load_tile<D, kKvRows>(Vs, v + (b * Nkv + hk) * D, j0, S, kv_stride, 1.0f);
+  load_tiles<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, 1.0f, Vs, v + (b * Nkv + hk) * D, 1.0f, j0, S, kv_stride);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int key0 = j0 + warp * 16 + g, key1 = key0 + 8;  // this lane's keys (rows of Sᵀ)
@@ -66,8 +65,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     const float* doh = dout + bh * D;
     for (int i0 = j0; i0 < Sn; i0 += kKvQ) {  // query tiles above j0 see none of these keys
       __syncthreads();                        // the previous Q/dO tile is consumed (and K/V are staged)
-      load_tile<D, kKvQ>(Qs, qh, i0, S, q_stride, scale);
-      load_tile<D, kKvQ>(dOs, doh, i0, S, q_stride, 1.0f);
+      load_tiles<D, kKvQ>(Qs, qh, scale, dOs, doh, 1.0f, i0, S, q_stride);
       load_stats<kKvQ>(lse2_s, delta_s, lse, delta, bh, i0, S);
       __syncthreads();
 
@@ -157,8 +155,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
-  load_tile<D, kQRows>(Qs, q + bh * D, i0, S, q_stride, scale);
-  load_tile<D, kQRows>(dOs, dout + bh * D, i0, S, q_stride, 1.0f);
+  load_tiles<D, kQRows>(Qs, q + bh * D, scale, dOs, dout + bh * D, 1.0f, i0, S, q_stride);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
@@ -171,8 +168,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const int kend = i0 + kQRows < Sn ? i0 + kQRows : Sn;
   for (int j0 = 0; j0 < kend; j0 += kQKeys) {
     __syncthreads();  // the previous K/V tile is consumed
-    load_tile<D, kQKeys>(Ks, kh, j0, S, kv_stride, 1.0f);
-    load_tile<D, kQKeys>(Vs, vh, j0, S, kv_stride, 1.0f);
+    load_tiles<D, kQKeys>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, S, kv_stride);
     __syncthreads();
 
     float s[kQKeys / 8][4] = {}, dp[kQKeys / 8][4] = {};

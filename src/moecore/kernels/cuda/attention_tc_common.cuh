@@ -35,32 +35,59 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Rows [s0, s0 + R) of one head of an [S, B, N, D] f32 tensor (row s at base + s·row_stride), times mul, rounded to
-// bf16 into the padded tile dst; rows at or past S are zero (they must not carry garbage into the MMAs). Loads go
-// out kBatch float4 at a time per thread: enough in flight to cover the latency with a few blocks per SM, few
-// enough registers to sit beside the accumulators.
-template <int D, int R, int kBatch = 8>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* base, int64_t s0, int64_t S,
-                                          int64_t row_stride, float mul) {
-  constexpr int C4 = D / 4, kIters = R * C4 / kThreads, kB = kBatch < kIters ? kBatch : kIters;
-  static_assert(R * C4 % kThreads == 0 && kIters % kB == 0, "tile must split evenly over the block");
+// Rows [s0, s0 + R) of one head of two [S, B, N, D] f32 tensors with the same layout (K and V, or Q and dO; row s at
+// base + s·row_stride), times mul_a / mul_b, rounded to bf16 into the padded tiles dst_a / dst_b; rows at or past S
+// are zero (they must not carry garbage into the MMAs). Every load of both tiles is issued before the first
+// conversion, so one memory round trip covers both (the blocks' only latency hiding besides the other resident
+// blocks); that costs R·D/16 registers per thread for the staging, which the kernels' budgets include.
+template <int D, int R>
+__device__ __forceinline__ void load_tiles(__nv_bfloat16* dst_a, const float* base_a, float mul_a, __nv_bfloat16* dst_b,
+                                           const float* base_b, float mul_b, int64_t s0, int64_t S,
+                                           int64_t row_stride) {
+  constexpr int C4 = D / 4, kIters = R * C4 / kThreads;
+  static_assert(R * C4 % kThreads == 0, "tile must split evenly over the block");
+  float4 xa[kIters], xb[kIters];
 #pragma unroll
-  for (int it0 = 0; it0 < kIters; it0 += kB) {
-    float4 x[kB];
+  for (int it = 0; it < kIters; it++) {
+    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
+    const int64_t s = s0 + r;
+    const float4 zero = make_float4(0, 0, 0, 0);
+    xa[it] = s < S ? __ldg(reinterpret_cast<const float4*>(base_a + s * row_stride) + c) : zero;
+    xb[it] = s < S ? __ldg(reinterpret_cast<const float4*>(base_b + s * row_stride) + c) : zero;
+  }
 #pragma unroll
-    for (int u = 0; u < kB; u++) {
-      const int idx = threadIdx.x + (it0 + u) * kThreads, r = idx / C4, c = idx % C4;
-      const int64_t s = s0 + r;
-      x[u] = s < S ? __ldg(reinterpret_cast<const float4*>(base + s * row_stride) + c) : make_float4(0, 0, 0, 0);
-    }
+  for (int it = 0; it < kIters; it++) {
+    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
+    uint2 w;
+    w.x = pack_bf16(xa[it].x * mul_a, xa[it].y * mul_a);
+    w.y = pack_bf16(xa[it].z * mul_a, xa[it].w * mul_a);
+    *reinterpret_cast<uint2*>(dst_a + r * kStride<D> + 4 * c) = w;
+    w.x = pack_bf16(xb[it].x * mul_b, xb[it].y * mul_b);
+    w.y = pack_bf16(xb[it].z * mul_b, xb[it].w * mul_b);
+    *reinterpret_cast<uint2*>(dst_b + r * kStride<D> + 4 * c) = w;
+  }
+}
+
+// One tile, as load_tiles (the forward's Q̂).
+template <int D, int R>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* base, float mul, int64_t s0, int64_t S,
+                                          int64_t row_stride) {
+  constexpr int C4 = D / 4, kIters = R * C4 / kThreads;
+  static_assert(R * C4 % kThreads == 0, "tile must split evenly over the block");
+  float4 x[kIters];
 #pragma unroll
-    for (int u = 0; u < kB; u++) {
-      const int idx = threadIdx.x + (it0 + u) * kThreads, r = idx / C4, c = idx % C4;
-      uint2 w;
-      w.x = pack_bf16(x[u].x * mul, x[u].y * mul);
-      w.y = pack_bf16(x[u].z * mul, x[u].w * mul);
-      *reinterpret_cast<uint2*>(dst + r * kStride<D> + 4 * c) = w;
-    }
+  for (int it = 0; it < kIters; it++) {
+    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
+    const int64_t s = s0 + r;
+    x[it] = s < S ? __ldg(reinterpret_cast<const float4*>(base + s * row_stride) + c) : make_float4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; it++) {
+    const int idx = threadIdx.x + it * kThreads, r = idx / C4, c = idx % C4;
+    uint2 w;
+    w.x = pack_bf16(x[it].x * mul, x[it].y * mul);
+    w.y = pack_bf16(x[it].z * mul, x[it].w * mul);
+    *reinterpret_cast<uint2*>(dst + r * kStride<D> + 4 * c) = w;
   }
 }
 

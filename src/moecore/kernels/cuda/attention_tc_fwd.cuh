@@ -37,10 +37,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
 
-  load_tile<D, kBr>(Qs, qh, i0, S, q_stride, scale);
+  load_tile<D, kBr>(Qs, qh, scale, i0, S, q_stride);
   __syncthreads();
-  // This warp's 16 rows of Q̂ are re-read from shared memory for every key tile (8 ldmatrix per tile): holding them
-  // in registers would cost 32 per thread, and one block fewer per SM.
+  // This warp's 16 rows of Q̂ are re-read from shared memory for every key tile (8 ldmatrix per tile): 32 more
+  // registers would not fit beside the accumulators and the K/V staging of load_tiles.
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 
   float acc[D / 8][4] = {};
@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const int kend = i0 + kBr < Sn ? i0 + kBr : Sn;
   for (int j0 = 0; j0 < kend; j0 += kBc) {
     __syncthreads();  // every warp is done with the previous K/V tile
-    load_tile<D, kBc>(Ks, kh, j0, S, kv_stride, 1.0f);
-    load_tile<D, kBc>(Vs, vh, j0, S, kv_stride, 1.0f);
+    load_tiles<D, kBc>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, S, kv_stride);
     __syncthreads();
 
     float s[kBc / 8][4] = {};
