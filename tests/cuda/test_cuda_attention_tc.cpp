@@ -130,7 +130,7 @@ TEST(CudaAttentionTc, RerunsAreBitwiseIdentical) {
 Outputs run_launchers(const Case& c, const Inputs& in, bool tc) {
   Outputs r(c, true);
   Tensor delta = poisoned({c.B, c.Nq, c.S});
-  const cudaStream_t s = cuda::current_stream();
+  const cudaStream_t s = ::moecore::cuda::current_stream();
   const float sc = static_cast<float>(in.scale);
   const float *q = in.gq.device_data<float>(), *k = in.gk.device_data<float>(), *v = in.gv.device_data<float>(),
               *d = in.gd.device_data<float>();
