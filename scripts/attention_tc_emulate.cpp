@@ -214,7 +214,7 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
   auto qi = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nq + h) * D; };
   auto ki = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nkv + h) * D; };
 
-  launch(dim3(unsigned((S + 63) / 64), unsigned(B * Nq)), (64 + 2 * 64) * kStride<D> * 2,
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), (64 + 2 * 64) * kStride<D> * 2,
          [&] { fwd_tc_k<D>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, scale); });
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Nq; h++)
@@ -223,11 +223,11 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
         for (int d = 0; d < D; d++) acc += dout[qi(i, b, h) + d] * o[qi(i, b, h) + d];
         delta[(b * Nq + h) * S + i] = acc;
       }
-  launch(dim3(unsigned((S + 63) / 64), unsigned(B * Nkv)), (2 * 64 + 2 * 32) * kStride<D> * 2 + 2 * 32 * 4, [&] {
+  launch(dim3(unsigned(B * Nkv), unsigned((S + 63) / 64)), (2 * 64 + 2 * 32) * kStride<D> * 2 + 2 * 32 * 4, [&] {
     dkv_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, B, Nq,
                 Nkv, scale);
   });
-  launch(dim3(unsigned((S + 63) / 64), unsigned(B * Nq)), (4 * 64) * kStride<D> * 2, [&] {
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), (4 * 64) * kStride<D> * 2, [&] {
     dq_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dq.data(), S, B, Nq, Nkv, scale);
   });
 

@@ -14,14 +14,15 @@ void launch_fwd(const float* q, const float* k, const float* v, float* o, float*
   constexpr int smem = fwd_smem_bytes<D>();
   // A failure here is recorded as the last error and reported by the caller's launch check.
   cudaFuncSetAttribute(fwd_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  const dim3 grid(static_cast<unsigned>((S + kBr - 1) / kBr), static_cast<unsigned>(B * Nq));
+  // Heads along x, tiles along y: blocks start in x-fastest order, so every head's longest tile goes first.
+  const dim3 grid(static_cast<unsigned>(B * Nq), static_cast<unsigned>((S + kBr - 1) / kBr));
   fwd_tc_k<D><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, S, B, Nq, Nkv, scale);
 }
 }  // namespace
 
 bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool round_bf16) {
-  // grid.y is B·Nq (at most 65535); the kernels index sequence positions (plus a tile) in int.
-  return round_bf16 && (D == 64 || D == 128) && S > 0 && S <= (int64_t(1) << 30) && B * Nq <= 65535;
+  // grid.x is B·Nq, grid.y the tiles (S/64 ≤ 65535); the kernels index sequence positions (plus a tile) in int.
+  return round_bf16 && (D == 64 || D == 128) && S > 0 && S <= int64_t(65535) * 64 && B * Nq <= 0x7fffffff;
 }
 
 void attention_tc_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,

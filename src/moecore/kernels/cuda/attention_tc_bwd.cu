@@ -15,9 +15,10 @@ void launch_bwd(const float* dout, const float* q, const float* k, const float* 
   constexpr int dkv_smem = dkv_smem_bytes<D>(), dq_smem = dq_smem_bytes<D>();
   cudaFuncSetAttribute(dkv_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dkv_smem);
   cudaFuncSetAttribute(dq_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
-  const dim3 kv_grid(static_cast<unsigned>((S + kKvRows - 1) / kKvRows), static_cast<unsigned>(B * Nkv));
+  // Heads along x, tiles along y: blocks start in x-fastest order, so the longest tiles of every head go first.
+  const dim3 kv_grid(static_cast<unsigned>(B * Nkv), static_cast<unsigned>((S + kKvRows - 1) / kKvRows));
   dkv_tc_k<D><<<kv_grid, kThreads, dkv_smem, s>>>(dout, q, k, v, lse, delta, dk, dv, S, B, Nq, Nkv, scale);
-  const dim3 q_grid(static_cast<unsigned>((S + kQRows - 1) / kQRows), static_cast<unsigned>(B * Nq));
+  const dim3 q_grid(static_cast<unsigned>(B * Nq), static_cast<unsigned>((S + kQRows - 1) / kQRows));
   dq_tc_k<D><<<q_grid, kThreads, dq_smem, s>>>(dout, q, k, v, lse, delta, dq, S, B, Nq, Nkv, scale);
 }
 }  // namespace

@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
 
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loops saves registers.
   const int Sn = static_cast<int>(S);
-  const int j0 = static_cast<int>(blockIdx.x) * kKvRows;  // tile 0 has the most query rows below it: it starts first
-  const int64_t bhk = blockIdx.y, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
+  const int j0 = static_cast<int>(blockIdx.y) * kKvRows;  // tile 0 has the most query rows below it: it starts first
+  const int64_t bhk = blockIdx.x, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   load_tiles<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, 1.0f, Vs, v + (b * Nkv + hk) * D, 1.0f, j0, S, kv_stride);
 
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   __nv_bfloat16* Vs = Ks + kQKeys * kStride<D>;
 
   const int Sn = static_cast<int>(S), tiles = (Sn + kQRows - 1) / kQRows;
-  const int tile = tiles - 1 - static_cast<int>(blockIdx.x);  // longest rows first
-  const int64_t bh = blockIdx.y, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
+  const int tile = tiles - 1 - static_cast<int>(blockIdx.y);  // longest rows first
+  const int64_t bh = blockIdx.x, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
   const int i0 = tile * kQRows;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   const float* kh = k + (b * Nkv + hk) * D;

@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
 
   // The longest rows (the last query tiles) start first, so the short ones fill the tail of the grid.
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loop saves registers.
-  const int Sn = static_cast<int>(S), tiles = (Sn + kBr - 1) / kBr, tile = tiles - 1 - static_cast<int>(blockIdx.x);
-  const int64_t bh = blockIdx.y, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
+  const int Sn = static_cast<int>(S), tiles = (Sn + kBr - 1) / kBr, tile = tiles - 1 - static_cast<int>(blockIdx.y);
+  const int64_t bh = blockIdx.x, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
   const int i0 = tile * kBr;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   const float* qh = q + (b * Nq + h) * D;

@@ -11,7 +11,7 @@
 
 namespace moecore::launch {
 
-// The tensor-core path covers round_bf16 with D ∈ {64, 128} and B·Nq ≤ 65535 (one grid row per head).
+// The tensor-core path covers round_bf16 with D ∈ {64, 128} and S ≤ 65535·64 (one grid row per 64-row tile).
 bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool round_bf16);
 
 // bf16 operands (q̂ = bf16(scale·q), k̂, v̂, P; dÔ and dS in the backward), f32 accumulation; lse in natural units.
