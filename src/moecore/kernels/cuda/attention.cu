@@ -2,10 +2,14 @@
 // key row (dK, dV); lane l holds channels l, l+32, ... (D ≤ 256: 8 per lane). The forward keeps a running max and
 // sum (online softmax) and writes lse; the backward recomputes P = exp(scale·q·k − lse). No atomics: every output
 // row has exactly one writer, which walks its partners in a fixed order, so reruns give the same bits.
-// This is the correctness-first version (K/V rows stream from L2, no tensor cores); the tiled tensor-core kernel
-// replaces the loops below once it can be measured on a GPU (docs/cuda.md).
+// These are the correctness-first kernels (K/V rows stream from L2, no tensor cores): the f32 path and the fallback
+// of the bf16 path; the bf16 path with D ∈ {64, 128} runs the tiled tensor-core kernels (attention_tc*.cu), chosen
+// by attention_forward / attention_backward at the end of this file.
+#include <initializer_list>
+
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_attention_tc.h"
 
 namespace moecore::launch {
 
@@ -171,22 +175,60 @@ unsigned blocks_for(int64_t rows) {
 }
 }  // namespace
 
-void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
-                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+void attention_delta(const float* dout, const float* o, float* delta, int64_t S, int64_t B, int64_t Nq, int64_t D,
+                     cudaStream_t s) {
+  const Dims dm{S, B, Nq, Nq, D};
+  const int64_t rows = B * Nq * S;
+  if (rows > 0) delta_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, o, delta, dm);
+}
+
+void attention_rowwise_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S,
+                               int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
+                               cudaStream_t s) {
   const Dims dm{S, B, Nq, Nkv, D};
   const int64_t rows = B * Nq * S;
   if (rows > 0) fwd_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(q, k, v, o, lse, dm, scale, round_bf16);
 }
 
-void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
-                        const float* lse, float* dq, float* dk, float* dv, float* delta, int64_t S, int64_t B,
-                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+void attention_rowwise_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
+                                const float* lse, float* dq, float* dk, float* dv, float* delta, int64_t S, int64_t B,
+                                int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
   const Dims dm{S, B, Nq, Nkv, D};
   const int64_t rows = B * Nq * S, kv_rows = B * Nkv * S;
   if (rows == 0) return;
   delta_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, o, delta, dm);
   dq_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, q, k, v, lse, delta, dq, dm, scale, round_bf16);
   dkv_k<<<blocks_for(kv_rows), 32 * kWarps, 0, s>>>(dout, q, k, v, lse, delta, dk, dv, dm, scale, round_bf16);
+}
+
+namespace {
+// The tensor-core kernels move float4 (loads) and float2 (stores) per lane.
+bool aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+}  // namespace
+
+void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
+                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+  if (B * Nq * S == 0) return;
+  if (attention_tc_supported(S, B, Nq, D, round_bf16) && aligned16({q, k, v, o}))
+    attention_tc_forward(q, k, v, o, lse, S, B, Nq, Nkv, D, scale, s);
+  else
+    attention_rowwise_forward(q, k, v, o, lse, S, B, Nq, Nkv, D, scale, round_bf16, s);
+}
+
+void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
+                        const float* lse, float* dq, float* dk, float* dv, float* delta, int64_t S, int64_t B,
+                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+  if (B * Nq * S == 0) return;
+  if (attention_tc_supported(S, B, Nq, D, round_bf16) && aligned16({dout, q, k, v, dq, dk, dv})) {
+    attention_delta(dout, o, delta, S, B, Nq, D, s);
+    attention_tc_backward(dout, q, k, v, lse, delta, dq, dk, dv, S, B, Nq, Nkv, D, scale, s);
+  } else {
+    attention_rowwise_backward(dout, q, k, v, o, lse, dq, dk, dv, delta, S, B, Nq, Nkv, D, scale, round_bf16, s);
+  }
 }
 
 }  // namespace moecore::launch

@@ -1,0 +1,287 @@
+// Host emulation of the tensor-core attention kernels (src/moecore/kernels/cuda/attention_tc_*.cuh), for machines
+// without a GPU: every CUDA thread of a block is a std::thread, __syncthreads a block barrier, and the warp-level
+// primitives (ldmatrix, mma.sync m16n8k16, shfl) exchange their operands through per-warp slots and compute what the
+// PTX ISA specifies for each lane. The kernels' own source is compiled unchanged (MOE_TC_EMULATE only swaps the
+// four inline-asm/shared-memory primitives), and their results are compared with a naive bf16-rounded reference.
+// It checks indexing, masking, tiling, the online softmax and the fragment bookkeeping; not timing, not the real
+// hardware's rounding inside an MMA. Build and run (ASan catches out-of-bounds reads and writes):
+//   g++ -std=c++20 -O1 -g -fsanitize=address -Wno-attributes -Isrc -I/usr/local/cuda/include \
+//       scripts/attention_tc_emulate.cpp -o /tmp/attention_tc_emulate && /tmp/attention_tc_emulate
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#define MOE_TC_EMULATE 1
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
+namespace emu {
+constexpr int kBlock = 128, kWarps = kBlock / 32;
+thread_local uint3 tid, bid;
+std::barrier<>* block_bar = nullptr;
+std::barrier<>* warp_bar[kWarps];
+unsigned char* smem = nullptr;
+size_t smem_size = 0;
+struct Slots {
+  const void* ptr[32];
+  uint32_t a[32][4];
+  uint32_t b[32][2];
+  float f[32];
+};
+Slots slots[kWarps];
+int lane() {
+  return tid.x & 31;
+}
+int warp() {
+  return tid.x >> 5;
+}
+void sync_warp() {
+  warp_bar[warp()]->arrive_and_wait();
+}
+void fail(const char* what) {
+  std::fprintf(stderr, "emulation check failed: %s\n", what);
+  std::abort();
+}
+uint16_t bits(const __nv_bfloat16* p) {
+  uint16_t u;
+  std::memcpy(&u, p, 2);
+  return u;
+}
+float bf(uint32_t reg, int half) {
+  const uint16_t u = static_cast<uint16_t>(reg >> (16 * half));
+  const uint32_t f = uint32_t(u) << 16;
+  float x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+void check_row(const void* p) {  // an ldmatrix row: 16 bytes, 16-byte aligned, inside the dynamic shared memory
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (reinterpret_cast<uintptr_t>(p) % 16) fail("ldmatrix row not 16-byte aligned");
+  if (c < smem || c + 16 > smem + smem_size) fail("ldmatrix row outside shared memory");
+}
+}  // namespace emu
+
+#define threadIdx (emu::tid)
+#define blockIdx (emu::bid)
+inline void __syncthreads() {
+  emu::block_bar->arrive_and_wait();
+}
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  emu::Slots& s = emu::slots[emu::warp()];
+  s.f[emu::lane()] = v;
+  emu::sync_warp();
+  const float r = s.f[emu::lane() ^ m];
+  emu::sync_warp();
+  return r;
+}
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
+
+namespace moecore::launch::tc {
+inline unsigned char* dyn_smem() {
+  return emu::smem;
+}
+inline void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  emu::check_row(row);
+  emu::Slots& s = emu::slots[emu::warp()];
+  s.ptr[emu::lane()] = row;
+  emu::sync_warp();
+  const int g = emu::lane() >> 2, c = emu::lane() & 3;
+  for (int j = 0; j < 4; j++) {
+    const auto* p = static_cast<const __nv_bfloat16*>(s.ptr[8 * j + g]);
+    r[j] = uint32_t(emu::bits(p + 2 * c)) | uint32_t(emu::bits(p + 2 * c + 1)) << 16;
+  }
+  emu::sync_warp();
+}
+inline void ldsm_x4_t(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  emu::check_row(row);
+  emu::Slots& s = emu::slots[emu::warp()];
+  s.ptr[emu::lane()] = row;
+  emu::sync_warp();
+  const int g = emu::lane() >> 2, c = emu::lane() & 3;
+  for (int j = 0; j < 4; j++) {
+    const auto* p0 = static_cast<const __nv_bfloat16*>(s.ptr[8 * j + 2 * c]);
+    const auto* p1 = static_cast<const __nv_bfloat16*>(s.ptr[8 * j + 2 * c + 1]);
+    r[j] = uint32_t(emu::bits(p0 + g)) | uint32_t(emu::bits(p1 + g)) << 16;
+  }
+  emu::sync_warp();
+}
+inline void mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::Slots& s = emu::slots[emu::warp()];
+  const int l = emu::lane();
+  std::memcpy(s.a[l], a, 16);
+  s.b[l][0] = b0;
+  s.b[l][1] = b1;
+  emu::sync_warp();
+  const int g = l >> 2, c = l & 3;
+  float out[4];
+  for (int e = 0; e < 4; e++) {
+    const int row = g + 8 * (e >> 1), col = 2 * c + (e & 1);
+    float sum = 0;
+    for (int k = 0; k < 16; k++) {
+      const float av = emu::bf(s.a[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+      const float bv = emu::bf(s.b[4 * col + (k % 8) / 2][k >= 8], k % 2);
+      sum += av * bv;
+    }
+    out[e] = acc[e] + sum;
+  }
+  emu::sync_warp();
+  for (int e = 0; e < 4; e++) acc[e] = out[e];
+}
+}  // namespace moecore::launch::tc
+
+#include "moecore/kernels/cuda/attention_tc_bwd.cuh"
+#include "moecore/kernels/cuda/attention_tc_fwd.cuh"
+
+namespace {
+using namespace moecore::launch::tc;
+
+// Runs `kernel` over the grid, one block at a time, kBlock threads per block; shared memory starts as NaN bytes.
+void launch(dim3 grid, size_t smem_bytes, const std::function<void()>& kernel) {
+  std::vector<unsigned char> buf(smem_bytes + 16);
+  unsigned char* base = buf.data() + (16 - reinterpret_cast<uintptr_t>(buf.data()) % 16) % 16;
+  for (unsigned by = 0; by < grid.y; by++)
+    for (unsigned bx = 0; bx < grid.x; bx++) {
+      std::memset(base, 0xff, smem_bytes);
+      emu::smem = base;
+      emu::smem_size = smem_bytes;
+      std::barrier<> block(emu::kBlock);
+      std::vector<std::unique_ptr<std::barrier<>>> warps;
+      for (int w = 0; w < emu::kWarps; w++) {
+        warps.push_back(std::make_unique<std::barrier<>>(32));
+        emu::warp_bar[w] = warps.back().get();
+      }
+      emu::block_bar = &block;
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < emu::kBlock; t++)
+        ts.emplace_back([&, t] {
+          emu::tid = uint3{t, 0, 0};
+          emu::bid = uint3{bx, by, 0};
+          kernel();
+        });
+      for (auto& t : ts) t.join();
+    }
+}
+
+float rb(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+std::vector<float> random(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& e : v) {
+    x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    e = static_cast<float>(static_cast<double>(z >> 11) / 0x1p53 * 2 - 1);
+  }
+  return v;
+}
+
+double rel(const std::vector<float>& got, const std::vector<double>& want) {
+  double diff = 0, mag = 1e-30;
+  for (size_t i = 0; i < want.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(got[i] - want[i]));
+    mag = std::max(mag, std::fabs(want[i]));
+  }
+  return diff / mag;
+}
+
+template <int D>
+bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
+  const float scale = 1.0f / std::sqrt(float(D));
+  const size_t nq = S * B * Nq * D, nkv = S * B * Nkv * D, nl = B * Nq * S;
+  const auto q = random(nq, 1), k = random(nkv, 2), v = random(nkv, 3), dout = random(nq, 4);
+  const float nan = std::nanf("");
+  std::vector<float> o(nq, nan), lse(nl, nan), dq(nq, nan), dk(nkv, nan), dv(nkv, nan), delta(nl, nan);
+  const int64_t G = Nq / Nkv;
+  auto qi = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nq + h) * D; };
+  auto ki = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nkv + h) * D; };
+
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), (64 + 2 * 64) * kStride<D> * 2,
+         [&] { fwd_tc_k<D>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, scale); });
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Nq; h++)
+      for (int64_t i = 0; i < S; i++) {
+        float acc = 0;
+        for (int d = 0; d < D; d++) acc += dout[qi(i, b, h) + d] * o[qi(i, b, h) + d];
+        delta[(b * Nq + h) * S + i] = acc;
+      }
+  launch(dim3(unsigned(B * Nkv), unsigned((S + 63) / 64)), (2 * 64 + 2 * 32) * kStride<D> * 2 + 2 * 32 * 4, [&] {
+    dkv_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, B, Nq,
+                Nkv, scale);
+  });
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), (4 * 64) * kStride<D> * 2, [&] {
+    dq_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dq.data(), S, B, Nq, Nkv, scale);
+  });
+
+  // Reference: Q̂ = bf16(scale·q), K̂, V̂, dÔ bf16; P (normalized) and dS rounded to bf16; sums in double.
+  std::vector<double> ro(nq, 0), rl(nl, 0), rdq(nq, 0), rdk(nkv, 0), rdv(nkv, 0);
+  std::vector<double> p(S), sc(S);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Nq; h++) {
+      const int64_t hk = h / G;
+      for (int64_t i = 0; i < S; i++) {
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; j++) {
+          double s = 0;
+          for (int d = 0; d < D; d++) s += double(rb(q[qi(i, b, h) + d] * scale)) * rb(k[ki(j, b, hk) + d]);
+          sc[j] = s;
+          mx = std::max(mx, s);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; j++) sum += p[j] = std::exp(sc[j] - mx);
+        rl[(b * Nq + h) * S + i] = mx + std::log(sum);
+        for (int64_t j = 0; j <= i; j++)
+          for (int d = 0; d < D; d++) ro[qi(i, b, h) + d] += double(rb(float(p[j] / sum))) * rb(v[ki(j, b, hk) + d]);
+        double dl = 0;
+        for (int d = 0; d < D; d++) dl += double(dout[qi(i, b, h) + d]) * o[qi(i, b, h) + d];
+        for (int64_t j = 0; j <= i; j++) {
+          const double pj = std::exp(sc[j] - rl[(b * Nq + h) * S + i]);
+          double dp = 0;
+          for (int d = 0; d < D; d++) dp += double(rb(dout[qi(i, b, h) + d])) * rb(v[ki(j, b, hk) + d]);
+          const double ds = rb(float(pj * (dp - dl)));
+          for (int d = 0; d < D; d++) {
+            rdq[qi(i, b, h) + d] += scale * ds * rb(k[ki(j, b, hk) + d]);
+            rdk[ki(j, b, hk) + d] += ds * rb(q[qi(i, b, h) + d] * scale);
+            rdv[ki(j, b, hk) + d] += double(rb(float(pj))) * rb(dout[qi(i, b, h) + d]);
+          }
+        }
+      }
+    }
+  const double eo = rel(o, ro), el = rel(lse, rl), eq = rel(dq, rdq), ek = rel(dk, rdk), ev = rel(dv, rdv);
+  const bool ok = eo < 2e-2 && el < 2e-2 && eq < 2e-2 && ek < 2e-2 && ev < 2e-2;
+  std::printf("%s S=%lld B=%lld Nq=%lld Nkv=%lld D=%d: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", ok ? "ok  " : "FAIL",
+              (long long)S, (long long)B, (long long)Nq, (long long)Nkv, D, eo, el, eq, ek, ev);
+  return ok;
+}
+}  // namespace
+
+int main() {
+  bool ok = true;
+  ok &= run_case<64>(1, 1, 1, 1);
+  ok &= run_case<64>(17, 2, 2, 1);
+  ok &= run_case<128>(70, 1, 2, 2);
+  ok &= run_case<64>(130, 1, 4, 2);
+  ok &= run_case<128>(200, 2, 2, 1);
+  ok &= run_case<64>(65, 2, 4, 2);
+  ok &= run_case<128>(129, 1, 3, 1);
+  std::printf(ok ? "all cases pass\n" : "FAILURES\n");
+  return ok ? 0 : 1;
+}

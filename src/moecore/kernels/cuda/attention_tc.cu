@@ -1,0 +1,36 @@
+// Launchers of the tensor-core attention forward kernel (attention_tc_fwd.cuh) and the path check
+// (launch_attention_tc.h).
+#include "moecore/kernels/cuda/attention_tc_fwd.cuh"
+#include "moecore/kernels/cuda/launch_attention_tc.h"
+
+namespace moecore::launch {
+
+namespace {
+using namespace tc;
+
+template <int D>
+void launch_fwd(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B, int64_t Nq,
+                int64_t Nkv, float scale, cudaStream_t s) {
+  constexpr int smem = fwd_smem_bytes<D>();
+  // A failure here is recorded as the last error and reported by the caller's launch check.
+  cudaFuncSetAttribute(fwd_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // Heads along x, tiles along y: blocks start in x-fastest order, so every head's longest tile goes first.
+  const dim3 grid(static_cast<unsigned>(B * Nq), static_cast<unsigned>((S + kBr - 1) / kBr));
+  fwd_tc_k<D><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, S, B, Nq, Nkv, scale);
+}
+}  // namespace
+
+bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool round_bf16) {
+  // grid.x is B·Nq, grid.y the tiles (S/64 ≤ 65535); the kernels index sequence positions (plus a tile) in int.
+  return round_bf16 && (D == 64 || D == 128) && S > 0 && S <= int64_t(65535) * 64 && B * Nq <= 0x7fffffff;
+}
+
+void attention_tc_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
+                          int64_t Nq, int64_t Nkv, int64_t D, float scale, cudaStream_t s) {
+  if (D == 64)
+    launch_fwd<64>(q, k, v, o, lse, S, B, Nq, Nkv, scale, s);
+  else
+    launch_fwd<128>(q, k, v, o, lse, S, B, Nq, Nkv, scale, s);
+}
+
+}  // namespace moecore::launch
