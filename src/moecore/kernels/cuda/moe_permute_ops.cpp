@@ -26,6 +26,12 @@ void moe_require_gpu(const Tensor& t, const char* name, DType dtype) {
   MOE_ASSERT_MSG(t.dtype() == dtype, "{} is {}, expected {}", name, dtype_name(t.dtype()), dtype_name(dtype));
 }
 
+int64_t moe_row_elems(const Tensor& t) {  // elements per row (the dims after the first), also with 0 rows
+  int64_t n = 1;
+  for (int i = 1; i < t.ndim(); i++) n *= t.dim(i);
+  return n;
+}
+
 int64_t moe_row_bytes(const Tensor& t) {
   return t.dim(0) == 0 ? 0 : t.nbytes() / t.dim(0);
 }
@@ -79,20 +85,18 @@ void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& token
 void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
-  MOE_ASSERT_MSG(
-      dst.dim(0) == R && src.numel() / std::max<int64_t>(src.dim(0), 1) == dst.numel() / std::max<int64_t>(R, 1),
-      "row gather of {} into {} by {} indices", src.shape().str(), dst.shape().str(), R);
+  MOE_ASSERT_MSG(dst.dim(0) == R && moe_row_elems(src) == moe_row_elems(dst), "row gather of {} into {} by {} indices",
+                 src.shape().str(), dst.shape().str(), R);
   MOE_ASSERT(src.device() == idx_R.device() && dst.device() == idx_R.device());
   if (src.dtype() == dst.dtype()) {
     launch::moe_gather_rows(src.raw(), idx_R.device_data<int32_t>(), dst.raw(), R, moe_row_bytes(dst),
                             current_stream());
   } else {
     MOE_ASSERT_MSG(src.dtype() == DType::F32 && dst.dtype() == DType::BF16,
-                   "row gather converts f32 to bf16 only, got "
-                   "{} to {}",
-                   dtype_name(src.dtype()), dtype_name(dst.dtype()));
+                   "row gather converts f32 to bf16 only, got {} to {}", dtype_name(src.dtype()),
+                   dtype_name(dst.dtype()));
     launch::moe_gather_rows_f32_to_bf16(src.device_data<float>(), idx_R.device_data<int32_t>(), dst.raw(), R,
-                                        R == 0 ? 0 : dst.numel() / R, current_stream());
+                                        moe_row_elems(dst), current_stream());
   }
   check_launch("moe_gather_rows");
 }
@@ -101,7 +105,7 @@ void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
   MOE_ASSERT(src.dim(0) == R && src.dtype() == dst.dtype() && src.device() == dst.device());
-  MOE_ASSERT(dst.dim(0) == 0 || moe_row_bytes(src) == moe_row_bytes(dst) || R == 0);
+  MOE_ASSERT(moe_row_elems(src) == moe_row_elems(dst));
   launch::moe_scatter_rows(src.raw(), idx_R.device_data<int32_t>(), dst.raw(), R, moe_row_bytes(src), current_stream());
   check_launch("moe_scatter_rows");
 }
