@@ -26,6 +26,9 @@ void moe_sum_rows_per_token(const Tensor&, const Tensor&, const Tensor&, Tensor&
 void moe_gather_probs(const Tensor&, const Tensor&, Tensor&) {
   no_cuda_kernel("moe_gather_probs");
 }
+Tensor moe_upload_i32(const std::vector<int32_t>&, Device) {
+  no_cuda_kernel("moe_upload_i32");
+}
 void moe_scatter_probs(const Tensor&, const Tensor&, Tensor&) {
   no_cuda_kernel("moe_scatter_probs");
 }

@@ -3,7 +3,7 @@
 // The padded row layout is the CPU's (each expert's rows start at a multiple of kGpuRowAlign, zero rows in the gaps,
 // GEMMs over the padded row counts), so the gap rows hold zeros exactly as there. Moving rows in and out of the
 // padded layout is one row gather each way through two I32 row maps built on the host from the counts (already on
-// the host: the dispatch copied them) and uploaded once per forward.
+// the host: the dispatch copied them) and uploaded once per forward, asynchronously: the experts add no host sync.
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/activation.h"
 #include "moecore/kernels/cuda/grouped_gemm.h"
@@ -69,20 +69,18 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   MOE_ASSERT(probs_R.device() == d);
   const GpuPaddedLayout l = gpu_padded_layout(counts);
   const bool identity = gpu_rows_aligned(counts);
-  // Row maps: padded row -> source row (−1 in the gaps), and row -> padded row.
-  Tensor src_of_padded = Tensor::empty({l.total}, DType::I32), padded_of_row = Tensor::empty({R}, DType::I32);
-  {
-    int32_t* sp = src_of_padded.data<int32_t>();
-    int32_t* pr = padded_of_row.data<int32_t>();
-    int64_t src = 0;
-    for (size_t e = 0; e < counts.size(); e++) {
-      for (int64_t i = 0; i < l.rows[e]; i++) sp[l.begin[e] + i] = i < counts[e] ? static_cast<int32_t>(src + i) : -1;
-      for (int64_t i = 0; i < counts[e]; i++) pr[src + i] = static_cast<int32_t>(l.begin[e] + i);
-      src += counts[e];
-    }
+  // Row maps: padded row -> source row (−1 in the gaps), and row -> padded row; uploaded without a host sync.
+  std::vector<int32_t> src_of_padded(static_cast<size_t>(l.total)), padded_of_row(static_cast<size_t>(R));
+  int64_t src = 0;
+  for (size_t e = 0; e < counts.size(); e++) {
+    for (int64_t i = 0; i < l.rows[e]; i++)
+      src_of_padded[static_cast<size_t>(l.begin[e] + i)] = i < counts[e] ? static_cast<int32_t>(src + i) : -1;
+    for (int64_t i = 0; i < counts[e]; i++)
+      padded_of_row[static_cast<size_t>(src + i)] = static_cast<int32_t>(l.begin[e] + i);
+    src += counts[e];
   }
-  st.row_of_padded_P = src_of_padded.to(d);
-  st.padded_of_row_R = padded_of_row.to(d);
+  st.row_of_padded_P = kernels::cuda::moe_upload_i32(src_of_padded, d);
+  st.padded_of_row_R = kernels::cuda::moe_upload_i32(padded_of_row, d);
   st.tokens_per_expert = counts;
   const DType xt = cfg_.bf16 ? DType::BF16 : DType::F32;
   st.probs_R = gpu_remap(probs_R, st.row_of_padded_P, DType::F32, identity).reshape({l.total});
