@@ -12,9 +12,9 @@ namespace moecore::cli {
 BenchCommands::BenchCommands(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Microbenchmarks against the GEMM roofline of this machine");
   bench->require_subcommand(1);
-  for (auto add :
-       {add_gemm_bench, add_attention_bench, add_moe_layer_bench, add_train_bench, add_comm_bench, add_checkpoint_bench,
-        add_tokenizer_bench, add_pipeline_bench, add_context_bench, add_memory_bench, add_mla_bench})
+  for (auto add : {add_gemm_bench, add_attention_bench, add_moe_layer_bench, add_train_bench, add_comm_bench,
+                   add_checkpoint_bench, add_tokenizer_bench, add_pipeline_bench, add_context_bench, add_memory_bench,
+                   add_mla_bench, add_grouped_gemm_bench})
     benches_.push_back(add(*bench));
 }
 

@@ -2,7 +2,8 @@
 // all local experts with a 1/ETP share of their FFN columns, so the rows dispatched to any ETP rank are
 // all-gathered (variable sizes) and re-sorted expert-major, the experts produce partial sums, and combine
 // reduce-scatters them back to the rows' owner in f32. Backward is the exact adjoint: all-gather of the output
-// gradients, reduce-scatter of the input and probability gradients.
+// gradients, reduce-scatter of the input and probability gradients. GPU rows: the same movement, the MPI traffic
+// host-staged and the re-sorting on the GPU.
 #pragma once
 
 #include <vector>

@@ -157,6 +157,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   MOE_ASSERT_MSG(total == R, "expert row counts sum to {}, but {} rows were dispatched", total, R);
+  if (x_RH.device().is_cuda()) return forward_cuda(x_RH, probs_R, counts, st);
   const DType dt = fc1_->value.dtype();
   st.tokens_per_expert = counts;
   st.probs_R = to_padded(probs_R, counts, dt);
@@ -188,6 +189,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
 
 Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R) {
   TimerScope timer("moe-expert-compute", 2);
+  if (dy_RH.device().is_cuda()) return backward_cuda(dy_RH, st, dprobs_R);
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
   const std::vector<int64_t>& counts = st.tokens_per_expert;
   const int64_t Rp = padded_total(counts);

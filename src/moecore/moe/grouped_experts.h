@@ -1,7 +1,9 @@
 // The routed experts of one MoE layer: weights stacked per expert (fc1 [E, F1, H] with F1 = 2F for SwiGLU, gate
 // rows first; fc2 [E, H, F]) and one grouped GEMM per projection over the rows of every local expert, whose row
 // counts change every step (experts with no rows are skipped). The router probability multiplies the activation
-// inside the expert: y = fc2(act(fc1·x) ⊙ p), as Megatron does.
+// inside the expert: y = fc2(act(fc1·x) ⊙ p), as Megatron does. With the weights and rows on a GPU (f32 weights,
+// bf16 operands when bf16 is on) the same computation runs as grouped GEMMs there (grouped_experts_cuda.cpp,
+// kernels/cuda/grouped_gemm.h).
 #pragma once
 
 #include <string>
@@ -38,6 +40,7 @@ class GroupedExperts {
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
+    Tensor padded_of_row_R, row_of_padded_P;  // GPU only: I32 row maps between the [R] rows and the padded layout
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
@@ -55,6 +58,8 @@ class GroupedExperts {
  private:
   // Creates the fixed-shape GEMM primitives every row count will use, so no step ever creates one.
   void prepare_gemms() const;
+  Tensor forward_cuda(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts, Stash& st);
+  Tensor backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
 
   ExpertsConfig cfg_;
   nn::Parameter* fc1_;

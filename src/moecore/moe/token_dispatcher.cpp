@@ -5,12 +5,14 @@
 
 #include "moecore/comm/process_group.h"
 #include "moecore/core/timers.h"
+#include "moecore/kernels/cuda/moe_kernels.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
   TimerScope timer("moe-permute", 2);  // moecore's: token permutation copies (bench train's phase table)
+  if (src_TH.device().is_cuda()) return kernels::cuda::moe_gather_rows(src_TH, row_token_R, dst_RH);
   const int64_t R = row_token_R.numel(), H = src_TH.cols();
   MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H && dst_RH.dtype() == src_TH.dtype());
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src_TH.dtype());
@@ -23,6 +25,7 @@ void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH
 
 void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
   TimerScope timer("moe-permute", 2);
+  if (src_RH.device().is_cuda()) return kernels::cuda::moe_scatter_rows(src_RH, idx_R, dst);
   const int64_t R = idx_R.numel(), H = src_RH.cols();
   MOE_ASSERT(src_RH.rows() == R && dst.cols() == H && dst.dtype() == src_RH.dtype());
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src_RH.dtype());
@@ -59,6 +62,8 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts,
 
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
   TimerScope timer("moe-permute", 2);
+  if (src_RH.device().is_cuda())
+    return kernels::cuda::moe_sum_rows_per_token(src_RH, plan.token_offsets_T1, plan.token_rows, dst_TH);
   const int64_t T = plan.T, H = src_RH.cols();
   MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == src_RH.dtype());
   const int64_t* off = plan.token_offsets_T1.data<int64_t>();
@@ -85,6 +90,7 @@ void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& rout
 void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK,
                                    int64_t pad_capacity, int64_t block, DispatchPlan& plan, Tensor& x_RH,
                                    Tensor& probs_R) const {
+  if (x_TH.device().is_cuda()) return permute_cuda(x_TH, idx_TK, probs_TK, pad_capacity, block, plan, x_RH, probs_R);
   const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), E = E_;
   MOE_ASSERT(idx_TK.dtype() == DType::I32 && x_TH.rows() == T && probs_TK.numel() == T * K);
   MOE_ASSERT(pad_capacity == 0 || (block > 0 && T % block == 0));
@@ -179,21 +185,25 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
 }
 
 Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype());
+  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype(), y_RH.device());
   sum_rows_per_token(y_RH, plan, y);
   return y;
 }
 
 Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  Tensor d = Tensor::empty({plan.R, dy_TH.cols()}, dy_TH.dtype());
+  Tensor d = Tensor::empty({plan.R, dy_TH.cols()}, dy_TH.dtype(), dy_TH.device());
   gather_rows(dy_TH, plan.row_token_R, d);
   return d;
 }
 
 void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                              DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
-  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype());
+  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype(), dx_RH.device());
   sum_rows_per_token(dx_RH, plan, dx_TH);
+  if (dx_RH.device().is_cuda()) {
+    dprobs_TK = Tensor::empty({plan.T, plan.K}, probs_dtype, dx_RH.device());
+    return scatter_dprobs_cuda(dprobs_R, plan.row_tk_R, dprobs_TK);
+  }
   dprobs_TK = Tensor::zeros({plan.T, plan.K}, probs_dtype);
   const int64_t* rtk = plan.row_tk_R.data<int64_t>();
   for (int64_t r = 0; r < plan.R; r++)
@@ -241,6 +251,7 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
   // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank]; from here on
   // tokens_per_expert counts rows per local expert.
   plan.sorted_from_recv = expert_major_order(P, n_local_, g, E_, me * n_local_, plan.tokens_per_expert);
+  if (x_TH.device().is_cuda()) plan.sorted_from_recv = plan.sorted_from_recv.to(x_TH.device());
   const int64_t recv_rows = plan.sorted_from_recv.numel();
   // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
   x_RH = exchange_forward(x_perm, plan);
@@ -250,13 +261,13 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
 
 Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const {
   const int64_t recv_rows = plan.sorted_from_recv.numel();
-  Tensor recv = Tensor::empty({recv_rows, local_rows.cols()}, local_rows.dtype());
+  Tensor recv = Tensor::empty({recv_rows, local_rows.cols()}, local_rows.dtype(), local_rows.device());
   // moecore's MoE timers (core/timers.h) by direction: token ranks to expert ranks is the dispatch (its forward,
   // and combine's backward), back is the combine.
   TimerScope timer("moe-dispatch-all-to-all", 2);
-  ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
-                   plan.output_splits);
-  Tensor sorted = Tensor::empty(recv.shape(), recv.dtype());
+  host_staged(local_rows.reshape({plan.local_rows, local_rows.cols()}), recv,
+              [&](const Tensor& in, Tensor& out) { ep_.all_to_all_v(in, plan.input_splits, out, plan.output_splits); });
+  Tensor sorted = Tensor::empty(recv.shape(), recv.dtype(), recv.device());
   gather_rows(recv, plan.sorted_from_recv, sorted);
   return sorted;
 }
@@ -264,23 +275,25 @@ Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const
 Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const {
   const int64_t recv_rows = plan.sorted_from_recv.numel(), H = sorted_rows.cols();
   MOE_ASSERT(sorted_rows.rows() == recv_rows);
-  Tensor recv = Tensor::empty({recv_rows, H}, sorted_rows.dtype());
+  const Device d = sorted_rows.device();
+  Tensor recv = Tensor::empty({recv_rows, H}, sorted_rows.dtype(), d);
   scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
-  Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype());
+  Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype(), d);
   TimerScope timer("moe-combine-all-to-all", 2);
-  ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
+  host_staged(recv, local,
+              [&](const Tensor& in, Tensor& out) { ep_.all_to_all_v(in, plan.output_splits, out, plan.input_splits); });
   return local;
 }
 
 Tensor AllToAllTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
   const Tensor local = exchange_backward(y_RH, plan);
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype());
+  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype(), y_RH.device());
   sum_rows_per_token(local, plan, y);
   return y;
 }
 
 Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, dy_TH.dtype());
+  Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, dy_TH.dtype(), dy_TH.device());
   gather_rows(dy_TH, plan.row_token_R, local);
   return exchange_forward(local, plan);
 }
@@ -288,9 +301,13 @@ Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const Disp
 void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   const Tensor dx_local = exchange_backward(dx_RH, plan);
-  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype());
+  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype(), dx_RH.device());
   sum_rows_per_token(dx_local, plan, dx_TH);
   const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
+  if (dx_RH.device().is_cuda()) {
+    dprobs_TK = Tensor::empty({plan.T, plan.K}, probs_dtype, dx_RH.device());
+    return scatter_dprobs_cuda(dp_local, plan.row_tk_R, dprobs_TK);
+  }
   dprobs_TK = Tensor::zeros({plan.T, plan.K}, probs_dtype);
   const int64_t* rtk = plan.row_tk_R.data<int64_t>();
   for (int64_t i = 0; i < plan.local_rows; i++)
@@ -304,23 +321,24 @@ void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tenso
 namespace moecore::moe {
 
 Tensor AllGatherTokenDispatcher::gather(const Tensor& t) const {
-  Tensor all = Tensor::empty({t.rows() * ep_.size(), t.cols()}, t.dtype());
+  Tensor all = Tensor::empty({t.rows() * ep_.size(), t.cols()}, t.dtype(), t.device());
   TimerScope timer("moe-dispatch-all-gather", 2);  // as the all-to-all's (dispatch: tokens to experts)
-  ep_.all_gather(t.reshape({t.rows(), t.cols()}), all);
+  host_staged(t.reshape({t.rows(), t.cols()}), all, [&](const Tensor& in, Tensor& out) { ep_.all_gather(in, out); });
   return all;
 }
 
 Tensor AllGatherTokenDispatcher::scatter_sum(const Tensor& t) const {
-  Tensor out = Tensor::empty({t.rows() / ep_.size(), t.cols()}, t.dtype());
+  Tensor out = Tensor::empty({t.rows() / ep_.size(), t.cols()}, t.dtype(), t.device());
   TimerScope timer("moe-combine-reduce-scatter", 2);
-  ep_.reduce_scatter(t, out);
+  host_staged(t, out, [&](const Tensor& in, Tensor& o) { ep_.reduce_scatter(in, o); });
   return out;
 }
 
 void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
                                         Tensor& x_RH, Tensor& probs_R) {
   const int64_t T = routed.idx_TK.dim(0), K = routed.idx_TK.dim(1), first = ep_.rank() * n_local_;
-  const Tensor x_all = gather(x_TH), id_all = gather(routed.idx_TK), p_all = gather(routed.probs_TK);
+  // On the GPU the ids are renumbered on a host copy (the gather stages them through the host anyway).
+  const Tensor x_all = gather(x_TH), id_all = gather(routed.idx_TK).to(Device::cpu()), p_all = gather(routed.probs_TK);
   // This rank's experts, renumbered from 0; other ranks' experts and dropped assignments become −1.
   const int64_t n = id_all.numel();
   Tensor id_loc = Tensor::empty({n / K, K}, DType::I32);
@@ -329,7 +347,7 @@ void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& 
   for (int64_t i = 0; i < n; i++)
     gl[i] = ga[i] >= first && ga[i] < first + n_local_ ? static_cast<int32_t>(ga[i] - first) : -1;
   // Padding fills each expert from every source rank's own T tokens, as that rank's router would.
-  local_.permute(x_all, id_loc, p_all, routed.pad_capacity, T, plan, x_RH, probs_R);
+  local_.permute(x_all, id_loc.to(x_TH.device()), p_all, routed.pad_capacity, T, plan, x_RH, probs_R);
   plan.T_local = T;
 }
 

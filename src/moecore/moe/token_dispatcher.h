@@ -4,8 +4,12 @@
 // (Megatron's permute); combine sums each token's rows in ascending expert order (a fixed order, so results are
 // deterministic). Dispatch and combine are each other's adjoint; the plan (the "handle") lives in the stash.
 // The allgather and alltoall dispatchers over MPI implement the same interface (distributed issue).
+// GPU tensors (x_TH and the routing on a CUDA device) take the GPU path (token_dispatcher_cuda.cpp): the plan is
+// built on the GPU (its host vectors stay on the host, its Tensors live on the GPU), with the same rows, order and
+// sums; MPI traffic of the expert-parallel dispatchers is host-staged.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -62,6 +66,8 @@ class LocalTokenDispatcher : public TokenDispatcher {
                          Tensor& dx_TH, Tensor& dprobs_TK) override;
 
  private:
+  void permute_cuda(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK, int64_t pad_capacity,
+                    int64_t block, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
   int64_t E_;
 };
 
@@ -75,6 +81,11 @@ void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);      
 Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
                           std::vector<int64_t>& per_expert);
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
+// GPU: dprobs_TK (f32, zeroed here) gets dprobs_R[r] at row_tk_R[r] for every assignment row.
+void scatter_dprobs_cuda(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
+// Runs the collective op(in, out) on host memory: directly for host tensors, through host copies for GPU tensors
+// (comm::ProcessGroup hands host buffers to MPI).
+void host_staged(const Tensor& in, Tensor& out, const std::function<void(const Tensor&, Tensor&)>& op);
 
 }  // namespace moecore::moe
 

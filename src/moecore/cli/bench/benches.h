@@ -18,4 +18,6 @@ BenchCommand add_context_bench(CLI::App& bench);     // context.cpp
 BenchCommand add_memory_bench(CLI::App& bench);      // memory.cpp
 BenchCommand add_mla_bench(CLI::App& bench);         // mla.cpp
 
+BenchCommand add_grouped_gemm_bench(CLI::App& bench);  // grouped_gemm.cpp (GPU only)
+
 }  // namespace moecore::cli

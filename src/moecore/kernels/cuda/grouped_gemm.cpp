@@ -1,0 +1,337 @@
+// Grouped expert GEMMs (see grouped_gemm.h). Row-major products are computed as their column-major transposes, as in
+// gemm_cublaslt.cpp: C_e[r, N] = A_e[r, K]·op(W_e) is Cᵀ = op(W_e)ᵀ·A_eᵀ with m = N, n = r, k = K, and the weight
+// gradient dW_e[N, K] += dY_eᵀ·X_e is dWᵀ = X_eᵀ·dY_e with m = K, n = N, k = r. Each expert is one problem; the
+// problem list is built on the host from the row counts (already there: the dispatch copied them).
+//   (a) kCublasGrouped: cublasGemmGroupedBatchedEx, every expert its own group of one, pointer arrays in device
+//       memory (one small host-to-device copy per call), one call per GEMM kind.
+//   (b) kLtStreams: one cuBLASLt matmul per expert, experts dealt round-robin over kStreams streams that wait for
+//       the caller's stream and are waited on by it (events); each stream has its own workspace.
+// Both are deterministic: no atomics or split-K reductions are requested, and each output has one writer.
+#include "moecore/kernels/cuda/grouped_gemm.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <fmt/format.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "moecore/cuda/check.h"
+#include "moecore/cuda/stream.h"
+#include "moecore/kernels/cuda/kernels.h"
+
+namespace moecore::kernels::cuda {
+
+// Named, not anonymous: the unity build puts this file beside gemm_cublaslt.cpp, whose anonymous names (Ctx, Plan)
+// would collide.
+namespace grouped_detail {
+constexpr int kStreams = 4;
+constexpr size_t kLtWorkspace = size_t(32) << 20;
+
+std::atomic<int> g_impl{-1};  // −1: not chosen yet (read the environment on first use)
+std::atomic<bool> g_fell_back{false};
+std::atomic<bool> g_grouped_refuses_bf16{false};
+
+struct Problem {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  const void* A;
+  int lda;
+  const void* B;
+  int ldb;
+  void* C;
+  int ldc;
+};
+
+struct LtKey {
+  int device;
+  int m, n, k, lda, ldb, ldc;
+  cublasOperation_t ta, tb;
+  cudaDataType_t type;
+  bool tf32;
+  uint32_t align_a, align_b, align_c;
+  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, type, tf32, align_a, align_b, align_c); }
+  bool operator<(const LtKey& o) const { return tie() < o.tie(); }
+};
+
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct DeviceCtx {
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  cudaStream_t streams[kStreams] = {};
+  cudaEvent_t done[kStreams] = {};
+  cudaEvent_t start = nullptr;
+  void* workspace[kStreams] = {};
+};
+
+struct Ctx {
+  std::mutex mu;
+  std::map<int, DeviceCtx> devices;
+  std::map<LtKey, LtPlan> plans;
+};
+Ctx& ctx() {
+  static Ctx* c = new Ctx();  // never destroyed: the driver may be gone at static destruction
+  return *c;
+}
+
+DeviceCtx& device_ctx(int device) {  // under ctx().mu
+  DeviceCtx& dc = ctx().devices[device];
+  if (!dc.blas) {
+    MOE_CUBLAS_CHECK(cublasCreate(&dc.blas));
+    MOE_CUBLAS_CHECK(cublasLtCreate(&dc.lt));
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&dc.start, cudaEventDisableTiming));
+    for (int i = 0; i < kStreams; i++) {
+      MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&dc.streams[i], cudaStreamNonBlocking));
+      MOE_CUDA_CHECK(cudaEventCreateWithFlags(&dc.done[i], cudaEventDisableTiming));
+      MOE_CUDA_CHECK(cudaMalloc(&dc.workspace[i], kLtWorkspace));
+    }
+  }
+  return dc;
+}
+
+uint32_t alignment(const void* p) {  // the largest power of two up to 256 dividing the address
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t b = 256;
+  while (b > 1 && a % b != 0) b /= 2;
+  return b;
+}
+
+int as_int(int64_t v, const char* what) {
+  MOE_ASSERT_MSG(v >= 0 && v <= std::numeric_limits<int>::max(), "grouped GEMM {} {} exceeds cuBLAS's int", what, v);
+  return static_cast<int>(v);
+}
+
+cublasComputeType_t compute_type(cudaDataType_t in) {
+  return in == CUDA_R_32F && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// One cublasGemmEx per problem: the fallback where the grouped call refuses the operand types.
+void run_gemm_ex(cublasHandle_t h, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
+  for (const Problem& p : ps)
+    MOE_CUBLAS_CHECK(cublasGemmEx(h, p.ta, p.tb, p.m, p.n, p.k, &alpha, p.A, in, p.lda, p.B, in, p.ldb, &beta, p.C,
+                                  CUDA_R_32F, p.ldc, compute_type(in), CUBLAS_GEMM_DEFAULT));
+}
+
+void run_grouped(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
+  const cudaStream_t s = moecore::cuda::current_stream();
+  cublasHandle_t h;
+  {
+    std::lock_guard<std::mutex> lock(ctx().mu);
+    h = device_ctx(d.index).blas;
+  }
+  MOE_CUBLAS_CHECK(cublasSetStream(h, s));
+  if (in == CUDA_R_16BF && g_grouped_refuses_bf16.load()) return run_gemm_ex(h, ps, in, alpha, beta);
+  const size_t G = ps.size();
+  std::vector<cublasOperation_t> ta(G), tb(G);
+  std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
+  std::vector<float> alphas(G, alpha), betas(G, beta);
+  std::vector<const void*> ptrs(3 * G);  // [A pointers | B pointers | C pointers]
+  for (size_t g = 0; g < G; g++) {
+    const Problem& p = ps[g];
+    ta[g] = p.ta, tb[g] = p.tb, m[g] = p.m, n[g] = p.n, k[g] = p.k, lda[g] = p.lda, ldb[g] = p.ldb, ldc[g] = p.ldc;
+    ptrs[g] = p.A, ptrs[G + g] = p.B, ptrs[2 * G + g] = p.C;
+  }
+  // The pointer arrays live in device memory (cuBLAS reads them on the GPU); the copy is stream-ordered, and a
+  // pageable source is staged before cudaMemcpyAsync returns, so `ptrs` may go out of scope.
+  Tensor dev_ptrs = Tensor::empty({static_cast<int64_t>(3 * G)}, DType::I64, d);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs.raw(), ptrs.data(), 3 * G * sizeof(void*), cudaMemcpyHostToDevice, s));
+  const void* const* dp = static_cast<const void* const*>(dev_ptrs.raw());
+  const cublasStatus_t st =
+      cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), dp, in,
+                                 lda.data(), dp + G, in, ldb.data(), betas.data(), const_cast<void* const*>(dp + 2 * G),
+                                 CUDA_R_32F, ldc.data(), static_cast<int>(G), group_size.data(), compute_type(in));
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_INVALID_VALUE && in == CUDA_R_16BF)) {
+    MOE_ASSERT_MSG(in == CUDA_R_16BF, "cublasGemmGroupedBatchedEx refused f32 operands ({})",
+                   cublasGetStatusString(st));
+    // cuBLAS documents bf16 operands with a bf16 output only for the grouped call; the f32 output the CPU's bf16
+    // semantics need then comes from cublasGemmEx, expert by expert, on the same stream.
+    if (!g_grouped_refuses_bf16.exchange(true))
+      fmt::print(stderr,
+                 "moecore: cublasGemmGroupedBatchedEx refuses bf16 operands with an f32 output ({}); the "
+                 "grouped GEMMs run as one cublasGemmEx per expert\n",
+                 cublasGetStatusString(st));
+    g_fell_back = true;
+    return run_gemm_ex(h, ps, in, alpha, beta);
+  }
+  MOE_CUBLAS_CHECK(st);
+}
+
+const LtPlan& lt_plan(DeviceCtx& dc, const LtKey& key) {  // under ctx().mu
+  auto it = ctx().plans.find(key);
+  if (it != ctx().plans.end()) return it->second;
+  LtPlan p;
+  MOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(key.type), CUDA_R_32F));
+  MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &key.ta, sizeof key.ta));
+  MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &key.tb, sizeof key.tb));
+  const bool na = key.ta == CUBLAS_OP_N, nb = key.tb == CUBLAS_OP_N;
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, key.type, na ? key.m : key.k, na ? key.k : key.m, key.lda));
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, key.type, nb ? key.k : key.n, nb ? key.n : key.k, key.ldb));
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, key.m, key.n, key.ldc));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kLtWorkspace,
+                                                        sizeof kLtWorkspace));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
+  for (const auto& [attr, bytes] : aligns)
+    MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(dc.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  MOE_CUBLAS_CHECK(st);
+  MOE_ASSERT_MSG(found > 0, "cuBLASLt has no algorithm for the expert GEMM m={} n={} k={}", key.m, key.n, key.k);
+  p.algo = result.algo;
+  return ctx().plans.emplace(key, p).first->second;
+}
+
+void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
+  const cudaStream_t s = moecore::cuda::current_stream();
+  std::unique_lock<std::mutex> lock(ctx().mu);
+  DeviceCtx& dc = device_ctx(d.index);
+  std::vector<const LtPlan*> plans(ps.size());
+  for (size_t i = 0; i < ps.size(); i++) {
+    const Problem& p = ps[i];
+    const LtKey key{d.index, p.m,  p.n, p.k,          p.lda,          p.ldb,          p.ldc,
+                    p.ta,    p.tb, in,  allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
+    plans[i] = &lt_plan(dc, key);  // map nodes are stable
+  }
+  lock.unlock();
+  const int used = static_cast<int>(std::min<size_t>(ps.size(), kStreams));
+  MOE_CUDA_CHECK(cudaEventRecord(dc.start, s));
+  for (int i = 0; i < used; i++) MOE_CUDA_CHECK(cudaStreamWaitEvent(dc.streams[i], dc.start, 0));
+  for (size_t i = 0; i < ps.size(); i++) {
+    const Problem& p = ps[i];
+    const LtPlan& pl = *plans[i];
+    const int j = static_cast<int>(i % kStreams);
+    MOE_CUBLAS_CHECK(cublasLtMatmul(dc.lt, pl.desc, &alpha, p.A, pl.a, p.B, pl.b, &beta, p.C, pl.c, p.C, pl.c, &pl.algo,
+                                    dc.workspace[j], kLtWorkspace, dc.streams[j]));
+  }
+  for (int i = 0; i < used; i++) {
+    MOE_CUDA_CHECK(cudaEventRecord(dc.done[i], dc.streams[i]));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(s, dc.done[i], 0));
+  }
+}
+
+cudaDataType_t operand_type(const Tensor& a, const Tensor& b, Tensor& c) {
+  MOE_ASSERT_MSG(a.dtype() == b.dtype() && (a.dtype() == DType::F32 || a.dtype() == DType::BF16),
+                 "grouped GEMM operands are f32 or bf16 of one dtype, got {} and {}", dtype_name(a.dtype()),
+                 dtype_name(b.dtype()));
+  MOE_ASSERT_MSG(c.dtype() == DType::F32, "grouped GEMM output must be f32, got {}", dtype_name(c.dtype()));
+  MOE_ASSERT_MSG(a.device().is_cuda() && b.device() == a.device() && c.device() == a.device(),
+                 "grouped GEMM operands on {}, {}, {}", a.device().str(), b.device().str(), c.device().str());
+  return a.dtype() == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+void run(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float beta) {
+  if (ps.empty()) return;
+  if (grouped_gemm_impl() == GroupedGemmImpl::kCublasGrouped)
+    run_grouped(d, ps, in, 1.0f, beta);
+  else
+    run_lt_streams(d, ps, in, 1.0f, beta);
+}
+
+void check_rows(const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows, int64_t E, int64_t R) {
+  MOE_ASSERT_MSG(static_cast<int64_t>(rows.size()) == E && row_begin.size() == rows.size(),
+                 "grouped GEMM over {} experts got {} row counts and {} offsets", E, rows.size(), row_begin.size());
+  for (size_t e = 0; e < rows.size(); e++)
+    MOE_ASSERT_MSG(rows[e] >= 0 && row_begin[e] >= 0 && row_begin[e] + rows[e] <= R,
+                   "expert {}: rows [{}, {}) outside the {} rows", e, row_begin[e], row_begin[e] + rows[e], R);
+}
+}  // namespace grouped_detail
+
+namespace gg = grouped_detail;
+
+void set_grouped_gemm_impl(GroupedGemmImpl impl) {
+  gg::g_impl = static_cast<int>(impl);
+}
+
+GroupedGemmImpl grouped_gemm_impl() {
+  int v = gg::g_impl.load();
+  if (v < 0) {
+    const char* env = std::getenv("MOECORE_GROUPED_GEMM");
+    const std::string s = env ? env : "";
+    MOE_CHECK(s.empty() || s == "cublas" || s == "lt", "MOECORE_GROUPED_GEMM={} is not one of: cublas, lt", s);
+    v = static_cast<int>(s == "lt" ? GroupedGemmImpl::kLtStreams : GroupedGemmImpl::kCublasGrouped);
+    gg::g_impl = v;
+  }
+  return static_cast<GroupedGemmImpl>(v);
+}
+
+const char* grouped_gemm_impl_name(GroupedGemmImpl impl) {
+  return impl == GroupedGemmImpl::kCublasGrouped ? "cublasGemmGroupedBatchedEx" : "cuBLASLt per expert, 4 streams";
+}
+
+bool grouped_gemm_fell_back() {
+  return gg::g_fell_back.load();
+}
+
+void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
+                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
+  const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN);
+  MOE_ASSERT_MSG(W.ndim() == 3, "grouped GEMM weights must be [E, rows, cols], got {}", W.shape().str());
+  const int64_t E = W.dim(0), K = A_RK.cols(), N = C_RN.cols(), R = A_RK.rows();
+  MOE_ASSERT_MSG((trans_w ? W.dim(1) == N && W.dim(2) == K : W.dim(1) == K && W.dim(2) == N) && C_RN.rows() == R,
+                 "grouped GEMM {} · {}{} -> {}", A_RK.shape().str(), W.shape().str(), trans_w ? "ᵀ" : "",
+                 C_RN.shape().str());
+  gg::check_rows(row_begin, rows, E, R);
+  const size_t es = dtype_size(A_RK.dtype()), wstride = static_cast<size_t>(N * K) * es;
+  const char* a = static_cast<const char*>(A_RK.raw());
+  const char* w = static_cast<const char*>(W.raw());
+  char* c = static_cast<char*>(C_RN.raw());
+  std::vector<gg::Problem> ps;
+  for (size_t e = 0; e < rows.size(); e++) {
+    if (rows[e] == 0) continue;
+    if (K == 0) {  // no inner dimension: C_e = 0
+      C_RN.slice(row_begin[e], rows[e]).zero_();
+      continue;
+    }
+    ps.push_back(gg::Problem{trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, gg::as_int(N, "N"),
+                             gg::as_int(rows[e], "rows"), gg::as_int(K, "K"), w + e * wstride,
+                             gg::as_int(trans_w ? K : N, "lda"), a + static_cast<size_t>(row_begin[e] * K) * es,
+                             gg::as_int(K, "ldb"), c + static_cast<size_t>(row_begin[e] * N) * sizeof(float),
+                             gg::as_int(N, "ldc")});
+  }
+  if (N > 0) gg::run(A_RK.device(), ps, in, 0.0f);
+}
+
+void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
+                        const std::vector<int64_t>& rows) {
+  const cudaDataType_t in = gg::operand_type(dY_RN, X_RK, dW_ENK);
+  const int64_t E = dW_ENK.dim(0), N = dY_RN.cols(), K = X_RK.cols(), R = dY_RN.rows();
+  MOE_ASSERT_MSG(dW_ENK.ndim() == 3 && dW_ENK.dim(1) == N && dW_ENK.dim(2) == K && X_RK.rows() == R,
+                 "grouped weight gradient {}ᵀ · {} -> {}", dY_RN.shape().str(), X_RK.shape().str(),
+                 dW_ENK.shape().str());
+  gg::check_rows(row_begin, rows, E, R);
+  const size_t es = dtype_size(X_RK.dtype());
+  const char* dy = static_cast<const char*>(dY_RN.raw());
+  const char* x = static_cast<const char*>(X_RK.raw());
+  char* dw = static_cast<char*>(dW_ENK.raw());
+  std::vector<gg::Problem> ps;
+  for (size_t e = 0; e < rows.size(); e++) {
+    if (rows[e] == 0) continue;  // adds nothing
+    ps.push_back(gg::Problem{CUBLAS_OP_N, CUBLAS_OP_T, gg::as_int(K, "K"), gg::as_int(N, "N"),
+                             gg::as_int(rows[e], "rows"), x + static_cast<size_t>(row_begin[e] * K) * es,
+                             gg::as_int(K, "lda"), dy + static_cast<size_t>(row_begin[e] * N) * es,
+                             gg::as_int(N, "ldb"), dw + static_cast<size_t>(e * N * K) * sizeof(float),
+                             gg::as_int(K, "ldc")});
+  }
+  if (N > 0 && K > 0) gg::run(dY_RN.device(), ps, in, 1.0f);
+}
+
+}  // namespace moecore::kernels::cuda

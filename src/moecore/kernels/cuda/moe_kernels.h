@@ -1,0 +1,36 @@
+// The MoE token permutation on the GPU at the Tensor level (moe_permute_ops.cpp over moe_permute.cu): what
+// moe::LocalTokenDispatcher and the expert-parallel dispatchers call when their tensors are CUDA tensors. Plain host
+// declarations (no CUDA headers), so moe/ includes them in every build; a CPU-only build defines them in
+// cuda/unavailable_dispatch.cpp, where they throw (no CUDA tensor can exist there).
+#pragma once
+
+#include <vector>
+
+#include "moecore/core/tensor.h"
+
+namespace moecore::kernels::cuda {
+
+// The dispatch plan of the router's ids idx_TK (I32 [T, K], GPU) over experts [0, E) (other ids, −1 included, have no
+// row): rows expert-major, ascending token inside an expert (a stable CUB radix sort on the expert id with value
+// t·K + j). Writes tokens_per_expert [E] (host), row_token_R (I32), row_tk_R (I64), token_offsets_T1 (I64 [T + 1]) and
+// token_rows (I32 [R]; each token's rows in ascending expert order), all on idx_TK's GPU.
+// Host synchronisation: one, the copy of the [E] counts to the host (they size every tensor after them and the
+// grouped GEMM's per-expert problems, as Megatron's tokens_per_expert .cpu() does).
+void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& tokens_per_expert, Tensor& row_token_R,
+                    Tensor& row_tk_R, Tensor& token_offsets_T1, Tensor& token_rows);
+// dst[r] = src[idx_R[r]] (idx_R I32; a negative index gives a zero row). dst's dtype is src's, or bf16 from f32.
+void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);
+// dst[idx_R[r]] = src[r] (same dtype; idx_R a permutation into dst's rows).
+void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);
+// dst_TH[t] = Σ src_RH[token_rows[i]], i over token t's CSR range in order, from 0: f32, the CPU's bits.
+void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
+                            Tensor& dst_TH);
+// probs_R[r] = probs_TK[row_tk_R[r]], 0 for padding rows (row_tk −1). f32.
+void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R);
+// An I32 tensor on GPU d holding `host`, copied on the current stream without waiting for the GPU: a pageable
+// source is staged by the runtime before cudaMemcpyAsync returns, so `host` may go away at once (no host sync).
+Tensor moe_upload_i32(const std::vector<int32_t>& host, Device d);
+// dprobs_TK = 0, then dprobs_TK[row_tk_R[r]] = dprobs_R[r] for the rows that are assignments. f32.
+void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
+
+}  // namespace moecore::kernels::cuda
