@@ -23,7 +23,9 @@ std::string gpu_training_gap(const TrainConfig& c) {
   if (c.use_distributed_optimizer) return gap("--use-distributed-optimizer");
   if (c.use_precision_aware_optimizer) return gap("--use-precision-aware-optimizer");
   if (c.log_num_zeros_in_grad) return gap("--log-num-zeros-in-grad");
-  if (c.num_experts > 0) return gap("--num-experts (the MoE layer)");
+  for (const std::string& t : c.moe_router_load_balancing_type)
+    if (c.num_experts > 0 && t == "sinkhorn") return gap("--moe-router-load-balancing-type sinkhorn");
+  if (c.num_experts > 0 && c.moe_router_dtype == "fp64") return gap("--moe-router-dtype fp64");
   return "";
 }
 
