@@ -31,12 +31,23 @@ TEST_P(GpuLayouts, MatchOneGpuRank) {
   // Dense: the layered model's attention (GQA, qk-norm, untied output) with a SwiGLU MLP; MoE: the tiny MoE model
   // with aux and z losses.
   std::vector<std::string> model =
-      l.moe ? testing::tiny_moe_flags() + std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff",
-                                                                   "1e-3"}
-            : std::vector<std::string>{"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                                       "--group-query-attention", "--num-query-groups", "2", "--qk-layernorm",
-                                       "--untie-embeddings-and-output-weights", "--swiglu", "--disable-bias-linear",
-                                       "--ffn-hidden-size", "96"} +
+      l.moe ? testing::tiny_moe_flags() +
+                  std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3"}
+            : std::vector<std::string>{"--num-layers",
+                                       "2",
+                                       "--hidden-size",
+                                       "64",
+                                       "--num-attention-heads",
+                                       "4",
+                                       "--group-query-attention",
+                                       "--num-query-groups",
+                                       "2",
+                                       "--qk-layernorm",
+                                       "--untie-embeddings-and-output-weights",
+                                       "--swiglu",
+                                       "--disable-bias-linear",
+                                       "--ffn-hidden-size",
+                                       "96"} +
                   testing::rmsnorm_rope_flags();
   const std::vector<std::string> args =
       model + testing::mock_run_flags(32, 2, 8, 128, 5, "1e-3") + std::vector<std::string>{"--device", "cuda"};
@@ -49,7 +60,9 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, GpuLayouts,
     ::testing::Values(GpuLayout{"Dense_DP2", 2, false, {}}, GpuLayout{"Dense_TP2_SP", 2, false, kGpuTP2},
                       GpuLayout{"MoE_EP2", 2, true, {"--expert-model-parallel-size", "2"}},
-                      GpuLayout{"MoE_EP2_allgather", 2, true,
+                      GpuLayout{"MoE_EP2_allgather",
+                                2,
+                                true,
                                 {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"}},
                       GpuLayout{"MoE_TP2_SP_EP2", 4, true,
                                 kGpuTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),

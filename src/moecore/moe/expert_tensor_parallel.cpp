@@ -35,8 +35,7 @@ Tensor ExpertTensorParallel::gather_rows_like(const Tensor& rows_in, const EtpPl
   const Tensor rows = as_rows(rows_in);
   const int64_t total = plan.sorted_from_all.numel();
   Tensor all = Tensor::empty({total, rows.cols()}, rows.dtype(), rows.device());
-  // GPU rows travel through host copies (host_staged, token_dispatcher.h).
-  host_staged(rows, all, [&](const Tensor& in, Tensor& out) { etp_.all_gather_v(in, out, plan.rows_per_rank); });
+  etp_.all_gather_v(rows, all, plan.rows_per_rank);  // GPU rows travel through host copies (ProcessGroup)
   Tensor sorted = Tensor::empty(all.shape(), all.dtype(), all.device());
   gather_rows(all, plan.sorted_from_all, sorted);
   return rows_in.ndim() == 1 ? sorted.reshape({total}) : sorted;
@@ -49,7 +48,7 @@ Tensor ExpertTensorParallel::reduce_scatter(const Tensor& all_in, const EtpPlan&
   scatter_rows(sorted, plan.sorted_from_all, all);
   const int64_t mine = plan.rows_per_rank[static_cast<size_t>(etp_.rank())];
   Tensor out = Tensor::empty({mine, all.cols()}, all.dtype(), all.device());
-  host_staged(all, out, [&](const Tensor& in, Tensor& o) { etp_.reduce_scatter_v(in, o, plan.rows_per_rank); });
+  etp_.reduce_scatter_v(all, out, plan.rows_per_rank);
   return all_in.ndim() == 1 ? out.reshape({mine}) : out;
 }
 

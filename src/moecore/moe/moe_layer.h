@@ -20,9 +20,9 @@ namespace moecore::moe {
 
 struct MoELayerConfig {
   RouterConfig router;
-  int64_t ffn_hidden = 0;           // --moe-ffn-hidden-size
-  int64_t shared_ffn_hidden = 0;    // --moe-shared-expert-intermediate-size (0: none)
-  bool shared_expert_gate = false;  // --moe-shared-expert-gate
+  int64_t ffn_hidden = 0;              // --moe-ffn-hidden-size
+  int64_t shared_ffn_hidden = 0;       // --moe-shared-expert-intermediate-size (0: none)
+  bool shared_expert_gate = false;     // --moe-shared-expert-gate
   bool shared_expert_overlap = false;  // --moe-shared-expert-overlap: on a GPU, shared experts on a second stream
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;

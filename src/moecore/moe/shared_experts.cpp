@@ -91,20 +91,20 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
     kernels::cuda::shared_gate_backward(dy_SBH, st.gate_T, st.out_TH, dm, dz);
   else
     MOE_DISPATCH_FLOAT(dy_SBH.dtype(), F, {
-    const F* dy = dy_SBH.data<F>();
-    const F* g = st.gate_T.data<F>();
-    const F* m = st.out_TH.data<F>();
-    F* dmp = dm.data<F>();
-    F* dzp = dz.data<F>();
-    for (int64_t t = 0; t < T; t++) {
-      F s = 0;
-      for (int64_t h = 0; h < H; h++) {
-        dmp[t * H + h] = dy[t * H + h] * g[t];
-        s += dy[t * H + h] * m[t * H + h];
+      const F* dy = dy_SBH.data<F>();
+      const F* g = st.gate_T.data<F>();
+      const F* m = st.out_TH.data<F>();
+      F* dmp = dm.data<F>();
+      F* dzp = dz.data<F>();
+      for (int64_t t = 0; t < T; t++) {
+        F s = 0;
+        for (int64_t h = 0; h < H; h++) {
+          dmp[t * H + h] = dy[t * H + h] * g[t];
+          s += dy[t * H + h] * m[t * H + h];
+        }
+        dzp[t] = s * g[t] * (F(1) - g[t]);
       }
-      dzp[t] = s * g[t] * (F(1) - g[t]);
-    }
-  });
+    });
   kernels::gemm(dz, true, st.x_TH, false, gate_->grad, 1.0f, 1.0f);
   Tensor dx = mlp_.backward(dm.reshape(dy_SBH.shape()), *st.mlp).reshape({T, H});
   kernels::gemm(dz, false, gate_->value, false, dx, 1.0f, 1.0f);

@@ -265,8 +265,8 @@ Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const
   // moecore's MoE timers (core/timers.h) by direction: token ranks to expert ranks is the dispatch (its forward,
   // and combine's backward), back is the combine.
   TimerScope timer("moe-dispatch-all-to-all", 2);
-  host_staged(local_rows.reshape({plan.local_rows, local_rows.cols()}), recv,
-              [&](const Tensor& in, Tensor& out) { ep_.all_to_all_v(in, plan.input_splits, out, plan.output_splits); });
+  ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
+                   plan.output_splits);
   Tensor sorted = Tensor::empty(recv.shape(), recv.dtype(), recv.device());
   gather_rows(recv, plan.sorted_from_recv, sorted);
   return sorted;
@@ -280,8 +280,7 @@ Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, con
   scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
   Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype(), d);
   TimerScope timer("moe-combine-all-to-all", 2);
-  host_staged(recv, local,
-              [&](const Tensor& in, Tensor& out) { ep_.all_to_all_v(in, plan.output_splits, out, plan.input_splits); });
+  ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
   return local;
 }
 
@@ -323,14 +322,14 @@ namespace moecore::moe {
 Tensor AllGatherTokenDispatcher::gather(const Tensor& t) const {
   Tensor all = Tensor::empty({t.rows() * ep_.size(), t.cols()}, t.dtype(), t.device());
   TimerScope timer("moe-dispatch-all-gather", 2);  // as the all-to-all's (dispatch: tokens to experts)
-  host_staged(t.reshape({t.rows(), t.cols()}), all, [&](const Tensor& in, Tensor& out) { ep_.all_gather(in, out); });
+  ep_.all_gather(t.reshape({t.rows(), t.cols()}), all);
   return all;
 }
 
 Tensor AllGatherTokenDispatcher::scatter_sum(const Tensor& t) const {
   Tensor out = Tensor::empty({t.rows() / ep_.size(), t.cols()}, t.dtype(), t.device());
   TimerScope timer("moe-combine-reduce-scatter", 2);
-  host_staged(t, out, [&](const Tensor& in, Tensor& o) { ep_.reduce_scatter(in, o); });
+  ep_.reduce_scatter(t, out);
   return out;
 }
 

@@ -9,7 +9,6 @@
 // sums; MPI traffic of the expert-parallel dispatchers is host-staged.
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -83,9 +82,6 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts,
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
 // GPU: dprobs_TK (f32, zeroed here) gets dprobs_R[r] at row_tk_R[r] for every assignment row.
 void scatter_dprobs_cuda(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
-// Runs the collective op(in, out) on host memory: directly for host tensors, through host copies for GPU tensors
-// (comm::ProcessGroup hands host buffers to MPI).
-void host_staged(const Tensor& in, Tensor& out, const std::function<void(const Tensor&, Tensor&)>& op);
 
 }  // namespace moecore::moe
 

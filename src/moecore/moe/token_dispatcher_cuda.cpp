@@ -7,15 +7,6 @@
 
 namespace moecore::moe {
 
-void host_staged(const Tensor& in, Tensor& out, const std::function<void(const Tensor&, Tensor&)>& op) {
-  if (!in.device().is_cuda() && !out.device().is_cuda()) return op(in, out);
-  // comm::ProcessGroup hands host memory to MPI: GPU tensors travel through host copies (NCCL comes later).
-  const Tensor in_h = in.to(Device::cpu());
-  Tensor out_h = Tensor::empty(out.shape(), out.dtype());
-  op(in_h, out_h);
-  out.copy_from(out_h);
-}
-
 void LocalTokenDispatcher::permute_cuda(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK,
                                         int64_t pad_capacity, int64_t block, DispatchPlan& plan, Tensor& x_RH,
                                         Tensor& probs_R) const {

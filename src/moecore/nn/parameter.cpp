@@ -1,7 +1,6 @@
 // Parameter registry and layout-independent initialization (see parameter.h).
 #include "moecore/nn/parameter.h"
 
-
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
 

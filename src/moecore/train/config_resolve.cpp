@@ -12,10 +12,10 @@
 
 #include "moecore/core/error.h"
 #include "moecore/cuda/device_select.h"
-#include "moecore/train/device_support.h"
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config.h"
 #include "moecore/train/context_parallel.h"
+#include "moecore/train/device_support.h"
 #include "moecore/train/pipeline_layout.h"
 #include "moecore/train/pipeline_stages.h"
 #include "moecore/train/signals.h"

@@ -53,7 +53,7 @@ class Trainer {
   int64_t iteration() const { return progress_.iteration; }
   nn::ParamRegistry& params() { return reg_; }
   Device device() const { return device_; }  // where the model trains (--device)
-  Timers& timers() { return *timers_; }  // this run's (--timing-log-level)
+  Timers& timers() { return *timers_; }      // this run's (--timing-log-level)
   nn::GPTModel& model() { return *model_; }
   const optim::ChainedOptimizer& optimizer() const { return *opt_; }
   const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism

@@ -76,8 +76,8 @@ std::string PeakSampler::describe() const {
   return fmt::format(
       "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the timed runs, each the best of 3 "
       "M=N=K={} runs on {} (range {:.1f}-{:.1f})",
-      dtype_name(dtype_), median(), samples_.size(), device_.is_cuda() ? 8192 : 2048, device_.str(), *std::min_element(samples_.begin(), samples_.end()),
-      *std::max_element(samples_.begin(), samples_.end()));
+      dtype_name(dtype_), median(), samples_.size(), device_.is_cuda() ? 8192 : 2048, device_.str(),
+      *std::min_element(samples_.begin(), samples_.end()), *std::max_element(samples_.begin(), samples_.end()));
 }
 
 }  // namespace moecore::cli

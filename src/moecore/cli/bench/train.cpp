@@ -67,7 +67,8 @@ void run_bench_train(const TrainBenchArgs& a) {
   fmt::print(
       "  {} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the steps, each the best of 3 "
       "M=N=K={} runs on {} (range {:.1f}-{:.1f})\n",
-      a.dtype, peak, r.peak_samples.size(), t->device().is_cuda() ? 8192 : 2048, t->device().str(), *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
+      a.dtype, peak, r.peak_samples.size(), t->device().is_cuda() ? 8192 : 2048, t->device().str(),
+      *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
       *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
   if (r.world > 1) print_split(r);
   fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,

@@ -38,7 +38,8 @@ struct Plan {
 
 struct DeviceCtx {
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
+  // One workspace per stream: GEMMs on two streams at once (--moe-shared-expert-overlap) must not share one.
+  std::map<cudaStream_t, void*> workspaces;
 };
 
 struct Ctx {
@@ -146,13 +147,12 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
   {
     std::lock_guard<std::mutex> lock(c.mu);
     DeviceCtx& dc = c.devices[key.device];
-    if (!dc.handle) {
-      MOE_CUBLAS_CHECK(cublasLtCreate(&dc.handle));
-      MOE_CUDA_CHECK(cudaMalloc(&dc.workspace, kWorkspace));
-    }
+    if (!dc.handle) MOE_CUBLAS_CHECK(cublasLtCreate(&dc.handle));
+    void*& ws = dc.workspaces[moecore::cuda::current_stream()];
+    if (!ws) MOE_CUDA_CHECK(cudaMalloc(&ws, kWorkspace));
     auto it = c.plans.find(key);
     if (it == c.plans.end()) it = c.plans.emplace(key, make_plan(dc, key, a_rows, a_cols, b_rows, b_cols)).first;
-    handle = dc.handle, workspace = dc.workspace, plan = &it->second;  // map nodes are stable
+    handle = dc.handle, workspace = ws, plan = &it->second;  // map nodes are stable
   }
   MOE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, B.raw(), plan->a, A.raw(), plan->b, &beta, C.raw(),
                                   plan->c, C.raw(), plan->c, &plan->algo, workspace, kWorkspace,
