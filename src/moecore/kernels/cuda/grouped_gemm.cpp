@@ -267,7 +267,10 @@ GroupedGemmImpl grouped_gemm_impl() {
     const char* env = std::getenv("MOECORE_GROUPED_GEMM");
     const std::string s = env ? env : "";
     MOE_CHECK(s.empty() || s == "cublas" || s == "lt", "MOECORE_GROUPED_GEMM={} is not one of: cublas, lt", s);
-    v = static_cast<int>(s == "lt" ? GroupedGemmImpl::kLtStreams : GroupedGemmImpl::kCublasGrouped);
+    // cuBLASLt per expert is the default, by measurement (docs/performance.md, H200): cuBLAS 13.1's grouped call
+    // refuses bf16 operands with an f32 output and falls back to one cublasGemmEx per expert, 0.50 of the bf16
+    // peak at the Qwen3-30B-A3B expert shape against 0.57 for cuBLASLt on 4 streams (Mixtral's: 0.85 and 0.83).
+    v = static_cast<int>(s == "cublas" ? GroupedGemmImpl::kCublasGrouped : GroupedGemmImpl::kLtStreams);
     gg::g_impl = v;
   }
   return static_cast<GroupedGemmImpl>(v);
@@ -286,6 +289,7 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
   const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN);
   MOE_ASSERT_MSG(W.ndim() == 3, "grouped GEMM weights must be [E, rows, cols], got {}", W.shape().str());
   const int64_t E = W.dim(0), K = A_RK.cols(), N = C_RN.cols(), R = A_RK.rows();
+  if (R == 0 && C_RN.rows() == 0) return;  // no rows at all (an empty input may have lost its column count)
   MOE_ASSERT_MSG((trans_w ? W.dim(1) == N && W.dim(2) == K : W.dim(1) == K && W.dim(2) == N) && C_RN.rows() == R,
                  "grouped GEMM {} · {}{} -> {}", A_RK.shape().str(), W.shape().str(), trans_w ? "ᵀ" : "",
                  C_RN.shape().str());
@@ -314,6 +318,7 @@ void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK,
                         const std::vector<int64_t>& rows) {
   const cudaDataType_t in = gg::operand_type(dY_RN, X_RK, dW_ENK);
   const int64_t E = dW_ENK.dim(0), N = dY_RN.cols(), K = X_RK.cols(), R = dY_RN.rows();
+  if (R == 0 && X_RK.rows() == 0) return;  // no rows: nothing to add
   MOE_ASSERT_MSG(dW_ENK.ndim() == 3 && dW_ENK.dim(1) == N && dW_ENK.dim(2) == K && X_RK.rows() == R,
                  "grouped weight gradient {}ᵀ · {} -> {}", dY_RN.shape().str(), X_RK.shape().str(),
                  dW_ENK.shape().str());
