@@ -122,6 +122,23 @@ TEST(CudaTrain, DenseGptBf16MatchesTheCpuWithinOnePercent) {
   expect_bitwise(train_steps(dense_args("cuda", true), 20), gpu, "bf16 GPU rerun");
 }
 
+// Megatron's defaults: LayerNorm, learned absolute positions, GeLU, linear biases, a tied output layer.
+TEST(CudaTrain, MegatronDefaultGptMatchesTheCpu) {
+  MOE_REQUIRE_GPU();
+  auto args = [](const std::string& device) {
+    return std::vector<std::string>{"--mock-data", "--vocab-size",       "128",  "--num-layers",
+                                    "2",           "--hidden-size",      "64",   "--num-attention-heads",
+                                    "4",           "--seq-length",       "64",   "--max-position-embeddings",
+                                    "64",          "--micro-batch-size", "2",    "--global-batch-size",
+                                    "4",           "--train-iters",      "10",   "--lr",
+                                    "1e-3",        "--hidden-dropout",   "0",    "--attention-dropout",
+                                    "0",           "--log-interval",     "1000", "--eval-interval",
+                                    "1000",        "--eval-iters",       "1",    "--device",
+                                    device};
+  };
+  expect_close(train_steps(args("cuda"), 10), train_steps(args("cpu"), 10), 1e-5, "Megatron-default GPT");
+}
+
 TEST(CudaTrain, ACheckpointSavedOnTheGpuResumesBitwise) {
   MOE_REQUIRE_GPU();
   const std::string dir = testing::fresh_temp_path("cuda_train_ckpt");

@@ -29,10 +29,14 @@ TEST_P(GpuLayouts, MatchOneGpuRank) {
   const GpuLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   // Dense: the layered model's attention (GQA, qk-norm, untied output) with a SwiGLU MLP; MoE: the tiny MoE model
-  // with aux and z losses.
+  // with a shared expert, aux and z losses.
   std::vector<std::string> model =
-      l.moe ? testing::tiny_moe_flags() +
-                  std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3"}
+      l.moe ? testing::tiny_moe_flags() + std::vector<std::string>{"--moe-aux-loss-coeff",
+                                                                   "1e-2",
+                                                                   "--moe-z-loss-coeff",
+                                                                   "1e-3",
+                                                                   "--moe-shared-expert-intermediate-size",
+                                                                   "32"}
             : std::vector<std::string>{"--num-layers",
                                        "2",
                                        "--hidden-size",
@@ -60,14 +64,19 @@ const std::vector<std::string> kGpuTP2{"--tensor-model-parallel-size", "2", "--s
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GpuLayouts,
-    ::testing::Values(GpuLayout{"Dense_DP2", 2, false, {}}, GpuLayout{"Dense_TP2_SP", 2, false, kGpuTP2},
-                      GpuLayout{"MoE_EP2", 2, true, {"--expert-model-parallel-size", "2"}},
-                      GpuLayout{"MoE_EP2_allgather",
-                                2,
-                                true,
-                                {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"}},
-                      GpuLayout{"MoE_TP2_SP_EP2", 4, true,
-                                kGpuTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
+    ::testing::Values(
+        GpuLayout{"Dense_DP2", 2, false, {}}, GpuLayout{"Dense_DP2_DistOpt", 2, false, {"--use-distributed-optimizer"}},
+        GpuLayout{"Dense_TP2_SP", 2, false, kGpuTP2},
+        GpuLayout{"MoE_EP2", 2, true, {"--expert-model-parallel-size", "2"}},
+        GpuLayout{"MoE_EP2_DistOpt_Overlap",
+                  2,
+                  true,
+                  {"--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--moe-shared-expert-overlap"}},
+        GpuLayout{"MoE_EP2_allgather",
+                  2,
+                  true,
+                  {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"}},
+        GpuLayout{"MoE_TP2_SP_EP2", 4, true, kGpuTP2 + std::vector<std::string>{"--expert-model-parallel-size", "2"}}),
     [](const ::testing::TestParamInfo<GpuLayout>& i) { return i.param.name; });
 
 }  // namespace

@@ -2,6 +2,8 @@
 // backward leaves the activation gradient alone), dP[pos] += Σ_b dy.
 #include "moecore/nn/position_embedding.h"
 
+#include "moecore/kernels/cuda/position_rows.h"
+
 namespace moecore::nn {
 
 PositionEmbeddingType parse_position_embedding_type(std::string_view s) {
@@ -46,6 +48,10 @@ void PositionEmbedding::forward_(Tensor& h_SBH, Stash& st) {
   MOE_CHECK(st.seq.size * (st.s0 + S) <= table.dim(0), "sequence length {} exceeds --max-position-embeddings {}",
             st.seq.size * tp_.size() * S, table.dim(0));
   st.seq.runs(st.s0, S, S * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
+    if (h_SBH.device().is_cuda()) {
+      Tensor rows = h_SBH.slice(r - st.s0, n);
+      return kernels::cuda::position_add_rows(rows, table.slice(p, n));
+    }
     MOE_DISPATCH_FLOAT(table.dtype(), T,
                        { add_rows<T>(h_SBH.data<T>() + (r - st.s0) * B * H, table.data<T>() + p * H, n, B, H); });
   });
@@ -56,6 +62,10 @@ void PositionEmbedding::backward(const Tensor& dh_SBH, Stash& st) {
   const int64_t S = dh_SBH.dim(0), B = dh_SBH.dim(1), H = grad.dim(1);
   MOE_ASSERT(dh_SBH.ndim() == 3 && dh_SBH.dim(2) == H && st.seq.size * (st.s0 + S) <= grad.dim(0));
   st.seq.runs(st.s0, S, S * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {
+    if (dh_SBH.device().is_cuda()) {
+      Tensor g = grad.slice(p, n);
+      return kernels::cuda::position_sum_rows(dh_SBH.slice(r - st.s0, n), g);
+    }
     MOE_DISPATCH_FLOAT(grad.dtype(), T,
                        { sum_rows<T>(dh_SBH.data<T>() + (r - st.s0) * B * H, grad.data<T>() + p * H, n, B, H); });
   });

@@ -2,7 +2,6 @@
 #include "moecore/optim/distributed_optimizer.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "moecore/core/timers.h"
@@ -25,28 +24,28 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     bk.size += p->value.numel();
   }
   const int64_t n = group_.size();
+  // The flat buffers and the owned state live where the parameters do (a GPU's collectives stage through the host).
+  const Device dev = params.empty() ? Device::cpu() : params.front()->value.device();
   int64_t owned = 0;
   for (auto& bk : buckets_) {
     bk.shard = (bk.size + n - 1) / n;  // padded so every rank owns the same number of elements
     bk.size = bk.shard * n;
     bk.local = owned;
     owned += bk.shard;
-    bk.flat_grad = Tensor::zeros({bk.size}, DType::F32);
-    bk.flat_param = Tensor::zeros({bk.size}, DType::F32);
+    bk.flat_grad = Tensor::zeros({bk.size}, DType::F32, dev);
+    bk.flat_param = Tensor::zeros({bk.size}, DType::F32, dev);
   }
-  grad_shard_ = Tensor::zeros({owned}, DType::F32);
-  master_shard_ = Tensor::zeros({owned}, DType::F32);
-  m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32));
-  v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32));
+  grad_shard_ = Tensor::zeros({owned}, DType::F32, dev);
+  master_shard_ = Tensor::zeros({owned}, DType::F32, dev);
+  m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), dev);
+  v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), dev);
   refresh_master();  // from the (identically initialized) parameters
 }
 
 void ShardedAdamW::refresh_master() {
   for (auto& bk : buckets_) {
-    for (const auto& s : bk.segs)
-      std::memcpy(bk.flat_param.data<float>() + s.offset, s.p->value.raw(), s.p->value.nbytes());
-    std::memcpy(master_shard_.data<float>() + bk.local, bk.flat_param.data<float>() + group_.rank() * bk.shard,
-                static_cast<size_t>(bk.shard) * 4);
+    for (const auto& s : bk.segs) bk.flat_param.slice(s.offset, s.p->value.numel()).copy_from(s.p->value);
+    master_shard_.slice(bk.local, bk.shard).copy_from(bk.flat_param.slice(group_.rank() * bk.shard, bk.shard));
   }
 }
 
@@ -152,8 +151,7 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   for (auto& bk : buckets_) {
     if (bk.segs.empty()) continue;
     bk.work.wait();
-    for (const auto& s : bk.segs)
-      std::memcpy(s.p->value.raw(), bk.flat_param.data<float>() + s.offset, s.p->value.nbytes());
+    for (const auto& s : bk.segs) s.p->value.copy_from(bk.flat_param.slice(s.offset, s.p->value.numel()));
   }
 }
 

@@ -14,13 +14,10 @@ std::string gpu_training_gap(const TrainConfig& c) {
   if (c.context_parallel_size > 1) return gap("--context-parallel-size > 1 (context parallelism)");
   if (c.multi_latent_attention) return gap("--multi-latent-attention");
   if (c.mtp_num_layers > 0) return gap("--mtp-num-layers (multi-token prediction)");
-  if (c.position_embedding_type == "learned_absolute")
-    return gap("--position-embedding-type learned_absolute (Megatron's default; pass --position-embedding-type rope)");
   if (c.hidden_dropout > 0 || c.attention_dropout > 0)
     return gap(fmt::format("dropout (--hidden-dropout {} --attention-dropout {}; Megatron's defaults are 0.1: pass 0)",
                            c.hidden_dropout, c.attention_dropout));
   if (c.optimizer != "adam") return gap("--optimizer " + c.optimizer);
-  if (c.use_distributed_optimizer) return gap("--use-distributed-optimizer");
   if (c.use_precision_aware_optimizer) return gap("--use-precision-aware-optimizer");
   if (c.log_num_zeros_in_grad) return gap("--log-num-zeros-in-grad");
   for (const std::string& t : c.moe_router_load_balancing_type)
