@@ -67,6 +67,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         GpuLayout{"Dense_DP2", 2, false, {}}, GpuLayout{"Dense_DP2_DistOpt", 2, false, {"--use-distributed-optimizer"}},
         GpuLayout{"Dense_TP2_SP", 2, false, kGpuTP2},
+        GpuLayout{"Dense_PP2", 2, false, {"--pipeline-model-parallel-size", "2"}},
+        GpuLayout{"MoE_PP2", 2, true, {"--pipeline-model-parallel-size", "2"}},
         GpuLayout{"MoE_EP2", 2, true, {"--expert-model-parallel-size", "2"}},
         GpuLayout{"MoE_EP2_DistOpt_Overlap",
                   2,

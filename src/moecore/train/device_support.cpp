@@ -10,7 +10,6 @@ namespace moecore::train {
 
 std::string gpu_training_gap(const TrainConfig& c) {
   auto gap = [](const std::string& what) { return what + " is not supported by moecore on the GPU yet"; };
-  if (c.pipeline_model_parallel_size > 1) return gap("--pipeline-model-parallel-size > 1 (pipeline parallelism)");
   if (c.context_parallel_size > 1) return gap("--context-parallel-size > 1 (context parallelism)");
   if (c.multi_latent_attention) return gap("--multi-latent-attention");
   if (c.mtp_num_layers > 0) return gap("--mtp-num-layers (multi-token prediction)");

@@ -44,7 +44,7 @@ Tensor PipelineP2P::wait_recv(int64_t c, bool backward) {
   Pending p = std::move(q.front());
   q.pop_front();
   p.work.wait();
-  return p.t;
+  return p.t.to(device_);
 }
 
 void PipelineP2P::send(int64_t c, bool backward, const Tensor& t) {
@@ -61,8 +61,8 @@ void PipelineP2P::send(int64_t c, bool backward, const Tensor& t) {
     std::tie(peer, tag) = output_peer(c, false);
   }
   // A copy: a module may hand out a buffer it reuses in its next call (the sequence-parallel reduce-scatter's),
-  // which would change under a send still in flight.
-  const Tensor keep = t.clone();
+  // which would change under a send still in flight. A GPU's message is copied to the host (host-staged MPI).
+  const Tensor keep = t.device().is_cuda() ? t.to(Device::cpu()) : t.clone();
   Pending p{comm::Work(), keep};
   p.work = pp_.send(p.t, peer, tag, /*async=*/true);
   sends_.push_back(std::move(p));

@@ -38,6 +38,9 @@ class PipelineP2P {
 
   int64_t sent_bytes() const { return sent_bytes_; }  // since construction
   const Shape& shape() const { return shape_; }
+  // Where the stages' activations live: messages travel between host buffers (host-staged MPI) and are handed to
+  // the stage on this device.
+  void set_device(Device d) { device_ = d; }
 
  private:
   struct Pending {
@@ -50,6 +53,7 @@ class PipelineP2P {
   const comm::ProcessGroup& pp_;
   int64_t rank_, size_, v_;
   Shape shape_;
+  Device device_ = Device::cpu();
   DType dtype_;
   std::vector<std::deque<Pending>> recvs_;  // per (chunk, direction)
   std::deque<Pending> sends_;

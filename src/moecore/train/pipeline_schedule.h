@@ -33,6 +33,7 @@ class PipelineSchedule : public Schedule {
  public:
   // `hidden`: the stage-boundary shape [S/TP, B, H]; `group` 0: P.
   PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group, const Shape& hidden);
+  void set_device(Device d) { p2p_.set_device(d); }  // the stages' device (PipelineP2P::set_device)
   StepLoss forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
                             const data::SampleCursor& cursor, const MicroBatches& mb,
                             optim::ChainedOptimizer& opt) override;

@@ -99,6 +99,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     const Shape hidden{cfg_.seq_length / (cfg_.tensor_model_parallel_size * groups_->cp_size), cfg_.micro_batch_size,
                        cfg_.hidden_size};
     auto p = std::make_unique<PipelineSchedule>(*groups_->pp, v, cfg_.microbatch_group_size_per_vp_stage, hidden);
+    p->set_device(device_);
     pipeline_ = p.get();
     schedule_ = std::move(p);
   } else {
