@@ -40,7 +40,6 @@ class GroupedExperts {
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
-    Tensor padded_of_row_R, row_of_padded_P;  // GPU only: I32 row maps between the [R] rows and the padded layout
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
