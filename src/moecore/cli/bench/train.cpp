@@ -10,6 +10,7 @@
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/train/start_config.h"
 
 namespace moecore::cli {
@@ -71,17 +72,23 @@ void run_bench_train(const TrainBenchArgs& a) {
       *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
       *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
   if (r.world > 1) print_split(r);
-  fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
-             100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
   const Phases ph = phases(r);
-  fmt::print("  the step by phase (mean of the timed steps; the next bottleneck is the largest):\n");
-  for (const auto& [name, s] : ph.rows) fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", name, s, 100.0 * s / r.step_s);
+  if (t->device().is_cuda()) {  // host timers around asynchronous kernels would mislead
+    fmt::print("  the step by phase: not timed on the GPU (kernels run asynchronously to the host's timers)\n");
+  } else {
+    fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
+               100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
+    fmt::print("  the step by phase (mean of the timed steps; the next bottleneck is the largest):\n");
+    for (const auto& [name, s] : ph.rows) fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", name, s, 100.0 * s / r.step_s);
+  }
   fmt::print(
       "train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f} gemm_s={:.3f} "
       "attention_s={:.3f} permute_s={:.3f} comm_s={:.3f} optimizer_s={:.3f} other_s={:.3f}\n",
       a.dtype, tokens / step, gflops, gflops / peak,
-      static_cast<double>(Allocator::instance().stats().peak_bytes) / (1024.0 * 1024.0), ph.rows[0].second,
-      ph.rows[1].second, ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rows[5].second);
+      static_cast<double>(t->device().is_cuda() ? cuda::device_allocator_stats(t->device()).peak_bytes
+                                                : Allocator::instance().stats().peak_bytes) /
+          (1024.0 * 1024.0),
+      ph.rows[0].second, ph.rows[1].second, ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rows[5].second);
 }
 }  // namespace
 

@@ -27,6 +27,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   t.train_step();  // warm-up: primitives, allocator cache
   for (const std::string& n : kPhaseTimers) t.timers().elapsed(n, /*reset=*/true);
   Allocator::instance().reset_peak();
+  if (t.device().is_cuda()) cuda::device_reset_peak(t.device());
   comm::comm_counters().clear();
   TrainRun r;
   std::vector<double> steps;
