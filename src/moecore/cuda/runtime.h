@@ -23,6 +23,10 @@ int visible_devices(std::string* why = nullptr);
 void* device_allocate(size_t bytes, Device d);
 void device_deallocate(void* ptr, Device d);
 AllocatorStats device_allocator_stats(Device d);
+// The statistics of the memory training uses on `d`: the GPU's caching allocator, or the host allocator's.
+inline AllocatorStats memory_stats(Device d) {
+  return d.is_cuda() ? device_allocator_stats(d) : Allocator::instance().stats();
+}
 AllocatorMark device_allocator_mark(Device d);
 int64_t device_system_allocs_since(Device d, const AllocatorMark& m);
 void device_reset_peak(Device d);

@@ -8,6 +8,7 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/elementwise.h"
 
 namespace moecore::train {
@@ -257,7 +258,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   const double tokens = static_cast<double>(steps * c_.global_batch_size * c_.seq_length);
   const double tps = tokens / seconds;
   const double gflops = step_flops * static_cast<double>(steps) / seconds / 1e9;
-  const auto mem = Allocator::instance().stats();
+  const auto mem = cuda::memory_stats(device_);
   std::string aux;
   nlohmann::json j = {{"iteration", iteration},
                       {"consumed_samples", consumed_samples},

@@ -92,6 +92,7 @@ class MetricsLog {
   void write_json(const nlohmann::json& line);
   // The memory plan's total for this rank, logged beside the allocator's measured peak on every log line.
   void set_planned_memory(double bytes) { planned_memory_ = bytes; }
+  void set_device(Device d) { device_ = d; }  // whose allocator's peak the log shows
 
  private:
   const TrainConfig& c_;
@@ -99,6 +100,7 @@ class MetricsLog {
   int64_t world_size_;
   const ParallelGroups* groups_;
   double planned_memory_ = 0;
+  Device device_ = Device::cpu();
   double forward_backward_seconds_ = 0, optimizer_seconds_ = 0;  // since the last log line (after_step)
   LineFile file_;  // every line checked: a full disk ends the run naming the file
 };

@@ -8,6 +8,7 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/tensor.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/moe/router.h"
 
 namespace moecore::train {
@@ -49,8 +50,8 @@ void TensorBoardLog::after_step(int64_t it, int64_t samples, const StepResult& r
     if (c_.log_world_size_to_tensorboard) both("world-size", static_cast<double>(world_size_));
     both("grad-norm", r.grad_norm);
     for (const auto& [tag, v] : extra) both(tag, v);
-    if (c_.log_memory_to_tensorboard) {  // the host allocator's counters in place of torch.cuda.memory_stats()
-      const AllocatorStats m = Allocator::instance().stats();
+    if (c_.log_memory_to_tensorboard) {  // the training device allocator's counters (torch.cuda.memory_stats())
+      const AllocatorStats m = cuda::memory_stats(device_);
       scalar("mem-reserved-bytes", static_cast<double>(m.system_bytes), it);
       scalar("mem-allocated-bytes", static_cast<double>(m.live_bytes), it);
       scalar("mem-max-allocated-bytes", static_cast<double>(m.peak_bytes), it);

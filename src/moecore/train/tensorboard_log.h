@@ -24,6 +24,7 @@ using Scalars = std::vector<std::pair<std::string, double>>;
 class TensorBoardLog {
  public:
   TensorBoardLog(const TrainConfig& c, const ParallelGroups& g);
+  void set_device(Device d) { device_ = d; }  // whose allocator the mem-* scalars read
   // On every rank after each training step (collective at --tensorboard-log-interval steps of an MoE model; the
   // per-layer losses come reduced in `r`, from router_losses). At --tensorboard-log-interval steps: learning-rate,
   // batch-size, lm loss, loss-scale, world-size, grad-norm, `extra`, mem-* (each with its " vs samples" twin but
@@ -42,6 +43,7 @@ class TensorBoardLog {
   std::string path() const { return writer_ ? writer_->path() : ""; }
 
  private:
+  Device device_ = Device::cpu();
   const TrainConfig& c_;
   const ParallelGroups& g_;
   int64_t world_size_ = 1;

@@ -119,9 +119,12 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
                                       progress_.iteration > 0, ParallelGroups::size(groups_->world), groups_.get());
   tb_ = std::make_unique<TensorBoardLog>(cfg_, *groups_);
+  log_->set_device(device_);
+  tb_->set_device(device_);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32, device_);
   log_->set_planned_memory(print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_).total());
   Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
+  if (device_.is_cuda()) cuda::device_reset_peak(device_);
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});
 }
 
