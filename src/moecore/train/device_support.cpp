@@ -22,6 +22,8 @@ std::string gpu_training_gap(const TrainConfig& c) {
   for (const std::string& t : c.moe_router_load_balancing_type)
     if (c.num_experts > 0 && t == "sinkhorn") return gap("--moe-router-load-balancing-type sinkhorn");
   if (c.num_experts > 0 && c.moe_router_dtype == "fp64") return gap("--moe-router-dtype fp64");
+  if (c.num_experts > 0 && c.moe_router_topk > 64)  // the GPU permutation sorts a token's rows in registers
+    return gap(fmt::format("--moe-router-topk {} (above 64)", c.moe_router_topk));
   return "";
 }
 
