@@ -48,6 +48,7 @@ double batch_loss(const double* agg, const double* c, double f, double g, bool s
 
 double aux_loss(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* count_group,
                 Tensor& da_TE) {
+  if (a_TE.device().is_cuda()) return aux_loss_gpu(a_TE, top_TK, coeff, count_group, da_TE);
   check_shapes(a_TE, top_TK, da_TE);
   const int64_t T = a_TE.dim(0), E = a_TE.dim(1), K = top_TK.dim(1);
   Tensor cnt = Tensor::empty({E}, DType::F64), agg = Tensor::empty({E}, DType::F64);
@@ -64,6 +65,7 @@ double aux_loss(const Tensor& a_TE, const Tensor& top_TK, double coeff, const co
 
 double seq_aux_loss(const Tensor& a_TE, const Tensor& top_TK, int64_t S, int64_t B, double coeff,
                     const comm::ProcessGroup* count_group, Tensor& da_TE) {
+  if (a_TE.device().is_cuda()) return seq_aux_loss_gpu(a_TE, top_TK, S, B, coeff, count_group, da_TE);
   check_shapes(a_TE, top_TK, da_TE);
   const int64_t T = a_TE.dim(0), E = a_TE.dim(1), K = top_TK.dim(1);
   MOE_ASSERT(T == S * B);
@@ -92,6 +94,7 @@ double seq_aux_loss(const Tensor& a_TE, const Tensor& top_TK, int64_t S, int64_t
 
 double global_aux_loss(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* global_group,
                        double grad_scale, GlobalAuxCounts& acc, Tensor& da_TE) {
+  if (a_TE.device().is_cuda()) return global_aux_loss_gpu(a_TE, top_TK, coeff, global_group, grad_scale, acc, da_TE);
   check_shapes(a_TE, top_TK, da_TE);
   const int64_t T = a_TE.dim(0), E = a_TE.dim(1), K = top_TK.dim(1);
   MOE_ASSERT(acc.tokens_E.numel() == E && acc.tokens_E.dtype() == DType::F64);

@@ -44,6 +44,16 @@ struct GlobalAuxCounts {
 double global_aux_loss(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* global_group,
                        double grad_scale, GlobalAuxCounts& acc, Tensor& da_TE);
 
+// The three losses with a_TE, top_TK and da_TE on the GPU (moe/router_cuda.cpp; the forms above forward to them for
+// GPU tensors): the same formulas, formed in f64 on the host from [E] (or [B·E]) counts and sums.
+double aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* count_group,
+                    Tensor& da_TE);
+double seq_aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, int64_t S, int64_t B, double coeff,
+                        const comm::ProcessGroup* count_group, Tensor& da_TE);
+double global_aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coeff,
+                           const comm::ProcessGroup* global_group, double grad_scale, GlobalAuxCounts& acc,
+                           Tensor& da_TE);
+
 // z-loss (Megatron _apply_z_loss, z_loss_func) on the real logits l_TE [T, E], over the tokens of `ranks` ranks
 // (count_group) of which this rank holds T:
 //   z = coeff/(T·ranks) · Σ_t lse_t²,  lse_t = log Σ_e exp(l_te);  lse_T [T] (router dtype) is kept for backward.

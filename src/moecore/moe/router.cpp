@@ -358,29 +358,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
       const R* a = st.aux_scores_TE.data<R>();
       for (int64_t t = 0; t < T_; t++) topk_row(a + t * E, nullptr, E, K, top_TK.data<int32_t>() + t * K, rs.taken);
     });
-    double total = 0;
-    for (size_t ty = 0; ty < cfg_.load_balancing.size(); ty++) {
-      const double coeff = cfg_.aux_loss_coeff[ty];
-      const LoadBalancingType type = cfg_.load_balancing[ty];
-      if (type == LoadBalancingType::None || coeff == 0) continue;
-      double L = 0, grad_scale = 1.0;
-      if (type == LoadBalancingType::AuxLoss) {
-        L = aux_loss(st.aux_scores_TE, top_TK, coeff, cfg_.count_group, st.daux_TE);
-      } else if (type == LoadBalancingType::SeqAuxLoss) {
-        L = seq_aux_loss(st.aux_scores_TE, top_TK, S, B, coeff, cfg_.count_group, st.daux_TE);
-      } else {
-        grad_scale = cfg_.global_grad_scale;
-        // A replay starts from the counts its forward saw (and repeats the count all-reduce), on a copy.
-        if (count) st.replay.global_before = {global_aux_.tokens_E.clone(), global_aux_.micro_batches};
-        GlobalAuxCounts replayed{count ? Tensor() : st.replay.global_before.tokens_E.clone(),
-                                 st.replay.global_before.micro_batches};
-        L = global_aux_loss(st.aux_scores_TE, top_TK, coeff, cfg_.global_group, grad_scale,
-                            count ? global_aux_ : replayed, st.daux_TE);
-      }
-      if (count) stats_.loss_sums[ty] += L / coeff;
-      total += grad_scale * L;
-    }
-    st.aux_loss_total += total;
+    st.aux_loss_total += add_aux_losses(top_TK, S, B, count, st);
   }
   if (cfg_.z_loss_coeff > 0) {  // z = coeff · mean_t (logsumexp_e logits_te)², on the real logits
     st.lse_T = Tensor::empty({T_}, rd);
@@ -488,6 +466,34 @@ void aux_score_backward(ScoreFunction f, const T* used_logits, const T* a, const
 }
 
 }  // namespace
+
+// Σ over the load-balancing types of grad_scale · L (coefficients included), the per-type statistics counted when
+// `count`; each loss's gradient added into st.daux_TE. On either device: aux_losses.h dispatches on a_TE's.
+double Router::add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool count, Stash& st) {
+  double total = 0;
+  for (size_t ty = 0; ty < cfg_.load_balancing.size(); ty++) {
+    const double coeff = cfg_.aux_loss_coeff[ty];
+    const LoadBalancingType type = cfg_.load_balancing[ty];
+    if (type == LoadBalancingType::None || coeff == 0) continue;
+    double L = 0, grad_scale = 1.0;
+    if (type == LoadBalancingType::AuxLoss) {
+      L = aux_loss(st.aux_scores_TE, top_TK, coeff, cfg_.count_group, st.daux_TE);
+    } else if (type == LoadBalancingType::SeqAuxLoss) {
+      L = seq_aux_loss(st.aux_scores_TE, top_TK, S, B, coeff, cfg_.count_group, st.daux_TE);
+    } else {
+      grad_scale = cfg_.global_grad_scale;
+      // A replay starts from the counts its forward saw (and repeats the count all-reduce), on a copy.
+      if (count) st.replay.global_before = {global_aux_.tokens_E.clone(), global_aux_.micro_batches};
+      GlobalAuxCounts replayed{count ? Tensor() : st.replay.global_before.tokens_E.clone(),
+                               st.replay.global_before.micro_batches};
+      L = global_aux_loss(st.aux_scores_TE, top_TK, coeff, cfg_.global_group, grad_scale,
+                          count ? global_aux_ : replayed, st.daux_TE);
+    }
+    if (count) stats_.loss_sums[ty] += L / coeff;
+    total += grad_scale * L;
+  }
+  return total;
+}
 
 Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st) {
   if (st.logits_TE.device().is_cuda()) return backward_cuda(dprobs_TK, x_dtype, aux_grad_scale, st);

@@ -132,6 +132,7 @@ class Router {
   // The GPU path, taken when the input (forward) or the stash (backward) is on a GPU: moe/router_cuda.cpp (a
   // CPU-only build's counterparts throw: cuda/unavailable_router.cpp).
   Output forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
+  double add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool count, Stash& st);
   Tensor backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
   RouterConfig cfg_;
   nn::Parameter* weight_;

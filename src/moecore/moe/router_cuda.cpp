@@ -66,6 +66,8 @@ void add_coef(Tensor& da_TE, const Tensor& coef_h, int64_t G) {
   MOE_CUDA_CHECK_LAUNCH("router_add_class_coef");
 }
 
+}  // namespace
+
 // The load-balancing losses of aux_losses.h with a_TE, top_TK and da_TE on the GPU: the same formulas, formed on the
 // host from the per-class counts and sums (f64).
 double aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* count_group,
@@ -126,8 +128,6 @@ double global_aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coef
   add_coef(da_TE, coef, 1);
   return L;
 }
-
-}  // namespace
 
 Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st) {
   const int64_t T_ = x_TH.rows(), H = cfg_.hidden, E = cfg_.num_experts, K = cfg_.topk;
@@ -266,28 +266,7 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
     any_aux |= cfg_.load_balancing[i] != LoadBalancingType::None && cfg_.aux_loss_coeff[i] > 0;
   if (any_aux) {
     st.daux_TE = Tensor::zeros({T_, E}, rd, dev);
-    double total = 0;
-    for (size_t ty = 0; ty < cfg_.load_balancing.size(); ty++) {
-      const double coeff = cfg_.aux_loss_coeff[ty];
-      const LoadBalancingType type = cfg_.load_balancing[ty];
-      if (type == LoadBalancingType::None || coeff == 0) continue;
-      double L = 0, grad_scale = 1.0;
-      if (type == LoadBalancingType::AuxLoss) {
-        L = aux_loss_gpu(st.aux_scores_TE, top_TK, coeff, cfg_.count_group, st.daux_TE);
-      } else if (type == LoadBalancingType::SeqAuxLoss) {
-        L = seq_aux_loss_gpu(st.aux_scores_TE, top_TK, S, B, coeff, cfg_.count_group, st.daux_TE);
-      } else {
-        grad_scale = cfg_.global_grad_scale;
-        if (count) st.replay.global_before = {global_aux_.tokens_E.clone(), global_aux_.micro_batches};
-        GlobalAuxCounts replayed{count ? Tensor() : st.replay.global_before.tokens_E.clone(),
-                                 st.replay.global_before.micro_batches};
-        L = global_aux_loss_gpu(st.aux_scores_TE, top_TK, coeff, cfg_.global_group, grad_scale,
-                                count ? global_aux_ : replayed, st.daux_TE);
-      }
-      if (count) stats_.loss_sums[ty] += L / coeff;
-      total += grad_scale * L;
-    }
-    st.aux_loss_total += total;
+    st.aux_loss_total += add_aux_losses(top_TK, S, B, count, st);
   }
   if (z) {  // z = coeff/(T·ranks) · Σ_t lse_t² (aux_losses.h z_loss)
     const double zl = cfg_.z_loss_coeff * sm[E + 1] / static_cast<double>(T_ * count_ranks());
