@@ -1,12 +1,14 @@
 // Helpers of the HuggingFace interop tests (test_hf.cpp, test_hf_deepseek.cpp).
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,7 +16,9 @@
 #include <vector>
 
 #include "config_util.h"
+#include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/safetensors.h"
+#include "moecore/core/rng.h"
 
 namespace moecore::testing {
 
@@ -63,6 +67,84 @@ inline void expect_same_tensors(const std::string& a, const std::string& b) {
     ASSERT_EQ(x.shape(), y.shape()) << name;
     ASSERT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << name;
   }
+}
+
+// A small Qwen3-MoE in HF config.json form (3 layers, the first dense; 4 experts top-2; 96-token vocabulary).
+inline nlohmann::json qwen3_config() {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"hidden_size", 32},
+          {"num_hidden_layers", 3},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"head_dim", 16},
+          {"intermediate_size", 48},
+          {"moe_intermediate_size", 16},
+          {"num_experts", 4},
+          {"num_experts_per_tok", 2},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", {0}},
+          {"vocab_size", 96},
+          {"tie_word_embeddings", false},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-6},
+          {"max_position_embeddings", 64},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"use_sliding_window", false},
+          {"rope_scaling", nullptr},
+          {"torch_dtype", "bfloat16"}};
+}
+
+// A small Mixtral in HF config.json form (2 layers, 4 experts top-2, tied embeddings).
+inline nlohmann::json mixtral_config() {
+  return {{"architectures", {"MixtralForCausalLM"}},
+          {"model_type", "mixtral"},
+          {"hidden_size", 32},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"intermediate_size", 24},
+          {"num_local_experts", 4},
+          {"num_experts_per_tok", 2},
+          {"vocab_size", 96},
+          {"tie_word_embeddings", true},
+          {"rope_theta", 1e6},
+          {"rms_norm_eps", 1e-5},
+          {"max_position_embeddings", 64},
+          {"hidden_act", "silu"},
+          {"sliding_window", nullptr},
+          {"router_jitter_noise", 0.0},
+          {"torch_dtype", "bfloat16"}};
+}
+
+// Writes an HF directory: every tensor of the architecture drawn from N(0, 0.2²) (norm weights 1 + N(0, 0.1²)),
+// stored as bf16 across two shards with model.safetensors.index.json.
+// `nan_in`: an HF tensor name whose element 3 is written as NaN (a damaged download).
+inline void write_hf(const std::string& dir, const nlohmann::json& config, const std::string& nan_in = "") {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+  const auto arch = ckpt::hf_architecture(config, "test");
+  std::vector<ckpt::NamedTensor> shard[2];
+  nlohmann::json map = nlohmann::json::object();
+  uint64_t stream = 0;
+  for (const auto& t : ckpt::native_tensors(arch))
+    for (const auto& p : t.pieces) {
+      Tensor x = Tensor::empty(p.hf_shape, DType::F32);
+      const Philox rng(17, stream++);
+      const bool norm = p.hf_name.find("norm") != std::string::npos;
+      for (int64_t i = 0; i < x.numel(); i++)
+        x.set_item(
+            i, norm ? 1.0 + 0.1 * rng.normal(static_cast<uint64_t>(i)) : 0.2 * rng.normal(static_cast<uint64_t>(i)));
+      if (p.hf_name == nan_in) x.set_item(3, std::numeric_limits<double>::quiet_NaN());
+      const int s = p.hf_name.find("layers.0.") != std::string::npos || p.hf_name.find("embed") != std::string::npos;
+      shard[s].push_back({p.hf_name, x.to(DType::BF16)});
+      map[p.hf_name] = fmt::format("model-0000{}-of-00002.safetensors", s + 1);
+    }
+  for (int s = 0; s < 2; s++)
+    ckpt::write_safetensors(fmt::format("{}/model-0000{}-of-00002.safetensors", dir, s + 1), shard[s]);
+  std::ofstream(dir + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
 }
 
 }  // namespace moecore::testing

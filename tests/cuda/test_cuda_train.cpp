@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/hf_test_util.h"
+#include "config_util.h"
 #include "gpu_util.h"
 #include "moecore/train/device_support.h"
 #include "moecore/train/start_config.h"
@@ -120,6 +122,49 @@ TEST(CudaTrain, DenseGptBf16MatchesTheCpuWithinOnePercent) {
   const Losses gpu = train_steps(dense_args("cuda", true), 20);
   expect_close(gpu, cpu, 1e-2, "bf16 GPU vs CPU");
   expect_bitwise(train_steps(dense_args("cuda", true), 20), gpu, "bf16 GPU rerun");
+}
+
+// Issue 22 item 5: the tiny MoE model (4 experts top-2, aux and z losses) trains on the GPU with the CPU's losses.
+std::vector<std::string> tiny_moe_args(const std::string& device, bool bf16) {
+  using testing::operator+;
+  std::vector<std::string> a =
+      testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 8, 128, 20, "1e-3") +
+      std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--device", device};
+  if (bf16) a.push_back("--bf16");
+  return a;
+}
+
+TEST(CudaTrain, TinyMoeF32MatchesTheCpuOver20StepsAndRerunsBitwise) {
+  MOE_REQUIRE_GPU();
+  const Losses cpu = train_steps(tiny_moe_args("cpu", false), 20);
+  const Losses gpu = train_steps(tiny_moe_args("cuda", false), 20);
+  expect_close(gpu, cpu, 1e-5, "tiny-moe f32 GPU vs CPU");
+  expect_bitwise(train_steps(tiny_moe_args("cuda", false), 20), gpu, "tiny-moe GPU rerun");
+}
+
+TEST(CudaTrain, TinyMoeBf16MatchesTheCpuWithinOnePercent) {
+  MOE_REQUIRE_GPU();
+  expect_close(train_steps(tiny_moe_args("cuda", true), 20), train_steps(tiny_moe_args("cpu", true), 20), 1e-2,
+               "tiny-moe bf16 GPU vs CPU");
+}
+
+// An HF Qwen3-MoE checkpoint imported with --load-hf evaluates on the GPU to the CPU's loss (f32).
+TEST(CudaTrain, ImportedQwen3MoeEvaluatesToTheCpuLoss) {
+  MOE_REQUIRE_GPU();
+  const std::string hf = testing::fresh_temp_path("cuda_hf_qwen3");
+  testing::write_hf(hf, testing::qwen3_config());
+  std::FILE* null = std::fopen("/dev/null", "w");
+  double loss[2] = {0, 0};
+  for (int i = 0; i < 2; i++) {
+    train::Trainer t(
+        testing::hf_run_config({"--load-hf", hf, "--eval-iters", "2", "--device", i == 0 ? "cpu" : "cuda"}), null,
+        false);
+    ASSERT_EQ(t.device().is_cuda(), i == 1);
+    loss[i] = t.evaluate(2);
+  }
+  std::fclose(null);
+  EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::fabs(loss[0])) << "eval loss on the GPU vs the CPU";
+  fs::remove_all(hf);
 }
 
 // Megatron's defaults: LayerNorm, learned absolute positions, GeLU, linear biases, a tied output layer.
