@@ -7,11 +7,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "config_util.h"
 #include "gpu_util.h"
+#include "moecore/kernels/cuda/mla_blocks.h"
+#include "moecore/nn/mtp.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore {
@@ -131,6 +134,62 @@ void expect_bitwise(const Steps& a, const Steps& b, const std::string& what) {
     EXPECT_EQ(a.loss[i], b.loss[i]) << what << ": lm loss at step " << i + 1;
     EXPECT_EQ(a.norm[i], b.norm[i]) << what << ": grad norm at step " << i + 1;
     EXPECT_EQ(a.mtp[i], b.mtp[i]) << what << ": mtp losses at step " << i + 1;
+  }
+}
+
+// The block moves alone: each of move_block's three forms (per head, broadcast, head sum) on the GPU equals the CPU
+// loop bit for bit (the sum adds heads in ascending order), and leaves the other destination channels alone.
+TEST(CudaMlaMtp, BlockMovesMatchTheCpuLoopBitwise) {
+  MOE_REQUIRE_GPU();
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto random = [&](int64_t n) {
+    Tensor t = Tensor::empty({n}, DType::F32);
+    for (int64_t i = 0; i < n; i++) t.data<float>()[i] = u(gen);
+    return t;
+  };
+  struct Case {
+    int64_t Ns, Ws, s0, Nd, Wd, d0, w;
+  };
+  const int64_t R = 37;
+  for (const Case& c : {Case{4, 20, 3, 4, 24, 5, 12}, Case{1, 8, 0, 4, 16, 8, 8}, Case{4, 16, 8, 1, 8, 0, 8},
+                        Case{1, 24, 16, 1, 40, 7, 8}}) {
+    const Tensor src = random(R * c.Ns * c.Ws), dst0 = random(R * c.Nd * c.Wd);
+    Tensor want = dst0.clone();
+    const float* s = src.data<float>();
+    float* d = want.data<float>();
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t i = 0; i < c.w; i++) {
+        float* out = d + r * c.Nd * c.Wd + c.d0 + i;
+        if (c.Nd == 1 && c.Ns > 1) {
+          *out = 0;
+          for (int64_t n = 0; n < c.Ns; n++) *out += s[r * c.Ns * c.Ws + n * c.Ws + c.s0 + i];
+        } else {
+          for (int64_t n = 0; n < c.Nd; n++) out[n * c.Wd] = s[r * c.Ns * c.Ws + (c.Ns == 1 ? 0 : n * c.Ws) + c.s0 + i];
+        }
+      }
+    Tensor dst = dst0.to(Device::cuda());
+    kernels::cuda::mla_move_block(src.to(Device::cuda()), c.Ns, c.Ws, c.s0, dst, c.Nd, c.Wd, c.d0, c.w, R);
+    const Tensor got = dst.to(Device::cpu());
+    int64_t diff = 0;
+    for (int64_t i = 0; i < want.numel(); i++) diff += got.data<float>()[i] != want.data<float>()[i];
+    EXPECT_EQ(diff, 0) << "Ns " << c.Ns << " Nd " << c.Nd << ": " << diff << " of " << want.numel()
+                       << " elements differ from the CPU loop";
+  }
+}
+
+// MTP's roll on the GPU (labels and mask arrive there): the same rows as on the host, the last k rows zero.
+TEST(CudaMlaMtp, RollSequenceOnTheGpuEqualsTheHost) {
+  MOE_REQUIRE_GPU();
+  const int64_t S = 9, B = 3;
+  Tensor ids = Tensor::empty({S * B}, DType::I64);
+  for (int64_t i = 0; i < S * B; i++) ids.data<int64_t>()[i] = 5 + i;
+  for (int64_t k : {0, 1, 2, 9, 12}) {
+    const Tensor want = nn::roll_sequence(ids, S, B, k);
+    const Tensor got = nn::roll_sequence(ids.to(Device::cuda()), S, B, k).to(Device::cpu());
+    ASSERT_TRUE(got.device().is_cpu());
+    for (int64_t i = 0; i < S * B; i++)
+      EXPECT_EQ(got.data<int64_t>()[i], want.data<int64_t>()[i]) << "k " << k << " element " << i;
   }
 }
 
