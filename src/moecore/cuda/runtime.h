@@ -34,6 +34,9 @@ void device_empty_cache(Device d);
 
 // Byte copy between any two devices, ordered on the current stream; returns when the copy is complete.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Strided copy of `rows` rows of width_bytes each, on GPU d (both pointers there), ordered on the current stream:
+// row r goes from src + r·src_pitch to dst + r·dst_pitch (cudaMemcpy2DAsync; pitches in bytes, >= width_bytes).
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows, Device d);
 // Zero bytes on the GPU (stream-ordered).
 void zero_bytes(void* ptr, size_t bytes, Device d);
 // Element conversion between floating dtypes (f32, f64, bf16) of n elements, both on the GPU.

@@ -115,6 +115,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (kind != cudaMemcpyDeviceToDevice) MOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows,
+             Device d) {
+  MOE_ASSERT_MSG(d.is_cuda(), "copy_2d runs on a GPU, not on {}", d.str());
+  MOE_ASSERT(width_bytes <= dst_pitch && width_bytes <= src_pitch);
+  if (width_bytes == 0 || rows == 0) return;
+  MOE_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyDeviceToDevice, current_stream()));
+}
+
 void zero_bytes(void* ptr, size_t bytes, Device d) {
   if (bytes) MOE_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream()));
 }

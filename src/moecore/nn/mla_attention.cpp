@@ -11,6 +11,7 @@
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cuda/mla_blocks.h"
 #include "moecore/nn/context_split.h"
 #include "moecore/nn/stash_bytes.h"
 
@@ -47,6 +48,7 @@ void move(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, in
           int64_t w, int64_t rows) {
   MOE_ASSERT(src.numel() == rows * Ns * Ws && dst.numel() == rows * Nd * Wd && src.dtype() == dst.dtype());
   MOE_ASSERT(s0 + w <= Ws && d0 + w <= Wd && (Ns == Nd || Ns == 1 || Nd == 1));
+  if (src.device().is_cuda()) return kernels::cuda::mla_move_block(src, Ns, Ws, s0, dst, Nd, Wd, d0, w, rows);
   MOE_DISPATCH_FLOAT(src.dtype(), T, move_block<T>(src.data<T>(), Ns, Ws, s0, dst.data<T>(), Nd, Wd, d0, w, rows));
 }
 
@@ -123,12 +125,20 @@ void MLAttention::rope_tables_for(int64_t S, Tensor& cos, Tensor& sin) const {
   sin = seq.on() ? rows_at_positions(sin_, S, seq) : sin_;
 }
 
+void MLAttention::tables_to(Device d) {
+  if (cos_.device() == d) return;
+  cos_ = cos_.to(d);
+  sin_ = sin_.to(d);
+}
+
 Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   MOE_ASSERT(x_local.ndim() == 3 && x_local.dim(2) == a_.hidden);
   const int64_t Sl = x_local.dim(0), B = x_local.dim(1), S = Sl * a_.tp.size();
   MOE_CHECK(S * a_.cp.size <= a_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S * a_.cp.size,
             a_.max_seq_len);
   const DType dt = x_local.dtype();
+  const Device dev = x_local.device();
+  tables_to(dev);
   // Queries: [S·B, nh·dq].
   Tensor q;
   if (q_down_) {
@@ -141,8 +151,8 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   // Compressed kv and the shared rope key, on this rank's shard, then gathered.
   const int64_t R = m_.kv_lora_rank, W = R + dr_;
   const Tensor kvc = kv_down_.forward(x_local, st.kv_down);  // [Sl·B, R + dr]
-  Tensor ckv = Tensor::empty({Sl, B, R}, dt), kpe = Tensor::empty({S, B, 1, dr_}, dt);
-  Tensor kpe_local = Tensor::empty({Sl, B, dr_}, dt);
+  Tensor ckv = Tensor::empty({Sl, B, R}, dt, dev), kpe = Tensor::empty({S, B, 1, dr_}, dt, dev);
+  Tensor kpe_local = Tensor::empty({Sl, B, dr_}, dt, dev);
   move(kvc, 1, W, 0, ckv, 1, R, 0, R, Sl * B);
   move(kvc, 1, W, R, kpe_local, 1, dr_, 0, dr_, Sl * B);
   if (kv_norm_) ckv = kv_norm_->forward(ckv, st.kv_norm);
@@ -162,8 +172,9 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
 
 void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
   const DType dt = st.q_SBNA.dtype();
-  st.o_SBNA = Tensor::empty({S, B, nh_, da_}, dt);
-  st.lse_BNS = Tensor::empty({B, nh_, S}, dt);
+  const Device dev = st.q_SBNA.device();
+  st.o_SBNA = Tensor::empty({S, B, nh_, da_}, dt, dev);
+  st.lse_BNS = Tensor::empty({B, nh_, S}, dt, dev);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const TimerScope timer("attention-core", 2);
@@ -178,7 +189,7 @@ void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
 
 Tensor MLAttention::unpadded_output(const Stash& st) const {
   const int64_t T = st.o_SBNA.dim(0) * st.o_SBNA.dim(1);
-  Tensor o = Tensor::empty({T, nh_ * dv_}, st.o_SBNA.dtype());
+  Tensor o = Tensor::empty({T, nh_ * dv_}, st.o_SBNA.dtype(), st.o_SBNA.device());
   move(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
   return o;
 }
@@ -203,9 +214,10 @@ void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor&
                                 Stash& st) const {
   const int64_t T = S * B, dq = dn_ + dr_;
   const DType dt = q.dtype();
-  st.q_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
-  st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
-  st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt);
+  const Device dev = q.device();
+  st.q_SBNA = Tensor::zeros({S, B, nh_, da_}, dt, dev);
+  st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt, dev);
+  st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt, dev);
   move(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
   Tensor cos, sin;
   rope_tables_for(S, cos, sin);
@@ -221,6 +233,8 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   const Tensor dy_SBH = sp_all_gather(dy_local, a_.tp);
   const int64_t S = dy_SBH.dim(0), B = dy_SBH.dim(1), Sl = dy_local.dim(0), T = S * B, dq = dn_ + dr_;
   const DType dt = dy_SBH.dtype();
+  const Device dev = dy_SBH.device();
+  tables_to(dev);
   if (m_.recompute_up_proj) {  // mla_up_proj: the up projections and RoPE again, from their stashed inputs
     const Tensor q_in = st.q_up.x, kv_in = st.kv_up.x;
     fill_operands(q_up_->forward(q_in, st.q_up), kv_up_.forward(kv_in, st.kv_up), st.kpe_SB1R, S, B, st);
@@ -231,10 +245,10 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
     proj_.stash_input(unpadded_output(st), st.proj);
   }
   const Tensor d_o = proj_.backward(dy_SBH, st.proj);  // [T, nh·dv]
-  Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt);
+  Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt, dev);
   move(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
-  Tensor dQ = Tensor::empty(st.q_SBNA.shape(), dt), dK = Tensor::empty(st.k_SBNA.shape(), dt);
-  Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt);
+  Tensor dQ = Tensor::empty(st.q_SBNA.shape(), dt, dev), dK = Tensor::empty(st.k_SBNA.shape(), dt, dev);
+  Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt, dev);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
   if (a_.cp.on())
@@ -251,13 +265,13 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   Tensor cos, sin;
   rope_tables_for(S, cos, sin);
   kernels::rope_backward_at(dQ, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, dQ);
-  Tensor d_q = Tensor::empty({T, nh_ * dq}, dt);
+  Tensor d_q = Tensor::empty({T, nh_ * dq}, dt, dev);
   move(dQ, nh_, da_, 0, d_q, nh_, dq, 0, dq, T);
   // Keys and values back to kv_up's output layout [k_nope | v] per head; the shared rope key sums its heads.
-  Tensor d_kv = Tensor::empty({T, nh_ * (dn_ + dv_)}, dt);
+  Tensor d_kv = Tensor::empty({T, nh_ * (dn_ + dv_)}, dt, dev);
   move(dK, nh_, da_, 0, d_kv, nh_, dn_ + dv_, 0, dn_, T);
   move(dV, nh_, da_, 0, d_kv, nh_, dn_ + dv_, dn_, dv_, T);
-  Tensor d_kpe = Tensor::empty({S, B, 1, dr_}, dt);
+  Tensor d_kpe = Tensor::empty({S, B, 1, dr_}, dt, dev);
   move(dK, nh_, da_, dn_, d_kpe, 1, dr_, 0, dr_, T);
   kernels::rope_backward_at(d_kpe, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, d_kpe);
   // Each rank's heads give part of the latents' gradients: reduce-scatter is the all-gather's adjoint.
@@ -265,7 +279,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   Tensor d_ckv = sp_reduce_scatter(kv_up_.backward(d_kv, st.kv_up).reshape({S, B, R}), a_.tp);
   if (kv_norm_) d_ckv = kv_norm_->backward(d_ckv, st.kv_norm);
   const Tensor d_kpe_local = sp_reduce_scatter(d_kpe.reshape({S, B, dr_}), a_.tp);
-  Tensor d_kvc = Tensor::empty({Sl * B, W}, dt);
+  Tensor d_kvc = Tensor::empty({Sl * B, W}, dt, dev);
   move(d_ckv, 1, R, 0, d_kvc, 1, W, 0, R, Sl * B);
   move(d_kpe_local, 1, dr_, 0, d_kvc, 1, W, R, dr_, Sl * B);
   Tensor dx = kv_down_.backward(d_kvc, st.kv_down);  // [Sl·B, H]

@@ -75,6 +75,8 @@ class MLAttention {
     return cp;
   }
   void rope_tables_for(int64_t S, Tensor& cos, Tensor& sin) const;
+  // The RoPE/YaRN tables follow the model to its device on first use (built on the host at construction).
+  void tables_to(Device d);
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
   // The kernel's operands q, k, v [S, B, nh, A] into st: the up projections' outputs q [S·B, nh·dq] and kv
   // [S·B, nh·(dn + dv)] and the gathered rope key kpe [S, B, 1, dr] (not changed), zero-padded, RoPE applied.

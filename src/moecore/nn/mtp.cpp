@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/cross_entropy.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/nn/context_split.h"
@@ -17,10 +18,15 @@ namespace moecore::nn {
 namespace {
 // [rows, H] ‖ [rows, H] -> [rows, 2H] (Megatron's torch.cat((embedding, hidden), -1)).
 Tensor concat_cols(const Tensor& a, const Tensor& b, int64_t rows, int64_t H) {
-  MOE_ASSERT(a.numel() == rows * H && b.numel() == rows * H && a.dtype() == b.dtype());
-  Tensor y = Tensor::empty({rows, 2 * H}, a.dtype());
+  MOE_ASSERT(a.numel() == rows * H && b.numel() == rows * H && a.dtype() == b.dtype() && a.device() == b.device());
+  Tensor y = Tensor::empty({rows, 2 * H}, a.dtype(), a.device());
   const size_t n = static_cast<size_t>(H) * dtype_size(a.dtype());
   auto* out = static_cast<char*>(y.raw());
+  if (y.device().is_cuda()) {  // each half is a strided copy: rows of n bytes at a pitch of 2n
+    cuda::copy_2d(out, 2 * n, a.raw(), n, n, static_cast<size_t>(rows), y.device());
+    cuda::copy_2d(out + n, 2 * n, b.raw(), n, n, static_cast<size_t>(rows), y.device());
+    return y;
+  }
   for (int64_t r = 0; r < rows; r++) {
     std::memcpy(out + 2 * r * n, static_cast<const char*>(a.raw()) + r * n, n);
     std::memcpy(out + (2 * r + 1) * n, static_cast<const char*>(b.raw()) + r * n, n);
@@ -30,10 +36,15 @@ Tensor concat_cols(const Tensor& a, const Tensor& b, int64_t rows, int64_t H) {
 // The adjoint: [rows, 2H] -> its two halves [rows, H].
 void split_cols(const Tensor& y, int64_t rows, int64_t H, Tensor& a, Tensor& b) {
   MOE_ASSERT(y.numel() == rows * 2 * H);
-  a = Tensor::empty({rows, H}, y.dtype());
-  b = Tensor::empty({rows, H}, y.dtype());
+  a = Tensor::empty({rows, H}, y.dtype(), y.device());
+  b = Tensor::empty({rows, H}, y.dtype(), y.device());
   const size_t n = static_cast<size_t>(H) * dtype_size(y.dtype());
   const auto* in = static_cast<const char*>(y.raw());
+  if (y.device().is_cuda()) {
+    cuda::copy_2d(a.raw(), n, in, 2 * n, n, static_cast<size_t>(rows), y.device());
+    cuda::copy_2d(b.raw(), n, in + n, 2 * n, n, static_cast<size_t>(rows), y.device());
+    return;
+  }
   for (int64_t r = 0; r < rows; r++) {
     std::memcpy(static_cast<char*>(a.raw()) + r * n, in + 2 * r * n, n);
     std::memcpy(static_cast<char*>(b.raw()) + r * n, in + (2 * r + 1) * n, n);
@@ -43,8 +54,14 @@ void split_cols(const Tensor& y, int64_t rows, int64_t H, Tensor& a, Tensor& b) 
 
 Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k) {
   MOE_ASSERT(x_T.numel() == S * B && k >= 0);
-  Tensor y = Tensor::zeros({S * B}, x_T.dtype());
+  Tensor y = Tensor::zeros({S * B}, x_T.dtype(), x_T.device());
   const size_t row = static_cast<size_t>(B) * dtype_size(x_T.dtype());
+  if (x_T.device().is_cuda()) {  // rows k.. of x are contiguous, and so are rows ..S−k of y: one copy
+    if (k < S)
+      cuda::copy_bytes(y.raw(), y.device(), static_cast<const char*>(x_T.raw()) + k * row, x_T.device(),
+                       static_cast<size_t>(S - k) * row);
+    return y;
+  }
   for (int64_t s = 0; s + k < S; s++)
     std::memcpy(static_cast<char*>(y.raw()) + s * row, static_cast<const char*>(x_T.raw()) + (s + k) * row, row);
   return y;
@@ -101,10 +118,13 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
   st.B = B;
   st.dropout = dropout;
   Tensor h = h0_SBH.reshape({SL, B, H});
+  const Device emb_device = emb.weight().value.device();
   for (size_t k = 0; k < layers_.size(); k++) {
     Depth& d = st.depths[k];
     // Megatron rolls the input ids once per depth (the last positions read token 0).
-    Tensor e = emb.forward(roll_local(tokens_T, S, B, static_cast<int64_t>(k) + 1, cp_), d.emb).reshape({SL, B, H});
+    // The ids are rolled where they are (the host, as the batch arrives) and then follow the embedding's weights.
+    const Tensor ids_T = roll_local(tokens_T, S, B, static_cast<int64_t>(k) + 1, cp_).to(emb_device);
+    Tensor e = emb.forward(ids_T, d.emb).reshape({SL, B, H});
     emb_dropout_[k].forward_(e, dropout);
     d.layer.dropout = dropout;
     const Tensor y = proj_and_layer(k, e, h, d);
@@ -132,12 +152,13 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_ma
   for (size_t k = 0; k < st.depths.size(); k++) {
     Depth& d = st.depths[k];
     const DType dt = d.logits_TV.dtype();
+    const Device dev = d.logits_TV.device();  // labels and mask are rolled where they are, used where the logits are
     const int64_t shift = static_cast<int64_t>(k) + 1;
-    d.labels_T = roll_local(labels_T, S, B, shift, cp_);
+    d.labels_T = roll_local(labels_T, S, B, shift, cp_).to(dev);
     const Tensor mask_rolled = roll_sequence(mask_T, S * cp_.size, B, shift);  // the whole sequence's
-    d.mask_T = cp_.on() ? local_rows(mask_rolled, S, B, cp_) : mask_rolled;
-    Tensor loss_T = Tensor::empty({T}, dt);
-    d.lse_T = Tensor::empty({T}, dt);
+    d.mask_T = (cp_.on() ? local_rows(mask_rolled, S, B, cp_) : mask_rolled).to(dev);
+    Tensor loss_T = Tensor::empty({T}, dt, dev);
+    d.lse_T = Tensor::empty({T}, dt, dev);
     if (tp_.on()) {
       const comm::ProcessGroup& g = *tp_.group;
       kernels::cross_entropy_forward_vocab_parallel(

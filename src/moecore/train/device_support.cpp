@@ -11,8 +11,6 @@ namespace moecore::train {
 std::string gpu_training_gap(const TrainConfig& c) {
   auto gap = [](const std::string& what) { return what + " is not supported by moecore on the GPU yet"; };
   if (c.context_parallel_size > 1) return gap("--context-parallel-size > 1 (context parallelism)");
-  if (c.multi_latent_attention) return gap("--multi-latent-attention");
-  if (c.mtp_num_layers > 0) return gap("--mtp-num-layers (multi-token prediction)");
   if (c.hidden_dropout > 0 || c.attention_dropout > 0)
     return gap(fmt::format("dropout (--hidden-dropout {} --attention-dropout {}; Megatron's defaults are 0.1: pass 0)",
                            c.hidden_dropout, c.attention_dropout));
