@@ -76,10 +76,18 @@ struct DeviceCtx {
   void* workspace[kStreams] = {};
 };
 
+struct LtLayouts {
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+};
+
 struct Ctx {
   std::mutex mu;
   std::map<int, DeviceCtx> devices;
-  std::map<LtKey, LtPlan> plans;
+  // Algorithms by shape bucket (the row counts that change every step rounded up to a power of two: the heuristic
+  // runs once per bucket, not once per row count), exact-shape ones where a bucket's does not apply, and the exact
+  // shapes' layouts (cheap to create, kept for reuse).
+  std::map<LtKey, LtPlan> plans, exact_plans;
+  std::map<LtKey, LtLayouts> layouts;
 };
 Ctx& ctx() {
   static Ctx* c = new Ctx();  // never destroyed: the driver may be gone at static destruction
@@ -168,9 +176,15 @@ void run_grouped(Device d, const std::vector<Problem>& ps, cudaDataType_t in, fl
   MOE_CUBLAS_CHECK(st);
 }
 
-const LtPlan& lt_plan(DeviceCtx& dc, const LtKey& key) {  // under ctx().mu
-  auto it = ctx().plans.find(key);
-  if (it != ctx().plans.end()) return it->second;
+// The plan of `key` from `cache`, made on first use (under ctx().mu; map nodes are stable).
+LtPlan make_lt_plan(DeviceCtx& dc, const LtKey& key);
+const LtPlan& lt_plan(std::map<LtKey, LtPlan>& cache, DeviceCtx& dc, const LtKey& key) {
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  return cache.emplace(key, make_lt_plan(dc, key)).first->second;
+}
+
+LtPlan make_lt_plan(DeviceCtx& dc, const LtKey& key) {
   LtPlan p;
   MOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(key.type), CUDA_R_32F));
   MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &key.ta, sizeof key.ta));
@@ -197,7 +211,25 @@ const LtPlan& lt_plan(DeviceCtx& dc, const LtKey& key) {  // under ctx().mu
   MOE_CUBLAS_CHECK(st);
   MOE_ASSERT_MSG(found > 0, "cuBLASLt has no algorithm for the expert GEMM m={} n={} k={}", key.m, key.n, key.k);
   p.algo = result.algo;
-  return ctx().plans.emplace(key, p).first->second;
+  return p;
+}
+
+// The next power of two at or above n (at least 64): a bucket of row counts that share one algorithm.
+int bucket(int n) {
+  int b = 64;
+  while (b < n && b < (1 << 30)) b *= 2;
+  return b;
+}
+
+const LtLayouts& lt_layouts(const LtKey& key) {  // under ctx().mu
+  auto it = ctx().layouts.find(key);
+  if (it != ctx().layouts.end()) return it->second;
+  LtLayouts l;
+  const bool na = key.ta == CUBLAS_OP_N, nb = key.tb == CUBLAS_OP_N;
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.a, key.type, na ? key.m : key.k, na ? key.k : key.m, key.lda));
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.b, key.type, nb ? key.k : key.n, nb ? key.n : key.k, key.ldb));
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.c, CUDA_R_32F, key.m, key.n, key.ldc));
+  return ctx().layouts.emplace(key, l).first->second;
 }
 
 void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
@@ -205,11 +237,26 @@ void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in,
   std::unique_lock<std::mutex> lock(ctx().mu);
   DeviceCtx& dc = device_ctx(d.index);
   std::vector<const LtPlan*> plans(ps.size());
+  std::vector<const LtLayouts*> layouts(ps.size());
+  std::vector<LtKey> exact(ps.size());
   for (size_t i = 0; i < ps.size(); i++) {
     const Problem& p = ps[i];
-    const LtKey key{d.index, p.m,  p.n, p.k,          p.lda,          p.ldb,          p.ldc,
-                    p.ta,    p.tb, in,  allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
-    plans[i] = &lt_plan(dc, key);  // map nodes are stable
+    exact[i] = LtKey{d.index, p.m,  p.n, p.k,          p.lda,          p.ldb,          p.ldc,
+                     p.ta,    p.tb, in,  allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
+    // The row counts are n in the forward and data-gradient products (C = op(W)·X per expert, column-major, X not
+    // transposed) and k in the weight gradient (X transposed): only that dimension is bucketed, and the leading
+    // dimensions grow with it where they must.
+    LtKey b = exact[i];
+    if (b.tb == CUBLAS_OP_T) {
+      b.k = bucket(b.k);
+      b.lda = std::max(b.lda, b.ta == CUBLAS_OP_N ? b.m : b.k);
+    } else {
+      b.n = bucket(b.n);
+    }
+    b.ldb = std::max(b.ldb, b.tb == CUBLAS_OP_N ? b.k : b.n);
+    b.ldc = std::max(b.ldc, b.m);
+    plans[i] = &lt_plan(ctx().plans, dc, b);
+    layouts[i] = &lt_layouts(exact[i]);
   }
   lock.unlock();
   const int used = static_cast<int>(std::min<size_t>(ps.size(), kStreams));
@@ -219,8 +266,19 @@ void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in,
     const Problem& p = ps[i];
     const LtPlan& pl = *plans[i];
     const int j = static_cast<int>(i % kStreams);
-    MOE_CUBLAS_CHECK(cublasLtMatmul(dc.lt, pl.desc, &alpha, p.A, pl.a, p.B, pl.b, &beta, p.C, pl.c, p.C, pl.c, &pl.algo,
-                                    dc.workspace[j], kLtWorkspace, dc.streams[j]));
+    const LtLayouts& l = *layouts[i];
+    cublasStatus_t st = cublasLtMatmul(dc.lt, pl.desc, &alpha, p.A, l.a, p.B, l.b, &beta, p.C, l.c, p.C, l.c, &pl.algo,
+                                       dc.workspace[j], kLtWorkspace, dc.streams[j]);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {  // the bucket's algorithm does not
+      const LtPlan* e = nullptr;                                                   // fit this shape: its own one
+      {
+        const std::lock_guard<std::mutex> g(ctx().mu);
+        e = &lt_plan(ctx().exact_plans, dc, exact[i]);
+      }
+      st = cublasLtMatmul(dc.lt, e->desc, &alpha, p.A, l.a, p.B, l.b, &beta, p.C, l.c, p.C, l.c, &e->algo,
+                          dc.workspace[j], kLtWorkspace, dc.streams[j]);
+    }
+    MOE_CUBLAS_CHECK(st);
   }
   for (int i = 0; i < used; i++) {
     MOE_CUDA_CHECK(cudaEventRecord(dc.done[i], dc.streams[i]));
