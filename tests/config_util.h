@@ -68,6 +68,56 @@ inline std::vector<std::string> layered_moe_flags() {
          rmsnorm_rope_flags();
 }
 
+// Multi-latent attention small enough for tests: kv LoRA 16, head dims 8 + 8 (rope) and v 12 (the kernel's head dim
+// pads v), qk-layernorm, YaRN with factor 4 and both mscales; q LoRA 24 when `q_lora`.
+inline std::vector<std::string> small_mla_flags(bool q_lora) {
+  std::vector<std::string> f = {"--multi-latent-attention",
+                                "--kv-lora-rank",
+                                "16",
+                                "--qk-head-dim",
+                                "8",
+                                "--qk-pos-emb-head-dim",
+                                "8",
+                                "--v-head-dim",
+                                "12",
+                                "--qk-layernorm",
+                                "--rotary-scaling-factor",
+                                "4",
+                                "--mscale",
+                                "0.8",
+                                "--mscale-all-dim",
+                                "0.6"};
+  if (q_lora) f = f + std::vector<std::string>{"--q-lora-rank", "24"};
+  return f;
+}
+
+// DeepSeek-V3's routing on a 2-layer model: a dense first layer (FFN 64), sigmoid scores over 2 groups of which 1 is
+// kept (each scored by its top 2, as HF's DeepseekV3), the expert bias moving at a visible rate, scaling 2.5, a shared
+// expert and the sequence aux loss.
+inline std::vector<std::string> deepseek_routing_flags() {
+  return {"--moe-layer-freq",
+          "[0,1]",
+          "--ffn-hidden-size",
+          "64",
+          "--moe-router-score-function",
+          "sigmoid",
+          "--moe-router-num-groups",
+          "2",
+          "--moe-router-group-topk",
+          "1",
+          "--moe-router-enable-expert-bias",
+          "--moe-router-bias-update-rate",
+          "1e-2",
+          "--moe-router-topk-scaling-factor",
+          "2.5",
+          "--moe-shared-expert-intermediate-size",
+          "32",
+          "--moe-router-load-balancing-type",
+          "seq_aux_loss",
+          "--moe-aux-loss-coeff",
+          "1e-3"};
+}
+
 // `iters` steps of `global` sequences (micro-batches of `micro`) of length `seq` over mock tokens below `vocab`,
 // no evaluation, no dropout (tests about something else compare exact numbers; dropout tests turn it on).
 inline std::vector<std::string> mock_run_flags(int64_t seq, int64_t micro, int64_t global, int64_t vocab, int64_t iters,

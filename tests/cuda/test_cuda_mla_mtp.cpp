@@ -27,61 +27,13 @@ constexpr int kSteps = 10;
 // H 64, 2 layers (dense then MoE: 4 experts top-2 in 2 groups of which 1 is kept), MLA with q LoRA 24, kv LoRA 16,
 // head dims 8 + 8 (rope) and v 12 (so the kernel's head dim pads v), YaRN unless `extra` says otherwise.
 std::vector<std::string> deepseek_args(const std::string& device, bool bf16, const std::vector<std::string>& extra) {
-  std::vector<std::string> a = train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64"}) +
-                               testing::mock_run_flags(32, 2, 4, 120, kSteps, "1e-3") +
-                               std::vector<std::string>{"--make-vocab-size-divisible-by",
-                                                        "64",
-                                                        "--multi-latent-attention",
-                                                        "--q-lora-rank",
-                                                        "24",
-                                                        "--kv-lora-rank",
-                                                        "16",
-                                                        "--qk-head-dim",
-                                                        "8",
-                                                        "--qk-pos-emb-head-dim",
-                                                        "8",
-                                                        "--v-head-dim",
-                                                        "12",
-                                                        "--qk-layernorm",
-                                                        "--rotary-scaling-factor",
-                                                        "4",
-                                                        "--mscale",
-                                                        "0.8",
-                                                        "--mscale-all-dim",
-                                                        "0.6",
-                                                        "--moe-layer-freq",
-                                                        "[0,1]",
-                                                        "--ffn-hidden-size",
-                                                        "64",
-                                                        "--moe-router-score-function",
-                                                        "sigmoid",
-                                                        "--moe-router-num-groups",
-                                                        "2",
-                                                        "--moe-router-group-topk",
-                                                        "1",
-                                                        "--moe-router-enable-expert-bias",
-                                                        "--moe-router-bias-update-rate",
-                                                        "1e-2",
-                                                        "--moe-router-topk-scaling-factor",
-                                                        "2.5",
-                                                        "--moe-shared-expert-intermediate-size",
-                                                        "32",
-                                                        "--moe-router-load-balancing-type",
-                                                        "seq_aux_loss",
-                                                        "--moe-aux-loss-coeff",
-                                                        "1e-3",
-                                                        "--mtp-num-layers",
-                                                        "1",
-                                                        "--mtp-loss-scaling-factor",
-                                                        "0.3",
-                                                        "--clip-grad",
-                                                        "1.0",
-                                                        "--log-interval",
-                                                        "1000",
-                                                        "--eval-interval",
-                                                        "1000",
-                                                        "--device",
-                                                        device};
+  std::vector<std::string> a =
+      train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64"}) +
+      testing::mock_run_flags(32, 2, 4, 120, kSteps, "1e-3") +
+      std::vector<std::string>{"--make-vocab-size-divisible-by", "64"} + testing::small_mla_flags(true) +
+      testing::deepseek_routing_flags() +
+      std::vector<std::string>{"--mtp-num-layers", "1",    "--mtp-loss-scaling-factor", "0.3",  "--clip-grad", "1.0",
+                               "--log-interval",   "1000", "--eval-interval",           "1000", "--device",    device};
   if (bf16) a.push_back("--bf16");
   return train::override_flags(a, extra);
 }

@@ -17,27 +17,6 @@ namespace {
 
 using testing::operator+;
 
-std::vector<std::string> mla_flags(bool q_lora) {
-  std::vector<std::string> f = {"--multi-latent-attention",
-                                "--kv-lora-rank",
-                                "16",
-                                "--qk-head-dim",
-                                "8",
-                                "--qk-pos-emb-head-dim",
-                                "8",
-                                "--v-head-dim",
-                                "12",
-                                "--qk-layernorm",
-                                "--rotary-scaling-factor",
-                                "4",
-                                "--mscale",
-                                "0.8",
-                                "--mscale-all-dim",
-                                "0.6"};
-  if (q_lora) f = f + std::vector<std::string>{"--q-lora-rank", "24"};
-  return f;
-}
-
 struct MLALayout {
   std::string name;
   int64_t world;
@@ -52,7 +31,8 @@ TEST_P(MLALayouts, MatchSingleRank) {
   const MLALayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   const std::vector<std::string> args = train::override_flags(testing::tiny_moe_flags(), {"--hidden-size", "64"}) +
-                                        mla_flags(l.q_lora) + testing::mock_run_flags(32, 2, 8, 120, 4, "1e-3") +
+                                        testing::small_mla_flags(l.q_lora) +
+                                        testing::mock_run_flags(32, 2, 8, 120, 4, "1e-3") +
                                         std::vector<std::string>{"--make-vocab-size-divisible-by", "64"};
   testing::expect_same_steps(testing::small_config(args), testing::small_config(args, l.flags), w, 4);
 }

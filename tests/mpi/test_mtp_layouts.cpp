@@ -64,30 +64,8 @@ const std::vector<std::string> kMLA{"--multi-latent-attention",
                                     "--q-lora-rank",
                                     "16"};
 
-// DeepSeek-V3's routing with MLA: a dense first layer, sigmoid scores over 2 groups of which 1 is kept (each
-// scored by its top 2, as HF's DeepseekV3), the expert bias moving at a visible rate, scaling 2.5, a shared expert
-// and the sequence aux loss.
-const std::vector<std::string> kDeepSeek = kMLA + std::vector<std::string>{"--moe-layer-freq",
-                                                                           "[0,1]",
-                                                                           "--ffn-hidden-size",
-                                                                           "64",
-                                                                           "--moe-router-score-function",
-                                                                           "sigmoid",
-                                                                           "--moe-router-num-groups",
-                                                                           "2",
-                                                                           "--moe-router-group-topk",
-                                                                           "1",
-                                                                           "--moe-router-enable-expert-bias",
-                                                                           "--moe-router-bias-update-rate",
-                                                                           "1e-2",
-                                                                           "--moe-router-topk-scaling-factor",
-                                                                           "2.5",
-                                                                           "--moe-shared-expert-intermediate-size",
-                                                                           "32",
-                                                                           "--moe-router-load-balancing-type",
-                                                                           "seq_aux_loss",
-                                                                           "--moe-aux-loss-coeff",
-                                                                           "1e-3"};
+// DeepSeek-V3's routing with MLA (config_util.h).
+const std::vector<std::string> kDeepSeek = kMLA + testing::deepseek_routing_flags();
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MTPLayouts,
