@@ -1,0 +1,49 @@
+// What GPU training covers (train/device_support.h), checked without a GPU: every setting it does not cover is named
+// in the reason, a covered configuration has none, and --device cpu always trains on the CPU.
+#include <gtest/gtest.h>
+
+#include "config_util.h"
+#include "moecore/train/device_support.h"
+#include "moecore/train/start_config.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+
+train::TrainConfig config(const std::vector<std::string>& extra) {
+  return testing::small_config(testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 4, 64, 2, "1e-3"), extra);
+}
+
+TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
+  EXPECT_EQ(train::gpu_training_gap(config({})), "");
+  EXPECT_EQ(train::gpu_training_gap(config({"--position-embedding-type", "learned_absolute", "--normalization",
+                                            "LayerNorm", "--use-distributed-optimizer", "--bf16"})),
+            "");
+}
+
+TEST(DeviceSupport, EachUncoveredSettingIsNamed) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--hidden-dropout", "0.1"}, "--hidden-dropout 0.1"},
+      {{"--attention-dropout", "0.1"}, "--attention-dropout 0.1"},
+      {{"--optimizer", "sgd"}, "--optimizer sgd"},
+      {{"--log-num-zeros-in-grad"}, "--log-num-zeros-in-grad"},
+      {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64"},
+  };
+  for (const auto& [flags, name] : cases) {
+    const std::string gap = train::gpu_training_gap(config(flags));
+    EXPECT_TRUE(testing::contains(gap, name)) << name << ": " << gap;
+    EXPECT_TRUE(testing::contains(gap, "not supported by moecore on the GPU")) << gap;
+  }
+}
+
+TEST(DeviceSupport, CpuIsAlwaysTheCpu) {
+  train::TrainConfig c = config({"--hidden-dropout", "0.1", "--device", "cpu"});
+  std::string why;
+  EXPECT_TRUE(train::training_device(c, &why).is_cpu());
+  EXPECT_EQ(why, "");  // no fallback happened: the CPU was asked for
+}
+
+}  // namespace
+}  // namespace moecore
