@@ -271,25 +271,16 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   // 1. Gating input in router dtype, with multiplicative jitter x ⊙ U(1−ε, 1+ε) when training.
   st.x_r = x_TH.dtype() == rd ? x_TH.reshape({T_, H}) : x_TH.reshape({T_, H}).to(rd);
   st.jitter_TH = Tensor();
-  // A replay draws the recorded forward's noise and advances nothing.
-  const uint64_t fwd = st.recompute ? st.replay.forward_index : forward_count_;
-  if (training && !st.recompute) forward_count_++;
-  st.replay.forward_index = fwd;
+  const NoisePosition noise = noise_position(T_, training, st);
+  st.replay.forward_index = noise.forward;
   const bool count = !st.recompute;
-  // Noise is drawn by global token index: under sequence parallelism this rank's tokens start at rank·T.
-  const uint64_t tok0 = static_cast<uint64_t>(cfg_.count_group ? cfg_.count_group->rank() * T_ : 0);
   if (training && cfg_.input_jitter_eps > 0) {
-    st.jitter_TH = Tensor::empty({T_, H}, rd);
+    st.jitter_TH = jitter_multipliers(T_, noise);
     st.x_r = st.x_r.clone();
-    const Philox rng(cfg_.seed, jitter_stream_ + fwd);
-    const double eps = cfg_.input_jitter_eps;
     MOE_DISPATCH_FLOAT(rd, R, {
-      R* u = st.jitter_TH.data<R>();
+      const R* u = st.jitter_TH.data<R>();
       R* xr = st.x_r.data<R>();
-      for (int64_t i = 0; i < T_ * H; i++) {
-        u[i] = static_cast<R>(1.0 - eps + 2.0 * eps * rng.uniform(tok0 * static_cast<uint64_t>(H) + i));
-        xr[i] *= u[i];
-      }
+      for (int64_t i = 0; i < T_ * H; i++) xr[i] *= u[i];
     });
   }
   // 2. logits = x·Wᵀ in router dtype.
@@ -298,11 +289,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   kernels::gemm(st.x_r, false, w_r, true, st.logits_TE);
   // 3. Forced balance (benchmarks): logits replaced by N(0, 1) noise, straight-through gradient.
   Tensor used = st.logits_TE;
-  if (cfg_.force_load_balancing) {
-    used = Tensor::empty({T_, E}, rd);
-    const Philox rng(cfg_.seed, balance_stream_ + fwd);
-    for (int64_t i = 0; i < T_ * E; i++) used.set_item(i, rng.normal(tok0 * static_cast<uint64_t>(E) + i));
-  }
+  if (cfg_.force_load_balancing) used = balance_noise(T_, noise);
   st.used_TE = used;
   // 4. Scores, top-k, probs; capacity.
   st.idx_TK = Tensor::empty({T_, K}, DType::I32);

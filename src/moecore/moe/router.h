@@ -133,6 +133,15 @@ class Router {
   // CPU-only build's counterparts throw: cuda/unavailable_router.cpp).
   Output forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
   double add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool count, Stash& st);
+  // The noise streams (router_noise.cpp), drawn on the host for either device: this forward's position in them
+  // (advanced by a training forward, the recorded one for a replay) and this rank's first global token; the jitter
+  // multipliers U(1−ε, 1+ε) [T, H] and the forced-balance logits N(0, 1) [T, E], in router dtype.
+  struct NoisePosition {
+    uint64_t forward = 0, first_token = 0;
+  };
+  NoisePosition noise_position(int64_t T, bool training, const Stash& st);
+  Tensor jitter_multipliers(int64_t T, const NoisePosition& n) const;
+  Tensor balance_noise(int64_t T, const NoisePosition& n) const;
   Tensor backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
   RouterConfig cfg_;
   nn::Parameter* weight_;

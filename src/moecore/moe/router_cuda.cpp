@@ -18,7 +18,6 @@
 
 #include <limits>
 
-#include "moecore/core/rng.h"
 #include "moecore/cuda/check.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -151,19 +150,11 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
   // 1. Gating input in router dtype, with multiplicative jitter x ⊙ U(1−ε, 1+ε) (drawn on the host) when training.
   st.x_r = x_TH.dtype() == rd ? x_TH.reshape({T_, H}) : x_TH.reshape({T_, H}).to(rd);
   st.jitter_TH = Tensor();
-  const uint64_t fwd = st.recompute ? st.replay.forward_index : forward_count_;
-  if (training && !st.recompute) forward_count_++;
-  st.replay.forward_index = fwd;
+  const NoisePosition noise = noise_position(T_, training, st);
+  st.replay.forward_index = noise.forward;
   const bool count = !st.recompute;
-  const uint64_t tok0 = static_cast<uint64_t>(cfg_.count_group ? cfg_.count_group->rank() * T_ : 0);
   if (training && cfg_.input_jitter_eps > 0) {
-    Tensor u_h = Tensor::empty({T_, H}, rd);
-    const Philox rng(cfg_.seed, jitter_stream_ + fwd);
-    const double eps = cfg_.input_jitter_eps;
-    float* u = u_h.data<float>();
-    for (int64_t i = 0; i < T_ * H; i++)
-      u[i] = static_cast<float>(1.0 - eps + 2.0 * eps * rng.uniform(tok0 * static_cast<uint64_t>(H) + i));
-    st.jitter_TH = u_h.to(dev);
+    st.jitter_TH = jitter_multipliers(T_, noise).to(dev);
     st.x_r = st.x_r.clone();
     launch::router_mul(f32p(st.x_r), f32p(st.jitter_TH), T_ * H, stream);
     MOE_CUDA_CHECK_LAUNCH("router_mul");
@@ -174,12 +165,7 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
   kernels::gemm(st.x_r, false, w_r, true, st.logits_TE);
   // 3. Forced balance: N(0, 1) noise drawn on the host, straight-through gradient.
   Tensor used = st.logits_TE;
-  if (cfg_.force_load_balancing) {
-    Tensor used_h = Tensor::empty({T_, E}, rd);
-    const Philox rng(cfg_.seed, balance_stream_ + fwd);
-    for (int64_t i = 0; i < T_ * E; i++) used_h.set_item(i, rng.normal(tok0 * static_cast<uint64_t>(E) + i));
-    used = used_h.to(dev);
-  }
+  if (cfg_.force_load_balancing) used = balance_noise(T_, noise).to(dev);
   st.used_TE = used;
   // 4. Scores, top-k, probs (and, training, aux scores, their top-k, entropy, lse) in one kernel; capacity.
   st.idx_TK = Tensor::empty({T_, K}, DType::I32, dev);
