@@ -26,19 +26,13 @@ void moe_sum_rows_per_token(const Tensor&, const Tensor&, const Tensor&, Tensor&
 void moe_gather_probs(const Tensor&, const Tensor&, Tensor&) {
   no_cuda_kernel("moe_gather_probs");
 }
-Tensor moe_upload_i32(const std::vector<int32_t>&, Device) {
-  no_cuda_kernel("moe_upload_i32");
-}
 void moe_scatter_probs(const Tensor&, const Tensor&, Tensor&) {
   no_cuda_kernel("moe_scatter_probs");
 }
 
 void set_grouped_gemm_impl(GroupedGemmImpl) {}
 GroupedGemmImpl grouped_gemm_impl() {
-  return GroupedGemmImpl::kCublasGrouped;
-}
-const char* grouped_gemm_impl_name(GroupedGemmImpl impl) {
-  return impl == GroupedGemmImpl::kCublasGrouped ? "cublasGemmGroupedBatchedEx" : "cuBLASLt per expert, 4 streams";
+  return GroupedGemmImpl::kLtStreams;
 }
 bool grouped_gemm_fell_back() {
   return false;

@@ -60,6 +60,21 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts,
   return order;
 }
 
+Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType probs_dtype) {
+  const int64_t n = plan.row_tk_R.numel();
+  MOE_ASSERT_MSG(dprobs_rows.numel() == n, "{} row probability gradients for {} permuted rows", dprobs_rows.numel(), n);
+  if (dprobs_rows.device().is_cuda()) {
+    Tensor d = Tensor::empty({plan.T, plan.K}, probs_dtype, dprobs_rows.device());
+    scatter_dprobs_cuda(dprobs_rows, plan.row_tk_R, d);
+    return d;
+  }
+  Tensor d = Tensor::zeros({plan.T, plan.K}, probs_dtype);
+  const int64_t* rtk = plan.row_tk_R.data<int64_t>();
+  for (int64_t r = 0; r < n; r++)
+    if (rtk[r] >= 0) d.set_item(rtk[r], dprobs_rows.item(r));
+  return d;
+}
+
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
   TimerScope timer("moe-permute", 2);
   if (src_RH.device().is_cuda())
@@ -200,14 +215,7 @@ void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& 
                                              DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype(), dx_RH.device());
   sum_rows_per_token(dx_RH, plan, dx_TH);
-  if (dx_RH.device().is_cuda()) {
-    dprobs_TK = Tensor::empty({plan.T, plan.K}, probs_dtype, dx_RH.device());
-    return scatter_dprobs_cuda(dprobs_R, plan.row_tk_R, dprobs_TK);
-  }
-  dprobs_TK = Tensor::zeros({plan.T, plan.K}, probs_dtype);
-  const int64_t* rtk = plan.row_tk_R.data<int64_t>();
-  for (int64_t r = 0; r < plan.R; r++)
-    if (rtk[r] >= 0) dprobs_TK.set_item(rtk[r], dprobs_R.item(r));
+  dprobs_TK = scatter_dprobs(dprobs_R, plan, probs_dtype);
 }
 
 }  // namespace moecore::moe
@@ -303,14 +311,7 @@ void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tenso
   dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype(), dx_RH.device());
   sum_rows_per_token(dx_local, plan, dx_TH);
   const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
-  if (dx_RH.device().is_cuda()) {
-    dprobs_TK = Tensor::empty({plan.T, plan.K}, probs_dtype, dx_RH.device());
-    return scatter_dprobs_cuda(dp_local, plan.row_tk_R, dprobs_TK);
-  }
-  dprobs_TK = Tensor::zeros({plan.T, plan.K}, probs_dtype);
-  const int64_t* rtk = plan.row_tk_R.data<int64_t>();
-  for (int64_t i = 0; i < plan.local_rows; i++)
-    if (rtk[i] >= 0) dprobs_TK.set_item(rtk[i], dp_local.item(i));
+  dprobs_TK = scatter_dprobs(dp_local, plan, probs_dtype);
 }
 
 }  // namespace moecore::moe

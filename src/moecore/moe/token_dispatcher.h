@@ -80,6 +80,9 @@ void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);      
 Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
                           std::vector<int64_t>& per_expert);
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
+// dprobs_TK [T, K] in probs_dtype from the permuted rows' probability gradients: row r's goes to entry row_tk_R[r]
+// (padding rows, −1, are dropped; entries no row holds stay 0). On the rows' device.
+Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType probs_dtype);
 // GPU: dprobs_TK (f32, zeroed here) gets dprobs_R[r] at row_tk_R[r] for every assignment row.
 void scatter_dprobs_cuda(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
 

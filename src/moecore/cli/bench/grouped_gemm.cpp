@@ -50,11 +50,6 @@ Tensor random_gpu(Device d, const Shape& s, DType dtype, uint64_t seed) {
   return t;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, double peak) {
   const int64_t R = tokens * s.K, F1 = 2 * s.F;
   const std::vector<int64_t> rows(static_cast<size_t>(s.E), R / s.E);
@@ -97,7 +92,7 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
       f_rates.push_back(fwd_flops / tf / 1e12);
       t_rates.push_back(all_flops / t1.seconds() / 1e12);
     }
-    const double f = median_of(f_rates), tot = median_of(t_rates);
+    const double f = median(f_rates), tot = median(t_rates);
     fmt::print(
         "    {:<32} forward {:7.1f} TFLOP/s ({:.3f} of peak), forward+backward {:7.1f} TFLOP/s ({:.3f} of "
         "peak){}\n",

@@ -334,10 +334,6 @@ GroupedGemmImpl grouped_gemm_impl() {
   return static_cast<GroupedGemmImpl>(v);
 }
 
-const char* grouped_gemm_impl_name(GroupedGemmImpl impl) {
-  return impl == GroupedGemmImpl::kCublasGrouped ? "cublasGemmGroupedBatchedEx" : "cuBLASLt per expert, 4 streams";
-}
-
 bool grouped_gemm_fell_back() {
   return gg::g_fell_back.load();
 }

@@ -17,7 +17,9 @@ enum class GroupedGemmImpl { kCublasGrouped, kLtStreams };
 // environment, else kLtStreams.
 void set_grouped_gemm_impl(GroupedGemmImpl impl);
 GroupedGemmImpl grouped_gemm_impl();
-const char* grouped_gemm_impl_name(GroupedGemmImpl impl);
+inline const char* grouped_gemm_impl_name(GroupedGemmImpl impl) {
+  return impl == GroupedGemmImpl::kCublasGrouped ? "cublasGemmGroupedBatchedEx" : "cuBLASLt per expert, 4 streams";
+}
 // True once cublasGemmGroupedBatchedEx refused an operand type (cuBLAS lists bf16 inputs with a bf16 output only):
 // those calls then ran as one cublasGemmEx per expert on the current stream. For the benchmark's report.
 bool grouped_gemm_fell_back();

@@ -27,9 +27,6 @@ void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1
                             Tensor& dst_TH);
 // probs_R[r] = probs_TK[row_tk_R[r]], 0 for padding rows (row_tk −1). f32.
 void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R);
-// An I32 tensor on GPU d holding `host`, copied on the current stream without waiting for the GPU: a pageable
-// source is staged by the runtime before cudaMemcpyAsync returns, so `host` may go away at once (no host sync).
-Tensor moe_upload_i32(const std::vector<int32_t>& host, Device d);
 // dprobs_TK = 0, then dprobs_TK[row_tk_R[r]] = dprobs_R[r] for the rows that are assignments. f32.
 void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
 

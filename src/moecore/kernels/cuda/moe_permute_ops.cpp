@@ -82,15 +82,6 @@ void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& token
   check_launch("moe_token_csr");
 }
 
-Tensor moe_upload_i32(const std::vector<int32_t>& host, Device d) {
-  MOE_ASSERT(d.is_cuda());
-  Tensor t = Tensor::empty({static_cast<int64_t>(host.size())}, DType::I32, d);
-  if (!host.empty())
-    MOE_CUDA_CHECK(
-        cudaMemcpyAsync(t.raw(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, current_stream()));
-  return t;
-}
-
 void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
