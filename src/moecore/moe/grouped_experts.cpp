@@ -138,8 +138,8 @@ void GroupedExperts::prepare_gemms() const {
   const DType dt = cfg_.bf16 ? DType::BF16 : wt;
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
   for (int64_t m = kRowAlign; m <= kRowChunk; m += kRowAlign) {
-    kernels::gemm_prepare(m, F1, H, false, true, dt);   // fc1
-    kernels::gemm_prepare(m, H, F, false, true, dt);    // fc2
+    kernels::gemm_prepare(m, F1, H, false, true, dt, 1.0f, 0.0f, dt == DType::BF16 ? dt : DType::F32);  // fc1
+    kernels::gemm_prepare(m, H, F, false, true, dt);                                                    // fc2
     kernels::gemm_prepare(m, F, H, false, false, dt);   // fc2 data gradient
     kernels::gemm_prepare(m, H, F1, false, false, dt);  // fc1 data gradient
   }
@@ -170,7 +170,9 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
     w2 = &w2_bf16_;
   }
   st.x_RH = to_padded(x_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
-  st.h_RF1 = padded_empty(counts, F1, dt);
+  // With bf16 the fc1 GEMM rounds its output as it writes it (as Megatron keeps it): the activation and its
+  // backward read half the bytes, and the stash holds half.
+  st.h_RF1 = padded_empty(counts, F1, cfg_.bf16 ? DType::BF16 : dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor h = st.h_RF1.slice(r0, n);
     rows_gemm(st.x_RH.slice(r0, n), expert_weight(*w1, e), true, h);
@@ -266,7 +268,7 @@ int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t cap = aligned ? rows : rows + n * (kRowAlign - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
   int64_t b = nn::tensor_bytes(cap * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x_RH, probs_R
-  b += nn::tensor_bytes(cap * F1, DType::F32);                                           // h_RF1
+  b += nn::tensor_bytes(cap * F1, xt);                                                   // h_RF1
   if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                   // a_RF
   return b;
 }

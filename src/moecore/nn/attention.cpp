@@ -164,8 +164,9 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
 int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool input_dropped) {
   const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
   int64_t b = 0;
-  // st.q/k/v.x: the input norm's output (all-gathered under TP), shared in f32, one bf16 copy per projection.
-  if (!input_dropped) b += d.bf16 ? 3 * linear_stash_bytes(r, a.hidden, true) : tensor_bytes(r * a.hidden, DType::F32);
+  // st.q/k/v.x: the input norm's output (all-gathered under TP), one tensor the three share (bf16 with --bf16: the
+  // norm writes it so, takes_bf16_input).
+  if (!input_dropped) b += tensor_bytes(r * a.hidden, d.gemm_input());
   // q_SBND, k_SBND (with qk_layernorm also the projections' outputs, kept as the norms' inputs), v_SBND.
   const int64_t norms = a.qk_layernorm ? 2 : 1;
   b += norms * (tensor_bytes(r * nq * D, DType::F32) + tensor_bytes(r * nkv * D, DType::F32));

@@ -62,6 +62,9 @@ class Attention {
   // and put them back from the recomputed x_SBH before backward (under SP: all-gathered again).
   void drop_input(Stash& st) const;
   void restore_input(const Tensor& x_SBH, Stash& st) const;
+  // Whether forward's input feeds bf16 GEMMs only (the q/k/v projections under --bf16): the input norm then writes
+  // it in bf16, and the three projections share that one tensor instead of rounding a copy each.
+  bool takes_bf16_input() const { return cfg_.bf16; }
 
  private:
   // The attention kernel (bf16 or f32 by the sequence length): q, k, v -> o, lse.

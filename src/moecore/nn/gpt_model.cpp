@@ -190,7 +190,8 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
     h = recompute_.forward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, h);
   }
   if (!ch.loss) return h;
-  h = final_norm_->forward(h, st.final_norm);
+  // Without MTP the output layer's GEMM is the norm's only reader: under --bf16 the norm writes bf16 for it.
+  h = final_norm_->forward(h, st.final_norm, cfg_.bf16 && !mtp_ ? std::optional<DType>(DType::BF16) : std::nullopt);
   probe("decoder.final_layernorm", false, h);
   if (mtp_) {
     MOE_ASSERT_MSG(st.tokens_BS.defined() && st.tokens_BS.dim(0) == st.B && st.tokens_BS.dim(1) == st.S * cfg_.cp.size,
@@ -368,7 +369,7 @@ int64_t embedding_stash_bytes(const StashDims& d) {
 int64_t loss_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d) {
   const int64_t r = d.rows();
   int64_t b = tensor_bytes(d.local_rows() * hidden, DType::F32) + norm_stash_bytes(d.local_rows(), norm);
-  b += tensor_bytes(r * hidden, d.gemm_input());             // output.x: the normed output (gathered), or its bf16 copy
+  b += tensor_bytes(r * hidden, d.gemm_input());             // output.x: the normed output (gathered; bf16 with --bf16)
   b += tensor_bytes(r * (padded_vocab / d.tp), DType::F32);  // logits_TV
   b += tensor_bytes(r, DType::I64) + 2 * tensor_bytes(r, DType::F32);  // labels_T, mask_T, lse_T
   return b;

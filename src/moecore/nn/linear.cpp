@@ -44,14 +44,25 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
 Linear::Linear(Parameter& weight, bool bf16)
     : weight_(&weight), in_(weight.value.dim(1)), out_(weight.value.dim(0)), bf16_(bf16) {}
 
-Tensor Linear::forward(const Tensor& x, Stash& st) {
+namespace {
+// A bf16 GEMM operand: t itself when its producer already rounded it, else a rounded copy.
+Tensor as_bf16(const Tensor& t) {
+  return t.dtype() == DType::BF16 ? t : t.to(DType::BF16);
+}
+}  // namespace
+
+Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
   MOE_ASSERT_MSG(x.cols() == in_, "{} expects inputs with {} features, got {}", weight_->name, in_, x.shape().str());
+  MOE_ASSERT_MSG(bf16_ || x.dtype() != DType::BF16, "{}: a bf16 input to an f32 GEMM", weight_->name);
   const Tensor x2 = x.reshape({x.rows(), in_});
   const Tensor& w = weight_->value;
-  Tensor y = Tensor::empty({x2.rows(), out_}, w.dtype(), x2.device());
+  const bool y16 = out == DType::BF16;
+  MOE_ASSERT_MSG(!y16 || (bf16_ && !bias_ && x2.device().is_cpu()), "{}: a bf16 output needs bf16 GEMMs, no bias, CPU",
+                 weight_->name);
+  Tensor y = Tensor::empty({x2.rows(), out_}, y16 ? DType::BF16 : w.dtype(), x2.device());
   if (bf16_) {
     w_bf16_ = bf16_weights(*weight_);
-    st.x = x2.to(DType::BF16);
+    st.x = as_bf16(x2);
     kernels::gemm(st.x, false, w_bf16_, true, y);
   } else {
     st.x = x2;
@@ -63,15 +74,16 @@ Tensor Linear::forward(const Tensor& x, Stash& st) {
 
 void Linear::stash_input(const Tensor& x, Stash& st) const {
   const Tensor x2 = x.reshape({x.rows(), in_});
-  st.x = bf16_ ? x2.to(DType::BF16) : x2;
+  st.x = bf16_ ? as_bf16(x2) : x2;
 }
 
 Tensor Linear::backward(const Tensor& dy, Stash& st) {
   MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
+  MOE_ASSERT_MSG(bf16_ || dy.dtype() != DType::BF16, "{}: a bf16 gradient to an f32 GEMM", weight_->name);
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
   Tensor dx = Tensor::empty({dy2.rows(), in_}, weight_->value.dtype(), dy2.device());
   if (bf16_) {
-    const Tensor dyb = dy2.to(DType::BF16);
+    const Tensor dyb = as_bf16(dy2);
     kernels::gemm(dyb, false, w_bf16_, false, dx);
     kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, 1.0f);
   } else {

@@ -37,7 +37,10 @@ class Linear {
   Linear(Parameter& weight, bool bf16);
 
   // x [..., in] -> y [rows, out]
-  Tensor forward(const Tensor& x, Stash& st);
+  // With bf16 on, x and dy may already be bf16 (written so by the op that produced them): then they are used as
+  // they are, with no cast pass, and the stash shares x. y is f32, or bf16 when `out` asks (bf16 on, no bias, CPU):
+  // rounded as the GEMM writes it, for a consumer that keeps it in bf16.
+  Tensor forward(const Tensor& x, Stash& st, DType out = DType::F32);
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;
   // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated.

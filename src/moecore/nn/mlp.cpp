@@ -35,8 +35,10 @@ Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
 
 Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
-  st.h = fc1_.forward(x, st.fc1);
-  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, st.h.dtype(), st.h.device());
+  // fc1's output in bf16 where the GEMM can round it as it writes (bf16, no bias, CPU), as Megatron keeps it.
+  st.h = fc1_.forward(x, st.fc1, h_bf16(x.device()) ? DType::BF16 : DType::F32);
+  // With bf16 the activation is rounded as it is written: it only feeds fc2's GEMM.
+  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, cfg_.bf16 ? DType::BF16 : st.h.dtype(), st.h.device());
   kernels::activation_forward(cfg_.activation, st.h, nullptr, a);
   return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
 }
@@ -51,7 +53,8 @@ Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   }
   const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
   const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
-  Tensor dh = Tensor::empty(st.h.shape(), st.h.dtype(), st.h.device());
+  // Likewise its gradient, which only feeds fc1's GEMMs (and, with a bias, fc1's bias gradient: kept f32 then).
+  Tensor dh = Tensor::empty(st.h.shape(), cfg_.bf16 && !cfg_.bias ? DType::BF16 : st.h.dtype(), st.h.device());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
   return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);
@@ -79,10 +82,11 @@ void MLP::restore_input(const Tensor& x, FeedForward::Stash& base) const {
 int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropped, bool input_shared) {
   const int64_t r = d.rows(), F = m.ffn_hidden / d.tp, F1 = (kernels::is_gated(m.activation) ? 2 : 1) * F;
   const bool own_input = d.bf16 || d.tp > 1;  // a copy (bf16) or the all-gathered input; else the caller's x
-  if (m.recompute) return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, DType::F32);
+  if (m.recompute)  // the block's input: bf16 when the pre-MLP norm writes it so (takes_bf16_input)
+    return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, d.gemm_input());
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x
-  b += tensor_bytes(r * F1, DType::F32);     // h: fc1's output
+  b += tensor_bytes(r * F1, m.bf16 && !m.bias ? DType::BF16 : DType::F32);  // h: fc1's output (CPU: h_bf16)
   b += tensor_bytes(r * F, d.gemm_input());  // fc2.x: the activation (in f32 the tensor itself)
   return b;
 }

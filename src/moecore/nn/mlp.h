@@ -34,12 +34,15 @@ class MLP : public FeedForward {
   MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg);
   std::unique_ptr<FeedForward::Stash> make_stash() const override { return std::make_unique<Stash>(); }
   Tensor forward(const Tensor& x_SBH, FeedForward::Stash& st) override;
+  bool takes_bf16_input() const override { return cfg_.bf16; }
   Tensor backward(const Tensor& dy_SBH, FeedForward::Stash& st) override;
   void drop_input(const Tensor& x, FeedForward::Stash& st) const override;
   void restore_input(const Tensor& x, FeedForward::Stash& st) const override;
 
  private:
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
+  // Whether fc1 writes h in bf16 on device d (bf16 GEMMs, no bias: the GPU's GEMMs write f32).
+  bool h_bf16(Device d) const { return cfg_.bf16 && !cfg_.bias && d.is_cpu(); }
   MLPConfig cfg_;
   Linear fc1_, fc2_;
 };

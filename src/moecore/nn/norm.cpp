@@ -30,26 +30,40 @@ const Tensor& Norm::gamma() {
   return gamma_;
 }
 
-Tensor Norm::forward(const Tensor& x, Stash& st) {
+Tensor Norm::forward(const Tensor& x, Stash& st, std::optional<DType> out) {
+  Tensor in = x;  // not written: no residual
+  return forward_impl(in, nullptr, st, out);
+}
+
+Tensor Norm::forward_add(Tensor& x, const Tensor& residual, Stash& st, std::optional<DType> out) {
+  return forward_impl(x, &residual, st, out);
+}
+
+Tensor Norm::forward_impl(Tensor& x, const Tensor* residual, Stash& st, std::optional<DType> out) {
   st.x = x;
   st.rstd = Tensor::empty({x.rows()}, x.dtype(), x.device());
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), out.value_or(x.dtype()), x.device());
   if (cfg_.kind == NormKind::LayerNorm) {
     st.mean = Tensor::empty({x.rows()}, x.dtype(), x.device());
-    kernels::layernorm_forward(x, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
+    if (residual)
+      kernels::layernorm_forward_add(x, *residual, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
+    else
+      kernels::layernorm_forward(x, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
+  } else if (residual) {
+    kernels::rmsnorm_forward_add(x, *residual, gamma(), cfg_.eps, y, st.rstd);
   } else {
     kernels::rmsnorm_forward(x, gamma(), cfg_.eps, y, st.rstd);
   }
   return y;
 }
 
-Tensor Norm::backward(const Tensor& dy, Stash& st) {
+Tensor Norm::backward(const Tensor& dy, Stash& st, const Tensor* dres) {
   Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype(), st.x.device());
   const Tensor dy_x = dy.reshape(st.x.shape());
   if (cfg_.kind == NormKind::LayerNorm)
-    kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad, bias_->grad);
+    kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad, bias_->grad, dres);
   else
-    kernels::rmsnorm_backward(dy_x, st.x, gamma(), st.rstd, dx, weight_->grad);
+    kernels::rmsnorm_backward(dy_x, st.x, gamma(), st.rstd, dx, weight_->grad, dres);
   st = Stash{};
   return dx;
 }

@@ -6,6 +6,7 @@
 // parallelism, as for every replicated parameter: see parameter.h).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,13 +30,20 @@ class Norm {
     Tensor x, mean, rstd;  // mean: LayerNorm only
   };
   Norm(ParamRegistry& reg, const std::string& name, int64_t dim, const NormConfig& cfg);
-  // x [..., dim] -> y (same shape)
-  Tensor forward(const Tensor& x, Stash& st);
-  Tensor backward(const Tensor& dy, Stash& st);
+  // x [..., dim] -> y (same shape), of x's dtype or `out`: BF16 for an f32 x rounds y as it is written, the cast a
+  // bf16 GEMM reading y would otherwise make in a pass of its own.
+  Tensor forward(const Tensor& x, Stash& st, std::optional<DType> out = std::nullopt);
+  // The residual add before the norm fused into it: x += residual (x is written, and kept as the norm's input),
+  // then forward(x). One pass over each row; the same bits as add_ and forward.
+  Tensor forward_add(Tensor& x, const Tensor& residual, Stash& st, std::optional<DType> out = std::nullopt);
+  // dy -> dx. dres: the gradient of a residual branch beside the norm, added to dx as it is written (the same bits
+  // as an add_ after).
+  Tensor backward(const Tensor& dy, Stash& st, const Tensor* dres = nullptr);
 
  private:
   // The scale the kernels apply: the weight, or 1 + weight with zero-centred gamma.
   const Tensor& gamma();
+  Tensor forward_impl(Tensor& x, const Tensor* residual, Stash& st, std::optional<DType> out);
   NormConfig cfg_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;

@@ -35,17 +35,31 @@ void TransformerLayer::release(Stash& st) const {
   st = std::move(kept);
 }
 
+namespace {
+// The dtype a norm writes for a consumer: bf16 when the consumer's GEMMs read bf16 (the cast fused into the norm).
+std::optional<DType> norm_output(bool bf16) {
+  return bf16 ? std::optional<DType>(DType::BF16) : std::nullopt;
+}
+}  // namespace
+
+std::optional<DType> TransformerLayer::attn_input() const {
+  return norm_output(attn_ && attn_->takes_bf16_input());
+}
+
+std::optional<DType> TransformerLayer::ffn_input() const {
+  return norm_output(ffn_->takes_bf16_input());
+}
+
 Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
   replaying_ = st.replay;
-  const Tensor n1 = input_norm_.forward(x_SBH, st.input_norm);
+  const Tensor n1 = input_norm_.forward(x_SBH, st.input_norm, attn_input());
   probe(".input_layernorm", false, n1);
   st.attn.dropout = st.mla.dropout = st.dropout;
   Tensor h = mla_ ? mla_->forward(n1, st.mla) : attn_->forward(n1, st.attn);
   if (recompute_norms_) mla_ ? mla_->drop_input(st.mla) : attn_->drop_input(st.attn);
   probe(".self_attention", false, h);
   attn_dropout_.forward_(h, st.dropout);
-  kernels::add_(h, x_SBH);
-  const Tensor n2 = pre_mlp_norm_.forward(h, st.pre_mlp_norm);
+  const Tensor n2 = pre_mlp_norm_.forward_add(h, x_SBH, st.pre_mlp_norm, ffn_input());  // h += x first
   probe(".pre_mlp_layernorm", false, n2);
   st.ffn->recompute = st.replay;
   Tensor y = ffn_->forward(n2, *st.ffn);
@@ -61,24 +75,23 @@ Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
 Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
   if (recompute_norms_) {  // the pre-MLP norm's output again, handed back to the FFN's stash
     const Tensor h = st.pre_mlp_norm.x;
-    ffn_->restore_input(pre_mlp_norm_.forward(h, st.pre_mlp_norm), *st.ffn);
+    ffn_->restore_input(pre_mlp_norm_.forward(h, st.pre_mlp_norm, ffn_input()), *st.ffn);
   }
   const Tensor dn2 = ffn_->backward(mlp_dropout_.backward(dy_SBH, st.dropout), *st.ffn);
   probe(".mlp", true, dn2);
-  Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm);
+  const Tensor dy = dy_SBH.reshape(st.pre_mlp_norm.x.shape());
+  Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm, &dy);  // + dy: the residual's gradient
   probe(".pre_mlp_layernorm", true, dh);
-  kernels::add_(dh, dy_SBH);
   if (recompute_norms_) {  // the input norm's output again, handed back to the attention's stash
     const Tensor x = st.input_norm.x;
-    const Tensor n1 = input_norm_.forward(x, st.input_norm);
+    const Tensor n1 = input_norm_.forward(x, st.input_norm, attn_input());
     mla_ ? mla_->restore_input(n1, st.mla) : attn_->restore_input(n1, st.attn);
   }
   const Tensor dh_attn = attn_dropout_.backward(dh, st.dropout);
   const Tensor dn1 = mla_ ? mla_->backward(dh_attn, st.mla) : attn_->backward(dh_attn, st.attn);
   probe(".self_attention", true, dn1);
-  Tensor dx = input_norm_.backward(dn1, st.input_norm);
+  Tensor dx = input_norm_.backward(dn1, st.input_norm, &dh);  // + dh: the residual's gradient
   probe(".input_layernorm", true, dx);
-  kernels::add_(dx, dh);
   return dx.reshape(dy_SBH.shape());
 }
 

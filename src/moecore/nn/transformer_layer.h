@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "moecore/nn/attention.h"
@@ -54,7 +55,10 @@ class TransformerLayer {
   std::string name_;
   bool recompute_norms_ = false;
   const Probe* probe_ = nullptr;
-  bool replaying_ = false;  // during a replay forward: no probes
+  bool replaying_ = false;
+  // What the norms write for the attention and the FFN (see norm_output in the .cpp).
+  std::optional<DType> attn_input() const;
+  std::optional<DType> ffn_input() const;  // during a replay forward: no probes
   void probe(const char* module, bool backward, const Tensor& t) const {
     if (probe_ && !replaying_) (*probe_)(name_ + module, backward, t);
   }

@@ -41,16 +41,6 @@ inline T sigmoid(T a) {
   return T(1) / (T(1) + vexp(-a));
 }
 
-// Stores v into an output element of type O (T itself, or bf16 rounded to nearest even).
-// (bf16 goes through its uint16_t bits: a struct store keeps the loop from vectorizing.)
-template <typename O, typename T>
-inline void store(O* p, T v) {
-  if constexpr (std::is_same_v<O, bf16>)
-    *reinterpret_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)).bits;
-  else
-    *p = v;
-}
-
 // f(x) and f'(x) for the ungated activations.
 template <typename T>
 inline void act_and_grad(Activation act, T x, T& f, T& df) {
@@ -66,56 +56,61 @@ inline void act_and_grad(Activation act, T x, T& f, T& df) {
   }
 }
 
-template <typename T, typename O>
-MOE_TARGET_CLONES void fwd(Activation act, const T* x, const T* p, O* y, int64_t rows, int64_t F) {
+// T: the arithmetic (and probabilities') type; X: x's storage (T, or bf16 from a bf16 GEMM output); O: y's.
+template <typename T, typename X, typename O>
+MOE_TARGET_CLONES void fwd(Activation act, const X* x, const T* p, O* y, int64_t rows, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);
     O* yr = y + t * F;
     if (act == Activation::SwiGLU) {
-      const T* a = x + t * 2 * F;
-      const T* b = a + F;
+      const X* a = x + t * 2 * F;
+      const X* b = a + F;
 #pragma omp simd
-      for (int64_t j = 0; j < F; j++) store(yr + j, a[j] * sigmoid(a[j]) * b[j] * scale);
+      for (int64_t j = 0; j < F; j++) {
+        const T aj = load_as<T>(a + j);
+        store_as(yr + j, aj * sigmoid(aj) * load_as<T>(b + j) * scale);
+      }
     } else {
-      const T* xr = x + t * F;
+      const X* xr = x + t * F;
       for (int64_t j = 0; j < F; j++) {
         T f, df;
-        act_and_grad(act, xr[j], f, df);
-        store(yr + j, f * scale);
+        act_and_grad(act, load_as<T>(xr + j), f, df);
+        store_as(yr + j, f * scale);
       }
     }
   }
 }
 
-template <typename T, typename O>
-MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const T* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
+template <typename T, typename X, typename O>
+MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const X* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);
     const T* dyr = dy + t * F;
     T dps = 0;
     if (act == Activation::SwiGLU) {
-      const T* a = x + t * 2 * F;
-      const T* b = a + F;
+      const X* a = x + t * 2 * F;
+      const X* b = a + F;
       O* da = dx + t * 2 * F;
       O* db = da + F;
 #pragma omp simd reduction(+ : dps)
       for (int64_t j = 0; j < F; j++) {
-        const T s = sigmoid(a[j]);
-        const T silu = a[j] * s;
+        const T aj = load_as<T>(a + j), bj = load_as<T>(b + j);
+        const T s = sigmoid(aj);
+        const T silu = aj * s;
         const T g = dyr[j] * scale;
-        store(da + j, g * b[j] * s * (T(1) + a[j] * (T(1) - s)));
-        store(db + j, g * silu);
-        dps += dyr[j] * silu * b[j];
+        store_as(da + j, g * bj * s * (T(1) + aj * (T(1) - s)));
+        store_as(db + j, g * silu);
+        dps += dyr[j] * silu * bj;
       }
     } else {
-      const T* xr = x + t * F;
+      const X* xr = x + t * F;
       O* dxr = dx + t * F;
       for (int64_t j = 0; j < F; j++) {
         T f, df;
-        act_and_grad(act, xr[j], f, df);
-        store(dxr + j, dyr[j] * scale * df);
+        act_and_grad(act, load_as<T>(xr + j), f, df);
+        store_as(dxr + j, dyr[j] * scale * df);
         dps += dyr[j] * f;
       }
     }
@@ -130,13 +125,21 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
-  MOE_ASSERT(y_TF.dtype() == x.dtype() || (y_TF.dtype() == DType::BF16 && x.dtype() == DType::F32));
-  MOE_DISPATCH_FLOAT(x.dtype(), T, {
+  // x may be bf16 (an f32 computation on the widened values); y f32/f64 like the computation, or bf16 from f32.
+  const DType ct = x.dtype() == DType::BF16 ? DType::F32 : x.dtype();
+  MOE_ASSERT(y_TF.dtype() == ct || (y_TF.dtype() == DType::BF16 && ct == DType::F32));
+  MOE_ASSERT(!probs_T || probs_T->dtype() == ct);
+  MOE_DISPATCH_FLOAT(ct, T, {
     const T* p = probs_T ? probs_T->data<T>() : nullptr;
-    if (y_TF.dtype() == DType::BF16)
-      fwd<T, bf16>(act, x.data<T>(), p, y_TF.data<bf16>(), rows, F);
+    const bool x16 = x.dtype() == DType::BF16, y16 = y_TF.dtype() == DType::BF16;
+    if (x16 && y16)
+      fwd<T, bf16, bf16>(act, x.data<bf16>(), p, y_TF.data<bf16>(), rows, F);
+    else if (x16)
+      fwd<T, bf16, T>(act, x.data<bf16>(), p, y_TF.data<T>(), rows, F);
+    else if (y16)
+      fwd<T, T, bf16>(act, x.data<T>(), p, y_TF.data<bf16>(), rows, F);
     else
-      fwd<T, T>(act, x.data<T>(), p, y_TF.data<T>(), rows, F);
+      fwd<T, T, T>(act, x.data<T>(), p, y_TF.data<T>(), rows, F);
   });
 }
 
@@ -148,14 +151,21 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
-  MOE_ASSERT(dx.dtype() == x.dtype() || (dx.dtype() == DType::BF16 && x.dtype() == DType::F32));
-  MOE_DISPATCH_FLOAT(x.dtype(), T, {
+  const DType ct = x.dtype() == DType::BF16 ? DType::F32 : x.dtype();  // as in forward
+  MOE_ASSERT(dx.dtype() == ct || (dx.dtype() == DType::BF16 && ct == DType::F32));
+  MOE_ASSERT(dy_TF.dtype() == ct && (!probs_T || probs_T->dtype() == ct) && (!dprobs_T || dprobs_T->dtype() == ct));
+  MOE_DISPATCH_FLOAT(ct, T, {
     const T* p = probs_T ? probs_T->data<T>() : nullptr;
     T* dp = dprobs_T ? dprobs_T->data<T>() : nullptr;
-    if (dx.dtype() == DType::BF16)
-      bwd<T, bf16>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<bf16>(), dp, rows, F);
+    const bool x16 = x.dtype() == DType::BF16, dx16 = dx.dtype() == DType::BF16;
+    if (x16 && dx16)
+      bwd<T, bf16, bf16>(act, dy_TF.data<T>(), x.data<bf16>(), p, dx.data<bf16>(), dp, rows, F);
+    else if (x16)
+      bwd<T, bf16, T>(act, dy_TF.data<T>(), x.data<bf16>(), p, dx.data<T>(), dp, rows, F);
+    else if (dx16)
+      bwd<T, T, bf16>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<bf16>(), dp, rows, F);
     else
-      bwd<T, T>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<T>(), dp, rows, F);
+      bwd<T, T, T>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<T>(), dp, rows, F);
   });
 }
 

@@ -16,11 +16,12 @@ inline bool is_gated(Activation a) {
   return a == Activation::SwiGLU;
 }
 
-// x_TF2 [T, 2F] (gated) or x_TF [T, F] -> y_TF [T, F]. probs_T: nullptr or [T] (same dtype as x).
-// y_TF may be bf16 for an f32 x: the result is rounded as it is stored, ready for a bf16 GEMM.
+// x_TF2 [T, 2F] (gated) or x_TF [T, F] -> y_TF [T, F]. probs_T: nullptr or [T] of the computation's dtype (x's, f32
+// for a bf16 x: a bf16 GEMM's output, widened as it is read). y_TF may be bf16 for an f32 computation: the result
+// is rounded as it is stored, ready for a bf16 GEMM.
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
-// dy_TF -> dx (written, shape of x; bf16 allowed for an f32 x, like y above); dprobs_T (written) when probs_T is
-// given.
+// dy_TF (the computation's dtype) -> dx (written, shape of x; bf16 allowed for an f32 computation, like y above);
+// dprobs_T (written) when probs_T is given.
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T);
 

@@ -24,6 +24,7 @@ struct Key {
   bool ta, tb;
   DType dt;
   uint32_t alpha_bits, beta_bits;
+  DType ct = DType::F32;  // C's dtype: f32, or bf16 (beta 0)
   bool operator==(const Key& o) const = default;
 };
 
@@ -32,7 +33,8 @@ struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
     for (uint64_t v : {uint64_t(k.batch), uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.lda), uint64_t(k.ldb),
-                       uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt), uint64_t(k.alpha_bits), uint64_t(k.beta_bits)})
+                       uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt), uint64_t(k.alpha_bits), uint64_t(k.beta_bits),
+                       uint64_t(k.ct)})
       h = (h ^ v) * 1099511628211ull;
     return h;
   }
@@ -71,17 +73,17 @@ struct Descs {
   dnnl::memory::desc a, b, c;
 };
 
-// Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N], each preceded by a batch
-// dimension when batch > 0. Strides express the transposes, so no operand is ever copied; lda/ldb (2-D only), when
-// non-zero, are the row strides of A and B as stored.
+// Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N] of `cdtype`, each preceded by
+// a batch dimension when batch > 0. Strides express the transposes, so no operand is ever copied; lda/ldb (2-D
+// only), when non-zero, are the row strides of A and B as stored.
 Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype, int64_t lda = 0,
-                 int64_t ldb = 0) {
+                 int64_t ldb = 0, DType cdtype = DType::F32) {
   using dims = dnnl::memory::dims;
   auto dt = dnnl_dt(dtype);
   if (batch == 0)
     return Descs{dnnl::memory::desc(dims{m, k}, dt, ta ? dims{1, lda ? lda : m} : dims{lda ? lda : k, 1}),
                  dnnl::memory::desc(dims{k, n}, dt, tb ? dims{1, ldb ? ldb : k} : dims{ldb ? ldb : n, 1}),
-                 dnnl::memory::desc(dims{m, n}, dnnl::memory::data_type::f32, dims{n, 1})};
+                 dnnl::memory::desc(dims{m, n}, dnnl_dt(cdtype), dims{n, 1})};
   return Descs{dnnl::memory::desc(dims{batch, m, k}, dt, ta ? dims{m * k, 1, m} : dims{m * k, k, 1}),
                dnnl::memory::desc(dims{batch, k, n}, dt, tb ? dims{k * n, 1, k} : dims{k * n, n, 1}),
                dnnl::memory::desc(dims{batch, m, n}, dnnl::memory::data_type::f32, dims{m * n, n, 1})};
@@ -89,7 +91,7 @@ Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool t
 
 // Creates the matmul for one key.
 Entry make_entry(Ctx& c, const Key& k) {
-  const Descs d = make_descs(k.batch, k.m, k.n, k.k, k.ta, k.tb, k.dt, k.lda, k.ldb);
+  const Descs d = make_descs(k.batch, k.m, k.n, k.k, k.ta, k.tb, k.dt, k.lda, k.ldb, k.ct);
   const dnnl::memory::desc &a_md = d.a, &b_md = d.b, &c_md = d.c;
   dnnl::primitive_attr attr;
   float alpha, beta;
@@ -234,7 +236,22 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     gemm_ref<double>(A.data<double>(), trans_a, B.data<double>(), trans_b, C.data<double>(), M, N, K, alpha, beta);
     return;
   }
-  MOE_ASSERT_MSG(C.dtype() == DType::F32, "gemm output must be f32 for {} operands", dtype_name(A.dtype()));
+  if (C.dtype() == DType::BF16) {
+    // A bf16 output (beta 0): oneDNN rounds as it writes, where it multiplies bf16 natively in one call; otherwise
+    // (widened operands, chunked long reductions, batches) an f32 product rounded after, with the same rounding.
+    MOE_ASSERT_MSG(A.dtype() == DType::BF16 && beta == 0.0f, "a bf16 gemm output takes bf16 operands and beta 0");
+    if (batch == 0 && c.stats.bf16_native && K > 0 && K < kLongReduction) {
+      if (M == 0 || N == 0) return;
+      run(c, Key{0, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), bits(alpha), bits(beta), DType::BF16}, A.raw(), B.raw(),
+          C.raw(), M, N, K);
+      return;
+    }
+    Tensor c32 = Tensor::empty(C.shape(), DType::F32);
+    gemm_impl(A, trans_a, B, trans_b, c32, alpha, beta, batch);
+    C.copy_from(c32);
+    return;
+  }
+  MOE_ASSERT_MSG(C.dtype() == DType::F32, "gemm output must be f32 or bf16 for {} operands", dtype_name(A.dtype()));
   if (M == 0 || N == 0) return;
   if (K == 0) {  // oneDNN rejects empty reductions: C = beta·C.
     float* cp = C.data<float>();
@@ -306,15 +323,17 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta);
 }
 
-void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta) {
+void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta,
+                  DType out) {
   MOE_ASSERT(dtype == DType::F32 || dtype == DType::BF16);
+  MOE_ASSERT(out == DType::F32 || (out == DType::BF16 && dtype == DType::BF16 && beta == 0.0f));
   // A long reduction runs in chunks whose primitives carry the whole operand's row stride: they are created on
   // first use (an expert's fc1 data gradient at Mixtral's size, K = 2F = 28,672).
   if (K >= kLongReduction) return;
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
-  if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = DType::F32;
-  const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta)};
+  if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = out = DType::F32;  // widened: an f32 product, rounded
+  const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta), out};
   if (M <= 0 || N <= 0 || K <= 0 || c.cache.count(key)) return;
   try {
     c.cache.emplace(key, make_entry(c, key));

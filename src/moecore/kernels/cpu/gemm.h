@@ -14,13 +14,16 @@ namespace moecore::kernels {
 // Tensors are seen as 2-D matrices [rows, cols] (leading dims flattened).
 // op(A) is M×K: A is [M, K], or [K, M] when trans_a. op(B) is K×N: B is [K, N], or [N, K] when trans_b.
 // C is [M, N], f32 for f32/bf16 operands, f64 for f64 operands. beta = 0 overwrites C, beta = 1 accumulates.
+// With bf16 operands and beta 0, C may also be bf16: the f32 accumulation rounded as it is written (for an
+// activation stored in bf16 between ops, with no cast pass of its own).
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
           float beta = 0.0f);
 
 // Creates (and caches) the primitive gemm() would use for these sizes, without running it: for modules that know
-// the bounded set of shapes they will use, so that no training step creates one. dtype: the operands' dtype.
+// the bounded set of shapes they will use, so that no training step creates one. dtype: the operands' dtype; out:
+// C's.
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha = 1.0f,
-                  float beta = 0.0f);
+                  float beta = 0.0f, DType out = DType::F32);
 
 // The same product for each of `batch` independent matrices in one call: A, B and C are [batch, rows, cols]
 // (transposes apply to the last two dims). f32 and bf16 operands only.

@@ -12,18 +12,23 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
 namespace {
-template <typename T>
-MOE_TARGET_CLONES void fwd(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t H,
+// Row by row: x += res first when res is given (written back), then the normalised row stored as Y.
+template <typename T, typename Y>
+MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, const T* b, Y* y, T* mean, T* rstd, int64_t rows, int64_t H,
                            double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
-    const T* xr = x + t * H;
-    T* yr = y + t * H;
+    T* xr = x + t * H;
+    if (res)
+      for (int64_t j = 0; j < H; j++) xr[j] = xr[j] + res[t * H + j];
+    Y* yr = y + t * H;
     T sum = 0;
     for (int64_t j = 0; j < H; j++) sum += xr[j];
     T mu = sum / T(H);
@@ -31,7 +36,7 @@ MOE_TARGET_CLONES void fwd(const T* x, const T* w, const T* b, T* y, T* mean, T*
     for (int64_t j = 0; j < H; j++) ss += (xr[j] - mu) * (xr[j] - mu);
     T r = T(1) / std::sqrt(ss / T(H) + T(eps));
     if (std::isfinite(mu) && std::isfinite(ss)) {
-      for (int64_t j = 0; j < H; j++) yr[j] = (xr[j] - mu) * r * w[j] + b[j];
+      for (int64_t j = 0; j < H; j++) store_as(yr + j, (xr[j] - mu) * r * w[j] + b[j]);
     } else {
       // The sum or the squares overflowed (|x| beyond ~1e19 in f32): the same statistics with the row scaled by
       // its largest magnitude m, x̂ = (x/m − μ/m) / sqrt(var/m² + eps/m²), so any finite row normalizes to finite
@@ -44,7 +49,7 @@ MOE_TARGET_CLONES void fwd(const T* x, const T* w, const T* b, T* y, T* mean, T*
       T ss_m = 0;
       for (int64_t j = 0; j < H; j++) ss_m += (xr[j] / m - mu_m) * (xr[j] / m - mu_m);
       const T r_m = T(1) / std::sqrt(ss_m / T(H) + T(eps) / (m * m));
-      for (int64_t j = 0; j < H; j++) yr[j] = (xr[j] / m - mu_m) * r_m * w[j] + b[j];
+      for (int64_t j = 0; j < H; j++) store_as(yr + j, (xr[j] / m - mu_m) * r_m * w[j] + b[j]);
       mu = mu_m * m;
       r = r_m / m;
     }
@@ -54,8 +59,8 @@ MOE_TARGET_CLONES void fwd(const T* x, const T* w, const T* b, T* y, T* mean, T*
 }
 
 template <typename T>
-MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, T* dw, T* db,
-                           int64_t rows, int64_t H) {
+MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, const T* dres,
+                           T* dw, T* db, int64_t rows, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T* xr = x + t * H;
@@ -70,6 +75,9 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, c
     const T mg = sg / T(H), mgx = sgx / T(H);
     T* dxr = dx + t * H;
     for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - mg - (xr[j] - mu) * r * mgx);
+    // The residual's gradient in a loop of its own (see rmsnorm.cpp: no FMA contraction, the bits of add_).
+    if (dres)
+      for (int64_t j = 0; j < H; j++) dxr[j] = dxr[j] + dres[t * H + j];
   }
   // dw, db: each thread owns a column range and walks rows in order, so the sum order is fixed.
   constexpr int64_t kCols = 64;
@@ -93,22 +101,53 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, c
 }
 }  // namespace
 
-void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
-                       Tensor& mean_T, Tensor& rstd_T) {
-  if (x_TH.device().is_cuda()) return cuda::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+namespace {
+void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                  Tensor& mean_T, Tensor& rstd_T) {
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(b_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && mean_T.numel() == rows && rstd_T.numel() == rows);
+  MOE_ASSERT(!res_TH || (res_TH->numel() == x_TH.numel() && res_TH->dtype() == x_TH.dtype()));
+  MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (y_TH.dtype() == DType::BF16 && x_TH.dtype() == DType::F32));
+  if (x_TH.device().is_cuda()) {  // unfused on the GPU: the add, the norm, the cast
+    if (res_TH) add_(x_TH, *res_TH);
+    if (y_TH.dtype() == x_TH.dtype()) return cuda::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+    Tensor y = Tensor::empty(x_TH.shape(), x_TH.dtype(), x_TH.device());
+    cuda::layernorm_forward(x_TH, w_H, b_H, eps, y, mean_T, rstd_T);
+    return y_TH.copy_from(y);
+  }
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
-    fwd<T>(x_TH.data<T>(), w_H.data<T>(), b_H.data<T>(), y_TH.data<T>(), mean_T.data<T>(), rstd_T.data<T>(), rows, H,
-           eps);
+    const T* res = res_TH ? res_TH->data<T>() : nullptr;
+    if (y_TH.dtype() == DType::BF16)
+      fwd<T, bf16>(x_TH.data<T>(), res, w_H.data<T>(), b_H.data<T>(), y_TH.data<bf16>(), mean_T.data<T>(),
+                   rstd_T.data<T>(), rows, H, eps);
+    else
+      fwd<T, T>(x_TH.data<T>(), res, w_H.data<T>(), b_H.data<T>(), y_TH.data<T>(), mean_T.data<T>(), rstd_T.data<T>(),
+                rows, H, eps);
   });
+}
+}  // namespace
+
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T) {
+  Tensor x = x_TH;  // not written: no residual
+  forward_impl(x, nullptr, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+}
+
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T) {
+  forward_impl(x_TH, &res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
 }
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
-                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
-  if (x_TH.device().is_cuda()) return cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
+  MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
+  if (x_TH.device().is_cuda()) {
+    cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
+    if (dres_TH) add_(dx_TH, *dres_TH);
+    return;
+  }
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -117,7 +156,7 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
     bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
-           dw_H.data<T>(), db_H.data<T>(), rows, H);
+           dres_TH ? dres_TH->data<T>() : nullptr, dw_H.data<T>(), db_H.data<T>(), rows, H);
   });
 }
 

@@ -8,11 +8,15 @@
 namespace moecore::kernels {
 
 // x_TH [T, H], w_H [H], b_H [H] -> y_TH [T, H], mean_T and rstd_T [T] (kept for backward). Rows may be any leading
-// shape.
+// shape. y_TH may be bf16 for an f32 x_TH: rounded as it is written (see rmsnorm_forward).
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T);
-// dy_TH -> dx_TH (written), dw_H and db_H (accumulated).
+// The residual add before the norm fused into it: x_TH += res_TH, then layernorm_forward(x_TH, ...) (same bits).
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
+// dy_TH -> dx_TH (written; plus dres_TH when given, as rmsnorm_backward), dw_H and db_H (accumulated).
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
-                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H);
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H,
+                        const Tensor* dres_TH = nullptr);
 
 }  // namespace moecore::kernels

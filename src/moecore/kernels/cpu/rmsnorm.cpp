@@ -11,16 +11,21 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
 namespace {
-template <typename T>
-MOE_TARGET_CLONES void fwd(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t H, double eps) {
+// Row by row: x += res first when res is given (written back), then y = x·r·w stored as Y.
+template <typename T, typename Y>
+MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, Y* y, T* rstd, int64_t rows, int64_t H, double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
-    const T* xr = x + t * H;
+    T* xr = x + t * H;
+    if (res)
+      for (int64_t j = 0; j < H; j++) xr[j] = xr[j] + res[t * H + j];
     T ss = 0;
     for (int64_t j = 0; j < H; j++) ss += xr[j] * xr[j];
     T r = T(1) / std::sqrt(ss / T(H) + T(eps));
@@ -34,13 +39,14 @@ MOE_TARGET_CLONES void fwd(const T* x, const T* w, T* y, T* rstd, int64_t rows, 
       r = T(1) / (m * std::sqrt(ss_m / T(H) + T(eps) / (m * m)));
     }
     rstd[t] = r;
-    T* yr = y + t * H;
-    for (int64_t j = 0; j < H; j++) yr[j] = xr[j] * r * w[j];
+    Y* yr = y + t * H;
+    for (int64_t j = 0; j < H; j++) store_as(yr + j, xr[j] * r * w[j]);
   }
 }
 
 template <typename T>
-MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows, int64_t H) {
+MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T* dx, const T* dres, T* dw,
+                           int64_t rows, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T* xr = x + t * H;
@@ -51,6 +57,10 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T
     const T k = r * r * c / T(H);
     T* dxr = dx + t * H;
     for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - xr[j] * k);
+    // The residual's gradient in a loop of its own over the row (still in L1): in one expression the compiler
+    // would contract the product and the add into an FMA, and the bits would differ from a separate add_.
+    if (dres)
+      for (int64_t j = 0; j < H; j++) dxr[j] = dxr[j] + dres[t * H + j];
   }
   // dw: each thread owns a column range and walks rows in order, so the sum order is fixed.
   constexpr int64_t kCols = 64;
@@ -66,27 +76,56 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T
     for (int64_t j = j0; j < j1; j++) dw[j] += acc[j - j0];
   }
 }
-}  // namespace
 
-void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
-  if (x_TH.device().is_cuda()) return cuda::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
-  MOE_DISPATCH_FLOAT(x_TH.dtype(), T,
-                     { fwd<T>(x_TH.data<T>(), w_H.data<T>(), y_TH.data<T>(), rstd_T.data<T>(), rows, H, eps); });
+  MOE_ASSERT(!res_TH || (res_TH->numel() == x_TH.numel() && res_TH->dtype() == x_TH.dtype()));
+  MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (y_TH.dtype() == DType::BF16 && x_TH.dtype() == DType::F32));
+  if (x_TH.device().is_cuda()) {  // unfused on the GPU: the add, the norm, the cast
+    if (res_TH) add_(x_TH, *res_TH);
+    if (y_TH.dtype() == x_TH.dtype()) return cuda::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+    Tensor y = Tensor::empty(x_TH.shape(), x_TH.dtype(), x_TH.device());
+    cuda::rmsnorm_forward(x_TH, w_H, eps, y, rstd_T);
+    return y_TH.copy_from(y);
+  }
+  MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
+    const T* res = res_TH ? res_TH->data<T>() : nullptr;
+    if (y_TH.dtype() == DType::BF16)
+      fwd<T, bf16>(x_TH.data<T>(), res, w_H.data<T>(), y_TH.data<bf16>(), rstd_T.data<T>(), rows, H, eps);
+    else
+      fwd<T, T>(x_TH.data<T>(), res, w_H.data<T>(), y_TH.data<T>(), rstd_T.data<T>(), rows, H, eps);
+  });
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  Tensor x = x_TH;  // not written: no residual
+  forward_impl(x, nullptr, w_H, eps, y_TH, rstd_T);
+}
+
+void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                         Tensor& rstd_T) {
+  forward_impl(x_TH, &res_TH, w_H, eps, y_TH, rstd_T);
 }
 
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
-                      Tensor& dw_H) {
-  if (x_TH.device().is_cuda()) return cuda::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H);
+                      Tensor& dw_H, const Tensor* dres_TH) {
+  MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
+  if (x_TH.device().is_cuda()) {
+    cuda::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H);
+    if (dres_TH) add_(dx_TH, *dres_TH);
+    return;
+  }
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT(rstd_T.numel() == rows);
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
-    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dw_H.data<T>(), rows, H);
+    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
+           dres_TH ? dres_TH->data<T>() : nullptr, dw_H.data<T>(), rows, H);
   });
 }
 

@@ -1,4 +1,6 @@
-// Branch-free exp that the compiler can vectorize (libm's exp is a call per element). Range reduction
+// Element helpers that keep the kernels' loops vectorizable.
+//
+// vexp: a branch-free exp (libm's exp is a call per element). Range reduction
 // x = n·ln2 + r, |r| ≤ ln2/2 (n rounded to nearest), then a Taylor polynomial (degree 7 for f32, 12 for f64: truncation
 // below one ulp) scaled by 2^n built in the exponent bits. Inputs below the underflow limit (including −inf) give the
 // smallest normal number's neighbourhood (≤ 1e-37 for f32), which every caller here multiplies into sums of O(1) terms.
@@ -8,8 +10,32 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#include "moecore/core/dtype.h"
 
 namespace moecore::kernels {
+
+// Stores v into an output element of type O: T itself, or bf16 rounded to nearest even as Tensor::to rounds (the
+// cast fused into the op that produces a tensor a bf16 GEMM reads). bf16 goes through its uint16_t bits: a struct
+// store keeps the loop from vectorizing.
+template <typename O, typename T>
+inline void store_as(O* p, T v) {
+  if constexpr (std::is_same_v<O, bf16>)
+    *reinterpret_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)).bits;
+  else
+    *p = v;
+}
+
+// Reads an element of type X (T itself, or bf16, widened exactly) as T: the loads of an op whose input a GEMM or
+// another op wrote in bf16.
+template <typename T, typename X>
+inline T load_as(const X* p) {
+  if constexpr (std::is_same_v<X, bf16>)
+    return static_cast<T>(std::bit_cast<float>(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16));
+  else
+    return static_cast<T>(*p);
+}
 
 inline float vexp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
