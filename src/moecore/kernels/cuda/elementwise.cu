@@ -3,6 +3,7 @@
 // the CPU kernels in kernels/cpu line by line.
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_col_reduce.h"
 
 namespace moecore::launch {
 
@@ -89,16 +90,6 @@ __global__ void rmsnorm_bwd_dx_k(const float* dy, const float* x, const float* w
   c = block_sum(c, sm);
   const float k = r * r * c / float(H);
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
-}
-
-// dw: one thread per column walks the rows in order (the CPU kernel's order), no atomics.
-__global__ void rmsnorm_bwd_dw_k(const float* dy, const float* x, const float* rstd, float* dw, int64_t rows,
-                                 int64_t H) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= H) return;
-  float acc = 0;
-  for (int64_t t = 0; t < rows; t++) acc += dy[t * H + j] * x[t * H + j] * rstd[t];
-  dw[j] += acc;
 }
 
 __global__ void rope_k(const float* x, const float* cs, const float* sn, float* y, int64_t S, int64_t BN, int64_t D,
@@ -272,10 +263,10 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
   if (rows > 0) rmsnorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, rstd, H, eps);
 }
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      int64_t rows, int64_t H, cudaStream_t s) {
+                      float* scratch, int64_t rows, int64_t H, cudaStream_t s) {
   if (rows == 0) return;
   rmsnorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, H);
-  rmsnorm_bwd_dw_k<<<grid_for(H), kThreads, 0, s>>>(dy, x, rstd, dw, rows, H);
+  rmsnorm_dw_two_stage(dy, x, rstd, dw, scratch, rows, H, s);
 }
 
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,

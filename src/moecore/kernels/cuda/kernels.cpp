@@ -2,12 +2,14 @@
 // current stream. Shapes are asserted exactly as the CPU kernels assert them.
 #include "moecore/kernels/cuda/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moecore/cuda/check.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_col_reduce.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -37,6 +39,11 @@ int64_t first_bad_id(const Tensor& ids, int64_t V) {
   int64_t r = 0;
   moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), ids.device(), sizeof r);
   return r;
+}
+// The partial sums of a two-stage column reduction (launch_col_reduce.h), from the caching allocator on the current
+// stream: freed when the caller returns, reused only by later work on that stream.
+Tensor col_scratch(int64_t rows, int64_t N, int outputs, Device d) {
+  return Tensor::empty({std::max<int64_t>(launch::col_reduce_scratch_floats(rows, N, outputs), 1)}, DType::F32, d);
 }
 }  // namespace
 
@@ -83,8 +90,9 @@ void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT(rstd_T.numel() == rows);
+  Tensor scratch = col_scratch(rows, H, 1, x_TH.device());
   launch::rmsnorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(rstd_T, "rstd"), f32(dx_TH, "dx"),
-                           f32(dw_H, "dw"), rows, H, current_stream());
+                           f32(dw_H, "dw"), scratch.device_data<float>(), rows, H, current_stream());
   check_launch("rmsnorm_backward");
 }
 
@@ -107,8 +115,10 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT_SHAPE(db_H, {H});
   MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
+  Tensor scratch = col_scratch(rows, H, 2, x_TH.device());
   launch::layernorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(mean_T, "mean"), f32(rstd_T, "rstd"),
-                             f32(dx_TH, "dx"), f32(dw_H, "dw"), f32(db_H, "db"), rows, H, current_stream());
+                             f32(dx_TH, "dx"), f32(dw_H, "dw"), f32(db_H, "db"), scratch.device_data<float>(), rows, H,
+                             current_stream());
   check_launch("layernorm_backward");
 }
 
@@ -120,7 +130,9 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
 
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
   MOE_ASSERT(db_N.numel() == dy_TN.cols());
-  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), dy_TN.rows(), dy_TN.cols(), current_stream());
+  Tensor scratch = col_scratch(dy_TN.rows(), dy_TN.cols(), 1, dy_TN.device());
+  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), scratch.device_data<float>(), dy_TN.rows(),
+                              dy_TN.cols(), current_stream());
   check_launch("accumulate_col_sums");
 }
 

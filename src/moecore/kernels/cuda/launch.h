@@ -20,16 +20,17 @@ void reduce_sum(int kind, const float* a, const float* b, int64_t n, double* out
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H, float eps,
                      cudaStream_t s);
+// scratch: launch_col_reduce.h's col_reduce_scratch_floats(rows, H, 1) floats (dw's partial sums), 2 for LayerNorm.
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      int64_t rows, int64_t H, cudaStream_t s);
+                      float* scratch, int64_t rows, int64_t H, cudaStream_t s);
 
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
                        int64_t H, float eps, cudaStream_t s);
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t s);
-// y[t, :] += b; db += Σ_t dy[t, :] (one thread per column, rows in order).
+                        float* dx, float* dw, float* db, float* scratch, int64_t rows, int64_t H, cudaStream_t s);
+// y[t, :] += b; db += Σ_t dy[t, :] (the two-stage column sum; scratch as rmsnorm_backward's).
 void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s);
-void accumulate_col_sums(const float* dy, float* db, int64_t rows, int64_t N, cudaStream_t s);
+void accumulate_col_sums(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s);
 
 // Rotates channels [offset, offset+rot_dim) of each [S, BN, D] row pair-wise; sign −1 is the backward.
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
