@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/launch.h"
@@ -75,6 +76,7 @@ double sum_squares(const Tensor& a) {
 }
 
 void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
@@ -85,6 +87,7 @@ void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& 
 
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -98,6 +101,7 @@ void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H
 
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(b_H, {H});
@@ -109,6 +113,7 @@ void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H,
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -161,6 +166,7 @@ void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor&
 }
 
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
   const int64_t rows = x.rows(), F = y_TF.cols();
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
@@ -174,6 +180,7 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
   const int64_t rows = x.rows(), F = dy_TF.cols();
   MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
@@ -188,6 +195,7 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
 
 void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
                        int64_t vocab_total) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
   const int64_t V = vocab_total > 0 ? vocab_total : VL;
   MOE_ASSERT(y_TH.rows() == T_ && y_TH.cols() == H && y_TH.dtype() == w_VH.dtype());
@@ -206,6 +214,7 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
 }
 
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
   launch::embedding_backward(f32(dy_TH, "dy"), ids_T.raw(), ids64(ids_T), f32(dw_VH, "dw"), T_, H, VL, vocab_start,

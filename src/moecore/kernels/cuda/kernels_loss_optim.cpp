@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
@@ -27,6 +28,7 @@ void check_labels(const Tensor& targets_T, int64_t V) {
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t V = logits_TV.cols();
   cross_entropy_forward_vocab_parallel(logits_TV, targets_T, 0, V, ReduceFn(), loss_T, lse_T);
 }
@@ -34,6 +36,7 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   check_labels(targets_T, vocab_total);
@@ -61,6 +64,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
   launch::ce_backward(f32(dloss_T, "dloss"), f32(logits_TV, "logits"), targets_T.raw(), detail::ids64(targets_T),
@@ -81,10 +85,12 @@ launch::AdamWScalars scalars(const AdamWParams& hp, int64_t step) {
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
   adamw_multi_step({AdamWTensors{&param, &grad, &m, &v}}, hp, step);
 }
 
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
   const launch::AdamWScalars s = scalars(hp, step);
   launch::AdamWBatch batch;
   auto flush = [&] {
@@ -124,6 +130,7 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                        bool dropout_on, bool round_bf16) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(o.shape() == q.shape());
   launch::attention_forward(f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"), q.dim(0), q.dim(1),
@@ -134,6 +141,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
                         bool round_bf16) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
