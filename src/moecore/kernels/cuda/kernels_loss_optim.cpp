@@ -7,6 +7,7 @@
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_attention_tc.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -146,10 +147,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   Tensor delta = Tensor::empty(lse.shape(), DType::F32, q.device());
+  // The tensor-core backward's partial dK/dV when it splits a GQA group's heads over blocks (launch_attention_tc.h).
+  const int64_t S = q.dim(0), B = q.dim(1), Nq = q.dim(2), Nkv = k.dim(2), D = q.dim(3);
+  const int64_t part = launch::attention_tc_supported(S, B, Nq, D, round_bf16)
+                           ? launch::attention_tc_dkv_part_floats(S, B, Nq, Nkv, D)
+                           : 0;
+  Tensor dkv_part = part > 0 ? Tensor::empty({part}, DType::F32, q.device()) : Tensor();
   launch::attention_backward(f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"),
-                             f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(), q.dim(0),
-                             q.dim(1), q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16,
-                             current_stream());
+                             f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(),
+                             part > 0 ? dkv_part.device_data<float>() : nullptr, S, B, Nq, Nkv, D,
+                             static_cast<float>(scale), round_bf16, current_stream());
   check_launch("attention_backward");
 }
 

@@ -79,8 +79,11 @@ void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s);
 // rounded to bf16 where the CPU bf16 kernel rounds them. D ≤ 256. Deterministic: dK/dV and dQ each have one owner.
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+// dkv_scratch: launch_attention_tc.h's attention_tc_dkv_part_floats(...) floats where the tensor-core path applies
+// (the partial dK/dV of split query heads; null when that is 0).
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
-                        const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, int64_t S, int64_t B,
-                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+                        const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, float* dkv_scratch,
+                        int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
+                        cudaStream_t s);
 
 }  // namespace moecore::launch
