@@ -4,6 +4,8 @@
 // Without a GPU each test is skipped with a one-line reason.
 #include <gtest/gtest.h>
 
+// CUDA builds only (the launchers and streams need CUDA's headers).
+#ifdef MOECORE_HAVE_CUDA
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -169,3 +171,5 @@ TEST(CudaProfile, ATrainingStepsPhasesAddUpToNoMoreThanTheStep) {
 
 }  // namespace
 }  // namespace moecore::cuda
+
+#endif  // MOECORE_HAVE_CUDA

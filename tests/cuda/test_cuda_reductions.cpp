@@ -4,6 +4,8 @@
 // prints each reduction's time and GB/s next to the one-thread-per-column walk it replaced.
 #include <gtest/gtest.h>
 
+// CUDA builds only (the launchers and streams need CUDA's headers).
+#ifdef MOECORE_HAVE_CUDA
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "moecore/cuda/check.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cpu/embedding.h"
 #include "moecore/kernels/cpu/layernorm.h"
 #include "moecore/kernels/cpu/rmsnorm.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
@@ -126,6 +129,44 @@ double time_ms(Fn fn) {
   return ms[2];
 }
 
+// The embedding's weight gradient sorts the tokens by row and adds each row's tokens in order: the CPU's bits, with a
+// vocabulary shard, out-of-shard tokens, heavy repeats, and at the benchmark's size (4096 tokens, H 2048, 32k vocab).
+TEST(CudaReductions, EmbeddingWeightGradientHasTheCpusBits) {
+  MOE_REQUIRE_GPU();
+  struct Case {
+    int64_t T, H, V, shard_start, shard_rows;
+  };
+  for (const Case c : {Case{7, 33, 10, 0, 10}, Case{1000, 130, 50, 0, 50}, Case{1000, 130, 50, 20, 16},
+                       Case{4096, 2048, 32768, 0, 32768}, Case{1, 5, 3, 0, 3}}) {
+    Tensor ids = Tensor::empty({c.T}, DType::I64), ids32 = Tensor::empty({c.T}, DType::I32);
+    uint64_t x = 12345;
+    for (int64_t t = 0; t < c.T; t++) {  // a few very frequent ids and a long tail
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int64_t id =
+          (x >> 33) % 4 == 0 ? static_cast<int64_t>((x >> 20) % 3) : static_cast<int64_t>((x >> 13) % c.V);
+      ids.set_item(t, static_cast<double>(id));
+      ids32.set_item(t, static_cast<double>(id));
+    }
+    const Tensor dy = host_random({c.T, c.H}, 41), dw0 = host_random({c.shard_rows, c.H}, 42);
+    Tensor want = dw0.clone();
+    embedding_backward(dy, ids, want, c.shard_start);
+    for (const Tensor* id : {&ids, &ids32}) {
+      Tensor got = gpu(dw0);
+      embedding_backward(gpu(dy), gpu(*id), got, c.shard_start);
+      EXPECT_TRUE(bitwise_equal(got, gpu(want))) << c.T << " tokens, H " << c.H << ", rows " << c.shard_start << "+"
+                                                 << c.shard_rows << ", " << dtype_name(id->dtype());
+    }
+    if (c.T == 4096) {  // the benchmark's shape: its time and the bytes it moves (dy read, dW rows read and written)
+      const Tensor gdy = gpu(dy), gids = gpu(ids);
+      Tensor gdw = gpu(dw0);
+      const double ms = time_ms([&] { embedding_backward(gdy, gids, gdw, c.shard_start); });
+      std::printf("reduction rows=%lld H=%lld %-44s %9.4f ms %8.1f GB/s\n", static_cast<long long>(c.T),
+                  static_cast<long long>(c.H), "embedding dW, sorted runs", ms,
+                  12.0 * static_cast<double>(c.T * c.H) / (ms * 1e-3) / 1e9);
+    }
+  }
+}
+
 TEST(CudaReductions, MicroBenchmarkPrintsTimesAndBandwidth) {
   MOE_REQUIRE_GPU();
   for (const auto [rows, H] : {Shape2{131072, 128}, Shape2{4096, 2048}, Shape2{16384, 2048}}) {
@@ -166,3 +207,5 @@ TEST(CudaReductions, MicroBenchmarkPrintsTimesAndBandwidth) {
 
 }  // namespace
 }  // namespace moecore::kernels
+
+#endif  // MOECORE_HAVE_CUDA

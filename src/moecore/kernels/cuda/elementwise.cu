@@ -1,6 +1,6 @@
 // Elementwise and row-wise kernels: dtype conversion, fill/add/scale, deterministic sums, RMSNorm, RoPE,
-// activations, embedding, multi-tensor AdamW (see launch.h). Straightforward one-pass kernels; the math follows
-// the CPU kernels in kernels/cpu line by line.
+// activations, the embedding forward (its backward: embedding_bwd.cu), multi-tensor AdamW (see launch.h).
+// Straightforward one-pass kernels; the math follows the CPU kernels in kernels/cpu line by line.
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
@@ -208,16 +208,6 @@ __global__ void embedding_fwd_k(const void* ids, bool ids64, const char* w, char
     y[t * row_bytes + b] = r >= 0 && r < VL ? w[r * row_bytes + b] : 0;
 }
 
-__global__ void embedding_bwd_k(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H,
-                                int64_t VL, int64_t vocab_start) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= H) return;
-  for (int64_t t = 0; t < T; t++) {
-    const int64_t r = id_at(ids, ids64, t) - vocab_start;
-    if (r >= 0 && r < VL) dw[r * H + j] += dy[t * H + j];
-  }
-}
-
 __global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
   const int k = blockIdx.y;
   float* p = b.p[k];
@@ -302,11 +292,6 @@ void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int6
     embedding_fwd_k<<<static_cast<unsigned>(T), kThreads, 0, s>>>(
         ids, ids64, static_cast<const char*>(w), static_cast<char*>(y), T, H * elem_bytes, VL, vocab_start);
 }
-void embedding_backward(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H, int64_t VL,
-                        int64_t vocab_start, cudaStream_t s) {
-  if (T > 0 && H > 0) embedding_bwd_k<<<grid_for(H), kThreads, 0, s>>>(dy, ids, ids64, dw, T, H, VL, vocab_start);
-}
-
 void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s) {
   if (batch.count == 0) return;
   int64_t most = 1;

@@ -217,8 +217,12 @@ void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH,
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
+  // The tokens' order by row and CUB's sort storage (embedding_bwd.cu), from the caching allocator.
+  const size_t sort_bytes = launch::embedding_sort_scratch_bytes(T_, VL);
+  Tensor order = Tensor::empty({std::max<int64_t>(4 * T_, 1)}, DType::I32, dw_VH.device());
+  Tensor sort_tmp = Tensor::empty({static_cast<int64_t>(sort_bytes / 8 + 1)}, DType::I64, dw_VH.device());
   launch::embedding_backward(f32(dy_TH, "dy"), ids_T.raw(), ids64(ids_T), f32(dw_VH, "dw"), T_, H, VL, vocab_start,
-                             current_stream());
+                             order.device_data<int32_t>(), sort_tmp.raw(), sort_bytes, current_stream());
   check_launch("embedding_backward");
 }
 

@@ -46,9 +46,12 @@ void activation_backward(int act, const float* dy, const float* x, const float* 
 void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* first_bad_device, cudaStream_t s);
 void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int64_t T, int64_t H, int64_t VL,
                        int64_t vocab_start, int elem_bytes, cudaStream_t s);
-// dW[r] += Σ_{t: id[t]−vocab_start = r} dy[t]; each thread owns a column and walks the tokens in order: no atomics.
+// dW[r] += Σ_{t: id[t]−vocab_start = r} dy[t], tokens in ascending order (the CPU's bits), no atomics: the tokens are
+// sorted by row (embedding_bwd.cu). order_scratch: 4·T int32; sort_scratch: embedding_sort_scratch_bytes(T, VL).
+size_t embedding_sort_scratch_bytes(int64_t T, int64_t VL);
 void embedding_backward(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H, int64_t VL,
-                        int64_t vocab_start, cudaStream_t s);
+                        int64_t vocab_start, int32_t* order_scratch, void* sort_scratch, size_t sort_bytes,
+                        cudaStream_t s);
 
 // Cross-entropy in three steps so the vocab-parallel version can all-reduce between them (host-staged MPI).
 void ce_row_max(const float* logits, int64_t rows, int64_t V, float* mx, cudaStream_t s);
