@@ -92,30 +92,20 @@ __global__ void rmsnorm_bwd_dx_k(const float* dy, const float* x, const float* w
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
 }
 
-__global__ void rope_k(const float* x, const float* cs, const float* sn, float* y, int64_t S, int64_t BN, int64_t D,
-                       int64_t offset, int64_t rot_dim, bool interleaved, float sign) {
-  const int64_t h = rot_dim / 2, n = S * BN * D;
+// One thread per rotated pair (a_i, b_i) of a row: it reads both before writing both, so the rotation may run in
+// place (the layers rotate q and k in place) without a scratch copy. Channels outside [offset, offset + rot_dim)
+// are copied by the launcher when y is not x.
+__global__ void rope_pairs_k(const float* x, const float* cs, const float* sn, float* y, int64_t S, int64_t BN,
+                             int64_t D, int64_t offset, int64_t rot_dim, bool interleaved, float sign) {
+  const int64_t h = rot_dim / 2, n = S * BN * h;
+  // Pair i is channels a_i = offset + i·a_step and b_i = a_i + b_off.
   const int64_t a_step = interleaved ? 2 : 1, b_off = interleaved ? 1 : h;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = idx / D, c = idx % D, s = row / BN;
-    const float* xr = x + row * D;
-    float* yr = y + row * D;
-    if (c < offset || c >= offset + rot_dim) {
-      yr[c] = xr[c];
-      continue;
-    }
-    const int64_t w = c - offset;
-    // Channel w is a_i (w = i·a_step) or b_i (w = i·a_step + b_off) of pair i.
-    int64_t i;
-    bool is_a;
-    if (interleaved) {
-      i = w / 2, is_a = (w % 2) == 0;
-    } else {
-      is_a = w < h, i = is_a ? w : w - h;
-    }
-    const int64_t ia = i * a_step, ib = ia + b_off;
-    const float a = xr[offset + ia], b = xr[offset + ib], ci = cs[s * h + i], si = sign * sn[s * h + i];
-    yr[c] = is_a ? a * ci - b * si : b * ci + a * si;
+    const int64_t row = idx / h, i = idx % h, s = row / BN;
+    const int64_t ia = row * D + offset + i * a_step, ib = ia + b_off;
+    const float a = x[ia], b = x[ib], ci = cs[s * h + i], si = sign * sn[s * h + i];
+    y[ia] = a * ci - b * si;
+    y[ib] = b * ci + a * si;
   }
 }
 
@@ -261,17 +251,14 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
           int64_t offset, int64_t rot_dim, bool interleaved, float sign, cudaStream_t s) {
-  const int64_t n = S * BN * D;
+  const int64_t n = S * BN * D, pairs = S * BN * (rot_dim / 2);
   if (n == 0) return;
-  if (x == y) {  // in place: rotate through a scratch copy so each pair reads its inputs before they change
-    float* tmp = nullptr;
-    cudaMallocAsync(&tmp, n * sizeof(float), s);
-    cudaMemcpyAsync(tmp, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
-    rope_k<<<grid_for(n), kThreads, 0, s>>>(tmp, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved, sign);
-    cudaFreeAsync(tmp, s);
-    return;
-  }
-  rope_k<<<grid_for(n), kThreads, 0, s>>>(x, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved, sign);
+  // Out of place, the channels the rotation does not touch come over first (an error is left for the caller's
+  // launch check, which reads the last error).
+  if (x != y && rot_dim < D) cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+  if (pairs > 0)
+    rope_pairs_k<<<grid_for(pairs), kThreads, 0, s>>>(x, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved,
+                                                      sign);
 }
 
 void activation_forward(int act, const float* x, const float* probs, void* y, bool y_bf16, int64_t rows, int64_t F,
