@@ -57,18 +57,10 @@ class EventClock final : public MarkerClock {
 namespace {
 
 // "file+0xOFFSET" for addr2line (OFFSET relative to the object's load bias, so it works for PIE and non-PIE
-// binaries alike), or the demangled function name where the dynamic symbol table has one.
+// binaries alike); a shared library's frame by its demangled dynamic symbol where it has one. The main program's
+// frames always by offset: it exports no symbols, and dladdr could name a wrong neighbour.
 std::string describe_frame(uintptr_t pc) {
   const uintptr_t at = pc - 1;  // a return address points after the call
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(at), &info) && info.dli_sname) {
-    int st = 0;
-    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
-    std::string name = st == 0 && d ? d : info.dli_sname;
-    std::free(d);
-    if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
-    return name;
-  }
   struct Find {
     uintptr_t at;
     std::string file;
@@ -97,6 +89,16 @@ std::string describe_frame(uintptr_t pc) {
     char buf[4096];
     const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
     file = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "exe";
+  } else {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(at), &info) && info.dli_sname) {
+      int st = 0;
+      char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
+      std::string name = st == 0 && d ? d : info.dli_sname;
+      std::free(d);
+      if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
+      return name;
+    }
   }
   if (const size_t slash = file.rfind('/'); slash != std::string::npos) file = file.substr(slash + 1);
   return fmt::format("{}+0x{:x}", file, at - f.bias);
