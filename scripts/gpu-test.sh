@@ -74,6 +74,10 @@ run_bench() {
 run_bench gemm bench gemm --device cuda --size 8192 --iters 10
 run_bench attention_bf16 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 5
+# The Qwen3-MoE benchmark's attention: one sequence, 32 query heads over 4 kv heads (the dK/dV kernel splits the
+# groups' heads, launch_attention_tc.h).
+run_bench attention_gqa bench attention --device cuda --dtype bf16 --seq-length 4096 --micro-batch-size 1 \
+  --num-attention-heads 32 --num-query-groups 4 --kv-channels 128 --iters 5
 run_bench attention_f32 bench attention --device cuda --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 2
 # The MoE layer at the Qwen3-30B-A3B and Mixtral shapes (torch_baselines.py measures PyTorch on the same shapes).
