@@ -92,6 +92,44 @@ __global__ void rmsnorm_bwd_dx_k(const float* dy, const float* x, const float* w
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
 }
 
+// The same two kernels with a warp per row (H ≤ kWarpRowMaxH): lanes stride over the row, warp_sum in place of the
+// block tree.
+__global__ void rmsnorm_fwd_warp_k(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H,
+                                   float eps) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;  // the whole warp: t is uniform across it
+  const float* xr = x + t * H;
+  float ss = 0;
+  for (int64_t j = lane; j < H; j += 32) ss += xr[j] * xr[j];
+  ss = warp_sum(ss);
+  float r = 1.0f / sqrtf(ss / float(H) + eps);
+  if (!isfinite(ss)) {  // as rmsnorm_fwd_k: normalise by the largest magnitude first
+    float m = 0;
+    for (int64_t j = lane; j < H; j += 32) m = fmaxf(m, fabsf(xr[j]));
+    m = warp_max(m);
+    float sm2 = 0;
+    for (int64_t j = lane; j < H; j += 32) sm2 += (xr[j] / m) * (xr[j] / m);
+    sm2 = warp_sum(sm2);
+    r = 1.0f / (m * sqrtf(sm2 / float(H) + eps / (m * m)));
+  }
+  if (lane == 0) rstd[t] = r;
+  for (int64_t j = lane; j < H; j += 32) y[t * H + j] = xr[j] * r * w[j];
+}
+
+__global__ void rmsnorm_bwd_dx_warp_k(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                      int64_t rows, int64_t H) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;
+  const float r = rstd[t];
+  float c = 0;
+  for (int64_t j = lane; j < H; j += 32) c += w[j] * dy[t * H + j] * x[t * H + j];
+  c = warp_sum(c);
+  const float k = r * r * c / float(H);
+  for (int64_t j = lane; j < H; j += 32) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
+}
+
 // One thread per rotated pair (a_i, b_i) of a row: it reads both before writing both, so the rotation may run in
 // place (the layers rotate q and k in place) without a scratch copy. Channels outside [offset, offset + rot_dim)
 // are copied by the launcher when y is not x.
@@ -240,12 +278,19 @@ void reduce_sum(int kind, const float* a, const float* b, int64_t n, double* out
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H, float eps,
                      cudaStream_t s) {
-  if (rows > 0) rmsnorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, rstd, H, eps);
+  if (rows == 0) return;
+  if (H <= kWarpRowMaxH)
+    rmsnorm_fwd_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(x, w, y, rstd, rows, H, eps);
+  else
+    rmsnorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, rstd, H, eps);
 }
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                       float* scratch, int64_t rows, int64_t H, cudaStream_t s) {
   if (rows == 0) return;
-  rmsnorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, H);
+  if (H <= kWarpRowMaxH)
+    rmsnorm_bwd_dx_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, rows, H);
+  else
+    rmsnorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, H);
   rmsnorm_dw_two_stage(dy, x, rstd, dw, scratch, rows, H, s);
 }
 

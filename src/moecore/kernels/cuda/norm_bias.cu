@@ -55,6 +55,56 @@ __global__ void layernorm_bwd_dx_k(const float* dy, const float* x, const float*
     dx[t * H + j] = r * (w[j] * dy[t * H + j] - mg - (x[t * H + j] - mu) * r * mgx);
 }
 
+// The same two kernels with a warp per row (H ≤ kWarpRowMaxH, common.cuh).
+__global__ void layernorm_fwd_warp_k(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                     int64_t rows, int64_t H, float eps) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;  // the whole warp: t is uniform across it
+  const float* xr = x + t * H;
+  float s = 0;
+  for (int64_t j = lane; j < H; j += 32) s += xr[j];
+  float mu = warp_sum(s) / float(H);
+  float ss = 0;
+  for (int64_t j = lane; j < H; j += 32) ss += (xr[j] - mu) * (xr[j] - mu);
+  ss = warp_sum(ss);
+  float r = 1.0f / sqrtf(ss / float(H) + eps);
+  float div = 1.0f, shift = mu, rs = r;
+  if (!(isfinite(mu) && isfinite(ss))) {  // as layernorm_fwd_k
+    float m = 0;
+    for (int64_t j = lane; j < H; j += 32) m = fmaxf(m, fabsf(xr[j]));
+    m = warp_max(m);
+    float sm1 = 0;
+    for (int64_t j = lane; j < H; j += 32) sm1 += xr[j] / m;
+    const float mu_m = warp_sum(sm1) / float(H);
+    float ss_m = 0;
+    for (int64_t j = lane; j < H; j += 32) ss_m += (xr[j] / m - mu_m) * (xr[j] / m - mu_m);
+    ss_m = warp_sum(ss_m);
+    const float r_m = 1.0f / sqrtf(ss_m / float(H) + eps / (m * m));
+    div = m, shift = mu_m, rs = r_m;
+    mu = mu_m * m, r = r_m / m;
+  }
+  for (int64_t j = lane; j < H; j += 32) y[t * H + j] = (xr[j] / div - shift) * rs * w[j] + b[j];
+  if (lane == 0) mean[t] = mu, rstd[t] = r;
+}
+
+__global__ void layernorm_bwd_dx_warp_k(const float* dy, const float* x, const float* w, const float* mean,
+                                        const float* rstd, float* dx, int64_t rows, int64_t H) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;
+  const float mu = mean[t], r = rstd[t];
+  float sg = 0, sgx = 0;
+  for (int64_t j = lane; j < H; j += 32) {
+    const float g = w[j] * dy[t * H + j];
+    sg += g;
+    sgx += g * (x[t * H + j] - mu) * r;
+  }
+  const float mg = warp_sum(sg) / float(H), mgx = warp_sum(sgx) / float(H);
+  for (int64_t j = lane; j < H; j += 32)
+    dx[t * H + j] = r * (w[j] * dy[t * H + j] - mg - (x[t * H + j] - mu) * r * mgx);
+}
+
 __global__ void add_row_bias_k(float* y, const float* b, int64_t rows, int64_t N) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * N; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += b[i % N];
@@ -64,12 +114,19 @@ __global__ void add_row_bias_k(float* y, const float* b, int64_t rows, int64_t N
 
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
                        int64_t H, float eps, cudaStream_t s) {
-  if (rows > 0) layernorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, H, eps);
+  if (rows == 0) return;
+  if (H <= kWarpRowMaxH)
+    layernorm_fwd_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, rows, H, eps);
+  else
+    layernorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, H, eps);
 }
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, float* scratch, int64_t rows, int64_t H, cudaStream_t s) {
   if (rows == 0) return;
-  layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
+  if (H <= kWarpRowMaxH)
+    layernorm_bwd_dx_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, H);
+  else
+    layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
   layernorm_dwb_two_stage(dy, x, mean, rstd, dw, db, scratch, rows, H, s);
 }
 void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s) {
