@@ -79,10 +79,12 @@ cudaError_t emu_malloc(T** p, size_t n) {
 #define cudaFreeAsync(p, s) (free(p), cudaSuccess)
 #define cudaMemcpyAsync(d, s, n, k, st) (memcpy(d, s, n), cudaSuccess)
 using std::isfinite;
-#include "cuda_kernels_emulate.inc"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
+
+// The kernels, rewritten by scripts/cuda_kernels_emulate.py (after the shims above and the headers they use).
+#include "cuda_kernels_emulate.inc"
 
 using namespace moecore::launch;
 std::vector<float> rnd(size_t n, unsigned seed, float lo = -1, float hi = 1) {
