@@ -60,6 +60,8 @@ TEST(PhaseTimeline, TheInnermostPhaseOwnsEachSpanAndTheSpansAddUpToTheStep) {
   for (int p = 0; p < kPhaseCount; p++) sum += t.seconds(static_cast<Phase>(p));
   EXPECT_DOUBLE_EQ(sum, t.step_seconds());
   EXPECT_EQ(t.steps(), 1);
+  EXPECT_EQ(t.entries(Phase::kGemm), 2);  // entries counted inside the step
+  EXPECT_EQ(t.entries(Phase::kRouter), 1);
   ASSERT_EQ(c.waits.size(), 1u);  // one wait per step, on the last marker
   EXPECT_EQ(c.waits[0], c.at.size() - 1);
 }
@@ -67,9 +69,10 @@ TEST(PhaseTimeline, TheInnermostPhaseOwnsEachSpanAndTheSpansAddUpToTheStep) {
 TEST(PhaseTimeline, MarkersOnlyWhereThePhaseChangesAndOnlyInsideAStep) {
   FakeClock c;
   PhaseTimeline t(c);
-  t.enter(Phase::kGemm, kScope);  // before the step: the stack changes, nothing is recorded
+  t.enter(Phase::kGemm, kScope);  // before the step: the stack changes, nothing is recorded or counted
   t.leave(kScope);
   EXPECT_EQ(c.records, 0);
+  EXPECT_EQ(t.entries(Phase::kGemm), 0);
   t.begin_step();
   EXPECT_EQ(c.records, 1);
   t.enter(Phase::kGemm, kScope);

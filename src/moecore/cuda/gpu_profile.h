@@ -28,6 +28,8 @@ struct GpuProfileReport {
   int steps = 0;
   double step_s = 0;                                  // per step, first marker to last, on the compute stream
   std::array<double, kPhaseCount> phase_s{};          // per step, by Phase
+  std::array<double, kPhaseCount> entries{};          // per step: scopes entered by Phase (~ the kernel entry calls)
+  double markers = 0;                                 // events recorded in the longest step
   double syncs_per_step = 0, blocked_s_per_step = 0;  // the host's waits in synchronisations during the step
   double end_wait_s_per_step = 0;                     // and at its end, for the queued work to finish
   int distinct_sites = 0;

@@ -186,7 +186,11 @@ GpuProfileReport GpuProfiler::report(size_t top_sites) const {
   if (r.steps == 0) return r;
   const double n = r.steps;
   r.step_s = t.step_seconds() / n;
-  for (int p = 0; p < kPhaseCount; p++) r.phase_s[p] = t.seconds(static_cast<Phase>(p)) / n;
+  for (int p = 0; p < kPhaseCount; p++) {
+    r.phase_s[p] = t.seconds(static_cast<Phase>(p)) / n;
+    r.entries[p] = static_cast<double>(t.entries(static_cast<Phase>(p))) / n;
+  }
+  r.markers = static_cast<double>(t.max_markers());
   r.syncs_per_step = static_cast<double>(impl_->ledger.total()) / n;
   r.blocked_s_per_step = impl_->ledger.blocked_seconds() / n;
   r.end_wait_s_per_step = impl_->clock.waited_s / n;

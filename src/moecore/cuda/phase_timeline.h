@@ -82,6 +82,7 @@ class PhaseTimeline {
   // with that tag. Outside a step only the stack changes.
   void enter(Phase p, int tag) {
     stack_.push_back({p, tag});
+    if (in_step_) entries_[static_cast<int>(p)]++;
     changed();
   }
   void leave(int tag) {
@@ -117,6 +118,7 @@ class PhaseTimeline {
   }
   void reset() {
     seconds_.fill(0.0);
+    entries_.fill(0);
     step_seconds_ = 0;
     steps_ = 0;
   }
@@ -124,6 +126,8 @@ class PhaseTimeline {
   int steps() const { return steps_; }
   double step_seconds() const { return step_seconds_; }  // summed over the steps
   double seconds(Phase p) const { return seconds_[static_cast<int>(p)]; }
+  // Scopes entered for `p` inside the steps (kernel entry points and timers): roughly its launches.
+  int64_t entries(Phase p) const { return entries_[static_cast<int>(p)]; }
   size_t max_markers() const { return max_markers_; }
 
  private:
@@ -144,6 +148,7 @@ class PhaseTimeline {
   std::vector<Phase> markers_;  // markers_[i]: the phase from marker i to marker i + 1
   bool in_step_ = false;
   std::array<double, kPhaseCount> seconds_{};
+  std::array<int64_t, kPhaseCount> entries_{};
   double step_seconds_ = 0;
   int steps_ = 0;
   size_t max_markers_ = 0;

@@ -42,14 +42,19 @@ constexpr double kMiB = 1024.0 * 1024.0;
 void print_gpu_phases(const cuda::GpuProfileReport& g, double host_step_s) {
   fmt::print(
       "  the step by phase on the GPU (CUDA events on the compute stream, mean of {} timed steps; {:.3f} s from the "
-      "first event to the last, {:.3f} s on the host clock):\n",
-      g.steps, g.step_s, host_step_s);
+      "first of {:.0f} events to the last, {:.3f} s on the host clock; calls: kernel entry points per step):\n",
+      g.steps, g.step_s, g.markers, host_step_s);
   std::vector<cuda::Phase> order;
   for (int p = 1; p < cuda::kPhaseCount; p++) order.push_back(static_cast<cuda::Phase>(p));
   order.push_back(cuda::Phase::kRest);
   for (cuda::Phase p : order) {
     const double s = g.phase_s[static_cast<int>(p)];
-    fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", cuda::phase_label(p), s, 100.0 * s / g.step_s);
+    const double calls = g.entries[static_cast<int>(p)];
+    if (p == cuda::Phase::kRest)
+      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", cuda::phase_label(p), s, 100.0 * s / g.step_s);
+    else
+      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%  {:7.0f} calls\n", cuda::phase_label(p), s, 100.0 * s / g.step_s,
+                 calls);
   }
   const double waits = g.blocked_s_per_step + g.end_wait_s_per_step;
   fmt::print(
