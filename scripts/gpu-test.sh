@@ -42,14 +42,16 @@ status=0
 # GPU_TEST_FILTER narrows the GPU tests (a rerun after a fix); the default runs them all.
 timeout 300 "$BUILD/moecore_cuda_tests" --gtest_filter="${GPU_TEST_FILTER:-*}" --gtest_output="json:$OUT/gpu_tests.json" \
   2>&1 | tee "$OUT/gpu_tests.log" || status=1
+# The column reductions' micro-benchmark (tests/cuda/test_cuda_reductions.cpp) prints its figures into the log.
+grep -E "^reduction " "$OUT/gpu_tests.log" >"$OUT/reductions.txt" || true
 if grep -q "\[  SKIPPED \]" "$OUT/gpu_tests.log"; then
   echo "gpu-test: GPU tests were skipped: no usable GPU" | tee -a "$OUT/gpu_tests.log"
   status=1
 fi
 # The host-side CUDA tests (allocator bookkeeping, --device) under the CUDA build.
 if [[ -x "$BUILD/moecore_tests" ]]; then
-  "$BUILD/moecore_tests" --gtest_filter='CachingAllocator.*:DeviceSelect.*:DeviceTensor.*' >"$OUT/host_tests.log" 2>&1 ||
-    status=1
+  host_filter='CachingAllocator.*:DeviceSelect.*:DeviceTensor.*:PhaseTimeline.*:SyncLedger.*:TimerObserver.*:GpuProfile.*'
+  "$BUILD/moecore_tests" --gtest_filter="$host_filter" >"$OUT/host_tests.log" 2>&1 || status=1
 fi
 # Layout invariance on the GPU: every rank on this machine's GPU, host-staged MPI between them.
 if [[ -x "$BUILD/moecore_mpi_tests" ]]; then
@@ -72,6 +74,10 @@ run_bench() {
 run_bench gemm bench gemm --device cuda --size 8192 --iters 10
 run_bench attention_bf16 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 5
+# The Qwen3-MoE benchmark's attention: one sequence, 32 query heads over 4 kv heads (the dK/dV kernel splits the
+# groups' heads, launch_attention_tc.h).
+run_bench attention_gqa bench attention --device cuda --dtype bf16 --seq-length 4096 --micro-batch-size 1 \
+  --num-attention-heads 32 --num-query-groups 4 --kv-channels 128 --iters 5
 run_bench attention_f32 bench attention --device cuda --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 2
 # The MoE layer at the Qwen3-30B-A3B and Mixtral shapes (torch_baselines.py measures PyTorch on the same shapes).
@@ -89,6 +95,16 @@ run_bench train_qwen3moe bench train --device cuda --iters 3 $NODROP --num-layer
   --num-attention-heads 32 --num-query-groups 4 --kv-channels 128 --qk-layernorm --num-experts 64 \
   --moe-router-topk 8 --moe-ffn-hidden-size 768 --moe-aux-loss-coeff 1e-3 --untie-embeddings-and-output-weights \
   --vocab-size 32768 --seq-length 4096 --micro-batch-size 1 --global-batch-size 4 --rotary-base 1000000
+# bench train --device cuda prints its host synchronisations' call sites as BINARY+0xOFFSET frames: name them where
+# the binary still has its symbols (a --prebuilt pack is stripped: run scripts/symbolize-sync-sites.sh on the build
+# machine instead).
+if [[ -z "$PREBUILT" ]] && command -v addr2line >/dev/null; then
+  for b in train_dense train_qwen3moe; do
+    if [[ -f "$OUT/bench_$b.txt" ]]; then
+      "$ROOT/scripts/symbolize-sync-sites.sh" "$OUT/bench_$b.txt" "$M" >"$OUT/sync_sites_$b.txt" 2>&1 || true
+    fi
+  done
+fi
 
 # PyTorch on the same GPU in the same run: cuBLAS bf16 peak, SDPA, the MoE layer, the HF Qwen3-MoE step.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then

@@ -5,6 +5,7 @@
 // Skipped (one line) without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -38,8 +39,10 @@ struct Case {
   }
 };
 
-const Case kCases[] = {{1, 2, 2, 1, 64},    {17, 2, 4, 2, 128},  {200, 2, 4, 1, 64},
-                       {200, 2, 2, 2, 128}, {1000, 2, 4, 2, 64}, {1000, 2, 4, 2, 128}};
+// One sequence with 8 (and 4) query heads per kv head: the dK/dV kernel splits the group's heads over blocks
+// (attention_tc_dkv_splits 8 and 4); the others split by 2 or 4 too, except Nq = Nkv.
+const Case kCases[] = {{1, 2, 2, 1, 64},    {17, 2, 4, 2, 128},   {200, 2, 4, 1, 64},  {200, 2, 2, 2, 128},
+                       {1000, 2, 4, 2, 64}, {1000, 2, 4, 2, 128}, {512, 1, 8, 1, 128}, {333, 1, 8, 2, 64}};
 
 // A GPU tensor full of NaN: an element no kernel writes stays NaN and fails every comparison.
 Tensor poisoned(const Shape& s) {
@@ -139,8 +142,11 @@ Outputs run_launchers(const Case& c, const Inputs& in, bool tc) {
   if (tc) {
     launch::attention_tc_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, s);
     launch::attention_delta(d, o, delta.device_data<float>(), c.S, c.B, c.Nq, c.D, s);
-    launch::attention_tc_backward(d, q, k, v, lse, delta.device_data<float>(), dq, dk, dv, c.S, c.B, c.Nq, c.Nkv, c.D,
-                                  sc, s);
+    const int64_t part = launch::attention_tc_dkv_part_floats(c.S, c.B, c.Nq, c.Nkv, c.D);
+    Tensor dkv_part = poisoned({std::max<int64_t>(part, 1)});
+    launch::attention_tc_backward(d, q, k, v, lse, delta.device_data<float>(), dq, dk, dv,
+                                  part > 0 ? dkv_part.device_data<float>() : nullptr, c.S, c.B, c.Nq, c.Nkv, c.D, sc,
+                                  s);
   } else {
     launch::attention_rowwise_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, true, s);
     launch::attention_rowwise_backward(d, q, k, v, o, lse, dq, dk, dv, delta.device_data<float>(), c.S, c.B, c.Nq,
@@ -151,6 +157,18 @@ Outputs run_launchers(const Case& c, const Inputs& in, bool tc) {
   const cudaError_t last = cudaGetLastError();
   EXPECT_EQ(last, cudaSuccess) << c.str() << ": " << cudaGetErrorString(last);
   return r;
+}
+
+// Host-only: how many blocks share a key tile's dK/dV depends on the shape alone (so do the bits), divides the group,
+// and lifts the Qwen3-MoE benchmark's one-sequence GQA grid (4 kv heads x 64 key tiles) to 2048 blocks.
+TEST(CudaAttentionTc, DkvHeadSplitsDependOnTheShapeOnly) {
+  EXPECT_EQ(launch::attention_tc_dkv_splits(4096, 1, 32, 4), 8);
+  EXPECT_EQ(launch::attention_tc_dkv_splits(4096, 1, 32, 8), 4);   // 512 blocks x 4
+  EXPECT_EQ(launch::attention_tc_dkv_splits(2048, 4, 16, 16), 1);  // no GQA: nothing to split
+  EXPECT_EQ(launch::attention_tc_dkv_splits(200, 2, 12, 4), 1);    // a group of 3: powers of two only
+  EXPECT_EQ(launch::attention_tc_dkv_splits(65536, 8, 32, 4), 1);  // enough blocks already
+  EXPECT_EQ(launch::attention_tc_dkv_part_floats(4096, 1, 32, 4, 128), 2 * 8 * 4096 * 4 * 128);
+  EXPECT_EQ(launch::attention_tc_dkv_part_floats(2048, 4, 16, 16, 128), 0);
 }
 
 TEST(CudaAttentionTc, MatchesTheWarpPerRowGpuKernel) {

@@ -8,7 +8,8 @@ namespace moecore {
 
 namespace {
 Timers* g_current = nullptr;  // the run's timers (one run at a time on a process)
-}
+TimerObserver* g_observer = nullptr;
+}  // namespace
 
 Timers::Timers(int log_level) : level_(log_level) {
   MOE_ASSERT(log_level >= 0 && log_level <= kMaxLevel);
@@ -21,6 +22,7 @@ void Timers::start(const std::string& name, int level) {
   if (created) t.level = level;
   MOE_ASSERT_MSG(t.level == level, "timer {} started at level {}, created at level {}", name, level, t.level);
   if (t.depth++ == 0) t.started = now_seconds();
+  if (g_observer) g_observer->started(name);
 }
 
 void Timers::stop(const std::string& name) {
@@ -29,6 +31,7 @@ void Timers::stop(const std::string& name) {
   Timer& t = it->second;
   MOE_ASSERT_MSG(t.depth > 0, "timer {} stopped without a start", name);
   if (--t.depth == 0) t.elapsed += now_seconds() - t.started;
+  if (g_observer) g_observer->stopped(name);
 }
 
 double Timers::elapsed(const std::string& name, bool reset) {
@@ -60,6 +63,12 @@ std::vector<std::string> Timers::names() const {
 
 Timers* Timers::current() {
   return g_current;
+}
+
+TimerObserver* Timers::set_observer(TimerObserver* o) {
+  TimerObserver* previous = g_observer;
+  g_observer = o;
+  return previous;
 }
 
 Timers::Install::Install(Timers* t) : previous_(g_current) {

@@ -12,6 +12,16 @@
 
 namespace moecore {
 
+// Sees every start and stop of an enabled timer: how the GPU's event timeline (cuda/gpu_profile.h) learns the
+// phases that modules mark with a TimerScope. None is installed unless a benchmark asks (bench train --device cuda),
+// so the timers behave exactly as without it.
+class TimerObserver {
+ public:
+  virtual ~TimerObserver() = default;
+  virtual void started(const std::string& name) = 0;
+  virtual void stopped(const std::string& name) = 0;
+};
+
 class Timers {
  public:
   static constexpr int kMaxLevel = 2;
@@ -34,6 +44,8 @@ class Timers {
 
   // The Timers of the run in progress on this process (null outside a run): what TimerScope reports to.
   static Timers* current();
+  // The process's timer observer (null: none); set_observer returns the previous one.
+  static TimerObserver* set_observer(TimerObserver* o);
   // Makes `t` current for its lifetime (the previous one back after).
   class Install {
    public:

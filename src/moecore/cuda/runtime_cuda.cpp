@@ -7,6 +7,7 @@
 #include "moecore/core/error.h"
 #include "moecore/cuda/caching_allocator.h"
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/launch.h"
@@ -74,6 +75,7 @@ CachingAllocator& allocator_of(Device d) {
       cudaFree(p);
     };
     b.synchronize = [index] {
+      const SyncProbe probe("device synchronize (allocator out of memory)", 0);
       DeviceScope scope(index);
       MOE_CUDA_CHECK(cudaDeviceSynchronize());
     };
@@ -110,6 +112,11 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   const cudaMemcpyKind kind = dst_device.is_cuda()
                                   ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                   : (src_device.is_cuda() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+  const char* what = kind == cudaMemcpyDeviceToHost   ? "copy device->host"
+                     : kind == cudaMemcpyHostToDevice ? "copy host->device"
+                     : kind == cudaMemcpyHostToHost   ? "copy host->host (stream synchronize)"
+                                                      : nullptr;
+  const SyncProbe probe(what, bytes);  // a host synchronisation (the GPU profile counts it)
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, current_stream()));
   // Host memory may be pageable and reused as soon as we return: wait when the host is involved.
   if (kind != cudaMemcpyDeviceToDevice) MOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
@@ -129,11 +136,13 @@ void zero_bytes(void* ptr, size_t bytes, Device d) {
 }
 
 void convert_on_device(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) {
+  const PhaseScope phase(Phase::kCast);
   launch::convert(dst, static_cast<int>(dst_dtype), src, static_cast<int>(src_dtype), n, current_stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void synchronize() {
+  const SyncProbe probe("stream synchronize", 0);
   MOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 

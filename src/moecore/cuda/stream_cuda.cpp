@@ -3,6 +3,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/stream.h"
 
 namespace moecore::cuda {
@@ -23,6 +24,7 @@ Stream::~Stream() {
   if (s_) cudaStreamDestroy(s_);
 }
 void Stream::synchronize() const {
+  const SyncProbe probe("side stream synchronize", 0);
   MOE_CUDA_CHECK(cudaStreamSynchronize(s_));
 }
 
@@ -39,6 +41,7 @@ void Event::wait_on(cudaStream_t s) const {
   MOE_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0));
 }
 void Event::synchronize() const {
+  const SyncProbe probe("event synchronize", 0);
   MOE_CUDA_CHECK(cudaEventSynchronize(e_));
 }
 float Event::ms_since(const Event& start) const {

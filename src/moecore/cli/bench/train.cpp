@@ -35,6 +35,54 @@ Phases phases(const TrainRun& r) {
   return p;
 }
 
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// The GPU's table: the phases from CUDA events on the compute stream (innermost phase wins), the rest, and the host
+// synchronisations with their most frequent call sites.
+void print_gpu_phases(const cuda::GpuProfileReport& g, double host_step_s) {
+  fmt::print(
+      "  the step by phase on the GPU (CUDA events on the compute stream, mean of {} timed steps; {:.3f} s from the "
+      "first of {:.0f} events to the last, {:.3f} s on the host clock; calls: kernel entry points per step):\n",
+      g.steps, g.step_s, g.markers, host_step_s);
+  std::vector<cuda::Phase> order;
+  for (int p = 1; p < cuda::kPhaseCount; p++) order.push_back(static_cast<cuda::Phase>(p));
+  order.push_back(cuda::Phase::kRest);
+  for (cuda::Phase p : order) {
+    const double s = g.phase_s[static_cast<int>(p)];
+    const double calls = g.entries[static_cast<int>(p)];
+    if (p == cuda::Phase::kRest)
+      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", cuda::phase_label(p), s, 100.0 * s / g.step_s);
+    else
+      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%  {:7.0f} calls\n", cuda::phase_label(p), s, 100.0 * s / g.step_s,
+                 calls);
+  }
+  const double waits = g.blocked_s_per_step + g.end_wait_s_per_step;
+  fmt::print(
+      "  host synchronisations: {:.1f} per step at {} call sites; the host waited {:.3f} s per step in them and {:.3f} "
+      "s "
+      "at the step's end, so it was busy (launching, host work) {:.3f} s of the {:.3f} s step\n",
+      g.syncs_per_step, g.distinct_sites, g.blocked_s_per_step, g.end_wait_s_per_step, host_step_s - waits,
+      host_step_s);
+  if (g.top_sites.empty()) return;
+  fmt::print("  the most frequent (frames outermost last; symbolise with addr2line -C -f -e BINARY 0xOFFSET):\n");
+  for (const cuda::GpuProfileReport::Site& s : g.top_sites) {
+    std::string frames;
+    for (const std::string& f : s.frames) frames += (frames.empty() ? "" : " < ") + f;
+    fmt::print("    {:6.1f}/step  {:8.3f} ms/step  {}, {:.0f} B, in {}: {}\n", s.per_step, s.blocked_ms_per_step,
+               s.what, s.bytes_per_call, cuda::phase_key(s.phase), frames);
+  }
+}
+
+// The GPU run's one-line record: every phase in seconds per step, the synchronisations and the host's wait.
+std::string gpu_record(const cuda::GpuProfileReport& g, double comm_s) {
+  std::string out;
+  for (int p = 0; p < cuda::kPhaseCount; p++)
+    out += fmt::format("{}_s={:.4f} ", cuda::phase_key(static_cast<cuda::Phase>(p)), g.phase_s[p]);
+  return out +
+         fmt::format("comm_s={:.3f} event_step_s={:.4f} syncs_per_step={:.1f} sync_wait_s={:.4f} end_wait_s={:.4f}",
+                     comm_s, g.step_s, g.syncs_per_step, g.blocked_s_per_step, g.end_wait_s_per_step);
+}
+
 void run_bench_train(const TrainBenchArgs& a) {
   // Hidden size 1024, 8 experts top-2 (each as wide as the hidden size), 32k vocabulary, 256-token sequences.
   // Level-2 timers (no barriers) for the phase table, unless the user asked for other timing.
@@ -72,23 +120,25 @@ void run_bench_train(const TrainBenchArgs& a) {
       *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
       *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
   if (r.world > 1) print_split(r);
-  const Phases ph = phases(r);
-  if (t->device().is_cuda()) {  // host timers around asynchronous kernels would mislead
-    fmt::print("  the step by phase: not timed on the GPU (kernels run asynchronously to the host's timers)\n");
-  } else {
-    fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
-               100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
-    fmt::print("  the step by phase (mean of the timed steps; the next bottleneck is the largest):\n");
-    for (const auto& [name, s] : ph.rows) fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", name, s, 100.0 * s / r.step_s);
+  if (r.gpu) {
+    print_gpu_phases(*r.gpu, r.step_s);
+    fmt::print("train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f} {}\n",
+               a.dtype, tokens / step, gflops, gflops / peak,
+               static_cast<double>(cuda::device_allocator_stats(t->device()).peak_bytes) / kMiB,
+               gpu_record(*r.gpu, r.exposed_s));
+    return;
   }
+  const Phases ph = phases(r);
+  fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
+             100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
+  fmt::print("  the step by phase (mean of the timed steps; the next bottleneck is the largest):\n");
+  for (const auto& [name, s] : ph.rows) fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", name, s, 100.0 * s / r.step_s);
   fmt::print(
       "train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f} gemm_s={:.3f} "
       "attention_s={:.3f} permute_s={:.3f} comm_s={:.3f} optimizer_s={:.3f} other_s={:.3f}\n",
       a.dtype, tokens / step, gflops, gflops / peak,
-      static_cast<double>(t->device().is_cuda() ? cuda::device_allocator_stats(t->device()).peak_bytes
-                                                : Allocator::instance().stats().peak_bytes) /
-          (1024.0 * 1024.0),
-      ph.rows[0].second, ph.rows[1].second, ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rows[5].second);
+      static_cast<double>(Allocator::instance().stats().peak_bytes) / kMiB, ph.rows[0].second, ph.rows[1].second,
+      ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rows[5].second);
 }
 }  // namespace
 

@@ -24,7 +24,12 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   std::FILE* null = std::fopen("/dev/null", "w");
   out = std::make_unique<train::Trainer>(cfg, null, /*measure_peak=*/false, &world);
   train::Trainer& t = *out;
+  // Installed for the warm-up too, so its events exist before the timed steps; reset after.
+  std::unique_ptr<cuda::GpuProfiler> profile;
+  if (t.device().is_cuda()) profile = std::make_unique<cuda::GpuProfiler>(t.device());
+  if (profile) profile->begin_step();
   t.train_step();  // warm-up: primitives, allocator cache
+  if (profile) profile->end_step(), profile->reset();
   for (const std::string& n : kPhaseTimers) t.timers().elapsed(n, /*reset=*/true);
   Allocator::instance().reset_peak();
   if (t.device().is_cuda()) cuda::device_reset_peak(t.device());
@@ -40,7 +45,9 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
     world.barrier();
     const kernels::GemmStats g0 = kernels::gemm_stats();
     const Stopwatch timer;
+    if (profile) profile->begin_step();
     t.train_step();
+    if (profile) profile->end_step();
     if (t.device().is_cuda()) cuda::synchronize();  // the step's queued GPU work (the optimizer's last kernels)
     world.barrier();
     steps.push_back(timer.seconds());
@@ -51,6 +58,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   }
   for (double s : steps) r.step_s += s / iters;
   r.step_median_s = median(steps);
+  if (profile) r.gpu = profile->report(kSyncSitesShown);
   r.counters = comm::comm_counters();
   for (const auto& [k, c] : r.counters) r.exposed_s += c.blocked_seconds / iters;
   Tensor e = Tensor::empty({1}, DType::F64);

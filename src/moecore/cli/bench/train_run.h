@@ -12,6 +12,7 @@
 #include "moecore/cli/bench.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/dtype.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore::cli {
@@ -26,6 +27,9 @@ struct TrainBenchArgs {
 // the optimizer step (Megatron's "optimizer": clipping and the update).
 inline const std::vector<std::string> kPhaseTimers = {"attention-core", "moe-permute", "optimizer"};
 
+// The host synchronisation sites bench train names on a GPU (the most frequent first).
+constexpr size_t kSyncSitesShown = 8;
+
 struct TrainRun {
   double step_s = 0, step_median_s = 0, exposed_s = 0, exposed_max_s = 0;
   double gemm_s = 0, gemm_flops = 0;  // per step: time inside oneDNN matmuls and their FLOPs
@@ -33,12 +37,16 @@ struct TrainRun {
   int64_t world = 1, rank = 0;
   std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
   std::map<std::string, double> timer_s;              // per step: kPhaseTimers (with --timing-log-level 2)
+  // On a GPU: the step by phase from CUDA events and the host synchronisations by call site (the host timers above
+  // measure only the launches there).
+  std::optional<cuda::GpuProfileReport> gpu;
 };
 
 // Trains `cfg` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with
 // the communication counters cleared in between. With `peak`, a reference GEMM rate of that dtype is sampled on
 // every rank before each timed step and after the last, so the peak an MFU divides by is measured in the same
-// conditions as the steps (on a shared machine both swing together).
+// conditions as the steps (on a shared machine both swing together). On a GPU the timed steps are profiled
+// (cuda/gpu_profile.h: events at each change of phase, read after the step's one synchronisation).
 TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<train::Trainer>& out,
                      std::optional<DType> peak = std::nullopt);
 

@@ -220,12 +220,12 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
 }
 
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
-                        const float* lse, float* dq, float* dk, float* dv, float* delta, int64_t S, int64_t B,
-                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+                        const float* lse, float* dq, float* dk, float* dv, float* delta, float* dkv_scratch, int64_t S,
+                        int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
   if (B * Nq * S == 0) return;
   if (attention_tc_supported(S, B, Nq, D, round_bf16) && aligned16({dout, q, k, v, dq, dk, dv})) {
     attention_delta(dout, o, delta, S, B, Nq, D, s);
-    attention_tc_backward(dout, q, k, v, lse, delta, dq, dk, dv, S, B, Nq, Nkv, D, scale, s);
+    attention_tc_backward(dout, q, k, v, lse, delta, dq, dk, dv, dkv_scratch, S, B, Nq, Nkv, D, scale, s);
   } else {
     attention_rowwise_backward(dout, q, k, v, o, lse, dq, dk, dv, delta, S, B, Nq, Nkv, D, scale, round_bf16, s);
   }

@@ -1,6 +1,8 @@
 // Causal GQA attention backward on tensor cores (the bf16 path; launch_attention_tc.h). Two kernels, no atomics:
-//   dK/dV: a block per 64-key tile of one (batch, kv head) walks the query heads of its group, then the 32-row
-//          query tiles from its diagonal down, with Sᵀ = K̂·Q̂ᵀ and dPᵀ = V̂·dÔᵀ so that Pᵀ and dSᵀ come out as the A
+//   dK/dV: a block per 64-key tile of one (batch, kv head) and one split of its group's query heads walks those
+//          heads, then the 32-row query tiles from its diagonal down (with splits > 1 each split writes partial sums
+//          that the launcher adds in split order: one sequence under GQA otherwise leaves too few blocks, each
+//          walking all the group's heads), with Sᵀ = K̂·Q̂ᵀ and dPᵀ = V̂·dÔᵀ so that Pᵀ and dSᵀ come out as the A
 //          fragments of dV += bf16(Pᵀ)·dÔ and dK += bf16(dSᵀ)·Q̂ (Q̂ carries the scale);
 //   dQ:    a block per 64-row query tile walks the 64-key tiles up to its diagonal: S = Q̂·K̂ᵀ, dP = dÔ·V̂ᵀ,
 //          dQ += bf16(dS)·K̂, scaled once at the end.
@@ -39,8 +41,8 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dkv_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
              const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
-             float* __restrict__ dk, float* __restrict__ dv, int64_t S, int64_t B, int64_t Nq, int64_t Nkv,
-             float scale) {
+             float* __restrict__ dk, float* __restrict__ dv, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
+             int splits, int64_t part_stride) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* Vs = Ks + kKvRows * kStride<D>;
@@ -52,14 +54,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loops saves registers.
   const int Sn = static_cast<int>(S);
   const int j0 = static_cast<int>(blockIdx.y) * kKvRows;  // tile 0 has the most query rows below it: it starts first
-  const int64_t bhk = blockIdx.x, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
+  // blockIdx.x = (b·Nkv + hk)·splits + z: split z takes heads [group·z/splits, group·(z+1)/splits) of the group and
+  // writes its partial dK/dV at z·part_stride.
+  const int64_t bhk = blockIdx.x / splits, z = blockIdx.x % splits, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
+  const int64_t g_begin = group * z / splits, g_end = group * (z + 1) / splits;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   load_tiles<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, 1.0f, Vs, v + (b * Nkv + hk) * D, 1.0f, j0, S, kv_stride);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int key0 = j0 + warp * 16 + g, key1 = key0 + 8;  // this lane's keys (rows of Sᵀ)
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};
-  for (int64_t gi = 0; gi < group; gi++) {
+  for (int64_t gi = g_begin; gi < g_end; gi++) {
     const int64_t h = hk * group + gi, bh = b * Nq + h;
     const float* qh = q + bh * D;
     const float* doh = dout + bh * D;
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     }
   }
 
-  const int64_t kv_head = (b * Nkv + hk) * D;
+  const int64_t kv_head = (b * Nkv + hk) * D + z * part_stride;
   if (key0 < S) {
     float* dko = dk + kv_head + key0 * kv_stride;
     float* dvo = dv + kv_head + key0 * kv_stride;

@@ -46,9 +46,23 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return r;
 }
 
+// Butterfly sums over a warp: every lane ends with the same bits (each step adds the same two values, commutatively).
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Rows up to this wide are normalised by one warp each (8 rows per block) instead of a block per row: a 128-wide
+// qk-norm over 131,072 rows is then 16,384 blocks of useful lanes rather than 131,072 blocks of half-idle threads and
+// eight barriers. A constant, so the summation order does not depend on the device.
+constexpr int64_t kWarpRowMaxH = 1024;
+constexpr int kRowsPerBlock = kThreads / 32;
+inline unsigned warp_row_grid(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 __device__ __forceinline__ int64_t id_at(const void* ids, bool ids64, int64_t i) {

@@ -1,8 +1,9 @@
 // Elementwise and row-wise kernels: dtype conversion, fill/add/scale, deterministic sums, RMSNorm, RoPE,
-// activations, embedding, multi-tensor AdamW (see launch.h). Straightforward one-pass kernels; the math follows
-// the CPU kernels in kernels/cpu line by line.
+// activations, the embedding forward (its backward: embedding_bwd.cu), multi-tensor AdamW (see launch.h).
+// Straightforward one-pass kernels; the math follows the CPU kernels in kernels/cpu line by line.
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_col_reduce.h"
 
 namespace moecore::launch {
 
@@ -91,40 +92,58 @@ __global__ void rmsnorm_bwd_dx_k(const float* dy, const float* x, const float* w
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
 }
 
-// dw: one thread per column walks the rows in order (the CPU kernel's order), no atomics.
-__global__ void rmsnorm_bwd_dw_k(const float* dy, const float* x, const float* rstd, float* dw, int64_t rows,
-                                 int64_t H) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= H) return;
-  float acc = 0;
-  for (int64_t t = 0; t < rows; t++) acc += dy[t * H + j] * x[t * H + j] * rstd[t];
-  dw[j] += acc;
+// The same two kernels with a warp per row (H ≤ kWarpRowMaxH): lanes stride over the row, warp_sum in place of the
+// block tree.
+__global__ void rmsnorm_fwd_warp_k(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H,
+                                   float eps) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;  // the whole warp: t is uniform across it
+  const float* xr = x + t * H;
+  float ss = 0;
+  for (int64_t j = lane; j < H; j += 32) ss += xr[j] * xr[j];
+  ss = warp_sum(ss);
+  float r = 1.0f / sqrtf(ss / float(H) + eps);
+  if (!isfinite(ss)) {  // as rmsnorm_fwd_k: normalise by the largest magnitude first
+    float m = 0;
+    for (int64_t j = lane; j < H; j += 32) m = fmaxf(m, fabsf(xr[j]));
+    m = warp_max(m);
+    float sm2 = 0;
+    for (int64_t j = lane; j < H; j += 32) sm2 += (xr[j] / m) * (xr[j] / m);
+    sm2 = warp_sum(sm2);
+    r = 1.0f / (m * sqrtf(sm2 / float(H) + eps / (m * m)));
+  }
+  if (lane == 0) rstd[t] = r;
+  for (int64_t j = lane; j < H; j += 32) y[t * H + j] = xr[j] * r * w[j];
 }
 
-__global__ void rope_k(const float* x, const float* cs, const float* sn, float* y, int64_t S, int64_t BN, int64_t D,
-                       int64_t offset, int64_t rot_dim, bool interleaved, float sign) {
-  const int64_t h = rot_dim / 2, n = S * BN * D;
+__global__ void rmsnorm_bwd_dx_warp_k(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                      int64_t rows, int64_t H) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;
+  const float r = rstd[t];
+  float c = 0;
+  for (int64_t j = lane; j < H; j += 32) c += w[j] * dy[t * H + j] * x[t * H + j];
+  c = warp_sum(c);
+  const float k = r * r * c / float(H);
+  for (int64_t j = lane; j < H; j += 32) dx[t * H + j] = r * (w[j] * dy[t * H + j] - x[t * H + j] * k);
+}
+
+// One thread per rotated pair (a_i, b_i) of a row: it reads both before writing both, so the rotation may run in
+// place (the layers rotate q and k in place) without a scratch copy. Channels outside [offset, offset + rot_dim)
+// are copied by the launcher when y is not x.
+__global__ void rope_pairs_k(const float* x, const float* cs, const float* sn, float* y, int64_t S, int64_t BN,
+                             int64_t D, int64_t offset, int64_t rot_dim, bool interleaved, float sign) {
+  const int64_t h = rot_dim / 2, n = S * BN * h;
+  // Pair i is channels a_i = offset + i·a_step and b_i = a_i + b_off.
   const int64_t a_step = interleaved ? 2 : 1, b_off = interleaved ? 1 : h;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = idx / D, c = idx % D, s = row / BN;
-    const float* xr = x + row * D;
-    float* yr = y + row * D;
-    if (c < offset || c >= offset + rot_dim) {
-      yr[c] = xr[c];
-      continue;
-    }
-    const int64_t w = c - offset;
-    // Channel w is a_i (w = i·a_step) or b_i (w = i·a_step + b_off) of pair i.
-    int64_t i;
-    bool is_a;
-    if (interleaved) {
-      i = w / 2, is_a = (w % 2) == 0;
-    } else {
-      is_a = w < h, i = is_a ? w : w - h;
-    }
-    const int64_t ia = i * a_step, ib = ia + b_off;
-    const float a = xr[offset + ia], b = xr[offset + ib], ci = cs[s * h + i], si = sign * sn[s * h + i];
-    yr[c] = is_a ? a * ci - b * si : b * ci + a * si;
+    const int64_t row = idx / h, i = idx % h, s = row / BN;
+    const int64_t ia = row * D + offset + i * a_step, ib = ia + b_off;
+    const float a = x[ia], b = x[ib], ci = cs[s * h + i], si = sign * sn[s * h + i];
+    y[ia] = a * ci - b * si;
+    y[ib] = b * ci + a * si;
   }
 }
 
@@ -217,16 +236,6 @@ __global__ void embedding_fwd_k(const void* ids, bool ids64, const char* w, char
     y[t * row_bytes + b] = r >= 0 && r < VL ? w[r * row_bytes + b] : 0;
 }
 
-__global__ void embedding_bwd_k(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H,
-                                int64_t VL, int64_t vocab_start) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= H) return;
-  for (int64_t t = 0; t < T; t++) {
-    const int64_t r = id_at(ids, ids64, t) - vocab_start;
-    if (r >= 0 && r < VL) dw[r * H + j] += dy[t * H + j];
-  }
-}
-
 __global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
   const int k = blockIdx.y;
   float* p = b.p[k];
@@ -269,28 +278,32 @@ void reduce_sum(int kind, const float* a, const float* b, int64_t n, double* out
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H, float eps,
                      cudaStream_t s) {
-  if (rows > 0) rmsnorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, rstd, H, eps);
+  if (rows == 0) return;
+  if (H <= kWarpRowMaxH)
+    rmsnorm_fwd_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(x, w, y, rstd, rows, H, eps);
+  else
+    rmsnorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, rstd, H, eps);
 }
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      int64_t rows, int64_t H, cudaStream_t s) {
+                      float* scratch, int64_t rows, int64_t H, cudaStream_t s) {
   if (rows == 0) return;
-  rmsnorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, H);
-  rmsnorm_bwd_dw_k<<<grid_for(H), kThreads, 0, s>>>(dy, x, rstd, dw, rows, H);
+  if (H <= kWarpRowMaxH)
+    rmsnorm_bwd_dx_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, rows, H);
+  else
+    rmsnorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, rstd, dx, H);
+  rmsnorm_dw_two_stage(dy, x, rstd, dw, scratch, rows, H, s);
 }
 
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
           int64_t offset, int64_t rot_dim, bool interleaved, float sign, cudaStream_t s) {
-  const int64_t n = S * BN * D;
+  const int64_t n = S * BN * D, pairs = S * BN * (rot_dim / 2);
   if (n == 0) return;
-  if (x == y) {  // in place: rotate through a scratch copy so each pair reads its inputs before they change
-    float* tmp = nullptr;
-    cudaMallocAsync(&tmp, n * sizeof(float), s);
-    cudaMemcpyAsync(tmp, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
-    rope_k<<<grid_for(n), kThreads, 0, s>>>(tmp, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved, sign);
-    cudaFreeAsync(tmp, s);
-    return;
-  }
-  rope_k<<<grid_for(n), kThreads, 0, s>>>(x, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved, sign);
+  // Out of place, the channels the rotation does not touch come over first (an error is left for the caller's
+  // launch check, which reads the last error).
+  if (x != y && rot_dim < D) cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+  if (pairs > 0)
+    rope_pairs_k<<<grid_for(pairs), kThreads, 0, s>>>(x, cos_SR, sin_SR, y, S, BN, D, offset, rot_dim, interleaved,
+                                                      sign);
 }
 
 void activation_forward(int act, const float* x, const float* probs, void* y, bool y_bf16, int64_t rows, int64_t F,
@@ -311,11 +324,6 @@ void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int6
     embedding_fwd_k<<<static_cast<unsigned>(T), kThreads, 0, s>>>(
         ids, ids64, static_cast<const char*>(w), static_cast<char*>(y), T, H * elem_bytes, VL, vocab_start);
 }
-void embedding_backward(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H, int64_t VL,
-                        int64_t vocab_start, cudaStream_t s) {
-  if (T > 0 && H > 0) embedding_bwd_k<<<grid_for(H), kThreads, 0, s>>>(dy, ids, ids64, dw, T, H, VL, vocab_start);
-}
-
 void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s) {
   if (batch.count == 0) return;
   int64_t most = 1;

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 
@@ -116,6 +117,7 @@ bool allow_tf32() {
 
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
           int64_t batch) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const int64_t a_rows = batch ? A.dim(1) : A.rows(), b_rows = batch ? B.dim(1) : B.rows();
   const int64_t a_cols = A.cols(), b_cols = B.cols();
   const int64_t M = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;

@@ -24,6 +24,7 @@
 #include <tuple>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 
@@ -340,6 +341,7 @@ bool grouped_gemm_fell_back() {
 
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
                   const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN);
   MOE_ASSERT_MSG(W.ndim() == 3, "grouped GEMM weights must be [E, rows, cols], got {}", W.shape().str());
   const int64_t E = W.dim(0), K = A_RK.cols(), N = C_RN.cols(), R = A_RK.rows();
@@ -370,6 +372,7 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
 
 void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
                         const std::vector<int64_t>& rows) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(dY_RN, X_RK, dW_ENK);
   const int64_t E = dW_ENK.dim(0), N = dY_RN.cols(), K = X_RK.cols(), R = dY_RN.rows();
   if (R == 0 && X_RK.rows() == 0) return;  // no rows: nothing to add

@@ -2,12 +2,15 @@
 // current stream. Shapes are asserted exactly as the CPU kernels assert them.
 #include "moecore/kernels/cuda/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_col_reduce.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -37,6 +40,11 @@ int64_t first_bad_id(const Tensor& ids, int64_t V) {
   int64_t r = 0;
   moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), ids.device(), sizeof r);
   return r;
+}
+// The partial sums of a two-stage column reduction (launch_col_reduce.h), from the caching allocator on the current
+// stream: freed when the caller returns, reused only by later work on that stream.
+Tensor col_scratch(int64_t rows, int64_t N, int outputs, Device d) {
+  return Tensor::empty({std::max<int64_t>(launch::col_reduce_scratch_floats(rows, N, outputs), 1)}, DType::F32, d);
 }
 }  // namespace
 
@@ -68,6 +76,7 @@ double sum_squares(const Tensor& a) {
 }
 
 void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
@@ -78,18 +87,21 @@ void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& 
 
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT(rstd_T.numel() == rows);
+  Tensor scratch = col_scratch(rows, H, 1, x_TH.device());
   launch::rmsnorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(rstd_T, "rstd"), f32(dx_TH, "dx"),
-                           f32(dw_H, "dw"), rows, H, current_stream());
+                           f32(dw_H, "dw"), scratch.device_data<float>(), rows, H, current_stream());
   check_launch("rmsnorm_backward");
 }
 
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(b_H, {H});
@@ -101,14 +113,17 @@ void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H,
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT_SHAPE(db_H, {H});
   MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
+  Tensor scratch = col_scratch(rows, H, 2, x_TH.device());
   launch::layernorm_backward(f32(dy_TH, "dy"), f32(x_TH, "x"), f32(w_H, "w"), f32(mean_T, "mean"), f32(rstd_T, "rstd"),
-                             f32(dx_TH, "dx"), f32(dw_H, "dw"), f32(db_H, "db"), rows, H, current_stream());
+                             f32(dx_TH, "dx"), f32(dw_H, "dw"), f32(db_H, "db"), scratch.device_data<float>(), rows, H,
+                             current_stream());
   check_launch("layernorm_backward");
 }
 
@@ -120,7 +135,9 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
 
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
   MOE_ASSERT(db_N.numel() == dy_TN.cols());
-  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), dy_TN.rows(), dy_TN.cols(), current_stream());
+  Tensor scratch = col_scratch(dy_TN.rows(), dy_TN.cols(), 1, dy_TN.device());
+  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), scratch.device_data<float>(), dy_TN.rows(),
+                              dy_TN.cols(), current_stream());
   check_launch("accumulate_col_sums");
 }
 
@@ -149,6 +166,7 @@ void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor&
 }
 
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
   const int64_t rows = x.rows(), F = y_TF.cols();
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
@@ -162,6 +180,7 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
   const int64_t rows = x.rows(), F = dy_TF.cols();
   MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
@@ -176,6 +195,7 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
 
 void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
                        int64_t vocab_total) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
   const int64_t V = vocab_total > 0 ? vocab_total : VL;
   MOE_ASSERT(y_TH.rows() == T_ && y_TH.cols() == H && y_TH.dtype() == w_VH.dtype());
@@ -194,10 +214,15 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
 }
 
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
+  // The tokens' order by row and CUB's sort storage (embedding_bwd.cu), from the caching allocator.
+  const size_t sort_bytes = launch::embedding_sort_scratch_bytes(T_, VL);
+  Tensor order = Tensor::empty({std::max<int64_t>(4 * T_, 1)}, DType::I32, dw_VH.device());
+  Tensor sort_tmp = Tensor::empty({static_cast<int64_t>(sort_bytes / 8 + 1)}, DType::I64, dw_VH.device());
   launch::embedding_backward(f32(dy_TH, "dy"), ids_T.raw(), ids64(ids_T), f32(dw_VH, "dw"), T_, H, VL, vocab_start,
-                             current_stream());
+                             order.device_data<int32_t>(), sort_tmp.raw(), sort_bytes, current_stream());
   check_launch("embedding_backward");
 }
 

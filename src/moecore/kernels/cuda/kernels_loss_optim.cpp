@@ -2,10 +2,12 @@
 #include <cmath>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_attention_tc.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -27,6 +29,7 @@ void check_labels(const Tensor& targets_T, int64_t V) {
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t V = logits_TV.cols();
   cross_entropy_forward_vocab_parallel(logits_TV, targets_T, 0, V, ReduceFn(), loss_T, lse_T);
 }
@@ -34,6 +37,7 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   check_labels(targets_T, vocab_total);
@@ -61,6 +65,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
   launch::ce_backward(f32(dloss_T, "dloss"), f32(logits_TV, "logits"), targets_T.raw(), detail::ids64(targets_T),
@@ -81,10 +86,12 @@ launch::AdamWScalars scalars(const AdamWParams& hp, int64_t step) {
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
   adamw_multi_step({AdamWTensors{&param, &grad, &m, &v}}, hp, step);
 }
 
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
   const launch::AdamWScalars s = scalars(hp, step);
   launch::AdamWBatch batch;
   auto flush = [&] {
@@ -124,6 +131,7 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                        bool dropout_on, bool round_bf16) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(o.shape() == q.shape());
   launch::attention_forward(f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"), q.dim(0), q.dim(1),
@@ -134,14 +142,21 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
                         bool round_bf16) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   Tensor delta = Tensor::empty(lse.shape(), DType::F32, q.device());
+  // The tensor-core backward's partial dK/dV when it splits a GQA group's heads over blocks (launch_attention_tc.h).
+  const int64_t S = q.dim(0), B = q.dim(1), Nq = q.dim(2), Nkv = k.dim(2), D = q.dim(3);
+  const int64_t part = launch::attention_tc_supported(S, B, Nq, D, round_bf16)
+                           ? launch::attention_tc_dkv_part_floats(S, B, Nq, Nkv, D)
+                           : 0;
+  Tensor dkv_part = part > 0 ? Tensor::empty({part}, DType::F32, q.device()) : Tensor();
   launch::attention_backward(f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"),
-                             f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(), q.dim(0),
-                             q.dim(1), q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16,
-                             current_stream());
+                             f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(),
+                             part > 0 ? dkv_part.device_data<float>() : nullptr, S, B, Nq, Nkv, D,
+                             static_cast<float>(scale), round_bf16, current_stream());
   check_launch("attention_backward");
 }
 

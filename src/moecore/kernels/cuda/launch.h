@@ -20,16 +20,17 @@ void reduce_sum(int kind, const float* a, const float* b, int64_t n, double* out
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t H, float eps,
                      cudaStream_t s);
+// scratch: launch_col_reduce.h's col_reduce_scratch_floats(rows, H, 1) floats (dw's partial sums), 2 for LayerNorm.
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      int64_t rows, int64_t H, cudaStream_t s);
+                      float* scratch, int64_t rows, int64_t H, cudaStream_t s);
 
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
                        int64_t H, float eps, cudaStream_t s);
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t s);
-// y[t, :] += b; db += Σ_t dy[t, :] (one thread per column, rows in order).
+                        float* dx, float* dw, float* db, float* scratch, int64_t rows, int64_t H, cudaStream_t s);
+// y[t, :] += b; db += Σ_t dy[t, :] (the two-stage column sum; scratch as rmsnorm_backward's).
 void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s);
-void accumulate_col_sums(const float* dy, float* db, int64_t rows, int64_t N, cudaStream_t s);
+void accumulate_col_sums(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s);
 
 // Rotates channels [offset, offset+rot_dim) of each [S, BN, D] row pair-wise; sign −1 is the backward.
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
@@ -45,9 +46,12 @@ void activation_backward(int act, const float* dy, const float* x, const float* 
 void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* first_bad_device, cudaStream_t s);
 void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int64_t T, int64_t H, int64_t VL,
                        int64_t vocab_start, int elem_bytes, cudaStream_t s);
-// dW[r] += Σ_{t: id[t]−vocab_start = r} dy[t]; each thread owns a column and walks the tokens in order: no atomics.
+// dW[r] += Σ_{t: id[t]−vocab_start = r} dy[t], tokens in ascending order (the CPU's bits), no atomics: the tokens are
+// sorted by row (embedding_bwd.cu). order_scratch: 4·T int32; sort_scratch: embedding_sort_scratch_bytes(T, VL).
+size_t embedding_sort_scratch_bytes(int64_t T, int64_t VL);
 void embedding_backward(const float* dy, const void* ids, bool ids64, float* dw, int64_t T, int64_t H, int64_t VL,
-                        int64_t vocab_start, cudaStream_t s);
+                        int64_t vocab_start, int32_t* order_scratch, void* sort_scratch, size_t sort_bytes,
+                        cudaStream_t s);
 
 // Cross-entropy in three steps so the vocab-parallel version can all-reduce between them (host-staged MPI).
 void ce_row_max(const float* logits, int64_t rows, int64_t V, float* mx, cudaStream_t s);
@@ -78,8 +82,11 @@ void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s);
 // rounded to bf16 where the CPU bf16 kernel rounds them. D ≤ 256. Deterministic: dK/dV and dQ each have one owner.
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+// dkv_scratch: launch_attention_tc.h's attention_tc_dkv_part_floats(...) floats where the tensor-core path applies
+// (the partial dK/dV of split query heads; null when that is 0).
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
-                        const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, int64_t S, int64_t B,
-                        int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+                        const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, float* dkv_scratch,
+                        int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
+                        cudaStream_t s);
 
 }  // namespace moecore::launch

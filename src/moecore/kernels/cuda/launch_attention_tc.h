@@ -18,9 +18,27 @@ bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool ro
 void attention_tc_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
                           int64_t Nq, int64_t Nkv, int64_t D, float scale, cudaStream_t s);
 // delta = rowsum(dout ⊙ o) must already be in place (attention_delta). dK/dV and dQ are written, not accumulated.
+// dkv_part: attention_tc_dkv_part_floats(...) floats of scratch (null when that is 0).
 void attention_tc_backward(const float* dout, const float* q, const float* k, const float* v, const float* lse,
-                           const float* delta, float* dq, float* dk, float* dv, int64_t S, int64_t B, int64_t Nq,
-                           int64_t Nkv, int64_t D, float scale, cudaStream_t s);
+                           const float* delta, float* dq, float* dk, float* dv, float* dkv_part, int64_t S, int64_t B,
+                           int64_t Nq, int64_t Nkv, int64_t D, float scale, cudaStream_t s);
+
+// How many blocks share one key tile's dK/dV by splitting the group's query heads: doubled (dividing the group)
+// until the dK/dV grid has 2048 blocks. With one sequence under GQA (B 1, 32/4 heads, S 4096: 4 kv heads × 64 key
+// tiles = 256 blocks) a block per key tile would walk all 8 heads of its group: the longest block (the first key
+// tile) then does 8 × 128 query steps against an average over the SMs' slots of ~130. A function of the shape only,
+// so the summation order, and the bits, do not depend on the GPU.
+inline int64_t attention_tc_dkv_splits(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
+  const int64_t group = Nq / Nkv, blocks = B * Nkv * ((S + 63) / 64);
+  int64_t splits = 1;
+  while (blocks * splits < 2048 && group % (2 * splits) == 0) splits *= 2;
+  return splits;
+}
+// The partial dK and dV of the splits ([2, splits, S, B, Nkv, D] f32), 0 without a split.
+inline int64_t attention_tc_dkv_part_floats(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D) {
+  const int64_t splits = attention_tc_dkv_splits(S, B, Nq, Nkv);
+  return splits > 1 ? 2 * splits * S * B * Nkv * D : 0;
+}
 
 // delta[b, h, i] = Σ_d dout·o (f32, one warp per row).
 void attention_delta(const float* dout, const float* o, float* delta, int64_t S, int64_t B, int64_t Nq, int64_t D,

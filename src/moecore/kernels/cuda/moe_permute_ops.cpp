@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "moecore/cuda/check.h"
+#include "moecore/cuda/gpu_profile.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cuda/launch_moe.h"
@@ -39,6 +40,7 @@ int64_t moe_row_bytes(const Tensor& t) {
 
 void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& tokens_per_expert, Tensor& row_token_R,
                     Tensor& row_tk_R, Tensor& token_offsets_T1, Tensor& token_rows) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
   moe_require_gpu(idx_TK, "idx_TK", DType::I32);
   const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), n = T * K;
   const Device d = idx_TK.device();
@@ -83,6 +85,7 @@ void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& token
 }
 
 void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
   MOE_ASSERT_MSG(dst.dim(0) == R && moe_row_elems(src) == moe_row_elems(dst), "row gather of {} into {} by {} indices",
@@ -102,6 +105,7 @@ void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
 }
 
 void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
   MOE_ASSERT(src.dim(0) == R && src.dtype() == dst.dtype() && src.device() == dst.device());
@@ -112,6 +116,7 @@ void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
 
 void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
                             Tensor& dst_TH) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
   moe_require_gpu(token_offsets_T1, "token_offsets", DType::I64);
   moe_require_gpu(token_rows, "token_rows", DType::I32);
   const int64_t T = dst_TH.rows(), H = dst_TH.cols();
@@ -122,6 +127,7 @@ void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1
 }
 
 void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
   moe_require_gpu(row_tk_R, "row_tk", DType::I64);
   MOE_ASSERT(probs_R.numel() == row_tk_R.numel());
   launch::moe_gather_probs(f32(probs_TK, "probs_TK"), row_tk_R.device_data<int64_t>(), f32(probs_R, "probs_R"),
@@ -130,6 +136,7 @@ void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& pr
 }
 
 void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
   moe_require_gpu(row_tk_R, "row_tk", DType::I64);
   MOE_ASSERT(dprobs_R.numel() == row_tk_R.numel());
   dprobs_TK.zero_();

@@ -1,8 +1,9 @@
 // LayerNorm forward/backward and the linear layers' bias kernels (see launch.h). The math follows
-// kernels/cpu/layernorm.cpp and elementwise.cpp: two-pass statistics, the overflow-safe path, and weight/bias
-// gradients summed by one thread per column walking the rows in order (no atomics).
+// kernels/cpu/layernorm.cpp and elementwise.cpp: two-pass statistics and the overflow-safe path; the weight and bias
+// gradients are the two-stage column reductions of col_reduce.cu (fixed order, no atomics).
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_col_reduce.h"
 
 namespace moecore::launch {
 
@@ -54,17 +55,54 @@ __global__ void layernorm_bwd_dx_k(const float* dy, const float* x, const float*
     dx[t * H + j] = r * (w[j] * dy[t * H + j] - mg - (x[t * H + j] - mu) * r * mgx);
 }
 
-__global__ void layernorm_bwd_dwb_k(const float* dy, const float* x, const float* mean, const float* rstd, float* dw,
-                                    float* db, int64_t rows, int64_t H) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= H) return;
-  float aw = 0, ab = 0;
-  for (int64_t t = 0; t < rows; t++) {
-    aw += dy[t * H + j] * (x[t * H + j] - mean[t]) * rstd[t];
-    ab += dy[t * H + j];
+// The same two kernels with a warp per row (H ≤ kWarpRowMaxH, common.cuh).
+__global__ void layernorm_fwd_warp_k(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                     int64_t rows, int64_t H, float eps) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;  // the whole warp: t is uniform across it
+  const float* xr = x + t * H;
+  float s = 0;
+  for (int64_t j = lane; j < H; j += 32) s += xr[j];
+  float mu = warp_sum(s) / float(H);
+  float ss = 0;
+  for (int64_t j = lane; j < H; j += 32) ss += (xr[j] - mu) * (xr[j] - mu);
+  ss = warp_sum(ss);
+  float r = 1.0f / sqrtf(ss / float(H) + eps);
+  float div = 1.0f, shift = mu, rs = r;
+  if (!(isfinite(mu) && isfinite(ss))) {  // as layernorm_fwd_k
+    float m = 0;
+    for (int64_t j = lane; j < H; j += 32) m = fmaxf(m, fabsf(xr[j]));
+    m = warp_max(m);
+    float sm1 = 0;
+    for (int64_t j = lane; j < H; j += 32) sm1 += xr[j] / m;
+    const float mu_m = warp_sum(sm1) / float(H);
+    float ss_m = 0;
+    for (int64_t j = lane; j < H; j += 32) ss_m += (xr[j] / m - mu_m) * (xr[j] / m - mu_m);
+    ss_m = warp_sum(ss_m);
+    const float r_m = 1.0f / sqrtf(ss_m / float(H) + eps / (m * m));
+    div = m, shift = mu_m, rs = r_m;
+    mu = mu_m * m, r = r_m / m;
   }
-  dw[j] += aw;
-  db[j] += ab;
+  for (int64_t j = lane; j < H; j += 32) y[t * H + j] = (xr[j] / div - shift) * rs * w[j] + b[j];
+  if (lane == 0) mean[t] = mu, rstd[t] = r;
+}
+
+__global__ void layernorm_bwd_dx_warp_k(const float* dy, const float* x, const float* w, const float* mean,
+                                        const float* rstd, float* dx, int64_t rows, int64_t H) {
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= rows) return;
+  const float mu = mean[t], r = rstd[t];
+  float sg = 0, sgx = 0;
+  for (int64_t j = lane; j < H; j += 32) {
+    const float g = w[j] * dy[t * H + j];
+    sg += g;
+    sgx += g * (x[t * H + j] - mu) * r;
+  }
+  const float mg = warp_sum(sg) / float(H), mgx = warp_sum(sgx) / float(H);
+  for (int64_t j = lane; j < H; j += 32)
+    dx[t * H + j] = r * (w[j] * dy[t * H + j] - mg - (x[t * H + j] - mu) * r * mgx);
 }
 
 __global__ void add_row_bias_k(float* y, const float* b, int64_t rows, int64_t N) {
@@ -72,30 +110,30 @@ __global__ void add_row_bias_k(float* y, const float* b, int64_t rows, int64_t N
     y[i] += b[i % N];
 }
 
-__global__ void col_sums_k(const float* dy, float* db, int64_t rows, int64_t N) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= N) return;
-  float a = 0;
-  for (int64_t t = 0; t < rows; t++) a += dy[t * N + j];
-  db[j] += a;
-}
 }  // namespace
 
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t rows,
                        int64_t H, float eps, cudaStream_t s) {
-  if (rows > 0) layernorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, H, eps);
+  if (rows == 0) return;
+  if (H <= kWarpRowMaxH)
+    layernorm_fwd_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, rows, H, eps);
+  else
+    layernorm_fwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, b, y, mean, rstd, H, eps);
 }
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t rows, int64_t H, cudaStream_t s) {
+                        float* dx, float* dw, float* db, float* scratch, int64_t rows, int64_t H, cudaStream_t s) {
   if (rows == 0) return;
-  layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
-  layernorm_bwd_dwb_k<<<grid_for(H), kThreads, 0, s>>>(dy, x, mean, rstd, dw, db, rows, H);
+  if (H <= kWarpRowMaxH)
+    layernorm_bwd_dx_warp_k<<<warp_row_grid(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, rows, H);
+  else
+    layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
+  layernorm_dwb_two_stage(dy, x, mean, rstd, dw, db, scratch, rows, H, s);
 }
 void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s) {
   if (rows * N > 0) add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(y, b, rows, N);
 }
-void accumulate_col_sums(const float* dy, float* db, int64_t rows, int64_t N, cudaStream_t s) {
-  if (N > 0) col_sums_k<<<grid_for(N), kThreads, 0, s>>>(dy, db, rows, N);
+void accumulate_col_sums(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s) {
+  col_sums_two_stage(dy, db, scratch, rows, N, s);
 }
 
 }  // namespace moecore::launch
