@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "moecore/core/rng.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/moe/sinkhorn.h"
@@ -262,6 +263,8 @@ int64_t apply_capacity(const RouterConfig& c, Router::Stash& st, Tensor& probs_T
 }  // namespace
 
 Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st) {
+  // moecore's: the router phase of bench moe-layer's split and of bench train's GPU table (cuda/gpu_profile.h)
+  TimerScope timer("moe-router", 2);
   if (x_TH.device().is_cuda()) return forward_cuda(x_TH, S, B, training, st);
   const int64_t T_ = x_TH.rows(), H = cfg_.hidden, E = cfg_.num_experts, K = cfg_.topk;
   MOE_ASSERT(T_ == S * B && x_TH.cols() == H);
@@ -483,6 +486,7 @@ double Router::add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool c
 }
 
 Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st) {
+  TimerScope timer("moe-router", 2);
   if (st.logits_TE.device().is_cuda()) return backward_cuda(dprobs_TK, x_dtype, aux_grad_scale, st);
   const int64_t T_ = st.logits_TE.dim(0), E = cfg_.num_experts, H = cfg_.hidden;
   const DType rd = cfg_.router_dtype;

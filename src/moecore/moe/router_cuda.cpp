@@ -18,7 +18,6 @@
 
 #include <limits>
 
-#include "moecore/core/timers.h"
 #include "moecore/cuda/check.h"
 #include "moecore/cuda/stream.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -130,7 +129,6 @@ double global_aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coef
 }
 
 Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st) {
-  TimerScope timer("moe-router", 2);  // moecore's: the router phase of bench train's GPU table (cuda/gpu_profile.h)
   const int64_t T_ = x_TH.rows(), H = cfg_.hidden, E = cfg_.num_experts, K = cfg_.topk;
   MOE_ASSERT(T_ == S * B && x_TH.cols() == H);
   const Device dev = x_TH.device();
@@ -282,7 +280,6 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
 }
 
 Tensor Router::backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st) {
-  TimerScope timer("moe-router", 2);
   const int64_t T_ = st.logits_TE.dim(0), E = cfg_.num_experts, H = cfg_.hidden, K = cfg_.topk;
   const DType rd = cfg_.router_dtype;
   MOE_ASSERT(dprobs_TK.dtype() == rd && dprobs_TK.numel() == T_ * K);

@@ -4,10 +4,13 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/common.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
+#include "moecore/core/timers.h"
 #include "moecore/cuda/device_select.h"
 #include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/gemm.h"
@@ -52,9 +55,18 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   const double flops = 3.0 * 2.0 * a.hidden * a.ffn * static_cast<double>(a.tokens * a.topk) * 3.0;
   std::vector<double> rates;
   PeakSampler peak(bf16 ? DType::BF16 : DType::F32, dev);
+  // Where a CPU run's time goes (mean of the timed runs): oneDNN GEMM time from gemm_stats, the router and the
+  // permutation copies from their level-2 timers; the rest is the activation, padding copies, casts and the combine.
+  Timers timers(2);
+  const Timers::Install install(&timers);
+  const std::vector<std::string> parts = {"moe-router", "moe-permute"};
+  double gemm_s = 0, gemm_flops = 0, run_s = 0;
+  std::map<std::string, double> part_s;
   for (int i = 0; i <= a.iters; i++) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     reg.zero_grad();
+    for (const std::string& n : parts) timers.elapsed(n, /*reset=*/true);
+    const kernels::GemmStats g0 = kernels::gemm_stats();
     const Stopwatch timer;
     {
       // As in a training step: the bf16 copy of each weight made once for the forward and backward.
@@ -64,7 +76,13 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     }
     if (dev.is_cuda()) cuda::synchronize();  // the GPU's queued work belongs to this run
     const double dt = timer.seconds();
-    if (i > 0) rates.push_back(flops / dt / 1e9);
+    if (i == 0) continue;
+    rates.push_back(flops / dt / 1e9);
+    const kernels::GemmStats g1 = kernels::gemm_stats();
+    gemm_s += (g1.seconds - g0.seconds) / a.iters;
+    gemm_flops += (g1.flops - g0.flops) / a.iters;
+    run_s += dt / a.iters;
+    for (const std::string& n : parts) part_s[n] += timers.elapsed(n) / a.iters;
   }
   peak.sample();
   const double rate = median(rates), p = peak.median();
@@ -73,6 +91,14 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n", load.max_load() / load.mean_load(),
              a.iters + 1);
   fmt::print("  {}\n", peak.describe());
+  if (!dev.is_cuda() && gemm_s > 0) {
+    const double rest = run_s - gemm_s - part_s["moe-router"] - part_s["moe-permute"];
+    fmt::print(
+        "  a run: {:.4f} s; GEMMs {:.4f} s ({:.0f}%) at {:.1f} GFLOP/s ({:.2f} of the peak), router {:.4f} s, token "
+        "permutation {:.4f} s, the rest (activation, padding, casts, combine) {:.4f} s\n",
+        run_s, gemm_s, 100 * gemm_s / run_s, gemm_flops / gemm_s / 1e9, gemm_flops / gemm_s / 1e9 / p,
+        part_s["moe-router"], part_s["moe-permute"], rest);
+  }
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, p, rate / p);
 }
 }  // namespace

@@ -82,7 +82,8 @@ MOE_TARGET_CLONES void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t
 }  // namespace
 
 template <typename T>
-void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, T* z) {
+MOE_TARGET_CLONES void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0,
+                                           int64_t n, T* z) {
   if (n <= 0) return;
   const T keep = static_cast<T>(1.0 / (1.0 - m.p));
   const uint32_t r = static_cast<uint32_t>(row), n0 = static_cast<uint32_t>(sample),
@@ -92,6 +93,14 @@ void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, ui
   for (uint64_t blk = first; blk <= last; blk += kLanes) {
     const int nb = static_cast<int>(std::min<uint64_t>(kLanes, last - blk + 1));
     philox_lanes(m.key, static_cast<uint32_t>(blk), r, n0, n1, nb, w);
+    const uint64_t base = blk * 4;
+    if (base >= col0 && base + 4 * static_cast<uint64_t>(nb) <= col0 + static_cast<uint64_t>(n)) {
+      // Every column of these blocks is wanted (all but a row's first and last blocks): no per-column checks.
+      T* zb = z + (base - col0);
+      for (int i = 0; i < nb; i++)
+        for (int k = 0; k < 4; k++) zb[i * 4 + k] = w[k][i] >= m.threshold ? keep : T(0);
+      continue;
+    }
     for (int i = 0; i < nb; i++)
       for (uint64_t k = 0; k < 4; k++) {
         const uint64_t col = (blk + static_cast<uint64_t>(i)) * 4 + k;

@@ -10,9 +10,28 @@ namespace moecore::kernels {
 
 namespace {
 constexpr int64_t kChunk = 16384;
+// Independent f64 accumulators per chunk: a single running sum is one dependent add per element (latency-bound,
+// ~4 cycles each: 0.1 s of the default bench train step went to the gradient norm's sum of squares); lane l sums
+// elements l, l + kLanes, ... and the lanes are added in order, so the compiler can keep them in vector registers.
+constexpr int64_t kLanes = 16;
+static_assert(kChunk % kLanes == 0);
+
+// Σ term(i) over [begin, end) in the fixed lane order above.
+template <typename F>
+inline __attribute__((always_inline)) double lane_sum(int64_t begin, int64_t end, F term) {
+  double acc[kLanes] = {};
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes)
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; l++) acc[l] += term(i + l);
+  double s = 0;
+  for (int64_t l = 0; l < kLanes; l++) s += acc[l];
+  for (; i < end; i++) s += term(i);
+  return s;
+}
 
 template <typename T, typename F>
-double chunked_sum(int64_t n, F term) {
+MOE_TARGET_CLONES double chunked_sum(int64_t n, F term) {
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
   // Partial sums per fixed chunk, then a sequential sum over chunks: same result for any thread count.
   double partial_stack[64];
@@ -23,10 +42,7 @@ double chunked_sum(int64_t n, F term) {
     partial = partial_heap.data();
   }
   _Pragma("omp parallel for schedule(static) if (nchunks > 1)") for (int64_t c = 0; c < nchunks; c++) {
-    double s = 0;
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; i++) s += term(i);
-    partial[c] = s;
+    partial[c] = lane_sum(c * kChunk, std::min(n, (c + 1) * kChunk), term);
   }
   double s = 0;
   for (int64_t c = 0; c < nchunks; c++) s += partial[c];
