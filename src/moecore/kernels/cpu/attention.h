@@ -43,9 +43,15 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 
 // The same attention with bf16 GEMM operands, for --bf16 training: q, k, v, dout are f32 and rounded to bf16 where
 // they enter a GEMM (q times scale), probabilities and dS are rounded to bf16 for theirs; scores, softmax, lse and
-// every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Two kernels, chosen at run time by
+// every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Three kernels, chosen at run time by
 // bf16_attention_kernel():
-// - OneDnn (CPUs with native bf16 matmul: AVX512-BF16, AMX; attention_bf16.cpp): query blocks of a chunk of heads
+// - FlashNative (CPUs with AVX512-BF16 or AMX; attention_flash_native.cpp): the flash schedule below with its block
+//   products on bf16 operands in vdpbf16ps or TDPBF16PS (f32 accumulation), each operand rounded and packed once
+//   per call in the pair layout the instructions read (attention_blocks_bf16.h; AMX through a tile policy with a
+//   scalar emulation, amx_tiles.h, so its blocking is tested on any CPU). No score block is materialized beyond one
+//   tile and no oneDNN call sits in the loop, which is what held OneDnn to a fifth of the AMX peak.
+// - OneDnn (CPUs where oneDNN has native bf16 matmul but FlashNative does not run; attention_bf16.cpp): query blocks of
+// a chunk of heads
 //   go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online) softmax per row: a
 //   block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
 //   S > 128.
@@ -57,7 +63,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout = nullptr);
-enum class Bf16AttentionKernel { OneDnn, Flash };
+enum class Bf16AttentionKernel { OneDnn, Flash, FlashNative };
 Bf16AttentionKernel bf16_attention_kernel();
 // The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares the two).
 void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
