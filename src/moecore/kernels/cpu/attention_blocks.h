@@ -28,7 +28,9 @@ namespace moecore::kernels::flash {
 //               are skipped in steps of a vector.
 //   KUpToRow:   row i sums k ≤ i only (P·V, dS·K of a diagonal tile: the other terms are zero).
 //   KFromRow:   row i sums k ≥ i only (Pᵀ·dO, dSᵀ·Q of a diagonal tile).
-enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow };
+//   KFromCol:   column j sums k ≥ j only (dOᵀ·P, Qᵀ·dS of a diagonal tile; the bf16 block products only, block_gemm
+//               computes it whole).
+enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow, KFromCol };
 
 template <typename T>
 struct Vec {

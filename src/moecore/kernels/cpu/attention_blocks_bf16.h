@@ -33,7 +33,8 @@ constexpr int64_t round_up(int64_t x, int64_t m) {
 // One block product, as Causal says for a diagonal tile (attention_blocks.h), at the backend's row-block
 // granularity: ColsUpToRow leaves columns past a row block's last row (rounded up to 32) unwritten, KUpToRow and
 // KFromRow skip k outside the row block's range (rounded outwards to whole pairs or tiles; the skipped A or B terms
-// must be zero). Each element sums its k in a fixed order (ascending pairs or 32-wide tiles), whatever the thread.
+// must be zero); KFromCol skips k before a 32-column block's first column (rounded down likewise). Each element sums
+// its k in a fixed order (ascending pairs or 32-wide tiles), whatever the thread.
 struct Bf16Block {
   int64_t M, N, K;
   const bf16* A;
@@ -72,6 +73,10 @@ inline Bf16Range bf16_block_range(const Bf16Block& p, int64_t i0, int64_t rows, 
   if (p.mode == Causal::KFromRow) r.k0 = std::min(p.K, i0 / kq * kq);
   return r;
 }
+// The first k that column block j0 needs (KFromCol) given its row block's range.
+inline int64_t bf16_col_k0(const Bf16Block& p, const Bf16Range& r, int64_t j0, int64_t kq) {
+  return p.mode == Causal::KFromCol ? std::max(r.k0, std::min(p.K, j0 / kq * kq)) : r.k0;
+}
 
 #define MOE_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -109,7 +114,7 @@ constexpr int kDpRows = 8;  // 8 rows × 2 vectors: 16 accumulators, 2 B vectors
 MOE_AVX512_BF16 inline void avx512_bf16_block(const Bf16Block& p) {
   for (int64_t i0 = 0; i0 < p.M; i0 += kDpRows) {
     const Bf16Range r = bf16_block_range(p, i0, kDpRows, 2);
-    for (int64_t j0 = 0; j0 < r.n; j0 += 32) dp_micro<kDpRows, 2>(p, i0, j0, r.k0, r.k1);
+    for (int64_t j0 = 0; j0 < r.n; j0 += 32) dp_micro<kDpRows, 2>(p, i0, j0, bf16_col_k0(p, r, j0, 2), r.k1);
   }
 }
 
@@ -167,9 +172,9 @@ void AmxBlocks<Tiles>::run(const Bf16Block& p) {
     const Bf16Range r = bf16_block_range(p, i0, two_rows ? 32 : 16, 32);
     for (int64_t j0 = 0; j0 < r.n; j0 += 32) {
       if (two_rows)
-        amx_micro<Tiles, 2, 2>(p, i0, j0, r.k0, r.k1);
+        amx_micro<Tiles, 2, 2>(p, i0, j0, bf16_col_k0(p, r, j0, 32), r.k1);
       else
-        amx_micro<Tiles, 1, 2>(p, i0, j0, r.k0, r.k1);
+        amx_micro<Tiles, 1, 2>(p, i0, j0, bf16_col_k0(p, r, j0, 32), r.k1);
     }
   }
 }

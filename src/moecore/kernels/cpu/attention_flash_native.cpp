@@ -7,8 +7,10 @@
 // layout the instructions read (A row-major, B in k pairs), each kv head once (GQA reads its kv head's pack), with
 // the head width padded to Dp (a multiple of 32) and tiles padded with zeros:
 //   forward:  S = Q̂·K̂ᵀ (B: K̂ᵀ in d pairs);  P as the f32 kernel;  O += bf16(P ⊙ Z)·V̂ (B: V̂ in key pairs)
-//   backward: S = Q̂·K̂ᵀ;  dP = dÔ·V̂ᵀ;  dV += P̂ᵀ·dÔ (B: dÔ in query pairs);  dK += dŜᵀ·Q̂ (B: Q̂ in query pairs);
+//   backward: S = Q̂·K̂ᵀ;  dP = dÔ·V̂ᵀ;  dVᵀ += dÔᵀ·P̂ (A: dÔᵀ rows; B: P̂ in query pairs);  dKᵀ += Q̂ᵀ·dŜ (likewise);
 //             dQ += dŜ·K̂ (B: K̂ in key pairs; f32 rows [Sp, Dp] per head, times scale once at the end)
+// dK and dV are summed transposed ([Dp, keys]) so that P̂ and dŜ enter as B operands, whose query pairs are two rows
+// interleaved (a vector operation), rather than as Aᵀ (a transpose of each tile).
 // where Q̂ = bf16(scale·Q) (so dK needs no scale), P̂ = bf16(P ⊙ Z), dŜ = bf16(P ⊙ (Z ⊙ dP − Δ)). Dropout (Z) costs
 // nothing extra here, so it is supported as in the f32 kernel. The pair sums of vdpbf16ps/TDPBF16PS run in a fixed
 // order, so results are bitwise reproducible whatever the thread count.
@@ -20,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "moecore/kernels/cpu/amx_tiles.h"
@@ -109,25 +112,47 @@ struct NativeDims {
 // How a tile of rows s (kTn of them) × width e (Dp) is packed:
 //   Rows:     (s, e) at [s·Dp + e]                     — an A operand with k = e (Q̂, dÔ).
 //   EPairs:   (s, e) at [(e/2)·2Tn + 2s + e%2]         — a B operand with k = e, n = s (K̂ᵀ, V̂ᵀ).
-//   RowPairs: (s, e) at [(s/2)·2Dp + 2e + s%2]         — a B operand with k = s, n = e (V̂, K̂, Q̂, dÔ).
-enum class NativePack { Rows, EPairs, RowPairs };
+//   RowPairs: (s, e) at [(s/2)·2Dp + 2e + s%2]         — a B operand with k = s, n = e (V̂, K̂).
+//   Cols:     (s, e) at [e·Tn + s]                     — an A operand with k = s (Q̂ᵀ, dÔᵀ).
+enum class NativePack { Rows, EPairs, RowPairs, Cols };
 
-// dst [heads, nt, tile] ← bf16(mul · src), zero past S and D.
+// dst [heads, nt, tile] ← bf16(mul · src), zero past S and D. Each tile goes through 32 columns at a time of rows
+// rounded in a stack buffer (vectorized), then into its layout.
 template <NativePack P>
 MOE_TARGET_CLONES void pack_native(const NativeDims& n, Heads<float> src, int64_t heads, float mul, bf16* dst) {
   const int64_t D = n.d.D, Dp = n.Dp, nt = n.nt;
 #pragma omp parallel for schedule(static) collapse(2)
   for (int64_t bn = 0; bn < heads; bn++)
     for (int64_t t = 0; t < nt; t++) {
-      bf16* out = dst + (bn * nt + t) * n.tile();
-      for (int64_t s = 0; s < kTn; s++) {
-        const float* in = t * kTn + s < n.d.S ? src.at(bn, t * kTn + s) : nullptr;
-        for (int64_t e = 0; e < Dp; e++) {
-          const bf16 x = in && e < D ? float_to_bf16(in[e] * mul) : bf16{0};
-          if constexpr (P == NativePack::Rows) out[s * Dp + e] = x;
-          if constexpr (P == NativePack::EPairs) out[(e / 2) * 2 * kTn + 2 * s + e % 2] = x;
-          if constexpr (P == NativePack::RowPairs) out[(s / 2) * 2 * Dp + 2 * e + s % 2] = x;
+      uint16_t* out = &dst[(bn * nt + t) * n.tile()].bits;
+      for (int64_t e0 = 0; e0 < Dp; e0 += 32) {
+        alignas(64) uint16_t buf[kTn][32];
+        const int64_t w = std::clamp<int64_t>(D - e0, 0, 32);
+        for (int64_t s = 0; s < kTn; s++) {
+          const int64_t row = t * kTn + s, m = row < n.d.S ? w : 0;
+          const float* in = src.at(bn, std::min(row, n.d.S - 1)) + e0;
+#pragma omp simd
+          for (int64_t e = 0; e < m; e++) buf[s][e] = float_to_bf16(in[e] * mul).bits;
+          for (int64_t e = m; e < 32; e++) buf[s][e] = 0;
         }
+        if constexpr (P == NativePack::Rows)
+          for (int64_t s = 0; s < kTn; s++) std::memcpy(out + s * Dp + e0, buf[s], sizeof buf[s]);
+        if constexpr (P == NativePack::RowPairs)
+          for (int64_t p = 0; p < kTn / 2; p++) {
+            uint32_t pairs[32];
+#pragma omp simd
+            for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(buf[2 * p][e]) | uint32_t(buf[2 * p + 1][e]) << 16;
+            std::memcpy(out + p * 2 * Dp + 2 * e0, pairs, sizeof pairs);
+          }
+        if constexpr (P == NativePack::Cols)
+          for (int64_t e = 0; e < 32; e++)
+            for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s][e];
+        if constexpr (P == NativePack::EPairs)
+          for (int64_t ep = 0; ep < 16; ep++) {
+            uint32_t pairs[kTn];  // (e0 + 2ep, e0 + 2ep + 1) of each row: one little-endian word of buf
+            for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], &buf[s][2 * ep], 4);
+            std::memcpy(out + (e0 / 2 + ep) * 2 * kTn, pairs, sizeof pairs);
+          }
       }
     }
 }
@@ -137,10 +162,14 @@ MOE_ALWAYS_INLINE const bf16* ptile(const bf16* buf, const NativeDims& n, int64_
   return buf + (bn * n.nt + t) * n.tile();
 }
 
-// dst [kTn, kTn] ← src [kTn, kTn] transposed (bf16 bits).
-MOE_ALWAYS_INLINE void transpose_tile(const bf16* src, bf16* dst) {
-  for (int64_t j = 0; j < kTn; j++)
-    for (int64_t i = 0; i < kTn; i++) dst[j * kTn + i] = src[i * kTn + j];
+// dst [kTn/2, kTn] of 32-bit pairs ← rows 2p and 2p+1 of src [kTn, kTn] interleaved: src as a B operand with k = its
+// row (query pairs).
+MOE_ALWAYS_INLINE void row_pairs(const bf16* src, uint32_t* dst) {
+  const uint16_t* s = &src[0].bits;
+  for (int64_t p = 0; p < kTn / 2; p++)
+#pragma omp simd
+    for (int64_t j = 0; j < kTn; j++)
+      dst[p * kTn + j] = uint32_t(s[2 * p * kTn + j]) | uint32_t(s[(2 * p + 1) * kTn + j]) << 16;
 }
 
 struct NativeFwd {
@@ -227,7 +256,7 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
 
 struct NativeBwd {
   NativeDims n;
-  const bf16 *qR, *qN, *dR, *dN;  // per query head pair: Q̂ and dÔ as rows and in query pairs
+  const bf16 *qR, *qT, *dR, *dT;  // per query head pair: Q̂ and dÔ as rows and transposed
   const bf16 *kT, *vT, *kN;       // per kv head pair: K̂ᵀ, V̂ᵀ in d pairs, K̂ in key pairs
   const float *lse, *delta;
   float* dQacc;  // [B·Nq, Sp, Dp]
@@ -238,14 +267,15 @@ struct NativeBwd {
 
 // Per-thread buffers of one backward item.
 struct NativeTiles {
-  float *sc, *dp, *dK, *dV, *z;  // [kTn, kTn] ×2, [kTn, Dp] ×2, [kTn]
-  bf16 *P, *dS, *Pt, *dSt;       // [kTn, kTn] each
+  float *sc, *dp, *dKt, *dVt, *z;  // [kTn, kTn] ×2, [Dp, kTn] ×2, [kTn]
+  bf16 *P, *dS;                    // [kTn, kTn] each
+  uint32_t *Pp, *dSp;              // [kTn/2, kTn] each: P and dS in query pairs
   NativeTiles(float* w, int64_t Dp)
-      : sc(w), dp(sc + kTn * kTn), dK(dp + kTn * kTn), dV(dK + kTn * Dp), z(dV + kTn * Dp) {
-    P = reinterpret_cast<bf16*>(z + kTn);
+      : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp), z(dVt + kTn * Dp) {
+    Pp = reinterpret_cast<uint32_t*>(z + kTn);
+    dSp = Pp + kTn * kTn / 2;
+    P = reinterpret_cast<bf16*>(dSp + kTn * kTn / 2);
     dS = P + kTn * kTn;
-    Pt = dS + kTn * kTn;
-    dSt = Pt + kTn * kTn;
   }
   static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + kTn + 4 * kTn * kTn / 2; }
 };
@@ -293,12 +323,13 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});
   std::fill(w.dS + nr * kTn, w.dS + kTn * kTn, bf16{0});
   if (kv) {
-    const Causal from = diag ? Causal::KFromRow : Causal::Full;
-    const int64_t Mk = round_up(nc, 16);
-    transpose_tile(w.P, w.Pt);
-    transpose_tile(w.dS, w.dSt);
-    G::run({Mk, Dp, kTn, w.Pt, kTn, ptile(a.dN, a.n, bh, qt), 2 * Dp, w.dV, Dp, true, from});
-    G::run({Mk, Dp, kTn, w.dSt, kTn, ptile(a.qN, a.n, bh, qt), 2 * Dp, w.dK, Dp, true, from});
+    const Causal from = diag ? Causal::KFromCol : Causal::Full;
+    row_pairs(w.P, w.Pp);
+    row_pairs(w.dS, w.dSp);
+    const bf16* Pp = reinterpret_cast<const bf16*>(w.Pp);
+    const bf16* dSp = reinterpret_cast<const bf16*>(w.dSp);
+    G::run({Dp, kTn, kTn, ptile(a.dT, a.n, bh, qt), kTn, Pp, 2 * kTn, w.dVt, kTn, true, from});
+    G::run({Dp, kTn, kTn, ptile(a.qT, a.n, bh, qt), kTn, dSp, 2 * kTn, w.dKt, kTn, true, from});
   }
   if (dq)
     G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.kN, a.n, bg, kt), 2 * Dp, a.dQacc + (bh * a.n.Sp + i0) * Dp, Dp, true,
@@ -310,15 +341,17 @@ template <class G>
 MOE_ALWAYS_INLINE void native_key_tile(const NativeBwd& a, int64_t b, int64_t g, int64_t kt, NativeTiles& w, bool dq) {
   const AttentionDims& d = a.n.d;
   const int64_t D = d.D, Dp = a.n.Dp, j0 = kt * kTn, nc = std::min(kTn, d.S - j0), bg = b * d.Nkv + g;
-  std::fill_n(w.dK, kTn * Dp, 0.0f);
-  std::fill_n(w.dV, kTn * Dp, 0.0f);
+  std::fill_n(w.dKt, kTn * Dp, 0.0f);
+  std::fill_n(w.dVt, kTn * Dp, 0.0f);
   for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++)
     for (int64_t qt = kt; qt < a.n.nt; qt++) native_pair<G>(a, b, h, qt, kt, w, true, dq);
   for (int64_t j = 0; j < nc; j++) {
     float* dkr = a.dk + (j0 + j) * d.kv_row() + bg * D;
     float* dvr = a.dv + (j0 + j) * d.kv_row() + bg * D;
-    std::copy_n(w.dK + j * Dp, D, dkr);
-    std::copy_n(w.dV + j * Dp, D, dvr);
+    for (int64_t e = 0; e < D; e++) {
+      dkr[e] = w.dKt[e * kTn + j];
+      dvr[e] = w.dVt[e * kTn + j];
+    }
   }
 }
 
@@ -431,22 +464,22 @@ void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const float sc = static_cast<float>(scale);
   const Heads<float> qh = heads_of(q.data<float>(), d, d.Nq), doh = heads_of(dout.data<float>(), d, d.Nq);
   const Heads<float> kh = heads_of(k.data<float>(), d, d.Nkv), vh = heads_of(v.data<float>(), d, d.Nkv);
-  Tensor qR = bf16_buffer(n, q_pairs), qN = bf16_buffer(n, q_pairs), dR = bf16_buffer(n, q_pairs),
-         dN = bf16_buffer(n, q_pairs);
+  Tensor qR = bf16_buffer(n, q_pairs), qT = bf16_buffer(n, q_pairs), dR = bf16_buffer(n, q_pairs),
+         dT = bf16_buffer(n, q_pairs);
   Tensor kT = bf16_buffer(n, kv_pairs), vT = bf16_buffer(n, kv_pairs), kN = bf16_buffer(n, kv_pairs);
   pack_native<NativePack::Rows>(n, qh, q_pairs, sc, qR.data<bf16>());
-  pack_native<NativePack::RowPairs>(n, qh, q_pairs, sc, qN.data<bf16>());
+  pack_native<NativePack::Cols>(n, qh, q_pairs, sc, qT.data<bf16>());
   pack_native<NativePack::Rows>(n, doh, q_pairs, 1.0f, dR.data<bf16>());
-  pack_native<NativePack::RowPairs>(n, doh, q_pairs, 1.0f, dN.data<bf16>());
+  pack_native<NativePack::Cols>(n, doh, q_pairs, 1.0f, dT.data<bf16>());
   pack_native<NativePack::EPairs>(n, kh, kv_pairs, 1.0f, kT.data<bf16>());
   pack_native<NativePack::EPairs>(n, vh, kv_pairs, 1.0f, vT.data<bf16>());
   pack_native<NativePack::RowPairs>(n, kh, kv_pairs, 1.0f, kN.data<bf16>());
   Tensor dQacc = Tensor::empty({q_pairs * n.Sp * n.Dp}, DType::F32);
   NativeBwd a{n,
               qR.data<bf16>(),
-              qN.data<bf16>(),
+              qT.data<bf16>(),
               dR.data<bf16>(),
-              dN.data<bf16>(),
+              dT.data<bf16>(),
               kT.data<bf16>(),
               vT.data<bf16>(),
               kN.data<bf16>(),
