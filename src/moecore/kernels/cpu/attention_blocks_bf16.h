@@ -89,15 +89,16 @@ MOE_AVX512_BF16 MOE_ALWAYS_INLINE void dp_micro(const Bf16Block& p, int64_t i0, 
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
       acc[i][v] = p.accumulate ? _mm512_loadu_ps(p.C + (i0 + i) * p.ldc + j0 + 16 * v) : _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1; k += 2) {
-    const bf16* bk = p.B + (k / 2) * p.ldb + 2 * j0;
+  const bf16* a = p.A + i0 * p.lda + k0;
+  const bf16* bk = p.B + (k0 / 2) * p.ldb + 2 * j0;
+  for (int64_t k = k0; k < k1; k += 2, a += 2, bk += p.ldb) {
     __m512bh bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) bv[v] = (__m512bh)_mm512_loadu_si512(bk + 32 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
       int32_t pair;
-      std::memcpy(&pair, p.A + (i0 + i) * p.lda + k, 4);
+      std::memcpy(&pair, a + i * p.lda, 4);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
@@ -109,12 +110,16 @@ MOE_AVX512_BF16 MOE_ALWAYS_INLINE void dp_micro(const Bf16Block& p, int64_t i0, 
     for (int v = 0; v < NV; v++) _mm512_storeu_ps(p.C + (i0 + i) * p.ldc + j0 + 16 * v, acc[i][v]);
 }
 
-constexpr int kDpRows = 8;  // 8 rows × 2 vectors: 16 accumulators, 2 B vectors and a broadcast of 32 registers
+// 4 rows × 4 vectors (64 columns): 16 accumulators, 4 B vectors and a broadcast of 32 registers; 32-column rests
+// take 4 × 2.
+constexpr int kDpRows = 4;
 
 MOE_AVX512_BF16 inline void avx512_bf16_block(const Bf16Block& p) {
   for (int64_t i0 = 0; i0 < p.M; i0 += kDpRows) {
     const Bf16Range r = bf16_block_range(p, i0, kDpRows, 2);
-    for (int64_t j0 = 0; j0 < r.n; j0 += 32) dp_micro<kDpRows, 2>(p, i0, j0, bf16_col_k0(p, r, j0, 2), r.k1);
+    int64_t j0 = 0;
+    for (; j0 + 64 <= r.n; j0 += 64) dp_micro<kDpRows, 4>(p, i0, j0, bf16_col_k0(p, r, j0, 2), r.k1);
+    if (j0 < r.n) dp_micro<kDpRows, 2>(p, i0, j0, bf16_col_k0(p, r, j0, 2), r.k1);
   }
 }
 
