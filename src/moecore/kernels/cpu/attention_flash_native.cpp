@@ -413,6 +413,19 @@ void require_f32_native(const Tensor& q) {
                  dtype_name(q.dtype()));
 }
 
+// delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32, in a fixed vector order).
+MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const float* dout, const float* o, float* delta) {
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t r = 0; r < d.B * d.Nq; r++)
+    for (int64_t i = 0; i < d.S; i++) {
+      const int64_t off = i * d.q_row() + r * d.D;  // r = b·Nq + h matches the [S, B, Nq, D] layout
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t e = 0; e < d.D; e++) s += dout[off + e] * o[off + e];
+      delta[r * d.S + i] = s;
+    }
+}
+
 Tensor bf16_buffer(const NativeDims& n, int64_t heads) {
   return Tensor::empty({heads * n.nt * n.tile()}, DType::BF16);
 }
@@ -448,19 +461,7 @@ void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const AttentionDims& d = n.d;
   const int64_t kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
   Tensor delta = Tensor::empty({q_pairs, d.S}, DType::F32);
-  {
-    const float* od = o.data<float>();
-    const float* dod = dout.data<float>();
-    float* dl = delta.data<float>();
-    _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < q_pairs; r++) {
-      for (int64_t i = 0; i < d.S; i++) {
-        const int64_t off = i * d.q_row() + r * d.D;  // r = b·Nq + h matches the [S, B, Nq, D] layout
-        float s = 0;
-        for (int64_t e = 0; e < d.D; e++) s += dod[off + e] * od[off + e];
-        dl[r * d.S + i] = s;
-      }
-    }
-  }
+  native_delta(d, dout.data<float>(), o.data<float>(), delta.data<float>());
   const float sc = static_cast<float>(scale);
   const Heads<float> qh = heads_of(q.data<float>(), d, d.Nq), doh = heads_of(dout.data<float>(), d, d.Nq);
   const Heads<float> kh = heads_of(k.data<float>(), d, d.Nkv), vh = heads_of(v.data<float>(), d, d.Nkv);
