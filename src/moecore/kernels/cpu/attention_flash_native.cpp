@@ -174,9 +174,7 @@ MOE_ALWAYS_INLINE void row_pairs(const bf16* src, uint32_t* dst) {
 
 struct NativeFwd {
   NativeDims n;
-  const float* q;  // [S, B, Nq, D]
-  const bf16 *kT, *vN;
-  float scale;
+  const bf16 *qR, *kT, *vN;  // Q̂ rows per query head pair, K̂ᵀ in d pairs and V̂ in key pairs per kv head pair
   float *o, *lse;
   const AttentionDropout* drop;
 };
@@ -188,17 +186,15 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
     const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
-    float* acc = scratch.mine();                  // [kTn, Dp]
-    float* sc = acc + kTn * Dp;                   // [kTn, kTn] scores
-    float* m = sc + kTn * kTn;                    // [kTn]
-    float* l = m + kTn;                           // [kTn]
-    float* z = l + kTn;                           // [kTn] dropout multipliers
-    bf16* Qs = reinterpret_cast<bf16*>(z + kTn);  // [kTn, Dp]
-    bf16* P = Qs + kTn * Dp;                      // [kTn, kTn]
+    float* acc = scratch.mine();                 // [kTn, Dp]
+    float* sc = acc + kTn * Dp;                  // [kTn, kTn] scores
+    float* m = sc + kTn * kTn;                   // [kTn]
+    float* l = m + kTn;                          // [kTn]
+    float* z = l + kTn;                          // [kTn] dropout multipliers
+    bf16* P = reinterpret_cast<bf16*>(z + kTn);  // [kTn, kTn]
     const int64_t i0 = qt * kTn, nr = std::min(kTn, S - i0), M = round_up(nr, 16);
+    const bf16* Qs = ptile(a.qR, a.n, bh, qt);
     for (int64_t i = 0; i < M; i++) {
-      const float* src = i < nr ? a.q + (i0 + i) * d.q_row() + bh * D : nullptr;
-      for (int64_t e = 0; e < Dp; e++) Qs[i * Dp + e] = src && e < D ? float_to_bf16(src[e] * a.scale) : bf16{0};
       m[i] = -std::numeric_limits<float>::infinity();
       l[i] = 0;
     }
@@ -436,20 +432,14 @@ void forward_with(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   const NativeDims n(attention_forward_dims(q, k, v, o, lse));
   const AttentionDims& d = n.d;
   const int64_t kv_pairs = d.B * d.Nkv;
-  Tensor kT = bf16_buffer(n, kv_pairs), vN = bf16_buffer(n, kv_pairs);
+  Tensor qR = bf16_buffer(n, d.B * d.Nq), kT = bf16_buffer(n, kv_pairs), vN = bf16_buffer(n, kv_pairs);
+  pack_native<NativePack::Rows>(n, heads_of(q.data<float>(), d, d.Nq), d.B * d.Nq, static_cast<float>(scale),
+                                qR.data<bf16>());
   pack_native<NativePack::EPairs>(n, heads_of(k.data<float>(), d, d.Nkv), kv_pairs, 1.0f, kT.data<bf16>());
   pack_native<NativePack::RowPairs>(n, heads_of(v.data<float>(), d, d.Nkv), kv_pairs, 1.0f, vN.data<bf16>());
-  NativeFwd a{n,
-              q.data<float>(),
-              kT.data<bf16>(),
-              vN.data<bf16>(),
-              static_cast<float>(scale),
-              o.data<float>(),
-              lse.data<float>(),
-              dropout};
-  // acc [kTn, Dp], scores [kTn, kTn], m, l, z [kTn] in f32, then Q̂ [kTn, Dp] and P [kTn, kTn] in bf16 (half a float
-  // each).
-  Scratch<float> scratch(kTn * n.Dp + kTn * kTn + 3 * kTn + (kTn * n.Dp + kTn * kTn) / 2, DType::F32);
+  NativeFwd a{n, qR.data<bf16>(), kT.data<bf16>(), vN.data<bf16>(), o.data<float>(), lse.data<float>(), dropout};
+  // acc [kTn, Dp], scores [kTn, kTn], m, l, z [kTn] in f32, then P [kTn, kTn] in bf16 (half a float each).
+  Scratch<float> scratch(kTn * n.Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2, DType::F32);
   native_forward_items<G>(a, scratch);
 }
 
