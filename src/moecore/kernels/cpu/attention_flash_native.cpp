@@ -199,7 +199,6 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
       l[i] = 0;
     }
     std::fill_n(P, M * kTn, bf16{0});
-    std::fill_n(acc, M * Dp, 0.0f);
     G::begin();
     for (int64_t kt = 0; kt <= qt; kt++) {
       const int64_t j0 = kt * kTn, nc = std::min(kTn, S - j0);
@@ -230,13 +229,13 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
 #pragma omp simd
         for (int64_t j = 0; j < jmax; j++) p[j] = float_to_bf16(s[j]);
         for (int64_t j = jmax; j < kTn; j++) p[j] = bf16{0};
-        if (alpha != 1.0f) {
+        if (kt > 0 && alpha != 1.0f) {  // at kt = 0 the product below stores acc
           float* ar = acc + i * Dp;
 #pragma omp simd
           for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha;
         }
       }
-      G::run({M, Dp, kTn, P, kTn, ptile(a.vN, a.n, bg, kt), 2 * Dp, acc, Dp, true,
+      G::run({M, Dp, kTn, P, kTn, ptile(a.vN, a.n, bg, kt), 2 * Dp, acc, Dp, kt > 0,
               diag ? Causal::KUpToRow : Causal::Full});
     }
     G::end();
@@ -324,11 +323,12 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
     row_pairs(w.dS, w.dSp);
     const bf16* Pp = reinterpret_cast<const bf16*>(w.Pp);
     const bf16* dSp = reinterpret_cast<const bf16*>(w.dSp);
-    G::run({Dp, kTn, kTn, ptile(a.dT, a.n, bh, qt), kTn, Pp, 2 * kTn, w.dVt, kTn, true, from});
-    G::run({Dp, kTn, kTn, ptile(a.qT, a.n, bh, qt), kTn, dSp, 2 * kTn, w.dKt, kTn, true, from});
+    const bool first = qt == kt && h % d.group() == 0;  // the key tile's first pair stores dKᵀ, dVᵀ
+    G::run({Dp, kTn, kTn, ptile(a.dT, a.n, bh, qt), kTn, Pp, 2 * kTn, w.dVt, kTn, !first, from});
+    G::run({Dp, kTn, kTn, ptile(a.qT, a.n, bh, qt), kTn, dSp, 2 * kTn, w.dKt, kTn, !first, from});
   }
   if (dq)
-    G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.kN, a.n, bg, kt), 2 * Dp, a.dQacc + (bh * a.n.Sp + i0) * Dp, Dp, true,
+    G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.kN, a.n, bg, kt), 2 * Dp, a.dQacc + (bh * a.n.Sp + i0) * Dp, Dp, kt > 0,
             diag ? Causal::KUpToRow : Causal::Full});
 }
 
@@ -336,14 +336,13 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
 template <class G>
 MOE_ALWAYS_INLINE void native_key_tile(const NativeBwd& a, int64_t b, int64_t g, int64_t kt, NativeTiles& w, bool dq) {
   const AttentionDims& d = a.n.d;
-  const int64_t D = d.D, Dp = a.n.Dp, j0 = kt * kTn, nc = std::min(kTn, d.S - j0), bg = b * d.Nkv + g;
-  std::fill_n(w.dKt, kTn * Dp, 0.0f);
-  std::fill_n(w.dVt, kTn * Dp, 0.0f);
+  const int64_t D = d.D, j0 = kt * kTn, nc = std::min(kTn, d.S - j0), bg = b * d.Nkv + g;
   for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++)
     for (int64_t qt = kt; qt < a.n.nt; qt++) native_pair<G>(a, b, h, qt, kt, w, true, dq);
   for (int64_t j = 0; j < nc; j++) {
     float* dkr = a.dk + (j0 + j) * d.kv_row() + bg * D;
     float* dvr = a.dv + (j0 + j) * d.kv_row() + bg * D;
+#pragma omp simd
     for (int64_t e = 0; e < D; e++) {
       dkr[e] = w.dKt[e * kTn + j];
       dvr[e] = w.dVt[e * kTn + j];
@@ -351,15 +350,11 @@ MOE_ALWAYS_INLINE void native_key_tile(const NativeBwd& a, int64_t b, int64_t g,
   }
 }
 
-// dQ rows [i0, i0+n) of head bh: the f32 sums zeroed (before) or written out times dq_mul (after).
-MOE_ALWAYS_INLINE void native_dq_rows(const NativeBwd& a, int64_t bh, int64_t i0, int64_t n, bool zero) {
+// dQ rows [i0, i0+n) of head bh written out times dq_mul (their f32 sums start at each row's kt = 0 pair).
+MOE_ALWAYS_INLINE void native_dq_rows(const NativeBwd& a, int64_t bh, int64_t i0, int64_t n) {
   const AttentionDims& d = a.n.d;
   const int64_t Dp = a.n.Dp;
-  float* acc = a.dQacc + (bh * a.n.Sp + i0) * Dp;
-  if (zero) {
-    std::fill_n(acc, round_up(n, 16) * Dp, 0.0f);
-    return;
-  }
+  const float* acc = a.dQacc + (bh * a.n.Sp + i0) * Dp;
   for (int64_t i = 0; i < n; i++) {
     float* r = a.dq + (i0 + i) * d.q_row() + bh * d.D;
 #pragma omp simd
@@ -373,11 +368,10 @@ MOE_TARGET_CLONES void native_backward_fused(const NativeBwd& a, Scratch<float>&
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
     const int64_t b = bg / d.Nkv, g = bg % d.Nkv;
     NativeTiles w(scratch.mine(), a.n.Dp);
-    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) native_dq_rows(a, b * d.Nq + h, 0, a.n.Sp, true);
     G::begin();
     for (int64_t kt = 0; kt < a.n.nt; kt++) native_key_tile<G>(a, b, g, kt, w, true);
     G::end();
-    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) native_dq_rows(a, b * d.Nq + h, 0, d.S, false);
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) native_dq_rows(a, b * d.Nq + h, 0, d.S);
   }
 }
 
@@ -396,11 +390,10 @@ MOE_TARGET_CLONES void native_backward_two_pass(const NativeBwd& a, Scratch<floa
     NativeTiles w(scratch.mine(), a.n.Dp);
     const int64_t qt = nt - 1 - it / q_pairs, bh = it % q_pairs, i0 = qt * kTn;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, n = std::min(kTn, d.S - i0);
-    native_dq_rows(a, bh, i0, n, true);
     G::begin();
     for (int64_t kt = 0; kt <= qt; kt++) native_pair<G>(a, b, h, qt, kt, w, false, true);
     G::end();
-    native_dq_rows(a, bh, i0, n, false);
+    native_dq_rows(a, bh, i0, n);
   }
 }
 
