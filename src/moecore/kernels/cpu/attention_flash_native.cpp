@@ -116,15 +116,40 @@ struct NativeDims {
 //   Cols:     (s, e) at [e·Tn + s]                     — an A operand with k = s (Q̂ᵀ, dÔᵀ).
 enum class NativePack { Rows, EPairs, RowPairs, Cols };
 
-// dst [heads, nt, tile] ← bf16(mul · src), zero past S and D. Each tile goes through 32 columns at a time of rows
-// rounded in a stack buffer (vectorized), then into its layout.
+// Columns [e0, e0+32) of a tile's rows, rounded (buf), into the tile's layout P.
 template <NativePack P>
-MOE_TARGET_CLONES void pack_native(const NativeDims& n, Heads<float> src, int64_t heads, float mul, bf16* dst) {
+MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t (*buf)[32], int64_t Dp, int64_t e0, uint16_t* out) {
+  if constexpr (P == NativePack::Rows)
+    for (int64_t s = 0; s < kTn; s++) std::memcpy(out + s * Dp + e0, buf[s], sizeof buf[s]);
+  if constexpr (P == NativePack::RowPairs)
+    for (int64_t p = 0; p < kTn / 2; p++) {
+      uint32_t pairs[32];
+#pragma omp simd
+      for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(buf[2 * p][e]) | uint32_t(buf[2 * p + 1][e]) << 16;
+      std::memcpy(out + p * 2 * Dp + 2 * e0, pairs, sizeof pairs);
+    }
+  if constexpr (P == NativePack::Cols)
+    for (int64_t e = 0; e < 32; e++)
+      for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s][e];
+  if constexpr (P == NativePack::EPairs)
+    for (int64_t ep = 0; ep < 16; ep++) {
+      uint32_t pairs[kTn];  // (e0 + 2ep, e0 + 2ep + 1) of each row: one little-endian word of buf
+      for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], &buf[s][2 * ep], 4);
+      std::memcpy(out + (e0 / 2 + ep) * 2 * kTn, pairs, sizeof pairs);
+    }
+}
+
+// dst [heads, nt, tile] ← bf16(mul · src) in layout P (and into dst2 in layout P2 when given: one read of src for
+// both), zero past S and D. Each tile goes through 32 columns at a time of rows rounded in a stack buffer
+// (vectorized), then into its layouts.
+template <NativePack P, NativePack P2 = P>
+MOE_TARGET_CLONES void pack_native(const NativeDims& n, Heads<float> src, int64_t heads, float mul, bf16* dst,
+                                   bf16* dst2 = nullptr) {
   const int64_t D = n.d.D, Dp = n.Dp, nt = n.nt;
 #pragma omp parallel for schedule(static) collapse(2)
   for (int64_t bn = 0; bn < heads; bn++)
     for (int64_t t = 0; t < nt; t++) {
-      uint16_t* out = &dst[(bn * nt + t) * n.tile()].bits;
+      const int64_t off = (bn * nt + t) * n.tile();
       for (int64_t e0 = 0; e0 < Dp; e0 += 32) {
         alignas(64) uint16_t buf[kTn][32];
         const int64_t w = std::clamp<int64_t>(D - e0, 0, 32);
@@ -135,24 +160,8 @@ MOE_TARGET_CLONES void pack_native(const NativeDims& n, Heads<float> src, int64_
           for (int64_t e = 0; e < m; e++) buf[s][e] = float_to_bf16(in[e] * mul).bits;
           for (int64_t e = m; e < 32; e++) buf[s][e] = 0;
         }
-        if constexpr (P == NativePack::Rows)
-          for (int64_t s = 0; s < kTn; s++) std::memcpy(out + s * Dp + e0, buf[s], sizeof buf[s]);
-        if constexpr (P == NativePack::RowPairs)
-          for (int64_t p = 0; p < kTn / 2; p++) {
-            uint32_t pairs[32];
-#pragma omp simd
-            for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(buf[2 * p][e]) | uint32_t(buf[2 * p + 1][e]) << 16;
-            std::memcpy(out + p * 2 * Dp + 2 * e0, pairs, sizeof pairs);
-          }
-        if constexpr (P == NativePack::Cols)
-          for (int64_t e = 0; e < 32; e++)
-            for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s][e];
-        if constexpr (P == NativePack::EPairs)
-          for (int64_t ep = 0; ep < 16; ep++) {
-            uint32_t pairs[kTn];  // (e0 + 2ep, e0 + 2ep + 1) of each row: one little-endian word of buf
-            for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], &buf[s][2 * ep], 4);
-            std::memcpy(out + (e0 / 2 + ep) * 2 * kTn, pairs, sizeof pairs);
-          }
+        emit_tile_cols<P>(buf, Dp, e0, &dst[off].bits);
+        if (dst2) emit_tile_cols<P2>(buf, Dp, e0, &dst2[off].bits);
       }
     }
 }
@@ -451,13 +460,10 @@ void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   Tensor qR = bf16_buffer(n, q_pairs), qT = bf16_buffer(n, q_pairs), dR = bf16_buffer(n, q_pairs),
          dT = bf16_buffer(n, q_pairs);
   Tensor kT = bf16_buffer(n, kv_pairs), vT = bf16_buffer(n, kv_pairs), kN = bf16_buffer(n, kv_pairs);
-  pack_native<NativePack::Rows>(n, qh, q_pairs, sc, qR.data<bf16>());
-  pack_native<NativePack::Cols>(n, qh, q_pairs, sc, qT.data<bf16>());
-  pack_native<NativePack::Rows>(n, doh, q_pairs, 1.0f, dR.data<bf16>());
-  pack_native<NativePack::Cols>(n, doh, q_pairs, 1.0f, dT.data<bf16>());
-  pack_native<NativePack::EPairs>(n, kh, kv_pairs, 1.0f, kT.data<bf16>());
+  pack_native<NativePack::Rows, NativePack::Cols>(n, qh, q_pairs, sc, qR.data<bf16>(), qT.data<bf16>());
+  pack_native<NativePack::Rows, NativePack::Cols>(n, doh, q_pairs, 1.0f, dR.data<bf16>(), dT.data<bf16>());
+  pack_native<NativePack::EPairs, NativePack::RowPairs>(n, kh, kv_pairs, 1.0f, kT.data<bf16>(), kN.data<bf16>());
   pack_native<NativePack::EPairs>(n, vh, kv_pairs, 1.0f, vT.data<bf16>());
-  pack_native<NativePack::RowPairs>(n, kh, kv_pairs, 1.0f, kN.data<bf16>());
   Tensor dQacc = Tensor::empty({q_pairs * n.Sp * n.Dp}, DType::F32);
   NativeBwd a{n,
               qR.data<bf16>(),
