@@ -50,11 +50,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 //   per call in the pair layout the instructions read (attention_blocks_bf16.h; AMX through a tile policy with a
 //   scalar emulation, amx_tiles.h, so its blocking is tested on any CPU). No score block is materialized beyond one
 //   tile and no oneDNN call sits in the loop, which is what held OneDnn to a fifth of the AMX peak.
-// - OneDnn (CPUs where oneDNN has native bf16 matmul but FlashNative does not run; attention_bf16.cpp): query blocks of
-// a chunk of heads
-//   go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online) softmax per row: a
-//   block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
-//   S > 128.
+// - OneDnn (CPUs where oneDNN has native bf16 matmul but FlashNative does not run; attention_bf16.cpp): query blocks
+//   of a chunk of heads go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online)
+//   softmax per row: a block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never
+//   an S×S matrix once S > 128.
 // - Flash (other CPUs, where oneDNN would widen bf16 to f32 anyway; attention_flash.cpp): the f32 flash kernel on
 //   operands rounded to bf16, probabilities rounded before P·V (they are relative to the running row maximum).
 // Sequences longer than kMaxBf16AttentionSeq use the f32 kernel above instead (nn/attention.cpp).
@@ -65,7 +64,7 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
                              const AttentionDropout* dropout = nullptr);
 enum class Bf16AttentionKernel { OneDnn, Flash, FlashNative };
 Bf16AttentionKernel bf16_attention_kernel();
-// The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares the two).
+// The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares it).
 void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
                                    Tensor& lse, const AttentionDropout* dropout = nullptr);
 void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
