@@ -13,6 +13,8 @@
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/cuda/device_select.h"
+#include "moecore/kernels/cpu/attention_flash.h"
+#include "moecore/kernels/cpu/attention_flash_native.h"
 
 namespace moecore::cli {
 
@@ -38,10 +40,24 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   MOE_CHECK(!bf16 || a.seq <= kernels::kMaxBf16AttentionSeq, "bf16 attention runs up to --seq-length {}, got {}",
             kernels::kMaxBf16AttentionSeq, a.seq);
   MOE_CHECK(bf16 || a.bf16_kernel == "auto", "--bf16-kernel {} applies to --dtype bf16 only", a.bf16_kernel);
-  const bool onednn =
-      a.bf16_kernel == "onednn" ||
-      (a.bf16_kernel == "auto" && kernels::bf16_attention_kernel() == kernels::Bf16AttentionKernel::OneDnn);
-  const std::string kernel = !bf16 ? "flash f32" : onednn ? "oneDNN bf16 batched matmuls" : "flash, bf16 operands";
+  // The kernel that runs: the one training picks (auto) or the one named; native picks AMX over AVX512-BF16.
+  using kernels::Bf16AttentionKernel;
+  Bf16AttentionKernel kind = kernels::bf16_attention_kernel();
+  if (a.bf16_kernel == "onednn") kind = Bf16AttentionKernel::OneDnn;
+  if (a.bf16_kernel == "flash") kind = Bf16AttentionKernel::Flash;
+  if (a.bf16_kernel == "native") {
+    MOE_CHECK(kernels::flash::has_native_bf16(),
+              "--bf16-kernel native needs AVX512-BF16 or AMX, which this CPU lacks; use flash or onednn");
+    kind = Bf16AttentionKernel::FlashNative;
+  }
+  const bool onednn = kind == Bf16AttentionKernel::OneDnn, native = kind == Bf16AttentionKernel::FlashNative;
+  const std::string kernel = !bf16    ? "flash f32"
+                             : onednn ? "oneDNN bf16 batched matmuls"
+                             : native
+                                 ? fmt::format("flash, native bf16 block products ({})",
+                                               kernels::flash::native_bf16_name(kernels::flash::best_native_bf16()))
+                                 : "flash, bf16 operands";
+  const std::string tag = !bf16 ? "flash" : onednn ? "onednn" : native ? "native" : "flash";
   fmt::print(
       "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} timed runs, {} "
       "threads\n",
@@ -70,15 +86,20 @@ void run_bench_attention(const AttentionBenchArgs& a) {
       kernels::attention_forward(q, k, v, scale, o, lse);
     else if (onednn)
       kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse);
+    else if (native)
+      kernels::flash::forward_native(q, k, v, scale, o, lse, nullptr, kernels::flash::best_native_bf16());
     else
-      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
+      kernels::flash::forward(q, k, v, scale, o, lse, nullptr, /*round_bf16=*/true);
     const double fwd_s = timer.seconds();
     if (!bf16)
       kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
     else if (onednn)
       kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv);
+    else if (native)
+      kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr,
+                                      kernels::flash::best_native_bf16());
     else
-      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
+      kernels::flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr, /*round_bf16=*/true);
     const double total_s = timer.seconds();
     if (i == 0) continue;  // warm-up
     fwd_rates.push_back(fwd_flops / fwd_s / 1e9);
@@ -89,8 +110,8 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   fmt::print("  {}\n", peak.describe());
   fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / p);
   fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / p);
-  fmt::print("attention dtype={} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype,
-             fwd, tot, p, tot / p);
+  fmt::print("attention dtype={} kernel={} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n",
+             a.dtype, tag, fwd, tot, p, tot / p);
 }
 }  // namespace
 
@@ -108,8 +129,11 @@ BenchCommand add_attention_bench(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option(
          "--bf16-kernel", a->bf16_kernel,
-         "bf16 kernel: auto (as training picks: oneDNN where bf16 matmul is native, else flash), flash, onednn")
-      ->check(CLI::IsMember({"auto", "flash", "onednn"}))
+         "bf16 kernel: auto (as training picks: native where the CPU has AVX512-BF16 or AMX, else oneDNN where its "
+         "bf16 "
+         "matmul is native, else flash), native (flash with AVX512-BF16 or AMX block products), flash (f32 block "
+         "products on bf16-rounded operands), onednn")
+      ->check(CLI::IsMember({"auto", "native", "flash", "onednn"}))
       ->capture_default_str();
   cmd->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda[:N]")->capture_default_str();
   return {cmd, [a] { run_bench_attention(*a); }};

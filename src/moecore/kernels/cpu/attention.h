@@ -43,12 +43,19 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 
 // The same attention with bf16 GEMM operands, for --bf16 training: q, k, v, dout are f32 and rounded to bf16 where
 // they enter a GEMM (q times scale), probabilities and dS are rounded to bf16 for theirs; scores, softmax, lse and
-// every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Two kernels, chosen at run time by
+// every output stay f32 — the precision of a bf16 FlashAttention on a GPU. Three kernels, chosen at run time by
 // bf16_attention_kernel():
-// - OneDnn (CPUs with native bf16 matmul: AVX512-BF16, AMX; attention_bf16.cpp): query blocks of a chunk of heads
-//   go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online) softmax per row: a
-//   block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never an S×S matrix once
-//   S > 128.
+// - FlashNative (CPUs with AVX512-BF16 or AMX; attention_flash_native.cpp): the flash schedule below with its block
+//   products on bf16 operands in vdpbf16ps or TDPBF16PS (f32 accumulation), each operand rounded and packed once
+//   per call in the pair layout the instructions read (attention_blocks_bf16.h; AMX through a tile policy with a
+//   scalar emulation, amx_tiles.h, so its blocking is tested on any CPU). No score block is materialized beyond one
+//   tile and no oneDNN call sits in the loop, which is what held OneDnn to a fifth of the AMX peak. Measured with
+//   AVX512-BF16 (2-core AMD EPYC, bench attention fwd+bwd over the same-run bf16 GEMM peak): 0.61 at S 2048, GQA
+//   8/2 (OneDnn 0.40, Flash 0.22); 0.28 at S 256, B 4, GQA 16/4 (OneDnn 0.23, Flash 0.16). AMX: not yet measured.
+// - OneDnn (CPUs where oneDNN has native bf16 matmul but FlashNative does not run; attention_bf16.cpp): query blocks
+//   of a chunk of heads go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online)
+//   softmax per row: a block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never
+//   an S×S matrix once S > 128.
 // - Flash (other CPUs, where oneDNN would widen bf16 to f32 anyway; attention_flash.cpp): the f32 flash kernel on
 //   operands rounded to bf16, probabilities rounded before P·V (they are relative to the running row maximum).
 // Sequences longer than kMaxBf16AttentionSeq use the f32 kernel above instead (nn/attention.cpp).
@@ -57,9 +64,9 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout = nullptr);
-enum class Bf16AttentionKernel { OneDnn, Flash };
+enum class Bf16AttentionKernel { OneDnn, Flash, FlashNative };
 Bf16AttentionKernel bf16_attention_kernel();
-// The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares the two).
+// The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares it).
 void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
                                    Tensor& lse, const AttentionDropout* dropout = nullptr);
 void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

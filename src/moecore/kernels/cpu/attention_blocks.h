@@ -5,11 +5,14 @@
 // is compiled once per instruction set. Not a general GEMM (kernels/cpu/gemm.h).
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "moecore/core/cpu.h"
+#include "moecore/core/tensor.h"
 #include "moecore/kernels/cpu/attention.h"
 
 #define MOE_ALWAYS_INLINE inline __attribute__((always_inline))
@@ -25,7 +28,9 @@ namespace moecore::kernels::flash {
 //               are skipped in steps of a vector.
 //   KUpToRow:   row i sums k ≤ i only (P·V, dS·K of a diagonal tile: the other terms are zero).
 //   KFromRow:   row i sums k ≥ i only (Pᵀ·dO, dSᵀ·Q of a diagonal tile).
-enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow };
+//   KFromCol:   column j sums k ≥ j only (dOᵀ·P, Qᵀ·dS of a diagonal tile; the bf16 block products only, block_gemm
+//               computes it whole).
+enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow, KFromCol };
 
 template <typename T>
 struct Vec {
@@ -159,6 +164,36 @@ __attribute__((noinline)) MOE_TARGET_CLONES void block_gemm(int64_t M, int64_t N
     default:
       break;
   }
+}
+
+// Rows of the head pair bn = b·N + n of a [S, B, N, D] tensor (head = D, ld = B·N·D) or of a packed
+// [B·N, S, D] copy (head = S·D, ld = D).
+template <typename T>
+struct Heads {
+  const T* p;
+  int64_t head, ld;
+  const T* at(int64_t bn, int64_t s) const { return p + bn * head + s * ld; }
+};
+template <typename T>
+Heads<T> heads_of(const T* p, const AttentionDims& d, int64_t N) {
+  return {p, d.D, d.B * N * d.D};
+}
+
+// Per-thread scratch: `per_thread` elements each, rounded up to whole cache lines so that threads share none.
+template <typename T>
+struct Scratch {
+  Tensor t;
+  int64_t per_thread;
+  Scratch(int64_t n, DType dt) : per_thread((n + 15) / 16 * 16) { t = Tensor::empty({num_threads(), per_thread}, dt); }
+  T* mine() { return t.data<T>() + omp_get_thread_num() * per_thread; }
+};
+
+// The fused backward does 5 block products per tile pair, the two-pass one 7 (in both flash kernels); fused wins unless
+// its (b, kv head) items leave threads idle for more than 2/7 of the time.
+inline bool use_fused(const AttentionDims& d) {
+  const int64_t items = d.B * d.Nkv, threads = num_threads();
+  const int64_t rounds = (items + threads - 1) / threads;
+  return 7 * items >= 5 * rounds * threads;
 }
 
 // Per-thread buffers of one backward item (a key tile against its query tiles): the score and dP/dS tiles, the dK

@@ -36,19 +36,6 @@ namespace {
 
 constexpr int64_t Bt = kAttnTile;
 
-// Rows of the head pair bn = b·N + n of a [S, B, N, D] tensor (head = D, ld = B·N·D) or of a packed
-// [B·N, S, D] copy (head = S·D, ld = D).
-template <typename T>
-struct Heads {
-  const T* p;
-  int64_t head, ld;
-  const T* at(int64_t bn, int64_t s) const { return p + bn * head + s * ld; }
-};
-template <typename T>
-Heads<T> heads_of(const T* p, const AttentionDims& d, int64_t N) {
-  return {p, d.D, d.B * N * d.D};
-}
-
 template <bool R, typename T>
 MOE_ALWAYS_INLINE T rnd(T x) {
   if constexpr (R && std::is_same_v<T, float>)
@@ -108,15 +95,6 @@ MOE_TARGET_CLONES void pack_rows(const AttentionDims& d, Heads<T> src, int64_t h
       for (int64_t e = 0; e < D; e++) out[e] = rnd<R>(in[e] * mul);
     }
 }
-
-// Per-thread scratch: `per_thread` elements each, rounded up to whole cache lines so that threads share none.
-template <typename T>
-struct Scratch {
-  Tensor t;
-  int64_t per_thread;
-  Scratch(int64_t n, DType dt) : per_thread((n + 15) / 16 * 16) { t = Tensor::empty({num_threads(), per_thread}, dt); }
-  T* mine() { return t.data<T>() + omp_get_thread_num() * per_thread; }
-};
 
 template <typename T>
 struct FwdArgs {
@@ -330,14 +308,6 @@ MOE_TARGET_CLONES void backward_two_pass(const BwdArgs<T>& a, Scratch<T>& scratc
     for (int64_t kt = 0; kt <= qt; kt++) backward_pair<T, R>(a, b, h, qt, kt, w, false, true);
     dq_rows(a, bh, i0, n, false);
   }
-}
-
-// The fused backward does 5 block products per tile pair, the two-pass one 7; fused wins unless its (b, kv head)
-// items leave threads idle for more than 2/7 of the time.
-bool use_fused(const AttentionDims& d) {
-  const int64_t items = d.B * d.Nkv, threads = num_threads();
-  const int64_t rounds = (items + threads - 1) / threads;
-  return 7 * items >= 5 * rounds * threads;
 }
 
 template <typename T, bool R>

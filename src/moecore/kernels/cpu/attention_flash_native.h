@@ -1,0 +1,24 @@
+// The flash attention kernel with native bf16 block products (attention_flash_native.cpp): the kernel
+// attention_forward_bf16/backward_bf16 run where bf16_attention_kernel() is FlashNative. Internal to kernels/cpu:
+// callers use attention.h.
+#pragma once
+
+#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/attention_blocks_bf16.h"
+
+namespace moecore::kernels::flash {
+
+// The fastest native backend this CPU runs (Amx, else Avx512Bf16), or none.
+bool has_native_bf16();
+NativeBf16 best_native_bf16();
+
+// f32 tensors in and out with the rounding points of flash::forward/backward(round_bf16 = true): scale·q, k, v,
+// dout, the probabilities and dS rounded to bf16 where they enter a product; scores, softmax statistics, lse and
+// every output f32. `backend` must be supported (native_bf16_supported).
+void forward_native(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                    const AttentionDropout* dropout, NativeBf16 backend);
+void backward_native(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                     const AttentionDropout* dropout, NativeBf16 backend);
+
+}  // namespace moecore::kernels::flash
