@@ -7,15 +7,15 @@
 
 namespace moecore::moe {
 
+int64_t group_size(const comm::ProcessGroup* g) {
+  return g ? g->size() : 1;
+}
+
 namespace {
 
 // Sums counts over the group (f64, exact for counts).
 void sum_over_group(Tensor& counts, const comm::ProcessGroup* g) {
   if (g && g->size() > 1) g->all_reduce(counts);
-}
-
-int64_t group_size(const comm::ProcessGroup* g) {
-  return g ? g->size() : 1;
 }
 
 // cnt[e] = Σ_t [e ∈ top_t] and agg[e] = Σ_t a_te over this rank's tokens (f64).

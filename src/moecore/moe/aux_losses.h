@@ -10,6 +10,9 @@
 
 namespace moecore::moe {
 
+// Ranks in a count or global group (1 for none): what the losses' token counts T are multiplied by.
+int64_t group_size(const comm::ProcessGroup* g);
+
 // Shared inputs: a_TE [T, E] the aux scores (router dtype: softmax, or sigmoid normalized over E); top_TK [T, K]
 // (I32) the plain top-k of the aux scores, from which every count c is taken (no bias, groups or dropping);
 // da_TE [T, E] (router dtype) the gradient on the aux scores, accumulated (+=). Counts are f64 (exact).

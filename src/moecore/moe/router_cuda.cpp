@@ -23,6 +23,7 @@
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cuda/launch_router.h"
+#include "moecore/moe/aux_losses.h"
 
 namespace moecore::moe {
 
@@ -38,10 +39,6 @@ int32_t* i32p(const Tensor& t) {
 }
 double* f64p(const Tensor& t) {
   return t.defined() ? t.device_data<double>() : nullptr;
-}
-
-int64_t group_size(const comm::ProcessGroup* g) {
-  return g ? g->size() : 1;
 }
 
 // Per-class counts and aux-score sums of the top-k of the aux scores (classes: t mod G), on the host, the counts

@@ -108,14 +108,14 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   d.tp = l.tp;
   d.bf16 = c.bf16;
   StageActivations a;
-  // --bf16 where the CPU has native bf16 matmul: the oneDNN attention kernel's backward temporaries (its largest
-  // block's scores, probabilities and packed operands) are alive during each attention's backward.
+  // --bf16: the backward temporaries of the bf16 attention kernel this CPU runs (the oneDNN kernel's largest block;
+  // the native flash kernel's packed operands and dQ accumulator) are alive during each attention's backward.
   double attention_kernel = 0;
-  if (d.bf16 && l.cp <= 1 && d.S <= kernels::kMaxBf16AttentionSeq &&
-      kernels::bf16_attention_kernel() == kernels::Bf16AttentionKernel::OneDnn) {
+  if (d.bf16 && l.cp <= 1 && d.S <= kernels::kMaxBf16AttentionSeq) {
     const int64_t width = m.mla.enabled ? m.mla.kernel_head_dim() : m.attn.head_dim;
-    attention_kernel = static_cast<double>(
-        kernels::attention_backward_bf16_onednn_bytes(d.S, d.B, m.attn.num_heads / std::max<int64_t>(l.tp, 1), width));
+    const int64_t tp = std::max<int64_t>(l.tp, 1), heads = m.attn.num_heads / tp;
+    const int64_t kv_heads = m.mla.enabled ? heads : std::max<int64_t>(m.attn.num_query_groups / tp, 1);
+    attention_kernel = static_cast<double>(kernels::attention_backward_bf16_bytes(d.S, d.B, heads, kv_heads, width));
   }
   for (const StageLayers& ch : chunks_of(c, pp_rank)) {
     double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;

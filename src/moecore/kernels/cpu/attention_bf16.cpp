@@ -275,6 +275,18 @@ int64_t attention_backward_bf16_onednn_bytes(int64_t S, int64_t B, int64_t heads
   return c * nq * nk * (4 + 4 + 2 + 2) + c * nq * D * (2 + 2 + 4) + c * nk * D * (2 + 2 + 4) + c * nq * 4;
 }
 
+int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64_t kv_heads, int64_t D) {
+  switch (bf16_attention_kernel()) {
+    case Bf16AttentionKernel::FlashNative:
+      return flash::backward_native_bytes(S, B, heads, kv_heads, D);
+    case Bf16AttentionKernel::OneDnn:
+      return attention_backward_bf16_onednn_bytes(S, B, heads, D);
+    case Bf16AttentionKernel::Flash:
+      break;
+  }
+  return 0;
+}
+
 // FlashNative wherever its instructions exist: with AVX512-BF16 it beats OneDnn at both bench shapes (0.61 against
 // 0.40 of the bf16 GEMM peak at S 2048, 0.28 against 0.23 at S 256 × B 4; attention.h), and AMX runs the same
 // schedule with 16 × 16 tiles (its figures still to be measured).

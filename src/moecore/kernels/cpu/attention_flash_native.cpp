@@ -22,9 +22,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
+#include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -61,11 +63,41 @@ bool cpu_amx() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+// One tile product through the instructions against the emulation (small integers: exact in any order, so the two
+// must agree bit for bit). The AMX path was written on CPUs without AMX; should the instructions ever disagree on a
+// CPU that has them, bf16 attention falls back to AVX512-BF16 and says so once, instead of training on wrong sums.
+bool tiles_agree_with_emulation() {
+  alignas(64) uint16_t a[amx::kRows][32], b[amx::kRows][32];
+  alignas(64) float native[amx::kRows][16], emulated[amx::kRows][16];
+  for (int r = 0; r < amx::kRows; r++)
+    for (int j = 0; j < 32; j++) {
+      a[r][j] = float_to_bf16(static_cast<float>((r * 7 + j * 3) % 7 - 3)).bits;
+      b[r][j] = float_to_bf16(static_cast<float>((r * 5 + j) % 5 - 2)).bits;
+    }
+  auto run = [&](auto tiles, float(*c)[16]) {
+    using Tiles = decltype(tiles);
+    Tiles::configure();
+    Tiles::template zero<0>();
+    Tiles::template load<1>(a, 64);
+    Tiles::template load<2>(b, 64);
+    Tiles::template dp<0, 1, 2>();
+    Tiles::template store<0>(c, 64);
+    Tiles::release();
+  };
+  run(amx::Native{}, native);
+  run(amx::Emulated{}, emulated);
+  if (std::memcmp(native, emulated, sizeof native) == 0) return true;
+  std::fprintf(stderr,
+               "moecore: warning: this CPU's AMX tile products disagree with their emulation; bf16 attention uses "
+               "AVX512-BF16 instead (please report the CPU model)\n");
+  return false;
+}
+
 }  // namespace
 
 namespace amx {
 bool usable() {
-  static const bool ok = cpu_amx();
+  static const bool ok = cpu_amx() && tiles_agree_with_emulation();
   return ok;
 }
 }  // namespace amx
@@ -489,6 +521,18 @@ void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 }
 
 }  // namespace
+
+int64_t backward_native_bytes(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D) {
+  AttentionDims a{};
+  a.S = S, a.B = B, a.Nq = Nq, a.Nkv = Nkv, a.D = D;
+  const NativeDims n(a);
+  const auto bytes = [](int64_t numel, int64_t size) {
+    return static_cast<int64_t>(Allocator::round_size(static_cast<size_t>(numel * size)));
+  };
+  const int64_t q_tiles = B * Nq * n.nt * n.tile(), kv_tiles = B * Nkv * n.nt * n.tile();
+  // backward_with's buffers: Δ, the four packs of q and dout, the three of k and v, the dQ accumulator.
+  return bytes(B * Nq * S, 4) + 4 * bytes(q_tiles, 2) + 3 * bytes(kv_tiles, 2) + bytes(B * Nq * n.Sp * n.Dp, 4);
+}
 
 bool has_native_bf16() {
   return native_bf16_supported(NativeBf16::Amx) || native_bf16_supported(NativeBf16::Avx512Bf16);

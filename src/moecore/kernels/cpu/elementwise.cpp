@@ -12,20 +12,20 @@ namespace {
 constexpr int64_t kChunk = 16384;
 // Independent f64 accumulators per chunk: a single running sum is one dependent add per element (latency-bound,
 // ~4 cycles each: 0.1 s of the default bench train step went to the gradient norm's sum of squares); lane l sums
-// elements l, l + kLanes, ... and the lanes are added in order, so the compiler can keep them in vector registers.
-constexpr int64_t kLanes = 16;
-static_assert(kChunk % kLanes == 0);
+// elements l, l + kSumLanes, ... and the lanes are added in order, so the compiler can keep them in vector registers.
+constexpr int64_t kSumLanes = 16;
+static_assert(kChunk % kSumLanes == 0);
 
 // Σ term(i) over [begin, end) in the fixed lane order above.
 template <typename F>
 inline __attribute__((always_inline)) double lane_sum(int64_t begin, int64_t end, F term) {
-  double acc[kLanes] = {};
+  double acc[kSumLanes] = {};
   int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes)
+  for (; i + kSumLanes <= end; i += kSumLanes)
 #pragma omp simd
-    for (int64_t l = 0; l < kLanes; l++) acc[l] += term(i + l);
+    for (int64_t l = 0; l < kSumLanes; l++) acc[l] += term(i + l);
   double s = 0;
-  for (int64_t l = 0; l < kLanes; l++) s += acc[l];
+  for (int64_t l = 0; l < kSumLanes; l++) s += acc[l];
   for (; i < end; i++) s += term(i);
   return s;
 }
