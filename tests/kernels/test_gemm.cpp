@@ -152,5 +152,25 @@ TEST(Gemm, PreparedPrimitiveIsTheOneGemmUses) {
   EXPECT_EQ(kernels::gemm_stats().primitives_created, created);
 }
 
+// gemm_shape_stats: each primitive shape counts its own calls and FLOPs (what bench train lists by shape).
+TEST(Gemm, ShapeStatsCountEachShapesCallsAndFlops) {
+  auto find = [](const std::string& name) {
+    for (const kernels::GemmShapeStats& g : kernels::gemm_shape_stats())
+      if (g.describe() == name) return g;
+    return kernels::GemmShapeStats{};
+  };
+  const Tensor a = randn({37, 23}, DType::F32, 1), b = randn({19, 23}, DType::F32, 2);
+  Tensor c = Tensor::empty({37, 19}, DType::F32);
+  const std::string name = "M=37 N=19 K=23 (Bᵀ) f32->f32";
+  const kernels::GemmShapeStats before = find(name);
+  for (int i = 0; i < 3; i++) kernels::gemm(a, false, b, true, c);
+  const kernels::GemmShapeStats after = find(name);
+  EXPECT_EQ(after.calls - before.calls, 3);
+  EXPECT_DOUBLE_EQ(after.flops - before.flops, 3 * 2.0 * 37 * 19 * 23);
+  EXPECT_GT(after.seconds, before.seconds);
+  kernels::gemm(a, false, b, true, c, 1.0f, 1.0f);
+  EXPECT_EQ(find(name + " +=").calls, 1) << "beta 1 is a shape of its own";
+}
+
 }  // namespace
 }  // namespace moecore

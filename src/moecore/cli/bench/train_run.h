@@ -13,6 +13,7 @@
 #include "moecore/comm/process_group.h"
 #include "moecore/core/dtype.h"
 #include "moecore/cuda/gpu_profile.h"
+#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore::cli {
@@ -29,6 +30,8 @@ inline const std::vector<std::string> kPhaseTimers = {"attention-core", "moe-per
 
 // The host synchronisation sites bench train names on a GPU (the most frequent first).
 constexpr size_t kSyncSitesShown = 8;
+// The GEMM shapes bench train lists on the CPU (the most time first).
+constexpr size_t kGemmShapesShown = 8;
 
 struct TrainRun {
   double step_s = 0, step_median_s = 0, exposed_s = 0, exposed_max_s = 0;
@@ -37,6 +40,8 @@ struct TrainRun {
   int64_t world = 1, rank = 0;
   std::map<std::string, comm::CommCounter> counters;  // of the timed steps only
   std::map<std::string, double> timer_s;              // per step: kPhaseTimers (with --timing-log-level 2)
+  // Per step, by primitive shape (CPU): the timed steps' GEMMs, the most time first.
+  std::vector<kernels::GemmShapeStats> gemm_shapes;
   // On a GPU: the step by phase from CUDA events and the host synchronisations by call site (the host timers above
   // measure only the launches there).
   std::optional<cuda::GpuProfileReport> gpu;

@@ -1,6 +1,8 @@
 // GEMM through oneDNN matmul with a primitive cache (see gemm.h).
 #include "moecore/kernels/cpu/gemm.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -43,6 +45,8 @@ struct KeyHash {
 struct Entry {
   dnnl::matmul prim;
   dnnl::memory a, b, c;
+  int64_t calls = 0;  // this primitive's share of GemmStats (gemm_shape_stats)
+  double flops = 0, seconds = 0;
 };
 
 struct Ctx {
@@ -312,9 +316,13 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
   }
-  c.stats.seconds += timer.seconds();
-  c.stats.flops += 2.0 * static_cast<double>(std::max<int64_t>(key.batch, 1)) * static_cast<double>(M) *
-                   static_cast<double>(N) * static_cast<double>(K);
+  const double dt = timer.seconds(), flops = 2.0 * static_cast<double>(std::max<int64_t>(key.batch, 1)) *
+                                             static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  c.stats.seconds += dt;
+  c.stats.flops += flops;
+  e.calls++;
+  e.seconds += dt;
+  e.flops += flops;
 }
 }  // namespace
 
@@ -383,6 +391,30 @@ double measure_gemm_peak_gflops(DType dtype, Device device) {
   }
   for (int64_t n : {1024, 2048}) best = std::max(best, time_square_gemm(dtype, n, n == 2048 ? 3 : 6).first);
   return best;
+}
+
+std::string GemmShapeStats::describe() const {
+  std::string s = batch ? fmt::format("{} x ", batch) : std::string();
+  s += fmt::format("M={} N={} K={}", M, N, K);
+  if (trans_a || trans_b) s += fmt::format(" ({}{})", trans_a ? "Aᵀ" : "", trans_b ? "Bᵀ" : "");
+  s += fmt::format(" {}->{}", dtype_name(dtype), dtype_name(out));
+  if (beta != 0.0f) s += " +=";
+  return s;
+}
+
+std::vector<GemmShapeStats> gemm_shape_stats() {
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::vector<GemmShapeStats> v;
+  for (const auto& [k, e] : c.cache) {
+    GemmShapeStats g;
+    g.batch = k.batch, g.M = k.m, g.N = k.n, g.K = k.k, g.trans_a = k.ta, g.trans_b = k.tb, g.dtype = k.dt;
+    g.out = k.ct;
+    std::memcpy(&g.beta, &k.beta_bits, 4);
+    g.calls = e.calls, g.flops = e.flops, g.seconds = e.seconds;
+    v.push_back(g);
+  }
+  return v;
 }
 
 GemmStats gemm_stats() {

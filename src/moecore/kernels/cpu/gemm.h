@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "moecore/core/tensor.h"
 
@@ -49,5 +51,19 @@ struct GemmStats {
   bool bf16_native = true;        // false when this CPU has no bf16 matmul and operands are widened to f32
 };
 GemmStats gemm_stats();
+
+// The same per primitive shape (CPU oneDNN calls only), for seeing which of a step's GEMMs run below the peak: a
+// long reduction's chunks count under their chunk's shape. Totals since the process started; a caller diffs two
+// snapshots.
+struct GemmShapeStats {
+  int64_t batch = 0, M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  DType dtype = DType::F32, out = DType::F32;
+  float beta = 0;
+  int64_t calls = 0;
+  double flops = 0, seconds = 0;
+  std::string describe() const;  // "M=256 N=2048 K=1024 (Bᵀ) bf16->bf16", with "+=" for beta 1
+};
+std::vector<GemmShapeStats> gemm_shape_stats();
 
 }  // namespace moecore::kernels
