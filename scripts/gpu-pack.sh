@@ -13,7 +13,7 @@ trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/ompi" "$STAGE/pmix"
 
 bins=()
-for b in moecore moecore_cuda_tests moecore_mpi_tests; do
+for b in moecore moecore_cuda_tests moecore_mpi_tests moecore_tests; do  # moecore_tests: the host and AMX checks
   [[ -x "$BUILD/$b" ]] && bins+=("$BUILD/$b")
 done
 for b in "${bins[@]}"; do strip -o "$STAGE/bin/$(basename "$b")" "$b"; done

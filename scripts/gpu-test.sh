@@ -116,10 +116,22 @@ fi
 if [[ -n "${CPU_BENCH:-}" ]]; then
   C2="env OMP_NUM_THREADS=2 taskset -c 0,1 timeout 150 $M"
   {
+    # The native-bf16 attention's AMX tiles against their emulation (skips without AMX: then the figures below are
+    # AVX512-BF16's).
+    if [[ -x "$BUILD/moecore_tests" ]]; then
+      env OMP_NUM_THREADS=2 timeout 300 "$BUILD/moecore_tests" --gtest_filter='FlashNativeBf16.*' || status=1
+    fi
     for dt in f32 bf16; do
       $C2 bench attention --device cpu --dtype $dt --seq-length 2048 --num-attention-heads 8 --num-query-groups 2 \
         --kv-channels 64 --iters 3
     done
+    # Each bf16 kernel at the default shape and at bench train's (S 256, B 4, heads 16/4).
+    for k in native onednn; do
+      $C2 bench attention --device cpu --dtype bf16 --bf16-kernel $k --iters 3
+      $C2 bench attention --device cpu --dtype bf16 --bf16-kernel $k --seq-length 256 --micro-batch-size 4 \
+        --num-attention-heads 16 --num-query-groups 4 --iters 3
+    done
+    # The layer's split (GEMM rate against the peak, router, permutation, the rest) and the step's GEMMs by shape.
     $C2 bench moe-layer --device cpu --dtype bf16 --iters 3
     $C2 bench train --device cpu --dtype bf16 --iters 3
   } >"$OUT/cpu_amx.txt" 2>&1
