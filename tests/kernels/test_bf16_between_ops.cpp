@@ -62,7 +62,9 @@ TEST(ActivationBf16Input, TheBitsOfTheWidenedInput) {
         kernels::activation_backward(act, dy, x32, probs, db, probs ? &dpb : nullptr);
         EXPECT_TRUE(bitwise_equal(da, db)) << kernels::activation_name(act) << " backward";
         // dprobs is a sum over the row, whose FMA contraction the compiler may choose differently per instantiation.
-        if (probs) EXPECT_LT(testing::max_rel_diff(dpa, dpb), 1e-6) << kernels::activation_name(act) << " dprobs";
+        if (probs) {
+          EXPECT_LT(testing::max_rel_diff(dpa, dpb), 1e-6) << kernels::activation_name(act) << " dprobs";
+        }
       }
     }
   }

@@ -95,6 +95,9 @@ class Tensor {
   Tensor clone() const;
   // A new tensor of another floating dtype with the same values (rounded when narrowing).
   Tensor to(DType dtype) const;
+  // This tensor when it already has `dtype` (shared, no copy), else to(dtype): for an operand its producer may have
+  // written in the dtype its consumer wants.
+  Tensor as_dtype(DType dtype) const { return dtype_ == dtype ? *this : to(dtype); }
   // A copy on another device (the same tensor when it is already there).
   Tensor to(Device device) const;
   // Element i as double, for tests and diagnostics (slow).

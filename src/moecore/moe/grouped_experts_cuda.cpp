@@ -23,9 +23,6 @@ std::vector<int64_t> expert_begin(const std::vector<int64_t>& counts) {
   return b;
 }
 
-Tensor as_dtype(const Tensor& x, DType dt) {
-  return x.dtype() == dt ? x : x.to(dt);
-}
 }  // namespace
 
 Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts,
@@ -43,8 +40,8 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
                  begin.empty() ? 0 : begin.back() + counts.back());
   st.tokens_per_expert = counts;
   const DType xt = cfg_.bf16 ? DType::BF16 : DType::F32;
-  st.probs_R = as_dtype(probs_R, DType::F32).reshape({R});
-  st.x_RH = as_dtype(x_RH.reshape({R, H}), xt);
+  st.probs_R = probs_R.as_dtype(DType::F32).reshape({R});
+  st.x_RH = x_RH.reshape({R, H}).as_dtype(xt);
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
   if (cfg_.bf16) {  // cached on the device for the step under a Bf16WeightScope (nn/parameter.h)
@@ -70,7 +67,7 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
   const std::vector<int64_t> begin = expert_begin(counts);
   MOE_ASSERT(dy_RH.cols() == H && R == st.x_RH.rows());
   const DType xt = cfg_.bf16 ? DType::BF16 : DType::F32;
-  const Tensor dy = as_dtype(dy_RH.reshape({R, H}), xt);
+  const Tensor dy = dy_RH.reshape({R, H}).as_dtype(xt);
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
   const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;
   if (!st.a_RF.defined()) {  // moe_act recompute: the activation again, exactly as forward wrote it

@@ -272,7 +272,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   st.S = S;
   st.B = B;
   // 1. Gating input in router dtype, with multiplicative jitter x ⊙ U(1−ε, 1+ε) when training.
-  st.x_r = x_TH.dtype() == rd ? x_TH.reshape({T_, H}) : x_TH.reshape({T_, H}).to(rd);
+  st.x_r = x_TH.reshape({T_, H}).as_dtype(rd);
   st.jitter_TH = Tensor();
   const NoisePosition noise = noise_position(T_, training, st);
   st.replay.forward_index = noise.forward;
@@ -288,7 +288,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   }
   // 2. logits = x·Wᵀ in router dtype.
   st.logits_TE = Tensor::empty({T_, E}, rd);
-  const Tensor w_r = weight_->value.dtype() == rd ? weight_->value : weight_->value.to(rd);
+  const Tensor w_r = weight_->value.as_dtype(rd);
   kernels::gemm(st.x_r, false, w_r, true, st.logits_TE);
   // 3. Forced balance (benchmarks): logits replaced by N(0, 1) noise, straight-through gradient.
   Tensor used = st.logits_TE;
@@ -504,7 +504,7 @@ Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_
   });
   if (st.lse_T.defined()) z_loss_backward(st.logits_TE, st.lse_T, cfg_.z_loss_coeff, count_ranks(), aux_grad_scale, dl);
   // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r (in router dtype), then through the jitter: dx = dx_r ⊙ u.
-  const Tensor w_r = weight_->value.dtype() == rd ? weight_->value : weight_->value.to(rd);
+  const Tensor w_r = weight_->value.as_dtype(rd);
   Tensor dx_r = Tensor::empty({T_, H}, rd);
   kernels::gemm(dl, false, w_r, false, dx_r);
   if (weight_->grad.dtype() == rd) {

@@ -145,7 +145,7 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
   st.S = S;
   st.B = B;
   // 1. Gating input in router dtype, with multiplicative jitter x ⊙ U(1−ε, 1+ε) (drawn on the host) when training.
-  st.x_r = x_TH.dtype() == rd ? x_TH.reshape({T_, H}) : x_TH.reshape({T_, H}).to(rd);
+  st.x_r = x_TH.reshape({T_, H}).as_dtype(rd);
   st.jitter_TH = Tensor();
   const NoisePosition noise = noise_position(T_, training, st);
   st.replay.forward_index = noise.forward;
@@ -158,7 +158,7 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
   }
   // 2. logits = x·Wᵀ (kernels::gemm runs on the GPU for GPU tensors).
   st.logits_TE = Tensor::empty({T_, E}, rd, dev);
-  const Tensor w_r = weight_->value.dtype() == rd ? weight_->value : weight_->value.to(rd);
+  const Tensor w_r = weight_->value.as_dtype(rd);
   kernels::gemm(st.x_r, false, w_r, true, st.logits_TE);
   // 3. Forced balance: N(0, 1) noise drawn on the host, straight-through gradient.
   Tensor used = st.logits_TE;
@@ -302,7 +302,7 @@ Tensor Router::backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_
     MOE_CUDA_CHECK_LAUNCH("router_z_loss_backward");
   }
   // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r, then through the jitter: dx = dx_r ⊙ u.
-  const Tensor w_r = weight_->value.dtype() == rd ? weight_->value : weight_->value.to(rd);
+  const Tensor w_r = weight_->value.as_dtype(rd);
   Tensor dx_r = Tensor::empty({T_, H}, rd, dev);
   kernels::gemm(dl, false, w_r, false, dx_r);
   if (weight_->grad.dtype() == rd) {

@@ -44,13 +44,6 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
 Linear::Linear(Parameter& weight, bool bf16)
     : weight_(&weight), in_(weight.value.dim(1)), out_(weight.value.dim(0)), bf16_(bf16) {}
 
-namespace {
-// A bf16 GEMM operand: t itself when its producer already rounded it, else a rounded copy.
-Tensor as_bf16(const Tensor& t) {
-  return t.dtype() == DType::BF16 ? t : t.to(DType::BF16);
-}
-}  // namespace
-
 Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
   MOE_ASSERT_MSG(x.cols() == in_, "{} expects inputs with {} features, got {}", weight_->name, in_, x.shape().str());
   MOE_ASSERT_MSG(bf16_ || x.dtype() != DType::BF16, "{}: a bf16 input to an f32 GEMM", weight_->name);
@@ -62,7 +55,7 @@ Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
   Tensor y = Tensor::empty({x2.rows(), out_}, y16 ? DType::BF16 : w.dtype(), x2.device());
   if (bf16_) {
     w_bf16_ = bf16_weights(*weight_);
-    st.x = as_bf16(x2);
+    st.x = x2.as_dtype(DType::BF16);
     kernels::gemm(st.x, false, w_bf16_, true, y);
   } else {
     st.x = x2;
@@ -74,7 +67,7 @@ Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
 
 void Linear::stash_input(const Tensor& x, Stash& st) const {
   const Tensor x2 = x.reshape({x.rows(), in_});
-  st.x = bf16_ ? as_bf16(x2) : x2;
+  st.x = bf16_ ? x2.as_dtype(DType::BF16) : x2;
 }
 
 Tensor Linear::backward(const Tensor& dy, Stash& st) {
@@ -83,7 +76,7 @@ Tensor Linear::backward(const Tensor& dy, Stash& st) {
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
   Tensor dx = Tensor::empty({dy2.rows(), in_}, weight_->value.dtype(), dy2.device());
   if (bf16_) {
-    const Tensor dyb = as_bf16(dy2);
+    const Tensor dyb = dy2.as_dtype(DType::BF16);
     kernels::gemm(dyb, false, w_bf16_, false, dx);
     kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, 1.0f);
   } else {
