@@ -8,12 +8,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "moecore/core/cpu.h"
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/vec_math.h"
 
 #define MOE_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -212,5 +214,30 @@ struct BackwardTiles {
         z(k + kAttnTile * D) {}
   static int64_t size(int64_t D) { return 2 * kAttnTile * kAttnTile + 5 * kAttnTile * D + kAttnTile; }
 };
+
+// One query row of a score tile in the online softmax: s[0, jmax) ← exp(s − m') with m' the new running maximum, then
+// times the row's dropout multipliers when `drop` gives them (drop(z) fills z[0, jmax)); the running sum l and
+// maximum m updated. Returns exp(m − m'), the factor the row's output accumulated so far is rescaled by. Shared by
+// the f32 flash kernel and the native-bf16 one (the same bits for the same scores).
+template <typename T, typename Drop>
+MOE_ALWAYS_INLINE T online_softmax_row(T* s, int64_t jmax, T& m, T& l, T* z, Drop drop) {
+  T mx = m;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
+  const T alpha = std::exp(m - mx);
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < jmax; j++) {
+    s[j] = vexp(s[j] - mx);
+    sum += s[j];
+  }
+  l = l * alpha + sum;
+  m = mx;
+  if (drop(z)) {
+#pragma omp simd
+    for (int64_t j = 0; j < jmax; j++) s[j] *= z[j];
+  }
+  return alpha;
+}
 
 }  // namespace moecore::kernels::flash

@@ -139,23 +139,10 @@ MOE_TARGET_CLONES void forward_impl(const FwdArgs<T>& a, Scratch<T>& scratch) {
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = diag ? std::min(nc, i + 1) : nc;  // visible keys of row i
         T* s = sc + i * Bt;
-        T mx = m[i];
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
-        const T alpha = std::exp(m[i] - mx);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < jmax; j++) {
-          s[j] = vexp(s[j] - mx);
-          sum += s[j];
-        }
-        l[i] = l[i] * alpha + sum;
-        m[i] = mx;
-        if (a.drop) {
-          a.drop->row(b, h, i0 + i, j0, jmax, z);
-#pragma omp simd
-          for (int64_t j = 0; j < jmax; j++) s[j] *= z[j];
-        }
+        const T alpha = online_softmax_row(s, jmax, m[i], l[i], z, [&](T* zr) {
+          if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, zr);
+          return a.drop != nullptr;
+        });
         if constexpr (R) {
 #pragma omp simd
           for (int64_t j = 0; j < jmax; j++) s[j] = rnd<R>(s[j]);

@@ -249,23 +249,10 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = diag ? std::min(nc, i + 1) : nc;  // visible keys of row i
         float* s = sc + i * kTn;
-        float mx = m[i];
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
-        const float alpha = std::exp(m[i] - mx);
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < jmax; j++) {
-          s[j] = vexp(s[j] - mx);
-          sum += s[j];
-        }
-        l[i] = l[i] * alpha + sum;
-        m[i] = mx;
-        if (a.drop) {
-          a.drop->row(b, h, i0 + i, j0, jmax, z);
-#pragma omp simd
-          for (int64_t j = 0; j < jmax; j++) s[j] *= z[j];
-        }
+        const float alpha = online_softmax_row(s, jmax, m[i], l[i], z, [&](float* zr) {
+          if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, zr);
+          return a.drop != nullptr;
+        });
         bf16* p = P + i * kTn;
 #pragma omp simd
         for (int64_t j = 0; j < jmax; j++) p[j] = float_to_bf16(s[j]);
