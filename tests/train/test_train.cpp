@@ -166,7 +166,12 @@ struct RealData {
 RealData real_data() {
   const fs::path d = fs::path(testing::process_temp_path("train_data"));
   RealData r{(d / "f_text_document").string(), (d / "tok").string()};
-  if (fs::exists(r.prefix + ".idx")) return r;
+  // Built once per process. A directory of the same name can be left by an earlier process with the same pid that
+  // was killed while writing it, so the first call here never trusts one.
+  static bool built = false;
+  if (built) return r;
+  built = true;
+  fs::remove_all(d);
   fs::create_directories(d / "tok");
   std::ifstream in("/usr/share/games/fortunes/fortunes");
   std::stringstream ss;
