@@ -33,6 +33,7 @@ using flash::Causal;
 using flash::MatA;
 using flash::MatB;
 using flash::MatC;
+using flash::Scratch;
 using flash::Vec;
 constexpr int64_t Bt = kAttnTile;
 
@@ -102,14 +103,6 @@ MOE_ALWAYS_INLINE void rows(const T* src, int64_t ld, int64_t head, int64_t s0, 
     for (int64_t e = 0; e < D; e++) dst[i * D + e] = rnd<R>(in[e] * mul);
   }
 }
-
-template <typename T>
-struct Scratch {
-  Tensor t;
-  int64_t per_thread;
-  Scratch(int64_t n, DType dt) : per_thread((n + 15) / 16 * 16) { t = Tensor::empty({num_threads(), per_thread}, dt); }
-  T* mine() { return t.data<T>() + omp_get_thread_num() * per_thread; }
-};
 
 template <typename T, bool R>
 void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale, Tensor& o,

@@ -530,35 +530,35 @@ NativeBf16 best_native_bf16() {
   return native_bf16_supported(NativeBf16::Amx) ? NativeBf16::Amx : NativeBf16::Avx512Bf16;
 }
 
+namespace {
+// Calls f with the block-product backend `b` names (as a value of its type).
+template <class F>
+void with_backend(NativeBf16 b, F f) {
+  MOE_ASSERT_MSG(native_bf16_supported(b), "{} is not available on this CPU", native_bf16_name(b));
+  switch (b) {
+    case NativeBf16::Avx512Bf16:
+      return f(Avx512Bf16Blocks{});
+    case NativeBf16::AmxEmulated:
+      return f(AmxBlocks<amx::Emulated>{});
+    case NativeBf16::Amx:
+      return f(AmxBlocks<amx::Native>{});
+  }
+}
+}  // namespace
+
 void forward_native(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                     const AttentionDropout* dropout, NativeBf16 backend) {
   require_f32_native(q);
-  MOE_ASSERT_MSG(native_bf16_supported(backend), "{} is not available on this CPU", native_bf16_name(backend));
   if (dropout && !dropout->on()) dropout = nullptr;
-  switch (backend) {
-    case NativeBf16::Avx512Bf16:
-      return forward_with<Avx512Bf16Blocks>(q, k, v, scale, o, lse, dropout);
-    case NativeBf16::AmxEmulated:
-      return forward_with<AmxBlocks<amx::Emulated>>(q, k, v, scale, o, lse, dropout);
-    case NativeBf16::Amx:
-      return forward_with<AmxBlocks<amx::Native>>(q, k, v, scale, o, lse, dropout);
-  }
+  with_backend(backend, [&](auto g) { forward_with<decltype(g)>(q, k, v, scale, o, lse, dropout); });
 }
 
 void backward_native(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                      const AttentionDropout* dropout, NativeBf16 backend) {
   require_f32_native(q);
-  MOE_ASSERT_MSG(native_bf16_supported(backend), "{} is not available on this CPU", native_bf16_name(backend));
   if (dropout && !dropout->on()) dropout = nullptr;
-  switch (backend) {
-    case NativeBf16::Avx512Bf16:
-      return backward_with<Avx512Bf16Blocks>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
-    case NativeBf16::AmxEmulated:
-      return backward_with<AmxBlocks<amx::Emulated>>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
-    case NativeBf16::Amx:
-      return backward_with<AmxBlocks<amx::Native>>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
-  }
+  with_backend(backend, [&](auto g) { backward_with<decltype(g)>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout); });
 }
 
 }  // namespace flash
