@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "moecore/core/tensor.h"
 
@@ -26,13 +29,23 @@ inline Tensor host_random(const Shape& s, uint64_t seed, double scale = 1.0) {
   return t;
 }
 
+// With MOECORE_GPU_TEST_TRACE set: one flushed line on stderr per stage of a long test, so that a run stopped by a
+// timeout shows where it was (a kernel that never returns, or a CPU reference that does not).
+inline void trace(const std::string& what) {
+  static const bool on = std::getenv("MOECORE_GPU_TEST_TRACE") != nullptr;
+  if (!on) return;
+  std::fprintf(stderr, "trace: %s\n", what.c_str());
+  std::fflush(stderr);
+}
+
 inline Tensor gpu(const Tensor& t) {
   return t.to(Device::cuda());
 }
 
-// max |got − want| / max(max |want|, tiny), got copied back from the GPU.
-inline double rel_diff(const Tensor& got_gpu, const Tensor& want) {
-  const Tensor got = got_gpu.to(Device::cpu());
+// max |got − want| / max(max |want|, tiny); either may be on the GPU.
+inline double rel_diff(const Tensor& got_gpu, const Tensor& want_any) {
+  // Both copied to the host once: item() on a GPU tensor is a device->host copy of one element.
+  const Tensor got = got_gpu.to(Device::cpu()), want = want_any.to(Device::cpu());
   EXPECT_EQ(got.numel(), want.numel());
   double diff = 0, mag = 1e-30;
   for (int64_t i = 0; i < want.numel(); i++) {

@@ -12,6 +12,7 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
+#include "moecore/cuda/runtime.h"
 #include "moecore/kernels/cpu/attention.h"
 
 #ifdef MOECORE_HAVE_CUDA
@@ -28,6 +29,7 @@ using testing_cuda::bitwise_equal;
 using testing_cuda::gpu;
 using testing_cuda::host_random;
 using testing_cuda::rel_diff;
+using testing_cuda::trace;
 
 constexpr double kTol = 2e-2;  // bf16 P rounded before (GPU) or after (CPU) normalisation; f32 sums in other orders
 
@@ -84,8 +86,12 @@ struct Outputs {
 // The public bf16 entry points on the GPU (the tensor-core path for D 64/128).
 Outputs run_gpu(const Case& c, const Inputs& in) {
   Outputs r(c, true);
+  trace(c.str() + ": GPU forward");
   attention_forward_bf16(in.gq, in.gk, in.gv, in.scale, r.o, r.lse);
+  trace(c.str() + ": GPU backward");
   attention_backward_bf16(in.gd, in.gq, in.gk, in.gv, r.o, r.lse, in.scale, r.dq, r.dk, r.dv);
+  ::moecore::cuda::synchronize();
+  trace(c.str() + ": GPU done");
   return r;
 }
 
@@ -107,6 +113,7 @@ TEST(CudaAttentionTc, MatchesTheCpuBf16Kernel) {
   for (const Case& c : kCases) {
     const Inputs in(c);
     Outputs want(c, false);
+    trace(c.str() + ": CPU reference");
     attention_forward_bf16(in.q, in.k, in.v, in.scale, want.o, want.lse);
     attention_backward_bf16(in.dout, in.q, in.k, in.v, want.o, want.lse, in.scale, want.dq, want.dk, want.dv);
     const Outputs got = run_gpu(c, in);
@@ -139,6 +146,7 @@ Outputs run_launchers(const Case& c, const Inputs& in, bool tc) {
               *d = in.gd.device_data<float>();
   float *o = r.o.device_data<float>(), *lse = r.lse.device_data<float>();
   float *dq = r.dq.device_data<float>(), *dk = r.dk.device_data<float>(), *dv = r.dv.device_data<float>();
+  trace(c.str() + (tc ? ": tensor-core launchers" : ": warp-per-row launchers"));
   if (tc) {
     launch::attention_tc_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, s);
     launch::attention_delta(d, o, delta.device_data<float>(), c.S, c.B, c.Nq, c.D, s);

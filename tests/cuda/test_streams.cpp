@@ -70,6 +70,9 @@ TEST(CudaStreams, ErrorsNameTheCallAndTheCudaError) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("CUDA call cudaSetDevice(1 << 20) failed: cudaErrorInvalidDevice"), std::string::npos) << msg;
   }
+  // The error thrown is not left as the thread's last error: the next call that reads it (CUB's radix-sort size
+  // query in CudaDispatch, the launch checks) would fail on this one.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 namespace moecore::cuda {
 
 void throw_cuda_error(const char* call, cudaError_t e, const char* file, int line) {
+  // The runtime also keeps the error as this thread's last error: consume it, so that a caller who catches this one
+  // does not see it again from the next unrelated launch check (or from CUB, which reads it).
+  (void)cudaGetLastError();
   throw Error(fmt::format("CUDA call {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(e), cudaGetErrorString(e),
                           file, line));
 }
