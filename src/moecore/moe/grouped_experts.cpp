@@ -112,13 +112,16 @@ Tensor expert_weight(const Tensor& w, int64_t e) {
   return w.slice(e, 1).reshape({w.dim(1), w.dim(2)});
 }
 
-// C_rows = A_rows · op(W)   (forward and data-gradient GEMMs; rows a multiple of kRowAlign)
-void rows_gemm(const Tensor& A, const Tensor& W, bool trans_w, Tensor& C) {
+// C_rows = A_rows · op(W)   (forward and data-gradient GEMMs; rows a multiple of kRowAlign). Under bf16 inside a
+// Bf16WeightScope op(W) is packed once per step (kernels::PackedWeight): slot e of `param`.
+void rows_gemm(const Tensor& A, nn::Parameter& param, const Tensor& W, int64_t e, bool trans_w, bool bf16, Tensor& C) {
+  const kernels::PackedWeight w = bf16 ? nn::packed_bf16_weight(param, W, e, trans_w, kRowChunk, A.rows())
+                                       : kernels::PackedWeight{W, trans_w, {}, -1};
   const int64_t n = A.rows();
   for (int64_t r = 0; r < n; r += kRowChunk) {
     const int64_t m = std::min(kRowChunk, n - r);
     Tensor c = C.slice(r, m);
-    kernels::gemm(A.slice(r, m), false, W, trans_w, c);
+    kernels::gemm(A.slice(r, m), w, c);
   }
 }
 
@@ -142,6 +145,12 @@ void GroupedExperts::prepare_gemms() const {
     kernels::gemm_prepare(m, H, F, false, true, dt);                                                    // fc2
     kernels::gemm_prepare(m, F, H, false, false, dt);   // fc2 data gradient
     kernels::gemm_prepare(m, H, F1, false, false, dt);  // fc1 data gradient
+    if (cfg_.bf16) {                                    // the same with packed weights (rows_gemm)
+      kernels::gemm_prepare_packed(m, F1, H, true, 0.0f, DType::BF16);
+      kernels::gemm_prepare_packed(m, H, F, true);
+      kernels::gemm_prepare_packed(m, F, H, false);
+      kernels::gemm_prepare_packed(m, H, F1, false);
+    }
   }
   for (int64_t k = kRowAlign; k <= kWgradChunk; k += kRowAlign) {
     kernels::gemm_prepare(H, F, k, true, false, dt, 1.0f, 1.0f);   // fc2 weight gradient
@@ -175,7 +184,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   st.h_RF1 = padded_empty(counts, F1, cfg_.bf16 ? DType::BF16 : dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor h = st.h_RF1.slice(r0, n);
-    rows_gemm(st.x_RH.slice(r0, n), expert_weight(*w1, e), true, h);
+    rows_gemm(st.x_RH.slice(r0, n), *fc1_, expert_weight(*w1, e), e, true, cfg_.bf16, h);
   });
   // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
   st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
@@ -183,7 +192,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   Tensor y = padded_empty(counts, H, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor yr = y.slice(r0, n);
-    rows_gemm(st.a_RF.slice(r0, n), expert_weight(*w2, e), true, yr);
+    rows_gemm(st.a_RF.slice(r0, n), *fc2_, expert_weight(*w2, e), e, true, cfg_.bf16, yr);
   });
   if (cfg_.recompute_act) st.a_RF = Tensor();
   return from_padded(y, counts, {R, H});
@@ -207,7 +216,7 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   Tensor da = padded_empty(counts, F, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);
-    rows_gemm(dy.slice(r0, n), expert_weight(w2, e), false, dar);
+    rows_gemm(dy.slice(r0, n), *fc2_, expert_weight(w2, e), e, false, cfg_.bf16, dar);
     Tensor dw2 = expert_weight(fc2_->grad, e);
     wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2);
   });
@@ -217,7 +226,7 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   Tensor dx = padded_empty(counts, H, dt);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dxr = dx.slice(r0, n);
-    rows_gemm(dhc.slice(r0, n), expert_weight(w1, e), false, dxr);
+    rows_gemm(dhc.slice(r0, n), *fc1_, expert_weight(w1, e), e, false, cfg_.bf16, dxr);
     Tensor dw1 = expert_weight(fc1_->grad, e);
     wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1);
   });

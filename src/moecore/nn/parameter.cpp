@@ -99,11 +99,15 @@ Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg) : reg_(reg) {
   for (auto& p : reg_.all()) {
     p->bf16_cache_enabled = true;
     p->bf16_cache_valid = false;
+    p->packed_valid.assign(p->packed_valid.size(), false);
   }
 }
 
 Bf16WeightScope::~Bf16WeightScope() {
-  for (auto& p : reg_.all()) p->bf16_cache_enabled = p->bf16_cache_valid = false;
+  for (auto& p : reg_.all()) {
+    p->bf16_cache_enabled = p->bf16_cache_valid = false;
+    p->packed_valid.assign(p->packed_valid.size(), false);
+  }
 }
 
 Tensor bf16_weights(Parameter& p) {
@@ -114,6 +118,23 @@ Tensor bf16_weights(Parameter& p) {
     p.bf16_cache_valid = true;
   }
   return p.bf16_cache;
+}
+
+kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m,
+                                         int64_t rows) {
+  const kernels::PackedWeight unpacked{w_bf16, trans, Tensor(), -1};
+  if (!p.bf16_cache_enabled) return unpacked;
+  const size_t i = static_cast<size_t>(slice * 2 + (trans ? 1 : 0));
+  if (p.packed_cache.size() <= i) {
+    p.packed_cache.resize(i + 1);
+    p.packed_valid.resize(i + 1, false);
+  }
+  if (!p.packed_valid[i]) {
+    if (rows < kernels::pack_weight_min_rows()) return unpacked;
+    kernels::pack_weight(w_bf16, trans, m, p.packed_cache[i]);
+    p.packed_valid[i] = true;
+  }
+  return p.packed_cache[i];
 }
 
 void pack_grads(const std::vector<Parameter*>& params, Tensor& flat) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::nn {
 
@@ -43,6 +44,10 @@ struct Parameter {
   // The bf16 copy of `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
   Tensor bf16_cache;
   bool bf16_cache_valid = false, bf16_cache_enabled = false;
+  // Packed copies of 2-D slices of bf16_cache (kernels::PackedWeight), made at most once per Bf16WeightScope: slot
+  // slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as bf16_cache does.
+  std::vector<kernels::PackedWeight> packed_cache;
+  std::vector<bool> packed_valid;
 
   bool sharded() const { return global_view.ndim() > 0; }
   // Declares this parameter the box of a global view (see above); box_shape.numel() must equal value.numel().
@@ -89,6 +94,11 @@ class Bf16WeightScope {
 };
 // p.value rounded to bf16 (see Bf16WeightScope).
 Tensor bf16_weights(Parameter& p);
+// The bf16 matrix w_bf16 (slice `slice` of bf16_weights(p), as op(W) with `trans`) packed for products of about m
+// rows (kernels::pack_weight), once per Bf16WeightScope, by the first use of at least kernels::pack_weight_min_rows()
+// rows; a smaller use (and any use outside a scope) reads w_bf16 unpacked. Either gives the same bits.
+kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m,
+                                         int64_t rows);
 
 // Gradients of `params` laid end to end from the start of `flat` (f32), and back: the flat buffers collectives
 // reduce.

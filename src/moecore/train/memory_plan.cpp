@@ -14,6 +14,7 @@
 
 #include "moecore/comm/mpi_check.h"
 #include "moecore/core/error.h"
+#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/nn/stash_bytes.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/parallel_groups.h"
@@ -93,6 +94,24 @@ PlanLayout PlanLayout::from(const TrainConfig& c, int64_t world) {
   return l;
 }
 
+namespace {
+// The packed copies of the expert weights a bf16 step on the CPU keeps (kernels::PackedWeight, two layouts per
+// weight: forward and data gradient), where an expert's rows per micro-batch reach kernels::pack_weight_min_rows()
+// (counted from half of it on: routing is uneven); expert_params are this rank's.
+double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double expert_params) {
+  if (!c.bf16 || c.num_experts <= 0 || expert_params <= 0 || c.device.rfind("cuda", 0) == 0) return 0;
+  const double rows = static_cast<double>(c.micro_batch_size * c.seq_length) / static_cast<double>(l.cp) *
+                      static_cast<double>(c.moe_router_topk) / static_cast<double>(c.num_experts);
+  if (2 * rows < static_cast<double>(kernels::pack_weight_min_rows())) return 0;
+  const int64_t H = c.hidden_size, F = std::max<int64_t>(c.moe_ffn_hidden_size / std::max<int64_t>(l.etp, 1), 1),
+                F1 = (c.swiglu ? 2 : 1) * F, m = 1024;
+  const double per_expert =
+      static_cast<double>(kernels::packed_weight_bytes(H, F1, true, m) + kernels::packed_weight_bytes(F1, H, false, m) +
+                          kernels::packed_weight_bytes(F, H, true, m) + kernels::packed_weight_bytes(H, F, false, m));
+  return expert_params / static_cast<double>(F1 * H + H * F) * per_expert;
+}
+}  // namespace
+
 ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank) {
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.kv_channels);
   const double N = static_cast<double>(c.num_attention_heads), G = static_cast<double>(c.num_query_groups);
@@ -150,7 +169,7 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.params = n;
   m.weights = 4 * n;  // f32 parameters: moecore's master weights (bf16 is a per-step copy, below)
   m.grads = 4 * n;
-  if (c.bf16) m.bf16_weights = 2 * n;  // Bf16WeightScope: every weight rounded once per step
+  if (c.bf16) m.bf16_weights = 2 * n + packed_expert_bytes(c, l, p.expert);  // rounded once per step (and packed)
   // One process has no data-parallel group: the plain AdamW, no buckets. Over several ranks every part of the
   // optimizer has its group (possibly of one rank): the distributed optimizer's flat gradient and parameter
   // buffers and this rank's shard of gradients, master weights and both moments (optim/distributed_optimizer.cpp),

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -27,6 +28,7 @@ struct Key {
   DType dt;
   uint32_t alpha_bits, beta_bits;
   DType ct = DType::F32;  // C's dtype: f32, or bf16 (beta 0)
+  bool packed = false;    // B in the blocked layout oneDNN chooses (PackedWeight), not the strided plain one
   bool operator==(const Key& o) const = default;
 };
 
@@ -36,7 +38,7 @@ struct KeyHash {
     uint64_t h = 1469598103934665603ull;
     for (uint64_t v : {uint64_t(k.batch), uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.lda), uint64_t(k.ldb),
                        uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt), uint64_t(k.alpha_bits), uint64_t(k.beta_bits),
-                       uint64_t(k.ct)})
+                       uint64_t(k.ct), uint64_t(k.packed)})
       h = (h ^ v) * 1099511628211ull;
     return h;
   }
@@ -49,11 +51,22 @@ struct Entry {
   double flops = 0, seconds = 0;
 };
 
+// Copies a plain op(W) [K, N] into one blocked layout (PackedWeight).
+struct Packer {
+  int64_t k, n;
+  bool trans;
+  int layout;
+  dnnl::reorder prim;
+  dnnl::memory src, dst;
+};
+
 struct Ctx {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   std::mutex mu;
   std::unordered_map<Key, Entry, KeyHash> cache;
+  std::vector<dnnl::memory::desc> layouts;  // the blocked weight layouts met (PackedWeight::layout indexes it)
+  std::vector<Packer> packers;
   GemmStats stats;
   Ctx();
 };
@@ -95,7 +108,8 @@ Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool t
 
 // Creates the matmul for one key.
 Entry make_entry(Ctx& c, const Key& k) {
-  const Descs d = make_descs(k.batch, k.m, k.n, k.k, k.ta, k.tb, k.dt, k.lda, k.ldb, k.ct);
+  Descs d = make_descs(k.batch, k.m, k.n, k.k, k.ta, k.tb, k.dt, k.lda, k.ldb, k.ct);
+  if (k.packed) d.b = dnnl::memory::desc({k.k, k.n}, dnnl_dt(k.dt), dnnl::memory::format_tag::any);
   const dnnl::memory::desc &a_md = d.a, &b_md = d.b, &c_md = d.c;
   dnnl::primitive_attr attr;
   float alpha, beta;
@@ -111,7 +125,7 @@ Entry make_entry(Ctx& c, const Key& k) {
   Entry e{dnnl::matmul(pd), {}, {}, {}};
   // Memory objects are kept; each call only swaps their pointers.
   e.a = dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE);
-  e.b = dnnl::memory(b_md, c.eng, DNNL_MEMORY_NONE);
+  e.b = dnnl::memory(k.packed ? pd.weights_desc() : b_md, c.eng, DNNL_MEMORY_NONE);
   e.c = dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE);
   c.stats.primitives_created++;
   return e;
@@ -291,19 +305,24 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
   run(c, Key{batch, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(), B.raw(), C.raw(), M, N, K);
 }
 
-// Executes one cached primitive on raw operand pointers.
-void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K) {
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.stats.calls++;
+// The cached primitive of `key`, created on first use; c.mu held.
+Entry& entry_locked(Ctx& c, const Key& key) {
   auto it = c.cache.find(key);
   if (it == c.cache.end()) {
     try {
       it = c.cache.emplace(key, make_entry(c, key)).first;
     } catch (const dnnl::error& e) {
-      MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), M, N, K);
+      MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), key.m, key.n, key.k);
     }
   }
-  Entry& e = it->second;
+  return it->second;
+}
+
+// Executes one cached primitive on raw operand pointers.
+void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.stats.calls++;
+  Entry& e = entry_locked(c, key);
   void* a_ptr = const_cast<void*>(A);  // oneDNN's handles are non-const; sources are only read
   void* b_ptr = const_cast<void*>(B);
   const Stopwatch timer;
@@ -342,12 +361,117 @@ void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, D
   std::lock_guard<std::mutex> lock(c.mu);
   if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = out = DType::F32;  // widened: an f32 product, rounded
   const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta), out};
-  if (M <= 0 || N <= 0 || K <= 0 || c.cache.count(key)) return;
-  try {
-    c.cache.emplace(key, make_entry(c, key));
-  } catch (const dnnl::error& e) {
-    MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), M, N, K);
+  if (M > 0 && N > 0 && K > 0) entry_locked(c, key);
+}
+
+namespace {
+Key packed_key(int64_t m, int64_t n, int64_t k, bool trans, float beta, DType out) {
+  Key key{0, m, n, k, 0, 0, false, trans, DType::BF16, bits(1.0f), bits(beta), out};
+  key.packed = true;
+  return key;
+}
+
+// Whether a product op(W) [K, N] with this weight is packed (PackedWeight): bf16 operands multiplied natively on
+// the CPU, and a reduction short enough for one call.
+bool packs(int64_t K, int64_t N) {
+  return ctx().stats.bf16_native && K > 0 && N > 0 && K < kLongReduction;
+}
+
+int layout_index_locked(Ctx& c, const dnnl::memory::desc& d) {
+  for (size_t i = 0; i < c.layouts.size(); i++)
+    if (c.layouts[i] == d) return static_cast<int>(i);
+  c.layouts.push_back(d);
+  return static_cast<int>(c.layouts.size()) - 1;
+}
+
+Packer& packer_locked(Ctx& c, int64_t K, int64_t N, bool trans, int layout) {
+  for (Packer& p : c.packers)
+    if (p.k == K && p.n == N && p.trans == trans && p.layout == layout) return p;
+  const dnnl::memory::desc src = make_descs(0, 1, N, K, false, trans, DType::BF16).b;
+  const dnnl::memory::desc& dst = c.layouts[static_cast<size_t>(layout)];
+  dnnl::reorder prim(dnnl::reorder::primitive_desc(c.eng, src, c.eng, dst));
+  c.stats.primitives_created++;
+  c.packers.push_back(Packer{K, N, trans, layout, prim, dnnl::memory(src, c.eng, DNNL_MEMORY_NONE),
+                             dnnl::memory(dst, c.eng, DNNL_MEMORY_NONE)});
+  return c.packers.back();
+}
+}  // namespace
+
+void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into) {
+  MOE_ASSERT_MSG(W.ndim() == 2, "pack_weight takes a 2-D weight, got {}", W.shape().str());
+  into.plain = W;
+  into.trans = trans;
+  const int64_t K = trans ? W.cols() : W.rows(), N = trans ? W.rows() : W.cols();
+  if (W.dtype() != DType::BF16 || W.device().is_cuda() || m <= 0 || !packs(K, N)) {
+    into.packed = Tensor();
+    into.layout = -1;
+    return;
   }
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const int layout = layout_index_locked(c, entry_locked(c, packed_key(m, N, K, trans, 0.0f, DType::F32)).b.get_desc());
+  Packer& p = packer_locked(c, K, N, trans, layout);
+  const int64_t bytes = static_cast<int64_t>(c.layouts[static_cast<size_t>(layout)].get_size());
+  if (!into.packed.defined() || into.packed.nbytes() < static_cast<size_t>(bytes))
+    into.packed = Tensor::empty({(bytes + 1) / 2}, DType::BF16);
+  try {
+    p.src.set_data_handle(const_cast<void*>(W.raw()));
+    p.dst.set_data_handle(into.packed.raw());
+    p.prim.execute(c.strm, p.src, p.dst);
+    c.strm.wait();
+  } catch (const dnnl::error& err) {
+    MOE_ASSERT_MSG(false, "oneDNN weight reorder failed ({}) for K={} N={}", err.what(), K, N);
+  }
+  into.layout = layout;
+}
+
+void gemm(const Tensor& A, const PackedWeight& W, Tensor& C, float beta) {
+  if (!W.packed.defined()) return gemm(A, false, W.plain, W.trans, C, 1.0f, beta);
+  const int64_t M = A.rows(), K = W.trans ? W.plain.cols() : W.plain.rows();
+  const int64_t N = W.trans ? W.plain.rows() : W.plain.cols();
+  MOE_ASSERT_MSG(A.dtype() == DType::BF16 && A.cols() == K && C.rows() == M && C.cols() == N,
+                 "packed gemm: A {} ({}) times op(W) [{}, {}] into C {}", A.shape().str(), dtype_name(A.dtype()), K, N,
+                 C.shape().str());
+  MOE_ASSERT_MSG(C.dtype() == DType::F32 || beta == 0.0f, "a bf16 gemm output takes beta 0");
+  if (M == 0) return;
+  Ctx& c = ctx();
+  const Key key = packed_key(M, N, K, W.trans, beta, C.dtype());
+  bool same_layout;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    same_layout = entry_locked(c, key).b.get_desc() == c.layouts[static_cast<size_t>(W.layout)];
+  }
+  // oneDNN chose another layout for this shape: the plain weight, as an unpacked product would.
+  if (!same_layout) return gemm(A, false, W.plain, W.trans, C, 1.0f, beta);
+  run(c, key, A.raw(), W.packed.raw(), C.raw(), M, N, K);
+}
+
+int64_t pack_weight_min_rows() {
+  static const int64_t rows = [] {
+    const char* env = std::getenv("MOECORE_PACK_WEIGHT_MIN_ROWS");
+    if (env == nullptr || *env == '\0') return int64_t{0};
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    MOE_CHECK(*end == '\0' && v >= 0, "MOECORE_PACK_WEIGHT_MIN_ROWS='{}' is not a row count (give an integer >= 0)",
+              env);
+    return static_cast<int64_t>(v);
+  }();
+  return rows;
+}
+
+int64_t packed_weight_bytes(int64_t K, int64_t N, bool trans, int64_t m) {
+  if (m <= 0 || !packs(K, N)) return 0;
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const dnnl::memory::desc d = entry_locked(c, packed_key(m, N, K, trans, 0.0f, DType::F32)).b.get_desc();
+  return static_cast<int64_t>(Allocator::round_size(d.get_size()));
+}
+
+void gemm_prepare_packed(int64_t M, int64_t N, int64_t K, bool trans_w, float beta, DType out) {
+  if (M <= 0 || !packs(K, N)) return;
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  entry_locked(c, packed_key(M, N, K, trans_w, beta, out));
 }
 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
@@ -397,6 +521,7 @@ std::string GemmShapeStats::describe() const {
   std::string s = batch ? fmt::format("{} x ", batch) : std::string();
   s += fmt::format("M={} N={} K={}", M, N, K);
   if (trans_a || trans_b) s += fmt::format(" ({}{})", trans_a ? "Aᵀ" : "", trans_b ? "Bᵀ" : "");
+  if (packed_b) s += " packed B";
   s += fmt::format(" {}->{}", dtype_name(dtype), dtype_name(out));
   if (beta != 0.0f) s += " +=";
   return s;
@@ -410,6 +535,7 @@ std::vector<GemmShapeStats> gemm_shape_stats() {
     GemmShapeStats g;
     g.batch = k.batch, g.M = k.m, g.N = k.n, g.K = k.k, g.trans_a = k.ta, g.trans_b = k.tb, g.dtype = k.dt;
     g.out = k.ct;
+    g.packed_b = k.packed;
     std::memcpy(&g.beta, &k.beta_bits, 4);
     g.calls = e.calls, g.flops = e.flops, g.seconds = e.seconds;
     v.push_back(g);

@@ -27,6 +27,32 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha = 1.0f,
                   float beta = 0.0f, DType out = DType::F32);
 
+// A bf16 weight laid out once in the blocked layout oneDNN's bf16 matmul reads op(W) in, for the products C[M, N] =
+// A[M, K]·op(W) a training step makes with it: each product then skips the copy into that layout oneDNN otherwise
+// makes on every call (on AMX the copy of a 1024 x 1024 weight costs as much as multiplying it by 256 rows).
+// Products whose primitive wants another layout (oneDNN chooses per shape) read `plain` instead; either way the
+// result is the same product, deterministic for its shape.
+struct PackedWeight {
+  Tensor plain;  // W, bf16: [N, K] when trans (op(W) = Wᵀ), else [K, N]
+  bool trans = false;
+  Tensor packed;        // the blocked bytes; undefined where packing does not apply (products use `plain`)
+  int64_t layout = -1;  // the blocked layout's index in the GEMM context's table
+};
+// Packs W for products with about `m` rows (the layout is oneDNN's choice for that shape), reusing `into`'s buffer.
+// Packs nothing (only `plain` set) unless W is a bf16 CPU tensor on a CPU with bf16 matmul.
+void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into);
+// C = A·op(W) + beta·C, C f32 (or bf16 with beta 0): gemm(A, false, W.plain, W.trans, C, 1, beta) with W's layout.
+void gemm(const Tensor& A, const PackedWeight& W, Tensor& C, float beta = 0.0f);
+// Uses with fewer rows than this read the plain weight (nn::packed_bf16_weight). 0 by default: every bf16 expert
+// weight is packed once per step (AVX512-BF16: bench moe-layer's GEMMs 0.84 -> 0.97 of the peak, bench train's step
+// unchanged, its peak memory +13%; packing only some experts' weights was slower than either). The variable
+// MOECORE_PACK_WEIGHT_MIN_ROWS sets it, for measuring a CPU (a large value: never pack).
+int64_t pack_weight_min_rows();
+// The bytes pack_weight allocates for op(W) [K, N] (0 where it packs nothing).
+int64_t packed_weight_bytes(int64_t K, int64_t N, bool trans, int64_t m);
+// gemm_prepare for products with a packed weight.
+void gemm_prepare_packed(int64_t M, int64_t N, int64_t K, bool trans_w, float beta = 0.0f, DType out = DType::F32);
+
 // The same product for each of `batch` independent matrices in one call: A, B and C are [batch, rows, cols]
 // (transposes apply to the last two dims). f32 and bf16 operands only.
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha = 1.0f,
@@ -57,7 +83,7 @@ GemmStats gemm_stats();
 // snapshots.
 struct GemmShapeStats {
   int64_t batch = 0, M = 0, N = 0, K = 0;
-  bool trans_a = false, trans_b = false;
+  bool trans_a = false, trans_b = false, packed_b = false;
   DType dtype = DType::F32, out = DType::F32;
   float beta = 0;
   int64_t calls = 0;
