@@ -2,7 +2,8 @@
 // product with the plain weight, for both transposes, f32 and bf16 outputs, beta 0 and 1, row counts other than the
 // one the weight was packed for (where oneDNN may want another layout: the plain weight is read then), and a weight
 // repacked into the same buffer; where packing does not apply (f32, f64) the plain product runs. Within a
-// Bf16WeightScope a parameter's slices are packed once; outside one nothing is packed.
+// Bf16WeightScope that packs a parameter's slices are packed once; elsewhere nothing is packed; a step packs from 4
+// micro-batches on.
 #include <gtest/gtest.h>
 
 #include "moecore/kernels/cpu/gemm.h"
@@ -78,6 +79,8 @@ TEST(GemmPacked, NothingPackedOutsideBf16) {
     EXPECT_TRUE(bitwise_equal(got, want)) << dtype_name(dt);
   }
   EXPECT_EQ(kernels::packed_weight_bytes(40, 24, true, 16) > 0, kernels::gemm_stats().bf16_native);
+  EXPECT_FALSE(kernels::pack_weights_for(1));
+  EXPECT_EQ(kernels::pack_weights_for(4), kernels::gemm_stats().bf16_native);
 }
 
 TEST(GemmPacked, AParametersSlicesArePackedOncePerScope) {
@@ -86,26 +89,28 @@ TEST(GemmPacked, AParametersSlicesArePackedOncePerScope) {
   nn::Parameter& p = reg.add("w", {2, 32, 48}, nn::InitRule::normal(0.02));
   reg.initialize(1);
   const auto slice = [&](const Tensor& w, int64_t e) { return w.slice(e, 1).reshape({32, 48}); };
-  EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::bf16_weights(p), 0), 0, true, 32, 1 << 20).packed.defined())
+  EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::bf16_weights(p), 0), 0, true, 32).packed.defined())
       << "outside a scope nothing is packed";
   {
     nn::Bf16WeightScope scope(reg);
+    EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::bf16_weights(p), 0), 0, true, 32).packed.defined())
+        << "a scope that does not pack";
+  }
+  {
+    nn::Bf16WeightScope scope(reg, true);
     const Tensor w = nn::bf16_weights(p);
-    const kernels::PackedWeight a = nn::packed_bf16_weight(p, slice(w, 1), 1, true, 32, 1 << 20);
-    const kernels::PackedWeight b = nn::packed_bf16_weight(p, slice(w, 1), 1, true, 32, 1 << 20);
+    const kernels::PackedWeight a = nn::packed_bf16_weight(p, slice(w, 1), 1, true, 32);
+    const kernels::PackedWeight b = nn::packed_bf16_weight(p, slice(w, 1), 1, true, 32);
     ASSERT_TRUE(a.packed.defined());
     EXPECT_EQ(a.packed.raw(), b.packed.raw()) << "packed once per scope";
-    EXPECT_NE(nn::packed_bf16_weight(p, slice(w, 1), 1, false, 32, 1 << 20).packed.raw(), a.packed.raw())
+    EXPECT_NE(nn::packed_bf16_weight(p, slice(w, 1), 1, false, 32).packed.raw(), a.packed.raw())
         << "each transpose has its own slot";
-    EXPECT_FALSE(
-        nn::packed_bf16_weight(p, slice(w, 0), 0, true, 32, kernels::pack_weight_min_rows() - 1).packed.defined())
-        << "a use of fewer rows than pack_weight_min_rows() reads the plain weight";
   }
   // The next step's weights: the scope repacks them.
   p.value.set_item(0, 3.0);
-  nn::Bf16WeightScope scope(reg);
+  nn::Bf16WeightScope scope(reg, true);
   const Tensor w = nn::bf16_weights(p);
-  const kernels::PackedWeight pw = nn::packed_bf16_weight(p, slice(w, 0), 0, true, 32, 1 << 20);
+  const kernels::PackedWeight pw = nn::packed_bf16_weight(p, slice(w, 0), 0, true, 32);
   const Tensor A = bf16_randn({32, 48}, 4);
   Tensor want = Tensor::empty({32, 32}, DType::F32), got = Tensor::empty({32, 32}, DType::F32);
   kernels::gemm(A, false, slice(w, 0), true, want);

@@ -65,6 +65,7 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
   const std::vector<std::pair<const char*, double>> rows = {
       {"weights (f32)", w.weights},
       {"weights (bf16 copy)", w.bf16_weights},
+      {"  of which packed experts", w.packed_weights},
       {"gradients (f32)", w.grads},
       {"Adam moments", w.adam},
       {"master + gradient shard", w.master},

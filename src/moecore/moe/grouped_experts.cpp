@@ -115,8 +115,8 @@ Tensor expert_weight(const Tensor& w, int64_t e) {
 // C_rows = A_rows · op(W)   (forward and data-gradient GEMMs; rows a multiple of kRowAlign). Under bf16 inside a
 // Bf16WeightScope op(W) is packed once per step (kernels::PackedWeight): slot e of `param`.
 void rows_gemm(const Tensor& A, nn::Parameter& param, const Tensor& W, int64_t e, bool trans_w, bool bf16, Tensor& C) {
-  const kernels::PackedWeight w = bf16 ? nn::packed_bf16_weight(param, W, e, trans_w, kRowChunk, A.rows())
-                                       : kernels::PackedWeight{W, trans_w, {}, -1};
+  const kernels::PackedWeight w =
+      bf16 ? nn::packed_bf16_weight(param, W, e, trans_w, kRowChunk) : kernels::PackedWeight{W, trans_w, {}, -1};
   const int64_t n = A.rows();
   for (int64_t r = 0; r < n; r += kRowChunk) {
     const int64_t m = std::min(kRowChunk, n - r);

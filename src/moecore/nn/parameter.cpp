@@ -95,9 +95,10 @@ void ParamRegistry::to(Device d) {
   device_ = d;
 }
 
-Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg) : reg_(reg) {
+Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg, bool pack) : reg_(reg) {
   for (auto& p : reg_.all()) {
     p->bf16_cache_enabled = true;
+    p->pack_enabled = pack;
     p->bf16_cache_valid = false;
     p->packed_valid.assign(p->packed_valid.size(), false);
   }
@@ -105,7 +106,7 @@ Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg) : reg_(reg) {
 
 Bf16WeightScope::~Bf16WeightScope() {
   for (auto& p : reg_.all()) {
-    p->bf16_cache_enabled = p->bf16_cache_valid = false;
+    p->bf16_cache_enabled = p->bf16_cache_valid = p->pack_enabled = false;
     p->packed_valid.assign(p->packed_valid.size(), false);
   }
 }
@@ -120,17 +121,14 @@ Tensor bf16_weights(Parameter& p) {
   return p.bf16_cache;
 }
 
-kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m,
-                                         int64_t rows) {
-  const kernels::PackedWeight unpacked{w_bf16, trans, Tensor(), -1};
-  if (!p.bf16_cache_enabled) return unpacked;
+kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m) {
+  if (!p.bf16_cache_enabled || !p.pack_enabled) return kernels::PackedWeight{w_bf16, trans, Tensor(), -1};
   const size_t i = static_cast<size_t>(slice * 2 + (trans ? 1 : 0));
   if (p.packed_cache.size() <= i) {
     p.packed_cache.resize(i + 1);
     p.packed_valid.resize(i + 1, false);
   }
   if (!p.packed_valid[i]) {
-    if (rows < kernels::pack_weight_min_rows()) return unpacked;
     kernels::pack_weight(w_bf16, trans, m, p.packed_cache[i]);
     p.packed_valid[i] = true;
   }

@@ -44,10 +44,11 @@ struct Parameter {
   // The bf16 copy of `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
   Tensor bf16_cache;
   bool bf16_cache_valid = false, bf16_cache_enabled = false;
-  // Packed copies of 2-D slices of bf16_cache (kernels::PackedWeight), made at most once per Bf16WeightScope: slot
-  // slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as bf16_cache does.
+  // Packed copies of 2-D slices of bf16_cache (kernels::PackedWeight), made at most once per Bf16WeightScope that
+  // packs: slot slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as bf16_cache does.
   std::vector<kernels::PackedWeight> packed_cache;
   std::vector<bool> packed_valid;
+  bool pack_enabled = false;
 
   bool sharded() const { return global_view.ndim() > 0; }
   // Declares this parameter the box of a global view (see above); box_shape.numel() must equal value.numel().
@@ -82,9 +83,10 @@ class ParamRegistry {
 // Within one training step's micro-batches no weight changes, so each weight is rounded to bf16 once per step
 // instead of once per micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
 // parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed).
+// With `pack` (kernels::pack_weights_for the step's micro-batches) the experts' weights are also packed once.
 class Bf16WeightScope {
  public:
-  explicit Bf16WeightScope(ParamRegistry& reg);
+  explicit Bf16WeightScope(ParamRegistry& reg, bool pack = false);
   ~Bf16WeightScope();
   Bf16WeightScope(const Bf16WeightScope&) = delete;
   Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
@@ -95,10 +97,8 @@ class Bf16WeightScope {
 // p.value rounded to bf16 (see Bf16WeightScope).
 Tensor bf16_weights(Parameter& p);
 // The bf16 matrix w_bf16 (slice `slice` of bf16_weights(p), as op(W) with `trans`) packed for products of about m
-// rows (kernels::pack_weight), once per Bf16WeightScope, by the first use of at least kernels::pack_weight_min_rows()
-// rows; a smaller use (and any use outside a scope) reads w_bf16 unpacked. Either gives the same bits.
-kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m,
-                                         int64_t rows);
+// rows (kernels::pack_weight), once per Bf16WeightScope that packs; elsewhere w_bf16 unpacked. Same bits either way.
+kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m);
 
 // Gradients of `params` laid end to end from the start of `flat` (f32), and back: the flat buffers collectives
 // reduce.

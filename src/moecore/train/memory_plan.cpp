@@ -16,6 +16,7 @@
 #include "moecore/core/error.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/nn/stash_bytes.h"
+#include "moecore/train/device_support.h"
 #include "moecore/train/metrics.h"
 #include "moecore/train/parallel_groups.h"
 #include "moecore/train/pipeline_stages.h"
@@ -68,6 +69,8 @@ std::string MemoryPlan::describe() const {
                               human_bytes(adam));
   if (master > 0) s += fmt::format(" | master shard {}", human_bytes(master));
   if (bf16_weights > 0) s += fmt::format(" | bf16 weights {}", human_bytes(bf16_weights));
+  if (packed_weights > 0)
+    s += fmt::format(" (packed expert weights {}: MOECORE_PACK_WEIGHTS=off drops them)", human_bytes(packed_weights));
   if (comm > 0) s += fmt::format(" | comm buffers {}", human_bytes(comm));
   s +=
       fmt::format(" | activations {} per micro-batch x {:.2f} in flight", human_bytes(activations + logits), in_flight);
@@ -96,13 +99,10 @@ PlanLayout PlanLayout::from(const TrainConfig& c, int64_t world) {
 
 namespace {
 // The packed copies of the expert weights a bf16 step on the CPU keeps (kernels::PackedWeight, two layouts per
-// weight: forward and data gradient), where an expert's rows per micro-batch reach kernels::pack_weight_min_rows()
-// (counted from half of it on: routing is uneven); expert_params are this rank's.
+// weight: forward and data gradient) when it packs (kernels::pack_weights_for); expert_params are this rank's.
 double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double expert_params) {
-  if (!c.bf16 || c.num_experts <= 0 || expert_params <= 0 || c.device.rfind("cuda", 0) == 0) return 0;
-  const double rows = static_cast<double>(c.micro_batch_size * c.seq_length) / static_cast<double>(l.cp) *
-                      static_cast<double>(c.moe_router_topk) / static_cast<double>(c.num_experts);
-  if (2 * rows < static_cast<double>(kernels::pack_weight_min_rows())) return 0;
+  if (!c.bf16 || c.num_experts <= 0 || expert_params <= 0 || !kernels::pack_weights_for(l.num_microbatches)) return 0;
+  if (c.device != "cpu" && training_device(c, nullptr).is_cuda()) return 0;
   const int64_t H = c.hidden_size, F = std::max<int64_t>(c.moe_ffn_hidden_size / std::max<int64_t>(l.etp, 1), 1),
                 F1 = (c.swiglu ? 2 : 1) * F, m = 1024;
   const double per_expert =
@@ -169,7 +169,10 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.params = n;
   m.weights = 4 * n;  // f32 parameters: moecore's master weights (bf16 is a per-step copy, below)
   m.grads = 4 * n;
-  if (c.bf16) m.bf16_weights = 2 * n + packed_expert_bytes(c, l, p.expert);  // rounded once per step (and packed)
+  if (c.bf16) {  // rounded once per step (and packed)
+    m.packed_weights = packed_expert_bytes(c, l, p.expert);
+    m.bf16_weights = 2 * n + m.packed_weights;
+  }
   // One process has no data-parallel group: the plain AdamW, no buckets. Over several ranks every part of the
   // optimizer has its group (possibly of one rank): the distributed optimizer's flat gradient and parameter
   // buffers and this rank's shard of gradients, master weights and both moments (optim/distributed_optimizer.cpp),

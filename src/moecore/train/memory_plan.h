@@ -30,6 +30,7 @@ struct MemoryPlan {
   int64_t pp_rank = 0;
   double params = 0;                       // parameters held here
   double weights = 0, bf16_weights = 0;    // f32 parameters (the master weights); their bf16 copy under --bf16
+  double packed_weights = 0;               // of bf16_weights: the experts' packed copies (kernels::pack_weights_for)
   double grads = 0, adam = 0, master = 0;  // f32 gradients; Adam moments; the distributed optimizer's f32 shard
   double comm = 0;                         // gradient buckets, the distributed optimizer's flat buffers, SP sums
   double activations = 0;                  // one micro-batch's stashes on this stage (all its chunks), no logits

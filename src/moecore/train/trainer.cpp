@@ -189,7 +189,8 @@ StepResult Trainer::train_step() {
   const double t0 = now_seconds();
   StepLoss loss;
   {
-    nn::Bf16WeightScope bf16_scope(reg_);  // weights change only after the micro-batches
+    // Weights change only after the micro-batches: rounded (and packed) once for all of them.
+    nn::Bf16WeightScope bf16_scope(reg_, cfg_.bf16 && kernels::pack_weights_for(micro_batches().count));
     loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
   const double t1 = now_seconds();

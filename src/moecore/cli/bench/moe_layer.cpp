@@ -69,8 +69,9 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     const kernels::GemmStats g0 = kernels::gemm_stats();
     const Stopwatch timer;
     {
-      // As in a training step: the bf16 copy of each weight made once for the forward and backward.
-      const nn::Bf16WeightScope bf16_weights(reg);
+      // As in a training step of one micro-batch: the bf16 copy of each weight made once for the forward and
+      // backward (packed with MOECORE_PACK_WEIGHTS=on, kernels::pack_weights_for).
+      const nn::Bf16WeightScope bf16_weights(reg, kernels::pack_weights_for(1));
       layer.forward(x, *st);
       layer.backward(dy, *st);
     }

@@ -446,17 +446,15 @@ void gemm(const Tensor& A, const PackedWeight& W, Tensor& C, float beta) {
   run(c, key, A.raw(), W.packed.raw(), C.raw(), M, N, K);
 }
 
-int64_t pack_weight_min_rows() {
-  static const int64_t rows = [] {
-    const char* env = std::getenv("MOECORE_PACK_WEIGHT_MIN_ROWS");
-    if (env == nullptr || *env == '\0') return int64_t{0};
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    MOE_CHECK(*end == '\0' && v >= 0, "MOECORE_PACK_WEIGHT_MIN_ROWS='{}' is not a row count (give an integer >= 0)",
-              env);
-    return static_cast<int64_t>(v);
+bool pack_weights_for(int64_t micro_batches) {
+  static const std::string mode = [] {
+    const char* env = std::getenv("MOECORE_PACK_WEIGHTS");
+    const std::string m = env == nullptr || *env == '\0' ? "auto" : env;
+    MOE_CHECK(m == "auto" || m == "on" || m == "off", "MOECORE_PACK_WEIGHTS='{}' is not auto, on or off", m);
+    return m;
   }();
-  return rows;
+  if (!ctx().stats.bf16_native || mode == "off") return false;
+  return mode == "on" || micro_batches >= 4;
 }
 
 int64_t packed_weight_bytes(int64_t K, int64_t N, bool trans, int64_t m) {

@@ -43,11 +43,12 @@ struct PackedWeight {
 void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into);
 // C = A·op(W) + beta·C, C f32 (or bf16 with beta 0): gemm(A, false, W.plain, W.trans, C, 1, beta) with W's layout.
 void gemm(const Tensor& A, const PackedWeight& W, Tensor& C, float beta = 0.0f);
-// Uses with fewer rows than this read the plain weight (nn::packed_bf16_weight). 0 by default: every bf16 expert
-// weight is packed once per step (AVX512-BF16: bench moe-layer's GEMMs 0.84 -> 0.97 of the peak, bench train's step
-// unchanged, its peak memory +13%; packing only some experts' weights was slower than either). The variable
-// MOECORE_PACK_WEIGHT_MIN_ROWS sets it, for measuring a CPU (a large value: never pack).
-int64_t pack_weight_min_rows();
+// Whether a step of `micro_batches` micro-batches packs its bf16 expert weights (nn::Bf16WeightScope): where bf16
+// matmul is native, from 4 micro-batches on, where each packed weight serves at least 4 forward and 4 backward
+// products (AVX512-BF16, bench train with 8 micro-batches: +2.7% tokens/s; with 2 the reorders cost what the
+// products gain; peak memory +13% at that size). MOECORE_PACK_WEIGHTS=on|off overrides the choice (auto: the rule
+// above), for measuring a CPU.
+bool pack_weights_for(int64_t micro_batches);
 // The bytes pack_weight allocates for op(W) [K, N] (0 where it packs nothing).
 int64_t packed_weight_bytes(int64_t K, int64_t N, bool trans, int64_t m);
 // gemm_prepare for products with a packed weight.
