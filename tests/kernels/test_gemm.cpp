@@ -172,5 +172,13 @@ TEST(Gemm, ShapeStatsCountEachShapesCallsAndFlops) {
   EXPECT_EQ(find(name + " +=").calls, 1) << "beta 1 is a shape of its own";
 }
 
+// The benchmarks' warning about an unsteady machine: peak samples 2x apart are flagged, 10% apart are not.
+TEST(Gemm, PeakSwingFlagsAnUnsteadyMachine) {
+  EXPECT_DOUBLE_EQ(kernels::peak_swing({700, 1400, 1000}), 2.0);
+  EXPECT_GT(kernels::peak_swing({473, 1436}), kernels::kUnsteadyPeak);
+  EXPECT_LT(kernels::peak_swing({900, 990, 950}), kernels::kUnsteadyPeak);
+  EXPECT_DOUBLE_EQ(kernels::peak_swing({}), 1.0);
+}
+
 }  // namespace
 }  // namespace moecore

@@ -37,7 +37,9 @@ TEST(GemmPacked, EqualsThePlainProductBitForBit) {
     const Tensor W = bf16_randn(c.trans ? Shape{c.N, c.K} : Shape{c.K, c.N}, 2);
     kernels::PackedWeight pw;
     kernels::pack_weight(W, c.trans, 256, pw);
-    if (kernels::gemm_stats().bf16_native) EXPECT_TRUE(pw.packed.defined()) << "M=" << c.M;
+    if (kernels::gemm_stats().bf16_native) {
+      EXPECT_TRUE(pw.packed.defined()) << "M=" << c.M;
+    }
     for (const int64_t m : {c.M, int64_t{32}}) {
       const Tensor A = bf16_randn({m, c.K}, 3 + m);
       Tensor want = randn({m, c.N}, DType::F32, 5), got = want.clone();
@@ -51,7 +53,9 @@ TEST(GemmPacked, EqualsThePlainProductBitForBit) {
     }
   }
   // The packed products ran as packed primitives (at least those of the row count the weights were packed for).
-  if (kernels::gemm_stats().bf16_native) EXPECT_GE(packed_calls() - calls_before, 2);
+  if (kernels::gemm_stats().bf16_native) {
+    EXPECT_GE(packed_calls() - calls_before, 2);
+  }
 }
 
 TEST(GemmPacked, RepackingIntoTheSameBufferFollowsTheWeight) {

@@ -72,12 +72,25 @@ double PeakSampler::median() const {
   return cli::median(samples_);
 }
 
+std::string describe_peak(std::string_view dtype, const std::vector<double>& samples, Device device,
+                          const char* between) {
+  MOE_ASSERT(!samples.empty());
+  const double lo = *std::min_element(samples.begin(), samples.end()),
+               hi = *std::max_element(samples.begin(), samples.end());
+  std::string s = fmt::format(
+      "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between {}, each the best of 3 M=N=K={} runs on {} "
+      "(range {:.1f}-{:.1f})",
+      dtype, cli::median(samples), samples.size(), between, device.is_cuda() ? 8192 : 2048, device.str(), lo, hi);
+  if (kernels::peak_swing(samples) > kernels::kUnsteadyPeak)
+    s += fmt::format(
+        "\n  warning: the peak samples differ {:.1f}x: this machine's speed changed during the run (other work on "
+        "it, or clock changes), so the ratios to the peak are not reliable; run again when it is quiet",
+        kernels::peak_swing(samples));
+  return s;
+}
+
 std::string PeakSampler::describe() const {
-  return fmt::format(
-      "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the timed runs, each the best of 3 "
-      "M=N=K={} runs on {} (range {:.1f}-{:.1f})",
-      dtype_name(dtype_), median(), samples_.size(), device_.is_cuda() ? 8192 : 2048, device_.str(),
-      *std::min_element(samples_.begin(), samples_.end()), *std::max_element(samples_.begin(), samples_.end()));
+  return describe_peak(dtype_name(dtype_), samples_, device_, "the timed runs");
 }
 
 }  // namespace moecore::cli

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -43,6 +44,11 @@ class PeakSampler {
   Device device_;
   std::vector<double> samples_;
 };
+// "<dtype> GEMM peak X GFLOP/s: median of N samples taken between <between>, each the best of 3 M=N=K=2048 runs
+// on <device> (range a-b)", and on a second line a warning where the samples differ by more than
+// kernels::kUnsteadyPeak.
+std::string describe_peak(std::string_view dtype, const std::vector<double>& samples, Device device,
+                          const char* between);
 // One such sample: GFLOP/s of the best of 3 square GEMMs of `dtype` (M=N=K=2048 on a CPU, 8192 on a GPU).
 double gemm_peak_sample(DType dtype, Device device = Device::cpu());
 

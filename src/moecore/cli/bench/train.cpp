@@ -113,12 +113,7 @@ void run_bench_train(const TrainBenchArgs& a) {
       cfg.global_batch_size, cfg.micro_batch_size, a.dtype, num_threads(), r.world);
   fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s (median of {}; mean {:.3f} s)\n",
              static_cast<double>(t->params().numel()) / 1e6, step, a.iters, r.step_s);
-  fmt::print(
-      "  {} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between the steps, each the best of 3 "
-      "M=N=K={} runs on {} (range {:.1f}-{:.1f})\n",
-      a.dtype, peak, r.peak_samples.size(), t->device().is_cuda() ? 8192 : 2048, t->device().str(),
-      *std::min_element(r.peak_samples.begin(), r.peak_samples.end()),
-      *std::max_element(r.peak_samples.begin(), r.peak_samples.end()));
+  fmt::print("  {}\n", describe_peak(a.dtype, r.peak_samples, t->device(), "the steps"));
   if (r.world > 1) print_split(r);
   if (r.gpu) {
     print_gpu_phases(*r.gpu, r.step_s);

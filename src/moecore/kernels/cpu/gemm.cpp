@@ -505,6 +505,12 @@ std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, De
   return {rates.back(), rates[rates.size() / 2]};
 }
 
+double peak_swing(const std::vector<double>& samples) {
+  if (samples.empty()) return 1.0;
+  const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
+  return *lo > 0 ? *hi / *lo : 1.0;
+}
+
 double measure_gemm_peak_gflops(DType dtype, Device device) {
   double best = 0;
   if (device.is_cuda()) {  // the cuBLAS peak: sizes that fill the GPU

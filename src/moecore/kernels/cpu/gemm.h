@@ -64,6 +64,10 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
 // 1024 and 2048 with operands of `dtype`, measured now (a second or two). Smaller sizes are left out: their
 // operands stay in L2, which training GEMMs never do. On a GPU: the cuBLAS rate, best of 4096 and 8192.
 double measure_gemm_peak_gflops(DType dtype, Device device = Device::cpu());
+// max/min of peak samples taken during one run; above kUnsteadyPeak the machine's speed changed during the run (other
+// work on it, clock changes) and every ratio to the peak moves with it: the benchmarks say so.
+constexpr double kUnsteadyPeak = 1.25;
+double peak_swing(const std::vector<double>& samples);
 // GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device = Device::cpu());
 
