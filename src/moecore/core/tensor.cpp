@@ -178,6 +178,22 @@ void convert(D* dst, const S* src, int64_t n) {
   }
 }
 
+// A large copy in 256 KiB pieces over the threads: one core does not reach the memory's bandwidth, and the other
+// would wait at the next parallel region (the experts' padding copies, clones of activations).
+void copy_bytes_parallel(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kPiece = size_t{1} << 18;
+  if (bytes < 4 * kPiece) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pieces; i++) {
+    const size_t off = static_cast<size_t>(i) * kPiece;
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, std::min(kPiece, bytes - off));
+  }
+}
+
 template <typename D>
 void convert_from(D* dst, const Tensor& src) {
   int64_t n = src.numel();
@@ -213,7 +229,7 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   if (src.dtype() == dtype_) {
-    if (numel() > 0 && raw() != src.raw()) std::memcpy(raw(), src.raw(), nbytes());
+    if (numel() > 0 && raw() != src.raw()) copy_bytes_parallel(raw(), src.raw(), nbytes());
     return;
   }
   switch (dtype_) {
