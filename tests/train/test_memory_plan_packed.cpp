@@ -56,6 +56,12 @@ TEST(MemoryPlanPacked, CountsThePackedExpertWeightsAStepHolds) {
   EXPECT_NEAR(planned, held, 1e-9 * held) << "planned " << planned << " B, held " << held << " B";
   const train::TrainConfig f32 = testing::small_config(packed_model(), {"--device", "cpu"});
   EXPECT_EQ(train::plan_memory(f32, 256, train::PlanLayout{}, 0).bf16_weights, 0);
+  // A GPU run packs nothing (its experts' GEMMs are cuBLAS's), on any machine it is planned on.
+  train::TrainConfig gpu = testing::small_config(packed_model(), {"--bf16", "--device", "cpu"});
+  gpu.device = "cuda";
+  train::PlanLayout four;
+  four.num_microbatches = 4;
+  EXPECT_EQ(train::plan_memory(gpu, 256, four, 0).packed_weights, 0);
 }
 
 }  // namespace
