@@ -81,11 +81,12 @@ std::string describe_peak(std::string_view dtype, const std::vector<double>& sam
       "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between {}, each the best of 3 M=N=K={} runs on {} "
       "(range {:.1f}-{:.1f})",
       dtype, cli::median(samples), samples.size(), between, device.is_cuda() ? 8192 : 2048, device.str(), lo, hi);
-  if (kernels::peak_swing(samples) > kernels::kUnsteadyPeak)
+  const double swing = kernels::peak_swing(samples);
+  if (swing > kernels::kUnsteadyPeak)
     s += fmt::format(
         "\n  warning: the peak samples differ {:.1f}x: this machine's speed changed during the run (other work on "
         "it, or clock changes), so the ratios to the peak are not reliable; run again when it is quiet",
-        kernels::peak_swing(samples));
+        swing);
   return s;
 }
 

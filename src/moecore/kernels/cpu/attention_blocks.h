@@ -240,4 +240,28 @@ MOE_ALWAYS_INLINE T online_softmax_row(T* s, int64_t jmax, T& m, T& l, T* z, Dro
   return alpha;
 }
 
+// One query row of the backward's recomputed tile, columns [0, jmax): P = exp(mul·s − lse) and dS = P·(dP − Δ),
+// with the row's dropout multipliers z (when given) on P and dP, each stored through cvt (the kernel's rounding or
+// storage type) into p_out and ds_out, which may be s and g themselves. Shared by the f32 flash kernel and the
+// native-bf16 one (the same bits for the same scores).
+template <typename T, typename O, typename Cvt>
+MOE_ALWAYS_INLINE void softmax_backward_row(const T* s, const T* g, T mul, T lse, T delta, const T* z, int64_t jmax,
+                                            O* p_out, O* ds_out, Cvt cvt) {
+  if (z) {
+#pragma omp simd
+    for (int64_t j = 0; j < jmax; j++) {
+      const T p = vexp(s[j] * mul - lse);
+      p_out[j] = cvt(p * z[j]);
+      ds_out[j] = cvt(p * (g[j] * z[j] - delta));
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < jmax; j++) {
+      const T p = vexp(s[j] * mul - lse);
+      p_out[j] = cvt(p);
+      ds_out[j] = cvt(p * (g[j] - delta));
+    }
+  }
+}
+
 }  // namespace moecore::kernels::flash

@@ -198,26 +198,11 @@ MOE_ALWAYS_INLINE void backward_pair(const BwdArgs<T>& a, int64_t b, int64_t h, 
   block_gemm<T>(nr, N, D, MatA<T>{w.dout, D, 1}, tile_t(a.vt, d, bg, kt), MatC<T>{w.dp, Bt}, false, cols);
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
-    const T li = a.lse[bh * S + i0 + i], dl = a.delta[bh * S + i0 + i], mul = a.score_mul;
     T* s = w.sc + i * Bt;
     T* g = w.dp + i * Bt;
-    if (a.drop) {
-      a.drop->row(b, h, i0 + i, j0, jmax, w.z);
-      const T* z = w.z;
-#pragma omp simd
-      for (int64_t j = 0; j < jmax; j++) {
-        const T p = vexp(s[j] * mul - li);
-        s[j] = rnd<R>(p * z[j]);
-        g[j] = rnd<R>(p * (g[j] * z[j] - dl));
-      }
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < jmax; j++) {
-        const T p = vexp(s[j] * mul - li);
-        s[j] = rnd<R>(p);
-        g[j] = rnd<R>(p * (g[j] - dl));
-      }
-    }
+    if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, w.z);
+    softmax_backward_row(s, g, a.score_mul, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i], a.drop ? w.z : nullptr,
+                         jmax, s, g, [](T x) { return rnd<R>(x); });
     for (int64_t j = jmax; j < nc; j++) s[j] = g[j] = 0;
   }
   if (kv) {

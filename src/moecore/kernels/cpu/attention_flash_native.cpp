@@ -319,28 +319,12 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
   G::run({Mq, kTn, Dp, ptile(a.dR, a.n, bh, qt), Dp, ptile(a.vT, a.n, bg, kt), 2 * kTn, w.dp, kTn, false, cols});
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
-    const float li = a.lse[bh * S + i0 + i], dl = a.delta[bh * S + i0 + i];
-    const float* s = w.sc + i * kTn;
-    const float* g = w.dp + i * kTn;
     bf16* pr = w.P + i * kTn;
     bf16* dsr = w.dS + i * kTn;
-    if (a.drop) {
-      a.drop->row(b, h, i0 + i, j0, jmax, w.z);
-      const float* z = w.z;
-#pragma omp simd
-      for (int64_t j = 0; j < jmax; j++) {
-        const float p = vexp(s[j] - li);
-        pr[j] = float_to_bf16(p * z[j]);
-        dsr[j] = float_to_bf16(p * (g[j] * z[j] - dl));
-      }
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < jmax; j++) {
-        const float p = vexp(s[j] - li);
-        pr[j] = float_to_bf16(p);
-        dsr[j] = float_to_bf16(p * (g[j] - dl));
-      }
-    }
+    if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, w.z);
+    // Q̂ carries the scale: the scores need no multiplier (1·s is s).
+    softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, 1.0f, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i],
+                         a.drop ? w.z : nullptr, jmax, pr, dsr, [](float x) { return float_to_bf16(x); });
     for (int64_t j = jmax; j < kTn; j++) pr[j] = dsr[j] = bf16{0};
   }
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});

@@ -167,7 +167,8 @@ namespace {
 // Reductions at least this long run in chunks of about kReductionChunk (see gemm_impl).
 constexpr int64_t kLongReduction = 16384, kReductionChunk = 4096;
 
-void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K);
+bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K,
+         int b_layout = -1);
 
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
                int64_t batch = 0);
@@ -318,11 +319,13 @@ Entry& entry_locked(Ctx& c, const Key& key) {
   return it->second;
 }
 
-// Executes one cached primitive on raw operand pointers.
-void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K) {
+// Executes one cached primitive on raw operand pointers. With b_layout (a packed B: its index in c.layouts), runs
+// only where the primitive reads B in that layout, and says whether it ran.
+bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K, int b_layout) {
   std::lock_guard<std::mutex> lock(c.mu);
-  c.stats.calls++;
   Entry& e = entry_locked(c, key);
+  if (b_layout >= 0 && !(e.b.get_desc() == c.layouts[static_cast<size_t>(b_layout)])) return false;
+  c.stats.calls++;
   void* a_ptr = const_cast<void*>(A);  // oneDNN's handles are non-const; sources are only read
   void* b_ptr = const_cast<void*>(B);
   const Stopwatch timer;
@@ -342,6 +345,7 @@ void run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
   e.calls++;
   e.seconds += dt;
   e.flops += flops;
+  return true;
 }
 }  // namespace
 
@@ -377,6 +381,11 @@ bool packs(int64_t K, int64_t N) {
   return ctx().stats.bf16_native && K > 0 && N > 0 && K < kLongReduction;
 }
 
+// The blocked layout oneDNN chooses for op(W) [K, N] in products of m rows; c.mu held.
+dnnl::memory::desc packed_layout_locked(Ctx& c, int64_t K, int64_t N, bool trans, int64_t m) {
+  return entry_locked(c, packed_key(m, N, K, trans, 0.0f, DType::F32)).b.get_desc();
+}
+
 int layout_index_locked(Ctx& c, const dnnl::memory::desc& d) {
   for (size_t i = 0; i < c.layouts.size(); i++)
     if (c.layouts[i] == d) return static_cast<int>(i);
@@ -409,7 +418,7 @@ void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into) {
   }
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
-  const int layout = layout_index_locked(c, entry_locked(c, packed_key(m, N, K, trans, 0.0f, DType::F32)).b.get_desc());
+  const int layout = layout_index_locked(c, packed_layout_locked(c, K, N, trans, m));
   Packer& p = packer_locked(c, K, N, trans, layout);
   const int64_t bytes = static_cast<int64_t>(c.layouts[static_cast<size_t>(layout)].get_size());
   if (!into.packed.defined() || into.packed.nbytes() < static_cast<size_t>(bytes))
@@ -434,16 +443,10 @@ void gemm(const Tensor& A, const PackedWeight& W, Tensor& C, float beta) {
                  C.shape().str());
   MOE_ASSERT_MSG(C.dtype() == DType::F32 || beta == 0.0f, "a bf16 gemm output takes beta 0");
   if (M == 0) return;
-  Ctx& c = ctx();
-  const Key key = packed_key(M, N, K, W.trans, beta, C.dtype());
-  bool same_layout;
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    same_layout = entry_locked(c, key).b.get_desc() == c.layouts[static_cast<size_t>(W.layout)];
-  }
-  // oneDNN chose another layout for this shape: the plain weight, as an unpacked product would.
-  if (!same_layout) return gemm(A, false, W.plain, W.trans, C, 1.0f, beta);
-  run(c, key, A.raw(), W.packed.raw(), C.raw(), M, N, K);
+  // Where oneDNN chose another layout for this shape: the plain weight, as an unpacked product would.
+  if (!run(ctx(), packed_key(M, N, K, W.trans, beta, C.dtype()), A.raw(), W.packed.raw(), C.raw(), M, N, K,
+           static_cast<int>(W.layout)))
+    gemm(A, false, W.plain, W.trans, C, 1.0f, beta);
 }
 
 bool pack_weights_for(int64_t micro_batches) {
@@ -461,8 +464,7 @@ int64_t packed_weight_bytes(int64_t K, int64_t N, bool trans, int64_t m) {
   if (m <= 0 || !packs(K, N)) return 0;
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
-  const dnnl::memory::desc d = entry_locked(c, packed_key(m, N, K, trans, 0.0f, DType::F32)).b.get_desc();
-  return static_cast<int64_t>(Allocator::round_size(d.get_size()));
+  return static_cast<int64_t>(Allocator::round_size(packed_layout_locked(c, K, N, trans, m).get_size()));
 }
 
 void gemm_prepare_packed(int64_t M, int64_t N, int64_t K, bool trans_w, float beta, DType out) {
