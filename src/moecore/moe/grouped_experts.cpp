@@ -40,10 +40,18 @@ namespace {
 // run-time K ran at ~190 GFLOP/s against ~300 for fixed K). Zero rows add nothing to any weight gradient, and their
 // outputs are never read. Forward and data-gradient GEMMs take chunks of kRowChunk rows; weight-gradient GEMMs
 // reduce over chunks of kWgradChunk rows in a fixed order.
-constexpr int64_t kRowAlign = 32, kRowChunk = 1024, kWgradChunk = 1024;
+constexpr int64_t kRowAlign = 32, kRowChunk = 2048, kWgradChunk = 2048;
 
 int64_t align_rows(int64_t n) {
   return (n + kRowAlign - 1) / kRowAlign * kRowAlign;
+}
+
+// The chunk size that splits n padded rows into the fewest chunks of at most `most` rows, all of about one size
+// (multiples of kRowAlign): 1,056 rows go as 544 + 512, not 1,024 + 32, whose thin product (or, for a weight
+// gradient, a K = 32 pass over the whole f32 gradient) runs far below the GEMM rate.
+int64_t even_chunk(int64_t n, int64_t most) {
+  const int64_t chunks = std::max<int64_t>((n + most - 1) / most, 1);
+  return align_rows((n + chunks - 1) / chunks);
 }
 
 // Runs fn(e, row_begin, padded_rows) for every expert with rows, in the padded layout.
@@ -76,11 +84,12 @@ bool already_aligned(const std::vector<int64_t>& counts) {
   return std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c % kRowAlign == 0; });
 }
 
-// [R, C] rows grouped by expert -> [padded_total, C] of `dtype` with zero gap rows (x itself when no expert needs
-// padding and the dtype is the same).
+// [R, C] rows grouped by expert -> [padded_total, C] of `dtype` with zero gap rows (x itself when it is already in
+// the layout, as the dispatcher writes it, and of the dtype).
 Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, DType dtype) {
   const int64_t C = x.numel() / std::max<int64_t>(x.dim(0), 1);
-  if (already_aligned(counts) && x.dtype() == dtype) return x.reshape({x.dim(0), C});
+  if (x.dim(0) == padded_total(counts))
+    return x.dtype() == dtype ? x.reshape({x.dim(0), C}) : x.reshape({x.dim(0), C}).to(dtype);
   Tensor out = padded_empty(counts, C, dtype);
   int64_t src = 0, dst = 0;
   for (int64_t c : counts) {
@@ -93,8 +102,10 @@ Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, DType dtyp
   return out;
 }
 
-// The inverse: the expert rows of a padded [padded_total, C] tensor in `shape` ([R, C], or [R] for C = 1).
-Tensor from_padded(const Tensor& xp, const std::vector<int64_t>& counts, const Shape& shape) {
+// The inverse: the expert rows of a padded [padded_total, C] tensor in `shape` ([R, C], or [R] for C = 1); xp
+// itself where the caller takes the padded layout (padded_io).
+Tensor from_padded(const Tensor& xp, const std::vector<int64_t>& counts, const Shape& shape, bool padded_io) {
+  if (padded_io) return shape.ndim() == 1 ? xp.reshape({xp.dim(0)}) : xp.reshape({xp.dim(0), shape[1]});
   if (already_aligned(counts)) return xp.reshape(shape);
   Tensor out = Tensor::empty(shape, xp.dtype());
   const int64_t C = xp.numel() / std::max<int64_t>(xp.dim(0), 1);
@@ -117,9 +128,9 @@ Tensor expert_weight(const Tensor& w, int64_t e) {
 void rows_gemm(const Tensor& A, nn::Parameter& param, const Tensor& W, int64_t e, bool trans_w, bool bf16, Tensor& C) {
   const kernels::PackedWeight w =
       bf16 ? nn::packed_bf16_weight(param, W, e, trans_w, kRowChunk) : kernels::PackedWeight{W, trans_w, {}, -1};
-  const int64_t n = A.rows();
-  for (int64_t r = 0; r < n; r += kRowChunk) {
-    const int64_t m = std::min(kRowChunk, n - r);
+  const int64_t n = A.rows(), step = even_chunk(n, kRowChunk);
+  for (int64_t r = 0; r < n; r += step) {
+    const int64_t m = std::min(step, n - r);
     Tensor c = C.slice(r, m);
     kernels::gemm(A.slice(r, m), w, c);
   }
@@ -127,29 +138,41 @@ void rows_gemm(const Tensor& A, nn::Parameter& param, const Tensor& W, int64_t e
 
 // dW += dY_rowsᵀ · X_rows   (weight-gradient GEMM, reduced chunk by chunk in a fixed order)
 void wgrad_gemm(const Tensor& dY, const Tensor& X, Tensor& dW) {
-  const int64_t n = dY.rows();
-  for (int64_t r = 0; r < n; r += kWgradChunk) {
-    const int64_t k = std::min(kWgradChunk, n - r);
+  const int64_t n = dY.rows(), step = even_chunk(n, kWgradChunk);
+  for (int64_t r = 0; r < n; r += step) {
+    const int64_t k = std::min(step, n - r);
     kernels::gemm(dY.slice(r, k), true, X.slice(r, k), false, dW, 1.0f, 1.0f);
   }
 }
 }  // namespace
 
+int64_t GroupedExperts::row_align() {
+  return kRowAlign;
+}
+
+// With bf16 the rows the experts hand back (fc2's output forward, fc1's data gradient backward) are bf16 as
+// Megatron's are, written so by the GEMM: the combine and the dispatch's backward read half the bytes and sum in f32.
+// Under expert tensor parallelism they stay f32: they are partial sums, reduced over the ETP group first.
+DType GroupedExperts::rows_out_dtype() const {
+  const DType wt = fc1_->value.dtype();
+  return cfg_.bf16 && cfg_.etp_size == 1 && wt != DType::F64 ? DType::BF16 : wt;
+}
+
 void GroupedExperts::prepare_gemms() const {
   const DType wt = fc1_->value.dtype();
   if (wt == DType::F64) return;  // the f64 reference loop has no primitives
-  const DType dt = cfg_.bf16 ? DType::BF16 : wt;
+  const DType dt = cfg_.bf16 ? DType::BF16 : wt, rows_out = rows_out_dtype();
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
   for (int64_t m = kRowAlign; m <= kRowChunk; m += kRowAlign) {
     kernels::gemm_prepare(m, F1, H, false, true, dt, 1.0f, 0.0f, dt == DType::BF16 ? dt : DType::F32);  // fc1
-    kernels::gemm_prepare(m, H, F, false, true, dt);                                                    // fc2
-    kernels::gemm_prepare(m, F, H, false, false, dt);   // fc2 data gradient
-    kernels::gemm_prepare(m, H, F1, false, false, dt);  // fc1 data gradient
-    if (cfg_.bf16) {                                    // the same with packed weights (rows_gemm)
+    kernels::gemm_prepare(m, H, F, false, true, dt, 1.0f, 0.0f, rows_out);                              // fc2
+    kernels::gemm_prepare(m, F, H, false, false, dt);                         // fc2 data gradient
+    kernels::gemm_prepare(m, H, F1, false, false, dt, 1.0f, 0.0f, rows_out);  // fc1 data gradient
+    if (cfg_.bf16) {                                                          // the same with packed weights
       kernels::gemm_prepare_packed(m, F1, H, true, 0.0f, DType::BF16);
-      kernels::gemm_prepare_packed(m, H, F, true);
+      kernels::gemm_prepare_packed(m, H, F, true, 0.0f, rows_out);
       kernels::gemm_prepare_packed(m, F, H, false);
-      kernels::gemm_prepare_packed(m, H, F1, false);
+      kernels::gemm_prepare_packed(m, H, F1, false, 0.0f, rows_out);
     }
   }
   for (int64_t k = kRowAlign; k <= kWgradChunk; k += kRowAlign) {
@@ -165,8 +188,14 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   MOE_ASSERT(x_RH.cols() == H && probs_R.numel() == R && static_cast<int64_t>(counts.size()) == cfg_.num_experts);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  MOE_ASSERT_MSG(total == R, "expert row counts sum to {}, but {} rows were dispatched", total, R);
-  if (x_RH.device().is_cuda()) return forward_cuda(x_RH, probs_R, counts, st);
+  if (x_RH.device().is_cuda()) {
+    MOE_ASSERT_MSG(total == R, "expert row counts sum to {}, but {} rows were dispatched", total, R);
+    return forward_cuda(x_RH, probs_R, counts, st);
+  }
+  st.padded_io = R != total;
+  MOE_ASSERT_MSG(total == R || R == padded_total(counts),
+                 "expert row counts sum to {} ({} padded), but {} rows were dispatched", total, padded_total(counts),
+                 R);
   const DType dt = fc1_->value.dtype();
   st.tokens_per_expert = counts;
   st.probs_R = to_padded(probs_R, counts, dt);
@@ -189,13 +218,13 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
   st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
   kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
-  Tensor y = padded_empty(counts, H, dt);
+  Tensor y = padded_empty(counts, H, rows_out_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor yr = y.slice(r0, n);
     rows_gemm(st.a_RF.slice(r0, n), *fc2_, expert_weight(*w2, e), e, true, cfg_.bf16, yr);
   });
   if (cfg_.recompute_act) st.a_RF = Tensor();
-  return from_padded(y, counts, {R, H});
+  return from_padded(y, counts, {R, H}, st.padded_io);
 }
 
 Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R) {
@@ -204,7 +233,7 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
   const std::vector<int64_t>& counts = st.tokens_per_expert;
   const int64_t Rp = padded_total(counts);
-  MOE_ASSERT(dy_RH.cols() == H && Rp == st.x_RH.rows());
+  MOE_ASSERT(dy_RH.cols() == H && Rp == st.x_RH.rows() && (!st.padded_io || R == Rp));
   const DType dt = fc1_->value.dtype();
   const Tensor dy = to_padded(dy_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
@@ -223,16 +252,16 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   Tensor dhc = padded_empty(counts, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt);
   Tensor dprobs = padded_empty(counts, 1, dt).reshape({Rp});
   kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs);
-  Tensor dx = padded_empty(counts, H, dt);
+  Tensor dx = padded_empty(counts, H, rows_out_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dxr = dx.slice(r0, n);
     rows_gemm(dhc.slice(r0, n), *fc1_, expert_weight(w1, e), e, false, cfg_.bf16, dxr);
     Tensor dw1 = expert_weight(fc1_->grad, e);
     wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1);
   });
-  dprobs_R = from_padded(dprobs, counts, {R});
+  dprobs_R = from_padded(dprobs, counts, {R}, st.padded_io);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
-  return from_padded(dx, counts, {R, H});
+  return from_padded(dx, counts, {R, H}, st.padded_io);
 }
 
 Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::Activation act, const Tensor& x_RH,
@@ -269,16 +298,18 @@ Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::A
 }
 
 // What GroupedExperts::forward leaves in its Stash for `rows` rows spread evenly over the local experts
-// (nn/stash_bytes.h): padded buffers are allocated at rows + experts·(kRowAlign − 1), their largest size.
+// (nn/stash_bytes.h): padded buffers are allocated at rows + experts·(kRowAlign − 1), their largest size. The input
+// rows are the dispatcher's, in the padded layout (RowLayout::align) except under expert tensor parallelism, where
+// rows the experts need not pad are taken as they come.
 int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t n = std::max<int64_t>(e.num_experts, 1), F1 = (kernels::is_gated(e.activation) ? 2 : 1) * e.ffn_hidden;
-  bool aligned = true;
+  bool aligned = e.etp_size > 1;
   for (int64_t i = 0; i < n; i++) aligned &= (rows / n + (i < rows % n ? 1 : 0)) % kRowAlign == 0;
-  const int64_t cap = aligned ? rows : rows + n * (kRowAlign - 1);
+  const int64_t cap = rows + n * (kRowAlign - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
-  int64_t b = nn::tensor_bytes(cap * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x_RH, probs_R
-  b += nn::tensor_bytes(cap * F1, xt);                                                   // h_RF1
-  if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                   // a_RF
+  int64_t b = nn::tensor_bytes((aligned ? rows : cap) * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x, p
+  b += nn::tensor_bytes(cap * F1, xt);                                                                      // h_RF1
+  if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                                      // a_RF
   return b;
 }
 

@@ -40,11 +40,15 @@ class GroupedExperts {
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
+    bool padded_io = false;  // the rows came (and go back) in the padded layout
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
   // x_RH [R, H], probs_R [R], rows grouped by expert with the given counts -> y_RH [R, H]. With bf16 on, x_RH
-  // (and dy_RH in backward) may arrive already in bf16.
+  // (and dy_RH in backward) may arrive already in bf16. On the CPU the rows may also arrive in the padded layout
+  // (row_align(): R is then the padded row count, with zero gap rows of probability 0, as the dispatcher writes them
+  // under DispatchPlan::row_align); the outputs (y, and in backward dx and dprobs) are then padded too. With bf16
+  // on, the CPU path's y and dx are bf16 (f32 under expert tensor parallelism).
   Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert, Stash& st);
   // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated.
   Tensor backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
@@ -53,10 +57,13 @@ class GroupedExperts {
   nn::Parameter& fc2() { return *fc2_; }
   const ExpertsConfig& config() const { return cfg_; }
   int64_t fc1_rows() const { return (kernels::is_gated(cfg_.activation) ? 2 : 1) * cfg_.ffn_hidden; }
+  // The CPU experts' padded layout: each expert's rows start at a multiple of this.
+  static int64_t row_align();
 
  private:
   // Creates the fixed-shape GEMM primitives every row count will use, so no step ever creates one.
   void prepare_gemms() const;
+  DType rows_out_dtype() const;  // of the CPU path's y and dx
   Tensor forward_cuda(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts, Stash& st);
   Tensor backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
 

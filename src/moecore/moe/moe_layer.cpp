@@ -131,7 +131,9 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   st.router.recompute = st.recompute;
   const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
   Tensor x_RH, probs_R;
-  // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows.
+  // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows. On the CPU
+  // (without expert tensor parallelism, whose gather reorders the rows) they arrive in the experts' padded layout.
+  st.plan.row_align = etp_ || x_TH.device().is_cuda() ? 1 : GroupedExperts::row_align();
   dispatcher_->dispatch(cfg_.bf16 ? x_TH.to(DType::BF16) : x_TH, routed, st.plan, x_RH, probs_R);
   Tensor y_RH;
   if (etp_) {
@@ -260,6 +262,7 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity) rows = E * std::min(expert_capacity(c.router, T), T);
   ExpertsConfig e{H, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
   e.recompute_act = c.recompute_moe_act;
+  e.etp_size = etp;
   int64_t b = router_stash_bytes(c.router, T, d.training);
   b += dispatch_plan_bytes(T, rows, rows, ep > 1);
   if (etp > 1) b += nn::tensor_bytes(rows * etp, DType::I32);  // EtpPlan::sorted_from_all

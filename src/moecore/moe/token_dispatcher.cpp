@@ -10,17 +10,32 @@
 
 namespace moecore::moe {
 
+namespace {
+inline float widen(bf16 v) {
+  return bf16_to_float(v);
+}
+template <typename F>
+inline F widen(F v) {
+  return v;
+}
+}  // namespace
+
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
   TimerScope timer("moe-permute", 2);  // moecore's: token permutation copies (bench train's phase table)
   if (src_TH.device().is_cuda()) return kernels::cuda::moe_gather_rows(src_TH, row_token_R, dst_RH);
   const int64_t R = row_token_R.numel(), H = src_TH.cols();
   MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H && dst_RH.dtype() == src_TH.dtype());
+  const int32_t* tok = row_token_R.data<int32_t>();
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src_TH.dtype());
   const char* s = static_cast<const char*>(src_TH.raw());
   char* d = static_cast<char*>(dst_RH.raw());
-  const int32_t* tok = row_token_R.data<int32_t>();
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; r++) std::memcpy(d + r * bytes, s + tok[r] * bytes, bytes);
+  for (int64_t r = 0; r < R; r++) {
+    if (tok[r] < 0)
+      std::memset(d + r * bytes, 0, bytes);  // a gap row of the padded layout
+    else
+      std::memcpy(d + r * bytes, s + tok[r] * bytes, bytes);
+  }
 }
 
 void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
@@ -33,11 +48,23 @@ void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
   char* d = static_cast<char*>(dst.raw());
   const int32_t* idx = idx_R.data<int32_t>();
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; r++) std::memcpy(d + idx[r] * bytes, s + r * bytes, bytes);
+  for (int64_t r = 0; r < R; r++)
+    if (idx[r] >= 0) std::memcpy(d + idx[r] * bytes, s + r * bytes, bytes);
+}
+
+int64_t align_up(int64_t n, int64_t align) {
+  return (n + align - 1) / align * align;
+}
+
+Tensor padded_rows_empty(int64_t rows, int64_t experts, int64_t align, int64_t padded, int64_t C, DType dtype,
+                         Device device) {
+  const int64_t capacity = align > 1 ? rows + experts * (align - 1) : rows;
+  MOE_ASSERT(padded <= capacity);
+  return Tensor::empty({capacity, C}, dtype, device).slice(0, padded);
 }
 
 Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
-                          std::vector<int64_t>& per_expert) {
+                          std::vector<int64_t>& per_expert, int64_t row_align) {
   auto count = [&](int64_t s, int64_t e) { return counts[s * stride + offset + e]; };
   Tensor start_t = Tensor::empty({std::max<int64_t>(ranks * n_local, 1)}, DType::I64);
   int64_t* chunk_start = start_t.data<int64_t>();
@@ -48,15 +75,21 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts,
       off += count(s, e);
     }
   per_expert.assign(static_cast<size_t>(n_local), 0);
-  Tensor order = Tensor::empty({off}, DType::I32);
+  for (int64_t e = 0; e < n_local; e++)
+    for (int64_t s = 0; s < ranks; s++) per_expert[static_cast<size_t>(e)] += count(s, e);
+  int64_t rows = 0;
+  for (int64_t c : per_expert) rows += align_up(c, row_align);
+  Tensor order = Tensor::empty({rows}, DType::I32);
   int32_t* perm = order.data<int32_t>();
   int64_t row = 0;
-  for (int64_t e = 0; e < n_local; e++)
+  for (int64_t e = 0; e < n_local; e++) {
     for (int64_t s = 0; s < ranks; s++) {
       const int64_t n = count(s, e), start = chunk_start[s * n_local + e];
       for (int64_t i = 0; i < n; i++) perm[row++] = static_cast<int32_t>(start + i);
-      per_expert[static_cast<size_t>(e)] += n;
     }
+    const int64_t c = per_expert[static_cast<size_t>(e)];
+    for (int64_t i = c; i < align_up(c, row_align); i++) perm[row++] = -1;  // gap rows
+  }
   return order;
 }
 
@@ -75,38 +108,47 @@ Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType
   return d;
 }
 
+DType row_sum_dtype(DType rows) {
+  return rows == DType::BF16 ? DType::F32 : rows;
+}
+
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
   TimerScope timer("moe-permute", 2);
   if (src_RH.device().is_cuda())
     return kernels::cuda::moe_sum_rows_per_token(src_RH, plan.token_offsets_T1, plan.token_rows, dst_TH);
   const int64_t T = plan.T, H = src_RH.cols();
-  MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == src_RH.dtype());
+  MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == row_sum_dtype(src_RH.dtype()));
   const int64_t* off = plan.token_offsets_T1.data<int64_t>();
   const int32_t* rows = plan.token_rows.data<int32_t>();
-  MOE_DISPATCH_FLOAT(src_RH.dtype(), F, {
-    const F* s = src_RH.data<F>();
-    F* d = dst_TH.data<F>();
-    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < T; t++) {
-      F* out = d + t * H;
+  // out[t] = Σ rows of t in ascending order, in dst's dtype (bf16 rows widened as they are read)
+  auto sum = [&](const auto* s, auto* d) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      auto* out = d + t * H;
       for (int64_t h = 0; h < H; h++) out[h] = 0;
       for (int64_t i = off[t]; i < off[t + 1]; i++) {
-        const F* in = s + static_cast<int64_t>(rows[i]) * H;
-        for (int64_t h = 0; h < H; h++) out[h] += in[h];
+        const auto* in = s + static_cast<int64_t>(rows[i]) * H;
+        for (int64_t h = 0; h < H; h++) out[h] += widen(in[h]);
       }
     }
-  });
+  };
+  if (src_RH.dtype() == DType::BF16) return sum(src_RH.data<bf16>(), dst_TH.data<float>());
+  MOE_DISPATCH_FLOAT(src_RH.dtype(), F, { sum(src_RH.data<F>(), dst_TH.data<F>()); });
 }
 
 void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                                     Tensor& probs_R) {
-  permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), plan, x_RH, probs_R);
+  permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), plan.row_align, plan, x_RH,
+          probs_R);
 }
 
 void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK,
-                                   int64_t pad_capacity, int64_t block, DispatchPlan& plan, Tensor& x_RH,
-                                   Tensor& probs_R) const {
-  if (x_TH.device().is_cuda()) return permute_cuda(x_TH, idx_TK, probs_TK, pad_capacity, block, plan, x_RH, probs_R);
+                                   int64_t pad_capacity, int64_t block, int64_t row_align, DispatchPlan& plan,
+                                   Tensor& x_RH, Tensor& probs_R) const {
+  if (x_TH.device().is_cuda())
+    return permute_cuda(x_TH, idx_TK, probs_TK, pad_capacity, block, row_align, plan, x_RH, probs_R);
   const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), E = E_;
+  MOE_ASSERT(row_align >= 1);
   MOE_ASSERT(idx_TK.dtype() == DType::I32 && x_TH.rows() == T && probs_TK.numel() == T * K);
   MOE_ASSERT(pad_capacity == 0 || (block > 0 && T % block == 0));
   const int32_t* id = idx_TK.data<int32_t>();
@@ -156,30 +198,38 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
           off[t + 1]++;
         }
       });
-  int64_t R = 0;
-  for (int64_t c : tpe) R += c;
-  plan.R = R;
+  int64_t R = 0, Rp = 0;  // rows, and rows in the padded layout
+  for (int64_t c : tpe) R += c, Rp += align_up(c, row_align);
+  plan.R = Rp;
   for (int64_t t = 0; t < T; t++) off[t + 1] += off[t];
-  plan.row_token_R = Tensor::empty({R}, DType::I32);
-  plan.row_tk_R = Tensor::empty({R}, DType::I64);
+  // Sized for the most rows the padded layout can take: the same allocation every step however the rows fall.
+  plan.row_token_R = padded_rows_empty(R, E, row_align, Rp, 1, DType::I32).reshape({Rp});
+  plan.row_tk_R = padded_rows_empty(R, E, row_align, Rp, 1, DType::I64).reshape({Rp});
   plan.token_rows = Tensor::empty({R}, DType::I32);
   int32_t* rt = plan.row_token_R.data<int32_t>();
   int64_t* rtk = plan.row_tk_R.data<int64_t>();
-  // Expert-major, ascending token inside an expert.
+  // Expert-major, ascending token inside an expert; expert e's rows start at pad_start[e] (gap rows: −1).
+  std::vector<int64_t> pad_start(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; e++)
+    pad_start[static_cast<size_t>(e + 1)] =
+        pad_start[static_cast<size_t>(e)] + align_up(tpe[static_cast<size_t>(e)], row_align);
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t r = pad_start[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)];
+         r < pad_start[static_cast<size_t>(e + 1)]; r++)
+      rt[r] = -1, rtk[r] = -1;
   if (pad_capacity > 0) {
-    int64_t r = 0;
-    for (int64_t e = 0; e < E; e++)
+    for (int64_t e = 0; e < E; e++) {
+      int64_t r = pad_start[static_cast<size_t>(e)];
       pad_walk(e, [&](int64_t t, int64_t j) {
         rt[r] = static_cast<int32_t>(t);
         rtk[r] = j >= 0 ? t * K + j : -1;
         r++;
       });
-    MOE_ASSERT(r == R);
+      MOE_ASSERT(r == pad_start[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)]);
+    }
   } else {  // counting sort: plan.expert_offsets[e] runs from expert e's first row to its end
     auto& eo = plan.expert_offsets;
-    eo.assign(static_cast<size_t>(E + 1), 0);
-    for (int64_t e = 0; e < E; e++)
-      eo[static_cast<size_t>(e + 1)] = eo[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)];
+    eo.assign(pad_start.begin(), pad_start.end());
     for (int64_t i = 0; i < T * K; i++)
       if (mine(i)) {
         const int64_t r = eo[static_cast<size_t>(id[i])]++;
@@ -192,28 +242,31 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
   int64_t* cur = plan.token_cursor_T.data<int64_t>();
   std::copy(off, off + T, cur);
   int32_t* trows = plan.token_rows.data<int32_t>();
-  for (int64_t r = 0; r < R; r++) trows[cur[rt[r]]++] = static_cast<int32_t>(r);
-  x_RH = Tensor::empty({R, x_TH.cols()}, x_TH.dtype());
+  for (int64_t r = 0; r < Rp; r++)
+    if (rt[r] >= 0) trows[cur[rt[r]]++] = static_cast<int32_t>(r);
+  x_RH = padded_rows_empty(R, E, row_align, Rp, x_TH.cols(), x_TH.dtype());
   gather_rows(x_TH, plan.row_token_R, x_RH);
-  probs_R = Tensor::empty({R}, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype());
-  for (int64_t r = 0; r < R; r++) probs_R.set_item(r, rtk[r] >= 0 ? probs_TK.item(rtk[r]) : 0.0);
+  probs_R =
+      padded_rows_empty(R, E, row_align, Rp, 1, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype()).reshape({Rp});
+  for (int64_t r = 0; r < Rp; r++) probs_R.set_item(r, rtk[r] >= 0 ? probs_TK.item(rtk[r]) : 0.0);
 }
 
 Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype(), y_RH.device());
+  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, row_sum_dtype(y_RH.dtype()), y_RH.device());
   sum_rows_per_token(y_RH, plan, y);
   return y;
 }
 
 Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  Tensor d = Tensor::empty({plan.R, dy_TH.cols()}, dy_TH.dtype(), dy_TH.device());
+  Tensor d = padded_rows_empty(plan.token_rows.numel(), plan.E, plan.row_align, plan.R, dy_TH.cols(), dy_TH.dtype(),
+                               dy_TH.device());
   gather_rows(dy_TH, plan.row_token_R, d);
   return d;
 }
 
 void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                              DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
-  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype(), dx_RH.device());
+  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, row_sum_dtype(dx_RH.dtype()), dx_RH.device());
   sum_rows_per_token(dx_RH, plan, dx_TH);
   dprobs_TK = scatter_dprobs(dprobs_R, plan, probs_dtype);
 }
@@ -238,7 +291,8 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
                                        Tensor& probs_R) {
   // 1. Local permute over all E experts: rows for EP rank d are contiguous (experts d·n_le .. (d+1)·n_le − 1).
   Tensor x_perm, p_perm;
-  local_.dispatch(x_TH, routed, plan, x_perm, p_perm);
+  local_.permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), /*row_align=*/1, plan,
+                 x_perm, p_perm);  // the rows travel back to back
   const int64_t P = ep_.size(), me = ep_.rank();
   plan.local_rows = plan.R;
   // 2. Count exchange: every rank's tokens per expert.
@@ -258,33 +312,34 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
     }
   // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank]; from here on
   // tokens_per_expert counts rows per local expert.
-  plan.sorted_from_recv = expert_major_order(P, n_local_, g, E_, me * n_local_, plan.tokens_per_expert);
+  plan.sorted_from_recv = expert_major_order(P, n_local_, g, E_, me * n_local_, plan.tokens_per_expert, plan.row_align);
   if (x_TH.device().is_cuda()) plan.sorted_from_recv = plan.sorted_from_recv.to(x_TH.device());
-  const int64_t recv_rows = plan.sorted_from_recv.numel();
+  plan.recv_rows = 0;
+  for (int64_t n : plan.output_splits) plan.recv_rows += n;
+  plan.R = plan.sorted_from_recv.numel();
   // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
   x_RH = exchange_forward(x_perm, plan);
-  probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({recv_rows});
-  plan.R = recv_rows;
+  probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({plan.R});
 }
 
 Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const {
-  const int64_t recv_rows = plan.sorted_from_recv.numel();
-  Tensor recv = Tensor::empty({recv_rows, local_rows.cols()}, local_rows.dtype(), local_rows.device());
+  const int64_t C = local_rows.cols();
+  Tensor recv = Tensor::empty({plan.recv_rows, C}, local_rows.dtype(), local_rows.device());
   // moecore's MoE timers (core/timers.h) by direction: token ranks to expert ranks is the dispatch (its forward,
   // and combine's backward), back is the combine.
   TimerScope timer("moe-dispatch-all-to-all", 2);
   ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
                    plan.output_splits);
-  Tensor sorted = Tensor::empty(recv.shape(), recv.dtype(), recv.device());
+  Tensor sorted = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, C, recv.dtype(), recv.device());
   gather_rows(recv, plan.sorted_from_recv, sorted);
   return sorted;
 }
 
 Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const {
-  const int64_t recv_rows = plan.sorted_from_recv.numel(), H = sorted_rows.cols();
-  MOE_ASSERT(sorted_rows.rows() == recv_rows);
+  const int64_t H = sorted_rows.cols();
+  MOE_ASSERT(sorted_rows.rows() == plan.R);
   const Device d = sorted_rows.device();
-  Tensor recv = Tensor::empty({recv_rows, H}, sorted_rows.dtype(), d);
+  Tensor recv = Tensor::empty({plan.recv_rows, H}, sorted_rows.dtype(), d);
   scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
   Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype(), d);
   TimerScope timer("moe-combine-all-to-all", 2);
@@ -294,7 +349,7 @@ Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, con
 
 Tensor AllToAllTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
   const Tensor local = exchange_backward(y_RH, plan);
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, y_RH.dtype(), y_RH.device());
+  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, row_sum_dtype(y_RH.dtype()), y_RH.device());
   sum_rows_per_token(local, plan, y);
   return y;
 }
@@ -308,7 +363,7 @@ Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const Disp
 void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   const Tensor dx_local = exchange_backward(dx_RH, plan);
-  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, dx_RH.dtype(), dx_RH.device());
+  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, row_sum_dtype(dx_RH.dtype()), dx_RH.device());
   sum_rows_per_token(dx_local, plan, dx_TH);
   const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
   dprobs_TK = scatter_dprobs(dp_local, plan, probs_dtype);
@@ -347,7 +402,7 @@ void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& 
   for (int64_t i = 0; i < n; i++)
     gl[i] = ga[i] >= first && ga[i] < first + n_local_ ? static_cast<int32_t>(ga[i] - first) : -1;
   // Padding fills each expert from every source rank's own T tokens, as that rank's router would.
-  local_.permute(x_all, id_loc.to(x_TH.device()), p_all, routed.pad_capacity, T, plan, x_RH, probs_R);
+  local_.permute(x_all, id_loc.to(x_TH.device()), p_all, routed.pad_capacity, T, plan.row_align, plan, x_RH, probs_R);
   plan.T_local = T;
 }
 

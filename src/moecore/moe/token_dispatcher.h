@@ -17,15 +17,21 @@
 namespace moecore::moe {
 
 struct DispatchPlan {
+  // Set by the caller before dispatch: every local expert's rows start at a multiple of row_align; the gap rows
+  // after them have no token (row_token_R and row_tk_R −1), are zero, have probability 0 and are never summed into
+  // a token. This is the CPU grouped experts' padded layout, written by the permutation itself instead of by a copy
+  // in the experts. CPU only (1 on a GPU).
+  int64_t row_align = 1;
   int64_t T = 0, E = 0, K = 0, R = 0;  // E: the experts permuted over (all, or this rank's under allgather)
   // Expert parallelism (empty on one rank): rows sent to / received from each EP rank, and for every row of the
   // expert-major output, its row in the receive buffer.
   std::vector<int64_t> input_splits, output_splits;
-  Tensor sorted_from_recv;                 // I32 [rows received]
+  Tensor sorted_from_recv;                 // I32 [R]: −1 for a gap row of the padded layout
   int64_t local_rows = 0;                  // rows this rank permuted before the exchange
+  int64_t recv_rows = 0;                   // rows it received
   int64_t T_local = 0;                     // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
-  std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order
-  Tensor row_token_R;                      // I32: source token of each permuted row
+  std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order (gap rows not counted)
+  Tensor row_token_R;                      // I32: source token of each permuted row, −1 for a gap row
   Tensor row_tk_R;                         // I64: t·K + j of each row (its [T, K] entry), −1 for a padding row
   Tensor token_offsets_T1;                 // I64 CSR over tokens: rows of token t are
   Tensor token_rows;                       //   token_rows[token_offsets[t] .. token_offsets[t+1]) (I32)
@@ -37,10 +43,10 @@ class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
   // x_TH [T, H] and the routing ([T, K] ids and probabilities) -> x_RH [R, H] and probs_R [R] (x's dtype; f32
-  // when x is bf16), rows grouped by local expert.
+  // when x is bf16), rows grouped by local expert, each expert's starting at a multiple of plan.row_align.
   virtual void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                         Tensor& probs_R) = 0;
-  // y_RH [R, H] -> y_TH [T, H]: each token's rows summed.
+  // y_RH [R, H] -> y_TH [T, H]: each token's rows summed (in f32 for bf16 rows).
   virtual Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) = 0;
   // Adjoint of combine: dy_TH -> dy_RH (each row gets its token's gradient).
   virtual Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) = 0;
@@ -55,10 +61,11 @@ class LocalTokenDispatcher : public TokenDispatcher {
   explicit LocalTokenDispatcher(int64_t num_experts) : E_(num_experts) {}
   void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                 Tensor& probs_R) override;
-  // The permutation itself: rows of experts [0, E) (other ids, −1 included, are skipped); under padding, every
-  // block of `block` tokens (one source rank's) gives each expert exactly pad_capacity rows.
+  // The permutation itself: rows of experts [0, E) (other ids, −1 included, are skipped), each expert's starting
+  // at a multiple of row_align; under padding, every block of `block` tokens (one source rank's) gives each expert
+  // exactly pad_capacity rows.
   void permute(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK, int64_t pad_capacity, int64_t block,
-               DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
+               int64_t row_align, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
   Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) override;
   Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
   void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
@@ -66,20 +73,29 @@ class LocalTokenDispatcher : public TokenDispatcher {
 
  private:
   void permute_cuda(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK, int64_t pad_capacity,
-                    int64_t block, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
+                    int64_t block, int64_t row_align, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
   int64_t E_;
 };
 
 // Helpers shared by dispatchers: row gather (permute), its inverse scatter, and the per-token ordered row sum
-// (unpermute).
+// (unpermute). On the CPU an index −1 is a gap row: gathered as zeros, not scattered.
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);  // dst[r] = src[idx[r]]
 void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);          // dst[idx[r]] = src[r]
+// n rounded up to a multiple of align.
+int64_t align_up(int64_t n, int64_t align);
+// [padded, C] rows of `rows` rows over `experts` experts in the padded layout (DispatchPlan::row_align), allocated at
+// the largest size they can take, so the allocator sees one size every step however the rows fall.
+Tensor padded_rows_empty(int64_t rows, int64_t experts, int64_t align, int64_t padded, int64_t C, DType dtype,
+                         Device device = Device::cpu());
 // Rows arriving as chunks [source rank s][local expert e] of count(s, e) = counts[s·stride + offset + e] rows,
-// reordered expert-major ([e][s], source order kept): for each output row, its row in the arriving buffer (I32).
-// Sets per_expert ([n_local]) to each expert's rows.
+// reordered expert-major ([e][s], source order kept), each expert's rows starting at a multiple of row_align: for
+// each output row, its row in the arriving buffer (I32; −1 for a gap row). Sets per_expert ([n_local]) to each
+// expert's rows.
 Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
-                          std::vector<int64_t>& per_expert);
+                          std::vector<int64_t>& per_expert, int64_t row_align = 1);
+// dst_TH[t] = the sum of token t's rows in ascending order, in row_sum_dtype (bf16 rows are summed in f32).
 void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
+DType row_sum_dtype(DType rows);
 // dprobs_TK [T, K] in probs_dtype from the permuted rows' probability gradients: row r's goes to entry row_tk_R[r]
 // (padding rows, −1, are dropped; entries no row holds stay 0). On the rows' device.
 Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType probs_dtype);

@@ -8,9 +8,10 @@
 namespace moecore::moe {
 
 void LocalTokenDispatcher::permute_cuda(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK,
-                                        int64_t pad_capacity, int64_t block, DispatchPlan& plan, Tensor& x_RH,
-                                        Tensor& probs_R) const {
+                                        int64_t pad_capacity, int64_t block, int64_t row_align, DispatchPlan& plan,
+                                        Tensor& x_RH, Tensor& probs_R) const {
   TimerScope timer("moe-permute", 2);
+  MOE_ASSERT_MSG(row_align == 1, "the GPU experts take rows back to back, asked for a {}-row alignment", row_align);
   const Device d = x_TH.device();
   const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), H = x_TH.cols();
   MOE_ASSERT_MSG(idx_TK.device() == d && probs_TK.device() == d, "dispatch on {}: the routing is on {} and {}", d.str(),
@@ -24,7 +25,7 @@ void LocalTokenDispatcher::permute_cuda(const Tensor& x_TH, const Tensor& idx_TK
     // A second host synchronisation, only under padding (its row counts are fixed, so nothing else needs them).
     Tensor none_RH, probs_host;
     permute(Tensor::empty({T, 0}, DType::F32), idx_TK.to(Device::cpu()), probs_TK.to(Device::cpu()), pad_capacity,
-            block, plan, none_RH, probs_host);
+            block, /*row_align=*/1, plan, none_RH, probs_host);
     plan.row_token_R = plan.row_token_R.to(d);
     plan.row_tk_R = plan.row_tk_R.to(d);
     plan.token_offsets_T1 = plan.token_offsets_T1.to(d);

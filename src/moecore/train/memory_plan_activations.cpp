@@ -25,8 +25,9 @@ namespace moecore::train {
 namespace {
 
 // A layer's backward allocates its gradients while its stash is still held: measured on the reference runs
-// (tests/train/test_memory_plan_measured.cpp) at about this fraction of the layer's whole stash.
-constexpr double kBackwardTemporaries = 0.6;
+// (tests/train/test_memory_plan_measured.cpp) at about this fraction of the layer's whole stash (0.6 while the MoE
+// experts still copied their rows into and out of the padded layout).
+constexpr double kBackwardTemporaries = 0.45;
 
 // The modules' configurations as build_model gives them (sizes, bf16, recompute), without any group.
 struct ModelShapes {
@@ -142,7 +143,10 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
         a.working = std::max(a.working, up + kBackwardTemporaries * all - static_cast<double>(ffn_bytes(m, l, i, d)));
       }
       a.working = std::max(a.working, remat + kBackwardTemporaries * all);
-      a.working = std::max(a.working, remat + attention_kernel);
+      // The attention's backward runs after the layer's FFN backward has freed the FFN's stash; beside the kernel's
+      // temporaries it holds the attention's own gradients.
+      const double ffn = static_cast<double>(ffn_bytes(m, l, i, d));
+      a.working = std::max(a.working, remat + attention_kernel + kBackwardTemporaries * (all - ffn) - ffn);
     }
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));

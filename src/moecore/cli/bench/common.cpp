@@ -94,4 +94,54 @@ std::string PeakSampler::describe() const {
   return describe_peak(dtype_name(dtype_), samples_, device_, "the timed runs");
 }
 
+std::map<std::string, kernels::GemmShapeStats> GemmShapeTally::snapshot() const {
+  std::map<std::string, kernels::GemmShapeStats> m;
+  for (kernels::GemmShapeStats g : kernels::gemm_shape_stats()) {
+    if (merge_rows_) g.M = 0;
+    auto [it, fresh] = m.try_emplace(g.describe(), g);
+    if (!fresh) it->second.calls += g.calls, it->second.flops += g.flops, it->second.seconds += g.seconds;
+  }
+  return m;
+}
+
+void GemmShapeTally::begin() {
+  before_ = snapshot();
+}
+
+void GemmShapeTally::end() {
+  runs_++;
+  for (const auto& [name, g] : snapshot()) {
+    const auto b = before_.find(name);
+    const bool seen = b != before_.end();
+    auto [it, fresh] = sum_.try_emplace(name, g);
+    if (fresh) it->second.calls = 0, it->second.flops = it->second.seconds = 0;
+    it->second.calls += g.calls - (seen ? b->second.calls : 0);
+    it->second.flops += g.flops - (seen ? b->second.flops : 0.0);
+    it->second.seconds += g.seconds - (seen ? b->second.seconds : 0.0);
+  }
+}
+
+std::vector<kernels::GemmShapeStats> GemmShapeTally::shapes() const {
+  std::vector<kernels::GemmShapeStats> v;
+  for (const auto& [name, g] : sum_) {
+    if (g.calls <= 0 || runs_ == 0) continue;
+    kernels::GemmShapeStats m = g;
+    m.calls /= runs_;
+    m.flops /= runs_;
+    m.seconds /= runs_;
+    v.push_back(m);
+  }
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  return v;
+}
+
+void print_gemm_shapes(const std::vector<kernels::GemmShapeStats>& v, double peak_gflops, size_t most) {
+  for (size_t i = 0; i < v.size() && i < most; i++) {
+    const kernels::GemmShapeStats& g = v[i];
+    const double rate = g.seconds > 0 ? g.flops / g.seconds / 1e9 : 0.0;
+    fmt::print("    {:<44} {:4} calls {:7.3f} s  {:7.1f} GFLOP/s  {:.2f} of the peak\n", g.describe(), g.calls,
+               g.seconds, rate, rate / peak_gflops);
+  }
+}
+
 }  // namespace moecore::cli

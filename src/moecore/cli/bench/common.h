@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/cpu/gemm.h"
 
 namespace moecore::cli {
 
@@ -51,5 +53,24 @@ std::string describe_peak(std::string_view dtype, const std::vector<double>& sam
                           const char* between);
 // One such sample: GFLOP/s of the best of 3 square GEMMs of `dtype` (M=N=K=2048 on a CPU, 8192 on a GPU).
 double gemm_peak_sample(DType dtype, Device device = Device::cpu());
+
+// The CPU GEMMs of timed work by primitive shape (kernels::gemm_shape_stats): begin() before each timed run, end()
+// after it; shapes() gives the mean per run, the most time first. With merge_rows, the expert GEMMs' row chunks
+// (every M) count as one shape "M=*".
+class GemmShapeTally {
+ public:
+  explicit GemmShapeTally(bool merge_rows = false) : merge_rows_(merge_rows) {}
+  void begin();
+  void end();
+  std::vector<kernels::GemmShapeStats> shapes() const;
+
+ private:
+  std::map<std::string, kernels::GemmShapeStats> snapshot() const;
+  bool merge_rows_;
+  int runs_ = 0;
+  std::map<std::string, kernels::GemmShapeStats> before_, sum_;
+};
+// "    <shape> <calls> calls <s> s <GFLOP/s> GFLOP/s <x> of the peak", a line for each of the first `most` shapes.
+void print_gemm_shapes(const std::vector<kernels::GemmShapeStats>& shapes, double peak_gflops, size_t most);
 
 }  // namespace moecore::cli

@@ -61,12 +61,14 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   const Timers::Install install(&timers);
   const std::vector<std::string> parts = {"moe-router", "moe-permute"};
   double gemm_s = 0, gemm_flops = 0, run_s = 0;
+  GemmShapeTally shapes(/*merge_rows=*/true);  // the experts' row chunks as one shape each
   std::map<std::string, double> part_s;
   for (int i = 0; i <= a.iters; i++) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     reg.zero_grad();
     for (const std::string& n : parts) timers.elapsed(n, /*reset=*/true);
     const kernels::GemmStats g0 = kernels::gemm_stats();
+    if (i > 0) shapes.begin();
     const Stopwatch timer;
     {
       // As in a training step of one micro-batch: the bf16 copy of each weight made once for the forward and
@@ -79,6 +81,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     const double dt = timer.seconds();
     if (i == 0) continue;
     rates.push_back(flops / dt / 1e9);
+    shapes.end();
     const kernels::GemmStats g1 = kernels::gemm_stats();
     gemm_s += (g1.seconds - g0.seconds) / a.iters;
     gemm_flops += (g1.flops - g0.flops) / a.iters;
@@ -99,6 +102,8 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
         "permutation {:.4f} s, the rest (activation, padding, casts, combine) {:.4f} s\n",
         run_s, gemm_s, 100 * gemm_s / run_s, gemm_flops / gemm_s / 1e9, gemm_flops / gemm_s / 1e9 / p,
         part_s["moe-router"], part_s["moe-permute"], rest);
+    fmt::print("  the layer's GEMMs by shape (all row counts of a shape together):\n");
+    print_gemm_shapes(shapes.shapes(), p, 8);
   }
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, p, rate / p);
 }

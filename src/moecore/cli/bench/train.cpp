@@ -131,12 +131,7 @@ void run_bench_train(const TrainBenchArgs& a) {
   // Which GEMM shapes run below the peak: on a machine where GEMMs are most of the step, the ones to look at.
   fmt::print("  the step's GEMMs by shape (the {} that take the most time):\n",
              std::min<size_t>(kGemmShapesShown, r.gemm_shapes.size()));
-  for (size_t i = 0; i < r.gemm_shapes.size() && i < kGemmShapesShown; i++) {
-    const kernels::GemmShapeStats& g = r.gemm_shapes[i];
-    const double rate = g.seconds > 0 ? g.flops / g.seconds / 1e9 : 0.0;
-    fmt::print("    {:<44} {:4} calls {:7.3f} s  {:7.1f} GFLOP/s  {:.2f} of the peak\n", g.describe(), g.calls,
-               g.seconds, rate, rate / peak);
-  }
+  print_gemm_shapes(r.gemm_shapes, peak, kGemmShapesShown);
   fmt::print(
       "train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} peak_memory_mib={:.1f} gemm_s={:.3f} "
       "attention_s={:.3f} permute_s={:.3f} comm_s={:.3f} optimizer_s={:.3f} other_s={:.3f}\n",

@@ -37,15 +37,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   comm::comm_counters().clear();
   TrainRun r;
   std::vector<double> steps;
-  std::map<std::string, kernels::GemmShapeStats> shapes;  // the timed steps' GEMMs by shape (not the peak's)
-  auto snapshot = [] {
-    std::map<std::string, kernels::GemmShapeStats> m;
-    for (const kernels::GemmShapeStats& g : kernels::gemm_shape_stats()) {
-      auto [it, fresh] = m.try_emplace(g.describe(), g);
-      if (!fresh) it->second.calls += g.calls, it->second.flops += g.flops, it->second.seconds += g.seconds;
-    }
-    return m;
-  };
+  GemmShapeTally shapes;  // the timed steps' GEMMs by shape (not the peak's)
   for (int i = 0; i <= iters; i++) {
     if (peak) {
       world.barrier();
@@ -54,7 +46,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
     if (i == iters) break;
     world.barrier();
     const kernels::GemmStats g0 = kernels::gemm_stats();
-    const auto shapes0 = snapshot();
+    shapes.begin();
     const Stopwatch timer;
     if (profile) profile->begin_step();
     t.train_step();
@@ -65,24 +57,10 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
     const kernels::GemmStats g1 = kernels::gemm_stats();
     r.gemm_s += (g1.seconds - g0.seconds) / iters;
     r.gemm_flops += (g1.flops - g0.flops) / iters;
-    for (const auto& [name, g] : snapshot()) {
-      const auto before = shapes0.find(name);
-      auto [it, fresh] = shapes.try_emplace(name, g);
-      if (fresh) it->second.calls = 0, it->second.flops = it->second.seconds = 0;
-      const bool seen = before != shapes0.end();
-      it->second.calls += g.calls - (seen ? before->second.calls : 0);
-      it->second.flops += (g.flops - (seen ? before->second.flops : 0.0)) / iters;
-      it->second.seconds += (g.seconds - (seen ? before->second.seconds : 0.0)) / iters;
-    }
+    shapes.end();
     for (const std::string& n : kPhaseTimers) r.timer_s[n] += t.timers().elapsed(n, /*reset=*/true) / iters;
   }
-  for (auto& [name, g] : shapes) {
-    if (g.calls <= 0) continue;
-    g.calls /= iters;
-    r.gemm_shapes.push_back(g);
-  }
-  std::sort(r.gemm_shapes.begin(), r.gemm_shapes.end(),
-            [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  r.gemm_shapes = shapes.shapes();
   for (double s : steps) r.step_s += s / iters;
   r.step_median_s = median(steps);
   if (profile) r.gpu = profile->report(kSyncSitesShown);

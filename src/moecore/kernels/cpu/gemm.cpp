@@ -525,7 +525,7 @@ double measure_gemm_peak_gflops(DType dtype, Device device) {
 
 std::string GemmShapeStats::describe() const {
   std::string s = batch ? fmt::format("{} x ", batch) : std::string();
-  s += fmt::format("M={} N={} K={}", M, N, K);
+  s += (M > 0 ? fmt::format("M={}", M) : std::string("M=*")) + fmt::format(" N={} K={}", N, K);
   if (trans_a || trans_b) s += fmt::format(" ({}{})", trans_a ? "Aᵀ" : "", trans_b ? "Bᵀ" : "");
   if (packed_b) s += " packed B";
   s += fmt::format(" {}->{}", dtype_name(dtype), dtype_name(out));

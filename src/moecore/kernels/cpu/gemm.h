@@ -93,7 +93,7 @@ struct GemmShapeStats {
   float beta = 0;
   int64_t calls = 0;
   double flops = 0, seconds = 0;
-  std::string describe() const;  // "M=256 N=2048 K=1024 (Bᵀ) bf16->bf16", with "+=" for beta 1
+  std::string describe() const;  // "M=256 N=2048 K=1024 (Bᵀ) bf16->bf16", with "+=" for beta 1 ("M=*" for M 0)
 };
 std::vector<GemmShapeStats> gemm_shape_stats();
 
