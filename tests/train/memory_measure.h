@@ -23,9 +23,11 @@ struct MeasuredMemory {
   int64_t new_allocs = 0;  // system allocations during step 3
 };
 
-// `warmup` steps first (the allocator's cache filled), then the measured one.
-inline MeasuredMemory measure_memory(const train::TrainConfig& c, const comm::ProcessGroup* world = nullptr,
-                                     int warmup = 2) {
+// `warmup` steps first (the allocator's cache filled), then the measured one. On the CPU, whose allocator is the
+// one measured, even where a GPU is visible (--device auto would train there).
+inline MeasuredMemory measure_memory(train::TrainConfig c, const comm::ProcessGroup* world = nullptr, int warmup = 2) {
+  c.device = "cpu";
+  train::resolve(c);
   Allocator& a = Allocator::instance();
   MeasuredMemory m;
   const int64_t before = a.stats().live_bytes;

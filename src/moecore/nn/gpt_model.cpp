@@ -269,11 +269,14 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
   if (ch.loss) {
     Tensor dloss = st.mask_T.clone();
     kernels::scale_(dloss, token_scale);
-    // The logits are not needed after this, so their gradient overwrites them.
-    kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, st.logits_TV, vocab_start_);
-    probe("cross_entropy", true, st.logits_TV);  // the gradient of the logits
-    dh = output_->backward(st.logits_TV, st.output);
+    // The logits are not needed after this, so their gradient overwrites them; under --bf16 on the CPU it is
+    // written in bf16, the dtype the output layer's GEMMs read (the same bits as rounding it there).
+    Tensor dlogits = st.logits_TV;
+    if (cfg_.bf16 && !dlogits.device().is_cuda()) dlogits = Tensor::empty(st.logits_TV.shape(), DType::BF16);
+    kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, dlogits, vocab_start_);
     st.logits_TV = Tensor();
+    probe("cross_entropy", true, dlogits);  // the gradient of the logits
+    dh = output_->backward(dlogits, st.output);
     probe("output_layer", true, dh);
     dh = sp_reduce_scatter(dh.reshape({st.S, st.B, cfg_.hidden_size}), cfg_.tp);
     // MTP (Megatron's MTPLossAutoScaler): scale·(factor/D)·d(Σ_k mean_k ce_k), where a mean over this micro-batch's

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/vec_math.h"
@@ -31,15 +32,15 @@ MOE_TARGET_CLONES void lse_rows(const T* logits, T* lse, int64_t rows, int64_t V
 }
 
 template <typename T>
-MOE_TARGET_CLONES void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t rows, int64_t V) {
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; t++) {
-    const T* l = logits + t * V;
-    T* d = dl + t * V;
-    const T g = dloss[t], m = lse[t];
+MOE_TARGET_CLONES void grad_row(T g, const T* l, T m, T* d, int64_t V) {
 #pragma omp simd
-    for (int64_t v = 0; v < V; v++) d[v] = vexp(l[v] - m) * g;
-  }
+  for (int64_t v = 0; v < V; v++) d[v] = vexp(l[v] - m) * g;
+}
+
+template <typename T>
+void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t rows, int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) grad_row<T>(dloss[t], logits + t * V, lse[t], dl + t * V, V);
 }
 }  // namespace
 
@@ -108,6 +109,30 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
     return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
+  if (dlogits_TV.dtype() == DType::BF16 && logits_TV.dtype() == DType::F32) {
+    // Each row in f32 (an L2-sized scratch row), then rounded as it is stored: the bits of the f32 gradient cast
+    // to bf16 afterwards, without its [T, V] f32 pass and cast pass.
+    const float* g = dloss_T.data<float>();
+    const float* l = logits_TV.data<float>();
+    const float* lse = lse_T.data<float>();
+    bf16* d = dlogits_TV.data<bf16>();
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < rows; t++) {
+        grad_row<float>(g[t], l + t * V, lse[t], row.data(), V);
+        const int64_t c = target_at(targets_T, t) - vocab_start;
+        if (c >= 0 && c < V) row[static_cast<size_t>(c)] -= g[t];
+        uint16_t* out = reinterpret_cast<uint16_t*>(d + t * V);
+        const float* r = row.data();
+#pragma omp simd
+        for (int64_t v = 0; v < V; v++) out[v] = float_to_bf16(r[v]).bits;
+      }
+    }
+    return;
+  }
+  MOE_ASSERT(dlogits_TV.dtype() == logits_TV.dtype());
   MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
     T* d = dlogits_TV.data<T>();
     const T* g = dloss_T.data<T>();
