@@ -1,6 +1,7 @@
 // Parameter registry and layout-independent initialization (see parameter.h).
 #include "moecore/nn/parameter.h"
 
+#include "moecore/core/timers.h"
 #include "moecore/core/rng.h"
 #include "moecore/kernels/cpu/elementwise.h"
 
@@ -112,6 +113,7 @@ Bf16WeightScope::~Bf16WeightScope() {
 }
 
 Tensor bf16_weights(Parameter& p) {
+  TimerScope timer("weight-cast", 2);  // bench train's phase table (CPU)
   if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
   if (!p.bf16_cache_valid) {
     if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16, p.value.device());
@@ -129,6 +131,7 @@ kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int
     p.packed_valid.resize(i + 1, false);
   }
   if (!p.packed_valid[i]) {
+    TimerScope timer("weight-cast", 2);
     kernels::pack_weight(w_bf16, trans, m, p.packed_cache[i]);
     p.packed_valid[i] = true;
   }

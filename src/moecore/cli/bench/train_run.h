@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moecore/cli/bench.h"
@@ -26,7 +27,22 @@ struct TrainBenchArgs {
 
 // The level-2 timers bench train reads for its phase table: the attention kernels, the token permutation copies,
 // the optimizer step (Megatron's "optimizer": clipping and the update).
-inline const std::vector<std::string> kPhaseTimers = {"attention-core", "moe-permute", "optimizer"};
+// The CPU kernels' own phase timers (TimerScope at level 2 in kernels/cpu and the router), with their labels. The
+// router's includes its small gate GEMM, which the GEMM phase counts too.
+inline const std::vector<std::pair<std::string, std::string>> kCpuKernelPhases = {
+    {"norm", "norms (RMSNorm / LayerNorm)"},
+    {"activation", "activations (SwiGLU, ...)"},
+    {"moe-router", "router (scores, top-k, aux losses)"},
+    {"loss", "cross-entropy"},
+    {"rope", "RoPE"},
+    {"dropout", "dropout"},
+    {"embedding", "embedding"},
+    {"weight-cast", "bf16 weight copies and packing"}};
+inline const std::vector<std::string> kPhaseTimers = [] {
+  std::vector<std::string> n = {"attention-core", "moe-permute", "optimizer"};
+  for (const auto& [name, label] : kCpuKernelPhases) n.push_back(name);
+  return n;
+}();
 
 // The host synchronisation sites bench train names on a GPU (the most frequent first).
 constexpr size_t kSyncSitesShown = 8;
