@@ -6,6 +6,9 @@
 // micro-batches on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/nn/parameter.h"
 #include "test_util.h"
@@ -120,6 +123,47 @@ TEST(GemmPacked, AParametersSlicesArePackedOncePerScope) {
   kernels::gemm(A, false, slice(w, 0), true, want);
   kernels::gemm(A, pw, got);
   EXPECT_TRUE(bitwise_equal(got, want)) << "packed from the weights of this scope";
+}
+
+}  // namespace
+}  // namespace moecore
+
+namespace moecore {
+namespace {
+
+// A product of at least 8,192 rows (the output layer's weight gradient, M = vocabulary) reorders B first into the
+// layout oneDNN chooses (gemm_context.h kPackedBRows): the rows equal those of the same product in plain halves of
+// 4,096 rows within f32 rounding, a rerun gives the same bits, and on a CPU with bf16 matmul it ran packed.
+TEST(GemmPackedB, LargeProductsReorderBAndMatchThePlainHalves) {
+  const int64_t M = 8192, N = 48, K = 64;
+  for (const bool trans_a : {true, false}) {
+    // A_MK row-major; for trans_a the same matrix stored as its transpose [K, M].
+    const Tensor A_MK = bf16_randn({M, K}, 11), B = bf16_randn({K, N}, 12);
+    Tensor A = A_MK;
+    if (trans_a) {
+      A = Tensor::empty({K, M}, DType::BF16);
+      const bf16* src = A_MK.data<bf16>();
+      bf16* dst = A.data<bf16>();
+      for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) dst[k * M + m] = src[m * K + k];
+    }
+    const int64_t before = packed_calls();
+    Tensor got = randn({M, N}, DType::F32, 13), again = got.clone(), want = got.clone();
+    kernels::gemm(A, trans_a, B, false, got, 1.0f, 1.0f);
+    kernels::gemm(A, trans_a, B, false, again, 1.0f, 1.0f);
+    EXPECT_TRUE(bitwise_equal(got, again)) << "rerun, trans_a " << trans_a;
+    if (kernels::gemm_stats().bf16_native) {
+      EXPECT_EQ(packed_calls() - before, 2) << "trans_a " << trans_a;
+    }
+    // The halves through the plain path, from the row-major A.
+    for (int64_t r = 0; r < M; r += M / 2) {
+      Tensor half = want.slice(r, M / 2);
+      kernels::gemm(A_MK.slice(r, M / 2), false, B, false, half, 1.0f, 1.0f);
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < got.numel(); i++) worst = std::max(worst, std::abs(got.item(i) - want.item(i)));
+    EXPECT_LT(worst, 1e-4) << "trans_a " << trans_a;
+  }
 }
 
 }  // namespace

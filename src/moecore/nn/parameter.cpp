@@ -1,8 +1,8 @@
 // Parameter registry and layout-independent initialization (see parameter.h).
 #include "moecore/nn/parameter.h"
 
-#include "moecore/core/timers.h"
 #include "moecore/core/rng.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
 
 namespace moecore::nn {
@@ -113,7 +113,7 @@ Bf16WeightScope::~Bf16WeightScope() {
 }
 
 Tensor bf16_weights(Parameter& p) {
-  TimerScope timer("weight-cast", 2);  // bench train's phase table (CPU)
+  TimerScope timer("weight-cast", 2);
   if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
   if (!p.bf16_cache_valid) {
     if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16, p.value.device());

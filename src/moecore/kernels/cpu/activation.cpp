@@ -9,8 +9,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "moecore/core/timers.h"
 #include "moecore/core/cpu.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
 
@@ -121,7 +121,7 @@ MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const X* x, const T* p, 
 }  // namespace
 
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
-  TimerScope timer("activation", 2);  // bench train's phase table (CPU)
+  TimerScope timer("activation", 2);
   if (x.device().is_cuda()) return cuda::activation_forward(act, x, probs_T, y_TF);
   const int64_t rows = x.rows(), F = y_TF.cols();
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
@@ -147,7 +147,7 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T) {
-  TimerScope timer("activation", 2);  // bench train's phase table (CPU)
+  TimerScope timer("activation", 2);
   if (x.device().is_cuda()) return cuda::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
   const int64_t rows = x.rows(), F = dy_TF.cols();
   MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);

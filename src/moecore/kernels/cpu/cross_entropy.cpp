@@ -5,8 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "moecore/core/timers.h"
 #include "moecore/core/cpu.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
 
@@ -46,7 +46,7 @@ void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t row
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
-  TimerScope timer("loss", 2);  // bench train's phase table (CPU)
+  TimerScope timer("loss", 2);
   if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
@@ -66,7 +66,7 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T) {
-  TimerScope timer("loss", 2);  // bench train's phase table (CPU)
+  TimerScope timer("loss", 2);
   if (logits_TV.device().is_cuda())
     return cuda::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce,
                                                       loss_T, lse_T);
@@ -108,7 +108,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
-  TimerScope timer("loss", 2);  // bench train's phase table (CPU)
+  TimerScope timer("loss", 2);
   if (logits_TV.device().is_cuda())
     return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();

@@ -6,9 +6,9 @@
 #include <array>
 #include <cmath>
 
-#include "moecore/core/timers.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
+#include "moecore/core/timers.h"
 
 namespace moecore::kernels {
 
@@ -138,7 +138,7 @@ MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const 
 
 void dropout_forward(const Tensor& x, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
                      Tensor& y) {
-  TimerScope timer("dropout", 2);  // bench train's phase table (CPU)
+  TimerScope timer("dropout", 2);
   const int64_t B = static_cast<int64_t>(sample_B.size());
   MOE_ASSERT(B > 0 && x.numel() > 0 && x.shape() == y.shape() && x.dtype() == y.dtype());
   const int64_t C = x.dim(x.ndim() - 1), rows = x.numel() / C;
@@ -153,7 +153,7 @@ void dropout_forward(const Tensor& x, const DropoutMask& m, const std::vector<in
 
 void dropout_backward(const Tensor& dy, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
                       Tensor& dx) {
-  TimerScope timer("dropout", 2);  // bench train's phase table (CPU)
+  TimerScope timer("dropout", 2);
   dropout_forward(dy, m, sample_B, seq_offset, dx);  // dx = dy ⊙ z: the same mask, regenerated
 }
 

@@ -17,7 +17,7 @@ inline int64_t id_at(const Tensor& ids, int64_t t) {
 
 void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
                        int64_t vocab_total) {
-  TimerScope timer("embedding", 2);  // bench train's phase table (CPU)
+  TimerScope timer("embedding", 2);
   if (w_VH.device().is_cuda()) return cuda::embedding_forward(ids_T, w_VH, y_TH, vocab_start, vocab_total);
   const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
   const int64_t V = vocab_total > 0 ? vocab_total : VL;
@@ -43,7 +43,7 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
 }
 
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
-  TimerScope timer("embedding", 2);  // bench train's phase table (CPU)
+  TimerScope timer("embedding", 2);
   if (dw_VH.device().is_cuda()) return cuda::embedding_backward(dy_TH, ids_T, dw_VH, vocab_start);
   const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());

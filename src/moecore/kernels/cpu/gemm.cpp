@@ -14,62 +14,12 @@
 #include "moecore/core/allocator.h"
 #include "moecore/core/timer.h"
 #include "moecore/cuda/runtime.h"
+#include "moecore/kernels/cpu/gemm_context.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
-namespace {
-
-struct Key {
-  int64_t batch;  // 0 for a plain 2-D product
-  int64_t m, n, k;
-  int64_t lda, ldb;  // row strides of the stored A and B when they are column blocks of wider matrices; 0: dense
-  bool ta, tb;
-  DType dt;
-  uint32_t alpha_bits, beta_bits;
-  DType ct = DType::F32;  // C's dtype: f32, or bf16 (beta 0)
-  bool packed = false;    // B in the blocked layout oneDNN chooses (PackedWeight), not the strided plain one
-  bool operator==(const Key& o) const = default;
-};
-
-// Field by field: the struct has padding, whose bytes are indeterminate.
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (uint64_t v : {uint64_t(k.batch), uint64_t(k.m), uint64_t(k.n), uint64_t(k.k), uint64_t(k.lda), uint64_t(k.ldb),
-                       uint64_t(k.ta), uint64_t(k.tb), uint64_t(k.dt), uint64_t(k.alpha_bits), uint64_t(k.beta_bits),
-                       uint64_t(k.ct), uint64_t(k.packed)})
-      h = (h ^ v) * 1099511628211ull;
-    return h;
-  }
-};
-
-struct Entry {
-  dnnl::matmul prim;
-  dnnl::memory a, b, c;
-  int64_t calls = 0;  // this primitive's share of GemmStats (gemm_shape_stats)
-  double flops = 0, seconds = 0;
-};
-
-// Copies a plain op(W) [K, N] into one blocked layout (PackedWeight).
-struct Packer {
-  int64_t k, n;
-  bool trans;
-  int layout;
-  dnnl::reorder prim;
-  dnnl::memory src, dst;
-};
-
-struct Ctx {
-  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream strm{eng};
-  std::mutex mu;
-  std::unordered_map<Key, Entry, KeyHash> cache;
-  std::vector<dnnl::memory::desc> layouts;  // the blocked weight layouts met (PackedWeight::layout indexes it)
-  std::vector<Packer> packers;
-  GemmStats stats;
-  Ctx();
-};
+namespace gemm_detail {
 
 Ctx& ctx() {
   static Ctx* c = new Ctx();
@@ -86,15 +36,8 @@ dnnl::memory::data_type dnnl_dt(DType t) {
   return t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
-struct Descs {
-  dnnl::memory::desc a, b, c;
-};
-
-// Memory descriptors for A [M,K] (or its transpose), B [K,N] (or transpose), C [M,N] of `cdtype`, each preceded by
-// a batch dimension when batch > 0. Strides express the transposes, so no operand is ever copied; lda/ldb (2-D
-// only), when non-zero, are the row strides of A and B as stored.
-Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype, int64_t lda = 0,
-                 int64_t ldb = 0, DType cdtype = DType::F32) {
+Descs make_descs(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype, int64_t lda,
+                 int64_t ldb, DType cdtype) {
   using dims = dnnl::memory::dims;
   auto dt = dnnl_dt(dtype);
   if (batch == 0)
@@ -131,6 +74,62 @@ Entry make_entry(Ctx& c, const Key& k) {
   return e;
 }
 
+// CPUs without AVX-512 have no bf16 matmul in oneDNN: find out once, then widen bf16 operands to f32 there.
+Ctx::Ctx() {
+  using dims = dnnl::memory::dims;
+  try {
+    dnnl::memory::desc a(dims{2, 2}, dnnl::memory::data_type::bf16, dims{2, 1});
+    dnnl::memory::desc c(dims{2, 2}, dnnl::memory::data_type::f32, dims{2, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), eng);
+  } catch (const dnnl::error&) {
+    stats.bf16_native = false;
+  }
+}
+
+Entry& entry_locked(Ctx& c, const Key& key) {
+  auto it = c.cache.find(key);
+  if (it == c.cache.end()) {
+    try {
+      it = c.cache.emplace(key, make_entry(c, key)).first;
+    } catch (const dnnl::error& e) {
+      MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), key.m, key.n, key.k);
+    }
+  }
+  return it->second;
+}
+
+bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K, int b_layout) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  Entry& e = entry_locked(c, key);
+  if (b_layout >= 0 && !(e.b.get_desc() == c.layouts[static_cast<size_t>(b_layout)])) return false;
+  c.stats.calls++;
+  void* a_ptr = const_cast<void*>(A);  // oneDNN's handles are non-const; sources are only read
+  void* b_ptr = const_cast<void*>(B);
+  const Stopwatch timer;
+  try {
+    e.a.set_data_handle(a_ptr);
+    e.b.set_data_handle(b_ptr);
+    e.c.set_data_handle(C);
+    e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    c.strm.wait();
+  } catch (const dnnl::error& err) {
+    MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
+  }
+  const double dt = timer.seconds(), flops = 2.0 * static_cast<double>(std::max<int64_t>(key.batch, 1)) *
+                                             static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  c.stats.seconds += dt;
+  c.stats.flops += flops;
+  e.calls++;
+  e.seconds += dt;
+  e.flops += flops;
+  return true;
+}
+}  // namespace gemm_detail
+
+using namespace gemm_detail;
+
+namespace {
+
 template <typename T>
 void gemm_ref(const T* A, bool ta, const T* B, bool tb, T* C, int64_t M, int64_t N, int64_t K, T alpha, T beta) {
 #pragma omp parallel for schedule(static)
@@ -149,27 +148,9 @@ void gemm_ref(const T* A, bool ta, const T* B, bool tb, T* C, int64_t M, int64_t
   }
 }
 
-// CPUs without AVX-512 have no bf16 matmul in oneDNN: find out once, then widen bf16 operands to f32 there.
-Ctx::Ctx() {
-  using dims = dnnl::memory::dims;
-  try {
-    dnnl::memory::desc a(dims{2, 2}, dnnl::memory::data_type::bf16, dims{2, 1});
-    dnnl::memory::desc c(dims{2, 2}, dnnl::memory::data_type::f32, dims{2, 1});
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), eng);
-  } catch (const dnnl::error&) {
-    stats.bf16_native = false;
-  }
-}
-
 }  // namespace
 
 namespace {
-// Reductions at least this long run in chunks of about kReductionChunk (see gemm_impl).
-constexpr int64_t kLongReduction = 16384, kReductionChunk = 4096;
-
-bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K,
-         int b_layout = -1);
-
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
                int64_t batch = 0);
 
@@ -261,6 +242,7 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     MOE_ASSERT_MSG(A.dtype() == DType::BF16 && beta == 0.0f, "a bf16 gemm output takes bf16 operands and beta 0");
     if (batch == 0 && c.stats.bf16_native && K > 0 && K < kLongReduction) {
       if (M == 0 || N == 0) return;
+      if (alpha == 1.0f && run_with_packed_b(c, A, trans_a, B, trans_b, C, beta, M, N, K)) return;
       run(c, Key{0, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), bits(alpha), bits(beta), DType::BF16}, A.raw(), B.raw(),
           C.raw(), M, N, K);
       return;
@@ -303,50 +285,10 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     }
     return;
   }
+  if (batch == 0 && alpha == 1.0f && run_with_packed_b(c, A, trans_a, B, trans_b, C, beta, M, N, K)) return;
   run(c, Key{batch, M, N, K, 0, 0, trans_a, trans_b, A.dtype(), ab, bits(beta)}, A.raw(), B.raw(), C.raw(), M, N, K);
 }
 
-// The cached primitive of `key`, created on first use; c.mu held.
-Entry& entry_locked(Ctx& c, const Key& key) {
-  auto it = c.cache.find(key);
-  if (it == c.cache.end()) {
-    try {
-      it = c.cache.emplace(key, make_entry(c, key)).first;
-    } catch (const dnnl::error& e) {
-      MOE_ASSERT_MSG(false, "oneDNN matmul creation failed ({}) for M={} N={} K={}", e.what(), key.m, key.n, key.k);
-    }
-  }
-  return it->second;
-}
-
-// Executes one cached primitive on raw operand pointers. With b_layout (a packed B: its index in c.layouts), runs
-// only where the primitive reads B in that layout, and says whether it ran.
-bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t M, int64_t N, int64_t K, int b_layout) {
-  std::lock_guard<std::mutex> lock(c.mu);
-  Entry& e = entry_locked(c, key);
-  if (b_layout >= 0 && !(e.b.get_desc() == c.layouts[static_cast<size_t>(b_layout)])) return false;
-  c.stats.calls++;
-  void* a_ptr = const_cast<void*>(A);  // oneDNN's handles are non-const; sources are only read
-  void* b_ptr = const_cast<void*>(B);
-  const Stopwatch timer;
-  try {
-    e.a.set_data_handle(a_ptr);
-    e.b.set_data_handle(b_ptr);
-    e.c.set_data_handle(C);
-    e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
-    c.strm.wait();
-  } catch (const dnnl::error& err) {
-    MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
-  }
-  const double dt = timer.seconds(), flops = 2.0 * static_cast<double>(std::max<int64_t>(key.batch, 1)) *
-                                             static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  c.stats.seconds += dt;
-  c.stats.flops += flops;
-  e.calls++;
-  e.seconds += dt;
-  e.flops += flops;
-  return true;
-}
 }  // namespace
 
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
@@ -366,112 +308,6 @@ void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, D
   if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = out = DType::F32;  // widened: an f32 product, rounded
   const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta), out};
   if (M > 0 && N > 0 && K > 0) entry_locked(c, key);
-}
-
-namespace {
-Key packed_key(int64_t m, int64_t n, int64_t k, bool trans, float beta, DType out) {
-  Key key{0, m, n, k, 0, 0, false, trans, DType::BF16, bits(1.0f), bits(beta), out};
-  key.packed = true;
-  return key;
-}
-
-// Whether a product op(W) [K, N] with this weight is packed (PackedWeight): bf16 operands multiplied natively on
-// the CPU, and a reduction short enough for one call.
-bool packs(int64_t K, int64_t N) {
-  return ctx().stats.bf16_native && K > 0 && N > 0 && K < kLongReduction;
-}
-
-// The blocked layout oneDNN chooses for op(W) [K, N] in products of m rows; c.mu held.
-dnnl::memory::desc packed_layout_locked(Ctx& c, int64_t K, int64_t N, bool trans, int64_t m) {
-  return entry_locked(c, packed_key(m, N, K, trans, 0.0f, DType::F32)).b.get_desc();
-}
-
-int layout_index_locked(Ctx& c, const dnnl::memory::desc& d) {
-  for (size_t i = 0; i < c.layouts.size(); i++)
-    if (c.layouts[i] == d) return static_cast<int>(i);
-  c.layouts.push_back(d);
-  return static_cast<int>(c.layouts.size()) - 1;
-}
-
-Packer& packer_locked(Ctx& c, int64_t K, int64_t N, bool trans, int layout) {
-  for (Packer& p : c.packers)
-    if (p.k == K && p.n == N && p.trans == trans && p.layout == layout) return p;
-  const dnnl::memory::desc src = make_descs(0, 1, N, K, false, trans, DType::BF16).b;
-  const dnnl::memory::desc& dst = c.layouts[static_cast<size_t>(layout)];
-  dnnl::reorder prim(dnnl::reorder::primitive_desc(c.eng, src, c.eng, dst));
-  c.stats.primitives_created++;
-  c.packers.push_back(Packer{K, N, trans, layout, prim, dnnl::memory(src, c.eng, DNNL_MEMORY_NONE),
-                             dnnl::memory(dst, c.eng, DNNL_MEMORY_NONE)});
-  return c.packers.back();
-}
-}  // namespace
-
-void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into) {
-  MOE_ASSERT_MSG(W.ndim() == 2, "pack_weight takes a 2-D weight, got {}", W.shape().str());
-  into.plain = W;
-  into.trans = trans;
-  const int64_t K = trans ? W.cols() : W.rows(), N = trans ? W.rows() : W.cols();
-  if (W.dtype() != DType::BF16 || W.device().is_cuda() || m <= 0 || !packs(K, N)) {
-    into.packed = Tensor();
-    into.layout = -1;
-    return;
-  }
-  Ctx& c = ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
-  const int layout = layout_index_locked(c, packed_layout_locked(c, K, N, trans, m));
-  Packer& p = packer_locked(c, K, N, trans, layout);
-  const int64_t bytes = static_cast<int64_t>(c.layouts[static_cast<size_t>(layout)].get_size());
-  if (!into.packed.defined() || into.packed.nbytes() < static_cast<size_t>(bytes))
-    into.packed = Tensor::empty({(bytes + 1) / 2}, DType::BF16);
-  try {
-    p.src.set_data_handle(const_cast<void*>(W.raw()));
-    p.dst.set_data_handle(into.packed.raw());
-    p.prim.execute(c.strm, p.src, p.dst);
-    c.strm.wait();
-  } catch (const dnnl::error& err) {
-    MOE_ASSERT_MSG(false, "oneDNN weight reorder failed ({}) for K={} N={}", err.what(), K, N);
-  }
-  into.layout = layout;
-}
-
-void gemm(const Tensor& A, const PackedWeight& W, Tensor& C, float beta) {
-  if (!W.packed.defined()) return gemm(A, false, W.plain, W.trans, C, 1.0f, beta);
-  const int64_t M = A.rows(), K = W.trans ? W.plain.cols() : W.plain.rows();
-  const int64_t N = W.trans ? W.plain.rows() : W.plain.cols();
-  MOE_ASSERT_MSG(A.dtype() == DType::BF16 && A.cols() == K && C.rows() == M && C.cols() == N,
-                 "packed gemm: A {} ({}) times op(W) [{}, {}] into C {}", A.shape().str(), dtype_name(A.dtype()), K, N,
-                 C.shape().str());
-  MOE_ASSERT_MSG(C.dtype() == DType::F32 || beta == 0.0f, "a bf16 gemm output takes beta 0");
-  if (M == 0) return;
-  // Where oneDNN chose another layout for this shape: the plain weight, as an unpacked product would.
-  if (!run(ctx(), packed_key(M, N, K, W.trans, beta, C.dtype()), A.raw(), W.packed.raw(), C.raw(), M, N, K,
-           static_cast<int>(W.layout)))
-    gemm(A, false, W.plain, W.trans, C, 1.0f, beta);
-}
-
-bool pack_weights_for(int64_t micro_batches) {
-  static const std::string mode = [] {
-    const char* env = std::getenv("MOECORE_PACK_WEIGHTS");
-    const std::string m = env == nullptr || *env == '\0' ? "auto" : env;
-    MOE_CHECK(m == "auto" || m == "on" || m == "off", "MOECORE_PACK_WEIGHTS='{}' is not auto, on or off", m);
-    return m;
-  }();
-  if (!ctx().stats.bf16_native || mode == "off") return false;
-  return mode == "on" || micro_batches >= 4;
-}
-
-int64_t packed_weight_bytes(int64_t K, int64_t N, bool trans, int64_t m) {
-  if (m <= 0 || !packs(K, N)) return 0;
-  Ctx& c = ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
-  return static_cast<int64_t>(Allocator::round_size(packed_layout_locked(c, K, N, trans, m).get_size()));
-}
-
-void gemm_prepare_packed(int64_t M, int64_t N, int64_t K, bool trans_w, float beta, DType out) {
-  if (M <= 0 || !packs(K, N)) return;
-  Ctx& c = ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
-  entry_locked(c, packed_key(M, N, K, trans_w, beta, out));
 }
 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {

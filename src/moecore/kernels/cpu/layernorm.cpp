@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moecore/core/timers.h"
 #include "moecore/core/cpu.h"
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
@@ -132,20 +132,20 @@ void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, const T
 
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T) {
-  TimerScope timer("norm", 2);  // bench train's phase table (CPU)
+  TimerScope timer("norm", 2);
   Tensor x = x_TH;  // not written: no residual
   forward_impl(x, nullptr, w_H, b_H, eps, y_TH, mean_T, rstd_T);
 }
 
 void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
                            Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T) {
-  TimerScope timer("norm", 2);  // bench train's phase table (CPU)
+  TimerScope timer("norm", 2);
   forward_impl(x_TH, &res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
 }
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
-  TimerScope timer("norm", 2);  // bench train's phase table (CPU)
+  TimerScope timer("norm", 2);
   MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
   if (x_TH.device().is_cuda()) {
     cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);

@@ -110,14 +110,14 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
 
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
                      RopePairs pairs, Tensor& y_SBND) {
-  TimerScope timer("rope", 2);  // bench train's phase table (CPU)
+  TimerScope timer("rope", 2);
   if (x_SBND.device().is_cuda()) return cuda::rope_forward_at(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND);
   MOE_DISPATCH_FLOAT(x_SBND.dtype(), T, rotate<T>(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND, T(1)));
 }
 
 void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
                       int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
-  TimerScope timer("rope", 2);  // bench train's phase table (CPU)
+  TimerScope timer("rope", 2);
   if (dy_SBND.device().is_cuda())
     return cuda::rope_backward_at(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND);
   MOE_DISPATCH_FLOAT(dy_SBND.dtype(), T, rotate<T>(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND, T(-1)));
