@@ -137,3 +137,37 @@ TEST(AdamW, Bf16MomentsComputeInF32AndStoreRounded) {
 
 }  // namespace
 }  // namespace moecore
+
+namespace moecore {
+namespace {
+
+// The update may also write the new parameter rounded to bf16 (the copy bf16 GEMMs read next step): the parameter
+// and moments keep the bits of the update without it, and the copy is the rounding of the new parameter, for every
+// run boundary the threads split the tensors at.
+TEST(AdamW, Bf16CopyOfTheUpdatedParameter) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(3);
+  std::vector<kernels::AdamWTensor> with, without;
+  uint64_t seed = 40;
+  for (const int64_t n : {int64_t{17}, int64_t{40001}, int64_t{5}}) {
+    Tensor p = testing::randn({n}, DType::F32, seed++), g = testing::randn({n}, DType::F32, seed++);
+    Tensor m = Tensor::zeros({n}, DType::F32), v = Tensor::zeros({n}, DType::F32);
+    with.push_back({p, g, m, v, 0.1, Tensor::empty({n}, DType::BF16)});
+    without.push_back({p.clone(), g.clone(), m.clone(), v.clone(), 0.1});
+  }
+  const kernels::AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  for (int step = 1; step <= 2; step++) {
+    kernels::adamw_step_multi(with, hp, step);
+    kernels::adamw_step_multi(without, hp, step);
+  }
+  for (size_t k = 0; k < with.size(); k++) {
+    EXPECT_TRUE(testing::bitwise_equal(with[k].param, without[k].param)) << "tensor " << k;
+    EXPECT_TRUE(testing::bitwise_equal(with[k].m, without[k].m)) << "tensor " << k;
+    EXPECT_TRUE(testing::bitwise_equal(with[k].v, without[k].v)) << "tensor " << k;
+    EXPECT_TRUE(testing::bitwise_equal(with[k].param_bf16, with[k].param.to(DType::BF16))) << "tensor " << k;
+  }
+  omp_set_num_threads(threads);
+}
+
+}  // namespace
+}  // namespace moecore

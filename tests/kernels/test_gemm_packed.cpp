@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/gemm.h"
 #include "moecore/nn/parameter.h"
 #include "test_util.h"
@@ -163,6 +164,44 @@ TEST(GemmPackedB, LargeProductsReorderBAndMatchThePlainHalves) {
     double worst = 0;
     for (int64_t i = 0; i < got.numel(); i++) worst = std::max(worst, std::abs(got.item(i) - want.item(i)));
     EXPECT_LT(worst, 1e-4) << "trans_a " << trans_a;
+  }
+}
+
+}  // namespace
+}  // namespace moecore
+
+namespace moecore {
+namespace {
+
+// The bf16 copy an AdamW update wrote (Parameter::bf16_cache_from_update) is what the next Bf16WeightScope reads,
+// without rounding the weight again; a weight written by anything else after the update (here a fill, as a
+// checkpoint load would) is rounded afresh, and so is every weight in the scope after that.
+TEST(Bf16WeightScope, TakesTheOptimizersCopyOnlyWhileItRoundsTheWeight) {
+  nn::ParamRegistry reg(DType::F32);
+  nn::Parameter& w = reg.add("w", {64, 32}, nn::InitRule::normal(0.02));
+  reg.initialize(3);
+  {
+    const nn::Bf16WeightScope scope(reg);
+    EXPECT_TRUE(bitwise_equal(nn::bf16_weights(w), w.value.to(DType::BF16)));
+  }
+  // An update that wrote the copy: the copy holds the new rounding, and the scope takes it as it is.
+  for (int64_t i = 0; i < w.value.numel(); i++) w.value.set_item(i, w.value.item(i) * 1.5);
+  w.bf16_cache.copy_from(w.value);
+  w.bf16_cache_from_update = true;
+  const void* copy = w.bf16_cache.raw();
+  {
+    const nn::Bf16WeightScope scope(reg);
+    const Tensor b = nn::bf16_weights(w);
+    EXPECT_EQ(b.raw(), copy);
+    EXPECT_TRUE(bitwise_equal(b, w.value.to(DType::BF16)));
+  }
+  EXPECT_FALSE(w.bf16_cache_from_update);  // one scope only
+  // The flag set, but the weight changed after the copy was written: rounded afresh.
+  w.bf16_cache_from_update = true;
+  kernels::fill_(w.value, 0.25);
+  {
+    const nn::Bf16WeightScope scope(reg);
+    EXPECT_TRUE(bitwise_equal(nn::bf16_weights(w), w.value.to(DType::BF16)));
   }
 }
 

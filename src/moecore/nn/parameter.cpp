@@ -1,6 +1,8 @@
 // Parameter registry and layout-independent initialization (see parameter.h).
 #include "moecore/nn/parameter.h"
 
+#include <algorithm>
+
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -91,16 +93,35 @@ void ParamRegistry::to(Device d) {
     p->value = p->value.to(d);
     p->grad = p->grad.to(d);
     p->bf16_cache = Tensor();
-    p->bf16_cache_valid = false;
+    p->bf16_cache_valid = p->bf16_cache_from_update = false;
   }
   device_ = d;
 }
+
+namespace {
+// Whether the bf16 copy the optimizer wrote still rounds p.value, at 64 elements spread over it.
+bool bf16_copy_matches(const Parameter& p) {
+  const int64_t n = p.value.numel();
+  if (!p.bf16_cache.defined() || p.bf16_cache.numel() != n || p.value.dtype() != DType::F32 ||
+      p.value.device().is_cuda() || p.bf16_cache.device().is_cuda())
+    return false;
+  const float* v = p.value.data<float>();
+  const bf16* c = p.bf16_cache.data<bf16>();
+  constexpr int64_t kSamples = 64;
+  for (int64_t s = 0; s < std::min(n, kSamples); s++) {
+    const int64_t i = n <= kSamples ? s : s * (n - 1) / (kSamples - 1);
+    if (float_to_bf16(v[i]).bits != c[i].bits) return false;
+  }
+  return true;
+}
+}  // namespace
 
 Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg, bool pack) : reg_(reg) {
   for (auto& p : reg_.all()) {
     p->bf16_cache_enabled = true;
     p->pack_enabled = pack;
-    p->bf16_cache_valid = false;
+    p->bf16_cache_valid = p->bf16_cache_from_update && bf16_copy_matches(*p);
+    p->bf16_cache_from_update = false;  // good for this scope only: the next needs the next update's copy
     p->packed_valid.assign(p->packed_valid.size(), false);
   }
 }

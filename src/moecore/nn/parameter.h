@@ -44,6 +44,9 @@ struct Parameter {
   // The bf16 copy of `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
   Tensor bf16_cache;
   bool bf16_cache_valid = false, bf16_cache_enabled = false;
+  // Set by the optimizer where its update also wrote bf16_cache (the new value rounded): the next Bf16WeightScope
+  // takes the copy as it is, after checking sampled elements against `value`, instead of rounding value again.
+  bool bf16_cache_from_update = false;
   // Packed copies of 2-D slices of bf16_cache (kernels::PackedWeight), made at most once per Bf16WeightScope that
   // packs: slot slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as bf16_cache does.
   std::vector<kernels::PackedWeight> packed_cache;
@@ -82,7 +85,10 @@ class ParamRegistry {
 
 // Within one training step's micro-batches no weight changes, so each weight is rounded to bf16 once per step
 // instead of once per micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
-// parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed).
+// parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed). Where the
+// optimizer's update wrote the copy (Parameter::bf16_cache_from_update) the scope starts with it: 64 elements spread
+// over the tensor are compared with value first, and any difference (value written by something else since, e.g. a
+// checkpoint load) makes it round value again.
 // With `pack` (kernels::pack_weights_for the step's micro-batches) the experts' weights are also packed once.
 class Bf16WeightScope {
  public:

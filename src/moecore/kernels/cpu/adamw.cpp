@@ -31,10 +31,11 @@ inline M store(T x) {
     return x;
 }
 
-// One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits).
-template <typename T, typename M, typename V>
-MOE_TARGET_CLONES void update(T* p, const T* g, M* m, V* v, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
-                              T gs) {
+// One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits). With
+// P16 the new parameter is also stored rounded to bf16 in p16.
+template <typename T, typename M, typename V, bool P16>
+MOE_TARGET_CLONES void update(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps, T wd,
+                              T bc1, T bc2, T gs) {
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
     const T mi = b1 * load(m[i]) + (T(1) - b1) * gi;
@@ -43,7 +44,9 @@ MOE_TARGET_CLONES void update(T* p, const T* g, M* m, V* v, int64_t n, T lr, T b
     v[i] = store<V>(vi);
     const T mhat = mi / bc1;
     const T vhat = vi / bc2;
-    p[i] = p[i] * (T(1) - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
+    const T pi = p[i] * (T(1) - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
+    p[i] = pi;
+    if constexpr (P16) p16[i] = float_to_bf16(static_cast<float>(pi)).bits;
   }
 }
 
@@ -66,9 +69,16 @@ void step_all(std::vector<AdamWTensor>& ts, const AdamWParams& hp, double bc1, d
       const int64_t lo = at - start[k], hi = std::min(end, start[k + 1]) - start[k];
       if (hi <= lo) continue;
       AdamWTensor& x = ts[k];
-      update<T, M, V>(x.param.data<T>() + lo, x.grad.data<T>() + lo, x.m.data<M>() + lo, x.v.data<V>() + lo, hi - lo,
-                      T(hp.lr), T(hp.beta1), T(hp.beta2), T(hp.eps), T(x.weight_decay), T(bc1), T(bc2),
-                      T(hp.grad_scale));
+      T* p = x.param.data<T>() + lo;
+      const T* g = x.grad.data<T>() + lo;
+      M* m = x.m.data<M>() + lo;
+      V* v = x.v.data<V>() + lo;
+      const T lr = T(hp.lr), b1 = T(hp.beta1), b2 = T(hp.beta2), eps = T(hp.eps), wd = T(x.weight_decay);
+      if (x.param_bf16.defined())
+        update<T, M, V, true>(p, g, m, v, reinterpret_cast<uint16_t*>(x.param_bf16.data<bf16>()) + lo, hi - lo, lr, b1,
+                              b2, eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
+      else
+        update<T, M, V, false>(p, g, m, v, nullptr, hi - lo, lr, b1, b2, eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
       at = start[k] + hi;
     }
   }
@@ -96,6 +106,8 @@ void adamw_step_multi(std::vector<AdamWTensor>& ts, const AdamWParams& hp, int64
     MOE_ASSERT(!x.param.device().is_cuda());
     MOE_ASSERT(x.param.numel() == x.grad.numel() && x.param.numel() == x.m.numel() && x.param.numel() == x.v.numel());
     MOE_ASSERT(x.param.dtype() == dt && x.grad.dtype() == dt && x.m.dtype() == md && x.v.dtype() == vd);
+    MOE_ASSERT(!x.param_bf16.defined() ||
+               (x.param_bf16.dtype() == DType::BF16 && dt == DType::F32 && x.param_bf16.numel() == x.param.numel()));
   }
   // Moments in the parameters' dtype, or bf16 beside f32 parameters.
   MOE_ASSERT((md == dt || (md == DType::BF16 && dt == DType::F32)) &&
