@@ -38,8 +38,10 @@ namespace {
 // all GEMMs then have row counts that are multiples of kRowAlign and run as fixed-shape oneDNN primitives from a
 // small set created with the layer (run-time-shaped matmuls are up to 2x slower; the weight-gradient GEMM with
 // run-time K ran at ~190 GFLOP/s against ~300 for fixed K). Zero rows add nothing to any weight gradient, and their
-// outputs are never read. Forward and data-gradient GEMMs take chunks of kRowChunk rows; weight-gradient GEMMs
-// reduce over chunks of kWgradChunk rows in a fixed order.
+// outputs are never read. Forward and data-gradient GEMMs take an expert's rows in the fewest chunks of at most
+// kRowChunk rows, all of about one size (even_chunk); weight-gradient GEMMs reduce over such chunks of at most
+// kWgradChunk rows in a fixed order. On the CPU without expert tensor parallelism the dispatcher writes the rows in
+// this layout already (DispatchPlan::row_align), and the experts hand their outputs back in it.
 constexpr int64_t kRowAlign = 32, kRowChunk = 2048, kWgradChunk = 2048;
 
 int64_t align_rows(int64_t n) {
