@@ -52,11 +52,15 @@ bool intersect(const Box& a, const Box& b, std::vector<int64_t>& lo, std::vector
   return true;
 }
 
+// "[a:b, ...]"; a box read from a damaged index may not fit in int64 ("a:a+size" then).
 std::string box_str(const Box& b) {
   std::string s = "[";
-  for (int d = 0; d < b.size.ndim(); d++)
-    s += fmt::format("{}{}:{}", d ? ", " : "", b.offset[static_cast<size_t>(d)],
-                     b.offset[static_cast<size_t>(d)] + b.size[d]);
+  for (int d = 0; d < b.size.ndim(); d++) {
+    const int64_t off = d < static_cast<int>(b.offset.size()) ? b.offset[static_cast<size_t>(d)] : 0;
+    int64_t end = 0;
+    s += __builtin_add_overflow(off, b.size[d], &end) ? fmt::format("{}{}:{}+{}", d ? ", " : "", off, off, b.size[d])
+                                                      : fmt::format("{}{}:{}", d ? ", " : "", off, end);
+  }
   return s + "]";
 }
 
@@ -188,8 +192,10 @@ std::vector<std::string> tiling_problems(const std::vector<ShardRecord>& recs) {
       const Box& b = r->box;
       bool ok = b.global == first.global && r->dtype == rs.front()->dtype &&
                 static_cast<int>(b.offset.size()) == b.global.ndim() && b.size.ndim() == b.global.ndim();
-      for (int d = 0; ok && d < b.global.ndim(); d++)
-        ok = b.offset[static_cast<size_t>(d)] >= 0 && b.offset[static_cast<size_t>(d)] + b.size[d] <= b.global[d];
+      for (int d = 0; ok && d < b.global.ndim(); d++) {  // offset + size ≤ global, without overflowing int64
+        const int64_t off = b.offset[static_cast<size_t>(d)], size = b.size[d], global = b.global[d];
+        ok = off >= 0 && size >= 0 && size <= global && off <= global - size;
+      }
       if (!ok) {
         problems.push_back(fmt::format("{}: shard {} in {} does not fit the global shape {} (or its dtype differs)",
                                        name, box_str(b), r->file, first.global.str()));
