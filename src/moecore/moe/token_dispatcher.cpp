@@ -203,8 +203,9 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
   plan.R = Rp;
   for (int64_t t = 0; t < T; t++) off[t + 1] += off[t];
   // Sized for the most rows the padded layout can take: the same allocation every step however the rows fall.
-  plan.row_token_R = padded_rows_empty(R, E, row_align, Rp, 1, DType::I32).reshape({Rp});
-  plan.row_tk_R = padded_rows_empty(R, E, row_align, Rp, 1, DType::I64).reshape({Rp});
+  auto rows_empty = [&](int64_t C, DType dt) { return padded_rows_empty(R, E, row_align, Rp, C, dt); };
+  plan.row_token_R = rows_empty(1, DType::I32).reshape({Rp});
+  plan.row_tk_R = rows_empty(1, DType::I64).reshape({Rp});
   plan.token_rows = Tensor::empty({R}, DType::I32);
   int32_t* rt = plan.row_token_R.data<int32_t>();
   int64_t* rtk = plan.row_tk_R.data<int64_t>();
@@ -244,10 +245,9 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
   int32_t* trows = plan.token_rows.data<int32_t>();
   for (int64_t r = 0; r < Rp; r++)
     if (rt[r] >= 0) trows[cur[rt[r]]++] = static_cast<int32_t>(r);
-  x_RH = padded_rows_empty(R, E, row_align, Rp, x_TH.cols(), x_TH.dtype());
+  x_RH = rows_empty(x_TH.cols(), x_TH.dtype());
   gather_rows(x_TH, plan.row_token_R, x_RH);
-  probs_R =
-      padded_rows_empty(R, E, row_align, Rp, 1, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype()).reshape({Rp});
+  probs_R = rows_empty(1, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype()).reshape({Rp});
   for (int64_t r = 0; r < Rp; r++) probs_R.set_item(r, rtk[r] >= 0 ? probs_TK.item(rtk[r]) : 0.0);
 }
 

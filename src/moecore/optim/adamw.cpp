@@ -15,16 +15,12 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   all.reserve(params_.size());
   // Where a bf16 copy of the weight exists (bf16 GEMMs read it), the update writes it too (CPU AdamW): the next
   // step's Bf16WeightScope starts from it instead of rounding every weight again.
-  const bool writes_bf16 = !rule_.sgd && !params_.empty() && !params_.front()->value.device().is_cuda();
   for (size_t i = 0; i < params_.size(); i++) {
     nn::Parameter& p = *params_[i];
     all.push_back({p.value, p.grad, m_[i], v_[i], p.no_weight_decay ? 0.0 : hp.weight_decay});
-    p.bf16_cache_from_update = false;
-    if (writes_bf16 && p.value.dtype() == DType::F32 && p.bf16_cache.defined() &&
-        p.bf16_cache.numel() == p.value.numel() && !p.bf16_cache.device().is_cuda()) {
-      all.back().param_bf16 = p.bf16_cache;
-      p.bf16_cache_from_update = true;
-    }
+    p.bf16_cache_from_update = !rule_.sgd && p.value.dtype() == DType::F32 && p.bf16_cache.defined() &&
+                               p.bf16_cache.numel() == p.value.numel() && !p.bf16_cache.device().is_cuda();
+    if (p.bf16_cache_from_update) all.back().param_bf16 = p.bf16_cache;
   }
   element_step_multi(rule_, all, hp, step);
 }

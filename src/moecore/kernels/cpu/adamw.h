@@ -36,7 +36,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 struct AdamWTensor {
   Tensor param, grad, m, v;  // handles (slices share their storage)
   double weight_decay = 0;
-  Tensor param_bf16;
+  Tensor param_bf16{};  // optional (above)
 };
 void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step);
 

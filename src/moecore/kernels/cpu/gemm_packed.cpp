@@ -48,6 +48,21 @@ Packer& packer_locked(Ctx& c, int64_t K, int64_t N, bool trans, int layout) {
                              dnnl::memory(dst, c.eng, DNNL_MEMORY_NONE)});
   return c.packers.back();
 }
+
+// op(W) [K, N] (bf16, plain) reordered into blocked layout `layout`, into `buf` (grown to fit); c.mu held.
+void pack_locked(Ctx& c, const Tensor& W, int64_t K, int64_t N, bool trans, int layout, Tensor& buf) {
+  Packer& p = packer_locked(c, K, N, trans, layout);
+  const int64_t bytes = static_cast<int64_t>(c.layouts[static_cast<size_t>(layout)].get_size());
+  if (!buf.defined() || buf.nbytes() < static_cast<size_t>(bytes)) buf = Tensor::empty({(bytes + 1) / 2}, DType::BF16);
+  try {
+    p.src.set_data_handle(const_cast<void*>(W.raw()));
+    p.dst.set_data_handle(buf.raw());
+    p.prim.execute(c.strm, p.src, p.dst);
+    c.strm.wait();
+  } catch (const dnnl::error& err) {
+    MOE_ASSERT_MSG(false, "oneDNN operand reorder failed ({}) for K={} N={}", err.what(), K, N);
+  }
+}
 }  // namespace
 
 void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into) {
@@ -63,18 +78,7 @@ void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into) {
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
   const int layout = layout_index_locked(c, packed_layout_locked(c, K, N, trans, m));
-  Packer& p = packer_locked(c, K, N, trans, layout);
-  const int64_t bytes = static_cast<int64_t>(c.layouts[static_cast<size_t>(layout)].get_size());
-  if (!into.packed.defined() || into.packed.nbytes() < static_cast<size_t>(bytes))
-    into.packed = Tensor::empty({(bytes + 1) / 2}, DType::BF16);
-  try {
-    p.src.set_data_handle(const_cast<void*>(W.raw()));
-    p.dst.set_data_handle(into.packed.raw());
-    p.prim.execute(c.strm, p.src, p.dst);
-    c.strm.wait();
-  } catch (const dnnl::error& err) {
-    MOE_ASSERT_MSG(false, "oneDNN weight reorder failed ({}) for K={} N={}", err.what(), K, N);
-  }
+  pack_locked(c, W, K, N, trans, layout, into.packed);
   into.layout = layout;
 }
 
@@ -125,16 +129,7 @@ bool run_with_packed_b(Ctx& c, const Tensor& A, bool trans_a, const Tensor& B, b
     const dnnl::memory::desc chosen = entry_locked(c, key).b.get_desc();
     if (chosen == make_descs(0, M, N, K, trans_a, trans_b, DType::BF16).b) return false;  // already B's own layout
     layout = layout_index_locked(c, chosen);
-    Packer& p = packer_locked(c, K, N, trans_b, layout);
-    buf = Tensor::empty({(static_cast<int64_t>(chosen.get_size()) + 1) / 2}, DType::BF16);
-    try {
-      p.src.set_data_handle(const_cast<void*>(B.raw()));
-      p.dst.set_data_handle(buf.raw());
-      p.prim.execute(c.strm, p.src, p.dst);
-      c.strm.wait();
-    } catch (const dnnl::error& err) {
-      MOE_ASSERT_MSG(false, "oneDNN operand reorder failed ({}) for K={} N={}", err.what(), K, N);
-    }
+    pack_locked(c, B, K, N, trans_b, layout, buf);
   }
   const double reorder_s = timer.seconds();
   MOE_ASSERT(run(c, key, A.raw(), buf.raw(), C.raw(), M, N, K, layout));
