@@ -7,13 +7,18 @@
 
 namespace moecore::kernels {
 
-AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
+AttentionDims attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
   MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
                  k.shape().str());
   AttentionDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
   MOE_ASSERT_SHAPE(k, {d.S, d.B, d.Nkv, d.D});
   MOE_ASSERT_SHAPE(v, {d.S, d.B, d.Nkv, d.D});
   MOE_ASSERT_MSG(d.Nkv > 0 && d.Nq % d.Nkv == 0, "query heads {} not a multiple of kv heads {}", d.Nq, d.Nkv);
+  return d;
+}
+
+AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const AttentionDims d = attention_shapes(q, k, v);
   MOE_ASSERT(q.dtype() == k.dtype() && q.dtype() == v.dtype());
   return d;
 }

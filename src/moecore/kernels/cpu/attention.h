@@ -59,11 +59,28 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 // - Flash (other CPUs, where oneDNN would widen bf16 to f32 anyway; attention_flash.cpp): the f32 flash kernel on
 //   operands rounded to bf16, probabilities rounded before P·V (they are relative to the running row maximum).
 // Sequences longer than kMaxBf16AttentionSeq use the f32 kernel above instead (nn/attention.cpp).
+//
+// FlashNative also reads and writes bf16 tensors (attention_bf16_native_io()): any of q, k, v, dout, o, dq, dk, dv may
+// be bf16 (lse stays f32), read as their values and written rounded once, as a bf16 FlashAttention on a GPU keeps its
+// inputs and outputs; and it applies RoPE itself when given one (AttentionRope).
+struct AttentionRope;
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout = nullptr);
+                            const AttentionDropout* dropout = nullptr, const AttentionRope* rope = nullptr);
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout = nullptr);
+                             const AttentionDropout* dropout = nullptr, const AttentionRope* rope = nullptr);
+// RoPE applied by the attention kernel as it rounds q and k (rotate-half pairs (i, i + rot_dim/2) of the first rot_dim
+// channels, rope.h): q and k come unrotated, row s of a sequence turns by row s of the f32 tables cos_SR, sin_SR
+// [≥ S, rot_dim/2], and backward's dq, dk are the gradients of the unrotated q and k. The values are those of
+// rope_forward on q and k followed by the kernel, and of rope_backward on its dq, dk (f32 arithmetic, one rounding of
+// each operand or output): no separate pass over q, k or their gradients.
+struct AttentionRope {
+  const Tensor* cos_SR = nullptr;
+  const Tensor* sin_SR = nullptr;
+  int64_t rot_dim = 0;
+};
+// Whether this CPU's bf16 kernel is FlashNative, which takes bf16 tensors and an AttentionRope.
+bool attention_bf16_native_io();
 enum class Bf16AttentionKernel { OneDnn, Flash, FlashNative };
 Bf16AttentionKernel bf16_attention_kernel();
 // The oneDNN kernel itself, whatever the CPU (bench attention --bf16-kernel onednn compares it).
@@ -113,6 +130,8 @@ struct AttentionDims {
   int64_t ntiles() const { return (S + kAttnTile - 1) / kAttnTile; }
 };
 AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
+// The shapes alone (the native kernel's tensors may mix f32 and bf16).
+AttentionDims attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v);
 // The same, also checking a forward's outputs (o like q, lse [B, Nq, S] of q's dtype) or a backward's operands.
 AttentionDims attention_forward_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                      const Tensor& lse);

@@ -295,12 +295,28 @@ Bf16AttentionKernel bf16_attention_kernel() {
   return gemm_stats().bf16_native ? Bf16AttentionKernel::OneDnn : Bf16AttentionKernel::Flash;
 }
 
+bool attention_bf16_native_io() {
+  return bf16_attention_kernel() == Bf16AttentionKernel::FlashNative;
+}
+
+namespace {
+// The other kernels take f32 tensors and no RoPE (attention.h).
+void require_plain(const AttentionRope* rope, std::initializer_list<const Tensor*> ts) {
+  MOE_ASSERT_MSG(!rope, "only the FlashNative bf16 attention kernel applies RoPE itself");
+  for (const Tensor* t : ts)
+    MOE_ASSERT_MSG(t->dtype() == DType::F32, "this CPU's bf16 attention kernel takes f32 tensors, got {}",
+                   dtype_name(t->dtype()));
+}
+}  // namespace
+
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout) {
-  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, scale, o, lse, dropout && dropout->on(), true);
+                            const AttentionDropout* dropout, const AttentionRope* rope) {
+  const bool cuda = q.device().is_cuda();
   const Bf16AttentionKernel kernel = bf16_attention_kernel();
+  if (cuda || kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&q, &k, &v, &o});
+  if (cuda) return cuda::attention_forward(q, k, v, scale, o, lse, dropout && dropout->on(), true);
   if (kernel == Bf16AttentionKernel::FlashNative)
-    flash::forward_native(q, k, v, scale, o, lse, dropout, flash::best_native_bf16());
+    flash::forward_native(q, k, v, scale, o, lse, dropout, flash::best_native_bf16(), rope);
   else if (kernel == Bf16AttentionKernel::OneDnn)
     attention_forward_bf16_onednn(q, k, v, scale, o, lse, dropout);
   else
@@ -309,12 +325,13 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout) {
-  if (q.device().is_cuda())
-    return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout && dropout->on(), true);
+                             const AttentionDropout* dropout, const AttentionRope* rope) {
+  const bool cuda = q.device().is_cuda();
   const Bf16AttentionKernel kernel = bf16_attention_kernel();
+  if (cuda || kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&dout, &q, &k, &v, &o, &dq, &dk, &dv});
+  if (cuda) return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout && dropout->on(), true);
   if (kernel == Bf16AttentionKernel::FlashNative)
-    flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, flash::best_native_bf16());
+    flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, flash::best_native_bf16(), rope);
   else if (kernel == Bf16AttentionKernel::OneDnn)
     attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
   else

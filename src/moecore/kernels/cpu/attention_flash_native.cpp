@@ -16,118 +16,18 @@
 // order, so results are bitwise reproducible whatever the thread count.
 #include "moecore/kernels/cpu/attention_flash_native.h"
 
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/amx_tiles.h"
+#include "moecore/kernels/cpu/rope.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
-namespace moecore::kernels {
-
-namespace {
-
-uint64_t cpu_xcr0() {
-  uint32_t eax, edx;
-  asm volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-  return (uint64_t(edx) << 32) | eax;
-}
-
-bool cpu_osxsave() {
-  unsigned a, b, c, d;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27));
-}
-
-bool cpu_avx512_bf16() {
-  unsigned a, b, c, d;
-  if (!cpu_osxsave() || (cpu_xcr0() & 0xE6) != 0xE6) return false;  // SSE, AVX, opmask and both ZMM halves saved
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool f_bw_vl = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));
-  if (!f_bw_vl || a < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-  return a & (1u << 5);  // leaf 7 subleaf 1 EAX bit 5: AVX512_BF16
-}
-
-bool cpu_amx() {
-  unsigned a, b, c, d;
-  if (!cpu_osxsave() || (cpu_xcr0() & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;  // AMX-BF16, AMX-TILE
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-// One tile product through the instructions against the emulation (small integers: exact in any order, so the two
-// must agree bit for bit). The AMX path was written on CPUs without AMX; should the instructions ever disagree on a
-// CPU that has them, bf16 attention falls back to AVX512-BF16 and says so once, instead of training on wrong sums.
-bool tiles_agree_with_emulation() {
-  alignas(64) uint16_t a[amx::kRows][32], b[amx::kRows][32];
-  alignas(64) float native[amx::kRows][16], emulated[amx::kRows][16];
-  for (int r = 0; r < amx::kRows; r++)
-    for (int j = 0; j < 32; j++) {
-      a[r][j] = float_to_bf16(static_cast<float>((r * 7 + j * 3) % 7 - 3)).bits;
-      b[r][j] = float_to_bf16(static_cast<float>((r * 5 + j) % 5 - 2)).bits;
-    }
-  auto run = [&](auto tiles, float(*c)[16]) {
-    using Tiles = decltype(tiles);
-    Tiles::configure();
-    Tiles::template zero<0>();
-    Tiles::template load<1>(a, 64);
-    Tiles::template load<2>(b, 64);
-    Tiles::template dp<0, 1, 2>();
-    Tiles::template store<0>(c, 64);
-    Tiles::release();
-  };
-  run(amx::Native{}, native);
-  run(amx::Emulated{}, emulated);
-  if (std::memcmp(native, emulated, sizeof native) == 0) return true;
-  std::fprintf(stderr,
-               "moecore: warning: this CPU's AMX tile products disagree with their emulation; bf16 attention uses "
-               "AVX512-BF16 instead (please report the CPU model)\n");
-  return false;
-}
-
-}  // namespace
-
-namespace amx {
-bool usable() {
-  static const bool ok = cpu_amx() && tiles_agree_with_emulation();
-  return ok;
-}
-}  // namespace amx
-
-namespace flash {
-
-const char* native_bf16_name(NativeBf16 b) {
-  switch (b) {
-    case NativeBf16::Avx512Bf16:
-      return "AVX512-BF16";
-    case NativeBf16::AmxEmulated:
-      return "AMX (emulated)";
-    case NativeBf16::Amx:
-      return "AMX";
-  }
-  return "?";
-}
-
-bool native_bf16_supported(NativeBf16 b) {
-  static const bool avx512 = cpu_avx512_bf16();
-  switch (b) {
-    case NativeBf16::Avx512Bf16:
-      return avx512;
-    case NativeBf16::AmxEmulated:
-      return true;
-    case NativeBf16::Amx:
-      return amx::usable();
-  }
-  return false;
-}
+namespace moecore::kernels::flash {
 
 namespace {
 
@@ -148,50 +48,113 @@ struct NativeDims {
 //   Cols:     (s, e) at [e·Tn + s]                     — an A operand with k = s (Q̂ᵀ, dÔᵀ).
 enum class NativePack { Rows, EPairs, RowPairs, Cols };
 
-// Columns [e0, e0+32) of a tile's rows, rounded (buf), into the tile's layout P.
+// Columns [e0, e0+32) of a tile's rounded rows (buf [kTn, Dp]) into the tile's layout P.
 template <NativePack P>
-MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t (*buf)[32], int64_t Dp, int64_t e0, uint16_t* out) {
+MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t* buf, int64_t Dp, int64_t e0, uint16_t* out) {
   if constexpr (P == NativePack::Rows)
-    for (int64_t s = 0; s < kTn; s++) std::memcpy(out + s * Dp + e0, buf[s], sizeof buf[s]);
+    for (int64_t s = 0; s < kTn; s++) std::memcpy(out + s * Dp + e0, buf + s * Dp + e0, 64);
   if constexpr (P == NativePack::RowPairs)
     for (int64_t p = 0; p < kTn / 2; p++) {
       uint32_t pairs[32];
+      const uint16_t *r0 = buf + 2 * p * Dp + e0, *r1 = r0 + Dp;
 #pragma omp simd
-      for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(buf[2 * p][e]) | uint32_t(buf[2 * p + 1][e]) << 16;
+      for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(r0[e]) | uint32_t(r1[e]) << 16;
       std::memcpy(out + p * 2 * Dp + 2 * e0, pairs, sizeof pairs);
     }
   if constexpr (P == NativePack::Cols)
     for (int64_t e = 0; e < 32; e++)
-      for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s][e];
+      for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s * Dp + e0 + e];
   if constexpr (P == NativePack::EPairs)
     for (int64_t ep = 0; ep < 16; ep++) {
       uint32_t pairs[kTn];  // (e0 + 2ep, e0 + 2ep + 1) of each row: one little-endian word of buf
-      for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], &buf[s][2 * ep], 4);
+      for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], buf + s * Dp + e0 + 2 * ep, 4);
       std::memcpy(out + (e0 / 2 + ep) * 2 * kTn, pairs, sizeof pairs);
     }
 }
 
-// dst [heads, nt, tile] ← bf16(mul · src) in layout P (and into dst2 in layout P2 when given: one read of src for
-// both), zero past S and D. Each tile goes through 32 columns at a time of rows rounded in a stack buffer
-// (vectorized), then into its layouts.
+// A tensor's rows by (head pair, position) in f32 or bf16: the kernel's inputs and outputs.
+struct NativeRows {
+  char* p;
+  bool bf16;
+  int64_t head, ld;  // in elements
+  NativeRows(const Tensor& t, const AttentionDims& d, int64_t N)
+      : p(static_cast<char*>(t.raw())), bf16(t.dtype() == DType::BF16), head(d.D), ld(d.B * N * d.D) {
+    MOE_ASSERT_MSG(t.dtype() == DType::F32 || bf16, "bf16 attention takes f32 or bf16 tensors, got {}",
+                   dtype_name(t.dtype()));
+  }
+  void* at(int64_t bn, int64_t s) const { return p + (bn * head + s * ld) * (bf16 ? 2 : 4); }
+};
+
+// RoPE by row position (AttentionRope): pair (i, i + h) of row s turns by cos/sin row s, sign −1 transposed.
+struct NativeRope {
+  const float *cos, *sin;
+  int64_t h;
+};
+
+// y ← x turned by RoPE at position pos (sign −1: transposed), through rope.cpp's own row function: the bits of
+// rope_forward / rope_backward, whatever this file's target clones would contract into fused multiply-adds.
+MOE_ALWAYS_INLINE void rope_row(const float* x, const NativeRope& r, int64_t pos, float sign, int64_t D, float* y) {
+  rope_row_f32(x, r.cos + pos * r.h, r.sin + pos * r.h, r.h, sign, D, y);
+}
+
+// Row s of bn as f32 (tmp: 2·D floats when it is bf16 or turned by RoPE).
+MOE_ALWAYS_INLINE const float* row_f32(const NativeRows& src, int64_t bn, int64_t s, int64_t D, const NativeRope* rope,
+                                       float* tmp) {
+  const float* x = static_cast<const float*>(src.at(bn, s));
+  if (src.bf16) {
+    const auto* xb = static_cast<const bf16*>(src.at(bn, s));
+#pragma omp simd
+    for (int64_t e = 0; e < D; e++) tmp[e] = bf16_to_float(xb[e]);
+    x = tmp;
+  }
+  if (!rope) return x;
+  rope_row(x, *rope, s, 1.0f, D, tmp + D);
+  return tmp + D;
+}
+
+// Row s of bn of dst ← Rᵀ(mul · g), g's D values at stride ld, rounded once when dst is bf16 (R: RoPE at s when
+// rope, transposed; else the identity). tmp: 2·D floats.
+MOE_ALWAYS_INLINE void store_row(const float* g, int64_t ld, float mul, const NativeRope* rope, const NativeRows& dst,
+                                 int64_t bn, int64_t s, int64_t D, float* tmp) {
+  float* y = dst.bf16 || rope ? tmp : static_cast<float*>(dst.at(bn, s));
+#pragma omp simd
+  for (int64_t e = 0; e < D; e++) y[e] = g[e * ld] * mul;
+  if (rope) {
+    float* r = dst.bf16 ? tmp + D : static_cast<float*>(dst.at(bn, s));
+    rope_row(y, *rope, s, -1.0f, D, r);
+    y = r;
+  }
+  if (!dst.bf16) return;
+  auto* out = static_cast<bf16*>(dst.at(bn, s));
+#pragma omp simd
+  for (int64_t e = 0; e < D; e++) out[e] = float_to_bf16(y[e]);
+}
+
+// dst [heads, nt, tile] ← bf16(mul · R(src)) in layout P (and into dst2 in layout P2 when given: one read of src for
+// both), zero past S and D; R: RoPE by position when rope, else the identity. Each tile's rows are rounded into a
+// per-thread buffer (vectorized), then go 32 columns at a time into their layouts.
 template <NativePack P, NativePack P2 = P>
-MOE_TARGET_CLONES void pack_native(const NativeDims& n, Heads<float> src, int64_t heads, float mul, bf16* dst,
-                                   bf16* dst2 = nullptr) {
+MOE_TARGET_CLONES void pack_native(const NativeDims& n, const NativeRows& src, int64_t heads, float mul,
+                                   const NativeRope* rope, bf16* dst, bf16* dst2 = nullptr) {
   const int64_t D = n.d.D, Dp = n.Dp, nt = n.nt;
+  Scratch<float> scratch(n.tile() / 2 + 2 * D, DType::F32);  // the rounded tile, then 2·D floats for row_f32
 #pragma omp parallel for schedule(static) collapse(2)
   for (int64_t bn = 0; bn < heads; bn++)
     for (int64_t t = 0; t < nt; t++) {
+      auto* buf = reinterpret_cast<uint16_t*>(scratch.mine());
+      float* tmp = scratch.mine() + n.tile() / 2;
+      for (int64_t s = 0; s < kTn; s++) {
+        const int64_t row = t * kTn + s, m = row < n.d.S ? D : 0;
+        uint16_t* br = buf + s * Dp;
+        if (m > 0) {
+          const float* in = row_f32(src, bn, row, D, rope, tmp);
+#pragma omp simd
+          for (int64_t e = 0; e < D; e++) br[e] = float_to_bf16(in[e] * mul).bits;
+        }
+        std::fill(br + m, br + Dp, uint16_t{0});
+      }
       const int64_t off = (bn * nt + t) * n.tile();
       for (int64_t e0 = 0; e0 < Dp; e0 += 32) {
-        alignas(64) uint16_t buf[kTn][32];
-        const int64_t w = std::clamp<int64_t>(D - e0, 0, 32);
-        for (int64_t s = 0; s < kTn; s++) {
-          const int64_t row = t * kTn + s, m = row < n.d.S ? w : 0;
-          const float* in = src.at(bn, std::min(row, n.d.S - 1)) + e0;
-#pragma omp simd
-          for (int64_t e = 0; e < m; e++) buf[s][e] = float_to_bf16(in[e] * mul).bits;
-          for (int64_t e = m; e < 32; e++) buf[s][e] = 0;
-        }
         emit_tile_cols<P>(buf, Dp, e0, &dst[off].bits);
         if (dst2) emit_tile_cols<P2>(buf, Dp, e0, &dst2[off].bits);
       }
@@ -216,7 +179,8 @@ MOE_ALWAYS_INLINE void row_pairs(const bf16* src, uint32_t* dst) {
 struct NativeFwd {
   NativeDims n;
   const bf16 *qR, *kT, *vN;  // Q̂ rows per query head pair, K̂ᵀ in d pairs and V̂ in key pairs per kv head pair
-  float *o, *lse;
+  NativeRows o;
+  float* lse;
   const AttentionDropout* drop;
 };
 
@@ -227,12 +191,13 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
     const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
-    float* acc = scratch.mine();                 // [kTn, Dp]
-    float* sc = acc + kTn * Dp;                  // [kTn, kTn] scores
-    float* m = sc + kTn * kTn;                   // [kTn]
-    float* l = m + kTn;                          // [kTn]
-    float* z = l + kTn;                          // [kTn] dropout multipliers
-    bf16* P = reinterpret_cast<bf16*>(z + kTn);  // [kTn, kTn]
+    float* acc = scratch.mine();                           // [kTn, Dp]
+    float* sc = acc + kTn * Dp;                            // [kTn, kTn] scores
+    float* m = sc + kTn * kTn;                             // [kTn]
+    float* l = m + kTn;                                    // [kTn]
+    float* z = l + kTn;                                    // [kTn] dropout multipliers
+    bf16* P = reinterpret_cast<bf16*>(z + kTn);            // [kTn, kTn]
+    float* row = reinterpret_cast<float*>(P + kTn * kTn);  // [2·D] for store_row
     const int64_t i0 = qt * kTn, nr = std::min(kTn, S - i0), M = round_up(nr, 16);
     const bf16* Qs = ptile(a.qR, a.n, bh, qt);
     for (int64_t i = 0; i < M; i++) {
@@ -268,10 +233,7 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
     }
     G::end();
     for (int64_t i = 0; i < nr; i++) {
-      float* out = a.o + (i0 + i) * d.q_row() + bh * D;
-      const float inv = 1.0f / l[i];
-#pragma omp simd
-      for (int64_t e = 0; e < D; e++) out[e] = acc[i * Dp + e] * inv;
+      store_row(acc + i * Dp, 1, 1.0f / l[i], nullptr, a.o, bh, i0 + i, D, row);
       a.lse[bh * S + i0 + i] = m[i] + std::log(l[i]);
     }
   }
@@ -283,9 +245,10 @@ struct NativeBwd {
   const bf16 *kT, *vT, *kN;       // per kv head pair: K̂ᵀ, V̂ᵀ in d pairs, K̂ in key pairs
   const float *lse, *delta;
   float* dQacc;  // [B·Nq, Sp, Dp]
-  float *dq, *dk, *dv;
+  NativeRows dq, dk, dv;
   float dq_mul;
   const AttentionDropout* drop;
+  const NativeRope* rope;  // turned back on dq and dk as they are written
 };
 
 // Per-thread buffers of one backward item.
@@ -293,14 +256,16 @@ struct NativeTiles {
   float *sc, *dp, *dKt, *dVt, *z;  // [kTn, kTn] ×2, [Dp, kTn] ×2, [kTn]
   bf16 *P, *dS;                    // [kTn, kTn] each
   uint32_t *Pp, *dSp;              // [kTn/2, kTn] each: P and dS in query pairs
+  float* row;                      // [2·Dp] for store_row
   NativeTiles(float* w, int64_t Dp)
       : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp), z(dVt + kTn * Dp) {
     Pp = reinterpret_cast<uint32_t*>(z + kTn);
     dSp = Pp + kTn * kTn / 2;
     P = reinterpret_cast<bf16*>(dSp + kTn * kTn / 2);
     dS = P + kTn * kTn;
+    row = reinterpret_cast<float*>(dS + kTn * kTn);
   }
-  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + kTn + 4 * kTn * kTn / 2; }
+  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + kTn + 4 * kTn * kTn / 2 + 2 * Dp; }
 };
 
 // One (query tile, key tile) pair of head h: recomputes P and dS, then adds into the dK/dV tiles (when kv) and into
@@ -352,26 +317,16 @@ MOE_ALWAYS_INLINE void native_key_tile(const NativeBwd& a, int64_t b, int64_t g,
   for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++)
     for (int64_t qt = kt; qt < a.n.nt; qt++) native_pair<G>(a, b, h, qt, kt, w, true, dq);
   for (int64_t j = 0; j < nc; j++) {
-    float* dkr = a.dk + (j0 + j) * d.kv_row() + bg * D;
-    float* dvr = a.dv + (j0 + j) * d.kv_row() + bg * D;
-#pragma omp simd
-    for (int64_t e = 0; e < D; e++) {
-      dkr[e] = w.dKt[e * kTn + j];
-      dvr[e] = w.dVt[e * kTn + j];
-    }
+    store_row(w.dKt + j, kTn, 1.0f, a.rope, a.dk, bg, j0 + j, D, w.row);
+    store_row(w.dVt + j, kTn, 1.0f, nullptr, a.dv, bg, j0 + j, D, w.row);
   }
 }
 
 // dQ rows [i0, i0+n) of head bh written out times dq_mul (their f32 sums start at each row's kt = 0 pair).
-MOE_ALWAYS_INLINE void native_dq_rows(const NativeBwd& a, int64_t bh, int64_t i0, int64_t n) {
-  const AttentionDims& d = a.n.d;
+MOE_ALWAYS_INLINE void native_dq_rows(const NativeBwd& a, int64_t bh, int64_t i0, int64_t n, float* tmp) {
   const int64_t Dp = a.n.Dp;
   const float* acc = a.dQacc + (bh * a.n.Sp + i0) * Dp;
-  for (int64_t i = 0; i < n; i++) {
-    float* r = a.dq + (i0 + i) * d.q_row() + bh * d.D;
-#pragma omp simd
-    for (int64_t e = 0; e < d.D; e++) r[e] = acc[i * Dp + e] * a.dq_mul;
-  }
+  for (int64_t i = 0; i < n; i++) store_row(acc + i * Dp, 1, a.dq_mul, a.rope, a.dq, bh, i0 + i, a.n.d.D, tmp);
 }
 
 template <class G>
@@ -383,7 +338,7 @@ MOE_TARGET_CLONES void native_backward_fused(const NativeBwd& a, Scratch<float>&
     G::begin();
     for (int64_t kt = 0; kt < a.n.nt; kt++) native_key_tile<G>(a, b, g, kt, w, true);
     G::end();
-    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) native_dq_rows(a, b * d.Nq + h, 0, d.S);
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) native_dq_rows(a, b * d.Nq + h, 0, d.S, w.row);
   }
 }
 
@@ -405,24 +360,43 @@ MOE_TARGET_CLONES void native_backward_two_pass(const NativeBwd& a, Scratch<floa
     G::begin();
     for (int64_t kt = 0; kt <= qt; kt++) native_pair<G>(a, b, h, qt, kt, w, false, true);
     G::end();
-    native_dq_rows(a, bh, i0, n);
+    native_dq_rows(a, bh, i0, n, w.row);
   }
 }
 
-void require_f32_native(const Tensor& q) {
-  MOE_ASSERT_MSG(q.dtype() == DType::F32, "bf16 attention takes f32 tensors (rounded to bf16 inside), got {}",
-                 dtype_name(q.dtype()));
+// The sizes of a call whose tensors are f32 or bf16 each (NativeRows checks which), lse f32.
+AttentionDims native_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse) {
+  const AttentionDims d = attention_shapes(q, k, v);
+  MOE_ASSERT_MSG(o.shape() == q.shape(), "attention output {} vs q {}", o.shape().str(), q.shape().str());
+  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.S});
+  MOE_ASSERT_MSG(lse.dtype() == DType::F32, "bf16 attention keeps lse in f32, got {}", dtype_name(lse.dtype()));
+  return d;
 }
 
-// delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32, in a fixed vector order).
-MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const float* dout, const float* o, float* delta) {
+// The kernel's RoPE from the caller's tables (f32, at least S rows of rot_dim/2).
+std::optional<NativeRope> native_rope(const AttentionRope* rope, const AttentionDims& d) {
+  if (!rope) return std::nullopt;
+  const int64_t h = rope->rot_dim / 2;
+  MOE_ASSERT_MSG(rope->rot_dim >= 2 && rope->rot_dim % 2 == 0 && rope->rot_dim <= d.D, "rotary dim {} vs head dim {}",
+                 rope->rot_dim, d.D);
+  for (const Tensor* t : {rope->cos_SR, rope->sin_SR})
+    MOE_ASSERT_MSG(t->dtype() == DType::F32 && t->ndim() == 2 && t->dim(0) >= d.S && t->dim(1) == h,
+                   "RoPE tables {} {} for {} rows of {} pairs", t->shape().str(), dtype_name(t->dtype()), d.S, h);
+  return NativeRope{rope->cos_SR->data<float>(), rope->sin_SR->data<float>(), h};
+}
+
+// delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32 values of f32 or bf16 rows, in a fixed vector order).
+MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const NativeRows& dout, const NativeRows& o, float* delta) {
+  Scratch<float> scratch(4 * d.D, DType::F32);
 #pragma omp parallel for schedule(static) collapse(2)
   for (int64_t r = 0; r < d.B * d.Nq; r++)
     for (int64_t i = 0; i < d.S; i++) {
-      const int64_t off = i * d.q_row() + r * d.D;  // r = b·Nq + h matches the [S, B, Nq, D] layout
+      float* tmp = scratch.mine();
+      const float* g = row_f32(dout, r, i, d.D, nullptr, tmp);
+      const float* y = row_f32(o, r, i, d.D, nullptr, tmp + 2 * d.D);
       float s = 0;
 #pragma omp simd reduction(+ : s)
-      for (int64_t e = 0; e < d.D; e++) s += dout[off + e] * o[off + e];
+      for (int64_t e = 0; e < d.D; e++) s += g[e] * y[e];
       delta[r * d.S + i] = s;
     }
 }
@@ -433,40 +407,44 @@ Tensor bf16_buffer(const NativeDims& n, int64_t heads) {
 
 template <class G>
 void forward_with(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                  const AttentionDropout* dropout) {
-  const NativeDims n(attention_forward_dims(q, k, v, o, lse));
+                  const AttentionDropout* dropout, const AttentionRope* rope_in) {
+  const NativeDims n(native_dims(q, k, v, o, lse));
   const AttentionDims& d = n.d;
+  const std::optional<NativeRope> rope = native_rope(rope_in, d);
+  const NativeRope* r = rope ? &*rope : nullptr;
   const int64_t kv_pairs = d.B * d.Nkv;
   Tensor qR = bf16_buffer(n, d.B * d.Nq), kT = bf16_buffer(n, kv_pairs), vN = bf16_buffer(n, kv_pairs);
-  pack_native<NativePack::Rows>(n, heads_of(q.data<float>(), d, d.Nq), d.B * d.Nq, static_cast<float>(scale),
-                                qR.data<bf16>());
-  pack_native<NativePack::EPairs>(n, heads_of(k.data<float>(), d, d.Nkv), kv_pairs, 1.0f, kT.data<bf16>());
-  pack_native<NativePack::RowPairs>(n, heads_of(v.data<float>(), d, d.Nkv), kv_pairs, 1.0f, vN.data<bf16>());
-  NativeFwd a{n, qR.data<bf16>(), kT.data<bf16>(), vN.data<bf16>(), o.data<float>(), lse.data<float>(), dropout};
-  // acc [kTn, Dp], scores [kTn, kTn], m, l, z [kTn] in f32, then P [kTn, kTn] in bf16 (half a float each).
-  Scratch<float> scratch(kTn * n.Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2, DType::F32);
+  pack_native<NativePack::Rows>(n, NativeRows(q, d, d.Nq), d.B * d.Nq, static_cast<float>(scale), r, qR.data<bf16>());
+  pack_native<NativePack::EPairs>(n, NativeRows(k, d, d.Nkv), kv_pairs, 1.0f, r, kT.data<bf16>());
+  pack_native<NativePack::RowPairs>(n, NativeRows(v, d, d.Nkv), kv_pairs, 1.0f, nullptr, vN.data<bf16>());
+  NativeFwd a{n, qR.data<bf16>(), kT.data<bf16>(), vN.data<bf16>(), NativeRows(o, d, d.Nq), lse.data<float>(), dropout};
+  // acc [kTn, Dp], scores [kTn, kTn], m, l, z [kTn] in f32, P [kTn, kTn] in bf16 (half a float each), a row [2·Dp].
+  Scratch<float> scratch(kTn * n.Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2 + 2 * n.Dp, DType::F32);
   native_forward_items<G>(a, scratch);
 }
 
 template <class G>
 void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                   const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                   const AttentionDropout* dropout) {
-  const NativeDims n(attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv));
+                   const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout* dropout,
+                   const AttentionRope* rope_in) {
+  const NativeDims n(native_dims(q, k, v, o, lse));
   const AttentionDims& d = n.d;
+  MOE_ASSERT(dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == k.shape() &&
+             dv.shape() == v.shape());
+  const std::optional<NativeRope> rope = native_rope(rope_in, d);
+  const NativeRope* r = rope ? &*rope : nullptr;
   const int64_t kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
+  const NativeRows qh(q, d, d.Nq), doh(dout, d, d.Nq), kh(k, d, d.Nkv), vh(v, d, d.Nkv);
   Tensor delta = Tensor::empty({q_pairs, d.S}, DType::F32);
-  native_delta(d, dout.data<float>(), o.data<float>(), delta.data<float>());
+  native_delta(d, doh, NativeRows(o, d, d.Nq), delta.data<float>());
   const float sc = static_cast<float>(scale);
-  const Heads<float> qh = heads_of(q.data<float>(), d, d.Nq), doh = heads_of(dout.data<float>(), d, d.Nq);
-  const Heads<float> kh = heads_of(k.data<float>(), d, d.Nkv), vh = heads_of(v.data<float>(), d, d.Nkv);
   Tensor qR = bf16_buffer(n, q_pairs), qT = bf16_buffer(n, q_pairs), dR = bf16_buffer(n, q_pairs),
          dT = bf16_buffer(n, q_pairs);
   Tensor kT = bf16_buffer(n, kv_pairs), vT = bf16_buffer(n, kv_pairs), kN = bf16_buffer(n, kv_pairs);
-  pack_native<NativePack::Rows, NativePack::Cols>(n, qh, q_pairs, sc, qR.data<bf16>(), qT.data<bf16>());
-  pack_native<NativePack::Rows, NativePack::Cols>(n, doh, q_pairs, 1.0f, dR.data<bf16>(), dT.data<bf16>());
-  pack_native<NativePack::EPairs, NativePack::RowPairs>(n, kh, kv_pairs, 1.0f, kT.data<bf16>(), kN.data<bf16>());
-  pack_native<NativePack::EPairs>(n, vh, kv_pairs, 1.0f, vT.data<bf16>());
+  pack_native<NativePack::Rows, NativePack::Cols>(n, qh, q_pairs, sc, r, qR.data<bf16>(), qT.data<bf16>());
+  pack_native<NativePack::Rows, NativePack::Cols>(n, doh, q_pairs, 1.0f, nullptr, dR.data<bf16>(), dT.data<bf16>());
+  pack_native<NativePack::EPairs, NativePack::RowPairs>(n, kh, kv_pairs, 1.0f, r, kT.data<bf16>(), kN.data<bf16>());
+  pack_native<NativePack::EPairs>(n, vh, kv_pairs, 1.0f, nullptr, vT.data<bf16>());
   Tensor dQacc = Tensor::empty({q_pairs * n.Sp * n.Dp}, DType::F32);
   NativeBwd a{n,
               qR.data<bf16>(),
@@ -479,11 +457,12 @@ void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const T
               lse.data<float>(),
               delta.data<float>(),
               dQacc.data<float>(),
-              dq.data<float>(),
-              dk.data<float>(),
-              dv.data<float>(),
+              NativeRows(dq, d, d.Nq),
+              NativeRows(dk, d, d.Nkv),
+              NativeRows(dv, d, d.Nkv),
               sc,
-              dropout};
+              dropout,
+              r};
   Scratch<float> scratch(NativeTiles::floats(n.Dp), DType::F32);
   if (use_fused(d))
     native_backward_fused<G>(a, scratch);
@@ -505,15 +484,6 @@ int64_t backward_native_bytes(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int
   return bytes(B * Nq * S, 4) + 4 * bytes(q_tiles, 2) + 3 * bytes(kv_tiles, 2) + bytes(B * Nq * n.Sp * n.Dp, 4);
 }
 
-bool has_native_bf16() {
-  return native_bf16_supported(NativeBf16::Amx) || native_bf16_supported(NativeBf16::Avx512Bf16);
-}
-
-NativeBf16 best_native_bf16() {
-  MOE_ASSERT_MSG(has_native_bf16(), "this CPU has neither AMX nor AVX512-BF16");
-  return native_bf16_supported(NativeBf16::Amx) ? NativeBf16::Amx : NativeBf16::Avx512Bf16;
-}
-
 namespace {
 // Calls f with the block-product backend `b` names (as a value of its type).
 template <class F>
@@ -531,19 +501,17 @@ void with_backend(NativeBf16 b, F f) {
 }  // namespace
 
 void forward_native(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                    const AttentionDropout* dropout, NativeBf16 backend) {
-  require_f32_native(q);
+                    const AttentionDropout* dropout, NativeBf16 backend, const AttentionRope* rope) {
   if (dropout && !dropout->on()) dropout = nullptr;
-  with_backend(backend, [&](auto g) { forward_with<decltype(g)>(q, k, v, scale, o, lse, dropout); });
+  with_backend(backend, [&](auto g) { forward_with<decltype(g)>(q, k, v, scale, o, lse, dropout, rope); });
 }
 
 void backward_native(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                     const AttentionDropout* dropout, NativeBf16 backend) {
-  require_f32_native(q);
+                     const AttentionDropout* dropout, NativeBf16 backend, const AttentionRope* rope) {
   if (dropout && !dropout->on()) dropout = nullptr;
-  with_backend(backend, [&](auto g) { backward_with<decltype(g)>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout); });
+  with_backend(backend,
+               [&](auto g) { backward_with<decltype(g)>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope); });
 }
 
-}  // namespace flash
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::flash

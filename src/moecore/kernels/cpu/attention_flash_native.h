@@ -15,13 +15,15 @@ bool has_native_bf16();
 int64_t backward_native_bytes(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D);
 NativeBf16 best_native_bf16();
 
-// f32 tensors in and out with the rounding points of flash::forward/backward(round_bf16 = true): scale·q, k, v,
-// dout, the probabilities and dS rounded to bf16 where they enter a product; scores, softmax statistics, lse and
-// every output f32. `backend` must be supported (native_bf16_supported).
+// The rounding points of flash::forward/backward(round_bf16 = true): scale·q, k, v, dout, the probabilities and dS
+// rounded to bf16 where they enter a product; scores, softmax statistics and lse f32. Tensors are f32 or bf16 each
+// (lse f32): inputs read as they are, outputs rounded once when bf16. `rope`: RoPE applied to q and k as they are
+// packed, and transposed on dq and dk as they are written (attention.h AttentionRope). `backend` must be supported
+// (native_bf16_supported).
 void forward_native(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                    const AttentionDropout* dropout, NativeBf16 backend);
+                    const AttentionDropout* dropout, NativeBf16 backend, const AttentionRope* rope = nullptr);
 void backward_native(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                      const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                     const AttentionDropout* dropout, NativeBf16 backend);
+                     const AttentionDropout* dropout, NativeBf16 backend, const AttentionRope* rope = nullptr);
 
 }  // namespace moecore::kernels::flash

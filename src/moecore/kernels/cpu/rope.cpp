@@ -108,6 +108,15 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
 }
 }  // namespace
 
+void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign, int64_t D, float* y) {
+  for (int64_t i = 0; i < h; i++) {
+    const float a = x[i], b = x[i + h], si = sign * sin[i];
+    y[i] = a * cos[i] - b * si;
+    y[i + h] = b * cos[i] + a * si;
+  }
+  for (int64_t e = 2 * h; e < D; e++) y[e] = x[e];
+}
+
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
                      RopePairs pairs, Tensor& y_SBND) {
   TimerScope timer("rope", 2);

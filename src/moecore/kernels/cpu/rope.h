@@ -43,6 +43,12 @@ std::vector<double> yarn_inv_freq(int64_t rot_dim, double base, const YarnParams
 void rope_tables_from(int64_t S, const std::vector<double>& inv_freq, double amplitude, DType dtype, Tensor& cos_SR,
                       Tensor& sin_SR);
 
+// One row of rope_forward (sign +1) or rope_backward (sign −1) in f32, for a kernel that turns rows as it reads or
+// writes them (the bf16 attention kernel, attention.h AttentionRope): x, y [D] (y not aliasing x), cos and sin the
+// row's h = rot_dim/2 entries; channels from 2h on are copied. Compiled beside rope_forward, with its arithmetic (no
+// fused multiply-adds), so that the two give the same bits.
+void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign, int64_t D, float* y);
+
 enum class RopePairs { RotateHalf, Interleaved };
 // The general form: channels [offset, offset + rot_dim) of each head, paired as `pairs` says. y may alias x.
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
