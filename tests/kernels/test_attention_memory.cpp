@@ -48,9 +48,8 @@ TEST(AttentionMemory, NoSxSBufferAtS4096) {
 // CPUs, 34.4 MB on an AMD EPYC, than with AVX-512/AMX), and row 0 still attends only to key 0.
 TEST(AttentionMemory, Bf16KernelHoldsNoSxSMatrixAtS4096) {
   AttnMemCase c;
-  const int64_t extra = c.peak_extra_bytes(
-      [](auto&&... a) { kernels::attention_forward_bf16(a...); },
-      [](auto&&... a) { kernels::attention_backward_bf16(a...); });
+  const int64_t extra = c.peak_extra_bytes([](auto&&... a) { kernels::attention_forward_bf16(a...); },
+                                           [](auto&&... a) { kernels::attention_backward_bf16(a...); });
   EXPECT_LT(extra, kSxS * 3 / 4) << "attention used " << extra << " extra bytes";
   for (int64_t d = 0; d < AttnMemCase::D; d++)
     EXPECT_NEAR(c.o.item(d), c.v.item(d), 1e-2 * std::fabs(c.v.item(d)) + 1e-6);

@@ -64,9 +64,12 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   const int64_t S = x_SBH.dim(0), B = x_SBH.dim(1), D = cfg_.head_dim;
   MOE_CHECK(S * cfg_.cp.size <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}",
             S * cfg_.cp.size, cfg_.max_seq_len);
-  Tensor q = q_.forward(x_SBH, st.q).reshape({S, B, nq_, D});
-  Tensor k = k_.forward(x_SBH, st.k).reshape({S, B, nkv_, D});
-  st.v_SBND = v_.forward(x_SBH, st.v).reshape({S, B, nkv_, D});
+  const bool b16 = bf16_tensors(S, x_SBH.device());
+  // bf16 projection outputs need no bias; q and k feed the qk-norm in f32.
+  const DType v_out = b16 && !cfg_.bias ? DType::BF16 : DType::F32, qk_out = q_norm_ ? DType::F32 : v_out;
+  Tensor q = q_.forward(x_SBH, st.q, qk_out).reshape({S, B, nq_, D});
+  Tensor k = k_.forward(x_SBH, st.k, qk_out).reshape({S, B, nkv_, D});
+  st.v_SBND = v_.forward(x_SBH, st.v, v_out).reshape({S, B, nkv_, D});
   if (q_norm_) {
     q = q_norm_->forward(q, st.q_norm);
     k = k_norm_->forward(k, st.k_norm);
@@ -78,8 +81,10 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
     }
     Tensor cos = cos_, sin = sin_;
     if (cfg_.cp.on()) rope_tables_for(S, cos, sin);
-    kernels::rope_forward(q, cos, sin, rot_dim_, q);  // in place: the pre-RoPE values are not needed again
-    kernels::rope_forward(k, cos, sin, rot_dim_, k);
+    if (!b16) {  // in place: the pre-RoPE values are not needed again
+      kernels::rope_forward(q, cos, sin, rot_dim_, q);
+      kernels::rope_forward(k, cos, sin, rot_dim_, k);
+    }
   }
   st.q_SBND = q;
   st.k_SBND = k;
@@ -95,8 +100,10 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
 void Attention::core_forward(Stash& st) const {
   const Tensor& q = st.q_SBND;
   const int64_t S = q.dim(0), B = q.dim(1);
-  st.o_SBND = Tensor::empty(q.shape(), q.dtype(), q.device());
-  st.lse_BNS = Tensor::empty({B, nq_, S}, q.dtype(), q.device());
+  const bool b16 = bf16_tensors(S, q.device());
+  st.o_SBND = Tensor::empty(q.shape(), b16 ? DType::BF16 : q.dtype(), q.device());
+  st.lse_BNS = Tensor::empty({B, nq_, S}, b16 ? DType::F32 : q.dtype(), q.device());
+  const kernels::AttentionRope rope = kernel_rope();
   const kernels::AttentionDropout drop = dropout(st.dropout);
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
@@ -104,7 +111,8 @@ void Attention::core_forward(Stash& st) const {
   if (cfg_.cp.on())
     context_attention_forward(q, st.k_SBND, st.v_SBND, scale, context_parallel(S), st.o_SBND, st.lse_BNS, &drop);
   else if (bf16_attention(S))
-    kernels::attention_forward_bf16(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
+    kernels::attention_forward_bf16(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop,
+                                    b16 && cfg_.rope ? &rope : nullptr);
   else
     kernels::attention_forward(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
 }
@@ -127,23 +135,25 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
     core_forward(st);
     proj_.stash_input(st.o_SBND.reshape({S * B, nq_ * D}), st.proj);
   }
-  const Tensor d_o = proj_.backward(dy_SBH, st.proj).reshape(st.o_SBND.shape());
+  const bool b16 = bf16_tensors(S, dy_SBH.device());
+  const Tensor d_o = proj_.backward(dy_SBH, st.proj, b16 ? DType::BF16 : DType::F32).reshape(st.o_SBND.shape());
   Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype(), st.q_SBND.device());
   Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype(), st.q_SBND.device());
   Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype(), st.q_SBND.device());
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const kernels::AttentionRope rope = kernel_rope();
   std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
   if (cfg_.cp.on())
     context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, context_parallel(S),
                                dq, dk, dv, &drop);
   else if (bf16_attention(S))
     kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv,
-                                     &drop);
+                                     &drop, b16 && cfg_.rope ? &rope : nullptr);
   else
     kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv, &drop);
   timer.reset();
-  if (cfg_.rope) {
+  if (cfg_.rope && !b16) {
     Tensor cos = cos_, sin = sin_;
     if (cfg_.cp.on()) rope_tables_for(S, cos, sin);
     kernels::rope_backward(dq, cos, sin, rot_dim_, dq);
@@ -160,21 +170,27 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   return sp_reduce_scatter(dx.reshape({S, B, cfg_.hidden}), cfg_.tp);
 }
 
+bool attention_bf16_tensors(bool bf16, int64_t cp, int64_t S) {
+  return bf16 && cp <= 1 && S <= kernels::kMaxBf16AttentionSeq && kernels::attention_bf16_native_io();
+}
+
 // What Attention::forward leaves in its Stash (stash_bytes.h).
 int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool input_dropped) {
   const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
+  const bool b16 = attention_bf16_tensors(d.bf16, d.cp, d.S);  // on the CPU, as the plan is
+  const DType v_t = b16 && !a.bias ? DType::BF16 : DType::F32, qk_t = a.qk_layernorm ? DType::F32 : v_t;
   int64_t b = 0;
   // st.q/k/v.x: the input norm's output (all-gathered under TP), one tensor the three share (bf16 with --bf16: the
   // norm writes it so, takes_bf16_input).
   if (!input_dropped) b += tensor_bytes(r * a.hidden, d.gemm_input());
   // q_SBND, k_SBND (with qk_layernorm also the projections' outputs, kept as the norms' inputs), v_SBND.
   const int64_t norms = a.qk_layernorm ? 2 : 1;
-  b += norms * (tensor_bytes(r * nq * D, DType::F32) + tensor_bytes(r * nkv * D, DType::F32));
+  b += norms * (tensor_bytes(r * nq * D, qk_t) + tensor_bytes(r * nkv * D, qk_t));
   if (a.qk_layernorm) b += norm_stash_bytes(r * nq, a.qk_norm_kind) + norm_stash_bytes(r * nkv, a.qk_norm_kind);
-  b += tensor_bytes(r * nkv * D, DType::F32);
-  if (!a.recompute_core_attn)  // o_SBND (proj's input: shared, or its bf16 copy) and lse_BNS
-    b +=
-        tensor_bytes(r * nq * D, DType::F32) + linear_stash_bytes(r, nq * D, d.bf16) + tensor_bytes(r * nq, DType::F32);
+  b += tensor_bytes(r * nkv * D, v_t);
+  if (!a.recompute_core_attn)  // o_SBND (proj's input: shared when bf16 or f32 training, else its bf16 copy), lse_BNS
+    b += tensor_bytes(r * nq * D, b16 ? DType::BF16 : DType::F32) + linear_stash_bytes(r, nq * D, d.bf16 && !b16) +
+         tensor_bytes(r * nq, DType::F32);
   return b;
 }
 

@@ -44,12 +44,18 @@ struct AttentionConfig {
   ContextParallel cp;
 };
 
+// Whether attention on the CPU keeps q, k, v and o in bf16 and lets the kernel apply RoPE: --bf16, no context
+// parallelism, S within the bf16 kernel's range, and this CPU's bf16 kernel FlashNative (kernels::
+// attention_bf16_native_io). S: this rank's sequence length.
+bool attention_bf16_tensors(bool bf16, int64_t cp, int64_t S);
+
 class Attention {
  public:
   struct Stash {
     Linear::Stash q, k, v, proj;
     Norm::Stash q_norm, k_norm;
-    Tensor q_SBND, k_SBND, v_SBND;  // post-norm, post-RoPE inputs of the attention kernel
+    // The attention kernel's inputs: after the qk-norm, after RoPE unless the kernel applies it (bf16_tensors).
+    Tensor q_SBND, k_SBND, v_SBND;
     Tensor o_SBND, lse_BNS;
     DropoutBatch dropout;  // set by the caller before forward; backward regenerates the same masks
   };
@@ -69,6 +75,13 @@ class Attention {
  private:
   // The attention kernel (bf16 or f32 by the sequence length): q, k, v -> o, lse.
   void core_forward(Stash& st) const;
+  // On a CPU whose bf16 kernel takes bf16 tensors and RoPE (attention_bf16_tensors): the projections write q, k, v
+  // in bf16 (f32 with a bias or ahead of the qk-norm), the kernel turns q and k and writes o in bf16, and backward
+  // hands it a bf16 dO and takes bf16 dQ, dK, dV back — no cast or RoPE pass between the GEMMs and the kernel.
+  bool bf16_tensors(int64_t S, const Device& dev) const {
+    return dev.is_cpu() && attention_bf16_tensors(cfg_.bf16, cfg_.cp.size, S);
+  }
+  kernels::AttentionRope kernel_rope() const { return {&cos_, &sin_, rot_dim_}; }
   // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
   bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
   // Under context parallelism (S: this rank's rows): bf16 as one rank would run the whole sequence.

@@ -70,11 +70,14 @@ void Linear::stash_input(const Tensor& x, Stash& st) const {
   st.x = bf16_ ? x2.as_dtype(DType::BF16) : x2;
 }
 
-Tensor Linear::backward(const Tensor& dy, Stash& st) {
+Tensor Linear::backward(const Tensor& dy, Stash& st, DType dx_out) {
   MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
   MOE_ASSERT_MSG(bf16_ || dy.dtype() != DType::BF16, "{}: a bf16 gradient to an f32 GEMM", weight_->name);
+  const bool dx16 = dx_out == DType::BF16;
+  MOE_ASSERT_MSG(!dx16 || (bf16_ && dy.device().is_cpu()), "{}: a bf16 input gradient needs bf16 GEMMs on the CPU",
+                 weight_->name);
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
-  Tensor dx = Tensor::empty({dy2.rows(), in_}, weight_->value.dtype(), dy2.device());
+  Tensor dx = Tensor::empty({dy2.rows(), in_}, dx16 ? DType::BF16 : weight_->value.dtype(), dy2.device());
   if (bf16_) {
     const Tensor dyb = dy2.as_dtype(DType::BF16);
     kernels::gemm(dyb, false, w_bf16_, false, dx);

@@ -43,8 +43,9 @@ class Linear {
   Tensor forward(const Tensor& x, Stash& st, DType out = DType::F32);
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;
-  // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated.
-  Tensor backward(const Tensor& dy, Stash& st);
+  // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated. dx is f32, or bf16 when `dx_out` asks (bf16 on,
+  // CPU): rounded as the GEMM writes it, for a consumer that reads it in bf16.
+  Tensor backward(const Tensor& dy, Stash& st, DType dx_out = DType::F32);
 
   Parameter& weight() { return *weight_; }
   int64_t in() const { return in_; }    // local (this rank's share under a Row split)

@@ -22,6 +22,7 @@ struct StashDims {
   int64_t S = 0;   // sequence length this rank's layers see: --seq-length / CP (context parallelism's seam)
   int64_t B = 0;   // --micro-batch-size
   int64_t tp = 1;  // tensor parallel size: between blocks, sequence shards of S/tp rows (sequence parallelism)
+  int64_t cp = 1;  // context parallel size
   bool bf16 = false;
   bool training = true;
   int64_t rows() const { return S * B; }             // tokens after the sequence all-gather

@@ -107,6 +107,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   d.S = c.seq_length / std::max<int64_t>(l.cp, 1);  // context parallelism: each rank holds S / CP of the sequence
   d.B = c.micro_batch_size;
   d.tp = l.tp;
+  d.cp = std::max<int64_t>(l.cp, 1);
   d.bf16 = c.bf16;
   StageActivations a;
   // --bf16: the backward temporaries of the bf16 attention kernel this CPU runs (the oneDNN kernel's largest block;
