@@ -131,10 +131,11 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   st.router.recompute = st.recompute;
   const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
   Tensor x_RH, probs_R;
-  // With bf16 experts, tokens are rounded once ([T, H]) before they are replicated into k rows. On the CPU
-  // (without expert tensor parallelism, whose gather reorders the rows) they arrive in the experts' padded layout.
+  // With bf16 experts, the permutation rounds each token as it copies it into its k rows. On the CPU (without
+  // expert tensor parallelism, whose gather reorders the rows) they arrive in the experts' padded layout.
   st.plan.row_align = etp_ || x_TH.device().is_cuda() ? 1 : GroupedExperts::row_align();
-  dispatcher_->dispatch(cfg_.bf16 ? x_TH.to(DType::BF16) : x_TH, routed, st.plan, x_RH, probs_R);
+  if (cfg_.bf16) st.plan.rows_dtype = DType::BF16;
+  dispatcher_->dispatch(x_TH, routed, st.plan, x_RH, probs_R);
   Tensor y_RH;
   if (etp_) {
     Tensor x_all, probs_all;
@@ -169,7 +170,7 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
     side_.end();
   }
   const Tensor dy_TH = dy_SBH.reshape({T, H});
-  const Tensor dy_RH = dispatcher_->combine_backward(cfg_.bf16 ? dy_TH.to(DType::BF16) : dy_TH, st.plan);
+  const Tensor dy_RH = dispatcher_->combine_backward(dy_TH, st.plan);  // in the rows' dtype
   Tensor dprobs_R, dx_RH;
   if (etp_) {
     Tensor dprobs_all;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cuda/moe_kernels.h"
 #include "moecore/nn/stash_bytes.h"
@@ -20,12 +21,35 @@ inline F widen(F v) {
 }
 }  // namespace
 
+namespace {
+// d[r] = bf16(s[tok[r]]) (zero where tok[r] < 0), vectorized as the casts are.
+MOE_TARGET_CLONES void gather_rounded_rows(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; r++) {
+    bf16* out = d + r * H;
+    if (tok[r] < 0) {
+      std::fill_n(out, H, bf16{0});
+      continue;
+    }
+    const float* in = s + tok[r] * H;
+#pragma omp simd
+    for (int64_t h = 0; h < H; h++) out[h] = float_to_bf16(in[h]);
+  }
+}
+}  // namespace
+
 void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
   TimerScope timer("moe-permute", 2);  // moecore's: token permutation copies (bench train's phase table)
-  if (src_TH.device().is_cuda()) return kernels::cuda::moe_gather_rows(src_TH, row_token_R, dst_RH);
+  if (src_TH.device().is_cuda())
+    return kernels::cuda::moe_gather_rows(src_TH.as_dtype(dst_RH.dtype()), row_token_R, dst_RH);
   const int64_t R = row_token_R.numel(), H = src_TH.cols();
-  MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H && dst_RH.dtype() == src_TH.dtype());
+  MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H);
   const int32_t* tok = row_token_R.data<int32_t>();
+  if (dst_RH.dtype() != src_TH.dtype()) {
+    MOE_ASSERT_MSG(src_TH.dtype() == DType::F32 && dst_RH.dtype() == DType::BF16, "rows gathered from {} into {}",
+                   dtype_name(src_TH.dtype()), dtype_name(dst_RH.dtype()));
+    return gather_rounded_rows(src_TH.data<float>(), tok, R, H, dst_RH.data<bf16>());
+  }
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src_TH.dtype());
   const char* s = static_cast<const char*>(src_TH.raw());
   char* d = static_cast<char*>(dst_RH.raw());
@@ -146,7 +170,8 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
                                    int64_t pad_capacity, int64_t block, int64_t row_align, DispatchPlan& plan,
                                    Tensor& x_RH, Tensor& probs_R) const {
   if (x_TH.device().is_cuda())
-    return permute_cuda(x_TH, idx_TK, probs_TK, pad_capacity, block, row_align, plan, x_RH, probs_R);
+    return permute_cuda(x_TH.as_dtype(plan.rows_dtype_for(x_TH)), idx_TK, probs_TK, pad_capacity, block, row_align,
+                        plan, x_RH, probs_R);
   const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), E = E_;
   MOE_ASSERT(row_align >= 1);
   MOE_ASSERT(idx_TK.dtype() == DType::I32 && x_TH.rows() == T && probs_TK.numel() == T * K);
@@ -245,9 +270,10 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
   int32_t* trows = plan.token_rows.data<int32_t>();
   for (int64_t r = 0; r < Rp; r++)
     if (rt[r] >= 0) trows[cur[rt[r]]++] = static_cast<int32_t>(r);
-  x_RH = rows_empty(x_TH.cols(), x_TH.dtype());
+  const DType rows_t = plan.rows_dtype_for(x_TH);
+  x_RH = rows_empty(x_TH.cols(), rows_t);
   gather_rows(x_TH, plan.row_token_R, x_RH);
-  probs_R = rows_empty(1, x_TH.dtype() == DType::BF16 ? DType::F32 : x_TH.dtype()).reshape({Rp});
+  probs_R = rows_empty(1, row_sum_dtype(rows_t)).reshape({Rp});
   for (int64_t r = 0; r < Rp; r++) probs_R.set_item(r, rtk[r] >= 0 ? probs_TK.item(rtk[r]) : 0.0);
 }
 
@@ -258,8 +284,8 @@ Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& pla
 }
 
 Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  Tensor d = padded_rows_empty(plan.token_rows.numel(), plan.E, plan.row_align, plan.R, dy_TH.cols(), dy_TH.dtype(),
-                               dy_TH.device());
+  Tensor d = padded_rows_empty(plan.token_rows.numel(), plan.E, plan.row_align, plan.R, dy_TH.cols(),
+                               plan.rows_dtype_for(dy_TH), dy_TH.device());
   gather_rows(dy_TH, plan.row_token_R, d);
   return d;
 }
@@ -355,7 +381,7 @@ Tensor AllToAllTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& 
 }
 
 Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, dy_TH.dtype(), dy_TH.device());
+  Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, plan.rows_dtype_for(dy_TH), dy_TH.device());
   gather_rows(dy_TH, plan.row_token_R, local);
   return exchange_forward(local, plan);
 }
@@ -393,7 +419,8 @@ void AllGatherTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& 
                                         Tensor& x_RH, Tensor& probs_R) {
   const int64_t T = routed.idx_TK.dim(0), K = routed.idx_TK.dim(1), first = ep_.rank() * n_local_;
   // On the GPU the ids are renumbered on a host copy (the gather stages them through the host anyway).
-  const Tensor x_all = gather(x_TH), id_all = gather(routed.idx_TK).to(Device::cpu()), p_all = gather(routed.probs_TK);
+  const Tensor x_all = gather(x_TH.as_dtype(plan.rows_dtype_for(x_TH))),
+               id_all = gather(routed.idx_TK).to(Device::cpu()), p_all = gather(routed.probs_TK);
   // This rank's experts, renumbered from 0; other ranks' experts and dropped assignments become −1.
   const int64_t n = id_all.numel();
   Tensor id_loc = Tensor::empty({n / K, K}, DType::I32);
@@ -411,7 +438,7 @@ Tensor AllGatherTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan&
 }
 
 Tensor AllGatherTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  return local_.combine_backward(gather(dy_TH), plan);
+  return local_.combine_backward(gather(dy_TH.as_dtype(plan.rows_dtype_for(dy_TH))), plan);
 }
 
 void AllGatherTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,

@@ -9,6 +9,7 @@
 // sums; MPI traffic of the expert-parallel dispatchers is host-staged.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -22,6 +23,12 @@ struct DispatchPlan {
   // a token. This is the CPU grouped experts' padded layout, written by the permutation itself instead of by a copy
   // in the experts. CPU only (1 on a GPU).
   int64_t row_align = 1;
+  // Set by the caller before dispatch: the dtype of the permuted rows, dispatch's and combine_backward's (unset: the
+  // input's). The row copies convert as they gather, so the MoE layer's bf16 experts get f32 tokens rounded once per
+  // row, with no cast pass over [T, H] before the permutation (the allgather dispatcher still casts before its
+  // all-gather, to send bf16).
+  std::optional<DType> rows_dtype;
+  DType rows_dtype_for(const Tensor& x) const { return rows_dtype.value_or(x.dtype()); }
   int64_t T = 0, E = 0, K = 0, R = 0;  // E: the experts permuted over (all, or this rank's under allgather)
   // Expert parallelism (empty on one rank): rows sent to / received from each EP rank, and for every row of the
   // expert-major output, its row in the receive buffer.
@@ -42,13 +49,14 @@ struct DispatchPlan {
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
-  // x_TH [T, H] and the routing ([T, K] ids and probabilities) -> x_RH [R, H] and probs_R [R] (x's dtype; f32
-  // when x is bf16), rows grouped by local expert, each expert's starting at a multiple of plan.row_align.
+  // x_TH [T, H] and the routing ([T, K] ids and probabilities) -> x_RH [R, H] (plan.rows_dtype) and probs_R [R] (the
+  // rows' dtype; f32 for bf16 rows), rows grouped by local expert, each expert's starting at a multiple of
+  // plan.row_align.
   virtual void dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                         Tensor& probs_R) = 0;
   // y_RH [R, H] -> y_TH [T, H]: each token's rows summed (in f32 for bf16 rows).
   virtual Tensor combine(const Tensor& y_RH, const DispatchPlan& plan) = 0;
-  // Adjoint of combine: dy_TH -> dy_RH (each row gets its token's gradient).
+  // Adjoint of combine: dy_TH -> dy_RH (each row gets its token's gradient, in plan.rows_dtype).
   virtual Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) = 0;
   // Adjoint of dispatch: dx_RH, dprobs_R -> dx_TH (sum over a token's rows), dprobs_TK [T, K] (probs_dtype; 0 for
   // dropped assignments, padding rows' gradients discarded).
@@ -79,8 +87,9 @@ class LocalTokenDispatcher : public TokenDispatcher {
 
 // Helpers shared by dispatchers: row gather (permute), its inverse scatter, and the per-token ordered row sum
 // (unpermute). On the CPU an index −1 is a gap row: gathered as zeros, not scattered.
-void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);  // dst[r] = src[idx[r]]
-void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);          // dst[idx[r]] = src[r]
+// dst[r] = src[idx[r]] (zero where idx[r] < 0), f32 rows rounded when dst is bf16.
+void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);
+void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);  // dst[idx[r]] = src[r]
 // n rounded up to a multiple of align.
 int64_t align_up(int64_t n, int64_t align);
 // [padded, C] rows of `rows` rows over `experts` experts in the padded layout (DispatchPlan::row_align), allocated at

@@ -146,7 +146,9 @@ MOE_TARGET_CLONES void pack_native(const NativeDims& n, const NativeRows& src, i
       for (int64_t s = 0; s < kTn; s++) {
         const int64_t row = t * kTn + s, m = row < n.d.S ? D : 0;
         uint16_t* br = buf + s * Dp;
-        if (m > 0) {
+        if (m > 0 && src.bf16 && !rope && mul == 1.0f) {  // bf16(1·x) is x
+          std::memcpy(br, src.at(bn, row), static_cast<size_t>(D) * 2);
+        } else if (m > 0) {
           const float* in = row_f32(src, bn, row, D, rope, tmp);
 #pragma omp simd
           for (int64_t e = 0; e < D; e++) br[e] = float_to_bf16(in[e] * mul).bits;

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <type_traits>
 
+#include "moecore/core/cpu.h"
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cuda/kernels.h"
 
@@ -97,6 +99,12 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
       }
       const T* xw = xr + offset;
       T* yw = yr + offset;
+      if constexpr (std::is_same_v<T, float>) {
+        if (pairs == RopePairs::RotateHalf) {
+          rope_row_f32(xw, c, sn, h, sign, rot_dim, yw);
+          continue;
+        }
+      }
       for (int64_t i = 0; i < h; i++) {
         const int64_t ia = i * a_step, ib = ia + b_off;
         const T a = xw[ia], b = xw[ib], si = sign * sn[i];
@@ -108,8 +116,9 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
 }
 }  // namespace
 
-void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign, int64_t D, float* y) {
-  for (int64_t i = 0; i < h; i++) {
+MOE_TARGET_CLONES void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign,
+                                    int64_t D, float* y) {
+  for (int64_t i = 0; i < h; i++) {  // in place too: pair i reads and writes only channels i and i + h
     const float a = x[i], b = x[i + h], si = sign * sin[i];
     y[i] = a * cos[i] - b * si;
     y[i + h] = b * cos[i] + a * si;

@@ -43,10 +43,11 @@ std::vector<double> yarn_inv_freq(int64_t rot_dim, double base, const YarnParams
 void rope_tables_from(int64_t S, const std::vector<double>& inv_freq, double amplitude, DType dtype, Tensor& cos_SR,
                       Tensor& sin_SR);
 
-// One row of rope_forward (sign +1) or rope_backward (sign −1) in f32, for a kernel that turns rows as it reads or
-// writes them (the bf16 attention kernel, attention.h AttentionRope): x, y [D] (y not aliasing x), cos and sin the
-// row's h = rot_dim/2 entries; channels from 2h on are copied. Compiled beside rope_forward, with its arithmetic (no
-// fused multiply-adds), so that the two give the same bits.
+// One row of rope_forward (sign +1) or rope_backward (sign −1) in f32 with rotate-half pairs: x, y [D] (y may alias
+// x), cos and sin the row's h = rot_dim/2 entries; channels from 2h on are copied. rope_forward/backward turn their
+// f32 rotate-half rows through it, and so does a kernel that turns rows as it reads or writes them (the bf16
+// attention kernel, attention.h AttentionRope): one function, so the same bits whatever each caller's target
+// clones would contract into fused multiply-adds.
 void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign, int64_t D, float* y);
 
 enum class RopePairs { RotateHalf, Interleaved };
