@@ -10,6 +10,9 @@
 #define MOE_TARGET_CLONES
 #endif
 
+// A helper inlined into each target clone of its caller (so it is compiled for that clone's instruction set).
+#define MOE_ALWAYS_INLINE inline __attribute__((always_inline))
+
 namespace moecore {
 // Threads an OpenMP region may use.
 int num_threads();

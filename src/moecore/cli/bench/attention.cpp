@@ -15,6 +15,7 @@
 #include "moecore/cuda/device_select.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
+#include "moecore/kernels/cpu/rope.h"
 
 namespace moecore::cli {
 
@@ -25,6 +26,7 @@ struct AttentionBenchArgs {
   std::string dtype = "f32";
   std::string bf16_kernel = "auto";
   std::string device = "auto";
+  bool bf16_tensors = false;
 };
 
 void run_bench_attention(const AttentionBenchArgs& a) {
@@ -51,6 +53,8 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     kind = Bf16AttentionKernel::FlashNative;
   }
   const bool onednn = kind == Bf16AttentionKernel::OneDnn, native = kind == Bf16AttentionKernel::FlashNative;
+  MOE_CHECK(!a.bf16_tensors || (bf16 && native),
+            "--bf16-tensors needs --dtype bf16 and the native kernel (a CPU with AVX512-BF16 or AMX)");
   const std::string kernel = !bf16    ? "flash f32"
                              : onednn ? "oneDNN bf16 batched matmuls"
                              : native
@@ -60,19 +64,25 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const std::string tag = !bf16 ? "flash" : onednn ? "onednn" : native ? "native" : "flash";
   fmt::print(
       "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} timed runs, {} "
-      "threads\n",
-      a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, kernel, a.iters, num_threads());
-  Tensor q = Tensor::empty({a.seq, a.batch, a.heads, a.head_dim}, DType::F32);
-  Tensor k = Tensor::empty({a.seq, a.batch, a.kv_heads, a.head_dim}, DType::F32);
-  Tensor v = Tensor::empty(k.shape(), DType::F32);
-  Tensor dout = Tensor::empty(q.shape(), DType::F32);
-  fill_random(q, 3, 1.0);
-  fill_random(k, 4, 1.0);
-  fill_random(v, 5, 1.0);
-  fill_random(dout, 6, 1.0);
-  Tensor o = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({a.batch, a.heads, a.seq}, DType::F32);
-  Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
-         dv = Tensor::empty(v.shape(), DType::F32);
+      "threads{}\n",
+      a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, kernel, a.iters, num_threads(),
+      a.bf16_tensors ? "; bf16 tensors and RoPE inside the kernel, as --bf16 training runs it" : "");
+  // --bf16-tensors: q, k, v, dout, o, dq, dk, dv in bf16 (lse f32) and RoPE applied by the kernel.
+  const DType io = a.bf16_tensors ? DType::BF16 : DType::F32;
+  auto random = [&](const Shape& shape, uint64_t seed) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    fill_random(t, seed, 1.0);
+    return t.as_dtype(io);
+  };
+  const Tensor q = random({a.seq, a.batch, a.heads, a.head_dim}, 3),
+               k = random({a.seq, a.batch, a.kv_heads, a.head_dim}, 4);
+  const Tensor v = random(k.shape(), 5), dout = random(q.shape(), 6);
+  Tensor o = Tensor::empty(q.shape(), io), lse = Tensor::empty({a.batch, a.heads, a.seq}, DType::F32);
+  Tensor dq = Tensor::empty(q.shape(), io), dk = Tensor::empty(k.shape(), io), dv = Tensor::empty(v.shape(), io);
+  Tensor cos, sin;
+  kernels::rope_tables(a.seq, a.head_dim / 2 * 2, 10000.0, DType::F32, cos, sin);
+  const kernels::AttentionRope rope_tables{&cos, &sin, a.head_dim / 2 * 2};
+  const kernels::AttentionRope* rope = a.bf16_tensors ? &rope_tables : nullptr;
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
   // FLOPs as FlashAttention counts them: forward 4·S²·D per head (QKᵀ and PV), halved by the causal mask;
   // backward 2.5× forward.
@@ -87,7 +97,7 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     else if (onednn)
       kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse);
     else if (native)
-      kernels::flash::forward_native(q, k, v, scale, o, lse, nullptr, kernels::flash::best_native_bf16());
+      kernels::flash::forward_native(q, k, v, scale, o, lse, nullptr, kernels::flash::best_native_bf16(), rope);
     else
       kernels::flash::forward(q, k, v, scale, o, lse, nullptr, /*round_bf16=*/true);
     const double fwd_s = timer.seconds();
@@ -97,7 +107,7 @@ void run_bench_attention(const AttentionBenchArgs& a) {
       kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv);
     else if (native)
       kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr,
-                                      kernels::flash::best_native_bf16());
+                                      kernels::flash::best_native_bf16(), rope);
     else
       kernels::flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr, /*round_bf16=*/true);
     const double total_s = timer.seconds();
@@ -110,8 +120,8 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   fmt::print("  {}\n", peak.describe());
   fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / p);
   fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / p);
-  fmt::print("attention dtype={} kernel={} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n",
-             a.dtype, tag, fwd, tot, p, tot / p);
+  fmt::print("attention dtype={} kernel={}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n",
+             a.dtype, tag, a.bf16_tensors ? " tensors=bf16" : "", fwd, tot, p, tot / p);
 }
 }  // namespace
 
@@ -135,6 +145,9 @@ BenchCommand add_attention_bench(CLI::App& bench) {
          "products on bf16-rounded operands), onednn")
       ->check(CLI::IsMember({"auto", "native", "flash", "onednn"}))
       ->capture_default_str();
+  cmd->add_flag("--bf16-tensors", a->bf16_tensors,
+                "bf16 q, k, v, dout, o and gradients with RoPE applied by the kernel, as --bf16 training runs the "
+                "native kernel (default: f32 tensors, the kernel alone)");
   cmd->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda[:N]")->capture_default_str();
   return {cmd, [a] { run_bench_attention(*a); }};
 }

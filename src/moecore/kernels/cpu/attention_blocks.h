@@ -17,8 +17,6 @@
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
-#define MOE_ALWAYS_INLINE inline __attribute__((always_inline))
-
 // Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
 

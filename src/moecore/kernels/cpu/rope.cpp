@@ -72,8 +72,8 @@ void rope_tables(int64_t S, int64_t rot_dim, double base, DType dtype, Tensor& c
 
 namespace {
 template <typename T>
-void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
-            RopePairs pairs, Tensor& y, T sign) {
+MOE_TARGET_CLONES void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                              int64_t rot_dim, RopePairs pairs, Tensor& y, T sign) {
   MOE_ASSERT_MSG(x.ndim() == 4, "rope input must be [S, B, N, D], got {}", x.shape().str());
   MOE_ASSERT(y.shape() == x.shape());
   const int64_t S = x.dim(0), BN = x.dim(1) * x.dim(2), D = x.dim(3), h = rot_dim / 2;
@@ -115,16 +115,6 @@ void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t
   }
 }
 }  // namespace
-
-MOE_TARGET_CLONES void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign,
-                                    int64_t D, float* y) {
-  for (int64_t i = 0; i < h; i++) {  // in place too: pair i reads and writes only channels i and i + h
-    const float a = x[i], b = x[i + h], si = sign * sin[i];
-    y[i] = a * cos[i] - b * si;
-    y[i + h] = b * cos[i] + a * si;
-  }
-  for (int64_t e = 2 * h; e < D; e++) y[e] = x[e];
-}
 
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
                      RopePairs pairs, Tensor& y_SBND) {

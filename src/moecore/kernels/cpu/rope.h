@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "moecore/core/cpu.h"
 #include "moecore/core/tensor.h"
 
 namespace moecore::kernels {
@@ -44,11 +45,21 @@ void rope_tables_from(int64_t S, const std::vector<double>& inv_freq, double amp
                       Tensor& sin_SR);
 
 // One row of rope_forward (sign +1) or rope_backward (sign −1) in f32 with rotate-half pairs: x, y [D] (y may alias
-// x), cos and sin the row's h = rot_dim/2 entries; channels from 2h on are copied. rope_forward/backward turn their
-// f32 rotate-half rows through it, and so does a kernel that turns rows as it reads or writes them (the bf16
-// attention kernel, attention.h AttentionRope): one function, so the same bits whatever each caller's target
-// clones would contract into fused multiply-adds.
-void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign, int64_t D, float* y);
+// x: pair i reads and writes only channels i and i + h, also across vector lanes), cos and sin the row's
+// h = rot_dim/2 entries; channels from 2h on are copied. rope_forward/backward turn their f32 rotate-half rows
+// through it from a target-cloned loop, and so does a kernel that turns rows as it reads or writes them (the bf16
+// attention kernel, attention.h AttentionRope): one inlined body in the same kind of context, so the same bits —
+// FlashNativeBf16Io.RopeInsideTheKernelIsRopeOutsideIt checks them. Inlined: a call per row costs more than the row.
+MOE_ALWAYS_INLINE void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign,
+                                    int64_t D, float* y) {
+#pragma omp simd
+  for (int64_t i = 0; i < h; i++) {
+    const float a = x[i], b = x[i + h], si = sign * sin[i];
+    y[i] = a * cos[i] - b * si;
+    y[i + h] = b * cos[i] + a * si;
+  }
+  for (int64_t e = 2 * h; e < D; e++) y[e] = x[e];
+}
 
 enum class RopePairs { RotateHalf, Interleaved };
 // The general form: channels [offset, offset + rot_dim) of each head, paired as `pairs` says. y may alias x.
