@@ -182,7 +182,7 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   }
   Tensor dx, dprobs_TK;
   dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
-  kernels::add_(dx, router_.backward(dprobs_TK, dx.dtype(), st.loss_scale, st.router));
+  router_.backward(dprobs_TK, dx.dtype(), st.loss_scale, st.router, &dx);
   side_.join();
   if (shared_) kernels::add_(dx, (shared_first ? shared_dx : shared_->backward(dy_SBH, st.shared)).reshape({T, H}));
   return dx.reshape(dy_SBH.shape());

@@ -485,9 +485,13 @@ double Router::add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool c
   return total;
 }
 
-Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st) {
+Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st, Tensor* dx_add) {
   TimerScope timer("moe-router", 2);
-  if (st.logits_TE.device().is_cuda()) return backward_cuda(dprobs_TK, x_dtype, aux_grad_scale, st);
+  if (st.logits_TE.device().is_cuda()) {
+    Tensor dx = backward_cuda(dprobs_TK, x_dtype, aux_grad_scale, st);
+    if (dx_add) kernels::add_(*dx_add, dx);
+    return dx_add ? Tensor() : dx;
+  }
   const int64_t T_ = st.logits_TE.dim(0), E = cfg_.num_experts, H = cfg_.hidden;
   const DType rd = cfg_.router_dtype;
   MOE_ASSERT(dprobs_TK.dtype() == rd && dprobs_TK.numel() == T_ * cfg_.topk);
@@ -505,8 +509,10 @@ Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_
   if (st.lse_T.defined()) z_loss_backward(st.logits_TE, st.lse_T, cfg_.z_loss_coeff, count_ranks(), aux_grad_scale, dl);
   // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r (in router dtype), then through the jitter: dx = dx_r ⊙ u.
   const Tensor w_r = weight_->value.as_dtype(rd);
-  Tensor dx_r = Tensor::empty({T_, H}, rd);
-  kernels::gemm(dl, false, w_r, false, dx_r);
+  // Into the caller's sum where nothing follows the GEMM (no jitter) and the dtypes agree.
+  const bool into = dx_add && !st.jitter_TH.defined() && dx_add->dtype() == rd;
+  Tensor dx_r = into ? *dx_add : Tensor::empty({T_, H}, rd);
+  kernels::gemm(dl, false, w_r, false, dx_r, 1.0f, into ? 1.0f : 0.0f);
   if (weight_->grad.dtype() == rd) {
     kernels::gemm(dl, true, st.x_r, false, weight_->grad, 1.0f, 1.0f);
   } else {
@@ -523,7 +529,10 @@ Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_
     });
   }
   st = Stash{};
-  return x_dtype == rd ? dx_r : dx_r.to(x_dtype);
+  if (into) return {};
+  Tensor dx = x_dtype == rd ? dx_r : dx_r.to(x_dtype);
+  if (dx_add) kernels::add_(*dx_add, dx);
+  return dx_add ? Tensor() : dx;
 }
 
 void Router::finish_global_batch() {

@@ -106,7 +106,9 @@ class Router {
   Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
   // dprobs_TK [T, K] (router dtype; dropped assignments carry none) -> dx_TH [T, H] in x's dtype; adds
   // aux_grad_scale · d(aux + z)/dx.
-  Tensor backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
+  // dx_add: the input gradient is added to *dx_add ([T, H] of x_dtype) and nothing is returned — on the CPU in the
+  // router's dtype without jitter by the gating GEMM itself, with no pass of its own.
+  Tensor backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st, Tensor* dx_add = nullptr);
 
   // Once per global batch, after gradients are final: the expert-bias counts are summed over global_group
   // (TP×DP×CP), b_e += rate · sign(mean(c) − c_e); the batch's statistics become last_global_batch(); counters,

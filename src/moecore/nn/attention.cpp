@@ -164,8 +164,8 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
     dk = k_norm_->backward(dk, st.k_norm);
   }
   Tensor dx = q_.backward(dq.reshape({S * B, nq_ * D}), st.q);
-  kernels::add_(dx, k_.backward(dk.reshape({S * B, nkv_ * D}), st.k));
-  kernels::add_(dx, v_.backward(dv.reshape({S * B, nkv_ * D}), st.v));
+  k_.backward_add(dk.reshape({S * B, nkv_ * D}), st.k, dx);  // summed by the GEMMs
+  v_.backward_add(dv.reshape({S * B, nkv_ * D}), st.v, dx);
   st.q_SBND = st.k_SBND = st.v_SBND = st.o_SBND = st.lse_BNS = Tensor();
   return sp_reduce_scatter(dx.reshape({S, B, cfg_.hidden}), cfg_.tp);
 }

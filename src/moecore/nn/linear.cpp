@@ -72,23 +72,34 @@ void Linear::stash_input(const Tensor& x, Stash& st) const {
 
 Tensor Linear::backward(const Tensor& dy, Stash& st, DType dx_out) {
   MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
-  MOE_ASSERT_MSG(bf16_ || dy.dtype() != DType::BF16, "{}: a bf16 gradient to an f32 GEMM", weight_->name);
   const bool dx16 = dx_out == DType::BF16;
   MOE_ASSERT_MSG(!dx16 || (bf16_ && dy.device().is_cpu()), "{}: a bf16 input gradient needs bf16 GEMMs on the CPU",
                  weight_->name);
+  Tensor dx = Tensor::empty({dy.rows(), in_}, dx16 ? DType::BF16 : weight_->value.dtype(), dy.device());
+  backward_into(dy, st, dx, 0.0f);
+  return dx;
+}
+
+void Linear::backward_add(const Tensor& dy, Stash& st, Tensor& dx) {
+  MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
+  MOE_ASSERT_MSG(dx.rows() == dy.rows() && dx.cols() == in_ && dx.dtype() == weight_->value.dtype(),
+                 "{}: input gradient {} {} to add to", weight_->name, dx.shape().str(), dtype_name(dx.dtype()));
+  backward_into(dy, st, dx, 1.0f);
+}
+
+void Linear::backward_into(const Tensor& dy, Stash& st, Tensor& dx, float beta) {
+  MOE_ASSERT_MSG(bf16_ || dy.dtype() != DType::BF16, "{}: a bf16 gradient to an f32 GEMM", weight_->name);
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
-  Tensor dx = Tensor::empty({dy2.rows(), in_}, dx16 ? DType::BF16 : weight_->value.dtype(), dy2.device());
   if (bf16_) {
     const Tensor dyb = dy2.as_dtype(DType::BF16);
-    kernels::gemm(dyb, false, w_bf16_, false, dx);
+    kernels::gemm(dyb, false, w_bf16_, false, dx, 1.0f, beta);
     kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, 1.0f);
   } else {
-    kernels::gemm(dy2, false, weight_->value, false, dx);
+    kernels::gemm(dy2, false, weight_->value, false, dx, 1.0f, beta);
     kernels::gemm(dy2, true, st.x, false, weight_->grad, 1.0f, 1.0f);
   }
   if (bias_) kernels::accumulate_col_sums(dy2, bias_->grad);
   st.x = Tensor();
-  return dx;
 }
 
 int64_t tensor_bytes(int64_t numel, DType dt) {

@@ -46,6 +46,9 @@ class Linear {
   // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated. dx is f32, or bf16 when `dx_out` asks (bf16 on,
   // CPU): rounded as the GEMM writes it, for a consumer that reads it in bf16.
   Tensor backward(const Tensor& dy, Stash& st, DType dx_out = DType::F32);
+  // The same with dx += dy·W summed by the GEMM into the caller's dx ([rows, in], the weights' dtype): a sum with
+  // another input gradient (attention's q, k and v projections) in no pass of its own.
+  void backward_add(const Tensor& dy, Stash& st, Tensor& dx);
 
   Parameter& weight() { return *weight_; }
   int64_t in() const { return in_; }    // local (this rank's share under a Row split)
@@ -57,6 +60,8 @@ class Linear {
   int64_t in_ = 0, out_ = 0;
   bool bf16_ = false;
   Tensor w_bf16_;  // bf16 copy of the weight, refreshed every forward
+  // dx = beta·dx + dy·W; dW, db accumulated.
+  void backward_into(const Tensor& dy, Stash& st, Tensor& dx, float beta);
 };
 
 }  // namespace moecore::nn

@@ -286,7 +286,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   if (q_down_) {
     Tensor d_cq = sp_reduce_scatter(q_up_->backward(d_q, st.q_up).reshape({S, B, m_.q_lora_rank}), a_.tp);
     if (q_norm_) d_cq = q_norm_->backward(d_cq, st.q_norm);
-    kernels::add_(dx, q_down_->backward(d_cq.reshape({Sl * B, m_.q_lora_rank}), st.q_down));
+    q_down_->backward_add(d_cq.reshape({Sl * B, m_.q_lora_rank}), st.q_down, dx);  // summed by the GEMM
   } else {
     kernels::add_(dx, sp_reduce_scatter(q_up_->backward(d_q, st.q_up).reshape({S, B, a_.hidden}), a_.tp)
                           .reshape({Sl * B, a_.hidden}));
