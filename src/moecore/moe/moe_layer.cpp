@@ -116,6 +116,13 @@ void MoELayer::restore_input(const Tensor& x, nn::FeedForward::Stash& base) cons
   if (shared_) shared_->restore_input(x, st.shared);
 }
 
+// With bf16 experts a token's f32 values are rounded once: by the permutation as it copies them into the token's
+// rows where a token has at most two (a read of 4 bytes and writes of 2 per row), or first, into a bf16 [T, H] the
+// permutation copies from, where more rows would read the f32 values more often than a cast pass costs.
+Tensor MoELayer::rows_input(const Tensor& x_TH) const {
+  return cfg_.bf16 && cfg_.router.topk > 2 ? x_TH.as_dtype(DType::BF16) : x_TH;
+}
+
 Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   MOE_ASSERT(x_SBH.ndim() == 3 && x_SBH.dim(2) == cfg_.router.hidden);
   st.S = x_SBH.dim(0);
@@ -131,11 +138,11 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   st.router.recompute = st.recompute;
   const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
   Tensor x_RH, probs_R;
-  // With bf16 experts, the permutation rounds each token as it copies it into its k rows. On the CPU (without
-  // expert tensor parallelism, whose gather reorders the rows) they arrive in the experts' padded layout.
+  // On the CPU (without expert tensor parallelism, whose gather reorders the rows) the rows arrive in the experts'
+  // padded layout.
   st.plan.row_align = etp_ || x_TH.device().is_cuda() ? 1 : GroupedExperts::row_align();
   if (cfg_.bf16) st.plan.rows_dtype = DType::BF16;
-  dispatcher_->dispatch(x_TH, routed, st.plan, x_RH, probs_R);
+  dispatcher_->dispatch(rows_input(x_TH), routed, st.plan, x_RH, probs_R);
   Tensor y_RH;
   if (etp_) {
     Tensor x_all, probs_all;
@@ -170,7 +177,7 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
     side_.end();
   }
   const Tensor dy_TH = dy_SBH.reshape({T, H});
-  const Tensor dy_RH = dispatcher_->combine_backward(dy_TH, st.plan);  // in the rows' dtype
+  const Tensor dy_RH = dispatcher_->combine_backward(rows_input(dy_TH), st.plan);  // in the rows' dtype
   Tensor dprobs_R, dx_RH;
   if (etp_) {
     Tensor dprobs_all;

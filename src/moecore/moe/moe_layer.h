@@ -82,6 +82,8 @@ class MoELayer : public nn::FeedForward {
 
  private:
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
+  // What dispatch and combine_backward copy rows from (f32, or bf16 cast first: moe_layer.cpp).
+  Tensor rows_input(const Tensor& x_TH) const;
   MoELayerConfig cfg_;
   Router router_;
   GroupedExperts experts_;
