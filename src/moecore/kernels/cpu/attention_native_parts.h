@@ -1,0 +1,218 @@
+// The parts of the native-bf16 flash attention kernel that its whole-sequence form (attention_flash_native.cpp) and
+// its block form for context parallelism (attention_flash_native_block.cpp) share: the tile layouts and packing of
+// operands (f32 or bf16 rows, RoPE on the way in or out), per-thread backward tiles, Δ, and the backend switch.
+// Internal to those two files (internal linkage: each includes its own copy).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "moecore/kernels/cpu/amx_tiles.h"
+#include "moecore/kernels/cpu/attention_flash_native.h"
+#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/cpu/vec_math.h"
+
+namespace moecore::kernels::flash {
+namespace {
+
+constexpr int64_t kTn = kAttnTile;  // queries or keys per tile
+
+// A call's sizes with the padded head width and sequence; every packed tile holds kTn × Dp bf16.
+struct NativeDims {
+  AttentionDims d;
+  int64_t Dp, nt, Sp;
+  explicit NativeDims(const AttentionDims& a) : d(a), Dp(round_up(a.D, 32)), nt(a.ntiles()), Sp(a.ntiles() * kTn) {}
+  int64_t tile() const { return kTn * Dp; }
+};
+
+// How a tile of rows s (kTn of them) × width e (Dp) is packed:
+//   Rows:     (s, e) at [s·Dp + e]                     — an A operand with k = e (Q̂, dÔ).
+//   EPairs:   (s, e) at [(e/2)·2Tn + 2s + e%2]         — a B operand with k = e, n = s (K̂ᵀ, V̂ᵀ).
+//   RowPairs: (s, e) at [(s/2)·2Dp + 2e + s%2]         — a B operand with k = s, n = e (V̂, K̂).
+//   Cols:     (s, e) at [e·Tn + s]                     — an A operand with k = s (Q̂ᵀ, dÔᵀ).
+enum class NativePack { Rows, EPairs, RowPairs, Cols };
+
+// Columns [e0, e0+32) of a tile's rounded rows (buf [kTn, Dp]) into the tile's layout P.
+template <NativePack P>
+MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t* buf, int64_t Dp, int64_t e0, uint16_t* out) {
+  if constexpr (P == NativePack::Rows)
+    for (int64_t s = 0; s < kTn; s++) std::memcpy(out + s * Dp + e0, buf + s * Dp + e0, 64);
+  if constexpr (P == NativePack::RowPairs)
+    for (int64_t p = 0; p < kTn / 2; p++) {
+      uint32_t pairs[32];
+      const uint16_t *r0 = buf + 2 * p * Dp + e0, *r1 = r0 + Dp;
+#pragma omp simd
+      for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(r0[e]) | uint32_t(r1[e]) << 16;
+      std::memcpy(out + p * 2 * Dp + 2 * e0, pairs, sizeof pairs);
+    }
+  if constexpr (P == NativePack::Cols)
+    for (int64_t e = 0; e < 32; e++)
+      for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s * Dp + e0 + e];
+  if constexpr (P == NativePack::EPairs)
+    for (int64_t ep = 0; ep < 16; ep++) {
+      uint32_t pairs[kTn];  // (e0 + 2ep, e0 + 2ep + 1) of each row: one little-endian word of buf
+      for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], buf + s * Dp + e0 + 2 * ep, 4);
+      std::memcpy(out + (e0 / 2 + ep) * 2 * kTn, pairs, sizeof pairs);
+    }
+}
+
+// A tensor's rows by (head pair, position) in f32 or bf16: the kernel's inputs and outputs.
+struct NativeRows {
+  char* p;
+  bool bf16;
+  int64_t head, ld;  // in elements
+  NativeRows(const Tensor& t, const AttentionDims& d, int64_t N)
+      : p(static_cast<char*>(t.raw())), bf16(t.dtype() == DType::BF16), head(d.D), ld(d.B * N * d.D) {
+    MOE_ASSERT_MSG(t.dtype() == DType::F32 || bf16, "bf16 attention takes f32 or bf16 tensors, got {}",
+                   dtype_name(t.dtype()));
+  }
+  void* at(int64_t bn, int64_t s) const { return p + (bn * head + s * ld) * (bf16 ? 2 : 4); }
+};
+
+// RoPE by row position (AttentionRope): pair (i, i + h) of row s turns by cos/sin row s, sign −1 transposed.
+struct NativeRope {
+  const float *cos, *sin;
+  int64_t h;
+};
+
+// y ← x turned by RoPE at position pos (sign −1: transposed), through rope.cpp's own row function: the bits of
+// rope_forward / rope_backward, whatever this file's target clones would contract into fused multiply-adds.
+MOE_ALWAYS_INLINE void rope_row(const float* x, const NativeRope& r, int64_t pos, float sign, int64_t D, float* y) {
+  rope_row_f32(x, r.cos + pos * r.h, r.sin + pos * r.h, r.h, sign, D, y);
+}
+
+// Row s of bn as f32 (tmp: 2·D floats when it is bf16 or turned by RoPE).
+MOE_ALWAYS_INLINE const float* row_f32(const NativeRows& src, int64_t bn, int64_t s, int64_t D, const NativeRope* rope,
+                                       float* tmp) {
+  const float* x = static_cast<const float*>(src.at(bn, s));
+  if (src.bf16) {
+    const auto* xb = static_cast<const bf16*>(src.at(bn, s));
+#pragma omp simd
+    for (int64_t e = 0; e < D; e++) tmp[e] = bf16_to_float(xb[e]);
+    x = tmp;
+  }
+  if (!rope) return x;
+  rope_row(x, *rope, s, 1.0f, D, tmp + D);
+  return tmp + D;
+}
+
+// Row s of bn of dst ← Rᵀ(mul · g), g's D values at stride ld, rounded once when dst is bf16 (R: RoPE at s when
+// rope, transposed; else the identity). tmp: 2·D floats.
+MOE_ALWAYS_INLINE void store_row(const float* g, int64_t ld, float mul, const NativeRope* rope, const NativeRows& dst,
+                                 int64_t bn, int64_t s, int64_t D, float* tmp) {
+  float* y = dst.bf16 || rope ? tmp : static_cast<float*>(dst.at(bn, s));
+#pragma omp simd
+  for (int64_t e = 0; e < D; e++) y[e] = g[e * ld] * mul;
+  if (rope) {
+    float* r = dst.bf16 ? tmp + D : static_cast<float*>(dst.at(bn, s));
+    rope_row(y, *rope, s, -1.0f, D, r);
+    y = r;
+  }
+  if (!dst.bf16) return;
+  auto* out = static_cast<bf16*>(dst.at(bn, s));
+#pragma omp simd
+  for (int64_t e = 0; e < D; e++) out[e] = float_to_bf16(y[e]);
+}
+
+// dst [heads, nt, tile] ← bf16(mul · R(src)) in layout P (and into dst2 in layout P2 when given: one read of src for
+// both), zero past S and D; R: RoPE by position when rope, else the identity. Each tile's rows are rounded into a
+// per-thread buffer (vectorized), then go 32 columns at a time into their layouts.
+template <NativePack P, NativePack P2 = P>
+MOE_TARGET_CLONES void pack_native(const NativeDims& n, const NativeRows& src, int64_t heads, float mul,
+                                   const NativeRope* rope, bf16* dst, bf16* dst2 = nullptr) {
+  const int64_t D = n.d.D, Dp = n.Dp, nt = n.nt;
+  Scratch<float> scratch(n.tile() / 2 + 2 * D, DType::F32);  // the rounded tile, then 2·D floats for row_f32
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t bn = 0; bn < heads; bn++)
+    for (int64_t t = 0; t < nt; t++) {
+      auto* buf = reinterpret_cast<uint16_t*>(scratch.mine());
+      float* tmp = scratch.mine() + n.tile() / 2;
+      for (int64_t s = 0; s < kTn; s++) {
+        const int64_t row = t * kTn + s, m = row < n.d.S ? D : 0;
+        uint16_t* br = buf + s * Dp;
+        if (m > 0 && src.bf16 && !rope && mul == 1.0f) {  // bf16(1·x) is x
+          std::memcpy(br, src.at(bn, row), static_cast<size_t>(D) * 2);
+        } else if (m > 0) {
+          const float* in = row_f32(src, bn, row, D, rope, tmp);
+#pragma omp simd
+          for (int64_t e = 0; e < D; e++) br[e] = float_to_bf16(in[e] * mul).bits;
+        }
+        std::fill(br + m, br + Dp, uint16_t{0});
+      }
+      const int64_t off = (bn * nt + t) * n.tile();
+      for (int64_t e0 = 0; e0 < Dp; e0 += 32) {
+        emit_tile_cols<P>(buf, Dp, e0, &dst[off].bits);
+        if (dst2) emit_tile_cols<P2>(buf, Dp, e0, &dst2[off].bits);
+      }
+    }
+}
+
+// Tile t of head pair bn of a packed buffer.
+MOE_ALWAYS_INLINE const bf16* ptile(const bf16* buf, const NativeDims& n, int64_t bn, int64_t t) {
+  return buf + (bn * n.nt + t) * n.tile();
+}
+
+// dst [kTn/2, kTn] of 32-bit pairs ← rows 2p and 2p+1 of src [kTn, kTn] interleaved: src as a B operand with k = its
+// row (query pairs).
+MOE_ALWAYS_INLINE void row_pairs(const bf16* src, uint32_t* dst) {
+  const uint16_t* s = &src[0].bits;
+  for (int64_t p = 0; p < kTn / 2; p++)
+#pragma omp simd
+    for (int64_t j = 0; j < kTn; j++)
+      dst[p * kTn + j] = uint32_t(s[2 * p * kTn + j]) | uint32_t(s[(2 * p + 1) * kTn + j]) << 16;
+}
+
+// Per-thread buffers of one backward item.
+struct NativeTiles {
+  float *sc, *dp, *dKt, *dVt, *z;  // [kTn, kTn] ×2, [Dp, kTn] ×2, [kTn]
+  bf16 *P, *dS;                    // [kTn, kTn] each
+  uint32_t *Pp, *dSp;              // [kTn/2, kTn] each: P and dS in query pairs
+  float* row;                      // [2·Dp] for store_row
+  NativeTiles(float* w, int64_t Dp)
+      : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp), z(dVt + kTn * Dp) {
+    Pp = reinterpret_cast<uint32_t*>(z + kTn);
+    dSp = Pp + kTn * kTn / 2;
+    P = reinterpret_cast<bf16*>(dSp + kTn * kTn / 2);
+    dS = P + kTn * kTn;
+    row = reinterpret_cast<float*>(dS + kTn * kTn);
+  }
+  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + kTn + 4 * kTn * kTn / 2 + 2 * Dp; }
+};
+
+// delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32 values of f32 or bf16 rows, in a fixed vector order).
+MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const NativeRows& dout, const NativeRows& o, float* delta) {
+  Scratch<float> scratch(4 * d.D, DType::F32);
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t r = 0; r < d.B * d.Nq; r++)
+    for (int64_t i = 0; i < d.S; i++) {
+      float* tmp = scratch.mine();
+      const float* g = row_f32(dout, r, i, d.D, nullptr, tmp);
+      const float* y = row_f32(o, r, i, d.D, nullptr, tmp + 2 * d.D);
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t e = 0; e < d.D; e++) s += g[e] * y[e];
+      delta[r * d.S + i] = s;
+    }
+}
+
+Tensor bf16_buffer(const NativeDims& n, int64_t heads) {
+  return Tensor::empty({heads * n.nt * n.tile()}, DType::BF16);
+}
+
+// Calls f with the block-product backend `b` names (as a value of its type).
+template <class F>
+void with_backend(NativeBf16 b, F f) {
+  MOE_ASSERT_MSG(native_bf16_supported(b), "{} is not available on this CPU", native_bf16_name(b));
+  switch (b) {
+    case NativeBf16::Avx512Bf16:
+      return f(Avx512Bf16Blocks{});
+    case NativeBf16::AmxEmulated:
+      return f(AmxBlocks<amx::Emulated>{});
+    case NativeBf16::Amx:
+      return f(AmxBlocks<amx::Native>{});
+  }
+}
+
+}  // namespace
+}  // namespace moecore::kernels::flash
