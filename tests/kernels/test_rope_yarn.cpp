@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moecore/kernels/cpu/rope.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {

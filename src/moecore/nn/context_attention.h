@@ -30,8 +30,9 @@ struct ContextParallel {
   // a2a+p2p only: the inner (a2a) and outer (p2p) groups of --hierarchical-context-parallel-sizes.
   const comm::ProcessGroup* inner = nullptr;
   const comm::ProcessGroup* outer = nullptr;
-  // --bf16: operands rounded to bf16 as kernels::attention_forward_bf16's Flash kernel does (a2a's full-sequence
-  // attention uses attention_forward_bf16 itself, oneDNN included; p2p and allgather the flash block kernel).
+  // --bf16: operands rounded to bf16 as kernels::attention_forward_bf16 does (a2a's full-sequence attention uses
+  // attention_forward_bf16 itself; p2p and allgather the block kernel: native bf16 block products where that kernel
+  // is FlashNative, else the flash block kernel's f32 products on rounded operands).
   bool bf16 = false;
   bool on() const { return size > 1; }
   // Global position of this rank's local row i of a sequence of `S` positions (chunk layout above).

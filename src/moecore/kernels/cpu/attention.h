@@ -105,7 +105,8 @@ int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64
 // q [Sq, B, Nq, D], k/v [Sk, B, Nkv, D] -> o [Sq, B, Nq, D], lse [B, Nq, Sq] of this block alone (a row that sees no
 // key: o 0, lse −inf). `dropout` keys the mask by global positions: its seq_offset (and key_offset, when set) are
 // the global positions of the whole sequence's position 0, q0 and k0 are added. round_bf16: operands rounded to
-// bf16 as attention_forward_bf16's Flash kernel does (f32 only).
+// bf16 as attention_forward_bf16 rounds them (f32 tensors only): on native bf16 block products where
+// bf16_attention_kernel() is FlashNative (attention_flash_native_block.cpp), else on f32 products.
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout = nullptr,
                              bool round_bf16 = false);

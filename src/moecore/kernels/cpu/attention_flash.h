@@ -14,4 +14,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Te
 void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
               double scale, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout* dropout, bool round_bf16);
 
+// The block kernel for context parallelism (attention_flash_block.cpp) with the bf16 rounding points on f32 block
+// products, whatever the CPU: what attention_block_forward/backward(round_bf16) run where the native kernel does not
+// (attention.h), and the tests' reference for the native blocks.
+void block_forward_rounded(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                           Tensor& o, Tensor& lse, const AttentionDropout* dropout = nullptr);
+void block_backward_rounded(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                            const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                            const AttentionDropout* dropout = nullptr);
+
 }  // namespace moecore::kernels::flash

@@ -22,6 +22,8 @@
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/attention_blocks.h"
+#include "moecore/kernels/cpu/attention_flash.h"
+#include "moecore/kernels/cpu/attention_flash_native.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
 namespace moecore::kernels {
@@ -345,15 +347,32 @@ const AttentionDropout* shifted_or_null(const AttentionDropout* dropout, int64_t
 
 }  // namespace flash_block
 
+namespace flash {
+void block_forward_rounded(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                           Tensor& o, Tensor& lse, const AttentionDropout* dropout) {
+  AttentionDropout drop;
+  flash_block::require_f32(q);
+  flash_block::forward_t<float, true>(q, k, v, q0, k0, scale, o, lse,
+                                      flash_block::shifted_or_null(dropout, q0, k0, drop));
+}
+
+void block_backward_rounded(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                            const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                            const AttentionDropout* dropout) {
+  AttentionDropout drop;
+  flash_block::require_f32(q);
+  flash_block::backward_t<float, true>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv,
+                                       flash_block::shifted_or_null(dropout, q0, k0, drop));
+}
+}  // namespace flash
+
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
   AttentionDropout drop;
   const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
-  if (round_bf16) {
-    flash_block::require_f32(q);
-    flash_block::forward_t<float, true>(q, k, v, q0, k0, scale, o, lse, dp);
-    return;
-  }
+  if (round_bf16 && bf16_attention_kernel() == Bf16AttentionKernel::FlashNative)
+    return flash::block_forward_native(q, k, v, q0, k0, scale, o, lse, dp, flash::best_native_bf16());
+  if (round_bf16) return flash::block_forward_rounded(q, k, v, q0, k0, scale, o, lse, dropout);
   MOE_DISPATCH_FLOAT(q.dtype(), T, { flash_block::forward_t<T, false>(q, k, v, q0, k0, scale, o, lse, dp); });
 }
 
@@ -366,11 +385,10 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
                               Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
   AttentionDropout drop;
   const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
-  if (round_bf16) {
-    flash_block::require_f32(q);
-    flash_block::backward_t<float, true>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp);
-    return;
-  }
+  if (round_bf16 && bf16_attention_kernel() == Bf16AttentionKernel::FlashNative)
+    return flash::block_backward_native(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp,
+                                        flash::best_native_bf16());
+  if (round_bf16) return flash::block_backward_rounded(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout);
   MOE_DISPATCH_FLOAT(q.dtype(), T,
                      { flash_block::backward_t<T, false>(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dp); });
 }

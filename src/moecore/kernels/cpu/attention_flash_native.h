@@ -26,4 +26,13 @@ void backward_native(const Tensor& dout, const Tensor& q, const Tensor& k, const
                      const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                      const AttentionDropout* dropout, NativeBf16 backend, const AttentionRope* rope = nullptr);
 
+// Blocks at global positions for context parallelism (attention_flash_native_block.cpp): attention.h's
+// attention_block_forward/backward contract with round_bf16 (f32 tensors; the rounding points above), on native bf16
+// block products. `dropout` as attention_block_* hands it on (its offsets already those of the block).
+void block_forward_native(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                          Tensor& o, Tensor& lse, const AttentionDropout* dropout, NativeBf16 backend);
+void block_backward_native(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                           const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                           const AttentionDropout* dropout, NativeBf16 backend);
+
 }  // namespace moecore::kernels::flash
