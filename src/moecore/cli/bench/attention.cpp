@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "moecore/cli/bench/benches.h"
@@ -27,6 +28,7 @@ struct AttentionBenchArgs {
   std::string bf16_kernel = "auto";
   std::string device = "auto";
   bool bf16_tensors = false;
+  int64_t block_q0 = -1;  // ≥ 0: a context-parallel block, queries at q0.., keys at 0..
 };
 
 void run_bench_attention(const AttentionBenchArgs& a) {
@@ -53,6 +55,9 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     kind = Bf16AttentionKernel::FlashNative;
   }
   const bool onednn = kind == Bf16AttentionKernel::OneDnn, native = kind == Bf16AttentionKernel::FlashNative;
+  const bool block = a.block_q0 >= 0;
+  MOE_CHECK(!block || (!onednn && !a.bf16_tensors),
+            "--block-q0 times the context-parallel block kernels: flash or native, f32 tensors");
   MOE_CHECK(!a.bf16_tensors || (bf16 && native),
             "--bf16-tensors needs --dtype bf16 and the native kernel (a CPU with AVX512-BF16 or AMX)");
   const std::string kernel = !bf16    ? "flash f32"
@@ -84,15 +89,27 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const kernels::AttentionRope rope_tables{&cos, &sin, a.head_dim / 2 * 2};
   const kernels::AttentionRope* rope = a.bf16_tensors ? &rope_tables : nullptr;
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
-  // FLOPs as FlashAttention counts them: forward 4·S²·D per head (QKᵀ and PV), halved by the causal mask;
-  // backward 2.5× forward.
-  const double fwd_flops = 4.0 * a.seq * a.seq * a.head_dim * a.heads * a.batch / 2.0;
+  // FLOPs as FlashAttention counts them: forward 4·D per visible (query, key) pair and head (QKᵀ and PV): S²/2
+  // under the causal mask, or a block's visible pairs; backward 2.5× forward.
+  double pairs = static_cast<double>(a.seq) * static_cast<double>(a.seq) / 2.0;
+  if (block) {
+    pairs = 0;
+    for (int64_t i = 0; i < a.seq; i++) pairs += static_cast<double>(std::clamp<int64_t>(a.block_q0 + i + 1, 0, a.seq));
+  }
+  const double fwd_flops = 4.0 * pairs * static_cast<double>(a.head_dim * a.heads * a.batch);
+  const auto native_b = [] { return kernels::flash::best_native_bf16(); };
   std::vector<double> fwd_rates, total_rates;
   PeakSampler peak(bf16 ? DType::BF16 : DType::F32);
   for (int i = 0; i <= a.iters; i++) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     const Stopwatch timer;
-    if (!bf16)
+    if (block && !bf16)
+      kernels::attention_block_forward(q, k, v, a.block_q0, 0, scale, o, lse);
+    else if (block && native)
+      kernels::flash::block_forward_native(q, k, v, a.block_q0, 0, scale, o, lse, nullptr, native_b());
+    else if (block)
+      kernels::flash::block_forward_rounded(q, k, v, a.block_q0, 0, scale, o, lse);
+    else if (!bf16)
       kernels::attention_forward(q, k, v, scale, o, lse);
     else if (onednn)
       kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse);
@@ -101,7 +118,14 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     else
       kernels::flash::forward(q, k, v, scale, o, lse, nullptr, /*round_bf16=*/true);
     const double fwd_s = timer.seconds();
-    if (!bf16)
+    if (block && !bf16)
+      kernels::attention_block_backward(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv);
+    else if (block && native)
+      kernels::flash::block_backward_native(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, nullptr,
+                                            native_b());
+    else if (block)
+      kernels::flash::block_backward_rounded(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv);
+    else if (!bf16)
       kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
     else if (onednn)
       kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv);
@@ -120,8 +144,10 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   fmt::print("  {}\n", peak.describe());
   fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / p);
   fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / p);
-  fmt::print("attention dtype={} kernel={}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n",
-             a.dtype, tag, a.bf16_tensors ? " tensors=bf16" : "", fwd, tot, p, tot / p);
+  fmt::print(
+      "attention dtype={} kernel={}{}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n",
+      a.dtype, tag, a.bf16_tensors ? " tensors=bf16" : "", block ? fmt::format(" block_q0={}", a.block_q0) : "", fwd,
+      tot, p, tot / p);
 }
 }  // namespace
 
@@ -148,6 +174,10 @@ BenchCommand add_attention_bench(CLI::App& bench) {
   cmd->add_flag("--bf16-tensors", a->bf16_tensors,
                 "bf16 q, k, v, dout, o and gradients with RoPE applied by the kernel, as --bf16 training runs the "
                 "native kernel (default: f32 tensors, the kernel alone)");
+  cmd->add_option("--block-q0", a->block_q0,
+                  "time one context-parallel attention block instead: S queries at positions q0.. against S keys at "
+                  "0.. (q0 = S: wholly visible; 0: the diagonal), as CP's p2p ring runs them")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda[:N]")->capture_default_str();
   return {cmd, [a] { run_bench_attention(*a); }};
 }
