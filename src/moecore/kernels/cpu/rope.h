@@ -7,6 +7,7 @@
 // carry an amplitude (YaRN's concentration factor, Megatron's and HF's `mscale` on cos and sin): y = m·R·x.
 #pragma once
 
+#include <cmath>
 #include <vector>
 
 #include "moecore/core/cpu.h"
@@ -48,15 +49,16 @@ void rope_tables_from(int64_t S, const std::vector<double>& inv_freq, double amp
 // x: pair i reads and writes only channels i and i + h, also across vector lanes), cos and sin the row's
 // h = rot_dim/2 entries; channels from 2h on are copied. rope_forward/backward turn their f32 rotate-half rows
 // through it from a target-cloned loop, and so does a kernel that turns rows as it reads or writes them (the bf16
-// attention kernel, attention.h AttentionRope): one inlined body in the same kind of context, so the same bits —
-// FlashNativeBf16Io.RopeInsideTheKernelIsRopeOutsideIt checks them. Inlined: a call per row costs more than the row.
+// attention kernel, attention.h AttentionRope): one inlined body whose multiply-adds are fused explicitly (std::fma),
+// so no clone's contraction can differ — FlashNativeBf16Io.RopeInsideTheKernelIsRopeOutsideIt checks the bits.
+// Inlined: a call per row costs more than the row.
 MOE_ALWAYS_INLINE void rope_row_f32(const float* x, const float* cos, const float* sin, int64_t h, float sign,
                                     int64_t D, float* y) {
 #pragma omp simd
   for (int64_t i = 0; i < h; i++) {
     const float a = x[i], b = x[i + h], si = sign * sin[i];
-    y[i] = a * cos[i] - b * si;
-    y[i + h] = b * cos[i] + a * si;
+    y[i] = std::fma(a, cos[i], -(b * si));  // fused explicitly: the same bits in every clone and on every CPU
+    y[i + h] = std::fma(b, cos[i], a * si);
   }
   for (int64_t e = 2 * h; e < D; e++) y[e] = x[e];
 }
