@@ -27,6 +27,7 @@ struct ContextBenchArgs {
   int64_t seq = 4096, batch = 1, heads = 8, kv_heads = 8, head_dim = 64;
   int iters = 3;
   std::string comm_type = "p2p";
+  std::string dtype = "f32";  // bf16: operands rounded as --bf16 training rounds them (cp.bf16)
 };
 
 // Visible (query, key) pairs of rows [r0, r0+n) under the causal mask.
@@ -43,7 +44,7 @@ Tensor rand_rows(int64_t rows, const ContextBenchArgs& a, int64_t heads, uint64_
 // The blocks this rank computes in the ring, without the ring: the same (query chunk, key chunk) pairs, on local
 // data (the kernel's time does not depend on the values).
 void blocks_only(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, int64_t C, int64_t r,
-                 double scale) {
+                 double scale, bool bf16) {
   const int64_t sc = q.dim(0) / 2, mine[2] = {r, 2 * C - 1 - r};
   Tensor o = Tensor::zeros({sc, q.dim(1), q.dim(2), q.dim(3)}, DType::F32), dq = Tensor::zeros(o.shape(), DType::F32);
   Tensor lse = Tensor::zeros({q.dim(1), q.dim(2), sc}, DType::F32), po = Tensor::empty(o.shape(), DType::F32);
@@ -57,11 +58,11 @@ void blocks_only(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
           if (ck > cq) continue;
           const Tensor qc = q.slice(i * sc, sc), kc = k.slice(i * sc, sc), vc = v.slice(i * sc, sc);
           if (pass == 0) {
-            kernels::attention_block_forward(qc, kc, vc, cq * sc, ck * sc, scale, po, pl);
+            kernels::attention_block_forward(qc, kc, vc, cq * sc, ck * sc, scale, po, pl, nullptr, bf16);
             kernels::attention_merge(o, lse, po, pl);
           } else {
             kernels::attention_block_backward(dout.slice(i * sc, sc), qc, kc, vc, o, lse, cq * sc, ck * sc, scale, dq,
-                                              dk, dv);
+                                              dk, dv, nullptr, bf16);
           }
         }
 }
@@ -103,13 +104,14 @@ void run_bench_context(const ContextBenchArgs& a) {
   cp.comm_type = a.comm_type == "p2p"   ? nn::CpCommType::P2P
                  : a.comm_type == "a2a" ? nn::CpCommType::A2A
                                         : nn::CpCommType::AllGather;
+  cp.bf16 = a.dtype == "bf16";
   const Tensor q = rand_rows(2 * sc, a, a.heads, 1 + r), k = rand_rows(2 * sc, a, a.kv_heads, 100 + r);
   const Tensor v = rand_rows(2 * sc, a, a.kv_heads, 200 + r), dout = rand_rows(2 * sc, a, a.heads, 300 + r);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
   Tensor o = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({a.batch, a.heads, 2 * sc}, DType::F32);
   Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32);
   Tensor dv = Tensor::empty(k.shape(), DType::F32);
-  PeakSampler peak(DType::F32);
+  PeakSampler peak(cp.bf16 ? DType::BF16 : DType::F32);
   std::vector<double> t_ring, t_compute, t_blocked;
   auto max_over_ranks = [&](double x) {
     Tensor t = Tensor::empty({1}, DType::F64);
@@ -133,7 +135,7 @@ void run_bench_context(const ContextBenchArgs& a) {
       if (key.rfind("cp:", 0) == 0) blocked += c.blocked_seconds;
     cpg.barrier();
     Stopwatch sw2;
-    blocks_only(q, k, v, dout, C, r, scale);
+    blocks_only(q, k, v, dout, C, r, scale, cp.bf16);
     const double compute = sw2.seconds();
     if (it == 0) continue;
     t_ring.push_back(max_over_ranks(ring));
@@ -144,8 +146,8 @@ void run_bench_context(const ContextBenchArgs& a) {
   if (r != 0) return;
   const double mib = 1024.0 * 1024.0, ring = median(t_ring), compute = median(t_compute);
   const double flops_rank = bal_max * head_flops * 3;  // forward 4·D, backward 8·D per pair (model FLOPs)
-  fmt::print("moecore bench context: C={} ranks, S={} B={} heads {}/{} D={}, f32, --cp-comm-type {}, {} timed runs\n",
-             C, S, a.batch, a.heads, a.kv_heads, a.head_dim, a.comm_type, a.iters);
+  fmt::print("moecore bench context: C={} ranks, S={} B={} heads {}/{} D={}, {}, --cp-comm-type {}, {} timed runs\n", C,
+             S, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, a.comm_type, a.iters);
   fmt::print("context flops split=load_balanced max_over_min={:.4f} max_gflop={:.3f} min_gflop={:.3f}\n",
              bal_max / bal_min, bal_max * head_flops / 1e9, bal_min * head_flops / 1e9);
   fmt::print("context flops split=contiguous max_over_min={:.4f} max_gflop={:.3f} min_gflop={:.3f}\n",
@@ -175,6 +177,9 @@ BenchCommand add_context_bench(CLI::App& bench) {
   cmd->add_option("--num-query-groups", a->kv_heads, "kv heads")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--kv-channels", a->head_dim, "head dim")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "f32, or bf16 (operands rounded as --bf16 training rounds them)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--cp-comm-type", a->comm_type, "p2p, a2a or allgather")
       ->check(CLI::IsMember({"p2p", "a2a", "allgather"}))
       ->capture_default_str();
