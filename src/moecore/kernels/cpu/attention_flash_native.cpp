@@ -97,8 +97,7 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
 
 struct NativeBwd {
   NativeDims n;
-  const bf16 *qR, *qT, *dR, *dT;  // per query head pair: Q̂ and dÔ as rows and transposed
-  const bf16 *kT, *vT, *kN;       // per kv head pair: K̂ᵀ, V̂ᵀ in d pairs, K̂ in key pairs
+  const BwdPacks* pk;
   const float *lse, *delta;
   float* dQacc;  // [B·Nq, Sp, Dp]
   NativeRows dq, dk, dv;
@@ -119,8 +118,10 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
   const int64_t Mq = round_up(nr, 16);
   const bool diag = qt == kt;
   const Causal cols = diag ? Causal::ColsUpToRow : Causal::Full;
-  G::run({Mq, kTn, Dp, ptile(a.qR, a.n, bh, qt), Dp, ptile(a.kT, a.n, bg, kt), 2 * kTn, w.sc, kTn, false, cols});
-  G::run({Mq, kTn, Dp, ptile(a.dR, a.n, bh, qt), Dp, ptile(a.vT, a.n, bg, kt), 2 * kTn, w.dp, kTn, false, cols});
+  G::run(
+      {Mq, kTn, Dp, ptile(a.pk->qR, a.n, bh, qt), Dp, ptile(a.pk->kT, a.n, bg, kt), 2 * kTn, w.sc, kTn, false, cols});
+  G::run(
+      {Mq, kTn, Dp, ptile(a.pk->dR, a.n, bh, qt), Dp, ptile(a.pk->vT, a.n, bg, kt), 2 * kTn, w.dp, kTn, false, cols});
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
     bf16* pr = w.P + i * kTn;
@@ -140,11 +141,11 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
     const bf16* Pp = reinterpret_cast<const bf16*>(w.Pp);
     const bf16* dSp = reinterpret_cast<const bf16*>(w.dSp);
     const bool first = qt == kt && h % d.group() == 0;  // the key tile's first pair stores dKᵀ, dVᵀ
-    G::run({Dp, kTn, kTn, ptile(a.dT, a.n, bh, qt), kTn, Pp, 2 * kTn, w.dVt, kTn, !first, from});
-    G::run({Dp, kTn, kTn, ptile(a.qT, a.n, bh, qt), kTn, dSp, 2 * kTn, w.dKt, kTn, !first, from});
+    G::run({Dp, kTn, kTn, ptile(a.pk->dT, a.n, bh, qt), kTn, Pp, 2 * kTn, w.dVt, kTn, !first, from});
+    G::run({Dp, kTn, kTn, ptile(a.pk->qT, a.n, bh, qt), kTn, dSp, 2 * kTn, w.dKt, kTn, !first, from});
   }
   if (dq)
-    G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.kN, a.n, bg, kt), 2 * Dp, a.dQacc + (bh * a.n.Sp + i0) * Dp, Dp, kt > 0,
+    G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.pk->kN, a.n, bg, kt), 2 * Dp, a.dQacc + (bh * a.n.Sp + i0) * Dp, Dp, kt > 0,
             diag ? Causal::KUpToRow : Causal::Full});
 }
 
@@ -252,27 +253,15 @@ void backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, const T
              dv.shape() == v.shape());
   const std::optional<NativeRope> rope = native_rope(rope_in, d);
   const NativeRope* r = rope ? &*rope : nullptr;
-  const int64_t kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
-  const NativeRows qh(q, d, d.Nq), doh(dout, d, d.Nq), kh(k, d, d.Nkv), vh(v, d, d.Nkv);
+  const int64_t q_pairs = d.B * d.Nq;
+  const NativeRows doh(dout, d, d.Nq);
   Tensor delta = Tensor::empty({q_pairs, d.S}, DType::F32);
   native_delta(d, doh, NativeRows(o, d, d.Nq), delta.data<float>());
   const float sc = static_cast<float>(scale);
-  Tensor qR = bf16_buffer(n, q_pairs), qT = bf16_buffer(n, q_pairs), dR = bf16_buffer(n, q_pairs),
-         dT = bf16_buffer(n, q_pairs);
-  Tensor kT = bf16_buffer(n, kv_pairs), vT = bf16_buffer(n, kv_pairs), kN = bf16_buffer(n, kv_pairs);
-  pack_native<NativePack::Rows, NativePack::Cols>(n, qh, q_pairs, sc, r, qR.data<bf16>(), qT.data<bf16>());
-  pack_native<NativePack::Rows, NativePack::Cols>(n, doh, q_pairs, 1.0f, nullptr, dR.data<bf16>(), dT.data<bf16>());
-  pack_native<NativePack::EPairs, NativePack::RowPairs>(n, kh, kv_pairs, 1.0f, r, kT.data<bf16>(), kN.data<bf16>());
-  pack_native<NativePack::EPairs>(n, vh, kv_pairs, 1.0f, nullptr, vT.data<bf16>());
+  const BwdPacks pk(n, n, NativeRows(q, d, d.Nq), doh, NativeRows(k, d, d.Nkv), NativeRows(v, d, d.Nkv), sc, r);
   Tensor dQacc = Tensor::empty({q_pairs * n.Sp * n.Dp}, DType::F32);
   NativeBwd a{n,
-              qR.data<bf16>(),
-              qT.data<bf16>(),
-              dR.data<bf16>(),
-              dT.data<bf16>(),
-              kT.data<bf16>(),
-              vT.data<bf16>(),
-              kN.data<bf16>(),
+              &pk,
               lse.data<float>(),
               delta.data<float>(),
               dQacc.data<float>(),

@@ -116,8 +116,7 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
 
 struct BlockBwd {
   BlockDims n;
-  const bf16 *qR, *qT, *dR, *dT;  // per query head pair: Q̂ and dÔ as rows and transposed
-  const bf16 *kT, *vT, *kN;       // per kv head pair: K̂ᵀ, V̂ᵀ in d pairs, K̂ in key pairs
+  const BwdPacks* pk;
   const float *lse, *delta;
   NativeRows dk, dv;
   float* dq;  // f32, added to
@@ -133,9 +132,9 @@ MOE_ALWAYS_INLINE void block_probs(const BlockBwd& a, int64_t b, int64_t h, int6
   const int64_t Dp = a.n.nq.Dp, bh = b * d.Nq + h, bg = b * d.Nkv + h / d.group();
   const int64_t i0 = qt * kTn, nr = std::min(kTn, at.Sq - i0), j0 = kt * kTn, nc = std::min(kTn, at.Sk - j0);
   const int64_t Mq = round_up(nr, 16);
-  const bf16* kTt = ptile(a.kT, a.n.nk, bg, kt);
-  G::run({Mq, kTn, Dp, ptile(a.qR, a.n.nq, bh, qt), Dp, kTt, 2 * kTn, w.sc, kTn, false, Causal::Full});
-  G::run({Mq, kTn, Dp, ptile(a.dR, a.n.nq, bh, qt), Dp, ptile(a.vT, a.n.nk, bg, kt), 2 * kTn, w.dp, kTn, false,
+  const bf16* kTt = ptile(a.pk->kT, a.n.nk, bg, kt);
+  G::run({Mq, kTn, Dp, ptile(a.pk->qR, a.n.nq, bh, qt), Dp, kTt, 2 * kTn, w.sc, kTn, false, Causal::Full});
+  G::run({Mq, kTn, Dp, ptile(a.pk->dR, a.n.nq, bh, qt), Dp, ptile(a.pk->vT, a.n.nk, bg, kt), 2 * kTn, w.dp, kTn, false,
           Causal::Full});
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = at.visible(i0 + i, j0, nc);
@@ -172,10 +171,10 @@ MOE_TARGET_CLONES void block_backward_items(const BlockBwd& a, Scratch<float>& s
         block_probs<G>(a, b, h, qt, kt, w);
         row_pairs(w.P, w.Pp);
         row_pairs(w.dS, w.dSp);
-        G::run({Dp, kTn, kTn, ptile(a.dT, a.n.nq, bh, qt), kTn, reinterpret_cast<const bf16*>(w.Pp), 2 * kTn, w.dVt,
+        G::run({Dp, kTn, kTn, ptile(a.pk->dT, a.n.nq, bh, qt), kTn, reinterpret_cast<const bf16*>(w.Pp), 2 * kTn, w.dVt,
                 kTn, stored, Causal::Full});
-        G::run({Dp, kTn, kTn, ptile(a.qT, a.n.nq, bh, qt), kTn, reinterpret_cast<const bf16*>(w.dSp), 2 * kTn, w.dKt,
-                kTn, stored, Causal::Full});
+        G::run({Dp, kTn, kTn, ptile(a.pk->qT, a.n.nq, bh, qt), kTn, reinterpret_cast<const bf16*>(w.dSp), 2 * kTn,
+                w.dKt, kTn, stored, Causal::Full});
         stored = true;
       }
     G::end();
@@ -198,7 +197,7 @@ MOE_TARGET_CLONES void block_backward_items(const BlockBwd& a, Scratch<float>& s
     G::begin();
     for (int64_t kt = 0; kt < nkt && at.any(qt, kt); kt++) {
       block_probs<G>(a, b, h, qt, kt, w);
-      G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.kN, a.n.nk, bg, kt), 2 * Dp, w.dKt, Dp, stored, Causal::Full});
+      G::run({Mq, Dp, kTn, w.dS, kTn, ptile(a.pk->kN, a.n.nk, bg, kt), 2 * Dp, w.dKt, Dp, stored, Causal::Full});
       stored = true;
     }
     G::end();
@@ -248,28 +247,14 @@ void block_backward_with(const Tensor& dout, const Tensor& q, const Tensor& k, c
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.S});
   require_f32_block({&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv});
-  const int64_t kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
   const NativeRows doh(dout, d, d.Nq);
-  Tensor delta = Tensor::empty({q_pairs, d.S}, DType::F32);
+  Tensor delta = Tensor::empty({d.B * d.Nq, d.S}, DType::F32);
   native_delta(d, doh, NativeRows(o, d, d.Nq), delta.data<float>());
-  Tensor qR = bf16_buffer(n.nq, q_pairs), qT = bf16_buffer(n.nq, q_pairs), dR = bf16_buffer(n.nq, q_pairs),
-         dT = bf16_buffer(n.nq, q_pairs);
-  Tensor kT = bf16_buffer(n.nk, kv_pairs), vT = bf16_buffer(n.nk, kv_pairs), kN = bf16_buffer(n.nk, kv_pairs);
   const float sc = static_cast<float>(scale);
-  pack_native<NativePack::Rows, NativePack::Cols>(n.nq, NativeRows(q, d, d.Nq), q_pairs, sc, nullptr, qR.data<bf16>(),
-                                                  qT.data<bf16>());
-  pack_native<NativePack::Rows, NativePack::Cols>(n.nq, doh, q_pairs, 1.0f, nullptr, dR.data<bf16>(), dT.data<bf16>());
-  pack_native<NativePack::EPairs, NativePack::RowPairs>(n.nk, NativeRows(k, d, d.Nkv), kv_pairs, 1.0f, nullptr,
-                                                        kT.data<bf16>(), kN.data<bf16>());
-  pack_native<NativePack::EPairs>(n.nk, NativeRows(v, d, d.Nkv), kv_pairs, 1.0f, nullptr, vT.data<bf16>());
+  const BwdPacks pk(n.nq, n.nk, NativeRows(q, d, d.Nq), doh, NativeRows(k, d, d.Nkv), NativeRows(v, d, d.Nkv), sc,
+                    nullptr);
   BlockBwd a{n,
-             qR.data<bf16>(),
-             qT.data<bf16>(),
-             dR.data<bf16>(),
-             dT.data<bf16>(),
-             kT.data<bf16>(),
-             vT.data<bf16>(),
-             kN.data<bf16>(),
+             &pk,
              lse.data<float>(),
              delta.data<float>(),
              NativeRows(dk, d, d.Nkv),

@@ -200,6 +200,29 @@ Tensor bf16_buffer(const NativeDims& n, int64_t heads) {
   return Tensor::empty({heads * n.nt * n.tile()}, DType::BF16);
 }
 
+// The backward's operands, packed once per call (bf16_buffer, pack_native): per query head pair Q̂ = bf16(scale·Q)
+// and dÔ as rows and transposed, per kv head pair K̂ᵀ and V̂ᵀ in d pairs and K̂ in key pairs; RoPE on q and k when
+// given. nq, nk: the tiles of q-shaped and k-shaped tensors (one NativeDims for a whole sequence).
+struct BwdPacks {
+  Tensor qR_, qT_, dR_, dT_, kT_, vT_, kN_;
+  const bf16 *qR, *qT, *dR, *dT, *kT, *vT, *kN;
+  BwdPacks(const NativeDims& nq, const NativeDims& nk, const NativeRows& q, const NativeRows& dout, const NativeRows& k,
+           const NativeRows& v, float scale, const NativeRope* rope) {
+    const int64_t q_pairs = nq.d.B * nq.d.Nq, kv_pairs = nq.d.B * nq.d.Nkv;
+    qR_ = bf16_buffer(nq, q_pairs), qT_ = bf16_buffer(nq, q_pairs), dR_ = bf16_buffer(nq, q_pairs);
+    dT_ = bf16_buffer(nq, q_pairs), kT_ = bf16_buffer(nk, kv_pairs), vT_ = bf16_buffer(nk, kv_pairs);
+    kN_ = bf16_buffer(nk, kv_pairs);
+    pack_native<NativePack::Rows, NativePack::Cols>(nq, q, q_pairs, scale, rope, qR_.data<bf16>(), qT_.data<bf16>());
+    pack_native<NativePack::Rows, NativePack::Cols>(nq, dout, q_pairs, 1.0f, nullptr, dR_.data<bf16>(),
+                                                    dT_.data<bf16>());
+    pack_native<NativePack::EPairs, NativePack::RowPairs>(nk, k, kv_pairs, 1.0f, rope, kT_.data<bf16>(),
+                                                          kN_.data<bf16>());
+    pack_native<NativePack::EPairs>(nk, v, kv_pairs, 1.0f, nullptr, vT_.data<bf16>());
+    qR = qR_.data<bf16>(), qT = qT_.data<bf16>(), dR = dR_.data<bf16>(), dT = dT_.data<bf16>();
+    kT = kT_.data<bf16>(), vT = vT_.data<bf16>(), kN = kN_.data<bf16>();
+  }
+};
+
 // Calls f with the block-product backend `b` names (as a value of its type).
 template <class F>
 void with_backend(NativeBf16 b, F f) {
