@@ -41,6 +41,29 @@ TEST(Dropout, RateAndScale) {
   EXPECT_TRUE(testing::bitwise_equal(x, y));
 }
 
+// Each multiplier is word col % 4 of the Philox4x32-10 block (col / 4, row, sample low, sample high) under the mask's
+// key, computed one block at a time by core/rng — whichever path the kernel takes (AVX-512 intrinsics where the CPU
+// has them, the portable vectorized rounds elsewhere), over rows and column ranges that start and end mid-block.
+TEST(Dropout, MultipliersAreCoreRngsPhiloxWords) {
+  const DropoutMask m = DropoutMask::make(77, 5, 0.25);
+  const double keep = 1.0 / (1.0 - 0.25);
+  for (uint64_t sample : {uint64_t{3}, (uint64_t{5} << 32) | 9})
+    for (uint64_t row : {uint64_t{0}, uint64_t{4097}})
+      for (uint64_t col0 : {uint64_t{0}, uint64_t{3}, uint64_t{130}}) {
+        const int64_t n = 203;
+        std::vector<double> z(static_cast<size_t>(n));
+        kernels::dropout_multipliers(m, sample, row, col0, n, z.data());
+        for (int64_t i = 0; i < n; i++) {
+          const uint64_t col = col0 + static_cast<uint64_t>(i);
+          const Philox4 w = philox4x32_10({static_cast<uint32_t>(col / 4), static_cast<uint32_t>(row),
+                                           static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32)},
+                                          {m.key[0], m.key[1]});
+          ASSERT_EQ(z[static_cast<size_t>(i)], w[col % 4] >= m.threshold ? keep : 0.0)
+              << "sample " << sample << " row " << row << " col " << col;
+        }
+      }
+}
+
 // The multiplier of an element depends on its coordinates only: any column split, a sequence shard with its offset,
 // and the order of the samples in a batch give the same values; another sample, row, seed, site or sub-mask does not.
 TEST(Dropout, MaskDependsOnGlobalCoordinatesOnly) {

@@ -2,6 +2,8 @@
 // dx = dy ⊙ z: backward is the forward applied to the gradient with the regenerated mask.
 #include "moecore/kernels/cpu/dropout.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -46,8 +48,8 @@ constexpr int kLanes = 16;  // Philox blocks computed together (64 multipliers)
 
 // Philox4x32-10 (the rounds of core/rng.cpp) of the `nb` ≤ kLanes counters (c0 + i, c1, c2, c3), lane by lane in
 // structure-of-arrays form so the rounds vectorize; words [4, kLanes] out (out[w][i] = word w of block i).
-MOE_TARGET_CLONES void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int nb,
-                                    uint32_t out[4][kLanes]) {
+MOE_TARGET_CLONES void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                        int nb, uint32_t out[4][kLanes]) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
   for (int i = 0; i < kLanes; i++) {
@@ -79,6 +81,55 @@ MOE_TARGET_CLONES void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t
     out[2][i] = x2[i];
     out[3][i] = x3[i];
   }
+}
+
+// The same rounds with AVX-512 intrinsics, all 16 lanes: the high halves of the 32×32-bit products come from
+// vpmuludq on the even lanes and on the odd lanes shifted down, where the compiler's vectorization of the portable
+// form widens every lane to 64 bits and multiplies with vpmullq (2x the time on AMD Zen 5, same bits).
+// GCC 12's AVX-512 headers fill unused lanes with _mm512_undefined_epi32(), which -Wuninitialized flags.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+__attribute__((target("avx512f"))) void philox_lanes_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1,
+                                                            uint32_t c2, uint32_t c3, uint32_t out[4][kLanes]) {
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i x0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c0)), lanes);
+  __m512i x1 = _mm512_set1_epi32(static_cast<int>(c1)), x2 = _mm512_set1_epi32(static_cast<int>(c2));
+  __m512i x3 = _mm512_set1_epi32(static_cast<int>(c3));
+  uint32_t k0 = key[0], k1 = key[1];
+  for (int r = 0; r < 10; r++) {
+    if (r > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m512i e0 = _mm512_mul_epu32(x0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
+    const __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
+    const __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
+    const __m512i hi2 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e2, 32), o2);
+    const __m512i lo0 = _mm512_mullo_epi32(x0, m0), lo2 = _mm512_mullo_epi32(x2, m1);
+    const __m512i y0 = _mm512_ternarylogic_epi32(hi2, x1, _mm512_set1_epi32(static_cast<int>(k0)), 0x96);
+    const __m512i y2 = _mm512_ternarylogic_epi32(hi0, x3, _mm512_set1_epi32(static_cast<int>(k1)), 0x96);
+    x1 = lo2;
+    x3 = lo0;
+    x0 = y0;
+    x2 = y2;
+  }
+  _mm512_storeu_si512(out[0], x0);
+  _mm512_storeu_si512(out[1], x1);
+  _mm512_storeu_si512(out[2], x2);
+  _mm512_storeu_si512(out[3], x3);
+}
+#pragma GCC diagnostic pop
+
+// Philox4x32-10 of the counters (c0 + i, c1, c2, c3), i < nb ≤ kLanes: AVX-512 where the CPU has it.
+void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int nb,
+                  uint32_t out[4][kLanes]) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512)
+    philox_lanes_avx512(key, c0, c1, c2, c3, out);
+  else
+    philox_lanes_any(key, c0, c1, c2, c3, nb, out);
 }
 }  // namespace
 
