@@ -54,10 +54,12 @@ void run_bench_attention(const AttentionBenchArgs& a) {
               "--bf16-kernel native needs AVX512-BF16 or AMX, which this CPU lacks; use flash or onednn");
     kind = Bf16AttentionKernel::FlashNative;
   }
-  const bool onednn = kind == Bf16AttentionKernel::OneDnn, native = kind == Bf16AttentionKernel::FlashNative;
   const bool block = a.block_q0 >= 0;
-  MOE_CHECK(!block || (!onednn && !a.bf16_tensors),
+  MOE_CHECK(!block || (a.bf16_kernel != "onednn" && !a.bf16_tensors),
             "--block-q0 times the context-parallel block kernels: flash or native, f32 tensors");
+  // The blocks have a native and a flash form only: where training would pick oneDNN, CP runs the flash blocks.
+  if (block && kind == Bf16AttentionKernel::OneDnn) kind = Bf16AttentionKernel::Flash;
+  const bool onednn = kind == Bf16AttentionKernel::OneDnn, native = kind == Bf16AttentionKernel::FlashNative;
   MOE_CHECK(!a.bf16_tensors || (bf16 && native),
             "--bf16-tensors needs --dtype bf16 and the native kernel (a CPU with AVX512-BF16 or AMX)");
   const std::string kernel = !bf16    ? "flash f32"
