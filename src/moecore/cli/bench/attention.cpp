@@ -85,7 +85,8 @@ void run_bench_attention(const AttentionBenchArgs& a) {
                k = random({a.seq, a.batch, a.kv_heads, a.head_dim}, 4);
   const Tensor v = random(k.shape(), 5), dout = random(q.shape(), 6);
   Tensor o = Tensor::empty(q.shape(), io), lse = Tensor::empty({a.batch, a.heads, a.seq}, DType::F32);
-  Tensor dq = Tensor::empty(q.shape(), io), dk = Tensor::empty(k.shape(), io), dv = Tensor::empty(v.shape(), io);
+  // dq starts at zero: the block kernels add into it.
+  Tensor dq = Tensor::zeros(q.shape(), io), dk = Tensor::empty(k.shape(), io), dv = Tensor::empty(v.shape(), io);
   Tensor cos, sin;
   kernels::rope_tables(a.seq, a.head_dim / 2 * 2, 10000.0, DType::F32, cos, sin);
   const kernels::AttentionRope rope_tables{&cos, &sin, a.head_dim / 2 * 2};
@@ -116,7 +117,7 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     else if (onednn)
       kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse);
     else if (native)
-      kernels::flash::forward_native(q, k, v, scale, o, lse, nullptr, kernels::flash::best_native_bf16(), rope);
+      kernels::flash::forward_native(q, k, v, scale, o, lse, nullptr, native_b(), rope);
     else
       kernels::flash::forward(q, k, v, scale, o, lse, nullptr, /*round_bf16=*/true);
     const double fwd_s = timer.seconds();
@@ -132,8 +133,7 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     else if (onednn)
       kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv);
     else if (native)
-      kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr,
-                                      kernels::flash::best_native_bf16(), rope);
+      kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr, native_b(), rope);
     else
       kernels::flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr, /*round_bf16=*/true);
     const double total_s = timer.seconds();

@@ -34,7 +34,7 @@ namespace {
 
 struct NativeFwd {
   NativeDims n;
-  const bf16 *qR, *kT, *vN;  // Q̂ rows per query head pair, K̂ᵀ in d pairs and V̂ in key pairs per kv head pair
+  const FwdPacks* pk;
   NativeRows o;
   float* lse;
   const AttentionDropout* drop;
@@ -47,15 +47,11 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
     const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
-    float* acc = scratch.mine();                           // [kTn, Dp]
-    float* sc = acc + kTn * Dp;                            // [kTn, kTn] scores
-    float* m = sc + kTn * kTn;                             // [kTn]
-    float* l = m + kTn;                                    // [kTn]
-    float* z = l + kTn;                                    // [kTn] dropout multipliers
-    bf16* P = reinterpret_cast<bf16*>(z + kTn);            // [kTn, kTn]
-    float* row = reinterpret_cast<float*>(P + kTn * kTn);  // [2·D] for store_row
+    const NativeFwdTiles w(scratch.mine(), Dp);
+    float *acc = w.acc, *sc = w.sc, *m = w.m, *l = w.l, *z = w.z, *row = w.row;
+    bf16* P = w.P;
     const int64_t i0 = qt * kTn, nr = std::min(kTn, S - i0), M = round_up(nr, 16);
-    const bf16* Qs = ptile(a.qR, a.n, bh, qt);
+    const bf16* Qs = ptile(a.pk->qR, a.n, bh, qt);
     for (int64_t i = 0; i < M; i++) {
       m[i] = -std::numeric_limits<float>::infinity();
       l[i] = 0;
@@ -65,7 +61,7 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
     for (int64_t kt = 0; kt <= qt; kt++) {
       const int64_t j0 = kt * kTn, nc = std::min(kTn, S - j0);
       const bool diag = kt == qt;
-      G::run({M, kTn, Dp, Qs, Dp, ptile(a.kT, a.n, bg, kt), 2 * kTn, sc, kTn, false,
+      G::run({M, kTn, Dp, Qs, Dp, ptile(a.pk->kT, a.n, bg, kt), 2 * kTn, sc, kTn, false,
               diag ? Causal::ColsUpToRow : Causal::Full});
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = diag ? std::min(nc, i + 1) : nc;  // visible keys of row i
@@ -84,7 +80,7 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
           for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha;
         }
       }
-      G::run({M, Dp, kTn, P, kTn, ptile(a.vN, a.n, bg, kt), 2 * Dp, acc, Dp, kt > 0,
+      G::run({M, Dp, kTn, P, kTn, ptile(a.pk->vN, a.n, bg, kt), 2 * Dp, acc, Dp, kt > 0,
               diag ? Causal::KUpToRow : Causal::Full});
     }
     G::end();
@@ -232,14 +228,10 @@ void forward_with(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   const AttentionDims& d = n.d;
   const std::optional<NativeRope> rope = native_rope(rope_in, d);
   const NativeRope* r = rope ? &*rope : nullptr;
-  const int64_t kv_pairs = d.B * d.Nkv;
-  Tensor qR = bf16_buffer(n, d.B * d.Nq), kT = bf16_buffer(n, kv_pairs), vN = bf16_buffer(n, kv_pairs);
-  pack_native<NativePack::Rows>(n, NativeRows(q, d, d.Nq), d.B * d.Nq, static_cast<float>(scale), r, qR.data<bf16>());
-  pack_native<NativePack::EPairs>(n, NativeRows(k, d, d.Nkv), kv_pairs, 1.0f, r, kT.data<bf16>());
-  pack_native<NativePack::RowPairs>(n, NativeRows(v, d, d.Nkv), kv_pairs, 1.0f, nullptr, vN.data<bf16>());
-  NativeFwd a{n, qR.data<bf16>(), kT.data<bf16>(), vN.data<bf16>(), NativeRows(o, d, d.Nq), lse.data<float>(), dropout};
-  // acc [kTn, Dp], scores [kTn, kTn], m, l, z [kTn] in f32, P [kTn, kTn] in bf16 (half a float each), a row [2·Dp].
-  Scratch<float> scratch(kTn * n.Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2 + 2 * n.Dp, DType::F32);
+  const FwdPacks pk(n, n, NativeRows(q, d, d.Nq), NativeRows(k, d, d.Nkv), NativeRows(v, d, d.Nkv),
+                    static_cast<float>(scale), r);
+  NativeFwd a{n, &pk, NativeRows(o, d, d.Nq), lse.data<float>(), dropout};
+  Scratch<float> scratch(NativeFwdTiles::floats(n.Dp), DType::F32);
   native_forward_items<G>(a, scratch);
 }
 

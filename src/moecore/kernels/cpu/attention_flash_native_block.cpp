@@ -51,7 +51,7 @@ BlockDims block_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t 
 
 struct BlockFwd {
   BlockDims n;
-  const bf16 *qR, *kT, *vN;
+  const FwdPacks* pk;
   NativeRows o;
   float* lse;
   const AttentionDropout* drop;
@@ -65,13 +65,9 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nqt; it++) {
     const int64_t qt = nqt - 1 - it / pairs, bh = it % pairs;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
-    float* acc = scratch.mine();                           // [kTn, Dp]
-    float* sc = acc + kTn * Dp;                            // [kTn, kTn]
-    float* m = sc + kTn * kTn;                             // [kTn]
-    float* l = m + kTn;                                    // [kTn]
-    float* z = l + kTn;                                    // [kTn]
-    bf16* P = reinterpret_cast<bf16*>(z + kTn);            // [kTn, kTn]
-    float* row = reinterpret_cast<float*>(P + kTn * kTn);  // [2·Dp]
+    const NativeFwdTiles w(scratch.mine(), Dp);
+    float *acc = w.acc, *sc = w.sc, *m = w.m, *l = w.l, *z = w.z, *row = w.row;
+    bf16* P = w.P;
     const int64_t i0 = qt * kTn, nr = std::min(kTn, at.Sq - i0), M = round_up(nr, 16);
     std::fill_n(m, M, -std::numeric_limits<float>::infinity());
     std::fill_n(l, M, 0.0f);
@@ -80,7 +76,7 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
     G::begin();
     for (int64_t kt = 0; kt < nkt && at.any(qt, kt); kt++) {
       const int64_t j0 = kt * kTn, nc = std::min(kTn, at.Sk - j0);
-      G::run({M, kTn, Dp, ptile(a.qR, a.n.nq, bh, qt), Dp, ptile(a.kT, a.n.nk, bg, kt), 2 * kTn, sc, kTn, false,
+      G::run({M, kTn, Dp, ptile(a.pk->qR, a.n.nq, bh, qt), Dp, ptile(a.pk->kT, a.n.nk, bg, kt), 2 * kTn, sc, kTn, false,
               Causal::Full});
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = at.visible(i0 + i, j0, nc);
@@ -101,7 +97,7 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
           for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha;
         }
       }
-      G::run({M, Dp, kTn, P, kTn, ptile(a.vN, a.n.nk, bg, kt), 2 * Dp, acc, Dp, stored, Causal::Full});
+      G::run({M, Dp, kTn, P, kTn, ptile(a.pk->vN, a.n.nk, bg, kt), 2 * Dp, acc, Dp, stored, Causal::Full});
       stored = true;
     }
     G::end();
@@ -225,15 +221,10 @@ void block_forward_with(const Tensor& q, const Tensor& k, const Tensor& v, int64
   MOE_ASSERT(o.shape() == q.shape());
   MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.S});
   require_f32_block({&q, &k, &v, &o, &lse});
-  const int64_t kv_pairs = d.B * d.Nkv;
-  Tensor qR = bf16_buffer(n.nq, d.B * d.Nq), kT = bf16_buffer(n.nk, kv_pairs), vN = bf16_buffer(n.nk, kv_pairs);
-  pack_native<NativePack::Rows>(n.nq, NativeRows(q, d, d.Nq), d.B * d.Nq, static_cast<float>(scale), nullptr,
-                                qR.data<bf16>());
-  pack_native<NativePack::EPairs>(n.nk, NativeRows(k, d, d.Nkv), kv_pairs, 1.0f, nullptr, kT.data<bf16>());
-  pack_native<NativePack::RowPairs>(n.nk, NativeRows(v, d, d.Nkv), kv_pairs, 1.0f, nullptr, vN.data<bf16>());
-  BlockFwd a{n, qR.data<bf16>(), kT.data<bf16>(), vN.data<bf16>(), NativeRows(o, d, d.Nq), lse.data<float>(), dropout};
-  const int64_t Dp = n.nq.Dp;
-  Scratch<float> scratch(kTn * Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2 + 2 * Dp, DType::F32);
+  const FwdPacks pk(n.nq, n.nk, NativeRows(q, d, d.Nq), NativeRows(k, d, d.Nkv), NativeRows(v, d, d.Nkv),
+                    static_cast<float>(scale), nullptr);
+  BlockFwd a{n, &pk, NativeRows(o, d, d.Nq), lse.data<float>(), dropout};
+  Scratch<float> scratch(NativeFwdTiles::floats(n.nq.Dp), DType::F32);
   block_forward_items<G>(a, scratch);
 }
 

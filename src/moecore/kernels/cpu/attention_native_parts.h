@@ -76,8 +76,8 @@ struct NativeRope {
   int64_t h;
 };
 
-// y ← x turned by RoPE at position pos (sign −1: transposed), through rope.cpp's own row function: the bits of
-// rope_forward / rope_backward, whatever this file's target clones would contract into fused multiply-adds.
+// y ← x turned by RoPE at position pos (sign −1: transposed), through rope_forward's own row function (rope.h), so
+// with its bits.
 MOE_ALWAYS_INLINE void rope_row(const float* x, const NativeRope& r, int64_t pos, float sign, int64_t D, float* y) {
   rope_row_f32(x, r.cos + pos * r.h, r.sin + pos * r.h, r.h, sign, D, y);
 }
@@ -163,6 +163,19 @@ MOE_ALWAYS_INLINE void row_pairs(const bf16* src, uint32_t* dst) {
       dst[p * kTn + j] = uint32_t(s[2 * p * kTn + j]) | uint32_t(s[(2 * p + 1) * kTn + j]) << 16;
 }
 
+// Per-thread buffers of one forward item: the output rows' f32 sums, scores, softmax statistics and dropout
+// multipliers, the rounded probabilities, and a row for store_row.
+struct NativeFwdTiles {
+  float *acc, *sc, *m, *l, *z;  // [kTn, Dp], [kTn, kTn], [kTn] ×3
+  bf16* P;                      // [kTn, kTn]
+  float* row;                   // [2·Dp]
+  NativeFwdTiles(float* w, int64_t Dp) : acc(w), sc(acc + kTn * Dp), m(sc + kTn * kTn), l(m + kTn), z(l + kTn) {
+    P = reinterpret_cast<bf16*>(z + kTn);
+    row = reinterpret_cast<float*>(P + kTn * kTn);
+  }
+  static int64_t floats(int64_t Dp) { return kTn * Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2 + 2 * Dp; }
+};
+
 // Per-thread buffers of one backward item.
 struct NativeTiles {
   float *sc, *dp, *dKt, *dVt, *z;  // [kTn, kTn] ×2, [Dp, kTn] ×2, [kTn]
@@ -199,6 +212,22 @@ MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const NativeRows& do
 Tensor bf16_buffer(const NativeDims& n, int64_t heads) {
   return Tensor::empty({heads * n.nt * n.tile()}, DType::BF16);
 }
+
+// The forward's operands, packed once per call: per query head pair Q̂ = bf16(scale·Q) as rows, per kv head pair K̂ᵀ
+// in d pairs and V̂ in key pairs; RoPE on q and k when given.
+struct FwdPacks {
+  Tensor qR_, kT_, vN_;
+  const bf16 *qR, *kT, *vN;
+  FwdPacks(const NativeDims& nq, const NativeDims& nk, const NativeRows& q, const NativeRows& k, const NativeRows& v,
+           float scale, const NativeRope* rope) {
+    const int64_t q_pairs = nq.d.B * nq.d.Nq, kv_pairs = nq.d.B * nq.d.Nkv;
+    qR_ = bf16_buffer(nq, q_pairs), kT_ = bf16_buffer(nk, kv_pairs), vN_ = bf16_buffer(nk, kv_pairs);
+    pack_native<NativePack::Rows>(nq, q, q_pairs, scale, rope, qR_.data<bf16>());
+    pack_native<NativePack::EPairs>(nk, k, kv_pairs, 1.0f, rope, kT_.data<bf16>());
+    pack_native<NativePack::RowPairs>(nk, v, kv_pairs, 1.0f, nullptr, vN_.data<bf16>());
+    qR = qR_.data<bf16>(), kT = kT_.data<bf16>(), vN = vN_.data<bf16>();
+  }
+};
 
 // The backward's operands, packed once per call (bf16_buffer, pack_native): per query head pair Q̂ = bf16(scale·Q)
 // and dÔ as rows and transposed, per kv head pair K̂ᵀ and V̂ᵀ in d pairs and K̂ in key pairs; RoPE on q and k when
