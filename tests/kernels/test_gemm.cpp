@@ -1,6 +1,8 @@
 // GEMM: oneDNN f32/bf16 against the f64 loop for every transpose and alpha/beta, the primitive cache, and edge
 // shapes.
 #include <gtest/gtest.h>
+#include <malloc.h>
+#include <sys/resource.h>
 
 #include "moecore/kernels/cpu/gemm.h"
 #include "test_util.h"
@@ -78,6 +80,35 @@ TEST(Gemm, PrimitivesAreCreatedOncePerShape) {
   EXPECT_EQ(kernels::gemm_stats().primitives_created, created);
   kernels::gemm(A, false, B, false, C, 1.0f, 1.0f);  // accumulate: a different primitive
   EXPECT_EQ(kernels::gemm_stats().primitives_created, created + 1);
+}
+
+// oneDNN's copies of the operands live in one scratchpad buffer that moecore keeps (Scratchpad, gemm_context.h),
+// not in oneDNN's own, which it allocates around calls: repeated products use the same buffer and fault no pages in.
+TEST(Gemm, OneKeptScratchpadServesRepeatedProducts) {
+  if (!kernels::gemm_stats().bf16_native) GTEST_SKIP() << "no native bf16 matmul on this CPU (operands widened)";
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);  // glibc's default, without its adaptive raise after a free
+  // A weight gradient's shape (op(A) = Aᵀ, accumulating), for which oneDNN copies A into its scratchpad.
+  const Tensor A = randn({1024, 256}, DType::F32, 1).to(DType::BF16);
+  const Tensor B = randn({1024, 1024}, DType::F32, 2).to(DType::BF16);
+  Tensor C = Tensor::zeros({256, 1024}, DType::F32);
+  kernels::gemm(A, true, B, false, C, 1.0f, 1.0f);
+  const Tensor first = C.clone();
+  const int64_t scratch = kernels::gemm_stats().scratchpad_bytes;
+  EXPECT_GE(scratch, 64 * 1024);  // the A copy is at least a few blocks of 32 rows
+  auto minor_faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<int64_t>(u.ru_minflt);
+  };
+  const int64_t before = minor_faults();
+  constexpr int kCalls = 8;
+  for (int i = 0; i < kCalls; i++) {
+    C.zero_();
+    kernels::gemm(A, true, B, false, C, 1.0f, 1.0f);
+  }
+  EXPECT_LT(minor_faults() - before, kCalls);
+  EXPECT_EQ(kernels::gemm_stats().scratchpad_bytes, scratch);
+  EXPECT_TRUE(testing::bitwise_equal(C, first));
 }
 
 TEST(Gemm, EmptyReductionScalesC) {

@@ -11,6 +11,7 @@
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
 #include "moecore/cuda/runtime.h"
+#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/train/start_config.h"
 
 namespace moecore::cli {
@@ -127,8 +128,11 @@ void run_bench_train(const TrainBenchArgs& a) {
     return;
   }
   const Phases ph = phases(r);
-  fmt::print("  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s; everything else {:.3f} s\n", r.gemm_s,
-             100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9, r.step_s - r.gemm_s);
+  fmt::print(
+      "  GEMMs: {:.3f} s of the step ({:.0f}%) at {:.1f} GFLOP/s (oneDNN's scratchpad {:.1f} MiB); everything else "
+      "{:.3f} s\n",
+      r.gemm_s, 100.0 * r.gemm_s / r.step_s, r.gemm_flops / r.gemm_s / 1e9,
+      static_cast<double>(kernels::gemm_stats().scratchpad_bytes) / kMiB, r.step_s - r.gemm_s);
   fmt::print("  the step by phase (mean of the timed steps; the next bottleneck is the largest):\n");
   for (const auto& [name, s] : ph.rows) fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", name, s, 100.0 * s / r.step_s);
   // Which GEMM shapes run below the peak: on a machine where GEMMs are most of the step, the ones to look at.

@@ -31,6 +31,26 @@ uint32_t bits(float f) {
   return u;
 }
 
+Scratchpad::~Scratchpad() {
+  std::free(p_);
+}
+
+void* Scratchpad::get(size_t bytes) {
+  if (bytes <= bytes_) return p_;
+  std::free(p_);
+  bytes_ = (bytes + 4095) & ~size_t(4095);
+  p_ = std::aligned_alloc(4096, bytes_);
+  MOE_CHECK(p_ != nullptr, "out of host memory: could not allocate {} bytes for oneDNN's scratchpad", bytes_);
+  return p_;
+}
+
+void bind_scratchpad(Ctx& c, dnnl::memory& scratch, std::unordered_map<int, dnnl::memory>& args) {
+  const size_t bytes = scratch.get_desc().get_size();
+  if (bytes == 0) return;
+  scratch.set_data_handle(c.scratch.get(bytes));
+  args.emplace(DNNL_ARG_SCRATCHPAD, scratch);
+}
+
 dnnl::memory::data_type dnnl_dt(DType t) {
   return t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
@@ -54,6 +74,7 @@ Entry make_entry(Ctx& c, const Key& k) {
   if (k.packed) d.b = dnnl::memory::desc({k.k, k.n}, dnnl_dt(k.dt), dnnl::memory::format_tag::any);
   const dnnl::memory::desc &a_md = d.a, &b_md = d.b, &c_md = d.c;
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see Scratchpad
   float alpha, beta;
   std::memcpy(&alpha, &k.alpha_bits, 4);
   std::memcpy(&beta, &k.beta_bits, 4);
@@ -64,7 +85,7 @@ Entry make_entry(Ctx& c, const Key& k) {
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.eng);
-  Entry e{dnnl::matmul(pd), {}, {}, {}};
+  Entry e{dnnl::matmul(pd), {}, {}, {}, dnnl::memory(pd.scratchpad_desc(), c.eng, DNNL_MEMORY_NONE)};
   // Memory objects are kept; each call only swaps their pointers.
   e.a = dnnl::memory(a_md, c.eng, DNNL_MEMORY_NONE);
   e.b = dnnl::memory(k.packed ? pd.weights_desc() : b_md, c.eng, DNNL_MEMORY_NONE);
@@ -109,7 +130,9 @@ bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
     e.a.set_data_handle(a_ptr);
     e.b.set_data_handle(b_ptr);
     e.c.set_data_handle(C);
-    e.prim.execute(c.strm, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}};
+    bind_scratchpad(c, e.scratch, args);
+    e.prim.execute(c.strm, args);
     c.strm.wait();
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN matmul failed ({}) for M={} N={} K={}", err.what(), M, N, K);
@@ -387,7 +410,9 @@ std::vector<GemmShapeStats> gemm_shape_stats() {
 GemmStats gemm_stats() {
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
-  return c.stats;
+  GemmStats st = c.stats;
+  st.scratchpad_bytes = static_cast<int64_t>(c.scratch.capacity());
+  return st;
 }
 
 }  // namespace moecore::kernels

@@ -80,6 +80,7 @@ struct GemmStats {
   int64_t primitives_created = 0;
   double flops = 0, seconds = 0;  // oneDNN calls only: 2·M·N·K summed, and their wall time
   bool bf16_native = true;        // false when this CPU has no bf16 matmul and operands are widened to f32
+  int64_t scratchpad_bytes = 0;   // the scratchpad buffer all primitives share (outside the tensor allocator)
 };
 GemmStats gemm_stats();
 

@@ -42,10 +42,13 @@ Packer& packer_locked(Ctx& c, int64_t K, int64_t N, bool trans, int layout) {
     if (p.k == K && p.n == N && p.trans == trans && p.layout == layout) return p;
   const dnnl::memory::desc src = make_descs(0, 1, N, K, false, trans, DType::BF16).b;
   const dnnl::memory::desc& dst = c.layouts[static_cast<size_t>(layout)];
-  dnnl::reorder prim(dnnl::reorder::primitive_desc(c.eng, src, c.eng, dst));
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see Scratchpad
+  const dnnl::reorder::primitive_desc pd(c.eng, src, c.eng, dst, attr);
   c.stats.primitives_created++;
-  c.packers.push_back(Packer{K, N, trans, layout, prim, dnnl::memory(src, c.eng, DNNL_MEMORY_NONE),
-                             dnnl::memory(dst, c.eng, DNNL_MEMORY_NONE)});
+  c.packers.push_back(Packer{K, N, trans, layout, dnnl::reorder(pd), dnnl::memory(src, c.eng, DNNL_MEMORY_NONE),
+                             dnnl::memory(dst, c.eng, DNNL_MEMORY_NONE),
+                             dnnl::memory(pd.scratchpad_desc(), c.eng, DNNL_MEMORY_NONE)});
   return c.packers.back();
 }
 
@@ -57,7 +60,9 @@ void pack_locked(Ctx& c, const Tensor& W, int64_t K, int64_t N, bool trans, int 
   try {
     p.src.set_data_handle(const_cast<void*>(W.raw()));
     p.dst.set_data_handle(buf.raw());
-    p.prim.execute(c.strm, p.src, p.dst);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_FROM, p.src}, {DNNL_ARG_TO, p.dst}};
+    bind_scratchpad(c, p.scratch, args);
+    p.prim.execute(c.strm, args);
     c.strm.wait();
   } catch (const dnnl::error& err) {
     MOE_ASSERT_MSG(false, "oneDNN operand reorder failed ({}) for K={} N={}", err.what(), K, N);
