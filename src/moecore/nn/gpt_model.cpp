@@ -198,7 +198,10 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
                    "MTP needs the micro-batch's input ids on the loss chunk");
     mtp_->forward(h, to_sequence_major(st.tokens_BS), st.S, st.B, *embedding_, *output_, st.dropout, st.mtp);
   }
-  st.logits_TV = output_->forward(sp_all_gather(h, cfg_.tp), st.output);
+  // Under --bf16 the output layer writes bf16 logits on the CPU, as Megatron's does; the cross-entropy reads them in
+  // f32 (Megatron upcasts them) and overwrites them with their bf16 gradient.
+  const Tensor x = sp_all_gather(h, cfg_.tp);
+  st.logits_TV = output_->forward(x, st.output, output_->bf16_output_where_possible(x.device()));
   probe("output_layer", false, st.logits_TV);
   return st.logits_TV;
 }
@@ -220,7 +223,7 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   const Tensor labels_BS = split_sequence_BS(labels_all, seq), loss_mask_BS = split_sequence_BS(mask_all, seq);
   MOE_ASSERT(labels_BS.ndim() == 2 && labels_BS.dim(0) == st.B && labels_BS.dim(1) == st.S);
   const int64_t T = st.S * st.B;
-  const DType dt = st.logits_TV.dtype();
+  const DType dt = kernels::cross_entropy_stats_dtype(st.logits_TV.dtype());
   const Device dev = st.logits_TV.device();  // the batch is built on the host and moves to the model's device
   st.labels_T = to_sequence_major(labels_BS).to(dev);
   st.mask_T = mask_sequence_major(loss_mask_BS, labels_BS, dt).to(dev);
@@ -269,10 +272,9 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
   if (ch.loss) {
     Tensor dloss = st.mask_T.clone();
     kernels::scale_(dloss, token_scale);
-    // The logits are not needed after this, so their gradient overwrites them; under --bf16 on the CPU it is
-    // written in bf16, the dtype the output layer's GEMMs read (the same bits as rounding it there).
+    // The logits are not needed after this, so their gradient overwrites them (in bf16 under --bf16 on the CPU,
+    // the dtype the output layer's GEMMs read: the same bits as rounding it there).
     Tensor dlogits = st.logits_TV;
-    if (cfg_.bf16 && !dlogits.device().is_cuda()) dlogits = Tensor::empty(st.logits_TV.shape(), DType::BF16);
     kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, dlogits, vocab_start_);
     st.logits_TV = Tensor();
     probe("cross_entropy", true, dlogits);  // the gradient of the logits
@@ -314,7 +316,7 @@ Tensor GPTModel::logits(const Tensor& tokens_BS) {
             "with --context-parallel-size 1 (checkpoints do not depend on it)",
             cfg_.cp.size);
   if (P == 1) {
-    Tensor out = embed_and_decode(tokens_BS, st).to(Device::cpu());  // callers read logits on the host
+    Tensor out = embed_and_decode(tokens_BS, st).to(Device::cpu()).to(DType::F32);  // callers read f32 on the host
     set_training(true);
     return out;
   }
@@ -324,7 +326,7 @@ Tensor GPTModel::logits(const Tensor& tokens_BS) {
   Tensor padded = Tensor::empty({B, Sp}, DType::I64);
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < Sp; s++) padded.set_item(b * Sp + s, tokens_BS.item(b * S + std::min(s, S - 1)));
-  const Tensor local = embed_and_decode(padded, st).to(Device::cpu());  // [Sp·B, V/P]
+  const Tensor local = embed_and_decode(padded, st).to(Device::cpu()).to(DType::F32);  // [Sp·B, V/P]
   set_training(true);
   const int64_t VL = local.cols(), rows = S * B;
   Tensor parts = Tensor::empty({P, rows, VL}, local.dtype());
@@ -372,8 +374,8 @@ int64_t embedding_stash_bytes(const StashDims& d) {
 int64_t loss_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d) {
   const int64_t r = d.rows();
   int64_t b = tensor_bytes(d.local_rows() * hidden, DType::F32) + norm_stash_bytes(d.local_rows(), norm);
-  b += tensor_bytes(r * hidden, d.gemm_input());             // output.x: the normed output (gathered; bf16 with --bf16)
-  b += tensor_bytes(r * (padded_vocab / d.tp), DType::F32);  // logits_TV
+  b += tensor_bytes(r * hidden, d.gemm_input());  // output.x: the normed output (gathered; bf16 with --bf16)
+  b += tensor_bytes(r * (padded_vocab / d.tp), d.gemm_input());        // logits_TV (bf16 with --bf16)
   b += tensor_bytes(r, DType::I64) + 2 * tensor_bytes(r, DType::F32);  // labels_T, mask_T, lse_T
   return b;
 }

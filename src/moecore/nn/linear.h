@@ -41,6 +41,10 @@ class Linear {
   // they are, with no cast pass, and the stash shares x. y is f32, or bf16 when `out` asks (bf16 on, no bias, CPU):
   // rounded as the GEMM writes it, for a consumer that keeps it in bf16.
   Tensor forward(const Tensor& x, Stash& st, DType out = DType::F32);
+  // bf16 where forward can write it for inputs on `dev` (bf16 on, no bias, CPU), else f32.
+  DType bf16_output_where_possible(const Device& dev) const {
+    return bf16_ && bias_ == nullptr && dev.is_cpu() ? DType::BF16 : DType::F32;
+  }
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;
   // dy [rows, out] -> dx [rows, in] (written); dW, db accumulated. dx is f32, or bf16 when `dx_out` asks (bf16 on,

@@ -134,7 +134,8 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
       layers_[k]->release(d.layer);
     }
     h = final_norm_[k]->forward(y, d.final_norm);
-    d.logits_TV = output.forward(sp_all_gather(h, tp_), d.output);
+    const Tensor x = sp_all_gather(h, tp_);
+    d.logits_TV = output.forward(x, d.output, output.bf16_output_where_possible(x.device()));  // as the main ones
   }
 }
 
@@ -151,7 +152,7 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_ma
   const double main_all = cp_.on() ? kernels::sum(mask_T) : main_mask_sum;  // the whole sequence's loss tokens
   for (size_t k = 0; k < st.depths.size(); k++) {
     Depth& d = st.depths[k];
-    const DType dt = d.logits_TV.dtype();
+    const DType dt = kernels::cross_entropy_stats_dtype(d.logits_TV.dtype());
     const Device dev = d.logits_TV.device();  // labels and mask are rolled where they are, used where the logits are
     const int64_t shift = static_cast<int64_t>(k) + 1;
     d.labels_T = roll_local(labels_T, S, B, shift, cp_).to(dev);

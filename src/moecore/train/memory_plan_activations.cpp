@@ -152,7 +152,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));
       const int64_t logits = d.rows() * (padded_vocab / d.tp);
-      a.logits = static_cast<double>(nn::tensor_bytes(logits, DType::F32));
+      a.logits = static_cast<double>(nn::tensor_bytes(logits, d.gemm_input()));  // bf16 with --bf16
       b += all - a.logits;
       // Multi-token prediction's depths (their layer of the last decoder layer's kind) hold theirs until backward.
       if (c.mtp_num_layers > 0) {
@@ -161,13 +161,12 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
              static_cast<double>(nn::mtp_depth_stash_bytes(
                  m.hidden, padded_vocab, m.norm, d, rc, static_cast<int64_t>(layer_bytes(m, l, c.num_layers - 1, d))));
       }
-      // The output layer's backward under --bf16: the logits gradient rounded to bf16 for its two GEMMs (input
-      // gradient [T, H] = dlogits·W, weight gradient [V/TP, H] = dlogitsᵀ·x) and, where this CPU has no bf16
-      // matmul, the f32 blocks kernels::gemm widens their operands into.
+      // The output layer's backward under --bf16: its logits gradient overwrites the bf16 logits; where this CPU
+      // has no bf16 matmul, its two GEMMs (input gradient [T, H] = dlogits·W, weight gradient [V/TP, H] =
+      // dlogitsᵀ·x) widen their operands into f32 blocks.
       if (d.bf16) {
         const int64_t T = d.rows(), V = padded_vocab / d.tp;
-        a.working = std::max(a.working, static_cast<double>(nn::tensor_bytes(logits, DType::BF16) +
-                                                            std::max(kernels::gemm_widened_bytes(T, m.hidden, V),
+        a.working = std::max(a.working, static_cast<double>(std::max(kernels::gemm_widened_bytes(T, m.hidden, V),
                                                                      kernels::gemm_widened_bytes(V, m.hidden, T))));
       }
     }

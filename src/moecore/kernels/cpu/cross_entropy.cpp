@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "moecore/core/cpu.h"
@@ -17,25 +18,59 @@ inline int64_t target_at(const Tensor& t, int64_t i) {
   return t.dtype() == DType::I32 ? t.data<int32_t>()[i] : t.data<int64_t>()[i];
 }
 
-template <typename T>
-MOE_TARGET_CLONES void lse_rows(const T* logits, T* lse, int64_t rows, int64_t V) {
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; t++) {
-    const T* l = logits + t * V;
-    T mx = -std::numeric_limits<T>::infinity();
+// Logits are read in their storage dtype L and computed in C: f64 for f64, f32 for f32 and bf16 (Megatron's
+// cross-entropy upcasts its bf16 logits to f32).
+template <typename L>
+using Compute = std::conditional_t<std::is_same_v<L, double>, double, float>;
+inline float widen(bf16 x) {
+  return bf16_to_float(x);
+}
+inline float widen(float x) {
+  return x;
+}
+inline double widen(double x) {
+  return x;
+}
+
+template <typename C>
+MOE_TARGET_CLONES C lse_row(const C* l, int64_t V) {
+  C mx = -std::numeric_limits<C>::infinity();
 #pragma omp simd reduction(max : mx)
-    for (int64_t v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-    T s = 0;
+  for (int64_t v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+  C s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t v = 0; v < V; v++) s += vexp(l[v] - mx);
-    lse[t] = mx + std::log(s);
+  for (int64_t v = 0; v < V; v++) s += vexp(l[v] - mx);
+  return mx + std::log(s);
+}
+
+MOE_TARGET_CLONES void widen_row(const bf16* l, float* out, int64_t V) {
+#pragma omp simd
+  for (int64_t v = 0; v < V; v++) out[v] = bf16_to_float(l[v]);
+}
+
+// bf16 rows are widened into an L2-sized f32 row first: the two passes over it then run at the f32 loops' rate,
+// where widening inside them made the forward half as slow again.
+template <typename L, typename C = Compute<L>>
+void lse_rows(const L* logits, C* lse, int64_t rows, int64_t V) {
+#pragma omp parallel
+  {
+    std::vector<float> row(std::is_same_v<L, bf16> ? static_cast<size_t>(V) : 0);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+      if constexpr (std::is_same_v<L, bf16>) {
+        widen_row(logits + t * V, row.data(), V);
+        lse[t] = lse_row<C>(row.data(), V);
+      } else {
+        lse[t] = lse_row<C>(logits + t * V, V);
+      }
+    }
   }
 }
 
-template <typename T>
-MOE_TARGET_CLONES void grad_row(T g, const T* l, T m, T* d, int64_t V) {
+template <typename L, typename C = Compute<L>>
+MOE_TARGET_CLONES void grad_row(C g, const L* l, C m, C* d, int64_t V) {
 #pragma omp simd
-  for (int64_t v = 0; v < V; v++) d[v] = vexp(l[v] - m) * g;
+  for (int64_t v = 0; v < V; v++) d[v] = vexp(widen(l[v]) - m) * g;
 }
 
 template <typename T>
@@ -43,23 +78,63 @@ void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t row
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) grad_row<T>(dloss[t], logits + t * V, lse[t], dl + t * V, V);
 }
+
+// A bf16 gradient from f32 or bf16 logits: each row in f32 (an L2-sized scratch row), then rounded as it is stored:
+// the bits of the f32 gradient cast to bf16 afterwards, without its [T, V] f32 pass and cast pass. The row is
+// complete before it is stored, so the gradient may overwrite the logits.
+template <typename L>
+void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& targets_T, int64_t vocab_start, bf16* d,
+                    int64_t rows, int64_t V) {
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+      grad_row<L>(g[t], l + t * V, lse[t], row.data(), V);
+      const int64_t c = target_at(targets_T, t) - vocab_start;
+      if (c >= 0 && c < V) row[static_cast<size_t>(c)] -= g[t];
+      uint16_t* out = reinterpret_cast<uint16_t*>(d + t * V);
+      const float* r = row.data();
+#pragma omp simd
+      for (int64_t v = 0; v < V; v++) out[v] = float_to_bf16(r[v]).bits;
+    }
+  }
+}
+
+// Runs body.template operator()<L>() with L the logits' storage type (f32, f64 or bf16).
+template <typename F>
+void with_logits_type(DType dt, F&& body) {
+  if (dt == DType::BF16) return body.template operator()<bf16>();
+  MOE_DISPATCH_FLOAT(dt, T, { body.template operator()<T>(); });
+}
+
+// The statistics' dtype for logits of dtype dt: f32 for bf16 logits, else theirs.
+DType compute_dtype(DType dt) {
+  return dt == DType::BF16 ? DType::F32 : dt;
+}
 }  // namespace
+
+DType cross_entropy_stats_dtype(DType logits) {
+  return compute_dtype(logits);
+}
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
   TimerScope timer("loss", 2);
   if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
+  MOE_ASSERT(loss_T.dtype() == compute_dtype(logits_TV.dtype()) && lse_T.dtype() == loss_T.dtype());
   for (int64_t t = 0; t < rows; t++) {
     const int64_t y = target_at(targets_T, t);
     MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
   }
-  MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
-    const T* l = logits_TV.data<T>();
-    T* lse = lse_T.data<T>();
-    T* loss = loss_T.data<T>();
-    lse_rows<T>(l, lse, rows, V);
-    for (int64_t t = 0; t < rows; t++) loss[t] = lse[t] - l[t * V + target_at(targets_T, t)];
+  with_logits_type(logits_TV.dtype(), [&]<typename L>() {
+    using C = Compute<L>;
+    const L* l = logits_TV.data<L>();
+    C* lse = lse_T.data<C>();
+    C* loss = loss_T.data<C>();
+    lse_rows<L>(l, lse, rows, V);
+    for (int64_t t = 0; t < rows; t++) loss[t] = lse[t] - widen(l[t * V + target_at(targets_T, t)]);
   });
 }
 
@@ -72,33 +147,38 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
                                                       loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
+  const DType cdt = compute_dtype(logits_TV.dtype());
+  MOE_ASSERT(loss_T.dtype() == cdt && lse_T.dtype() == cdt);
   for (int64_t t = 0; t < rows; t++) {
     const int64_t y = target_at(targets_T, t);
     MOE_CHECK(y >= 0 && y < vocab_total, "label {} at position {} is outside the vocabulary [0, {})", y, t,
               vocab_total);
   }
-  MOE_DISPATCH_FLOAT(logits_TV.dtype(), T, {
-    const T* l = logits_TV.data<T>();
-    Tensor mx = Tensor::empty({rows}, logits_TV.dtype());
-    T* m = mx.data<T>();
-    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < rows; t++) {
-      T v = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < V; j++) v = l[t * V + j] > v ? l[t * V + j] : v;
+  with_logits_type(logits_TV.dtype(), [&]<typename L>() {
+    using C = Compute<L>;
+    const L* l = logits_TV.data<L>();
+    Tensor mx = Tensor::empty({rows}, cdt);
+    C* m = mx.data<C>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+      C v = -std::numeric_limits<C>::infinity();
+      for (int64_t j = 0; j < V; j++) v = widen(l[t * V + j]) > v ? widen(l[t * V + j]) : v;
       m[t] = v;
     }
     all_reduce(mx, true);
-    Tensor sums = Tensor::empty({2 * rows}, logits_TV.dtype());  // [Σ exp(l − max) | target logit or 0]
-    T* se = sums.data<T>();
-    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < rows; t++) {
-      T s = 0;
-      for (int64_t j = 0; j < V; j++) s += vexp(l[t * V + j] - m[t]);
+    Tensor sums = Tensor::empty({2 * rows}, cdt);  // [Σ exp(l − max) | target logit or 0]
+    C* se = sums.data<C>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+      C s = 0;
+      for (int64_t j = 0; j < V; j++) s += vexp(widen(l[t * V + j]) - m[t]);
       se[t] = s;
       const int64_t c = target_at(targets_T, t) - vocab_start;
-      se[rows + t] = c >= 0 && c < V ? l[t * V + c] : T(0);
+      se[rows + t] = c >= 0 && c < V ? widen(l[t * V + c]) : C(0);
     }
     all_reduce(sums, false);
-    T* lse = lse_T.data<T>();
-    T* loss = loss_T.data<T>();
+    C* lse = lse_T.data<C>();
+    C* loss = loss_T.data<C>();
     for (int64_t t = 0; t < rows; t++) {
       lse[t] = m[t] + std::log(se[t]);
       loss[t] = lse[t] - se[rows + t];
@@ -113,27 +193,15 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
     return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
-  if (dlogits_TV.dtype() == DType::BF16 && logits_TV.dtype() == DType::F32) {
-    // Each row in f32 (an L2-sized scratch row), then rounded as it is stored: the bits of the f32 gradient cast
-    // to bf16 afterwards, without its [T, V] f32 pass and cast pass.
-    const float* g = dloss_T.data<float>();
-    const float* l = logits_TV.data<float>();
-    const float* lse = lse_T.data<float>();
+  if (dlogits_TV.dtype() == DType::BF16) {
+    MOE_ASSERT(logits_TV.dtype() == DType::BF16 || logits_TV.dtype() == DType::F32);
+    MOE_ASSERT(dloss_T.dtype() == DType::F32 && lse_T.dtype() == DType::F32);
+    const float *g = dloss_T.data<float>(), *lse = lse_T.data<float>();
     bf16* d = dlogits_TV.data<bf16>();
-#pragma omp parallel
-    {
-      std::vector<float> row(static_cast<size_t>(V));
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < rows; t++) {
-        grad_row<float>(g[t], l + t * V, lse[t], row.data(), V);
-        const int64_t c = target_at(targets_T, t) - vocab_start;
-        if (c >= 0 && c < V) row[static_cast<size_t>(c)] -= g[t];
-        uint16_t* out = reinterpret_cast<uint16_t*>(d + t * V);
-        const float* r = row.data();
-#pragma omp simd
-        for (int64_t v = 0; v < V; v++) out[v] = float_to_bf16(r[v]).bits;
-      }
-    }
+    if (logits_TV.dtype() == DType::BF16)
+      bf16_grad_rows(g, logits_TV.data<bf16>(), lse, targets_T, vocab_start, d, rows, V);
+    else
+      bf16_grad_rows(g, logits_TV.data<float>(), lse, targets_T, vocab_start, d, rows, V);
     return;
   }
   MOE_ASSERT(dlogits_TV.dtype() == logits_TV.dtype());

@@ -8,10 +8,13 @@
 
 namespace moecore::kernels {
 
-// logits_TV [T, V], targets_T [T] (i32/i64) -> loss_T [T], lse_T [T] (kept for backward).
+// logits_TV [T, V], targets_T [T] (i32/i64) -> loss_T [T], lse_T [T] (kept for backward), of the dtype
+// cross_entropy_stats_dtype names. On the CPU the logits may be bf16 (Megatron's bf16 output layer): computed in f32.
+DType cross_entropy_stats_dtype(DType logits);
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T);
 // dlogits_TV = (softmax(logits) − onehot(target)) · dloss_T (written; may alias logits_TV to save memory). On the
-// CPU, dlogits_TV may be bf16 for f32 logits: the f32 gradient rounded as it is stored, for a bf16 output layer.
+// CPU, dlogits_TV may be bf16 for f32 or bf16 logits: the f32 gradient rounded as it is stored, for a bf16 output
+// layer (and it may overwrite bf16 logits).
 // Vocabulary-parallel: logits_TV holds columns [vocab_start, vocab_start + V) and lse_T is over all columns.
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start = 0);
