@@ -102,12 +102,33 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
+namespace {
+// A large byte range in 256 KiB pieces over the threads: one core does not reach the memory's bandwidth, and the
+// other would wait at the next parallel region (the experts' padding copies, clones of activations, zeroed
+// gradients). f(offset, length) handles one piece.
+template <typename F>
+void in_pieces(size_t bytes, const F& f) {
+  constexpr size_t kPiece = size_t{1} << 18;
+  if (bytes < 4 * kPiece) {
+    f(size_t{0}, bytes);
+    return;
+  }
+  const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pieces; i++) {
+    const size_t off = static_cast<size_t>(i) * kPiece;
+    f(off, std::min(kPiece, bytes - off));
+  }
+}
+
+}  // namespace
+
 void Tensor::zero_() {
   if (numel() == 0) return;
   if (device_.is_cuda())
     cuda::zero_bytes(raw(), nbytes(), device_);
   else
-    std::memset(raw(), 0, nbytes());
+    in_pieces(nbytes(), [p = static_cast<char*>(raw())](size_t off, size_t n) { std::memset(p + off, 0, n); });
 }
 
 double Tensor::item(int64_t i) const {
@@ -178,20 +199,10 @@ void convert(D* dst, const S* src, int64_t n) {
   }
 }
 
-// A large copy in 256 KiB pieces over the threads: one core does not reach the memory's bandwidth, and the other
-// would wait at the next parallel region (the experts' padding copies, clones of activations).
 void copy_bytes_parallel(void* dst, const void* src, size_t bytes) {
-  constexpr size_t kPiece = size_t{1} << 18;
-  if (bytes < 4 * kPiece) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < pieces; i++) {
-    const size_t off = static_cast<size_t>(i) * kPiece;
-    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, std::min(kPiece, bytes - off));
-  }
+  in_pieces(bytes, [&](size_t off, size_t n) {
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, n);
+  });
 }
 
 template <typename D>
