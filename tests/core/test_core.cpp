@@ -28,6 +28,23 @@ TEST(Tensor, SliceAndReshapeAreViews) {
   EXPECT_THROW(t.data<double>(), InternalError);
 }
 
+// Large tensors are copied and zeroed in 256 KiB pieces over the threads: every piece, the last partial one too,
+// and nothing outside the view.
+TEST(Tensor, LargeCopiesAndZeroingCoverEveryPiece) {
+  const int64_t n = (int64_t(3) << 20) / 4 + 1234;  // ~3 MiB of f32: 12 pieces and a partial one
+  Tensor whole = testing::randn({n + 2}, DType::F32, 3);
+  const Tensor src = testing::randn({n}, DType::F32, 4);
+  Tensor view = whole.slice(1, n);
+  view.copy_from(src);
+  EXPECT_TRUE(testing::bitwise_equal(view, src));
+  const double before = whole.item(0), after = whole.item(n + 1);
+  view.zero_();
+  for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(view.item(i), 0.0) << i;
+  EXPECT_EQ(view.item(n - 1), 0.0);
+  EXPECT_EQ(whole.item(0), before);
+  EXPECT_EQ(whole.item(n + 1), after);
+}
+
 TEST(Tensor, AllDtypes) {
   for (DType dt : {DType::F32, DType::BF16, DType::F64, DType::I32, DType::I64}) {
     Tensor t = Tensor::zeros({3, 5}, dt);
