@@ -211,5 +211,19 @@ TEST(Gemm, PeakSwingFlagsAnUnsteadyMachine) {
   EXPECT_DOUBLE_EQ(kernels::peak_swing({}), 1.0);
 }
 
+// Each run against the mean of the samples on either side of it: a run at half the peak while the machine slowed
+// from 1,400 to 600 GFLOP/s is 0.5 of its moment's peak, whatever the run's median peak.
+TEST(Gemm, PairedPeakRatiosCompareEachRunWithItsNeighbours) {
+  const std::vector<double> r = kernels::paired_peak_ratios({700, 500, 300}, {1400, 1400, 600, 600});
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_DOUBLE_EQ(r[0], 0.5);
+  EXPECT_DOUBLE_EQ(r[1], 0.5);
+  EXPECT_DOUBLE_EQ(r[2], 0.5);
+  // Earlier samples (one before a warm-up) are left out: the last rates + 1 bracket the runs.
+  EXPECT_DOUBLE_EQ(kernels::paired_peak_ratios({100}, {9999, 200, 200}).at(0), 0.5);
+  EXPECT_TRUE(kernels::paired_peak_ratios({100, 100}, {200, 200}).empty());
+  EXPECT_TRUE(kernels::paired_peak_ratios({}, {200}).empty());
+}
+
 }  // namespace
 }  // namespace moecore

@@ -146,10 +146,12 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   fmt::print("  {}\n", peak.describe());
   fmt::print("  attention forward:          {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", fwd, 100.0 * fwd / p);
   fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / p);
+  fmt::print("  {}\n", describe_paired(total_rates, peak.samples()));
   fmt::print(
-      "attention dtype={} kernel={}{}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n",
+      "attention dtype={} kernel={}{}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} "
+      "paired_ratio={:.3f}\n",
       a.dtype, tag, a.bf16_tensors ? " tensors=bf16" : "", block ? fmt::format(" block_q0={}", a.block_q0) : "", fwd,
-      tot, p, tot / p);
+      tot, p, tot / p, paired_peak_ratio(total_rates, peak.samples()));
 }
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -88,6 +89,20 @@ std::string describe_peak(std::string_view dtype, const std::vector<double>& sam
         "it, or clock changes), so the ratios to the peak are not reliable; run again when it is quiet",
         swing);
   return s;
+}
+
+double paired_peak_ratio(const std::vector<double>& rates, const std::vector<double>& samples) {
+  const std::vector<double> r = kernels::paired_peak_ratios(rates, samples);
+  return r.empty() ? std::nan("") : cli::median(r);
+}
+
+std::string describe_paired(const std::vector<double>& rates, const std::vector<double>& samples) {
+  const std::vector<double> r = kernels::paired_peak_ratios(rates, samples);
+  if (r.empty()) return "each run against the peak on either side of it: too few peak samples";
+  return fmt::format(
+      "each run against the peak sampled on either side of it: ratio {:.3f} (median of {} runs, range "
+      "{:.3f}-{:.3f})",
+      cli::median(r), r.size(), *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end()));
 }
 
 std::string PeakSampler::describe() const {

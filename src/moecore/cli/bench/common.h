@@ -40,6 +40,7 @@ class PeakSampler {
   // "<dtype> GEMM peak X GFLOP/s: median of N samples taken between the timed runs, each the best of 3 M=N=K=2048
   // runs (range a-b)"
   std::string describe() const;
+  const std::vector<double>& samples() const { return samples_; }
 
  private:
   DType dtype_;
@@ -51,6 +52,12 @@ class PeakSampler {
 // kernels::kUnsteadyPeak.
 std::string describe_peak(std::string_view dtype, const std::vector<double>& samples, Device device,
                           const char* between);
+// The median of kernels::paired_peak_ratios: each timed run against the peak sampled on either side of it. On a
+// machine whose speed drifts during the benchmark this compares like with like where the median peak does not. NaN
+// where there are too few samples.
+double paired_peak_ratio(const std::vector<double>& rates, const std::vector<double>& samples);
+// "each run against the peak sampled on either side of it: ratio X (median of N runs, range a-b)"
+std::string describe_paired(const std::vector<double>& rates, const std::vector<double>& samples);
 // One such sample: GFLOP/s of the best of 3 square GEMMs of `dtype` (M=N=K=2048 on a CPU, 8192 on a GPU).
 double gemm_peak_sample(DType dtype, Device device = Device::cpu());
 

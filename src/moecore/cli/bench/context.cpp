@@ -160,9 +160,12 @@ void run_bench_context(const ContextBenchArgs& a) {
       "blocked_s={:.4f}\n",
       ring, compute, std::max(0.0, ring - compute), std::max(0.0, ring - compute) / ring, median(t_blocked));
   const double gflops = flops_rank / ring / 1e9;
-  fmt::print("context attention_gflops={:.2f} peak_gflops={:.2f} peak_ratio={:.3f}\n", gflops, peak.median(),
-             gflops / peak.median());
+  std::vector<double> rates;  // each run's (the slowest rank's)
+  for (double t : t_ring) rates.push_back(flops_rank / t / 1e9);
+  fmt::print("context attention_gflops={:.2f} peak_gflops={:.2f} peak_ratio={:.3f} paired_ratio={:.3f}\n", gflops,
+             peak.median(), gflops / peak.median(), paired_peak_ratio(rates, peak.samples()));
   fmt::print("  {}\n", peak.describe());
+  fmt::print("  {}\n", describe_paired(rates, peak.samples()));
 }
 
 }  // namespace

@@ -74,7 +74,9 @@ void run_bench_mla(const MLABenchArgs& a) {
       "  MLA forward+backward: {:8.1f} GFLOP/s ({:.1f}% of GEMM peak); projections {:.0f}% of the FLOPs, the "
       "attention core {:.0f}% of the time\n",
       rate, 100.0 * rate / p, 100.0 * proj_flops / (proj_flops + core_flops), 100.0 * median(core_shares));
-  fmt::print("mla dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, p, rate / p);
+  fmt::print("  {}\n", describe_paired(rates, peak.samples()));
+  fmt::print("mla dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} paired_ratio={:.3f}\n", a.dtype, rate, p,
+             rate / p, paired_peak_ratio(rates, peak.samples()));
 }
 }  // namespace
 

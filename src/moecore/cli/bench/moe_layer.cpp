@@ -108,7 +108,9 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     fmt::print("  the layer's GEMMs by shape (all row counts of a shape together):\n");
     print_gemm_shapes(shapes.shapes(), p, 8);
   }
-  fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f}\n", a.dtype, rate, p, rate / p);
+  fmt::print("  {}\n", describe_paired(rates, peak.samples()));
+  fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} paired_ratio={:.3f}\n", a.dtype, rate, p,
+             rate / p, paired_peak_ratio(rates, peak.samples()));
 }
 }  // namespace
 

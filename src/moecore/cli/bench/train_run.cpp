@@ -63,6 +63,7 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   r.gemm_shapes = shapes.shapes();
   for (double s : steps) r.step_s += s / iters;
   r.step_median_s = median(steps);
+  r.steps_s = steps;
   if (profile) r.gpu = profile->report(kSyncSitesShown);
   r.counters = comm::comm_counters();
   for (const auto& [k, c] : r.counters) r.exposed_s += c.blocked_seconds / iters;

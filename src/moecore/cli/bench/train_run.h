@@ -51,6 +51,7 @@ constexpr size_t kGemmShapesShown = 8;
 
 struct TrainRun {
   double step_s = 0, step_median_s = 0, exposed_s = 0, exposed_max_s = 0;
+  std::vector<double> steps_s;        // each timed step's seconds, in order
   double gemm_s = 0, gemm_flops = 0;  // per step: time inside oneDNN matmuls and their FLOPs
   std::vector<double> peak_samples;   // GEMM GFLOP/s measured between the timed steps (when asked)
   int64_t world = 1, rank = 0;

@@ -371,6 +371,15 @@ double peak_swing(const std::vector<double>& samples) {
   return *lo > 0 ? *hi / *lo : 1.0;
 }
 
+std::vector<double> paired_peak_ratios(const std::vector<double>& rates, const std::vector<double>& samples) {
+  std::vector<double> r;
+  if (rates.empty() || samples.size() < rates.size() + 1) return r;
+  const size_t first = samples.size() - rates.size() - 1;
+  for (size_t i = 0; i < rates.size(); i++)
+    r.push_back(rates[i] / (0.5 * (samples[first + i] + samples[first + i + 1])));
+  return r;
+}
+
 double measure_gemm_peak_gflops(DType dtype, Device device) {
   double best = 0;
   if (device.is_cuda()) {  // the cuBLAS peak: sizes that fill the GPU

@@ -68,6 +68,10 @@ double measure_gemm_peak_gflops(DType dtype, Device device = Device::cpu());
 // work on it, clock changes) and every ratio to the peak moves with it: the benchmarks say so.
 constexpr double kUnsteadyPeak = 1.25;
 double peak_swing(const std::vector<double>& samples);
+// Each timed run's rate over the mean of the two peak samples on either side of it (the last rates.size() + 1
+// samples, in order, bracket the runs): on a machine whose speed drifts during a benchmark, each run compared with
+// the peak of its moment. Empty where there are too few samples.
+std::vector<double> paired_peak_ratios(const std::vector<double>& rates, const std::vector<double>& samples);
 // GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device = Device::cpu());
 
