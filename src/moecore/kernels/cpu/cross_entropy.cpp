@@ -33,23 +33,34 @@ inline double widen(double x) {
 }
 
 template <typename C>
-MOE_TARGET_CLONES C lse_row(const C* l, int64_t V) {
+MOE_TARGET_CLONES C row_max(const C* l, int64_t V) {
   C mx = -std::numeric_limits<C>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+  return mx;
+}
+
+template <typename C>
+MOE_TARGET_CLONES C lse_row(const C* l, C mx, int64_t V) {
   C s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t v = 0; v < V; v++) s += vexp(l[v] - mx);
   return mx + std::log(s);
 }
 
-MOE_TARGET_CLONES void widen_row(const bf16* l, float* out, int64_t V) {
-#pragma omp simd
-  for (int64_t v = 0; v < V; v++) out[v] = bf16_to_float(l[v]);
+// A bf16 row widened into f32, and its maximum.
+MOE_TARGET_CLONES float widen_row_max(const bf16* l, float* out, int64_t V) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < V; v++) {
+    out[v] = bf16_to_float(l[v]);
+    mx = out[v] > mx ? out[v] : mx;
+  }
+  return mx;
 }
 
-// bf16 rows are widened into an L2-sized f32 row first: the two passes over it then run at the f32 loops' rate,
-// where widening inside them made the forward half as slow again.
+// bf16 rows are widened into an L2-sized f32 row first (finding the maximum as they are): the sum of exponentials
+// then runs at the f32 loop's rate, where widening inside it made the forward half as slow again.
 template <typename L, typename C = Compute<L>>
 void lse_rows(const L* logits, C* lse, int64_t rows, int64_t V) {
 #pragma omp parallel
@@ -58,10 +69,10 @@ void lse_rows(const L* logits, C* lse, int64_t rows, int64_t V) {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < rows; t++) {
       if constexpr (std::is_same_v<L, bf16>) {
-        widen_row(logits + t * V, row.data(), V);
-        lse[t] = lse_row<C>(row.data(), V);
+        const float mx = widen_row_max(logits + t * V, row.data(), V);
+        lse[t] = lse_row<C>(row.data(), mx, V);
       } else {
-        lse[t] = lse_row<C>(logits + t * V, V);
+        lse[t] = lse_row<C>(logits + t * V, row_max<C>(logits + t * V, V), V);
       }
     }
   }
