@@ -138,13 +138,23 @@ void rows_gemm(const Tensor& A, nn::Parameter& param, const Tensor& W, int64_t e
   }
 }
 
-// dW += dY_rowsᵀ · X_rows   (weight-gradient GEMM, reduced chunk by chunk in a fixed order)
-void wgrad_gemm(const Tensor& dY, const Tensor& X, Tensor& dW) {
+// dW = beta·dW + dY_rowsᵀ · X_rows   (weight-gradient GEMM, reduced chunk by chunk in a fixed order)
+void wgrad_gemm(const Tensor& dY, const Tensor& X, Tensor& dW, float beta) {
   const int64_t n = dY.rows(), step = even_chunk(n, kWgradChunk);
   for (int64_t r = 0; r < n; r += step) {
     const int64_t k = std::min(step, n - r);
-    kernels::gemm(dY.slice(r, k), true, X.slice(r, k), false, dW, 1.0f, 1.0f);
+    kernels::gemm(dY.slice(r, k), true, X.slice(r, k), false, dW, 1.0f, r == 0 ? beta : 1.0f);
   }
+}
+
+// Each expert's slice of a stale gradient (Parameter::grad_stale) is overwritten by its first weight-gradient GEMM;
+// the slices of experts without rows are zeroed.
+float take_expert_grad_beta(nn::Parameter& p, const std::vector<int64_t>& counts) {
+  const float beta = p.take_grad_beta();
+  if (beta == 0.0f)
+    for (size_t e = 0; e < counts.size(); e++)
+      if (counts[e] == 0) expert_weight(p.grad, static_cast<int64_t>(e)).zero_();
+  return beta;
 }
 }  // namespace
 
@@ -245,11 +255,12 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
     kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
   Tensor da = padded_empty(counts, F, dt);
+  const float beta2 = take_expert_grad_beta(*fc2_, counts), beta1 = take_expert_grad_beta(*fc1_, counts);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);
     rows_gemm(dy.slice(r0, n), *fc2_, expert_weight(w2, e), e, false, cfg_.bf16, dar);
     Tensor dw2 = expert_weight(fc2_->grad, e);
-    wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2);
+    wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2, beta2);
   });
   Tensor dhc = padded_empty(counts, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt);
   Tensor dprobs = padded_empty(counts, 1, dt).reshape({Rp});
@@ -259,7 +270,7 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
     Tensor dxr = dx.slice(r0, n);
     rows_gemm(dhc.slice(r0, n), *fc1_, expert_weight(w1, e), e, false, cfg_.bf16, dxr);
     Tensor dw1 = expert_weight(fc1_->grad, e);
-    wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1);
+    wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1, beta1);
   });
   dprobs_R = from_padded(dprobs, counts, {R}, st.padded_io);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();

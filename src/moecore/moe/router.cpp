@@ -514,12 +514,12 @@ Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_
   Tensor dx_r = into ? *dx_add : Tensor::empty({T_, H}, rd);
   kernels::gemm(dl, false, w_r, false, dx_r, 1.0f, into ? 1.0f : 0.0f);
   if (weight_->grad.dtype() == rd) {
-    kernels::gemm(dl, true, st.x_r, false, weight_->grad, 1.0f, 1.0f);
+    kernels::gemm(dl, true, st.x_r, false, weight_->grad, 1.0f, weight_->take_grad_beta());
   } else {
     Tensor dw = Tensor::empty({E, H}, rd);
     kernels::gemm(dl, true, st.x_r, false, dw);
     Tensor dw_cast = dw.to(weight_->grad.dtype());
-    kernels::add_(weight_->grad, dw_cast);
+    kernels::add_(weight_->grad_to_add(), dw_cast);
   }
   if (st.jitter_TH.defined()) {
     MOE_DISPATCH_FLOAT(rd, R, {

@@ -105,7 +105,7 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
         dzp[t] = s * g[t] * (F(1) - g[t]);
       }
     });
-  kernels::gemm(dz, true, st.x_TH, false, gate_->grad, 1.0f, 1.0f);
+  kernels::gemm(dz, true, st.x_TH, false, gate_->grad, 1.0f, gate_->take_grad_beta());
   Tensor dx = mlp_.backward(dm.reshape(dy_SBH.shape()), *st.mlp).reshape({T, H});
   kernels::gemm(dz, false, gate_->value, false, dx, 1.0f, 1.0f);
   st.x_TH = st.out_TH = st.gate_T = Tensor();

@@ -27,7 +27,7 @@ Tensor Embedding::forward(const Tensor& ids_T, Stash& st) {
 }
 
 void Embedding::backward(const Tensor& dy_TH, Stash& st) {
-  kernels::embedding_backward(sp_all_gather(dy_TH, tp_), st.ids_T, weight_->grad, vocab_start_);
+  kernels::embedding_backward(sp_all_gather(dy_TH, tp_), st.ids_T, weight_->grad_to_add(), vocab_start_);
   st.ids_T = Tensor();
 }
 

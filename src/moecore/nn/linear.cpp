@@ -90,15 +90,16 @@ void Linear::backward_add(const Tensor& dy, Stash& st, Tensor& dx) {
 void Linear::backward_into(const Tensor& dy, Stash& st, Tensor& dx, float beta) {
   MOE_ASSERT_MSG(bf16_ || dy.dtype() != DType::BF16, "{}: a bf16 gradient to an f32 GEMM", weight_->name);
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
+  const float grad_beta = weight_->take_grad_beta();  // 0: the step's first write of a stale gradient
   if (bf16_) {
     const Tensor dyb = dy2.as_dtype(DType::BF16);
     kernels::gemm(dyb, false, w_bf16_, false, dx, 1.0f, beta);
-    kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, 1.0f);
+    kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, grad_beta);
   } else {
     kernels::gemm(dy2, false, weight_->value, false, dx, 1.0f, beta);
-    kernels::gemm(dy2, true, st.x, false, weight_->grad, 1.0f, 1.0f);
+    kernels::gemm(dy2, true, st.x, false, weight_->grad, 1.0f, grad_beta);
   }
-  if (bias_) kernels::accumulate_col_sums(dy2, bias_->grad);
+  if (bias_) kernels::accumulate_col_sums(dy2, bias_->grad_to_add());
   st.x = Tensor();
 }
 

@@ -61,9 +61,10 @@ Tensor Norm::backward(const Tensor& dy, Stash& st, const Tensor* dres) {
   Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype(), st.x.device());
   const Tensor dy_x = dy.reshape(st.x.shape());
   if (cfg_.kind == NormKind::LayerNorm)
-    kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad, bias_->grad, dres);
+    kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad_to_add(), bias_->grad_to_add(),
+                                dres);
   else
-    kernels::rmsnorm_backward(dy_x, st.x, gamma(), st.rstd, dx, weight_->grad, dres);
+    kernels::rmsnorm_backward(dy_x, st.x, gamma(), st.rstd, dx, weight_->grad_to_add(), dres);
   st = Stash{};
   return dx;
 }

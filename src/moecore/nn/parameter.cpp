@@ -2,6 +2,7 @@
 #include "moecore/nn/parameter.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
@@ -84,12 +85,31 @@ void init_parameter(Parameter& p, uint64_t seed) {
   });
 }
 
-void ParamRegistry::zero_grad() {
-  for (auto& p : params_) p->grad.zero_();
+namespace {
+ParamRegistry::LazyZero g_lazy_zero = ParamRegistry::LazyZero::Lazy;
+}  // namespace
+
+void ParamRegistry::set_lazy_zero(LazyZero mode) {
+  g_lazy_zero = mode;
+}
+
+void ParamRegistry::zero_grad(bool lazy) {
+  for (auto& p : params_) {
+    p->grad_stale = lazy && g_lazy_zero != LazyZero::Eager && p->grad.device().is_cpu();
+    if (!p->grad_stale)
+      p->grad.zero_();
+    else if (g_lazy_zero == LazyZero::Poisoned)
+      kernels::fill_(p->grad, std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
+void ParamRegistry::settle_grads() {
+  for (auto& p : params_) p->settle_grad();
 }
 
 void ParamRegistry::to(Device d) {
   for (auto& p : params_) {
+    p->settle_grad();
     p->value = p->value.to(d);
     p->grad = p->grad.to(d);
     p->bf16_cache = Tensor();
@@ -163,6 +183,7 @@ void pack_grads(const std::vector<Parameter*>& params, Tensor& flat) {
   int64_t off = 0;
   for (auto* p : params) {
     MOE_ASSERT(p->grad.dtype() == flat.dtype() && off + p->grad.numel() <= flat.numel());
+    p->settle_grad();  // a gradient no backward wrote this step is zero
     flat.reshape({flat.numel()}).slice(off, p->grad.numel()).copy_from(p->grad);
     off += p->grad.numel();
   }

@@ -26,7 +26,7 @@ struct InitRule {
 struct Parameter {
   std::string name;
   Tensor value;  // master copy: f32 (or f64 in gradient checks)
-  Tensor grad;   // same shape and dtype; backward accumulates into it
+  Tensor grad;   // same shape and dtype; backward accumulates into it (see grad_stale)
   InitRule init;
   bool no_weight_decay = false;  // norms, biases (Megatron's default exclusions)
   // A shard of a larger global parameter: this tensor is the box [box_offset, box_offset + box_shape) of the
@@ -53,6 +53,26 @@ struct Parameter {
   std::vector<bool> packed_valid;
   bool pack_enabled = false;
 
+  // Set by a lazy ParamRegistry::zero_grad instead of zeroing: grad's contents are last step's and count as zero.
+  // The step's first writer overwrites them (a weight-gradient GEMM with beta 0: neither a zeroing pass nor a read
+  // of zeros) or zeroes them first (writers that add element by element); whatever reads gradients settles first.
+  bool grad_stale = false;
+  // The beta of a GEMM accumulating into the whole of grad: 0 while it is stale (it overwrites), 1 after.
+  float take_grad_beta() {
+    const bool stale = grad_stale;
+    grad_stale = false;
+    return stale ? 0.0f : 1.0f;
+  }
+  // grad, zeroed first where stale: for writers that add into it.
+  Tensor& grad_to_add() {
+    settle_grad();
+    return grad;
+  }
+  void settle_grad() {
+    if (grad_stale) grad.zero_();
+    grad_stale = false;
+  }
+
   bool sharded() const { return global_view.ndim() > 0; }
   // Declares this parameter the box of a global view (see above); box_shape.numel() must equal value.numel().
   void set_shard(const Shape& global, const std::vector<int64_t>& offset, const Shape& box);
@@ -72,7 +92,15 @@ class ParamRegistry {
   int64_t numel() const;
 
   void initialize(uint64_t seed);
-  void zero_grad();
+  // Zeroes every gradient; `lazy` (host tensors only) marks them stale instead (Parameter::grad_stale), for a
+  // training step whose writers overwrite them and whose readers settle them first (settle_grads).
+  void zero_grad(bool lazy = false);
+  // Zeroes the gradients still stale: those no backward wrote this step.
+  void settle_grads();
+  // Tests: how a lazy zero_grad behaves. Poisoned fills the stale gradients with NaN, so a writer that adds into one,
+  // or a reader that reads one unsettled, turns the step's numbers into NaN; Eager zeroes them as zero_grad() does.
+  enum class LazyZero { Lazy, Poisoned, Eager };
+  static void set_lazy_zero(LazyZero mode);
   // Moves every value and gradient to `d` (initialization draws on the host; a model then moves as a whole).
   void to(Device d);
   Device device() const { return device_; }

@@ -58,7 +58,7 @@ void PositionEmbedding::forward_(Tensor& h_SBH, Stash& st) {
 }
 
 void PositionEmbedding::backward(const Tensor& dh_SBH, Stash& st) {
-  Tensor& grad = weight_->grad;
+  Tensor& grad = weight_->grad_to_add();
   const int64_t S = dh_SBH.dim(0), B = dh_SBH.dim(1), H = grad.dim(1);
   MOE_ASSERT(dh_SBH.ndim() == 3 && dh_SBH.dim(2) == H && st.seq.size * (st.s0 + S) <= grad.dim(0));
   st.seq.runs(st.s0, S, S * tp_.size(), [&](int64_t r, int64_t p, int64_t n) {

@@ -19,7 +19,7 @@ Tensor RMSNorm::forward(const Tensor& x, Stash& st) {
 
 Tensor RMSNorm::backward(const Tensor& dy, Stash& st) {
   Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype(), st.x.device());
-  kernels::rmsnorm_backward(dy.reshape(st.x.shape()), st.x, weight_->value, st.rstd, dx, weight_->grad);
+  kernels::rmsnorm_backward(dy.reshape(st.x.shape()), st.x, weight_->value, st.rstd, dx, weight_->grad_to_add());
   st = Stash{};
   return dx;
 }

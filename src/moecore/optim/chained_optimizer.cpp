@@ -125,8 +125,11 @@ double ChainedOptimizer::norm_weight(const nn::Parameter& p) const {
 void ChainedOptimizer::layer_grads_final(size_t bucket) {
   // Megatron's _allreduce_word_embedding_grads: the first and last stage's word-embedding gradients summed, so
   // both copies take the same update (a sum, so it commutes with the data-parallel reduction that follows).
-  if (bucket + 1 == num_buckets_ && g_.embedding && g_.shared_embedding && g_.embedding->size() > 1)
-    g_.embedding->all_reduce(const_cast<nn::Parameter*>(g_.shared_embedding)->grad);
+  if (bucket + 1 == num_buckets_ && g_.embedding && g_.shared_embedding && g_.embedding->size() > 1) {
+    nn::Parameter& e = const_cast<nn::Parameter&>(*g_.shared_embedding);
+    e.settle_grad();
+    g_.embedding->all_reduce(e.grad);
+  }
   sp_.sum(bucket);
   for (auto& part : parts_) part->start_bucket(bucket);
 }

@@ -182,7 +182,9 @@ StepResult Trainer::train_step() {
   // Megatron's OptimizerParamScheduler: learning rate and weight decay after schedule_steps samples.
   r.lr = progress_.schedule.lr(progress_.schedule_steps);
   opt_->set_weight_decay(progress_.schedule.wd(progress_.schedule_steps));
-  reg_.zero_grad();
+  // Lazily on the host: the step's first weight-gradient GEMMs overwrite last step's gradients (beta 0) instead of
+  // adding into zeros, and no pass zeroes them; what no backward wrote is zeroed below (Parameter::grad_stale).
+  reg_.zero_grad(/*lazy=*/true);
   Timers::Install timing(timers_.get());
   level_1_barrier();
   timers_->start("forward-backward", 1);
@@ -193,6 +195,7 @@ StepResult Trainer::train_step() {
     nn::Bf16WeightScope bf16_scope(reg_, cfg_.bf16 && kernels::pack_weights_for(micro_batches().count));
     loss = schedule_->forward_backward(*model_, stash_, *data_[0], progress_.cursor, micro_batches(), *opt_);
   }
+  reg_.settle_grads();
   const double t1 = now_seconds();
   timers_->stop("forward-backward");
   level_1_barrier();
