@@ -65,7 +65,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   std::map<std::string, double> part_s;
   for (int i = 0; i <= a.iters; i++) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
-    reg.zero_grad();
+    reg.zero_grad(/*lazy=*/true);  // as a training step zeroes them: its weight-gradient GEMMs overwrite them
     // A training step finds each weight's bf16 copy written by the last optimizer update (AdamW::step) and takes
     // it as it is. The weights do not change here, so the copy the last run made stands for it.
     for (auto& prm : reg.all()) prm->bf16_cache_from_update = prm->bf16_cache.defined();
@@ -80,6 +80,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
       layer.forward(x, *st);
       layer.backward(dy, *st);
     }
+    reg.settle_grads();
     if (dev.is_cuda()) cuda::synchronize();  // the GPU's queued work belongs to this run
     const double dt = timer.seconds();
     if (i == 0) continue;
