@@ -63,7 +63,7 @@ class Scratchpad {
   Scratchpad(const Scratchpad&) = delete;
   Scratchpad& operator=(const Scratchpad&) = delete;
   ~Scratchpad();
-  void* get(size_t bytes);  // at least `bytes`, 64-byte aligned; valid until the next larger request
+  void* get(size_t bytes);  // at least `bytes`, page-aligned; valid until the next larger request
   size_t capacity() const { return bytes_; }
 
  private:
