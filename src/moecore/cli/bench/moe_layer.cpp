@@ -64,7 +64,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   GemmShapeTally shapes(/*merge_rows=*/true);  // the experts' row chunks as one shape each
   std::map<std::string, double> part_s;
   for (int i = 0; i <= a.iters; i++) {
-    if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
+    if (i > 0) peak.sample();      // interleaved with the timed runs (after the warm-up)
     reg.zero_grad(/*lazy=*/true);  // as a training step zeroes them: its weight-gradient GEMMs overwrite them
     // A training step finds each weight's bf16 copy written by the last optimizer update (AdamW::step) and takes
     // it as it is. The weights do not change here, so the copy the last run made stands for it.
