@@ -32,13 +32,7 @@ namespace moecore::kernels::flash {
 
 namespace {
 
-struct NativeFwd {
-  NativeDims n;
-  const FwdPacks* pk;
-  NativeRows o;
-  float* lse;
-  const AttentionDropout* drop;
-};
+using NativeFwd = FwdCall<NativeDims>;
 
 template <class G>
 MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& scratch) {

@@ -49,13 +49,7 @@ BlockDims block_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t 
   return {NativeDims(dq), NativeDims(dk), BlockPlace{dq.S, dk.S, q0, k0}};
 }
 
-struct BlockFwd {
-  BlockDims n;
-  const FwdPacks* pk;
-  NativeRows o;
-  float* lse;
-  const AttentionDropout* drop;
-};
+using BlockFwd = FwdCall<BlockDims>;
 
 template <class G>
 MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& scratch) {

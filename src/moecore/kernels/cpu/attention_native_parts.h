@@ -229,6 +229,17 @@ struct FwdPacks {
   }
 };
 
+// A forward call's arguments for the items loop: its sizes (NativeDims for a whole sequence, the block kernel's own
+// for a CP block), packed operands, output rows, lse and dropout.
+template <class Dims>
+struct FwdCall {
+  Dims n;
+  const FwdPacks* pk;
+  NativeRows o;
+  float* lse;
+  const AttentionDropout* drop;
+};
+
 // The backward's operands, packed once per call (bf16_buffer, pack_native): per query head pair Q̂ = bf16(scale·Q)
 // and dÔ as rows and transposed, per kv head pair K̂ᵀ and V̂ᵀ in d pairs and K̂ in key pairs; RoPE on q and k when
 // given. nq, nk: the tiles of q-shaped and k-shaped tensors (one NativeDims for a whole sequence).

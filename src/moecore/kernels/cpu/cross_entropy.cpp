@@ -119,14 +119,10 @@ void with_logits_type(DType dt, F&& body) {
   MOE_DISPATCH_FLOAT(dt, T, { body.template operator()<T>(); });
 }
 
-// The statistics' dtype for logits of dtype dt: f32 for bf16 logits, else theirs.
-DType compute_dtype(DType dt) {
-  return dt == DType::BF16 ? DType::F32 : dt;
-}
 }  // namespace
 
 DType cross_entropy_stats_dtype(DType logits) {
-  return compute_dtype(logits);
+  return logits == DType::BF16 ? DType::F32 : logits;
 }
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
@@ -134,7 +130,7 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
   if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
-  MOE_ASSERT(loss_T.dtype() == compute_dtype(logits_TV.dtype()) && lse_T.dtype() == loss_T.dtype());
+  MOE_ASSERT(loss_T.dtype() == cross_entropy_stats_dtype(logits_TV.dtype()) && lse_T.dtype() == loss_T.dtype());
   for (int64_t t = 0; t < rows; t++) {
     const int64_t y = target_at(targets_T, t);
     MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
@@ -158,7 +154,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
                                                       loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
-  const DType cdt = compute_dtype(logits_TV.dtype());
+  const DType cdt = cross_entropy_stats_dtype(logits_TV.dtype());
   MOE_ASSERT(loss_T.dtype() == cdt && lse_T.dtype() == cdt);
   for (int64_t t = 0; t < rows; t++) {
     const int64_t y = target_at(targets_T, t);
