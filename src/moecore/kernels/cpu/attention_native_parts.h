@@ -61,14 +61,20 @@ MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t* buf, int64_t Dp, int64_t e
 struct NativeRows {
   char* p;
   bool bf16;
-  int64_t head, ld;  // in elements
+  int64_t head, ld, rows;  // in elements; rows: positions
   NativeRows(const Tensor& t, const AttentionDims& d, int64_t N)
-      : p(static_cast<char*>(t.raw())), bf16(t.dtype() == DType::BF16), head(d.D), ld(d.B * N * d.D) {
+      : p(static_cast<char*>(t.raw())), bf16(t.dtype() == DType::BF16), head(d.D), ld(d.B * N * d.D), rows(t.dim(0)) {
     MOE_ASSERT_MSG(t.dtype() == DType::F32 || bf16, "bf16 attention takes f32 or bf16 tensors, got {}",
                    dtype_name(t.dtype()));
   }
   void* at(int64_t bn, int64_t s) const { return p + (bn * head + s * ld) * (bf16 ? 2 : 4); }
 };
+
+// The row kRowsAhead on from row s of bn (attention_blocks.h: prefetch_head_row), when there is one.
+MOE_ALWAYS_INLINE void prefetch_ahead(const NativeRows& r, int64_t bn, int64_t s, bool write) {
+  if (s + kRowsAhead >= r.rows) return;
+  prefetch_head_row(static_cast<const char*>(r.at(bn, s + kRowsAhead)), r.head * (r.bf16 ? 2 : 4), write);
+}
 
 // RoPE by row position (AttentionRope): pair (i, i + h) of row s turns by cos/sin row s, sign −1 transposed.
 struct NativeRope {
@@ -101,6 +107,7 @@ MOE_ALWAYS_INLINE const float* row_f32(const NativeRows& src, int64_t bn, int64_
 // rope, transposed; else the identity). tmp: 2·D floats.
 MOE_ALWAYS_INLINE void store_row(const float* g, int64_t ld, float mul, const NativeRope* rope, const NativeRows& dst,
                                  int64_t bn, int64_t s, int64_t D, float* tmp) {
+  prefetch_ahead(dst, bn, s, true);
   float* y = dst.bf16 || rope ? tmp : static_cast<float*>(dst.at(bn, s));
 #pragma omp simd
   for (int64_t e = 0; e < D; e++) y[e] = g[e * ld] * mul;
@@ -124,13 +131,14 @@ MOE_TARGET_CLONES void pack_native(const NativeDims& n, const NativeRows& src, i
   const int64_t D = n.d.D, Dp = n.Dp, nt = n.nt;
   Scratch<float> scratch(n.tile() / 2 + 2 * D, DType::F32);  // the rounded tile, then 2·D floats for row_f32
 #pragma omp parallel for schedule(static) collapse(2)
-  for (int64_t bn = 0; bn < heads; bn++)
-    for (int64_t t = 0; t < nt; t++) {
+  for (int64_t t = 0; t < nt; t++)
+    for (int64_t bn = 0; bn < heads; bn++) {
       auto* buf = reinterpret_cast<uint16_t*>(scratch.mine());
       float* tmp = scratch.mine() + n.tile() / 2;
       for (int64_t s = 0; s < kTn; s++) {
         const int64_t row = t * kTn + s, m = row < n.d.S ? D : 0;
         uint16_t* br = buf + s * Dp;
+        prefetch_ahead(src, bn, row, false);
         if (m > 0 && src.bf16 && !rope && mul == 1.0f) {  // bf16(1·x) is x
           std::memcpy(br, src.at(bn, row), static_cast<size_t>(D) * 2);
         } else if (m > 0) {
@@ -197,8 +205,8 @@ struct NativeTiles {
 MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const NativeRows& dout, const NativeRows& o, float* delta) {
   Scratch<float> scratch(4 * d.D, DType::F32);
 #pragma omp parallel for schedule(static) collapse(2)
-  for (int64_t r = 0; r < d.B * d.Nq; r++)
-    for (int64_t i = 0; i < d.S; i++) {
+  for (int64_t i = 0; i < d.S; i++)
+    for (int64_t r = 0; r < d.B * d.Nq; r++) {
       float* tmp = scratch.mine();
       const float* g = row_f32(dout, r, i, d.D, nullptr, tmp);
       const float* y = row_f32(o, r, i, d.D, nullptr, tmp + 2 * d.D);
