@@ -8,11 +8,13 @@
 
 namespace moecore::kernels::flash {
 
-// The fastest native backend this CPU runs (Amx, else Avx512Bf16), or none.
+// Whether this CPU runs a native backend (Amx or Avx512Bf16).
 bool has_native_bf16();
 // backward_native's temporaries, in bytes (the allocator's size classes): Δ, the packed bf16 copies of q, dout, k and
 // v, and the f32 dQ accumulator. What the memory plan adds to the backward's working set where training picks it.
 int64_t backward_native_bytes(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D);
+// The backend training runs: the fastest this CPU has (Amx, else Avx512Bf16), or the one MOECORE_NATIVE_BF16
+// (auto, amx, avx512bf16) names; a name this CPU cannot run is an error.
 NativeBf16 best_native_bf16();
 
 // The rounding points of flash::forward/backward(round_bf16 = true): scale·q, k, v, dout, the probabilities and dS

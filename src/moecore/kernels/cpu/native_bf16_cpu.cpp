@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
@@ -116,7 +118,22 @@ bool has_native_bf16() {
 
 NativeBf16 best_native_bf16() {
   MOE_ASSERT_MSG(has_native_bf16(), "this CPU has neither AMX nor AVX512-BF16");
-  return native_bf16_supported(NativeBf16::Amx) ? NativeBf16::Amx : NativeBf16::Avx512Bf16;
+  // MOECORE_NATIVE_BF16: auto (AMX where the CPU has it), amx or avx512bf16. The two give different bits (their pair
+  // sums run in different orders), both within bf16 rounding; the override is for measuring one against the other.
+  static const NativeBf16 chosen = [] {
+    const char* env = std::getenv("MOECORE_NATIVE_BF16");
+    const std::string m = env == nullptr || *env == '\0' ? "auto" : env;
+    MOE_CHECK(m == "auto" || m == "amx" || m == "avx512bf16", "MOECORE_NATIVE_BF16='{}' is not auto, amx or avx512bf16",
+              m);
+    const NativeBf16 b = m == "amx"                               ? NativeBf16::Amx
+                         : m == "avx512bf16"                      ? NativeBf16::Avx512Bf16
+                         : native_bf16_supported(NativeBf16::Amx) ? NativeBf16::Amx
+                                                                  : NativeBf16::Avx512Bf16;
+    MOE_CHECK(native_bf16_supported(b), "MOECORE_NATIVE_BF16={}: this CPU does not run {}; use auto", m,
+              native_bf16_name(b));
+    return b;
+  }();
+  return chosen;
 }
 
 }  // namespace flash
