@@ -33,7 +33,42 @@ struct NativeDims {
 //   Cols:     (s, e) at [e·Tn + s]                     — an A operand with k = s (Q̂ᵀ, dÔᵀ).
 enum class NativePack { Rows, EPairs, RowPairs, Cols };
 
-// Columns [e0, e0+32) of a tile's rounded rows (buf [kTn, Dp]) into the tile's layout P.
+// 16 words (32 bits) as one vector, for the transposes below (the compiler picks each ISA's permutes).
+typedef uint32_t Words16 __attribute__((vector_size(64)));
+
+// Rows i and i + K of every 2K-row block of r swap their off-diagonal K × K blocks; the four stages K = 8, 4, 2, 1
+// transpose the 16 × 16 words of r.
+template <int K>
+MOE_ALWAYS_INLINE void swap_blocks(Words16 (&r)[16]) {
+  static_assert(K == 8 || K == 4 || K == 2 || K == 1);
+  constexpr Words16 lo = K == 8   ? Words16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}
+                         : K == 4 ? Words16{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}
+                         : K == 2 ? Words16{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}
+                                  : Words16{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  constexpr Words16 hi = lo + K;  // K == 8: {8..15, 24..31}, and so on
+  for (int i = 0; i < 16; i++)
+    if ((i & K) == 0) {
+      const Words16 a = r[i], b = r[i + K];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + K] = __builtin_shuffle(a, b, hi);
+    }
+}
+
+// out[c·kTn + s] ← in[s·ld + c] for kTn rows s and 16 columns c of 32-bit words, 16 × 16 blocks at a time.
+MOE_ALWAYS_INLINE void transpose_words(const uint32_t* in, int64_t ld, uint32_t* out) {
+  for (int64_t s0 = 0; s0 < kTn; s0 += 16) {
+    Words16 r[16];
+    for (int i = 0; i < 16; i++) std::memcpy(&r[i], in + (s0 + i) * ld, sizeof(Words16));
+    swap_blocks<8>(r);
+    swap_blocks<4>(r);
+    swap_blocks<2>(r);
+    swap_blocks<1>(r);
+    for (int c = 0; c < 16; c++) std::memcpy(out + c * kTn + s0, &r[c], sizeof(Words16));
+  }
+}
+
+// Columns [e0, e0+32) of a tile's rounded rows (buf [kTn, Dp]) into the tile's layout P. EPairs is a transpose of
+// 32-bit words (the pairs (e, e + 1) of each row); Cols splits each transposed word into its two halves.
 template <NativePack P>
 MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t* buf, int64_t Dp, int64_t e0, uint16_t* out) {
   if constexpr (P == NativePack::Rows)
@@ -46,15 +81,23 @@ MOE_ALWAYS_INLINE void emit_tile_cols(const uint16_t* buf, int64_t Dp, int64_t e
       for (int64_t e = 0; e < 32; e++) pairs[e] = uint32_t(r0[e]) | uint32_t(r1[e]) << 16;
       std::memcpy(out + p * 2 * Dp + 2 * e0, pairs, sizeof pairs);
     }
-  if constexpr (P == NativePack::Cols)
-    for (int64_t e = 0; e < 32; e++)
-      for (int64_t s = 0; s < kTn; s++) out[(e0 + e) * kTn + s] = buf[s * Dp + e0 + e];
+  // A word of buf is (e, e + 1) of a row, little-endian: e in its low half.
+  const auto* words = reinterpret_cast<const uint32_t*>(buf + e0);
   if constexpr (P == NativePack::EPairs)
+    transpose_words(words, Dp / 2, reinterpret_cast<uint32_t*>(out) + e0 / 2 * kTn);
+  if constexpr (P == NativePack::Cols) {
+    alignas(64) uint32_t pairs[16 * kTn];
+    transpose_words(words, Dp / 2, pairs);
     for (int64_t ep = 0; ep < 16; ep++) {
-      uint32_t pairs[kTn];  // (e0 + 2ep, e0 + 2ep + 1) of each row: one little-endian word of buf
-      for (int64_t s = 0; s < kTn; s++) std::memcpy(&pairs[s], buf + s * Dp + e0 + 2 * ep, 4);
-      std::memcpy(out + (e0 / 2 + ep) * 2 * kTn, pairs, sizeof pairs);
+      uint16_t *even = out + (e0 + 2 * ep) * kTn, *odd = even + kTn;
+      const uint32_t* w = pairs + ep * kTn;
+#pragma omp simd
+      for (int64_t s = 0; s < kTn; s++) {
+        even[s] = static_cast<uint16_t>(w[s]);
+        odd[s] = static_cast<uint16_t>(w[s] >> 16);
+      }
     }
+  }
 }
 
 // A tensor's rows by (head pair, position) in f32 or bf16: the kernel's inputs and outputs.
