@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "moecore/kernels/cpu/cross_entropy.h"
@@ -23,6 +24,9 @@ struct Case {
     logits_bf16 = randn({T, V}, DType::F32, 11, 4.0).to(DType::BF16);
     logits_f32 = logits_bf16.to(DType::F32);  // exactly the values the bf16 logits hold
     targets = randint({T}, V, 12);
+    // Targets at the ends of the backward's 1,024-wide pieces (cross_entropy.cpp kGradPiece) and of the row.
+    for (const auto& [t, y] : {std::pair<int64_t, int64_t>{0, 0}, {1, 1023}, {2, 1024}, {3, V - 1}})
+      targets.set_item(t, y);
     g = randn({T}, DType::F32, 13, 1e-3);
   }
 };
@@ -59,10 +63,13 @@ TEST(CrossEntropyBf16, BackwardOverwritesTheLogitsWithTheirBf16Gradient) {
   for (int64_t i = 0; i < in_place.numel(); i++)
     ASSERT_LE(std::fabs(in_place.item(i) - from_f32.item(i)), std::ldexp(std::fabs(from_f32.item(i)), -7) + 1e-30)
         << "element " << i;
-  // Against the f64 definition, g_t · (softmax_tv − [v = target]), within bf16 rounding.
-  for (int64_t t = 0; t < c.T; t += 5) {
+  // Against the f64 definition, g_t · (softmax_tv − [v = target]), within bf16 rounding: every row's target, and
+  // every 7th element of every 5th row.
+  for (int64_t t = 0; t < c.T; t++) {
     const int64_t y = static_cast<int64_t>(c.targets.item(t));
-    for (int64_t v = 0; v < c.V; v += 7) {
+    std::vector<int64_t> cols{y};
+    for (int64_t v = 0; t % 5 == 0 && v < c.V; v += 7) cols.push_back(v);
+    for (const int64_t v : cols) {
       const double p = std::exp(c.logits_f32.item(t * c.V + v) - lse.item(t));
       const double want = c.g.item(t) * (p - (v == y ? 1.0 : 0.0));
       EXPECT_NEAR(in_place.item(t * c.V + v), want, std::ldexp(std::fabs(want), -7) + 1e-9);

@@ -1,6 +1,7 @@
 // Fused cross-entropy (see cross_entropy.h). ∂loss_t/∂logit_tv = softmax_tv − [v = target_t].
 #include "moecore/kernels/cpu/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -90,24 +91,24 @@ void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t row
   for (int64_t t = 0; t < rows; t++) grad_row<T>(dloss[t], logits + t * V, lse[t], dl + t * V, V);
 }
 
-// A bf16 gradient from f32 or bf16 logits: each row in f32 (an L2-sized scratch row), then rounded as it is stored:
-// the bits of the f32 gradient cast to bf16 afterwards, without its [T, V] f32 pass and cast pass. The row is
-// complete before it is stored, so the gradient may overwrite the logits.
+// A bf16 gradient from f32 or bf16 logits: each row in f32 pieces of kGradPiece (an L1-sized scratch), then rounded
+// as they are stored: the bits of the f32 gradient cast to bf16 afterwards, without its [T, V] f32 pass and cast pass.
+// A piece is complete before it is stored, so the gradient may overwrite the logits.
+constexpr int64_t kGradPiece = 1024;
 template <typename L>
 void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& targets_T, int64_t vocab_start, bf16* d,
                     int64_t rows, int64_t V) {
-#pragma omp parallel
-  {
-    std::vector<float> row(static_cast<size_t>(V));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < rows; t++) {
-      grad_row<L>(g[t], l + t * V, lse[t], row.data(), V);
-      const int64_t c = target_at(targets_T, t) - vocab_start;
-      if (c >= 0 && c < V) row[static_cast<size_t>(c)] -= g[t];
-      uint16_t* out = reinterpret_cast<uint16_t*>(d + t * V);
-      const float* r = row.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; t++) {
+    alignas(64) float piece[kGradPiece];
+    const int64_t c = target_at(targets_T, t) - vocab_start;
+    for (int64_t v0 = 0; v0 < V; v0 += kGradPiece) {
+      const int64_t n = std::min(kGradPiece, V - v0);
+      grad_row<L>(g[t], l + t * V + v0, lse[t], piece, n);
+      if (c >= v0 && c < v0 + n) piece[c - v0] -= g[t];
+      uint16_t* out = reinterpret_cast<uint16_t*>(d + t * V + v0);
 #pragma omp simd
-      for (int64_t v = 0; v < V; v++) out[v] = float_to_bf16(r[v]).bits;
+      for (int64_t v = 0; v < n; v++) out[v] = float_to_bf16(piece[v]).bits;
     }
   }
 }
