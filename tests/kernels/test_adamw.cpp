@@ -155,6 +155,13 @@ TEST(AdamW, Bf16CopyOfTheUpdatedParameter) {
     with.push_back({p, g, m, v, 0.1, Tensor::empty({n}, DType::BF16)});
     without.push_back({p.clone(), g.clone(), m.clone(), v.clone(), 0.1});
   }
+  {  // a copy that starts 3 elements into its buffer: the streaming stores' unaligned head and tail
+    const int64_t n = 1030;
+    Tensor p = testing::randn({n}, DType::F32, seed++), g = testing::randn({n}, DType::F32, seed++);
+    Tensor m = Tensor::zeros({n}, DType::F32), v = Tensor::zeros({n}, DType::F32);
+    with.push_back({p, g, m, v, 0.1, Tensor::empty({n + 3}, DType::BF16).slice(3, n)});
+    without.push_back({p.clone(), g.clone(), m.clone(), v.clone(), 0.1});
+  }
   const kernels::AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1};
   for (int step = 1; step <= 2; step++) {
     kernels::adamw_step_multi(with, hp, step);

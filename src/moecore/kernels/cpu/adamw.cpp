@@ -1,10 +1,12 @@
 // AdamW update (see adamw.h).
 #include "moecore/kernels/cpu/adamw.h"
 
+#include <emmintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
@@ -31,11 +33,22 @@ inline M store(T x) {
     return x;
 }
 
+// dst[0, n) ← src[0, n) in stores that bypass the caches (the lines are not read first): the bf16 copy of the weights,
+// which nothing reads before the next forward, long after it would have left the caches.
+void stream_copy(uint16_t* dst, const uint16_t* src, int64_t n) {
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 16 != 0; i++) dst[i] = src[i];
+  for (; i + 8 <= n; i += 8)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  for (; i < n; i++) dst[i] = src[i];
+}
+
 // One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits). With
-// P16 the new parameter is also stored rounded to bf16 in p16.
+// P16 the new parameter is also stored rounded to bf16 in p16, a piece of kPiece at a time through stream_copy.
+constexpr int64_t kPiece = 512;
 template <typename T, typename M, typename V, bool P16>
-MOE_TARGET_CLONES void update(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps, T wd,
-                              T bc1, T bc2, T gs) {
+MOE_TARGET_CLONES void update_piece(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps,
+                                    T wd, T bc1, T bc2, T gs) {
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
     const T mi = b1 * load(m[i]) + (T(1) - b1) * gi;
@@ -47,6 +60,20 @@ MOE_TARGET_CLONES void update(T* p, const T* g, M* m, V* v, uint16_t* p16, int64
     const T pi = p[i] * (T(1) - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
     p[i] = pi;
     if constexpr (P16) p16[i] = float_to_bf16(static_cast<float>(pi)).bits;
+  }
+}
+
+template <typename T, typename M, typename V, bool P16>
+void update(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2, T gs) {
+  if constexpr (!P16) {
+    update_piece<T, M, V, false>(p, g, m, v, nullptr, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
+  } else {
+    alignas(64) uint16_t piece[kPiece];
+    for (int64_t i = 0; i < n; i += kPiece) {
+      const int64_t k = std::min(kPiece, n - i);
+      update_piece<T, M, V, true>(p + i, g + i, m + i, v + i, piece, k, lr, b1, b2, eps, wd, bc1, bc2, gs);
+      stream_copy(p16 + i, piece, k);
+    }
   }
 }
 
