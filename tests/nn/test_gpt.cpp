@@ -130,5 +130,44 @@ TEST(GPTTrain, Bf16TracksF32) {
   }
 }
 
+// A schedule that knows the backward's token scale before forward (Stash::token_scale_of) gets the logits' gradient
+// from the loss's forward (one pass over the logits): the loss and every parameter gradient as the separate backward
+// gives them, up to rounding; the scale is checked in backward; a forward without it computes no gradient.
+TEST(GPTLossGradient, ComputedInForwardWhenTheScaleIsKnown) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    nn::GPTConfig c = copy_config();
+    c.bf16 = bf16;
+    const CopyBatch b = copy_batch(4, 8, 16, 3);
+    std::vector<Tensor> grads[2];
+    double losses[2] = {};
+    for (int fused = 0; fused < 2; fused++) {
+      nn::ParamRegistry reg;
+      nn::GPTModel model(c, reg);
+      reg.initialize(7);
+      reg.zero_grad();
+      nn::GPTModel::Stash st = model.make_stash();
+      if (fused) st.token_scale_of = [](double mask_sum) { return 0.5 / mask_sum; };
+      losses[fused] = model.forward(b.tokens, b.labels, b.mask, st);
+      EXPECT_EQ(st.grad_token_scale >= 0, fused == 1);
+      EXPECT_FALSE(st.token_scale_of) << "forward consumes the scale";
+      model.backward_scaled(st, 0.5 / st.mask_sum, 1.0);
+      for (const auto& p : reg.all()) grads[fused].push_back(p->grad.clone());
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-6 * losses[0]);
+    for (size_t i = 0; i < grads[0].size(); i++)
+      EXPECT_LT(testing::max_rel_diff(grads[1][i], grads[0][i]), bf16 ? 2e-2 : 1e-4) << "parameter " << i;
+  }
+  // Another scale in backward than forward used is an internal error, not a silently wrong gradient.
+  nn::ParamRegistry reg;
+  nn::GPTModel model(copy_config(), reg);
+  reg.initialize(7);
+  nn::GPTModel::Stash st = model.make_stash();
+  st.token_scale_of = [](double mask_sum) { return 1.0 / mask_sum; };
+  const CopyBatch b = copy_batch(4, 8, 16, 3);
+  model.forward(b.tokens, b.labels, b.mask, st);
+  EXPECT_THROW(model.backward_scaled(st, 0.5 / st.mask_sum, 1.0), std::exception);
+}
+
 }  // namespace
 }  // namespace moecore

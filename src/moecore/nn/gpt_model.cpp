@@ -229,7 +229,18 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   st.mask_T = mask_sequence_major(loss_mask_BS, labels_BS, dt).to(dev);
   Tensor loss_T = Tensor::empty({T}, dt, dev);
   st.lse_T = Tensor::empty({T}, dt, dev);
-  if (cfg_.tp.on()) {
+  st.mask_sum = kernels::sum(st.mask_T);
+  st.grad_token_scale = -1;
+  const auto token_scale_of = std::move(st.token_scale_of);  // for this forward only
+  st.token_scale_of = nullptr;
+  if (training_ && token_scale_of && !cfg_.tp.on()) {
+    // The gradient backward would start from (backward_chunk), computed with the loss.
+    const double token_scale = token_scale_of(st.mask_sum);
+    Tensor dloss = st.mask_T.clone();
+    kernels::scale_(dloss, token_scale);
+    kernels::cross_entropy_forward_backward(st.logits_TV, st.labels_T, dloss, loss_T, st.lse_T);
+    st.grad_token_scale = token_scale;
+  } else if (cfg_.tp.on()) {
     const comm::ProcessGroup& g = *cfg_.tp.group;
     kernels::cross_entropy_forward_vocab_parallel(
         st.logits_TV, st.labels_T, vocab_start_, cfg_.vocab_size,
@@ -238,7 +249,6 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   } else {
     kernels::cross_entropy_forward(st.logits_TV, st.labels_T, loss_T, st.lse_T);
   }
-  st.mask_sum = kernels::sum(st.mask_T);
   if (mtp_) {
     if (seq.on())  // MTP rolls the whole sequence
       mtp_->loss(to_sequence_major(labels_all), mask_sequence_major(mask_all, labels_all, dt), st.mask_sum, st.S, st.B,
@@ -270,12 +280,18 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
   const int64_t S_local = st.S / cfg_.tp.size();
   Tensor dh = dy;
   if (ch.loss) {
-    Tensor dloss = st.mask_T.clone();
-    kernels::scale_(dloss, token_scale);
     // The logits are not needed after this, so their gradient overwrites them (in bf16 under --bf16 on the CPU,
-    // the dtype the output layer's GEMMs read: the same bits as rounding it there).
+    // the dtype the output layer's GEMMs read: the same bits as rounding it there), here or in loss_forward.
     Tensor dlogits = st.logits_TV;
-    kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, dlogits, vocab_start_);
+    if (st.grad_token_scale >= 0) {
+      MOE_ASSERT_MSG(st.grad_token_scale == token_scale,
+                     "the logits' gradient was computed with token scale {}, not {}", st.grad_token_scale, token_scale);
+    } else {
+      Tensor dloss = st.mask_T.clone();
+      kernels::scale_(dloss, token_scale);
+      kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, dlogits, vocab_start_);
+    }
+    st.grad_token_scale = -1;
     st.logits_TV = Tensor();
     probe("cross_entropy", true, dlogits);  // the gradient of the logits
     dh = output_->backward(dlogits, st.output);

@@ -65,6 +65,20 @@ struct PipelineSchedule::Run {
   optim::ChainedOptimizer* opt = nullptr;    // its gradient hooks (null: none, as in a re-run that locates a fault)
 };
 
+namespace {
+// The token scales of NoPipelining (schedule.cpp): the mean over the m micro-batches of each one's mean token loss,
+// or with per-token loss the token losses over the global batch's loss tokens (× DP, undone by the 1/DP).
+struct TokenScale {
+  bool per_token_loss;
+  double global_tokens, dp;
+  int64_t m;
+  double operator()(double mask_sum) const {
+    if (per_token_loss) return global_tokens > 0 ? dp / global_tokens : 0.0;
+    return mask_sum > 0 ? 1.0 / static_cast<double>(m) / mask_sum : 0.0;
+  }
+};
+}  // namespace
+
 PipelineSchedule::PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group,
                                    const Shape& hidden)
     : pp_(pp),
@@ -79,6 +93,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
   int64_t in_flight = 0;
   peak_in_flight_ = 0;
   StepLoss loss;
+  const TokenScale token_scale_of{r.per_token_loss, r.global_tokens, r.dp, m};
   auto needs_recv = [&](const PipelinePass& p) {
     return p.forward ? p2p_.receives_input(p.chunk) : p2p_.sends_output(p.chunk);
   };
@@ -113,6 +128,10 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
         in = p2p_.wait_recv(p.chunk, false);
         waited += now_seconds() - w0;
       }
+      // With a backward to follow, its token scale (below) is known now: the loss's forward computes the logits'
+      // gradient too (GPTModel::Stash).
+      st.token_scale_of = nullptr;
+      if (r.backward) st.token_scale_of = token_scale_of;
       std::optional<TimerScope> compute(std::in_place, "forward-compute", 2);
       const Tensor out = model.forward_chunk(static_cast<size_t>(p.chunk), in, st);
       if (ch.loss) {
@@ -142,14 +161,10 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
       dy = p2p_.wait_recv(p.chunk, true);
       waited += now_seconds() - w0;
     }
-    // The scales of NoPipelining (schedule.cpp): the mean over micro-batches of each one's mean token loss, or
-    // with per-token loss the token losses over the global batch's loss tokens (× DP, undone by the 1/DP).
-    double token_scale = st.mask_sum > 0 ? 1.0 / static_cast<double>(m) / st.mask_sum : 0.0;
+    const double token_scale = token_scale_of(st.mask_sum);
     double aux_scale = r.cp / static_cast<double>(m);
-    if (r.per_token_loss) {
-      token_scale = r.global_tokens > 0 ? r.dp / r.global_tokens : 0.0;
+    if (r.per_token_loss)
       aux_scale = r.global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * r.dp / r.global_tokens : 0.0;
-    }
     optim::ChainedOptimizer* opt = r.opt;
     std::function<void(size_t)> hook;  // the chunk's last micro-batch: its layers' gradients are final
     if (opt && p.micro_batch == m - 1) hook = [opt](size_t layer) { opt->layer_grads_final(layer); };

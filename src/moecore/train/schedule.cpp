@@ -46,17 +46,23 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
     const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)])
                                             : data::make_batch(data, stash.sample_B, mb.eod_mask_token);
     batch_timer.reset();
+    // Known before forward, so the loss's forward computes the logits' gradient too (GPTModel::Stash).
+    const auto token_scale_of = [per_token = mb.per_token_loss, global_tokens, dp, scale](double mask_sum) {
+      if (per_token) return global_tokens > 0 ? dp / global_tokens : 0.0;
+      return mask_sum > 0 ? scale / mask_sum : 0.0;
+    };
+    stash.token_scale_of = token_scale_of;
     std::optional<TimerScope> forward_timer(std::in_place, "forward-compute", 2);
     const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);
     forward_timer.reset();
     loss.sum += mean * stash.mask_sum;
     loss.tokens += stash.mask_sum;
-    double token_scale = stash.mask_sum > 0 ? scale / stash.mask_sum : 0.0, aux_scale = scale * cp;
+    const double token_scale = token_scale_of(stash.mask_sum);
+    double aux_scale = scale * cp;
     if (mb.per_token_loss) {
-      // Megatron: token losses summed, every gradient divided by the global loss tokens; the router multiplies its
-      // aux and z losses by the micro-batch's tokens (its local tokens x TP), so they keep 1/(micro-batches x DP)
-      // when every token has a loss.
-      token_scale = global_tokens > 0 ? dp / global_tokens : 0.0;
+      // Megatron: token losses summed, every gradient divided by the global loss tokens (token_scale above); the
+      // router multiplies its aux and z losses by the micro-batch's tokens (its local tokens x TP), so they keep
+      // 1/(micro-batches x DP) when every token has a loss.
       aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;  // B·S
     }
     TimerScope backward_timer("backward-compute", 2);

@@ -113,6 +113,58 @@ void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& 
   }
 }
 
+// A row's exponentials in place, r ← exp(r − mx), and their sum (the sum of lse_row, in the same order).
+MOE_TARGET_CLONES float exp_row_sum(float* r, float mx, int64_t V) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t v = 0; v < V; v++) {
+    r[v] = vexp(r[v] - mx);
+    s += r[v];
+  }
+  return s;
+}
+
+// out ← r·mul in the logits' storage type L (bf16 rounded to nearest even); out may be r itself.
+template <typename L>
+MOE_TARGET_CLONES void scaled_row(const float* r, float mul, L* out, int64_t V) {
+#pragma omp simd
+  for (int64_t v = 0; v < V; v++) store_as(out + v, r[v] * mul);
+}
+
+// cross_entropy_forward_backward on f32 or bf16 logits, row by row: the row in f32 (bf16 widened into an L2-sized
+// row, f32 in place) → e = exp(l − max) and s = Σ e → lse and the loss; then the gradient g·(e/s − [v = target])
+// over the logits, from the exponentials already computed (one per element, where forward and backward apart take
+// two): e·(g/s), the target's minus g.
+template <typename L>
+void forward_backward_rows(L* logits, const Tensor& targets_T, const float* g, float* loss, float* lse, int64_t rows,
+                           int64_t V) {
+#pragma omp parallel
+  {
+    std::vector<float> row(std::is_same_v<L, bf16> ? static_cast<size_t>(V) : 0);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+      L* l = logits + t * V;
+      float* r = nullptr;
+      float mx = 0;
+      if constexpr (std::is_same_v<L, bf16>) {
+        r = row.data();
+        mx = widen_row_max(l, r, V);
+      } else {
+        r = l;
+        mx = row_max<float>(l, V);
+      }
+      const int64_t c = target_at(targets_T, t);
+      const float target = r[c];
+      const float s = exp_row_sum(r, mx, V);
+      lse[t] = mx + std::log(s);
+      loss[t] = lse[t] - target;
+      const float mul = g[t] / s, ec = r[c];
+      scaled_row<L>(r, mul, l, V);
+      store_as(l + c, ec * mul - g[t]);
+    }
+  }
+}
+
 // Runs body.template operator()<L>() with L the logits' storage type (f32, f64 or bf16).
 template <typename F>
 void with_logits_type(DType dt, F&& body) {
@@ -192,6 +244,30 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
       loss[t] = lse[t] - se[rows + t];
     }
   });
+}
+
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T) {
+  const DType dt = logits_TV.dtype();
+  if (logits_TV.device().is_cuda() || (dt != DType::F32 && dt != DType::BF16)) {
+    cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+    cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, logits_TV);
+    return;
+  }
+  TimerScope timer("loss", 2);
+  const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
+  MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows && dloss_T.numel() == rows);
+  MOE_ASSERT(loss_T.dtype() == DType::F32 && lse_T.dtype() == DType::F32 && dloss_T.dtype() == DType::F32);
+  for (int64_t t = 0; t < rows; t++) {
+    const int64_t y = target_at(targets_T, t);
+    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
+  }
+  const float* g = dloss_T.data<float>();
+  float *loss = loss_T.data<float>(), *lse = lse_T.data<float>();
+  if (dt == DType::BF16)
+    forward_backward_rows(logits_TV.data<bf16>(), targets_T, g, loss, lse, rows, V);
+  else
+    forward_backward_rows(logits_TV.data<float>(), targets_T, g, loss, lse, rows, V);
 }
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,

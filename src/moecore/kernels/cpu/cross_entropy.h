@@ -19,6 +19,13 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start = 0);
 
+// Forward and backward at once, for training when dloss_T is known before forward: loss_T and lse_T as
+// cross_entropy_forward gives them, and logits_TV overwritten by its gradient as cross_entropy_backward(dloss_T, ...,
+// logits_TV) writes it. On the CPU with f32 or bf16 logits one pass computes each exponential once (the gradient as
+// e·(g/s) rather than exp(l − lse)·g: equal up to rounding); elsewhere it is the two calls.
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T);
+
 // Vocabulary-parallel forward (Megatron's vocab_parallel_cross_entropy): logits_TV holds columns
 // [vocab_start, vocab_start + V) of a vocabulary of vocab_total; `all_reduce(t, max)` reduces t (f32/f64) over
 // the ranks holding the other columns, with max or sum. Row max, then Σ exp and the target's logit, are reduced.
