@@ -132,7 +132,8 @@ TEST(GPTTrain, Bf16TracksF32) {
 
 // A schedule that knows the backward's token scale before forward (Stash::token_scale_of) gets the logits' gradient
 // from the loss's forward (one pass over the logits): the loss and every parameter gradient as the separate backward
-// gives them, up to rounding; the scale is checked in backward; a forward without it computes no gradient.
+// gives them, up to rounding (MTP's depths too); the scale is checked in backward; a forward without it computes no
+// gradient.
 TEST(GPTLossGradient, ComputedInForwardWhenTheScaleIsKnown) {
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "f32");
@@ -158,6 +159,26 @@ TEST(GPTLossGradient, ComputedInForwardWhenTheScaleIsKnown) {
     for (size_t i = 0; i < grads[0].size(); i++)
       EXPECT_LT(testing::max_rel_diff(grads[1][i], grads[0][i]), bf16 ? 2e-2 : 1e-4) << "parameter " << i;
   }
+  // MTP's depths alike: their logits' gradients come with their losses, with MTP's backward scale.
+  nn::GPTConfig mc = testing::small_gpt({.vocab = 11});
+  mc.mtp.num_layers = 2;
+  mc.mtp.loss_scaling_factor = 0.3;
+  const Tensor tokens = testing::randint({2, 5}, 11, 1), labels = testing::randint({2, 5}, 11, 2);
+  std::vector<Tensor> mtp_grads[2];
+  for (int fused = 0; fused < 2; fused++) {
+    nn::ParamRegistry reg;
+    nn::GPTModel model(mc, reg);
+    reg.initialize(7);
+    reg.zero_grad();
+    nn::GPTModel::Stash st = model.make_stash();
+    if (fused) st.token_scale_of = [](double mask_sum) { return 0.5 / mask_sum; };
+    model.forward(tokens, labels, Tensor(), st);
+    for (const auto& d : st.mtp.depths) EXPECT_EQ(d.grad_scale >= 0, fused == 1);
+    model.backward_scaled(st, 0.5 / st.mask_sum, 1.0);
+    for (const auto& p : reg.all()) mtp_grads[fused].push_back(p->grad.clone());
+  }
+  for (size_t i = 0; i < mtp_grads[0].size(); i++)
+    EXPECT_LT(testing::max_rel_diff(mtp_grads[1][i], mtp_grads[0][i]), 1e-4) << "MTP model, parameter " << i;
   // Another scale in backward than forward used is an internal error, not a silently wrong gradient.
   nn::ParamRegistry reg;
   nn::GPTModel model(copy_config(), reg);

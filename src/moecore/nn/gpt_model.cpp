@@ -217,6 +217,10 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   return loss_forward(labels_BS, loss_mask_BS, st);
 }
 
+double GPTModel::mtp_backward_scale(double token_scale, double mask_sum) const {
+  return token_scale * mask_sum * cfg_.mtp.loss_scaling_factor / static_cast<double>(cfg_.mtp.num_layers);
+}
+
 double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, Stash& st) {
   MOE_ASSERT(has_loss_ && st.logits_TV.defined());
   const SeqSplit seq{cfg_.cp.size, cfg_.cp.rank};  // CP: this rank's chunks of labels and mask
@@ -233,9 +237,11 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   st.grad_token_scale = -1;
   const auto token_scale_of = std::move(st.token_scale_of);  // for this forward only
   st.token_scale_of = nullptr;
+  double mtp_scale = -1;  // MTP's backward scale, when known now
   if (training_ && token_scale_of && !cfg_.tp.on()) {
     // The gradient backward would start from (backward_chunk), computed with the loss.
     const double token_scale = token_scale_of(st.mask_sum);
+    mtp_scale = mtp_backward_scale(token_scale, st.mask_sum);
     Tensor dloss = st.mask_T.clone();
     kernels::scale_(dloss, token_scale);
     kernels::cross_entropy_forward_backward(st.logits_TV, st.labels_T, dloss, loss_T, st.lse_T);
@@ -252,9 +258,9 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   if (mtp_) {
     if (seq.on())  // MTP rolls the whole sequence
       mtp_->loss(to_sequence_major(labels_all), mask_sequence_major(mask_all, labels_all, dt), st.mask_sum, st.S, st.B,
-                 vocab_start_, cfg_.vocab_size, st.mtp);
+                 vocab_start_, cfg_.vocab_size, st.mtp, mtp_scale);
     else
-      mtp_->loss(st.labels_T, st.mask_T, st.mask_sum, st.S, st.B, vocab_start_, cfg_.vocab_size, st.mtp);
+      mtp_->loss(st.labels_T, st.mask_T, st.mask_sum, st.S, st.B, vocab_start_, cfg_.vocab_size, st.mtp, mtp_scale);
     if (training_) {
       for (size_t k = 0; k < mtp_loss_sums_.size(); k++) mtp_loss_sums_[k] += st.mtp.depths[k].loss;
       mtp_micro_batches_++;
@@ -300,10 +306,9 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
     // MTP (Megatron's MTPLossAutoScaler): scale·(factor/D)·d(Σ_k mean_k ce_k), where a mean over this micro-batch's
     // loss tokens has scale token_scale·mask_sum (per-token loss: the rolled mean re-weighted by the main tokens).
     if (mtp_) {
-      const double sc =
-          token_scale * st.mask_sum * cfg_.mtp.loss_scaling_factor / static_cast<double>(cfg_.mtp.num_layers);
       for (auto& d : st.mtp.depths) d.layer.ffn->loss_scale = aux_scale;
-      kernels::add_(dh, mtp_->backward(st.mtp, sc, vocab_start_, *embedding_, *output_));
+      kernels::add_(dh, mtp_->backward(st.mtp, mtp_backward_scale(token_scale, st.mask_sum), vocab_start_, *embedding_,
+                                       *output_));
     }
     dh = final_norm_->backward(dh, st.final_norm);
     probe("decoder.final_layernorm", true, dh);

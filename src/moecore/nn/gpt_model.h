@@ -167,6 +167,9 @@ class GPTModel {
 
  private:
   Tensor embed_and_decode(const Tensor& tokens_BS, Stash& st);
+  // MTP's backward scale (MTPBlock::backward) for the main loss's token_scale: scale·(factor/D) of a mean over this
+  // micro-batch's mask_sum loss tokens. One expression for loss_forward and backward_chunk, so both get its bits.
+  double mtp_backward_scale(double token_scale, double mask_sum) const;
   void begin_batch(int64_t S, int64_t B, Stash& st);
   GPTConfig cfg_;
   std::vector<ModelChunk> chunks_;

@@ -146,8 +146,17 @@ Tensor MTPBlock::proj_and_layer(size_t k, const Tensor& e, const Tensor& h, Dept
   return layers_[k]->forward(x, d.layer);
 }
 
+namespace {
+// The upstream gradient of a depth's token losses for backward scale `scale`: mask·scale/mask_sum.
+Tensor depth_dloss(const MTPBlock::Depth& d, double scale) {
+  Tensor dloss = d.mask_T.clone();
+  kernels::scale_(dloss, d.mask_sum > 0 ? scale / d.mask_sum : 0.0);
+  return dloss;
+}
+}  // namespace
+
 void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_mask_sum, int64_t S, int64_t B,
-                    int64_t vocab_start, int64_t vocab_size, Stash& st) const {
+                    int64_t vocab_start, int64_t vocab_size, Stash& st, double backward_scale) const {
   const int64_t T = S * B;
   const double main_all = cp_.on() ? kernels::sum(mask_T) : main_mask_sum;  // the whole sequence's loss tokens
   for (size_t k = 0; k < st.depths.size(); k++) {
@@ -160,7 +169,15 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_ma
     d.mask_T = (cp_.on() ? local_rows(mask_rolled, S, B, cp_) : mask_rolled).to(dev);
     Tensor loss_T = Tensor::empty({T}, dt, dev);
     d.lse_T = Tensor::empty({T}, dt, dev);
-    if (tp_.on()) {
+    // The depth's gradient weight: its loss tokens, or under CP this rank's share of the whole sequence's rolled
+    // tokens (see the header).
+    const double tokens = cp_.on() ? kernels::sum(mask_rolled) : 0.0;
+    d.mask_sum = !cp_.on() ? kernels::sum(d.mask_T) : main_all > 0 ? tokens * main_mask_sum / main_all : 0.0;
+    d.grad_scale = -1;
+    if (backward_scale >= 0 && !tp_.on()) {
+      kernels::cross_entropy_forward_backward(d.logits_TV, d.labels_T, depth_dloss(d, backward_scale), loss_T, d.lse_T);
+      d.grad_scale = backward_scale;
+    } else if (tp_.on()) {
       const comm::ProcessGroup& g = *tp_.group;
       kernels::cross_entropy_forward_vocab_parallel(
           d.logits_TV, d.labels_T, vocab_start, vocab_size,
@@ -170,17 +187,14 @@ void MTPBlock::loss(const Tensor& labels_T, const Tensor& mask_T, double main_ma
       kernels::cross_entropy_forward(d.logits_TV, d.labels_T, loss_T, d.lse_T);
     }
     if (!cp_.on()) {
-      d.mask_sum = kernels::sum(d.mask_T);
       d.loss = d.mask_sum > 0 ? kernels::dot(loss_T, d.mask_T) / d.mask_sum : 0.0;
       continue;
     }
-    // CP: the rolled tokens of the whole sequence, and the loss summed over the CP ranks.
-    const double tokens = kernels::sum(mask_rolled);
+    // CP: the loss summed over the CP ranks, over the rolled tokens of the whole sequence.
     Tensor sum = Tensor::empty({1}, DType::F64);
     sum.set_item(0, kernels::dot(loss_T, d.mask_T));
     cp_.group->all_reduce(sum);
     d.loss = tokens > 0 ? sum.item(0) / tokens : 0.0;
-    d.mask_sum = main_all > 0 ? tokens * main_mask_sum / main_all : 0.0;
   }
 }
 
@@ -189,9 +203,13 @@ Tensor MTPBlock::backward(Stash& st, double scale, int64_t vocab_start, Embeddin
   Tensor dh_next;  // d h_k through depth k+1's hnorm
   for (size_t k = layers_.size(); k-- > 0;) {
     Depth& d = st.depths[k];
-    Tensor dloss = d.mask_T.clone();
-    kernels::scale_(dloss, d.mask_sum > 0 ? scale / d.mask_sum : 0.0);
-    kernels::cross_entropy_backward(dloss, d.logits_TV, d.labels_T, d.lse_T, d.logits_TV, vocab_start);
+    if (d.grad_scale >= 0)  // computed with the loss
+      MOE_ASSERT_MSG(d.grad_scale == scale, "MTP depth {}'s logits' gradient has scale {}, not {}", k + 1, d.grad_scale,
+                     scale);
+    else
+      kernels::cross_entropy_backward(depth_dloss(d, scale), d.logits_TV, d.labels_T, d.lse_T, d.logits_TV,
+                                      vocab_start);
+    d.grad_scale = -1;
     Tensor dh = output.backward(d.logits_TV, d.output);
     d.logits_TV = Tensor();
     dh = sp_reduce_scatter(dh.reshape({S, B, H}), tp_);

@@ -43,6 +43,7 @@ class MTPBlock {
     Tensor e_in, h_in;  // recompute: the embedding (after dropout) and h_{k−1} it re-runs from
     Tensor labels_T, mask_T, logits_TV, lse_T;  // labels and mask rolled k; logits: this rank's vocab columns
     double mask_sum = 0, loss = 0;  // loss: Σ mask·ce / max(1, Σ mask) (Megatron's logged value); mask_sum: weight
+    double grad_scale = -1;         // ≥ 0: logits_TV holds their gradient, computed with this backward scale
   };
   struct Stash {
     std::vector<Depth> depths;
@@ -66,8 +67,10 @@ class MTPBlock {
   // [S·C·B] sequence-major; main_mask_sum: Σ of this rank's main loss mask). Under CP the logged loss is the whole
   // sequence's mean (summed over CP), and each rank's gradient weight is its share of the whole sequence's rolled
   // tokens, so the MTP loss, like the main one, does not depend on C (Megatron normalises by local counts there).
+  // backward_scale ≥ 0: the scale backward will be given, known now: on one vocabulary shard each depth's logits
+  // are replaced by their gradient along with the loss (kernels::cross_entropy_forward_backward).
   void loss(const Tensor& labels_T, const Tensor& mask_T, double main_mask_sum, int64_t S, int64_t B,
-            int64_t vocab_start, int64_t vocab_size, Stash& st) const;
+            int64_t vocab_start, int64_t vocab_size, Stash& st, double backward_scale = -1) const;
   // Backpropagates scale·Σ_k (Σ_t mask_k·ce_k / max(1, Σ mask_k)) (scale: factor/D times the main loss's scale of
   // a mean loss); accumulates into every parameter (the shared embedding and output layer too) and returns
   // the gradient of h0 [S/TP, B, H].

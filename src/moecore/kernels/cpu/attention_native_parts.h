@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
@@ -36,21 +37,28 @@ enum class NativePack { Rows, EPairs, RowPairs, Cols };
 // 16 words (32 bits) as one vector, for the transposes below (the compiler picks each ISA's permutes).
 typedef uint32_t Words16 __attribute__((vector_size(64)));
 
+// Word j of the two rows a, b of a 2K-row block after they swap their off-diagonal K × K blocks: a keeps its
+// words j with j & K clear and takes b's words j − K in the others (index 16 + j − K: b's), b the reverse.
+template <int K, int... J>
+MOE_ALWAYS_INLINE Words16 swap_low(Words16 a, Words16 b, std::integer_sequence<int, J...>) {
+  return __builtin_shufflevector(a, b, ((J & K) == 0 ? J : 16 + J - K)...);
+}
+template <int K, int... J>
+MOE_ALWAYS_INLINE Words16 swap_high(Words16 a, Words16 b, std::integer_sequence<int, J...>) {
+  return __builtin_shufflevector(a, b, ((J & K) == 0 ? J + K : 16 + J)...);
+}
+
 // Rows i and i + K of every 2K-row block of r swap their off-diagonal K × K blocks; the four stages K = 8, 4, 2, 1
 // transpose the 16 × 16 words of r.
 template <int K>
 MOE_ALWAYS_INLINE void swap_blocks(Words16 (&r)[16]) {
   static_assert(K == 8 || K == 4 || K == 2 || K == 1);
-  constexpr Words16 lo = K == 8   ? Words16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}
-                         : K == 4 ? Words16{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}
-                         : K == 2 ? Words16{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}
-                                  : Words16{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-  constexpr Words16 hi = lo + K;  // K == 8: {8..15, 24..31}, and so on
+  constexpr auto words = std::make_integer_sequence<int, 16>{};
   for (int i = 0; i < 16; i++)
     if ((i & K) == 0) {
       const Words16 a = r[i], b = r[i + K];
-      r[i] = __builtin_shuffle(a, b, lo);
-      r[i + K] = __builtin_shuffle(a, b, hi);
+      r[i] = swap_low<K>(a, b, words);
+      r[i + K] = swap_high<K>(a, b, words);
     }
 }
 
