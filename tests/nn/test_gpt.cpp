@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
+#include <vector>
 
 #include "copy_task.h"
 #include "model_util.h"
@@ -130,62 +132,57 @@ TEST(GPTTrain, Bf16TracksF32) {
   }
 }
 
+// One forward and backward_scaled(0.5 / loss tokens) of a fresh model: the loss and every parameter's gradient, with
+// the scale given to forward (fused) or not; checks that forward computed the logits' gradients (main and MTP) when
+// it had the scale, and consumed it.
+struct LossGradRun {
+  double loss = 0;
+  std::vector<Tensor> grads;
+};
+LossGradRun loss_grad_run(const nn::GPTConfig& c, const Tensor& tokens, const Tensor& labels, const Tensor& mask,
+                          bool fused) {
+  nn::ParamRegistry reg;
+  nn::GPTModel model(c, reg);
+  reg.initialize(7);
+  reg.zero_grad();
+  nn::GPTModel::Stash st = model.make_stash();
+  if (fused) st.token_scale_of = [](double mask_sum) { return 0.5 / mask_sum; };
+  LossGradRun r;
+  r.loss = model.forward(tokens, labels, mask, st);
+  EXPECT_EQ(st.grad_token_scale >= 0, fused);
+  for (const auto& d : st.mtp.depths) EXPECT_EQ(d.grad_scale >= 0, fused);
+  EXPECT_FALSE(st.token_scale_of) << "forward consumes the scale";
+  model.backward_scaled(st, 0.5 / st.mask_sum, 1.0);
+  for (const auto& p : reg.all()) r.grads.push_back(p->grad.clone());
+  return r;
+}
+
 // A schedule that knows the backward's token scale before forward (Stash::token_scale_of) gets the logits' gradient
 // from the loss's forward (one pass over the logits): the loss and every parameter gradient as the separate backward
 // gives them, up to rounding (MTP's depths too); the scale is checked in backward; a forward without it computes no
 // gradient.
 TEST(GPTLossGradient, ComputedInForwardWhenTheScaleIsKnown) {
-  for (const bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "f32");
-    nn::GPTConfig c = copy_config();
-    c.bf16 = bf16;
-    const CopyBatch b = copy_batch(4, 8, 16, 3);
-    std::vector<Tensor> grads[2];
-    double losses[2] = {};
-    for (int fused = 0; fused < 2; fused++) {
-      nn::ParamRegistry reg;
-      nn::GPTModel model(c, reg);
-      reg.initialize(7);
-      reg.zero_grad();
-      nn::GPTModel::Stash st = model.make_stash();
-      if (fused) st.token_scale_of = [](double mask_sum) { return 0.5 / mask_sum; };
-      losses[fused] = model.forward(b.tokens, b.labels, b.mask, st);
-      EXPECT_EQ(st.grad_token_scale >= 0, fused == 1);
-      EXPECT_FALSE(st.token_scale_of) << "forward consumes the scale";
-      model.backward_scaled(st, 0.5 / st.mask_sum, 1.0);
-      for (const auto& p : reg.all()) grads[fused].push_back(p->grad.clone());
-    }
-    EXPECT_NEAR(losses[1], losses[0], 1e-6 * losses[0]);
-    for (size_t i = 0; i < grads[0].size(); i++)
-      EXPECT_LT(testing::max_rel_diff(grads[1][i], grads[0][i]), bf16 ? 2e-2 : 1e-4) << "parameter " << i;
+  nn::GPTConfig mtp = testing::small_gpt({.vocab = 16, .max_seq = 16});
+  mtp.mtp.num_layers = 2;
+  mtp.mtp.loss_scaling_factor = 0.3;
+  nn::GPTConfig bf16 = copy_config();
+  bf16.bf16 = true;
+  const CopyBatch b = copy_batch(4, 8, 16, 3);
+  for (const auto& [name, c, tol] :
+       {std::tuple{"f32", copy_config(), 1e-4}, {"bf16", bf16, 2e-2}, {"MTP", mtp, 1e-4}}) {
+    SCOPED_TRACE(name);
+    const LossGradRun want = loss_grad_run(c, b.tokens, b.labels, b.mask, false);
+    const LossGradRun got = loss_grad_run(c, b.tokens, b.labels, b.mask, true);
+    EXPECT_NEAR(got.loss, want.loss, 1e-6 * want.loss);
+    for (size_t i = 0; i < want.grads.size(); i++)
+      EXPECT_LT(testing::max_rel_diff(got.grads[i], want.grads[i]), tol) << "parameter " << i;
   }
-  // MTP's depths alike: their logits' gradients come with their losses, with MTP's backward scale.
-  nn::GPTConfig mc = testing::small_gpt({.vocab = 11});
-  mc.mtp.num_layers = 2;
-  mc.mtp.loss_scaling_factor = 0.3;
-  const Tensor tokens = testing::randint({2, 5}, 11, 1), labels = testing::randint({2, 5}, 11, 2);
-  std::vector<Tensor> mtp_grads[2];
-  for (int fused = 0; fused < 2; fused++) {
-    nn::ParamRegistry reg;
-    nn::GPTModel model(mc, reg);
-    reg.initialize(7);
-    reg.zero_grad();
-    nn::GPTModel::Stash st = model.make_stash();
-    if (fused) st.token_scale_of = [](double mask_sum) { return 0.5 / mask_sum; };
-    model.forward(tokens, labels, Tensor(), st);
-    for (const auto& d : st.mtp.depths) EXPECT_EQ(d.grad_scale >= 0, fused == 1);
-    model.backward_scaled(st, 0.5 / st.mask_sum, 1.0);
-    for (const auto& p : reg.all()) mtp_grads[fused].push_back(p->grad.clone());
-  }
-  for (size_t i = 0; i < mtp_grads[0].size(); i++)
-    EXPECT_LT(testing::max_rel_diff(mtp_grads[1][i], mtp_grads[0][i]), 1e-4) << "MTP model, parameter " << i;
   // Another scale in backward than forward used is an internal error, not a silently wrong gradient.
   nn::ParamRegistry reg;
   nn::GPTModel model(copy_config(), reg);
   reg.initialize(7);
   nn::GPTModel::Stash st = model.make_stash();
   st.token_scale_of = [](double mask_sum) { return 1.0 / mask_sum; };
-  const CopyBatch b = copy_batch(4, 8, 16, 3);
   model.forward(b.tokens, b.labels, b.mask, st);
   EXPECT_THROW(model.backward_scaled(st, 0.5 / st.mask_sum, 1.0), std::exception);
 }
