@@ -74,6 +74,7 @@ void update(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, 
       update_piece<T, M, V, true>(p + i, g + i, m + i, v + i, piece, k, lr, b1, b2, eps, wd, bc1, bc2, gs);
       stream_copy(p16 + i, piece, k);
     }
+    _mm_sfence();  // the streaming stores are weakly ordered: complete before another thread reads the copy
   }
 }
 
