@@ -19,6 +19,36 @@ template <typename F>
 inline F widen(F v) {
   return v;
 }
+
+// out[t] = Σ rows of t in ascending order, in D (bf16 rows S widened as they are read); vectorized per ISA.
+template <typename S, typename D>
+MOE_TARGET_CLONES void sum_token_rows(const S* src, const int64_t* off, const int32_t* rows, int64_t T, int64_t H,
+                                      D* dst) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    D* out = dst + t * H;
+#pragma omp simd
+    for (int64_t h = 0; h < H; h++) out[h] = 0;
+    for (int64_t i = off[t]; i < off[t + 1]; i++) {
+      const S* in = src + static_cast<int64_t>(rows[i]) * H;
+#pragma omp simd
+      for (int64_t h = 0; h < H; h++) out[h] += widen(in[h]);
+    }
+  }
+}
+
+// dst[i] = src[at[i]], or 0 where at[i] < 0, in src's dtype when dst has it (else through doubles).
+void gather_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
+  if (src.dtype() != dst.dtype()) {
+    for (int64_t i = 0; i < n; i++) dst.set_item(i, at[i] >= 0 ? src.item(at[i]) : 0.0);
+    return;
+  }
+  MOE_DISPATCH_FLOAT(src.dtype(), F, {
+    const F* s = src.data<F>();
+    F* d = dst.data<F>();
+    for (int64_t i = 0; i < n; i++) d[i] = at[i] >= 0 ? s[at[i]] : F(0);
+  });
+}
 }  // namespace
 
 namespace {
@@ -127,8 +157,17 @@ Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType
   }
   Tensor d = Tensor::zeros({plan.T, plan.K}, probs_dtype);
   const int64_t* rtk = plan.row_tk_R.data<int64_t>();
-  for (int64_t r = 0; r < n; r++)
-    if (rtk[r] >= 0) d.set_item(rtk[r], dprobs_rows.item(r));
+  if (probs_dtype != dprobs_rows.dtype()) {
+    for (int64_t r = 0; r < n; r++)
+      if (rtk[r] >= 0) d.set_item(rtk[r], dprobs_rows.item(r));
+    return d;
+  }
+  MOE_DISPATCH_FLOAT(probs_dtype, F, {
+    const F* s = dprobs_rows.data<F>();
+    F* o = d.data<F>();
+    for (int64_t r = 0; r < n; r++)
+      if (rtk[r] >= 0) o[rtk[r]] = s[r];
+  });
   return d;
 }
 
@@ -144,20 +183,8 @@ void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& 
   MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == row_sum_dtype(src_RH.dtype()));
   const int64_t* off = plan.token_offsets_T1.data<int64_t>();
   const int32_t* rows = plan.token_rows.data<int32_t>();
-  // out[t] = Σ rows of t in ascending order, in dst's dtype (bf16 rows widened as they are read)
-  auto sum = [&](const auto* s, auto* d) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-      auto* out = d + t * H;
-      for (int64_t h = 0; h < H; h++) out[h] = 0;
-      for (int64_t i = off[t]; i < off[t + 1]; i++) {
-        const auto* in = s + static_cast<int64_t>(rows[i]) * H;
-        for (int64_t h = 0; h < H; h++) out[h] += widen(in[h]);
-      }
-    }
-  };
-  if (src_RH.dtype() == DType::BF16) return sum(src_RH.data<bf16>(), dst_TH.data<float>());
-  MOE_DISPATCH_FLOAT(src_RH.dtype(), F, { sum(src_RH.data<F>(), dst_TH.data<F>()); });
+  if (src_RH.dtype() == DType::BF16) return sum_token_rows(src_RH.data<bf16>(), off, rows, T, H, dst_TH.data<float>());
+  MOE_DISPATCH_FLOAT(src_RH.dtype(), F, { sum_token_rows(src_RH.data<F>(), off, rows, T, H, dst_TH.data<F>()); });
 }
 
 void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
@@ -274,7 +301,7 @@ void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, con
   x_RH = rows_empty(x_TH.cols(), rows_t);
   gather_rows(x_TH, plan.row_token_R, x_RH);
   probs_R = rows_empty(1, row_sum_dtype(rows_t)).reshape({Rp});
-  for (int64_t r = 0; r < Rp; r++) probs_R.set_item(r, rtk[r] >= 0 ? probs_TK.item(rtk[r]) : 0.0);
+  gather_values(probs_TK, rtk, Rp, probs_R);
 }
 
 Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
