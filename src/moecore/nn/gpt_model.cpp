@@ -238,8 +238,9 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   const auto token_scale_of = std::move(st.token_scale_of);  // for this forward only
   st.token_scale_of = nullptr;
   double mtp_scale = -1;  // MTP's backward scale, when known now
-  if (training_ && token_scale_of && !cfg_.tp.on()) {
-    // The gradient backward would start from (backward_chunk), computed with the loss.
+  if (training_ && token_scale_of && !cfg_.tp.on() && !dev.is_cuda()) {
+    // The gradient backward would start from (backward_chunk), computed with the loss (on the CPU, where one pass
+    // does both; the GPU keeps its two kernels where they were).
     const double token_scale = token_scale_of(st.mask_sum);
     mtp_scale = mtp_backward_scale(token_scale, st.mask_sum);
     Tensor dloss = st.mask_T.clone();

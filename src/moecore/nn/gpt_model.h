@@ -104,8 +104,9 @@ class GPTModel {
     MTPBlock::Stash mtp;
     // The backward's token_scale as a function of the micro-batch's loss tokens, where the schedule knows it before
     // forward (set before each forward, which consumes it; empty: unknown). With it, a training loss_forward on one
-    // vocabulary shard computes the logits' gradient along with the loss (kernels::cross_entropy_forward_backward:
-    // each exponential once) and leaves it in logits_TV; backward starts from it (MTP's depths alike).
+    // vocabulary shard on the CPU computes the logits' gradient along with the loss
+    // (kernels::cross_entropy_forward_backward: each exponential once) and leaves it in logits_TV; backward starts
+    // from it (MTP's depths alike).
     std::function<double(double mask_sum)> token_scale_of;
     double grad_token_scale = -1;  // ≥ 0: logits_TV holds their gradient, computed with this token_scale
   };
