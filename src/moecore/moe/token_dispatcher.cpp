@@ -37,17 +37,37 @@ MOE_TARGET_CLONES void sum_token_rows(const S* src, const int64_t* off, const in
   }
 }
 
-// dst[i] = src[at[i]], or 0 where at[i] < 0, in src's dtype when dst has it (else through doubles).
-void gather_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
+// dst[i] = src[at[i]] (gather: 0 where at[i] < 0) or dst[at[i]] = src[i] (scatter: none where at[i] < 0), for
+// i < n, in src's dtype when dst has it (else through doubles).
+template <bool Scatter>
+void move_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
   if (src.dtype() != dst.dtype()) {
-    for (int64_t i = 0; i < n; i++) dst.set_item(i, at[i] >= 0 ? src.item(at[i]) : 0.0);
+    for (int64_t i = 0; i < n; i++) {
+      if constexpr (Scatter) {
+        if (at[i] >= 0) dst.set_item(at[i], src.item(i));
+      } else {
+        dst.set_item(i, at[i] >= 0 ? src.item(at[i]) : 0.0);
+      }
+    }
     return;
   }
   MOE_DISPATCH_FLOAT(src.dtype(), F, {
     const F* s = src.data<F>();
     F* d = dst.data<F>();
-    for (int64_t i = 0; i < n; i++) d[i] = at[i] >= 0 ? s[at[i]] : F(0);
+    for (int64_t i = 0; i < n; i++) {
+      if constexpr (Scatter) {
+        if (at[i] >= 0) d[at[i]] = s[i];
+      } else {
+        d[i] = at[i] >= 0 ? s[at[i]] : F(0);
+      }
+    }
   });
+}
+void gather_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
+  move_values<false>(src, at, n, dst);
+}
+void scatter_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
+  move_values<true>(src, at, n, dst);
 }
 }  // namespace
 
@@ -156,18 +176,7 @@ Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType
     return d;
   }
   Tensor d = Tensor::zeros({plan.T, plan.K}, probs_dtype);
-  const int64_t* rtk = plan.row_tk_R.data<int64_t>();
-  if (probs_dtype != dprobs_rows.dtype()) {
-    for (int64_t r = 0; r < n; r++)
-      if (rtk[r] >= 0) d.set_item(rtk[r], dprobs_rows.item(r));
-    return d;
-  }
-  MOE_DISPATCH_FLOAT(probs_dtype, F, {
-    const F* s = dprobs_rows.data<F>();
-    F* o = d.data<F>();
-    for (int64_t r = 0; r < n; r++)
-      if (rtk[r] >= 0) o[rtk[r]] = s[r];
-  });
+  scatter_values(dprobs_rows, plan.row_tk_R.data<int64_t>(), n, d);
   return d;
 }
 

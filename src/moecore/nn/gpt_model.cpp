@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "moecore/kernels/cpu/cross_entropy.h"
 #include "moecore/kernels/cpu/elementwise.h"
@@ -217,6 +218,15 @@ double GPTModel::forward(const Tensor& tokens_BS, const Tensor& labels_BS, const
   return loss_forward(labels_BS, loss_mask_BS, st);
 }
 
+namespace {
+// The upstream gradient of the token losses: the loss mask times token_scale.
+Tensor token_dloss(const Tensor& mask_T, double token_scale) {
+  Tensor dloss = mask_T.clone();
+  kernels::scale_(dloss, token_scale);
+  return dloss;
+}
+}  // namespace
+
 double GPTModel::mtp_backward_scale(double token_scale, double mask_sum) const {
   return token_scale * mask_sum * cfg_.mtp.loss_scaling_factor / static_cast<double>(cfg_.mtp.num_layers);
 }
@@ -235,17 +245,15 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   st.lse_T = Tensor::empty({T}, dt, dev);
   st.mask_sum = kernels::sum(st.mask_T);
   st.grad_token_scale = -1;
-  const auto token_scale_of = std::move(st.token_scale_of);  // for this forward only
-  st.token_scale_of = nullptr;
-  double mtp_scale = -1;  // MTP's backward scale, when known now
+  const auto token_scale_of = std::exchange(st.token_scale_of, nullptr);  // for this forward only
+  double mtp_scale = -1;                                                  // MTP's backward scale, when known now
   if (training_ && token_scale_of && !cfg_.tp.on() && !dev.is_cuda()) {
     // The gradient backward would start from (backward_chunk), computed with the loss (on the CPU, where one pass
     // does both; the GPU keeps its two kernels where they were).
     const double token_scale = token_scale_of(st.mask_sum);
     mtp_scale = mtp_backward_scale(token_scale, st.mask_sum);
-    Tensor dloss = st.mask_T.clone();
-    kernels::scale_(dloss, token_scale);
-    kernels::cross_entropy_forward_backward(st.logits_TV, st.labels_T, dloss, loss_T, st.lse_T);
+    kernels::cross_entropy_forward_backward(st.logits_TV, st.labels_T, token_dloss(st.mask_T, token_scale), loss_T,
+                                            st.lse_T);
     st.grad_token_scale = token_scale;
   } else if (cfg_.tp.on()) {
     const comm::ProcessGroup& g = *cfg_.tp.group;
@@ -294,9 +302,8 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
       MOE_ASSERT_MSG(st.grad_token_scale == token_scale,
                      "the logits' gradient was computed with token scale {}, not {}", st.grad_token_scale, token_scale);
     } else {
-      Tensor dloss = st.mask_T.clone();
-      kernels::scale_(dloss, token_scale);
-      kernels::cross_entropy_backward(dloss, st.logits_TV, st.labels_T, st.lse_T, dlogits, vocab_start_);
+      kernels::cross_entropy_backward(token_dloss(st.mask_T, token_scale), st.logits_TV, st.labels_T, st.lse_T, dlogits,
+                                      vocab_start_);
     }
     st.grad_token_scale = -1;
     st.logits_TV = Tensor();

@@ -260,6 +260,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   const double gflops = step_flops * static_cast<double>(steps) / seconds / 1e9;  // the whole job's
   // The job's GEMM peak: every rank at the peak this rank measured (gflops counts every rank's work).
   const double job_peak = peak_gflops * static_cast<double>(world_size_);
+  const double peak_share = job_peak > 0 ? gflops / job_peak : 0.0;
   const auto mem = cuda::memory_stats(device_);
   std::string aux;
   nlohmann::json j = {{"iteration", iteration},
@@ -269,7 +270,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
                       {"grad_norm", sums.grad_norm / n},
                       {"tokens_per_sec", tps},
                       {"gflops", gflops},
-                      {"gflops_ratio_to_gemm_peak", job_peak > 0 ? gflops / job_peak : 0.0},
+                      {"gflops_ratio_to_gemm_peak", peak_share},
                       {"peak_memory_bytes", mem.peak_bytes},
                       {"planned_memory_bytes", planned_memory_}};
   for (size_t k = 0; k < sums.mtp.size(); k++) {  // Megatron's total_loss_dict entries, after lm loss
@@ -340,8 +341,8 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
         " iteration {:>8}/{:>8} | consumed samples: {:>10} |{} learning rate: {:.6E} | lm loss: {:.6E} |{} "
         "grad norm: {:.3f} |{} tokens/s: {:.0f} | GFLOP/s: {:.1f} ({:.1f}% of GEMM peak) | peak memory: {} (plan {})\n",
         iteration, c_.train_iters, consumed_samples, throughput, r.lr, sums.lm_loss / n, aux, sums.grad_norm / n,
-        after_norm, tps, gflops, job_peak > 0 ? 100.0 * gflops / job_peak : 0.0,
-        human_bytes(static_cast<double>(mem.peak_bytes)), human_bytes(planned_memory_));
+        after_norm, tps, gflops, 100.0 * peak_share, human_bytes(static_cast<double>(mem.peak_bytes)),
+        human_bytes(planned_memory_));
     flush_checked(out_, "training log");
   }
   write_json(j);

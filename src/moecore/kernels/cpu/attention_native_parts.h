@@ -121,10 +121,19 @@ struct NativeRows {
   void* at(int64_t bn, int64_t s) const { return p + (bn * head + s * ld) * (bf16 ? 2 : 4); }
 };
 
-// The row kRowsAhead on from row s of bn (attention_blocks.h: prefetch_head_row), when there is one.
+// A head's consecutive rows are a whole token row apart (B·N·D elements), a stride the hardware prefetchers miss
+// (bench attention at bench train's shape, bf16: +18% with this): the loops that read or write a head's rows one
+// after another ask, at row s, for row s + kRowsAhead of bn when there is one.
+constexpr int64_t kRowsAhead = 8;
 MOE_ALWAYS_INLINE void prefetch_ahead(const NativeRows& r, int64_t bn, int64_t s, bool write) {
   if (s + kRowsAhead >= r.rows) return;
-  prefetch_head_row(static_cast<const char*>(r.at(bn, s + kRowsAhead)), r.head * (r.bf16 ? 2 : 4), write);
+  const char* p = static_cast<const char*>(r.at(bn, s + kRowsAhead));
+  for (int64_t c = 0; c < r.head * (r.bf16 ? 2 : 4); c += 64) {
+    if (write)  // the read/write hint must be a constant
+      __builtin_prefetch(p + c, 1);
+    else
+      __builtin_prefetch(p + c, 0);
+  }
 }
 
 // RoPE by row position (AttentionRope): pair (i, i + h) of row s turns by cos/sin row s, sign −1 transposed.
