@@ -29,6 +29,14 @@ struct AttentionDropout {
                         static_cast<uint64_t>(seq_offset + i),
                         static_cast<uint64_t>((key_offset < 0 ? seq_offset : key_offset) + j0), n, z);
   }
+  // The mask row() draws query head h's multipliers from, for row_bits (one derivation per head, not per row).
+  DropoutMask head_mask(int64_t h) const { return mask.sub(static_cast<uint64_t>(head_offset + h)); }
+  // row()'s multipliers as bits, n ≤ 64: bit c set where key j0 + c is kept (multiplier keep()); head: head_mask(h).
+  uint64_t row_bits(const DropoutMask& head, int64_t b, int64_t i, int64_t j0, int64_t n) const {
+    return dropout_keep_bits(head, static_cast<uint64_t>(sample_B[b]), static_cast<uint64_t>(seq_offset + i),
+                             static_cast<uint64_t>((key_offset < 0 ? seq_offset : key_offset) + j0), n);
+  }
+  float keep() const { return static_cast<float>(1.0 / (1.0 - mask.p)); }
 };
 
 // q_SBND [S, B, Nq, D], k_SBND / v_SBND [S, B, Nkv, D] -> o_SBND [S, B, Nq, D], lse_BNS [B, Nq, S] (kept for

@@ -215,8 +215,8 @@ struct BackwardTiles {
 
 // One query row of a score tile in the online softmax: s[0, jmax) ← exp(s − m') with m' the new running maximum, then
 // times the row's dropout multipliers when `drop` gives them (drop(z) fills z[0, jmax)); the running sum l and
-// maximum m updated. Returns exp(m − m'), the factor the row's output accumulated so far is rescaled by. Shared by
-// the f32 flash kernel and the native-bf16 one (the same bits for the same scores).
+// maximum m updated. Returns exp(m − m'), the factor the row's output accumulated so far is rescaled by. The flash
+// kernel's, in f32 and f64 (the native-bf16 kernel has its own in 16-lane vectors, attention_native_softmax.h).
 template <typename T, typename Drop>
 MOE_ALWAYS_INLINE T online_softmax_row(T* s, int64_t jmax, T& m, T& l, T* z, Drop drop) {
   T mx = m;
@@ -240,8 +240,8 @@ MOE_ALWAYS_INLINE T online_softmax_row(T* s, int64_t jmax, T& m, T& l, T* z, Dro
 
 // One query row of the backward's recomputed tile, columns [0, jmax): P = exp(mul·s − lse) and dS = P·(dP − Δ),
 // with the row's dropout multipliers z (when given) on P and dP, each stored through cvt (the kernel's rounding or
-// storage type) into p_out and ds_out, which may be s and g themselves. Shared by the f32 flash kernel and the
-// native-bf16 one (the same bits for the same scores).
+// storage type) into p_out and ds_out, which may be s and g themselves. The flash kernel's (the native-bf16 kernel's
+// is native_softmax_backward_row).
 template <typename T, typename O, typename Cvt>
 MOE_ALWAYS_INLINE void softmax_backward_row(const T* s, const T* g, T mul, T lse, T delta, const T* z, int64_t jmax,
                                             O* p_out, O* ds_out, Cvt cvt) {

@@ -13,7 +13,9 @@
 // interleaved (a vector operation), rather than as Aᵀ (a transpose of each tile).
 // where Q̂ = bf16(scale·Q) (so dK needs no scale), P̂ = bf16(P ⊙ Z), dŜ = bf16(P ⊙ (Z ⊙ dP − Δ)). Dropout (Z) costs
 // nothing extra here, so it is supported as in the f32 kernel. The pair sums of vdpbf16ps/TDPBF16PS run in a fixed
-// order, so results are bitwise reproducible whatever the thread count.
+// order, so results are bitwise reproducible whatever the thread count. The softmax rows run in 16-lane vectors with
+// their maxima and sums reduced in fixed trees (attention_native_softmax.h), and dropout's mask enters as bits
+// (AttentionDropout::row_bits: the multipliers' mask, compared in registers).
 #include "moecore/kernels/cpu/attention_flash_native.h"
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "moecore/core/allocator.h"
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/attention_native_parts.h"
+#include "moecore/kernels/cpu/attention_native_softmax.h"
 #include "moecore/kernels/cpu/rope.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -42,15 +45,16 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
     const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
     const NativeFwdTiles w(scratch.mine(), Dp);
-    float *acc = w.acc, *sc = w.sc, *m = w.m, *l = w.l, *z = w.z, *row = w.row;
+    float *acc = w.acc, *sc = w.sc, *m = w.m, *l = w.l, *row = w.row;
     bf16* P = w.P;
     const int64_t i0 = qt * kTn, nr = std::min(kTn, S - i0), M = round_up(nr, 16);
     const bf16* Qs = ptile(a.pk->qR, a.n, bh, qt);
+    const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
     for (int64_t i = 0; i < M; i++) {
       m[i] = -std::numeric_limits<float>::infinity();
       l[i] = 0;
     }
-    std::fill_n(P, M * kTn, bf16{0});
+    std::fill(P + nr * kTn, P + M * kTn, bf16{0});  // padding rows: native_softmax_row writes the others whole
     G::begin();
     for (int64_t kt = 0; kt <= qt; kt++) {
       const int64_t j0 = kt * kTn, nc = std::min(kTn, S - j0);
@@ -59,15 +63,9 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
               diag ? Causal::ColsUpToRow : Causal::Full});
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = diag ? std::min(nc, i + 1) : nc;  // visible keys of row i
-        float* s = sc + i * kTn;
-        const float alpha = online_softmax_row(s, jmax, m[i], l[i], z, [&](float* zr) {
-          if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, zr);
-          return a.drop != nullptr;
-        });
-        bf16* p = P + i * kTn;
-#pragma omp simd
-        for (int64_t j = 0; j < jmax; j++) p[j] = float_to_bf16(s[j]);
-        for (int64_t j = jmax; j < kTn; j++) p[j] = bf16{0};
+        RowDrop rd;
+        const float alpha = native_softmax_row(sc + i * kTn, jmax, m[i], l[i],
+                                               row_drop(a.drop, head, b, i0 + i, j0, jmax, rd), P + i * kTn);
         if (kt > 0 && alpha != 1.0f) {  // at kt = 0 the product below stores acc
           float* ar = acc + i * Dp;
 #pragma omp simd
@@ -112,15 +110,14 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
       {Mq, kTn, Dp, ptile(a.pk->qR, a.n, bh, qt), Dp, ptile(a.pk->kT, a.n, bg, kt), 2 * kTn, w.sc, kTn, false, cols});
   G::run(
       {Mq, kTn, Dp, ptile(a.pk->dR, a.n, bh, qt), Dp, ptile(a.pk->vT, a.n, bg, kt), 2 * kTn, w.dp, kTn, false, cols});
+  const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
     bf16* pr = w.P + i * kTn;
     bf16* dsr = w.dS + i * kTn;
-    if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, w.z);
-    // Q̂ carries the scale: the scores need no multiplier (1·s is s).
-    softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, 1.0f, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i],
-                         a.drop ? w.z : nullptr, jmax, pr, dsr, [](float x) { return float_to_bf16(x); });
-    for (int64_t j = jmax; j < kTn; j++) pr[j] = dsr[j] = bf16{0};
+    RowDrop rd;
+    native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i],
+                                row_drop(a.drop, head, b, i0 + i, j0, jmax, rd), jmax, pr, dsr);
   }
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});
   std::fill(w.dS + nr * kTn, w.dS + kTn * kTn, bf16{0});

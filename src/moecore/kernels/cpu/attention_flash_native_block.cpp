@@ -15,6 +15,7 @@
 
 #include "moecore/kernels/cpu/attention_flash_native.h"
 #include "moecore/kernels/cpu/attention_native_parts.h"
+#include "moecore/kernels/cpu/attention_native_softmax.h"
 
 namespace moecore::kernels::flash {
 
@@ -60,12 +61,13 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
     const int64_t qt = nqt - 1 - it / pairs, bh = it % pairs;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
     const NativeFwdTiles w(scratch.mine(), Dp);
-    float *acc = w.acc, *sc = w.sc, *m = w.m, *l = w.l, *z = w.z, *row = w.row;
+    float *acc = w.acc, *sc = w.sc, *m = w.m, *l = w.l, *row = w.row;
+    const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
     bf16* P = w.P;
     const int64_t i0 = qt * kTn, nr = std::min(kTn, at.Sq - i0), M = round_up(nr, 16);
     std::fill_n(m, M, -std::numeric_limits<float>::infinity());
     std::fill_n(l, M, 0.0f);
-    std::fill_n(P, M * kTn, bf16{0});
+    std::fill(P + nr * kTn, P + M * kTn, bf16{0});  // padding rows: native_softmax_row writes the others whole
     bool stored = false;
     G::begin();
     for (int64_t kt = 0; kt < nkt && at.any(qt, kt); kt++) {
@@ -74,17 +76,14 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
               Causal::Full});
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = at.visible(i0 + i, j0, nc);
-        float* s = sc + i * kTn;
         bf16* p = P + i * kTn;
         float alpha = 1.0f;
+        RowDrop rd;
         if (jmax > 0)
-          alpha = online_softmax_row(s, jmax, m[i], l[i], z, [&](float* zr) {
-            if (a.drop) a.drop->row(b, h, i0 + i, j0, jmax, zr);
-            return a.drop != nullptr;
-          });
-#pragma omp simd
-        for (int64_t j = 0; j < jmax; j++) p[j] = float_to_bf16(s[j]);
-        std::fill(p + jmax, p + kTn, bf16{0});
+          alpha =
+              native_softmax_row(sc + i * kTn, jmax, m[i], l[i], row_drop(a.drop, head, b, i0 + i, j0, jmax, rd), p);
+        else
+          std::fill(p, p + kTn, bf16{0});
         if (stored && alpha != 1.0f) {
           float* ar = acc + i * Dp;
 #pragma omp simd
@@ -126,16 +125,15 @@ MOE_ALWAYS_INLINE void block_probs(const BlockBwd& a, int64_t b, int64_t h, int6
   G::run({Mq, kTn, Dp, ptile(a.pk->qR, a.n.nq, bh, qt), Dp, kTt, 2 * kTn, w.sc, kTn, false, Causal::Full});
   G::run({Mq, kTn, Dp, ptile(a.pk->dR, a.n.nq, bh, qt), Dp, ptile(a.pk->vT, a.n.nk, bg, kt), 2 * kTn, w.dp, kTn, false,
           Causal::Full});
+  const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
   for (int64_t i = 0; i < nr; i++) {
     const int64_t jmax = at.visible(i0 + i, j0, nc);
     bf16* pr = w.P + i * kTn;
     bf16* dsr = w.dS + i * kTn;
-    if (jmax > 0 && a.drop) a.drop->row(b, h, i0 + i, j0, jmax, w.z);
-    // Q̂ carries the scale: the scores need no multiplier.
-    softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, 1.0f, a.lse[bh * at.Sq + i0 + i], a.delta[bh * at.Sq + i0 + i],
-                         a.drop ? w.z : nullptr, jmax, pr, dsr, [](float x) { return float_to_bf16(x); });
-    std::fill(pr + jmax, pr + kTn, bf16{0});
-    std::fill(dsr + jmax, dsr + kTn, bf16{0});
+    RowDrop rd;
+    native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * at.Sq + i0 + i],
+                                a.delta[bh * at.Sq + i0 + i], row_drop(a.drop, head, b, i0 + i, j0, jmax, rd), jmax, pr,
+                                dsr);
   }
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});
   std::fill(w.dS + nr * kTn, w.dS + kTn * kTn, bf16{0});

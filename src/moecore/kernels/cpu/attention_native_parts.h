@@ -231,34 +231,33 @@ MOE_ALWAYS_INLINE void row_pairs(const bf16* src, uint32_t* dst) {
       dst[p * kTn + j] = uint32_t(s[2 * p * kTn + j]) | uint32_t(s[(2 * p + 1) * kTn + j]) << 16;
 }
 
-// Per-thread buffers of one forward item: the output rows' f32 sums, scores, softmax statistics and dropout
-// multipliers, the rounded probabilities, and a row for store_row.
+// Per-thread buffers of one forward item: the output rows' f32 sums, scores, softmax statistics, the rounded
+// probabilities, and a row for store_row.
 struct NativeFwdTiles {
-  float *acc, *sc, *m, *l, *z;  // [kTn, Dp], [kTn, kTn], [kTn] ×3
-  bf16* P;                      // [kTn, kTn]
-  float* row;                   // [2·Dp]
-  NativeFwdTiles(float* w, int64_t Dp) : acc(w), sc(acc + kTn * Dp), m(sc + kTn * kTn), l(m + kTn), z(l + kTn) {
-    P = reinterpret_cast<bf16*>(z + kTn);
+  float *acc, *sc, *m, *l;  // [kTn, Dp], [kTn, kTn], [kTn] ×2
+  bf16* P;                  // [kTn, kTn]
+  float* row;               // [2·Dp]
+  NativeFwdTiles(float* w, int64_t Dp) : acc(w), sc(acc + kTn * Dp), m(sc + kTn * kTn), l(m + kTn) {
+    P = reinterpret_cast<bf16*>(l + kTn);
     row = reinterpret_cast<float*>(P + kTn * kTn);
   }
-  static int64_t floats(int64_t Dp) { return kTn * Dp + kTn * kTn + 3 * kTn + kTn * kTn / 2 + 2 * Dp; }
+  static int64_t floats(int64_t Dp) { return kTn * Dp + kTn * kTn + 2 * kTn + kTn * kTn / 2 + 2 * Dp; }
 };
 
 // Per-thread buffers of one backward item.
 struct NativeTiles {
-  float *sc, *dp, *dKt, *dVt, *z;  // [kTn, kTn] ×2, [Dp, kTn] ×2, [kTn]
-  bf16 *P, *dS;                    // [kTn, kTn] each
-  uint32_t *Pp, *dSp;              // [kTn/2, kTn] each: P and dS in query pairs
-  float* row;                      // [2·Dp] for store_row
-  NativeTiles(float* w, int64_t Dp)
-      : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp), z(dVt + kTn * Dp) {
-    Pp = reinterpret_cast<uint32_t*>(z + kTn);
+  float *sc, *dp, *dKt, *dVt;  // [kTn, kTn] ×2, [Dp, kTn] ×2
+  bf16 *P, *dS;                // [kTn, kTn] each
+  uint32_t *Pp, *dSp;          // [kTn/2, kTn] each: P and dS in query pairs
+  float* row;                  // [2·Dp] for store_row
+  NativeTiles(float* w, int64_t Dp) : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp) {
+    Pp = reinterpret_cast<uint32_t*>(dVt + kTn * Dp);
     dSp = Pp + kTn * kTn / 2;
     P = reinterpret_cast<bf16*>(dSp + kTn * kTn / 2);
     dS = P + kTn * kTn;
     row = reinterpret_cast<float*>(dS + kTn * kTn);
   }
-  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + kTn + 4 * kTn * kTn / 2 + 2 * Dp; }
+  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + 4 * kTn * kTn / 2 + 2 * Dp; }
 };
 
 // delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32 values of f32 or bf16 rows, in a fixed vector order).

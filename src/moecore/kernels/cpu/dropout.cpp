@@ -46,6 +46,11 @@ DropoutMask DropoutMask::sub(uint64_t index) const {
 namespace {
 constexpr int kLanes = 16;  // Philox blocks computed together (64 multipliers)
 
+bool philox_avx512() {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("bmi2");
+  return avx512;
+}
+
 // Philox4x32-10 (the rounds of core/rng.cpp) of the `nb` ≤ kLanes counters (c0 + i, c1, c2, c3), lane by lane in
 // structure-of-arrays form so the rounds vectorize; words [4, kLanes] out (out[w][i] = word w of block i).
 MOE_TARGET_CLONES void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
@@ -83,14 +88,16 @@ MOE_TARGET_CLONES void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint
   }
 }
 
-// The same rounds with AVX-512 intrinsics, all 16 lanes: the high halves of the 32×32-bit products come from
-// vpmuludq on the even lanes and on the odd lanes shifted down, where the compiler's vectorization of the portable
-// form widens every lane to 64 bits and multiplies with vpmullq (2x the time on AMD Zen 5, same bits).
+// The same rounds with AVX-512 intrinsics, all 16 lanes: both halves of the 32×32-bit products come from vpmuludq on
+// the even lanes and on the odd lanes shifted down, where the compiler's vectorization of the portable
+// form widens every lane to 64 bits and multiplies with vpmullq (2x the time on AMD Zen 5, same bits). x: word w of
+// block i in lane i of x[w].
 // GCC 12's AVX-512 headers fill unused lanes with _mm512_undefined_epi32(), which -Wuninitialized flags.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
-__attribute__((target("avx512f"))) void philox_lanes_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1,
-                                                            uint32_t c2, uint32_t c3, uint32_t out[4][kLanes]) {
+#define MOE_PHILOX_AVX512 __attribute__((target("avx512f,bmi2")))
+MOE_PHILOX_AVX512 MOE_ALWAYS_INLINE void philox_rounds_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1,
+                                                              uint32_t c2, uint32_t c3, __m512i (&x)[4]) {
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -107,7 +114,9 @@ __attribute__((target("avx512f"))) void philox_lanes_avx512(const uint32_t key[2
     const __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
     const __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
     const __m512i hi2 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e2, 32), o2);
-    const __m512i lo0 = _mm512_mullo_epi32(x0, m0), lo2 = _mm512_mullo_epi32(x2, m1);
+    // The low halves from the same products (vpmulld is two multiplier uops on Intel).
+    const __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, e0, _mm512_slli_epi64(o0, 32));
+    const __m512i lo2 = _mm512_mask_blend_epi32(0xAAAA, e2, _mm512_slli_epi64(o2, 32));
     const __m512i y0 = _mm512_ternarylogic_epi32(hi2, x1, _mm512_set1_epi32(static_cast<int>(k0)), 0x96);
     const __m512i y2 = _mm512_ternarylogic_epi32(hi0, x3, _mm512_set1_epi32(static_cast<int>(k1)), 0x96);
     x1 = lo2;
@@ -115,18 +124,33 @@ __attribute__((target("avx512f"))) void philox_lanes_avx512(const uint32_t key[2
     x0 = y0;
     x2 = y2;
   }
-  _mm512_storeu_si512(out[0], x0);
-  _mm512_storeu_si512(out[1], x1);
-  _mm512_storeu_si512(out[2], x2);
-  _mm512_storeu_si512(out[3], x3);
+  x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
 }
 #pragma GCC diagnostic pop
+
+MOE_PHILOX_AVX512 void philox_lanes_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                           uint32_t out[4][kLanes]) {
+  __m512i x[4];
+  philox_rounds_avx512(key, c0, c1, c2, c3, x);
+  for (int w = 0; w < 4; w++) _mm512_storeu_si512(out[w], x[w]);
+}
+
+// The keep bits of the 64 elements of blocks c0 .. c0 + 15: bit 4i + w is word w of block i at or above threshold,
+// the four 16-bit compare masks interleaved by pdep.
+MOE_PHILOX_AVX512 uint64_t philox_keep_bits_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2,
+                                                   uint32_t c3, uint32_t threshold) {
+  __m512i x[4];
+  philox_rounds_avx512(key, c0, c1, c2, c3, x);
+  const __m512i t = _mm512_set1_epi32(static_cast<int>(threshold));
+  uint64_t bits = 0;
+  for (int w = 0; w < 4; w++) bits |= _pdep_u64(_mm512_cmpge_epu32_mask(x[w], t), 0x1111111111111111ull << w);
+  return bits;
+}
 
 // Philox4x32-10 of the counters (c0 + i, c1, c2, c3), i < nb ≤ kLanes: AVX-512 where the CPU has it.
 void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int nb,
                   uint32_t out[4][kLanes]) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512)
+  if (philox_avx512())
     philox_lanes_avx512(key, c0, c1, c2, c3, out);
   else
     philox_lanes_any(key, c0, c1, c2, c3, nb, out);
@@ -162,6 +186,20 @@ MOE_TARGET_CLONES void dropout_multipliers(const DropoutMask& m, uint64_t sample
   }
 }
 
+uint64_t dropout_keep_bits(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n) {
+  MOE_ASSERT_MSG(n >= 1 && n <= 64, "dropout_keep_bits of {} elements (1 to 64)", n);
+  const uint64_t wanted = n == 64 ? ~0ull : (1ull << n) - 1;
+  if (col0 % 4 == 0 && philox_avx512())
+    return philox_keep_bits_avx512(m.key, static_cast<uint32_t>(col0 / 4), static_cast<uint32_t>(row),
+                                   static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32), m.threshold) &
+           wanted;
+  float z[64];
+  dropout_multipliers(m, sample, row, col0, n, z);
+  uint64_t bits = 0;
+  for (int64_t c = 0; c < n; c++) bits |= static_cast<uint64_t>(z[c] != 0.0f) << c;
+  return bits;
+}
+
 template void dropout_multipliers<float>(const DropoutMask&, uint64_t, uint64_t, uint64_t, int64_t, float*);
 template void dropout_multipliers<double>(const DropoutMask&, uint64_t, uint64_t, uint64_t, int64_t, double*);
 
@@ -169,19 +207,24 @@ namespace {
 template <typename T>
 MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const int64_t* sample_B, int64_t B,
                                   int64_t seq_offset, int64_t rows, int64_t C) {
-  constexpr int64_t kChunk = 256;  // multipliers per batch, on the stack
+  constexpr int64_t kChunk = 64;  // columns per mask word
+  const T keep = static_cast<T>(1.0 / (1.0 - m.p));
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const int64_t s = t / B, b = t % B;
-    T z[kChunk];
     for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
       const int64_t n = std::min(kChunk, C - c0);
-      dropout_multipliers(m, static_cast<uint64_t>(sample_B[b]), static_cast<uint64_t>(seq_offset + s),
-                          static_cast<uint64_t>(c0), n, z);
+      const uint64_t bits = dropout_keep_bits(m, static_cast<uint64_t>(sample_B[b]),
+                                              static_cast<uint64_t>(seq_offset + s), static_cast<uint64_t>(c0), n);
       const T* xr = x + t * C + c0;
       T* yr = y + t * C + c0;
+      // Multiplied by 0 where dropped, as by the multipliers: a NaN or infinity stays one.
+      for (int64_t h = 0; h < n; h += 32) {
+        const uint32_t word = static_cast<uint32_t>(bits >> h);
+        const int64_t e = std::min<int64_t>(32, n - h);
 #pragma omp simd
-      for (int64_t c = 0; c < n; c++) yr[c] = xr[c] * z[c];
+        for (int64_t c = 0; c < e; c++) yr[h + c] = xr[h + c] * (((word >> c) & 1u) ? keep : T(0));
+      }
     }
   }
 }
