@@ -66,7 +66,8 @@ TEST(Dropout, MultipliersAreCoreRngsPhiloxWords) {
 
 // The keep bits the native attention kernel reads are the multipliers' mask: bit c set exactly where multiplier c
 // keeps, for whole 64-column runs at multiples of 4 (the AVX-512 compare path where the CPU has it), runs that
-// start mid-block (the multipliers' path) and short runs (the bits past n clear), at several drop rates.
+// start mid-block (the multipliers' path) and short runs (the bits past n clear), three rows at a time (a pair whose
+// rounds interleave, then one), at several drop rates.
 TEST(Dropout, KeepBitsAreTheMultipliersMask) {
   for (double p : {0.1, 0.5, 0.9}) {
     const DropoutMask m = DropoutMask::make(13, 4, p);
@@ -74,13 +75,16 @@ TEST(Dropout, KeepBitsAreTheMultipliersMask) {
       for (uint64_t row : {uint64_t{5}, uint64_t{70000}})
         for (uint64_t col0 : {uint64_t{0}, uint64_t{64}, uint64_t{4}, uint64_t{1}, uint64_t{127}})
           for (int64_t n : {int64_t{64}, int64_t{63}, int64_t{17}, int64_t{1}}) {
-            float z[64];
-            kernels::dropout_multipliers(m, sample, row, col0, n, z);
-            const uint64_t bits = kernels::dropout_keep_bits(m, sample, row, col0, n);
-            for (int64_t c = 0; c < 64; c++)
-              ASSERT_EQ((bits >> c) & 1, c < n && z[c] != 0.0f ? 1u : 0u)
-                  << "p " << p << " sample " << sample << " row " << row << " col0 " << col0 << " n " << n << " bit "
-                  << c;
+            uint64_t bits[3];
+            kernels::dropout_keep_bits(m, sample, row, 3, col0, n, bits);
+            for (int r = 0; r < 3; r++) {
+              float z[64];
+              kernels::dropout_multipliers(m, sample, row + static_cast<uint64_t>(r), col0, n, z);
+              for (int64_t c = 0; c < 64; c++)
+                ASSERT_EQ((bits[r] >> c) & 1, c < n && z[c] != 0.0f ? 1u : 0u)
+                    << "p " << p << " sample " << sample << " row " << row + static_cast<uint64_t>(r) << " col0 "
+                    << col0 << " n " << n << " bit " << c;
+            }
           }
   }
 }

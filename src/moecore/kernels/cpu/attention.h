@@ -31,10 +31,11 @@ struct AttentionDropout {
   }
   // The mask row() draws query head h's multipliers from, for row_bits (one derivation per head, not per row).
   DropoutMask head_mask(int64_t h) const { return mask.sub(static_cast<uint64_t>(head_offset + h)); }
-  // row()'s multipliers as bits, n ≤ 64: bit c set where key j0 + c is kept (multiplier keep()); head: head_mask(h).
-  uint64_t row_bits(const DropoutMask& head, int64_t b, int64_t i, int64_t j0, int64_t n) const {
-    return dropout_keep_bits(head, static_cast<uint64_t>(sample_B[b]), static_cast<uint64_t>(seq_offset + i),
-                             static_cast<uint64_t>((key_offset < 0 ? seq_offset : key_offset) + j0), n);
+  // row()'s multipliers as bits for query rows i .. i + rows − 1, keys j0 .. j0 + n − 1 (n ≤ 64): bit c of bits[r]
+  // set where key j0 + c is kept in row i + r (multiplier keep()); head: head_mask(h).
+  void rows_bits(const DropoutMask& head, int64_t b, int64_t i, int rows, int64_t j0, int64_t n, uint64_t* bits) const {
+    dropout_keep_bits(head, static_cast<uint64_t>(sample_B[b]), static_cast<uint64_t>(seq_offset + i), rows,
+                      static_cast<uint64_t>((key_offset < 0 ? seq_offset : key_offset) + j0), n, bits);
   }
   float keep() const { return static_cast<float>(1.0 / (1.0 - mask.p)); }
 };

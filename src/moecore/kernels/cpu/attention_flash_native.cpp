@@ -61,16 +61,23 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
       const bool diag = kt == qt;
       G::run({M, kTn, Dp, Qs, Dp, ptile(a.pk->kT, a.n, bg, kt), 2 * kTn, sc, kTn, false,
               diag ? Causal::ColsUpToRow : Causal::Full});
-      for (int64_t i = 0; i < nr; i++) {
-        const int64_t jmax = diag ? std::min(nc, i + 1) : nc;  // visible keys of row i
-        RowDrop rd;
-        const float alpha = native_softmax_row(sc + i * kTn, jmax, m[i], l[i],
-                                               row_drop(a.drop, head, b, i0 + i, j0, jmax, rd), P + i * kTn);
-        if (kt > 0 && alpha != 1.0f) {  // at kt = 0 the product below stores acc
-          float* ar = acc + i * Dp;
+      for (int64_t i = 0; i < nr; i += 2) {
+        const int64_t jmax[2] = {diag ? std::min(nc, i + 1) : nc, diag ? std::min(nc, i + 2) : nc};  // visible keys
+        const int rows = i + 1 < nr ? 2 : 1;
+        RowDrop rd[2];
+        const RowDrop* drop[2];
+        tile_rows_drop(a.drop, head, b, i0 + i, rows, j0, nc, rd, drop);
+        float alpha[2];
+        if (rows == 2)
+          native_softmax_rows<2>(sc + i * kTn, jmax, m + i, l + i, drop, P + i * kTn, alpha);
+        else
+          native_softmax_rows<1>(sc + i * kTn, jmax, m + i, l + i, drop, P + i * kTn, alpha);
+        for (int64_t r = i; r < std::min(i + 2, nr); r++)
+          if (kt > 0 && alpha[r - i] != 1.0f) {  // at kt = 0 the product below stores acc
+            float* ar = acc + r * Dp;
 #pragma omp simd
-          for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha;
-        }
+            for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha[r - i];
+          }
       }
       G::run({M, Dp, kTn, P, kTn, ptile(a.pk->vN, a.n, bg, kt), 2 * Dp, acc, Dp, kt > 0,
               diag ? Causal::KUpToRow : Causal::Full});
@@ -111,13 +118,16 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
   G::run(
       {Mq, kTn, Dp, ptile(a.pk->dR, a.n, bh, qt), Dp, ptile(a.pk->vT, a.n, bg, kt), 2 * kTn, w.dp, kTn, false, cols});
   const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
-  for (int64_t i = 0; i < nr; i++) {
-    const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
-    bf16* pr = w.P + i * kTn;
-    bf16* dsr = w.dS + i * kTn;
-    RowDrop rd;
-    native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i],
-                                row_drop(a.drop, head, b, i0 + i, j0, jmax, rd), jmax, pr, dsr);
+  for (int64_t i0r = 0; i0r < nr; i0r += kTileRowsMax) {
+    const int rows = static_cast<int>(std::min<int64_t>(kTileRowsMax, nr - i0r));
+    RowDrop rd[kTileRowsMax];
+    const RowDrop* drop[kTileRowsMax];
+    tile_rows_drop(a.drop, head, b, i0 + i0r, rows, j0, nc, rd, drop);
+    for (int r = 0; r < rows; r++) {
+      const int64_t i = i0r + r, jmax = diag ? std::min(nc, i + 1) : nc;
+      native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i],
+                                  drop[r], jmax, w.P + i * kTn, w.dS + i * kTn);
+    }
   }
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});
   std::fill(w.dS + nr * kTn, w.dS + kTn * kTn, bf16{0});

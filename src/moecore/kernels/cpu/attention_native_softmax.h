@@ -30,6 +30,7 @@ typedef uint16_t Halves16 __attribute__((vector_size(32)));
 
 static_assert(kAttnTile == 64, "the row functions below take a score row as four vectors");
 constexpr int kRowVecs = 4;
+constexpr int kTileRowsMax = 2;  // query rows whose softmax (and dropout bits) go together
 
 MOE_ALWAYS_INLINE Floats16 splat(float x) {
   return Floats16{} + x;
@@ -84,20 +85,28 @@ MOE_ALWAYS_INLINE Halves16 to_bf16_lanes(Floats16 x) {
   return __builtin_convertvector((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded, Halves16);
 }
 
-// A row's attention dropout as the rows below take it: the keep bits of its keys (AttentionDropout::row_bits) and the
+// A row's attention dropout as the rows below take it: the keep bits of its keys (AttentionDropout::rows_bits) and the
 // multiplier of a kept probability (AttentionDropout::keep).
 struct RowDrop {
   uint64_t bits;
   float keep;
 };
 
-// Query row i's dropout over keys [j0, j0 + n) of a head whose mask is `head` (AttentionDropout::head_mask), into rd:
-// &rd, or null without dropout or visible keys.
-MOE_ALWAYS_INLINE const RowDrop* row_drop(const AttentionDropout* d, const DropoutMask& head, int64_t b, int64_t i,
-                                          int64_t j0, int64_t n, RowDrop& rd) {
-  if (!d || n <= 0) return nullptr;
-  rd = {d->row_bits(head, b, i, j0, n), d->keep()};
-  return &rd;
+// The dropout of query rows i .. i + rows − 1 of a head whose mask is `head` (AttentionDropout::head_mask) over a
+// tile's keys [j0, j0 + nc), into rd[0, rows); drop[r] ← &rd[r], or null without dropout. Bits past a row's visible
+// keys are drawn but never read.
+MOE_ALWAYS_INLINE void tile_rows_drop(const AttentionDropout* d, const DropoutMask& head, int64_t b, int64_t i,
+                                      int rows, int64_t j0, int64_t nc, RowDrop* rd, const RowDrop** drop) {
+  if (!d) {
+    std::fill(drop, drop + rows, nullptr);
+    return;
+  }
+  uint64_t bits[kTileRowsMax];
+  d->rows_bits(head, b, i, rows, j0, nc, bits);
+  for (int r = 0; r < rows; r++) {
+    rd[r] = {bits[r], d->keep()};
+    drop[r] = &rd[r];
+  }
 }
 
 // The multipliers of lanes 16v + 0..15: keep where the bit is set, else 0 (multiplied, as the multipliers were, so
@@ -108,37 +117,48 @@ MOE_ALWAYS_INLINE Floats16 drop_multipliers(const RowDrop& d, int v) {
   return ((word >> lane) & 1) != 0 ? splat(d.keep) : splat(0.0f);
 }
 
-// One query row of a score tile in the online softmax, keys [0, jmax) of s visible (the rest of s's kTn may hold
-// anything): p[0, kTn) ← bf16(exp(s − m') ⊙ Z) over the visible keys and 0 past them, with m' the new running
-// maximum and Z the row's dropout multipliers when `drop` is given; the running sum l (of exp(s − m'), before
-// dropout) and maximum m updated. Returns exp(m − m'), the factor the row's output so far is rescaled by.
-MOE_ALWAYS_INLINE float native_softmax_row(const float* s, int64_t jmax, float& m, float& l, const RowDrop* drop,
-                                           bf16* p) {
-  Floats16 x[kRowVecs];
-  Ints16 vis[kRowVecs];
+// R query rows of a score tile in the online softmax (row r at s + r·kTn, keys [0, jmax[r]) visible, the rest of
+// the row may hold anything), their operations interleaved so that the rows' dependency chains (a maximum, the
+// exponentials, a sum) overlap: p[r·kTn, (r + 1)·kTn) ← bf16(exp(s − m') ⊙ Z) over the visible keys and 0 past them,
+// with m' the row's new running maximum and Z its dropout multipliers when drop[r] is given; the running sum l[r]
+// (of exp(s − m'), before dropout) and maximum m[r] updated; alpha[r] ← exp(m − m'), the factor the row's output so
+// far is rescaled by. Each row's values do not depend on R.
+template <int R>
+MOE_ALWAYS_INLINE void native_softmax_rows(const float* s, const int64_t* jmax, float* m, float* l,
+                                           const RowDrop* const* drop, bf16* p, float* alpha) {
+  Floats16 x[R][kRowVecs];
+  Ints16 vis[R][kRowVecs];
+  Floats16 mx[R], sum[R];
   const float inf = std::numeric_limits<float>::infinity();
-  Floats16 mx = splat(m);
-  for (int v = 0; v < kRowVecs; v++) {
-    std::memcpy(&x[v], s + 16 * v, sizeof(Floats16));
-    vis[v] = lanes_below(16 * v, jmax);
-    const Floats16 xv = vis[v] ? x[v] : splat(-inf);
-    mx = xv > mx ? xv : mx;
+  for (int r = 0; r < R; r++) mx[r] = splat(m[r]);
+  for (int v = 0; v < kRowVecs; v++)
+    for (int r = 0; r < R; r++) {
+      std::memcpy(&x[r][v], s + r * kTn + 16 * v, sizeof(Floats16));
+      vis[r][v] = lanes_below(16 * v, jmax[r]);
+      const Floats16 xv = vis[r][v] ? x[r][v] : splat(-inf);
+      mx[r] = xv > mx[r] ? xv : mx[r];
+    }
+  float mn[R];
+  for (int r = 0; r < R; r++) {
+    mn[r] = lanes_max(mx[r]);
+    alpha[r] = std::exp(m[r] - mn[r]);
+    sum[r] = Floats16{};
   }
-  const float mn = lanes_max(mx);
-  const float alpha = std::exp(m - mn);
-  Floats16 sum{};
-  for (int v = 0; v < kRowVecs; v++) {
-    x[v] = vis[v] ? vexp16(x[v] - mn) : splat(0.0f);
-    sum += x[v];
+  for (int v = 0; v < kRowVecs; v++)
+    for (int r = 0; r < R; r++) {
+      x[r][v] = vis[r][v] ? vexp16(x[r][v] - mn[r]) : splat(0.0f);
+      sum[r] += x[r][v];
+    }
+  for (int r = 0; r < R; r++) {
+    l[r] = l[r] * alpha[r] + lanes_sum(sum[r]);
+    m[r] = mn[r];
   }
-  l = l * alpha + lanes_sum(sum);
-  m = mn;
-  for (int v = 0; v < kRowVecs; v++) {
-    if (drop) x[v] *= drop_multipliers(*drop, v);
-    const Halves16 h = to_bf16_lanes(x[v]);
-    std::memcpy(p + 16 * v, &h, sizeof h);
-  }
-  return alpha;
+  for (int v = 0; v < kRowVecs; v++)
+    for (int r = 0; r < R; r++) {
+      if (drop[r]) x[r][v] *= drop_multipliers(*drop[r], v);
+      const Halves16 h = to_bf16_lanes(x[r][v]);
+      std::memcpy(p + r * kTn + 16 * v, &h, sizeof h);
+    }
 }
 
 // One query row of the backward's recomputed tile (softmax_backward_row of attention_blocks.h with Q̂ carrying the

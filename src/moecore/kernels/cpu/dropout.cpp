@@ -96,55 +96,63 @@ MOE_TARGET_CLONES void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #define MOE_PHILOX_AVX512 __attribute__((target("avx512f,bmi2")))
-MOE_PHILOX_AVX512 MOE_ALWAYS_INLINE void philox_rounds_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1,
-                                                              uint32_t c2, uint32_t c3, __m512i (&x)[4]) {
+// NR independent runs of 16 blocks, counters (c0 + i, c1[n], c2, c3), their rounds interleaved: one run's rounds are
+// a dependency chain twice as long as its operations' throughput, so two runs fill each other's gaps.
+template <int NR>
+MOE_PHILOX_AVX512 MOE_ALWAYS_INLINE void philox_rounds_avx512(const uint32_t key[2], uint32_t c0, const uint32_t* c1,
+                                                              uint32_t c2, uint32_t c3, __m512i (&x)[NR][4]) {
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512i x0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c0)), lanes);
-  __m512i x1 = _mm512_set1_epi32(static_cast<int>(c1)), x2 = _mm512_set1_epi32(static_cast<int>(c2));
-  __m512i x3 = _mm512_set1_epi32(static_cast<int>(c3));
+  for (int n = 0; n < NR; n++) {
+    x[n][0] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c0)), lanes);
+    x[n][1] = _mm512_set1_epi32(static_cast<int>(c1[n]));
+    x[n][2] = _mm512_set1_epi32(static_cast<int>(c2));
+    x[n][3] = _mm512_set1_epi32(static_cast<int>(c3));
+  }
   uint32_t k0 = key[0], k1 = key[1];
   for (int r = 0; r < 10; r++) {
     if (r > 0) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
-    const __m512i e0 = _mm512_mul_epu32(x0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
-    const __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
-    const __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
-    const __m512i hi2 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e2, 32), o2);
-    // The low halves from the same products (vpmulld is two multiplier uops on Intel).
-    const __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, e0, _mm512_slli_epi64(o0, 32));
-    const __m512i lo2 = _mm512_mask_blend_epi32(0xAAAA, e2, _mm512_slli_epi64(o2, 32));
-    const __m512i y0 = _mm512_ternarylogic_epi32(hi2, x1, _mm512_set1_epi32(static_cast<int>(k0)), 0x96);
-    const __m512i y2 = _mm512_ternarylogic_epi32(hi0, x3, _mm512_set1_epi32(static_cast<int>(k1)), 0x96);
-    x1 = lo2;
-    x3 = lo0;
-    x0 = y0;
-    x2 = y2;
+    for (int n = 0; n < NR; n++) {
+      const __m512i x0 = x[n][0], x2 = x[n][2];
+      const __m512i e0 = _mm512_mul_epu32(x0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
+      const __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
+      const __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e0, 32), o0);
+      const __m512i hi2 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e2, 32), o2);
+      // The low halves from the same products (vpmulld is two multiplier uops on Intel).
+      const __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, e0, _mm512_slli_epi64(o0, 32));
+      const __m512i lo2 = _mm512_mask_blend_epi32(0xAAAA, e2, _mm512_slli_epi64(o2, 32));
+      x[n][0] = _mm512_ternarylogic_epi32(hi2, x[n][1], _mm512_set1_epi32(static_cast<int>(k0)), 0x96);
+      x[n][2] = _mm512_ternarylogic_epi32(hi0, x[n][3], _mm512_set1_epi32(static_cast<int>(k1)), 0x96);
+      x[n][1] = lo2;
+      x[n][3] = lo0;
+    }
   }
-  x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3;
 }
 #pragma GCC diagnostic pop
 
 MOE_PHILOX_AVX512 void philox_lanes_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
                                            uint32_t out[4][kLanes]) {
-  __m512i x[4];
-  philox_rounds_avx512(key, c0, c1, c2, c3, x);
-  for (int w = 0; w < 4; w++) _mm512_storeu_si512(out[w], x[w]);
+  __m512i x[1][4];
+  philox_rounds_avx512<1>(key, c0, &c1, c2, c3, x);
+  for (int w = 0; w < 4; w++) _mm512_storeu_si512(out[w], x[0][w]);
 }
 
-// The keep bits of the 64 elements of blocks c0 .. c0 + 15: bit 4i + w is word w of block i at or above threshold,
-// the four 16-bit compare masks interleaved by pdep.
-MOE_PHILOX_AVX512 uint64_t philox_keep_bits_avx512(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2,
-                                                   uint32_t c3, uint32_t threshold) {
-  __m512i x[4];
-  philox_rounds_avx512(key, c0, c1, c2, c3, x);
+// The keep bits of the 64 elements of blocks c0 .. c0 + 15 of rows c1[0 .. NR): bit 4i + w is word w of block i at or
+// above threshold, the four 16-bit compare masks interleaved by pdep.
+template <int NR>
+MOE_PHILOX_AVX512 void philox_keep_bits_avx512(const uint32_t key[2], uint32_t c0, const uint32_t* c1, uint32_t c2,
+                                               uint32_t c3, uint32_t threshold, uint64_t* bits) {
+  __m512i x[NR][4];
+  philox_rounds_avx512<NR>(key, c0, c1, c2, c3, x);
   const __m512i t = _mm512_set1_epi32(static_cast<int>(threshold));
-  uint64_t bits = 0;
-  for (int w = 0; w < 4; w++) bits |= _pdep_u64(_mm512_cmpge_epu32_mask(x[w], t), 0x1111111111111111ull << w);
-  return bits;
+  for (int n = 0; n < NR; n++) {
+    bits[n] = 0;
+    for (int w = 0; w < 4; w++) bits[n] |= _pdep_u64(_mm512_cmpge_epu32_mask(x[n][w], t), 0x1111111111111111ull << w);
+  }
 }
 
 // Philox4x32-10 of the counters (c0 + i, c1, c2, c3), i < nb ≤ kLanes: AVX-512 where the CPU has it.
@@ -186,18 +194,31 @@ MOE_TARGET_CLONES void dropout_multipliers(const DropoutMask& m, uint64_t sample
   }
 }
 
-uint64_t dropout_keep_bits(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n) {
-  MOE_ASSERT_MSG(n >= 1 && n <= 64, "dropout_keep_bits of {} elements (1 to 64)", n);
+void dropout_keep_bits(const DropoutMask& m, uint64_t sample, uint64_t row0, int rows, uint64_t col0, int64_t n,
+                       uint64_t* bits) {
+  MOE_ASSERT_MSG(n >= 1 && n <= 64 && rows >= 1, "dropout_keep_bits of {} rows of {} elements (1 to 64)", rows, n);
   const uint64_t wanted = n == 64 ? ~0ull : (1ull << n) - 1;
-  if (col0 % 4 == 0 && philox_avx512())
-    return philox_keep_bits_avx512(m.key, static_cast<uint32_t>(col0 / 4), static_cast<uint32_t>(row),
-                                   static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32), m.threshold) &
-           wanted;
-  float z[64];
-  dropout_multipliers(m, sample, row, col0, n, z);
-  uint64_t bits = 0;
-  for (int64_t c = 0; c < n; c++) bits |= static_cast<uint64_t>(z[c] != 0.0f) << c;
-  return bits;
+  const uint32_t c0 = static_cast<uint32_t>(col0 / 4), n0 = static_cast<uint32_t>(sample),
+                 n1 = static_cast<uint32_t>(sample >> 32);
+  int r = 0;
+  if (col0 % 4 == 0 && philox_avx512()) {
+    for (; r + 2 <= rows; r += 2) {
+      const uint32_t c1[2] = {static_cast<uint32_t>(row0 + r), static_cast<uint32_t>(row0 + r + 1)};
+      philox_keep_bits_avx512<2>(m.key, c0, c1, n0, n1, m.threshold, bits + r);
+    }
+    if (r < rows) {
+      const uint32_t c1 = static_cast<uint32_t>(row0 + r);
+      philox_keep_bits_avx512<1>(m.key, c0, &c1, n0, n1, m.threshold, bits + r);
+      r++;
+    }
+  }
+  for (; r < rows; r++) {
+    float z[64];
+    dropout_multipliers(m, sample, row0 + r, col0, n, z);
+    bits[r] = 0;
+    for (int64_t c = 0; c < n; c++) bits[r] |= static_cast<uint64_t>(z[c] != 0.0f) << c;
+  }
+  for (r = 0; r < rows; r++) bits[r] &= wanted;
 }
 
 template void dropout_multipliers<float>(const DropoutMask&, uint64_t, uint64_t, uint64_t, int64_t, float*);
@@ -214,8 +235,9 @@ MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const 
     const int64_t s = t / B, b = t % B;
     for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
       const int64_t n = std::min(kChunk, C - c0);
-      const uint64_t bits = dropout_keep_bits(m, static_cast<uint64_t>(sample_B[b]),
-                                              static_cast<uint64_t>(seq_offset + s), static_cast<uint64_t>(c0), n);
+      uint64_t bits;
+      dropout_keep_bits(m, static_cast<uint64_t>(sample_B[b]), static_cast<uint64_t>(seq_offset + s), 1,
+                        static_cast<uint64_t>(c0), n, &bits);
       const T* xr = x + t * C + c0;
       T* yr = y + t * C + c0;
       // Multiplied by 0 where dropped, as by the multipliers: a NaN or infinity stays one.

@@ -27,9 +27,11 @@ struct DropoutMask {
 // z[0..n) = the multipliers (0 or 1/(1−p)) of elements (sample, row, col0 .. col0+n).
 template <typename T>
 void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, T* z);
-// The same mask as bits, for n ≤ 64 elements (sample, row, col0 .. col0+n): bit c set where z[c] keeps. Where col0 is
-// a multiple of 4 and the CPU has AVX-512, the Philox words are compared in registers and never stored.
-uint64_t dropout_keep_bits(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n);
+// The same mask as bits, for n ≤ 64 elements (sample, row0 + r, col0 .. col0+n) of each of `rows` rows: bit c of
+// bits[r] set where z[c] keeps. Where col0 is a multiple of 4 and the CPU has AVX-512, the Philox words are compared
+// in registers and never stored, two rows' rounds interleaved.
+void dropout_keep_bits(const DropoutMask& m, uint64_t sample, uint64_t row0, int rows, uint64_t col0, int64_t n,
+                       uint64_t* bits);
 
 // x [S, B, C] (f32/f64, rows s·B + b of any rank-2+ shape with S·B rows): y = x ⊙ mask with the element at
 // (s, b, c) taken at (sample_B[b], seq_offset + s, c). y may be x (in place).
