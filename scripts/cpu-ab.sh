@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 25's CPU benchmarks, two moecore binaries alternating (so a host whose speed drifts treats both alike), on
-# two threads pinned to cores 0-1, then the new binary's kernel choices against each other: the native attention's
-# AMX products against AVX512-BF16 (MOECORE_NATIVE_BF16) and packed expert weights (MOECORE_PACK_WEIGHTS=on).
+# two threads pinned to cores 0-1, then the new binary alone: attention with training's dropout, and its kernel choices
+# against each other: the native attention's AMX products against AVX512-BF16 (MOECORE_NATIVE_BF16) and packed expert
+# weights (MOECORE_PACK_WEIGHTS=on).
 # Usage: scripts/cpu-ab.sh BASE_BINARY NEW_BINARY [OUTDIR]   (OUTDIR: ab.txt and variants.txt; default: stdout)
 # On an AMX host, run it where the bf16 GEMM peak is steady; each benchmark prints its peak samples, and a warning
 # when they differ.
@@ -19,6 +20,7 @@ ab() {
   for i in 1 2; do for b in "$BASE" "$NEW"; do echo "== attention (train's shape) $b"; run "$b" bench attention --device cpu "${att[@]}" | grep -E "$keep"; done; done
 }
 variants() {
+  for i in 1 2; do echo "== attention (train's shape) with training's dropout 0.1"; run "$NEW" bench attention --device cpu "${att[@]}" --attention-dropout 0.1 | grep -E "$keep"; done
   for i in 1 2; do for n in amx avx512bf16; do echo "== attention (train's shape) MOECORE_NATIVE_BF16=$n"; MOECORE_NATIVE_BF16=$n run "$NEW" bench attention --device cpu "${att[@]}" | grep -E "$keep"; done; done
   for i in 1 2; do for w in auto on; do echo "== moe-layer bf16 MOECORE_PACK_WEIGHTS=$w"; MOECORE_PACK_WEIGHTS=$w run "$NEW" bench moe-layer --device cpu --dtype bf16 --iters 3 | grep -E "$keep"; done; done
   for w in auto on; do echo "== train bf16 MOECORE_PACK_WEIGHTS=$w"; MOECORE_PACK_WEIGHTS=$w run "$NEW" bench train --device cpu --dtype bf16 --iters 3 | grep -E "$keep"; done

@@ -12,6 +12,7 @@
 #include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/gpu.h"
 #include "moecore/core/cpu.h"
+#include "moecore/core/rng.h"
 #include "moecore/core/timer.h"
 #include "moecore/cuda/device_select.h"
 #include "moecore/kernels/cpu/attention_flash.h"
@@ -29,6 +30,7 @@ struct AttentionBenchArgs {
   std::string device = "auto";
   bool bf16_tensors = false;
   int64_t block_q0 = -1;  // ≥ 0: a context-parallel block, queries at q0.., keys at 0..
+  double dropout = 0;     // attention dropout, as --attention-dropout trains it (Megatron's default 0.1)
 };
 
 void run_bench_attention(const AttentionBenchArgs& a) {
@@ -36,6 +38,7 @@ void run_bench_attention(const AttentionBenchArgs& a) {
             a.heads, a.kv_heads);
   const Device d = cuda::resolve_device(a.device, "bench attention");
   if (d.is_cuda()) {
+    MOE_CHECK(a.dropout == 0, "--attention-dropout: the GPU's attention kernel has no dropout (training refuses it)");
     MOE_CHECK(a.bf16_kernel == "auto", "--bf16-kernel {} names a CPU kernel; the GPU has one attention kernel",
               a.bf16_kernel);
     return run_bench_attention_gpu(d, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.iters, a.dtype == "bf16");
@@ -71,9 +74,10 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const std::string tag = !bf16 ? "flash" : onednn ? "onednn" : native ? "native" : "flash";
   fmt::print(
       "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} timed runs, {} "
-      "threads{}\n",
+      "threads{}{}\n",
       a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.dtype, kernel, a.iters, num_threads(),
-      a.bf16_tensors ? "; bf16 tensors and RoPE inside the kernel, as --bf16 training runs it" : "");
+      a.bf16_tensors ? "; bf16 tensors and RoPE inside the kernel, as --bf16 training runs it" : "",
+      a.dropout > 0 ? fmt::format("; attention dropout {}", a.dropout) : "");
   // --bf16-tensors: q, k, v, dout, o, dq, dk, dv in bf16 (lse f32) and RoPE applied by the kernel.
   const DType io = a.bf16_tensors ? DType::BF16 : DType::F32;
   auto random = [&](const Shape& shape, uint64_t seed) {
@@ -92,6 +96,12 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const kernels::AttentionRope rope_tables{&cos, &sin, a.head_dim / 2 * 2};
   const kernels::AttentionRope* rope = a.bf16_tensors ? &rope_tables : nullptr;
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+  std::vector<int64_t> samples(static_cast<size_t>(a.batch));
+  for (int64_t b = 0; b < a.batch; b++) samples[static_cast<size_t>(b)] = b;
+  kernels::AttentionDropout dropout;
+  dropout.mask = kernels::DropoutMask::make(1234, stream_id("bench attention"), a.dropout);
+  dropout.sample_B = samples.data();
+  const kernels::AttentionDropout* drop = a.dropout > 0 ? &dropout : nullptr;
   // FLOPs as FlashAttention counts them: forward 4·D per visible (query, key) pair and head (QKᵀ and PV): S²/2
   // under the causal mask, or a block's visible pairs; backward 2.5× forward.
   double pairs = static_cast<double>(a.seq) * static_cast<double>(a.seq) / 2.0;
@@ -107,35 +117,34 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     const Stopwatch timer;
     if (block && !bf16)
-      kernels::attention_block_forward(q, k, v, a.block_q0, 0, scale, o, lse);
+      kernels::attention_block_forward(q, k, v, a.block_q0, 0, scale, o, lse, drop);
     else if (block && native)
-      kernels::flash::block_forward_native(q, k, v, a.block_q0, 0, scale, o, lse, nullptr, native_b());
+      kernels::flash::block_forward_native(q, k, v, a.block_q0, 0, scale, o, lse, drop, native_b());
     else if (block)
-      kernels::flash::block_forward_rounded(q, k, v, a.block_q0, 0, scale, o, lse);
+      kernels::flash::block_forward_rounded(q, k, v, a.block_q0, 0, scale, o, lse, drop);
     else if (!bf16)
-      kernels::attention_forward(q, k, v, scale, o, lse);
+      kernels::attention_forward(q, k, v, scale, o, lse, drop);
     else if (onednn)
-      kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse);
+      kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse, drop);
     else if (native)
-      kernels::flash::forward_native(q, k, v, scale, o, lse, nullptr, native_b(), rope);
+      kernels::flash::forward_native(q, k, v, scale, o, lse, drop, native_b(), rope);
     else
-      kernels::flash::forward(q, k, v, scale, o, lse, nullptr, /*round_bf16=*/true);
+      kernels::flash::forward(q, k, v, scale, o, lse, drop, /*round_bf16=*/true);
     const double fwd_s = timer.seconds();
     if (block && !bf16)
-      kernels::attention_block_backward(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv);
+      kernels::attention_block_backward(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, drop);
     else if (block && native)
-      kernels::flash::block_backward_native(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, nullptr,
-                                            native_b());
+      kernels::flash::block_backward_native(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, drop, native_b());
     else if (block)
-      kernels::flash::block_backward_rounded(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv);
+      kernels::flash::block_backward_rounded(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, drop);
     else if (!bf16)
-      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
+      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, drop);
     else if (onednn)
-      kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv);
+      kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv, drop);
     else if (native)
-      kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr, native_b(), rope);
+      kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, drop, native_b(), rope);
     else
-      kernels::flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, nullptr, /*round_bf16=*/true);
+      kernels::flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, drop, /*round_bf16=*/true);
     const double total_s = timer.seconds();
     if (i == 0) continue;  // warm-up
     fwd_rates.push_back(fwd_flops / fwd_s / 1e9);
@@ -148,10 +157,11 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   fmt::print("  attention forward+backward: {:8.1f} GFLOP/s  ({:.1f}% of GEMM peak)\n", tot, 100.0 * tot / p);
   fmt::print("  {}\n", describe_paired(total_rates, peak.samples()));
   fmt::print(
-      "attention dtype={} kernel={}{}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} "
+      "attention dtype={} kernel={}{}{}{} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} "
       "paired_ratio={:.3f}\n",
-      a.dtype, tag, a.bf16_tensors ? " tensors=bf16" : "", block ? fmt::format(" block_q0={}", a.block_q0) : "", fwd,
-      tot, p, tot / p, paired_peak_ratio(total_rates, peak.samples()));
+      a.dtype, tag, a.bf16_tensors ? " tensors=bf16" : "", block ? fmt::format(" block_q0={}", a.block_q0) : "",
+      a.dropout > 0 ? fmt::format(" dropout={}", a.dropout) : "", fwd, tot, p, tot / p,
+      paired_peak_ratio(total_rates, peak.samples()));
 }
 }  // namespace
 
@@ -182,6 +192,11 @@ BenchCommand add_attention_bench(CLI::App& bench) {
                   "time one context-parallel attention block instead: S queries at positions q0.. against S keys at "
                   "0.. (q0 = S: wholly visible; 0: the diagonal), as CP's p2p ring runs them")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--attention-dropout", a->dropout,
+                  "attention dropout probability, as training applies it inside the kernel (Megatron's default 0.1; "
+                  "default here 0: the kernel alone)")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
   cmd->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda[:N]")->capture_default_str();
   return {cmd, [a] { run_bench_attention(*a); }};
 }
