@@ -153,10 +153,8 @@ MOE_ALWAYS_INLINE void native_key_tile(const NativeBwd& a, int64_t b, int64_t g,
   const int64_t D = d.D, j0 = kt * kTn, nc = std::min(kTn, d.S - j0), bg = b * d.Nkv + g;
   for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++)
     for (int64_t qt = kt; qt < a.n.nt; qt++) native_pair<G>(a, b, h, qt, kt, w, true, dq);
-  for (int64_t j = 0; j < nc; j++) {
-    store_row(w.dKt + j, kTn, 1.0f, a.rope, a.dk, bg, j0 + j, D, w.row);
-    store_row(w.dVt + j, kTn, 1.0f, nullptr, a.dv, bg, j0 + j, D, w.row);
-  }
+  store_transposed_tile(w.dKt, a.n.Dp, a.rope, a.dk, bg, j0, nc, D, w.tr, w.row);
+  store_transposed_tile(w.dVt, a.n.Dp, nullptr, a.dv, bg, j0, nc, D, w.tr, w.row);
 }
 
 // dQ rows [i0, i0+n) of head bh written out times dq_mul (their f32 sums start at each row's kt = 0 pair).

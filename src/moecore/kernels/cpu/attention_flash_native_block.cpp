@@ -175,10 +175,8 @@ MOE_TARGET_CLONES void block_backward_items(const BlockBwd& a, Scratch<float>& s
       std::fill_n(w.dKt, Dp * kTn, 0.0f);
       std::fill_n(w.dVt, Dp * kTn, 0.0f);
     }
-    for (int64_t j = 0; j < nc; j++) {
-      store_row(w.dKt + j, kTn, 1.0f, nullptr, a.dk, bg, j0 + j, D, w.row);
-      store_row(w.dVt + j, kTn, 1.0f, nullptr, a.dv, bg, j0 + j, D, w.row);
-    }
+    store_transposed_tile(w.dKt, Dp, nullptr, a.dk, bg, j0, nc, D, w.tr, w.row);
+    store_transposed_tile(w.dVt, Dp, nullptr, a.dv, bg, j0, nc, D, w.tr, w.row);
   }
   // dQ per (query tile, b, head), summed in w.dKt ([kTn, Dp] here) and added to dq.
   _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nqt; it++) {

@@ -62,16 +62,20 @@ MOE_ALWAYS_INLINE void swap_blocks(Words16 (&r)[16]) {
     }
 }
 
-// out[c·kTn + s] ← in[s·ld + c] for kTn rows s and 16 columns c of 32-bit words, 16 × 16 blocks at a time.
-MOE_ALWAYS_INLINE void transpose_words(const uint32_t* in, int64_t ld, uint32_t* out) {
-  for (int64_t s0 = 0; s0 < kTn; s0 += 16) {
+// out[c·out_ld + s] ← in[s·ld + c] for `rows` rows s (a multiple of 16) and 16 columns c of 32-bit words, 16 × 16
+// blocks at a time.
+MOE_ALWAYS_INLINE void transpose_words(const void* in, int64_t ld, void* out, int64_t rows = kTn,
+                                       int64_t out_ld = kTn) {
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (int64_t s0 = 0; s0 < rows; s0 += 16) {
     Words16 r[16];
-    for (int i = 0; i < 16; i++) std::memcpy(&r[i], in + (s0 + i) * ld, sizeof(Words16));
+    for (int i = 0; i < 16; i++) std::memcpy(&r[i], src + (s0 + i) * ld * 4, sizeof(Words16));
     swap_blocks<8>(r);
     swap_blocks<4>(r);
     swap_blocks<2>(r);
     swap_blocks<1>(r);
-    for (int c = 0; c < 16; c++) std::memcpy(out + c * kTn + s0, &r[c], sizeof(Words16));
+    for (int c = 0; c < 16; c++) std::memcpy(dst + (c * out_ld + s0) * 4, &r[c], sizeof(Words16));
   }
 }
 
@@ -182,6 +186,15 @@ MOE_ALWAYS_INLINE void store_row(const float* g, int64_t ld, float mul, const Na
   for (int64_t e = 0; e < D; e++) out[e] = float_to_bf16(y[e]);
 }
 
+// Rows [j0, j0 + n) of dst ← the columns of an f32 tile summed transposed (t [Dp, kTn]: column j is key j0 + j), with
+// RoPE turned back when rope: the tile is transposed 16 × 16 blocks at a time into tmp ([kTn, Dp]) so that each row
+// is written from contiguous values. row: 2·Dp floats for store_row.
+MOE_ALWAYS_INLINE void store_transposed_tile(const float* t, int64_t Dp, const NativeRope* rope, const NativeRows& dst,
+                                             int64_t bn, int64_t j0, int64_t n, int64_t D, float* tmp, float* row) {
+  for (int64_t j = 0; j < kTn; j += 16) transpose_words(t + j, kTn, tmp + j * Dp, Dp, Dp);
+  for (int64_t j = 0; j < n; j++) store_row(tmp + j * Dp, 1, 1.0f, rope, dst, bn, j0 + j, D, row);
+}
+
 // dst [heads, nt, tile] ← bf16(mul · R(src)) in layout P (and into dst2 in layout P2 when given: one read of src for
 // both), zero past S and D; R: RoPE by position when rope, else the identity. Each tile's rows are rounded into a
 // per-thread buffer (vectorized), then go 32 columns at a time into their layouts.
@@ -246,18 +259,19 @@ struct NativeFwdTiles {
 
 // Per-thread buffers of one backward item.
 struct NativeTiles {
-  float *sc, *dp, *dKt, *dVt;  // [kTn, kTn] ×2, [Dp, kTn] ×2
-  bf16 *P, *dS;                // [kTn, kTn] each
-  uint32_t *Pp, *dSp;          // [kTn/2, kTn] each: P and dS in query pairs
-  float* row;                  // [2·Dp] for store_row
-  NativeTiles(float* w, int64_t Dp) : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp) {
-    Pp = reinterpret_cast<uint32_t*>(dVt + kTn * Dp);
+  float *sc, *dp, *dKt, *dVt, *tr;  // [kTn, kTn] ×2, [Dp, kTn] ×2, [kTn, Dp] (store_transposed_tile)
+  bf16 *P, *dS;                     // [kTn, kTn] each
+  uint32_t *Pp, *dSp;               // [kTn/2, kTn] each: P and dS in query pairs
+  float* row;                       // [2·Dp] for store_row
+  NativeTiles(float* w, int64_t Dp)
+      : sc(w), dp(sc + kTn * kTn), dKt(dp + kTn * kTn), dVt(dKt + kTn * Dp), tr(dVt + kTn * Dp) {
+    Pp = reinterpret_cast<uint32_t*>(tr + kTn * Dp);
     dSp = Pp + kTn * kTn / 2;
     P = reinterpret_cast<bf16*>(dSp + kTn * kTn / 2);
     dS = P + kTn * kTn;
     row = reinterpret_cast<float*>(dS + kTn * kTn);
   }
-  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 2 * kTn * Dp + 4 * kTn * kTn / 2 + 2 * Dp; }
+  static int64_t floats(int64_t Dp) { return 2 * kTn * kTn + 3 * kTn * Dp + 4 * kTn * kTn / 2 + 2 * Dp; }
 };
 
 // delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32 values of f32 or bf16 rows, in a fixed vector order).
