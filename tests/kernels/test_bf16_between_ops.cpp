@@ -70,6 +70,25 @@ TEST(ActivationBf16Input, TheBitsOfTheWidenedInput) {
   }
 }
 
+// The expert backward's bf16 output gradient (fc2's data-gradient GEMM writes it rounded) is read as its widened
+// values: the bits of the call given those values in f32. A bf16 dy with f32 x or dx is refused.
+TEST(ActivationBf16Input, Bf16OutputGradientIsReadWidened) {
+  for (const auto act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU, kernels::Activation::SquaredReLU}) {
+    const int64_t T = 23, F = 48, F1 = kernels::is_gated(act) ? 2 * F : F;
+    const Tensor x = randn({T, F1}, DType::F32, 21).to(DType::BF16);
+    const Tensor p = randn({T}, DType::F32, 22), dy16 = randn({T, F}, DType::F32, 23).to(DType::BF16);
+    const Tensor dy32 = dy16.to(DType::F32);
+    Tensor da = Tensor::empty({T, F1}, DType::BF16), db = Tensor::empty({T, F1}, DType::BF16);
+    Tensor dpa = Tensor::empty({T}, DType::F32), dpb = Tensor::empty({T}, DType::F32);
+    kernels::activation_backward(act, dy16, x, &p, da, &dpa);
+    kernels::activation_backward(act, dy32, x, &p, db, &dpb);
+    EXPECT_TRUE(bitwise_equal(da, db)) << kernels::activation_name(act);
+    EXPECT_LT(testing::max_rel_diff(dpa, dpb), 1e-6) << kernels::activation_name(act) << " dprobs";
+    Tensor d32 = Tensor::empty({T, F1}, DType::F32);
+    EXPECT_THROW(kernels::activation_backward(act, dy16, x, &p, d32, nullptr), InternalError);
+  }
+}
+
 // A Linear given an input its producer already rounded to bf16 gives the bits of one given the f32 input, and
 // its stash shares that input instead of copying it; the same for the output gradient; a bf16 output is the f32
 // output rounded.

@@ -254,7 +254,9 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
     st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
     kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
-  Tensor da = padded_empty(counts, F, dt);
+  // With bf16 the fc2 data-gradient GEMM rounds da as it writes it, as Megatron's bf16 autograd keeps it; the
+  // activation's backward reads it widened.
+  Tensor da = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
   const float beta2 = take_expert_grad_beta(*fc2_, counts), beta1 = take_expert_grad_beta(*fc1_, counts);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);

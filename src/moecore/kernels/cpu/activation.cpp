@@ -83,12 +83,13 @@ MOE_TARGET_CLONES void fwd(Activation act, const X* x, const T* p, O* y, int64_t
   }
 }
 
-template <typename T, typename X, typename O>
-MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const X* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
+// Y: dy's storage (T, or bf16 from a bf16 GEMM output).
+template <typename T, typename X, typename O, typename Y = T>
+MOE_TARGET_CLONES void bwd(Activation act, const Y* dy, const X* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);
-    const T* dyr = dy + t * F;
+    const Y* dyr = dy + t * F;
     T dps = 0;
     if (act == Activation::SwiGLU) {
       const X* a = x + t * 2 * F;
@@ -97,13 +98,13 @@ MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const X* x, const T* p, 
       O* db = da + F;
 #pragma omp simd reduction(+ : dps)
       for (int64_t j = 0; j < F; j++) {
-        const T aj = load_as<T>(a + j), bj = load_as<T>(b + j);
+        const T aj = load_as<T>(a + j), bj = load_as<T>(b + j), dyj = load_as<T>(dyr + j);
         const T s = sigmoid(aj);
         const T silu = aj * s;
-        const T g = dyr[j] * scale;
+        const T g = dyj * scale;
         store_as(da + j, g * bj * s * (T(1) + aj * (T(1) - s)));
         store_as(db + j, g * silu);
-        dps += dyr[j] * silu * bj;
+        dps += dyj * silu * bj;
       }
     } else {
       const X* xr = x + t * F;
@@ -111,8 +112,9 @@ MOE_TARGET_CLONES void bwd(Activation act, const T* dy, const X* x, const T* p, 
       for (int64_t j = 0; j < F; j++) {
         T f, df;
         act_and_grad(act, load_as<T>(xr + j), f, df);
-        store_as(dxr + j, dyr[j] * scale * df);
-        dps += dyr[j] * f;
+        const T dyj = load_as<T>(dyr + j);
+        store_as(dxr + j, dyj * scale * df);
+        dps += dyj * f;
       }
     }
     if (dp) dp[t] = dps;
@@ -156,7 +158,15 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
   const DType ct = x.dtype() == DType::BF16 ? DType::F32 : x.dtype();  // as in forward
   MOE_ASSERT(dx.dtype() == ct || (dx.dtype() == DType::BF16 && ct == DType::F32));
-  MOE_ASSERT(dy_TF.dtype() == ct && (!probs_T || probs_T->dtype() == ct) && (!dprobs_T || dprobs_T->dtype() == ct));
+  // dy bf16 (a bf16 GEMM's output) goes with bf16 x and dx: --bf16 training's expert backward.
+  const bool dy16 = dy_TF.dtype() == DType::BF16;
+  MOE_ASSERT(dy_TF.dtype() == ct || (dy16 && x.dtype() == DType::BF16 && dx.dtype() == DType::BF16));
+  MOE_ASSERT((!probs_T || probs_T->dtype() == ct) && (!dprobs_T || dprobs_T->dtype() == ct));
+  if (dy16) {
+    const float* p = probs_T ? probs_T->data<float>() : nullptr;
+    float* dp = dprobs_T ? dprobs_T->data<float>() : nullptr;
+    return bwd<float, bf16, bf16, bf16>(act, dy_TF.data<bf16>(), x.data<bf16>(), p, dx.data<bf16>(), dp, rows, F);
+  }
   MOE_DISPATCH_FLOAT(ct, T, {
     const T* p = probs_T ? probs_T->data<T>() : nullptr;
     T* dp = dprobs_T ? dprobs_T->data<T>() : nullptr;

@@ -20,8 +20,8 @@ inline bool is_gated(Activation a) {
 // for a bf16 x: a bf16 GEMM's output, widened as it is read). y_TF may be bf16 for an f32 computation: the result
 // is rounded as it is stored, ready for a bf16 GEMM.
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
-// dy_TF (the computation's dtype) -> dx (written, shape of x; bf16 allowed for an f32 computation, like y above);
-// dprobs_T (written) when probs_T is given.
+// dy_TF (the computation's dtype, or bf16 where x and dx are: a bf16 GEMM's output, widened as it is read) -> dx
+// (written, shape of x; bf16 allowed for an f32 computation, like y above); dprobs_T (written) when probs_T is given.
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T);
 
