@@ -1,8 +1,10 @@
 // Register-blocked small GEMMs for the flash attention kernels (attention_flash.cpp): C[M, N] (+)= A[M, K]·B[K, N]
 // on tiles of at most kAttnTile rows, with the causal shapes of a diagonal tile computed without their discarded
-// half. Written with GCC vector extensions of 32 bytes so that every target clone of block_gemm (AVX-512, AVX2,
-// baseline SSE2) keeps the accumulators in registers; the micro-kernels are force-inlined into block_gemm, which
-// is compiled once per instruction set. Not a general GEMM (kernels/cpu/gemm.h).
+// half. Written with GCC vector extensions: 64-byte vectors in a form compiled for AVX-512 (32 registers hold 8
+// rows × 2 vectors of accumulators), picked where the CPU has it, and 32-byte vectors in every target clone of the
+// other form (AVX2, baseline SSE2), whose accumulators stay in 16 registers; the micro-kernels are force-inlined into
+// both. Each element sums its k in increasing order in either, so the two give the same bits. Not a general GEMM
+// (kernels/cpu/gemm.h).
 #pragma once
 
 #include <omp.h>
@@ -32,20 +34,22 @@ namespace moecore::kernels::flash {
 //               computes it whole).
 enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow, KFromCol };
 
-template <typename T>
+// Bytes: 32 (the target clones) or 64 (the AVX-512 form). Callers pad column counts to Vec<T>::kLanes (32 bytes),
+// which either form takes.
+template <typename T, int Bytes = 32>
 struct Vec {
-  typedef T type __attribute__((vector_size(32)));
-  static constexpr int kLanes = 32 / sizeof(T);
+  typedef T type __attribute__((vector_size(Bytes)));
+  static constexpr int kLanes = Bytes / sizeof(T);
 };
 
-template <typename T>
-MOE_ALWAYS_INLINE typename Vec<T>::type load_vec(const T* p) {
-  typename Vec<T>::type v;
+template <typename V, typename T>
+MOE_ALWAYS_INLINE V load_vec(const T* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-template <typename T>
-MOE_ALWAYS_INLINE void store_vec(T* p, typename Vec<T>::type v) {
+template <typename T, typename V>
+MOE_ALWAYS_INLINE void store_vec(T* p, V v) {
   std::memcpy(p, &v, sizeof v);
 }
 
@@ -69,21 +73,21 @@ struct MatC {
 };
 
 // MR rows × NV vectors of C over k in [k0, k1): the accumulators stay in registers across the whole reduction.
-template <typename T, int MR, int NV>
+template <typename T, int MR, int NV, int Bytes>
 MOE_ALWAYS_INLINE void micro(int64_t k0, int64_t k1, MatA<T> a, int64_t i0, MatB<T> b, int64_t j0, MatC<T> c,
                              bool accumulate) {
-  using V = typename Vec<T>::type;
-  constexpr int L = Vec<T>::kLanes;
+  using V = typename Vec<T, Bytes>::type;
+  constexpr int L = Vec<T, Bytes>::kLanes;
   V acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) acc[i][v] = accumulate ? load_vec(c.p + (i0 + i) * c.ld + j0 + v * L) : V{};
+    for (int v = 0; v < NV; v++) acc[i][v] = accumulate ? load_vec<V>(c.p + (i0 + i) * c.ld + j0 + v * L) : V{};
   for (int64_t k = k0; k < k1; k++) {
     const T* bk = b.p + k * b.ld + j0;
     V bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) bv[v] = load_vec(bk + v * L);
+    for (int v = 0; v < NV; v++) bv[v] = load_vec<V>(bk + v * L);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
       const T ai = a.at(i0 + i, k);
@@ -110,27 +114,36 @@ MOE_ALWAYS_INLINE void tail(int64_t k0, int64_t k1, MatA<T> a, int64_t i0, int64
 }
 
 // One block of MR rows: columns in steps of 2 vectors, then 1, then the scalar tail.
-template <typename T, int MR>
+template <typename T, int MR, int Bytes>
 MOE_ALWAYS_INLINE void row_block(int64_t k0, int64_t k1, MatA<T> a, int64_t i0, MatB<T> b, int64_t n, MatC<T> c,
                                  bool accumulate) {
-  constexpr int L = Vec<T>::kLanes;
+  constexpr int L = Vec<T, Bytes>::kLanes;
   int64_t j = 0;
-  for (; j + 2 * L <= n; j += 2 * L) micro<T, MR, 2>(k0, k1, a, i0, b, j, c, accumulate);
-  for (; j + L <= n; j += L) micro<T, MR, 1>(k0, k1, a, i0, b, j, c, accumulate);
+  for (; j + 2 * L <= n; j += 2 * L) micro<T, MR, 2, Bytes>(k0, k1, a, i0, b, j, c, accumulate);
+  for (; j + L <= n; j += L) micro<T, MR, 1, Bytes>(k0, k1, a, i0, b, j, c, accumulate);
   if (j < n) tail(k0, k1, a, i0, MR, b, j, n, c, accumulate);
 }
 
-// Rows per register block: 6 rows × 2 vectors = 12 accumulators (of 16 AVX2 registers).
-constexpr int kMR = 6;
+// The last rows of a product (fewer than a register block's): row_block of exactly `rest` rows.
+template <typename T, int R, int Bytes>
+MOE_ALWAYS_INLINE void rest_rows(int64_t rest, int64_t k0, int64_t k1, MatA<T> a, int64_t i0, MatB<T> b, int64_t n,
+                                 MatC<T> c, bool accumulate) {
+  if constexpr (R > 0) {
+    if (rest == R)
+      row_block<T, R, Bytes>(k0, k1, a, i0, b, n, c, accumulate);
+    else
+      rest_rows<T, R - 1, Bytes>(rest, k0, k1, a, i0, b, n, c, accumulate);
+  }
+}
 
-// C[M, N] (+)= A[M, K]·B[K, N] with the causal restriction `mode` (see Causal). With ColsUpToRow the columns a row
-// block skips are not written (the caller treats them as masked). Each element's sum runs over k in increasing
-// order whatever the blocking, so results do not depend on thread count or tile position. One out-of-line function
-// per instruction set (target clones): a call costs one indirect jump per tile product.
-template <typename T>
-__attribute__((noinline)) MOE_TARGET_CLONES void block_gemm(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b,
-                                                            MatC<T> c, bool accumulate, Causal mode = Causal::Full) {
-  constexpr int L = Vec<T>::kLanes;
+// C[M, N] (+)= A[M, K]·B[K, N] with the causal restriction `mode` (see Causal), MR rows × 2 vectors of Bytes at a time.
+// With ColsUpToRow the columns a row block skips are not written (the caller treats them as masked). Each element's
+// sum runs over k in increasing order whatever the blocking, so results do not depend on thread count, tile position
+// or vector width.
+template <typename T, int MR, int Bytes>
+MOE_ALWAYS_INLINE void block_gemm_rows(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b, MatC<T> c,
+                                       bool accumulate, Causal mode) {
+  constexpr int L = Vec<T, Bytes>::kLanes;
   int64_t i0 = 0;
   auto range = [&](int64_t rows, int64_t& k0, int64_t& k1, int64_t& n) {
     k0 = 0, k1 = K, n = N;
@@ -139,31 +152,43 @@ __attribute__((noinline)) MOE_TARGET_CLONES void block_gemm(int64_t M, int64_t N
     if (mode == Causal::KFromRow) k0 = std::min(K, i0);
   };
   int64_t k0, k1, n;
-  for (; i0 + kMR <= M; i0 += kMR) {
-    range(kMR, k0, k1, n);
-    row_block<T, kMR>(k0, k1, a, i0, b, n, c, accumulate);
+  for (; i0 + MR <= M; i0 += MR) {
+    range(MR, k0, k1, n);
+    row_block<T, MR, Bytes>(k0, k1, a, i0, b, n, c, accumulate);
   }
-  const int64_t rest = M - i0;
-  range(rest, k0, k1, n);
-  switch (rest) {
-    case 5:
-      row_block<T, 5>(k0, k1, a, i0, b, n, c, accumulate);
-      break;
-    case 4:
-      row_block<T, 4>(k0, k1, a, i0, b, n, c, accumulate);
-      break;
-    case 3:
-      row_block<T, 3>(k0, k1, a, i0, b, n, c, accumulate);
-      break;
-    case 2:
-      row_block<T, 2>(k0, k1, a, i0, b, n, c, accumulate);
-      break;
-    case 1:
-      row_block<T, 1>(k0, k1, a, i0, b, n, c, accumulate);
-      break;
-    default:
-      break;
-  }
+  range(M - i0, k0, k1, n);
+  rest_rows<T, MR - 1, Bytes>(M - i0, k0, k1, a, i0, b, n, c, accumulate);
+}
+
+// 6 rows × 2 vectors of 32 bytes = 12 accumulators (of 16 AVX2 registers), one function per target clone.
+template <typename T>
+__attribute__((noinline)) MOE_TARGET_CLONES void block_gemm_any(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b,
+                                                                MatC<T> c, bool accumulate, Causal mode) {
+  block_gemm_rows<T, 6, 32>(M, N, K, a, b, c, accumulate, mode);
+}
+
+// 8 rows × 2 vectors of 64 bytes = 16 accumulators (of 32 AVX-512 registers).
+template <typename T>
+__attribute__((noinline, target("avx2,fma,avx512f,avx512vl,avx512bw,avx512dq"))) void block_gemm_avx512(
+    int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b, MatC<T> c, bool accumulate, Causal mode) {
+  block_gemm_rows<T, 8, 64>(M, N, K, a, b, c, accumulate, mode);
+}
+
+inline bool block_gemm_has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+
+// The product as block_gemm_rows says, in the AVX-512 form where the CPU has it: one out-of-line call per tile
+// product.
+template <typename T>
+inline void block_gemm(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b, MatC<T> c, bool accumulate,
+                       Causal mode = Causal::Full) {
+  if (block_gemm_has_avx512())
+    block_gemm_avx512<T>(M, N, K, a, b, c, accumulate, mode);
+  else
+    block_gemm_any<T>(M, N, K, a, b, c, accumulate, mode);
 }
 
 // Rows of the head pair bn = b·N + n of a [S, B, N, D] tensor (head = D, ld = B·N·D) or of a packed

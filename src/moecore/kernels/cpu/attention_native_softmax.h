@@ -1,9 +1,10 @@
-// The native-bf16 flash attention's softmax on one query row of a score tile (kTn = 64 keys), forward and backward, in
+// The native-bf16 flash attention's softmax on the query rows of a score tile (kTn = 64 keys), forward and backward, in
 // 16-lane vectors: the running maximum and sum of the online softmax (attention_blocks.h's online_softmax_row, whose
-// formulas hold here) with their horizontal reductions as fixed trees of vector permutes, and the row's probabilities
-// written straight into the bf16 P row the next block product reads. online_softmax_row's `omp simd` reductions end in
-// a chain of 16 dependent scalar operations per row and key tile; here they are 4 permutes deep. Internal to the native
-// kernels (attention_flash_native.cpp, attention_flash_native_block.cpp), which include it in their target clones.
+// formulas hold here) with their horizontal reductions as fixed trees of vector permutes, and the rows' probabilities
+// written straight into the bf16 P rows the next block product reads. online_softmax_row's `omp simd` reductions end
+// in a chain of 16 dependent scalar operations per row and key tile; here they are 4 permutes deep, and two rows go
+// together. Dropout enters as keep bits (AttentionDropout::rows_bits). Internal to the native kernels
+// (attention_flash_native.cpp, attention_flash_native_block.cpp), which include it in their target clones.
 #pragma once
 
 #include <algorithm>
@@ -42,7 +43,7 @@ MOE_ALWAYS_INLINE Ints16 lanes_below(int64_t j0, int64_t n) {
   return lane < static_cast<int32_t>(std::min<int64_t>(n - j0, 16));
 }
 
-// vexp (vec_math.h) on 16 lanes: the same operations, the same bits.
+// vexp (vec_math.h) on 16 lanes: its operations in vector form.
 MOE_ALWAYS_INLINE Floats16 vexp16(Floats16 x) {
   x = x < -87.0f ? splat(-87.0f) : (x > 88.0f ? splat(88.0f) : x);
   const Floats16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
