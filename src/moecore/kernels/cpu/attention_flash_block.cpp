@@ -107,8 +107,8 @@ MOE_ALWAYS_INLINE void rows(const T* src, int64_t ld, int64_t head, int64_t s0, 
 }
 
 template <typename T, bool R>
-void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale, Tensor& o,
-               Tensor& lse, const AttentionDropout* drop) {
+MOE_TARGET_CLONES void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0,
+                                 double scale, Tensor& o, Tensor& lse, const AttentionDropout* drop) {
   constexpr int64_t L = Vec<T>::kLanes;
   const BlockDims d = block_dims(q, k, v, q0, k0);
   MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype());
@@ -149,24 +149,19 @@ void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, in
           std::fill_n(s, nc, T(0));
           continue;
         }
-        T mx = m[i];
-        for (int64_t j = 0; j < jmax; j++) mx = s[j] > mx ? s[j] : mx;
-        const T alpha = std::exp(m[i] - mx);
-        T sum = 0;
-        for (int64_t j = 0; j < jmax; j++) {
-          s[j] = vexp(s[j] - mx);
-          sum += s[j];
+        const T alpha = flash::online_softmax_row(s, jmax, m[i], l[i], z, [&](T* zr) {
+          if (drop) drop->row(b, h, i0 + i, j0, jmax, zr);
+          return drop != nullptr;
+        });
+        if constexpr (R) {
+#pragma omp simd
+          for (int64_t j = 0; j < jmax; j++) s[j] = rnd<R>(s[j]);
         }
-        l[i] = l[i] * alpha + sum;
-        m[i] = mx;
-        if (drop) {
-          drop->row(b, h, i0 + i, j0, jmax, z);
-          for (int64_t j = 0; j < jmax; j++) s[j] *= z[j];
-        }
-        for (int64_t j = 0; j < jmax; j++) s[j] = rnd<R>(s[j]);
         for (int64_t j = jmax; j < nc; j++) s[j] = 0;
-        if (alpha != T(1))
+        if (alpha != T(1)) {
+#pragma omp simd
           for (int64_t e = 0; e < D; e++) acc[i * D + e] *= alpha;
+        }
       }
       rows<T, R>(vd, d.kv_row(), bg, j0, nc, D, T(1), Vs);
       flash::block_gemm<T>(nr, D, nc, MatA<T>{sc, Bt, 1}, MatB<T>{Vs, D}, MatC<T>{acc, D}, true, Causal::Full);
@@ -238,19 +233,15 @@ MOE_ALWAYS_INLINE void probs(const BwdCtx<T>& a, int64_t bh, int64_t qt, int64_t
     T* s = w.sc + i * Bt;
     T* g = w.dp + i * Bt;
     if (jmax > 0 && a.drop) a.drop->row(b, h, i0 + i, j0, jmax, w.z);
-    for (int64_t j = 0; j < jmax; j++) {
-      const T p = vexp(s[j] - li), zj = a.drop ? w.z[j] : T(1);
-      s[j] = rnd<R>(p * zj);
-      g[j] = rnd<R>(p * (g[j] * zj - dl));
-    }
+    flash::softmax_backward_row(s, g, T(1), li, dl, a.drop ? w.z : nullptr, jmax, s, g, [](T x) { return rnd<R>(x); });
     for (int64_t j = jmax; j < Bt; j++) s[j] = g[j] = 0;
   }
 }
 
 template <typename T, bool R>
-void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                const AttentionDropout* drop) {
+MOE_TARGET_CLONES void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& o, const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq,
+                                  Tensor& dk, Tensor& dv, const AttentionDropout* drop) {
   const BlockDims d = block_dims(q, k, v, q0, k0);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
@@ -267,6 +258,7 @@ void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
       for (int64_t i = 0; i < d.Sq; i++) {
         const int64_t off = i * d.q_row() + r * D;
         T s = 0;
+#pragma omp simd reduction(+ : s)
         for (int64_t e = 0; e < D; e++) s += dod[off + e] * od[off + e];
         dl[r * d.Sq + i] = s;
       }
