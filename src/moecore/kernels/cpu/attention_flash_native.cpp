@@ -118,17 +118,11 @@ MOE_ALWAYS_INLINE void native_pair(const NativeBwd& a, int64_t b, int64_t h, int
   G::run(
       {Mq, kTn, Dp, ptile(a.pk->dR, a.n, bh, qt), Dp, ptile(a.pk->vT, a.n, bg, kt), 2 * kTn, w.dp, kTn, false, cols});
   const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
-  for (int64_t i0r = 0; i0r < nr; i0r += kTileRowsMax) {
-    const int rows = static_cast<int>(std::min<int64_t>(kTileRowsMax, nr - i0r));
-    RowDrop rd[kTileRowsMax];
-    const RowDrop* drop[kTileRowsMax];
-    tile_rows_drop(a.drop, head, b, i0 + i0r, rows, j0, nc, rd, drop);
-    for (int r = 0; r < rows; r++) {
-      const int64_t i = i0r + r, jmax = diag ? std::min(nc, i + 1) : nc;
-      native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i],
-                                  drop[r], jmax, w.P + i * kTn, w.dS + i * kTn);
-    }
-  }
+  for_tile_rows(a.drop, head, b, i0, nr, j0, nc, [&](int64_t i, const RowDrop* drop) {
+    const int64_t jmax = diag ? std::min(nc, i + 1) : nc;
+    native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * S + i0 + i], a.delta[bh * S + i0 + i], drop,
+                                jmax, w.P + i * kTn, w.dS + i * kTn);
+  });
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});
   std::fill(w.dS + nr * kTn, w.dS + kTn * kTn, bf16{0});
   if (kv) {

@@ -74,25 +74,19 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
       const int64_t j0 = kt * kTn, nc = std::min(kTn, at.Sk - j0);
       G::run({M, kTn, Dp, ptile(a.pk->qR, a.n.nq, bh, qt), Dp, ptile(a.pk->kT, a.n.nk, bg, kt), 2 * kTn, sc, kTn, false,
               Causal::Full});
-      for (int64_t i0r = 0; i0r < nr; i0r += kTileRowsMax) {
-        const int rows = static_cast<int>(std::min<int64_t>(kTileRowsMax, nr - i0r));
-        RowDrop rd[kTileRowsMax];
-        const RowDrop* drop[kTileRowsMax];
-        tile_rows_drop(a.drop, head, b, i0 + i0r, rows, j0, nc, rd, drop);
-        for (int r = 0; r < rows; r++) {
-          const int64_t i = i0r + r, jmax = at.visible(i0 + i, j0, nc);
-          float alpha = 1.0f;
-          if (jmax > 0)
-            native_softmax_rows<1>(sc + i * kTn, &jmax, m + i, l + i, &drop[r], P + i * kTn, &alpha);
-          else
-            std::fill(P + i * kTn, P + (i + 1) * kTn, bf16{0});
-          if (stored && alpha != 1.0f) {
-            float* ar = acc + i * Dp;
+      for_tile_rows(a.drop, head, b, i0, nr, j0, nc, [&](int64_t i, const RowDrop* drop) {
+        const int64_t jmax = at.visible(i0 + i, j0, nc);
+        float alpha = 1.0f;
+        if (jmax > 0)
+          native_softmax_rows<1>(sc + i * kTn, &jmax, m + i, l + i, &drop, P + i * kTn, &alpha);
+        else
+          std::fill(P + i * kTn, P + (i + 1) * kTn, bf16{0});
+        if (stored && alpha != 1.0f) {
+          float* ar = acc + i * Dp;
 #pragma omp simd
-            for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha;
-          }
+          for (int64_t e = 0; e < Dp; e++) ar[e] *= alpha;
         }
-      }
+      });
       G::run({M, Dp, kTn, P, kTn, ptile(a.pk->vN, a.n.nk, bg, kt), 2 * Dp, acc, Dp, stored, Causal::Full});
       stored = true;
     }
@@ -129,17 +123,11 @@ MOE_ALWAYS_INLINE void block_probs(const BlockBwd& a, int64_t b, int64_t h, int6
   G::run({Mq, kTn, Dp, ptile(a.pk->dR, a.n.nq, bh, qt), Dp, ptile(a.pk->vT, a.n.nk, bg, kt), 2 * kTn, w.dp, kTn, false,
           Causal::Full});
   const DropoutMask head = a.drop ? a.drop->head_mask(h) : DropoutMask{};
-  for (int64_t i0r = 0; i0r < nr; i0r += kTileRowsMax) {
-    const int rows = static_cast<int>(std::min<int64_t>(kTileRowsMax, nr - i0r));
-    RowDrop rd[kTileRowsMax];
-    const RowDrop* drop[kTileRowsMax];
-    tile_rows_drop(a.drop, head, b, i0 + i0r, rows, j0, nc, rd, drop);
-    for (int r = 0; r < rows; r++) {
-      const int64_t i = i0r + r, jmax = at.visible(i0 + i, j0, nc);
-      native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * at.Sq + i0 + i],
-                                  a.delta[bh * at.Sq + i0 + i], drop[r], jmax, w.P + i * kTn, w.dS + i * kTn);
-    }
-  }
+  for_tile_rows(a.drop, head, b, i0, nr, j0, nc, [&](int64_t i, const RowDrop* drop) {
+    native_softmax_backward_row(w.sc + i * kTn, w.dp + i * kTn, a.lse[bh * at.Sq + i0 + i],
+                                a.delta[bh * at.Sq + i0 + i], drop, at.visible(i0 + i, j0, nc), w.P + i * kTn,
+                                w.dS + i * kTn);
+  });
   std::fill(w.P + nr * kTn, w.P + kTn * kTn, bf16{0});
   std::fill(w.dS + nr * kTn, w.dS + kTn * kTn, bf16{0});
 }

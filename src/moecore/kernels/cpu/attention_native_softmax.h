@@ -17,6 +17,7 @@
 #include "moecore/core/cpu.h"
 #include "moecore/core/dtype.h"
 #include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/cpu/vec_math.h"
 
 // Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -43,21 +44,11 @@ MOE_ALWAYS_INLINE Ints16 lanes_below(int64_t j0, int64_t n) {
   return lane < static_cast<int32_t>(std::min<int64_t>(n - j0, 16));
 }
 
-// vexp (vec_math.h) on 16 lanes: its operations in vector form.
+// vexp (vec_math.h) on 16 lanes.
 MOE_ALWAYS_INLINE Floats16 vexp16(Floats16 x) {
-  x = x < -87.0f ? splat(-87.0f) : (x > 88.0f ? splat(88.0f) : x);
-  const Floats16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const Floats16 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  Floats16 p = splat(1.0f / 5040);
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const Ints16 e = (__builtin_convertvector(n == n ? n : splat(0.0f), Ints16) + 127) << 23;
-  return p * std::bit_cast<Floats16>(e);
+  return vexp_f32(
+      x, [](Floats16 n) { return __builtin_convertvector(n, Ints16); },
+      [](Ints16 e) { return std::bit_cast<Floats16>(e); });
 }
 
 // The maximum and sum of 16 lanes in a fixed tree: halves, quarters, eighths, pairs.
@@ -107,6 +98,20 @@ MOE_ALWAYS_INLINE void tile_rows_drop(const AttentionDropout* d, const DropoutMa
   for (int r = 0; r < rows; r++) {
     rd[r] = {bits[r], d->keep()};
     drop[r] = &rd[r];
+  }
+}
+
+// f(i, drop) for the query rows i in [0, nr) of a tile (rows i0 + i, keys [j0, j0 + nc)), kTileRowsMax at a time
+// whose dropout bits are drawn together (tile_rows_drop); drop: the row's RowDrop, or null.
+template <class F>
+MOE_ALWAYS_INLINE void for_tile_rows(const AttentionDropout* d, const DropoutMask& head, int64_t b, int64_t i0,
+                                     int64_t nr, int64_t j0, int64_t nc, F f) {
+  for (int64_t i = 0; i < nr; i += kTileRowsMax) {
+    const int rows = static_cast<int>(std::min<int64_t>(kTileRowsMax, nr - i));
+    RowDrop rd[kTileRowsMax];
+    const RowDrop* drop[kTileRowsMax];
+    tile_rows_drop(d, head, b, i0 + i, rows, j0, nc, rd, drop);
+    for (int r = 0; r < rows; r++) f(i + r, drop[r]);
   }
 }
 

@@ -37,12 +37,19 @@ inline T load_as(const X* p) {
     return static_cast<T>(*p);
 }
 
-inline float vexp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+// vexp's f32 operations on F: a float, or a GCC vector of floats (attention_native_softmax.h), whose to_int converts
+// to integers of its width and from_bits reinterprets them. (A vector F passes only between functions inlined into
+// one target clone: no ABI boundary.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <typename F, typename ToInt, typename FromBits>
+inline __attribute__((always_inline)) F vexp_f32(F x, ToInt to_int, FromBits from_bits) {
+  const F lo = F{} - 87.0f, hi = F{} + 88.0f;
+  x = x < lo ? lo : (x > hi ? hi : x);
   // n = round(x·log2 e) by the 1.5·2^23 trick: std::floor would keep the loop from vectorizing.
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
-  float p = 1.0f / 5040;
+  const F n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const F r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
+  F p = F{} + 1.0f / 5040;
   p = p * r + 1.0f / 720;
   p = p * r + 1.0f / 120;
   p = p * r + 1.0f / 24;
@@ -51,8 +58,13 @@ inline float vexp(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   // A NaN input stays NaN through p; only the exponent's integer conversion needs a number (NaN to int is UB).
-  const float scale = std::bit_cast<float>((static_cast<int32_t>(n == n ? n : 0.0f) + 127) << 23);
-  return p * scale;
+  return p * from_bits((to_int(n == n ? n : F{}) + 127) << 23);
+}
+#pragma GCC diagnostic pop
+
+inline float vexp(float x) {
+  return vexp_f32(
+      x, [](float n) { return static_cast<int32_t>(n); }, [](int32_t e) { return std::bit_cast<float>(e); });
 }
 
 inline double vexp(double x) {
