@@ -6,8 +6,10 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MOE_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define MOE_HAVE_TARGET_CLONES 1
 #else
 #define MOE_TARGET_CLONES
+#define MOE_HAVE_TARGET_CLONES 0  // one baseline build (clang's sanitized build)
 #endif
 
 // A helper inlined into each target clone of its caller (so it is compiled for that clone's instruction set).

@@ -29,7 +29,7 @@ struct AttentionDropout {
                         static_cast<uint64_t>(seq_offset + i),
                         static_cast<uint64_t>((key_offset < 0 ? seq_offset : key_offset) + j0), n, z);
   }
-  // The mask row() draws query head h's multipliers from, for row_bits (one derivation per head, not per row).
+  // The mask row() draws query head h's multipliers from, for rows_bits (one derivation per head, not per row).
   DropoutMask head_mask(int64_t h) const { return mask.sub(static_cast<uint64_t>(head_offset + h)); }
   // row()'s multipliers as bits for query rows i .. i + rows − 1, keys j0 .. j0 + n − 1 (n ≤ 64): bit c of bits[r]
   // set where key j0 + c is kept in row i + r (multiplier keep()); head: head_mask(h).

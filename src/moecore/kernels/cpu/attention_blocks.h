@@ -3,8 +3,8 @@
 // half. Written with GCC vector extensions: 64-byte vectors in a form compiled for AVX-512 (32 registers hold 8
 // rows × 2 vectors of accumulators), picked where the CPU has it, and 32-byte vectors in every target clone of the
 // other form (AVX2, baseline SSE2), whose accumulators stay in 16 registers; the micro-kernels are force-inlined into
-// both. Each element sums its k in increasing order in either, so the two give the same bits. Not a general GEMM
-// (kernels/cpu/gemm.h).
+// both. Each element sums its k in increasing order in either, one FMA per term, so the AVX-512 form gives the bits
+// of the clones' AVX-512 clone. Not a general GEMM (kernels/cpu/gemm.h).
 #pragma once
 
 #include <omp.h>

@@ -15,7 +15,7 @@
 // nothing extra here, so it is supported as in the f32 kernel. The pair sums of vdpbf16ps/TDPBF16PS run in a fixed
 // order, so results are bitwise reproducible whatever the thread count. The softmax rows run in 16-lane vectors with
 // their maxima and sums reduced in fixed trees (attention_native_softmax.h), and dropout's mask enters as bits
-// (AttentionDropout::row_bits: the multipliers' mask, compared in registers).
+// (AttentionDropout::rows_bits: the multipliers' mask, compared in registers).
 #include "moecore/kernels/cpu/attention_flash_native.h"
 
 #include <algorithm>
@@ -54,13 +54,14 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
       m[i] = -std::numeric_limits<float>::infinity();
       l[i] = 0;
     }
-    std::fill(P + nr * kTn, P + M * kTn, bf16{0});  // padding rows: native_softmax_row writes the others whole
+    std::fill(P + nr * kTn, P + M * kTn, bf16{0});  // padding rows: native_softmax_rows writes the others whole
     G::begin();
     for (int64_t kt = 0; kt <= qt; kt++) {
       const int64_t j0 = kt * kTn, nc = std::min(kTn, S - j0);
       const bool diag = kt == qt;
       G::run({M, kTn, Dp, Qs, Dp, ptile(a.pk->kT, a.n, bg, kt), 2 * kTn, sc, kTn, false,
               diag ? Causal::ColsUpToRow : Causal::Full});
+      static_assert(kTileRowsMax == 2, "query rows go through the softmax in pairs");
       for (int64_t i = 0; i < nr; i += 2) {
         const int64_t jmax[2] = {diag ? std::min(nc, i + 1) : nc, diag ? std::min(nc, i + 2) : nc};  // visible keys
         const int rows = i + 1 < nr ? 2 : 1;

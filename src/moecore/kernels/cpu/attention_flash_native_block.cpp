@@ -67,7 +67,7 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
     const int64_t i0 = qt * kTn, nr = std::min(kTn, at.Sq - i0), M = round_up(nr, 16);
     std::fill_n(m, M, -std::numeric_limits<float>::infinity());
     std::fill_n(l, M, 0.0f);
-    std::fill(P + nr * kTn, P + M * kTn, bf16{0});  // padding rows: native_softmax_row writes the others whole
+    std::fill(P + nr * kTn, P + M * kTn, bf16{0});  // padding rows: native_softmax_rows writes the others whole
     bool stored = false;
     G::begin();
     for (int64_t kt = 0; kt < nkt && at.any(qt, kt); kt++) {
