@@ -65,20 +65,6 @@ struct PipelineSchedule::Run {
   optim::ChainedOptimizer* opt = nullptr;    // its gradient hooks (null: none, as in a re-run that locates a fault)
 };
 
-namespace {
-// The token scales of NoPipelining (schedule.cpp): the mean over the m micro-batches of each one's mean token loss,
-// or with per-token loss the token losses over the global batch's loss tokens (× DP, undone by the 1/DP).
-struct TokenScale {
-  bool per_token_loss;
-  double global_tokens, dp;
-  int64_t m;
-  double operator()(double mask_sum) const {
-    if (per_token_loss) return global_tokens > 0 ? dp / global_tokens : 0.0;
-    return mask_sum > 0 ? 1.0 / static_cast<double>(m) / mask_sum : 0.0;
-  }
-};
-}  // namespace
-
 PipelineSchedule::PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group,
                                    const Shape& hidden)
     : pp_(pp),

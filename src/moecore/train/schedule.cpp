@@ -39,6 +39,7 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
   // scales by CP so that the average leaves their sum.
   const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size * mb.cp_size),
                cp = static_cast<double>(mb.cp_size);
+  const TokenScale token_scale_of{mb.per_token_loss, global_tokens, dp, mb.count};
   StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
     std::optional<TimerScope> batch_timer(std::in_place, "batch-generator", 2);
@@ -46,11 +47,6 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
     const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)])
                                             : data::make_batch(data, stash.sample_B, mb.eod_mask_token);
     batch_timer.reset();
-    // Known before forward, so the loss's forward computes the logits' gradient too (GPTModel::Stash).
-    const auto token_scale_of = [per_token = mb.per_token_loss, global_tokens, dp, scale](double mask_sum) {
-      if (per_token) return global_tokens > 0 ? dp / global_tokens : 0.0;
-      return mask_sum > 0 ? scale / mask_sum : 0.0;
-    };
     stash.token_scale_of = token_scale_of;
     std::optional<TimerScope> forward_timer(std::in_place, "forward-compute", 2);
     const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);

@@ -31,6 +31,20 @@ struct StepLoss {
 // The loss tokens of a micro-batch (the sum of its loss mask).
 double loss_tokens(const data::Batch& b);
 
+// The backward's token scale of a micro-batch with mask_sum loss tokens, in both schedules: the mean over the m
+// micro-batches of each one's mean token loss, or with per-token loss the token losses over the global batch's loss
+// tokens (× DP, undone by the 1/DP). Known before forward, so the loss's forward computes the logits' gradient too
+// (GPTModel::Stash::token_scale_of).
+struct TokenScale {
+  bool per_token_loss;
+  double global_tokens, dp;
+  int64_t m;
+  double operator()(double mask_sum) const {
+    if (per_token_loss) return global_tokens > 0 ? dp / global_tokens : 0.0;
+    return mask_sum > 0 ? 1.0 / static_cast<double>(m) / mask_sum : 0.0;
+  }
+};
+
 class Schedule {
  public:
   virtual ~Schedule() = default;

@@ -95,8 +95,9 @@ MOE_ALWAYS_INLINE void tile_rows_drop(const AttentionDropout* d, const DropoutMa
   }
   uint64_t bits[kTileRowsMax];
   d->rows_bits(head, b, i, rows, j0, nc, bits);
+  const float keep = d->keep();
   for (int r = 0; r < rows; r++) {
-    rd[r] = {bits[r], d->keep()};
+    rd[r] = {bits[r], keep};
     drop[r] = &rd[r];
   }
 }

@@ -19,6 +19,14 @@ inline int64_t target_at(const Tensor& t, int64_t i) {
   return t.dtype() == DType::I32 ? t.data<int32_t>()[i] : t.data<int64_t>()[i];
 }
 
+// Every label a row of the vocabulary [0, vocab), or a clear error naming the first that is not.
+void check_labels(const Tensor& targets_T, int64_t rows, int64_t vocab) {
+  for (int64_t t = 0; t < rows; t++) {
+    const int64_t y = target_at(targets_T, t);
+    MOE_CHECK(y >= 0 && y < vocab, "label {} at position {} is outside the vocabulary [0, {})", y, t, vocab);
+  }
+}
+
 // Logits are read in their storage dtype L and computed in C: f64 for f64, f32 for f32 and bf16 (Megatron's
 // cross-entropy upcasts its bf16 logits to f32).
 template <typename L>
@@ -184,10 +192,7 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   MOE_ASSERT(loss_T.dtype() == cross_entropy_stats_dtype(logits_TV.dtype()) && lse_T.dtype() == loss_T.dtype());
-  for (int64_t t = 0; t < rows; t++) {
-    const int64_t y = target_at(targets_T, t);
-    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
-  }
+  check_labels(targets_T, rows, V);
   with_logits_type(logits_TV.dtype(), [&]<typename L>() {
     using C = Compute<L>;
     const L* l = logits_TV.data<L>();
@@ -209,11 +214,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   const DType cdt = cross_entropy_stats_dtype(logits_TV.dtype());
   MOE_ASSERT(loss_T.dtype() == cdt && lse_T.dtype() == cdt);
-  for (int64_t t = 0; t < rows; t++) {
-    const int64_t y = target_at(targets_T, t);
-    MOE_CHECK(y >= 0 && y < vocab_total, "label {} at position {} is outside the vocabulary [0, {})", y, t,
-              vocab_total);
-  }
+  check_labels(targets_T, rows, vocab_total);
   with_logits_type(logits_TV.dtype(), [&]<typename L>() {
     using C = Compute<L>;
     const L* l = logits_TV.data<L>();
@@ -258,10 +259,7 @@ void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, 
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows && dloss_T.numel() == rows);
   MOE_ASSERT(loss_T.dtype() == DType::F32 && lse_T.dtype() == DType::F32 && dloss_T.dtype() == DType::F32);
-  for (int64_t t = 0; t < rows; t++) {
-    const int64_t y = target_at(targets_T, t);
-    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
-  }
+  check_labels(targets_T, rows, V);
   const float* g = dloss_T.data<float>();
   float *loss = loss_T.data<float>(), *lse = lse_T.data<float>();
   if (dt == DType::BF16)
