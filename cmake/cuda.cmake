@@ -1,7 +1,7 @@
 # The CUDA backend (docs/cuda.md). MOECORE_CUDA: AUTO (on when CMake's CheckLanguage finds nvcc), ON (required) or
 # OFF. When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart + cuBLASLt (+ cuDNN when found) linked, the
 # compile definition MOECORE_HAVE_CUDA, and the GPU test binary moecore_cuda_tests (CTest label gpu; every test skips
-# with a one-line reason where no GPU is visible). When off: src/moecore/cuda/unavailable.cpp answers every device
+# with a one-line reason where no GPU is visible). When off: the *_unavailable.cpp stand-ins answer every device
 # call with "this build has no CUDA", so the CPU-only build links the same interfaces.
 set(MOECORE_CUDA AUTO CACHE STRING "CUDA backend: AUTO (on when nvcc is found), ON or OFF")
 set_property(CACHE MOECORE_CUDA PROPERTY STRINGS AUTO ON OFF)
@@ -17,20 +17,18 @@ if(NOT MOECORE_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-# Sources every build compiles: the device-independent bookkeeping of the caching allocator and device parsing.
-set(MOECORE_CUDA_HOST_SOURCES src/moecore/cuda/caching_allocator.cpp src/moecore/cuda/device_select.cpp)
+include(${CMAKE_CURRENT_LIST_DIR}/cuda_sources.cmake)  # moecore_filter_cuda_sources
 
 function(moecore_add_cuda target)
-  target_sources(${target} PRIVATE ${MOECORE_CUDA_HOST_SOURCES})
   if(NOT MOECORE_WITH_CUDA)
-    # unavailable*.cpp: the CPU-only build's answers to every GPU entry point (one file per kernel family).
-    file(GLOB unavailable CONFIGURE_DEPENDS src/moecore/cuda/unavailable*.cpp)
+    file(GLOB_RECURSE unavailable CONFIGURE_DEPENDS src/moecore/*_unavailable.cpp)
     target_sources(${target} PRIVATE ${unavailable})
     message(STATUS "moecore: CUDA backend off (MOECORE_CUDA=${MOECORE_CUDA})")
     return()
   endif()
-  file(GLOB cu_sources CONFIGURE_DEPENDS src/moecore/kernels/cuda/*.cu)
-  file(GLOB cuda_cpp CONFIGURE_DEPENDS src/moecore/cuda/*_cuda.cpp src/moecore/kernels/cuda/*.cpp)
+  file(GLOB_RECURSE cu_sources CONFIGURE_DEPENDS src/moecore/*.cu)
+  file(GLOB cuda_cpp CONFIGURE_DEPENDS src/moecore/device/*_cuda.cpp src/moecore/kernels/cuda/*.cpp)
+  list(FILTER cuda_cpp EXCLUDE REGEX "_unavailable\\.cpp$")
   target_sources(${target} PRIVATE ${cu_sources} ${cuda_cpp})
   # nvcc parses only the small pointer-level headers (kernels/cuda/launch.h); unity batches are for the C++ side.
   set_source_files_properties(${cu_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)

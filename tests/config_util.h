@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "moecore/train/config.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/start_config.h"
 
 namespace moecore::testing {
 

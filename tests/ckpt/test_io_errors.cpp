@@ -14,7 +14,7 @@
 #include "moecore/ckpt/manager.h"
 #include "moecore/data/bpe_trainer.h"
 #include "moecore/data/preprocess.h"
-#include "moecore/train/metrics.h"
+#include "moecore/train/observe/metrics.h"
 
 namespace moecore {
 namespace {

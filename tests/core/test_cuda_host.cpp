@@ -7,9 +7,9 @@
 #include <set>
 
 #include "moecore/core/tensor.h"
-#include "moecore/cuda/caching_allocator.h"
-#include "moecore/cuda/device_select.h"
-#include "moecore/cuda/runtime.h"
+#include "moecore/device/caching_allocator.h"
+#include "moecore/device/device_select.h"
+#include "moecore/device/runtime.h"
 #include "test_util.h"
 
 namespace moecore::cuda {

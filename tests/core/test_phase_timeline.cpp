@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "moecore/core/timers.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/cuda/phase_timeline.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/device/phase_timeline.h"
 
 namespace moecore::cuda {
 namespace {

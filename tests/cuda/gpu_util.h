@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "moecore/cuda/runtime.h"
+#include "moecore/device/runtime.h"
 
 #define MOE_REQUIRE_GPU()                                                                                   \
   do {                                                                                                      \

@@ -12,13 +12,13 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/attention.h"
 
 #ifdef MOECORE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "moecore/cuda/stream.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_attention_tc.h"
 #endif
 

@@ -6,17 +6,17 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
-#include "moecore/kernels/cpu/activation.h"
-#include "moecore/kernels/cpu/adamw.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/cross_entropy.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/embedding.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/kernels/cpu/layernorm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/embedding.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/rmsnorm.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::kernels {
 namespace {

@@ -7,8 +7,8 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
-#include "moecore/kernels/cpu/layernorm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/rmsnorm.h"
 
 namespace moecore::kernels {
 namespace {

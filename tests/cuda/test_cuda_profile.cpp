@@ -13,11 +13,11 @@
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
 #include "moecore/core/timer.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/cuda/stream.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/train/start_config.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/device/runtime.h"
+#include "moecore/device/stream.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/train/config/start_config.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore::cuda {

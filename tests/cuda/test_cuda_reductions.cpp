@@ -12,13 +12,13 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/stream.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/embedding.h"
-#include "moecore/kernels/cpu/layernorm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/device/check.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/embedding.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/rmsnorm.h"
 
 namespace moecore::kernels {
 namespace {

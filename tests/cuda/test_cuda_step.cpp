@@ -8,12 +8,12 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
-#include "moecore/kernels/cpu/adamw.h"
-#include "moecore/kernels/cpu/cross_entropy.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/embedding.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/embedding.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/kernels/rmsnorm.h"
 
 namespace moecore::kernels {
 namespace {

@@ -12,8 +12,8 @@
 #include "ckpt/hf_test_util.h"
 #include "config_util.h"
 #include "gpu_util.h"
-#include "moecore/train/device_support.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/device_support.h"
+#include "moecore/train/config/start_config.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -3,7 +3,7 @@
 
 #include "cuda/gpu_util.h"
 #include "moecore/core/tensor.h"
-#include "moecore/cuda/runtime.h"
+#include "moecore/device/runtime.h"
 
 namespace moecore {
 namespace {

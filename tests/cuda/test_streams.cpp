@@ -3,13 +3,13 @@
 
 #include "cuda/gpu_util.h"
 #include "moecore/core/tensor.h"
-#include "moecore/cuda/runtime.h"
+#include "moecore/device/runtime.h"
 
 #ifdef MOECORE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/stream.h"
+#include "moecore/device/check.h"
+#include "moecore/device/stream.h"
 
 namespace moecore::cuda {
 namespace {

@@ -7,7 +7,7 @@
 #include "fuzz_util.h"
 #include "moecore/ckpt/hf.h"
 #include "moecore/core/error.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/start_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto& dir = moecore::fuzz::scratch_dir("fuzz_hf_config");

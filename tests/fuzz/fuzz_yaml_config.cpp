@@ -5,8 +5,8 @@
 
 #include "fuzz_util.h"
 #include "moecore/core/error.h"
-#include "moecore/train/config.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/start_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto path = moecore::fuzz::scratch_dir("fuzz_yaml_config") / "c.yaml";

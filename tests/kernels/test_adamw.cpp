@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "moecore/kernels/cpu/adamw.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/elementwise.h"
 #include "test_util.h"
 
 namespace moecore {

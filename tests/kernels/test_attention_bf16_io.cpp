@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/rope.h"
 #include "test_util.h"
 
 namespace moecore {

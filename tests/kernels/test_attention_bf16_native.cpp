@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/amx_tiles.h"
-#include "moecore/kernels/cpu/attention.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
 #include "test_util.h"

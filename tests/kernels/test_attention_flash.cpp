@@ -7,9 +7,9 @@
 #include <cmath>
 #include <vector>
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_flash.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "moecore/core/allocator.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
 #include "test_util.h"

@@ -5,8 +5,8 @@
 // separate casts.
 #include <gtest/gtest.h>
 
-#include "moecore/kernels/cpu/activation.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/nn/linear.h"
 #include "test_util.h"
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <utility>
 
-#include "moecore/kernels/cpu/cross_entropy.h"
+#include "moecore/kernels/cross_entropy.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -6,9 +6,9 @@
 #include <cmath>
 
 #include "moecore/core/rng.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/dropout.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/dropout.h"
+#include "moecore/kernels/elementwise.h"
 #include "test_util.h"
 
 namespace moecore {

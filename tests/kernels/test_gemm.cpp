@@ -4,7 +4,7 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/nn/parameter.h"
 #include "test_util.h"
 

@@ -2,14 +2,14 @@
 // scalar loss L = Σ y ⊙ w with a fixed random w, so dL/dy = w is the upstream gradient.
 #include <gtest/gtest.h>
 
-#include "moecore/kernels/cpu/activation.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/cross_entropy.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/embedding.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/embedding.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/kernels/rmsnorm.h"
+#include "moecore/kernels/rope.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/layernorm.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/layernorm.h"
 #include "test_util.h"
 
 namespace moecore {

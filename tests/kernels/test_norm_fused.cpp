@@ -5,9 +5,9 @@
 // function, y = norm(x + r).
 #include <gtest/gtest.h>
 
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/layernorm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/rmsnorm.h"
 #include "moecore/nn/norm.h"
 #include "test_util.h"
 

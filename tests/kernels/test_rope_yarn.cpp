@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/rope.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <string>
 
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/moe/aux_losses.h"
 #include "moecore/moe/router.h"
 #include "test_util.h"

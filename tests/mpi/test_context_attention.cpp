@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/dropout.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/dropout.h"
 #include "moecore/nn/context_attention.h"
 #include "test_util.h"
 

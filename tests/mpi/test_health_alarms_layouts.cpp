@@ -8,7 +8,7 @@
 #include "config_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/moe/moe_layer.h"
-#include "moecore/train/routing_health.h"
+#include "moecore/train/observe/routing_health.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -4,7 +4,7 @@
 
 #include "config_util.h"
 #include "moecore/comm/process_group.h"
-#include "moecore/train/health.h"
+#include "moecore/train/observe/health.h"
 #include "test_util.h"
 
 namespace moecore {

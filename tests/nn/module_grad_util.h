@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/parameter.h"
 #include "test_util.h"
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/nn/attention.h"
 #include "test_util.h"
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "model_util.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/mlp.h"
 #include "moecore/nn/transformer_layer.h"

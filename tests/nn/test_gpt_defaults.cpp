@@ -11,11 +11,11 @@
 #include "config_util.h"
 #include "model_util.h"
 #include "module_grad_util.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/position_embedding.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 #include "test_util.h"
 
 namespace moecore {

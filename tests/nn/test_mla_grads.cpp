@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "module_grad_util.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/rope.h"
 #include "moecore/nn/mla_attention.h"
 #include "test_util.h"
 

@@ -3,7 +3,7 @@
 
 #include "model_util.h"
 #include "module_grad_util.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/attention.h"
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/gpt_model.h"

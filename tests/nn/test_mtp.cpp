@@ -5,10 +5,10 @@
 
 #include "config_util.h"
 #include "model_util.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/mtp.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 #include "test_util.h"
 
 namespace moecore {

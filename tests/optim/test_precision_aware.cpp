@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "config_util.h"
+#include "moecore/train/config/optimizer_config.h"
 #include "moecore/train/memory_plan.h"
-#include "moecore/train/optimizer_config.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -8,8 +8,8 @@
 
 #include "config_util.h"
 #include "moecore/nn/context_split.h"
-#include "moecore/train/config.h"
-#include "moecore/train/context_parallel.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/context_parallel.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "config_util.h"
-#include "moecore/train/device_support.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/device_support.h"
+#include "moecore/train/config/start_config.h"
 #include "test_util.h"
 
 namespace moecore {

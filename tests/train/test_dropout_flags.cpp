@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "config_util.h"
-#include "moecore/train/config.h"
-#include "moecore/train/presets.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/presets.h"
 #include "test_util.h"
 
 namespace moecore {

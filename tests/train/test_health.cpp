@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "config_util.h"
-#include "moecore/train/health.h"
+#include "moecore/train/observe/health.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -12,7 +12,7 @@
 
 #include "config_util.h"
 #include "moecore/moe/moe_layer.h"
-#include "moecore/train/routing_health.h"
+#include "moecore/train/observe/routing_health.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

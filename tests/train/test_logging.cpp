@@ -11,8 +11,8 @@
 
 #include "config_util.h"
 #include "moecore/core/file.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/train/cost_model.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/train/observe/cost_model.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -11,7 +11,7 @@
 
 #include "config_util.h"
 #include "moecore/core/error.h"
-#include "moecore/train/megatron_flags.h"
+#include "moecore/train/config/megatron_flags.h"
 #include "test_util.h"
 
 namespace moecore {

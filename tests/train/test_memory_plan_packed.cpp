@@ -9,7 +9,7 @@
 
 #include "config_util.h"
 #include "moecore/core/allocator.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/trainer.h"
 

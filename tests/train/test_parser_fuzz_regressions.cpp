@@ -9,7 +9,7 @@
 #include "moecore/ckpt/checkpoint.h"
 #include "moecore/core/error.h"
 #include "moecore/data/tokenizer.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 #include "test_util.h"
 
 namespace moecore {

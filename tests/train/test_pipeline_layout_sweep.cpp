@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "config_util.h"
-#include "moecore/train/config.h"
-#include "moecore/train/pipeline_layout.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/pipeline/pipeline_layout.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "config_util.h"
-#include "moecore/train/pipeline_schedule.h"
-#include "moecore/train/pipeline_stages.h"
+#include "moecore/train/pipeline/pipeline_schedule.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -8,8 +8,8 @@
 
 #include "config_util.h"
 #include "moecore/core/crc32c.h"
-#include "moecore/train/tensorboard/event.pb.h"
-#include "moecore/train/tensorboard_writer.h"
+#include "moecore/train/observe/tensorboard/event.pb.h"
+#include "moecore/train/observe/tensorboard_writer.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -18,8 +18,8 @@
 #include "moecore/core/file.h"
 #include "moecore/core/timer.h"
 #include "moecore/report/run_history.h"
-#include "moecore/train/tensorboard/event.pb.h"
-#include "moecore/train/timers.h"
+#include "moecore/train/observe/tensorboard/event.pb.h"
+#include "moecore/train/observe/timers.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -14,8 +14,8 @@
 #include "moecore/data/bpe_trainer.h"
 #include "moecore/data/preprocess.h"
 #include "moecore/data/tokenizer.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/train/presets.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/train/config/presets.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

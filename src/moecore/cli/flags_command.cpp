@@ -5,7 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "moecore/train/megatron_flags.h"
+#include "moecore/train/config/megatron_flags.h"
 
 namespace moecore::cli {
 

@@ -15,11 +15,11 @@
 #include "moecore/cli/report_command.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/error.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/train/megatron_flags.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/train/config/megatron_flags.h"
+#include "moecore/train/config/start_config.h"
 #include "moecore/train/rank_agreement.h"
 #include "moecore/train/run_control.h"
-#include "moecore/train/start_config.h"
 #include "moecore/train/trainer.h"
 
 namespace {

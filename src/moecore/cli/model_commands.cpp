@@ -10,7 +10,7 @@
 #include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
-#include "moecore/cuda/device_select.h"
+#include "moecore/device/device_select.h"
 #include "moecore/train/generate.h"
 
 namespace moecore::cli {

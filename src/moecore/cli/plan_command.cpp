@@ -9,11 +9,11 @@
 #include <initializer_list>
 
 #include "moecore/core/error.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/start_config.h"
 #include "moecore/train/memory_plan.h"
-#include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/observe/metrics.h"
 
 namespace moecore::cli {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "moecore/core/allocator.h"
-#include "moecore/cuda/runtime.h"
+#include "moecore/core/device_memory.h"
 
 namespace moecore {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "moecore/kernels/cpu/activation.h"
+#include "moecore/kernels/activation.h"
 #include "moecore/nn/parameter.h"
 
 namespace moecore::moe {

@@ -5,7 +5,7 @@
 // [R, H] per layer (into and out of a padded layout, forward and backward) are saved. Every row's result is the
 // same computation; only the weight gradients' reduction over rows may round differently (tested against the CPU).
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/activation.h"
+#include "moecore/kernels/activation.h"
 #include "moecore/kernels/cuda/grouped_gemm.h"
 #include "moecore/moe/grouped_experts.h"
 

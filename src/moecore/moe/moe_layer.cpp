@@ -4,7 +4,7 @@
 
 #include <cctype>
 
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {

@@ -11,8 +11,8 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/moe/sinkhorn.h"
 #include "moecore/nn/stash_bytes.h"
 

@@ -132,7 +132,7 @@ class Router {
  private:
   int64_t count_ranks() const { return cfg_.count_group ? cfg_.count_group->size() : 1; }
   // The GPU path, taken when the input (forward) or the stash (backward) is on a GPU: moe/router_cuda.cpp (a
-  // CPU-only build's counterparts throw: cuda/unavailable_router.cpp).
+  // CPU-only build's counterparts throw: moe/router_unavailable.cpp).
   Output forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
   double add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool count, Stash& st);
   // The noise streams (router_noise.cpp), drawn on the host for either device: this forward's position in them

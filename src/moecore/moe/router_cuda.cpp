@@ -18,11 +18,11 @@
 
 #include <limits>
 
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/stream.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/device/check.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_router.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/moe/aux_losses.h"
 
 namespace moecore::moe {

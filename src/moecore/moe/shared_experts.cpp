@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cuda/shared_gate.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/stash_bytes.h"
 

@@ -5,7 +5,7 @@
 
 #include "moecore/core/error.h"
 #ifdef MOECORE_HAVE_CUDA
-#include "moecore/cuda/stream.h"
+#include "moecore/device/stream.h"
 #endif
 
 namespace moecore::moe {

@@ -1,6 +1,6 @@
 // The token dispatchers' GPU path (see token_dispatcher.h): the plan built on the GPU (kernels/cuda/moe_kernels.h),
 // the same rows, order and sums as the CPU path. Compiled in every build: a CPU-only build's kernels throw
-// (cuda/unavailable_dispatch.cpp), and no CUDA tensor can reach them there.
+// (kernels/cuda/moe_kernels_unavailable.cpp), and no CUDA tensor can reach them there.
 #include "moecore/core/timers.h"
 #include "moecore/kernels/cuda/moe_kernels.h"
 #include "moecore/moe/token_dispatcher.h"

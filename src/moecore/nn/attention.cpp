@@ -7,9 +7,9 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/rope.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {

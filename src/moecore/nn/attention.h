@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/nn/context_attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/linear.h"

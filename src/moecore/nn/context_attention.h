@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 
 namespace moecore::comm {
 class ProcessGroup;

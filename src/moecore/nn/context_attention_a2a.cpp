@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/nn/context_attention_parts.h"
 
 namespace moecore::nn::cp_parts {

@@ -4,7 +4,7 @@
 // head shard) on those chunk sets; the result returns through the inverse all-to-all. Chunk ids come from the
 // groups themselves (each member's CP rank), so any rank order of the groups works.
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/nn/context_attention_parts.h"
 
 namespace moecore::nn::cp_parts {

@@ -10,8 +10,8 @@
 #include <limits>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/context_attention_parts.h"
 
 namespace moecore::nn::cp_parts {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/dropout.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/dropout.h"
 #include "moecore/nn/context_split.h"
 #include "moecore/nn/tensor_parallel.h"
 

@@ -1,7 +1,7 @@
 // Embedding module (see embedding.h).
 #include "moecore/nn/embedding.h"
 
-#include "moecore/kernels/cpu/embedding.h"
+#include "moecore/kernels/embedding.h"
 
 namespace moecore::nn {
 

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <utility>
 
-#include "moecore/kernels/cpu/cross_entropy.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/mlp.h"
 #include "moecore/nn/stash_bytes.h"
 

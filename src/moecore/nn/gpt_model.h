@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "moecore/kernels/cpu/activation.h"
+#include "moecore/kernels/activation.h"
 #include "moecore/nn/context_attention.h"
 #include "moecore/nn/embedding.h"
 #include "moecore/nn/layer_recompute.h"

@@ -2,8 +2,8 @@
 #include "moecore/nn/linear.h"
 
 #include "moecore/core/allocator.h"
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {

@@ -10,8 +10,8 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cuda/mla_blocks.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/context_split.h"
 #include "moecore/nn/stash_bytes.h"
 

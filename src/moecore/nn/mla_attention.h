@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/rope.h"
 #include "moecore/nn/attention.h"
 
 namespace moecore::nn {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "moecore/kernels/cpu/activation.h"
+#include "moecore/kernels/activation.h"
 #include "moecore/nn/feed_forward.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/tensor_parallel.h"

@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "moecore/cuda/runtime.h"
-#include "moecore/kernels/cpu/cross_entropy.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/context_split.h"
 #include "moecore/nn/stash_bytes.h"
 #include "moecore/nn/tensor_parallel.h"

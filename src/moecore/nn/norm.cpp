@@ -1,9 +1,9 @@
 // Norm module (see norm.h).
 #include "moecore/nn/norm.h"
 
-#include "moecore/kernels/cpu/elementwise.h"
-#include "moecore/kernels/cpu/layernorm.h"
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/rmsnorm.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {

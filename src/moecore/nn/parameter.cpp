@@ -6,7 +6,7 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 
 namespace moecore::nn {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::nn {
 

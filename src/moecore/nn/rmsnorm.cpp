@@ -1,7 +1,7 @@
 // RMSNorm module (see rmsnorm.h).
 #include "moecore/nn/rmsnorm.h"
 
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/kernels/rmsnorm.h"
 
 namespace moecore::nn {
 

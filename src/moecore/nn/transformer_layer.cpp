@@ -2,7 +2,7 @@
 // x (Z: the site's dropout multipliers, regenerated; ones outside training).
 #include "moecore/nn/transformer_layer.h"
 
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {

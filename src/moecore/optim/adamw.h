@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/adamw.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/sgd.h"
 

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/optim/adamw.h"
 #include "moecore/optim/distributed_optimizer.h"
 

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 
 namespace moecore::optim {
 

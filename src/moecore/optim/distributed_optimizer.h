@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/adamw.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/optimizer.h"
 #include "moecore/optim/sgd.h"

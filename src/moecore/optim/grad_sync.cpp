@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 
 namespace moecore::optim {
 

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "moecore/core/error.h"
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/optim/newton_schulz.h"
 
 namespace moecore::optim {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "moecore/core/error.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::optim {
 

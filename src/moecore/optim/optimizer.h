@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/adamw.h"
 #include "moecore/nn/parameter.h"
 
 namespace moecore::optim {

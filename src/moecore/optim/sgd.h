@@ -5,7 +5,7 @@
 #pragma once
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/adamw.h"
 
 namespace moecore::optim {
 

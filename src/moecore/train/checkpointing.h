@@ -17,8 +17,8 @@
 #include "moecore/ckpt/metadata.h"
 #include "moecore/optim/chained_optimizer.h"
 #include "moecore/optim/lr_schedule.h"
-#include "moecore/train/metrics.h"
 #include "moecore/train/model_builder.h"
+#include "moecore/train/observe/metrics.h"
 
 namespace moecore::train {
 

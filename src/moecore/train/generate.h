@@ -7,7 +7,7 @@
 #include <string>
 
 #include "moecore/nn/gpt_model.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 #include "moecore/train/model_builder.h"
 
 namespace moecore::train {

@@ -14,12 +14,12 @@
 
 #include "moecore/comm/mpi_check.h"
 #include "moecore/core/error.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/nn/stash_bytes.h"
-#include "moecore/train/device_support.h"
-#include "moecore/train/metrics.h"
+#include "moecore/train/config/device_support.h"
+#include "moecore/train/observe/metrics.h"
 #include "moecore/train/parallel_groups.h"
-#include "moecore/train/pipeline_stages.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
 
 namespace moecore::train {
 

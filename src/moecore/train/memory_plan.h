@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 
 namespace moecore::train {
 

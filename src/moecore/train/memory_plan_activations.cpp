@@ -7,8 +7,8 @@
 
 #include <algorithm>
 
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/attention.h"
 #include "moecore/nn/gpt_model.h"
@@ -17,8 +17,8 @@
 #include "moecore/nn/stash_bytes.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
-#include "moecore/train/pipeline_schedule.h"
-#include "moecore/train/pipeline_stages.h"
+#include "moecore/train/pipeline/pipeline_schedule.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
 
 namespace moecore::train {
 

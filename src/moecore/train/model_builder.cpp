@@ -5,8 +5,8 @@
 
 #include "moecore/core/error.h"
 #include "moecore/data/preprocess.h"
-#include "moecore/train/context_parallel.h"
-#include "moecore/train/pipeline_stages.h"
+#include "moecore/train/config/context_parallel.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
 
 namespace moecore::train {
 

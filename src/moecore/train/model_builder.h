@@ -11,7 +11,7 @@
 #include "moecore/data/tokenizer.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 #include "moecore/train/parallel_groups.h"
 
 namespace moecore::train {

@@ -4,8 +4,8 @@
 #include <numeric>
 
 #include "moecore/core/error.h"
-#include "moecore/train/config.h"
-#include "moecore/train/context_parallel.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/context_parallel.h"
 
 namespace moecore::train {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 
 namespace moecore::train {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "moecore/train/config.h"
+#include "moecore/train/config/config.h"
 
 namespace moecore::train {
 

@@ -1,7 +1,7 @@
 // `moecore bench attention`: causal GQA attention forward and forward+backward GFLOP/s against a GEMM peak of the
 // same dtype sampled between the timed runs, f32 (flash kernel) or bf16 (the kernel --bf16 training picks, or the one
 // --bf16-kernel names). Not the attention module (no projections).
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 
 #include <fmt/format.h>
 
@@ -14,10 +14,10 @@
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
 #include "moecore/core/timer.h"
-#include "moecore/cuda/device_select.h"
+#include "moecore/device/device_select.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::cli {
 

@@ -13,7 +13,7 @@
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/timer.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/start_config.h"
 
 namespace moecore::cli {
 

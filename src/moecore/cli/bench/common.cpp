@@ -12,7 +12,7 @@
 #include "moecore/core/cpu.h"
 #include "moecore/core/error.h"
 #include "moecore/core/rng.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
 

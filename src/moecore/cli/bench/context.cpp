@@ -16,7 +16,7 @@
 #include "moecore/cli/bench/common.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/timer.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/nn/context_attention.h"
 
 namespace moecore::cli {

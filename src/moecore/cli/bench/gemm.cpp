@@ -1,13 +1,13 @@
 // `moecore bench gemm`: f32 and bf16 square GEMM GFLOP/s, the roofline the other benchmarks divide by.
 // Not the peak other benchmarks use (kernels::measure_gemm_peak_gflops takes the best over sizes).
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 #include <fmt/format.h>
 
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/gpu.h"
 #include "moecore/core/cpu.h"
-#include "moecore/cuda/device_select.h"
+#include "moecore/device/device_select.h"
 
 namespace moecore::cli {
 

@@ -10,9 +10,9 @@
 
 #include "moecore/cli/bench/common.h"
 #include "moecore/core/timer.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/kernels/cpu/attention.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
 

@@ -14,8 +14,8 @@
 #include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/gpu.h"
 #include "moecore/core/timer.h"
-#include "moecore/cuda/device_select.h"
-#include "moecore/cuda/runtime.h"
+#include "moecore/device/device_select.h"
+#include "moecore/device/runtime.h"
 
 namespace moecore::cli {
 

@@ -13,9 +13,9 @@
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
+#include "moecore/train/config/start_config.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
-#include "moecore/train/start_config.h"
 
 namespace moecore::cli {
 

@@ -11,9 +11,9 @@
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/core/timers.h"
-#include "moecore/cuda/device_select.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/device/device_select.h"
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
 

@@ -11,8 +11,8 @@
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
-#include "moecore/train/pipeline_stages.h"
-#include "moecore/train/start_config.h"
+#include "moecore/train/config/start_config.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
 
 namespace moecore::cli {
 

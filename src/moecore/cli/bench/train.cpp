@@ -10,9 +10,9 @@
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/kernels/cpu/gemm.h"
-#include "moecore/train/start_config.h"
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/train/config/start_config.h"
 
 namespace moecore::cli {
 

@@ -13,8 +13,8 @@
 #include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
 #include "moecore/core/timer.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
 

@@ -13,8 +13,8 @@
 #include "moecore/cli/bench.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/dtype.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore::cli {

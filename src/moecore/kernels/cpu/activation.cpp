@@ -4,7 +4,7 @@
 //   GeLU    y = x·Φ(x) (exact erf form, Megatron's default),  y' = Φ(x) + x·φ(x)
 //   sqReLU  y = max(x, 0)²,  y' = 2·max(x, 0)
 // With a row scale p: y = f(x)·p, so dx = f'(x)·dy·p and dp = Σ_j dy_j·f(x)_j.
-#include "moecore/kernels/cpu/activation.h"
+#include "moecore/kernels/activation.h"
 
 #include <cmath>
 #include <type_traits>

@@ -1,5 +1,5 @@
 // AdamW update (see adamw.h).
-#include "moecore/kernels/cpu/adamw.h"
+#include "moecore/kernels/adamw.h"
 
 #include <emmintrin.h>
 #include <omp.h>

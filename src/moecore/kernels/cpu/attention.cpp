@@ -1,6 +1,6 @@
 // Causal GQA attention: the shape checks and the f32/f64 entry points (see attention.h); the kernel itself is
 // attention_flash.cpp.
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cuda/kernels.h"

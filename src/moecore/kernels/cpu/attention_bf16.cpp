@@ -14,12 +14,12 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
-#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::kernels {
 

@@ -3,7 +3,7 @@
 // attention.h.
 #pragma once
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 
 namespace moecore::kernels::flash {
 

@@ -20,7 +20,7 @@
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_blocks.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"

@@ -28,8 +28,8 @@
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/attention_native_parts.h"
 #include "moecore/kernels/cpu/attention_native_softmax.h"
-#include "moecore/kernels/cpu/rope.h"
 #include "moecore/kernels/cpu/vec_math.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::flash {
 

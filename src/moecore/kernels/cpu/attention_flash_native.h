@@ -3,7 +3,7 @@
 // callers use attention.h.
 #pragma once
 
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_blocks_bf16.h"
 
 namespace moecore::kernels::flash {

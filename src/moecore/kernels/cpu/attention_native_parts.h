@@ -11,8 +11,8 @@
 
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
-#include "moecore/kernels/cpu/rope.h"
 #include "moecore/kernels/cpu/vec_math.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::flash {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "moecore/core/cpu.h"
 #include "moecore/core/dtype.h"
-#include "moecore/kernels/cpu/attention.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
 // Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.

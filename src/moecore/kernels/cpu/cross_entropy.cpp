@@ -1,5 +1,5 @@
 // Fused cross-entropy (see cross_entropy.h). ∂loss_t/∂logit_tv = softmax_tv − [v = target_t].
-#include "moecore/kernels/cpu/cross_entropy.h"
+#include "moecore/kernels/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // Dropout (see dropout.h). y = x ⊙ z with z ∈ {0, 1/(1−p)} a function of the element's global coordinates, so
 // dx = dy ⊙ z: backward is the forward applied to the gradient with the regenerated mask.
-#include "moecore/kernels/cpu/dropout.h"
+#include "moecore/kernels/dropout.h"
 
 #include <immintrin.h>
 

@@ -1,5 +1,5 @@
 // Elementwise helpers (see elementwise.h).
-#include "moecore/kernels/cpu/elementwise.h"
+#include "moecore/kernels/elementwise.h"
 
 #include <vector>
 

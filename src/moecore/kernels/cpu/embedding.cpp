@@ -1,6 +1,6 @@
 // Embedding (see embedding.h). Backward: dW[v] += Σ_{t: id[t]=v} dy[t]. Threads split the hidden dimension, and
 // each walks tokens in order, so repeated ids sum in a fixed order whatever the thread count.
-#include "moecore/kernels/cpu/embedding.h"
+#include "moecore/kernels/embedding.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // GEMM through oneDNN matmul with a primitive cache (see gemm.h).
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/timer.h"
-#include "moecore/cuda/runtime.h"
+#include "moecore/device/runtime.h"
 #include "moecore/kernels/cpu/gemm_context.h"
 #include "moecore/kernels/cuda/kernels.h"
 

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "moecore/kernels/cpu/gemm.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::kernels::gemm_detail {
 

@@ -5,8 +5,8 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/timer.h"
-#include "moecore/kernels/cpu/gemm.h"
 #include "moecore/kernels/cpu/gemm_context.h"
+#include "moecore/kernels/gemm.h"
 
 namespace moecore::kernels {
 

@@ -6,16 +6,16 @@
 //   y_k = x̂_k·w_k + b_k,   ∂x̂_k/∂x_j = r·(δ_kj − 1/H − x̂_k·x̂_j/H)
 //   dx_j = Σ_k g_k·∂x̂_k/∂x_j = r·(g_j − mean(g) − x̂_j·mean(g·x̂))
 //   dw_k += Σ_rows dy_k·x̂_k,   db_k += Σ_rows dy_k
-#include "moecore/kernels/cpu/layernorm.h"
+#include "moecore/kernels/layernorm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/core/cpu.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/elementwise.h"
 
 namespace moecore::kernels {
 

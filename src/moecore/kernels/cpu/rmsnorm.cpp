@@ -5,16 +5,16 @@
 //   y_k = w_k·x_k·r,   ∂r/∂x_k = −r³·x_k/H
 //   dx_k = w_k·dy_k·r + c·(−r³·x_k/H) = r·(w_k·dy_k − x_k·r²·c/H)
 //   dw_k += Σ_rows dy_k·x_k·r
-#include "moecore/kernels/cpu/rmsnorm.h"
+#include "moecore/kernels/rmsnorm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/core/cpu.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/elementwise.h"
 #include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/elementwise.h"
 
 namespace moecore::kernels {
 

@@ -3,7 +3,7 @@
 //   y_a = a·c − b·s,   y_b = b·c + a·s
 // The map is m times a rotation, so backward is the transposed map (s → −s):
 //   da = dy_a·c + dy_b·s,  db = dy_b·c − dy_a·s
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/rope.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Elementwise and row-wise kernels: dtype conversion, fill/add/scale, deterministic sums, RMSNorm, RoPE,
+// Elementwise and row-wise kernels: fill/add/scale, deterministic sums, RMSNorm, RoPE,
 // activations, the embedding forward (its backward: embedding_bwd.cu), multi-tensor AdamW (see launch.h).
 // Straightforward one-pass kernels; the math follows the CPU kernels in kernels/cpu line by line.
 #include "moecore/kernels/cuda/common.cuh"
@@ -8,26 +8,6 @@
 namespace moecore::launch {
 
 namespace {
-template <typename D, typename S>
-__global__ void convert_k(D* d, const S* s, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    if constexpr (sizeof(D) == 2)
-      d[i] = __float2bfloat16_rn(static_cast<float>(s[i]));
-    else if constexpr (sizeof(S) == 2)
-      d[i] = static_cast<D>(__bfloat162float(s[i]));
-    else
-      d[i] = static_cast<D>(s[i]);
-  }
-}
-
-template <typename D>
-void convert_from(D* d, const void* src, int st, int64_t n, cudaStream_t s) {
-  const unsigned g = grid_for(n);
-  if (st == 0) convert_k<<<g, kThreads, 0, s>>>(d, static_cast<const float*>(src), n);
-  if (st == 1) convert_k<<<g, kThreads, 0, s>>>(d, static_cast<const __nv_bfloat16*>(src), n);
-  if (st == 2) convert_k<<<g, kThreads, 0, s>>>(d, static_cast<const double*>(src), n);
-}
-
 __global__ void fill_k(float* p, float v, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     p[i] = v;
@@ -253,12 +233,6 @@ __global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
 }
 }  // namespace
 
-void convert(void* dst, int dt, const void* src, int st, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  if (dt == 0) convert_from(static_cast<float*>(dst), src, st, n, s);
-  if (dt == 1) convert_from(static_cast<__nv_bfloat16*>(dst), src, st, n, s);
-  if (dt == 2) convert_from(static_cast<double*>(dst), src, st, n, s);
-}
 void fill(float* p, float v, int64_t n, cudaStream_t s) {
   if (n > 0) fill_k<<<grid_for(n), kThreads, 0, s>>>(p, v, n);
 }

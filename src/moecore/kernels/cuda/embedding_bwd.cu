@@ -4,7 +4,7 @@
 // parallel. Before, one thread per column walked every token (H threads over T tokens).
 #include <cub/device/device_radix_sort.cuh>
 
-#include "moecore/cuda/check.h"
+#include "moecore/device/check.h"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
 

@@ -9,9 +9,9 @@
 #include <mutex>
 #include <tuple>
 
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/cuda/stream.h"
+#include "moecore/device/check.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels::cuda {

@@ -3,7 +3,7 @@
 // with f32 accumulation and an f32 output: the CPU grouped experts' semantics. Two implementations, selected at run
 // time: one cuBLASLt matmul per expert spread over 4 streams (the default, faster as measured), or cuBLAS's
 // cublasGemmGroupedBatchedEx, one call per GEMM kind. Plain host declarations: a CPU-only build defines these in
-// cuda/unavailable_dispatch.cpp.
+// kernels/cuda/moe_kernels_unavailable.cpp.
 #pragma once
 
 #include <vector>

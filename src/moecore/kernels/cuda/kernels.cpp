@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/cuda/stream.h"
+#include "moecore/device/check.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/device/runtime.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
 #include "moecore/kernels/cuda/tensor_args.h"

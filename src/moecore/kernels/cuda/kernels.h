@@ -2,16 +2,16 @@
 // when their tensors are on a GPU (`if (x.device().is_cuda()) return cuda::...`), so nn/ and moe/ run unchanged.
 // Element types: f32 everywhere (as the CPU kernels compute), gemm operands f32 or bf16 with an f32 output; the
 // bf16 attention takes f32 tensors and rounds inside, like the CPU one. A CPU-only build defines these in
-// cuda/unavailable.cpp (they throw: no cuda tensor can exist there).
+// kernels/cuda/kernels_unavailable.cpp (they throw: no cuda tensor can exist there).
 #pragma once
 
 #include <functional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/cpu/activation.h"
-#include "moecore/kernels/cpu/adamw.h"
-#include "moecore/kernels/cpu/rope.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cuda {
 

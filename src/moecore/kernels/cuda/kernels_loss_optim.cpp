@@ -1,10 +1,10 @@
 // Tensor-level CUDA cross-entropy, AdamW and attention (see kernels.h).
 #include <cmath>
 
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/cuda/stream.h"
+#include "moecore/device/check.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/device/runtime.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_attention_tc.h"

@@ -1,7 +1,7 @@
 // Pointer-level launchers of the CUDA kernels: the only header nvcc parses besides CUDA's own (no fmt, no Tensor),
-// so the .cu files compile fast. Callers are the Tensor-level entry points in kernels.cpp (checks, shapes) and
-// cuda/runtime_cuda.cpp. Every launcher queues work on `s` and returns; dtype codes are moecore::DType's values
-// (0 f32, 1 bf16, 2 f64). Element types: f32 unless a parameter says otherwise.
+// so the .cu files compile fast. Callers are the Tensor-level entry points in kernels.cpp (checks, shapes). Every
+// launcher queues work on `s` and returns; dtype codes are moecore::DType's values (0 f32, 1 bf16, 2 f64). Element
+// types: f32 unless a parameter says otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,7 +11,6 @@
 
 namespace moecore::launch {
 
-void convert(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n, cudaStream_t s);
 void fill(float* p, float v, int64_t n, cudaStream_t s);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
 void scale(float* a, float v, int64_t n, cudaStream_t s);

@@ -1,8 +1,8 @@
 // Multi-latent attention's block moves on the GPU (see mla_blocks.h).
 #include "moecore/kernels/cuda/mla_blocks.h"
 
-#include "moecore/cuda/runtime.h"
-#include "moecore/cuda/stream.h"
+#include "moecore/device/runtime.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_mla.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 

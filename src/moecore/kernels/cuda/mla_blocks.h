@@ -1,5 +1,5 @@
 // Multi-latent attention's channel-block moves on the GPU at the Tensor level (nn/mla_attention.cpp calls this for
-// GPU tensors; a CPU-only build answers it in cuda/unavailable_mla.cpp).
+// GPU tensors; a CPU-only build answers it in kernels/cuda/mla_blocks_unavailable.cpp).
 #pragma once
 
 #include "moecore/core/tensor.h"

@@ -1,7 +1,7 @@
 // The MoE token permutation on the GPU at the Tensor level (moe_permute_ops.cpp over moe_permute.cu): what
 // moe::LocalTokenDispatcher and the expert-parallel dispatchers call when their tensors are CUDA tensors. Plain host
 // declarations (no CUDA headers), so moe/ includes them in every build; a CPU-only build defines them in
-// cuda/unavailable_dispatch.cpp, where they throw (no CUDA tensor can exist there).
+// kernels/cuda/moe_kernels_unavailable.cpp, where they throw (no CUDA tensor can exist there).
 #pragma once
 
 #include <vector>

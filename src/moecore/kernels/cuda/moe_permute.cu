@@ -5,7 +5,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include "moecore/cuda/check.h"
+#include "moecore/device/check.h"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch_moe.h"
 

@@ -2,10 +2,10 @@
 // launchers of launch_moe.h on the current stream.
 #include <limits>
 
-#include "moecore/cuda/check.h"
-#include "moecore/cuda/gpu_profile.h"
-#include "moecore/cuda/runtime.h"
-#include "moecore/cuda/stream.h"
+#include "moecore/device/check.h"
+#include "moecore/device/gpu_profile.h"
+#include "moecore/device/runtime.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_moe.h"
 #include "moecore/kernels/cuda/moe_kernels.h"
 #include "moecore/kernels/cuda/tensor_args.h"

@@ -1,7 +1,7 @@
 // The learned position embedding's Tensor-level entry points (see position_rows.h).
 #include "moecore/kernels/cuda/position_rows.h"
 
-#include "moecore/cuda/stream.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_position_rows.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 

@@ -1,5 +1,5 @@
 // The learned position embedding on the GPU at the Tensor level (nn/position_embedding.cpp calls these for GPU
-// tensors; a CPU-only build answers them in cuda/unavailable_position_rows.cpp).
+// tensors; a CPU-only build answers them in kernels/cuda/position_rows_unavailable.cpp).
 #pragma once
 
 #include "moecore/core/tensor.h"

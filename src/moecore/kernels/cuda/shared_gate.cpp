@@ -1,7 +1,7 @@
 // The shared-expert gate's Tensor-level entry points (see shared_gate.h).
 #include "moecore/kernels/cuda/shared_gate.h"
 
-#include "moecore/cuda/stream.h"
+#include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch_shared_gate.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 

@@ -1,5 +1,5 @@
 // The shared-expert gate on the GPU at the Tensor level (moe/shared_experts.cpp calls these for GPU tensors; a
-// CPU-only build answers them in cuda/unavailable_shared_gate.cpp).
+// CPU-only build answers them in kernels/cuda/shared_gate_unavailable.cpp).
 #pragma once
 
 #include "moecore/core/tensor.h"

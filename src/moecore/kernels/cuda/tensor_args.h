@@ -4,7 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "moecore/core/tensor.h"
-#include "moecore/cuda/check.h"
+#include "moecore/device/check.h"
 
 namespace moecore::kernels::cuda::detail {
 

@@ -1,0 +1,49 @@
+// --device parsing and choice (see device_select.h).
+#include "moecore/device/device_select.h"
+
+#include <charconv>
+
+#include "moecore/core/error.h"
+#include "moecore/device/runtime.h"
+
+namespace moecore::cuda {
+
+DeviceAvailability DeviceAvailability::probe() {
+  DeviceAvailability a;
+  a.built_with_cuda = moecore::cuda::built_with_cuda();
+  a.visible = visible_devices(&a.why_none);
+  return a;
+}
+
+namespace {
+// -1 when s is not cuda / cuda:N; the ordinal otherwise.
+int cuda_ordinal(std::string_view s) {
+  if (s == "cuda") return 0;
+  if (s.substr(0, 5) != "cuda:" || s.size() == 5) return -1;
+  int n = -1;
+  auto [p, ec] = std::from_chars(s.data() + 5, s.data() + s.size(), n);
+  return ec == std::errc() && p == s.data() + s.size() && n >= 0 ? n : -1;
+}
+}  // namespace
+
+bool is_device_name(std::string_view s) {
+  return s == "auto" || s == "cpu" || cuda_ordinal(s) >= 0;
+}
+
+Device resolve_device(std::string_view requested, std::string_view command, const DeviceAvailability& a) {
+  MOE_CHECK(is_device_name(requested), "--device {}: not a device; accepted: auto, cpu, cuda, cuda:N", requested);
+  if (requested == "cpu") return Device::cpu();
+  if (requested == "auto") return a.built_with_cuda && a.visible > 0 ? Device::cuda(0) : Device::cpu();
+  const int n = cuda_ordinal(requested);
+  MOE_CHECK(a.built_with_cuda,
+            "--device {}: this moecore was built without CUDA, so `moecore {}` cannot use a GPU; rebuild with "
+            "-DMOECORE_CUDA=ON where the CUDA toolkit is installed, or use --device cpu",
+            requested, command);
+  MOE_CHECK(a.visible > 0, "--device {}: no GPU is visible to this process ({}); use --device cpu or --device auto",
+            requested, a.why_none.empty() ? "0 devices" : a.why_none);
+  MOE_CHECK(n < a.visible, "--device {}: this process sees {} GPU(s), numbered 0 to {}", requested, a.visible,
+            a.visible - 1);
+  return Device::cuda(n);
+}
+
+}  // namespace moecore::cuda

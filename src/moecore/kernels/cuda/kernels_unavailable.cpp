@@ -1,0 +1,99 @@
+// The Tensor-level CUDA kernels (kernels.h) in a CPU-only build: no CUDA tensor can exist there, so a correct caller
+// never reaches these; one that does gets the build's "without CUDA" message.
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/cuda/kernels.h"
+
+namespace moecore::kernels::cuda {
+
+#define MOE_NO_CUDA_KERNEL(name) ::moecore::cuda::no_cuda_kernel(name)
+
+void gemm(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float, int64_t) {
+  MOE_NO_CUDA_KERNEL("gemm");
+}
+void set_allow_tf32(bool) {}
+bool allow_tf32() {
+  return false;
+}
+void add_(Tensor&, const Tensor&) {
+  MOE_NO_CUDA_KERNEL("add_");
+}
+void add(const Tensor&, const Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("add");
+}
+void scale_(Tensor&, double) {
+  MOE_NO_CUDA_KERNEL("scale_");
+}
+void fill_(Tensor&, double) {
+  MOE_NO_CUDA_KERNEL("fill_");
+}
+double sum(const Tensor&) {
+  MOE_NO_CUDA_KERNEL("sum");
+}
+double dot(const Tensor&, const Tensor&) {
+  MOE_NO_CUDA_KERNEL("dot");
+}
+double sum_squares(const Tensor&) {
+  MOE_NO_CUDA_KERNEL("sum_squares");
+}
+void rmsnorm_forward(const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("rmsnorm_forward");
+}
+void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("rmsnorm_backward");
+}
+void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("layernorm_forward");
+}
+void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
+                        Tensor&) {
+  MOE_NO_CUDA_KERNEL("layernorm_backward");
+}
+void add_row_bias_(Tensor&, const Tensor&) {
+  MOE_NO_CUDA_KERNEL("add_row_bias_");
+}
+void accumulate_col_sums(const Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("accumulate_col_sums");
+}
+void rope_forward_at(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, RopePairs, Tensor&) {
+  MOE_NO_CUDA_KERNEL("rope_forward");
+}
+void rope_backward_at(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, RopePairs, Tensor&) {
+  MOE_NO_CUDA_KERNEL("rope_backward");
+}
+void activation_forward(Activation, const Tensor&, const Tensor*, Tensor&) {
+  MOE_NO_CUDA_KERNEL("activation_forward");
+}
+void activation_backward(Activation, const Tensor&, const Tensor&, const Tensor*, Tensor&, Tensor*) {
+  MOE_NO_CUDA_KERNEL("activation_backward");
+}
+void embedding_forward(const Tensor&, const Tensor&, Tensor&, int64_t, int64_t) {
+  MOE_NO_CUDA_KERNEL("embedding_forward");
+}
+void embedding_backward(const Tensor&, const Tensor&, Tensor&, int64_t) {
+  MOE_NO_CUDA_KERNEL("embedding_backward");
+}
+void cross_entropy_forward(const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("cross_entropy_forward");
+}
+void cross_entropy_forward_vocab_parallel(const Tensor&, const Tensor&, int64_t, int64_t, const ReduceFn&, Tensor&,
+                                          Tensor&) {
+  MOE_NO_CUDA_KERNEL("cross_entropy_forward");
+}
+void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t) {
+  MOE_NO_CUDA_KERNEL("cross_entropy_backward");
+}
+void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, int64_t) {
+  MOE_NO_CUDA_KERNEL("adamw_step");
+}
+void adamw_multi_step(const std::vector<AdamWTensors>&, const AdamWParams&, int64_t) {
+  MOE_NO_CUDA_KERNEL("adamw_step");
+}
+void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, bool, bool) {
+  MOE_NO_CUDA_KERNEL("attention_forward");
+}
+void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        double, Tensor&, Tensor&, Tensor&, bool, bool) {
+  MOE_NO_CUDA_KERNEL("attention_backward");
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,15 @@
+// The learned position embedding's GPU entry points in a CPU-only build (see device/runtime_unavailable.cpp): never
+// reached.
+#include "moecore/device/runtime.h"
+#include "moecore/kernels/cuda/position_rows.h"
+
+namespace moecore::kernels::cuda {
+
+void position_add_rows(Tensor&, const Tensor&) {
+  moecore::cuda::no_cuda_kernel("position_add_rows");
+}
+void position_sum_rows(const Tensor&, Tensor&) {
+  moecore::cuda::no_cuda_kernel("position_sum_rows");
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,469 @@
+// The flag table (see config.h): every moecore train flag with its field, help, roles, accepted values and
+// group, in --help order; and the lookups over it. The values' conversions and the module configs: config.cpp.
+#include <fmt/format.h>
+
+#include "moecore/core/error.h"
+#include "moecore/train/config/config.h"
+#include "moecore/train/config/presets.h"
+
+namespace moecore::train {
+namespace {
+
+std::vector<FlagSpec> build_flag_table() {
+  using C = TrainConfig;
+  std::vector<FlagSpec> t;
+  auto section = [&](FlagGroup g, std::vector<FlagSpec> flags) {
+    for (auto& f : flags) {
+      f.group = g;
+      t.push_back(std::move(f));
+    }
+  };
+  std::string presets;
+  for (const auto& p : preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  section(
+      FlagGroup::Model,
+      {{"model", &C::model, "Preset: " + presets + " (flags override)"},
+       {"num-layers", &C::num_layers, "Transformer layers", kModel, above_to(0, 2147483647)},
+       {"hidden-size", &C::hidden_size, "Hidden size H", kModel, positive()},
+       {"ffn-hidden-size", &C::ffn_hidden_size, "Dense FFN size (default 4H; 8H/3 rounded to 64 with --swiglu)",
+        kModel | kDerived, positive()},
+       {"num-attention-heads", &C::num_attention_heads, "Query heads", kModel, positive()},
+       {"group-query-attention", &C::group_query_attention, "Use --num-query-groups key/value heads", kCheckpointArg},
+       {"num-query-groups", &C::num_query_groups, "Key/value heads with --group-query-attention", kModel | kDerived,
+        positive()},
+       {"kv-channels", &C::kv_channels, "Head dimension (default H / heads)", kModel | kDerived, positive()},
+       {"qk-layernorm", &C::qk_layernorm, "--normalization on each query and key head (Qwen3, OLMoE)", kModel},
+       {"seq-length", &C::seq_length, "Sequence length", kNoRole, positive()},
+       {"max-position-embeddings", &C::max_position_embeddings, "Longest position (default --seq-length)",
+        kCheckpointArg | kDerived, positive()},
+       {"rotary-base", &C::rotary_base, "RoPE base", kModel, positive()},
+       {"rotary-percent", &C::rotary_percent, "Fraction of each head rotated", kModel, above_to(0, 1)},
+       {"position-embedding-type", &C::position_embedding_type,
+        "learned_absolute (Megatron's default: a learned table added to the word embeddings), rope or none", kModel,
+        one_of({"learned_absolute", "rope", "none"})},
+       {"no-position-embedding", &C::no_position_embedding,
+        "Deprecated in Megatron: only with --position-embedding-type rope (where it changes nothing)", kModel},
+       {"normalization", &C::normalization, "LayerNorm (Megatron's default) or RMSNorm", kModel,
+        one_of({"LayerNorm", "RMSNorm"})},
+       {"apply-layernorm-1p", &C::apply_layernorm_1p, "Zero-centred norm weights: the scale is 1 + weight (init 0)",
+        kModel},
+       {"norm-epsilon", &C::norm_epsilon, "Norm epsilon", kModel, at_least(0)},
+       {"untie-embeddings-and-output-weights", &C::untie_embeddings_and_output_weights, "Separate output layer",
+        kModel},
+       {"swiglu", &C::swiglu, "SwiGLU FFNs (default GeLU)", kModel},
+       {"squared-relu", &C::squared_relu, "Squared-ReLU FFNs", kModel},
+       {"disable-bias-linear", &C::disable_bias_linear, "No biases in linear layers (required for MoE)", kModel},
+       {"init-method-std", &C::init_method_std, "Std of the normal weight init", kNoRole, at_least(0)},
+       {"make-vocab-size-divisible-by", &C::make_vocab_size_divisible_by, "Pad the vocabulary to a multiple", kNoRole,
+        positive()},
+       {"hidden-dropout", &C::hidden_dropout,
+        "Dropout probability on the embedding output and each block's output before its residual add (training)",
+        kNoRole, between(0, 1, true)},
+       {"attention-dropout", &C::attention_dropout, "Dropout probability on the attention probabilities (training)",
+        kNoRole, between(0, 1, true)},
+       {"mtp-num-layers", &C::mtp_num_layers,
+        "Multi-token prediction depths D after the main model, on the last pipeline stage (0: none)", kModel,
+        at_least(0)},
+       {"mtp-loss-scaling-factor", &C::mtp_loss_scaling_factor,
+        "MTP loss weight: factor/D times the sum of the depths' mean losses joins the training objective", kNoRole,
+        at_least(0)},
+       {"multi-latent-attention", &C::multi_latent_attention,
+        "Multi-Latent Attention (DeepSeek-V3): low-rank q and compressed kv with decoupled RoPE", kModel},
+       {"q-lora-rank", &C::q_lora_rank, "MLA query latent rank (unset or 0: a direct q projection)", kModel,
+        at_least(0)},
+       {"kv-lora-rank", &C::kv_lora_rank, "MLA compressed key-value rank", kModel, positive()},
+       {"qk-head-dim", &C::qk_head_dim, "MLA query/key channels per head without RoPE", kModel, positive()},
+       {"qk-pos-emb-head-dim", &C::qk_pos_emb_head_dim, "MLA query/key RoPE channels per head", kModel, positive()},
+       {"v-head-dim", &C::v_head_dim, "MLA value channels per head", kModel, positive()},
+       {"rope-type", &C::rope_type, "MLA's RoPE: rope or yarn (unset: yarn with MLA; plain attention takes rope only)",
+        kModel},
+       {"rotary-scaling-factor", &C::rotary_scaling_factor, "MLA YaRN scaling factor s (also in the softmax scale)",
+        kModel, positive()},
+       {"mscale", &C::mscale, "MLA YaRN mscale (the cos/sin factor's numerator)", kModel},
+       {"mscale-all-dim", &C::mscale_all_dim, "MLA YaRN mscale_all_dim (cos/sin factor's denominator, softmax scale)",
+        kModel},
+       {"yarn-beta-fast", &C::yarn_beta_fast, "MLA YaRN beta_fast: rotations where the ramp starts", kModel,
+        positive()},
+       {"yarn-beta-slow", &C::yarn_beta_slow, "MLA YaRN beta_slow: rotations where the ramp ends", kModel, positive()},
+       {"yarn-original-max-position-embeddings", &C::yarn_original_max_position_embeddings,
+        "MLA YaRN original context length (the one the model was pretrained at)", kModel, positive()}});
+  section(FlagGroup::MoE,
+          {{"num-experts", &C::num_experts, "Routed experts per MoE layer (0: dense)", kModel, at_least(0)},
+           {"moe-ffn-hidden-size", &C::moe_ffn_hidden_size, "Expert FFN size (default --ffn-hidden-size)",
+            kModel | kDerived, at_least(0)},
+           {"moe-router-topk", &C::moe_router_topk, "Experts per token", kModel, positive()},
+           {"moe-router-score-function", &C::moe_router_score_function, "softmax or sigmoid", kModel,
+            one_of({"softmax", "sigmoid"})},
+           {"moe-router-pre-softmax", &C::moe_router_pre_softmax, "Softmax over all experts before top-k", kModel},
+           {"moe-router-topk-scaling-factor", &C::moe_router_topk_scaling_factor, "Scale routing probs", kModel,
+            at_least(0)},
+           {"moe-router-num-groups", &C::moe_router_num_groups, "Expert groups for group-limited routing", kModel,
+            at_least(0)},
+           {"moe-router-group-topk", &C::moe_router_group_topk, "Groups each token may use", kModel, at_least(0)},
+           {"moe-router-enable-expert-bias", &C::moe_router_enable_expert_bias, "Aux-loss-free balancing", kModel},
+           {"moe-router-bias-update-rate", &C::moe_router_bias_update_rate, "Expert-bias step per batch", kNoRole,
+            at_least(0)},
+           {"moe-router-load-balancing-type", &C::moe_router_load_balancing_type,
+            "aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, none (a list)", kNoRole,
+            one_of({"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"})},
+           {"moe-aux-loss-coeff", &C::moe_aux_loss_coeff, "One coefficient per load-balancing type"},
+           {"moe-z-loss-coeff", &C::moe_z_loss_coeff, "Router z-loss coefficient", kNoRole, at_least(0)},
+           {"moe-input-jitter-eps", &C::moe_input_jitter_eps, "Multiplicative router input jitter", kNoRole,
+            between(0, 1, true)},
+           {"moe-router-force-load-balancing", &C::moe_router_force_load_balancing, "Route on noise (bench)"},
+           {"moe-router-dtype", &C::moe_router_dtype, "fp32 or fp64", kNoRole, one_of({"fp32", "fp64"})},
+           {"moe-expert-capacity-factor", &C::moe_expert_capacity_factor, "Capacity factor (<0: dropless)"},
+           {"moe-token-drop-policy", &C::moe_token_drop_policy, "probs or position", kNoRole,
+            one_of({"probs", "position"})},
+           {"moe-pad-expert-input-to-capacity", &C::moe_pad_expert_input_to_capacity, "Pad to capacity"},
+           {"moe-shared-expert-intermediate-size", &C::moe_shared_expert_intermediate_size, "Shared expert size",
+            kModel, at_least(0)},
+           {"moe-shared-expert-gate", &C::moe_shared_expert_gate, "Sigmoid gate on the shared expert", kModel},
+           {"moe-shared-expert-overlap", &C::moe_shared_expert_overlap,
+            "GPU: shared experts on a second stream beside the routed experts (the same math)"},
+           {"moe-layer-freq", &C::moe_layer_freq, "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
+           {"moe-grouped-gemm", &C::moe_grouped_gemm, "Grouped GEMM experts (always on in moecore)"},
+           {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type,
+            "alltoall or allgather (one rank: local dispatch either way)", kNoRole, one_of({"alltoall", "allgather"})},
+           {"moe-per-layer-logging", &C::moe_per_layer_logging, "Log each MoE layer's losses and load"}});
+  section(
+      FlagGroup::Training,
+      {{"micro-batch-size", &C::micro_batch_size, "Sequences per micro-batch", kNoRole, positive()},
+       {"global-batch-size", &C::global_batch_size, "Sequences per step (default micro x DP)", kDerived, positive()},
+       {"train-iters", &C::train_iters, "Optimizer steps (with --train-samples: train-samples / global batch)",
+        kDerived, at_least(0)},
+       {"lr", &C::lr, "Peak learning rate", kSchedule, at_least(0)},
+       {"min-lr", &C::min_lr, "Final learning rate", kSchedule, at_least(0)},
+       {"lr-decay-style", &C::lr_decay_style, "constant, linear, cosine, inverse-square-root or WSD", kSchedule,
+        one_of({"constant", "linear", "cosine", "inverse-square-root", "WSD"})},
+       {"lr-wsd-decay-style", &C::lr_wsd_decay_style, "WSD anneal: linear, cosine, exponential, minus_sqrt", kSchedule,
+        one_of({"linear", "cosine", "exponential", "minus_sqrt"})},
+       {"lr-warmup-iters", &C::lr_warmup_iters, "Linear warmup steps", kSchedule, at_least(0)},
+       {"lr-decay-iters", &C::lr_decay_iters, "Decay steps (default --train-iters)", kSchedule | kDerived, at_least(0)},
+       {"lr-wsd-decay-iters", &C::lr_wsd_decay_iters, "WSD anneal steps", kSchedule, at_least(0)},
+       {"weight-decay", &C::weight_decay, "AdamW weight decay (not on norms and biases)", kNoRole, at_least(0)},
+       {"clip-grad", &C::clip_grad, "Global gradient-norm clip (0: off)", kNoRole, at_least(0)},
+       {"adam-beta1", &C::adam_beta1, "Adam beta1", kNoRole, between(0, 1, true)},
+       {"adam-beta2", &C::adam_beta2, "Adam beta2", kNoRole, between(0, 1, true)},
+       {"adam-eps", &C::adam_eps, "Adam epsilon", kNoRole, at_least(0)},
+       {"optimizer", &C::optimizer, "adam (AdamW), sgd, muon (Muon + AdamW), dist_muon (muon, layer-wise sharded)",
+        kNoRole, one_of({"adam", "sgd", "muon", "dist_muon"})},
+       {"decoupled-lr", &C::decoupled_lr, "Peak LR of the input embedding and output layer (-1: --lr)", kNoRole,
+        at_least(-1)},
+       {"decoupled-min-lr", &C::decoupled_min_lr, "Final LR of the embedding and output layer (-1: --min-lr)", kNoRole,
+        at_least(-1)},
+       {"sgd-momentum", &C::sgd_momentum, "SGD momentum", kNoRole, at_least(0)},
+       {"muon-momentum", &C::muon_momentum, "Muon momentum (EMA)"},
+       {"muon-nesterov", &C::muon_nesterov, "Nesterov momentum in Muon"},
+       {"muon-no-split-qkv", &C::muon_no_split_qkv, "Orthogonalise q, k, v of a layer as one matrix"},
+       {"muon-scale-mode", &C::muon_scale_mode, "Muon update scale", kNoRole,
+        one_of({"spectral", "unit_rms_norm", "shape_scaling"})},
+       {"muon-extra-scale-factor", &C::muon_extra_scale_factor, "Extra factor on the Muon update"},
+       {"muon-fp32-matmul-prec", &C::muon_fp32_matmul_prec, "Newton-Schulz products: medium = bf16, high/low = fp32",
+        kNoRole, one_of({"low", "medium", "high"})},
+       {"muon-coefficient-type", &C::muon_coefficient_type, "Newton-Schulz coefficients", kNoRole,
+        one_of({"simple", "quintic", "polar_express", "aol"})},
+       {"muon-num-ns-steps", &C::muon_num_ns_steps, "Newton-Schulz iterations", kNoRole, positive()},
+       {"muon-tp-mode", &C::muon_tp_mode, "TP shards: whole matrix (duplicated, distributed) or per shard (blockwise)",
+        kNoRole, one_of({"blockwise", "duplicated", "distributed"})},
+       {"muon-scalar-optimizer", &C::muon_scalar_optimizer, "Optimizer beside Muon: adam (Megatron's lion is refused)",
+        kNoRole, one_of({"adam"})},
+       {"train-samples", &C::train_samples, "Train on this many samples instead of --train-iters (0: unset)", kNoRole,
+        at_least(0)},
+       {"lr-decay-samples", &C::lr_decay_samples, "Decay samples with --train-samples (default --train-samples)",
+        kDerived, at_least(0)},
+       {"lr-warmup-samples", &C::lr_warmup_samples, "Linear warmup samples with --train-samples", kNoRole, at_least(0)},
+       {"lr-wsd-decay-samples", &C::lr_wsd_decay_samples, "WSD anneal samples with --train-samples", kNoRole,
+        at_least(0)},
+       {"lr-warmup-fraction", &C::lr_warmup_fraction, "Warmup as a fraction of the decay steps (-1: unset)", kNoRole},
+       {"lr-warmup-init", &C::lr_warmup_init, "Learning rate the warmup starts from", kNoRole, at_least(0)},
+       {"start-weight-decay", &C::start_weight_decay,
+        "Weight decay at the start with --weight-decay-incr-style linear/cosine (-1: unset)", kNoRole},
+       {"end-weight-decay", &C::end_weight_decay,
+        "Weight decay at the end with --weight-decay-incr-style linear/cosine (-1: unset)", kNoRole},
+       {"weight-decay-incr-style", &C::weight_decay_incr_style,
+        "constant (--weight-decay), or linear/cosine from --start- to --end-weight-decay over training", kNoRole,
+        one_of({"constant", "linear", "cosine"})},
+       {"use-checkpoint-opt_param-scheduler", &C::use_checkpoint_opt_param_scheduler,
+        "On resume take the schedule (lr, min-lr, warmup, decay, weight decay) from the checkpoint, not the flags"},
+       {"override-opt_param-scheduler", &C::override_opt_param_scheduler,
+        "On resume take the schedule from the flags, ignoring the checkpoint's"},
+       {"calculate-per-token-loss", &C::calculate_per_token_loss,
+        "Normalize loss and gradients by the loss tokens of the whole global batch (not per micro-batch)"},
+       {"eod-mask-loss", &C::eod_mask_loss, "No loss on end-of-document tokens"},
+       {"seed", &C::seed, "Random seed"},
+       {"bf16", &C::bf16, "bf16 GEMMs with fp32 master weights and accumulation"},
+       {"testing-memory-limit", &C::testing_memory_limit,
+        "Testing: bytes this rank may use, instead of the cgroup or MemAvailable limit (0: detect)", kNoRole,
+        at_least(0)},
+       {"device", &C::device,
+        "auto, cpu or cuda. Training runs on the CPU for now (auto picks it); cuda is refused with the reason "
+        "(docs/cuda.md)",
+        kNoRole, one_of({"auto", "cpu", "cuda"})},
+       // activation recompute: bitwise the same losses and gradients, less activation memory, more compute
+       {"recompute-granularity", &C::recompute_granularity,
+        "full (whole layers keep only their input) or selective (the --recompute-modules); none by default", kNoRole,
+        one_of({"", "full", "selective"})},
+       {"recompute-method", &C::recompute_method,
+        "With full: uniform (chunks of --recompute-num-layers layers) or block (the first --recompute-num-layers "
+        "layers)",
+        kNoRole, one_of({"", "uniform", "block"})},
+       {"recompute-num-layers", &C::recompute_num_layers,
+        "With full: layers per recompute chunk (uniform) or layers recomputed (block)", kNoRole, at_least(0)},
+       {"recompute-modules", &C::recompute_modules,
+        "With selective (default core_attn): core_attn, moe_act, layernorm, mlp (dense layers), moe, shared_experts",
+        kNoRole,
+        one_of({"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out",
+                "gdp_in_proj", "gdp_qkv", "mhc"})},
+       {"recompute-activations", &C::recompute_activations, "Same as --recompute-granularity selective"},
+       {"moe-layer-recompute", &C::moe_layer_recompute,
+        "Deprecated in Megatron: --recompute-granularity selective with moe added to --recompute-modules"}});
+  section(
+      FlagGroup::Parallel,
+      {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP", kNoRole, positive()},
+       {"pipeline-model-parallel-size", &C::pipeline_model_parallel_size, "PP", kNoRole, positive()},
+       {"context-parallel-size", &C::context_parallel_size, "CP: each sequence in 2CP chunks, rank r holds r, 2CP-1-r",
+        kNoRole, positive()},
+       {"cp-comm-type", &C::cp_comm_type, "Attention over CP: p2p, a2a, allgather, a2a+p2p (one, or one per layer)",
+        kNoRole, one_of({"p2p", "a2a", "allgather", "a2a+p2p"})},
+       {"hierarchical-context-parallel-sizes", &C::hierarchical_context_parallel_sizes,
+        "a2a+p2p: the a2a and p2p group sizes (product = CP)"},
+       {"expert-model-parallel-size", &C::expert_model_parallel_size, "EP", kNoRole, positive()},
+       {"expert-tensor-parallel-size", &C::expert_tensor_parallel_size, "ETP (default TP)", kDerived, positive()},
+       {"sequence-parallel", &C::sequence_parallel, "Sequence parallelism (with TP)"},
+       {"use-distributed-optimizer", &C::use_distributed_optimizer,
+        "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
+       {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
+        "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+       {"use-precision-aware-optimizer", &C::use_precision_aware_optimizer,
+        "Adam moments in --exp-avg-dtype/--exp-avg-sq-dtype (TransformerEngine's FusedAdam: stored low, computed in "
+        "fp32)"},
+       {"exp-avg-dtype", &C::exp_avg_dtype, "Adam first moment storage: fp32 or bf16 (fp16, fp8: refused)", kNoRole,
+        one_of({"fp32", "fp16", "bf16", "fp8"})},
+       {"exp-avg-sq-dtype", &C::exp_avg_sq_dtype, "Adam second moment storage: fp32 or bf16 (fp16, fp8: refused)",
+        kNoRole, one_of({"fp32", "fp16", "bf16", "fp8"})},
+       // Pipeline stage layouts (train/pipeline_layout.h); -1 and "" are Megatron's None.
+       {"num-layers-per-virtual-pipeline-stage", &C::num_layers_per_virtual_pipeline_stage,
+        "Number of layers per virtual pipeline stage (-1: none)", kNoRole, at_least(-1)},
+       {"num-virtual-stages-per-pipeline-rank", &C::num_virtual_stages_per_pipeline_rank,
+        "Number of virtual pipeline stages per pipeline parallelism rank (-1: none)", kNoRole, at_least(-1)},
+       {"decoder-first-pipeline-num-layers", &C::decoder_first_pipeline_num_layers,
+        "The number of transformer layers on the first pipeline stage of the decoder (-1: even split of "
+        "transformer layers across all pipeline stages)",
+        kNoRole, at_least(-1)},
+       {"decoder-last-pipeline-num-layers", &C::decoder_last_pipeline_num_layers,
+        "The number of transformer layers on the last pipeline stage of the decoder (-1: even split of "
+        "transformer layers across all pipeline stages)",
+        kNoRole, at_least(-1)},
+       {"account-for-embedding-in-pipeline-split", &C::account_for_embedding_in_pipeline_split,
+        "Count the embedding as a transformer layer when splitting the layers over pipeline stages"},
+       {"account-for-loss-in-pipeline-split", &C::account_for_loss_in_pipeline_split,
+        "Count the loss (output layer) as a transformer layer when splitting the layers over pipeline stages"},
+       {"pipeline-model-parallel-layout", &C::pipeline_model_parallel_layout,
+        "Custom stage layout, e.g. \"Et|(tt|)*2,tL\" (6 layers, 4 stages): E embedding, t decoder layer, m MTP "
+        "layer, L loss; '|' separates stages (PP x virtual stages, in model-chunk order), x*n and (...)*n "
+        "repeat, commas are cosmetic"},
+       {"microbatch-group-size-per-virtual-pipeline-stage", &C::microbatch_group_size_per_vp_stage,
+        "Interleaved 1F1B: contiguous micro-batches per virtual stage (0: the pipeline size)", kNoRole, at_least(0)}});
+  section(FlagGroup::Data,
+          {{"data-path", &C::data_path, "Dataset prefix, or weight/prefix pairs"},
+           {"split", &C::split, "train,valid,test proportions"},
+           {"mock-data", &C::mock_data, "Synthetic tokens instead of --data-path"},
+           {"tokenizer-type", &C::tokenizer_type,
+            "HuggingFaceTokenizer, GPT2BPETokenizer (the default with --vocab-file) or NullTokenizer", kNoRole,
+            one_of({"", "HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer"})},
+           {"tokenizer-model", &C::tokenizer_model, "HuggingFaceTokenizer: tokenizer.json or its directory"},
+           {"vocab-file", &C::vocab_file, "GPT2BPETokenizer: GPT-2's vocab.json"},
+           {"merge-file", &C::merge_file, "GPT2BPETokenizer: GPT-2's merges.txt (its first line, the header, skipped)"},
+           {"vocab-size", &C::vocab_size, "Vocabulary with NullTokenizer or --mock-data", kNoRole, at_least(0)}});
+  section(FlagGroup::Logging,
+          {{"eval-interval", &C::eval_interval, "Steps between validations", kNoRole, positive()},
+           {"eval-iters", &C::eval_iters, "Global batches per validation", kNoRole, at_least(0)},
+           {"log-interval", &C::log_interval, "Steps between log lines", kNoRole, positive()},
+           {"skip-train", &C::skip_train, "Only evaluate"},
+           {"metrics-file", &C::metrics_file, "JSON lines of logged metrics"},
+           {"check-weight-hash-across-dp-replicas-interval", &C::check_weight_hash_across_dp_replicas_interval,
+            "Every N steps check that the data-parallel replicas' weights are bitwise identical (0: off)", kNoRole,
+            at_least(0)},
+           {"log-throughput", &C::log_throughput, "Log line: throughput per GPU (TFLOP/s/GPU), Megatron's FLOP count"},
+           {"log-params-norm", &C::log_params_norm, "Log line: L2 norm of all parameters (each counted once)"},
+           {"log-num-zeros-in-grad", &C::log_num_zeros_in_grad, "Log line: zero entries of the step's gradients"},
+           {"logging-level", &C::logging_level,
+            "Python logging level: moecore's warnings show at <= 30 (WARNING); the log line always shows"},
+           {"tensorboard-dir", &C::tensorboard_dir,
+            "TensorBoard event files (Megatron's tags), written by the last rank: tensorboard --logdir DIR"},
+           {"tensorboard-log-interval", &C::tensorboard_log_interval, "Steps between TensorBoard scalars", kNoRole,
+            positive()},
+           {"tensorboard-queue-size", &C::tensorboard_queue_size,
+            "TensorBoard records held before a write to disk (also every 120 s and at exit; 0 or less: no limit)"},
+           {"log-timers-to-tensorboard", &C::log_timers_to_tensorboard,
+            "TensorBoard: iteration-time and <timer>-time of the timers --timing-log-level logs (max over ranks)"},
+           {"timing-log-level", &C::timing_log_level,
+            "Timers kept and logged after the log line: 0 (setup, checkpoints), 1 (+ step phases), 2 (+ operations)",
+            kNoRole, between(0, 2)},
+           {"timing-log-option", &C::timing_log_option, "Timers over ranks: minmax, max, or all (every rank's)",
+            kNoRole, one_of({"minmax", "max", "all"})},
+           {"no-barrier-with-level-1-timing", &C::no_barrier_with_level_1_timing,
+            "No world barrier before the level-1 timers forward-backward and optimizer start"},
+           {"no-log-loss-scale-to-tensorboard", &C::no_log_loss_scale_to_tensorboard,
+            "TensorBoard: no loss-scale (1.0: bf16 and fp32 train unscaled)"},
+           {"disable-log-loss-scale-to-tensorboard", &C::no_log_loss_scale_to_tensorboard,
+            "Megatron's other spelling of --no-log-loss-scale-to-tensorboard"},
+           {"log-validation-ppl-to-tensorboard", &C::log_validation_ppl_to_tensorboard,
+            "TensorBoard: validation perplexity"},
+           {"log-memory-to-tensorboard", &C::log_memory_to_tensorboard,
+            "TensorBoard: mem-* of the host allocator (bytes live, peak, obtained; live blocks)"},
+           {"log-world-size-to-tensorboard", &C::log_world_size_to_tensorboard, "TensorBoard: world-size"},
+           {"generate-prompts", &C::generate_prompts, "Prompts to sample from after training"},
+           {"generate-tokens", &C::generate_tokens, "Tokens to sample per prompt", kNoRole, at_least(0)},
+           {"generate-top-k", &C::generate_top_k, "Top-k for sampling", kNoRole, at_least(0)},
+           {"generate-temperature", &C::generate_temperature, "Sampling temperature", kNoRole, positive()}});
+  section(FlagGroup::Logging,  // health alarms (train/routing_health.h)
+          {{"moe-dead-expert-steps", &C::moe_dead_expert_steps,
+            "Alarm when an expert of a MoE layer gets no tokens (over all ranks) for N steps in a row (0: off)",
+            kNoRole, at_least(0)},
+           {"moe-load-imbalance-threshold", &C::moe_load_imbalance_threshold,
+            "Alarm when a MoE layer's max/mean tokens per expert stays above this for --moe-load-imbalance-steps "
+            "(0: off)",
+            kNoRole, at_least(0)},
+           {"moe-load-imbalance-steps", &C::moe_load_imbalance_steps,
+            "Steps in a row for --moe-load-imbalance-threshold", kNoRole, positive()},
+           {"moe-router-entropy-collapse-fraction", &C::moe_router_entropy_collapse_fraction,
+            "Alarm when a MoE layer's mean per-token router entropy stays below this fraction of ln(experts) for "
+            "--moe-router-entropy-collapse-steps (0: off)",
+            kNoRole, between(0, 1)},
+           {"moe-router-entropy-collapse-steps", &C::moe_router_entropy_collapse_steps,
+            "Steps in a row for --moe-router-entropy-collapse-fraction", kNoRole, positive()},
+           {"moe-aux-loss-spike-factor", &C::moe_aux_loss_spike_factor,
+            "Alarm when a MoE layer's aux loss reaches this factor x its max over the first "
+            "--moe-aux-loss-spike-samples steps (0: off)",
+            kNoRole, at_least(0)},
+           {"moe-aux-loss-spike-samples", &C::moe_aux_loss_spike_samples,
+            "Steps whose aux losses set the max for --moe-aux-loss-spike-factor", kNoRole, positive()},
+           {"loss-spike-factor", &C::loss_spike_factor,
+            "Alarm when the lm loss reaches this factor x its max over the first --loss-spike-samples steps "
+            "(Megatron's spiky-loss rule, 10; 0: off)",
+            kNoRole, at_least(0)},
+           {"loss-spike-samples", &C::loss_spike_samples,
+            "Steps (after the first) whose losses set the max for --loss-spike-factor (Megatron: 100)", kNoRole,
+            positive()},
+           {"check-for-spiky-loss", &C::check_for_spiky_loss,
+            "Megatron's spiky-loss check (warns on a loss >= 10x the max of the first 100): on by default in "
+            "moecore as --loss-spike-factor; refused with --loss-spike-factor 0"},
+           {"no-check-for-nan-in-loss-and-grad", &C::no_check_for_nan_in_loss_and_grad,
+            "Apply a step whose loss or gradient norm is NaN/inf and go on, as Megatron (warns; saving non-finite "
+            "weights is still refused); default: stop naming the first non-finite tensor"},
+           {"health-alarm-stop", &C::health_alarm_stop,
+            "Health alarms that stop the run (before saving that step) instead of warning (a list)", kNoRole,
+            one_of({"dead-expert", "load-imbalance", "router-entropy-collapse", "aux-loss-spike", "loss-spike"})}});
+  section(
+      FlagGroup::Checkpoint,
+      {{"save", &C::save,
+        "Checkpoint root: iter_NNNNNNN directories and latest_checkpointed_iteration.txt (also saved at the end and "
+        "on SIGTERM/SIGINT)"},
+       {"save-interval", &C::save_interval, "Steps between checkpoints (0: at the end only)", kNoRole, at_least(0)},
+       {"load", &C::load,
+        "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
+       {"ckpt-step", &C::ckpt_step,
+        "Load iteration N of --load (its iter_NNNNNNN directory) instead of the one its marker names (-1: the "
+        "marker's)",
+        kNoRole, at_least(-1)},
+       {"finetune", &C::finetune,
+        "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
+       {"no-load-optim", &C::no_load_optim, "Do not load the optimizer state (Adam moments)"},
+       {"no-load-rng", &C::no_load_rng, "Do not load the RNG state (router noise counters)"},
+       {"use-checkpoint-args", &C::use_checkpoint_args,
+        "Take the model flags (layers, sizes, experts, routing) from the checkpoint in --load"},
+       {"exit-interval", &C::exit_interval, "Save (with --save) and exit at iterations divisible by this", kNoRole,
+        at_least(0)},
+       {"exit-signal-handler", &C::exit_signal_handler,
+        "Stop at the next step boundary on --exit-signal, saving with --save (moecore also does so on SIGTERM, "
+        "SIGINT, SIGUSR1 and SIGUSR2 whenever --save is given)"},
+       {"exit-signal", &C::exit_signal,
+        "The signal --exit-signal-handler waits for (a name, as Megatron's signal.Signals: SIGTERM, SIGINT, SIGUSR1, "
+        "SIGUSR2, SIGHUP, SIGQUIT, SIGALRM, ...)"},
+       {"load-hf", &C::load_hf,
+        "HuggingFace model directory (Qwen3MoeForCausalLM, MixtralForCausalLM) to start from, unless --load holds a "
+        "checkpoint"},
+       {"moe-use-upcycling", &C::moe_use_upcycling,
+        "Turn the dense checkpoint in --load into this MoE model, save it to --save and train on (resumes from "
+        "--save once it holds a checkpoint)"},
+       {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
+        "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size", kNoRole, at_least(1)},
+       {"ckpt-format", &C::ckpt_format,
+        "Checkpoint format: moecore's own (Megatron's torch_dist, torch, zarr, torch_dcp, fsdp_dtensor are refused: "
+        "bring such a checkpoint over through HuggingFace and moecore convert hf-to-native)",
+        kNoRole, one_of({"moecore"})},
+       {"fault-kill-during-save", &C::fault_kill_during_save,
+        "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"},
+       // run control: collective timeout, timed exit, retained and asynchronous saves
+       {"distributed-timeout-minutes", &C::distributed_timeout_minutes,
+        "A collective waiting longer ends the job, naming the collective and the ranks that did not arrive", kNoRole,
+        positive()},
+       {"testing-collective-timeout-seconds", &C::testing_collective_timeout_seconds,
+        "Testing: the collective timeout in seconds, instead of --distributed-timeout-minutes (0: that flag)", kNoRole,
+        at_least(0)},
+       {"testing-stall", &C::testing_stall,
+        "Testing the collective timeout: RANK:ITERATION:SECONDS makes that rank sleep before that step"},
+       {"exit-duration-in-mins", &C::exit_duration_in_mins,
+        "Save (with --save) and exit once this many minutes have passed since the process started (0: off)", kNoRole,
+        at_least(0)},
+       {"save-retain-interval", &C::save_retain_interval,
+        "After each save, delete this run's older checkpoints except those at iterations divisible by this (0: "
+        "keep all)",
+        kNoRole, at_least(0)},
+       {"keep-last-checkpoints", &C::keep_last_checkpoints,
+        "moecore: after each save, keep only the newest K checkpoints this run wrote (0: keep all)", kNoRole,
+        at_least(0)},
+       {"async-save", &C::async_save,
+        "Write checkpoints in a background thread while training goes on; the marker moves once every rank's "
+        "files are complete"}});
+  return t;
+}
+
+}  // namespace
+
+const std::vector<FlagSpec>& flag_table() {
+  static const std::vector<FlagSpec> table = build_flag_table();
+  return table;
+}
+
+std::string dashed(std::string name) {
+  for (char& ch : name)
+    if (ch == '_') ch = '-';
+  return name;
+}
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const auto& f : flag_table())
+    if (f.name == name) return &f;
+  for (const auto& f : flag_table())  // Megatron spells a few both ways: --override-opt_param-scheduler
+    if (f.name.find('_') != std::string::npos && dashed(f.name) == name) return &f;
+  return nullptr;
+}
+
+const FlagSpec& flag_of(const FlagSpec::Field& field) {
+  for (const auto& f : flag_table())
+    if (f.field == field) return f;
+  MOE_ASSERT_MSG(false, "a TrainConfig field without a flag");
+}
+
+std::string group_name(FlagGroup g) {
+  static const char* const names[] = {"Model",
+                                      "Mixture of experts",
+                                      "Parallelism",
+                                      "Optimizer and schedule",
+                                      "Data",
+                                      "Checkpoints",
+                                      "Evaluation, logging and generation"};
+  return names[static_cast<int>(g)];
+}
+
+std::vector<std::string> flag_names(unsigned roles, std::optional<FlagGroup> group) {
+  std::vector<std::string> names;
+  for (const auto& f : flag_table())
+    if ((f.roles & roles) == roles && (!group || f.group == *group)) names.push_back(f.name);
+  return names;
+}
+
+}  // namespace moecore::train

@@ -1,0 +1,126 @@
+// The rules for Megatron-LM's flags that moecore's flag table does not hold (see megatron_flags.h), each
+// classified by reading what Megatron does with it. A flag named here must not be in the table and must be in
+// tests/train/megatron_flags.txt (tests/train/test_megatron_flags.cpp checks both, and that every flag has a rule).
+#include "moecore/train/config/megatron_flag_rule_builders.h"
+
+namespace moecore::train {
+namespace {
+
+using namespace rule_builders;  // NOLINT(build/namespaces): the rule tables read as prose
+
+std::vector<FlagRule> build_rules() {
+  std::vector<FlagRule> r;
+  r.push_back(
+      refused(unsupported("batch-size rampup", "train with a constant --global-batch-size"), {"rampup-batch-size"}));
+
+  // --- Features another issue will implement: refused with the feature named --------------------------------------
+  // Pipeline transport details: moecore's sends and receives are always non-blocking and posted one pass ahead
+  // over MPI, so these change timing in Megatron, never the math.
+  r.push_back(no_effect(
+      "a pipeline transport detail (moecore overlaps its non-blocking MPI sends and receives)",
+      {"no-overlap-p2p-communication", "overlap-p2p-communication-warmup-flush",
+       "no-scatter-gather-tensors-in-pipeline", "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"}));
+  r.push_back(refused(unsupported("hybrid context parallelism (dynamic CP per sequence)",
+                                  "use a fixed --context-parallel-size with --cp-comm-type"),
+                      {"hybrid-context-parallel", "max-seqlen-per-dp-cp-rank"}));
+  r.push_back(
+      refused("--checkpoint-activations is no longer valid in Megatron; use --recompute-activations, or "
+              "--recompute-granularity and --recompute-method",
+              {"checkpoint-activations"}));
+  r.push_back(refused(unsupported("--distribute-saved-activations (full recompute's saved layer inputs split over the "
+                                  "tensor-parallel group; it changes memory, not the math)",
+                                  "drop it: full recompute keeps each chunk's whole input"),
+                      {"distribute-saved-activations"}));
+  r.push_back(
+      refused("fine-grained activation offloading moves device (GPU) activations to host memory while they "
+              "wait for backward; it needs the CUDA backend, and moecore's CPU backend keeps activations in "
+              "host memory already; use --recompute-granularity selective --recompute-modules to save "
+              "activation memory",
+              {"fine-grained-activation-offloading", "offload-modules", "fine-grained-offloading-max-inflight-offloads",
+               "min-offloaded-tensor-size", "delay-offload-until-cuda-graph"}));
+  r.push_back(refused(unsupported("CPU offloading of activations or weights"),
+                      {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
+  r.push_back(
+      refused("MLA latent caching serves Megatron's dynamic inference engine; moecore trains and has no such engine",
+              {"cache-mla-latents"}));
+  r.push_back(refused(unsupported("the fused MLA down projection (one linear_qkv_down_proj weight)",
+                                  "leave it off: the unfused MLA computes the same"),
+                      {"mla-down-proj-fusion"}));
+  r.push_back(refused(
+      unsupported("this multi-token prediction variant", "use --mtp-num-layers alone (separate, trained depths)"),
+      {"mtp-detach-heads", "mtp-hsm", "mtp-hybrid-override-pattern", "mtp-standalone", "mtp-use-repeated-layer"}));
+  r.push_back(refused(
+      unsupported("fp8/fp4 training", "use --bf16"),
+      {"disable-fp8-wgrad", "no-fp8-wgrad", "keep-fp8-transpose-cache", "reuse-grad-buf-for-mxfp8-param-ag",
+       "moe-router-padding-for-fp8", "moe-router-padding-for-quantization", "first-last-layers-bf16",
+       "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "te-precision-config-file", "use-kitchen-attention"},
+      {"fp8-", "fp4-", "kitchen-"}));
+  r.push_back(refused(unsupported("fp16 training with loss scaling", "use --bf16 (fp32 master weights, no loss scale)"),
+                      {"fp16", "fp16-lm-cross-entropy", "loss-scale", "initial-loss-scale", "min-loss-scale",
+                       "loss-scale-window", "hysteresis"}));
+  r.push_back(refused(unsupported("fully sharded data parallelism (Megatron FSDP, torch FSDP2)",
+                                  "use --use-distributed-optimizer (sharded optimizer state)"),
+                      {"use-megatron-fsdp", "use-torch-fsdp2"}));
+  r.push_back(no_effect(
+      "acts only with --use-megatron-fsdp or --use-torch-fsdp2 (refused in moecore)",
+      {"data-parallel-sharding-strategy", "outer-dp-sharding-strategy", "enable-full-sharding-in-hsdp",
+       "disable-strict-fsdp-dtensor-load", "no-strict-fsdp-dtensor-load", "torch-fsdp2-no-reshard-after-forward",
+       "suggested-communication-unit-size", "no-pin-cpu-grads", "no-pin-cpu-params"},
+      {"megatron-fsdp-", "fsdp-"}));
+
+  // --- Checkpoints ---------------------------------------------------------------------------------------------------
+  const std::string convert =
+      "moecore reads and writes only its own checkpoint format (--ckpt-format moecore, the default). To bring a "
+      "Megatron checkpoint over, export it to HuggingFace from Megatron, then run `moecore convert hf-to-native "
+      "--input HF_DIR --output DIR` and train with --load DIR";
+  r.push_back(refused(convert, {"use-dist-ckpt", "dist-ckpt-format", "ckpt-convert-format", "ckpt-convert-save",
+                                "ckpt-convert-update-legacy-dist-opt-format"}));
+  r.push_back(
+      no_effect("how ranks share the work of saving and loading a checkpoint (moecore writes the same "
+                "files either way)",
+                {"ckpt-fully-parallel-save", "no-ckpt-fully-parallel-save", "ckpt-fully-parallel-load",
+                 "ckpt-fully-parallel-save-process-group", "ckpt-fully-parallel-load-process-group",
+                 "ckpt-fully-parallel-load-exchange-algo", "ckpt-fully-parallel-load-per-rank-objects",
+                 "ckpt-assume-constant-structure", "ckpt-pg-tensors-cache-create", "ckpt-pg-tensors-cache-path",
+                 "dist-ckpt-workers", "async-ckpt-cpu-priority", "async-ckpt-io-priority", "async-ckpt-use-cpu-shm",
+                 "async-strategy", "use-persistent-ckpt-worker"}));
+  r.push_back(
+      no_effect("options of Megatron's distributed-checkpoint format (moecore checkpoints load under any "
+                "layout and every load is checked strictly: a missing or unexpected tensor is an error)",
+                {"dist-ckpt-strictness", "dist-ckpt-optim-fully-reshardable", "dist-ckpt-save-pre-mcore-014",
+                 "distrib-optim-fully-reshardable-mem-efficient", "ckpt-drop-redundant-extra-state",
+                 "disable-ckpt-load-validate-sharding-integrity", "no-ckpt-load-validate-sharding-integrity",
+                 "auto-detect-ckpt-format", "no-use-layer-wise-param-layout"}));
+  r.push_back(refused(unsupported("saving checkpoints without the optimizer or RNG state",
+                                  "moecore checkpoints always hold them; --no-load-optim and --no-load-rng skip them "
+                                  "on load"),
+                      {"no-save-optim", "no-save-rng"}));
+  r.push_back(refused(unsupported("leaving the tokenizer out of checkpoints", "moecore checkpoints always hold it"),
+                      {"disable-save-tokenizer-assets", "no-save-tokenizer-assets"}));
+  r.push_back(refused(
+      unsupported("non-persistent (local or in-memory) checkpointing", "use --save and --save-interval"),
+      {"persistent-save-interval", "replication", "replication-factor", "replication-jump"}, {"non-persistent-"}));
+  r.push_back(refused(
+      unsupported("this checkpoint option", "use --load with --finetune, --no-load-optim, --no-load-rng"),
+      {"pretrained-checkpoint", "load-main-params-from-ckpt", "override-ckpt-iteration",
+       "use-mp-args-from-checkpoint-args", "exit-on-missing-checkpoint", "verify-integrity", "no-initialization"}));
+  r.push_back(
+      no_effect("moecore's --use-checkpoint-args never takes --tokenizer-model from the checkpoint",
+                {"disable-use-tokenizer-model-from-checkpoint-args", "no-use-tokenizer-model-from-checkpoint-args"}));
+  return r;
+}
+
+}  // namespace
+
+std::vector<FlagRule> megatron_flag_rules_more();  // megatron_flag_rules_more.cpp
+
+const std::vector<FlagRule>& megatron_flag_rules() {
+  static const std::vector<FlagRule> rules = [] {
+    std::vector<FlagRule> r = build_rules();
+    for (auto& x : megatron_flag_rules_more()) r.push_back(std::move(x));
+    return r;
+  }();
+  return rules;
+}
+
+}  // namespace moecore::train

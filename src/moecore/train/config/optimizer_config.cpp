@@ -1,0 +1,42 @@
+// Optimizer settings from the flags (see optimizer_config.h).
+#include "moecore/train/config/optimizer_config.h"
+
+namespace moecore::train {
+
+optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
+  optim::OptimizerConfig oc;
+  oc.adam = {c.lr, c.adam_beta1, c.adam_beta2, c.adam_eps, c.weight_decay};
+  oc.clip_grad = c.clip_grad;
+  // Megatron: dist_muon is muon with the layer-wise distributed optimizer, which --use-distributed-optimizer
+  // also selects for muon; the AdamW beside it is then the ordinary distributed optimizer.
+  oc.distributed = c.use_distributed_optimizer || c.optimizer == "dist_muon";
+  oc.instances = c.num_distributed_optimizer_instances;
+  oc.decoupled = c.decoupled_lr >= 0;
+  oc.count_zeros = c.log_num_zeros_in_grad;
+  oc.rule.sgd = c.optimizer == "sgd";
+  oc.rule.sgd_momentum = c.sgd_momentum;
+  oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";
+  oc.rule.bf16_exp_avg_sq = c.use_precision_aware_optimizer && c.exp_avg_sq_dtype == "bf16";
+  oc.muon = c.optimizer == "muon" || c.optimizer == "dist_muon";
+  optim::MuonConfig& m = oc.muon_cfg;
+  m.momentum = c.muon_momentum;
+  m.nesterov = c.muon_nesterov;
+  m.scale_mode = c.muon_scale_mode;
+  m.extra_scale_factor = c.muon_extra_scale_factor;
+  m.num_ns_steps = c.muon_num_ns_steps;
+  m.coefficient_type = c.muon_coefficient_type;
+  // Every precision runs Newton-Schulz in fp32 here: bf16 rounding (torch's "medium" on a GPU) would break
+  // layout invariance (docs/differences.md).
+  m.bf16_matmul = false;
+  m.split_qkv = !c.muon_no_split_qkv;
+  m.blockwise = c.muon_tp_mode == "blockwise";
+  return oc;
+}
+
+optim::LRSchedule decoupled_lr_schedule(const TrainConfig& c, optim::LRSchedule s) {
+  s.max_lr = c.decoupled_lr;
+  if (c.decoupled_min_lr >= 0) s.min_lr = c.decoupled_min_lr;
+  return s;
+}
+
+}  // namespace moecore::train

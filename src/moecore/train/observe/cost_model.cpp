@@ -1,0 +1,157 @@
+// Step FLOPs and analytic communication volumes (see cost_model.h).
+#include "moecore/train/observe/cost_model.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "moecore/moe/moe_layer.h"
+
+namespace moecore::train {
+
+namespace {
+// Multi-Latent Attention's forward FLOPs per token (its projections, the latent norms as one multiply per channel,
+// and the causal core over qk + rope and v channels), as Megatron counts them.
+double mla_forward_flops(const TrainConfig& c) {
+  const double H = static_cast<double>(c.hidden_size), N = static_cast<double>(c.num_attention_heads);
+  const double qk = static_cast<double>(c.qk_head_dim), rope = static_cast<double>(c.qk_pos_emb_head_dim);
+  const double v = static_cast<double>(c.v_head_dim), S = static_cast<double>(c.seq_length);
+  const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
+  const double q = c.q_lora_rank > 0 ? q_lora * (H + N * (qk + rope) + 1) : H * N * (qk + rope);
+  const double kv = kv_lora * (H + N * (qk + v) + 1) + H * rope;
+  return 2.0 * (q + kv + N * v * H + S / 2.0 * N * (qk + rope) + S / 2.0 * N * v);
+}
+}  // namespace
+
+double step_flops(const TrainConfig& c, int64_t padded_vocab) {
+  // Per token, forward: 2·(GEMM weights touched) + attention scores and values over the causal half.
+  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.kv_channels);
+  const double Nq = static_cast<double>(c.num_attention_heads), Nkv = static_cast<double>(c.num_query_groups);
+  const double S = static_cast<double>(c.seq_length);
+  const double gated = c.swiglu ? 3.0 : 2.0;  // weight matrices per FFN
+  const double attn = c.multi_latent_attention ? mla_forward_flops(c)
+                                               : 2.0 * H * D * (2 * Nq + 2 * Nkv) + 2.0 * 2.0 * (S / 2.0) * Nq * D;
+  const double dense_ffn = 2.0 * gated * H * static_cast<double>(c.ffn_hidden_size);
+  double moe_ffn = dense_ffn;
+  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) {
+    is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    const double fe = static_cast<double>(c.moe_ffn_hidden_size);
+    moe_ffn = 2.0 * gated * H * fe * static_cast<double>(c.moe_router_topk) +
+              2.0 * gated * H * static_cast<double>(c.moe_shared_expert_intermediate_size);
+  }
+  // MTP: each depth is one more layer with the last layer's FFN, its enorm, hnorm and final norm, eh_proj [H, 2H],
+  // and its own logits.
+  const double depths = static_cast<double>(c.mtp_num_layers);
+  double per_token = 2.0 * H * static_cast<double>(padded_vocab) * (1 + depths);  // logits
+  for (bool m : is_moe) per_token += attn + (m ? moe_ffn : dense_ffn);
+  if (!is_moe.empty())
+    per_token += depths * (attn + (is_moe.back() ? moe_ffn : dense_ffn) + 2.0 * (3.0 * H + 2.0 * H * H));
+  return 3.0 * per_token * S * static_cast<double>(c.global_batch_size);  // forward + backward (2x)
+}
+
+double num_floating_point_operations(const TrainConfig& c, int64_t padded_vocab) {
+  const double batch = static_cast<double>(c.global_batch_size), s = static_cast<double>(c.seq_length);
+  const double total_tokens = batch * s, seqlen_squared_sum = batch * s * s;
+  const double h = static_cast<double>(c.hidden_size);
+  double num_moe_layers = 0, num_experts_routed_to = 0, last_layer_is_moe = 0;
+  if (c.num_experts > 0) {
+    const auto pattern = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    num_moe_layers = static_cast<double>(std::count(pattern.begin(), pattern.end(), true));
+    num_experts_routed_to = static_cast<double>(c.moe_router_topk);
+    last_layer_is_moe = pattern.back() ? 1 : 0;
+  }
+  double num_dense_layers = static_cast<double>(c.num_layers) - num_moe_layers;
+  // MTP: one more layer per depth, with the last layer's FFN.
+  const double mtp_num_layers = static_cast<double>(c.mtp_num_layers);
+  num_moe_layers += last_layer_is_moe * mtp_num_layers;
+  num_dense_layers += (1 - last_layer_is_moe) * mtp_num_layers;
+  const double num_layers = static_cast<double>(c.num_layers) + mtp_num_layers;
+  const double moe_ffn = static_cast<double>(c.moe_ffn_hidden_size);
+  const double shared_ffn = static_cast<double>(c.moe_shared_expert_intermediate_size);
+  const double fwd_bwd = 3, fma = 2, ffn_expansion = c.swiglu ? 3 : 2;
+  double self_attn_term = 0, self_attn_core_term = 0;
+  if (c.multi_latent_attention) {  // every term per token, the core's S included
+    const double n = static_cast<double>(c.num_attention_heads), qk = static_cast<double>(c.qk_head_dim);
+    const double rope = static_cast<double>(c.qk_pos_emb_head_dim), v = static_cast<double>(c.v_head_dim);
+    const double q_term =
+        c.q_lora_rank > 0 ? static_cast<double>(c.q_lora_rank) * (h + n * (qk + rope) + 1) : h * n * (qk + rope);
+    self_attn_term = fwd_bwd * fma *
+                     (q_term + static_cast<double>(c.kv_lora_rank) * (h + n * (qk + v) + 1) + h * rope + n * v * h +
+                      s * n * (qk + rope) / 2 + s * n * v / 2) *
+                     num_layers;
+  } else {
+    const double q = static_cast<double>(c.kv_channels * c.num_attention_heads);
+    const double kv = static_cast<double>(c.kv_channels * c.num_query_groups);
+    self_attn_term = fwd_bwd * fma * (h * (q + kv + kv) + q * h) * num_layers;
+    self_attn_core_term = fwd_bwd * fma * q / 2 * 2 * num_layers;  // causal half, QK^T and (QK^T)V
+  }
+  return total_tokens * (fwd_bwd * fma * h *
+                             (static_cast<double>(c.ffn_hidden_size) * ffn_expansion * num_dense_layers +
+                              moe_ffn * num_experts_routed_to * ffn_expansion * num_moe_layers +
+                              shared_ffn * ffn_expansion * num_moe_layers) +
+                         self_attn_term + fwd_bwd * fma * mtp_num_layers * (3 * h + 2 * h * h) +
+                         fwd_bwd * fma * h * static_cast<double>(padded_vocab) * (mtp_num_layers + 1)) +
+         seqlen_squared_sum * self_attn_core_term;
+}
+
+std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,
+                                                  const ParallelGroups& g) {
+  std::map<std::string, double> out;
+  if (!g.distributed()) return out;
+  auto size = [](const std::unique_ptr<comm::ProcessGroup>& p) { return static_cast<double>(ParallelGroups::size(p)); };
+  const double TP = size(g.tp), DP = static_cast<double>(g.dp_size), EP = size(g.ep), ETP = size(g.etp),
+               EDP = size(g.edp);
+  const double M = static_cast<double>(c.global_batch_size / (c.micro_batch_size * g.dp_size));
+  const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
+  const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
+  const double ab = c.bf16 ? 2.0 : 4.0;  // dispatched token bytes
+  double n_dense = 0, n_rep = 0, n_exp = 0;
+  for (auto& p : reg.all()) {
+    const double n = static_cast<double>(p->value.numel());
+    if (p->expert_parallel) {
+      n_exp += n;
+    } else {
+      n_dense += n;
+      if (!p->tensor_parallel) n_rep += n;
+    }
+  }
+  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+  const double Lm = static_cast<double>(std::count(is_moe.begin(), is_moe.end(), true));
+  const double Ld = static_cast<double>(c.num_layers) - Lm;
+  const bool shared = c.moe_shared_expert_intermediate_size > 0;
+  // Tensor/sequence parallel: per micro-batch and direction, the embedding's reduce-scatter, an all-gather and a
+  // reduce-scatter around every attention and dense or shared MLP block, the output layer's all-gather; each of a
+  // [S·b, H] f32 activation, of which a rank receives (TP−1)/TP. Vocabulary-parallel cross-entropy all-reduces
+  // 3 values per token; replicated parameters' gradients are all-reduced once per step.
+  if (TP > 1) {
+    const double blocks = 2.0 + 2.0 * (static_cast<double>(c.num_layers) + Ld + (shared ? Lm : 0.0));
+    out["tp"] =
+        M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) + 2 * (TP - 1) / TP * n_rep * 4;
+  }
+  // Data parallel: ring all-reduce (or reduce-scatter + all-gather) of the gradients, dense over DP, experts over
+  // EDP.
+  if (DP > 1) out["dp"] = 2 * (DP - 1) / DP * n_dense * 4;
+  if (EDP > 1 && n_exp > 0) out["edp"] = 2 * (EDP - 1) / EDP * n_exp * 4;
+  // Expert parallel, per micro-batch and MoE layer, with uniform routing: of the T/TP·k rows a rank routes,
+  // (EP−1)/EP go to other ranks, as tokens and probabilities, and come back: forward dispatch (ab bytes per value)
+  // and combine (f32), backward the same in reverse.
+  const double Tl = T / TP, rows = Tl * k;
+  if (EP > 1 && Lm > 0) {
+    if (c.moe_token_dispatcher_type == "alltoall") {
+      out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + 4) + 2 * 4);
+    } else {  // allgather: tokens and [T, K] ids and probabilities (pb bytes each) gathered; outputs, input and
+              // probability gradients reduce-scattered
+      const double pb = c.moe_router_dtype == "fp64" ? 8.0 : 4.0;
+      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + k * (4 + pb) + H * 4 + H * ab + H * 4 + k * pb);
+    }
+  }
+  // Expert tensor parallel: the rows a rank holds after dispatch (T/TP·k on average) are gathered from the other
+  // ETP ranks and their partial outputs reduce-scattered back; backward mirrors it (plus probability gradients).
+  if (ETP > 1 && Lm > 0) {
+    out["etp"] = M * Lm * (ETP - 1) * rows * (H * ab + 4 + H * 4 + H * ab + H * 4 + 4);
+  }
+  return out;
+}
+
+}  // namespace moecore::train

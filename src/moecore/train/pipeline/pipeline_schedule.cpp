@@ -1,0 +1,231 @@
+// Pipeline schedules (see pipeline_schedule.h).
+#include "moecore/train/pipeline/pipeline_schedule.h"
+
+#include <map>
+#include <optional>
+
+#include "moecore/core/error.h"
+#include "moecore/core/timer.h"
+#include "moecore/core/timers.h"
+#include "moecore/train/pipeline/pipeline_layout.h"
+
+namespace moecore::train {
+
+std::vector<std::pair<int64_t, int64_t>> pipeline_schedule_table(int64_t m, int64_t v, int64_t group) {
+  std::vector<std::pair<int64_t, int64_t>> t;
+  for (int64_t lo = 0; lo < m; lo += group) {
+    const int64_t hi = lo + group >= m ? m : lo + group;  // the last group takes the rest
+    for (int64_t c = 0; c < v; c++)
+      for (int64_t i = lo; i < hi; i++) t.push_back({i, c});
+    if (hi == m) break;
+  }
+  return t;
+}
+
+std::vector<PipelinePass> pipeline_order(int64_t m, int64_t P, int64_t rank, int64_t v, int64_t group,
+                                         bool forward_only) {
+  MOE_ASSERT(m >= 1 && P >= 1 && rank >= 0 && rank < P && v >= 1);
+  if (v > 1) {  // Megatron's micro-batch rules for interleaving (checked before the first step too)
+    PipelineLayout layout;
+    layout.pp = P;
+    layout.vpp = v;
+    check_pipeline_microbatches(layout, m, group);
+  }
+  if (group <= 0) group = P;
+  const int64_t total = m * v;
+  int64_t warmup = 0;
+  if (forward_only)
+    warmup = total;
+  else if (P > 1)
+    warmup = v == 1 ? P - rank - 1 : (P - rank - 1) * 2 + (v - 1) * group;
+  warmup = std::min(warmup, total);
+  const auto table = pipeline_schedule_table(m, v, group);
+  MOE_ASSERT(static_cast<int64_t>(table.size()) == total);
+  auto fwd = [&](int64_t k) { return PipelinePass{true, table[k].first, table[k].second}; };
+  auto bwd = [&](int64_t k) { return PipelinePass{false, table[k].first, v - 1 - table[k].second}; };
+  std::vector<PipelinePass> order;
+  for (int64_t k = 0; k < warmup; k++) order.push_back(fwd(k));
+  if (forward_only) return order;
+  const int64_t remaining = total - warmup;
+  for (int64_t k = 0; k < remaining; k++) {  // steady state: one forward, one backward
+    order.push_back(fwd(k + warmup));
+    order.push_back(bwd(k));
+  }
+  for (int64_t k = remaining; k < total; k++) order.push_back(bwd(k));  // cool-down
+  return order;
+}
+
+// What one step's passes read: the micro-batches' samples and batches, the loss scales, the optimizer's hooks.
+struct PipelineSchedule::Run {
+  std::vector<std::vector<int64_t>> samples;
+  std::vector<data::Batch> batches;
+  bool per_token_loss = false;
+  double global_tokens = 0, dp = 1, cp = 1;  // dp: DP×CP; cp: context-parallel size
+  bool backward = false;                     // false: forward only
+  optim::ChainedOptimizer* opt = nullptr;    // its gradient hooks (null: none, as in a re-run that locates a fault)
+};
+
+PipelineSchedule::PipelineSchedule(const comm::ProcessGroup& pp, int64_t virtual_stages, int64_t group,
+                                   const Shape& hidden)
+    : pp_(pp),
+      v_(virtual_stages),
+      group_(group > 0 ? group : pp.size()),
+      p2p_(pp, virtual_stages, hidden, DType::F32) {}
+
+StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePass>& order, Run& r) {
+  MOE_ASSERT(static_cast<int64_t>(model.num_chunks()) == v_);
+  const int64_t m = static_cast<int64_t>(r.batches.size());
+  std::map<std::pair<int64_t, int64_t>, size_t> live;  // (micro-batch, chunk) → its stash
+  int64_t in_flight = 0;
+  peak_in_flight_ = 0;
+  StepLoss loss;
+  const TokenScale token_scale_of{r.per_token_loss, r.global_tokens, r.dp, m};
+  auto needs_recv = [&](const PipelinePass& p) {
+    return p.forward ? p2p_.receives_input(p.chunk) : p2p_.sends_output(p.chunk);
+  };
+  // Receives are posted one pass ahead, so a message can arrive while the pass before it computes.
+  if (!order.empty() && needs_recv(order[0])) p2p_.post_recv(order[0].chunk, !order[0].forward);
+  const double t0 = now_seconds();
+  double waited = 0;
+  for (size_t k = 0; k < order.size(); k++) {
+    if (k + 1 < order.size() && needs_recv(order[k + 1])) p2p_.post_recv(order[k + 1].chunk, !order[k + 1].forward);
+    const PipelinePass& p = order[k];
+    current_ = p;
+    const nn::ModelChunk& ch = model.chunk(static_cast<size_t>(p.chunk));
+    const data::Batch& b = r.batches[static_cast<size_t>(p.micro_batch)];
+    if (p.forward) {
+      if (free_.empty()) {
+        free_.push_back(stashes_.size());
+        stashes_.push_back(model.make_stash());
+      }
+      const size_t s = free_.back();
+      free_.pop_back();
+      live[{p.micro_batch, p.chunk}] = s;
+      peak_in_flight_ = std::max(peak_in_flight_, ++in_flight);
+      nn::GPTModel::Stash& st = stashes_[s];
+      st.sample_B = r.samples[static_cast<size_t>(p.micro_batch)];
+      st.tokens_BS = b.tokens;  // MTP on the loss chunk embeds the input ids
+      Tensor in;
+      if (ch.embedding) {
+        in = b.tokens;
+      } else {
+        const double w0 = now_seconds();
+        TimerScope timer("forward-recv", 2);  // Megatron's level-2 timers of the passes and their messages
+        in = p2p_.wait_recv(p.chunk, false);
+        waited += now_seconds() - w0;
+      }
+      // With a backward to follow, its token scale (below) is known now: the loss's forward computes the logits'
+      // gradient too (GPTModel::Stash).
+      st.token_scale_of = nullptr;
+      if (r.backward) st.token_scale_of = token_scale_of;
+      std::optional<TimerScope> compute(std::in_place, "forward-compute", 2);
+      const Tensor out = model.forward_chunk(static_cast<size_t>(p.chunk), in, st);
+      if (ch.loss) {
+        const double mean = model.loss_forward(b.labels, b.loss_mask, st);
+        loss.sum += mean * st.mask_sum;
+        loss.tokens += st.mask_sum;
+      }
+      compute.reset();
+      if (!ch.loss) {
+        TimerScope timer("forward-send", 2);
+        p2p_.send(p.chunk, false, out);
+      }
+      if (!r.backward) {  // forward only: nothing to keep
+        free_.push_back(s);
+        live.erase({p.micro_batch, p.chunk});
+        in_flight--;
+      }
+      continue;
+    }
+    const auto it = live.find({p.micro_batch, p.chunk});
+    MOE_ASSERT(it != live.end());
+    nn::GPTModel::Stash& st = stashes_[it->second];
+    Tensor dy;
+    if (!ch.loss) {
+      const double w0 = now_seconds();
+      TimerScope timer("backward-recv", 2);
+      dy = p2p_.wait_recv(p.chunk, true);
+      waited += now_seconds() - w0;
+    }
+    const double token_scale = token_scale_of(st.mask_sum);
+    double aux_scale = r.cp / static_cast<double>(m);
+    if (r.per_token_loss)
+      aux_scale = r.global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * r.dp / r.global_tokens : 0.0;
+    optim::ChainedOptimizer* opt = r.opt;
+    std::function<void(size_t)> hook;  // the chunk's last micro-batch: its layers' gradients are final
+    if (opt && p.micro_batch == m - 1) hook = [opt](size_t layer) { opt->layer_grads_final(layer); };
+    std::optional<TimerScope> compute(std::in_place, "backward-compute", 2);
+    const Tensor dx = model.backward_chunk(static_cast<size_t>(p.chunk), st, dy, token_scale, aux_scale, hook);
+    compute.reset();
+    if (!ch.embedding) {
+      TimerScope timer("backward-send", 2);
+      p2p_.send(p.chunk, true, dx);
+    }
+    free_.push_back(it->second);
+    live.erase(it);
+    in_flight--;
+  }
+  // The embedding, final norm and output layer: final once every pass is done (the tied word embedding's
+  // gradient summed over the embedding group first, in ChainedOptimizer).
+  if (r.opt) r.opt->layer_grads_final(static_cast<size_t>(model.config().num_layers));
+  p2p_.finish_sends();
+  passes_seconds_ = now_seconds() - t0;
+  waited_seconds_ = waited;
+  MOE_ASSERT_MSG(live.empty(), "{} passes left without their backward", live.size());
+  // The loss lives on the last stage: summed over the pipeline group, every stage reports it.
+  Tensor t = Tensor::empty({2}, DType::F64);
+  t.set_item(0, loss.sum);
+  t.set_item(1, loss.tokens);
+  pp_.all_reduce(t);
+  return {t.item(0), t.item(1)};
+}
+
+StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash&, const data::SampleSource& data,
+                                            const data::SampleCursor& cursor, const MicroBatches& mb,
+                                            optim::ChainedOptimizer& opt) {
+  return forward_backward(model, data, cursor, mb, &opt);
+}
+
+StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, const data::SampleSource& data,
+                                            const data::SampleCursor& cursor, const MicroBatches& mb,
+                                            optim::ChainedOptimizer* opt) {
+  Run r;
+  r.backward = true;
+  r.opt = opt;
+  r.per_token_loss = mb.per_token_loss;
+  r.dp = static_cast<double>(mb.dp_size * mb.cp_size);
+  r.cp = static_cast<double>(mb.cp_size);
+  // Every stage reads the micro-batches (the first needs the tokens, the last the labels; all need the sample
+  // indices for dropout and, with per-token loss, the global batch's loss tokens before the first backward).
+  for (int64_t i = 0; i < mb.count; i++) {
+    TimerScope timer("batch-generator", 2);
+    r.samples.push_back(cursor.micro_batch(i, mb.dp_rank, mb.dp_size, mb.size));
+    r.batches.push_back(data::make_batch(data, r.samples.back(), mb.eod_mask_token));
+    r.global_tokens += loss_tokens(r.batches.back());
+  }
+  if (mb.per_token_loss && mb.dp) {
+    Tensor t = Tensor::empty({1}, DType::F64);
+    t.set_item(0, r.global_tokens);
+    mb.dp->all_reduce(t);
+    r.global_tokens = t.item(0) / r.cp;  // each CP rank counted its sequences' tokens
+  }
+  const auto order = pipeline_order(mb.count, pp_.size(), pp_.rank(), v_, group_);
+  return run(model, order, r);
+}
+
+StepLoss PipelineSchedule::forward_only(nn::GPTModel& model, const data::SampleSource& data,
+                                        const std::function<std::vector<int64_t>(int64_t)>& samples, int64_t count,
+                                        int64_t eod_mask_token) {
+  Run r;
+  for (int64_t i = 0; i < count; i++) {
+    r.samples.push_back(samples(i));
+    r.batches.push_back(data::make_batch(data, r.samples.back(), eod_mask_token));
+  }
+  // Megatron runs evaluation's forward passes in the schedule table's order (no micro-batch rules: any count).
+  const auto table = pipeline_schedule_table(count, v_, v_ > 1 ? std::min(group_, count) : count);
+  std::vector<PipelinePass> order;
+  for (const auto& [i, c] : table) order.push_back({true, i, c});
+  return run(model, order, r);
+}
+
+}  // namespace moecore::train
