@@ -58,9 +58,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 //   products on bf16 operands in vdpbf16ps or TDPBF16PS (f32 accumulation), each operand rounded and packed once
 //   per call in the pair layout the instructions read (attention_blocks_bf16.h; AMX through a tile policy with a
 //   scalar emulation, amx_tiles.h, so its blocking is tested on any CPU). No score block is materialized beyond one
-//   tile and no oneDNN call sits in the loop, which is what held OneDnn to a fifth of the AMX peak. Measured with
-//   AVX512-BF16 (2-core AMD EPYC, bench attention fwd+bwd over the same-run bf16 GEMM peak): 0.61 at S 2048, GQA
-//   8/2 (OneDnn 0.40, Flash 0.22); 0.28 at S 256, B 4, GQA 16/4 (OneDnn 0.23, Flash 0.16). AMX: not yet measured.
+//   tile and no oneDNN call sits in the loop (oneDNN calls per block are what hold OneDnn back). The fastest of the
+//   three where it runs (docs/performance.md, bench attention).
 // - OneDnn (CPUs where oneDNN has native bf16 matmul but FlashNative does not run; attention_bf16.cpp): query blocks
 //   of a chunk of heads go through oneDNN batched bf16 matmuls against their visible keys with an exact (not online)
 //   softmax per row: a block holds [rows, visible keys] scores per head, bounded to ~8 MiB of f32 per chunk, never

@@ -36,8 +36,8 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
 namespace {
 // Inside the experts every expert's rows start at a multiple of kRowAlign and the gap after them holds zero rows:
 // all GEMMs then have row counts that are multiples of kRowAlign and run as fixed-shape oneDNN primitives from a
-// small set created with the layer (run-time-shaped matmuls are up to 2x slower; the weight-gradient GEMM with
-// run-time K ran at ~190 GFLOP/s against ~300 for fixed K). Zero rows add nothing to any weight gradient, and their
+// small set created with the layer (oneDNN's run-time-shaped matmuls are slower than fixed-shape ones:
+// docs/performance.md, "Figures from code comments"). Zero rows add nothing to any weight gradient, and their
 // outputs are never read. Forward and data-gradient GEMMs take an expert's rows in the fewest chunks of at most
 // kRowChunk rows, all of about one size (even_chunk); weight-gradient GEMMs reduce over such chunks of at most
 // kWgradChunk rows in a fixed order. On the CPU without expert tensor parallelism the dispatcher writes the rows in

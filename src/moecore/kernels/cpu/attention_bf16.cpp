@@ -287,9 +287,8 @@ int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64
   return 0;
 }
 
-// FlashNative wherever its instructions exist: with AVX512-BF16 it beats OneDnn at both bench shapes (0.61 against
-// 0.40 of the bf16 GEMM peak at S 2048, 0.28 against 0.23 at S 256 × B 4; attention.h), and AMX runs the same
-// schedule with 16 × 16 tiles (its figures still to be measured).
+// FlashNative wherever its instructions exist: it beats OneDnn at both of bench attention's shapes
+// (docs/performance.md), and AMX runs the same schedule with 16 × 16 tiles.
 Bf16AttentionKernel bf16_attention_kernel() {
   if (flash::has_native_bf16()) return Bf16AttentionKernel::FlashNative;
   return gemm_stats().bf16_native ? Bf16AttentionKernel::OneDnn : Bf16AttentionKernel::Flash;

@@ -10,8 +10,8 @@ namespace moecore::kernels {
 
 namespace {
 constexpr int64_t kChunk = 16384;
-// Independent f64 accumulators per chunk: a single running sum is one dependent add per element (latency-bound,
-// ~4 cycles each: 0.1 s of the default bench train step went to the gradient norm's sum of squares); lane l sums
+// Independent f64 accumulators per chunk: a single running sum is one dependent add per element, bound by the add's
+// latency (the gradient norm's sum of squares runs over every gradient each step); lane l sums
 // elements l, l + kSumLanes, ... and the lanes are added in order, so the compiler can keep them in vector registers.
 constexpr int64_t kSumLanes = 16;
 static_assert(kChunk % kSumLanes == 0);

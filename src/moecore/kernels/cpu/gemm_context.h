@@ -109,8 +109,8 @@ bool run(Ctx& c, const Key& key, const void* A, const void* B, void* C, int64_t 
          int b_layout = -1);
 
 // Products of at least this many rows reorder B first into the layout oneDNN chooses, unless that is B's own: the
-// reorder is K·N work against the product's M·K·N, and the product then runs faster (AVX512-BF16: the output
-// layer's weight gradient M = 32,000, N = K = 1,024 at 847 against 755 GFLOP/s, the reorder 0.14 ms of 71 ms).
+// reorder is K·N work against the product's M·K·N, and the product then runs faster in oneDNN's own layout
+// (docs/performance.md, "Figures from code comments").
 constexpr int64_t kPackedBRows = 8192;
 // C = op(A)·op(B) (+ beta·C) that way, bf16 operands: false (nothing run) where it does not apply.
 bool run_with_packed_b(Ctx& c, const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float beta,
