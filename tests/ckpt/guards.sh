@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoint guards and I/O errors at the command line (one process; no privileges needed):
 #  1. a fresh run whose --save holds complete checkpoints is refused before training, every file unchanged;
-#  2. the marker removed: --load D --save D is refused listing the iteration directories (it used to start from
-#     scratch and overwrite them); --ckpt-step 4 resumes iteration 4 and saves on; the marker stays a plain integer;
+#  2. the marker removed: --load D --save D is refused listing the iteration directories (never a fresh start that
+#     would overwrite them); --ckpt-step 4 resumes iteration 4 and saves on; the marker stays a plain integer;
 #  3. --load of a .tmp directory is refused by name;
 #  4. --save under a regular file is refused before the first step;
 #  5. --metrics-file /dev/full ends the run naming the file and ENOSPC;

@@ -1,4 +1,4 @@
-// I/O errors are errors (issue 16 item 6): a full disk while writing a checkpoint, the metrics file, preprocess
+// I/O errors are errors: a full disk while writing a checkpoint, the metrics file, preprocess
 // output, a tokenizer or an HF export ends the job with a message naming the file and the OS error, and leaves
 // the last good files as they were. The full disk is provoked without privileges: /dev/full (ENOSPC) for streams,
 // and a file-size limit (RLIMIT_FSIZE with SIGXFSZ ignored: writes fail with EFBIG) for files in a directory.

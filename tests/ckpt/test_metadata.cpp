@@ -1,4 +1,4 @@
-// Checkpoint metadata you can trust (issue 16 item 1): hand edits of train_state.json and index.json are caught
+// Checkpoint metadata you can trust: hand edits of train_state.json and index.json are caught
 // by their checksums, and edits that keep a valid checksum by field validation, each naming the file and field;
 // the marker stays Megatron's plain integer with its checksum in a sidecar, and a marker moved by hand is refused;
 // iteration directories without a marker are listed and --ckpt-step chooses; .tmp and incomplete directories are

@@ -1,4 +1,4 @@
-// The MoE layer on the GPU against the same layer on the CPU (issue 22 item 5): two registries initialized from
+// The MoE layer on the GPU against the same layer on the CPU: two registries initialized from
 // one seed, one moved to the GPU; forward output, input gradient and every parameter gradient agree (f32: 1e-5
 // relative to the largest magnitude; bf16 GEMMs: 1e-2), aux and z losses too, and a GPU rerun is bitwise identical.
 // The shared-expert gate's kernels are checked through SharedExperts the same way.

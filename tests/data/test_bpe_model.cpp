@@ -18,7 +18,7 @@ namespace {
 
 using data::BpeMerge;
 
-// The encoder before issue 16 item 7, verbatim but for the merge table: while any adjacent pair has a merge,
+// The textbook BPE encoder as a reference, written for clarity: while any adjacent pair has a merge,
 // merge the pair of lowest rank, the leftmost of equals. O(n^2) in the word length.
 std::vector<int32_t> reference_encode(const std::vector<BpeMerge>& merges, const std::string& word) {
   std::map<std::pair<int32_t, int32_t>, std::pair<int32_t, int32_t>> table;  // pair -> (rank, merged); first wins

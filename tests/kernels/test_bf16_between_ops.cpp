@@ -1,4 +1,4 @@
-// Activations kept in bf16 between ops (issue 25 item 2): a GEMM that writes its output in bf16 gives the bits of
+// Activations kept in bf16 between ops: a GEMM that writes its output in bf16 gives the bits of
 // the f32 product rounded after (one call, chunked long reductions, batches); an activation reading a bf16 input
 // gives the bits of one reading that input widened (forward and backward, every activation, with and without
 // probabilities; their row sums to rounding); a Linear given a bf16 input, or asked for a bf16 output, the bits of the

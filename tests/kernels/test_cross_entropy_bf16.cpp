@@ -1,4 +1,4 @@
-// Cross-entropy on bf16 logits (issue 25): under --bf16 the CPU's output layer writes bf16 logits, as Megatron's bf16
+// Cross-entropy on bf16 logits: under --bf16 the CPU's output layer writes bf16 logits, as Megatron's bf16
 // output layer does, and the cross-entropy computes in f32 from them (Megatron upcasts them). Forward: the loss and
 // logsumexp of the f32 values the bf16 logits hold; backward: the bf16 gradient those f32 logits give, written over
 // the logits themselves; the vocabulary-parallel forward the same; the model keeps its logits in bf16.

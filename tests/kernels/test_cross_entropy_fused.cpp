@@ -1,4 +1,4 @@
-// Cross-entropy forward and backward in one pass (issue 25): training knows the loss's gradient dloss_T before
+// Cross-entropy forward and backward in one pass: training knows the loss's gradient dloss_T before
 // forward, so cross_entropy_forward_backward computes each exponential once and leaves the logits' gradient where
 // the logits were. Loss and lse as cross_entropy_forward gives them; the gradient equal to cross_entropy_backward's
 // up to rounding (f32: 2^-16; bf16: one bf16 ulp), targets in every row exact in their form; f64 is the two

@@ -1,4 +1,4 @@
-// Packed bf16 weights (kernels::PackedWeight, issue 25): a product with a weight packed once gives the bits of the
+// Packed bf16 weights (kernels::PackedWeight): a product with a weight packed once gives the bits of the
 // product with the plain weight, for both transposes, f32 and bf16 outputs, beta 0 and 1, row counts other than the
 // one the weight was packed for (where oneDNN may want another layout: the plain weight is read then), and a weight
 // repacked into the same buffer; where packing does not apply (f32, f64) the plain product runs. Within a

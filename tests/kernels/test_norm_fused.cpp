@@ -1,4 +1,4 @@
-// The norms' fused forms (issue 25 item 3: passes removed, not numerics changed): the residual add fused into the
+// The norms' fused forms (passes removed, numerics unchanged): the residual add fused into the
 // forward, the residual gradient added as backward writes dx, and the bf16 output rounded as it is written — each
 // bitwise equal to the unfused calls it replaces, for RMSNorm and LayerNorm in f32 and f64; the Norm module's
 // forward_add/backward(dres) the same through the module; and an fp64 finite-difference check of the fused pair as one

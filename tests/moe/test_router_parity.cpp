@@ -1,4 +1,4 @@
-// Router parity with Megatron-Core on the points where moecore used to differ: group-limited top-k when
+// Router parity with Megatron-Core on its finer points: group-limited top-k when
 // --moe-router-group-topk does not divide --moe-router-topk (moe_utils.group_limited_topk), --moe-router-num-groups
 // alone (no group limit), and the expert-bias counts under --moe-pad-expert-input-to-capacity (router.py
 // _apply_expert_bias counts the padded capacity mask).

@@ -1,4 +1,4 @@
-// Layout invariance of Megatron's default GPT (issue 17): a tiny MoE model with LayerNorm, learned
+// Layout invariance of Megatron's default GPT: a tiny MoE model with LayerNorm, learned
 // absolute position embeddings and qk-layernorm trained under DP, EP, TP+SP and TP+SP+EP gives the single-rank run's
 // per-step lm loss and grad norm within 1e-5 relative (f32). Under TP+SP the position table and the norms' weights and
 // biases are replicated and each rank's gradient covers its sequence shard only: summed over TP, they must match.

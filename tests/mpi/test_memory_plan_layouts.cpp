@@ -25,7 +25,7 @@ struct Layout {
   // Under EP a rank receives a different number of routed rows every step (imbalance), so a step may still take
   // a new size class from the system; the peak stays within the plan's 10%. Under PP how many message buffers are
   // alive at once depends on when the other stage's sends complete, so on a loaded machine a later step can hold one
-  // more than the first two did (seen twice in session 20, only under load): there too only the plan is checked.
+  // more than the first two did (only under load): there too only the plan is checked.
   bool steady = true;
 };
 

@@ -1,4 +1,4 @@
-// Megatron's default GPT (issue 17): LayerNorm and learned absolute position embeddings. fp64 finite-difference
+// Megatron's default GPT: LayerNorm and learned absolute position embeddings. fp64 finite-difference
 // gradient checks of the norm module (LayerNorm, RMSNorm, zero-centred gamma), the position table and the whole
 // GPT model with them (and qk-layernorm, and no positions at all); parameter names, inits and weight-decay
 // exclusions as Megatron's; the flags' defaults reaching the model.

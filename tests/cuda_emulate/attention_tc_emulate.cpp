@@ -6,7 +6,7 @@
 // It checks indexing, masking, tiling, the online softmax and the fragment bookkeeping; not timing, not the real
 // hardware's rounding inside an MMA. Build and run (ASan catches out-of-bounds reads and writes):
 //   g++ -std=c++20 -O1 -g -fsanitize=address -Wno-attributes -Isrc -I/usr/local/cuda/include \
-//       scripts/attention_tc_emulate.cpp -o /tmp/attention_tc_emulate && /tmp/attention_tc_emulate
+//       tests/cuda_emulate/attention_tc_emulate.cpp -o /tmp/attention_tc_emulate && /tmp/attention_tc_emulate
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

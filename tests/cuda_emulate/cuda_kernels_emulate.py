@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Turns CUDA kernel sources into host C++ for scripts/cuda_kernels_emulate.cpp: every `k<<<grid, block, ...>>>(args)`
+"""Turns CUDA kernel sources into host C++ for tests/cuda_emulate/cuda_kernels_emulate.cpp: every `k<<<grid, block, ...>>>(args)`
 launch becomes `emu::launch(dim3(grid), dim3(block), [&]{ k(args); })` and moecore's own includes are dropped (the
-harness includes them once). Usage: scripts/cuda_kernels_emulate.py OUT.inc FILE.cu...; for `embedding_bwd.cu` only its
+harness includes them once). Usage: tests/cuda_emulate/cuda_kernels_emulate.py OUT.inc FILE.cu...; for `embedding_bwd.cu` only its
 kernels are kept (its CUB sort runs on the host in the harness)."""
 import re
 import sys
