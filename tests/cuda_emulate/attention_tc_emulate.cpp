@@ -4,9 +4,8 @@
 // PTX ISA specifies for each lane. The kernels' own source is compiled unchanged (MOE_TC_EMULATE only swaps the
 // four inline-asm/shared-memory primitives), and their results are compared with a naive bf16-rounded reference.
 // It checks indexing, masking, tiling, the online softmax and the fragment bookkeeping; not timing, not the real
-// hardware's rounding inside an MMA. Build and run (ASan catches out-of-bounds reads and writes):
-//   g++ -std=c++20 -O1 -g -fsanitize=address -Wno-attributes -Isrc -I/usr/local/cuda/include \
-//       tests/cuda_emulate/attention_tc_emulate.cpp -o /tmp/attention_tc_emulate && /tmp/attention_tc_emulate
+// hardware's rounding inside an MMA. Built with ASan (out-of-bounds reads and writes) and run by run.sh (CTest
+// cuda_attention_tc_host_emulation).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -287,8 +286,8 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
   const bool ok = eo < 2e-2 && el < 2e-2 && eq < 2e-2 && ek < 2e-2 && ev < 2e-2 && esk < 2e-2 && esv < 2e-2;
   std::printf(
       "%s S=%lld B=%lld Nq=%lld Nkv=%lld D=%d: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e; %d splits: dk %.2e dv %.2e\n",
-      ok ? "ok  " : "FAIL", (long long)S, (long long)B, (long long)Nq, (long long)Nkv, D, eo, el, eq, ek, ev, splits, esk,
-      esv);
+      ok ? "ok  " : "FAIL", (long long)S, (long long)B, (long long)Nq, (long long)Nkv, D, eo, el, eq, ek, ev, splits,
+      esk, esv);
   return ok;
 }
 }  // namespace

@@ -1,13 +1,10 @@
 // Host emulation of the elementwise CUDA kernels that have no tensor cores (col_reduce.cu, norm_bias.cu,
 // elementwise.cu, embedding_bwd.cu), for machines without a GPU: blocks run one at a time, each CUDA thread a
 // std::thread, __syncthreads a block barrier, __shfl_xor_sync an exchange through per-warp slots, __shared__ a static
-// (one block at a time). The kernels' own source is compiled after tests/cuda_emulate/cuda_kernels_emulate.py rewrites their
-// launches; results are checked against f64 host references (1e-5), the embedding backward bitwise against the CPU
-// kernel's order. It checks indexing, chunking, masking and the reduction trees; not timing. Build and run:
-//   tests/cuda_emulate/cuda_kernels_emulate.py /tmp/cuda_kernels_emulate.inc src/moecore/kernels/cuda/{col_reduce,norm_bias,\
-//       elementwise,embedding_bwd}.cu
-//   g++ -std=c++20 -O1 -g -fsanitize=address -Wno-attributes -Isrc -I/usr/local/cuda/include -I/tmp \
-//       tests/cuda_emulate/cuda_kernels_emulate.cpp -o /tmp/cuda_kernels_emulate && /tmp/cuda_kernels_emulate
+// (one block at a time). The kernels' own source is compiled after cuda_kernels_emulate.py rewrites their launches;
+// results are checked against f64 host references (1e-5), the embedding backward bitwise against the CPU kernel's
+// order. It checks indexing, chunking, masking and the reduction trees; not timing. Built and run by run.sh (CTest
+// cuda_kernels_host_emulation).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -83,7 +80,7 @@ using std::isfinite;
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
 
-// The kernels, rewritten by tests/cuda_emulate/cuda_kernels_emulate.py (after the shims above and the headers they use).
+// The kernels, rewritten by cuda_kernels_emulate.py (after the shims above and the headers they use).
 #include "cuda_kernels_emulate.inc"
 
 using namespace moecore::launch;
