@@ -241,6 +241,31 @@ TEST(MoELayerBias, WholeLayerFiniteDifferences) {
   }
 }
 
+// With f32 parameters the router may compute in f64 (--moe-router-dtype fp64): the gating bias enters the f64 logits
+// and its gradient, summed in f64, is added to the f32 gradient; the same as routing in f32 to f32 rounding.
+TEST(MoELayerBias, RouterBiasUnderAnF64RouterDtype) {
+  std::vector<Tensor> grads[2];
+  Tensor y[2];
+  for (int i = 0; i < 2; i++) {
+    moe::MoELayerConfig c = biased_layer(16, 4, 2);
+    c.router.router_dtype = i == 0 ? DType::F32 : DType::F64;
+    c.router.init_std = 0.02;
+    nn::ParamRegistry reg(DType::F32);
+    moe::MoELayer layer(reg, "mlp", c);
+    reg.initialize(13);
+    randomize(*layer.router().gating_bias(), 43, 0.05);
+    reg.zero_grad();
+    auto st = layer.make_stash();
+    y[i] = layer.forward(randn({4, 2, 16}, DType::F32, 5), *st);
+    layer.backward(randn({4, 2, 16}, DType::F32, 6), *st);
+    grads[i] = {layer.router().gating_bias()->grad.clone(), layer.router().weight().grad.clone()};
+  }
+  EXPECT_LT(testing::max_rel_diff(y[1], y[0]), 1e-5);
+  EXPECT_GT(kernels::sum_squares(grads[1][0]), 0.0);
+  EXPECT_LT(testing::max_rel_diff(grads[1][0], grads[0][0]), 1e-4);
+  EXPECT_LT(testing::max_rel_diff(grads[1][1], grads[0][1]), 1e-4);
+}
+
 // Megatron's test_sequential_mlp model (H 12, 2 experts, SwiGLU, FFN 48: 3480 parameters without biases) gains the
 // router's [2], fc1's [2, 96] and fc2's [2, 12] biases: 3698. Megatron's names; zero expert biases, a router bias
 // drawn like its weight; no weight decay; expert parallel; Adam's, not Muon's.
