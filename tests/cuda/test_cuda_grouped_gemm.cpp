@@ -1,7 +1,8 @@
 // The grouped experts on the GPU, through both grouped GEMM implementations (cublasGemmGroupedBatchedEx and
 // per-expert cuBLASLt over streams), against the CPU GroupedExperts: forward output, input and probability gradients,
-// and both weight gradients, f32 (TF32 off) within 1e-5 and bf16 within 1e-2 relative to the reference's largest
-// magnitude; row counts with empty experts and counts that are not multiples of the 32-row alignment; bitwise reruns.
+// and both weight gradients (and, with Megatron's expert biases, both bias gradients), f32 (TF32 off) within 1e-5 and
+// bf16 within 1e-2 relative to the reference's largest magnitude; row counts with empty experts and counts that are
+// not multiples of the 32-row alignment; bitwise reruns.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -23,23 +24,30 @@ using testing_cuda::host_random;
 using testing_cuda::rel_diff;
 
 struct Outputs {
-  Tensor y, dx, dprobs, dw1, dw2;
+  Tensor y, dx, dprobs, dw1, dw2, db1, db2;  // db1, db2 with biases
 };
 
 // One forward and backward of E experts with the given row counts, on `d`, weights from seed 5.
 Outputs run_experts(Device d, bool bf16, const std::vector<int64_t>& counts, int64_t H, int64_t F,
-                    kernels::Activation act) {
+                    kernels::Activation act, bool bias = false) {
   const int64_t E = static_cast<int64_t>(counts.size());
   int64_t R = 0;
   for (int64_t c : counts) R += c;
   nn::ParamRegistry reg(DType::F32);
   moe::ExpertsConfig cfg{H, F, E, 0, act, 0.3, 0.3, bf16};
+  cfg.bias = bias;
   moe::GroupedExperts ex(reg, "experts", cfg);
   reg.initialize(5);
   reg.zero_grad();
   // A non-zero starting gradient: the weight-gradient GEMMs accumulate (beta = 1).
   ex.fc1().grad.copy_from(host_random(ex.fc1().grad.shape(), 9, 0.1));
   ex.fc2().grad.copy_from(host_random(ex.fc2().grad.shape(), 10, 0.1));
+  if (bias) {  // non-zero biases (they start at zero) and gradients
+    ex.fc1_bias()->value.copy_from(host_random(ex.fc1_bias()->value.shape(), 14, 0.5));
+    ex.fc2_bias()->value.copy_from(host_random(ex.fc2_bias()->value.shape(), 15, 0.5));
+    ex.fc1_bias()->grad.copy_from(host_random(ex.fc1_bias()->grad.shape(), 16, 0.1));
+    ex.fc2_bias()->grad.copy_from(host_random(ex.fc2_bias()->grad.shape(), 17, 0.1));
+  }
   reg.to(d);
   const Tensor x = host_random({R, H}, 11).to(d), probs = host_random({R}, 12).to(d),
                dy = host_random({R, H}, 13).to(d);
@@ -50,17 +58,21 @@ Outputs run_experts(Device d, bool bf16, const std::vector<int64_t>& counts, int
   o.dprobs = o.dprobs.to(Device::cpu());
   o.dw1 = ex.fc1().grad.to(Device::cpu());
   o.dw2 = ex.fc2().grad.to(Device::cpu());
+  if (bias) {
+    o.db1 = ex.fc1_bias()->grad.to(Device::cpu());
+    o.db2 = ex.fc2_bias()->grad.to(Device::cpu());
+  }
   return o;
 }
 
 void expect_close(const Outputs& got, const Outputs& want, double tol) {
   const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> pairs[] = {
-      {"y", {&got.y, &want.y}},
-      {"dx", {&got.dx, &want.dx}},
-      {"dprobs", {&got.dprobs, &want.dprobs}},
-      {"dW1", {&got.dw1, &want.dw1}},
-      {"dW2", {&got.dw2, &want.dw2}}};
+      {"y", {&got.y, &want.y}},       {"dx", {&got.dx, &want.dx}},    {"dprobs", {&got.dprobs, &want.dprobs}},
+      {"dW1", {&got.dw1, &want.dw1}}, {"dW2", {&got.dw2, &want.dw2}}, {"db1", {&got.db1, &want.db1}},
+      {"db2", {&got.db2, &want.db2}}};
   for (const auto& [name, t] : pairs) {
+    ASSERT_EQ(t.first->defined(), t.second->defined()) << name;
+    if (!t.first->defined()) continue;
     const double r = rel_diff(*t.first, *t.second);
     EXPECT_LE(r, tol) << name << ": relative difference " << r << " to the CPU experts (tolerance " << tol << ")";
   }
@@ -106,6 +118,23 @@ TEST(CudaGroupedGemm, ExpertsMatchTheCpuBf16BothImplementations) {
         "per expert\n");
 }
 
+// Megatron's expert biases: fc1's added to h, fc2's scaled by the probability; f32 and bf16.
+TEST(CudaGroupedGemm, ExpertsWithBiasesMatchTheCpu) {
+  MOE_REQUIRE_GPU();
+  ImplGuard guard;
+  kernels::cuda::set_allow_tf32(false);
+  for (bool bf16 : {false, true})
+    for (auto act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU}) {
+      const Outputs want = run_experts(Device::cpu(), bf16, kCounts, 64, 40, act, true);
+      for (auto impl : {GroupedGemmImpl::kCublasGrouped, GroupedGemmImpl::kLtStreams}) {
+        SCOPED_TRACE(std::string(impl_name(impl)) + (act == kernels::Activation::SwiGLU ? ", SwiGLU" : ", GeLU") +
+                     (bf16 ? ", bf16" : ", f32"));
+        kernels::cuda::set_grouped_gemm_impl(impl);
+        expect_close(run_experts(Device::cuda(), bf16, kCounts, 64, 40, act, true), want, bf16 ? 1e-2 : 1e-5);
+      }
+    }
+}
+
 TEST(CudaGroupedGemm, AllExpertsEmptyAndAllAligned) {
   MOE_REQUIRE_GPU();
   ImplGuard guard;
@@ -125,15 +154,20 @@ TEST(CudaGroupedGemm, RerunsAreBitwise) {
   const std::vector<int64_t> counts = {300, 0, 17, 512, 129, 64, 3, 250};
   for (auto impl : {GroupedGemmImpl::kCublasGrouped, GroupedGemmImpl::kLtStreams})
     for (bool bf16 : {false, true}) {
-      SCOPED_TRACE(std::string(impl_name(impl)) + (bf16 ? ", bf16" : ", f32"));
+      const bool bias = bf16;  // the biases' kernels once, with bf16 rows
+      SCOPED_TRACE(std::string(impl_name(impl)) + (bf16 ? ", bf16, biases" : ", f32"));
       kernels::cuda::set_grouped_gemm_impl(impl);
-      const Outputs a = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU);
-      const Outputs b = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU);
+      const Outputs a = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU, bias);
+      const Outputs b = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU, bias);
       EXPECT_TRUE(bitwise_equal(gpu(a.y), gpu(b.y))) << "y differs on rerun";
       EXPECT_TRUE(bitwise_equal(gpu(a.dx), gpu(b.dx))) << "dx differs on rerun";
       EXPECT_TRUE(bitwise_equal(gpu(a.dprobs), gpu(b.dprobs))) << "dprobs differs on rerun";
       EXPECT_TRUE(bitwise_equal(gpu(a.dw1), gpu(b.dw1))) << "dW1 differs on rerun";
       EXPECT_TRUE(bitwise_equal(gpu(a.dw2), gpu(b.dw2))) << "dW2 differs on rerun";
+      if (bias) {
+        EXPECT_TRUE(bitwise_equal(gpu(a.db1), gpu(b.db1))) << "db1 differs on rerun";
+        EXPECT_TRUE(bitwise_equal(gpu(a.db2), gpu(b.db2))) << "db2 differs on rerun";
+      }
     }
 }
 

@@ -138,6 +138,33 @@ TEST(CudaKernels, RowBiasAndColumnSums) {
   EXPECT_LT(rel_diff(gdb, db), kF32);
 }
 
+// The experts' biases: per-segment rows (an empty segment, a gap row), each row's bias scaled by its probability;
+// the backward's column sums and row dots, from f32 and from bf16 rows.
+TEST(CudaKernels, SegmentBiasForwardAndBackward) {
+  MOE_REQUIRE_GPU();
+  const int64_t R = 300, N = 70;
+  const std::vector<int64_t> begin{0, 40, 40, 41}, count{40, 0, 1, 259};
+  const RowSegments seg{begin, count};
+  const Tensor y0 = host_random({R, N}, 46), b = host_random({4, N}, 47), w = host_random({R}, 48);
+  Tensor y = y0.clone(), gy = gpu(y0);
+  const Tensor gb = gpu(b), gw = gpu(w);
+  segment_bias_forward(b, &w, seg, y);
+  segment_bias_forward(gb, &gw, seg, gy);
+  EXPECT_LT(rel_diff(gy, y), kF32);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor dy = host_random({R, N}, 49).to(dt);
+    Tensor db = host_random({4, N}, 50), dw = host_random({R}, 51);
+    Tensor gdb = gpu(db), gdw = gpu(dw);
+    segment_bias_backward(dy, &w, seg, db, &b, &dw);
+    segment_bias_backward(gpu(dy), &gw, seg, gdb, &gb, &gdw);
+    EXPECT_LT(rel_diff(gdb, db), kF32) << dtype_name(dt);
+    EXPECT_LT(rel_diff(gdw, dw), kF32) << dtype_name(dt);
+    Tensor gdb2 = gpu(host_random({4, N}, 50)), gdw2 = gpu(host_random({R}, 51));
+    segment_bias_backward(gpu(dy), &gw, seg, gdb2, &gb, &gdw2);
+    EXPECT_TRUE(bitwise_equal(gdb, gdb2) && bitwise_equal(gdw, gdw2)) << dtype_name(dt) << ": rerun";
+  }
+}
+
 TEST(CudaKernels, RopeBothPairingsForwardAndBackward) {
   MOE_REQUIRE_GPU();
   const int64_t S = 11, B = 2, N = 3, D = 16;

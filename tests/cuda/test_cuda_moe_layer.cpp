@@ -51,6 +51,9 @@ LayerRun run_layer(const moe::MoELayerConfig& c, Device d, const Tensor& x_host,
   nn::ParamRegistry reg(DType::F32);
   moe::MoELayer layer(reg, "decoder.layers.0.mlp", c);
   reg.initialize(11);
+  if (c.bias)  // the expert biases start at zero: give them values the forward shows
+    for (nn::Parameter* b : {layer.experts().fc1_bias(), layer.experts().fc2_bias()})
+      b->value.copy_from(host_random(b->value.shape(), 23, 0.5));
   reg.to(d);
   auto st = layer.make_stash();
   LayerRun r;
@@ -91,6 +94,17 @@ TEST(CudaMoELayer, SigmoidGroupLimitedWithBiasAndGatedSharedExpertMatchesTheCpu)
 TEST(CudaMoELayer, Bf16MatchesTheCpuWithinOnePercent) {
   MOE_REQUIRE_GPU();
   expect_layers_agree(layer_config(true, true, false), 1e-2, "bf16");
+}
+
+// Megatron's --add-bias-linear: the router's gating bias and the experts' fc1 and fc2 (times the probability) biases.
+TEST(CudaMoELayer, LinearBiasesMatchTheCpu) {
+  MOE_REQUIRE_GPU();
+  for (bool bf16 : {false, true}) {
+    moe::MoELayerConfig c = layer_config(bf16, false, false);
+    c.router.aux_loss_coeff = {1e-2};
+    c.bias = true;
+    expect_layers_agree(c, bf16 ? 1e-2 : 1e-5, bf16 ? "biases, bf16" : "biases");
+  }
 }
 
 TEST(CudaMoELayer, SharedExpertOverlapOnASecondStreamChangesNoBit) {

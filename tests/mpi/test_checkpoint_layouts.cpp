@@ -2,9 +2,10 @@
 // on 2 ranks; TP2×EP2 with DP2 on 4) loads under another (EP2; TP1×EP4 with DP4) and on one rank with the same
 // logits, training continues with the same losses (Adam moments resharded over DP), and the second layout's
 // checkpoint (EP2; EP4) loads on one rank with its logits. In one layout, K steps +
-// save + load + N−K steps equal N straight steps bitwise.
+// save + load + N−K steps equal N straight steps bitwise. Expert biases reshard from EP to one rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "config_util.h"
 #include "layout_util.h"
 #include "moecore/core/rng.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/train/trainer.h"
 
 namespace moecore {
@@ -107,6 +109,37 @@ TEST(CheckpointLayouts, ResumeIsBitwiseInOneLayout) {
   const std::string dir = testing::mpi_shared_dir(w, "resume");
   testing::expect_bitwise_resume(
       [&](const std::vector<std::string>& extra) { return ckpt_layout_config(layout, extra); }, dir, w);
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+// Megatron's default linear biases (router gating bias, expert fc1 and fc2 biases sharded over EP with the experts):
+// saved under EP over every rank with the distributed optimizer, loaded on one rank with the same logits and the
+// same training.
+TEST(CheckpointLayouts, ExpertBiasesReshardFromEpToOneRank) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "runs on 2 or 4 ranks";
+  std::vector<std::string> model = testing::tiny_moe_flags();
+  model.erase(std::find(model.begin(), model.end(), "--disable-bias-linear"));
+  auto config = [&](const std::vector<std::string>& extra) {
+    return testing::small_config(model + testing::mock_run_flags(32, 2, 8, 100, 6, "3e-3"), extra);
+  };
+  const std::string dir = testing::mpi_shared_dir(w, "bias_reshard");
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<float> saved_logits;
+  {
+    train::Trainer a(config({"--save", dir, "--expert-model-parallel-size", std::to_string(w.size()),
+                             "--use-distributed-optimizer"}),
+                     null, false, &w);
+    for (int i = 0; i < 3; i++) a.train_step();
+    a.save_checkpoint();
+    saved_logits = logits_of(a, 100);
+  }
+  train::Trainer one(config({"--load", dir}), null, false, nullptr);
+  EXPECT_EQ(one.iteration(), 3);
+  EXPECT_GT(kernels::sum_squares(one.params().get("decoder.layers.0.mlp.experts.linear_fc2.bias").value), 0.0);
+  expect_close(saved_logits, logits_of(one, 100), "EP layout vs one rank");
+  std::fclose(null);
   w.barrier();
   if (w.rank() == 0) fs::remove_all(dir);
 }

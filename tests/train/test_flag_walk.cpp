@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "config_util.h"
@@ -145,8 +146,10 @@ TEST(TrainMemory, ARunThatCannotFitIsRefusedWithThePlanAndAdvice) {
 
 TEST(TrainMemory, ThePlanBeforeBuildingCountsTheParametersTheModelHolds) {
   const std::vector<std::string> run = testing::mock_run_flags(16, 2, 2, 64, 1, "1e-3");
+  std::vector<std::string> biased_moe = testing::tiny_moe_flags();  // Megatron's default biases, experts' included
+  biased_moe.erase(std::find(biased_moe.begin(), biased_moe.end(), "--disable-bias-linear"));
   for (const auto& model :
-       {testing::tiny_moe_flags(), testing::layered_moe_flags(),
+       {testing::tiny_moe_flags(), testing::layered_moe_flags(), biased_moe,
         std::vector<std::string>{"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                                  "--untie-embeddings-and-output-weights"}}) {
     const train::TrainConfig c = testing::small_config(model + run);

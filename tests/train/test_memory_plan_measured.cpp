@@ -4,6 +4,8 @@
 // layouts (TP, EP, PP, DP): tests/mpi/test_memory_plan_layouts.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "../config_util.h"
 #include "memory_measure.h"
 
@@ -48,6 +50,18 @@ TEST(MemoryPlanMeasured, MicroBatchesAndSharedExperts) {
   check({"--global-batch-size", "8", "--micro-batch-size", "2", "--moe-shared-expert-intermediate-size", "64",
          "--moe-layer-freq", "[0,1]"},
         "2 micro-batches, dense first layer, shared experts");
+}
+// Megatron's default linear biases (a dense first layer, then MoE with router and expert biases): under bf16 on the
+// CPU fc1's outputs stay f32 where they have a bias.
+TEST(MemoryPlanMeasured, LinearBiases) {
+  std::vector<std::string> biased = model();
+  biased.erase(std::find(biased.begin(), biased.end(), "--disable-bias-linear"));
+  for (const bool bf16 : {false, true}) {
+    std::vector<std::string> extra{"--moe-layer-freq", "[0,1]"};
+    if (bf16) extra.push_back("--bf16");
+    testing::expect_plan_matches(testing::measure_memory(testing::small_config(biased, extra)),
+                                 bf16 ? "linear biases, bf16" : "linear biases");
+  }
 }
 TEST(MemoryPlanMeasured, MultiTokenPrediction) {
   check({"--mtp-num-layers", "2"}, "two MTP depths");

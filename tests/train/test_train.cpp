@@ -83,7 +83,9 @@ TEST(TrainConfig, RejectsBeforeAnyWork) {
                   "--expert-tensor-parallel-size", "2"})
                 .find("--expert-tensor-parallel-size 2"),
             std::string::npos);
-  EXPECT_NE(with({"--num-experts", "4"}).find("--disable-bias-linear"), std::string::npos);
+  EXPECT_EQ(with({"--num-experts", "4"}), "");  // Megatron's default linear biases, the experts' included
+  EXPECT_NE(with({"--num-experts", "4", "--expert-tensor-parallel-size", "2"}).find("--disable-bias-linear"),
+            std::string::npos);
   EXPECT_EQ(with({"--save-interval", "5"}), "");  // Megatron accepts it too: nothing is saved without --save
   EXPECT_NE(with({"--finetune"}).find("--finetune needs --load"), std::string::npos);
   EXPECT_NE(with({"--no-load-optim"}).find("--no-load-optim needs --load"), std::string::npos);

@@ -2,6 +2,8 @@
 // Reductions accumulate in f64 over fixed chunks in a fixed order, so results do not depend on the thread count.
 #pragma once
 
+#include <span>
+
 #include "moecore/core/tensor.h"
 
 namespace moecore::kernels {
@@ -19,8 +21,25 @@ int64_t count_zeros(const Tensor& a);
 }  // namespace moecore::kernels
 
 namespace moecore::kernels {
-// y_TN += b_N on every row.
+// The rows of an [R, N] tensor in segments, such as each expert's rows: segment e is rows [begin[e], begin[e] +
+// count[e]). Segments do not overlap; rows outside every segment are neither read nor written.
+struct RowSegments {
+  std::span<const int64_t> begin, count;
+};
+
+// A bias per segment, each row's scaled by that row's weight (Megatron's expert fc2 bias, scaled by the routing
+// probability; no weights: the plain bias of fc1 or of a linear layer):
+//   y_RN[r] += b_EN[e] · w_R[r]   for every row r of segment e   (w_R null: w = 1).
+// b_EN and w_R have the computation's dtype (f32 or f64); y_RN that dtype, or bf16 with f32 (rounded as written).
+void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN);
+// Its adjoint, accumulated: ∂y[r, j]/∂b[e, j] = w_r and ∂y[r, j]/∂w_r = b[e, j], so
+//   db_EN[e] += Σ_{r ∈ e} w_r · dy_RN[r]   (each column block's rows summed in order: deterministic)
+//   dw_R[r]  += dy_RN[r] · b_EN[e]         (only with b_EN and dw_R given)
+// dy_RN as y_RN above (bf16 widened as it is read); db_EN, w_R and dw_R in the computation's dtype.
+void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
+                           const Tensor* b_EN = nullptr, Tensor* dw_R = nullptr);
+
+// One segment of every row, no weights: y_TN += b_N on every row; db_N += Σ_rows dy_TN.
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
-// db_N += Σ_rows dy_TN (column sums, fixed order).
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
 }  // namespace moecore::kernels

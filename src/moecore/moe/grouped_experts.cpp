@@ -1,12 +1,17 @@
-// Grouped experts (see grouped_experts.h). Per expert e with rows X_e:
-//   H_e = X_e·W1_eᵀ;  A_e = act(H_e) ⊙ p;  Y_e = A_e·W2_eᵀ
-// Backward: dA_e = dY_e·W2_e, dW2_e += dY_eᵀ·A_e;  (dH_e, dp) = act'(...);  dX_e = dH_e·W1_e, dW1_e += dH_eᵀ·X_e
+// Grouped experts (see grouped_experts.h). Per expert e with rows X_e (1: a column of ones, p: the rows'
+// probabilities):
+//   H_e = X_e·W1_eᵀ + 1·b1_e;  A_e = act(H_e) ⊙ p;  Y_e = A_e·W2_eᵀ + p·b2_e
+// Backward (accumulating into the parameter gradients):
+//   dA_e = dY_e·W2_e, dW2_e += dY_eᵀ·A_e, db2_e += pᵀ·dY_e (∂Y[r, j]/∂b2[e, j] = p_r);
+//   (dH_e, dp) = act'(...), dp_r += dY_e[r]·b2_e (∂Y[r, j]/∂p_r = b2[e, j] through the bias);
+//   dX_e = dH_e·W1_e, dW1_e += dH_eᵀ·X_e, db1_e += 1ᵀ·dH_e
 #include "moecore/moe/grouped_experts.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/core/timers.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/nn/stash_bytes.h"
 
@@ -30,6 +35,23 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
   fc2_->set_shard({E, H, FG}, {cfg.first_expert, 0, f0}, {n, H, F});
   fc1_->expert_parallel = fc2_->expert_parallel = true;
   fc1_->tensor_parallel = fc2_->tensor_parallel = cfg.etp_size > 1;
+  if (cfg.bias) {
+    // Megatron (TransformerConfig) allows expert biases with ETP 1 only: a row-parallel fc2's bias would be added
+    // once per ETP rank before the reduce-scatter.
+    MOE_CHECK(cfg.etp_size == 1,
+              "--expert-tensor-parallel-size {} with linear biases: expert biases need expert tensor parallelism 1 "
+              "(as in Megatron); pass --disable-bias-linear or --expert-tensor-parallel-size 1",
+              cfg.etp_size);
+    // Zero, as Transformer Engine initialises them; no weight decay, as for every bias.
+    b1_ = &reg.add(name + ".linear_fc1.bias", {n, fc1_rows()}, nn::InitRule::zeros(), /*no_weight_decay=*/true);
+    b2_ = &reg.add(name + ".linear_fc2.bias", {n, H}, nn::InitRule::zeros(), /*no_weight_decay=*/true);
+    if (kernels::is_gated(cfg.activation))
+      b1_->set_shard({E, 2, FG}, {cfg.first_expert, 0, f0}, {n, 2, F});
+    else
+      b1_->set_shard({E, FG}, {cfg.first_expert, f0}, {n, F});
+    b2_->set_shard({E, H}, {cfg.first_expert, 0}, {n, H});
+    b1_->expert_parallel = b2_->expert_parallel = true;
+  }
   prepare_gemms();
 }
 
@@ -71,6 +93,16 @@ int64_t padded_total(const std::vector<int64_t>& counts) {
   int64_t n = 0;
   for (int64_t c : counts) n += align_rows(c);
   return n;
+}
+
+// Each expert's first row in the padded layout.
+void padded_begin(const std::vector<int64_t>& counts, std::vector<int64_t>& begin) {
+  begin.resize(counts.size());
+  int64_t r0 = 0;
+  for (size_t e = 0; e < counts.size(); e++) {
+    begin[e] = r0;
+    r0 += align_rows(counts[e]);
+  }
 }
 
 // A padded [rows, C] buffer allocated at the largest padded size R rows can take over these experts, so its size
@@ -170,20 +202,45 @@ DType GroupedExperts::rows_out_dtype() const {
   return cfg_.bf16 && cfg_.etp_size == 1 && wt != DType::F64 ? DType::BF16 : wt;
 }
 
+// With bf16 fc1's GEMM rounds h as it writes it, as Megatron keeps it. With a bias h stays f32 and the bias is added
+// to the f32 product (nn/mlp.cpp keeps a dense fc1 with a bias so too); the activation, computing in h's dtype, then
+// takes its output gradient da in f32 as well.
+DType GroupedExperts::h_dtype() const {
+  return cfg_.bf16 && !cfg_.bias ? DType::BF16 : fc1_->value.dtype();
+}
+
+void GroupedExperts::fc1_bias_forward(const Stash& st, Tensor& h_RF1) const {
+  if (b1_) kernels::segment_bias_forward(b1_->value, nullptr, {st.row_begin, st.tokens_per_expert}, h_RF1);
+}
+
+void GroupedExperts::fc2_bias_forward(const Stash& st, Tensor& y_RH) const {
+  if (b2_) kernels::segment_bias_forward(b2_->value, &st.probs_R, {st.row_begin, st.tokens_per_expert}, y_RH);
+}
+
+void GroupedExperts::fc1_bias_backward(const Stash& st, const Tensor& dh_RF1) {
+  if (b1_) kernels::segment_bias_backward(dh_RF1, nullptr, {st.row_begin, st.tokens_per_expert}, b1_->grad_to_add());
+}
+
+void GroupedExperts::fc2_bias_backward(const Stash& st, const Tensor& dy_RH, Tensor& dprobs_R) {
+  if (b2_)
+    kernels::segment_bias_backward(dy_RH, &st.probs_R, {st.row_begin, st.tokens_per_expert}, b2_->grad_to_add(),
+                                   &b2_->value, &dprobs_R);
+}
+
 void GroupedExperts::prepare_gemms() const {
   const DType wt = fc1_->value.dtype();
   if (wt == DType::F64) return;  // the f64 reference loop has no primitives
   const DType dt = cfg_.bf16 ? DType::BF16 : wt, rows_out = rows_out_dtype();
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
   for (int64_t m = kRowAlign; m <= kRowChunk; m += kRowAlign) {
-    kernels::gemm_prepare(m, F1, H, false, true, dt, 1.0f, 0.0f, dt == DType::BF16 ? dt : DType::F32);  // fc1
-    kernels::gemm_prepare(m, H, F, false, true, dt, 1.0f, 0.0f, rows_out);                              // fc2
-    kernels::gemm_prepare(m, F, H, false, false, dt);                         // fc2 data gradient
+    kernels::gemm_prepare(m, F1, H, false, true, dt, 1.0f, 0.0f, h_dtype());  // fc1
+    kernels::gemm_prepare(m, H, F, false, true, dt, 1.0f, 0.0f, rows_out);    // fc2
+    kernels::gemm_prepare(m, F, H, false, false, dt, 1.0f, 0.0f, h_dtype());  // fc2 data gradient (da)
     kernels::gemm_prepare(m, H, F1, false, false, dt, 1.0f, 0.0f, rows_out);  // fc1 data gradient
     if (cfg_.bf16) {                                                          // the same with packed weights
-      kernels::gemm_prepare_packed(m, F1, H, true, 0.0f, DType::BF16);
+      kernels::gemm_prepare_packed(m, F1, H, true, 0.0f, h_dtype());
       kernels::gemm_prepare_packed(m, H, F, true, 0.0f, rows_out);
-      kernels::gemm_prepare_packed(m, F, H, false);
+      kernels::gemm_prepare_packed(m, F, H, false, 0.0f, h_dtype());
       kernels::gemm_prepare_packed(m, H, F1, false, 0.0f, rows_out);
     }
   }
@@ -210,6 +267,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
                  R);
   const DType dt = fc1_->value.dtype();
   st.tokens_per_expert = counts;
+  padded_begin(counts, st.row_begin);
   st.probs_R = to_padded(probs_R, counts, dt);
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
@@ -220,13 +278,14 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
     w2 = &w2_bf16_;
   }
   st.x_RH = to_padded(x_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
-  // With bf16 the fc1 GEMM rounds its output as it writes it (as Megatron keeps it): the activation and its
+  // With bf16 and no bias the fc1 GEMM rounds its output as it writes it (h_dtype): the activation and its
   // backward read half the bytes, and the stash holds half.
-  st.h_RF1 = padded_empty(counts, F1, cfg_.bf16 ? DType::BF16 : dt);
+  st.h_RF1 = padded_empty(counts, F1, h_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor h = st.h_RF1.slice(r0, n);
     rows_gemm(st.x_RH.slice(r0, n), *fc1_, expert_weight(*w1, e), e, true, cfg_.bf16, h);
   });
+  fc1_bias_forward(st, st.h_RF1);
   // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
   st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
   kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
@@ -235,6 +294,9 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
     Tensor yr = y.slice(r0, n);
     rows_gemm(st.a_RF.slice(r0, n), *fc2_, expert_weight(*w2, e), e, true, cfg_.bf16, yr);
   });
+  // Under bf16 fc2's rows are bf16 and b2·p is added to them in f32 and rounded again, as Megatron's _apply_bias
+  // adds it to the bf16 GEMM output.
+  fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
   return from_padded(y, counts, {R, H}, st.padded_io);
 }
@@ -255,8 +317,8 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
     kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
   // With bf16 the fc2 data-gradient GEMM rounds da as it writes it, as Megatron's bf16 autograd keeps it; the
-  // activation's backward reads it widened.
-  Tensor da = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
+  // activation's backward reads it widened (f32 with a bias: h_dtype).
+  Tensor da = padded_empty(counts, F, h_dtype());
   const float beta2 = take_expert_grad_beta(*fc2_, counts), beta1 = take_expert_grad_beta(*fc1_, counts);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);
@@ -267,6 +329,8 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   Tensor dhc = padded_empty(counts, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt);
   Tensor dprobs = padded_empty(counts, 1, dt).reshape({Rp});
   kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs);
+  fc2_bias_backward(st, dy, dprobs);  // after the activation's backward, which writes dprobs
+  fc1_bias_backward(st, dhc);
   Tensor dx = padded_empty(counts, H, rows_out_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dxr = dx.slice(r0, n);
@@ -280,7 +344,8 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
 }
 
 Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::Activation act, const Tensor& x_RH,
-                                  const Tensor& probs_R, const std::vector<int64_t>& counts) {
+                                  const Tensor& probs_R, const std::vector<int64_t>& counts, const Tensor* b1,
+                                  const Tensor* b2) {
   const int64_t H = x_RH.cols(), F1 = w1.dim(1), F = w2.dim(2), R = x_RH.rows();
   Tensor y = Tensor::zeros({R, H}, DType::F64);
   std::vector<double> h(static_cast<size_t>(F1)), a(static_cast<size_t>(F));
@@ -290,7 +355,7 @@ Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::A
       for (int64_t f = 0; f < F1; f++) {
         double s = 0;
         for (int64_t k = 0; k < H; k++) s += x_RH.item(r * H + k) * w1.item((e * F1 + f) * H + k);
-        h[f] = s;
+        h[f] = s + (b1 ? b1->item(static_cast<int64_t>(e) * F1 + f) : 0.0);
       }
       for (int64_t f = 0; f < F; f++) {
         double v;
@@ -306,7 +371,7 @@ Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::A
       for (int64_t k = 0; k < H; k++) {
         double s = 0;
         for (int64_t f = 0; f < F; f++) s += a[f] * w2.item((e * H + k) * F + f);
-        y.set_item(r * H + k, s);
+        y.set_item(r * H + k, s + (b2 ? b2->item(static_cast<int64_t>(e) * H + k) * probs_R.item(r) : 0.0));
       }
     }
   return y;
@@ -323,7 +388,7 @@ int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t cap = rows + n * (kRowAlign - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
   int64_t b = nn::tensor_bytes((aligned ? rows : cap) * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x, p
-  b += nn::tensor_bytes(cap * F1, xt);                                                                      // h_RF1
+  b += nn::tensor_bytes(cap * F1, e.bf16 && !e.bias ? DType::BF16 : DType::F32);                            // h_RF1
   if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                                      // a_RF
   return b;
 }

@@ -1,8 +1,10 @@
 // The routed experts of one MoE layer: weights stacked per expert (fc1 [E, F1, H] with F1 = 2F for SwiGLU, gate
 // rows first; fc2 [E, H, F]) and one grouped GEMM per projection over the rows of every local expert, whose row
 // counts change every step (experts with no rows are skipped). The router probability multiplies the activation
-// inside the expert: y = fc2(act(fc1·x) ⊙ p), as Megatron does. With the weights and rows on a GPU (f32 weights,
-// bf16 operands when bf16 is on) the same computation runs as grouped GEMMs there (grouped_experts_cuda.cpp,
+// inside the expert: y = fc2(act(fc1·x) ⊙ p), as Megatron does. With biases (Megatron's default --add-bias-linear;
+// fc1's [E, F1] in fc1's row order, fc2's [E, H]) it is Megatron's TEGroupedMLP: y = fc2(act(fc1·x + b1) ⊙ p) + b2·p,
+// fc2's bias scaled by the probability (_apply_bias). With the weights and rows on a GPU (f32 weights, bf16 operands
+// when bf16 is on) the same computation runs as grouped GEMMs there (grouped_experts_cuda.cpp,
 // kernels/cuda/grouped_gemm.h).
 #pragma once
 
@@ -29,6 +31,8 @@ struct ExpertsConfig {
   int64_t etp_size = 1, etp_rank = 0;
   // --recompute-modules moe_act: a_RF is dropped after forward and recomputed from h_RF1 and probs_R in backward.
   bool recompute_act = false;
+  // fc1 and fc2 biases per expert (Megatron's --add-bias-linear; ETP 1 only, as in Megatron), initialised to zero.
+  bool bias = false;
 };
 
 class GroupedExperts {
@@ -36,11 +40,12 @@ class GroupedExperts {
   // Rows inside the experts are padded: each expert's rows start at a multiple of 32 (see grouped_experts.cpp).
   struct Stash {
     Tensor x_RH;     // input rows as fed to fc1 (bf16 when bf16 is on), padded
-    Tensor h_RF1;    // fc1 output, padded
+    Tensor h_RF1;    // fc1 output (+ b1), padded (bf16 when bf16 is on and there is no bias)
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
-    bool padded_io = false;  // the rows came (and go back) in the padded layout
+    std::vector<int64_t> row_begin;  // each expert's first row inside the experts (padded on the CPU)
+    bool padded_io = false;          // the rows came (and go back) in the padded layout
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
@@ -55,6 +60,8 @@ class GroupedExperts {
 
   nn::Parameter& fc1() { return *fc1_; }
   nn::Parameter& fc2() { return *fc2_; }
+  nn::Parameter* fc1_bias() { return b1_; }  // null without biases
+  nn::Parameter* fc2_bias() { return b2_; }
   const ExpertsConfig& config() const { return cfg_; }
   int64_t fc1_rows() const { return (kernels::is_gated(cfg_.activation) ? 2 : 1) * cfg_.ffn_hidden; }
   // The CPU experts' padded layout: each expert's rows start at a multiple of this.
@@ -64,18 +71,30 @@ class GroupedExperts {
   // Creates the fixed-shape GEMM primitives every row count will use, so no step ever creates one.
   void prepare_gemms() const;
   DType rows_out_dtype() const;  // of the CPU path's y and dx
+  DType h_dtype() const;         // of the CPU path's fc1 output (and da, the activation's output gradient)
+  // The biases on the experts' rows st.row_begin, st.tokens_per_expert, for both devices; no-ops without biases.
+  // Forward: h_RF1 += b1_e; y_RH += b2_e·p. Backward (accumulating): db1_e += Σ dh; db2_e += Σ p·dy and
+  // dprobs_R += dy·b2_e.
+  void fc1_bias_forward(const Stash& st, Tensor& h_RF1) const;
+  void fc2_bias_forward(const Stash& st, Tensor& y_RH) const;
+  void fc1_bias_backward(const Stash& st, const Tensor& dh_RF1);
+  void fc2_bias_backward(const Stash& st, const Tensor& dy_RH, Tensor& dprobs_R);
   Tensor forward_cuda(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts, Stash& st);
   Tensor backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
 
   ExpertsConfig cfg_;
   nn::Parameter* fc1_;
   nn::Parameter* fc2_;
+  nn::Parameter* b1_ = nullptr;  // [E, F1]
+  nn::Parameter* b2_ = nullptr;  // [E, H]
   Tensor w1_bf16_, w2_bf16_;
 };
 
-// Reference: the same experts computed row by row with plain loops in f64, one expert at a time. Kept for tests.
+// Reference: the same experts computed row by row with plain loops in f64, one expert at a time, with the biases
+// b1_EF1 and b2_EH where given. Kept for tests.
 Tensor sequential_experts_forward(const Tensor& w1_EFH, const Tensor& w2_EHF, kernels::Activation act,
                                   const Tensor& x_RH, const Tensor& probs_R,
-                                  const std::vector<int64_t>& tokens_per_expert);
+                                  const std::vector<int64_t>& tokens_per_expert, const Tensor* b1_EF1 = nullptr,
+                                  const Tensor* b2_EH = nullptr);
 
 }  // namespace moecore::moe

@@ -39,6 +39,7 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   MOE_ASSERT_MSG(begin.empty() ? R == 0 : begin.back() + counts.back() == R, "{} expert rows, the counts give {}", R,
                  begin.empty() ? 0 : begin.back() + counts.back());
   st.tokens_per_expert = counts;
+  st.row_begin = begin;
   const DType xt = cfg_.bf16 ? DType::BF16 : DType::F32;
   st.probs_R = probs_R.as_dtype(DType::F32).reshape({R});
   st.x_RH = x_RH.reshape({R, H}).as_dtype(xt);
@@ -52,10 +53,12 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   }
   st.h_RF1 = Tensor::empty({R, F1}, DType::F32, d);
   kernels::cuda::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, begin, counts);
+  fc1_bias_forward(st, st.h_RF1);
   st.a_RF = Tensor::empty({R, F}, xt, d);
   if (R > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   Tensor y = Tensor::empty({R, H}, DType::F32, d);
   kernels::cuda::grouped_gemm(st.a_RF, *w2, true, y, begin, counts);
+  fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
   return y;
 }
@@ -80,6 +83,8 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
   Tensor dhc = Tensor::empty({R, st.h_RF1.cols()}, xt, d);
   dprobs_R = Tensor::empty({R}, DType::F32, d);
   if (R > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs_R);
+  fc2_bias_backward(st, dy, dprobs_R);  // after the activation's backward, which writes dprobs
+  fc1_bias_backward(st, dhc);
   Tensor dx = Tensor::empty({R, H}, DType::F32, d);
   kernels::cuda::grouped_gemm(dhc, w1, false, dx, begin, counts);
   kernels::cuda::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, begin, counts);

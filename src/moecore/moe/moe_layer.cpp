@@ -16,6 +16,9 @@ void validate(const MoELayerConfig& c) {
             c.shared_ffn_hidden);
   MOE_CHECK(!c.shared_expert_gate || c.shared_ffn_hidden > 0,
             "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+  MOE_CHECK(!c.bias || c.shared_ffn_hidden == 0,
+            "--moe-shared-expert-intermediate-size with linear biases: shared experts have no bias (Megatron's "
+            "SharedExpertMLP refuses add_bias_linear); pass --disable-bias-linear");
 }
 
 namespace {
@@ -31,6 +34,7 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
   ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n,     n * rank, c.activation,
                   c.init_std,      c.output_init_std,  c.bf16};
   e.recompute_act = c.recompute_moe_act;
+  e.bias = c.bias;
   e.num_global_experts = c.router.num_experts;
   e.etp_size = etp;
   e.etp_rank = c.etp_group ? c.etp_group->rank() : 0;
@@ -38,6 +42,7 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
 }
 RouterConfig router_config(const MoELayerConfig& c) {
   RouterConfig r = c.router;
+  r.bias = c.bias;
   if (c.tp.on()) r.count_group = c.tp.group;  // TP×CP
   if (c.tp_cp_group) r.count_group = c.tp_cp_group;
   return r;
@@ -270,6 +275,7 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity) rows = E * std::min(expert_capacity(c.router, T), T);
   ExpertsConfig e{H, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
   e.recompute_act = c.recompute_moe_act;
+  e.bias = c.bias;
   e.etp_size = etp;
   int64_t b = router_stash_bytes(c.router, T, d.training);
   b += dispatch_plan_bytes(T, rows, rows, ep > 1);

@@ -28,6 +28,9 @@ struct MoELayerConfig {
   double init_std = 0.02;
   double output_init_std = 0.02;
   bool bf16 = false;
+  // --add-bias-linear (Megatron's default): the router's gating bias and the experts' fc1 and fc2 biases (no shared
+  // experts, expert tensor parallelism 1, as in Megatron).
+  bool bias = false;
   // Expert parallelism: the group experts are spread over (null: all experts local).
   const comm::ProcessGroup* ep_group = nullptr;
   bool allgather_dispatcher = false;  // --moe-token-dispatcher-type allgather (else alltoall)

@@ -64,6 +64,7 @@ Router::Router(nn::ParamRegistry& reg, const std::string& name, const RouterConf
   }
   const int64_t E = cfg.num_experts;
   weight_ = &reg.add(name + ".weight", {E, cfg.hidden}, nn::InitRule::normal(cfg.init_std));
+  if (cfg.bias) bias_ = &reg.add(name + ".bias", {E}, nn::InitRule::normal(cfg.init_std), /*no_weight_decay=*/true);
   expert_bias_E_ = Tensor::zeros({E}, DType::F32);
   tokens_per_expert_E_ = Tensor::zeros({E}, DType::F64);
   global_aux_.tokens_E = Tensor::zeros({E}, DType::F64);
@@ -286,10 +287,8 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
       for (int64_t i = 0; i < T_ * H; i++) xr[i] *= u[i];
     });
   }
-  // 2. logits = x·Wᵀ in router dtype.
-  st.logits_TE = Tensor::empty({T_, E}, rd);
-  const Tensor w_r = weight_->value.as_dtype(rd);
-  kernels::gemm(st.x_r, false, w_r, true, st.logits_TE);
+  // 2. logits = x·Wᵀ (+ b) in router dtype.
+  gating_forward(st);
   // 3. Forced balance (benchmarks): logits replaced by N(0, 1) noise, straight-through gradient.
   Tensor used = st.logits_TE;
   if (cfg_.force_load_balancing) used = balance_noise(T_, noise);
@@ -507,20 +506,14 @@ Tensor Router::backward(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_
     }
   });
   if (st.lse_T.defined()) z_loss_backward(st.logits_TE, st.lse_T, cfg_.z_loss_coeff, count_ranks(), aux_grad_scale, dl);
-  // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r (in router dtype), then through the jitter: dx = dx_r ⊙ u.
+  // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r, db += Σ_t dl (in router dtype), then through the jitter:
+  // dx = dx_r ⊙ u.
   const Tensor w_r = weight_->value.as_dtype(rd);
   // Into the caller's sum where nothing follows the GEMM (no jitter) and the dtypes agree.
   const bool into = dx_add && !st.jitter_TH.defined() && dx_add->dtype() == rd;
   Tensor dx_r = into ? *dx_add : Tensor::empty({T_, H}, rd);
   kernels::gemm(dl, false, w_r, false, dx_r, 1.0f, into ? 1.0f : 0.0f);
-  if (weight_->grad.dtype() == rd) {
-    kernels::gemm(dl, true, st.x_r, false, weight_->grad, 1.0f, weight_->take_grad_beta());
-  } else {
-    Tensor dw = Tensor::empty({E, H}, rd);
-    kernels::gemm(dl, true, st.x_r, false, dw);
-    Tensor dw_cast = dw.to(weight_->grad.dtype());
-    kernels::add_(weight_->grad_to_add(), dw_cast);
-  }
+  gating_param_grads(dl, st);
   if (st.jitter_TH.defined()) {
     MOE_DISPATCH_FLOAT(rd, R, {
       R* d = dx_r.data<R>();

@@ -49,6 +49,9 @@ struct RouterConfig {
   DropPolicy drop_policy = DropPolicy::Probs;
   bool pad_to_capacity = false;
   double init_std = 0.02;
+  // --add-bias-linear (Megatron's default): a gating bias b [E], logits = x·Wᵀ + b, drawn like the weight (Megatron's
+  // Router.reset_parameters applies init_method to both).
+  bool bias = false;
   uint64_t seed = 1234;                             // jitter and forced-balance noise streams
   const comm::ProcessGroup* count_group = nullptr;  // TP×CP (null: this rank's tokens are the whole set)
   // global_aux_loss: counts summed over TP×DP×CP; each rank's share of the loss is the global batch's loss over
@@ -126,6 +129,7 @@ class Router {
   Tensor& expert_bias() { return expert_bias_E_; }
   Tensor& local_tokens_per_expert() { return tokens_per_expert_E_; }
   nn::Parameter& weight() { return *weight_; }
+  nn::Parameter* gating_bias() { return bias_; }  // null without --add-bias-linear
   // Training forwards so far: the position of the jitter and forced-balance noise streams (checkpointed).
   uint64_t& forward_count() { return forward_count_; }
 
@@ -145,12 +149,17 @@ class Router {
   Tensor jitter_multipliers(int64_t T, const NoisePosition& n) const;
   Tensor balance_noise(int64_t T, const NoisePosition& n) const;
   Tensor backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
+  // The gating linear's forward (st.logits_TE from st.x_r) and its parameters' gradients from dlogits, for both
+  // devices (router_gating.cpp); the input gradient dl·W stays with each device's backward.
+  void gating_forward(Stash& st) const;
+  void gating_param_grads(const Tensor& dl_TE, const Stash& st);
   RouterConfig cfg_;
   nn::Parameter* weight_;
-  Tensor expert_bias_E_;        // f32, used for selection only (on the GPU after a GPU forward)
-  Tensor tokens_per_expert_E_;  // f64 counts since the last global batch (expert-bias update)
-  GlobalAuxCounts global_aux_;  // global_aux_loss counts accumulated over micro-batches
-  uint64_t forward_count_ = 0;  // advances the jitter / forced-balance noise streams
+  nn::Parameter* bias_ = nullptr;  // [E], with cfg_.bias
+  Tensor expert_bias_E_;           // f32, used for selection only (on the GPU after a GPU forward)
+  Tensor tokens_per_expert_E_;     // f64 counts since the last global batch (expert-bias update)
+  GlobalAuxCounts global_aux_;     // global_aux_loss counts accumulated over micro-batches
+  uint64_t forward_count_ = 0;     // advances the jitter / forced-balance noise streams
   uint64_t jitter_stream_ = 0, balance_stream_ = 0;
   nn::RoutingStats stats_, last_stats_;
   // Per-thread selection scratch (taken/allowed masks, selection and group scores, group ids), sized from E, K and

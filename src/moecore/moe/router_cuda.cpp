@@ -156,10 +156,8 @@ Router::Output Router::forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bo
     launch::router_mul(f32p(st.x_r), f32p(st.jitter_TH), T_ * H, stream);
     MOE_CUDA_CHECK_LAUNCH("router_mul");
   }
-  // 2. logits = x·Wᵀ (kernels::gemm runs on the GPU for GPU tensors).
-  st.logits_TE = Tensor::empty({T_, E}, rd, dev);
-  const Tensor w_r = weight_->value.as_dtype(rd);
-  kernels::gemm(st.x_r, false, w_r, true, st.logits_TE);
+  // 2. logits = x·Wᵀ (+ b) (kernels::gemm runs on the GPU for GPU tensors).
+  gating_forward(st);
   // 3. Forced balance: N(0, 1) noise drawn on the host, straight-through gradient.
   Tensor used = st.logits_TE;
   if (cfg_.force_load_balancing) used = balance_noise(T_, noise).to(dev);
@@ -301,18 +299,11 @@ Tensor Router::backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_
     launch::router_z_loss_backward(f32p(st.logits_TE), f32p(st.lse_T), f, T_, E, f32p(dl), stream);
     MOE_CUDA_CHECK_LAUNCH("router_z_loss_backward");
   }
-  // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r, then through the jitter: dx = dx_r ⊙ u.
+  // Gating backward: dx_r = dl·W, dW += dlᵀ·x_r, db += Σ_t dl, then through the jitter: dx = dx_r ⊙ u.
   const Tensor w_r = weight_->value.as_dtype(rd);
   Tensor dx_r = Tensor::empty({T_, H}, rd, dev);
   kernels::gemm(dl, false, w_r, false, dx_r);
-  if (weight_->grad.dtype() == rd) {
-    kernels::gemm(dl, true, st.x_r, false, weight_->grad, 1.0f, 1.0f);
-  } else {
-    Tensor dw = Tensor::empty({E, H}, rd, dev);
-    kernels::gemm(dl, true, st.x_r, false, dw);
-    Tensor dw_cast = dw.to(weight_->grad.dtype());
-    kernels::add_(weight_->grad, dw_cast);
-  }
+  gating_param_grads(dl, st);
   if (st.jitter_TH.defined()) {
     launch::router_mul(f32p(dx_r), f32p(st.jitter_TH), T_ * H, stream);
     MOE_CUDA_CHECK_LAUNCH("router_mul");

@@ -33,7 +33,8 @@ struct Matrices {
 
 bool is_muon_matrix(const nn::Parameter& p) {
   if (p.name.rfind("embedding.", 0) == 0 || p.name.rfind("output_layer.", 0) == 0) return false;
-  return p.value.ndim() == 2 || grouped_expert(p);
+  // An expert parameter is a matrix per expert when 3-D; the experts' biases [E, N] are vectors per expert.
+  return p.expert_parallel ? grouped_expert(p) : p.value.ndim() == 2;
 }
 
 Muon::Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketOf& bucket_of,

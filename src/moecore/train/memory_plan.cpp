@@ -109,7 +109,8 @@ double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double exp
   const double per_expert =
       static_cast<double>(kernels::packed_weight_bytes(H, F1, true, m) + kernels::packed_weight_bytes(F1, H, false, m) +
                           kernels::packed_weight_bytes(F, H, true, m) + kernels::packed_weight_bytes(H, F, false, m));
-  return expert_params / static_cast<double>(F1 * H + H * F) * per_expert;
+  const int64_t biases = c.disable_bias_linear ? 0 : F1 + H;  // per expert, not packed
+  return expert_params / static_cast<double>(F1 * H + H * F + biases) * per_expert;
 }
 }  // namespace
 
@@ -133,8 +134,11 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   }
   const double dense_ffn = (glu * H * static_cast<double>(c.ffn_hidden_size)) / t + bias * (H + glu / 2 * H);
   const double E = static_cast<double>(c.num_experts), Fs = static_cast<double>(c.moe_shared_expert_intermediate_size);
-  const double moe_dense = E * H + glu * H * Fs / t + (c.moe_shared_expert_gate ? H : 0);
-  const double expert = E * glu * H * static_cast<double>(c.moe_ffn_hidden_size) / static_cast<double>(ep_etp);
+  const double moe_dense = E * H + bias * E + glu * H * Fs / t + (c.moe_shared_expert_gate ? H : 0);
+  // Per expert fc1 [F1, H] and fc2 [H, F] weights, with biases fc1's [F1] and fc2's [H] (F1 = (glu − 1)·F; biases
+  // need ETP 1, so ep_etp is EP then).
+  const double Fm = static_cast<double>(c.moe_ffn_hidden_size);
+  const double expert = E * (glu * H * Fm + bias * ((glu - 1) * Fm + H)) / static_cast<double>(ep_etp);
   std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
   if (c.num_experts > 0) is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
   std::vector<StageLayers> chunks{StageLayers{0, c.num_layers, true, true, 0}};

@@ -60,6 +60,7 @@ ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
   m.mlp.hidden = g.hidden_size;
   m.mlp.ffn_hidden = g.ffn_hidden_size;
   m.mlp.activation = g.activation;
+  m.mlp.bias = g.add_bias_linear;  // keeps fc1's output in f32 under bf16
   m.mlp.bf16 = g.bf16;
   m.mlp.recompute = m.rc.mlp;
   m.is_moe.assign(static_cast<size_t>(c.num_layers), false);

@@ -1,9 +1,11 @@
 // Elementwise helpers (see elementwise.h).
 #include "moecore/kernels/elementwise.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/vec_math.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
@@ -135,35 +137,119 @@ int64_t count_zeros(const Tensor& a) {
 
 namespace moecore::kernels {
 
-void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
-  if (y_TN.device().is_cuda()) return cuda::add_row_bias_(y_TN, b_N);
-  const int64_t rows = y_TN.rows(), N = y_TN.cols();
-  MOE_ASSERT(b_N.numel() == N && b_N.dtype() == y_TN.dtype());
-  MOE_DISPATCH_FLOAT(y_TN.dtype(), T, {
-    T* y = y_TN.data<T>();
-    const T* b = b_N.data<T>();
-    _Pragma("omp parallel for schedule(static)") for (int64_t t = 0; t < rows; t++) for (int64_t j = 0; j < N; j++)
-        y[t * N + j] += b[j];
+namespace {
+void check_segments(const RowSegments& seg, int64_t rows) {
+  MOE_ASSERT(seg.begin.size() == seg.count.size());
+  for (size_t e = 0; e < seg.begin.size(); e++)
+    MOE_ASSERT_MSG(seg.begin[e] >= 0 && seg.count[e] >= 0 && seg.begin[e] + seg.count[e] <= rows,
+                   "segment {}: rows [{}, {}) of {}", e, seg.begin[e], seg.begin[e] + seg.count[e], rows);
+}
+
+// T: the computation's type (b, w, db, dw); Y: y's or dy's storage (T, or bf16). One parallel region; each segment's
+// rows are shared out without a barrier between segments (they are disjoint).
+template <typename T, typename Y>
+void bias_rows(const T* b, const T* w, const RowSegments& seg, int64_t N, Y* y) {
+  const int64_t E = static_cast<int64_t>(seg.begin.size());
+#pragma omp parallel
+  for (int64_t e = 0; e < E; e++) {
+    const T* be = b + e * N;
+    const int64_t r0 = seg.begin[e], r1 = r0 + seg.count[e];
+#pragma omp for schedule(static) nowait
+    for (int64_t r = r0; r < r1; r++) {
+      const T s = w ? w[r] : T(1);  // b·1 is b exactly: the unweighted sum has the plain bias add's bits
+      Y* yr = y + r * N;
+      for (int64_t j = 0; j < N; j++) store_as(yr + j, load_as<T>(yr + j) + be[j] * s);
+    }
+  }
+}
+
+// db[e, j] += Σ_{r ∈ e} w_r·dy[r, j], rows in order per block of 64 columns.
+template <typename T, typename Y>
+void bias_col_sums(const Y* dy, const T* w, const RowSegments& seg, int64_t N, T* db) {
+  constexpr int64_t kCols = 64;
+  const int64_t E = static_cast<int64_t>(seg.begin.size()), nblk = (N + kCols - 1) / kCols;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+      const int64_t j0 = blk * kCols, j1 = std::min(N, j0 + kCols);
+      T acc[kCols] = {};
+      for (int64_t r = seg.begin[e]; r < seg.begin[e] + seg.count[e]; r++) {
+        const T s = w ? w[r] : T(1);
+        for (int64_t j = j0; j < j1; j++) acc[j - j0] += load_as<T>(dy + r * N + j) * s;
+      }
+      for (int64_t j = j0; j < j1; j++) db[e * N + j] += acc[j - j0];
+    }
+}
+
+// dw[r] += dy[r, :]·b[e], columns in order.
+template <typename T, typename Y>
+void bias_row_dots(const Y* dy, const T* b, const RowSegments& seg, int64_t N, T* dw) {
+  const int64_t E = static_cast<int64_t>(seg.begin.size());
+#pragma omp parallel
+  for (int64_t e = 0; e < E; e++) {
+    const T* be = b + e * N;
+    const int64_t r0 = seg.begin[e], r1 = r0 + seg.count[e];
+#pragma omp for schedule(static) nowait
+    for (int64_t r = r0; r < r1; r++) {
+      T s = 0;
+      for (int64_t j = 0; j < N; j++) s += load_as<T>(dy + r * N + j) * be[j];
+      dw[r] += s;
+    }
+  }
+}
+}  // namespace
+
+void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
+  const int64_t N = y_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
+  MOE_ASSERT_MSG(b_EN.numel() == E * N, "bias {} for {} segments of {} columns", b_EN.shape().str(), E, N);
+  MOE_ASSERT(!w_R || w_R->numel() == y_RN.rows());
+  check_segments(seg, y_RN.rows());
+  if (y_RN.device().is_cuda()) return cuda::segment_bias_forward(b_EN, w_R, seg, y_RN);
+  const DType ct = b_EN.dtype();
+  MOE_ASSERT(y_RN.dtype() == ct || (y_RN.dtype() == DType::BF16 && ct == DType::F32));
+  MOE_ASSERT(!w_R || w_R->dtype() == ct);
+  MOE_DISPATCH_FLOAT(ct, T, {
+    const T* w = w_R ? w_R->data<T>() : nullptr;
+    if (y_RN.dtype() == DType::BF16)
+      bias_rows<T, bf16>(b_EN.data<T>(), w, seg, N, y_RN.data<bf16>());
+    else
+      bias_rows<T, T>(b_EN.data<T>(), w, seg, N, y_RN.data<T>());
   });
 }
 
-void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
-  if (dy_TN.device().is_cuda()) return cuda::accumulate_col_sums(dy_TN, db_N);
-  const int64_t rows = dy_TN.rows(), N = dy_TN.cols();
-  MOE_ASSERT(db_N.numel() == N && db_N.dtype() == dy_TN.dtype());
-  constexpr int64_t kCols = 64;
-  const int64_t nblk = (N + kCols - 1) / kCols;
-  MOE_DISPATCH_FLOAT(dy_TN.dtype(), T, {
-    const T* dy = dy_TN.data<T>();
-    T* db = db_N.data<T>();
-    _Pragma("omp parallel for schedule(static)") for (int64_t b = 0; b < nblk; b++) {
-      const int64_t j0 = b * kCols, j1 = std::min(N, j0 + kCols);
-      T acc[kCols] = {};
-      for (int64_t t = 0; t < rows; t++)
-        for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy[t * N + j];
-      for (int64_t j = j0; j < j1; j++) db[j] += acc[j - j0];
+void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
+                           const Tensor* b_EN, Tensor* dw_R) {
+  const int64_t N = dy_RN.cols(), E = static_cast<int64_t>(seg.begin.size()), R = dy_RN.rows();
+  MOE_ASSERT_MSG(db_EN.numel() == E * N, "bias gradient {} for {} segments of {} columns", db_EN.shape().str(), E, N);
+  MOE_ASSERT(!w_R || w_R->numel() == R);
+  MOE_ASSERT((b_EN == nullptr) == (dw_R == nullptr));
+  MOE_ASSERT(!dw_R || (b_EN->numel() == E * N && dw_R->numel() == R));
+  check_segments(seg, R);
+  if (dy_RN.device().is_cuda()) return cuda::segment_bias_backward(dy_RN, w_R, seg, db_EN, b_EN, dw_R);
+  const DType ct = db_EN.dtype();
+  MOE_ASSERT(dy_RN.dtype() == ct || (dy_RN.dtype() == DType::BF16 && ct == DType::F32));
+  MOE_ASSERT(!w_R || w_R->dtype() == ct);
+  MOE_ASSERT(!dw_R || (b_EN->dtype() == ct && dw_R->dtype() == ct));
+  MOE_DISPATCH_FLOAT(ct, T, {
+    const T* w = w_R ? w_R->data<T>() : nullptr;
+    if (dy_RN.dtype() == DType::BF16) {
+      bias_col_sums<T, bf16>(dy_RN.data<bf16>(), w, seg, N, db_EN.data<T>());
+      if (dw_R) bias_row_dots<T, bf16>(dy_RN.data<bf16>(), b_EN->data<T>(), seg, N, dw_R->data<T>());
+    } else {
+      bias_col_sums<T, T>(dy_RN.data<T>(), w, seg, N, db_EN.data<T>());
+      if (dw_R) bias_row_dots<T, T>(dy_RN.data<T>(), b_EN->data<T>(), seg, N, dw_R->data<T>());
     }
   });
+}
+
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  const int64_t begin = 0, rows = y_TN.rows();
+  segment_bias_forward(b_N, nullptr, {{&begin, 1}, {&rows, 1}}, y_TN);
+}
+
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  const int64_t begin = 0, rows = dy_TN.rows();
+  segment_bias_backward(dy_TN, nullptr, {{&begin, 1}, {&rows, 1}}, db_N);
 }
 
 }  // namespace moecore::kernels

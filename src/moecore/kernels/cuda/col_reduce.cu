@@ -12,10 +12,12 @@ constexpr int64_t kRowsPerWarp = kColChunk / kWarps;
 constexpr int kFinishWarps = 32;  // stage 2: 32 warps split a column's chunks
 static_assert(kColChunk % kWarps == 0, "a chunk splits evenly over the warps");
 
-// What is summed per (row t, column j): 0 the bias gradient dy, 1 RMSNorm's dy·x·rstd[t], 2 LayerNorm's
-// dy·(x − mean[t])·rstd[t] and dy (two outputs).
-template <int kKind>
-__global__ void col_partial_k(const float* dy, const float* x, const float* mean, const float* rstd, float* part,
+// What is summed per (row t, column j): 0 the bias gradient dy, times the row's weight w[t] where weights are given
+// (the expert fc2 bias's routing probabilities), 1 RMSNorm's dy·x·rstd[t], 2 LayerNorm's dy·(x − mean[t])·rstd[t]
+// and dy (two outputs). `row` is the per-row factor: the weights (or null) for kind 0, rstd for the norms. dy is
+// f32, or bf16 (G) for the bias gradient.
+template <int kKind, typename G>
+__global__ void col_partial_k(const G* dy, const float* x, const float* mean, const float* row, float* part,
                               int64_t rows, int64_t N, int64_t C) {
   __shared__ float sm[2][kWarps][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -28,13 +30,13 @@ __global__ void col_partial_k(const float* dy, const float* x, const float* mean
     if (j < N) {
 #pragma unroll 4
       for (int64_t t = r0; t < r1; t++) {
-        const float g = dy[t * N + j];
+        const float g = to_f32(dy[t * N + j]);
         if constexpr (kKind == 0) {
-          a += g;
+          a += row ? g * row[t] : g;
         } else if constexpr (kKind == 1) {
-          a += g * x[t * N + j] * rstd[t];
+          a += g * x[t * N + j] * row[t];
         } else {
-          a += g * (x[t * N + j] - mean[t]) * rstd[t];
+          a += g * (x[t * N + j] - mean[t]) * row[t];
           b += g;
         }
       }
@@ -93,20 +95,27 @@ __global__ void col_sums_sequential_k(const float* dy, float* db, int64_t rows, 
   db[j] += a;
 }
 
-template <int kKind>
-void col_reduce(const float* dy, const float* x, const float* mean, const float* rstd, float* out0, float* out1,
+template <int kKind, typename G = float>
+void col_reduce(const G* dy, const float* x, const float* mean, const float* row, float* out0, float* out1,
                 float* scratch, int64_t rows, int64_t N, cudaStream_t s) {
   if (rows <= 0 || N <= 0) return;
   const int64_t C = col_chunks(rows);
   const unsigned col_blocks = static_cast<unsigned>((N + 31) / 32);
   const dim3 grid1(col_blocks, static_cast<unsigned>(C < 65535 ? C : 65535));
-  col_partial_k<kKind><<<grid1, kWarps * 32, 0, s>>>(dy, x, mean, rstd, scratch, rows, N, C);
+  col_partial_k<kKind, G><<<grid1, kWarps * 32, 0, s>>>(dy, x, mean, row, scratch, rows, N, C);
   col_finish_k<kKind == 2 ? 2 : 1><<<col_blocks, kFinishWarps * 32, 0, s>>>(scratch, C, N, out0, out1);
 }
 }  // namespace
 
 void col_sums_two_stage(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s) {
   col_reduce<0>(dy, nullptr, nullptr, nullptr, db, nullptr, scratch, rows, N, s);
+}
+void weighted_col_sums_two_stage(const void* dy, bool dy_bf16, const float* w, float* db, float* scratch, int64_t rows,
+                                 int64_t N, cudaStream_t s) {
+  if (dy_bf16)
+    col_reduce<0>(static_cast<const __nv_bfloat16*>(dy), nullptr, nullptr, w, db, nullptr, scratch, rows, N, s);
+  else
+    col_reduce<0>(static_cast<const float*>(dy), nullptr, nullptr, w, db, nullptr, scratch, rows, N, s);
 }
 void rmsnorm_dw_two_stage(const float* dy, const float* x, const float* rstd, float* dw, float* scratch, int64_t rows,
                           int64_t H, cudaStream_t s) {

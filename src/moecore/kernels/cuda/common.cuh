@@ -19,6 +19,13 @@ inline unsigned grid_for(int64_t n, int threads = kThreads, int64_t cap = 65535L
 __device__ __forceinline__ float round_bf16(float x) {
   return __bfloat162float(__float2bfloat16_rn(x));
 }
+// An f32 or bf16 element read as f32 (bf16 widened exactly).
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
 // Sum over a block of kThreads threads; the tree is fixed, so the result does not depend on timing.
 template <typename T>

@@ -2,8 +2,9 @@
 // expert a different row count, experts with no rows skipped. Operands f32 (TF32 off unless set_allow_tf32) or bf16
 // with f32 accumulation and an f32 output: the CPU grouped experts' semantics. Two implementations, selected at run
 // time: one cuBLASLt matmul per expert spread over 4 streams (the default, the faster: docs/performance.md), or
-// cuBLAS's cublasGemmGroupedBatchedEx, one call per GEMM kind. Plain host declarations: a CPU-only build defines these
-// in kernels/cuda/moe_kernels_unavailable.cpp.
+// cuBLAS's cublasGemmGroupedBatchedEx, one call per GEMM kind. No bias epilogue: the experts' biases are added per
+// expert segment of rows afterwards (kernels::segment_bias_forward). Plain host declarations: a CPU-only build defines
+// these in kernels/cuda/moe_kernels_unavailable.cpp.
 #pragma once
 
 #include <vector>

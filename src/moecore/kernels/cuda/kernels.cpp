@@ -127,18 +127,45 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   check_launch("layernorm_backward");
 }
 
-void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
-  MOE_ASSERT(b_N.numel() == y_TN.cols());
-  launch::add_row_bias(f32(y_TN, "y"), f32(b_N, "b"), y_TN.rows(), y_TN.cols(), current_stream());
+// Shapes and segments are checked by the device-neutral entry points (kernels/cpu/elementwise.cpp).
+void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
+  const int64_t N = y_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
+  float* y = f32(y_RN, "y");
+  const float* b = f32(b_EN, "b");
+  const float* w = w_R ? f32(*w_R, "w") : nullptr;
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t r0 = seg.begin[e], n = seg.count[e];
+    if (n > 0) launch::add_row_bias(y + r0 * N, b + e * N, w ? w + r0 : nullptr, n, N, current_stream());
+  }
   check_launch("add_row_bias");
 }
 
-void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
-  MOE_ASSERT(db_N.numel() == dy_TN.cols());
-  Tensor scratch = col_scratch(dy_TN.rows(), dy_TN.cols(), 1, dy_TN.device());
-  launch::accumulate_col_sums(f32(dy_TN, "dy"), f32(db_N, "db"), scratch.device_data<float>(), dy_TN.rows(),
-                              dy_TN.cols(), current_stream());
-  check_launch("accumulate_col_sums");
+void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
+                           const Tensor* b_EN, Tensor* dw_R) {
+  const int64_t N = dy_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
+  MOE_ASSERT_MSG(dy_RN.device().is_cuda() && (dy_RN.dtype() == DType::F32 || dy_RN.dtype() == DType::BF16),
+                 "the bias gradient reads f32 or bf16 rows on the GPU, got {} on {}", dtype_name(dy_RN.dtype()),
+                 dy_RN.device().str());
+  const bool dy16 = dy_RN.dtype() == DType::BF16;
+  const char* dy = static_cast<const char*>(dy_RN.raw());
+  const size_t row_bytes = static_cast<size_t>(N) * dtype_size(dy_RN.dtype());
+  float* db = f32(db_EN, "db");
+  const float* w = w_R ? f32(*w_R, "w") : nullptr;
+  const float* b = b_EN ? f32(*b_EN, "b") : nullptr;
+  float* dw = dw_R ? f32(*dw_R, "dw") : nullptr;
+  int64_t most = 0;
+  for (int64_t c : seg.count) most = std::max(most, c);
+  // One scratch for every segment: their reductions run one after another on this stream.
+  Tensor scratch = col_scratch(most, N, 1, dy_RN.device());
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t r0 = seg.begin[e], n = seg.count[e];
+    if (n == 0) continue;
+    const void* dy_e = dy + static_cast<size_t>(r0) * row_bytes;
+    launch::accumulate_col_sums(dy_e, dy16, w ? w + r0 : nullptr, db + e * N, scratch.device_data<float>(), n, N,
+                                current_stream());
+    if (dw) launch::add_row_dots(dy_e, dy16, b + e * N, dw + r0, n, N, current_stream());
+  }
+  check_launch("segment_bias_backward");
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/adamw.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cuda {
@@ -37,8 +38,10 @@ void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H,
                        Tensor& mean_T, Tensor& rstd_T);
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H);
-void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
-void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
+// y f32; dy f32 or bf16; one launch per segment with rows (the segments are the experts' rows, known on the host).
+void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN);
+void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
+                           const Tensor* b_EN, Tensor* dw_R);
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
                      RopePairs pairs, Tensor& y_SBND);
 void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,

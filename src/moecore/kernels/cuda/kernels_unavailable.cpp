@@ -48,11 +48,11 @@ void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tenso
                         Tensor&) {
   MOE_NO_CUDA_KERNEL("layernorm_backward");
 }
-void add_row_bias_(Tensor&, const Tensor&) {
-  MOE_NO_CUDA_KERNEL("add_row_bias_");
+void segment_bias_forward(const Tensor&, const Tensor*, const RowSegments&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("segment_bias_forward");
 }
-void accumulate_col_sums(const Tensor&, Tensor&) {
-  MOE_NO_CUDA_KERNEL("accumulate_col_sums");
+void segment_bias_backward(const Tensor&, const Tensor*, const RowSegments&, Tensor&, const Tensor*, Tensor*) {
+  MOE_NO_CUDA_KERNEL("segment_bias_backward");
 }
 void rope_forward_at(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, RopePairs, Tensor&) {
   MOE_NO_CUDA_KERNEL("rope_forward");

@@ -27,9 +27,13 @@ void layernorm_forward(const float* x, const float* w, const float* b, float* y,
                        int64_t H, float eps, cudaStream_t s);
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, float* scratch, int64_t rows, int64_t H, cudaStream_t s);
-// y[t, :] += b; db += Σ_t dy[t, :] (the two-stage column sum; scratch as rmsnorm_backward's).
-void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s);
-void accumulate_col_sums(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s);
+// The bias of a linear layer or of one expert, each row's scaled by w[t] (w null: 1):
+// y[t, :] += b·w[t]; db += Σ_t w[t]·dy[t, :] (the two-stage column sum; scratch as rmsnorm_backward's) and
+// dw[t] += dy[t, :]·b (a warp per row). dy is f32, or bf16 when dy_bf16 (widened as it is read).
+void add_row_bias(float* y, const float* b, const float* w, int64_t rows, int64_t N, cudaStream_t s);
+void accumulate_col_sums(const void* dy, bool dy_bf16, const float* w, float* db, float* scratch, int64_t rows,
+                         int64_t N, cudaStream_t s);
+void add_row_dots(const void* dy, bool dy_bf16, const float* b, float* dw, int64_t rows, int64_t N, cudaStream_t s);
 
 // Rotates channels [offset, offset+rot_dim) of each [S, BN, D] row pair-wise; sign −1 is the backward.
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,

@@ -3,7 +3,7 @@
 // reads 32 adjacent columns of a row, 8 warps split the chunk's rows and are added in warp order); stage 2 adds the
 // chunks of each column in a fixed order to the gradient. The chunk size is a constant, not a function of the GPU,
 // so the bits are the same on every run and every device; they differ from the CPU kernels' row-by-row sums by
-// rounding only. f32; the gradients are accumulated into (+=).
+// rounding only. f32 (the bias gradient's rows also bf16); the gradients are accumulated into (+=).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,6 +24,9 @@ inline int64_t col_reduce_scratch_floats(int64_t rows, int64_t N, int outputs) {
 
 // db[j] += Σ_t dy[t, j].
 void col_sums_two_stage(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s);
+// db[j] += Σ_t w[t]·dy[t, j] (w null: 1); dy f32, or bf16 when dy_bf16 (widened as it is read).
+void weighted_col_sums_two_stage(const void* dy, bool dy_bf16, const float* w, float* db, float* scratch, int64_t rows,
+                                 int64_t N, cudaStream_t s);
 // dw[j] += Σ_t dy[t, j]·x[t, j]·rstd[t].
 void rmsnorm_dw_two_stage(const float* dy, const float* x, const float* rstd, float* dw, float* scratch, int64_t rows,
                           int64_t H, cudaStream_t s);

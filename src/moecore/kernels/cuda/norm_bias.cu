@@ -1,4 +1,4 @@
-// LayerNorm forward/backward and the linear layers' bias kernels (see launch.h). The math follows
+// LayerNorm forward/backward and the bias kernels of the linear layers and the experts (see launch.h). The math follows
 // kernels/cpu/layernorm.cpp and elementwise.cpp: two-pass statistics and the overflow-safe path; the weight and bias
 // gradients are the two-stage column reductions of col_reduce.cu (fixed order, no atomics).
 #include "moecore/kernels/cuda/common.cuh"
@@ -105,9 +105,22 @@ __global__ void layernorm_bwd_dx_warp_k(const float* dy, const float* x, const f
     dx[t * H + j] = r * (w[j] * dy[t * H + j] - mg - (x[t * H + j] - mu) * r * mgx);
 }
 
-__global__ void add_row_bias_k(float* y, const float* b, int64_t rows, int64_t N) {
+// y[t, j] += b[j]·w[t] (w null: b[j], the same bits: b·1 is b).
+__global__ void add_row_bias_k(float* y, const float* b, const float* w, int64_t rows, int64_t N) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * N; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += b[i % N];
+    y[i] += w ? b[i % N] * w[i / N] : b[i % N];
+}
+
+// dw[t] += Σ_j dy[t, j]·b[j]: a warp per row, each lane a fixed stride of columns, then the warp's butterfly sum.
+template <typename G>
+__global__ void add_row_dots_k(const G* dy, const float* b, float* dw, int64_t rows, int64_t N) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.x * int64_t(kRowsPerBlock) + (threadIdx.x >> 5);
+  if (t >= rows) return;
+  float s = 0.0f;
+  for (int64_t j = lane; j < N; j += 32) s += to_f32(dy[t * N + j]) * b[j];
+  s = warp_sum(s);
+  if (lane == 0) dw[t] += s;
 }
 
 }  // namespace
@@ -129,11 +142,19 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
     layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
   layernorm_dwb_two_stage(dy, x, mean, rstd, dw, db, scratch, rows, H, s);
 }
-void add_row_bias(float* y, const float* b, int64_t rows, int64_t N, cudaStream_t s) {
-  if (rows * N > 0) add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(y, b, rows, N);
+void add_row_bias(float* y, const float* b, const float* w, int64_t rows, int64_t N, cudaStream_t s) {
+  if (rows * N > 0) add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(y, b, w, rows, N);
 }
-void accumulate_col_sums(const float* dy, float* db, float* scratch, int64_t rows, int64_t N, cudaStream_t s) {
-  col_sums_two_stage(dy, db, scratch, rows, N, s);
+void accumulate_col_sums(const void* dy, bool dy_bf16, const float* w, float* db, float* scratch, int64_t rows,
+                         int64_t N, cudaStream_t s) {
+  weighted_col_sums_two_stage(dy, dy_bf16, w, db, scratch, rows, N, s);
+}
+void add_row_dots(const void* dy, bool dy_bf16, const float* b, float* dw, int64_t rows, int64_t N, cudaStream_t s) {
+  if (rows <= 0) return;
+  if (dy_bf16)
+    add_row_dots_k<<<warp_row_grid(rows), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(dy), b, dw, rows, N);
+  else
+    add_row_dots_k<<<warp_row_grid(rows), kThreads, 0, s>>>(static_cast<const float*>(dy), b, dw, rows, N);
 }
 
 }  // namespace moecore::launch

@@ -265,6 +265,7 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   m.init_std = c.init_method_std;
   m.output_init_std = c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   m.bf16 = c.bf16;
+  m.bias = !c.disable_bias_linear;
   m.allgather_dispatcher = c.moe_token_dispatcher_type == "allgather";
   return m;
 }

@@ -414,8 +414,15 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.tokenizer_type != "" || c.mock_data, "--data-path needs a --tokenizer-type");
   validate(lr_schedule(c));
   if (c.num_experts > 0) {
-    MOE_CHECK(c.disable_bias_linear,
-              "--num-experts with linear biases: moecore's experts have no bias; pass --disable-bias-linear");
+    // Expert biases as Megatron has them: with ETP 1 only (TransformerConfig), and not through upcycling, whose
+    // grouped-GEMM path would leave the dense FFN's biases behind.
+    MOE_CHECK(c.disable_bias_linear || etp == 1,
+              "--expert-tensor-parallel-size {} with linear biases: expert biases need expert tensor parallelism 1 "
+              "(as in Megatron); pass --disable-bias-linear or --expert-tensor-parallel-size 1",
+              etp);
+    MOE_CHECK(c.disable_bias_linear || !c.moe_use_upcycling,
+              "--moe-use-upcycling with linear biases is not available: the dense FFN's biases have no place in the "
+              "upcycled experts; pass --disable-bias-linear");
     MOE_CHECK(c.moe_grouped_gemm, "moe-grouped-gemm: false is rejected: moecore always runs experts as grouped GEMMs");
     MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "allgather",
               "--moe-token-dispatcher-type {} is rejected; use alltoall or allgather", c.moe_token_dispatcher_type);
