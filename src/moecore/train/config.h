@@ -169,7 +169,7 @@ struct TrainConfig {
   bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
-  std::string ckpt_format = "moecore";  // Megatron's formats are refused (megatron_flags.h)
+  std::string ckpt_format = "moecore";  // Megatron's formats: no effect (ckpt/foreign_checkpoint.h)
   std::string fault_kill_during_save;   // "RANK:ITERATION" (crash-safety tests)
   int64_t testing_memory_limit = 0;     // bytes the run may use instead of the detected limit (memory tests)
   std::string device = "auto";          // --device auto|cpu|cuda (cuda/device_select.h, docs/cuda.md)
