@@ -8,7 +8,9 @@
 #  5. --metrics-file /dev/full ends the run naming the file and ENOSPC;
 #  6. a full disk during a save (ulimit -f, SIGXFSZ ignored: EFBIG) ends the run naming the file and leaves the
 #     previous checkpoint, the marker and its sidecar exactly as they were;
-#  7. a full disk while train-tokenizer replaces its output ends it naming the file; the earlier tokenizer stays.
+#  7. a full disk while train-tokenizer replaces its output ends it naming the file; the earlier tokenizer stays;
+#  8. --load of a Megatron torch_dist checkpoint (Megatron's launch line: --ckpt-format torch_dist --load D --save D)
+#     is refused naming its format and files, before training and with every file unchanged.
 # Usage: guards.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --num-attention-heads 2 --disable-bias-linear
@@ -94,4 +96,19 @@ grep -q "cannot write $D/tok/tokenizer.json.tmp: File too large" "$D/tokfull.log
   fail "tokenizer full disk: $(tail -3 "$D/tokfull.log")"
 [ "$(sums "$D/tok")" = "$before" ] || fail "a failed train-tokenizer changed the earlier tokenizer"
 echo "full disk in train-tokenizer: ended naming the file; the earlier tokenizer intact"
+# 8. A Megatron torch_dist checkpoint.
+M="$D/megatron/iter_0000010"
+mkdir -p "$M"
+echo '{"sharded_backend": "torch_dist", "sharded_backend_version": 1}' >"$M/metadata.json"
+touch "$M/.metadata" "$M/common.pt" "$M/__0_0.distcp"
+echo 10 >"$D/megatron/latest_checkpointed_iteration.txt"
+before=$(sums "$D/megatron")
+train --train-iters 12 --ckpt-format torch_dist --load "$D/megatron" --save "$D/megatron" >"$D/megatron.log" 2>&1 &&
+  fail "loaded a Megatron checkpoint"
+grep -q -- "--load $D/megatron holds a Megatron-LM torch_dist checkpoint (iter_0000010/ with metadata.json, .metadata, common.pt, 1 .distcp file), not a moecore checkpoint" \
+  "$D/megatron.log" || fail "Megatron checkpoint: $(tail -3 "$D/megatron.log")"
+grep -q "moecore convert hf-to-native" "$D/megatron.log" || fail "Megatron checkpoint: no way over named"
+grep -q "iteration .*/" "$D/megatron.log" && fail "the refused run trained"
+[ "$(sums "$D/megatron")" = "$before" ] || fail "a refused run changed the Megatron checkpoint"
+echo "Megatron torch_dist checkpoint: refused naming its format and files"
 echo "checkpoint guards: all checks passed"

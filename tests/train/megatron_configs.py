@@ -44,8 +44,8 @@ GPT3_MOE_COMMON = """
 --attention-softmax-in-fp32 --use-mcore-models --ckpt-format torch_dist --data-cache-path ${DATA_CACHE_PATH}
 --bf16 --log-memory-to-tensorboard
 """
-# Megatron's torch_dist checkpoints cannot be written here: the same run with moecore's own format.
-TORCH_DIST = ("--ckpt-format", "torch_dist", "--ckpt-format moecore")
+# --ckpt-format torch_dist selects moecore's own format, listed at the start as without effect.
+OWN_FORMAT = "--ckpt-format torch_dist: moecore saves and loads its own checkpoint format"
 
 CONFIGS = [
     dict(name="tp2_ep2_sinkhorn_dist_optimizer", np=4,
@@ -55,7 +55,7 @@ CONFIGS = [
            --use-distributed-optimizer --moe-router-load-balancing-type sinkhorn --moe-router-topk 1
            --ckpt-fully-parallel-load --dist-ckpt-strictness log_all --attention-backend unfused
            --disable-bias-linear --no-bias-gelu-fusion --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="tp2_ep4_etp1_aux_loss", np=4, source="moe/gpt3_mcore_te_tp2_pp1_te_8experts_etp1_ep4",
          args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
            --pipeline-model-parallel-size 1 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1
@@ -63,14 +63,14 @@ CONFIGS = [
            --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-grouped-gemm --dist-ckpt-optim-fully-reshardable
            --dist-ckpt-strictness log_all --attention-backend unfused --no-bias-gelu-fusion --async-save
            --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="tp2_ep2_top2router", np=4, source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_top2router",
          args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
            --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --disable-bias-linear --sequence-parallel
            --num-experts 8 --moe-router-load-balancing-type aux_loss --moe-router-topk 2 --moe-aux-loss-coeff 1e-2
            --moe-grouped-gemm --dist-ckpt-strictness log_all --attention-backend unfused --no-bias-gelu-fusion
            --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="tp2_ep2_overlap_grad_reduce_param_gather", np=4,
          source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_overlap_grad_reduce_param_gather_groupedGEMM",
          args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
@@ -79,7 +79,7 @@ CONFIGS = [
            --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --overlap-grad-reduce
            --overlap-param-gather --dist-ckpt-strictness log_all --attention-backend unfused --no-bias-gelu-fusion
            --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="tp2_ep2_ddp_average_in_collective", np=4,
          source="moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_ddp_average_in_collective",
          args=GPT3_MOE_COMMON + """--save-interval 10000 --tensor-model-parallel-size 2
@@ -88,7 +88,7 @@ CONFIGS = [
            --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --overlap-grad-reduce
            --overlap-param-gather --ddp-average-in-collective --dist-ckpt-strictness log_all
            --attention-backend unfused --no-bias-gelu-fusion --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="tp2_ep2_multi_dist_optimizer_instances", np=8,  # 8 GPUs in Megatron's CI: EDP 2 for 2 instances
          source="moe/gpt3_mcore_te_tp2_pp1_resume_torch_dist_te_8experts2parallel_multi_dist_optimizer_instances",
          args=GPT3_MOE_COMMON + """--save-interval 50 --tensor-model-parallel-size 2
@@ -97,7 +97,7 @@ CONFIGS = [
            --ckpt-fully-parallel-load --use-checkpoint-opt_param-scheduler --dist-ckpt-strictness log_all
            --ckpt-assume-constant-structure --disable-bias-linear --no-bias-gelu-fusion
            --num-distributed-optimizer-instances 2 --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="ep8_allgather_muon", np=8, source="moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon",
          args=GPT3_MOE_COMMON + """--disable-bias-linear --save-interval 50 --tensor-model-parallel-size 1
            --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 --num-experts 8
@@ -106,7 +106,7 @@ CONFIGS = [
            --use-checkpoint-opt_param-scheduler --ckpt-assume-constant-structure --no-bias-gelu-fusion
            --optimizer muon --muon-momentum 0.9 --muon-extra-scale-factor 0.2 --muon-scale-mode spectral
            --check-weight-hash-across-dp-replicas-interval 1 --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="ep8_allgather_dist_muon", np=8, source="moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon",
          args=GPT3_MOE_COMMON + """--disable-bias-linear --save-interval 50 --tensor-model-parallel-size 1
            --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 --num-experts 8
@@ -115,14 +115,14 @@ CONFIGS = [
            --use-checkpoint-opt_param-scheduler --ckpt-assume-constant-structure --no-bias-gelu-fusion
            --optimizer dist_muon --muon-momentum 0.9 --muon-extra-scale-factor 0.2 --muon-scale-mode spectral
            --use-distributed-optimizer --async-save --use-persistent-ckpt-worker""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="tp1_4experts_swiglu_sinkhorn", np=2,
          source="moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser",
          args=GPT3_MOE_COMMON.replace("--save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}", "") +
          """--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 1
            --moe-grouped-gemm --use-transformer-engine-op-fuser --disable-bias-linear --num-experts 4
            --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --swiglu""",
-         refused=[TORCH_DIST]),
+         refused=[]),
     dict(name="qwen3_30b_a3b", np=4,
          source="model flags of examples/rl/model_configs/qwen3_30b_a3b_moe.sh (48 layers, 128 experts top-8), "
                 "pretraining flags of the functional tests",
@@ -283,6 +283,10 @@ def main():
         if rc != 0 or not iters or iters[-1][0] != iters[-1][1]:
             failures.append(f"{cfg['name']}: did not finish (rc {rc}); see {d}/run.log")
             print(f"FAIL {cfg['name']}\n" + out[-4000:], flush=True)
+            continue
+        if "torch_dist" in args and OWN_FORMAT not in out:
+            failures.append(f"{cfg['name']}: --ckpt-format torch_dist not listed as without effect; see {d}/run.log")
+            print(f"FAIL {cfg['name']} (no-effect listing)\n" + out[-3000:], flush=True)
             continue
         verdict.append(f"trained {iters[-1][0]} iterations on {cfg['np']} ranks ({secs:.1f} s)")
         print(f"ok   {cfg['name']:<42} {cfg['source']}\n     " + "; then ".join(verdict), flush=True)

@@ -1,7 +1,8 @@
 // Every Megatron-LM flag has exactly one rule: in moecore's flag table (implemented) or in the rules of
 // megatron_flags.h (no effect, no effect for some values, refused). Each flag of tests/train/megatron_flags.txt
 // parses with a value of its arity and gets its rule, never "unknown flag"; no-effect flags are listed for the start
-// of the run; refused ones stop the flag pass naming the flag. Also YAML keys, --help, and --ckpt-format.
+// of the run; refused ones stop the flag pass naming the flag. Also YAML keys, --help, and Megatron's --ckpt-format
+// values (moecore's own format, listed as without effect).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,19 +145,39 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   EXPECT_NE(refusal({"--rampup-batch-size", "4", "4", "100"}).find("batch-size rampup"), std::string::npos);
 }
 
-TEST(MegatronFlags, CkptFormatIsMoecoresOwnAndMegatronsAreRefusedWithTheWayOver) {
-  EXPECT_EQ(train::parse_train_config(megatron_tiny_run()).ckpt_format, "moecore");
-  EXPECT_EQ(
-      train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", "moecore"}).ckpt_format,
-      "moecore");
-  for (const char* fmt : {"torch_dist", "torch", "zarr", "torch_dcp", "fsdp_dtensor"}) {
-    const std::string e = testing::user_error_of([&] {
-      train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", fmt});
-    });
-    EXPECT_EQ(e.rfind(std::string("--ckpt-format ") + fmt + ": moecore reads and writes only its own", 0), 0u) << e;
-    EXPECT_NE(e.find("moecore convert hf-to-native --input HF_DIR --output DIR"), std::string::npos) << e;
+TEST(MegatronFlags, MegatronsCkptFormatsSelectMoecoresOwnAndAreListedWithTheWayOver) {
+  const train::TrainConfig own = train::parse_train_config(megatron_tiny_run());
+  EXPECT_EQ(own.ckpt_format, "moecore");
+  EXPECT_TRUE(own.no_effect.empty());
+  EXPECT_TRUE(train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", "moecore"})
+                  .no_effect.empty());
+  for (const std::string fmt : {"torch_dist", "torch", "zarr", "torch_dcp", "fsdp_dtensor"}) {
+    const train::TrainConfig c = train::parse_train_config(
+        megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", fmt, "--use-mcore-models"});
+    EXPECT_EQ(c.ckpt_format, fmt);
+    ASSERT_EQ(c.no_effect.size(), 2u) << fmt;
+    const std::string& line = c.no_effect[1];
+    EXPECT_EQ(line.rfind("--ckpt-format " + fmt + ": moecore saves and loads its own checkpoint format", 0), 0u)
+        << line;
+    EXPECT_NE(line.find("moecore convert hf-to-native --input HF_DIR --output DIR"), std::string::npos) << line;
+    train::TrainConfig again = c;
+    train::resolve(again);  // listed once however often resolve runs
+    EXPECT_EQ(again.no_effect, c.no_effect);
   }
-  for (const std::vector<std::string>& f : {std::vector<std::string>{"--use-dist-ckpt"}, {"--ckpt-convert-save", "d"}})
+  const std::string e = testing::user_error_of([&] {
+    train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", "safetensors"});
+  });
+  EXPECT_EQ(e.rfind("--ckpt-format safetensors is not accepted; one of: moecore, torch, torch_dist", 0), 0u) << e;
+  // Megatron's deprecated selectors and its format detection: no effect; converting on load: refused.
+  const train::TrainConfig d = train::parse_train_config(
+      megatron_tiny_run() +
+      std::vector<std::string>{"--use-dist-ckpt", "--dist-ckpt-format", "torch_dist", "--auto-detect-ckpt-format"});
+  ASSERT_EQ(d.no_effect.size(), 3u);
+  EXPECT_EQ(d.no_effect[0].rfind("--use-dist-ckpt: deprecated in Megatron, which ignores it", 0), 0u);
+  EXPECT_EQ(d.no_effect[1].rfind("--dist-ckpt-format torch_dist: deprecated in Megatron", 0), 0u);
+  EXPECT_EQ(d.no_effect[2].rfind("--auto-detect-ckpt-format: moecore saves and loads its own", 0), 0u);
+  for (const std::vector<std::string>& f :
+       {std::vector<std::string>{"--ckpt-convert-format", "torch"}, {"--ckpt-convert-save", "d"}})
     EXPECT_NE(testing::user_error_of([&] { train::parse_flags(f); }).find("moecore convert hf-to-native"),
               std::string::npos)
         << f[0];

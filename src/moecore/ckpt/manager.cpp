@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "moecore/ckpt/foreign_checkpoint.h"
 #include "moecore/ckpt/metadata.h"
 #include "moecore/core/error.h"
 #include "moecore/core/file.h"
@@ -233,6 +234,7 @@ void refuse_partial(const std::string& path) {
 
 std::optional<FoundCheckpoint> find_checkpoint(const std::string& given, int64_t step) {
   const std::string path = strip_slashes(given);
+  refuse_foreign_checkpoint(path);  // Megatron's formats, named, before they read as broken or incomplete
   if (path.size() >= 4 && path.substr(path.size() - 4) == ".tmp") refuse_partial(path);
   if (step >= 0) {
     MOE_CHECK(!fs::exists(path + "/index.json"),

@@ -72,7 +72,8 @@ struct FoundCheckpoint {
 // directory itself; with `step` >= 0 (--ckpt-step) the root's iteration `step`, whatever the marker says. Empty
 // when `path` holds no checkpoint at all (no marker, no index, no complete iteration directory). Throws, naming the
 // file, when the marker, its sidecar, the state or the index is broken or names a directory that is not there; when
-// `path` is a .tmp or incomplete directory; when complete iteration directories are there but no marker.
+// `path` is a .tmp or incomplete directory; when complete iteration directories are there but no marker; when it
+// holds a Megatron checkpoint (foreign_checkpoint.h).
 std::optional<FoundCheckpoint> find_checkpoint(const std::string& path, int64_t step = -1);
 
 // The complete checkpoints (index.json and train_state.json present) iter_NNNNNNN of `root`, by iteration.

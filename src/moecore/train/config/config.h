@@ -169,7 +169,7 @@ struct TrainConfig {
   bool use_checkpoint_args = false;
   bool moe_use_upcycling = false;
   int64_t moe_upcycling_granularity = 1;
-  std::string ckpt_format = "moecore";  // Megatron's formats are refused (megatron_flags.h)
+  std::string ckpt_format = "moecore";  // Megatron's formats: no effect (ckpt/foreign_checkpoint.h)
   std::string fault_kill_during_save;   // "RANK:ITERATION" (crash-safety tests)
   int64_t testing_memory_limit = 0;     // bytes the run may use instead of the detected limit (memory tests)
   std::string device = "auto";          // --device auto|cpu|cuda (cuda/device_select.h, docs/cuda.md)
@@ -281,15 +281,18 @@ struct HelpRequested {
 };
 
 // `base` with `extra` appended, every flag `extra` sets removed from `base` first (with its values): how
-// benchmarks and tests override a model's flags without CLI11 seeing a flag twice.
+// benchmarks and tests override a model's flags with a command line that names each flag once.
 std::vector<std::string> override_flags(std::vector<std::string> base, const std::vector<std::string>& extra);
 
-// What `moecore train` arguments say, unapplied: the --config YAML file's flags and the command line's. Reads no
-// file but that YAML; throws Error on unknown flags or keys and malformed YAML, HelpRequested for --help.
+// What `moecore train` arguments say, unapplied: the --config YAML file's flags and the command line's. A flag
+// given twice on the command line keeps its last value, as argparse does (a list flag its last occurrence's
+// values). Reads no file but that YAML; throws Error on unknown flags or keys and malformed YAML, HelpRequested for
+// --help.
 struct ParsedFlags {
   FlagLayer yaml, cli;
   // The Megatron flags with a rule instead of a table row (megatron_flags.h) the YAML and the command line gave,
-  // in that order; parse_flags has refused the refused ones.
+  // each once, in the order first given, the command line's values over the YAML's; parse_flags has refused the
+  // refused ones.
   std::vector<std::pair<std::string, std::vector<std::string>>> megatron;
 };
 ParsedFlags parse_flags(const std::vector<std::string>& args);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <utility>
 
+#include "moecore/ckpt/foreign_checkpoint.h"
 #include "moecore/core/error.h"
 #include "moecore/device/device_select.h"
 #include "moecore/optim/newton_schulz.h"
@@ -26,6 +27,11 @@ namespace {
 constexpr const char* kUpProjNoEffect =
     "--recompute-modules mla_up_proj: recomputes Multi-Latent Attention's up projections, and this model has none "
     "(as in Megatron)";
+
+// Lists `line` with the Megatron flags that have no effect, once however often resolve runs.
+void note_no_effect(TrainConfig& c, const std::string& line) {
+  if (std::find(c.no_effect.begin(), c.no_effect.end(), line) == c.no_effect.end()) c.no_effect.push_back(line);
+}
 }  // namespace
 
 namespace {
@@ -217,11 +223,6 @@ void validate(const TrainConfig& c) {
   MOE_CHECK(c.kv_channels != 0 || c.hidden_size <= 0 || c.num_attention_heads <= 0,
             "--hidden-size {} is not divisible by --num-attention-heads {}; set --kv-channels", c.hidden_size,
             c.num_attention_heads);
-  MOE_CHECK(c.ckpt_format == "moecore",
-            "--ckpt-format {}: moecore reads and writes only its own checkpoint format (--ckpt-format moecore, the "
-            "default). To bring a Megatron checkpoint over, export it to HuggingFace from Megatron, then run `moecore "
-            "convert hf-to-native --input HF_DIR --output DIR` and train with --load DIR",
-            c.ckpt_format);
   for (const auto& f : flag_table()) check_accepted(c, f);
   // --device (docs/cuda.md): a GPU that cannot be used, or a setting GPU training does not cover, refused before any
   // work.
@@ -471,9 +472,12 @@ void resolve(TrainConfig& c) {
   // effect.
   const auto& rm = c.recompute_modules;
   if (c.recompute_granularity == "selective" && !c.multi_latent_attention &&
-      std::find(rm.begin(), rm.end(), "mla_up_proj") != rm.end() &&
-      std::find(c.no_effect.begin(), c.no_effect.end(), kUpProjNoEffect) == c.no_effect.end())
-    c.no_effect.push_back(kUpProjNoEffect);
+      std::find(rm.begin(), rm.end(), "mla_up_proj") != rm.end())
+    note_no_effect(c, kUpProjNoEffect);
+  // Megatron's checkpoint formats select moecore's own here.
+  if (c.ckpt_format != "moecore")
+    note_no_effect(c, fmt::format("--ckpt-format {}: {}. {}", c.ckpt_format, ckpt::kOwnCheckpointFormat,
+                                  ckpt::kMegatronCheckpointWayIn));
   validate(c);
   c.resolved_fingerprint = fingerprint(c);
 }

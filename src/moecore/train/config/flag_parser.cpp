@@ -38,7 +38,7 @@ void add_yaml_values(const YAML::Node& yaml, const std::string& file, FlagLayer&
       vals.push_back(kv.second.as<std::string>());
     }
     if (ruled)
-      megatron.emplace_back(name, std::move(vals));
+      give_megatron_flag(megatron, name, std::move(vals));
     else
       layer.values.emplace_back(name, std::move(vals));
   }
@@ -66,7 +66,8 @@ FlagLayer yaml_layer(const std::string& file, GivenFlags& megatron) {
 
 // Takes Megatron's rule flags (megatron_flags.h) out of `args` into `given`, each with the values its arity takes
 // as argparse would: a switch none, a one-value flag the next argument (or its --flag=value), an optional one the
-// next argument unless that is a flag, a list the arguments up to the next flag. Returns the other arguments.
+// next argument unless that is a flag, a list the arguments up to the next flag. A flag given again replaces its
+// earlier values (argparse keeps the last). Returns the other arguments.
 std::vector<std::string> take_megatron_flags(const std::vector<std::string>& args, GivenFlags& given) {
   std::vector<std::string> rest;
   auto is_flag = [](const std::string& a) { return a.rfind("--", 0) == 0; };
@@ -93,7 +94,7 @@ std::vector<std::string> take_megatron_flags(const std::vector<std::string>& arg
                 "moecore train: --{} expects {} (see moecore flags)", name,
                 f->arity == MegatronArity::List ? "one or more values" : "a value");
     }
-    given.emplace_back(name, std::move(values));
+    give_megatron_flag(given, name, std::move(values));
   }
   return rest;
 }
@@ -103,9 +104,14 @@ std::vector<std::string> take_megatron_flags(const std::vector<std::string>& arg
 ParsedFlags parse_flags(const std::vector<std::string>& args) {
   CLI::App app{"moecore train: train a (MoE) GPT with Megatron-LM's flags", "moecore train"};
   std::string config_file;
+  // Every option given twice keeps its last value, as argparse does (a launch script's base line, then overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--config", config_file, "YAML file whose keys are these flag names")->check(CLI::ExistingFile);
   const TrainConfig defaults;
   std::map<std::string, std::vector<std::string>> values;
+  // A list flag's values per occurrence (CLI11 separates occurrences for a vector of vectors): the last one counts,
+  // as with argparse's nargs='+'.
+  std::map<std::string, std::vector<std::vector<std::string>>> lists;
   std::map<std::string, bool> switches;
   std::vector<std::pair<const FlagSpec*, CLI::Option*>> options;
   for (const auto& f : flag_table()) {
@@ -117,8 +123,10 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     if (std::holds_alternative<bool TrainConfig::*>(f.field)) {
       o = app.add_flag(opt, switches[f.name], help);
     } else {
-      const bool list = std::holds_alternative<std::vector<std::string> TrainConfig::*>(f.field);
-      o = app.add_option(opt, values[f.name], help)->expected(1, list ? -1 : 1);
+      if (std::holds_alternative<std::vector<std::string> TrainConfig::*>(f.field))
+        o = app.add_option(opt, lists[f.name], help)->expected(1, -1);
+      else
+        o = app.add_option(opt, values[f.name], help)->expected(1);
       o->type_name(std::holds_alternative<int64_t TrainConfig::*>(f.field)  ? "INT"
                    : std::holds_alternative<double TrainConfig::*>(f.field) ? "FLOAT"
                                                                             : "TEXT");
@@ -165,10 +173,13 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
     if (!o->count()) continue;
     if (std::holds_alternative<bool TrainConfig::*>(f->field))
       p.cli.values.emplace_back(f->name, std::vector<std::string>{switches[f->name] ? "true" : "false"});
+    else if (lists.count(f->name))
+      p.cli.values.emplace_back(f->name, lists[f->name].back());
     else
       p.cli.values.emplace_back(f->name, values[f->name]);
   }
-  p.megatron.insert(p.megatron.end(), megatron_cli.begin(), megatron_cli.end());
+  // The command line's Megatron flags over the YAML's, as its table flags are.
+  for (auto& [name, vals] : megatron_cli) give_megatron_flag(p.megatron, name, std::move(vals));
   check_megatron_flags(p.megatron);  // refused before any work, identically on every rank
   return p;
 }

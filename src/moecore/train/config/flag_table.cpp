@@ -4,10 +4,20 @@
 
 #include "moecore/core/error.h"
 #include "moecore/train/config/config.h"
+#include "moecore/train/config/megatron_flags.h"
 #include "moecore/train/config/presets.h"
 
 namespace moecore::train {
 namespace {
+
+// --ckpt-format: moecore's own, and Megatron's choices as selectors without effect (config_resolve.cpp lists them).
+std::vector<std::string> ckpt_formats() {
+  std::vector<std::string> formats{"moecore"};
+  const MegatronFlag* f = find_megatron_flag("ckpt-format");
+  MOE_ASSERT(f != nullptr);
+  formats.insert(formats.end(), f->choices.begin(), f->choices.end());
+  return formats;
+}
 
 std::vector<FlagSpec> build_flag_table() {
   using C = TrainConfig;
@@ -392,9 +402,10 @@ std::vector<FlagSpec> build_flag_table() {
        {"moe-upcycling-granularity", &C::moe_upcycling_granularity,
         "Experts cut from one dense FFN: --ffn-hidden-size / --moe-ffn-hidden-size", kNoRole, at_least(1)},
        {"ckpt-format", &C::ckpt_format,
-        "Checkpoint format: moecore's own (Megatron's torch_dist, torch, zarr, torch_dcp, fsdp_dtensor are refused: "
-        "bring such a checkpoint over through HuggingFace and moecore convert hf-to-native)",
-        kNoRole, one_of({"moecore"})},
+        "Checkpoint format: moecore's own; Megatron's (torch_dist, its default, and the others) select it too, listed "
+        "at the start as without effect (bring a Megatron checkpoint over through HuggingFace and moecore convert "
+        "hf-to-native)",
+        kNoRole, one_of(ckpt_formats())},
        {"fault-kill-during-save", &C::fault_kill_during_save,
         "Testing crash safety: RANK:ITERATION makes that rank SIGKILL itself in the middle of that save"},
        // run control: collective timeout, timed exit, retained and asynchronous saves

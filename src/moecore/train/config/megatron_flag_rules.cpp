@@ -1,6 +1,7 @@
 // The rules for Megatron-LM's flags that moecore's flag table does not hold (see megatron_flags.h), each
 // classified by reading what Megatron does with it. A flag named here must not be in the table and must be in
 // tests/train/megatron_flags.txt (tests/train/test_megatron_flags.cpp checks both, and that every flag has a rule).
+#include "moecore/ckpt/foreign_checkpoint.h"
 #include "moecore/train/config/megatron_flag_rule_builders.h"
 
 namespace moecore::train {
@@ -69,12 +70,16 @@ std::vector<FlagRule> build_rules() {
       {"megatron-fsdp-", "fsdp-"}));
 
   // --- Checkpoints ---------------------------------------------------------------------------------------------------
-  const std::string convert =
-      "moecore reads and writes only its own checkpoint format (--ckpt-format moecore, the default). To bring a "
-      "Megatron checkpoint over, export it to HuggingFace from Megatron, then run `moecore convert hf-to-native "
-      "--input HF_DIR --output DIR` and train with --load DIR";
-  r.push_back(refused(convert, {"use-dist-ckpt", "dist-ckpt-format", "ckpt-convert-format", "ckpt-convert-save",
-                                "ckpt-convert-update-legacy-dist-opt-format"}));
+  // Format selectors (--ckpt-format is in the table): moecore writes its own format whatever they say. Converting
+  // on load into another format is a different run, refused.
+  r.push_back(no_effect(std::string("deprecated in Megatron, which ignores it (--ckpt-format selects the format); ") +
+                            ckpt::kOwnCheckpointFormat,
+                        {"use-dist-ckpt", "dist-ckpt-format"}));
+  r.push_back(no_effect(ckpt::kOwnCheckpointFormat, {"auto-detect-ckpt-format"}));
+  r.push_back(refused(std::string("converting a checkpoint into another format on load is not supported by moecore, "
+                                  "which reads and writes only its own format (--ckpt-format moecore, the default). ") +
+                          ckpt::kMegatronCheckpointWayIn,
+                      {"ckpt-convert-format", "ckpt-convert-save", "ckpt-convert-update-legacy-dist-opt-format"}));
   r.push_back(
       no_effect("how ranks share the work of saving and loading a checkpoint (moecore writes the same "
                 "files either way)",
@@ -90,7 +95,7 @@ std::vector<FlagRule> build_rules() {
                 {"dist-ckpt-strictness", "dist-ckpt-optim-fully-reshardable", "dist-ckpt-save-pre-mcore-014",
                  "distrib-optim-fully-reshardable-mem-efficient", "ckpt-drop-redundant-extra-state",
                  "disable-ckpt-load-validate-sharding-integrity", "no-ckpt-load-validate-sharding-integrity",
-                 "auto-detect-ckpt-format", "no-use-layer-wise-param-layout"}));
+                 "no-use-layer-wise-param-layout"}));
   r.push_back(refused(unsupported("saving checkpoints without the optimizer or RNG state",
                                   "moecore checkpoints always hold them; --no-load-optim and --no-load-rng skip them "
                                   "on load"),

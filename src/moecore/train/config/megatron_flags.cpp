@@ -123,6 +123,14 @@ std::vector<const MegatronFlag*> megatron_ruled_flags() {
   return ruled;
 }
 
+void give_megatron_flag(GivenFlags& given, const std::string& name, std::vector<std::string> values) {
+  const auto it = std::find_if(given.begin(), given.end(), [&](const auto& g) { return g.first == name; });
+  if (it != given.end())
+    it->second = std::move(values);
+  else
+    given.emplace_back(name, std::move(values));
+}
+
 void check_megatron_flags(const GivenFlags& given) {
   for (const auto& [name, raw] : given) {
     const FlagRule* r = megatron_rule(name);

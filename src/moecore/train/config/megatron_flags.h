@@ -48,6 +48,9 @@ std::vector<const MegatronFlag*> megatron_ruled_flags();
 // The rule flags a command line or YAML file gave, with their values as given (a switch: none, or "true"/"false"
 // from YAML).
 using GivenFlags = std::vector<std::pair<std::string, std::vector<std::string>>>;
+// Records `name` given with `values`: a flag given before keeps its place and takes these values (argparse keeps the
+// last occurrence).
+void give_megatron_flag(GivenFlags& given, const std::string& name, std::vector<std::string> values);
 // Throws Error for the first refused flag or value (naming the flag, the value and what to do instead).
 void check_megatron_flags(const GivenFlags& given);
 // "--flag [value]: why" for each no-effect flag given (a switch set to false is not listed), in the given order.
