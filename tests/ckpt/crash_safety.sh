@@ -4,7 +4,10 @@
 #     marker still names iteration 2, whose checkpoint loads; the resumed run (which clears the stale temporary
 #     directory) reproduces the uninterrupted run's losses bitwise;
 #  2. SIGTERM sent to one rank only: both ranks stop at the same step boundary, save, and exit 0;
-#  3. SIGINT to a single process: it saves and exits 0.
+#  3. SIGINT to a single process: it saves and exits 0;
+#  4. a kill between the rename of iter_0000004 and the marker's update (the commit), left as such a kill leaves it
+#     (the marker and its sidecar of iteration 2): `--load D --save D` sets iter_0000004 aside as
+#     iter_0000004.uncommitted-1, says so, and trains on from iteration 2 bitwise as the uncommitted run did.
 # Usage: crash_safety.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
@@ -62,4 +65,24 @@ it=$(sed -nE 's/^stopping at iteration ([0-9]+) on SIGINT.*/\1/p' "$D/int.log")
 [ -n "$it" ] && [ "$(cat "$D/int/latest_checkpointed_iteration.txt")" = "$it" ] ||
   fail "SIGINT: no checkpoint: $(tail -5 "$D/int.log")"
 echo "SIGINT: stopped at iteration $it with a checkpoint"
+
+# 4. Killed in the commit window.
+"${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters 2 --save "$D/win" \
+  >"$D/win1.log" 2>&1 || fail "window, first run: $(tail -5 "$D/win1.log")"
+mkdir "$D/marker2"
+cp "$D/win/latest_checkpointed_iteration.txt" "$D/win/latest_checkpointed_iteration.json" "$D/marker2/"
+"${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters 4 --save "$D/win" --load "$D/win" \
+  >"$D/win2.log" 2>&1 || fail "window, second run: $(tail -5 "$D/win2.log")"
+cp "$D/marker2/"* "$D/win/"  # the marker update of iteration 4 never happened
+sum4=$(cd "$D/win/iter_0000004" && md5sum ./*)
+"${mpirun[@]}" -np 2 "$moecore" train "${A[@]}" "${P[@]}" --train-iters 6 --save "$D/win" --load "$D/win" \
+  --save-interval 2 --metrics-file "$D/win.jsonl" >"$D/win3.log" 2>&1 || fail "window, resume: $(tail -5 "$D/win3.log")"
+grep -q "^note: set aside $D/win/iter_0000004 as iter_0000004.uncommitted-1: its save was never committed" \
+  "$D/win3.log" || fail "window: no set-aside line: $(tail -5 "$D/win3.log")"
+grep -q "loaded checkpoint $D/win/iter_0000002: iteration 2" "$D/win3.log" || fail "window: did not resume from 2"
+[ "$(cd "$D/win/iter_0000004.uncommitted-1" && md5sum ./*)" = "$sum4" ] || fail "window: the set-aside save changed"
+[ "$(cat "$D/win/latest_checkpointed_iteration.txt")" = 6 ] || fail "window: the resumed run did not save 6"
+diff <(losses "$D/straight.jsonl" | tail -n 4) <(losses "$D/win.jsonl") ||
+  fail "window: the resumed run's losses differ from the uninterrupted run's"
+echo "killed in the commit window: iter_0000004 set aside as iter_0000004.uncommitted-1, trained on from 2 bitwise"
 echo "crash safety: all checks passed"

@@ -11,8 +11,16 @@
 #     exits 1, Open MPI's status for a job it was told to end);
 #  7. Ctrl-Z / fg through mpirun (SIGTSTP then SIGCONT, both forwarded) and a scheduler's suspend / resume of the
 #     ranks (SIGSTOP then SIGCONT): training goes on; SIGINT to the bare mpirun then stops it with a checkpoint.
+# Every case runs beside two busy processes (started here, ended on exit): the stop must reach the ranks, and their
+# save finish, within Open MPI's kill sequence on a loaded machine too.
 # Usage: signals.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
+busy=()
+for _ in 1 2; do
+  yes >/dev/null &
+  busy+=($!)
+done
+trap 'kill "${busy[@]}"; rm -rf "$D"' EXIT
 A=(--mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear
   --normalization RMSNorm --position-embedding-type rope
   --num-experts 4 --seq-length 16 --eval-iters 0 --global-batch-size 8 --lr-decay-style constant --lr-decay-iters 1000
@@ -111,7 +119,7 @@ grep -q "saved checkpoint" "$D/hup.log" && fail "SIGHUP without --save saved a c
 echo "--exit-signal SIGHUP: stopped at iteration $it, exit 0, nothing saved"
 
 # 6. SIGTERM to a bare mpirun. The stop comes from the SIGCONT, or from the SIGTERM a second later when a loaded
-# machine delayed the ticker that judges the SIGCONT past the verdict's margin.
+# machine kept the ticker the SIGCONT is judged by off the CPU for half a second (which looks like a stop).
 KILLSEQ="(SIGCONT while running|SIGTERM)"
 # mpirun does not drain the ranks' output while it waits between its signals: a rank logging every few
 # milliseconds would block on a full pty before its next step boundary, so these runs log every 50 steps.

@@ -2,10 +2,13 @@
 // by their checksums, and edits that keep a valid checksum by field validation, each naming the file and field;
 // the marker stays Megatron's plain integer with its checksum in a sidecar, and a marker moved by hand is refused;
 // iteration directories without a marker are listed and --ckpt-step chooses; .tmp and incomplete directories are
-// refused by name; a save never replaces complete checkpoints the run did not load; --save is checked writable
-// with room for a checkpoint. Every refusal leaves every file as it was.
+// refused by name; a save never replaces complete checkpoints the run did not load, and one killed between the
+// rename of its directory and the marker's update (its commit) is set aside (iter_N.uncommitted-<k>) by the next
+// --load D --save D, which trains on from the marker; --save is checked writable with room for a checkpoint. Every
+// refusal leaves every file as it was.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -274,6 +277,117 @@ TEST(CheckpointMetadata, TmpAndIncompleteDirectoriesAreRefusedByName) {
   EXPECT_TRUE(contains(e, "--load " + half + " is an incomplete checkpoint (no index.json")) << e;
   e = error_of([&] { ckpt::find_checkpoint(root, 8); });
   EXPECT_TRUE(contains(e, "--ckpt-step 8: " + half + " is incomplete")) << e;
+  EXPECT_EQ(digest(root), before);
+  fs::remove_all(root);
+}
+
+// A root as a kill in the commit window of the iteration-4 save leaves it: iter_0000002 and iter_0000004 complete,
+// the marker and its sidecar as the commit of iteration 2 wrote them.
+std::string killed_before_commit(const std::string& name) {
+  const std::string root = testing::own_temp_path("uncommitted_" + name), keep = root + ".marker";
+  testing::NullOut null;
+  train::Trainer t(testing::ckpt_config({"--save", root}), null.f, false);
+  while (t.iteration() < 2) t.train_step();
+  t.save_checkpoint();
+  fs::remove_all(keep);
+  fs::create_directories(keep);
+  for (const char* f : {ckpt::kLatestFile, ckpt::kMarkerSidecar}) fs::copy(root + "/" + f, keep + "/" + f);
+  while (t.iteration() < 4) t.train_step();
+  t.save_checkpoint();
+  for (const char* f : {ckpt::kLatestFile, ckpt::kMarkerSidecar})
+    fs::copy(keep + "/" + f, root + "/" + f, fs::copy_options::overwrite_existing);
+  fs::remove_all(keep);
+  return root;
+}
+
+std::string text_of(std::FILE* f) {  // what a Trainer wrote to the temporary file `f`
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s.push_back(static_cast<char>(c));
+  return s;
+}
+
+TEST(UncommittedSaves, AKillBeforeTheMarkerMovesIsSetAsideAndTrainingGoesOnFromTheMarker) {
+  const std::string root = killed_before_commit("resume");
+  const std::string it2 = ckpt::iteration_dir(root, 2), it4 = ckpt::iteration_dir(root, 4);
+  // Found only when the run trains on from the marker's checkpoint.
+  const auto found = ckpt::uncommitted_saves(root, 2, it2);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].first, 4);
+  EXPECT_EQ(found[0].second, it4);
+  EXPECT_TRUE(ckpt::uncommitted_saves(root, 0, it2).empty());  // --finetune restarts: refused instead
+  EXPECT_TRUE(ckpt::uncommitted_saves(root, 4, it4).empty());  // --ckpt-step 4 trains on from iteration 4
+  EXPECT_TRUE(ckpt::uncommitted_saves(root, 2, "").empty());   // loaded from elsewhere
+  const auto saved4 = digest(it4);
+
+  std::FILE* out = std::tmpfile();
+  train::Trainer t(testing::ckpt_config({"--load", root, "--save", root, "--save-interval", "2"}), out, false);
+  EXPECT_EQ(t.iteration(), 2);
+  EXPECT_EQ(t.loaded_from(), it2);
+  const std::string aside = it4 + ".uncommitted-1";
+  ASSERT_TRUE(fs::is_directory(aside));
+  EXPECT_FALSE(fs::exists(it4));
+  EXPECT_EQ(digest(aside), saved4);  // set aside whole, not deleted
+  const std::string log = text_of(out);
+  EXPECT_TRUE(contains(log, "note: set aside " + it4 +
+                                " as iter_0000004.uncommitted-1: its save was never committed "
+                                "(latest_checkpointed_iteration.txt names iteration 2"))
+      << log;
+  t.run();
+  std::fclose(out);
+  EXPECT_EQ(read_file(root + "/" + ckpt::kLatestFile, "test"), "8");
+  EXPECT_TRUE(fs::exists(it4 + "/index.json"));  // saved again by this run
+  EXPECT_EQ(digest(aside), saved4);
+  // Not a checkpoint any more: the next resume sees nothing uncommitted.
+  EXPECT_TRUE(ckpt::uncommitted_saves(root, 8, ckpt::iteration_dir(root, 8)).empty());
+  fs::remove_all(root);
+}
+
+TEST(UncommittedSaves, SettingAsideNeverReplacesAnything) {
+  const std::string root = killed_before_commit("noreplace");
+  const std::string it4 = ckpt::iteration_dir(root, 4);
+  fs::create_directories(it4 + ".uncommitted-1");  // an empty directory: a plain rename(2) would replace it
+  const auto lines = ckpt::set_aside_uncommitted_saves(root, 2, ckpt::iteration_dir(root, 2), nullptr);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(contains(lines[0], "as iter_0000004.uncommitted-2")) << lines[0];
+  EXPECT_TRUE(fs::is_empty(it4 + ".uncommitted-1"));
+  EXPECT_TRUE(fs::exists(it4 + ".uncommitted-2/index.json"));
+  EXPECT_TRUE(ckpt::set_aside_uncommitted_saves(root, 2, ckpt::iteration_dir(root, 2), nullptr).empty());
+  fs::remove_all(root);
+}
+
+TEST(UncommittedSaves, DirectoriesTheMarkerMayHaveNamedStayProtected) {
+  const std::string root = killed_before_commit("protected");
+  const std::string it2 = ckpt::iteration_dir(root, 2), marker = root + "/" + ckpt::kLatestFile;
+  const std::string sidecar = root + "/" + ckpt::kMarkerSidecar;
+  testing::NullOut null;
+  // A marker moved back by hand: the sidecar records that moecore last wrote 4.
+  write_file_atomic(sidecar, ckpt::metadata_text({{"format", ckpt::kMarkerFormat}, {"marker", "4"}}));
+  auto before = digest(root);
+  EXPECT_TRUE(ckpt::uncommitted_saves(root, 2, it2).empty());
+  std::string e = error_of([&] {
+    train::Trainer(testing::ckpt_config({"--load", root, "--save", root}), null.f, false);
+  });
+  EXPECT_TRUE(contains(e, marker + " says '2' but " + sidecar + " records that moecore last wrote '4'")) << e;
+  EXPECT_EQ(digest(root), before);
+  // No sidecar (an older format): nothing says which marker moecore wrote, so iteration 4 is not touched.
+  fs::remove(sidecar);
+  before = digest(root);
+  EXPECT_TRUE(ckpt::uncommitted_saves(root, 2, it2).empty());
+  e = error_of([&] { train::Trainer(testing::ckpt_config({"--load", root, "--save", root}), null.f, false); });
+  EXPECT_TRUE(contains(e,
+                       "holds complete checkpoints at or after iteration 2 that this run did not load "
+                       "(iter_0000004)"))
+      << e;
+  EXPECT_EQ(digest(root), before);
+  // --finetune from the marker's checkpoint would replace both: refused before anything is set aside.
+  write_file_atomic(sidecar, ckpt::metadata_text({{"format", ckpt::kMarkerFormat}, {"marker", "2"}}));
+  before = digest(root);
+  e = error_of([&] {
+    train::Trainer(testing::ckpt_config({"--load", root, "--finetune", "--save", root}), null.f, false);
+  });
+  EXPECT_TRUE(contains(e, "at or after iteration 0 that this run did not load (iter_0000002, iter_0000004)")) << e;
   EXPECT_EQ(digest(root), before);
   fs::remove_all(root);
 }

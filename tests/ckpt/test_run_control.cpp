@@ -2,12 +2,17 @@
 // moved back through run_control's testing hook); --async-save trains bitwise like a synchronous save, writes the
 // same bytes and moves the marker only when the save is committed; --save-retain-interval and
 // --keep-last-checkpoints delete only checkpoints this run wrote, never the loaded one nor the newest; Megatron's
-// check that the retain interval is a multiple of --save-interval.
+// check that the retain interval is a multiple of --save-interval; a SIGCONT that resumes nothing (Open MPI's kill
+// sequence) requests the stop at once, one that resumes a stop does not.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "config_util.h"
 #include "moecore/ckpt/manager.h"
@@ -151,6 +156,32 @@ TEST(RunControl, ExitSignalTakesCatchableSignalsByName) {
   EXPECT_NE(e.find("--exit-signal SIGSEGV is not a signal a handler can catch and return from; one of: SIGTERM"),
             std::string::npos)
       << e;
+}
+
+// Open MPI's kill sequence starts with a SIGCONT to running ranks: a stop request as soon as the handler returns.
+// A SIGCONT that resumes a stop (a scheduler's SIGSTOP, or Ctrl-Z through mpirun) lets training go on.
+TEST(RunControl, ASigcontThatResumesNothingRequestsTheStopAtOnce) {
+  bool at_once = false;
+  for (int attempt = 0; attempt < 5 && !at_once; attempt++) {  // a loaded machine may keep the ticker off the CPU
+    const train::StopSignals s({SIGTERM}, true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    std::raise(SIGCONT);  // handled before raise returns
+    at_once = train::StopSignals::requested() == train::StopSignals::kKillSequence;
+  }
+  EXPECT_TRUE(at_once);
+  const train::StopSignals s({SIGTERM}, true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  const pid_t parent = ::getpid(), child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // resumes the stopped test a second later
+    ::sleep(1);
+    ::kill(parent, SIGCONT);
+    ::_exit(0);
+  }
+  std::raise(SIGSTOP);
+  ::waitpid(child, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the handler may run on another thread
+  EXPECT_EQ(train::StopSignals::requested(), 0);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // manager.h).
 #include "moecore/ckpt/manager.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/statvfs.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <regex>
@@ -313,6 +315,93 @@ void check_save_overwrites(const std::string& root, int64_t start_iteration, con
             "on from iteration {} would replace them. Choose another --save directory, or load the newest with "
             "--load {}",
             root, start_iteration, names_of(at_risk), start_iteration, root);
+}
+
+namespace {
+// The iteration the marker of `root` names when moecore wrote that marker last (its sidecar records the same
+// text); nothing when either file is missing, unreadable or they disagree (find_checkpoint names those problems).
+std::optional<int64_t> committed_marker(const std::string& root) {
+  const std::string marker = root + "/" + kLatestFile, sidecar = root + "/" + kMarkerSidecar;
+  std::error_code ec;
+  if (!fs::exists(marker, ec) || !fs::exists(sidecar, ec)) return std::nullopt;
+  try {
+    const std::string text = trimmed_marker(marker);
+    const nlohmann::json j = read_metadata(sidecar, "checkpoint marker sidecar", {kMarkerFormat});
+    if (Fields(j, sidecar).string("marker") != text) return std::nullopt;
+    return parse_marker(text, marker);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// Renames `dir` to <dir>.uncommitted-<k> for the first k whose name is free; the rename itself refuses to replace
+// anything (RENAME_NOREPLACE), so two runs doing this at once cannot overwrite each other's.
+std::string set_aside(const std::string& dir) {
+  for (int k = 1;; k++) {
+    const std::string to = fmt::format("{}.uncommitted-{}", dir, k);
+    int rc = ::renameat2(AT_FDCWD, dir.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
+    std::error_code ec;
+    if (rc != 0 && errno == EINVAL && !fs::exists(to, ec)) rc = ::rename(dir.c_str(), to.c_str());  // no NOREPLACE
+    if (rc == 0) return to;
+    MOE_CHECK(errno == EEXIST || errno == ENOTEMPTY, "cannot set aside the uncommitted save {} as {}: {}", dir, to,
+              std::strerror(errno));
+  }
+}
+
+// Whether every rank of `world` passes the same `text` (one all-reduce of its hash, as a maximum and a minimum).
+bool ranks_agree(const std::string& text, const comm::ProcessGroup* world) {
+  if (!world || world->size() <= 1) return true;
+  const auto h = static_cast<int64_t>(XXH3_64bits(text.data(), text.size()) >> 2);
+  Tensor t = Tensor::empty({2}, DType::I64);
+  t.data<int64_t>()[0] = h;
+  t.data<int64_t>()[1] = -h;
+  world->all_reduce(t, comm::ReduceOp::Max);
+  return t.data<int64_t>()[0] == -t.data<int64_t>()[1];
+}
+}  // namespace
+
+std::vector<std::pair<int64_t, std::string>> uncommitted_saves(const std::string& root, int64_t start_iteration,
+                                                               const std::string& loaded_dir) {
+  const std::optional<int64_t> marked = committed_marker(root);
+  if (!marked || *marked < 0 || *marked != start_iteration || loaded_dir.empty()) return {};
+  std::error_code ec;
+  if (fs::weakly_canonical(loaded_dir, ec) != fs::weakly_canonical(iteration_dir(root, *marked), ec)) return {};
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& ck : complete_checkpoints(root))
+    if (ck.first > *marked) out.push_back(ck);
+  return out;
+}
+
+std::vector<std::string> set_aside_uncommitted_saves(const std::string& root, int64_t start_iteration,
+                                                     const std::string& loaded_dir, const comm::ProcessGroup* world) {
+  const auto saves = uncommitted_saves(root, start_iteration, loaded_dir);
+  MOE_CHECK(ranks_agree(names_of(saves), world),
+            "--save {}: the ranks see different saves there that the marker never committed (this rank: {}); put "
+            "--save on a file system every rank shares",
+            root, names_of(saves));
+  if (saves.empty()) return {};
+  std::vector<std::string> lines;
+  std::exception_ptr failure;
+  if (!world || world->rank() == 0) {
+    try {
+      for (const auto& [it, dir] : saves) {
+        const std::string to = set_aside(dir);
+        lines.push_back(fmt::format(
+            "set aside {} as {}: its save was never committed ({} names iteration {}: the run that wrote it ended "
+            "before moving the marker); training goes on from iteration {}",
+            dir, fs::path(to).filename().string(), kLatestFile, start_iteration, start_iteration));
+      }
+      fsync_dir(root);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // Every rank learns whether rank 0's renames failed, so none trains on while another throws.
+  const bool all_done = ranks_agree(failure ? "failed" : "done", world);
+  if (failure) std::rethrow_exception(failure);
+  MOE_CHECK(all_done,
+            "--save {}: setting aside its uncommitted saves failed on rank 0 (its message names the directory)", root);
+  return lines;
 }
 
 void check_save_directory(const std::string& root, int64_t bytes, int64_t rank) {

@@ -7,7 +7,8 @@
 // tools read; its checksum and format version live in the sidecar latest_checkpointed_iteration.json, written just
 // before it (metadata.h). Loading refuses what cannot be trusted (a .tmp or incomplete directory, a marker that
 // disagrees with its sidecar, iteration directories without a marker) by name, and a save refuses to replace
-// complete checkpoints the run did not load. Not the content: the trainer decides what is stored.
+// complete checkpoints the run did not load; a save killed before its commit (the marker's update) is set aside.
+// Not the content: the trainer decides what is stored.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +84,26 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
 // overwrite although the run did not load them, i.e. at or after `start_iteration` (the iteration training
 // continues from; -1: nothing loaded, a fresh run), except `loaded_dir` itself when training resumes from it.
 void check_save_overwrites(const std::string& root, int64_t start_iteration, const std::string& loaded_dir);
+// The commit point of a save is the marker's update: a save renames its finished directory into place and only
+// then moves the marker. A kill between the two leaves an uncommitted save: a complete iteration directory newer
+// than the marker that the marker never named. The marker moecore writes only moves forward over the complete
+// checkpoints of its root (check_save_overwrites refuses a save behind one), so when the marker is the one moecore
+// wrote last (its sidecar records the same text), every complete directory newer than it is uncommitted. A
+// marker moved back by hand disagrees with its sidecar and is refused by find_checkpoint; a root without a sidecar
+// (an older format, or no save ever committed) says nothing of what was committed. Either way its newer
+// directories stay protected by check_save_overwrites.
+//
+// The uncommitted saves of `root` (by iteration) when the run trains on from the checkpoint its marker names
+// (`loaded_dir`, at `start_iteration`, as for check_save_overwrites); empty otherwise.
+std::vector<std::pair<int64_t, std::string>> uncommitted_saves(const std::string& root, int64_t start_iteration,
+                                                               const std::string& loaded_dir);
+// Collective over `world` (null: one process), before any write of the run: every rank finds the uncommitted
+// saves, the ranks check that they see the same ones, and rank 0 renames each iter_N to
+// iter_N.uncommitted-<k> (k the first number free; never replacing anything, never deleting). Returns one line per
+// directory set aside, saying what and why.
+std::vector<std::string> set_aside_uncommitted_saves(const std::string& root, int64_t start_iteration,
+                                                     const std::string& loaded_dir, const comm::ProcessGroup* world);
+
 // Before the first step: `root` is created, a probe file written and removed (this rank's), and its file system
 // has `bytes` free (statvfs) for one checkpoint; otherwise throws naming the directory, the bytes needed and free.
 void check_save_directory(const std::string& root, int64_t bytes, int64_t rank);

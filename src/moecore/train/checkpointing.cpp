@@ -505,6 +505,7 @@ void Checkpointing::check_save_target() {
 
 void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
   const OnHost host(reg_, model_);
+  for (const std::string& line : start.set_aside) fmt::print(out_, "note: {}\n", line);
   if (start.checkpoint && !start.checkpoint->note.empty()) fmt::print(out_, "note: {}\n", start.checkpoint->note);
   if (c_.moe_use_upcycling) {
     // Once the upcycled model is saved, later runs resume it from --save (as Megatron does).
@@ -538,7 +539,7 @@ void Checkpointing::load_at_start(StartPoint& start, Progress& p) {
   }
 }
 
-StartPoint find_start_point(const TrainConfig& c) {
+StartPoint find_start_point(const TrainConfig& c, const comm::ProcessGroup* world) {
   StartPoint s;
   if (!c.load.empty()) s.checkpoint = ckpt::find_checkpoint(c.load, c.ckpt_step);
   if (!c.save.empty()) {
@@ -550,6 +551,8 @@ StartPoint find_start_point(const TrainConfig& c) {
       const bool restart = c.finetune || loaded->state.value("release", false);
       from = restart ? 0 : loaded->state.at("iteration").get<int64_t>();
     }
+    // A save killed before its commit (the marker's update) is set aside, so training goes on from the marker.
+    s.set_aside = ckpt::set_aside_uncommitted_saves(c.save, from, loaded ? loaded->dir : "", world);
     ckpt::check_save_overwrites(c.save, from, loaded ? loaded->dir : "");
   }
   if (s.checkpoint && s.checkpoint->state.contains("vocab"))

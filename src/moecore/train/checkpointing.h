@@ -38,8 +38,10 @@ struct StartPoint {
   std::optional<ckpt::FoundCheckpoint> checkpoint;  // --load, when it holds one
   std::unique_ptr<ckpt::HFModel> hf;                // --load-hf, when --load holds no checkpoint
   int64_t vocab_rows = 0;                           // the saved model's vocabulary rows (0: unknown)
+  std::vector<std::string> set_aside;               // uncommitted saves of --save set aside, one line each
 };
-StartPoint find_start_point(const TrainConfig& c);
+// Collective over `world` (null: one process) when --save holds uncommitted saves (ckpt/manager.h).
+StartPoint find_start_point(const TrainConfig& c, const comm::ProcessGroup* world = nullptr);
 
 class Checkpointing {
  public:

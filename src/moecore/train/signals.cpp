@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <ctime>
 #include <thread>
 
@@ -26,8 +25,12 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
-// The kill-sequence watch (signals.h): the handler stamps the SIGCONT, the ticker thread judges it.
-std::atomic<int64_t> g_cont_ns{0};  // CLOCK_MONOTONIC of a SIGCONT not yet judged (0: none)
+// The kill-sequence watch (signals.h): the ticker thread stamps its ticks and the resumes it notices; the SIGCONT
+// handler judges at once from those stamps.
+constexpr int64_t kMs = 1000000, kTick = 50 * kMs;
+constexpr int64_t kStopped = kTick + 500 * kMs;  // a tick this long spanned a stop of the whole process
+std::atomic<int64_t> g_tick_ns{0};               // CLOCK_MONOTONIC of the ticker's last tick (0: no watch)
+std::atomic<int64_t> g_resumed_ns{0};            // of the last tick that came after a stop
 static_assert(std::atomic<int64_t>::is_always_lock_free, "the handler may only touch lock-free atomics");
 
 int64_t monotonic_ns() {
@@ -36,8 +39,15 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// A SIGCONT after a stop finds either the ticker not yet run since (its last tick long past) or the resume already
+// stamped; the ticker stamps the resume before the tick and this reads them in the other order, so one of the two
+// shows any stop. A SIGCONT within a second of a resume counts as that resume. Anything else resumed nothing: the
+// first signal of a kill sequence, so the stop starts now rather than at the SIGTERM that follows.
 extern "C" void on_cont_signal(int) {
-  g_cont_ns.store(monotonic_ns());
+  const int64_t now = monotonic_ns(), tick = g_tick_ns.load(), resumed = g_resumed_ns.load();
+  if (tick == 0 || now - tick > kStopped || now - resumed < 1000 * kMs) return;
+  int none = 0;
+  g_requested.compare_exchange_strong(none, StopSignals::kKillSequence);
 }
 
 // The signals --exit-signal accepts: Megatron takes any name of Python's signal.Signals; these are the ones a
@@ -51,30 +61,30 @@ const std::pair<int, const char*> kNames[] = {
     {SIGPWR, "SIGPWR"}};
 }  // namespace
 
-// Ticks every 50 ms. A tick that took half a second longer means the whole process was stopped (SIGSTOP, SIGTSTP)
-// and has just been resumed; a SIGCONT more than a second away from such a resume resumed nothing, so it is the
-// first signal of a kill sequence and becomes a stop request. The verdict waits 200 ms after the SIGCONT, so the
-// tick spanning a stop has ended by then.
+// Ticks every 50 ms, stamping each tick, and each tick that took half a second longer (the whole process was
+// stopped, SIGSTOP or SIGTSTP, and has just been resumed) as a resume; on_cont_signal reads the stamps.
 class KillSequenceWatch {
  public:
-  KillSequenceWatch() : thread_([this] { run(); }) {}
+  KillSequenceWatch() {
+    g_resumed_ns = 0;
+    g_tick_ns = monotonic_ns();
+    thread_ = std::thread([this] { run(); });
+  }
   ~KillSequenceWatch() {
     done_ = true;
     thread_.join();
+    g_tick_ns = 0;
   }
 
  private:
   void run() {
-    constexpr int64_t kMs = 1000000, kTick = 50 * kMs;
-    int64_t last = monotonic_ns(), resumed = last - 3600000 * kMs;
+    int64_t last = g_tick_ns.load();
     while (!done_) {
       std::this_thread::sleep_for(std::chrono::nanoseconds(kTick));
       const int64_t now = monotonic_ns();
-      if (now - last > kTick + 500 * kMs) resumed = now;
+      if (now - last > kStopped) g_resumed_ns.store(now);  // before the tick: see on_cont_signal
+      g_tick_ns.store(now);
       last = now;
-      int64_t cont = g_cont_ns.load();
-      if (cont == 0 || now - cont < 200 * kMs || !g_cont_ns.compare_exchange_strong(cont, 0)) continue;
-      if (std::llabs(resumed - cont) > 1000 * kMs) StopSignals::request(StopSignals::kKillSequence);
     }
   }
   std::atomic<bool> done_{false};
@@ -83,7 +93,6 @@ class KillSequenceWatch {
 
 StopSignals::StopSignals(const std::vector<int>& signals, bool kill_sequence) {
   g_requested = 0;
-  g_cont_ns = 0;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

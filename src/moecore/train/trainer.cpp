@@ -60,7 +60,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (groups_->world_rank != 0) moecore::Progress::silence_this_process();        // checkpoint progress too
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
-  StartPoint start = find_start_point(cfg_);
+  StartPoint start = find_start_point(cfg_, groups_->world.get());
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
   eod_mask_token_ = eod_mask_token(cfg_, vocab_);
   check_memory_before_start(cfg_, vocab_.padded, *groups_, out_);  // refuses a run that cannot fit, before allocating
