@@ -37,11 +37,8 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
   fc1_->tensor_parallel = fc2_->tensor_parallel = cfg.etp_size > 1;
   if (cfg.bias) {
     // Megatron (TransformerConfig) allows expert biases with ETP 1 only: a row-parallel fc2's bias would be added
-    // once per ETP rank before the reduce-scatter.
-    MOE_CHECK(cfg.etp_size == 1,
-              "--expert-tensor-parallel-size {} with linear biases: expert biases need expert tensor parallelism 1 "
-              "(as in Megatron); pass --disable-bias-linear or --expert-tensor-parallel-size 1",
-              cfg.etp_size);
+    // once per ETP rank before the reduce-scatter. The flags are refused before this (train/config_resolve.cpp).
+    MOE_ASSERT_MSG(cfg.etp_size == 1, "expert biases with expert tensor parallelism {}", cfg.etp_size);
     // Zero, as Transformer Engine initialises them; no weight decay, as for every bias.
     b1_ = &reg.add(name + ".linear_fc1.bias", {n, fc1_rows()}, nn::InitRule::zeros(), /*no_weight_decay=*/true);
     b2_ = &reg.add(name + ".linear_fc2.bias", {n, H}, nn::InitRule::zeros(), /*no_weight_decay=*/true);
