@@ -1,12 +1,13 @@
 // The flag table and the configuration passes: the role lists resume and upcycling compare, one resolve pass whose
-// derived values follow their inputs (and a Trainer that refuses a config changed since), a parser that reads no
-// file but the YAML, and --help grouped with defaults.
+// derived values follow their inputs (and a Trainer that refuses a config changed since), --moe-layer-freq parsed
+// once into per-layer flags, a parser that reads no file but the YAML, and --help grouped with defaults.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 
 #include "config_util.h"
+#include "moecore/train/observe/cost_model.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 
@@ -90,6 +91,33 @@ TEST(TrainConfig, ResolveFollowsInputsAndTheTrainerRefusesAChangedConfig) {
   train::resolve(c);
   EXPECT_EQ(c.kv_channels, 8);
   EXPECT_EQ(c.global_batch_size, 2);
+}
+
+// --moe-layer-freq is parsed once, by resolve, into one entry per layer; its users read that, and the string stays
+// what checkpoints save.
+TEST(TrainConfig, MoeLayerFreqIsResolvedOnceIntoLayers) {
+  const auto run = testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 64, 2, "1e-3");
+  for (const auto& [freq, layers] :
+       std::vector<std::pair<std::string, std::vector<bool>>>{{"1", {true, true, true, true}},
+                                                              {"2", {true, false, true, false}},
+                                                              {"[0,1,1,0]", {false, true, true, false}},
+                                                              {"([0]*1+[1]*2+[0])", {false, true, true, false}}}) {
+    TrainConfig c = testing::small_config(run, {"--num-layers", "4", "--moe-layer-freq", freq});
+    EXPECT_EQ(c.is_moe_layer, layers) << freq;
+    EXPECT_NE(train::config_json(c)["moe-layer-freq"].get<std::string>().find(freq), std::string::npos);  // saved
+    // The FLOP count reads the resolved layers, never the string again.
+    const double flops = train::num_floating_point_operations(c, 128);
+    c.moe_layer_freq = "not a pattern";
+    EXPECT_EQ(train::num_floating_point_operations(c, 128), flops) << freq;
+  }
+  EXPECT_EQ(testing::small_config(run, {"--num-experts", "0", "--moe-ffn-hidden-size", "0"}).is_moe_layer,
+            (std::vector<bool>{false, false}));
+  // A bad form: refused when the configuration is resolved, naming the flag and its value.
+  for (const std::string bad : {"[1,2]", "0", "[1,1,1]", "(1"}) {
+    const std::string e = testing::user_error_of([&] { testing::small_config(run, {"--moe-layer-freq", bad}); });
+    EXPECT_EQ(e.rfind("--moe-layer-freq '", 0), 0u) << e;
+    EXPECT_NE(e.find(bad + "' is not valid"), std::string::npos) << e;
+  }
 }
 
 TEST(TrainConfig, ParserReadsNoFileButTheYaml) {

@@ -42,7 +42,7 @@ TEST(LoggingFlops, MegatronFormulaMatchesHandCountAndStepFlops) {
   c.moe_ffn_hidden_size = 6;
   c.moe_router_topk = 2;
   c.moe_shared_expert_intermediate_size = 4;
-  c.moe_layer_freq = "2";
+  c.is_moe_layer = {true, false};  // --moe-layer-freq 2, as resolve parses it
   c.seq_length = 4;
   c.global_batch_size = 2;
   EXPECT_EQ(train::num_floating_point_operations(c, 32), 70656.0);
@@ -52,7 +52,7 @@ TEST(LoggingFlops, MegatronFormulaMatchesHandCountAndStepFlops) {
   EXPECT_EQ(train::num_floating_point_operations(c, 32), 8.0 * (3072 + 2304 + 1536) + 3072);
   EXPECT_EQ(train::step_flops(c, 32), train::num_floating_point_operations(c, 32));
   // Dense model: every layer's FFN is the dense one.
-  c.num_experts = 0;
+  c.num_experts = 0, c.is_moe_layer = {false, false};
   EXPECT_EQ(train::num_floating_point_operations(c, 32), 8.0 * (6 * 8 * 16 * 2 * 2 + 2304 + 1536) + 3072);
   EXPECT_EQ(train::step_flops(c, 32), train::num_floating_point_operations(c, 32));
 }
@@ -68,6 +68,7 @@ TEST(LoggingFlops, MultiLatentAttentionAndMtpAsMegatronCounts) {
   c.num_layers = 2, c.hidden_size = 8, c.num_attention_heads = 2, c.swiglu = true, c.ffn_hidden_size = 16;
   c.multi_latent_attention = true, c.q_lora_rank = 4, c.kv_lora_rank = 2, c.qk_head_dim = 3;
   c.qk_pos_emb_head_dim = 2, c.v_head_dim = 3, c.mtp_num_layers = 1, c.seq_length = 4, c.global_batch_size = 2;
+  c.is_moe_layer = {false, false};
   EXPECT_EQ(train::num_floating_point_operations(c, 32), 117984.0);
   EXPECT_DOUBLE_EQ(train::step_flops(c, 32), train::num_floating_point_operations(c, 32));
   // The DeepSeek-V3 preset (MoE layers, a shared expert, the MTP depth MoE like the last layer): the two agree.

@@ -139,8 +139,8 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   // need ETP 1, so ep_etp is EP then).
   const double Fm = static_cast<double>(c.moe_ffn_hidden_size);
   const double expert = E * (glu * H * Fm + bias * ((glu - 1) * Fm + H)) / static_cast<double>(ep_etp);
-  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
-  if (c.num_experts > 0) is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+  const std::vector<bool>& is_moe = c.is_moe_layer;
+  MOE_ASSERT(std::ssize(is_moe) == c.num_layers);
   std::vector<StageLayers> chunks{StageLayers{0, c.num_layers, true, true, 0}};
   if (pp_rank >= 0 && c.pipeline_model_parallel_size > 1) chunks = pipeline_stage_layers(c, pp_rank);
   ParamCounts p;

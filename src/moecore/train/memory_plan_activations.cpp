@@ -63,9 +63,9 @@ ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
   m.mlp.bias = g.add_bias_linear;  // keeps fc1's output in f32 under bf16
   m.mlp.bf16 = g.bf16;
   m.mlp.recompute = m.rc.mlp;
-  m.is_moe.assign(static_cast<size_t>(c.num_layers), false);
+  m.is_moe = c.is_moe_layer;
+  MOE_ASSERT(std::ssize(m.is_moe) == c.num_layers);
   if (c.num_experts > 0) {
-    m.is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
     m.moe = moe_layer_config(c);
     m.moe.recompute_moe = m.rc.moe;
     m.moe.recompute_moe_act = m.rc.moe_act;

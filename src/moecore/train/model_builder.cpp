@@ -72,7 +72,8 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   nn::FfnFactory ffn = nullptr;
   const nn::RecomputeConfig rc = recompute_config(c);
   if (c.num_experts > 0) {
-    const auto is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+    const std::vector<bool>& is_moe = c.is_moe_layer;
+    MOE_ASSERT(std::ssize(is_moe) == c.num_layers);
     moe::MoELayerConfig mc = moe_layer_config(c);
     mc.ep_group = ParallelGroups::active(g.ep);
     mc.etp_group = ParallelGroups::active(g.etp);

@@ -33,7 +33,8 @@ void run_bench_memory(const TrainBenchArgs& a) {
   std::vector<std::pair<std::string, std::vector<std::string>>> options = {{"none", {}}};
   std::vector<std::string> modules = {"core_attn", "layernorm"};
   if (c0.num_experts > 0) modules.insert(modules.end(), {"moe_act", "moe"});
-  if (c0.num_experts == 0 || c0.moe_layer_freq != "1") modules.push_back("mlp");
+  if (std::find(c0.is_moe_layer.begin(), c0.is_moe_layer.end(), false) != c0.is_moe_layer.end())
+    modules.push_back("mlp");  // a dense layer
   if (c0.moe_shared_expert_intermediate_size > 0) modules.push_back("shared_experts");
   if (c0.multi_latent_attention) modules = {"moe_act", "moe", "mlp"};
   for (const std::string& m : modules)

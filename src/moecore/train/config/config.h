@@ -190,6 +190,9 @@ struct TrainConfig {
   // Bookkeeping too: the Megatron flags given that have no effect here, "--flag [value]: why" (megatron_flags.h);
   // the run lists them at its start.
   std::vector<std::string> no_effect;
+  // Resolved by resolve(), not a flag: per layer, whether it is a MoE layer (--moe-layer-freq over --num-layers; none
+  // without --num-experts). Every user reads this; the flag's string is what checkpoints save.
+  std::vector<bool> is_moe_layer;
 };
 
 // --help groups the flags by these.
@@ -305,7 +308,8 @@ void resolve_defaults(TrainConfig& c);
 void validate(const TrainConfig& c);
 // One flag's value against its table row; throws Error naming the flag, the value and what is accepted.
 void check_accepted(const TrainConfig& c, const FlagSpec& f);
-// Both passes, then stamps the config as resolved; call it again after changing a field.
+// Both passes, then --moe-layer-freq parsed into c.is_moe_layer (a bad form refused naming the flag), then stamps the
+// config as resolved; call it again after changing a field.
 void resolve(TrainConfig& c);
 // Whether `c` went through resolve() and has not changed since.
 bool is_resolved(const TrainConfig& c);

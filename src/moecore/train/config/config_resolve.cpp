@@ -445,7 +445,6 @@ void validate(const TrainConfig& c) {
               "--moe-ffn-hidden-size {} must be divisible by --expert-tensor-parallel-size {}", c.moe_ffn_hidden_size,
               etp);
     moe::validate(moe_layer_config(c));
-    moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
     if (c.moe_use_upcycling) {  // reference §1.14: g = F_dense / F_moe, experts E = r·g
       const int64_t g = c.moe_upcycling_granularity;
       MOE_CHECK(c.moe_ffn_hidden_size * g == c.ffn_hidden_size,
@@ -479,6 +478,9 @@ void resolve(TrainConfig& c) {
     note_no_effect(c, fmt::format("--ckpt-format {}: {}. {}", c.ckpt_format, ckpt::kOwnCheckpointFormat,
                                   ckpt::kMegatronCheckpointWayIn));
   validate(c);
+  // --moe-layer-freq, once for every user (validated --num-layers: the list has one entry per layer).
+  c.is_moe_layer.assign(static_cast<size_t>(c.num_layers), false);
+  if (c.num_experts > 0) c.is_moe_layer = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
   c.resolved_fingerprint = fingerprint(c);
 }
 

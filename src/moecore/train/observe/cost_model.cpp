@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "moecore/moe/moe_layer.h"
+#include "moecore/core/error.h"
 
 namespace moecore::train {
 
@@ -32,9 +32,9 @@ double step_flops(const TrainConfig& c, int64_t padded_vocab) {
                                                : 2.0 * H * D * (2 * Nq + 2 * Nkv) + 2.0 * 2.0 * (S / 2.0) * Nq * D;
   const double dense_ffn = 2.0 * gated * H * static_cast<double>(c.ffn_hidden_size);
   double moe_ffn = dense_ffn;
-  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
+  const std::vector<bool>& is_moe = c.is_moe_layer;
+  MOE_ASSERT(std::ssize(is_moe) == c.num_layers);
   if (c.num_experts > 0) {
-    is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
     const double fe = static_cast<double>(c.moe_ffn_hidden_size);
     moe_ffn = 2.0 * gated * H * fe * static_cast<double>(c.moe_router_topk) +
               2.0 * gated * H * static_cast<double>(c.moe_shared_expert_intermediate_size);
@@ -53,13 +53,11 @@ double num_floating_point_operations(const TrainConfig& c, int64_t padded_vocab)
   const double batch = static_cast<double>(c.global_batch_size), s = static_cast<double>(c.seq_length);
   const double total_tokens = batch * s, seqlen_squared_sum = batch * s * s;
   const double h = static_cast<double>(c.hidden_size);
-  double num_moe_layers = 0, num_experts_routed_to = 0, last_layer_is_moe = 0;
-  if (c.num_experts > 0) {
-    const auto pattern = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
-    num_moe_layers = static_cast<double>(std::count(pattern.begin(), pattern.end(), true));
-    num_experts_routed_to = static_cast<double>(c.moe_router_topk);
-    last_layer_is_moe = pattern.back() ? 1 : 0;
-  }
+  const std::vector<bool>& pattern = c.is_moe_layer;
+  MOE_ASSERT(std::ssize(pattern) == c.num_layers && !pattern.empty());
+  double num_moe_layers = static_cast<double>(std::count(pattern.begin(), pattern.end(), true));
+  const double num_experts_routed_to = c.num_experts > 0 ? static_cast<double>(c.moe_router_topk) : 0;
+  const double last_layer_is_moe = pattern.back() ? 1 : 0;
   double num_dense_layers = static_cast<double>(c.num_layers) - num_moe_layers;
   // MTP: one more layer per depth, with the last layer's FFN.
   const double mtp_num_layers = static_cast<double>(c.mtp_num_layers);
@@ -115,8 +113,8 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
       if (!p->tensor_parallel) n_rep += n;
     }
   }
-  std::vector<bool> is_moe(static_cast<size_t>(c.num_layers), false);
-  if (c.num_experts > 0) is_moe = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
+  const std::vector<bool>& is_moe = c.is_moe_layer;
+  MOE_ASSERT(std::ssize(is_moe) == c.num_layers);
   const double Lm = static_cast<double>(std::count(is_moe.begin(), is_moe.end(), true));
   const double Ld = static_cast<double>(c.num_layers) - Lm;
   const bool shared = c.moe_shared_expert_intermediate_size > 0;
