@@ -2,8 +2,9 @@
 // moved back through run_control's testing hook); --async-save trains bitwise like a synchronous save, writes the
 // same bytes and moves the marker only when the save is committed; --save-retain-interval and
 // --keep-last-checkpoints delete only checkpoints this run wrote, never the loaded one nor the newest; Megatron's
-// check that the retain interval is a multiple of --save-interval; a SIGCONT that resumes nothing (Open MPI's kill
-// sequence) requests the stop at once, one that resumes a stop does not.
+// check that the retain interval is a multiple of --save-interval; the riders of the stop all-reduce, summed over
+// ranks, give every rank the same decisions; a SIGCONT that resumes nothing (Open MPI's kill sequence) requests the
+// stop at once, one that resumes a stop does not.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "moecore/core/file.h"
 #include "moecore/train/run_control.h"
 #include "moecore/train/signals.h"
+#include "moecore/train/stop_riders.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 
@@ -182,6 +184,33 @@ TEST(RunControl, ASigcontThatResumesNothingRequestsTheStopAtOnce) {
   ::waitpid(child, nullptr, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the handler may run on another thread
   EXPECT_EQ(train::StopSignals::requested(), 0);
+}
+
+TEST(RunControl, StopRidersSummedOverRanksGiveEveryRankTheSameDecision) {
+  // Three ranks, as the all-reduce sums them: rank 1 got SIGUSR1, rank 2 is past the duration, ranks 0 and 1 have
+  // written their background-save files.
+  const train::StopRiders ranks[] = {train::StopRiders::of_rank(0, false, true),
+                                     train::StopRiders::of_rank(SIGUSR1, false, true),
+                                     train::StopRiders::of_rank(0, true, false)};
+  std::array<double, train::StopRiders::kCount> sum{};
+  for (const auto& r : ranks) {
+    const auto p = r.packed();
+    for (size_t i = 0; i < sum.size(); i++) sum[i] += p[i];
+  }
+  const auto all = train::StopRiders::unpacked(sum);
+  EXPECT_EQ(all.stop_signal(0), SIGUSR1);  // ranks without a signal stop on the one another rank received
+  EXPECT_EQ(all.stop_signal(SIGUSR1), SIGUSR1);
+  EXPECT_TRUE(all.past_duration());
+  EXPECT_FALSE(all.async_written_everywhere(3));
+  EXPECT_TRUE(all.async_written_everywhere(2));
+  // Nothing requested anywhere: no stop, no exit.
+  const auto none = train::StopRiders::unpacked(train::StopRiders::of_rank(0, false, false).packed());
+  EXPECT_EQ(none.stop_signal(0), 0);
+  EXPECT_FALSE(none.past_duration());
+  // Two ranks that received the same signal stop on it.
+  auto two = train::StopRiders::of_rank(SIGTERM, false, false).packed();
+  for (size_t i = 0; i < two.size(); i++) two[i] *= 2;
+  EXPECT_EQ(train::StopRiders::unpacked(two).stop_signal(0), SIGTERM);
 }
 
 }  // namespace

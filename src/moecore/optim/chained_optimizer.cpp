@@ -134,7 +134,7 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
   for (auto& part : parts_) part->start_bucket(bucket);
 }
 
-double ChainedOptimizer::finish_gradients(std::vector<double>& riders) {
+double ChainedOptimizer::finish_gradients(std::span<double> riders) {
   // Dense and expert gradients are both scaled by 1/DP, Megatron's 1/(DP·CP).
   double sq = 0, zeros = 0;
   {

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "moecore/comm/process_group.h"
@@ -56,8 +57,8 @@ class ChainedOptimizer {
   bool reduces_gradients() const { return g_.dp != nullptr; }
   void layer_grads_final(size_t bucket);
   // Finishes every reduction and returns the global gradient norm (before clipping). `riders` are summed over all
-  // ranks in the same collective (a stop request, say), so they cost no extra round.
-  double finish_gradients(std::vector<double>& riders);
+  // ranks in the same collective (the trainer's run control, train/stop_riders.h), so they cost no extra round.
+  double finish_gradients(std::span<double> riders);
   // The zero entries of the gradients the last finish_gradients reduced (with cfg.count_zeros; else 0), every element
   // counted once over all ranks (Megatron's --log-num-zeros-in-grad; summed in the same collective as the norm).
   int64_t num_zeros_in_grad() const { return num_zeros_; }

@@ -22,6 +22,7 @@
 #include "moecore/train/pipeline/pipeline_stages.h"
 #include "moecore/train/run_control.h"
 #include "moecore/train/signals.h"
+#include "moecore/train/stop_riders.h"
 
 namespace moecore::train {
 
@@ -211,19 +212,18 @@ StepResult Trainer::train_step() {
     loss = {t.item(0), t.item(1)};
   }
   r.lm_loss = loss.tokens > 0 ? loss.sum / loss.tokens : 0.0;
-  // One global norm over dense and expert gradients; a stop signal seen by any rank rides along, so every rank
-  // ends at the same step boundary.
+  // One global norm over dense and expert gradients; the run control rides along (a stop signal seen by any rank,
+  // --exit-duration-in-mins passed, this rank's background save written), so every rank decides alike here.
   const int mine = StopSignals::requested();
-  // Riders 2 and 3 (run control): --exit-duration-in-mins passed here; this rank's background save is written.
   const bool late =
       cfg_.exit_duration_in_mins > 0 && minutes_since_process_start() > static_cast<double>(cfg_.exit_duration_in_mins);
-  std::vector<double> stop{mine != 0 ? 1.0 : 0.0, static_cast<double>(mine), late ? 1.0 : 0.0,
-                           ckpt_->async_written() ? 1.0 : 0.0};
-  r.grad_norm = opt_->finish_gradients(stop);
-  if (stop[0] > 0) stop_signal_ = mine != 0 ? mine : static_cast<int>(std::lround(stop[1] / stop[0]));
-  duration_exit_ = stop[2] > 0;
+  auto riders = StopRiders::of_rank(mine, late, ckpt_->async_written()).packed();
+  r.grad_norm = opt_->finish_gradients(riders);
+  const StopRiders all = StopRiders::unpacked(riders);
+  if (const int s = all.stop_signal(mine)) stop_signal_ = s;
+  duration_exit_ = all.past_duration();
   const bool async_written =
-      ckpt_->async_pending() && stop[3] >= static_cast<double>(ParallelGroups::size(groups_->world));
+      ckpt_->async_pending() && all.async_written_everywhere(ParallelGroups::size(groups_->world));
   // Megatron's --check-for-nan-in-loss-and-grad (on by default); without it the step is applied (routing_health).
   if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss))) {
     const std::string where =
