@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "moecore/ckpt/checkpoint.h"
 #include "moecore/core/error.h"
 
 namespace moecore::ckpt {
@@ -43,6 +44,22 @@ void tie_router_rows(Tensor& router_EH, int64_t g) {
   const Tensor init = router_EH.clone();
   for (int64_t e = 0; e < E; e++)
     std::memcpy(router_EH.data<float>() + e * H, init.data<float>() + (e / g) * H, static_cast<size_t>(H) * 4);
+}
+
+void upcycle_layer(const std::string& dir, const std::string& prefix, const DenseFFN& dense, int64_t g, double scale,
+                   nn::Parameter& fc1, nn::Parameter& fc2, Tensor& router_EH) {
+  const int64_t F = dense.ffn_hidden, H = dense.hidden, halves = dense.gated ? 2 : 1;
+  const int64_t E = box_of(fc2).global[0];  // fc2 is [E, H, F/g] globally
+  // fc1 as [2, F, H] or [F, H]: a whole box of either has the same bytes as [halves, F, H].
+  Tensor fc1_hFH = Tensor::empty({halves, F, H}, DType::F32), fc2_HF = Tensor::empty({H, F}, DType::F32);
+  Tensor fc1_stored = dense.gated ? fc1_hFH : fc1_hFH.reshape({F, H});
+  load_tensors(dir, {{prefix + "linear_fc1.weight", whole_box(fc1_stored.shape()), &fc1_stored},
+                     {prefix + "linear_fc2.weight", whole_box(fc2_HF.shape()), &fc2_HF}});
+  auto [e1, e2] = upcycle_experts(fc1_hFH, fc2_HF, E, g, scale);
+  Tensor e1_stored = dense.gated ? e1 : e1.reshape({E, F / g, H});
+  copy_intersection(e1_stored, whole_box(e1_stored.shape()), fc1.value, box_of(fc1));
+  copy_intersection(e2, whole_box(e2.shape()), fc2.value, box_of(fc2));
+  tie_router_rows(router_EH, g);  // replicated, initialized by global index
 }
 
 }  // namespace moecore::ckpt

@@ -1,11 +1,14 @@
 // Upcycling a dense FFN into routed experts (Megatron's moe/upcycling_utils.py, reference §1.14): the tensor
-// transformation only; the trainer decides which checkpoint and layers it applies to.
+// transformation, and one MoE layer filled from a dense checkpoint with it; the trainer decides which checkpoint and
+// layers it applies to, and checks the flags.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "moecore/core/tensor.h"
+#include "moecore/nn/parameter.h"
 
 namespace moecore::ckpt {
 
@@ -22,5 +25,17 @@ std::pair<Tensor, Tensor> upcycle_experts(const Tensor& fc1_hFH, const Tensor& f
 
 // Router [E, H] rows: row e becomes row e div g, so the g chunks of one dense replica tie in score.
 void tie_router_rows(Tensor& router_EH, int64_t granularity);
+
+// The dense FFN a checkpoint stores under one layer's prefix (decoder.layers.N.mlp.): linear_fc1.weight, [2, F, H]
+// when gated (SwiGLU) or [F, H], and linear_fc2.weight [H, F].
+struct DenseFFN {
+  int64_t ffn_hidden = 0, hidden = 0;  // F, H
+  bool gated = false;
+};
+// One MoE layer from the dense FFN in the checkpoint `dir` under `prefix`: upcycle_experts into this rank's boxes of
+// the experts' weights `fc1` ([E, 2, F/g, H] gated, else [E, F/g, H]) and `fc2` ([E, H, F/g]), and the router's rows
+// tied (`router_EH`, replicated).
+void upcycle_layer(const std::string& dir, const std::string& prefix, const DenseFFN& dense, int64_t granularity,
+                   double scale, nn::Parameter& fc1, nn::Parameter& fc2, Tensor& router_EH);
 
 }  // namespace moecore::ckpt

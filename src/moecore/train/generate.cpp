@@ -11,7 +11,7 @@
 #include "moecore/ckpt/manager.h"
 #include "moecore/core/error.h"
 #include "moecore/core/rng.h"
-#include "moecore/train/checkpointing.h"
+#include "moecore/train/checkpoint_load.h"
 
 namespace moecore::train {
 
@@ -109,7 +109,7 @@ CheckpointModel::CheckpointModel(const std::string& load, const std::string& tok
   MOE_CHECK(null != nullptr, "cannot open /dev/null");
   Progress p;
   try {
-    Checkpointing(c_, null, *groups_, vocab_, reg_, *model_, nullptr).load_at_start(start, p);
+    load_at_start(CheckpointedState(c_, null, *groups_, vocab_, reg_, *model_, nullptr), start, p);
   } catch (...) {
     std::fclose(null);
     throw;

@@ -106,15 +106,15 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   } else {
     schedule_ = std::make_unique<NoPipelining>();
   }
-  ckpt_ = std::make_unique<Checkpointing>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
+  ckpt_ = std::make_unique<CheckpointSaver>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
   progress_.schedule = lr_schedule(cfg_);  // the checkpoint's may replace it (--use-checkpoint-opt_param-scheduler)
   timers_->start("load-checkpoint", 0);
-  ckpt_->load_at_start(start, progress_);
+  loaded_from_ = load_at_start(*ckpt_, start, progress_, ckpt_.get());
   timers_->stop("load-checkpoint");
-  if (!ckpt_->loaded_from().empty()) log_timers({"load-checkpoint"});
+  if (!loaded_from_.empty()) log_timers({"load-checkpoint"});
   timers_->elapsed("load-checkpoint", true);
   timers_->stop("model-and-optimizer-setup");
-  if (!ckpt_->loaded_from().empty()) check_parameters_finite(reg_, "the model loaded from " + ckpt_->loaded_from());
+  if (!loaded_from_.empty()) check_parameters_finite(reg_, "the model loaded from " + loaded_from_);
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   health_ = std::make_unique<HealthAlarms>(cfg_, cfg_.expert_model_parallel_size);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",

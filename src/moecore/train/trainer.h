@@ -1,7 +1,7 @@
 // The training run of `moecore train`: builds the groups, vocabulary, data, model, optimizer and checkpointing
 // from one resolved configuration, then runs DESIGN's "one training step" in a loop with logging, evaluation,
 // checkpoints and samples. The pieces live in their own files: model_builder (what is trained), schedule (the
-// micro-batch loop), optim/chained_optimizer (gradients, norm, clipping, AdamW), checkpointing, metrics,
+// micro-batch loop), optim/chained_optimizer (gradients, norm, clipping, AdamW), checkpoint_save and _load, metrics,
 // cost_model, generate.
 #pragma once
 
@@ -16,7 +16,7 @@
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/optim/chained_optimizer.h"
-#include "moecore/train/checkpointing.h"
+#include "moecore/train/checkpoint_load.h"
 #include "moecore/train/config/config.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/observe/health.h"
@@ -69,7 +69,7 @@ class Trainer {
   // parameters that are not finite. Returns the directory.
   std::string save_checkpoint();
   // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
-  const std::string& loaded_from() const { return ckpt_->loaded_from(); }
+  const std::string& loaded_from() const { return loaded_from_; }
   // A stop signal during run() (see train/signals.h) ends training at the next step boundary, with a checkpoint
   // when --save is given; tests call this instead of raising a signal.
   static void request_stop(int signal);
@@ -99,7 +99,8 @@ class Trainer {
   std::unique_ptr<optim::ChainedOptimizer> opt_;
   std::unique_ptr<Schedule> schedule_;
   PipelineSchedule* pipeline_ = nullptr;  // schedule_ under pipeline parallelism
-  std::unique_ptr<Checkpointing> ckpt_;
+  std::unique_ptr<CheckpointSaver> ckpt_;
+  std::string loaded_from_;  // where the state came from at start (load_at_start)
   std::unique_ptr<MetricsLog> log_;
   std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir
   std::unique_ptr<StallAlarm> stall_;

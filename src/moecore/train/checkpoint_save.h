@@ -1,20 +1,19 @@
-// The trainer's side of checkpoints: what a save holds (each rank's boxes of the parameters and whole-per-parameter
-// Adam moments, the expert bias, the tokenizer, the training state) and what start-up loads (--load with its resume
-// rules, --load-hf, --moe-use-upcycling). File formats, atomicity and resharding are ckpt/'s.
+// The trainer's side of saving checkpoints: what a save holds (each rank's boxes of the parameters and
+// whole-per-parameter Adam moments, the expert bias, the tokenizer, the training state), synchronous and background
+// saves with their commit, and retention. Not loading (checkpoint_load.h) nor the files' format, atomicity and
+// resharding (ckpt/).
 #pragma once
 
 #include <atomic>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "moecore/ckpt/hf.h"
 #include "moecore/ckpt/manager.h"
-#include "moecore/ckpt/metadata.h"
 #include "moecore/optim/chained_optimizer.h"
 #include "moecore/optim/lr_schedule.h"
 #include "moecore/train/model_builder.h"
@@ -33,25 +32,65 @@ struct Progress {
   int64_t schedule_steps = 0;
 };
 
-// What start-up will load, found before the model is built (a loaded model keeps its vocabulary padding).
-struct StartPoint {
-  std::optional<ckpt::FoundCheckpoint> checkpoint;  // --load, when it holds one
-  std::unique_ptr<ckpt::HFModel> hf;                // --load-hf, when --load holds no checkpoint
-  int64_t vocab_rows = 0;                           // the saved model's vocabulary rows (0: unknown)
-  std::vector<std::string> set_aside;               // uncommitted saves of --save set aside, one line each
-};
-// Collective over `world` (null: one process) when --save holds uncommitted saves (ckpt/manager.h).
-StartPoint find_start_point(const TrainConfig& c, const comm::ProcessGroup* world = nullptr);
+// Megatron's OptimizerParamScheduler.state_dict (steps in samples): saved, and derived from the saved flags when a
+// checkpoint has none.
+nlohmann::json scheduler_state(const optim::LRSchedule& s, int64_t num_steps);
 
-class Checkpointing {
+// What a checkpoint holds and where it lives in this process: the configuration, the layout, the vocabulary, the
+// model's parameters and router state, and the optimizer (null: a model without optimizer state, generation).
+// Shared by saving and loading.
+class CheckpointedState {
  public:
-  // `opt` null: a model without optimizer state (generation).
-  Checkpointing(const TrainConfig& c, std::FILE* out, const ParallelGroups& g, const Vocabulary& vocab,
-                nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimizer* opt);
+  CheckpointedState(const TrainConfig& c, std::FILE* out, const ParallelGroups& g, const Vocabulary& vocab,
+                    nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimizer* opt)
+      : c_(c), out_(out), g_(g), vocab_(vocab), reg_(reg), model_(model), opt_(opt) {}
 
-  // Start-up from `start` (see TrainConfig: --load, --load-hf, --moe-use-upcycling) into the model, the optimizer
-  // and `p`. Upcycling saves the upcycled model at once.
-  void load_at_start(StartPoint& start, Progress& p);
+ protected:
+  // The name the router's expert bias of `l` is stored under (router state, not a parameter).
+  static std::string expert_bias_name(moe::MoELayer& l);
+  // The word embedding and the output layer: their rows past the vocabulary are padding.
+  static bool is_vocab_parameter(const std::string& name);
+  // The optimizer's master weights re-read from the parameters (after they were loaded).
+  void refresh_master() {
+    if (opt_) opt_->refresh_master();
+  }
+
+  const TrainConfig& c_;
+  std::FILE* out_;
+  const ParallelGroups& g_;
+  const Vocabulary& vocab_;
+  nn::ParamRegistry& reg_;
+  nn::GPTModel& model_;
+  optim::ChainedOptimizer* opt_;
+};
+
+// Checkpoints read and write the parameters and the router state on the host: a model training on a GPU is copied
+// to the host for a save or a load and back after it (the same bits either way; the moments are copied by save).
+class OnHost {
+ public:
+  OnHost(nn::ParamRegistry& reg, nn::GPTModel& model);
+  ~OnHost();
+  OnHost(const OnHost&) = delete;
+  OnHost& operator=(const OnHost&) = delete;
+
+ private:
+  void move(Device d);
+  nn::ParamRegistry& reg_;
+  nn::GPTModel& model_;
+  Device dev_;
+};
+
+class CheckpointSaver : public CheckpointedState {
+ public:
+  using CheckpointedState::CheckpointedState;
+  ~CheckpointSaver();
+
+  // Where this run's training starts when it resumes a checkpoint at `p`: its batch size took effect there
+  // (consumed_samples follows from it) and that iteration counts as saved.
+  void start_at(const Progress& p);
+  // Before the first step: --save created, writable, with room for one checkpoint (nothing without --save or an
+  // optimizer).
+  void check_save_target() const;
   // Saves the whole training state to --save as iteration p.iteration (collective over all ranks). Returns the
   // directory. With --async-save the state is copied now and written by a background thread; the save becomes
   // visible (marker moved) at finish_async. A save still in flight is finished first.
@@ -63,32 +102,20 @@ class Checkpointing {
   bool async_pending() const { return async_ != nullptr; }
   bool async_written() const { return async_ && async_->done.load(); }
   void finish_async();
-  ~Checkpointing();
 
-  // Where the state came from at start: a checkpoint directory, an HF directory, or empty (fresh init).
-  const std::string& loaded_from() const { return loaded_from_; }
   int64_t last_saved() const { return last_saved_; }
 
  private:
-  void load_checkpoint(const std::string& dir, const nlohmann::json& state, Progress& p);
-  void load_hf(ckpt::HFModel& m);
-  // --moe-use-upcycling: this MoE model from the dense checkpoint in `dir` (reference §1.14).
-  void upcycle(const std::string& dir, const nlohmann::json& state);
   // Whether this rank stores p: one rank of those holding the same box (the first DP rank, and the first TP rank
   // for replicated-over-TP parameters; the first EDP rank for experts).
   bool stores(const nn::Parameter& p) const;
-  // Load targets for the model (parameters, expert-bias buffers) and, when `optimizer`, the Adam moments into
-  // `m`/`v` (allocated here).
-  std::vector<ckpt::LoadTarget> load_targets(bool optimizer, std::vector<Tensor>& m, std::vector<Tensor>& v);
   nlohmann::json train_state(const Progress& p) const;
-  void refresh_master();
-  // The bytes one checkpoint takes (parameters and Adam moments), and the --save checks before the first step.
+  // The bytes one checkpoint takes (parameters and Adam moments).
   int64_t checkpoint_bytes() const;
-  void check_save_target();
-
   // After a save is visible: deletes this run's older checkpoints that --save-retain-interval and
   // --keep-last-checkpoints let go (rank 0; never one this run did not write, never the newest).
   void retain_after_save(int64_t iteration);
+
   struct AsyncSave {
     ckpt::PendingSave pending;
     std::vector<ckpt::StoredTensor> mine;  // copies taken at the step boundary
@@ -101,15 +128,6 @@ class Checkpointing {
   };
   std::unique_ptr<AsyncSave> async_;
   std::vector<int64_t> written_;  // iterations this run saved, in order (retention deletes only among these)
-
-  const TrainConfig& c_;
-  std::FILE* out_;
-  const ParallelGroups& g_;
-  const Vocabulary& vocab_;
-  nn::ParamRegistry& reg_;
-  nn::GPTModel& model_;
-  optim::ChainedOptimizer* opt_;
-  std::string loaded_from_;
   int64_t last_saved_ = -1;
   int64_t run_start_iteration_ = 0, run_start_consumed_ = 0;  // where this run's batch size took effect
 };
