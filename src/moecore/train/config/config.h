@@ -304,7 +304,8 @@ ParsedFlags parse_flags(const std::vector<std::string>& args);
 // or derived by an earlier pass, recording which in c.derived.
 void resolve_defaults(TrainConfig& c);
 // Pass 2: throws Error naming the flag, the value and the fix for anything rejected. Expects resolved defaults.
-// First every flag against its table row (Accepts), then the relations between flags (Megatron's argument checks).
+// First every flag against its table row (Accepts), then the relations between flags (Megatron's argument checks),
+// by concern (config_validate.h).
 void validate(const TrainConfig& c);
 // One flag's value against its table row; throws Error naming the flag, the value and what is accepted.
 void check_accepted(const TrainConfig& c, const FlagSpec& f);

@@ -1,0 +1,29 @@
+// The relations between flags that validate() checks (config.h), one concern per file: the model's shape, the
+// parallel layout and device, MoE, the optimizer, precision and schedule, data and logging, checkpoints and run
+// control. Each throws Error naming the flags, the values and the fix. validate() checks every flag against its table
+// row (Accepts) first, so these see accepted values and do not repeat those ranges.
+#pragma once
+
+#include "moecore/train/config/config.h"
+
+namespace moecore::train {
+
+// Attention and positions, MLA and its YaRN, MTP, the vocabulary padding, and activation recompute
+// (config_validate_model.cpp).
+void validate_model(const TrainConfig& c);
+// The training device, context and pipeline parallelism, tensor and sequence parallelism, the expert mesh
+// (config_validate_parallel.cpp).
+void validate_parallel(const TrainConfig& c);
+// The router's coefficients, the experts and their dispatcher, the shared expert's overlap, the upcycled experts'
+// sizes (config_validate_moe.cpp).
+void validate_moe(const TrainConfig& c);
+// The batch, Adam's state dtypes, Muon, sample- or iteration-based training and the learning-rate schedule
+// (config_validate_optimizer.cpp).
+void validate_optimizer(const TrainConfig& c);
+// Data and tokenizer, the EOD mask, the health alarms (config_validate_data.cpp).
+void validate_data(const TrainConfig& c);
+// --load and what applies to it, upcycling's inputs, retained saves, the stop signal and the testing faults
+// (config_validate_checkpointing.cpp).
+void validate_checkpointing(const TrainConfig& c);
+
+}  // namespace moecore::train
