@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/router.h"
 #include "moecore/moe/aux_losses.h"
 #include "moecore/moe/router.h"
 #include "test_util.h"
@@ -82,17 +83,31 @@ TEST(AuxLosses, GlobalAuxLossRunningMeanAndGradScale) {
 }
 
 TEST(AuxLosses, ZLossHandComputedWithGradient) {
-  // lse_0 = log(1 + 3) = log 4, lse_1 = 1 + log 2; z = coeff/(T·ranks)·Σ lse².
+  // lse_0 = log(1 + 3) = log 4, lse_1 = 1 + log 2; z = coeff/(T·ranks)·Σ lse², with lse and Σ lse² from the router's
+  // per-token op.
   const double l3 = std::log(3.0), coeff = 0.01;
   const Tensor logits = f64(2, 2, {0, l3, 1, 1});
   const double lse0 = std::log(4.0), lse1 = 1 + std::log(2.0);
+  kernels::RouterRule rule;
+  rule.K = 1;
+  rule.pre_softmax = true;
+  kernels::RouterRows r;
+  r.used_TE = r.logits_TE = logits;
+  r.idx_TK = Tensor::empty({2, 1}, DType::I32);
+  r.kept_TK = Tensor::empty({2, 1}, DType::I32);
+  r.p_TK = Tensor::empty({2, 1}, DType::F64);
+  r.probs_TK = Tensor::empty({2, 1}, DType::F64);
+  r.scores_TE = Tensor::empty({2, 2}, DType::F64);
+  r.lse_T = Tensor::empty({2}, DType::F64);
+  r.sums_2 = Tensor::empty({2}, DType::F64);
+  kernels::router_rows(rule, r);
+  const Tensor& lse = r.lse_T;
+  EXPECT_NEAR(lse.item(0), lse0, 1e-15);
+  EXPECT_NEAR(lse.item(1), lse1, 1e-15);
   for (int64_t ranks : {1, 2}) {
-    Tensor lse = Tensor::empty({2}, DType::F64);
-    const double z = moe::z_loss(logits, coeff, ranks, lse);
+    const double z = moe::z_loss(r.sums_2.item(1), 2, coeff, ranks);
     const double n = 2.0 * static_cast<double>(ranks);
     EXPECT_NEAR(z, coeff / n * (lse0 * lse0 + lse1 * lse1), 1e-15);
-    EXPECT_NEAR(lse.item(0), lse0, 1e-15);
-    EXPECT_NEAR(lse.item(1), lse1, 1e-15);
     // dz/dl_te = grad_scale·coeff·2·lse_t/(T·ranks)·softmax(l_t)_e, added to what is there.
     Tensor dl = Tensor::empty({2, 2}, DType::F64);
     for (int64_t i = 0; i < 4; i++) dl.set_item(i, 1.0);

@@ -42,7 +42,7 @@ std::string describe_device(Device d);
 
 // A CPU-only build's answer to a CUDA kernel that a caller reached anyway (no CUDA tensor can exist there): throws
 // "the CUDA kernel <name>: this moecore was built without CUDA ...". Defined only in that build
-// (runtime_unavailable.cpp), for the kernels' stand-ins (kernels/cuda/*_unavailable.cpp, moe/router_unavailable.cpp).
+// (runtime_unavailable.cpp), for the kernels' stand-ins (kernels/cuda/*_unavailable.cpp).
 [[noreturn]] void no_cuda_kernel(const char* name);
 
 }  // namespace moecore::cuda

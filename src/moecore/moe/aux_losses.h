@@ -2,7 +2,11 @@
 // `_apply_*` method: each returns its value L (coefficient included) and adds the gradient it injects. Like Megatron,
 // the losses are "identity forward, scaled gradient": they never enter the LM loss; the router adds their gradients
 // on the aux scores (aux losses) or logits (z-loss) in backward, scaled by the micro-batch's loss scale.
-// Not here: the aux scores themselves and the score-function backward (router.cpp).
+// One formulation for both devices: the per-class counts and aux-score sums come from kernels::router_aux_counts on
+// the aux scores' device and are copied to the host ([E], or [B·E] for seq_aux_loss), where the counts are summed
+// over the group and the loss is formed in f64; its gradient, linear in the aux scores, goes back as [E] (or [B·E])
+// coefficients (kernels::router_add_class_coef).
+// Not here: the aux scores themselves and the score-function backward (kernels/router.h).
 #pragma once
 
 #include "moecore/comm/process_group.h"
@@ -47,20 +51,10 @@ struct GlobalAuxCounts {
 double global_aux_loss(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* global_group,
                        double grad_scale, GlobalAuxCounts& acc, Tensor& da_TE);
 
-// The three losses with a_TE, top_TK and da_TE on the GPU (moe/router_cuda.cpp; the forms above forward to them for
-// GPU tensors): the same formulas, formed in f64 on the host from [E] (or [B·E]) counts and sums.
-double aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coeff, const comm::ProcessGroup* count_group,
-                    Tensor& da_TE);
-double seq_aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, int64_t S, int64_t B, double coeff,
-                        const comm::ProcessGroup* count_group, Tensor& da_TE);
-double global_aux_loss_gpu(const Tensor& a_TE, const Tensor& top_TK, double coeff,
-                           const comm::ProcessGroup* global_group, double grad_scale, GlobalAuxCounts& acc,
-                           Tensor& da_TE);
-
 // z-loss (Megatron _apply_z_loss, z_loss_func) on the real logits l_TE [T, E], over the tokens of `ranks` ranks
-// (count_group) of which this rank holds T:
+// (count_group) of which this rank holds T, from Σ_t lse_t² (kernels::router_rows computes lse_T and the sum):
 //   z = coeff/(T·ranks) · Σ_t lse_t²,  lse_t = log Σ_e exp(l_te);  lse_T [T] (router dtype) is kept for backward.
-double z_loss(const Tensor& logits_TE, double coeff, int64_t ranks, Tensor& lse_T);
+double z_loss(double lse_sq_sum, int64_t T, double coeff, int64_t ranks);
 //   dz/dl_te = coeff · 2·lse_t/(T·ranks) · softmax(l_t)_e, times grad_scale, added to dlogits_TE.
 void z_loss_backward(const Tensor& logits_TE, const Tensor& lse_T, double coeff, int64_t ranks, double grad_scale,
                      Tensor& dlogits_TE);

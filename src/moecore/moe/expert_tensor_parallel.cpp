@@ -1,6 +1,7 @@
 // Expert tensor parallelism (see expert_tensor_parallel.h).
 #include "moecore/moe/expert_tensor_parallel.h"
 
+#include "moecore/kernels/moe_permute.h"
 #include "moecore/moe/token_dispatcher.h"
 
 namespace moecore::moe {
@@ -25,7 +26,7 @@ void ExpertTensorParallel::gather(const Tensor& x_RH, const Tensor& probs_R,
     for (int64_t e = 0; e < n; e++) plan.rows_per_rank[static_cast<size_t>(r)] += c[r * n + e];
   // Gathered layout [source rank][local expert] -> expert-major [local expert][source rank].
   plan.sorted_from_all = expert_major_order(P, n, c, n, 0, plan.tokens_per_expert);
-  if (x_RH.device().is_cuda()) plan.sorted_from_all = plan.sorted_from_all.to(x_RH.device());
+  plan.sorted_from_all = plan.sorted_from_all.to(x_RH.device());
   const int64_t total = plan.sorted_from_all.numel();
   x_all = gather_rows_like(x_RH, plan);
   probs_all = gather_rows_like(probs_R, plan).reshape({total});
@@ -37,7 +38,7 @@ Tensor ExpertTensorParallel::gather_rows_like(const Tensor& rows_in, const EtpPl
   Tensor all = Tensor::empty({total, rows.cols()}, rows.dtype(), rows.device());
   etp_.all_gather_v(rows, all, plan.rows_per_rank);  // GPU rows travel through host copies (ProcessGroup)
   Tensor sorted = Tensor::empty(all.shape(), all.dtype(), all.device());
-  gather_rows(all, plan.sorted_from_all, sorted);
+  kernels::moe_gather_rows(all, plan.sorted_from_all, sorted);
   return rows_in.ndim() == 1 ? sorted.reshape({total}) : sorted;
 }
 
@@ -45,7 +46,7 @@ Tensor ExpertTensorParallel::reduce_scatter(const Tensor& all_in, const EtpPlan&
   Tensor sorted = as_rows(all_in);
   if (sorted.dtype() == DType::BF16) sorted = sorted.to(DType::F32);
   Tensor all = Tensor::empty(sorted.shape(), sorted.dtype(), sorted.device());
-  scatter_rows(sorted, plan.sorted_from_all, all);
+  kernels::moe_scatter_rows(sorted, plan.sorted_from_all, all);
   const int64_t mine = plan.rows_per_rank[static_cast<size_t>(etp_.rank())];
   Tensor out = Tensor::empty({mine, all.cols()}, all.dtype(), all.device());
   etp_.reduce_scatter_v(all, out, plan.rows_per_rank);

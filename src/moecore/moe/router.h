@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/kernels/router.h"
 #include "moecore/moe/aux_losses.h"
 #include "moecore/moe/routed_tokens.h"
 #include "moecore/nn/parameter.h"
@@ -104,7 +105,7 @@ class Router {
 
   // x_TH [T, H] with T = S·B -> ids and probabilities [T, K]. Aux losses, expert-bias counts and statistics only
   // when training. With x_TH on a GPU (and the weight moved there by ParamRegistry::to) every Stash tensor and the
-  // output live on that GPU (router_cuda.cpp says what still passes through the host: the noise draws and [E]-sized
+  // output live on that GPU (router.cpp says what still passes through the host: the noise draws and [E]-sized
   // counts); the expert bias moves there on the first GPU forward, the expert-bias counts stay on the host.
   Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
   // dprobs_TK [T, K] (router dtype; dropped assignments carry none) -> dx_TH [T, H] in x's dtype; adds
@@ -135,9 +136,6 @@ class Router {
 
  private:
   int64_t count_ranks() const { return cfg_.count_group ? cfg_.count_group->size() : 1; }
-  // The GPU path, taken when the input (forward) or the stash (backward) is on a GPU: moe/router_cuda.cpp (a
-  // CPU-only build's counterparts throw: moe/router_unavailable.cpp).
-  Output forward_cuda(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
   double add_aux_losses(const Tensor& top_TK, int64_t S, int64_t B, bool count, Stash& st);
   // The noise streams (router_noise.cpp), drawn on the host for either device: this forward's position in them
   // (advanced by a training forward, the recorded one for a replay) and this rank's first global token; the jitter
@@ -148,12 +146,12 @@ class Router {
   NoisePosition noise_position(int64_t T, bool training, const Stash& st);
   Tensor jitter_multipliers(int64_t T, const NoisePosition& n) const;
   Tensor balance_noise(int64_t T, const NoisePosition& n) const;
-  Tensor backward_cuda(const Tensor& dprobs_TK, DType x_dtype, double aux_grad_scale, Stash& st);
   // The gating linear's forward (st.logits_TE from st.x_r) and its parameters' gradients from dlogits, for both
   // devices (router_gating.cpp); the input gradient dl·W stays with each device's backward.
   void gating_forward(Stash& st) const;
   void gating_param_grads(const Tensor& dl_TE, const Stash& st);
   RouterConfig cfg_;
+  kernels::RouterRule rule_;  // the per-token rule of cfg_
   nn::Parameter* weight_;
   nn::Parameter* bias_ = nullptr;  // [E], with cfg_.bias
   Tensor expert_bias_E_;           // f32, used for selection only (on the GPU after a GPU forward)
@@ -162,10 +160,6 @@ class Router {
   uint64_t forward_count_ = 0;     // advances the jitter / forced-balance noise streams
   uint64_t jitter_stream_ = 0, balance_stream_ = 0;
   nn::RoutingStats stats_, last_stats_;
-  // Per-thread selection scratch (taken/allowed masks, selection and group scores, group ids), sized from E, K and
-  // the group count at construction for scratch_threads_ threads.
-  Tensor scratch_;
-  int64_t scratch_threads_ = 1, scratch_words_ = 0;
 };
 
 }  // namespace moecore::moe

@@ -1,141 +1,39 @@
-// Local token dispatcher (see token_dispatcher.h).
+// Token dispatchers (see token_dispatcher.h): the local permutation, and the all-to-all and all-gather exchanges
+// over expert parallelism around it. The row work is kernels/moe_permute.h's ops, on the tensors' device.
 #include "moecore/moe/token_dispatcher.h"
 
-#include <cstring>
+#include <algorithm>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/core/cpu.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cuda/moe_kernels.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
 
-namespace {
-inline float widen(bf16 v) {
-  return bf16_to_float(v);
-}
-template <typename F>
-inline F widen(F v) {
-  return v;
-}
-
-// out[t] = Σ rows of t in ascending order, in D (bf16 rows S widened as they are read); vectorized per ISA.
-template <typename S, typename D>
-MOE_TARGET_CLONES void sum_token_rows(const S* src, const int64_t* off, const int32_t* rows, int64_t T, int64_t H,
-                                      D* dst) {
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; t++) {
-    D* out = dst + t * H;
-#pragma omp simd
-    for (int64_t h = 0; h < H; h++) out[h] = 0;
-    for (int64_t i = off[t]; i < off[t + 1]; i++) {
-      const S* in = src + static_cast<int64_t>(rows[i]) * H;
-#pragma omp simd
-      for (int64_t h = 0; h < H; h++) out[h] += widen(in[h]);
-    }
-  }
-}
-
-// dst[i] = src[at[i]] (gather: 0 where at[i] < 0) or dst[at[i]] = src[i] (scatter: none where at[i] < 0), for
-// i < n, in src's dtype when dst has it (else through doubles).
-template <bool Scatter>
-void move_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
-  if (src.dtype() != dst.dtype()) {
-    for (int64_t i = 0; i < n; i++) {
-      if constexpr (Scatter) {
-        if (at[i] >= 0) dst.set_item(at[i], src.item(i));
-      } else {
-        dst.set_item(i, at[i] >= 0 ? src.item(at[i]) : 0.0);
-      }
-    }
-    return;
-  }
-  MOE_DISPATCH_FLOAT(src.dtype(), F, {
-    const F* s = src.data<F>();
-    F* d = dst.data<F>();
-    for (int64_t i = 0; i < n; i++) {
-      if constexpr (Scatter) {
-        if (at[i] >= 0) d[at[i]] = s[i];
-      } else {
-        d[i] = at[i] >= 0 ? s[at[i]] : F(0);
-      }
-    }
-  });
-}
-void gather_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
-  move_values<false>(src, at, n, dst);
-}
-void scatter_values(const Tensor& src, const int64_t* at, int64_t n, Tensor& dst) {
-  move_values<true>(src, at, n, dst);
-}
-}  // namespace
+using kernels::align_up;
+using kernels::moe_row_sum_dtype;
+using kernels::padded_rows_empty;
 
 namespace {
-// d[r] = bf16(s[tok[r]]) (zero where tok[r] < 0), vectorized as the casts are.
-MOE_TARGET_CLONES void gather_rounded_rows(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; r++) {
-    bf16* out = d + r * H;
-    if (tok[r] < 0) {
-      std::fill_n(out, H, bf16{0});
-      continue;
-    }
-    const float* in = s + tok[r] * H;
-#pragma omp simd
-    for (int64_t h = 0; h < H; h++) out[h] = float_to_bf16(in[h]);
-  }
+
+// dst_TH[t] = the sum of token t's rows in ascending order, in moe_row_sum_dtype (bf16 rows are summed in f32).
+Tensor sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan) {
+  Tensor y = Tensor::empty({plan.T, src_RH.cols()}, moe_row_sum_dtype(src_RH.dtype()), src_RH.device());
+  kernels::moe_sum_rows_per_token(src_RH, plan.token_offsets_T1, plan.token_rows, y);
+  return y;
 }
+
+// dprobs_TK [T, K] in probs_dtype from the permuted rows' probability gradients: row r's goes to entry row_tk_R[r]
+// (padding rows, −1, are dropped; entries no row holds stay 0). On the rows' device.
+Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType probs_dtype) {
+  const int64_t n = plan.row_tk_R.numel();
+  MOE_ASSERT_MSG(dprobs_rows.numel() == n, "{} row probability gradients for {} permuted rows", dprobs_rows.numel(), n);
+  Tensor d = Tensor::empty({plan.T, plan.K}, probs_dtype, dprobs_rows.device());
+  kernels::moe_scatter_probs(dprobs_rows, plan.row_tk_R, d);
+  return d;
+}
+
 }  // namespace
-
-void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH) {
-  TimerScope timer("moe-permute", 2);  // moecore's: token permutation copies (bench train's phase table)
-  if (src_TH.device().is_cuda())
-    return kernels::cuda::moe_gather_rows(src_TH.as_dtype(dst_RH.dtype()), row_token_R, dst_RH);
-  const int64_t R = row_token_R.numel(), H = src_TH.cols();
-  MOE_ASSERT(dst_RH.rows() == R && dst_RH.cols() == H);
-  const int32_t* tok = row_token_R.data<int32_t>();
-  if (dst_RH.dtype() != src_TH.dtype()) {
-    MOE_ASSERT_MSG(src_TH.dtype() == DType::F32 && dst_RH.dtype() == DType::BF16, "rows gathered from {} into {}",
-                   dtype_name(src_TH.dtype()), dtype_name(dst_RH.dtype()));
-    return gather_rounded_rows(src_TH.data<float>(), tok, R, H, dst_RH.data<bf16>());
-  }
-  const size_t bytes = static_cast<size_t>(H) * dtype_size(src_TH.dtype());
-  const char* s = static_cast<const char*>(src_TH.raw());
-  char* d = static_cast<char*>(dst_RH.raw());
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; r++) {
-    if (tok[r] < 0)
-      std::memset(d + r * bytes, 0, bytes);  // a gap row of the padded layout
-    else
-      std::memcpy(d + r * bytes, s + tok[r] * bytes, bytes);
-  }
-}
-
-void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst) {
-  TimerScope timer("moe-permute", 2);
-  if (src_RH.device().is_cuda()) return kernels::cuda::moe_scatter_rows(src_RH, idx_R, dst);
-  const int64_t R = idx_R.numel(), H = src_RH.cols();
-  MOE_ASSERT(src_RH.rows() == R && dst.cols() == H && dst.dtype() == src_RH.dtype());
-  const size_t bytes = static_cast<size_t>(H) * dtype_size(src_RH.dtype());
-  const char* s = static_cast<const char*>(src_RH.raw());
-  char* d = static_cast<char*>(dst.raw());
-  const int32_t* idx = idx_R.data<int32_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; r++)
-    if (idx[r] >= 0) std::memcpy(d + idx[r] * bytes, s + r * bytes, bytes);
-}
-
-int64_t align_up(int64_t n, int64_t align) {
-  return (n + align - 1) / align * align;
-}
-
-Tensor padded_rows_empty(int64_t rows, int64_t experts, int64_t align, int64_t padded, int64_t C, DType dtype,
-                         Device device) {
-  const int64_t capacity = align > 1 ? rows + experts * (align - 1) : rows;
-  MOE_ASSERT(padded <= capacity);
-  return Tensor::empty({capacity, C}, dtype, device).slice(0, padded);
-}
 
 Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
                           std::vector<int64_t>& per_expert, int64_t row_align) {
@@ -167,35 +65,6 @@ Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts,
   return order;
 }
 
-Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType probs_dtype) {
-  const int64_t n = plan.row_tk_R.numel();
-  MOE_ASSERT_MSG(dprobs_rows.numel() == n, "{} row probability gradients for {} permuted rows", dprobs_rows.numel(), n);
-  if (dprobs_rows.device().is_cuda()) {
-    Tensor d = Tensor::empty({plan.T, plan.K}, probs_dtype, dprobs_rows.device());
-    scatter_dprobs_cuda(dprobs_rows, plan.row_tk_R, d);
-    return d;
-  }
-  Tensor d = Tensor::zeros({plan.T, plan.K}, probs_dtype);
-  scatter_values(dprobs_rows, plan.row_tk_R.data<int64_t>(), n, d);
-  return d;
-}
-
-DType row_sum_dtype(DType rows) {
-  return rows == DType::BF16 ? DType::F32 : rows;
-}
-
-void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH) {
-  TimerScope timer("moe-permute", 2);
-  if (src_RH.device().is_cuda())
-    return kernels::cuda::moe_sum_rows_per_token(src_RH, plan.token_offsets_T1, plan.token_rows, dst_TH);
-  const int64_t T = plan.T, H = src_RH.cols();
-  MOE_ASSERT(dst_TH.rows() == T && dst_TH.cols() == H && dst_TH.dtype() == row_sum_dtype(src_RH.dtype()));
-  const int64_t* off = plan.token_offsets_T1.data<int64_t>();
-  const int32_t* rows = plan.token_rows.data<int32_t>();
-  if (src_RH.dtype() == DType::BF16) return sum_token_rows(src_RH.data<bf16>(), off, rows, T, H, dst_TH.data<float>());
-  MOE_DISPATCH_FLOAT(src_RH.dtype(), F, { sum_token_rows(src_RH.data<F>(), off, rows, T, H, dst_TH.data<F>()); });
-}
-
 void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                                     Tensor& probs_R) {
   permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), plan.row_align, plan, x_RH,
@@ -205,131 +74,38 @@ void LocalTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& rout
 void LocalTokenDispatcher::permute(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK,
                                    int64_t pad_capacity, int64_t block, int64_t row_align, DispatchPlan& plan,
                                    Tensor& x_RH, Tensor& probs_R) const {
-  if (x_TH.device().is_cuda())
-    return permute_cuda(x_TH.as_dtype(plan.rows_dtype_for(x_TH)), idx_TK, probs_TK, pad_capacity, block, row_align,
-                        plan, x_RH, probs_R);
-  const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), E = E_;
-  MOE_ASSERT(row_align >= 1);
-  MOE_ASSERT(idx_TK.dtype() == DType::I32 && x_TH.rows() == T && probs_TK.numel() == T * K);
-  MOE_ASSERT(pad_capacity == 0 || (block > 0 && T % block == 0));
-  const int32_t* id = idx_TK.data<int32_t>();
-  auto mine = [&](int64_t i) { return id[i] >= 0 && id[i] < E; };
-  // j of token t's choice of expert e, or −1 (an expert appears at most once among a token's K choices).
-  auto choice = [&](int64_t t, int64_t e) {
-    for (int64_t j = 0; j < K; j++)
-      if (id[t * K + j] == e) return j;
-    return int64_t{-1};
-  };
+  const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1);
+  const Device d = x_TH.device();
+  MOE_ASSERT(x_TH.rows() == T && probs_TK.numel() == T * K);
+  MOE_ASSERT_MSG(idx_TK.device() == d && probs_TK.device() == d, "dispatch on {}: the routing is on {} and {}", d.str(),
+                 idx_TK.device().str(), probs_TK.device().str());
   plan.T = T;
-  plan.E = E;
+  plan.E = E_;
   plan.K = K;
-  plan.tokens_per_expert.assign(static_cast<size_t>(E), 0);
-  plan.token_offsets_T1 = Tensor::zeros({T + 1}, DType::I64);
-  int64_t* off = plan.token_offsets_T1.data<int64_t>();
-  auto& tpe = plan.tokens_per_expert;
-  // Rows per expert and per token (off[t + 1]); under padding, each expert is filled to pad_capacity per block
-  // with the earliest tokens that have no row for it.
-  for (int64_t i = 0; i < T * K; i++)
-    if (mine(i)) {
-      tpe[static_cast<size_t>(id[i])]++;
-      off[i / K + 1]++;
-    }
-  auto pad_walk = [&](int64_t e, auto&& row) {  // calls row(t, j or −1) for expert e's rows, ascending t
-    for (int64_t b0 = 0; b0 < T; b0 += block) {
-      int64_t have = 0;
-      for (int64_t t = b0; t < b0 + block; t++) have += choice(t, e) >= 0;
-      MOE_ASSERT(have <= pad_capacity);
-      int64_t need = pad_capacity - have;
-      for (int64_t t = b0; t < b0 + block; t++) {
-        const int64_t j = choice(t, e);
-        if (j >= 0) {
-          row(t, j);
-        } else if (need > 0) {
-          row(t, int64_t{-1});
-          need--;
-        }
-      }
-    }
-  };
-  if (pad_capacity > 0)
-    for (int64_t e = 0; e < E; e++)
-      pad_walk(e, [&](int64_t t, int64_t j) {
-        if (j < 0) {
-          tpe[static_cast<size_t>(e)]++;
-          off[t + 1]++;
-        }
-      });
-  int64_t R = 0, Rp = 0;  // rows, and rows in the padded layout
-  for (int64_t c : tpe) R += c, Rp += align_up(c, row_align);
-  plan.R = Rp;
-  for (int64_t t = 0; t < T; t++) off[t + 1] += off[t];
+  kernels::moe_permute_plan(idx_TK, E_, pad_capacity, block, row_align, plan);
   // Sized for the most rows the padded layout can take: the same allocation every step however the rows fall.
-  auto rows_empty = [&](int64_t C, DType dt) { return padded_rows_empty(R, E, row_align, Rp, C, dt); };
-  plan.row_token_R = rows_empty(1, DType::I32).reshape({Rp});
-  plan.row_tk_R = rows_empty(1, DType::I64).reshape({Rp});
-  plan.token_rows = Tensor::empty({R}, DType::I32);
-  int32_t* rt = plan.row_token_R.data<int32_t>();
-  int64_t* rtk = plan.row_tk_R.data<int64_t>();
-  // Expert-major, ascending token inside an expert; expert e's rows start at pad_start[e] (gap rows: −1).
-  std::vector<int64_t> pad_start(static_cast<size_t>(E) + 1, 0);
-  for (int64_t e = 0; e < E; e++)
-    pad_start[static_cast<size_t>(e + 1)] =
-        pad_start[static_cast<size_t>(e)] + align_up(tpe[static_cast<size_t>(e)], row_align);
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t r = pad_start[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)];
-         r < pad_start[static_cast<size_t>(e + 1)]; r++)
-      rt[r] = -1, rtk[r] = -1;
-  if (pad_capacity > 0) {
-    for (int64_t e = 0; e < E; e++) {
-      int64_t r = pad_start[static_cast<size_t>(e)];
-      pad_walk(e, [&](int64_t t, int64_t j) {
-        rt[r] = static_cast<int32_t>(t);
-        rtk[r] = j >= 0 ? t * K + j : -1;
-        r++;
-      });
-      MOE_ASSERT(r == pad_start[static_cast<size_t>(e)] + tpe[static_cast<size_t>(e)]);
-    }
-  } else {  // counting sort: plan.expert_offsets[e] runs from expert e's first row to its end
-    auto& eo = plan.expert_offsets;
-    eo.assign(pad_start.begin(), pad_start.end());
-    for (int64_t i = 0; i < T * K; i++)
-      if (mine(i)) {
-        const int64_t r = eo[static_cast<size_t>(id[i])]++;
-        rt[r] = static_cast<int32_t>(i / K);
-        rtk[r] = i;
-      }
-  }
-  // Each token's rows in ascending expert order (rows are expert-major).
-  plan.token_cursor_T = Tensor::empty({std::max<int64_t>(T, 1)}, DType::I64);
-  int64_t* cur = plan.token_cursor_T.data<int64_t>();
-  std::copy(off, off + T, cur);
-  int32_t* trows = plan.token_rows.data<int32_t>();
-  for (int64_t r = 0; r < Rp; r++)
-    if (rt[r] >= 0) trows[cur[rt[r]]++] = static_cast<int32_t>(r);
+  const int64_t rows = plan.token_rows.numel();
   const DType rows_t = plan.rows_dtype_for(x_TH);
-  x_RH = rows_empty(x_TH.cols(), rows_t);
-  gather_rows(x_TH, plan.row_token_R, x_RH);
-  probs_R = rows_empty(1, row_sum_dtype(rows_t)).reshape({Rp});
-  gather_values(probs_TK, rtk, Rp, probs_R);
+  x_RH = padded_rows_empty(rows, E_, row_align, plan.R, x_TH.cols(), rows_t, d);
+  kernels::moe_gather_rows(x_TH, plan.row_token_R, x_RH);
+  probs_R = padded_rows_empty(rows, E_, row_align, plan.R, 1, moe_row_sum_dtype(rows_t), d).reshape({plan.R});
+  kernels::moe_gather_probs(probs_TK, plan.row_tk_R, probs_R);
 }
 
 Tensor LocalTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, row_sum_dtype(y_RH.dtype()), y_RH.device());
-  sum_rows_per_token(y_RH, plan, y);
-  return y;
+  return sum_rows_per_token(y_RH, plan);
 }
 
 Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
   Tensor d = padded_rows_empty(plan.token_rows.numel(), plan.E, plan.row_align, plan.R, dy_TH.cols(),
                                plan.rows_dtype_for(dy_TH), dy_TH.device());
-  gather_rows(dy_TH, plan.row_token_R, d);
+  kernels::moe_gather_rows(dy_TH, plan.row_token_R, d);
   return d;
 }
 
 void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                              DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
-  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, row_sum_dtype(dx_RH.dtype()), dx_RH.device());
-  sum_rows_per_token(dx_RH, plan, dx_TH);
+  dx_TH = sum_rows_per_token(dx_RH, plan);
   dprobs_TK = scatter_dprobs(dprobs_R, plan, probs_dtype);
 }
 
@@ -375,7 +151,7 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
   // 3. Received layout [source rank][local expert] -> expert-major [local expert][source rank]; from here on
   // tokens_per_expert counts rows per local expert.
   plan.sorted_from_recv = expert_major_order(P, n_local_, g, E_, me * n_local_, plan.tokens_per_expert, plan.row_align);
-  if (x_TH.device().is_cuda()) plan.sorted_from_recv = plan.sorted_from_recv.to(x_TH.device());
+  plan.sorted_from_recv = plan.sorted_from_recv.to(x_TH.device());
   plan.recv_rows = 0;
   for (int64_t n : plan.output_splits) plan.recv_rows += n;
   plan.R = plan.sorted_from_recv.numel();
@@ -393,7 +169,7 @@ Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const
   ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
                    plan.output_splits);
   Tensor sorted = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, C, recv.dtype(), recv.device());
-  gather_rows(recv, plan.sorted_from_recv, sorted);
+  kernels::moe_gather_rows(recv, plan.sorted_from_recv, sorted);
   return sorted;
 }
 
@@ -402,7 +178,7 @@ Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, con
   MOE_ASSERT(sorted_rows.rows() == plan.R);
   const Device d = sorted_rows.device();
   Tensor recv = Tensor::empty({plan.recv_rows, H}, sorted_rows.dtype(), d);
-  scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
+  kernels::moe_scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
   Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype(), d);
   TimerScope timer("moe-combine-all-to-all", 2);
   ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
@@ -410,23 +186,18 @@ Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, con
 }
 
 Tensor AllToAllTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
-  const Tensor local = exchange_backward(y_RH, plan);
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, row_sum_dtype(y_RH.dtype()), y_RH.device());
-  sum_rows_per_token(local, plan, y);
-  return y;
+  return sum_rows_per_token(exchange_backward(y_RH, plan), plan);
 }
 
 Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
   Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, plan.rows_dtype_for(dy_TH), dy_TH.device());
-  gather_rows(dy_TH, plan.row_token_R, local);
+  kernels::moe_gather_rows(dy_TH, plan.row_token_R, local);
   return exchange_forward(local, plan);
 }
 
 void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                                 DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
-  const Tensor dx_local = exchange_backward(dx_RH, plan);
-  dx_TH = Tensor::empty({plan.T, dx_RH.cols()}, row_sum_dtype(dx_RH.dtype()), dx_RH.device());
-  sum_rows_per_token(dx_local, plan, dx_TH);
+  dx_TH = sum_rows_per_token(exchange_backward(dx_RH, plan), plan);
   const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
   dprobs_TK = scatter_dprobs(dp_local, plan, probs_dtype);
 }

@@ -4,20 +4,24 @@
 // (Megatron's permute); combine sums each token's rows in ascending expert order (a fixed order, so results are
 // deterministic). Dispatch and combine are each other's adjoint; the plan (the "handle") lives in the stash.
 // The allgather and alltoall dispatchers over MPI implement the same interface (distributed issue).
-// GPU tensors (x_TH and the routing on a CUDA device) take the GPU path (token_dispatcher_cuda.cpp): the plan is
-// built on the GPU (its host vectors stay on the host, its Tensors live on the GPU), with the same rows, order and
-// sums; MPI traffic of the expert-parallel dispatchers is host-staged.
+// The steps are written once for both devices: the plan and the row moves are ops of kernels/moe_permute.h, run
+// where x_TH and the routing live (on a GPU the plan's host vectors stay on the host, its Tensors live on the GPU),
+// with the same rows, order and sums; MPI traffic of the expert-parallel dispatchers is host-staged.
 #pragma once
 
 #include <optional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/moe_permute.h"
 #include "moecore/moe/routed_tokens.h"
 
 namespace moecore::moe {
 
-struct DispatchPlan {
+// The permutation's plan (kernels::PermutePlan: rows, row_token_R, row_tk_R, the token CSR, tokens_per_expert) and
+// what the dispatchers add to it. Under expert parallelism tokens_per_expert ends as [E_local] rows per local
+// expert, in row order, and R as the rows this rank's experts receive.
+struct DispatchPlan : kernels::PermutePlan {
   // Set by the caller before dispatch: every local expert's rows start at a multiple of row_align; the gap rows
   // after them have no token (row_token_R and row_tk_R −1), are zero, have probability 0 and are never summed into
   // a token. This is the CPU grouped experts' padded layout, written by the permutation itself instead of by a copy
@@ -29,21 +33,14 @@ struct DispatchPlan {
   // all-gather, to send bf16).
   std::optional<DType> rows_dtype;
   DType rows_dtype_for(const Tensor& x) const { return rows_dtype.value_or(x.dtype()); }
-  int64_t T = 0, E = 0, K = 0, R = 0;  // E: the experts permuted over (all, or this rank's under allgather)
+  int64_t T = 0, E = 0, K = 0;  // E: the experts permuted over (all, or this rank's under allgather)
   // Expert parallelism (empty on one rank): rows sent to / received from each EP rank, and for every row of the
   // expert-major output, its row in the receive buffer.
   std::vector<int64_t> input_splits, output_splits;
-  Tensor sorted_from_recv;                 // I32 [R]: −1 for a gap row of the padded layout
-  int64_t local_rows = 0;                  // rows this rank permuted before the exchange
-  int64_t recv_rows = 0;                   // rows it received
-  int64_t T_local = 0;                     // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
-  std::vector<int64_t> tokens_per_expert;  // [E_local] rows per local expert, in row order (gap rows not counted)
-  Tensor row_token_R;                      // I32: source token of each permuted row, −1 for a gap row
-  Tensor row_tk_R;                         // I64: t·K + j of each row (its [T, K] entry), −1 for a padding row
-  Tensor token_offsets_T1;                 // I64 CSR over tokens: rows of token t are
-  Tensor token_rows;                       //   token_rows[token_offsets[t] .. token_offsets[t+1]) (I32)
-  std::vector<int64_t> expert_offsets;     // scratch [E + 1]: row offsets per expert while permuting
-  Tensor token_cursor_T;                   // scratch I64 [T]: fill position per token while permuting
+  Tensor sorted_from_recv;  // I32 [R]: −1 for a gap row of the padded layout
+  int64_t local_rows = 0;   // rows this rank permuted before the exchange
+  int64_t recv_rows = 0;    // rows it received
+  int64_t T_local = 0;      // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
 };
 
 class TokenDispatcher {
@@ -80,36 +77,15 @@ class LocalTokenDispatcher : public TokenDispatcher {
                          Tensor& dx_TH, Tensor& dprobs_TK) override;
 
  private:
-  void permute_cuda(const Tensor& x_TH, const Tensor& idx_TK, const Tensor& probs_TK, int64_t pad_capacity,
-                    int64_t block, int64_t row_align, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) const;
   int64_t E_;
 };
 
-// Helpers shared by dispatchers: row gather (permute), its inverse scatter, and the per-token ordered row sum
-// (unpermute). On the CPU an index −1 is a gap row: gathered as zeros, not scattered.
-// dst[r] = src[idx[r]] (zero where idx[r] < 0), f32 rows rounded when dst is bf16.
-void gather_rows(const Tensor& src_TH, const Tensor& row_token_R, Tensor& dst_RH);
-void scatter_rows(const Tensor& src_RH, const Tensor& idx_R, Tensor& dst);  // dst[idx[r]] = src[r]
-// n rounded up to a multiple of align.
-int64_t align_up(int64_t n, int64_t align);
-// [padded, C] rows of `rows` rows over `experts` experts in the padded layout (DispatchPlan::row_align), allocated at
-// the largest size they can take, so the allocator sees one size every step however the rows fall.
-Tensor padded_rows_empty(int64_t rows, int64_t experts, int64_t align, int64_t padded, int64_t C, DType dtype,
-                         Device device = Device::cpu());
 // Rows arriving as chunks [source rank s][local expert e] of count(s, e) = counts[s·stride + offset + e] rows,
 // reordered expert-major ([e][s], source order kept), each expert's rows starting at a multiple of row_align: for
 // each output row, its row in the arriving buffer (I32; −1 for a gap row). Sets per_expert ([n_local]) to each
 // expert's rows.
 Tensor expert_major_order(int64_t ranks, int64_t n_local, const int64_t* counts, int64_t stride, int64_t offset,
                           std::vector<int64_t>& per_expert, int64_t row_align = 1);
-// dst_TH[t] = the sum of token t's rows in ascending order, in row_sum_dtype (bf16 rows are summed in f32).
-void sum_rows_per_token(const Tensor& src_RH, const DispatchPlan& plan, Tensor& dst_TH);
-DType row_sum_dtype(DType rows);
-// dprobs_TK [T, K] in probs_dtype from the permuted rows' probability gradients: row r's goes to entry row_tk_R[r]
-// (padding rows, −1, are dropped; entries no row holds stay 0). On the rows' device.
-Tensor scatter_dprobs(const Tensor& dprobs_rows, const DispatchPlan& plan, DType probs_dtype);
-// GPU: dprobs_TK (f32, zeroed here) gets dprobs_R[r] at row_tk_R[r] for every assignment row.
-void scatter_dprobs_cuda(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
 
 }  // namespace moecore::moe
 

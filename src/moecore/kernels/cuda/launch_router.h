@@ -1,5 +1,5 @@
 // Pointer-level launchers of the MoE router kernels (router.cu, router_capacity.cu): CUDA headers only, like
-// launch.h. The Tensor-level caller is moe/router_cuda.cpp. Everything is f32 (the GPU router refuses f64), ids I32,
+// launch.h. The Tensor-level caller is router_ops.cpp. Everything is f32 (the GPU router refuses f64), ids I32,
 // counts and sums f64. Every launcher queues work on `s` and returns; none uses floating-point atomics, so reruns
 // give the same bits.
 #pragma once
@@ -32,7 +32,7 @@ struct RouterRowArgs {
   int32_t* group_sel = nullptr;   // [T, G] scratch (group-limited only)
   // Training only (null otherwise).
   float* aux_scores = nullptr;    // [T, E] softmax, or sigmoid normalised over E
-  int32_t* aux_top = nullptr;     // [T, K] plain top-k of the aux scores
+  int32_t* aux_top = nullptr;     // [T, K] plain top-k of the aux scores (null: not computed)
   double* entropy_T = nullptr;    // [T] −Σ_e a·log a (f64)
   const float* logits = nullptr;  // [T, E] the real logits, for the z-loss (null: no z-loss)
   float* lse = nullptr;           // [T]

@@ -1,6 +1,6 @@
-// The MoE token permutation on the GPU at the Tensor level (moe_permute_ops.cpp over moe_permute.cu): what
-// moe::LocalTokenDispatcher and the expert-parallel dispatchers call when their tensors are CUDA tensors. Plain host
-// declarations (no CUDA headers), so moe/ includes them in every build; a CPU-only build defines them in
+// The MoE token permutation on the GPU at the Tensor level (moe_permute_ops.cpp over moe_permute.cu): the CUDA
+// backend of kernels/moe_permute.h, which kernels/moe_permute.cpp calls for CUDA tensors. Plain host declarations
+// (no CUDA headers), compiled in every build; a CPU-only build defines them in
 // kernels/cuda/moe_kernels_unavailable.cpp, where they throw (no CUDA tensor can exist there).
 #pragma once
 

@@ -1,7 +1,8 @@
 // MoE router kernels (see launch_router.h): the fused per-token forward, the small reductions of the aux losses
 // and statistics, and the backward of the score functions. The per-token kernels give each token one thread that
-// runs the CPU router's loops in the same order (moe/router.cpp), so sums round alike and only exp/log differ by
-// an ulp; top-k needs no taken mask: the j-th pick is the first element after the (j−1)-th in selection order.
+// runs the CPU router's loops in the same order (kernels/cpu/router.cpp), so sums round alike and only exp/log
+// differ by an ulp; top-k needs no taken mask: the j-th pick is the first element after the (j−1)-th in selection
+// order.
 #include <cmath>
 
 #include "moecore/kernels/cuda/common.cuh"
@@ -131,9 +132,11 @@ __global__ void rows_k(RouterRowArgs a) {
       z += 1e-20f;
       for (int64_t e = 0; e < E; e++) as[e] /= z;
     }
-    int32_t* top = a.aux_top + t * K;
-    topk([&](int64_t e) { return as[e]; }, [](int64_t) { return true; }, E, K,
-         [&](int64_t j, int64_t e, float) { top[j] = static_cast<int32_t>(e); });
+    if (a.aux_top) {
+      int32_t* top = a.aux_top + t * K;
+      topk([&](int64_t e) { return as[e]; }, [](int64_t) { return true; }, E, K,
+           [&](int64_t j, int64_t e, float) { top[j] = static_cast<int32_t>(e); });
+    }
     double ent = 0.0;
     for (int64_t e = 0; e < E; e++)
       if (as[e] > 0.0f) ent -= static_cast<double>(as[e]) * log(static_cast<double>(as[e]));
@@ -201,7 +204,7 @@ __global__ void mul_k(float* a, const float* u, int64_t n) {
     a[i] *= u[i];
 }
 
-// The CPU's score_backward, one thread per token (derivations in moe/router.cpp).
+// The CPU's score_backward, one thread per token (derivations in kernels/cpu/router.cpp).
 __global__ void score_backward_k(const float* dP, const int32_t* idx, const int32_t* kept, const float* p,
                                  const float* scores, bool sigmoid, bool pre_softmax, float scale, int64_t T, int64_t E,
                                  int64_t K, float* dl) {

@@ -1,7 +1,7 @@
 // Capacity dropping of the MoE router on the GPU (see launch_router.h): one block per expert. The block first
 // gathers the expert's assignments in token order with a block-wide scan (integers: the order is exact), then ranks
-// each one by the CPU router's rule (moe/router.cpp apply_capacity), then applies the decisions. A token holds at
-// most one assignment per expert (top-k picks distinct experts), so an expert has at most T of them.
+// each one by the CPU router's rule (kernels/cpu/router.cpp capacity_impl), then applies the decisions. A token
+// holds at most one assignment per expert (top-k picks distinct experts), so an expert has at most T of them.
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch_router.h"
 
