@@ -1,12 +1,12 @@
-// Elementwise helpers (see elementwise.h).
+// Elementwise helpers on the CPU (see elementwise.h; the backend entry points in cpu/kernels.h).
 #include "moecore/kernels/elementwise.h"
 
 #include <vector>
 
 #include "moecore/core/cpu.h"
-#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cpu/kernels.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 constexpr int64_t kChunk = 16384;
@@ -51,12 +51,10 @@ MOE_TARGET_CLONES double chunked_sum(int64_t n, F term) {
 }  // namespace
 
 void add_(Tensor& a, const Tensor& b) {
-  if (a.device().is_cuda()) return cuda::add_(a, b);
   add(a, b, a);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  if (a.device().is_cuda()) return cuda::add(a, b, out);
   MOE_ASSERT_MSG(a.numel() == b.numel() && a.numel() == out.numel(), "add of {} + {} into {}", a.shape().str(),
                  b.shape().str(), out.shape().str());
   MOE_ASSERT(a.dtype() == b.dtype() && a.dtype() == out.dtype());
@@ -70,7 +68,6 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void scale_(Tensor& a, double s) {
-  if (a.device().is_cuda()) return cuda::scale_(a, s);
   const int64_t n = a.numel();
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
@@ -80,7 +77,6 @@ void scale_(Tensor& a, double s) {
 }
 
 void fill_(Tensor& a, double v) {
-  if (a.device().is_cuda()) return cuda::fill_(a, v);
   const int64_t n = a.numel();
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
@@ -89,7 +85,6 @@ void fill_(Tensor& a, double v) {
 }
 
 double sum(const Tensor& a) {
-  if (a.device().is_cuda()) return cuda::sum(a);
   double r = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     const T* p = a.data<T>();
@@ -99,7 +94,6 @@ double sum(const Tensor& a) {
 }
 
 double dot(const Tensor& a, const Tensor& b) {
-  if (a.device().is_cuda()) return cuda::dot(a, b);
   MOE_ASSERT(a.numel() == b.numel() && a.dtype() == b.dtype());
   double r = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
@@ -111,32 +105,10 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 
 double sum_squares(const Tensor& a) {
-  if (a.device().is_cuda()) return cuda::sum_squares(a);
   return dot(a, a);
 }
 
-namespace {
-template <typename R>
-MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
-  int64_t z = 0;
-#pragma omp parallel for reduction(+ : z) schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; i++) z += v[i] == R(0);
-  return z;
-}
-}  // namespace
-
-int64_t count_zeros(const Tensor& a) {
-  int64_t z = 0;
-  MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
-  return z;
-}
-
-}  // namespace moecore::kernels
-
-namespace moecore::kernels {
-
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
-  if (y_TN.device().is_cuda()) return cuda::add_row_bias_(y_TN, b_N);
   const int64_t rows = y_TN.rows(), N = y_TN.cols();
   MOE_ASSERT(b_N.numel() == N && b_N.dtype() == y_TN.dtype());
   MOE_DISPATCH_FLOAT(y_TN.dtype(), T, {
@@ -148,7 +120,6 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
 }
 
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
-  if (dy_TN.device().is_cuda()) return cuda::accumulate_col_sums(dy_TN, db_N);
   const int64_t rows = dy_TN.rows(), N = dy_TN.cols();
   MOE_ASSERT(db_N.numel() == N && db_N.dtype() == dy_TN.dtype());
   constexpr int64_t kCols = 64;
@@ -164,6 +135,27 @@ void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
       for (int64_t j = j0; j < j1; j++) db[j] += acc[j - j0];
     }
   });
+}
+
+}  // namespace moecore::kernels::cpu
+
+namespace moecore::kernels {
+
+namespace {
+template <typename R>
+MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
+  int64_t z = 0;
+#pragma omp parallel for reduction(+ : z) schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) z += v[i] == R(0);
+  return z;
+}
+}  // namespace
+
+int64_t count_zeros(const Tensor& a) {
+  cpu::require_cpu(a, "count_zeros");
+  int64_t z = 0;
+  MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
+  return z;
 }
 
 }  // namespace moecore::kernels

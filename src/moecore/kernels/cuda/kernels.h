@@ -1,8 +1,10 @@
-// The CUDA kernels at the Tensor level, with the CPU kernels' signatures: kernels/cpu entry points forward here
-// when their tensors are on a GPU (`if (x.device().is_cuda()) return cuda::...`), so nn/ and moe/ run unchanged.
-// Element types: f32 everywhere (as the CPU kernels compute), gemm operands f32 or bf16 with an f32 output; the
-// bf16 attention takes f32 tensors and rounds inside, like the CPU one. A CPU-only build defines these in
-// kernels/cuda/kernels_unavailable.cpp (they throw: no cuda tensor can exist there).
+// The CUDA kernels at the Tensor level, with the API's signatures (kernels/*.h, which documents each) like the CPU
+// backend's (kernels/cpu/kernels.h): the dispatch code (kernels/dispatch.cpp) calls these for tensors on a GPU, so
+// nn/ and moe/ run unchanged. Where the GPU has no fused kernel for a form the API offers, the wrapper here composes
+// it from the kernels it has (gemm_batched; each such wrapper says so). Element types: f32 everywhere (as the CPU
+// kernels compute), gemm operands f32 or bf16 with an f32 output; the bf16 attention takes f32 tensors and rounds
+// inside, like the CPU one. A CPU-only build defines these in kernels/cuda/kernels_unavailable.cpp (they throw: no
+// cuda tensor can exist there).
 #pragma once
 
 #include <functional>
@@ -17,8 +19,9 @@ namespace moecore::kernels::cuda {
 
 // C = alpha·op(A)·op(B) + beta·C through cuBLASLt (handle, descriptors, algorithm and workspace cached per shape).
 // f32 operands compute in f32 (TF32 off unless set_allow_tf32(true)); bf16 operands accumulate in f32.
-void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
-          int64_t batch = 0);
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
+// [batch, rows, cols] operands in one strided-batched cuBLASLt call.
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
 void set_allow_tf32(bool on);
 bool allow_tf32();
 

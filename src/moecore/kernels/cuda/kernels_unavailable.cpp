@@ -7,8 +7,11 @@ namespace moecore::kernels::cuda {
 
 #define MOE_NO_CUDA_KERNEL(name) ::moecore::cuda::no_cuda_kernel(name)
 
-void gemm(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float, int64_t) {
+void gemm(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) {
   MOE_NO_CUDA_KERNEL("gemm");
+}
+void gemm_batched(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) {
+  MOE_NO_CUDA_KERNEL("gemm_batched");
 }
 void set_allow_tf32(bool) {}
 bool allow_tf32() {

@@ -1,0 +1,35 @@
+// The CPU kernels at the Tensor level, with the API's signatures (kernels/*.h, which documents each): the dispatch
+// code (kernels/dispatch.cpp) calls these for tensors in host memory, as it calls kernels/cuda/kernels.h for tensors
+// on a GPU. Ops that have only a CPU kernel keep their API names and are defined in kernels/cpu directly; they refuse
+// a tensor that is not in host memory (require_cpu).
+#pragma once
+
+#include <string_view>
+
+#include "moecore/core/error.h"
+#include "moecore/core/tensor.h"
+
+namespace moecore::kernels::cpu {
+
+// A CPU-only op's refusal of a tensor outside host memory, naming the op.
+inline void require_cpu(const Tensor& t, std::string_view op) {
+  MOE_CHECK(t.device().is_cpu(), "{} runs on the CPU only, but its tensor is on {}; run with --device cpu", op,
+            t.device().str());
+}
+
+// gemm.h
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
+
+// elementwise.h
+void add_(Tensor& a, const Tensor& b);
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void scale_(Tensor& a, double s);
+void fill_(Tensor& a, double v);
+double sum(const Tensor& a);
+double dot(const Tensor& a, const Tensor& b);
+double sum_squares(const Tensor& a);
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
+
+}  // namespace moecore::kernels::cpu

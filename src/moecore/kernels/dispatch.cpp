@@ -1,0 +1,57 @@
+// The one place each op picks its backend: the API's entry points (kernels/*.h) send tensors in host memory to the
+// CPU kernels (kernels/cpu/kernels.h) and tensors on a GPU to the CUDA kernels (kernels/cuda/kernels.h; a CPU-only
+// build links their stand-ins, which no tensor can reach). Nothing else happens here: each backend checks its own
+// operands. Ops with only a CPU kernel are not listed (kernels/cpu defines them under their API names).
+#include "moecore/kernels/cpu/kernels.h"
+#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/gemm.h"
+
+namespace moecore::kernels {
+
+// gemm.h: the backend of the operands (C and B live beside A).
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  if (A.device().is_cuda()) return cuda::gemm(A, trans_a, B, trans_b, C, alpha, beta);
+  cpu::gemm(A, trans_a, B, trans_b, C, alpha, beta);
+}
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  if (A.device().is_cuda()) return cuda::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
+  cpu::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
+}
+
+// elementwise.h: the backend of the first operand.
+void add_(Tensor& a, const Tensor& b) {
+  if (a.device().is_cuda()) return cuda::add_(a, b);
+  cpu::add_(a, b);
+}
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.device().is_cuda()) return cuda::add(a, b, out);
+  cpu::add(a, b, out);
+}
+void scale_(Tensor& a, double s) {
+  if (a.device().is_cuda()) return cuda::scale_(a, s);
+  cpu::scale_(a, s);
+}
+void fill_(Tensor& a, double v) {
+  if (a.device().is_cuda()) return cuda::fill_(a, v);
+  cpu::fill_(a, v);
+}
+double sum(const Tensor& a) {
+  return a.device().is_cuda() ? cuda::sum(a) : cpu::sum(a);
+}
+double dot(const Tensor& a, const Tensor& b) {
+  return a.device().is_cuda() ? cuda::dot(a, b) : cpu::dot(a, b);
+}
+double sum_squares(const Tensor& a) {
+  return a.device().is_cuda() ? cuda::sum_squares(a) : cpu::sum_squares(a);
+}
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  if (y_TN.device().is_cuda()) return cuda::add_row_bias_(y_TN, b_N);
+  cpu::add_row_bias_(y_TN, b_N);
+}
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  if (dy_TN.device().is_cuda()) return cuda::accumulate_col_sums(dy_TN, db_N);
+  cpu::accumulate_col_sums(dy_TN, db_N);
+}
+
+}  // namespace moecore::kernels
