@@ -1,11 +1,15 @@
 // The one place each op picks its backend: the API's entry points (kernels/*.h) send tensors in host memory to the
 // CPU kernels (kernels/cpu/kernels.h) and tensors on a GPU to the CUDA kernels (kernels/cuda/kernels.h; a CPU-only
-// build links their stand-ins, which no tensor can reach). Nothing else happens here: each backend checks its own
-// operands. Ops with only a CPU kernel are not listed (kernels/cpu defines them under their API names).
+// build links their stand-ins, which no tensor can reach). Each backend checks its own operands; what happens here
+// besides the choice is the level-2 timer scope some ops open around either backend. Ops with only a CPU kernel are
+// not listed (kernels/cpu defines them under their API names).
+#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/rmsnorm.h"
 
 namespace moecore::kernels {
 
@@ -52,6 +56,44 @@ void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
   if (dy_TN.device().is_cuda()) return cuda::accumulate_col_sums(dy_TN, db_N);
   cpu::accumulate_col_sums(dy_TN, db_N);
+}
+
+// rmsnorm.h, layernorm.h: the backend of the input rows; each call is one `norm` timer scope (level 2).
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+  cpu::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+}
+void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                         Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_forward_add(x_TH, res_TH, w_H, eps, y_TH, rstd_T);
+  cpu::rmsnorm_forward_add(x_TH, res_TH, w_H, eps, y_TH, rstd_T);
+}
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H, const Tensor* dres_TH) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H, dres_TH);
+  cpu::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H, dres_TH);
+}
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+  cpu::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+}
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::layernorm_forward_add(x_TH, res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+  cpu::layernorm_forward_add(x_TH, res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+}
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda())
+    return cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
+  cpu::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
 }
 
 }  // namespace moecore::kernels

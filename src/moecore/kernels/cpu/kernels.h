@@ -32,4 +32,17 @@ double sum_squares(const Tensor& a);
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
 
+// rmsnorm.h, layernorm.h
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T);
+void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                         Tensor& rstd_T);
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H, const Tensor* dres_TH);
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T);
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH);
+
 }  // namespace moecore::kernels::cpu

@@ -1,10 +1,10 @@
 // The CUDA kernels at the Tensor level, with the API's signatures (kernels/*.h, which documents each) like the CPU
 // backend's (kernels/cpu/kernels.h): the dispatch code (kernels/dispatch.cpp) calls these for tensors on a GPU, so
 // nn/ and moe/ run unchanged. Where the GPU has no fused kernel for a form the API offers, the wrapper here composes
-// it from the kernels it has (gemm_batched; each such wrapper says so). Element types: f32 everywhere (as the CPU
-// kernels compute), gemm operands f32 or bf16 with an f32 output; the bf16 attention takes f32 tensors and rounds
-// inside, like the CPU one. A CPU-only build defines these in kernels/cuda/kernels_unavailable.cpp (they throw: no
-// cuda tensor can exist there).
+// it from the kernels it has (gemm_batched, the norms' fused forms; each such wrapper says so). Element types: f32
+// everywhere (as the CPU kernels compute), gemm operands f32 or bf16 with an f32 output; the bf16 attention takes f32
+// tensors and rounds inside, like the CPU one. A CPU-only build defines these in kernels/cuda/kernels_unavailable.cpp
+// (they throw: no cuda tensor can exist there).
 #pragma once
 
 #include <functional>
@@ -33,13 +33,19 @@ double sum(const Tensor& a);
 double dot(const Tensor& a, const Tensor& b);
 double sum_squares(const Tensor& a);
 
+// The norms: one kernel for f32 rows; a bf16 y_TH is the f32 result cast, the residual add (the _add forms) and
+// dres_TH are add_ calls before and after the kernel (the same values as the CPU's fused forms, not fused).
 void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T);
+void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                         Tensor& rstd_T);
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
-                      Tensor& dw_H);
+                      Tensor& dw_H, const Tensor* dres_TH);
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T);
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
-                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H);
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH);
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,

@@ -41,14 +41,20 @@ double sum_squares(const Tensor&) {
 void rmsnorm_forward(const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
   MOE_NO_CUDA_KERNEL("rmsnorm_forward");
 }
-void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
+void rmsnorm_forward_add(Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("rmsnorm_forward_add");
+}
+void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, const Tensor*) {
   MOE_NO_CUDA_KERNEL("rmsnorm_backward");
 }
 void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
   MOE_NO_CUDA_KERNEL("layernorm_forward");
 }
+void layernorm_forward_add(Tensor&, const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("layernorm_forward_add");
+}
 void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
-                        Tensor&) {
+                        Tensor&, const Tensor*) {
   MOE_NO_CUDA_KERNEL("layernorm_backward");
 }
 void add_row_bias_(Tensor&, const Tensor&) {
