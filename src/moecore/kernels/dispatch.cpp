@@ -4,6 +4,7 @@
 // besides the choice is the level-2 timer scope some ops open around either backend. Ops with only a CPU kernel are
 // not listed (kernels/cpu defines them under their API names).
 #include "moecore/core/timers.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/elementwise.h"
@@ -94,6 +95,31 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   if (x_TH.device().is_cuda())
     return cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
   cpu::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
+}
+
+// attention.h: the backend of the queries.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout) {
+  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, scale, o, lse, dropout);
+  cpu::attention_forward(q, k, v, scale, o, lse, dropout);
+}
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout) {
+  if (q.device().is_cuda()) return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+  cpu::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+}
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope) {
+  if (q.device().is_cuda()) return cuda::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope);
+  cpu::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope);
+}
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope) {
+  if (q.device().is_cuda())
+    return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
+  cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
 }
 
 }  // namespace moecore::kernels

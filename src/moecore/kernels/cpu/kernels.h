@@ -8,6 +8,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/attention.h"
 
 namespace moecore::kernels::cpu {
 
@@ -44,5 +45,18 @@ void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H
                            Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH);
+
+// attention.h: f32 (and f64) through the flash kernel; bf16 GEMM operands through the kernel bf16_attention_kernel()
+// picks on this CPU.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout);
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout);
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope);
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope);
 
 }  // namespace moecore::kernels::cpu

@@ -13,6 +13,7 @@
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/adamw.h"
+#include "moecore/kernels/attention.h"
 #include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cuda {
@@ -77,11 +78,17 @@ struct AdamWTensors {
 };
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step);
 
-// round_bf16 = the bf16 variant (f32 tensors, bf16 rounding inside). Attention dropout is refused on the GPU.
+// Attention (f32 tensors): the _bf16 forms round the GEMM operands to bf16 inside, like the CPU's, and take no RoPE
+// (only the CPU's FlashNative kernel applies it). Attention dropout is refused on the GPU.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                       bool dropout_on, bool round_bf16);
+                       const AttentionDropout* dropout);
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
-                        bool round_bf16);
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout);
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope);
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope);
 
 }  // namespace moecore::kernels::cuda

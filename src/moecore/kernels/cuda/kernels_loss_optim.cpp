@@ -127,10 +127,10 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   MOE_ASSERT_SHAPE(lse, {q.dim(1), q.dim(2), q.dim(0)});
   MOE_CHECK(q.dim(3) <= 256, "attention on the GPU supports head dims up to 256, got {}", q.dim(3));
 }
-}  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                       bool dropout_on, bool round_bf16) {
+// round_bf16: the bf16 forms (f32 tensors, bf16 rounding inside).
+void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                   bool dropout_on, bool round_bf16) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(o.shape() == q.shape());
@@ -139,9 +139,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
   check_launch("attention_forward");
 }
 
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
-                        bool round_bf16) {
+void flash_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                    const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
+                    bool round_bf16) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
@@ -158,6 +158,38 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                              part > 0 ? dkv_part.device_data<float>() : nullptr, S, B, Nq, Nkv, D,
                              static_cast<float>(scale), round_bf16, current_stream());
   check_launch("attention_backward");
+}
+
+bool dropping(const AttentionDropout* dropout) {
+  return dropout && dropout->on();
+}
+void require_no_rope(const AttentionRope* rope) {
+  MOE_ASSERT_MSG(!rope, "only the CPU's FlashNative bf16 attention kernel applies RoPE itself");
+}
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout) {
+  flash_forward(q, k, v, scale, o, lse, dropping(dropout), false);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout) {
+  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropping(dropout), false);
+}
+
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope) {
+  require_no_rope(rope);
+  flash_forward(q, k, v, scale, o, lse, dropping(dropout), true);
+}
+
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope) {
+  require_no_rope(rope);
+  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropping(dropout), true);
 }
 
 }  // namespace moecore::kernels::cuda

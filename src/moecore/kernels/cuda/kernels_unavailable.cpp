@@ -97,12 +97,20 @@ void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, in
 void adamw_multi_step(const std::vector<AdamWTensors>&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step");
 }
-void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, bool, bool) {
+void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, const AttentionDropout*) {
   MOE_NO_CUDA_KERNEL("attention_forward");
 }
 void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        double, Tensor&, Tensor&, Tensor&, bool, bool) {
+                        double, Tensor&, Tensor&, Tensor&, const AttentionDropout*) {
   MOE_NO_CUDA_KERNEL("attention_backward");
+}
+void attention_forward_bf16(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&,
+                            const AttentionDropout*, const AttentionRope*) {
+  MOE_NO_CUDA_KERNEL("attention_forward_bf16");
+}
+void attention_backward_bf16(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, const AttentionRope*) {
+  MOE_NO_CUDA_KERNEL("attention_backward_bf16");
 }
 
 }  // namespace moecore::kernels::cuda
