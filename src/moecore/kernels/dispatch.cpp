@@ -4,13 +4,18 @@
 // besides the choice is the level-2 timer scope some ops open around either backend. Ops with only a CPU kernel are
 // not listed (kernels/cpu defines them under their API names).
 #include "moecore/core/timers.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/kernels.h"
+#include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/embedding.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/kernels/layernorm.h"
 #include "moecore/kernels/rmsnorm.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::kernels {
 
@@ -95,6 +100,94 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   if (x_TH.device().is_cuda())
     return cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
   cpu::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
+}
+
+// rope.h: the backend of the rows; one `rope` timer scope (level 2) per call.
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND) {
+  TimerScope timer("rope", 2);
+  if (x_SBND.device().is_cuda()) return cuda::rope_forward_at(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND);
+  cpu::rope_forward_at(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND);
+}
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
+  TimerScope timer("rope", 2);
+  if (dy_SBND.device().is_cuda())
+    return cuda::rope_backward_at(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND);
+  cpu::rope_backward_at(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND);
+}
+void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y_SBND) {
+  rope_forward_at(x_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, y_SBND);
+}
+void rope_backward(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim,
+                   Tensor& dx_SBND) {
+  rope_backward_at(dy_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, dx_SBND);
+}
+
+// activation.h: the backend of the input; one `activation` timer scope (level 2) per call.
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  TimerScope timer("activation", 2);
+  if (x.device().is_cuda()) return cuda::activation_forward(act, x, probs_T, y_TF);
+  cpu::activation_forward(act, x, probs_T, y_TF);
+}
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T) {
+  TimerScope timer("activation", 2);
+  if (x.device().is_cuda()) return cuda::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
+  cpu::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
+}
+
+// embedding.h: the backend of the table (ids may be read from either side); one `embedding` timer scope (level 2).
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
+                       int64_t vocab_total) {
+  TimerScope timer("embedding", 2);
+  if (w_VH.device().is_cuda()) return cuda::embedding_forward(ids_T, w_VH, y_TH, vocab_start, vocab_total);
+  cpu::embedding_forward(ids_T, w_VH, y_TH, vocab_start, vocab_total);
+}
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
+  TimerScope timer("embedding", 2);
+  if (dw_VH.device().is_cuda()) return cuda::embedding_backward(dy_TH, ids_T, dw_VH, vocab_start);
+  cpu::embedding_backward(dy_TH, ids_T, dw_VH, vocab_start);
+}
+
+// cross_entropy.h: the backend of the logits; one `loss` timer scope (level 2) per call.
+void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+  cpu::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+}
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce,
+                                                      loss_T, lse_T);
+  cpu::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce, loss_T, lse_T);
+}
+void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
+  cpu::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
+}
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_forward_backward(logits_TV, targets_T, dloss_T, loss_T, lse_T);
+  cpu::cross_entropy_forward_backward(logits_TV, targets_T, dloss_T, loss_T, lse_T);
+}
+
+// adamw.h: the backend of the (first) parameter.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
+  if (param.device().is_cuda()) return cuda::adamw_step(param, grad, m, v, hp, step);
+  cpu::adamw_step(param, grad, m, v, hp, step);
+}
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
+  if (!tensors.empty() && tensors.front().param.device().is_cuda()) return cuda::adamw_step_multi(tensors, hp, step);
+  cpu::adamw_step_multi(tensors, hp, step);
 }
 
 // attention.h: the backend of the queries.

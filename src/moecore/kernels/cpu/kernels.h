@@ -5,10 +5,15 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cpu {
 
@@ -45,6 +50,31 @@ void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H
                            Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH);
+
+// rope.h, activation.h, embedding.h
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND);
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND);
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T);
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start, int64_t vocab_total);
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start);
+
+// cross_entropy.h
+void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T);
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T);
+void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start);
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T);
+
+// adamw.h
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step);
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step);
 
 // attention.h: f32 (and f64) through the flash kernel; bf16 GEMM operands through the kernel bf16_attention_kernel()
 // picks on this CPU.

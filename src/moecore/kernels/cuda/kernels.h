@@ -1,19 +1,19 @@
 // The CUDA kernels at the Tensor level, with the API's signatures (kernels/*.h, which documents each) like the CPU
 // backend's (kernels/cpu/kernels.h): the dispatch code (kernels/dispatch.cpp) calls these for tensors on a GPU, so
 // nn/ and moe/ run unchanged. Where the GPU has no fused kernel for a form the API offers, the wrapper here composes
-// it from the kernels it has (gemm_batched, the norms' fused forms; each such wrapper says so). Element types: f32
-// everywhere (as the CPU kernels compute), gemm operands f32 or bf16 with an f32 output; the bf16 attention takes f32
-// tensors and rounds inside, like the CPU one. A CPU-only build defines these in kernels/cuda/kernels_unavailable.cpp
-// (they throw: no cuda tensor can exist there).
+// it from the kernels it has (gemm_batched, the norms' fused forms, the fused cross-entropy, multi-tensor AdamW; each
+// such wrapper says so). Element types: f32 everywhere (as the CPU kernels compute), gemm operands f32 or bf16 with an
+// f32 output; the bf16 attention takes f32 tensors and rounds inside, like the CPU one. A CPU-only build defines these
+// in kernels/cuda/kernels_unavailable.cpp (they throw: no cuda tensor can exist there).
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cuda {
@@ -59,7 +59,6 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
 void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start, int64_t vocab_total);
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start);
 
-using ReduceFn = std::function<void(Tensor&, bool max)>;
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T);
 // The all-reduces run on host copies of the [T] statistics (host-staged MPI; NCCL comes later).
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
@@ -67,6 +66,9 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
                                           Tensor& lse_T);
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start);
+// The forward, then the backward writing over the logits (no fused kernel on the GPU).
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T);
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step);
 // Every tensor of the lists in as few launches as possible (kernels/cuda/launch.h kAdamTensors per launch).
@@ -77,6 +79,9 @@ struct AdamWTensors {
   Tensor* v;
 };
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step);
+// adamw.h's multi-tensor form: one adamw_step per tensor, each with its own weight decay (param_bf16 is a CPU copy
+// and is not written here).
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step);
 
 // Attention (f32 tensors): the _bf16 forms round the GEMM operands to bf16 inside, like the CPU's, and take no RoPE
 // (only the CPU's FlashNative kernel applies it). Attention dropout is refused on the GPU.

@@ -73,6 +73,12 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
   check_launch("ce_backward");
 }
 
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T) {
+  cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+  cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, logits_TV, 0);
+}
+
 namespace {
 launch::AdamWScalars scalars(const AdamWParams& hp, int64_t step) {
   MOE_ASSERT(step >= 1);
@@ -111,6 +117,14 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
     if (batch.count == launch::kAdamTensors) flush();
   }
   if (batch.count) flush();
+}
+
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
+  for (AdamWTensor& x : tensors) {
+    AdamWParams h = hp;
+    h.weight_decay = x.weight_decay;
+    cuda::adamw_step(x.param, x.grad, x.m, x.v, h, step);
+  }
 }
 
 namespace {

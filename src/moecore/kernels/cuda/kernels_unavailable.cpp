@@ -91,11 +91,17 @@ void cross_entropy_forward_vocab_parallel(const Tensor&, const Tensor&, int64_t,
 void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t) {
   MOE_NO_CUDA_KERNEL("cross_entropy_backward");
 }
+void cross_entropy_forward_backward(Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("cross_entropy_forward_backward");
+}
 void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step");
 }
 void adamw_multi_step(const std::vector<AdamWTensors>&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step");
+}
+void adamw_step_multi(std::vector<AdamWTensor>&, const AdamWParams&, int64_t) {
+  MOE_NO_CUDA_KERNEL("adamw_step_multi");
 }
 void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, const AttentionDropout*) {
   MOE_NO_CUDA_KERNEL("attention_forward");
