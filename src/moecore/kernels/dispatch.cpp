@@ -10,12 +10,18 @@
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cuda/mla_blocks.h"
+#include "moecore/kernels/cuda/position_rows.h"
+#include "moecore/kernels/cuda/shared_gate.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/embedding.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/mla_blocks.h"
+#include "moecore/kernels/position_rows.h"
 #include "moecore/kernels/rmsnorm.h"
 #include "moecore/kernels/rope.h"
+#include "moecore/kernels/shared_gate.h"
 
 namespace moecore::kernels {
 
@@ -213,6 +219,29 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
   if (q.device().is_cuda())
     return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
   cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
+}
+
+// position_rows.h, mla_blocks.h, shared_gate.h: the backend of the rows they write into or read.
+void position_add_rows(Tensor& h_nBH, const Tensor& table_nH) {
+  if (h_nBH.device().is_cuda()) return cuda::position_add_rows(h_nBH, table_nH);
+  cpu::position_add_rows(h_nBH, table_nH);
+}
+void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH) {
+  if (dh_nBH.device().is_cuda()) return cuda::position_sum_rows(dh_nBH, grad_nH);
+  cpu::position_sum_rows(dh_nBH, grad_nH);
+}
+void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd,
+                    int64_t d0, int64_t w, int64_t rows) {
+  if (src.device().is_cuda()) return cuda::mla_move_block(src, Ns, Ws, s0, dst, Nd, Wd, d0, w, rows);
+  cpu::mla_move_block(src, Ns, Ws, s0, dst, Nd, Wd, d0, w, rows);
+}
+void shared_gate_forward(Tensor& gate_T, const Tensor& m_TH, Tensor& y_TH) {
+  if (m_TH.device().is_cuda()) return cuda::shared_gate_forward(gate_T, m_TH, y_TH);
+  cpu::shared_gate_forward(gate_T, m_TH, y_TH);
+}
+void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tensor& m_TH, Tensor& dm_TH, Tensor& dz_T) {
+  if (dy_TH.device().is_cuda()) return cuda::shared_gate_backward(dy_TH, gate_T, m_TH, dm_TH, dz_T);
+  cpu::shared_gate_backward(dy_TH, gate_T, m_TH, dm_TH, dz_T);
 }
 
 }  // namespace moecore::kernels

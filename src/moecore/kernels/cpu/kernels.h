@@ -89,4 +89,12 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout, const AttentionRope* rope);
 
+// The modules' small ops: position_rows.h, mla_blocks.h, shared_gate.h.
+void position_add_rows(Tensor& h_nBH, const Tensor& table_nH);
+void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH);
+void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd,
+                    int64_t d0, int64_t w, int64_t rows);
+void shared_gate_forward(Tensor& gate_T, const Tensor& m_TH, Tensor& y_TH);
+void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tensor& m_TH, Tensor& dm_TH, Tensor& dz_T);
+
 }  // namespace moecore::kernels::cpu
