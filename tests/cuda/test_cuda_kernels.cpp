@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
@@ -397,6 +400,27 @@ TEST(CudaKernels, AttentionDropoutIsRefusedOnTheGpu) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("attention dropout is not supported by the CUDA backend"), std::string::npos);
   }
+}
+
+// The ops with only a CPU kernel refuse a GPU tensor with a message naming the op, instead of reading device memory.
+TEST(CudaKernels, CpuOnlyOpsRefuseAGpuTensorByName) {
+  MOE_REQUIRE_GPU();
+  auto message = [](const std::function<void()>& run) {
+    try {
+      run();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Tensor x = gpu(host_random({4, 1, 8}, 1));
+  EXPECT_NE(message([&] { count_zeros(x); }).find("count_zeros runs on the CPU only"), std::string::npos);
+  Tensor y = Tensor::empty(x.shape(), DType::F32, Device::cuda());
+  const std::vector<int64_t> sample_B{0};
+  EXPECT_NE(message([&] { dropout_forward(x, DropoutMask::make(1, 2, 0.1), sample_B, 0, y); }).find("dropout"),
+            std::string::npos);
+  Tensor o = gpu(host_random({4, 1, 1, 8}, 2)), lse = gpu(host_random({1, 1, 4}, 3));
+  EXPECT_NE(message([&] { attention_merge(o, lse, o, lse); }).find("attention_merge"), std::string::npos);
 }
 
 }  // namespace

@@ -2,11 +2,9 @@
 //   dm_t = dy_t·g_t;  dz_t = (Σ_h dy_th·m_th)·g_t·(1 − g_t);  dw += Σ_t dz_t·x_t;  dx_t += dz_t·w
 #include "moecore/moe/shared_experts.h"
 
-#include <cmath>
-
-#include "moecore/kernels/cuda/shared_gate.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/shared_gate.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/stash_bytes.h"
 
@@ -59,19 +57,7 @@ Tensor SharedExperts::forward_impl(const Tensor& x_SBH, Stash& st) {
   st.gate_T = Tensor::empty({T, 1}, x_SBH.dtype(), x_SBH.device());
   kernels::gemm(st.x_TH, false, gate_->value, true, st.gate_T);
   Tensor y = Tensor::empty({T, H}, x_SBH.dtype(), x_SBH.device());
-  if (x_SBH.device().is_cuda()) {
-    kernels::cuda::shared_gate_forward(st.gate_T, st.out_TH, y);
-    return y.reshape(x_SBH.shape());
-  }
-  MOE_DISPATCH_FLOAT(x_SBH.dtype(), F, {
-    F* g = st.gate_T.data<F>();
-    const F* mp = st.out_TH.data<F>();
-    F* yp = y.data<F>();
-    for (int64_t t = 0; t < T; t++) {
-      g[t] = F(1) / (F(1) + std::exp(-g[t]));
-      for (int64_t h = 0; h < H; h++) yp[t * H + h] = mp[t * H + h] * g[t];
-    }
-  });
+  kernels::shared_gate_forward(st.gate_T, st.out_TH, y);
   return y.reshape(x_SBH.shape());
 }
 
@@ -87,24 +73,7 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
   const int64_t T = dy_SBH.rows(), H = dy_SBH.cols();
   Tensor dm = Tensor::empty({T, H}, dy_SBH.dtype(), dy_SBH.device());
   Tensor dz = Tensor::empty({T, 1}, dy_SBH.dtype(), dy_SBH.device());
-  if (dy_SBH.device().is_cuda())
-    kernels::cuda::shared_gate_backward(dy_SBH, st.gate_T, st.out_TH, dm, dz);
-  else
-    MOE_DISPATCH_FLOAT(dy_SBH.dtype(), F, {
-      const F* dy = dy_SBH.data<F>();
-      const F* g = st.gate_T.data<F>();
-      const F* m = st.out_TH.data<F>();
-      F* dmp = dm.data<F>();
-      F* dzp = dz.data<F>();
-      for (int64_t t = 0; t < T; t++) {
-        F s = 0;
-        for (int64_t h = 0; h < H; h++) {
-          dmp[t * H + h] = dy[t * H + h] * g[t];
-          s += dy[t * H + h] * m[t * H + h];
-        }
-        dzp[t] = s * g[t] * (F(1) - g[t]);
-      }
-    });
+  kernels::shared_gate_backward(dy_SBH, st.gate_T, st.out_TH, dm, dz);
   kernels::gemm(dz, true, st.x_TH, false, gate_->grad, 1.0f, gate_->take_grad_beta());
   Tensor dx = mlp_.backward(dm.reshape(dy_SBH.shape()), *st.mlp).reshape({T, H});
   kernels::gemm(dz, false, gate_->value, false, dx, 1.0f, 1.0f);

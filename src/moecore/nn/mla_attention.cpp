@@ -10,47 +10,14 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cuda/mla_blocks.h"
 #include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/mla_blocks.h"
 #include "moecore/nn/context_split.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
 
 namespace {
-
-// Channel block copies between [R, Ns, Ws] and [R, Nd, Wd] views: channels [s0, s0 + w) of source head n go to
-// [d0, d0 + w) of destination head n (Ns == Nd), of every destination head (Ns == 1: broadcast), or source heads
-// are summed in ascending order into the one destination head (Nd == 1 < Ns). Destination channels outside the
-// block are left alone.
-template <typename T>
-void move_block(const T* src, int64_t Ns, int64_t Ws, int64_t s0, T* dst, int64_t Nd, int64_t Wd, int64_t d0, int64_t w,
-                int64_t R) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; r++) {
-    const T* sr = src + r * Ns * Ws + s0;
-    T* dr = dst + r * Nd * Wd + d0;
-    if (Nd == 1 && Ns > 1) {
-      for (int64_t i = 0; i < w; i++) dr[i] = 0;
-      for (int64_t n = 0; n < Ns; n++)
-        for (int64_t i = 0; i < w; i++) dr[i] += sr[n * Ws + i];
-      continue;
-    }
-    for (int64_t n = 0; n < Nd; n++) {
-      const T* s = sr + (Ns == 1 ? 0 : n * Ws);
-      std::copy(s, s + w, dr + n * Wd);
-    }
-  }
-}
-
-// Views: src has rows × Ns·Ws elements, dst rows × Nd·Wd.
-void move(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd, int64_t d0,
-          int64_t w, int64_t rows) {
-  MOE_ASSERT(src.numel() == rows * Ns * Ws && dst.numel() == rows * Nd * Wd && src.dtype() == dst.dtype());
-  MOE_ASSERT(s0 + w <= Ws && d0 + w <= Wd && (Ns == Nd || Ns == 1 || Nd == 1));
-  if (src.device().is_cuda()) return kernels::cuda::mla_move_block(src, Ns, Ws, s0, dst, Nd, Wd, d0, w, rows);
-  MOE_DISPATCH_FLOAT(src.dtype(), T, move_block<T>(src.data<T>(), Ns, Ws, s0, dst.data<T>(), Nd, Wd, d0, w, rows));
-}
 
 LinearConfig lin(int64_t in, int64_t out, bool bias, double std, const AttentionConfig& a, TPSplit split) {
   return LinearConfig{in, out, bias, InitRule::normal(std), a.bf16, split, a.tp};
@@ -153,8 +120,8 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   const Tensor kvc = kv_down_.forward(x_local, st.kv_down);  // [Sl·B, R + dr]
   Tensor ckv = Tensor::empty({Sl, B, R}, dt, dev), kpe = Tensor::empty({S, B, 1, dr_}, dt, dev);
   Tensor kpe_local = Tensor::empty({Sl, B, dr_}, dt, dev);
-  move(kvc, 1, W, 0, ckv, 1, R, 0, R, Sl * B);
-  move(kvc, 1, W, R, kpe_local, 1, dr_, 0, dr_, Sl * B);
+  kernels::mla_move_block(kvc, 1, W, 0, ckv, 1, R, 0, R, Sl * B);
+  kernels::mla_move_block(kvc, 1, W, R, kpe_local, 1, dr_, 0, dr_, Sl * B);
   if (kv_norm_) ckv = kv_norm_->forward(ckv, st.kv_norm);
   kpe.copy_from(sp_all_gather(kpe_local, a_.tp));
   const Tensor kv = kv_up_.forward(sp_all_gather(ckv, a_.tp), st.kv_up);  // [S·B, nh·(dn + dv)]
@@ -190,7 +157,7 @@ void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
 Tensor MLAttention::unpadded_output(const Stash& st) const {
   const int64_t T = st.o_SBNA.dim(0) * st.o_SBNA.dim(1);
   Tensor o = Tensor::empty({T, nh_ * dv_}, st.o_SBNA.dtype(), st.o_SBNA.device());
-  move(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
+  kernels::mla_move_block(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
   return o;
 }
 
@@ -218,15 +185,15 @@ void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor&
   st.q_SBNA = Tensor::zeros({S, B, nh_, da_}, dt, dev);
   st.k_SBNA = Tensor::zeros({S, B, nh_, da_}, dt, dev);
   st.v_SBNA = Tensor::zeros({S, B, nh_, da_}, dt, dev);
-  move(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
+  kernels::mla_move_block(q, nh_, dq, 0, st.q_SBNA, nh_, da_, 0, dq, T);
   Tensor cos, sin;
   rope_tables_for(S, cos, sin);
   kernels::rope_forward_at(st.q_SBNA, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, st.q_SBNA);
   Tensor kpe_rot = kpe.clone();
   kernels::rope_forward_at(kpe_rot, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, kpe_rot);
-  move(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
-  move(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
-  move(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
+  kernels::mla_move_block(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
+  kernels::mla_move_block(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
+  kernels::mla_move_block(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
 }
 
 Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
@@ -246,7 +213,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   }
   const Tensor d_o = proj_.backward(dy_SBH, st.proj);  // [T, nh·dv]
   Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt, dev);
-  move(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
+  kernels::mla_move_block(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
   Tensor dQ = Tensor::empty(st.q_SBNA.shape(), dt, dev), dK = Tensor::empty(st.k_SBNA.shape(), dt, dev);
   Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt, dev);
   const kernels::AttentionDropout drop = dropout(st.dropout);
@@ -266,13 +233,13 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   rope_tables_for(S, cos, sin);
   kernels::rope_backward_at(dQ, cos, sin, dn_, rot_, kernels::RopePairs::Interleaved, dQ);
   Tensor d_q = Tensor::empty({T, nh_ * dq}, dt, dev);
-  move(dQ, nh_, da_, 0, d_q, nh_, dq, 0, dq, T);
+  kernels::mla_move_block(dQ, nh_, da_, 0, d_q, nh_, dq, 0, dq, T);
   // Keys and values back to kv_up's output layout [k_nope | v] per head; the shared rope key sums its heads.
   Tensor d_kv = Tensor::empty({T, nh_ * (dn_ + dv_)}, dt, dev);
-  move(dK, nh_, da_, 0, d_kv, nh_, dn_ + dv_, 0, dn_, T);
-  move(dV, nh_, da_, 0, d_kv, nh_, dn_ + dv_, dn_, dv_, T);
+  kernels::mla_move_block(dK, nh_, da_, 0, d_kv, nh_, dn_ + dv_, 0, dn_, T);
+  kernels::mla_move_block(dV, nh_, da_, 0, d_kv, nh_, dn_ + dv_, dn_, dv_, T);
   Tensor d_kpe = Tensor::empty({S, B, 1, dr_}, dt, dev);
-  move(dK, nh_, da_, dn_, d_kpe, 1, dr_, 0, dr_, T);
+  kernels::mla_move_block(dK, nh_, da_, dn_, d_kpe, 1, dr_, 0, dr_, T);
   kernels::rope_backward_at(d_kpe, cos, sin, 0, rot_, kernels::RopePairs::Interleaved, d_kpe);
   // Each rank's heads give part of the latents' gradients: reduce-scatter is the all-gather's adjoint.
   const int64_t R = m_.kv_lora_rank, W = R + dr_;
@@ -280,8 +247,8 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   if (kv_norm_) d_ckv = kv_norm_->backward(d_ckv, st.kv_norm);
   const Tensor d_kpe_local = sp_reduce_scatter(d_kpe.reshape({S, B, dr_}), a_.tp);
   Tensor d_kvc = Tensor::empty({Sl * B, W}, dt, dev);
-  move(d_ckv, 1, R, 0, d_kvc, 1, W, 0, R, Sl * B);
-  move(d_kpe_local, 1, dr_, 0, d_kvc, 1, W, R, dr_, Sl * B);
+  kernels::mla_move_block(d_ckv, 1, R, 0, d_kvc, 1, W, 0, R, Sl * B);
+  kernels::mla_move_block(d_kpe_local, 1, dr_, 0, d_kvc, 1, W, R, dr_, Sl * B);
   Tensor dx = kv_down_.backward(d_kvc, st.kv_down);  // [Sl·B, H]
   if (q_down_) {
     Tensor d_cq = sp_reduce_scatter(q_up_->backward(d_q, st.q_up).reshape({S, B, m_.q_lora_rank}), a_.tp);

@@ -10,9 +10,8 @@
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
-#include "moecore/core/timers.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
-#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels {
 
@@ -35,6 +34,10 @@ std::string_view activation_name(Activation a) {
   }
   return "?";
 }
+
+}  // namespace moecore::kernels
+
+namespace moecore::kernels::cpu {
 
 namespace {
 template <typename T>
@@ -123,8 +126,6 @@ MOE_TARGET_CLONES void bwd(Activation act, const Y* dy, const X* x, const T* p, 
 }  // namespace
 
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
-  TimerScope timer("activation", 2);
-  if (x.device().is_cuda()) return cuda::activation_forward(act, x, probs_T, y_TF);
   const int64_t rows = x.rows(), F = y_TF.cols();
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
@@ -149,8 +150,6 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T) {
-  TimerScope timer("activation", 2);
-  if (x.device().is_cuda()) return cuda::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
   const int64_t rows = x.rows(), F = dy_TF.cols();
   MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
@@ -182,4 +181,4 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -1,5 +1,4 @@
 // AdamW update (see adamw.h).
-#include "moecore/kernels/adamw.h"
 
 #include <emmintrin.h>
 #include <omp.h>
@@ -10,9 +9,9 @@
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
-#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cpu/kernels.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 // Moments are read and written as f32 (or f64), or stored in bf16 (Megatron's precision-aware optimizer,
@@ -115,23 +114,15 @@ void step_all(std::vector<AdamWTensor>& ts, const AdamWParams& hp, double bc1, d
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
   std::vector<AdamWTensor> one{{param, grad, m, v, hp.weight_decay}};
-  adamw_step_multi(one, hp, step);
+  cpu::adamw_step_multi(one, hp, step);
 }
 
 void adamw_step_multi(std::vector<AdamWTensor>& ts, const AdamWParams& hp, int64_t step) {
   MOE_ASSERT(step >= 1);
   if (ts.empty()) return;
-  if (ts.front().param.device().is_cuda()) {
-    for (auto& x : ts) {
-      AdamWParams h = hp;
-      h.weight_decay = x.weight_decay;
-      cuda::adamw_step(x.param, x.grad, x.m, x.v, h, step);
-    }
-    return;
-  }
   const DType dt = ts.front().param.dtype(), md = ts.front().m.dtype(), vd = ts.front().v.dtype();
   for (const auto& x : ts) {
-    MOE_ASSERT(!x.param.device().is_cuda());
+    MOE_ASSERT(x.param.device().is_cpu());
     MOE_ASSERT(x.param.numel() == x.grad.numel() && x.param.numel() == x.m.numel() && x.param.numel() == x.v.numel());
     MOE_ASSERT(x.param.dtype() == dt && x.grad.dtype() == dt && x.m.dtype() == md && x.v.dtype() == vd);
     MOE_ASSERT(!x.param_bf16.defined() ||
@@ -152,4 +143,4 @@ void adamw_step_multi(std::vector<AdamWTensor>& ts, const AdamWParams& hp, int64
     MOE_DISPATCH_FLOAT(dt, T, { step_all<T, T, T>(ts, hp, bc1, bc2); });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -3,7 +3,7 @@
 #include "moecore/kernels/attention.h"
 
 #include "moecore/kernels/cpu/attention_flash.h"
-#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
 
@@ -41,18 +41,17 @@ AttentionDims attention_backward_dims(const Tensor& dout, const Tensor& q, const
   return d;
 }
 
+namespace cpu {
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                        const AttentionDropout* dropout) {
-  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, scale, o, lse, dropout && dropout->on(), false);
   flash::forward(q, k, v, scale, o, lse, dropout, /*round_bf16=*/false);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionDropout* dropout) {
-  if (q.device().is_cuda())
-    return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout && dropout->on(), false);
   flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, /*round_bf16=*/false);
 }
+}  // namespace cpu
 
 }  // namespace moecore::kernels

@@ -17,8 +17,8 @@
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
-#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/gemm.h"
 
 namespace moecore::kernels {
@@ -209,6 +209,7 @@ void for_each_block(const AttentionDims& l, Fn fn) {
 
 void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o,
                                    Tensor& lse, const AttentionDropout* dropout) {
+  cpu::require_cpu(q, "attention_forward_bf16_onednn");
   require_f32(q);
   const AttentionDims l = attention_forward_dims(q, k, v, o, lse);
   if (dropout && !dropout->on()) dropout = nullptr;
@@ -227,6 +228,7 @@ void attention_forward_bf16_onednn(const Tensor& q, const Tensor& k, const Tenso
 void attention_backward_bf16_onednn(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& o, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
                                     Tensor& dv, const AttentionDropout* dropout) {
+  cpu::require_cpu(q, "attention_backward_bf16_onednn");
   require_f32(q);
   const AttentionDims l = attention_backward_dims(dout, q, k, v, o, lse, dq, dk, dv);
   if (dropout && !dropout->on()) dropout = nullptr;
@@ -308,12 +310,11 @@ void require_plain(const AttentionRope* rope, std::initializer_list<const Tensor
 }
 }  // namespace
 
+namespace cpu {
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                             const AttentionDropout* dropout, const AttentionRope* rope) {
-  const bool cuda = q.device().is_cuda();
   const Bf16AttentionKernel kernel = bf16_attention_kernel();
-  if (cuda || kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&q, &k, &v, &o});
-  if (cuda) return cuda::attention_forward(q, k, v, scale, o, lse, dropout && dropout->on(), true);
+  if (kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&q, &k, &v, &o});
   if (kernel == Bf16AttentionKernel::FlashNative)
     flash::forward_native(q, k, v, scale, o, lse, dropout, flash::best_native_bf16(), rope);
   else if (kernel == Bf16AttentionKernel::OneDnn)
@@ -325,10 +326,8 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout, const AttentionRope* rope) {
-  const bool cuda = q.device().is_cuda();
   const Bf16AttentionKernel kernel = bf16_attention_kernel();
-  if (cuda || kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&dout, &q, &k, &v, &o, &dq, &dk, &dv});
-  if (cuda) return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout && dropout->on(), true);
+  if (kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&dout, &q, &k, &v, &o, &dq, &dk, &dv});
   if (kernel == Bf16AttentionKernel::FlashNative)
     flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, flash::best_native_bf16(), rope);
   else if (kernel == Bf16AttentionKernel::OneDnn)
@@ -336,5 +335,6 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
   else
     flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, /*round_bf16=*/true);
 }
+}  // namespace cpu
 
 }  // namespace moecore::kernels

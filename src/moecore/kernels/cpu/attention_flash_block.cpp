@@ -24,6 +24,7 @@
 #include "moecore/kernels/cpu/attention_blocks.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
 namespace moecore::kernels {
@@ -360,6 +361,7 @@ void block_backward_rounded(const Tensor& dout, const Tensor& q, const Tensor& k
 
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
+  cpu::require_cpu(q, "attention_block_forward (context parallelism)");
   AttentionDropout drop;
   const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
   if (round_bf16 && bf16_attention_kernel() == Bf16AttentionKernel::FlashNative)
@@ -369,12 +371,14 @@ void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 }
 
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
+  cpu::require_cpu(o, "attention_merge (context parallelism)");
   MOE_DISPATCH_FLOAT(o.dtype(), T, { flash_block::merge_t<T>(o, lse, o_part, lse_part); });
 }
 
 void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                               const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
                               Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
+  cpu::require_cpu(q, "attention_block_backward (context parallelism)");
   AttentionDropout drop;
   const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
   if (round_bf16 && bf16_attention_kernel() == Bf16AttentionKernel::FlashNative)

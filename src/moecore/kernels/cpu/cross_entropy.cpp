@@ -8,11 +8,10 @@
 #include <vector>
 
 #include "moecore/core/cpu.h"
-#include "moecore/core/timers.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
-#include "moecore/kernels/cuda/kernels.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 inline int64_t target_at(const Tensor& t, int64_t i) {
@@ -182,13 +181,7 @@ void with_logits_type(DType dt, F&& body) {
 
 }  // namespace
 
-DType cross_entropy_stats_dtype(DType logits) {
-  return logits == DType::BF16 ? DType::F32 : logits;
-}
-
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
-  TimerScope timer("loss", 2);
-  if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   MOE_ASSERT(loss_T.dtype() == cross_entropy_stats_dtype(logits_TV.dtype()) && lse_T.dtype() == loss_T.dtype());
@@ -206,10 +199,6 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T) {
-  TimerScope timer("loss", 2);
-  if (logits_TV.device().is_cuda())
-    return cuda::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce,
-                                                      loss_T, lse_T);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   const DType cdt = cross_entropy_stats_dtype(logits_TV.dtype());
@@ -250,12 +239,11 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
                                     Tensor& lse_T) {
   const DType dt = logits_TV.dtype();
-  if (logits_TV.device().is_cuda() || (dt != DType::F32 && dt != DType::BF16)) {
-    cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
-    cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, logits_TV);
+  if (dt != DType::F32 && dt != DType::BF16) {  // f64: the two calls
+    cpu::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+    cpu::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, logits_TV, 0);
     return;
   }
-  TimerScope timer("loss", 2);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows && dloss_T.numel() == rows);
   MOE_ASSERT(loss_T.dtype() == DType::F32 && lse_T.dtype() == DType::F32 && dloss_T.dtype() == DType::F32);
@@ -270,9 +258,6 @@ void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, 
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
-  TimerScope timer("loss", 2);
-  if (logits_TV.device().is_cuda())
-    return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
   if (dlogits_TV.dtype() == DType::BF16) {
@@ -296,6 +281,14 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
       if (c >= 0 && c < V) d[t * V + c] -= g[t];
     }
   });
+}
+
+}  // namespace moecore::kernels::cpu
+
+namespace moecore::kernels {
+
+DType cross_entropy_stats_dtype(DType logits) {
+  return logits == DType::BF16 ? DType::F32 : logits;
 }
 
 }  // namespace moecore::kernels

@@ -11,6 +11,7 @@
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
+#include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
 
@@ -263,6 +264,7 @@ void dropout_forward(const Tensor& x, const DropoutMask& m, const std::vector<in
     if (y.raw() != x.raw()) y.copy_from(x);
     return;
   }
+  cpu::require_cpu(x, "dropout (--hidden-dropout)");
   MOE_DISPATCH_FLOAT(x.dtype(), T,
                      { apply_mask<T>(m, x.data<T>(), y.data<T>(), sample_B.data(), B, seq_offset, rows, C); });
 }

@@ -1,14 +1,14 @@
-// Elementwise helpers (see elementwise.h).
+// Elementwise helpers on the CPU (see elementwise.h; the backend entry points in cpu/kernels.h).
 #include "moecore/kernels/elementwise.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
-#include "moecore/kernels/cuda/kernels.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 constexpr int64_t kChunk = 16384;
@@ -53,12 +53,10 @@ MOE_TARGET_CLONES double chunked_sum(int64_t n, F term) {
 }  // namespace
 
 void add_(Tensor& a, const Tensor& b) {
-  if (a.device().is_cuda()) return cuda::add_(a, b);
   add(a, b, a);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  if (a.device().is_cuda()) return cuda::add(a, b, out);
   MOE_ASSERT_MSG(a.numel() == b.numel() && a.numel() == out.numel(), "add of {} + {} into {}", a.shape().str(),
                  b.shape().str(), out.shape().str());
   MOE_ASSERT(a.dtype() == b.dtype() && a.dtype() == out.dtype());
@@ -72,7 +70,6 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void scale_(Tensor& a, double s) {
-  if (a.device().is_cuda()) return cuda::scale_(a, s);
   const int64_t n = a.numel();
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
@@ -82,7 +79,6 @@ void scale_(Tensor& a, double s) {
 }
 
 void fill_(Tensor& a, double v) {
-  if (a.device().is_cuda()) return cuda::fill_(a, v);
   const int64_t n = a.numel();
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     T* p = a.data<T>();
@@ -91,7 +87,6 @@ void fill_(Tensor& a, double v) {
 }
 
 double sum(const Tensor& a) {
-  if (a.device().is_cuda()) return cuda::sum(a);
   double r = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
     const T* p = a.data<T>();
@@ -101,7 +96,6 @@ double sum(const Tensor& a) {
 }
 
 double dot(const Tensor& a, const Tensor& b) {
-  if (a.device().is_cuda()) return cuda::dot(a, b);
   MOE_ASSERT(a.numel() == b.numel() && a.dtype() == b.dtype());
   double r = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), T, {
@@ -113,54 +107,32 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 
 double sum_squares(const Tensor& a) {
-  if (a.device().is_cuda()) return cuda::sum_squares(a);
   return dot(a, a);
 }
 
 namespace {
-template <typename R>
-MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
-  int64_t z = 0;
-#pragma omp parallel for reduction(+ : z) schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; i++) z += v[i] == R(0);
-  return z;
-}
-}  // namespace
-
-int64_t count_zeros(const Tensor& a) {
-  int64_t z = 0;
-  MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
-  return z;
-}
-
-}  // namespace moecore::kernels
-
-namespace moecore::kernels {
-
-namespace {
-void check_segments(const RowSegments& seg, int64_t rows) {
-  MOE_ASSERT(seg.begin.size() == seg.count.size());
-  for (size_t e = 0; e < seg.begin.size(); e++)
-    MOE_ASSERT_MSG(seg.begin[e] >= 0 && seg.count[e] >= 0 && seg.begin[e] + seg.count[e] <= rows,
-                   "segment {}: rows [{}, {}) of {}", e, seg.begin[e], seg.begin[e] + seg.count[e], rows);
-}
-
-// T: the computation's type (b, w, db, dw); Y: y's or dy's storage (T, or bf16). One parallel region; each segment's
-// rows are shared out without a barrier between segments (they are disjoint).
-template <typename T, typename Y>
-void bias_rows(const T* b, const T* w, const RowSegments& seg, int64_t N, Y* y) {
+// fn(e, r) for each row r of each segment e: one parallel region; each segment's rows are shared out without a
+// barrier between segments (they are disjoint).
+template <typename Fn>
+void for_segment_rows(const RowSegments& seg, Fn fn) {
   const int64_t E = static_cast<int64_t>(seg.begin.size());
 #pragma omp parallel
   for (int64_t e = 0; e < E; e++) {
-    const T* be = b + e * N;
     const int64_t r0 = seg.begin[e], r1 = r0 + seg.count[e];
 #pragma omp for schedule(static) nowait
-    for (int64_t r = r0; r < r1; r++) {
-      const T s = w ? w[r] : T(1);  // b·1 is b exactly: the unweighted sum has the plain bias add's bits
-      Y* yr = y + r * N;
-      for (int64_t j = 0; j < N; j++) store_as(yr + j, load_as<T>(yr + j) + be[j] * s);
-    }
+    for (int64_t r = r0; r < r1; r++) fn(e, r);
   }
+}
+
+// T: the computation's type (b, w, db, dw); Y: y's or dy's storage (T, or bf16).
+template <typename T, typename Y>
+void bias_rows(const T* b, const T* w, const RowSegments& seg, int64_t N, Y* y) {
+  for_segment_rows(seg, [=](int64_t e, int64_t r) {
+    const T s = w ? w[r] : T(1);  // b·1 is b exactly: the unweighted sum has the plain bias add's bits
+    const T* be = b + e * N;
+    Y* yr = y + r * N;
+    for (int64_t j = 0; j < N; j++) store_as(yr + j, load_as<T>(yr + j) + be[j] * s);
+  });
 }
 
 // db[e, j] += Σ_{r ∈ e} w_r·dy[r, j], rows in order per block of 64 columns.
@@ -184,27 +156,17 @@ void bias_col_sums(const Y* dy, const T* w, const RowSegments& seg, int64_t N, T
 // dw[r] += dy[r, :]·b[e], columns in order.
 template <typename T, typename Y>
 void bias_row_dots(const Y* dy, const T* b, const RowSegments& seg, int64_t N, T* dw) {
-  const int64_t E = static_cast<int64_t>(seg.begin.size());
-#pragma omp parallel
-  for (int64_t e = 0; e < E; e++) {
+  for_segment_rows(seg, [=](int64_t e, int64_t r) {
     const T* be = b + e * N;
-    const int64_t r0 = seg.begin[e], r1 = r0 + seg.count[e];
-#pragma omp for schedule(static) nowait
-    for (int64_t r = r0; r < r1; r++) {
-      T s = 0;
-      for (int64_t j = 0; j < N; j++) s += load_as<T>(dy + r * N + j) * be[j];
-      dw[r] += s;
-    }
-  }
+    T s = 0;
+    for (int64_t j = 0; j < N; j++) s += load_as<T>(dy + r * N + j) * be[j];
+    dw[r] += s;
+  });
 }
 }  // namespace
 
 void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
-  const int64_t N = y_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
-  MOE_ASSERT_MSG(b_EN.numel() == E * N, "bias {} for {} segments of {} columns", b_EN.shape().str(), E, N);
-  MOE_ASSERT(!w_R || w_R->numel() == y_RN.rows());
-  check_segments(seg, y_RN.rows());
-  if (y_RN.device().is_cuda()) return cuda::segment_bias_forward(b_EN, w_R, seg, y_RN);
+  const int64_t N = y_RN.cols();
   const DType ct = b_EN.dtype();
   MOE_ASSERT(y_RN.dtype() == ct || (y_RN.dtype() == DType::BF16 && ct == DType::F32));
   MOE_ASSERT(!w_R || w_R->dtype() == ct);
@@ -219,13 +181,7 @@ void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegmen
 
 void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
                            const Tensor* b_EN, Tensor* dw_R) {
-  const int64_t N = dy_RN.cols(), E = static_cast<int64_t>(seg.begin.size()), R = dy_RN.rows();
-  MOE_ASSERT_MSG(db_EN.numel() == E * N, "bias gradient {} for {} segments of {} columns", db_EN.shape().str(), E, N);
-  MOE_ASSERT(!w_R || w_R->numel() == R);
-  MOE_ASSERT((b_EN == nullptr) == (dw_R == nullptr));
-  MOE_ASSERT(!dw_R || (b_EN->numel() == E * N && dw_R->numel() == R));
-  check_segments(seg, R);
-  if (dy_RN.device().is_cuda()) return cuda::segment_bias_backward(dy_RN, w_R, seg, db_EN, b_EN, dw_R);
+  const int64_t N = dy_RN.cols();
   const DType ct = db_EN.dtype();
   MOE_ASSERT(dy_RN.dtype() == ct || (dy_RN.dtype() == DType::BF16 && ct == DType::F32));
   MOE_ASSERT(!w_R || w_R->dtype() == ct);
@@ -242,14 +198,25 @@ void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegm
   });
 }
 
-void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
-  const int64_t begin = 0, rows = y_TN.rows();
-  segment_bias_forward(b_N, nullptr, {{&begin, 1}, {&rows, 1}}, y_TN);
-}
+}  // namespace moecore::kernels::cpu
 
-void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
-  const int64_t begin = 0, rows = dy_TN.rows();
-  segment_bias_backward(dy_TN, nullptr, {{&begin, 1}, {&rows, 1}}, db_N);
+namespace moecore::kernels {
+
+namespace {
+template <typename R>
+MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
+  int64_t z = 0;
+#pragma omp parallel for reduction(+ : z) schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) z += v[i] == R(0);
+  return z;
+}
+}  // namespace
+
+int64_t count_zeros(const Tensor& a) {
+  cpu::require_cpu(a, "count_zeros");
+  int64_t z = 0;
+  MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
+  return z;
 }
 
 }  // namespace moecore::kernels

@@ -1,13 +1,11 @@
 // Embedding (see embedding.h). Backward: dW[v] += Σ_{t: id[t]=v} dy[t]. Threads split the hidden dimension, and
 // each walks tokens in order, so repeated ids sum in a fixed order whatever the thread count.
-#include "moecore/kernels/embedding.h"
 
 #include <cstring>
 
-#include "moecore/core/timers.h"
-#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cpu/kernels.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 inline int64_t id_at(const Tensor& ids, int64_t t) {
@@ -17,8 +15,6 @@ inline int64_t id_at(const Tensor& ids, int64_t t) {
 
 void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
                        int64_t vocab_total) {
-  TimerScope timer("embedding", 2);
-  if (w_VH.device().is_cuda()) return cuda::embedding_forward(ids_T, w_VH, y_TH, vocab_start, vocab_total);
   const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
   const int64_t V = vocab_total > 0 ? vocab_total : VL;
   MOE_ASSERT(ids_T.dtype() == DType::I32 || ids_T.dtype() == DType::I64);
@@ -43,8 +39,6 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
 }
 
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
-  TimerScope timer("embedding", 2);
-  if (dw_VH.device().is_cuda()) return cuda::embedding_backward(dy_TH, ids_T, dw_VH, vocab_start);
   const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
   constexpr int64_t kCols = 64;
@@ -65,4 +59,4 @@ void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH,
   });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

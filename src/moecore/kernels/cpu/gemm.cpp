@@ -12,9 +12,8 @@
 
 #include "moecore/core/allocator.h"
 #include "moecore/core/timer.h"
-#include "moecore/device/runtime.h"
 #include "moecore/kernels/cpu/gemm_context.h"
-#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
 
@@ -313,10 +312,16 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
 
 }  // namespace
 
+namespace cpu {
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
-  if (A.device().is_cuda()) return cuda::gemm(A, trans_a, B, trans_b, C, alpha, beta);
   gemm_impl(A, trans_a, B, trans_b, C, alpha, beta);
 }
+
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
+  if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
+}
+}  // namespace cpu
 
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta,
                   DType out) {
@@ -330,64 +335,6 @@ void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, D
   if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = out = DType::F32;  // widened: an f32 product, rounded
   const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta), out};
   if (M > 0 && N > 0 && K > 0) entry_locked(c, key);
-}
-
-void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
-  if (A.device().is_cuda()) return cuda::gemm(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
-  MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
-  if (A.dim(0) > 0) gemm_impl(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
-}
-
-std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device) {
-  Tensor a = Tensor::empty({n, n}, DType::F32), b = Tensor::empty({n, n}, DType::F32);
-  float* pa = a.data<float>();
-  float* pb = b.data<float>();
-  for (int64_t i = 0; i < n * n; i++) {  // values in [-1, 1), cheap and deterministic
-    pa[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
-    pb[i] = static_cast<float>((i * 104729) % 2003) / 1001.0f - 1.0f;
-  }
-  Tensor A = a.to(dtype).to(device), B = b.to(dtype).to(device), C = Tensor::empty({n, n}, DType::F32, device);
-  // A GPU runs asynchronously: each timed product ends with a synchronisation, so the host clock sees its work.
-  auto sync = [&] {
-    if (device.is_cuda()) moecore::cuda::synchronize();
-  };
-  gemm(A, false, B, false, C);  // warm-up: creates the primitive (the cuBLASLt plan)
-  sync();
-  std::vector<double> rates;
-  for (int i = 0; i < iters; i++) {
-    const Stopwatch timer;
-    gemm(A, false, B, false, C);
-    sync();
-    const double dt = timer.seconds();
-    rates.push_back(2.0 * static_cast<double>(n) * n * n / dt / 1e9);
-  }
-  std::sort(rates.begin(), rates.end());
-  return {rates.back(), rates[rates.size() / 2]};
-}
-
-double peak_swing(const std::vector<double>& samples) {
-  if (samples.empty()) return 1.0;
-  const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
-  return *lo > 0 ? *hi / *lo : 1.0;
-}
-
-std::vector<double> paired_peak_ratios(const std::vector<double>& rates, const std::vector<double>& samples) {
-  std::vector<double> r;
-  if (rates.empty() || samples.size() < rates.size() + 1) return r;
-  const size_t first = samples.size() - rates.size() - 1;
-  for (size_t i = 0; i < rates.size(); i++)
-    r.push_back(rates[i] / (0.5 * (samples[first + i] + samples[first + i + 1])));
-  return r;
-}
-
-double measure_gemm_peak_gflops(DType dtype, Device device) {
-  double best = 0;
-  if (device.is_cuda()) {  // the cuBLAS peak: sizes that fill the GPU
-    for (int64_t n : {4096, 8192}) best = std::max(best, time_square_gemm(dtype, n, 3, device).first);
-    return best;
-  }
-  for (int64_t n : {1024, 2048}) best = std::max(best, time_square_gemm(dtype, n, n == 2048 ? 3 : 6).first);
-  return best;
 }
 
 std::string GemmShapeStats::describe() const {

@@ -75,7 +75,7 @@ void pack_weight(const Tensor& W, bool trans, int64_t m, PackedWeight& into) {
   into.plain = W;
   into.trans = trans;
   const int64_t K = trans ? W.cols() : W.rows(), N = trans ? W.rows() : W.cols();
-  if (W.dtype() != DType::BF16 || W.device().is_cuda() || m <= 0 || !packs(K, N)) {
+  if (W.dtype() != DType::BF16 || !W.device().is_cpu() || m <= 0 || !packs(K, N)) {
     into.packed = Tensor();
     into.layout = -1;
     return;

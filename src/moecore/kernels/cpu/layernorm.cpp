@@ -6,18 +6,15 @@
 //   y_k = x̂_k·w_k + b_k,   ∂x̂_k/∂x_j = r·(δ_kj − 1/H − x̂_k·x̂_j/H)
 //   dx_j = Σ_k g_k·∂x̂_k/∂x_j = r·(g_j − mean(g) − x̂_j·mean(g·x̂))
 //   dw_k += Σ_rows dy_k·x̂_k,   db_k += Σ_rows dy_k
-#include "moecore/kernels/layernorm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/core/cpu.h"
-#include "moecore/core/timers.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
-#include "moecore/kernels/cuda/kernels.h"
-#include "moecore/kernels/elementwise.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 // Row by row: x += res first when res is given (written back), then the normalised row stored as Y. Row sums run in
@@ -115,13 +112,6 @@ void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, const T
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && mean_T.numel() == rows && rstd_T.numel() == rows);
   MOE_ASSERT(!res_TH || (res_TH->numel() == x_TH.numel() && res_TH->dtype() == x_TH.dtype()));
   MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (y_TH.dtype() == DType::BF16 && x_TH.dtype() == DType::F32));
-  if (x_TH.device().is_cuda()) {  // unfused on the GPU: the add, the norm, the cast
-    if (res_TH) add_(x_TH, *res_TH);
-    if (y_TH.dtype() == x_TH.dtype()) return cuda::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
-    Tensor y = Tensor::empty(x_TH.shape(), x_TH.dtype(), x_TH.device());
-    cuda::layernorm_forward(x_TH, w_H, b_H, eps, y, mean_T, rstd_T);
-    return y_TH.copy_from(y);
-  }
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
     const T* res = res_TH ? res_TH->data<T>() : nullptr;
     if (y_TH.dtype() == DType::BF16)
@@ -136,26 +126,18 @@ void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, const T
 
 void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
                        Tensor& mean_T, Tensor& rstd_T) {
-  TimerScope timer("norm", 2);
   Tensor x = x_TH;  // not written: no residual
   forward_impl(x, nullptr, w_H, b_H, eps, y_TH, mean_T, rstd_T);
 }
 
 void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
                            Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T) {
-  TimerScope timer("norm", 2);
   forward_impl(x_TH, &res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
 }
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
-  TimerScope timer("norm", 2);
   MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
-  if (x_TH.device().is_cuda()) {
-    cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
-    if (dres_TH) add_(dx_TH, *dres_TH);
-    return;
-  }
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -168,4 +150,4 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -5,18 +5,15 @@
 //   y_k = w_k·x_k·r,   ∂r/∂x_k = −r³·x_k/H
 //   dx_k = w_k·dy_k·r + c·(−r³·x_k/H) = r·(w_k·dy_k − x_k·r²·c/H)
 //   dw_k += Σ_rows dy_k·x_k·r
-#include "moecore/kernels/rmsnorm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "moecore/core/cpu.h"
-#include "moecore/core/timers.h"
+#include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
-#include "moecore/kernels/cuda/kernels.h"
-#include "moecore/kernels/elementwise.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 // Row by row: x += res first when res is given (written back), then y = x·r·w stored as Y. Row sums run in vector
@@ -87,13 +84,6 @@ void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, double 
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
   MOE_ASSERT(!res_TH || (res_TH->numel() == x_TH.numel() && res_TH->dtype() == x_TH.dtype()));
   MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (y_TH.dtype() == DType::BF16 && x_TH.dtype() == DType::F32));
-  if (x_TH.device().is_cuda()) {  // unfused on the GPU: the add, the norm, the cast
-    if (res_TH) add_(x_TH, *res_TH);
-    if (y_TH.dtype() == x_TH.dtype()) return cuda::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
-    Tensor y = Tensor::empty(x_TH.shape(), x_TH.dtype(), x_TH.device());
-    cuda::rmsnorm_forward(x_TH, w_H, eps, y, rstd_T);
-    return y_TH.copy_from(y);
-  }
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
     const T* res = res_TH ? res_TH->data<T>() : nullptr;
     if (y_TH.dtype() == DType::BF16)
@@ -105,26 +95,18 @@ void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, double 
 }  // namespace
 
 void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
-  TimerScope timer("norm", 2);
   Tensor x = x_TH;  // not written: no residual
   forward_impl(x, nullptr, w_H, eps, y_TH, rstd_T);
 }
 
 void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
                          Tensor& rstd_T) {
-  TimerScope timer("norm", 2);
   forward_impl(x_TH, &res_TH, w_H, eps, y_TH, rstd_T);
 }
 
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H, const Tensor* dres_TH) {
-  TimerScope timer("norm", 2);
   MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
-  if (x_TH.device().is_cuda()) {
-    cuda::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H);
-    if (dres_TH) add_(dx_TH, *dres_TH);
-    return;
-  }
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -136,4 +118,4 @@ void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H
   });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

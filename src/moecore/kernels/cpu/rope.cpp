@@ -11,8 +11,7 @@
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
-#include "moecore/core/timers.h"
-#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
 
@@ -70,6 +69,10 @@ void rope_tables(int64_t S, int64_t rot_dim, double base, DType dtype, Tensor& c
   rope_tables_from(S, rope_inv_freq(rot_dim, base), 1.0, dtype, cos_SR, sin_SR);
 }
 
+}  // namespace moecore::kernels
+
+namespace moecore::kernels::cpu {
+
 namespace {
 template <typename T>
 MOE_TARGET_CLONES void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
@@ -118,26 +121,12 @@ MOE_TARGET_CLONES void rotate(const Tensor& x, const Tensor& cos_SR, const Tenso
 
 void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
                      RopePairs pairs, Tensor& y_SBND) {
-  TimerScope timer("rope", 2);
-  if (x_SBND.device().is_cuda()) return cuda::rope_forward_at(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND);
   MOE_DISPATCH_FLOAT(x_SBND.dtype(), T, rotate<T>(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND, T(1)));
 }
 
 void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
                       int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
-  TimerScope timer("rope", 2);
-  if (dy_SBND.device().is_cuda())
-    return cuda::rope_backward_at(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND);
   MOE_DISPATCH_FLOAT(dy_SBND.dtype(), T, rotate<T>(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND, T(-1)));
 }
 
-void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y_SBND) {
-  rope_forward_at(x_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, y_SBND);
-}
-
-void rope_backward(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim,
-                   Tensor& dx_SBND) {
-  rope_backward_at(dy_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, dx_SBND);
-}
-
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

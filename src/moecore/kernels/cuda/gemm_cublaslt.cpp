@@ -115,8 +115,10 @@ bool allow_tf32() {
   return g_tf32;
 }
 
-void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
-          int64_t batch) {
+namespace {
+// batch = 0: 2-D product of the flattened matrices; batch > 0: A, B, C are [batch, rows, cols].
+void matmul(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
+            int64_t batch) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const int64_t a_rows = batch ? A.dim(1) : A.rows(), b_rows = batch ? B.dim(1) : B.rows();
   const int64_t a_cols = A.cols(), b_cols = B.cols();
@@ -159,6 +161,16 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
   MOE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, B.raw(), plan->a, A.raw(), plan->b, &beta, C.raw(),
                                   plan->c, C.raw(), plan->c, &plan->algo, workspace, kWorkspace,
                                   moecore::cuda::current_stream()));
+}
+}  // namespace
+
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  matmul(A, trans_a, B, trans_b, C, alpha, beta, 0);
+}
+
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  MOE_ASSERT_MSG(A.ndim() == 3, "batched gemm wants [batch, rows, cols] operands, got A {}", A.shape().str());
+  if (A.dim(0) > 0) matmul(A, trans_a, B, trans_b, C, alpha, beta, A.dim(0));
 }
 
 }  // namespace moecore::kernels::cuda

@@ -75,7 +75,9 @@ double sum_squares(const Tensor& a) {
   return reduce(0, a, nullptr);
 }
 
-void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+namespace {
+// The norm kernels proper: y_TH of x's dtype (f32).
+void rmsnorm_rows(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -85,8 +87,8 @@ void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& 
   check_launch("rmsnorm_forward");
 }
 
-void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
-                      Tensor& dw_H) {
+void rmsnorm_backward_rows(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T,
+                           Tensor& dx_TH, Tensor& dw_H) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
@@ -99,8 +101,8 @@ void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H
   check_launch("rmsnorm_backward");
 }
 
-void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
-                       Tensor& mean_T, Tensor& rstd_T) {
+void layernorm_rows(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH, Tensor& mean_T,
+                    Tensor& rstd_T) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -111,8 +113,8 @@ void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H,
   check_launch("layernorm_forward");
 }
 
-void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
-                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
+void layernorm_backward_rows(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                             const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
@@ -127,7 +129,63 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   check_launch("layernorm_backward");
 }
 
-// Shapes and segments are checked by the device-neutral entry points (kernels/cpu/elementwise.cpp).
+void check_norm_output(const Tensor& x_TH, const Tensor& y_TH) {
+  MOE_ASSERT(y_TH.shape() == x_TH.shape());
+  MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (y_TH.dtype() == DType::BF16 && x_TH.dtype() == DType::F32));
+}
+void check_residual(const Tensor& x_TH, const Tensor* res_TH) {
+  MOE_ASSERT(!res_TH || (res_TH->numel() == x_TH.numel() && res_TH->dtype() == x_TH.dtype()));
+}
+}  // namespace
+
+// A bf16 y_TH (an f32 input's rows rounded as they are stored, rmsnorm.h): the f32 rows, then their cast.
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  check_norm_output(x_TH, y_TH);
+  if (y_TH.dtype() == x_TH.dtype()) return rmsnorm_rows(x_TH, w_H, eps, y_TH, rstd_T);
+  Tensor y = Tensor::empty(x_TH.shape(), x_TH.dtype(), x_TH.device());
+  rmsnorm_rows(x_TH, w_H, eps, y, rstd_T);
+  y_TH.copy_from(y);
+}
+
+// The residual add, then the norm (and dres added after the backward kernel): unfused.
+void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                         Tensor& rstd_T) {
+  check_residual(x_TH, &res_TH);
+  add_(x_TH, res_TH);
+  rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+}
+
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H, const Tensor* dres_TH) {
+  check_residual(x_TH, dres_TH);
+  rmsnorm_backward_rows(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H);
+  if (dres_TH) add_(dx_TH, *dres_TH);
+}
+
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T) {
+  check_norm_output(x_TH, y_TH);
+  if (y_TH.dtype() == x_TH.dtype()) return layernorm_rows(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+  Tensor y = Tensor::empty(x_TH.shape(), x_TH.dtype(), x_TH.device());
+  layernorm_rows(x_TH, w_H, b_H, eps, y, mean_T, rstd_T);
+  y_TH.copy_from(y);
+}
+
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T) {
+  check_residual(x_TH, &res_TH);
+  add_(x_TH, res_TH);
+  layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+}
+
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
+  check_residual(x_TH, dres_TH);
+  layernorm_backward_rows(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
+  if (dres_TH) add_(dx_TH, *dres_TH);
+}
+
+// Shapes and segments are checked by the device-neutral entry points (kernels/dispatch.cpp).
 void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
   const int64_t N = y_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
   float* y = f32(y_RN, "y");

@@ -73,6 +73,12 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
   check_launch("ce_backward");
 }
 
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T) {
+  cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+  cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, logits_TV, 0);
+}
+
 namespace {
 launch::AdamWScalars scalars(const AdamWParams& hp, int64_t step) {
   MOE_ASSERT(step >= 1);
@@ -113,6 +119,14 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
   if (batch.count) flush();
 }
 
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
+  for (AdamWTensor& x : tensors) {
+    AdamWParams h = hp;
+    h.weight_decay = x.weight_decay;
+    cuda::adamw_step(x.param, x.grad, x.m, x.v, h, step);
+  }
+}
+
 namespace {
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, bool dropout_on) {
   MOE_CHECK(!dropout_on,
@@ -127,10 +141,10 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   MOE_ASSERT_SHAPE(lse, {q.dim(1), q.dim(2), q.dim(0)});
   MOE_CHECK(q.dim(3) <= 256, "attention on the GPU supports head dims up to 256, got {}", q.dim(3));
 }
-}  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                       bool dropout_on, bool round_bf16) {
+// round_bf16: the bf16 forms (f32 tensors, bf16 rounding inside).
+void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                   bool dropout_on, bool round_bf16) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(o.shape() == q.shape());
@@ -139,9 +153,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double
   check_launch("attention_forward");
 }
 
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
-                        bool round_bf16) {
+void flash_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                    const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
+                    bool round_bf16) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   check_attention(q, k, v, lse, dropout_on);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
@@ -158,6 +172,38 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                              part > 0 ? dkv_part.device_data<float>() : nullptr, S, B, Nq, Nkv, D,
                              static_cast<float>(scale), round_bf16, current_stream());
   check_launch("attention_backward");
+}
+
+bool dropping(const AttentionDropout* dropout) {
+  return dropout && dropout->on();
+}
+void require_no_rope(const AttentionRope* rope) {
+  MOE_ASSERT_MSG(!rope, "only the CPU's FlashNative bf16 attention kernel applies RoPE itself");
+}
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout) {
+  flash_forward(q, k, v, scale, o, lse, dropping(dropout), false);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout) {
+  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropping(dropout), false);
+}
+
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope) {
+  require_no_rope(rope);
+  flash_forward(q, k, v, scale, o, lse, dropping(dropout), true);
+}
+
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope) {
+  require_no_rope(rope);
+  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropping(dropout), true);
 }
 
 }  // namespace moecore::kernels::cuda

@@ -7,8 +7,11 @@ namespace moecore::kernels::cuda {
 
 #define MOE_NO_CUDA_KERNEL(name) ::moecore::cuda::no_cuda_kernel(name)
 
-void gemm(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float, int64_t) {
+void gemm(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) {
   MOE_NO_CUDA_KERNEL("gemm");
+}
+void gemm_batched(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) {
+  MOE_NO_CUDA_KERNEL("gemm_batched");
 }
 void set_allow_tf32(bool) {}
 bool allow_tf32() {
@@ -38,14 +41,20 @@ double sum_squares(const Tensor&) {
 void rmsnorm_forward(const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
   MOE_NO_CUDA_KERNEL("rmsnorm_forward");
 }
-void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
+void rmsnorm_forward_add(Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("rmsnorm_forward_add");
+}
+void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, const Tensor*) {
   MOE_NO_CUDA_KERNEL("rmsnorm_backward");
 }
 void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
   MOE_NO_CUDA_KERNEL("layernorm_forward");
 }
+void layernorm_forward_add(Tensor&, const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("layernorm_forward_add");
+}
 void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
-                        Tensor&) {
+                        Tensor&, const Tensor*) {
   MOE_NO_CUDA_KERNEL("layernorm_backward");
 }
 void segment_bias_forward(const Tensor&, const Tensor*, const RowSegments&, Tensor&) {
@@ -82,18 +91,32 @@ void cross_entropy_forward_vocab_parallel(const Tensor&, const Tensor&, int64_t,
 void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, int64_t) {
   MOE_NO_CUDA_KERNEL("cross_entropy_backward");
 }
+void cross_entropy_forward_backward(Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  MOE_NO_CUDA_KERNEL("cross_entropy_forward_backward");
+}
 void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step");
 }
 void adamw_multi_step(const std::vector<AdamWTensors>&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step");
 }
-void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, bool, bool) {
+void adamw_step_multi(std::vector<AdamWTensor>&, const AdamWParams&, int64_t) {
+  MOE_NO_CUDA_KERNEL("adamw_step_multi");
+}
+void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, const AttentionDropout*) {
   MOE_NO_CUDA_KERNEL("attention_forward");
 }
 void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        double, Tensor&, Tensor&, Tensor&, bool, bool) {
+                        double, Tensor&, Tensor&, Tensor&, const AttentionDropout*) {
   MOE_NO_CUDA_KERNEL("attention_backward");
+}
+void attention_forward_bf16(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&,
+                            const AttentionDropout*, const AttentionRope*) {
+  MOE_NO_CUDA_KERNEL("attention_forward_bf16");
+}
+void attention_backward_bf16(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, const AttentionRope*) {
+  MOE_NO_CUDA_KERNEL("attention_backward_bf16");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -1,0 +1,279 @@
+// The one place each op picks its backend: the API's entry points (kernels/*.h) send tensors in host memory to the
+// CPU kernels (kernels/cpu/kernels.h) and tensors on a GPU to the CUDA kernels (kernels/cuda/kernels.h; a CPU-only
+// build links their stand-ins, which no tensor can reach). Each backend checks its own operands; what happens here
+// besides the choice is the level-2 timer scope some ops open around either backend. Ops with only a CPU kernel are
+// not listed (kernels/cpu defines them under their API names).
+#include "moecore/core/timers.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/kernels/cpu/kernels.h"
+#include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cuda/mla_blocks.h"
+#include "moecore/kernels/cuda/position_rows.h"
+#include "moecore/kernels/cuda/shared_gate.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/embedding.h"
+#include "moecore/kernels/gemm.h"
+#include "moecore/kernels/layernorm.h"
+#include "moecore/kernels/mla_blocks.h"
+#include "moecore/kernels/position_rows.h"
+#include "moecore/kernels/rmsnorm.h"
+#include "moecore/kernels/rope.h"
+#include "moecore/kernels/shared_gate.h"
+
+namespace moecore::kernels {
+
+// gemm.h: the backend of the operands (C and B live beside A).
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  if (A.device().is_cuda()) return cuda::gemm(A, trans_a, B, trans_b, C, alpha, beta);
+  cpu::gemm(A, trans_a, B, trans_b, C, alpha, beta);
+}
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
+  if (A.device().is_cuda()) return cuda::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
+  cpu::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
+}
+
+// elementwise.h: the backend of the first operand.
+void add_(Tensor& a, const Tensor& b) {
+  if (a.device().is_cuda()) return cuda::add_(a, b);
+  cpu::add_(a, b);
+}
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.device().is_cuda()) return cuda::add(a, b, out);
+  cpu::add(a, b, out);
+}
+void scale_(Tensor& a, double s) {
+  if (a.device().is_cuda()) return cuda::scale_(a, s);
+  cpu::scale_(a, s);
+}
+void fill_(Tensor& a, double v) {
+  if (a.device().is_cuda()) return cuda::fill_(a, v);
+  cpu::fill_(a, v);
+}
+double sum(const Tensor& a) {
+  return a.device().is_cuda() ? cuda::sum(a) : cpu::sum(a);
+}
+double dot(const Tensor& a, const Tensor& b) {
+  return a.device().is_cuda() ? cuda::dot(a, b) : cpu::dot(a, b);
+}
+double sum_squares(const Tensor& a) {
+  return a.device().is_cuda() ? cuda::sum_squares(a) : cpu::sum_squares(a);
+}
+// The segments and shapes are checked here, for both backends.
+namespace {
+void check_segments(const RowSegments& seg, int64_t rows) {
+  MOE_ASSERT(seg.begin.size() == seg.count.size());
+  for (size_t e = 0; e < seg.begin.size(); e++)
+    MOE_ASSERT_MSG(seg.begin[e] >= 0 && seg.count[e] >= 0 && seg.begin[e] + seg.count[e] <= rows,
+                   "segment {}: rows [{}, {}) of {}", e, seg.begin[e], seg.begin[e] + seg.count[e], rows);
+}
+}  // namespace
+
+void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
+  const int64_t N = y_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
+  MOE_ASSERT_MSG(b_EN.numel() == E * N, "bias {} for {} segments of {} columns", b_EN.shape().str(), E, N);
+  MOE_ASSERT(!w_R || w_R->numel() == y_RN.rows());
+  check_segments(seg, y_RN.rows());
+  if (y_RN.device().is_cuda()) return cuda::segment_bias_forward(b_EN, w_R, seg, y_RN);
+  cpu::segment_bias_forward(b_EN, w_R, seg, y_RN);
+}
+
+void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
+                           const Tensor* b_EN, Tensor* dw_R) {
+  const int64_t N = dy_RN.cols(), E = static_cast<int64_t>(seg.begin.size()), R = dy_RN.rows();
+  MOE_ASSERT_MSG(db_EN.numel() == E * N, "bias gradient {} for {} segments of {} columns", db_EN.shape().str(), E, N);
+  MOE_ASSERT(!w_R || w_R->numel() == R);
+  MOE_ASSERT((b_EN == nullptr) == (dw_R == nullptr));
+  MOE_ASSERT(!dw_R || (b_EN->numel() == E * N && dw_R->numel() == R));
+  check_segments(seg, R);
+  if (dy_RN.device().is_cuda()) return cuda::segment_bias_backward(dy_RN, w_R, seg, db_EN, b_EN, dw_R);
+  cpu::segment_bias_backward(dy_RN, w_R, seg, db_EN, b_EN, dw_R);
+}
+
+// One segment of every row.
+void add_row_bias_(Tensor& y_TN, const Tensor& b_N) {
+  const int64_t begin = 0, rows = y_TN.rows();
+  segment_bias_forward(b_N, nullptr, {{&begin, 1}, {&rows, 1}}, y_TN);
+}
+void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N) {
+  const int64_t begin = 0, rows = dy_TN.rows();
+  segment_bias_backward(dy_TN, nullptr, {{&begin, 1}, {&rows, 1}}, db_N);
+}
+
+// rmsnorm.h, layernorm.h: the backend of the input rows; each call is one `norm` timer scope (level 2).
+void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+  cpu::rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
+}
+void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                         Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_forward_add(x_TH, res_TH, w_H, eps, y_TH, rstd_T);
+  cpu::rmsnorm_forward_add(x_TH, res_TH, w_H, eps, y_TH, rstd_T);
+}
+void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
+                      Tensor& dw_H, const Tensor* dres_TH) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H, dres_TH);
+  cpu::rmsnorm_backward(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H, dres_TH);
+}
+void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                       Tensor& mean_T, Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+  cpu::layernorm_forward(x_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+}
+void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                           Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda()) return cuda::layernorm_forward_add(x_TH, res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+  cpu::layernorm_forward_add(x_TH, res_TH, w_H, b_H, eps, y_TH, mean_T, rstd_T);
+}
+void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                        const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
+  TimerScope timer("norm", 2);
+  if (x_TH.device().is_cuda())
+    return cuda::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
+  cpu::layernorm_backward(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H, dres_TH);
+}
+
+// rope.h: the backend of the rows; one `rope` timer scope (level 2) per call.
+void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND) {
+  TimerScope timer("rope", 2);
+  if (x_SBND.device().is_cuda()) return cuda::rope_forward_at(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND);
+  cpu::rope_forward_at(x_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, y_SBND);
+}
+void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
+  TimerScope timer("rope", 2);
+  if (dy_SBND.device().is_cuda())
+    return cuda::rope_backward_at(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND);
+  cpu::rope_backward_at(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND);
+}
+void rope_forward(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim, Tensor& y_SBND) {
+  rope_forward_at(x_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, y_SBND);
+}
+void rope_backward(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t rot_dim,
+                   Tensor& dx_SBND) {
+  rope_backward_at(dy_SBND, cos_SR, sin_SR, 0, rot_dim, RopePairs::RotateHalf, dx_SBND);
+}
+
+// activation.h: the backend of the input; one `activation` timer scope (level 2) per call.
+void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
+  TimerScope timer("activation", 2);
+  if (x.device().is_cuda()) return cuda::activation_forward(act, x, probs_T, y_TF);
+  cpu::activation_forward(act, x, probs_T, y_TF);
+}
+void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                         Tensor* dprobs_T) {
+  TimerScope timer("activation", 2);
+  if (x.device().is_cuda()) return cuda::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
+  cpu::activation_backward(act, dy_TF, x, probs_T, dx, dprobs_T);
+}
+
+// embedding.h: the backend of the table (ids may be read from either side); one `embedding` timer scope (level 2).
+void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
+                       int64_t vocab_total) {
+  TimerScope timer("embedding", 2);
+  if (w_VH.device().is_cuda()) return cuda::embedding_forward(ids_T, w_VH, y_TH, vocab_start, vocab_total);
+  cpu::embedding_forward(ids_T, w_VH, y_TH, vocab_start, vocab_total);
+}
+void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
+  TimerScope timer("embedding", 2);
+  if (dw_VH.device().is_cuda()) return cuda::embedding_backward(dy_TH, ids_T, dw_VH, vocab_start);
+  cpu::embedding_backward(dy_TH, ids_T, dw_VH, vocab_start);
+}
+
+// cross_entropy.h: the backend of the logits; one `loss` timer scope (level 2) per call.
+void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda()) return cuda::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+  cpu::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
+}
+void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                          int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
+                                          Tensor& lse_T) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce,
+                                                      loss_T, lse_T);
+  cpu::cross_entropy_forward_vocab_parallel(logits_TV, targets_T, vocab_start, vocab_total, all_reduce, loss_T, lse_T);
+}
+void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
+  cpu::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, dlogits_TV, vocab_start);
+}
+void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                                    Tensor& lse_T) {
+  TimerScope timer("loss", 2);
+  if (logits_TV.device().is_cuda())
+    return cuda::cross_entropy_forward_backward(logits_TV, targets_T, dloss_T, loss_T, lse_T);
+  cpu::cross_entropy_forward_backward(logits_TV, targets_T, dloss_T, loss_T, lse_T);
+}
+
+// adamw.h: the backend of the (first) parameter.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
+  if (param.device().is_cuda()) return cuda::adamw_step(param, grad, m, v, hp, step);
+  cpu::adamw_step(param, grad, m, v, hp, step);
+}
+void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
+  if (!tensors.empty() && tensors.front().param.device().is_cuda()) return cuda::adamw_step_multi(tensors, hp, step);
+  cpu::adamw_step_multi(tensors, hp, step);
+}
+
+// attention.h: the backend of the queries.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout) {
+  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, scale, o, lse, dropout);
+  cpu::attention_forward(q, k, v, scale, o, lse, dropout);
+}
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout) {
+  if (q.device().is_cuda()) return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+  cpu::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+}
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope) {
+  if (q.device().is_cuda()) return cuda::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope);
+  cpu::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope);
+}
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope) {
+  if (q.device().is_cuda())
+    return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
+  cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
+}
+
+// position_rows.h, mla_blocks.h, shared_gate.h: the backend of the rows they write into or read.
+void position_add_rows(Tensor& h_nBH, const Tensor& table_nH) {
+  if (h_nBH.device().is_cuda()) return cuda::position_add_rows(h_nBH, table_nH);
+  cpu::position_add_rows(h_nBH, table_nH);
+}
+void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH) {
+  if (dh_nBH.device().is_cuda()) return cuda::position_sum_rows(dh_nBH, grad_nH);
+  cpu::position_sum_rows(dh_nBH, grad_nH);
+}
+void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd,
+                    int64_t d0, int64_t w, int64_t rows) {
+  if (src.device().is_cuda()) return cuda::mla_move_block(src, Ns, Ws, s0, dst, Nd, Wd, d0, w, rows);
+  cpu::mla_move_block(src, Ns, Ws, s0, dst, Nd, Wd, d0, w, rows);
+}
+void shared_gate_forward(Tensor& gate_T, const Tensor& m_TH, Tensor& y_TH) {
+  if (m_TH.device().is_cuda()) return cuda::shared_gate_forward(gate_T, m_TH, y_TH);
+  cpu::shared_gate_forward(gate_T, m_TH, y_TH);
+}
+void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tensor& m_TH, Tensor& dm_TH, Tensor& dz_T) {
+  if (dy_TH.device().is_cuda()) return cuda::shared_gate_backward(dy_TH, gate_T, m_TH, dm_TH, dz_T);
+  cpu::shared_gate_backward(dy_TH, gate_T, m_TH, dm_TH, dz_T);
+}
+
+}  // namespace moecore::kernels
