@@ -7,10 +7,6 @@
 2. The kernels are one device-neutral API (kernels/*.h) with two backends behind it: outside kernels/, only
    cli/bench (which times a backend by name) includes kernels/cpu/ or kernels/cuda/ headers; the backends do not
    include each other.
-
-With --known FILE, the includes listed there (one "file: include" per line) are the breaks still to be mended:
-they are reported but pass, any other break fails, and so does a listed one that is gone (delete its line), so
-the list only shrinks.
 """
 import pathlib
 import re
@@ -79,34 +75,17 @@ def self_test():
     return 0
 
 
-def key(b):  # "nn/x.cpp:12: includes ..." -> "nn/x.cpp: moecore/kernels/cuda/y.h"
-    rel, rest = b.split(":", 1)
-    inc = re.search(r"kernels/[a-z_/]+\.h|[a-z]+/[a-z_/]+\.h", rest.split(":", 1)[1]).group(0)
-    return f"{rel}: {inc}"
-
-
 def main():
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
     root = pathlib.Path(__file__).resolve().parent.parent
-    known = set()
-    if sys.argv[1:2] == ["--known"]:
-        lines = pathlib.Path(sys.argv[2]).read_text(encoding="utf-8").splitlines()
-        known = {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
     bad = check(root)
-    new = [b for b in bad if key(b) not in known]
-    gone = sorted(known - {key(b) for b in bad})
     for b in bad:
-        print("layers:", b, "(known, still to mend)" if key(b) in known else "")
-    for g in gone:
-        print(f"layers: {g} is mended: delete its line from the known list")
-    if new or gone:
-        print(f"layers: {len(new)} new include(s) break the layer rule (docs/architecture.md, The map)")
-        return 1
+        print("layers:", b)
     if bad:
-        print(f"layers: every #include under src/moecore follows the layer rule but {len(bad)} known ones")
-    else:
-        print("layers: every #include under src/moecore follows the layer rule")
+        print(f"layers: {len(bad)} include(s) break the layer rule (docs/architecture.md, The map)")
+        return 1
+    print("layers: every #include under src/moecore follows the layer rule")
     return 0
 
 

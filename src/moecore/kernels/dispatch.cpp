@@ -9,6 +9,7 @@
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/cuda/grouped_gemm.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/mla_blocks.h"
 #include "moecore/kernels/cuda/position_rows.h"
@@ -16,6 +17,7 @@
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/embedding.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/grouped_gemm.h"
 #include "moecore/kernels/layernorm.h"
 #include "moecore/kernels/mla_blocks.h"
 #include "moecore/kernels/position_rows.h"
@@ -33,6 +35,16 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
   if (A.device().is_cuda()) return cuda::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
   cpu::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
+}
+void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
+                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
+  if (A_RK.device().is_cuda()) return cuda::grouped_gemm(A_RK, W, trans_w, C_RN, row_begin, rows);
+  cpu::grouped_gemm(A_RK, W, trans_w, C_RN, row_begin, rows);
+}
+void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
+                        const std::vector<int64_t>& rows) {
+  if (dY_RN.device().is_cuda()) return cuda::grouped_gemm_wgrad(dY_RN, X_RK, dW_ENK, row_begin, rows);
+  cpu::grouped_gemm_wgrad(dY_RN, X_RK, dW_ENK, row_begin, rows);
 }
 
 // elementwise.h: the backend of the first operand.

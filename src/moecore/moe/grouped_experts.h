@@ -5,7 +5,7 @@
 // fc1's [E, F1] in fc1's row order, fc2's [E, H]) it is Megatron's TEGroupedMLP: y = fc2(act(fc1·x + b1) ⊙ p) + b2·p,
 // fc2's bias scaled by the probability (_apply_bias). With the weights and rows on a GPU (f32 weights, bf16 operands
 // when bf16 is on) the same computation runs as grouped GEMMs there (grouped_experts_cuda.cpp,
-// kernels/cuda/grouped_gemm.h).
+// kernels/grouped_gemm.h).
 #pragma once
 
 #include <string>

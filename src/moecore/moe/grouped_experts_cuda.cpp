@@ -1,12 +1,12 @@
 // The grouped experts on the GPU (see grouped_experts.h): the CPU path's computation and dtypes, with one grouped
-// GEMM per projection and direction (kernels/cuda/grouped_gemm.h) instead of per-expert chunked GEMMs. Unlike the
+// GEMM per projection and direction (kernels/grouped_gemm.h) instead of per-expert chunked GEMMs. Unlike the
 // CPU path (which pads each expert's rows to a multiple of 32 for its fixed-shape oneDNN primitives), the GPU works
 // on the dispatcher's rows as they come, expert-major and unpadded: cuBLASLt takes any row count, and four copies of
 // [R, H] per layer (into and out of a padded layout, forward and backward) are saved. Every row's result is the
 // same computation; only the weight gradients' reduction over rows may round differently (tested against the CPU).
 #include "moecore/core/timers.h"
 #include "moecore/kernels/activation.h"
-#include "moecore/kernels/cuda/grouped_gemm.h"
+#include "moecore/kernels/grouped_gemm.h"
 #include "moecore/moe/grouped_experts.h"
 
 namespace moecore::moe {
@@ -52,12 +52,12 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
     w2 = &w2_bf16_;
   }
   st.h_RF1 = Tensor::empty({R, F1}, DType::F32, d);
-  kernels::cuda::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, begin, counts);
+  kernels::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, begin, counts);
   fc1_bias_forward(st, st.h_RF1);
   st.a_RF = Tensor::empty({R, F}, xt, d);
   if (R > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   Tensor y = Tensor::empty({R, H}, DType::F32, d);
-  kernels::cuda::grouped_gemm(st.a_RF, *w2, true, y, begin, counts);
+  kernels::grouped_gemm(st.a_RF, *w2, true, y, begin, counts);
   fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
   return y;
@@ -78,16 +78,16 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
     if (R > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
   Tensor da = Tensor::empty({R, F}, DType::F32, d);
-  kernels::cuda::grouped_gemm(dy, w2, false, da, begin, counts);
-  kernels::cuda::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, begin, counts);
+  kernels::grouped_gemm(dy, w2, false, da, begin, counts);
+  kernels::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, begin, counts);
   Tensor dhc = Tensor::empty({R, st.h_RF1.cols()}, xt, d);
   dprobs_R = Tensor::empty({R}, DType::F32, d);
   if (R > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs_R);
   fc2_bias_backward(st, dy, dprobs_R);  // after the activation's backward, which writes dprobs
   fc1_bias_backward(st, dhc);
   Tensor dx = Tensor::empty({R, H}, DType::F32, d);
-  kernels::cuda::grouped_gemm(dhc, w1, false, dx, begin, counts);
-  kernels::cuda::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, begin, counts);
+  kernels::grouped_gemm(dhc, w1, false, dx, begin, counts);
+  kernels::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, begin, counts);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
   return dx;
 }

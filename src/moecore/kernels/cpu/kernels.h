@@ -13,6 +13,8 @@
 #include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/grouped_gemm.h"
 #include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cpu {
@@ -26,6 +28,12 @@ inline void require_cpu(const Tensor& t, std::string_view op) {
 // gemm.h
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
+
+// grouped_gemm.h
+void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
+                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows);
+void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
+                        const std::vector<int64_t>& rows);
 
 // elementwise.h
 void add_(Tensor& a, const Tensor& b);

@@ -1,10 +1,10 @@
-// Grouped expert GEMMs on the GPU (grouped_gemm.cpp): one GEMM per expert over that expert's block of rows, every
-// expert a different row count, experts with no rows skipped. Operands f32 (TF32 off unless set_allow_tf32) or bf16
-// with f32 accumulation and an f32 output: the CPU grouped experts' semantics. Two implementations, selected at run
-// time: one cuBLASLt matmul per expert spread over 4 streams (the default, the faster: docs/performance.md), or
-// cuBLAS's cublasGemmGroupedBatchedEx, one call per GEMM kind. No bias epilogue: the experts' biases are added per
-// expert segment of rows afterwards (kernels::segment_bias_forward). Plain host declarations: a CPU-only build defines
-// these in kernels/cuda/moe_kernels_unavailable.cpp.
+// Grouped expert GEMMs on the GPU (grouped_gemm.cpp; the API in kernels/grouped_gemm.h): one GEMM per expert over that
+// expert's block of rows, every expert a different row count, experts with no rows skipped. Operands f32 (TF32 off
+// unless set_allow_tf32) or bf16 with f32 accumulation and an f32 output: the CPU grouped experts' semantics. Two
+// implementations, selected at run time: one cuBLASLt matmul per expert spread over 4 streams (the default, the faster:
+// docs/performance.md), or cuBLAS's cublasGemmGroupedBatchedEx, one call per GEMM kind. No bias epilogue: the experts'
+// biases are added per expert segment of rows afterwards (kernels::segment_bias_forward). Plain host declarations: a
+// CPU-only build defines these in kernels/cuda/moe_kernels_unavailable.cpp.
 #pragma once
 
 #include <vector>
