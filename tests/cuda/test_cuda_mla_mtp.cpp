@@ -13,7 +13,7 @@
 
 #include "config_util.h"
 #include "gpu_util.h"
-#include "moecore/kernels/cuda/mla_blocks.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/nn/mtp.h"
 #include "moecore/train/trainer.h"
 

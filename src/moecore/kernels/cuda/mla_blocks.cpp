@@ -1,8 +1,8 @@
-// Multi-latent attention's block moves on the GPU (see mla_blocks.h).
-#include "moecore/kernels/cuda/mla_blocks.h"
-
+// Multi-latent attention's block moves on the GPU (kernels/mla_blocks.h; declared in kernels.h): f32 or f64, strided
+// copies (copy_2d) and, for the head sum, one kernel.
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_mla.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 

@@ -1,7 +1,7 @@
 // Multi-latent attention's GPU block moves in a CPU-only build (see device/runtime_unavailable.cpp): never reached,
 // since no GPU tensor can exist there.
 #include "moecore/device/runtime.h"
-#include "moecore/kernels/cuda/mla_blocks.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels::cuda {
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/moe_permute.h"
 
 namespace moecore::kernels::cuda {
 
@@ -18,16 +19,7 @@ namespace moecore::kernels::cuda {
 // grouped GEMM's per-expert problems, as Megatron's tokens_per_expert .cpu() does).
 void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& tokens_per_expert, Tensor& row_token_R,
                     Tensor& row_tk_R, Tensor& token_offsets_T1, Tensor& token_rows);
-// dst[r] = src[idx_R[r]] (idx_R I32; a negative index gives a zero row). dst's dtype is src's, or bf16 from f32.
-void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);
-// dst[idx_R[r]] = src[r] (same dtype; idx_R a permutation into dst's rows).
-void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);
-// dst_TH[t] = Σ src_RH[token_rows[i]], i over token t's CSR range in order, from 0: f32, the CPU's bits.
-void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
-                            Tensor& dst_TH);
-// probs_R[r] = probs_TK[row_tk_R[r]], 0 for padding rows (row_tk −1). f32.
-void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R);
-// dprobs_TK = 0, then dprobs_TK[row_tk_R[r]] = dprobs_R[r] for the rows that are assignments. f32.
-void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
+// The row ops (moe_permute.h): f32 rows (gathered rows may be bf16 from f32), I32 row indices, the CPU's bits.
+#include "moecore/kernels/moe_permute_backend.inc"
 
 }  // namespace moecore::kernels::cuda

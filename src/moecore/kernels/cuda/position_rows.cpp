@@ -1,7 +1,6 @@
-// The learned position embedding's Tensor-level entry points (see position_rows.h).
-#include "moecore/kernels/cuda/position_rows.h"
-
+// The learned position embedding's row ops on the GPU (kernels/position_rows.h; declared in kernels.h): f32.
 #include "moecore/device/stream.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_position_rows.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 

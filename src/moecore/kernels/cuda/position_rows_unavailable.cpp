@@ -1,7 +1,7 @@
 // The learned position embedding's GPU entry points in a CPU-only build (see device/runtime_unavailable.cpp): never
 // reached.
 #include "moecore/device/runtime.h"
-#include "moecore/kernels/cuda/position_rows.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels::cuda {
 

@@ -1,7 +1,7 @@
-// The shared-expert gate's Tensor-level entry points (see shared_gate.h).
-#include "moecore/kernels/cuda/shared_gate.h"
-
+// The shared-expert gate on the GPU (kernels/shared_gate.h; declared in kernels.h): f32, the backward's row sums in
+// a fixed tree.
 #include "moecore/device/stream.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_shared_gate.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 

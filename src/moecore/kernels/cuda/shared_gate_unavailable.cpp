@@ -1,7 +1,7 @@
 // The shared-expert gate's GPU entry points in a CPU-only build (see device/runtime_unavailable.cpp): never reached,
 // since no GPU tensor can exist there.
 #include "moecore/device/runtime.h"
-#include "moecore/kernels/cuda/shared_gate.h"
+#include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels::cuda {
 
