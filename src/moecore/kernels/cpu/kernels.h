@@ -13,6 +13,7 @@
 #include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/rope.h"
 
 namespace moecore::kernels::cpu {
@@ -89,6 +90,10 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout, const AttentionRope* rope);
+
+// dropout.h (the shapes checked and p = 0 handled by the dispatch)
+void dropout_forward(const Tensor& x_SBC, const DropoutMask& m, const std::vector<int64_t>& sample_B,
+                     int64_t seq_offset, Tensor& y_SBC);
 
 // The modules' small ops: position_rows.h, mla_blocks.h, shared_gate.h.
 void position_add_rows(Tensor& h_nBH, const Tensor& table_nH);

@@ -86,8 +86,13 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
 // and is not written here).
 void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step);
 
+// dropout.h on f32 rows (the shapes checked and p = 0 handled by the dispatch): the CPU kernel's mask, bit for bit
+// (dropout.cu). Micro-batches of up to launch_dropout.h's kDropoutMaxSamples sequences.
+void dropout_forward(const Tensor& x_SBC, const DropoutMask& m, const std::vector<int64_t>& sample_B,
+                     int64_t seq_offset, Tensor& y_SBC);
+
 // Attention (f32 tensors): the _bf16 forms round the GEMM operands to bf16 inside, like the CPU's, and take no RoPE
-// (only the CPU's FlashNative kernel applies it). Attention dropout is refused on the GPU.
+// (only the CPU's FlashNative kernel applies it). Attention dropout inside the kernels, with the CPU's keep bits.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                        const AttentionDropout* dropout);
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
