@@ -206,17 +206,17 @@ double rel(const std::vector<float>& got, const std::vector<double>& want) {
   return diff / mag;
 }
 
-// p > 0: attention dropout at probability p, query and key positions from `offset` (not a multiple of 4: the keep
+// kDrop: attention dropout at probability p_drop, query and key positions from `offset` (not a multiple of 4: the keep
 // bits' unaligned path), query heads from global head 3.
 template <int D, bool kDrop = false>
-bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p = 0, int64_t offset = 0) {
+bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, int64_t offset = 0) {
   const float scale = 1.0f / std::sqrt(float(D));
   DropoutParams drop;
   const int64_t samples[2] = {41, (int64_t{2} << 32) | 7};
   if (kDrop) {
     drop.on = 1;
-    drop.threshold = static_cast<uint32_t>(std::min(4294967295.0, std::round(p * 4294967296.0)));
-    drop.keep = static_cast<float>(1.0 / (1.0 - p));
+    drop.threshold = static_cast<uint32_t>(std::min(4294967295.0, std::round(p_drop * 4294967296.0)));
+    drop.keep = static_cast<float>(1.0 / (1.0 - p_drop));
     drop.key = moecore::kernels::dropout_philox::site_key(2024, 0xD0);
     drop.head_offset = 3;
     drop.row_offset = drop.col_offset = offset;
