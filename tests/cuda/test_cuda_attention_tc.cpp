@@ -148,17 +148,18 @@ Outputs run_launchers(const Case& c, const Inputs& in, bool tc) {
   float *dq = r.dq.device_data<float>(), *dk = r.dk.device_data<float>(), *dv = r.dv.device_data<float>();
   trace(c.str() + (tc ? ": tensor-core launchers" : ": warp-per-row launchers"));
   if (tc) {
-    launch::attention_tc_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, s);
+    launch::attention_tc_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, launch::DropoutParams{}, s);
     launch::attention_delta(d, o, delta.device_data<float>(), c.S, c.B, c.Nq, c.D, s);
     const int64_t part = launch::attention_tc_dkv_part_floats(c.S, c.B, c.Nq, c.Nkv, c.D);
     Tensor dkv_part = poisoned({std::max<int64_t>(part, 1)});
     launch::attention_tc_backward(d, q, k, v, lse, delta.device_data<float>(), dq, dk, dv,
                                   part > 0 ? dkv_part.device_data<float>() : nullptr, c.S, c.B, c.Nq, c.Nkv, c.D, sc,
-                                  s);
+                                  launch::DropoutParams{}, s);
   } else {
-    launch::attention_rowwise_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, true, s);
+    launch::attention_rowwise_forward(q, k, v, o, lse, c.S, c.B, c.Nq, c.Nkv, c.D, sc, true, launch::DropoutParams{},
+                                      s);
     launch::attention_rowwise_backward(d, q, k, v, o, lse, dq, dk, dv, delta.device_data<float>(), c.S, c.B, c.Nq,
-                                       c.Nkv, c.D, sc, true, s);
+                                       c.Nkv, c.D, sc, true, launch::DropoutParams{}, s);
   }
   const cudaError_t err = cudaStreamSynchronize(s);
   EXPECT_EQ(err, cudaSuccess) << c.str() << ": " << cudaGetErrorString(err);

@@ -387,21 +387,6 @@ TEST(CudaKernels, AttentionForwardBackwardF32AndBf16) {
   }
 }
 
-TEST(CudaKernels, AttentionDropoutIsRefusedOnTheGpu) {
-  MOE_REQUIRE_GPU();
-  const Tensor q = gpu(host_random({4, 1, 1, 8}, 1));
-  Tensor o = Tensor::empty(q.shape(), DType::F32, Device::cuda()),
-         lse = Tensor::empty({1, 1, 4}, DType::F32, Device::cuda());
-  AttentionDropout drop;
-  drop.mask = DropoutMask::make(1, 2, 0.1);
-  try {
-    attention_forward(q, q, q, 1.0, o, lse, &drop);
-    FAIL() << "dropout accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("attention dropout is not supported by the CUDA backend"), std::string::npos);
-  }
-}
-
 // The ops with only a CPU kernel refuse a GPU tensor with a message naming the op, instead of reading device memory.
 TEST(CudaKernels, CpuOnlyOpsRefuseAGpuTensorByName) {
   MOE_REQUIRE_GPU();
@@ -415,10 +400,6 @@ TEST(CudaKernels, CpuOnlyOpsRefuseAGpuTensorByName) {
   };
   const Tensor x = gpu(host_random({4, 1, 8}, 1));
   EXPECT_NE(message([&] { count_zeros(x); }).find("count_zeros runs on the CPU only"), std::string::npos);
-  Tensor y = Tensor::empty(x.shape(), DType::F32, Device::cuda());
-  const std::vector<int64_t> sample_B{0};
-  EXPECT_NE(message([&] { dropout_forward(x, DropoutMask::make(1, 2, 0.1), sample_B, 0, y); }).find("dropout"),
-            std::string::npos);
   Tensor o = gpu(host_random({4, 1, 1, 8}, 2)), lse = gpu(host_random({1, 1, 4}, 3));
   EXPECT_NE(message([&] { attention_merge(o, lse, o, lse); }).find("attention_merge"), std::string::npos);
 }

@@ -2,13 +2,16 @@
 // without a GPU: every CUDA thread of a block is a std::thread, __syncthreads a block barrier, and the warp-level
 // primitives (ldmatrix, mma.sync m16n8k16, shfl) exchange their operands through per-warp slots and compute what the
 // PTX ISA specifies for each lane. The kernels' own source is compiled unchanged (MOE_TC_EMULATE only swaps the
-// four inline-asm/shared-memory primitives), and their results are compared with a naive bf16-rounded reference.
+// four inline-asm/shared-memory primitives), and their results are compared with a naive bf16-rounded reference,
+// with attention dropout too (the reference draws Z from dropout_philox.h, whose masks tests/kernels/test_dropout.cpp
+// and cuda_kernels_emulate.cpp hold to the CPU kernels' golden masks).
 // It checks indexing, masking, tiling, the online softmax and the fragment bookkeeping; not timing, not the real
 // hardware's rounding inside an MMA. Built with ASan (out-of-bounds reads and writes) and run by run.sh (CTest
 // cuda_attention_tc_host_emulation).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -146,6 +149,7 @@ inline void mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b
 
 namespace {
 using namespace moecore::launch::tc;
+using moecore::launch::DropoutParams;
 
 // Runs `kernel` over the grid, one block at a time, kBlock threads per block; shared memory starts as NaN bytes.
 void launch(dim3 grid, size_t smem_bytes, const std::function<void()>& kernel) {
@@ -202,9 +206,23 @@ double rel(const std::vector<float>& got, const std::vector<double>& want) {
   return diff / mag;
 }
 
-template <int D>
-bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
+// kDrop: attention dropout at probability p_drop, query and key positions from `offset` (not a multiple of 4: the keep
+// bits' unaligned path), query heads from global head 3.
+template <int D, bool kDrop = false>
+bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, int64_t offset = 0) {
   const float scale = 1.0f / std::sqrt(float(D));
+  DropoutParams drop;
+  const int64_t samples[2] = {41, (int64_t{2} << 32) | 7};
+  if (kDrop) {
+    drop.on = 1;
+    drop.threshold = static_cast<uint32_t>(std::min(4294967295.0, std::round(p_drop * 4294967296.0)));
+    drop.keep = static_cast<float>(1.0 / (1.0 - p_drop));
+    drop.key = moecore::kernels::dropout_philox::site_key(2024, 0xD0);
+    drop.head_offset = 3;
+    drop.row_offset = drop.col_offset = offset;
+    drop.samples = B;
+    for (int64_t b = 0; b < B; b++) drop.sample[b] = samples[b];
+  }
   const size_t nq = S * B * Nq * D, nkv = S * B * Nkv * D, nl = B * Nq * S;
   const auto q = random(nq, 1), k = random(nkv, 2), v = random(nkv, 3), dout = random(nq, 4);
   const float nan = std::nanf("");
@@ -213,8 +231,8 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
   auto qi = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nq + h) * D; };
   auto ki = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nkv + h) * D; };
 
-  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), (64 + 2 * 64) * kStride<D> * 2,
-         [&] { fwd_tc_k<D>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, scale); });
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), fwd_smem_bytes<D, kDrop>(),
+         [&] { fwd_tc_k<D, kDrop>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, scale, drop); });
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Nq; h++)
       for (int64_t i = 0; i < S; i++) {
@@ -222,9 +240,9 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
         for (int d = 0; d < D; d++) acc += dout[qi(i, b, h) + d] * o[qi(i, b, h) + d];
         delta[(b * Nq + h) * S + i] = acc;
       }
-  launch(dim3(unsigned(B * Nkv), unsigned((S + 63) / 64)), (2 * 64 + 2 * 32) * kStride<D> * 2 + 2 * 32 * 4, [&] {
-    dkv_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, B, Nq,
-                Nkv, scale, 1, 0);
+  launch(dim3(unsigned(B * Nkv), unsigned((S + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
+    dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, B,
+                       Nq, Nkv, scale, 1, 0, drop);
   });
   // The group's query heads split over `splits` blocks per key tile (attention_tc_bwd.cu): partial dK/dV per split,
   // added in split order as the launcher's sum_splits_k does.
@@ -232,27 +250,38 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
   const int splits = static_cast<int>(G);
   {
     std::vector<float> pk(splits * nkv, nan), pv(splits * nkv, nan);
-    launch(dim3(unsigned(B * Nkv * splits), unsigned((S + 63) / 64)), (2 * 64 + 2 * 32) * kStride<D> * 2 + 2 * 32 * 4,
-           [&] {
-             dkv_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), pk.data(), pv.data(), S,
-                         B, Nq, Nkv, scale, splits, int64_t(nkv));
-           });
+    launch(dim3(unsigned(B * Nkv * splits), unsigned((S + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
+      dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), pk.data(), pv.data(), S,
+                         B, Nq, Nkv, scale, splits, int64_t(nkv), drop);
+    });
     for (size_t i = 0; i < nkv; i++) {
       float a = pk[i], b = pv[i];
       for (int z = 1; z < splits; z++) a += pk[z * nkv + i], b += pv[z * nkv + i];
       dk_split[i] = a, dv_split[i] = b;
     }
   }
-  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), (4 * 64) * kStride<D> * 2, [&] {
-    dq_tc_k<D>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dq.data(), S, B, Nq, Nkv, scale);
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), dq_smem_bytes<D, kDrop>(), [&] {
+    dq_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dq.data(), S, B, Nq, Nkv,
+                      scale, drop);
   });
 
-  // Reference: Q̂ = bf16(scale·q), K̂, V̂, dÔ bf16; P (normalized) and dS rounded to bf16; sums in double.
+  // Reference: Q̂ = bf16(scale·q), K̂, V̂, dÔ bf16; P ⊙ Z (normalized) and dS rounded to bf16; sums in double.
   std::vector<double> ro(nq, 0), rl(nl, 0), rdq(nq, 0), rdk(nkv, 0), rdv(nkv, 0);
   std::vector<double> p(S), sc(S);
+  namespace dp = moecore::kernels::dropout_philox;
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Nq; h++) {
       const int64_t hk = h / G;
+      const uint64_t head_key = dp::sub_key(drop.key, uint64_t(drop.head_offset + h));
+      auto z = [&](int64_t i, int64_t j) {  // the multiplier of (i, j)
+        if (!kDrop) return 1.0;
+        const uint64_t col = uint64_t(offset + j);
+        const bool kept =
+            (dp::keep_nibble(head_key, drop.threshold, uint64_t(samples[b]), uint64_t(offset + i), col / 4) >>
+             (col % 4)) &
+            1u;
+        return kept ? double(drop.keep) : 0.0;
+      };
       for (int64_t i = 0; i < S; i++) {
         double mx = -INFINITY;
         for (int64_t j = 0; j <= i; j++) {
@@ -265,29 +294,48 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv) {
         for (int64_t j = 0; j <= i; j++) sum += p[j] = std::exp(sc[j] - mx);
         rl[(b * Nq + h) * S + i] = mx + std::log(sum);
         for (int64_t j = 0; j <= i; j++)
-          for (int d = 0; d < D; d++) ro[qi(i, b, h) + d] += double(rb(float(p[j] / sum))) * rb(v[ki(j, b, hk) + d]);
+          for (int d = 0; d < D; d++)
+            ro[qi(i, b, h) + d] += double(rb(float(p[j] / sum * z(i, j)))) * rb(v[ki(j, b, hk) + d]);
         double dl = 0;
         for (int d = 0; d < D; d++) dl += double(dout[qi(i, b, h) + d]) * o[qi(i, b, h) + d];
         for (int64_t j = 0; j <= i; j++) {
           const double pj = std::exp(sc[j] - rl[(b * Nq + h) * S + i]);
           double dp = 0;
           for (int d = 0; d < D; d++) dp += double(rb(dout[qi(i, b, h) + d])) * rb(v[ki(j, b, hk) + d]);
-          const double ds = rb(float(pj * (dp - dl)));
+          const double zj = z(i, j), ds = rb(float(pj * (dp * zj - dl)));
           for (int d = 0; d < D; d++) {
             rdq[qi(i, b, h) + d] += scale * ds * rb(k[ki(j, b, hk) + d]);
             rdk[ki(j, b, hk) + d] += ds * rb(q[qi(i, b, h) + d] * scale);
-            rdv[ki(j, b, hk) + d] += double(rb(float(pj))) * rb(dout[qi(i, b, h) + d]);
+            rdv[ki(j, b, hk) + d] += double(rb(float(pj * zj))) * rb(dout[qi(i, b, h) + d]);
           }
         }
       }
     }
   const double eo = rel(o, ro), el = rel(lse, rl), eq = rel(dq, rdq), ek = rel(dk, rdk), ev = rel(dv, rdv);
   const double esk = rel(dk_split, rdk), esv = rel(dv_split, rdv);
-  const bool ok = eo < 2e-2 && el < 2e-2 && eq < 2e-2 && ek < 2e-2 && ev < 2e-2 && esk < 2e-2 && esv < 2e-2;
+  bool ok = eo < 2e-2 && el < 2e-2 && eq < 2e-2 && ek < 2e-2 && ev < 2e-2 && esk < 2e-2 && esv < 2e-2;
+  double changed = 0;
+  if (kDrop) {  // the reference without dropout is far from the kernel's output: the test sees the mask
+    std::vector<double> plain(nq, 0);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < Nq; h++)
+        for (int64_t i = 0; i < S; i++) {
+          const double l = rl[(b * Nq + h) * S + i];
+          for (int64_t j = 0; j <= i; j++) {
+            double s = 0;
+            for (int d = 0; d < D; d++) s += double(rb(q[qi(i, b, h) + d] * scale)) * rb(k[ki(j, b, h / G) + d]);
+            for (int d = 0; d < D; d++) plain[qi(i, b, h) + d] += std::exp(s - l) * rb(v[ki(j, b, h / G) + d]);
+          }
+        }
+    changed = rel(o, plain);
+    ok &= changed > 5e-2;
+  }
   std::printf(
-      "%s S=%lld B=%lld Nq=%lld Nkv=%lld D=%d: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e; %d splits: dk %.2e dv %.2e\n",
-      ok ? "ok  " : "FAIL", (long long)S, (long long)B, (long long)Nq, (long long)Nkv, D, eo, el, eq, ek, ev, splits,
-      esk, esv);
+      "%s S=%lld B=%lld Nq=%lld Nkv=%lld D=%d%s: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e; %d splits: dk %.2e dv "
+      "%.2e%s\n",
+      ok ? "ok  " : "FAIL", (long long)S, (long long)B, (long long)Nq, (long long)Nkv, D,
+      kDrop ? (offset % 4 ? " dropout (unaligned keys)" : " dropout") : "", eo, el, eq, ek, ev, splits, esk, esv,
+      kDrop ? (changed > 5e-2 ? "; o moved by the mask" : "; DROPOUT CHANGED NOTHING") : "");
   return ok;
 }
 }  // namespace
@@ -302,6 +350,10 @@ int main() {
   ok &= run_case<64>(65, 2, 4, 2);
   ok &= run_case<128>(129, 1, 3, 1);
   ok &= run_case<64>(150, 1, 8, 1);  // one sequence, 8 query heads per kv head (the Qwen3-MoE benchmark's GQA)
+  // Attention dropout: the forward's P ⊙ Z, the backward's regenerated Z in both kernels (and the head splits).
+  ok &= run_case<64, true>(130, 2, 4, 2, 0.1);
+  ok &= run_case<128, true>(70, 1, 2, 1, 0.3, 3);
+  ok &= run_case<64, true>(100, 1, 8, 1, 0.5, 64);
   std::printf(ok ? "all cases pass\n" : "FAILURES\n");
   return ok ? 0 : 1;
 }

@@ -1,9 +1,11 @@
-// Host emulation of the elementwise CUDA kernels that have no tensor cores (col_reduce.cu, norm_bias.cu,
-// elementwise.cu, embedding_bwd.cu), for machines without a GPU: blocks run one at a time, each CUDA thread a
-// std::thread, __syncthreads a block barrier, __shfl_xor_sync an exchange through per-warp slots, __shared__ a static
-// (one block at a time). The kernels' own source is compiled after cuda_kernels_emulate.py rewrites their launches;
-// results are checked against f64 host references (1e-5), the embedding backward bitwise against the CPU kernel's
-// order. It checks indexing, chunking, masking and the reduction trees; not timing. Built and run by run.sh (CTest
+// Host emulation of the CUDA kernels that have no tensor cores (col_reduce.cu, norm_bias.cu, elementwise.cu,
+// embedding_bwd.cu, dropout.cu, attention.cu's warp-per-row attention), for machines without a GPU: blocks run one at a
+// time, each CUDA thread a std::thread, __syncthreads a block barrier, __shfl_xor_sync an exchange through per-warp
+// slots, __shared__ a static (one block at a time). The kernels' own source is compiled after cuda_kernels_emulate.py
+// rewrites their launches; results are checked against f64 host references (1e-5), the embedding backward bitwise
+// against the CPU kernel's order; dropout's masks bitwise against the CPU kernels' golden masks
+// (tests/kernels/dropout_golden.h), and the warp-per-row attention with dropout against an f64 reference drawing the
+// same mask. It checks indexing, chunking, masking and the reduction trees; not timing. Built and run by run.sh (CTest
 // cuda_kernels_host_emulation).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -76,9 +78,30 @@ cudaError_t emu_malloc(T** p, size_t n) {
 #define cudaFreeAsync(p, s) (free(p), cudaSuccess)
 #define cudaMemcpyAsync(d, s, n, k, st) (memcpy(d, s, n), cudaSuccess)
 using std::isfinite;
+#include "kernels/dropout_golden.h"
+#include "moecore/kernels/cuda/attention_dropout.cuh"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_attention_tc.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
+#include "moecore/kernels/cuda/launch_dropout.h"
+#include "moecore/kernels/dropout_philox.h"
+// attention.cu picks the tensor-core kernels (attention_tc_emulate.cpp emulates those) only for bf16 with D 64/128;
+// the cases here stay on the warp-per-row kernels.
+namespace moecore::launch {
+bool attention_tc_supported(int64_t, int64_t, int64_t, int64_t, bool) {
+  return false;
+}
+void attention_tc_forward(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
+                          int64_t, float, const DropoutParams&, cudaStream_t) {
+  std::abort();
+}
+void attention_tc_backward(const float*, const float*, const float*, const float*, const float*, const float*, float*,
+                           float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                           const DropoutParams&, cudaStream_t) {
+  std::abort();
+}
+}  // namespace moecore::launch
 
 // The kernels, rewritten by cuda_kernels_emulate.py (after the shims above and the headers they use).
 #include "cuda_kernels_emulate.inc"
@@ -100,12 +123,172 @@ double relerr(const std::vector<float>& a, const std::vector<double>& b) {
   }
   return d / m;
 }
+// The mask of (seed, site, p) as the CPU's DropoutMask::make keys it (kernels/cpu/dropout.cpp), for `samples`.
+DropoutParams dropout_params(uint64_t seed, uint64_t site, double p, int64_t B, const int64_t* samples) {
+  DropoutParams d;
+  d.on = 1;
+  d.threshold = static_cast<uint32_t>(std::min(4294967295.0, std::round(p * 4294967296.0)));
+  d.keep = static_cast<float>(1.0 / (1.0 - p));
+  d.key = moecore::kernels::dropout_philox::site_key(seed, site);
+  d.samples = B;
+  for (int64_t b = 0; b < B; b++) d.sample[b] = samples[b];
+  return d;
+}
+
+// Hidden dropout: the kernel draws the golden masks, kept elements times exactly keep (in place too).
+bool check_hidden_dropout() {
+  namespace golden = moecore::testing::dropout_golden;
+  bool ok = true;
+  for (const golden::HiddenCase& c : golden::kHidden) {
+    DropoutParams d = dropout_params(c.seed, c.site, c.p, c.B, c.sample);
+    d.row_offset = c.seq_offset;
+    const long rows = c.S * c.B, n = rows * c.C;
+    std::vector<float> ones(n, 1.0f), y(n, NAN);
+    dropout_apply(ones.data(), y.data(), rows, c.C, d, nullptr);
+    uint64_t h = golden::kFnvStart;
+    long kept = 0;
+    bool values = true;
+    for (long i = 0; i < n; i++) {
+      h = golden::fnv_add(h, y[i] != 0.0f);
+      kept += y[i] != 0.0f;
+      values &= y[i] == 0.0f || y[i] == d.keep;
+    }
+    auto x = rnd(n, 21), z = x;
+    dropout_apply(z.data(), z.data(), rows, c.C, d, nullptr);  // in place
+    for (long i = 0; i < n; i++) values &= z[i] == x[i] * (y[i] != 0.0f ? d.keep : 0.0f);
+    const bool same = h == c.hash && kept == c.kept && values;
+    std::printf("dropout p=%.2f S=%ld B=%ld C=%ld offset=%ld: %s (hash %016llx, %ld kept)\n", c.p, long(c.S), long(c.B),
+                long(c.C), long(c.seq_offset), same ? "the CPU's mask, bitwise ok" : "DIFFERS", (unsigned long long)h,
+                kept);
+    ok &= same;
+  }
+  return ok;
+}
+
+// The attention dropout helpers of the device code draw the golden masks: HeadMask::kept (warp-per-row kernels),
+// RowMask's walk, and tile_keep_bits (the tensor-core kernels' shared-memory bits, one block of 128 threads).
+bool check_attention_masks() {
+  namespace golden = moecore::testing::dropout_golden;
+  bool ok = true;
+  for (const golden::AttentionCase& c : golden::kAttention) {
+    DropoutParams d = dropout_params(c.seed, c.site, c.p, c.B, c.sample);
+    d.head_offset = c.head_offset;
+    d.row_offset = c.seq_offset;
+    d.col_offset = c.key_offset < 0 ? c.seq_offset : c.key_offset;
+    const long S = c.S, tiles = (S + 63) / 64;
+    std::vector<uint8_t> tile_mask(c.B * c.Nq * S * S);
+    std::vector<uint64_t> bits(64);
+    emu::launch(dim3(1), dim3(128), [&] {
+      for (long b = 0; b < c.B; b++)
+        for (long hd = 0; hd < c.Nq; hd++)
+          for (long it = 0; it < tiles; it++)
+            for (long jt = 0; jt < tiles; jt++) {
+              tile_keep_bits<64, 128>(bits.data(), d, HeadMask(d, b, hd), it * 64, jt * 64);
+              __syncthreads();
+              if (threadIdx.x == 0)
+                for (long i = it * 64; i < std::min(S, it * 64 + 64); i++)
+                  for (long j = jt * 64; j < std::min(S, jt * 64 + 64); j++)
+                    tile_mask[((b * c.Nq + hd) * S + i) * S + j] = (bits[i - it * 64] >> (j - jt * 64)) & 1;
+              __syncthreads();
+            }
+    });
+    uint64_t h_tile = golden::kFnvStart, h_kept = golden::kFnvStart, h_walk = golden::kFnvStart;
+    long kept = 0;
+    for (long b = 0; b < c.B; b++)
+      for (long hd = 0; hd < c.Nq; hd++) {
+        const HeadMask m(d, b, hd);
+        for (long i = 0; i < S; i++) {
+          RowMask walk{m, uint64_t(d.row_offset + i), uint64_t(d.col_offset)};
+          for (long j = 0; j < S; j++) {
+            const bool k = m.kept(d.row_offset + i, d.col_offset + j);
+            kept += k;
+            h_kept = golden::fnv_add(h_kept, k);
+            h_walk = golden::fnv_add(h_walk, walk.kept(j));
+            h_tile = golden::fnv_add(h_tile, tile_mask[((b * c.Nq + hd) * S + i) * S + j]);
+          }
+        }
+      }
+    const bool same = h_tile == c.hash && h_kept == c.hash && h_walk == c.hash && kept == c.kept;
+    std::printf("attention dropout p=%.2f B=%ld Nq=%ld S=%ld offsets %ld/%ld/%ld: %s\n", c.p, long(c.B), long(c.Nq), S,
+                long(c.head_offset), long(c.seq_offset), long(c.key_offset),
+                same ? "the CPU's mask (tiles, rows, walks), bitwise ok" : "DIFFERS");
+    ok &= same;
+  }
+  return ok;
+}
+
+// The warp-per-row attention (f32, and bf16-rounded) with dropout against an f64 reference of the definition
+// (kernels/attention.h): O = (P ⊙ Z)·V, dV = (P ⊙ Z)ᵀ·dO, dS = P ⊙ (Z ⊙ dP − Δ), Z from dropout_philox directly; and
+// far from the same kernel without dropout.
+double attention_rowwise_case(long S, long B, long Nq, long Nkv, long D, double p, bool rnd_bf16, long offset) {
+  const int64_t samples[2] = {17, (int64_t{3} << 32) | 5};
+  DropoutParams d = dropout_params(99, 0x1234, p, B, samples);
+  d.head_offset = 1;
+  d.row_offset = d.col_offset = offset;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const long nq = S * B * Nq * D, nkv = S * B * Nkv * D, nl = B * Nq * S, G = Nq / Nkv;
+  auto q = rnd(nq, 31), k = rnd(nkv, 32), v = rnd(nkv, 33), dout = rnd(nq, 34);
+  std::vector<float> o(nq, NAN), lse(nl, NAN), dq(nq, NAN), dk(nkv, NAN), dv(nkv, NAN), delta(nl, NAN), o0(nq, NAN);
+  attention_rowwise_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, D, scale, rnd_bf16, d,
+                            nullptr);
+  attention_rowwise_backward(dout.data(), q.data(), k.data(), v.data(), o.data(), lse.data(), dq.data(), dk.data(),
+                             dv.data(), delta.data(), S, B, Nq, Nkv, D, scale, rnd_bf16, d, nullptr);
+  attention_rowwise_forward(q.data(), k.data(), v.data(), o0.data(), lse.data(), S, B, Nq, Nkv, D, scale, rnd_bf16,
+                            DropoutParams{}, nullptr);
+  auto r = [&](float x) { return rnd_bf16 ? double(__bfloat162float(__float2bfloat16_rn(x))) : double(x); };
+  auto qi = [&](long s, long b, long h) { return ((s * B + b) * Nq + h) * D; };
+  auto ki = [&](long s, long b, long h) { return ((s * B + b) * Nkv + h) * D; };
+  std::vector<double> ro(nq, 0), rdq(nq, 0), rdk(nkv, 0), rdv(nkv, 0), pr(S), z(S);
+  for (long b = 0; b < B; b++)
+    for (long h = 0; h < Nq; h++) {
+      const HeadMask m(d, b, h);
+      for (long i = 0; i < S; i++) {
+        double mx = -INFINITY, sum = 0;
+        for (long j = 0; j <= i; j++) {
+          double sc = 0;
+          for (long e = 0; e < D; e++)
+            sc += r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * r(k[ki(j, b, h / G) + e]);
+          pr[j] = rnd_bf16 ? sc : sc * scale;
+          mx = std::max(mx, pr[j]);
+          z[j] = m.kept(offset + i, offset + j) ? d.keep : 0.0;
+        }
+        for (long j = 0; j <= i; j++) sum += pr[j] = std::exp(pr[j] - mx);
+        double dl = 0;
+        for (long e = 0; e < D; e++) dl += double(dout[qi(i, b, h) + e]) * o[qi(i, b, h) + e];
+        for (long j = 0; j <= i; j++) {
+          const double pj = pr[j] / sum;
+          double dp = 0;
+          for (long e = 0; e < D; e++) dp += r(dout[qi(i, b, h) + e]) * r(v[ki(j, b, h / G) + e]);
+          const double ds = pj * (dp * z[j] - dl);
+          for (long e = 0; e < D; e++) {
+            ro[qi(i, b, h) + e] += pj * z[j] * r(v[ki(j, b, h / G) + e]);
+            rdv[ki(j, b, h / G) + e] += pj * z[j] * r(dout[qi(i, b, h) + e]);
+            rdq[qi(i, b, h) + e] += scale * ds * r(k[ki(j, b, h / G) + e]);
+            rdk[ki(j, b, h / G) + e] += ds * r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * (rnd_bf16 ? 1 : scale);
+          }
+        }
+      }
+    }
+  std::vector<double> o0d(o0.begin(), o0.end());
+  const double changed = relerr(o, o0d);
+  const double e = std::max({relerr(o, ro), relerr(dq, rdq), relerr(dk, rdk), relerr(dv, rdv)});
+  return changed > 5e-2 ? e : 1e9;  // dropout must change the output
+}
+
 int main() {
   bool ok = true;
   auto check = [&](const char* what, double e, double tol) {
     std::printf("%-50s %.2e %s\n", what, e, e < tol ? "ok" : "FAIL");
     ok &= e < tol;
   };
+  ok &= check_hidden_dropout();
+  ok &= check_attention_masks();
+  check("rowwise attention dropout f32 S=37 B=2 4/2 D=24", attention_rowwise_case(37, 2, 4, 2, 24, 0.2, false, 0),
+        1e-5);
+  check("rowwise attention dropout f32 S=70 B=1 2/2 D=40 off 5", attention_rowwise_case(70, 1, 2, 2, 40, 0.5, false, 5),
+        1e-5);
+  check("rowwise attention dropout bf16 S=33 B=2 2/1 D=32", attention_rowwise_case(33, 2, 2, 1, 32, 0.1, true, 0),
+        2e-2);
   for (auto [rows, N] : std::vector<std::pair<long, long>>{{1, 7}, {3, 70}, {600, 33}, {1000, 64}, {257, 5}}) {
     auto dy = rnd(rows * N, 1), x = rnd(rows * N, 2), mean = rnd(rows, 3), rstd = rnd(rows, 4, 0.5, 1.5),
          w0 = rnd(N, 5), b0 = rnd(N, 6);

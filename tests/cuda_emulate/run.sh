@@ -15,11 +15,11 @@ if [ ! -f "$cuda_inc/cuda_runtime.h" ]; then
   exit 77
 fi
 mkdir -p "$work"
-flags=(-std=c++20 -O1 -g -fsanitize=address -Wno-attributes -w -I"$root/src" -I"$cuda_inc" -I"$work")
+flags=(-std=c++20 -O1 -g -fsanitize=address -Wno-attributes -w -I"$root/src" -I"$root/tests" -I"$cuda_inc" -I"$work")
 case "$which" in
   kernels)
     python3 "$here/cuda_kernels_emulate.py" "$work/cuda_kernels_emulate.inc" \
-      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,embedding_bwd}.cu
+      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,embedding_bwd,dropout,attention}.cu
     g++ "${flags[@]}" "$here/cuda_kernels_emulate.cpp" -o "$work/cuda_kernels_emulate"
     "$work/cuda_kernels_emulate"
     ;;

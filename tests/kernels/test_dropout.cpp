@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "kernels/dropout_golden.h"
 #include "moecore/core/rng.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/dropout.h"
@@ -136,6 +137,56 @@ TEST(Dropout, MaskDependsOnGlobalCoordinatesOnly) {
   for (int64_t s = 0; s < 6; s++)
     for (int64_t b = 0; b < 2; b++)
       for (int64_t h = 0; h < 40; h++) EXPECT_EQ(yr.item((s * 2 + b) * 40 + h), y.item((s * 2 + 1 - b) * 40 + h));
+}
+
+// The CPU kernels draw the golden masks (kernels/dropout_golden.h) that the CUDA kernels are held to in
+// tests/cuda_emulate: hidden dropout through dropout_forward on ones, attention dropout through rows_bits (the native
+// kernel's keep bits) and row() (the flash kernel's multipliers), over every (query, key) pair.
+TEST(Dropout, CpuDrawsTheGoldenMasks) {
+  namespace golden = testing::dropout_golden;
+  for (const golden::HiddenCase& c : golden::kHidden) {
+    Tensor x = Tensor::empty({c.S, c.B, c.C}, DType::F32), y = Tensor::empty(x.shape(), DType::F32);
+    kernels::fill_(x, 1.0);
+    const std::vector<int64_t> samples(c.sample, c.sample + c.B);
+    kernels::dropout_forward(x, DropoutMask::make(c.seed, c.site, c.p), samples, c.seq_offset, y);
+    uint64_t h = golden::kFnvStart;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < y.numel(); i++) {
+      h = golden::fnv_add(h, y.data<float>()[i] != 0.0f);
+      kept += y.data<float>()[i] != 0.0f;
+    }
+    EXPECT_EQ(h, c.hash) << "hidden case p=" << c.p << " C=" << c.C << std::hex << ": hash 0x" << h;
+    EXPECT_EQ(kept, c.kept) << "hidden case p=" << c.p << " C=" << c.C;
+  }
+  for (const golden::AttentionCase& c : golden::kAttention) {
+    kernels::AttentionDropout d;
+    d.mask = DropoutMask::make(c.seed, c.site, c.p);
+    d.sample_B = c.sample;
+    d.head_offset = c.head_offset;
+    d.seq_offset = c.seq_offset;
+    d.key_offset = c.key_offset;
+    uint64_t h = golden::kFnvStart, h_bits = golden::kFnvStart;
+    int64_t kept = 0;
+    std::vector<float> z(static_cast<size_t>(c.S));
+    for (int64_t b = 0; b < c.B; b++)
+      for (int64_t hd = 0; hd < c.Nq; hd++)
+        for (int64_t i = 0; i < c.S; i++) {
+          d.row(b, hd, i, 0, c.S, z.data());
+          for (int64_t j = 0; j < c.S; j++) {
+            h = golden::fnv_add(h, z[static_cast<size_t>(j)] != 0.0f);
+            kept += z[static_cast<size_t>(j)] != 0.0f;
+          }
+          for (int64_t j0 = 0; j0 < c.S; j0 += 64) {
+            const int64_t n = std::min<int64_t>(64, c.S - j0);
+            uint64_t bits;
+            d.rows_bits(d.head_mask(hd), b, i, 1, j0, n, &bits);
+            for (int64_t j = 0; j < n; j++) h_bits = golden::fnv_add(h_bits, (bits >> j) & 1);
+          }
+        }
+    EXPECT_EQ(h, c.hash) << "attention case p=" << c.p << " S=" << c.S << std::hex << ": hash 0x" << h;
+    EXPECT_EQ(h_bits, c.hash) << "attention case p=" << c.p << " S=" << c.S << ": rows_bits";
+    EXPECT_EQ(kept, c.kept) << "attention case p=" << c.p << " S=" << c.S;
+  }
 }
 
 TEST(DropoutGrad, FiniteDifferences) {

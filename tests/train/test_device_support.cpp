@@ -21,12 +21,12 @@ TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
   EXPECT_EQ(train::gpu_training_gap(config({"--position-embedding-type", "learned_absolute", "--normalization",
                                             "LayerNorm", "--use-distributed-optimizer", "--bf16"})),
             "");
+  // Dropout trains on the GPU with the CPU's masks (Megatron's defaults, 0.1 each).
+  EXPECT_EQ(train::gpu_training_gap(config({"--hidden-dropout", "0.1", "--attention-dropout", "0.1"})), "");
 }
 
 TEST(DeviceSupport, EachUncoveredSettingIsNamed) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--hidden-dropout", "0.1"}, "--hidden-dropout 0.1"},
-      {{"--attention-dropout", "0.1"}, "--attention-dropout 0.1"},
       {{"--optimizer", "sgd"}, "--optimizer sgd"},
       {{"--log-num-zeros-in-grad"}, "--log-num-zeros-in-grad"},
       {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64"},
@@ -36,6 +36,16 @@ TEST(DeviceSupport, EachUncoveredSettingIsNamed) {
     EXPECT_TRUE(testing::contains(gap, name)) << name << ": " << gap;
     EXPECT_TRUE(testing::contains(gap, "not supported by moecore on the GPU")) << gap;
   }
+}
+
+// The GPU's dropout kernels take micro-batches of up to 128 sequences (their sample indices ride in the launch).
+TEST(DeviceSupport, DropoutOverLargeMicroBatchesIsNamed) {
+  train::TrainConfig c = config({"--hidden-dropout", "0.1"});
+  c.micro_batch_size = 129;
+  const std::string gap = train::gpu_training_gap(c);
+  EXPECT_TRUE(testing::contains(gap, "dropout with --micro-batch-size 129")) << gap;
+  c.hidden_dropout = 0;
+  EXPECT_EQ(train::gpu_training_gap(c), "");
 }
 
 TEST(DeviceSupport, CpuIsAlwaysTheCpu) {

@@ -10,6 +10,7 @@
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/dropout.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/embedding.h"
 #include "moecore/kernels/gemm.h"
@@ -234,6 +235,28 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
   if (!tensors.empty() && tensors.front().param.device().is_cuda()) return cuda::adamw_step_multi(tensors, hp, step);
   cpu::adamw_step_multi(tensors, hp, step);
+}
+
+// dropout.h: the backend of the input; one `dropout` timer scope (level 2) per call. p = 0 copies (or leaves in place).
+void dropout_forward(const Tensor& x_SBC, const DropoutMask& m, const std::vector<int64_t>& sample_B,
+                     int64_t seq_offset, Tensor& y_SBC) {
+  TimerScope timer("dropout", 2);
+  const int64_t B = static_cast<int64_t>(sample_B.size());
+  MOE_ASSERT(B > 0 && x_SBC.numel() > 0 && x_SBC.shape() == y_SBC.shape() && x_SBC.dtype() == y_SBC.dtype());
+  MOE_ASSERT(x_SBC.device() == y_SBC.device());
+  const int64_t C = x_SBC.dim(x_SBC.ndim() - 1), rows = x_SBC.numel() / C;
+  MOE_ASSERT_MSG(rows % B == 0, "dropout over {} rows of {} samples", rows, B);
+  if (!m.on()) {
+    if (y_SBC.raw() != x_SBC.raw()) y_SBC.copy_from(x_SBC);
+    return;
+  }
+  if (x_SBC.device().is_cuda()) return cuda::dropout_forward(x_SBC, m, sample_B, seq_offset, y_SBC);
+  cpu::dropout_forward(x_SBC, m, sample_B, seq_offset, y_SBC);
+}
+// dx = dy ⊙ z: the forward on the gradient, its mask regenerated.
+void dropout_backward(const Tensor& dy_SBC, const DropoutMask& m, const std::vector<int64_t>& sample_B,
+                      int64_t seq_offset, Tensor& dx_SBC) {
+  dropout_forward(dy_SBC, m, sample_B, seq_offset, dx_SBC);
 }
 
 // attention.h: the backend of the queries.

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "moecore/cli/bench/common.h"
+#include "moecore/core/rng.h"
 #include "moecore/core/timer.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/attention.h"
@@ -40,12 +42,14 @@ void run_bench_gemm_gpu(Device d, int64_t size, int iters) {
 }
 
 void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                             int iters, bool bf16) {
+                             int iters, bool bf16, double dropout) {
   fmt::print(
       "moecore bench attention --device {}: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} "
-      "timed runs\n  device: {}\n",
+      "timed runs{}\n  device: {}\n",
       d.str(), seq, batch, heads, kv_heads, head_dim, bf16 ? "bf16" : "f32",
-      bf16 ? "own flash kernel, bf16-rounded operands" : "own flash kernel", iters, cuda::describe_device(d));
+      bf16 ? "own flash kernel, bf16-rounded operands" : "own flash kernel", iters,
+      dropout > 0 ? fmt::format("; attention dropout {} timed against none, run by run", dropout) : "",
+      cuda::describe_device(d));
   const Tensor q = random_on(d, {seq, batch, heads, head_dim}, DType::F32, 3);
   const Tensor k = random_on(d, {seq, batch, kv_heads, head_dim}, DType::F32, 4);
   const Tensor v = random_on(d, k.shape(), DType::F32, 5), dout = random_on(d, q.shape(), DType::F32, 6);
@@ -54,34 +58,57 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
          dv = Tensor::empty(v.shape(), DType::F32, d);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const double fwd_flops = 4.0 * seq * seq * head_dim * heads * batch / 2.0;  // causal: half of 4·S²·D per head
-  auto fwd = [&] {
-    if (bf16)
-      kernels::attention_forward_bf16(q, k, v, scale, o, lse);
-    else
-      kernels::attention_forward(q, k, v, scale, o, lse);
-  };
-  auto bwd = [&] {
-    if (bf16)
-      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv);
-    else
-      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv);
-  };
-  std::vector<double> f_rates, t_rates;
-  for (int i = 0; i <= iters; i++) {
+  // Attention dropout as training applies it (Megatron's --attention-dropout; one sample index per sequence).
+  std::vector<int64_t> samples(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; b++) samples[static_cast<size_t>(b)] = b;
+  kernels::AttentionDropout drop;
+  drop.mask = kernels::DropoutMask::make(1234, stream_id("bench attention"), dropout);
+  drop.sample_B = samples.data();
+  // Forward and forward+backward seconds of one run, with or without dropout.
+  auto run = [&](const kernels::AttentionDropout* dr) {
     Stopwatch t;
-    fwd();
+    if (bf16)
+      kernels::attention_forward_bf16(q, k, v, scale, o, lse, dr);
+    else
+      kernels::attention_forward(q, k, v, scale, o, lse, dr);
     cuda::synchronize();
     const double tf = t.seconds();
-    bwd();
+    if (bf16)
+      kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dr);
+    else
+      kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dr);
     cuda::synchronize();
-    const double tt = t.seconds();
+    return std::pair{tf, t.seconds()};
+  };
+  // With dropout, the runs alternate (none, dropout) so both see the same clocks and temperature.
+  std::vector<double> f_rates, t_rates, fd_rates, td_rates, ratios;
+  for (int i = 0; i <= iters; i++) {
+    const auto [tf, tt] = run(nullptr);
+    const auto [tfd, ttd] = dropout > 0 ? run(&drop) : std::pair{0.0, 0.0};
     if (i == 0) continue;  // warm-up
     f_rates.push_back(fwd_flops / tf / 1e9);
     t_rates.push_back(3.5 * fwd_flops / tt / 1e9);
+    if (dropout <= 0) continue;
+    fd_rates.push_back(fwd_flops / tfd / 1e9);
+    td_rates.push_back(3.5 * fwd_flops / ttd / 1e9);
+    ratios.push_back(ttd / tt);
   }
   const double peak = gpu_bf16_peak_gflops(d), f = median(f_rates), tot = median(t_rates);
   fmt::print("  attention forward:          {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", f, f / peak);
   fmt::print("  attention forward+backward: {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", tot, tot / peak);
+  if (dropout > 0) {
+    const double fd = median(fd_rates), td = median(td_rates), ratio = median(ratios);
+    fmt::print("  with dropout {}: forward    {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", dropout, fd,
+               fd / peak);
+    fmt::print("  with dropout {}: fwd+bwd    {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", dropout, td,
+               td / peak);
+    fmt::print("  dropout {} costs {:.3f}x the time of attention fwd+bwd without it (median of the paired runs)\n",
+               dropout, ratio);
+    fmt::print(
+        "attention_dropout device=cuda dtype={} p={} fwd_gflops={:.1f} fwd_bwd_gflops={:.1f} "
+        "fwd_gflops_dropout={:.1f} fwd_bwd_gflops_dropout={:.1f} time_ratio={:.3f}\n",
+        bf16 ? "bf16" : "f32", dropout, f, tot, fd, td, ratio);
+  }
   fmt::print("  cuBLAS bf16 peak: {:.1f} GFLOP/s (this run)\n", peak);
 }
 

@@ -10,20 +10,12 @@
 
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
-#include "moecore/core/timers.h"
 #include "moecore/kernels/cpu/kernels.h"
+#include "moecore/kernels/dropout_philox.h"
 
 namespace moecore::kernels {
 
 namespace {
-// SplitMix64's finalizer: a bijective 64-bit mix, so distinct (seed, site) pairs give well-spread keys.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 DropoutMask with_key(double p, uint64_t key) {
   MOE_ASSERT_MSG(p >= 0 && p < 1, "dropout probability {} outside [0, 1)", p);
   DropoutMask m;
@@ -35,13 +27,13 @@ DropoutMask with_key(double p, uint64_t key) {
 }
 }  // namespace
 
+// The keys come from dropout_philox.h, which the CUDA kernels share.
 DropoutMask DropoutMask::make(uint64_t seed, uint64_t site, double p) {
-  return with_key(p, mix64(seed ^ mix64(site)));
+  return with_key(p, dropout_philox::site_key(seed, site));
 }
 
 DropoutMask DropoutMask::sub(uint64_t index) const {
-  const uint64_t k = (static_cast<uint64_t>(key[1]) << 32) | key[0];
-  return with_key(p, mix64(k ^ mix64(index + 0x5851F42D4C957F2Dull)));
+  return with_key(p, dropout_philox::sub_key(key64(), index));
 }
 
 namespace {
@@ -253,26 +245,14 @@ MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const 
 }
 }  // namespace
 
-void dropout_forward(const Tensor& x, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
-                     Tensor& y) {
-  TimerScope timer("dropout", 2);
+// The CPU backend of dropout_forward (kernels/dispatch.cpp checks the shapes and handles p = 0). dropout_backward is
+// the same call on the gradient: dx = dy ⊙ z with the mask regenerated.
+void cpu::dropout_forward(const Tensor& x, const DropoutMask& m, const std::vector<int64_t>& sample_B,
+                          int64_t seq_offset, Tensor& y) {
   const int64_t B = static_cast<int64_t>(sample_B.size());
-  MOE_ASSERT(B > 0 && x.numel() > 0 && x.shape() == y.shape() && x.dtype() == y.dtype());
   const int64_t C = x.dim(x.ndim() - 1), rows = x.numel() / C;
-  MOE_ASSERT_MSG(rows % B == 0, "dropout over {} rows of {} samples", rows, B);
-  if (!m.on()) {
-    if (y.raw() != x.raw()) y.copy_from(x);
-    return;
-  }
-  cpu::require_cpu(x, "dropout (--hidden-dropout)");
   MOE_DISPATCH_FLOAT(x.dtype(), T,
                      { apply_mask<T>(m, x.data<T>(), y.data<T>(), sample_B.data(), B, seq_offset, rows, C); });
-}
-
-void dropout_backward(const Tensor& dy, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
-                      Tensor& dx) {
-  TimerScope timer("dropout", 2);
-  dropout_forward(dy, m, sample_B, seq_offset, dx);  // dx = dy ⊙ z: the same mask, regenerated
 }
 
 }  // namespace moecore::kernels

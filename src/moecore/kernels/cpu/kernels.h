@@ -14,6 +14,7 @@
 #include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/dropout.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/grouped_gemm.h"
 #include "moecore/kernels/rope.h"

@@ -4,9 +4,12 @@
 // row has exactly one writer, which walks its partners in a fixed order, so reruns give the same bits.
 // These are the correctness-first kernels (K/V rows stream from L2, no tensor cores): the f32 path and the fallback
 // of the bf16 path; the bf16 path with D ∈ {64, 128} runs the tiled tensor-core kernels (attention_tc*.cu), chosen
-// by attention_forward / attention_backward at the end of this file.
+// by attention_forward / attention_backward at the end of this file. Attention dropout (drop.on): Z regenerated per
+// (row, key) from the CPU's Philox coordinates (attention_dropout.cuh); O sums (P ⊙ Z)·V while the softmax sum takes
+// the undropped P, and backward has dV = (P ⊙ Z)ᵀ·dO, dS = P ⊙ (Z ⊙ dP − Δ), as the CPU kernels.
 #include <initializer_list>
 
+#include "moecore/kernels/cuda/attention_dropout.cuh"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_attention_tc.h"
@@ -14,8 +17,8 @@
 namespace moecore::launch {
 
 namespace {
-constexpr int kMaxPer = 8;  // channels per lane: D ≤ 256
-constexpr int kWarps = 4;   // rows per block
+constexpr int kMaxPer = 8;    // channels per lane: D ≤ 256
+constexpr int kRowWarps = 4;  // rows per block
 
 struct Dims {
   int64_t S, B, Nq, Nkv, D;
@@ -52,8 +55,8 @@ __device__ __forceinline__ float dot_row(const float (&a)[kMaxPer], const float*
 
 // Row (b, h, i) per warp; rows are numbered ((b·Nq + h)·S + i), the lse layout.
 __global__ void fwd_k(const float* q, const float* k, const float* v, float* o, float* lse, Dims dm, float scale,
-                      bool rnd) {
-  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+                      bool rnd, const __grid_constant__ DropoutParams dp) {
+  const int64_t row = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / 32;
   if (row >= dm.B * dm.Nq * dm.S) return;
   const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq, hk = h / (dm.Nq / dm.Nkv);
   const int lane = threadIdx.x & 31;
@@ -62,11 +65,14 @@ __global__ void fwd_k(const float* q, const float* k, const float* v, float* o, 
   float qr[kMaxPer], acc[kMaxPer] = {};
   load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr, qmul);
   float mx = -INFINITY, sum = 0;
+  RowMask z{dp.on ? HeadMask(dp, b, h) : HeadMask{}, static_cast<uint64_t>(dp.row_offset + i),
+            static_cast<uint64_t>(dp.col_offset)};
   for (int64_t j = 0; j <= i; j++) {
     const float s = dot_row(qr, k + dm.kvoff(j, b, hk), dm.D, rnd) * smul;
     const float nm = fmaxf(mx, s);
-    const float corr = expf(mx - nm), p = expf(s - nm);
-    sum = sum * corr + p;
+    const float corr = expf(mx - nm), pu = expf(s - nm);
+    sum = sum * corr + pu;
+    const float p = dp.on ? pu * (z.kept(j) ? dp.keep : 0.0f) : pu;  // P ⊙ Z weighs the values
     const float pv = rnd ? round_bf16(p) : p;
     const float* vr = v + dm.kvoff(j, b, hk);
 #pragma unroll
@@ -87,7 +93,7 @@ __global__ void fwd_k(const float* q, const float* k, const float* v, float* o, 
 
 // delta[row] = Σ_d dO·O (the softmax backward's row term).
 __global__ void delta_k(const float* dout, const float* o, float* delta, Dims dm) {
-  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+  const int64_t row = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / 32;
   if (row >= dm.B * dm.Nq * dm.S) return;
   const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq;
   float r[kMaxPer];
@@ -97,8 +103,9 @@ __global__ void delta_k(const float* dout, const float* o, float* delta, Dims dm
 }
 
 __global__ void dq_k(const float* dout, const float* q, const float* k, const float* v, const float* lse,
-                     const float* delta, float* dq, Dims dm, float scale, bool rnd) {
-  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+                     const float* delta, float* dq, Dims dm, float scale, bool rnd,
+                     const __grid_constant__ DropoutParams dp) {
+  const int64_t row = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / 32;
   if (row >= dm.B * dm.Nq * dm.S) return;
   const int64_t i = row % dm.S, bh = row / dm.S, h = bh % dm.Nq, b = bh / dm.Nq, hk = h / (dm.Nq / dm.Nkv);
   const int lane = threadIdx.x & 31;
@@ -107,11 +114,14 @@ __global__ void dq_k(const float* dout, const float* q, const float* k, const fl
   load_row(q + dm.qoff(i, b, h), dm.D, rnd, qr, qmul);
   load_row(dout + dm.qoff(i, b, h), dm.D, rnd, dor);
   const float l = lse[row], dl = delta[row];
+  RowMask z{dp.on ? HeadMask(dp, b, h) : HeadMask{}, static_cast<uint64_t>(dp.row_offset + i),
+            static_cast<uint64_t>(dp.col_offset)};
   for (int64_t j = 0; j <= i; j++) {
     const float* kr = k + dm.kvoff(j, b, hk);
     const float p = expf(dot_row(qr, kr, dm.D, rnd) * smul - l);
-    const float dp = dot_row(dor, v + dm.kvoff(j, b, hk), dm.D, rnd);
-    float ds = p * (dp - dl);
+    float g = dot_row(dor, v + dm.kvoff(j, b, hk), dm.D, rnd);
+    if (dp.on) g *= z.kept(j) ? dp.keep : 0.0f;  // Z ⊙ dP
+    float ds = p * (g - dl);
     if (rnd) ds = round_bf16(ds);
 #pragma unroll
     for (int c = 0; c < kMaxPer; c++) {
@@ -129,8 +139,9 @@ __global__ void dq_k(const float* dout, const float* q, const float* k, const fl
 
 // Key row (b, hk, j) per warp: walks the group's query heads, then rows i ≥ j, in order.
 __global__ void dkv_k(const float* dout, const float* q, const float* k, const float* v, const float* lse,
-                      const float* delta, float* dk, float* dv, Dims dm, float scale, bool rnd) {
-  const int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+                      const float* delta, float* dk, float* dv, Dims dm, float scale, bool rnd,
+                      const __grid_constant__ DropoutParams dp) {
+  const int64_t row = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / 32;
   if (row >= dm.B * dm.Nkv * dm.S) return;
   const int64_t j = row % dm.S, bh = row / dm.S, hk = bh % dm.Nkv, b = bh / dm.Nkv, group = dm.Nq / dm.Nkv;
   const int lane = threadIdx.x & 31;
@@ -138,15 +149,23 @@ __global__ void dkv_k(const float* dout, const float* q, const float* k, const f
   float kr[kMaxPer], vr[kMaxPer], dka[kMaxPer] = {}, dva[kMaxPer] = {};
   load_row(k + dm.kvoff(j, b, hk), dm.D, rnd, kr);
   load_row(v + dm.kvoff(j, b, hk), dm.D, rnd, vr);
+  const uint64_t key_col = static_cast<uint64_t>(dp.col_offset + j);
   for (int64_t g = 0; g < group; g++) {
     const int64_t h = hk * group + g, base = (b * dm.Nq + h) * dm.S;
+    const HeadMask hm = dp.on ? HeadMask(dp, b, h) : HeadMask{};
     for (int64_t i = j; i < dm.S; i++) {
       const float* qr = q + dm.qoff(i, b, h);
       const float* dor = dout + dm.qoff(i, b, h);
       const float p = expf(dot_row(kr, qr, dm.D, rnd, qmul) * smul - lse[base + i]);
-      const float dp = dot_row(vr, dor, dm.D, rnd);
-      float ds = p * (dp - delta[base + i]);
-      const float pv = rnd ? round_bf16(p) : p;
+      float g_dp = dot_row(vr, dor, dm.D, rnd);
+      float pz = p;  // P ⊙ Z, what weighed the values
+      if (dp.on) {
+        const float zf = hm.kept(static_cast<uint64_t>(dp.row_offset + i), key_col) ? dp.keep : 0.0f;
+        pz = p * zf;
+        g_dp *= zf;
+      }
+      float ds = p * (g_dp - delta[base + i]);
+      const float pv = rnd ? round_bf16(pz) : pz;
       if (rnd) ds = round_bf16(ds);
 #pragma unroll
       for (int c = 0; c < kMaxPer; c++) {
@@ -171,7 +190,7 @@ __global__ void dkv_k(const float* dout, const float* q, const float* k, const f
 }
 
 unsigned blocks_for(int64_t rows) {
-  return static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
 }
 }  // namespace
 
@@ -179,26 +198,27 @@ void attention_delta(const float* dout, const float* o, float* delta, int64_t S,
                      cudaStream_t s) {
   const Dims dm{S, B, Nq, Nq, D};
   const int64_t rows = B * Nq * S;
-  if (rows > 0) delta_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, o, delta, dm);
+  if (rows > 0) delta_k<<<blocks_for(rows), 32 * kRowWarps, 0, s>>>(dout, o, delta, dm);
 }
 
 void attention_rowwise_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S,
                                int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
-                               cudaStream_t s) {
+                               const DropoutParams& drop, cudaStream_t s) {
   const Dims dm{S, B, Nq, Nkv, D};
   const int64_t rows = B * Nq * S;
-  if (rows > 0) fwd_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(q, k, v, o, lse, dm, scale, round_bf16);
+  if (rows > 0) fwd_k<<<blocks_for(rows), 32 * kRowWarps, 0, s>>>(q, k, v, o, lse, dm, scale, round_bf16, drop);
 }
 
 void attention_rowwise_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
                                 const float* lse, float* dq, float* dk, float* dv, float* delta, int64_t S, int64_t B,
-                                int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+                                int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
+                                const DropoutParams& drop, cudaStream_t s) {
   const Dims dm{S, B, Nq, Nkv, D};
   const int64_t rows = B * Nq * S, kv_rows = B * Nkv * S;
   if (rows == 0) return;
-  delta_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, o, delta, dm);
-  dq_k<<<blocks_for(rows), 32 * kWarps, 0, s>>>(dout, q, k, v, lse, delta, dq, dm, scale, round_bf16);
-  dkv_k<<<blocks_for(kv_rows), 32 * kWarps, 0, s>>>(dout, q, k, v, lse, delta, dk, dv, dm, scale, round_bf16);
+  delta_k<<<blocks_for(rows), 32 * kRowWarps, 0, s>>>(dout, o, delta, dm);
+  dq_k<<<blocks_for(rows), 32 * kRowWarps, 0, s>>>(dout, q, k, v, lse, delta, dq, dm, scale, round_bf16, drop);
+  dkv_k<<<blocks_for(kv_rows), 32 * kRowWarps, 0, s>>>(dout, q, k, v, lse, delta, dk, dv, dm, scale, round_bf16, drop);
 }
 
 namespace {
@@ -211,23 +231,25 @@ bool aligned16(std::initializer_list<const void*> ps) {
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
-                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, const DropoutParams& drop,
+                       cudaStream_t s) {
   if (B * Nq * S == 0) return;
   if (attention_tc_supported(S, B, Nq, D, round_bf16) && aligned16({q, k, v, o}))
-    attention_tc_forward(q, k, v, o, lse, S, B, Nq, Nkv, D, scale, s);
+    attention_tc_forward(q, k, v, o, lse, S, B, Nq, Nkv, D, scale, drop, s);
   else
-    attention_rowwise_forward(q, k, v, o, lse, S, B, Nq, Nkv, D, scale, round_bf16, s);
+    attention_rowwise_forward(q, k, v, o, lse, S, B, Nq, Nkv, D, scale, round_bf16, drop, s);
 }
 
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
                         const float* lse, float* dq, float* dk, float* dv, float* delta, float* dkv_scratch, int64_t S,
-                        int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s) {
+                        int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
+                        const DropoutParams& drop, cudaStream_t s) {
   if (B * Nq * S == 0) return;
   if (attention_tc_supported(S, B, Nq, D, round_bf16) && aligned16({dout, q, k, v, dq, dk, dv})) {
     attention_delta(dout, o, delta, S, B, Nq, D, s);
-    attention_tc_backward(dout, q, k, v, lse, delta, dq, dk, dv, dkv_scratch, S, B, Nq, Nkv, D, scale, s);
+    attention_tc_backward(dout, q, k, v, lse, delta, dq, dk, dv, dkv_scratch, S, B, Nq, Nkv, D, scale, drop, s);
   } else {
-    attention_rowwise_backward(dout, q, k, v, o, lse, dq, dk, dv, delta, S, B, Nq, Nkv, D, scale, round_bf16, s);
+    attention_rowwise_backward(dout, q, k, v, o, lse, dq, dk, dv, delta, S, B, Nq, Nkv, D, scale, round_bf16, drop, s);
   }
 }
 

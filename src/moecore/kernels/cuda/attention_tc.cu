@@ -8,15 +8,15 @@ namespace moecore::launch {
 namespace {
 using namespace tc;
 
-template <int D>
+template <int D, bool kDrop>
 void launch_fwd(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B, int64_t Nq,
-                int64_t Nkv, float scale, cudaStream_t s) {
-  constexpr int smem = fwd_smem_bytes<D>();
+                int64_t Nkv, float scale, const DropoutParams& drop, cudaStream_t s) {
+  constexpr int smem = fwd_smem_bytes<D, kDrop>();
   // A failure here is recorded as the last error and reported by the caller's launch check.
-  cudaFuncSetAttribute(fwd_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(fwd_tc_k<D, kDrop>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // Heads along x, tiles along y: blocks start in x-fastest order, so every head's longest tile goes first.
   const dim3 grid(static_cast<unsigned>(B * Nq), static_cast<unsigned>((S + kBr - 1) / kBr));
-  fwd_tc_k<D><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, S, B, Nq, Nkv, scale);
+  fwd_tc_k<D, kDrop><<<grid, kThreads, smem, s>>>(q, k, v, o, lse, S, B, Nq, Nkv, scale, drop);
 }
 }  // namespace
 
@@ -26,11 +26,15 @@ bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool ro
 }
 
 void attention_tc_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
-                          int64_t Nq, int64_t Nkv, int64_t D, float scale, cudaStream_t s) {
-  if (D == 64)
-    launch_fwd<64>(q, k, v, o, lse, S, B, Nq, Nkv, scale, s);
+                          int64_t Nq, int64_t Nkv, int64_t D, float scale, const DropoutParams& drop, cudaStream_t s) {
+  if (D == 64 && drop.on)
+    launch_fwd<64, true>(q, k, v, o, lse, S, B, Nq, Nkv, scale, drop, s);
+  else if (D == 64)
+    launch_fwd<64, false>(q, k, v, o, lse, S, B, Nq, Nkv, scale, drop, s);
+  else if (drop.on)
+    launch_fwd<128, true>(q, k, v, o, lse, S, B, Nq, Nkv, scale, drop, s);
   else
-    launch_fwd<128>(q, k, v, o, lse, S, B, Nq, Nkv, scale, s);
+    launch_fwd<128, false>(q, k, v, o, lse, S, B, Nq, Nkv, scale, drop, s);
 }
 
 }  // namespace moecore::launch

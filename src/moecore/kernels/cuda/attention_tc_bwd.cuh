@@ -8,8 +8,11 @@
 //          dQ += bf16(dS)·K̂, scaled once at the end.
 // P = exp(S − lse) is recomputed from the forward's lse; dS = P ⊙ (dP − Δ) with Δ = rowsum(dO ⊙ O) precomputed.
 // Rounding points as in the CPU bf16 kernel: Q̂ = bf16(scale·q), K̂, V̂, dÔ, P and dS rounded to bf16, sums in f32.
+// kDrop: attention dropout with the forward's keep bits Z, regenerated per step into shared memory
+// (attention_dropout.cuh): dV += bf16(P ⊙ Z)ᵀ·dÔ and dS = P ⊙ (Z ⊙ dP − Δ), as the CPU kernels.
 #pragma once
 
+#include "moecore/kernels/cuda/attention_dropout.cuh"
 #include "moecore/kernels/cuda/attention_tc_common.cuh"
 
 namespace moecore::launch::tc {
@@ -17,13 +20,14 @@ namespace moecore::launch::tc {
 constexpr int kKvRows = 64, kKvQ = 32;   // dK/dV: keys per block, query rows per step
 constexpr int kQRows = 64, kQKeys = 64;  // dQ: query rows per block, keys per step
 
-template <int D>
+// With dropout, a 64-bit keep-bit row per query row of a step follows.
+template <int D, bool kDrop = false>
 constexpr int dkv_smem_bytes() {
-  return (2 * kKvRows + 2 * kKvQ) * kStride<D> * 2 + 2 * kKvQ * 4;
+  return (2 * kKvRows + 2 * kKvQ) * kStride<D> * 2 + 2 * kKvQ * 4 + (kDrop ? kKvQ * 8 : 0);
 }
-template <int D>
+template <int D, bool kDrop = false>
 constexpr int dq_smem_bytes() {
-  return (2 * kQRows + 2 * kQKeys) * kStride<D> * 2;
+  return (2 * kQRows + 2 * kQKeys) * kStride<D> * 2 + (kDrop ? kQRows * 8 : 0);
 }
 
 // lse in log2 units and Δ of rows [i0, i0 + n) of head row `bh`; rows at or past S get lse = +∞ (P = 0) and Δ = 0.
@@ -37,12 +41,12 @@ __device__ __forceinline__ void load_stats(float* lse2_s, float* delta_s, const 
   }
 }
 
-template <int D>
+template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dkv_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
              const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
              float* __restrict__ dk, float* __restrict__ dv, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
-             int splits, int64_t part_stride) {
+             int splits, int64_t part_stride, const __grid_constant__ DropoutParams drop) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* Vs = Ks + kKvRows * kStride<D>;
@@ -50,6 +54,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   __nv_bfloat16* dOs = Qs + kKvQ * kStride<D>;
   float* lse2_s = reinterpret_cast<float*>(dOs + kKvQ * kStride<D>);
   float* delta_s = lse2_s + kKvQ;
+  uint64_t* keep_s = reinterpret_cast<uint64_t*>(delta_s + kKvQ);  // [kKvQ] when kDrop: bit (key − j0) of query row
 
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loops saves registers.
   const int Sn = static_cast<int>(S);
@@ -68,10 +73,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     const int64_t h = hk * group + gi, bh = b * Nq + h;
     const float* qh = q + bh * D;
     const float* doh = dout + bh * D;
+    const HeadMask hm = kDrop ? HeadMask(drop, b, h) : HeadMask{};
     for (int i0 = j0; i0 < Sn; i0 += kKvQ) {  // query tiles above j0 see none of these keys
       __syncthreads();                        // the previous Q/dO tile is consumed (and K/V are staged)
       load_tiles<D, kKvQ>(Qs, qh, scale, dOs, doh, 1.0f, i0, S, q_stride);
       load_stats<kKvQ>(lse2_s, delta_s, lse, delta, bh, i0, S);
+      if constexpr (kDrop) tile_keep_bits<kKvQ, kThreads>(keep_s, drop, hm, i0, j0);
       __syncthreads();
 
       float st[kKvQ / 8][4] = {}, dpt[kKvQ / 8][4] = {};  // Sᵀ and dPᵀ: this warp's 16 keys × 32 queries
@@ -99,8 +106,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
           const int col = n * 8 + 2 * c + (e & 1);
           const int query = i0 + col, key = e < 2 ? key0 : key1;
           const float p = key > query ? 0.0f : exp2f(st[n][e] * kLog2e - lse2_s[col]);
-          st[n][e] = p;
-          dpt[n][e] = p * (dpt[n][e] - delta_s[col]);
+          if constexpr (kDrop) {  // P ⊙ Z for dV; dS = P ⊙ (Z ⊙ dP − Δ)
+            const float zf = ((keep_s[col] >> (key - j0)) & 1u) ? drop.keep : 0.0f;
+            st[n][e] = p * zf;
+            dpt[n][e] = p * (dpt[n][e] * zf - delta_s[col]);
+          } else {
+            st[n][e] = p;
+            dpt[n][e] = p * (dpt[n][e] - delta_s[col]);
+          }
         }
 #pragma unroll
       for (int kk = 0; kk < kKvQ / 16; kk++) {
@@ -142,16 +155,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   }
 }
 
-template <int D>
+template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dq_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
             const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
-            float* __restrict__ dq, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale) {
+            float* __restrict__ dq, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
+            const __grid_constant__ DropoutParams drop) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* dOs = Qs + kQRows * kStride<D>;
   __nv_bfloat16* Ks = dOs + kQRows * kStride<D>;
   __nv_bfloat16* Vs = Ks + kQKeys * kStride<D>;
+  uint64_t* keep_s = reinterpret_cast<uint64_t*>(Vs + kQKeys * kStride<D>);  // [kQRows] when kDrop
 
   const int Sn = static_cast<int>(S), tiles = (Sn + kQRows - 1) / kQRows;
   const int tile = tiles - 1 - static_cast<int>(blockIdx.y);  // longest rows first
@@ -160,6 +175,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
+  const HeadMask hm = kDrop ? HeadMask(drop, b, h) : HeadMask{};
   load_tiles<D, kQRows>(Qs, q + bh * D, scale, dOs, dout + bh * D, 1.0f, i0, S, q_stride);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -174,6 +190,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   for (int j0 = 0; j0 < kend; j0 += kQKeys) {
     __syncthreads();  // the previous K/V tile is consumed
     load_tiles<D, kQKeys>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, S, kv_stride);
+    if constexpr (kDrop) tile_keep_bits<kQRows, kThreads>(keep_s, drop, hm, i0, j0);
     __syncthreads();
 
     float s[kQKeys / 8][4] = {}, dp[kQKeys / 8][4] = {};
@@ -194,13 +211,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
       }
     }
     const bool diag = j0 + kQKeys - 1 > row_lo;
+    const uint64_t z0 = kDrop ? keep_s[warp * 16 + g] : 0, z1 = kDrop ? keep_s[warp * 16 + g + 8] : 0;
 #pragma unroll
     for (int n = 0; n < kQKeys / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
         const float p = diag && key > row ? 0.0f : exp2f(s[n][e] * kLog2e - (e < 2 ? lse2_0 : lse2_1));
-        dp[n][e] = p * (dp[n][e] - (e < 2 ? dl0 : dl1));  // dS, rounded to bf16 below
+        if constexpr (kDrop) {  // dS = P ⊙ (Z ⊙ dP − Δ)
+          const float zf = (((e < 2 ? z0 : z1) >> (key - j0)) & 1u) ? drop.keep : 0.0f;
+          dp[n][e] = p * (dp[n][e] * zf - (e < 2 ? dl0 : dl1));
+        } else {
+          dp[n][e] = p * (dp[n][e] - (e < 2 ? dl0 : dl1));  // dS, rounded to bf16 below
+        }
       }
 #pragma unroll
     for (int kk = 0; kk < kQKeys / 16; kk++) {

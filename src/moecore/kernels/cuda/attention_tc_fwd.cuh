@@ -4,28 +4,34 @@
 // MMAs, an online softmax in f32 (in log2 units, exp2), and O += bf16(P)·V̂. Q̂ = bf16(scale·q), K̂, V̂ = bf16 of the
 // f32 inputs, converted while the tiles are staged in shared memory: the CPU bf16 kernel's rounding points.
 // Deterministic: each output row has one writer and every sum runs in a fixed order.
+// kDrop: attention dropout (launch.h). The block draws each key tile's keep bits into shared memory (64 rows × 64
+// keys, the CPU's Philox coordinates: attention_dropout.cuh) while the tile loads; l sums the undropped P and
+// O += bf16(P ⊙ Z)·V̂, the CPU kernels' order of the multiply and the rounding.
 #pragma once
 
+#include "moecore/kernels/cuda/attention_dropout.cuh"
 #include "moecore/kernels/cuda/attention_tc_common.cuh"
 
 namespace moecore::launch::tc {
 
 constexpr int kBr = 64, kBc = 64;  // query rows and keys per tile
 
-template <int D>
+// With dropout, kBr 64-bit keep-bit rows follow the tiles.
+template <int D, bool kDrop = false>
 constexpr int fwd_smem_bytes() {
-  return (kBr + 2 * kBc) * kStride<D> * 2;
+  return (kBr + 2 * kBc) * kStride<D> * 2 + (kDrop ? kBr * 8 : 0);
 }
 
-template <int D>
+template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     fwd_tc_k(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-             float* __restrict__ o, float* __restrict__ lse, int64_t S, int64_t B, int64_t Nq, int64_t Nkv,
-             float scale) {
+             float* __restrict__ o, float* __restrict__ lse, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
+             const __grid_constant__ DropoutParams drop) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* Ks = Qs + kBr * kStride<D>;
   __nv_bfloat16* Vs = Ks + kBc * kStride<D>;
+  uint64_t* keep_s = reinterpret_cast<uint64_t*>(Vs + kBc * kStride<D>);  // [kBr] when kDrop
 
   // The longest rows (the last query tiles) start first, so the short ones fill the tail of the grid.
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loop saves registers.
@@ -36,6 +42,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const float* qh = q + (b * Nq + h) * D;
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
+  const HeadMask hm = kDrop ? HeadMask(drop, b, h) : HeadMask{};
 
   load_tile<D, kBr>(Qs, qh, scale, i0, S, q_stride);
   __syncthreads();
@@ -50,6 +57,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   for (int j0 = 0; j0 < kend; j0 += kBc) {
     __syncthreads();  // every warp is done with the previous K/V tile
     load_tiles<D, kBc>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, S, kv_stride);
+    if constexpr (kDrop) tile_keep_bits<kBr, kThreads>(keep_s, drop, hm, i0, j0);
     __syncthreads();
 
     float s[kBc / 8][4] = {};
@@ -105,6 +113,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
       s[n][3] = exp2f(s[n][3] - mx[1]);
       l[0] += s[n][0] + s[n][1];
       l[1] += s[n][2] + s[n][3];
+    }
+    if constexpr (kDrop) {  // P ⊙ Z: bit (key − j0) of this lane's two rows
+      const uint64_t z0 = keep_s[warp * 16 + g], z1 = keep_s[warp * 16 + g + 8];
+#pragma unroll
+      for (int n = 0; n < kBc / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int col = n * 8 + 2 * c + (e & 1);
+          s[n][e] *= (((e < 2 ? z0 : z1) >> col) & 1u) ? drop.keep : 0.0f;
+        }
     }
 
     // O += bf16(P)·V̂: the score fragments become A fragments without leaving registers.

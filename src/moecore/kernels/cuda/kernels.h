@@ -4,7 +4,8 @@
 // compute); GEMMs through cuBLASLt (handle, descriptors, algorithm and workspace cached per shape; gemm_batched in one
 // strided-batched call) with f32 or bf16 operands accumulating in f32 and an f32 output; the bf16 attention takes f32
 // tensors and rounds the GEMM operands inside, like the CPU one, and takes no RoPE (only the CPU's FlashNative kernel
-// applies it); attention dropout is refused on the GPU. Where the GPU has no fused kernel for a form the API offers,
+// applies it); attention dropout inside the kernels and hidden dropout on f32 rows (dropout.cu) draw the CPU's
+// keep bits, micro-batches of up to launch_dropout.h's kDropoutMaxSamples sequences. Where the GPU has no fused kernel for a form the API offers,
 // the wrapper composes it from the kernels it has: the norms run one kernel for f32 rows, a bf16 output is the f32
 // result cast, and the residual add of the _add forms and dres are add_ calls before and after the kernel (the CPU's
 // values, not fused); the fused cross-entropy is the forward, then the backward writing over the logits; the
@@ -21,6 +22,7 @@
 #include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cross_entropy.h"
+#include "moecore/kernels/dropout.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/grouped_gemm.h"
 #include "moecore/kernels/rope.h"

@@ -5,6 +5,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/cuda/dropout_params.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_attention_tc.h"
@@ -128,10 +129,7 @@ void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, 
 }
 
 namespace {
-void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, bool dropout_on) {
-  MOE_CHECK(!dropout_on,
-            "attention dropout is not supported by the CUDA backend (its Philox mask is generated on the CPU); use "
-            "--attention-dropout 0 with --device cuda, or --device cpu");
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
   MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
                  k.shape().str());
   MOE_ASSERT_SHAPE(k, {q.dim(0), q.dim(1), k.dim(2), q.dim(3)});
@@ -143,21 +141,25 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 }
 
 // round_bf16: the bf16 forms (f32 tensors, bf16 rounding inside).
+// Attention dropout (null or off: none) draws the CPU kernels' keep bits inside the kernels (launch.h).
 void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                   bool dropout_on, bool round_bf16) {
+                   const AttentionDropout* dropout, bool round_bf16) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
-  check_attention(q, k, v, lse, dropout_on);
+  check_attention(q, k, v, lse);
   MOE_ASSERT(o.shape() == q.shape());
+  const launch::DropoutParams drop = detail::attention_dropout_params(dropout, q.dim(1));
   launch::attention_forward(f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"), q.dim(0), q.dim(1),
-                            q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16, current_stream());
+                            q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16, drop,
+                            current_stream());
   check_launch("attention_forward");
 }
 
 void flash_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                    const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv, bool dropout_on,
-                    bool round_bf16) {
+                    const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                    const AttentionDropout* dropout, bool round_bf16) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
-  check_attention(q, k, v, lse, dropout_on);
+  check_attention(q, k, v, lse);
+  const launch::DropoutParams drop = detail::attention_dropout_params(dropout, q.dim(1));
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
   Tensor delta = Tensor::empty(lse.shape(), DType::F32, q.device());
@@ -170,13 +172,10 @@ void flash_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
   launch::attention_backward(f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"),
                              f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(),
                              part > 0 ? dkv_part.device_data<float>() : nullptr, S, B, Nq, Nkv, D,
-                             static_cast<float>(scale), round_bf16, current_stream());
+                             static_cast<float>(scale), round_bf16, drop, current_stream());
   check_launch("attention_backward");
 }
 
-bool dropping(const AttentionDropout* dropout) {
-  return dropout && dropout->on();
-}
 void require_no_rope(const AttentionRope* rope) {
   MOE_ASSERT_MSG(!rope, "only the CPU's FlashNative bf16 attention kernel applies RoPE itself");
 }
@@ -184,26 +183,26 @@ void require_no_rope(const AttentionRope* rope) {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                        const AttentionDropout* dropout) {
-  flash_forward(q, k, v, scale, o, lse, dropping(dropout), false);
+  flash_forward(q, k, v, scale, o, lse, dropout, false);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionDropout* dropout) {
-  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropping(dropout), false);
+  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, false);
 }
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                             const AttentionDropout* dropout, const AttentionRope* rope) {
   require_no_rope(rope);
-  flash_forward(q, k, v, scale, o, lse, dropping(dropout), true);
+  flash_forward(q, k, v, scale, o, lse, dropout, true);
 }
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout, const AttentionRope* rope) {
   require_no_rope(rope);
-  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropping(dropout), true);
+  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, true);
 }
 
 }  // namespace moecore::kernels::cuda

@@ -103,6 +103,9 @@ void adamw_multi_step(const std::vector<AdamWTensors>&, const AdamWParams&, int6
 void adamw_step_multi(std::vector<AdamWTensor>&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step_multi");
 }
+void dropout_forward(const Tensor&, const DropoutMask&, const std::vector<int64_t>&, int64_t, Tensor&) {
+  MOE_NO_CUDA_KERNEL("dropout_forward");
+}
 void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, const AttentionDropout*) {
   MOE_NO_CUDA_KERNEL("attention_forward");
 }

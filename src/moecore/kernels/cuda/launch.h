@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moecore/kernels/cuda/launch_dropout.h"
+
 namespace moecore::launch {
 
 void fill(float* p, float v, int64_t n, cudaStream_t s);
@@ -83,13 +85,16 @@ void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s);
 // Causal GQA attention, FlashAttention-2 style (online softmax, lse kept, recomputation in the backward),
 // q/o [S, B, Nq, D], k/v [S, B, Nkv, D], lse [B, Nq, S], all f32 in memory. round_bf16: q, k, v, P and dS are
 // rounded to bf16 where the CPU bf16 kernel rounds them. D ≤ 256. Deterministic: dK/dV and dQ each have one owner.
+// drop (on or not): attention dropout as kernels/attention.h's AttentionDropout, O = (P ⊙ Z)·V with the CPU's keep
+// bits (attention_dropout.cuh); lse stays the undropped softmax's, and backward regenerates Z.
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
-                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, cudaStream_t s);
+                       int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16, const DropoutParams& drop,
+                       cudaStream_t s);
 // dkv_scratch: launch_attention_tc.h's attention_tc_dkv_part_floats(...) floats where the tensor-core path applies
 // (the partial dK/dV of split query heads; null when that is 0).
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
                         const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, float* dkv_scratch,
                         int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
-                        cudaStream_t s);
+                        const DropoutParams& drop, cudaStream_t s);
 
 }  // namespace moecore::launch

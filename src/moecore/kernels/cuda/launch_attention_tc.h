@@ -9,19 +9,22 @@
 
 #include <cstdint>
 
+#include "moecore/kernels/cuda/launch_dropout.h"
+
 namespace moecore::launch {
 
 // The tensor-core path covers round_bf16 with D ∈ {64, 128} and S ≤ 65535·64 (one grid row per 64-row tile).
 bool attention_tc_supported(int64_t S, int64_t B, int64_t Nq, int64_t D, bool round_bf16);
 
 // bf16 operands (q̂ = bf16(scale·q), k̂, v̂, P; dÔ and dS in the backward), f32 accumulation; lse in natural units.
+// drop: attention dropout (launch.h), P ⊙ Z rounded to bf16 as the CPU bf16 kernels round it.
 void attention_tc_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S, int64_t B,
-                          int64_t Nq, int64_t Nkv, int64_t D, float scale, cudaStream_t s);
+                          int64_t Nq, int64_t Nkv, int64_t D, float scale, const DropoutParams& drop, cudaStream_t s);
 // delta = rowsum(dout ⊙ o) must already be in place (attention_delta). dK/dV and dQ are written, not accumulated.
 // dkv_part: attention_tc_dkv_part_floats(...) floats of scratch (null when that is 0).
 void attention_tc_backward(const float* dout, const float* q, const float* k, const float* v, const float* lse,
                            const float* delta, float* dq, float* dk, float* dv, float* dkv_part, int64_t S, int64_t B,
-                           int64_t Nq, int64_t Nkv, int64_t D, float scale, cudaStream_t s);
+                           int64_t Nq, int64_t Nkv, int64_t D, float scale, const DropoutParams& drop, cudaStream_t s);
 
 // How many blocks share one key tile's dK/dV by splitting the group's query heads: doubled (dividing the group)
 // until the dK/dV grid has 2048 blocks. With one sequence under GQA (B 1, 32/4 heads, S 4096: 4 kv heads × 64 key
@@ -47,10 +50,10 @@ void attention_delta(const float* dout, const float* o, float* delta, int64_t S,
 // The warp-per-row kernels (f32 or bf16-rounded, D ≤ 256): the fallback, and the reference the tests compare with.
 void attention_rowwise_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t S,
                                int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
-                               cudaStream_t s);
+                               const DropoutParams& drop, cudaStream_t s);
 void attention_rowwise_backward(const float* dout, const float* q, const float* k, const float* v, const float* o,
                                 const float* lse, float* dq, float* dk, float* dv, float* delta_scratch, int64_t S,
                                 int64_t B, int64_t Nq, int64_t Nkv, int64_t D, float scale, bool round_bf16,
-                                cudaStream_t s);
+                                const DropoutParams& drop, cudaStream_t s);
 
 }  // namespace moecore::launch

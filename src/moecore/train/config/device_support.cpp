@@ -5,15 +5,17 @@
 
 #include "moecore/core/error.h"
 #include "moecore/device/device_select.h"
+#include "moecore/kernels/dropout_philox.h"
 
 namespace moecore::train {
 
 std::string gpu_training_gap(const TrainConfig& c) {
   auto gap = [](const std::string& what) { return what + " is not supported by moecore on the GPU yet"; };
   if (c.context_parallel_size > 1) return gap("--context-parallel-size > 1 (context parallelism)");
-  if (c.hidden_dropout > 0 || c.attention_dropout > 0)
-    return gap(fmt::format("dropout (--hidden-dropout {} --attention-dropout {}; Megatron's defaults are 0.1: pass 0)",
-                           c.hidden_dropout, c.attention_dropout));
+  // The GPU's dropout kernels carry the micro-batch's sample indices in their launch arguments.
+  if ((c.hidden_dropout > 0 || c.attention_dropout > 0) && c.micro_batch_size > kernels::dropout_philox::kMaxGpuSamples)
+    return gap(fmt::format("dropout with --micro-batch-size {} (above {}: use smaller micro-batches)",
+                           c.micro_batch_size, kernels::dropout_philox::kMaxGpuSamples));
   if (c.optimizer != "adam") return gap("--optimizer " + c.optimizer);
   if (c.use_precision_aware_optimizer) return gap("--use-precision-aware-optimizer");
   if (c.log_num_zeros_in_grad) return gap("--log-num-zeros-in-grad");
