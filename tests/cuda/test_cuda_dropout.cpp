@@ -79,7 +79,7 @@ TEST(CudaDropout, HiddenDropoutModuleRunsOnGpuTensors) {
   EXPECT_TRUE(bitwise_equal(gdx, dx));
 }
 
-struct AttnCase {
+struct DropoutAttnCase {
   int64_t S, B, Nq, Nkv, D;
   int64_t seq_offset, key_offset;
   std::string str() const {
@@ -93,7 +93,7 @@ struct AttnOut {
   Tensor o, lse, dq, dk, dv;
 };
 
-AttnOut run_attention(const AttnCase& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+AttnOut run_attention(const DropoutAttnCase& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                       const AttentionDropout* drop, bool bf16, Device dev) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   AttnOut r{Tensor::empty(q.shape(), DType::F32, dev), Tensor::empty({c.B, c.Nq, c.S}, DType::F32, dev),
@@ -115,12 +115,12 @@ AttnOut run_attention(const AttnCase& c, const Tensor& q, const Tensor& k, const
 void attention_dropout_matches_the_cpu(bool bf16) {
   const double tol = bf16 ? 2e-2 : 1e-5;
   const std::vector<int64_t> samples = {21, (int64_t{3} << 32) | 1};
-  const std::vector<AttnCase> cases = bf16 ? std::vector<AttnCase>{{130, 2, 4, 2, 64, 0, -1},
+  const std::vector<DropoutAttnCase> cases = bf16 ? std::vector<DropoutAttnCase>{{130, 2, 4, 2, 64, 0, -1},
                                                                    {200, 1, 8, 1, 128, 0, -1},
                                                                    {70, 2, 2, 1, 64, 13, 130},
                                                                    {70, 2, 2, 1, 32, 0, -1}}
-                                           : std::vector<AttnCase>{{70, 2, 4, 2, 32, 0, -1}, {130, 1, 2, 2, 64, 5, 3}};
-  for (const AttnCase& c : cases) {
+                                           : std::vector<DropoutAttnCase>{{70, 2, 4, 2, 32, 0, -1}, {130, 1, 2, 2, 64, 5, 3}};
+  for (const DropoutAttnCase& c : cases) {
     AttentionDropout drop;
     drop.mask = DropoutMask::make(7, 0x5151, 0.1);
     drop.sample_B = samples.data();

@@ -5,14 +5,15 @@
 // strided-batched call) with f32 or bf16 operands accumulating in f32 and an f32 output; the bf16 attention takes f32
 // tensors and rounds the GEMM operands inside, like the CPU one, and takes no RoPE (only the CPU's FlashNative kernel
 // applies it); attention dropout inside the kernels and hidden dropout on f32 rows (dropout.cu) draw the CPU's
-// keep bits, micro-batches of up to launch_dropout.h's kDropoutMaxSamples sequences. Where the GPU has no fused kernel for a form the API offers,
-// the wrapper composes it from the kernels it has: the norms run one kernel for f32 rows, a bf16 output is the f32
-// result cast, and the residual add of the _add forms and dres are add_ calls before and after the kernel (the CPU's
-// values, not fused); the fused cross-entropy is the forward, then the backward writing over the logits; the
-// vocab-parallel cross-entropy all-reduces host copies of its [T] statistics (host-staged MPI); adamw_step_multi is
-// one adamw_step per tensor, each with its own weight decay (param_bf16 is a CPU copy and is not written here); the
-// segment biases launch once per segment with rows (the experts' rows, known on the host), y f32 and dy f32 or bf16.
-// A CPU-only build defines these in kernels/cuda/*_unavailable.cpp (they throw: no cuda tensor can exist there).
+// keep bits, micro-batches of up to launch_dropout.h's kDropoutMaxSamples sequences. Where the GPU has no fused kernel
+// for a form the API offers, the wrapper composes it from the kernels it has: the norms run one kernel for f32 rows, a
+// bf16 output is the f32 result cast, and the residual add of the _add forms and dres are add_ calls before and after
+// the kernel (the CPU's values, not fused); the fused cross-entropy is the forward, then the backward writing over the
+// logits; the vocab-parallel cross-entropy all-reduces host copies of its [T] statistics (host-staged MPI);
+// adamw_step_multi is one adamw_step per tensor, each with its own weight decay (param_bf16 is a CPU copy and is not
+// written here); the segment biases launch once per segment with rows (the experts' rows, known on the host), y f32 and
+// dy f32 or bf16. A CPU-only build defines these in kernels/cuda/*_unavailable.cpp (they throw: no cuda tensor can
+// exist there).
 #pragma once
 
 #include <vector>
