@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
 
 namespace moecore::testing {
@@ -24,6 +25,17 @@ inline nn::GPTConfig small_gpt(const GptShape& s) {
   c.vocab_size = s.vocab;
   c.max_seq_len = s.max_seq;
   c.init_method_std = s.init_std;
+  return c;
+}
+
+// Megatron's test_sequential_mlp MoE layer: H 12, 2 experts, top-1 with pre-softmax, SwiGLU's FFN 48.
+inline moe::MoELayerConfig sequential_mlp_moe() {
+  moe::MoELayerConfig c;
+  c.router.hidden = 12;
+  c.router.num_experts = 2;
+  c.router.topk = 1;
+  c.router.pre_softmax = true;
+  c.ffn_hidden = 48;
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 
@@ -23,6 +24,15 @@ inline Tensor randn(const Shape& s, DType dt, uint64_t stream, double std = 1.0)
   Tensor t = Tensor::empty(s, dt);
   Philox rng(42, stream);
   for (int64_t i = 0; i < t.numel(); i++) t.set_item(i, std * rng.normal(static_cast<uint64_t>(i)));
+  return t;
+}
+
+// A tensor of shape s and dtype dt holding the values v in order (as many as it has elements).
+inline Tensor tensor_of(const Shape& s, DType dt, std::initializer_list<double> v) {
+  Tensor t = Tensor::empty(s, dt);
+  int64_t i = 0;
+  for (double x : v) t.set_item(i++, x);
+  EXPECT_EQ(i, t.numel());
   return t;
 }
 

@@ -115,11 +115,12 @@ AttnOut run_attention(const DropoutAttnCase& c, const Tensor& q, const Tensor& k
 void attention_dropout_matches_the_cpu(bool bf16) {
   const double tol = bf16 ? 2e-2 : 1e-5;
   const std::vector<int64_t> samples = {21, (int64_t{3} << 32) | 1};
-  const std::vector<DropoutAttnCase> cases = bf16 ? std::vector<DropoutAttnCase>{{130, 2, 4, 2, 64, 0, -1},
-                                                                   {200, 1, 8, 1, 128, 0, -1},
-                                                                   {70, 2, 2, 1, 64, 13, 130},
-                                                                   {70, 2, 2, 1, 32, 0, -1}}
-                                           : std::vector<DropoutAttnCase>{{70, 2, 4, 2, 32, 0, -1}, {130, 1, 2, 2, 64, 5, 3}};
+  const std::vector<DropoutAttnCase> cases =
+      bf16 ? std::vector<DropoutAttnCase>{{130, 2, 4, 2, 64, 0, -1},
+                                          {200, 1, 8, 1, 128, 0, -1},
+                                          {70, 2, 2, 1, 64, 13, 130},
+                                          {70, 2, 2, 1, 32, 0, -1}}
+           : std::vector<DropoutAttnCase>{{70, 2, 4, 2, 32, 0, -1}, {130, 1, 2, 2, 64, 5, 3}};
   for (const DropoutAttnCase& c : cases) {
     AttentionDropout drop;
     drop.mask = DropoutMask::make(7, 0x5151, 0.1);

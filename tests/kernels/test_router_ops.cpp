@@ -7,25 +7,18 @@
 #include <initializer_list>
 
 #include "moecore/kernels/router.h"
+#include "test_util.h"
 
 namespace moecore {
 namespace {
-
-Tensor router_tensor(const Shape& s, DType dt, std::initializer_list<double> v) {
-  Tensor t = Tensor::empty(s, dt);
-  int64_t i = 0;
-  for (double x : v) t.set_item(i++, x);
-  EXPECT_EQ(i, t.numel());
-  return t;
-}
 
 TEST(RouterOps, AuxCountsPerClassHandComputed) {
   // T = 4 tokens in G = 2 classes (t mod 2), E = 3, K = 2.
   // Class 0 = tokens 0, 2: top {0, 1}, {1, 2} -> c = [1, 2, 1]; Σa = [0.5 + 0.1, 0.25 + 0.6, 0.25 + 0.3].
   // Class 1 = tokens 1, 3: top {2, 0}, {2, 1} -> c = [1, 1, 2]; Σa = [0.2 + 0.125, 0.3 + 0.375, 0.5 + 0.5].
   for (DType dt : {DType::F32, DType::F64}) {
-    const Tensor a = router_tensor({4, 3}, dt, {0.5, 0.25, 0.25, 0.2, 0.3, 0.5, 0.1, 0.6, 0.3, 0.125, 0.375, 0.5});
-    const Tensor top = router_tensor({4, 2}, DType::I32, {0, 1, 2, 0, 1, 2, 2, 1});
+    const Tensor a = testing::tensor_of({4, 3}, dt, {0.5, 0.25, 0.25, 0.2, 0.3, 0.5, 0.1, 0.6, 0.3, 0.125, 0.375, 0.5});
+    const Tensor top = testing::tensor_of({4, 2}, DType::I32, {0, 1, 2, 0, 1, 2, 2, 1});
     Tensor cnt = Tensor::empty({6}, DType::F64), agg = Tensor::empty({6}, DType::F64);
     kernels::router_aux_counts(a, top, 2, cnt, agg);
     const double c[6] = {1, 2, 1, 1, 1, 2};
@@ -46,14 +39,14 @@ TEST(RouterOps, AuxCountsPerClassHandComputed) {
 
 TEST(RouterOps, AddClassCoefAccumulatesPerClass) {
   // T = 3, E = 2, G = 2: tokens 0 and 2 take class 0's row, token 1 class 1's, added to what is there.
-  Tensor da = router_tensor({3, 2}, DType::F64, {1, 1, 1, 1, 1, 1});
-  kernels::router_add_class_coef(da, router_tensor({4}, DType::F64, {0.5, 0.25, -2, 4}));
+  Tensor da = testing::tensor_of({3, 2}, DType::F64, {1, 1, 1, 1, 1, 1});
+  kernels::router_add_class_coef(da, testing::tensor_of({4}, DType::F64, {0.5, 0.25, -2, 4}));
   const double want[6] = {1.5, 1.25, -1, 5, 1.5, 1.25};
   for (int i = 0; i < 6; i++) EXPECT_EQ(da.item(i), want[i]) << i;
 }
 
 TEST(RouterOps, ExpertCountsSkipDroppedIds) {
-  const Tensor ids = router_tensor({3, 2}, DType::I32, {2, 0, -1, 2, 2, -1});
+  const Tensor ids = testing::tensor_of({3, 2}, DType::I32, {2, 0, -1, 2, 2, -1});
   Tensor counts = Tensor::empty({3}, DType::F64);
   counts.set_item(1, 7);  // overwritten, not added to
   kernels::router_expert_counts(ids, counts);
@@ -63,14 +56,14 @@ TEST(RouterOps, ExpertCountsSkipDroppedIds) {
 }
 
 TEST(RouterOps, MaskIdsAndJitterMultiply) {
-  const Tensor idx = router_tensor({2, 2}, DType::I32, {3, 1, 0, 2});
-  const Tensor kept = router_tensor({2, 2}, DType::I32, {1, 0, 0, 1});
+  const Tensor idx = testing::tensor_of({2, 2}, DType::I32, {3, 1, 0, 2});
+  const Tensor kept = testing::tensor_of({2, 2}, DType::I32, {1, 0, 0, 1});
   Tensor ids = Tensor::empty({2, 2}, DType::I32);
   kernels::router_mask_ids(idx, kept, ids);
   const double want[4] = {3, -1, -1, 2};
   for (int i = 0; i < 4; i++) EXPECT_EQ(ids.item(i), want[i]) << i;
-  Tensor x = router_tensor({3}, DType::F32, {2, -1, 0.5});
-  kernels::router_mul_(x, router_tensor({3}, DType::F32, {0.5, 3, -4}));
+  Tensor x = testing::tensor_of({3}, DType::F32, {2, -1, 0.5});
+  kernels::router_mul_(x, testing::tensor_of({3}, DType::F32, {0.5, 3, -4}));
   EXPECT_EQ(x.item(0), 1.0);
   EXPECT_EQ(x.item(1), -3.0);
   EXPECT_EQ(x.item(2), -2.0);
@@ -83,7 +76,7 @@ TEST(RouterOps, RowsSumEntropyAndSquaredLogsumexp) {
   rule.K = 1;
   rule.pre_softmax = true;
   kernels::RouterRows r;
-  r.used_TE = router_tensor({2, 2}, DType::F64, {0, l3, 1, 1});
+  r.used_TE = testing::tensor_of({2, 2}, DType::F64, {0, l3, 1, 1});
   r.logits_TE = r.used_TE;
   r.idx_TK = Tensor::empty({2, 1}, DType::I32);
   r.p_TK = Tensor::empty({2, 1}, DType::F64);

@@ -18,11 +18,7 @@ namespace moecore {
 namespace {
 
 Tensor f64(int64_t rows, int64_t cols, std::initializer_list<double> v) {
-  Tensor t = Tensor::empty({rows, cols}, DType::F64);
-  int64_t i = 0;
-  for (double x : v) t.set_item(i++, x);
-  EXPECT_EQ(i, rows * cols);
-  return t;
+  return testing::tensor_of({rows, cols}, DType::F64, v);
 }
 
 Tensor i32(int64_t rows, int64_t cols, std::initializer_list<int> v) {

@@ -5,6 +5,7 @@
 // rules of the new parameters. Training with biases: tests/moe/test_expert_biases_train.cpp.
 #include <gtest/gtest.h>
 
+#include "model_util.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/optim/muon.h"
@@ -271,12 +272,7 @@ TEST(MoELayerBias, RouterBiasUnderAnF64RouterDtype) {
 // drawn like its weight; no weight decay; expert parallel; Adam's, not Muon's.
 TEST(MoELayerBias, ParametersNamesCountsAndOptimizerRules) {
   nn::ParamRegistry reg;
-  moe::MoELayerConfig c;
-  c.router.hidden = 12;
-  c.router.num_experts = 2;
-  c.router.topk = 1;
-  c.router.pre_softmax = true;
-  c.ffn_hidden = 48;
+  moe::MoELayerConfig c = testing::sequential_mlp_moe();
   c.bias = true;
   moe::MoELayer layer(reg, "mlp", c);
   reg.initialize(1);

@@ -166,12 +166,7 @@ TEST(GroupedExperts, LongReductionWidthBuildsAndRuns) {
 TEST(GroupedExperts, ParameterCountMatchesMegatron) {
   // Megatron test_sequential_mlp: H=12, E=2, SwiGLU, ffn=48 → 3480 parameters (router 24 + 2·(12·96 + 48·12)).
   nn::ParamRegistry reg;
-  moe::MoELayerConfig c;
-  c.router.hidden = 12;
-  c.router.num_experts = 2;
-  c.router.topk = 1;
-  c.router.pre_softmax = true;
-  c.ffn_hidden = 48;
+  moe::MoELayerConfig c = testing::sequential_mlp_moe();
   moe::MoELayer layer(reg, "mlp", c);
   EXPECT_EQ(reg.numel(), 3480);
 }
