@@ -231,8 +231,9 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, 
   auto qi = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nq + h) * D; };
   auto ki = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nkv + h) * D; };
 
-  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), fwd_smem_bytes<D, kDrop>(),
-         [&] { fwd_tc_k<D, kDrop>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, scale, drop); });
+  launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), fwd_smem_bytes<D, kDrop>(), [&] {
+    fwd_tc_k<D, kDrop>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, S, 0, B, Nq, Nkv, scale, drop);
+  });
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Nq; h++)
       for (int64_t i = 0; i < S; i++) {
@@ -241,8 +242,8 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, 
         delta[(b * Nq + h) * S + i] = acc;
       }
   launch(dim3(unsigned(B * Nkv), unsigned((S + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
-    dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, B,
-                       Nq, Nkv, scale, 1, 0, drop);
+    dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, S,
+                       0, B, Nq, Nkv, scale, 1, 0, drop);
   });
   // The group's query heads split over `splits` blocks per key tile (attention_tc_bwd.cu): partial dK/dV per split,
   // added in split order as the launcher's sum_splits_k does.
@@ -252,7 +253,7 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, 
     std::vector<float> pk(splits * nkv, nan), pv(splits * nkv, nan);
     launch(dim3(unsigned(B * Nkv * splits), unsigned((S + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
       dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), pk.data(), pv.data(), S,
-                         B, Nq, Nkv, scale, splits, int64_t(nkv), drop);
+                         S, 0, B, Nq, Nkv, scale, splits, int64_t(nkv), drop);
     });
     for (size_t i = 0; i < nkv; i++) {
       float a = pk[i], b = pv[i];
@@ -261,8 +262,8 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, 
     }
   }
   launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), dq_smem_bytes<D, kDrop>(), [&] {
-    dq_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dq.data(), S, B, Nq, Nkv,
-                      scale, drop);
+    dq_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dq.data(), S, S, 0, B, Nq,
+                      Nkv, scale, 0, drop);
   });
 
   // Reference: Q̂ = bf16(scale·q), K̂, V̂, dÔ bf16; P ⊙ Z (normalized) and dS rounded to bf16; sums in double.
@@ -338,6 +339,122 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, 
       kDrop ? (changed > 5e-2 ? "; o moved by the mask" : "; DROPOUT CHANGED NOTHING") : "");
   return ok;
 }
+
+// A block of context parallelism (launch_attention_tc.h AttentionSpan): Sq query rows at global positions q0.. against
+// Sk keys at k0.. (key visible when its position is at or before the row's), dq accumulated onto its prior contents,
+// rows that see no key o 0 and lse −inf. The reference is the bf16-rounded one above restricted to the visible keys,
+// with the dropout mask of the global positions (base + q0 + i, base + k0 + j), as the CPU's block form draws it.
+template <int D, bool kDrop = false>
+bool run_block_case(int64_t Sq, int64_t Sk, int64_t q0, int64_t k0, int64_t B, int64_t Nq, int64_t Nkv,
+                    double p_drop = 0, int64_t base = 0) {
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t off = q0 - k0, G = Nq / Nkv;
+  DropoutParams drop;
+  const int64_t samples[2] = {5, (int64_t{1} << 32) | 9};
+  if (kDrop) {
+    drop.on = 1;
+    drop.threshold = static_cast<uint32_t>(std::round(p_drop * 4294967296.0));
+    drop.keep = static_cast<float>(1.0 / (1.0 - p_drop));
+    drop.key = moecore::kernels::dropout_philox::site_key(77, 0xA7);
+    drop.head_offset = 1;
+    drop.row_offset = base + q0;
+    drop.col_offset = base + k0;
+    drop.samples = B;
+    for (int64_t b = 0; b < B; b++) drop.sample[b] = samples[b];
+  }
+  const size_t nq = Sq * B * Nq * D, nkv = Sk * B * Nkv * D, nl = B * Nq * Sq;
+  const auto q = random(nq, 11), k = random(nkv, 12), v = random(nkv, 13), dout = random(nq, 14), dq0 = random(nq, 15);
+  auto qi = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nq + h) * D; };
+  auto ki = [&](int64_t s, int64_t b, int64_t h) { return ((s * B + b) * Nkv + h) * D; };
+  auto seen = [&](int64_t i, int64_t j) { return j <= i + off; };
+  namespace dp = moecore::kernels::dropout_philox;
+  auto z = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (!kDrop) return 1.0;
+    const uint64_t key = dp::sub_key(drop.key, uint64_t(drop.head_offset + h)), col = uint64_t(base + k0 + j);
+    return (dp::keep_nibble(key, drop.threshold, uint64_t(samples[b]), uint64_t(base + q0 + i), col / 4) >> (col % 4)) &
+                   1u
+               ? double(drop.keep)
+               : 0.0;
+  };
+  // Reference forward.
+  std::vector<double> ro(nq, 0), rl(nl, -INFINITY), sc(Sk);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Nq; h++)
+      for (int64_t i = 0; i < Sq; i++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < Sk && seen(i, j); j++) {
+          double s = 0;
+          for (int d = 0; d < D; d++) s += double(rb(q[qi(i, b, h) + d] * scale)) * rb(k[ki(j, b, h / G) + d]);
+          sc[j] = s;
+          mx = std::max(mx, s);
+        }
+        if (mx == -INFINITY) continue;
+        for (int64_t j = 0; j < Sk && seen(i, j); j++) sum += std::exp(sc[j] - mx);
+        rl[(b * Nq + h) * Sq + i] = mx + std::log(sum);
+        for (int64_t j = 0; j < Sk && seen(i, j); j++)
+          for (int d = 0; d < D; d++)
+            ro[qi(i, b, h) + d] +=
+                double(rb(float(std::exp(sc[j] - mx) / sum * z(b, h, i, j)))) * rb(v[ki(j, b, h / G) + d]);
+      }
+  const float nan = std::nanf("");
+  std::vector<float> o(nq, nan), lse(nl, nan), dq = dq0, dk(nkv, nan), dv(nkv, nan), delta(nl, nan);
+  launch(dim3(unsigned(B * Nq), unsigned((Sq + 63) / 64)), fwd_smem_bytes<D, kDrop>(), [&] {
+    fwd_tc_k<D, kDrop>(q.data(), k.data(), v.data(), o.data(), lse.data(), Sq, Sk, off, B, Nq, Nkv, scale, drop);
+  });
+  // Backward against a final (o, lse): this block's own, as when it is the row's only block.
+  std::vector<float> lse_f(nl);
+  for (size_t x = 0; x < nl; x++) lse_f[x] = std::isfinite(lse[x]) ? lse[x] : 0.0f;  // rows with no key: any finite
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Nq; h++)
+      for (int64_t i = 0; i < Sq; i++) {
+        float acc = 0;
+        for (int d = 0; d < D; d++) acc += dout[qi(i, b, h) + d] * o[qi(i, b, h) + d];
+        delta[(b * Nq + h) * Sq + i] = acc;
+      }
+  launch(dim3(unsigned(B * Nkv), unsigned((Sk + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
+    dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse_f.data(), delta.data(), dk.data(), dv.data(), Sq,
+                       Sk, off, B, Nq, Nkv, scale, 1, 0, drop);
+  });
+  launch(dim3(unsigned(B * Nq), unsigned((Sq + 63) / 64)), dq_smem_bytes<D, kDrop>(), [&] {
+    dq_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse_f.data(), delta.data(), dq.data(), Sq, Sk, off, B,
+                      Nq, Nkv, scale, 1, drop);
+  });
+  std::vector<double> rdq(dq0.begin(), dq0.end()), rdk(nkv, 0), rdv(nkv, 0);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Nq; h++)
+      for (int64_t i = 0; i < Sq; i++) {
+        const double l = lse_f[(b * Nq + h) * Sq + i], dl = delta[(b * Nq + h) * Sq + i];
+        for (int64_t j = 0; j < Sk && seen(i, j); j++) {
+          double s = 0, dpv = 0;
+          for (int d = 0; d < D; d++) {
+            s += double(rb(q[qi(i, b, h) + d] * scale)) * rb(k[ki(j, b, h / G) + d]);
+            dpv += double(rb(dout[qi(i, b, h) + d])) * rb(v[ki(j, b, h / G) + d]);
+          }
+          const double pj = std::exp(s - l), zj = z(b, h, i, j), ds = rb(float(pj * (dpv * zj - dl)));
+          for (int d = 0; d < D; d++) {
+            rdq[qi(i, b, h) + d] += scale * ds * rb(k[ki(j, b, h / G) + d]);
+            rdk[ki(j, b, h / G) + d] += ds * rb(q[qi(i, b, h) + d] * scale);
+            rdv[ki(j, b, h / G) + d] += double(rb(float(pj * zj))) * rb(dout[qi(i, b, h) + d]);
+          }
+        }
+      }
+  bool lse_ok = true;  // −inf exactly where a row sees no key
+  for (size_t x = 0; x < nl; x++) lse_ok &= (rl[x] == -INFINITY) == (lse[x] == -INFINITY);
+  std::vector<float> lse_cmp(nl);
+  std::vector<double> rl_cmp(nl);
+  for (size_t x = 0; x < nl; x++) {
+    lse_cmp[x] = std::isfinite(lse[x]) ? lse[x] : 0.0f;
+    rl_cmp[x] = std::isfinite(rl[x]) ? rl[x] : 0.0;
+  }
+  const double eo = rel(o, ro), el = rel(lse_cmp, rl_cmp), eq = rel(dq, rdq), ek = rel(dk, rdk), ev = rel(dv, rdv);
+  const bool ok = lse_ok && eo < 2e-2 && el < 2e-2 && eq < 2e-2 && ek < 2e-2 && ev < 2e-2;
+  std::printf(
+      "%s block Sq=%lld@%lld Sk=%lld@%lld B=%lld Nq=%lld Nkv=%lld D=%d%s: o %.2e lse %.2e%s dq(+=) %.2e dk %.2e "
+      "dv %.2e\n",
+      ok ? "ok  " : "FAIL", (long long)Sq, (long long)q0, (long long)Sk, (long long)k0, (long long)B, (long long)Nq,
+      (long long)Nkv, D, kDrop ? " dropout" : "", eo, el, lse_ok ? "" : " (-inf rows WRONG)", eq, ek, ev);
+  return ok;
+}
 }  // namespace
 
 int main() {
@@ -354,6 +471,13 @@ int main() {
   ok &= run_case<64, true>(130, 2, 4, 2, 0.1);
   ok &= run_case<128, true>(70, 1, 2, 1, 0.3, 3);
   ok &= run_case<64, true>(100, 1, 8, 1, 0.5, 64);
+  // Context parallelism's blocks: a whole chunk below the diagonal, a later chunk's diagonal, keys partly past the
+  // rows (rows that see no key), unaligned positions; with dropout keyed by global positions.
+  ok &= run_block_case<64>(64, 64, 128, 0, 1, 2, 1);
+  ok &= run_block_case<64>(70, 90, 30, 50, 1, 2, 2);
+  ok &= run_block_case<128>(33, 100, 90, 3, 1, 2, 1);
+  ok &= run_block_case<64, true>(50, 70, 65, 1, 2, 2, 1, 0.2, 6);
+  ok &= run_block_case<128, true>(40, 40, 40, 40, 1, 1, 1, 0.3, 10);
   std::printf(ok ? "all cases pass\n" : "FAILURES\n");
   return ok ? 0 : 1;
 }

@@ -1,5 +1,6 @@
 // Host emulation of the CUDA kernels that have no tensor cores (col_reduce.cu, norm_bias.cu, elementwise.cu,
-// embedding_bwd.cu, dropout.cu, attention.cu's warp-per-row attention), for machines without a GPU: blocks run one at a
+// embedding_bwd.cu, dropout.cu, attention.cu's warp-per-row attention and its blocks at global positions,
+// attention_merge.cu), for machines without a GPU: blocks run one at a
 // time, each CUDA thread a std::thread, __syncthreads a block barrier, __shfl_xor_sync an exchange through per-warp
 // slots, __shared__ a static (one block at a time). The kernels' own source is compiled after cuda_kernels_emulate.py
 // rewrites their launches; results are checked against f64 host references (1e-5), the embedding backward bitwise
@@ -92,12 +93,12 @@ namespace moecore::launch {
 bool attention_tc_supported(int64_t, int64_t, int64_t, int64_t, bool) {
   return false;
 }
-void attention_tc_forward(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                          int64_t, float, const DropoutParams&, cudaStream_t) {
+void attention_tc_forward(const float*, const float*, const float*, float*, float*, const AttentionSpan&, int64_t,
+                          int64_t, int64_t, int64_t, float, const DropoutParams&, cudaStream_t) {
   std::abort();
 }
 void attention_tc_backward(const float*, const float*, const float*, const float*, const float*, const float*, float*,
-                           float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                           float*, float*, float*, const AttentionSpan&, int64_t, int64_t, int64_t, int64_t, float,
                            const DropoutParams&, cudaStream_t) {
   std::abort();
 }
@@ -275,6 +276,135 @@ double attention_rowwise_case(long S, long B, long Nq, long Nkv, long D, double 
   return changed > 5e-2 ? e : 1e9;  // dropout must change the output
 }
 
+// A block of context parallelism on the warp-per-row kernels (launch_attention_tc.h AttentionSpan): Sq query rows at
+// global positions q0.. against Sk keys at k0.., with dropout keyed by the global positions (base + q0 + i,
+// base + k0 + j) as the CPU's block form draws it, dq accumulated onto its prior contents, against an f64 reference
+// (rows that see no key: o 0, lse −inf). Then the split of the same keys into two blocks merged by attention_merge.cu
+// against the one block (the online softmax across blocks).
+double attention_block_case(long Sq, long Sk, long q0, long k0, long B, long Nq, long Nkv, long D, double p,
+                            bool rnd_bf16, long base, double* merge_err) {
+  const int64_t samples[2] = {3, (int64_t{7} << 32) | 2};
+  DropoutParams d = p > 0 ? dropout_params(5, 0x77, p, B, samples) : DropoutParams{};
+  if (p > 0) {
+    d.head_offset = 2;
+    d.row_offset = base + q0;
+    d.col_offset = base + k0;
+  }
+  const long off = q0 - k0, G = Nq / Nkv;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const long nq = Sq * B * Nq * D, nkv = Sk * B * Nkv * D, nl = B * Nq * Sq;
+  auto q = rnd(nq, 41), k = rnd(nkv, 42), v = rnd(nkv, 43), dout = rnd(nq, 44), dq0 = rnd(nq, 45);
+  std::vector<float> o(nq, NAN), lse(nl, NAN), dq = dq0, dk(nkv, NAN), dv(nkv, NAN), delta(nl, NAN);
+  const AttentionSpan sp{Sq, Sk, off, 1};
+  attention_rowwise_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), sp, B, Nq, Nkv, D, scale, rnd_bf16, d,
+                            nullptr);
+  // The backward against this block's own (o, lse); rows that see no key get a finite lse (they have no term).
+  std::vector<float> lse_f(lse);
+  for (auto& x : lse_f)
+    if (!std::isfinite(x)) x = 0;
+  attention_rowwise_backward(dout.data(), q.data(), k.data(), v.data(), o.data(), lse_f.data(), dq.data(), dk.data(),
+                             dv.data(), delta.data(), sp, B, Nq, Nkv, D, scale, rnd_bf16, d, nullptr);
+  auto r = [&](float x) { return rnd_bf16 ? double(__bfloat162float(__float2bfloat16_rn(x))) : double(x); };
+  auto qi = [&](long s, long b, long h) { return ((s * B + b) * Nq + h) * D; };
+  auto ki = [&](long s, long b, long h) { return ((s * B + b) * Nkv + h) * D; };
+  std::vector<double> ro(nq, 0), rl(nl, -INFINITY), rdq(dq0.begin(), dq0.end()), rdk(nkv, 0), rdv(nkv, 0), pr(Sk),
+      z(Sk);
+  bool empty_rows_ok = true;
+  for (long b = 0; b < B; b++)
+    for (long h = 0; h < Nq; h++) {
+      const HeadMask m = p > 0 ? HeadMask(d, b, h) : HeadMask{};
+      for (long i = 0; i < Sq; i++) {
+        const long jend = std::clamp(i + off + 1, 0L, Sk);
+        const long row = (b * Nq + h) * Sq + i;
+        if (jend == 0) {
+          empty_rows_ok &= lse[row] == -INFINITY;
+          for (long e = 0; e < D; e++) empty_rows_ok &= o[qi(i, b, h) + e] == 0.0f;
+          continue;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (long j = 0; j < jend; j++) {
+          double sc = 0;
+          for (long e = 0; e < D; e++)
+            sc += r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * r(k[ki(j, b, h / G) + e]);
+          pr[j] = rnd_bf16 ? sc : sc * scale;
+          mx = std::max(mx, pr[j]);
+          z[j] = p == 0 ? 1.0 : m.kept(base + q0 + i, base + k0 + j) ? d.keep : 0.0;
+        }
+        for (long j = 0; j < jend; j++) sum += pr[j] = std::exp(pr[j] - mx);
+        rl[row] = mx + std::log(sum);
+        double dl = 0;
+        for (long e = 0; e < D; e++) dl += double(dout[qi(i, b, h) + e]) * o[qi(i, b, h) + e];
+        for (long j = 0; j < jend; j++) {
+          const double pj = pr[j] / sum;
+          double dp = 0;
+          for (long e = 0; e < D; e++) dp += r(dout[qi(i, b, h) + e]) * r(v[ki(j, b, h / G) + e]);
+          const double ds = pj * (dp * z[j] - dl);
+          for (long e = 0; e < D; e++) {
+            ro[qi(i, b, h) + e] += pj * z[j] * r(v[ki(j, b, h / G) + e]);
+            rdv[ki(j, b, h / G) + e] += pj * z[j] * r(dout[qi(i, b, h) + e]);
+            rdq[qi(i, b, h) + e] += scale * ds * r(k[ki(j, b, h / G) + e]);
+            rdk[ki(j, b, h / G) + e] += ds * r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * (rnd_bf16 ? 1 : scale);
+          }
+        }
+      }
+    }
+  std::vector<float> lse_c(nl);
+  std::vector<double> rl_c(nl);
+  for (long x = 0; x < nl; x++) {
+    lse_c[x] = std::isfinite(lse[x]) ? lse[x] : 0;
+    rl_c[x] = std::isfinite(rl[x]) ? rl[x] : 0;
+  }
+  // The keys in two blocks [0, ks) and [ks, Sk), merged: the one block's (o, lse).
+  const long ks = Sk / 3;
+  std::vector<float> o1(nq, NAN), l1(nl, NAN), o2(nq, NAN), l2(nl, NAN);
+  std::vector<float> k1(k.begin(), k.begin() + ks * B * Nkv * D), v1(v.begin(), v.begin() + ks * B * Nkv * D);
+  std::vector<float> k2(k.begin() + ks * B * Nkv * D, k.end()), v2(v.begin() + ks * B * Nkv * D, v.end());
+  DropoutParams d2 = d;
+  d2.col_offset += ks;
+  attention_rowwise_forward(q.data(), k1.data(), v1.data(), o1.data(), l1.data(), AttentionSpan{Sq, ks, off, 0}, B, Nq,
+                            Nkv, D, scale, rnd_bf16, d, nullptr);
+  attention_rowwise_forward(q.data(), k2.data(), v2.data(), o2.data(), l2.data(),
+                            AttentionSpan{Sq, Sk - ks, off - ks, 0}, B, Nq, Nkv, D, scale, rnd_bf16, d2, nullptr);
+  attention_merge(o1.data(), l1.data(), o2.data(), l2.data(), Sq, B * Nq, D, nullptr);
+  std::vector<double> od(o.begin(), o.end()), ld(lse_c.begin(), lse_c.end());
+  for (auto& x : l1)
+    if (!std::isfinite(x)) x = 0;
+  *merge_err = std::max(relerr(o1, od), relerr(l1, ld));
+  if (!empty_rows_ok) return 1e9;
+  return std::max({relerr(o, ro), relerr(lse_c, rl_c), relerr(dq, rdq), relerr(dk, rdk), relerr(dv, rdv)});
+}
+
+// attention_merge.cu against the CPU block form's f32 formula, rows with either side −inf included.
+double attention_merge_case() {
+  const long S = 9, BN = 5, D = 7;
+  auto o = rnd(S * BN * D, 51), op = rnd(S * BN * D, 52), l = rnd(S * BN, 53, -3, 3), lp = rnd(S * BN, 54, -3, 3);
+  l[3] = -INFINITY;
+  lp[7] = -INFINITY;
+  l[11] = lp[11] = -INFINITY;
+  std::vector<double> ro(o.begin(), o.end()), rl(l.begin(), l.end());
+  for (long s = 0; s < S; s++)
+    for (long bn = 0; bn < BN; bn++) {
+      const double l1 = l[bn * S + s], l2 = lp[bn * S + s];
+      if (l2 == -INFINITY) continue;
+      const long row = (s * BN + bn) * D;
+      if (l1 == -INFINITY) {
+        for (long e = 0; e < D; e++) ro[row + e] = op[row + e];
+        rl[bn * S + s] = l2;
+        continue;
+      }
+      const double mx = std::max(l1, l2), w1 = std::exp(l1 - mx), w2 = std::exp(l2 - mx);
+      for (long e = 0; e < D; e++) ro[row + e] = (w1 * o[row + e] + w2 * op[row + e]) / (w1 + w2);
+      rl[bn * S + s] = mx + std::log(w1 + w2);
+    }
+  attention_merge(o.data(), l.data(), op.data(), lp.data(), S, BN, D, nullptr);
+  for (auto* x : {&l, &lp})
+    for (auto& e : *x)
+      if (!std::isfinite(e)) e = 0;
+  for (auto& e : rl)
+    if (!std::isfinite(e)) e = 0;
+  return std::max(relerr(o, ro), relerr(l, rl));
+}
+
 int main() {
   bool ok = true;
   auto check = [&](const char* what, double e, double tol) {
@@ -289,6 +419,32 @@ int main() {
         1e-5);
   check("rowwise attention dropout bf16 S=33 B=2 2/1 D=32", attention_rowwise_case(33, 2, 2, 1, 32, 0.1, true, 0),
         2e-2);
+  check("attention merge (rows with -inf sides)", attention_merge_case(), 1e-6);
+  {
+    struct BlockCase {
+      const char* name;
+      long Sq, Sk, q0, k0, B, Nq, Nkv, D;
+      double p;
+      bool bf16;
+      long base;
+    };
+    const BlockCase cases[] = {
+        {"block f32 chunk below the diagonal", 20, 20, 40, 0, 2, 2, 1, 24, 0, false, 0},
+        {"block f32 diagonal chunk, dropout", 24, 24, 48, 48, 1, 4, 2, 16, 0.3, false, 7},
+        {"block f32 keys past the rows (empty rows), dropout", 30, 45, 10, 25, 2, 2, 2, 20, 0.2, false, 3},
+        {"block f32 prefix of keys (allgather), dropout", 16, 48, 32, 0, 1, 2, 1, 40, 0.1, false, 0},
+        {"block bf16 unaligned, dropout", 21, 37, 50, 19, 2, 2, 1, 32, 0.1, true, 5},
+    };
+    for (const BlockCase& c : cases) {
+      double merge = 1e9;
+      char buf[120];
+      const double e = attention_block_case(c.Sq, c.Sk, c.q0, c.k0, c.B, c.Nq, c.Nkv, c.D, c.p, c.bf16, c.base, &merge);
+      std::snprintf(buf, sizeof buf, "%s", c.name);
+      check(buf, e, c.bf16 ? 2e-2 : 1e-5);
+      std::snprintf(buf, sizeof buf, "  two blocks merged = one (%s)", c.bf16 ? "bf16" : "f32");
+      check(buf, merge, c.bf16 ? 2e-2 : 1e-5);
+    }
+  }
   for (auto [rows, N] : std::vector<std::pair<long, long>>{{1, 7}, {3, 70}, {600, 33}, {1000, 64}, {257, 5}}) {
     auto dy = rnd(rows * N, 1), x = rnd(rows * N, 2), mean = rnd(rows, 3), rstd = rnd(rows, 4, 0.5, 1.5),
          w0 = rnd(N, 5), b0 = rnd(N, 6);

@@ -19,7 +19,7 @@ flags=(-std=c++20 -O1 -g -fsanitize=address -Wno-attributes -w -I"$root/src" -I"
 case "$which" in
   kernels)
     python3 "$here/cuda_kernels_emulate.py" "$work/cuda_kernels_emulate.inc" \
-      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,embedding_bwd,dropout,attention}.cu
+      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,embedding_bwd,dropout,attention,attention_merge}.cu
     g++ "${flags[@]}" "$here/cuda_kernels_emulate.cpp" -o "$work/cuda_kernels_emulate"
     "$work/cuda_kernels_emulate"
     ;;

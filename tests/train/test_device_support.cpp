@@ -23,6 +23,12 @@ TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
             "");
   // Dropout trains on the GPU with the CPU's masks (Megatron's defaults, 0.1 each).
   EXPECT_EQ(train::gpu_training_gap(config({"--hidden-dropout", "0.1", "--attention-dropout", "0.1"})), "");
+  // Context parallelism trains on the GPU with every --cp-comm-type.
+  for (const char* type : {"p2p", "a2a", "allgather"}) {
+    train::TrainConfig c = config({"--cp-comm-type", type});
+    c.context_parallel_size = 2;
+    EXPECT_EQ(train::gpu_training_gap(c), "") << type;
+  }
 }
 
 TEST(DeviceSupport, EachUncoveredSettingIsNamed) {

@@ -97,13 +97,18 @@ Work::Work(Work&& o) noexcept
       counter_(o.counter_),
       members_(std::move(o.members_)),
       group_(std::move(o.group_)),
-      seq_(o.seq_) {
+      seq_(o.seq_),
+      staged_(std::move(o.staged_)),
+      unstage_to_(std::move(o.unstage_to_)) {
   o.req_ = MPI_REQUEST_NULL;
+  o.staged_ = Tensor();
+  o.unstage_to_ = Tensor();
 }
 
 Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
     if (pending()) MOE_MPI_NOTHROW(finish());  // finish what this handle owned before taking another
+    unstage();
     req_ = o.req_;
     o.req_ = MPI_REQUEST_NULL;
     counts_a_ = std::move(o.counts_a_);
@@ -115,12 +120,27 @@ Work& Work::operator=(Work&& o) noexcept {
     members_ = std::move(o.members_);
     group_ = std::move(o.group_);
     seq_ = o.seq_;
+    staged_ = std::move(o.staged_);
+    unstage_to_ = std::move(o.unstage_to_);
+    o.staged_ = Tensor();
+    o.unstage_to_ = Tensor();
   }
   return *this;
 }
 
 Work::~Work() {
   if (pending()) MOE_MPI_NOTHROW(finish());
+  try {
+    unstage();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moecore: a staged GPU receive could not be copied back: %s\n", e.what());
+  }
+}
+
+void Work::unstage() {
+  if (unstage_to_.defined()) unstage_to_.copy_from(staged_);
+  unstage_to_ = Tensor();
+  staged_ = Tensor();
 }
 
 int Work::finish() {
@@ -133,12 +153,14 @@ void Work::wait() {
   const Stopwatch timer;
   MOE_MPI(finish());
   if (counter_) counter_->blocked_seconds += timer.seconds();
+  unstage();
 }
 
 bool Work::test() {
   if (!pending()) return true;
   int flag = 0;
   MOE_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  if (flag != 0) unstage();
   return flag != 0;
 }
 
@@ -222,7 +244,8 @@ ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
 
 namespace {
 // GPU tensors travel through host copies (host-staged MPI; NCCL is a later backend behind this same interface): the
-// collective runs on the copies synchronously, and the result is copied back.
+// collective runs on the copies synchronously, and the result is copied back; a point-to-point message may stay
+// asynchronous, its host copy held by the Work (and a receive copied to the GPU when the Work completes).
 bool on_gpu(const Tensor& t) {
   return t.defined() && t.device().is_cuda();
 }
@@ -389,9 +412,11 @@ Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
 }
 
 Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const {
-  if (on_gpu(t)) {
-    MOE_CHECK(!async, "an asynchronous send of a GPU tensor is not supported by moecore (host-staged MPI)");
-    return send(host_copy(t), dst, tag, false);
+  if (on_gpu(t)) {  // the host copy is sent, and held by the Work until the send completes
+    Tensor h = host_copy(t);
+    Work w = send(h, dst, tag, async);
+    w.staged_ = h;
+    return w;
   }
   Work w;
   MOE_MPI(MPI_Isend(t.raw(), to_int(t.numel(), "send"), mpi_type(t.dtype()), static_cast<int>(dst), tag, comm_->c,
@@ -402,11 +427,15 @@ Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const
 }
 
 Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
-  if (on_gpu(t)) {
-    MOE_CHECK(!async, "an asynchronous receive into a GPU tensor is not supported by moecore (host-staged MPI)");
+  if (on_gpu(t)) {  // received into a host buffer the Work holds, copied into t when it completes (wait or test)
     Tensor h = host_like(t);
-    Work w = recv(h, src, tag, false);
-    t.copy_from(h);
+    Work w = recv(h, src, tag, async);
+    if (async) {
+      w.staged_ = h;
+      w.unstage_to_ = t;
+    } else {
+      t.copy_from(h);
+    }
     return w;
   }
   Work w;

@@ -56,7 +56,11 @@ class Work {
   std::shared_ptr<const std::vector<int>> members_;
   std::string group_;
   uint64_t seq_ = 0;
-  int finish();  // polls to completion under the watchdog; the MPI status code
+  // A GPU tensor's point-to-point message goes through a host copy (host-staged MPI): staged_ is that copy, kept
+  // alive while MPI reads or writes it; for a receive, unstage_to_ is the GPU tensor it is copied into on completion.
+  Tensor staged_, unstage_to_;
+  int finish();    // polls to completion under the watchdog; the MPI status code
+  void unstage();  // after completion: a received message copied into its GPU tensor
 };
 
 class ProcessGroup {

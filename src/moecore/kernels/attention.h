@@ -107,14 +107,15 @@ int64_t attention_backward_bf16_onednn_bytes(int64_t S, int64_t B, int64_t heads
 // heads on this rank.
 int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64_t kv_heads, int64_t D);
 
-// Blocks of attention at global positions, for context parallelism (nn/context_attention*.cpp;
-// attention_flash_block.cpp): query rows i = 0..Sq-1 sit at global positions q0 + i, keys j = 0..Sk-1 at k0 + j, and
-// key j is visible to row i when k0 + j ≤ q0 + i. Tiles wholly masked are skipped, wholly visible ones unmasked.
-// q [Sq, B, Nq, D], k/v [Sk, B, Nkv, D] -> o [Sq, B, Nq, D], lse [B, Nq, Sq] of this block alone (a row that sees no
-// key: o 0, lse −inf). `dropout` keys the mask by global positions: its seq_offset (and key_offset, when set) are
-// the global positions of the whole sequence's position 0, q0 and k0 are added. round_bf16: operands rounded to
-// bf16 as attention_forward_bf16 rounds them (f32 tensors only): on native bf16 block products where
-// bf16_attention_kernel() is FlashNative (attention_flash_native_block.cpp), else on f32 products.
+// Blocks of attention at global positions, for context parallelism (nn/context_attention*.cpp; on the CPU
+// attention_flash_block.cpp, on the GPU the attention kernels over a span, kernels/cuda/attention_block_ops.cpp): query
+// rows i = 0..Sq-1 sit at global positions q0 + i, keys j = 0..Sk-1 at k0 + j, and key j is visible to row i when k0 +
+// j ≤ q0 + i. Tiles wholly masked are skipped, wholly visible ones unmasked. q [Sq, B, Nq, D], k/v [Sk, B, Nkv, D] -> o
+// [Sq, B, Nq, D], lse [B, Nq, Sq] of this block alone (a row that sees no key: o 0, lse −inf). `dropout` keys the mask
+// by global positions: its seq_offset (and key_offset, when set) are the global positions of the whole sequence's
+// position 0, q0 and k0 are added. round_bf16: operands rounded to bf16 as attention_forward_bf16 rounds them (f32
+// tensors only): on native bf16 block products where bf16_attention_kernel() is FlashNative
+// (attention_flash_native_block.cpp), else on f32 products.
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout = nullptr,
                              bool round_bf16 = false);

@@ -283,6 +283,22 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
     return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
   cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
 }
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                             Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
+  if (q.device().is_cuda()) return cuda::attention_block_forward(q, k, v, q0, k0, scale, o, lse, dropout, round_bf16);
+  cpu::attention_block_forward(q, k, v, q0, k0, scale, o, lse, dropout, round_bf16);
+}
+void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
+  if (o.device().is_cuda()) return cuda::attention_merge(o, lse, o_part, lse_part);
+  cpu::attention_merge(o, lse, o_part, lse_part);
+}
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                              const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
+                              Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
+  if (q.device().is_cuda())
+    return cuda::attention_block_backward(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout, round_bf16);
+  cpu::attention_block_backward(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout, round_bf16);
+}
 
 // position_rows.h, mla_blocks.h, shared_gate.h: the backend of the rows they write into or read.
 void position_add_rows(Tensor& h_nBH, const Tensor& table_nH) {

@@ -1,7 +1,7 @@
 // Attention over context parallelism: the dispatch on --cp-comm-type (see context_attention.h). Each communication
 // pattern is its own file: context_attention_p2p.cpp (the K/V ring), context_attention_a2a.cpp (Ulysses),
 // context_attention_allgather.cpp, context_attention_a2a_p2p.cpp (hierarchical); the block kernel they share is
-// kernels::attention_block_forward/backward (kernels/cpu/attention_flash_block.cpp).
+// kernels::attention_block_forward/backward (either device's backend, routed by kernels/dispatch.cpp).
 #include "moecore/nn/context_attention.h"
 
 #include "moecore/comm/process_group.h"

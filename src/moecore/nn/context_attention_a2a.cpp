@@ -5,6 +5,8 @@
 // divide by C are repeated for their query heads first (each rank then gets the kv head of each of its query
 // heads) and their gradients summed back. Dropout: head_offset moves to this rank's first head. Also the
 // sequence ↔ head all-to-all and the small helpers the other comm types share (context_attention_parts.h).
+// GPU tensors: the layout work and the all-to-all run on host copies (the transport is host-staged anyway); the
+// attention kernel runs on the GPU on the head shards moved there.
 #include <algorithm>
 
 #include "moecore/comm/process_group.h"
@@ -157,19 +159,20 @@ void a2a_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   const int64_t C = cp.size, Nq = q.dim(2), sc = q.dim(0) / 2, n = Nq / C;
   check_heads(Nq, C, "a2a");
   const ChunkIds ids = all_balanced(C);
-  const Tensor qh = to_heads(q, g, ids, sc);
-  const Tensor kh = to_heads(expand_kv_heads(k, Nq, C), g, ids, sc);
-  const Tensor vh = to_heads(expand_kv_heads(v, Nq, C), g, ids, sc);
+  const Tensor qh = to_device_of(to_heads(on_host(q), g, ids, sc), q);
+  const Tensor kh = to_device_of(to_heads(expand_kv_heads(on_host(k), Nq, C), g, ids, sc), q);
+  const Tensor vh = to_device_of(to_heads(expand_kv_heads(on_host(v), Nq, C), g, ids, sc), q);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, cp.rank * n);
   const kernels::AttentionDropout* dp = dropout ? &drop : nullptr;
-  Tensor oh = Tensor::empty(qh.shape(), q.dtype()), lh = Tensor::empty({q.dim(1), n, qh.dim(0)}, q.dtype());
+  Tensor oh = Tensor::empty(qh.shape(), q.dtype(), q.device());
+  Tensor lh = Tensor::empty({q.dim(1), n, qh.dim(0)}, q.dtype(), q.device());
   if (cp.bf16 && qh.dim(0) <= kernels::kMaxBf16AttentionSeq)
     kernels::attention_forward_bf16(qh, kh, vh, scale, oh, lh, dp);
   else
     kernels::attention_forward(qh, kh, vh, scale, oh, lh, dp);
-  o.copy_from(to_seq(oh, g, ids, sc));
-  lse.copy_from(lse_from_rows(to_seq(lse_rows(lh), g, ids, sc)));
+  o.copy_from(to_seq(on_host(oh), g, ids, sc));
+  lse.copy_from(lse_from_rows(to_seq(lse_rows(on_host(lh)), g, ids, sc)));
 }
 
 void a2a_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -179,22 +182,24 @@ void a2a_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const int64_t C = cp.size, Nq = q.dim(2), Nkv = k.dim(2), sc = q.dim(0) / 2, n = Nq / C;
   check_heads(Nq, C, "a2a");
   const ChunkIds ids = all_balanced(C);
-  const Tensor qh = to_heads(q, g, ids, sc), doh = to_heads(dout, g, ids, sc), oh = to_heads(o, g, ids, sc);
-  const Tensor kh = to_heads(expand_kv_heads(k, Nq, C), g, ids, sc);
-  const Tensor vh = to_heads(expand_kv_heads(v, Nq, C), g, ids, sc);
-  const Tensor lh = lse_from_rows(to_heads(lse_rows(lse), g, ids, sc));
+  auto heads = [&](const Tensor& x) { return to_device_of(to_heads(on_host(x), g, ids, sc), q); };
+  const Tensor qh = heads(q), doh = heads(dout), oh = heads(o);
+  const Tensor kh = to_device_of(to_heads(expand_kv_heads(on_host(k), Nq, C), g, ids, sc), q);
+  const Tensor vh = to_device_of(to_heads(expand_kv_heads(on_host(v), Nq, C), g, ids, sc), q);
+  const Tensor lh = to_device_of(lse_from_rows(to_heads(lse_rows(on_host(lse)), g, ids, sc)), q);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, cp.rank * n);
   const kernels::AttentionDropout* dp = dropout ? &drop : nullptr;
-  Tensor dqh = Tensor::empty(qh.shape(), q.dtype()), dkh = Tensor::empty(kh.shape(), q.dtype());
-  Tensor dvh = Tensor::empty(vh.shape(), q.dtype());
+  const Device dev = q.device();
+  Tensor dqh = Tensor::empty(qh.shape(), q.dtype(), dev), dkh = Tensor::empty(kh.shape(), q.dtype(), dev);
+  Tensor dvh = Tensor::empty(vh.shape(), q.dtype(), dev);
   if (cp.bf16 && qh.dim(0) <= kernels::kMaxBf16AttentionSeq)
     kernels::attention_backward_bf16(doh, qh, kh, vh, oh, lh, scale, dqh, dkh, dvh, dp);
   else
     kernels::attention_backward(doh, qh, kh, vh, oh, lh, scale, dqh, dkh, dvh, dp);
-  dq.copy_from(to_seq(dqh, g, ids, sc));
-  dk.copy_from(reduce_kv_heads(to_seq(dkh, g, ids, sc), Nkv));
-  dv.copy_from(reduce_kv_heads(to_seq(dvh, g, ids, sc), Nkv));
+  dq.copy_from(to_seq(on_host(dqh), g, ids, sc));
+  dk.copy_from(reduce_kv_heads(to_seq(on_host(dkh), g, ids, sc), Nkv));
+  dv.copy_from(reduce_kv_heads(to_seq(on_host(dvh), g, ids, sc), Nkv));
 }
 
 }  // namespace moecore::nn::cp_parts

@@ -2,7 +2,8 @@
 // an all-to-all inside the inner group of a ranks turns their 2a chunks of every head into all 2a chunks of Nq/a
 // heads; the K/V ring of context_attention_p2p.cpp then runs over the outer group of p ranks (which hold the same
 // head shard) on those chunk sets; the result returns through the inverse all-to-all. Chunk ids come from the
-// groups themselves (each member's CP rank), so any rank order of the groups works.
+// groups themselves (each member's CP rank), so any rank order of the groups works. GPU tensors: the all-to-all's
+// layout work on host copies, as context_attention_a2a.cpp; the ring and its kernels on the GPU.
 #include "moecore/comm/process_group.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/nn/context_attention_parts.h"
@@ -44,15 +45,16 @@ void a2a_p2p_forward(const Tensor& q, const Tensor& k, const Tensor& v, double s
   const int64_t Nq = q.dim(2), sc = q.dim(0) / 2;
   const Layout l = layout(cp, Nq);
   const comm::ProcessGroup& g = *l.inner;
-  const Tensor qh = seq_to_heads(q, g);
-  const Tensor kh = seq_to_heads(expand_kv_heads(k, Nq, l.a), g);
-  const Tensor vh = seq_to_heads(expand_kv_heads(v, Nq, l.a), g);
+  const Tensor qh = to_device_of(seq_to_heads(on_host(q), g), q);
+  const Tensor kh = to_device_of(seq_to_heads(expand_kv_heads(on_host(k), Nq, l.a), g), q);
+  const Tensor vh = to_device_of(seq_to_heads(expand_kv_heads(on_host(v), Nq, l.a), g), q);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, g.rank() * l.n);
-  Tensor oh = Tensor::empty(qh.shape(), q.dtype()), lh = Tensor::empty({q.dim(1), l.n, qh.dim(0)}, q.dtype());
+  Tensor oh = Tensor::empty(qh.shape(), q.dtype(), q.device());
+  Tensor lh = Tensor::empty({q.dim(1), l.n, qh.dim(0)}, q.dtype(), q.device());
   ring_forward(qh, kh, vh, scale, l.outer, l.ids_of, sc, oh, lh, dropout ? &drop : nullptr, cp.bf16);
-  o.copy_from(heads_to_seq(oh, g));
-  lse.copy_from(lse_from_rows(heads_to_seq(lse_rows(lh), g)));
+  o.copy_from(heads_to_seq(on_host(oh), g));
+  lse.copy_from(lse_from_rows(heads_to_seq(lse_rows(on_host(lh)), g)));
 }
 
 void a2a_p2p_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -61,19 +63,21 @@ void a2a_p2p_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   const int64_t Nq = q.dim(2), Nkv = k.dim(2), sc = q.dim(0) / 2;
   const Layout l = layout(cp, Nq);
   const comm::ProcessGroup& g = *l.inner;
-  const Tensor qh = seq_to_heads(q, g), doh = seq_to_heads(dout, g), oh = seq_to_heads(o, g);
-  const Tensor kh = seq_to_heads(expand_kv_heads(k, Nq, l.a), g);
-  const Tensor vh = seq_to_heads(expand_kv_heads(v, Nq, l.a), g);
-  const Tensor lh = lse_from_rows(seq_to_heads(lse_rows(lse), g));
+  auto heads = [&](const Tensor& x) { return to_device_of(seq_to_heads(on_host(x), g), q); };
+  const Tensor qh = heads(q), doh = heads(dout), oh = heads(o);
+  const Tensor kh = to_device_of(seq_to_heads(expand_kv_heads(on_host(k), Nq, l.a), g), q);
+  const Tensor vh = to_device_of(seq_to_heads(expand_kv_heads(on_host(v), Nq, l.a), g), q);
+  const Tensor lh = to_device_of(lse_from_rows(seq_to_heads(lse_rows(on_host(lse)), g)), q);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, g.rank() * l.n);
-  Tensor dqh = Tensor::empty(qh.shape(), q.dtype()), dkh = Tensor::empty(kh.shape(), q.dtype());
-  Tensor dvh = Tensor::empty(vh.shape(), q.dtype());
+  const Device dev = q.device();
+  Tensor dqh = Tensor::empty(qh.shape(), q.dtype(), dev), dkh = Tensor::empty(kh.shape(), q.dtype(), dev);
+  Tensor dvh = Tensor::empty(vh.shape(), q.dtype(), dev);
   ring_backward(doh, qh, kh, vh, oh, lh, scale, l.outer, l.ids_of, sc, dqh, dkh, dvh, dropout ? &drop : nullptr,
                 cp.bf16);
-  dq.copy_from(heads_to_seq(dqh, g));
-  dk.copy_from(reduce_kv_heads(heads_to_seq(dkh, g), Nkv));
-  dv.copy_from(reduce_kv_heads(heads_to_seq(dvh, g), Nkv));
+  dq.copy_from(heads_to_seq(on_host(dqh), g));
+  dk.copy_from(reduce_kv_heads(heads_to_seq(on_host(dkh), g), Nkv));
+  dv.copy_from(reduce_kv_heads(heads_to_seq(on_host(dvh), g), Nkv));
 }
 
 }  // namespace moecore::nn::cp_parts

@@ -22,7 +22,7 @@ constexpr int kTagKv = 0x4350, kTagDkv = 0x4351;  // "CP"
 
 // K rows then V rows, one message.
 Tensor pack_kv(const Tensor& k, const Tensor& v) {
-  Tensor kv = Tensor::empty({2 * k.dim(0), k.dim(1), k.dim(2), k.dim(3)}, k.dtype());
+  Tensor kv = Tensor::empty({2 * k.dim(0), k.dim(1), k.dim(2), k.dim(3)}, k.dtype(), k.device());
   kv.slice(0, k.dim(0)).copy_from(k);
   kv.slice(k.dim(0), k.dim(0)).copy_from(v);
   return kv;
@@ -34,25 +34,7 @@ void add_into(Tensor& acc, const Tensor& x) {
 
 // lse [B, N, R] <- the per-chunk pieces [B, N, sc] in chunk order.
 void join_lse(const std::vector<Tensor>& parts, int64_t sc, Tensor& lse) {
-  const int64_t BN = lse.dim(0) * lse.dim(1), R = lse.dim(2), n = static_cast<int64_t>(parts.size());
-  MOE_DISPATCH_FLOAT(lse.dtype(), T, {
-    T* out = lse.data<T>();
-    for (int64_t c = 0; c < n; c++) {
-      const T* in = parts[static_cast<size_t>(c)].data<T>();
-      for (int64_t bn = 0; bn < BN; bn++) std::copy_n(in + bn * sc, sc, out + bn * R + c * sc);
-    }
-  });
-}
-
-Tensor lse_chunk(const Tensor& lse, int64_t c, int64_t sc) {
-  Tensor out = Tensor::empty({lse.dim(0), lse.dim(1), sc}, lse.dtype());
-  const int64_t BN = lse.dim(0) * lse.dim(1), R = lse.dim(2);
-  MOE_DISPATCH_FLOAT(lse.dtype(), T, {
-    const T* in = lse.data<T>();
-    T* o = out.data<T>();
-    for (int64_t bn = 0; bn < BN; bn++) std::copy_n(in + bn * R + c * sc, sc, o + bn * sc);
-  });
-  return out;
+  for (size_t c = 0; c < parts.size(); c++) set_lse_columns(lse, static_cast<int64_t>(c), sc, parts[c]);
 }
 
 struct Ring {
@@ -83,15 +65,11 @@ void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
   const int64_t nq = static_cast<int64_t>(mine.size()), R = k.dim(0);
   MOE_ASSERT(q.dim(0) == nq * sc);
   std::vector<Tensor> lse_parts;
-  for (int64_t c = 0; c < nq; c++) {
-    Tensor l = Tensor::empty({q.dim(1), q.dim(2), sc}, q.dtype());
-    MOE_DISPATCH_FLOAT(l.dtype(), T, { std::fill_n(l.data<T>(), l.numel(), -std::numeric_limits<T>::infinity()); });
-    lse_parts.push_back(l);
-  }
+  for (int64_t c = 0; c < nq; c++) lse_parts.push_back(empty_lse(q.dim(1), q.dim(2), sc, q));
   o.zero_();
-  Tensor cur = pack_kv(k, v), nxt = Tensor::empty(cur.shape(), cur.dtype());
-  Tensor part_o = Tensor::empty({sc, q.dim(1), q.dim(2), q.dim(3)}, q.dtype());
-  Tensor part_l = Tensor::empty({q.dim(1), q.dim(2), sc}, q.dtype());
+  Tensor cur = pack_kv(k, v), nxt = Tensor::empty(cur.shape(), cur.dtype(), cur.device());
+  Tensor part_o = Tensor::empty({sc, q.dim(1), q.dim(2), q.dim(3)}, q.dtype(), q.device());
+  Tensor part_l = Tensor::empty({q.dim(1), q.dim(2), sc}, q.dtype(), q.device());
   for (int64_t s = 0; s < rg.size; s++) {
     comm::Work sent, got;
     if (s + 1 < rg.size) pass_kv(rg, cur, nxt, sent, got);
@@ -123,13 +101,14 @@ void ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const ChunkIds& mine = ids_of[static_cast<size_t>(rg.me)];
   const int64_t nq = static_cast<int64_t>(mine.size()), R = k.dim(0);
   std::vector<Tensor> lse_parts;
-  for (int64_t c = 0; c < nq; c++) lse_parts.push_back(lse_chunk(lse, c, sc));
+  for (int64_t c = 0; c < nq; c++) lse_parts.push_back(lse_columns(lse, c, sc));
   dq.zero_();
-  Tensor cur = pack_kv(k, v), nxt = Tensor::empty(cur.shape(), cur.dtype());
-  Tensor dkv_part = Tensor::empty(cur.shape(), cur.dtype());
-  Tensor dkv_in = Tensor::empty(cur.shape(), cur.dtype()), dkv_out = Tensor::empty(cur.shape(), cur.dtype());
-  Tensor dk_b = Tensor::empty({sc, k.dim(1), k.dim(2), k.dim(3)}, k.dtype());
-  Tensor dv_b = Tensor::empty(dk_b.shape(), dk_b.dtype());
+  const Device dev = k.device();
+  Tensor cur = pack_kv(k, v), nxt = Tensor::empty(cur.shape(), cur.dtype(), dev);
+  Tensor dkv_part = Tensor::empty(cur.shape(), cur.dtype(), dev);
+  Tensor dkv_in = Tensor::empty(cur.shape(), cur.dtype(), dev), dkv_out = Tensor::empty(cur.shape(), cur.dtype(), dev);
+  Tensor dk_b = Tensor::empty({sc, k.dim(1), k.dim(2), k.dim(3)}, k.dtype(), dev);
+  Tensor dv_b = Tensor::empty(dk_b.shape(), dk_b.dtype(), dev);
   comm::Work dkv_sent, dkv_got;
   for (int64_t s = 0; s < rg.size; s++) {
     comm::Work sent, got;

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
+#include "moecore/kernels/elementwise.h"
+#include "moecore/kernels/mla_blocks.h"
 #include "moecore/nn/context_attention.h"
 
 namespace moecore::nn::cp_parts {
@@ -56,6 +59,32 @@ std::vector<int64_t> gather_ints(int64_t mine, const comm::ProcessGroup& g);
 // Rows [c·sc, c·sc + sc) of x (a view).
 inline Tensor chunk_rows(const Tensor& x, int64_t c, int64_t sc) {
   return x.slice(c * sc, sc);
+}
+
+// lse [B, N, R]'s positions [c·sc, c·sc + sc) as a new [B, N, sc] tensor, and their overwrite from such a piece; on
+// lse's device (a column-block move, kernels/mla_blocks.h).
+inline Tensor lse_columns(const Tensor& lse, int64_t c, int64_t sc) {
+  Tensor out = Tensor::empty({lse.dim(0), lse.dim(1), sc}, lse.dtype(), lse.device());
+  kernels::mla_move_block(lse, 1, lse.dim(2), c * sc, out, 1, sc, 0, sc, lse.dim(0) * lse.dim(1));
+  return out;
+}
+inline void set_lse_columns(Tensor& lse, int64_t c, int64_t sc, const Tensor& piece) {
+  kernels::mla_move_block(piece, 1, sc, 0, lse, 1, lse.dim(2), c * sc, sc, lse.dim(0) * lse.dim(1));
+}
+// An lse piece of rows that have seen no key yet: −inf (the merge takes the first part in whole).
+inline Tensor empty_lse(int64_t B, int64_t N, int64_t sc, const Tensor& like) {
+  Tensor l = Tensor::empty({B, N, sc}, like.dtype(), like.device());
+  kernels::fill_(l, -std::numeric_limits<double>::infinity());
+  return l;
+}
+
+// The layout work around the sequence ↔ head all-to-all runs in host memory, where the host-staged transport
+// (comm/process_group.h) holds the rows anyway: a GPU tensor's host copy, and a host result moved to `like`'s device.
+inline Tensor on_host(const Tensor& x) {
+  return x.device().is_cuda() ? x.to(Device::cpu()) : x;
+}
+inline Tensor to_device_of(const Tensor& x, const Tensor& like) {
+  return x.device() == like.device() ? x : x.to(like.device());
 }
 
 // The four --cp-comm-type implementations, with context_attention_forward/backward's contracts.

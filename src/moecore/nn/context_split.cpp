@@ -32,13 +32,8 @@ Tensor rows_at_positions(const Tensor& table, int64_t L, const SeqSplit& s) {
   if (!s.on()) return table.slice(0, L);
   Shape shape = table.shape();
   shape.set(0, L);
-  Tensor y = Tensor::empty(shape, table.dtype());
-  const size_t row = static_cast<size_t>(table.numel() / table.dim(0)) * dtype_size(table.dtype());
-  const auto* src = static_cast<const char*>(table.raw());
-  auto* dst = static_cast<char*>(y.raw());
-  s.runs(0, L, L, [&](int64_t i, int64_t p, int64_t n) {
-    std::memcpy(dst + static_cast<size_t>(i) * row, src + static_cast<size_t>(p) * row, static_cast<size_t>(n) * row);
-  });
+  Tensor y = Tensor::empty(shape, table.dtype(), table.device());  // on the table's device (the GPU's RoPE tables)
+  s.runs(0, L, L, [&](int64_t i, int64_t p, int64_t n) { y.slice(i, n).copy_from(table.slice(p, n)); });
   return y;
 }
 

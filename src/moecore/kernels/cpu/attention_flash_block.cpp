@@ -359,9 +359,10 @@ void block_backward_rounded(const Tensor& dout, const Tensor& q, const Tensor& k
 }
 }  // namespace flash
 
-void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
-                             Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
-  cpu::require_cpu(q, "attention_block_forward (context parallelism)");
+// The CPU backend's block ops (backend_ops.inc), routed by kernels/dispatch.cpp.
+void cpu::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0,
+                                  double scale, Tensor& o, Tensor& lse, const AttentionDropout* dropout,
+                                  bool round_bf16) {
   AttentionDropout drop;
   const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
   if (round_bf16 && bf16_attention_kernel() == Bf16AttentionKernel::FlashNative)
@@ -370,15 +371,13 @@ void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   MOE_DISPATCH_FLOAT(q.dtype(), T, { flash_block::forward_t<T, false>(q, k, v, q0, k0, scale, o, lse, dp); });
 }
 
-void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
-  cpu::require_cpu(o, "attention_merge (context parallelism)");
+void cpu::attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
   MOE_DISPATCH_FLOAT(o.dtype(), T, { flash_block::merge_t<T>(o, lse, o_part, lse_part); });
 }
 
-void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                              const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
-                              Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
-  cpu::require_cpu(q, "attention_block_backward (context parallelism)");
+void cpu::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& o, const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq,
+                                   Tensor& dk, Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
   AttentionDropout drop;
   const AttentionDropout* dp = flash_block::shifted_or_null(dropout, q0, k0, drop);
   if (round_bf16 && bf16_attention_kernel() == Bf16AttentionKernel::FlashNative)

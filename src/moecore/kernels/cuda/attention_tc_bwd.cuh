@@ -10,6 +10,9 @@
 // Rounding points as in the CPU bf16 kernel: Q̂ = bf16(scale·q), K̂, V̂, dÔ, P and dS rounded to bf16, sums in f32.
 // kDrop: attention dropout with the forward's keep bits Z, regenerated per step into shared memory
 // (attention_dropout.cuh): dV += bf16(P ⊙ Z)ᵀ·dÔ and dS = P ⊙ (Z ⊙ dP − Δ), as the CPU kernels.
+// Spans (launch_attention_tc.h): Sq query rows against Sk keys at offset off (key j visible to row i when
+// j ≤ i + off): dK/dV walks the query tiles from the first row that sees its first key, dQ the key tiles up to its
+// last row's last visible key; tiles crossing that boundary are masked. accumulate_dq adds the dQ term to dq.
 #pragma once
 
 #include "moecore/kernels/cuda/attention_dropout.cuh"
@@ -30,7 +33,8 @@ constexpr int dq_smem_bytes() {
   return (2 * kQRows + 2 * kQKeys) * kStride<D> * 2 + (kDrop ? kQRows * 8 : 0);
 }
 
-// lse in log2 units and Δ of rows [i0, i0 + n) of head row `bh`; rows at or past S get lse = +∞ (P = 0) and Δ = 0.
+// lse in log2 units and Δ of rows [i0, i0 + n) of head row `bh` (S rows); rows at or past S get lse = +∞ (P = 0) and
+// Δ = 0.
 template <int N>
 __device__ __forceinline__ void load_stats(float* lse2_s, float* delta_s, const float* lse, const float* delta,
                                            int64_t bh, int64_t i0, int64_t S) {
@@ -45,8 +49,8 @@ template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dkv_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
              const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
-             float* __restrict__ dk, float* __restrict__ dv, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
-             int splits, int64_t part_stride, const __grid_constant__ DropoutParams drop) {
+             float* __restrict__ dk, float* __restrict__ dv, int64_t Sq, int64_t Sk, int64_t off, int64_t B, int64_t Nq,
+             int64_t Nkv, float scale, int splits, int64_t part_stride, const __grid_constant__ DropoutParams drop) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* Vs = Ks + kKvRows * kStride<D>;
@@ -57,14 +61,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   uint64_t* keep_s = reinterpret_cast<uint64_t*>(delta_s + kKvQ);  // [kKvQ] when kDrop: bit (key − j0) of query row
 
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loops saves registers.
-  const int Sn = static_cast<int>(S);
+  const int Sqn = static_cast<int>(Sq), offn = static_cast<int>(off);
   const int j0 = static_cast<int>(blockIdx.y) * kKvRows;  // tile 0 has the most query rows below it: it starts first
   // blockIdx.x = (b·Nkv + hk)·splits + z: split z takes heads [group·z/splits, group·(z+1)/splits) of the group and
   // writes its partial dK/dV at z·part_stride.
   const int64_t bhk = blockIdx.x / splits, z = blockIdx.x % splits, b = bhk / Nkv, hk = bhk % Nkv, group = Nq / Nkv;
   const int64_t g_begin = group * z / splits, g_end = group * (z + 1) / splits;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
-  load_tiles<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, 1.0f, Vs, v + (b * Nkv + hk) * D, 1.0f, j0, S, kv_stride);
+  load_tiles<D, kKvRows>(Ks, k + (b * Nkv + hk) * D, 1.0f, Vs, v + (b * Nkv + hk) * D, 1.0f, j0, Sk, kv_stride);
+  const int ifirst = j0 - offn > 0 ? j0 - offn : 0;  // the first query row that sees key j0
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int key0 = j0 + warp * 16 + g, key1 = key0 + 8;  // this lane's keys (rows of Sᵀ)
@@ -74,10 +79,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     const float* qh = q + bh * D;
     const float* doh = dout + bh * D;
     const HeadMask hm = kDrop ? HeadMask(drop, b, h) : HeadMask{};
-    for (int i0 = j0; i0 < Sn; i0 += kKvQ) {  // query tiles above j0 see none of these keys
-      __syncthreads();                        // the previous Q/dO tile is consumed (and K/V are staged)
-      load_tiles<D, kKvQ>(Qs, qh, scale, dOs, doh, 1.0f, i0, S, q_stride);
-      load_stats<kKvQ>(lse2_s, delta_s, lse, delta, bh, i0, S);
+    for (int i0 = ifirst; i0 < Sqn; i0 += kKvQ) {  // query rows before ifirst see none of these keys
+      __syncthreads();                             // the previous Q/dO tile is consumed (and K/V are staged)
+      load_tiles<D, kKvQ>(Qs, qh, scale, dOs, doh, 1.0f, i0, Sq, q_stride);
+      load_stats<kKvQ>(lse2_s, delta_s, lse, delta, bh, i0, Sq);
       if constexpr (kDrop) tile_keep_bits<kKvQ, kThreads>(keep_s, drop, hm, i0, j0);
       __syncthreads();
 
@@ -98,14 +103,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
           mma(dpt[2 * np + 1], va, bf[2], bf[3]);
         }
       }
-      // Pᵀ into st, dSᵀ into dpt; a key past its query (key > query) has P = 0.
+      // Pᵀ into st, dSᵀ into dpt; a key past its query's position (key > query + off) has P = 0.
 #pragma unroll
       for (int n = 0; n < kKvQ / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int col = n * 8 + 2 * c + (e & 1);
           const int query = i0 + col, key = e < 2 ? key0 : key1;
-          const float p = key > query ? 0.0f : exp2f(st[n][e] * kLog2e - lse2_s[col]);
+          const float p = key > query + offn ? 0.0f : exp2f(st[n][e] * kLog2e - lse2_s[col]);
           if constexpr (kDrop) {  // P ⊙ Z for dV; dS = P ⊙ (Z ⊙ dP − Δ)
             const float zf = ((keep_s[col] >> (key - j0)) & 1u) ? drop.keep : 0.0f;
             st[n][e] = p * zf;
@@ -135,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   }
 
   const int64_t kv_head = (b * Nkv + hk) * D + z * part_stride;
-  if (key0 < S) {
+  if (key0 < Sk) {
     float* dko = dk + kv_head + key0 * kv_stride;
     float* dvo = dv + kv_head + key0 * kv_stride;
 #pragma unroll
@@ -144,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
       *reinterpret_cast<float2*>(dvo + n * 8 + 2 * c) = make_float2(dva[n][0], dva[n][1]);
     }
   }
-  if (key1 < S) {
+  if (key1 < Sk) {
     float* dko = dk + kv_head + key1 * kv_stride;
     float* dvo = dv + kv_head + key1 * kv_stride;
 #pragma unroll
@@ -159,8 +164,8 @@ template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     dq_tc_k(const float* __restrict__ dout, const float* __restrict__ q, const float* __restrict__ k,
             const float* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
-            float* __restrict__ dq, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
-            const __grid_constant__ DropoutParams drop) {
+            float* __restrict__ dq, int64_t Sq, int64_t Sk, int64_t off, int64_t B, int64_t Nq, int64_t Nkv,
+            float scale, int accumulate, const __grid_constant__ DropoutParams drop) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* dOs = Qs + kQRows * kStride<D>;
@@ -168,7 +173,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   __nv_bfloat16* Vs = Ks + kQKeys * kStride<D>;
   uint64_t* keep_s = reinterpret_cast<uint64_t*>(Vs + kQKeys * kStride<D>);  // [kQRows] when kDrop
 
-  const int Sn = static_cast<int>(S), tiles = (Sn + kQRows - 1) / kQRows;
+  const int Sqn = static_cast<int>(Sq), Skn = static_cast<int>(Sk), offn = static_cast<int>(off);
+  const int tiles = (Sqn + kQRows - 1) / kQRows;
   const int tile = tiles - 1 - static_cast<int>(blockIdx.y);  // longest rows first
   const int64_t bh = blockIdx.x, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
   const int i0 = tile * kQRows;
@@ -176,20 +182,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const float* kh = k + (b * Nkv + hk) * D;
   const float* vh = v + (b * Nkv + hk) * D;
   const HeadMask hm = kDrop ? HeadMask(drop, b, h) : HeadMask{};
-  load_tiles<D, kQRows>(Qs, q + bh * D, scale, dOs, dout + bh * D, 1.0f, i0, S, q_stride);
+  load_tiles<D, kQRows>(Qs, q + bh * D, scale, dOs, dout + bh * D, 1.0f, i0, Sq, q_stride);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
   // This lane's rows' lse (log2 units) and Δ; rows past S: P = 0.
-  const float lse2_0 = row0 < S ? lse[bh * S + row0] * kLog2e : INFINITY;
-  const float lse2_1 = row1 < S ? lse[bh * S + row1] * kLog2e : INFINITY;
-  const float dl0 = row0 < S ? delta[bh * S + row0] : 0.0f, dl1 = row1 < S ? delta[bh * S + row1] : 0.0f;
+  const float lse2_0 = row0 < Sq ? lse[bh * Sq + row0] * kLog2e : INFINITY;
+  const float lse2_1 = row1 < Sq ? lse[bh * Sq + row1] * kLog2e : INFINITY;
+  const float dl0 = row0 < Sq ? delta[bh * Sq + row0] : 0.0f, dl1 = row1 < Sq ? delta[bh * Sq + row1] : 0.0f;
 
   float acc[D / 8][4] = {};
-  const int kend = i0 + kQRows < Sn ? i0 + kQRows : Sn;
+  const int last = (i0 + kQRows < Sqn ? i0 + kQRows : Sqn) + offn;  // past the last row's last visible key
+  const int kend = last < Skn ? last : Skn;
   for (int j0 = 0; j0 < kend; j0 += kQKeys) {
     __syncthreads();  // the previous K/V tile is consumed
-    load_tiles<D, kQKeys>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, S, kv_stride);
+    load_tiles<D, kQKeys>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, Sk, kv_stride);
     if constexpr (kDrop) tile_keep_bits<kQRows, kThreads>(keep_s, drop, hm, i0, j0);
     __syncthreads();
 
@@ -210,14 +217,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
         mma(dp[2 * np + 1], da, bf[2], bf[3]);
       }
     }
-    const bool diag = j0 + kQKeys - 1 > row_lo;
+    const bool diag = j0 + kQKeys - 1 > row_lo + offn || j0 + kQKeys > Skn;
     const uint64_t z0 = kDrop ? keep_s[warp * 16 + g] : 0, z1 = kDrop ? keep_s[warp * 16 + g + 8] : 0;
 #pragma unroll
     for (int n = 0; n < kQKeys / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
-        const float p = diag && key > row ? 0.0f : exp2f(s[n][e] * kLog2e - (e < 2 ? lse2_0 : lse2_1));
+        const float p =
+            diag && (key > row + offn || key >= Skn) ? 0.0f : exp2f(s[n][e] * kLog2e - (e < 2 ? lse2_0 : lse2_1));
         if constexpr (kDrop) {  // dS = P ⊙ (Z ⊙ dP − Δ)
           const float zf = (((e < 2 ? z0 : z1) >> (key - j0)) & 1u) ? drop.keep : 0.0f;
           dp[n][e] = p * (dp[n][e] * zf - (e < 2 ? dl0 : dl1));
@@ -239,17 +247,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     }
   }
 
-  if (row0 < S) {
+  if (row0 < Sq) {
     float* out = dq + bh * D + row0 * q_stride;
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
-      *reinterpret_cast<float2*>(out + n * 8 + 2 * c) = make_float2(acc[n][0] * scale, acc[n][1] * scale);
+    for (int n = 0; n < D / 8; n++) {
+      float2* p = reinterpret_cast<float2*>(out + n * 8 + 2 * c);
+      const float2 old = accumulate ? *p : make_float2(0.0f, 0.0f);
+      *p = accumulate ? make_float2(old.x + acc[n][0] * scale, old.y + acc[n][1] * scale)
+                      : make_float2(acc[n][0] * scale, acc[n][1] * scale);
+    }
   }
-  if (row1 < S) {
+  if (row1 < Sq) {
     float* out = dq + bh * D + row1 * q_stride;
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
-      *reinterpret_cast<float2*>(out + n * 8 + 2 * c) = make_float2(acc[n][2] * scale, acc[n][3] * scale);
+    for (int n = 0; n < D / 8; n++) {
+      float2* p = reinterpret_cast<float2*>(out + n * 8 + 2 * c);
+      const float2 old = accumulate ? *p : make_float2(0.0f, 0.0f);
+      *p = accumulate ? make_float2(old.x + acc[n][2] * scale, old.y + acc[n][3] * scale)
+                      : make_float2(acc[n][2] * scale, acc[n][3] * scale);
+    }
   }
 }
 

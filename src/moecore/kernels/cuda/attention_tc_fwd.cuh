@@ -7,6 +7,10 @@
 // kDrop: attention dropout (launch.h). The block draws each key tile's keep bits into shared memory (64 rows × 64
 // keys, the CPU's Philox coordinates: attention_dropout.cuh) while the tile loads; l sums the undropped P and
 // O += bf16(P ⊙ Z)·V̂, the CPU kernels' order of the multiply and the rounding.
+// Spans (launch_attention_tc.h): Sq query rows against Sk keys at offset off (key j visible to row i when
+// j ≤ i + off): key tiles past the tile's last row are never loaded, tiles that cross it (or Sk) are masked, and a
+// row that sees no key (m still −inf) gets o 0 and lse −inf. For the whole sequence (Sq = Sk, off 0) every
+// visited tile's rows see key j0, so m is finite and those guards change no bits.
 #pragma once
 
 #include "moecore/kernels/cuda/attention_dropout.cuh"
@@ -25,8 +29,8 @@ constexpr int fwd_smem_bytes() {
 template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     fwd_tc_k(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-             float* __restrict__ o, float* __restrict__ lse, int64_t S, int64_t B, int64_t Nq, int64_t Nkv, float scale,
-             const __grid_constant__ DropoutParams drop) {
+             float* __restrict__ o, float* __restrict__ lse, int64_t Sq, int64_t Sk, int64_t off, int64_t B, int64_t Nq,
+             int64_t Nkv, float scale, const __grid_constant__ DropoutParams drop) {
   unsigned char* smem = dyn_smem();
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* Ks = Qs + kBr * kStride<D>;
@@ -35,7 +39,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
 
   // The longest rows (the last query tiles) start first, so the short ones fill the tail of the grid.
   // Sequence positions fit an int (attention_tc_supported): 32-bit index math in the loop saves registers.
-  const int Sn = static_cast<int>(S), tiles = (Sn + kBr - 1) / kBr, tile = tiles - 1 - static_cast<int>(blockIdx.y);
+  const int Sqn = static_cast<int>(Sq), Skn = static_cast<int>(Sk), offn = static_cast<int>(off);
+  const int tiles = (Sqn + kBr - 1) / kBr, tile = tiles - 1 - static_cast<int>(blockIdx.y);
   const int64_t bh = blockIdx.x, b = bh / Nq, h = bh % Nq, hk = h / (Nq / Nkv);
   const int i0 = tile * kBr;
   const int64_t q_stride = B * Nq * D, kv_stride = B * Nkv * D;
@@ -44,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   const float* vh = v + (b * Nkv + hk) * D;
   const HeadMask hm = kDrop ? HeadMask(drop, b, h) : HeadMask{};
 
-  load_tile<D, kBr>(Qs, qh, scale, i0, S, q_stride);
+  load_tile<D, kBr>(Qs, qh, scale, i0, Sq, q_stride);
   __syncthreads();
   // This warp's 16 rows of Q̂ are re-read from shared memory for every key tile (8 ldmatrix per tile): 32 more
   // registers would not fit beside the accumulators and the K/V staging of load_tiles.
@@ -53,10 +58,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g+8: running max (log2 units), sum
   const int row_lo = i0 + warp * 16, row0 = row_lo + g, row1 = row0 + 8;
-  const int kend = i0 + kBr < Sn ? i0 + kBr : Sn;
+  const int last = (i0 + kBr < Sqn ? i0 + kBr : Sqn) + offn;  // past the last row's last visible key
+  const int kend = last < Skn ? last : Skn;
   for (int j0 = 0; j0 < kend; j0 += kBc) {
     __syncthreads();  // every warp is done with the previous K/V tile
-    load_tiles<D, kBc>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, S, kv_stride);
+    load_tiles<D, kBc>(Ks, kh, 1.0f, Vs, vh, 1.0f, j0, Sk, kv_stride);
     if constexpr (kDrop) tile_keep_bits<kBr, kThreads>(keep_s, drop, hm, i0, j0);
     __syncthreads();
 
@@ -74,9 +80,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
       }
     }
 
-    // Scores in log2 units; keys past the row (the diagonal tile) are −inf. Every row of a visited tile sees key
-    // j0 (j0 ≤ i0 ≤ row), so each row's max below is finite.
-    const bool diag = j0 + kBc - 1 > row_lo;
+    // Scores in log2 units; keys past the row (the diagonal tile) or past Sk are −inf.
+    const bool diag = j0 + kBc - 1 > row_lo + offn || j0 + kBc > Skn;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int n = 0; n < kBc / 8; n++)
@@ -84,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
       for (int e = 0; e < 4; e++) {
         const int key = j0 + n * 8 + 2 * c + (e & 1), row = e < 2 ? row0 : row1;
         float x = s[n][e] * kLog2e;
-        if (diag && key > row) x = -INFINITY;
+        if (diag && (key > row + offn || key >= Skn)) x = -INFINITY;
         s[n][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
@@ -93,7 +98,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     }
-    const float corr0 = exp2f(m[0] - mx[0]), corr1 = exp2f(m[1] - mx[1]);  // 0 on the first tile (m = −inf)
+    // A row that has seen no key yet keeps m = −inf: subtract 0 instead, so its P and corr are 0, not NaN.
+    const float ms0 = mx[0] == -INFINITY ? 0.0f : mx[0], ms1 = mx[1] == -INFINITY ? 0.0f : mx[1];
+    const float corr0 = exp2f(m[0] - ms0), corr1 = exp2f(m[1] - ms1);  // 0 on the first tile (m = −inf)
     m[0] = mx[0];
     m[1] = mx[1];
     l[0] *= corr0;
@@ -107,10 +114,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     }
 #pragma unroll
     for (int n = 0; n < kBc / 8; n++) {
-      s[n][0] = exp2f(s[n][0] - mx[0]);
-      s[n][1] = exp2f(s[n][1] - mx[0]);
-      s[n][2] = exp2f(s[n][2] - mx[1]);
-      s[n][3] = exp2f(s[n][3] - mx[1]);
+      s[n][0] = exp2f(s[n][0] - ms0);
+      s[n][1] = exp2f(s[n][1] - ms0);
+      s[n][2] = exp2f(s[n][2] - ms1);
+      s[n][3] = exp2f(s[n][3] - ms1);
       l[0] += s[n][0] + s[n][1];
       l[1] += s[n][2] + s[n][3];
     }
@@ -145,20 +152,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  const float inv0 = 1.0f / l[0], inv1 = 1.0f / l[1];
-  if (row0 < S) {
+  const float inv0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f, inv1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+  if (row0 < Sq) {
     float* out = o + (b * Nq + h) * D + row0 * q_stride;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
       *reinterpret_cast<float2*>(out + n * 8 + 2 * c) = make_float2(acc[n][0] * inv0, acc[n][1] * inv0);
-    if (c == 0) lse[bh * S + row0] = m[0] * kLn2 + logf(l[0]);
+    if (c == 0) lse[bh * Sq + row0] = l[0] > 0.0f ? m[0] * kLn2 + logf(l[0]) : -INFINITY;
   }
-  if (row1 < S) {
+  if (row1 < Sq) {
     float* out = o + (b * Nq + h) * D + row1 * q_stride;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
       *reinterpret_cast<float2*>(out + n * 8 + 2 * c) = make_float2(acc[n][2] * inv1, acc[n][3] * inv1);
-    if (c == 0) lse[bh * S + row1] = m[1] * kLn2 + logf(l[1]);
+    if (c == 0) lse[bh * Sq + row1] = l[1] > 0.0f ? m[1] * kLn2 + logf(l[1]) : -INFINITY;
   }
 }
 

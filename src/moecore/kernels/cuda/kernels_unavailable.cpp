@@ -121,5 +121,16 @@ void attention_backward_bf16(const Tensor&, const Tensor&, const Tensor&, const 
                              double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, const AttentionRope*) {
   MOE_NO_CUDA_KERNEL("attention_backward_bf16");
 }
+void attention_block_forward(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double, Tensor&, Tensor&,
+                             const AttentionDropout*, bool) {
+  MOE_NO_CUDA_KERNEL("attention_block_forward");
+}
+void attention_merge(Tensor&, Tensor&, const Tensor&, const Tensor&) {
+  MOE_NO_CUDA_KERNEL("attention_merge");
+}
+void attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              int64_t, int64_t, double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, bool) {
+  MOE_NO_CUDA_KERNEL("attention_block_backward");
+}
 
 }  // namespace moecore::kernels::cuda

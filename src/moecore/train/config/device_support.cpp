@@ -11,7 +11,6 @@ namespace moecore::train {
 
 std::string gpu_training_gap(const TrainConfig& c) {
   auto gap = [](const std::string& what) { return what + " is not supported by moecore on the GPU yet"; };
-  if (c.context_parallel_size > 1) return gap("--context-parallel-size > 1 (context parallelism)");
   // The GPU's dropout kernels carry the micro-batch's sample indices in their launch arguments.
   if ((c.hidden_dropout > 0 || c.attention_dropout > 0) && c.micro_batch_size > kernels::dropout_philox::kMaxGpuSamples)
     return gap(fmt::format("dropout with --micro-batch-size {} (above {}: use smaller micro-batches)",
