@@ -85,8 +85,6 @@ TEST(CudaOptimizers, DistMuonMatchesTheCpuAndRerunsBitwise) {
 
 TEST(CudaOptimizers, AdamWithBf16MomentsMatchesTheCpuAndRerunsBitwise) {
   MOE_REQUIRE_GPU();
-  expect_gpu_matches_cpu({"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"},
-                         "bf16 moments");
   expect_gpu_matches_cpu({"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
                           "--use-distributed-optimizer"},
                          "bf16 moments, distributed optimizer");

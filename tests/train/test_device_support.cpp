@@ -38,7 +38,8 @@ TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
       {"--optimizer", "sgd"},
       {"--optimizer", "muon"},
       {"--optimizer", "dist_muon"},
-      {"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"},
+      {"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+       "--use-distributed-optimizer"},
       {"--log-num-zeros-in-grad"},
       {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0"},
   };
