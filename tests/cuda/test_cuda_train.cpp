@@ -238,18 +238,20 @@ TEST(CudaTrain, ACheckpointSavedOnTheGpuResumesBitwise) {
   fs::remove_all(dir);
 }
 
-TEST(CudaTrain, UnsupportedSettingsAreRefusedOnTheGpuAndAutoFallsBack) {
+// With this process's GPU visible, auto trains on it, and what the GPU does not cover is refused under auto as under
+// cuda, instead of a run on the CPU.
+TEST(CudaTrain, UnsupportedSettingsAreRefusedOnTheGpuAndAutoDoesNotFallBack) {
   MOE_REQUIRE_GPU();
   std::vector<std::string> a = dense_args("cuda", false);
   a.insert(a.end(), {"--context-parallel-size", "2"});
   const std::string e = testing::error_of([&] { train::parse_train_config(a); });
   EXPECT_TRUE(testing::contains(e, "--context-parallel-size")) << e;
-  std::string why;
-  // The device choice alone is what is checked here.
   train::TrainConfig c = train::parse_train_config(dense_args("auto", false));
-  c.optimizer = "sgd";
-  EXPECT_TRUE(train::training_device(c, &why).is_cpu());
-  EXPECT_TRUE(testing::contains(why, "--optimizer sgd")) << why;
+  EXPECT_TRUE(train::training_device(c).is_cuda());
+  c.context_parallel_size = 2;
+  const std::string ea = testing::error_of([&] { train::training_device(c); });
+  EXPECT_TRUE(testing::contains(ea, "--device auto")) << ea;
+  EXPECT_TRUE(testing::contains(ea, "does not fall back to the CPU")) << ea;
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Turns CUDA kernel sources into host C++ for tests/cuda_emulate/cuda_kernels_emulate.cpp: every `k<<<grid, block, ...>>>(args)`
 launch becomes `emu::launch(dim3(grid), dim3(block), [&]{ k(args); })` and moecore's own includes are dropped (the
-harness includes them once). Usage: tests/cuda_emulate/cuda_kernels_emulate.py OUT.inc FILE.cu...; for `embedding_bwd.cu` only its
-kernels are kept (its CUB sort runs on the host in the harness)."""
+harness includes them once). Usage: tests/cuda_emulate/cuda_kernels_emulate.py OUT.inc FILE.cu...; for `embedding_bwd.cu` and
+`moe_permute.cu` only their kernels are kept (their CUB sorts and scans run on the host in the harness)."""
 import re
 import sys
 
@@ -30,7 +30,7 @@ def main() -> None:
     parts = []
     for path in sys.argv[2:]:
         text = open(path).read()
-        if path.endswith("embedding_bwd.cu"):  # the kernels, not the CUB launcher
+        if path.endswith(("embedding_bwd.cu", "moe_permute.cu")):  # the kernels, not the CUB launchers
             text = text[text.index("namespace {"):text.index("}  // namespace\n") + len("}  // namespace\n")] + "}\n"
             text = "namespace moecore::launch {\n" + text
         parts.append(f"// ---- {path}\n{transform(text)}")

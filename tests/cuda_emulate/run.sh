@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA kernels run on the host, for CI machines without a GPU (CTest cuda_*_host_emulation): each harness
 # compiles the kernels' own .cu source against an emulation of the CUDA primitives, with ASan, and checks the results
-# against host references. Usage: run.sh kernels|attention_tc WORK_DIR. Needs g++ and the CUDA toolkit's headers
-# (/usr/local/cuda/include, or $CUDA_HOME/include): without them it says so and exits 77, which CTest reports as
-# skipped (SKIP_RETURN_CODE).
+# against host references. Usage: run.sh kernels|optim_router|attention_tc WORK_DIR. Needs g++ and the CUDA
+# toolkit's headers (/usr/local/cuda/include, or $CUDA_HOME/include): without them it says so and exits 77, which
+# CTest reports as skipped (SKIP_RETURN_CODE).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,12 +23,18 @@ case "$which" in
     g++ "${flags[@]}" "$here/cuda_kernels_emulate.cpp" -o "$work/cuda_kernels_emulate"
     "$work/cuda_kernels_emulate"
     ;;
+  optim_router)
+    python3 "$here/cuda_kernels_emulate.py" "$work/optim_router_emulate.inc" \
+      "$root"/src/moecore/kernels/cuda/{col_reduce,elementwise,router,moe_permute}.cu
+    g++ "${flags[@]}" "$here/optim_router_emulate.cpp" -o "$work/optim_router_emulate"
+    "$work/optim_router_emulate"
+    ;;
   attention_tc)
     g++ "${flags[@]}" "$here/attention_tc_emulate.cpp" -o "$work/attention_tc_emulate"
     "$work/attention_tc_emulate"
     ;;
   *)
-    echo "usage: run.sh kernels|attention_tc WORK_DIR" >&2
+    echo "usage: run.sh kernels|optim_router|attention_tc WORK_DIR" >&2
     exit 2
     ;;
 esac

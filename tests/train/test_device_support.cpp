@@ -1,5 +1,7 @@
 // What GPU training covers (train/device_support.h), checked without a GPU: every setting it does not cover is named
-// in the reason, a covered configuration has none, and --device cpu always trains on the CPU.
+// in the reason, a covered configuration has none, --device cpu always trains on the CPU, and --device auto with a
+// GPU visible refuses such a setting instead of moving the run to the CPU (the device choice is a pure function of
+// the availability it is given).
 #include <gtest/gtest.h>
 
 #include "config_util.h"
@@ -16,6 +18,14 @@ train::TrainConfig config(const std::vector<std::string>& extra) {
   return testing::small_config(testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 4, 64, 2, "1e-3"), extra);
 }
 
+cuda::DeviceAvailability gpus(int visible) {
+  cuda::DeviceAvailability a;
+  a.built_with_cuda = true;
+  a.visible = visible;
+  if (visible == 0) a.why_none = "no CUDA-capable device is detected";
+  return a;
+}
+
 TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
   EXPECT_EQ(train::gpu_training_gap(config({})), "");
   EXPECT_EQ(train::gpu_training_gap(config({"--position-embedding-type", "learned_absolute", "--normalization",
@@ -29,13 +39,29 @@ TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
     c.context_parallel_size = 2;
     EXPECT_EQ(train::gpu_training_gap(c), "") << type;
   }
+  // The optimizers, bf16 Adam moments, zero counting, Sinkhorn and a large top-k train on the GPU too.
+  const std::vector<std::vector<std::string>> covered = {
+      {"--optimizer", "sgd"},
+      {"--optimizer", "muon"},
+      {"--optimizer", "dist_muon"},
+      {"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+       "--use-distributed-optimizer"},
+      {"--log-num-zeros-in-grad"},
+      {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0"},
+  };
+  for (const auto& flags : covered) {
+    const std::string gap = train::gpu_training_gap(config(flags));
+    EXPECT_EQ(gap, "") << flags[0];
+  }
+  train::TrainConfig c = config({});
+  c.num_experts = 128;
+  c.moe_router_topk = 72;  // above the permutation's register sort: sorted in memory
+  EXPECT_EQ(train::gpu_training_gap(c), "");
 }
 
 TEST(DeviceSupport, EachUncoveredSettingIsNamed) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--optimizer", "sgd"}, "--optimizer sgd"},
-      {{"--log-num-zeros-in-grad"}, "--log-num-zeros-in-grad"},
-      {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64"},
+      {{"--moe-router-dtype", "fp64", "--device", "cpu"}, "--moe-router-dtype fp64"},
   };
   for (const auto& [flags, name] : cases) {
     const std::string gap = train::gpu_training_gap(config(flags));
@@ -56,9 +82,30 @@ TEST(DeviceSupport, DropoutOverLargeMicroBatchesIsNamed) {
 
 TEST(DeviceSupport, CpuIsAlwaysTheCpu) {
   train::TrainConfig c = config({"--hidden-dropout", "0.1", "--device", "cpu"});
-  std::string why;
-  EXPECT_TRUE(train::training_device(c, &why).is_cpu());
-  EXPECT_EQ(why, "");  // no fallback happened: the CPU was asked for
+  EXPECT_TRUE(train::training_device(c, gpus(1)).is_cpu());
+  c.moe_router_dtype = "fp64";  // uncovered on the GPU, but the CPU was asked for
+  EXPECT_TRUE(train::training_device(c, gpus(1)).is_cpu());
+}
+
+// auto with a GPU visible trains on it, and refuses (naming the setting and --device cpu) what the GPU does not
+// cover instead of training on the CPU; without a GPU, or in a CPU-only build, auto is the CPU for any setting.
+TEST(DeviceSupport, AutoWithAGpuVisibleNeverFallsBackToTheCpu) {
+  train::TrainConfig c = config({"--device", "cpu"});
+  c.device = "auto";
+  EXPECT_TRUE(train::training_device(c, gpus(1)).is_cuda());
+  c.moe_router_dtype = "fp64";
+  const std::string e = testing::error_of([&] { train::training_device(c, gpus(2)); });
+  EXPECT_TRUE(testing::contains(e, "--device auto")) << e;
+  EXPECT_TRUE(testing::contains(e, "--moe-router-dtype fp64")) << e;
+  EXPECT_TRUE(testing::contains(e, "does not fall back to the CPU")) << e;
+  EXPECT_TRUE(testing::contains(e, "--device cpu")) << e;
+  EXPECT_TRUE(train::training_device(c, gpus(0)).is_cpu());
+  EXPECT_TRUE(train::training_device(c, cuda::DeviceAvailability{}).is_cpu());  // built without CUDA
+  // --device cuda refuses it the same way, and asks for the CPU by name.
+  c.device = "cuda";
+  const std::string ec = testing::error_of([&] { train::training_device(c, gpus(1)); });
+  EXPECT_TRUE(testing::contains(ec, "--device cuda: --moe-router-dtype fp64")) << ec;
+  EXPECT_TRUE(testing::contains(ec, "use --device cpu")) << ec;
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ namespace moecore::cli {
 struct GenerateArgs {
   CLI::App* cmd = nullptr;
   std::string load, tokenizer_model;
-  std::string device = "auto";  // the CPU for now: GPU generation waits for the modules (docs/cuda.md)
+  std::string device = "auto";  // a visible GPU, else the CPU
   std::vector<std::string> prompts;
   int64_t tokens = 48, top_k = 0;
   double temperature = 0.0;

@@ -20,6 +20,7 @@
 #include "moecore/kernels/position_rows.h"
 #include "moecore/kernels/rmsnorm.h"
 #include "moecore/kernels/rope.h"
+#include "moecore/kernels/sgd.h"
 #include "moecore/kernels/shared_gate.h"
 
 namespace moecore::kernels {
@@ -69,6 +70,9 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 double sum_squares(const Tensor& a) {
   return a.device().is_cuda() ? cuda::sum_squares(a) : cpu::sum_squares(a);
+}
+int64_t count_zeros(const Tensor& a) {
+  return a.device().is_cuda() ? cuda::count_zeros(a) : cpu::count_zeros(a);
 }
 // The segments and shapes are checked here, for both backends.
 namespace {
@@ -235,6 +239,11 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
   if (!tensors.empty() && tensors.front().param.device().is_cuda()) return cuda::adamw_step_multi(tensors, hp, step);
   cpu::adamw_step_multi(tensors, hp, step);
+}
+// sgd.h
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& hp) {
+  if (param.device().is_cuda()) return cuda::sgd_step(param, grad, buf, hp);
+  cpu::sgd_step(param, grad, buf, hp);
 }
 
 // dropout.h: the backend of the input; one `dropout` timer scope (level 2) per call. p = 0 copies (or leaves in place).

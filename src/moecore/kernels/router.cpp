@@ -6,8 +6,8 @@
 
 namespace moecore::kernels {
 
-void router_check_backend(Device device, DType router_dtype, bool sinkhorn) {
-  if (device.is_cuda()) cuda::router_check_backend(router_dtype, sinkhorn);
+void router_check_backend(Device device, DType router_dtype) {
+  if (device.is_cuda()) cuda::router_check_backend(router_dtype);
 }
 
 void router_rows(const RouterRule& rule, RouterRows& r) {

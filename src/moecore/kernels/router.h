@@ -21,9 +21,9 @@ struct RouterRule {
   double scale = 1.0;  // --moe-router-topk-scaling-factor (1 when none)
 };
 
-// Refuses, with the flag's name, what the backend of `device` cannot route: the CUDA backend takes neither an f64
-// router dtype nor Sinkhorn selection. Called before the router's first op.
-void router_check_backend(Device device, DType router_dtype, bool sinkhorn);
+// Refuses, with the flag's name, what the backend of `device` cannot route: the CUDA backend takes no f64 router
+// dtype. Called before the router's first op.
+void router_check_backend(Device device, DType router_dtype);
 
 // The tensors of router_rows, all on used_TE's device, in the router dtype unless noted; [T, K] and [T, E] shaped.
 // Inputs are read, outputs allocated by the caller and written; an undefined optional output is not computed.

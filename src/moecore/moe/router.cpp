@@ -58,7 +58,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   const Device dev = x_TH.device();
   const DType rd = cfg_.router_dtype;
   const bool sinkhorn = training && routes_by_sinkhorn(cfg_);
-  kernels::router_check_backend(dev, rd, sinkhorn);
+  kernels::router_check_backend(dev, rd);
   MOE_CHECK(weight_->value.device() == dev,
             "the router weight {} is on {} but its input is on {}: move the model with ParamRegistry::to(Device)",
             weight_->name, weight_->value.device().str(), dev.str());
@@ -89,7 +89,7 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
   kernels::RouterRows r;
   r.used_TE = st.used_TE;
   if (cfg_.enable_expert_bias) r.bias_E = expert_bias_E_;
-  if (sinkhorn) r.sinkhorn_TE = sinkhorn_TE(st.used_TE, cfg_.count_group);
+  if (sinkhorn) r.sinkhorn_TE = sinkhorn_TE(st.used_TE, cfg_.count_group).to(dev);  // computed on the host
   r.idx_TK = st.idx_TK = Tensor::empty({T_, K}, DType::I32, dev);
   r.p_TK = st.p_TK = Tensor::empty({T_, K}, rd, dev);
   r.kept_TK = st.kept_TK = Tensor::empty({T_, K}, DType::I32, dev);

@@ -15,7 +15,8 @@
 
 namespace moecore::moe {
 
-// logits_TE [T, E] (F32 or F64, this rank's tokens) → [T, E] F64 normalised cost of this rank's tokens.
+// logits_TE [T, E] (F32 or F64, this rank's tokens, on either device) → [T, E] F64 normalised cost of this rank's
+// tokens, on the host (computed there for GPU logits too: the CPU's bits).
 Tensor sinkhorn_TE(const Tensor& logits_TE, const comm::ProcessGroup* group, double tol = 1e-4);
 
 }  // namespace moecore::moe

@@ -185,11 +185,17 @@ void Muon::step(const kernels::AdamWParams& hp, int64_t /*step*/) {
   const auto lr = static_cast<float>(hp.lr);
   for (const auto& u : units_) {
     if (!owns(u)) continue;
-    std::vector<Tensor> upd;
+    // A matrix on the GPU is updated on host copies of its weight and gradient, then copied back: Newton–Schulz
+    // (bf16 products by default) amplifies any difference in the products' rounding, so it runs where the CPU's
+    // does and the GPU trains the CPU's bits (docs/differences.md).
+    std::vector<Tensor> upd, w_host;
     for (size_t m : u.members) {
       nn::Parameter& p = *params_[m];
-      float* w = p.value.data<float>();
-      const float* g = p.grad.data<float>();
+      const bool staged = !p.value.device().is_cpu();
+      w_host.push_back(staged ? p.value.to(Device::cpu()) : p.value);
+      const Tensor g_host = staged ? p.grad.to(Device::cpu()) : p.grad;
+      float* w = w_host.back().data<float>();
+      const float* g = g_host.data<float>();
       float* b = buf_[m].data<float>();
       const int64_t n = p.value.numel();
       if (hp.weight_decay > 0 && !p.no_weight_decay) {
@@ -207,9 +213,11 @@ void Muon::step(const kernels::AdamWParams& hp, int64_t /*step*/) {
     }
     orthogonalize(u, upd);
     for (size_t k = 0; k < u.members.size(); k++) {
-      float* w = params_[u.members[k]]->value.data<float>();
+      float* w = w_host[k].data<float>();
       const float* o = upd[k].data<float>();
       for (int64_t i = 0; i < upd[k].numel(); i++) w[i] += -lr * o[i];
+      Tensor& value = params_[u.members[k]]->value;
+      if (!value.device().is_cpu()) value.copy_from(w_host[k]);
     }
   }
   if (layer_wise_)  // every rank takes the owners' updated weights

@@ -1,6 +1,6 @@
 // SGD with momentum as Megatron builds it (torch.optim.SGD(lr, weight_decay, momentum); no dampening, no
-// Nesterov): d = g + wd·p (L2 weight decay added to the gradient), buf ← momentum·buf + d, p ← p − lr·buf, with
-// g = grad_scale · grad (clipping). torch's first step sets buf = d, the same as a zero buffer. And the elementwise
+// Nesterov; the update itself is kernels/sgd.h, on either device): d = g + wd·p (L2 weight decay added to the
+// gradient), buf ← momentum·buf + d, p ← p − lr·buf, with g = grad_scale · grad (clipping). And the elementwise
 // rule the AdamW and sharded optimizers apply per parameter (or per owned range): AdamW or SGD.
 #pragma once
 

@@ -94,7 +94,7 @@ TrainConfig generation_config(const ckpt::FoundCheckpoint& found, const std::str
 }
 }  // namespace
 
-CheckpointModel::CheckpointModel(const std::string& load, const std::string& tokenizer_model) {
+CheckpointModel::CheckpointModel(const std::string& load, const std::string& tokenizer_model, Device device) {
   StartPoint start;
   start.checkpoint = ckpt::find_checkpoint(load);
   MOE_CHECK(start.checkpoint, "--load {} holds no checkpoint (no {} and no index.json)", load, ckpt::kLatestFile);
@@ -115,6 +115,7 @@ CheckpointModel::CheckpointModel(const std::string& load, const std::string& tok
     throw;
   }
   std::fclose(null);
+  if (device.is_cuda()) reg_.to(device);
   const auto& state = start.checkpoint->state;
   iteration_ = state.value("release", false) ? 0 : state.value("iteration", int64_t{0});
 }

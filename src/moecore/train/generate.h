@@ -25,10 +25,11 @@ std::string generate_text(nn::GPTModel& model, const data::Tokenizer& tok, int64
                           const SamplingOptions& o);
 
 // The model of the checkpoint in `load` (root or iteration directory), on this process alone, with the tokenizer
-// saved in the checkpoint (or `tokenizer_model` when given).
+// saved in the checkpoint (or `tokenizer_model` when given), on `device`: loaded on the host, then its parameters
+// moved there (as the trainer moves a run's); the logits come back to the host for sampling.
 class CheckpointModel {
  public:
-  CheckpointModel(const std::string& load, const std::string& tokenizer_model);
+  CheckpointModel(const std::string& load, const std::string& tokenizer_model, Device device = Device::cpu());
   ~CheckpointModel();
   std::string generate(const std::string& prompt, SamplingOptions o);
   const std::string& dir() const { return dir_; }

@@ -103,7 +103,7 @@ namespace {
 double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double expert_params) {
   if (!c.bf16 || c.num_experts <= 0 || expert_params <= 0 || !kernels::pack_weights_for(l.num_microbatches)) return 0;
   // A GPU run keeps none: --device cuda (planned on any machine), or auto where it picks a GPU.
-  if (c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c, nullptr).is_cuda())) return 0;
+  if (c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c).is_cuda())) return 0;
   const int64_t H = c.hidden_size, F = std::max<int64_t>(c.moe_ffn_hidden_size / std::max<int64_t>(l.etp, 1), 1),
                 F1 = (c.swiglu ? 2 : 1) * F, m = 1024;
   const double per_expert =

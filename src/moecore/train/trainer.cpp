@@ -71,9 +71,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   timers_->start("model-and-optimizer-setup", 0);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   {  // initialized on the host (the same values on every device), then moved as a whole
-    std::string why_cpu;
-    device_ = training_device(cfg_, &why_cpu);
-    if (!why_cpu.empty()) fmt::print(out_, "moecore train: training on the CPU: {}\n", why_cpu);
+    device_ = training_device(cfg_);
     if (device_.is_cuda()) {
       reg_.to(device_);
       fmt::print(out_, "moecore train: training on {}\n", cuda::describe_device(device_));

@@ -198,10 +198,6 @@ void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegm
   });
 }
 
-}  // namespace moecore::kernels::cpu
-
-namespace moecore::kernels {
-
 namespace {
 template <typename R>
 MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
@@ -213,10 +209,10 @@ MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
 }  // namespace
 
 int64_t count_zeros(const Tensor& a) {
-  cpu::require_cpu(a, "count_zeros");
+  require_cpu(a, "count_zeros");
   int64_t z = 0;
   MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
   return z;
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -18,6 +18,7 @@
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/grouped_gemm.h"
 #include "moecore/kernels/rope.h"
+#include "moecore/kernels/sgd.h"
 
 namespace moecore::kernels::cpu {
 

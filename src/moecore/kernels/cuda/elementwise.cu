@@ -1,5 +1,6 @@
 // Elementwise and row-wise kernels: fill/add/scale, deterministic sums, RMSNorm, RoPE,
-// activations, the embedding forward (its backward: embedding_bwd.cu), multi-tensor AdamW (see launch.h).
+// activations, the embedding forward (its backward: embedding_bwd.cu), multi-tensor AdamW, SGD, zero counts
+// (see launch.h).
 // Straightforward one-pass kernels; the math follows the CPU kernels in kernels/cpu line by line.
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
@@ -216,20 +217,64 @@ __global__ void embedding_fwd_k(const void* ids, bool ids64, const char* w, char
     y[t * row_bytes + b] = r >= 0 && r < VL ? w[r * row_bytes + b] : 0;
 }
 
+// Moments in f32, or bf16 (M = __nv_bfloat16: the precision-aware optimizer's states, read to f32, updated in f32,
+// the parameter update computed from the f32 values, rounded to nearest even on store, as the CPU kernel does).
+template <typename M>
+__device__ __forceinline__ void store_moment(M* p, float x) {
+  if constexpr (sizeof(M) == 2)
+    *p = __float2bfloat16_rn(x);
+  else
+    *p = x;
+}
+template <typename M, typename V>
 __global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
   const int k = blockIdx.y;
   float* p = b.p[k];
   const float* g = b.g[k];
-  float* m = b.m[k];
-  float* v = b.v[k];
+  M* m = static_cast<M*>(b.m[k]);
+  V* v = static_cast<V*>(b.v[k]);
   const int64_t n = b.n[k];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gi = g[i] * hp.grad_scale;
-    m[i] = hp.beta1 * m[i] + (1.0f - hp.beta1) * gi;
-    v[i] = hp.beta2 * v[i] + (1.0f - hp.beta2) * gi * gi;
-    const float mhat = m[i] / hp.bc1, vhat = v[i] / hp.bc2;
+    const float mi = hp.beta1 * to_f32(m[i]) + (1.0f - hp.beta1) * gi;
+    const float vi = hp.beta2 * to_f32(v[i]) + (1.0f - hp.beta2) * gi * gi;
+    store_moment(m + i, mi);
+    store_moment(v + i, vi);
+    const float mhat = mi / hp.bc1, vhat = vi / hp.bc2;
     p[i] = p[i] * (1.0f - hp.lr * hp.wd) - hp.lr * mhat / (sqrtf(vhat) + hp.eps);
   }
+}
+
+// SGD with momentum, every product and sum rounded on its own (__fmul_rn / __fadd_rn are never contracted into a
+// fused multiply-add), as the CPU's loop computes them: the same bits.
+__global__ void sgd_k(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float mom, float gs) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float d = __fadd_rn(__fmul_rn(g[i], gs), __fmul_rn(wd, p[i]));
+    const float bi = __fadd_rn(__fmul_rn(mom, buf[i]), d);
+    buf[i] = bi;
+    p[i] = __fsub_rn(p[i], __fmul_rn(lr, bi));
+  }
+}
+
+// Entries equal to 0 (−0 too; NaN is not): per-block counts, then one block sums them. Integer sums: exact.
+__global__ void count_zeros_partial_k(const float* a, int64_t n, int64_t* partial) {
+  __shared__ int64_t sm[kThreads];
+  int64_t c = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    c += a[i] == 0.0f;
+  sm[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sm[threadIdx.x] += sm[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sm[0];
+}
+__global__ void count_zeros_final_k(const int64_t* partial, int blocks, int64_t* out) {
+  if (threadIdx.x != 0) return;
+  int64_t c = 0;
+  for (int b = 0; b < blocks; b++) c += partial[b];
+  *out = c;
 }
 }  // namespace
 
@@ -303,7 +348,29 @@ void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s) {
   int64_t most = 1;
   for (int i = 0; i < batch.count; i++) most = batch.n[i] > most ? batch.n[i] : most;
   const dim3 grid(grid_for(most, kThreads, 1024), static_cast<unsigned>(batch.count));
-  adamw_k<<<grid, kThreads, 0, s>>>(batch, hp);
+  using bf = __nv_bfloat16;
+  if (batch.m_bf16 && batch.v_bf16)
+    adamw_k<bf, bf><<<grid, kThreads, 0, s>>>(batch, hp);
+  else if (batch.m_bf16)
+    adamw_k<bf, float><<<grid, kThreads, 0, s>>>(batch, hp);
+  else if (batch.v_bf16)
+    adamw_k<float, bf><<<grid, kThreads, 0, s>>>(batch, hp);
+  else
+    adamw_k<float, float><<<grid, kThreads, 0, s>>>(batch, hp);
+}
+
+void sgd(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float momentum, float grad_scale,
+         cudaStream_t s) {
+  if (n > 0) sgd_k<<<grid_for(n), kThreads, 0, s>>>(p, g, buf, n, lr, wd, momentum, grad_scale);
+}
+
+void count_zeros(const float* a, int64_t n, int64_t* out, cudaStream_t s) {
+  const int blocks = static_cast<int>(grid_for(n, kThreads, kReduceBlocks));
+  int64_t* partial = nullptr;
+  cudaMallocAsync(&partial, blocks * sizeof(int64_t), s);
+  count_zeros_partial_k<<<blocks, kThreads, 0, s>>>(a, n, partial);
+  count_zeros_final_k<<<1, 32, 0, s>>>(partial, blocks, out);
+  cudaFreeAsync(partial, s);
 }
 
 }  // namespace moecore::launch

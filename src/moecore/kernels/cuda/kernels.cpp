@@ -74,6 +74,14 @@ double dot(const Tensor& a, const Tensor& b) {
 double sum_squares(const Tensor& a) {
   return reduce(0, a, nullptr);
 }
+int64_t count_zeros(const Tensor& a) {
+  Tensor out = Tensor::empty({1}, DType::I64, a.device());
+  launch::count_zeros(f32(a, "a"), a.numel(), out.device_data<int64_t>(), current_stream());
+  check_launch("count_zeros");
+  int64_t r = 0;
+  moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
+  return r;
+}
 
 namespace {
 // The norm kernels proper: y_TH of x's dtype (f32).

@@ -109,11 +109,16 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
   for (const AdamWTensors& t : tensors) {
     const int64_t n = t.param->numel();
     MOE_ASSERT(n == t.grad->numel() && n == t.m->numel() && n == t.v->numel());
+    // Moments f32, or bf16 (the precision-aware optimizer); one launch holds one kind.
+    const bool m16 = t.m->dtype() == DType::BF16, v16 = t.v->dtype() == DType::BF16;
+    if (batch.count > 0 && (m16 != batch.m_bf16 || v16 != batch.v_bf16)) flush();
+    batch.m_bf16 = m16;
+    batch.v_bf16 = v16;
     const int i = batch.count++;
     batch.p[i] = f32(*t.param, "param");
     batch.g[i] = f32(*t.grad, "grad");
-    batch.m[i] = f32(*t.m, "m");
-    batch.v[i] = f32(*t.v, "v");
+    batch.m[i] = m16 ? t.m->device_data<bf16>() : static_cast<void*>(f32(*t.m, "m"));
+    batch.v[i] = v16 ? t.v->device_data<bf16>() : static_cast<void*>(f32(*t.v, "v"));
     batch.n[i] = n;
     if (batch.count == launch::kAdamTensors) flush();
   }
@@ -126,6 +131,16 @@ void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, 
     h.weight_decay = x.weight_decay;
     cuda::adamw_step(x.param, x.grad, x.m, x.v, h, step);
   }
+}
+
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& hp) {
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const int64_t n = param.numel();
+  MOE_ASSERT(n == grad.numel() && n == buf.numel());
+  launch::sgd(f32(param, "param"), f32(grad, "grad"), f32(buf, "momentum buffer"), n, static_cast<float>(hp.lr),
+              static_cast<float>(hp.weight_decay), static_cast<float>(hp.momentum), static_cast<float>(hp.grad_scale),
+              current_stream());
+  check_launch("sgd");
 }
 
 namespace {

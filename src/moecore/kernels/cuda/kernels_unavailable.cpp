@@ -38,6 +38,9 @@ double dot(const Tensor&, const Tensor&) {
 double sum_squares(const Tensor&) {
   MOE_NO_CUDA_KERNEL("sum_squares");
 }
+int64_t count_zeros(const Tensor&) {
+  MOE_NO_CUDA_KERNEL("count_zeros");
+}
 void rmsnorm_forward(const Tensor&, const Tensor&, double, Tensor&, Tensor&) {
   MOE_NO_CUDA_KERNEL("rmsnorm_forward");
 }
@@ -102,6 +105,9 @@ void adamw_multi_step(const std::vector<AdamWTensors>&, const AdamWParams&, int6
 }
 void adamw_step_multi(std::vector<AdamWTensor>&, const AdamWParams&, int64_t) {
   MOE_NO_CUDA_KERNEL("adamw_step_multi");
+}
+void sgd_step(Tensor&, const Tensor&, Tensor&, const SgdParams&) {
+  MOE_NO_CUDA_KERNEL("sgd_step");
 }
 void dropout_forward(const Tensor&, const DropoutMask&, const std::vector<int64_t>&, int64_t, Tensor&) {
   MOE_NO_CUDA_KERNEL("dropout_forward");

@@ -67,20 +67,28 @@ void ce_finish(const float* mx, const float* sums, int64_t rows, float* lse, flo
 void ce_backward(const float* dloss, const float* logits, const void* targets, bool t64, const float* lse,
                  float* dlogits, int64_t rows, int64_t V, int64_t vocab_start, cudaStream_t s);
 
-// Multi-tensor AdamW: up to kAdamTensors tensors per launch.
+// Multi-tensor AdamW: up to kAdamTensors tensors per launch. Moments f32, or bf16 where m_bf16 / v_bf16 (every
+// tensor of the batch alike).
 constexpr int kAdamTensors = 24;
 struct AdamWBatch {
   float* p[kAdamTensors];
   const float* g[kAdamTensors];
-  float* m[kAdamTensors];
-  float* v[kAdamTensors];
+  void* m[kAdamTensors];
+  void* v[kAdamTensors];
   int64_t n[kAdamTensors];
   int count = 0;
+  bool m_bf16 = false, v_bf16 = false;
 };
 struct AdamWScalars {
   float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
 };
 void adamw(const AdamWBatch& batch, const AdamWScalars& hp, cudaStream_t s);
+// SGD with momentum (optim/sgd.h): d = g·grad_scale + wd·p, buf = momentum·buf + d, p = p − lr·buf, each operation
+// rounded on its own as the CPU computes it (no fused multiply-add): the CPU's bits.
+void sgd(float* p, const float* g, float* buf, int64_t n, float lr, float wd, float momentum, float grad_scale,
+         cudaStream_t s);
+// The entries of a[0, n) equal to zero (−0 too) into *out_device; integer sums, exact.
+void count_zeros(const float* a, int64_t n, int64_t* out_device, cudaStream_t s);
 
 // Causal GQA attention, FlashAttention-2 style (online softmax, lse kept, recomputation in the backward),
 // q/o [S, B, Nq, D], k/v [S, B, Nkv, D], lse [B, Nq, S], all f32 in memory. round_bf16: q, k, v, P and dS are

@@ -24,11 +24,11 @@ void moe_sort_assignments(const int32_t* idx, int64_t n, int64_t E, uint32_t* ke
 // is −1 for the assignments without a row (dropped, or another rank's expert).
 void moe_build_rows(const int32_t* sorted_i, int64_t n, int64_t R, int64_t K, int32_t* row_token, int64_t* row_tk,
                     int32_t* row_of_i, cudaStream_t s);
-constexpr int kMoeMaxTopK = 64;
+constexpr int kMoeMaxTopK = 64;  // rows sorted in registers up to this top-k, in memory above
 // Scratch bytes moe_token_csr needs for T tokens.
 size_t moe_csr_scratch_bytes(int64_t T);
 // Token CSR: offsets_T1 [T + 1] and token_rows [R], each token's rows ascending (= ascending expert: rows are
-// expert-major). counts_T: scratch of T int64. K ≤ kMoeMaxTopK.
+// expert-major). counts_T: scratch of T int64. Any K.
 void moe_token_csr(const int32_t* row_of_i, int64_t T, int64_t K, int64_t* counts_T, int64_t* offsets_T1,
                    int32_t* token_rows, void* scratch, size_t scratch_bytes, cudaStream_t s);
 

@@ -1,7 +1,7 @@
 // Pointer-level launchers of the MoE router kernels (router.cu, router_capacity.cu): CUDA headers only, like
-// launch.h. The Tensor-level caller is router_ops.cpp. Everything is f32 (the GPU router refuses f64), ids I32,
-// counts and sums f64. Every launcher queues work on `s` and returns; none uses floating-point atomics, so reruns
-// give the same bits.
+// launch.h. The Tensor-level caller is router_ops.cpp. Everything is f32 (the GPU router refuses f64) but Sinkhorn's
+// balanced cost (f64), ids I32, counts and sums f64. Every launcher queues work on `s` and returns; none uses
+// floating-point atomics, so reruns give the same bits.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,16 +20,17 @@ struct RouterRowArgs {
   bool pre_softmax = false;  // softmax over E before the top-k
   int64_t num_groups = 0;    // group-limited top-k when group_topk > 0
   int64_t group_topk = 0;
-  float scale = 1.0f;             // --moe-router-topk-scaling-factor (1 when none)
-  const float* used = nullptr;    // [T, E] logits routed on
-  const float* bias = nullptr;    // [E] expert bias (selection only) or null
-  float* scores = nullptr;        // [T, E] softmax / sigmoid scores (sigmoid or pre-softmax), else null
-  int32_t* idx = nullptr;         // [T, K] selected experts, selection order
-  float* p = nullptr;             // [T, K] probabilities before the scaling factor
-  float* probs = nullptr;         // [T, K] p · scale
-  int32_t* kept = nullptr;        // [T, K] set to 1
-  float* group_scores = nullptr;  // [T, G] scratch (group-limited only)
-  int32_t* group_sel = nullptr;   // [T, G] scratch (group-limited only)
+  float scale = 1.0f;                // --moe-router-topk-scaling-factor (1 when none)
+  const float* used = nullptr;       // [T, E] logits routed on
+  const float* bias = nullptr;       // [E] expert bias (selection only) or null
+  const double* sinkhorn = nullptr;  // [T, E] Sinkhorn's balanced cost (training): the experts are its top-k
+  float* scores = nullptr;           // [T, E] softmax / sigmoid scores (sigmoid or pre-softmax), else null
+  int32_t* idx = nullptr;            // [T, K] selected experts, selection order
+  float* p = nullptr;                // [T, K] probabilities before the scaling factor
+  float* probs = nullptr;            // [T, K] p · scale
+  int32_t* kept = nullptr;           // [T, K] set to 1
+  float* group_scores = nullptr;     // [T, G] scratch (group-limited only)
+  int32_t* group_sel = nullptr;      // [T, G] scratch (group-limited only)
   // Training only (null otherwise).
   float* aux_scores = nullptr;    // [T, E] softmax, or sigmoid normalised over E
   int32_t* aux_top = nullptr;     // [T, K] plain top-k of the aux scores (null: not computed)

@@ -66,24 +66,32 @@ __global__ void token_counts_kernel(const int32_t* row_of_i, int64_t T, int64_t 
   }
 }
 
-// Each token's rows in ascending order (insertion sort of at most K rows).
+// r inserted into the ascending rows[0, c) (c + 1 rows after).
+__device__ __forceinline__ void insert_row(int32_t* rows, int c, int32_t r) {
+  int p = c;
+  while (p > 0 && rows[p - 1] > r) {
+    rows[p] = rows[p - 1];
+    p--;
+  }
+  rows[p] = r;
+}
+
+// Each token's rows in ascending order (insertion sort of its at most K rows): in registers up to kMoeMaxTopK, in
+// the token's own slots of token_rows above (a top-k Megatron allows up to the expert count); the same order.
 __global__ void token_rows_kernel(const int32_t* row_of_i, int64_t T, int64_t K, const int64_t* offsets_T1,
                                   int32_t* token_rows) {
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < T; t += int64_t(gridDim.x) * blockDim.x) {
-    int32_t rows[kMoeMaxTopK];
+    int32_t* out = token_rows + offsets_T1[t];
     int c = 0;
-    for (int64_t j = 0; j < K; j++) {
-      const int32_t r = row_of_i[t * K + j];
-      if (r < 0) continue;
-      int p = c++;
-      while (p > 0 && rows[p - 1] > r) {
-        rows[p] = rows[p - 1];
-        p--;
-      }
-      rows[p] = r;
+    if (K > kMoeMaxTopK) {
+      for (int64_t j = 0; j < K; j++)
+        if (row_of_i[t * K + j] >= 0) insert_row(out, c++, row_of_i[t * K + j]);
+      continue;
     }
-    const int64_t o = offsets_T1[t];
-    for (int k = 0; k < c; k++) token_rows[o + k] = rows[k];
+    int32_t rows[kMoeMaxTopK];
+    for (int64_t j = 0; j < K; j++)
+      if (row_of_i[t * K + j] >= 0) insert_row(rows, c++, row_of_i[t * K + j]);
+    for (int k = 0; k < c; k++) out[k] = rows[k];
   }
 }
 

@@ -19,22 +19,25 @@ __device__ __forceinline__ float sigmoid_f(float x) {
 }
 
 // True when (va, a) comes before (vb, b) in selection order: the larger value first, ties to the lower index.
-__device__ __forceinline__ bool before(float va, int64_t a, float vb, int64_t b) {
+template <typename X>
+__device__ __forceinline__ bool before(X va, int64_t a, X vb, int64_t b) {
   return va > vb || (va == vb && a < b);
 }
 
 // Top-k of v(e) over the allowed e in [0, n), largest first, ties to the lower index (the CPU's repeated argmax
-// over the untaken ones); pick(j, e, v(e)) receives each choice.
+// over the untaken ones); pick(j, e, v(e)) receives each choice. Values f32, or f64 (Sinkhorn's cost), compared in
+// their own type.
 template <typename V, typename A, typename P>
 __device__ void topk(const V& v, const A& allowed, int64_t n, int64_t k, const P& pick) {
-  float pv = 0.0f;
+  using X = decltype(v(int64_t{0}));
+  X pv = 0;
   int64_t pi = -1;
   for (int64_t j = 0; j < k; j++) {
     int64_t best = -1;
-    float bv = 0.0f;
+    X bv = 0;
     for (int64_t e = 0; e < n; e++) {
       if (!allowed(e)) continue;
-      const float x = v(e);
+      const X x = v(e);
       if (pi >= 0 && !before(pv, pi, x, e)) continue;  // picked already
       if (best < 0 || x > bv) {
         best = e;
@@ -54,7 +57,12 @@ template <typename V>
 __device__ void select_row(const RouterRowArgs& a, int64_t t, const V& v, int32_t* id) {
   const int64_t E = a.E, K = a.K;
   auto all = [](int64_t) { return true; };
-  auto to_id = [&](int64_t j, int64_t e, float) { id[j] = static_cast<int32_t>(e); };
+  auto to_id = [&](int64_t j, int64_t e, auto) { id[j] = static_cast<int32_t>(e); };
+  if (a.sinkhorn) {  // training under Sinkhorn: the experts come from the balanced cost, the probabilities from v
+    const double* c = a.sinkhorn + t * E;
+    topk([&](int64_t e) { return c[e]; }, all, E, K, to_id);
+    return;
+  }
   if (a.group_topk <= 0) {
     topk(v, all, E, K, to_id);
     return;
@@ -275,14 +283,14 @@ __global__ void z_loss_backward_k(const float* l, const float* lse, float f, int
   }
 }
 
-unsigned row_grid(int64_t T) {
+unsigned token_grid(int64_t T) {
   return static_cast<unsigned>((T + kRowThreads - 1) / kRowThreads);
 }
 
 }  // namespace
 
 void router_rows(const RouterRowArgs& a, cudaStream_t s) {
-  if (a.T > 0) rows_k<<<row_grid(a.T), kRowThreads, 0, s>>>(a);
+  if (a.T > 0) rows_k<<<token_grid(a.T), kRowThreads, 0, s>>>(a);
 }
 
 void router_mask_ids(const int32_t* idx, const int32_t* kept, int32_t* ids_out, int64_t n, cudaStream_t s) {
@@ -314,13 +322,13 @@ void router_score_backward(const float* dP, const int32_t* idx, const int32_t* k
                            const float* scores, bool sigmoid, bool pre_softmax, float scale, int64_t T, int64_t E,
                            int64_t K, float* dl, cudaStream_t s) {
   if (T > 0)
-    score_backward_k<<<row_grid(T), kRowThreads, 0, s>>>(dP, idx, kept, p, scores, sigmoid, pre_softmax, scale, T, E, K,
-                                                         dl);
+    score_backward_k<<<token_grid(T), kRowThreads, 0, s>>>(dP, idx, kept, p, scores, sigmoid, pre_softmax, scale, T, E,
+                                                           K, dl);
 }
 
 void router_aux_score_backward(bool sigmoid, const float* used, const float* a, const float* da, float* dl, int64_t T,
                                int64_t E, float scale, cudaStream_t s) {
-  if (T > 0) aux_score_backward_k<<<row_grid(T), kRowThreads, 0, s>>>(sigmoid, used, a, da, dl, T, E, scale);
+  if (T > 0) aux_score_backward_k<<<token_grid(T), kRowThreads, 0, s>>>(sigmoid, used, a, da, dl, T, E, scale);
 }
 
 void router_z_loss_backward(const float* logits, const float* lse, float f, int64_t T, int64_t E, float* dl,

@@ -33,20 +33,17 @@ V* on_gpu(const Tensor& t, const char* name) {
 
 }  // namespace
 
-void router_check_backend(DType router_dtype, bool sinkhorn) {
+void router_check_backend(DType router_dtype) {
   MOE_CHECK(router_dtype == DType::F32,
             "--moe-router-dtype fp64 is not supported by moecore on the GPU (the GPU router computes in f32; "
             "route in fp64 on the CPU)");
-  MOE_CHECK(!sinkhorn,
-            "--moe-router-load-balancing-type sinkhorn is not supported by moecore on the GPU (train on the CPU, "
-            "or choose aux_loss, seq_aux_loss, global_aux_loss or none)");
 }
 
 void router_rows(const RouterRule& rule, RouterRows& r) {
   const int64_t T = r.used_TE.dim(0), E = r.used_TE.dim(1), K = rule.K;
   MOE_CHECK(T * K < std::numeric_limits<int32_t>::max() && T * E < std::numeric_limits<int32_t>::max(),
             "the GPU router indexes assignments with I32: {} tokens × {} experts is too many", T, E);
-  MOE_ASSERT_MSG(!r.sinkhorn_TE.defined(), "Sinkhorn selection reached the GPU router (router_check_backend)");
+  MOE_ASSERT(!r.sinkhorn_TE.defined() || (r.sinkhorn_TE.numel() == T * E && r.sinkhorn_TE.dtype() == DType::F64));
   MOE_ASSERT(r.scores_TE.defined() == (rule.sigmoid || rule.pre_softmax));
   MOE_ASSERT(!r.aux_top_TK.defined() || r.aux_scores_TE.defined());
   MOE_ASSERT(r.lse_T.defined() == r.logits_TE.defined());
@@ -63,6 +60,7 @@ void router_rows(const RouterRule& rule, RouterRows& r) {
   a.scale = static_cast<float>(rule.scale);
   a.used = detail::f32(r.used_TE, "used_TE");
   a.bias = f32_or_null(r.bias_E, "bias_E");
+  a.sinkhorn = on_gpu<double>(r.sinkhorn_TE, "sinkhorn_TE");
   a.scores = f32_or_null(r.scores_TE, "scores_TE");
   a.idx = on_gpu<int32_t>(r.idx_TK, "idx_TK");
   a.p = detail::f32(r.p_TK, "p_TK");

@@ -10,7 +10,7 @@ namespace moecore::kernels::cuda {
 
 // f64 router dtype and Sinkhorn selection: refused with the flag's name (the GPU router computes in f32 and has no
 // Sinkhorn).
-void router_check_backend(DType router_dtype, bool sinkhorn);
+void router_check_backend(DType router_dtype);
 #include "moecore/kernels/router_backend.inc"
 
 }  // namespace moecore::kernels::cuda

@@ -7,7 +7,7 @@ namespace moecore::kernels::cuda {
 
 using moecore::cuda::no_cuda_kernel;
 
-void router_check_backend(DType, bool) {
+void router_check_backend(DType) {
   no_cuda_kernel("router");
 }
 void router_rows(const RouterRule&, RouterRows&) {

@@ -71,9 +71,9 @@ void check_expert_parallel(const TrainConfig& c) {
 }  // namespace
 
 void validate_parallel(const TrainConfig& c) {
-  // --device (docs/cuda.md): a GPU that cannot be used, or a setting GPU training does not cover, refused before any
-  // work.
-  if (c.device != "auto") training_device(c);
+  // --device (docs/cuda.md): a GPU that cannot be used, or a setting GPU training does not cover on a run that would
+  // use a GPU (auto with one visible too), refused before any work.
+  training_device(c);
   check_context_parallel(c);  // --context-parallel-size, --cp-comm-type, --hierarchical-context-parallel-sizes
   check_pipeline_flags(c);
   check_tensor_parallel(c);

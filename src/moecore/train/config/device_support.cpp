@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "moecore/core/error.h"
-#include "moecore/device/device_select.h"
 #include "moecore/kernels/dropout_philox.h"
 
 namespace moecore::train {
@@ -15,25 +14,24 @@ std::string gpu_training_gap(const TrainConfig& c) {
   if ((c.hidden_dropout > 0 || c.attention_dropout > 0) && c.micro_batch_size > kernels::dropout_philox::kMaxGpuSamples)
     return gap(fmt::format("dropout with --micro-batch-size {} (above {}: use smaller micro-batches)",
                            c.micro_batch_size, kernels::dropout_philox::kMaxGpuSamples));
-  if (c.optimizer != "adam") return gap("--optimizer " + c.optimizer);
-  if (c.use_precision_aware_optimizer) return gap("--use-precision-aware-optimizer");
-  if (c.log_num_zeros_in_grad) return gap("--log-num-zeros-in-grad");
-  for (const std::string& t : c.moe_router_load_balancing_type)
-    if (c.num_experts > 0 && t == "sinkhorn") return gap("--moe-router-load-balancing-type sinkhorn");
+  // The GPU router computes in f32 (docs/differences.md).
   if (c.num_experts > 0 && c.moe_router_dtype == "fp64") return gap("--moe-router-dtype fp64");
-  if (c.num_experts > 0 && c.moe_router_topk > 64)  // the GPU permutation sorts a token's rows in registers
-    return gap(fmt::format("--moe-router-topk {} (above 64)", c.moe_router_topk));
   return "";
 }
 
-Device training_device(const TrainConfig& c, std::string* why_cpu) {
-  const Device d = cuda::resolve_device(c.device, "train");
+Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& available) {
+  const Device d = cuda::resolve_device(c.device, "train", available);
   if (!d.is_cuda()) return d;
   const std::string gap = gpu_training_gap(c);
-  if (gap.empty()) return d;
-  MOE_CHECK(c.device == "auto", "--device {}: {}; use --device cpu", c.device, gap);
-  if (why_cpu) *why_cpu = gap;
-  return Device::cpu();
+  MOE_CHECK(gap.empty(), "--device {}: {}; {}", c.device, gap,
+            c.device == "auto" ? "a GPU is visible, so --device auto trains on it and does not fall back to the CPU: "
+                                 "pass --device cpu to train on the CPU"
+                               : "use --device cpu");
+  return d;
+}
+
+Device training_device(const TrainConfig& c) {
+  return training_device(c, cuda::DeviceAvailability::probe());
 }
 
 }  // namespace moecore::train

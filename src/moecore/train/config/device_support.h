@@ -1,11 +1,13 @@
-// Which device a training run uses (--device auto|cpu|cuda[:N]) and what the GPU path does not cover yet: an
-// explicit --device cuda with such a feature is refused before any work, naming it; --device auto falls back to
-// the CPU and says why (docs/cuda.md lists what runs on the GPU).
+// Which device a training run uses (--device auto|cpu|cuda[:N]) and what the GPU path does not cover: a run that
+// would use a GPU (--device cuda, or auto where a GPU is visible) with such a feature is refused before any work,
+// naming it. auto never moves a run to the CPU when a GPU is visible: a user with a GPU did not ask for a CPU run
+// (docs/cuda.md lists what runs on the GPU, docs/differences.md why the rest does not).
 #pragma once
 
 #include <string>
 
 #include "moecore/core/device.h"
+#include "moecore/device/device_select.h"
 #include "moecore/train/config/config.h"
 
 namespace moecore::train {
@@ -13,8 +15,11 @@ namespace moecore::train {
 // The first setting of `c` that GPU training does not support, as a sentence naming the flag; empty when none.
 std::string gpu_training_gap(const TrainConfig& c);
 
-// The device the run trains on: --device resolved (refused when unusable), a GPU only when gpu_training_gap is
-// empty. `why_cpu` receives the reason when auto falls back to the CPU although a GPU is visible.
-Device training_device(const TrainConfig& c, std::string* why_cpu = nullptr);
+// The device the run trains on, given what this process can use: --device resolved (refused when unusable); where
+// that is a GPU (cuda, cuda:N, or auto with a GPU visible), refused with gpu_training_gap's reason when it is not
+// empty. A pure function of its arguments: testable without a GPU.
+Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& available);
+// The same for this process's real availability.
+Device training_device(const TrainConfig& c);
 
 }  // namespace moecore::train

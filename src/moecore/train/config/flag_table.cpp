@@ -208,8 +208,8 @@ std::vector<FlagSpec> build_flag_table() {
         "Testing: bytes this rank may use, instead of the cgroup or MemAvailable limit (0: detect)", kNoRole,
         at_least(0)},
        {"device", &C::device,
-        "auto, cpu or cuda. Training runs on the CPU for now (auto picks it); cuda is refused with the reason "
-        "(docs/cuda.md)",
+        "auto, cpu or cuda. auto: the GPU when one is visible (never the CPU then: a setting the GPU does not cover is "
+        "refused with the reason, as under cuda), else the CPU (docs/cuda.md)",
         kNoRole, one_of({"auto", "cpu", "cuda"})},
        // activation recompute: bitwise the same losses and gradients, less activation memory, more compute
        {"recompute-granularity", &C::recompute_granularity,

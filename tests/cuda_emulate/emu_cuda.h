@@ -1,0 +1,86 @@
+// The emulation of the CUDA primitives the host-emulation harnesses compile kernels against (see
+// cuda_kernels_emulate.cpp): blocks run one at a time, each CUDA thread a std::thread, __syncthreads a block barrier,
+// __shfl_xor_sync an exchange through per-warp slots, __shared__ a static (one block at a time), the _rn arithmetic
+// intrinsics the plain host operations (the host build has no fused multiply-add). Included once, first.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace emu {
+thread_local uint3 tid, bid;
+dim3 bdim, gdim;
+std::barrier<>* block_bar = nullptr;
+std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+std::vector<std::vector<float>> slots;
+void launch(dim3 grid, dim3 block, const std::function<void()>& k) {
+  bdim = block;
+  gdim = grid;
+  const unsigned nt = block.x;
+  for (unsigned by = 0; by < grid.y; by++)
+    for (unsigned bx = 0; bx < grid.x; bx++) {
+      std::barrier<> bar(nt);
+      block_bar = &bar;
+      warp_bars.clear();
+      slots.assign(nt / 32, std::vector<float>(32));
+      for (unsigned w = 0; w < nt / 32; w++) warp_bars.push_back(std::make_unique<std::barrier<>>(32));
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < nt; t++)
+        ts.emplace_back([&, t] {
+          tid = uint3{t, 0, 0};
+          bid = uint3{bx, by, 0};
+          k();
+        });
+      for (auto& t : ts) t.join();
+    }
+}
+}  // namespace emu
+#define threadIdx (emu::tid)
+#define blockIdx (emu::bid)
+#define blockDim (emu::bdim)
+#define gridDim (emu::gdim)
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+inline void __syncthreads() {
+  emu::block_bar->arrive_and_wait();
+}
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  const int w = emu::tid.x / 32, l = emu::tid.x % 32;
+  emu::slots[w][l] = v;
+  emu::warp_bars[w]->arrive_and_wait();
+  const float r = emu::slots[w][l ^ m];
+  emu::warp_bars[w]->arrive_and_wait();
+  return r;
+}
+template <typename T>
+cudaError_t emu_malloc(T** p, size_t n) {
+  *p = static_cast<T*>(malloc(n));
+  return cudaSuccess;
+}
+#define cudaMallocAsync(pp, n, s) emu_malloc(pp, n)
+#define cudaFreeAsync(p, s) (free(p), cudaSuccess)
+#define cudaMemcpyAsync(d, s, n, k, st) (memcpy(d, s, n), cudaSuccess)
+using std::isfinite;
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
