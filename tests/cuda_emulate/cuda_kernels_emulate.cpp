@@ -148,6 +148,64 @@ bool check_attention_masks() {
   return ok;
 }
 
+// The shape of an attention reference: Sq query rows against Sk keys, row i seeing keys j <= i + off.
+struct AttentionShape {
+  long Sq, Sk, off, B, Nq, Nkv, D;
+  float scale;
+  bool rnd_bf16;  // the GEMM operands rounded to bf16 (the scale folded into q first), as the bf16 kernels do
+};
+
+// The f64 reference of the definition (kernels/attention.h): O = (P ⊙ Z)·V with lse of the undropped softmax,
+// dV = (P ⊙ Z)ᵀ·dO, dS = P ⊙ (Z ⊙ dP − Δ) with Δ = dO·O from the kernel's own o; z(b, h, i, j) the dropout
+// multiplier. The gradients are added to o, dq, dk and dv as they stand (dq may start from a prior block's); rows that
+// see no key are left alone.
+struct AttentionReference {
+  std::vector<double> o, lse, dq, dk, dv;
+  AttentionReference(long nq, long nkv, long nl) : o(nq, 0), lse(nl, -INFINITY), dq(nq, 0), dk(nkv, 0), dv(nkv, 0) {}
+  template <typename Z>
+  void run(const AttentionShape& a, const std::vector<float>& q, const std::vector<float>& k,
+           const std::vector<float>& v, const std::vector<float>& dout, const std::vector<float>& o_kernel, Z z_of) {
+    const long B = a.B, Nq = a.Nq, Nkv = a.Nkv, D = a.D, G = Nq / Nkv;
+    const float scale = a.scale;
+    auto r = [&](float x) { return a.rnd_bf16 ? double(__bfloat162float(__float2bfloat16_rn(x))) : double(x); };
+    auto qi = [&](long s, long b, long h) { return ((s * B + b) * Nq + h) * D; };
+    auto ki = [&](long s, long b, long h) { return ((s * B + b) * Nkv + h) * D; };
+    std::vector<double> pr(a.Sk), z(a.Sk);
+    for (long b = 0; b < B; b++)
+      for (long h = 0; h < Nq; h++)
+        for (long i = 0; i < a.Sq; i++) {
+          const long jend = std::clamp(i + a.off + 1, 0L, a.Sk);
+          if (jend == 0) continue;
+          double mx = -INFINITY, sum = 0;
+          for (long j = 0; j < jend; j++) {
+            double sc = 0;
+            for (long e = 0; e < D; e++)
+              sc += r(q[qi(i, b, h) + e] * (a.rnd_bf16 ? scale : 1.0f)) * r(k[ki(j, b, h / G) + e]);
+            pr[j] = a.rnd_bf16 ? sc : sc * scale;
+            mx = std::max(mx, pr[j]);
+            z[j] = z_of(b, h, i, j);
+          }
+          for (long j = 0; j < jend; j++) sum += pr[j] = std::exp(pr[j] - mx);
+          lse[(b * Nq + h) * a.Sq + i] = mx + std::log(sum);
+          double dl = 0;
+          for (long e = 0; e < D; e++) dl += double(dout[qi(i, b, h) + e]) * o_kernel[qi(i, b, h) + e];
+          for (long j = 0; j < jend; j++) {
+            const double pj = pr[j] / sum;
+            double dp = 0;
+            for (long e = 0; e < D; e++) dp += r(dout[qi(i, b, h) + e]) * r(v[ki(j, b, h / G) + e]);
+            const double ds = pj * (dp * z[j] - dl);
+            for (long e = 0; e < D; e++) {
+              o[qi(i, b, h) + e] += pj * z[j] * r(v[ki(j, b, h / G) + e]);
+              dv[ki(j, b, h / G) + e] += pj * z[j] * r(dout[qi(i, b, h) + e]);
+              dq[qi(i, b, h) + e] += scale * ds * r(k[ki(j, b, h / G) + e]);
+              dk[ki(j, b, h / G) + e] +=
+                  ds * r(q[qi(i, b, h) + e] * (a.rnd_bf16 ? scale : 1.0f)) * (a.rnd_bf16 ? 1 : scale);
+            }
+          }
+        }
+  }
+};
+
 // The warp-per-row attention (f32, and bf16-rounded) with dropout against an f64 reference of the definition
 // (kernels/attention.h): O = (P ⊙ Z)·V, dV = (P ⊙ Z)ᵀ·dO, dS = P ⊙ (Z ⊙ dP − Δ), Z from dropout_philox directly; and
 // far from the same kernel without dropout.
@@ -157,7 +215,7 @@ double attention_rowwise_case(long S, long B, long Nq, long Nkv, long D, double 
   d.head_offset = 1;
   d.row_offset = d.col_offset = offset;
   const float scale = 1.0f / std::sqrt(float(D));
-  const long nq = S * B * Nq * D, nkv = S * B * Nkv * D, nl = B * Nq * S, G = Nq / Nkv;
+  const long nq = S * B * Nq * D, nkv = S * B * Nkv * D, nl = B * Nq * S;
   auto q = rnd(nq, 31), k = rnd(nkv, 32), v = rnd(nkv, 33), dout = rnd(nq, 34);
   std::vector<float> o(nq, NAN), lse(nl, NAN), dq(nq, NAN), dk(nkv, NAN), dv(nkv, NAN), delta(nl, NAN), o0(nq, NAN);
   attention_rowwise_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), S, B, Nq, Nkv, D, scale, rnd_bf16, d,
@@ -166,40 +224,11 @@ double attention_rowwise_case(long S, long B, long Nq, long Nkv, long D, double 
                              dv.data(), delta.data(), S, B, Nq, Nkv, D, scale, rnd_bf16, d, nullptr);
   attention_rowwise_forward(q.data(), k.data(), v.data(), o0.data(), lse.data(), S, B, Nq, Nkv, D, scale, rnd_bf16,
                             DropoutParams{}, nullptr);
-  auto r = [&](float x) { return rnd_bf16 ? double(__bfloat162float(__float2bfloat16_rn(x))) : double(x); };
-  auto qi = [&](long s, long b, long h) { return ((s * B + b) * Nq + h) * D; };
-  auto ki = [&](long s, long b, long h) { return ((s * B + b) * Nkv + h) * D; };
-  std::vector<double> ro(nq, 0), rdq(nq, 0), rdk(nkv, 0), rdv(nkv, 0), pr(S), z(S);
-  for (long b = 0; b < B; b++)
-    for (long h = 0; h < Nq; h++) {
-      const HeadMask m(d, b, h);
-      for (long i = 0; i < S; i++) {
-        double mx = -INFINITY, sum = 0;
-        for (long j = 0; j <= i; j++) {
-          double sc = 0;
-          for (long e = 0; e < D; e++)
-            sc += r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * r(k[ki(j, b, h / G) + e]);
-          pr[j] = rnd_bf16 ? sc : sc * scale;
-          mx = std::max(mx, pr[j]);
-          z[j] = m.kept(offset + i, offset + j) ? d.keep : 0.0;
-        }
-        for (long j = 0; j <= i; j++) sum += pr[j] = std::exp(pr[j] - mx);
-        double dl = 0;
-        for (long e = 0; e < D; e++) dl += double(dout[qi(i, b, h) + e]) * o[qi(i, b, h) + e];
-        for (long j = 0; j <= i; j++) {
-          const double pj = pr[j] / sum;
-          double dp = 0;
-          for (long e = 0; e < D; e++) dp += r(dout[qi(i, b, h) + e]) * r(v[ki(j, b, h / G) + e]);
-          const double ds = pj * (dp * z[j] - dl);
-          for (long e = 0; e < D; e++) {
-            ro[qi(i, b, h) + e] += pj * z[j] * r(v[ki(j, b, h / G) + e]);
-            rdv[ki(j, b, h / G) + e] += pj * z[j] * r(dout[qi(i, b, h) + e]);
-            rdq[qi(i, b, h) + e] += scale * ds * r(k[ki(j, b, h / G) + e]);
-            rdk[ki(j, b, h / G) + e] += ds * r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * (rnd_bf16 ? 1 : scale);
-          }
-        }
-      }
-    }
+  AttentionReference ref(nq, nkv, nl);
+  ref.run(
+      AttentionShape{S, S, 0, B, Nq, Nkv, D, scale, rnd_bf16}, q, k, v, dout, o,
+      [&](long b, long h, long i, long j) { return HeadMask(d, b, h).kept(offset + i, offset + j) ? d.keep : 0.0; });
+  const std::vector<double>&ro = ref.o, &rdq = ref.dq, &rdk = ref.dk, &rdv = ref.dv;
   std::vector<double> o0d(o0.begin(), o0.end());
   const double changed = relerr(o, o0d);
   const double e = std::max({relerr(o, ro), relerr(dq, rdq), relerr(dk, rdk), relerr(dv, rdv)});
@@ -220,7 +249,7 @@ double attention_block_case(long Sq, long Sk, long q0, long k0, long B, long Nq,
     d.row_offset = base + q0;
     d.col_offset = base + k0;
   }
-  const long off = q0 - k0, G = Nq / Nkv;
+  const long off = q0 - k0;
   const float scale = 1.0f / std::sqrt(float(D));
   const long nq = Sq * B * Nq * D, nkv = Sk * B * Nkv * D, nl = B * Nq * Sq;
   auto q = rnd(nq, 41), k = rnd(nkv, 42), v = rnd(nkv, 43), dout = rnd(nq, 44), dq0 = rnd(nq, 45);
@@ -234,50 +263,21 @@ double attention_block_case(long Sq, long Sk, long q0, long k0, long B, long Nq,
     if (!std::isfinite(x)) x = 0;
   attention_rowwise_backward(dout.data(), q.data(), k.data(), v.data(), o.data(), lse_f.data(), dq.data(), dk.data(),
                              dv.data(), delta.data(), sp, B, Nq, Nkv, D, scale, rnd_bf16, d, nullptr);
-  auto r = [&](float x) { return rnd_bf16 ? double(__bfloat162float(__float2bfloat16_rn(x))) : double(x); };
-  auto qi = [&](long s, long b, long h) { return ((s * B + b) * Nq + h) * D; };
-  auto ki = [&](long s, long b, long h) { return ((s * B + b) * Nkv + h) * D; };
-  std::vector<double> ro(nq, 0), rl(nl, -INFINITY), rdq(dq0.begin(), dq0.end()), rdk(nkv, 0), rdv(nkv, 0), pr(Sk),
-      z(Sk);
+  AttentionReference ref(nq, nkv, nl);
+  ref.dq.assign(dq0.begin(), dq0.end());
+  ref.run(AttentionShape{Sq, Sk, off, B, Nq, Nkv, D, scale, rnd_bf16}, q, k, v, dout, o,
+          [&](long b, long h, long i, long j) {
+            return p == 0 ? 1.0 : HeadMask(d, b, h).kept(base + q0 + i, base + k0 + j) ? d.keep : 0.0;
+          });
+  const std::vector<double>&ro = ref.o, &rl = ref.lse, &rdq = ref.dq, &rdk = ref.dk, &rdv = ref.dv;
+  // Rows that see no key: o 0 and lse −inf exactly.
   bool empty_rows_ok = true;
   for (long b = 0; b < B; b++)
-    for (long h = 0; h < Nq; h++) {
-      const HeadMask m = p > 0 ? HeadMask(d, b, h) : HeadMask{};
-      for (long i = 0; i < Sq; i++) {
-        const long jend = std::clamp(i + off + 1, 0L, Sk);
-        const long row = (b * Nq + h) * Sq + i;
-        if (jend == 0) {
-          empty_rows_ok &= lse[row] == -INFINITY;
-          for (long e = 0; e < D; e++) empty_rows_ok &= o[qi(i, b, h) + e] == 0.0f;
-          continue;
-        }
-        double mx = -INFINITY, sum = 0;
-        for (long j = 0; j < jend; j++) {
-          double sc = 0;
-          for (long e = 0; e < D; e++)
-            sc += r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * r(k[ki(j, b, h / G) + e]);
-          pr[j] = rnd_bf16 ? sc : sc * scale;
-          mx = std::max(mx, pr[j]);
-          z[j] = p == 0 ? 1.0 : m.kept(base + q0 + i, base + k0 + j) ? d.keep : 0.0;
-        }
-        for (long j = 0; j < jend; j++) sum += pr[j] = std::exp(pr[j] - mx);
-        rl[row] = mx + std::log(sum);
-        double dl = 0;
-        for (long e = 0; e < D; e++) dl += double(dout[qi(i, b, h) + e]) * o[qi(i, b, h) + e];
-        for (long j = 0; j < jend; j++) {
-          const double pj = pr[j] / sum;
-          double dp = 0;
-          for (long e = 0; e < D; e++) dp += r(dout[qi(i, b, h) + e]) * r(v[ki(j, b, h / G) + e]);
-          const double ds = pj * (dp * z[j] - dl);
-          for (long e = 0; e < D; e++) {
-            ro[qi(i, b, h) + e] += pj * z[j] * r(v[ki(j, b, h / G) + e]);
-            rdv[ki(j, b, h / G) + e] += pj * z[j] * r(dout[qi(i, b, h) + e]);
-            rdq[qi(i, b, h) + e] += scale * ds * r(k[ki(j, b, h / G) + e]);
-            rdk[ki(j, b, h / G) + e] += ds * r(q[qi(i, b, h) + e] * (rnd_bf16 ? scale : 1.0f)) * (rnd_bf16 ? 1 : scale);
-          }
-        }
+    for (long h = 0; h < Nq; h++)
+      for (long i = 0; i < Sq && i + off + 1 <= 0; i++) {
+        empty_rows_ok &= lse[(b * Nq + h) * Sq + i] == -INFINITY;
+        for (long e = 0; e < D; e++) empty_rows_ok &= o[((i * B + b) * Nq + h) * D + e] == 0.0f;
       }
-    }
   std::vector<float> lse_c(nl);
   std::vector<double> rl_c(nl);
   for (long x = 0; x < nl; x++) {
