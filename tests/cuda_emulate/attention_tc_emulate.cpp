@@ -206,6 +206,18 @@ double rel(const std::vector<float>& got, const std::vector<double>& want) {
   return diff / mag;
 }
 
+// Δ[b, h, i] = dO·O over the head's D channels, f32 in channel order: the backward kernels' input.
+void delta_rows(const std::vector<float>& dout, const std::vector<float>& o, int64_t S, int64_t B, int64_t Nq,
+                int64_t D, std::vector<float>& delta) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Nq; h++)
+      for (int64_t i = 0; i < S; i++) {
+        float acc = 0;
+        for (int64_t d = 0; d < D; d++) acc += dout[((i * B + b) * Nq + h) * D + d] * o[((i * B + b) * Nq + h) * D + d];
+        delta[(b * Nq + h) * S + i] = acc;
+      }
+}
+
 // kDrop: attention dropout at probability p_drop, query and key positions from `offset` (not a multiple of 4: the keep
 // bits' unaligned path), query heads from global head 3.
 template <int D, bool kDrop = false>
@@ -234,13 +246,7 @@ bool run_case(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, double p_drop = 0, 
   launch(dim3(unsigned(B * Nq), unsigned((S + 63) / 64)), fwd_smem_bytes<D, kDrop>(), [&] {
     fwd_tc_k<D, kDrop>(q.data(), k.data(), v.data(), o.data(), lse.data(), S, S, 0, B, Nq, Nkv, scale, drop);
   });
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < Nq; h++)
-      for (int64_t i = 0; i < S; i++) {
-        float acc = 0;
-        for (int d = 0; d < D; d++) acc += dout[qi(i, b, h) + d] * o[qi(i, b, h) + d];
-        delta[(b * Nq + h) * S + i] = acc;
-      }
+  delta_rows(dout, o, S, B, Nq, D, delta);
   launch(dim3(unsigned(B * Nkv), unsigned((S + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
     dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dk.data(), dv.data(), S, S,
                        0, B, Nq, Nkv, scale, 1, 0, drop);
@@ -404,13 +410,7 @@ bool run_block_case(int64_t Sq, int64_t Sk, int64_t q0, int64_t k0, int64_t B, i
   // Backward against a final (o, lse): this block's own, as when it is the row's only block.
   std::vector<float> lse_f(nl);
   for (size_t x = 0; x < nl; x++) lse_f[x] = std::isfinite(lse[x]) ? lse[x] : 0.0f;  // rows with no key: any finite
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < Nq; h++)
-      for (int64_t i = 0; i < Sq; i++) {
-        float acc = 0;
-        for (int d = 0; d < D; d++) acc += dout[qi(i, b, h) + d] * o[qi(i, b, h) + d];
-        delta[(b * Nq + h) * Sq + i] = acc;
-      }
+  delta_rows(dout, o, Sq, B, Nq, D, delta);
   launch(dim3(unsigned(B * Nkv), unsigned((Sk + 63) / 64)), dkv_smem_bytes<D, kDrop>(), [&] {
     dkv_tc_k<D, kDrop>(dout.data(), q.data(), k.data(), v.data(), lse_f.data(), delta.data(), dk.data(), dv.data(), Sq,
                        Sk, off, B, Nq, Nkv, scale, 1, 0, drop);
