@@ -57,8 +57,16 @@ fi
 if [[ -x "$BUILD/moecore_mpi_tests" ]]; then
   for np in 2 4; do
     OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np "$BUILD/moecore_mpi_tests" \
-      --gtest_filter='*GpuLayouts*:GpuDispatch.*' >"$OUT/gpu_layouts_$np.log" 2>&1 || status=1
+      --gtest_filter='*GpuLayouts*:*GpuCpLayouts*:GpuDispatch.*' >"$OUT/gpu_layouts_$np.log" 2>&1 || status=1
   done
+fi
+# Generation on the GPU against the CPU; with GPU_LAUNCH_LINES=1 also Megatron's launch lines trained on the GPU
+# against the CPU (tests/train/megatron_configs.py --on-gpu: its CPU runs take minutes, more than a short device
+# session has).
+timeout 300 bash "$ROOT/tests/ckpt/generate_cuda.sh" "$BUILD/moecore" >"$OUT/generate_cuda.log" 2>&1 || status=1
+if [[ -n "${GPU_LAUNCH_LINES:-}" ]]; then
+  timeout 1500 python3 "$ROOT/tests/train/megatron_configs.py" "$BUILD/moecore" --on-gpu >"$OUT/launch_lines_gpu.log" 2>&1 ||
+    status=1
 fi
 
 # Benchmarks (figures for docs/performance.md and docs/cuda.md).

@@ -12,7 +12,11 @@ feature moecore refuses, the unmodified line must be refused before any work wit
 (`refused`: (flag, expected words, replacement)); the line with those flags replaced must then run. So nothing
 passes by being refused for the wrong reason, and everything else on the line is shown to work.
 
-Usage: megatron_configs.py MOECORE [NAME...]   (NAME: run only those configurations)
+With --on-gpu (a machine with a GPU; exit 77, skipped, without one), each line that runs (refused flags replaced)
+runs with --device cpu and twice with --device cuda, the ranks sharing the one GPU: the GPU's losses must equal the
+CPU's within 1e-2 (the lines train in bf16) and its rerun must give the same losses to the last digit logged.
+
+Usage: megatron_configs.py MOECORE [--on-gpu] [NAME...]   (NAME: run only those configurations)
 """
 import json
 import os
@@ -24,7 +28,8 @@ import tempfile
 import time
 
 MOECORE = os.path.abspath(sys.argv[1])
-ONLY = set(sys.argv[2:])
+ON_GPU = "--on-gpu" in sys.argv[2:]
+ONLY = set(a for a in sys.argv[2:] if a != "--on-gpu")
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1"]
 
 # The flags every functional test of tests/functional_tests/test_cases/moe/ shares (gpt3 MoE family), shrunk:
@@ -227,6 +232,39 @@ def run(cfg, args, log):
     return p.returncode, p.stdout, time.time() - t0
 
 
+def losses(out):
+    return [float(x) for x in re.findall(r"lm loss: ([0-9.eE+-]+)", out)]
+
+
+def compare_devices(cfg, args, d):
+    """'' when the line trains on the GPU as on the CPU (bf16: within 1e-2) and reruns identically there."""
+    runs = {}
+    for tag, device in (("cpu", "cpu"), ("gpu", "cuda"), ("gpu_rerun", "cuda")):
+        # Each run its own checkpoint directory, so no run resumes from another (a repeated flag takes the last value).
+        ckpt = os.path.join(d, "checkpoints_" + tag)
+        rc, out, _ = run(cfg, args + ["--device", device, "--save", ckpt, "--load", ckpt], os.path.join(d, tag + ".log"))
+        if rc != 0 or not losses(out):
+            return f"--device {device} did not train (rc {rc}); see {d}/{tag}.log"
+        runs[tag] = losses(out)
+    cpu, gpu, again = runs["cpu"], runs["gpu"], runs["gpu_rerun"]
+    if len(cpu) != len(gpu):
+        return f"{len(cpu)} losses on the CPU, {len(gpu)} on the GPU"
+    worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu, gpu))
+    if worst > 1e-2:
+        return f"the GPU's losses {gpu} differ from the CPU's {cpu} by {worst:.2e} (above 1e-2)"
+    if gpu != again:
+        return f"the GPU's rerun gave {again}, its first run {gpu}"
+    return ""
+
+
+def gpu_visible():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True).stdout.startswith("GPU")
+    except OSError:
+        return False
+
+
 def make_data(work):
     """The dataset and GPT-2 vocabulary files, where Megatron's CI keeps them."""
     base = os.path.join(work, "data/text/common_pile/v01_filtered_data")
@@ -254,6 +292,9 @@ def make_data(work):
 
 
 def main():
+    if ON_GPU and not gpu_visible():
+        print("megatron_configs: skipped, no GPU visible (--on-gpu)")
+        sys.exit(77)
     work = tempfile.mkdtemp(prefix="moecore_megatron_configs_")
     make_data(work)
     failures = []
@@ -267,7 +308,10 @@ def main():
         os.makedirs(d)
         args = shlex.split(expand(cfg["args"], paths))
         verdict = []
-        if cfg["refused"]:
+        if cfg["refused"] and ON_GPU:  # the refusals are the CPU run's business; the GPU runs the replaced line
+            for flag, _, replacement in cfg["refused"]:
+                args = replace_flag(args, flag, shlex.split(expand(replacement, paths)))
+        elif cfg["refused"]:
             rc, out, secs = run(cfg, args, os.path.join(d, "unmodified.log"))
             named = [r for r in cfg["refused"] if r[1] and re.search(re.escape(r[1]), out)]
             if rc == 0 or not named:
@@ -278,6 +322,15 @@ def main():
             verdict.append(f"refused naming '{named[0][1]}' ({secs:.1f} s)")
             for flag, _, replacement in cfg["refused"]:
                 args = replace_flag(args, flag, shlex.split(expand(replacement, paths)))
+        if ON_GPU:
+            problem = compare_devices(cfg, args, d)
+            if problem:
+                failures.append(f"{cfg['name']}: {problem}")
+                print(f"FAIL {cfg['name']}: {problem}", flush=True)
+            else:
+                print(f"ok   {cfg['name']:<42} the GPU's losses equal the CPU's within 1e-2, rerun identical",
+                      flush=True)
+            continue
         rc, out, secs = run(cfg, args, os.path.join(d, "run.log"))
         iters = re.findall(r"iteration +(\d+)/ +(\d+)", out)
         if rc != 0 or not iters or iters[-1][0] != iters[-1][1]:
