@@ -39,4 +39,19 @@ inline moe::MoELayerConfig sequential_mlp_moe() {
   return c;
 }
 
+// The small MoE layer of the fp64 finite-difference checks: H inputs, E experts, top-K, an f64 router with wide
+// initial logits, FFN 6.
+inline moe::MoELayerConfig fd_moe_layer(int64_t H, int64_t E, int64_t K) {
+  moe::MoELayerConfig c;
+  c.router.hidden = H;
+  c.router.num_experts = E;
+  c.router.topk = K;
+  c.router.router_dtype = DType::F64;
+  c.router.init_std = 0.5;
+  c.ffn_hidden = 6;
+  c.init_std = 0.4;
+  c.output_init_std = 0.3;
+  return c;
+}
+
 }  // namespace moecore::testing

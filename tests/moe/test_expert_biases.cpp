@@ -198,18 +198,10 @@ TEST(GroupedExpertsBias, Bf16CloseToF32AndRecomputeBitwise) {
 }
 
 moe::MoELayerConfig biased_layer(int64_t H, int64_t E, int64_t K) {
-  moe::MoELayerConfig c;
-  c.router.hidden = H;
-  c.router.num_experts = E;
-  c.router.topk = K;
-  c.router.router_dtype = DType::F64;
-  c.router.init_std = 0.5;
+  moe::MoELayerConfig c = testing::fd_moe_layer(H, E, K);
   c.router.load_balancing = {moe::LoadBalancingType::AuxLoss};
   c.router.aux_loss_coeff = {0.3};
   c.router.z_loss_coeff = 0.05;
-  c.ffn_hidden = 6;
-  c.init_std = 0.4;
-  c.output_init_std = 0.3;
   c.bias = true;
   return c;
 }

@@ -19,19 +19,6 @@ using testing::fd_rel_error;
 using testing::kGradTol;
 using testing::randn;
 
-moe::MoELayerConfig layer_config(int64_t H, int64_t E, int64_t K) {
-  moe::MoELayerConfig c;
-  c.router.hidden = H;
-  c.router.num_experts = E;
-  c.router.topk = K;
-  c.router.router_dtype = DType::F64;
-  c.router.init_std = 0.5;
-  c.ffn_hidden = 6;
-  c.init_std = 0.4;
-  c.output_init_std = 0.3;
-  return c;
-}
-
 struct MoeLayerCase {
   std::string name;
   moe::MoELayerConfig cfg;
@@ -41,14 +28,14 @@ struct MoeLayerCase {
 std::vector<MoeLayerCase> gradient_cases() {
   std::vector<MoeLayerCase> cases;
   {
-    MoeLayerCase c{"softmax post, aux + seq aux + z", layer_config(8, 4, 2)};
+    MoeLayerCase c{"softmax post, aux + seq aux + z", testing::fd_moe_layer(8, 4, 2)};
     c.cfg.router.load_balancing = {moe::LoadBalancingType::AuxLoss, moe::LoadBalancingType::SeqAuxLoss};
     c.cfg.router.aux_loss_coeff = {0.3, 0.2};
     c.cfg.router.z_loss_coeff = 0.05;
     cases.push_back(c);
   }
   {
-    MoeLayerCase c{"softmax pre, scaling, global aux, shared expert with gate", layer_config(8, 4, 2)};
+    MoeLayerCase c{"softmax pre, scaling, global aux, shared expert with gate", testing::fd_moe_layer(8, 4, 2)};
     c.cfg.router.pre_softmax = true;
     c.cfg.router.topk_scaling_factor = 2.5;
     c.cfg.router.load_balancing = {moe::LoadBalancingType::GlobalAuxLoss};
@@ -58,7 +45,7 @@ std::vector<MoeLayerCase> gradient_cases() {
     cases.push_back(c);
   }
   {
-    MoeLayerCase c{"sigmoid, groups, expert bias, aux + z", layer_config(8, 8, 4)};
+    MoeLayerCase c{"sigmoid, groups, expert bias, aux + z", testing::fd_moe_layer(8, 8, 4)};
     c.cfg.router.score_function = moe::ScoreFunction::Sigmoid;
     c.cfg.router.num_groups = 4;
     c.cfg.router.group_topk = 2;
@@ -70,7 +57,7 @@ std::vector<MoeLayerCase> gradient_cases() {
     cases.push_back(c);
   }
   {
-    MoeLayerCase c{"sigmoid k=1, gelu, capacity 1.0 by probs", layer_config(8, 4, 1)};
+    MoeLayerCase c{"sigmoid k=1, gelu, capacity 1.0 by probs", testing::fd_moe_layer(8, 4, 1)};
     c.cfg.router.score_function = moe::ScoreFunction::Sigmoid;
     c.cfg.activation = kernels::Activation::GeLU;
     c.cfg.router.capacity_factor = 1.0;
@@ -79,7 +66,7 @@ std::vector<MoeLayerCase> gradient_cases() {
     cases.push_back(c);
   }
   {
-    MoeLayerCase c{"softmax post, squared-relu, padded capacity by position", layer_config(8, 4, 2)};
+    MoeLayerCase c{"softmax post, squared-relu, padded capacity by position", testing::fd_moe_layer(8, 4, 2)};
     c.cfg.activation = kernels::Activation::SquaredReLU;
     c.cfg.router.capacity_factor = 0.75;
     c.cfg.router.pad_to_capacity = true;
@@ -215,7 +202,7 @@ TEST(Dispatcher, RoundTripAndAdjoint) {
 }
 
 TEST(MoELayer, ZeroTokenExpertsAndAllDroppedTokens) {
-  moe::MoELayerConfig c = layer_config(8, 4, 1);
+  moe::MoELayerConfig c = testing::fd_moe_layer(8, 4, 1);
   c.router.score_function = moe::ScoreFunction::Sigmoid;
   c.router.capacity_factor = 0.5;  // C = ceil(1·6/4·0.5) = 1: most tokens lose their only expert
   nn::ParamRegistry reg(DType::F64);
@@ -245,7 +232,7 @@ TEST(MoELayer, ZeroTokenExpertsAndAllDroppedTokens) {
 TEST(MoELayer, TwoRunsAreBitwiseEqual) {
   Tensor grads[2], outs[2];
   for (int run = 0; run < 2; run++) {
-    moe::MoELayerConfig c = layer_config(32, 8, 2);
+    moe::MoELayerConfig c = testing::fd_moe_layer(32, 8, 2);
     c.router.router_dtype = DType::F32;
     c.router.load_balancing = {moe::LoadBalancingType::AuxLoss};
     c.router.aux_loss_coeff = {0.01};
@@ -285,7 +272,7 @@ nn::FfnFactory moe_factory(const moe::MoELayerConfig& base, std::vector<bool> is
 
 TEST(MoEGPT, GradientOfAMixedDenseAndMoEModel) {
   const nn::GPTConfig g = testing::small_gpt({});
-  moe::MoELayerConfig m = layer_config(8, 4, 2);
+  moe::MoELayerConfig m = testing::fd_moe_layer(8, 4, 2);
   m.router.load_balancing = {moe::LoadBalancingType::AuxLoss};
   m.router.aux_loss_coeff = {0.2};
   m.shared_ffn_hidden = 4;
