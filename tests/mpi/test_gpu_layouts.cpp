@@ -1,8 +1,8 @@
 // Layout invariance on the GPU (issues 21 and 22): the same tiny job trained on the GPU on one rank and under a
 // parallel layout (every rank on the machine's GPU, tensors exchanged through host-staged MPI) gives the one-rank
 // losses, gradient norms and aux losses within 1e-5 (f32). Context parallelism too: every --cp-comm-type, CP with EP
-// and with PP, hidden and attention dropout on (the masks keyed by global positions, so the same bits under any
-// layout). Skipped with a one-line reason where no GPU is visible.
+// and with PP, and TP2×DP2, hidden and attention dropout on (the masks keyed by global positions, so the same bits
+// under any layout). Skipped with a one-line reason where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include "config_util.h"
@@ -133,7 +133,8 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCpLayout{"CP2_PP2",
                     4,
                     {"--num-layers", "4", "--moe-layer-freq", "[0,1,1,0]"},
-                    gpu_cp(2) + std::vector<std::string>{"--pipeline-model-parallel-size", "2"}}),
+                    gpu_cp(2) + std::vector<std::string>{"--pipeline-model-parallel-size", "2"}},
+        GpuCpLayout{"TP2_DP2", 4, {}, kGpuTP2}),
     [](const ::testing::TestParamInfo<GpuCpLayout>& i) { return i.param.name; });
 
 }  // namespace
