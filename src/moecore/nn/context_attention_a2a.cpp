@@ -63,6 +63,15 @@ Tensor to_seq(const Tensor& x, const comm::ProcessGroup& g, const ChunkIds& ids,
   return heads_to_seq(reorder(x, ids, sc, false), g);
 }
 
+// For tensors on any device (the layout work and the all-to-all on a host copy, the head shard back on x's device):
+// x's head shard, and K/V's with their heads expanded for Nq query heads first.
+Tensor heads_of(const Tensor& x, const comm::ProcessGroup& g, const ChunkIds& ids, int64_t sc) {
+  return to_device_of(to_heads(on_host(x), g, ids, sc), x);
+}
+Tensor kv_heads_of(const Tensor& kv, int64_t Nq, const comm::ProcessGroup& g, const ChunkIds& ids, int64_t sc) {
+  return to_device_of(to_heads(expand_kv_heads(on_host(kv), Nq, g.size()), g, ids, sc), kv);
+}
+
 }  // namespace
 
 void check_heads(int64_t Nq, int64_t G, const char* what) {
@@ -159,9 +168,7 @@ void a2a_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   const int64_t C = cp.size, Nq = q.dim(2), sc = q.dim(0) / 2, n = Nq / C;
   check_heads(Nq, C, "a2a");
   const ChunkIds ids = all_balanced(C);
-  const Tensor qh = to_device_of(to_heads(on_host(q), g, ids, sc), q);
-  const Tensor kh = to_device_of(to_heads(expand_kv_heads(on_host(k), Nq, C), g, ids, sc), q);
-  const Tensor vh = to_device_of(to_heads(expand_kv_heads(on_host(v), Nq, C), g, ids, sc), q);
+  const Tensor qh = heads_of(q, g, ids, sc), kh = kv_heads_of(k, Nq, g, ids, sc), vh = kv_heads_of(v, Nq, g, ids, sc);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, cp.rank * n);
   const kernels::AttentionDropout* dp = dropout ? &drop : nullptr;
@@ -182,10 +189,8 @@ void a2a_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const int64_t C = cp.size, Nq = q.dim(2), Nkv = k.dim(2), sc = q.dim(0) / 2, n = Nq / C;
   check_heads(Nq, C, "a2a");
   const ChunkIds ids = all_balanced(C);
-  auto heads = [&](const Tensor& x) { return to_device_of(to_heads(on_host(x), g, ids, sc), q); };
-  const Tensor qh = heads(q), doh = heads(dout), oh = heads(o);
-  const Tensor kh = to_device_of(to_heads(expand_kv_heads(on_host(k), Nq, C), g, ids, sc), q);
-  const Tensor vh = to_device_of(to_heads(expand_kv_heads(on_host(v), Nq, C), g, ids, sc), q);
+  const Tensor qh = heads_of(q, g, ids, sc), doh = heads_of(dout, g, ids, sc), oh = heads_of(o, g, ids, sc);
+  const Tensor kh = kv_heads_of(k, Nq, g, ids, sc), vh = kv_heads_of(v, Nq, g, ids, sc);
   const Tensor lh = to_device_of(lse_from_rows(to_heads(lse_rows(on_host(lse)), g, ids, sc)), q);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, cp.rank * n);

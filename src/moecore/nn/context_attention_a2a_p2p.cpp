@@ -38,6 +38,15 @@ Layout layout(const ContextParallel& cp, int64_t Nq) {
   return l;
 }
 
+// For tensors on any device (the layout work and the all-to-all on a host copy, the head shard back on x's device):
+// x's head shard, and K/V's with their heads expanded for Nq query heads first.
+Tensor heads_of(const Tensor& x, const comm::ProcessGroup& g) {
+  return to_device_of(seq_to_heads(on_host(x), g), x);
+}
+Tensor kv_heads_of(const Tensor& kv, int64_t Nq, const comm::ProcessGroup& g) {
+  return to_device_of(seq_to_heads(expand_kv_heads(on_host(kv), Nq, g.size()), g), kv);
+}
+
 }  // namespace
 
 void a2a_p2p_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const ContextParallel& cp,
@@ -45,9 +54,7 @@ void a2a_p2p_forward(const Tensor& q, const Tensor& k, const Tensor& v, double s
   const int64_t Nq = q.dim(2), sc = q.dim(0) / 2;
   const Layout l = layout(cp, Nq);
   const comm::ProcessGroup& g = *l.inner;
-  const Tensor qh = to_device_of(seq_to_heads(on_host(q), g), q);
-  const Tensor kh = to_device_of(seq_to_heads(expand_kv_heads(on_host(k), Nq, l.a), g), q);
-  const Tensor vh = to_device_of(seq_to_heads(expand_kv_heads(on_host(v), Nq, l.a), g), q);
+  const Tensor qh = heads_of(q, g), kh = kv_heads_of(k, Nq, g), vh = kv_heads_of(v, Nq, g);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, g.rank() * l.n);
   Tensor oh = Tensor::empty(qh.shape(), q.dtype(), q.device());
@@ -63,10 +70,8 @@ void a2a_p2p_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   const int64_t Nq = q.dim(2), Nkv = k.dim(2), sc = q.dim(0) / 2;
   const Layout l = layout(cp, Nq);
   const comm::ProcessGroup& g = *l.inner;
-  auto heads = [&](const Tensor& x) { return to_device_of(seq_to_heads(on_host(x), g), q); };
-  const Tensor qh = heads(q), doh = heads(dout), oh = heads(o);
-  const Tensor kh = to_device_of(seq_to_heads(expand_kv_heads(on_host(k), Nq, l.a), g), q);
-  const Tensor vh = to_device_of(seq_to_heads(expand_kv_heads(on_host(v), Nq, l.a), g), q);
+  const Tensor qh = heads_of(q, g), doh = heads_of(dout, g), oh = heads_of(o, g);
+  const Tensor kh = kv_heads_of(k, Nq, g), vh = kv_heads_of(v, Nq, g);
   const Tensor lh = to_device_of(lse_from_rows(seq_to_heads(lse_rows(on_host(lse)), g)), q);
   kernels::AttentionDropout drop;
   if (dropout) drop = head_shard(dropout, g.rank() * l.n);
