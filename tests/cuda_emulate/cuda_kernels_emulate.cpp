@@ -38,13 +38,7 @@ void attention_tc_backward(const float*, const float*, const float*, const float
 #include "cuda_kernels_emulate.inc"
 
 using namespace moecore::launch;
-std::vector<float> rnd(size_t n, unsigned seed, float lo = -1, float hi = 1) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
+using emu::rnd;
 double relerr(const std::vector<float>& a, const std::vector<double>& b) {
   double d = 0, m = 1e-30;
   for (size_t i = 0; i < b.size(); i++) {

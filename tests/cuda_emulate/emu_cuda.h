@@ -20,6 +20,14 @@
 #include <vector>
 
 namespace emu {
+// n floats uniform in [lo, hi) from seed: the harnesses' test inputs.
+inline std::vector<float> rnd(size_t n, unsigned seed, float lo = -1, float hi = 1) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(g);
+  return v;
+}
 thread_local uint3 tid, bid;
 dim3 bdim, gdim;
 std::barrier<>* block_bar = nullptr;

@@ -17,13 +17,6 @@
 
 using namespace moecore::launch;
 namespace {
-std::vector<float> uniform(size_t n, unsigned seed, float lo = -1, float hi = 1) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
 bool same_bits(const void* a, const void* b, size_t bytes) {
   return std::memcmp(a, b, bytes) == 0;
 }
@@ -51,9 +44,9 @@ bool adamw_bf16_case(int64_t n0, int64_t n1) {
   b.m_bf16 = b.v_bf16 = true;
   for (int k = 0; k < 2; k++) {
     const int64_t n = k ? n1 : n0;
-    p[k] = uniform(n, 10 + k);
-    g[k] = uniform(n, 20 + k);
-    const auto m0 = uniform(n, 30 + k, -0.1f, 0.1f), v0 = uniform(n, 40 + k, 0, 0.01f);
+    p[k] = emu::rnd(n, 10 + k);
+    g[k] = emu::rnd(n, 20 + k);
+    const auto m0 = emu::rnd(n, 30 + k, -0.1f, 0.1f), v0 = emu::rnd(n, 40 + k, 0, 0.01f);
     m[k].resize(n);
     v[k].resize(n);
     rm[k].resize(n);
@@ -88,7 +81,7 @@ bool adamw_bf16_case(int64_t n0, int64_t n1) {
 }
 
 bool sgd_case(int64_t n) {
-  auto p = uniform(n, 1), g = uniform(n, 2), buf = uniform(n, 3, -0.1f, 0.1f);
+  auto p = emu::rnd(n, 1), g = emu::rnd(n, 2), buf = emu::rnd(n, 3, -0.1f, 0.1f);
   auto rp = p, rb = buf;
   const float lr = 0.05f, wd = 0.01f, mom = 0.9f, gs = 0.75f;
   for (int64_t i = 0; i < n; i++) {  // kernels/cpu/sgd.cpp's loop
@@ -103,7 +96,7 @@ bool sgd_case(int64_t n) {
 }
 
 bool count_zeros_case(int64_t n) {
-  std::vector<float> a = uniform(n, 5);
+  std::vector<float> a = emu::rnd(n, 5);
   std::mt19937 r(7);
   int64_t want = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -122,7 +115,7 @@ bool count_zeros_case(int64_t n) {
 // Sinkhorn selection: the experts are the top-k of the f64 cost (ties to the lower index, values apart only in f64
 // beyond f32's precision kept apart), the probabilities the softmax of the logits at them.
 bool sinkhorn_rows_case(int64_t T, int64_t E, int64_t K) {
-  const auto l = uniform(T * E, 11, -2, 2);
+  const auto l = emu::rnd(T * E, 11, -2, 2);
   std::vector<double> cost(T * E);
   std::mt19937 r(13);
   for (int64_t i = 0; i < T * E; i++) cost[i] = 0.5 + (r() % 7) * 1e-12;  // equal in f32, ordered in f64
