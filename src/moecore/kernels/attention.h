@@ -108,7 +108,7 @@ int64_t attention_backward_bf16_onednn_bytes(int64_t S, int64_t B, int64_t heads
 int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64_t kv_heads, int64_t D);
 
 // Blocks of attention at global positions, for context parallelism (nn/context_attention*.cpp; on the CPU
-// attention_flash_block.cpp, on the GPU the attention kernels over a span, kernels/cuda/attention_block_ops.cpp): query
+// attention_flash_block.cpp, on the GPU the attention kernels over a span, kernels/cuda/attention_ops.cpp): query
 // rows i = 0..Sq-1 sit at global positions q0 + i, keys j = 0..Sk-1 at k0 + j, and key j is visible to row i when k0 +
 // j ≤ q0 + i. Tiles wholly masked are skipped, wholly visible ones unmasked. q [Sq, B, Nq, D], k/v [Sk, B, Nkv, D] -> o
 // [Sq, B, Nq, D], lse [B, Nq, Sq] of this block alone (a row that sees no key: o 0, lse −inf). `dropout` keys the mask

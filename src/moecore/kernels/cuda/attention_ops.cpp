@@ -1,8 +1,8 @@
-// Tensor-level CUDA blocks of attention at global positions, for context parallelism (kernels/attention.h
-// attention_block_forward/backward, attention_merge): the GPU attention kernels over a span (launch_attention_tc.h
-// AttentionSpan: query rows at q0.., keys at k0.., off = q0 − k0) and the merge kernel (attention_merge.cu). The
-// dropout keys its mask by global positions as the CPU's block form does (its offsets plus q0 and k0), so both
-// devices drop the same probabilities. Not the whole-sequence attention (kernels_loss_optim.cpp).
+// Tensor-level CUDA attention (kernels/attention.h): the GPU attention kernels over a span (launch_attention_tc.h
+// AttentionSpan: query rows at q0.., keys at k0.., off = q0 − k0), for the blocks of context parallelism
+// (attention_block_forward/backward, with the merge kernel attention_merge.cu) and for the whole sequence, its block
+// at positions 0 with dq written rather than added to. The dropout keys its mask by global positions as the CPU's
+// block form does (its offsets plus q0 and k0), so both devices drop the same probabilities.
 #include <algorithm>
 
 #include "moecore/device/gpu_profile.h"
@@ -64,7 +64,7 @@ void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   launch::attention_span_forward(f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"),
                                  span_of(s, q0, k0, false), s.B, s.Nq, s.Nkv, s.D, static_cast<float>(scale),
                                  round_bf16, drop, current_stream());
-  check_launch("attention_block_forward");
+  check_launch("attention_forward");
 }
 
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
@@ -77,9 +77,11 @@ void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor&
   check_launch("attention_merge");
 }
 
-void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                              const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
-                              Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
+namespace {
+// dq added to (context parallelism's blocks) or written (the whole sequence).
+void span_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                   const AttentionDropout* dropout, bool round_bf16, bool accumulate_dq) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
   const BlockShape s = block_shape(q, k, v, lse);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
@@ -91,11 +93,45 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
                            ? launch::attention_tc_dkv_part_floats(s.Sk, s.B, s.Nq, s.Nkv, s.D)
                            : 0;
   Tensor dkv_part = part > 0 ? Tensor::empty({part}, DType::F32, q.device()) : Tensor();
-  launch::attention_span_backward(
-      f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"), f32(dq, "dq"),
-      f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(), part > 0 ? dkv_part.device_data<float>() : nullptr,
-      span_of(s, q0, k0, true), s.B, s.Nq, s.Nkv, s.D, static_cast<float>(scale), round_bf16, drop, current_stream());
-  check_launch("attention_block_backward");
+  launch::attention_span_backward(f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"),
+                                  f32(lse, "lse"), f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"),
+                                  delta.device_data<float>(), part > 0 ? dkv_part.device_data<float>() : nullptr,
+                                  span_of(s, q0, k0, accumulate_dq), s.B, s.Nq, s.Nkv, s.D, static_cast<float>(scale),
+                                  round_bf16, drop, current_stream());
+  check_launch("attention_backward");
+}
+
+void require_no_rope(const AttentionRope* rope) {
+  MOE_ASSERT_MSG(!rope, "only the CPU's FlashNative bf16 attention kernel applies RoPE itself");
+}
+}  // namespace
+
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                              const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
+                              Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
+  span_backward(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout, round_bf16, true);
+}
+
+// The whole sequence (q, k and v of the same rows): the block at positions 0, dq written.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout) {
+  cuda::attention_block_forward(q, k, v, 0, 0, scale, o, lse, dropout, false);
+}
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout) {
+  span_backward(dout, q, k, v, o, lse, 0, 0, scale, dq, dk, dv, dropout, false, false);
+}
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope) {
+  require_no_rope(rope);
+  cuda::attention_block_forward(q, k, v, 0, 0, scale, o, lse, dropout, true);
+}
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope) {
+  require_no_rope(rope);
+  span_backward(dout, q, k, v, o, lse, 0, 0, scale, dq, dk, dv, dropout, true, false);
 }
 
 }  // namespace moecore::kernels::cuda

@@ -1,5 +1,5 @@
 // The pointer-level dropout argument (launch_dropout.h) from the API's masks (kernels/dropout.h, kernels/attention.h),
-// for the Tensor-level CUDA entry points: hidden dropout (dropout.cpp) and attention (kernels_loss_optim.cpp).
+// for the Tensor-level CUDA entry points: hidden dropout (dropout.cpp) and attention (attention_ops.cpp).
 #pragma once
 
 #include <cstdint>

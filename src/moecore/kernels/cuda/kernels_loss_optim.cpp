@@ -1,14 +1,12 @@
-// Tensor-level CUDA cross-entropy, AdamW and attention (see kernels.h).
+// Tensor-level CUDA cross-entropy, AdamW and SGD (see kernels.h).
 #include <cmath>
 
 #include "moecore/device/check.h"
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
-#include "moecore/kernels/cuda/dropout_params.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
-#include "moecore/kernels/cuda/launch_attention_tc.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -141,83 +139,6 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& h
               static_cast<float>(hp.weight_decay), static_cast<float>(hp.momentum), static_cast<float>(hp.grad_scale),
               current_stream());
   check_launch("sgd");
-}
-
-namespace {
-void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
-  MOE_ASSERT_MSG(q.ndim() == 4 && k.ndim() == 4, "attention wants [S, B, N, D], got q {} k {}", q.shape().str(),
-                 k.shape().str());
-  MOE_ASSERT_SHAPE(k, {q.dim(0), q.dim(1), k.dim(2), q.dim(3)});
-  MOE_ASSERT(v.shape() == k.shape());
-  MOE_ASSERT_MSG(k.dim(2) > 0 && q.dim(2) % k.dim(2) == 0, "query heads {} not a multiple of kv heads {}", q.dim(2),
-                 k.dim(2));
-  MOE_ASSERT_SHAPE(lse, {q.dim(1), q.dim(2), q.dim(0)});
-  MOE_CHECK(q.dim(3) <= 256, "attention on the GPU supports head dims up to 256, got {}", q.dim(3));
-}
-
-// round_bf16: the bf16 forms (f32 tensors, bf16 rounding inside).
-// Attention dropout (null or off: none) draws the CPU kernels' keep bits inside the kernels (launch.h).
-void flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                   const AttentionDropout* dropout, bool round_bf16) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
-  check_attention(q, k, v, lse);
-  MOE_ASSERT(o.shape() == q.shape());
-  const launch::DropoutParams drop = detail::attention_dropout_params(dropout, q.dim(1));
-  launch::attention_forward(f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"), q.dim(0), q.dim(1),
-                            q.dim(2), k.dim(2), q.dim(3), static_cast<float>(scale), round_bf16, drop,
-                            current_stream());
-  check_launch("attention_forward");
-}
-
-void flash_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                    const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                    const AttentionDropout* dropout, bool round_bf16) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
-  check_attention(q, k, v, lse);
-  const launch::DropoutParams drop = detail::attention_dropout_params(dropout, q.dim(1));
-  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
-  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
-  Tensor delta = Tensor::empty(lse.shape(), DType::F32, q.device());
-  // The tensor-core backward's partial dK/dV when it splits a GQA group's heads over blocks (launch_attention_tc.h).
-  const int64_t S = q.dim(0), B = q.dim(1), Nq = q.dim(2), Nkv = k.dim(2), D = q.dim(3);
-  const int64_t part = launch::attention_tc_supported(S, B, Nq, D, round_bf16)
-                           ? launch::attention_tc_dkv_part_floats(S, B, Nq, Nkv, D)
-                           : 0;
-  Tensor dkv_part = part > 0 ? Tensor::empty({part}, DType::F32, q.device()) : Tensor();
-  launch::attention_backward(f32(dout, "dout"), f32(q, "q"), f32(k, "k"), f32(v, "v"), f32(o, "o"), f32(lse, "lse"),
-                             f32(dq, "dq"), f32(dk, "dk"), f32(dv, "dv"), delta.device_data<float>(),
-                             part > 0 ? dkv_part.device_data<float>() : nullptr, S, B, Nq, Nkv, D,
-                             static_cast<float>(scale), round_bf16, drop, current_stream());
-  check_launch("attention_backward");
-}
-
-void require_no_rope(const AttentionRope* rope) {
-  MOE_ASSERT_MSG(!rope, "only the CPU's FlashNative bf16 attention kernel applies RoPE itself");
-}
-}  // namespace
-
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                       const AttentionDropout* dropout) {
-  flash_forward(q, k, v, scale, o, lse, dropout, false);
-}
-
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                        const AttentionDropout* dropout) {
-  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, false);
-}
-
-void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout, const AttentionRope* rope) {
-  require_no_rope(rope);
-  flash_forward(q, k, v, scale, o, lse, dropout, true);
-}
-
-void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout, const AttentionRope* rope) {
-  require_no_rope(rope);
-  flash_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, true);
 }
 
 }  // namespace moecore::kernels::cuda

@@ -1,4 +1,4 @@
-// Operand checks shared by the Tensor-level CUDA entry points (kernels.cpp, kernels_loss_optim.cpp).
+// Operand checks shared by the Tensor-level CUDA entry points (kernels.cpp, kernels_loss_optim.cpp, attention_ops.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
