@@ -108,5 +108,28 @@ TEST(DeviceSupport, AutoWithAGpuVisibleNeverFallsBackToTheCpu) {
   EXPECT_TRUE(testing::contains(ec, "use --device cpu")) << ec;
 }
 
+// `moecore plan` plans a GPU run on any machine: the GPU --device names is assumed present (a CUDA build, that
+// ordinal visible), what GPU training does not cover is still refused by name, and auto keeps the real availability.
+TEST(DeviceSupport, APlanAssumesTheGpuItNames) {
+  const cuda::DeviceAvailability a = cuda::DeviceAvailability::assumed_for("cuda:3");
+  EXPECT_TRUE(a.built_with_cuda);
+  EXPECT_EQ(a.visible, 4);
+  EXPECT_EQ(cuda::DeviceAvailability::assumed_for("cuda").visible, 1);
+  const cuda::DeviceAvailability real = cuda::DeviceAvailability::probe();
+  EXPECT_EQ(cuda::DeviceAvailability::assumed_for("auto").visible, real.visible);
+  const auto flags = train::parse_flags(testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 4, 64, 2, "1e-3") +
+                                        std::vector<std::string>{"--device", "cuda"});
+  const train::TrainConfig c = train::compose_train_config(flags, /*plan_only=*/true);
+  EXPECT_TRUE(c.plan_only);
+  EXPECT_EQ(train::training_device(c), Device::cuda(0));
+  if (real.visible == 0) {  // without a GPU, a run (not a plan) is refused as before
+    const std::string e = testing::error_of([&] { train::compose_train_config(flags); });
+    EXPECT_TRUE(testing::contains(e, "--device cuda")) << e;
+  }
+  train::TrainConfig fp64 = c;
+  fp64.moe_router_dtype = "fp64";
+  EXPECT_TRUE(testing::contains(testing::error_of([&] { train::training_device(fp64); }), "--moe-router-dtype fp64"));
+}
+
 }  // namespace
 }  // namespace moecore

@@ -5,11 +5,14 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <initializer_list>
 
 #include "moecore/core/error.h"
+#include "moecore/device/caching_allocator.h"
 #include "moecore/train/config/config.h"
+#include "moecore/train/config/device_support.h"
 #include "moecore/train/config/start_config.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
@@ -44,6 +47,43 @@ MemoryPlan worst(const TrainConfig& c, int64_t padded_vocab, int64_t world) {
   return train::worst_stage(train::plan_memory_stages(c, padded_vocab, PlanLayout::from(c, world)));
 }
 
+// The worst rank's lines, in the order printed.
+std::vector<std::pair<std::string, double>> rows_of(const MemoryPlan& w) {
+  return {
+      {"weights (f32)", w.weights},
+      {"weights (bf16 copy)", w.bf16_weights},
+      {"  of which packed experts", w.packed_weights},
+      {"gradients (f32)", w.grads},
+      {"Adam moments", w.adam},
+      {"master + gradient shard", w.master},
+      {"communication buffers", w.comm},
+      {"activations", w.peak_activations - w.logits},
+      {"logits", w.logits},
+      {"backward working set", w.working},
+  };
+}
+
+// A GPU plan made on any machine: the lines where a CPU run of the same flags would plan differently (the CPU's
+// packed expert copies, its bf16 kernels' temporaries), and the GPU allocator's rounding.
+void print_gpu_differences(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int64_t world,
+                           const MemoryPlan& gpu) {
+  TrainConfig cpu_cfg = c;
+  cpu_cfg.device = "cpu";
+  const MemoryPlan cpu = worst(cpu_cfg, padded_vocab, world);
+  fmt::print(out,
+             "planned for the GPU (--device {}: no GPU is needed to plan); a CPU run of the same flags plans {}{}\n",
+             c.device, gib(cpu.total()),
+             cpu.pp_rank == gpu.pp_rank ? "" : fmt::format(" (worst: pipeline stage {})", cpu.pp_rank));
+  const auto g = rows_of(gpu), h = rows_of(cpu);
+  for (size_t i = 0; i < g.size(); i++)
+    if (std::abs(g[i].second - h[i].second) >= 0.5 * 0x1p20)
+      fmt::print(out, "  {:<26} GPU {:>12}   CPU {:>12}\n", g[i].first, gib(g[i].second), gib(h[i].second));
+  fmt::print(out,
+             "  the GPU's caching allocator rounds each block to the CPU allocator's size classes with a "
+             "{}-byte minimum (device/caching_allocator.h)\n",
+             cuda::CachingAllocator::kMinimumBlock);
+}
+
 void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int64_t world) {
   const PlanLayout l = PlanLayout::from(c, world);
   const std::vector<MemoryPlan> stages = train::plan_memory_stages(c, padded_vocab, l);
@@ -62,22 +102,11 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
                  m.in_flight, gib(m.peak_activations + m.working), gib(m.total()));
   }
   fmt::print(out, "worst rank (pipeline stage {}), per rank:\n", w.pp_rank);
-  const std::vector<std::pair<const char*, double>> rows = {
-      {"weights (f32)", w.weights},
-      {"weights (bf16 copy)", w.bf16_weights},
-      {"  of which packed experts", w.packed_weights},
-      {"gradients (f32)", w.grads},
-      {"Adam moments", w.adam},
-      {"master + gradient shard", w.master},
-      {"communication buffers", w.comm},
-      {"activations", w.peak_activations - w.logits},
-      {"logits", w.logits},
-      {"backward working set", w.working},
-  };
-  for (const auto& [name, b] : rows)
+  for (const auto& [name, b] : rows_of(w))
     if (b > 0) fmt::print(out, "  {:<26} {:>12}\n", name, gib(b));
   fmt::print(out, "  {:<26} {:>12}   ({:.2f} micro-batches in flight, {} each)\n", "total", gib(w.total()), w.in_flight,
              gib(w.activations + w.logits));
+  if (train::training_device(c).is_cuda()) print_gpu_differences(out, c, padded_vocab, world, w);
 }
 
 // Megatron's best-practice order for a run that does not fit: more expert parallelism, selective recompute of
@@ -205,7 +234,7 @@ int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
   if (!given({"--train-iters", "--train-samples", "--skip-train"})) args.insert(args.end(), {"--train-iters", "1"});
   if (!given({"--mock-data", "--data-path", "--train-data-path", "--per-split-data-args-path", "--data-args-path"}))
     args.push_back("--mock-data");
-  const TrainConfig c = train::parse_train_config(args);
+  const TrainConfig c = train::compose_train_config(train::parse_flags(args), /*plan_only=*/true);
   const int64_t padded_vocab = train::build_vocabulary(c).padded;
   if (world == 0) world = PlanLayout::from(c, 0).world();
   print_plan(out, c, padded_vocab, world);

@@ -16,7 +16,7 @@ CachingAllocator::~CachingAllocator() {
 }
 
 size_t CachingAllocator::round_size(size_t bytes) {
-  return Allocator::round_size(bytes < 512 ? 512 : bytes);
+  return Allocator::round_size(bytes < kMinimumBlock ? kMinimumBlock : bytes);
 }
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {

@@ -37,6 +37,7 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
+  static constexpr size_t kMinimumBlock = 512;  // the smallest block handed out
   static size_t round_size(size_t bytes);
 
   void* allocate(size_t bytes, uintptr_t stream);

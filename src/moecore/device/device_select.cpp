@@ -26,6 +26,12 @@ int cuda_ordinal(std::string_view s) {
 }
 }  // namespace
 
+DeviceAvailability DeviceAvailability::assumed_for(std::string_view requested) {
+  const int n = cuda_ordinal(requested);
+  if (n < 0) return probe();
+  return {true, n + 1, ""};
+}
+
 bool is_device_name(std::string_view s) {
   return s == "auto" || s == "cpu" || cuda_ordinal(s) >= 0;
 }

@@ -14,6 +14,9 @@ struct DeviceAvailability {
   int visible = 0;
   std::string why_none;
   static DeviceAvailability probe();  // the real one (cudaGetDeviceCount in a CUDA build)
+  // What a plan made without the hardware assumes (`moecore plan --device cuda:N` on any machine): a CUDA build with
+  // the GPU `requested` names visible; auto and cpu keep this process's real availability.
+  static DeviceAvailability assumed_for(std::string_view requested);
 };
 
 // The accepted spellings of --device.

@@ -190,6 +190,9 @@ struct TrainConfig {
   // Bookkeeping too: the Megatron flags given that have no effect here, "--flag [value]: why" (megatron_flags.h);
   // the run lists them at its start.
   std::vector<std::string> no_effect;
+  // Bookkeeping too: set by `moecore plan`, which plans a run without running it: a GPU named by --device is
+  // assumed present (device/device_select.h, DeviceAvailability::assumed_for), so a GPU cluster plans from a laptop.
+  bool plan_only = false;
   // Resolved by resolve(), not a flag: per layer, whether it is a MoE layer (--moe-layer-freq over --num-layers; none
   // without --num-experts). Every user reads this; the flag's string is what checkpoints save.
   std::vector<bool> is_moe_layer;

@@ -31,7 +31,8 @@ Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& ava
 }
 
 Device training_device(const TrainConfig& c) {
-  return training_device(c, cuda::DeviceAvailability::probe());
+  return training_device(
+      c, c.plan_only ? cuda::DeviceAvailability::assumed_for(c.device) : cuda::DeviceAvailability::probe());
 }
 
 }  // namespace moecore::train

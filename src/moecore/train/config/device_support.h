@@ -19,7 +19,7 @@ std::string gpu_training_gap(const TrainConfig& c);
 // that is a GPU (cuda, cuda:N, or auto with a GPU visible), refused with gpu_training_gap's reason when it is not
 // empty. A pure function of its arguments: testable without a GPU.
 Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& available);
-// The same for this process's real availability.
+// The same for this process's real availability (for a plan, c.plan_only: the GPU --device names, assumed).
 Device training_device(const TrainConfig& c);
 
 }  // namespace moecore::train

@@ -41,7 +41,7 @@ void apply_checkpoint_args(TrainConfig& c) {  // Megatron's --use-checkpoint-arg
   apply_config_json(c, model, found->dir + "/" + ckpt::kStateFile);
 }
 
-TrainConfig compose_train_config(const ParsedFlags& flags) {
+TrainConfig compose_train_config(const ParsedFlags& flags, bool plan_only) {
   TrainConfig given;  // what the YAML and the command line say: which preset and HF model lie under them
   apply_flags(given, flags.yaml);
   apply_flags(given, flags.cli);
@@ -55,6 +55,7 @@ TrainConfig compose_train_config(const ParsedFlags& flags) {
   if (c.tokenizer_type.empty() && (!c.vocab_file.empty() || !c.merge_file.empty()))
     c.tokenizer_type = "GPT2BPETokenizer";
   c.no_effect = megatron_no_effect_lines(flags.megatron);
+  c.plan_only = plan_only;
   resolve(c);
   return c;
 }

@@ -11,8 +11,9 @@
 
 namespace moecore::train {
 
-// The layers composed and resolved (resolve_defaults, validate): the configuration a Trainer takes.
-TrainConfig compose_train_config(const ParsedFlags& flags);
+// The layers composed and resolved (resolve_defaults, validate): the configuration a Trainer takes. `plan_only`:
+// for `moecore plan`, which assumes the GPU --device names (TrainConfig::plan_only).
+TrainConfig compose_train_config(const ParsedFlags& flags, bool plan_only = false);
 // `moecore train` arguments (argv after "train") to a resolved configuration: parse_flags, then
 // compose_train_config. Throws Error naming the flag for anything unknown, conflicting or unsupported.
 TrainConfig parse_train_config(const std::vector<std::string>& args);
