@@ -121,7 +121,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   log_->set_device(device_);
   tb_->set_device(device_);
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32, device_);
-  log_->set_planned_memory(print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_).total());
+  plan_ = print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
+  log_->set_planned_memory(plan_.total());
   Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
   if (device_.is_cuda()) cuda::device_reset_peak(device_);
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});

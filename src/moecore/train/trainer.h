@@ -58,6 +58,7 @@ class Trainer {
   const optim::ChainedOptimizer& optimizer() const { return *opt_; }
   const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }
+  const MemoryPlan& memory_plan() const { return plan_; }  // this rank's, printed at start
   std::vector<moe::MoELayer*> moe_layers() { return train::moe_layers(*model_); }
   // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
   double step_flops() const;
@@ -107,6 +108,7 @@ class Trainer {
   std::unique_ptr<HealthAlarms> health_;  // routing and loss health alarms
   Progress progress_;
   double peak_gflops_ = 0;
+  MemoryPlan plan_;
   bool duration_exit_ = false;   // --exit-duration-in-mins passed on some rank (agreed with the stop signal)
   int stop_signal_ = 0;          // the signal that stops training at this step boundary (agreed over all ranks)
   int64_t eod_mask_token_ = -1;  // --eod-mask-loss: the EOD token (-1: every token has a loss)

@@ -120,6 +120,13 @@ void run_bench_train(const TrainBenchArgs& a) {
   fmt::print("  {:.2f} M parameters on rank 0; step {:.3f} s (median of {}; mean {:.3f} s)\n",
              static_cast<double>(t->params().numel()) / 1e6, step, a.iters, r.step_s);
   fmt::print("  {}\n", describe_peak(a.dtype, r.peak_samples, t->device(), "the steps"));
+  // The memory plan printed at start beside the allocator's peak over the timed steps (the GPU's on the GPU).
+  const double planned = t->memory_plan().total(),
+               peak_bytes =
+                   static_cast<double>(t->device().is_cuda() ? cuda::device_allocator_stats(t->device()).peak_bytes
+                                                             : Allocator::instance().stats().peak_bytes);
+  fmt::print("  memory: planned {:.1f} MiB, measured peak {:.1f} MiB ({:.3f} of the plan)\n", planned / kMiB,
+             peak_bytes / kMiB, peak_bytes / planned);
   std::vector<double> step_gflops;  // each timed step's model GFLOP/s per rank
   for (double s : r.steps_s) step_gflops.push_back(t->step_flops() / s / 1e9 / static_cast<double>(r.world));
   const double paired_mfu = paired_peak_ratio(step_gflops, r.peak_samples);
@@ -129,9 +136,8 @@ void run_bench_train(const TrainBenchArgs& a) {
     print_gpu_phases(*r.gpu, r.step_s);
     fmt::print(
         "train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} paired_mfu={:.3f} peak_memory_mib={:.1f} "
-        "{}\n",
-        a.dtype, tokens / step, gflops, gflops / peak, paired_mfu,
-        static_cast<double>(cuda::device_allocator_stats(t->device()).peak_bytes) / kMiB,
+        "plan_memory_mib={:.1f} {}\n",
+        a.dtype, tokens / step, gflops, gflops / peak, paired_mfu, peak_bytes / kMiB, planned / kMiB,
         gpu_record(*r.gpu, r.exposed_s));
     return;
   }
@@ -149,10 +155,10 @@ void run_bench_train(const TrainBenchArgs& a) {
   print_gemm_shapes(r.gemm_shapes, peak, kGemmShapesShown);
   fmt::print(
       "train dtype={} tokens_per_sec={:.0f} model_gflops={:.1f} mfu={:.3f} paired_mfu={:.3f} peak_memory_mib={:.1f} "
-      "gemm_s={:.3f} attention_s={:.3f} permute_s={:.3f} comm_s={:.3f} optimizer_s={:.3f} other_s={:.3f}\n",
-      a.dtype, tokens / step, gflops, gflops / peak, paired_mfu,
-      static_cast<double>(Allocator::instance().stats().peak_bytes) / kMiB, ph.rows[0].second, ph.rows[1].second,
-      ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rest);
+      "plan_memory_mib={:.1f} gemm_s={:.3f} attention_s={:.3f} permute_s={:.3f} comm_s={:.3f} optimizer_s={:.3f} "
+      "other_s={:.3f}\n",
+      a.dtype, tokens / step, gflops, gflops / peak, paired_mfu, peak_bytes / kMiB, planned / kMiB, ph.rows[0].second,
+      ph.rows[1].second, ph.rows[2].second, ph.rows[3].second, ph.rows[4].second, ph.rest);
 }
 }  // namespace
 
