@@ -109,15 +109,39 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
   if (train::training_device(c).is_cuda()) print_gpu_differences(out, c, padded_vocab, world, w);
 }
 
-// Megatron's best-practice order for a run that does not fit: more expert parallelism, selective recompute of
-// moe_act and layernorm, more pipeline stages, the distributed optimizer; each applied on top of the last.
+// Megatron's levers for a run that does not fit, in the order its guides apply them (Megatron-Core MoE's best
+// practice, Megatron-Bridge's "fit" phase), each applied on top of the last: the optimizer state sharded over the
+// data-parallel ranks, more expert parallelism, selective recompute of the cheap modules, more pipeline stages;
+// offloading only after recompute and parallelism; then the levers that change the numbers: Adam's moments in bf16
+// (as the DeepSeek-V3 recipe keeps them) and, last (advise), full recompute.
 struct Change {
   std::string what;
   std::function<bool(TrainConfig&, int64_t world)> apply;  // false: not possible from here
 };
 
+// Adds `modules` to the selective recompute list (keeping those already there); false when nothing is added or
+// full recompute is already on.
+bool add_recompute(TrainConfig& c, const std::vector<std::string>& modules) {
+  if (c.recompute_granularity == "full") return false;
+  std::vector<std::string> list =
+      c.recompute_granularity == "selective" ? c.recompute_modules : std::vector<std::string>{};
+  const size_t before = list.size();
+  for (const std::string& m : modules)
+    if (std::find(list.begin(), list.end(), m) == list.end()) list.push_back(m);
+  if (list.size() == before && c.recompute_granularity == "selective") return false;
+  c.recompute_granularity = "selective";
+  c.recompute_modules = list;
+  return true;
+}
+
 std::vector<Change> changes() {
   return {
+      {"--use-distributed-optimizer",
+       [](TrainConfig& c, int64_t world) {
+         if (c.use_distributed_optimizer || world <= 1) return false;
+         c.use_distributed_optimizer = true;
+         return true;
+       }},
       {"raise --expert-model-parallel-size",
        [](TrainConfig& c, int64_t world) {
          const int64_t ep = c.expert_model_parallel_size * 2, etp = std::max<int64_t>(c.expert_tensor_parallel_size, 1);
@@ -126,21 +150,15 @@ std::vector<Change> changes() {
          c.expert_model_parallel_size = ep;
          return true;
        }},
-      {"--recompute-granularity selective --recompute-modules moe_act layernorm (MLA: moe_act)",
+      {"--recompute-granularity selective with --recompute-modules moe_act layernorm (MLA: moe_act mla_up_proj)",
        [](TrainConfig& c, int64_t) {
-         // MLA refuses layernorm recompute (it keeps its whole stash): moe_act alone there.
-         const std::vector<std::string> modules = c.multi_latent_attention
-                                                      ? std::vector<std::string>{"moe_act"}
-                                                      : std::vector<std::string>{"moe_act", "layernorm"};
-         if (c.recompute_granularity == "full" ||
-             (c.recompute_granularity == "selective" && c.recompute_modules == modules))
-           return false;
-         c.recompute_granularity = "selective";
-         c.recompute_modules = modules;
-         return true;
+         // MLA refuses layernorm recompute (it keeps its whole stash); mla_up_proj is its cheap module.
+         return add_recompute(c, c.multi_latent_attention ? std::vector<std::string>{"moe_act", "mla_up_proj"}
+                                                          : std::vector<std::string>{"moe_act", "layernorm"});
        }},
       {"raise --pipeline-model-parallel-size",
        [](TrainConfig& c, int64_t world) {
+         if (!c.pipeline_model_parallel_layout.empty()) return false;  // a layout string fixes the stages
          const int64_t pp = c.pipeline_model_parallel_size * 2;
          const int64_t model = c.tensor_model_parallel_size * c.context_parallel_size * pp;
          const int64_t etp = std::max<int64_t>(c.expert_tensor_parallel_size, 1);
@@ -150,10 +168,13 @@ std::vector<Change> changes() {
          c.pipeline_model_parallel_size = pp;
          return true;
        }},
-      {"--use-distributed-optimizer",
+      {"--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 (Adam's moments rounded to bf16)",
        [](TrainConfig& c, int64_t) {
-         if (c.use_distributed_optimizer) return false;
-         c.use_distributed_optimizer = true;
+         if (!c.use_distributed_optimizer || c.optimizer != "adam" ||
+             (c.exp_avg_dtype == "bf16" && c.exp_avg_sq_dtype == "bf16"))
+           return false;
+         c.use_precision_aware_optimizer = true;
+         c.exp_avg_dtype = c.exp_avg_sq_dtype = "bf16";
          return true;
        }},
   };
@@ -195,8 +216,8 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
   } catch (const Error&) {
   }
   fmt::print(out,
-             "no change in Megatron's order (raise EP, recompute moe_act/layernorm, raise PP, distributed "
-             "optimizer) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
+             "no change in Megatron's order (distributed optimizer, raise EP, recompute moe_act/layernorm, raise PP, "
+             "bf16 Adam moments) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
              "--micro-batch-size or --seq-length, {}\n",
              gib(device), world,
              applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")), last);
