@@ -1,0 +1,199 @@
+// Fine-grained activation offloading (train/activation_offload.h) on the CPU, through its testing switch
+// (--testing-offload-on-cpu: the same copy-out / copy-back steps, into a host pool of their own): the flags with
+// Megatron's rules; bitwise the losses, grad norms and parameters of the run without offloading, for dense, MoE, MLA,
+// bf16 and recompute configurations; and the allocator's live bytes after a forward lower by exactly the bytes the
+// memory plan says are offloaded, which are the bytes copied.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "config_util.h"
+#include "moecore/core/allocator.h"
+#include "moecore/train/activation_offload.h"
+#include "moecore/train/memory_plan.h"
+#include "moecore/train/model_builder.h"
+#include "moecore/train/trainer.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+using Args = std::vector<std::string>;
+
+const Args kOffloadAll = {"--fine-grained-activation-offloading",
+                          "--offload-modules",
+                          "attn_norm",
+                          "qkv_linear",
+                          "core_attn",
+                          "attn_proj",
+                          "mlp_norm",
+                          "expert_fc1",
+                          "moe_act",
+                          "--min-offloaded-tensor-size",
+                          "0",
+                          "--testing-offload-on-cpu"};
+
+Args offload_run() {
+  return testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2");
+}
+
+std::string offload_error(const Args& extra) {
+  return testing::user_error_of([&] { testing::small_config(offload_run(), extra); });
+}
+
+TEST(ActivationOffloadFlags, MegatronRules) {
+  const Args on = {"--fine-grained-activation-offloading"};
+  EXPECT_NE(offload_error(on).find("needs --offload-modules"), std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "attn_proj"}).find("needs core_attn"), std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "mlp"}).find("--offload-modules"), std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "gdp_qkv"}).find("gated delta-net"), std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "moe_act", "--recompute-granularity", "selective",
+                                    "--recompute-modules", "moe"})
+                .find("--recompute-modules moe"),
+            std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "fused_group_mlp"}).find("--use-transformer-engine-op-fuser"),
+            std::string::npos);
+  EXPECT_NE(
+      offload_error(on + Args{"--offload-modules", "fused_group_mlp", "moe_act", "--use-transformer-engine-op-fuser"})
+          .find("cannot be combined"),
+      std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "core_attn", "--transformer-impl", "local"})
+                .find("transformer_engine"),
+            std::string::npos);
+  EXPECT_NE(offload_error(on + Args{"--offload-modules", "core_attn", "--min-offloaded-tensor-size", "-1"})
+                .find("--min-offloaded-tensor-size"),
+            std::string::npos);
+  // Without --fine-grained-activation-offloading Megatron reads none of the others.
+  EXPECT_NO_THROW(testing::small_config(offload_run(), {"--offload-modules", "attn_proj"}));
+  // On the CPU: accepted, listed once as having no effect (the copies only with the testing switch);
+  // --delay-offload-until-cuda-graph has none without CUDA graphs.
+  const train::TrainConfig c = testing::small_config(
+      offload_run(),
+      on + Args{"--offload-modules", "core_attn", "attn_proj", "--delay-offload-until-cuda-graph", "--device", "cpu"});
+  int offload_lines = 0, delay_lines = 0;
+  for (const auto& l : c.no_effect) {
+    offload_lines += l.rfind("--fine-grained-activation-offloading:", 0) == 0;
+    delay_lines += l.rfind("--delay-offload-until-cuda-graph:", 0) == 0;
+  }
+  EXPECT_EQ(offload_lines, 1);
+  EXPECT_EQ(delay_lines, 1);
+  EXPECT_FALSE(train::offload_config(c, Device::cpu()).modules.any());
+  EXPECT_TRUE(train::offload_config(c, Device::cuda(0)).modules.core_attn);
+  train::TrainConfig t = c;
+  t.testing_offload_on_cpu = true;
+  const train::OffloadConfig oc = train::offload_config(t, Device::cpu());
+  EXPECT_TRUE(oc.modules.core_attn && oc.modules.attn_proj && !oc.modules.expert_fc1);
+  EXPECT_EQ(oc.min_numel, 1024 * 1024);  // Megatron's default
+  EXPECT_EQ(oc.max_inflight, 1);         // None
+}
+
+struct Run {
+  std::vector<train::StepResult> steps;
+  std::vector<Tensor> params;
+  int64_t offloaded = 0, host_live = 0;
+};
+
+Run train_run(const Args& base, const Args& extra) {
+  const train::TrainConfig c = testing::small_config(base, extra + Args{"--device", "cpu"});
+  std::FILE* null = std::fopen("/dev/null", "w");
+  Run r;
+  {
+    train::Trainer t(c, null, false);
+    for (int s = 0; s < 3; s++) r.steps.push_back(t.train_step());
+    for (const auto& p : t.params().all()) r.params.push_back(p->value.clone());
+    if (t.activation_offload()) {
+      r.offloaded = t.activation_offload()->offloaded_bytes();
+      r.host_live = t.activation_offload()->host_live_bytes();
+    }
+  }
+  std::fclose(null);
+  return r;
+}
+
+void expect_same_run(const Args& base, const Args& extra, const std::string& what) {
+  const Run a = train_run(base, extra), b = train_run(base, extra + kOffloadAll);
+  EXPECT_GT(b.offloaded, 0) << what;
+  EXPECT_EQ(b.host_live, 0) << what << ": every offloaded tensor came back";
+  for (size_t s = 0; s < a.steps.size(); s++) {
+    EXPECT_EQ(a.steps[s].lm_loss, b.steps[s].lm_loss) << what << " step " << s;
+    EXPECT_EQ(a.steps[s].grad_norm, b.steps[s].grad_norm) << what << " step " << s;
+    EXPECT_EQ(a.steps[s].aux_losses, b.steps[s].aux_losses) << what << " step " << s;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); i++)
+    EXPECT_TRUE(testing::bitwise_equal(a.params[i], b.params[i])) << what << " parameter " << i;
+}
+
+TEST(ActivationOffload, BitwiseLikeNoOffload) {
+  expect_same_run(offload_run(), {}, "MoE");
+  expect_same_run(offload_run(), {"--bf16"}, "MoE bf16");
+  expect_same_run(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"),
+                  {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"}, "dense + MoE layers, GQA, dropout");
+  expect_same_run(offload_run(), {"--num-experts", "0"}, "dense");
+  expect_same_run(offload_run() + testing::small_mla_flags(true), {}, "MLA");
+  expect_same_run(offload_run(),
+                  {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm", "moe_act"},
+                  "selective recompute");
+  expect_same_run(offload_run(),
+                  {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
+                  "full recompute of the first layer");
+}
+
+// After a training forward and the last copies' release: the allocator's live bytes are the run's without
+// offloading less exactly what the plan says one micro-batch offloads, which is what was copied.
+int64_t live_after_forward(const train::TrainConfig& c, train::ActivationOffload* off) {
+  nn::ParamRegistry reg;
+  const train::ParallelGroups g(c, nullptr);
+  const int64_t padded = train::build_vocabulary(c).padded;
+  const auto model = train::build_model(c, padded, reg, g);
+  if (off) model->set_stash_offload(off);
+  Tensor tokens = Tensor::empty({c.micro_batch_size, c.seq_length}, DType::I64);
+  for (int64_t i = 0; i < tokens.numel(); i++) tokens.data<int64_t>()[i] = (i * 7 + 3) % 60;
+  nn::GPTModel::Stash st = model->make_stash();
+  model->forward(tokens, tokens, Tensor(), st);
+  if (off) off->drain();
+  return Allocator::instance().stats().live_bytes;
+}
+
+void expect_plan_counts(const Args& base, const Args& modules, const std::string& what) {
+  const train::TrainConfig plain = testing::small_config(base, {"--device", "cpu"});
+  const train::TrainConfig c = testing::small_config(base, modules + Args{"--device", "cpu"});
+  const int64_t base_live = live_after_forward(plain, nullptr);
+  train::ActivationOffload off(train::offload_config(c, Device::cpu()), Device::cpu());
+  const int64_t live = live_after_forward(c, &off);
+  const train::MemoryPlan p = train::plan_memory(c, train::build_vocabulary(c).padded, train::PlanLayout::from(c), 0);
+  EXPECT_GT(p.offloaded, 0) << what;
+  EXPECT_EQ(static_cast<double>(base_live - live), p.offloaded) << what;
+  EXPECT_EQ(static_cast<double>(off.offloaded_bytes()), p.offloaded) << what;
+  EXPECT_GT(p.host_offloaded, 0) << what;
+  const train::MemoryPlan q =
+      train::plan_memory(plain, train::build_vocabulary(c).padded, train::PlanLayout::from(plain), 0);
+  EXPECT_NEAR(q.peak_activations - p.peak_activations, p.host_offloaded - p.offload_window, 1.0) << what;
+}
+
+TEST(ActivationOffload, LiveBytesDropByThePlannedOffload) {
+  const Args all_modules = kOffloadAll;
+  expect_plan_counts(offload_run(), all_modules, "MoE, every module");
+  expect_plan_counts(offload_run(), all_modules + Args{"--bf16"}, "MoE bf16, every module");
+  expect_plan_counts(offload_run() + testing::small_mla_flags(true), all_modules, "MLA, every module");
+  expect_plan_counts(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"), all_modules,
+                     "GQA with qk-norm, dense and MoE layers");
+  const Args some = {"--fine-grained-activation-offloading",
+                     "--offload-modules",
+                     "core_attn",
+                     "expert_fc1",
+                     "--min-offloaded-tensor-size",
+                     "0",
+                     "--testing-offload-on-cpu"};
+  expect_plan_counts(offload_run(), some, "core_attn (o stays: proj holds it) and expert_fc1");
+  expect_plan_counts(offload_run(),
+                     some + Args{"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act"},
+                     "with selective recompute");
+  // The threshold keeps the small tensors (the norms' statistics, lse) on the device.
+  expect_plan_counts(offload_run(), train::override_flags(all_modules, {"--min-offloaded-tensor-size", "512"}),
+                     "threshold 512");
+}
+
+}  // namespace
+}  // namespace moecore
