@@ -80,6 +80,16 @@ ActivationOffload::~ActivationOffload() {
   if (copies_) copies_->synchronize();  // no copy outlives the tensors and host blocks it reads or writes
 }
 
+int64_t ActivationOffload::host_live_bytes() const {
+  return pool_->live;
+}
+int64_t ActivationOffload::host_peak_bytes() const {
+  return pool_->peak;
+}
+int64_t ActivationOffload::host_pool_bytes() const {
+  return pool_->total;
+}
+
 void ActivationOffload::offload(nn::TransformerLayer::Stash& st) {
   nn::OffloadedStash& rec = st.offloaded;
   MOE_ASSERT_MSG(rec.empty(), "a layer's stash offloaded twice before its backward");

@@ -62,9 +62,9 @@ class ActivationOffload : public nn::StashOffload {
   // Every copy to the host finished and its device memory released (the end of a forward pass, for tests).
   void drain();
   // Host memory: the bytes holding offloaded tensors now, their peak, and the pool's total (reused across steps).
-  int64_t host_live_bytes() const { return pool_->live; }
-  int64_t host_peak_bytes() const { return pool_->peak; }
-  int64_t host_pool_bytes() const { return pool_->total; }
+  int64_t host_live_bytes() const;
+  int64_t host_peak_bytes() const;
+  int64_t host_pool_bytes() const;
   // Bytes copied to the host since construction (per tensor, aliases once).
   int64_t offloaded_bytes() const { return offloaded_bytes_; }
 

@@ -219,6 +219,7 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.peak_activations = a.peak;
   m.working = a.working;
   apply_activation_offload(c, padded_vocab, l, m);
+  m.buffers = dispatch_buffers(c, l);
   // Pipeline P2P (train/pipeline_p2p.cpp): a send's buffer lives until the send completes (at most one per
   // micro-batch in flight) and each direction has one receive posted ahead.
   if (l.pp > 1) {

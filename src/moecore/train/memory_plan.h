@@ -43,7 +43,7 @@ struct MemoryPlan {
   // tensors are on their way (being copied out, copied back, prefetched). peak_activations counts the device: the
   // stashes at the peak less host_offloaded, plus offload_window.
   double offloaded = 0, host_offloaded = 0, offload_window = 0;
-  // Buffers by name (the EP dispatcher's, ...): what comm and the activations hold, itemized.
+  // Buffers by name (the EP dispatcher's, dispatch_buffers): itemized, already inside the totals above.
   struct Buffer {
     std::string name;
     double bytes = 0;
@@ -92,6 +92,9 @@ struct StageOffload {
 };
 StageOffload stage_offload(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank);
 void apply_activation_offload(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, MemoryPlan& m);
+// The expert-parallel dispatcher's buffers of one MoE layer, by name (memory_plan_dispatch.cpp): transient, inside
+// the working set and stashes already counted; empty without EP or ETP.
+std::vector<MemoryPlan::Buffer> dispatch_buffers(const TrainConfig& c, const PlanLayout& l);
 
 // The memory this rank may use and where that figure comes from.
 struct MemoryLimit {

@@ -34,7 +34,7 @@ struct OffloadSum {
   }
 };
 
-int64_t f32(int64_t n) {
+int64_t offload_f32(int64_t n) {
   return nn::tensor_bytes(n, DType::F32);
 }
 
@@ -61,7 +61,7 @@ void attention_offload(const nn::AttentionConfig& a, const nn::StashDims& d, boo
     if (!a.recompute_core_attn) {
       // o: moves only when nothing that stays holds it (proj's input is o itself unless proj keeps a copy).
       if (proj_copy > 0 || m.attn_proj) s.add(r * nq * D, nn::tensor_bytes(r * nq * D, b16 ? DType::BF16 : DType::F32));
-      s.add(r * nq, f32(r * nq));  // lse
+      s.add(r * nq, offload_f32(r * nq));  // lse
     }
   }
   if (m.attn_proj && !a.recompute_core_attn && proj_copy > 0) s.add(r * nq * D, proj_copy);
@@ -78,22 +78,22 @@ void mla_offload(const nn::AttentionConfig& a, const nn::MLAConfig& ml, const nn
       if (d.bf16)
         for (int k = 0; k < (Q > 0 ? 2 : 1); k++) s.add(rl * H, nn::linear_stash_bytes(rl, H, true));
       else
-        s.add(rl * H, f32(rl * H));
+        s.add(rl * H, offload_f32(rl * H));
     }
     if (Q > 0) {
-      if (a.qk_layernorm) s.add(rl * Q, f32(rl * Q)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
+      if (a.qk_layernorm) s.add(rl * Q, offload_f32(rl * Q)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
       s.add(r * Q, nn::tensor_bytes(r * Q, gd));
     } else if (!input_dropped && (d.bf16 || d.tp > 1)) {
       s.add(r * H, nn::tensor_bytes(r * H, gd));
     }
-    if (a.qk_layernorm) s.add(rl * R, f32(rl * R)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
+    if (a.qk_layernorm) s.add(rl * R, offload_f32(rl * R)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
     s.add(r * R, nn::tensor_bytes(r * R, gd));
-    if (ml.recompute_up_proj) s.add(r * ml.qk_pos_emb_head_dim, f32(r * ml.qk_pos_emb_head_dim));  // the rope key
+    if (ml.recompute_up_proj) s.add(r * ml.qk_pos_emb_head_dim, offload_f32(r * ml.qk_pos_emb_head_dim));  // the rope key
   }
   if (m.core_attn) {
     if (!ml.recompute_up_proj)
-      for (int k = 0; k < 3; k++) s.add(r * nh * da, f32(r * nh * da));
-    if (!a.recompute_core_attn) s.add(r * nh * da, f32(r * nh * da)), s.add(r * nh, f32(r * nh));
+      for (int k = 0; k < 3; k++) s.add(r * nh * da, offload_f32(r * nh * da));
+    if (!a.recompute_core_attn) s.add(r * nh * da, offload_f32(r * nh * da)), s.add(r * nh, offload_f32(r * nh));
   }
   if (m.attn_proj && !a.recompute_core_attn)
     s.add(r * nh * ml.v_head_dim, nn::tensor_bytes(r * nh * ml.v_head_dim, gd));
@@ -158,7 +158,7 @@ StageOffload stage_offload(const TrainConfig& c, int64_t padded_vocab, const Pla
       const int64_t i = ch.first_layer + k;
       OffloadSum s{oc.min_numel};
       for (const bool norm : {oc.modules.attn_norm, oc.modules.mlp_norm})
-        if (norm) s.add(rl * H, f32(rl * H)), s.add(rl, nn::norm_stash_bytes(rl, g.normalization));
+        if (norm) s.add(rl * H, offload_f32(rl * H)), s.add(rl, nn::norm_stash_bytes(rl, g.normalization));
       ml.enabled ? mla_offload(a, ml, d, rc.layernorm, oc.modules, s)
                  : attention_offload(a, d, rc.layernorm, oc.modules, s);
       if (c.num_experts > 0 && c.is_moe_layer[static_cast<size_t>(i)])
