@@ -1,8 +1,8 @@
 // Fine-grained activation offloading on the GPU (train/activation_offload.h): the --offload-modules' stash tensors go
 // to pinned host memory on a copy stream and come back before backward; the runs' losses, grad norms and parameters
-// are bitwise those without offloading (dense and MoE, f32 and bf16, selective recompute), every host block comes
-// back, and the GPU allocator's live bytes after a forward drop by the bytes copied (the plan's count within its
-// CPU-layout estimate). Without a GPU each test is skipped with a one-line reason.
+// are bitwise those without offloading (MoE f32 and bf16, MLA, selective recompute, no copies in flight), every host
+// block comes back, and the GPU allocator's live bytes after a forward drop by the bytes copied (the plan's count
+// within its CPU-layout estimate). Without a GPU each test is skipped with a one-line reason.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -68,9 +68,10 @@ TEST(CudaOffload, BitwiseLikeNoOffload) {
   const std::vector<std::pair<std::string, Args>> cases = {
       {"MoE f32", {}},
       {"MoE bf16", {"--bf16"}},
-      {"dense", {"--num-experts", "0"}},
+
       {"selective recompute", {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act"}},
       {"inflight 0", {"--fine-grained-offloading-max-inflight-offloads", "0"}},
+      {"MLA", Args{"--hidden-size", "64"} + testing::small_mla_flags(true)},
   };
   for (const auto& [what, extra] : cases) {
     const CudaRun a = cuda_train_run(cuda_offload_run(), extra + Args{"--device", "cuda"});
@@ -96,16 +97,18 @@ int64_t cuda_live_after_forward(const train::TrainConfig& c, train::ActivationOf
   Tensor tokens = Tensor::empty({c.micro_batch_size, c.seq_length}, DType::I64);
   for (int64_t i = 0; i < tokens.numel(); i++) tokens.data<int64_t>()[i] = (i * 7 + 3) % 60;
   nn::GPTModel::Stash st = model->make_stash();
+  const int64_t before = cuda::device_allocator_stats(Device::cuda(0)).live_bytes;
   model->forward(tokens, tokens, Tensor(), st);
   if (off) off->drain();
   cuda::synchronize();
-  return cuda::device_allocator_stats(Device::cuda(0)).live_bytes;
+  return cuda::device_allocator_stats(Device::cuda(0)).live_bytes - before;
 }
 
 TEST(CudaOffload, DeviceBytesDropByTheCopiedBytes) {
   MOE_REQUIRE_GPU();
   const train::TrainConfig plain = testing::small_config(cuda_offload_run(), {"--device", "cuda"});
   const train::TrainConfig c = testing::small_config(cuda_offload_run(), kCudaOffloadAll);
+  cuda_live_after_forward(plain, nullptr);  // once first: the kernels' caches filled
   const int64_t base = cuda_live_after_forward(plain, nullptr);
   train::ActivationOffload off(train::offload_config(c, Device::cuda(0)), Device::cuda(0));
   const int64_t live = cuda_live_after_forward(c, &off);
