@@ -92,7 +92,10 @@ TEST_P(OffloadLayouts, BitwiseLikeNoOffload) {
   for (size_t i = 0; i < a.params.size(); i++)
     EXPECT_TRUE(testing::bitwise_equal(a.params[i], b.params[i])) << "parameter " << i;
   EXPECT_GT(b.plan.offloaded, 0);
-  EXPECT_LT(b.plan.peak_activations, a.plan.peak_activations);
+  // Device: the stashes less the host bytes plus the window of layers on their way (here, with a few layers per
+  // stage, the window is all of them).
+  EXPECT_EQ(b.plan.peak_activations, a.plan.peak_activations - b.plan.host_offloaded + b.plan.offload_window);
+  EXPECT_LE(b.plan.peak_activations, a.plan.peak_activations);
   const bool ep = std::find(l.flags.begin(), l.flags.end(), "--expert-model-parallel-size") != l.flags.end();
   EXPECT_EQ(!b.plan.buffers.empty(), ep || l.name.find("ETP") != std::string::npos);
 }

@@ -88,7 +88,8 @@ void mla_offload(const nn::AttentionConfig& a, const nn::MLAConfig& ml, const nn
     }
     if (a.qk_layernorm) s.add(rl * R, offload_f32(rl * R)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
     s.add(r * R, nn::tensor_bytes(r * R, gd));
-    if (ml.recompute_up_proj) s.add(r * ml.qk_pos_emb_head_dim, offload_f32(r * ml.qk_pos_emb_head_dim));  // the rope key
+    if (ml.recompute_up_proj)
+      s.add(r * ml.qk_pos_emb_head_dim, offload_f32(r * ml.qk_pos_emb_head_dim));  // the rope key
   }
   if (m.core_attn) {
     if (!ml.recompute_up_proj)
