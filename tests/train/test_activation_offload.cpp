@@ -9,6 +9,7 @@
 
 #include "config_util.h"
 #include "moecore/core/allocator.h"
+#include "moecore/nn/stash_bytes.h"
 #include "moecore/train/activation_offload.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
@@ -102,7 +103,7 @@ TEST(ActivationOffloadFlags, MegatronRules) {
 struct Run {
   std::vector<train::StepResult> steps;
   std::vector<Tensor> params;
-  int64_t offloaded = 0, host_live = 0;
+  int64_t offloaded = 0, host_live = 0, pool_after_2 = 0, pool_after_3 = 0;
 };
 
 Run train_run(const Args& base, const Args& extra) {
@@ -111,7 +112,11 @@ Run train_run(const Args& base, const Args& extra) {
   Run r;
   {
     train::Trainer t(c, null, false);
-    for (int s = 0; s < 3; s++) r.steps.push_back(t.train_step());
+    for (int s = 0; s < 3; s++) {
+      r.steps.push_back(t.train_step());
+      if (t.activation_offload() && s >= 1)
+        (s == 1 ? r.pool_after_2 : r.pool_after_3) = t.activation_offload()->host_pool_bytes();
+    }
     for (const auto& p : t.params().all()) r.params.push_back(p->value.clone());
     if (t.activation_offload()) {
       r.offloaded = t.activation_offload()->offloaded_bytes();
@@ -126,6 +131,7 @@ void expect_same_run(const Args& base, const Args& extra, const std::string& wha
   const Run a = train_run(base, extra), b = train_run(base, extra + kOffloadAll);
   EXPECT_GT(b.offloaded, 0) << what;
   EXPECT_EQ(b.host_live, 0) << what << ": every offloaded tensor came back";
+  EXPECT_EQ(b.pool_after_2, b.pool_after_3) << what << ": a steady-state step takes no new host memory";
   for (size_t s = 0; s < a.steps.size(); s++) {
     EXPECT_EQ(a.steps[s].lm_loss, b.steps[s].lm_loss) << what << " step " << s;
     EXPECT_EQ(a.steps[s].grad_norm, b.steps[s].grad_norm) << what << " step " << s;
@@ -153,7 +159,7 @@ TEST(ActivationOffload, BitwiseLikeNoOffload) {
 
 // After a training forward and the last copies' release: the bytes the forward left live are the run's without
 // offloading less exactly what the plan says one micro-batch offloads.
-int64_t live_after_forward(const train::TrainConfig& c, train::ActivationOffload* off) {
+int64_t live_after_forward(const train::TrainConfig& c, train::ActivationOffload* off, bool drain = true) {
   nn::ParamRegistry reg;
   const train::ParallelGroups g(c, nullptr);
   const int64_t padded = train::build_vocabulary(c).padded;
@@ -164,7 +170,7 @@ int64_t live_after_forward(const train::TrainConfig& c, train::ActivationOffload
   nn::GPTModel::Stash st = model->make_stash();
   const int64_t before = Allocator::instance().stats().live_bytes;
   model->forward(tokens, tokens, Tensor(), st);
-  if (off) off->drain();
+  if (off && drain) off->drain();
   return Allocator::instance().stats().live_bytes - before;
 }
 
@@ -209,6 +215,50 @@ TEST(ActivationOffload, LiveBytesDropByThePlannedOffload) {
   // The threshold keeps the small tensors (the norms' statistics, lse) on the device.
   expect_plan_counts(offload_run(), train::override_flags(all_modules, {"--min-offloaded-tensor-size", "512"}),
                      "threshold 512");
+}
+
+// --fine-grained-offloading-max-inflight-offloads: with 0 every layer's device memory goes as soon as its copy is
+// queued; with Megatron's None (one layer here) the last layer's stays until the next offload, the backward or a
+// drain: after a forward, the drop is the plan's less the last layer's offload.
+TEST(ActivationOffload, InflightOffloadsHoldTheLastLayers) {
+  const train::TrainConfig plain = testing::small_config(offload_run(), {"--device", "cpu"});
+  live_after_forward(plain, nullptr);
+  const int64_t base = live_after_forward(plain, nullptr);
+  const train::TrainConfig c0 = testing::small_config(
+      offload_run(), kOffloadAll + Args{"--fine-grained-offloading-max-inflight-offloads", "0", "--device", "cpu"});
+  const train::TrainConfig c1 = testing::small_config(offload_run(), kOffloadAll + Args{"--device", "cpu"});
+  const train::StageOffload planned =
+      train::stage_offload(c0, train::build_vocabulary(c0).padded, train::PlanLayout::from(c0), 0);
+  train::ActivationOffload off0(train::offload_config(c0, Device::cpu()), Device::cpu());
+  EXPECT_EQ(static_cast<double>(base - live_after_forward(c0, &off0, false)), planned.per_micro_batch);
+  train::ActivationOffload off1(train::offload_config(c1, Device::cpu()), Device::cpu());
+  const double held = planned.per_micro_batch - static_cast<double>(base - live_after_forward(c1, &off1, false));
+  EXPECT_GT(held, 0);
+  EXPECT_LE(held, planned.largest_layer);
+}
+
+// The plan names the expert-parallel dispatcher's buffers, sized from the rows routed: T·K rows of H per rank for
+// balanced routing (the counts exchanged first), not every token to every rank.
+TEST(ActivationOffload, PlanNamesTheDispatchBuffers) {
+  const train::TrainConfig c =
+      testing::small_config(offload_run(), {"--expert-model-parallel-size", "2", "--device", "cpu"});
+  const auto buffers = train::dispatch_buffers(c, train::PlanLayout::from(c, 2));
+  const int64_t T = 16 * 2, K = 2, H = 32;
+  bool received = false;
+  for (const auto& b : buffers)
+    if (b.name.find("rows received [R, H]") != std::string::npos) {
+      received = true;
+      EXPECT_EQ(b.bytes, static_cast<double>(nn::tensor_bytes(T * K * H, DType::F32)));
+    }
+  EXPECT_TRUE(received);
+  EXPECT_TRUE(
+      train::dispatch_buffers(testing::small_config(offload_run(), {"--device", "cpu"}), train::PlanLayout{}).empty());
+  const train::TrainConfig g = testing::small_config(
+      offload_run(),
+      {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather", "--device", "cpu"});
+  const auto gathered = train::dispatch_buffers(g, train::PlanLayout::from(g, 2));
+  ASSERT_FALSE(gathered.empty());
+  EXPECT_EQ(gathered[0].bytes, static_cast<double>(nn::tensor_bytes(2 * T * H, DType::F32)));
 }
 
 }  // namespace
