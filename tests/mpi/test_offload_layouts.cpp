@@ -1,8 +1,8 @@
 // Fine-grained activation offloading (train/activation_offload.h, CPU testing switch) under parallel layouts: with
 // every offload module, the layered MoE job (dense and MoE layers, gated shared expert, GQA with qk-norm, dropout)
-// under PP2 (micro-batches in flight), EP2, TP2 x SP and ETP2 gives bitwise the losses, grad norms and parameters of
-// the same layout without offloading, and every host block comes back; the plan counts the offload on every stage
-// and names the EP dispatcher's buffers.
+// under PP2 (micro-batches in flight; interleaved; with full recompute), EP2 (with selective recompute), TP2 x SP and
+// ETP2 gives bitwise the losses, grad norms and parameters of the same layout without offloading, and every host block
+// comes back; the plan counts the offload on every stage and names the EP dispatcher's buffers.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -105,7 +105,20 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         OffloadLayout{
             "PP2", 2, {"--pipeline-model-parallel-size", "2", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]"}},
+        OffloadLayout{"PP2_VPP2",
+                      2,
+                      {"--pipeline-model-parallel-size", "2", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
+                       "--num-layers-per-virtual-pipeline-stage", "1"}},
+        OffloadLayout{
+            "PP2_full_recompute",
+            2,
+            {"--pipeline-model-parallel-size", "2", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
+             "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}},
         OffloadLayout{"EP2", 2, {"--expert-model-parallel-size", "2"}},
+        OffloadLayout{"EP2_selective_recompute",
+                      2,
+                      {"--expert-model-parallel-size", "2", "--recompute-granularity", "selective",
+                       "--recompute-modules", "core_attn", "layernorm", "moe_act", "shared_experts"}},
         OffloadLayout{
             "EP2_allgather", 2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"}},
         OffloadLayout{"TP2_SP_ETP2", 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}}),
