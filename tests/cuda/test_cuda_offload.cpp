@@ -40,16 +40,16 @@ Args cuda_offload_run() {
   return testing::tiny_moe_flags() + testing::mock_run_flags(64, 2, 4, 64, 3, "1e-2");
 }
 
-struct CudaRun {
+struct CudaOffloadRun {
   std::vector<train::StepResult> steps;
   std::vector<Tensor> params;
   int64_t offloaded = 0, host_live = 0;
 };
 
-CudaRun cuda_train_run(const Args& base, const Args& extra) {
+CudaOffloadRun cuda_offload_train_run(const Args& base, const Args& extra) {
   const train::TrainConfig c = testing::small_config(base, extra);
   std::FILE* null = std::fopen("/dev/null", "w");
-  CudaRun r;
+  CudaOffloadRun r;
   {
     train::Trainer t(c, null, false);
     for (int s = 0; s < 3; s++) r.steps.push_back(t.train_step());
@@ -74,8 +74,8 @@ TEST(CudaOffload, BitwiseLikeNoOffload) {
       {"MLA", Args{"--hidden-size", "64"} + testing::small_mla_flags(true)},
   };
   for (const auto& [what, extra] : cases) {
-    const CudaRun a = cuda_train_run(cuda_offload_run(), extra + Args{"--device", "cuda"});
-    const CudaRun b = cuda_train_run(cuda_offload_run(), extra + kCudaOffloadAll);
+    const CudaOffloadRun a = cuda_offload_train_run(cuda_offload_run(), extra + Args{"--device", "cuda"});
+    const CudaOffloadRun b = cuda_offload_train_run(cuda_offload_run(), extra + kCudaOffloadAll);
     EXPECT_GT(b.offloaded, 0) << what;
     EXPECT_EQ(b.host_live, 0) << what;
     for (size_t s = 0; s < a.steps.size(); s++) {

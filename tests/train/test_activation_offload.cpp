@@ -100,16 +100,16 @@ TEST(ActivationOffloadFlags, MegatronRules) {
   EXPECT_EQ(oc.max_inflight, 1);         // None
 }
 
-struct Run {
+struct OffloadRun {
   std::vector<train::StepResult> steps;
   std::vector<Tensor> params;
   int64_t offloaded = 0, host_live = 0, pool_after_2 = 0, pool_after_3 = 0;
 };
 
-Run train_run(const Args& base, const Args& extra) {
+OffloadRun offload_train_run(const Args& base, const Args& extra) {
   const train::TrainConfig c = testing::small_config(base, extra + Args{"--device", "cpu"});
   std::FILE* null = std::fopen("/dev/null", "w");
-  Run r;
+  OffloadRun r;
   {
     train::Trainer t(c, null, false);
     for (int s = 0; s < 3; s++) {
@@ -127,8 +127,8 @@ Run train_run(const Args& base, const Args& extra) {
   return r;
 }
 
-void expect_same_run(const Args& base, const Args& extra, const std::string& what) {
-  const Run a = train_run(base, extra), b = train_run(base, extra + kOffloadAll);
+void expect_same_offload_run(const Args& base, const Args& extra, const std::string& what) {
+  const OffloadRun a = offload_train_run(base, extra), b = offload_train_run(base, extra + kOffloadAll);
   EXPECT_GT(b.offloaded, 0) << what;
   EXPECT_EQ(b.host_live, 0) << what << ": every offloaded tensor came back";
   EXPECT_EQ(b.pool_after_2, b.pool_after_3) << what << ": a steady-state step takes no new host memory";
@@ -143,23 +143,25 @@ void expect_same_run(const Args& base, const Args& extra, const std::string& wha
 }
 
 TEST(ActivationOffload, BitwiseLikeNoOffload) {
-  expect_same_run(offload_run(), {}, "MoE");
-  expect_same_run(offload_run(), {"--bf16"}, "MoE bf16");
-  expect_same_run(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"),
-                  {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"}, "dense + MoE layers, GQA, dropout");
-  expect_same_run(offload_dense_run(), {}, "dense");
-  expect_same_run(offload_mla_run(), {}, "MLA");
-  expect_same_run(offload_run(),
-                  {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm", "moe_act"},
-                  "selective recompute");
-  expect_same_run(offload_run(),
-                  {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
-                  "full recompute of the first layer");
+  expect_same_offload_run(offload_run(), {}, "MoE");
+  expect_same_offload_run(offload_run(), {"--bf16"}, "MoE bf16");
+  expect_same_offload_run(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"),
+                          {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"},
+                          "dense + MoE layers, GQA, dropout");
+  expect_same_offload_run(offload_dense_run(), {}, "dense");
+  expect_same_offload_run(offload_mla_run(), {}, "MLA");
+  expect_same_offload_run(
+      offload_run(),
+      {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm", "moe_act"},
+      "selective recompute");
+  expect_same_offload_run(
+      offload_run(), {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
+      "full recompute of the first layer");
 }
 
 // After a training forward and the last copies' release: the bytes the forward left live are the run's without
 // offloading less exactly what the plan says one micro-batch offloads.
-int64_t live_after_forward(const train::TrainConfig& c, train::ActivationOffload* off, bool drain = true) {
+int64_t offload_live_after_forward(const train::TrainConfig& c, train::ActivationOffload* off, bool drain = true) {
   nn::ParamRegistry reg;
   const train::ParallelGroups g(c, nullptr);
   const int64_t padded = train::build_vocabulary(c).padded;
@@ -174,13 +176,13 @@ int64_t live_after_forward(const train::TrainConfig& c, train::ActivationOffload
   return Allocator::instance().stats().live_bytes - before;
 }
 
-void expect_plan_counts(const Args& base, const Args& modules, const std::string& what) {
+void expect_offload_plan_counts(const Args& base, const Args& modules, const std::string& what) {
   const train::TrainConfig plain = testing::small_config(base, {"--device", "cpu"});
   const train::TrainConfig c = testing::small_config(base, modules + Args{"--device", "cpu"});
-  live_after_forward(plain, nullptr);  // once first: the kernels' caches filled
-  const int64_t base_live = live_after_forward(plain, nullptr);
+  offload_live_after_forward(plain, nullptr);  // once first: the kernels' caches filled
+  const int64_t base_live = offload_live_after_forward(plain, nullptr);
   train::ActivationOffload off(train::offload_config(c, Device::cpu()), Device::cpu());
-  const int64_t live = live_after_forward(c, &off);
+  const int64_t live = offload_live_after_forward(c, &off);
   const train::MemoryPlan p = train::plan_memory(c, train::build_vocabulary(c).padded, train::PlanLayout::from(c), 0);
   EXPECT_GT(p.offloaded, 0) << what;
   EXPECT_EQ(static_cast<double>(base_live - live), p.offloaded) << what;
@@ -195,12 +197,12 @@ void expect_plan_counts(const Args& base, const Args& modules, const std::string
 
 TEST(ActivationOffload, LiveBytesDropByThePlannedOffload) {
   const Args all_modules = kOffloadAll;
-  expect_plan_counts(offload_run(), all_modules, "MoE, every module");
-  expect_plan_counts(offload_run() + Args{"--bf16"}, all_modules, "MoE bf16, every module");
-  expect_plan_counts(offload_mla_run(), all_modules, "MLA, every module");
-  expect_plan_counts(offload_dense_run(), all_modules, "dense, every module");
-  expect_plan_counts(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"), all_modules,
-                     "GQA with qk-norm, dense and MoE layers");
+  expect_offload_plan_counts(offload_run(), all_modules, "MoE, every module");
+  expect_offload_plan_counts(offload_run() + Args{"--bf16"}, all_modules, "MoE bf16, every module");
+  expect_offload_plan_counts(offload_mla_run(), all_modules, "MLA, every module");
+  expect_offload_plan_counts(offload_dense_run(), all_modules, "dense, every module");
+  expect_offload_plan_counts(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"),
+                             all_modules, "GQA with qk-norm, dense and MoE layers");
   const Args some = {"--fine-grained-activation-offloading",
                      "--offload-modules",
                      "core_attn",
@@ -208,13 +210,13 @@ TEST(ActivationOffload, LiveBytesDropByThePlannedOffload) {
                      "--min-offloaded-tensor-size",
                      "0",
                      "--testing-offload-on-cpu"};
-  expect_plan_counts(offload_run(), some, "core_attn (o stays: proj holds it) and expert_fc1");
-  expect_plan_counts(
+  expect_offload_plan_counts(offload_run(), some, "core_attn (o stays: proj holds it) and expert_fc1");
+  expect_offload_plan_counts(
       offload_run() + Args{"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act"}, some,
       "with selective recompute");
   // The threshold keeps the small tensors (the norms' statistics, lse) on the device.
-  expect_plan_counts(offload_run(), train::override_flags(all_modules, {"--min-offloaded-tensor-size", "512"}),
-                     "threshold 512");
+  expect_offload_plan_counts(offload_run(), train::override_flags(all_modules, {"--min-offloaded-tensor-size", "512"}),
+                             "threshold 512");
 }
 
 // --fine-grained-offloading-max-inflight-offloads: with 0 every layer's device memory goes as soon as its copy is
@@ -222,17 +224,18 @@ TEST(ActivationOffload, LiveBytesDropByThePlannedOffload) {
 // drain: after a forward, the drop is the plan's less the last layer's offload.
 TEST(ActivationOffload, InflightOffloadsHoldTheLastLayers) {
   const train::TrainConfig plain = testing::small_config(offload_run(), {"--device", "cpu"});
-  live_after_forward(plain, nullptr);
-  const int64_t base = live_after_forward(plain, nullptr);
+  offload_live_after_forward(plain, nullptr);
+  const int64_t base = offload_live_after_forward(plain, nullptr);
   const train::TrainConfig c0 = testing::small_config(
       offload_run(), kOffloadAll + Args{"--fine-grained-offloading-max-inflight-offloads", "0", "--device", "cpu"});
   const train::TrainConfig c1 = testing::small_config(offload_run(), kOffloadAll + Args{"--device", "cpu"});
   const train::StageOffload planned =
       train::stage_offload(c0, train::build_vocabulary(c0).padded, train::PlanLayout::from(c0), 0);
   train::ActivationOffload off0(train::offload_config(c0, Device::cpu()), Device::cpu());
-  EXPECT_EQ(static_cast<double>(base - live_after_forward(c0, &off0, false)), planned.per_micro_batch);
+  EXPECT_EQ(static_cast<double>(base - offload_live_after_forward(c0, &off0, false)), planned.per_micro_batch);
   train::ActivationOffload off1(train::offload_config(c1, Device::cpu()), Device::cpu());
-  const double held = planned.per_micro_batch - static_cast<double>(base - live_after_forward(c1, &off1, false));
+  const double held =
+      planned.per_micro_batch - static_cast<double>(base - offload_live_after_forward(c1, &off1, false));
   EXPECT_GT(held, 0);
   EXPECT_LE(held, planned.largest_layer);
 }
