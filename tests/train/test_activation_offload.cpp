@@ -77,7 +77,9 @@ TEST(ActivationOffloadFlags, MegatronRules) {
                 .find("--min-offloaded-tensor-size"),
             std::string::npos);
   // Without --fine-grained-activation-offloading Megatron reads none of the others.
-  EXPECT_NO_THROW(testing::small_config(offload_run(), {"--offload-modules", "attn_proj"}));
+  const train::TrainConfig off = testing::small_config(offload_run(), {"--offload-modules", "attn_proj"});
+  ASSERT_EQ(off.no_effect.size(), 1u);
+  EXPECT_NE(off.no_effect[0].find("read only with --fine-grained-activation-offloading"), std::string::npos);
   // On the CPU: accepted, listed once as having no effect (the copies only with the testing switch);
   // --delay-offload-until-cuda-graph has none without CUDA graphs.
   const train::TrainConfig c = testing::small_config(

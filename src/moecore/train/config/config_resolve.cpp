@@ -116,6 +116,14 @@ void resolve(TrainConfig& c) {
   // its copies all the same, to a host pool of their own).
   if (c.fine_grained_activation_offloading && !training_device(c).is_cuda())
     note_no_effect(c, "--fine-grained-activation-offloading: " + std::string(kOffloadNoEffect));
+  // Megatron reads the other offloading flags only with --fine-grained-activation-offloading.
+  const TrainConfig plain;
+  if (!c.fine_grained_activation_offloading &&
+      (!c.offload_modules.empty() || c.min_offloaded_tensor_size != plain.min_offloaded_tensor_size ||
+       c.fine_grained_offloading_max_inflight_offloads != plain.fine_grained_offloading_max_inflight_offloads))
+    note_no_effect(c,
+                   "--offload-modules, --min-offloaded-tensor-size, --fine-grained-offloading-max-inflight-offloads: "
+                   "read only with --fine-grained-activation-offloading (as in Megatron)");
   // --moe-layer-freq, once for every user (validated --num-layers: the list has one entry per layer).
   c.is_moe_layer.assign(static_cast<size_t>(c.num_layers), false);
   if (c.num_experts > 0) c.is_moe_layer = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);
