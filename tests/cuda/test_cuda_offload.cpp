@@ -9,6 +9,7 @@
 
 #include "config_util.h"
 #include "gpu_util.h"
+#include "moecore/device/offload_copy.h"
 #include "moecore/device/runtime.h"
 #include "moecore/train/activation_offload.h"
 #include "moecore/train/memory_plan.h"
@@ -61,6 +62,32 @@ CudaOffloadRun cuda_offload_train_run(const Args& base, const Args& extra) {
   }
   std::fclose(null);
   return r;
+}
+
+// The device layer alone: a tensor to pinned memory and back on the copy stream, ordered by tickets only (no host
+// synchronisation until the check), comes back with its bits, also when the compute stream queued work before.
+TEST(CudaOffload, CopyStreamRoundTrip) {
+  MOE_REQUIRE_GPU();
+  const Device g = Device::cuda(0);
+  Tensor x = Tensor::empty({1000, 33}, DType::F32);
+  for (int64_t i = 0; i < x.numel(); i++) x.data<float>()[i] = static_cast<float>(i % 977) * 0.5f - 3.0f;
+  const Tensor d = x.to(g);
+  cuda::OffloadCopyStream copies;
+  void* host = cuda::pinned_allocate(d.nbytes());
+  copies.wait_for_current();
+  copies.copy(host, d.raw(), d.nbytes());
+  const int64_t out = copies.record();
+  Tensor back = Tensor::empty(d.shape(), d.dtype(), g);
+  copies.current_waits(out);
+  copies.release(out);
+  copies.wait_for_current();
+  copies.copy(back.raw(), host, d.nbytes());
+  const int64_t in = copies.record();
+  copies.current_waits(in);
+  copies.release(in);
+  EXPECT_TRUE(testing::bitwise_equal(back.to(Device::cpu()), x));
+  copies.synchronize();
+  cuda::pinned_free(host);
 }
 
 TEST(CudaOffload, BitwiseLikeNoOffload) {
