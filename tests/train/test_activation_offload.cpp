@@ -203,6 +203,14 @@ TEST(ActivationOffload, LiveBytesDropByThePlannedOffload) {
   expect_offload_plan_counts(offload_run() + Args{"--bf16"}, all_modules, "MoE bf16, every module");
   expect_offload_plan_counts(offload_mla_run(), all_modules, "MLA, every module");
   expect_offload_plan_counts(offload_dense_run(), all_modules, "dense, every module");
+  expect_offload_plan_counts(offload_mla_run() + Args{"--recompute-granularity", "selective", "--recompute-modules",
+                                                      "mla_up_proj", "layernorm"},
+                             all_modules, "MLA with mla_up_proj and layernorm recompute");
+  expect_offload_plan_counts(offload_mla_run() + Args{"--bf16", "--q-lora-rank", "0"}, all_modules,
+                             "MLA bf16, no q LoRA");
+  expect_offload_plan_counts(
+      testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2") + Args{"--bf16"}, all_modules,
+      "GQA with qk-norm, bf16");
   expect_offload_plan_counts(testing::layered_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2"),
                              all_modules, "GQA with qk-norm, dense and MoE layers");
   const Args some = {"--fine-grained-activation-offloading",
