@@ -1,6 +1,6 @@
 // The --recompute-* flags with Megatron's defaults, rewrites and checks (train/config_resolve.cpp), what the model
 // takes from them (train::recompute_config), and the refused neighbours (--distribute-saved-activations,
-// fine-grained activation offloading).
+// --activation-offload-fraction).
 #include <gtest/gtest.h>
 
 #include "config_util.h"
@@ -85,11 +85,9 @@ TEST(RecomputeFlags, MegatronChecks) {
 TEST(RecomputeFlags, RefusedNeighbours) {
   EXPECT_NE(recompute_error({"--distribute-saved-activations"}).find("--distribute-saved-activations"),
             std::string::npos);
-  for (const Args& a : {Args{"--fine-grained-activation-offloading"}, Args{"--offload-modules", "core_attn"}}) {
-    const std::string e = recompute_error(a);
-    EXPECT_NE(e.find("host memory"), std::string::npos) << e;
-    EXPECT_NE(e.find("CUDA backend"), std::string::npos) << e;
-  }
+  // Fine-grained activation offloading is implemented (tests/train/test_activation_offload.cpp); its Megatron
+  // neighbours that adapt it at warm-up are not.
+  EXPECT_NE(recompute_error({"--activation-offload-fraction", "0.5"}).find("not supported"), std::string::npos);
 }
 
 // The plan printed at start counts full recompute: chunk inputs kept, one replayed chunk in backward.

@@ -157,6 +157,9 @@ class GPTModel {
   // Sees every module's forward output and backward input gradient (probe.h); null: none. The probe must outlive
   // its use.
   void set_probe(const Probe* probe);
+  // Fine-grained activation offloading of the decoder layers' stashes (stash_offload.h); null: none. It must outlive
+  // its use.
+  void set_stash_offload(StashOffload* o) { recompute_.set_offload(o); }
   TransformerLayer& layer(size_t i) { return *layers_[i]; }  // local index (global_layer(i) under PP)
   size_t num_layers() const { return layers_.size(); }
   const GPTConfig& config() const { return cfg_; }

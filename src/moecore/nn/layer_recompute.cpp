@@ -1,4 +1,4 @@
-// Full-layer recompute (see layer_recompute.h).
+// Full-layer recompute (see layer_recompute.h), and the offloading hooks around each layer (stash_offload.h).
 #include "moecore/nn/layer_recompute.h"
 
 namespace moecore::nn {
@@ -21,7 +21,10 @@ Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Sta
   const RecomputeConfig::Chunk c = chunk_in_block(cfg_, begin, end, i);
   TransformerLayer::Stash& st = stashes[i];
   Tensor y = layers[i]->forward(x, st);
-  if (!c.on()) return y;
+  if (!c.on()) {
+    if (offload_ && st.dropout.training) offload_->offload(st);
+    return y;
+  }
   layers[i]->release(st);
   if (li == c.begin) st.chunk_input = x;
   return y;
@@ -41,6 +44,7 @@ Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::St
       stashes[j].replay = false;
     }
   }
+  if (offload_) offload_->reload(stashes[i], i > begin ? &stashes[i - 1] : nullptr);
   return layers[i]->backward(dy, stashes[i]);
 }
 

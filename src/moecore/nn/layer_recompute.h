@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moecore/nn/recompute.h"
+#include "moecore/nn/stash_offload.h"
 #include "moecore/nn/transformer_layer.h"
 
 namespace moecore::nn {
@@ -25,9 +26,12 @@ class LayerRecompute {
   Tensor backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end, size_t i,
                   const Tensor& dy) const;
   const RecomputeConfig& config() const { return cfg_; }
+  // Fine-grained activation offloading of the layers outside recompute chunks (null: none); it must outlive us.
+  void set_offload(StashOffload* o) { offload_ = o; }
 
  private:
   RecomputeConfig cfg_;
+  StashOffload* offload_ = nullptr;
 };
 
 }  // namespace moecore::nn

@@ -12,6 +12,7 @@
 #include "moecore/nn/feed_forward.h"
 #include "moecore/nn/mla_attention.h"
 #include "moecore/nn/norm.h"
+#include "moecore/nn/offloaded_stash.h"
 #include "moecore/nn/probe.h"
 
 namespace moecore::nn {
@@ -28,6 +29,7 @@ class TransformerLayer {
     // this forward is a replay (no probes; the FFN replays its router and counts nothing).
     Tensor chunk_input;
     bool replay = false;
+    OffloadedStash offloaded;  // fine-grained activation offloading (stash_offload.h): what is in host memory
   };
 
   // recompute_norms: --recompute-modules layernorm (both norms' outputs dropped after their consumers' forward,

@@ -76,6 +76,9 @@ std::string MemoryPlan::describe() const {
       fmt::format(" | activations {} per micro-batch x {:.2f} in flight", human_bytes(activations + logits), in_flight);
   if (logits > 0) s += fmt::format(" (logits {})", human_bytes(logits));
   s += fmt::format(" = {} | backward working set {}", human_bytes(peak_activations), human_bytes(working));
+  if (offloaded > 0)
+    s += fmt::format(" | offloaded to host {} per micro-batch, {} at the peak (device window {})",
+                     human_bytes(offloaded), human_bytes(host_offloaded), human_bytes(offload_window));
   return s;
 }
 
@@ -215,6 +218,8 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.in_flight = a.in_flight;
   m.peak_activations = a.peak;
   m.working = a.working;
+  apply_activation_offload(c, padded_vocab, l, m);
+  m.buffers = dispatch_buffers(c, l);
   // Pipeline P2P (train/pipeline_p2p.cpp): a send's buffer lives until the send completes (at most one per
   // micro-batch in flight) and each direction has one receive posted ahead.
   if (l.pp > 1) {

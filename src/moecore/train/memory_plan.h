@@ -38,6 +38,17 @@ struct MemoryPlan {
   double in_flight = 1;                    // micro-batches' stashes held at the schedule's peak (stage units)
   double peak_activations = 0;             // the stashes at the schedule's peak, logits included
   double working = 0;                      // on top, in backward: a replayed full-recompute chunk, one layer's grads
+  // Fine-grained activation offloading (memory_plan_offload.cpp): one micro-batch's stash bytes the --offload-modules
+  // move to host memory on this stage; the host bytes at the schedule's peak; the device bytes of the layers whose
+  // tensors are on their way (being copied out, copied back, prefetched). peak_activations counts the device: the
+  // stashes at the peak less host_offloaded, plus offload_window.
+  double offloaded = 0, host_offloaded = 0, offload_window = 0;
+  // Buffers by name (the EP dispatcher's, dispatch_buffers): itemized, already inside the totals above.
+  struct Buffer {
+    std::string name;
+    double bytes = 0;
+  };
+  std::vector<Buffer> buffers;
   double total() const { return weights + bf16_weights + grads + adam + master + comm + peak_activations + working; }
   // What a step allocates and frees again: the stashes at the schedule's peak and the backward's working set (the
   // bf16 weight copies stay allocated between steps: Bf16WeightScope keeps their buffers).
@@ -73,6 +84,17 @@ struct StageActivations {
   double working = 0;               // backward's working set on top of the stashes
 };
 StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank);
+// Offloading (memory_plan_offload.cpp): one micro-batch's bytes the --offload-modules move to the host from the
+// layers of pipeline rank `pp_rank` (0 when offloading is off or selects nothing on this run's device), and the
+// largest of one layer's; applied to a plan whose activations are filled.
+struct StageOffload {
+  double per_micro_batch = 0, largest_layer = 0;
+};
+StageOffload stage_offload(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank);
+void apply_activation_offload(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, MemoryPlan& m);
+// The expert-parallel dispatcher's buffers of one MoE layer, by name (memory_plan_dispatch.cpp): transient, inside
+// the working set and stashes already counted; empty without EP or ETP.
+std::vector<MemoryPlan::Buffer> dispatch_buffers(const TrainConfig& c, const PlanLayout& l);
 
 // The memory this rank may use and where that figure comes from.
 struct MemoryLimit {

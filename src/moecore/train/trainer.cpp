@@ -77,6 +77,10 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
       fmt::print(out_, "moecore train: training on {}\n", cuda::describe_device(device_));
     }
   }
+  if (const OffloadConfig oc = offload_config(cfg_, device_); oc.modules.any()) {  // --offload-modules
+    offload_ = std::make_unique<ActivationOffload>(oc, device_);
+    model_->set_stash_offload(offload_.get());
+  }
   stash_ = model_->make_stash();
   std::vector<nn::Parameter*> params;
   for (auto& p : reg_.all()) params.push_back(p.get());

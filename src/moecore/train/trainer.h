@@ -16,6 +16,7 @@
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/optim/chained_optimizer.h"
+#include "moecore/train/activation_offload.h"
 #include "moecore/train/checkpoint_load.h"
 #include "moecore/train/config/config.h"
 #include "moecore/train/model_builder.h"
@@ -58,7 +59,8 @@ class Trainer {
   const optim::ChainedOptimizer& optimizer() const { return *opt_; }
   const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }
-  const MemoryPlan& memory_plan() const { return plan_; }  // this rank's, printed at start
+  const MemoryPlan& memory_plan() const { return plan_; }             // this rank's, printed at start
+  ActivationOffload* activation_offload() { return offload_.get(); }  // null without --offload-modules
   std::vector<moe::MoELayer*> moe_layers() { return train::moe_layers(*model_); }
   // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
   double step_flops() const;
@@ -95,6 +97,7 @@ class Trainer {
   std::array<std::shared_ptr<const data::SampleSource>, 3> data_;
   nn::ParamRegistry reg_;
   Device device_ = Device::cpu();
+  std::unique_ptr<ActivationOffload> offload_;  // outlives the model's stashes that use it
   std::unique_ptr<nn::GPTModel> model_;
   nn::GPTModel::Stash stash_;
   std::unique_ptr<optim::ChainedOptimizer> opt_;

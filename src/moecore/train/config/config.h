@@ -103,6 +103,11 @@ struct TrainConfig {
   int64_t recompute_num_layers = 0;
   std::vector<std::string> recompute_modules;  // empty: Megatron's default, core_attn
   bool recompute_activations = false, moe_layer_recompute = false;
+  // fine-grained activation offloading (train/activation_offload.h); -1 stands for Megatron's None
+  bool fine_grained_activation_offloading = false;
+  std::vector<std::string> offload_modules;
+  int64_t min_offloaded_tensor_size = 1024 * 1024, fine_grained_offloading_max_inflight_offloads = -1;
+  bool testing_offload_on_cpu = false;  // the offloading's copies on a CPU run, to a separate host pool (tests)
   // parallelism (one process until the distributed issue)
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1,
           expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;

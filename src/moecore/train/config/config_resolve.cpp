@@ -13,6 +13,7 @@
 #include "moecore/core/error.h"
 #include "moecore/train/config/config.h"
 #include "moecore/train/config/config_validate.h"
+#include "moecore/train/config/device_support.h"
 
 namespace moecore::train {
 
@@ -21,6 +22,9 @@ namespace {
 constexpr const char* kUpProjNoEffect =
     "--recompute-modules mla_up_proj: recomputes Multi-Latent Attention's up projections, and this model has none "
     "(as in Megatron)";
+
+constexpr const char* kOffloadNoEffect =
+    "moves GPU activations to host memory while they wait for backward; a CPU run keeps them in host memory already";
 
 // Lists `line` with the Megatron flags that have no effect, once however often resolve runs.
 void note_no_effect(TrainConfig& c, const std::string& line) {
@@ -108,6 +112,18 @@ void resolve(TrainConfig& c) {
     note_no_effect(c, fmt::format("--ckpt-format {}: {}. {}", c.ckpt_format, ckpt::kOwnCheckpointFormat,
                                   ckpt::kMegatronCheckpointWayIn));
   validate(c);
+  // On the CPU the stashes are in host memory already: offloading selects nothing there (the testing switch runs
+  // its copies all the same, to a host pool of their own).
+  if (c.fine_grained_activation_offloading && !training_device(c).is_cuda())
+    note_no_effect(c, "--fine-grained-activation-offloading: " + std::string(kOffloadNoEffect));
+  // Megatron reads the other offloading flags only with --fine-grained-activation-offloading.
+  const TrainConfig plain;
+  if (!c.fine_grained_activation_offloading &&
+      (!c.offload_modules.empty() || c.min_offloaded_tensor_size != plain.min_offloaded_tensor_size ||
+       c.fine_grained_offloading_max_inflight_offloads != plain.fine_grained_offloading_max_inflight_offloads))
+    note_no_effect(c,
+                   "--offload-modules, --min-offloaded-tensor-size, --fine-grained-offloading-max-inflight-offloads: "
+                   "read only with --fine-grained-activation-offloading (as in Megatron)");
   // --moe-layer-freq, once for every user (validated --num-layers: the list has one entry per layer).
   c.is_moe_layer.assign(static_cast<size_t>(c.num_layers), false);
   if (c.num_experts > 0) c.is_moe_layer = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);

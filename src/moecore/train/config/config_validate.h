@@ -11,6 +11,8 @@ namespace moecore::train {
 // Attention and positions, MLA and its YaRN, MTP, the vocabulary padding, and activation recompute
 // (config_validate_model.cpp).
 void validate_model(const TrainConfig& c);
+// Fine-grained activation offloading: Megatron's rules for --offload-modules (config_validate_offload.cpp).
+void validate_offload(const TrainConfig& c);
 // The training device, context and pipeline parallelism, tensor and sequence parallelism, the expert mesh
 // (config_validate_parallel.cpp).
 void validate_parallel(const TrainConfig& c);

@@ -116,6 +116,7 @@ void validate_model(const TrainConfig& c) {
   validate_mla_and_mtp(c);
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
   validate_recompute(c);
+  validate_offload(c);
 }
 
 }  // namespace moecore::train

@@ -228,7 +228,26 @@ std::vector<FlagSpec> build_flag_table() {
                 "gdp_in_proj", "gdp_qkv", "mhc"})},
        {"recompute-activations", &C::recompute_activations, "Same as --recompute-granularity selective"},
        {"moe-layer-recompute", &C::moe_layer_recompute,
-        "Deprecated in Megatron: --recompute-granularity selective with moe added to --recompute-modules"}});
+        "Deprecated in Megatron: --recompute-granularity selective with moe added to --recompute-modules"},
+       // activation offloading: bitwise the same losses and gradients, less GPU memory, host copies beside compute
+       {"fine-grained-activation-offloading", &C::fine_grained_activation_offloading,
+        "GPU: the --offload-modules' stashes copied to pinned host memory after forward and back before backward "
+        "(the CPU keeps activations in host memory already: no effect there)"},
+       {"offload-modules", &C::offload_modules,
+        "With --fine-grained-activation-offloading: attn_norm, qkv_linear, core_attn, attn_proj (with core_attn), "
+        "mlp_norm, expert_fc1, moe_act, fused_group_mlp",
+        kNoRole,
+        one_of({"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                "fused_group_mlp", "gdp_qkv"})},
+       {"min-offloaded-tensor-size", &C::min_offloaded_tensor_size,
+        "Offloading: stash tensors of fewer elements stay on the device", kNoRole, at_least(0)},
+       {"fine-grained-offloading-max-inflight-offloads", &C::fine_grained_offloading_max_inflight_offloads,
+        "Offloading: layers whose copies to the host may run before compute waits for them (-1: Megatron's None, "
+        "one layer)",
+        kNoRole, at_least(-1)},
+       {"testing-offload-on-cpu", &C::testing_offload_on_cpu,
+        "Testing: on the CPU, offloading copies the stashes to a separate host pool and back (its code path and "
+        "accounting without a GPU)"}});
   section(
       FlagGroup::Parallel,
       {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, "TP", kNoRole, positive()},

@@ -32,13 +32,10 @@ std::vector<FlagRule> build_rules() {
                                   "tensor-parallel group; it changes memory, not the math)",
                                   "drop it: full recompute keeps each chunk's whole input"),
                       {"distribute-saved-activations"}));
-  r.push_back(
-      refused("fine-grained activation offloading moves device (GPU) activations to host memory while they "
-              "wait for backward; it needs the CUDA backend, and moecore's CPU backend keeps activations in "
-              "host memory already; use --recompute-granularity selective --recompute-modules to save "
-              "activation memory",
-              {"fine-grained-activation-offloading", "offload-modules", "fine-grained-offloading-max-inflight-offloads",
-               "min-offloaded-tensor-size", "delay-offload-until-cuda-graph"}));
+  r.push_back(no_effect(
+      "acts only while a CUDA graph replays (Megatron defers the offloads into the replay); moecore captures no CUDA "
+      "graphs, so the copies start as they do without it",
+      {"delay-offload-until-cuda-graph"}));
   r.push_back(refused(unsupported("CPU offloading of activations or weights"),
                       {"activation-offload-fraction", "delta-offload-bytes-across-pp-ranks"}, {"cpu-offloading"}));
   r.push_back(

@@ -1,0 +1,185 @@
+// Fine-grained activation offloading in the memory plan (memory_plan.h): which bytes of each layer's stash the
+// --offload-modules move to host memory (activation_offload.h says which tensors), composed from the modules' own
+// stash sizes (nn/stash_bytes.h) with each tensor kept apart where the threshold --min-offloaded-tensor-size may
+// keep it on the device. Tensors laid out as the CPU lays them out, as the rest of the plan is.
+#include <algorithm>
+
+#include "moecore/moe/moe_layer.h"
+#include "moecore/nn/attention.h"
+#include "moecore/nn/gpt_model.h"
+#include "moecore/nn/mla_attention.h"
+#include "moecore/nn/stash_bytes.h"
+#include "moecore/train/activation_offload.h"
+#include "moecore/train/config/device_support.h"
+#include "moecore/train/memory_plan.h"
+#include "moecore/train/model_builder.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
+
+namespace moecore::train {
+
+namespace {
+
+// The offloading of a run on the device the plan is for.
+OffloadConfig planned_offload(const TrainConfig& c) {
+  const bool gpu = c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c).is_cuda());
+  return offload_config(c, gpu ? Device::cuda(0) : Device::cpu());
+}
+
+// Sums the bytes of the tensors at least `min_numel` elements long.
+struct OffloadSum {
+  int64_t min_numel = 0;
+  int64_t bytes = 0;
+  void add(int64_t numel, int64_t b) {
+    if (numel > 0 && numel >= min_numel) bytes += b;
+  }
+};
+
+int64_t offload_f32(int64_t n) {
+  return nn::tensor_bytes(n, DType::F32);
+}
+
+// The attention's modules (attention_stash_bytes, tensor by tensor).
+void attention_offload(const nn::AttentionConfig& a, const nn::StashDims& d, bool input_dropped,
+                       const OffloadModules& m, OffloadSum& s) {
+  const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
+  const bool b16 = nn::attention_bf16_tensors(d.bf16, d.cp, d.S);
+  const DType v_t = b16 && !a.bias ? DType::BF16 : DType::F32, qk_t = a.qk_layernorm ? DType::F32 : v_t;
+  if (m.qkv_linear) {
+    if (!input_dropped) s.add(r * a.hidden, nn::tensor_bytes(r * a.hidden, d.gemm_input()));  // q/k/v's one input
+    if (a.qk_layernorm) {  // the projections' outputs as the qk-norms keep them, and their statistics
+      s.add(r * nq * D, nn::tensor_bytes(r * nq * D, qk_t));
+      s.add(r * nkv * D, nn::tensor_bytes(r * nkv * D, qk_t));
+      s.add(r * nq, nn::norm_stash_bytes(r * nq, a.qk_norm_kind));
+      s.add(r * nkv, nn::norm_stash_bytes(r * nkv, a.qk_norm_kind));
+    }
+  }
+  const int64_t proj_copy = nn::linear_stash_bytes(r, nq * D, d.bf16 && !b16);  // 0: proj shares o
+  if (m.core_attn) {
+    s.add(r * nq * D, nn::tensor_bytes(r * nq * D, qk_t));
+    s.add(r * nkv * D, nn::tensor_bytes(r * nkv * D, qk_t));
+    s.add(r * nkv * D, nn::tensor_bytes(r * nkv * D, v_t));
+    if (!a.recompute_core_attn) {
+      // o: moves only when nothing that stays holds it (proj's input is o itself unless proj keeps a copy).
+      if (proj_copy > 0 || m.attn_proj) s.add(r * nq * D, nn::tensor_bytes(r * nq * D, b16 ? DType::BF16 : DType::F32));
+      s.add(r * nq, offload_f32(r * nq));  // lse
+    }
+  }
+  if (m.attn_proj && !a.recompute_core_attn && proj_copy > 0) s.add(r * nq * D, proj_copy);
+}
+
+// Multi-Latent Attention's modules (mla_stash_bytes, tensor by tensor).
+void mla_offload(const nn::AttentionConfig& a, const nn::MLAConfig& ml, const nn::StashDims& d, bool input_dropped,
+                 const OffloadModules& m, OffloadSum& s) {
+  const int64_t r = d.rows(), rl = d.local_rows(), H = a.hidden, nh = a.num_heads / d.tp;
+  const int64_t da = ml.kernel_head_dim(), R = ml.kv_lora_rank, Q = ml.q_lora_rank;
+  const DType gd = d.gemm_input();
+  if (m.qkv_linear) {
+    if (!input_dropped) {
+      if (d.bf16)
+        for (int k = 0; k < (Q > 0 ? 2 : 1); k++) s.add(rl * H, nn::linear_stash_bytes(rl, H, true));
+      else
+        s.add(rl * H, offload_f32(rl * H));
+    }
+    if (Q > 0) {
+      if (a.qk_layernorm) s.add(rl * Q, offload_f32(rl * Q)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
+      s.add(r * Q, nn::tensor_bytes(r * Q, gd));
+    } else if (!input_dropped && (d.bf16 || d.tp > 1)) {
+      s.add(r * H, nn::tensor_bytes(r * H, gd));
+    }
+    if (a.qk_layernorm) s.add(rl * R, offload_f32(rl * R)), s.add(rl, nn::norm_stash_bytes(rl, a.qk_norm_kind));
+    s.add(r * R, nn::tensor_bytes(r * R, gd));
+    if (ml.recompute_up_proj)
+      s.add(r * ml.qk_pos_emb_head_dim, offload_f32(r * ml.qk_pos_emb_head_dim));  // the rope key
+  }
+  if (m.core_attn) {
+    if (!ml.recompute_up_proj)
+      for (int k = 0; k < 3; k++) s.add(r * nh * da, offload_f32(r * nh * da));
+    if (!a.recompute_core_attn) s.add(r * nh * da, offload_f32(r * nh * da)), s.add(r * nh, offload_f32(r * nh));
+  }
+  if (m.attn_proj && !a.recompute_core_attn)
+    s.add(r * nh * ml.v_head_dim, nn::tensor_bytes(r * nh * ml.v_head_dim, gd));
+}
+
+// The routed experts' modules (grouped_experts_stash_bytes taken apart: x, probabilities, fc1's output, the
+// activation), for the rows moe_layer_stash_bytes plans.
+void experts_offload(const moe::MoELayerConfig& c, int64_t ep, int64_t etp, const nn::StashDims& d,
+                     const OffloadModules& m, OffloadSum& s) {
+  if (c.recompute_moe) return;
+  const int64_t T = d.local_rows(), E = c.router.num_experts;
+  int64_t rows = T * c.router.topk;
+  if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity)
+    rows = E * std::min(moe::expert_capacity(c.router, T), T);
+  moe::ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
+  e.recompute_act = c.recompute_moe_act;
+  e.bias = c.bias;
+  e.etp_size = etp;
+  const int64_t R = rows * etp;
+  moe::ExpertsConfig no_ffn = e, no_rows = e, act_dropped = e;
+  no_ffn.ffn_hidden = 0;
+  no_rows.ffn_hidden = no_rows.hidden = 0;
+  act_dropped.recompute_act = true;
+  const int64_t all = moe::grouped_experts_stash_bytes(e, R), xp = moe::grouped_experts_stash_bytes(no_ffn, R);
+  const int64_t p = moe::grouped_experts_stash_bytes(no_rows, R), x = xp - p;
+  const int64_t a = all - moe::grouped_experts_stash_bytes(act_dropped, R), h = all - xp - a;
+  const int64_t xs = dtype_size(e.bf16 ? DType::BF16 : DType::F32);
+  const int64_t hs = dtype_size(e.bf16 && !e.bias ? DType::BF16 : DType::F32);
+  if (m.expert_fc1 || m.fused_group_mlp) s.add(x / xs, x);
+  if (m.moe_act || m.fused_group_mlp) s.add(p / 4, p), s.add(h / hs, h), s.add(a / xs, a);
+}
+
+}  // namespace
+
+StageOffload stage_offload(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, int64_t pp_rank) {
+  const OffloadConfig oc = planned_offload(c);
+  StageOffload o;
+  if (!oc.modules.any()) return o;
+  const nn::GPTConfig g = gpt_config(c, padded_vocab);
+  const nn::RecomputeConfig rc = recompute_config(c);
+  nn::AttentionConfig a;
+  a.hidden = g.hidden_size, a.num_heads = g.num_attention_heads, a.num_query_groups = g.num_query_groups;
+  a.head_dim = g.kv_channels, a.qk_layernorm = g.qk_layernorm, a.bf16 = g.bf16, a.qk_norm_kind = g.normalization;
+  a.bias = g.add_bias_linear, a.recompute_core_attn = rc.core_attn;
+  nn::MLAConfig ml = g.mla;
+  ml.recompute_up_proj = rc.mla_up_proj;
+  moe::MoELayerConfig mc;
+  if (c.num_experts > 0) {
+    mc = moe_layer_config(c);
+    mc.recompute_moe = rc.moe, mc.recompute_moe_act = rc.moe_act, mc.recompute_shared_experts = rc.shared_experts;
+  }
+  nn::StashDims d;
+  d.S = c.seq_length / std::max<int64_t>(l.cp, 1);
+  d.B = c.micro_batch_size, d.tp = l.tp, d.cp = std::max<int64_t>(l.cp, 1), d.bf16 = c.bf16;
+  const std::vector<StageLayers> chunks = c.pipeline_model_parallel_size <= 1
+                                              ? std::vector<StageLayers>{StageLayers{0, c.num_layers, true, true, 0}}
+                                              : pipeline_stage_layers(c, pp_rank);
+  const int64_t rl = d.local_rows(), H = g.hidden_size;
+  for (const StageLayers& ch : chunks)
+    for (int64_t k = 0; k < ch.num_layers; k++) {
+      if (rc.full && rc.chunk(k, ch.num_layers).on()) continue;  // a recompute chunk keeps nothing to offload
+      const int64_t i = ch.first_layer + k;
+      OffloadSum s{oc.min_numel};
+      for (const bool norm : {oc.modules.attn_norm, oc.modules.mlp_norm})
+        if (norm) s.add(rl * H, offload_f32(rl * H)), s.add(rl, nn::norm_stash_bytes(rl, g.normalization));
+      ml.enabled ? mla_offload(a, ml, d, rc.layernorm, oc.modules, s)
+                 : attention_offload(a, d, rc.layernorm, oc.modules, s);
+      if (c.num_experts > 0 && c.is_moe_layer[static_cast<size_t>(i)])
+        experts_offload(mc, l.ep, l.etp, d, oc.modules, s);
+      o.per_micro_batch += static_cast<double>(s.bytes);
+      o.largest_layer = std::max(o.largest_layer, static_cast<double>(s.bytes));
+    }
+  return o;
+}
+
+void apply_activation_offload(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, MemoryPlan& m) {
+  const StageOffload o = stage_offload(c, padded_vocab, l, m.pp_rank);
+  if (o.per_micro_batch <= 0) return;
+  // On the device beside the stashes that stay: the layers whose copy to the host compute has not waited for yet,
+  // the layer in backward and the one prefetched behind it.
+  const double window = static_cast<double>(planned_offload(c).max_inflight + 2) * o.largest_layer;
+  m.offloaded = o.per_micro_batch;
+  m.host_offloaded = o.per_micro_batch * m.in_flight;
+  m.offload_window = std::min(m.host_offloaded, window);
+  m.peak_activations += m.offload_window - m.host_offloaded;
+}
+
+}  // namespace moecore::train
