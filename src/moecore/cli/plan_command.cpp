@@ -58,6 +58,7 @@ std::vector<std::pair<std::string, double>> rows_of(const MemoryPlan& w) {
       {"master + gradient shard", w.master},
       {"communication buffers", w.comm},
       {"activations", w.peak_activations - w.logits},
+      {"  of which offload window", w.offload_window},
       {"logits", w.logits},
       {"backward working set", w.working},
   };
@@ -106,6 +107,13 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
     if (b > 0) fmt::print(out, "  {:<26} {:>12}\n", name, gib(b));
   fmt::print(out, "  {:<26} {:>12}   ({:.2f} micro-batches in flight, {} each)\n", "total", gib(w.total()), w.in_flight,
              gib(w.activations + w.logits));
+  if (w.host_offloaded > 0)
+    fmt::print(out, "  {:<26} {:>12}   (host memory: --offload-modules {}, {} per micro-batch)\n",
+               "offloaded to the host", gib(w.host_offloaded), fmt::join(c.offload_modules, " "), gib(w.offloaded));
+  if (!w.buffers.empty()) {
+    fmt::print(out, "  transient buffers of one MoE layer's dispatch and combine (inside the lines above):\n");
+    for (const MemoryPlan::Buffer& b : w.buffers) fmt::print(out, "    {:<52} {:>12}\n", b.name, gib(b.bytes));
+  }
   if (train::training_device(c).is_cuda()) print_gpu_differences(out, c, padded_vocab, world, w);
 }
 
@@ -168,6 +176,28 @@ std::vector<Change> changes() {
          c.pipeline_model_parallel_size = pp;
          return true;
        }},
+      {"--fine-grained-activation-offloading --offload-modules (GPU: stashes to host memory while unused)",
+       [](TrainConfig& c, int64_t) {
+         // Offloading moves a GPU's stashes to host memory; a CPU's are there already. The modules Megatron's guide
+         // offloads rather than recomputes, largest first, one group per application; none with `moe` recompute
+         // (Megatron refuses expert_fc1 and moe_act offloading with it).
+         if (!train::training_device(c).is_cuda()) return false;
+         const auto has = [&](const std::vector<std::string>& v, const char* m) {
+           return std::find(v.begin(), v.end(), m) != v.end();
+         };
+         if (c.recompute_granularity == "full" || has(c.recompute_modules, "moe")) return false;
+         for (const std::vector<const char*>& group : std::vector<std::vector<const char*>>{
+                  {"expert_fc1"}, {"core_attn", "attn_proj"}, {"qkv_linear"}, {"attn_norm", "mlp_norm"}}) {
+           bool added = false;
+           for (const char* m : group)
+             if (!has(c.offload_modules, m)) c.offload_modules.push_back(m), added = true;
+           if (added) {
+             c.fine_grained_activation_offloading = true;
+             return true;
+           }
+         }
+         return false;
+       }},
       {"--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 (Adam's moments rounded to bf16)",
        [](TrainConfig& c, int64_t) {
          if (!c.use_distributed_optimizer || c.optimizer != "adam" ||
@@ -192,8 +222,13 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
       } catch (const Error&) {
         break;  // a layout Megatron refuses (pipeline split, micro-batch rules)
       }
+      // Offloading names the modules it has come to.
+      const std::string what = next.offload_modules == c.offload_modules
+                                   ? ch.what
+                                   : fmt::format("--fine-grained-activation-offloading --offload-modules {}",
+                                                 fmt::join(next.offload_modules, " "));
       c = next;
-      applied.push_back(ch.what + fmt::format(" ({})", gib(total)));
+      applied.push_back(what + fmt::format(" ({})", gib(total)));
       if (total <= device) {
         fmt::print(out, "fits with: {}\n", fmt::join(applied, "; then "));
         return;
@@ -215,12 +250,13 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
         gib(total), total <= device ? ", fits" : ", does not fit either");
   } catch (const Error&) {
   }
-  fmt::print(out,
-             "no change in Megatron's order (distributed optimizer, raise EP, recompute moe_act/layernorm, raise PP, "
-             "bf16 Adam moments) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
-             "--micro-batch-size or --seq-length, {}\n",
-             gib(device), world,
-             applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")), last);
+  fmt::print(
+      out,
+      "no change in Megatron's order (distributed optimizer, raise EP, recompute moe_act/layernorm, raise PP, "
+      "offloading on a GPU, bf16 Adam moments) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
+      "--micro-batch-size or --seq-length, {}\n",
+      gib(device), world, applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")),
+      last);
 }
 
 }  // namespace
