@@ -43,9 +43,9 @@ class ReplicatedAdamW : public ParamClassOptimizer {
   void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override { adam_.load_moments(m, v); }
   void gather_master(std::vector<Tensor>& w) const override { adam_.gather_master(w); }
   void load_master(const std::vector<Tensor>& w) override { adam_.load_master(w); }
-  double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const override {
-    double sq = 0;
-    for (size_t i = 0; i < params().size(); i++) sq += weight(*params()[i]) * kernels::sum_squares(adam_.master(i));
+  std::vector<double> master_squares() const override {
+    std::vector<double> sq;
+    for (size_t i = 0; i < params().size(); i++) sq.push_back(kernels::sum_squares(adam_.master(i)));
     return sq;
   }
 
@@ -221,9 +221,14 @@ void ChainedOptimizer::gather_master(std::vector<Tensor>& w) const {
 }
 
 double ChainedOptimizer::master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const {
-  double sq = 0;
-  for (const auto& part : parts_) sq += part->master_sum_squares(weight);
-  return sq;
+  std::vector<double> per(params_.size(), 0.0);
+  for (const auto& part : parts_) {
+    const std::vector<double> sq = part->master_squares();
+    for (size_t i = 0; i < sq.size(); i++) per[index_.at(part->params()[i])] = sq[i];
+  }
+  double sum = 0;  // in registry order
+  for (size_t i = 0; i < params_.size(); i++) sum += weight(*params_[i]) * per[i];
+  return sum;
 }
 
 void ChainedOptimizer::load_master(const std::vector<Tensor>& w) {

@@ -80,8 +80,8 @@ class ChainedOptimizer {
   // the rest. And back: masters and model values set from whole f32 weights (a checkpoint's).
   void gather_master(std::vector<Tensor>& w) const;
   void load_master(const std::vector<Tensor>& w);
-  // Σ weight(p)·‖p's f32 weights‖² over this rank's share (ParamClassOptimizer::master_sum_squares): summed over
-  // the world, the squared norm of the masters (--log-params-norm).
+  // Σ weight(p)·‖p's f32 weights‖² over this rank's share, in `params` order (ParamClassOptimizer::master_squares):
+  // summed over the world, the squared norm of the masters (--log-params-norm).
   double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const;
   bool distributed() const { return cfg_.distributed && g_.dp; }
 

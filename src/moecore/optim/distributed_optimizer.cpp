@@ -133,17 +133,19 @@ void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
   }
 }
 
-double ShardedAdamW::master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const {
-  double sq = 0;
+std::vector<double> ShardedAdamW::master_squares() const {
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
+  std::vector<double> sq(params_.size(), 0.0);
   const auto shards = static_cast<double>(group_.size());
   for (const auto& bk : buckets_) {
     if (bk.buf.storage != DType::BF16) {  // whole on every rank
-      for (const auto& s : bk.segs) sq += weight(*s.p) * kernels::sum_squares(s.p->value);
+      for (const auto& s : bk.segs) sq[index[s.p]] = kernels::sum_squares(s.p->value);
       continue;
     }
     const int64_t lo = group_.rank() * bk.shard;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      sq += weight(*s.p) * shards * kernels::sum_squares(master_.slice(bk.master + at - lo, len));
+      sq[index[s.p]] += shards * kernels::sum_squares(master_.slice(bk.master + at - lo, len));
     });
   }
   return sq;

@@ -47,7 +47,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override;
   void gather_master(std::vector<Tensor>& w) const override;
   void load_master(const std::vector<Tensor>& w) override;
-  double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const override;
+  std::vector<double> master_squares() const override;
   // AdamW on the owned shard (per-parameter weight decay), then the in-place all-gather of the updated parameters.
   void step(const kernels::AdamWParams& hp, int64_t step) override;
 

@@ -115,15 +115,15 @@ void Muon::gather_master(std::vector<Tensor>& w) const {
     }
 }
 
-double Muon::master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const {
-  double sq = 0;
+std::vector<double> Muon::master_squares() const {
+  std::vector<double> sq(params_.size(), 0.0);
   const double shards = layer_wise_ ? static_cast<double>(group_->size()) : 1.0;  // the owner counts for all
   for (size_t i = 0; i < params_.size(); i++) {
     const nn::Parameter& p = *params_[i];
     if (p.value.dtype() != DType::BF16)
-      sq += weight(p) * kernels::sum_squares(p.value);
+      sq[i] = kernels::sum_squares(p.value);
     else if (master_[i].defined())
-      sq += weight(p) * shards * kernels::sum_squares(master_[i]);
+      sq[i] = shards * kernels::sum_squares(master_[i]);
   }
   return sq;
 }

@@ -60,7 +60,7 @@ class Muon : public ParamClassOptimizer {
   // Masters of the bf16-stored matrices: from their owners under layer_wise (collective), else this rank's.
   void gather_master(std::vector<Tensor>& w) const override;
   void load_master(const std::vector<Tensor>& w) override;
-  double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const override;
+  std::vector<double> master_squares() const override;
 
  private:
   struct Unit {                   // one orthogonalised matrix (or a stack of experts' matrices)

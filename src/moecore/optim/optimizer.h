@@ -34,10 +34,10 @@ class ParamClassOptimizer {
   // share) set from the whole f32 weights, and the model's values from them (rounded where stored in bf16).
   virtual void gather_master(std::vector<Tensor>& w) const = 0;
   virtual void load_master(const std::vector<Tensor>& w) = 0;
-  // Σ weight(p)·‖f32 weights of p‖² over what this rank holds (Megatron's calc_params_l2_norm reads the fp32 main
-  // parameters): a sharded master counts its share with weight × the shard count, so the sum over the ranks of the
-  // optimizer's group counts every element as often as a whole copy on each would.
-  virtual double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const = 0;
+  // ‖f32 weights of p‖² per parameter, in params() order, over what this rank holds (Megatron's
+  // calc_params_l2_norm reads the fp32 main parameters): a sharded master counts its share times the shard count,
+  // so the sum over the ranks of the optimizer's group counts every element as often as a whole copy on each would.
+  virtual std::vector<double> master_squares() const = 0;
 };
 
 }  // namespace moecore::optim
