@@ -111,7 +111,8 @@ class ParamRegistry {
   // or a reader that reads one unsettled, turns the step's numbers into NaN; Eager zeroes them as zero_grad() does.
   enum class LazyZero { Lazy, Poisoned, Eager };
   static void set_lazy_zero(LazyZero mode);
-  // Moves every value and gradient to `d` (initialization draws on the host; a model then moves as a whole).
+  // Moves every value and gradient to `d` (initialization draws on the host; a model then moves as a whole), before
+  // an optimizer takes the parameters: its buckets then hold the gradients (and values) they are views of.
   void to(Device d);
   Device device() const { return device_; }
 
