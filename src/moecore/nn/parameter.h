@@ -122,8 +122,9 @@ class ParamRegistry {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
-// Within one training step's micro-batches no weight changes, so each weight is rounded to bf16 once per step
-// instead of once per micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
+// Within one training step's micro-batches no weight changes, so an f32 weight a bf16 GEMM reads (one not stored in
+// bf16: a tied output layer's, or any where no optimizer keeps masters) is rounded once per step instead of once per
+// micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
 // parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed). Where the
 // optimizer's update wrote the copy (Parameter::bf16_cache_from_update) the scope starts with it: 64 elements spread
 // over the tensor are compared with value first, and any difference (value written by something else since, e.g. a
