@@ -32,7 +32,8 @@ float bf16_float(uint16_t h) {
   return x;
 }
 
-// AdamW with both moments in bf16 over two tensors of one launch, against the CPU kernel's loop.
+// AdamW with both moments in bf16 over two tensors of one launch, against the CPU kernel's loop; the second tensor
+// also writes its updated parameter rounded to bf16 (a parameter stored in bf16, its f32 master in the optimizer).
 bool adamw_bf16_case(int64_t n0, int64_t n1) {
   const AdamWScalars hp{1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f - 0.9f * 0.9f, 1.0f - 0.999f * 0.999f, 0.5f};
   bool ok = true;
@@ -40,6 +41,7 @@ bool adamw_bf16_case(int64_t n0, int64_t n1) {
   std::vector<std::vector<__nv_bfloat16>> m(2), v(2);
   std::vector<std::vector<uint16_t>> rm(2), rv(2);
   std::vector<std::vector<float>> rp(2);
+  std::vector<__nv_bfloat16> pb(static_cast<size_t>(n1));
   AdamWBatch b;
   b.m_bf16 = b.v_bf16 = true;
   for (int k = 0; k < 2; k++) {
@@ -70,12 +72,16 @@ bool adamw_bf16_case(int64_t n0, int64_t n1) {
     b.v[k] = v[k].data();
     b.n[k] = n;
   }
+  b.p_bf16[1] = pb.data();
   b.count = 2;
   adamw(b, hp, nullptr);
   for (int k = 0; k < 2; k++)
     ok &= same_bits(p[k].data(), rp[k].data(), p[k].size() * 4) &&
           same_bits(m[k].data(), rm[k].data(), m[k].size() * 2) &&
           same_bits(v[k].data(), rv[k].data(), v[k].size() * 2);
+  std::vector<uint16_t> rpb(static_cast<size_t>(n1));
+  for (int64_t i = 0; i < n1; i++) rpb[i] = bf16_rne(rp[1][i]);
+  ok &= same_bits(pb.data(), rpb.data(), rpb.size() * 2);
   std::printf("adamw bf16 moments n=%ld,%ld: %s\n", long(n0), long(n1), ok ? "bitwise ok" : "FAIL");
   return ok;
 }

@@ -336,6 +336,50 @@ Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bo
   return w;
 }
 
+Work ProcessGroup::reduce_scatter_in_place(Tensor& buf, ReduceOp op, bool async) const {
+  MOE_ASSERT_MSG(buf.numel() % size_ == 0, "reduce_scatter_in_place: {} elements over {} ranks", buf.numel(), size_);
+  const int64_t n = buf.numel() / size_;
+  Tensor flat = buf.reshape({buf.numel()});
+  if (on_gpu(buf)) {
+    Tensor h = host_copy(flat);
+    Work w = reduce_scatter_in_place(h, op, false);
+    flat.slice(rank_ * n, n).copy_from(h.slice(rank_ * n, n));
+    return w;
+  }
+  Work w;
+  // MPI's in-place form leaves the result at the front of the buffer: the Work moves it to this rank's region on
+  // completion (regions do not overlap for rank > 0; rank 0's region is the front).
+  MOE_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, flat.raw(), to_int(n, "reduce_scatter_in_place"),
+                                    mpi_type(buf.dtype()), mpi_op(op, buf.dtype()), comm_->c, &w.req_));
+  if (rank_ > 0) {
+    w.staged_ = flat.slice(0, n);
+    w.unstage_to_ = flat.slice(rank_ * n, n);
+  }
+  count(w, "reduce_scatter", static_cast<double>(buf.nbytes()),
+        static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
+  if (!async) w.wait();
+  return w;
+}
+
+Work ProcessGroup::all_gather_in_place(Tensor& buf, bool async) const {
+  MOE_ASSERT_MSG(buf.numel() % size_ == 0, "all_gather_in_place: {} elements over {} ranks", buf.numel(), size_);
+  const int64_t n = buf.numel() / size_;
+  Tensor flat = buf.reshape({buf.numel()});
+  if (on_gpu(buf)) {
+    Tensor h = host_copy(flat);
+    Work w = all_gather_in_place(h, false);
+    flat.copy_from(h);
+    return w;
+  }
+  Work w;
+  MOE_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, flat.raw(), to_int(n, "all_gather_in_place"),
+                         mpi_type(buf.dtype()), comm_->c, &w.req_));
+  count(w, "all_gather", static_cast<double>(n) * static_cast<double>(dtype_size(buf.dtype())),
+        static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
+  if (!async) w.wait();
+  return w;
+}
+
 Work ProcessGroup::reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, ReduceOp op,
                                     bool async) const {
   MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());

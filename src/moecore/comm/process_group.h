@@ -86,6 +86,12 @@ class ProcessGroup {
   Work all_gather_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows_per_rank, bool async = false) const;
   // out [rows, ...] = reduction over ranks of in's slice for this rank (in [size·rows, ...])
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum, bool async = false) const;
+  // In place over one buffer of size·n elements (Megatron's gradient buffer): when the Work completes, this rank's
+  // region [rank·n, (rank+1)·n) holds the reduction of every rank's region; the other regions are left undefined.
+  Work reduce_scatter_in_place(Tensor& buf, ReduceOp op = ReduceOp::Sum, bool async = false) const;
+  // In place over one buffer of size·n elements (Megatron's parameter buffer): every rank's region r receives rank
+  // r's region r.
+  Work all_gather_in_place(Tensor& buf, bool async = false) const;
   // out [rows_per_rank[me], ...] = reduction over ranks of in's rows for this rank (in: Σ rows_per_rank rows)
   Work reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows_per_rank,
                         ReduceOp op = ReduceOp::Sum, bool async = false) const;

@@ -31,8 +31,9 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 // Moments m, v in the parameters' dtype, or bf16 beside f32 parameters (Megatron's precision-aware optimizer:
 // loaded to f32, updated in f32, the parameter update computed from the f32 values, rounded to nearest even on
 // store).
-// param_bf16 (CPU, f32 parameters; optional): also receives the updated parameter rounded to bf16, the copy bf16
-// GEMMs read in the next step, written without a cast pass of its own (nn::Parameter::bf16_cache).
+// param_bf16 (f32 parameters, either device; optional): also receives the updated parameter rounded to bf16 (round
+// to nearest even), written without a cast pass of its own: the model's bf16 weight of an f32 master in the
+// optimizer (nn::Parameter::bf16_storage), or the bf16 copy of an f32 weight (nn::Parameter::bf16_cache).
 struct AdamWTensor {
   Tensor param, grad, m, v;  // handles (slices share their storage)
   double weight_decay = 0;

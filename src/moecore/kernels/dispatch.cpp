@@ -69,6 +69,7 @@ double dot(const Tensor& a, const Tensor& b) {
   return a.device().is_cuda() ? cuda::dot(a, b) : cpu::dot(a, b);
 }
 double sum_squares(const Tensor& a) {
+  if (a.dtype() == DType::BF16) return sum_squares(a.to(DType::F32));  // a weight stored in bf16
   return a.device().is_cuda() ? cuda::sum_squares(a) : cpu::sum_squares(a);
 }
 int64_t count_zeros(const Tensor& a) {

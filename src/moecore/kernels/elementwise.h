@@ -14,7 +14,7 @@ void scale_(Tensor& a, double s);                         // a *= s
 void fill_(Tensor& a, double v);
 double sum(const Tensor& a);
 double dot(const Tensor& a, const Tensor& b);
-double sum_squares(const Tensor& a);
+double sum_squares(const Tensor& a);  // f32 or f64 (a bf16 tensor: read as f32)
 // Entries exactly zero (Megatron's count_zeros_fp32 of a gradient).
 int64_t count_zeros(const Tensor& a);
 

@@ -34,6 +34,7 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
     fc1_->set_shard({E, FG, H}, {cfg.first_expert, f0, 0}, {n, F, H});
   fc2_->set_shard({E, H, FG}, {cfg.first_expert, 0, f0}, {n, H, F});
   fc1_->expert_parallel = fc2_->expert_parallel = true;
+  fc1_->bf16_storage = fc2_->bf16_storage = cfg.bf16;  // read only by the bf16 grouped GEMMs (bf16_weights)
   fc1_->tensor_parallel = fc2_->tensor_parallel = cfg.etp_size > 1;
   if (cfg.bias) {
     // Megatron (TransformerConfig) allows expert biases with ETP 1 only: a row-parallel fc2's bias would be added
@@ -195,7 +196,7 @@ int64_t GroupedExperts::row_align() {
 // Megatron's are, written so by the GEMM: the combine and the dispatch's backward read half the bytes and sum in f32.
 // Under expert tensor parallelism they stay f32: they are partial sums, reduced over the ETP group first.
 DType GroupedExperts::rows_out_dtype() const {
-  const DType wt = fc1_->value.dtype();
+  const DType wt = fc1_->math_dtype();
   return cfg_.bf16 && cfg_.etp_size == 1 && wt != DType::F64 ? DType::BF16 : wt;
 }
 
@@ -203,7 +204,7 @@ DType GroupedExperts::rows_out_dtype() const {
 // to the f32 product (nn/mlp.cpp keeps a dense fc1 with a bias so too); the activation, computing in h's dtype, then
 // takes its output gradient da in f32 as well.
 DType GroupedExperts::h_dtype() const {
-  return cfg_.bf16 && !cfg_.bias ? DType::BF16 : fc1_->value.dtype();
+  return cfg_.bf16 && !cfg_.bias ? DType::BF16 : fc1_->math_dtype();
 }
 
 void GroupedExperts::fc1_bias_forward(const Stash& st, Tensor& h_RF1) const {
@@ -225,7 +226,7 @@ void GroupedExperts::fc2_bias_backward(const Stash& st, const Tensor& dy_RH, Ten
 }
 
 void GroupedExperts::prepare_gemms() const {
-  const DType wt = fc1_->value.dtype();
+  const DType wt = fc1_->math_dtype();
   if (wt == DType::F64) return;  // the f64 reference loop has no primitives
   const DType dt = cfg_.bf16 ? DType::BF16 : wt, rows_out = rows_out_dtype();
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
@@ -262,7 +263,7 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   MOE_ASSERT_MSG(total == R || R == padded_total(counts),
                  "expert row counts sum to {} ({} padded), but {} rows were dispatched", total, padded_total(counts),
                  R);
-  const DType dt = fc1_->value.dtype();
+  const DType dt = fc1_->math_dtype();
   st.tokens_per_expert = counts;
   padded_begin(counts, st.row_begin);
   st.probs_R = to_padded(probs_R, counts, dt);
@@ -305,7 +306,7 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   const std::vector<int64_t>& counts = st.tokens_per_expert;
   const int64_t Rp = padded_total(counts);
   MOE_ASSERT(dy_RH.cols() == H && Rp == st.x_RH.rows() && (!st.padded_io || R == Rp));
-  const DType dt = fc1_->value.dtype();
+  const DType dt = fc1_->math_dtype();
   const Tensor dy = to_padded(dy_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
   const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;

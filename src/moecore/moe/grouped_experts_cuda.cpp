@@ -32,8 +32,8 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   MOE_ASSERT_MSG(fc1_->value.device() == d && fc2_->value.device() == d,
                  "expert rows on {} but the expert weights on {}: move the parameters with ParamRegistry::to", d.str(),
                  fc1_->value.device().str());
-  MOE_ASSERT_MSG(fc1_->value.dtype() == DType::F32, "the GPU experts keep f32 weights, got {}",
-                 dtype_name(fc1_->value.dtype()));
+  MOE_ASSERT_MSG(fc1_->math_dtype() == DType::F32, "the GPU experts compute in f32, got {}",
+                 dtype_name(fc1_->math_dtype()));
   MOE_ASSERT(probs_R.device() == d);
   const std::vector<int64_t> begin = expert_begin(counts);
   MOE_ASSERT_MSG(begin.empty() ? R == 0 : begin.back() + counts.back() == R, "{} expert rows, the counts give {}", R,

@@ -24,6 +24,7 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
     in_ = cfg.in / P;
   }
   weight_ = &reg.add(name + ".weight", {out_, in_}, cfg.init);
+  weight_->bf16_storage = cfg.bf16;  // read only by the bf16 GEMMs below (bf16_weights)
   if (cfg.bias) bias_ = &reg.add(name + ".bias", {out_}, InitRule::zeros(), /*no_weight_decay=*/true);
   if (cfg.gated) {  // seen as [2, F, in] whatever the split, so every layout's checkpoint has the same view
     MOE_ASSERT(split != TPSplit::Row && cfg.out % 2 == 0);
@@ -52,7 +53,7 @@ Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
   const bool y16 = out == DType::BF16;
   MOE_ASSERT_MSG(!y16 || (bf16_ && !bias_ && x2.device().is_cpu()), "{}: a bf16 output needs bf16 GEMMs, no bias, CPU",
                  weight_->name);
-  Tensor y = Tensor::empty({x2.rows(), out_}, y16 ? DType::BF16 : w.dtype(), x2.device());
+  Tensor y = Tensor::empty({x2.rows(), out_}, y16 ? DType::BF16 : weight_->math_dtype(), x2.device());
   if (bf16_) {
     w_bf16_ = bf16_weights(*weight_);
     st.x = x2.as_dtype(DType::BF16);
@@ -75,14 +76,14 @@ Tensor Linear::backward(const Tensor& dy, Stash& st, DType dx_out) {
   const bool dx16 = dx_out == DType::BF16;
   MOE_ASSERT_MSG(!dx16 || (bf16_ && dy.device().is_cpu()), "{}: a bf16 input gradient needs bf16 GEMMs on the CPU",
                  weight_->name);
-  Tensor dx = Tensor::empty({dy.rows(), in_}, dx16 ? DType::BF16 : weight_->value.dtype(), dy.device());
+  Tensor dx = Tensor::empty({dy.rows(), in_}, dx16 ? DType::BF16 : weight_->math_dtype(), dy.device());
   backward_into(dy, st, dx, 0.0f);
   return dx;
 }
 
 void Linear::backward_add(const Tensor& dy, Stash& st, Tensor& dx) {
   MOE_ASSERT(dy.cols() == out_ && dy.rows() == st.x.rows());
-  MOE_ASSERT_MSG(dx.rows() == dy.rows() && dx.cols() == in_ && dx.dtype() == weight_->value.dtype(),
+  MOE_ASSERT_MSG(dx.rows() == dy.rows() && dx.cols() == in_ && dx.dtype() == weight_->math_dtype(),
                  "{}: input gradient {} {} to add to", weight_->name, dx.shape().str(), dtype_name(dx.dtype()));
   backward_into(dy, st, dx, 1.0f);
 }

@@ -140,6 +140,7 @@ Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg, bool pack) : reg_(reg) {
   for (auto& p : reg_.all()) {
     p->bf16_cache_enabled = true;
     p->pack_enabled = pack;
+    if (p->value.dtype() == DType::BF16) p->bf16_cache = Tensor();  // the value itself is the copy
     p->bf16_cache_valid = p->bf16_cache_from_update && bf16_copy_matches(*p);
     p->bf16_cache_from_update = false;  // good for this scope only: the next needs the next update's copy
     p->packed_valid.assign(p->packed_valid.size(), false);
@@ -154,6 +155,7 @@ Bf16WeightScope::~Bf16WeightScope() {
 }
 
 Tensor bf16_weights(Parameter& p) {
+  if (p.value.dtype() == DType::BF16) return p.value;  // stored in bf16: the optimizer's master rounded
   TimerScope timer("weight-cast", 2);
   if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
   if (!p.bf16_cache_valid) {

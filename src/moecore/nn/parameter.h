@@ -25,10 +25,20 @@ struct InitRule {
 
 struct Parameter {
   std::string name;
-  Tensor value;  // master copy: f32 (or f64 in gradient checks)
-  Tensor grad;   // same shape and dtype; backward accumulates into it (see grad_stale)
+  // The weights the model computes with: f32 (or f64 in gradient checks), or bf16 where bf16_storage says so and an
+  // optimizer keeps the f32 master (Megatron's bf16 parameters beside fp32 main parameters in the optimizer).
+  Tensor value;
+  Tensor grad;  // same shape, f32 (or f64); backward accumulates into it (see grad_stale)
   InitRule init;
   bool no_weight_decay = false;  // norms, biases (Megatron's default exclusions)
+  // Set at registration by a module whose math reads this parameter only through bf16_weights / packed_bf16_weight
+  // (its GEMMs run in bf16): an optimizer then keeps the f32 master weights itself and the model holds `value` in bf16,
+  // the master rounded, as Megatron's --bf16 holds its parameters. Parameters read in f32 anywhere (norms, biases,
+  // router, embeddings, a tied output layer) are never marked and stay f32.
+  bool bf16_storage = false;
+  // The dtype the math computes this parameter's products and gradients in (f32, or f64 in checks), whatever the
+  // storage of `value`.
+  DType math_dtype() const { return grad.dtype(); }
   // A shard of a larger global parameter: this tensor is the box [box_offset, box_offset + box_shape) of the
   // global tensor seen as `global_view`, a row-major view that may split a dimension (a SwiGLU fc1 [2F, H] seen as
   // [2, F, H], so a tensor-parallel shard takes matching gate and up rows). Initialization draws the global
@@ -41,7 +51,7 @@ struct Parameter {
   bool expert_parallel = false;
   bool tensor_parallel = false;
 
-  // The bf16 copy of `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
+  // The bf16 copy of an f32 `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
   Tensor bf16_cache;
   bool bf16_cache_valid = false, bf16_cache_enabled = false;
   // Set by the optimizer where its update also wrote bf16_cache (the new value rounded): the next Bf16WeightScope
@@ -101,7 +111,8 @@ class ParamRegistry {
   // or a reader that reads one unsettled, turns the step's numbers into NaN; Eager zeroes them as zero_grad() does.
   enum class LazyZero { Lazy, Poisoned, Eager };
   static void set_lazy_zero(LazyZero mode);
-  // Moves every value and gradient to `d` (initialization draws on the host; a model then moves as a whole).
+  // Moves every value and gradient to `d` (initialization draws on the host; a model then moves as a whole), before
+  // an optimizer takes the parameters: its buckets then hold the gradients (and values) they are views of.
   void to(Device d);
   Device device() const { return device_; }
 
@@ -111,8 +122,9 @@ class ParamRegistry {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
-// Within one training step's micro-batches no weight changes, so each weight is rounded to bf16 once per step
-// instead of once per micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
+// Within one training step's micro-batches no weight changes, so an f32 weight a bf16 GEMM reads (one not stored in
+// bf16: a tied output layer's, or any where no optimizer keeps masters) is rounded once per step instead of once per
+// micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
 // parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed). Where the
 // optimizer's update wrote the copy (Parameter::bf16_cache_from_update) the scope starts with it: 64 elements spread
 // over the tensor are compared with value first, and any difference (value written by something else since, e.g. a
@@ -128,7 +140,7 @@ class Bf16WeightScope {
  private:
   ParamRegistry& reg_;
 };
-// p.value rounded to bf16 (see Bf16WeightScope).
+// p.value rounded to bf16 (see Bf16WeightScope); a bf16 value is itself.
 Tensor bf16_weights(Parameter& p);
 // The bf16 matrix w_bf16 (slice `slice` of bf16_weights(p), as op(W) with `trans`) packed for products of about m
 // rows (kernels::pack_weight), once per Bf16WeightScope that packs; elsewhere w_bf16 unpacked. Same bits either way.

@@ -1,12 +1,35 @@
 // AdamW (see adamw.h).
 #include "moecore/optim/adamw.h"
 
+#include "moecore/optim/grad_buffer.h"
+
 namespace moecore::optim {
 
 AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std::move(params)), rule_(rule) {
   for (auto* p : params_) {
-    m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(p->value.dtype()), p->value.device()));
-    v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(p->value.dtype()), p->value.device()));
+    const DType dt = p->math_dtype();
+    m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(dt), p->value.device()));
+    v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(dt), p->value.device()));
+    master_.emplace_back();
+    if (storage_dtype(*p) != DType::BF16) continue;
+    // The f32 value becomes the master; the model keeps it rounded.
+    master_.back() = p->value.dtype() == DType::F32 ? p->value : p->value.to(DType::F32);
+    p->value = master_.back().to(DType::BF16);
+    p->bf16_cache = Tensor();
+  }
+}
+
+void AdamW::gather_master(std::vector<Tensor>& w) const {
+  w.clear();
+  for (size_t i = 0; i < params_.size(); i++)
+    w.push_back((master_[i].defined() ? master_[i] : params_[i]->value).to(Device::cpu()).clone());
+}
+
+void AdamW::load_master(const std::vector<Tensor>& w) {
+  MOE_ASSERT(w.size() == params_.size());
+  for (size_t i = 0; i < params_.size(); i++) {
+    if (master_[i].defined()) master_[i].copy_from(w[i]);
+    params_[i]->value.copy_from(w[i]);  // rounded where stored in bf16
   }
 }
 
@@ -17,7 +40,12 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   // step's Bf16WeightScope starts from it instead of rounding every weight again.
   for (size_t i = 0; i < params_.size(); i++) {
     nn::Parameter& p = *params_[i];
-    all.push_back({p.value, p.grad, m_[i], v_[i], p.no_weight_decay ? 0.0 : hp.weight_decay});
+    const double wd = p.no_weight_decay ? 0.0 : hp.weight_decay;
+    if (master_[i].defined()) {  // stored in bf16: the master updated, the model's value its rounding
+      all.push_back({master_[i], p.grad, m_[i], v_[i], wd, p.value});
+      continue;
+    }
+    all.push_back({p.value, p.grad, m_[i], v_[i], wd});
     p.bf16_cache_from_update = !rule_.sgd && p.value.dtype() == DType::F32 && p.bf16_cache.defined() &&
                                p.bf16_cache.numel() == p.value.numel() && !p.bf16_cache.device().is_cuda();
     if (p.bf16_cache_from_update) all.back().param_bf16 = p.bf16_cache;

@@ -16,8 +16,11 @@ namespace {
 class ReplicatedAdamW : public ParamClassOptimizer {
  public:
   ReplicatedAdamW(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketOf& bucket_of,
-                  const comm::ProcessGroup* group, std::vector<double> norm_weights, ElementRule rule)
-      : adam_(params, rule), buckets_(params, num_buckets, bucket_of, group), weights_(std::move(norm_weights)) {}
+                  const comm::ProcessGroup* group, std::vector<double> norm_weights, ElementRule rule,
+                  int64_t bucket_size)
+      : adam_(params, rule),
+        buckets_(params, num_buckets, bucket_of, group, bucket_size),
+        weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
   void start_bucket(size_t b) override { buckets_.start(b); }
   double reduce_gradients(double scale) override {
@@ -38,7 +41,13 @@ class ReplicatedAdamW : public ParamClassOptimizer {
     v = adam_.exp_avg_sq();
   }
   void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override { adam_.load_moments(m, v); }
-  void refresh_master() override {}
+  void gather_master(std::vector<Tensor>& w) const override { adam_.gather_master(w); }
+  void load_master(const std::vector<Tensor>& w) override { adam_.load_master(w); }
+  std::vector<double> master_squares() const override {
+    std::vector<double> sq;
+    for (size_t i = 0; i < params().size(); i++) sq.push_back(kernels::sum_squares(adam_.master(i)));
+    return sq;
+  }
 
  private:
   AdamW adam_;
@@ -74,7 +83,7 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       }
       if (!mats.empty())
         parts_.push_back(std::make_unique<Muon>(mats, num_buckets, bucket_of, group, is_expert ? g_.etp : g_.tp,
-                                                std::move(w), cfg_.muon_cfg, cfg_.distributed));
+                                                std::move(w), cfg_.muon_cfg, cfg_.distributed, cfg_.bucket_size));
       *part = rest;
       if (part->empty()) {
         decoupled_part_.resize(parts_.size(), false);
@@ -101,12 +110,13 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       // Shards count their elements once per shard group: the weight is scaled back by its size.
       const double shards = static_cast<double>(shard_group->size());
       auto weight = [this, shards](const nn::Parameter& p) { return norm_weight(p) * shards; };
-      parts_.push_back(std::make_unique<ShardedAdamW>(*part, *shard_group, weight, bucket_of, cfg_.rule, inter));
+      parts_.push_back(std::make_unique<ShardedAdamW>(*part, *shard_group, weight, bucket_of, cfg_.rule, inter,
+                                                      num_buckets - 1, cfg_.bucket_size));
     } else {
       std::vector<double> w;
       for (auto* p : *part) w.push_back(norm_weight(*p));
-      parts_.push_back(
-          std::make_unique<ReplicatedAdamW>(*part, num_buckets, bucket_of, group, std::move(w), cfg_.rule));
+      parts_.push_back(std::make_unique<ReplicatedAdamW>(*part, num_buckets, bucket_of, group, std::move(w), cfg_.rule,
+                                                         cfg_.bucket_size));
     }
     decoupled_part_.resize(parts_.size(), part == &decoupled);
   }
@@ -201,8 +211,33 @@ void ChainedOptimizer::load_moments(const std::vector<Tensor>& m, const std::vec
   }
 }
 
-void ChainedOptimizer::refresh_master() {
-  for (auto& part : parts_) part->refresh_master();
+void ChainedOptimizer::gather_master(std::vector<Tensor>& w) const {
+  w.assign(params_.size(), Tensor());
+  for (const auto& part : parts_) {
+    std::vector<Tensor> pw;
+    part->gather_master(pw);
+    for (size_t i = 0; i < pw.size(); i++) w[index_.at(part->params()[i])] = pw[i];
+  }
+}
+
+double ChainedOptimizer::master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const {
+  std::vector<double> per(params_.size(), 0.0);
+  for (const auto& part : parts_) {
+    const std::vector<double> sq = part->master_squares();
+    for (size_t i = 0; i < sq.size(); i++) per[index_.at(part->params()[i])] = sq[i];
+  }
+  double sum = 0;  // in registry order
+  for (size_t i = 0; i < params_.size(); i++) sum += weight(*params_[i]) * per[i];
+  return sum;
+}
+
+void ChainedOptimizer::load_master(const std::vector<Tensor>& w) {
+  MOE_ASSERT(w.size() == params_.size());
+  for (auto& part : parts_) {
+    std::vector<Tensor> pw;
+    for (auto* p : part->params()) pw.push_back(w[index_.at(p)]);
+    part->load_master(pw);
+  }
 }
 
 }  // namespace moecore::optim

@@ -43,12 +43,15 @@ struct OptimizerConfig {
   int64_t instances = 1;      // --num-distributed-optimizer-instances: shard over DP/K, all-reduce over K
   bool decoupled = false;     // --decoupled-lr: the embedding and output layer in parts of their own
   bool count_zeros = false;   // --log-num-zeros-in-grad: count the gradients' zeros (a pass over them) every step
+  int64_t bucket_size = 0;    // --ddp-bucket-size in elements (0: one gradient bucket per layer; grad_buffer.h)
 };
 
 class ChainedOptimizer {
  public:
   // `params`: every parameter, in registry order (the order of the moment lists); `bucket_of` maps a parameter to
-  // one of `num_buckets` buckets (its layer; the last for the embedding, final norm and output layer).
+  // one of `num_buckets` layer buckets (its layer; the last for the embedding, final norm and output layer).
+  // Where gradients cross ranks they become views into the optimizers' gradient buckets (grad_buffer.h); the
+  // parameters marked bf16_storage are held in bf16 by the model from here on, their f32 masters in the optimizers.
   ChainedOptimizer(const std::vector<nn::Parameter*>& params, size_t num_buckets, const BucketOf& bucket_of,
                    const OptimizerGroups& groups, const OptimizerConfig& cfg);
   ~ChainedOptimizer();
@@ -69,10 +72,17 @@ class ChainedOptimizer {
   void set_weight_decay(double wd) { cfg_.adam.weight_decay = wd; }
 
   // Adam moments of every parameter, whole, in `params` order (collective under the distributed optimizer), and
-  // back; refresh_master re-reads sharded master weights after the parameters were loaded.
+  // back.
   void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const;
   void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v);
-  void refresh_master();
+  // The f32 weights of every parameter, whole, on the host, in `params` order: the masters of the parameters the
+  // model stores in bf16 (gathered from their owners under the distributed optimizer: collective), the values of
+  // the rest. And back: masters and model values set from whole f32 weights (a checkpoint's).
+  void gather_master(std::vector<Tensor>& w) const;
+  void load_master(const std::vector<Tensor>& w);
+  // Σ weight(p)·‖p's f32 weights‖² over this rank's share, in `params` order (ParamClassOptimizer::master_squares):
+  // summed over the world, the squared norm of the masters (--log-params-norm).
+  double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const;
   bool distributed() const { return cfg_.distributed && g_.dp; }
 
  private:

@@ -10,42 +10,53 @@
 namespace moecore::optim {
 
 ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
-                           const std::function<double(const nn::Parameter&)>& norm_weight,
-                           const std::function<size_t(const nn::Parameter&)>& bucket_of, ElementRule rule,
-                           const comm::ProcessGroup* inter)
+                           const std::function<double(const nn::Parameter&)>& norm_weight, const BucketOf& bucket_of,
+                           ElementRule rule, const comm::ProcessGroup* inter, size_t num_layers, int64_t bucket_size)
     : params_(params), group_(group), rule_(rule), inter_(inter && inter->size() > 1 ? inter : nullptr) {
+  BufferLayout layout;
   for (auto* p : params) {
-    MOE_ASSERT(p->value.dtype() == DType::F32);
-    const size_t b = bucket_of ? bucket_of(*p) : 0;
-    if (buckets_.size() <= b) buckets_.resize(b + 1);
-    Bucket& bk = buckets_[b];
-    bk.segs.push_back({p, bk.size, norm_weight ? norm_weight(*p) : 1.0});
-    bk.params.push_back(p);
-    bk.size += p->value.numel();
+    MOE_ASSERT_MSG(p->math_dtype() == DType::F32, "{}: the distributed optimizer keeps f32 state", p->name);
+    if (bucket_of) num_layers = std::max(num_layers, bucket_of(*p));
   }
+  layout.num_layers = num_layers;
+  layout.bucket_of = bucket_of;
+  layout.bucket_size = bucket_size;
+  layout.shards = group_.size();
+  layout.param_buffers = true;
+  // The buffers and the owned state live where the parameters do (a GPU's collectives stage through the host).
+  layout.device = params.empty() ? Device::cpu() : params.front()->value.device();
+  // The values as they are (f32) until the buffers hold them: the bf16-stored parameters' master shards come from
+  // these.
+  std::map<const nn::Parameter*, Tensor> full;
+  for (auto* p : params) full[p] = p->value;
   const int64_t n = group_.size();
-  // The flat buffers and the owned state live where the parameters do (a GPU's collectives stage through the host).
-  const Device dev = params.empty() ? Device::cpu() : params.front()->value.device();
-  int64_t owned = 0;
-  for (auto& bk : buckets_) {
-    bk.shard = (bk.size + n - 1) / n;  // padded so every rank owns the same number of elements
-    bk.size = bk.shard * n;
+  int64_t owned = 0, mastered = 0;
+  for (auto& b : make_buckets(params, layout)) {
+    Bucket bk;
+    bk.buf = std::move(b);
+    bk.shard = bk.buf.padded / n;
     bk.local = owned;
     owned += bk.shard;
-    bk.flat_grad = Tensor::zeros({bk.size}, DType::F32, dev);
-    bk.flat_param = Tensor::zeros({bk.size}, DType::F32, dev);
+    if (bk.buf.storage == DType::BF16) {
+      bk.master = mastered;
+      mastered += bk.shard;
+    }
+    for (size_t i = 0; i < bk.buf.params.size(); i++) {
+      nn::Parameter* p = bk.buf.params[i];
+      bk.segs.push_back({p, bk.buf.offsets[i], norm_weight ? norm_weight(*p) : 1.0});
+    }
+    buckets_.push_back(std::move(bk));
   }
-  grad_shard_ = Tensor::zeros({owned}, DType::F32, dev);
-  master_shard_ = Tensor::zeros({owned}, DType::F32, dev);
-  m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), dev);
-  v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), dev);
-  refresh_master();  // from the (identically initialized) parameters
-}
-
-void ShardedAdamW::refresh_master() {
+  master_ = Tensor::zeros({mastered}, DType::F32, layout.device);
+  m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), layout.device);
+  v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), layout.device);
   for (auto& bk : buckets_) {
-    for (const auto& s : bk.segs) bk.flat_param.slice(s.offset, s.p->value.numel()).copy_from(s.p->value);
-    master_shard_.slice(bk.local, bk.shard).copy_from(bk.flat_param.slice(group_.rank() * bk.shard, bk.shard));
+    if (bk.buf.storage != DType::BF16) continue;
+    for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
+      const Tensor& f = full.at(s.p);
+      master_.slice(bk.master + at - group_.rank() * bk.shard, len)
+          .copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
+    });
   }
 }
 
@@ -54,7 +65,7 @@ void ShardedAdamW::for_owned(const Bucket& bk, Fn fn) const {
   const int64_t lo = group_.rank() * bk.shard, hi = lo + bk.shard;
   for (const auto& s : bk.segs) {
     const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
-    if (a < b) fn(s, a - lo + bk.local, b - a);  // owned-array offset, length
+    if (a < b) fn(s, a - lo + bk.local, b - a, a);  // owned-array offset, length, offset in the bucket
   }
 }
 
@@ -64,9 +75,8 @@ void ShardedAdamW::gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v
   m.assign(params_.size(), Tensor());
   v.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
-    if (bk.segs.empty()) continue;
     for (auto [owned, out] : {std::pair{&m_, &m}, std::pair{&v_, &v}}) {
-      Tensor flat = Tensor::empty({bk.size}, owned->dtype());  // the moments' storage dtype (bf16 or f32)
+      Tensor flat = Tensor::empty({bk.buf.padded}, owned->dtype());  // the moments' storage dtype (bf16 or f32)
       group_.all_gather(owned->slice(bk.local, bk.shard), flat);
       for (const auto& s : bk.segs) {
         Tensor t = Tensor::empty(s.p->value.shape(), owned->dtype());
@@ -81,43 +91,96 @@ void ShardedAdamW::load_moments(const std::vector<Tensor>& m, const std::vector<
   MOE_ASSERT(m.size() == params_.size() && v.size() == params_.size());
   std::map<const nn::Parameter*, size_t> index;
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
-  refresh_master();
   for (auto& bk : buckets_) {
-    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
-      // The owned range [off, off + len) holds elements starting at (lo + off - local) - s.offset of the parameter.
-      const int64_t first = group_.rank() * bk.shard + (off - bk.local) - s.offset;
+    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
       const size_t i = index[s.p];
       MOE_ASSERT(m[i].numel() == s.p->value.numel() && v[i].numel() == s.p->value.numel());
       Tensor mm = m_.slice(off, len), vv = v_.slice(off, len);  // converted to the storage dtype
-      mm.copy_from(m[i].reshape({m[i].numel()}).slice(first, len));
-      vv.copy_from(v[i].reshape({v[i].numel()}).slice(first, len));
+      mm.copy_from(m[i].reshape({m[i].numel()}).slice(at - s.offset, len));
+      vv.copy_from(v[i].reshape({v[i].numel()}).slice(at - s.offset, len));
     });
   }
 }
 
+void ShardedAdamW::gather_master(std::vector<Tensor>& w) const {
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
+  w.assign(params_.size(), Tensor());
+  for (const auto& bk : buckets_) {
+    if (bk.buf.storage != DType::BF16) {  // f32 values are their own masters, whole on every rank
+      for (const auto& s : bk.segs) w[index[s.p]] = s.p->value.to(Device::cpu()).clone();
+      continue;
+    }
+    Tensor flat = Tensor::empty({bk.buf.padded}, DType::F32);  // the owners' master shards, gathered
+    group_.all_gather(master_.slice(bk.master, bk.shard).to(Device::cpu()), flat);
+    for (const auto& s : bk.segs)
+      w[index[s.p]] = flat.slice(s.offset, s.p->value.numel()).reshape(s.p->value.shape()).clone();
+  }
+}
+
+void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
+  MOE_ASSERT(w.size() == params_.size());
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
+  for (auto& bk : buckets_) {
+    for (const auto& s : bk.segs) s.p->value.copy_from(w[index[s.p]]);  // rounded where stored in bf16
+    if (bk.buf.storage != DType::BF16) continue;
+    for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
+      const Tensor& f = w[index[s.p]];
+      master_.slice(bk.master + at - group_.rank() * bk.shard, len)
+          .copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
+    });
+  }
+}
+
+std::vector<double> ShardedAdamW::master_squares() const {
+  std::map<const nn::Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
+  std::vector<double> sq(params_.size(), 0.0);
+  const auto shards = static_cast<double>(group_.size());
+  for (const auto& bk : buckets_) {
+    if (bk.buf.storage != DType::BF16) {  // whole on every rank
+      for (const auto& s : bk.segs) sq[index[s.p]] = kernels::sum_squares(s.p->value);
+      continue;
+    }
+    const int64_t lo = group_.rank() * bk.shard;
+    for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
+      sq[index[s.p]] += shards * kernels::sum_squares(master_.slice(bk.master + at - lo, len));
+    });
+  }
+  return sq;
+}
+
+void ShardedAdamW::start(Bucket& bk) {
+  MOE_ASSERT_MSG(!bk.buf.started, "a bucket reduced twice in one step");
+  for (auto* p : bk.buf.params) p->settle_grad();  // a gradient no backward wrote this step is zero
+  if (bk.buf.padded > bk.buf.numel) bk.buf.grad.slice(bk.buf.numel, bk.buf.padded - bk.buf.numel).zero_();
+  bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
+  bk.buf.started = true;
+}
+
 void ShardedAdamW::start_bucket(size_t b) {
-  if (b >= buckets_.size() || buckets_[b].segs.empty()) return;
-  Bucket& bk = buckets_[b];
-  MOE_ASSERT_MSG(!bk.started, "bucket {} reduced twice in one step", b);
-  nn::pack_grads(bk.params, bk.flat_grad);
-  Tensor out = grad_shard_.slice(bk.local, bk.shard);
-  bk.work = group_.reduce_scatter(bk.flat_grad, out, comm::ReduceOp::Sum, /*async=*/true);
-  bk.started = true;
+  for (auto& bk : buckets_) {
+    BufferBucket& buf = bk.buf;
+    if (std::find(buf.layers.begin(), buf.layers.end(), b) == buf.layers.end()) continue;
+    MOE_ASSERT_MSG(buf.pending > 0, "layer {} reported final twice in one step", b);
+    if (--buf.pending == 0) start(bk);
+  }
 }
 
 double ShardedAdamW::reduce_gradients(double scale) {
-  for (size_t b = 0; b < buckets_.size(); b++)
-    if (!buckets_[b].started) start_bucket(b);
+  for (auto& bk : buckets_)
+    if (!bk.buf.started) start(bk);
   double sq = 0;
   for (auto& bk : buckets_) {
-    bk.work.wait();
-    bk.started = false;
-    Tensor g = grad_shard_.slice(bk.local, bk.shard);
-    if (inter_) inter_->all_reduce(g);  // the other instances' sums of the same shard
+    bk.buf.work.wait();
+    bk.buf.started = false;
+    bk.buf.pending = bk.buf.layers.size();
+    Tensor g = bk.buf.grad.slice(group_.rank() * bk.shard, bk.shard);  // this rank's region: its sum
+    if (inter_) inter_->all_reduce(g);                                 // the other instances' sums of the same shard
     kernels::scale_(g, scale);
-    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
-      const Tensor part = grad_shard_.slice(off, len);
-      sq += s.norm_weight * kernels::sum_squares(part);
+    for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
+      sq += s.norm_weight * kernels::sum_squares(bk.buf.grad.slice(at, len));
     });
   }
   return sq;
@@ -126,33 +189,32 @@ double ShardedAdamW::reduce_gradients(double scale) {
 double ShardedAdamW::zero_share() const {
   double zeros = 0;
   for (const auto& bk : buckets_)
-    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
-      zeros += s.norm_weight * static_cast<double>(kernels::count_zeros(grad_shard_.slice(off, len)));
+    for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
+      zeros += s.norm_weight * static_cast<double>(kernels::count_zeros(bk.buf.grad.slice(at, len)));
     });
   return zeros;
 }
 
 void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
-  // Each parameter overlapping the owned range updates its part with its own weight decay: the parts of the flat
-  // shards in one multi-tensor pass.
+  // Each parameter overlapping the owned range updates its part with its own weight decay, all in one multi-tensor
+  // pass: an f32 parameter in place in its parameter buffer; a bf16-stored one on its f32 master shard, the rounded
+  // result written into its parameter buffer.
   std::vector<kernels::AdamWTensor> parts;
   for (auto& bk : buckets_) {
-    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len) {
-      parts.push_back({master_shard_.slice(off, len), grad_shard_.slice(off, len), m_.slice(off, len),
-                       v_.slice(off, len), s.p->no_weight_decay ? 0.0 : hp.weight_decay});
+    const int64_t lo = group_.rank() * bk.shard;
+    for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
+      const double wd = s.p->no_weight_decay ? 0.0 : hp.weight_decay;
+      const Tensor g = bk.buf.grad.slice(at, len), p = bk.buf.param.slice(at, len);
+      if (bk.buf.storage == DType::BF16)
+        parts.push_back({master_.slice(bk.master + at - lo, len), g, m_.slice(off, len), v_.slice(off, len), wd, p});
+      else
+        parts.push_back({p, g, m_.slice(off, len), v_.slice(off, len), wd});
     });
   }
   element_step_multi(rule_, parts, hp, step);
   TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
-  for (auto& bk : buckets_) {
-    if (bk.segs.empty()) continue;
-    bk.work = group_.all_gather(master_shard_.slice(bk.local, bk.shard), bk.flat_param, /*async=*/true);
-  }
-  for (auto& bk : buckets_) {
-    if (bk.segs.empty()) continue;
-    bk.work.wait();
-    for (const auto& s : bk.segs) s.p->value.copy_from(bk.flat_param.slice(s.offset, s.p->value.numel()));
-  }
+  for (auto& bk : buckets_) bk.buf.work = group_.all_gather_in_place(bk.buf.param, /*async=*/true);
+  for (auto& bk : buckets_) bk.buf.work.wait();
 }
 
 }  // namespace moecore::optim

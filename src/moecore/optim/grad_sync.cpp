@@ -16,33 +16,41 @@ int64_t numel_of(const std::vector<nn::Parameter*>& ps) {
 }  // namespace
 
 GradBuckets::GradBuckets(const std::vector<nn::Parameter*>& params, size_t num_buckets, const BucketOf& bucket_of,
-                         const comm::ProcessGroup* group)
+                         const comm::ProcessGroup* group, int64_t bucket_size)
     : group_(group) {
-  if (!group_) return;
-  buckets_.resize(num_buckets);
-  for (auto* p : params) {
-    const size_t b = bucket_of(*p);
-    MOE_ASSERT(b < num_buckets);
-    buckets_[b].params.push_back(p);
-  }
-  for (auto& bk : buckets_) bk.flat = Tensor::empty({numel_of(bk.params)}, DType::F32);
+  if (!group_ || params.empty()) return;
+  MOE_ASSERT(num_buckets >= 1);
+  BufferLayout layout;
+  layout.num_layers = num_buckets - 1;
+  layout.bucket_of = bucket_of;
+  layout.bucket_size = bucket_size;
+  layout.device = params.front()->grad.device();
+  buckets_ = make_buckets(params, layout);
 }
 
 void GradBuckets::start(size_t b) {
   if (!group_) return;
-  Bucket& bk = buckets_.at(b);
-  if (bk.params.empty()) return;
-  nn::pack_grads(bk.params, bk.flat);
-  bk.work = group_->all_reduce(bk.flat, comm::ReduceOp::Sum, /*async=*/true);
+  for (const size_t i : complete_buckets(buckets_, b)) {
+    BufferBucket& bk = buckets_[i];
+    for (auto* p : bk.params) p->settle_grad();  // a gradient no backward wrote this step is zero
+    bk.work = group_->all_reduce(bk.grad, comm::ReduceOp::Sum, /*async=*/true);
+    bk.started = true;
+  }
 }
 
 void GradBuckets::finish(double scale) {
+  if (!group_) return;
   for (auto& bk : buckets_) {
-    if (bk.params.empty()) continue;
-    bk.work.wait();
-    kernels::scale_(bk.flat, scale);
-    nn::unpack_grads(bk.flat, bk.params);
+    if (bk.started) continue;
+    for (auto* p : bk.params) p->settle_grad();
+    bk.work = group_->all_reduce(bk.grad, comm::ReduceOp::Sum, /*async=*/true);
   }
+  for (auto& bk : buckets_) {
+    bk.work.wait();
+    bk.started = false;
+    kernels::scale_(bk.grad, scale);
+  }
+  reset_pending(buckets_);
 }
 
 SequenceParallelGrads::SequenceParallelGrads(const std::vector<nn::Parameter*>& params, size_t num_buckets,

@@ -1,5 +1,5 @@
-// Gradient reduction for replicated (non-sharded) optimizer state: flat per-layer buckets all-reduced over the
-// data-parallel group as soon as their layer's gradients are final, and the sum over tensor parallelism of the
+// Gradient reduction for replicated (non-sharded) optimizer state: contiguous gradient buckets all-reduced in place
+// over the data-parallel group as soon as their gradients are final, and the sum over tensor parallelism of the
 // partial gradients that sequence parallelism leaves in replicated-over-TP parameters (norms, router; Megatron's
 // sequence-parallel gradient all-reduce). The sharded path reduce-scatters its own buckets
 // (distributed_optimizer.h); the norm and clipping are the ChainedOptimizer's.
@@ -10,29 +10,24 @@
 
 #include "moecore/comm/process_group.h"
 #include "moecore/nn/parameter.h"
+#include "moecore/optim/grad_buffer.h"
 
 namespace moecore::optim {
 
-// Maps a parameter to its bucket (its transformer layer; the embedding, final norm and output layer share the last).
-using BucketOf = std::function<size_t(const nn::Parameter&)>;
-
 class GradBuckets {
  public:
-  // `group` null: gradients stay local (start and finish do nothing).
+  // `group` null: gradients stay local (start and finish do nothing). Otherwise the gradients become views into
+  // contiguous buckets (grad_buffer.h; `bucket_size`: --ddp-bucket-size, 0 for one bucket per layer bucket).
   GradBuckets(const std::vector<nn::Parameter*>& params, size_t num_buckets, const BucketOf& bucket_of,
-              const comm::ProcessGroup* group);
-  // Packs bucket b and starts its all-reduce (non-blocking). Every rank starts the buckets in the same order.
+              const comm::ProcessGroup* group, int64_t bucket_size = 0);
+  // Layer bucket b's gradients are final: starts the all-reduce (in place, non-blocking) of every bucket that
+  // completes. Every rank reports the layers in the same order.
   void start(size_t b);
-  // Waits for every bucket, scales the sums by `scale` (1/DP) and writes them back into the gradients.
+  // Starts what was not started, waits for every bucket and scales the sums by `scale` (1/DP), in place.
   void finish(double scale);
 
  private:
-  struct Bucket {
-    std::vector<nn::Parameter*> params;
-    Tensor flat;
-    comm::Work work;
-  };
-  std::vector<Bucket> buckets_;
+  std::vector<BufferBucket> buckets_;
   const comm::ProcessGroup* group_;
 };
 

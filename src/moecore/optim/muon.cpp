@@ -5,6 +5,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/elementwise.h"
+#include "moecore/optim/grad_buffer.h"
 #include "moecore/optim/newton_schulz.h"
 
 namespace moecore::optim {
@@ -39,9 +40,9 @@ bool is_muon_matrix(const nn::Parameter& p) {
 
 Muon::Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketOf& bucket_of,
            const comm::ProcessGroup* group, const comm::ProcessGroup* tp, std::vector<double> norm_weights,
-           const MuonConfig& cfg, bool layer_wise)
+           const MuonConfig& cfg, bool layer_wise, int64_t bucket_size)
     : params_(std::move(params)),
-      buckets_(params_, num_buckets, bucket_of, group),
+      buckets_(params_, num_buckets, bucket_of, group, bucket_size),
       group_(group),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       weights_(std::move(norm_weights)),
@@ -49,7 +50,7 @@ Muon::Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketO
       layer_wise_(layer_wise && group && group->size() > 1) {
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < params_.size(); i++) {
-    MOE_ASSERT_MSG(is_muon_matrix(*params_[i]) && params_[i]->value.dtype() == DType::F32, "{} is not a Muon matrix",
+    MOE_ASSERT_MSG(is_muon_matrix(*params_[i]) && params_[i]->math_dtype() == DType::F32, "{} is not a Muon matrix",
                    params_[i]->name);
     index[params_[i]->name] = i;
   }
@@ -87,9 +88,52 @@ Muon::Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketO
     }
   }
   buf_.resize(params_.size());
+  master_.resize(params_.size());
   for (const auto& u : units_)
-    if (owns(u))
-      for (size_t m : u.members) buf_[m] = Tensor::zeros(params_[m]->value.shape(), DType::F32);
+    for (size_t m : u.members) {
+      nn::Parameter& p = *params_[m];
+      if (owns(u)) buf_[m] = Tensor::zeros(p.value.shape(), DType::F32);
+      if (storage_dtype(p) != DType::BF16) continue;
+      // The f32 value becomes the owner's master; every rank's model keeps it rounded.
+      if (owns(u)) master_[m] = p.value.to(Device::cpu()).clone();
+      p.value = p.value.to(DType::BF16);
+      p.bf16_cache = Tensor();
+    }
+}
+
+void Muon::gather_master(std::vector<Tensor>& w) const {
+  w.assign(params_.size(), Tensor());
+  for (const auto& u : units_)
+    for (size_t i : u.members) {
+      const nn::Parameter& p = *params_[i];
+      if (p.value.dtype() != DType::BF16) {  // f32: the value is the master
+        w[i] = p.value.to(Device::cpu()).clone();
+        continue;
+      }
+      w[i] = master_[i].defined() ? master_[i].clone() : Tensor::zeros(p.value.shape(), DType::F32);
+      if (layer_wise_) group_->broadcast(w[i], u.owner);
+    }
+}
+
+std::vector<double> Muon::master_squares() const {
+  std::vector<double> sq(params_.size(), 0.0);
+  const double shards = layer_wise_ ? static_cast<double>(group_->size()) : 1.0;  // the owner counts for all
+  for (size_t i = 0; i < params_.size(); i++) {
+    const nn::Parameter& p = *params_[i];
+    if (p.value.dtype() != DType::BF16)
+      sq[i] = kernels::sum_squares(p.value);
+    else if (master_[i].defined())
+      sq[i] = shards * kernels::sum_squares(master_[i]);
+  }
+  return sq;
+}
+
+void Muon::load_master(const std::vector<Tensor>& w) {
+  MOE_ASSERT(w.size() == params_.size());
+  for (size_t i = 0; i < params_.size(); i++) {
+    if (master_[i].defined()) master_[i].copy_from(w[i]);
+    params_[i]->value.copy_from(w[i]);  // rounded where stored in bf16
+  }
 }
 
 bool Muon::owns(const Unit& u) const {
@@ -192,8 +236,9 @@ void Muon::step(const kernels::AdamWParams& hp, int64_t /*step*/) {
     for (size_t m : u.members) {
       nn::Parameter& p = *params_[m];
       const bool staged = !p.value.device().is_cpu();
-      w_host.push_back(staged ? p.value.to(Device::cpu()) : p.value);
-      const Tensor g_host = staged ? p.grad.to(Device::cpu()) : p.grad;
+      // A bf16-stored matrix is updated on its f32 master (on the host).
+      w_host.push_back(master_[m].defined() ? master_[m] : staged ? p.value.to(Device::cpu()) : p.value);
+      const Tensor g_host = !p.grad.device().is_cpu() ? p.grad.to(Device::cpu()) : p.grad;
       float* w = w_host.back().data<float>();
       const float* g = g_host.data<float>();
       float* b = buf_[m].data<float>();
@@ -217,7 +262,7 @@ void Muon::step(const kernels::AdamWParams& hp, int64_t /*step*/) {
       const float* o = upd[k].data<float>();
       for (int64_t i = 0; i < upd[k].numel(); i++) w[i] += -lr * o[i];
       Tensor& value = params_[u.members[k]]->value;
-      if (!value.device().is_cpu()) value.copy_from(w_host[k]);
+      if (!value.shares_storage(w_host[k])) value.copy_from(w_host[k]);  // a copy (rounded where stored in bf16)
     }
   }
   if (layer_wise_)  // every rank takes the owners' updated weights

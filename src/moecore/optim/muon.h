@@ -11,7 +11,8 @@
 // with it one layer's q, k, v stack into one. Gradients are all-reduced in buckets over `group` (grad_sync.h);
 // with `layer_wise` (Megatron's layer-wise distributed optimizer: --optimizer dist_muon, or muon with
 // --use-distributed-optimizer) each matrix's momentum and update live on one rank of `group`, which broadcasts
-// the updated weight.
+// the updated weight. A matrix the model stores in bf16 (nn::Parameter::bf16_storage) is updated on its f32 master,
+// kept here (by its owner only under layer_wise), and the model's value is the master rounded.
 #pragma once
 
 #include <string>
@@ -43,9 +44,10 @@ class Muon : public ParamClassOptimizer {
  public:
   // `tp`: the group holding the other shards of the tensor-parallel parameters (TP, or ETP for experts); null:
   // none. `group`: the gradient all-reduce group (null: one process). `norm_weights`: as ReplicatedAdamW's.
+  // `bucket_size`: --ddp-bucket-size (grad_buffer.h).
   Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketOf& bucket_of,
        const comm::ProcessGroup* group, const comm::ProcessGroup* tp, std::vector<double> norm_weights,
-       const MuonConfig& cfg, bool layer_wise);
+       const MuonConfig& cfg, bool layer_wise, int64_t bucket_size = 0);
   const std::vector<nn::Parameter*>& params() const override { return params_; }
   void start_bucket(size_t b) override { buckets_.start(b); }
   double reduce_gradients(double scale) override;
@@ -55,7 +57,10 @@ class Muon : public ParamClassOptimizer {
   // m: the momentum buffers, v: zeros (checkpoints keep one format); gathered from the owners under layer_wise.
   void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const override;
   void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override;
-  void refresh_master() override {}
+  // Masters of the bf16-stored matrices: from their owners under layer_wise (collective), else this rank's.
+  void gather_master(std::vector<Tensor>& w) const override;
+  void load_master(const std::vector<Tensor>& w) override;
+  std::vector<double> master_squares() const override;
 
  private:
   struct Unit {                   // one orthogonalised matrix (or a stack of experts' matrices)
@@ -73,6 +78,8 @@ class Muon : public ParamClassOptimizer {
   bool layer_wise_;
   std::vector<Unit> units_;
   std::vector<Tensor> buf_;  // momentum per parameter (empty where another rank owns it)
+  // The f32 master (on the host, where the update runs) of each matrix the model stores in bf16, on its owner.
+  std::vector<Tensor> master_;
 };
 
 }  // namespace moecore::optim

@@ -3,6 +3,7 @@
 // all-reduced buckets) or sharded (ShardedAdamW, Megatron's distributed optimizer).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "moecore/kernels/adamw.h"
@@ -28,8 +29,15 @@ class ParamClassOptimizer {
   // The Adam moments whole per parameter (collective where sharded), and back.
   virtual void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const = 0;
   virtual void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) = 0;
-  // Re-reads fp32 master state from the parameters after they were loaded (nothing where the parameters are it).
-  virtual void refresh_master() = 0;
+  // The f32 weights of every parameter, whole, on the host (collective where sharded): the optimizer's master
+  // where it keeps one (parameters stored in bf16), else the value itself. And back: each master (or its owned
+  // share) set from the whole f32 weights, and the model's values from them (rounded where stored in bf16).
+  virtual void gather_master(std::vector<Tensor>& w) const = 0;
+  virtual void load_master(const std::vector<Tensor>& w) = 0;
+  // ‖f32 weights of p‖² per parameter, in params() order, over what this rank holds (Megatron's
+  // calc_params_l2_norm reads the fp32 main parameters): a sharded master counts its share times the shard count,
+  // so the sum over the ranks of the optimizer's group counts every element as often as a whole copy on each would.
+  virtual std::vector<double> master_squares() const = 0;
 };
 
 }  // namespace moecore::optim

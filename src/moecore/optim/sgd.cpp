@@ -16,6 +16,7 @@ void element_step_multi(const ElementRule& rule, std::vector<kernels::AdamWTenso
     kernels::AdamWParams h = hp;
     h.weight_decay = x.weight_decay;
     sgd_step(x.param, x.grad, x.m, h, rule.sgd_momentum);
+    if (x.param_bf16.defined()) x.param_bf16.copy_from(x.param);  // a master's bf16 parameter, rounded
   }
 }
 

@@ -149,10 +149,7 @@ void CheckpointLoader::load_checkpoint(const std::string& dir, const nlohmann::j
   }
   std::vector<Tensor> m, v;
   ckpt::load_tensors(dir, load_targets(optim, m, v));
-  if (optim)
-    opt_->load_moments(m, v);  // the sharded master weights re-read from the loaded parameters
-  else
-    refresh_master();
+  if (optim) opt_->load_moments(m, v);                 // the weights reach the optimizer's masters at OnHost::commit
   const bool release = state.value("release", false);  // a converted model: weights only
   if (!c_.finetune && !release) {
     p.iteration = state.at("iteration").get<int64_t>();
@@ -211,7 +208,6 @@ void CheckpointLoader::load_hf(ckpt::HFModel& m) {
             "--load-hf {}: the model built from these flags does not match it:{}\n(drop the flags "
             "that change the architecture: --load-hf sets it from config.json)",
             dir, problems);
-  refresh_master();
   loaded_from_ = dir;
   fmt::print(out_, " loaded HuggingFace {} model {}: weights only, iteration 0\n", m.architecture().kind, dir);
 }
@@ -249,7 +245,6 @@ void CheckpointLoader::upcycle(const std::string& dir, const nlohmann::json& sta
   for (const std::string& pre : moe_prefixes)
     ckpt::upcycle_layer(dir, pre, dense, g, s, reg_.get(pre + "experts.linear_fc1.weight"),
                         reg_.get(pre + "experts.linear_fc2.weight"), reg_.get(pre + "router.weight").value);
-  refresh_master();
   loaded_from_ = dir;
   fmt::print(out_,
              " upcycled the dense checkpoint {} into {} experts per MoE layer (granularity {}, {} replicas, "
@@ -258,7 +253,7 @@ void CheckpointLoader::upcycle(const std::string& dir, const nlohmann::json& sta
 }
 
 void CheckpointLoader::load(StartPoint& start, Progress& p) {
-  const OnHost host(reg_, model_);
+  OnHost host(reg_, model_, opt_);  // every loader writes whole f32 weights; commit hands them to the optimizer
   for (const std::string& line : start.set_aside) fmt::print(out_, "note: {}\n", line);
   if (start.checkpoint && !start.checkpoint->note.empty()) fmt::print(out_, "note: {}\n", start.checkpoint->note);
   if (c_.moe_use_upcycling) {
@@ -266,11 +261,13 @@ void CheckpointLoader::load(StartPoint& start, Progress& p) {
     if (const auto own = ckpt::find_checkpoint(c_.save)) {
       if (!own->note.empty()) fmt::print(out_, "note: {}\n", own->note);
       load_checkpoint(own->dir, own->state, p);
+      host.commit();
       if (saver_) saver_->check_save_target();
       return;
     }
     MOE_CHECK(start.checkpoint, "--moe-use-upcycling: --load {} holds no dense checkpoint", c_.load);
     upcycle(start.checkpoint->dir, start.checkpoint->state);
+    host.commit();  // before the save below reads the weights back
     MOE_ASSERT(saver_ != nullptr);
     saver_->check_save_target();
     saver_->save(p);
@@ -280,6 +277,7 @@ void CheckpointLoader::load(StartPoint& start, Progress& p) {
   if (!c_.load.empty()) {
     if (start.checkpoint) {
       load_checkpoint(start.checkpoint->dir, start.checkpoint->state, p);
+      host.commit();
       return;
     }
     MOE_CHECK(!c_.finetune, "--finetune: --load {} holds no checkpoint (no {} and no index.json)", c_.load,
@@ -291,6 +289,7 @@ void CheckpointLoader::load(StartPoint& start, Progress& p) {
   if (start.hf) {
     load_hf(*start.hf);
     start.hf.reset();  // its open files
+    host.commit();
   }
 }
 

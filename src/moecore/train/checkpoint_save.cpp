@@ -11,20 +11,53 @@
 
 namespace moecore::train {
 
-OnHost::OnHost(nn::ParamRegistry& reg, nn::GPTModel& model) : reg_(reg), model_(model), dev_(reg.device()) {
-  if (dev_.is_cuda()) move(Device::cpu());
+OnHost::OnHost(nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimizer* opt)
+    : reg_(reg), model_(model), opt_(opt), dev_(reg.device()) {
+  std::vector<Tensor> w;
+  if (opt_) opt_->gather_master(w);
+  const auto& all = reg_.all();
+  for (size_t i = 0; i < all.size(); i++) {
+    nn::Parameter& p = *all[i];
+    own_.push_back(p.value);
+    if (!opt_) {  // the value itself where it is an f32 host tensor (loads write into the model directly)
+      Tensor h = p.value.to(Device::cpu());
+      w.push_back(h.dtype() == p.math_dtype() ? h : h.to(p.math_dtype()));
+    }
+    p.value = w[i];
+  }
+  if (dev_.is_cuda()) move_router_state(Device::cpu());
 }
 
 OnHost::~OnHost() {
-  if (!dev_.is_cuda()) return;
   try {
-    move(dev_);
+    restore();
+    if (dev_.is_cuda()) move_router_state(dev_);
   } catch (...) {  // an error already on its way out says more than a failed copy back
   }
 }
 
-void OnHost::move(Device d) {
-  reg_.to(d);
+void OnHost::restore() {
+  if (restored_) return;
+  const auto& all = reg_.all();
+  for (size_t i = 0; i < all.size(); i++) all[i]->value = own_[i];
+  restored_ = true;
+}
+
+void OnHost::commit() {
+  MOE_ASSERT(!restored_);
+  std::vector<Tensor> w;
+  for (auto& p : reg_.all()) w.push_back(p->value);
+  restore();
+  if (opt_) {
+    opt_->load_master(w);
+  } else {
+    const auto& all = reg_.all();
+    for (size_t i = 0; i < all.size(); i++) all[i]->value.copy_from(w[i]);  // nothing where it is the same tensor
+  }
+  for (auto& p : reg_.all()) p->bf16_cache_from_update = false;  // the weights changed: round them afresh
+}
+
+void OnHost::move_router_state(Device d) {
   for (auto* l : moe_layers(model_)) l->router().expert_bias() = l->router().expert_bias().to(d);
 }
 
@@ -108,7 +141,7 @@ std::string CheckpointSaver::save(const Progress& prog) {
   opt_->gather_moments(m, v);
   for (Tensor& t : m) t = t.to(Device::cpu());
   for (Tensor& t : v) t = t.to(Device::cpu());
-  const OnHost host(reg_, model_);
+  const OnHost host(reg_, model_, opt_);  // the f32 weights: the format stays the same under --bf16
   std::vector<ckpt::StoredTensor> mine;
   const auto& all = reg_.all();
   int64_t bytes = 0;

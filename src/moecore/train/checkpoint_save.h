@@ -50,10 +50,6 @@ class CheckpointedState {
   static std::string expert_bias_name(moe::MoELayer& l);
   // The word embedding and the output layer: their rows past the vocabulary are padding.
   static bool is_vocab_parameter(const std::string& name);
-  // The optimizer's master weights re-read from the parameters (after they were loaded).
-  void refresh_master() {
-    if (opt_) opt_->refresh_master();
-  }
 
   const TrainConfig& c_;
   std::FILE* out_;
@@ -64,20 +60,28 @@ class CheckpointedState {
   optim::ChainedOptimizer* opt_;
 };
 
-// Checkpoints read and write the parameters and the router state on the host: a model training on a GPU is copied
-// to the host for a save or a load and back after it (the same bits either way; the moments are copied by save).
+// Checkpoints read and write every parameter as its whole f32 weights on the host, and the router state on the
+// host: within this scope each parameter's `value` is such a host tensor (the optimizer's master where the model
+// holds the parameter in bf16, gathered from its owners under the distributed optimizer: collective; otherwise the
+// value, copied where it lives on a GPU or in bf16). commit() hands the values, loaded or not, back to the optimizer
+// and the model (rounded where stored in bf16); leaving the scope restores the model's own tensors either way.
 class OnHost {
  public:
-  OnHost(nn::ParamRegistry& reg, nn::GPTModel& model);
+  OnHost(nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimizer* opt);
   ~OnHost();
   OnHost(const OnHost&) = delete;
   OnHost& operator=(const OnHost&) = delete;
+  void commit();
 
  private:
-  void move(Device d);
+  void restore();
+  void move_router_state(Device d);
   nn::ParamRegistry& reg_;
   nn::GPTModel& model_;
+  optim::ChainedOptimizer* opt_;
   Device dev_;
+  std::vector<Tensor> own_;  // the model's values, put back on leaving
+  bool restored_ = false;
 };
 
 class CheckpointSaver : public CheckpointedState {

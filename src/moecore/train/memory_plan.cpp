@@ -67,8 +67,8 @@ std::optional<double> cgroup_headroom(const std::string& dir, const char* limit_
 std::string MemoryPlan::describe() const {
   std::string s = fmt::format("weights {} | gradients {} | Adam moments {}", human_bytes(weights), human_bytes(grads),
                               human_bytes(adam));
-  if (master > 0) s += fmt::format(" | master shard {}", human_bytes(master));
-  if (bf16_weights > 0) s += fmt::format(" | bf16 weights {}", human_bytes(bf16_weights));
+  if (master > 0) s += fmt::format(" | f32 master weights {}", human_bytes(master));
+  if (bf16_weights > 0) s += fmt::format(" | bf16 weight copies {}", human_bytes(bf16_weights));
   if (packed_weights > 0)
     s += fmt::format(" (packed expert weights {}: MOECORE_PACK_WEIGHTS=off drops them)", human_bytes(packed_weights));
   if (comm > 0) s += fmt::format(" | comm buffers {}", human_bytes(comm));
@@ -128,41 +128,56 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   // Split over TP: the projections; replicated: the norms (and MLA's down projections).
   double attn = (H * (N + 2 * G) * D + N * D * H + bias * (N + 2 * G) * D) / t + bias * H +
                 norm * (2 * H + (c.qk_layernorm ? 2 * D : 0));
+  // Of each: what stays f32 under --bf16 (biases, norms, router, shared-expert gate; the rest are GEMM weights).
+  double attn_f32 = bias * (N + 2 * G) * D / t + bias * H + norm * (2 * H + (c.qk_layernorm ? 2 * D : 0));
   if (c.multi_latent_attention) {  // nn/mla_attention.h: down, up and output projections, latent norms
     const double Q = static_cast<double>(c.q_lora_rank), R = static_cast<double>(c.kv_lora_rank);
     const double Dq = static_cast<double>(c.qk_head_dim + c.qk_pos_emb_head_dim);
     const double Dr = static_cast<double>(c.qk_pos_emb_head_dim), Dv = static_cast<double>(c.v_head_dim);
     attn = (Q > 0 ? H * Q + Q * N * Dq / t : H * N * Dq / t) + H * (R + Dr) +
            (R * N * (Dq - Dr + Dv) + N * Dv * H) / t + norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
+    attn_f32 = norm * (2 * H + (c.qk_layernorm ? Q + R : 0)) + bias * H;
   }
   const double dense_ffn = (glu * H * static_cast<double>(c.ffn_hidden_size)) / t + bias * (H + glu / 2 * H);
   const double E = static_cast<double>(c.num_experts), Fs = static_cast<double>(c.moe_shared_expert_intermediate_size);
+  const double dense_ffn_f32 = bias * (H + glu / 2 * H);
   const double moe_dense = E * H + bias * E + glu * H * Fs / t + (c.moe_shared_expert_gate ? H : 0);
+  const double moe_dense_f32 = E * H + bias * E + (c.moe_shared_expert_gate ? H : 0);
   // Per expert fc1 [F1, H] and fc2 [H, F] weights, with biases fc1's [F1] and fc2's [H] (F1 = (glu − 1)·F; biases
   // need ETP 1, so ep_etp is EP then).
   const double Fm = static_cast<double>(c.moe_ffn_hidden_size);
   const double expert = E * (glu * H * Fm + bias * ((glu - 1) * Fm + H)) / static_cast<double>(ep_etp);
+  const double expert_f32 = E * bias * ((glu - 1) * Fm + H) / static_cast<double>(ep_etp);
   const std::vector<bool>& is_moe = c.is_moe_layer;
   MOE_ASSERT(std::ssize(is_moe) == c.num_layers);
   std::vector<StageLayers> chunks{StageLayers{0, c.num_layers, true, true, 0}};
   if (pp_rank >= 0 && c.pipeline_model_parallel_size > 1) chunks = pipeline_stage_layers(c, pp_rank);
   ParamCounts p;
+  const bool untied = c.untie_embeddings_and_output_weights;
   for (const StageLayers& ch : chunks) {
     if (ch.embedding) p.dense += V * H / t + positions;
+    if (ch.embedding) p.f32_dense += V * H / t + positions;
     // The output layer: its own weight, or on a last stage without the embedding a copy of the tied one.
-    if (ch.loss) p.dense += norm * H + ((c.untie_embeddings_and_output_weights || !ch.embedding) ? V * H / t : 0.0);
+    if (ch.loss) p.dense += norm * H + ((untied || !ch.embedding) ? V * H / t : 0.0);
+    if (ch.loss) p.f32_dense += norm * H + (!untied && !ch.embedding ? V * H / t : 0.0);
+    if (ch.loss && !untied) p.bf16_copy += V * H / t;  // the tied weight read by the bf16 output GEMM
     for (int64_t i = ch.first_layer; i < ch.first_layer + ch.num_layers; i++) {
       const bool m = is_moe[static_cast<size_t>(i)];
       p.dense += attn + (m ? moe_dense : dense_ffn);
       p.expert += m ? expert : 0.0;
+      p.f32_dense += attn_f32 + (m ? moe_dense_f32 : dense_ffn_f32);
+      p.f32_expert += m ? expert_f32 : 0.0;
     }
     if (ch.loss && c.mtp_num_layers > 0) {  // nn/mtp.h per depth: 3 norms, eh_proj (replicated), a last-kind layer
       const bool last_moe = is_moe.back();
       const double depths = static_cast<double>(c.mtp_num_layers);
       p.dense += depths * (3 * norm * H + 2 * H * H + attn + (last_moe ? moe_dense : dense_ffn));
       p.expert += last_moe ? depths * expert : 0.0;
+      p.f32_dense += depths * (3 * norm * H + attn_f32 + (last_moe ? moe_dense_f32 : dense_ffn_f32));
+      p.f32_expert += last_moe ? depths * expert_f32 : 0.0;
       // Untied, a last stage without the embedding keeps a copy of the word embedding for MTP's inputs.
-      if (!ch.embedding && c.untie_embeddings_and_output_weights) p.dense += V * H / t;
+      if (!ch.embedding && untied) p.dense += V * H / t;
+      if (!ch.embedding && untied) p.f32_dense += V * H / t;
     }
   }
   return p;
@@ -175,28 +190,33 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.pp_rank = pp_rank;
   const double n = p.dense + p.expert, dp = static_cast<double>(l.dp), edp = static_cast<double>(l.edp);
   m.params = n;
-  m.weights = 4 * n;  // f32 parameters: moecore's master weights (bf16 is a per-step copy, below)
-  m.grads = 4 * n;
-  if (c.bf16) {  // rounded once per step (and packed)
+  // Megatron's --bf16 layout: the GEMM weights stored in bf16 in the model, their f32 masters only in the optimizer
+  // (optim/adamw.cpp, distributed_optimizer.cpp); the parameters read in f32 (norms, biases, router, embeddings)
+  // kept f32 and their own masters. Without --bf16 every parameter is f32 and its own master.
+  const double n32 = c.bf16 ? p.f32_dense + p.f32_expert : n, n16 = n - n32;
+  const double dense16 = c.bf16 ? p.dense - p.f32_dense : 0, expert16 = c.bf16 ? p.expert - p.f32_expert : 0;
+  m.weights = 2 * n16 + 4 * n32;
+  m.grads = 4 * n;  // f32, in the optimizers' buckets where gradients cross ranks
+  if (c.bf16) {     // a tied output layer's weight rounded once per step; the experts' packed copies
     m.packed_weights = packed_expert_bytes(c, l, p.expert);
-    m.bf16_weights = 2 * n + m.packed_weights;
+    m.bf16_weights = 2 * p.bf16_copy + m.packed_weights;
   }
-  // One process has no data-parallel group: the plain AdamW, no buckets. Over several ranks every part of the
-  // optimizer has its group (possibly of one rank): the distributed optimizer's flat gradient and parameter
-  // buffers and this rank's shard of gradients, master weights and both moments (optim/distributed_optimizer.cpp),
-  // or one flat bucket per layer for the all-reduce (optim/grad_sync.cpp).
+  // One process has no data-parallel group: the plain AdamW. Over several ranks every part of the optimizer has its
+  // group (possibly of one rank): the distributed optimizer keeps this rank's shard of the moments and of the bf16
+  // parameters' masters, and reduces the gradients and gathers the parameters in place in their buckets
+  // (optim/distributed_optimizer.cpp); the replicated one keeps them whole and all-reduces the buckets in place.
   // Adam's two moments: 4 bytes each, or 2 in bf16 (--use-precision-aware-optimizer --exp-avg-dtype bf16 ...).
   const bool aware = c.use_precision_aware_optimizer;
   const double moments = (aware && c.exp_avg_dtype == "bf16" ? 2 : 4) + (aware && c.exp_avg_sq_dtype == "bf16" ? 2 : 4);
   if (l.world() > 1 && c.use_distributed_optimizer) {
-    const double shard = p.dense / (dp * static_cast<double>(l.cp)) + p.expert / edp;  // dense over DP×CP
-    m.adam = moments * shard;
-    m.master = 8 * shard;  // the f32 master shard and the reduce-scattered gradient shard
-    m.comm = 8 * n;
+    const double over = dp * static_cast<double>(l.cp);  // dense over DP×CP, experts over EDP
+    m.adam = moments * (p.dense / over + p.expert / edp);
+    m.master = 4 * (dense16 / over + expert16 / edp);
   } else {
     m.adam = moments * n;
-    m.comm = l.world() > 1 ? 4 * n : 0.0;
+    m.master = 4 * n16;
   }
+  m.comm = 0;
   // Sizes whose stash bytes do not fit in int64 (a sequence or batch of ~1e18 tokens) plan as unbounded: the
   // memory check then refuses them, instead of the byte counts overflowing.
   double widest = 1;

@@ -1,7 +1,8 @@
 // Memory before work: the bytes one rank plans to hold while training (from the configuration and the layout
 // alone, before anything is allocated) against the memory it may use (cgroup limit, MemAvailable, shared by the
 // ranks on the node). A run that cannot fit is refused with the plan and what to change. Estimates, not
-// measurements: fp32 weights, gradients and Adam moments, activations from what each layer's stash keeps.
+// measurements: weights (bf16 where stored so under --bf16), fp32 gradients, master weights and Adam moments,
+// activations from what each layer's stash keeps.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +29,13 @@ struct PlanLayout {
 // Bytes on one rank (one pipeline stage's rank).
 struct MemoryPlan {
   int64_t pp_rank = 0;
-  double params = 0;                       // parameters held here
-  double weights = 0, bf16_weights = 0;    // f32 parameters (the master weights); their bf16 copy under --bf16
-  double packed_weights = 0;               // of bf16_weights: the experts' packed copies (kernels::pack_weights_for)
-  double grads = 0, adam = 0, master = 0;  // f32 gradients; Adam moments; the distributed optimizer's f32 shard
-  double comm = 0;                         // gradient buckets, the distributed optimizer's flat buffers, SP sums
+  double params = 0;  // parameters held here
+  // The model's parameters: f32, or under --bf16 bf16 where stored so (2 bytes) and f32 for the rest; bf16 copies
+  // rounded per step (a tied output layer's weight) and the experts' packed copies (kernels::pack_weights_for).
+  double weights = 0, bf16_weights = 0;
+  double packed_weights = 0;               // of bf16_weights: the experts' packed copies
+  double grads = 0, adam = 0, master = 0;  // f32 gradients (the buckets); Adam moments; the bf16 parameters' f32 master
+  double comm = 0;                         // pipeline P2P buffers (gradients are reduced in place in their buckets)
   double activations = 0;                  // one micro-batch's stashes on this stage (all its chunks), no logits
   double logits = 0;                       // one micro-batch's logits stash (a last stage)
   double in_flight = 1;                    // micro-batches' stashes held at the schedule's peak (stage units)
@@ -60,6 +63,11 @@ struct MemoryPlan {
 // TP, routed experts over EP x ETP.
 struct ParamCounts {
   double dense = 0, expert = 0;
+  // Of dense and expert: the parameters the model keeps in f32 under --bf16 (norms, biases, router, embeddings, a
+  // tied output layer: read in f32 somewhere); the rest is stored in bf16, its f32 master in the optimizer.
+  double f32_dense = 0, f32_expert = 0;
+  // Elements rounded into a bf16 copy once per step under --bf16: a tied output layer's f32 weight.
+  double bf16_copy = 0;
 };
 // From the model's sizes (what build_model will create), before anything exists: the whole model, or the layers
 // and ends of pipeline rank pp_rank (pp_rank >= 0).

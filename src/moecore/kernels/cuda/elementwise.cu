@@ -233,6 +233,7 @@ __global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
   const float* g = b.g[k];
   M* m = static_cast<M*>(b.m[k]);
   V* v = static_cast<V*>(b.v[k]);
+  __nv_bfloat16* pb = static_cast<__nv_bfloat16*>(b.p_bf16[k]);
   const int64_t n = b.n[k];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gi = g[i] * hp.grad_scale;
@@ -241,7 +242,9 @@ __global__ void adamw_k(AdamWBatch b, AdamWScalars hp) {
     store_moment(m + i, mi);
     store_moment(v + i, vi);
     const float mhat = mi / hp.bc1, vhat = vi / hp.bc2;
-    p[i] = p[i] * (1.0f - hp.lr * hp.wd) - hp.lr * mhat / (sqrtf(vhat) + hp.eps);
+    const float pi = p[i] * (1.0f - hp.lr * hp.wd) - hp.lr * mhat / (sqrtf(vhat) + hp.eps);
+    p[i] = pi;
+    if (pb) pb[i] = __float2bfloat16_rn(pi);
   }
 }
 

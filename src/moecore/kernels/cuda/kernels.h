@@ -10,10 +10,9 @@
 // bf16 output is the f32 result cast, and the residual add of the _add forms and dres are add_ calls before and after
 // the kernel (the CPU's values, not fused); the fused cross-entropy is the forward, then the backward writing over the
 // logits; the vocab-parallel cross-entropy all-reduces host copies of its [T] statistics (host-staged MPI);
-// adamw_step_multi is one adamw_step per tensor, each with its own weight decay (param_bf16 is a CPU copy and is not
-// written here); the segment biases launch once per segment with rows (the experts' rows, known on the host), y f32 and
-// dy f32 or bf16. A CPU-only build defines these in kernels/cuda/*_unavailable.cpp (they throw: no cuda tensor can
-// exist there).
+// adamw_step_multi is one adamw_step per tensor, each with its own weight decay, writing param_bf16 where given; the
+// segment biases launch once per segment with rows (the experts' rows, known on the host), y f32 and dy f32 or bf16. A
+// CPU-only build defines these in kernels/cuda/*_unavailable.cpp (they throw: no cuda tensor can exist there).
 #pragma once
 
 #include <vector>
@@ -43,6 +42,7 @@ struct AdamWTensors {
   const Tensor* grad;
   Tensor* m;
   Tensor* v;
+  Tensor* param_bf16 = nullptr;  // optional: receives the updated parameter rounded to bf16
 };
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step);
 

@@ -117,6 +117,9 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
     batch.g[i] = f32(*t.grad, "grad");
     batch.m[i] = m16 ? t.m->device_data<bf16>() : static_cast<void*>(f32(*t.m, "m"));
     batch.v[i] = v16 ? t.v->device_data<bf16>() : static_cast<void*>(f32(*t.v, "v"));
+    MOE_ASSERT(!t.param_bf16 || (t.param_bf16->dtype() == DType::BF16 && t.param_bf16->numel() == n &&
+                                 t.param_bf16->device() == t.param->device()));
+    batch.p_bf16[i] = t.param_bf16 ? t.param_bf16->device_data<bf16>() : nullptr;
     batch.n[i] = n;
     if (batch.count == launch::kAdamTensors) flush();
   }
@@ -127,7 +130,9 @@ void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, 
   for (AdamWTensor& x : tensors) {
     AdamWParams h = hp;
     h.weight_decay = x.weight_decay;
-    cuda::adamw_step(x.param, x.grad, x.m, x.v, h, step);
+    const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+    adamw_multi_step({AdamWTensors{&x.param, &x.grad, &x.m, &x.v, x.param_bf16.defined() ? &x.param_bf16 : nullptr}}, h,
+                     step);
   }
 }
 

@@ -75,6 +75,7 @@ struct AdamWBatch {
   const float* g[kAdamTensors];
   void* m[kAdamTensors];
   void* v[kAdamTensors];
+  void* p_bf16[kAdamTensors] = {};  // null, or the updated parameter rounded to bf16 (nn::Parameter stored in bf16)
   int64_t n[kAdamTensors];
   int count = 0;
   bool m_bf16 = false, v_bf16 = false;

@@ -95,6 +95,7 @@ struct TrainConfig {
   std::string muon_scale_mode = "spectral", muon_fp32_matmul_prec = "medium", muon_coefficient_type = "quintic";
   std::string muon_tp_mode = "duplicated", muon_scalar_optimizer = "adam";
   int64_t muon_num_ns_steps = 5, num_distributed_optimizer_instances = 1;
+  int64_t ddp_bucket_size = 0;                      // elements per gradient bucket (0: unset, one bucket per layer)
   double decoupled_lr = -1, decoupled_min_lr = -1;  // -1: none (Megatron's None)
   int64_t seed = 1234;
   bool bf16 = false;

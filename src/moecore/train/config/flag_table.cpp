@@ -265,6 +265,10 @@ std::vector<FlagSpec> build_flag_table() {
         "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
        {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances,
         "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+       {"ddp-bucket-size", &C::ddp_bucket_size,
+        "Elements per gradient bucket, filled in the order gradients become final and closed at a parameter "
+        "boundary once full (unset: one bucket per layer)",
+        kNoRole, at_least(0)},
        {"use-precision-aware-optimizer", &C::use_precision_aware_optimizer,
         "Adam moments in --exp-avg-dtype/--exp-avg-sq-dtype (TransformerEngine's FusedAdam: stored low, computed in "
         "fp32)"},

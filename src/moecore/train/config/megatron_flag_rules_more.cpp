@@ -90,7 +90,7 @@ void communication(std::vector<FlagRule>& r) {
                  "overlap-moe-expert-parallel-comm", "overlap-dispatch-backward-with-experts-wgrad",
                  "no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
                  "no-align-param-gather", "defer-embedding-wgrad-compute", "delay-wgrad-compute",
-                 "wgrad-deferral-limit", "create-all-gather-group", "ddp-bucket-size", "ddp-num-buckets",
+                 "wgrad-deferral-limit", "create-all-gather-group", "ddp-num-buckets",
                  "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
                 {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
   r.push_back(no_effect("selects the transport: moecore communicates over MPI",

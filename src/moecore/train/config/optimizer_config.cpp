@@ -13,6 +13,7 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.instances = c.num_distributed_optimizer_instances;
   oc.decoupled = c.decoupled_lr >= 0;
   oc.count_zeros = c.log_num_zeros_in_grad;
+  oc.bucket_size = c.ddp_bucket_size;
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
   oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";

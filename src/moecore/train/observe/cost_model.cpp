@@ -102,14 +102,17 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
   const double M = static_cast<double>(c.global_batch_size / (c.micro_batch_size * g.dp_size));
   const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
   const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
-  const double ab = c.bf16 ? 2.0 : 4.0;  // dispatched token bytes
-  double n_dense = 0, n_rep = 0, n_exp = 0;
+  const double ab = c.bf16 ? 2.0 : 4.0;                              // dispatched token bytes
+  double n_dense = 0, n_rep = 0, n_exp = 0, w_dense = 0, w_exp = 0;  // elements; bytes of their stored values
   for (auto& p : reg.all()) {
     const double n = static_cast<double>(p->value.numel());
+    const double w = n * static_cast<double>(dtype_size(p->value.dtype()));
     if (p->expert_parallel) {
       n_exp += n;
+      w_exp += w;
     } else {
       n_dense += n;
+      w_dense += w;
       if (!p->tensor_parallel) n_rep += n;
     }
   }
@@ -127,10 +130,14 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
     out["tp"] =
         M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) + 2 * (TP - 1) / TP * n_rep * 4;
   }
-  // Data parallel: ring all-reduce (or reduce-scatter + all-gather) of the gradients, dense over DP, experts over
-  // EDP.
-  if (DP > 1) out["dp"] = 2 * (DP - 1) / DP * n_dense * 4;
-  if (EDP > 1 && n_exp > 0) out["edp"] = 2 * (EDP - 1) / EDP * n_exp * 4;
+  // Data parallel: ring all-reduce of the f32 gradients, dense over DP, experts over EDP; under the distributed
+  // optimizer their reduce-scatter and the all-gather of the updated parameters as stored (bf16 where so).
+  const bool sharded = c.use_distributed_optimizer && (c.optimizer == "adam" || c.optimizer == "sgd");
+  auto dp_bytes = [&](double P, double n, double w) {
+    return sharded ? (P - 1) / P * (n * 4 + w) : 2 * (P - 1) / P * n * 4;
+  };
+  if (DP > 1) out["dp"] = dp_bytes(DP, n_dense, w_dense);
+  if (EDP > 1 && n_exp > 0) out["edp"] = dp_bytes(EDP, n_exp, w_exp);
   // Expert parallel, per micro-batch and MoE layer, with uniform routing: of the T/TP·k rows a rank routes,
   // (EP−1)/EP go to other ranks, as tokens and probabilities, and come back: forward dispatch (ab bytes per value)
   // and combine (f32), backward the same in reverse.

@@ -152,19 +152,24 @@ void mtp_losses(const TrainConfig& c, nn::GPTModel& model, const ParallelGroups&
   r.mtp_losses = v;
 }
 
-void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r) {
+void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g,
+                 const optim::ChainedOptimizer* opt, StepResult& r) {
   if (!c.log_params_norm) return;
   // The ranks holding the same values: experts' over EDP; dense over DP×CP, and over TP too unless split by TP
   // (Megatron's param_is_not_tensor_parallel_duplicate). The same weights as the optimizer's gradient norm.
   const double dp = static_cast<double>(ParallelGroups::size(g.dp)),
                tp = static_cast<double>(ParallelGroups::size(g.tp));
   const double edp = static_cast<double>(ParallelGroups::size(g.edp));
-  double sq = 0;
-  for (const auto& p : reg.all()) {
+  auto weight = [&](const nn::Parameter& p) {
     // The last stage's copy of the tied word embedding is Megatron's `shared` parameter: counted once.
-    if (g.pp_rank > 0 && p->name == "embedding.word_embeddings.weight") continue;
-    const double w = p->expert_parallel ? 1.0 / edp : 1.0 / (dp * (p->tensor_parallel ? 1.0 : tp));
-    sq += w * kernels::sum_squares(p->value);
+    if (g.pp_rank > 0 && p.name == "embedding.word_embeddings.weight") return 0.0;
+    return p.expert_parallel ? 1.0 / edp : 1.0 / (dp * (p.tensor_parallel ? 1.0 : tp));
+  };
+  double sq = 0;
+  if (opt) {  // the fp32 masters where the model holds bf16 (Megatron reads the main parameters)
+    sq = opt->master_sum_squares(weight);
+  } else {
+    for (const auto& p : reg.all()) sq += weight(*p) * kernels::sum_squares(p->value);
   }
   if (g.distributed()) {
     Tensor u = Tensor::empty({1}, DType::F64);
@@ -356,11 +361,16 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
 MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::ParamRegistry& reg, int64_t vocab,
                              int64_t padded_vocab, const ParallelGroups& g) {
   ParamCounts p;
-  for (auto& q : reg.all())
-    (q->name.find(".experts.") != std::string::npos ? p.expert : p.dense) += static_cast<double>(q->value.numel());
+  for (auto& q : reg.all()) {
+    const bool expert = q->name.find(".experts.") != std::string::npos;
+    const auto n = static_cast<double>(q->value.numel());
+    (expert ? p.expert : p.dense) += n;
+    if (!q->bf16_storage) (expert ? p.f32_expert : p.f32_dense) += n;  // kept f32 under --bf16
+  }
   fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
              (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
   const PlanLayout l = PlanLayout::from(c, g.world ? g.world->size() : 1);
+  p.bf16_copy = count_params(c, padded_vocab, l.tp, l.ep * l.etp, g.pp_rank).bf16_copy;
   const MemoryPlan m = plan_memory(c, padded_vocab, l, g.pp_rank, &p);
   fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
   if (l.pp > 1) {

@@ -11,6 +11,7 @@
 #include "moecore/core/file.h"
 #include "moecore/core/progress.h"
 #include "moecore/nn/gpt_model.h"
+#include "moecore/optim/chained_optimizer.h"
 #include "moecore/train/config/config.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/parallel_groups.h"
@@ -42,9 +43,11 @@ void router_losses(const TrainConfig& c, const nn::GPTModel& model, const Parall
 
 // Megatron's calc_params_l2_norm (--log-params-norm) into r: every parameter element counted once whatever the
 // layout (a rank weighs its share by 1 over the ranks holding the same values, as the gradient norm does), summed
-// over the world. Call after the update. Collective over the world with the flag; nothing otherwise.
+// over the world, from the optimizer's fp32 masters where it keeps them (`opt`; null: the values). Call after the
+// update. Collective over the world with the flag; nothing otherwise.
 // (--log-num-zeros-in-grad: ChainedOptimizer::num_zeros_in_grad, counted as the gradients are reduced.)
-void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g, StepResult& r);
+void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const ParallelGroups& g,
+                 const optim::ChainedOptimizer* opt, StepResult& r);
 
 // The MTP losses of the step just finished into r.mtp_losses, as Megatron's MTPLossLoggingHelper: each depth's
 // mean loss per micro-batch, averaged over micro-batches and DP (the loss stage's; TP ranks hold equal copies).

@@ -1,0 +1,80 @@
+// Megatron's --bf16 layout under the distributed optimizer on two data-parallel ranks, shown by the allocator:
+// bf16 weights (2 bytes), fp32 main gradients (4), the fp32 master and both moments sharded (12 / DP): 6 + 12/DP =
+// 12 bytes per bf16 parameter (an f32-kept one: 8 + 8/DP, also 12). Replicated over DP2: 18. One rank:
+// tests/optim/test_mixed_precision_bytes.cpp.
+#include <gtest/gtest.h>
+
+#include "config_util.h"
+#include "moecore/train/trainer.h"
+#include "optim/state_bytes.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+
+std::vector<std::string> dp_bytes_model() {
+  return std::vector<std::string>{"--num-layers",
+                                  "2",
+                                  "--hidden-size",
+                                  "128",
+                                  "--ffn-hidden-size",
+                                  "256",
+                                  "--num-attention-heads",
+                                  "4",
+                                  "--swiglu",
+                                  "--disable-bias-linear",
+                                  "--num-experts",
+                                  "4",
+                                  "--moe-router-topk",
+                                  "2",
+                                  "--moe-ffn-hidden-size",
+                                  "256",
+                                  "--untie-embeddings-and-output-weights",
+                                  "--bf16"} +
+         testing::rmsnorm_rope_flags() + testing::mock_run_flags(32, 2, 4, 128, 3, "1e-3");
+}
+
+TEST(MixedPrecisionLayouts, DistributedOptimizerHoldsSixPlusTwelveOverDpBytes) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  const testing::StateBytes s =
+      testing::state_bytes(testing::small_config(dp_bytes_model(), {"--use-distributed-optimizer"}), &w);
+  testing::expect_layout(s, "bf16 distributed optimizer DP2 rank " + std::to_string(w.rank()), 0.02);
+  EXPECT_NEAR(s.measured / s.params, 6.0 + 12.0 / 2, 0.25);
+}
+
+TEST(MixedPrecisionLayouts, ReplicatedHoldsEighteenBytes) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  const testing::StateBytes s = testing::state_bytes(testing::small_config(dp_bytes_model()), &w);
+  testing::expect_layout(s, "bf16 replicated DP2 rank " + std::to_string(w.rank()), 0.02);
+  EXPECT_NEAR(s.measured / s.params, 18.0, 0.25);
+}
+
+// --ddp-bucket-size changes how gradients are bucketed, never the numbers: the same losses (and the same grad norms
+// but for the shards' partial sums' rounding) with Megatron's size-based buckets as with one per layer, replicated
+// and under the distributed optimizer.
+TEST(MixedPrecisionLayouts, BucketSizeChangesNoNumbers) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  std::FILE* null = std::fopen("/dev/null", "w");
+  for (const std::vector<std::string> opt : {std::vector<std::string>{}, {"--use-distributed-optimizer"}}) {
+    std::vector<train::StepResult> per_layer, sized;
+    for (const std::vector<std::string> bucket : {std::vector<std::string>{}, {"--ddp-bucket-size", "20000"}}) {
+      train::TrainConfig c = testing::small_config(dp_bytes_model(), testing::operator+(opt, bucket));
+      c.device = "cpu";
+      train::resolve(c);
+      train::Trainer t(c, null, false, &w);
+      for (int i = 0; i < 3; i++) (bucket.empty() ? per_layer : sized).push_back(t.train_step());
+    }
+    for (size_t i = 0; i < per_layer.size(); i++) {
+      EXPECT_EQ(per_layer[i].lm_loss, sized[i].lm_loss) << "step " << i << (opt.empty() ? " replicated" : " sharded");
+      EXPECT_NEAR(per_layer[i].grad_norm, sized[i].grad_norm, 1e-12 * per_layer[i].grad_norm) << "step " << i;
+    }
+  }
+  std::fclose(null);
+}
+
+}  // namespace
+}  // namespace moecore
