@@ -295,6 +295,11 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   // adds it to the bf16 GEMM output.
   fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
+  if (cfg_.bf16 && st.h_RF1.dtype() != DType::BF16) {  // h with a bias: backward reads it rounded, as Megatron keeps it
+    Tensor h16 = padded_empty(counts, F1, DType::BF16);
+    h16.copy_from(st.h_RF1);
+    st.h_RF1 = h16;
+  }
   return from_padded(y, counts, {R, H}, st.padded_io);
 }
 
@@ -385,7 +390,7 @@ int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t cap = rows + n * (kRowAlign - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
   int64_t b = nn::tensor_bytes((aligned ? rows : cap) * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x, p
-  b += nn::tensor_bytes(cap * F1, e.bf16 && !e.bias ? DType::BF16 : DType::F32);                            // h_RF1
+  b += nn::tensor_bytes(cap * F1, xt);                                                                      // h_RF1
   if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                                      // a_RF
   return b;
 }

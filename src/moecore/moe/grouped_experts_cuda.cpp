@@ -60,6 +60,9 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   kernels::grouped_gemm(st.a_RF, *w2, true, y, begin, counts);
   fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
+  // The GEMM writes h in f32: under bf16 backward reads it rounded (the activation's kernels widen it), as the CPU
+  // path and Megatron keep it.
+  st.h_RF1 = st.h_RF1.as_dtype(xt);
   return y;
 }
 

@@ -40,6 +40,8 @@ Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   // With bf16 the activation is rounded as it is written: it only feeds fc2's GEMM.
   Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, cfg_.bf16 ? DType::BF16 : st.h.dtype(), st.h.device());
   kernels::activation_forward(cfg_.activation, st.h, nullptr, a);
+  // Where fc1 wrote h in f32 under bf16 (with a bias, or on the GPU), backward reads it rounded, as Megatron keeps it.
+  if (cfg_.bf16) st.h = st.h.as_dtype(DType::BF16);
   return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
 }
 
@@ -54,7 +56,7 @@ Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
   const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
   // Likewise its gradient, which only feeds fc1's GEMMs (and, with a bias, fc1's bias gradient: kept f32 then).
-  Tensor dh = Tensor::empty(st.h.shape(), cfg_.bf16 && !cfg_.bias ? DType::BF16 : st.h.dtype(), st.h.device());
+  Tensor dh = Tensor::empty(st.h.shape(), cfg_.bf16 && !cfg_.bias ? DType::BF16 : da.dtype(), st.h.device());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
   return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);
@@ -86,7 +88,7 @@ int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropp
     return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, d.gemm_input());
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x
-  b += tensor_bytes(r * F1, m.bf16 && !m.bias ? DType::BF16 : DType::F32);  // h: fc1's output (CPU: h_bf16)
+  b += tensor_bytes(r * F1, d.gemm_input());  // h: fc1's output (bf16 under --bf16, written so or rounded)
   b += tensor_bytes(r * F, d.gemm_input());  // fc2.x: the activation (in f32 the tensor itself)
   return b;
 }

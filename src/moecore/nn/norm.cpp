@@ -40,7 +40,7 @@ Tensor Norm::forward_add(Tensor& x, const Tensor& residual, Stash& st, std::opti
 }
 
 Tensor Norm::forward_impl(Tensor& x, const Tensor* residual, Stash& st, std::optional<DType> out) {
-  st.x = x;
+  st.dtype = x.dtype();
   st.rstd = Tensor::empty({x.rows()}, x.dtype(), x.device());
   Tensor y = Tensor::empty(x.shape(), out.value_or(x.dtype()), x.device());
   if (cfg_.kind == NormKind::LayerNorm) {
@@ -54,11 +54,14 @@ Tensor Norm::forward_impl(Tensor& x, const Tensor* residual, Stash& st, std::opt
   } else {
     kernels::rmsnorm_forward(x, gamma(), cfg_.eps, y, st.rstd);
   }
+  // After the kernel: with a residual, x is the sum it wrote. Under bf16_stash an f32 x is rounded once for the stash
+  // (backward reads it widened); the f32 rows themselves are not kept.
+  st.x = cfg_.bf16_stash && x.dtype() == DType::F32 ? x.as_dtype(DType::BF16) : x;
   return y;
 }
 
 Tensor Norm::backward(const Tensor& dy, Stash& st, const Tensor* dres) {
-  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype(), st.x.device());
+  Tensor dx = Tensor::empty(st.x.shape(), st.dtype, st.x.device());
   const Tensor dy_x = dy.reshape(st.x.shape());
   if (cfg_.kind == NormKind::LayerNorm)
     kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad_to_add(), bias_->grad_to_add(),
@@ -71,6 +74,8 @@ Tensor Norm::backward(const Tensor& dy, Stash& st, const Tensor* dres) {
 
 // What Norm::forward keeps beyond its input st.x: the statistics (stash_bytes.h).
 int64_t norm_stash_bytes(int64_t rows, NormKind kind) {
+  // The statistics stay f32 under --bf16 (Megatron's norms keep theirs in f32 too).
+
   return tensor_bytes(rows, DType::F32) * (kind == NormKind::LayerNorm ? 2 : 1);
 }
 

@@ -120,6 +120,10 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     const int64_t kv_heads = m.mla.enabled ? heads : std::max<int64_t>(m.attn.num_query_groups / tp, 1);
     attention_kernel = static_cast<double>(kernels::attention_backward_bf16_bytes(d.S, d.B, heads, kv_heads, width));
   }
+  // Beside it, what the attention's backward builds from its stash: MLA's o padded again, and under --bf16 the
+  // operands widened where the kernel reads f32 only.
+  attention_kernel += static_cast<double>(m.mla.enabled ? nn::mla_backward_rebuilt_bytes(m.attn, m.mla, d)
+                                                        : nn::attention_backward_rebuilt_bytes(m.attn, d));
   for (const StageLayers& ch : chunks_of(c, pp_rank)) {
     double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;
     for (int64_t k = 0; k < ch.num_layers; k++) {
@@ -142,7 +146,8 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
         const double up = static_cast<double>(nn::mla_stash_bytes(m.attn, whole.mla, d, m.rc.layernorm) -
                                               nn::mla_stash_bytes(m.attn, m.mla, d, m.rc.layernorm));
         remat -= up;
-        a.working = std::max(a.working, up + kBackwardTemporaries * all - static_cast<double>(ffn_bytes(m, l, i, d)));
+        a.working = std::max(a.working, up + attention_kernel + kBackwardTemporaries * all -
+                                            static_cast<double>(ffn_bytes(m, l, i, d)));
       }
       a.working = std::max(a.working, remat + kBackwardTemporaries * all);
       // The attention's backward runs after the layer's FFN backward has freed the FFN's stash; beside the kernel's
