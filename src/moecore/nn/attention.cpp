@@ -85,18 +85,15 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
       kernels::rope_forward(k, cos, sin, rot_dim_, k);
     }
   }
-  st.q_SBND = q;
-  st.k_SBND = k;
+  // Under --bf16 the kernel's operands are bf16, as Megatron's are: rounded here where the projections (with a bias)
+  // or the qk-norm wrote f32, so that forward, backward and a core_attn recompute read the same values.
+  const auto operand = [&](const Tensor& t) { return cfg_.bf16 ? t.as_dtype(DType::BF16) : t; };
+  st.q_SBND = operand(q);
+  st.k_SBND = operand(k);
+  st.v_SBND = operand(st.v_SBND);
   core_forward(st);
   Tensor y = proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden});
-  if (cfg_.bf16) {
-    // What backward reads is kept in bf16 (the forward ran on the values as they were): q, k, v rounded where they
-    // are f32, and o as the output projection keeps it (the same tensor where the kernel wrote bf16).
-    st.q_SBND = st.q_SBND.as_dtype(DType::BF16);
-    st.k_SBND = st.k_SBND.as_dtype(DType::BF16);
-    st.v_SBND = st.v_SBND.as_dtype(DType::BF16);
-    st.o_SBND = Tensor();
-  }
+  if (cfg_.bf16) st.o_SBND = Tensor();  // backward reads o as the output projection keeps it (bf16)
   if (cfg_.recompute_core_attn) {
     st.o_SBND = st.lse_BNS = Tensor();
     st.proj = {};

@@ -125,18 +125,13 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   if (kv_norm_) ckv = kv_norm_->forward(ckv, st.kv_norm);
   kpe.copy_from(sp_all_gather(kpe_local, a_.tp));
   const Tensor kv = kv_up_.forward(sp_all_gather(ckv, a_.tp), st.kv_up);  // [S·B, nh·(dn + dv)]
+  // Under --bf16 the rope key and the kernel's operands are bf16, as Megatron keeps them: rounded once here, so that
+  // forward, backward and the recomputes (mla_up_proj, core_attn) read the same values.
+  if (a_.bf16) kpe = kpe.as_dtype(DType::BF16).as_dtype(dt);
   fill_operands(q, kv, kpe, S, B, st);
-  // Under --bf16 what backward reads is kept rounded to bf16 (the forward itself ran on the f32 values).
-  const auto kept = [&](const Tensor& t) { return a_.bf16 ? t.as_dtype(DType::BF16) : t; };
-  if (m_.recompute_up_proj) st.kpe_SB1R = kept(kpe);
+  if (m_.recompute_up_proj) st.kpe_SB1R = bf16_operand(kpe);
   core_forward(S, B, st);
-  if (m_.recompute_up_proj) {
-    st.q_SBNA = st.k_SBNA = st.v_SBNA = Tensor();  // rebuilt before the kernel's backward
-  } else {
-    st.q_SBNA = kept(st.q_SBNA);
-    st.k_SBNA = kept(st.k_SBNA);
-    st.v_SBNA = kept(st.v_SBNA);
-  }
+  if (m_.recompute_up_proj) st.q_SBNA = st.k_SBNA = st.v_SBNA = Tensor();  // rebuilt before the kernel's backward
   const Tensor y = proj_.forward(unpadded_output(st), st.proj).reshape({S, B, a_.hidden});
   // o's values are the output projection's input (bf16 under --bf16): backward pads them again.
   st.o_SBNA = Tensor();
@@ -213,6 +208,9 @@ void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor&
   kernels::mla_move_block(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
   kernels::mla_move_block(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
   kernels::mla_move_block(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
+  st.q_SBNA = bf16_operand(st.q_SBNA);
+  st.k_SBNA = bf16_operand(st.k_SBNA);
+  st.v_SBNA = bf16_operand(st.v_SBNA);
 }
 
 Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {

@@ -85,7 +85,8 @@ class MLAttention {
   void tables_to(Device d);
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
   // The kernel's operands q, k, v [S, B, nh, A] into st: the up projections' outputs q [S·B, nh·dq] and kv
-  // [S·B, nh·(dn + dv)] and the gathered rope key kpe [S, B, 1, dr] (not changed), zero-padded, RoPE applied.
+  // [S·B, nh·(dn + dv)] and the gathered rope key kpe [S, B, 1, dr] (not changed), zero-padded, RoPE applied; rounded
+  // to bf16 under --bf16.
   void fill_operands(const Tensor& q, const Tensor& kv, const Tensor& kpe, int64_t S, int64_t B, Stash& st) const;
   // The attention kernel on st's q, k, v into st.o_SBNA and st.lse_BNS; and o without its padding [S·B, nh·dv].
   void core_forward(int64_t S, int64_t B, Stash& st) const;
@@ -95,6 +96,8 @@ class MLAttention {
   Tensor padded_output(const Tensor& o_unpadded, int64_t S, int64_t B, DType dt) const;
   // A stashed kernel operand as this rank's kernel reads it: as kept where the kernel takes bf16 tensors (the
   // CPU's FlashNative kernel without context parallelism), else widened to f32.
+  // What the stash keeps of an operand: bf16 under --bf16.
+  Tensor bf16_operand(const Tensor& t) const { return a_.bf16 ? t.as_dtype(DType::BF16) : t; }
   Tensor kernel_operand(const Tensor& t, int64_t S) const {
     const bool reads16 = t.device().is_cpu() && attention_bf16_tensors(a_.bf16, a_.cp.size, S);
     return reads16 || t.dtype() != DType::BF16 ? t : t.as_dtype(DType::F32);

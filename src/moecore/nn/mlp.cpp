@@ -37,11 +37,15 @@ Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
   // fc1's output in bf16 where the GEMM can round it as it writes (bf16, no bias, CPU), as Megatron keeps it.
   st.h = fc1_.forward(x, st.fc1, h_bf16(x.device()) ? DType::BF16 : DType::F32);
+  // Where fc1 writes h in f32 under bf16 (with a bias, added to the f32 product, or on the GPU) it is rounded before
+  // the activation reads it, as Megatron's bf16 fc1 writes it: the activation, its backward and a recompute read the
+  // one bf16 h the stash keeps.
+  const Tensor h = cfg_.bf16 ? st.h.as_dtype(DType::BF16) : st.h;
+  st.h = h;
   // With bf16 the activation is rounded as it is written: it only feeds fc2's GEMM.
-  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, cfg_.bf16 ? DType::BF16 : st.h.dtype(), st.h.device());
-  kernels::activation_forward(cfg_.activation, st.h, nullptr, a);
-  // Where fc1 wrote h in f32 under bf16 (with a bias, or on the GPU), backward reads it rounded, as Megatron keeps it.
-  if (cfg_.bf16) st.h = st.h.as_dtype(DType::BF16);
+  const DType at = cfg_.bf16 ? DType::BF16 : h.dtype();
+  Tensor a = Tensor::empty({h.rows(), fc2_.in()}, at, h.device());
+  kernels::activation_forward(cfg_.activation, h, nullptr, a);
   return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
 }
 

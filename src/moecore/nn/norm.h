@@ -22,8 +22,8 @@ struct NormConfig {
   NormKind kind = NormKind::RMSNorm;
   double eps = 1e-5;
   bool zero_centered_gamma = false;
-  // --bf16: the norm keeps its input for backward rounded to bf16 (as Megatron keeps its bf16 activations); backward
-  // reads it widened. The statistics stay in the input's dtype.
+  // --bf16: the norm reads its f32 input rounded to bf16 and keeps that rounding for backward (as Megatron's norms
+  // read and keep their bf16 activations); backward reads it widened. The statistics and dx stay f32.
   bool bf16_stash = false;
 };
 
