@@ -228,9 +228,9 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   if (!st.lse_BNS.defined()) {  // core_attn recompute: the kernel again (same dropout masks), o back into proj
     core_forward(S, B, st);
     proj_.stash_input(unpadded_output(st), st.proj);
-  } else {  // o from the output projection's input, before its backward releases it
-    st.o_SBNA = padded_output(st.proj.x, S, B, dt);
   }
+  // o from the output projection's input (bf16 under --bf16), before its backward releases it.
+  st.o_SBNA = padded_output(st.proj.x, S, B, dt);
   const Tensor d_o = proj_.backward(dy_SBH, st.proj);  // [T, nh·dv]
   Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt, dev);
   kernels::mla_move_block(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
