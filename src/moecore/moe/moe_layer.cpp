@@ -276,7 +276,8 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
                               bool input_dropped) {
   const int64_t T = d.local_rows(), H = c.router.hidden, K = c.router.topk, E = c.router.num_experts;
   const int64_t input = nn::tensor_bytes(T * H, DType::F32);  // x: the pre-MLP norm's output
-  if (c.recompute_moe) return input_dropped ? 0 : input;        // kept f32: the replay routes it again
+  // moe recompute: the input alone, kept f32 (the replay routes it again).
+  if (c.recompute_moe) return input_dropped ? 0 : input;
   // Routed rows: T·K, balanced over the EP ranks (the same count arrives); with padding to capacity every expert
   // gets its capacity. Under ETP the ETP group's rows are gathered.
   int64_t rows = T * K;

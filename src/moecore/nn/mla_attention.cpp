@@ -117,7 +117,8 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   // Compressed kv and the shared rope key, on this rank's shard, then gathered.
   const int64_t R = m_.kv_lora_rank, W = R + dr_;
   const Tensor kvc = kv_down_.forward(x_local, st.kv_down);  // [Sl·B, R + dr]
-  const DType dt = kvc.dtype();  // the projections' outputs' (x_local is bf16 under --bf16)
+  // The projections' outputs' dtype (x_local is bf16 under --bf16).
+  const DType dt = kvc.dtype();
   Tensor ckv = Tensor::empty({Sl, B, R}, dt, dev), kpe = Tensor::empty({S, B, 1, dr_}, dt, dev);
   Tensor kpe_local = Tensor::empty({Sl, B, dr_}, dt, dev);
   kernels::mla_move_block(kvc, 1, W, 0, ckv, 1, R, 0, R, Sl * B);
@@ -221,8 +222,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   tables_to(dev);
   if (m_.recompute_up_proj) {  // mla_up_proj: the up projections and RoPE again, from their stashed inputs
     const Tensor q_in = st.q_up.x, kv_in = st.kv_up.x;
-    fill_operands(q_up_->forward(q_in, st.q_up), kv_up_.forward(kv_in, st.kv_up), st.kpe_SB1R.as_dtype(dt), S, B,
-                  st);
+    fill_operands(q_up_->forward(q_in, st.q_up), kv_up_.forward(kv_in, st.kv_up), st.kpe_SB1R.as_dtype(dt), S, B, st);
     st.kpe_SB1R = Tensor();
   }
   if (!st.lse_BNS.defined()) {  // core_attn recompute: the kernel again (same dropout masks), o back into proj
@@ -296,8 +296,9 @@ int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const Stas
   } else if (!input_dropped && d.tp > 1) {
     b += tensor_bytes(r * H, gd);  // linear_q_proj's input: the gathered x
   }
-  if (a.qk_layernorm) b += tensor_bytes(rl * R, gd) + norm_stash_bytes(rl, a.qk_norm_kind);  // kv_norm's input
-  b += tensor_bytes(r * R, gd);  // kv_up's input (gathered)
+  // kv_norm's input and statistics; kv_up's input (gathered).
+  if (a.qk_layernorm) b += tensor_bytes(rl * R, gd) + norm_stash_bytes(rl, a.qk_norm_kind);
+  b += tensor_bytes(r * R, gd);
   // q, k, v padded to width A (mla_up_proj: the rope key before RoPE instead); lse and proj's input, o's values
   // unpadded (core_attn: none).
   b += m.recompute_up_proj ? tensor_bytes(r * m.qk_pos_emb_head_dim, gd) : 3 * tensor_bytes(r * nh * da, gd);
@@ -309,10 +310,11 @@ int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const Stas
 int64_t mla_backward_rebuilt_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d) {
   const int64_t r = d.rows(), nh = a.num_heads / d.tp, da = m.kernel_head_dim();
   const int64_t padded = tensor_bytes(r * nh * da, DType::F32);
-  int64_t b = padded;  // o padded again (f32), or by core_attn recompute
-  if (d.bf16) b += tensor_bytes(r * nh * m.v_head_dim, DType::F32);  // proj's bf16 input widened
+  // o padded again (f32; or by a core_attn recompute), and under bf16 proj's input widened for it.
+  int64_t b = padded;
+  if (d.bf16) b += tensor_bytes(r * nh * m.v_head_dim, DType::F32);
   // q, k, v widened where the kernel takes only f32 tensors (the plan is made for this CPU).
-  if (d.bf16 && !m.recompute_up_proj && !attention_bf16_tensors(d.bf16, d.cp, d.S)) b += 3 * padded;
+  if (d.bf16 && !attention_bf16_tensors(d.bf16, d.cp, d.S)) b += 3 * padded;
   return b;
 }
 

@@ -93,7 +93,7 @@ int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropp
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x
   b += tensor_bytes(r * F1, d.gemm_input());  // h: fc1's output (bf16 under --bf16, written so or rounded)
-  b += tensor_bytes(r * F, d.gemm_input());  // fc2.x: the activation (in f32 the tensor itself)
+  b += tensor_bytes(r * F, d.gemm_input());   // fc2.x: the activation (in f32 the tensor itself)
   return b;
 }
 

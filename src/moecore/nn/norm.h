@@ -30,7 +30,7 @@ struct NormConfig {
 class Norm {
  public:
   struct Stash {
-    Tensor x, mean, rstd;   // x: the input (bf16 with bf16_stash); mean: LayerNorm only
+    Tensor x, mean, rstd;      // x: the input (bf16 with bf16_stash); mean: LayerNorm only
     DType dtype = DType::F32;  // the input's own dtype: of dx
   };
   Norm(ParamRegistry& reg, const std::string& name, int64_t dim, const NormConfig& cfg);

@@ -153,8 +153,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
         const double up = static_cast<double>(nn::mla_stash_bytes(m.attn, whole.mla, d, m.rc.layernorm) -
                                               nn::mla_stash_bytes(m.attn, m.mla, d, m.rc.layernorm));
         remat -= up;
-        a.working =
-            std::max(a.working, up + attention_kernel + grads - static_cast<double>(ffn_bytes(m, l, i, d)));
+        a.working = std::max(a.working, up + attention_kernel + grads - static_cast<double>(ffn_bytes(m, l, i, d)));
       }
       a.working = std::max(a.working, remat + grads);
       // The attention's backward runs after the layer's FFN backward has freed the FFN's stash; beside the kernel's

@@ -120,8 +120,8 @@ void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H
       bwd<T, bf16>(dy_TH.data<T>(), x_TH.data<bf16>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dres,
                    dw_H.data<T>(), rows, H);
     else
-      bwd<T, T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dres,
-                dw_H.data<T>(), rows, H);
+      bwd<T, T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dres, dw_H.data<T>(),
+                rows, H);
   });
 }
 

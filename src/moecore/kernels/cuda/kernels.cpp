@@ -269,8 +269,8 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
   MOE_ASSERT(y_TF.device().is_cuda());
   // A bf16 x (an fc1 output kept rounded for backward, or read again by a recompute) is widened first.
   const Tensor x32 = x.as_dtype(DType::F32);
-  launch::activation_forward(static_cast<int>(act), f32(x32, "x"), probs_T ? f32(*probs_T, "probs") : nullptr, y_TF.raw(),
-                             y_TF.dtype() == DType::BF16, rows, F, current_stream());
+  launch::activation_forward(static_cast<int>(act), f32(x32, "x"), probs_T ? f32(*probs_T, "probs") : nullptr,
+                             y_TF.raw(), y_TF.dtype() == DType::BF16, rows, F, current_stream());
   check_launch("activation_forward");
 }
 
