@@ -1,6 +1,7 @@
 // Attention under --bf16 on a CPU whose bf16 kernel is FlashNative keeps q, k, v and o in bf16 and lets the kernel
-// turn q and k (nn/attention.h bf16_tensors): the stash's dtypes for each variant (plain; qk-norm: q and k f32 for
-// the norms; a bias: the projections' outputs f32, o still bf16), and the output, the input gradient and every
+// turn q and k (nn/attention.h bf16_tensors): the stash's dtypes for each variant (plain; qk-norm: q and k written f32
+// for the norms, kept rounded, the norms' inputs kept bf16; a bias: the projections' outputs f32, kept rounded; o as
+// the output projection's bf16 input), and the output, the input gradient and every
 // weight gradient within bf16 rounding of the f32 module with the same weights — with RoPE on the whole head and on
 // half of it, and with GQA.
 #include <gtest/gtest.h>
@@ -52,12 +53,14 @@ TEST(AttentionBf16Tensors, StashDtypesAndTheF32ModulesResults) {
     const Tensor x = testing::randn({70, 2, 64}, DType::F32, 5), dy = testing::randn(x.shape(), DType::F32, 6);
     nn::Attention::Stash s32, s16;
     const Tensor y32 = a32.forward(x, s32), y16 = a16.forward(x, s16);
-    const DType proj_out = v.bias ? DType::F32 : DType::BF16;
-    EXPECT_EQ(s16.q_SBND.dtype(), v.qk_norm ? DType::F32 : proj_out) << v.str();
-    EXPECT_EQ(s16.k_SBND.dtype(), v.qk_norm ? DType::F32 : proj_out) << v.str();
-    EXPECT_EQ(s16.v_SBND.dtype(), proj_out) << v.str();
-    EXPECT_EQ(s16.o_SBND.dtype(), DType::BF16) << v.str();
+    EXPECT_EQ(s16.q_SBND.dtype(), DType::BF16) << v.str();
+    EXPECT_EQ(s16.k_SBND.dtype(), DType::BF16) << v.str();
+    EXPECT_EQ(s16.v_SBND.dtype(), DType::BF16) << v.str();
+    EXPECT_FALSE(s16.o_SBND.defined()) << v.str();
+    EXPECT_EQ(s16.proj.x.dtype(), DType::BF16) << v.str();
     EXPECT_EQ(s16.lse_BNS.dtype(), DType::F32) << v.str();
+    if (v.qk_norm) EXPECT_EQ(s16.q_norm.x.dtype(), DType::BF16) << v.str();
+    if (v.qk_norm) EXPECT_EQ(s16.q_norm.rstd.dtype(), DType::F32) << v.str();
     const Tensor dx32 = a32.backward(dy, s32), dx16 = a16.backward(dy, s16);
     EXPECT_EQ(dx16.dtype(), DType::F32);
     EXPECT_LT(testing::max_rel_diff(y16, y32), 2e-2) << v.str() << " output";

@@ -56,6 +56,7 @@ inline MeasuredMemory measure_memory(train::TrainConfig c, const comm::ProcessGr
 // The plan within `rel` of the measured peak, and a third step that takes no memory from the system.
 inline void expect_plan_matches(const MeasuredMemory& m, const std::string& what, double rel = 0.10,
                                 bool steady = true) {
+  std::printf("%s: planned %.3f MiB, measured peak %.3f MiB\n", what.c_str(), m.planned / 0x1p20, m.peak / 0x1p20);
   EXPECT_NEAR(m.planned, m.peak, rel * m.peak)
       << what << ": planned " << m.planned / 0x1p20 << " MiB, measured peak " << m.peak / 0x1p20
       << " MiB (activations planned " << m.activations / 0x1p20 << " MiB, of which backward working set "

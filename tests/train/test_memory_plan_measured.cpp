@@ -43,6 +43,16 @@ TEST(MemoryPlanMeasured, FullRecompute) {
          "--recompute-num-layers", "2"},
         "full uniform 2 of 4 layers");
 }
+// bf16 activation stashes (docs/differences.md) under recompute, with shared experts and their gate, and MTP.
+TEST(MemoryPlanMeasured, Bf16RecomputeSharedExpertsAndMtp) {
+  check({"--bf16", "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act", "layernorm"},
+        "bf16, selective core_attn moe_act layernorm");
+  check({"--bf16", "--num-layers", "4", "--recompute-granularity", "full", "--recompute-method", "uniform",
+         "--recompute-num-layers", "2"},
+        "bf16, full uniform 2 of 4 layers");
+  check({"--bf16", "--moe-shared-expert-intermediate-size", "64", "--moe-shared-expert-gate", "--mtp-num-layers", "1"},
+        "bf16, gated shared experts, one MTP depth");
+}
 TEST(MemoryPlanMeasured, DistributedOptimizerBf16) {
   check({"--bf16", "--use-distributed-optimizer"}, "bf16, distributed optimizer");
 }
@@ -90,6 +100,9 @@ TEST(MemoryPlanMeasured, MultiLatentAttention) {
                                        "layernorm", "mla_up_proj"},
         "MLA, core_attn layernorm mla_up_proj recompute");
   check(mla + std::vector<std::string>{"--bf16"}, "MLA, bf16");
+  check(mla + std::vector<std::string>{"--bf16", "--recompute-granularity", "selective", "--recompute-modules",
+                                       "mla_up_proj", "mlp"},
+        "MLA, bf16, mla_up_proj mlp recompute");
 }
 
 // The stash sizes behind the plan: the modules' stash_bytes against the live bytes after a forward (the part of

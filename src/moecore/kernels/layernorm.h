@@ -14,7 +14,8 @@ void layernorm_forward(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H,
 // The residual add before the norm fused into it: x_TH += res_TH, then layernorm_forward(x_TH, ...) (same bits).
 void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
                            Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
-// dy_TH -> dx_TH (written; plus dres_TH when given, as rmsnorm_backward), dw_H and db_H (accumulated).
+// dy_TH -> dx_TH (written; plus dres_TH when given, as rmsnorm_backward), dw_H and db_H (accumulated). x_TH may be
+// bf16 for f32 dy and dx, read widened (as rmsnorm_backward).
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H,
                         const Tensor* dres_TH = nullptr);

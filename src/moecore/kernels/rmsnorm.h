@@ -15,7 +15,8 @@ void rmsnorm_forward(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& 
 void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
                          Tensor& rstd_T);
 // dy_TH -> dx_TH (written), dw_H (accumulated). dres_TH (optional, shape of dx): the residual branch's gradient,
-// added to each element of dx as it is written (the same bits as add_ after the call).
+// added to each element of dx as it is written (the same bits as add_ after the call). x_TH may be bf16 for f32 dy
+// and dx (an input kept rounded for backward under --bf16): read widened.
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H, const Tensor* dres_TH = nullptr);
 

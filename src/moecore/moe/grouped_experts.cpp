@@ -200,9 +200,9 @@ DType GroupedExperts::rows_out_dtype() const {
   return cfg_.bf16 && cfg_.etp_size == 1 && wt != DType::F64 ? DType::BF16 : wt;
 }
 
-// With bf16 fc1's GEMM rounds h as it writes it, as Megatron keeps it. With a bias h stays f32 and the bias is added
-// to the f32 product (nn/mlp.cpp keeps a dense fc1 with a bias so too); the activation, computing in h's dtype, then
-// takes its output gradient da in f32 as well.
+// With bf16 fc1's GEMM rounds h as it writes it, as Megatron keeps it. With a bias the GEMM writes f32 and the bias
+// is added to the f32 product before h is rounded (nn/mlp.cpp does so for a dense fc1 with a bias too); the fc2
+// data-gradient GEMM then writes da in f32, which the bias's gradient path keeps.
 DType GroupedExperts::h_dtype() const {
   return cfg_.bf16 && !cfg_.bias ? DType::BF16 : fc1_->math_dtype();
 }
@@ -284,6 +284,13 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
     rows_gemm(st.x_RH.slice(r0, n), *fc1_, expert_weight(*w1, e), e, true, cfg_.bf16, h);
   });
   fc1_bias_forward(st, st.h_RF1);
+  if (cfg_.bf16 && st.h_RF1.dtype() != DType::BF16) {
+    // h with a bias (added to the f32 product) rounded once before the activation reads it, as Megatron's bf16 fc1
+    // writes it: the activation, its backward and a moe_act recompute read the one bf16 h the stash keeps.
+    Tensor h16 = padded_empty(counts, F1, DType::BF16);
+    h16.copy_from(st.h_RF1);
+    st.h_RF1 = h16;
+  }
   // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
   st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
   kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
@@ -386,7 +393,7 @@ int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t cap = rows + n * (kRowAlign - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
   int64_t b = nn::tensor_bytes((aligned ? rows : cap) * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x, p
-  b += nn::tensor_bytes(cap * F1, e.bf16 && !e.bias ? DType::BF16 : DType::F32);                            // h_RF1
+  b += nn::tensor_bytes(cap * F1, xt);                                                                      // h_RF1
   if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                                      // a_RF
   return b;
 }

@@ -40,7 +40,7 @@ class GroupedExperts {
   // Rows inside the experts are padded: each expert's rows start at a multiple of 32 (see grouped_experts.cpp).
   struct Stash {
     Tensor x_RH;     // input rows as fed to fc1 (bf16 when bf16 is on), padded
-    Tensor h_RF1;    // fc1 output (+ b1), padded (bf16 when bf16 is on and there is no bias)
+    Tensor h_RF1;    // fc1 output (+ b1), padded (bf16 when bf16 is on: written so, or rounded after the bias)
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;

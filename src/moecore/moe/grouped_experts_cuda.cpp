@@ -54,6 +54,9 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   st.h_RF1 = Tensor::empty({R, F1}, DType::F32, d);
   kernels::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, begin, counts);
   fc1_bias_forward(st, st.h_RF1);
+  // The GEMM writes h in f32: under bf16 it is rounded once before the activation reads it (the activation's kernels
+  // widen it), as the CPU path and Megatron keep it, so forward, backward and a moe_act recompute read one bf16 h.
+  st.h_RF1 = st.h_RF1.as_dtype(xt);
   st.a_RF = Tensor::empty({R, F}, xt, d);
   if (R > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   Tensor y = Tensor::empty({R, H}, DType::F32, d);

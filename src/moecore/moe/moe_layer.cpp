@@ -105,7 +105,7 @@ void MoELayer::drop_input(const Tensor& x, nn::FeedForward::Stash& base) const {
     st.x_in = Tensor();
     return;
   }
-  st.router_input_dropped = st.router.x_r.shares_storage(x);
+  st.router_input_dropped = st.router_input_rounded || st.router.x_r.shares_storage(x);
   if (st.router_input_dropped) st.router.x_r = Tensor();
   if (shared_) shared_->drop_input(x, st.shared);
 }
@@ -116,14 +116,17 @@ void MoELayer::restore_input(const Tensor& x, nn::FeedForward::Stash& base) cons
     st.x_in = x;
     return;
   }
-  if (st.router_input_dropped) st.router.x_r = x.reshape({x.rows(), x.cols()});
+  if (st.router_input_dropped) {
+    const Tensor x_TH = x.reshape({x.rows(), x.cols()});
+    st.router.x_r = st.router_input_rounded ? x_TH.as_dtype(DType::BF16) : x_TH;
+  }
   st.router_input_dropped = false;
   if (shared_) shared_->restore_input(x, st.shared);
 }
 
-// With bf16 experts a token's f32 values are rounded once: by the permutation as it copies them into the token's
-// rows where a token has at most two (a read of 4 bytes and writes of 2 per row), or first, into a bf16 [T, H] the
-// permutation copies from, where more rows would read the f32 values more often than a cast pass costs.
+// With bf16 experts a row gradient's f32 values are rounded once: by the permutation as it copies them where a token
+// has at most two rows (a read of 4 bytes and writes of 2 per row), or first, into a bf16 [T, H] the permutation
+// copies from, where more rows would read the f32 values more often than a cast pass costs.
 Tensor MoELayer::rows_input(const Tensor& x_TH) const {
   return cfg_.bf16 && cfg_.router.topk > 2 ? x_TH.as_dtype(DType::BF16) : x_TH;
 }
@@ -141,13 +144,18 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
     side_.end();
   }
   st.router.recompute = st.recompute;
-  const RoutedTokens routed = router_.forward(x_TH, st.S, st.B, training_, st.router);
+  // --bf16: the tokens rounded once, into a [T, H] the router keeps for its weight gradient (as Megatron's router
+  // keeps its bf16 input) and the dispatcher copies the experts' rows from.
+  const Tensor x16_TH = cfg_.bf16 ? x_TH.as_dtype(DType::BF16) : Tensor();
+  const RoutedTokens routed =
+      router_.forward(x_TH, st.S, st.B, training_, st.router, x16_TH.defined() ? &x16_TH : nullptr);
+  st.router_input_rounded = x16_TH.defined() && st.router.x_r.shares_storage(x16_TH);
   Tensor x_RH, probs_R;
   // On the CPU (without expert tensor parallelism, whose gather reorders the rows) the rows arrive in the experts'
   // padded layout.
   st.plan.row_align = etp_ || x_TH.device().is_cuda() ? 1 : GroupedExperts::row_align();
   if (cfg_.bf16) st.plan.rows_dtype = DType::BF16;
-  dispatcher_->dispatch(rows_input(x_TH), routed, st.plan, x_RH, probs_R);
+  dispatcher_->dispatch(cfg_.bf16 ? x16_TH : x_TH, routed, st.plan, x_RH, probs_R);
   Tensor y_RH;
   if (etp_) {
     Tensor x_all, probs_all;
@@ -268,6 +276,7 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
                               bool input_dropped) {
   const int64_t T = d.local_rows(), H = c.router.hidden, K = c.router.topk, E = c.router.num_experts;
   const int64_t input = nn::tensor_bytes(T * H, DType::F32);  // x: the pre-MLP norm's output
+  // moe recompute: the input alone, kept f32 (the replay routes it again).
   if (c.recompute_moe) return input_dropped ? 0 : input;
   // Routed rows: T·K, balanced over the EP ranks (the same count arrives); with padding to capacity every expert
   // gets its capacity. Under ETP the ETP group's rows are gathered.
@@ -277,18 +286,21 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   e.recompute_act = c.recompute_moe_act;
   e.bias = c.bias;
   e.etp_size = etp;
-  int64_t b = router_stash_bytes(c.router, T, d.training);
+  int64_t b = router_stash_bytes(c.router, T, d.training, c.bf16);
   b += dispatch_plan_bytes(T, rows, rows, ep > 1);
   if (etp > 1) b += nn::tensor_bytes(rows * etp, DType::I32);  // EtpPlan::sorted_from_all
   b += grouped_experts_stash_bytes(e, rows * etp);
   b += shared_experts_stash_bytes(c, d, input_dropped);
-  // The input, when the router keeps it (f32 gating input, no jitter) or the shared experts do (f32, no TP, or
-  // the gate's x_TH); dropped with the norm's output under layernorm recompute.
-  const bool router_keeps = c.router.router_dtype == DType::F32 && !(d.training && c.router.input_jitter_eps > 0);
+  // The input, when the router keeps it (f32 gating input, no jitter; under bf16 its bf16 rounding instead) or the
+  // shared experts do (f32: no TP, or the gate's x_TH; under shared_experts recompute); dropped with the norm's output
+  // under layernorm recompute.
+  const bool jitter = d.training && c.router.input_jitter_eps > 0;
+  const bool router_keeps = !c.bf16 && c.router.router_dtype == DType::F32 && !jitter;
   const bool shared_keeps =
-      c.shared_ffn_hidden > 0 && !c.recompute_shared_experts && (c.shared_expert_gate || (!c.bf16 && d.tp == 1));
+      c.shared_ffn_hidden > 0 && !c.recompute_shared_experts && !c.bf16 && (c.shared_expert_gate || d.tp == 1);
   if (!input_dropped && (router_keeps || shared_keeps || (c.shared_ffn_hidden > 0 && c.recompute_shared_experts)))
     b += input;
+  if (!input_dropped && c.bf16 && !jitter) b += nn::tensor_bytes(T * H, DType::BF16);  // the router's x_r
   return b;
 }
 

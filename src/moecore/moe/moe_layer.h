@@ -59,6 +59,7 @@ class MoELayer : public nn::FeedForward {
     int64_t S = 0, B = 0;
     Tensor x_in;                        // --recompute-modules moe: the layer's input, all the stash keeps after forward
     bool router_input_dropped = false;  // layernorm recompute: the router's input was the norm output
+    bool router_input_rounded = false;  // the router keeps the tokens rounded to bf16 (--bf16, no jitter)
   };
 
   MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg);
@@ -85,7 +86,7 @@ class MoELayer : public nn::FeedForward {
 
  private:
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
-  // What dispatch and combine_backward copy rows from (f32, or bf16 cast first: moe_layer.cpp).
+  // What combine_backward copies rows from (f32, or bf16 cast first: moe_layer.cpp).
   Tensor rows_input(const Tensor& x_TH) const;
   MoELayerConfig cfg_;
   Router router_;

@@ -50,7 +50,8 @@ Router::Router(nn::ParamRegistry& reg, const std::string& name, const RouterConf
   rule_.scale = cfg_.topk_scaling_factor > 0 ? cfg_.topk_scaling_factor : 1.0;
 }
 
-Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st) {
+Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st,
+                               const Tensor* kept_TH) {
   // moecore's: the router phase of bench moe-layer's split and of bench train's GPU table (cuda/gpu_profile.h)
   TimerScope timer("moe-router", 2);
   const int64_t T_ = x_TH.rows(), H = cfg_.hidden, E = cfg_.num_experts, K = cfg_.topk;
@@ -75,8 +76,12 @@ Router::Output Router::forward(const Tensor& x_TH, int64_t S, int64_t B, bool tr
     st.x_r = st.x_r.clone();
     kernels::router_mul_(st.x_r, st.jitter_TH);
   }
-  // 2. logits = x·Wᵀ (+ b) in router dtype.
+  // 2. logits = x·Wᵀ (+ b) in router dtype; backward's copy of x the bf16 one where given.
   gating_forward(st);
+  if (kept_TH && !st.jitter_TH.defined()) {
+    MOE_ASSERT(kept_TH->numel() == T_ * H && kept_TH->device() == dev);
+    st.x_r = kept_TH->reshape({T_, H});
+  }
   // 3. Forced balance (benchmarks): logits replaced by N(0, 1) noise, straight-through gradient.
   st.used_TE = cfg_.force_load_balancing ? balance_noise(T_, noise).to(dev) : st.logits_TE;
   // 4. Scores, top-k, probs (and, training, the aux scores with their top-k, the entropy and the logsumexp) in one
@@ -248,12 +253,13 @@ void Router::reset_counters() {
 
 // What Router::forward leaves in its Stash (nn/stash_bytes.h); the gating input is the caller's unless converted
 // to the router dtype or jittered.
-int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training) {
+int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training, bool bf16) {
   const DType rd = c.router_dtype;
   const int64_t H = c.hidden, E = c.num_experts, K = c.topk;
   const bool jitter = training && c.input_jitter_eps > 0;
   int64_t b = 0;
-  if (jitter || rd != DType::F32) b += nn::tensor_bytes(T * H, rd);            // x_r
+  // x_r: its own when jittered or converted (under --bf16 without jitter the MoE layer's bf16 tokens, counted there).
+  if (jitter || (rd != DType::F32 && !bf16)) b += nn::tensor_bytes(T * H, rd);
   if (jitter) b += nn::tensor_bytes(T * H, rd);                                // jitter_TH
   b += nn::tensor_bytes(T * E, rd) * (c.force_load_balancing ? 2 : 1);         // logits_TE (used_TE: its noise)
   b += 2 * nn::tensor_bytes(T * K, DType::I32) + nn::tensor_bytes(T * K, rd);  // idx_TK, kept_TK, p_TK

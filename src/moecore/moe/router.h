@@ -77,7 +77,7 @@ class Router {
  public:
   struct Stash {
     int64_t S = 0, B = 0;       // token t = s·B + b
-    Tensor x_r;                 // gating input in router dtype (jittered) [T, H]
+    Tensor x_r;                 // gating input [T, H] in router dtype (jittered), or as kept_TH gave it
     Tensor jitter_TH;           // multiplicative jitter (router dtype) or undefined
     Tensor logits_TE;           // gating output
     Tensor used_TE;             // logits routed on: logits_TE, or N(0,1) noise under forced balance
@@ -107,7 +107,10 @@ class Router {
   // when training. With x_TH on a GPU (and the weight moved there by ParamRegistry::to) every Stash tensor and the
   // output live on that GPU (router.cpp says what still passes through the host: the noise draws and [E]-sized
   // counts); the expert bias moves there on the first GPU forward, the expert-bias counts stay on the host.
-  Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st);
+  // kept_TH (--bf16): x_TH rounded to bf16, what the stash keeps of the gating input for the weight gradient (read
+  // widened to the router dtype) where that input is x_TH itself or its router-dtype copy (no jitter), as Megatron's
+  // router keeps its bf16 input; the logits and everything after them stay in the router dtype.
+  Output forward(const Tensor& x_TH, int64_t S, int64_t B, bool training, Stash& st, const Tensor* kept_TH = nullptr);
   // dprobs_TK [T, K] (router dtype; dropped assignments carry none) -> dx_TH [T, H] in x's dtype; adds
   // aux_grad_scale · d(aux + z)/dx.
   // dx_add: the input gradient is added to *dx_add ([T, H] of x_dtype) and nothing is returned — on the CPU in the

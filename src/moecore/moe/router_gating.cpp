@@ -19,11 +19,12 @@ void Router::gating_forward(Stash& st) const {
 void Router::gating_param_grads(const Tensor& dl_TE, const Stash& st) {
   const DType rd = cfg_.router_dtype;
   const Device dev = dl_TE.device();
+  const Tensor x_r = st.x_r.as_dtype(rd);  // a bf16 kept input (--bf16) widened to the router dtype
   if (weight_->grad.dtype() == rd) {
-    kernels::gemm(dl_TE, true, st.x_r, false, weight_->grad, 1.0f, weight_->take_grad_beta());
+    kernels::gemm(dl_TE, true, x_r, false, weight_->grad, 1.0f, weight_->take_grad_beta());
   } else {
     Tensor dw = Tensor::empty(weight_->grad.shape(), rd, dev);
-    kernels::gemm(dl_TE, true, st.x_r, false, dw);
+    kernels::gemm(dl_TE, true, x_r, false, dw);
     kernels::add_(weight_->grad_to_add(), dw.to(weight_->grad.dtype()));
   }
   if (!bias_) return;

@@ -12,7 +12,7 @@ namespace moecore::moe {
 
 SharedExperts::SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate,
                              bool recompute)
-    : recompute_(recompute), mlp_(reg, name, cfg) {
+    : recompute_(recompute), bf16_(cfg.bf16), mlp_(reg, name, cfg) {
   if (gate) gate_ = &reg.add(name + ".gate_weight", {1, cfg.hidden}, nn::InitRule::normal(cfg.init_std));
 }
 
@@ -45,19 +45,24 @@ void SharedExperts::restore_input(const Tensor& x, Stash& st) const {
     return;
   }
   mlp_.restore_input(x, *st.mlp);
-  if (gate_) st.x_TH = x.reshape({x.rows(), x.cols()});
+  if (gate_) st.x_TH = kept(x.reshape({x.rows(), x.cols()}));
+}
+
+Tensor SharedExperts::kept(const Tensor& t) const {
+  return bf16_ ? t.as_dtype(DType::BF16) : t;
 }
 
 Tensor SharedExperts::forward_impl(const Tensor& x_SBH, Stash& st) {
   Tensor m = mlp_.forward(x_SBH, *st.mlp);
   if (!gate_) return m;
   const int64_t T = x_SBH.rows(), H = x_SBH.cols();
-  st.x_TH = x_SBH.reshape({T, H});
-  st.out_TH = m.reshape({T, H});
+  const Tensor x_TH = x_SBH.reshape({T, H}), m_TH = m.reshape({T, H});
   st.gate_T = Tensor::empty({T, 1}, x_SBH.dtype(), x_SBH.device());
-  kernels::gemm(st.x_TH, false, gate_->value, true, st.gate_T);
+  kernels::gemm(x_TH, false, gate_->value, true, st.gate_T);
   Tensor y = Tensor::empty({T, H}, x_SBH.dtype(), x_SBH.device());
-  kernels::shared_gate_forward(st.gate_T, st.out_TH, y);
+  kernels::shared_gate_forward(st.gate_T, m_TH, y);
+  st.x_TH = kept(x_TH);  // backward reads them widened
+  st.out_TH = kept(m_TH);
   return y.reshape(x_SBH.shape());
 }
 
@@ -73,8 +78,9 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
   const int64_t T = dy_SBH.rows(), H = dy_SBH.cols();
   Tensor dm = Tensor::empty({T, H}, dy_SBH.dtype(), dy_SBH.device());
   Tensor dz = Tensor::empty({T, 1}, dy_SBH.dtype(), dy_SBH.device());
-  kernels::shared_gate_backward(dy_SBH, st.gate_T, st.out_TH, dm, dz);
-  kernels::gemm(dz, true, st.x_TH, false, gate_->grad, 1.0f, gate_->take_grad_beta());
+  const DType dt = dy_SBH.dtype();
+  kernels::shared_gate_backward(dy_SBH, st.gate_T, st.out_TH.as_dtype(dt), dm, dz);
+  kernels::gemm(dz, true, st.x_TH.as_dtype(dt), false, gate_->grad, 1.0f, gate_->take_grad_beta());
   Tensor dx = mlp_.backward(dm.reshape(dy_SBH.shape()), *st.mlp).reshape({T, H});
   kernels::gemm(dz, false, gate_->value, false, dx, 1.0f, 1.0f);
   st.x_TH = st.out_TH = st.gate_T = Tensor();
@@ -87,8 +93,11 @@ int64_t shared_experts_stash_bytes(const MoELayerConfig& c, const nn::StashDims&
   if (c.shared_ffn_hidden <= 0 || c.recompute_shared_experts) return 0;
   const nn::MLPConfig mc{c.router.hidden, c.shared_ffn_hidden, c.activation, false, 0, 0, c.bf16, {}};
   int64_t b = nn::mlp_stash_bytes(mc, d, input_dropped, /*input_shared=*/true);
+  const int64_t TH = d.local_rows() * c.router.hidden;
+  // The gate: the MLP's output and gate values; under bf16 its own bf16 x (in f32 the MoE layer's input).
   if (c.shared_expert_gate)
-    b += nn::tensor_bytes(d.local_rows() * c.router.hidden, DType::F32) + nn::tensor_bytes(d.local_rows(), DType::F32);
+    b += nn::tensor_bytes(TH, d.gemm_input()) + nn::tensor_bytes(d.local_rows(), DType::F32) +
+         (c.bf16 && !input_dropped ? nn::tensor_bytes(TH, DType::BF16) : 0);
   return b;
 }
 

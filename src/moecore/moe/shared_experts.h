@@ -13,7 +13,7 @@ class SharedExperts {
  public:
   struct Stash {
     std::unique_ptr<nn::FeedForward::Stash> mlp;
-    Tensor x_TH, out_TH, gate_T;  // gate only
+    Tensor x_TH, out_TH, gate_T;  // gate only: x and the MLP's output (bf16 under --bf16), the gate values
     Tensor x_in;                  // recompute: the input, all the stash keeps after forward
   };
   // recompute: --recompute-modules shared_experts (the stash keeps only the input; backward re-runs forward).
@@ -29,7 +29,9 @@ class SharedExperts {
 
  private:
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
+  Tensor kept(const Tensor& t) const;  // what the stash keeps of an f32 tensor for backward: bf16 under --bf16
   bool recompute_ = false;
+  bool bf16_ = false;  // the gate's kept x and MLP output in bf16
   nn::MLP mlp_;
   nn::Parameter* gate_ = nullptr;  // [1, H]
 };

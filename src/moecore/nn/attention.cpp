@@ -40,7 +40,7 @@ Attention::Attention(ParamRegistry& reg, const std::string& name, const Attentio
   MOE_ASSERT(cfg.num_query_groups > 0 && cfg.num_heads % cfg.num_query_groups == 0);
   MOE_ASSERT(!cfg.rope || (rot_dim_ >= 2 && rot_dim_ <= cfg.head_dim));
   if (cfg.qk_layernorm) {
-    const NormConfig nc{cfg.qk_norm_kind, cfg.norm_eps, cfg.zero_centered_gamma};
+    const NormConfig nc{cfg.qk_norm_kind, cfg.norm_eps, cfg.zero_centered_gamma, /*bf16_stash=*/cfg.bf16};
     q_norm_ = std::make_unique<Norm>(reg, name + ".q_layernorm", cfg.head_dim, nc);
     k_norm_ = std::make_unique<Norm>(reg, name + ".k_layernorm", cfg.head_dim, nc);
   }
@@ -65,8 +65,7 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   MOE_CHECK(S * cfg_.cp.size <= cfg_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}",
             S * cfg_.cp.size, cfg_.max_seq_len);
   const bool b16 = bf16_tensors(S, x_SBH.device());
-  // bf16 projection outputs need no bias; q and k feed the qk-norm in f32.
-  const DType v_out = b16 && !cfg_.bias ? DType::BF16 : DType::F32, qk_out = q_norm_ ? DType::F32 : v_out;
+  const DType v_out = operand_dtype(b16, false), qk_out = operand_dtype(b16, true);
   Tensor q = q_.forward(x_SBH, st.q, qk_out).reshape({S, B, nq_, D});
   Tensor k = k_.forward(x_SBH, st.k, qk_out).reshape({S, B, nkv_, D});
   st.v_SBND = v_.forward(x_SBH, st.v, v_out).reshape({S, B, nkv_, D});
@@ -86,10 +85,15 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
       kernels::rope_forward(k, cos, sin, rot_dim_, k);
     }
   }
-  st.q_SBND = q;
-  st.k_SBND = k;
+  // Under --bf16 the kernel's operands are bf16, as Megatron's are: rounded here where the projections (with a bias)
+  // or the qk-norm wrote f32, so that forward, backward and a core_attn recompute read the same values.
+  const auto operand = [&](const Tensor& t) { return cfg_.bf16 ? t.as_dtype(DType::BF16) : t; };
+  st.q_SBND = operand(q);
+  st.k_SBND = operand(k);
+  st.v_SBND = operand(st.v_SBND);
   core_forward(st);
   Tensor y = proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden});
+  if (cfg_.bf16) st.o_SBND = Tensor();  // backward reads o as the output projection keeps it (bf16)
   if (cfg_.recompute_core_attn) {
     st.o_SBND = st.lse_BNS = Tensor();
     st.proj = {};
@@ -98,8 +102,9 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
 }
 
 void Attention::core_forward(Stash& st) const {
-  const Tensor& q = st.q_SBND;
-  const int64_t S = q.dim(0), B = q.dim(1);
+  const int64_t S = st.q_SBND.dim(0), B = st.q_SBND.dim(1);
+  // As forward wrote them, or (core_attn recompute) as the stash keeps them.
+  const Tensor q = kernel_operand(st.q_SBND), k = kernel_operand(st.k_SBND), v = kernel_operand(st.v_SBND);
   const bool b16 = bf16_tensors(S, q.device());
   st.o_SBND = Tensor::empty(q.shape(), b16 ? DType::BF16 : q.dtype(), q.device());
   st.lse_BNS = Tensor::empty({B, nq_, S}, b16 ? DType::F32 : q.dtype(), q.device());
@@ -109,12 +114,11 @@ void Attention::core_forward(Stash& st) const {
   const double scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
   TimerScope timer("attention-core", 2);  // moecore's: the attention kernels (bench train's phase table)
   if (cfg_.cp.on())
-    context_attention_forward(q, st.k_SBND, st.v_SBND, scale, context_parallel(S), st.o_SBND, st.lse_BNS, &drop);
+    context_attention_forward(q, k, v, scale, context_parallel(S), st.o_SBND, st.lse_BNS, &drop);
   else if (bf16_attention(S))
-    kernels::attention_forward_bf16(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop,
-                                    b16 && cfg_.rope ? &rope : nullptr);
+    kernels::attention_forward_bf16(q, k, v, scale, st.o_SBND, st.lse_BNS, &drop, b16 && cfg_.rope ? &rope : nullptr);
   else
-    kernels::attention_forward(q, st.k_SBND, st.v_SBND, scale, st.o_SBND, st.lse_BNS, &drop);
+    kernels::attention_forward(q, k, v, scale, st.o_SBND, st.lse_BNS, &drop);
 }
 
 void Attention::drop_input(Stash& st) const {
@@ -135,23 +139,29 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
     core_forward(st);
     proj_.stash_input(st.o_SBND.reshape({S * B, nq_ * D}), st.proj);
   }
+  // o as the output projection keeps it (bf16 under --bf16), taken before its backward releases it.
+  const Tensor o = kernel_operand(st.proj.x.reshape(st.q_SBND.shape()));
+  st.o_SBND = Tensor();
   const bool b16 = bf16_tensors(S, dy_SBH.device());
-  const Tensor d_o = proj_.backward(dy_SBH, st.proj, b16 ? DType::BF16 : DType::F32).reshape(st.o_SBND.shape());
-  Tensor dq = Tensor::empty(st.q_SBND.shape(), st.q_SBND.dtype(), st.q_SBND.device());
-  Tensor dk = Tensor::empty(st.k_SBND.shape(), st.k_SBND.dtype(), st.q_SBND.device());
-  Tensor dv = Tensor::empty(st.v_SBND.shape(), st.v_SBND.dtype(), st.q_SBND.device());
+  const Tensor d_o = proj_.backward(dy_SBH, st.proj, b16 ? DType::BF16 : DType::F32).reshape(o.shape());
+  // The gradients in the dtypes forward's q, k, v had (bf16 where the projections wrote bf16; else dy's).
+  const auto grad_dtype = [&](DType t) { return t == DType::BF16 ? t : dy_SBH.dtype(); };
+  const Device dev = dy_SBH.device();
+  Tensor dq = Tensor::empty(st.q_SBND.shape(), grad_dtype(operand_dtype(b16, true)), dev);
+  Tensor dk = Tensor::empty(st.k_SBND.shape(), grad_dtype(operand_dtype(b16, true)), dev);
+  Tensor dv = Tensor::empty(st.v_SBND.shape(), grad_dtype(operand_dtype(b16, false)), dev);
+  const Tensor q = kernel_operand(st.q_SBND), k = kernel_operand(st.k_SBND), v = kernel_operand(st.v_SBND);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const kernels::AttentionRope rope = kernel_rope();
   std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
   if (cfg_.cp.on())
-    context_attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, context_parallel(S),
-                               dq, dk, dv, &drop);
+    context_attention_backward(d_o, q, k, v, o, st.lse_BNS, scale, context_parallel(S), dq, dk, dv, &drop);
   else if (bf16_attention(S))
-    kernels::attention_backward_bf16(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv,
-                                     &drop, b16 && cfg_.rope ? &rope : nullptr);
+    kernels::attention_backward_bf16(d_o, q, k, v, o, st.lse_BNS, scale, dq, dk, dv, &drop,
+                                     b16 && cfg_.rope ? &rope : nullptr);
   else
-    kernels::attention_backward(d_o, st.q_SBND, st.k_SBND, st.v_SBND, st.o_SBND, st.lse_BNS, scale, dq, dk, dv, &drop);
+    kernels::attention_backward(d_o, q, k, v, o, st.lse_BNS, scale, dq, dk, dv, &drop);
   timer.reset();
   if (cfg_.rope && !b16) {
     Tensor cos = cos_, sin = sin_;
@@ -177,21 +187,27 @@ bool attention_bf16_tensors(bool bf16, int64_t cp, int64_t S) {
 // What Attention::forward leaves in its Stash (stash_bytes.h).
 int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool input_dropped) {
   const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
-  const bool b16 = attention_bf16_tensors(d.bf16, d.cp, d.S);  // on the CPU, as the plan is
-  const DType v_t = b16 && !a.bias ? DType::BF16 : DType::F32, qk_t = a.qk_layernorm ? DType::F32 : v_t;
+  const DType gd = d.gemm_input();  // bf16 under --bf16: every kept activation but the statistics
   int64_t b = 0;
   // st.q/k/v.x: the input norm's output (all-gathered under TP), one tensor the three share (bf16 with --bf16: the
   // norm writes it so, takes_bf16_input).
-  if (!input_dropped) b += tensor_bytes(r * a.hidden, d.gemm_input());
-  // q_SBND, k_SBND (with qk_layernorm also the projections' outputs, kept as the norms' inputs), v_SBND.
+  if (!input_dropped) b += tensor_bytes(r * a.hidden, gd);
+  // q_SBND, k_SBND, v_SBND; with qk_layernorm also the projections' outputs, kept as the norms' inputs.
   const int64_t norms = a.qk_layernorm ? 2 : 1;
-  b += norms * (tensor_bytes(r * nq * D, qk_t) + tensor_bytes(r * nkv * D, qk_t));
+  b += norms * (tensor_bytes(r * nq * D, gd) + tensor_bytes(r * nkv * D, gd));
   if (a.qk_layernorm) b += norm_stash_bytes(r * nq, a.qk_norm_kind) + norm_stash_bytes(r * nkv, a.qk_norm_kind);
-  b += tensor_bytes(r * nkv * D, v_t);
-  if (!a.recompute_core_attn)  // o_SBND (proj's input: shared when bf16 or f32 training, else its bf16 copy), lse_BNS
-    b += tensor_bytes(r * nq * D, b16 ? DType::BF16 : DType::F32) + linear_stash_bytes(r, nq * D, d.bf16 && !b16) +
-         tensor_bytes(r * nq, DType::F32);
+  b += tensor_bytes(r * nkv * D, gd);
+  if (!a.recompute_core_attn)  // o as the output projection keeps it (its input: o itself or its bf16 copy), lse_BNS
+    b += tensor_bytes(r * nq * D, gd) + tensor_bytes(r * nq, DType::F32);
   return b;
+}
+
+// What Attention::backward builds beside its stash for the kernel (stash_bytes.h): under --bf16 where the kernel
+// takes only f32 tensors (on the CPU, as the plan is), q, k, v and o widened.
+int64_t attention_backward_rebuilt_bytes(const AttentionConfig& a, const StashDims& d) {
+  if (!d.bf16 || attention_bf16_tensors(d.bf16, d.cp, d.S)) return 0;
+  const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
+  return 2 * tensor_bytes(r * nq * D, DType::F32) + 2 * tensor_bytes(r * nkv * D, DType::F32);
 }
 
 }  // namespace moecore::nn

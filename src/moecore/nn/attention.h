@@ -54,7 +54,8 @@ class Attention {
   struct Stash {
     Linear::Stash q, k, v, proj;
     Norm::Stash q_norm, k_norm;
-    // The attention kernel's inputs: after the qk-norm, after RoPE unless the kernel applies it (bf16_tensors).
+    // The attention kernel's inputs: after the qk-norm, after RoPE unless the kernel applies it (bf16_tensors); kept
+    // in bf16 under --bf16. o: between the kernel and the output projection (backward reads the projection's copy).
     Tensor q_SBND, k_SBND, v_SBND;
     Tensor o_SBND, lse_BNS;
     DropoutBatch dropout;  // set by the caller before forward; backward regenerates the same masks
@@ -82,6 +83,16 @@ class Attention {
     return dev.is_cpu() && attention_bf16_tensors(cfg_.bf16, cfg_.cp.size, S);
   }
   kernels::AttentionRope kernel_rope() const { return {&cos_, &sin_, rot_dim_}; }
+  // The dtype the projections write q and k (qk: true) or v in: bf16 with bf16_tensors (no bias; q and k not ahead
+  // of the qk-norm, which reads f32), else f32 (the weights' dtype).
+  DType operand_dtype(bool b16, bool qk) const {
+    return b16 && !cfg_.bias && !(qk && q_norm_) ? DType::BF16 : DType::F32;
+  }
+  // A stashed kernel operand (bf16 under --bf16) as this rank's kernel reads it: as kept where the kernel takes bf16
+  // tensors (bf16_tensors), else widened to f32.
+  Tensor kernel_operand(const Tensor& t) const {
+    return t.dtype() != DType::BF16 || bf16_tensors(t.dim(0), t.device()) ? t : t.as_dtype(DType::F32);
+  }
   // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
   bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
   // Under context parallelism (S: this rank's rows): bf16 as one rank would run the whole sequence.

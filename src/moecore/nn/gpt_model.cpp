@@ -72,7 +72,11 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
     embedding_ = std::make_unique<Embedding>(reg, "embedding.word_embeddings", c.vocab_size, c.hidden_size,
                                              c.init_method_std, c.tp);
   vocab_start_ = c.tp.rank() * (c.vocab_size / c.tp.size());
-  if (has_loss_) final_norm_ = std::make_unique<Norm>(reg, "decoder.final_layernorm", c.hidden_size, c.norm());
+  if (has_loss_) {  // under --bf16 it keeps its input (the last layer's output) in bf16 for backward
+    NormConfig fn = c.norm();
+    fn.bf16_stash = c.bf16;
+    final_norm_ = std::make_unique<Norm>(reg, "decoder.final_layernorm", c.hidden_size, fn);
+  }
   if (has_embedding_ && c.position_embedding == PositionEmbeddingType::LearnedAbsolute)
     position_ = std::make_unique<PositionEmbedding>(reg, "embedding.position_embeddings", c.max_seq_len, c.hidden_size,
                                                     c.init_method_std, c.tp);
@@ -402,7 +406,8 @@ int64_t embedding_stash_bytes(const StashDims& d) {
 
 int64_t loss_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, const StashDims& d) {
   const int64_t r = d.rows();
-  int64_t b = tensor_bytes(d.local_rows() * hidden, DType::F32) + norm_stash_bytes(d.local_rows(), norm);
+  // The final norm's input (bf16 under --bf16, bf16_stash) and statistics.
+  int64_t b = tensor_bytes(d.local_rows() * hidden, d.gemm_input()) + norm_stash_bytes(d.local_rows(), norm);
   b += tensor_bytes(r * hidden, d.gemm_input());  // output.x: the normed output (gathered; bf16 with --bf16)
   b += tensor_bytes(r * (padded_vocab / d.tp), d.gemm_input());        // logits_TV (bf16 with --bf16)
   b += tensor_bytes(r, DType::I64) + 2 * tensor_bytes(r, DType::F32);  // labels_T, mask_T, lse_T

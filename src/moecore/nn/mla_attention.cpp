@@ -57,7 +57,7 @@ MLAttention::MLAttention(ParamRegistry& reg, const std::string& name, const Atte
                                      lin(a.hidden, a.num_heads * dq, false, a.init_std, a, TPSplit::Column));
   }
   if (a.qk_layernorm) {
-    const NormConfig nc{a.qk_norm_kind, a.norm_eps, a.zero_centered_gamma};
+    const NormConfig nc{a.qk_norm_kind, a.norm_eps, a.zero_centered_gamma, /*bf16_stash=*/a.bf16};
     if (q_down_) q_norm_ = std::make_unique<Norm>(reg, name + ".q_layernorm", m.q_lora_rank, nc);
     kv_norm_ = std::make_unique<Norm>(reg, name + ".kv_layernorm", m.kv_lora_rank, nc);
   }
@@ -103,7 +103,6 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   const int64_t Sl = x_local.dim(0), B = x_local.dim(1), S = Sl * a_.tp.size();
   MOE_CHECK(S * a_.cp.size <= a_.max_seq_len, "sequence length {} exceeds --max-position-embeddings {}", S * a_.cp.size,
             a_.max_seq_len);
-  const DType dt = x_local.dtype();
   const Device dev = x_local.device();
   tables_to(dev);
   // Queries: [S·B, nh·dq].
@@ -118,6 +117,8 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   // Compressed kv and the shared rope key, on this rank's shard, then gathered.
   const int64_t R = m_.kv_lora_rank, W = R + dr_;
   const Tensor kvc = kv_down_.forward(x_local, st.kv_down);  // [Sl·B, R + dr]
+  // The projections' outputs' dtype (x_local is bf16 under --bf16).
+  const DType dt = kvc.dtype();
   Tensor ckv = Tensor::empty({Sl, B, R}, dt, dev), kpe = Tensor::empty({S, B, 1, dr_}, dt, dev);
   Tensor kpe_local = Tensor::empty({Sl, B, dr_}, dt, dev);
   kernels::mla_move_block(kvc, 1, W, 0, ckv, 1, R, 0, R, Sl * B);
@@ -125,20 +126,27 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   if (kv_norm_) ckv = kv_norm_->forward(ckv, st.kv_norm);
   kpe.copy_from(sp_all_gather(kpe_local, a_.tp));
   const Tensor kv = kv_up_.forward(sp_all_gather(ckv, a_.tp), st.kv_up);  // [S·B, nh·(dn + dv)]
+  // Under --bf16 the rope key and the kernel's operands are bf16, as Megatron keeps them: rounded once here, so that
+  // forward, backward and the recomputes (mla_up_proj, core_attn) read the same values.
+  if (a_.bf16) kpe = kpe.as_dtype(DType::BF16).as_dtype(dt);
   fill_operands(q, kv, kpe, S, B, st);
-  if (m_.recompute_up_proj) st.kpe_SB1R = kpe;
+  if (m_.recompute_up_proj) st.kpe_SB1R = bf16_operand(kpe);
   core_forward(S, B, st);
   if (m_.recompute_up_proj) st.q_SBNA = st.k_SBNA = st.v_SBNA = Tensor();  // rebuilt before the kernel's backward
   const Tensor y = proj_.forward(unpadded_output(st), st.proj).reshape({S, B, a_.hidden});
+  // o's values are the output projection's input (bf16 under --bf16): backward pads them again.
+  st.o_SBNA = Tensor();
   if (a_.recompute_core_attn) {  // the kernel runs again in backward
-    st.o_SBNA = st.lse_BNS = Tensor();
+    st.lse_BNS = Tensor();
     st.proj = {};
   }
   return sp_reduce_scatter(y, a_.tp);
 }
 
 void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
-  const DType dt = st.q_SBNA.dtype();
+  // q, k, v as fill_operands wrote them, or (core_attn recompute) as the stash keeps them.
+  const Tensor q = kernel_operand(st.q_SBNA, S), k = kernel_operand(st.k_SBNA, S), v = kernel_operand(st.v_SBNA, S);
+  const DType dt = st.q_SBNA.dtype() == DType::BF16 ? DType::F32 : st.q_SBNA.dtype();
   const Device dev = st.q_SBNA.device();
   st.o_SBNA = Tensor::empty({S, B, nh_, da_}, dt, dev);
   st.lse_BNS = Tensor::empty({B, nh_, S}, dt, dev);
@@ -146,18 +154,25 @@ void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
   MOE_ASSERT(!drop.on() || static_cast<int64_t>(st.dropout.sample_B.size()) == B);
   const TimerScope timer("attention-core", 2);
   if (a_.cp.on())
-    context_attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, context_parallel(S), st.o_SBNA, st.lse_BNS,
-                              &drop);
+    context_attention_forward(q, k, v, scale_, context_parallel(S), st.o_SBNA, st.lse_BNS, &drop);
   else if (bf16_attention(S))
-    kernels::attention_forward_bf16(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
+    kernels::attention_forward_bf16(q, k, v, scale_, st.o_SBNA, st.lse_BNS, &drop);
   else
-    kernels::attention_forward(st.q_SBNA, st.k_SBNA, st.v_SBNA, scale_, st.o_SBNA, st.lse_BNS, &drop);
+    kernels::attention_forward(q, k, v, scale_, st.o_SBNA, st.lse_BNS, &drop);
 }
 
 Tensor MLAttention::unpadded_output(const Stash& st) const {
   const int64_t T = st.o_SBNA.dim(0) * st.o_SBNA.dim(1);
   Tensor o = Tensor::empty({T, nh_ * dv_}, st.o_SBNA.dtype(), st.o_SBNA.device());
   kernels::mla_move_block(st.o_SBNA, nh_, da_, 0, o, nh_, dv_, 0, dv_, T);
+  return o;
+}
+
+Tensor MLAttention::padded_output(const Tensor& o_unpadded, int64_t S, int64_t B, DType dt) const {
+  const int64_t T = S * B;
+  MOE_ASSERT(o_unpadded.rows() == T && o_unpadded.cols() == nh_ * dv_);
+  Tensor o = Tensor::zeros({S, B, nh_, da_}, dt, o_unpadded.device());
+  kernels::mla_move_block(o_unpadded.as_dtype(dt), nh_, dv_, 0, o, nh_, da_, 0, dv_, T);
   return o;
 }
 
@@ -194,6 +209,9 @@ void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor&
   kernels::mla_move_block(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
   kernels::mla_move_block(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
   kernels::mla_move_block(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
+  st.q_SBNA = bf16_operand(st.q_SBNA);
+  st.k_SBNA = bf16_operand(st.k_SBNA);
+  st.v_SBNA = bf16_operand(st.v_SBNA);
 }
 
 Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
@@ -204,13 +222,15 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   tables_to(dev);
   if (m_.recompute_up_proj) {  // mla_up_proj: the up projections and RoPE again, from their stashed inputs
     const Tensor q_in = st.q_up.x, kv_in = st.kv_up.x;
-    fill_operands(q_up_->forward(q_in, st.q_up), kv_up_.forward(kv_in, st.kv_up), st.kpe_SB1R, S, B, st);
+    fill_operands(q_up_->forward(q_in, st.q_up), kv_up_.forward(kv_in, st.kv_up), st.kpe_SB1R.as_dtype(dt), S, B, st);
     st.kpe_SB1R = Tensor();
   }
   if (!st.lse_BNS.defined()) {  // core_attn recompute: the kernel again (same dropout masks), o back into proj
     core_forward(S, B, st);
     proj_.stash_input(unpadded_output(st), st.proj);
   }
+  // o from the output projection's input (bf16 under --bf16), before its backward releases it.
+  st.o_SBNA = padded_output(st.proj.x, S, B, dt);
   const Tensor d_o = proj_.backward(dy_SBH, st.proj);  // [T, nh·dv]
   Tensor dO = Tensor::zeros({S, B, nh_, da_}, dt, dev);
   kernels::mla_move_block(d_o, nh_, dv_, 0, dO, nh_, da_, 0, dv_, T);
@@ -218,14 +238,13 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   Tensor dV = Tensor::empty(st.v_SBNA.shape(), dt, dev);
   const kernels::AttentionDropout drop = dropout(st.dropout);
   std::optional<TimerScope> timer(std::in_place, "attention-core", 2);
+  const Tensor q = kernel_operand(st.q_SBNA, S), k = kernel_operand(st.k_SBNA, S), v = kernel_operand(st.v_SBNA, S);
   if (a_.cp.on())
-    context_attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, context_parallel(S),
-                               dQ, dK, dV, &drop);
+    context_attention_backward(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, context_parallel(S), dQ, dK, dV, &drop);
   else if (bf16_attention(S))
-    kernels::attention_backward_bf16(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV,
-                                     &drop);
+    kernels::attention_backward_bf16(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
   else
-    kernels::attention_backward(dO, st.q_SBNA, st.k_SBNA, st.v_SBNA, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
+    kernels::attention_backward(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
   timer.reset();
   st.q_SBNA = st.k_SBNA = st.v_SBNA = st.o_SBNA = st.lse_BNS = Tensor();
   // Queries: undo RoPE, take each head's dq channels.
@@ -266,23 +285,36 @@ int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const Stas
   const int64_t r = d.rows(), rl = d.local_rows(), H = a.hidden, nh = a.num_heads / d.tp;
   const int64_t da = m.kernel_head_dim(), R = m.kv_lora_rank;
   const auto f32 = [](int64_t n) { return tensor_bytes(n, DType::F32); };
-  const DType gd = d.gemm_input();
-  // The layer's normed input x_local: kv_down's (and q_down's) input, shared in f32, one bf16 copy each (none when
-  // layernorm recompute drops it).
-  int64_t b = input_dropped ? 0 : d.bf16 ? linear_stash_bytes(rl, H, true) * (m.q_lora_rank > 0 ? 2 : 1) : f32(rl * H);
+  const DType gd = d.gemm_input();  // bf16 under --bf16: every kept activation but the statistics
+  // The layer's normed input x_local: the down projections' (or the q projection's) input, one tensor they share
+  // (the input norm writes it in bf16 under --bf16); none when layernorm recompute drops it.
+  int64_t b = input_dropped ? 0 : tensor_bytes(rl * H, gd);
   if (m.q_lora_rank > 0) {
     const int64_t Q = m.q_lora_rank;
-    if (a.qk_layernorm) b += f32(rl * Q) + norm_stash_bytes(rl, a.qk_norm_kind);  // q_norm's input
-    b += tensor_bytes(r * Q, gd);                                                 // q_up's input (gathered)
-  } else if (!input_dropped && (d.bf16 || d.tp > 1)) {
-    b += tensor_bytes(r * H, gd);  // linear_q_proj's input: the gathered x, or its bf16 copy
+    if (a.qk_layernorm) b += tensor_bytes(rl * Q, gd) + norm_stash_bytes(rl, a.qk_norm_kind);  // q_norm's input
+    b += tensor_bytes(r * Q, gd);  // q_up's input (gathered)
+  } else if (!input_dropped && d.tp > 1) {
+    b += tensor_bytes(r * H, gd);  // linear_q_proj's input: the gathered x
   }
-  if (a.qk_layernorm) b += f32(rl * R) + norm_stash_bytes(rl, a.qk_norm_kind);  // kv_norm's input
-  b += tensor_bytes(r * R, gd);                                                 // kv_up's input (gathered)
-  // q, k, v padded to width A (mla_up_proj: the rope key before RoPE instead); o padded, lse and proj's input, o
+  // kv_norm's input and statistics; kv_up's input (gathered).
+  if (a.qk_layernorm) b += tensor_bytes(rl * R, gd) + norm_stash_bytes(rl, a.qk_norm_kind);
+  b += tensor_bytes(r * R, gd);
+  // q, k, v padded to width A (mla_up_proj: the rope key before RoPE instead); lse and proj's input, o's values
   // unpadded (core_attn: none).
-  b += m.recompute_up_proj ? f32(r * m.qk_pos_emb_head_dim) : 3 * f32(r * nh * da);
-  if (!a.recompute_core_attn) b += f32(r * nh * da) + f32(r * nh) + tensor_bytes(r * nh * m.v_head_dim, gd);
+  b += m.recompute_up_proj ? tensor_bytes(r * m.qk_pos_emb_head_dim, gd) : 3 * tensor_bytes(r * nh * da, gd);
+  if (!a.recompute_core_attn) b += f32(r * nh) + tensor_bytes(r * nh * m.v_head_dim, gd);
+  return b;
+}
+
+// What MLAttention::backward builds beside its stash before the kernel's backward (stash_bytes.h).
+int64_t mla_backward_rebuilt_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d) {
+  const int64_t r = d.rows(), nh = a.num_heads / d.tp, da = m.kernel_head_dim();
+  const int64_t padded = tensor_bytes(r * nh * da, DType::F32);
+  // o padded again (f32; or by a core_attn recompute), and under bf16 proj's input widened for it.
+  int64_t b = padded;
+  if (d.bf16) b += tensor_bytes(r * nh * m.v_head_dim, DType::F32);
+  // q, k, v widened where the kernel takes only f32 tensors (the plan is made for this CPU).
+  if (d.bf16 && !attention_bf16_tensors(d.bf16, d.cp, d.S)) b += 3 * padded;
   return b;
 }
 

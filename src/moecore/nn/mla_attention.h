@@ -46,8 +46,11 @@ class MLAttention {
   struct Stash {
     Linear::Stash q_down, q_up, kv_down, kv_up, proj;  // q_up: also the direct q projection
     Norm::Stash q_norm, kv_norm;
-    Tensor q_SBNA, k_SBNA, v_SBNA, o_SBNA, lse_BNS;  // the attention kernel's operands, padded to width A
-    Tensor kpe_SB1R;  // mla_up_proj: the gathered rope key before RoPE (q, k, v are rebuilt from it and the stashes)
+    // The attention kernel's operands, padded to width A. Kept after forward: q, k, v (bf16 under --bf16; none under
+    // mla_up_proj) and lse (f32); o is rebuilt in backward from the output projection's input, its values unpadded.
+    Tensor q_SBNA, k_SBNA, v_SBNA, o_SBNA, lse_BNS;
+    // mla_up_proj: the gathered rope key before RoPE (bf16 under --bf16; q, k, v are rebuilt from it and the stashes)
+    Tensor kpe_SB1R;
     DropoutBatch dropout;  // set by the caller before forward
   };
 
@@ -64,6 +67,9 @@ class MLAttention {
   void restore_input(const Tensor& x_local, Stash& st) const;
 
   double softmax_scale() const { return scale_; }
+  // Whether forward's input feeds bf16 GEMMs only (the down projections, or the q projection, under --bf16): the
+  // input norm then writes it in bf16 and the projections share that one tensor.
+  bool takes_bf16_input() const { return a_.bf16; }
 
  private:
   bool bf16_attention(int64_t S) const { return a_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
@@ -79,11 +85,23 @@ class MLAttention {
   void tables_to(Device d);
   kernels::AttentionDropout dropout(const DropoutBatch& d) const;
   // The kernel's operands q, k, v [S, B, nh, A] into st: the up projections' outputs q [S·B, nh·dq] and kv
-  // [S·B, nh·(dn + dv)] and the gathered rope key kpe [S, B, 1, dr] (not changed), zero-padded, RoPE applied.
+  // [S·B, nh·(dn + dv)] and the gathered rope key kpe [S, B, 1, dr] (not changed), zero-padded, RoPE applied; rounded
+  // to bf16 under --bf16.
   void fill_operands(const Tensor& q, const Tensor& kv, const Tensor& kpe, int64_t S, int64_t B, Stash& st) const;
   // The attention kernel on st's q, k, v into st.o_SBNA and st.lse_BNS; and o without its padding [S·B, nh·dv].
   void core_forward(int64_t S, int64_t B, Stash& st) const;
   Tensor unpadded_output(const Stash& st) const;
+  // The inverse, for backward: o [S, B, nh, A] (f32 or f64) from the output projection's input [S·B, nh·dv] (bf16
+  // under --bf16, widened), zero in the padding.
+  Tensor padded_output(const Tensor& o_unpadded, int64_t S, int64_t B, DType dt) const;
+  // A stashed kernel operand as this rank's kernel reads it: as kept where the kernel takes bf16 tensors (the
+  // CPU's FlashNative kernel without context parallelism), else widened to f32.
+  // What the stash keeps of an operand: bf16 under --bf16.
+  Tensor bf16_operand(const Tensor& t) const { return a_.bf16 ? t.as_dtype(DType::BF16) : t; }
+  Tensor kernel_operand(const Tensor& t, int64_t S) const {
+    const bool reads16 = t.device().is_cpu() && attention_bf16_tensors(a_.bf16, a_.cp.size, S);
+    return reads16 || t.dtype() != DType::BF16 ? t : t.as_dtype(DType::F32);
+  }
 
   AttentionConfig a_;
   MLAConfig m_;

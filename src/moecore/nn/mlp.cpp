@@ -37,9 +37,15 @@ Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
   // fc1's output in bf16 where the GEMM can round it as it writes (bf16, no bias, CPU), as Megatron keeps it.
   st.h = fc1_.forward(x, st.fc1, h_bf16(x.device()) ? DType::BF16 : DType::F32);
+  // Where fc1 writes h in f32 under bf16 (with a bias, added to the f32 product, or on the GPU) it is rounded before
+  // the activation reads it, as Megatron's bf16 fc1 writes it: the activation, its backward and a recompute read the
+  // one bf16 h the stash keeps.
+  const Tensor h = cfg_.bf16 ? st.h.as_dtype(DType::BF16) : st.h;
+  st.h = h;
   // With bf16 the activation is rounded as it is written: it only feeds fc2's GEMM.
-  Tensor a = Tensor::empty({st.h.rows(), fc2_.in()}, cfg_.bf16 ? DType::BF16 : st.h.dtype(), st.h.device());
-  kernels::activation_forward(cfg_.activation, st.h, nullptr, a);
+  const DType at = cfg_.bf16 ? DType::BF16 : h.dtype();
+  Tensor a = Tensor::empty({h.rows(), fc2_.in()}, at, h.device());
+  kernels::activation_forward(cfg_.activation, h, nullptr, a);
   return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
 }
 
@@ -54,7 +60,7 @@ Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
   const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
   // Likewise its gradient, which only feeds fc1's GEMMs (and, with a bias, fc1's bias gradient: kept f32 then).
-  Tensor dh = Tensor::empty(st.h.shape(), cfg_.bf16 && !cfg_.bias ? DType::BF16 : st.h.dtype(), st.h.device());
+  Tensor dh = Tensor::empty(st.h.shape(), cfg_.bf16 && !cfg_.bias ? DType::BF16 : da.dtype(), st.h.device());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
   return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);
@@ -86,8 +92,8 @@ int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropp
     return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, d.gemm_input());
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x
-  b += tensor_bytes(r * F1, m.bf16 && !m.bias ? DType::BF16 : DType::F32);  // h: fc1's output (CPU: h_bf16)
-  b += tensor_bytes(r * F, d.gemm_input());  // fc2.x: the activation (in f32 the tensor itself)
+  b += tensor_bytes(r * F1, d.gemm_input());  // h: fc1's output (bf16 under --bf16, written so or rounded)
+  b += tensor_bytes(r * F, d.gemm_input());   // fc2.x: the activation (in f32 the tensor itself)
   return b;
 }
 

@@ -28,7 +28,7 @@ class MLP : public FeedForward {
  public:
   struct Stash : FeedForward::Stash {
     Linear::Stash fc1, fc2;
-    Tensor h;     // fc1 output, the activation's input
+    Tensor h;     // fc1 output, the activation's input (bf16 under --bf16)
     Tensor x_in;  // recompute: the block's input [S/TP, B, H], all the stash keeps after forward
   };
   MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg);

@@ -84,10 +84,12 @@ MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, con
                    std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, bool bf16, TPContext tp)
     : cfg_(cfg), hidden_(hidden), tp_(tp), cp_(attn.cp) {
   MOE_ASSERT(static_cast<int64_t>(ffn.size()) == cfg.num_layers);
+  NormConfig kept_norm = norm;  // the depth's norms keep their inputs in bf16 under --bf16
+  kept_norm.bf16_stash = bf16;
   for (int64_t k = 0; k < cfg.num_layers; k++) {
     const std::string name = "mtp.layers." + std::to_string(k);
-    enorm_.push_back(std::make_unique<Norm>(reg, name + ".enorm", hidden, norm));
-    hnorm_.push_back(std::make_unique<Norm>(reg, name + ".hnorm", hidden, norm));
+    enorm_.push_back(std::make_unique<Norm>(reg, name + ".enorm", hidden, kept_norm));
+    hnorm_.push_back(std::make_unique<Norm>(reg, name + ".hnorm", hidden, kept_norm));
     // Replicated over TP and run on the sequence shard: the same values as Megatron's column-parallel eh_proj
     // followed by its gather and scatter (its gradient is summed over TP like every replicated parameter's).
     eh_proj_.push_back(std::make_unique<Linear>(
@@ -96,7 +98,7 @@ MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, con
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name + ".mtp_model_layer", attn, norm,
                                                          std::move(ffn[static_cast<size_t>(k)]), hidden_dropout,
                                                          recompute_norms, mla));
-    final_norm_.push_back(std::make_unique<Norm>(reg, name + ".final_layernorm", hidden, norm));
+    final_norm_.push_back(std::make_unique<Norm>(reg, name + ".final_layernorm", hidden, kept_norm));
     emb_dropout_.emplace_back(name + ".embedding_dropout", hidden_dropout, tp);
   }
 }
@@ -237,9 +239,9 @@ int64_t mtp_depth_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind nor
   const int64_t rl = d.local_rows(), H = hidden;
   int64_t b = embedding_stash_bytes(d);
   if (recompute)
-    b += 2 * tensor_bytes(rl * H, DType::F32);  // e_in, h_in
-  else
-    b += 2 * (tensor_bytes(rl * H, DType::F32) + norm_stash_bytes(rl, norm)) +
+    b += 2 * tensor_bytes(rl * H, DType::F32);  // e_in, h_in: f32, the replay's inputs
+  else  // enorm's and hnorm's inputs (bf16 under --bf16) and statistics, eh_proj's input, the layer
+    b += 2 * (tensor_bytes(rl * H, d.gemm_input()) + norm_stash_bytes(rl, norm)) +
          tensor_bytes(rl * 2 * H, d.gemm_input()) + layer;
   return b + loss_stash_bytes(hidden, padded_vocab, norm, d);  // final norm, output input, logits, labels/mask/lse
 }

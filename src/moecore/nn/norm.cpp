@@ -40,25 +40,38 @@ Tensor Norm::forward_add(Tensor& x, const Tensor& residual, Stash& st, std::opti
 }
 
 Tensor Norm::forward_impl(Tensor& x, const Tensor* residual, Stash& st, std::optional<DType> out) {
-  st.x = x;
+  st.dtype = x.dtype();
+  // bf16_stash: the norm reads its input rounded to bf16, as Megatron's norms read their bf16 activations, so that
+  // forward, backward and a recompute (--recompute-modules layernorm) all see the one rounding the stash keeps; the
+  // f32 rows (with a residual: the sum, written into x) stay the residual stream's and are not kept.
+  Tensor in = x;
+  const Tensor* res = residual;
+  if (cfg_.bf16_stash && x.dtype() == DType::F32) {
+    if (residual) kernels::add_(x, *residual);
+    res = nullptr;
+    st.x = x.as_dtype(DType::BF16);
+    in = st.x.as_dtype(DType::F32);
+  } else {
+    st.x = x;
+  }
   st.rstd = Tensor::empty({x.rows()}, x.dtype(), x.device());
   Tensor y = Tensor::empty(x.shape(), out.value_or(x.dtype()), x.device());
   if (cfg_.kind == NormKind::LayerNorm) {
     st.mean = Tensor::empty({x.rows()}, x.dtype(), x.device());
-    if (residual)
-      kernels::layernorm_forward_add(x, *residual, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
+    if (res)
+      kernels::layernorm_forward_add(in, *res, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
     else
-      kernels::layernorm_forward(x, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
-  } else if (residual) {
-    kernels::rmsnorm_forward_add(x, *residual, gamma(), cfg_.eps, y, st.rstd);
+      kernels::layernorm_forward(in, gamma(), bias_->value, cfg_.eps, y, st.mean, st.rstd);
+  } else if (res) {
+    kernels::rmsnorm_forward_add(in, *res, gamma(), cfg_.eps, y, st.rstd);
   } else {
-    kernels::rmsnorm_forward(x, gamma(), cfg_.eps, y, st.rstd);
+    kernels::rmsnorm_forward(in, gamma(), cfg_.eps, y, st.rstd);
   }
   return y;
 }
 
 Tensor Norm::backward(const Tensor& dy, Stash& st, const Tensor* dres) {
-  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype(), st.x.device());
+  Tensor dx = Tensor::empty(st.x.shape(), st.dtype, st.x.device());
   const Tensor dy_x = dy.reshape(st.x.shape());
   if (cfg_.kind == NormKind::LayerNorm)
     kernels::layernorm_backward(dy_x, st.x, gamma(), st.mean, st.rstd, dx, weight_->grad_to_add(), bias_->grad_to_add(),
@@ -71,6 +84,7 @@ Tensor Norm::backward(const Tensor& dy, Stash& st, const Tensor* dres) {
 
 // What Norm::forward keeps beyond its input st.x: the statistics (stash_bytes.h).
 int64_t norm_stash_bytes(int64_t rows, NormKind kind) {
+  // The statistics stay f32 under --bf16 (Megatron's norms keep theirs in f32 too).
   return tensor_bytes(rows, DType::F32) * (kind == NormKind::LayerNorm ? 2 : 1);
 }
 

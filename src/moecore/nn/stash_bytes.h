@@ -47,6 +47,12 @@ int64_t norm_stash_bytes(int64_t rows, NormKind kind);
 // statistics; core_attn recompute drops the last two; drop_input (layernorm recompute) the first.
 int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool input_dropped);
 int64_t mla_stash_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d, bool input_dropped);
+// What attention's backward builds beside its stash for the kernel: under --bf16, where the kernel takes only f32
+// tensors, q, k, v and o widened.
+int64_t attention_backward_rebuilt_bytes(const AttentionConfig& a, const StashDims& d);
+// What MLA's backward builds beside its stash before the kernel's backward: o padded again from the output
+// projection's input, and under --bf16 the operands widened where the kernel reads f32 only.
+int64_t mla_backward_rebuilt_bytes(const AttentionConfig& a, const MLAConfig& m, const StashDims& d);
 // MLP: the pre-MLP norm's output as kept, fc1's output, the activation (fc2's input).
 int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropped, bool input_shared = false);
 // TransformerLayer: its input and the attention block's output (the two norms' inputs), both norms' statistics,
@@ -73,9 +79,10 @@ struct RouterConfig;
 struct ExpertsConfig;
 struct MoELayerConfig;
 
-// Router over T tokens: the gating input when it is not the caller's (router dtype, jitter), logits, top-K ids,
-// probabilities and masks, scores, the aux losses' scores and gradients, the z-loss logsumexp.
-int64_t router_stash_bytes(const RouterConfig& r, int64_t T, bool training);
+// Router over T tokens: the gating input when it is not the caller's (router dtype, jitter; under bf16 the MoE
+// layer's bf16 tokens unless jittered), logits, top-K ids, probabilities and masks, scores, the aux losses' scores
+// and gradients, the z-loss logsumexp (all in the router dtype, f32 or f64, whatever bf16).
+int64_t router_stash_bytes(const RouterConfig& r, int64_t T, bool training, bool bf16 = false);
 // The dispatcher's plan for T tokens, `rows` permuted here and `received` after the exchange (ep: under EP).
 int64_t dispatch_plan_bytes(int64_t T, int64_t rows, int64_t received, bool ep);
 // Grouped experts fed `rows` rows spread evenly over their local experts (x, probs, fc1 output, activation).

@@ -7,13 +7,21 @@
 
 namespace moecore::nn {
 
+namespace {
+// The layer's norms keep their inputs (the layer's input and the attention block's residual sum) in bf16 under --bf16.
+NormConfig layer_norm_config(NormConfig n, bool bf16) {
+  n.bf16_stash = bf16;
+  return n;
+}
+}  // namespace
+
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
-                                   const NormConfig& norm, std::unique_ptr<FeedForward> ffn, double hidden_dropout,
+                                   const NormConfig& norm_in, std::unique_ptr<FeedForward> ffn, double hidden_dropout,
                                    bool recompute_norms, const MLAConfig& mla)
-    : input_norm_(reg, name + ".input_layernorm", attn.hidden, norm),
+    : input_norm_(reg, name + ".input_layernorm", attn.hidden, layer_norm_config(norm_in, attn.bf16)),
       attn_(mla.enabled ? nullptr : std::make_unique<Attention>(reg, name + ".self_attention", attn)),
       mla_(mla.enabled ? std::make_unique<MLAttention>(reg, name + ".self_attention", attn, mla) : nullptr),
-      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, norm),
+      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, layer_norm_config(norm_in, attn.bf16)),
       ffn_(std::move(ffn)),
       attn_dropout_(name + ".self_attn_bda.hidden_dropout", hidden_dropout, attn.tp),
       mlp_dropout_(name + ".mlp_bda.hidden_dropout", hidden_dropout, attn.tp),
@@ -43,7 +51,7 @@ std::optional<DType> norm_output(bool bf16) {
 }  // namespace
 
 std::optional<DType> TransformerLayer::attn_input() const {
-  return norm_output(attn_ && attn_->takes_bf16_input());
+  return norm_output(mla_ ? mla_->takes_bf16_input() : attn_->takes_bf16_input());
 }
 
 std::optional<DType> TransformerLayer::ffn_input() const {
@@ -74,7 +82,7 @@ Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {
 
 Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
   if (recompute_norms_) {  // the pre-MLP norm's output again, handed back to the FFN's stash
-    const Tensor h = st.pre_mlp_norm.x;
+    const Tensor h = Norm::kept_input(st.pre_mlp_norm);
     ffn_->restore_input(pre_mlp_norm_.forward(h, st.pre_mlp_norm, ffn_input()), *st.ffn);
   }
   const Tensor dn2 = ffn_->backward(mlp_dropout_.backward(dy_SBH, st.dropout), *st.ffn);
@@ -83,7 +91,7 @@ Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
   Tensor dh = pre_mlp_norm_.backward(dn2, st.pre_mlp_norm, &dy);  // + dy: the residual's gradient
   probe(".pre_mlp_layernorm", true, dh);
   if (recompute_norms_) {  // the input norm's output again, handed back to the attention's stash
-    const Tensor x = st.input_norm.x;
+    const Tensor x = Norm::kept_input(st.input_norm);
     const Tensor n1 = input_norm_.forward(x, st.input_norm, attn_input());
     mla_ ? mla_->restore_input(n1, st.mla) : attn_->restore_input(n1, st.attn);
   }
@@ -99,7 +107,8 @@ Tensor TransformerLayer::backward(const Tensor& dy_SBH, Stash& st) {
 int64_t layer_stash_bytes(const AttentionConfig& a, const MLAConfig& m, NormKind norm, bool recompute_norms,
                           int64_t ffn_bytes, const StashDims& d) {
   const int64_t rl = d.local_rows();
-  int64_t b = 2 * tensor_bytes(rl * a.hidden, DType::F32) + 2 * norm_stash_bytes(rl, norm);  // x, h; statistics
+  // x, h (the norms' inputs: bf16 under --bf16, bf16_stash); the norms' statistics.
+  int64_t b = 2 * tensor_bytes(rl * a.hidden, d.gemm_input()) + 2 * norm_stash_bytes(rl, norm);
   b += m.enabled ? mla_stash_bytes(a, m, d, recompute_norms) : attention_stash_bytes(a, d, recompute_norms);
   return b + ffn_bytes;
 }

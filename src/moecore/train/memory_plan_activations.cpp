@@ -25,8 +25,9 @@ namespace moecore::train {
 namespace {
 
 // A layer's backward allocates its gradients while its stash is still held: measured on the reference runs
-// (tests/train/test_memory_plan_measured.cpp) at about this fraction of the layer's whole stash (0.6 while the MoE
-// experts still copied their rows into and out of the padded layout).
+// (tests/train/test_memory_plan_measured.cpp) at about this fraction of the layer's whole stash as f32 training keeps
+// it (0.6 while the MoE experts still copied their rows into and out of the padded layout). Under --bf16 the stash
+// is bf16 but most gradients stay f32, so the fraction applies to the same layer's f32 stash.
 constexpr double kBackwardTemporaries = 0.45;
 
 // The modules' configurations as build_model gives them (sizes, bf16, recompute), without any group.
@@ -110,6 +111,8 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   d.tp = l.tp;
   d.cp = std::max<int64_t>(l.cp, 1);
   d.bf16 = c.bf16;
+  nn::StashDims d32 = d;  // the same micro-batch in f32: what the backward's gradients scale with
+  d32.bf16 = false;
   StageActivations a;
   // --bf16: the backward temporaries of the bf16 attention kernel this CPU runs (the oneDNN kernel's largest block;
   // the native flash kernel's packed operands and dQ accumulator) are alive during each attention's backward.
@@ -120,6 +123,10 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     const int64_t kv_heads = m.mla.enabled ? heads : std::max<int64_t>(m.attn.num_query_groups / tp, 1);
     attention_kernel = static_cast<double>(kernels::attention_backward_bf16_bytes(d.S, d.B, heads, kv_heads, width));
   }
+  // Beside it, what the attention's backward builds from its stash: MLA's o padded again, and under --bf16 the
+  // operands widened where the kernel reads f32 only.
+  attention_kernel += static_cast<double>(m.mla.enabled ? nn::mla_backward_rebuilt_bytes(m.attn, m.mla, d)
+                                                        : nn::attention_backward_rebuilt_bytes(m.attn, d));
   for (const StageLayers& ch : chunks_of(c, pp_rank)) {
     double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;
     for (int64_t k = 0; k < ch.num_layers; k++) {
@@ -127,7 +134,11 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
       const nn::RecomputeConfig::Chunk rc = m.rc.full ? m.rc.chunk(k, ch.num_layers) : nn::RecomputeConfig::Chunk{};
       const double kept = layer_bytes(m, l, i, d), all = layer_bytes(whole, l, i, d);
       // Backward of layer i: what it rematerializes (a full-recompute chunk replayed whole at its last layer, or
-      // what selective recompute dropped) and its gradient temporaries (kBackwardTemporaries of its whole stash).
+      // what selective recompute dropped) and its gradient temporaries (kBackwardTemporaries of its whole f32 stash;
+      // grads_attn: of the attention's part, the FFN's freed).
+      const double ffn32 = static_cast<double>(ffn_bytes(whole, l, i, d32));
+      const double grads = kBackwardTemporaries * layer_bytes(whole, l, i, d32);
+      const double grads_attn = grads - kBackwardTemporaries * ffn32;
       double remat = all - kept;
       if (rc.on()) {
         remat = 0;
@@ -142,13 +153,13 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
         const double up = static_cast<double>(nn::mla_stash_bytes(m.attn, whole.mla, d, m.rc.layernorm) -
                                               nn::mla_stash_bytes(m.attn, m.mla, d, m.rc.layernorm));
         remat -= up;
-        a.working = std::max(a.working, up + kBackwardTemporaries * all - static_cast<double>(ffn_bytes(m, l, i, d)));
+        a.working = std::max(a.working, up + attention_kernel + grads - static_cast<double>(ffn_bytes(m, l, i, d)));
       }
-      a.working = std::max(a.working, remat + kBackwardTemporaries * all);
+      a.working = std::max(a.working, remat + grads);
       // The attention's backward runs after the layer's FFN backward has freed the FFN's stash; beside the kernel's
       // temporaries it holds the attention's own gradients.
       const double ffn = static_cast<double>(ffn_bytes(m, l, i, d));
-      a.working = std::max(a.working, remat + attention_kernel + kBackwardTemporaries * (all - ffn) - ffn);
+      a.working = std::max(a.working, remat + attention_kernel + grads_attn - ffn);
     }
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));

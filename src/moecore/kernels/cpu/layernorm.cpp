@@ -59,12 +59,13 @@ MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, const T* b, Y* y, T* 
   }
 }
 
-template <typename T>
-MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, const T* dres,
+// X: T, or bf16 (an input kept rounded for backward, widened as it is read).
+template <typename T, typename X>
+MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* mean, const T* rstd, T* dx, const T* dres,
                            T* dw, T* db, int64_t rows, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
-    const T* xr = x + t * H;
+    const X* xr = x + t * H;
     const T* dyr = dy + t * H;
     const T mu = mean[t], r = rstd[t];
     T sg = 0, sgx = 0;  // Σ g, Σ g·x̂
@@ -72,11 +73,11 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, c
     for (int64_t j = 0; j < H; j++) {
       const T g = w[j] * dyr[j];
       sg += g;
-      sgx += g * (xr[j] - mu) * r;
+      sgx += g * (load_as<T>(xr + j) - mu) * r;
     }
     const T mg = sg / T(H), mgx = sgx / T(H);
     T* dxr = dx + t * H;
-    for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - mg - (xr[j] - mu) * r * mgx);
+    for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - mg - (load_as<T>(xr + j) - mu) * r * mgx);
     // The residual's gradient in a loop of its own (see rmsnorm.cpp: no FMA contraction, the bits of add_).
     if (dres)
       for (int64_t j = 0; j < H; j++) dxr[j] = dxr[j] + dres[t * H + j];
@@ -91,7 +92,7 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* mean, c
     for (int64_t t = 0; t < rows; t++) {
       const T mu = mean[t], r = rstd[t];
       for (int64_t j = j0; j < j1; j++) {
-        acc_w[j - j0] += dy[t * H + j] * (x[t * H + j] - mu) * r;
+        acc_w[j - j0] += dy[t * H + j] * (load_as<T>(x + t * H + j) - mu) * r;
         acc_b[j - j0] += dy[t * H + j];
       }
     }
@@ -137,16 +138,22 @@ void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
-  MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
+  MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == dx_TH.dtype()));
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
+  MOE_ASSERT(dy_TH.dtype() == dx_TH.dtype() && (x_TH.dtype() == dx_TH.dtype() || x_TH.dtype() == DType::BF16));
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT_SHAPE(db_H, {H});
   MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
-  MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
-    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
-           dres_TH ? dres_TH->data<T>() : nullptr, dw_H.data<T>(), db_H.data<T>(), rows, H);
+  MOE_DISPATCH_FLOAT(dx_TH.dtype(), T, {
+    const T* dres = dres_TH ? dres_TH->data<T>() : nullptr;
+    if (x_TH.dtype() == DType::BF16)
+      bwd<T, bf16>(dy_TH.data<T>(), x_TH.data<bf16>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(),
+                   dx_TH.data<T>(), dres, dw_H.data<T>(), db_H.data<T>(), rows, H);
+    else
+      bwd<T, T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
+                dres, dw_H.data<T>(), db_H.data<T>(), rows, H);
   });
 }
 

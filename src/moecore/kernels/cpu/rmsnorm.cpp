@@ -44,20 +44,21 @@ MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, Y* y, T* rstd, int64_
   }
 }
 
-template <typename T>
-MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T* dx, const T* dres, T* dw,
+// X: T, or bf16 (an input kept rounded for backward, widened as it is read).
+template <typename T, typename X>
+MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* rstd, T* dx, const T* dres, T* dw,
                            int64_t rows, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
-    const T* xr = x + t * H;
+    const X* xr = x + t * H;
     const T* dyr = dy + t * H;
     const T r = rstd[t];
     T c = 0;
 #pragma omp simd reduction(+ : c)
-    for (int64_t j = 0; j < H; j++) c += w[j] * dyr[j] * xr[j];
+    for (int64_t j = 0; j < H; j++) c += w[j] * dyr[j] * load_as<T>(xr + j);
     const T k = r * r * c / T(H);
     T* dxr = dx + t * H;
-    for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - xr[j] * k);
+    for (int64_t j = 0; j < H; j++) dxr[j] = r * (w[j] * dyr[j] - load_as<T>(xr + j) * k);
     // The residual's gradient in a loop of its own over the row (still in L1): in one expression the compiler
     // would contract the product and the add into an FMA, and the bits would differ from a separate add_.
     if (dres)
@@ -72,7 +73,7 @@ MOE_TARGET_CLONES void bwd(const T* dy, const T* x, const T* w, const T* rstd, T
     T acc[kCols] = {};
     for (int64_t t = 0; t < rows; t++) {
       const T r = rstd[t];
-      for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy[t * H + j] * x[t * H + j] * r;
+      for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy[t * H + j] * load_as<T>(x + t * H + j) * r;
     }
     for (int64_t j = j0; j < j1; j++) dw[j] += acc[j - j0];
   }
@@ -106,15 +107,21 @@ void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, 
 
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H, const Tensor* dres_TH) {
-  MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == x_TH.dtype()));
+  MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == dx_TH.dtype()));
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
+  MOE_ASSERT(dy_TH.dtype() == dx_TH.dtype() && (x_TH.dtype() == dx_TH.dtype() || x_TH.dtype() == DType::BF16));
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT(rstd_T.numel() == rows);
-  MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
-    bwd<T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
-           dres_TH ? dres_TH->data<T>() : nullptr, dw_H.data<T>(), rows, H);
+  MOE_DISPATCH_FLOAT(dx_TH.dtype(), T, {
+    const T* dres = dres_TH ? dres_TH->data<T>() : nullptr;
+    if (x_TH.dtype() == DType::BF16)
+      bwd<T, bf16>(dy_TH.data<T>(), x_TH.data<bf16>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dres,
+                   dw_H.data<T>(), rows, H);
+    else
+      bwd<T, T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(), dres, dw_H.data<T>(),
+                rows, H);
   });
 }
 

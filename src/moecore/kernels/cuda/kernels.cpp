@@ -163,10 +163,11 @@ void rmsnorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, 
   rmsnorm_forward(x_TH, w_H, eps, y_TH, rstd_T);
 }
 
+// A bf16 x_TH (an input kept rounded for backward, rmsnorm.h): widened into f32 rows first.
 void rmsnorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T, Tensor& dx_TH,
                       Tensor& dw_H, const Tensor* dres_TH) {
-  check_residual(x_TH, dres_TH);
-  rmsnorm_backward_rows(dy_TH, x_TH, w_H, rstd_T, dx_TH, dw_H);
+  check_residual(dx_TH, dres_TH);
+  rmsnorm_backward_rows(dy_TH, x_TH.as_dtype(dy_TH.dtype()), w_H, rstd_T, dx_TH, dw_H);
   if (dres_TH) add_(dx_TH, *dres_TH);
 }
 
@@ -188,8 +189,8 @@ void layernorm_forward_add(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H
 
 void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH) {
-  check_residual(x_TH, dres_TH);
-  layernorm_backward_rows(dy_TH, x_TH, w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
+  check_residual(dx_TH, dres_TH);
+  layernorm_backward_rows(dy_TH, x_TH.as_dtype(dy_TH.dtype()), w_H, mean_T, rstd_T, dx_TH, dw_H, db_H);
   if (dres_TH) add_(dx_TH, *dres_TH);
 }
 
@@ -266,8 +267,10 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(y_TF.dtype() == DType::F32 || y_TF.dtype() == DType::BF16);
   MOE_ASSERT(y_TF.device().is_cuda());
-  launch::activation_forward(static_cast<int>(act), f32(x, "x"), probs_T ? f32(*probs_T, "probs") : nullptr, y_TF.raw(),
-                             y_TF.dtype() == DType::BF16, rows, F, current_stream());
+  // A bf16 x (an fc1 output kept rounded for backward, or read again by a recompute) is widened first.
+  const Tensor x32 = x.as_dtype(DType::F32);
+  launch::activation_forward(static_cast<int>(act), f32(x32, "x"), probs_T ? f32(*probs_T, "probs") : nullptr,
+                             y_TF.raw(), y_TF.dtype() == DType::BF16, rows, F, current_stream());
   check_launch("activation_forward");
 }
 
@@ -280,7 +283,8 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
   MOE_ASSERT((dx.dtype() == DType::F32 || dx.dtype() == DType::BF16) && dx.device().is_cuda());
-  launch::activation_backward(static_cast<int>(act), f32(dy_TF, "dy"), f32(x, "x"),
+  const Tensor x32 = x.as_dtype(DType::F32);  // a bf16 x widened first, as in forward
+  launch::activation_backward(static_cast<int>(act), f32(dy_TF, "dy"), f32(x32, "x"),
                               probs_T ? f32(*probs_T, "probs") : nullptr, dx.raw(), dx.dtype() == DType::BF16,
                               dprobs_T ? f32(*dprobs_T, "dprobs") : nullptr, rows, F, current_stream());
   check_launch("activation_backward");
