@@ -48,15 +48,15 @@ MemoryPlan worst(const TrainConfig& c, int64_t padded_vocab, int64_t world) {
 }
 
 // The worst rank's lines, in the order printed.
-std::vector<std::pair<std::string, double>> rows_of(const MemoryPlan& w) {
+std::vector<std::pair<std::string, double>> rows_of(const TrainConfig& c, const MemoryPlan& w) {
   return {
-      {"weights (f32)", w.weights},
-      {"weights (bf16 copy)", w.bf16_weights},
+      {c.bf16 ? "weights (bf16; f32 kept)" : "weights (f32)", w.weights},
+      {"bf16 copies per step", w.bf16_weights},
       {"  of which packed experts", w.packed_weights},
-      {"gradients (f32)", w.grads},
+      {"gradients (f32 buckets)", w.grads},
       {"Adam moments", w.adam},
-      {"master + gradient shard", w.master},
-      {"communication buffers", w.comm},
+      {c.use_distributed_optimizer ? "f32 master shard" : "f32 master weights", w.master},
+      {"pipeline send/receive", w.comm},
       {"activations", w.peak_activations - w.logits},
       {"  of which offload window", w.offload_window},
       {"logits", w.logits},
@@ -75,7 +75,7 @@ void print_gpu_differences(std::FILE* out, const TrainConfig& c, int64_t padded_
              "planned for the GPU (--device {}: no GPU is needed to plan); a CPU run of the same flags plans {}{}\n",
              c.device, gib(cpu.total()),
              cpu.pp_rank == gpu.pp_rank ? "" : fmt::format(" (worst: pipeline stage {})", cpu.pp_rank));
-  const auto g = rows_of(gpu), h = rows_of(cpu);
+  const auto g = rows_of(c, gpu), h = rows_of(c, cpu);
   for (size_t i = 0; i < g.size(); i++)
     if (std::abs(g[i].second - h[i].second) >= 0.5 * 0x1p20)
       fmt::print(out, "  {:<26} GPU {:>12}   CPU {:>12}\n", g[i].first, gib(g[i].second), gib(h[i].second));
@@ -103,7 +103,7 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
                  m.in_flight, gib(m.peak_activations + m.working), gib(m.total()));
   }
   fmt::print(out, "worst rank (pipeline stage {}), per rank:\n", w.pp_rank);
-  for (const auto& [name, b] : rows_of(w))
+  for (const auto& [name, b] : rows_of(c, w))
     if (b > 0) fmt::print(out, "  {:<26} {:>12}\n", name, gib(b));
   fmt::print(out, "  {:<26} {:>12}   ({:.2f} micro-batches in flight, {} each)\n", "total", gib(w.total()), w.in_flight,
              gib(w.activations + w.logits));

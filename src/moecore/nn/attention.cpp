@@ -205,7 +205,7 @@ int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool
 // What Attention::backward builds beside its stash for the kernel (stash_bytes.h): under --bf16 where the kernel
 // takes only f32 tensors (on the CPU, as the plan is), q, k, v and o widened.
 int64_t attention_backward_rebuilt_bytes(const AttentionConfig& a, const StashDims& d) {
-  if (!d.bf16 || attention_bf16_tensors(d.bf16, d.cp, d.S)) return 0;
+  if (!d.bf16 || (!d.gpu && attention_bf16_tensors(d.bf16, d.cp, d.S))) return 0;
   const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
   return 2 * tensor_bytes(r * nq * D, DType::F32) + 2 * tensor_bytes(r * nkv * D, DType::F32);
 }

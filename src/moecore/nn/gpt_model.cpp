@@ -408,8 +408,8 @@ int64_t loss_stash_bytes(int64_t hidden, int64_t padded_vocab, NormKind norm, co
   const int64_t r = d.rows();
   // The final norm's input (bf16 under --bf16, bf16_stash) and statistics.
   int64_t b = tensor_bytes(d.local_rows() * hidden, d.gemm_input()) + norm_stash_bytes(d.local_rows(), norm);
-  b += tensor_bytes(r * hidden, d.gemm_input());  // output.x: the normed output (gathered; bf16 with --bf16)
-  b += tensor_bytes(r * (padded_vocab / d.tp), d.gemm_input());        // logits_TV (bf16 with --bf16)
+  b += tensor_bytes(r * hidden, d.gemm_input());             // output.x: the normed output (gathered; bf16 with --bf16)
+  b += tensor_bytes(r * (padded_vocab / d.tp), d.logits());  // logits_TV (bf16 with --bf16 on the CPU)
   b += tensor_bytes(r, DType::I64) + 2 * tensor_bytes(r, DType::F32);  // labels_T, mask_T, lse_T
   return b;
 }

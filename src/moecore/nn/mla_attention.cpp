@@ -314,7 +314,7 @@ int64_t mla_backward_rebuilt_bytes(const AttentionConfig& a, const MLAConfig& m,
   int64_t b = padded;
   if (d.bf16) b += tensor_bytes(r * nh * m.v_head_dim, DType::F32);
   // q, k, v widened where the kernel takes only f32 tensors (the plan is made for this CPU).
-  if (d.bf16 && !attention_bf16_tensors(d.bf16, d.cp, d.S)) b += 3 * padded;
+  if (d.bf16 && (d.gpu || !attention_bf16_tensors(d.bf16, d.cp, d.S))) b += 3 * padded;
   return b;
 }
 

@@ -25,9 +25,13 @@ struct StashDims {
   int64_t cp = 1;  // context parallel size
   bool bf16 = false;
   bool training = true;
+  // Planned for a GPU (moecore plan --device cuda on any machine): its attention kernels read f32 tensors and its
+  // output layer writes f32 logits, where this CPU's kernels may take bf16 ones.
+  bool gpu = false;
   int64_t rows() const { return S * B; }             // tokens after the sequence all-gather
   int64_t local_rows() const { return S / tp * B; }  // tokens of a sequence shard
   DType gemm_input() const { return bf16 ? DType::BF16 : DType::F32; }
+  DType logits() const { return bf16 && !gpu ? DType::BF16 : DType::F32; }  // the output layer's (GPTModel)
 };
 
 // A tensor of `numel` elements of `dt` as the allocator holds it (rounded to its size class); 0 for none.

@@ -105,8 +105,7 @@ namespace {
 // weight: forward and data gradient) when it packs (kernels::pack_weights_for); expert_params are this rank's.
 double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double expert_params) {
   if (!c.bf16 || c.num_experts <= 0 || expert_params <= 0 || !kernels::pack_weights_for(l.num_microbatches)) return 0;
-  // A GPU run keeps none: --device cuda (planned on any machine), or auto where it picks a GPU.
-  if (c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c).is_cuda())) return 0;
+  if (plans_gpu(c)) return 0;  // a GPU run keeps none
   const int64_t H = c.hidden_size, F = std::max<int64_t>(c.moe_ffn_hidden_size / std::max<int64_t>(l.etp, 1), 1),
                 F1 = (c.swiglu ? 2 : 1) * F, m = 1024;
   const double per_expert =
@@ -116,6 +115,10 @@ double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double exp
   return expert_params / static_cast<double>(F1 * H + H * F + biases) * per_expert;
 }
 }  // namespace
+
+bool plans_gpu(const TrainConfig& c) {
+  return c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c).is_cuda());
+}
 
 ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank) {
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.kv_channels);

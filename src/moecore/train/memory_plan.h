@@ -73,6 +73,9 @@ struct ParamCounts {
 // and ends of pipeline rank pp_rank (pp_rank >= 0).
 ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank = -1);
 
+// Whether `c` plans a GPU run: --device cuda[:N] (on any machine: moecore plan), or auto where a GPU is visible.
+bool plans_gpu(const TrainConfig& c);
+
 // The plan of pipeline rank `pp_rank` under `l`: parameters counted from the configuration (or `measured`, the
 // built model's), optimizer state by --use-distributed-optimizer, activations as the modules' stash_bytes
 // (nn/stash_bytes.h) summed over the stage's layers, held for the micro-batches the schedule keeps in flight.

@@ -111,6 +111,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   d.tp = l.tp;
   d.cp = std::max<int64_t>(l.cp, 1);
   d.bf16 = c.bf16;
+  d.gpu = plans_gpu(c);
   nn::StashDims d32 = d;  // the same micro-batch in f32: what the backward's gradients scale with
   d32.bf16 = false;
   StageActivations a;
@@ -122,6 +123,13 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     const int64_t tp = std::max<int64_t>(l.tp, 1), heads = m.attn.num_heads / tp;
     const int64_t kv_heads = m.mla.enabled ? heads : std::max<int64_t>(m.attn.num_query_groups / tp, 1);
     attention_kernel = static_cast<double>(kernels::attention_backward_bf16_bytes(d.S, d.B, heads, kv_heads, width));
+    // A GPU runs its own kernel instead (kernels/cuda/attention_ops.cpp): Δ [B, N, S] in f32 and, where the
+    // tensor-core backward splits a GQA group's heads over blocks, partial dK and dV per query head (at most two
+    // f32 [S, B, N, D]).
+    if (d.gpu)
+      attention_kernel =
+          static_cast<double>(nn::tensor_bytes(d.B * heads * d.S, DType::F32) +
+                              (kv_heads < heads ? 2 * nn::tensor_bytes(d.S * d.B * heads * width, DType::F32) : 0));
   }
   // Beside it, what the attention's backward builds from its stash: MLA's o padded again, and under --bf16 the
   // operands widened where the kernel reads f32 only.
@@ -164,7 +172,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     if (ch.loss) {
       const double all = static_cast<double>(nn::loss_stash_bytes(m.hidden, padded_vocab, m.norm, d));
       const int64_t logits = d.rows() * (padded_vocab / d.tp);
-      a.logits = static_cast<double>(nn::tensor_bytes(logits, d.gemm_input()));  // bf16 with --bf16
+      a.logits = static_cast<double>(nn::tensor_bytes(logits, d.logits()));  // bf16 with --bf16 on the CPU
       b += all - a.logits;
       // Multi-token prediction's depths (their layer of the last decoder layer's kind) hold theirs until backward.
       if (c.mtp_num_layers > 0) {
@@ -176,7 +184,7 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
       // The output layer's backward under --bf16: its logits gradient overwrites the bf16 logits; where this CPU
       // has no bf16 matmul, its two GEMMs (input gradient [T, H] = dlogits·W, weight gradient [V/TP, H] =
       // dlogitsᵀ·x) widen their operands into f32 blocks.
-      if (d.bf16) {
+      if (d.bf16 && !d.gpu) {
         const int64_t T = d.rows(), V = padded_vocab / d.tp;
         a.working = std::max(a.working, static_cast<double>(std::max(kernels::gemm_widened_bytes(T, m.hidden, V),
                                                                      kernels::gemm_widened_bytes(V, m.hidden, T))));
