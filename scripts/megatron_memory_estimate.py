@@ -48,27 +48,31 @@ def estimate(r, with_ep):
     norm = 1 if r["rmsnorm"] else 2
     dp = r["world"] // (r["tp"] * r["pp"])
     edp = r["world"] // (r["ep"] * r["etp"] * r["pp"])
-    ep = r["ep"] if with_ep else 1
+    ep = r["ep"]
     block_dense = dense * D + moe_rest * moe_layers + norm * H
     block_experts = experts * moe_layers
     mtp_dense, mtp_experts = moe_rest * r["mtp_layers"], experts * r["mtp_layers"]
     embedding = H * V
     tp, pp = r["tp"], r["pp"]
     shard_dense = (block_dense / pp + mtp_dense + embedding) / tp
-    shard_experts = (block_experts / pp + mtp_experts) / tp / ep
+    # As the estimator: every shard split over TP; with EP counted, routed experts over EP × ETP instead.
+    shard_experts = (block_experts / pp + mtp_experts) / (ep * r["etp"] if with_ep else tp)
     if not r["distributed_optimizer"]:
         per_dense = per_expert = 18
     else:
         per_dense = 6 + 12 / dp
         per_expert = 6 + 12 / (edp if with_ep else dp)
     weights_optimizer = shard_dense * per_dense + shard_experts * per_expert
+    n = shard_dense + shard_experts
+    # The 6 (or 18) bytes taken apart: bf16 weights 2, fp32 gradients 4, fp32 master and two moments 12 (/DP).
+    split = dict(weights=2 * n, grads=4 * n, optimizer=weights_optimizer - 6 * n)
     S, B = r["seq"], r["micro_batch"]
     act = S * B * H * (18 + 4 * r["ffn"] / H) * L
     act += 8 * S * B * pp + S * B * H * pp
     penalty = 1 + (pp - 1) / (pp * r["vpp"])
     act *= penalty
     act /= tp
-    return dict(params=shard_dense + shard_experts, bytes_per_param=weights_optimizer / (shard_dense + shard_experts),
+    return dict(**split, params=shard_dense + shard_experts, bytes_per_param=weights_optimizer / (shard_dense + shard_experts),
                 weights_optimizer=weights_optimizer, activations=act, penalty=penalty)
 
 
@@ -83,6 +87,9 @@ def main():
     m, e = estimate(r, False), estimate(r, True)
     rows = [("parameters on the most loaded rank", lambda x: f"{x['params'] / 1e9:.3f} B"),
             ("bytes per parameter", lambda x: f"{x['bytes_per_param']:.3f}"),
+            ("  bf16 weights", lambda x: f"{x['weights'] / GIB:.2f} GiB"),
+            ("  fp32 gradients", lambda x: f"{x['grads'] / GIB:.2f} GiB"),
+            ("  fp32 master + moments", lambda x: f"{x['optimizer'] / GIB:.2f} GiB"),
             ("weights + optimizer", lambda x: f"{x['weights_optimizer'] / GIB:.2f} GiB"),
             ("activations (interleaving penalty)", lambda x: f"{x['activations'] / GIB:.2f} GiB ({x['penalty']:.3f})"),
             ("total", lambda x: f"{(x['weights_optimizer'] + x['activations']) / GIB:.2f} GiB")]
