@@ -149,4 +149,19 @@ inline train::TrainConfig small_config(const std::vector<std::string>& base,
   return train::parse_train_config(train::override_flags(base, extra));
 }
 
+// Fine-grained activation offloading of every module Megatron names that these models have, whatever the size.
+inline std::vector<std::string> offload_all_modules_flags() {
+  return {"--fine-grained-activation-offloading",
+          "--offload-modules",
+          "attn_norm",
+          "qkv_linear",
+          "core_attn",
+          "attn_proj",
+          "mlp_norm",
+          "expert_fc1",
+          "moe_act",
+          "--min-offloaded-tensor-size",
+          "0"};
+}
+
 }  // namespace moecore::testing

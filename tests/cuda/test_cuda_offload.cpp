@@ -23,19 +23,7 @@ namespace {
 using testing::operator+;
 using Args = std::vector<std::string>;
 
-const Args kCudaOffloadAll = {"--fine-grained-activation-offloading",
-                              "--offload-modules",
-                              "attn_norm",
-                              "qkv_linear",
-                              "core_attn",
-                              "attn_proj",
-                              "mlp_norm",
-                              "expert_fc1",
-                              "moe_act",
-                              "--min-offloaded-tensor-size",
-                              "0",
-                              "--device",
-                              "cuda"};
+const Args kCudaOffloadAll = testing::offload_all_modules_flags() + Args{"--device", "cuda"};
 
 Args cuda_offload_run() {
   return testing::tiny_moe_flags() + testing::mock_run_flags(64, 2, 4, 64, 3, "1e-2");

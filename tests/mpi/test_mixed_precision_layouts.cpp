@@ -14,25 +14,7 @@ namespace {
 using testing::operator+;
 
 std::vector<std::string> dp_bytes_model() {
-  return std::vector<std::string>{"--num-layers",
-                                  "2",
-                                  "--hidden-size",
-                                  "128",
-                                  "--ffn-hidden-size",
-                                  "256",
-                                  "--num-attention-heads",
-                                  "4",
-                                  "--swiglu",
-                                  "--disable-bias-linear",
-                                  "--num-experts",
-                                  "4",
-                                  "--moe-router-topk",
-                                  "2",
-                                  "--moe-ffn-hidden-size",
-                                  "256",
-                                  "--untie-embeddings-and-output-weights",
-                                  "--bf16"} +
-         testing::rmsnorm_rope_flags() + testing::mock_run_flags(32, 2, 4, 128, 3, "1e-3");
+  return testing::state_bytes_model() + std::vector<std::string>{"--bf16"};
 }
 
 TEST(MixedPrecisionLayouts, DistributedOptimizerHoldsSixPlusTwelveOverDpBytes) {

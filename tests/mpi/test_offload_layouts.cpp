@@ -67,18 +67,7 @@ TEST_P(OffloadLayouts, BitwiseLikeNoOffload) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const OffloadLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
-  const Args offload = {"--fine-grained-activation-offloading",
-                        "--offload-modules",
-                        "attn_norm",
-                        "qkv_linear",
-                        "core_attn",
-                        "attn_proj",
-                        "mlp_norm",
-                        "expert_fc1",
-                        "moe_act",
-                        "--min-offloaded-tensor-size",
-                        "0",
-                        "--testing-offload-on-cpu"};
+  const Args offload = testing::offload_all_modules_flags() + Args{"--testing-offload-on-cpu"};
   const OffloadLayoutRun a = offload_layout_run(l.flags, {}, w), b = offload_layout_run(l.flags, offload, w);
   EXPECT_GT(b.offloaded, 0);
   EXPECT_EQ(b.host_live, 0);

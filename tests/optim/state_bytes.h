@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "config_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/allocator.h"
 #include "moecore/optim/chained_optimizer.h"
@@ -80,6 +83,28 @@ inline void expect_layout(const StateBytes& s, const std::string& what, double r
       100.0 * s.bf16_params / s.params);
   EXPECT_NEAR(s.measured, s.expected, rel * s.expected) << what;
   EXPECT_NEAR(s.planned, s.expected, rel * s.expected) << what;
+}
+
+// The model both measure: two layers (one dense FFN width, four experts top-2), SwiGLU, no biases, untied.
+inline std::vector<std::string> state_bytes_model() {
+  return std::vector<std::string>{"--num-layers",
+                                  "2",
+                                  "--hidden-size",
+                                  "128",
+                                  "--ffn-hidden-size",
+                                  "256",
+                                  "--num-attention-heads",
+                                  "4",
+                                  "--swiglu",
+                                  "--disable-bias-linear",
+                                  "--num-experts",
+                                  "4",
+                                  "--moe-router-topk",
+                                  "2",
+                                  "--moe-ffn-hidden-size",
+                                  "256",
+                                  "--untie-embeddings-and-output-weights"} +
+         rmsnorm_rope_flags() + mock_run_flags(32, 2, 4, 128, 3, "1e-3");
 }
 
 }  // namespace moecore::testing

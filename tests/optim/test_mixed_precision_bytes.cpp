@@ -12,35 +12,15 @@ namespace {
 
 using testing::operator+;
 
-std::vector<std::string> bytes_model() {
-  return std::vector<std::string>{"--num-layers",
-                                  "2",
-                                  "--hidden-size",
-                                  "128",
-                                  "--ffn-hidden-size",
-                                  "256",
-                                  "--num-attention-heads",
-                                  "4",
-                                  "--swiglu",
-                                  "--disable-bias-linear",
-                                  "--num-experts",
-                                  "4",
-                                  "--moe-router-topk",
-                                  "2",
-                                  "--moe-ffn-hidden-size",
-                                  "256",
-                                  "--untie-embeddings-and-output-weights"} +
-         testing::rmsnorm_rope_flags() + testing::mock_run_flags(32, 2, 4, 128, 3, "1e-3");
-}
-
 TEST(MixedPrecisionBytes, Bf16IsEighteenBytesPerParameterReplicated) {
-  const testing::StateBytes s = testing::state_bytes(testing::small_config(bytes_model(), {"--bf16"}), nullptr);
+  const testing::StateBytes s =
+      testing::state_bytes(testing::small_config(testing::state_bytes_model(), {"--bf16"}), nullptr);
   testing::expect_layout(s, "bf16, one rank", 0.02);
   EXPECT_NEAR(s.measured / s.params, 18.0, 0.25);  // the f32-kept norms, router and embedding take 16
 }
 
 TEST(MixedPrecisionBytes, Fp32IsSixteenBytesPerParameter) {
-  const testing::StateBytes s = testing::state_bytes(testing::small_config(bytes_model()), nullptr);
+  const testing::StateBytes s = testing::state_bytes(testing::small_config(testing::state_bytes_model()), nullptr);
   std::printf("fp32, one rank: %.3f bytes per parameter measured, %.3f planned\n", s.measured / s.params,
               s.planned / s.params);
   EXPECT_EQ(s.bf16_params, 0);

@@ -22,18 +22,7 @@ namespace {
 using testing::operator+;
 using Args = std::vector<std::string>;
 
-const Args kOffloadAll = {"--fine-grained-activation-offloading",
-                          "--offload-modules",
-                          "attn_norm",
-                          "qkv_linear",
-                          "core_attn",
-                          "attn_proj",
-                          "mlp_norm",
-                          "expert_fc1",
-                          "moe_act",
-                          "--min-offloaded-tensor-size",
-                          "0",
-                          "--testing-offload-on-cpu"};
+const Args kOffloadAll = testing::offload_all_modules_flags() + Args{"--testing-offload-on-cpu"};
 
 Args offload_run() {
   return testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 3, "1e-2");
