@@ -5,9 +5,11 @@
 // (each layer's backward starts the copy back of the next one's). Only where tensors live changes, never a bit.
 // Modules and their stash tensors (as Megatron: each module's tensors saved for its backward):
 //   attn_norm   the input norm's input (the layer's input) and statistics
-//   qkv_linear  the q/k/v projections' input (MLA: the down and up projections' inputs and latent norms)
-//   core_attn   the attention kernel's q, k, v, output and softmax statistics
-//   attn_proj   the output projection's input (needs core_attn: the same tensor in f32)
+//   qkv_linear  the q/k/v projections' input and the qk-norms' (MLA: the down and up projections' inputs, the
+//               latent norms', the rope key under mla_up_proj recompute)
+//   core_attn   the attention kernel's q, k, v, output and softmax statistics (the output only as attention keeps
+//               it: in f32 the output projection's input too; under --bf16, and in MLA, not kept apart from it)
+//   attn_proj   the output projection's input: the attention's output o (needs core_attn)
 //   mlp_norm    the pre-MLP norm's input (the residual sum) and statistics
 //   expert_fc1  the routed experts' fc1 input;  moe_act  fc1's output, the activation and the routing probabilities
 //   fused_group_mlp  the routed experts' whole stash

@@ -25,12 +25,15 @@ void offload_slots(nn::TransformerLayer::Stash& st, std::vector<Tensor*>& s, std
   add(s, m, M::QkvLinear,
       {&a.q.x, &a.k.x, &a.v.x, &a.q_norm.x, &a.q_norm.mean, &a.q_norm.rstd, &a.k_norm.x, &a.k_norm.mean,
        &a.k_norm.rstd});
+  // o_SBND is kept only in f32, where it is proj.x itself (it moves with attn_proj: a tensor another that stays
+  // holds stays); under --bf16 o is kept only as proj.x.
   add(s, m, M::CoreAttn, {&a.q_SBND, &a.k_SBND, &a.v_SBND, &a.o_SBND, &a.lse_BNS});
   add(s, m, M::AttnProj, {&a.proj.x});
   auto& l = st.mla;
   add(s, m, M::QkvLinear,
       {&l.q_down.x, &l.q_up.x, &l.kv_down.x, &l.kv_up.x, &l.q_norm.x, &l.q_norm.mean, &l.q_norm.rstd, &l.kv_norm.x,
        &l.kv_norm.mean, &l.kv_norm.rstd, &l.kpe_SB1R});
+  // MLA keeps no o_SBNA after forward (backward pads o again from proj.x); listed for a stash that holds one.
   add(s, m, M::CoreAttn, {&l.q_SBNA, &l.k_SBNA, &l.v_SBNA, &l.o_SBNA, &l.lse_BNS});
   add(s, m, M::AttnProj, {&l.proj.x});
   add(s, m, M::MlpNorm, {&st.pre_mlp_norm.x, &st.pre_mlp_norm.mean, &st.pre_mlp_norm.rstd});
