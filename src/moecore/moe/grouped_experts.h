@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moecore/kernels/activation.h"
+#include "moecore/moe/expert_fp8.h"
 #include "moecore/nn/parameter.h"
 
 namespace moecore::moe {
@@ -44,8 +45,9 @@ class GroupedExperts {
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
-    std::vector<int64_t> row_begin;  // each expert's first row inside the experts (padded on the CPU)
-    bool padded_io = false;          // the rows came (and go back) in the padded layout
+    std::vector<int64_t> row_begin;   // each expert's first row inside the experts (padded on the CPU)
+    bool padded_io = false;           // the rows came (and go back) in the padded layout
+    std::vector<float> fp8_x_scales;  // FP8: each expert GEMM's input scale (expert_fp8.h)
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
@@ -88,6 +90,7 @@ class GroupedExperts {
   nn::Parameter* b1_ = nullptr;  // [E, F1]
   nn::Parameter* b2_ = nullptr;  // [E, H]
   Tensor w1_bf16_, w2_bf16_;
+  ExpertFp8 fp8_;  // FP8 GEMM sites, where the model runs them
 };
 
 // Reference: the same experts computed row by row with plain loops in f64, one expert at a time, with the biases

@@ -6,10 +6,16 @@
 namespace moecore::nn {
 
 float fp8_forward(Fp8Gemm& g, const Tensor& x_MK, const Tensor& w_NK, Tensor& y_MN, Tensor& wq_NK) {
-  MOE_ASSERT(x_MK.cols() == w_NK.cols() && y_MN.dtype() == DType::F32);
+  MOE_ASSERT(x_MK.cols() == w_NK.cols());
   Fp8Gemm::Quantized x = g.quantize(x_MK, Fp8Operand::Input, /*k_along_rows=*/false);
   wq_NK = g.quantize(w_NK, Fp8Operand::Weight, false).q;
-  kernels::gemm(x.q, false, wq_NK, true, y_MN);
+  if (y_MN.dtype() == DType::F32) {
+    kernels::gemm(x.q, false, wq_NK, true, y_MN);
+  } else {  // a bf16 output: the f32 product rounded as it is stored
+    Tensor y = Tensor::empty(y_MN.shape(), DType::F32, y_MN.device());
+    kernels::gemm(x.q, false, wq_NK, true, y);
+    y_MN.copy_from(y);
+  }
   return x.scale;
 }
 

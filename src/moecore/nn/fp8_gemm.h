@@ -9,7 +9,8 @@
 
 namespace moecore::nn {
 
-// x_MK (f32 or bf16), w_NK f32 -> y_MN (f32, written). wq_NK receives Q(W) for the backward; returns x's scale.
+// x_MK (f32 or bf16), w_NK (f32 or bf16) -> y_MN (f32 or bf16, written). wq_NK receives Q(W) for the backward; returns
+// x's scale.
 float fp8_forward(Fp8Gemm& g, const Tensor& x_MK, const Tensor& w_NK, Tensor& y_MN, Tensor& wq_NK);
 
 // dx_MK = beta·dx_MK + Q(dy)·Q(W) (dx f32, or bf16 with beta 0); dW_NK = grad_beta·dW_NK + Q(dy)ᵀ·Q(x), where x_MK is
