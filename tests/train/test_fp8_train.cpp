@@ -13,6 +13,7 @@
 namespace moecore {
 namespace {
 
+using testing::operator+;
 using Args = std::vector<std::string>;
 
 Args fp8_run(int64_t iters) {

@@ -207,7 +207,7 @@ std::vector<FlagSpec> build_flag_table() {
        {"fp8-format", &C::fp8_format,
         "FP8 GEMMs in the transformer layers' linears and experts (emulated exactly on the CPU): e4m3 everywhere, or "
         "hybrid (e4m3 forward, e5m2 gradients); unset: off",
-        kNoRole, one_of({"e4m3", "hybrid"})},
+        kNoRole, one_of({"", "e4m3", "hybrid"})},
        {"fp8-recipe", &C::fp8_recipe,
         "FP8 scaling: delayed (amax history), tensorwise (current amax), blockwise (1x128 tiles, 128x128 weight "
         "blocks); mxfp8 and custom: refused",
