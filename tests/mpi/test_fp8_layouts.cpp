@@ -1,7 +1,9 @@
-// FP8 training under parallel layouts: the tiny MoE model in FP8 under TP2 with sequence parallelism (per-tensor
-// amaxes reduced over the tensor-parallel group, so a shard is cast with the whole tensor's scale) and EP2 (experts
-// whole on each rank; blockwise scales need no reduction) matches the single-rank FP8 run within FP8's tolerance
-// (a last-bit difference in an f32 sum may move a value across an FP8 rounding boundary), and reruns bitwise.
+// FP8 training under parallel layouts: the tiny MoE model in FP8 under TP2 with sequence parallelism, experts split
+// over ETP2 or whole (per-tensor amaxes reduced over the tensor-parallel and expert-tensor-parallel groups, so a
+// shard is cast with the whole tensor's scale), and EP2 blockwise (per-tile scales need no reduction) matches the
+// single-rank FP8 run within FP8's tolerance (a last-bit difference in an f32 sum may move a value across an FP8
+// rounding boundary), and reruns bitwise. Per-tensor recipes are not EP-invariant, in moecore as in TE: an expert's
+// GEMM under EP holds the tokens of every EP rank's micro-batch, so its amax is taken over more tokens.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -19,8 +21,8 @@ using testing::operator+;
 using Args = std::vector<std::string>;
 
 train::TrainConfig fp8_layout_config(const Args& recipe, const Args& layout) {
-  const Args base = testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 64, 4, "1e-2") +
-                    Args{"--bf16", "--device", "cpu", "--fp8-format", "hybrid"};
+  const Args base = testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 128, 4, "1e-2") +
+                    Args{"--make-vocab-size-divisible-by", "64", "--bf16", "--device", "cpu", "--fp8-format", "hybrid"};
   return testing::small_config(base, recipe + layout);
 }
 

@@ -6,12 +6,12 @@
 namespace moecore::moe {
 
 void ExpertFp8::build(const std::string& fc1_name, const std::string& fc2_name, int64_t num_experts,
-                      int64_t first_expert) {
+                      int64_t first_expert, nn::TPContext etp) {
   const std::string names[2] = {fc1_name, fc2_name};
   for (int p = 0; p < 2; p++) {
     sites_[p].clear();
     for (int64_t e = 0; e < num_experts; e++) {
-      auto site = nn::fp8_gemm_for(fmt::format("{} (expert {})", names[p], first_expert + e), {});
+      auto site = nn::fp8_gemm_for(fmt::format("{} (expert {})", names[p], first_expert + e), etp);
       if (!site) {
         sites_[p].clear();
         break;

@@ -15,8 +15,9 @@ class ExpertFp8 {
  public:
   static constexpr int kFc1 = 0, kFc2 = 1;
   // Sites for experts [0, num_experts) of the parameters named `fc1_name` and `fc2_name`, if the model is built
-  // under an FP8 scope that covers them.
-  void build(const std::string& fc1_name, const std::string& fc2_name, int64_t num_experts, int64_t first_expert);
+  // under an FP8 scope that covers them; per-tensor amaxes are reduced over the expert-tensor-parallel group `etp`.
+  void build(const std::string& fc1_name, const std::string& fc2_name, int64_t num_experts, int64_t first_expert,
+             nn::TPContext etp);
   bool on() const { return !sites_[0].empty(); }
   // y_e = Q(x_e)·Q(W_e)ᵀ; x's scale kept in x_scales[proj·E + e] (the stash's) for the backward.
   void forward(int proj, int64_t e, const Tensor& x, const Tensor& w_e, Tensor& y, std::vector<float>& x_scales);

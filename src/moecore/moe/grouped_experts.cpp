@@ -49,7 +49,7 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
     b2_->set_shard({E, H}, {cfg.first_expert, 0}, {n, H});
     b1_->expert_parallel = b2_->expert_parallel = true;
   }
-  fp8_.build(fc1_->name, fc2_->name, cfg.num_experts, cfg.first_expert);
+  fp8_.build(fc1_->name, fc2_->name, cfg.num_experts, cfg.first_expert, {cfg.etp_group});
   prepare_gemms();
 }
 

@@ -30,6 +30,7 @@ struct ExpertsConfig {
   // Expert tensor parallelism: this rank holds FFN columns [etp_rank·F, (etp_rank + 1)·F) of every local expert
   // (fc1 column-parallel, fc2 row-parallel, outputs partial sums over ETP).
   int64_t etp_size = 1, etp_rank = 0;
+  const comm::ProcessGroup* etp_group = nullptr;  // FP8: per-tensor amaxes are reduced over it
   // --recompute-modules moe_act: a_RF is dropped after forward and recomputed from h_RF1 and probs_R in backward.
   bool recompute_act = false;
   // fc1 and fc2 biases per expert (Megatron's --add-bias-linear; ETP 1 only, as in Megatron), initialised to zero.
