@@ -50,6 +50,7 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
     b2_->set_shard({E, H}, {cfg.first_expert, 0}, {n, H});
     b1_->expert_parallel = b2_->expert_parallel = true;
   }
+  fp8_.build(fc1_->name, fc2_->name, cfg.num_experts, cfg.first_expert, {cfg.etp_group});
   prepare_gemms();
 }
 
@@ -281,6 +282,8 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   st.h_RF1 = padded_empty(counts, F1, h_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor h = st.h_RF1.slice(r0, n);
+    if (fp8_.on())
+      return fp8_.forward(ExpertFp8::kFc1, e, st.x_RH.slice(r0, n), expert_weight(*w1, e), h, st.fp8_x_scales);
     rows_gemm(st.x_RH.slice(r0, n), *fc1_, expert_weight(*w1, e), e, true, cfg_.bf16, h);
   });
   fc1_bias_forward(st, st.h_RF1);
@@ -297,6 +300,8 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   Tensor y = padded_empty(counts, H, rows_out_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor yr = y.slice(r0, n);
+    if (fp8_.on())
+      return fp8_.forward(ExpertFp8::kFc2, e, st.a_RF.slice(r0, n), expert_weight(*w2, e), yr, st.fp8_x_scales);
     rows_gemm(st.a_RF.slice(r0, n), *fc2_, expert_weight(*w2, e), e, true, cfg_.bf16, yr);
   });
   // Under bf16 fc2's rows are bf16 and b2·p is added to them in f32 and rounded again, as Megatron's _apply_bias
@@ -327,6 +332,10 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   const float beta2 = take_expert_grad_beta(*fc2_, counts), beta1 = take_expert_grad_beta(*fc1_, counts);
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dar = da.slice(r0, n);
+    if (fp8_.on()) {
+      Tensor dw = expert_weight(fc2_->grad, e);
+      return fp8_.backward(ExpertFp8::kFc2, e, dy.slice(r0, n), st.a_RF.slice(r0, n), st.fp8_x_scales, dar, dw, beta2);
+    }
     rows_gemm(dy.slice(r0, n), *fc2_, expert_weight(w2, e), e, false, cfg_.bf16, dar);
     Tensor dw2 = expert_weight(fc2_->grad, e);
     wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2, beta2);
@@ -339,6 +348,10 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   Tensor dx = padded_empty(counts, H, rows_out_dtype());
   for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
     Tensor dxr = dx.slice(r0, n);
+    if (fp8_.on()) {
+      Tensor dw = expert_weight(fc1_->grad, e);
+      return fp8_.backward(ExpertFp8::kFc1, e, dhc.slice(r0, n), st.x_RH.slice(r0, n), st.fp8_x_scales, dxr, dw, beta1);
+    }
     rows_gemm(dhc.slice(r0, n), *fc1_, expert_weight(w1, e), e, false, cfg_.bf16, dxr);
     Tensor dw1 = expert_weight(fc1_->grad, e);
     wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1, beta1);

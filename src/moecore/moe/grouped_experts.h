@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moecore/kernels/activation.h"
+#include "moecore/moe/expert_fp8.h"
 #include "moecore/nn/parameter.h"
 
 namespace moecore::moe {
@@ -29,6 +30,7 @@ struct ExpertsConfig {
   // Expert tensor parallelism: this rank holds FFN columns [etp_rank·F, (etp_rank + 1)·F) of every local expert
   // (fc1 column-parallel, fc2 row-parallel, outputs partial sums over ETP).
   int64_t etp_size = 1, etp_rank = 0;
+  const comm::ProcessGroup* etp_group = nullptr;  // FP8: per-tensor amaxes are reduced over it
   // --recompute-modules moe_act: a_RF is dropped after forward and recomputed from h_RF1 and probs_R in backward.
   bool recompute_act = false;
   // fc1 and fc2 biases per expert (Megatron's --add-bias-linear; ETP 1 only, as in Megatron), initialised to zero.
@@ -44,8 +46,9 @@ class GroupedExperts {
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
-    std::vector<int64_t> row_begin;  // each expert's first row inside the experts (padded on the CPU)
-    bool padded_io = false;          // the rows came (and go back) in the padded layout
+    std::vector<int64_t> row_begin;   // each expert's first row inside the experts (padded on the CPU)
+    bool padded_io = false;           // the rows came (and go back) in the padded layout
+    std::vector<float> fp8_x_scales;  // FP8: each expert GEMM's input scale (expert_fp8.h)
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
@@ -88,6 +91,7 @@ class GroupedExperts {
   nn::Parameter* b1_ = nullptr;  // [E, F1]
   nn::Parameter* b2_ = nullptr;  // [E, H]
   Tensor w1_bf16_, w2_bf16_;
+  ExpertFp8 fp8_;  // FP8 GEMM sites, where the model runs them
 };
 
 // Reference: the same experts computed row by row with plain loops in f64, one expert at a time, with the biases

@@ -38,6 +38,7 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
   e.num_global_experts = c.router.num_experts;
   e.etp_size = etp;
   e.etp_rank = c.etp_group ? c.etp_group->rank() : 0;
+  e.etp_group = c.etp_group;
   return e;
 }
 RouterConfig router_config(const MoELayerConfig& c) {

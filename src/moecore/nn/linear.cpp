@@ -4,6 +4,7 @@
 #include "moecore/core/allocator.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/nn/fp8_gemm.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
@@ -40,6 +41,7 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
   weight_->tensor_parallel = split != TPSplit::None;
   if (bias_) bias_->tensor_parallel = weight_->tensor_parallel;
   MOE_ASSERT_MSG(!bf16_ || reg.dtype() == DType::F32, "bf16 GEMMs need f32 master weights");
+  fp8_ = fp8_gemm_for(weight_->name, cfg.tp);
 }
 
 Linear::Linear(Parameter& weight, bool bf16)
@@ -51,6 +53,13 @@ Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
   const Tensor x2 = x.reshape({x.rows(), in_});
   const Tensor& w = weight_->value;
   const bool y16 = out == DType::BF16;
+  if (fp8_) {  // operands cast as TE casts them: from bf16 under --bf16
+    st.x = bf16_ ? x2.as_dtype(DType::BF16) : x2;
+    Tensor y = Tensor::empty({x2.rows(), out_}, DType::F32, x2.device());
+    st.fp8_x_scale = fp8_forward(*fp8_, st.x, bf16_ ? bf16_weights(*weight_) : w, y, w_fp8_);
+    if (bias_) kernels::add_row_bias_(y, bias_->value);
+    return y16 ? y.to(DType::BF16) : y;
+  }
   MOE_ASSERT_MSG(!y16 || (bf16_ && !bias_ && x2.device().is_cpu()), "{}: a bf16 output needs bf16 GEMMs, no bias, CPU",
                  weight_->name);
   Tensor y = Tensor::empty({x2.rows(), out_}, y16 ? DType::BF16 : weight_->math_dtype(), x2.device());
@@ -92,7 +101,10 @@ void Linear::backward_into(const Tensor& dy, Stash& st, Tensor& dx, float beta) 
   MOE_ASSERT_MSG(bf16_ || dy.dtype() != DType::BF16, "{}: a bf16 gradient to an f32 GEMM", weight_->name);
   const Tensor dy2 = dy.reshape({dy.rows(), out_});
   const float grad_beta = weight_->take_grad_beta();  // 0: the step's first write of a stale gradient
-  if (bf16_) {
+  if (fp8_) {
+    fp8_backward(*fp8_, bf16_ ? dy2.as_dtype(DType::BF16) : dy2, st.x, st.fp8_x_scale, w_fp8_, dx, beta, weight_->grad,
+                 grad_beta);
+  } else if (bf16_) {
     const Tensor dyb = dy2.as_dtype(DType::BF16);
     kernels::gemm(dyb, false, w_bf16_, false, dx, 1.0f, beta);
     kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, grad_beta);

@@ -3,12 +3,15 @@
 // stay f32. A Linear can also wrap a parameter owned elsewhere (the tied output layer uses the embedding).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "moecore/nn/parameter.h"
 #include "moecore/nn/tensor_parallel.h"
 
 namespace moecore::nn {
+
+class Fp8Gemm;  // fp8_recipe.h
 
 // Tensor-parallel split of the weight (sizes in LinearConfig stay global): Column keeps rows
 // [r·out/TP, (r+1)·out/TP) — for a gated FFN's fc1 the same share of the gate and of the linear half — and Row
@@ -29,7 +32,8 @@ struct LinearConfig {
 class Linear {
  public:
   struct Stash {
-    Tensor x;  // input as fed to the GEMM ([rows, in]; bf16 when bf16 is on)
+    Tensor x;               // input as fed to the GEMM ([rows, in]; bf16 when bf16 is on)
+    float fp8_x_scale = 0;  // FP8 GEMMs: the scale x was cast with (fp8_gemm.h)
   };
 
   Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& cfg);
@@ -43,7 +47,7 @@ class Linear {
   Tensor forward(const Tensor& x, Stash& st, DType out = DType::F32);
   // bf16 where forward can write it for inputs on `dev` (bf16 on, no bias, CPU), else f32.
   DType bf16_output_where_possible(const Device& dev) const {
-    return bf16_ && bias_ == nullptr && dev.is_cpu() ? DType::BF16 : DType::F32;
+    return bf16_ && bias_ == nullptr && dev.is_cpu() && !fp8_ ? DType::BF16 : DType::F32;
   }
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;
@@ -64,6 +68,10 @@ class Linear {
   int64_t in_ = 0, out_ = 0;
   bool bf16_ = false;
   Tensor w_bf16_;  // bf16 copy of the weight, refreshed every forward
+  // FP8 GEMMs (the model was built under an Fp8ModelScope and this is one of its sites): the site and the weight as
+  // cast by forward, which the data gradient reuses.
+  std::shared_ptr<Fp8Gemm> fp8_;
+  Tensor w_fp8_;
   // dx = beta·dx + dy·W; dW, db accumulated.
   void backward_into(const Tensor& dy, Stash& st, Tensor& dx, float beta);
 };

@@ -105,6 +105,8 @@ std::unique_ptr<nn::GPTModel> build_model(const TrainConfig& c, int64_t padded_v
   if (c.pipeline_model_parallel_size > 1)  // this pipeline rank's chunks (global layer indices)
     for (const StageLayers& s : pipeline_stage_layers(c, g.pp_rank))
       gc.chunks.push_back({s.first_layer, s.num_layers, s.embedding, s.loss});
+  // The FP8 sites are chosen while the model is built (nn/fp8_recipe.h).
+  const nn::Fp8ModelScope fp8_scope(fp8_config(c));
   auto model = std::make_unique<nn::GPTModel>(gc, reg, ffn);
   reg.initialize(static_cast<uint64_t>(c.seed));
   return model;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moecore/moe/moe_layer.h"
+#include "moecore/nn/fp8_recipe.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/optim/lr_schedule.h"
 
@@ -99,6 +100,11 @@ struct TrainConfig {
   double decoupled_lr = -1, decoupled_min_lr = -1;  // -1: none (Megatron's None)
   int64_t seed = 1234;
   bool bf16 = false;
+  // FP8 GEMMs (nn/fp8_recipe.h, Megatron's defaults): fp8_format "" is off (Megatron's None).
+  std::string fp8_format, fp8_recipe = "delayed", fp8_amax_compute_algo = "most_recent";
+  int64_t fp8_margin = 0, fp8_amax_history_len = 1;
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1, num_layers_at_end_in_bf16 = 1;
   // activation recompute (nn/recompute.h); "" and 0 stand for Megatron's None
   std::string recompute_granularity, recompute_method;
   int64_t recompute_num_layers = 0;
@@ -333,6 +339,7 @@ void apply_config_json(TrainConfig& c, const nlohmann::json& j, const std::strin
 
 nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab);
 moe::MoELayerConfig moe_layer_config(const TrainConfig& c);
+nn::Fp8Config fp8_config(const TrainConfig& c);  // config_fp8.cpp
 optim::LRSchedule lr_schedule(const TrainConfig& c);
 // Vocabulary padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
 int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab);

@@ -124,6 +124,8 @@ void resolve(TrainConfig& c) {
     note_no_effect(c,
                    "--offload-modules, --min-offloaded-tensor-size, --fine-grained-offloading-max-inflight-offloads: "
                    "read only with --fine-grained-activation-offloading (as in Megatron)");
+  // The FP8 recipe flags without --fp8-format (Megatron reads them only with it).
+  if (const std::string line = fp8_no_effect(c); !line.empty()) note_no_effect(c, line);
   // --moe-layer-freq, once for every user (validated --num-layers: the list has one entry per layer).
   c.is_moe_layer.assign(static_cast<size_t>(c.num_layers), false);
   if (c.num_experts > 0) c.is_moe_layer = moe::parse_moe_layer_freq(c.moe_layer_freq, c.num_layers);

@@ -13,6 +13,10 @@ namespace moecore::train {
 void validate_model(const TrainConfig& c);
 // Fine-grained activation offloading: Megatron's rules for --offload-modules (config_validate_offload.cpp).
 void validate_offload(const TrainConfig& c);
+// FP8: Megatron's rules for --fp8-format, --fp8-recipe and the layers kept in bf16 (config_fp8.cpp).
+void validate_fp8(const TrainConfig& c);
+// The no-effect line for FP8 recipe flags given without --fp8-format, or "".
+std::string fp8_no_effect(const TrainConfig& c);
 // The training device, context and pipeline parallelism, tensor and sequence parallelism, the expert mesh
 // (config_validate_parallel.cpp).
 void validate_parallel(const TrainConfig& c);

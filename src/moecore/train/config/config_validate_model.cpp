@@ -117,6 +117,7 @@ void validate_model(const TrainConfig& c) {
   padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
   validate_recompute(c);
   validate_offload(c);
+  validate_fp8(c);
 }
 
 }  // namespace moecore::train

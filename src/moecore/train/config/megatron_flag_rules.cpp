@@ -47,12 +47,19 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(
       unsupported("this multi-token prediction variant", "use --mtp-num-layers alone (separate, trained depths)"),
       {"mtp-detach-heads", "mtp-hsm", "mtp-hybrid-override-pattern", "mtp-standalone", "mtp-use-repeated-layer"}));
-  r.push_back(refused(
-      unsupported("fp8/fp4 training", "use --bf16"),
-      {"disable-fp8-wgrad", "no-fp8-wgrad", "keep-fp8-transpose-cache", "reuse-grad-buf-for-mxfp8-param-ag",
-       "moe-router-padding-for-fp8", "moe-router-padding-for-quantization", "first-last-layers-bf16",
-       "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "te-precision-config-file", "use-kitchen-attention"},
-      {"fp8-", "fp4-", "kitchen-"}));
+  r.push_back(
+      refused(unsupported("this FP8 option", "use --fp8-format with --fp8-recipe delayed, tensorwise or blockwise"),
+              {"disable-fp8-wgrad", "no-fp8-wgrad", "keep-fp8-transpose-cache", "reuse-grad-buf-for-mxfp8-param-ag",
+               "moe-router-padding-for-fp8", "moe-router-padding-for-quantization", "te-precision-config-file",
+               "use-kitchen-attention", "fp8-output-proj", "fp8-quantizer-factory"},
+              {"kitchen-"}));
+  r.push_back(refused(unsupported("FP8 primary weights (--fp8-param-gather: weights kept and all-gathered in FP8)",
+                                  "drop it: master weights stay fp32 and each FP8 GEMM casts its weight"),
+                      {"fp8-param-gather"}));
+  r.push_back(no_effect("deprecated in Megatron, which ignores it (delayed scaling updates after every cast)",
+                        {"fp8-interval"}));
+  r.push_back(refused("FP4 training (NVFP4) is Blackwell-only; this build targets Hopper and CPUs: use --fp8-format",
+                      {}, {"fp4-"}));
   r.push_back(refused(unsupported("fp16 training with loss scaling", "use --bf16 (fp32 master weights, no loss scale)"),
                       {"fp16", "fp16-lm-cross-entropy", "loss-scale", "initial-loss-scale", "min-loss-scale",
                        "loss-scale-window", "hysteresis"}));
