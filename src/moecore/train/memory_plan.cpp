@@ -19,6 +19,7 @@
 #include "moecore/train/config/device_support.h"
 #include "moecore/train/observe/metrics.h"
 #include "moecore/train/parallel_groups.h"
+#include "moecore/train/pipeline/pipeline_schedule.h"
 #include "moecore/train/pipeline/pipeline_stages.h"
 
 namespace moecore::train {
@@ -113,6 +114,35 @@ double packed_expert_bytes(const TrainConfig& c, const PlanLayout& l, double exp
                           kernels::packed_weight_bytes(F, H, true, m) + kernels::packed_weight_bytes(H, F, false, m));
   const int64_t biases = c.disable_bias_linear ? 0 : F1 + H;  // per expert, not packed
   return expert_params / static_cast<double>(F1 * H + H * F + biases) * per_expert;
+}
+
+// The pipeline messages alive at once on stage `pp_rank` (train/pipeline/pipeline_p2p.cpp, pipeline_schedule.cpp),
+// walked pass by pass in the schedule's order: the receive the schedule posts one pass ahead (only the next pass's);
+// during a backward of a chunk that sends its output, the output gradient it received (a forward's received input is
+// its first layer's stashed input, counted in the stash); and the buffers of the sends made so far, each alive until
+// it completes and a later send or the step's end frees it, at most one per micro-batch in flight. The last stage of
+// a two-micro-batch step thus holds one message at a time: the next input's receive, or the previous backward's send.
+double p2p_messages(const TrainConfig& c, const PlanLayout& l, int64_t pp_rank, double in_flight) {
+  const int64_t P = std::max<int64_t>(l.pp, 1), r = std::clamp<int64_t>(pp_rank, 0, P - 1);
+  const int64_t v = static_cast<int64_t>(pipeline_stage_layers(c, r).size());
+  auto receives_input = [&](int64_t ch) { return !(r == 0 && ch == 0); };
+  auto sends_output = [&](int64_t ch) { return !(r == P - 1 && ch == v - 1); };
+  const std::vector<PipelinePass> order =
+      pipeline_order(std::max<int64_t>(l.num_microbatches, 1), P, r, v, c.microbatch_group_size_per_vp_stage, false);
+  const double sends_cap = std::ceil(in_flight);
+  double most = 0, sent = 0;
+  for (size_t k = 0; k < order.size(); k++) {
+    const PipelinePass& p = order[k];
+    double live = std::min(sent, sends_cap);
+    if (k + 1 < order.size()) {
+      const PipelinePass& next = order[k + 1];
+      if (next.forward ? receives_input(next.chunk) : sends_output(next.chunk)) live += 1;
+    }
+    if (!p.forward && sends_output(p.chunk)) live += 1;
+    most = std::max(most, live);
+    if (p.forward ? sends_output(p.chunk) : receives_input(p.chunk)) sent += 1;
+  }
+  return most;
 }
 }  // namespace
 
@@ -243,12 +273,11 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   m.working = a.working;
   apply_activation_offload(c, padded_vocab, l, m);
   m.buffers = dispatch_buffers(c, l);
-  // Pipeline P2P (train/pipeline_p2p.cpp): a send's buffer lives until the send completes (at most one per
-  // micro-batch in flight) and each direction has one receive posted ahead.
+  // Pipeline P2P: the most messages of [S/TP, B, H] f32 alive at once on this stage.
   if (l.pp > 1) {
     const double act = static_cast<double>(nn::tensor_bytes(
         c.seq_length / std::max<int64_t>(l.cp, 1) / l.tp * c.micro_batch_size * c.hidden_size, DType::F32));
-    m.comm += (std::ceil(a.in_flight) + 2) * act;
+    m.comm += p2p_messages(c, l, pp_rank, a.in_flight) * act;
   }
   return m;
 }
