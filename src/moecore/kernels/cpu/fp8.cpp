@@ -3,6 +3,7 @@
 // exactly and rounds ties to even.
 #include "moecore/kernels/fp8.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -67,6 +68,11 @@ double fp8_amax(const Tensor& x) {
   return nan ? std::nan("") : amax;
 }
 
+// fp8 · inv in f32, saturated to ±FLT_MAX: near FLT_MAX a value rounded up to the next FP8 step would overflow.
+static float fp8_dequantized(float fp8, float inv) {
+  return std::clamp(fp8 * inv, -FLT_MAX, FLT_MAX);
+}
+
 float fp8_scale_from_amax(double amax, Fp8Format f, bool pow2) {
   MOE_ASSERT_MSG(std::isfinite(amax) && amax >= 0, "fp8 scale of a non-finite amax {}", amax);
   if (amax == 0) return 1.0f;
@@ -88,7 +94,7 @@ void fp8_quantize_tensorwise(const Tensor& x, Fp8Format f, float scale, Tensor& 
   float* q = y.data<float>();
   const int64_t n = xf.numel();
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; i++) q[i] = fp8_round(p[i] * scale, f) * inv;
+  for (int64_t i = 0; i < n; i++) q[i] = fp8_dequantized(fp8_round(p[i] * scale, f), inv);
 }
 
 void fp8_quantize_blockwise(const Tensor& x, Fp8Format f, int64_t block_rows, int64_t block_cols, bool pow2,
@@ -108,7 +114,7 @@ void fp8_quantize_blockwise(const Tensor& x, Fp8Format f, int64_t block_rows, in
       for (int64_t c = c0; c < c1; c++) amax = std::max(amax, static_cast<double>(std::fabs(p[r * C + c])));
     const float scale = fp8_scale_from_amax(amax, f, pow2), inv = 1.0f / scale;
     for (int64_t r = r0; r < r1; r++)
-      for (int64_t c = c0; c < c1; c++) q[r * C + c] = fp8_round(p[r * C + c] * scale, f) * inv;
+      for (int64_t c = c0; c < c1; c++) q[r * C + c] = fp8_dequantized(fp8_round(p[r * C + c] * scale, f), inv);
   }
 }
 

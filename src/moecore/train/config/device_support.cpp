@@ -19,8 +19,7 @@ std::string gpu_training_gap(const TrainConfig& c) {
   // FP8 GEMMs are emulated on the CPU only (kernels/fp8.h); refused before any work.
   if (!c.fp8_format.empty())
     return "--fp8-format " + c.fp8_format +
-           ": FP8 on the GPU is not implemented yet (FP8 runs on the CPU emulate "
-           "the recipes exactly)";
+           ": FP8 training is CPU-only in moecore (the CPU emulates the recipes exactly); the GPU refuses it";
   return "";
 }
 
