@@ -60,8 +60,15 @@ void selectors(std::vector<FlagRule>& r) {
       no_effect("moecore is always deterministic (fixed reduction orders, counter-based RNG)", {"deterministic-mode"}));
   r.push_back(
       no_effect("selects Megatron's GPU random-number tracker; moecore's RNG is counter-based", {"te-rng-tracker"}));
-  r.push_back(no_effect("CUDA graphs: moecore runs on the CPU engine",
-                        {"enable-cuda-graph", "external-cuda-graph", "optimizer-cuda-graph"}, {"cuda-graph-"}));
+  // CUDA graphs: moecore launches the GPU step eagerly (dropless MoE's shapes change every step); capture is refused
+  // by name, and the flags that only tune a capture act on nothing without one, as in Megatron.
+  r.push_back(refused(unsupported("CUDA graph capture", "drop the flag: the GPU step is launched eagerly"),
+                      {"enable-cuda-graph", "external-cuda-graph", "optimizer-cuda-graph"}));
+  r.push_back(no_effect_for({"cuda-graph-impl"}, {"none"}, "the default: no CUDA graph capture",
+                            unsupported("CUDA graph capture", "use --cuda-graph-impl none (the default)")));
+  r.push_back(no_effect("tunes a CUDA graph capture, which acts only with --cuda-graph-impl other than none (refused "
+                        "by moecore)",
+                        {"cuda-graph-modules", "cuda-graph-scope", "cuda-graph-warmup-steps"}));
   r.push_back(no_effect("GPU memory and stream management: moecore plans its own memory on the CPU engine",
                         {"empty-unused-memory-level", "init-model-with-meta-device", "use-cpu-initialization",
                          "high-priority-a2a-comm-stream", "high-priority-stream-groups", "use-nccl-ub",
