@@ -66,9 +66,10 @@ void selectors(std::vector<FlagRule>& r) {
                       {"enable-cuda-graph", "external-cuda-graph", "optimizer-cuda-graph"}));
   r.push_back(no_effect_for({"cuda-graph-impl"}, {"none"}, "the default: no CUDA graph capture",
                             unsupported("CUDA graph capture", "use --cuda-graph-impl none (the default)")));
-  r.push_back(no_effect("tunes a CUDA graph capture, which acts only with --cuda-graph-impl other than none (refused "
-                        "by moecore)",
-                        {"cuda-graph-modules", "cuda-graph-scope", "cuda-graph-warmup-steps"}));
+  r.push_back(
+      no_effect("tunes a CUDA graph capture, which acts only with --cuda-graph-impl other than none (refused "
+                "by moecore)",
+                {"cuda-graph-modules", "cuda-graph-scope", "cuda-graph-warmup-steps"}));
   r.push_back(no_effect("GPU memory and stream management: moecore plans its own memory on the CPU engine",
                         {"empty-unused-memory-level", "init-model-with-meta-device", "use-cpu-initialization",
                          "high-priority-a2a-comm-stream", "high-priority-stream-groups", "use-nccl-ub",
