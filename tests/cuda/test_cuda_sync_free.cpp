@@ -134,8 +134,8 @@ TEST(CudaSyncFree, ANonFiniteNormSkipsTheUpdateOnTheDevice) {
 
 std::vector<std::string> sync_run_args(const std::vector<std::string>& extra) {
   return testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 4, 64, 10, "1e-2") +
-         std::vector<std::string>{"--clip-grad", "1.0", "--log-interval", "1000", "--eval-iters", "0",
-                                  "--device", "cuda"} +
+         std::vector<std::string>{"--clip-grad",  "1.0", "--log-interval", "1000",
+                                  "--eval-iters", "0",   "--device",       "cuda"} +
          extra;
 }
 

@@ -10,25 +10,55 @@
 namespace {
 using namespace moecore::launch;
 
-// Σ_k w_k·‖a_k‖² of each part, the parts summed: as ChainedOptimizer sums reduce_sum's host doubles.
+// reduce_sum's ‖a‖² (elementwise.cu, kind 0) computed on the host without the emulation's threads: block b's
+// thread t sums a[b·256 + t + j·256·256] in order, each block's 256 sums by the block tree, the 256 block sums by the
+// tree again. Tied to the kernel itself by reduce_sum_matches_host below.
+double tree256(std::vector<double> v) {
+  for (int s = 128; s > 0; s >>= 1)
+    for (int t = 0; t < s; t++) v[t] += v[t + s];
+  return v[0];
+}
+double host_sum_squares(const std::vector<float>& a) {
+  const int64_t n = static_cast<int64_t>(a.size()), stride = int64_t{kSquaresBlocks} * kThreads;
+  std::vector<double> blocks(kSquaresBlocks);
+  for (int b = 0; b < kSquaresBlocks; b++) {
+    std::vector<double> th(kThreads, 0.0);
+    for (int t = 0; t < kThreads; t++)
+      for (int64_t i = int64_t{b} * kThreads + t; i < n; i += stride) {
+        const double x = a[i];
+        th[t] += x * x;
+      }
+    blocks[b] = tree256(th);
+  }
+  return tree256(blocks);
+}
+bool reduce_sum_matches_host() {
+  bool ok = true;
+  for (int64_t n : {5L, 70001L}) {
+    const auto a = emu::rnd(static_cast<size_t>(n), 77 + n, -3, 3);
+    double got = -1;
+    reduce_sum(0, a.data(), nullptr, n, &got, nullptr);
+    const double want = host_sum_squares(a);
+    ok &= std::memcmp(&got, &want, 8) == 0;
+  }
+  return ok;
+}
+
+// Σ_k w_k·‖a_k‖² of each part, the parts summed: as ChainedOptimizer summed reduce_sum's host doubles.
 double host_squares(const std::vector<std::vector<std::vector<float>>>& parts,
                     const std::vector<std::vector<double>>& w) {
   double total = 0;
   for (size_t q = 0; q < parts.size(); q++) {
     double part = 0;
-    for (size_t k = 0; k < parts[q].size(); k++) {
-      double ss = -1;
-      reduce_sum(0, parts[q][k].data(), nullptr, static_cast<int64_t>(parts[q][k].size()), &ss, nullptr);
-      part += w[q][k] * ss;
-    }
+    for (size_t k = 0; k < parts[q].size(); k++) part += w[q][k] * host_sum_squares(parts[q][k]);
     total += part;
   }
   return total;
 }
 
 // The device's Σ: every part in batches of at most kMultiTensors, as kernels/cuda's grad-norm launcher does.
-void device_squares(const std::vector<std::vector<std::vector<float>>>& parts, const std::vector<std::vector<double>>& w,
-                    double* clip) {
+void device_squares(const std::vector<std::vector<std::vector<float>>>& parts,
+                    const std::vector<std::vector<double>>& w, double* clip) {
   std::vector<double> partials(kMultiTensors * kSquaresBlocks);
   squares_reset(clip, nullptr);
   for (size_t q = 0; q < parts.size(); q++) {
@@ -56,7 +86,7 @@ bool grad_norm_case() {
   std::vector<std::vector<std::vector<float>>> parts(2);
   std::vector<std::vector<double>> w(2);
   const int64_t sizes[] = {1, 7, 1000, 65537, 300000, 256, 4096};
-  for (int k = 0; k < 40; k++) {  // the dense part: more tensors than one launch
+  for (int k = 0; k < 34; k++) {  // the dense part: more tensors than one launch
     parts[0].push_back(emu::rnd(static_cast<size_t>(sizes[k % 7] + k), 100 + k, -2, 2));
     w[0].push_back(k % 3 == 0 ? 0.5 : 1.0);
   }
@@ -67,22 +97,22 @@ bool grad_norm_case() {
   double clip[kClipSlots] = {};
   device_squares(parts, w, clip);
   const double want = host_squares(parts, w);
-  bool ok = same_double(clip[kClipTotal], want);
+  bool ok = reduce_sum_matches_host() && same_double(clip[kClipTotal], want);
   // Clip on, the norm above it: the scale is the host's coefficient.
   double norm_out = -1;
-  clip_finish(clip, false, 0, 1.0, true, 5, &norm_out, nullptr);
+  clip_finish(clip, false, 0, 1.0, true, 5, &norm_out, nullptr, nullptr);
   const double norm = std::sqrt(want), coeff = 1.0 / (norm + 1e-6);
   ok &= coeff < 1.0 && same_double(clip[kClipNorm], norm) && same_double(norm_out, norm) &&
         same_double(clip[kClipScale], coeff) && clip[kClipSkip] == 0.0;
   // Clip on, the norm below it; clip off: scale 1.
-  clip_finish(clip, false, 0, 1e9, true, 6, nullptr, nullptr);
+  clip_finish(clip, false, 0, 1e9, true, 6, nullptr, nullptr, nullptr);
   ok &= clip[kClipScale] == 1.0;
-  clip_finish(clip, false, 0, 0.0, true, 7, nullptr, nullptr);
+  clip_finish(clip, false, 0, 0.0, true, 7, nullptr, nullptr, nullptr);
   ok &= clip[kClipScale] == 1.0 && same_double(clip[kClipNorm], norm);
   // The sum over ranks given by the host.
-  clip_finish(clip, true, 16.0, 1.0, true, 8, nullptr, nullptr);
+  clip_finish(clip, true, 16.0, 1.0, true, 8, nullptr, nullptr, nullptr);
   ok &= clip[kClipNorm] == 4.0 && same_double(clip[kClipScale], 1.0 / (4.0 + 1e-6));
-  std::printf("multi-tensor grad norm (43 tensors, 2 parts) and clip: %s (norm %.17g)\n", ok ? "bitwise ok" : "FAIL",
+  std::printf("multi-tensor grad norm (37 tensors, 2 parts) and clip: %s (norm %.17g)\n", ok ? "bitwise ok" : "FAIL",
               clip[kClipNorm]);
   return ok;
 }
@@ -97,18 +127,18 @@ bool nonfinite_case() {
     double clip[kClipSlots] = {};
     device_squares(parts, w, clip);
     double norm_out = 0;
-    clip_finish(clip, false, 0, 1.0, true, 11, &norm_out, nullptr);
+    clip_finish(clip, false, 0, 1.0, true, 11, &norm_out, nullptr, nullptr);
     ok &= !std::isfinite(clip[kClipNorm]) && !std::isfinite(norm_out) && clip[kClipSkip] == 1.0 &&
           clip[kClipFirstBad] == 11.0;
     // The host's scale for a non-finite norm: clip / NaN (or inf) is not below 1, so 1.
     ok &= clip[kClipScale] == (1.0 / (clip[kClipNorm] + 1e-6) < 1.0 ? 1.0 / (clip[kClipNorm] + 1e-6) : 1.0);
     // Sticky: a later finite step keeps the flag and the first bad iteration.
-    clip_finish(clip, true, 4.0, 1.0, true, 12, nullptr, nullptr);
+    clip_finish(clip, true, 4.0, 1.0, true, 12, nullptr, nullptr, nullptr);
     ok &= clip[kClipSkip] == 1.0 && clip[kClipFirstBad] == 11.0 && clip[kClipNorm] == 2.0;
     // The check off (--no-check-for-nan-in-loss-and-grad): never skips.
     double off[kClipSlots] = {};
     device_squares(parts, w, off);
-    clip_finish(off, false, 0, 1.0, false, 11, nullptr, nullptr);
+    clip_finish(off, false, 0, 1.0, false, 11, nullptr, nullptr, nullptr);
     ok &= off[kClipSkip] == 0.0 && off[kClipScale] == 1.0;
   }
   std::printf("multi-tensor non-finite check (NaN, inf; sticky; check off): %s\n", ok ? "ok" : "FAIL");
@@ -194,7 +224,10 @@ bool adamw_multi_case(bool m16, bool v16, bool clipped, bool skipped) {
               : same_bits(o.vf.data(), o.rvf.data(), o.vf.size() * 4);
   }
   std::printf("multi-tensor adamw (37 tensors, m %s, v %s, %s): %s\n", m16 ? "bf16" : "f32", v16 ? "bf16" : "f32",
-              skipped ? "skipped" : clipped ? "clipped" : "scale 1", ok ? "bitwise ok" : "FAIL");
+              skipped   ? "skipped"
+              : clipped ? "clipped"
+                        : "scale 1",
+              ok ? "bitwise ok" : "FAIL");
   return ok;
 }
 
@@ -237,12 +270,43 @@ bool sgd_multi_case(bool skipped) {
   return ok;
 }
 
+// The deferred id check: the first id outside [0, V) of a call, kept across calls (the first call's wins), i32 and
+// i64 ids, none recorded when all are inside; and a recorded one sets the clip state's skip flag.
+bool id_check_case() {
+  bool ok = true;
+  int64_t slots[kIdCheckKinds * kIdCheckSlots] = {};
+  std::vector<int32_t> good(3000);
+  for (size_t i = 0; i < good.size(); i++) good[i] = static_cast<int32_t>(i % 64);
+  record_bad_id(good.data(), false, 3000, 64, slots, 7, nullptr);
+  ok &= slots[0] == 0;
+  std::vector<int64_t> ids(5000, 3);
+  ids[4100] = -1;
+  ids[2345] = 64;  // the first outside
+  ids[4999] = 1000;
+  record_bad_id(ids.data(), true, 5000, 64, slots + kIdCheckSlots, 9, nullptr);
+  ok &= slots[kIdCheckSlots] == 1 && slots[kIdCheckSlots + 1] == 2345 && slots[kIdCheckSlots + 2] == 64 &&
+        slots[kIdCheckSlots + 3] == 64 && slots[kIdCheckSlots + 4] == 9;
+  ids[2345] = 3;
+  ids[10] = -5;  // a later call's bad id does not replace the first
+  record_bad_id(ids.data(), true, 5000, 64, slots + kIdCheckSlots, 10, nullptr);
+  ok &= slots[kIdCheckSlots + 1] == 2345 && slots[kIdCheckSlots + 4] == 9;
+  good[2999] = 64;  // i32 ids, the last position
+  record_bad_id(good.data(), false, 3000, 64, slots, 11, nullptr);
+  ok &= slots[0] == 1 && slots[1] == 2999 && slots[2] == 64 && slots[4] == 11;
+  // The clip state: a finite norm, the check on, but a bad id recorded: the step is skipped.
+  double clip[kClipSlots] = {};
+  clip[kClipTotal] = 4.0;
+  clip_finish(clip, false, 0, 1.0, true, 9, nullptr, slots, nullptr);
+  ok &= clip[kClipSkip] == 1.0 && clip[kClipFirstBad] == 9.0 && clip[kClipNorm] == 2.0;
+  std::printf("deferred id checks (first bad id kept, i32/i64) and their skip: %s\n", ok ? "ok" : "FAIL");
+  return ok;
+}
+
 bool multi_tensor_cases() {
-  bool ok = grad_norm_case() && nonfinite_case();
+  bool ok = grad_norm_case() && nonfinite_case() && id_check_case();
   for (bool skipped : {false, true})
     for (bool clipped : {false, true})
-      for (int moments = 0; moments < 4; moments++)
-        ok &= adamw_multi_case(moments & 1, moments & 2, clipped, skipped);
+      for (int moments = 0; moments < 4; moments++) ok &= adamw_multi_case(moments & 1, moments & 2, clipped, skipped);
   ok &= sgd_multi_case(false) && sgd_multi_case(true);
   return ok;
 }

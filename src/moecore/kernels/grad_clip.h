@@ -20,8 +20,8 @@ namespace moecore::kernels {
 // then a ring of the norms of the steps not yet read.
 struct ClipState {
   static constexpr int64_t kPart = 0, kTotal = 1, kNorm = 2, kScale = 3, kSkip = 4, kFirstBad = 5, kRing = 6;
-  Tensor slots;     // [kRing + ring capacity] f64
-  Tensor partials;  // GPU scratch of the sum of squares
+  Tensor slots;         // [kRing + ring capacity] f64
+  Tensor partials;      // GPU scratch of the sum of squares
   int64_t pending = 0;  // norms in the ring not yet read
   int64_t capacity() const { return slots.numel() - kRing; }
   Device device() const { return slots.device(); }

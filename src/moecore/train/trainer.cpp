@@ -15,6 +15,7 @@
 #include "moecore/core/timer.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/id_checks.h"
 #include "moecore/train/config/device_support.h"
 #include "moecore/train/config/optimizer_config.h"
 #include "moecore/train/generate.h"
@@ -184,6 +185,7 @@ StepResult Trainer::train_step(bool read_norm) {
   MOE_ASSERT(data_[0]);
   maybe_stall(cfg_, groups_->world_rank, progress_.iteration);  // --testing-stall
   StepResult r;
+  kernels::set_id_check_iteration(progress_.iteration + 1);  // the GPU's deferred id checks name the step
   // Megatron's OptimizerParamScheduler: learning rate and weight decay after schedule_steps samples.
   r.lr = progress_.schedule.lr(progress_.schedule_steps);
   opt_->set_weight_decay(progress_.schedule.wd(progress_.schedule_steps));
@@ -256,6 +258,7 @@ StepResult Trainer::train_step(bool read_norm) {
 
 std::vector<StepResult> Trainer::settle_norms() {
   std::vector<StepResult> out;
+  kernels::raise_deferred_id_checks();  // a bad token id or label first: it also stopped the GPU's updates
   if (deferred_.empty()) return out;
   const kernels::DeferredNorms d = opt_->take_norms();  // one read-back: the norms and the skip flag
   MOE_ASSERT(d.norms.size() == deferred_.size());
@@ -330,8 +333,9 @@ double Trainer::evaluate(int64_t iters) {
     c.advance(cfg_.global_batch_size);
   }
   model_->set_training(true);
-  stash_ = model_->make_stash();  // forward-only passes leave stashes filled; start the next step clean
-  if (groups_->cp_size > 1) {     // context parallelism: each CP rank holds its chunks' losses
+  kernels::raise_deferred_id_checks();  // the validation data's ids, checked on the GPU
+  stash_ = model_->make_stash();        // forward-only passes leave stashes filled; start the next step clean
+  if (groups_->cp_size > 1) {           // context parallelism: each CP rank holds its chunks' losses
     Tensor t = Tensor::empty({2}, DType::F64);
     t.set_item(0, sum);
     t.set_item(1, tokens);
@@ -387,10 +391,12 @@ void Trainer::train_loop() {
     // The steps whose norms are on the host now: this one, or on one GPU those read at this step (the norms wait
     // in device memory between log lines, so the optimizer never waits for the host).
     std::vector<StepResult> settled;
-    if (!r.grad_norm_on_device)
+    if (!r.grad_norm_on_device) {
       settled.push_back(r);
-    else if (must_settle(it))
+      if (device_.is_cuda() && must_settle(it)) settle_norms();  // the deferred id checks (multi-rank GPU runs)
+    } else if (must_settle(it)) {
       r = (settled = settle_norms()).back();
+    }
     for (const StepResult& s : settled) progress_.sums.add(s);
     log_->after_step(r);
     Scalars extra;  // Megatron's params-norm and num-zeros tags follow its log flags

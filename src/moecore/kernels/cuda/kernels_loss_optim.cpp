@@ -8,6 +8,7 @@
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_multi_tensor.h"
+#include "moecore/kernels/cuda/multi_tensor_ops.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -18,14 +19,6 @@ namespace {
 using detail::check_launch;
 using detail::f32;
 
-// The labels are checked as the CPU kernel checks them (one small read-back per call).
-void check_labels(const Tensor& targets_T, int64_t V) {
-  const Tensor host = targets_T.to(Device::cpu());
-  for (int64_t t = 0; t < host.numel(); t++) {
-    const int64_t y = static_cast<int64_t>(host.item(t));
-    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
-  }
-}
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
@@ -40,7 +33,9 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
-  check_labels(targets_T, vocab_total);
+  // The labels checked without a read-back: the first outside the vocabulary is recorded on the device and raised
+  // when the trainer logs (kernels/id_checks.h); its loss term reads no target logit meanwhile.
+  record_bad_ids(targets_T, vocab_total, 1);
   const Device dev = logits_TV.device();
   Tensor mx = Tensor::empty({rows}, DType::F32, dev), sums = Tensor::empty({2 * rows}, DType::F32, dev);
   launch::ce_row_max(f32(logits_TV, "logits"), rows, V, mx.device_data<float>(), current_stream());

@@ -40,8 +40,18 @@ void squares_reset(double* clip, cudaStream_t s);
 // The norm √Σ (Σ = clip[kClipTotal], or `world_sq` when use_world_sq: the sum over ranks, known on the host), the
 // scale (clip_grad > 0: c = clip_grad / (norm + 1e-6), the scale c where c < 1, else 1), the skip flag (check_finite
 // and the norm not finite), and norm_out (optional, a device f64: the norm kept for the log step).
+// id_checks (optional): the deferred id checks' slots (below); an id or label found outside the vocabulary also sets
+// the skip flag, so no update is applied from that step on (the host raises the id's error when it reads them).
 void clip_finish(double* clip, bool use_world_sq, double world_sq, double clip_grad, bool check_finite,
-                 int64_t iteration, double* norm_out, cudaStream_t s);
+                 int64_t iteration, double* norm_out, const int64_t* id_checks, cudaStream_t s);
+
+// The embedding's token ids and the cross-entropy's labels checked against [0, V) without a read-back: per kind of
+// check kIdCheckSlots int64 slots, [0] set once an id outside was seen (kept: the first one wins), [1] its position
+// in the call's ids, [2] the id, [3] V, [4] the step tag the host passed (its iteration). The host reads them when
+// it logs and raises the CPU kernels' error then.
+constexpr int kIdCheckSlots = 5;
+constexpr int kIdCheckKinds = 2;  // 0: token ids (embedding), 1: labels (cross-entropy)
+void record_bad_id(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* slots, int64_t tag, cudaStream_t s);
 
 // AdamW over up to kMultiTensors tensors, each with its own weight decay; moments f32 or bf16 (every tensor of the
 // batch alike); p_bf16 as AdamWBatch's. The gradient scale is clip[kClipScale] as f32 and nothing is written where

@@ -2,7 +2,8 @@
 // stages per tensor and a fixed-order weighted sum over tensors (no atomics: the same bits on every run), the clip
 // coefficient and non-finite check in one thread, and AdamW / SGD over many tensors reading the coefficient and the
 // skip flag from device memory. Every f64 product and sum of the norm is an explicit _rn operation, so no fused
-// multiply-add changes its rounding, and the coefficient is the host's formula, operation for operation.
+// multiply-add changes its rounding, and the coefficient is the host's formula, operation for operation. And the
+// deferred id checks of the embedding and the cross-entropy (record_bad_id).
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch_multi_tensor.h"
 
@@ -44,7 +45,7 @@ __global__ void squares_reset_k(double* clip) {
 }
 
 __global__ void clip_finish_k(double* clip, bool use_world_sq, double world_sq, double clip_grad, bool check_finite,
-                              int64_t iteration, double* norm_out) {
+                              int64_t iteration, double* norm_out, const int64_t* id_checks) {
   const double sq = use_world_sq ? world_sq : clip[kClipTotal];
   const double norm = __dsqrt_rn(sq);
   double scale = 1.0;
@@ -54,11 +55,36 @@ __global__ void clip_finish_k(double* clip, bool use_world_sq, double world_sq, 
   }
   clip[kClipNorm] = norm;
   clip[kClipScale] = scale;
-  if (check_finite && !isfinite(norm) && clip[kClipSkip] == 0.0) {
+  bool bad_ids = false;
+  for (int k = 0; id_checks && k < kIdCheckKinds; k++) bad_ids |= id_checks[k * kIdCheckSlots] != 0;
+  if ((bad_ids || (check_finite && !isfinite(norm))) && clip[kClipSkip] == 0.0) {
     clip[kClipSkip] = 1.0;
     clip[kClipFirstBad] = static_cast<double>(iteration);
   }
   if (norm_out) *norm_out = norm;
+}
+
+// One block: the first position whose id is outside [0, V) (a fixed min tree), recorded unless one already is.
+__global__ void record_bad_id_k(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* slots, int64_t tag) {
+  __shared__ int64_t sm[kThreads];
+  if (slots[0] != 0) return;  // the first bad id stays (every thread reads the same value: a uniform return)
+  int64_t first = n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t id = id_at(ids, ids64, i);
+    if ((id < 0 || id >= V) && i < first) first = i;
+  }
+  sm[threadIdx.x] = first;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && sm[threadIdx.x + s] < sm[threadIdx.x]) sm[threadIdx.x] = sm[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0 || sm[0] >= n) return;
+  slots[1] = sm[0];
+  slots[2] = id_at(ids, ids64, sm[0]);
+  slots[3] = V;
+  slots[4] = tag;
+  slots[0] = 1;
 }
 
 template <typename M>
@@ -142,8 +168,12 @@ void squares_reset(double* clip, cudaStream_t s) {
 }
 
 void clip_finish(double* clip, bool use_world_sq, double world_sq, double clip_grad, bool check_finite,
-                 int64_t iteration, double* norm_out, cudaStream_t s) {
-  clip_finish_k<<<1, 1, 0, s>>>(clip, use_world_sq, world_sq, clip_grad, check_finite, iteration, norm_out);
+                 int64_t iteration, double* norm_out, const int64_t* id_checks, cudaStream_t s) {
+  clip_finish_k<<<1, 1, 0, s>>>(clip, use_world_sq, world_sq, clip_grad, check_finite, iteration, norm_out, id_checks);
+}
+
+void record_bad_id(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* slots, int64_t tag, cudaStream_t s) {
+  if (n > 0) record_bad_id_k<<<1, kThreads, 0, s>>>(ids, ids64, n, V, slots, tag);
 }
 
 void adamw_multi(const AdamWMultiBatch& b, const AdamWScalars& hp, const double* clip, cudaStream_t s) {

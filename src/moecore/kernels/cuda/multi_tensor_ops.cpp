@@ -12,6 +12,14 @@ namespace moecore::kernels::cuda {
 using moecore::cuda::current_stream;
 
 namespace {
+// The deferred id checks' record (launch_multi_tensor.h's record_bad_id slots), allocated on the device at its
+// first use; one per process (the current device's: one GPU per rank).
+Tensor& id_check_record() {
+  static Tensor* record = new Tensor();  // never destroyed: it may outlive the device allocator at exit
+  return *record;
+}
+int64_t g_id_check_iteration = 0;
+
 double* clip_slots(const Tensor& slots) {
   MOE_ASSERT(slots.device().is_cuda() && slots.dtype() == DType::F64 && slots.numel() >= ClipState::kRing);
   return slots.device_data<double>();
@@ -55,8 +63,10 @@ void clip_finish(ClipState& s, bool use_world_sq, double world_sq, double clip_g
                  int64_t iteration, bool defer) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
   double* slots = clip_slots(s.slots);
+  const Tensor& ids = id_check_record();
+  const int64_t* id_checks = ids.defined() && ids.device() == s.device() ? ids.device_data<int64_t>() : nullptr;
   launch::clip_finish(slots, use_world_sq, world_sq, clip_grad, check_finite, iteration,
-                      defer ? slots + ClipState::kRing + s.pending : nullptr, current_stream());
+                      defer ? slots + ClipState::kRing + s.pending : nullptr, id_checks, current_stream());
   detail::check_launch("clip_finish");
 }
 
@@ -86,6 +96,34 @@ void sgd_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, do
     if (b.count == launch::kMultiTensors) flush();
   }
   if (b.count) flush();
+}
+
+void set_id_check_iteration(int64_t iteration) {
+  g_id_check_iteration = iteration;
+}
+
+void record_bad_ids(const Tensor& ids_T, int64_t V, int kind) {
+  MOE_ASSERT(kind >= 0 && kind < launch::kIdCheckKinds);
+  Tensor& record = id_check_record();
+  if (!record.defined() || record.device() != ids_T.device())
+    record = Tensor::zeros({int64_t{launch::kIdCheckKinds} * launch::kIdCheckSlots}, DType::I64, ids_T.device());
+  launch::record_bad_id(ids_T.raw(), detail::ids64(ids_T), ids_T.numel(), V,
+                        record.device_data<int64_t>() + kind * launch::kIdCheckSlots, g_id_check_iteration,
+                        current_stream());
+  detail::check_launch("record_bad_id");
+}
+
+BadId take_bad_id() {
+  Tensor& record = id_check_record();
+  if (!record.defined()) return {-1, 0, 0, 0, 0};
+  const Tensor h = record.to(Device::cpu());  // the one read-back
+  for (int k = 0; k < launch::kIdCheckKinds; k++) {
+    const int64_t* r = h.data<int64_t>() + k * launch::kIdCheckSlots;
+    if (r[0] == 0) continue;
+    record.zero_();
+    return {k, r[1], r[2], r[3], r[4]};
+  }
+  return {-1, 0, 0, 0, 0};
 }
 
 }  // namespace moecore::kernels::cuda

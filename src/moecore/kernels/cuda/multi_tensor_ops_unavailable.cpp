@@ -20,5 +20,12 @@ void clip_finish(ClipState&, bool, double, double, bool, int64_t, bool) {
 void sgd_step_multi(std::vector<AdamWTensor>&, const AdamWParams&, double) {
   ::moecore::cuda::no_cuda_kernel("sgd_step_multi");
 }
+void record_bad_ids(const Tensor&, int64_t, int) {
+  ::moecore::cuda::no_cuda_kernel("record_bad_ids");
+}
+void set_id_check_iteration(int64_t) {}
+BadId take_bad_id() {
+  return {-1, 0, 0, 0, 0};  // no GPU: nothing was recorded
+}
 
 }  // namespace moecore::kernels::cuda
