@@ -202,5 +202,41 @@ TEST(CudaSyncFree, DeferredNormsEqualTheNormsReadEveryStep) {
   EXPECT_EQ(loss_every, loss_deferred);
 }
 
+// A token id (or a label) outside the vocabulary is not read back when the embedding (the cross-entropy) sees it:
+// the record on the device stops every later update, and the log step's read raises the CPU's error naming it.
+void bad_id_case(bool label) {
+  std::FILE* null = std::fopen("/dev/null", "w");
+  train::Trainer t(train::parse_train_config(sync_run_args({})), null, false);
+  t.train_step(false);
+  t.settle_norms();
+  const int64_t B = 2, S = 32;
+  Tensor tokens = Tensor::zeros({B, S}, DType::I64), labels = Tensor::zeros({B, S}, DType::I64);
+  Tensor mask = Tensor::empty({B, S}, DType::F32);
+  for (int64_t i = 0; i < B * S; i++) mask.set_item(i, 1.0);
+  (label ? labels : tokens).set_item(S + 5, label ? 100001 : 100000);
+  auto stash = t.model().make_stash();
+  t.model().forward(tokens, labels, mask, stash);  // recorded on the device, nothing raised yet
+  std::vector<Tensor> before;
+  for (const auto& p : t.params().all()) before.push_back(p->value.to(Device::cpu()));
+  t.train_step(false);  // runs, but applies no update: the record set the optimizer's skip flag
+  for (size_t i = 0; i < before.size(); i++)
+    EXPECT_TRUE(bitwise(before[i], t.params().all()[i]->value)) << t.params().all()[i]->name;
+  try {
+    t.settle_norms();  // the log step's read
+    ADD_FAILURE() << "a bad " << (label ? "label" : "token id") << " was not raised";
+  } catch (const Error& e) {
+    const std::string want = label ? "label 100001 at position " : "token id 100000 at position ";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iteration 1: "), std::string::npos) << e.what();
+  }
+  std::fclose(null);
+}
+
+TEST(CudaSyncFree, ABadTokenIdIsRaisedAtTheLogStepNamingIt) {
+  MOE_REQUIRE_GPU();
+  bad_id_case(false);
+  bad_id_case(true);
+}
+
 }  // namespace
 }  // namespace moecore
