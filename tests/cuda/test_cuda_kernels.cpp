@@ -17,6 +17,7 @@
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/embedding.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/id_checks.h"
 #include "moecore/kernels/layernorm.h"
 #include "moecore/kernels/rmsnorm.h"
 #include "moecore/kernels/rope.h"
@@ -250,11 +251,14 @@ TEST(CudaKernels, EmbeddingForwardAndDeterministicBackward) {
   }
   const Tensor bad = ids_of({1, 12}, DType::I32);
   Tensor y = Tensor::empty({2, H}, DType::F32, Device::cuda());
+  // Recorded on the device (no read-back) and raised when the record is read (kernels/id_checks.h).
+  kernels::set_id_check_iteration(3);
+  embedding_forward(gpu(bad), gpu(host_random({V, H}, 1)), y);
   try {
-    embedding_forward(gpu(bad), gpu(host_random({V, H}, 1)), y);
+    kernels::raise_deferred_id_checks();
     FAIL() << "an id outside the vocabulary was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token id 12 at position 1 is outside the vocabulary [0, 10)"),
+    EXPECT_NE(std::string(e.what()).find("iteration 3: token id 12 at position 1 is outside the vocabulary [0, 10)"),
               std::string::npos)
         << e.what();
   }

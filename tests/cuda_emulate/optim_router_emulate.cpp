@@ -3,14 +3,32 @@
 // forward selecting by an f64 Sinkhorn cost, and moe_permute.cu's per-token row sort above its register bound. Each
 // is checked bitwise against a host reference written as the CPU kernels compute (kernels/cpu/adamw.cpp, sgd.cpp,
 // elementwise.cpp's count_zeros, router.cpp's topk_row): the emulation has no fused multiply-add, so the operations
-// round alike. Built and run by run.sh (CTest cuda_optim_router_host_emulation).
+// round alike. And multi_tensor.cu's optimizer step (optim_multi_tensor_emulate.h): the gradient norm, clip factor
+// and non-finite check on the device, AdamW and SGD over many tensors reading them, bitwise against elementwise.cu's
+// single-tensor kernels and the host's clipping formula. Built and run by run.sh (CTest
+// cuda_optim_router_host_emulation).
 #include "emu_cuda.h"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
 #include "moecore/kernels/cuda/launch_moe.h"
+#include "moecore/kernels/cuda/launch_multi_tensor.h"
 #include "moecore/kernels/cuda/launch_router.h"
 #include "moecore/kernels/dropout_philox.h"
+
+// The f64 _rn intrinsics multi_tensor.cu uses: the host's operations (no fused multiply-add here).
+inline double __dadd_rn(double a, double b) {
+  return a + b;
+}
+inline double __dmul_rn(double a, double b) {
+  return a * b;
+}
+inline double __ddiv_rn(double a, double b) {
+  return a / b;
+}
+inline double __dsqrt_rn(double a) {
+  return std::sqrt(a);
+}
 
 // The kernels, rewritten by cuda_kernels_emulate.py.
 #include "optim_router_emulate.inc"
@@ -191,6 +209,8 @@ bool token_rows_case(int64_t T, int64_t K) {
 }
 }  // namespace
 
+#include "optim_multi_tensor_emulate.h"
+
 int main() {
   bool ok = true;
   ok &= adamw_bf16_case(1000, 70000);
@@ -199,6 +219,7 @@ int main() {
   ok &= sinkhorn_rows_case(37, 16, 4);
   ok &= sinkhorn_rows_case(5, 80, 72);
   for (int64_t K : {8L, 64L, 65L, 96L}) ok &= token_rows_case(9, K);
+  ok &= multi_tensor_cases();
   std::printf(ok ? "all pass\n" : "FAILURES\n");
   return ok ? 0 : 1;
 }

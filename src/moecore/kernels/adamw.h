@@ -19,6 +19,9 @@ struct AdamWParams {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double grad_scale = 1.0;
+  // Optional, GPU only: the clip state's slots (grad_clip.h ClipState) on the parameters' device; the update reads
+  // the gradient scale from them instead of grad_scale, and writes nothing where their skip flag is set.
+  Tensor clip{};
 };
 
 // param, m, v updated in place; grad read. All the same floating dtype (f32 master weights, or f64). step ≥ 1.

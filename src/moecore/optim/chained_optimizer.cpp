@@ -1,6 +1,7 @@
 // ChainedOptimizer (see chained_optimizer.h).
 #include "moecore/optim/chained_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -23,11 +24,11 @@ class ReplicatedAdamW : public ParamClassOptimizer {
         weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
   void start_bucket(size_t b) override { buckets_.start(b); }
-  double reduce_gradients(double scale) override {
+  void reduce_gradients(double scale, kernels::ClipState& clip) override {
     buckets_.finish(scale);
-    double sq = 0;
-    for (size_t i = 0; i < params().size(); i++) sq += weights_[i] * kernels::sum_squares(params()[i]->grad);
-    return sq;
+    grads_.clear();
+    for (auto* p : params()) grads_.push_back(p->grad);
+    kernels::squares_add_part(clip, grads_, weights_);
   }
   double zero_share() const override {
     double z = 0;
@@ -53,6 +54,7 @@ class ReplicatedAdamW : public ParamClassOptimizer {
   AdamW adam_;
   GradBuckets buckets_;
   std::vector<double> weights_;
+  std::vector<Tensor> grads_;  // the norm's terms (handles), reused every step
 };
 }  // namespace
 
@@ -65,6 +67,8 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       num_buckets_(num_buckets),
       sp_(params, num_buckets, bucket_of, g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr) {
   for (size_t i = 0; i < params_.size(); i++) index_[params_[i]] = i;
+  clip_ = kernels::make_clip_state(params.empty() ? Device::cpu() : params.front()->value.device(),
+                                   std::max<int64_t>(1, cfg_.deferred_norms));
   std::vector<nn::Parameter*> dense, expert, decoupled;
   for (auto* p : params) {
     const bool emb_out = p->name.rfind("embedding.", 0) == 0 || p->name.rfind("output_layer.", 0) == 0;
@@ -144,41 +148,48 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
   for (auto& part : parts_) part->start_bucket(bucket);
 }
 
-double ChainedOptimizer::finish_gradients(std::span<double> riders) {
-  // Dense and expert gradients are both scaled by 1/DP, Megatron's 1/(DP·CP).
-  double sq = 0, zeros = 0;
+std::optional<double> ChainedOptimizer::finish_gradients(std::span<double> riders, int64_t iteration) {
+  // Dense and expert gradients are both scaled by 1/DP, Megatron's 1/(DP·CP). Each part adds its share of the
+  // squared norm where the gradients are (one part after the other, as the host summed them).
+  double zeros = 0;
+  kernels::squares_reset(clip_);
   {
     TimerScope timer("all-grads-sync", 1);  // Megatron's level-1 timers (core/timers.h)
     for (auto& part : parts_) {
-      sq += part->reduce_gradients(1.0 / dp_size_);
+      part->reduce_gradients(1.0 / dp_size_, clip_);
       if (cfg_.count_zeros) zeros += part->zero_share();
     }
   }
+  std::optional<double> world_sq;
   if (g_.world) {
     TimerScope timer("optimizer-clip-main-grad", 1);  // the global norm the clipping divides by
     Tensor u = Tensor::empty({static_cast<int64_t>(riders.size()) + 2}, DType::F64);
-    u.set_item(0, sq);
+    u.set_item(0, kernels::squares_total(clip_));  // host-staged: the sum over ranks goes through the host
     u.set_item(1, zeros);
     for (size_t i = 0; i < riders.size(); i++) u.set_item(static_cast<int64_t>(i) + 2, riders[i]);
     g_.world->all_reduce(u);
-    sq = u.item(0);
+    world_sq = u.item(0);
     zeros = u.item(1);
     for (size_t i = 0; i < riders.size(); i++) riders[i] = u.item(static_cast<int64_t>(i) + 2);
   }
   num_zeros_ = std::llround(zeros);
-  return std::sqrt(sq);
+  // The norm, the clip coefficient and the non-finite check where the gradients are; the norm kept for the host's
+  // log where nothing brought it to the host.
+  const bool on_host = world_sq.has_value() || !clip_.device().is_cuda();
+  kernels::clip_finish(clip_, world_sq, cfg_.clip_grad, cfg_.check_finite, iteration, !on_host);
+  if (world_sq) return std::sqrt(*world_sq);
+  return kernels::norm_on_host(clip_);
 }
 
-void ChainedOptimizer::step(double lr, double grad_norm, int64_t iteration, double decoupled_lr) {
+void ChainedOptimizer::step(double lr, int64_t iteration, double decoupled_lr) {
   kernels::AdamWParams hp = cfg_.adam;
   hp.lr = lr;
-  if (cfg_.clip_grad > 0) {  // global-norm clipping, applied by the optimizer as it reads each gradient
-    const double coeff = cfg_.clip_grad / (grad_norm + 1e-6);
-    if (coeff < 1.0) hp.grad_scale = coeff;
-  }
+  // Global-norm clipping, applied by the optimizer as it reads each gradient: the coefficient (clip / (norm +
+  // 1e-6) where below 1) from the clip state, read by the GPU's kernels from device memory.
   TimerScope timer("optimizer-inner-step", 1);  // with the distributed optimizer's params-all-gather inside
   for (size_t i = 0; i < parts_.size(); i++) {
     kernels::AdamWParams h = hp;
+    if (!kernels::apply_clip(clip_, h, parts_[i]->host_clip())) continue;  // a skipped step (known on the host)
     if (decoupled_part_[i]) {
       MOE_ASSERT_MSG(decoupled_lr >= 0, "the decoupled parameters need --decoupled-lr's rate");
       h.lr = decoupled_lr;

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct OptimizerConfig {
   bool decoupled = false;     // --decoupled-lr: the embedding and output layer in parts of their own
   bool count_zeros = false;   // --log-num-zeros-in-grad: count the gradients' zeros (a pass over them) every step
   int64_t bucket_size = 0;    // --ddp-bucket-size in elements (0: one gradient bucket per layer; grad_buffer.h)
+  // --check-for-nan-in-loss-and-grad (Megatron's default): a step whose gradient norm is not finite is not applied
+  // (on a GPU the update kernels read the skip flag; the flag stays set, so no later step is applied either).
+  bool check_finite = false;
+  int64_t deferred_norms = 64;  // how many steps' norms a GPU keeps in device memory until read (take_norms)
 };
 
 class ChainedOptimizer {
@@ -59,15 +64,23 @@ class ChainedOptimizer {
   // Whether gradients cross ranks: then the last micro-batch's backward reports each bucket to layer_grads_final.
   bool reduces_gradients() const { return g_.dp != nullptr; }
   void layer_grads_final(size_t bucket);
-  // Finishes every reduction and returns the global gradient norm (before clipping). `riders` are summed over all
-  // ranks in the same collective (the trainer's run control, train/stop_riders.h), so they cost no extra round.
-  double finish_gradients(std::span<double> riders);
+  // Finishes every reduction and computes the global gradient norm (before clipping) of step `iteration`, the
+  // clip coefficient and the non-finite check where the gradients live. Returns the norm where it reached the host
+  // anyway: on the CPU, or with several ranks (their sum went through the host, with `riders`: the trainer's run
+  // control, train/stop_riders.h, summed in the same collective at no extra round). On one GPU nothing is read
+  // back: nullopt, and the norm waits in device memory for take_norms.
+  std::optional<double> finish_gradients(std::span<double> riders, int64_t iteration);
+  // The norms finish_gradients left on the device, in step order, and the first of those steps whose norm was not
+  // finite with check_finite (0: none); one read-back. Call before deferred_full() would be true after another step.
+  kernels::DeferredNorms take_norms() { return kernels::take_deferred_norms(clip_); }
+  bool deferred_full() const { return clip_.pending >= clip_.capacity(); }
   // The zero entries of the gradients the last finish_gradients reduced (with cfg.count_zeros; else 0), every element
   // counted once over all ranks (Megatron's --log-num-zeros-in-grad; summed in the same collective as the norm).
   int64_t num_zeros_in_grad() const { return num_zeros_; }
-  // Clipping by `grad_norm` (applied as AdamW reads each gradient) and one AdamW update at learning rate `lr`.
-  // `decoupled_lr` (≥ 0, with OptimizerConfig::decoupled): the embedding's and output layer's rate.
-  void step(double lr, double grad_norm, int64_t iteration, double decoupled_lr = -1);
+  // Clipping by the last finish_gradients' norm (applied as AdamW reads each gradient; on a GPU the coefficient is
+  // read from device memory) and one AdamW update at learning rate `lr`, none where the check found the norm not
+  // finite. `decoupled_lr` (≥ 0, with OptimizerConfig::decoupled): the embedding's and output layer's rate.
+  void step(double lr, int64_t iteration, double decoupled_lr = -1);
   // The weight decay of the next steps (the scheduler's, Megatron's get_wd; norms and biases still take none).
   void set_weight_decay(double wd) { cfg_.adam.weight_decay = wd; }
 
@@ -94,6 +107,7 @@ class ChainedOptimizer {
   OptimizerGroups g_;
   int64_t num_zeros_ = 0;
   OptimizerConfig cfg_;
+  kernels::ClipState clip_;  // on the parameters' device
   double dp_size_;
   size_t num_buckets_;
   SequenceParallelGrads sp_;

@@ -168,10 +168,11 @@ void ShardedAdamW::start_bucket(size_t b) {
   }
 }
 
-double ShardedAdamW::reduce_gradients(double scale) {
+void ShardedAdamW::reduce_gradients(double scale, kernels::ClipState& clip) {
   for (auto& bk : buckets_)
     if (!bk.buf.started) start(bk);
-  double sq = 0;
+  norm_terms_.clear();
+  norm_weights_.clear();
   for (auto& bk : buckets_) {
     bk.buf.work.wait();
     bk.buf.started = false;
@@ -180,10 +181,11 @@ double ShardedAdamW::reduce_gradients(double scale) {
     if (inter_) inter_->all_reduce(g);                                 // the other instances' sums of the same shard
     kernels::scale_(g, scale);
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      sq += s.norm_weight * kernels::sum_squares(bk.buf.grad.slice(at, len));
+      norm_terms_.push_back(bk.buf.grad.slice(at, len));
+      norm_weights_.push_back(s.norm_weight);
     });
   }
-  return sq;
+  kernels::squares_add_part(clip, norm_terms_, norm_weights_);
 }
 
 double ShardedAdamW::zero_share() const {

@@ -34,9 +34,9 @@ class ShardedAdamW : public ParamClassOptimizer {
   // Layer bucket b's gradients are final: starts the in-place reduce-scatter of every bucket it completes
   // (non-blocking). Every rank reports the layers in the same order.
   void start_bucket(size_t b) override;
-  // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP). Returns the
-  // weighted sum of squares of the owned shard, so the caller can form one global norm.
-  double reduce_gradients(double scale) override;
+  // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP), and adds the
+  // weighted sum of squares of the owned shard to `clip` (one part), so the caller can form one global norm.
+  void reduce_gradients(double scale, kernels::ClipState& clip) override;
   double zero_share() const override;
   // The parameters, in construction order (the order of the state lists below).
   const std::vector<nn::Parameter*>& params() const override { return params_; }
@@ -77,6 +77,8 @@ class ShardedAdamW : public ParamClassOptimizer {
   // The owned shards: the Adam moments of every bucket, the f32 master weights of the bf16-stored buckets (an f32
   // parameter's own shard in its parameter buffer is its master).
   Tensor master_, m_, v_;
+  std::vector<Tensor> norm_terms_;  // the owned gradient slices and their weights in the norm, reused every step
+  std::vector<double> norm_weights_;
 };
 
 }  // namespace moecore::optim

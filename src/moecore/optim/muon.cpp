@@ -147,11 +147,11 @@ double Muon::zero_share() const {
   return z;
 }
 
-double Muon::reduce_gradients(double scale) {
+void Muon::reduce_gradients(double scale, kernels::ClipState& clip) {
   buckets_.finish(scale);
-  double sq = 0;
-  for (size_t i = 0; i < params_.size(); i++) sq += weights_[i] * kernels::sum_squares(params_[i]->grad);
-  return sq;
+  std::vector<Tensor> grads;
+  for (auto* p : params_) grads.push_back(p->grad);
+  kernels::squares_add_part(clip, grads, weights_);
 }
 
 void Muon::orthogonalize(const Unit& u, std::vector<Tensor>& upd) const {

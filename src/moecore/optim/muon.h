@@ -50,10 +50,11 @@ class Muon : public ParamClassOptimizer {
        const MuonConfig& cfg, bool layer_wise, int64_t bucket_size = 0);
   const std::vector<nn::Parameter*>& params() const override { return params_; }
   void start_bucket(size_t b) override { buckets_.start(b); }
-  double reduce_gradients(double scale) override;
+  void reduce_gradients(double scale, kernels::ClipState& clip) override;
   double zero_share() const override;
   // hp: lr, weight_decay and grad_scale (clipping); the Adam moments are not used.
   void step(const kernels::AdamWParams& hp, int64_t step) override;
+  bool host_clip() const override { return true; }  // the matrices are updated on host copies
   // m: the momentum buffers, v: zeros (checkpoints keep one format); gathered from the owners under layer_wise.
   void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const override;
   void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) override;

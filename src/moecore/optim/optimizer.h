@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moecore/kernels/adamw.h"
+#include "moecore/kernels/grad_clip.h"
 #include "moecore/nn/parameter.h"
 
 namespace moecore::optim {
@@ -18,14 +19,18 @@ class ParamClassOptimizer {
   virtual const std::vector<nn::Parameter*>& params() const = 0;
   // Bucket b's gradients are final (in the last micro-batch's backward): start reducing them (non-blocking).
   virtual void start_bucket(size_t b) = 0;
-  // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP). Returns this rank's
-  // weighted share of the squared gradient norm (shares summed over all ranks count every element once).
-  virtual double reduce_gradients(double scale) = 0;
+  // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP), and adds this rank's
+  // weighted share of the squared gradient norm to `clip` as one part (kernels::squares_add_part: on a GPU in
+  // device memory; shares summed over all ranks count every element once).
+  virtual void reduce_gradients(double scale, kernels::ClipState& clip) = 0;
   // After reduce_gradients: this rank's weighted share of the zero entries of the reduced gradients (shares summed
   // over all ranks count every element once; Megatron's --log-num-zeros-in-grad).
   virtual double zero_share() const = 0;
-  // AdamW with per-parameter weight decay; `step` ≥ 1.
+  // AdamW with per-parameter weight decay; `step` ≥ 1. The gradient scale is hp.grad_scale, or on a GPU read from
+  // hp.clip (kernels::apply_clip) when host_clip() is false.
   virtual void step(const kernels::AdamWParams& hp, int64_t step) = 0;
+  // Whether step needs the gradient scale on the host (an update on host copies: Muon's).
+  virtual bool host_clip() const { return false; }
   // The Adam moments whole per parameter (collective where sharded), and back.
   virtual void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const = 0;
   virtual void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) = 0;

@@ -1,6 +1,7 @@
 // SGD with momentum (see sgd.h).
 #include "moecore/optim/sgd.h"
 
+#include "moecore/kernels/grad_clip.h"
 #include "moecore/kernels/sgd.h"
 
 namespace moecore::optim {
@@ -12,12 +13,7 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::Ada
 void element_step_multi(const ElementRule& rule, std::vector<kernels::AdamWTensor>& tensors,
                         const kernels::AdamWParams& hp, int64_t step) {
   if (!rule.sgd) return kernels::adamw_step_multi(tensors, hp, step);
-  for (auto& x : tensors) {
-    kernels::AdamWParams h = hp;
-    h.weight_decay = x.weight_decay;
-    sgd_step(x.param, x.grad, x.m, h, rule.sgd_momentum);
-    if (x.param_bf16.defined()) x.param_bf16.copy_from(x.param);  // a master's bf16 parameter, rounded
-  }
+  kernels::sgd_step_multi(tensors, hp, rule.sgd_momentum);
 }
 
 }  // namespace moecore::optim

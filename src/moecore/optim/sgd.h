@@ -23,7 +23,7 @@ struct ElementRule {
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::AdamWParams& hp, double momentum);
 
 // AdamW (m, v the moments) or SGD (m the momentum buffer, v untouched) over many tensors, each with its own weight
-// decay: AdamW in one multi-tensor pass, SGD one by one. step ≥ 1.
+// decay, in one multi-tensor pass (kernels/adamw.h, kernels/grad_clip.h). step ≥ 1.
 void element_step_multi(const ElementRule& rule, std::vector<kernels::AdamWTensor>& tensors,
                         const kernels::AdamWParams& hp, int64_t step);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <optional>
 
 #include "moecore/core/allocator.h"
@@ -14,6 +15,7 @@
 #include "moecore/core/timer.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/id_checks.h"
 #include "moecore/train/config/device_support.h"
 #include "moecore/train/config/optimizer_config.h"
 #include "moecore/train/generate.h"
@@ -179,10 +181,11 @@ MicroBatches Trainer::micro_batches() const {
   return mb;
 }
 
-StepResult Trainer::train_step() {
+StepResult Trainer::train_step(bool read_norm) {
   MOE_ASSERT(data_[0]);
   maybe_stall(cfg_, groups_->world_rank, progress_.iteration);  // --testing-stall
   StepResult r;
+  kernels::set_id_check_iteration(progress_.iteration + 1);  // the GPU's deferred id checks name the step
   // Megatron's OptimizerParamScheduler: learning rate and weight decay after schedule_steps samples.
   r.lr = progress_.schedule.lr(progress_.schedule_steps);
   opt_->set_weight_decay(progress_.schedule.wd(progress_.schedule_steps));
@@ -221,34 +224,25 @@ StepResult Trainer::train_step() {
   const bool late =
       cfg_.exit_duration_in_mins > 0 && minutes_since_process_start() > static_cast<double>(cfg_.exit_duration_in_mins);
   auto riders = StopRiders::of_rank(mine, late, ckpt_->async_written()).packed();
-  r.grad_norm = opt_->finish_gradients(riders);
+  const std::optional<double> norm = opt_->finish_gradients(riders, progress_.iteration + 1);
+  r.grad_norm = norm.value_or(0.0);
+  r.grad_norm_on_device = !norm.has_value();
   const StopRiders all = StopRiders::unpacked(riders);
   if (const int s = all.stop_signal(mine)) stop_signal_ = s;
   duration_exit_ = all.past_duration();
   const bool async_written =
       ckpt_->async_pending() && all.async_written_everywhere(ParallelGroups::size(groups_->world));
   // Megatron's --check-for-nan-in-loss-and-grad (on by default); without it the step is applied (routing_health).
-  if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss))) {
-    const std::string where =
-        pipeline_
-            ? locate_nonfinite_pipeline(*model_, reg_, *pipeline_, *data_[0], step_cursor, micro_batches(),
-                                        *groups_->world, groups_->pp_rank, groups_->pp_size)
-            : locate_nonfinite(*model_, stash_, reg_, *data_[0], step_cursor, micro_batches(), groups_->world.get());
-    const std::string m = fmt::format(
-        "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
-        "step: {}.\nThe step was not applied and nothing was saved{}.",
-        progress_.iteration + 1, std::isfinite(r.lm_loss) ? "gradient norm" : "loss", r.lm_loss, r.grad_norm, where,
-        ckpt_->last_saved() >= 0 ? fmt::format("; the last checkpoint is iteration {}", ckpt_->last_saved()) : "");
-    log_->write_json({{"alarm", "nan"}, {"iteration", progress_.iteration + 1}, {"action", "stop"}, {"message", m}});
-    MOE_CHECK(false, "{}", m);
-  }
+  // A norm still on the GPU is checked there: the update kernels skip the step, and settle_norms stops.
+  if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)))
+    stop_nonfinite(progress_.iteration + 1, r.lm_loss, r.grad_norm, step_cursor, 0);
   // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
   // updated, routing statistics of the step snapshotted, counters reset.
   model_->finish_global_batch();
   progress_.iteration++;
   const double decoupled_lr =
       cfg_.decoupled_lr >= 0 ? decoupled_lr_schedule(cfg_, progress_.schedule).lr(progress_.schedule_steps) : -1.0;
-  opt_->step(r.lr, r.grad_norm, progress_.iteration, decoupled_lr);
+  opt_->step(r.lr, progress_.iteration, decoupled_lr);
   r.optimizer_seconds = now_seconds() - t1;
   timers_->stop("optimizer");
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
@@ -257,7 +251,60 @@ StepResult Trainer::train_step() {
   param_stats(cfg_, reg_, *groups_, opt_.get(), r);  // --log-params-norm
   r.num_zeros = opt_->num_zeros_in_grad();           // --log-num-zeros-in-grad: counted as the gradients were reduced
   if (async_written) ckpt_->finish_async();          // every rank's files are written: the save becomes visible
-  return r;
+  if (!r.grad_norm_on_device) return r;
+  deferred_.push_back({r, progress_.iteration, step_cursor});
+  return read_norm ? settle_norms().back() : r;
+}
+
+std::vector<StepResult> Trainer::settle_norms() {
+  std::vector<StepResult> out;
+  kernels::raise_deferred_id_checks();  // a bad token id or label first: it also stopped the GPU's updates
+  if (deferred_.empty()) return out;
+  const kernels::DeferredNorms d = opt_->take_norms();  // one read-back: the norms and the skip flag
+  MOE_ASSERT(d.norms.size() == deferred_.size());
+  std::vector<DeferredStep> steps;
+  steps.swap(deferred_);
+  for (size_t i = 0; i < steps.size(); i++) {
+    steps[i].r.grad_norm = d.norms[i];
+    steps[i].r.grad_norm_on_device = false;
+  }
+  for (size_t i = 0; i < steps.size() && d.first_nonfinite > 0; i++)
+    if (steps[i].iteration == d.first_nonfinite)
+      stop_nonfinite(steps[i].iteration, steps[i].r.lm_loss, steps[i].r.grad_norm, steps[i].cursor,
+                     static_cast<int64_t>(steps.size() - 1 - i));
+  MOE_ASSERT_MSG(d.first_nonfinite == 0, "the GPU skipped from iteration {}, a step not read here", d.first_nonfinite);
+  for (auto& s : steps) out.push_back(std::move(s.r));
+  return out;
+}
+
+void Trainer::stop_nonfinite(int64_t iteration, double lm_loss, double grad_norm, const data::SampleCursor& cursor,
+                             int64_t not_applied_after) {
+  const std::string where =
+      pipeline_ ? locate_nonfinite_pipeline(*model_, reg_, *pipeline_, *data_[0], cursor, micro_batches(),
+                                            *groups_->world, groups_->pp_rank, groups_->pp_size)
+                : locate_nonfinite(*model_, stash_, reg_, *data_[0], cursor, micro_batches(), groups_->world.get());
+  const std::string later =
+      not_applied_after > 0
+          ? fmt::format(" (nor the {} after it, which ran before the GPU's norm was read at iteration {})",
+                        not_applied_after, iteration + not_applied_after)
+          : "";
+  const std::string m = fmt::format(
+      "iteration {}: the {} is not finite (lm loss {}, gradient norm {}).\nThe first non-finite value of the "
+      "step: {}.\nThe step was not applied{} and nothing was saved{}.",
+      iteration, std::isfinite(lm_loss) ? "gradient norm" : "loss", lm_loss, grad_norm, where, later,
+      ckpt_->last_saved() >= 0 ? fmt::format("; the last checkpoint is iteration {}", ckpt_->last_saved()) : "");
+  log_->write_json({{"alarm", "nan"}, {"iteration", iteration}, {"action", "stop"}, {"message", m}});
+  MOE_CHECK(false, "{}", m);
+  std::abort();  // unreachable: MOE_CHECK(false) throws
+}
+
+bool Trainer::must_settle(int64_t it) const {
+  const auto every = [it](int64_t n) { return n > 0 && it % n == 0; };
+  return every(cfg_.log_interval) || it >= cfg_.train_iters ||
+         (!cfg_.tensorboard_dir.empty() && every(cfg_.tensorboard_log_interval)) ||
+         cfg_.no_check_for_nan_in_loss_and_grad ||  // the health alarm's per-step non-finite warning
+         (!cfg_.save.empty() && every(cfg_.save_interval)) || every(cfg_.exit_interval) || stop_signal_ != 0 ||
+         duration_exit_ || opt_->deferred_full();
 }
 
 double Trainer::evaluate(int64_t iters) {
@@ -286,8 +333,9 @@ double Trainer::evaluate(int64_t iters) {
     c.advance(cfg_.global_batch_size);
   }
   model_->set_training(true);
-  stash_ = model_->make_stash();  // forward-only passes leave stashes filled; start the next step clean
-  if (groups_->cp_size > 1) {     // context parallelism: each CP rank holds its chunks' losses
+  kernels::raise_deferred_id_checks();  // the validation data's ids, checked on the GPU
+  stash_ = model_->make_stash();        // forward-only passes leave stashes filled; start the next step clean
+  if (groups_->cp_size > 1) {           // context parallelism: each CP rank holds its chunks' losses
     Tensor t = Tensor::empty({2}, DType::F64);
     t.set_item(0, sum);
     t.set_item(1, tokens);
@@ -339,8 +387,17 @@ void Trainer::train_loop() {
   double t_interval = t_start;
   const std::string resume = cfg_.save.empty() ? "" : fmt::format("; resume with --load {}", cfg_.save);
   while (it < cfg_.train_iters) {
-    const StepResult r = train_step();
-    progress_.sums.add(r);
+    StepResult r = train_step(/*read_norm=*/false);
+    // The steps whose norms are on the host now: this one, or on one GPU those read at this step (the norms wait
+    // in device memory between log lines, so the optimizer never waits for the host).
+    std::vector<StepResult> settled;
+    if (!r.grad_norm_on_device) {
+      settled.push_back(r);
+      if (device_.is_cuda() && must_settle(it)) settle_norms();  // the deferred id checks (multi-rank GPU runs)
+    } else if (must_settle(it)) {
+      r = (settled = settle_norms()).back();
+    }
+    for (const StepResult& s : settled) progress_.sums.add(s);
     log_->after_step(r);
     Scalars extra;  // Megatron's params-norm and num-zeros tags follow its log flags
     if (cfg_.log_params_norm) extra.emplace_back("params-norm", r.params_norm);
@@ -352,10 +409,11 @@ void Trainer::train_loop() {
         it % cfg_.check_weight_hash_across_dp_replicas_interval == 0)
       check_weight_hashes_across_dp(reg_, *groups_, it);
     // Warnings are Python logging's WARNING (30) in Megatron: shown unless --logging-level is above it.
-    if (const auto warning = stall_->after_step(r); warning && cfg_.logging_level <= 30) {
-      if (tty) fmt::print(out_, "\r\033[K");
-      fmt::print(out_, "{}\n", *warning);
-    }
+    for (const StepResult& s : settled)
+      if (const auto warning = stall_->after_step(s); warning && cfg_.logging_level <= 30) {
+        if (tty) fmt::print(out_, "\r\033[K");
+        fmt::print(out_, "{}\n", *warning);
+      }
     if (tty) {  // one redrawn line on a terminal (train/metrics: progress_line); logs keep their lines only
       const double el = now_seconds() - t_start, done = static_cast<double>(it - first);
       const double tps = done * static_cast<double>(cfg_.global_batch_size * cfg_.seq_length) / el;

@@ -41,8 +41,15 @@ class Trainer {
 
   // Runs the configured job: training with periodic logs and evaluation, a final evaluation, then samples.
   void run();
-  // One optimizer step on the next global batch (advances the data cursor).
-  StepResult train_step();
+  // One optimizer step on the next global batch (advances the data cursor). On one GPU the gradient norm stays in
+  // device memory unless `read_norm` (then it is read at the end of the step, one read-back): the result says
+  // grad_norm_on_device, and settle_norms reads it later.
+  StepResult train_step(bool read_norm = true);
+  // The steps whose norm stayed on the GPU, in order, with their norms read (one read-back for all); empty when
+  // none. A norm that was not finite (with --check-for-nan-in-loss-and-grad, Megatron's default) stops here as
+  // train_step stops on a non-finite loss, naming the first such step: the GPU applied none of the updates from
+  // that step on.
+  std::vector<StepResult> settle_norms();
   // Mean LM loss over `iters` global batches of the validation split (from its start).
   double evaluate(int64_t iters);
   // Continues `prompt` by `n` tokens: greedy when temperature is 0, else temperature + top-k sampling.
@@ -87,6 +94,13 @@ class Trainer {
   std::vector<TimerRow> log_timers(const std::vector<std::string>& names, double normalizer = 1.0,
                                    int64_t iteration = -1);
   void level_1_barrier() const;  // Megatron's barrier_with_L1_time (off with --no-barrier-with-level-1-timing)
+  // Whether the train loop reads the GPU's deferred norms after iteration `it` (a log line, a TensorBoard write, a
+  // save or an exit, a full ring, or per-step consumers of the norm).
+  bool must_settle(int64_t it) const;
+  // The --check-for-nan-in-loss-and-grad stop: locates the first non-finite value of the step at `cursor` and
+  // throws. `not_applied_after`: later steps that ran before the GPU's norm was read (none of them applied).
+  [[noreturn]] void stop_nonfinite(int64_t iteration, double lm_loss, double grad_norm,
+                                   const data::SampleCursor& cursor, int64_t not_applied_after);
 
   TrainConfig cfg_;
   std::unique_ptr<Timers> timers_;  // --timing-log-level (current while a step, an evaluation or a save runs)
@@ -110,6 +124,12 @@ class Trainer {
   std::unique_ptr<StallAlarm> stall_;
   std::unique_ptr<HealthAlarms> health_;  // routing and loss health alarms
   Progress progress_;
+  struct DeferredStep {
+    StepResult r;
+    int64_t iteration;
+    data::SampleCursor cursor;  // the step's batch (a non-finite norm's step is located from it)
+  };
+  std::vector<DeferredStep> deferred_;  // steps whose norm is still in the GPU's memory, in order
   double peak_gflops_ = 0;
   MemoryPlan plan_;
   bool duration_exit_ = false;   // --exit-duration-in-mins passed on some rank (agreed with the stop signal)

@@ -11,6 +11,7 @@
 #include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
+#include "moecore/kernels/cuda/multi_tensor_ops.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -30,15 +31,6 @@ double reduce(int kind, const Tensor& a, const Tensor* b) {
   check_launch("reduce_sum");
   double r = 0;
   moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
-  return r;
-}
-// Index of the first id outside [0, V) (n when none), read back for the CPU kernels' error message.
-int64_t first_bad_id(const Tensor& ids, int64_t V) {
-  Tensor out = Tensor::empty({1}, DType::I64, ids.device());
-  launch::first_id_outside(ids.raw(), ids64(ids), ids.numel(), V, out.device_data<int64_t>(), current_stream());
-  check_launch("first_id_outside");
-  int64_t r = 0;
-  moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), ids.device(), sizeof r);
   return r;
 }
 // The partial sums of a two-stage column reduction (launch_col_reduce.h), from the caching allocator on the current
@@ -297,14 +289,9 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
   const int64_t V = vocab_total > 0 ? vocab_total : VL;
   MOE_ASSERT(y_TH.rows() == T_ && y_TH.cols() == H && y_TH.dtype() == w_VH.dtype());
   MOE_ASSERT(w_VH.device().is_cuda() && y_TH.device().is_cuda());
-  const int64_t bad = first_bad_id(ids_T, V);
-  if (bad < T_) {
-    const int64_t id = static_cast<int64_t>(ids_T.reshape({T_}).slice(bad, 1).to(Device::cpu()).item(0));
-    MOE_CHECK(false,
-              "token id {} at position {} is outside the vocabulary [0, {}); the data was tokenized with a larger "
-              "vocabulary than --vocab-size / the tokenizer in use",
-              id, bad, V);
-  }
+  // Checked without a read-back: the first id outside is recorded on the device and raised when the trainer
+  // logs (kernels/id_checks.h); the kernel writes zero rows for it meanwhile.
+  record_bad_ids(ids_T, V, 0);
   launch::embedding_forward(ids_T.raw(), ids64(ids_T), w_VH.raw(), y_TH.raw(), T_, H, VL, vocab_start,
                             static_cast<int>(dtype_size(w_VH.dtype())), current_stream());
   check_launch("embedding_forward");

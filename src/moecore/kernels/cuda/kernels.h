@@ -10,7 +10,8 @@
 // bf16 output is the f32 result cast, and the residual add of the _add forms and dres are add_ calls before and after
 // the kernel (the CPU's values, not fused); the fused cross-entropy is the forward, then the backward writing over the
 // logits; the vocab-parallel cross-entropy all-reduces host copies of its [T] statistics (host-staged MPI);
-// adamw_step_multi is one adamw_step per tensor, each with its own weight decay, writing param_bf16 where given; the
+// adamw_step_multi runs every tensor in multi-tensor launches (multi_tensor.cu), each with its own weight decay,
+// writing param_bf16 where given, the gradient scale from hp.clip's device memory where set; the
 // segment biases launch once per segment with rows (the experts' rows, known on the host), y f32 and dy f32 or bf16. A
 // CPU-only build defines these in kernels/cuda/*_unavailable.cpp (they throw: no cuda tensor can exist there).
 #pragma once

@@ -7,6 +7,8 @@
 #include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
+#include "moecore/kernels/cuda/launch_multi_tensor.h"
+#include "moecore/kernels/cuda/multi_tensor_ops.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
@@ -17,14 +19,6 @@ namespace {
 using detail::check_launch;
 using detail::f32;
 
-// The labels are checked as the CPU kernel checks them (one small read-back per call).
-void check_labels(const Tensor& targets_T, int64_t V) {
-  const Tensor host = targets_T.to(Device::cpu());
-  for (int64_t t = 0; t < host.numel(); t++) {
-    const int64_t y = static_cast<int64_t>(host.item(t));
-    MOE_CHECK(y >= 0 && y < V, "label {} at position {} is outside the vocabulary [0, {})", y, t, V);
-  }
-}
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
@@ -39,7 +33,9 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
-  check_labels(targets_T, vocab_total);
+  // The labels checked without a read-back: the first outside the vocabulary is recorded on the device and raised
+  // when the trainer logs (kernels/id_checks.h); its loss term reads no target logit meanwhile.
+  record_bad_ids(targets_T, vocab_total, 1);
   const Device dev = logits_TV.device();
   Tensor mx = Tensor::empty({rows}, DType::F32, dev), sums = Tensor::empty({2 * rows}, DType::F32, dev);
   launch::ce_row_max(f32(logits_TV, "logits"), rows, V, mx.device_data<float>(), current_stream());
@@ -97,6 +93,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  MOE_ASSERT_MSG(!hp.clip.defined(), "the single-tensor AdamW takes its gradient scale from the host");
   const launch::AdamWScalars s = scalars(hp, step);
   launch::AdamWBatch batch;
   auto flush = [&] {
@@ -126,18 +123,44 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
   if (batch.count) flush();
 }
 
+// Every tensor in multi-tensor launches (launch_multi_tensor.h), each with its own weight decay; the gradient scale
+// and the skip flag from hp.clip where set (an optimizer step that never waits for the host), else hp.grad_scale.
 void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
-  for (AdamWTensor& x : tensors) {
-    AdamWParams h = hp;
-    h.weight_decay = x.weight_decay;
-    const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
-    adamw_multi_step({AdamWTensors{&x.param, &x.grad, &x.m, &x.v, x.param_bf16.defined() ? &x.param_bf16 : nullptr}}, h,
-                     step);
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const launch::AdamWScalars s = scalars(hp, step);
+  MOE_ASSERT(!hp.clip.defined() || (hp.clip.device().is_cuda() && hp.clip.dtype() == DType::F64));
+  const double* clip = hp.clip.defined() ? hp.clip.device_data<double>() : nullptr;
+  launch::AdamWMultiBatch batch;
+  auto flush = [&] {
+    launch::adamw_multi(batch, s, clip, current_stream());
+    check_launch("adamw_multi");
+    batch.count = 0;
+  };
+  for (AdamWTensor& t : tensors) {
+    const int64_t n = t.param.numel();
+    MOE_ASSERT(n == t.grad.numel() && n == t.m.numel() && n == t.v.numel());
+    // Moments f32, or bf16 (the precision-aware optimizer); one launch holds one kind.
+    const bool m16 = t.m.dtype() == DType::BF16, v16 = t.v.dtype() == DType::BF16;
+    if (batch.count > 0 && (m16 != batch.m_bf16 || v16 != batch.v_bf16)) flush();
+    batch.m_bf16 = m16;
+    batch.v_bf16 = v16;
+    const int i = batch.count++;
+    batch.p[i] = f32(t.param, "param");
+    batch.g[i] = f32(t.grad, "grad");
+    batch.m[i] = m16 ? t.m.device_data<bf16>() : static_cast<void*>(f32(t.m, "m"));
+    batch.v[i] = v16 ? t.v.device_data<bf16>() : static_cast<void*>(f32(t.v, "v"));
+    MOE_ASSERT(!t.param_bf16.defined() || (t.param_bf16.dtype() == DType::BF16 && t.param_bf16.numel() == n &&
+                                           t.param_bf16.device() == t.param.device()));
+    batch.p_bf16[i] = t.param_bf16.defined() ? t.param_bf16.device_data<bf16>() : nullptr;
+    batch.n[i] = n;
+    batch.wd[i] = static_cast<float>(t.weight_decay);
+    if (batch.count == launch::kMultiTensors) flush();
   }
+  if (batch.count) flush();
 }
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& hp) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);  // (sgd_step_multi reads a device scale)
   const int64_t n = param.numel();
   MOE_ASSERT(n == grad.numel() && n == buf.numel());
   launch::sgd(f32(param, "param"), f32(grad, "grad"), f32(buf, "momentum buffer"), n, static_cast<float>(hp.lr),

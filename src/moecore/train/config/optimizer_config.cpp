@@ -1,6 +1,8 @@
 // Optimizer settings from the flags (see optimizer_config.h).
 #include "moecore/train/config/optimizer_config.h"
 
+#include <algorithm>
+
 namespace moecore::train {
 
 optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
@@ -14,6 +16,10 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.decoupled = c.decoupled_lr >= 0;
   oc.count_zeros = c.log_num_zeros_in_grad;
   oc.bucket_size = c.ddp_bucket_size;
+  oc.check_finite = !c.no_check_for_nan_in_loss_and_grad;
+  // A GPU keeps the norms of the steps between log lines in device memory (the trainer reads them at a log line,
+  // a TensorBoard write or a save, or when this many are waiting).
+  oc.deferred_norms = std::clamp<int64_t>(c.log_interval, 1, 1024);
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
   oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";

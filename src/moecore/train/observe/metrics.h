@@ -21,6 +21,8 @@ namespace moecore::train {
 struct StepResult {
   double lm_loss = 0;    // over the loss tokens of the global batch (Megatron)
   double grad_norm = 0;  // before clipping
+  // One GPU: the norm stayed in device memory (grad_norm is 0 until Trainer::settle_norms reads it).
+  bool grad_norm_on_device = false;
   double lr = 0;
   std::vector<double> aux_losses;  // per load-balancing type: L/coeff averaged over MoE layers and micro-batches
   double z_loss = 0;
