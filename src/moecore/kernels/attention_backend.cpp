@@ -1,11 +1,11 @@
 // The GPU attention backend's host decisions (attention_backend.h): the selector, cuDNN's coverage, the plan key.
 #include "moecore/kernels/attention_backend.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <functional>
-
-#include <fmt/format.h>
 
 #include "moecore/core/error.h"
 
@@ -26,9 +26,12 @@ AttentionBackend parse_attention_backend(std::string_view s) {
 
 const char* attention_backend_name(AttentionBackend b) {
   switch (b) {
-    case AttentionBackend::kAuto: return "auto";
-    case AttentionBackend::kCudnn: return "cudnn";
-    case AttentionBackend::kNative: return "native";
+    case AttentionBackend::kAuto:
+      return "auto";
+    case AttentionBackend::kCudnn:
+      return "cudnn";
+    case AttentionBackend::kNative:
+      return "native";
   }
   return "?";
 }

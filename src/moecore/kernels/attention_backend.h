@@ -1,7 +1,7 @@
-// Which kernels run the GPU's bf16 attention: cuDNN's fused scaled-dot-product attention (kernels/cuda/attention_cudnn*.cpp)
-// or moecore's own tensor-core kernels (kernels/cuda/attention_tc*.cu). The decisions here are host logic only (the
-// selector, the shapes cuDNN's path covers, the key of its plan cache), so they are tested without a GPU; running
-// cuDNN is not here.
+// Which kernels run the GPU's bf16 attention: cuDNN's fused scaled-dot-product attention
+// (kernels/cuda/attention_cudnn*.cpp) or moecore's own tensor-core kernels (kernels/cuda/attention_tc*.cu). The
+// decisions here are host logic only (the selector, the shapes cuDNN's path covers, the key of its plan cache), so they
+// are tested without a GPU; running cuDNN is not here.
 #pragma once
 
 #include <cstddef>

@@ -4,6 +4,7 @@
 #include "moecore/kernels/cuda/attention_cudnn.h"
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <atomic>
 #include <map>
@@ -11,8 +12,6 @@
 #include <set>
 #include <string>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "moecore/device/check.h"
 #include "moecore/device/gpu_profile.h"

@@ -2,10 +2,9 @@
 #include "moecore/kernels/cuda/attention_cudnn_api.h"
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 
 #include <mutex>
-
-#include <fmt/format.h>
 
 #include "moecore/kernels/attention_backend.h"
 

@@ -13,12 +13,12 @@
 #include "moecore/kernels/cuda/attention_cudnn_graph.h"
 
 #ifdef MOECORE_HAVE_CUDNN_HEADERS
+#include <fmt/format.h>
+
 #include <array>
 #include <limits>
 #include <stdexcept>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "moecore/core/error.h"
 
@@ -205,7 +205,7 @@ struct SdpaShapes {
 
 // causal: x where row ≥ col, else the mask value (utils/attn_score_modifiers.h causal_mask).
 cudnnBackendDescriptor_t sdpa_causal_mask(SdpaGraph& g, const SdpaShapes& sh, cudnnBackendDescriptor_t x,
-                                     cudnnBackendDescriptor_t mask_value) {
+                                          cudnnBackendDescriptor_t mask_value) {
   cudnnBackendDescriptor_t row = g.virt(CUDNN_DATA_INT32, sh.scores(), sh.scores_strides());
   cudnnBackendDescriptor_t col = g.virt(CUDNN_DATA_INT32, sh.scores(), sh.scores_strides());
   cudnnBackendDescriptor_t keep = g.virt(CUDNN_DATA_BOOLEAN, sh.scores(), sh.scores_strides());
@@ -357,8 +357,8 @@ bool sdpa_engine_nondeterministic(SdpaGraph& g, cudnnBackendDescriptor_t cfg, in
 
 // The first deterministic engine config of `mode`'s ranking that finalizes into a plan; false when none does
 // (`tried` collects what each refused).
-bool sdpa_plan_from_heuristics(SdpaPlan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t op_graph, cudnnBackendHeurMode_t mode,
-                          std::string* tried) {
+bool sdpa_plan_from_heuristics(SdpaPlan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t op_graph,
+                               cudnnBackendHeurMode_t mode, std::string* tried) {
   SdpaGraph& g = p.graph;
   cudnnBackendDescriptor_t heur = g.create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   g.set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, op_graph);
@@ -385,13 +385,12 @@ bool sdpa_plan_from_heuristics(SdpaPlan& p, cudnnHandle_t handle, cudnnBackendDe
     g.set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i]);
     const cudnnStatus_t st = g.api().Finalize(plan);
     if (st != CUDNN_STATUS_SUCCESS) {
-      *tried += fmt::format("{}engine {}: {}", tried->empty() ? "" : "; ", engine,
-                            cudnn_error_text(g.api(), "plan", st));
+      *tried +=
+          fmt::format("{}engine {}: {}", tried->empty() ? "" : "; ", engine, cudnn_error_text(g.api(), "plan", st));
       continue;
     }
     int64_t n = 0;
-    g.check(g.api().GetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                 &p.workspace),
+    g.check(g.api().GetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &p.workspace),
             "cudnnBackendGetAttribute(EXECUTION_PLAN_WORKSPACE_SIZE)");
     p.plan = plan;
     p.engine = engine;
