@@ -29,7 +29,7 @@ using testing_cuda::rel_diff;
 using testing_cuda::ScopedAttentionBackend;
 using testing_cuda::trace;
 
-constexpr double kTol = 2e-2;  // as CudaAttentionTc: bf16 operands and P, f32 accumulation in other orders
+constexpr double kCudnnTol = 2e-2;  // as CudaAttentionTc: bf16 operands and P, f32 accumulation in other orders
 
 // Dv < D: MLA's value heads, the first Dv channels of rows D wide whose other channels are zero.
 struct CudnnCase {
@@ -111,7 +111,7 @@ std::string cudnn_errors(const CudnnOutputs& got, const CudnnOutputs& want, bool
   const double e[5] = {rel_diff(got.o, want.o), rel_diff(got.lse, want.lse), rel_diff(got.dq, want.dq),
                        rel_diff(got.dk, want.dk), rel_diff(got.dv, want.dv)};
   *ok = true;
-  for (double x : e) *ok = *ok && x < kTol;  // NaN fails
+  for (double x : e) *ok = *ok && x < kCudnnTol;  // NaN fails
   return "o " + std::to_string(e[0]) + ", lse " + std::to_string(e[1]) + ", dq " + std::to_string(e[2]) + ", dk " +
          std::to_string(e[3]) + ", dv " + std::to_string(e[4]);
 }
@@ -130,7 +130,7 @@ TEST(CudaAttentionCudnn, MatchesTheCpuBf16Kernel) {
     const CudnnOutputs want = cpu_reference(c, in), got = run_cudnn(c, in);
     bool ok = false;
     const std::string msg = cudnn_errors(got, want, &ok);
-    EXPECT_TRUE(ok) << c.str() << ": relative errors vs the CPU bf16 kernel " << msg << " (tolerance " << kTol
+    EXPECT_TRUE(ok) << c.str() << ": relative errors vs the CPU bf16 kernel " << msg << " (tolerance " << kCudnnTol
                     << "; nan = an element left unwritten)";
   }
 }
@@ -184,9 +184,10 @@ TEST(CudaAttentionCudnn, EntryPointsRouteBf16CallsWithoutDropoutToCudnn) {
     const bool cudnn = b != AttentionBackend::kNative;
     EXPECT_EQ(after.forward - before.forward, cudnn ? 1 : 0) << attention_backend_name(b);
     EXPECT_EQ(after.backward - before.backward, cudnn ? 1 : 0) << attention_backend_name(b);
-    if (cudnn)
+    if (cudnn) {
       EXPECT_TRUE(bitwise_equal(r.o, direct.o) && bitwise_equal(r.dq, direct.dq) && bitwise_equal(r.dk, direct.dk))
           << attention_backend_name(b) << ": the entry points' results are not cuDNN's";
+    }
   }
   // Dropout keeps the native kernels (moecore's Philox mask), whatever the backend.
   const ScopedAttentionBackend scope(AttentionBackend::kCudnn);

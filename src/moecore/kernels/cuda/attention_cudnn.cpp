@@ -53,11 +53,17 @@ CudnnDeviceState* cudnn_device(const CudnnApi** api_out, std::string* why) {
   const CudnnApi* api = cudnn_api(why);
   if (!api) return nullptr;
   int dev = 0;
-  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  const cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // consumed: a later CUDA call must not see this one's error
+    if (why) *why = fmt::format("cudaGetDevice: {}", cudaGetErrorString(e));
+    return nullptr;
+  }
   CudnnDeviceState& st = cudnn_devices()[dev];
   if (!st.handle && st.handle_error.empty()) {
     const cudnnStatus_t s = api->Create(&st.handle);
     if (s != CUDNN_STATUS_SUCCESS) {
+      (void)cudaGetLastError();  // whatever CUDA error cuDNN met stays out of the next launch check
       st.handle = nullptr;
       st.handle_error = fmt::format("{} on GPU {}", cudnn_error_text(*api, "cudnnCreate", s), dev);
     }
