@@ -1,5 +1,5 @@
 # The CUDA backend (docs/cuda.md). MOECORE_CUDA: AUTO (on when CMake's CheckLanguage finds nvcc), ON (required) or
-# OFF. When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart + cuBLASLt (+ cuDNN when found) linked, the
+# OFF. When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart + cuBLASLt linked (cuDNN loaded at run time), the
 # compile definition MOECORE_HAVE_CUDA, and the GPU test binary moecore_cuda_tests (CTest label gpu; every test skips
 # with a one-line reason where no GPU is visible). When off: the *_unavailable.cpp stand-ins answer every device
 # call with "this build has no CUDA", so the CPU-only build links the same interfaces.
@@ -34,13 +34,21 @@ function(moecore_add_cuda target)
   set_source_files_properties(${cu_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   target_compile_definitions(${target} PUBLIC MOECORE_HAVE_CUDA)
   target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
-  find_library(MOECORE_CUDNN_LIBRARY NAMES cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
-  if(MOECORE_CUDNN_LIBRARY)
-    target_link_libraries(${target} PUBLIC ${MOECORE_CUDNN_LIBRARY})
+  # cuDNN's fused attention (kernels/cuda/attention_cudnn*.cpp) needs only cuDNN 9's headers here: the library is
+  # loaded with dlopen at run time, so the binaries start where libcudnn is absent (the attention then runs the
+  # native kernels and says why). Without the headers the path is compiled out, and says that instead.
+  find_path(MOECORE_CUDNN_INCLUDE_DIR cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include)
+  if(MOECORE_CUDNN_INCLUDE_DIR)
+    target_include_directories(${target} PUBLIC ${MOECORE_CUDNN_INCLUDE_DIR})
+    set(cudnn_status "cuDNN headers ${MOECORE_CUDNN_INCLUDE_DIR}, libcudnn loaded at run time")
+  else()
+    set(cudnn_status "no cuDNN headers: attention runs the native kernels only")
+    message(WARNING "moecore: cudnn_graph.h not found; the GPU attention is built without cuDNN's fused attention")
   endif()
+  target_link_libraries(${target} PUBLIC ${CMAKE_DL_LIBS})
   set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
   message(STATUS "moecore: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
-                 "${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${MOECORE_CUDNN_LIBRARY})")
+                 "${CMAKE_CUDA_ARCHITECTURES}, ${cudnn_status})")
 endfunction()
 
 if(MOECORE_WITH_CUDA)

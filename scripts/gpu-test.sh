@@ -20,6 +20,17 @@ fi
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# cuDNN's fused attention loads libcudnn.so.9 at run time (dlopen; nothing links it, so every binary starts without
+# it). The GPU machines have cuDNN only in PyTorch's wheel (site-packages/nvidia/cudnn/lib): that folder goes on
+# LD_LIBRARY_PATH, after anything already there. Without it the attention runs the native kernels and says why once,
+# and the cuDNN tests (CudaAttentionCudnn.*) fail naming the reason.
+cudnn_dir=$(python3 -c 'import os, nvidia.cudnn; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' \
+  2>/dev/null || true)
+if [[ -n "$cudnn_dir" && -e "$cudnn_dir/libcudnn.so.9" ]]; then
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cudnn_dir"
+else
+  cudnn_dir="(no nvidia.cudnn wheel; the loader's default paths)"
+fi
 
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -27,6 +38,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 ||
     echo "nvidia-smi: unavailable"
   nvcc --version | tail -1
+  echo "cuDNN for the fused attention: $cudnn_dir"
 } | tee "$OUT/machine.txt"
 
 if [[ -z "$PREBUILT" ]]; then
@@ -51,6 +63,7 @@ fi
 # The host-side CUDA tests (allocator bookkeeping, --device) under the CUDA build.
 if [[ -x "$BUILD/moecore_tests" ]]; then
   host_filter='CachingAllocator.*:DeviceSelect.*:DeviceTensor.*:PhaseTimeline.*:SyncLedger.*:TimerObserver.*:GpuProfile.*'
+  host_filter+=':AttentionBackend.*:CudnnAttention*'
   "$BUILD/moecore_tests" --gtest_filter="$host_filter" >"$OUT/host_tests.log" 2>&1 || status=1
 fi
 # Layout invariance on the GPU: every rank on this machine's GPU, host-staged MPI between them.
@@ -83,9 +96,17 @@ run_bench gemm bench gemm --device cuda --size 8192 --iters 10
 run_bench attention_bf16 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 5
 # The Qwen3-MoE benchmark's attention: one sequence, 32 query heads over 4 kv heads (the dK/dV kernel splits the
-# groups' heads, launch_attention_tc.h).
+# groups' heads, launch_attention_tc.h). The bf16 benches time cuDNN's fused attention against the native kernels run
+# by run (their `attention_backends` line; --attention-backend native times the native kernels alone).
 run_bench attention_gqa bench attention --device cuda --dtype bf16 --seq-length 4096 --micro-batch-size 1 \
   --num-attention-heads 32 --num-query-groups 4 --kv-channels 128 --iters 5
+# MLA's head width (192; cuDNN's fused attention up to 256) and D 64.
+run_bench attention_d192 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
+  --num-query-groups 16 --kv-channels 192 --iters 5
+run_bench attention_d64 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
+  --num-query-groups 16 --kv-channels 64 --iters 5
+# Which path each bf16 bench ran (cuDNN's route lines) and cuDNN against the native kernels, one line per shape.
+grep -h -E "^moecore: attention|^attention_backends " "$OUT"/bench_attention_*.txt >"$OUT/attention_backends.txt" || true
 run_bench attention_f32 bench attention --device cuda --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 2
 # The MoE layer at the Qwen3-30B-A3B and Mixtral shapes (torch_baselines.py measures PyTorch on the same shapes).

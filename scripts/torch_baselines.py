@@ -68,6 +68,19 @@ def sdpa():
         flops = 3.5 * 4.0 * S * S * D * N / 2  # causal: forward 2 GEMMs, backward 5, half the square
         ref(f"sdpa_{tag}_ms", t * 1e3, "ms")
         ref(f"sdpa_{tag}", flops / t / 1e12, "TFLOP/s")
+    # The Qwen3-MoE step's attention: 32 query heads over 4 kv heads (bench attention's GQA shape).
+    Nq, Nkv = 32, 4
+    q = torch.randn(1, Nq, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, Nkv, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    do = torch.randn_like(q)
+
+    def gqa_step():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        o.backward(do)
+
+    t = bench(gqa_step, 2, 5)
+    ref("sdpa_bf16_gqa32_4", 3.5 * 4.0 * S * S * D * Nq / 2 / t / 1e12, "TFLOP/s")
 
 
 class MoE(torch.nn.Module):

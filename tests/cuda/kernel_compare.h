@@ -12,6 +12,7 @@
 #include <string>
 
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/attention_backend.h"
 
 namespace moecore::testing_cuda {
 
@@ -37,6 +38,18 @@ inline void trace(const std::string& what) {
   std::fprintf(stderr, "trace: %s\n", what.c_str());
   std::fflush(stderr);
 }
+
+// Runs a scope's GPU bf16 attention on the backend named (cuDNN's fused attention or the native kernels), restoring
+// the previous choice after.
+struct ScopedAttentionBackend {
+  explicit ScopedAttentionBackend(kernels::AttentionBackend b) : prev(kernels::attention_backend()) {
+    kernels::set_attention_backend(b);
+  }
+  ~ScopedAttentionBackend() { kernels::set_attention_backend(prev); }
+  ScopedAttentionBackend(const ScopedAttentionBackend&) = delete;
+  ScopedAttentionBackend& operator=(const ScopedAttentionBackend&) = delete;
+  kernels::AttentionBackend prev;
+};
 
 inline Tensor gpu(const Tensor& t) {
   return t.to(Device::cuda());

@@ -1,7 +1,8 @@
 // The tensor-core attention kernels (bf16 path, D 64 and 128): against the CPU bf16 kernel and the warp-per-row GPU
 // kernel on shapes with S off the tile sizes (1, 17, 200, 1000), GQA and B = 2, within 2e-2 of the reference's
 // largest magnitude; bitwise-identical reruns; outputs poisoned with NaN before every run, so an element a kernel
-// fails to write shows up. Also: the bf16 entry points take the tensor-core path exactly where it applies.
+// fails to write shows up. Also: the bf16 entry points take the tensor-core path exactly where it applies. The
+// entry points run with the native backend (cuDNN's fused attention has its own tests, test_cuda_attention_cudnn.cpp).
 // Skipped (one line) without a GPU.
 #include <gtest/gtest.h>
 
@@ -29,6 +30,7 @@ using testing_cuda::bitwise_equal;
 using testing_cuda::gpu;
 using testing_cuda::host_random;
 using testing_cuda::rel_diff;
+using testing_cuda::ScopedAttentionBackend;
 using testing_cuda::trace;
 
 constexpr double kTol = 2e-2;  // bf16 P rounded before (GPU) or after (CPU) normalisation; f32 sums in other orders
@@ -110,6 +112,7 @@ bool all_below(const double (&e)[5], double tol) {
 
 TEST(CudaAttentionTc, MatchesTheCpuBf16Kernel) {
   MOE_REQUIRE_GPU();
+  const ScopedAttentionBackend native(AttentionBackend::kNative);
   for (const Case& c : kCases) {
     const Inputs in(c);
     Outputs want(c, false);
@@ -126,6 +129,7 @@ TEST(CudaAttentionTc, MatchesTheCpuBf16Kernel) {
 
 TEST(CudaAttentionTc, RerunsAreBitwiseIdentical) {
   MOE_REQUIRE_GPU();
+  const ScopedAttentionBackend native(AttentionBackend::kNative);
   for (const Case& c : kCases) {
     const Inputs in(c);
     const Outputs a = run_gpu(c, in), b = run_gpu(c, in);
@@ -194,6 +198,7 @@ TEST(CudaAttentionTc, MatchesTheWarpPerRowGpuKernel) {
 
 TEST(CudaAttentionTc, Bf16EntryPointsTakeTheTensorCorePathWhereItApplies) {
   MOE_REQUIRE_GPU();
+  const ScopedAttentionBackend native(AttentionBackend::kNative);
   // D 64/128 → tensor cores; D 32 → the warp-per-row kernel (bitwise equal to the launcher each names).
   for (const Case& c : {Case{70, 2, 2, 1, 64}, Case{70, 1, 2, 2, 128}, Case{70, 2, 2, 1, 32}}) {
     const bool tc = launch::attention_tc_supported(c.S, c.B, c.Nq, c.D, true);

@@ -72,11 +72,17 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 // be bf16 (lse stays f32), read as their values and written rounded once, as a bf16 FlashAttention on a GPU keeps its
 // inputs and outputs; and it applies RoPE itself when given one (AttentionRope).
 struct AttentionRope;
+//
+// value_dim (0: D): the value heads' width where it is below D (multi-latent attention's 128 of a 192-wide head):
+// the caller promises v's (and dout's) channels value_dim..D are zero, so o's and dv's are zero too; a backend may
+// skip them (the GPU's cuDNN path runs MLA's 192/128 form), the CPU's kernels compute them as the zeros they are.
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout = nullptr, const AttentionRope* rope = nullptr);
+                            const AttentionDropout* dropout = nullptr, const AttentionRope* rope = nullptr,
+                            int64_t value_dim = 0);
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout = nullptr, const AttentionRope* rope = nullptr);
+                             const AttentionDropout* dropout = nullptr, const AttentionRope* rope = nullptr,
+                             int64_t value_dim = 0);
 // RoPE applied by the attention kernel as it rounds q and k (rotate-half pairs (i, i + rot_dim/2) of the first rot_dim
 // channels, rope.h): q and k come unrotated, row s of a sequence turns by row s of the f32 tables cos_SR, sin_SR
 // [≥ S, rot_dim/2], and backward's dq, dk are the gradients of the unrotated q and k. The values are those of

@@ -282,16 +282,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   cpu::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
 }
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout, const AttentionRope* rope) {
-  if (q.device().is_cuda()) return cuda::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope);
-  cpu::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope);
+                            const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim) {
+  if (q.device().is_cuda()) return cuda::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope, value_dim);
+  cpu::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope, value_dim);
 }
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout, const AttentionRope* rope) {
+                             const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim) {
   if (q.device().is_cuda())
-    return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
-  cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope);
+    return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope, value_dim);
+  cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope, value_dim);
 }
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {

@@ -156,7 +156,7 @@ void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
   if (a_.cp.on())
     context_attention_forward(q, k, v, scale_, context_parallel(S), st.o_SBNA, st.lse_BNS, &drop);
   else if (bf16_attention(S))
-    kernels::attention_forward_bf16(q, k, v, scale_, st.o_SBNA, st.lse_BNS, &drop);
+    kernels::attention_forward_bf16(q, k, v, scale_, st.o_SBNA, st.lse_BNS, &drop, nullptr, dv_);  // v: dv_ wide
   else
     kernels::attention_forward(q, k, v, scale_, st.o_SBNA, st.lse_BNS, &drop);
 }
@@ -242,7 +242,7 @@ Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
   if (a_.cp.on())
     context_attention_backward(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, context_parallel(S), dQ, dK, dV, &drop);
   else if (bf16_attention(S))
-    kernels::attention_backward_bf16(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
+    kernels::attention_backward_bf16(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop, nullptr, dv_);
   else
     kernels::attention_backward(dO, q, k, v, st.o_SBNA, st.lse_BNS, scale_, dQ, dK, dV, &drop);
   timer.reset();

@@ -15,6 +15,7 @@
 #include "moecore/core/rng.h"
 #include "moecore/core/timer.h"
 #include "moecore/device/device_select.h"
+#include "moecore/kernels/attention_backend.h"
 #include "moecore/kernels/cpu/attention_flash.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
 #include "moecore/kernels/rope.h"
@@ -31,6 +32,7 @@ struct AttentionBenchArgs {
   bool bf16_tensors = false;
   int64_t block_q0 = -1;  // ≥ 0: a context-parallel block, queries at q0.., keys at 0..
   double dropout = 0;     // attention dropout, as --attention-dropout trains it (Megatron's default 0.1)
+  std::string backend;    // the GPU bf16 attention's backend (kernels/attention_backend.h); empty: as configured
 };
 
 void run_bench_attention(const AttentionBenchArgs& a) {
@@ -38,8 +40,9 @@ void run_bench_attention(const AttentionBenchArgs& a) {
             a.heads, a.kv_heads);
   const Device d = cuda::resolve_device(a.device, "bench attention");
   if (d.is_cuda()) {
-    MOE_CHECK(a.bf16_kernel == "auto", "--bf16-kernel {} names a CPU kernel; the GPU has one attention kernel",
+    MOE_CHECK(a.bf16_kernel == "auto", "--bf16-kernel {} names a CPU kernel; on the GPU use --attention-backend",
               a.bf16_kernel);
+    if (!a.backend.empty()) kernels::set_attention_backend(kernels::parse_attention_backend(a.backend));
     return run_bench_attention_gpu(d, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim, a.iters, a.dtype == "bf16",
                                    a.dropout);
   }
@@ -198,6 +201,11 @@ BenchCommand add_attention_bench(CLI::App& bench) {
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
   cmd->add_option("--device", a->device, "auto (the GPU when one is visible), cpu or cuda[:N]")->capture_default_str();
+  cmd->add_option("--attention-backend", a->backend,
+                  "GPU bf16 attention: auto or cudnn (cuDNN's fused attention where it loads, timed against the "
+                  "native kernels run by run), native (moecore's tensor-core kernels only); default: "
+                  "MOECORE_ATTENTION_BACKEND, else auto")
+      ->check(CLI::IsMember({"auto", "cudnn", "native"}));
   return {cmd, [a] { run_bench_attention(*a); }};
 }
 

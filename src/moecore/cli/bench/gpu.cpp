@@ -14,6 +14,9 @@
 #include "moecore/core/timer.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/attention_backend.h"
+#include "moecore/kernels/cuda/attention_cudnn.h"
+#include "moecore/kernels/cuda/attention_cudnn_api.h"
 #include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
@@ -43,12 +46,22 @@ void run_bench_gemm_gpu(Device d, int64_t size, int iters) {
 
 void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int iters, bool bf16, double dropout) {
+  // bf16: cuDNN's fused attention and the native kernels, run by run (cuDNN only where it loads on this GPU).
+  using kernels::AttentionBackend;
+  const AttentionBackend chosen = kernels::attention_backend();
+  std::string cudnn_why;
+  const bool with_cudnn = bf16 && kernels::cuda::cudnn_attention_available(&cudnn_why);
+  const bool compare = with_cudnn && chosen != AttentionBackend::kNative;
   fmt::print(
       "moecore bench attention --device {}: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} "
       "timed runs{}\n  device: {}\n",
       d.str(), seq, batch, heads, kv_heads, head_dim, bf16 ? "bf16" : "f32",
-      bf16 ? "own flash kernel, bf16-rounded operands" : "own flash kernel", iters,
-      dropout > 0 ? fmt::format("; attention dropout {} timed against none, run by run", dropout) : "",
+      !bf16        ? "own flash kernel"
+      : compare    ? fmt::format("cuDNN {} fused attention against the native tensor-core kernels, run by run",
+                                 kernels::cudnn_version_str(kernels::cuda::cudnn_loaded_version()))
+      : with_cudnn ? std::string("native tensor-core kernels (attention backend native)")
+                   : fmt::format("native tensor-core kernels; cuDNN unavailable: {}", cudnn_why),
+      iters, dropout > 0 ? fmt::format("; attention dropout {} timed against none, run by run", dropout) : "",
       cuda::describe_device(d));
   const Tensor q = random_on(d, {seq, batch, heads, head_dim}, DType::F32, 3);
   const Tensor k = random_on(d, {seq, batch, kv_heads, head_dim}, DType::F32, 4);
@@ -80,22 +93,52 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
     cuda::synchronize();
     return std::pair{tf, t.seconds()};
   };
-  // With dropout, the runs alternate (none, dropout) so both see the same clocks and temperature.
-  std::vector<double> f_rates, t_rates, fd_rates, td_rates, ratios;
+  // The same run on one backend (the chosen one restored after).
+  auto run_on = [&](AttentionBackend b) {
+    kernels::set_attention_backend(b);
+    const auto r = run(nullptr);
+    kernels::set_attention_backend(chosen);
+    return r;
+  };
+  // With dropout, the runs alternate (none, dropout) so both see the same clocks and temperature; with cuDNN, the
+  // native kernels' run alternates with cuDNN's.
+  std::vector<double> f_rates, t_rates, fd_rates, td_rates, ratios, nf_rates, nt_rates, speedups;
+  const int64_t cudnn_calls_before = kernels::cuda::cudnn_attention_counts().backward;
   for (int i = 0; i <= iters; i++) {
     const auto [tf, tt] = run(nullptr);
     const auto [tfd, ttd] = dropout > 0 ? run(&drop) : std::pair{0.0, 0.0};
+    const auto [ntf, ntt] = compare ? run_on(AttentionBackend::kNative) : std::pair{0.0, 0.0};
     if (i == 0) continue;  // warm-up
     f_rates.push_back(fwd_flops / tf / 1e9);
     t_rates.push_back(3.5 * fwd_flops / tt / 1e9);
+    if (compare) {
+      nf_rates.push_back(fwd_flops / ntf / 1e9);
+      nt_rates.push_back(3.5 * fwd_flops / ntt / 1e9);
+      speedups.push_back(ntt / tt);
+    }
     if (dropout <= 0) continue;
     fd_rates.push_back(fwd_flops / tfd / 1e9);
     td_rates.push_back(3.5 * fwd_flops / ttd / 1e9);
     ratios.push_back(ttd / tt);
   }
   const double peak = gpu_bf16_peak_gflops(d), f = median(f_rates), tot = median(t_rates);
-  fmt::print("  attention forward:          {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", f, f / peak);
-  fmt::print("  attention forward+backward: {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", tot, tot / peak);
+  // The chosen backend's calls ran cuDNN only if it took them (a refused shape falls back, and says why above).
+  const bool cudnn_ran = compare && kernels::cuda::cudnn_attention_counts().backward > cudnn_calls_before;
+  const char* who = !bf16 ? "" : cudnn_ran ? " [cuDNN]" : " [native]";
+  fmt::print("  attention forward{}:          {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", who, f, f / peak);
+  fmt::print("  attention forward+backward{}: {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", who, tot,
+             tot / peak);
+  if (compare) {
+    const double nf = median(nf_rates), nt = median(nt_rates), sp = median(speedups);
+    fmt::print("  native kernels forward:          {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", nf, nf / peak);
+    fmt::print("  native kernels forward+backward: {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", nt, nt / peak);
+    fmt::print(
+        "attention_backends device=cuda dtype=bf16 S={} B={} heads={}/{} D={} cudnn_ran={} cudnn_fwd_tflops={:.1f} "
+        "cudnn_fwd_bwd_tflops={:.1f} native_fwd_tflops={:.1f} native_fwd_bwd_tflops={:.1f} speedup={:.3f} "
+        "peak_tflops={:.1f}\n",
+        seq, batch, heads, kv_heads, head_dim, cudnn_ran ? 1 : 0, f / 1e3, tot / 1e3, nf / 1e3, nt / 1e3, sp,
+        peak / 1e3);
+  }
   if (dropout > 0) {
     const double fd = median(fd_rates), td = median(td_rates), ratio = median(ratios);
     fmt::print("  with dropout {}: forward    {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", dropout, fd,

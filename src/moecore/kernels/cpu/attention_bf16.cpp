@@ -311,8 +311,9 @@ void require_plain(const AttentionRope* rope, std::initializer_list<const Tensor
 }  // namespace
 
 namespace cpu {
+// value_dim: the channels past it are zero in v (and dout); the kernels compute them (as zeros) like any other.
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout, const AttentionRope* rope) {
+                            const AttentionDropout* dropout, const AttentionRope* rope, int64_t /*value_dim*/) {
   const Bf16AttentionKernel kernel = bf16_attention_kernel();
   if (kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&q, &k, &v, &o});
   if (kernel == Bf16AttentionKernel::FlashNative)
@@ -325,7 +326,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, d
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout, const AttentionRope* rope) {
+                             const AttentionDropout* dropout, const AttentionRope* rope, int64_t /*value_dim*/) {
   const Bf16AttentionKernel kernel = bf16_attention_kernel();
   if (kernel != Bf16AttentionKernel::FlashNative) require_plain(rope, {&dout, &q, &k, &v, &o, &dq, &dk, &dv});
   if (kernel == Bf16AttentionKernel::FlashNative)

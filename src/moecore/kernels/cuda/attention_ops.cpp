@@ -1,12 +1,14 @@
 // Tensor-level CUDA attention (kernels/attention.h): the GPU attention kernels over a span (launch_attention_tc.h
 // AttentionSpan: query rows at q0.., keys at k0.., off = q0 − k0), for the blocks of context parallelism
 // (attention_block_forward/backward, with the merge kernel attention_merge.cu) and for the whole sequence, its block
-// at positions 0 with dq written rather than added to. The dropout keys its mask by global positions as the CPU's
-// block form does (its offsets plus q0 and k0), so both devices drop the same probabilities.
+// at positions 0 with dq written rather than added to; the whole sequence's bf16 path goes to cuDNN's fused attention
+// first (attention_cudnn.h), which says when it cannot take a call. The dropout keys its mask by global positions as
+// the CPU's block form does (its offsets plus q0 and k0), so both devices drop the same probabilities.
 #include <algorithm>
 
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/cuda/attention_cudnn.h"
 #include "moecore/kernels/cuda/dropout_params.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_attention_tc.h"
@@ -123,14 +125,17 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   span_backward(dout, q, k, v, o, lse, 0, 0, scale, dq, dk, dv, dropout, false, false);
 }
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
-                            const AttentionDropout* dropout, const AttentionRope* rope) {
+                            const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim) {
   require_no_rope(rope);
+  if (cudnn_attention_forward(q, k, v, value_dim > 0 ? value_dim : q.dim(3), scale, o, lse, dropout)) return;
   cuda::attention_block_forward(q, k, v, 0, 0, scale, o, lse, dropout, true);
 }
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
-                             const AttentionDropout* dropout, const AttentionRope* rope) {
+                             const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim) {
   require_no_rope(rope);
+  if (cudnn_attention_backward(dout, q, k, v, o, lse, value_dim > 0 ? value_dim : q.dim(3), scale, dq, dk, dv, dropout))
+    return;
   span_backward(dout, q, k, v, o, lse, 0, 0, scale, dq, dk, dv, dropout, true, false);
 }
 

@@ -120,11 +120,12 @@ void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tenso
   MOE_NO_CUDA_KERNEL("attention_backward");
 }
 void attention_forward_bf16(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&,
-                            const AttentionDropout*, const AttentionRope*) {
+                            const AttentionDropout*, const AttentionRope*, int64_t) {
   MOE_NO_CUDA_KERNEL("attention_forward_bf16");
 }
 void attention_backward_bf16(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, const AttentionRope*) {
+                             double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, const AttentionRope*,
+                             int64_t) {
   MOE_NO_CUDA_KERNEL("attention_backward_bf16");
 }
 void attention_block_forward(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double, Tensor&, Tensor&,
