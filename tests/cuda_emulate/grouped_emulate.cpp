@@ -98,8 +98,8 @@ bool activation_case(int act, int64_t rows, int64_t F) {
   std::vector<float> dp_a(rows, NAN), dp_b(rows, NAN);
   activation_backward(act, dy16.data(), true, x16.data(), true, probs.data(), dx_a.data(), true, dp_a.data(), rows, F,
                       nullptr);
-  activation_backward(act, dy32.data(), false, x32.data(), false, probs.data(), dx_b.data(), true, dp_b.data(), rows,
-                      F, nullptr);
+  activation_backward(act, dy32.data(), false, x32.data(), false, probs.data(), dx_b.data(), true, dp_b.data(), rows, F,
+                      nullptr);
   for (size_t i = 0; i < dx_a.size(); i++) ok &= bits16(dx_a[i]) == bits16(dx_b[i]);
   ok &= std::memcmp(dp_a.data(), dp_b.data(), dp_a.size() * 4) == 0;
   // And the f32 path against an f64 reference of the SwiGLU forward (the shared math is right, not only alike).

@@ -43,7 +43,8 @@ constexpr size_t kLtWorkspace = size_t(32) << 20;
 
 std::atomic<int> g_impl{-1};  // −1: not chosen yet (read the environment on first use)
 std::atomic<int64_t> g_grouped_calls{0}, g_loop_calls{0}, g_refused_calls{0};
-std::atomic<bool> g_refused_bf16_out{false};  // cuBLAS refused bf16 → bf16 once: every later call loops
+// Type combinations cuBLAS refused a grouped call for (bit refusal_bit): every later call of them loops.
+std::atomic<unsigned> g_refused_types{0};
 
 // Where a problem's operands live, for the device pointer builder: operand o of the problem is
 // base[o] + row·row_stride[o] + expert·expert_stride[o] (GroupedPtrArgs).
@@ -146,9 +147,14 @@ cublasComputeType_t compute_type(cudaDataType_t in) {
 void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, cudaDataType_t out, float alpha,
                     float beta);
 
-// The types cuBLAS offers cublasGemmGroupedBatchedEx (f32 compute): f32 → f32 and bf16 → bf16.
+unsigned refusal_bit(cudaDataType_t in, cudaDataType_t out) {
+  return 1u << ((in == CUDA_R_16BF ? 1 : 0) + (out == CUDA_R_16BF ? 2 : 0) + (allow_tf32() ? 4 : 0));
+}
+
+// The types cuBLAS offers cublasGemmGroupedBatchedEx (f32 compute): f32 → f32 and bf16 → bf16; not those this
+// process's cuBLAS refused.
 bool grouped_offers(cudaDataType_t in, cudaDataType_t out) {
-  return in == out && !(out == CUDA_R_16BF && g_refused_bf16_out.load());
+  return in == out && (g_refused_types.load() & refusal_bit(in, out)) == 0;
 }
 
 // The device pointer arrays of `ps` ([A | B | C], 3·G pointers) in `ptrs`, written by the builder kernel, at most
@@ -203,15 +209,17 @@ void run_grouped(Device d, const std::vector<Problem>& ps, const Operands& ops, 
       h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), const_cast<const void* const*>(dp), in,
       lda.data(), const_cast<const void* const*>(dp + G), in, ldb.data(), betas.data(), dp + 2 * G, out, ldc.data(),
       static_cast<int>(G), group_size.data(), compute_type(in));
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_INVALID_VALUE && out == CUDA_R_16BF)) {
-    MOE_ASSERT_MSG(out == CUDA_R_16BF, "cublasGemmGroupedBatchedEx refused f32 operands ({})",
-                   cublasGetStatusString(st));
-    if (!g_refused_bf16_out.exchange(true))
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+    // Said once per type combination; the loop computes the same products (the problem list was checked above, so
+    // a refusal is cuBLAS's, not a bad argument of ours).
+    if ((g_refused_types.fetch_or(refusal_bit(in, out)) & refusal_bit(in, out)) == 0)
       fmt::print(stderr,
-                 "moecore: cublasGemmGroupedBatchedEx refuses bf16 operands with a bf16 output ({}); the grouped "
-                 "GEMMs run as one cuBLASLt matmul per expert\n",
-                 cublasGetStatusString(st));
+                 "moecore: cublasGemmGroupedBatchedEx refuses {} operands with a {} output ({}); those grouped GEMMs "
+                 "run as one cuBLASLt matmul per expert\n",
+                 in == CUDA_R_16BF ? "bf16" : (allow_tf32() ? "f32 (TF32)" : "f32"),
+                 out == CUDA_R_16BF ? "bf16" : "f32", cublasGetStatusString(st));
     g_refused_calls++;
+    g_loop_calls++;
     return run_lt_streams(d, ps, in, out, alpha, beta);
   }
   MOE_CUBLAS_CHECK(st);
@@ -284,8 +292,8 @@ void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in,
   std::vector<LtKey> exact(ps.size());
   for (size_t i = 0; i < ps.size(); i++) {
     const Problem& p = ps[i];
-    exact[i] = LtKey{d.index, p.m,  p.n, p.k, p.lda,        p.ldb,          p.ldc,          p.ta,
-                     p.tb,    in,   out, allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
+    exact[i] = LtKey{d.index, p.m, p.n, p.k,          p.lda,          p.ldb,          p.ldc,         p.ta,
+                     p.tb,    in,  out, allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
     // The row counts are n in the forward and data-gradient products (C = op(W)·X per expert, column-major, X not
     // transposed) and k in the weight gradient (X transposed): only that dimension is bucketed, and the leading
     // dimensions grow with it where they must.
@@ -398,12 +406,13 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
                  "grouped GEMM {} · {}{} -> {}", A_RK.shape().str(), W.shape().str(), trans_w ? "ᵀ" : "",
                  C_RN.shape().str());
   gg::check_rows(row_begin, rows, E, R);
-  const int64_t es = static_cast<int64_t>(dtype_size(A_RK.dtype())), cs = static_cast<int64_t>(dtype_size(C_RN.dtype()));
+  const int64_t es = static_cast<int64_t>(dtype_size(A_RK.dtype())),
+                cs = static_cast<int64_t>(dtype_size(C_RN.dtype()));
   // cuBLAS's A is the expert's weight, B the expert's rows of A_RK, C its rows of C_RN.
-  const gg::Operands ops{{static_cast<const char*>(W.raw()), static_cast<const char*>(A_RK.raw()),
-                          static_cast<const char*>(C_RN.raw())},
-                         {0, K * es, N * cs},
-                         {N * K * es, 0, 0}};
+  const gg::Operands ops{
+      {static_cast<const char*>(W.raw()), static_cast<const char*>(A_RK.raw()), static_cast<const char*>(C_RN.raw())},
+      {0, K * es, N * cs},
+      {N * K * es, 0, 0}};
   std::vector<gg::Problem> ps;
   for (size_t e = 0; e < rows.size(); e++) {
     if (rows[e] == 0) continue;
@@ -448,8 +457,7 @@ void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK,
     ps.push_back(gg::Problem{CUBLAS_OP_N, CUBLAS_OP_T, gg::as_int(K, "K"), gg::as_int(N, "N"),
                              gg::as_int(rows[e], "rows"), ops.base[0] + r0 * ops.row_stride[0], gg::as_int(K, "lda"),
                              ops.base[1] + r0 * ops.row_stride[1], gg::as_int(N, "ldb"),
-                             const_cast<char*>(ops.base[2] + ei * ops.expert_stride[2]), gg::as_int(K, "ldc"), ei,
-                             r0});
+                             const_cast<char*>(ops.base[2] + ei * ops.expert_stride[2]), gg::as_int(K, "ldc"), ei, r0});
   }
   if (N > 0 && K > 0) gg::run(dY_RN.device(), ps, ops, in, CUDA_R_32F, 1.0f);
 }

@@ -16,8 +16,7 @@ __global__ void grouped_ptrs_k(GroupedPtrArgs a, void** out, int64_t G, int64_t 
 }  // namespace
 
 void grouped_gemm_pointers(const GroupedPtrArgs& args, void** out, int64_t G, int64_t first, cudaStream_t s) {
-  if (args.count > 0)
-    grouped_ptrs_k<<<grid_for(3 * args.count), kThreads, 0, s>>>(args, out, G, first);
+  if (args.count > 0) grouped_ptrs_k<<<grid_for(3 * args.count), kThreads, 0, s>>>(args, out, G, first);
 }
 
 }  // namespace moecore::launch

@@ -178,8 +178,8 @@ __global__ void sum_rows_bf16x8_kernel(const uint4* src, const int64_t* offsets,
   }
 }
 
-__global__ void sum_rows_bf16_kernel(const __nv_bfloat16* src, const int64_t* offsets, const int32_t* rows,
-                                     float* dst, int64_t T, int64_t H) {
+__global__ void sum_rows_bf16_kernel(const __nv_bfloat16* src, const int64_t* offsets, const int32_t* rows, float* dst,
+                                     int64_t T, int64_t H) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int64_t b = offsets[t], e = offsets[t + 1];
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
@@ -303,16 +303,15 @@ void moe_scatter_rows(const void* src, const int32_t* idx, void* dst, int64_t R,
     scatter_rows_kernel<<<g, th, 0, s>>>(static_cast<const uint8_t*>(src), idx, static_cast<uint8_t*>(dst), R, words);
 }
 
-void moe_sum_rows_per_token(const void* src, bool src_bf16, const int64_t* offsets_T1, const int32_t* rows,
-                            float* dst, int64_t T, int64_t H, cudaStream_t s) {
+void moe_sum_rows_per_token(const void* src, bool src_bf16, const int64_t* offsets_T1, const int32_t* rows, float* dst,
+                            int64_t T, int64_t H, cudaStream_t s) {
   if (T == 0 || H == 0) return;
   if (src_bf16) {
     const auto* src16 = static_cast<const __nv_bfloat16*>(src);
     if (H % 8 == 0 && aligned(src, 16) && aligned(dst, 16)) {
       const int64_t words = H / 8;
       sum_rows_bf16x8_kernel<<<row_grid(T), row_threads(words), 0, s>>>(static_cast<const uint4*>(src), offsets_T1,
-                                                                         rows, reinterpret_cast<float4*>(dst), T,
-                                                                         words);
+                                                                        rows, reinterpret_cast<float4*>(dst), T, words);
     } else {
       sum_rows_bf16_kernel<<<row_grid(T), row_threads(H), 0, s>>>(src16, offsets_T1, rows, dst, T, H);
     }
@@ -321,8 +320,8 @@ void moe_sum_rows_per_token(const void* src, bool src_bf16, const int64_t* offse
   const auto* src32 = static_cast<const float*>(src);
   if (H % 4 == 0 && aligned(src, 16) && aligned(dst, 16)) {
     const int64_t words = H / 4;
-    sum_rows_kernel<<<row_grid(T), row_threads(words), 0, s>>>(reinterpret_cast<const float4*>(src32), offsets_T1,
-                                                               rows, reinterpret_cast<float4*>(dst), T, words);
+    sum_rows_kernel<<<row_grid(T), row_threads(words), 0, s>>>(reinterpret_cast<const float4*>(src32), offsets_T1, rows,
+                                                               reinterpret_cast<float4*>(dst), T, words);
   } else {
     sum_rows_kernel<<<row_grid(T), row_threads(H), 0, s>>>(src32, offsets_T1, rows, dst, T, H);
   }
