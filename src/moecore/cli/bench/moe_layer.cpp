@@ -34,6 +34,10 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   const bool bf16 = a.dtype == "bf16";
   const Device dev = cuda::resolve_device(a.device, "bench moe-layer");
+  MOE_CHECK(!a.compare_grouped || dev.is_cuda(),
+            "--compare-grouped-gemm times the GPU's grouped GEMM implementations; run it with --device cuda (the "
+            "device here is {})",
+            dev.str());
   fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, on {}\n", a.tokens,
              a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters,
              dev.is_cuda() ? cuda::describe_device(dev) : fmt::format("the CPU, {} threads", num_threads()));
@@ -120,7 +124,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   fmt::print("  {}\n", describe_paired(rates, peak.samples()));
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} paired_ratio={:.3f}\n", a.dtype, rate, p,
              rate / p, paired_peak_ratio(rates, peak.samples()));
-  if (!dev.is_cuda() || !a.compare_grouped) return;
+  if (!a.compare_grouped) return;
   // The same layer with each grouped GEMM implementation, against the peak measured above.
   using kernels::cuda::GroupedGemmImpl;
   const GroupedGemmImpl saved = kernels::cuda::grouped_gemm_impl();
