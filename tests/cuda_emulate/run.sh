@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA kernels run on the host, for CI machines without a GPU (CTest cuda_*_host_emulation): each harness
 # compiles the kernels' own .cu source against an emulation of the CUDA primitives, with ASan, and checks the results
-# against host references. Usage: run.sh kernels|optim_router|attention_tc WORK_DIR. Needs g++ and the CUDA
+# against host references. Usage: run.sh kernels|optim_router|grouped|attention_tc WORK_DIR. Needs g++ and the CUDA
 # toolkit's headers (/usr/local/cuda/include, or $CUDA_HOME/include): without them it says so and exits 77, which
 # CTest reports as skipped (SKIP_RETURN_CODE).
 set -euo pipefail
@@ -29,12 +29,18 @@ case "$which" in
     g++ "${flags[@]}" "$here/optim_router_emulate.cpp" -o "$work/optim_router_emulate"
     "$work/optim_router_emulate"
     ;;
+  grouped)
+    python3 "$here/cuda_kernels_emulate.py" "$work/grouped_emulate.inc" \
+      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,moe_permute,grouped_gemm_ptrs}.cu
+    g++ "${flags[@]}" "$here/grouped_emulate.cpp" -o "$work/grouped_emulate"
+    "$work/grouped_emulate"
+    ;;
   attention_tc)
     g++ "${flags[@]}" "$here/attention_tc_emulate.cpp" -o "$work/attention_tc_emulate"
     "$work/attention_tc_emulate"
     ;;
   *)
-    echo "usage: run.sh kernels|optim_router|attention_tc WORK_DIR" >&2
+    echo "usage: run.sh kernels|optim_router|grouped|attention_tc WORK_DIR" >&2
     exit 2
     ;;
 esac

@@ -1,5 +1,6 @@
 // Grouped expert GEMMs through the API on the CPU: each expert's block of rows against an f64 loop, for both weight
-// orientations and f32 or bf16 operands; rows outside every block are not written; the weight gradient accumulates.
+// orientations and f32 or bf16 operands; a bf16 output is the f32 product rounded once; rows outside every block are
+// not written; the weight gradient accumulates.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,6 +41,23 @@ TEST(GroupedGemm, EachExpertsRowsAgainstAnF64Loop) {
       for (int64_t r : {0, 1, 10})
         for (int64_t n = 0; n < N; n++) EXPECT_EQ(C.item(r * N + n), 7.0) << "row " << r << " is no expert's";
     }
+}
+
+// bf16 operands into a bf16 output (the GPU experts' fc1, fc2 and data-gradient GEMMs under --bf16, whose reference
+// this is): the f32 output's values rounded once (within half a bf16 step of them; oneDNN may pick another kernel for
+// the bf16 destination, so not necessarily the same bits); rows of no expert untouched.
+TEST(GroupedGemm, Bf16OutputIsTheF32ProductRoundedOnce) {
+  for (bool trans_w : {false, true}) {
+    const Tensor A = randn({R, K}, DType::F32, 1).to(DType::BF16);
+    const Tensor W = randn(trans_w ? Shape{E, N, K} : Shape{E, K, N}, DType::F32, 2).to(DType::BF16);
+    Tensor C32 = Tensor::zeros({R, N}, DType::F32), C16 = Tensor::zeros({R, N}, DType::BF16);
+    kernels::grouped_gemm(A, W, trans_w, C32, kBegin, kRows);
+    kernels::grouped_gemm(A, W, trans_w, C16, kBegin, kRows);
+    for (int64_t i = 0; i < R * N; i++)
+      EXPECT_LE(std::abs(C16.item(i) - C32.item(i)), 0x1p-8 * std::abs(C32.item(i)) + 1e-30) << "element " << i;
+    for (int64_t r : {0, 1, 10})
+      for (int64_t n = 0; n < N; n++) EXPECT_EQ(C16.item(r * N + n), 0.0) << "row " << r << " is no expert's";
+  }
 }
 
 TEST(GroupedGemm, WeightGradientAccumulatesPerExpert) {

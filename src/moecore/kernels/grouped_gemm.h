@@ -13,8 +13,8 @@ namespace moecore::kernels {
 
 // For every expert e with rows[e] > 0, rows [row_begin[e], row_begin[e] + rows[e]) of A and C:
 //   C_e = A_e · W_eᵀ (trans_w: W [E, N, K]) or C_e = A_e · W_e (W [E, K, N]).
-// A [R, K] and W one dtype (f32 or bf16; f32 accumulation), C f32 [R, N]; rows of C outside every expert's block are
-// not written.
+// A [R, K] and W one dtype (f32 or bf16; f32 accumulation), C [R, N] f32, or bf16 with bf16 operands (the f32
+// accumulation rounded to nearest even as it is written); rows of C outside every expert's block are not written.
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
                   const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows);
 // dW_e += dY_eᵀ · X_e for every expert with rows (dW f32 [E, N, K]; dY [R, N] and X [R, K] one dtype).

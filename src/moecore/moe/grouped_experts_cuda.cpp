@@ -1,9 +1,12 @@
 // The grouped experts on the GPU (see grouped_experts.h): the CPU path's computation and dtypes, with one grouped
 // GEMM per projection and direction (kernels/grouped_gemm.h) instead of per-expert chunked GEMMs. Unlike the
 // CPU path (which pads each expert's rows to a multiple of 32 for its fixed-shape oneDNN primitives), the GPU works
-// on the dispatcher's rows as they come, expert-major and unpadded: cuBLASLt takes any row count, and four copies of
-// [R, H] per layer (into and out of a padded layout, forward and backward) are saved. Every row's result is the
-// same computation; only the weight gradients' reduction over rows may round differently (tested against the CPU).
+// on the dispatcher's rows as they come, expert-major and unpadded: cuBLAS takes any row count, and four copies of
+// [R, H] per layer (into and out of a padded layout, forward and backward) are saved. Under --bf16 every GEMM writes
+// the dtype the CPU's writes (h_dtype, rows_out_dtype: bf16 h and da without biases, bf16 y and dx without expert
+// tensor parallelism), rounded by the GEMM's epilogue, and the activation, bias and combine kernels read bf16 as it
+// is: no cast pass between them. Every row's result is the same computation; only the weight gradients' reduction
+// over rows may round differently (tested against the CPU).
 #include "moecore/core/timers.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/grouped_gemm.h"
@@ -51,15 +54,18 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
     w1 = &w1_bf16_;
     w2 = &w2_bf16_;
   }
-  st.h_RF1 = Tensor::empty({R, F1}, DType::F32, d);
+  // h in h_dtype(): bf16 written by the GEMM under bf16 without biases. With a bias the GEMM writes f32, the bias
+  // is added to the f32 product and h is rounded once after it (as the CPU path), so forward, backward and a
+  // moe_act recompute read one bf16 h.
+  st.h_RF1 = Tensor::empty({R, F1}, h_dtype(), d);
   kernels::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, begin, counts);
   fc1_bias_forward(st, st.h_RF1);
-  // The GEMM writes h in f32: under bf16 it is rounded once before the activation reads it (the activation's kernels
-  // widen it), as the CPU path and Megatron keep it, so forward, backward and a moe_act recompute read one bf16 h.
   st.h_RF1 = st.h_RF1.as_dtype(xt);
   st.a_RF = Tensor::empty({R, F}, xt, d);
   if (R > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
-  Tensor y = Tensor::empty({R, H}, DType::F32, d);
+  // y in rows_out_dtype(): bf16 under bf16 (the combine sums a token's rows in f32); b2·p is added to the bf16 rows
+  // in f32 and rounded again, as on the CPU.
+  Tensor y = Tensor::empty({R, H}, rows_out_dtype(), d);
   kernels::grouped_gemm(st.a_RF, *w2, true, y, begin, counts);
   fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
@@ -80,7 +86,9 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
     st.a_RF = Tensor::empty({R, F}, xt, d);
     if (R > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
-  Tensor da = Tensor::empty({R, F}, DType::F32, d);
+  // da in h_dtype() (bf16 under bf16 without biases, read by the activation's backward as it is), dx in
+  // rows_out_dtype(): the dtypes the CPU's GEMMs write.
+  Tensor da = Tensor::empty({R, F}, h_dtype(), d);
   kernels::grouped_gemm(dy, w2, false, da, begin, counts);
   kernels::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, begin, counts);
   Tensor dhc = Tensor::empty({R, st.h_RF1.cols()}, xt, d);
@@ -88,7 +96,7 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
   if (R > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs_R);
   fc2_bias_backward(st, dy, dprobs_R);  // after the activation's backward, which writes dprobs
   fc1_bias_backward(st, dhc);
-  Tensor dx = Tensor::empty({R, H}, DType::F32, d);
+  Tensor dx = Tensor::empty({R, H}, rows_out_dtype(), d);
   kernels::grouped_gemm(dhc, w1, false, dx, begin, counts);
   kernels::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, begin, counts);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();

@@ -1,6 +1,7 @@
 // `moecore bench grouped-gemm --device cuda`: the six expert GEMMs of one MoE layer's forward and backward (fc1 and
-// fc2: forward, data gradient, weight gradient) over balanced expert row counts, bf16 operands with f32 accumulation
-// and output, through both grouped GEMM implementations (kernels/cuda/grouped_gemm.h), as TFLOP/s and as a fraction
+// fc2: forward, data gradient, weight gradient) over balanced expert row counts, bf16 operands with f32 accumulation,
+// bf16 outputs and f32 weight gradients as the GPU experts run them under --bf16, through both grouped GEMM
+// implementations (kernels/cuda/grouped_gemm.h), as TFLOP/s and as a fraction
 // of the cuBLAS bf16 peak measured in the same run. Shapes: Qwen3-30B-A3B's experts (H=2048, F=768, E=128, top-8) and
 // Mixtral 8x7B's (H=4096, F=14336, E=8, top-2), 16,384 tokens by default.
 #include "moecore/kernels/cuda/grouped_gemm.h"
@@ -61,12 +62,12 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
   const Tensor x = random_gpu(d, {Rb, s.H}, DType::BF16, 1), dy = random_gpu(d, {Rb, s.H}, DType::BF16, 2);
   const Tensor w1 = random_gpu(d, {s.E, F1, s.H}, DType::BF16, 3), w2 = random_gpu(d, {s.E, s.H, s.F}, DType::BF16, 4);
   const Tensor a = random_gpu(d, {Rb, s.F}, DType::BF16, 5), dh = random_gpu(d, {Rb, F1}, DType::BF16, 6);
-  Tensor h = Tensor::empty({Rb, F1}, DType::F32, d), y = Tensor::empty({Rb, s.H}, DType::F32, d);
-  Tensor da = Tensor::empty({Rb, s.F}, DType::F32, d), dx = Tensor::empty({Rb, s.H}, DType::F32, d);
+  Tensor h = Tensor::empty({Rb, F1}, DType::BF16, d), y = Tensor::empty({Rb, s.H}, DType::BF16, d);
+  Tensor da = Tensor::empty({Rb, s.F}, DType::BF16, d), dx = Tensor::empty({Rb, s.H}, DType::BF16, d);
   Tensor dw1 = Tensor::zeros({s.E, F1, s.H}, DType::F32, d), dw2 = Tensor::zeros({s.E, s.H, s.F}, DType::F32, d);
   const double fwd_flops = 2.0 * static_cast<double>(Rb) * (F1 * s.H + s.H * s.F), all_flops = 3 * fwd_flops;
   using kernels::cuda::GroupedGemmImpl;
-  for (auto impl : {GroupedGemmImpl::kCublasGrouped, GroupedGemmImpl::kLtStreams}) {
+  for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
     kernels::cuda::set_grouped_gemm_impl(impl);
     auto forward = [&] {
       kernels::cuda::grouped_gemm(x, w1, true, h, begin, rows);
@@ -80,6 +81,7 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
     };
     forward(), backward();  // warm-up: plans, handles, workspaces
     cuda::synchronize();
+    const kernels::cuda::GroupedGemmCalls c0 = kernels::cuda::grouped_gemm_calls();
     std::vector<double> f_rates, t_rates;
     for (int i = 0; i < iters; i++) {
       const Stopwatch t0;
@@ -93,13 +95,13 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
       t_rates.push_back(all_flops / t1.seconds() / 1e12);
     }
     const double f = median(f_rates), tot = median(t_rates);
+    const kernels::cuda::GroupedGemmCalls c1 = kernels::cuda::grouped_gemm_calls();
+    const double runs = 2.0 * iters;  // forward alone, then forward + backward, per iteration
     fmt::print(
-        "    {:<32} forward {:7.1f} TFLOP/s ({:.3f} of peak), forward+backward {:7.1f} TFLOP/s ({:.3f} of "
-        "peak){}\n",
+        "    {:<40} forward {:7.1f} TFLOP/s ({:.3f} of peak), forward+backward {:7.1f} TFLOP/s ({:.3f} of "
+        "peak); per pass {:.1f} grouped launches, {:.1f} per-expert loops ({:.1f} refused)\n",
         kernels::cuda::grouped_gemm_impl_name(impl), f, f * 1e3 / peak, tot, tot * 1e3 / peak,
-        impl == GroupedGemmImpl::kCublasGrouped && kernels::cuda::grouped_gemm_fell_back()
-            ? " [grouped call refused bf16->f32: ran cublasGemmEx per expert]"
-            : "");
+        (c1.grouped - c0.grouped) / runs, (c1.loop - c0.loop) / runs, (c1.refused - c0.refused) / runs);
   }
 }
 
@@ -111,7 +113,7 @@ void run_bench_grouped_gemm(const GroupedGemmBenchArgs& a) {
   const kernels::cuda::GroupedGemmImpl saved = kernels::cuda::grouped_gemm_impl();
   fmt::print(
       "moecore bench grouped-gemm --device {}: expert GEMMs of one MoE layer (fc1, fc2: forward, dgrad, wgrad), "
-      "bf16 operands, f32 output, median of {} runs\n  device: {}\n",
+      "bf16 operands, bf16 outputs, f32 weight gradients, median of {} runs\n  device: {}\n",
       d.str(), a.iters, cuda::describe_device(d));
   const double peak = gpu_bf16_peak_gflops(d);
   const ExpertShape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"mixtral-8x7b", 4096, 14336, 8, 2}};

@@ -1,5 +1,7 @@
 // `moecore bench moe-layer`: one MoE layer (router, dispatch, SwiGLU experts, combine) forward+backward GFLOP/s
-// against the same-run GEMM peak, on one rank. Not a training step (bench train) or communication (bench comm).
+// against the same-run GEMM peak, on one rank. Not a training step (bench train) or communication (bench comm). On
+// the GPU, --compare-grouped-gemm times the layer again with each grouped GEMM implementation (one grouped launch
+// per GEMM, and the per-expert loop: kernels/cuda/grouped_gemm.h).
 #include "moecore/moe/moe_layer.h"
 
 #include <fmt/format.h>
@@ -13,6 +15,7 @@
 #include "moecore/core/timers.h"
 #include "moecore/device/device_select.h"
 #include "moecore/device/runtime.h"
+#include "moecore/kernels/cuda/grouped_gemm.h"
 #include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
@@ -23,6 +26,7 @@ struct MoEBenchArgs {
   std::string dtype = "f32";
   int iters = 3;
   bool force_balance = false;
+  bool compare_grouped = false;
   std::string device = "cpu";
 };
 
@@ -30,6 +34,10 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   const bool bf16 = a.dtype == "bf16";
   const Device dev = cuda::resolve_device(a.device, "bench moe-layer");
+  MOE_CHECK(!a.compare_grouped || dev.is_cuda(),
+            "--compare-grouped-gemm times the GPU's grouped GEMM implementations; run it with --device cuda (the "
+            "device here is {})",
+            dev.str());
   fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, on {}\n", a.tokens,
              a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters,
              dev.is_cuda() ? cuda::describe_device(dev) : fmt::format("the CPU, {} threads", num_threads()));
@@ -63,26 +71,30 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   double gemm_s = 0, gemm_flops = 0, run_s = 0;
   GemmShapeTally shapes(/*merge_rows=*/true);  // the experts' row chunks as one shape each
   std::map<std::string, double> part_s;
-  for (int i = 0; i <= a.iters; i++) {
-    if (i > 0) peak.sample();      // interleaved with the timed runs (after the warm-up)
+  // One forward+backward as a training step of one micro-batch runs it; the seconds it took.
+  const auto one_run = [&] {
     reg.zero_grad(/*lazy=*/true);  // as a training step zeroes them: its weight-gradient GEMMs overwrite them
     // A training step finds each weight's bf16 copy written by the last optimizer update (AdamW::step) and takes
     // it as it is. The weights do not change here, so the copy the last run made stands for it.
     for (auto& prm : reg.all()) prm->bf16_cache_from_update = prm->bf16_cache.defined();
-    for (const std::string& n : parts) timers.elapsed(n, /*reset=*/true);
-    const kernels::GemmStats g0 = kernels::gemm_stats();
-    if (i > 0) shapes.begin();
     const Stopwatch timer;
     {
-      // As in a training step of one micro-batch: the bf16 copy of each weight taken once for the forward and
-      // backward (packed with MOECORE_PACK_WEIGHTS=on, kernels::pack_weights_for).
+      // The bf16 copy of each weight taken once for the forward and backward (packed with
+      // MOECORE_PACK_WEIGHTS=on, kernels::pack_weights_for).
       const nn::Bf16WeightScope bf16_weights(reg, kernels::pack_weights_for(1));
       layer.forward(x, *st);
       layer.backward(dy, *st);
     }
     reg.settle_grads();
     if (dev.is_cuda()) cuda::synchronize();  // the GPU's queued work belongs to this run
-    const double dt = timer.seconds();
+    return timer.seconds();
+  };
+  for (int i = 0; i <= a.iters; i++) {
+    if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
+    for (const std::string& n : parts) timers.elapsed(n, /*reset=*/true);
+    const kernels::GemmStats g0 = kernels::gemm_stats();
+    if (i > 0) shapes.begin();
+    const double dt = one_run();
     if (i == 0) continue;
     rates.push_back(flops / dt / 1e9);
     shapes.end();
@@ -112,6 +124,27 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   fmt::print("  {}\n", describe_paired(rates, peak.samples()));
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} paired_ratio={:.3f}\n", a.dtype, rate, p,
              rate / p, paired_peak_ratio(rates, peak.samples()));
+  if (!a.compare_grouped) return;
+  // The same layer with each grouped GEMM implementation, against the peak measured above.
+  using kernels::cuda::GroupedGemmImpl;
+  const GroupedGemmImpl saved = kernels::cuda::grouped_gemm_impl();
+  for (GroupedGemmImpl impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
+    kernels::cuda::set_grouped_gemm_impl(impl);
+    one_run();  // warm-up: plans, handles, workspaces of this implementation
+    const kernels::cuda::GroupedGemmCalls c0 = kernels::cuda::grouped_gemm_calls();
+    std::vector<double> r;
+    for (int i = 0; i < a.iters; i++) r.push_back(flops / one_run() / 1e12);
+    const kernels::cuda::GroupedGemmCalls c1 = kernels::cuda::grouped_gemm_calls();
+    const double t = median(r), n = a.iters;
+    const char* name = impl == GroupedGemmImpl::kGrouped ? "grouped" : "loop";
+    fmt::print(
+        "  {:<40} {:7.1f} TFLOP/s ({:.3f} of the peak); per run {:.0f} grouped launches, {:.0f} per-expert loops "
+        "({:.0f} refused by cuBLAS)\n",
+        kernels::cuda::grouped_gemm_impl_name(impl), t, t * 1e3 / p, (c1.grouped - c0.grouped) / n,
+        (c1.loop - c0.loop) / n, (c1.refused - c0.refused) / n);
+    fmt::print("moe_layer_grouped_gemm impl={} dtype={} tflops={:.1f} ratio={:.3f}\n", name, a.dtype, t, t * 1e3 / p);
+  }
+  kernels::cuda::set_grouped_gemm_impl(saved);
 }
 }  // namespace
 
@@ -126,6 +159,8 @@ BenchCommand add_moe_layer_bench(CLI::App& bench) {
   cmd->add_option("--dtype", a->dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_flag("--moe-router-force-load-balancing", a->force_balance, "Route on random logits");
+  cmd->add_flag("--compare-grouped-gemm", a->compare_grouped,
+                "On the GPU: also time the layer with each grouped GEMM implementation (grouped, loop)");
   cmd->add_option("--device", a->device, "cpu, cuda[:N] or auto (the GPU when one is visible)")->capture_default_str();
   return {cmd, [a] { run_bench_moe_layer(*a); }};
 }

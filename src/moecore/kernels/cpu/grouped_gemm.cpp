@@ -22,7 +22,8 @@ void check_groups(const Tensor& W, const std::vector<int64_t>& row_begin, const 
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
                   const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
   check_groups(W, row_begin, rows, A_RK.rows());
-  MOE_ASSERT(C_RN.rows() == A_RK.rows() && C_RN.dtype() == DType::F32 && A_RK.dtype() == W.dtype());
+  MOE_ASSERT(C_RN.rows() == A_RK.rows() && A_RK.dtype() == W.dtype());
+  MOE_ASSERT(C_RN.dtype() == DType::F32 || (C_RN.dtype() == DType::BF16 && A_RK.dtype() == DType::BF16));
   for (size_t e = 0; e < rows.size(); e++) {
     if (rows[e] == 0) continue;
     Tensor c = C_RN.slice(row_begin[e], rows[e]);

@@ -27,6 +27,14 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 
+// An f32 value stored as f32, or rounded to nearest even into a bf16.
+__device__ __forceinline__ void store_f32(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store_f32(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+
 // Sum over a block of kThreads threads; the tree is fixed, so the result does not depend on timing.
 template <typename T>
 __device__ T block_sum(T v, T* smem) {

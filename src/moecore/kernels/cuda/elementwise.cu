@@ -150,39 +150,46 @@ __device__ __forceinline__ void store(void* p, bool bf, int64_t i, float v) {
     static_cast<float*>(p)[i] = v;
 }
 
-__global__ void act_fwd_k(int act, const float* x, const float* p, void* y, bool bf, int64_t rows, int64_t F) {
+// An f32 or bf16 element read as f32: the fc1 output and the activation's output gradient arrive in either dtype
+// (bf16 where the GEMM that wrote them rounded them), and are widened here rather than by a separate cast pass.
+__device__ __forceinline__ float load(const void* p, bool bf, int64_t i) {
+  return bf ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__global__ void act_fwd_k(int act, const void* x, bool xb, const float* p, void* y, bool bf, int64_t rows, int64_t F) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * F;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / F, j = idx % F;
     const float scale = p ? p[t] : 1.0f;
     if (act == 0) {
-      const float a = x[t * 2 * F + j], b = x[t * 2 * F + F + j];
+      const float a = load(x, xb, t * 2 * F + j), b = load(x, xb, t * 2 * F + F + j);
       store(y, bf, idx, a * sigmoidf_(a) * b * scale);
     } else {
       float f, df;
-      act_and_grad(act, x[idx], f, df);
+      act_and_grad(act, load(x, xb, idx), f, df);
       store(y, bf, idx, f * scale);
     }
   }
 }
 
 // One block per row: dx elementwise, dprobs as the row's fixed-order block sum.
-__global__ void act_bwd_k(int act, const float* dy, const float* x, const float* p, void* dx, bool bf, float* dp,
-                          int64_t F) {
+__global__ void act_bwd_k(int act, const void* dy, bool dyb, const void* x, bool xb, const float* p, void* dx, bool bf,
+                          float* dp, int64_t F) {
   __shared__ float sm[kThreads];
   const int64_t t = blockIdx.x;
   const float scale = p ? p[t] : 1.0f;
   float dps = 0;
   for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
-    const float g0 = dy[t * F + j];
+    const float g0 = load(dy, dyb, t * F + j);
     if (act == 0) {
-      const float a = x[t * 2 * F + j], b = x[t * 2 * F + F + j], s = sigmoidf_(a), silu = a * s, g = g0 * scale;
+      const float a = load(x, xb, t * 2 * F + j), b = load(x, xb, t * 2 * F + F + j), s = sigmoidf_(a), silu = a * s,
+                  g = g0 * scale;
       store(dx, bf, t * 2 * F + j, g * b * s * (1.0f + a * (1.0f - s)));
       store(dx, bf, t * 2 * F + F + j, g * silu);
       dps += g0 * silu * b;
     } else {
       float f, df;
-      act_and_grad(act, x[t * F + j], f, df);
+      act_and_grad(act, load(x, xb, t * F + j), f, df);
       store(dx, bf, t * F + j, g0 * scale * df);
       dps += g0 * f;
     }
@@ -328,13 +335,15 @@ void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, in
                                                       sign);
 }
 
-void activation_forward(int act, const float* x, const float* probs, void* y, bool y_bf16, int64_t rows, int64_t F,
-                        cudaStream_t s) {
-  if (rows * F > 0) act_fwd_k<<<grid_for(rows * F), kThreads, 0, s>>>(act, x, probs, y, y_bf16, rows, F);
+void activation_forward(int act, const void* x, bool x_bf16, const float* probs, void* y, bool y_bf16, int64_t rows,
+                        int64_t F, cudaStream_t s) {
+  if (rows * F > 0) act_fwd_k<<<grid_for(rows * F), kThreads, 0, s>>>(act, x, x_bf16, probs, y, y_bf16, rows, F);
 }
-void activation_backward(int act, const float* dy, const float* x, const float* probs, void* dx, bool dx_bf16,
-                         float* dprobs, int64_t rows, int64_t F, cudaStream_t s) {
-  if (rows > 0) act_bwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(act, dy, x, probs, dx, dx_bf16, dprobs, F);
+void activation_backward(int act, const void* dy, bool dy_bf16, const void* x, bool x_bf16, const float* probs,
+                         void* dx, bool dx_bf16, float* dprobs, int64_t rows, int64_t F, cudaStream_t s) {
+  if (rows > 0)
+    act_bwd_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(act, dy, dy_bf16, x, x_bf16, probs, dx, dx_bf16, dprobs,
+                                                               F);
 }
 
 void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* out, cudaStream_t s) {

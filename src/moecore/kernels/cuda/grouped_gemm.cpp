@@ -1,12 +1,16 @@
 // Grouped expert GEMMs (see grouped_gemm.h). Row-major products are computed as their column-major transposes, as in
 // gemm_cublaslt.cpp: C_e[r, N] = A_e[r, K]·op(W_e) is Cᵀ = op(W_e)ᵀ·A_eᵀ with m = N, n = r, k = K, and the weight
-// gradient dW_e[N, K] += dY_eᵀ·X_e is dWᵀ = X_eᵀ·dY_e with m = K, n = N, k = r. Each expert is one problem; the
-// problem list is built on the host from the row counts (already there: the dispatch copied them).
-//   (a) kCublasGrouped: cublasGemmGroupedBatchedEx, every expert its own group of one, pointer arrays in device
-//       memory (one small host-to-device copy per call), one call per GEMM kind.
-//   (b) kLtStreams: one cuBLASLt matmul per expert, experts dealt round-robin over kStreams streams that wait for
-//       the caller's stream and are waited on by it (events); each stream has its own workspace.
-// Both are deterministic: no atomics or split-K reductions are requested, and each output has one writer.
+// gradient dW_e[N, K] += dY_eᵀ·X_e is dWᵀ = X_eᵀ·dY_e with m = K, n = N, k = r. Each expert with rows is one
+// problem; the problem list is built on the host from the row counts (already there: the dispatch copied them).
+//   (a) kGrouped: one cublasGemmGroupedBatchedEx call per GEMM, every expert its own group of one; the A/B/C pointer
+//       arrays are written on the device by a small kernel whose arguments carry the problem list
+//       (grouped_gemm_ptrs.cu): two launches, no host-to-device copy. Operand/output types cuBLAS offers for the
+//       grouped call: f32 → f32 and bf16 → bf16 (f32 compute). bf16 → f32 (the weight gradients accumulated into f32
+//       under bf16, an f32 fc1 output under expert biases) is not offered: those run as (b).
+//   (b) kLoop: one cuBLASLt matmul per expert, experts dealt round-robin over kStreams streams that wait for the
+//       caller's stream and are waited on by it (events); each stream has its own workspace.
+// Both are deterministic: no atomics or split-K reductions are requested, and each output has one writer. They may
+// differ from each other in the last bit (different kernels), never from run to run.
 #include "moecore/kernels/cuda/grouped_gemm.h"
 
 #include <cublasLt.h>
@@ -27,6 +31,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
+#include "moecore/kernels/cuda/launch_grouped.h"
 
 namespace moecore::kernels::cuda {
 
@@ -37,8 +42,17 @@ constexpr int kStreams = 4;
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 
 std::atomic<int> g_impl{-1};  // −1: not chosen yet (read the environment on first use)
-std::atomic<bool> g_fell_back{false};
-std::atomic<bool> g_grouped_refuses_bf16{false};
+std::atomic<int64_t> g_grouped_calls{0}, g_loop_calls{0}, g_refused_calls{0};
+// Type combinations cuBLAS refused a grouped call for (bit refusal_bit): every later call of them loops.
+std::atomic<unsigned> g_refused_types{0};
+
+// Where a problem's operands live, for the device pointer builder: operand o of the problem is
+// base[o] + row·row_stride[o] + expert·expert_stride[o] (GroupedPtrArgs).
+struct Operands {
+  const char* base[3];
+  int64_t row_stride[3];
+  int64_t expert_stride[3];
+};
 
 struct Problem {
   cublasOperation_t ta, tb;
@@ -49,16 +63,20 @@ struct Problem {
   int ldb;
   void* C;
   int ldc;
+  int32_t expert;  // the expert and first row it covers (for the device pointer builder)
+  int64_t row;
 };
 
 struct LtKey {
   int device;
   int m, n, k, lda, ldb, ldc;
   cublasOperation_t ta, tb;
-  cudaDataType_t type;
+  cudaDataType_t type, out;  // operands', output's
   bool tf32;
   uint32_t align_a, align_b, align_c;
-  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, type, tf32, align_a, align_b, align_c); }
+  auto tie() const {
+    return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, type, out, tf32, align_a, align_b, align_c);
+  }
   bool operator<(const LtKey& o) const { return tie() < o.tie(); }
 };
 
@@ -126,14 +144,48 @@ cublasComputeType_t compute_type(cudaDataType_t in) {
   return in == CUDA_R_32F && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-// One cublasGemmEx per problem: the fallback where the grouped call refuses the operand types.
-void run_gemm_ex(cublasHandle_t h, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
-  for (const Problem& p : ps)
-    MOE_CUBLAS_CHECK(cublasGemmEx(h, p.ta, p.tb, p.m, p.n, p.k, &alpha, p.A, in, p.lda, p.B, in, p.ldb, &beta, p.C,
-                                  CUDA_R_32F, p.ldc, compute_type(in), CUBLAS_GEMM_DEFAULT));
+void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, cudaDataType_t out, float alpha,
+                    float beta);
+
+unsigned refusal_bit(cudaDataType_t in, cudaDataType_t out) {
+  return 1u << ((in == CUDA_R_16BF ? 1 : 0) + (out == CUDA_R_16BF ? 2 : 0) + (allow_tf32() ? 4 : 0));
 }
 
-void run_grouped(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
+// The types cuBLAS offers cublasGemmGroupedBatchedEx (f32 compute): f32 → f32 and bf16 → bf16; not those this
+// process's cuBLAS refused.
+bool grouped_offers(cudaDataType_t in, cudaDataType_t out) {
+  return in == out && (g_refused_types.load() & refusal_bit(in, out)) == 0;
+}
+
+// The device pointer arrays of `ps` ([A | B | C], 3·G pointers) in `ptrs`, written by the builder kernel, at most
+// kGroupedPtrsPerLaunch problems per launch.
+void build_pointers(const std::vector<Problem>& ps, const Operands& ops, void** ptrs, cudaStream_t s) {
+  const int64_t G = static_cast<int64_t>(ps.size());
+  launch::GroupedPtrArgs a{};
+  for (int o = 0; o < 3; o++) {
+    a.base[o] = ops.base[o];
+    a.row_stride[o] = ops.row_stride[o];
+    a.expert_stride[o] = ops.expert_stride[o];
+  }
+  for (int64_t first = 0; first < G; first += launch::kGroupedPtrsPerLaunch) {
+    a.count = static_cast<int>(std::min<int64_t>(launch::kGroupedPtrsPerLaunch, G - first));
+    for (int g = 0; g < a.count; g++) {
+      a.expert[g] = ps[static_cast<size_t>(first + g)].expert;
+      a.row[g] = ps[static_cast<size_t>(first + g)].row;
+    }
+    launch::grouped_gemm_pointers(a, ptrs, G, first, s);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// One cublasGemmGroupedBatchedEx call over every problem; the loop (run_lt_streams) where cuBLAS does not offer the
+// types or refuses the call.
+void run_grouped(Device d, const std::vector<Problem>& ps, const Operands& ops, cudaDataType_t in, cudaDataType_t out,
+                 float alpha, float beta) {
+  if (!grouped_offers(in, out)) {
+    g_loop_calls++;
+    return run_lt_streams(d, ps, in, out, alpha, beta);
+  }
   const cudaStream_t s = moecore::cuda::current_stream();
   cublasHandle_t h;
   {
@@ -141,40 +193,37 @@ void run_grouped(Device d, const std::vector<Problem>& ps, cudaDataType_t in, fl
     h = device_ctx(d.index).blas;
   }
   MOE_CUBLAS_CHECK(cublasSetStream(h, s));
-  if (in == CUDA_R_16BF && g_grouped_refuses_bf16.load()) return run_gemm_ex(h, ps, in, alpha, beta);
   const size_t G = ps.size();
   std::vector<cublasOperation_t> ta(G), tb(G);
   std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
   std::vector<float> alphas(G, alpha), betas(G, beta);
-  std::vector<const void*> ptrs(3 * G);  // [A pointers | B pointers | C pointers]
   for (size_t g = 0; g < G; g++) {
     const Problem& p = ps[g];
     ta[g] = p.ta, tb[g] = p.tb, m[g] = p.m, n[g] = p.n, k[g] = p.k, lda[g] = p.lda, ldb[g] = p.ldb, ldc[g] = p.ldc;
-    ptrs[g] = p.A, ptrs[G + g] = p.B, ptrs[2 * G + g] = p.C;
   }
-  // The pointer arrays live in device memory (cuBLAS reads them on the GPU); the copy is stream-ordered, and a
-  // pageable source is staged before cudaMemcpyAsync returns, so `ptrs` may go out of scope.
+  // Stream-ordered from the caching allocator: freed when this returns, reused only by work queued after the GEMM.
   Tensor dev_ptrs = Tensor::empty({static_cast<int64_t>(3 * G)}, DType::I64, d);
-  MOE_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs.raw(), ptrs.data(), 3 * G * sizeof(void*), cudaMemcpyHostToDevice, s));
-  const void* const* dp = static_cast<const void* const*>(dev_ptrs.raw());
-  const cublasStatus_t st =
-      cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), dp, in,
-                                 lda.data(), dp + G, in, ldb.data(), betas.data(), const_cast<void* const*>(dp + 2 * G),
-                                 CUDA_R_32F, ldc.data(), static_cast<int>(G), group_size.data(), compute_type(in));
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_INVALID_VALUE && in == CUDA_R_16BF)) {
-    MOE_ASSERT_MSG(in == CUDA_R_16BF, "cublasGemmGroupedBatchedEx refused f32 operands ({})",
-                   cublasGetStatusString(st));
-    // cuBLAS documents bf16 operands with a bf16 output only for the grouped call; the f32 output the CPU's bf16
-    // semantics need then comes from cublasGemmEx, expert by expert, on the same stream.
-    if (!g_grouped_refuses_bf16.exchange(true))
+  void** dp = static_cast<void**>(dev_ptrs.raw());
+  build_pointers(ps, ops, dp, s);
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+      h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), const_cast<const void* const*>(dp), in,
+      lda.data(), const_cast<const void* const*>(dp + G), in, ldb.data(), betas.data(), dp + 2 * G, out, ldc.data(),
+      static_cast<int>(G), group_size.data(), compute_type(in));
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+    // Said once per type combination; the loop computes the same products (the problem list was checked above, so
+    // a refusal is cuBLAS's, not a bad argument of ours).
+    if ((g_refused_types.fetch_or(refusal_bit(in, out)) & refusal_bit(in, out)) == 0)
       fmt::print(stderr,
-                 "moecore: cublasGemmGroupedBatchedEx refuses bf16 operands with an f32 output ({}); the "
-                 "grouped GEMMs run as one cublasGemmEx per expert\n",
-                 cublasGetStatusString(st));
-    g_fell_back = true;
-    return run_gemm_ex(h, ps, in, alpha, beta);
+                 "moecore: cublasGemmGroupedBatchedEx refuses {} operands with a {} output ({}); those grouped GEMMs "
+                 "run as one cuBLASLt matmul per expert\n",
+                 in == CUDA_R_16BF ? "bf16" : (allow_tf32() ? "f32 (TF32)" : "f32"),
+                 out == CUDA_R_16BF ? "bf16" : "f32", cublasGetStatusString(st));
+    g_refused_calls++;
+    g_loop_calls++;
+    return run_lt_streams(d, ps, in, out, alpha, beta);
   }
   MOE_CUBLAS_CHECK(st);
+  g_grouped_calls++;
 }
 
 // The plan of `key` from `cache`, made on first use (under ctx().mu; map nodes are stable).
@@ -193,7 +242,7 @@ LtPlan make_lt_plan(DeviceCtx& dc, const LtKey& key) {
   const bool na = key.ta == CUBLAS_OP_N, nb = key.tb == CUBLAS_OP_N;
   MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, key.type, na ? key.m : key.k, na ? key.k : key.m, key.lda));
   MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, key.type, nb ? key.k : key.n, nb ? key.n : key.k, key.ldb));
-  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, key.m, key.n, key.ldc));
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, key.out, key.m, key.n, key.ldc));
   cublasLtMatmulPreference_t pref = nullptr;
   MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kLtWorkspace,
@@ -229,11 +278,12 @@ const LtLayouts& lt_layouts(const LtKey& key) {  // under ctx().mu
   const bool na = key.ta == CUBLAS_OP_N, nb = key.tb == CUBLAS_OP_N;
   MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.a, key.type, na ? key.m : key.k, na ? key.k : key.m, key.lda));
   MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.b, key.type, nb ? key.k : key.n, nb ? key.n : key.k, key.ldb));
-  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.c, CUDA_R_32F, key.m, key.n, key.ldc));
+  MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.c, key.out, key.m, key.n, key.ldc));
   return ctx().layouts.emplace(key, l).first->second;
 }
 
-void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float alpha, float beta) {
+void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, cudaDataType_t out, float alpha,
+                    float beta) {
   const cudaStream_t s = moecore::cuda::current_stream();
   std::unique_lock<std::mutex> lock(ctx().mu);
   DeviceCtx& dc = device_ctx(d.index);
@@ -242,8 +292,8 @@ void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in,
   std::vector<LtKey> exact(ps.size());
   for (size_t i = 0; i < ps.size(); i++) {
     const Problem& p = ps[i];
-    exact[i] = LtKey{d.index, p.m,  p.n, p.k,          p.lda,          p.ldb,          p.ldc,
-                     p.ta,    p.tb, in,  allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
+    exact[i] = LtKey{d.index, p.m, p.n, p.k,          p.lda,          p.ldb,          p.ldc,         p.ta,
+                     p.tb,    in,  out, allow_tf32(), alignment(p.A), alignment(p.B), alignment(p.C)};
     // The row counts are n in the forward and data-gradient products (C = op(W)·X per expert, column-major, X not
     // transposed) and k in the weight gradient (X transposed): only that dimension is bucketed, and the leading
     // dimensions grow with it where they must.
@@ -287,22 +337,28 @@ void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in,
   }
 }
 
-cudaDataType_t operand_type(const Tensor& a, const Tensor& b, Tensor& c) {
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+cudaDataType_t operand_type(const Tensor& a, const Tensor& b, const Tensor& c) {
   MOE_ASSERT_MSG(a.dtype() == b.dtype() && (a.dtype() == DType::F32 || a.dtype() == DType::BF16),
                  "grouped GEMM operands are f32 or bf16 of one dtype, got {} and {}", dtype_name(a.dtype()),
                  dtype_name(b.dtype()));
-  MOE_ASSERT_MSG(c.dtype() == DType::F32, "grouped GEMM output must be f32, got {}", dtype_name(c.dtype()));
+  MOE_ASSERT_MSG(c.dtype() == DType::F32 || (c.dtype() == DType::BF16 && a.dtype() == DType::BF16),
+                 "grouped GEMM output must be f32, or bf16 with bf16 operands; got {} from {}", dtype_name(c.dtype()),
+                 dtype_name(a.dtype()));
   MOE_ASSERT_MSG(a.device().is_cuda() && b.device() == a.device() && c.device() == a.device(),
                  "grouped GEMM operands on {}, {}, {}", a.device().str(), b.device().str(), c.device().str());
-  return a.dtype() == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  return cuda_type(a.dtype());
 }
 
-void run(Device d, const std::vector<Problem>& ps, cudaDataType_t in, float beta) {
+void run(Device d, const std::vector<Problem>& ps, const Operands& ops, cudaDataType_t in, cudaDataType_t out,
+         float beta) {
   if (ps.empty()) return;
-  if (grouped_gemm_impl() == GroupedGemmImpl::kCublasGrouped)
-    run_grouped(d, ps, in, 1.0f, beta);
-  else
-    run_lt_streams(d, ps, in, 1.0f, beta);
+  if (grouped_gemm_impl() == GroupedGemmImpl::kGrouped) return run_grouped(d, ps, ops, in, out, 1.0f, beta);
+  g_loop_calls++;
+  run_lt_streams(d, ps, in, out, 1.0f, beta);
 }
 
 void check_rows(const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows, int64_t E, int64_t R) {
@@ -325,24 +381,24 @@ GroupedGemmImpl grouped_gemm_impl() {
   if (v < 0) {
     const char* env = std::getenv("MOECORE_GROUPED_GEMM");
     const std::string s = env ? env : "";
-    MOE_CHECK(s.empty() || s == "cublas" || s == "lt", "MOECORE_GROUPED_GEMM={} is not one of: cublas, lt", s);
-    // cuBLASLt per expert is the default, by measurement (docs/performance.md, H200): cuBLAS 13.1's grouped call
-    // refuses bf16 operands with an f32 output and falls back to one cublasGemmEx per expert, 0.50 of the bf16
-    // peak at the Qwen3-30B-A3B expert shape against 0.57 for cuBLASLt on 4 streams (Mixtral's: 0.85 and 0.83).
-    v = static_cast<int>(s == "cublas" ? GroupedGemmImpl::kCublasGrouped : GroupedGemmImpl::kLtStreams);
+    MOE_CHECK(s.empty() || s == "grouped" || s == "loop", "MOECORE_GROUPED_GEMM={} is not one of: grouped, loop", s);
+    // The one-launch grouped call is the default wherever cuBLAS offers the types (with bf16 outputs: the forward
+    // and data-gradient GEMMs under --bf16; everything in f32); the per-expert loop runs the rest. `moecore bench
+    // grouped-gemm` and `bench moe-layer --device cuda` print both (docs/performance.md).
+    v = static_cast<int>(s == "loop" ? GroupedGemmImpl::kLoop : GroupedGemmImpl::kGrouped);
     gg::g_impl = v;
   }
   return static_cast<GroupedGemmImpl>(v);
 }
 
-bool grouped_gemm_fell_back() {
-  return gg::g_fell_back.load();
+GroupedGemmCalls grouped_gemm_calls() {
+  return {gg::g_grouped_calls.load(), gg::g_loop_calls.load(), gg::g_refused_calls.load()};
 }
 
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
                   const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
-  const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN);
+  const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN), out = gg::cuda_type(C_RN.dtype());
   MOE_ASSERT_MSG(W.ndim() == 3, "grouped GEMM weights must be [E, rows, cols], got {}", W.shape().str());
   const int64_t E = W.dim(0), K = A_RK.cols(), N = C_RN.cols(), R = A_RK.rows();
   if (R == 0 && C_RN.rows() == 0) return;  // no rows at all (an empty input may have lost its column count)
@@ -350,10 +406,13 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
                  "grouped GEMM {} · {}{} -> {}", A_RK.shape().str(), W.shape().str(), trans_w ? "ᵀ" : "",
                  C_RN.shape().str());
   gg::check_rows(row_begin, rows, E, R);
-  const size_t es = dtype_size(A_RK.dtype()), wstride = static_cast<size_t>(N * K) * es;
-  const char* a = static_cast<const char*>(A_RK.raw());
-  const char* w = static_cast<const char*>(W.raw());
-  char* c = static_cast<char*>(C_RN.raw());
+  const int64_t es = static_cast<int64_t>(dtype_size(A_RK.dtype())),
+                cs = static_cast<int64_t>(dtype_size(C_RN.dtype()));
+  // cuBLAS's A is the expert's weight, B the expert's rows of A_RK, C its rows of C_RN.
+  const gg::Operands ops{
+      {static_cast<const char*>(W.raw()), static_cast<const char*>(A_RK.raw()), static_cast<const char*>(C_RN.raw())},
+      {0, K * es, N * cs},
+      {N * K * es, 0, 0}};
   std::vector<gg::Problem> ps;
   for (size_t e = 0; e < rows.size(); e++) {
     if (rows[e] == 0) continue;
@@ -361,39 +420,46 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
       C_RN.slice(row_begin[e], rows[e]).zero_();
       continue;
     }
+    const int32_t ei = static_cast<int32_t>(e);
+    const int64_t r0 = row_begin[e];
     ps.push_back(gg::Problem{trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, gg::as_int(N, "N"),
-                             gg::as_int(rows[e], "rows"), gg::as_int(K, "K"), w + e * wstride,
-                             gg::as_int(trans_w ? K : N, "lda"), a + static_cast<size_t>(row_begin[e] * K) * es,
-                             gg::as_int(K, "ldb"), c + static_cast<size_t>(row_begin[e] * N) * sizeof(float),
-                             gg::as_int(N, "ldc")});
+                             gg::as_int(rows[e], "rows"), gg::as_int(K, "K"), ops.base[0] + ei * ops.expert_stride[0],
+                             gg::as_int(trans_w ? K : N, "lda"), ops.base[1] + r0 * ops.row_stride[1],
+                             gg::as_int(K, "ldb"), const_cast<char*>(ops.base[2] + r0 * ops.row_stride[2]),
+                             gg::as_int(N, "ldc"), ei, r0});
   }
-  if (N > 0) gg::run(A_RK.device(), ps, in, 0.0f);
+  if (N > 0) gg::run(A_RK.device(), ps, ops, in, out, 0.0f);
 }
 
 void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
                         const std::vector<int64_t>& rows) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(dY_RN, X_RK, dW_ENK);
+  MOE_ASSERT_MSG(dW_ENK.dtype() == DType::F32, "grouped weight gradients accumulate in f32, got {}",
+                 dtype_name(dW_ENK.dtype()));
   const int64_t E = dW_ENK.dim(0), N = dY_RN.cols(), K = X_RK.cols(), R = dY_RN.rows();
   if (R == 0 && X_RK.rows() == 0) return;  // no rows: nothing to add
   MOE_ASSERT_MSG(dW_ENK.ndim() == 3 && dW_ENK.dim(1) == N && dW_ENK.dim(2) == K && X_RK.rows() == R,
                  "grouped weight gradient {}ᵀ · {} -> {}", dY_RN.shape().str(), X_RK.shape().str(),
                  dW_ENK.shape().str());
   gg::check_rows(row_begin, rows, E, R);
-  const size_t es = dtype_size(X_RK.dtype());
-  const char* dy = static_cast<const char*>(dY_RN.raw());
-  const char* x = static_cast<const char*>(X_RK.raw());
-  char* dw = static_cast<char*>(dW_ENK.raw());
+  const int64_t es = static_cast<int64_t>(dtype_size(X_RK.dtype()));
+  // cuBLAS's A is the expert's rows of X, B its rows of dY, C the expert's gradient.
+  const gg::Operands ops{{static_cast<const char*>(X_RK.raw()), static_cast<const char*>(dY_RN.raw()),
+                          static_cast<const char*>(dW_ENK.raw())},
+                         {K * es, N * es, 0},
+                         {0, 0, N * K * static_cast<int64_t>(sizeof(float))}};
   std::vector<gg::Problem> ps;
   for (size_t e = 0; e < rows.size(); e++) {
     if (rows[e] == 0) continue;  // adds nothing
+    const int32_t ei = static_cast<int32_t>(e);
+    const int64_t r0 = row_begin[e];
     ps.push_back(gg::Problem{CUBLAS_OP_N, CUBLAS_OP_T, gg::as_int(K, "K"), gg::as_int(N, "N"),
-                             gg::as_int(rows[e], "rows"), x + static_cast<size_t>(row_begin[e] * K) * es,
-                             gg::as_int(K, "lda"), dy + static_cast<size_t>(row_begin[e] * N) * es,
-                             gg::as_int(N, "ldb"), dw + static_cast<size_t>(e * N * K) * sizeof(float),
-                             gg::as_int(K, "ldc")});
+                             gg::as_int(rows[e], "rows"), ops.base[0] + r0 * ops.row_stride[0], gg::as_int(K, "lda"),
+                             ops.base[1] + r0 * ops.row_stride[1], gg::as_int(N, "ldb"),
+                             const_cast<char*>(ops.base[2] + ei * ops.expert_stride[2]), gg::as_int(K, "ldc"), ei, r0});
   }
-  if (N > 0 && K > 0) gg::run(dY_RN.device(), ps, in, 1.0f);
+  if (N > 0 && K > 0) gg::run(dY_RN.device(), ps, ops, in, CUDA_R_32F, 1.0f);
 }
 
 }  // namespace moecore::kernels::cuda

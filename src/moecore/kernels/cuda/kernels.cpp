@@ -189,12 +189,19 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
 // Shapes and segments are checked by the device-neutral entry points (kernels/dispatch.cpp).
 void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
   const int64_t N = y_RN.cols(), E = static_cast<int64_t>(seg.begin.size());
-  float* y = f32(y_RN, "y");
+  MOE_ASSERT_MSG(y_RN.device().is_cuda() && (y_RN.dtype() == DType::F32 || y_RN.dtype() == DType::BF16),
+                 "the bias is added to f32 or bf16 rows on the GPU, got {} on {}", dtype_name(y_RN.dtype()),
+                 y_RN.device().str());
+  const bool y16 = y_RN.dtype() == DType::BF16;
+  char* y = static_cast<char*>(y_RN.raw());
+  const size_t row_bytes = static_cast<size_t>(N) * dtype_size(y_RN.dtype());
   const float* b = f32(b_EN, "b");
   const float* w = w_R ? f32(*w_R, "w") : nullptr;
   for (int64_t e = 0; e < E; e++) {
     const int64_t r0 = seg.begin[e], n = seg.count[e];
-    if (n > 0) launch::add_row_bias(y + r0 * N, b + e * N, w ? w + r0 : nullptr, n, N, current_stream());
+    if (n > 0)
+      launch::add_row_bias(y + static_cast<size_t>(r0) * row_bytes, y16, b + e * N, w ? w + r0 : nullptr, n, N,
+                           current_stream());
   }
   check_launch("add_row_bias");
 }
@@ -251,6 +258,17 @@ void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor&
   rope(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND, -1.0f);
 }
 
+namespace {
+// x, dy: f32 or bf16 on the GPU, read by the activation kernels as they are (a bf16 fc1 output kept rounded for
+// backward, or a bf16 output gradient written so by the fc2 data-gradient GEMM), widened in registers.
+bool act_operand_bf16(const Tensor& t, const char* name) {
+  MOE_ASSERT_MSG(t.device().is_cuda() && (t.dtype() == DType::F32 || t.dtype() == DType::BF16),
+                 "activation {} must be f32 or bf16 on the GPU, got {} on {}", name, dtype_name(t.dtype()),
+                 t.device().str());
+  return t.dtype() == DType::BF16;
+}
+}  // namespace
+
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
   const int64_t rows = x.rows(), F = y_TF.cols();
@@ -259,9 +277,8 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(y_TF.dtype() == DType::F32 || y_TF.dtype() == DType::BF16);
   MOE_ASSERT(y_TF.device().is_cuda());
-  // A bf16 x (an fc1 output kept rounded for backward, or read again by a recompute) is widened first.
-  const Tensor x32 = x.as_dtype(DType::F32);
-  launch::activation_forward(static_cast<int>(act), f32(x32, "x"), probs_T ? f32(*probs_T, "probs") : nullptr,
+  const bool x16 = act_operand_bf16(x, "input");
+  launch::activation_forward(static_cast<int>(act), x.raw(), x16, probs_T ? f32(*probs_T, "probs") : nullptr,
                              y_TF.raw(), y_TF.dtype() == DType::BF16, rows, F, current_stream());
   check_launch("activation_forward");
 }
@@ -275,8 +292,8 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
   MOE_ASSERT((dx.dtype() == DType::F32 || dx.dtype() == DType::BF16) && dx.device().is_cuda());
-  const Tensor x32 = x.as_dtype(DType::F32);  // a bf16 x widened first, as in forward
-  launch::activation_backward(static_cast<int>(act), f32(dy_TF, "dy"), f32(x32, "x"),
+  const bool dy16 = act_operand_bf16(dy_TF, "output gradient"), x16 = act_operand_bf16(x, "input");
+  launch::activation_backward(static_cast<int>(act), dy_TF.raw(), dy16, x.raw(), x16,
                               probs_T ? f32(*probs_T, "probs") : nullptr, dx.raw(), dx.dtype() == DType::BF16,
                               dprobs_T ? f32(*dprobs_T, "dprobs") : nullptr, rows, F, current_stream());
   check_launch("activation_backward");

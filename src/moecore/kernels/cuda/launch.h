@@ -31,8 +31,9 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
                         float* dx, float* dw, float* db, float* scratch, int64_t rows, int64_t H, cudaStream_t s);
 // The bias of a linear layer or of one expert, each row's scaled by w[t] (w null: 1):
 // y[t, :] += b·w[t]; db += Σ_t w[t]·dy[t, :] (the two-stage column sum; scratch as rmsnorm_backward's) and
-// dw[t] += dy[t, :]·b (a warp per row). dy is f32, or bf16 when dy_bf16 (widened as it is read).
-void add_row_bias(float* y, const float* b, const float* w, int64_t rows, int64_t N, cudaStream_t s);
+// dw[t] += dy[t, :]·b (a warp per row). dy is f32, or bf16 when dy_bf16 (widened as it is read); y likewise, when
+// y_bf16 (the sum in f32, rounded once as it is stored).
+void add_row_bias(void* y, bool y_bf16, const float* b, const float* w, int64_t rows, int64_t N, cudaStream_t s);
 void accumulate_col_sums(const void* dy, bool dy_bf16, const float* w, float* db, float* scratch, int64_t rows,
                          int64_t N, cudaStream_t s);
 void add_row_dots(const void* dy, bool dy_bf16, const float* b, float* dw, int64_t rows, int64_t N, cudaStream_t s);
@@ -41,11 +42,12 @@ void add_row_dots(const void* dy, bool dy_bf16, const float* b, float* dw, int64
 void rope(const float* x, const float* cos_SR, const float* sin_SR, float* y, int64_t S, int64_t BN, int64_t D,
           int64_t offset, int64_t rot_dim, bool interleaved, float sign, cudaStream_t s);
 
-// act: 0 SwiGLU, 1 GeLU, 2 squared ReLU (kernels::Activation's order). y / dx are bf16 when *_bf16.
-void activation_forward(int act, const float* x, const float* probs, void* y, bool y_bf16, int64_t rows, int64_t F,
-                        cudaStream_t s);
-void activation_backward(int act, const float* dy, const float* x, const float* probs, void* dx, bool dx_bf16,
-                         float* dprobs, int64_t rows, int64_t F, cudaStream_t s);
+// act: 0 SwiGLU, 1 GeLU, 2 squared ReLU (kernels::Activation's order). x, dy, y and dx are bf16 when *_bf16 (read
+// widened to f32, written rounded to nearest even), f32 otherwise; the math is f32 either way.
+void activation_forward(int act, const void* x, bool x_bf16, const float* probs, void* y, bool y_bf16, int64_t rows,
+                        int64_t F, cudaStream_t s);
+void activation_backward(int act, const void* dy, bool dy_bf16, const void* x, bool x_bf16, const float* probs,
+                         void* dx, bool dx_bf16, float* dprobs, int64_t rows, int64_t F, cudaStream_t s);
 
 // Index of the first id outside [0, V) into *first_bad_device (or n when all are inside); ids are i64 when ids64.
 void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* first_bad_device, cudaStream_t s);

@@ -38,9 +38,10 @@ void moe_gather_rows(const void* src, const int32_t* idx, void* dst, int64_t R, 
 void moe_gather_rows_f32_to_bf16(const float* src, const int32_t* idx, void* dst, int64_t R, int64_t H, cudaStream_t s);
 // dst[idx[r]] = src[r] (idx a permutation into dst's rows; no two r share a target).
 void moe_scatter_rows(const void* src, const int32_t* idx, void* dst, int64_t R, int64_t row_bytes, cudaStream_t s);
-// dst[t] = Σ src[rows[i]] for i in [offsets[t], offsets[t+1]), in that order, from 0 (the CPU's order: the same bits).
-void moe_sum_rows_per_token(const float* src, const int64_t* offsets_T1, const int32_t* rows, float* dst, int64_t T,
-                            int64_t H, cudaStream_t s);
+// dst[t] = Σ src[rows[i]] for i in [offsets[t], offsets[t+1]), in that order, from 0 (the CPU's order: the same bits);
+// src f32 or, when src_bf16, bf16 rows widened as they are read (the sum in f32 either way).
+void moe_sum_rows_per_token(const void* src, bool src_bf16, const int64_t* offsets_T1, const int32_t* rows, float* dst,
+                            int64_t T, int64_t H, cudaStream_t s);
 // probs_R[r] = row_tk[r] >= 0 ? probs_TK[row_tk[r]] : 0.
 void moe_gather_probs(const float* probs_TK, const int64_t* row_tk, float* probs_R, int64_t R, cudaStream_t s);
 // dprobs_TK[row_tk[r]] = dprobs_R[r] where row_tk[r] >= 0 (dprobs_TK zeroed by the caller; targets are unique).

@@ -29,10 +29,10 @@ void moe_scatter_probs(const Tensor&, const Tensor&, Tensor&) {
 
 void set_grouped_gemm_impl(GroupedGemmImpl) {}
 GroupedGemmImpl grouped_gemm_impl() {
-  return GroupedGemmImpl::kLtStreams;
+  return GroupedGemmImpl::kGrouped;
 }
-bool grouped_gemm_fell_back() {
-  return false;
+GroupedGemmCalls grouped_gemm_calls() {
+  return {};
 }
 void grouped_gemm(const Tensor&, const Tensor&, bool, Tensor&, const std::vector<int64_t>&,
                   const std::vector<int64_t>&) {

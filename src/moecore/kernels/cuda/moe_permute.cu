@@ -154,6 +154,42 @@ __global__ void sum_rows_kernel(const V* src, const int64_t* offsets, const int3
   }
 }
 
+// The same sum over bf16 rows into f32 (each bf16 widened exactly as it is read, the sum in f32 from 0, as the CPU's
+// sum_token_rows): the experts' bf16 outputs are combined without a cast pass. 8 columns per thread (one 16-byte
+// load of bf16, two 16-byte stores of f32) where the row and both bases allow, else one.
+__global__ void sum_rows_bf16x8_kernel(const uint4* src, const int64_t* offsets, const int32_t* rows, float4* dst,
+                                       int64_t T, int64_t words) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const int64_t b = offsets[t], e = offsets[t + 1];
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+      float acc[8] = {};
+      for (int64_t i = b; i < e; i++) {
+        const uint4 v = src[static_cast<int64_t>(rows[i]) * words + w];
+        const auto* pair = reinterpret_cast<const __nv_bfloat162*>(&v);
+        for (int k = 0; k < 4; k++) {
+          const float2 f = __bfloat1622float2(pair[k]);
+          acc[2 * k] += f.x;
+          acc[2 * k + 1] += f.y;
+        }
+      }
+      dst[2 * (t * words + w)] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      dst[2 * (t * words + w) + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+  }
+}
+
+__global__ void sum_rows_bf16_kernel(const __nv_bfloat16* src, const int64_t* offsets, const int32_t* rows, float* dst,
+                                     int64_t T, int64_t H) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const int64_t b = offsets[t], e = offsets[t + 1];
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.0f;
+      for (int64_t i = b; i < e; i++) acc += __bfloat162float(src[static_cast<int64_t>(rows[i]) * H + h]);
+      dst[t * H + h] = acc;
+    }
+  }
+}
+
 __global__ void gather_probs_kernel(const float* probs, const int64_t* row_tk, float* out, int64_t R) {
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < R; r += int64_t(gridDim.x) * blockDim.x)
     out[r] = row_tk[r] >= 0 ? probs[row_tk[r]] : 0.0f;
@@ -267,15 +303,27 @@ void moe_scatter_rows(const void* src, const int32_t* idx, void* dst, int64_t R,
     scatter_rows_kernel<<<g, th, 0, s>>>(static_cast<const uint8_t*>(src), idx, static_cast<uint8_t*>(dst), R, words);
 }
 
-void moe_sum_rows_per_token(const float* src, const int64_t* offsets_T1, const int32_t* rows, float* dst, int64_t T,
-                            int64_t H, cudaStream_t s) {
+void moe_sum_rows_per_token(const void* src, bool src_bf16, const int64_t* offsets_T1, const int32_t* rows, float* dst,
+                            int64_t T, int64_t H, cudaStream_t s) {
   if (T == 0 || H == 0) return;
+  if (src_bf16) {
+    const auto* src16 = static_cast<const __nv_bfloat16*>(src);
+    if (H % 8 == 0 && aligned(src, 16) && aligned(dst, 16)) {
+      const int64_t words = H / 8;
+      sum_rows_bf16x8_kernel<<<row_grid(T), row_threads(words), 0, s>>>(static_cast<const uint4*>(src), offsets_T1,
+                                                                        rows, reinterpret_cast<float4*>(dst), T, words);
+    } else {
+      sum_rows_bf16_kernel<<<row_grid(T), row_threads(H), 0, s>>>(src16, offsets_T1, rows, dst, T, H);
+    }
+    return;
+  }
+  const auto* src32 = static_cast<const float*>(src);
   if (H % 4 == 0 && aligned(src, 16) && aligned(dst, 16)) {
     const int64_t words = H / 4;
-    sum_rows_kernel<<<row_grid(T), row_threads(words), 0, s>>>(reinterpret_cast<const float4*>(src), offsets_T1, rows,
+    sum_rows_kernel<<<row_grid(T), row_threads(words), 0, s>>>(reinterpret_cast<const float4*>(src32), offsets_T1, rows,
                                                                reinterpret_cast<float4*>(dst), T, words);
   } else {
-    sum_rows_kernel<<<row_grid(T), row_threads(H), 0, s>>>(src, offsets_T1, rows, dst, T, H);
+    sum_rows_kernel<<<row_grid(T), row_threads(H), 0, s>>>(src32, offsets_T1, rows, dst, T, H);
   }
 }
 

@@ -120,7 +120,10 @@ void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1
   moe_require_gpu(token_rows, "token_rows", DType::I32);
   const int64_t T = dst_TH.rows(), H = dst_TH.cols();
   MOE_ASSERT(token_offsets_T1.numel() == T + 1 && src_RH.cols() == H && token_rows.numel() == src_RH.rows());
-  launch::moe_sum_rows_per_token(f32(src_RH, "src_RH"), token_offsets_T1.device_data<int64_t>(),
+  MOE_ASSERT_MSG(src_RH.device().is_cuda() && (src_RH.dtype() == DType::F32 || src_RH.dtype() == DType::BF16),
+                 "the row sum reads f32 or bf16 rows on the GPU, got {} on {}", dtype_name(src_RH.dtype()),
+                 src_RH.device().str());
+  launch::moe_sum_rows_per_token(src_RH.raw(), src_RH.dtype() == DType::BF16, token_offsets_T1.device_data<int64_t>(),
                                  token_rows.device_data<int32_t>(), f32(dst_TH, "dst_TH"), T, H, current_stream());
   check_launch("moe_sum_rows_per_token");
 }

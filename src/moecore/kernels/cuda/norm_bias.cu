@@ -106,9 +106,12 @@ __global__ void layernorm_bwd_dx_warp_k(const float* dy, const float* x, const f
 }
 
 // y[t, j] += b[j]·w[t] (w null: b[j], the same bits: b·1 is b).
-__global__ void add_row_bias_k(float* y, const float* b, const float* w, int64_t rows, int64_t N) {
+// y[t, j] += b[j]·w[t] (b[j] without w), computed in f32; a bf16 y (an expert GEMM's bf16 output) is widened, added
+// to and rounded again as it is stored, as the CPU's bias_rows does.
+template <typename Y>
+__global__ void add_row_bias_k(Y* y, const float* b, const float* w, int64_t rows, int64_t N) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * N; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += w ? b[i % N] * w[i / N] : b[i % N];
+    store_f32(y + i, to_f32(y[i]) + (w ? b[i % N] * w[i / N] : b[i % N]));
 }
 
 // dw[t] += Σ_j dy[t, j]·b[j]: a warp per row, each lane a fixed stride of columns, then the warp's butterfly sum.
@@ -142,8 +145,12 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
     layernorm_bwd_dx_k<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, w, mean, rstd, dx, H);
   layernorm_dwb_two_stage(dy, x, mean, rstd, dw, db, scratch, rows, H, s);
 }
-void add_row_bias(float* y, const float* b, const float* w, int64_t rows, int64_t N, cudaStream_t s) {
-  if (rows * N > 0) add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(y, b, w, rows, N);
+void add_row_bias(void* y, bool y_bf16, const float* b, const float* w, int64_t rows, int64_t N, cudaStream_t s) {
+  if (rows * N <= 0) return;
+  if (y_bf16)
+    add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(y), b, w, rows, N);
+  else
+    add_row_bias_k<<<grid_for(rows * N), kThreads, 0, s>>>(static_cast<float*>(y), b, w, rows, N);
 }
 void accumulate_col_sums(const void* dy, bool dy_bf16, const float* w, float* db, float* scratch, int64_t rows,
                          int64_t N, cudaStream_t s) {
