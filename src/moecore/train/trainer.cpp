@@ -12,6 +12,8 @@
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
+#include "moecore/comm/gpu_transport.h"
+#include "moecore/device/device_select.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/train/config/device_support.h"
@@ -56,10 +58,20 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     : cfg_(std::move(cfg)), timers_(std::make_unique<Timers>(static_cast<int>(cfg_.timing_log_level))), out_(out) {
   MOE_ASSERT_MSG(is_resolved(cfg_), "a configuration changed since train::resolve (or never resolved): resolve it");
   Timers::Install timing(timers_.get());
+  // The GPU this rank trains on (cuda:<local rank>) and how GPU tensors travel, agreed by every rank before any
+  // group exists (the groups' NCCL communicators are made with them). A single process without a world: no groups.
+  std::string placement;
+  if (world) {
+    device_ = comm::place_ranks_on_gpus(cfg_.device, "train", world->comm(), &placement);
+  } else if (training_device(cfg_).is_cuda()) {
+    device_ = Device::cuda(cuda::place_on_gpu(0, 1, cuda::visible_devices(), cfg_.device, false).device);
+    cuda::set_current_device(device_);
+  }
   groups_ = std::make_unique<ParallelGroups>(cfg_, world);
   if (groups_->world_rank != 0) out_ = null_out_ = std::fopen("/dev/null", "w");  // one rank speaks
   if (groups_->world_rank != 0) moecore::Progress::silence_this_process();        // checkpoint progress too
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
+  if (!placement.empty()) fmt::print(out_, "moecore train: {}\n", placement);
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
   StartPoint start = find_start_point(cfg_, groups_->world.get());
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
@@ -71,7 +83,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   timers_->start("model-and-optimizer-setup", 0);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   {  // initialized on the host (the same values on every device), then moved as a whole
-    device_ = training_device(cfg_);
+    MOE_ASSERT(training_device(cfg_).is_cuda() == device_.is_cuda());  // the GPU path's checks, on every rank
     if (device_.is_cuda()) {
       reg_.to(device_);
       fmt::print(out_, "moecore train: training on {}\n", cuda::describe_device(device_));
