@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -29,11 +30,11 @@ namespace {
 }
 }  // namespace
 
-#define MOE_NCCL_CHECK(call, comm, group)                                \
-  do {                                                                   \
-    const ncclResult_t moe_nccl_r_ = (call);                             \
-    if (moe_nccl_r_ != ncclSuccess && moe_nccl_r_ != ncclInProgress)     \
-      ::moecore::comm::throw_nccl_error(#call, moe_nccl_r_, comm, group); \
+#define MOE_NCCL_CHECK(call, nccl_comm_, group_)                                 \
+  do {                                                                           \
+    const ncclResult_t moe_nccl_r_ = (call);                                     \
+    if (moe_nccl_r_ != ncclSuccess && moe_nccl_r_ != ncclInProgress)             \
+      ::moecore::comm::throw_nccl_error(#call, moe_nccl_r_, nccl_comm_, group_); \
   } while (0)
 
 class NcclComm {
@@ -74,7 +75,7 @@ struct NcclWatch {
   std::atomic<bool> stop{false};
   bool started = false;
 };
-NcclWatch& watch() {
+NcclWatch& nccl_watch() {
   static NcclWatch* w = new NcclWatch();  // never destroyed: the thread may outlive static destruction's order
   return *w;
 }
@@ -87,10 +88,10 @@ std::string async_error_of(NcclComm& c) {
   return fmt::format("{}{}{}", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
 
-[[noreturn]] void end_job(const std::string& text) {
+[[noreturn]] void nccl_end_job(const std::string& text) {
   std::fputs(text.c_str(), stderr);
   std::fflush(stderr);
-  NcclWatch& w = watch();
+  NcclWatch& w = nccl_watch();
   {
     std::lock_guard<std::mutex> lock(w.mu);
     for (auto& weak : w.comms)
@@ -104,7 +105,7 @@ std::string async_error_of(NcclComm& c) {
 // collective timeout ends the job (nccl_fault.h decides and words it).
 void watchdog_loop(int device) {
   cudaSetDevice(device);
-  NcclWatch& w = watch();
+  NcclWatch& w = nccl_watch();
   int me = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   while (!w.stop.load()) {
@@ -122,13 +123,13 @@ void watchdog_loop(int device) {
       seen.push_back({p->site.group, p->site.members, p->site.seq, p->site.op, p->issued_at, async_error_of(*p->comm)});
     const NcclFault f = find_nccl_fault(seen, now_seconds(), collective_timeout());
     if (f.kind != NcclFaultKind::None)
-      end_job(nccl_fault_message(seen[f.index], f, me, collective_timeout_source()));
+      nccl_end_job(nccl_fault_message(seen[f.index], f, me, collective_timeout_source()));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
 void start_watchdog(int device) {
-  NcclWatch& w = watch();
+  NcclWatch& w = nccl_watch();
   std::lock_guard<std::mutex> lock(w.mu);
   if (w.started) return;
   w.started = true;
@@ -153,7 +154,7 @@ ncclDataType_t nccl_type(DType t) {
 }
 
 // compute → comm: the group's stream waits for what the current stream has written so far.
-std::shared_ptr<NcclPending> begin(const std::shared_ptr<NcclComm>& cp, NcclSite site) {
+std::shared_ptr<NcclPending> nccl_launch_begin(NcclComm& c, NcclSite site) {
   auto p = std::make_shared<NcclPending>();
   p->site = std::move(site);
   cudaEvent_t ready = nullptr;
@@ -167,11 +168,11 @@ std::shared_ptr<NcclPending> begin(const std::shared_ptr<NcclComm>& cp, NcclSite
 }
 
 // After the NCCL call(s): the event the compute stream will wait on, and the watchdog's entry.
-std::shared_ptr<NcclPending> end(const std::shared_ptr<NcclComm>& c, std::shared_ptr<NcclPending> p) {
+std::shared_ptr<NcclPending> nccl_launch_end(const std::shared_ptr<NcclComm>& c, std::shared_ptr<NcclPending> p) {
   MOE_CUDA_CHECK(cudaEventRecord(p->done, c->stream));
   p->comm = c;
   p->issued_at = now_seconds();
-  NcclWatch& w = watch();
+  NcclWatch& w = nccl_watch();
   std::lock_guard<std::mutex> lock(w.mu);
   w.in_flight.push_back(p);
   return p;
@@ -192,7 +193,7 @@ std::shared_ptr<NcclComm> nccl_comm_create(MPI_Comm mpi, const std::string& grou
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   MOE_NCCL_CHECK(ncclCommInitRank(&c->comm, size, id, rank), nullptr, group);
   {
-    NcclWatch& w = watch();
+    NcclWatch& w = nccl_watch();
     std::lock_guard<std::mutex> lock(w.mu);
     w.comms.push_back(c);
   }
@@ -204,42 +205,42 @@ std::shared_ptr<NcclComm> nccl_comm_create(MPI_Comm mpi, const std::string& grou
 std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype, bool max,
                                              NcclSite site) {
   NcclComm& c = *cp;
-  auto p = begin(c, std::move(site));
+  auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), max ? ncclMax : ncclSum, c.comm, c.stream), c.comm,
                  c.group);
-  return end(cp, std::move(p));
+  return nccl_launch_end(cp, std::move(p));
 }
 
 std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>& cp, const void* in, void* out, size_t count_per_rank,
                                              DType dtype, NcclSite site) {
   NcclComm& c = *cp;
-  auto p = begin(c, std::move(site));
+  auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(ncclAllGather(in, out, count_per_rank, nccl_type(dtype), c.comm, c.stream), c.comm, c.group);
-  return end(cp, std::move(p));
+  return nccl_launch_end(cp, std::move(p));
 }
 
 std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>& cp, const void* in, void* out, size_t count_per_rank,
                                                  DType dtype, bool max, NcclSite site) {
   NcclComm& c = *cp;
-  auto p = begin(c, std::move(site));
+  auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(
       ncclReduceScatter(in, out, count_per_rank, nccl_type(dtype), max ? ncclMax : ncclSum, c.comm, c.stream),
       c.comm, c.group);
-  return end(cp, std::move(p));
+  return nccl_launch_end(cp, std::move(p));
 }
 
 std::shared_ptr<NcclPending> nccl_broadcast(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype, int root,
                                             NcclSite site) {
   NcclComm& c = *cp;
-  auto p = begin(c, std::move(site));
+  auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, c.comm, c.stream), c.comm, c.group);
-  return end(cp, std::move(p));
+  return nccl_launch_end(cp, std::move(p));
 }
 
 std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp, const std::vector<NcclPeerBuffer>& sends,
                                             const std::vector<NcclPeerBuffer>& recvs, DType dtype, NcclSite site) {
   NcclComm& c = *cp;
-  auto p = begin(c, std::move(site));
+  auto p = nccl_launch_begin(c, std::move(site));
   const ncclDataType_t t = nccl_type(dtype);
   MOE_NCCL_CHECK(ncclGroupStart(), c.comm, c.group);
   for (const auto& s : sends)
@@ -247,7 +248,7 @@ std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp,
   for (const auto& r : recvs)
     if (r.count > 0) MOE_NCCL_CHECK(ncclRecv(r.ptr, r.count, t, r.peer, c.comm, c.stream), c.comm, c.group);
   MOE_NCCL_CHECK(ncclGroupEnd(), c.comm, c.group);
-  return end(cp, std::move(p));
+  return nccl_launch_end(cp, std::move(p));
 }
 
 void nccl_wait(const NcclPending& p) {
@@ -262,7 +263,7 @@ bool nccl_done(const NcclPending& p) {
 }
 
 void nccl_shutdown() {
-  NcclWatch& w = watch();
+  NcclWatch& w = nccl_watch();
   w.stop.store(true);
   std::thread t;
   {

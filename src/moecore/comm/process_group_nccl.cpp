@@ -14,27 +14,27 @@
 namespace moecore::comm {
 
 namespace {
-int64_t rows_elems(const Tensor& t) {
+int64_t nccl_row_elems(const Tensor& t) {
   return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0));
 }
-char* at(const Tensor& t, int64_t elems) {
+char* nccl_ptr_at(const Tensor& t, int64_t elems) {
   return static_cast<char*>(t.raw()) + elems * static_cast<int64_t>(dtype_size(t.dtype()));
 }
-size_t n_of(int64_t n) {
+size_t nccl_count(int64_t n) {
   MOE_ASSERT(n >= 0);
   return static_cast<size_t>(n);
 }
-void check_reducible(DType t) {
+void nccl_check_reducible(DType t) {
   MOE_ASSERT_MSG(t != DType::BF16, "reductions run in f32/f64 (bf16 tensors can only be moved)");
 }
 }  // namespace
 
 Work ProcessGroup::nccl_all_reduce(Tensor& t, ReduceOp op, bool async) const {
-  check_reducible(t.dtype());
+  nccl_check_reducible(t.dtype());
   Work w;
   const double n = static_cast<double>(t.nbytes()), P = static_cast<double>(size_);
   count(w, "all_reduce", n, 2.0 * (P - 1) / P * n);
-  w.nccl_ = comm::nccl_all_reduce(comm_->nccl, t.raw(), n_of(t.numel()), t.dtype(), op == ReduceOp::Max, site(w));
+  w.nccl_ = comm::nccl_all_reduce(comm_->nccl, t.raw(), nccl_count(t.numel()), t.dtype(), op == ReduceOp::Max, site(w));
   w.keep_ = {t};
   if (!async) w.wait();
   return w;
@@ -43,7 +43,7 @@ Work ProcessGroup::nccl_all_reduce(Tensor& t, ReduceOp op, bool async) const {
 Work ProcessGroup::nccl_all_gather(const Tensor& in, Tensor& out, bool async) const {
   Work w;
   count(w, "all_gather", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes() - in.nbytes()));
-  w.nccl_ = comm::nccl_all_gather(comm_->nccl, in.raw(), out.raw(), n_of(in.numel()), in.dtype(), site(w));
+  w.nccl_ = comm::nccl_all_gather(comm_->nccl, in.raw(), out.raw(), nccl_count(in.numel()), in.dtype(), site(w));
   w.keep_ = {in, out};
   if (!async) w.wait();
   return w;
@@ -54,13 +54,13 @@ Work ProcessGroup::nccl_all_gather_v(const Tensor& in, Tensor& out, const std::v
   MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
   MOE_ASSERT_MSG(in.numel() == 0 || in.dim(0) == rows[static_cast<size_t>(rank_)], "all_gather_v: {} rows, expected {}",
                  in.ndim() ? in.dim(0) : 0, rows[static_cast<size_t>(rank_)]);
-  const int64_t re = out.numel() == 0 ? rows_elems(in) : rows_elems(out);
+  const int64_t re = out.numel() == 0 ? nccl_row_elems(in) : nccl_row_elems(out);
   std::vector<NcclPeerBuffer> sends, recvs;
   int64_t off = 0;
   for (int64_t r = 0; r < size_; r++) {
     const int64_t n = rows[static_cast<size_t>(r)] * re;
-    sends.push_back({static_cast<int>(r), in.raw(), n_of(in.numel())});
-    recvs.push_back({static_cast<int>(r), at(out, off), n_of(n)});
+    sends.push_back({static_cast<int>(r), in.raw(), nccl_count(in.numel())});
+    recvs.push_back({static_cast<int>(r), nccl_ptr_at(out, off), nccl_count(n)});
     off += n;
   }
   MOE_ASSERT_MSG(off == out.numel(), "all_gather_v: output holds {} elements, the counts give {}", out.numel(), off);
@@ -73,10 +73,10 @@ Work ProcessGroup::nccl_all_gather_v(const Tensor& in, Tensor& out, const std::v
 }
 
 Work ProcessGroup::nccl_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) const {
-  check_reducible(in.dtype());
+  nccl_check_reducible(in.dtype());
   Work w;
   count(w, "reduce_scatter", static_cast<double>(in.nbytes()), static_cast<double>(in.nbytes() - out.nbytes()));
-  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, in.raw(), out.raw(), n_of(out.numel()), in.dtype(),
+  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, in.raw(), out.raw(), nccl_count(out.numel()), in.dtype(),
                                       op == ReduceOp::Max, site(w));
   w.keep_ = {in, out};
   if (!async) w.wait();
@@ -85,13 +85,13 @@ Work ProcessGroup::nccl_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp o
 
 // NCCL's in-place reduce-scatter: the receive buffer is this rank's region of the send buffer.
 Work ProcessGroup::nccl_reduce_scatter_in_place(Tensor& buf, ReduceOp op, bool async) const {
-  check_reducible(buf.dtype());
+  nccl_check_reducible(buf.dtype());
   MOE_ASSERT_MSG(buf.numel() % size_ == 0, "reduce_scatter_in_place: {} elements over {} ranks", buf.numel(), size_);
   const int64_t n = buf.numel() / size_;
   Work w;
   count(w, "reduce_scatter", static_cast<double>(buf.nbytes()),
         static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
-  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, buf.raw(), at(buf, rank_ * n), n_of(n), buf.dtype(),
+  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, buf.raw(), nccl_ptr_at(buf, rank_ * n), nccl_count(n), buf.dtype(),
                                       op == ReduceOp::Max, site(w));
   w.keep_ = {buf};
   if (!async) w.wait();
@@ -105,7 +105,7 @@ Work ProcessGroup::nccl_all_gather_in_place(Tensor& buf, bool async) const {
   Work w;
   count(w, "all_gather", static_cast<double>(n) * static_cast<double>(dtype_size(buf.dtype())),
         static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
-  w.nccl_ = comm::nccl_all_gather(comm_->nccl, at(buf, rank_ * n), buf.raw(), n_of(n), buf.dtype(), site(w));
+  w.nccl_ = comm::nccl_all_gather(comm_->nccl, nccl_ptr_at(buf, rank_ * n), buf.raw(), nccl_count(n), buf.dtype(), site(w));
   w.keep_ = {buf};
   if (!async) w.wait();
   return w;
@@ -113,9 +113,9 @@ Work ProcessGroup::nccl_all_gather_in_place(Tensor& buf, bool async) const {
 
 Work ProcessGroup::nccl_reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, ReduceOp op,
                                          bool async) const {
-  check_reducible(in.dtype());
+  nccl_check_reducible(in.dtype());
   MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
-  const int64_t re = in.numel() == 0 ? rows_elems(out) : rows_elems(in);
+  const int64_t re = in.numel() == 0 ? nccl_row_elems(out) : nccl_row_elems(in);
   const int64_t most = *std::max_element(rows.begin(), rows.end()) * re;
   int64_t total = 0;
   for (int64_t r : rows) total += r * re;
@@ -134,7 +134,7 @@ Work ProcessGroup::nccl_reduce_scatter_v(const Tensor& in, Tensor& out, const st
   }
   Work w;
   count(w, "reduce_scatter_v", static_cast<double>(in.nbytes()), static_cast<double>(in.nbytes() - out.nbytes()));
-  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, padded_in.raw(), padded_out.raw(), n_of(most), in.dtype(),
+  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, padded_in.raw(), padded_out.raw(), nccl_count(most), in.dtype(),
                                       op == ReduceOp::Max, site(w));
   w.keep_ = {in, out, padded_in, padded_out};
   // This rank's rows leave the padded block once the stream has waited (Work::unstage).
@@ -150,13 +150,13 @@ Work ProcessGroup::nccl_all_to_all_v(const Tensor& in, const std::vector<int64_t
                                      const std::vector<int64_t>& recv_rows, bool async) const {
   MOE_ASSERT(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_);
   MOE_ASSERT(in.dtype() == out.dtype());
-  const int64_t re = in.numel() > 0 ? rows_elems(in) : rows_elems(out);
+  const int64_t re = in.numel() > 0 ? nccl_row_elems(in) : nccl_row_elems(out);
   std::vector<NcclPeerBuffer> sends, recvs;
   int64_t so = 0, ro = 0;
   for (int64_t r = 0; r < size_; r++) {
     const int64_t ns = send_rows[static_cast<size_t>(r)] * re, nr = recv_rows[static_cast<size_t>(r)] * re;
-    sends.push_back({static_cast<int>(r), at(in, so), n_of(ns)});
-    recvs.push_back({static_cast<int>(r), at(out, ro), n_of(nr)});
+    sends.push_back({static_cast<int>(r), nccl_ptr_at(in, so), nccl_count(ns)});
+    recvs.push_back({static_cast<int>(r), nccl_ptr_at(out, ro), nccl_count(nr)});
     so += ns;
     ro += nr;
   }
@@ -175,7 +175,7 @@ Work ProcessGroup::nccl_all_to_all_v(const Tensor& in, const std::vector<int64_t
 Work ProcessGroup::nccl_broadcast(Tensor& t, int64_t root, bool async) const {
   Work w;
   count(w, "broadcast", static_cast<double>(t.nbytes()), rank_ == root ? 0.0 : static_cast<double>(t.nbytes()));
-  w.nccl_ = comm::nccl_broadcast(comm_->nccl, t.raw(), n_of(t.numel()), t.dtype(), static_cast<int>(root), site(w));
+  w.nccl_ = comm::nccl_broadcast(comm_->nccl, t.raw(), nccl_count(t.numel()), t.dtype(), static_cast<int>(root), site(w));
   w.keep_ = {t};
   if (!async) w.wait();
   return w;
@@ -187,13 +187,13 @@ Work ProcessGroup::nccl_send_recv(const Tensor* send_t, int64_t dst, Tensor* rec
   Work w;
   if (send_t) {
     MOE_ASSERT(send_t->device().is_cuda());
-    sends.push_back({static_cast<int>(dst), send_t->raw(), n_of(send_t->numel())});
+    sends.push_back({static_cast<int>(dst), send_t->raw(), nccl_count(send_t->numel())});
     count(w, "send", static_cast<double>(send_t->nbytes()), 0.0, dst);
     w.keep_.push_back(*send_t);
   }
   if (recv_t) {
     MOE_ASSERT(recv_t->device().is_cuda());
-    recvs.push_back({static_cast<int>(src), recv_t->raw(), n_of(recv_t->numel())});
+    recvs.push_back({static_cast<int>(src), recv_t->raw(), nccl_count(recv_t->numel())});
     if (send_t) {
       CommCounter& c = comm_counters()[name_ + ":recv"];  // the exchange's receive, counted as a receive
       c.calls++;

@@ -163,7 +163,14 @@ Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
 
+// Kernels launch on the thread's current GPU: this trainer's (several trainers in one process may use different
+// GPUs, as the layout tests' one-rank reference on GPU 0 beside a rank on cuda:<local rank>).
+void Trainer::make_device_current() const {
+  if (device_.is_cuda()) cuda::set_current_device(device_);
+}
+
 std::string Trainer::save_checkpoint() {
+  make_device_current();
   check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
   Timers::Install timing(timers_.get());
   timers_->start("save-checkpoint", 0);
@@ -192,6 +199,7 @@ MicroBatches Trainer::micro_batches() const {
 }
 
 StepResult Trainer::train_step() {
+  make_device_current();
   MOE_ASSERT(data_[0]);
   maybe_stall(cfg_, groups_->world_rank, progress_.iteration);  // --testing-stall
   StepResult r;
@@ -273,6 +281,7 @@ StepResult Trainer::train_step() {
 }
 
 double Trainer::evaluate(int64_t iters) {
+  make_device_current();
   MOE_CHECK(data_[1], "no validation data: --split {} gives the valid split no documents", cfg_.split);
   Timers::Install timing(timers_.get());
   timers_->start("evaluate", 0);
@@ -313,6 +322,7 @@ double Trainer::evaluate(int64_t iters) {
 }
 
 std::string Trainer::generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k, uint64_t seed) {
+  make_device_current();
   MOE_CHECK(vocab_.tokenizer, "generation needs --tokenizer-type HuggingFaceTokenizer");
   return generate_text(*model_, *vocab_.tokenizer, vocab_.size, prompt, {n, temperature, top_k, seed, cfg_.seq_length});
 }
