@@ -25,9 +25,9 @@ cp -a "$ompi_plugins"/. "$STAGE/ompi/"
 cp "$(readlink -f "$(command -v orterun)")" "$STAGE/bin/mpirun"
 [[ -d /usr/share/openmpi ]] && cp -a /usr/share/openmpi "$STAGE/share-openmpi"
 
-# Every shared library the binaries and plugins load, except the C and C++ runtimes, the CUDA driver and cuBLAS, which
-# the GPU machine provides in versions matching its driver.
-skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|linux-vdso|libcuda|libcublas|libcublasLt|libnvidia|libstdc\+\+|libgcc_s)\.'
+# Every shared library the binaries and plugins load, except the C and C++ runtimes, the CUDA driver, cuBLAS and NCCL
+# (218 MB), which the GPU machine provides (its toolkit, or PyTorch's nvidia wheels) in versions matching its driver.
+skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|linux-vdso|libcuda|libcublas|libcublasLt|libnccl|libnvidia|libstdc\+\+|libgcc_s)\.'
 {
   for f in "${bins[@]}" "$STAGE/bin/mpirun" "$STAGE"/ompi/*.so "$STAGE"/pmix/*.so; do
     ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
@@ -43,7 +43,8 @@ cat >"$STAGE/env.sh" <<'EOF'
 P=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 torch_cu=$(python3 -c 'import os, nvidia; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
 extra=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib "$torch_cu"/nvidia/cu13/lib "$torch_cu"/nvidia/cublas/lib; do
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib "$torch_cu"/nvidia/cu13/lib "$torch_cu"/nvidia/cublas/lib \
+  "$torch_cu"/nvidia/nccl/lib; do
   [[ -d "$d" ]] && extra="$extra:$d"
 done
 export LD_LIBRARY_PATH="$P/lib$extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
