@@ -13,11 +13,11 @@
 namespace moecore {
 namespace {
 
-#define MOE_REQUIRE_NCCL()                                                                               \
-  do {                                                                                                   \
-    MOE_REQUIRE_GPU();                                                                                   \
-    if (!comm::built_with_nccl()) GTEST_SKIP() << "needs NCCL: this moecore was built without it";       \
-    comm::ProcessGroup::init(nullptr, nullptr); /* a singleton MPI process: no mpirun needed */          \
+#define MOE_REQUIRE_NCCL()                                                                         \
+  do {                                                                                             \
+    MOE_REQUIRE_GPU();                                                                             \
+    if (!comm::built_with_nccl()) GTEST_SKIP() << "needs NCCL: this moecore was built without it"; \
+    comm::ProcessGroup::init(nullptr, nullptr); /* a singleton MPI process: no mpirun needed */    \
   } while (0)
 
 TEST(NcclOneRank, PlacementChoosesNcclForAProcessThatOwnsItsGpu) {

@@ -113,9 +113,10 @@ void watchdog_loop(int device) {
     {
       std::lock_guard<std::mutex> lock(w.mu);
       auto& v = w.in_flight;
-      v.erase(std::remove_if(v.begin(), v.end(),
-                             [](const std::shared_ptr<NcclPending>& p) { return cudaEventQuery(p->done) == cudaSuccess; }),
-              v.end());
+      v.erase(
+          std::remove_if(v.begin(), v.end(),
+                         [](const std::shared_ptr<NcclPending>& p) { return cudaEventQuery(p->done) == cudaSuccess; }),
+          v.end());
       ops = v;
     }
     std::vector<NcclInFlight> seen;
@@ -201,9 +202,8 @@ std::shared_ptr<NcclComm> nccl_comm_create(MPI_Comm mpi, const std::string& grou
   return c;
 }
 
-
-std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype, bool max,
-                                             NcclSite site) {
+std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype,
+                                             bool max, NcclSite site) {
   NcclComm& c = *cp;
   auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), max ? ncclMax : ncclSum, c.comm, c.stream), c.comm,
@@ -211,33 +211,34 @@ std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>& cp
   return nccl_launch_end(cp, std::move(p));
 }
 
-std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>& cp, const void* in, void* out, size_t count_per_rank,
-                                             DType dtype, NcclSite site) {
+std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>& cp, const void* in, void* out,
+                                             size_t count_per_rank, DType dtype, NcclSite site) {
   NcclComm& c = *cp;
   auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(ncclAllGather(in, out, count_per_rank, nccl_type(dtype), c.comm, c.stream), c.comm, c.group);
   return nccl_launch_end(cp, std::move(p));
 }
 
-std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>& cp, const void* in, void* out, size_t count_per_rank,
-                                                 DType dtype, bool max, NcclSite site) {
+std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>& cp, const void* in, void* out,
+                                                 size_t count_per_rank, DType dtype, bool max, NcclSite site) {
   NcclComm& c = *cp;
   auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(
-      ncclReduceScatter(in, out, count_per_rank, nccl_type(dtype), max ? ncclMax : ncclSum, c.comm, c.stream),
-      c.comm, c.group);
+      ncclReduceScatter(in, out, count_per_rank, nccl_type(dtype), max ? ncclMax : ncclSum, c.comm, c.stream), c.comm,
+      c.group);
   return nccl_launch_end(cp, std::move(p));
 }
 
-std::shared_ptr<NcclPending> nccl_broadcast(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype, int root,
-                                            NcclSite site) {
+std::shared_ptr<NcclPending> nccl_broadcast(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype,
+                                            int root, NcclSite site) {
   NcclComm& c = *cp;
   auto p = nccl_launch_begin(c, std::move(site));
   MOE_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, c.comm, c.stream), c.comm, c.group);
   return nccl_launch_end(cp, std::move(p));
 }
 
-std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp, const std::vector<NcclPeerBuffer>& sends,
+std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp,
+                                            const std::vector<NcclPeerBuffer>& sends,
                                             const std::vector<NcclPeerBuffer>& recvs, DType dtype, NcclSite site) {
   NcclComm& c = *cp;
   auto p = nccl_launch_begin(c, std::move(site));

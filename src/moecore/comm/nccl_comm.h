@@ -47,16 +47,17 @@ struct NcclPeerBuffer {
 
 // The launches. `max` false: sum. Counts are elements of `dtype`; bf16 is reduced as bf16 (moecore only moves
 // bf16 tensors, as over MPI).
-std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype, bool max,
-                                             NcclSite site);
-std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>& cp, const void* in, void* out, size_t count_per_rank,
-                                             DType dtype, NcclSite site);
-std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>& cp, const void* in, void* out, size_t count_per_rank,
-                                                 DType dtype, bool max, NcclSite site);
-std::shared_ptr<NcclPending> nccl_broadcast(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype, int root,
-                                            NcclSite site);
+std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype,
+                                             bool max, NcclSite site);
+std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>& cp, const void* in, void* out,
+                                             size_t count_per_rank, DType dtype, NcclSite site);
+std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>& cp, const void* in, void* out,
+                                                 size_t count_per_rank, DType dtype, bool max, NcclSite site);
+std::shared_ptr<NcclPending> nccl_broadcast(const std::shared_ptr<NcclComm>& cp, void* buf, size_t count, DType dtype,
+                                            int root, NcclSite site);
 // Sends and receives in one ncclGroupStart/End (all-to-all-v, all-gather-v, point-to-point).
-std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp, const std::vector<NcclPeerBuffer>& sends,
+std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp,
+                                            const std::vector<NcclPeerBuffer>& sends,
                                             const std::vector<NcclPeerBuffer>& recvs, DType dtype, NcclSite site);
 
 // The current stream waits for the operation (no host block).

@@ -24,10 +24,12 @@ std::shared_ptr<NcclComm> nccl_comm_create(MPI_Comm, const std::string&) {
 std::shared_ptr<NcclPending> nccl_all_reduce(const std::shared_ptr<NcclComm>&, void*, size_t, DType, bool, NcclSite) {
   no_nccl("nccl_all_reduce");
 }
-std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>&, const void*, void*, size_t, DType, NcclSite) {
+std::shared_ptr<NcclPending> nccl_all_gather(const std::shared_ptr<NcclComm>&, const void*, void*, size_t, DType,
+                                             NcclSite) {
   no_nccl("nccl_all_gather");
 }
-std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>&, const void*, void*, size_t, DType, bool, NcclSite) {
+std::shared_ptr<NcclPending> nccl_reduce_scatter(const std::shared_ptr<NcclComm>&, const void*, void*, size_t, DType,
+                                                 bool, NcclSite) {
   no_nccl("nccl_reduce_scatter");
 }
 std::shared_ptr<NcclPending> nccl_broadcast(const std::shared_ptr<NcclComm>&, void*, size_t, DType, int, NcclSite) {

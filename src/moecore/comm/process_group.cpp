@@ -262,8 +262,26 @@ ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
   MOE_MPI(MPI_Comm_set_errhandler(c->c, MPI_ERRORS_RETURN));
   ProcessGroup g(c);
   // Made with the group (every member is here), so a point-to-point call never has to make it.
-  if (gpu_transport() == GpuTransport::Nccl) c->nccl = nccl_comm_create(c->c, "group");
+  if (gpu_transport() == GpuTransport::Nccl) c->nccl = shared_nccl_comm(c->c, *c->world_ranks, "group");
   return g;
+}
+
+namespace {
+// One NCCL communicator per set of members, kept for the process: groups with the same ranks (dp and tp-dp without
+// TP, the trainers of the tests) share it, which saves its initialization and its buffers on the GPU. Every member
+// makes or finds it in the same collective call, so all members agree. Never destroyed (process exit frees it).
+std::map<std::vector<int>, std::shared_ptr<NcclComm>>& nccl_comms_by_members() {
+  static auto* m = new std::map<std::vector<int>, std::shared_ptr<NcclComm>>();
+  return *m;
+}
+}  // namespace
+
+std::shared_ptr<NcclComm> ProcessGroup::shared_nccl_comm(MPI_Comm c, const std::vector<int>& members,
+                                                         const std::string& name) {
+  auto& m = nccl_comms_by_members();
+  auto& slot = m[members];
+  if (!slot) slot = nccl_comm_create(c, name);
+  return slot;
 }
 
 const std::shared_ptr<NcclComm>* ProcessGroup::nccl_for(const Tensor& a, const Tensor& b, bool collective) const {
@@ -274,7 +292,7 @@ const std::shared_ptr<NcclComm>* ProcessGroup::nccl_for(const Tensor& a, const T
                    "a point-to-point call on the {} group ({} ranks) before its NCCL communicator exists: make it "
                    "with a collective first",
                    name_, size_);
-    comm_->nccl = nccl_comm_create(comm_->c, name_);
+    comm_->nccl = shared_nccl_comm(comm_->c, *comm_->world_ranks, name_);
   }
   return &comm_->nccl;
 }

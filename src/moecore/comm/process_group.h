@@ -144,6 +144,8 @@ class ProcessGroup {
   // ranks), else null: host tensors go over MPI, GPU tensors through host copies.
   const std::shared_ptr<NcclComm>* nccl_for(const Tensor& a, const Tensor& b, bool collective) const;
   NcclSite site(const Work& w) const;
+  static std::shared_ptr<NcclComm> shared_nccl_comm(MPI_Comm c, const std::vector<int>& members,
+                                                    const std::string& name);
   // The NCCL paths of the operations above (process_group_nccl.cpp).
   Work nccl_all_reduce(Tensor& t, ReduceOp op, bool async) const;
   Work nccl_all_gather(const Tensor& in, Tensor& out, bool async) const;

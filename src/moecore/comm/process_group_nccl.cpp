@@ -105,7 +105,8 @@ Work ProcessGroup::nccl_all_gather_in_place(Tensor& buf, bool async) const {
   Work w;
   count(w, "all_gather", static_cast<double>(n) * static_cast<double>(dtype_size(buf.dtype())),
         static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
-  w.nccl_ = comm::nccl_all_gather(comm_->nccl, nccl_ptr_at(buf, rank_ * n), buf.raw(), nccl_count(n), buf.dtype(), site(w));
+  w.nccl_ =
+      comm::nccl_all_gather(comm_->nccl, nccl_ptr_at(buf, rank_ * n), buf.raw(), nccl_count(n), buf.dtype(), site(w));
   w.keep_ = {buf};
   if (!async) w.wait();
   return w;
@@ -175,7 +176,8 @@ Work ProcessGroup::nccl_all_to_all_v(const Tensor& in, const std::vector<int64_t
 Work ProcessGroup::nccl_broadcast(Tensor& t, int64_t root, bool async) const {
   Work w;
   count(w, "broadcast", static_cast<double>(t.nbytes()), rank_ == root ? 0.0 : static_cast<double>(t.nbytes()));
-  w.nccl_ = comm::nccl_broadcast(comm_->nccl, t.raw(), nccl_count(t.numel()), t.dtype(), static_cast<int>(root), site(w));
+  w.nccl_ =
+      comm::nccl_broadcast(comm_->nccl, t.raw(), nccl_count(t.numel()), t.dtype(), static_cast<int>(root), site(w));
   w.keep_ = {t};
   if (!async) w.wait();
   return w;

@@ -9,10 +9,10 @@
 #include <csignal>
 #include <optional>
 
+#include "moecore/comm/gpu_transport.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
-#include "moecore/comm/gpu_transport.h"
 #include "moecore/device/device_select.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/gemm.h"

@@ -10,11 +10,11 @@
 #include <functional>
 
 #include "moecore/cli/bench/benches.h"
+#include "moecore/cli/bench/train_run.h"
 #include "moecore/comm/gpu_transport.h"
+#include "moecore/core/tensor.h"
 #include "moecore/core/timer.h"
 #include "moecore/device/runtime.h"
-#include "moecore/cli/bench/train_run.h"
-#include "moecore/core/tensor.h"
 #include "moecore/train/config/start_config.h"
 
 namespace moecore::cli {
@@ -40,25 +40,34 @@ void bench_gpu_collectives(const comm::ProcessGroup& world, Device d, int iters)
   std::vector<CollectiveCase> cases = {
       {"all_reduce", 2 * ring, [&](Tensor& a, Tensor&) { g.all_reduce(a); }},
       {"all_gather", ring, [&](Tensor& a, Tensor& b) { g.all_gather(a.slice(0, a.dim(0) / P), b); }},
-      {"reduce_scatter", ring, [&](Tensor& a, Tensor& b) {
+      {"reduce_scatter", ring,
+       [&](Tensor& a, Tensor& b) {
          Tensor o = b.slice(0, a.dim(0) / P);
          g.reduce_scatter(a, o);
        }},
-      {"all_to_all_v", ring, [&](Tensor& a, Tensor& b) {
+      {"all_to_all_v", ring,
+       [&](Tensor& a, Tensor& b) {
          const std::vector<int64_t> rows(static_cast<size_t>(P), a.dim(0) / P);
          g.all_to_all_v(a, rows, b, rows);
        }},
       {"broadcast", 1.0, [&](Tensor& a, Tensor&) { g.broadcast(a, 0); }},
-      {"send_recv_ring", P > 1 ? 1.0 : 0.0, [&](Tensor& a, Tensor& b) {
-         g.send_recv(a, (me + 1) % P, b, (me + P - 1) % P, 0);
-       }}};
+      {"send_recv_ring", P > 1 ? 1.0 : 0.0,
+       [&](Tensor& a, Tensor& b) { g.send_recv(a, (me + 1) % P, b, (me + P - 1) % P, 0); }}};
   if (me == 0) {
-    fmt::print("moecore bench comm: collectives on GPU tensors, {} ranks, {} ({})
-", P,
-               comm::gpu_transport() == comm::GpuTransport::Nccl ? "NCCL" : "host-staged MPI", cuda::describe_device(d));
-    fmt::print("  {:<22} {:>10} {:>12} {:>12} {:>12} {:>16}
-", "collective", "size MiB", "time us", "algbw GB/s",
-               "busbw GB/s", "bus MiB / rank");
+    fmt::print(
+        "moecore bench comm: collectives on GPU tensors, {} ranks, {} ({})
+        ", P,
+                comm::gpu_transport() == comm::GpuTransport::Nccl
+            ? "NCCL"
+            : "host-staged MPI",
+        cuda::describe_device(d));
+    fmt::print(
+        "  {:<22} {:>10} {:>12} {:>12} {:>12} {:>16}
+        ", " collective ", " size MiB ", " time us ", " algbw GB /
+            s
+            ",
+            "busbw GB/s",
+        "bus MiB / rank");
   }
   for (const int64_t mib : {1, 16, 256}) {
     const int64_t rows = std::max<int64_t>(P, mib * 1024 * 1024 / 4 / 256 / P * P);  // [rows, 256] f32
@@ -73,9 +82,10 @@ void bench_gpu_collectives(const comm::ProcessGroup& world, Device d, int iters)
       cuda::synchronize();  // the current stream waited on every operation's event
       const double s = (now_seconds() - t0) / iters;
       if (me == 0)
-        fmt::print("comm_gpu op={:<22} mib={:>6.1f} time_us={:>10.1f} algbw={:>8.2f} busbw={:>8.2f} bus_mib={:>10.2f}\n",
-                   c.name, bytes / 1048576.0, s * 1e6, bytes / s / 1e9, bytes * c.bus_factor / s / 1e9,
-                   bytes * c.bus_factor / 1048576.0);
+        fmt::print(
+            "comm_gpu op={:<22} mib={:>6.1f} time_us={:>10.1f} algbw={:>8.2f} busbw={:>8.2f} bus_mib={:>10.2f}\n",
+            c.name, bytes / 1048576.0, s * 1e6, bytes / s / 1e9, bytes * c.bus_factor / s / 1e9,
+            bytes * c.bus_factor / 1048576.0);
     }
   }
 }

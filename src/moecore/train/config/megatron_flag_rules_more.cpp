@@ -98,10 +98,10 @@ void communication(std::vector<FlagRule>& r) {
                             "MPI for host tensors and host-staged MPI where ranks share a GPU",
                             "a Gloo backend is not supported by moecore (host tensors go over MPI; GPU tensors over "
                             "NCCL, or host-staged MPI where ranks share a GPU): use --distributed-backend nccl"));
-  r.push_back(no_effect(
-      "moecore takes the local rank from MPI's shared-memory split (MPI_COMM_TYPE_SHARED) and trains on "
-      "cuda:<local rank>, as Megatron's LOCAL_RANK",
-      {"local-rank"}));
+  r.push_back(
+      no_effect("moecore takes the local rank from MPI's shared-memory split (MPI_COMM_TYPE_SHARED) and trains on "
+                "cuda:<local rank>, as Megatron's LOCAL_RANK",
+                {"local-rank"}));
   r.push_back(no_effect(
       "a process-group or communicator setting: moecore makes its MPI groups and NCCL communicators itself "
       "(one per group, from MPI, at group construction)",
