@@ -42,7 +42,9 @@ TEST(GpuPlacementMpi, AnUnusableGpuIsOneErrorOnEveryRank) {
     what = e.what();
   }
   ASSERT_FALSE(what.empty()) << "rank " << w.rank() << " did not refuse --device cuda without a GPU";
-  if (w.size() > 1) EXPECT_EQ(what.rfind("rank 0: --device cuda: ", 0), 0u) << what;
+  if (w.size() > 1) {
+    EXPECT_EQ(what.rfind("rank 0: --device cuda: ", 0), 0u) << what;
+  }
   // The same text on every rank: rank 0's length and checksum broadcast and compared.
   Tensor sig = Tensor::zeros({2}, DType::F64);
   double sum = 0;

@@ -17,7 +17,9 @@ namespace {
 int64_t nccl_row_elems(const Tensor& t) {
   return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(0));
 }
+// Element `elems` of t (null for an empty tensor, which may have no storage; NCCL skips zero counts).
 char* nccl_ptr_at(const Tensor& t, int64_t elems) {
+  if (!t.defined() || t.numel() == 0) return nullptr;
   return static_cast<char*>(t.raw()) + elems * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 size_t nccl_count(int64_t n) {
@@ -34,7 +36,8 @@ Work ProcessGroup::nccl_all_reduce(Tensor& t, ReduceOp op, bool async) const {
   Work w;
   const double n = static_cast<double>(t.nbytes()), P = static_cast<double>(size_);
   count(w, "all_reduce", n, 2.0 * (P - 1) / P * n);
-  w.nccl_ = comm::nccl_all_reduce(comm_->nccl, t.raw(), nccl_count(t.numel()), t.dtype(), op == ReduceOp::Max, site(w));
+  w.nccl_ = comm::nccl_all_reduce(comm_->nccl, nccl_ptr_at(t, 0), nccl_count(t.numel()), t.dtype(), op == ReduceOp::Max,
+                                  site(w));
   w.keep_ = {t};
   if (!async) w.wait();
   return w;
@@ -43,7 +46,8 @@ Work ProcessGroup::nccl_all_reduce(Tensor& t, ReduceOp op, bool async) const {
 Work ProcessGroup::nccl_all_gather(const Tensor& in, Tensor& out, bool async) const {
   Work w;
   count(w, "all_gather", static_cast<double>(in.nbytes()), static_cast<double>(out.nbytes() - in.nbytes()));
-  w.nccl_ = comm::nccl_all_gather(comm_->nccl, in.raw(), out.raw(), nccl_count(in.numel()), in.dtype(), site(w));
+  w.nccl_ = comm::nccl_all_gather(comm_->nccl, nccl_ptr_at(in, 0), nccl_ptr_at(out, 0), nccl_count(in.numel()),
+                                  in.dtype(), site(w));
   w.keep_ = {in, out};
   if (!async) w.wait();
   return w;
@@ -59,7 +63,7 @@ Work ProcessGroup::nccl_all_gather_v(const Tensor& in, Tensor& out, const std::v
   int64_t off = 0;
   for (int64_t r = 0; r < size_; r++) {
     const int64_t n = rows[static_cast<size_t>(r)] * re;
-    sends.push_back({static_cast<int>(r), in.raw(), nccl_count(in.numel())});
+    sends.push_back({static_cast<int>(r), nccl_ptr_at(in, 0), nccl_count(in.numel())});
     recvs.push_back({static_cast<int>(r), nccl_ptr_at(out, off), nccl_count(n)});
     off += n;
   }
@@ -76,8 +80,8 @@ Work ProcessGroup::nccl_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp o
   nccl_check_reducible(in.dtype());
   Work w;
   count(w, "reduce_scatter", static_cast<double>(in.nbytes()), static_cast<double>(in.nbytes() - out.nbytes()));
-  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, in.raw(), out.raw(), nccl_count(out.numel()), in.dtype(),
-                                      op == ReduceOp::Max, site(w));
+  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, nccl_ptr_at(in, 0), nccl_ptr_at(out, 0), nccl_count(out.numel()),
+                                      in.dtype(), op == ReduceOp::Max, site(w));
   w.keep_ = {in, out};
   if (!async) w.wait();
   return w;
@@ -91,8 +95,8 @@ Work ProcessGroup::nccl_reduce_scatter_in_place(Tensor& buf, ReduceOp op, bool a
   Work w;
   count(w, "reduce_scatter", static_cast<double>(buf.nbytes()),
         static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
-  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, buf.raw(), nccl_ptr_at(buf, rank_ * n), nccl_count(n), buf.dtype(),
-                                      op == ReduceOp::Max, site(w));
+  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, nccl_ptr_at(buf, 0), nccl_ptr_at(buf, rank_ * n), nccl_count(n),
+                                      buf.dtype(), op == ReduceOp::Max, site(w));
   w.keep_ = {buf};
   if (!async) w.wait();
   return w;
@@ -105,8 +109,8 @@ Work ProcessGroup::nccl_all_gather_in_place(Tensor& buf, bool async) const {
   Work w;
   count(w, "all_gather", static_cast<double>(n) * static_cast<double>(dtype_size(buf.dtype())),
         static_cast<double>(buf.nbytes()) * static_cast<double>(size_ - 1) / static_cast<double>(size_));
-  w.nccl_ =
-      comm::nccl_all_gather(comm_->nccl, nccl_ptr_at(buf, rank_ * n), buf.raw(), nccl_count(n), buf.dtype(), site(w));
+  w.nccl_ = comm::nccl_all_gather(comm_->nccl, nccl_ptr_at(buf, rank_ * n), nccl_ptr_at(buf, 0), nccl_count(n),
+                                  buf.dtype(), site(w));
   w.keep_ = {buf};
   if (!async) w.wait();
   return w;
@@ -135,8 +139,8 @@ Work ProcessGroup::nccl_reduce_scatter_v(const Tensor& in, Tensor& out, const st
   }
   Work w;
   count(w, "reduce_scatter_v", static_cast<double>(in.nbytes()), static_cast<double>(in.nbytes() - out.nbytes()));
-  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, padded_in.raw(), padded_out.raw(), nccl_count(most), in.dtype(),
-                                      op == ReduceOp::Max, site(w));
+  w.nccl_ = comm::nccl_reduce_scatter(comm_->nccl, nccl_ptr_at(padded_in, 0), nccl_ptr_at(padded_out, 0),
+                                      nccl_count(most), in.dtype(), op == ReduceOp::Max, site(w));
   w.keep_ = {in, out, padded_in, padded_out};
   // This rank's rows leave the padded block once the stream has waited (Work::unstage).
   if (out.numel() > 0) {
@@ -176,8 +180,8 @@ Work ProcessGroup::nccl_all_to_all_v(const Tensor& in, const std::vector<int64_t
 Work ProcessGroup::nccl_broadcast(Tensor& t, int64_t root, bool async) const {
   Work w;
   count(w, "broadcast", static_cast<double>(t.nbytes()), rank_ == root ? 0.0 : static_cast<double>(t.nbytes()));
-  w.nccl_ =
-      comm::nccl_broadcast(comm_->nccl, t.raw(), nccl_count(t.numel()), t.dtype(), static_cast<int>(root), site(w));
+  w.nccl_ = comm::nccl_broadcast(comm_->nccl, nccl_ptr_at(t, 0), nccl_count(t.numel()), t.dtype(),
+                                 static_cast<int>(root), site(w));
   w.keep_ = {t};
   if (!async) w.wait();
   return w;
@@ -189,13 +193,13 @@ Work ProcessGroup::nccl_send_recv(const Tensor* send_t, int64_t dst, Tensor* rec
   Work w;
   if (send_t) {
     MOE_ASSERT(send_t->device().is_cuda());
-    sends.push_back({static_cast<int>(dst), send_t->raw(), nccl_count(send_t->numel())});
+    sends.push_back({static_cast<int>(dst), nccl_ptr_at(*send_t, 0), nccl_count(send_t->numel())});
     count(w, "send", static_cast<double>(send_t->nbytes()), 0.0, dst);
     w.keep_.push_back(*send_t);
   }
   if (recv_t) {
     MOE_ASSERT(recv_t->device().is_cuda());
-    recvs.push_back({static_cast<int>(src), recv_t->raw(), nccl_count(recv_t->numel())});
+    recvs.push_back({static_cast<int>(src), nccl_ptr_at(*recv_t, 0), nccl_count(recv_t->numel())});
     if (send_t) {
       CommCounter& c = comm_counters()[name_ + ":recv"];  // the exchange's receive, counted as a receive
       c.calls++;

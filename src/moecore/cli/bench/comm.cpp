@@ -54,20 +54,12 @@ void bench_gpu_collectives(const comm::ProcessGroup& world, Device d, int iters)
       {"send_recv_ring", P > 1 ? 1.0 : 0.0,
        [&](Tensor& a, Tensor& b) { g.send_recv(a, (me + 1) % P, b, (me + P - 1) % P, 0); }}};
   if (me == 0) {
+    fmt::print("moecore bench comm: collectives on GPU tensors, {} ranks, {} ({})\n", P,
+               comm::gpu_transport() == comm::GpuTransport::Nccl ? "NCCL" : "host-staged MPI",
+               cuda::describe_device(d));
     fmt::print(
-        "moecore bench comm: collectives on GPU tensors, {} ranks, {} ({})
-        ", P,
-                comm::gpu_transport() == comm::GpuTransport::Nccl
-            ? "NCCL"
-            : "host-staged MPI",
-        cuda::describe_device(d));
-    fmt::print(
-        "  {:<22} {:>10} {:>12} {:>12} {:>12} {:>16}
-        ", " collective ", " size MiB ", " time us ", " algbw GB /
-            s
-            ",
-            "busbw GB/s",
-        "bus MiB / rank");
+        "  per operation and size: time per call, algbw = size / time, busbw = bus_mib / time (bus_mib: the analytic "
+        "minimum through each rank's link)\n");
   }
   for (const int64_t mib : {1, 16, 256}) {
     const int64_t rows = std::max<int64_t>(P, mib * 1024 * 1024 / 4 / 256 / P * P);  // [rows, 256] f32
