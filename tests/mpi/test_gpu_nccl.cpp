@@ -58,6 +58,22 @@ TEST(GpuPlacementMpi, AnUnusableGpuIsOneErrorOnEveryRank) {
   EXPECT_EQ(sig.item(1), sum);
 }
 
+// The GPU tests' operation list on host tensors (MPI): its shapes and counts hold on any layout, and its all-reduce
+// and all-gather give what every rank's inputs say.
+TEST(GpuNcclHarness, EveryOperationRunsOnHostTensors) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  const std::vector<Tensor> r = testing::every_operation(w, Device::cpu());
+  ASSERT_EQ(r.size(), w.size() >= 2 && w.rank() < 2 ? 13u : 12u);  // ranks 0 and 1 also exchange a message
+  Tensor want = Tensor::zeros({1000}, DType::F32);
+  for (int64_t k = 0; k < w.size(); k++) {
+    const Tensor x = testing::filled({1000}, k, 1, Device::cpu());
+    for (int64_t i = 0; i < 1000; i++) want.data<float>()[i] += x.data<float>()[i];
+  }
+  for (int64_t i = 0; i < 1000; i++) EXPECT_NEAR(r[0].data<float>()[i], want.data<float>()[i], 1e-5) << i;
+  const Tensor last = testing::filled({7, 3}, w.size() - 1, 3, Device::cpu());
+  for (int64_t i = 0; i < 21; i++) EXPECT_EQ(r[2].data<float>()[(w.size() - 1) * 21 + i], last.data<float>()[i]);
+}
+
 bool one_gpu_per_rank(std::string* why) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const int visible = cuda::visible_devices(why);
