@@ -34,6 +34,19 @@ function(moecore_add_cuda target)
   set_source_files_properties(${cu_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   target_compile_definitions(${target} PUBLIC MOECORE_HAVE_CUDA)
   target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  # NCCL (docs/cuda.md "NCCL"): the toolkit folder's nccl.h and libnccl.so.2; without them the host-staged MPI path
+  # only (comm/nccl_comm_unavailable.cpp).
+  find_path(MOECORE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(MOECORE_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(MOECORE_NCCL_INCLUDE_DIR AND MOECORE_NCCL_LIBRARY)
+    target_sources(${target} PRIVATE ${CMAKE_SOURCE_DIR}/src/moecore/comm/nccl_comm.cpp)
+    target_include_directories(${target} PRIVATE ${MOECORE_NCCL_INCLUDE_DIR})
+    target_compile_definitions(${target} PUBLIC MOECORE_HAVE_NCCL)
+    target_link_libraries(${target} PUBLIC ${MOECORE_NCCL_LIBRARY})
+  else()
+    target_sources(${target} PRIVATE ${CMAKE_SOURCE_DIR}/src/moecore/comm/nccl_comm_unavailable.cpp)
+  endif()
+  message(STATUS "moecore: NCCL ${MOECORE_NCCL_LIBRARY} (${MOECORE_NCCL_INCLUDE_DIR})")
   # cuDNN's fused attention (kernels/cuda/attention_cudnn*.cpp) needs only cuDNN 9's headers here: the library is
   # loaded with dlopen at run time, so the binaries start where libcudnn is absent (the attention then runs the
   # native kernels and says why). Without the headers the path is compiled out, and says that instead.

@@ -25,10 +25,10 @@ cp -a "$ompi_plugins"/. "$STAGE/ompi/"
 cp "$(readlink -f "$(command -v orterun)")" "$STAGE/bin/mpirun"
 [[ -d /usr/share/openmpi ]] && cp -a /usr/share/openmpi "$STAGE/share-openmpi"
 
-# Every shared library the binaries and plugins load, except the C and C++ runtimes, the CUDA driver and cuBLAS, which
-# the GPU machine provides in versions matching its driver, and cuDNN (hundreds of MB; loaded with dlopen at run time
-# from PyTorch's wheel on the GPU machine, see env.sh).
-skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|linux-vdso|libcuda|libcublas|libcublasLt|libcudnn[a-z_]*|libnvidia|libstdc\+\+|libgcc_s)\.'
+# Every shared library the binaries and plugins load, except the C and C++ runtimes, the CUDA driver, cuBLAS and NCCL
+# (218 MB), which the GPU machine provides (its toolkit, or PyTorch's nvidia wheels) in versions matching its driver,
+# and cuDNN (hundreds of MB; loaded with dlopen at run time from PyTorch's wheel on the GPU machine, see env.sh).
+skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|linux-vdso|libcuda|libcublas|libcublasLt|libnccl|libcudnn[a-z_]*|libnvidia|libstdc\+\+|libgcc_s)\.'
 {
   for f in "${bins[@]}" "$STAGE/bin/mpirun" "$STAGE"/ompi/*.so "$STAGE"/pmix/*.so; do
     ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
@@ -45,7 +45,7 @@ P=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 torch_cu=$(python3 -c 'import os, nvidia; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
 extra=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib "$torch_cu"/nvidia/cu13/lib "$torch_cu"/nvidia/cublas/lib \
-  "$torch_cu"/nvidia/cudnn/lib; do
+  "$torch_cu"/nvidia/cudnn/lib "$torch_cu"/nvidia/nccl/lib; do
   [[ -d "$d" ]] && extra="$extra:$d"
 done
 export LD_LIBRARY_PATH="$P/lib$extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

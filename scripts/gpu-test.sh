@@ -66,12 +66,33 @@ if [[ -x "$BUILD/moecore_tests" ]]; then
   host_filter+=':AttentionBackend.*:CudnnAttention*'
   "$BUILD/moecore_tests" --gtest_filter="$host_filter" >"$OUT/host_tests.log" 2>&1 || status=1
 fi
-# Layout invariance on the GPU: every rank on this machine's GPU, host-staged MPI between them.
+# Layout invariance on the GPU: every rank on GPU 0 (shared, so host-staged MPI between them).
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
 if [[ -x "$BUILD/moecore_mpi_tests" ]]; then
   for np in 2 4; do
-    OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np "$BUILD/moecore_mpi_tests" \
-      --gtest_filter='*GpuLayouts*:*GpuCpLayouts*:GpuDispatch.*' >"$OUT/gpu_layouts_$np.log" 2>&1 || status=1
+    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np \
+      "$BUILD/moecore_mpi_tests" --gtest_filter='*GpuLayouts*:*GpuCpLayouts*:GpuDispatch.*' \
+      >"$OUT/gpu_layouts_$np.log" 2>&1 || status=1
   done
+  # One GPU per rank (two or more GPUs here): NCCL for every group. Every ProcessGroup operation over NCCL against
+  # host-staged MPI, the same layouts against one GPU rank, and a stalled rank ending an NCCL job by the watchdog.
+  if [[ ${NGPU:-0} -ge 2 ]]; then
+    for np in 2 4 8; do
+      [[ $np -le $NGPU ]] || continue
+      OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np "$BUILD/moecore_mpi_tests" \
+        --gtest_filter='GpuNccl.*:*GpuLayouts*:*GpuCpLayouts*:GpuDispatch.*' >"$OUT/gpu_layouts_nccl_$np.log" 2>&1 ||
+        status=1
+      if grep -q "GpuNccl.*SKIPPED\|SKIPPED.*GpuNccl" "$OUT/gpu_layouts_nccl_$np.log"; then
+        echo "gpu-test: GpuNccl was skipped on $np ranks and $NGPU GPUs" | tee -a "$OUT/gpu_layouts_nccl_$np.log"
+        status=1
+      fi
+    done
+    timeout 200 bash "$ROOT/tests/cuda/nccl_timeout.sh" "$BUILD/moecore" mpirun --oversubscribe --allow-run-as-root \
+      >"$OUT/nccl_timeout.log" 2>&1 || status=1
+  else
+    echo "gpu-test: ${NGPU:-0} GPU(s): the NCCL layouts (one GPU per rank) need two or more" |
+      tee "$OUT/gpu_layouts_nccl.log"
+  fi
 fi
 # Generation on the GPU against the CPU; with GPU_LAUNCH_LINES=1 also Megatron's launch lines trained on the GPU
 # against the CPU (tests/train/megatron_configs.py --on-gpu: its CPU runs take minutes, more than a short device
@@ -93,6 +114,15 @@ run_bench() {
   timeout 300 "$M" "$@" >>"$OUT/bench_$name.txt" 2>&1 || { echo "bench $name failed" >>"$OUT/bench_$name.txt"; status=1; }
 }
 run_bench gemm bench gemm --device cuda --size 8192 --iters 10
+# Each collective's bus bandwidth over NCCL (one GPU per rank, every GPU here; one rank on a one-GPU machine, where
+# it shows NCCL's one-rank copies), then a training step's traffic against its analytic minimum.
+if [[ -z "${GPU_BENCHES:-}" || " $GPU_BENCHES " == *" comm "* ]]; then
+  np=$(( ${NGPU:-1} >= 4 ? 4 : ${NGPU:-1} >= 2 ? 2 : 1 ))  # the default model's batch divides over 1, 2 or 4 ranks
+  [[ $np -ge 1 ]] || np=1
+  echo "\$ mpirun -np $np moecore bench comm --device cuda --iters 3" >"$OUT/bench_comm.txt"
+  OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np "$M" bench comm --device cuda \
+    --iters 3 >>"$OUT/bench_comm.txt" 2>&1 || { echo "bench comm failed" >>"$OUT/bench_comm.txt"; status=1; }
+fi
 run_bench attention_bf16 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 5
 # The Qwen3-MoE benchmark's attention: one sequence, 32 query heads over 4 kv heads (the dK/dV kernel splits the

@@ -1,10 +1,12 @@
-// ProcessGroup over MPI (see process_group.h).
+// ProcessGroup over MPI, and the choice of NCCL for GPU tensors (see process_group.h; the NCCL paths are in
+// process_group_nccl.cpp).
 #include "moecore/comm/process_group.h"
 
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 
+#include "moecore/comm/gpu_transport.h"
 #include "moecore/comm/mpi_check.h"
 #include "moecore/comm/watchdog.h"
 #include "moecore/core/error.h"
@@ -99,8 +101,11 @@ Work::Work(Work&& o) noexcept
       group_(std::move(o.group_)),
       seq_(o.seq_),
       staged_(std::move(o.staged_)),
-      unstage_to_(std::move(o.unstage_to_)) {
+      unstage_to_(std::move(o.unstage_to_)),
+      nccl_(std::move(o.nccl_)),
+      keep_(std::move(o.keep_)) {
   o.req_ = MPI_REQUEST_NULL;
+  o.nccl_ = nullptr;
   o.staged_ = Tensor();
   o.unstage_to_ = Tensor();
 }
@@ -122,6 +127,9 @@ Work& Work::operator=(Work&& o) noexcept {
     seq_ = o.seq_;
     staged_ = std::move(o.staged_);
     unstage_to_ = std::move(o.unstage_to_);
+    nccl_ = std::move(o.nccl_);
+    o.nccl_ = nullptr;
+    keep_ = std::move(o.keep_);
     o.staged_ = Tensor();
     o.unstage_to_ = Tensor();
   }
@@ -129,11 +137,11 @@ Work& Work::operator=(Work&& o) noexcept {
 }
 
 Work::~Work() {
-  if (pending()) MOE_MPI_NOTHROW(finish());
   try {
+    if (pending()) MOE_MPI_NOTHROW(finish());
     unstage();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "moecore: a staged GPU receive could not be copied back: %s\n", e.what());
+    std::fprintf(stderr, "moecore: a pending operation could not be finished: %s\n", e.what());
   }
 }
 
@@ -144,6 +152,12 @@ void Work::unstage() {
 }
 
 int Work::finish() {
+  if (nccl_) {  // the current stream waits for the operation; its buffers may be reused by that stream after it
+    nccl_wait(*nccl_);
+    nccl_ = nullptr;
+    keep_.clear();
+    return MPI_SUCCESS;
+  }
   const WaitSite site{&group_, members_.get(), seq_, what_};
   return wait_with_watchdog(&req_, site);
 }
@@ -158,6 +172,12 @@ void Work::wait() {
 
 bool Work::test() {
   if (!pending()) return true;
+  if (nccl_) {
+    if (!nccl_done(*nccl_)) return false;
+    finish();
+    unstage();
+    return true;
+  }
   int flag = 0;
   MOE_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
   if (flag != 0) unstage();
@@ -185,6 +205,7 @@ void ProcessGroup::finalize() {
   MOE_MPI(MPI_Initialized(&inited));
   MOE_MPI(MPI_Finalized(&finalized));
   if (inited && !finalized) {
+    nccl_shutdown();
     free_watchdog();
     MOE_MPI(MPI_Finalize());
   }
@@ -239,7 +260,53 @@ ProcessGroup ProcessGroup::split(const RankGroups& groups) const {
   MOE_MPI(MPI_Comm_split(comm_->c, color, key, &c->c));
   c->owned = true;
   MOE_MPI(MPI_Comm_set_errhandler(c->c, MPI_ERRORS_RETURN));
-  return ProcessGroup(c);
+  ProcessGroup g(c);
+  // Made with the group (every member is here), so a point-to-point call never has to make it.
+  if (gpu_transport() == GpuTransport::Nccl) c->nccl = shared_nccl_comm(c->c, *c->world_ranks, "group");
+  return g;
+}
+
+namespace {
+// One NCCL communicator per set of members, kept for the process: groups with the same ranks (dp and tp-dp without
+// TP, the trainers of the tests) share it, which saves its initialization and its buffers on the GPU. Every member
+// makes or finds it in the same collective call, so all members agree. Never destroyed (process exit frees it).
+std::map<std::vector<int>, std::shared_ptr<NcclComm>>& nccl_comms_by_members() {
+  static auto* m = new std::map<std::vector<int>, std::shared_ptr<NcclComm>>();
+  return *m;
+}
+}  // namespace
+
+std::shared_ptr<NcclComm> ProcessGroup::shared_nccl_comm(MPI_Comm c, const std::vector<int>& members,
+                                                         const std::string& name) {
+  auto& m = nccl_comms_by_members();
+  auto& slot = m[members];
+  if (!slot) slot = nccl_comm_create(c, name);
+  return slot;
+}
+
+const std::shared_ptr<NcclComm>* ProcessGroup::nccl_for(const Tensor& a, const Tensor& b, bool collective) const {
+  const bool gpu = (a.defined() && a.device().is_cuda()) || (b.defined() && b.device().is_cuda());
+  if (!gpu || gpu_transport() != GpuTransport::Nccl) return nullptr;
+  if (!comm_->nccl) {
+    MOE_ASSERT_MSG(collective || size_ <= 2,
+                   "a point-to-point call on the {} group ({} ranks) before its NCCL communicator exists: make it "
+                   "with a collective first",
+                   name_, size_);
+    comm_->nccl = shared_nccl_comm(comm_->c, *comm_->world_ranks, name_);
+  }
+  return &comm_->nccl;
+}
+
+NcclSite ProcessGroup::site(const Work& w) const {
+  NcclSite s;
+  s.group = name_;
+  s.op = w.what_;
+  s.seq = w.seq_;
+  const int me = (*comm_->world_ranks)[static_cast<size_t>(rank_)];
+  if (w.members_) s.members = *w.members_;
+  if (w.members_ && w.members_->size() == 1 && s.members[0] != me) s.members.insert(s.members.begin(), me);
+  if (s.members.empty()) s.members = {me};
+  return s;
 }
 
 namespace {
@@ -258,6 +325,7 @@ Tensor host_like(const Tensor& t) {
 }  // namespace
 
 Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
+  if (nccl_for(t, Tensor(), true)) return nccl_all_reduce(t, op, async);
   if (on_gpu(t)) {
     Tensor h = host_copy(t);
     Work w = all_reduce(h, op, false);
@@ -279,6 +347,7 @@ Work ProcessGroup::all_reduce(Tensor& t, ReduceOp op, bool async) const {
 Work ProcessGroup::all_gather(const Tensor& in, Tensor& out, bool async) const {
   MOE_ASSERT_MSG(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: in {} out {} size {}",
                  in.shape().str(), out.shape().str(), size_);
+  if (nccl_for(in, out, true)) return nccl_all_gather(in, out, async);
   if (on_gpu(in) || on_gpu(out)) {
     Tensor h = host_like(out);
     Work w = all_gather(host_copy(in), h, false);
@@ -294,6 +363,7 @@ Work ProcessGroup::all_gather(const Tensor& in, Tensor& out, bool async) const {
 }
 
 Work ProcessGroup::all_gather_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, bool async) const {
+  if (nccl_for(in, out, true)) return nccl_all_gather_v(in, out, rows, async);
   if (on_gpu(in) || on_gpu(out)) {
     Tensor h = host_like(out);
     Work w = all_gather_v(host_copy(in), h, rows, false);
@@ -322,6 +392,7 @@ Work ProcessGroup::all_gather_v(const Tensor& in, Tensor& out, const std::vector
 Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) const {
   MOE_ASSERT_MSG(in.numel() == out.numel() * size_ && in.dtype() == out.dtype(), "reduce_scatter: in {} out {}",
                  in.shape().str(), out.shape().str());
+  if (nccl_for(in, out, true)) return nccl_reduce_scatter(in, out, op, async);
   if (on_gpu(in) || on_gpu(out)) {
     Tensor h = host_like(out);
     Work w = reduce_scatter(host_copy(in), h, op, false);
@@ -338,6 +409,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bo
 
 Work ProcessGroup::reduce_scatter_in_place(Tensor& buf, ReduceOp op, bool async) const {
   MOE_ASSERT_MSG(buf.numel() % size_ == 0, "reduce_scatter_in_place: {} elements over {} ranks", buf.numel(), size_);
+  if (nccl_for(buf, Tensor(), true)) return nccl_reduce_scatter_in_place(buf, op, async);
   const int64_t n = buf.numel() / size_;
   Tensor flat = buf.reshape({buf.numel()});
   if (on_gpu(buf)) {
@@ -363,6 +435,7 @@ Work ProcessGroup::reduce_scatter_in_place(Tensor& buf, ReduceOp op, bool async)
 
 Work ProcessGroup::all_gather_in_place(Tensor& buf, bool async) const {
   MOE_ASSERT_MSG(buf.numel() % size_ == 0, "all_gather_in_place: {} elements over {} ranks", buf.numel(), size_);
+  if (nccl_for(buf, Tensor(), true)) return nccl_all_gather_in_place(buf, async);
   const int64_t n = buf.numel() / size_;
   Tensor flat = buf.reshape({buf.numel()});
   if (on_gpu(buf)) {
@@ -383,6 +456,7 @@ Work ProcessGroup::all_gather_in_place(Tensor& buf, bool async) const {
 Work ProcessGroup::reduce_scatter_v(const Tensor& in, Tensor& out, const std::vector<int64_t>& rows, ReduceOp op,
                                     bool async) const {
   MOE_ASSERT(static_cast<int64_t>(rows.size()) == size_ && in.dtype() == out.dtype());
+  if (nccl_for(in, out, true)) return nccl_reduce_scatter_v(in, out, rows, op, async);
   if (on_gpu(in) || on_gpu(out)) {
     Tensor h = host_like(out);
     Work w = reduce_scatter_v(host_copy(in), h, rows, op, false);
@@ -410,6 +484,7 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
                                 const std::vector<int64_t>& recv_rows, bool async) const {
   MOE_ASSERT(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_);
   MOE_ASSERT(in.dtype() == out.dtype());
+  if (nccl_for(in, out, true)) return nccl_all_to_all_v(in, send_rows, out, recv_rows, async);
   if (on_gpu(in) || on_gpu(out)) {
     Tensor h = host_like(out);
     Work w = all_to_all_v(host_copy(in), send_rows, h, recv_rows, false);
@@ -441,6 +516,7 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
 }
 
 Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
+  if (nccl_for(t, Tensor(), true)) return nccl_broadcast(t, root, async);
   if (on_gpu(t)) {
     Tensor h = host_copy(t);
     Work w = broadcast(h, root, false);
@@ -456,6 +532,7 @@ Work ProcessGroup::broadcast(Tensor& t, int64_t root, bool async) const {
 }
 
 Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const {
+  if (nccl_for(t, Tensor(), false)) return nccl_send_recv(&t, dst, nullptr, -1, async);
   if (on_gpu(t)) {  // the host copy is sent, and held by the Work until the send completes
     Tensor h = host_copy(t);
     Work w = send(h, dst, tag, async);
@@ -471,6 +548,7 @@ Work ProcessGroup::send(const Tensor& t, int64_t dst, int tag, bool async) const
 }
 
 Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
+  if (nccl_for(t, Tensor(), false)) return nccl_send_recv(nullptr, -1, &t, src, async);
   if (on_gpu(t)) {  // received into a host buffer the Work holds, copied into t when it completes (wait or test)
     Tensor h = host_like(t);
     Work w = recv(h, src, tag, async);
@@ -488,6 +566,24 @@ Work ProcessGroup::recv(Tensor& t, int64_t src, int tag, bool async) const {
   count(w, "recv", 0.0, static_cast<double>(t.nbytes()), src);
   if (!async) w.wait();
   return w;
+}
+
+std::pair<Work, Work> ProcessGroup::send_recv(const Tensor& send_t, int64_t dst, Tensor& recv_t, int64_t src, int tag,
+                                              bool async) const {
+  if (nccl_for(send_t, recv_t, false)) {
+    Work s = nccl_send_recv(&send_t, dst, &recv_t, src, async);
+    Work r;  // the same grouped operation: waiting on either orders the stream after both
+    r.what_ = "recv";
+    r.nccl_ = s.nccl_;
+    return {std::move(s), std::move(r)};
+  }
+  Work s = send(send_t, dst, tag, true);
+  Work r = recv(recv_t, src, tag, true);
+  if (!async) {
+    s.wait();
+    r.wait();
+  }
+  return {std::move(s), std::move(r)};
 }
 
 void ProcessGroup::barrier() const {

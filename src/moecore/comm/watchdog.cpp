@@ -213,6 +213,10 @@ double collective_timeout() {
   return g_timeout;
 }
 
+const std::string& collective_timeout_source() {
+  return g_source;
+}
+
 void init_watchdog() {
   if (g_wd != MPI_COMM_NULL) return;
   MOE_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &g_wd));

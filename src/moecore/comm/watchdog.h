@@ -29,6 +29,7 @@ struct WaitSite {
 // message). Megatron's default (10 minutes) until the program sets it after ProcessGroup::init.
 void set_collective_timeout(double seconds, const std::string& source);
 double collective_timeout();
+const std::string& collective_timeout_source();  // "--distributed-timeout-minutes 10" (named in messages)
 
 // Called by ProcessGroup::init on every rank (collective): the watchdog's own communicator.
 void init_watchdog();

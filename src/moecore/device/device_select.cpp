@@ -1,6 +1,8 @@
 // --device parsing and choice (see device_select.h).
 #include "moecore/device/device_select.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 
 #include "moecore/core/error.h"
@@ -50,6 +52,37 @@ Device resolve_device(std::string_view requested, std::string_view command, cons
   MOE_CHECK(n < a.visible, "--device {}: this process sees {} GPU(s), numbered 0 to {}", requested, a.visible,
             a.visible - 1);
   return Device::cuda(n);
+}
+
+GpuPlacement place_on_gpu(int local_rank, int local_size, int visible, std::string_view requested, bool nccl_built) {
+  MOE_ASSERT_MSG(local_rank >= 0 && local_rank < local_size && visible > 0, "local rank {} of {}, {} GPUs", local_rank,
+                 local_size, visible);
+  GpuPlacement p;
+  const int pinned = requested == "cuda" || requested == "auto" ? -1 : cuda_ordinal(requested);
+  if (pinned >= 0) {
+    p.device = pinned;
+    p.owns_gpu = local_size == 1;
+  } else if (local_size <= visible) {
+    p.device = local_rank;
+    p.owns_gpu = true;
+  } else {
+    p.device = local_rank % visible;
+    p.owns_gpu = false;
+  }
+  p.nccl = p.owns_gpu && nccl_built;
+  return p;
+}
+
+std::string describe_placement(const GpuPlacement& p, int local_size, int visible, bool job_nccl, bool nccl_built) {
+  const std::string ranks = fmt::format("{} rank{} on this node", local_size, local_size == 1 ? "" : "s");
+  if (job_nccl) return fmt::format("{}, one GPU each (cuda:<local rank>): NCCL between GPUs", ranks);
+  if (!p.owns_gpu)
+    return fmt::format(
+        "{} share {} visible GPU(s): GPU tensors go between ranks through host-staged MPI (NCCL needs one GPU "
+        "per rank: run at most {} ranks per node, or make more GPUs visible)",
+        ranks, visible, visible);
+  return fmt::format("{}, one GPU each: GPU tensors go between ranks through host-staged MPI ({})", ranks,
+                     nccl_built ? "ranks on another node share GPUs" : "this moecore was built without NCCL");
 }
 
 }  // namespace moecore::cuda

@@ -29,4 +29,20 @@ inline Device resolve_device(std::string_view requested, std::string_view comman
   return resolve_device(requested, command, DeviceAvailability::probe());
 }
 
+// One GPU per rank (Megatron's LOCAL_RANK): where a rank of a multi-rank job runs and how its GPU tensors travel.
+// `cuda` and `auto` mean cuda:<local rank> when the node has at least as many visible GPUs as local ranks; with
+// fewer, ranks share GPUs (local rank modulo the visible count) and GPU tensors go through host-staged MPI (NCCL
+// wants one GPU per rank). `cuda:N` pins GPU N on every local rank (shared when the node runs more than one rank).
+struct GpuPlacement {
+  int device = 0;         // the GPU index this rank uses
+  bool owns_gpu = false;  // no other local rank uses it
+  bool nccl = false;      // GPU tensors go over NCCL (every rank owns its GPU and the build has NCCL)
+};
+// Pure: local rank and local ranks on this node, the GPUs this process sees, `requested` (cuda, cuda:N, auto),
+// whether the build has NCCL. The transport is this rank's view; the job's is the AND over every rank
+// (comm/gpu_transport.h agrees on it).
+GpuPlacement place_on_gpu(int local_rank, int local_size, int visible, std::string_view requested, bool nccl_built);
+// The one line a job prints at start: "8 ranks on this node, one GPU each (cuda:<local rank>): NCCL between GPUs".
+std::string describe_placement(const GpuPlacement& p, int local_size, int visible, bool job_nccl, bool nccl_built);
+
 }  // namespace moecore::cuda

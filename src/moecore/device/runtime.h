@@ -37,6 +37,9 @@ void device_empty_cache(Device d);
 void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows, Device d);
 // Waits for all work on the current stream.
 void synchronize();
+// Makes GPU d this thread's current device (cudaSetDevice): kernels, streams and NCCL communicators go there. A
+// rank that owns GPU N (one GPU per rank) calls it once at start.
+void set_current_device(Device d);
 // "NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB, compute 9.0" (for benchmark headers).
 std::string describe_device(Device d);
 

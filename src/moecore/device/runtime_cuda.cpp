@@ -153,4 +153,9 @@ std::string describe_device(Device d) {
                      static_cast<double>(p.totalGlobalMem) / 0x1p30, p.major, p.minor);
 }
 
+void set_current_device(Device d) {
+  MOE_ASSERT_MSG(d.is_cuda(), "set_current_device: {} is not a GPU", d.str());
+  MOE_CUDA_CHECK(cudaSetDevice(d.index));
+}
+
 }  // namespace moecore::cuda

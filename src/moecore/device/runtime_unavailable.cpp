@@ -66,4 +66,8 @@ void copy_2d(void*, size_t, const void*, size_t, size_t, size_t, Device) {
   no_cuda("copying on a GPU (cudaMemcpy2DAsync)");
 }
 
+void set_current_device(Device) {
+  no_cuda("set_current_device");
+}
+
 }  // namespace moecore::cuda

@@ -8,6 +8,7 @@
 // The ring works on any chunk layout (ids_of): a2a+p2p runs it over the outer group on the a2a'd rows.
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 #include "moecore/comm/process_group.h"
 #include "moecore/kernels/attention.h"
@@ -51,8 +52,9 @@ struct Ring {
 
 // Starts one ring step's K/V transfer: `cur` to the next rank, the previous rank's block into `nxt`.
 void pass_kv(const Ring& rg, const Tensor& cur, Tensor& nxt, comm::Work& sent, comm::Work& got) {
-  sent = rg.g->send(cur, rg.next, kTagKv, /*async=*/true);
-  got = rg.g->recv(nxt, rg.prev, kTagKv, /*async=*/true);
+  // One exchange: over NCCL a grouped send and receive (each rank sends to one neighbour while receiving from the
+  // other, which separate NCCL calls could not do without deadlocking the ring).
+  std::tie(sent, got) = rg.g->send_recv(cur, rg.next, nxt, rg.prev, kTagKv, /*async=*/true);
 }
 
 }  // namespace
@@ -140,8 +142,7 @@ void ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     dkv_sent.wait();
     std::swap(dkv_in, dkv_out);  // dkv_out: to send; dkv_in: free for the next receive
     if (rg.size > 1) {
-      dkv_sent = rg.g->send(dkv_out, rg.next, kTagDkv, /*async=*/true);
-      dkv_got = rg.g->recv(dkv_in, rg.prev, kTagDkv, /*async=*/true);
+      std::tie(dkv_sent, dkv_got) = rg.g->send_recv(dkv_out, rg.next, dkv_in, rg.prev, kTagDkv, /*async=*/true);
     }
     sent.wait();
     got.wait();

@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <optional>
 
+#include "moecore/comm/gpu_transport.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
+#include "moecore/device/device_select.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/kernels/id_checks.h"
@@ -58,10 +60,20 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     : cfg_(std::move(cfg)), timers_(std::make_unique<Timers>(static_cast<int>(cfg_.timing_log_level))), out_(out) {
   MOE_ASSERT_MSG(is_resolved(cfg_), "a configuration changed since train::resolve (or never resolved): resolve it");
   Timers::Install timing(timers_.get());
+  // The GPU this rank trains on (cuda:<local rank>) and how GPU tensors travel, agreed by every rank before any
+  // group exists (the groups' NCCL communicators are made with them). A single process without a world: no groups.
+  std::string placement;
+  if (world) {
+    device_ = comm::place_ranks_on_gpus(cfg_.device, "train", world->comm(), &placement);
+  } else if (training_device(cfg_).is_cuda()) {
+    device_ = Device::cuda(cuda::place_on_gpu(0, 1, cuda::visible_devices(), cfg_.device, false).device);
+    cuda::set_current_device(device_);
+  }
   groups_ = std::make_unique<ParallelGroups>(cfg_, world);
   if (groups_->world_rank != 0) out_ = null_out_ = std::fopen("/dev/null", "w");  // one rank speaks
   if (groups_->world_rank != 0) moecore::Progress::silence_this_process();        // checkpoint progress too
   fmt::print(out_, "moecore train: resolved configuration\n{}", describe(cfg_));
+  if (!placement.empty()) fmt::print(out_, "moecore train: {}\n", placement);
   if (groups_->mesh) fmt::print(out_, "{}", groups_->mesh->describe());
   StartPoint start = find_start_point(cfg_, groups_->world.get());
   vocab_ = build_vocabulary(cfg_, start.vocab_rows);
@@ -73,7 +85,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   timers_->start("model-and-optimizer-setup", 0);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   {  // initialized on the host (the same values on every device), then moved as a whole
-    device_ = training_device(cfg_);
+    MOE_ASSERT(training_device(cfg_).is_cuda() == device_.is_cuda());  // the GPU path's checks, on every rank
     if (device_.is_cuda()) {
       reg_.to(device_);
       fmt::print(out_, "moecore train: training on {}\n", cuda::describe_device(device_));
@@ -153,7 +165,14 @@ Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
 
+// Kernels launch on the thread's current GPU: this trainer's (several trainers in one process may use different
+// GPUs, as the layout tests' one-rank reference on GPU 0 beside a rank on cuda:<local rank>).
+void Trainer::make_device_current() const {
+  if (device_.is_cuda()) cuda::set_current_device(device_);
+}
+
 std::string Trainer::save_checkpoint() {
+  make_device_current();
   check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
   Timers::Install timing(timers_.get());
   timers_->start("save-checkpoint", 0);
@@ -182,6 +201,7 @@ MicroBatches Trainer::micro_batches() const {
 }
 
 StepResult Trainer::train_step(bool read_norm) {
+  make_device_current();
   MOE_ASSERT(data_[0]);
   maybe_stall(cfg_, groups_->world_rank, progress_.iteration);  // --testing-stall
   StepResult r;
@@ -308,6 +328,7 @@ bool Trainer::must_settle(int64_t it) const {
 }
 
 double Trainer::evaluate(int64_t iters) {
+  make_device_current();
   MOE_CHECK(data_[1], "no validation data: --split {} gives the valid split no documents", cfg_.split);
   Timers::Install timing(timers_.get());
   timers_->start("evaluate", 0);
@@ -349,6 +370,7 @@ double Trainer::evaluate(int64_t iters) {
 }
 
 std::string Trainer::generate(const std::string& prompt, int64_t n, double temperature, int64_t top_k, uint64_t seed) {
+  make_device_current();
   MOE_CHECK(vocab_.tokenizer, "generation needs --tokenizer-type HuggingFaceTokenizer");
   return generate_text(*model_, *vocab_.tokenizer, vocab_.size, prompt, {n, temperature, top_k, seed, cfg_.seq_length});
 }

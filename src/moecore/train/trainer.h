@@ -85,6 +85,7 @@ class Trainer {
   static void request_stop(int signal);
 
  private:
+  void make_device_current() const;
   MicroBatches micro_batches() const;
   // The training loop of run(): returns early on a stop signal or --exit-interval.
   void train_loop();

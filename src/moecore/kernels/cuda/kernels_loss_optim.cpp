@@ -40,19 +40,13 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
   Tensor mx = Tensor::empty({rows}, DType::F32, dev), sums = Tensor::empty({2 * rows}, DType::F32, dev);
   launch::ce_row_max(f32(logits_TV, "logits"), rows, V, mx.device_data<float>(), current_stream());
   check_launch("ce_row_max");
-  if (all_reduce) {  // host-staged: [T] statistics to the host, all-reduce, back
-    Tensor h = mx.to(Device::cpu());
-    all_reduce(h, true);
-    mx.copy_from(h);
-  }
+  // The [T] statistics reduced over the vocabulary's ranks on the GPU (ProcessGroup: NCCL, or host-staged MPI where
+  // ranks share a GPU).
+  if (all_reduce) all_reduce(mx, true);
   launch::ce_sumexp_target(logits_TV.device_data<float>(), targets_T.raw(), detail::ids64(targets_T), rows, V,
                            vocab_start, mx.device_data<float>(), sums.device_data<float>(), current_stream());
   check_launch("ce_sumexp_target");
-  if (all_reduce) {
-    Tensor h = sums.to(Device::cpu());
-    all_reduce(h, false);
-    sums.copy_from(h);
-  }
+  if (all_reduce) all_reduce(sums, false);
   launch::ce_finish(mx.device_data<float>(), sums.device_data<float>(), rows, f32(lse_T, "lse"), f32(loss_T, "loss"),
                     current_stream());
   check_launch("ce_finish");

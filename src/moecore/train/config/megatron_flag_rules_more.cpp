@@ -101,10 +101,20 @@ void communication(std::vector<FlagRule>& r) {
                  "wgrad-deferral-limit", "create-all-gather-group", "ddp-num-buckets",
                  "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
                 {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
-  r.push_back(no_effect("selects the transport: moecore communicates over MPI",
-                        {"distributed-backend", "disable-gloo-process-groups", "nccl-communicator-config-path",
-                         "use-sharp", "sharp-enabled-group", "symmetric-ar-type", "local-rank", "lazy-mpu-init",
-                         "distributed-timeout-seconds-after-init", "use-tp-pp-dp-mapping"}));
+  r.push_back(no_effect_for({"distributed-backend"}, {"nccl"},
+                            "moecore chooses the transport itself: NCCL between GPUs when every rank owns its GPU, "
+                            "MPI for host tensors and host-staged MPI where ranks share a GPU",
+                            "a Gloo backend is not supported by moecore (host tensors go over MPI; GPU tensors over "
+                            "NCCL, or host-staged MPI where ranks share a GPU): use --distributed-backend nccl"));
+  r.push_back(
+      no_effect("moecore takes the local rank from MPI's shared-memory split (MPI_COMM_TYPE_SHARED) and trains on "
+                "cuda:<local rank>, as Megatron's LOCAL_RANK",
+                {"local-rank"}));
+  r.push_back(no_effect(
+      "a process-group or communicator setting: moecore makes its MPI groups and NCCL communicators itself "
+      "(one per group, from MPI, at group construction)",
+      {"disable-gloo-process-groups", "nccl-communicator-config-path", "use-sharp", "sharp-enabled-group",
+       "symmetric-ar-type", "lazy-mpu-init", "distributed-timeout-seconds-after-init", "use-tp-pp-dp-mapping"}));
   r.push_back(no_effect(
       "a token-dispatcher backend (DeepEP, HybridEP, NCCL EP): the same routing and expert math",
       {"moe-enable-deepep", "moe-deepep-num-sms", "moe-flex-dispatcher-backend", "moe-flex-dispatcher-num-sms",
