@@ -112,6 +112,8 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       auto weight = [this, shards](const nn::Parameter& p) { return norm_weight(p) * shards; };
       parts_.push_back(std::make_unique<ShardedAdamW>(*part, *shard_group, weight, bucket_of, cfg_.rule, inter,
                                                       num_buckets - 1, cfg_.bucket_size));
+      if (cfg_.overlap_param_gather)
+        static_cast<ShardedAdamW&>(*parts_.back()).overlap_param_gather(cfg_.param_gather_with_step);
     } else {
       std::vector<double> w;
       for (auto* p : *part) w.push_back(norm_weight(*p));
@@ -141,7 +143,16 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
     g_.embedding->all_reduce(e.grad);
   }
   sp_.sum(bucket);
-  for (auto& part : parts_) part->start_bucket(bucket);
+  if (cfg_.overlap_grad_reduce)
+    for (auto& part : parts_) part->start_bucket(bucket);
+}
+
+void ChainedOptimizer::wait_param_gather(size_t bucket) {
+  for (auto& part : parts_) part->wait_param_gather(bucket);
+}
+
+void ChainedOptimizer::finish_param_gather() {
+  for (auto& part : parts_) part->finish_param_gather();
 }
 
 double ChainedOptimizer::finish_gradients(std::span<double> riders) {

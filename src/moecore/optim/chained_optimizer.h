@@ -44,6 +44,14 @@ struct OptimizerConfig {
   bool decoupled = false;     // --decoupled-lr: the embedding and output layer in parts of their own
   bool count_zeros = false;   // --log-num-zeros-in-grad: count the gradients' zeros (a pass over them) every step
   int64_t bucket_size = 0;    // --ddp-bucket-size in elements (0: one gradient bucket per layer; grad_buffer.h)
+  // --overlap-grad-reduce: each bucket's reduction starts as soon as it is final in the last micro-batch's backward
+  // (layer_grads_final); without it every reduction starts after backward, in finish_gradients (Megatron's
+  // finish_grad_sync). The same buckets and the same collectives either way.
+  bool overlap_grad_reduce = false;
+  // --overlap-param-gather (distributed optimizer): the step leaves the parameter all-gathers in flight, each
+  // waited in the next forward before the first layer that reads its bucket (wait_param_gather);
+  // param_gather_with_step (--overlap-param-gather-with-optimizer-step): all dispatched in the step itself.
+  bool overlap_param_gather = false, param_gather_with_step = false;
 };
 
 class ChainedOptimizer {
@@ -58,7 +66,15 @@ class ChainedOptimizer {
 
   // Whether gradients cross ranks: then the last micro-batch's backward reports each bucket to layer_grads_final.
   bool reduces_gradients() const { return g_.dp != nullptr; }
+  // Layer bucket `bucket`'s gradients are final: the tied embedding's and the sequence-parallel sums, and with
+  // overlap_grad_reduce the start of the data-parallel reductions it completes.
   void layer_grads_final(size_t bucket);
+  // With overlap_param_gather: the forward is about to read layer bucket `bucket` (Megatron's forward pre-hook):
+  // waits for the all-gathers of the parameter buckets holding it (dispatching the next ones). Nothing otherwise.
+  void wait_param_gather(size_t bucket);
+  // Every parameter all-gather still in flight completed (before anything but the forward reads the parameters:
+  // a checkpoint, the parameter norm, the weight hashes).
+  void finish_param_gather();
   // Finishes every reduction and returns the global gradient norm (before clipping). `riders` are summed over all
   // ranks in the same collective (the trainer's run control, train/stop_riders.h), so they cost no extra round.
   double finish_gradients(std::span<double> riders);

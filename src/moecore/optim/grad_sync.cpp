@@ -36,6 +36,10 @@ void GradBuckets::start(size_t b) {
     bk.work = group_->all_reduce(bk.grad, comm::ReduceOp::Sum, /*async=*/true);
     bk.started = true;
   }
+  // MPI moves a non-blocking collective along inside MPI calls: a test of the ones in flight lets them progress
+  // while backward computes.
+  for (auto& bk : buckets_)
+    if (bk.started) bk.work.test();
 }
 
 void GradBuckets::finish(double scale) {

@@ -26,6 +26,10 @@ class ParamClassOptimizer {
   virtual double zero_share() const = 0;
   // AdamW with per-parameter weight decay; `step` ≥ 1.
   virtual void step(const kernels::AdamWParams& hp, int64_t step) = 0;
+  // Where the step leaves parameter all-gathers in flight (the distributed optimizer with --overlap-param-gather):
+  // the forward is about to read layer bucket b (wait for its buckets), and every one completed. Nothing elsewhere.
+  virtual void wait_param_gather(size_t /*b*/) {}
+  virtual void finish_param_gather() {}
   // The Adam moments whole per parameter (collective where sharded), and back.
   virtual void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const = 0;
   virtual void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) = 0;

@@ -86,11 +86,8 @@ void communication(std::vector<FlagRule>& r) {
   r.push_back(
       no_effect("overlaps or schedules communication with computation: the same math, moecore schedules "
                 "its own",
-                {"overlap-grad-reduce", "overlap-param-gather", "overlap-param-gather-with-optimizer-step",
-                 "overlap-moe-expert-parallel-comm", "overlap-dispatch-backward-with-experts-wgrad",
-                 "no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
-                 "no-align-param-gather", "defer-embedding-wgrad-compute", "delay-wgrad-compute",
-                 "wgrad-deferral-limit", "create-all-gather-group", "ddp-num-buckets",
+                {"no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
+                 "no-align-param-gather", "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group", "ddp-num-buckets",
                  "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
                 {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
   r.push_back(no_effect("selects the transport: moecore communicates over MPI",

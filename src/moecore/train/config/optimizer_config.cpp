@@ -14,6 +14,9 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.decoupled = c.decoupled_lr >= 0;
   oc.count_zeros = c.log_num_zeros_in_grad;
   oc.bucket_size = c.ddp_bucket_size;
+  oc.overlap_grad_reduce = c.overlap_grad_reduce;
+  oc.overlap_param_gather = c.overlap_param_gather;
+  oc.param_gather_with_step = c.overlap_param_gather_with_optimizer_step;
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
   oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";
