@@ -227,8 +227,8 @@ void AllToAllTokenDispatcher::dispatch_backward_start(const Tensor& dx_RH, const
   p.dp_work = exchange_backward_start(dprobs_R.reshape({dprobs_R.numel(), 1}), plan, p.dp_send, p.dp_local);
 }
 
-void AllToAllTokenDispatcher::dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan,
-                                                       DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
+void AllToAllTokenDispatcher::dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype,
+                                                       Tensor& dx_TH, Tensor& dprobs_TK) {
   {
     TimerScope timer("moe-combine-all-to-all", 2);
     p.dx_work.wait();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "moecore/core/timers.h"
 #include "moecore/kernels/elementwise.h"
@@ -22,7 +23,7 @@ class ReplicatedAdamW : public ParamClassOptimizer {
         buckets_(params, num_buckets, bucket_of, group, bucket_size),
         weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
-  void start_bucket(size_t b) override { buckets_.start(b); }
+  size_t start_bucket(size_t b) override { return buckets_.start(b); }
   double reduce_gradients(double scale) override {
     buckets_.finish(scale);
     double sq = 0;
@@ -144,7 +145,13 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
   }
   sp_.sum(bucket);
   if (cfg_.overlap_grad_reduce)
-    for (auto& part : parts_) part->start_bucket(bucket);
+    for (auto& part : parts_) started_count_ += part->start_bucket(bucket);
+}
+
+size_t ChainedOptimizer::param_gathers_pending() const {
+  size_t n = 0;
+  for (const auto& part : parts_) n += part->param_gathers_pending();
+  return n;
 }
 
 void ChainedOptimizer::wait_param_gather(size_t bucket) {
@@ -158,6 +165,7 @@ void ChainedOptimizer::finish_param_gather() {
 double ChainedOptimizer::finish_gradients(std::span<double> riders) {
   // Dense and expert gradients are both scaled by 1/DP, Megatron's 1/(DP·CP).
   double sq = 0, zeros = 0;
+  started_in_backward_ = std::exchange(started_count_, 0);
   {
     TimerScope timer("all-grads-sync", 1);  // Megatron's level-1 timers (core/timers.h)
     for (auto& part : parts_) {

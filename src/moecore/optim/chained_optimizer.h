@@ -75,6 +75,11 @@ class ChainedOptimizer {
   // Every parameter all-gather still in flight completed (before anything but the forward reads the parameters:
   // a checkpoint, the parameter norm, the weight hashes).
   void finish_param_gather();
+  // What overlapped in the last step (the overlap tests' evidence): the gradient reductions started during
+  // backward (layer_grads_final) rather than in finish_gradients, and the parameter buckets whose all-gather the
+  // step left in flight for the next forward (until that forward, or finish_param_gather, completes them).
+  size_t reductions_started_in_backward() const { return started_in_backward_; }
+  size_t param_gathers_pending() const;
   // Finishes every reduction and returns the global gradient norm (before clipping). `riders` are summed over all
   // ranks in the same collective (the trainer's run control, train/stop_riders.h), so they cost no extra round.
   double finish_gradients(std::span<double> riders);
@@ -109,6 +114,7 @@ class ChainedOptimizer {
   std::map<const nn::Parameter*, size_t> index_;  // position in params_
   OptimizerGroups g_;
   int64_t num_zeros_ = 0;
+  size_t started_in_backward_ = 0, started_count_ = 0;  // the last step's, and this step's so far
   OptimizerConfig cfg_;
   double dp_size_;
   size_t num_buckets_;

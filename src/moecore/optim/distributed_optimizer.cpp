@@ -164,13 +164,18 @@ void ShardedAdamW::start(Bucket& bk) {
     if (other.buf.started) other.buf.work.test();
 }
 
-void ShardedAdamW::start_bucket(size_t b) {
+size_t ShardedAdamW::start_bucket(size_t b) {
+  size_t started = 0;
   for (auto& bk : buckets_) {
     BufferBucket& buf = bk.buf;
     if (std::find(buf.layers.begin(), buf.layers.end(), b) == buf.layers.end()) continue;
     MOE_ASSERT_MSG(buf.pending > 0, "layer {} reported final twice in one step", b);
-    if (--buf.pending == 0) start(bk);
+    if (--buf.pending == 0) {
+      start(bk);
+      started++;
+    }
   }
+  return started;
 }
 
 double ShardedAdamW::reduce_gradients(double scale) {
@@ -218,7 +223,7 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   }
   element_step_multi(rule_, parts, hp, step);
   TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
-  if (overlap_gather_) {  // left in flight for the next forward (wait_param_gather)
+  if (overlap_gather_) {                     // left in flight for the next forward (wait_param_gather)
     for (auto& bk : buckets_) {
       MOE_ASSERT_MSG(!bk.gather_pending, "a parameter all-gather of the last step was never waited");
       bk.gather_pending = true;
@@ -256,8 +261,7 @@ void ShardedAdamW::dispatch_gather(Bucket& bk) {
 void ShardedAdamW::wait_param_gather(size_t b) {
   for (size_t k = 0; k < gather_order_.size(); k++) {
     Bucket& bk = buckets_[gather_order_[k]];
-    if (!bk.gather_pending || std::find(bk.buf.layers.begin(), bk.buf.layers.end(), b) == bk.buf.layers.end())
-      continue;
+    if (!bk.gather_pending || std::find(bk.buf.layers.begin(), bk.buf.layers.end(), b) == bk.buf.layers.end()) continue;
     dispatch_gather(bk);  // not dispatched yet: the forward reached it first
     {
       TimerScope timer("params-all-gather", 1);
@@ -267,6 +271,12 @@ void ShardedAdamW::wait_param_gather(size_t b) {
     // Megatron's finish_param_sync: the next bucket's all-gather goes out as this one is consumed.
     if (!gather_with_step_ && k + 1 < gather_order_.size()) dispatch_gather(buckets_[gather_order_[k + 1]]);
   }
+}
+
+size_t ShardedAdamW::param_gathers_pending() const {
+  size_t n = 0;
+  for (const auto& bk : buckets_) n += bk.gather_pending ? 1 : 0;
+  return n;
 }
 
 void ShardedAdamW::finish_param_gather() {

@@ -33,7 +33,7 @@ class ShardedAdamW : public ParamClassOptimizer {
                int64_t bucket_size = 0);
   // Layer bucket b's gradients are final: starts the in-place reduce-scatter of every bucket it completes
   // (non-blocking). Every rank reports the layers in the same order.
-  void start_bucket(size_t b) override;
+  size_t start_bucket(size_t b) override;
   // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP). Returns the
   // weighted sum of squares of the owned shard, so the caller can form one global norm.
   double reduce_gradients(double scale) override;
@@ -58,6 +58,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   void overlap_param_gather(bool with_step);
   void wait_param_gather(size_t b) override;
   void finish_param_gather() override;
+  size_t param_gathers_pending() const override;
 
  private:
   struct Segment {
@@ -68,10 +69,10 @@ class ShardedAdamW : public ParamClassOptimizer {
   struct Bucket {
     BufferBucket buf;
     std::vector<Segment> segs;
-    int64_t shard = 0;   // buf.padded = shard · group size
-    int64_t local = 0;   // offset of this bucket's share in the owned moment arrays
-    int64_t master = 0;  // offset of its share in master_ (bf16-stored buckets)
-    comm::Work gather;   // its parameter all-gather, while in flight
+    int64_t shard = 0;            // buf.padded = shard · group size
+    int64_t local = 0;            // offset of this bucket's share in the owned moment arrays
+    int64_t master = 0;           // offset of its share in master_ (bf16-stored buckets)
+    comm::Work gather;            // its parameter all-gather, while in flight
     bool gather_pending = false;  // updated by the step, not yet gathered into every rank's parameters
   };
   // Runs fn(segment, offset in the owned arrays, length, offset in the bucket) for every segment overlapping the

@@ -17,7 +17,8 @@ class ParamClassOptimizer {
   // The parameters, in the order of the moment lists below.
   virtual const std::vector<nn::Parameter*>& params() const = 0;
   // Bucket b's gradients are final (in the last micro-batch's backward): start reducing them (non-blocking).
-  virtual void start_bucket(size_t b) = 0;
+  // Returns how many reductions it started.
+  virtual size_t start_bucket(size_t b) = 0;
   // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP). Returns this rank's
   // weighted share of the squared gradient norm (shares summed over all ranks count every element once).
   virtual double reduce_gradients(double scale) = 0;
@@ -30,6 +31,7 @@ class ParamClassOptimizer {
   // the forward is about to read layer bucket b (wait for its buckets), and every one completed. Nothing elsewhere.
   virtual void wait_param_gather(size_t /*b*/) {}
   virtual void finish_param_gather() {}
+  virtual size_t param_gathers_pending() const { return 0; }  // updated buckets not yet gathered
   // The Adam moments whole per parameter (collective where sharded), and back.
   virtual void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const = 0;
   virtual void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) = 0;

@@ -256,11 +256,11 @@ StepResult Trainer::train_step() {
   timers_->stop("optimizer");
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);
-  mtp_losses(cfg_, *model_, *groups_, r);  // --mtp-num-layers
+  mtp_losses(cfg_, *model_, *groups_, r);                 // --mtp-num-layers
   if (cfg_.log_params_norm) opt_->finish_param_gather();  // the norm reads whole f32 parameters
-  param_stats(cfg_, reg_, *groups_, opt_.get(), r);  // --log-params-norm
-  r.num_zeros = opt_->num_zeros_in_grad();           // --log-num-zeros-in-grad: counted as the gradients were reduced
-  if (async_written) ckpt_->finish_async();          // every rank's files are written: the save becomes visible
+  param_stats(cfg_, reg_, *groups_, opt_.get(), r);       // --log-params-norm
+  r.num_zeros = opt_->num_zeros_in_grad();   // --log-num-zeros-in-grad: counted as the gradients were reduced
+  if (async_written) ckpt_->finish_async();  // every rank's files are written: the save becomes visible
   return r;
 }
 

@@ -96,7 +96,7 @@ struct TrainConfig {
   std::string muon_scale_mode = "spectral", muon_fp32_matmul_prec = "medium", muon_coefficient_type = "quintic";
   std::string muon_tp_mode = "duplicated", muon_scalar_optimizer = "adam";
   int64_t muon_num_ns_steps = 5, num_distributed_optimizer_instances = 1;
-  int64_t ddp_bucket_size = 0;                      // elements per gradient bucket (0: unset, one bucket per layer)
+  int64_t ddp_bucket_size = 0;  // elements per gradient bucket (0: unset, one bucket per layer)
   // Megatron's communication overlaps (docs/megatron-flags.md): the data-parallel gradient reduction during the last
   // micro-batch's backward, the distributed optimizer's parameter all-gather during the next forward (or dispatched
   // in the optimizer step), the MoE dispatch-backward all-to-all beside the delayed expert weight gradients.

@@ -62,8 +62,9 @@ void validate_expert_overlap(const TrainConfig& c) {
     const auto& rm = c.recompute_modules;
     MOE_CHECK(!c.moe_layer_recompute && std::find(rm.begin(), rm.end(), "moe") == rm.end(),
               "disable moe in --recompute-modules when enabling --overlap-moe-expert-parallel-comm (Megatron's rule)");
-    MOE_CHECK(c.bf16, "--overlap-moe-expert-parallel-comm is only supported with a bf16 or fp16 model (Megatron's "
-                      "rule): add --bf16");
+    MOE_CHECK(c.bf16,
+              "--overlap-moe-expert-parallel-comm is only supported with a bf16 or fp16 model (Megatron's "
+              "rule): add --bf16");
     MOE_CHECK(!c.moe_shared_expert_overlap,
               "disable --moe-shared-expert-overlap when enabling --overlap-moe-expert-parallel-comm (Megatron's rule)");
     MOE_CHECK(c.mtp_num_layers <= 1,

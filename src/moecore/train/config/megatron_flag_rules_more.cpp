@@ -83,13 +83,13 @@ void selectors(std::vector<FlagRule>& r) {
 }
 
 void communication(std::vector<FlagRule>& r) {
-  r.push_back(
-      no_effect("overlaps or schedules communication with computation: the same math, moecore schedules "
-                "its own",
-                {"no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
-                 "no-align-param-gather", "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group", "ddp-num-buckets",
-                 "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
-                {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
+  r.push_back(no_effect(
+      "overlaps or schedules communication with computation: the same math, moecore schedules "
+      "its own",
+      {"no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
+       "no-align-param-gather", "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
+       "ddp-num-buckets", "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
+      {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
   r.push_back(no_effect("selects the transport: moecore communicates over MPI",
                         {"distributed-backend", "disable-gloo-process-groups", "nccl-communicator-config-path",
                          "use-sharp", "sharp-enabled-group", "symmetric-ar-type", "local-rank", "lazy-mpu-init",
