@@ -311,14 +311,17 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   return from_padded(y, counts, {R, H}, st.padded_io);
 }
 
-Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R) {
+Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad) {
   TimerScope timer("moe-expert-compute", 2);
-  if (dy_RH.device().is_cuda()) return backward_cuda(dy_RH, st, dprobs_R);
+  if (dy_RH.device().is_cuda()) return backward_cuda(dy_RH, st, dprobs_R, defer_wgrad);
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
   const std::vector<int64_t>& counts = st.tokens_per_expert;
   const int64_t Rp = padded_total(counts);
   MOE_ASSERT(dy_RH.cols() == H && Rp == st.x_RH.rows() && (!st.padded_io || R == Rp));
   const DType dt = fc1_->math_dtype();
+  MOE_CHECK(!defer_wgrad || !fp8_.on(),
+            "--delay-wgrad-compute: the FP8 experts compute data and weight gradients together; drop one of the two");
+  MOE_ASSERT_MSG(!st.wgrad.pending, "a deferred weight gradient was never computed");
   const Tensor dy = to_padded(dy_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
   const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;
@@ -337,6 +340,7 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
       return fp8_.backward(ExpertFp8::kFc2, e, dy.slice(r0, n), st.a_RF.slice(r0, n), st.fp8_x_scales, dar, dw, beta2);
     }
     rows_gemm(dy.slice(r0, n), *fc2_, expert_weight(w2, e), e, false, cfg_.bf16, dar);
+    if (defer_wgrad) return;
     Tensor dw2 = expert_weight(fc2_->grad, e);
     wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2, beta2);
   });
@@ -353,12 +357,29 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
       return fp8_.backward(ExpertFp8::kFc1, e, dhc.slice(r0, n), st.x_RH.slice(r0, n), st.fp8_x_scales, dxr, dw, beta1);
     }
     rows_gemm(dhc.slice(r0, n), *fc1_, expert_weight(w1, e), e, false, cfg_.bf16, dxr);
+    if (defer_wgrad) return;
     Tensor dw1 = expert_weight(fc1_->grad, e);
     wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1, beta1);
   });
+  if (defer_wgrad) st.wgrad = {dy, st.a_RF, dhc, st.x_RH, beta2, beta1, true};
   dprobs_R = from_padded(dprobs, counts, {R}, st.padded_io);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
   return from_padded(dx, counts, {R, H}, st.padded_io);
+}
+
+void GroupedExperts::backward_wgrad(Stash& st) {
+  if (!st.wgrad.pending) return;
+  TimerScope timer("moe-expert-compute", 2);
+  if (st.wgrad.dy.device().is_cuda()) return backward_wgrad_cuda(st);
+  Stash::DeferredWgrad& w = st.wgrad;
+  // Each expert's fc2 then fc1 weight gradient, the GEMMs backward would have run (every expert's slice of the
+  // gradient is its own, so the order across experts and projections changes no bit).
+  for_each_expert(st.tokens_per_expert, [&](int64_t e, int64_t r0, int64_t n) {
+    Tensor dw2 = expert_weight(fc2_->grad, e), dw1 = expert_weight(fc1_->grad, e);
+    wgrad_gemm(w.dy.slice(r0, n), w.a.slice(r0, n), dw2, w.beta2);
+    wgrad_gemm(w.dh.slice(r0, n), w.x.slice(r0, n), dw1, w.beta1);
+  });
+  w = Stash::DeferredWgrad();
 }
 
 Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::Activation act, const Tensor& x_RH,

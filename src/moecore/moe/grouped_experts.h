@@ -49,6 +49,13 @@ class GroupedExperts {
     std::vector<int64_t> row_begin;   // each expert's first row inside the experts (padded on the CPU)
     bool padded_io = false;           // the rows came (and go back) in the padded layout
     std::vector<float> fp8_x_scales;  // FP8: each expert GEMM's input scale (expert_fp8.h)
+    // Delayed weight gradients (backward with defer_wgrad): the operands of the fc2 and fc1 weight-gradient GEMMs
+    // (dy·aᵀ and dh·xᵀ per expert) and the betas taken for them, until backward_wgrad runs them.
+    struct DeferredWgrad {
+      Tensor dy, a, dh, x;
+      float beta2 = 0, beta1 = 0;
+      bool pending = false;
+    } wgrad;
   };
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
@@ -58,8 +65,12 @@ class GroupedExperts {
   // under DispatchPlan::row_align); the outputs (y, and in backward dx and dprobs) are then padded too. With bf16
   // on, the CPU path's y and dx are bf16 (f32 under expert tensor parallelism).
   Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert, Stash& st);
-  // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated.
-  Tensor backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
+  // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated. With defer_wgrad (Megatron's
+  // --delay-wgrad-compute) only the data gradients: the weight-gradient GEMMs wait in st.wgrad for backward_wgrad,
+  // so the dispatcher's backward all-to-all can run beside them; the same GEMMs on the same operands either way.
+  Tensor backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad = false);
+  // The deferred weight-gradient GEMMs of the last backward(defer_wgrad); nothing if none is pending.
+  void backward_wgrad(Stash& st);
 
   nn::Parameter& fc1() { return *fc1_; }
   nn::Parameter& fc2() { return *fc2_; }
@@ -83,7 +94,8 @@ class GroupedExperts {
   void fc1_bias_backward(const Stash& st, const Tensor& dh_RF1);
   void fc2_bias_backward(const Stash& st, const Tensor& dy_RH, Tensor& dprobs_R);
   Tensor forward_cuda(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts, Stash& st);
-  Tensor backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R);
+  Tensor backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad);
+  void backward_wgrad_cuda(Stash& st);
 
   ExpertsConfig cfg_;
   nn::Parameter* fc1_;

@@ -72,7 +72,7 @@ Tensor GroupedExperts::forward_cuda(const Tensor& x_RH, const Tensor& probs_R, c
   return y;
 }
 
-Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R) {
+Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad) {
   const Device d = dy_RH.device();
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
   const std::vector<int64_t>& counts = st.tokens_per_expert;
@@ -90,7 +90,7 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
   // rows_out_dtype(): the dtypes the CPU's GEMMs write.
   Tensor da = Tensor::empty({R, F}, h_dtype(), d);
   kernels::grouped_gemm(dy, w2, false, da, begin, counts);
-  kernels::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, begin, counts);
+  if (!defer_wgrad) kernels::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, begin, counts);
   Tensor dhc = Tensor::empty({R, st.h_RF1.cols()}, xt, d);
   dprobs_R = Tensor::empty({R}, DType::F32, d);
   if (R > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs_R);
@@ -98,9 +98,21 @@ Tensor GroupedExperts::backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dpr
   fc1_bias_backward(st, dhc);
   Tensor dx = Tensor::empty({R, H}, rows_out_dtype(), d);
   kernels::grouped_gemm(dhc, w1, false, dx, begin, counts);
-  kernels::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, begin, counts);
+  if (defer_wgrad)
+    st.wgrad = {dy, st.a_RF, dhc, st.x_RH, 0.0f, 0.0f, true};
+  else
+    kernels::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, begin, counts);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
   return dx;
+}
+
+// The deferred grouped weight-gradient GEMMs (backward_cuda with defer_wgrad), in backward's order.
+void GroupedExperts::backward_wgrad_cuda(Stash& st) {
+  Stash::DeferredWgrad& w = st.wgrad;
+  const std::vector<int64_t> begin = expert_begin(st.tokens_per_expert);
+  kernels::grouped_gemm_wgrad(w.dy, w.a, fc2_->grad, begin, st.tokens_per_expert);
+  kernels::grouped_gemm_wgrad(w.dh, w.x, fc1_->grad, begin, st.tokens_per_expert);
+  w = Stash::DeferredWgrad();
 }
 
 }  // namespace moecore::moe

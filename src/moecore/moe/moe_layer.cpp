@@ -192,17 +192,27 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   }
   const Tensor dy_TH = dy_SBH.reshape({T, H});
   const Tensor dy_RH = dispatcher_->combine_backward(rows_input(dy_TH), st.plan);  // in the rows' dtype
+  // With the overlap the experts' weight-gradient GEMMs wait until the dispatcher's backward all-to-all is in
+  // flight, and run beside it (Megatron's --delay-wgrad-compute: data gradients first, so the exchange can start).
+  const bool overlap = cfg_.overlap_dispatch_backward;
   Tensor dprobs_R, dx_RH;
   if (etp_) {
     Tensor dprobs_all;
-    const Tensor dx_all = experts_.backward(etp_->gather_rows_like(dy_RH, st.etp), st.experts, dprobs_all);
+    const Tensor dx_all = experts_.backward(etp_->gather_rows_like(dy_RH, st.etp), st.experts, dprobs_all, overlap);
     dx_RH = etp_->reduce_scatter(dx_all, st.etp);
     dprobs_R = etp_->reduce_scatter(dprobs_all, st.etp);
   } else {
-    dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R);
+    dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R, overlap);
   }
   Tensor dx, dprobs_TK;
-  dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
+  if (overlap) {
+    TokenDispatcher::PendingBackward pending;
+    dispatcher_->dispatch_backward_start(dx_RH, dprobs_R, st.plan, pending);
+    experts_.backward_wgrad(st.experts);
+    dispatcher_->dispatch_backward_finish(pending, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
+  } else {
+    dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
+  }
   router_.backward(dprobs_TK, dx.dtype(), st.loss_scale, st.router, &dx);
   side_.join();
   if (shared_) kernels::add_(dx, (shared_first ? shared_dx : shared_->backward(dy_SBH, st.shared)).reshape({T, H}));

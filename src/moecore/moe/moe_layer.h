@@ -24,6 +24,10 @@ struct MoELayerConfig {
   int64_t shared_ffn_hidden = 0;       // --moe-shared-expert-intermediate-size (0: none)
   bool shared_expert_gate = false;     // --moe-shared-expert-gate
   bool shared_expert_overlap = false;  // --moe-shared-expert-overlap: on a GPU, shared experts on a second stream
+  // --delay-wgrad-compute (with --overlap-moe-expert-parallel-comm) or --overlap-dispatch-backward-with-experts-wgrad:
+  // backward launches the dispatcher's backward all-to-all before the experts' weight-gradient GEMMs and waits for
+  // it after them.
+  bool overlap_dispatch_backward = false;
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
   double output_init_std = 0.02;

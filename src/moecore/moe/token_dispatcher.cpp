@@ -103,6 +103,18 @@ Tensor LocalTokenDispatcher::combine_backward(const Tensor& dy_TH, const Dispatc
   return d;
 }
 
+void TokenDispatcher::dispatch_backward_start(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan&,
+                                              PendingBackward& p) {
+  p.dx_RH = dx_RH;
+  p.dprobs_R = dprobs_R;
+}
+
+void TokenDispatcher::dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype,
+                                               Tensor& dx_TH, Tensor& dprobs_TK) {
+  dispatch_backward(p.dx_RH, p.dprobs_R, plan, probs_dtype, dx_TH, dprobs_TK);
+  p = PendingBackward();
+}
+
 void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                              DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   dx_TH = sum_rows_per_token(dx_RH, plan);
@@ -173,15 +185,22 @@ Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const
   return sorted;
 }
 
-Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const {
+comm::Work AllToAllTokenDispatcher::exchange_backward_start(const Tensor& sorted_rows, const DispatchPlan& plan,
+                                                            Tensor& send, Tensor& local) const {
   const int64_t H = sorted_rows.cols();
   MOE_ASSERT(sorted_rows.rows() == plan.R);
   const Device d = sorted_rows.device();
-  Tensor recv = Tensor::empty({plan.recv_rows, H}, sorted_rows.dtype(), d);
-  kernels::moe_scatter_rows(sorted_rows, plan.sorted_from_recv, recv);
-  Tensor local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype(), d);
+  send = Tensor::empty({plan.recv_rows, H}, sorted_rows.dtype(), d);
+  kernels::moe_scatter_rows(sorted_rows, plan.sorted_from_recv, send);
+  local = Tensor::empty({plan.local_rows, H}, sorted_rows.dtype(), d);
+  return ep_.all_to_all_v(send, plan.output_splits, local, plan.input_splits, /*async=*/true);
+}
+
+Tensor AllToAllTokenDispatcher::exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const {
+  Tensor send, local;
+  comm::Work w = exchange_backward_start(sorted_rows, plan, send, local);
   TimerScope timer("moe-combine-all-to-all", 2);
-  ep_.all_to_all_v(recv, plan.output_splits, local, plan.input_splits);
+  w.wait();
   return local;
 }
 
@@ -200,6 +219,24 @@ void AllToAllTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tenso
   dx_TH = sum_rows_per_token(exchange_backward(dx_RH, plan), plan);
   const Tensor dp_local = exchange_backward(dprobs_R.reshape({dprobs_R.numel(), 1}), plan);
   dprobs_TK = scatter_dprobs(dp_local, plan, probs_dtype);
+}
+
+void AllToAllTokenDispatcher::dispatch_backward_start(const Tensor& dx_RH, const Tensor& dprobs_R,
+                                                      const DispatchPlan& plan, PendingBackward& p) {
+  p.dx_work = exchange_backward_start(dx_RH, plan, p.dx_send, p.dx_local);
+  p.dp_work = exchange_backward_start(dprobs_R.reshape({dprobs_R.numel(), 1}), plan, p.dp_send, p.dp_local);
+}
+
+void AllToAllTokenDispatcher::dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype,
+                                                       Tensor& dx_TH, Tensor& dprobs_TK) {
+  {
+    TimerScope timer("moe-combine-all-to-all", 2);
+    p.dx_work.wait();
+    p.dp_work.wait();
+  }
+  dx_TH = sum_rows_per_token(p.dx_local, plan);
+  dprobs_TK = scatter_dprobs(p.dp_local, plan, probs_dtype);
+  p = PendingBackward();
 }
 
 }  // namespace moecore::moe

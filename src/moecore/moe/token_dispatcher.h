@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "moecore/comm/process_group.h"
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/moe_permute.h"
 #include "moecore/moe/routed_tokens.h"
@@ -59,6 +60,20 @@ class TokenDispatcher {
   // dropped assignments, padding rows' gradients discarded).
   virtual void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                  DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) = 0;
+  // dispatch_backward in two halves, so that work which does not need its result (the delayed expert
+  // weight-gradient GEMMs) runs while its exchange is in flight: start launches the exchange (non-blocking where
+  // the dispatcher communicates), finish waits for it and completes dx_TH and dprobs_TK. The same rows, sums and
+  // bits as dispatch_backward. By default everything runs in finish.
+  struct PendingBackward {
+    Tensor dx_RH, dprobs_R;       // the inputs (kept for the default finish)
+    Tensor dx_local, dp_local;    // the exchange's receive buffers (rows back at their tokens' ranks)
+    Tensor dx_send, dp_send;      // its send buffers, alive until it completes
+    comm::Work dx_work, dp_work;  // the exchange in flight
+  };
+  virtual void dispatch_backward_start(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
+                                       PendingBackward& p);
+  virtual void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
+                                        Tensor& dprobs_TK);
 };
 
 class LocalTokenDispatcher : public TokenDispatcher {
@@ -119,11 +134,19 @@ class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
   Tensor combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) override;
   void dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan, DType probs_dtype,
                          Tensor& dx_TH, Tensor& dprobs_TK) override;
+  // The all-to-alls of dispatch_backward launched non-blocking, and completed.
+  void dispatch_backward_start(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
+                               PendingBackward& p) override;
+  void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
+                                Tensor& dprobs_TK) override;
 
  private:
-  // local permuted rows -> received rows in expert-major order, and back
+  // local permuted rows -> received rows in expert-major order, and back (exchange_backward_start: the same,
+  // non-blocking: `send` and `local` must stay alive until `work` completes)
   Tensor exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const;
   Tensor exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const;
+  comm::Work exchange_backward_start(const Tensor& sorted_rows, const DispatchPlan& plan, Tensor& send,
+                                     Tensor& local) const;
 };
 
 }  // namespace moecore::moe

@@ -173,7 +173,9 @@ void GPTModel::begin_batch(int64_t S, int64_t B, Stash& st) {
 
 Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   const ModelChunk& ch = chunks_.at(c);
+  const auto shared_bucket = static_cast<size_t>(cfg_.num_layers);  // the embedding's, final norm's, output's
   Tensor h;
+  if (ch.embedding || ch.loss) pre_hook(shared_bucket);
   if (ch.embedding) {
     MOE_ASSERT(in.ndim() == 2);
     const Tensor tokens = split_sequence_BS(in, SeqSplit{cfg_.cp.size, cfg_.cp.rank});  // CP: this rank's chunks
@@ -191,6 +193,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
     h = in;
   }
   for (size_t i = chunk_begin_[c]; i < chunk_begin_[c + 1]; i++) {
+    pre_hook(static_cast<size_t>(global_layer_[i]));
     st.layers[i].dropout = st.dropout;
     h = recompute_.forward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, h);
   }

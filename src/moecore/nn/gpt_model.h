@@ -157,6 +157,10 @@ class GPTModel {
   // Sees every module's forward output and backward input gradient (probe.h); null: none. The probe must outlive
   // its use.
   void set_probe(const Probe* probe);
+  // Megatron's forward pre-hook: called before a forward reads the parameters of global layer i (i), or of the
+  // embedding, final norm, output layer and MTP (num_layers of the whole model). The distributed optimizer waits
+  // there for the parameter all-gathers it left in flight (--overlap-param-gather). Empty: none.
+  void set_forward_pre_hook(std::function<void(size_t)> hook) { pre_hook_ = std::move(hook); }
   // Fine-grained activation offloading of the decoder layers' stashes (stash_offload.h); null: none. It must outlive
   // its use.
   void set_stash_offload(StashOffload* o) { recompute_.set_offload(o); }
@@ -192,6 +196,10 @@ class GPTModel {
   int64_t mtp_micro_batches_ = 0;
   bool training_ = true;
   const Probe* probe_ = nullptr;
+  std::function<void(size_t)> pre_hook_;
+  void pre_hook(size_t layer) const {
+    if (pre_hook_) pre_hook_(layer);
+  }
   void probe(const char* module, bool backward, const Tensor& t) const {
     if (probe_) (*probe_)(module, backward, t);
   }

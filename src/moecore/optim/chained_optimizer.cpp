@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "moecore/core/timers.h"
 #include "moecore/kernels/elementwise.h"
@@ -23,7 +24,7 @@ class ReplicatedAdamW : public ParamClassOptimizer {
         buckets_(params, num_buckets, bucket_of, group, bucket_size),
         weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
-  void start_bucket(size_t b) override { buckets_.start(b); }
+  size_t start_bucket(size_t b) override { return buckets_.start(b); }
   void reduce_gradients(double scale, kernels::ClipState& clip) override {
     buckets_.finish(scale);
     grads_.clear();
@@ -116,6 +117,8 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       auto weight = [this, shards](const nn::Parameter& p) { return norm_weight(p) * shards; };
       parts_.push_back(std::make_unique<ShardedAdamW>(*part, *shard_group, weight, bucket_of, cfg_.rule, inter,
                                                       num_buckets - 1, cfg_.bucket_size));
+      if (cfg_.overlap_param_gather)
+        static_cast<ShardedAdamW&>(*parts_.back()).overlap_param_gather(cfg_.param_gather_with_step);
     } else {
       std::vector<double> w;
       for (auto* p : *part) w.push_back(norm_weight(*p));
@@ -145,7 +148,22 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
     g_.embedding->all_reduce(e.grad);
   }
   sp_.sum(bucket);
-  for (auto& part : parts_) part->start_bucket(bucket);
+  if (cfg_.overlap_grad_reduce)
+    for (auto& part : parts_) started_count_ += part->start_bucket(bucket);
+}
+
+size_t ChainedOptimizer::param_gathers_pending() const {
+  size_t n = 0;
+  for (const auto& part : parts_) n += part->param_gathers_pending();
+  return n;
+}
+
+void ChainedOptimizer::wait_param_gather(size_t bucket) {
+  for (auto& part : parts_) part->wait_param_gather(bucket);
+}
+
+void ChainedOptimizer::finish_param_gather() {
+  for (auto& part : parts_) part->finish_param_gather();
 }
 
 std::optional<double> ChainedOptimizer::finish_gradients(std::span<double> riders, int64_t iteration) {
@@ -153,6 +171,7 @@ std::optional<double> ChainedOptimizer::finish_gradients(std::span<double> rider
   // squared norm where the gradients are (one part after the other, as the host summed them).
   double zeros = 0;
   kernels::squares_reset(clip_);
+  started_in_backward_ = std::exchange(started_count_, 0);
   {
     TimerScope timer("all-grads-sync", 1);  // Megatron's level-1 timers (core/timers.h)
     for (auto& part : parts_) {

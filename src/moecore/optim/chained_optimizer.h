@@ -49,6 +49,14 @@ struct OptimizerConfig {
   // (on a GPU the update kernels read the skip flag; the flag stays set, so no later step is applied either).
   bool check_finite = false;
   int64_t deferred_norms = 64;  // how many steps' norms a GPU keeps in device memory until read (take_norms)
+  // --overlap-grad-reduce: each bucket's reduction starts as soon as it is final in the last micro-batch's backward
+  // (layer_grads_final); without it every reduction starts after backward, in finish_gradients (Megatron's
+  // finish_grad_sync). The same buckets and the same collectives either way.
+  bool overlap_grad_reduce = false;
+  // --overlap-param-gather (distributed optimizer): the step leaves the parameter all-gathers in flight, each
+  // waited in the next forward before the first layer that reads its bucket (wait_param_gather);
+  // param_gather_with_step (--overlap-param-gather-with-optimizer-step): all dispatched in the step itself.
+  bool overlap_param_gather = false, param_gather_with_step = false;
 };
 
 class ChainedOptimizer {
@@ -63,7 +71,20 @@ class ChainedOptimizer {
 
   // Whether gradients cross ranks: then the last micro-batch's backward reports each bucket to layer_grads_final.
   bool reduces_gradients() const { return g_.dp != nullptr; }
+  // Layer bucket `bucket`'s gradients are final: the tied embedding's and the sequence-parallel sums, and with
+  // overlap_grad_reduce the start of the data-parallel reductions it completes.
   void layer_grads_final(size_t bucket);
+  // With overlap_param_gather: the forward is about to read layer bucket `bucket` (Megatron's forward pre-hook):
+  // waits for the all-gathers of the parameter buckets holding it (dispatching the next ones). Nothing otherwise.
+  void wait_param_gather(size_t bucket);
+  // Every parameter all-gather still in flight completed (before anything but the forward reads the parameters:
+  // a checkpoint, the parameter norm, the weight hashes).
+  void finish_param_gather();
+  // What overlapped in the last step (the overlap tests' evidence): the gradient reductions started during
+  // backward (layer_grads_final) rather than in finish_gradients, and the parameter buckets whose all-gather the
+  // step left in flight for the next forward (until that forward, or finish_param_gather, completes them).
+  size_t reductions_started_in_backward() const { return started_in_backward_; }
+  size_t param_gathers_pending() const;
   // Finishes every reduction and computes the global gradient norm (before clipping) of step `iteration`, the
   // clip coefficient and the non-finite check where the gradients live. Returns the norm where it reached the host
   // anyway: on the CPU, or with several ranks (their sum went through the host, with `riders`: the trainer's run
@@ -106,6 +127,7 @@ class ChainedOptimizer {
   std::map<const nn::Parameter*, size_t> index_;  // position in params_
   OptimizerGroups g_;
   int64_t num_zeros_ = 0;
+  size_t started_in_backward_ = 0, started_count_ = 0;  // the last step's, and this step's so far
   OptimizerConfig cfg_;
   kernels::ClipState clip_;  // on the parameters' device
   double dp_size_;

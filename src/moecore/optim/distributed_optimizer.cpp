@@ -19,6 +19,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     if (bucket_of) num_layers = std::max(num_layers, bucket_of(*p));
   }
   layout.num_layers = num_layers;
+  num_layers_ = num_layers;
   layout.bucket_of = bucket_of;
   layout.bucket_size = bucket_size;
   layout.shards = group_.size();
@@ -157,15 +158,24 @@ void ShardedAdamW::start(Bucket& bk) {
   if (bk.buf.padded > bk.buf.numel) bk.buf.grad.slice(bk.buf.numel, bk.buf.padded - bk.buf.numel).zero_();
   bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   bk.buf.started = true;
+  // MPI moves a non-blocking collective along inside MPI calls: a test of the ones in flight lets them progress
+  // while backward computes.
+  for (auto& other : buckets_)
+    if (other.buf.started) other.buf.work.test();
 }
 
-void ShardedAdamW::start_bucket(size_t b) {
+size_t ShardedAdamW::start_bucket(size_t b) {
+  size_t started = 0;
   for (auto& bk : buckets_) {
     BufferBucket& buf = bk.buf;
     if (std::find(buf.layers.begin(), buf.layers.end(), b) == buf.layers.end()) continue;
     MOE_ASSERT_MSG(buf.pending > 0, "layer {} reported final twice in one step", b);
-    if (--buf.pending == 0) start(bk);
+    if (--buf.pending == 0) {
+      start(bk);
+      started++;
+    }
   }
+  return started;
 }
 
 void ShardedAdamW::reduce_gradients(double scale, kernels::ClipState& clip) {
@@ -215,8 +225,68 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   }
   element_step_multi(rule_, parts, hp, step);
   TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
+  if (overlap_gather_) {                     // left in flight for the next forward (wait_param_gather)
+    for (auto& bk : buckets_) {
+      MOE_ASSERT_MSG(!bk.gather_pending, "a parameter all-gather of the last step was never waited");
+      bk.gather_pending = true;
+    }
+    for (const size_t i : gather_order_) {
+      dispatch_gather(buckets_[i]);
+      if (!gather_with_step_) break;
+    }
+    return;
+  }
   for (auto& bk : buckets_) bk.buf.work = group_.all_gather_in_place(bk.buf.param, /*async=*/true);
   for (auto& bk : buckets_) bk.buf.work.wait();
+}
+
+void ShardedAdamW::overlap_param_gather(bool with_step) {
+  overlap_gather_ = true;
+  gather_with_step_ = with_step;
+  // A bucket's place in the forward: its earliest layer, the embedding's layer bucket (num_layers_) before layer 0.
+  auto first_read = [this](const Bucket& bk) {
+    int64_t first = static_cast<int64_t>(num_layers_);
+    for (const size_t l : bk.buf.layers) first = std::min(first, l == num_layers_ ? -1 : static_cast<int64_t>(l));
+    return first;
+  };
+  gather_order_.clear();
+  for (size_t i = 0; i < buckets_.size(); i++) gather_order_.push_back(i);
+  std::stable_sort(gather_order_.begin(), gather_order_.end(),
+                   [&](size_t a, size_t b) { return first_read(buckets_[a]) < first_read(buckets_[b]); });
+}
+
+void ShardedAdamW::dispatch_gather(Bucket& bk) {
+  if (bk.gather.pending() || !bk.gather_pending) return;
+  bk.gather = group_.all_gather_in_place(bk.buf.param, /*async=*/true);
+}
+
+void ShardedAdamW::wait_param_gather(size_t b) {
+  for (size_t k = 0; k < gather_order_.size(); k++) {
+    Bucket& bk = buckets_[gather_order_[k]];
+    if (!bk.gather_pending || std::find(bk.buf.layers.begin(), bk.buf.layers.end(), b) == bk.buf.layers.end()) continue;
+    dispatch_gather(bk);  // not dispatched yet: the forward reached it first
+    {
+      TimerScope timer("params-all-gather", 1);
+      bk.gather.wait();
+    }
+    bk.gather_pending = false;
+    // Megatron's finish_param_sync: the next bucket's all-gather goes out as this one is consumed.
+    if (!gather_with_step_ && k + 1 < gather_order_.size()) dispatch_gather(buckets_[gather_order_[k + 1]]);
+  }
+}
+
+size_t ShardedAdamW::param_gathers_pending() const {
+  size_t n = 0;
+  for (const auto& bk : buckets_) n += bk.gather_pending ? 1 : 0;
+  return n;
+}
+
+void ShardedAdamW::finish_param_gather() {
+  for (const size_t i : gather_order_) dispatch_gather(buckets_[i]);
+  for (const size_t i : gather_order_) {
+    buckets_[i].gather.wait();
+    buckets_[i].gather_pending = false;
+  }
 }
 
 }  // namespace moecore::optim

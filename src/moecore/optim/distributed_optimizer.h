@@ -33,7 +33,7 @@ class ShardedAdamW : public ParamClassOptimizer {
                int64_t bucket_size = 0);
   // Layer bucket b's gradients are final: starts the in-place reduce-scatter of every bucket it completes
   // (non-blocking). Every rank reports the layers in the same order.
-  void start_bucket(size_t b) override;
+  size_t start_bucket(size_t b) override;
   // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP), and adds the
   // weighted sum of squares of the owned shard to `clip` (one part), so the caller can form one global norm.
   void reduce_gradients(double scale, kernels::ClipState& clip) override;
@@ -48,8 +48,17 @@ class ShardedAdamW : public ParamClassOptimizer {
   void gather_master(std::vector<Tensor>& w) const override;
   void load_master(const std::vector<Tensor>& w) override;
   std::vector<double> master_squares() const override;
-  // AdamW on the owned shard (per-parameter weight decay), then the in-place all-gather of the updated parameters.
+  // AdamW on the owned shard (per-parameter weight decay), then the in-place all-gather of the updated parameters
+  // (with overlap_param_gather: left in flight for the next forward).
   void step(const kernels::AdamWParams& hp, int64_t step) override;
+  // Megatron's --overlap-param-gather: step dispatches the all-gather of the bucket the forward reads first (with
+  // `with_step`, --overlap-param-gather-with-optimizer-step: of every bucket) and returns; wait_param_gather(b),
+  // called before the forward reads layer bucket b, waits for the buckets holding it and dispatches the next one in
+  // the forward's order.
+  void overlap_param_gather(bool with_step);
+  void wait_param_gather(size_t b) override;
+  void finish_param_gather() override;
+  size_t param_gathers_pending() const override;
 
  private:
   struct Segment {
@@ -60,16 +69,25 @@ class ShardedAdamW : public ParamClassOptimizer {
   struct Bucket {
     BufferBucket buf;
     std::vector<Segment> segs;
-    int64_t shard = 0;   // buf.padded = shard · group size
-    int64_t local = 0;   // offset of this bucket's share in the owned moment arrays
-    int64_t master = 0;  // offset of its share in master_ (bf16-stored buckets)
+    int64_t shard = 0;            // buf.padded = shard · group size
+    int64_t local = 0;            // offset of this bucket's share in the owned moment arrays
+    int64_t master = 0;           // offset of its share in master_ (bf16-stored buckets)
+    comm::Work gather;            // its parameter all-gather, while in flight
+    bool gather_pending = false;  // updated by the step, not yet gathered into every rank's parameters
   };
   // Runs fn(segment, offset in the owned arrays, length, offset in the bucket) for every segment overlapping the
   // share.
   template <typename Fn>
   void for_owned(const Bucket& bk, Fn fn) const;
   void start(Bucket& bk);
+  // The bucket's parameter all-gather dispatched (non-blocking) if not yet.
+  void dispatch_gather(Bucket& bk);
   std::vector<Bucket> buckets_;
+  // With --overlap-param-gather: the buckets in the order the forward first reads them (the embedding's layer
+  // bucket first, then by layer), and whether the step dispatches them all.
+  bool overlap_gather_ = false, gather_with_step_ = false;
+  std::vector<size_t> gather_order_;
+  size_t num_layers_ = 0;
   std::vector<nn::Parameter*> params_;
   const comm::ProcessGroup& group_;
   ElementRule rule_;

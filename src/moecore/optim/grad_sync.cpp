@@ -28,14 +28,20 @@ GradBuckets::GradBuckets(const std::vector<nn::Parameter*>& params, size_t num_b
   buckets_ = make_buckets(params, layout);
 }
 
-void GradBuckets::start(size_t b) {
-  if (!group_) return;
-  for (const size_t i : complete_buckets(buckets_, b)) {
+size_t GradBuckets::start(size_t b) {
+  if (!group_) return 0;
+  const std::vector<size_t> done = complete_buckets(buckets_, b);
+  for (const size_t i : done) {
     BufferBucket& bk = buckets_[i];
     for (auto* p : bk.params) p->settle_grad();  // a gradient no backward wrote this step is zero
     bk.work = group_->all_reduce(bk.grad, comm::ReduceOp::Sum, /*async=*/true);
     bk.started = true;
   }
+  // MPI moves a non-blocking collective along inside MPI calls: a test of the ones in flight lets them progress
+  // while backward computes.
+  for (auto& bk : buckets_)
+    if (bk.started) bk.work.test();
+  return done.size();
 }
 
 void GradBuckets::finish(double scale) {

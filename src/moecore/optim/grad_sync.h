@@ -21,8 +21,8 @@ class GradBuckets {
   GradBuckets(const std::vector<nn::Parameter*>& params, size_t num_buckets, const BucketOf& bucket_of,
               const comm::ProcessGroup* group, int64_t bucket_size = 0);
   // Layer bucket b's gradients are final: starts the all-reduce (in place, non-blocking) of every bucket that
-  // completes. Every rank reports the layers in the same order.
-  void start(size_t b);
+  // completes (returns how many). Every rank reports the layers in the same order.
+  size_t start(size_t b);
   // Starts what was not started, waits for every bucket and scales the sums by `scale` (1/DP), in place.
   void finish(double scale);
 

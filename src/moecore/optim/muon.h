@@ -49,7 +49,7 @@ class Muon : public ParamClassOptimizer {
        const comm::ProcessGroup* group, const comm::ProcessGroup* tp, std::vector<double> norm_weights,
        const MuonConfig& cfg, bool layer_wise, int64_t bucket_size = 0);
   const std::vector<nn::Parameter*>& params() const override { return params_; }
-  void start_bucket(size_t b) override { buckets_.start(b); }
+  size_t start_bucket(size_t b) override { return buckets_.start(b); }
   void reduce_gradients(double scale, kernels::ClipState& clip) override;
   double zero_share() const override;
   // hp: lr, weight_decay and grad_scale (clipping); the Adam moments are not used.

@@ -18,7 +18,8 @@ class ParamClassOptimizer {
   // The parameters, in the order of the moment lists below.
   virtual const std::vector<nn::Parameter*>& params() const = 0;
   // Bucket b's gradients are final (in the last micro-batch's backward): start reducing them (non-blocking).
-  virtual void start_bucket(size_t b) = 0;
+  // Returns how many reductions it started.
+  virtual size_t start_bucket(size_t b) = 0;
   // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP), and adds this rank's
   // weighted share of the squared gradient norm to `clip` as one part (kernels::squares_add_part: on a GPU in
   // device memory; shares summed over all ranks count every element once).
@@ -31,6 +32,11 @@ class ParamClassOptimizer {
   virtual void step(const kernels::AdamWParams& hp, int64_t step) = 0;
   // Whether step needs the gradient scale on the host (an update on host copies: Muon's).
   virtual bool host_clip() const { return false; }
+  // Where the step leaves parameter all-gathers in flight (the distributed optimizer with --overlap-param-gather):
+  // the forward is about to read layer bucket b (wait for its buckets), and every one completed. Nothing elsewhere.
+  virtual void wait_param_gather(size_t /*b*/) {}
+  virtual void finish_param_gather() {}
+  virtual size_t param_gathers_pending() const { return 0; }  // updated buckets not yet gathered
   // The Adam moments whole per parameter (collective where sharded), and back.
   virtual void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const = 0;
   virtual void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) = 0;

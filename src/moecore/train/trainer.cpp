@@ -109,6 +109,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   optim::OptimizerConfig oc = optimizer_config(cfg_);
   opt_ = std::make_unique<optim::ChainedOptimizer>(
       params, layers + 1, [layers](const nn::Parameter& p) { return layer_of(p, layers); }, og, oc);
+  // --overlap-param-gather: every forward waits, layer by layer, for the all-gathers the last step left in flight.
+  if (oc.overlap_param_gather) model_->set_forward_pre_hook([o = opt_.get()](size_t b) { o->wait_param_gather(b); });
   if (groups_->pp_size > 1) {
     const int64_t v = virtual_stages(cfg_), m = micro_batches().count;
     // Megatron's micro-batch rules for interleaving, checked before the first step.
@@ -173,6 +175,7 @@ void Trainer::make_device_current() const {
 
 std::string Trainer::save_checkpoint() {
   make_device_current();
+  opt_->finish_param_gather();  // the parameters whole on every rank before they are read
   check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
   Timers::Install timing(timers_.get());
   timers_->start("save-checkpoint", 0);
@@ -267,10 +270,11 @@ StepResult Trainer::train_step(bool read_norm) {
   timers_->stop("optimizer");
   progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
   router_losses(cfg_, *model_, *groups_, r);
-  mtp_losses(cfg_, *model_, *groups_, r);            // --mtp-num-layers
-  param_stats(cfg_, reg_, *groups_, opt_.get(), r);  // --log-params-norm
-  r.num_zeros = opt_->num_zeros_in_grad();           // --log-num-zeros-in-grad: counted as the gradients were reduced
-  if (async_written) ckpt_->finish_async();          // every rank's files are written: the save becomes visible
+  mtp_losses(cfg_, *model_, *groups_, r);                 // --mtp-num-layers
+  if (cfg_.log_params_norm) opt_->finish_param_gather();  // the norm reads whole f32 parameters
+  param_stats(cfg_, reg_, *groups_, opt_.get(), r);       // --log-params-norm
+  r.num_zeros = opt_->num_zeros_in_grad();   // --log-num-zeros-in-grad: counted as the gradients were reduced
+  if (async_written) ckpt_->finish_async();  // every rank's files are written: the save becomes visible
   if (!r.grad_norm_on_device) return r;
   deferred_.push_back({r, progress_.iteration, step_cursor});
   return read_norm ? settle_norms().back() : r;
@@ -428,8 +432,10 @@ void Trainer::train_loop() {
     // Routing and loss health (routing_health.h): warns, or stops every rank here before this step is saved.
     run_health_alarms(*health_, it, r, *model_, *groups_, *log_, out_, tty, cfg_.logging_level, ckpt_->last_saved());
     if (cfg_.check_weight_hash_across_dp_replicas_interval > 0 &&
-        it % cfg_.check_weight_hash_across_dp_replicas_interval == 0)
+        it % cfg_.check_weight_hash_across_dp_replicas_interval == 0) {
+      opt_->finish_param_gather();
       check_weight_hashes_across_dp(reg_, *groups_, it);
+    }
     // Warnings are Python logging's WARNING (30) in Megatron: shown unless --logging-level is above it.
     for (const StepResult& s : settled)
       if (const auto warning = stall_->after_step(s); warning && cfg_.logging_level <= 30) {

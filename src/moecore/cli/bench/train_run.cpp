@@ -100,6 +100,18 @@ std::vector<std::string> bench_model_flags(const TrainBenchArgs& a, const std::s
 void print_split(const TrainRun& r) {
   fmt::print("  step {:.3f} s = compute {:.3f} s + exposed communication {:.3f} s ({:.1f}%; slowest rank {:.3f} s)\n",
              r.step_s, r.step_s - r.exposed_s, r.exposed_s, 100.0 * r.exposed_s / r.step_s, r.exposed_max_s);
+  // Where rank 0 waited: per collective and group, the time blocked in Work::wait per step (what the overlap
+  // flags --overlap-grad-reduce, --overlap-param-gather and --delay-wgrad-compute hide shows up here).
+  std::vector<std::pair<double, std::string>> rows;
+  const double iters = static_cast<double>(std::max<size_t>(1, r.steps_s.size()));
+  for (const auto& [k, c] : r.counters)
+    if (c.calls > 0)
+      rows.push_back(
+          {c.blocked_seconds / iters, fmt::format("{} ({:.0f} calls)", k, static_cast<double>(c.calls) / iters)});
+  std::sort(rows.rbegin(), rows.rend());
+  fmt::print("  exposed communication per step by collective (rank 0):");
+  for (const auto& [s, name] : rows) fmt::print(" {} {:.4f} s;", name, s);
+  fmt::print("\n");
 }
 
 BenchCommand add_training_bench(CLI::App& bench, const std::string& name, const std::string& description,

@@ -260,6 +260,8 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   m.shared_ffn_hidden = c.moe_shared_expert_intermediate_size;
   m.shared_expert_gate = c.moe_shared_expert_gate;
   m.shared_expert_overlap = c.moe_shared_expert_overlap;
+  m.overlap_dispatch_backward =
+      (c.overlap_moe_expert_parallel_comm && c.delay_wgrad_compute) || c.overlap_dispatch_backward_with_experts_wgrad;
   m.activation = c.swiglu ? kernels::Activation::SwiGLU
                           : (c.squared_relu ? kernels::Activation::SquaredReLU : kernels::Activation::GeLU);
   m.init_std = c.init_method_std;

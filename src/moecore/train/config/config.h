@@ -96,7 +96,13 @@ struct TrainConfig {
   std::string muon_scale_mode = "spectral", muon_fp32_matmul_prec = "medium", muon_coefficient_type = "quintic";
   std::string muon_tp_mode = "duplicated", muon_scalar_optimizer = "adam";
   int64_t muon_num_ns_steps = 5, num_distributed_optimizer_instances = 1;
-  int64_t ddp_bucket_size = 0;                      // elements per gradient bucket (0: unset, one bucket per layer)
+  int64_t ddp_bucket_size = 0;  // elements per gradient bucket (0: unset, one bucket per layer)
+  // Megatron's communication overlaps (docs/megatron-flags.md): the data-parallel gradient reduction during the last
+  // micro-batch's backward, the distributed optimizer's parameter all-gather during the next forward (or dispatched
+  // in the optimizer step), the MoE dispatch-backward all-to-all beside the delayed expert weight gradients.
+  bool overlap_grad_reduce = false, overlap_param_gather = false, overlap_param_gather_with_optimizer_step = false;
+  bool overlap_moe_expert_parallel_comm = false, delay_wgrad_compute = false;
+  bool overlap_dispatch_backward_with_experts_wgrad = false;
   double decoupled_lr = -1, decoupled_min_lr = -1;  // -1: none (Megatron's None)
   int64_t seed = 1234;
   bool bf16 = false;

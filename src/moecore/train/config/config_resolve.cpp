@@ -97,6 +97,7 @@ void validate(const TrainConfig& c) {
   validate_optimizer(c);
   validate_data(c);
   validate_moe(c);
+  validate_overlap(c);
 }
 
 void resolve(TrainConfig& c) {

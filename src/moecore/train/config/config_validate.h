@@ -23,6 +23,9 @@ void validate_parallel(const TrainConfig& c);
 // The router's coefficients, the experts and their dispatcher, the shared expert's overlap, the upcycled experts'
 // sizes (config_validate_moe.cpp).
 void validate_moe(const TrainConfig& c);
+// Megatron's rules for the communication overlaps (--overlap-grad-reduce, --overlap-param-gather, the MoE
+// expert-parallel overlap and --delay-wgrad-compute) (config_validate_overlap.cpp).
+void validate_overlap(const TrainConfig& c);
 // The batch, Adam's state dtypes, Muon, sample- or iteration-based training and the learning-rate schedule
 // (config_validate_optimizer.cpp).
 void validate_optimizer(const TrainConfig& c);

@@ -289,6 +289,24 @@ std::vector<FlagSpec> build_flag_table() {
         "Elements per gradient bucket, filled in the order gradients become final and closed at a parameter "
         "boundary once full (unset: one bucket per layer)",
         kNoRole, at_least(0)},
+       {"overlap-grad-reduce", &C::overlap_grad_reduce,
+        "Start each gradient bucket's data-parallel all-reduce (reduce-scatter with the distributed optimizer) as "
+        "soon as its gradients are final in the last micro-batch's backward (default: all after backward)"},
+       {"overlap-param-gather", &C::overlap_param_gather,
+        "Distributed optimizer: the updated parameters' all-gather per bucket overlaps the next forward, waited "
+        "before the first layer that uses the bucket (needs --overlap-grad-reduce)"},
+       {"overlap-param-gather-with-optimizer-step", &C::overlap_param_gather_with_optimizer_step,
+        "With --overlap-param-gather under interleaved pipelining: every bucket's all-gather dispatched in the "
+        "optimizer step"},
+       {"overlap-moe-expert-parallel-comm", &C::overlap_moe_expert_parallel_comm,
+        "Overlap the MoE expert-parallel all-to-all with computation (with --delay-wgrad-compute: the dispatch "
+        "backward all-to-all beside the experts' weight-gradient GEMMs; the two-micro-batch schedule is refused)"},
+       {"delay-wgrad-compute", &C::delay_wgrad_compute,
+        "Compute the experts' weight gradients after their data gradients, while the dispatch backward all-to-all "
+        "runs (needs --overlap-moe-expert-parallel-comm)"},
+       {"overlap-dispatch-backward-with-experts-wgrad", &C::overlap_dispatch_backward_with_experts_wgrad,
+        "The experts' weight-gradient GEMMs beside the dispatch backward all-to-all (without "
+        "--overlap-moe-expert-parallel-comm)"},
        {"use-precision-aware-optimizer", &C::use_precision_aware_optimizer,
         "Adam moments in --exp-avg-dtype/--exp-avg-sq-dtype (TransformerEngine's FusedAdam: stored low, computed in "
         "fp32)"},

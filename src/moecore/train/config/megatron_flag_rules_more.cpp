@@ -91,21 +91,16 @@ void selectors(std::vector<FlagRule>& r) {
 }
 
 void communication(std::vector<FlagRule>& r) {
-  r.push_back(
-      no_effect("overlaps or schedules communication with computation: the same math, moecore schedules "
-                "its own",
-                {"overlap-grad-reduce", "overlap-param-gather", "overlap-param-gather-with-optimizer-step",
-                 "overlap-moe-expert-parallel-comm", "overlap-dispatch-backward-with-experts-wgrad",
-                 "no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
-                 "no-align-param-gather", "defer-embedding-wgrad-compute", "delay-wgrad-compute",
-                 "wgrad-deferral-limit", "create-all-gather-group", "ddp-num-buckets",
-                 "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
-                {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
-  r.push_back(no_effect_for({"distributed-backend"}, {"nccl"},
-                            "moecore chooses the transport itself: NCCL between GPUs when every rank owns its GPU, "
-                            "MPI for host tensors and host-staged MPI where ranks share a GPU",
-                            "a Gloo backend is not supported by moecore (host tensors go over MPI; GPU tensors over "
-                            "NCCL, or host-staged MPI where ranks share a GPU): use --distributed-backend nccl"));
+  r.push_back(no_effect(
+      "overlaps or schedules communication with computation: the same math, moecore schedules "
+      "its own",
+      {"no-async-tensor-model-parallel-allreduce", "disable-align-grad-reduce", "no-align-grad-reduce",
+       "no-align-param-gather", "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
+       "ddp-num-buckets", "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
+      {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
+  r.push_back(no_effect("moecore chooses the transport itself: NCCL between GPUs when every rank owns its GPU, MPI "
+                        "for host tensors and host-staged MPI where ranks share a GPU",
+                        {"distributed-backend"}));
   r.push_back(
       no_effect("moecore takes the local rank from MPI's shared-memory split (MPI_COMM_TYPE_SHARED) and trains on "
                 "cuda:<local rank>, as Megatron's LOCAL_RANK",

@@ -20,6 +20,9 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   // A GPU keeps the norms of the steps between log lines in device memory (the trainer reads them at a log line,
   // a TensorBoard write or a save, or when this many are waiting).
   oc.deferred_norms = std::clamp<int64_t>(c.log_interval, 1, 1024);
+  oc.overlap_grad_reduce = c.overlap_grad_reduce;
+  oc.overlap_param_gather = c.overlap_param_gather;
+  oc.param_gather_with_step = c.overlap_param_gather_with_optimizer_step;
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
   oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";
