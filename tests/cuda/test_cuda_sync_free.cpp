@@ -148,7 +148,8 @@ TEST(CudaSyncFree, AnUnloggedStepsOptimizerMakesNoHostSynchronisation) {
   std::FILE* null = std::fopen("/dev/null", "w");
   const std::vector<std::vector<std::string>> variants = {
       {},
-      {"--bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"},
+      {"--bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+       "--use-distributed-optimizer"},
       {"--optimizer", "sgd"}};
   for (const auto& extra : variants) {
     train::Trainer t(train::parse_train_config(sync_run_args(extra)), null, false);
