@@ -116,7 +116,9 @@ void adamw_case(bool bf16_moments, bool nonfinite) {
   for (size_t k = 0; k < dev.size(); k++) {
     EXPECT_TRUE(bitwise(dev[k].param, nonfinite ? before[k] : ref[k].param)) << "tensor " << k;
     EXPECT_TRUE(bitwise(dev[k].m, ref[k].m) && bitwise(dev[k].v, ref[k].v)) << "tensor " << k;
-    if (dev[k].param_bf16.defined()) EXPECT_TRUE(bitwise(dev[k].param_bf16, ref[k].param_bf16)) << "tensor " << k;
+    if (dev[k].param_bf16.defined()) {
+      EXPECT_TRUE(bitwise(dev[k].param_bf16, ref[k].param_bf16)) << "tensor " << k;
+    }
   }
 }
 
@@ -146,7 +148,8 @@ TEST(CudaSyncFree, AnUnloggedStepsOptimizerMakesNoHostSynchronisation) {
   std::FILE* null = std::fopen("/dev/null", "w");
   const std::vector<std::vector<std::string>> variants = {
       {},
-      {"--bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"},
+      {"--bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+       "--use-distributed-optimizer"},
       {"--optimizer", "sgd"}};
   for (const auto& extra : variants) {
     train::Trainer t(train::parse_train_config(sync_run_args(extra)), null, false);
