@@ -4,7 +4,8 @@
 // says why once. Only cuDNN's headers are needed at build time (cudnn_graph.h, from the CUDA toolkit folder).
 #pragma once
 
-#if __has_include(<cudnn_graph.h>)
+// The CUDA build with cuDNN's headers on its include path (cmake/cuda.cmake); a CPU-only build never has them.
+#if defined(MOECORE_HAVE_CUDA) && __has_include(<cudnn_graph.h>)
 #include <cudnn_graph.h>
 #define MOECORE_HAVE_CUDNN_HEADERS 1
 #endif
