@@ -62,7 +62,7 @@ if grep -q "\[  SKIPPED \]" "$OUT/gpu_tests.log"; then
 fi
 # The host-side CUDA tests (allocator bookkeeping, --device) under the CUDA build.
 if [[ -x "$BUILD/moecore_tests" ]]; then
-  host_filter='CachingAllocator.*:DeviceSelect.*:DeviceTensor.*:PhaseTimeline.*:SyncLedger.*:TimerObserver.*:GpuProfile.*'
+  host_filter='CachingAllocator.*:DeviceSelect.*:GpuPlacement.*:NcclWatchdog.*:DeviceTensor.*:PhaseTimeline.*:SyncLedger.*:TimerObserver.*:GpuProfile.*'
   host_filter+=':AttentionBackend.*:CudnnAttention*'
   "$BUILD/moecore_tests" --gtest_filter="$host_filter" >"$OUT/host_tests.log" 2>&1 || status=1
 fi

@@ -77,8 +77,8 @@ TEST(GpuPlacement, TheStartLineSaysWhichTransportAndWhy) {
   EXPECT_NE(cuda::describe_placement(own, 2, 2, false, true).find("another node share GPUs"), std::string::npos);
 }
 
-comm::NcclInFlight op(const std::string& group, const std::string& name, uint64_t seq, double at,
-                      std::vector<int> members, const std::string& error = "") {
+comm::NcclInFlight nccl_in_flight(const std::string& group, const std::string& name, uint64_t seq, double at,
+                                  std::vector<int> members, const std::string& error = "") {
   comm::NcclInFlight o;
   o.group = group;
   o.op = name;
@@ -90,8 +90,8 @@ comm::NcclInFlight op(const std::string& group, const std::string& name, uint64_
 }
 
 TEST(NcclWatchdog, NothingWrongWhileEveryOperationIsYoungAndHealthy) {
-  const std::vector<comm::NcclInFlight> ops = {op("dp", "all_reduce", 3, 10.0, {0, 1}),
-                                               op("ep", "all_to_all_v", 7, 12.0, {0, 2})};
+  const std::vector<comm::NcclInFlight> ops = {nccl_in_flight("dp", "all_reduce", 3, 10.0, {0, 1}),
+                                               nccl_in_flight("ep", "all_to_all_v", 7, 12.0, {0, 2})};
   EXPECT_EQ(comm::find_nccl_fault(ops, 20.0, 60.0).kind, comm::NcclFaultKind::None);
   EXPECT_EQ(comm::find_nccl_fault({}, 1e9, 60.0).kind, comm::NcclFaultKind::None);
   // No timeout configured: only errors end the job.
@@ -99,8 +99,8 @@ TEST(NcclWatchdog, NothingWrongWhileEveryOperationIsYoungAndHealthy) {
 }
 
 TEST(NcclWatchdog, TheOldestOperationPastTheTimeoutIsNamed) {
-  const std::vector<comm::NcclInFlight> ops = {op("dp", "all_reduce", 3, 10.0, {0, 1}),
-                                               op("ep", "all_to_all_v", 7, 12.0, {0, 2})};
+  const std::vector<comm::NcclInFlight> ops = {nccl_in_flight("dp", "all_reduce", 3, 10.0, {0, 1}),
+                                               nccl_in_flight("ep", "all_to_all_v", 7, 12.0, {0, 2})};
   const comm::NcclFault f = comm::find_nccl_fault(ops, 75.0, 60.0);
   EXPECT_EQ(f.kind, comm::NcclFaultKind::Timeout);
   EXPECT_EQ(f.index, 0u);
@@ -118,8 +118,8 @@ TEST(NcclWatchdog, TheOldestOperationPastTheTimeoutIsNamed) {
 
 TEST(NcclWatchdog, AnAsynchronousErrorWinsAndIsQuoted) {
   const std::vector<comm::NcclInFlight> ops = {
-      op("dp", "all_reduce", 3, 10.0, {0, 1}),
-      op("ep", "all_to_all_v", 7, 12.0, {0, 2}, "remote process exited or there was a network error")};
+      nccl_in_flight("dp", "all_reduce", 3, 10.0, {0, 1}),
+      nccl_in_flight("ep", "all_to_all_v", 7, 12.0, {0, 2}, "remote process exited or there was a network error")};
   const comm::NcclFault f = comm::find_nccl_fault(ops, 75.0, 60.0);  // the first op has timed out too
   EXPECT_EQ(f.kind, comm::NcclFaultKind::AsyncError);
   EXPECT_EQ(f.index, 1u);
@@ -132,7 +132,7 @@ TEST(NcclWatchdog, AnAsynchronousErrorWinsAndIsQuoted) {
 }
 
 TEST(NcclWatchdog, APointToPointMessageNamesBothRanks) {
-  const comm::NcclInFlight o = op("cp", "send", 0, 0.0, {3, 4});
+  const comm::NcclInFlight o = nccl_in_flight("cp", "send", 0, 0.0, {3, 4});
   const comm::NcclFault f{comm::NcclFaultKind::Timeout, 0, 700.0};
   const std::string m = comm::nccl_fault_message(o, f, 3, "--distributed-timeout-minutes 10");
   EXPECT_EQ(m.substr(0, m.find('\n')),

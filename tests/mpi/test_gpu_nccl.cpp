@@ -74,7 +74,7 @@ TEST(GpuNcclHarness, EveryOperationRunsOnHostTensors) {
   for (int64_t i = 0; i < 21; i++) EXPECT_EQ(r[2].data<float>()[(w.size() - 1) * 21 + i], last.data<float>()[i]);
 }
 
-bool one_gpu_per_rank(std::string* why) {
+bool nccl_one_gpu_per_rank(std::string* why) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const int visible = cuda::visible_devices(why);
   const comm::LocalRank l = comm::local_rank(w.comm());
@@ -92,7 +92,7 @@ bool one_gpu_per_rank(std::string* why) {
 TEST(GpuNccl, EveryOperationMatchesTheHostStagedPath) {
   std::string why;
   // Every rank decides alike (the same node, the same build), so all skip or none does.
-  if (!one_gpu_per_rank(&why)) GTEST_SKIP() << why;
+  if (!nccl_one_gpu_per_rank(&why)) GTEST_SKIP() << why;
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   std::string line;
   const Device d = comm::place_ranks_on_gpus("cuda", "train", w.comm(), &line);
