@@ -98,9 +98,10 @@ void communication(std::vector<FlagRule>& r) {
        "no-align-param-gather", "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
        "ddp-num-buckets", "ddp-pad-buckets-for-high-nccl-busbw", "ddp-average-in-collective"},
       {"tp-comm-", "disable-tp-comm-", "no-tp-comm-"}));
-  r.push_back(no_effect("moecore chooses the transport itself: NCCL between GPUs when every rank owns its GPU, MPI "
-                        "for host tensors and host-staged MPI where ranks share a GPU",
-                        {"distributed-backend"}));
+  r.push_back(
+      no_effect("moecore chooses the transport itself: NCCL between GPUs when every rank owns its GPU, MPI "
+                "for host tensors and host-staged MPI where ranks share a GPU",
+                {"distributed-backend"}));
   r.push_back(
       no_effect("moecore takes the local rank from MPI's shared-memory split (MPI_COMM_TYPE_SHARED) and trains on "
                 "cuda:<local rank>, as Megatron's LOCAL_RANK",
