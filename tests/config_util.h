@@ -149,6 +149,23 @@ inline train::TrainConfig small_config(const std::vector<std::string>& base,
   return train::parse_train_config(train::override_flags(base, extra));
 }
 
+// Four layers (dense first and last, MoE between, so pipeline stages hold different kinds), H 32, 4 experts top-2,
+// aux and z losses, `iters` steps of 4 micro-batches of 2: the multi-rank layout tests' model.
+inline std::vector<std::string> four_layer_moe_flags(int64_t iters) {
+  return train::override_flags(tiny_moe_flags(), {"--num-layers", "4"}) +
+         std::vector<std::string>{"--moe-layer-freq",
+                                  "[0,1,1,0]",
+                                  "--ffn-hidden-size",
+                                  "48",
+                                  "--moe-aux-loss-coeff",
+                                  "1e-2",
+                                  "--moe-z-loss-coeff",
+                                  "1e-3",
+                                  "--make-vocab-size-divisible-by",
+                                  "64"} +
+         mock_run_flags(16, 2, 8, 128, iters, "1e-3");
+}
+
 // Fine-grained activation offloading of every module Megatron names that these models have, whatever the size.
 inline std::vector<std::string> offload_all_modules_flags() {
   return {"--fine-grained-activation-offloading",

@@ -25,22 +25,9 @@ struct OverlapLayout {
   std::vector<std::string> overlap;  // the overlap flags (the second run)
 };
 
-// Four layers (dense first and last, MoE between), H 32, 4 experts top-2, aux and z losses, 4 micro-batches of 2.
+// The layout tests' four-layer MoE model (config_util.h) over 4 steps, with the alltoall dispatcher.
 std::vector<std::string> overlap_base_flags() {
-  return train::override_flags(testing::tiny_moe_flags(), {"--num-layers", "4"}) +
-         std::vector<std::string>{"--moe-layer-freq",
-                                  "[0,1,1,0]",
-                                  "--ffn-hidden-size",
-                                  "48",
-                                  "--moe-aux-loss-coeff",
-                                  "1e-2",
-                                  "--moe-z-loss-coeff",
-                                  "1e-3",
-                                  "--make-vocab-size-divisible-by",
-                                  "64",
-                                  "--moe-token-dispatcher-type",
-                                  "alltoall"} +
-         testing::mock_run_flags(16, 2, 8, 128, 4, "1e-3");
+  return testing::four_layer_moe_flags(4) + std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall"};
 }
 
 class OverlapLayouts : public ::testing::TestWithParam<OverlapLayout> {};

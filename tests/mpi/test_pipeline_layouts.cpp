@@ -26,21 +26,8 @@ struct PipelineLayoutsLayout {
   std::vector<std::string> layout;  // the parallel layout (the multi-rank run)
 };
 
-// Four layers (dense first and last, MoE between, so stages hold different kinds), H 32, 4 experts top-2, aux
-// and z losses, 4 micro-batches of 2.
 std::vector<std::string> base_flags() {
-  return train::override_flags(testing::tiny_moe_flags(), {"--num-layers", "4"}) +
-         std::vector<std::string>{"--moe-layer-freq",
-                                  "[0,1,1,0]",
-                                  "--ffn-hidden-size",
-                                  "48",
-                                  "--moe-aux-loss-coeff",
-                                  "1e-2",
-                                  "--moe-z-loss-coeff",
-                                  "1e-3",
-                                  "--make-vocab-size-divisible-by",
-                                  "64"} +
-         testing::mock_run_flags(16, 2, 8, 128, 3, "1e-3");
+  return testing::four_layer_moe_flags(3);
 }
 
 class PipelineLayouts : public ::testing::TestWithParam<PipelineLayoutsLayout> {};

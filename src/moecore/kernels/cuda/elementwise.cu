@@ -200,22 +200,6 @@ __global__ void act_bwd_k(int act, const void* dy, bool dyb, const void* x, bool
   }
 }
 
-__global__ void first_id_outside_k(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* out) {
-  __shared__ int64_t sm[kThreads];
-  int64_t first = n;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t id = id_at(ids, ids64, i);
-    if ((id < 0 || id >= V) && i < first) first = i;
-  }
-  sm[threadIdx.x] = first;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s && sm[threadIdx.x + s] < sm[threadIdx.x]) sm[threadIdx.x] = sm[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = sm[0];
-}
-
 __global__ void embedding_fwd_k(const void* ids, bool ids64, const char* w, char* y, int64_t T, int64_t row_bytes,
                                 int64_t VL, int64_t vocab_start) {
   const int64_t t = blockIdx.x;
@@ -346,9 +330,6 @@ void activation_backward(int act, const void* dy, bool dy_bf16, const void* x, b
                                                                F);
 }
 
-void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* out, cudaStream_t s) {
-  first_id_outside_k<<<1, kThreads, 0, s>>>(ids, ids64, n, V, out);
-}
 void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int64_t T, int64_t H, int64_t VL,
                        int64_t vocab_start, int elem_bytes, cudaStream_t s) {
   if (T > 0)

@@ -48,9 +48,6 @@ void activation_forward(int act, const void* x, bool x_bf16, const float* probs,
                         int64_t F, cudaStream_t s);
 void activation_backward(int act, const void* dy, bool dy_bf16, const void* x, bool x_bf16, const float* probs,
                          void* dx, bool dx_bf16, float* dprobs, int64_t rows, int64_t F, cudaStream_t s);
-
-// Index of the first id outside [0, V) into *first_bad_device (or n when all are inside); ids are i64 when ids64.
-void first_id_outside(const void* ids, bool ids64, int64_t n, int64_t V, int64_t* first_bad_device, cudaStream_t s);
 void embedding_forward(const void* ids, bool ids64, const void* w, void* y, int64_t T, int64_t H, int64_t VL,
                        int64_t vocab_start, int elem_bytes, cudaStream_t s);
 // dW[r] += Σ_{t: id[t]−vocab_start = r} dy[t], tokens in ascending order (the CPU's bits), no atomics: the tokens are

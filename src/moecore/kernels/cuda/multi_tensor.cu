@@ -95,15 +95,21 @@ __device__ __forceinline__ void store_state(M* p, float x) {
     *p = x;
 }
 
+// The gradient scale an update applies: the host's `grad_scale`, or the clip state's coefficient; false when the
+// clip state says the step is skipped (a non-finite norm or a bad token id).
+__device__ inline bool update_scale(const double* clip, float& gs) {
+  if (!clip) return true;
+  if (clip[kClipSkip] != 0.0) return false;
+  gs = static_cast<float>(clip[kClipScale]);
+  return true;
+}
+
 // elementwise.cu's adamw_k, operation for operation, with the weight decay per tensor and the gradient scale (or
 // the skip) read from the clip state.
 template <typename M, typename V>
 __global__ void adamw_multi_k(AdamWMultiBatch b, AdamWScalars hp, const double* clip) {
   float gs = hp.grad_scale;
-  if (clip) {
-    if (clip[kClipSkip] != 0.0) return;
-    gs = static_cast<float>(clip[kClipScale]);
-  }
+  if (!update_scale(clip, gs)) return;
   const int k = blockIdx.y;
   float* p = b.p[k];
   const float* g = b.g[k];
@@ -128,10 +134,7 @@ __global__ void adamw_multi_k(AdamWMultiBatch b, AdamWScalars hp, const double* 
 // elementwise.cu's sgd_k per tensor (every operation rounded on its own: the CPU's bits).
 __global__ void sgd_multi_k(AdamWMultiBatch b, float lr, float mom, const double* clip, float grad_scale) {
   float gs = grad_scale;
-  if (clip) {
-    if (clip[kClipSkip] != 0.0) return;
-    gs = static_cast<float>(clip[kClipScale]);
-  }
+  if (!update_scale(clip, gs)) return;
   const int k = blockIdx.y;
   float* p = b.p[k];
   const float* g = b.g[k];
