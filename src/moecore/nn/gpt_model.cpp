@@ -247,10 +247,11 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   const DType dt = kernels::cross_entropy_stats_dtype(st.logits_TV.dtype());
   const Device dev = st.logits_TV.device();  // the batch is built on the host and moves to the model's device
   st.labels_T = to_sequence_major(labels_BS).to(dev);
-  st.mask_T = mask_sequence_major(loss_mask_BS, labels_BS, dt).to(dev);
+  const Tensor mask_host_T = mask_sequence_major(loss_mask_BS, labels_BS, dt);
+  st.mask_sum = kernels::sum(mask_host_T);  // on the host copy: a GPU run reads nothing back for it
+  st.mask_T = mask_host_T.to(dev);
   Tensor loss_T = Tensor::empty({T}, dt, dev);
   st.lse_T = Tensor::empty({T}, dt, dev);
-  st.mask_sum = kernels::sum(st.mask_T);
   st.grad_token_scale = -1;
   const auto token_scale_of = std::exchange(st.token_scale_of, nullptr);  // for this forward only
   double mtp_scale = -1;                                                  // MTP's backward scale, when known now
