@@ -57,5 +57,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [[ -d "$P/share-openmpi" ]] && export OPAL_PKGDATADIR="$P/share-openmpi"
 EOF
 
+# The commit the binaries were built from (the GPU machine's copy of the tree may have no .git).
+root="$(cd "$(dirname "$0")/.." && pwd)"
+echo "$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD 2>/dev/null ||
+  echo ' + uncommitted changes')" >"$STAGE/commit.txt"
 tar -C "$STAGE" -cJf "$TAR" .
 echo "gpu-pack: $(du -h "$TAR" | cut -f1) in $TAR ($(ls "$STAGE/lib" | wc -l) libraries, ${#bins[@]} binaries)"

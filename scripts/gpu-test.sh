@@ -4,7 +4,10 @@
 # is skipped (a skip here means the GPU was not usable).
 # Usage: scripts/gpu-test.sh OUTDIR [BUILD_DIR | --prebuilt PACK_DIR]
 # --prebuilt runs the binaries of a pack made by scripts/gpu-pack.sh (for GPU machines without Debian's packages).
+# GPU_TEST_BUDGET_S=N ends the run within about N seconds (a short lease): each stage's time limit is cut to what is
+# left, a stage with under 20 s left is skipped and named in OUTDIR/summary.txt, and the run then fails.
 set -euo pipefail
+DEADLINE=$(( $(date +%s) + ${GPU_TEST_BUDGET_S:-1000000} ))
 
 OUT=${1:?usage: scripts/gpu-test.sh OUTDIR [BUILD_DIR | --prebuilt PACK_DIR]}
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,7 +22,16 @@ else
 fi
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
+# limit N: the smaller of N seconds and the time left before the deadline (10 s kept for the summary); 0 when under
+# 20 s are left, and the caller skips its stage (named in skipped.txt).
+limit() {
+  local left=$(( DEADLINE - $(date +%s) - 10 ))
+  if (( left < 20 )); then echo 0; elif (( left < $1 )); then echo "$left"; else echo "$1"; fi
+}
+skip() { echo "$1: skipped, the budget (GPU_TEST_BUDGET_S) was spent" | tee -a "$OUT/skipped.txt"; status=1; }
+status=0
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export GTEST_COLOR=no  # the logs are read by the summary below
 # cuDNN's fused attention loads libcudnn.so.9 at run time (dlopen; nothing links it, so every binary starts without
 # it). The GPU machines have cuDNN only in PyTorch's wheel (site-packages/nvidia/cudnn/lib): that folder goes on
 # LD_LIBRARY_PATH, after anything already there. Without it the attention runs the native kernels and says why once,
@@ -34,7 +46,11 @@ fi
 
 {
   echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [[ -n "$PREBUILT" && -f "$PREBUILT/commit.txt" ]]; then
+    echo "commit: $(cat "$PREBUILT/commit.txt") (the pack's)"
+  else
+    echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 ||
     echo "nvidia-smi: unavailable"
   nvcc --version | tail -1
@@ -50,10 +66,24 @@ if [[ -z "$PREBUILT" ]]; then
 fi
 
 # The GPU tests: every one must run (a skip means no usable GPU) and pass.
-status=0
-# GPU_TEST_FILTER narrows the GPU tests (a rerun after a fix); the default runs them all.
-timeout 300 "$BUILD/moecore_cuda_tests" --gtest_filter="${GPU_TEST_FILTER:-*}" --gtest_output="json:$OUT/gpu_tests.json" \
-  2>&1 | tee "$OUT/gpu_tests.log" || status=1
+# GPU_TEST_FILTER narrows the GPU tests (a rerun after a fix); the default runs them all. Each test suite runs in a
+# process of its own, GPU_TEST_JOBS (4) at a time on the one GPU: a sticky CUDA error (an illegal address poisons the
+# context) or a hang then costs one suite, not every test after it. gpu_tests.log is their logs in suite order.
+mkdir -p "$OUT/gpu_suites"
+"$BUILD/moecore_cuda_tests" --gtest_list_tests --gtest_filter="${GPU_TEST_FILTER:-*}" |
+  awk '/^[^ ]/{suite=$1; next} /^  [^ ]/{print suite $1}' |
+  awk -F. '{f[$1] = f[$1] (f[$1] ? ":" : "") $0} END{for (s in f) print s, f[s]}' | sort >"$OUT/gpu_suites/list"
+t=$(limit 300)
+# shellcheck disable=SC2016
+xargs -a "$OUT/gpu_suites/list" -P "${GPU_TEST_JOBS:-4}" -L 1 bash -c '
+  dir=$1 deadline=$2 bin=$3 suite=$4 filter=$5; log="$dir/${suite//\//_}.log" left=$(( deadline - $(date +%s) ))
+  if (( left < 5 )); then echo "[  SKIPPED ] $suite: the budget was spent" >"$log"; exit 0; fi
+  timeout -k 5 "$left" "$bin" --gtest_filter="$filter" >"$log" 2>&1 ||
+    echo "[  FAILED  ] suite $suite (exit $?): $(tail -1 "$log")" >>"$log"' \
+  _ "$OUT/gpu_suites" $(( $(date +%s) + t )) "$BUILD/moecore_cuda_tests" || status=1
+while read -r suite _; do cat "$OUT/gpu_suites/${suite//\//_}.log" || true; done <"$OUT/gpu_suites/list" \
+  >"$OUT/gpu_tests.log"
+grep -q "^\[  FAILED  \]" "$OUT/gpu_tests.log" && status=1
 # The column reductions' micro-benchmark (tests/cuda/test_cuda_reductions.cpp) prints its figures into the log.
 grep -E "^reduction " "$OUT/gpu_tests.log" >"$OUT/reductions.txt" || true
 if grep -q "\[  SKIPPED \]" "$OUT/gpu_tests.log"; then
@@ -64,13 +94,18 @@ fi
 if [[ -x "$BUILD/moecore_tests" ]]; then
   host_filter='CachingAllocator.*:DeviceSelect.*:GpuPlacement.*:NcclWatchdog.*:DeviceTensor.*:PhaseTimeline.*:SyncLedger.*:TimerObserver.*:GpuProfile.*'
   host_filter+=':AttentionBackend.*:CudnnAttention*'
-  "$BUILD/moecore_tests" --gtest_filter="$host_filter" >"$OUT/host_tests.log" 2>&1 || status=1
+  t=$(limit 120)
+  [[ $t -gt 0 ]] || skip host_tests
+  [[ $t -eq 0 ]] || timeout "$t" "$BUILD/moecore_tests" --gtest_filter="$host_filter" >"$OUT/host_tests.log" 2>&1 ||
+    status=1
 fi
 # Layout invariance on the GPU: every rank on GPU 0 (shared, so host-staged MPI between them).
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
 if [[ -x "$BUILD/moecore_mpi_tests" ]]; then
   for np in 2 4; do
-    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np \
+    t=$(limit 300)
+    [[ $t -gt 0 ]] || { skip "gpu_layouts_$np"; continue; }
+    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=2 timeout "$t" mpirun --oversubscribe --allow-run-as-root -np $np \
       "$BUILD/moecore_mpi_tests" --gtest_filter='*GpuLayouts*:*GpuCpLayouts*:GpuDispatch.*:OverlapGpu.*' \
       >"$OUT/gpu_layouts_$np.log" 2>&1 || status=1
   done
@@ -94,14 +129,10 @@ if [[ -x "$BUILD/moecore_mpi_tests" ]]; then
       tee "$OUT/gpu_layouts_nccl.log"
   fi
 fi
-# Generation on the GPU against the CPU; with GPU_LAUNCH_LINES=1 also Megatron's launch lines trained on the GPU
-# against the CPU (tests/train/megatron_configs.py --on-gpu: its CPU runs take minutes, more than a short device
-# session has).
-timeout 300 bash "$ROOT/tests/ckpt/generate_cuda.sh" "$BUILD/moecore" >"$OUT/generate_cuda.log" 2>&1 || status=1
-if [[ -n "${GPU_LAUNCH_LINES:-}" ]]; then
-  timeout 1500 python3 "$ROOT/tests/train/megatron_configs.py" "$BUILD/moecore" --on-gpu >"$OUT/launch_lines_gpu.log" 2>&1 ||
-    status=1
-fi
+# Generation on the GPU against the CPU.
+t=$(limit 300)
+[[ $t -gt 0 ]] || skip generate_cuda
+[[ $t -eq 0 ]] || timeout "$t" bash "$ROOT/tests/ckpt/generate_cuda.sh" "$BUILD/moecore" >"$OUT/generate_cuda.log" 2>&1 || status=1
 
 # Benchmarks (figures for docs/performance.md and docs/cuda.md).
 M="$BUILD/moecore"
@@ -110,17 +141,22 @@ run_bench() {
   local name=$1
   shift
   if [[ -n "${GPU_BENCHES:-}" && " $GPU_BENCHES " != *" $name "* ]]; then return 0; fi
+  local t
+  t=$(limit "${BENCH_LIMIT_S:-300}")
+  [[ $t -gt 0 ]] || { skip "bench $name"; return 0; }
   echo "\$ moecore $*" >"$OUT/bench_$name.txt"
-  timeout 300 "$M" "$@" >>"$OUT/bench_$name.txt" 2>&1 || { echo "bench $name failed" >>"$OUT/bench_$name.txt"; status=1; }
+  timeout "$t" "$M" "$@" >>"$OUT/bench_$name.txt" 2>&1 || { echo "bench $name failed" >>"$OUT/bench_$name.txt"; status=1; }
 }
 run_bench gemm bench gemm --device cuda --size 8192 --iters 10
 # Each collective's bus bandwidth over NCCL (one GPU per rank, every GPU here; one rank on a one-GPU machine, where
 # it shows NCCL's one-rank copies), then a training step's traffic against its analytic minimum.
-if [[ -z "${GPU_BENCHES:-}" || " $GPU_BENCHES " == *" comm "* ]]; then
+if [[ $(limit 300) -eq 0 ]]; then
+  skip "bench comm"
+elif [[ -z "${GPU_BENCHES:-}" || " $GPU_BENCHES " == *" comm "* ]]; then
   np=$(( ${NGPU:-1} >= 4 ? 4 : ${NGPU:-1} >= 2 ? 2 : 1 ))  # the default model's batch divides over 1, 2 or 4 ranks
   [[ $np -ge 1 ]] || np=1
   echo "\$ mpirun -np $np moecore bench comm --device cuda --iters 3" >"$OUT/bench_comm.txt"
-  OMP_NUM_THREADS=2 timeout 300 mpirun --oversubscribe --allow-run-as-root -np $np "$M" bench comm --device cuda \
+  OMP_NUM_THREADS=2 timeout "$(limit 300)" mpirun --oversubscribe --allow-run-as-root -np $np "$M" bench comm --device cuda \
     --iters 3 >>"$OUT/bench_comm.txt" 2>&1 || { echo "bench comm failed" >>"$OUT/bench_comm.txt"; status=1; }
 fi
 run_bench attention_bf16 bench attention --device cuda --dtype bf16 --seq-length 4096 --num-attention-heads 16 \
@@ -168,9 +204,20 @@ fi
 
 # PyTorch on the same GPU in the same run: cuBLAS bf16 peak, SDPA, the MoE layer, the HF Qwen3-MoE step.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout 600 python3 "$ROOT/scripts/torch_baselines.py" ${TORCH_PARTS:-} >"$OUT/torch_baselines.txt" 2>&1 ||
+  t=$(limit 600)
+  [[ $t -gt 0 ]] || skip torch_baselines
+  [[ $t -eq 0 ]] || env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 timeout "$t" python3 "$ROOT/scripts/torch_baselines.py" ${TORCH_PARTS:-} >"$OUT/torch_baselines.txt" 2>&1 ||
     echo "torch baselines failed" >>"$OUT/torch_baselines.txt"
 fi
+# With GPU_LAUNCH_LINES=1, Megatron's launch lines trained on the GPU against the CPU (tests/train/megatron_configs.py
+# --on-gpu; last, as its CPU runs take minutes of a short lease).
+if [[ -n "${GPU_LAUNCH_LINES:-}" ]]; then
+  t=$(limit 1500)
+  [[ $t -gt 0 ]] || skip launch_lines_gpu
+  [[ $t -eq 0 ]] || timeout "$t" python3 "$ROOT/tests/train/megatron_configs.py" "$BUILD/moecore" --on-gpu \
+    >"$OUT/launch_lines_gpu.log" 2>&1 || status=1
+fi
+
 # The host's CPU benchmarks on two cores (issue 25's machine is a 2-core Xeon with AMX; GPU machines have AMX Xeons):
 # attention f32 and bf16, the MoE layer and the training step in bf16 (AMX's figures).
 if [[ -n "${CPU_BENCH:-}" ]]; then
@@ -197,5 +244,26 @@ if [[ -n "${CPU_BENCH:-}" ]]; then
   } >"$OUT/cpu_amx.txt" 2>&1
 fi
 
+# One summary: each gtest log's totals and failures, each script's verdict, what was skipped.
+{
+  if [[ -f "$OUT/gpu_tests.log" ]]; then
+    echo "== gpu_tests.log: $(grep -c "^\[       OK \]" "$OUT/gpu_tests.log") passed in" \
+      "$(wc -l <"$OUT/gpu_suites/list") suites, $(grep -c "^\[  SKIPPED \] [A-Za-z].* ms)$" "$OUT/gpu_tests.log") skipped"
+    grep -E "^\[  (FAILED|SKIPPED) +\] [A-Za-z]" "$OUT/gpu_tests.log" | sed 's/ ([0-9]* ms)$//' | sort -u || true
+  fi
+  for f in "$OUT"/host_tests.log "$OUT"/gpu_layouts_[0-9].log; do
+    [[ -f "$f" ]] || continue
+    echo "== $(basename "$f"): $(grep -E "^\[==========\] [0-9]+ tests? .* ran" "$f" | tail -1)"
+    grep -E "^\[  (PASSED|SKIPPED) +\] [0-9]+ test|^\[  FAILED  \] [A-Za-z]" "$f" | sed 's/ ([0-9]* ms)$//' |
+      sort | uniq -c || true
+    grep -q "^\[==========\] .* ran" "$f" || echo "   (did not finish: $(tail -1 "$f"))"
+  done
+  [[ -f "$OUT/generate_cuda.log" ]] && echo "== generate_cuda: $(tail -1 "$OUT/generate_cuda.log")"
+  [[ -f "$OUT/launch_lines_gpu.log" ]] && { grep -E "^(ok|FAIL) " "$OUT/launch_lines_gpu.log" | sed 's/^/== launch line: /' || true; }
+  grep -l "failed" "$OUT"/bench_*.txt 2>/dev/null | sed 's/^/== failed bench: /' || true
+  [[ ! -f "$OUT/skipped.txt" ]] || sed 's/^/== /' "$OUT/skipped.txt"
+  echo "status $status, $(( $(date +%s) - DEADLINE + ${GPU_TEST_BUDGET_S:-1000000} )) s"
+} >"$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
 echo "gpu-test: logs and figures in $OUT (status $status)"
 exit $status
