@@ -55,7 +55,13 @@ export PMIX_MCA_mca_base_component_path="$P/pmix"
 export OMPI_MCA_ess_singleton_isolated=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [[ -d "$P/share-openmpi" ]] && export OPAL_PKGDATADIR="$P/share-openmpi"
+[[ -d /usr/share/games/fortunes ]] || export FORTUNES_DIR="$P/fortunes"
 EOF
+
+# The fortunes (the top level of Debian's package: what `moecore corpus fortunes` reads), for the scripted GPU tests
+# that make their corpus from them (tests/ckpt/generate_cuda.sh, tests/train/megatron_configs.py: FORTUNES_DIR).
+mkdir -p "$STAGE/fortunes"
+find /usr/share/games/fortunes -maxdepth 1 -type f -exec cp {} "$STAGE/fortunes/" \;
 
 # The commit the binaries were built from (the GPU machine's copy of the tree may have no .git).
 root="$(cd "$(dirname "$0")/.." && pwd)"

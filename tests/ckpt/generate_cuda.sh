@@ -9,7 +9,8 @@ if echo "$probe" | grep -Eq -- "--device cuda: (this moecore was built without C
   echo "generate on the GPU: skipped, no usable GPU"
   exit 77
 fi
-"$moecore" corpus fortunes --output f.jsonl >/dev/null || fail "corpus"
+# FORTUNES_DIR: the fortunes where Debian's package is not installed (a GPU machine's pack, scripts/gpu-pack.sh).
+"$moecore" corpus fortunes --output f.jsonl ${FORTUNES_DIR:+--source-dir "$FORTUNES_DIR"} >/dev/null || fail "corpus"
 "$moecore" train-tokenizer --input f.jsonl --json-keys text --vocab-size 512 --output tok >/dev/null || fail "tokenizer"
 "$moecore" preprocess --input f.jsonl --output-prefix f --tokenizer-type HuggingFaceTokenizer --tokenizer-model tok \
   --append-eod --workers 2 >/dev/null 2>&1 || fail "preprocess"

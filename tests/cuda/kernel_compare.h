@@ -55,17 +55,19 @@ inline Tensor gpu(const Tensor& t) {
   return t.to(Device::cuda());
 }
 
-// max |got − want| / max(max |want|, tiny); either may be on the GPU.
-inline double rel_diff(const Tensor& got_gpu, const Tensor& want_any) {
-  // Both copied to the host once: item() on a GPU tensor is a device->host copy of one element.
-  const Tensor got = got_gpu.to(Device::cpu()), want = want_any.to(Device::cpu());
+// max |got − want| / max(max |scale|, tiny), scale = want unless given (a reference that is 0 in exact arithmetic is
+// measured against a related tensor's magnitude); any of them may be on the GPU.
+inline double rel_diff(const Tensor& got_gpu, const Tensor& want_any, const Tensor& scale_any) {
+  // Copied to the host once each: item() on a GPU tensor is a device->host copy of one element.
+  const Tensor got = got_gpu.to(Device::cpu()), want = want_any.to(Device::cpu()), scale = scale_any.to(Device::cpu());
   EXPECT_EQ(got.numel(), want.numel());
   double diff = 0, mag = 1e-30;
-  for (int64_t i = 0; i < want.numel(); i++) {
-    diff = std::max(diff, std::fabs(got.item(i) - want.item(i)));
-    mag = std::max(mag, std::fabs(want.item(i)));
-  }
+  for (int64_t i = 0; i < want.numel(); i++) diff = std::max(diff, std::fabs(got.item(i) - want.item(i)));
+  for (int64_t i = 0; i < scale.numel(); i++) mag = std::max(mag, std::fabs(scale.item(i)));
   return diff / mag;
+}
+inline double rel_diff(const Tensor& got_gpu, const Tensor& want_any) {
+  return rel_diff(got_gpu, want_any, want_any);
 }
 
 inline bool bitwise_equal(const Tensor& a_gpu, const Tensor& b_gpu) {

@@ -35,20 +35,23 @@ struct CpBlockOut {
   Tensor o, lse, dq, dk, dv;
 };
 
-// One block forward and backward on `dev`; dq starts from dq0 (the block backward adds to it).
+// One block forward and backward on `dev`; dq starts from a copy of dq0 (the block backward adds to it; `to` on the
+// tensor's own device would hand back dq0 itself).
 CpBlockOut run_cp_block(const CpBlockCase& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                         const Tensor& dq0, const AttentionDropout* drop, bool bf16, Device dev) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   CpBlockOut r{Tensor::empty(q.shape(), DType::F32, dev), Tensor::empty({c.B, c.Nq, c.Sq}, DType::F32, dev),
-               dq0.to(dev), Tensor::empty(k.shape(), DType::F32, dev), Tensor::empty(v.shape(), DType::F32, dev)};
+               dq0.clone().to(dev), Tensor::empty(k.shape(), DType::F32, dev),
+               Tensor::empty(v.shape(), DType::F32, dev)};
   const Tensor tq = q.to(dev), tk = k.to(dev), tv = v.to(dev), td = dout.to(dev);
   attention_block_forward(tq, tk, tv, c.q0, c.k0, scale, r.o, r.lse, drop, bf16);
   attention_block_backward(td, tq, tk, tv, r.o, r.lse, c.q0, c.k0, scale, r.dq, r.dk, r.dv, drop, bf16);
   return r;
 }
 
-// Every row of the cases sees at least one key (q0 + i ≥ k0), so lse is finite throughout.
-void cp_blocks_match_the_cpu(bool bf16) {
+// Every row of the cases sees at least one key (q0 + i ≥ k0), so lse is finite throughout. `dev`: the GPU, or the
+// CPU for the harness's own check.
+void cp_blocks_match_the_cpu(bool bf16, Device dev = Device::cuda()) {
   const double tol = bf16 ? 2e-2 : 1e-5;
   const std::vector<int64_t> samples = {11, (int64_t{2} << 32) | 3};
   const std::vector<CpBlockCase> cases =
@@ -72,18 +75,26 @@ void cp_blocks_match_the_cpu(bool bf16) {
       const Tensor q = host_random({c.Sq, c.B, c.Nq, c.D}, 1), k = host_random({c.Sk, c.B, c.Nkv, c.D}, 2);
       const Tensor v = host_random(k.shape(), 3), dout = host_random(q.shape(), 4), dq0 = host_random(q.shape(), 5);
       const CpBlockOut cpu = run_cp_block(c, q, k, v, dout, dq0, dp, bf16, Device::cpu());
-      const CpBlockOut g = run_cp_block(c, q, k, v, dout, dq0, dp, bf16, Device::cuda());
+      const CpBlockOut g = run_cp_block(c, q, k, v, dout, dq0, dp, bf16, dev);
       const std::string what = c.str() + (bf16 ? " bf16" : " f32") + (with_dropout ? " dropout" : "");
       EXPECT_LT(rel_diff(g.o, cpu.o), tol) << what << ": o";
       EXPECT_LT(rel_diff(g.lse, cpu.lse), tol) << what << ": lse";
       EXPECT_LT(rel_diff(g.dq, cpu.dq), tol) << what << ": dq (accumulated)";
       EXPECT_LT(rel_diff(g.dk, cpu.dk), tol) << what << ": dk";
       EXPECT_LT(rel_diff(g.dv, cpu.dv), tol) << what << ": dv";
-      const CpBlockOut again = run_cp_block(c, q, k, v, dout, dq0, dp, bf16, Device::cuda());
+      const CpBlockOut again = run_cp_block(c, q, k, v, dout, dq0, dp, bf16, dev);
+      EXPECT_TRUE(bitwise_equal(dq0, host_random(q.shape(), 5))) << what << ": the runs changed their dq0";
       EXPECT_TRUE(bitwise_equal(again.o, g.o) && bitwise_equal(again.dq, g.dq) && bitwise_equal(again.dk, g.dk) &&
                   bitwise_equal(again.dv, g.dv))
           << what << ": rerun";
     }
+}
+
+// The harness on the CPU against itself, everywhere (no GPU needed): every output equal, and no run changes its
+// inputs (a dq0 accumulated into in place would make every later run start from the wrong dq).
+TEST(CudaContextAttention, HarnessOnTheCpuMatchesItself) {
+  cp_blocks_match_the_cpu(false, Device::cpu());
+  cp_blocks_match_the_cpu(true, Device::cpu());
 }
 
 TEST(CudaContextAttention, BlocksF32MatchTheCpu) {

@@ -16,6 +16,7 @@
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/embedding.h"
+#include "moecore/kernels/fp8.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/kernels/id_checks.h"
 #include "moecore/kernels/layernorm.h"
@@ -282,8 +283,10 @@ TEST(CudaKernels, CrossEntropyForwardBackwardAndVocabParallel) {
   EXPECT_LT(rel_diff(gd, d), kF32);
   // Vocab-parallel with a host-staged all-reduce over one "rank": the same numbers.
   int calls = 0;
+  // The reduction gets the logits' device's tensors (a process group stages them through the host or hands them to
+  // NCCL); over one rank it leaves them as they are.
   const ReduceFn reduce = [&](Tensor& t, bool) {
-    EXPECT_TRUE(t.device().is_cpu());
+    EXPECT_TRUE(t.device().is_cuda());
     calls++;
   };
   Tensor pl = Tensor::empty({T}, DType::F32, Device::cuda()), plse = Tensor::empty({T}, DType::F32, Device::cuda());
@@ -375,8 +378,10 @@ TEST(CudaKernels, AttentionForwardBackwardF32AndBf16) {
       const std::string what = "S" + std::to_string(c.S) + " D" + std::to_string(c.D) + (bf16 ? " bf16" : " f32");
       EXPECT_LT(rel_diff(go, o), tol) << what;
       EXPECT_LT(rel_diff(glse, lse), tol) << what;
-      EXPECT_LT(rel_diff(gdq, dq), tol) << what;
-      EXPECT_LT(rel_diff(gdk, dk), tol) << what;
+      // At S 1 dQ and dK are 0 in exact arithmetic (one key: the softmax's gradient vanishes); each kernel leaves its
+      // own rounding residue there, so they are measured against dV's scale, not their own.
+      EXPECT_LT(rel_diff(gdq, dq, c.S == 1 ? dv : dq), tol) << what;
+      EXPECT_LT(rel_diff(gdk, dk, c.S == 1 ? dv : dk), tol) << what;
       EXPECT_LT(rel_diff(gdv, dv), tol) << what;
       // Rerun: the same bits (every output row has one writer).
       Tensor gdq2 = Tensor::empty(q.shape(), DType::F32, Device::cuda()),
@@ -402,10 +407,12 @@ TEST(CudaKernels, CpuOnlyOpsRefuseAGpuTensorByName) {
     }
     return std::string("no error");
   };
-  const Tensor x = gpu(host_random({4, 1, 8}, 1));
-  EXPECT_NE(message([&] { count_zeros(x); }).find("count_zeros runs on the CPU only"), std::string::npos);
-  Tensor o = gpu(host_random({4, 1, 1, 8}, 2)), lse = gpu(host_random({1, 1, 4}, 3));
-  EXPECT_NE(message([&] { attention_merge(o, lse, o, lse); }).find("attention_merge"), std::string::npos);
+  // FP8's emulation is the CPU's alone (--fp8-format is refused with --device cuda before any work).
+  const Tensor x = gpu(host_random({4, 8}, 1));
+  EXPECT_NE(message([&] { fp8_amax(x); }).find("runs on the CPU only"), std::string::npos);
+  Tensor y = Tensor::empty({4, 8}, DType::F32, Device::cuda());
+  EXPECT_NE(message([&] { fp8_quantize_tensorwise(x, Fp8Format::E4M3, 1.0f, y); }).find("runs on the CPU only"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -242,13 +242,14 @@ TEST(CudaTrain, ACheckpointSavedOnTheGpuResumesBitwise) {
 // cuda, instead of a run on the CPU.
 TEST(CudaTrain, UnsupportedSettingsAreRefusedOnTheGpuAndAutoDoesNotFallBack) {
   MOE_REQUIRE_GPU();
-  std::vector<std::string> a = dense_args("cuda", false);
-  a.insert(a.end(), {"--context-parallel-size", "2"});
-  const std::string e = testing::error_of([&] { train::parse_train_config(a); });
-  EXPECT_TRUE(testing::contains(e, "--context-parallel-size")) << e;
+  // FP8's recipes are emulated on the CPU alone (train/config/device_support.cpp).
+  train::TrainConfig g = train::parse_train_config(dense_args("cuda", false));
+  g.fp8_format = "e4m3";
+  const std::string e = testing::error_of([&] { train::training_device(g); });
+  EXPECT_TRUE(testing::contains(e, "--fp8-format")) << e;
   train::TrainConfig c = train::parse_train_config(dense_args("auto", false));
   EXPECT_TRUE(train::training_device(c).is_cuda());
-  c.context_parallel_size = 2;
+  c.fp8_format = "e4m3";
   const std::string ea = testing::error_of([&] { train::training_device(c); });
   EXPECT_TRUE(testing::contains(ea, "--device auto")) << ea;
   EXPECT_TRUE(testing::contains(ea, "does not fall back to the CPU")) << ea;

@@ -269,7 +269,9 @@ def make_data(work):
     """The dataset and GPT-2 vocabulary files, where Megatron's CI keeps them."""
     base = os.path.join(work, "data/text/common_pile/v01_filtered_data")
     os.makedirs(os.path.join(base, "bpe"))
-    subprocess.run([MOECORE, "corpus", "fortunes", "--output", os.path.join(work, "all.jsonl")], check=True,
+    # FORTUNES_DIR: the fortunes where Debian's package is not installed (a GPU machine's pack, scripts/gpu-pack.sh).
+    source = ["--source-dir", os.environ["FORTUNES_DIR"]] if os.environ.get("FORTUNES_DIR") else []
+    subprocess.run([MOECORE, "corpus", "fortunes", "--output", os.path.join(work, "all.jsonl")] + source, check=True,
                    stdout=subprocess.DEVNULL)
     with open(os.path.join(work, "all.jsonl")) as f, open(os.path.join(work, "docs.jsonl"), "w") as g:
         g.writelines(f.readlines()[:3000])  # the vocabulary from a part; the dataset all (--split 99990,8,2)
