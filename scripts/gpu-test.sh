@@ -191,6 +191,17 @@ run_bench train_qwen3moe bench train --device cuda --iters 3 $NODROP --num-layer
   --num-attention-heads 32 --num-query-groups 4 --kv-channels 128 --qk-layernorm --num-experts 64 \
   --moe-router-topk 8 --moe-ffn-hidden-size 768 --moe-aux-loss-coeff 1e-3 --untie-embeddings-and-output-weights \
   --vocab-size 32768 --seq-length 4096 --micro-batch-size 1 --global-batch-size 4 --rotary-base 1000000
+# The same step's memory plan beside the allocator's peak with selective recompute, and with activation offloading.
+QWEN3MOE="--num-layers 8 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 4 --kv-channels 128
+  --qk-layernorm --num-experts 64 --moe-router-topk 8 --moe-ffn-hidden-size 768 --moe-aux-loss-coeff 1e-3
+  --untie-embeddings-and-output-weights --vocab-size 32768 --seq-length 4096 --micro-batch-size 1
+  --global-batch-size 4 --rotary-base 1000000"
+# shellcheck disable=SC2086
+run_bench train_qwen3moe_recompute bench train --device cuda --iters 2 $NODROP $QWEN3MOE --recompute-granularity \
+  selective --recompute-modules core_attn moe_act layernorm
+# shellcheck disable=SC2086
+run_bench train_qwen3moe_offload bench train --device cuda --iters 2 $NODROP $QWEN3MOE \
+  --fine-grained-activation-offloading --offload-modules attn_norm core_attn attn_proj mlp_norm expert_fc1 moe_act
 # bench train --device cuda prints its host synchronisations' call sites as BINARY+0xOFFSET frames: name them where
 # the binary still has its symbols (a --prebuilt pack is stripped: run scripts/symbolize-sync-sites.sh on the build
 # machine instead).
