@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The house rules a machine can check, run by CTest (style_check): every C++ file under src/ and tests/ is
-# clang-format clean with the repo's .clang-format, no line is over 120 columns, and no source file is over 600
-# lines. Prints each offending file with what to run; exits 1 if any.
+# The house rules a machine can check, run by CTest (style_check): every C++ and CUDA file under src/ and tests/
+# (.cpp, .h, .cu, .cuh, .inc) is clang-format clean with the repo's .clang-format, no line is over 120 columns, and
+# no source file is over 600 lines. Prints each offending file with what to run; exits 1 if any.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CLANG_FORMAT=${CLANG_FORMAT:-clang-format}
-mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'tests/*.cpp' 'tests/*.h' 2>/dev/null ||
-                     find src tests -name '*.cpp' -o -name '*.h')
+exts=(cpp h cu cuh inc)
+mapfile -t files < <(git ls-files "${exts[@]/#/src/*.}" "${exts[@]/#/tests/*.}" 2>/dev/null ||
+                     find src tests \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' \))
 bad=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || continue
@@ -27,6 +28,6 @@ for f in "${files[@]}"; do
   fi
 done
 if [ "$bad" -eq 0 ]; then
-  echo "style: ${#files[@]} C++ files clang-format clean, within 120 columns and 600 lines"
+  echo "style: ${#files[@]} C++ and CUDA files clang-format clean, within 120 columns and 600 lines"
 fi
 exit "$bad"
