@@ -127,15 +127,18 @@ inline void mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b
   s.b[l][1] = b1;
   emu::sync_warp();
   const int g = l >> 2, c = l & 3;
+  // This lane's rows of A (g, g + 8) and columns of B (2c, 2c + 1), each element decoded once; every output sums
+  // its 16 products in k order.
+  float av[2][16], bv[2][16];
+  for (int h = 0; h < 2; h++)
+    for (int k = 0; k < 16; k++) {
+      av[h][k] = emu::bf(s.a[4 * g + (k % 8) / 2][h + 2 * (k >= 8)], k % 2);
+      bv[h][k] = emu::bf(s.b[4 * (2 * c + h) + (k % 8) / 2][k >= 8], k % 2);
+    }
   float out[4];
   for (int e = 0; e < 4; e++) {
-    const int row = g + 8 * (e >> 1), col = 2 * c + (e & 1);
     float sum = 0;
-    for (int k = 0; k < 16; k++) {
-      const float av = emu::bf(s.a[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
-      const float bv = emu::bf(s.b[4 * col + (k % 8) / 2][k >= 8], k % 2);
-      sum += av * bv;
-    }
+    for (int k = 0; k < 16; k++) sum += av[e >> 1][k] * bv[e & 1][k];
     out[e] = acc[e] + sum;
   }
   emu::sync_warp();
