@@ -3,11 +3,11 @@
 // primitive's exchange) or the end of the kernel, then hands over to the next fiber that can run. Not a general
 // scheduler: one block at a time, no preemption, and a barrier that can never complete aborts with a message instead of
 // hanging. Kernels without data races give the same results under any interleaving, so the order fibers run in is
-// free; it is fixed here (lowest index after the current one), which keeps every run identical.
+// free; it is fixed here (the next index after the current one, wrapping), which keeps every run identical.
 // Stacks are mmap'd once (with a guard page below each) and reused by every block of every launch. The switch is a
-// few instructions of assembly on x86-64 (swapcontext would make a system call per switch for the signal mask) and
-// ucontext elsewhere. Under AddressSanitizer each switch is announced with __sanitizer_start/finish_switch_fiber, so
-// ASan knows which stack is live.
+// few instructions of assembly on x86-64 (swapcontext makes a system call per switch for the signal mask, and ASan's
+// interceptor clears the whole new stack's shadow) and ucontext elsewhere. Under AddressSanitizer each switch is
+// announced with __sanitizer_start/finish_switch_fiber, so ASan knows which stack is live.
 #pragma once
 
 #include <cuda_runtime.h>
