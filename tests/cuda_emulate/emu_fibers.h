@@ -15,8 +15,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EMU_FIBERS_ASAN 1
@@ -101,8 +102,9 @@ struct Fiber {
 };
 
 struct State {
-  // Grows to the largest block seen and never shrinks; a deque, because suspended fibers hold references into it.
-  std::deque<Fiber> fibers;
+  // Grows to the largest block seen and never shrinks; each Fiber stays where it is, because suspended fibers hold
+  // references to their own.
+  std::vector<std::unique_ptr<Fiber>> fibers;
   unsigned count = 0;  // fibers in the current block
   int current = -1;    // index of the running fiber, -1 for the launching thread
   Context main;
@@ -149,25 +151,25 @@ inline void yield() {
   unsigned next = from;
   for (unsigned k = 1; k <= s.count; k++) {
     const unsigned i = (from + k) % s.count;
-    if (runnable(s.fibers[i])) {
+    if (runnable(*s.fibers[i])) {
       next = i;
       break;
     }
   }
-  Fiber& f = s.fibers[from];
+  Fiber& f = *s.fibers[from];
   if (next == from && !runnable(f)) {
     for (unsigned i = 0; i < s.count; i++)
-      if (!s.fibers[i].done)
+      if (!s.fibers[i]->done)
         fail("a barrier no fiber can complete (a thread skipped __syncthreads or a warp primitive)");
     s.current = -1;
     switch_context(f.ctx, s.main, s.main_stack, s.main_stack_size);
   } else if (next != from) {
-    Fiber& n = s.fibers[next];
+    Fiber& n = *s.fibers[next];
     s.current = static_cast<int>(next);
     tid = n.tid;
     switch_context(f.ctx, n.ctx, n.stack, kStackBytes);
   }
-  tid = s.fibers[static_cast<unsigned>(s.current)].tid;
+  tid = s.fibers[static_cast<unsigned>(s.current)]->tid;
 }
 
 inline void wait(Barrier& b) {
@@ -177,7 +179,7 @@ inline void wait(Barrier& b) {
     b.gen++;
     return;
   }
-  Fiber& f = state.fibers[static_cast<unsigned>(state.current)];
+  Fiber& f = *state.fibers[static_cast<unsigned>(state.current)];
   f.waiting = &b;
   f.waiting_gen = gen;
   while (f.waiting->gen == gen) yield();
@@ -198,7 +200,7 @@ inline void wait(Barrier& b) {
 #endif
   for (;;) {
     (*state.body)();
-    state.fibers[static_cast<unsigned>(state.current)].done = true;
+    state.fibers[static_cast<unsigned>(state.current)]->done = true;
     yield();
   }
 }
@@ -244,23 +246,23 @@ inline void run_block(unsigned n, uint3 block, const std::function<void()>& body
   if (s.current != -1) fail("a launch from inside a kernel");
   if (n == 0) return;
   while (s.fibers.size() < n) {
-    s.fibers.emplace_back();
-    make_fiber(s.fibers.back());
+    s.fibers.push_back(std::make_unique<Fiber>());
+    make_fiber(*s.fibers.back());
   }
   s.count = n;
   s.body = &body;
   for (unsigned t = 0; t < n; t++) {
-    Fiber& f = s.fibers[t];
+    Fiber& f = *s.fibers[t];
     f.tid = uint3{t, 0, 0};
     f.waiting = nullptr;
     f.done = false;
   }
   bid = block;
-  tid = s.fibers[0].tid;
+  tid = s.fibers[0]->tid;
   s.current = 0;
-  switch_context(s.main, s.fibers[0].ctx, s.fibers[0].stack, kStackBytes);
+  switch_context(s.main, s.fibers[0]->ctx, s.fibers[0]->stack, kStackBytes);
   for (unsigned t = 0; t < n; t++)
-    if (!s.fibers[t].done) fail("the launching thread resumed before the block finished");
+    if (!s.fibers[t]->done) fail("the launching thread resumed before the block finished");
 }
 }  // namespace fibers
 }  // namespace emu
