@@ -1,8 +1,8 @@
 // Host emulation of the tensor-core attention kernels (src/moecore/kernels/cuda/attention_tc_*.cuh), for machines
-// without a GPU: every CUDA thread of a block is a std::thread, __syncthreads a block barrier, and the warp-level
-// primitives (ldmatrix, mma.sync m16n8k16, shfl) exchange their operands through per-warp slots and compute what the
-// PTX ISA specifies for each lane. The kernels' own source is compiled unchanged (MOE_TC_EMULATE only swaps the
-// four inline-asm/shared-memory primitives), and their results are compared with a naive bf16-rounded reference,
+// without a GPU: every CUDA thread of a block is a fiber (emu_fibers.h), __syncthreads a block barrier, and the
+// warp-level primitives (ldmatrix, mma.sync m16n8k16, shfl) exchange their operands through per-warp slots and compute
+// what the PTX ISA specifies for each lane. The kernels' own source is compiled unchanged (MOE_TC_EMULATE only swaps
+// the four inline-asm/shared-memory primitives), and their results are compared with a naive bf16-rounded reference,
 // with attention dropout too (the reference draws Z from dropout_philox.h, whose masks tests/kernels/test_dropout.cpp
 // and cuda_kernels_emulate.cpp hold to the CPU kernels' golden masks).
 // It checks indexing, masking, tiling, the online softmax and the fragment bookkeeping; not timing, not the real
@@ -12,15 +12,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <vector>
+
+#include "emu_fibers.h"
 
 #define MOE_TC_EMULATE 1
 #ifndef __launch_bounds__
@@ -29,9 +29,8 @@
 
 namespace emu {
 constexpr int kBlock = 128, kWarps = kBlock / 32;
-thread_local uint3 tid, bid;
-std::barrier<>* block_bar = nullptr;
-std::barrier<>* warp_bar[kWarps];
+fibers::Barrier block_bar;
+fibers::Barrier warp_bar[kWarps];
 unsigned char* smem = nullptr;
 size_t smem_size = 0;
 struct Slots {
@@ -48,7 +47,7 @@ int warp() {
   return tid.x >> 5;
 }
 void sync_warp() {
-  warp_bar[warp()]->arrive_and_wait();
+  fibers::wait(warp_bar[warp()]);
 }
 void fail(const char* what) {
   std::fprintf(stderr, "emulation check failed: %s\n", what);
@@ -76,7 +75,7 @@ void check_row(const void* p) {  // an ldmatrix row: 16 bytes, 16-byte aligned, 
 #define threadIdx (emu::tid)
 #define blockIdx (emu::bid)
 inline void __syncthreads() {
-  emu::block_bar->arrive_and_wait();
+  emu::fibers::wait(emu::block_bar);
 }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   emu::Slots& s = emu::slots[emu::warp()];
@@ -128,15 +127,18 @@ inline void mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b
   s.b[l][1] = b1;
   emu::sync_warp();
   const int g = l >> 2, c = l & 3;
+  // This lane's rows of A (g, g + 8) and columns of B (2c, 2c + 1), each element decoded once; every output sums
+  // its 16 products in k order.
+  float av[2][16], bv[2][16];
+  for (int h = 0; h < 2; h++)
+    for (int k = 0; k < 16; k++) {
+      av[h][k] = emu::bf(s.a[4 * g + (k % 8) / 2][h + 2 * (k >= 8)], k % 2);
+      bv[h][k] = emu::bf(s.b[4 * (2 * c + h) + (k % 8) / 2][k >= 8], k % 2);
+    }
   float out[4];
   for (int e = 0; e < 4; e++) {
-    const int row = g + 8 * (e >> 1), col = 2 * c + (e & 1);
     float sum = 0;
-    for (int k = 0; k < 16; k++) {
-      const float av = emu::bf(s.a[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
-      const float bv = emu::bf(s.b[4 * col + (k % 8) / 2][k >= 8], k % 2);
-      sum += av * bv;
-    }
+    for (int k = 0; k < 16; k++) sum += av[e >> 1][k] * bv[e & 1][k];
     out[e] = acc[e] + sum;
   }
   emu::sync_warp();
@@ -160,21 +162,9 @@ void launch(dim3 grid, size_t smem_bytes, const std::function<void()>& kernel) {
       std::memset(base, 0xff, smem_bytes);
       emu::smem = base;
       emu::smem_size = smem_bytes;
-      std::barrier<> block(emu::kBlock);
-      std::vector<std::unique_ptr<std::barrier<>>> warps;
-      for (int w = 0; w < emu::kWarps; w++) {
-        warps.push_back(std::make_unique<std::barrier<>>(32));
-        emu::warp_bar[w] = warps.back().get();
-      }
-      emu::block_bar = &block;
-      std::vector<std::thread> ts;
-      for (unsigned t = 0; t < emu::kBlock; t++)
-        ts.emplace_back([&, t] {
-          emu::tid = uint3{t, 0, 0};
-          emu::bid = uint3{bx, by, 0};
-          kernel();
-        });
-      for (auto& t : ts) t.join();
+      emu::block_bar = emu::fibers::Barrier{emu::kBlock};
+      for (auto& w : emu::warp_bar) w = emu::fibers::Barrier{32};
+      emu::fibers::run_block(emu::kBlock, uint3{bx, by, 0}, kernel);
     }
 }
 

@@ -1,7 +1,7 @@
 // Host emulation of the CUDA kernels that have no tensor cores (col_reduce.cu, norm_bias.cu, elementwise.cu,
 // embedding_bwd.cu, dropout.cu, attention.cu's warp-per-row attention and its blocks at global positions,
 // attention_merge.cu), for machines without a GPU: blocks run one at a
-// time, each CUDA thread a std::thread, __syncthreads a block barrier, __shfl_xor_sync an exchange through per-warp
+// time, each CUDA thread a fiber, __syncthreads a block barrier, __shfl_xor_sync an exchange through per-warp
 // slots, __shared__ a static (one block at a time). The kernels' own source is compiled after cuda_kernels_emulate.py
 // rewrites their launches; results are checked against f64 host references (1e-5), the embedding backward bitwise
 // against the CPU kernel's order; dropout's masks bitwise against the CPU kernels' golden masks

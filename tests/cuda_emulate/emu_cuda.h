@@ -1,14 +1,14 @@
 // The emulation of the CUDA primitives the host-emulation harnesses compile kernels against (see
-// cuda_kernels_emulate.cpp): blocks run one at a time, each CUDA thread a std::thread, __syncthreads a block barrier,
-// __shfl_xor_sync an exchange through per-warp slots, __shared__ a static (one block at a time), the _rn arithmetic
-// intrinsics the plain host operations (the host build has no fused multiply-add). Included once, first.
+// cuda_kernels_emulate.cpp): blocks run one at a time, each CUDA thread a fiber (emu_fibers.h), __syncthreads a block
+// barrier, __shfl_xor_sync an exchange through per-warp slots between two warp barriers, __shared__ a static (one block
+// at a time), the _rn arithmetic intrinsics the plain host operations (the host build has no fused multiply-add).
+// Included once, first.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,8 +16,9 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <thread>
 #include <vector>
+
+#include "emu_fibers.h"
 
 namespace emu {
 // n floats uniform in [lo, hi) from seed: the harnesses' test inputs.
@@ -28,10 +29,9 @@ inline std::vector<float> rnd(size_t n, unsigned seed, float lo = -1, float hi =
   for (auto& x : v) x = u(g);
   return v;
 }
-thread_local uint3 tid, bid;
 dim3 bdim, gdim;
-std::barrier<>* block_bar = nullptr;
-std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+fibers::Barrier block_bar;
+std::vector<fibers::Barrier> warp_bars;
 std::vector<std::vector<float>> slots;
 void launch(dim3 grid, dim3 block, const std::function<void()>& k) {
   bdim = block;
@@ -39,19 +39,10 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& k) {
   const unsigned nt = block.x;
   for (unsigned by = 0; by < grid.y; by++)
     for (unsigned bx = 0; bx < grid.x; bx++) {
-      std::barrier<> bar(nt);
-      block_bar = &bar;
-      warp_bars.clear();
+      block_bar = fibers::Barrier{nt};
+      warp_bars.assign(nt / 32, fibers::Barrier{32});
       slots.assign(nt / 32, std::vector<float>(32));
-      for (unsigned w = 0; w < nt / 32; w++) warp_bars.push_back(std::make_unique<std::barrier<>>(32));
-      std::vector<std::thread> ts;
-      for (unsigned t = 0; t < nt; t++)
-        ts.emplace_back([&, t] {
-          tid = uint3{t, 0, 0};
-          bid = uint3{bx, by, 0};
-          k();
-        });
-      for (auto& t : ts) t.join();
+      fibers::run_block(nt, uint3{bx, by, 0}, k);
     }
 }
 }  // namespace emu
@@ -64,14 +55,14 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& k) {
 #define __forceinline__ inline
 #define __shared__ static
 inline void __syncthreads() {
-  emu::block_bar->arrive_and_wait();
+  emu::fibers::wait(emu::block_bar);
 }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int w = emu::tid.x / 32, l = emu::tid.x % 32;
   emu::slots[w][l] = v;
-  emu::warp_bars[w]->arrive_and_wait();
+  emu::fibers::wait(emu::warp_bars[w]);
   const float r = emu::slots[w][l ^ m];
-  emu::warp_bars[w]->arrive_and_wait();
+  emu::fibers::wait(emu::warp_bars[w]);
   return r;
 }
 template <typename T>

@@ -57,7 +57,7 @@ double host_squares(const std::vector<std::vector<std::vector<float>>>& parts,
 }
 
 // The device's Σ: every part in batches of at most 3 tensors (kMultiTensors in kernels/cuda's launcher; fewer here,
-// so the emulation's thread per CUDA thread stays cheap while the parts still span launches).
+// so the emulation stays cheap while the parts still span launches).
 void device_squares(const std::vector<std::vector<std::vector<float>>>& parts,
                     const std::vector<std::vector<double>>& w, double* clip) {
   std::vector<double> partials(kMultiTensors * kSquaresBlocks);
