@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moecore/core/allocator.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/cpu/gemm_context.h"
 #include "moecore/kernels/cpu/kernels.h"
@@ -91,6 +92,27 @@ Entry make_entry(Ctx& c, const Key& k) {
   e.c = dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE);
   c.stats.primitives_created++;
   return e;
+}
+
+bool cap_onednn_isa() {
+  using dnnl::cpu_isa;
+  switch (max_cpu_isa()) {
+    case CpuIsa::Sse41:
+      dnnl::set_max_cpu_isa(cpu_isa::sse41);
+      return true;
+    case CpuIsa::Avx2:
+      dnnl::set_max_cpu_isa(cpu_isa::avx2);
+      return true;
+    case CpuIsa::Avx512:
+      dnnl::set_max_cpu_isa(cpu_isa::avx512_core);
+      return true;
+    case CpuIsa::Avx512Bf16:
+      dnnl::set_max_cpu_isa(cpu_isa::avx512_core_bf16);
+      return true;
+    case CpuIsa::Amx:
+      break;  // no cap: oneDNN's own default (and its ONEDNN_MAX_CPU_ISA) holds
+  }
+  return false;
 }
 
 // CPUs without AVX-512 have no bf16 matmul in oneDNN: find out once, then widen bf16 operands to f32 there.

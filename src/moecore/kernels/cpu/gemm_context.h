@@ -71,7 +71,12 @@ class Scratchpad {
   size_t bytes_ = 0;
 };
 
+// Caps oneDNN's instruction set at max_cpu_isa() (core/cpu.h); oneDNN takes a cap only before its first primitive,
+// so it is Ctx's first member.
+bool cap_onednn_isa();
+
 struct Ctx {
+  bool isa_capped = cap_onednn_isa();
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   std::mutex mu;
