@@ -84,6 +84,10 @@ struct Ctx {
   std::vector<dnnl::memory::desc> layouts;  // the blocked weight layouts met (PackedWeight::layout indexes it)
   std::vector<Packer> packers;
   Scratchpad scratch;
+  // Where this CPU has no bf16 matmul: the widened f32 operand blocks of bf16 products (gemm_widened), a buffer of
+  // its own (those products call oneDNN, whose scratchpad is the one above), used under widened_mu.
+  Scratchpad widened;
+  std::mutex widened_mu;
   GemmStats stats;
   Ctx();
 };
