@@ -3,8 +3,41 @@
 
 #include <omp.h>
 
+#include <cstdlib>
+#include <string>
+
+#include "moecore/core/error.h"
+
 namespace moecore {
 int num_threads() {
   return omp_get_max_threads();
+}
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Sse41:
+      return "sse41";
+    case CpuIsa::Avx2:
+      return "avx2";
+    case CpuIsa::Avx512:
+      return "avx512";
+    case CpuIsa::Avx512Bf16:
+      return "avx512bf16";
+    case CpuIsa::Amx:
+      return "amx";
+  }
+  return "?";
+}
+
+CpuIsa max_cpu_isa() {
+  static const CpuIsa cap = [] {
+    const char* env = std::getenv("MOECORE_MAX_CPU_ISA");
+    if (env == nullptr || *env == '\0') return CpuIsa::Amx;
+    for (CpuIsa isa : {CpuIsa::Sse41, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx})
+      if (std::string(env) == cpu_isa_name(isa)) return isa;
+    MOE_CHECK(false, "MOECORE_MAX_CPU_ISA='{}' is not sse41, avx2, avx512, avx512bf16 or amx", env);
+    return CpuIsa::Amx;
+  }();
+  return cap;
 }
 }  // namespace moecore

@@ -18,4 +18,20 @@
 namespace moecore {
 // Threads an OpenMP region may use.
 int num_threads();
+
+// Instruction-set levels, in order; each path moecore chooses at run time asks for one.
+enum class CpuIsa { Sse41, Avx2, Avx512, Avx512Bf16, Amx };
+const char* cpu_isa_name(CpuIsa isa);
+
+// The highest level moecore's CPU paths may use: every level, or up to the one MOECORE_MAX_CPU_ISA names (sse41,
+// avx2, avx512, avx512bf16, amx). It is a test selector: it runs a CPU with more as one with less (CI runs the
+// memory-plan and bf16 tests as on an AVX2-only CPU, where bf16 GEMMs widen to f32 and attention has no native bf16
+// kernel). It caps oneDNN (dnnl::set_max_cpu_isa, before its first primitive), the native bf16 attention (AMX,
+// AVX512-BF16) and moecore's explicit AVX-512 forms (Philox lanes, attention block products). Not the target clones:
+// the loader resolves those from CPUID before any moecore code runs; they change the rounding of vectorized sums,
+// never which kernel, buffer or allocation a step takes.
+CpuIsa max_cpu_isa();
+inline bool cpu_isa_allowed(CpuIsa isa) {
+  return isa <= max_cpu_isa();
+}
 }  // namespace moecore

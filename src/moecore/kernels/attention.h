@@ -109,8 +109,8 @@ constexpr int64_t kMaxBf16AttentionSeq = 8192;
 // picks it. `heads`: query heads on this rank; D: the head width the kernel sees.
 int64_t attention_backward_bf16_onednn_bytes(int64_t S, int64_t B, int64_t heads, int64_t D);
 // The backward temporaries of the bf16 kernel bf16_attention_kernel() picks on this CPU (OneDnn: the above;
-// FlashNative: its packed bf16 operands, Δ and dQ accumulator; Flash: per-thread tiles only, 0). `kv_heads`: key/value
-// heads on this rank.
+// FlashNative: its packed bf16 operands, Δ and dQ accumulator; Flash: Δ, Kᵀ and Vᵀ, its f32 copies of q̂, k and dout
+// and the per-thread tiles). `kv_heads`: key/value heads on this rank.
 int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64_t kv_heads, int64_t D);
 
 // Blocks of attention at global positions, for context parallelism (nn/context_attention*.cpp; on the CPU

@@ -75,16 +75,14 @@ std::vector<double> paired_peak_ratios(const std::vector<double>& rates, const s
 // GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device = Device::cpu());
 
-// The f32 blocks a bf16 product C[M, N] = A[M, K]·B[K, N] holds while it runs on a CPU without bf16 matmul (its
-// operands widened block by block); 0 where oneDNN multiplies bf16 natively.
-int64_t gemm_widened_bytes(int64_t M, int64_t N, int64_t K);
-
 struct GemmStats {
   int64_t calls = 0;
   int64_t primitives_created = 0;
   double flops = 0, seconds = 0;  // oneDNN calls only: 2·M·N·K summed, and their wall time
   bool bf16_native = true;        // false when this CPU has no bf16 matmul and operands are widened to f32
-  int64_t scratchpad_bytes = 0;   // the scratchpad buffer all primitives share (outside the tensor allocator)
+  // The scratchpad buffer all primitives share and, where bf16 is widened, the f32 blocks of the widened products
+  // (both outside the tensor allocator).
+  int64_t scratchpad_bytes = 0;
 };
 GemmStats gemm_stats();
 

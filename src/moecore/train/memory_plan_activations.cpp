@@ -8,7 +8,6 @@
 #include <algorithm>
 
 #include "moecore/kernels/attention.h"
-#include "moecore/kernels/gemm.h"
 #include "moecore/moe/moe_layer.h"
 #include "moecore/nn/attention.h"
 #include "moecore/nn/gpt_model.h"
@@ -180,14 +179,6 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
         b += static_cast<double>(c.mtp_num_layers) *
              static_cast<double>(nn::mtp_depth_stash_bytes(
                  m.hidden, padded_vocab, m.norm, d, rc, static_cast<int64_t>(layer_bytes(m, l, c.num_layers - 1, d))));
-      }
-      // The output layer's backward under --bf16: its logits gradient overwrites the bf16 logits; where this CPU
-      // has no bf16 matmul, its two GEMMs (input gradient [T, H] = dlogits·W, weight gradient [V/TP, H] =
-      // dlogitsᵀ·x) widen their operands into f32 blocks.
-      if (d.bf16 && !d.gpu) {
-        const int64_t T = d.rows(), V = padded_vocab / d.tp;
-        a.working = std::max(a.working, static_cast<double>(std::max(kernels::gemm_widened_bytes(T, m.hidden, V),
-                                                                     kernels::gemm_widened_bytes(V, m.hidden, T))));
       }
     }
     a.chunk_bytes.push_back(b);

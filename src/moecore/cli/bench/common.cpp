@@ -51,6 +51,8 @@ Machine this_machine() {
     m.isa = "AVX2";
   else if (!flags.empty())
     m.isa = "SSE";
+  if (max_cpu_isa() != CpuIsa::Amx)
+    m.isa += fmt::format(" (capped at {} by MOECORE_MAX_CPU_ISA)", cpu_isa_name(max_cpu_isa()));
   return m;
 }
 

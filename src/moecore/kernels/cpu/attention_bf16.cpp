@@ -284,7 +284,7 @@ int64_t attention_backward_bf16_bytes(int64_t S, int64_t B, int64_t heads, int64
     case Bf16AttentionKernel::OneDnn:
       return attention_backward_bf16_onednn_bytes(S, B, heads, D);
     case Bf16AttentionKernel::Flash:
-      break;
+      return flash::backward_bytes(S, B, heads, kv_heads, D, /*round_bf16=*/true);
   }
   return 0;
 }

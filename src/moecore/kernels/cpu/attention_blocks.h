@@ -176,7 +176,8 @@ __attribute__((noinline, target("avx2,fma,avx512f,avx512vl,avx512bw,avx512dq")))
 
 inline bool block_gemm_has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          cpu_isa_allowed(CpuIsa::Avx512);
   return yes;
 }
 

@@ -26,6 +26,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/attention_blocks.h"
 #include "moecore/kernels/cpu/vec_math.h"
@@ -383,6 +384,16 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     return;
   }
   MOE_DISPATCH_FLOAT(q.dtype(), T, { backward_t<T, false>(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout); });
+}
+
+int64_t backward_bytes(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D, bool round_bf16) {
+  AttentionDims d{};
+  d.S = S, d.B = B, d.Nq = Nq, d.Nkv = Nkv, d.D = D;
+  const auto f32 = [](int64_t n) { return static_cast<int64_t>(Allocator::round_size(static_cast<size_t>(n) * 4)); };
+  const int64_t q_pairs = B * Nq, kv_pairs = B * Nkv, scratch = (BackwardTiles<float>::size(D) + 15) / 16 * 16;
+  // backward_t's buffers: Δ, Kᵀ and Vᵀ, the per-thread tiles and, rounding to bf16, the packed q̂, k and dout.
+  const int64_t packed = round_bf16 ? 2 * f32(q_pairs * S * D) + f32(kv_pairs * S * D) : 0;
+  return f32(q_pairs * S) + 2 * f32(kv_pairs * D * padded_seq(d)) + f32(num_threads() * scratch) + packed;
 }
 
 }  // namespace moecore::kernels::flash

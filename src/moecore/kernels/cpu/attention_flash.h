@@ -13,6 +13,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Te
              const AttentionDropout* dropout, bool round_bf16);
 void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
               double scale, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout* dropout, bool round_bf16);
+// The bytes backward allocates besides its arguments (f32 tensors [S, B, Nq, D], keys and values Nkv heads): the
+// memory plan's share of the kernel on the bf16 path of CPUs without native bf16 (round_bf16).
+int64_t backward_bytes(int64_t S, int64_t B, int64_t Nq, int64_t Nkv, int64_t D, bool round_bf16);
 
 // The block kernel for context parallelism (attention_flash_block.cpp) with the bf16 rounding points on f32 block
 // products, whatever the CPU: what attention_block_forward/backward(round_bf16) run where the native kernel does not

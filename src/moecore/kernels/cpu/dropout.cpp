@@ -40,7 +40,8 @@ namespace {
 constexpr int kLanes = 16;  // Philox blocks computed together (64 multipliers)
 
 bool philox_avx512() {
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("bmi2");
+  static const bool avx512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("bmi2") && cpu_isa_allowed(CpuIsa::Avx512);
   return avx512;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moecore/core/allocator.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/cpu/gemm_context.h"
 #include "moecore/kernels/cpu/kernels.h"
@@ -91,6 +92,27 @@ Entry make_entry(Ctx& c, const Key& k) {
   e.c = dnnl::memory(c_md, c.eng, DNNL_MEMORY_NONE);
   c.stats.primitives_created++;
   return e;
+}
+
+bool cap_onednn_isa() {
+  using dnnl::cpu_isa;
+  switch (max_cpu_isa()) {
+    case CpuIsa::Sse41:
+      dnnl::set_max_cpu_isa(cpu_isa::sse41);
+      return true;
+    case CpuIsa::Avx2:
+      dnnl::set_max_cpu_isa(cpu_isa::avx2);
+      return true;
+    case CpuIsa::Avx512:
+      dnnl::set_max_cpu_isa(cpu_isa::avx512_core);
+      return true;
+    case CpuIsa::Avx512Bf16:
+      dnnl::set_max_cpu_isa(cpu_isa::avx512_core_bf16);
+      return true;
+    case CpuIsa::Amx:
+      break;  // no cap: oneDNN's own default (and its ONEDNN_MAX_CPU_ISA) holds
+  }
+  return false;
 }
 
 // CPUs without AVX-512 have no bf16 matmul in oneDNN: find out once, then widen bf16 operands to f32 there.
@@ -175,12 +197,11 @@ namespace {
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
                int64_t batch = 0);
 
-// Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the row-major bf16 matrix x [rows, cols], widened to f32.
-Tensor widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-  Tensor y = Tensor::empty({nr, nc}, DType::F32);
+// Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the row-major bf16 matrix x [rows, cols], widened to f32 into
+// dst [nr, nc].
+void widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) {
   const int64_t cols = x.cols();
   const auto* src = reinterpret_cast<const uint16_t*>(x.data<bf16>());
-  float* dst = y.data<float>();
 #pragma omp parallel for schedule(static) if (nr * nc >= (1 << 16))
   for (int64_t r = 0; r < nr; r++) {
     const uint16_t* s = src + (r0 + r) * cols + c0;
@@ -191,41 +212,53 @@ Tensor widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t 
       std::memcpy(d + j, &u, 4);
     }
   }
-  return y;
 }
 
 // A bf16 product on a CPU without bf16 matmul: the operands widened to f32 block by block, so a wide bf16 operand
 // (the output layer's [tokens, vocabulary] gradient) never has a whole f32 copy: K in the long-reduction chunks
 // (gemm_impl's own), M in blocks of about kWidenBlock f32 elements of A. Each element of C still receives the
-// K chunks in order.
+// K chunks in order; a bf16 C (beta 0) is the f32 product rounded after. The blocks (and a bf16 C's f32 product)
+// live in Ctx::widened, not in tensors: their sizes follow M and K, which for the experts' products follow the
+// routing, and per-call tensors would take new size classes from the system in any step.
 constexpr int64_t kWidenBlock = int64_t{1} << 22;
 void gemm_widened(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
                   int64_t M, int64_t N, int64_t K) {
   const Tensor A2 = A.reshape({A.rows(), A.cols()}), B2 = B.reshape({B.rows(), B.cols()});
-  Tensor C2 = C.reshape({M, N});
   const int64_t chunks = K >= kLongReduction ? (K + kReductionChunk - 1) / kReductionChunk : 1;
   const int64_t kc = (K + chunks - 1) / chunks, mb = std::clamp<int64_t>(kWidenBlock / kc, 1, M);
+  const bool round = C.dtype() == DType::BF16;
+  const auto f32 = [](int64_t n) { return (static_cast<size_t>(n) * 4 + 63) & ~size_t(63); };
+  Ctx& c = ctx();
+  std::lock_guard<std::mutex> lock(c.widened_mu);  // one workspace: widened products run one at a time
+  char* ws = static_cast<char*>(c.widened.get(f32(mb * kc) + f32(kc * N) + (round ? f32(M * N) : 0)));
+  float* a = reinterpret_cast<float*>(ws);
+  float* b = reinterpret_cast<float*>(ws + f32(mb * kc));
+  float* c32 = round ? reinterpret_cast<float*>(ws + f32(mb * kc) + f32(kc * N)) : C.data<float>();
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
     const int64_t n = std::min(kc, K - k0);
-    const Tensor b = trans_b ? widen_block(B2, 0, N, k0, n) : widen_block(B2, k0, n, 0, N);
+    if (trans_b)
+      widen_block(B2, 0, N, k0, n, b);
+    else
+      widen_block(B2, k0, n, 0, N, b);
     for (int64_t m0 = 0; m0 < M; m0 += mb) {
       const int64_t m = std::min(mb, M - m0);
-      const Tensor a = trans_a ? widen_block(A2, k0, n, m0, m) : widen_block(A2, m0, m, k0, n);
-      Tensor c = C2.slice(m0, m);
-      gemm_impl(a, trans_a, b, trans_b, c, alpha, k0 == 0 ? beta : 1.0f);
+      if (trans_a)
+        widen_block(A2, k0, n, m0, m, a);
+      else
+        widen_block(A2, m0, m, k0, n, a);
+      run(c, Key{0, m, N, n, 0, 0, trans_a, trans_b, DType::F32, bits(alpha), bits(k0 == 0 ? beta : 1.0f)}, a, b,
+          c32 + m0 * N, m, N, n);
     }
+  }
+  if (round) {
+    uint16_t* d = reinterpret_cast<uint16_t*>(C.data<bf16>());
+    const int64_t total = M * N;
+#pragma omp parallel for simd schedule(static) if (total > 65536)
+    for (int64_t i = 0; i < total; i++) d[i] = float_to_bf16(c32[i]).bits;
   }
 }
 
 }  // namespace
-
-int64_t gemm_widened_bytes(int64_t M, int64_t N, int64_t K) {
-  if (ctx().stats.bf16_native) return 0;
-  const int64_t chunks = K >= kLongReduction ? (K + kReductionChunk - 1) / kReductionChunk : 1;
-  const int64_t kc = (K + chunks - 1) / chunks, mb = std::clamp<int64_t>(kWidenBlock / kc, 1, M);
-  const auto f32 = [](int64_t n) { return static_cast<int64_t>(Allocator::round_size(static_cast<size_t>(n) * 4)); };
-  return f32(mb * kc) + f32(kc * N);
-}
 
 namespace {
 
@@ -261,6 +294,10 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     // A bf16 output (beta 0): oneDNN rounds as it writes, where it multiplies bf16 natively in one call; otherwise
     // (widened operands, chunked long reductions, batches) an f32 product rounded after, with the same rounding.
     MOE_ASSERT_MSG(A.dtype() == DType::BF16 && beta == 0.0f, "a bf16 gemm output takes bf16 operands and beta 0");
+    if (batch == 0 && !c.stats.bf16_native && M > 0 && N > 0 && K > 0) {
+      gemm_widened(A, trans_a, B, trans_b, C, alpha, beta, M, N, K);
+      return;
+    }
     if (batch == 0 && c.stats.bf16_native && K > 0 && K < kLongReduction) {
       if (M == 0 || N == 0) return;
       if (alpha == 1.0f && run_with_packed_b(c, A, trans_a, B, trans_b, C, beta, M, N, K)) return;
@@ -367,7 +404,7 @@ GemmStats gemm_stats() {
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
   GemmStats st = c.stats;
-  st.scratchpad_bytes = static_cast<int64_t>(c.scratch.capacity());
+  st.scratchpad_bytes = static_cast<int64_t>(c.scratch.capacity() + c.widened.capacity());
   return st;
 }
 

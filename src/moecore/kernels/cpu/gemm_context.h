@@ -71,7 +71,12 @@ class Scratchpad {
   size_t bytes_ = 0;
 };
 
+// Caps oneDNN's instruction set at max_cpu_isa() (core/cpu.h); oneDNN takes a cap only before its first primitive,
+// so it is Ctx's first member.
+bool cap_onednn_isa();
+
 struct Ctx {
+  bool isa_capped = cap_onednn_isa();
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   std::mutex mu;
@@ -79,6 +84,10 @@ struct Ctx {
   std::vector<dnnl::memory::desc> layouts;  // the blocked weight layouts met (PackedWeight::layout indexes it)
   std::vector<Packer> packers;
   Scratchpad scratch;
+  // Where this CPU has no bf16 matmul: the widened f32 operand blocks of bf16 products (gemm_widened), a buffer of
+  // its own (those products call oneDNN, whose scratchpad is the one above), used under widened_mu.
+  Scratchpad widened;
+  std::mutex widened_mu;
   GemmStats stats;
   Ctx();
 };

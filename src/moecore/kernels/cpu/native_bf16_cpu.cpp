@@ -1,6 +1,6 @@
 // Which native bf16 instructions this CPU runs for the flash attention kernel (attention_flash_native.h): CPUID and
 // the OS's saved state for AVX512-BF16, and for AMX also the kernel's permission to use tile data and a check of one
-// tile product against its emulation.
+// tile product against its emulation. Both stay within max_cpu_isa() (core/cpu.h).
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/amx_tiles.h"
 #include "moecore/kernels/cpu/attention_flash_native.h"
 
@@ -30,6 +31,7 @@ bool cpu_osxsave() {
 
 bool cpu_avx512_bf16() {
   unsigned a, b, c, d;
+  if (!cpu_isa_allowed(CpuIsa::Avx512Bf16)) return false;
   if (!cpu_osxsave() || (cpu_xcr0() & 0xE6) != 0xE6) return false;  // SSE, AVX, opmask and both ZMM halves saved
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   const bool f_bw_vl = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));
@@ -39,6 +41,7 @@ bool cpu_avx512_bf16() {
 
 bool cpu_amx() {
   unsigned a, b, c, d;
+  if (!cpu_isa_allowed(CpuIsa::Amx)) return false;
   if (!cpu_osxsave() || (cpu_xcr0() & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;  // AMX-BF16, AMX-TILE
