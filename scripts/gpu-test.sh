@@ -175,12 +175,11 @@ run_bench attention_d64 bench attention --device cuda --dtype bf16 --seq-length 
 grep -h -E "^moecore: attention|^attention_backends " "$OUT"/bench_attention_*.txt >"$OUT/attention_backends.txt" || true
 run_bench attention_f32 bench attention --device cuda --seq-length 4096 --num-attention-heads 16 \
   --num-query-groups 16 --kv-channels 128 --iters 2
-# The MoE layer at the Qwen3-30B-A3B and Mixtral shapes (torch_baselines.py measures PyTorch on the same shapes),
-# then again with each grouped GEMM implementation (one grouped launch per GEMM, the per-expert loop).
+# The MoE layer at the Qwen3-30B-A3B and Mixtral shapes (torch_baselines.py measures PyTorch on the same shapes).
 run_bench moe_qwen3 bench moe-layer --device cuda --dtype bf16 --tokens 16384 --hidden 2048 --ffn 768 --experts 128 \
-  --topk 8 --iters 5 --compare-grouped-gemm
+  --topk 8 --iters 5
 run_bench moe_mixtral bench moe-layer --device cuda --dtype bf16 --tokens 16384 --hidden 4096 --ffn 14336 \
-  --experts 8 --topk 2 --iters 3 --compare-grouped-gemm
+  --experts 8 --topk 2 --iters 3
 run_bench grouped_gemm bench grouped-gemm --device cuda
 # Training steps (dropout off: not on the GPU yet): a ~0.9B dense GPT, and the Qwen3-MoE-shaped model of
 # torch_baselines.py's HF step.

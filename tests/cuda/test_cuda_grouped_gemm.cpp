@@ -1,11 +1,8 @@
-// The grouped experts on the GPU, through both grouped GEMM implementations (one cublasGemmGroupedBatchedEx launch
-// per GEMM, and the per-expert cuBLASLt loop over streams), against the CPU GroupedExperts: forward output, input and
-// probability gradients, and both weight gradients (and, with Megatron's expert biases, both bias gradients), f32
-// (TF32 off) within 1e-5 and bf16 within 1e-2 relative to the reference's largest magnitude; row counts with empty
-// experts and counts that are not multiples of the 32-row alignment; bitwise reruns of each implementation; the two
-// implementations against each other; the kernel's bf16 outputs against the CPU kernel's; and that the grouped path
-// is one launch per GEMM where cuBLAS offers the types (every GEMM in f32; under bf16 the four forward and
-// data-gradient GEMMs, whose outputs are bf16).
+// The grouped experts on the GPU (one cuBLASLt matmul per expert over streams) against the CPU GroupedExperts:
+// forward output, input and probability gradients, and both weight gradients (and, with Megatron's expert biases,
+// both bias gradients), f32 (TF32 off) within 1e-5 and bf16 within 1e-2 relative to the reference's largest
+// magnitude; row counts with empty experts and counts that are not multiples of the 32-row alignment; bitwise reruns;
+// and the kernel's bf16 outputs against the CPU kernel's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,14 +11,12 @@
 
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
-#include "moecore/kernels/cuda/grouped_gemm.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/moe/grouped_experts.h"
 
 namespace moecore {
 namespace {
 
-using kernels::cuda::GroupedGemmImpl;
 using testing_cuda::bitwise_equal;
 using testing_cuda::gpu;
 using testing_cuda::host_random;
@@ -82,158 +77,80 @@ void expect_close(const Outputs& got, const Outputs& want, double tol) {
   }
 }
 
-const char* impl_name(GroupedGemmImpl impl) {
-  return kernels::cuda::grouped_gemm_impl_name(impl);
-}
-
-struct ImplGuard {  // restores the process-wide choice after a test
-  GroupedGemmImpl saved = kernels::cuda::grouped_gemm_impl();
-  ~ImplGuard() { kernels::cuda::set_grouped_gemm_impl(saved); }
-};
-
 const std::vector<int64_t> kCounts = {5, 0, 37, 64, 1, 0, 90, 32};  // empty experts, unaligned and aligned counts
 
-TEST(CudaGroupedGemm, ExpertsMatchTheCpuF32BothImplementations) {
+TEST(CudaGroupedGemm, ExpertsMatchTheCpuF32) {
   MOE_REQUIRE_GPU();
-  ImplGuard guard;
   kernels::cuda::set_allow_tf32(false);
   for (auto act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU}) {
+    SCOPED_TRACE(act == kernels::Activation::SwiGLU ? "SwiGLU" : "GeLU");
     const Outputs want = run_experts(Device::cpu(), false, kCounts, 48, 40, act);
-    for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-      SCOPED_TRACE(std::string(impl_name(impl)) + (act == kernels::Activation::SwiGLU ? ", SwiGLU" : ", GeLU"));
-      kernels::cuda::set_grouped_gemm_impl(impl);
-      expect_close(run_experts(Device::cuda(), false, kCounts, 48, 40, act), want, 1e-5);
-    }
+    expect_close(run_experts(Device::cuda(), false, kCounts, 48, 40, act), want, 1e-5);
   }
 }
 
-TEST(CudaGroupedGemm, ExpertsMatchTheCpuBf16BothImplementations) {
+TEST(CudaGroupedGemm, ExpertsMatchTheCpuBf16) {
   MOE_REQUIRE_GPU();
-  ImplGuard guard;
   const Outputs want = run_experts(Device::cpu(), true, kCounts, 64, 32, kernels::Activation::SwiGLU);
-  for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-    SCOPED_TRACE(impl_name(impl));
-    kernels::cuda::set_grouped_gemm_impl(impl);
-    expect_close(run_experts(Device::cuda(), true, kCounts, 64, 32, kernels::Activation::SwiGLU), want, 1e-2);
-  }
+  expect_close(run_experts(Device::cuda(), true, kCounts, 64, 32, kernels::Activation::SwiGLU), want, 1e-2);
 }
 
 // Megatron's expert biases: fc1's added to h, fc2's scaled by the probability; f32 and bf16.
 TEST(CudaGroupedGemm, ExpertsWithBiasesMatchTheCpu) {
   MOE_REQUIRE_GPU();
-  ImplGuard guard;
   kernels::cuda::set_allow_tf32(false);
   for (bool bf16 : {false, true})
     for (auto act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU}) {
+      SCOPED_TRACE(std::string(act == kernels::Activation::SwiGLU ? "SwiGLU" : "GeLU") + (bf16 ? ", bf16" : ", f32"));
       const Outputs want = run_experts(Device::cpu(), bf16, kCounts, 64, 40, act, true);
-      for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-        SCOPED_TRACE(std::string(impl_name(impl)) + (act == kernels::Activation::SwiGLU ? ", SwiGLU" : ", GeLU") +
-                     (bf16 ? ", bf16" : ", f32"));
-        kernels::cuda::set_grouped_gemm_impl(impl);
-        expect_close(run_experts(Device::cuda(), bf16, kCounts, 64, 40, act, true), want, bf16 ? 1e-2 : 1e-5);
-      }
+      expect_close(run_experts(Device::cuda(), bf16, kCounts, 64, 40, act, true), want, bf16 ? 1e-2 : 1e-5);
     }
 }
 
 TEST(CudaGroupedGemm, AllExpertsEmptyAndAllAligned) {
   MOE_REQUIRE_GPU();
-  ImplGuard guard;
-  for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-    SCOPED_TRACE(impl_name(impl));
-    kernels::cuda::set_grouped_gemm_impl(impl);
-    for (const std::vector<int64_t>& counts : {std::vector<int64_t>{0, 0, 0}, std::vector<int64_t>{32, 64, 0, 96}}) {
-      const Outputs want = run_experts(Device::cpu(), false, counts, 32, 24, kernels::Activation::SwiGLU);
-      expect_close(run_experts(Device::cuda(), false, counts, 32, 24, kernels::Activation::SwiGLU), want, 1e-5);
-    }
+  for (const std::vector<int64_t>& counts : {std::vector<int64_t>{0, 0, 0}, std::vector<int64_t>{32, 64, 0, 96}}) {
+    const Outputs want = run_experts(Device::cpu(), false, counts, 32, 24, kernels::Activation::SwiGLU);
+    expect_close(run_experts(Device::cuda(), false, counts, 32, 24, kernels::Activation::SwiGLU), want, 1e-5);
   }
 }
 
 TEST(CudaGroupedGemm, RerunsAreBitwise) {
   MOE_REQUIRE_GPU();
-  ImplGuard guard;
-  const std::vector<int64_t> counts = {300, 0, 17, 512, 129, 64, 3, 250};
-  for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop})
-    for (bool bf16 : {false, true}) {
-      const bool bias = bf16;  // the biases' kernels once, with bf16 rows
-      SCOPED_TRACE(std::string(impl_name(impl)) + (bf16 ? ", bf16, biases" : ", f32"));
-      kernels::cuda::set_grouped_gemm_impl(impl);
-      const Outputs a = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU, bias);
-      const Outputs b = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU, bias);
-      EXPECT_TRUE(bitwise_equal(gpu(a.y), gpu(b.y))) << "y differs on rerun";
-      EXPECT_TRUE(bitwise_equal(gpu(a.dx), gpu(b.dx))) << "dx differs on rerun";
-      EXPECT_TRUE(bitwise_equal(gpu(a.dprobs), gpu(b.dprobs))) << "dprobs differs on rerun";
-      EXPECT_TRUE(bitwise_equal(gpu(a.dw1), gpu(b.dw1))) << "dW1 differs on rerun";
-      EXPECT_TRUE(bitwise_equal(gpu(a.dw2), gpu(b.dw2))) << "dW2 differs on rerun";
-      if (bias) {
-        EXPECT_TRUE(bitwise_equal(gpu(a.db1), gpu(b.db1))) << "db1 differs on rerun";
-        EXPECT_TRUE(bitwise_equal(gpu(a.db2), gpu(b.db2))) << "db2 differs on rerun";
-      }
-    }
-}
-
-// The same experts through both implementations: within rounding of each other (different kernels), f32 and bf16.
-TEST(CudaGroupedGemm, GroupedAndLoopAgree) {
-  MOE_REQUIRE_GPU();
-  ImplGuard guard;
-  kernels::cuda::set_allow_tf32(false);
   const std::vector<int64_t> counts = {300, 0, 17, 512, 129, 64, 3, 250};
   for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "f32");
-    kernels::cuda::set_grouped_gemm_impl(GroupedGemmImpl::kGrouped);
-    const Outputs g = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU);
-    kernels::cuda::set_grouped_gemm_impl(GroupedGemmImpl::kLoop);
-    const Outputs l = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU);
-    const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> pairs[] = {{"y", {&g.y, &l.y}},
-                                                                                     {"dx", {&g.dx, &l.dx}},
-                                                                                     {"dprobs", {&g.dprobs, &l.dprobs}},
-                                                                                     {"dW1", {&g.dw1, &l.dw1}},
-                                                                                     {"dW2", {&g.dw2, &l.dw2}}};
-    for (const auto& [name, t] : pairs) {
-      const double r = rel_diff(gpu(*t.first), *t.second);
-      EXPECT_LE(r, bf16 ? 1e-2 : 1e-5) << name << ": grouped against loop, relative difference " << r;
+    const bool bias = bf16;  // the biases' kernels once, with bf16 rows
+    SCOPED_TRACE(bf16 ? "bf16, biases" : "f32");
+    const Outputs a = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU, bias);
+    const Outputs b = run_experts(Device::cuda(), bf16, counts, 256, 192, kernels::Activation::SwiGLU, bias);
+    EXPECT_TRUE(bitwise_equal(gpu(a.y), gpu(b.y))) << "y differs on rerun";
+    EXPECT_TRUE(bitwise_equal(gpu(a.dx), gpu(b.dx))) << "dx differs on rerun";
+    EXPECT_TRUE(bitwise_equal(gpu(a.dprobs), gpu(b.dprobs))) << "dprobs differs on rerun";
+    EXPECT_TRUE(bitwise_equal(gpu(a.dw1), gpu(b.dw1))) << "dW1 differs on rerun";
+    EXPECT_TRUE(bitwise_equal(gpu(a.dw2), gpu(b.dw2))) << "dW2 differs on rerun";
+    if (bias) {
+      EXPECT_TRUE(bitwise_equal(gpu(a.db1), gpu(b.db1))) << "db1 differs on rerun";
+      EXPECT_TRUE(bitwise_equal(gpu(a.db2), gpu(b.db2))) << "db2 differs on rerun";
     }
-  }
-}
-
-// One forward and backward of bias-free experts: f32 runs all six GEMMs as grouped launches; bf16 its four forward
-// and data-gradient GEMMs (bf16 outputs), the two weight gradients (bf16 operands accumulated into f32, which
-// cublasGemmGroupedBatchedEx does not offer) as the per-expert loop. None refused by cuBLAS.
-TEST(CudaGroupedGemm, GroupedPathIsOneLaunchPerGemm) {
-  MOE_REQUIRE_GPU();
-  ImplGuard guard;
-  kernels::cuda::set_grouped_gemm_impl(GroupedGemmImpl::kGrouped);
-  for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "f32");
-    const kernels::cuda::GroupedGemmCalls c0 = kernels::cuda::grouped_gemm_calls();
-    run_experts(Device::cuda(), bf16, kCounts, 64, 32, kernels::Activation::SwiGLU);
-    const kernels::cuda::GroupedGemmCalls c1 = kernels::cuda::grouped_gemm_calls();
-    EXPECT_EQ(c1.refused - c0.refused, 0) << "cuBLAS refused a grouped call it documents";
-    EXPECT_EQ(c1.grouped - c0.grouped, bf16 ? 4 : 6);
-    EXPECT_EQ(c1.loop - c0.loop, bf16 ? 2 : 0);
   }
 }
 
 // The kernel alone: bf16 operands with a bf16 output (the f32 accumulation rounded by the GEMM's epilogue) against
-// the CPU kernel's bf16 output, both implementations; rows outside every expert's block stay untouched.
+// the CPU kernel's bf16 output; rows outside every expert's block stay untouched.
 TEST(CudaGroupedGemm, Bf16OutputsMatchTheCpuKernel) {
   MOE_REQUIRE_GPU();
-  ImplGuard guard;
   const std::vector<int64_t> rows = {40, 0, 7, 96}, begin = {0, 40, 41, 48};  // a gap row at 40
   const int64_t R = 144, K = 64, N = 80, E = 4;
   const Tensor a = host_random({R, K}, 51).to(DType::BF16), w = host_random({E, N, K}, 52, 0.2).to(DType::BF16);
   Tensor want = Tensor::zeros({R, N}, DType::BF16);
   kernels::grouped_gemm(a, w, true, want, begin, rows);
-  for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-    SCOPED_TRACE(impl_name(impl));
-    kernels::cuda::set_grouped_gemm_impl(impl);
-    Tensor got = Tensor::zeros({R, N}, DType::BF16, Device::cuda());
-    kernels::grouped_gemm(a.to(Device::cuda()), w.to(Device::cuda()), true, got, begin, rows);
-    const Tensor got32 = got.to(Device::cpu()).to(DType::F32), want32 = want.to(DType::F32);
-    EXPECT_LE(rel_diff(gpu(got32), want32), 8e-3);
-    double gap = 0;
-    for (int64_t j = 0; j < N; j++) gap = std::max(gap, std::fabs(got32.item(40 * N + j)));
-    EXPECT_EQ(gap, 0.0) << "the gap row was written";
-  }
+  Tensor got = Tensor::zeros({R, N}, DType::BF16, Device::cuda());
+  kernels::grouped_gemm(a.to(Device::cuda()), w.to(Device::cuda()), true, got, begin, rows);
+  const Tensor got32 = got.to(Device::cpu()).to(DType::F32), want32 = want.to(DType::F32);
+  EXPECT_LE(rel_diff(gpu(got32), want32), 8e-3);
+  double gap = 0;
+  for (int64_t j = 0; j < N; j++) gap = std::max(gap, std::fabs(got32.item(40 * N + j)));
+  EXPECT_EQ(gap, 0.0) << "the gap row was written";
 }
 
 }  // namespace

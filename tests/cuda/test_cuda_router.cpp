@@ -1,4 +1,4 @@
-// The MoE router on the GPU against the CPU router (moe/router.cpp over kernels/cuda/router_ops.cpp and over
+// The MoE router on the GPU against the CPU router (moe/router.cpp over kernels/cuda/router.cpp and over
 // kernels/cpu/router.cpp): for every option combination, the same expert ids and dropped assignments, probabilities
 // within 1e-6 and aux / z-loss values within 1e-6 (relative to the largest magnitude), the same statistics and
 // expert-bias counts, gradients within 1e-5; bitwise reruns; the refusals. Inputs are multiples of 2^-3 and weights

@@ -1,15 +1,13 @@
-// Host emulation (emu_cuda.h) of the kernels around the GPU grouped experts, for machines without a GPU:
-// grouped_gemm_ptrs.cu's pointer-array builder (against the addresses the host computes for the per-expert loop,
-// over more problems than one launch takes), and the kernels that read or write the expert GEMMs' bf16 outputs with
-// no cast pass between: elementwise.cu's activations reading a bf16 fc1 output and a bf16 output gradient (bitwise
-// the f32 kernels' results on the widened values, i.e. what the removed cast passes fed them), norm_bias.cu's bias
-// add into bf16 rows, and moe_permute.cu's per-token row sums of bf16 rows into f32 (both kernels, bitwise against
-// the CPU's order: widened, summed from 0 in row order). Built and run by run.sh (CTest cuda_grouped_host_emulation).
+// Host emulation (emu_cuda.h) of the kernels around the GPU grouped experts, for machines without a GPU: the kernels
+// that read or write the expert GEMMs' bf16 outputs with no cast pass between: elementwise.cu's activations reading a
+// bf16 fc1 output and a bf16 output gradient (bitwise the f32 kernels' results on the widened values, i.e. what the
+// removed cast passes fed them), norm_bias.cu's bias add into bf16 rows, and moe_permute.cu's per-token row sums of
+// bf16 rows into f32 (both kernels, bitwise against the CPU's order: widened, summed from 0 in row order). Built and
+// run by run.sh (CTest cuda_grouped_host_emulation).
 #include "emu_cuda.h"
 #include "moecore/kernels/cuda/common.cuh"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
-#include "moecore/kernels/cuda/launch_grouped.h"
 #include "moecore/kernels/cuda/launch_moe.h"
 
 // The kernels, rewritten by cuda_kernels_emulate.py.
@@ -35,48 +33,6 @@ std::vector<float> widen(const std::vector<__nv_bfloat16>& v) {
 bool report(const char* what, bool ok) {
   std::printf("%-72s %s\n", what, ok ? "ok" : "FAIL");
   return ok;
-}
-
-// G problems over E experts (some experts without rows are simply absent from the list): every pointer the builder
-// writes equals base + row·row_stride + expert·expert_stride, the host loop's address, in the [A | B | C] layout.
-bool pointers_case(int G) {
-  std::mt19937 r(static_cast<unsigned>(G));
-  static char arena[1 << 16];
-  GroupedPtrArgs a{};
-  std::vector<int32_t> expert(static_cast<size_t>(G));
-  std::vector<int64_t> row(static_cast<size_t>(G));
-  const int64_t strides[3][2] = {{0, 4096}, {2048 * 2, 0}, {768 * 2, 0}};  // fc1-like: W per expert, rows of X, C
-  int64_t r0 = 0;
-  for (int g = 0; g < G; g++) {
-    expert[static_cast<size_t>(g)] = 2 * g + static_cast<int32_t>(r() % 2);  // ascending, with gaps
-    row[static_cast<size_t>(g)] = r0;
-    r0 += 1 + r() % 50;
-  }
-  std::vector<void*> out(static_cast<size_t>(3 * G), nullptr);
-  for (int64_t first = 0; first < G; first += kGroupedPtrsPerLaunch) {
-    for (int o = 0; o < 3; o++) {
-      a.base[o] = arena + 64 * o;
-      a.row_stride[o] = strides[o][0];
-      a.expert_stride[o] = strides[o][1];
-    }
-    a.count = static_cast<int>(std::min<int64_t>(kGroupedPtrsPerLaunch, G - first));
-    for (int g = 0; g < a.count; g++) {
-      a.expert[g] = expert[static_cast<size_t>(first + g)];
-      a.row[g] = row[static_cast<size_t>(first + g)];
-    }
-    grouped_gemm_pointers(a, out.data(), G, first, nullptr);
-  }
-  bool ok = true;
-  for (int o = 0; o < 3; o++)
-    for (int g = 0; g < G; g++) {
-      const char* want = arena + 64 * o + row[static_cast<size_t>(g)] * strides[o][0] +
-                         int64_t{expert[static_cast<size_t>(g)]} * strides[o][1];
-      ok &= out[static_cast<size_t>(o * G + g)] == want;
-    }
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "grouped GEMM pointer arrays, %d problems (%d launches)", G,
-                (G + kGroupedPtrsPerLaunch - 1) / kGroupedPtrsPerLaunch);
-  return report(buf, ok);
 }
 
 // The activation reading bf16 x (and, backward, bf16 dy) directly gives the bits the f32 kernel gives on the widened
@@ -175,7 +131,6 @@ bool sum_rows_bf16_case(int64_t T, int64_t K, int64_t H) {
 
 int main() {
   bool ok = true;
-  for (int G : {1, 7, 300}) ok &= pointers_case(G);
   for (int act : {0, 1, 2}) ok &= activation_case(act, 5, 40);
   ok &= activation_case(0, 3, 300);  // a row wider than the block
   ok &= bias_bf16_case(7, 33, true);

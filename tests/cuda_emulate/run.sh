@@ -31,7 +31,7 @@ case "$which" in
     ;;
   grouped)
     python3 "$here/cuda_kernels_emulate.py" "$work/grouped_emulate.inc" \
-      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,moe_permute,grouped_gemm_ptrs}.cu
+      "$root"/src/moecore/kernels/cuda/{col_reduce,norm_bias,elementwise,moe_permute}.cu
     g++ "${flags[@]}" "$here/grouped_emulate.cpp" -o "$work/grouped_emulate"
     "$work/grouped_emulate"
     ;;

@@ -114,7 +114,7 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
     fmt::print(out, "  transient buffers of one MoE layer's dispatch and combine (inside the lines above):\n");
     for (const MemoryPlan::Buffer& b : w.buffers) fmt::print(out, "    {:<52} {:>12}\n", b.name, gib(b.bytes));
   }
-  if (train::training_device(c).is_cuda()) print_gpu_differences(out, c, padded_vocab, world, w);
+  if (train::plans_gpu(c)) print_gpu_differences(out, c, padded_vocab, world, w);
 }
 
 // Megatron's levers for a run that does not fit, in the order its guides apply them (Megatron-Core MoE's best
@@ -181,7 +181,7 @@ std::vector<Change> changes() {
          // Offloading moves a GPU's stashes to host memory; a CPU's are there already. The modules Megatron's guide
          // offloads rather than recomputes, largest first, one group per application; none with `moe` recompute
          // (Megatron refuses expert_fc1 and moe_act offloading with it).
-         if (!train::training_device(c).is_cuda()) return false;
+         if (!train::offloading_applies(train::training_device(c))) return false;
          const auto has = [&](const std::vector<std::string>& v, const char* m) {
            return std::find(v.begin(), v.end(), m) != v.end();
          };

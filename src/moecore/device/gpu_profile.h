@@ -97,4 +97,9 @@ class SyncProbe {
   double t0_ = 0;
 };
 
+// A profiler for `d`'s work where `d` is a GPU; none for the CPU (its phases are the timers').
+inline std::unique_ptr<GpuProfiler> profiler_for(Device d) {
+  return d.is_cuda() ? std::make_unique<GpuProfiler>(d) : nullptr;
+}
+
 }  // namespace moecore::cuda

@@ -4,6 +4,8 @@
 #include <memory>
 #include <mutex>
 
+#include "moecore/core/allocator.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/error.h"
 #include "moecore/device/caching_allocator.h"
 #include "moecore/device/check.h"
@@ -92,6 +94,7 @@ void device_deallocate(void* ptr, Device d) {
   allocator_of(d).deallocate(ptr);
 }
 AllocatorStats device_allocator_stats(Device d) {
+  if (d.is_cpu()) return Allocator::instance().stats();
   return allocator_of(d).stats();
 }
 AllocatorMark device_allocator_mark(Device d) {
@@ -101,6 +104,7 @@ int64_t device_system_allocs_since(Device d, const AllocatorMark& m) {
   return allocator_of(d).system_allocs_since(m);
 }
 void device_reset_peak(Device d) {
+  if (d.is_cpu()) return;
   allocator_of(d).reset_peak();
 }
 void device_empty_cache(Device d) {
@@ -146,7 +150,12 @@ void synchronize() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 
+void synchronize(Device d) {
+  if (!d.is_cpu()) synchronize();
+}
+
 std::string describe_device(Device d) {
+  if (d.is_cpu()) return fmt::format("the CPU, {} threads", num_threads());
   cudaDeviceProp p{};
   MOE_CUDA_CHECK(cudaGetDeviceProperties(&p, d.index));
   return fmt::format("{}, {} SMs, {:.1f} GiB, compute {}.{}", p.name, p.multiProcessorCount,
@@ -154,7 +163,7 @@ std::string describe_device(Device d) {
 }
 
 void set_current_device(Device d) {
-  MOE_ASSERT_MSG(d.is_cuda(), "set_current_device: {} is not a GPU", d.str());
+  if (d.is_cpu()) return;
   MOE_CUDA_CHECK(cudaSetDevice(d.index));
 }
 

@@ -1,8 +1,12 @@
 // The CUDA runtime interface (runtime.h) in a CPU-only build: no GPU is ever visible, and any call that would touch
 // one throws. Tensors on `cuda` cannot be created here; the CPU-only build's kernel stand-ins
 // (kernels/cuda/*_unavailable.cpp) throw through no_cuda_kernel if a caller reaches one anyway.
+#include <fmt/format.h>
+
 #include <string>
 
+#include "moecore/core/allocator.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/error.h"
 #include "moecore/device/runtime.h"
 
@@ -34,7 +38,8 @@ void* device_allocate(size_t, Device) {
 void device_deallocate(void*, Device) {
   no_cuda("freeing GPU memory");
 }
-AllocatorStats device_allocator_stats(Device) {
+AllocatorStats device_allocator_stats(Device d) {
+  if (d.is_cpu()) return Allocator::instance().stats();
   no_cuda("GPU allocator statistics");
 }
 AllocatorMark device_allocator_mark(Device) {
@@ -43,8 +48,8 @@ AllocatorMark device_allocator_mark(Device) {
 int64_t device_system_allocs_since(Device, const AllocatorMark&) {
   no_cuda("GPU allocator statistics");
 }
-void device_reset_peak(Device) {
-  no_cuda("GPU allocator statistics");
+void device_reset_peak(Device d) {
+  if (!d.is_cpu()) no_cuda("GPU allocator statistics");
 }
 void device_empty_cache(Device) {
   no_cuda("GPU allocator");
@@ -59,15 +64,17 @@ void convert_on_device(void*, DType, const void*, DType, int64_t) {
   no_cuda("converting on a GPU");
 }
 void synchronize() {}
-std::string describe_device(Device) {
+void synchronize(Device) {}
+std::string describe_device(Device d) {
+  if (d.is_cpu()) return fmt::format("the CPU, {} threads", num_threads());
   no_cuda("describing a GPU");
 }
 void copy_2d(void*, size_t, const void*, size_t, size_t, size_t, Device) {
   no_cuda("copying on a GPU (cudaMemcpy2DAsync)");
 }
 
-void set_current_device(Device) {
-  no_cuda("set_current_device");
+void set_current_device(Device d) {
+  if (!d.is_cpu()) no_cuda("set_current_device");
 }
 
 }  // namespace moecore::cuda

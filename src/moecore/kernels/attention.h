@@ -155,4 +155,25 @@ AttentionDims attention_backward_dims(const Tensor& dout, const Tensor& q, const
                                       const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                       const Tensor& dv);
 
+// The entry points above as one backend implements them (kernels/cpu/attention.cpp, kernels/cuda/attention.cpp),
+// each with the signature of the op it is named after; kernels/dispatch.cpp picks the table of the queries' device.
+struct AttentionKernels {
+  void (*forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                  const AttentionDropout* dropout);
+  void (*backward)(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                   const AttentionDropout* dropout);
+  void (*forward_bf16)(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim);
+  void (*backward_bf16)(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim);
+  void (*block_forward)(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                        Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16);
+  void (*merge)(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part);
+  void (*block_backward)(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                         const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                         const AttentionDropout* dropout, bool round_bf16);
+};
+
 }  // namespace moecore::kernels

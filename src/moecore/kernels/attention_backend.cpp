@@ -8,6 +8,8 @@
 #include <functional>
 
 #include "moecore/core/error.h"
+#include "moecore/kernels/cuda/attention_cudnn.h"
+#include "moecore/kernels/cuda/attention_cudnn_api.h"
 
 namespace moecore::kernels {
 
@@ -80,6 +82,17 @@ SdpaCoverage cudnn_sdpa_covers(const SdpaCall& call) {
 
 std::string cudnn_version_str(int64_t v) {
   return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+bool cudnn_attention_available(std::string* why) {
+  return cuda::cudnn_attention_available(why);
+}
+int64_t cudnn_loaded_version() {
+  return cuda::cudnn_loaded_version();
+}
+CudnnAttentionCalls cudnn_attention_calls() {
+  const cuda::CudnnAttentionCounts c = cuda::cudnn_attention_counts();
+  return {c.forward, c.backward};
 }
 
 }  // namespace moecore::kernels

@@ -64,4 +64,13 @@ constexpr int64_t kMinCudnnVersion = 90000;
 // cuDNN's version number (major·10000 + minor·100 + patch) as text, "9.19.0".
 std::string cudnn_version_str(int64_t v);
 
+// cuDNN's fused attention on this machine, for the benchmarks' reports: whether it loads (else why not, in `why`),
+// the loaded version (0: none), and the calls it has run since the process started. A CPU-only build: never.
+bool cudnn_attention_available(std::string* why);
+int64_t cudnn_loaded_version();
+struct CudnnAttentionCalls {
+  int64_t forward = 0, backward = 0;
+};
+CudnnAttentionCalls cudnn_attention_calls();
+
 }  // namespace moecore::kernels

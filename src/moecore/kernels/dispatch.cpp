@@ -1,12 +1,16 @@
 // The one place each op picks its backend: the API's entry points (kernels/*.h) send tensors in host memory to the
-// CPU kernels (kernels/cpu/kernels.h) and tensors on a GPU to the CUDA kernels (kernels/cuda/kernels.h; a CPU-only
-// build links their stand-ins, which no tensor can reach). Each backend checks its own operands; what happens here
-// besides the choice is the level-2 timer scope some ops open around either backend. Ops with only a CPU kernel are
-// not listed (kernels/cpu defines them under their API names).
+// CPU kernels and tensors on a GPU to the CUDA kernels: an op family's backend table (kernels/backends.h; a CPU-only
+// build has no GPU tables, and a GPU tensor, which no correct caller has there, gets the build's message here), or
+// the per-op functions of kernels/cpu/kernels.h and kernels/cuda/kernels.h (a CPU-only build links their stand-ins).
+// Each backend checks its own operands; what happens here besides the choice is the level-2 timer scope some ops open
+// around either backend. Ops with only a CPU kernel are not listed (kernels/cpu defines them under their API names).
 #include "moecore/core/timers.h"
+#include "moecore/device/runtime.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/adamw.h"
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/backend.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/cuda/kernels.h"
@@ -20,10 +24,83 @@
 #include "moecore/kernels/position_rows.h"
 #include "moecore/kernels/rmsnorm.h"
 #include "moecore/kernels/rope.h"
+#include "moecore/kernels/router.h"
 #include "moecore/kernels/sgd.h"
 #include "moecore/kernels/shared_gate.h"
 
 namespace moecore::kernels {
+
+// backend.h: the CPU's kernels (oneDNN, the FlashNative attention, the fused loss) and the GPU's.
+const BackendOffers& backend_offers(Device d) {
+  static const BackendOffers cpu_offers{.gemm_bf16_output = true,
+                                        .attention_bf16_tensors = true,
+                                        .fused_loss_backward = true,
+                                        .lazy_grad_zero = true,
+                                        .update_writes_bf16_copy = true,
+                                        .norm_on_host = true};
+  static const BackendOffers cuda_offers{};
+  return d.is_cuda() ? cuda_offers : cpu_offers;
+}
+
+namespace {
+// The backend table for tensors on `d`: the CPU's, or the GPU's where the build has one.
+template <typename Table>
+const Table& backend_for(Device d, const Table& cpu_table, const Table* cuda_table, const char* op) {
+  if (!d.is_cuda()) return cpu_table;
+  if (!cuda_table) moecore::cuda::no_cuda_kernel(op);
+  return *cuda_table;
+}
+#ifdef MOECORE_HAVE_CUDA
+#define MOECORE_CUDA_TABLE(name) (&cuda::name)
+#else
+#define MOECORE_CUDA_TABLE(name) (static_cast<decltype(&cpu::name)>(nullptr))
+#endif
+
+const RouterKernels& router_on(Device d) {
+  return backend_for(d, cpu::kRouterKernels, MOECORE_CUDA_TABLE(kRouterKernels), "router");
+}
+const AttentionKernels& attention_on(Device d) {
+  return backend_for(d, cpu::kAttentionKernels, MOECORE_CUDA_TABLE(kAttentionKernels), "attention");
+}
+}  // namespace
+
+// router.h: the backend of the router's tensors.
+void router_check_backend(Device device, DType router_dtype) {
+  router_on(device).check_backend(router_dtype);
+}
+void router_rows(const RouterRule& rule, RouterRows& r) {
+  router_on(r.used_TE.device()).rows(rule, r);
+}
+void router_capacity(const Tensor& idx_TK, Tensor& probs_TK, Tensor& kept_TK, int64_t E, int64_t C, bool by_position,
+                     bool pad) {
+  router_on(idx_TK.device()).capacity(idx_TK, probs_TK, kept_TK, E, C, by_position, pad);
+}
+void router_mask_ids(const Tensor& idx_TK, const Tensor& kept_TK, Tensor& ids_TK) {
+  router_on(idx_TK.device()).mask_ids(idx_TK, kept_TK, ids_TK);
+}
+void router_expert_counts(const Tensor& ids_TK, Tensor& counts_E) {
+  router_on(ids_TK.device()).expert_counts(ids_TK, counts_E);
+}
+void router_aux_counts(const Tensor& a_TE, const Tensor& top_TK, int64_t G, Tensor& cnt_GE, Tensor& agg_GE) {
+  router_on(a_TE.device()).aux_counts(a_TE, top_TK, G, cnt_GE, agg_GE);
+}
+void router_add_class_coef(Tensor& da_TE, const Tensor& coef_GE) {
+  router_on(da_TE.device()).add_class_coef(da_TE, coef_GE);
+}
+void router_mul_(Tensor& a, const Tensor& u) {
+  router_on(a.device()).mul_(a, u);
+}
+void router_score_backward(const RouterRule& rule, const Tensor& dprobs_TK, const Tensor& idx_TK, const Tensor& kept_TK,
+                           const Tensor& p_TK, const Tensor& scores_TE, Tensor& dl_TE) {
+  router_on(dl_TE.device()).score_backward(rule, dprobs_TK, idx_TK, kept_TK, p_TK, scores_TE, dl_TE);
+}
+void router_aux_score_backward(bool sigmoid, const Tensor& used_TE, const Tensor& a_TE, const Tensor& da_TE,
+                               double scale, Tensor& dl_TE) {
+  router_on(dl_TE.device()).aux_score_backward(sigmoid, used_TE, a_TE, da_TE, scale, dl_TE);
+}
+void router_z_loss_backward(const Tensor& logits_TE, const Tensor& lse_T, double f, Tensor& dl_TE) {
+  router_on(dl_TE.device()).z_loss_backward(logits_TE, lse_T, f, dl_TE);
+}
 
 // gemm.h: the backend of the operands (C and B live beside A).
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta) {
@@ -35,14 +112,18 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
   cpu::gemm_batched(A, trans_a, B, trans_b, C, alpha, beta);
 }
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
-                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
-  if (A_RK.device().is_cuda()) return cuda::grouped_gemm(A_RK, W, trans_w, C_RN, row_begin, rows);
-  cpu::grouped_gemm(A_RK, W, trans_w, C_RN, row_begin, rows);
+                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows,
+                  const ExpertWeightPacker* packed) {
+  if (A_RK.device().is_cuda()) return cuda::grouped_gemm(A_RK, W, trans_w, C_RN, row_begin, rows, packed);
+  cpu::grouped_gemm(A_RK, W, trans_w, C_RN, row_begin, rows, packed);
 }
 void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
-                        const std::vector<int64_t>& rows) {
-  if (dY_RN.device().is_cuda()) return cuda::grouped_gemm_wgrad(dY_RN, X_RK, dW_ENK, row_begin, rows);
-  cpu::grouped_gemm_wgrad(dY_RN, X_RK, dW_ENK, row_begin, rows);
+                        const std::vector<int64_t>& rows, float beta) {
+  if (dY_RN.device().is_cuda()) return cuda::grouped_gemm_wgrad(dY_RN, X_RK, dW_ENK, row_begin, rows, beta);
+  cpu::grouped_gemm_wgrad(dY_RN, X_RK, dW_ENK, row_begin, rows, beta);
+}
+int64_t grouped_gemm_row_align(Device d) {
+  return d.is_cuda() ? cuda::grouped_gemm_row_align() : cpu::grouped_gemm_row_align();
 }
 
 // elementwise.h: the backend of the first operand.
@@ -104,6 +185,18 @@ void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegm
   check_segments(seg, R);
   if (dy_RN.device().is_cuda()) return cuda::segment_bias_backward(dy_RN, w_R, seg, db_EN, b_EN, dw_R);
   cpu::segment_bias_backward(dy_RN, w_R, seg, db_EN, b_EN, dw_R);
+}
+
+void copy_cols(const Tensor& src, int64_t src_cols, int64_t src_col, Tensor& dst, int64_t dst_cols, int64_t dst_col,
+               int64_t rows, int64_t cols) {
+  MOE_ASSERT_MSG(src.dtype() == dst.dtype() && src.device() == dst.device(), "column copy {} on {} into {} on {}",
+                 dtype_name(src.dtype()), src.device().str(), dtype_name(dst.dtype()), dst.device().str());
+  MOE_ASSERT_MSG(src.numel() == rows * src_cols && dst.numel() == rows * dst_cols && src_col >= 0 && dst_col >= 0 &&
+                     cols >= 0 && src_col + cols <= src_cols && dst_col + cols <= dst_cols,
+                 "columns [{}, +{}) of {} x {} into columns [{}, +{}) of {} x {}", src_col, cols, rows, src_cols,
+                 dst_col, cols, rows, dst_cols);
+  if (dst.device().is_cuda()) return cuda::copy_cols(src, src_cols, src_col, dst, dst_cols, dst_col, rows, cols);
+  cpu::copy_cols(src, src_cols, src_col, dst, dst_cols, dst_col, rows, cols);
 }
 
 // One segment of every row.
@@ -269,45 +362,36 @@ void dropout_backward(const Tensor& dy_SBC, const DropoutMask& m, const std::vec
   dropout_forward(dy_SBC, m, sample_B, seq_offset, dx_SBC);
 }
 
-// attention.h: the backend of the queries.
+// attention.h: the backend of the queries (of o for the merge).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                        const AttentionDropout* dropout) {
-  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, scale, o, lse, dropout);
-  cpu::attention_forward(q, k, v, scale, o, lse, dropout);
+  attention_on(q.device()).forward(q, k, v, scale, o, lse, dropout);
 }
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                         const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionDropout* dropout) {
-  if (q.device().is_cuda()) return cuda::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
-  cpu::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
+  attention_on(q.device()).backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout);
 }
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
                             const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim) {
-  if (q.device().is_cuda()) return cuda::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope, value_dim);
-  cpu::attention_forward_bf16(q, k, v, scale, o, lse, dropout, rope, value_dim);
+  attention_on(q.device()).forward_bf16(q, k, v, scale, o, lse, dropout, rope, value_dim);
 }
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim) {
-  if (q.device().is_cuda())
-    return cuda::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope, value_dim);
-  cpu::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope, value_dim);
+  attention_on(q.device()).backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, rope, value_dim);
 }
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
-  if (q.device().is_cuda()) return cuda::attention_block_forward(q, k, v, q0, k0, scale, o, lse, dropout, round_bf16);
-  cpu::attention_block_forward(q, k, v, q0, k0, scale, o, lse, dropout, round_bf16);
+  attention_on(q.device()).block_forward(q, k, v, q0, k0, scale, o, lse, dropout, round_bf16);
 }
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
-  if (o.device().is_cuda()) return cuda::attention_merge(o, lse, o_part, lse_part);
-  cpu::attention_merge(o, lse, o_part, lse_part);
+  attention_on(o.device()).merge(o, lse, o_part, lse_part);
 }
 void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                               const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
                               Tensor& dv, const AttentionDropout* dropout, bool round_bf16) {
-  if (q.device().is_cuda())
-    return cuda::attention_block_backward(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout, round_bf16);
-  cpu::attention_block_backward(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout, round_bf16);
+  attention_on(q.device()).block_backward(dout, q, k, v, o, lse, q0, k0, scale, dq, dk, dv, dropout, round_bf16);
 }
 
 // position_rows.h, mla_blocks.h, shared_gate.h: the backend of the rows they write into or read.

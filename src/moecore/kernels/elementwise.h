@@ -42,4 +42,9 @@ void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegm
 // One segment of every row, no weights: y_TN += b_N on every row; db_N += Σ_rows dy_TN.
 void add_row_bias_(Tensor& y_TN, const Tensor& b_N);
 void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
+
+// A block of columns copied between row-major matrices of one dtype on one device, each seen as [rows, its columns]:
+//   dst[r, dst_col + j] = src[r, src_col + j]   for r < rows, j < cols   (bytes: exact for every dtype)
+void copy_cols(const Tensor& src, int64_t src_cols, int64_t src_col, Tensor& dst, int64_t dst_cols, int64_t dst_col,
+               int64_t rows, int64_t cols);
 }  // namespace moecore::kernels

@@ -72,6 +72,9 @@ double peak_swing(const std::vector<double>& samples);
 // samples, in order, bracket the runs): on a machine whose speed drifts during a benchmark, each run compared with
 // the peak of its moment. Empty where there are too few samples.
 std::vector<double> paired_peak_ratios(const std::vector<double>& rates, const std::vector<double>& samples);
+// The size n of the square GEMMs a benchmark's peak samples time on `d`: a GPU's cuBLAS peak needs products that fill
+// it (8192); a CPU's shows at 2048.
+int64_t peak_gemm_size(Device d);
 // GFLOP/s of `iters` timed square M=N=K=n GEMMs after a warm-up: {best, median}.
 std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, Device device = Device::cpu());
 

@@ -62,4 +62,8 @@ double measure_gemm_peak_gflops(DType dtype, Device device) {
   return best;
 }
 
+int64_t peak_gemm_size(Device d) {
+  return d.is_cuda() ? 8192 : 2048;
+}
+
 }  // namespace moecore::kernels

@@ -2,8 +2,9 @@
 // scores, top-k and probabilities; capacity dropping; the counts behind the statistics, the expert-bias update and
 // the load-balancing losses; the backward of the score functions and of the z-loss. Not here: the gating GEMM
 // (gemm.h), the loss formulas, the noise and the expert bias (moe/). Each op runs where its tensors live: on the CPU
-// (kernels/cpu/router.cpp) in the router dtype (f32 or f64), on a GPU (kernels/cuda/router_ops.cpp over router.cu
-// and router_capacity.cu) in f32. Counts and sums are f64 in a fixed order: reruns give the same bits.
+// (kernels/cpu/router.cpp) in the router dtype (f32 or f64), on a GPU (kernels/cuda/router.cpp launching router.cu's
+// kernels) in f32; kernels/dispatch.cpp picks the backend's table (RouterKernels). Counts and sums are f64 in a fixed
+// order: reruns give the same bits.
 // Backward ops accumulate into dl_TE (+=) but router_score_backward, which writes it.
 #pragma once
 
@@ -81,5 +82,24 @@ void router_aux_score_backward(bool sigmoid, const Tensor& used_TE, const Tensor
                                double scale, Tensor& dl_TE);
 // dl_TE[t, e] += f · lse_T[t] · exp(logits_TE[t, e] − lse_T[t]) (f rounded to the router dtype).
 void router_z_loss_backward(const Tensor& logits_TE, const Tensor& lse_T, double f, Tensor& dl_TE);
+
+// The ops above as one backend implements them (kernels/cpu/router.cpp, kernels/cuda/router.cpp), each with the
+// signature of the op it is named after; check_backend is router_check_backend's refusal for that backend.
+struct RouterKernels {
+  void (*check_backend)(DType router_dtype);
+  void (*rows)(const RouterRule& rule, RouterRows& r);
+  void (*capacity)(const Tensor& idx_TK, Tensor& probs_TK, Tensor& kept_TK, int64_t E, int64_t C, bool by_position,
+                   bool pad);
+  void (*mask_ids)(const Tensor& idx_TK, const Tensor& kept_TK, Tensor& ids_TK);
+  void (*expert_counts)(const Tensor& ids_TK, Tensor& counts_E);
+  void (*aux_counts)(const Tensor& a_TE, const Tensor& top_TK, int64_t G, Tensor& cnt_GE, Tensor& agg_GE);
+  void (*add_class_coef)(Tensor& da_TE, const Tensor& coef_GE);
+  void (*mul_)(Tensor& a, const Tensor& u);
+  void (*score_backward)(const RouterRule& rule, const Tensor& dprobs_TK, const Tensor& idx_TK, const Tensor& kept_TK,
+                         const Tensor& p_TK, const Tensor& scores_TE, Tensor& dl_TE);
+  void (*aux_score_backward)(bool sigmoid, const Tensor& used_TE, const Tensor& a_TE, const Tensor& da_TE, double scale,
+                             Tensor& dl_TE);
+  void (*z_loss_backward)(const Tensor& logits_TE, const Tensor& lse_T, double f, Tensor& dl_TE);
+};
 
 }  // namespace moecore::kernels

@@ -13,6 +13,7 @@
 #include "moecore/core/timers.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/grouped_gemm.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
@@ -55,78 +56,68 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
 }
 
 namespace {
-// Inside the experts every expert's rows start at a multiple of kRowAlign and the gap after them holds zero rows:
-// all GEMMs then have row counts that are multiples of kRowAlign and run as fixed-shape oneDNN primitives from a
-// small set created with the layer (oneDNN's run-time-shaped matmuls are slower than fixed-shape ones:
-// docs/performance.md, "Figures from code comments"). Zero rows add nothing to any weight gradient, and their
-// outputs are never read. Forward and data-gradient GEMMs take an expert's rows in the fewest chunks of at most
-// kRowChunk rows, all of about one size (even_chunk); weight-gradient GEMMs reduce over such chunks of at most
-// kWgradChunk rows in a fixed order. On the CPU without expert tensor parallelism the dispatcher writes the rows in
-// this layout already (DispatchPlan::row_align), and the experts hand their outputs back in it.
-constexpr int64_t kRowAlign = 32, kRowChunk = 2048, kWgradChunk = 2048;
-
-int64_t align_rows(int64_t n) {
-  return (n + kRowAlign - 1) / kRowAlign * kRowAlign;
+// Inside the experts every expert's rows start at a multiple of the grouped GEMMs' row alignment on the device
+// (kernels::grouped_gemm_row_align: the CPU's fixed-shape products want 32, the GPU takes any count) and the gap
+// after them holds zero rows: zero rows add nothing to any weight gradient, and their outputs are never read. On
+// the CPU without expert tensor parallelism the dispatcher writes the rows in this layout already
+// (DispatchPlan::row_align), and the experts hand their outputs back in it.
+int64_t align_rows(int64_t n, int64_t align) {
+  return (n + align - 1) / align * align;
 }
 
-// The chunk size that splits n padded rows into the fewest chunks of at most `most` rows, all of about one size
-// (multiples of kRowAlign): 1,056 rows go as 544 + 512, not 1,024 + 32, whose thin product (or, for a weight
-// gradient, a K = 32 pass over the whole f32 gradient) runs far below the GEMM rate.
-int64_t even_chunk(int64_t n, int64_t most) {
-  const int64_t chunks = std::max<int64_t>((n + most - 1) / most, 1);
-  return align_rows((n + chunks - 1) / chunks);
+int64_t padded_total(const std::vector<int64_t>& counts, int64_t align) {
+  int64_t n = 0;
+  for (int64_t c : counts) n += align_rows(c, align);
+  return n;
+}
+
+// Each expert's first row and block of rows (its rows and the gap after them) in the padded layout.
+void padded_layout(const std::vector<int64_t>& counts, int64_t align, std::vector<int64_t>& begin,
+                   std::vector<int64_t>& block) {
+  begin.resize(counts.size());
+  block.resize(counts.size());
+  int64_t r0 = 0;
+  for (size_t e = 0; e < counts.size(); e++) {
+    begin[e] = r0;
+    block[e] = align_rows(counts[e], align);
+    r0 += block[e];
+  }
 }
 
 // Runs fn(e, row_begin, padded_rows) for every expert with rows, in the padded layout.
 template <typename Fn>
-void for_each_expert(const std::vector<int64_t>& counts, Fn fn) {
+void for_each_expert(const std::vector<int64_t>& counts, int64_t align, Fn fn) {
   int64_t r0 = 0;
   for (size_t e = 0; e < counts.size(); e++) {
-    const int64_t n = align_rows(counts[e]);
+    const int64_t n = align_rows(counts[e], align);
     if (n > 0) fn(static_cast<int64_t>(e), r0, n);
     r0 += n;
   }
 }
 
-int64_t padded_total(const std::vector<int64_t>& counts) {
-  int64_t n = 0;
-  for (int64_t c : counts) n += align_rows(c);
-  return n;
-}
-
-// Each expert's first row in the padded layout.
-void padded_begin(const std::vector<int64_t>& counts, std::vector<int64_t>& begin) {
-  begin.resize(counts.size());
-  int64_t r0 = 0;
-  for (size_t e = 0; e < counts.size(); e++) {
-    begin[e] = r0;
-    r0 += align_rows(counts[e]);
-  }
-}
-
-// A padded [rows, C] buffer allocated at the largest padded size R rows can take over these experts, so its size
-// (and the allocator's cached block) is the same every step however the rows are distributed.
-Tensor padded_empty(const std::vector<int64_t>& counts, int64_t C, DType dtype) {
+// A padded [rows, C] buffer on `d` allocated at the largest padded size R rows can take over these experts, so its
+// size (and the allocator's cached block) is the same every step however the rows are distributed.
+Tensor padded_empty(const std::vector<int64_t>& counts, int64_t align, int64_t C, DType dtype, Device d) {
   int64_t R = 0;
   for (int64_t c : counts) R += c;
-  const int64_t capacity = R + static_cast<int64_t>(counts.size()) * (kRowAlign - 1);
-  return Tensor::empty({capacity, C}, dtype).slice(0, padded_total(counts));
+  const int64_t capacity = R + static_cast<int64_t>(counts.size()) * (align - 1);
+  return Tensor::empty({capacity, C}, dtype, d).slice(0, padded_total(counts, align));
 }
 
-bool already_aligned(const std::vector<int64_t>& counts) {
-  return std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c % kRowAlign == 0; });
+bool already_aligned(const std::vector<int64_t>& counts, int64_t align) {
+  return std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c % align == 0; });
 }
 
 // [R, C] rows grouped by expert -> [padded_total, C] of `dtype` with zero gap rows (x itself when it is already in
 // the layout, as the dispatcher writes it, and of the dtype).
-Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, DType dtype) {
+Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, int64_t align, DType dtype) {
   const int64_t C = x.numel() / std::max<int64_t>(x.dim(0), 1);
-  if (x.dim(0) == padded_total(counts))
+  if (x.dim(0) == padded_total(counts, align))
     return x.dtype() == dtype ? x.reshape({x.dim(0), C}) : x.reshape({x.dim(0), C}).to(dtype);
-  Tensor out = padded_empty(counts, C, dtype);
+  Tensor out = padded_empty(counts, align, C, dtype, x.device());
   int64_t src = 0, dst = 0;
   for (int64_t c : counts) {
-    const int64_t n = align_rows(c);
+    const int64_t n = align_rows(c, align);
     if (c > 0) out.slice(dst, c).copy_from(x.reshape({x.dim(0), C}).slice(src, c));
     if (n > c) out.slice(dst + c, n - c).zero_();
     src += c;
@@ -137,16 +128,17 @@ Tensor to_padded(const Tensor& x, const std::vector<int64_t>& counts, DType dtyp
 
 // The inverse: the expert rows of a padded [padded_total, C] tensor in `shape` ([R, C], or [R] for C = 1); xp
 // itself where the caller takes the padded layout (padded_io).
-Tensor from_padded(const Tensor& xp, const std::vector<int64_t>& counts, const Shape& shape, bool padded_io) {
+Tensor from_padded(const Tensor& xp, const std::vector<int64_t>& counts, int64_t align, const Shape& shape,
+                   bool padded_io) {
   if (padded_io) return shape.ndim() == 1 ? xp.reshape({xp.dim(0)}) : xp.reshape({xp.dim(0), shape[1]});
-  if (already_aligned(counts)) return xp.reshape(shape);
-  Tensor out = Tensor::empty(shape, xp.dtype());
+  if (already_aligned(counts, align)) return xp.reshape(shape);
+  Tensor out = Tensor::empty(shape, xp.dtype(), xp.device());
   const int64_t C = xp.numel() / std::max<int64_t>(xp.dim(0), 1);
   Tensor out2 = out.reshape({shape[0], C});
   int64_t src = 0, dst = 0;
   for (int64_t c : counts) {
     if (c > 0) out2.slice(dst, c).copy_from(xp.reshape({xp.dim(0), C}).slice(src, c));
-    src += align_rows(c);
+    src += align_rows(c, align);
     dst += c;
   }
   return out;
@@ -156,26 +148,12 @@ Tensor expert_weight(const Tensor& w, int64_t e) {
   return w.slice(e, 1).reshape({w.dim(1), w.dim(2)});
 }
 
-// C_rows = A_rows · op(W)   (forward and data-gradient GEMMs; rows a multiple of kRowAlign). Under bf16 inside a
-// Bf16WeightScope op(W) is packed once per step (kernels::PackedWeight): slot e of `param`.
-void rows_gemm(const Tensor& A, nn::Parameter& param, const Tensor& W, int64_t e, bool trans_w, bool bf16, Tensor& C) {
-  const kernels::PackedWeight w =
-      bf16 ? nn::packed_bf16_weight(param, W, e, trans_w, kRowChunk) : kernels::PackedWeight{W, trans_w, {}, -1};
-  const int64_t n = A.rows(), step = even_chunk(n, kRowChunk);
-  for (int64_t r = 0; r < n; r += step) {
-    const int64_t m = std::min(step, n - r);
-    Tensor c = C.slice(r, m);
-    kernels::gemm(A.slice(r, m), w, c);
-  }
-}
-
-// dW = beta·dW + dY_rowsᵀ · X_rows   (weight-gradient GEMM, reduced chunk by chunk in a fixed order)
-void wgrad_gemm(const Tensor& dY, const Tensor& X, Tensor& dW, float beta) {
-  const int64_t n = dY.rows(), step = even_chunk(n, kWgradChunk);
-  for (int64_t r = 0; r < n; r += step) {
-    const int64_t k = std::min(step, n - r);
-    kernels::gemm(dY.slice(r, k), true, X.slice(r, k), false, dW, 1.0f, r == 0 ? beta : 1.0f);
-  }
+// Under bf16 inside a Bf16WeightScope the grouped GEMMs' CPU backend multiplies op(W_e) packed once per step
+// (kernels::PackedWeight): slot e of `param`.
+kernels::ExpertWeightPacker bf16_packer(nn::Parameter& param, const Tensor& W, bool trans_w) {
+  return [&param, &W, trans_w](int64_t e, int64_t rows) {
+    return nn::packed_bf16_weight(param, expert_weight(W, e), e, trans_w, rows);
+  };
 }
 
 // Each expert's slice of a stale gradient (Parameter::grad_stale) is overwritten by its first weight-gradient GEMM;
@@ -189,8 +167,8 @@ float take_expert_grad_beta(nn::Parameter& p, const std::vector<int64_t>& counts
 }
 }  // namespace
 
-int64_t GroupedExperts::row_align() {
-  return kRowAlign;
+int64_t GroupedExperts::row_align(Device d) {
+  return kernels::grouped_gemm_row_align(d);
 }
 
 // With bf16 the rows the experts hand back (fc2's output forward, fc1's data gradient backward) are bf16 as
@@ -231,22 +209,12 @@ void GroupedExperts::prepare_gemms() const {
   if (wt == DType::F64) return;  // the f64 reference loop has no primitives
   const DType dt = cfg_.bf16 ? DType::BF16 : wt, rows_out = rows_out_dtype();
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
-  for (int64_t m = kRowAlign; m <= kRowChunk; m += kRowAlign) {
-    kernels::gemm_prepare(m, F1, H, false, true, dt, 1.0f, 0.0f, h_dtype());  // fc1
-    kernels::gemm_prepare(m, H, F, false, true, dt, 1.0f, 0.0f, rows_out);    // fc2
-    kernels::gemm_prepare(m, F, H, false, false, dt, 1.0f, 0.0f, h_dtype());  // fc2 data gradient (da)
-    kernels::gemm_prepare(m, H, F1, false, false, dt, 1.0f, 0.0f, rows_out);  // fc1 data gradient
-    if (cfg_.bf16) {                                                          // the same with packed weights
-      kernels::gemm_prepare_packed(m, F1, H, true, 0.0f, h_dtype());
-      kernels::gemm_prepare_packed(m, H, F, true, 0.0f, rows_out);
-      kernels::gemm_prepare_packed(m, F, H, false, 0.0f, h_dtype());
-      kernels::gemm_prepare_packed(m, H, F1, false, 0.0f, rows_out);
-    }
-  }
-  for (int64_t k = kRowAlign; k <= kWgradChunk; k += kRowAlign) {
-    kernels::gemm_prepare(H, F, k, true, false, dt, 1.0f, 1.0f);   // fc2 weight gradient
-    kernels::gemm_prepare(F1, H, k, true, false, dt, 1.0f, 1.0f);  // fc1 weight gradient
-  }
+  kernels::grouped_gemm_prepare(F1, H, true, dt, h_dtype(), cfg_.bf16);  // fc1
+  kernels::grouped_gemm_prepare(H, F, true, dt, rows_out, cfg_.bf16);    // fc2
+  kernels::grouped_gemm_prepare(F, H, false, dt, h_dtype(), cfg_.bf16);  // fc2 data gradient (da)
+  kernels::grouped_gemm_prepare(H, F1, false, dt, rows_out, cfg_.bf16);  // fc1 data gradient
+  kernels::grouped_gemm_wgrad_prepare(H, F, dt);                         // fc2 weight gradient
+  kernels::grouped_gemm_wgrad_prepare(F1, H, dt);                        // fc1 weight gradient
 }
 
 Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts,
@@ -254,131 +222,131 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   TimerScope timer("moe-expert-compute", 2);  // moecore's MoE timer (core/timers.h), forward and backward
   const int64_t R = x_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
   MOE_ASSERT(x_RH.cols() == H && probs_R.numel() == R && static_cast<int64_t>(counts.size()) == cfg_.num_experts);
+  const Device d = x_RH.device();
+  MOE_ASSERT_MSG(fc1_->value.device() == d && fc2_->value.device() == d && probs_R.device() == d,
+                 "expert rows on {} but the expert weights on {}: move the parameters with ParamRegistry::to", d.str(),
+                 fc1_->value.device().str());
+  const int64_t align = row_align(d);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  if (x_RH.device().is_cuda()) {
-    MOE_ASSERT_MSG(total == R, "expert row counts sum to {}, but {} rows were dispatched", total, R);
-    return forward_cuda(x_RH, probs_R, counts, st);
-  }
   st.padded_io = R != total;
-  MOE_ASSERT_MSG(total == R || R == padded_total(counts),
-                 "expert row counts sum to {} ({} padded), but {} rows were dispatched", total, padded_total(counts),
-                 R);
+  MOE_ASSERT_MSG(total == R || R == padded_total(counts, align),
+                 "expert row counts sum to {} ({} padded), but {} rows were dispatched", total,
+                 padded_total(counts, align), R);
   const DType dt = fc1_->math_dtype();
   st.tokens_per_expert = counts;
-  padded_begin(counts, st.row_begin);
-  st.probs_R = to_padded(probs_R, counts, dt);
+  st.row_align = align;
+  padded_layout(counts, align, st.row_begin, st.block_rows);
+  st.probs_R = to_padded(probs_R, counts, align, dt);
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
-  if (cfg_.bf16) {
+  if (cfg_.bf16) {  // cached for the step under a Bf16WeightScope (nn/parameter.h)
     w1_bf16_ = nn::bf16_weights(*fc1_);
     w2_bf16_ = nn::bf16_weights(*fc2_);
     w1 = &w1_bf16_;
     w2 = &w2_bf16_;
   }
-  st.x_RH = to_padded(x_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
+  const kernels::ExpertWeightPacker pack1 = bf16_packer(*fc1_, *w1, true), pack2 = bf16_packer(*fc2_, *w2, true);
+  st.x_RH = to_padded(x_RH, counts, align, cfg_.bf16 ? DType::BF16 : dt);
   // With bf16 and no bias the fc1 GEMM rounds its output as it writes it (h_dtype): the activation and its
   // backward read half the bytes, and the stash holds half.
-  st.h_RF1 = padded_empty(counts, F1, h_dtype());
-  for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
-    Tensor h = st.h_RF1.slice(r0, n);
-    if (fp8_.on())
-      return fp8_.forward(ExpertFp8::kFc1, e, st.x_RH.slice(r0, n), expert_weight(*w1, e), h, st.fp8_x_scales);
-    rows_gemm(st.x_RH.slice(r0, n), *fc1_, expert_weight(*w1, e), e, true, cfg_.bf16, h);
-  });
+  st.h_RF1 = padded_empty(counts, align, F1, h_dtype(), d);
+  if (fp8_.on()) {
+    for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
+      Tensor h = st.h_RF1.slice(r0, n);
+      fp8_.forward(ExpertFp8::kFc1, e, st.x_RH.slice(r0, n), expert_weight(*w1, e), h, st.fp8_x_scales);
+    });
+  } else {
+    kernels::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, st.row_begin, st.block_rows, cfg_.bf16 ? &pack1 : nullptr);
+  }
   fc1_bias_forward(st, st.h_RF1);
   if (cfg_.bf16 && st.h_RF1.dtype() != DType::BF16) {
     // h with a bias (added to the f32 product) rounded once before the activation reads it, as Megatron's bf16 fc1
     // writes it: the activation, its backward and a moe_act recompute read the one bf16 h the stash keeps.
-    Tensor h16 = padded_empty(counts, F1, DType::BF16);
+    Tensor h16 = padded_empty(counts, align, F1, DType::BF16, d);
     h16.copy_from(st.h_RF1);
     st.h_RF1 = h16;
   }
   // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
-  st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
-  kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
-  Tensor y = padded_empty(counts, H, rows_out_dtype());
-  for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
-    Tensor yr = y.slice(r0, n);
-    if (fp8_.on())
-      return fp8_.forward(ExpertFp8::kFc2, e, st.a_RF.slice(r0, n), expert_weight(*w2, e), yr, st.fp8_x_scales);
-    rows_gemm(st.a_RF.slice(r0, n), *fc2_, expert_weight(*w2, e), e, true, cfg_.bf16, yr);
-  });
+  st.a_RF = padded_empty(counts, align, F, cfg_.bf16 ? DType::BF16 : dt, d);
+  if (st.a_RF.rows() > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
+  Tensor y = padded_empty(counts, align, H, rows_out_dtype(), d);
+  if (fp8_.on()) {
+    for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
+      Tensor yr = y.slice(r0, n);
+      fp8_.forward(ExpertFp8::kFc2, e, st.a_RF.slice(r0, n), expert_weight(*w2, e), yr, st.fp8_x_scales);
+    });
+  } else {
+    kernels::grouped_gemm(st.a_RF, *w2, true, y, st.row_begin, st.block_rows, cfg_.bf16 ? &pack2 : nullptr);
+  }
   // Under bf16 fc2's rows are bf16 and b2·p is added to them in f32 and rounded again, as Megatron's _apply_bias
   // adds it to the bf16 GEMM output.
   fc2_bias_forward(st, y);
   if (cfg_.recompute_act) st.a_RF = Tensor();
-  return from_padded(y, counts, {R, H}, st.padded_io);
+  return from_padded(y, counts, align, {R, H}, st.padded_io);
 }
 
 Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad) {
   TimerScope timer("moe-expert-compute", 2);
-  if (dy_RH.device().is_cuda()) return backward_cuda(dy_RH, st, dprobs_R, defer_wgrad);
   const int64_t R = dy_RH.rows(), H = cfg_.hidden, F = cfg_.ffn_hidden;
   const std::vector<int64_t>& counts = st.tokens_per_expert;
-  const int64_t Rp = padded_total(counts);
+  const int64_t align = st.row_align, Rp = padded_total(counts, align);
+  const Device d = dy_RH.device();
   MOE_ASSERT(dy_RH.cols() == H && Rp == st.x_RH.rows() && (!st.padded_io || R == Rp));
   const DType dt = fc1_->math_dtype();
   MOE_CHECK(!defer_wgrad || !fp8_.on(),
             "--delay-wgrad-compute: the FP8 experts compute data and weight gradients together; drop one of the two");
   MOE_ASSERT_MSG(!st.wgrad.pending, "a deferred weight gradient was never computed");
-  const Tensor dy = to_padded(dy_RH, counts, cfg_.bf16 ? DType::BF16 : dt);
+  const Tensor dy = to_padded(dy_RH, counts, align, cfg_.bf16 ? DType::BF16 : dt);
   const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
   const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;
+  const kernels::ExpertWeightPacker pack1 = bf16_packer(*fc1_, w1, false), pack2 = bf16_packer(*fc2_, w2, false);
   if (!st.a_RF.defined()) {  // moe_act recompute: the activation again, exactly as forward wrote it
-    st.a_RF = padded_empty(counts, F, cfg_.bf16 ? DType::BF16 : dt);
-    kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
+    st.a_RF = padded_empty(counts, align, F, cfg_.bf16 ? DType::BF16 : dt, d);
+    if (Rp > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
   // With bf16 the fc2 data-gradient GEMM rounds da as it writes it, as Megatron's bf16 autograd keeps it; the
   // activation's backward reads it widened (f32 with a bias: h_dtype).
-  Tensor da = padded_empty(counts, F, h_dtype());
+  Tensor da = padded_empty(counts, align, F, h_dtype(), d);
   const float beta2 = take_expert_grad_beta(*fc2_, counts), beta1 = take_expert_grad_beta(*fc1_, counts);
-  for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
-    Tensor dar = da.slice(r0, n);
-    if (fp8_.on()) {
-      Tensor dw = expert_weight(fc2_->grad, e);
-      return fp8_.backward(ExpertFp8::kFc2, e, dy.slice(r0, n), st.a_RF.slice(r0, n), st.fp8_x_scales, dar, dw, beta2);
-    }
-    rows_gemm(dy.slice(r0, n), *fc2_, expert_weight(w2, e), e, false, cfg_.bf16, dar);
-    if (defer_wgrad) return;
-    Tensor dw2 = expert_weight(fc2_->grad, e);
-    wgrad_gemm(dy.slice(r0, n), st.a_RF.slice(r0, n), dw2, beta2);
-  });
-  Tensor dhc = padded_empty(counts, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt);
-  Tensor dprobs = padded_empty(counts, 1, dt).reshape({Rp});
-  kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs);
+  if (fp8_.on()) {
+    for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
+      Tensor dar = da.slice(r0, n), dw = expert_weight(fc2_->grad, e);
+      fp8_.backward(ExpertFp8::kFc2, e, dy.slice(r0, n), st.a_RF.slice(r0, n), st.fp8_x_scales, dar, dw, beta2);
+    });
+  } else {
+    kernels::grouped_gemm(dy, w2, false, da, st.row_begin, st.block_rows, cfg_.bf16 ? &pack2 : nullptr);
+    if (!defer_wgrad) kernels::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, st.row_begin, st.block_rows, beta2);
+  }
+  Tensor dhc = padded_empty(counts, align, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt, d);
+  Tensor dprobs = padded_empty(counts, align, 1, dt, d).reshape({Rp});
+  if (Rp > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs);
   fc2_bias_backward(st, dy, dprobs);  // after the activation's backward, which writes dprobs
   fc1_bias_backward(st, dhc);
-  Tensor dx = padded_empty(counts, H, rows_out_dtype());
-  for_each_expert(counts, [&](int64_t e, int64_t r0, int64_t n) {
-    Tensor dxr = dx.slice(r0, n);
-    if (fp8_.on()) {
-      Tensor dw = expert_weight(fc1_->grad, e);
-      return fp8_.backward(ExpertFp8::kFc1, e, dhc.slice(r0, n), st.x_RH.slice(r0, n), st.fp8_x_scales, dxr, dw, beta1);
-    }
-    rows_gemm(dhc.slice(r0, n), *fc1_, expert_weight(w1, e), e, false, cfg_.bf16, dxr);
-    if (defer_wgrad) return;
-    Tensor dw1 = expert_weight(fc1_->grad, e);
-    wgrad_gemm(dhc.slice(r0, n), st.x_RH.slice(r0, n), dw1, beta1);
-  });
+  Tensor dx = padded_empty(counts, align, H, rows_out_dtype(), d);
+  if (fp8_.on()) {
+    for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
+      Tensor dxr = dx.slice(r0, n), dw = expert_weight(fc1_->grad, e);
+      fp8_.backward(ExpertFp8::kFc1, e, dhc.slice(r0, n), st.x_RH.slice(r0, n), st.fp8_x_scales, dxr, dw, beta1);
+    });
+  } else {
+    kernels::grouped_gemm(dhc, w1, false, dx, st.row_begin, st.block_rows, cfg_.bf16 ? &pack1 : nullptr);
+    if (!defer_wgrad) kernels::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, st.row_begin, st.block_rows, beta1);
+  }
   if (defer_wgrad) st.wgrad = {dy, st.a_RF, dhc, st.x_RH, beta2, beta1, true};
-  dprobs_R = from_padded(dprobs, counts, {R}, st.padded_io);
+  dprobs_R = from_padded(dprobs, counts, align, {R}, st.padded_io);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
-  return from_padded(dx, counts, {R, H}, st.padded_io);
+  return from_padded(dx, counts, align, {R, H}, st.padded_io);
 }
 
 void GroupedExperts::backward_wgrad(Stash& st) {
   if (!st.wgrad.pending) return;
   TimerScope timer("moe-expert-compute", 2);
-  if (st.wgrad.dy.device().is_cuda()) return backward_wgrad_cuda(st);
   Stash::DeferredWgrad& w = st.wgrad;
-  // Each expert's fc2 then fc1 weight gradient, the GEMMs backward would have run (every expert's slice of the
-  // gradient is its own, so the order across experts and projections changes no bit).
-  for_each_expert(st.tokens_per_expert, [&](int64_t e, int64_t r0, int64_t n) {
-    Tensor dw2 = expert_weight(fc2_->grad, e), dw1 = expert_weight(fc1_->grad, e);
-    wgrad_gemm(w.dy.slice(r0, n), w.a.slice(r0, n), dw2, w.beta2);
-    wgrad_gemm(w.dh.slice(r0, n), w.x.slice(r0, n), dw1, w.beta1);
-  });
+  // The fc2 then fc1 weight gradients backward would have run (every expert's slice of the gradient is its own, so
+  // the order across experts and projections changes no bit).
+  kernels::grouped_gemm_wgrad(w.dy, w.a, fc2_->grad, st.row_begin, st.block_rows, w.beta2);
+  kernels::grouped_gemm_wgrad(w.dh, w.x, fc1_->grad, st.row_begin, st.block_rows, w.beta1);
   w = Stash::DeferredWgrad();
 }
 
@@ -417,14 +385,15 @@ Tensor sequential_experts_forward(const Tensor& w1, const Tensor& w2, kernels::A
 }
 
 // What GroupedExperts::forward leaves in its Stash for `rows` rows spread evenly over the local experts
-// (nn/stash_bytes.h): padded buffers are allocated at rows + experts·(kRowAlign − 1), their largest size. The input
-// rows are the dispatcher's, in the padded layout (RowLayout::align) except under expert tensor parallelism, where
-// rows the experts need not pad are taken as they come.
+// (nn/stash_bytes.h), on the CPU: padded buffers are allocated at rows + experts·(align − 1), their largest size. The
+// input rows are the dispatcher's, in the padded layout (RowLayout::align) except under expert tensor parallelism,
+// where rows the experts need not pad are taken as they come.
 int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t n = std::max<int64_t>(e.num_experts, 1), F1 = (kernels::is_gated(e.activation) ? 2 : 1) * e.ffn_hidden;
   bool aligned = e.etp_size > 1;
-  for (int64_t i = 0; i < n; i++) aligned &= (rows / n + (i < rows % n ? 1 : 0)) % kRowAlign == 0;
-  const int64_t cap = rows + n * (kRowAlign - 1);
+  const int64_t align = kernels::grouped_gemm_row_align(Device::cpu());
+  for (int64_t i = 0; i < n; i++) aligned &= (rows / n + (i < rows % n ? 1 : 0)) % align == 0;
+  const int64_t cap = rows + n * (align - 1);
   const DType xt = e.bf16 ? DType::BF16 : DType::F32;
   int64_t b = nn::tensor_bytes((aligned ? rows : cap) * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x, p
   b += nn::tensor_bytes(cap * F1, xt);                                                                      // h_RF1

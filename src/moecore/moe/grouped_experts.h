@@ -3,9 +3,9 @@
 // counts change every step (experts with no rows are skipped). The router probability multiplies the activation
 // inside the expert: y = fc2(act(fc1·x) ⊙ p), as Megatron does. With biases (Megatron's default --add-bias-linear;
 // fc1's [E, F1] in fc1's row order, fc2's [E, H]) it is Megatron's TEGroupedMLP: y = fc2(act(fc1·x + b1) ⊙ p) + b2·p,
-// fc2's bias scaled by the probability (_apply_bias). With the weights and rows on a GPU (f32 weights, bf16 operands
-// when bf16 is on) the same computation runs as grouped GEMMs there (grouped_experts_cuda.cpp,
-// kernels/grouped_gemm.h).
+// fc2's bias scaled by the probability (_apply_bias). One path for both devices: grouped GEMMs
+// (kernels/grouped_gemm.h), segment biases and the activation, on rows padded to the device's grouped GEMM row
+// alignment (the CPU's 32; none on a GPU).
 #pragma once
 
 #include <string>
@@ -39,14 +39,16 @@ struct ExpertsConfig {
 
 class GroupedExperts {
  public:
-  // Rows inside the experts are padded: each expert's rows start at a multiple of 32 (see grouped_experts.cpp).
+  // Rows inside the experts are padded: each expert's rows start at a multiple of row_align (see grouped_experts.cpp).
   struct Stash {
     Tensor x_RH;     // input rows as fed to fc1 (bf16 when bf16 is on), padded
     Tensor h_RF1;    // fc1 output (+ b1), padded (bf16 when bf16 is on: written so, or rounded after the bias)
     Tensor a_RF;     // activation ⊙ prob, as fed to fc2, padded (undefined under moe_act recompute)
     Tensor probs_R;  // padded (zero in the gaps)
     std::vector<int64_t> tokens_per_expert;
-    std::vector<int64_t> row_begin;   // each expert's first row inside the experts (padded on the CPU)
+    std::vector<int64_t> row_begin;   // each expert's first row inside the experts (padded)
+    std::vector<int64_t> block_rows;  // each expert's rows and the zero gap after them
+    int64_t row_align = 1;            // of the padded layout (row_align(device))
     bool padded_io = false;           // the rows came (and go back) in the padded layout
     std::vector<float> fp8_x_scales;  // FP8: each expert GEMM's input scale (expert_fp8.h)
     // Delayed weight gradients (backward with defer_wgrad): the operands of the fc2 and fc1 weight-gradient GEMMs
@@ -60,10 +62,10 @@ class GroupedExperts {
 
   GroupedExperts(nn::ParamRegistry& reg, const std::string& name, const ExpertsConfig& cfg);
   // x_RH [R, H], probs_R [R], rows grouped by expert with the given counts -> y_RH [R, H]. With bf16 on, x_RH
-  // (and dy_RH in backward) may arrive already in bf16. On the CPU the rows may also arrive in the padded layout
-  // (row_align(): R is then the padded row count, with zero gap rows of probability 0, as the dispatcher writes them
-  // under DispatchPlan::row_align); the outputs (y, and in backward dx and dprobs) are then padded too. With bf16
-  // on, the CPU path's y and dx are bf16 (f32 under expert tensor parallelism).
+  // (and dy_RH in backward) may arrive already in bf16. The rows may also arrive in the padded layout
+  // (row_align(device): R is then the padded row count, with zero gap rows of probability 0, as the dispatcher writes
+  // them under DispatchPlan::row_align); the outputs (y, and in backward dx and dprobs) are then padded too. With bf16
+  // on, y and dx are bf16 (f32 under expert tensor parallelism).
   Tensor forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& tokens_per_expert, Stash& st);
   // dy_RH -> dx_RH (written), dprobs_R (written); expert weight grads accumulated. With defer_wgrad (Megatron's
   // --delay-wgrad-compute) only the data gradients: the weight-gradient GEMMs wait in st.wgrad for backward_wgrad,
@@ -78,14 +80,14 @@ class GroupedExperts {
   nn::Parameter* fc2_bias() { return b2_; }
   const ExpertsConfig& config() const { return cfg_; }
   int64_t fc1_rows() const { return (kernels::is_gated(cfg_.activation) ? 2 : 1) * cfg_.ffn_hidden; }
-  // The CPU experts' padded layout: each expert's rows start at a multiple of this.
-  static int64_t row_align();
+  // The padded layout on `d`: each expert's rows start at a multiple of this (kernels::grouped_gemm_row_align).
+  static int64_t row_align(Device d);
 
  private:
   // Creates the fixed-shape GEMM primitives every row count will use, so no step ever creates one.
   void prepare_gemms() const;
-  DType rows_out_dtype() const;  // of the CPU path's y and dx
-  DType h_dtype() const;         // of the CPU path's fc1 output (and da, the activation's output gradient)
+  DType rows_out_dtype() const;  // of y and dx
+  DType h_dtype() const;         // of the fc1 output (and da, the activation's output gradient)
   // The biases on the experts' rows st.row_begin, st.tokens_per_expert, for both devices; no-ops without biases.
   // Forward: h_RF1 += b1_e; y_RH += b2_e·p. Backward (accumulating): db1_e += Σ dh; db2_e += Σ p·dy and
   // dprobs_R += dy·b2_e.
@@ -93,9 +95,6 @@ class GroupedExperts {
   void fc2_bias_forward(const Stash& st, Tensor& y_RH) const;
   void fc1_bias_backward(const Stash& st, const Tensor& dh_RF1);
   void fc2_bias_backward(const Stash& st, const Tensor& dy_RH, Tensor& dprobs_R);
-  Tensor forward_cuda(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts, Stash& st);
-  Tensor backward_cuda(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad);
-  void backward_wgrad_cuda(Stash& st);
 
   ExpertsConfig cfg_;
   nn::Parameter* fc1_;

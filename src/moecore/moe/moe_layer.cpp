@@ -152,9 +152,8 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
       router_.forward(x_TH, st.S, st.B, training_, st.router, x16_TH.defined() ? &x16_TH : nullptr);
   st.router_input_rounded = x16_TH.defined() && st.router.x_r.shares_storage(x16_TH);
   Tensor x_RH, probs_R;
-  // On the CPU (without expert tensor parallelism, whose gather reorders the rows) the rows arrive in the experts'
-  // padded layout.
-  st.plan.row_align = etp_ || x_TH.device().is_cuda() ? 1 : GroupedExperts::row_align();
+  // Without expert tensor parallelism (whose gather reorders the rows) the rows arrive in the experts' padded layout.
+  st.plan.row_align = etp_ ? 1 : GroupedExperts::row_align(x_TH.device());
   if (cfg_.bf16) st.plan.rows_dtype = DType::BF16;
   dispatcher_->dispatch(cfg_.bf16 ? x16_TH : x_TH, routed, st.plan, x_RH, probs_R);
   Tensor y_RH;

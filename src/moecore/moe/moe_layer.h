@@ -8,11 +8,11 @@
 #include <string>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/device/side_stream.h"
 #include "moecore/moe/expert_tensor_parallel.h"
 #include "moecore/moe/grouped_experts.h"
 #include "moecore/moe/router.h"
 #include "moecore/moe/shared_experts.h"
-#include "moecore/moe/side_stream.h"
 #include "moecore/moe/token_dispatcher.h"
 #include "moecore/nn/feed_forward.h"
 
@@ -98,7 +98,7 @@ class MoELayer : public nn::FeedForward {
   std::unique_ptr<SharedExperts> shared_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<ExpertTensorParallel> etp_;
-  SideStream side_;  // --moe-shared-expert-overlap
+  cuda::SideStream side_;  // --moe-shared-expert-overlap
   bool training_ = true;
 };
 

@@ -238,7 +238,7 @@ void Router::finish_global_batch() {
       const double sign = off > 0 ? 1.0 : (off < 0 ? -1.0 : 0.0);
       b[e] = static_cast<float>(b[e] + sign * cfg_.bias_update_rate);
     }
-    if (expert_bias_E_.device().is_cuda()) expert_bias_E_.copy_from(bias_host);
+    expert_bias_E_.copy_from(bias_host);  // nothing to copy where the bias is on the host already
   }
   last_stats_.copy_values(stats_);
   stats_.reset();

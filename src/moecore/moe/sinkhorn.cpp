@@ -16,7 +16,7 @@ Tensor sinkhorn_TE(const Tensor& logits_TE, const comm::ProcessGroup* group, dou
   double* cost = out.data<double>();
   // On the host (a copy of GPU logits): each iteration ends in the group's all-reduce and a convergence test the
   // host reads, and the result is the CPU's bits on either device.
-  const Tensor host_TE = logits_TE.device().is_cpu() ? logits_TE : logits_TE.to(Device::cpu());
+  const Tensor host_TE = logits_TE.to(Device::cpu());
   MOE_DISPATCH_FLOAT(host_TE.dtype(), R, {
     const R* l = host_TE.data<R>();
     for (int64_t i = 0; i < T * E; i++) cost[i] = std::exp(static_cast<double>(l[i]));

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/backend.h"
 #include "moecore/nn/context_attention.h"
 #include "moecore/nn/dropout.h"
 #include "moecore/nn/linear.h"
@@ -80,7 +81,7 @@ class Attention {
   // in bf16 (f32 with a bias or ahead of the qk-norm), the kernel turns q and k and writes o in bf16, and backward
   // hands it a bf16 dO and takes bf16 dQ, dK, dV back — no cast or RoPE pass between the GEMMs and the kernel.
   bool bf16_tensors(int64_t S, const Device& dev) const {
-    return dev.is_cpu() && attention_bf16_tensors(cfg_.bf16, cfg_.cp.size, S);
+    return kernels::backend_offers(dev).attention_bf16_tensors && attention_bf16_tensors(cfg_.bf16, cfg_.cp.size, S);
   }
   kernels::AttentionRope kernel_rope() const { return {&cos_, &sin_, rot_dim_}; }
   // The dtype the projections write q and k (qk: true) or v in: bf16 with bf16_tensors (no bias; q and k not ahead

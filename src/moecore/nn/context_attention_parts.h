@@ -81,7 +81,7 @@ inline Tensor empty_lse(int64_t B, int64_t N, int64_t sc, const Tensor& like) {
 // The layout work around the sequence ↔ head all-to-all runs in host memory, where the host-staged transport
 // (comm/process_group.h) holds the rows anyway: a GPU tensor's host copy, and a host result moved to `like`'s device.
 inline Tensor on_host(const Tensor& x) {
-  return x.device().is_cuda() ? x.to(Device::cpu()) : x;
+  return x.to(Device::cpu());
 }
 inline Tensor to_device_of(const Tensor& x, const Tensor& like) {
   return x.device() == like.device() ? x : x.to(like.device());

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "moecore/kernels/backend.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/nn/mlp.h"
@@ -255,9 +256,9 @@ double GPTModel::loss_forward(const Tensor& labels_all, const Tensor& mask_all, 
   st.grad_token_scale = -1;
   const auto token_scale_of = std::exchange(st.token_scale_of, nullptr);  // for this forward only
   double mtp_scale = -1;                                                  // MTP's backward scale, when known now
-  if (training_ && token_scale_of && !cfg_.tp.on() && !dev.is_cuda()) {
-    // The gradient backward would start from (backward_chunk), computed with the loss (on the CPU, where one pass
-    // does both; the GPU keeps its two kernels where they were).
+  if (training_ && token_scale_of && !cfg_.tp.on() && kernels::backend_offers(dev).fused_loss_backward) {
+    // The gradient backward would start from (backward_chunk), computed with the loss where the backend's one pass
+    // does both (kernels/backend.h).
     const double token_scale = token_scale_of(st.mask_sum);
     mtp_scale = mtp_backward_scale(token_scale, st.mask_sum);
     kernels::cross_entropy_forward_backward(st.logits_TV, st.labels_T, token_dloss(st.mask_T, token_scale), loss_T,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "moecore/kernels/backend.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/nn/tensor_parallel.h"
 
@@ -45,9 +46,11 @@ class Linear {
   // they are, with no cast pass, and the stash shares x. y is f32, or bf16 when `out` asks (bf16 on, no bias, CPU):
   // rounded as the GEMM writes it, for a consumer that keeps it in bf16.
   Tensor forward(const Tensor& x, Stash& st, DType out = DType::F32);
-  // bf16 where forward can write it for inputs on `dev` (bf16 on, no bias, CPU), else f32.
+  // bf16 where forward can write it for inputs on `dev` (bf16 on, no bias, a backend whose GEMMs write bf16), else
+  // f32.
   DType bf16_output_where_possible(const Device& dev) const {
-    return bf16_ && bias_ == nullptr && dev.is_cpu() && !fp8_ ? DType::BF16 : DType::F32;
+    return bf16_ && bias_ == nullptr && kernels::backend_offers(dev).gemm_bf16_output && !fp8_ ? DType::BF16
+                                                                                               : DType::F32;
   }
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;

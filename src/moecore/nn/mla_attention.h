@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "moecore/kernels/backend.h"
 #include "moecore/kernels/rope.h"
 #include "moecore/nn/attention.h"
 
@@ -99,7 +100,8 @@ class MLAttention {
   // What the stash keeps of an operand: bf16 under --bf16.
   Tensor bf16_operand(const Tensor& t) const { return a_.bf16 ? t.as_dtype(DType::BF16) : t; }
   Tensor kernel_operand(const Tensor& t, int64_t S) const {
-    const bool reads16 = t.device().is_cpu() && attention_bf16_tensors(a_.bf16, a_.cp.size, S);
+    const bool reads16 =
+        kernels::backend_offers(t.device()).attention_bf16_tensors && attention_bf16_tensors(a_.bf16, a_.cp.size, S);
     return reads16 || t.dtype() != DType::BF16 ? t : t.as_dtype(DType::F32);
   }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "moecore/kernels/activation.h"
+#include "moecore/kernels/backend.h"
 #include "moecore/nn/feed_forward.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/tensor_parallel.h"
@@ -41,8 +42,8 @@ class MLP : public FeedForward {
 
  private:
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
-  // Whether fc1 writes h in bf16 on device d (bf16 GEMMs, no bias: the GPU's GEMMs write f32).
-  bool h_bf16(Device d) const { return cfg_.bf16 && !cfg_.bias && d.is_cpu(); }
+  // Whether fc1 writes h in bf16 on device d (bf16 GEMMs, no bias, where the backend's GEMMs write bf16).
+  bool h_bf16(Device d) const { return cfg_.bf16 && !cfg_.bias && kernels::backend_offers(d).gemm_bf16_output; }
   MLPConfig cfg_;
   Linear fc1_, fc2_;
 };

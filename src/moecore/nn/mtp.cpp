@@ -4,9 +4,6 @@
 // the (shared) embedding, the hidden half through hnorm_k to depth k−1 (depth 0: the main model's final norm).
 #include "moecore/nn/mtp.h"
 
-#include <cstring>
-
-#include "moecore/device/runtime.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/nn/context_split.h"
@@ -20,17 +17,8 @@ namespace {
 Tensor concat_cols(const Tensor& a, const Tensor& b, int64_t rows, int64_t H) {
   MOE_ASSERT(a.numel() == rows * H && b.numel() == rows * H && a.dtype() == b.dtype() && a.device() == b.device());
   Tensor y = Tensor::empty({rows, 2 * H}, a.dtype(), a.device());
-  const size_t n = static_cast<size_t>(H) * dtype_size(a.dtype());
-  auto* out = static_cast<char*>(y.raw());
-  if (y.device().is_cuda()) {  // each half is a strided copy: rows of n bytes at a pitch of 2n
-    cuda::copy_2d(out, 2 * n, a.raw(), n, n, static_cast<size_t>(rows), y.device());
-    cuda::copy_2d(out + n, 2 * n, b.raw(), n, n, static_cast<size_t>(rows), y.device());
-    return y;
-  }
-  for (int64_t r = 0; r < rows; r++) {
-    std::memcpy(out + 2 * r * n, static_cast<const char*>(a.raw()) + r * n, n);
-    std::memcpy(out + (2 * r + 1) * n, static_cast<const char*>(b.raw()) + r * n, n);
-  }
+  kernels::copy_cols(a, H, 0, y, 2 * H, 0, rows, H);
+  kernels::copy_cols(b, H, 0, y, 2 * H, H, rows, H);
   return y;
 }
 // The adjoint: [rows, 2H] -> its two halves [rows, H].
@@ -38,32 +26,16 @@ void split_cols(const Tensor& y, int64_t rows, int64_t H, Tensor& a, Tensor& b) 
   MOE_ASSERT(y.numel() == rows * 2 * H);
   a = Tensor::empty({rows, H}, y.dtype(), y.device());
   b = Tensor::empty({rows, H}, y.dtype(), y.device());
-  const size_t n = static_cast<size_t>(H) * dtype_size(y.dtype());
-  const auto* in = static_cast<const char*>(y.raw());
-  if (y.device().is_cuda()) {
-    cuda::copy_2d(a.raw(), n, in, 2 * n, n, static_cast<size_t>(rows), y.device());
-    cuda::copy_2d(b.raw(), n, in + n, 2 * n, n, static_cast<size_t>(rows), y.device());
-    return;
-  }
-  for (int64_t r = 0; r < rows; r++) {
-    std::memcpy(static_cast<char*>(a.raw()) + r * n, in + 2 * r * n, n);
-    std::memcpy(static_cast<char*>(b.raw()) + r * n, in + (2 * r + 1) * n, n);
-  }
+  kernels::copy_cols(y, 2 * H, 0, a, H, 0, rows, H);
+  kernels::copy_cols(y, 2 * H, H, b, H, 0, rows, H);
 }
 }  // namespace
 
 Tensor roll_sequence(const Tensor& x_T, int64_t S, int64_t B, int64_t k) {
   MOE_ASSERT(x_T.numel() == S * B && k >= 0);
   Tensor y = Tensor::zeros({S * B}, x_T.dtype(), x_T.device());
-  const size_t row = static_cast<size_t>(B) * dtype_size(x_T.dtype());
-  if (x_T.device().is_cuda()) {  // rows k.. of x are contiguous, and so are rows ..S−k of y: one copy
-    if (k < S)
-      cuda::copy_bytes(y.raw(), y.device(), static_cast<const char*>(x_T.raw()) + k * row, x_T.device(),
-                       static_cast<size_t>(S - k) * row);
-    return y;
-  }
-  for (int64_t s = 0; s + k < S; s++)
-    std::memcpy(static_cast<char*>(y.raw()) + s * row, static_cast<const char*>(x_T.raw()) + (s + k) * row, row);
+  // Rows k.. of x are contiguous, and so are rows ..S−k of y: one copy.
+  if (k < S) y.slice(0, (S - k) * B).copy_from(x_T.reshape({S * B}).slice(k * B, (S - k) * B));
   return y;
 }
 

@@ -6,6 +6,7 @@
 
 #include "moecore/core/rng.h"
 #include "moecore/core/timers.h"
+#include "moecore/kernels/backend.h"
 #include "moecore/kernels/elementwise.h"
 
 namespace moecore::nn {
@@ -95,7 +96,7 @@ void ParamRegistry::set_lazy_zero(LazyZero mode) {
 
 void ParamRegistry::zero_grad(bool lazy) {
   for (auto& p : params_) {
-    p->grad_stale = lazy && g_lazy_zero != LazyZero::Eager && p->grad.device().is_cpu();
+    p->grad_stale = lazy && g_lazy_zero != LazyZero::Eager && kernels::backend_offers(p->grad.device()).lazy_grad_zero;
     if (!p->grad_stale)
       p->grad.zero_();
     else if (g_lazy_zero == LazyZero::Poisoned)
@@ -122,8 +123,10 @@ namespace {
 // Whether the bf16 copy the optimizer wrote still rounds p.value, at 64 elements spread over it.
 bool bf16_copy_matches(const Parameter& p) {
   const int64_t n = p.value.numel();
+  // Only a backend whose update writes the copy keeps it (kernels/backend.h); its tensors are on the host.
   if (!p.bf16_cache.defined() || p.bf16_cache.numel() != n || p.value.dtype() != DType::F32 ||
-      p.value.device().is_cuda() || p.bf16_cache.device().is_cuda())
+      !kernels::backend_offers(p.value.device()).update_writes_bf16_copy ||
+      !kernels::backend_offers(p.bf16_cache.device()).update_writes_bf16_copy)
     return false;
   const float* v = p.value.data<float>();
   const bf16* c = p.bf16_cache.data<bf16>();

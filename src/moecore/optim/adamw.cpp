@@ -1,6 +1,7 @@
 // AdamW (see adamw.h).
 #include "moecore/optim/adamw.h"
 
+#include "moecore/kernels/backend.h"
 #include "moecore/optim/grad_buffer.h"
 
 namespace moecore::optim {
@@ -47,7 +48,8 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     }
     all.push_back({p.value, p.grad, m_[i], v_[i], wd});
     p.bf16_cache_from_update = !rule_.sgd && p.value.dtype() == DType::F32 && p.bf16_cache.defined() &&
-                               p.bf16_cache.numel() == p.value.numel() && !p.bf16_cache.device().is_cuda();
+                               p.bf16_cache.numel() == p.value.numel() &&
+                               kernels::backend_offers(p.bf16_cache.device()).update_writes_bf16_copy;
     if (p.bf16_cache_from_update) all.back().param_bf16 = p.bf16_cache;
   }
   element_step_multi(rule_, all, hp, step);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "moecore/core/timers.h"
+#include "moecore/kernels/backend.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/optim/adamw.h"
 #include "moecore/optim/distributed_optimizer.h"
@@ -194,7 +195,7 @@ std::optional<double> ChainedOptimizer::finish_gradients(std::span<double> rider
   num_zeros_ = std::llround(zeros);
   // The norm, the clip coefficient and the non-finite check where the gradients are; the norm kept for the host's
   // log where nothing brought it to the host.
-  const bool on_host = world_sq.has_value() || !clip_.device().is_cuda();
+  const bool on_host = world_sq.has_value() || kernels::backend_offers(clip_.device()).norm_on_host;
   kernels::clip_finish(clip_, world_sq, cfg_.clip_grad, cfg_.check_finite, iteration, !on_host);
   if (world_sq) return std::sqrt(*world_sq);
   return kernels::norm_on_host(clip_);

@@ -235,10 +235,9 @@ void Muon::step(const kernels::AdamWParams& hp, int64_t /*step*/) {
     std::vector<Tensor> upd, w_host;
     for (size_t m : u.members) {
       nn::Parameter& p = *params_[m];
-      const bool staged = !p.value.device().is_cpu();
-      // A bf16-stored matrix is updated on its f32 master (on the host).
-      w_host.push_back(master_[m].defined() ? master_[m] : staged ? p.value.to(Device::cpu()) : p.value);
-      const Tensor g_host = !p.grad.device().is_cpu() ? p.grad.to(Device::cpu()) : p.grad;
+      // A bf16-stored matrix is updated on its f32 master (on the host); to(cpu) is the tensor itself on the host.
+      w_host.push_back(master_[m].defined() ? master_[m] : p.value.to(Device::cpu()));
+      const Tensor g_host = p.grad.to(Device::cpu());
       float* w = w_host.back().data<float>();
       const float* g = g_host.data<float>();
       float* b = buf_[m].data<float>();

@@ -14,6 +14,7 @@
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/device/offload_copy.h"
+#include "moecore/train/config/device_support.h"
 
 namespace moecore::train {
 
@@ -22,7 +23,8 @@ OffloadConfig offload_config(const TrainConfig& c, Device training_device) {
   o.min_numel = c.min_offloaded_tensor_size;
   o.max_inflight =
       c.fine_grained_offloading_max_inflight_offloads < 0 ? 1 : c.fine_grained_offloading_max_inflight_offloads;
-  if (!c.fine_grained_activation_offloading || !(training_device.is_cuda() || c.testing_offload_on_cpu)) return o;
+  if (!c.fine_grained_activation_offloading || !(offloading_applies(training_device) || c.testing_offload_on_cpu))
+    return o;
   const auto has = [&](const char* m) {
     return std::find(c.offload_modules.begin(), c.offload_modules.end(), m) != c.offload_modules.end();
   };
@@ -72,8 +74,8 @@ std::shared_ptr<void> host_block(const std::shared_ptr<ActivationOffload::Pool>&
 
 ActivationOffload::ActivationOffload(const OffloadConfig& cfg, Device d)
     : cfg_(cfg), dev_(d), pool_(std::make_shared<Pool>()) {
-  pool_->pinned = d.is_cuda();
-  if (d.is_cuda()) copies_ = std::make_unique<cuda::OffloadCopyStream>();
+  pool_->pinned = offloading_applies(d);  // page-locked host memory and a copy stream for a GPU's stashes
+  if (offloading_applies(d)) copies_ = std::make_unique<cuda::OffloadCopyStream>();
 }
 
 ActivationOffload::~ActivationOffload() {

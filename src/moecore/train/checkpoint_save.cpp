@@ -25,13 +25,13 @@ OnHost::OnHost(nn::ParamRegistry& reg, nn::GPTModel& model, optim::ChainedOptimi
     }
     p.value = w[i];
   }
-  if (dev_.is_cuda()) move_router_state(Device::cpu());
+  move_router_state(Device::cpu());  // nothing moves on the CPU
 }
 
 OnHost::~OnHost() {
   try {
     restore();
-    if (dev_.is_cuda()) move_router_state(dev_);
+    move_router_state(dev_);
   } catch (...) {  // an error already on its way out says more than a failed copy back
   }
 }

@@ -115,7 +115,7 @@ CheckpointModel::CheckpointModel(const std::string& load, const std::string& tok
     throw;
   }
   std::fclose(null);
-  if (device.is_cuda()) reg_.to(device);
+  reg_.to(device);
   const auto& state = start.checkpoint->state;
   iteration_ = state.value("release", false) ? 0 : state.value("iteration", int64_t{0});
 }

@@ -146,8 +146,13 @@ double p2p_messages(const TrainConfig& c, const PlanLayout& l, int64_t pp_rank, 
 }
 }  // namespace
 
+Device planned_device(const TrainConfig& c) {
+  if (c.device.rfind("cuda", 0) == 0) return Device::cuda(0);  // on any machine (moecore plan)
+  return c.device == "auto" ? training_device(c) : Device::cpu();
+}
+
 bool plans_gpu(const TrainConfig& c) {
-  return c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c).is_cuda());
+  return planned_device(c).is_cuda();
 }
 
 ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank) {

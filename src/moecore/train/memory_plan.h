@@ -73,7 +73,10 @@ struct ParamCounts {
 // and ends of pipeline rank pp_rank (pp_rank >= 0).
 ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp, int64_t ep_etp, int64_t pp_rank = -1);
 
-// Whether `c` plans a GPU run: --device cuda[:N] (on any machine: moecore plan), or auto where a GPU is visible.
+// The device `c` plans a run on: a GPU for --device cuda[:N] (on any machine: moecore plan), or for auto where a
+// GPU is visible; else the CPU.
+Device planned_device(const TrainConfig& c);
+// Whether that is a GPU.
 bool plans_gpu(const TrainConfig& c);
 
 // The plan of pipeline rank `pp_rank` under `l`: parameters counted from the configuration (or `measured`, the

@@ -22,8 +22,7 @@ namespace {
 
 // The offloading of a run on the device the plan is for.
 OffloadConfig planned_offload(const TrainConfig& c) {
-  const bool gpu = c.device.rfind("cuda", 0) == 0 || (c.device == "auto" && training_device(c).is_cuda());
-  return offload_config(c, gpu ? Device::cuda(0) : Device::cpu());
+  return offload_config(c, planned_device(c));
 }
 
 // Sums the bytes of the tensors at least `min_numel` elements long.

@@ -56,19 +56,27 @@ void Trainer::request_stop(int signal) {
   StopSignals::request(signal);
 }
 
+namespace {
+// The device this rank trains on (cuda:<local rank>, or the CPU) and how GPU tensors travel, agreed by every rank
+// before any group exists (the groups' NCCL communicators are made with them); `placement` says so where several
+// ranks were placed, `training_on` names a single process's GPU. A single process without a world: no groups.
+Device place_this_rank(const TrainConfig& c, const comm::ProcessGroup* world, std::string* placement,
+                       std::string* training_on) {
+  if (world) return comm::place_ranks_on_gpus(c.device, "train", world->comm(), placement);
+  if (!training_device(c).is_cuda()) return Device::cpu();
+  const Device d = Device::cuda(cuda::place_on_gpu(0, 1, cuda::visible_devices(), c.device, false).device);
+  cuda::set_current_device(d);
+  *training_on = cuda::describe_device(d);
+  return d;
+}
+}  // namespace
+
 Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm::ProcessGroup* world)
     : cfg_(std::move(cfg)), timers_(std::make_unique<Timers>(static_cast<int>(cfg_.timing_log_level))), out_(out) {
   MOE_ASSERT_MSG(is_resolved(cfg_), "a configuration changed since train::resolve (or never resolved): resolve it");
   Timers::Install timing(timers_.get());
-  // The GPU this rank trains on (cuda:<local rank>) and how GPU tensors travel, agreed by every rank before any
-  // group exists (the groups' NCCL communicators are made with them). A single process without a world: no groups.
-  std::string placement;
-  if (world) {
-    device_ = comm::place_ranks_on_gpus(cfg_.device, "train", world->comm(), &placement);
-  } else if (training_device(cfg_).is_cuda()) {
-    device_ = Device::cuda(cuda::place_on_gpu(0, 1, cuda::visible_devices(), cfg_.device, false).device);
-    cuda::set_current_device(device_);
-  }
+  std::string placement, training_on;
+  device_ = place_this_rank(cfg_, world, &placement, &training_on);
   groups_ = std::make_unique<ParallelGroups>(cfg_, world);
   if (groups_->world_rank != 0) out_ = null_out_ = std::fopen("/dev/null", "w");  // one rank speaks
   if (groups_->world_rank != 0) moecore::Progress::silence_this_process();        // checkpoint progress too
@@ -86,10 +94,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
   {  // initialized on the host (the same values on every device), then moved as a whole
     MOE_ASSERT(training_device(cfg_).is_cuda() == device_.is_cuda());  // the GPU path's checks, on every rank
-    if (device_.is_cuda()) {
-      reg_.to(device_);
-      fmt::print(out_, "moecore train: training on {}\n", cuda::describe_device(device_));
-    }
+    reg_.to(device_);
+    if (!training_on.empty()) fmt::print(out_, "moecore train: training on {}\n", training_on);
   }
   if (const OffloadConfig oc = offload_config(cfg_, device_); oc.modules.any()) {  // --offload-modules
     offload_ = std::make_unique<ActivationOffload>(oc, device_);
@@ -144,7 +150,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   plan_ = print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
   log_->set_planned_memory(plan_.total());
   Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
-  if (device_.is_cuda()) cuda::device_reset_peak(device_);
+  cuda::device_reset_peak(device_);    // nothing on the CPU
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});
 }
 
@@ -170,7 +176,7 @@ Trainer::~Trainer() {
 // Kernels launch on the thread's current GPU: this trainer's (several trainers in one process may use different
 // GPUs, as the layout tests' one-rank reference on GPU 0 beside a rank on cuda:<local rank>).
 void Trainer::make_device_current() const {
-  if (device_.is_cuda()) cuda::set_current_device(device_);
+  cuda::set_current_device(device_);  // nothing on the CPU
 }
 
 std::string Trainer::save_checkpoint() {
@@ -419,7 +425,7 @@ void Trainer::train_loop() {
     std::vector<StepResult> settled;
     if (!r.grad_norm_on_device) {
       settled.push_back(r);
-      if (device_.is_cuda() && must_settle(it)) settle_norms();  // the deferred id checks (multi-rank GPU runs)
+      if (must_settle(it)) settle_norms();  // the deferred id checks (multi-rank GPU runs; none on the CPU)
     } else if (must_settle(it)) {
       r = (settled = settle_norms()).back();
     }

@@ -16,8 +16,7 @@
 #include "moecore/core/timer.h"
 #include "moecore/device/device_select.h"
 #include "moecore/kernels/attention_backend.h"
-#include "moecore/kernels/cpu/attention_flash.h"
-#include "moecore/kernels/cpu/attention_flash_native.h"
+#include "moecore/kernels/attention_named.h"
 #include "moecore/kernels/rope.h"
 
 namespace moecore::cli {
@@ -56,7 +55,7 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   if (a.bf16_kernel == "onednn") kind = Bf16AttentionKernel::OneDnn;
   if (a.bf16_kernel == "flash") kind = Bf16AttentionKernel::Flash;
   if (a.bf16_kernel == "native") {
-    MOE_CHECK(kernels::flash::has_native_bf16(),
+    MOE_CHECK(kernels::has_native_bf16_attention(),
               "--bf16-kernel native needs AVX512-BF16 or AMX, which this CPU lacks; use flash or onednn");
     kind = Bf16AttentionKernel::FlashNative;
   }
@@ -68,12 +67,11 @@ void run_bench_attention(const AttentionBenchArgs& a) {
   const bool onednn = kind == Bf16AttentionKernel::OneDnn, native = kind == Bf16AttentionKernel::FlashNative;
   MOE_CHECK(!a.bf16_tensors || (bf16 && native),
             "--bf16-tensors needs --dtype bf16 and the native kernel (a CPU with AVX512-BF16 or AMX)");
-  const std::string kernel = !bf16    ? "flash f32"
-                             : onednn ? "oneDNN bf16 batched matmuls"
-                             : native
-                                 ? fmt::format("flash, native bf16 block products ({})",
-                                               kernels::flash::native_bf16_name(kernels::flash::best_native_bf16()))
-                                 : "flash, bf16 operands";
+  const std::string kernel =
+      !bf16    ? "flash f32"
+      : onednn ? "oneDNN bf16 batched matmuls"
+      : native ? fmt::format("flash, native bf16 block products ({})", kernels::native_bf16_attention_name())
+               : "flash, bf16 operands";
   const std::string tag = !bf16 ? "flash" : onednn ? "onednn" : native ? "native" : "flash";
   fmt::print(
       "moecore bench attention: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} timed runs, {} "
@@ -113,41 +111,25 @@ void run_bench_attention(const AttentionBenchArgs& a) {
     for (int64_t i = 0; i < a.seq; i++) pairs += static_cast<double>(std::clamp<int64_t>(a.block_q0 + i + 1, 0, a.seq));
   }
   const double fwd_flops = 4.0 * pairs * static_cast<double>(a.head_dim * a.heads * a.batch);
-  const auto native_b = [] { return kernels::flash::best_native_bf16(); };
   std::vector<double> fwd_rates, total_rates;
   PeakSampler peak(bf16 ? DType::BF16 : DType::F32);
   for (int i = 0; i <= a.iters; i++) {
     if (i > 0) peak.sample();  // interleaved with the timed runs (after the warm-up)
     const Stopwatch timer;
-    if (block && !bf16)
+    if (!bf16 && block)
       kernels::attention_block_forward(q, k, v, a.block_q0, 0, scale, o, lse, drop);
-    else if (block && native)
-      kernels::flash::block_forward_native(q, k, v, a.block_q0, 0, scale, o, lse, drop, native_b());
-    else if (block)
-      kernels::flash::block_forward_rounded(q, k, v, a.block_q0, 0, scale, o, lse, drop);
     else if (!bf16)
       kernels::attention_forward(q, k, v, scale, o, lse, drop);
-    else if (onednn)
-      kernels::attention_forward_bf16_onednn(q, k, v, scale, o, lse, drop);
-    else if (native)
-      kernels::flash::forward_native(q, k, v, scale, o, lse, drop, native_b(), rope);
     else
-      kernels::flash::forward(q, k, v, scale, o, lse, drop, /*round_bf16=*/true);
+      kernels::attention_forward_named(kind, q, k, v, block ? a.block_q0 : -1, scale, o, lse, drop, rope);
     const double fwd_s = timer.seconds();
-    if (block && !bf16)
+    if (!bf16 && block)
       kernels::attention_block_backward(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, drop);
-    else if (block && native)
-      kernels::flash::block_backward_native(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, drop, native_b());
-    else if (block)
-      kernels::flash::block_backward_rounded(dout, q, k, v, o, lse, a.block_q0, 0, scale, dq, dk, dv, drop);
     else if (!bf16)
       kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, drop);
-    else if (onednn)
-      kernels::attention_backward_bf16_onednn(dout, q, k, v, o, lse, scale, dq, dk, dv, drop);
-    else if (native)
-      kernels::flash::backward_native(dout, q, k, v, o, lse, scale, dq, dk, dv, drop, native_b(), rope);
     else
-      kernels::flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, drop, /*round_bf16=*/true);
+      kernels::attention_backward_named(kind, dout, q, k, v, o, lse, block ? a.block_q0 : -1, scale, dq, dk, dv, drop,
+                                        rope);
     const double total_s = timer.seconds();
     if (i == 0) continue;  // warm-up
     fwd_rates.push_back(fwd_flops / fwd_s / 1e9);

@@ -63,8 +63,7 @@ void print_machine() {
 }
 
 double gemm_peak_sample(DType dtype, Device device) {
-  // A GPU's cuBLAS peak needs products that fill it (8192); a CPU's shows at 2048.
-  return kernels::time_square_gemm(dtype, device.is_cuda() ? 8192 : 2048, 3, device).first;
+  return kernels::time_square_gemm(dtype, kernels::peak_gemm_size(device), 3, device).first;
 }
 
 void PeakSampler::sample() {
@@ -83,7 +82,7 @@ std::string describe_peak(std::string_view dtype, const std::vector<double>& sam
   std::string s = fmt::format(
       "{} GEMM peak {:.1f} GFLOP/s: median of {} samples taken between {}, each the best of 3 M=N=K={} runs on {} "
       "(range {:.1f}-{:.1f})",
-      dtype, cli::median(samples), samples.size(), between, device.is_cuda() ? 8192 : 2048, device.str(), lo, hi);
+      dtype, cli::median(samples), samples.size(), between, kernels::peak_gemm_size(device), device.str(), lo, hi);
   const double swing = kernels::peak_swing(samples);
   if (swing > kernels::kUnsteadyPeak)
     s += fmt::format(

@@ -15,8 +15,6 @@
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/attention_backend.h"
-#include "moecore/kernels/cuda/attention_cudnn.h"
-#include "moecore/kernels/cuda/attention_cudnn_api.h"
 #include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
@@ -50,7 +48,7 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
   using kernels::AttentionBackend;
   const AttentionBackend chosen = kernels::attention_backend();
   std::string cudnn_why;
-  const bool with_cudnn = bf16 && kernels::cuda::cudnn_attention_available(&cudnn_why);
+  const bool with_cudnn = bf16 && kernels::cudnn_attention_available(&cudnn_why);
   const bool compare = with_cudnn && chosen != AttentionBackend::kNative;
   fmt::print(
       "moecore bench attention --device {}: S={} B={} heads={} kv_heads={} head_dim={} causal, {} ({}), {} "
@@ -58,7 +56,7 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
       d.str(), seq, batch, heads, kv_heads, head_dim, bf16 ? "bf16" : "f32",
       !bf16        ? "own flash kernel"
       : compare    ? fmt::format("cuDNN {} fused attention against the native tensor-core kernels, run by run",
-                                 kernels::cudnn_version_str(kernels::cuda::cudnn_loaded_version()))
+                                 kernels::cudnn_version_str(kernels::cudnn_loaded_version()))
       : with_cudnn ? std::string("native tensor-core kernels (attention backend native)")
                    : fmt::format("native tensor-core kernels; cuDNN unavailable: {}", cudnn_why),
       iters, dropout > 0 ? fmt::format("; attention dropout {} timed against none, run by run", dropout) : "",
@@ -103,7 +101,7 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
   // With dropout, the runs alternate (none, dropout) so both see the same clocks and temperature; with cuDNN, the
   // native kernels' run alternates with cuDNN's.
   std::vector<double> f_rates, t_rates, fd_rates, td_rates, ratios, nf_rates, nt_rates, speedups;
-  const int64_t cudnn_calls_before = kernels::cuda::cudnn_attention_counts().backward;
+  const int64_t cudnn_calls_before = kernels::cudnn_attention_calls().backward;
   for (int i = 0; i <= iters; i++) {
     const auto [tf, tt] = run(nullptr);
     const auto [tfd, ttd] = dropout > 0 ? run(&drop) : std::pair{0.0, 0.0};
@@ -123,7 +121,7 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
   }
   const double peak = gpu_bf16_peak_gflops(d), f = median(f_rates), tot = median(t_rates);
   // The chosen backend's calls ran cuDNN only if it took them (a refused shape falls back, and says why above).
-  const bool cudnn_ran = compare && kernels::cuda::cudnn_attention_counts().backward > cudnn_calls_before;
+  const bool cudnn_ran = compare && kernels::cudnn_attention_calls().backward > cudnn_calls_before;
   const char* who = !bf16 ? "" : cudnn_ran ? " [cuDNN]" : " [native]";
   fmt::print("  attention forward{}:          {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", who, f, f / peak);
   fmt::print("  attention forward+backward{}: {:10.1f} GFLOP/s ({:.3f} of the cuBLAS bf16 peak)\n", who, tot,

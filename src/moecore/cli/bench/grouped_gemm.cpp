@@ -1,10 +1,10 @@
 // `moecore bench grouped-gemm --device cuda`: the six expert GEMMs of one MoE layer's forward and backward (fc1 and
 // fc2: forward, data gradient, weight gradient) over balanced expert row counts, bf16 operands with f32 accumulation,
-// bf16 outputs and f32 weight gradients as the GPU experts run them under --bf16, through both grouped GEMM
-// implementations (kernels/cuda/grouped_gemm.h), as TFLOP/s and as a fraction
-// of the cuBLAS bf16 peak measured in the same run. Shapes: Qwen3-30B-A3B's experts (H=2048, F=768, E=128, top-8) and
-// Mixtral 8x7B's (H=4096, F=14336, E=8, top-2), 16,384 tokens by default.
-#include "moecore/kernels/cuda/grouped_gemm.h"
+// bf16 outputs and f32 weight gradients as the GPU experts run them under --bf16 (one cuBLASLt matmul per expert,
+// kernels/grouped_gemm.h), as TFLOP/s and as a fraction of the cuBLAS bf16 peak measured in the same run. Shapes:
+// Qwen3-30B-A3B's experts (H=2048, F=768, E=128, top-8) and Mixtral 8x7B's (H=4096, F=14336, E=8, top-2), 16,384 tokens
+// by default.
+#include "moecore/kernels/grouped_gemm.h"
 
 #include <fmt/format.h>
 
@@ -66,43 +66,33 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
   Tensor da = Tensor::empty({Rb, s.F}, DType::BF16, d), dx = Tensor::empty({Rb, s.H}, DType::BF16, d);
   Tensor dw1 = Tensor::zeros({s.E, F1, s.H}, DType::F32, d), dw2 = Tensor::zeros({s.E, s.H, s.F}, DType::F32, d);
   const double fwd_flops = 2.0 * static_cast<double>(Rb) * (F1 * s.H + s.H * s.F), all_flops = 3 * fwd_flops;
-  using kernels::cuda::GroupedGemmImpl;
-  for (auto impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-    kernels::cuda::set_grouped_gemm_impl(impl);
-    auto forward = [&] {
-      kernels::cuda::grouped_gemm(x, w1, true, h, begin, rows);
-      kernels::cuda::grouped_gemm(a, w2, true, y, begin, rows);
-    };
-    auto backward = [&] {
-      kernels::cuda::grouped_gemm(dy, w2, false, da, begin, rows);
-      kernels::cuda::grouped_gemm_wgrad(dy, a, dw2, begin, rows);
-      kernels::cuda::grouped_gemm(dh, w1, false, dx, begin, rows);
-      kernels::cuda::grouped_gemm_wgrad(dh, x, dw1, begin, rows);
-    };
-    forward(), backward();  // warm-up: plans, handles, workspaces
+  auto forward = [&] {
+    kernels::grouped_gemm(x, w1, true, h, begin, rows);
+    kernels::grouped_gemm(a, w2, true, y, begin, rows);
+  };
+  auto backward = [&] {
+    kernels::grouped_gemm(dy, w2, false, da, begin, rows);
+    kernels::grouped_gemm_wgrad(dy, a, dw2, begin, rows);
+    kernels::grouped_gemm(dh, w1, false, dx, begin, rows);
+    kernels::grouped_gemm_wgrad(dh, x, dw1, begin, rows);
+  };
+  forward(), backward();  // warm-up: plans, handles, workspaces
+  cuda::synchronize();
+  std::vector<double> f_rates, t_rates;
+  for (int i = 0; i < iters; i++) {
+    const Stopwatch t0;
+    forward();
     cuda::synchronize();
-    const kernels::cuda::GroupedGemmCalls c0 = kernels::cuda::grouped_gemm_calls();
-    std::vector<double> f_rates, t_rates;
-    for (int i = 0; i < iters; i++) {
-      const Stopwatch t0;
-      forward();
-      cuda::synchronize();
-      const double tf = t0.seconds();
-      const Stopwatch t1;
-      forward(), backward();
-      cuda::synchronize();
-      f_rates.push_back(fwd_flops / tf / 1e12);
-      t_rates.push_back(all_flops / t1.seconds() / 1e12);
-    }
-    const double f = median(f_rates), tot = median(t_rates);
-    const kernels::cuda::GroupedGemmCalls c1 = kernels::cuda::grouped_gemm_calls();
-    const double runs = 2.0 * iters;  // forward alone, then forward + backward, per iteration
-    fmt::print(
-        "    {:<40} forward {:7.1f} TFLOP/s ({:.3f} of peak), forward+backward {:7.1f} TFLOP/s ({:.3f} of "
-        "peak); per pass {:.1f} grouped launches, {:.1f} per-expert loops ({:.1f} refused)\n",
-        kernels::cuda::grouped_gemm_impl_name(impl), f, f * 1e3 / peak, tot, tot * 1e3 / peak,
-        (c1.grouped - c0.grouped) / runs, (c1.loop - c0.loop) / runs, (c1.refused - c0.refused) / runs);
+    const double tf = t0.seconds();
+    const Stopwatch t1;
+    forward(), backward();
+    cuda::synchronize();
+    f_rates.push_back(fwd_flops / tf / 1e12);
+    t_rates.push_back(all_flops / t1.seconds() / 1e12);
   }
+  const double f = median(f_rates), tot = median(t_rates);
+  fmt::print("    forward {:7.1f} TFLOP/s ({:.3f} of peak), forward+backward {:7.1f} TFLOP/s ({:.3f} of peak)\n", f,
+             f * 1e3 / peak, tot, tot * 1e3 / peak);
 }
 
 void run_bench_grouped_gemm(const GroupedGemmBenchArgs& a) {
@@ -110,7 +100,6 @@ void run_bench_grouped_gemm(const GroupedGemmBenchArgs& a) {
   MOE_CHECK(d.is_cuda(),
             "bench grouped-gemm runs on the GPU only (--device cuda); the CPU experts are measured by "
             "bench moe-layer");
-  const kernels::cuda::GroupedGemmImpl saved = kernels::cuda::grouped_gemm_impl();
   fmt::print(
       "moecore bench grouped-gemm --device {}: expert GEMMs of one MoE layer (fc1, fc2: forward, dgrad, wgrad), "
       "bf16 operands, bf16 outputs, f32 weight gradients, median of {} runs\n  device: {}\n",
@@ -120,13 +109,13 @@ void run_bench_grouped_gemm(const GroupedGemmBenchArgs& a) {
   for (const ExpertShape& s : shapes)
     if (a.model == "all" || a.model == s.name) bench_shape(d, s, a.tokens, a.iters, peak);
   fmt::print("  cuBLAS bf16 peak: {:.1f} GFLOP/s (best of M=N=K=4096 and 8192, this run)\n", peak);
-  kernels::cuda::set_grouped_gemm_impl(saved);
 }
 }  // namespace
 
 BenchCommand add_grouped_gemm_bench(CLI::App& bench) {
   auto a = std::make_shared<GroupedGemmBenchArgs>();
-  CLI::App* cmd = bench.add_subcommand("grouped-gemm", "Grouped expert GEMM TFLOP/s on the GPU, both implementations");
+  CLI::App* cmd =
+      bench.add_subcommand("grouped-gemm", "Grouped expert GEMM TFLOP/s on the GPU against the cuBLAS peak");
   cmd->add_option("--tokens", a->tokens, "Tokens routed (top-k rows each, balanced over the experts)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22))
       ->capture_default_str();

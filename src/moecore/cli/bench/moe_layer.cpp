@@ -1,7 +1,5 @@
 // `moecore bench moe-layer`: one MoE layer (router, dispatch, SwiGLU experts, combine) forward+backward GFLOP/s
-// against the same-run GEMM peak, on one rank. Not a training step (bench train) or communication (bench comm). On
-// the GPU, --compare-grouped-gemm times the layer again with each grouped GEMM implementation (one grouped launch
-// per GEMM, and the per-expert loop: kernels/cuda/grouped_gemm.h).
+// against the same-run GEMM peak, on one rank. Not a training step (bench train) or communication (bench comm).
 #include "moecore/moe/moe_layer.h"
 
 #include <fmt/format.h>
@@ -15,7 +13,6 @@
 #include "moecore/core/timers.h"
 #include "moecore/device/device_select.h"
 #include "moecore/device/runtime.h"
-#include "moecore/kernels/cuda/grouped_gemm.h"
 #include "moecore/kernels/gemm.h"
 
 namespace moecore::cli {
@@ -26,7 +23,6 @@ struct MoEBenchArgs {
   std::string dtype = "f32";
   int iters = 3;
   bool force_balance = false;
-  bool compare_grouped = false;
   std::string device = "cpu";
 };
 
@@ -34,13 +30,8 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   const bool bf16 = a.dtype == "bf16";
   const Device dev = cuda::resolve_device(a.device, "bench moe-layer");
-  MOE_CHECK(!a.compare_grouped || dev.is_cuda(),
-            "--compare-grouped-gemm times the GPU's grouped GEMM implementations; run it with --device cuda (the "
-            "device here is {})",
-            dev.str());
   fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, on {}\n", a.tokens,
-             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters,
-             dev.is_cuda() ? cuda::describe_device(dev) : fmt::format("the CPU, {} threads", num_threads()));
+             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters, cuda::describe_device(dev));
   moe::MoELayerConfig c;
   c.router.hidden = a.hidden;
   c.router.num_experts = a.experts;
@@ -86,7 +77,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
       layer.backward(dy, *st);
     }
     reg.settle_grads();
-    if (dev.is_cuda()) cuda::synchronize();  // the GPU's queued work belongs to this run
+    cuda::synchronize(dev);  // the GPU's queued work belongs to this run
     return timer.seconds();
   };
   for (int i = 0; i <= a.iters; i++) {
@@ -111,7 +102,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   fmt::print("  load: max/mean tokens per expert {:.2f} (over {} steps)\n", load.max_load() / load.mean_load(),
              a.iters + 1);
   fmt::print("  {}\n", peak.describe());
-  if (!dev.is_cuda() && gemm_s > 0) {
+  if (gemm_s > 0) {  // the host-timed GEMMs (the CPU backend tallies them)
     const double rest = run_s - gemm_s - part_s["moe-router"] - part_s["moe-permute"];
     fmt::print(
         "  a run: {:.4f} s; GEMMs {:.4f} s ({:.0f}%) at {:.1f} GFLOP/s ({:.2f} of the peak), router {:.4f} s, token "
@@ -124,27 +115,6 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   fmt::print("  {}\n", describe_paired(rates, peak.samples()));
   fmt::print("moe_layer dtype={} gflops={:.1f} peak_gflops={:.1f} ratio={:.3f} paired_ratio={:.3f}\n", a.dtype, rate, p,
              rate / p, paired_peak_ratio(rates, peak.samples()));
-  if (!a.compare_grouped) return;
-  // The same layer with each grouped GEMM implementation, against the peak measured above.
-  using kernels::cuda::GroupedGemmImpl;
-  const GroupedGemmImpl saved = kernels::cuda::grouped_gemm_impl();
-  for (GroupedGemmImpl impl : {GroupedGemmImpl::kGrouped, GroupedGemmImpl::kLoop}) {
-    kernels::cuda::set_grouped_gemm_impl(impl);
-    one_run();  // warm-up: plans, handles, workspaces of this implementation
-    const kernels::cuda::GroupedGemmCalls c0 = kernels::cuda::grouped_gemm_calls();
-    std::vector<double> r;
-    for (int i = 0; i < a.iters; i++) r.push_back(flops / one_run() / 1e12);
-    const kernels::cuda::GroupedGemmCalls c1 = kernels::cuda::grouped_gemm_calls();
-    const double t = median(r), n = a.iters;
-    const char* name = impl == GroupedGemmImpl::kGrouped ? "grouped" : "loop";
-    fmt::print(
-        "  {:<40} {:7.1f} TFLOP/s ({:.3f} of the peak); per run {:.0f} grouped launches, {:.0f} per-expert loops "
-        "({:.0f} refused by cuBLAS)\n",
-        kernels::cuda::grouped_gemm_impl_name(impl), t, t * 1e3 / p, (c1.grouped - c0.grouped) / n,
-        (c1.loop - c0.loop) / n, (c1.refused - c0.refused) / n);
-    fmt::print("moe_layer_grouped_gemm impl={} dtype={} tflops={:.1f} ratio={:.3f}\n", name, a.dtype, t, t * 1e3 / p);
-  }
-  kernels::cuda::set_grouped_gemm_impl(saved);
 }
 }  // namespace
 
@@ -159,8 +129,6 @@ BenchCommand add_moe_layer_bench(CLI::App& bench) {
   cmd->add_option("--dtype", a->dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed runs")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_flag("--moe-router-force-load-balancing", a->force_balance, "Route on random logits");
-  cmd->add_flag("--compare-grouped-gemm", a->compare_grouped,
-                "On the GPU: also time the layer with each grouped GEMM implementation (grouped, loop)");
   cmd->add_option("--device", a->device, "cpu, cuda[:N] or auto (the GPU when one is visible)")->capture_default_str();
   return {cmd, [a] { run_bench_moe_layer(*a); }};
 }

@@ -122,9 +122,7 @@ void run_bench_train(const TrainBenchArgs& a) {
   fmt::print("  {}\n", describe_peak(a.dtype, r.peak_samples, t->device(), "the steps"));
   // The memory plan printed at start beside the allocator's peak over the timed steps (the GPU's on the GPU).
   const double planned = t->memory_plan().total(),
-               peak_bytes =
-                   static_cast<double>(t->device().is_cuda() ? cuda::device_allocator_stats(t->device()).peak_bytes
-                                                             : Allocator::instance().stats().peak_bytes);
+               peak_bytes = static_cast<double>(cuda::device_allocator_stats(t->device()).peak_bytes);
   fmt::print("  memory: planned {:.1f} MiB, measured peak {:.1f} MiB ({:.3f} of the plan)\n", planned / kMiB,
              peak_bytes / kMiB, peak_bytes / planned);
   std::vector<double> step_gflops;  // each timed step's model GFLOP/s per rank

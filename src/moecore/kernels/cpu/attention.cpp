@@ -1,9 +1,9 @@
-// Causal GQA attention: the shape checks and the f32/f64 entry points (see attention.h); the kernel itself is
-// attention_flash.cpp.
+// Causal GQA attention on the CPU: the shape checks, the f32/f64 entry points and the backend's table of entry points
+// (see attention.h); the kernels themselves are attention_flash*.cpp and attention_bf16.cpp.
 #include "moecore/kernels/attention.h"
 
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/attention_flash.h"
-#include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
 
@@ -52,6 +52,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const AttentionDropout* dropout) {
   flash::backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dropout, /*round_bf16=*/false);
 }
+
+const AttentionKernels kAttentionKernels{attention_forward,       attention_backward,      attention_forward_bf16,
+                                         attention_backward_bf16, attention_block_forward, attention_merge,
+                                         attention_block_backward};
 }  // namespace cpu
 
 }  // namespace moecore::kernels

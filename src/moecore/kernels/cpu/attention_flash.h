@@ -27,3 +27,26 @@ void block_backward_rounded(const Tensor& dout, const Tensor& q, const Tensor& k
                             const AttentionDropout* dropout = nullptr);
 
 }  // namespace moecore::kernels::flash
+
+// The CPU backend's attention entry points (attention.h's signatures), gathered into its table (AttentionKernels) by
+// kernels/cpu/attention.cpp: whole sequences there and in attention_bf16.cpp, blocks in attention_flash_block.cpp.
+namespace moecore::kernels::cpu {
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                       const AttentionDropout* dropout);
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                        const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionDropout* dropout);
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor& o, Tensor& lse,
+                            const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim);
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionDropout* dropout, const AttentionRope* rope, int64_t value_dim);
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
+                             Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16);
+void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part);
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                              const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk,
+                              Tensor& dv, const AttentionDropout* dropout, bool round_bf16);
+
+}  // namespace moecore::kernels::cpu

@@ -359,7 +359,7 @@ void block_backward_rounded(const Tensor& dout, const Tensor& q, const Tensor& k
 }
 }  // namespace flash
 
-// The CPU backend's block ops (backend_ops.inc), routed by kernels/dispatch.cpp.
+// The CPU backend's block ops (attention_flash.h), in its table (kernels/cpu/attention.cpp).
 void cpu::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0,
                                   double scale, Tensor& o, Tensor& lse, const AttentionDropout* dropout,
                                   bool round_bf16) {

@@ -2,13 +2,15 @@
 // iteration, threads over tokens (or experts for capacity), every sum in a fixed order. Formulas follow reference
 // §1.1a/§1.1b/§1.2; each backward term is derived next to its code. Top-k breaks ties toward the lower expert index
 // (torch.topk leaves this to the backend).
-#include "moecore/kernels/cpu/router.h"
+#include "moecore/kernels/router.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "moecore/kernels/backends.h"
 
 namespace moecore::kernels::cpu {
 
@@ -456,5 +458,13 @@ void router_z_loss_backward(const Tensor& logits_TE, const Tensor& lse_T, double
       for (int64_t e = 0; e < E; e++) d[t * E + e] += fr * lse[t] * std::exp(l[t * E + e] - lse[t]);
   });
 }
+
+// The CPU routes in either router dtype: nothing to refuse.
+void router_check_backend(DType) {}
+
+const RouterKernels kRouterKernels{router_check_backend,      router_rows,           router_capacity,
+                                   router_mask_ids,           router_expert_counts,  router_aux_counts,
+                                   router_add_class_coef,     router_mul_,           router_score_backward,
+                                   router_aux_score_backward, router_z_loss_backward};
 
 }  // namespace moecore::kernels::cpu

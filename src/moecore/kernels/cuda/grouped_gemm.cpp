@@ -1,37 +1,27 @@
-// Grouped expert GEMMs (see grouped_gemm.h). Row-major products are computed as their column-major transposes, as in
-// gemm_cublaslt.cpp: C_e[r, N] = A_e[r, K]·op(W_e) is Cᵀ = op(W_e)ᵀ·A_eᵀ with m = N, n = r, k = K, and the weight
-// gradient dW_e[N, K] += dY_eᵀ·X_e is dWᵀ = X_eᵀ·dY_e with m = K, n = N, k = r. Each expert with rows is one
-// problem; the problem list is built on the host from the row counts (already there: the dispatch copied them).
-//   (a) kGrouped: one cublasGemmGroupedBatchedEx call per GEMM, every expert its own group of one; the A/B/C pointer
-//       arrays are written on the device by a small kernel whose arguments carry the problem list
-//       (grouped_gemm_ptrs.cu): two launches, no host-to-device copy. Operand/output types cuBLAS offers for the
-//       grouped call: f32 → f32 and bf16 → bf16 (f32 compute). bf16 → f32 (the weight gradients accumulated into f32
-//       under bf16, an f32 fc1 output under expert biases) is not offered: those run as (b).
-//   (b) kLoop: one cuBLASLt matmul per expert, experts dealt round-robin over kStreams streams that wait for the
-//       caller's stream and are waited on by it (events); each stream has its own workspace.
-// Both are deterministic: no atomics or split-K reductions are requested, and each output has one writer. They may
-// differ from each other in the last bit (different kernels), never from run to run.
-#include "moecore/kernels/cuda/grouped_gemm.h"
-
+// Grouped expert GEMMs on the GPU (the op is kernels/grouped_gemm.h's, declared in kernels/cuda/kernels.h): one GEMM
+// per expert over that expert's block of rows, every expert a different row count, experts with no rows skipped.
+// Operands f32 (TF32 off unless set_allow_tf32) or bf16 with f32 accumulation; outputs f32, or bf16 rounded by the
+// GEMM's epilogue (the CPU grouped experts' semantics under --bf16); weight gradients accumulate into f32. No bias
+// epilogue: the experts' biases are added per expert segment of rows afterwards (kernels::segment_bias_forward).
+// Row-major products are computed as their column-major transposes, as in gemm_cublaslt.cpp: C_e[r, N] =
+// A_e[r, K]·op(W_e) is Cᵀ = op(W_e)ᵀ·A_eᵀ with m = N, n = r, k = K, and the weight gradient dW_e[N, K] += dY_eᵀ·X_e is
+// dWᵀ = X_eᵀ·dY_e with m = K, n = N, k = r. Each expert with rows is one problem (the problem list is built on the
+// host from the row counts, already there: the dispatch copied them), run as one cuBLASLt matmul, the experts dealt
+// round-robin over kStreams streams that wait for the caller's stream and are waited on by it (events); each stream
+// has its own workspace. Deterministic: no atomics or split-K reductions are requested, and each output has one
+// writer.
 #include <cublasLt.h>
-#include <cublas_v2.h>
-#include <fmt/format.h>
 
-#include <array>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
+#include <vector>
 
 #include "moecore/device/check.h"
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
 #include "moecore/kernels/cuda/kernels.h"
-#include "moecore/kernels/cuda/launch_grouped.h"
 
 namespace moecore::kernels::cuda {
 
@@ -40,19 +30,6 @@ namespace moecore::kernels::cuda {
 namespace grouped_detail {
 constexpr int kStreams = 4;
 constexpr size_t kLtWorkspace = size_t(32) << 20;
-
-std::atomic<int> g_impl{-1};  // −1: not chosen yet (read the environment on first use)
-std::atomic<int64_t> g_grouped_calls{0}, g_loop_calls{0}, g_refused_calls{0};
-// Type combinations cuBLAS refused a grouped call for (bit refusal_bit): every later call of them loops.
-std::atomic<unsigned> g_refused_types{0};
-
-// Where a problem's operands live, for the device pointer builder: operand o of the problem is
-// base[o] + row·row_stride[o] + expert·expert_stride[o] (GroupedPtrArgs).
-struct Operands {
-  const char* base[3];
-  int64_t row_stride[3];
-  int64_t expert_stride[3];
-};
 
 struct Problem {
   cublasOperation_t ta, tb;
@@ -63,8 +40,6 @@ struct Problem {
   int ldb;
   void* C;
   int ldc;
-  int32_t expert;  // the expert and first row it covers (for the device pointer builder)
-  int64_t row;
 };
 
 struct LtKey {
@@ -87,7 +62,6 @@ struct LtPlan {
 };
 
 struct DeviceCtx {
-  cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   cudaStream_t streams[kStreams] = {};
   cudaEvent_t done[kStreams] = {};
@@ -115,8 +89,7 @@ Ctx& ctx() {
 
 DeviceCtx& device_ctx(int device) {  // under ctx().mu
   DeviceCtx& dc = ctx().devices[device];
-  if (!dc.blas) {
-    MOE_CUBLAS_CHECK(cublasCreate(&dc.blas));
+  if (!dc.lt) {
     MOE_CUBLAS_CHECK(cublasLtCreate(&dc.lt));
     MOE_CUDA_CHECK(cudaEventCreateWithFlags(&dc.start, cudaEventDisableTiming));
     for (int i = 0; i < kStreams; i++) {
@@ -142,88 +115,6 @@ int as_int(int64_t v, const char* what) {
 
 cublasComputeType_t compute_type(cudaDataType_t in) {
   return in == CUDA_R_32F && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-}
-
-void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, cudaDataType_t out, float alpha,
-                    float beta);
-
-unsigned refusal_bit(cudaDataType_t in, cudaDataType_t out) {
-  return 1u << ((in == CUDA_R_16BF ? 1 : 0) + (out == CUDA_R_16BF ? 2 : 0) + (allow_tf32() ? 4 : 0));
-}
-
-// The types cuBLAS offers cublasGemmGroupedBatchedEx (f32 compute): f32 → f32 and bf16 → bf16; not those this
-// process's cuBLAS refused.
-bool grouped_offers(cudaDataType_t in, cudaDataType_t out) {
-  return in == out && (g_refused_types.load() & refusal_bit(in, out)) == 0;
-}
-
-// The device pointer arrays of `ps` ([A | B | C], 3·G pointers) in `ptrs`, written by the builder kernel, at most
-// kGroupedPtrsPerLaunch problems per launch.
-void build_pointers(const std::vector<Problem>& ps, const Operands& ops, void** ptrs, cudaStream_t s) {
-  const int64_t G = static_cast<int64_t>(ps.size());
-  launch::GroupedPtrArgs a{};
-  for (int o = 0; o < 3; o++) {
-    a.base[o] = ops.base[o];
-    a.row_stride[o] = ops.row_stride[o];
-    a.expert_stride[o] = ops.expert_stride[o];
-  }
-  for (int64_t first = 0; first < G; first += launch::kGroupedPtrsPerLaunch) {
-    a.count = static_cast<int>(std::min<int64_t>(launch::kGroupedPtrsPerLaunch, G - first));
-    for (int g = 0; g < a.count; g++) {
-      a.expert[g] = ps[static_cast<size_t>(first + g)].expert;
-      a.row[g] = ps[static_cast<size_t>(first + g)].row;
-    }
-    launch::grouped_gemm_pointers(a, ptrs, G, first, s);
-  }
-  MOE_CUDA_CHECK(cudaGetLastError());
-}
-
-// One cublasGemmGroupedBatchedEx call over every problem; the loop (run_lt_streams) where cuBLAS does not offer the
-// types or refuses the call.
-void run_grouped(Device d, const std::vector<Problem>& ps, const Operands& ops, cudaDataType_t in, cudaDataType_t out,
-                 float alpha, float beta) {
-  if (!grouped_offers(in, out)) {
-    g_loop_calls++;
-    return run_lt_streams(d, ps, in, out, alpha, beta);
-  }
-  const cudaStream_t s = moecore::cuda::current_stream();
-  cublasHandle_t h;
-  {
-    std::lock_guard<std::mutex> lock(ctx().mu);
-    h = device_ctx(d.index).blas;
-  }
-  MOE_CUBLAS_CHECK(cublasSetStream(h, s));
-  const size_t G = ps.size();
-  std::vector<cublasOperation_t> ta(G), tb(G);
-  std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
-  std::vector<float> alphas(G, alpha), betas(G, beta);
-  for (size_t g = 0; g < G; g++) {
-    const Problem& p = ps[g];
-    ta[g] = p.ta, tb[g] = p.tb, m[g] = p.m, n[g] = p.n, k[g] = p.k, lda[g] = p.lda, ldb[g] = p.ldb, ldc[g] = p.ldc;
-  }
-  // Stream-ordered from the caching allocator: freed when this returns, reused only by work queued after the GEMM.
-  Tensor dev_ptrs = Tensor::empty({static_cast<int64_t>(3 * G)}, DType::I64, d);
-  void** dp = static_cast<void**>(dev_ptrs.raw());
-  build_pointers(ps, ops, dp, s);
-  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-      h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), const_cast<const void* const*>(dp), in,
-      lda.data(), const_cast<const void* const*>(dp + G), in, ldb.data(), betas.data(), dp + 2 * G, out, ldc.data(),
-      static_cast<int>(G), group_size.data(), compute_type(in));
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
-    // Said once per type combination; the loop computes the same products (the problem list was checked above, so
-    // a refusal is cuBLAS's, not a bad argument of ours).
-    if ((g_refused_types.fetch_or(refusal_bit(in, out)) & refusal_bit(in, out)) == 0)
-      fmt::print(stderr,
-                 "moecore: cublasGemmGroupedBatchedEx refuses {} operands with a {} output ({}); those grouped GEMMs "
-                 "run as one cuBLASLt matmul per expert\n",
-                 in == CUDA_R_16BF ? "bf16" : (allow_tf32() ? "f32 (TF32)" : "f32"),
-                 out == CUDA_R_16BF ? "bf16" : "f32", cublasGetStatusString(st));
-    g_refused_calls++;
-    g_loop_calls++;
-    return run_lt_streams(d, ps, in, out, alpha, beta);
-  }
-  MOE_CUBLAS_CHECK(st);
-  g_grouped_calls++;
 }
 
 // The plan of `key` from `cache`, made on first use (under ctx().mu; map nodes are stable).
@@ -353,14 +244,6 @@ cudaDataType_t operand_type(const Tensor& a, const Tensor& b, const Tensor& c) {
   return cuda_type(a.dtype());
 }
 
-void run(Device d, const std::vector<Problem>& ps, const Operands& ops, cudaDataType_t in, cudaDataType_t out,
-         float beta) {
-  if (ps.empty()) return;
-  if (grouped_gemm_impl() == GroupedGemmImpl::kGrouped) return run_grouped(d, ps, ops, in, out, 1.0f, beta);
-  g_loop_calls++;
-  run_lt_streams(d, ps, in, out, 1.0f, beta);
-}
-
 void check_rows(const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows, int64_t E, int64_t R) {
   MOE_ASSERT_MSG(static_cast<int64_t>(rows.size()) == E && row_begin.size() == rows.size(),
                  "grouped GEMM over {} experts got {} row counts and {} offsets", E, rows.size(), row_begin.size());
@@ -372,31 +255,13 @@ void check_rows(const std::vector<int64_t>& row_begin, const std::vector<int64_t
 
 namespace gg = grouped_detail;
 
-void set_grouped_gemm_impl(GroupedGemmImpl impl) {
-  gg::g_impl = static_cast<int>(impl);
+int64_t grouped_gemm_row_align() {
+  return 1;  // cuBLASLt takes any row count
 }
 
-GroupedGemmImpl grouped_gemm_impl() {
-  int v = gg::g_impl.load();
-  if (v < 0) {
-    const char* env = std::getenv("MOECORE_GROUPED_GEMM");
-    const std::string s = env ? env : "";
-    MOE_CHECK(s.empty() || s == "grouped" || s == "loop", "MOECORE_GROUPED_GEMM={} is not one of: grouped, loop", s);
-    // The one-launch grouped call is the default wherever cuBLAS offers the types (with bf16 outputs: the forward
-    // and data-gradient GEMMs under --bf16; everything in f32); the per-expert loop runs the rest. `moecore bench
-    // grouped-gemm` and `bench moe-layer --device cuda` print both (docs/performance.md).
-    v = static_cast<int>(s == "loop" ? GroupedGemmImpl::kLoop : GroupedGemmImpl::kGrouped);
-    gg::g_impl = v;
-  }
-  return static_cast<GroupedGemmImpl>(v);
-}
-
-GroupedGemmCalls grouped_gemm_calls() {
-  return {gg::g_grouped_calls.load(), gg::g_loop_calls.load(), gg::g_refused_calls.load()};
-}
-
+// The packed weights are the CPU backend's; cuBLASLt reads W as it is.
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
-                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows) {
+                  const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows, const ExpertWeightPacker*) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN), out = gg::cuda_type(C_RN.dtype());
   MOE_ASSERT_MSG(W.ndim() == 3, "grouped GEMM weights must be [E, rows, cols], got {}", W.shape().str());
@@ -408,11 +273,10 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
   gg::check_rows(row_begin, rows, E, R);
   const int64_t es = static_cast<int64_t>(dtype_size(A_RK.dtype())),
                 cs = static_cast<int64_t>(dtype_size(C_RN.dtype()));
+  const char* w = static_cast<const char*>(W.raw());
+  const char* a = static_cast<const char*>(A_RK.raw());
+  char* c = static_cast<char*>(C_RN.raw());
   // cuBLAS's A is the expert's weight, B the expert's rows of A_RK, C its rows of C_RN.
-  const gg::Operands ops{
-      {static_cast<const char*>(W.raw()), static_cast<const char*>(A_RK.raw()), static_cast<const char*>(C_RN.raw())},
-      {0, K * es, N * cs},
-      {N * K * es, 0, 0}};
   std::vector<gg::Problem> ps;
   for (size_t e = 0; e < rows.size(); e++) {
     if (rows[e] == 0) continue;
@@ -420,46 +284,42 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
       C_RN.slice(row_begin[e], rows[e]).zero_();
       continue;
     }
-    const int32_t ei = static_cast<int32_t>(e);
     const int64_t r0 = row_begin[e];
     ps.push_back(gg::Problem{trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, gg::as_int(N, "N"),
-                             gg::as_int(rows[e], "rows"), gg::as_int(K, "K"), ops.base[0] + ei * ops.expert_stride[0],
-                             gg::as_int(trans_w ? K : N, "lda"), ops.base[1] + r0 * ops.row_stride[1],
-                             gg::as_int(K, "ldb"), const_cast<char*>(ops.base[2] + r0 * ops.row_stride[2]),
-                             gg::as_int(N, "ldc"), ei, r0});
+                             gg::as_int(rows[e], "rows"), gg::as_int(K, "K"), w + static_cast<int64_t>(e) * N * K * es,
+                             gg::as_int(trans_w ? K : N, "lda"), a + r0 * K * es, gg::as_int(K, "ldb"), c + r0 * N * cs,
+                             gg::as_int(N, "ldc")});
   }
-  if (N > 0) gg::run(A_RK.device(), ps, ops, in, out, 0.0f);
+  if (N > 0 && !ps.empty()) gg::run_lt_streams(A_RK.device(), ps, in, out, 1.0f, 0.0f);
 }
 
 void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
-                        const std::vector<int64_t>& rows) {
+                        const std::vector<int64_t>& rows, float beta) {
   const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(dY_RN, X_RK, dW_ENK);
   MOE_ASSERT_MSG(dW_ENK.dtype() == DType::F32, "grouped weight gradients accumulate in f32, got {}",
                  dtype_name(dW_ENK.dtype()));
   const int64_t E = dW_ENK.dim(0), N = dY_RN.cols(), K = X_RK.cols(), R = dY_RN.rows();
-  if (R == 0 && X_RK.rows() == 0) return;  // no rows: nothing to add
+  if (R == 0 && X_RK.rows() == 0) return;  // no rows: no expert's gradient is touched
   MOE_ASSERT_MSG(dW_ENK.ndim() == 3 && dW_ENK.dim(1) == N && dW_ENK.dim(2) == K && X_RK.rows() == R,
                  "grouped weight gradient {}ᵀ · {} -> {}", dY_RN.shape().str(), X_RK.shape().str(),
                  dW_ENK.shape().str());
   gg::check_rows(row_begin, rows, E, R);
   const int64_t es = static_cast<int64_t>(dtype_size(X_RK.dtype()));
+  const char* x = static_cast<const char*>(X_RK.raw());
+  const char* dy = static_cast<const char*>(dY_RN.raw());
+  char* dw = static_cast<char*>(dW_ENK.raw());
   // cuBLAS's A is the expert's rows of X, B its rows of dY, C the expert's gradient.
-  const gg::Operands ops{{static_cast<const char*>(X_RK.raw()), static_cast<const char*>(dY_RN.raw()),
-                          static_cast<const char*>(dW_ENK.raw())},
-                         {K * es, N * es, 0},
-                         {0, 0, N * K * static_cast<int64_t>(sizeof(float))}};
   std::vector<gg::Problem> ps;
   for (size_t e = 0; e < rows.size(); e++) {
     if (rows[e] == 0) continue;  // adds nothing
-    const int32_t ei = static_cast<int32_t>(e);
     const int64_t r0 = row_begin[e];
-    ps.push_back(gg::Problem{CUBLAS_OP_N, CUBLAS_OP_T, gg::as_int(K, "K"), gg::as_int(N, "N"),
-                             gg::as_int(rows[e], "rows"), ops.base[0] + r0 * ops.row_stride[0], gg::as_int(K, "lda"),
-                             ops.base[1] + r0 * ops.row_stride[1], gg::as_int(N, "ldb"),
-                             const_cast<char*>(ops.base[2] + ei * ops.expert_stride[2]), gg::as_int(K, "ldc"), ei, r0});
+    ps.push_back(
+        gg::Problem{CUBLAS_OP_N, CUBLAS_OP_T, gg::as_int(K, "K"), gg::as_int(N, "N"), gg::as_int(rows[e], "rows"),
+                    x + r0 * K * es, gg::as_int(K, "lda"), dy + r0 * N * es, gg::as_int(N, "ldb"),
+                    dw + static_cast<int64_t>(e) * N * K * static_cast<int64_t>(sizeof(float)), gg::as_int(K, "ldc")});
   }
-  if (N > 0 && K > 0) gg::run(dY_RN.device(), ps, ops, in, CUDA_R_32F, 1.0f);
+  if (N > 0 && K > 0 && !ps.empty()) gg::run_lt_streams(dY_RN.device(), ps, in, CUDA_R_32F, 1.0f, beta);
 }
 
 }  // namespace moecore::kernels::cuda

@@ -17,6 +17,9 @@ void set_allow_tf32(bool) {}
 bool allow_tf32() {
   return false;
 }
+void copy_cols(const Tensor&, int64_t, int64_t, Tensor&, int64_t, int64_t, int64_t, int64_t) {
+  MOE_NO_CUDA_KERNEL("copy_cols");
+}
 void add_(Tensor&, const Tensor&) {
   MOE_NO_CUDA_KERNEL("add_");
 }
@@ -111,33 +114,6 @@ void sgd_step(Tensor&, const Tensor&, Tensor&, const SgdParams&) {
 }
 void dropout_forward(const Tensor&, const DropoutMask&, const std::vector<int64_t>&, int64_t, Tensor&) {
   MOE_NO_CUDA_KERNEL("dropout_forward");
-}
-void attention_forward(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, const AttentionDropout*) {
-  MOE_NO_CUDA_KERNEL("attention_forward");
-}
-void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        double, Tensor&, Tensor&, Tensor&, const AttentionDropout*) {
-  MOE_NO_CUDA_KERNEL("attention_backward");
-}
-void attention_forward_bf16(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&,
-                            const AttentionDropout*, const AttentionRope*, int64_t) {
-  MOE_NO_CUDA_KERNEL("attention_forward_bf16");
-}
-void attention_backward_bf16(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, const AttentionRope*,
-                             int64_t) {
-  MOE_NO_CUDA_KERNEL("attention_backward_bf16");
-}
-void attention_block_forward(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, double, Tensor&, Tensor&,
-                             const AttentionDropout*, bool) {
-  MOE_NO_CUDA_KERNEL("attention_block_forward");
-}
-void attention_merge(Tensor&, Tensor&, const Tensor&, const Tensor&) {
-  MOE_NO_CUDA_KERNEL("attention_merge");
-}
-void attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              int64_t, int64_t, double, Tensor&, Tensor&, Tensor&, const AttentionDropout*, bool) {
-  MOE_NO_CUDA_KERNEL("attention_block_backward");
 }
 
 }  // namespace moecore::kernels::cuda

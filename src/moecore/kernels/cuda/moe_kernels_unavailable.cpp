@@ -1,7 +1,7 @@
-// The MoE permutation and grouped expert GEMM entry points (kernels/cuda/moe_kernels.h, grouped_gemm.h) in a
+// The MoE permutation and grouped expert GEMM entry points (kernels/cuda/moe_kernels.h, kernels.h) in a
 // CPU-only build: no CUDA tensor can exist here, so they are never reached by a correct caller; they throw if one is.
 #include "moecore/device/runtime.h"
-#include "moecore/kernels/cuda/grouped_gemm.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/moe_kernels.h"
 
 namespace moecore::kernels::cuda {
@@ -27,20 +27,16 @@ void moe_scatter_probs(const Tensor&, const Tensor&, Tensor&) {
   no_cuda_kernel("moe_scatter_probs");
 }
 
-void set_grouped_gemm_impl(GroupedGemmImpl) {}
-GroupedGemmImpl grouped_gemm_impl() {
-  return GroupedGemmImpl::kGrouped;
-}
-GroupedGemmCalls grouped_gemm_calls() {
-  return {};
-}
-void grouped_gemm(const Tensor&, const Tensor&, bool, Tensor&, const std::vector<int64_t>&,
-                  const std::vector<int64_t>&) {
+void grouped_gemm(const Tensor&, const Tensor&, bool, Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                  const ExpertWeightPacker*) {
   no_cuda_kernel("grouped_gemm");
 }
-void grouped_gemm_wgrad(const Tensor&, const Tensor&, Tensor&, const std::vector<int64_t>&,
-                        const std::vector<int64_t>&) {
+void grouped_gemm_wgrad(const Tensor&, const Tensor&, Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                        float) {
   no_cuda_kernel("grouped_gemm_wgrad");
+}
+int64_t grouped_gemm_row_align() {
+  return 1;
 }
 
 }  // namespace moecore::kernels::cuda

@@ -71,7 +71,7 @@ struct TrainConfig {
   bool moe_pad_expert_input_to_capacity = false;
   int64_t moe_shared_expert_intermediate_size = 0;
   bool moe_shared_expert_gate = false;
-  bool moe_shared_expert_overlap = false;  // GPU: shared experts on a second stream (moe/side_stream.h)
+  bool moe_shared_expert_overlap = false;  // GPU: shared experts on a second stream (device/side_stream.h)
   std::string moe_layer_freq = "1";
   bool moe_grouped_gemm = true;
   std::string moe_token_dispatcher_type = "alltoall";

@@ -115,7 +115,7 @@ void resolve(TrainConfig& c) {
   validate(c);
   // On the CPU the stashes are in host memory already: offloading selects nothing there (the testing switch runs
   // its copies all the same, to a host pool of their own).
-  if (c.fine_grained_activation_offloading && !training_device(c).is_cuda())
+  if (c.fine_grained_activation_offloading && !offloading_applies(training_device(c)))
     note_no_effect(c, "--fine-grained-activation-offloading: " + std::string(kOffloadNoEffect));
   // Megatron reads the other offloading flags only with --fine-grained-activation-offloading.
   const TrainConfig plain;

@@ -34,6 +34,10 @@ Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& ava
   return d;
 }
 
+bool offloading_applies(Device d) {
+  return d.is_cuda();
+}
+
 Device training_device(const TrainConfig& c) {
   return training_device(
       c, c.plan_only ? cuda::DeviceAvailability::assumed_for(c.device) : cuda::DeviceAvailability::probe());

@@ -22,4 +22,7 @@ Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& ava
 // The same for this process's real availability (for a plan, c.plan_only: the GPU --device names, assumed).
 Device training_device(const TrainConfig& c);
 
+// Whether activation offloading moves anything on `d`: a GPU's stashes go to host memory; a CPU's are there already.
+bool offloading_applies(Device d);
+
 }  // namespace moecore::train

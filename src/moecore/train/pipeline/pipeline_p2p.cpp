@@ -62,7 +62,8 @@ void PipelineP2P::send(int64_t c, bool backward, const Tensor& t) {
   }
   // A copy: a module may hand out a buffer it reuses in its next call (the sequence-parallel reduce-scatter's),
   // which would change under a send still in flight. A GPU's message is copied to the host (host-staged MPI).
-  const Tensor keep = t.device().is_cuda() ? t.to(Device::cpu()) : t.clone();
+  Tensor keep = Tensor::empty(t.shape(), t.dtype());
+  keep.copy_from(t);
   Pending p{comm::Work(), keep};
   p.work = pp_.send(p.t, peer, tag, /*async=*/true);
   sends_.push_back(std::move(p));

@@ -8,6 +8,7 @@
 
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/attention_cudnn.h"
 #include "moecore/kernels/cuda/dropout_params.h"
 #include "moecore/kernels/cuda/kernels.h"
@@ -138,5 +139,9 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
     return;
   span_backward(dout, q, k, v, o, lse, 0, 0, scale, dq, dk, dv, dropout, true, false);
 }
+
+const AttentionKernels kAttentionKernels{attention_forward,       attention_backward,      attention_forward_bf16,
+                                         attention_backward_bf16, attention_block_forward, attention_merge,
+                                         attention_block_backward};
 
 }  // namespace moecore::kernels::cuda

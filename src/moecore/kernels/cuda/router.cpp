@@ -1,13 +1,13 @@
-// The router's ops on the GPU (see router_ops.h): operand checks, scratch from the caching allocator, then the
-// launchers of launch_router.h on the current stream. router_rows is one fused kernel (scores, top-k, probabilities
+// The router's ops on the GPU (kernels/router.h, RouterKernels): operand checks, scratch from the caching allocator,
+// then the launchers of launch_router.h (router.cu's kernels) on the current stream: f32 tensors, I32 ids, f64 counts
+// and sums, all on one GPU. router_rows is one fused kernel (scores, top-k, probabilities
 // and, in training, the aux scores with their top-k, the entropy and the logsumexp), capacity one block per expert.
 // Nothing here copies to the host.
-#include "moecore/kernels/cuda/router_ops.h"
-
 #include <limits>
 
 #include "moecore/core/error.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/launch_router.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
@@ -33,6 +33,7 @@ V* on_gpu(const Tensor& t, const char* name) {
 
 }  // namespace
 
+// f64 router dtype: refused with the flag's name (the GPU router computes in f32).
 void router_check_backend(DType router_dtype) {
   MOE_CHECK(router_dtype == DType::F32,
             "--moe-router-dtype fp64 is not supported by moecore on the GPU (the GPU router computes in f32; "
@@ -171,5 +172,10 @@ void router_z_loss_backward(const Tensor& logits_TE, const Tensor& lse_T, double
                                  static_cast<float>(f), T, E, detail::f32(dl_TE, "dl_TE"), current_stream());
   check_launch("router_z_loss_backward");
 }
+
+const RouterKernels kRouterKernels{router_check_backend,      router_rows,           router_capacity,
+                                   router_mask_ids,           router_expert_counts,  router_aux_counts,
+                                   router_add_class_coef,     router_mul_,           router_score_backward,
+                                   router_aux_score_backward, router_z_loss_backward};
 
 }  // namespace moecore::kernels::cuda

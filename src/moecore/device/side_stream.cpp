@@ -1,5 +1,5 @@
 // SideStream (see side_stream.h).
-#include "moecore/moe/side_stream.h"
+#include "moecore/device/side_stream.h"
 
 #include <optional>
 
@@ -8,7 +8,7 @@
 #include "moecore/device/stream.h"
 #endif
 
-namespace moecore::moe {
+namespace moecore::cuda {
 
 #ifdef MOECORE_HAVE_CUDA
 struct SideStream::Impl {
@@ -55,4 +55,4 @@ void SideStream::join() {
 #endif
 }
 
-}  // namespace moecore::moe
+}  // namespace moecore::cuda

@@ -14,7 +14,7 @@
 
 #include "moecore/core/device.h"
 
-namespace moecore::moe {
+namespace moecore::cuda {
 
 class SideStream {
  public:
@@ -34,4 +34,4 @@ class SideStream {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace moecore::moe
+}  // namespace moecore::cuda
