@@ -9,7 +9,7 @@
 
 #include "model_util.h"
 #include "moecore/core/rng.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/optim/adamw.h"
 #include "moecore/optim/lr_schedule.h"

@@ -10,19 +10,19 @@
 namespace moecore {
 namespace {
 
-using cuda::place_on_gpu;
+using device::place_on_gpu;
 
 TEST(GpuPlacement, EachLocalRankOwnsItsGpuWhenThereAreEnough) {
   for (int visible : {4, 8})
     for (int r = 0; r < 4; r++) {
-      const cuda::GpuPlacement p = place_on_gpu(r, 4, visible, "cuda", true);
+      const device::GpuPlacement p = place_on_gpu(r, 4, visible, "cuda", true);
       EXPECT_EQ(p.device, r);
       EXPECT_TRUE(p.owns_gpu);
       EXPECT_TRUE(p.nccl);
     }
   // auto means the same as cuda once a GPU is used; one process owns GPU 0.
   EXPECT_EQ(place_on_gpu(3, 8, 8, "auto", true).device, 3);
-  const cuda::GpuPlacement one = place_on_gpu(0, 1, 1, "cuda", true);
+  const device::GpuPlacement one = place_on_gpu(0, 1, 1, "cuda", true);
   EXPECT_EQ(one.device, 0);
   EXPECT_TRUE(one.nccl);
 }
@@ -30,31 +30,31 @@ TEST(GpuPlacement, EachLocalRankOwnsItsGpuWhenThereAreEnough) {
 TEST(GpuPlacement, RanksShareGpusWhenThereAreFewerAndStayOnHostStagedMpi) {
   // 4 local ranks, 1 GPU: everyone on GPU 0; 8 ranks on 3 GPUs: round robin.
   for (int r = 0; r < 4; r++) {
-    const cuda::GpuPlacement p = place_on_gpu(r, 4, 1, "cuda", true);
+    const device::GpuPlacement p = place_on_gpu(r, 4, 1, "cuda", true);
     EXPECT_EQ(p.device, 0);
     EXPECT_FALSE(p.owns_gpu);
     EXPECT_FALSE(p.nccl);
   }
   const int expect[8] = {0, 1, 2, 0, 1, 2, 0, 1};
   for (int r = 0; r < 8; r++) {
-    const cuda::GpuPlacement p = place_on_gpu(r, 8, 3, "cuda", true);
+    const device::GpuPlacement p = place_on_gpu(r, 8, 3, "cuda", true);
     EXPECT_EQ(p.device, expect[r]) << r;
     EXPECT_FALSE(p.nccl);
   }
 }
 
 TEST(GpuPlacement, APinnedGpuIsSharedByEveryLocalRank) {
-  const cuda::GpuPlacement p = place_on_gpu(1, 2, 8, "cuda:5", true);
+  const device::GpuPlacement p = place_on_gpu(1, 2, 8, "cuda:5", true);
   EXPECT_EQ(p.device, 5);
   EXPECT_FALSE(p.owns_gpu);
   EXPECT_FALSE(p.nccl);
-  const cuda::GpuPlacement alone = place_on_gpu(0, 1, 8, "cuda:5", true);
+  const device::GpuPlacement alone = place_on_gpu(0, 1, 8, "cuda:5", true);
   EXPECT_EQ(alone.device, 5);
   EXPECT_TRUE(alone.nccl);
 }
 
 TEST(GpuPlacement, ABuildWithoutNcclKeepsHostStagedMpi) {
-  const cuda::GpuPlacement p = place_on_gpu(1, 2, 2, "cuda", false);
+  const device::GpuPlacement p = place_on_gpu(1, 2, 2, "cuda", false);
   EXPECT_EQ(p.device, 1);
   EXPECT_TRUE(p.owns_gpu);
   EXPECT_FALSE(p.nccl);
@@ -66,15 +66,15 @@ TEST(GpuPlacement, RefusesImpossibleInputs) {
 }
 
 TEST(GpuPlacement, TheStartLineSaysWhichTransportAndWhy) {
-  const cuda::GpuPlacement shared = place_on_gpu(0, 4, 1, "cuda", true);
-  EXPECT_EQ(cuda::describe_placement(shared, 4, 1, false, true),
+  const device::GpuPlacement shared = place_on_gpu(0, 4, 1, "cuda", true);
+  EXPECT_EQ(device::describe_placement(shared, 4, 1, false, true),
             "4 ranks on this node share 1 visible GPU(s): GPU tensors go between ranks through host-staged MPI "
             "(NCCL needs one GPU per rank: run at most 1 ranks per node, or make more GPUs visible)");
-  const cuda::GpuPlacement own = place_on_gpu(1, 2, 2, "cuda", true);
-  EXPECT_EQ(cuda::describe_placement(own, 2, 2, true, true),
+  const device::GpuPlacement own = place_on_gpu(1, 2, 2, "cuda", true);
+  EXPECT_EQ(device::describe_placement(own, 2, 2, true, true),
             "2 ranks on this node, one GPU each (cuda:<local rank>): NCCL between GPUs");
-  EXPECT_NE(cuda::describe_placement(own, 2, 2, false, false).find("built without NCCL"), std::string::npos);
-  EXPECT_NE(cuda::describe_placement(own, 2, 2, false, true).find("another node share GPUs"), std::string::npos);
+  EXPECT_NE(device::describe_placement(own, 2, 2, false, false).find("built without NCCL"), std::string::npos);
+  EXPECT_NE(device::describe_placement(own, 2, 2, false, true).find("another node share GPUs"), std::string::npos);
 }
 
 comm::NcclInFlight nccl_in_flight(const std::string& group, const std::string& name, uint64_t seq, double at,

@@ -12,7 +12,7 @@
 #include "moecore/device/runtime.h"
 #include "test_util.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 namespace {
 
 // Host memory standing in for a GPU: counts the raw calls and can be told to run out.
@@ -187,4 +187,4 @@ TEST(DeviceTensor, CpuTensorsSayTheyAreOnTheCpu) {
 }
 
 }  // namespace
-}  // namespace moecore::cuda
+}  // namespace moecore::device

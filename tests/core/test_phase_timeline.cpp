@@ -11,7 +11,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/phase_timeline.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 namespace {
 
 // Marker i is "recorded" at the test's current time `now`.
@@ -186,4 +186,4 @@ TEST(GpuProfile, ScopesAndProbesDoNothingWithoutAProfiler) {
 }
 
 }  // namespace
-}  // namespace moecore::cuda
+}  // namespace moecore::device

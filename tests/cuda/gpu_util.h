@@ -8,8 +8,8 @@
 
 #include "moecore/device/runtime.h"
 
-#define MOE_REQUIRE_GPU()                                                                                   \
-  do {                                                                                                      \
-    std::string moe_why_;                                                                                   \
-    if (::moecore::cuda::visible_devices(&moe_why_) == 0) GTEST_SKIP() << "needs a CUDA GPU: " << moe_why_; \
+#define MOE_REQUIRE_GPU()                                                                                     \
+  do {                                                                                                        \
+    std::string moe_why_;                                                                                     \
+    if (::moecore::device::visible_devices(&moe_why_) == 0) GTEST_SKIP() << "needs a CUDA GPU: " << moe_why_; \
   } while (0)

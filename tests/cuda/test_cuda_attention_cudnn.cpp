@@ -103,7 +103,7 @@ CudnnOutputs run_cudnn(const CudnnCase& c, const CudnnInputs& in) {
   EXPECT_TRUE(
       cuda::cudnn_attention_backward(in.gd, in.gq, in.gk, in.gv, r.o, r.lse, c.Dv, in.scale, r.dq, r.dk, r.dv, nullptr))
       << c.str() << ": cuDNN did not run the backward (its reason is on stderr)";
-  ::moecore::cuda::synchronize();
+  ::moecore::device::synchronize();
   return r;
 }
 

@@ -92,7 +92,7 @@ Outputs run_gpu(const Case& c, const Inputs& in) {
   attention_forward_bf16(in.gq, in.gk, in.gv, in.scale, r.o, r.lse);
   trace(c.str() + ": GPU backward");
   attention_backward_bf16(in.gd, in.gq, in.gk, in.gv, r.o, r.lse, in.scale, r.dq, r.dk, r.dv);
-  ::moecore::cuda::synchronize();
+  ::moecore::device::synchronize();
   trace(c.str() + ": GPU done");
   return r;
 }
@@ -144,7 +144,7 @@ TEST(CudaAttentionTc, RerunsAreBitwiseIdentical) {
 Outputs run_launchers(const Case& c, const Inputs& in, bool tc) {
   Outputs r(c, true);
   Tensor delta = poisoned({c.B, c.Nq, c.S});
-  const cudaStream_t s = ::moecore::cuda::current_stream();
+  const cudaStream_t s = ::moecore::device::current_stream();
   const float sc = static_cast<float>(in.scale);
   const float *q = in.gq.device_data<float>(), *k = in.gk.device_data<float>(), *v = in.gv.device_data<float>(),
               *d = in.gd.device_data<float>();

@@ -14,7 +14,7 @@
 #include "cuda/kernel_compare.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/dropout.h"
-#include "moecore/nn/dropout.h"
+#include "moecore/nn/dropout_sites.h"
 
 namespace moecore::kernels {
 namespace {

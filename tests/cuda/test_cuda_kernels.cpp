@@ -10,7 +10,7 @@
 #include "cuda/gpu_util.h"
 #include "cuda/kernel_compare.h"
 #include "moecore/kernels/activation.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/cuda/kernels.h"

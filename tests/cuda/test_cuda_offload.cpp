@@ -60,8 +60,8 @@ TEST(CudaOffload, CopyStreamRoundTrip) {
   Tensor x = Tensor::empty({1000, 33}, DType::F32);
   for (int64_t i = 0; i < x.numel(); i++) x.data<float>()[i] = static_cast<float>(i % 977) * 0.5f - 3.0f;
   const Tensor d = x.to(g);
-  cuda::OffloadCopyStream copies;
-  void* host = cuda::pinned_allocate(d.nbytes());
+  device::OffloadCopyStream copies;
+  void* host = device::pinned_allocate(d.nbytes());
   copies.wait_for_current();
   copies.copy(host, d.raw(), d.nbytes());
   const int64_t out = copies.record();
@@ -75,7 +75,7 @@ TEST(CudaOffload, CopyStreamRoundTrip) {
   copies.release(in);
   EXPECT_TRUE(testing::bitwise_equal(back.to(Device::cpu()), x));
   copies.synchronize();
-  cuda::pinned_free(host);
+  device::pinned_free(host);
 }
 
 TEST(CudaOffload, BitwiseLikeNoOffload) {
@@ -112,11 +112,11 @@ int64_t cuda_live_after_forward(const train::TrainConfig& c, train::ActivationOf
   Tensor tokens = Tensor::empty({c.micro_batch_size, c.seq_length}, DType::I64);
   for (int64_t i = 0; i < tokens.numel(); i++) tokens.data<int64_t>()[i] = (i * 7 + 3) % 60;
   nn::GPTModel::Stash st = model->make_stash();
-  const int64_t before = cuda::device_allocator_stats(Device::cuda(0)).live_bytes;
+  const int64_t before = device::device_allocator_stats(Device::cuda(0)).live_bytes;
   model->forward(tokens, tokens, Tensor(), st);
   if (off) off->drain();
-  cuda::synchronize();
-  return cuda::device_allocator_stats(Device::cuda(0)).live_bytes - before;
+  device::synchronize();
+  return device::device_allocator_stats(Device::cuda(0)).live_bytes - before;
 }
 
 TEST(CudaOffload, DeviceBytesDropByTheCopiedBytes) {

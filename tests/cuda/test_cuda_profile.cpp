@@ -20,7 +20,7 @@
 #include "moecore/train/config/start_config.h"
 #include "moecore/train/trainer.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 namespace {
 
 using testing_cuda::gpu;
@@ -170,6 +170,6 @@ TEST(CudaProfile, ATrainingStepsPhasesAddUpToNoMoreThanTheStep) {
 }
 
 }  // namespace
-}  // namespace moecore::cuda
+}  // namespace moecore::device
 
 #endif  // MOECORE_HAVE_CUDA

@@ -115,13 +115,13 @@ TEST(CudaReductions, BiasGradientMatchesTheCpu) {
 // Milliseconds per call of `fn` on the current stream: the median of 5 timed runs of 10 calls after a warm-up.
 template <typename Fn>
 double time_ms(Fn fn) {
-  moecore::cuda::Event a(true), b(true);
+  moecore::device::Event a(true), b(true);
   std::vector<double> ms;
   fn();
   for (int r = 0; r < 5; r++) {
-    a.record(moecore::cuda::current_stream());
+    a.record(moecore::device::current_stream());
     for (int i = 0; i < 10; i++) fn();
-    b.record(moecore::cuda::current_stream());
+    b.record(moecore::device::current_stream());
     b.synchronize();
     ms.push_back(b.ms_since(a) / 10.0);
   }
@@ -174,7 +174,7 @@ TEST(CudaReductions, MicroBenchmarkPrintsTimesAndBandwidth) {
     const Tensor mean = gpu(host_random({rows}, 33)), rstd = gpu(positive({rows}, 34));
     Tensor dw = gpu(host_random({H}, 35)), db = gpu(host_random({H}, 36));
     Tensor scratch = Tensor::empty({launch::col_reduce_scratch_floats(rows, H, 2)}, DType::F32, Device::cuda());
-    const cudaStream_t s = moecore::cuda::current_stream();
+    const cudaStream_t s = moecore::device::current_stream();
     float* sp = scratch.device_data<float>();
     const float *pdy = dy.device_data<float>(), *px = x.device_data<float>();
     const float *pm = mean.device_data<float>(), *pr = rstd.device_data<float>();

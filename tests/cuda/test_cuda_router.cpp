@@ -1,5 +1,5 @@
-// The MoE router on the GPU against the CPU router (moe/router.cpp over kernels/cuda/router.cpp and over
-// kernels/cpu/router.cpp): for every option combination, the same expert ids and dropped assignments, probabilities
+// The MoE router on the GPU against the CPU router (moe/router.cpp over kernels/cuda/routing.cpp and over
+// kernels/cpu/routing.cpp): for every option combination, the same expert ids and dropped assignments, probabilities
 // within 1e-6 and aux / z-loss values within 1e-6 (relative to the largest magnitude), the same statistics and
 // expert-bias counts, gradients within 1e-5; bitwise reruns; the refusals. Inputs are multiples of 2^-3 and weights
 // multiples of 2^-10, so the gating GEMM is exact on both devices and only the score functions' exp/log differ by an

@@ -156,7 +156,7 @@ TEST(CudaSyncFree, AnUnloggedStepsOptimizerMakesNoHostSynchronisation) {
       {"--optimizer", "sgd"}};
   for (const auto& extra : variants) {
     train::Trainer t(train::parse_train_config(sync_run_args(extra)), null, false);
-    cuda::GpuProfiler prof(t.device());
+    device::GpuProfiler prof(t.device());
     prof.begin_step();
     t.train_step(false);  // warm-up
     prof.end_step();
@@ -168,11 +168,11 @@ TEST(CudaSyncFree, AnUnloggedStepsOptimizerMakesNoHostSynchronisation) {
       prof.end_step();
       t.settle_norms();
     }
-    const cuda::GpuProfileReport r = prof.report(1000);
+    const device::GpuProfileReport r = prof.report(1000);
     double optimizer_syncs = 0;
     for (const auto& s : r.top_sites) {
-      if (s.phase == cuda::Phase::kOptimizer) optimizer_syncs += s.per_step;
-      std::printf("  %5.1f/step %s in %s\n", s.per_step, s.what.c_str(), cuda::phase_key(s.phase));
+      if (s.phase == device::Phase::kOptimizer) optimizer_syncs += s.per_step;
+      std::printf("  %5.1f/step %s in %s\n", s.per_step, s.what.c_str(), device::phase_key(s.phase));
     }
     std::printf("%s: %.1f syncs per step, %.1f in the optimizer\n", extra.empty() ? "adamw" : extra[0].c_str(),
                 r.syncs_per_step, optimizer_syncs);

@@ -54,10 +54,10 @@ TEST(CudaTensor, SteadyStateAllocationsComeFromTheCache) {
   MOE_REQUIRE_GPU();
   const Device g = Device::cuda();
   { Tensor warm = Tensor::empty({1024, 256}, DType::F32, g); }
-  const AllocatorMark m = cuda::device_allocator_mark(g);
+  const AllocatorMark m = device::device_allocator_mark(g);
   for (int i = 0; i < 10; i++) Tensor t = Tensor::empty({1024, 256}, DType::F32, g);
-  EXPECT_EQ(cuda::device_system_allocs_since(g, m), 0);
-  EXPECT_GE(cuda::device_allocator_stats(g).peak_bytes, 1024 * 256 * 4);
+  EXPECT_EQ(device::device_system_allocs_since(g, m), 0);
+  EXPECT_GE(device::device_allocator_stats(g).peak_bytes, 1024 * 256 * 4);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ TEST(NcclOneRank, PlacementChoosesNcclForAProcessThatOwnsItsGpu) {
 
 TEST(NcclOneRank, EveryOperationEqualsTheHostStagedPath) {
   MOE_REQUIRE_NCCL();
-  cuda::set_current_device(Device::cuda(0));
+  device::set_current_device(Device::cuda(0));
   comm::set_gpu_transport(comm::GpuTransport::Nccl);
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const comm::ProcessGroup g = w.split({{0}});  // a one-rank NCCL communicator, made from MPI

@@ -11,7 +11,7 @@
 #include "moecore/device/check.h"
 #include "moecore/device/stream.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 namespace {
 
 TEST(CudaStreams, AllocationsFollowTheCurrentStream) {
@@ -76,5 +76,5 @@ TEST(CudaStreams, ErrorsNameTheCallAndTheCudaError) {
 }
 
 }  // namespace
-}  // namespace moecore::cuda
+}  // namespace moecore::device
 #endif

@@ -1,11 +1,11 @@
 // Host emulation (emu_cuda.h) of the optimizer kernels and of the MoE kernels' Sinkhorn and large-top-k paths, for
-// machines without a GPU: elementwise.cu's AdamW with bf16 moments, SGD and the zero count, router.cu's per-token
+// machines without a GPU: elementwise.cu's AdamW with bf16 moments, SGD and the zero count, routing.cu's per-token
 // forward selecting by an f64 Sinkhorn cost, and moe_permute.cu's per-token row sort above its register bound. Each
-// is checked bitwise against a host reference written as the CPU kernels compute (kernels/cpu/adamw.cpp, sgd.cpp,
-// elementwise.cpp's count_zeros, router.cpp's topk_row): the emulation has no fused multiply-add, so the operations
-// round alike. And multi_tensor.cu's optimizer step (optim_multi_tensor_emulate.h): the gradient norm, clip factor
-// and non-finite check on the device, AdamW and SGD over many tensors reading them, bitwise against elementwise.cu's
-// single-tensor kernels and the host's clipping formula. Built and run by run.sh (CTest
+// is checked bitwise against a host reference written as the CPU kernels compute (kernels/cpu/adamw_update.cpp,
+// sgd_update.cpp, elementwise.cpp's count_zeros, routing.cpp's topk_row): the emulation has no fused multiply-add, so
+// the operations round alike. And multi_tensor.cu's optimizer step (optim_multi_tensor_emulate.h): the gradient norm,
+// clip factor and non-finite check on the device, AdamW and SGD over many tensors reading them, bitwise against
+// elementwise.cu's single-tensor kernels and the host's clipping formula. Built and run by run.sh (CTest
 // cuda_optim_router_host_emulation).
 #include "emu_cuda.h"
 #include "moecore/kernels/cuda/common.cuh"
@@ -13,7 +13,7 @@
 #include "moecore/kernels/cuda/launch_col_reduce.h"
 #include "moecore/kernels/cuda/launch_moe.h"
 #include "moecore/kernels/cuda/launch_multi_tensor.h"
-#include "moecore/kernels/cuda/launch_router.h"
+#include "moecore/kernels/cuda/launch_routing.h"
 #include "moecore/kernels/dropout_philox.h"
 
 // The f64 _rn intrinsics multi_tensor.cu uses: the host's operations (no fused multiply-add here).
@@ -108,7 +108,7 @@ bool sgd_case(int64_t n) {
   auto p = emu::rnd(n, 1), g = emu::rnd(n, 2), buf = emu::rnd(n, 3, -0.1f, 0.1f);
   auto rp = p, rb = buf;
   const float lr = 0.05f, wd = 0.01f, mom = 0.9f, gs = 0.75f;
-  for (int64_t i = 0; i < n; i++) {  // kernels/cpu/sgd.cpp's loop
+  for (int64_t i = 0; i < n; i++) {  // kernels/cpu/sgd_update.cpp's loop
     const float d = g[i] * gs + wd * rp[i];
     rb[i] = mom * rb[i] + d;
     rp[i] = rp[i] - lr * rb[i];
@@ -161,7 +161,7 @@ bool sinkhorn_rows_case(int64_t T, int64_t E, int64_t K) {
   for (int64_t t = 0; t < T; t++) {
     std::vector<bool> taken(E, false);
     std::vector<float> rp(K);
-    for (int64_t j = 0; j < K; j++) {  // kernels/cpu/router.cpp's topk_row: repeated argmax over the untaken
+    for (int64_t j = 0; j < K; j++) {  // kernels/cpu/routing.cpp's topk_row: repeated argmax over the untaken
       int64_t best = -1;
       for (int64_t e = 0; e < E; e++)
         if (!taken[e] && (best < 0 || cost[t * E + e] > cost[t * E + best])) best = e;

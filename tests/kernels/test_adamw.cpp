@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/kernels/elementwise.h"
 #include "test_util.h"
 

@@ -109,7 +109,7 @@ TEST(AttentionBackend, VersionText) {
 // Without a usable GPU (this build machine) cuDNN's path reports why and the callers fall back: no crash, no throw.
 TEST(CudnnAttention, WithoutAGpuItIsUnavailableWithAReason) {
   std::string none;
-  if (moecore::cuda::visible_devices(&none) > 0) GTEST_SKIP() << "a GPU is visible: tests/cuda covers this machine";
+  if (moecore::device::visible_devices(&none) > 0) GTEST_SKIP() << "a GPU is visible: tests/cuda covers this machine";
   std::string why;
   EXPECT_FALSE(cuda::cudnn_attention_available(&why));
   EXPECT_FALSE(why.empty());

@@ -1,4 +1,4 @@
-// The router's CPU ops (kernels/router.h) against values computed by hand: the per-class counts and sums of the
+// The router's CPU ops (kernels/routing.h) against values computed by hand: the per-class counts and sums of the
 // load-balancing losses, their gradient coefficients, the kept counts, the id mask, the jitter multiply, and the
 // entropy and logsumexp sums router_rows reads back. The routing itself is specified by tests/moe/test_router.cpp.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <initializer_list>
 
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 #include "test_util.h"
 
 namespace moecore {

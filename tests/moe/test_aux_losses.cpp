@@ -9,7 +9,7 @@
 #include <string>
 
 #include "moecore/kernels/elementwise.h"
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 #include "moecore/moe/aux_losses.h"
 #include "moecore/moe/router.h"
 #include "test_util.h"

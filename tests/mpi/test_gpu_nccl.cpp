@@ -33,7 +33,7 @@ TEST(GpuPlacementMpi, TheCpuKeepsHostTransport) {
 }
 
 TEST(GpuPlacementMpi, AnUnusableGpuIsOneErrorOnEveryRank) {
-  if (cuda::visible_devices() > 0) GTEST_SKIP() << "a GPU is visible: --device cuda is usable here";
+  if (device::visible_devices() > 0) GTEST_SKIP() << "a GPU is visible: --device cuda is usable here";
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   std::string what;
   try {
@@ -76,7 +76,7 @@ TEST(GpuNcclHarness, EveryOperationRunsOnHostTensors) {
 
 bool nccl_one_gpu_per_rank(std::string* why) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
-  const int visible = cuda::visible_devices(why);
+  const int visible = device::visible_devices(why);
   const comm::LocalRank l = comm::local_rank(w.comm());
   if (visible < l.size) {
     *why = fmt::format("needs one GPU per rank: {} local ranks, {} GPU(s) visible", l.size, visible);

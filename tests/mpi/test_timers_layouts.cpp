@@ -11,7 +11,7 @@
 #include "config_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/file.h"
-#include "moecore/train/observe/timers.h"
+#include "moecore/train/observe/timer_log.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -1,15 +1,14 @@
 // Attention under --bf16 on a CPU whose bf16 kernel is FlashNative keeps q, k, v and o in bf16 and lets the kernel
-// turn q and k (nn/attention.h bf16_tensors): the stash's dtypes for each variant (plain; qk-norm: q and k written f32
-// for the norms, kept rounded, the norms' inputs kept bf16; a bias: the projections' outputs f32, kept rounded; o as
-// the output projection's bf16 input), and the output, the input gradient and every
-// weight gradient within bf16 rounding of the f32 module with the same weights — with RoPE on the whole head and on
-// half of it, and with GQA.
+// turn q and k (nn/self_attention.h bf16_tensors): the stash's dtypes for each variant (plain; qk-norm: q and k written
+// f32 for the norms, kept rounded, the norms' inputs kept bf16; a bias: the projections' outputs f32, kept rounded; o
+// as the output projection's bf16 input), and the output, the input gradient and every weight gradient within bf16
+// rounding of the f32 module with the same weights — with RoPE on the whole head and on half of it, and with GQA.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "moecore/kernels/attention.h"
-#include "moecore/nn/attention.h"
+#include "moecore/nn/self_attention.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -9,7 +9,7 @@
 #include "copy_task.h"
 #include "model_util.h"
 #include "moecore/core/allocator.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/nn/gpt_model.h"
 #include "test_util.h"

@@ -4,13 +4,13 @@
 #include "model_util.h"
 #include "module_grad_util.h"
 #include "moecore/kernels/elementwise.h"
-#include "moecore/nn/attention.h"
-#include "moecore/nn/embedding.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/mlp.h"
-#include "moecore/nn/rmsnorm.h"
+#include "moecore/nn/rmsnorm_layer.h"
+#include "moecore/nn/self_attention.h"
 #include "moecore/nn/transformer_layer.h"
+#include "moecore/nn/vocab_embedding.h"
 #include "test_util.h"
 
 namespace moecore {

@@ -10,7 +10,7 @@
 
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/grad_clip.h"
-#include "moecore/kernels/sgd.h"
+#include "moecore/kernels/sgd_update.h"
 
 namespace moecore {
 namespace {

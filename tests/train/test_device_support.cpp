@@ -18,8 +18,8 @@ train::TrainConfig config(const std::vector<std::string>& extra) {
   return testing::small_config(testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 4, 64, 2, "1e-3"), extra);
 }
 
-cuda::DeviceAvailability gpus(int visible) {
-  cuda::DeviceAvailability a;
+device::DeviceAvailability gpus(int visible) {
+  device::DeviceAvailability a;
   a.built_with_cuda = true;
   a.visible = visible;
   if (visible == 0) a.why_none = "no CUDA-capable device is detected";
@@ -100,7 +100,7 @@ TEST(DeviceSupport, AutoWithAGpuVisibleNeverFallsBackToTheCpu) {
   EXPECT_TRUE(testing::contains(e, "does not fall back to the CPU")) << e;
   EXPECT_TRUE(testing::contains(e, "--device cpu")) << e;
   EXPECT_TRUE(train::training_device(c, gpus(0)).is_cpu());
-  EXPECT_TRUE(train::training_device(c, cuda::DeviceAvailability{}).is_cpu());  // built without CUDA
+  EXPECT_TRUE(train::training_device(c, device::DeviceAvailability{}).is_cpu());  // built without CUDA
   // --device cuda refuses it the same way, and asks for the CPU by name.
   c.device = "cuda";
   const std::string ec = testing::error_of([&] { train::training_device(c, gpus(1)); });
@@ -111,12 +111,12 @@ TEST(DeviceSupport, AutoWithAGpuVisibleNeverFallsBackToTheCpu) {
 // `moecore plan` plans a GPU run on any machine: the GPU --device names is assumed present (a CUDA build, that
 // ordinal visible), what GPU training does not cover is still refused by name, and auto keeps the real availability.
 TEST(DeviceSupport, APlanAssumesTheGpuItNames) {
-  const cuda::DeviceAvailability a = cuda::DeviceAvailability::assumed_for("cuda:3");
+  const device::DeviceAvailability a = device::DeviceAvailability::assumed_for("cuda:3");
   EXPECT_TRUE(a.built_with_cuda);
   EXPECT_EQ(a.visible, 4);
-  EXPECT_EQ(cuda::DeviceAvailability::assumed_for("cuda").visible, 1);
-  const cuda::DeviceAvailability real = cuda::DeviceAvailability::probe();
-  EXPECT_EQ(cuda::DeviceAvailability::assumed_for("auto").visible, real.visible);
+  EXPECT_EQ(device::DeviceAvailability::assumed_for("cuda").visible, 1);
+  const device::DeviceAvailability real = device::DeviceAvailability::probe();
+  EXPECT_EQ(device::DeviceAvailability::assumed_for("auto").visible, real.visible);
   const auto flags = train::parse_flags(testing::tiny_moe_flags() + testing::mock_run_flags(32, 2, 4, 64, 2, "1e-3") +
                                         std::vector<std::string>{"--device", "cuda"});
   const train::TrainConfig c = train::compose_train_config(flags, /*plan_only=*/true);

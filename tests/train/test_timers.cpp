@@ -19,7 +19,7 @@
 #include "moecore/core/timer.h"
 #include "moecore/report/run_history.h"
 #include "moecore/train/observe/tensorboard/event.pb.h"
-#include "moecore/train/observe/timers.h"
+#include "moecore/train/observe/timer_log.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 
 namespace moecore::cli {
 

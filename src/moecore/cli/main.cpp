@@ -9,7 +9,7 @@
 #include "moecore/cli/bench.h"
 #include "moecore/cli/data_commands.h"
 #include "moecore/cli/flags_command.h"
-#include "moecore/cli/launch.h"
+#include "moecore/cli/launch_command.h"
 #include "moecore/cli/model_commands.h"
 #include "moecore/cli/plan_command.h"
 #include "moecore/cli/report_command.h"

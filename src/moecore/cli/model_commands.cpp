@@ -37,7 +37,7 @@ void add_generate_command(CLI::App& app, GenerateArgs& a) {
 }
 
 void run_generate(const GenerateArgs& a) {
-  const Device device = cuda::resolve_device(a.device, "generate");
+  const Device device = device::resolve_device(a.device, "generate");
   train::CheckpointModel m(a.load, a.tokenizer_model, device);
   fmt::print(stderr, "moecore generate: {} (iteration {}) on {}, {} sampling\n", m.dir(), m.iteration(), device.str(),
              a.temperature > 0 ? fmt::format("temperature {} top-k {}", a.temperature, a.top_k) : "greedy");

@@ -82,7 +82,7 @@ void print_gpu_differences(std::FILE* out, const TrainConfig& c, int64_t padded_
   fmt::print(out,
              "  the GPU's caching allocator rounds each block to the CPU allocator's size classes with a "
              "{}-byte minimum (device/caching_allocator.h)\n",
-             cuda::CachingAllocator::kMinimumBlock);
+             device::CachingAllocator::kMinimumBlock);
 }
 
 void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int64_t world) {

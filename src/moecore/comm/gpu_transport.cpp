@@ -43,14 +43,14 @@ Device place_ranks_on_gpus(std::string_view requested, std::string_view command,
   MOE_MPI(MPI_Comm_rank(world, &me));
   MOE_MPI(MPI_Comm_size(world, &world_size));
   const LocalRank l = local_rank(world);
-  const cuda::DeviceAvailability a = cuda::DeviceAvailability::probe();
+  const device::DeviceAvailability a = device::DeviceAvailability::probe();
   std::string error;
   Device d = Device::cpu();
-  cuda::GpuPlacement p;
+  device::GpuPlacement p;
   try {
-    d = cuda::resolve_device(requested, command, a);
+    d = device::resolve_device(requested, command, a);
     if (d.is_cuda()) {
-      p = cuda::place_on_gpu(l.rank, l.size, a.visible, requested, built_with_nccl());
+      p = device::place_on_gpu(l.rank, l.size, a.visible, requested, built_with_nccl());
       MOE_CHECK(p.device < a.visible, "--device {}: this process sees {} GPU(s), numbered 0 to {}", requested,
                 a.visible, a.visible - 1);
       d = Device::cuda(p.device);
@@ -75,8 +75,8 @@ Device place_ranks_on_gpus(std::string_view requested, std::string_view command,
   int mine = d.is_cuda() && p.nccl ? 1 : 0, all = 0;
   MOE_MPI(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, world));
   set_gpu_transport(all ? GpuTransport::Nccl : GpuTransport::HostStaged);
-  if (d.is_cuda()) cuda::set_current_device(d);
-  if (line) *line = d.is_cuda() ? cuda::describe_placement(p, l.size, a.visible, all != 0, built_with_nccl()) : "";
+  if (d.is_cuda()) device::set_current_device(d);
+  if (line) *line = d.is_cuda() ? device::describe_placement(p, l.size, a.visible, all != 0, built_with_nccl()) : "";
   return d;
 }
 

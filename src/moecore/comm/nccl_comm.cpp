@@ -160,7 +160,7 @@ std::shared_ptr<NcclPending> nccl_launch_begin(NcclComm& c, NcclSite site) {
   p->site = std::move(site);
   cudaEvent_t ready = nullptr;
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-  MOE_CUDA_CHECK(cudaEventRecord(ready, cuda::current_stream()));
+  MOE_CUDA_CHECK(cudaEventRecord(ready, device::current_stream()));
   const cudaError_t e = cudaStreamWaitEvent(c.stream, ready, 0);
   cudaEventDestroy(ready);  // released once the recorded work completes
   MOE_CUDA_CHECK(e);
@@ -253,7 +253,7 @@ std::shared_ptr<NcclPending> nccl_send_recv(const std::shared_ptr<NcclComm>& cp,
 }
 
 void nccl_wait(const NcclPending& p) {
-  MOE_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), p.done, 0));
+  MOE_CUDA_CHECK(cudaStreamWaitEvent(device::current_stream(), p.done, 0));
 }
 
 bool nccl_done(const NcclPending& p) {

@@ -9,7 +9,7 @@
 #include "moecore/core/device.h"
 #include "moecore/core/dtype.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 // Device memory from the stream-ordered caching allocator of GPU d, on the calling thread's current stream.
 void* device_allocate(size_t bytes, Device d);
@@ -21,4 +21,4 @@ void zero_bytes(void* ptr, size_t bytes, Device d);
 // Element conversion between floating dtypes (f32, f64, bf16) of n elements, both on the GPU.
 void convert_on_device(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n);
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -51,13 +51,13 @@ std::string Shape::str() const {
 }
 
 Storage::Storage(size_t n, Device d) : bytes(n), device(d) {
-  ptr = d.is_cpu() ? Allocator::instance().allocate(n) : cuda::device_allocate(n, d);
+  ptr = d.is_cpu() ? Allocator::instance().allocate(n) : device::device_allocate(n, d);
 }
 Storage::~Storage() {
   if (device.is_cpu())
     Allocator::instance().deallocate(ptr, bytes);
   else
-    cuda::device_deallocate(ptr, device);
+    device::device_deallocate(ptr, device);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -126,7 +126,7 @@ void in_pieces(size_t bytes, const F& f) {
 void Tensor::zero_() {
   if (numel() == 0) return;
   if (device_.is_cuda())
-    cuda::zero_bytes(raw(), nbytes(), device_);
+    device::zero_bytes(raw(), nbytes(), device_);
   else
     in_pieces(nbytes(), [p = static_cast<char*>(raw())](size_t off, size_t n) { std::memset(p + off, 0, n); });
 }
@@ -229,9 +229,9 @@ void Tensor::copy_from(const Tensor& src) {
   if (!device_.is_cpu() || !src.device_.is_cpu()) {
     if (numel() == 0) return;
     if (src.dtype() == dtype_) {
-      if (raw() != src.raw()) cuda::copy_bytes(raw(), device_, src.raw(), src.device_, nbytes());
+      if (raw() != src.raw()) device::copy_bytes(raw(), device_, src.raw(), src.device_, nbytes());
     } else if (device_.is_cuda() && src.device_ == device_) {
-      cuda::convert_on_device(raw(), dtype_, src.raw(), src.dtype(), numel());
+      device::convert_on_device(raw(), dtype_, src.raw(), src.dtype(), numel());
     } else if (device_.is_cuda()) {  // host → GPU with conversion: convert on the host, then one copy
       copy_from(src.to(dtype_));
     } else {  // GPU → host with conversion

@@ -5,7 +5,7 @@
 
 #include "moecore/core/error.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 CachingAllocator::~CachingAllocator() {
   // Process teardown: the live blocks belong to tensors that may outlive us; only the cache goes back.
@@ -114,4 +114,4 @@ int64_t CachingAllocator::cached_blocks(uintptr_t stream) const {
   return n;
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -21,7 +21,7 @@
 
 #include "moecore/core/allocator.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 struct RawBackend {
   std::function<void*(size_t)> allocate;  // nullptr when out of memory
@@ -66,4 +66,4 @@ class CachingAllocator {
   AllocatorStats st_;
 };
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

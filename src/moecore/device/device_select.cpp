@@ -8,11 +8,11 @@
 #include "moecore/core/error.h"
 #include "moecore/device/runtime.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 DeviceAvailability DeviceAvailability::probe() {
   DeviceAvailability a;
-  a.built_with_cuda = moecore::cuda::built_with_cuda();
+  a.built_with_cuda = moecore::device::built_with_cuda();
   a.visible = visible_devices(&a.why_none);
   return a;
 }
@@ -85,4 +85,4 @@ std::string describe_placement(const GpuPlacement& p, int local_size, int visibl
                      nccl_built ? "ranks on another node share GPUs" : "this moecore was built without NCCL");
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -6,7 +6,7 @@
 
 #include "moecore/core/device.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 // What this process can use: whether the build has CUDA and how many GPUs it sees (why when none).
 struct DeviceAvailability {
@@ -45,4 +45,4 @@ GpuPlacement place_on_gpu(int local_rank, int local_size, int visible, std::stri
 // The one line a job prints at start: "8 ranks on this node, one GPU each (cuda:<local rank>): NCCL between GPUs".
 std::string describe_placement(const GpuPlacement& p, int local_size, int visible, bool job_nccl, bool nccl_built);
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -16,7 +16,7 @@
 #include "moecore/core/device.h"
 #include "moecore/device/phase_timeline.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 struct GpuProfileReport {
   struct Site {
@@ -102,4 +102,4 @@ inline std::unique_ptr<GpuProfiler> profiler_for(Device d) {
   return d.is_cuda() ? std::make_unique<GpuProfiler>(d) : nullptr;
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

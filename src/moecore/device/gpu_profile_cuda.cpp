@@ -16,7 +16,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 namespace profile_detail {
 // Markers are timing events on the profiled stream, created as the first steps need them and reused after.
@@ -208,4 +208,4 @@ GpuProfileReport GpuProfiler::report(size_t top_sites) const {
   return r;
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

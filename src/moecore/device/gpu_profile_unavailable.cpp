@@ -3,7 +3,7 @@
 #include "moecore/core/error.h"
 #include "moecore/device/gpu_profile.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 struct GpuProfiler::Impl {};
 
@@ -33,4 +33,4 @@ GpuProfileReport GpuProfiler::report(size_t) const {
   return {};
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

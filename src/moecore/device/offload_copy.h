@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 // Page-locked host memory (cudaMallocHost), for copies that overlap compute.
 void* pinned_allocate(size_t bytes);
@@ -38,4 +38,4 @@ class OffloadCopyStream {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

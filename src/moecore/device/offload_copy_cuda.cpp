@@ -7,7 +7,7 @@
 #include "moecore/device/offload_copy.h"
 #include "moecore/device/stream.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 void* pinned_allocate(size_t bytes) {
   void* p = nullptr;
@@ -67,4 +67,4 @@ void OffloadCopyStream::synchronize() {
   impl_->copies.synchronize();
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

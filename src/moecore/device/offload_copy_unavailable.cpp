@@ -2,7 +2,7 @@
 #include "moecore/core/error.h"
 #include "moecore/device/offload_copy.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 namespace {
 [[noreturn]] void no_offload_copies() {
@@ -33,4 +33,4 @@ void OffloadCopyStream::current_waits(int64_t) {}
 void OffloadCopyStream::release(int64_t) {}
 void OffloadCopyStream::synchronize() {}
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -16,7 +16,7 @@
 
 #include "moecore/core/error.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 // What a span of the step counts for; the innermost phase wins (the router's GEMM is GEMM time).
 enum class Phase : int { kRest, kGemm, kAttention, kPermute, kRouter, kNorm, kActivation, kLoss, kCast, kOptimizer };
@@ -200,4 +200,4 @@ class SyncLedger {
   double blocked_s_ = 0;
 };
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -13,7 +13,7 @@
 #include "moecore/core/device_memory.h"
 #include "moecore/core/dtype.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 // True when this binary was compiled with the CUDA backend (MOECORE_HAVE_CUDA).
 bool built_with_cuda();
@@ -50,4 +50,4 @@ std::string describe_device(Device d);  // the CPU: "the CPU, N threads"
 // (runtime_unavailable.cpp), for the kernels' stand-ins (kernels/cuda/*_unavailable.cpp).
 [[noreturn]] void no_cuda_kernel(const char* name);
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -14,7 +14,7 @@
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 bool built_with_cuda() {
   return true;
@@ -167,4 +167,4 @@ void set_current_device(Device d) {
   MOE_CUDA_CHECK(cudaSetDevice(d.index));
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

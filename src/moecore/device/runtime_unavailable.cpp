@@ -10,7 +10,7 @@
 #include "moecore/core/error.h"
 #include "moecore/device/runtime.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
@@ -77,4 +77,4 @@ void set_current_device(Device d) {
   if (!d.is_cpu()) no_cuda("set_current_device");
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

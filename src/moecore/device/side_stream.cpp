@@ -8,13 +8,13 @@
 #include "moecore/device/stream.h"
 #endif
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 #ifdef MOECORE_HAVE_CUDA
 struct SideStream::Impl {
-  moecore::cuda::Stream side;
-  moecore::cuda::Event forked, done;
-  std::optional<moecore::cuda::StreamGuard> guard;
+  moecore::device::Stream side;
+  moecore::device::Event forked, done;
+  std::optional<moecore::device::StreamGuard> guard;
   bool pending = false;  // side work queued since the last join()
 };
 #else
@@ -29,7 +29,7 @@ void SideStream::fork(Device d) {
   if (!on_ || !d.is_cuda()) return;
   if (!impl_) impl_ = std::make_unique<Impl>();
   MOE_ASSERT_MSG(!impl_->guard, "SideStream::fork inside a fork");
-  impl_->forked.record(moecore::cuda::current_stream());
+  impl_->forked.record(moecore::device::current_stream());
   impl_->forked.wait_on(impl_->side.get());
   impl_->guard.emplace(impl_->side.get());
   impl_->pending = true;
@@ -50,9 +50,9 @@ void SideStream::join() {
 #ifdef MOECORE_HAVE_CUDA
   if (!impl_ || !impl_->pending) return;
   MOE_ASSERT_MSG(!impl_->guard, "SideStream::join before end");
-  impl_->done.wait_on(moecore::cuda::current_stream());
+  impl_->done.wait_on(moecore::device::current_stream());
   impl_->pending = false;
 #endif
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

@@ -14,7 +14,7 @@
 
 #include "moecore/core/device.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 class SideStream {
  public:
@@ -34,4 +34,4 @@ class SideStream {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

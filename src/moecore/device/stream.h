@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 class Stream {
  public:
@@ -70,4 +70,4 @@ class PinnedBuffer {
   size_t n_ = 0;
 };
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

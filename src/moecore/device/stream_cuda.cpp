@@ -6,7 +6,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 
 void throw_cuda_error(const char* call, cudaError_t e, const char* file, int line) {
   // The runtime also keeps the error as this thread's last error: consume it, so that a caller who catches this one
@@ -81,4 +81,4 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   return *this;
 }
 
-}  // namespace moecore::cuda
+}  // namespace moecore::device

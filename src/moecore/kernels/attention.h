@@ -66,7 +66,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 //   an S×S matrix once S > 128.
 // - Flash (other CPUs, where oneDNN would widen bf16 to f32 anyway; attention_flash.cpp): the f32 flash kernel on
 //   operands rounded to bf16, probabilities rounded before P·V (they are relative to the running row maximum).
-// Sequences longer than kMaxBf16AttentionSeq use the f32 kernel above instead (nn/attention.cpp).
+// Sequences longer than kMaxBf16AttentionSeq use the f32 kernel above instead (nn/self_attention.cpp).
 //
 // FlashNative also reads and writes bf16 tensors (attention_bf16_native_io()): any of q, k, v, dout, o, dq, dk, dv may
 // be bf16 (lse stays f32), read as their values and written rounded once, as a bf16 FlashAttention on a GPU keeps its

@@ -14,7 +14,7 @@ struct BackendOffers {
   // the dense layers' outputs are f32.
   bool gemm_bf16_output = false;
   // The attention kernel takes bf16 q, k, v and RoPE itself and writes a bf16 o (the CPU's FlashNative kernel,
-  // attention_bf16_tensors in nn/attention.h says for which sequences).
+  // attention_bf16_tensors in nn/self_attention.h says for which sequences).
   bool attention_bf16_tensors = false;
   // cross_entropy_forward_backward computes the loss and the logits' gradient in one pass; elsewhere the forward and
   // the backward kernels run where the model's forward and backward are.

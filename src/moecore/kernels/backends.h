@@ -5,17 +5,17 @@
 #pragma once
 
 #include "moecore/kernels/attention.h"
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 
 namespace moecore::kernels {
 
 namespace cpu {
-extern const RouterKernels kRouterKernels;        // kernels/cpu/router.cpp
+extern const RouterKernels kRouterKernels;        // kernels/cpu/routing.cpp
 extern const AttentionKernels kAttentionKernels;  // kernels/cpu/attention.cpp
 }  // namespace cpu
 
 namespace cuda {
-extern const RouterKernels kRouterKernels;        // kernels/cuda/router.cpp
+extern const RouterKernels kRouterKernels;        // kernels/cuda/routing.cpp
 extern const AttentionKernels kAttentionKernels;  // kernels/cuda/attention.cpp
 }  // namespace cuda
 

@@ -7,7 +7,7 @@
 #include "moecore/core/timers.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/activation.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/backend.h"
 #include "moecore/kernels/backends.h"
@@ -24,8 +24,8 @@
 #include "moecore/kernels/position_rows.h"
 #include "moecore/kernels/rmsnorm.h"
 #include "moecore/kernels/rope.h"
-#include "moecore/kernels/router.h"
-#include "moecore/kernels/sgd.h"
+#include "moecore/kernels/routing.h"
+#include "moecore/kernels/sgd_update.h"
 #include "moecore/kernels/shared_gate.h"
 
 namespace moecore::kernels {
@@ -47,7 +47,7 @@ namespace {
 template <typename Table>
 const Table& backend_for(Device d, const Table& cpu_table, const Table* cuda_table, const char* op) {
   if (!d.is_cuda()) return cpu_table;
-  if (!cuda_table) moecore::cuda::no_cuda_kernel(op);
+  if (!cuda_table) moecore::device::no_cuda_kernel(op);
   return *cuda_table;
 }
 #ifdef MOECORE_HAVE_CUDA

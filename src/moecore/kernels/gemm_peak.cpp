@@ -21,7 +21,7 @@ std::pair<double, double> time_square_gemm(DType dtype, int64_t n, int iters, De
   Tensor A = a.to(dtype).to(device), B = b.to(dtype).to(device), C = Tensor::empty({n, n}, DType::F32, device);
   // A GPU runs asynchronously: each timed product ends with a synchronisation, so the host clock sees its work.
   auto sync = [&] {
-    if (device.is_cuda()) moecore::cuda::synchronize();
+    if (device.is_cuda()) moecore::device::synchronize();
   };
   gemm(A, false, B, false, C);  // warm-up: creates the primitive (the cuBLASLt plan)
   sync();

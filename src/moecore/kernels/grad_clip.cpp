@@ -6,7 +6,7 @@
 
 #include "moecore/kernels/cuda/multi_tensor_ops.h"
 #include "moecore/kernels/elementwise.h"
-#include "moecore/kernels/sgd.h"
+#include "moecore/kernels/sgd_update.h"
 
 namespace moecore::kernels {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 
 namespace moecore::kernels {
 
@@ -58,7 +58,7 @@ DeferredNorms take_deferred_norms(ClipState& s);
 // Returns false where the step is skipped and the caller can know it without a GPU read (on the CPU, or `host`).
 bool apply_clip(const ClipState& s, AdamWParams& hp, bool host = false);
 
-// SGD with momentum (kernels/sgd.h) over many tensors (m: the momentum buffer; param_bf16, where given, receives
+// SGD with momentum (kernels/sgd_update.h) over many tensors (m: the momentum buffer; param_bf16, where given, receives
 // the updated parameter rounded to bf16), each with its own weight decay; on a GPU in multi-tensor launches
 // reading hp.clip where set.
 void sgd_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, double momentum);

@@ -2,7 +2,7 @@
 // kernels::router_aux_counts), so every layout that holds the same tokens gets the same bits.
 #include "moecore/moe/aux_losses.h"
 
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 
 namespace moecore::moe {
 

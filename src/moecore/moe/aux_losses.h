@@ -6,7 +6,7 @@
 // the aux scores' device and are copied to the host ([E], or [B·E] for seq_aux_loss), where the counts are summed
 // over the group and the loss is formed in f64; its gradient, linear in the aux scores, goes back as [E] (or [B·E])
 // coefficients (kernels::router_add_class_coef).
-// Not here: the aux scores themselves and the score-function backward (kernels/router.h).
+// Not here: the aux scores themselves and the score-function backward (kernels/routing.h).
 #pragma once
 
 #include "moecore/comm/process_group.h"

@@ -98,7 +98,7 @@ class MoELayer : public nn::FeedForward {
   std::unique_ptr<SharedExperts> shared_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<ExpertTensorParallel> etp_;
-  cuda::SideStream side_;  // --moe-shared-expert-overlap
+  device::SideStream side_;  // --moe-shared-expert-overlap
   bool training_ = true;
 };
 

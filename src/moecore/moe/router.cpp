@@ -1,5 +1,5 @@
 // Router (see router.h): the steps of a routing, written once for both devices; the per-token work runs in the
-// kernels of kernels/router.h wherever the input lives (on a GPU in f32: the f64 router dtype and Sinkhorn are
+// kernels of kernels/routing.h wherever the input lives (on a GPU in f32: the f64 router dtype and Sinkhorn are
 // refused there). What passes through the host, all of it small:
 // - the jitter and forced-balance noise, drawn with the router's Philox streams (router_noise.cpp) and copied to the
 //   input's device: debugging and benchmark features, [T, H] / [T, E] per training forward;
@@ -17,7 +17,7 @@
 #include "moecore/core/timers.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 #include "moecore/moe/sinkhorn.h"
 #include "moecore/nn/stash_bytes.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 #include "moecore/moe/aux_losses.h"
 #include "moecore/moe/routed_tokens.h"
 #include "moecore/nn/parameter.h"

@@ -1,6 +1,6 @@
 // The router's gating linear (see router.h), written once for both devices: logits = x_r·Wᵀ (+ b) in the router
 // dtype, and its parameters' gradients. Not the input gradient (the backward may add it into the caller's sum) and
-// not the scores or the selection (router.cpp over kernels/router.h).
+// not the scores or the selection (router.cpp over kernels/routing.h).
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/moe/router.h"

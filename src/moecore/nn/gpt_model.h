@@ -13,7 +13,6 @@
 
 #include "moecore/kernels/activation.h"
 #include "moecore/nn/context_attention.h"
-#include "moecore/nn/embedding.h"
 #include "moecore/nn/layer_recompute.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/mtp.h"
@@ -21,6 +20,7 @@
 #include "moecore/nn/position_embedding.h"
 #include "moecore/nn/probe.h"
 #include "moecore/nn/transformer_layer.h"
+#include "moecore/nn/vocab_embedding.h"
 
 namespace moecore::nn {
 

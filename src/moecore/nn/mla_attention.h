@@ -23,7 +23,7 @@
 
 #include "moecore/kernels/backend.h"
 #include "moecore/kernels/rope.h"
-#include "moecore/nn/attention.h"
+#include "moecore/nn/self_attention.h"
 
 namespace moecore::nn {
 

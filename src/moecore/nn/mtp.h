@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "moecore/nn/context_attention.h"
-#include "moecore/nn/dropout.h"
-#include "moecore/nn/embedding.h"
+#include "moecore/nn/dropout_sites.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/transformer_layer.h"
+#include "moecore/nn/vocab_embedding.h"
 
 namespace moecore::nn {
 

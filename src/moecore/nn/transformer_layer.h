@@ -7,13 +7,13 @@
 #include <optional>
 #include <string>
 
-#include "moecore/nn/attention.h"
-#include "moecore/nn/dropout.h"
+#include "moecore/nn/dropout_sites.h"
 #include "moecore/nn/feed_forward.h"
 #include "moecore/nn/mla_attention.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/offloaded_stash.h"
 #include "moecore/nn/probe.h"
+#include "moecore/nn/self_attention.h"
 
 namespace moecore::nn {
 

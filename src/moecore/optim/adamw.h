@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/sgd.h"
 

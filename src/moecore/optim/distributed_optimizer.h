@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "moecore/comm/process_group.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/grad_buffer.h"
 #include "moecore/optim/optimizer.h"

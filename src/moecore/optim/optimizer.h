@@ -6,7 +6,7 @@
 #include <functional>
 #include <vector>
 
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/kernels/grad_clip.h"
 #include "moecore/nn/parameter.h"
 

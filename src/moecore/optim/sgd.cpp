@@ -2,7 +2,7 @@
 #include "moecore/optim/sgd.h"
 
 #include "moecore/kernels/grad_clip.h"
-#include "moecore/kernels/sgd.h"
+#include "moecore/kernels/sgd_update.h"
 
 namespace moecore::optim {
 

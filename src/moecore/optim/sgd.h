@@ -1,11 +1,11 @@
 // SGD with momentum as Megatron builds it (torch.optim.SGD(lr, weight_decay, momentum); no dampening, no
-// Nesterov; the update itself is kernels/sgd.h, on either device): d = g + wd·p (L2 weight decay added to the
+// Nesterov; the update itself is kernels/sgd_update.h, on either device): d = g + wd·p (L2 weight decay added to the
 // gradient), buf ← momentum·buf + d, p ← p − lr·buf, with g = grad_scale · grad (clipping). And the elementwise
 // rule the AdamW and sharded optimizers apply per parameter (or per owned range): AdamW or SGD.
 #pragma once
 
 #include "moecore/core/tensor.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 
 namespace moecore::optim {
 
@@ -23,7 +23,7 @@ struct ElementRule {
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::AdamWParams& hp, double momentum);
 
 // AdamW (m, v the moments) or SGD (m the momentum buffer, v untouched) over many tensors, each with its own weight
-// decay, in one multi-tensor pass (kernels/adamw.h, kernels/grad_clip.h). step ≥ 1.
+// decay, in one multi-tensor pass (kernels/adamw_update.h, kernels/grad_clip.h). step ≥ 1.
 void element_step_multi(const ElementRule& rule, std::vector<kernels::AdamWTensor>& tensors,
                         const kernels::AdamWParams& hp, int64_t step);
 

@@ -42,7 +42,7 @@ struct ActivationOffload::Pool {
   int64_t live = 0, peak = 0, total = 0;
   ~Pool() {
     for (auto& [bytes, blocks] : free)
-      for (void* p : blocks) pinned ? cuda::pinned_free(p) : std::free(p);
+      for (void* p : blocks) pinned ? device::pinned_free(p) : std::free(p);
   }
   void* get(size_t bytes) {
     void* p = nullptr;
@@ -51,7 +51,7 @@ struct ActivationOffload::Pool {
       p = list.back();
       list.pop_back();
     } else {
-      p = pinned ? cuda::pinned_allocate(bytes) : std::aligned_alloc(64, bytes);
+      p = pinned ? device::pinned_allocate(bytes) : std::aligned_alloc(64, bytes);
       MOE_CHECK(p != nullptr, "out of host memory for offloaded activations ({} bytes)", bytes);
       total += static_cast<int64_t>(bytes);
     }
@@ -75,7 +75,7 @@ std::shared_ptr<void> host_block(const std::shared_ptr<ActivationOffload::Pool>&
 ActivationOffload::ActivationOffload(const OffloadConfig& cfg, Device d)
     : cfg_(cfg), dev_(d), pool_(std::make_shared<Pool>()) {
   pool_->pinned = offloading_applies(d);  // page-locked host memory and a copy stream for a GPU's stashes
-  if (offloading_applies(d)) copies_ = std::make_unique<cuda::OffloadCopyStream>();
+  if (offloading_applies(d)) copies_ = std::make_unique<device::OffloadCopyStream>();
 }
 
 ActivationOffload::~ActivationOffload() {

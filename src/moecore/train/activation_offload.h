@@ -16,7 +16,7 @@
 // A tensor under --min-offloaded-tensor-size elements stays, and so does one whose memory another tensor of the
 // stash that stays also holds (copying it would free nothing). A layer's tensors whose copy to the host has not
 // been released when its backward comes are taken back as they are (the last layers of a forward).
-// Copies: cuda::OffloadCopyStream on a GPU; on the CPU only with --testing-offload-on-cpu, into a host pool of its
+// Copies: device::OffloadCopyStream on a GPU; on the CPU only with --testing-offload-on-cpu, into a host pool of its
 // own (plain memory, outside the allocator whose bytes the plan counts), through the same steps.
 #pragma once
 
@@ -30,7 +30,7 @@
 #include "moecore/nn/stash_offload.h"
 #include "moecore/train/config/config.h"
 
-namespace moecore::cuda {
+namespace moecore::device {
 class OffloadCopyStream;
 }
 
@@ -83,7 +83,7 @@ class ActivationOffload : public nn::StashOffload {
   void release_oldest();
   OffloadConfig cfg_;
   Device dev_;
-  std::unique_ptr<cuda::OffloadCopyStream> copies_;  // null on the CPU
+  std::unique_ptr<device::OffloadCopyStream> copies_;  // null on the CPU
   std::shared_ptr<Pool> pool_;
   std::deque<Pending> pending_;
   std::vector<Tensor*> slots_;  // scratch: a stash's offloadable tensors, their modules, which are copied

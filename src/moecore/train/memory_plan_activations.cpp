@@ -9,10 +9,10 @@
 
 #include "moecore/kernels/attention.h"
 #include "moecore/moe/moe_layer.h"
-#include "moecore/nn/attention.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/mla_attention.h"
 #include "moecore/nn/mlp.h"
+#include "moecore/nn/self_attention.h"
 #include "moecore/nn/stash_bytes.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"

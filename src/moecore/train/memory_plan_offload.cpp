@@ -6,9 +6,9 @@
 
 #include "moecore/core/error.h"
 #include "moecore/moe/moe_layer.h"
-#include "moecore/nn/attention.h"
 #include "moecore/nn/gpt_model.h"
 #include "moecore/nn/mla_attention.h"
+#include "moecore/nn/self_attention.h"
 #include "moecore/nn/stash_bytes.h"
 #include "moecore/train/activation_offload.h"
 #include "moecore/train/config/device_support.h"

@@ -64,9 +64,9 @@ Device place_this_rank(const TrainConfig& c, const comm::ProcessGroup* world, st
                        std::string* training_on) {
   if (world) return comm::place_ranks_on_gpus(c.device, "train", world->comm(), placement);
   if (!training_device(c).is_cuda()) return Device::cpu();
-  const Device d = Device::cuda(cuda::place_on_gpu(0, 1, cuda::visible_devices(), c.device, false).device);
-  cuda::set_current_device(d);
-  *training_on = cuda::describe_device(d);
+  const Device d = Device::cuda(device::place_on_gpu(0, 1, device::visible_devices(), c.device, false).device);
+  device::set_current_device(d);
+  *training_on = device::describe_device(d);
   return d;
 }
 }  // namespace
@@ -150,7 +150,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   plan_ = print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
   log_->set_planned_memory(plan_.total());
   Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
-  cuda::device_reset_peak(device_);    // nothing on the CPU
+  device::device_reset_peak(device_);  // nothing on the CPU
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});
 }
 
@@ -176,7 +176,7 @@ Trainer::~Trainer() {
 // Kernels launch on the thread's current GPU: this trainer's (several trainers in one process may use different
 // GPUs, as the layout tests' one-rank reference on GPU 0 beside a rank on cuda:<local rank>).
 void Trainer::make_device_current() const {
-  cuda::set_current_device(device_);  // nothing on the CPU
+  device::set_current_device(device_);  // nothing on the CPU
 }
 
 std::string Trainer::save_checkpoint() {

@@ -24,7 +24,7 @@
 #include "moecore/train/observe/metrics.h"
 #include "moecore/train/observe/routing_health.h"
 #include "moecore/train/observe/tensorboard_log.h"
-#include "moecore/train/observe/timers.h"
+#include "moecore/train/observe/timer_log.h"
 #include "moecore/train/parallel_groups.h"
 #include "moecore/train/pipeline/pipeline_schedule.h"
 #include "moecore/train/pipeline/schedule.h"

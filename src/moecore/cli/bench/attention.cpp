@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/gpu.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
@@ -37,7 +37,7 @@ struct AttentionBenchArgs {
 void run_bench_attention(const AttentionBenchArgs& a) {
   MOE_CHECK(a.heads % a.kv_heads == 0, "--num-attention-heads ({}) must be a multiple of --num-query-groups ({})",
             a.heads, a.kv_heads);
-  const Device d = cuda::resolve_device(a.device, "bench attention");
+  const Device d = device::resolve_device(a.device, "bench attention");
   if (d.is_cuda()) {
     MOE_CHECK(a.bf16_kernel == "auto", "--bf16-kernel {} names a CPU kernel; on the GPU use --attention-backend",
               a.bf16_kernel);

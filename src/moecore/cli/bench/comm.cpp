@@ -56,7 +56,7 @@ void bench_gpu_collectives(const comm::ProcessGroup& world, Device d, int iters)
   if (me == 0) {
     fmt::print("moecore bench comm: collectives on GPU tensors, {} ranks, {} ({})\n", P,
                comm::gpu_transport() == comm::GpuTransport::Nccl ? "NCCL" : "host-staged MPI",
-               cuda::describe_device(d));
+               device::describe_device(d));
     fmt::print(
         "  per operation and size: time per call, algbw = size / time, busbw = bus_mib / time (bus_mib: the analytic "
         "minimum through each rank's link)\n");
@@ -67,11 +67,11 @@ void bench_gpu_collectives(const comm::ProcessGroup& world, Device d, int iters)
     const double bytes = static_cast<double>(a.nbytes());
     for (auto& c : cases) {
       for (int i = 0; i < 2; i++) c.run(a, b);  // warm-up: communicators connect, buffers register
-      cuda::synchronize();
+      device::synchronize();
       world.barrier();
       const double t0 = now_seconds();
       for (int i = 0; i < iters; i++) c.run(a, b);
-      cuda::synchronize();  // the current stream waited on every operation's event
+      device::synchronize();  // the current stream waited on every operation's event
       const double s = (now_seconds() - t0) / iters;
       if (me == 0)
         fmt::print(

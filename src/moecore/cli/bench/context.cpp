@@ -5,15 +5,15 @@
 //     against C = 1;
 //   - the ring's exposed communication: forward+backward time with the K/V ring (overlapped) against the same
 //     blocks computed with no communication, and the time blocked in waits on the CP group;
-//   - achieved attention GFLOP/s against the GEMM peak sampled in the same run (cli/bench/common.h).
+//   - achieved attention GFLOP/s against the GEMM peak sampled in the same run (cli/bench/bench_util.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/attention.h"

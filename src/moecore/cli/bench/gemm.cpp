@@ -20,7 +20,7 @@ struct GemmBenchArgs {
 
 // Square GEMMs M=N=K=size, f32 then bf16, `iters` timed runs after one warm-up.
 void run_bench_gemm(const GemmBenchArgs& a) {
-  const Device d = cuda::resolve_device(a.device, "bench gemm");
+  const Device d = device::resolve_device(a.device, "bench gemm");
   if (d.is_cuda()) return run_bench_gemm_gpu(d, a.size, a.iters);
   fmt::print("moecore bench gemm: M=N=K={}, {} timed runs, {} threads\n", a.size, a.iters, num_threads());
   const auto [f_best, f_median] = kernels::time_square_gemm(DType::F32, a.size, a.iters);

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "moecore/cli/bench/common.h"
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/core/rng.h"
 #include "moecore/core/timer.h"
 #include "moecore/device/runtime.h"
@@ -34,7 +34,7 @@ double gpu_bf16_peak_gflops(Device d) {
 
 void run_bench_gemm_gpu(Device d, int64_t size, int iters) {
   fmt::print("moecore bench gemm --device {}: M=N=K={}, {} timed runs\n  device: {}\n", d.str(), size, iters,
-             cuda::describe_device(d));
+             device::describe_device(d));
   const auto [f_best, f_median] = kernels::time_square_gemm(DType::F32, size, iters, d);
   fmt::print("  f32  GEMM: {:8.1f} GFLOP/s best, {:8.1f} median (cuBLASLt, TF32 off)\n", f_best, f_median);
   const auto [h_best, h_median] = kernels::time_square_gemm(DType::BF16, size, iters, d);
@@ -60,7 +60,7 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
       : with_cudnn ? std::string("native tensor-core kernels (attention backend native)")
                    : fmt::format("native tensor-core kernels; cuDNN unavailable: {}", cudnn_why),
       iters, dropout > 0 ? fmt::format("; attention dropout {} timed against none, run by run", dropout) : "",
-      cuda::describe_device(d));
+      device::describe_device(d));
   const Tensor q = random_on(d, {seq, batch, heads, head_dim}, DType::F32, 3);
   const Tensor k = random_on(d, {seq, batch, kv_heads, head_dim}, DType::F32, 4);
   const Tensor v = random_on(d, k.shape(), DType::F32, 5), dout = random_on(d, q.shape(), DType::F32, 6);
@@ -82,13 +82,13 @@ void run_bench_attention_gpu(Device d, int64_t seq, int64_t batch, int64_t heads
       kernels::attention_forward_bf16(q, k, v, scale, o, lse, dr);
     else
       kernels::attention_forward(q, k, v, scale, o, lse, dr);
-    cuda::synchronize();
+    device::synchronize();
     const double tf = t.seconds();
     if (bf16)
       kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv, dr);
     else
       kernels::attention_backward(dout, q, k, v, o, lse, scale, dq, dk, dv, dr);
-    cuda::synchronize();
+    device::synchronize();
     return std::pair{tf, t.seconds()};
   };
   // The same run on one backend (the chosen one restored after).

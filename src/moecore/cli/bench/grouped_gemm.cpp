@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/gpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/device/device_select.h"
@@ -77,16 +77,16 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
     kernels::grouped_gemm_wgrad(dh, x, dw1, begin, rows);
   };
   forward(), backward();  // warm-up: plans, handles, workspaces
-  cuda::synchronize();
+  device::synchronize();
   std::vector<double> f_rates, t_rates;
   for (int i = 0; i < iters; i++) {
     const Stopwatch t0;
     forward();
-    cuda::synchronize();
+    device::synchronize();
     const double tf = t0.seconds();
     const Stopwatch t1;
     forward(), backward();
-    cuda::synchronize();
+    device::synchronize();
     f_rates.push_back(fwd_flops / tf / 1e12);
     t_rates.push_back(all_flops / t1.seconds() / 1e12);
   }
@@ -96,14 +96,14 @@ void bench_shape(Device d, const ExpertShape& s, int64_t tokens, int iters, doub
 }
 
 void run_bench_grouped_gemm(const GroupedGemmBenchArgs& a) {
-  const Device d = cuda::resolve_device(a.device, "bench grouped-gemm");
+  const Device d = device::resolve_device(a.device, "bench grouped-gemm");
   MOE_CHECK(d.is_cuda(),
             "bench grouped-gemm runs on the GPU only (--device cuda); the CPU experts are measured by "
             "bench moe-layer");
   fmt::print(
       "moecore bench grouped-gemm --device {}: expert GEMMs of one MoE layer (fc1, fc2: forward, dgrad, wgrad), "
       "bf16 operands, bf16 outputs, f32 weight gradients, median of {} runs\n  device: {}\n",
-      d.str(), a.iters, cuda::describe_device(d));
+      d.str(), a.iters, device::describe_device(d));
   const double peak = gpu_bf16_peak_gflops(d);
   const ExpertShape shapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"mixtral-8x7b", 4096, 14336, 8, 2}};
   for (const ExpertShape& s : shapes)

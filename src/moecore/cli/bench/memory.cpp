@@ -8,8 +8,8 @@
 
 #include <cstdio>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"

@@ -7,8 +7,8 @@
 
 #include <cmath>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/core/timers.h"

@@ -6,8 +6,8 @@
 
 #include <map>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/core/cpu.h"
 #include "moecore/core/timer.h"
 #include "moecore/core/timers.h"
@@ -29,9 +29,9 @@ struct MoEBenchArgs {
 void run_bench_moe_layer(const MoEBenchArgs& a) {
   MOE_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype must be f32 or bf16, got {}", a.dtype);
   const bool bf16 = a.dtype == "bf16";
-  const Device dev = cuda::resolve_device(a.device, "bench moe-layer");
+  const Device dev = device::resolve_device(a.device, "bench moe-layer");
   fmt::print("moecore bench moe-layer: T={} H={} F={} E={} k={} dtype={} SwiGLU, {} timed runs, on {}\n", a.tokens,
-             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters, cuda::describe_device(dev));
+             a.hidden, a.ffn, a.experts, a.topk, a.dtype, a.iters, device::describe_device(dev));
   moe::MoELayerConfig c;
   c.router.hidden = a.hidden;
   c.router.num_experts = a.experts;
@@ -77,7 +77,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
       layer.backward(dy, *st);
     }
     reg.settle_grads();
-    cuda::synchronize(dev);  // the GPU's queued work belongs to this run
+    device::synchronize(dev);  // the GPU's queued work belongs to this run
     return timer.seconds();
   };
   for (int i = 0; i <= a.iters; i++) {

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/cli/bench/benches.h"
-#include "moecore/cli/bench/common.h"
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/cpu.h"
@@ -45,21 +45,21 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 // The GPU's table: the phases from CUDA events on the compute stream (innermost phase wins), the rest, and the host
 // synchronisations with their most frequent call sites.
-void print_gpu_phases(const cuda::GpuProfileReport& g, double host_step_s) {
+void print_gpu_phases(const device::GpuProfileReport& g, double host_step_s) {
   fmt::print(
       "  the step by phase on the GPU (CUDA events on the compute stream, mean of {} timed steps; {:.3f} s from the "
       "first of {:.0f} events to the last, {:.3f} s on the host clock; calls: kernel entry points per step):\n",
       g.steps, g.step_s, g.markers, host_step_s);
-  std::vector<cuda::Phase> order;
-  for (int p = 1; p < cuda::kPhaseCount; p++) order.push_back(static_cast<cuda::Phase>(p));
-  order.push_back(cuda::Phase::kRest);
-  for (cuda::Phase p : order) {
+  std::vector<device::Phase> order;
+  for (int p = 1; p < device::kPhaseCount; p++) order.push_back(static_cast<device::Phase>(p));
+  order.push_back(device::Phase::kRest);
+  for (device::Phase p : order) {
     const double s = g.phase_s[static_cast<int>(p)];
     const double calls = g.entries[static_cast<int>(p)];
-    if (p == cuda::Phase::kRest)
-      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", cuda::phase_label(p), s, 100.0 * s / g.step_s);
+    if (p == device::Phase::kRest)
+      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%\n", device::phase_label(p), s, 100.0 * s / g.step_s);
     else
-      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%  {:7.0f} calls\n", cuda::phase_label(p), s, 100.0 * s / g.step_s,
+      fmt::print("    {:<46} {:8.3f} s  {:5.1f}%  {:7.0f} calls\n", device::phase_label(p), s, 100.0 * s / g.step_s,
                  calls);
   }
   const double waits = g.blocked_s_per_step + g.end_wait_s_per_step;
@@ -71,19 +71,19 @@ void print_gpu_phases(const cuda::GpuProfileReport& g, double host_step_s) {
       host_step_s);
   if (g.top_sites.empty()) return;
   fmt::print("  the most frequent (frames outermost last; symbolise with addr2line -C -f -e BINARY 0xOFFSET):\n");
-  for (const cuda::GpuProfileReport::Site& s : g.top_sites) {
+  for (const device::GpuProfileReport::Site& s : g.top_sites) {
     std::string frames;
     for (const std::string& f : s.frames) frames += (frames.empty() ? "" : " < ") + f;
     fmt::print("    {:6.1f}/step  {:8.3f} ms/step  {}, {:.0f} B, in {}: {}\n", s.per_step, s.blocked_ms_per_step,
-               s.what, s.bytes_per_call, cuda::phase_key(s.phase), frames);
+               s.what, s.bytes_per_call, device::phase_key(s.phase), frames);
   }
 }
 
 // The GPU run's one-line record: every phase in seconds per step, the synchronisations and the host's wait.
-std::string gpu_record(const cuda::GpuProfileReport& g, double comm_s) {
+std::string gpu_record(const device::GpuProfileReport& g, double comm_s) {
   std::string out;
-  for (int p = 0; p < cuda::kPhaseCount; p++)
-    out += fmt::format("{}_s={:.4f} ", cuda::phase_key(static_cast<cuda::Phase>(p)), g.phase_s[p]);
+  for (int p = 0; p < device::kPhaseCount; p++)
+    out += fmt::format("{}_s={:.4f} ", device::phase_key(static_cast<device::Phase>(p)), g.phase_s[p]);
   return out +
          fmt::format("comm_s={:.3f} event_step_s={:.4f} syncs_per_step={:.1f} sync_wait_s={:.4f} end_wait_s={:.4f}",
                      comm_s, g.step_s, g.syncs_per_step, g.blocked_s_per_step, g.end_wait_s_per_step);
@@ -122,7 +122,7 @@ void run_bench_train(const TrainBenchArgs& a) {
   fmt::print("  {}\n", describe_peak(a.dtype, r.peak_samples, t->device(), "the steps"));
   // The memory plan printed at start beside the allocator's peak over the timed steps (the GPU's on the GPU).
   const double planned = t->memory_plan().total(),
-               peak_bytes = static_cast<double>(cuda::device_allocator_stats(t->device()).peak_bytes);
+               peak_bytes = static_cast<double>(device::device_allocator_stats(t->device()).peak_bytes);
   fmt::print("  memory: planned {:.1f} MiB, measured peak {:.1f} MiB ({:.3f} of the plan)\n", planned / kMiB,
              peak_bytes / kMiB, peak_bytes / planned);
   std::vector<double> step_gflops;  // each timed step's model GFLOP/s per rank

@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "moecore/cli/bench/common.h"
+#include "moecore/cli/bench/bench_util.h"
 #include "moecore/core/allocator.h"
 #include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
@@ -26,13 +26,13 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
   out = std::make_unique<train::Trainer>(cfg, null, /*measure_peak=*/false, &world);
   train::Trainer& t = *out;
   // Installed for the warm-up too, so its events exist before the timed steps; reset after.
-  std::unique_ptr<cuda::GpuProfiler> profile = cuda::profiler_for(t.device());
+  std::unique_ptr<device::GpuProfiler> profile = device::profiler_for(t.device());
   if (profile) profile->begin_step();
   t.train_step();  // warm-up: primitives, allocator cache
   if (profile) profile->end_step(), profile->reset();
   for (const std::string& n : kPhaseTimers) t.timers().elapsed(n, /*reset=*/true);
   Allocator::instance().reset_peak();
-  cuda::device_reset_peak(t.device());
+  device::device_reset_peak(t.device());
   comm::comm_counters().clear();
   TrainRun r;
   std::vector<double> steps;
@@ -50,8 +50,8 @@ TrainRun timed_train(const train::TrainConfig& cfg, int iters, std::unique_ptr<t
     if (profile) profile->begin_step();
     t.train_step(/*read_norm=*/false);  // as the train loop between log lines: the norm stays on the GPU
     if (profile) profile->end_step();
-    cuda::synchronize(t.device());  // the step's queued GPU work (the optimizer's last kernels)
-    t.settle_norms();               // the log line's read, outside the profiled step
+    device::synchronize(t.device());  // the step's queued GPU work (the optimizer's last kernels)
+    t.settle_norms();                 // the log line's read, outside the profiled step
     world.barrier();
     steps.push_back(timer.seconds());
     const kernels::GemmStats g1 = kernels::gemm_stats();

@@ -61,7 +61,7 @@ struct TrainRun {
   std::vector<kernels::GemmShapeStats> gemm_shapes;
   // On a GPU: the step by phase from CUDA events and the host synchronisations by call site (the host timers above
   // measure only the launches there).
-  std::optional<cuda::GpuProfileReport> gpu;
+  std::optional<device::GpuProfileReport> gpu;
 };
 
 // Trains `cfg` over the MPI world (one rank without mpirun): one warm-up step, then `iters` timed steps with

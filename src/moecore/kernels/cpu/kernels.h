@@ -11,14 +11,14 @@
 #include "moecore/core/error.h"
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/activation.h"
-#include "moecore/kernels/adamw.h"
+#include "moecore/kernels/adamw_update.h"
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/dropout.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/grouped_gemm.h"
 #include "moecore/kernels/rope.h"
-#include "moecore/kernels/sgd.h"
+#include "moecore/kernels/sgd_update.h"
 
 namespace moecore::kernels::cpu {
 

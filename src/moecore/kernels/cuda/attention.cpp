@@ -17,7 +17,7 @@
 
 namespace moecore::kernels::cuda {
 
-using moecore::cuda::current_stream;
+using moecore::device::current_stream;
 
 namespace {
 using detail::check_launch;
@@ -60,7 +60,7 @@ launch::DropoutParams block_dropout(const AttentionDropout* d, int64_t B, int64_
 
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale,
                              Tensor& o, Tensor& lse, const AttentionDropout* dropout, bool round_bf16) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kAttention);
   const BlockShape s = block_shape(q, k, v, lse);
   MOE_ASSERT(o.shape() == q.shape());
   const launch::DropoutParams drop = block_dropout(dropout, s.B, q0, k0);
@@ -71,7 +71,7 @@ void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 }
 
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_part, const Tensor& lse_part) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kAttention);
   MOE_ASSERT(o.ndim() == 4 && o.shape() == o_part.shape() && lse.shape() == lse_part.shape());
   const int64_t S = o.dim(0), BN = o.dim(1) * o.dim(2), D = o.dim(3);
   MOE_ASSERT_SHAPE(lse, {o.dim(1), o.dim(2), S});
@@ -85,7 +85,7 @@ namespace {
 void span_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                    const AttentionDropout* dropout, bool round_bf16, bool accumulate_dq) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kAttention);
   const BlockShape s = block_shape(q, k, v, lse);
   MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
   MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());

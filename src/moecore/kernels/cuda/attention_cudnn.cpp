@@ -137,7 +137,7 @@ bool run_cached_sdpa(const SdpaKey& key, SdpaBuffers buf, Device dev) {
   const int64_t ws_bytes = sdpa_plan_workspace_bytes(*plan);
   // Workspace from the caching allocator on the current stream: freed when this call returns, reused by the next.
   Tensor ws = ws_bytes > 0 ? Tensor::empty({(ws_bytes + 3) / 4}, DType::F32, dev) : Tensor();
-  const cudnnStatus_t s = api->SetStream(handle, moecore::cuda::current_stream());
+  const cudnnStatus_t s = api->SetStream(handle, moecore::device::current_stream());
   MOE_CHECK(s == CUDNN_STATUS_SUCCESS, "{}", cudnn_error_text(*api, "cudnnSetStream", s));
   run_sdpa_plan(*api, handle, *plan, buf, ws_bytes > 0 ? ws.raw() : nullptr);
   return true;
@@ -171,7 +171,7 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   const SdpaCall call = sdpa_attention_call(d, Dv, false, dropout);
   if (!route_to_cudnn(call)) return false;
 #ifdef MOECORE_HAVE_CUDNN_HEADERS
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kAttention);
   const Tensor qb = cudnn_bf16_operand(q), kb = cudnn_bf16_operand(k), vb = cudnn_bf16_operand(v);
   Tensor ob = cudnn_bf16_result(o, Dv < d.D);
   SdpaBuffers buf;
@@ -193,7 +193,7 @@ bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
   const SdpaCall call = sdpa_attention_call(d, Dv, true, dropout);
   if (!route_to_cudnn(call)) return false;
 #ifdef MOECORE_HAVE_CUDNN_HEADERS
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kAttention);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kAttention);
   MOE_ASSERT(lse.dtype() == DType::F32 && lse.device().is_cuda());
   const Tensor qb = cudnn_bf16_operand(q), kb = cudnn_bf16_operand(k), vb = cudnn_bf16_operand(v);
   const Tensor ob = cudnn_bf16_operand(o), dob = cudnn_bf16_operand(dout);

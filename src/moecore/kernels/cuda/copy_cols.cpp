@@ -9,7 +9,7 @@ void copy_cols(const Tensor& src, int64_t src_cols, int64_t src_col, Tensor& dst
                int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   const auto es = static_cast<size_t>(dtype_size(src.dtype()));
-  moecore::cuda::copy_2d(
+  moecore::device::copy_2d(
       static_cast<char*>(dst.raw()) + static_cast<size_t>(dst_col) * es, static_cast<size_t>(dst_cols) * es,
       static_cast<const char*>(src.raw()) + static_cast<size_t>(src_col) * es, static_cast<size_t>(src_cols) * es,
       static_cast<size_t>(cols) * es, static_cast<size_t>(rows), dst.device());

@@ -14,7 +14,7 @@ void dropout_forward(const Tensor& x_SBC, const DropoutMask& m, const std::vecto
   const int64_t C = x_SBC.dim(x_SBC.ndim() - 1), rows = x_SBC.numel() / C;
   const launch::DropoutParams p = detail::dropout_params(m, sample_B.data(), B, seq_offset);
   launch::dropout_apply(detail::f32(x_SBC, "dropout input"), detail::f32(y_SBC, "dropout output"), rows, C, p,
-                        moecore::cuda::current_stream());
+                        moecore::device::current_stream());
   detail::check_launch("dropout");
 }
 

@@ -119,7 +119,7 @@ namespace {
 // batch = 0: 2-D product of the flattened matrices; batch > 0: A, B, C are [batch, rows, cols].
 void matmul(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
             int64_t batch) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kGemm);
   const int64_t a_rows = batch ? A.dim(1) : A.rows(), b_rows = batch ? B.dim(1) : B.rows();
   const int64_t a_cols = A.cols(), b_cols = B.cols();
   const int64_t M = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;
@@ -152,7 +152,7 @@ void matmul(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor
     std::lock_guard<std::mutex> lock(c.mu);
     DeviceCtx& dc = c.devices[key.device];
     if (!dc.handle) MOE_CUBLAS_CHECK(cublasLtCreate(&dc.handle));
-    void*& ws = dc.workspaces[moecore::cuda::current_stream()];
+    void*& ws = dc.workspaces[moecore::device::current_stream()];
     if (!ws) MOE_CUDA_CHECK(cudaMalloc(&ws, kWorkspace));
     auto it = c.plans.find(key);
     if (it == c.plans.end()) it = c.plans.emplace(key, make_plan(dc, key, a_rows, a_cols, b_rows, b_cols)).first;
@@ -160,7 +160,7 @@ void matmul(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor
   }
   MOE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, B.raw(), plan->a, A.raw(), plan->b, &beta, C.raw(),
                                   plan->c, C.raw(), plan->c, &plan->algo, workspace, kWorkspace,
-                                  moecore::cuda::current_stream()));
+                                  moecore::device::current_stream()));
 }
 }  // namespace
 

@@ -175,7 +175,7 @@ const LtLayouts& lt_layouts(const LtKey& key) {  // under ctx().mu
 
 void run_lt_streams(Device d, const std::vector<Problem>& ps, cudaDataType_t in, cudaDataType_t out, float alpha,
                     float beta) {
-  const cudaStream_t s = moecore::cuda::current_stream();
+  const cudaStream_t s = moecore::device::current_stream();
   std::unique_lock<std::mutex> lock(ctx().mu);
   DeviceCtx& dc = device_ctx(d.index);
   std::vector<const LtPlan*> plans(ps.size());
@@ -262,7 +262,7 @@ int64_t grouped_gemm_row_align() {
 // The packed weights are the CPU backend's; cuBLASLt reads W as it is.
 void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
                   const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows, const ExpertWeightPacker*) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(A_RK, W, C_RN), out = gg::cuda_type(C_RN.dtype());
   MOE_ASSERT_MSG(W.ndim() == 3, "grouped GEMM weights must be [E, rows, cols], got {}", W.shape().str());
   const int64_t E = W.dim(0), K = A_RK.cols(), N = C_RN.cols(), R = A_RK.rows();
@@ -295,7 +295,7 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
 
 void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
                         const std::vector<int64_t>& rows, float beta) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kGemm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kGemm);
   const cudaDataType_t in = gg::operand_type(dY_RN, X_RK, dW_ENK);
   MOE_ASSERT_MSG(dW_ENK.dtype() == DType::F32, "grouped weight gradients accumulate in f32, got {}",
                  dtype_name(dW_ENK.dtype()));

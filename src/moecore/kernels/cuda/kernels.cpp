@@ -16,7 +16,7 @@
 
 namespace moecore::kernels::cuda {
 
-using moecore::cuda::current_stream;
+using moecore::device::current_stream;
 
 namespace {
 using detail::check_launch;
@@ -30,7 +30,7 @@ double reduce(int kind, const Tensor& a, const Tensor* b) {
                      current_stream());
   check_launch("reduce_sum");
   double r = 0;
-  moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
+  moecore::device::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
   return r;
 }
 // The partial sums of a two-stage column reduction (launch_col_reduce.h), from the caching allocator on the current
@@ -71,14 +71,14 @@ int64_t count_zeros(const Tensor& a) {
   launch::count_zeros(f32(a, "a"), a.numel(), out.device_data<int64_t>(), current_stream());
   check_launch("count_zeros");
   int64_t r = 0;
-  moecore::cuda::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
+  moecore::device::copy_bytes(&r, Device::cpu(), out.raw(), a.device(), sizeof r);
   return r;
 }
 
 namespace {
 // The norm kernels proper: y_TH of x's dtype (f32).
 void rmsnorm_rows(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && rstd_T.numel() == rows);
@@ -89,7 +89,7 @@ void rmsnorm_rows(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_T
 
 void rmsnorm_backward_rows(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T,
                            Tensor& dx_TH, Tensor& dw_H) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -103,7 +103,7 @@ void rmsnorm_backward_rows(const Tensor& dy_TH, const Tensor& x_TH, const Tensor
 
 void layernorm_rows(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH, Tensor& mean_T,
                     Tensor& rstd_T) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(b_H, {H});
@@ -115,7 +115,7 @@ void layernorm_rows(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, do
 
 void layernorm_backward_rows(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
                              const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kNorm);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kNorm);
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
   MOE_ASSERT_SHAPE(w_H, {H});
@@ -270,7 +270,7 @@ bool act_operand_bf16(const Tensor& t, const char* name) {
 }  // namespace
 
 void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kActivation);
   const int64_t rows = x.rows(), F = y_TF.cols();
   MOE_ASSERT_MSG(x.cols() == (is_gated(act) ? 2 * F : F) && y_TF.rows() == rows, "{} input {} output {}",
                  activation_name(act), x.shape().str(), y_TF.shape().str());
@@ -285,7 +285,7 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kActivation);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kActivation);
   const int64_t rows = x.rows(), F = dy_TF.cols();
   MOE_ASSERT(dx.shape() == x.shape() && dy_TF.rows() == rows);
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
@@ -301,7 +301,7 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
 
 void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start,
                        int64_t vocab_total) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), VL = w_VH.dim(0), H = w_VH.dim(1);
   const int64_t V = vocab_total > 0 ? vocab_total : VL;
   MOE_ASSERT(y_TH.rows() == T_ && y_TH.cols() == H && y_TH.dtype() == w_VH.dtype());
@@ -315,7 +315,7 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
 }
 
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kLoss);
   const int64_t T_ = ids_T.numel(), H = dw_VH.dim(1), VL = dw_VH.dim(0);
   MOE_ASSERT(dy_TH.rows() == T_ && dy_TH.cols() == H && dy_TH.dtype() == dw_VH.dtype());
   // The tokens' order by row and CUB's sort storage (embedding_bwd.cu), from the caching allocator.

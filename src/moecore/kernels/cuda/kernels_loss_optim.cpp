@@ -13,7 +13,7 @@
 
 namespace moecore::kernels::cuda {
 
-using moecore::cuda::current_stream;
+using moecore::device::current_stream;
 
 namespace {
 using detail::check_launch;
@@ -22,7 +22,7 @@ using detail::f32;
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kLoss);
   const int64_t V = logits_TV.cols();
   cross_entropy_forward_vocab_parallel(logits_TV, targets_T, 0, V, ReduceFn(), loss_T, lse_T);
 }
@@ -30,7 +30,7 @@ void cross_entropy_forward(const Tensor& logits_TV, const Tensor& targets_T, Ten
 void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(targets_T.numel() == rows && loss_T.numel() == rows && lse_T.numel() == rows);
   // The labels checked without a read-back: the first outside the vocabulary is recorded on the device and raised
@@ -54,7 +54,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 
 void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, Tensor& dlogits_TV, int64_t vocab_start) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kLoss);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kLoss);
   const int64_t rows = logits_TV.rows(), V = logits_TV.cols();
   MOE_ASSERT(dlogits_TV.shape() == logits_TV.shape() && dloss_T.numel() == rows);
   launch::ce_backward(f32(dloss_T, "dloss"), f32(logits_TV, "logits"), targets_T.raw(), detail::ids64(targets_T),
@@ -81,12 +81,12 @@ launch::AdamWScalars scalars(const AdamWParams& hp, int64_t step) {
 }  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   adamw_multi_step({AdamWTensors{&param, &grad, &m, &v}}, hp, step);
 }
 
 void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParams& hp, int64_t step) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   MOE_ASSERT_MSG(!hp.clip.defined(), "the single-tensor AdamW takes its gradient scale from the host");
   const launch::AdamWScalars s = scalars(hp, step);
   launch::AdamWBatch batch;
@@ -120,7 +120,7 @@ void adamw_multi_step(const std::vector<AdamWTensors>& tensors, const AdamWParam
 // Every tensor in multi-tensor launches (launch_multi_tensor.h), each with its own weight decay; the gradient scale
 // and the skip flag from hp.clip where set (an optimizer step that never waits for the host), else hp.grad_scale.
 void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   const launch::AdamWScalars s = scalars(hp, step);
   MOE_ASSERT(!hp.clip.defined() || (hp.clip.device().is_cuda() && hp.clip.dtype() == DType::F64));
   const double* clip = hp.clip.defined() ? hp.clip.device_data<double>() : nullptr;
@@ -154,7 +154,7 @@ void adamw_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, 
 }
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& hp) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);  // (sgd_step_multi reads a device scale)
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);  // (sgd_step_multi reads a device scale)
   const int64_t n = param.numel();
   MOE_ASSERT(n == grad.numel() && n == buf.numel());
   launch::sgd(f32(param, "param"), f32(grad, "grad"), f32(buf, "momentum buffer"), n, static_cast<float>(hp.lr),

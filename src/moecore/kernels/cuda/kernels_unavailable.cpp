@@ -5,7 +5,7 @@
 
 namespace moecore::kernels::cuda {
 
-#define MOE_NO_CUDA_KERNEL(name) ::moecore::cuda::no_cuda_kernel(name)
+#define MOE_NO_CUDA_KERNEL(name) ::moecore::device::no_cuda_kernel(name)
 
 void gemm(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) {
   MOE_NO_CUDA_KERNEL("gemm");

@@ -1,6 +1,6 @@
 // Pointer-level launcher of multi-latent attention's head sum (nn/mla_attention.cpp move_block with Nd == 1 < Ns):
 // dst[r·Wd + d0 + i] = Σ_n src[r·Ns·Ws + n·Ws + s0 + i] for i < w, r < R, with n ascending from 0 (the CPU loop's
-// order, so the same bits). The block moves without a sum are strided copies (cuda::copy_2d).
+// order, so the same bits). The block moves without a sum are strided copies (device::copy_2d).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -20,7 +20,7 @@ void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tenso
   MOE_ASSERT(s0 >= 0 && d0 >= 0 && w >= 0 && s0 + w <= Ws && d0 + w <= Wd && (Ns == Nd || Ns == 1 || Nd == 1));
   if (w == 0 || rows == 0) return;
   if (Nd == 1 && Ns > 1) {
-    const cudaStream_t s = moecore::cuda::current_stream();
+    const cudaStream_t s = moecore::device::current_stream();
     if (src.dtype() == DType::F32)
       launch::mla_head_sum_f32(src.device_data<float>(), Ns, Ws, s0, dst.device_data<float>(), Wd, d0, w, rows, s);
     else
@@ -32,13 +32,13 @@ void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tenso
   const char* from = static_cast<const char*>(src.raw()) + static_cast<size_t>(s0) * e;
   char* to = static_cast<char*>(dst.raw()) + static_cast<size_t>(d0) * e;
   if (Ns == Nd) {  // head n of row r is row r·N + n of a [rows·N, W] matrix on both sides
-    moecore::cuda::copy_2d(to, static_cast<size_t>(Wd) * e, from, static_cast<size_t>(Ws) * e, width,
-                           static_cast<size_t>(rows * Nd), dev);
+    moecore::device::copy_2d(to, static_cast<size_t>(Wd) * e, from, static_cast<size_t>(Ws) * e, width,
+                             static_cast<size_t>(rows * Nd), dev);
     return;
   }
   for (int64_t n = 0; n < Nd; n++)  // broadcast: the one source head into each destination head
-    moecore::cuda::copy_2d(to + static_cast<size_t>(n * Wd) * e, static_cast<size_t>(Nd * Wd) * e, from,
-                           static_cast<size_t>(Ws) * e, width, static_cast<size_t>(rows), dev);
+    moecore::device::copy_2d(to + static_cast<size_t>(n * Wd) * e, static_cast<size_t>(Nd * Wd) * e, from,
+                             static_cast<size_t>(Ws) * e, width, static_cast<size_t>(rows), dev);
 }
 
 }  // namespace moecore::kernels::cuda

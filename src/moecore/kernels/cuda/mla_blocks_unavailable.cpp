@@ -6,7 +6,7 @@
 namespace moecore::kernels::cuda {
 
 void mla_move_block(const Tensor&, int64_t, int64_t, int64_t, Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t) {
-  moecore::cuda::no_cuda_kernel("mla_move_block");
+  moecore::device::no_cuda_kernel("mla_move_block");
 }
 
 }  // namespace moecore::kernels::cuda

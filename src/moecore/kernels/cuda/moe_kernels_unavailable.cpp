@@ -6,7 +6,7 @@
 
 namespace moecore::kernels::cuda {
 
-using moecore::cuda::no_cuda_kernel;
+using moecore::device::no_cuda_kernel;
 
 void moe_build_plan(const Tensor&, int64_t, std::vector<int64_t>&, Tensor&, Tensor&, Tensor&, Tensor&) {
   no_cuda_kernel("moe_build_plan");

@@ -14,7 +14,7 @@ namespace moecore::kernels::cuda {
 
 using detail::check_launch;
 using detail::f32;
-using moecore::cuda::current_stream;
+using moecore::device::current_stream;
 
 namespace {
 // Device scratch of at least `bytes` bytes (CUB temp storage), stream-ordered like every other allocation.
@@ -40,7 +40,7 @@ int64_t moe_row_bytes(const Tensor& t) {
 
 void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& tokens_per_expert, Tensor& row_token_R,
                     Tensor& row_tk_R, Tensor& token_offsets_T1, Tensor& token_rows) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(idx_TK, "idx_TK", DType::I32);
   const int64_t T = idx_TK.dim(0), K = idx_TK.dim(1), n = T * K;
   const Device d = idx_TK.device();
@@ -61,8 +61,8 @@ void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& token
   // The one host synchronisation of the GPU dispatch: the [E] row counts, which size every tensor below and the
   // grouped GEMM's per-expert problems (Megatron's tokens_per_expert is copied to the host the same way).
   tokens_per_expert.assign(static_cast<size_t>(E), 0);
-  moecore::cuda::copy_bytes(tokens_per_expert.data(), Device::cpu(), counts.raw(), d,
-                            static_cast<size_t>(E) * sizeof(int64_t));
+  moecore::device::copy_bytes(tokens_per_expert.data(), Device::cpu(), counts.raw(), d,
+                              static_cast<size_t>(E) * sizeof(int64_t));
   int64_t R = 0;
   for (int64_t c : tokens_per_expert) R += c;
   MOE_ASSERT(R <= n);
@@ -84,7 +84,7 @@ void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& token
 }
 
 void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
   MOE_ASSERT_MSG(dst.dim(0) == R && moe_row_elems(src) == moe_row_elems(dst), "row gather of {} into {} by {} indices",
@@ -104,7 +104,7 @@ void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
 }
 
 void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(idx_R, "row index", DType::I32);
   const int64_t R = idx_R.numel();
   MOE_ASSERT(src.dim(0) == R && src.dtype() == dst.dtype() && src.device() == dst.device());
@@ -115,7 +115,7 @@ void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
 
 void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
                             Tensor& dst_TH) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(token_offsets_T1, "token_offsets", DType::I64);
   moe_require_gpu(token_rows, "token_rows", DType::I32);
   const int64_t T = dst_TH.rows(), H = dst_TH.cols();
@@ -129,7 +129,7 @@ void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1
 }
 
 void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(row_tk_R, "row_tk", DType::I64);
   MOE_ASSERT(probs_R.numel() == row_tk_R.numel());
   launch::moe_gather_probs(f32(probs_TK, "probs_TK"), row_tk_R.device_data<int64_t>(), f32(probs_R, "probs_R"),
@@ -138,7 +138,7 @@ void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& pr
 }
 
 void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kPermute);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(row_tk_R, "row_tk", DType::I64);
   MOE_ASSERT(dprobs_R.numel() == row_tk_R.numel());
   dprobs_TK.zero_();

@@ -9,7 +9,7 @@
 
 namespace moecore::kernels::cuda {
 
-using moecore::cuda::current_stream;
+using moecore::device::current_stream;
 
 namespace {
 // The deferred id checks' record (launch_multi_tensor.h's record_bad_id slots), allocated on the device at its
@@ -33,13 +33,13 @@ void clip_state_init(ClipState& s) {
 }
 
 void squares_reset(ClipState& s) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   launch::squares_reset(clip_slots(s.slots), current_stream());
   detail::check_launch("squares_reset");
 }
 
 void squares_add_part(ClipState& s, std::span<const Tensor> ts, std::span<const double> w) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   MOE_ASSERT(ts.size() == w.size());
   if (ts.empty()) return;  // an empty part adds nothing
   launch::SquaresBatch b;
@@ -61,7 +61,7 @@ void squares_add_part(ClipState& s, std::span<const Tensor> ts, std::span<const 
 
 void clip_finish(ClipState& s, bool use_world_sq, double world_sq, double clip_grad, bool check_finite,
                  int64_t iteration, bool defer) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   double* slots = clip_slots(s.slots);
   const Tensor& ids = id_check_record();
   const int64_t* id_checks = ids.defined() && ids.device() == s.device() ? ids.device_data<int64_t>() : nullptr;
@@ -71,7 +71,7 @@ void clip_finish(ClipState& s, bool use_world_sq, double world_sq, double clip_g
 }
 
 void sgd_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, double momentum) {
-  const moecore::cuda::PhaseScope phase(moecore::cuda::Phase::kOptimizer);
+  const moecore::device::PhaseScope phase(moecore::device::Phase::kOptimizer);
   const double* clip = hp.clip.defined() ? clip_slots(hp.clip) : nullptr;
   launch::AdamWMultiBatch b;
   auto flush = [&] {

@@ -6,22 +6,22 @@
 namespace moecore::kernels::cuda {
 
 void clip_state_init(ClipState&) {
-  ::moecore::cuda::no_cuda_kernel("clip_state_init");
+  ::moecore::device::no_cuda_kernel("clip_state_init");
 }
 void squares_reset(ClipState&) {
-  ::moecore::cuda::no_cuda_kernel("squares_reset");
+  ::moecore::device::no_cuda_kernel("squares_reset");
 }
 void squares_add_part(ClipState&, std::span<const Tensor>, std::span<const double>) {
-  ::moecore::cuda::no_cuda_kernel("squares_add_part");
+  ::moecore::device::no_cuda_kernel("squares_add_part");
 }
 void clip_finish(ClipState&, bool, double, double, bool, int64_t, bool) {
-  ::moecore::cuda::no_cuda_kernel("clip_finish");
+  ::moecore::device::no_cuda_kernel("clip_finish");
 }
 void sgd_step_multi(std::vector<AdamWTensor>&, const AdamWParams&, double) {
-  ::moecore::cuda::no_cuda_kernel("sgd_step_multi");
+  ::moecore::device::no_cuda_kernel("sgd_step_multi");
 }
 void record_bad_ids(const Tensor&, int64_t, int) {
-  ::moecore::cuda::no_cuda_kernel("record_bad_ids");
+  ::moecore::device::no_cuda_kernel("record_bad_ids");
 }
 void set_id_check_iteration(int64_t) {}
 BadId take_bad_id() {

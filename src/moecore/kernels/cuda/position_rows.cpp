@@ -12,14 +12,14 @@ using detail::f32;
 void position_add_rows(Tensor& h_nBH, const Tensor& table_nH) {
   const int64_t n = h_nBH.dim(0), B = h_nBH.dim(1), H = h_nBH.dim(2);
   MOE_ASSERT(table_nH.numel() == n * H);
-  launch::position_add_rows(f32(h_nBH, "h"), f32(table_nH, "table"), n, B, H, moecore::cuda::current_stream());
+  launch::position_add_rows(f32(h_nBH, "h"), f32(table_nH, "table"), n, B, H, moecore::device::current_stream());
   check_launch("position_add_rows");
 }
 
 void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH) {
   const int64_t n = dh_nBH.dim(0), B = dh_nBH.dim(1), H = dh_nBH.dim(2);
   MOE_ASSERT(grad_nH.numel() == n * H);
-  launch::position_sum_rows(f32(dh_nBH, "dh"), f32(grad_nH, "grad"), n, B, H, moecore::cuda::current_stream());
+  launch::position_sum_rows(f32(dh_nBH, "dh"), f32(grad_nH, "grad"), n, B, H, moecore::device::current_stream());
   check_launch("position_sum_rows");
 }
 

@@ -6,10 +6,10 @@
 namespace moecore::kernels::cuda {
 
 void position_add_rows(Tensor&, const Tensor&) {
-  moecore::cuda::no_cuda_kernel("position_add_rows");
+  moecore::device::no_cuda_kernel("position_add_rows");
 }
 void position_sum_rows(const Tensor&, Tensor&) {
-  moecore::cuda::no_cuda_kernel("position_sum_rows");
+  moecore::device::no_cuda_kernel("position_sum_rows");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -14,7 +14,7 @@ void shared_gate_forward(Tensor& gate_T, const Tensor& m_TH, Tensor& y_TH) {
   const int64_t T = m_TH.rows(), H = m_TH.cols();
   MOE_ASSERT(gate_T.numel() == T && y_TH.numel() == T * H);
   launch::shared_gate_forward(f32(gate_T, "gate_T"), f32(m_TH, "m_TH"), f32(y_TH, "y_TH"), T, H,
-                              moecore::cuda::current_stream());
+                              moecore::device::current_stream());
   check_launch("shared_gate_forward");
 }
 
@@ -22,7 +22,7 @@ void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tenso
   const int64_t T = m_TH.rows(), H = m_TH.cols();
   MOE_ASSERT(gate_T.numel() == T && dy_TH.numel() == T * H && dm_TH.numel() == T * H && dz_T.numel() == T);
   launch::shared_gate_backward(f32(dy_TH, "dy_TH"), f32(gate_T, "gate_T"), f32(m_TH, "m_TH"), f32(dm_TH, "dm_TH"),
-                               f32(dz_T, "dz_T"), T, H, moecore::cuda::current_stream());
+                               f32(dz_T, "dz_T"), T, H, moecore::device::current_stream());
   check_launch("shared_gate_backward");
 }
 

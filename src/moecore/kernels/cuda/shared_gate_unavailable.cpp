@@ -6,10 +6,10 @@
 namespace moecore::kernels::cuda {
 
 void shared_gate_forward(Tensor&, const Tensor&, Tensor&) {
-  moecore::cuda::no_cuda_kernel("shared_gate_forward");
+  moecore::device::no_cuda_kernel("shared_gate_forward");
 }
 void shared_gate_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
-  moecore::cuda::no_cuda_kernel("shared_gate_backward");
+  moecore::device::no_cuda_kernel("shared_gate_backward");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -26,7 +26,7 @@ inline bool ids64(const Tensor& ids) {
 // After a launch: a bad configuration surfaces here, naming the kernel.
 inline void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) moecore::cuda::throw_cuda_error(what, e, __FILE__, __LINE__);
+  if (e != cudaSuccess) moecore::device::throw_cuda_error(what, e, __FILE__, __LINE__);
 }
 
 }  // namespace moecore::kernels::cuda::detail

@@ -23,8 +23,8 @@ std::string gpu_training_gap(const TrainConfig& c) {
   return "";
 }
 
-Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& available) {
-  const Device d = cuda::resolve_device(c.device, "train", available);
+Device training_device(const TrainConfig& c, const device::DeviceAvailability& available) {
+  const Device d = device::resolve_device(c.device, "train", available);
   if (!d.is_cuda()) return d;
   const std::string gap = gpu_training_gap(c);
   MOE_CHECK(gap.empty(), "--device {}: {}; {}", c.device, gap,
@@ -40,7 +40,7 @@ bool offloading_applies(Device d) {
 
 Device training_device(const TrainConfig& c) {
   return training_device(
-      c, c.plan_only ? cuda::DeviceAvailability::assumed_for(c.device) : cuda::DeviceAvailability::probe());
+      c, c.plan_only ? device::DeviceAvailability::assumed_for(c.device) : device::DeviceAvailability::probe());
 }
 
 }  // namespace moecore::train

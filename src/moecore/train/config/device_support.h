@@ -18,7 +18,7 @@ std::string gpu_training_gap(const TrainConfig& c);
 // The device the run trains on, given what this process can use: --device resolved (refused when unusable); where
 // that is a GPU (cuda, cuda:N, or auto with a GPU visible), refused with gpu_training_gap's reason when it is not
 // empty. A pure function of its arguments: testable without a GPU.
-Device training_device(const TrainConfig& c, const cuda::DeviceAvailability& available);
+Device training_device(const TrainConfig& c, const device::DeviceAvailability& available);
 // The same for this process's real availability (for a plan, c.plan_only: the GPU --device names, assumed).
 Device training_device(const TrainConfig& c);
 

@@ -266,7 +266,7 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   // The job's GEMM peak: every rank at the peak this rank measured (gflops counts every rank's work).
   const double job_peak = peak_gflops * static_cast<double>(world_size_);
   const double peak_share = job_peak > 0 ? gflops / job_peak : 0.0;
-  const auto mem = cuda::memory_stats(device_);
+  const auto mem = device::memory_stats(device_);
   std::string aux;
   nlohmann::json j = {{"iteration", iteration},
                       {"consumed_samples", consumed_samples},

@@ -51,7 +51,7 @@ void TensorBoardLog::after_step(int64_t it, int64_t samples, const StepResult& r
     both("grad-norm", r.grad_norm);
     for (const auto& [tag, v] : extra) both(tag, v);
     if (c_.log_memory_to_tensorboard) {  // the training device allocator's counters (torch.cuda.memory_stats())
-      const AllocatorStats m = cuda::memory_stats(device_);
+      const AllocatorStats m = device::memory_stats(device_);
       scalar("mem-reserved-bytes", static_cast<double>(m.system_bytes), it);
       scalar("mem-allocated-bytes", static_cast<double>(m.live_bytes), it);
       scalar("mem-max-allocated-bytes", static_cast<double>(m.peak_bytes), it);

@@ -13,7 +13,7 @@
 #include "moecore/train/config/config.h"
 #include "moecore/train/observe/metrics.h"
 #include "moecore/train/observe/tensorboard_writer.h"
-#include "moecore/train/observe/timers.h"
+#include "moecore/train/observe/timer_log.h"
 #include "moecore/train/parallel_groups.h"
 
 namespace moecore::train {

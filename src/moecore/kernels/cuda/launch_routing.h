@@ -1,5 +1,5 @@
-// Pointer-level launchers of the MoE router kernels (router.cu): CUDA headers only, like launch.h. The Tensor-level
-// caller is kernels/cuda/router.cpp. Everything is f32 (the GPU router refuses f64) but Sinkhorn's
+// Pointer-level launchers of the MoE router kernels (routing.cu): CUDA headers only, like launch.h. The Tensor-level
+// caller is kernels/cuda/routing.cpp. Everything is f32 (the GPU router refuses f64) but Sinkhorn's
 // balanced cost (f64), ids I32, counts and sums f64. Every launcher queues work on `s` and returns; none uses
 // floating-point atomics, so reruns give the same bits.
 #pragma once

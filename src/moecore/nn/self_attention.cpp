@@ -1,6 +1,6 @@
 // Attention module (see attention.h). Backward runs the forward chain in reverse: proj → attention kernel → RoPE
 // (inverse rotation) → qk-norm → q/k/v projections, whose input gradients sum into dx.
-#include "moecore/nn/attention.h"
+#include "moecore/nn/self_attention.h"
 
 #include <cmath>
 #include <optional>

@@ -1,12 +1,12 @@
-// MoE router kernels (see launch_router.h): the fused per-token forward, the small reductions of the aux losses
+// MoE router kernels (see launch_routing.h): the fused per-token forward, the small reductions of the aux losses
 // and statistics, and the backward of the score functions. The per-token kernels give each token one thread that
-// runs the CPU router's loops in the same order (kernels/cpu/router.cpp), so sums round alike and only exp/log
+// runs the CPU router's loops in the same order (kernels/cpu/routing.cpp), so sums round alike and only exp/log
 // differ by an ulp; top-k needs no taken mask: the j-th pick is the first element after the (j−1)-th in selection
 // order.
 #include <cmath>
 
 #include "moecore/kernels/cuda/common.cuh"
-#include "moecore/kernels/cuda/launch_router.h"
+#include "moecore/kernels/cuda/launch_routing.h"
 
 namespace moecore::launch {
 
@@ -212,7 +212,7 @@ __global__ void mul_k(float* a, const float* u, int64_t n) {
     a[i] *= u[i];
 }
 
-// The CPU's score_backward, one thread per token (derivations in kernels/cpu/router.cpp).
+// The CPU's score_backward, one thread per token (derivations in kernels/cpu/routing.cpp).
 __global__ void score_backward_k(const float* dP, const int32_t* idx, const int32_t* kept, const float* p,
                                  const float* scores, bool sigmoid, bool pre_softmax, float scale, int64_t T, int64_t E,
                                  int64_t K, float* dl) {
@@ -336,9 +336,9 @@ void router_z_loss_backward(const float* logits, const float* lse, float f, int6
   if (T * E > 0) z_loss_backward_k<<<grid_for(T * E), kThreads, 0, s>>>(logits, lse, f, T, E, dl);
 }
 
-// Capacity dropping (see launch_router.h): one block per expert. The block first
+// Capacity dropping (see launch_routing.h): one block per expert. The block first
 // gathers the expert's assignments in token order with a block-wide scan (integers: the order is exact), then ranks
-// each one by the CPU router's rule (kernels/cpu/router.cpp capacity_impl), then applies the decisions. A token
+// each one by the CPU router's rule (kernels/cpu/routing.cpp capacity_impl), then applies the decisions. A token
 // holds at most one assignment per expert (top-k picks distinct experts), so an expert has at most T of them.
 
 namespace {

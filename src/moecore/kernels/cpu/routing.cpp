@@ -1,8 +1,8 @@
-// The router's ops on the CPU (see kernels/router.h), in the router dtype R (f32 or f64): a token per loop
+// The router's ops on the CPU (see kernels/routing.h), in the router dtype R (f32 or f64): a token per loop
 // iteration, threads over tokens (or experts for capacity), every sum in a fixed order. Formulas follow reference
 // §1.1a/§1.1b/§1.2; each backward term is derived next to its code. Top-k breaks ties toward the lower expert index
 // (torch.topk leaves this to the backend).
-#include "moecore/kernels/router.h"
+#include "moecore/kernels/routing.h"
 
 #include <omp.h>
 

@@ -1,5 +1,5 @@
 // Shared benchmark helpers (see common.h).
-#include "moecore/cli/bench/common.h"
+#include "moecore/cli/bench/bench_util.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
-// The router's ops on the GPU (kernels/router.h, RouterKernels): operand checks, scratch from the caching allocator,
-// then the launchers of launch_router.h (router.cu's kernels) on the current stream: f32 tensors, I32 ids, f64 counts
+// The router's ops on the GPU (kernels/routing.h, RouterKernels): operand checks, scratch from the caching allocator,
+// then the launchers of launch_routing.h (routing.cu's kernels) on the current stream: f32 tensors, I32 ids, f64 counts
 // and sums, all on one GPU. router_rows is one fused kernel (scores, top-k, probabilities
 // and, in training, the aux scores with their top-k, the entropy and the logsumexp), capacity one block per expert.
 // Nothing here copies to the host.
@@ -8,13 +8,13 @@
 #include "moecore/core/error.h"
 #include "moecore/device/stream.h"
 #include "moecore/kernels/backends.h"
-#include "moecore/kernels/cuda/launch_router.h"
+#include "moecore/kernels/cuda/launch_routing.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
 namespace moecore::kernels::cuda {
 
 using detail::check_launch;
-using moecore::cuda::current_stream;
+using moecore::device::current_stream;
 
 namespace {
 

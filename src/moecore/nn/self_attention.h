@@ -11,7 +11,7 @@
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/backend.h"
 #include "moecore/nn/context_attention.h"
-#include "moecore/nn/dropout.h"
+#include "moecore/nn/dropout_sites.h"
 #include "moecore/nn/linear.h"
 #include "moecore/nn/norm.h"
 #include "moecore/nn/tensor_parallel.h"

@@ -2,7 +2,7 @@
 // scores, top-k and probabilities; capacity dropping; the counts behind the statistics, the expert-bias update and
 // the load-balancing losses; the backward of the score functions and of the z-loss. Not here: the gating GEMM
 // (gemm.h), the loss formulas, the noise and the expert bias (moe/). Each op runs where its tensors live: on the CPU
-// (kernels/cpu/router.cpp) in the router dtype (f32 or f64), on a GPU (kernels/cuda/router.cpp launching router.cu's
+// (kernels/cpu/routing.cpp) in the router dtype (f32 or f64), on a GPU (kernels/cuda/routing.cpp launching routing.cu's
 // kernels) in f32; kernels/dispatch.cpp picks the backend's table (RouterKernels). Counts and sums are f64 in a fixed
 // order: reruns give the same bits.
 // Backward ops accumulate into dl_TE (+=) but router_score_backward, which writes it.
@@ -74,7 +74,7 @@ void router_mul_(Tensor& a, const Tensor& u);
 
 // Backward of router_rows' probabilities into dl_TE (overwritten) from dprobs_TK, the gradient of probs (dropped
 // assignments, kept 0, carry none); idx, kept, p and scores as forward left them. Derivations in
-// kernels/cpu/router.cpp.
+// kernels/cpu/routing.cpp.
 void router_score_backward(const RouterRule& rule, const Tensor& dprobs_TK, const Tensor& idx_TK, const Tensor& kept_TK,
                            const Tensor& p_TK, const Tensor& scores_TE, Tensor& dl_TE);
 // dl_TE += scale · (d aux scores / d used)ᵀ · da_TE, through the aux scores a_TE of the logits used_TE.
@@ -83,7 +83,7 @@ void router_aux_score_backward(bool sigmoid, const Tensor& used_TE, const Tensor
 // dl_TE[t, e] += f · lse_T[t] · exp(logits_TE[t, e] − lse_T[t]) (f rounded to the router dtype).
 void router_z_loss_backward(const Tensor& logits_TE, const Tensor& lse_T, double f, Tensor& dl_TE);
 
-// The ops above as one backend implements them (kernels/cpu/router.cpp, kernels/cuda/router.cpp), each with the
+// The ops above as one backend implements them (kernels/cpu/routing.cpp, kernels/cuda/routing.cpp), each with the
 // signature of the op it is named after; check_backend is router_check_backend's refusal for that backend.
 struct RouterKernels {
   void (*check_backend)(DType router_dtype);

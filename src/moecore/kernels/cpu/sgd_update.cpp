@@ -1,4 +1,4 @@
-// SGD with momentum on the CPU (see kernels/sgd.h). Compiled for the baseline ISA, which has no fused
+// SGD with momentum on the CPU (see kernels/sgd_update.h). Compiled for the baseline ISA, which has no fused
 // multiply-add: each product and sum rounds on its own, as the CUDA kernel computes them.
 #include "moecore/core/cpu.h"
 #include "moecore/kernels/cpu/kernels.h"

@@ -1,5 +1,5 @@
 // Timers over the ranks (see timers.h).
-#include "moecore/train/observe/timers.h"
+#include "moecore/train/observe/timer_log.h"
 
 #include <fmt/format.h>
 

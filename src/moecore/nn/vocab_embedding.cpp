@@ -1,5 +1,5 @@
 // Embedding module (see embedding.h).
-#include "moecore/nn/embedding.h"
+#include "moecore/nn/vocab_embedding.h"
 
 #include "moecore/kernels/embedding.h"
 

@@ -1,5 +1,5 @@
 // RMSNorm module (see rmsnorm.h).
-#include "moecore/nn/rmsnorm.h"
+#include "moecore/nn/rmsnorm_layer.h"
 
 #include "moecore/kernels/rmsnorm.h"
 

@@ -1,5 +1,5 @@
 // `moecore launch` (see launch.h).
-#include "moecore/cli/launch.h"
+#include "moecore/cli/launch_command.h"
 
 #include <fmt/format.h>
 #include <sys/wait.h>

@@ -1,5 +1,5 @@
 // Hidden dropout sites (see dropout.h): the kernel applied with the shard's sequence offset.
-#include "moecore/nn/dropout.h"
+#include "moecore/nn/dropout_sites.h"
 
 #include "moecore/core/rng.h"
 
