@@ -28,7 +28,7 @@ DEVICE_DECISIONS = {
     "on_gpu": "host-staged transport for GPU tensors (comm/process_group.cpp)",
     "planned_device": "the device a memory plan is for (train/memory_plan.cpp)",
     "plans_gpu": "whether that is a GPU (train/memory_plan.cpp)",
-    "offloading_applies": "activation offloading needs device memory apart from the host's (train/activation_offload.cpp)",
+    "offloading_applies": "activation offloading needs device memory apart from the host's (train/config/device_support.cpp)",
     "run_bench_gemm": "--device: the GEMM benchmark of that device's backend (cli/bench/gemm.cpp)",
     "run_bench_attention": "--device: the attention benchmark of that device's kernels (cli/bench/attention.cpp)",
 }
