@@ -25,7 +25,7 @@ case "$which" in
     ;;
   optim_router)
     python3 "$here/cuda_kernels_emulate.py" "$work/optim_router_emulate.inc" \
-      "$root"/src/moecore/kernels/cuda/{col_reduce,elementwise,router,moe_permute,multi_tensor}.cu
+      "$root"/src/moecore/kernels/cuda/{col_reduce,elementwise,routing,moe_permute,multi_tensor}.cu
     g++ "${flags[@]}" "$here/optim_router_emulate.cpp" -o "$work/optim_router_emulate"
     "$work/optim_router_emulate"
     ;;
