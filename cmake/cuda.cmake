@@ -1,8 +1,9 @@
 # The CUDA backend (docs/cuda.md). MOECORE_CUDA: AUTO (on when CMake's CheckLanguage finds nvcc), ON (required) or
 # OFF. When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart + cuBLASLt linked (cuDNN loaded at run time), the
 # compile definition MOECORE_HAVE_CUDA, and the GPU test binary moecore_cuda_tests (CTest label gpu; every test skips
-# with a one-line reason where no GPU is visible). When off: the *_unavailable.cpp stand-ins answer every device
-# call with "this build has no CUDA", so the CPU-only build links the same interfaces.
+# with a one-line reason where no GPU is visible). When off: the *_unavailable.cpp stand-ins (the GPU runtime's, cuDNN's
+# loader's, NCCL's) answer every device call with "this build has no CUDA", so the CPU-only build links the same
+# interfaces; the kernel ops need none (kernels/dispatch.cpp has no GPU tables to pick and refuses a GPU tensor).
 set(MOECORE_CUDA AUTO CACHE STRING "CUDA backend: AUTO (on when nvcc is found), ON or OFF")
 set_property(CACHE MOECORE_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(MOECORE_WITH_CUDA OFF)

@@ -25,4 +25,12 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
 void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
                          Tensor* dprobs_T);
 
+// The entry points above as one backend implements them (kernels/cpu/activation.cpp, kernels/cuda/kernels.cpp);
+// kernels/dispatch.cpp picks the table of the input's device.
+struct ActivationKernels {
+  void (*forward)(Activation act, const Tensor& x, const Tensor* probs_T, Tensor& y_TF);
+  void (*backward)(Activation act, const Tensor& dy_TF, const Tensor& x, const Tensor* probs_T, Tensor& dx,
+                   Tensor* dprobs_T);
+};
+
 }  // namespace moecore::kernels

@@ -34,4 +34,17 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
                                           int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T,
                                           Tensor& lse_T);
 
+// The entry points above as one backend implements them (kernels/cpu/cross_entropy.cpp,
+// kernels/cuda/kernels_loss_optim.cpp), each with the signature of the op it is named after; kernels/dispatch.cpp
+// picks the table of the logits' device.
+struct CrossEntropyKernels {
+  void (*forward)(const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T, Tensor& lse_T);
+  void (*forward_vocab_parallel)(const Tensor& logits_TV, const Tensor& targets_T, int64_t vocab_start,
+                                 int64_t vocab_total, const ReduceFn& all_reduce, Tensor& loss_T, Tensor& lse_T);
+  void (*backward)(const Tensor& dloss_T, const Tensor& logits_TV, const Tensor& targets_T, const Tensor& lse_T,
+                   Tensor& dlogits_TV, int64_t vocab_start);
+  void (*forward_backward)(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
+                           Tensor& lse_T);
+};
+
 }  // namespace moecore::kernels

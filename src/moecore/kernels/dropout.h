@@ -44,4 +44,12 @@ void dropout_forward(const Tensor& x_SBC, const DropoutMask& m, const std::vecto
 void dropout_backward(const Tensor& dy_SBC, const DropoutMask& m, const std::vector<int64_t>& sample_B,
                       int64_t seq_offset, Tensor& dx_SBC);
 
+// dropout_forward's kernel as one backend implements it (kernels/cpu/dropout.cpp, kernels/cuda/dropout.cpp), for
+// the shapes kernels/dispatch.cpp has checked and a mask that is on; dispatch.cpp picks the table of the input's
+// device.
+struct DropoutKernels {
+  void (*forward)(const Tensor& x_SBC, const DropoutMask& m, const std::vector<int64_t>& sample_B, int64_t seq_offset,
+                  Tensor& y_SBC);
+};
+
 }  // namespace moecore::kernels

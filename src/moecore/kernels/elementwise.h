@@ -47,4 +47,23 @@ void accumulate_col_sums(const Tensor& dy_TN, Tensor& db_N);
 //   dst[r, dst_col + j] = src[r, src_col + j]   for r < rows, j < cols   (bytes: exact for every dtype)
 void copy_cols(const Tensor& src, int64_t src_cols, int64_t src_col, Tensor& dst, int64_t dst_cols, int64_t dst_col,
                int64_t rows, int64_t cols);
+// The entry points above as one backend implements them (kernels/cpu/elementwise.cpp, kernels/cuda/kernels.cpp),
+// each with the signature of the op it is named after; kernels/dispatch.cpp picks the table of the first operand's
+// device (copy_cols: the destination's).
+struct ElementwiseKernels {
+  void (*add_)(Tensor& a, const Tensor& b);
+  void (*add)(const Tensor& a, const Tensor& b, Tensor& out);
+  void (*scale_)(Tensor& a, double s);
+  void (*fill_)(Tensor& a, double v);
+  double (*sum)(const Tensor& a);
+  double (*dot)(const Tensor& a, const Tensor& b);
+  double (*sum_squares)(const Tensor& a);
+  int64_t (*count_zeros)(const Tensor& a);
+  void (*segment_bias_forward)(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN);
+  void (*segment_bias_backward)(const Tensor& dy_RN, const Tensor* w_R, const RowSegments& seg, Tensor& db_EN,
+                                const Tensor* b_EN, Tensor* dw_R);
+  void (*copy_cols)(const Tensor& src, int64_t src_cols, int64_t src_col, Tensor& dst, int64_t dst_cols,
+                    int64_t dst_col, int64_t rows, int64_t cols);
+};
+
 }  // namespace moecore::kernels

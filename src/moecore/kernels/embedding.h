@@ -13,4 +13,11 @@ void embedding_forward(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, in
 // dy_TH -> dw_VH (accumulated); ids outside [vocab_start, vocab_start + V) are skipped.
 void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start = 0);
 
+// The entry points above as one backend implements them (kernels/cpu/embedding.cpp, kernels/cuda/kernels.cpp);
+// kernels/dispatch.cpp picks the table of the embedding table's device.
+struct EmbeddingKernels {
+  void (*forward)(const Tensor& ids_T, const Tensor& w_VH, Tensor& y_TH, int64_t vocab_start, int64_t vocab_total);
+  void (*backward)(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH, int64_t vocab_start);
+};
+
 }  // namespace moecore::kernels

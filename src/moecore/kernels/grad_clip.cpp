@@ -1,10 +1,10 @@
 // The gradient norm and clip state on either device (see grad_clip.h): the CPU's host loop here, the GPU's
-// multi-tensor kernels in kernels/cuda/multi_tensor_ops.cpp.
+// multi-tensor kernels in kernels/cuda/multi_tensor_ops.cpp (the clip table dispatch.cpp gives).
 #include "moecore/kernels/grad_clip.h"
 
 #include <cmath>
 
-#include "moecore/kernels/cuda/multi_tensor_ops.h"
+#include "moecore/kernels/dispatch.h"
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/sgd_update.h"
 
@@ -14,19 +14,19 @@ ClipState make_clip_state(Device d, int64_t ring_capacity) {
   MOE_ASSERT(ring_capacity >= 1);
   ClipState s;
   s.slots = Tensor::zeros({ClipState::kRing + ring_capacity}, DType::F64, d);
-  if (d.is_cuda()) cuda::clip_state_init(s);
+  if (d.is_cuda()) clip_on_gpu().state_init(s);
   return s;
 }
 
 void squares_reset(ClipState& s) {
-  if (s.device().is_cuda()) return cuda::squares_reset(s);
+  if (s.device().is_cuda()) return clip_on_gpu().squares_reset(s);
   s.slots.set_item(ClipState::kPart, 0.0);
   s.slots.set_item(ClipState::kTotal, 0.0);
 }
 
 void squares_add_part(ClipState& s, std::span<const Tensor> ts, std::span<const double> w) {
   MOE_ASSERT(ts.size() == w.size());
-  if (s.device().is_cuda()) return cuda::squares_add_part(s, ts, w);
+  if (s.device().is_cuda()) return clip_on_gpu().squares_add_part(s, ts, w);
   double part = 0;
   for (size_t i = 0; i < ts.size(); i++) part += w[i] * sum_squares(ts[i]);
   s.slots.set_item(ClipState::kPart, part);
@@ -42,7 +42,7 @@ void clip_finish(ClipState& s, std::optional<double> world_sq, double clip_grad,
   MOE_ASSERT_MSG(!defer || s.pending < s.capacity(), "the clip state holds {} unread norms: read them first",
                  s.pending);
   if (s.device().is_cuda()) {
-    cuda::clip_finish(s, world_sq.has_value(), world_sq.value_or(0.0), clip_grad, check_finite, iteration, defer);
+    clip_on_gpu().finish(s, world_sq.has_value(), world_sq.value_or(0.0), clip_grad, check_finite, iteration, defer);
   } else {  // the GPU kernel's formula, operation for operation
     const double norm = std::sqrt(world_sq ? *world_sq : s.slots.item(ClipState::kTotal));
     double scale = 1.0;
@@ -87,7 +87,8 @@ bool apply_clip(const ClipState& s, AdamWParams& hp, bool host) {
 }
 
 void sgd_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, double momentum) {
-  if (!tensors.empty() && tensors.front().param.device().is_cuda()) return cuda::sgd_step_multi(tensors, hp, momentum);
+  if (!tensors.empty() && tensors.front().param.device().is_cuda())
+    return clip_on_gpu().sgd_step_multi(tensors, hp, momentum);
   MOE_ASSERT_MSG(!hp.clip.defined(), "the CPU's SGD takes its gradient scale from the host");
   for (auto& x : tensors) {
     sgd_step(x.param, x.grad, x.m, SgdParams{hp.lr, x.weight_decay, momentum, hp.grad_scale});

@@ -63,4 +63,16 @@ bool apply_clip(const ClipState& s, AdamWParams& hp, bool host = false);
 // reading hp.clip where set.
 void sgd_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, double momentum);
 
+// The GPU's side of the entry points above (kernels/cuda/multi_tensor_ops.cpp; the CPU's runs in
+// kernels/grad_clip.cpp itself), which kernels/dispatch.cpp gives for gradients on a GPU. finish takes world_sq as
+// a flag and a value.
+struct ClipKernels {
+  void (*state_init)(ClipState& s);
+  void (*squares_reset)(ClipState& s);
+  void (*squares_add_part)(ClipState& s, std::span<const Tensor> ts, std::span<const double> w);
+  void (*finish)(ClipState& s, bool use_world_sq, double world_sq, double clip_grad, bool check_finite,
+                 int64_t iteration, bool defer);
+  void (*sgd_step_multi)(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, double momentum);
+};
+
 }  // namespace moecore::kernels

@@ -40,4 +40,19 @@ int64_t grouped_gemm_row_align(Device d);
 void grouped_gemm_prepare(int64_t N, int64_t K, bool trans_w, DType dtype, DType out, bool packed);
 void grouped_gemm_wgrad_prepare(int64_t N, int64_t K, DType dtype);
 
+// gemm.h's and this header's entry points as one backend implements them (kernels/cpu/grouped_gemm.cpp,
+// kernels/cuda/grouped_gemm.cpp), each with the signature of the op it is named after; kernels/dispatch.cpp picks the
+// table of the operands' device.
+struct GemmKernels {
+  void (*gemm)(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta);
+  void (*gemm_batched)(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha,
+                       float beta);
+  void (*grouped_gemm)(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_RN,
+                       const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows,
+                       const ExpertWeightPacker* packed);
+  void (*grouped_gemm_wgrad)(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK,
+                             const std::vector<int64_t>& row_begin, const std::vector<int64_t>& rows, float beta);
+  int64_t (*grouped_gemm_row_align)();
+};
+
 }  // namespace moecore::kernels

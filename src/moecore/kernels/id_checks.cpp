@@ -1,17 +1,20 @@
-// The deferred id checks (see id_checks.h): the GPU's record read and raised with the CPU kernels' messages.
+// The deferred id checks (see id_checks.h): the GPU's record (the id-check table dispatch.cpp gives, none in a build
+// without CUDA) read and raised with the CPU kernels' messages.
 #include "moecore/kernels/id_checks.h"
 
 #include "moecore/core/error.h"
-#include "moecore/kernels/cuda/multi_tensor_ops.h"
+#include "moecore/kernels/dispatch.h"
 
 namespace moecore::kernels {
 
 void set_id_check_iteration(int64_t iteration) {
-  cuda::set_id_check_iteration(iteration);
+  if (const IdCheckKernels* gpu = id_checks_on_gpu()) gpu->set_iteration(iteration);
 }
 
 void raise_deferred_id_checks() {
-  const cuda::BadId b = cuda::take_bad_id();
+  const IdCheckKernels* gpu = id_checks_on_gpu();
+  if (!gpu) return;
+  const BadId b = gpu->take_bad_id();
   if (b.kind < 0) return;
   const std::string skipped = fmt::format("found on the GPU; no update from iteration {} on was applied", b.iteration);
   if (b.kind == 0)

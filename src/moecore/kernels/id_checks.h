@@ -15,4 +15,16 @@ void set_id_check_iteration(int64_t iteration);
 // none was recorded or no GPU was used. One read-back on a GPU that recorded checks.
 void raise_deferred_id_checks();
 
+// The first recorded bad id of the current device (kind 0 before 1), its record cleared; none recorded: kind -1.
+struct BadId {
+  int kind;  // 0: a token id, 1: a label
+  int64_t position, id, vocab, iteration;
+};
+// The GPU's record of bad ids (kernels/cuda/multi_tensor_ops.cpp; the CPU's kernels raise at once and keep none),
+// which kernels/dispatch.cpp gives where the build has a GPU.
+struct IdCheckKernels {
+  void (*set_iteration)(int64_t iteration);
+  BadId (*take_bad_id)();
+};
+
 }  // namespace moecore::kernels

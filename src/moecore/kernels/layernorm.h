@@ -20,4 +20,21 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
                         const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H,
                         const Tensor* dres_TH = nullptr);
 
+// The norms, this header's and rmsnorm.h's, as one backend implements them (kernels/cpu/layernorm.cpp,
+// kernels/cuda/kernels.cpp), each with the signature of the op it is named after; kernels/dispatch.cpp picks the
+// table of the input rows' device.
+struct NormKernels {
+  void (*rmsnorm_forward)(const Tensor& x_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T);
+  void (*rmsnorm_forward_add)(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, double eps, Tensor& y_TH,
+                              Tensor& rstd_T);
+  void (*rmsnorm_backward)(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& rstd_T,
+                           Tensor& dx_TH, Tensor& dw_H, const Tensor* dres_TH);
+  void (*layernorm_forward)(const Tensor& x_TH, const Tensor& w_H, const Tensor& b_H, double eps, Tensor& y_TH,
+                            Tensor& mean_T, Tensor& rstd_T);
+  void (*layernorm_forward_add)(Tensor& x_TH, const Tensor& res_TH, const Tensor& w_H, const Tensor& b_H, double eps,
+                                Tensor& y_TH, Tensor& mean_T, Tensor& rstd_T);
+  void (*layernorm_backward)(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w_H, const Tensor& mean_T,
+                             const Tensor& rstd_T, Tensor& dx_TH, Tensor& dw_H, Tensor& db_H, const Tensor* dres_TH);
+};
+
 }  // namespace moecore::kernels

@@ -13,4 +13,11 @@ namespace moecore::kernels {
 void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd,
                     int64_t d0, int64_t w, int64_t rows);
 
+// mla_move_block as one backend implements it (kernels/cpu/mla_blocks.cpp, kernels/cuda/mla_blocks.cpp);
+// kernels/dispatch.cpp picks the table of the source's device.
+struct MlaBlockKernels {
+  void (*move_block)(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tensor& dst, int64_t Nd, int64_t Wd,
+                     int64_t d0, int64_t w, int64_t rows);
+};
+
 }  // namespace moecore::kernels

@@ -1,10 +1,9 @@
-// The MoE permutation's ops (see moe_permute.h): the one place that picks a backend for each, by where its tensors
-// live, and times the permutation ("moe-permute", level 2, which bench train's phase table reads).
+// The MoE permutation's ops (see moe_permute.h): each calls the permutation table kernels/dispatch.cpp picks by where
+// its tensors live, and times the permutation ("moe-permute", level 2, which bench train's phase table reads).
 #include "moecore/kernels/moe_permute.h"
 
 #include "moecore/core/timers.h"
-#include "moecore/kernels/cpu/moe_permute.h"
-#include "moecore/kernels/cuda/moe_kernels.h"
+#include "moecore/kernels/dispatch.h"
 
 namespace moecore::kernels {
 
@@ -12,18 +11,12 @@ void moe_permute_plan(const Tensor& idx_TK, int64_t E, int64_t pad_capacity, int
                       PermutePlan& plan) {
   TimerScope timer("moe-permute", 2);
   const Device d = idx_TK.device();
-  if (d.is_cpu()) return cpu::moe_permute_plan(idx_TK, E, pad_capacity, block, row_align, plan);
+  if (d.is_cpu() || pad_capacity == 0) return moe_permute_on(d).plan(idx_TK, E, pad_capacity, block, row_align, plan);
   MOE_ASSERT_MSG(row_align == 1, "the GPU experts take rows back to back, asked for a {}-row alignment", row_align);
-  if (pad_capacity == 0) {
-    cuda::moe_build_plan(idx_TK, E, plan.tokens_per_expert, plan.row_token_R, plan.row_tk_R, plan.token_offsets_T1,
-                         plan.token_rows);
-    plan.R = plan.row_token_R.numel();
-    return;
-  }
   // --moe-pad-expert-input-to-capacity: the padding rule (fill each expert from the earliest tokens without a row
   // for it) runs on a host copy of the ids and the plan moves to the GPU. A second host synchronisation, only under
   // padding (its row counts are fixed, so nothing else needs them).
-  cpu::moe_permute_plan(idx_TK.to(Device::cpu()), E, pad_capacity, block, 1, plan);
+  moe_permute_on(Device::cpu()).plan(idx_TK.to(Device::cpu()), E, pad_capacity, block, 1, plan);
   plan.row_token_R = plan.row_token_R.to(d);
   plan.row_tk_R = plan.row_tk_R.to(d);
   plan.token_offsets_T1 = plan.token_offsets_T1.to(d);
@@ -33,21 +26,18 @@ void moe_permute_plan(const Tensor& idx_TK, int64_t E, int64_t pad_capacity, int
 
 void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   TimerScope timer("moe-permute", 2);
-  if (src.device().is_cuda()) return cuda::moe_gather_rows(src, idx_R, dst);
-  cpu::moe_gather_rows(src, idx_R, dst);
+  moe_permute_on(src.device()).gather_rows(src, idx_R, dst);
 }
 
 void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   TimerScope timer("moe-permute", 2);
-  if (src.device().is_cuda()) return cuda::moe_scatter_rows(src, idx_R, dst);
-  cpu::moe_scatter_rows(src, idx_R, dst);
+  moe_permute_on(src.device()).scatter_rows(src, idx_R, dst);
 }
 
 void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
                             Tensor& dst_TH) {
   TimerScope timer("moe-permute", 2);
-  if (src_RH.device().is_cuda()) return cuda::moe_sum_rows_per_token(src_RH, token_offsets_T1, token_rows, dst_TH);
-  cpu::moe_sum_rows_per_token(src_RH, token_offsets_T1, token_rows, dst_TH);
+  moe_permute_on(src_RH.device()).sum_rows_per_token(src_RH, token_offsets_T1, token_rows, dst_TH);
 }
 
 DType moe_row_sum_dtype(DType rows) {
@@ -55,13 +45,11 @@ DType moe_row_sum_dtype(DType rows) {
 }
 
 void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R) {
-  if (probs_TK.device().is_cuda()) return cuda::moe_gather_probs(probs_TK, row_tk_R, probs_R);
-  cpu::moe_gather_probs(probs_TK, row_tk_R, probs_R);
+  moe_permute_on(probs_TK.device()).gather_probs(probs_TK, row_tk_R, probs_R);
 }
 
 void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK) {
-  if (dprobs_R.device().is_cuda()) return cuda::moe_scatter_probs(dprobs_R, row_tk_R, dprobs_TK);
-  cpu::moe_scatter_probs(dprobs_R, row_tk_R, dprobs_TK);
+  moe_permute_on(dprobs_R.device()).scatter_probs(dprobs_R, row_tk_R, dprobs_TK);
 }
 
 int64_t align_up(int64_t n, int64_t align) {

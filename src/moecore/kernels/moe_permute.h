@@ -56,4 +56,19 @@ int64_t align_up(int64_t n, int64_t align);
 Tensor padded_rows_empty(int64_t rows, int64_t experts, int64_t align, int64_t padded, int64_t C, DType dtype,
                          Device device = Device::cpu());
 
+// The entry points above as one backend implements them (kernels/cpu/moe_permute.cpp,
+// kernels/cuda/moe_permute_ops.cpp), each with the signature of the op it is named after; kernels/moe_permute.cpp
+// calls the table kernels/dispatch.cpp picks for the tensors' device. The GPU's plan takes no padding to capacity
+// (moe_permute.cpp builds that one on the host) and no row alignment.
+struct MoePermuteKernels {
+  void (*plan)(const Tensor& idx_TK, int64_t E, int64_t pad_capacity, int64_t block, int64_t row_align,
+               PermutePlan& plan);
+  void (*gather_rows)(const Tensor& src, const Tensor& idx_R, Tensor& dst);
+  void (*scatter_rows)(const Tensor& src, const Tensor& idx_R, Tensor& dst);
+  void (*sum_rows_per_token)(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
+                             Tensor& dst_TH);
+  void (*gather_probs)(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R);
+  void (*scatter_probs)(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
+};
+
 }  // namespace moecore::kernels

@@ -12,4 +12,11 @@ void position_add_rows(Tensor& h_nBH, const Tensor& table_nH);
 // grad_nH [n, H] += Σ_b dh_nBH [n, b, H], b ascending.
 void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH);
 
+// The entry points above as one backend implements them (kernels/cpu/position_rows.cpp,
+// kernels/cuda/position_rows.cpp); kernels/dispatch.cpp picks the table of the rows' device.
+struct PositionRowsKernels {
+  void (*add_rows)(Tensor& h_nBH, const Tensor& table_nH);
+  void (*sum_rows)(const Tensor& dh_nBH, Tensor& grad_nH);
+};
+
 }  // namespace moecore::kernels

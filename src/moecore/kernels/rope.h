@@ -71,4 +71,13 @@ void rope_forward_at(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& s
 void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
                       int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND);
 
+// rope_forward_at and rope_backward_at as one backend implements them (kernels/cpu/rope.cpp,
+// kernels/cuda/kernels.cpp); kernels/dispatch.cpp picks the table of the rows' device.
+struct RopeKernels {
+  void (*forward_at)(const Tensor& x_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+                     RopePairs pairs, Tensor& y_SBND);
+  void (*backward_at)(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
+                      int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND);
+};
+
 }  // namespace moecore::kernels

@@ -7,7 +7,10 @@
 // (optim/sgd.h).
 #pragma once
 
+#include <vector>
+
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/adamw_update.h"
 
 namespace moecore::kernels {
 
@@ -20,5 +23,14 @@ struct SgdParams {
 
 // param and buf updated in place, grad read; one floating dtype (f32 on the GPU).
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& hp);
+
+// The optimizer updates, adamw_update.h's and this header's, as one backend implements them
+// (kernels/cpu/sgd_update.cpp, kernels/cuda/kernels_loss_optim.cpp), each with the signature of the op it is named
+// after; kernels/dispatch.cpp picks the table of the (first) parameter's device.
+struct OptimizerKernels {
+  void (*adamw_step)(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp, int64_t step);
+  void (*adamw_step_multi)(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, int64_t step);
+  void (*sgd_step)(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& hp);
+};
 
 }  // namespace moecore::kernels

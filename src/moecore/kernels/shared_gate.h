@@ -12,4 +12,11 @@ void shared_gate_forward(Tensor& gate_T, const Tensor& m_TH, Tensor& y_TH);
 // dm_TH = dy ⊙ gate (written); dz_T = (Σ_h dy·m)·gate·(1 − gate) (written).
 void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tensor& m_TH, Tensor& dm_TH, Tensor& dz_T);
 
+// The entry points above as one backend implements them (kernels/cpu/shared_gate.cpp, kernels/cuda/shared_gate.cpp);
+// kernels/dispatch.cpp picks the table of the rows' device.
+struct SharedGateKernels {
+  void (*forward)(Tensor& gate_T, const Tensor& m_TH, Tensor& y_TH);
+  void (*backward)(const Tensor& dy_TH, const Tensor& gate_T, const Tensor& m_TH, Tensor& dm_TH, Tensor& dz_T);
+};
+
 }  // namespace moecore::kernels

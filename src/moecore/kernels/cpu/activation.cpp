@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -180,5 +181,8 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
       bwd<T, T, T>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<T>(), dp, rows, F);
   });
 }
+
+// This backend's table (kernels/backends.h).
+const ActivationKernels kActivationKernels{activation_forward, activation_backward};
 
 }  // namespace moecore::kernels::cpu

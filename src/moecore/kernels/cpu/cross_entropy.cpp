@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -292,3 +293,11 @@ DType cross_entropy_stats_dtype(DType logits) {
 }
 
 }  // namespace moecore::kernels
+
+namespace moecore::kernels::cpu {
+
+// This backend's table (kernels/backends.h).
+const CrossEntropyKernels kCrossEntropyKernels{cross_entropy_forward, cross_entropy_forward_vocab_parallel,
+                                               cross_entropy_backward, cross_entropy_forward_backward};
+
+}  // namespace moecore::kernels::cpu

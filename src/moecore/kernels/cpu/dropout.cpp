@@ -10,6 +10,7 @@
 
 #include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/dropout_philox.h"
 
@@ -257,3 +258,10 @@ void cpu::dropout_forward(const Tensor& x, const DropoutMask& m, const std::vect
 }
 
 }  // namespace moecore::kernels
+
+namespace moecore::kernels::cpu {
+
+// This backend's table (kernels/backends.h).
+const DropoutKernels kDropoutKernels{dropout_forward};
+
+}  // namespace moecore::kernels::cpu

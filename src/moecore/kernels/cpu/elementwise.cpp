@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -214,5 +215,10 @@ int64_t count_zeros(const Tensor& a) {
   MOE_DISPATCH_FLOAT(a.dtype(), R, { z = zeros_in<R>(a.data<R>(), a.numel()); });
   return z;
 }
+
+// This backend's table (kernels/backends.h).
+const ElementwiseKernels kElementwiseKernels{
+    add_,     add, scale_, fill_, sum, dot, sum_squares, count_zeros, segment_bias_forward, segment_bias_backward,
+    copy_cols};
 
 }  // namespace moecore::kernels::cpu

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels::cpu {
@@ -58,5 +59,8 @@ void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH,
     }
   });
 }
+
+// This backend's table (kernels/backends.h).
+const EmbeddingKernels kEmbeddingKernels{embedding_forward, embedding_backward};
 
 }  // namespace moecore::kernels::cpu

@@ -5,6 +5,7 @@
 // comments"). Weight gradients reduce over such chunks of at most kWgradChunk rows in a fixed order.
 #include <algorithm>
 
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
@@ -93,3 +94,10 @@ void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK,
 
 }  // namespace cpu
 }  // namespace moecore::kernels
+
+namespace moecore::kernels::cpu {
+
+// This backend's table (kernels/backends.h).
+const GemmKernels kGemmKernels{gemm, gemm_batched, grouped_gemm, grouped_gemm_wgrad, grouped_gemm_row_align};
+
+}  // namespace moecore::kernels::cpu

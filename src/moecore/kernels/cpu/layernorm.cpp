@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
@@ -156,5 +157,9 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
                 dres, dw_H.data<T>(), db_H.data<T>(), rows, H);
   });
 }
+
+// This backend's table (kernels/backends.h).
+const NormKernels kNormKernels{rmsnorm_forward,   rmsnorm_forward_add,   rmsnorm_backward,
+                               layernorm_forward, layernorm_forward_add, layernorm_backward};
 
 }  // namespace moecore::kernels::cpu

@@ -2,6 +2,7 @@
 // head order.
 #include <algorithm>
 
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels::cpu {
@@ -34,5 +35,8 @@ void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tenso
   MOE_ASSERT(s0 + w <= Ws && d0 + w <= Wd && (Ns == Nd || Ns == 1 || Nd == 1));
   MOE_DISPATCH_FLOAT(src.dtype(), T, move_block<T>(src.data<T>(), Ns, Ws, s0, dst.data<T>(), Nd, Wd, d0, w, rows));
 }
+
+// This backend's table (kernels/backends.h).
+const MlaBlockKernels kMlaBlockKernels{mla_move_block};
 
 }  // namespace moecore::kernels::cpu

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
+#include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels::cpu {
 
@@ -232,5 +234,9 @@ void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& d
   dprobs_TK.zero_();
   move_values<true>(dprobs_R, row_tk_R.data<int64_t>(), row_tk_R.numel(), dprobs_TK);
 }
+
+// This backend's table (kernels/backends.h).
+const MoePermuteKernels kMoePermuteKernels{moe_permute_plan,       moe_gather_rows,  moe_scatter_rows,
+                                           moe_sum_rows_per_token, moe_gather_probs, moe_scatter_probs};
 
 }  // namespace moecore::kernels::cpu

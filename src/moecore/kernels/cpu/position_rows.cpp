@@ -1,5 +1,6 @@
 // The learned position embedding's row ops on the CPU (see position_rows.h): one thread per position, the batch walked
 // in order.
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels::cpu {
@@ -33,5 +34,8 @@ void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH) {
   MOE_ASSERT(grad_nH.numel() == n * H && grad_nH.dtype() == dh_nBH.dtype());
   MOE_DISPATCH_FLOAT(grad_nH.dtype(), T, { sum_rows<T>(dh_nBH.data<T>(), grad_nH.data<T>(), n, B, H); });
 }
+
+// This backend's table (kernels/backends.h).
+const PositionRowsKernels kPositionRowsKernels{position_add_rows, position_sum_rows};
 
 }  // namespace moecore::kernels::cpu

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels {
@@ -128,5 +129,8 @@ void rope_backward_at(const Tensor& dy_SBND, const Tensor& cos_SR, const Tensor&
                       int64_t rot_dim, RopePairs pairs, Tensor& dx_SBND) {
   MOE_DISPATCH_FLOAT(dy_SBND.dtype(), T, rotate<T>(dy_SBND, cos_SR, sin_SR, offset, rot_dim, pairs, dx_SBND, T(-1)));
 }
+
+// This backend's table (kernels/backends.h).
+const RopeKernels kRopeKernels{rope_forward_at, rope_backward_at};
 
 }  // namespace moecore::kernels::cpu

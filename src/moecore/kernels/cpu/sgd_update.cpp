@@ -1,6 +1,7 @@
 // SGD with momentum on the CPU (see kernels/sgd_update.h). Compiled for the baseline ISA, which has no fused
 // multiply-add: each product and sum rounds on its own, as the CUDA kernel computes them.
 #include "moecore/core/cpu.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels::cpu {
@@ -26,5 +27,8 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& h
               T(hp.momentum), T(hp.grad_scale));
   });
 }
+
+// This backend's table (kernels/backends.h).
+const OptimizerKernels kOptimizerKernels{adamw_step, adamw_step_multi, sgd_step};
 
 }  // namespace moecore::kernels::cpu

@@ -1,6 +1,7 @@
 // The shared experts' gate on the CPU (see shared_gate.h): token by token, each row's sum in column order.
 #include <cmath>
 
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cpu/kernels.h"
 
 namespace moecore::kernels::cpu {
@@ -40,5 +41,8 @@ void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tenso
     }
   });
 }
+
+// This backend's table (kernels/backends.h).
+const SharedGateKernels kSharedGateKernels{shared_gate_forward, shared_gate_backward};
 
 }  // namespace moecore::kernels::cpu

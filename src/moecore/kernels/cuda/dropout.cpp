@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/dropout_params.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/tensor_args.h"
@@ -17,5 +18,8 @@ void dropout_forward(const Tensor& x_SBC, const DropoutMask& m, const std::vecto
                         moecore::device::current_stream());
   detail::check_launch("dropout");
 }
+
+// This backend's table (kernels/backends.h).
+const DropoutKernels kDropoutKernels{dropout_forward};
 
 }  // namespace moecore::kernels::cuda

@@ -21,6 +21,7 @@
 #include "moecore/device/check.h"
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/kernels.h"
 
 namespace moecore::kernels::cuda {
@@ -321,5 +322,8 @@ void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK,
   }
   if (N > 0 && K > 0 && !ps.empty()) gg::run_lt_streams(dY_RN.device(), ps, in, CUDA_R_32F, 1.0f, beta);
 }
+
+// This backend's table (kernels/backends.h).
+const GemmKernels kGemmKernels{gemm, gemm_batched, grouped_gemm, grouped_gemm_wgrad, grouped_gemm_row_align};
 
 }  // namespace moecore::kernels::cuda

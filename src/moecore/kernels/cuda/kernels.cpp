@@ -9,6 +9,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_col_reduce.h"
 #include "moecore/kernels/cuda/multi_tensor_ops.h"
@@ -326,5 +327,15 @@ void embedding_backward(const Tensor& dy_TH, const Tensor& ids_T, Tensor& dw_VH,
                              order.device_data<int32_t>(), sort_tmp.raw(), sort_bytes, current_stream());
   check_launch("embedding_backward");
 }
+
+// This backend's tables (kernels/backends.h).
+const ElementwiseKernels kElementwiseKernels{
+    add_,     add, scale_, fill_, sum, dot, sum_squares, count_zeros, segment_bias_forward, segment_bias_backward,
+    copy_cols};
+const NormKernels kNormKernels{rmsnorm_forward,   rmsnorm_forward_add,   rmsnorm_backward,
+                               layernorm_forward, layernorm_forward_add, layernorm_backward};
+const RopeKernels kRopeKernels{rope_forward_at, rope_backward_at};
+const ActivationKernels kActivationKernels{activation_forward, activation_backward};
+const EmbeddingKernels kEmbeddingKernels{embedding_forward, embedding_backward};
 
 }  // namespace moecore::kernels::cuda

@@ -5,6 +5,7 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch.h"
 #include "moecore/kernels/cuda/launch_multi_tensor.h"
@@ -162,5 +163,10 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdParams& h
               current_stream());
   check_launch("sgd");
 }
+
+// This backend's tables (kernels/backends.h).
+const CrossEntropyKernels kCrossEntropyKernels{cross_entropy_forward, cross_entropy_forward_vocab_parallel,
+                                               cross_entropy_backward, cross_entropy_forward_backward};
+const OptimizerKernels kOptimizerKernels{adamw_step, adamw_step_multi, sgd_step};
 
 }  // namespace moecore::kernels::cuda

@@ -2,6 +2,7 @@
 // copies (copy_2d) and, for the head sum, one kernel.
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_mla.h"
 #include "moecore/kernels/cuda/tensor_args.h"
@@ -40,5 +41,8 @@ void mla_move_block(const Tensor& src, int64_t Ns, int64_t Ws, int64_t s0, Tenso
     moecore::device::copy_2d(to + static_cast<size_t>(n * Wd) * e, static_cast<size_t>(Nd * Wd) * e, from,
                              static_cast<size_t>(Ws) * e, width, static_cast<size_t>(rows), dev);
 }
+
+// This backend's table (kernels/backends.h).
+const MlaBlockKernels kMlaBlockKernels{mla_move_block};
 
 }  // namespace moecore::kernels::cuda

@@ -6,6 +6,8 @@
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/runtime.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_moe.h"
 #include "moecore/kernels/cuda/moe_kernels.h"
 #include "moecore/kernels/cuda/tensor_args.h"
@@ -83,6 +85,15 @@ void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& token
   check_launch("moe_token_csr");
 }
 
+void moe_permute_plan(const Tensor& idx_TK, int64_t E, int64_t pad_capacity, int64_t, int64_t row_align,
+                      PermutePlan& plan) {
+  MOE_ASSERT_MSG(row_align == 1, "the GPU experts take rows back to back, asked for a {}-row alignment", row_align);
+  MOE_ASSERT_MSG(pad_capacity == 0, "the GPU's plan pads to no capacity, asked for {}", pad_capacity);
+  moe_build_plan(idx_TK, E, plan.tokens_per_expert, plan.row_token_R, plan.row_tk_R, plan.token_offsets_T1,
+                 plan.token_rows);
+  plan.R = plan.row_token_R.numel();
+}
+
 void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   const moecore::device::PhaseScope phase(moecore::device::Phase::kPermute);
   moe_require_gpu(idx_R, "row index", DType::I32);
@@ -146,5 +157,9 @@ void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& d
                             row_tk_R.numel(), current_stream());
   check_launch("moe_scatter_probs");
 }
+
+// This backend's table (kernels/backends.h).
+const MoePermuteKernels kMoePermuteKernels{moe_permute_plan,       moe_gather_rows,  moe_scatter_rows,
+                                           moe_sum_rows_per_token, moe_gather_probs, moe_scatter_probs};
 
 }  // namespace moecore::kernels::cuda

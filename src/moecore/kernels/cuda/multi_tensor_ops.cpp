@@ -4,6 +4,8 @@
 
 #include "moecore/device/gpu_profile.h"
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
+#include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_multi_tensor.h"
 #include "moecore/kernels/cuda/tensor_args.h"
 
@@ -125,5 +127,9 @@ BadId take_bad_id() {
   }
   return {-1, 0, 0, 0, 0};
 }
+
+// This backend's tables (kernels/backends.h).
+const ClipKernels kClipKernels{clip_state_init, squares_reset, squares_add_part, clip_finish, sgd_step_multi};
+const IdCheckKernels kIdCheckKernels{set_id_check_iteration, take_bad_id};
 
 }  // namespace moecore::kernels::cuda

@@ -1,12 +1,13 @@
 // The Tensor-level CUDA backend of kernels/grad_clip.h (the gradient norm, clip coefficient and non-finite check in
-// device memory) and of the multi-tensor SGD; kernels/grad_clip.cpp routes GPU tensors here. A CPU-only build
-// defines these in multi_tensor_ops_unavailable.cpp.
+// device memory), of the multi-tensor SGD and of the deferred id checks: the GPU's clip and id-check tables
+// (kernels/backends.h) hold these. Compiled only in a build with CUDA.
 #pragma once
 
 #include <span>
 #include <vector>
 
 #include "moecore/kernels/grad_clip.h"
+#include "moecore/kernels/id_checks.h"
 
 namespace moecore::kernels::cuda {
 
@@ -21,10 +22,6 @@ void sgd_step_multi(std::vector<AdamWTensor>& tensors, const AdamWParams& hp, do
 // token ids, 1: labels), tagged with the iteration set_id_check_iteration gave.
 void record_bad_ids(const Tensor& ids_T, int64_t V, int kind);
 void set_id_check_iteration(int64_t iteration);
-struct BadId {
-  int kind;  // 0: a token id, 1: a label
-  int64_t position, id, vocab, iteration;
-};
 // The first recorded bad id of the current device (kind 0 before 1), its record cleared; none recorded: kind -1.
 BadId take_bad_id();
 

@@ -1,5 +1,6 @@
 // The learned position embedding's row ops on the GPU (kernels/position_rows.h; declared in kernels.h): f32.
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_position_rows.h"
 #include "moecore/kernels/cuda/tensor_args.h"
@@ -22,5 +23,8 @@ void position_sum_rows(const Tensor& dh_nBH, Tensor& grad_nH) {
   launch::position_sum_rows(f32(dh_nBH, "dh"), f32(grad_nH, "grad"), n, B, H, moecore::device::current_stream());
   check_launch("position_sum_rows");
 }
+
+// This backend's table (kernels/backends.h).
+const PositionRowsKernels kPositionRowsKernels{position_add_rows, position_sum_rows};
 
 }  // namespace moecore::kernels::cuda

@@ -1,6 +1,7 @@
 // The shared-expert gate on the GPU (kernels/shared_gate.h; declared in kernels.h): f32, the backward's row sums in
 // a fixed tree.
 #include "moecore/device/stream.h"
+#include "moecore/kernels/backends.h"
 #include "moecore/kernels/cuda/kernels.h"
 #include "moecore/kernels/cuda/launch_shared_gate.h"
 #include "moecore/kernels/cuda/tensor_args.h"
@@ -25,5 +26,8 @@ void shared_gate_backward(const Tensor& dy_TH, const Tensor& gate_T, const Tenso
                                f32(dz_T, "dz_T"), T, H, moecore::device::current_stream());
   check_launch("shared_gate_backward");
 }
+
+// This backend's table (kernels/backends.h).
+const SharedGateKernels kSharedGateKernels{shared_gate_forward, shared_gate_backward};
 
 }  // namespace moecore::kernels::cuda
