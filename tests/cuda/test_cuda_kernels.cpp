@@ -308,12 +308,16 @@ TEST(CudaKernels, AdamWOneAndManyTensors) {
     v.push_back(Tensor::zeros({n}, DType::F32));
     gp.push_back(gpu(p.back())), gg.push_back(gpu(g.back())), gm.push_back(gpu(m.back())), gv.push_back(gpu(v.back()));
   }
+  // The GPU's lists in as few launches as possible, against the CPU one tensor at a time (the list API is the CUDA
+  // build's own: a CPU-only build compiles this test and skips it).
+#ifdef MOECORE_HAVE_CUDA
   std::vector<cuda::AdamWTensors> list;
   for (int i = 0; i < 30; i++) list.push_back({&gp[i], &gg[i], &gm[i], &gv[i]});
   for (int64_t step = 1; step <= 3; step++) {
     for (int i = 0; i < 30; i++) adamw_step(p[i], g[i], m[i], v[i], hp, step);
     cuda::adamw_multi_step(list, hp, step);
   }
+#endif
   for (int i = 0; i < 30; i++) {
     EXPECT_LT(rel_diff(gp[i], p[i]), kF32) << i;
     EXPECT_LT(rel_diff(gv[i], v[i]), kF32) << i;

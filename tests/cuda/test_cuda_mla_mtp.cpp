@@ -121,7 +121,7 @@ TEST(CudaMlaMtp, BlockMovesMatchTheCpuLoopBitwise) {
         }
       }
     Tensor dst = dst0.to(Device::cuda());
-    kernels::cuda::mla_move_block(src.to(Device::cuda()), c.Ns, c.Ws, c.s0, dst, c.Nd, c.Wd, c.d0, c.w, R);
+    kernels::mla_move_block(src.to(Device::cuda()), c.Ns, c.Ws, c.s0, dst, c.Nd, c.Wd, c.d0, c.w, R);
     const Tensor got = dst.to(Device::cpu());
     int64_t diff = 0;
     for (int64_t i = 0; i < want.numel(); i++) diff += got.data<float>()[i] != want.data<float>()[i];
