@@ -309,30 +309,28 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   // activation's backward reads it widened (f32 with a bias: h_dtype).
   Tensor da = padded_empty(counts, align, F, h_dtype(), d);
   const float beta2 = take_expert_grad_beta(*fc2_, counts), beta1 = take_expert_grad_beta(*fc1_, counts);
-  if (fp8_.on()) {
-    for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
-      Tensor dar = da.slice(r0, n), dw = expert_weight(fc2_->grad, e);
-      fp8_.backward(ExpertFp8::kFc2, e, dy.slice(r0, n), st.a_RF.slice(r0, n), st.fp8_x_scales, dar, dw, beta2);
-    });
-  } else {
-    kernels::grouped_gemm(dy, w2, false, da, st.row_begin, st.block_rows, cfg_.bf16 ? &pack2 : nullptr);
-    if (!defer_wgrad) kernels::grouped_gemm_wgrad(dy, st.a_RF, fc2_->grad, st.row_begin, st.block_rows, beta2);
-  }
+  // One expert GEMM's backward: din = dout·W (rows per expert) and, unless deferred, dW += doutᵀ·in; FP8 sites
+  // compute both per expert.
+  auto gemm_backward = [&](int site, const Tensor& dout, const Tensor& in, const Tensor& w,
+                           const kernels::ExpertWeightPacker& pack, nn::Parameter& fc, float beta, Tensor& din) {
+    if (fp8_.on()) {
+      for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
+        Tensor dr = din.slice(r0, n), dw = expert_weight(fc.grad, e);
+        fp8_.backward(site, e, dout.slice(r0, n), in.slice(r0, n), st.fp8_x_scales, dr, dw, beta);
+      });
+    } else {
+      kernels::grouped_gemm(dout, w, false, din, st.row_begin, st.block_rows, cfg_.bf16 ? &pack : nullptr);
+      if (!defer_wgrad) kernels::grouped_gemm_wgrad(dout, in, fc.grad, st.row_begin, st.block_rows, beta);
+    }
+  };
+  gemm_backward(ExpertFp8::kFc2, dy, st.a_RF, w2, pack2, *fc2_, beta2, da);
   Tensor dhc = padded_empty(counts, align, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt, d);
   Tensor dprobs = padded_empty(counts, align, 1, dt, d).reshape({Rp});
   if (Rp > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs);
   fc2_bias_backward(st, dy, dprobs);  // after the activation's backward, which writes dprobs
   fc1_bias_backward(st, dhc);
   Tensor dx = padded_empty(counts, align, H, rows_out_dtype(), d);
-  if (fp8_.on()) {
-    for_each_expert(counts, align, [&](int64_t e, int64_t r0, int64_t n) {
-      Tensor dxr = dx.slice(r0, n), dw = expert_weight(fc1_->grad, e);
-      fp8_.backward(ExpertFp8::kFc1, e, dhc.slice(r0, n), st.x_RH.slice(r0, n), st.fp8_x_scales, dxr, dw, beta1);
-    });
-  } else {
-    kernels::grouped_gemm(dhc, w1, false, dx, st.row_begin, st.block_rows, cfg_.bf16 ? &pack1 : nullptr);
-    if (!defer_wgrad) kernels::grouped_gemm_wgrad(dhc, st.x_RH, fc1_->grad, st.row_begin, st.block_rows, beta1);
-  }
+  gemm_backward(ExpertFp8::kFc1, dhc, st.x_RH, w1, pack1, *fc1_, beta1, dx);
   if (defer_wgrad) st.wgrad = {dy, st.a_RF, dhc, st.x_RH, beta2, beta1, true};
   dprobs_R = from_padded(dprobs, counts, align, {R}, st.padded_io);
   st.x_RH = st.h_RF1 = st.a_RF = st.probs_R = Tensor();
