@@ -36,65 +36,60 @@ template <typename Table>
 const Table& backend_for(Device d, const Table& cpu_table, const Table* cuda_table, const char* op) {
   return d.is_cuda() ? gpu_table(cuda_table, op) : cpu_table;
 }
+// The GPU's table, or null where the build has none; MOECORE_TABLES: a family's CPU table and that, by one name.
 #ifdef MOECORE_HAVE_CUDA
 #define MOECORE_CUDA_TABLE(Table, name) (&cuda::name)
 #else
 #define MOECORE_CUDA_TABLE(Table, name) (static_cast<const Table*>(nullptr))
 #endif
+#define MOECORE_TABLES(name) cpu::name, MOECORE_CUDA_TABLE(decltype(cpu::name), name)
 }  // namespace
 
 // dispatch.h
 const RouterKernels& router_on(Device d) {
-  return backend_for(d, cpu::kRouterKernels, MOECORE_CUDA_TABLE(RouterKernels, kRouterKernels), "router");
+  return backend_for(d, MOECORE_TABLES(kRouterKernels), "router");
 }
 const AttentionKernels& attention_on(Device d) {
-  return backend_for(d, cpu::kAttentionKernels, MOECORE_CUDA_TABLE(AttentionKernels, kAttentionKernels), "attention");
+  return backend_for(d, MOECORE_TABLES(kAttentionKernels), "attention");
 }
 const GemmKernels& gemm_on(Device d) {
-  return backend_for(d, cpu::kGemmKernels, MOECORE_CUDA_TABLE(GemmKernels, kGemmKernels), "gemm");
+  return backend_for(d, MOECORE_TABLES(kGemmKernels), "gemm");
 }
 const ElementwiseKernels& elementwise_on(Device d) {
-  return backend_for(d, cpu::kElementwiseKernels, MOECORE_CUDA_TABLE(ElementwiseKernels, kElementwiseKernels),
-                     "elementwise");
+  return backend_for(d, MOECORE_TABLES(kElementwiseKernels), "elementwise");
 }
 const NormKernels& norms_on(Device d) {
-  return backend_for(d, cpu::kNormKernels, MOECORE_CUDA_TABLE(NormKernels, kNormKernels), "norm");
+  return backend_for(d, MOECORE_TABLES(kNormKernels), "norm");
 }
 const RopeKernels& rope_on(Device d) {
-  return backend_for(d, cpu::kRopeKernels, MOECORE_CUDA_TABLE(RopeKernels, kRopeKernels), "rope");
+  return backend_for(d, MOECORE_TABLES(kRopeKernels), "rope");
 }
 const ActivationKernels& activation_on(Device d) {
-  return backend_for(d, cpu::kActivationKernels, MOECORE_CUDA_TABLE(ActivationKernels, kActivationKernels),
-                     "activation");
+  return backend_for(d, MOECORE_TABLES(kActivationKernels), "activation");
 }
 const EmbeddingKernels& embedding_on(Device d) {
-  return backend_for(d, cpu::kEmbeddingKernels, MOECORE_CUDA_TABLE(EmbeddingKernels, kEmbeddingKernels), "embedding");
+  return backend_for(d, MOECORE_TABLES(kEmbeddingKernels), "embedding");
 }
 const CrossEntropyKernels& cross_entropy_on(Device d) {
-  return backend_for(d, cpu::kCrossEntropyKernels, MOECORE_CUDA_TABLE(CrossEntropyKernels, kCrossEntropyKernels),
-                     "cross_entropy");
+  return backend_for(d, MOECORE_TABLES(kCrossEntropyKernels), "cross_entropy");
 }
 const OptimizerKernels& optimizer_on(Device d) {
-  return backend_for(d, cpu::kOptimizerKernels, MOECORE_CUDA_TABLE(OptimizerKernels, kOptimizerKernels),
-                     "optimizer update");
+  return backend_for(d, MOECORE_TABLES(kOptimizerKernels), "optimizer update");
 }
 const DropoutKernels& dropout_on(Device d) {
-  return backend_for(d, cpu::kDropoutKernels, MOECORE_CUDA_TABLE(DropoutKernels, kDropoutKernels), "dropout");
+  return backend_for(d, MOECORE_TABLES(kDropoutKernels), "dropout");
 }
 const PositionRowsKernels& position_rows_on(Device d) {
-  return backend_for(d, cpu::kPositionRowsKernels, MOECORE_CUDA_TABLE(PositionRowsKernels, kPositionRowsKernels),
-                     "position rows");
+  return backend_for(d, MOECORE_TABLES(kPositionRowsKernels), "position rows");
 }
 const MlaBlockKernels& mla_blocks_on(Device d) {
-  return backend_for(d, cpu::kMlaBlockKernels, MOECORE_CUDA_TABLE(MlaBlockKernels, kMlaBlockKernels), "mla_move_block");
+  return backend_for(d, MOECORE_TABLES(kMlaBlockKernels), "mla_move_block");
 }
 const SharedGateKernels& shared_gate_on(Device d) {
-  return backend_for(d, cpu::kSharedGateKernels, MOECORE_CUDA_TABLE(SharedGateKernels, kSharedGateKernels),
-                     "shared gate");
+  return backend_for(d, MOECORE_TABLES(kSharedGateKernels), "shared gate");
 }
 const MoePermuteKernels& moe_permute_on(Device d) {
-  return backend_for(d, cpu::kMoePermuteKernels, MOECORE_CUDA_TABLE(MoePermuteKernels, kMoePermuteKernels),
-                     "moe permutation");
+  return backend_for(d, MOECORE_TABLES(kMoePermuteKernels), "moe permutation");
 }
 const ClipKernels& clip_on_gpu() {
   return gpu_table(MOECORE_CUDA_TABLE(ClipKernels, kClipKernels), "gradient clip");
