@@ -1,6 +1,7 @@
-// The flag table and the configuration passes: the role lists resume and upcycling compare, one resolve pass whose
-// derived values follow their inputs (and a Trainer that refuses a config changed since), --moe-layer-freq parsed
-// once into per-layer flags, a parser that reads no file but the YAML, and --help grouped with defaults.
+// The flag table and the configuration passes: defaults from the table rows, the role lists resume and upcycling
+// compare, one resolve pass whose derived values follow their inputs (and a Trainer that refuses a config changed
+// since), --moe-layer-freq parsed once into per-layer flags, a parser that reads no file but the YAML, and --help
+// grouped with defaults.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -68,6 +69,26 @@ TEST(TrainConfig, TableRolesGiveTheResumeAndUpcyclingLists) {
   for (const auto& n : identity) EXPECT_TRUE(has(ckpt_args, n)) << n;
   EXPECT_EQ(ckpt_args.size(), identity.size() + 2);
   EXPECT_TRUE(has(ckpt_args, "group-query-attention") && has(ckpt_args, "max-position-embeddings"));
+}
+
+// A flag's default lives in its table row: a fresh TrainConfig holds every row's default, two rows that set one field
+// (Megatron's two spellings) agree on it, and each default has its field's type.
+TEST(TrainConfig, DefaultsComeFromTheTableRows) {
+  const TrainConfig c;
+  for (const auto& f : train::flag_table()) {
+    std::visit(
+        [&](auto m) {
+          using T = std::decay_t<decltype(c.*m)>;
+          ASSERT_TRUE(std::holds_alternative<T>(f.default_value)) << f.name;
+          EXPECT_EQ(c.*m, std::get<T>(f.default_value)) << f.name;
+        },
+        f.field);
+  }
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.hidden_dropout, 0.1);
+  EXPECT_EQ(c.moe_router_load_balancing_type, std::vector<std::string>{"aux_loss"});
+  EXPECT_EQ(c.normalization, "LayerNorm");
+  EXPECT_EQ(c.ckpt_step, -1);
 }
 
 TEST(TrainConfig, ResolveFollowsInputsAndTheTrainerRefusesAChangedConfig) {

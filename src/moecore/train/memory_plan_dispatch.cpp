@@ -24,7 +24,7 @@ std::vector<MemoryPlan::Buffer> dispatch_buffers(const TrainConfig& c, const Pla
   };
   int64_t rows = T * K;  // what this rank routes; balanced, what it receives too
   if (c.moe_expert_capacity_factor >= 0 && c.moe_pad_expert_input_to_capacity) {
-    const moe::RouterConfig rc = moe_layer_config(c).router;
+    const moe::RouterConfig rc = router_config(c);
     rows = E * std::min(moe::expert_capacity(rc, T), T);
   }
   if (P > 1 && c.moe_token_dispatcher_type == "allgather") {

@@ -228,9 +228,8 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   return g;
 }
 
-moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
-  moe::MoELayerConfig m;
-  moe::RouterConfig& r = m.router;
+moe::RouterConfig router_config(const TrainConfig& c) {
+  moe::RouterConfig r;
   r.hidden = c.hidden_size;
   r.num_experts = c.num_experts;
   r.topk = c.moe_router_topk;
@@ -241,7 +240,7 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   r.group_topk = c.moe_router_group_topk;
   r.enable_expert_bias = c.moe_router_enable_expert_bias;
   r.bias_update_rate = c.moe_router_bias_update_rate;
-  r.load_balancing.clear();
+  r.load_balancing.clear();  // RouterConfig's own defaults replaced, not extended
   for (const auto& t : c.moe_router_load_balancing_type) r.load_balancing.push_back(moe::parse_load_balancing_type(t));
   r.aux_loss_coeff.clear();
   for (const auto& v : c.moe_aux_loss_coeff) r.aux_loss_coeff.push_back(to_double("moe-aux-loss-coeff", v));
@@ -256,6 +255,12 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   r.pad_to_capacity = c.moe_pad_expert_input_to_capacity;
   r.init_std = c.init_method_std;
   r.seed = static_cast<uint64_t>(c.seed);
+  return r;
+}
+
+moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
+  moe::MoELayerConfig m;
+  m.router = router_config(c);
   m.ffn_hidden = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : c.ffn_hidden_size;
   m.shared_ffn_hidden = c.moe_shared_expert_intermediate_size;
   m.shared_expert_gate = c.moe_shared_expert_gate;

@@ -1,5 +1,6 @@
-// The one training configuration: Megatron-LM flag names, declared once in the flag table (name, type, group, help,
-// roles; the default is the member initializer below). Parsing, YAML, --help, the printed configuration, saved
+// The one training configuration: Megatron-LM flag names, declared once in the flag table (name, field, default,
+// help, roles, accepted values, group; a flag's field below is value-initialised and TrainConfig's constructor sets
+// it to the table's default). Parsing, YAML, --help, the printed configuration, saved
 // checkpoint args and the role lists (model identity, schedule) all derive from the table. Two passes make a
 // config usable: resolve_defaults fills derived values, validate checks; resolve runs both once and stamps the
 // config, and the Trainer accepts only a stamped, unchanged config. Only train/ and cli/ see it; modules get their
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -23,182 +25,184 @@
 namespace moecore::train {
 
 struct TrainConfig {
+  TrainConfig();  // every flag's field at its table default (flag_table.cpp)
+
   // model
-  std::string model;  // preset name, or empty
-  int64_t num_layers = 2, hidden_size = 256, ffn_hidden_size = 0, num_attention_heads = 4;
-  bool group_query_attention = false;
-  int64_t num_query_groups = 1, kv_channels = 0;
-  bool qk_layernorm = false;
-  int64_t seq_length = 256, max_position_embeddings = 0;
-  double rotary_base = 10000, rotary_percent = 1.0;
-  std::string position_embedding_type = "learned_absolute", normalization = "LayerNorm";  // Megatron's defaults
-  bool apply_layernorm_1p = false, no_position_embedding = false;
-  double norm_epsilon = 1e-5;
-  bool untie_embeddings_and_output_weights = false;
-  bool swiglu = false, squared_relu = false;
-  bool disable_bias_linear = false;
-  double init_method_std = 0.02;
-  int64_t make_vocab_size_divisible_by = 128;
-  double hidden_dropout = 0.1, attention_dropout = 0.1;  // Megatron's defaults; training only
+  std::string model{};  // preset name, or empty
+  int64_t num_layers{}, hidden_size{}, ffn_hidden_size{}, num_attention_heads{};
+  bool group_query_attention{};
+  int64_t num_query_groups{}, kv_channels{};
+  bool qk_layernorm{};
+  int64_t seq_length{}, max_position_embeddings{};
+  double rotary_base{}, rotary_percent{};
+  std::string position_embedding_type{}, normalization{};
+  bool apply_layernorm_1p{}, no_position_embedding{};
+  double norm_epsilon{};
+  bool untie_embeddings_and_output_weights{};
+  bool swiglu{}, squared_relu{};
+  bool disable_bias_linear{};
+  double init_method_std{};
+  int64_t make_vocab_size_divisible_by{};
+  double hidden_dropout{}, attention_dropout{};  // training only
   // Multi-Latent Attention and its RoPE (nn/mla_attention.h). q_lora_rank 0: unset (Megatron's None, a direct q
   // projection); rope_type empty: unset (Megatron's None: yarn with MLA, rope otherwise).
-  bool multi_latent_attention = false;
-  int64_t q_lora_rank = 0, kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
-  std::string rope_type;
-  double rotary_scaling_factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
+  bool multi_latent_attention{};
+  int64_t q_lora_rank{}, kv_lora_rank{}, qk_head_dim{}, qk_pos_emb_head_dim{}, v_head_dim{};
+  std::string rope_type{};
+  double rotary_scaling_factor{}, mscale{}, mscale_all_dim{};
   // MLA's YaRN ramp and original context: MLATransformerConfig's beta_fast, beta_slow and
   // original_max_position_embeddings, set here through Megatron's --yarn-* flags (docs/differences.md).
-  double yarn_beta_fast = 32, yarn_beta_slow = 1;
-  int64_t yarn_original_max_position_embeddings = 4096;
+  double yarn_beta_fast{}, yarn_beta_slow{};
+  int64_t yarn_original_max_position_embeddings{};
   // Multi-token prediction (nn/mtp.h): --mtp-num-layers (0: Megatron's None, off), --mtp-loss-scaling-factor.
-  int64_t mtp_num_layers = 0;
-  double mtp_loss_scaling_factor = 0.1;
+  int64_t mtp_num_layers{};
+  double mtp_loss_scaling_factor{};
   // MoE
-  int64_t num_experts = 0, moe_ffn_hidden_size = 0, moe_router_topk = 2;
-  std::string moe_router_score_function = "softmax";
-  bool moe_router_pre_softmax = false;
-  double moe_router_topk_scaling_factor = 0;
-  int64_t moe_router_num_groups = 0, moe_router_group_topk = 0;
-  bool moe_router_enable_expert_bias = false;
-  double moe_router_bias_update_rate = 1e-3;
-  std::vector<std::string> moe_router_load_balancing_type{"aux_loss"};
-  std::vector<std::string> moe_aux_loss_coeff{"0.0"};
-  double moe_z_loss_coeff = 0, moe_input_jitter_eps = 0;
-  bool moe_router_force_load_balancing = false;
-  std::string moe_router_dtype = "fp32";
-  double moe_expert_capacity_factor = -1;
-  std::string moe_token_drop_policy = "probs";
-  bool moe_pad_expert_input_to_capacity = false;
-  int64_t moe_shared_expert_intermediate_size = 0;
-  bool moe_shared_expert_gate = false;
-  bool moe_shared_expert_overlap = false;  // GPU: shared experts on a second stream (device/side_stream.h)
-  std::string moe_layer_freq = "1";
-  bool moe_grouped_gemm = true;
-  std::string moe_token_dispatcher_type = "alltoall";
-  bool moe_per_layer_logging = false;
+  int64_t num_experts{}, moe_ffn_hidden_size{}, moe_router_topk{};
+  std::string moe_router_score_function{};
+  bool moe_router_pre_softmax{};
+  double moe_router_topk_scaling_factor{};
+  int64_t moe_router_num_groups{}, moe_router_group_topk{};
+  bool moe_router_enable_expert_bias{};
+  double moe_router_bias_update_rate{};
+  std::vector<std::string> moe_router_load_balancing_type{};
+  std::vector<std::string> moe_aux_loss_coeff{};
+  double moe_z_loss_coeff{}, moe_input_jitter_eps{};
+  bool moe_router_force_load_balancing{};
+  std::string moe_router_dtype{};
+  double moe_expert_capacity_factor{};
+  std::string moe_token_drop_policy{};
+  bool moe_pad_expert_input_to_capacity{};
+  int64_t moe_shared_expert_intermediate_size{};
+  bool moe_shared_expert_gate{};
+  bool moe_shared_expert_overlap{};  // GPU: shared experts on a second stream (device/side_stream.h)
+  std::string moe_layer_freq{};
+  bool moe_grouped_gemm{};
+  std::string moe_token_dispatcher_type{};
+  bool moe_per_layer_logging{};
   // training
-  int64_t micro_batch_size = 4, global_batch_size = 0, train_iters = 0;
-  double lr = 1e-4, min_lr = 0;
-  std::string lr_decay_style = "linear", lr_wsd_decay_style = "exponential";
-  int64_t lr_warmup_iters = 0, lr_decay_iters = 0, lr_wsd_decay_iters = 0;
-  double weight_decay = 0.01, clip_grad = 1.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-  std::string optimizer = "adam";
+  int64_t micro_batch_size{}, global_batch_size{}, train_iters{};
+  double lr{}, min_lr{};
+  std::string lr_decay_style{}, lr_wsd_decay_style{};
+  int64_t lr_warmup_iters{}, lr_decay_iters{}, lr_wsd_decay_iters{};
+  double weight_decay{}, clip_grad{}, adam_beta1{}, adam_beta2{}, adam_eps{};
+  std::string optimizer{};
   // sample-based training, the scheduler's other flags, per-token loss (-1: unset where Megatron has None)
-  int64_t train_samples = 0, lr_decay_samples = 0, lr_warmup_samples = 0, lr_wsd_decay_samples = 0;
-  double lr_warmup_fraction = -1, lr_warmup_init = 0;
-  double start_weight_decay = -1, end_weight_decay = -1;
-  std::string weight_decay_incr_style = "constant";
-  bool use_checkpoint_opt_param_scheduler = false, override_opt_param_scheduler = false;
-  bool calculate_per_token_loss = false, eod_mask_loss = false;
+  int64_t train_samples{}, lr_decay_samples{}, lr_warmup_samples{}, lr_wsd_decay_samples{};
+  double lr_warmup_fraction{}, lr_warmup_init{};
+  double start_weight_decay{}, end_weight_decay{};
+  std::string weight_decay_incr_style{};
+  bool use_checkpoint_opt_param_scheduler{}, override_opt_param_scheduler{};
+  bool calculate_per_token_loss{}, eod_mask_loss{};
   // optimizers beside adam (optim/sgd.h, optim/muon.h)
-  double sgd_momentum = 0.9, muon_momentum = 0.9, muon_extra_scale_factor = 1.0;
-  bool muon_nesterov = false, muon_no_split_qkv = false;
-  std::string muon_scale_mode = "spectral", muon_fp32_matmul_prec = "medium", muon_coefficient_type = "quintic";
-  std::string muon_tp_mode = "duplicated", muon_scalar_optimizer = "adam";
-  int64_t muon_num_ns_steps = 5, num_distributed_optimizer_instances = 1;
-  int64_t ddp_bucket_size = 0;  // elements per gradient bucket (0: unset, one bucket per layer)
+  double sgd_momentum{}, muon_momentum{}, muon_extra_scale_factor{};
+  bool muon_nesterov{}, muon_no_split_qkv{};
+  std::string muon_scale_mode{}, muon_fp32_matmul_prec{}, muon_coefficient_type{};
+  std::string muon_tp_mode{}, muon_scalar_optimizer{};
+  int64_t muon_num_ns_steps{}, num_distributed_optimizer_instances{};
+  int64_t ddp_bucket_size{};  // elements per gradient bucket (0: unset, one bucket per layer)
   // Megatron's communication overlaps (docs/megatron-flags.md): the data-parallel gradient reduction during the last
   // micro-batch's backward, the distributed optimizer's parameter all-gather during the next forward (or dispatched
   // in the optimizer step), the MoE dispatch-backward all-to-all beside the delayed expert weight gradients.
-  bool overlap_grad_reduce = false, overlap_param_gather = false, overlap_param_gather_with_optimizer_step = false;
-  bool overlap_moe_expert_parallel_comm = false, delay_wgrad_compute = false;
-  bool overlap_dispatch_backward_with_experts_wgrad = false;
-  double decoupled_lr = -1, decoupled_min_lr = -1;  // -1: none (Megatron's None)
-  int64_t seed = 1234;
-  bool bf16 = false;
-  // FP8 GEMMs (nn/fp8_recipe.h, Megatron's defaults): fp8_format "" is off (Megatron's None).
-  std::string fp8_format, fp8_recipe = "delayed", fp8_amax_compute_algo = "most_recent";
-  int64_t fp8_margin = 0, fp8_amax_history_len = 1;
-  bool first_last_layers_bf16 = false;
-  int64_t num_layers_at_start_in_bf16 = 1, num_layers_at_end_in_bf16 = 1;
+  bool overlap_grad_reduce{}, overlap_param_gather{}, overlap_param_gather_with_optimizer_step{};
+  bool overlap_moe_expert_parallel_comm{}, delay_wgrad_compute{};
+  bool overlap_dispatch_backward_with_experts_wgrad{};
+  double decoupled_lr{}, decoupled_min_lr{};  // -1: none (Megatron's None)
+  int64_t seed{};
+  bool bf16{};
+  // FP8 GEMMs (nn/fp8_recipe.h): fp8_format "" is off (Megatron's None).
+  std::string fp8_format{}, fp8_recipe{}, fp8_amax_compute_algo{};
+  int64_t fp8_margin{}, fp8_amax_history_len{};
+  bool first_last_layers_bf16{};
+  int64_t num_layers_at_start_in_bf16{}, num_layers_at_end_in_bf16{};
   // activation recompute (nn/recompute.h); "" and 0 stand for Megatron's None
-  std::string recompute_granularity, recompute_method;
-  int64_t recompute_num_layers = 0;
-  std::vector<std::string> recompute_modules;  // empty: Megatron's default, core_attn
-  bool recompute_activations = false, moe_layer_recompute = false;
+  std::string recompute_granularity{}, recompute_method{};
+  int64_t recompute_num_layers{};
+  std::vector<std::string> recompute_modules{};  // empty: Megatron's default, core_attn
+  bool recompute_activations{}, moe_layer_recompute{};
   // fine-grained activation offloading (train/activation_offload.h); -1 stands for Megatron's None
-  bool fine_grained_activation_offloading = false;
-  std::vector<std::string> offload_modules;
-  int64_t min_offloaded_tensor_size = 1024 * 1024, fine_grained_offloading_max_inflight_offloads = -1;
-  bool testing_offload_on_cpu = false;  // the offloading's copies on a CPU run, to a separate host pool (tests)
+  bool fine_grained_activation_offloading{};
+  std::vector<std::string> offload_modules{};
+  int64_t min_offloaded_tensor_size{}, fine_grained_offloading_max_inflight_offloads{};
+  bool testing_offload_on_cpu{};  // the offloading's copies on a CPU run, to a separate host pool (tests)
   // parallelism (one process until the distributed issue)
-  int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, context_parallel_size = 1,
-          expert_model_parallel_size = 1, expert_tensor_parallel_size = 0;
-  bool sequence_parallel = false;
-  bool use_distributed_optimizer = false;
+  int64_t tensor_model_parallel_size{}, pipeline_model_parallel_size{}, context_parallel_size{},
+      expert_model_parallel_size{}, expert_tensor_parallel_size{};
+  bool sequence_parallel{};
+  bool use_distributed_optimizer{};
   // Megatron's precision-aware optimizer (TransformerEngine's FusedAdam): Adam moments stored in bf16, computed in
   // fp32 (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16).
-  bool use_precision_aware_optimizer = false;
-  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32";
+  bool use_precision_aware_optimizer{};
+  std::string exp_avg_dtype{}, exp_avg_sq_dtype{};
   // context parallelism (train/context_parallel.h): one --cp-comm-type for every layer or one per layer; the
   // hierarchical sizes as given (integers, validated)
-  std::vector<std::string> cp_comm_type{"p2p"}, hierarchical_context_parallel_sizes;
+  std::vector<std::string> cp_comm_type{}, hierarchical_context_parallel_sizes{};
   // pipeline stage layouts (train/pipeline_layout.h; -1 and "": unset, Megatron's None)
-  int64_t num_layers_per_virtual_pipeline_stage = -1, num_virtual_stages_per_pipeline_rank = -1;
-  int64_t decoder_first_pipeline_num_layers = -1, decoder_last_pipeline_num_layers = -1;
-  bool account_for_embedding_in_pipeline_split = false, account_for_loss_in_pipeline_split = false;
-  std::string pipeline_model_parallel_layout;
-  int64_t microbatch_group_size_per_vp_stage = 0;  // interleaved 1F1B's micro-batch groups (0: Megatron's None)
+  int64_t num_layers_per_virtual_pipeline_stage{}, num_virtual_stages_per_pipeline_rank{};
+  int64_t decoder_first_pipeline_num_layers{}, decoder_last_pipeline_num_layers{};
+  bool account_for_embedding_in_pipeline_split{}, account_for_loss_in_pipeline_split{};
+  std::string pipeline_model_parallel_layout{};
+  int64_t microbatch_group_size_per_vp_stage{};  // interleaved 1F1B's micro-batch groups (0: Megatron's None)
   // data
-  std::vector<std::string> data_path;
-  std::string split = "969,30,1";
-  bool mock_data = false;
-  std::string tokenizer_type, tokenizer_model, vocab_file, merge_file;
-  int64_t vocab_size = 0;
+  std::vector<std::string> data_path{};
+  std::string split{};
+  bool mock_data{};
+  std::string tokenizer_type{}, tokenizer_model{}, vocab_file{}, merge_file{};
+  int64_t vocab_size{};
   // evaluation, logging, generation
-  int64_t eval_interval = 1000, eval_iters = 100, log_interval = 100;
-  bool skip_train = false;
-  std::string metrics_file;
+  int64_t eval_interval{}, eval_iters{}, log_interval{};
+  bool skip_train{};
+  std::string metrics_file{};
   // Megatron's logging flags (train/metrics.cpp): the log line's throughput, params norm and gradient zeros;
   // --logging-level gates moecore's warnings as Python's logging level gates Megatron's (30: WARNING, the default).
-  int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: off (Megatron's None)
-  bool log_throughput = false, log_params_norm = false, log_num_zeros_in_grad = false;
-  int64_t logging_level = 30;
+  int64_t check_weight_hash_across_dp_replicas_interval{};  // 0: off (Megatron's None)
+  bool log_throughput{}, log_params_norm{}, log_num_zeros_in_grad{};
+  int64_t logging_level{};
   // TensorBoard event files (train/tensorboard_log.h), written by the last rank as Megatron's are
-  std::string tensorboard_dir;
-  int64_t tensorboard_log_interval = 1, tensorboard_queue_size = 1000;
-  bool log_timers_to_tensorboard = false, no_log_loss_scale_to_tensorboard = false;
-  bool log_validation_ppl_to_tensorboard = false, log_memory_to_tensorboard = false;
-  bool log_world_size_to_tensorboard = false;
+  std::string tensorboard_dir{};
+  int64_t tensorboard_log_interval{}, tensorboard_queue_size{};
+  bool log_timers_to_tensorboard{}, no_log_loss_scale_to_tensorboard{};
+  bool log_validation_ppl_to_tensorboard{}, log_memory_to_tensorboard{};
+  bool log_world_size_to_tensorboard{};
   // Megatron's timers (train/timers.h): which are kept (0: the few Megatron always logs; 1: per step phase;
   // 2: per operation), how the log shows them over ranks, and the world barrier before the level-1 phases.
-  int64_t timing_log_level = 0;
-  std::string timing_log_option = "minmax";
-  bool no_barrier_with_level_1_timing = false;
+  int64_t timing_log_level{};
+  std::string timing_log_option{};
+  bool no_barrier_with_level_1_timing{};
   // Health alarms (train/routing_health.h): each on by default, 0 turns one off; --health-alarm-stop names those
   // that stop the run instead of warning. Megatron's --check-for-spiky-loss (its factor 10 over 100 samples is
   // moecore's default --loss-spike-factor/-samples) and --no-check-for-nan-in-loss-and-grad (the step is applied).
-  int64_t moe_dead_expert_steps = 100, moe_load_imbalance_steps = 100, moe_router_entropy_collapse_steps = 100;
-  double moe_load_imbalance_threshold = 4.0, moe_router_entropy_collapse_fraction = 0.1;
-  double moe_aux_loss_spike_factor = 3.0, loss_spike_factor = 10.0;
-  int64_t moe_aux_loss_spike_samples = 100, loss_spike_samples = 100;
-  bool check_for_spiky_loss = false, no_check_for_nan_in_loss_and_grad = false;
-  std::vector<std::string> health_alarm_stop;
-  std::vector<std::string> generate_prompts;
-  int64_t generate_tokens = 48, generate_top_k = 20;
-  double generate_temperature = 0.8;
+  int64_t moe_dead_expert_steps{}, moe_load_imbalance_steps{}, moe_router_entropy_collapse_steps{};
+  double moe_load_imbalance_threshold{}, moe_router_entropy_collapse_fraction{};
+  double moe_aux_loss_spike_factor{}, loss_spike_factor{};
+  int64_t moe_aux_loss_spike_samples{}, loss_spike_samples{};
+  bool check_for_spiky_loss{}, no_check_for_nan_in_loss_and_grad{};
+  std::vector<std::string> health_alarm_stop{};
+  std::vector<std::string> generate_prompts{};
+  int64_t generate_tokens{}, generate_top_k{};
+  double generate_temperature{};
   // checkpoints
-  std::string save, load, load_hf;
-  int64_t save_interval = 0, exit_interval = 0;
-  bool exit_signal_handler = false;
-  std::string exit_signal = "SIGTERM";
-  int64_t ckpt_step = -1;  // -1: the iteration the marker names
-  bool finetune = false, no_load_optim = false, no_load_rng = false;
-  bool use_checkpoint_args = false;
-  bool moe_use_upcycling = false;
-  int64_t moe_upcycling_granularity = 1;
-  std::string ckpt_format = "moecore";  // Megatron's formats: no effect (ckpt/foreign_checkpoint.h)
-  std::string fault_kill_during_save;   // "RANK:ITERATION" (crash-safety tests)
-  int64_t testing_memory_limit = 0;     // bytes the run may use instead of the detected limit (memory tests)
-  std::string device = "auto";          // --device auto|cpu|cuda (cuda/device_select.h, docs/cuda.md)
+  std::string save{}, load{}, load_hf{};
+  int64_t save_interval{}, exit_interval{};
+  bool exit_signal_handler{};
+  std::string exit_signal{};
+  int64_t ckpt_step{};  // -1: the iteration the marker names
+  bool finetune{}, no_load_optim{}, no_load_rng{};
+  bool use_checkpoint_args{};
+  bool moe_use_upcycling{};
+  int64_t moe_upcycling_granularity{};
+  std::string ckpt_format{};             // Megatron's formats: no effect (ckpt/foreign_checkpoint.h)
+  std::string fault_kill_during_save{};  // "RANK:ITERATION" (crash-safety tests)
+  int64_t testing_memory_limit{};        // bytes the run may use instead of the detected limit (memory tests)
+  std::string device{};                  // --device auto|cpu|cuda (cuda/device_select.h, docs/cuda.md)
   // run control (runcontrol): collective timeout, timed exit, retained and asynchronous saves
-  int64_t distributed_timeout_minutes = 10;
-  double testing_collective_timeout_seconds = 0;  // > 0: replaces --distributed-timeout-minutes (tests)
-  std::string testing_stall;                      // "RANK:ITERATION:SECONDS" (watchdog tests)
-  int64_t exit_duration_in_mins = 0;              // 0: off (Megatron's None)
-  int64_t save_retain_interval = 0;               // 0: off (Megatron's None)
-  int64_t keep_last_checkpoints = 0;              // 0: off (moecore's own)
-  bool async_save = false;
+  int64_t distributed_timeout_minutes{};
+  double testing_collective_timeout_seconds{};  // > 0: replaces --distributed-timeout-minutes (tests)
+  std::string testing_stall{};                  // "RANK:ITERATION:SECONDS" (watchdog tests)
+  int64_t exit_duration_in_mins{};              // 0: off (Megatron's None)
+  int64_t save_retain_interval{};               // 0: off (Megatron's None)
+  int64_t keep_last_checkpoints{};              // 0: off (moecore's own)
+  bool async_save{};
 
   // Bookkeeping of resolve(), not flags: the flags resolve_defaults derived with their values (the next
   // resolve_defaults derives those still holding them anew), and a fingerprint of the values resolve() validated
@@ -262,14 +266,25 @@ inline Accepts one_of(std::vector<std::string> choices) {
   return {-Accepts::kInf, Accepts::kInf, false, false, std::move(choices)};
 }
 
-// A flag: its name without dashes, the TrainConfig field it sets (the field's type is the flag's type), its help,
-// roles, what it accepts, and its group (set by the table's section). The default is the field's member
-// initializer.
+// A flag: its name without dashes, the TrainConfig field it sets (the field's type is the flag's type), its default,
+// help, roles, what it accepts, and its group (set by the table's section). A table row reads
+// {"name", &TrainConfig::field, default, "help", roles, accepts}; the default converts to the field's type.
 struct FlagSpec {
   using Field = std::variant<int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
                              std::string TrainConfig::*, std::vector<std::string> TrainConfig::*>;
+  using Value = std::variant<int64_t, double, bool, std::string, std::vector<std::string>>;
+  template <class T>
+  FlagSpec(std::string name_, T TrainConfig::*field_, std::type_identity_t<T> default_, std::string help_,
+           unsigned roles_ = kNoRole, Accepts accepts_ = {})
+      : name(std::move(name_)),
+        field(field_),
+        default_value(std::move(default_)),
+        help(std::move(help_)),
+        roles(roles_),
+        accepts(std::move(accepts_)) {}
   std::string name;
   Field field;
+  Value default_value;  // holds the field's type
   std::string help;
   unsigned roles = kNoRole;
   Accepts accepts = {};
@@ -344,8 +359,10 @@ nlohmann::json config_json(const TrainConfig& c);
 void apply_config_json(TrainConfig& c, const nlohmann::json& j, const std::string& where);
 
 nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab);
-moe::MoELayerConfig moe_layer_config(const TrainConfig& c);
-nn::Fp8Config fp8_config(const TrainConfig& c);  // config_fp8.cpp
+// The module configs, each built from the resolved config by its one function (modules never see TrainConfig).
+moe::RouterConfig router_config(const TrainConfig& c);
+moe::MoELayerConfig moe_layer_config(const TrainConfig& c);  // its router from router_config
+nn::Fp8Config fp8_config(const TrainConfig& c);              // config_fp8.cpp
 optim::LRSchedule lr_schedule(const TrainConfig& c);
 // Vocabulary padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
 int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab);
