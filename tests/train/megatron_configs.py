@@ -176,6 +176,28 @@ CONFIGS = [
            --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
            --eval-iters 1 --eval-interval 1000 --log-interval 1 --log-throughput""",
          refused=[]),
+    dict(name="kimi_k2_instruct", np=1,
+         source="MODEL_ARGS of examples/post_training/modelopt/conf/moonshotai/Kimi-K2-Instruct.sh (61 layers, MLA, "
+                "384 experts top-8, --padded-vocab-size 163840), pretraining flags of the functional tests",
+         args="""--save-interval 100000 --micro-batch-size 1 --bf16 --no-masked-softmax-fusion --disable-bias-linear
+           --untie-embeddings-and-output-weights --position-embedding-type rope --no-rope-fusion
+           --normalization RMSNorm --swiglu --num-layers 2 --hidden-size 64 --ffn-hidden-size 128
+           --num-attention-heads 4 --kv-channels 16 --multi-latent-attention --kv-lora-rank 16 --v-head-dim 16
+           --q-lora-rank 32 --qk-head-dim 16 --qk-layernorm --qk-pos-emb-head-dim 8 --num-experts 8
+           --moe-layer-freq [0]*1+[1]*1 --moe-ffn-hidden-size 32 --moe-router-dtype fp32
+           --moe-router-score-function sigmoid --moe-router-bias-update-rate 1e-3 --moe-router-enable-expert-bias
+           --moe-router-topk 2 --moe-router-pre-softmax --moe-router-topk-scaling-factor 2.827
+           --moe-shared-expert-overlap --moe-shared-expert-intermediate-size 32 --moe-aux-loss-coeff 1e-4
+           --moe-router-load-balancing-type seq_aux_loss --moe-token-dispatcher-type alltoall
+           --moe-token-drop-policy probs --seq-length 64 --max-position-embeddings 256
+           --tokenizer-type HuggingFaceTokenizer --tokenizer-model ${TOKENIZER_MODEL} --make-vocab-size-divisible-by 1
+           --use-mcore-models --rotary-base 50000 --rotary-percent 1.0 --rotary-scaling-factor 32 --mscale 1.0
+           --mscale-all-dim 1.0 --padded-vocab-size 1024 --recompute-activations --moe-layer-recompute
+           --sequence-parallel --trust-remote-code
+           --global-batch-size 4 --train-iters 3 --lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
+           --eval-iters 1 --eval-interval 1000 --log-interval 1""",
+         refused=[]),
     dict(name="mixtral_8x7b_example", np=8, source="examples/mixtral/train_mixtral_8x7b_distributed.sh",
          args="""--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256
            --num-layers 4 --hidden-size 64 --ffn-hidden-size 224 --num-attention-heads 4 --init-method-std 0.01
@@ -304,7 +326,8 @@ def main():
         if ONLY and cfg["name"] not in ONLY:
             continue
         d = os.path.join(work, cfg["name"])
-        paths = {"DATA_PATH": os.path.join(work, "data"), "TENSORBOARD_PATH": os.path.join(d, "tensorboard"),
+        paths = {"DATA_PATH": os.path.join(work, "data"), "TOKENIZER_MODEL": os.path.join(work, "tok"),
+                 "TENSORBOARD_PATH": os.path.join(d, "tensorboard"),
                  "CHECKPOINT_SAVE_PATH": os.path.join(d, "checkpoints"),
                  "CHECKPOINT_LOAD_PATH": os.path.join(d, "checkpoints"), "DATA_CACHE_PATH": os.path.join(d, "cache")}
         os.makedirs(d)

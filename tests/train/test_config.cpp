@@ -8,6 +8,7 @@
 #include <set>
 
 #include "config_util.h"
+#include "moecore/train/model_builder.h"
 #include "moecore/train/observe/cost_model.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
@@ -67,8 +68,9 @@ TEST(TrainConfig, TableRolesGiveTheResumeAndUpcyclingLists) {
   const auto identity = train::flag_names(train::kIdentity), ckpt_args = train::flag_names(train::kCheckpointArg);
   EXPECT_TRUE(has(identity, "moe-router-topk") && has(identity, "moe-layer-freq") && !has(identity, "lr"));
   for (const auto& n : identity) EXPECT_TRUE(has(ckpt_args, n)) << n;
-  EXPECT_EQ(ckpt_args.size(), identity.size() + 2);
-  EXPECT_TRUE(has(ckpt_args, "group-query-attention") && has(ckpt_args, "max-position-embeddings"));
+  EXPECT_EQ(ckpt_args.size(), identity.size() + 3);
+  EXPECT_TRUE(has(ckpt_args, "group-query-attention") && has(ckpt_args, "max-position-embeddings") &&
+              has(ckpt_args, "padded-vocab-size"));
 }
 
 // A flag's default lives in its table row: a fresh TrainConfig holds every row's default, two rows that set one field
@@ -112,6 +114,31 @@ TEST(TrainConfig, ResolveFollowsInputsAndTheTrainerRefusesAChangedConfig) {
   train::resolve(c);
   EXPECT_EQ(c.kv_channels, 8);
   EXPECT_EQ(c.global_batch_size, 2);
+}
+
+// --padded-vocab-size: the embedding's rows exactly as given (Megatron then skips its padding), at least the
+// vocabulary, divisible by TP, and equal to a loaded checkpoint's rows; unset, the vocabulary is padded as before.
+TEST(TrainConfig, PaddedVocabSizeIsTheRowsAsGiven) {
+  const auto run = testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 2, 100, 1, "1e-3");
+  EXPECT_EQ(train::build_vocabulary(testing::small_config(run)).padded, 128);  // 100 padded to a multiple of 128
+  const TrainConfig c = testing::small_config(run, {"--padded-vocab-size", "150"});
+  EXPECT_EQ(train::build_vocabulary(c).padded, 150);
+  EXPECT_TRUE(has(train::flag_names(train::kCheckpointArg), "padded-vocab-size"));
+  std::FILE* null = std::fopen("/dev/null", "w");
+  train::Trainer t(c, null, false);
+  std::fclose(null);
+  EXPECT_EQ(t.params().get("embedding.word_embeddings.weight").value.dim(0), 150);
+  std::string e = testing::user_error_of([&] { testing::small_config(run, {"--padded-vocab-size", "99"}); });
+  EXPECT_NE(e.find("--padded-vocab-size 99 is smaller than the vocabulary (100 token ids)"), std::string::npos) << e;
+  e = testing::user_error_of([&] {
+    testing::small_config(run, {"--padded-vocab-size", "151", "--tensor-model-parallel-size", "2"});
+  });
+  EXPECT_NE(e.find("--padded-vocab-size 151 is not divisible by --tensor-model-parallel-size 2"), std::string::npos)
+      << e;
+  e = testing::user_error_of([&] { train::build_vocabulary(c, 256); });
+  EXPECT_NE(e.find("--padded-vocab-size 150 differs from the 256 vocabulary rows of the checkpoint"), std::string::npos)
+      << e;
+  EXPECT_EQ(train::build_vocabulary(c, 150).padded, 150);
 }
 
 // --moe-layer-freq is parsed once, by resolve, into one entry per layer; its users read that, and the string stays

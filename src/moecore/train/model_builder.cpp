@@ -20,6 +20,12 @@ Vocabulary build_vocabulary(const TrainConfig& c, int64_t saved_rows) {
     v.size = c.tokenizer_type == "NullTokenizer" ? c.vocab_size + 1 : c.vocab_size;  // NullTokenizer: + EOD
   }
   v.padded = padded_vocab_size(c, v.size);
+  // Megatron compares --padded-vocab-size with the checkpoint's (check_checkpoint_args).
+  MOE_CHECK(
+      c.padded_vocab_size == 0 || saved_rows == 0 || saved_rows == c.padded_vocab_size,
+      "--padded-vocab-size {} differs from the {} vocabulary rows of the checkpoint being loaded; give {} or leave "
+      "it out",
+      c.padded_vocab_size, saved_rows, saved_rows);
   if (saved_rows >= v.size && saved_rows % c.tensor_model_parallel_size == 0) v.padded = saved_rows;
   return v;
 }

@@ -176,6 +176,13 @@ std::string describe(const TrainConfig& c) {
 }
 
 int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab) {
+  if (c.padded_vocab_size > 0) {
+    MOE_CHECK(c.padded_vocab_size >= vocab,
+              "--padded-vocab-size {} is smaller than the vocabulary ({} token ids); give at least {}, or leave it out "
+              "to pad by --make-vocab-size-divisible-by",
+              c.padded_vocab_size, vocab, vocab);
+    return c.padded_vocab_size;
+  }
   int64_t m = 0, padded = 0;
   MOE_CHECK(!__builtin_mul_overflow(c.make_vocab_size_divisible_by, c.tensor_model_parallel_size, &m) &&
                 !__builtin_add_overflow(vocab, std::max<int64_t>(1, m) - 1, &padded),

@@ -42,8 +42,8 @@ struct TrainConfig {
   bool swiglu{}, squared_relu{};
   bool disable_bias_linear{};
   double init_method_std{};
-  int64_t make_vocab_size_divisible_by{};
-  double hidden_dropout{}, attention_dropout{};  // training only
+  int64_t make_vocab_size_divisible_by{}, padded_vocab_size{};  // padded_vocab_size 0: Megatron's None (padded)
+  double hidden_dropout{}, attention_dropout{};                 // training only
   // Multi-Latent Attention and its RoPE (nn/mla_attention.h). q_lora_rank 0: unset (Megatron's None, a direct q
   // projection); rope_type empty: unset (Megatron's None: yarn with MLA, rope otherwise).
   bool multi_latent_attention{};
@@ -364,7 +364,8 @@ moe::RouterConfig router_config(const TrainConfig& c);
 moe::MoELayerConfig moe_layer_config(const TrainConfig& c);  // its router from router_config
 nn::Fp8Config fp8_config(const TrainConfig& c);              // config_fp8.cpp
 optim::LRSchedule lr_schedule(const TrainConfig& c);
-// Vocabulary padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
+// The embedding's rows for a vocabulary of `vocab` ids: --padded-vocab-size when given (Megatron then uses it as is),
+// else `vocab` padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.
 int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab);
 
 }  // namespace moecore::train

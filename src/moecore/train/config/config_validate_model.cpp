@@ -114,7 +114,11 @@ void validate_recompute(const TrainConfig& c) {
 void validate_model(const TrainConfig& c) {
   validate_attention(c);
   validate_mla_and_mtp(c);
-  padded_vocab_size(c, c.vocab_size);  // throws when padding overflows
+  padded_vocab_size(c, c.vocab_size);  // throws when padding overflows, or --padded-vocab-size is below --vocab-size
+  // Megatron's VocabParallelEmbedding splits the rows evenly over TP.
+  MOE_CHECK(c.padded_vocab_size % c.tensor_model_parallel_size == 0,
+            "--padded-vocab-size {} is not divisible by --tensor-model-parallel-size {}; give a multiple of {}",
+            c.padded_vocab_size, c.tensor_model_parallel_size, c.tensor_model_parallel_size);
   validate_recompute(c);
   validate_offload(c);
   validate_fp8(c);

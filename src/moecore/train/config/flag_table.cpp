@@ -69,6 +69,10 @@ std::vector<FlagSpec> build_flag_table() {
        {"init-method-std", &C::init_method_std, 0.02, "Std of the normal weight init", kNoRole, at_least(0)},
        {"make-vocab-size-divisible-by", &C::make_vocab_size_divisible_by, 128, "Pad the vocabulary to a multiple",
         kNoRole, positive()},
+       {"padded-vocab-size", &C::padded_vocab_size, 0,
+        "Rows of the embedding and output layer, as given (no padding; at least the tokenizer's vocabulary, "
+        "divisible by TP; 0: pad by --make-vocab-size-divisible-by)",
+        kCheckpointArg, at_least(0)},
        {"hidden-dropout", &C::hidden_dropout, 0.1,
         "Dropout probability on the embedding output and each block's output before its residual add (training)",
         kNoRole, between(0, 1, true)},

@@ -154,8 +154,9 @@ void data_and_tokenizers(std::vector<FlagRule>& r) {
   r.push_back(refused(unsupported("this tokenizer option"),
                       {"tokenizer-hf-no-include-special-tokens", "tokenizer-metadata", "tokenizer-special-tokens",
                        "null-tokenizer-eod-id", "null-tokenizer-pad-id", "chat-template"}));
-  r.push_back(refused(unsupported("an unpadded vocabulary", "use --make-vocab-size-divisible-by 1"),
-                      {"disable-pad-vocab-size", "no-pad-vocab-size", "padded-vocab-size"}));
+  r.push_back(refused(unsupported("an unpadded vocabulary",
+                                  "use --make-vocab-size-divisible-by 1, or --padded-vocab-size with the exact rows"),
+                      {"disable-pad-vocab-size", "no-pad-vocab-size"}));
 }
 
 void logging_and_resilience(std::vector<FlagRule>& r) {
