@@ -62,6 +62,7 @@ TEST(DeviceSupport, CoveredSettingsHaveNoGap) {
 TEST(DeviceSupport, EachUncoveredSettingIsNamed) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--moe-router-dtype", "fp64", "--device", "cpu"}, "--moe-router-dtype fp64"},
+      {{"--bf16", "--loss-scale", "1024", "--device", "cpu"}, "loss scaling (--loss-scale)"},
   };
   for (const auto& [flags, name] : cases) {
     const std::string gap = train::gpu_training_gap(config(flags));
@@ -78,6 +79,13 @@ TEST(DeviceSupport, DropoutOverLargeMicroBatchesIsNamed) {
   EXPECT_TRUE(testing::contains(gap, "dropout with --micro-batch-size 129")) << gap;
   c.hidden_dropout = 0;
   EXPECT_EQ(train::gpu_training_gap(c), "");
+}
+
+// --fp16 is refused by validation before any device is chosen; its gap names it all the same.
+TEST(DeviceSupport, Fp16IsNamed) {
+  train::TrainConfig c = config({"--device", "cpu"});
+  c.fp16 = true;
+  EXPECT_TRUE(testing::contains(train::gpu_training_gap(c), "--fp16")) << train::gpu_training_gap(c);
 }
 
 TEST(DeviceSupport, CpuIsAlwaysTheCpu) {

@@ -26,8 +26,8 @@ bool parse_dtype(const std::string& s, DType& out, bool& f8) {
     out = DType::F32;
     return true;
   }
-  static const std::pair<const char*, DType> table[] = {
-      {"F32", DType::F32}, {"F64", DType::F64}, {"BF16", DType::BF16}, {"I32", DType::I32}, {"I64", DType::I64}};
+  static const std::pair<const char*, DType> table[] = {{"F32", DType::F32}, {"F64", DType::F64}, {"BF16", DType::BF16},
+                                                        {"F16", DType::F16}, {"I32", DType::I32}, {"I64", DType::I64}};
   for (const auto& [n, t] : table)
     if (s == n) {
       out = t;
@@ -61,6 +61,8 @@ const char* safetensors_dtype(DType t) {
       return "F64";
     case DType::BF16:
       return "BF16";
+    case DType::F16:
+      return "F16";
     case DType::I32:
       return "I32";
     case DType::I64:

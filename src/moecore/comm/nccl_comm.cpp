@@ -146,6 +146,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclFloat64;
     case DType::BF16:
       return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
     case DType::I32:
       return ncclInt32;
     case DType::I64:

@@ -43,6 +43,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::F64:
       return MPI_DOUBLE;
     case DType::BF16:
+    case DType::F16:
       return MPI_UINT16_T;  // moved, never reduced
     case DType::I32:
       return MPI_INT32_T;
@@ -53,7 +54,7 @@ MPI_Datatype mpi_type(DType t) {
 }
 
 MPI_Op mpi_op(ReduceOp op, DType t) {
-  MOE_ASSERT_MSG(t != DType::BF16, "reductions run in f32/f64 (bf16 tensors can only be moved)");
+  MOE_ASSERT_MSG(dtype_size(t) != 2, "reductions run in f32/f64 (bf16 and f16 tensors can only be moved)");
   return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
 }
 

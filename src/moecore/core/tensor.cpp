@@ -141,6 +141,8 @@ double Tensor::item(int64_t i) const {
       return data<double>()[i];
     case DType::BF16:
       return bf16_to_float(data<bf16>()[i]);
+    case DType::F16:
+      return f16_to_float(data<f16>()[i]);
     case DType::I32:
       return data<int32_t>()[i];
     case DType::I64:
@@ -167,6 +169,9 @@ void Tensor::set_item(int64_t i, double v) {
     case DType::BF16:
       data<bf16>()[i] = float_to_bf16(static_cast<float>(v));
       break;
+    case DType::F16:
+      data<f16>()[i] = float_to_f16(static_cast<float>(v));
+      break;
     case DType::I32:
       data<int32_t>()[i] = static_cast<int32_t>(v);
       break;
@@ -180,7 +185,26 @@ namespace {
 // bf16 is read and written through its uint16_t bits: struct loads and stores keep loops from vectorizing.
 template <typename D, typename S>
 void convert(D* dst, const S* src, int64_t n) {
-  if constexpr (std::is_same_v<D, bf16> && !std::is_same_v<S, bf16>) {
+  if constexpr (std::is_same_v<D, f16> || std::is_same_v<S, f16>) {  // f16 through f32 (exact both ways from bf16)
+    auto widen = [](S v) {
+      if constexpr (std::is_same_v<S, f16>)
+        return f16_to_float(v);
+      else if constexpr (std::is_same_v<S, bf16>)
+        return bf16_to_float(v);
+      else
+        return static_cast<float>(v);
+    };
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+      const float f = widen(src[i]);
+      if constexpr (std::is_same_v<D, f16>)
+        dst[i] = float_to_f16(f);
+      else if constexpr (std::is_same_v<D, bf16>)
+        dst[i] = float_to_bf16(f);
+      else
+        dst[i] = static_cast<D>(f);
+    }
+  } else if constexpr (std::is_same_v<D, bf16> && !std::is_same_v<S, bf16>) {
     uint16_t* d = reinterpret_cast<uint16_t*>(dst);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) d[i] = float_to_bf16(static_cast<float>(src[i])).bits;
@@ -218,6 +242,9 @@ void convert_from(D* dst, const Tensor& src) {
     case DType::BF16:
       convert(dst, src.data<bf16>(), n);
       break;
+    case DType::F16:
+      convert(dst, src.data<f16>(), n);
+      break;
     default:
       MOE_ASSERT_MSG(false, "cannot convert from {}", dtype_name(src.dtype()));
   }
@@ -252,6 +279,9 @@ void Tensor::copy_from(const Tensor& src) {
       break;
     case DType::BF16:
       convert_from(data<bf16>(), src);
+      break;
+    case DType::F16:
+      convert_from(data<f16>(), src);
       break;
     default:
       MOE_ASSERT_MSG(false, "cannot convert {} to {}", dtype_name(src.dtype()), dtype_name(dtype_));

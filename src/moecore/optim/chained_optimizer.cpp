@@ -26,10 +26,12 @@ class ReplicatedAdamW : public ParamClassOptimizer {
         weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
   size_t start_bucket(size_t b) override { return buckets_.start(b); }
-  void reduce_gradients(double scale, kernels::ClipState& clip) override {
+  void reduce_gradients(double scale, float unscale, kernels::ClipState& clip) override {
     buckets_.finish(scale);
     grads_.clear();
     for (auto* p : params()) grads_.push_back(p->grad);
+    if (unscale != 1.0f)
+      for (Tensor& g : grads_) kernels::scale_(g, unscale);
     kernels::squares_add_part(clip, grads_, weights_);
   }
   double zero_share() const override {
@@ -64,6 +66,7 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
                                    const BucketOf& bucket_of, const OptimizerGroups& groups, const OptimizerConfig& cfg)
     : params_(params),
       g_(groups),
+      scaler_(cfg.scaler),
       cfg_(cfg),
       dp_size_(static_cast<double>(g_.dp ? g_.dp->size() : 1)),
       num_buckets_(num_buckets),
@@ -173,10 +176,13 @@ std::optional<double> ChainedOptimizer::finish_gradients(std::span<double> rider
   double zeros = 0;
   kernels::squares_reset(clip_);
   started_in_backward_ = std::exchange(started_count_, 0);
+  MOE_ASSERT_MSG(!scaler_.active() || kernels::backend_offers(clip_.device()).norm_on_host,
+                 "loss scaling reads the gradient norm on the host");
+  const float unscale = scaler_.active() ? scaler_.inv_scale() : 1.0f;
   {
     TimerScope timer("all-grads-sync", 1);  // Megatron's level-1 timers (core/timers.h)
     for (auto& part : parts_) {
-      part->reduce_gradients(1.0 / dp_size_, clip_);
+      part->reduce_gradients(1.0 / dp_size_, unscale, clip_);
       if (cfg_.count_zeros) zeros += part->zero_share();
     }
   }
@@ -197,8 +203,13 @@ std::optional<double> ChainedOptimizer::finish_gradients(std::span<double> rider
   // log where nothing brought it to the host.
   const bool on_host = world_sq.has_value() || kernels::backend_offers(clip_.device()).norm_on_host;
   kernels::clip_finish(clip_, world_sq, cfg_.clip_grad, cfg_.check_finite, iteration, !on_host);
-  if (world_sq) return std::sqrt(*world_sq);
-  return kernels::norm_on_host(clip_);
+  const std::optional<double> norm =
+      world_sq ? std::optional<double>(std::sqrt(*world_sq)) : kernels::norm_on_host(clip_);
+  // Megatron's found_inf (its MAX over the ranks: here the world's sum of squares, finite only where every rank's
+  // gradients are), then the scaler's update.
+  found_inf_ = scaler_.active() && !std::isfinite(*norm);
+  if (scaler_.active()) scaler_.update(found_inf_);
+  return norm;
 }
 
 void ChainedOptimizer::step(double lr, int64_t iteration, double decoupled_lr) {
@@ -207,6 +218,7 @@ void ChainedOptimizer::step(double lr, int64_t iteration, double decoupled_lr) {
   // Global-norm clipping, applied by the optimizer as it reads each gradient: the coefficient (clip / (norm +
   // 1e-6) where below 1) from the clip state, read by the GPU's kernels from device memory.
   TimerScope timer("optimizer-inner-step", 1);  // with the distributed optimizer's params-all-gather inside
+  if (found_inf_) return;                       // a skipped step: Megatron's optimizer.step returns False
   for (size_t i = 0; i < parts_.size(); i++) {
     kernels::AdamWParams h = hp;
     if (!kernels::apply_clip(clip_, h, parts_[i]->host_clip())) continue;  // a skipped step (known on the host)

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moecore/comm/process_group.h"
+#include "moecore/optim/grad_scaler.h"
 #include "moecore/optim/grad_sync.h"
 #include "moecore/optim/muon.h"
 #include "moecore/optim/optimizer.h"
@@ -57,6 +58,9 @@ struct OptimizerConfig {
   // waited in the next forward before the first layer that reads its bucket (wait_param_gather);
   // param_gather_with_step (--overlap-param-gather-with-optimizer-step): all dispatched in the step itself.
   bool overlap_param_gather = false, param_gather_with_step = false;
+  // Loss scaling (grad_scaler.h): --loss-scale, or the dynamic scaler of --fp16. The gradients are unscaled as they
+  // are reduced, and a step with an inf or NaN among them is skipped (no update) and the scaler updated. CPU only.
+  GradScalerConfig scaler;
 };
 
 class ChainedOptimizer {
@@ -86,10 +90,12 @@ class ChainedOptimizer {
   size_t reductions_started_in_backward() const { return started_in_backward_; }
   size_t param_gathers_pending() const;
   // Finishes every reduction and computes the global gradient norm (before clipping) of step `iteration`, the
-  // clip coefficient and the non-finite check where the gradients live. Returns the norm where it reached the host
-  // anyway: on the CPU, or with several ranks (their sum went through the host, with `riders`: the trainer's run
-  // control, train/stop_riders.h, summed in the same collective at no extra round). On one GPU nothing is read
-  // back: nullopt, and the norm waits in device memory for take_norms.
+  // clip coefficient and the non-finite check where the gradients live. With a loss scaler the gradients are
+  // unscaled first, an inf or NaN among them on any rank (the norm summed over the world is then not finite: every
+  // rank sees it) marks the step skipped (skipped()), and the scaler is updated, as Megatron's prepare_grads. Returns
+  // the norm where it reached the host anyway: on the CPU, or with several ranks (their sum went through the host, with
+  // `riders`: the trainer's run control, train/stop_riders.h, summed in the same collective at no extra round). On one
+  // GPU nothing is read back: nullopt, and the norm waits in device memory for take_norms.
   std::optional<double> finish_gradients(std::span<double> riders, int64_t iteration);
   // The norms finish_gradients left on the device, in step order, and the first of those steps whose norm was not
   // finite with check_finite (0: none); one read-back. Call before deferred_full() would be true after another step.
@@ -101,7 +107,16 @@ class ChainedOptimizer {
   // Clipping by the last finish_gradients' norm (applied as AdamW reads each gradient; on a GPU the coefficient is
   // read from device memory) and one AdamW update at learning rate `lr`, none where the check found the norm not
   // finite. `decoupled_lr` (≥ 0, with OptimizerConfig::decoupled): the embedding's and output layer's rate.
+  // With a loss scaler, a step finish_gradients found an inf or NaN in does nothing: no update, no moment changes.
+  // `iteration`: Adam's step count, the updates applied so far including this one (Megatron's per-parameter step,
+  // which a skipped step does not advance).
   void step(double lr, int64_t iteration, double decoupled_lr = -1);
+  // The loss scale the next backward multiplies the loss by (1 without a scaler), and whether the last
+  // finish_gradients found an inf or NaN under a scaler (the step it finished is skipped).
+  float loss_scale() const { return scaler_.scale(); }
+  bool skipped() const { return found_inf_; }
+  const GradScaler& grad_scaler() const { return scaler_; }
+  GradScaler& grad_scaler() { return scaler_; }
   // The weight decay of the next steps (the scheduler's, Megatron's get_wd; norms and biases still take none).
   void set_weight_decay(double wd) { cfg_.adam.weight_decay = wd; }
 
@@ -127,6 +142,8 @@ class ChainedOptimizer {
   std::map<const nn::Parameter*, size_t> index_;  // position in params_
   OptimizerGroups g_;
   int64_t num_zeros_ = 0;
+  GradScaler scaler_;
+  bool found_inf_ = false;
   size_t started_in_backward_ = 0, started_count_ = 0;  // the last step's, and this step's so far
   OptimizerConfig cfg_;
   kernels::ClipState clip_;  // on the parameters' device

@@ -178,7 +178,7 @@ size_t ShardedAdamW::start_bucket(size_t b) {
   return started;
 }
 
-void ShardedAdamW::reduce_gradients(double scale, kernels::ClipState& clip) {
+void ShardedAdamW::reduce_gradients(double scale, float unscale, kernels::ClipState& clip) {
   for (auto& bk : buckets_)
     if (!bk.buf.started) start(bk);
   norm_terms_.clear();
@@ -190,6 +190,7 @@ void ShardedAdamW::reduce_gradients(double scale, kernels::ClipState& clip) {
     Tensor g = bk.buf.grad.slice(group_.rank() * bk.shard, bk.shard);  // this rank's region: its sum
     if (inter_) inter_->all_reduce(g);                                 // the other instances' sums of the same shard
     kernels::scale_(g, scale);
+    if (unscale != 1.0f) kernels::scale_(g, unscale);  // the loss scale out of this rank's main gradients
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       norm_terms_.push_back(bk.buf.grad.slice(at, len));
       norm_weights_.push_back(s.norm_weight);

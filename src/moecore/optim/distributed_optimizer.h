@@ -36,7 +36,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   size_t start_bucket(size_t b) override;
   // Starts the buckets not started yet, waits for all, scales the owned shard by `scale` (1/DP), and adds the
   // weighted sum of squares of the owned shard to `clip` (one part), so the caller can form one global norm.
-  void reduce_gradients(double scale, kernels::ClipState& clip) override;
+  void reduce_gradients(double scale, float unscale, kernels::ClipState& clip) override;
   double zero_share() const override;
   // The parameters, in construction order (the order of the state lists below).
   const std::vector<nn::Parameter*>& params() const override { return params_; }

@@ -147,10 +147,12 @@ double Muon::zero_share() const {
   return z;
 }
 
-void Muon::reduce_gradients(double scale, kernels::ClipState& clip) {
+void Muon::reduce_gradients(double scale, float unscale, kernels::ClipState& clip) {
   buckets_.finish(scale);
   std::vector<Tensor> grads;
   for (auto* p : params_) grads.push_back(p->grad);
+  if (unscale != 1.0f)
+    for (Tensor& g : grads) kernels::scale_(g, unscale);
   kernels::squares_add_part(clip, grads, weights_);
 }
 

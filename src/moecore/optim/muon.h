@@ -50,7 +50,7 @@ class Muon : public ParamClassOptimizer {
        const MuonConfig& cfg, bool layer_wise, int64_t bucket_size = 0);
   const std::vector<nn::Parameter*>& params() const override { return params_; }
   size_t start_bucket(size_t b) override { return buckets_.start(b); }
-  void reduce_gradients(double scale, kernels::ClipState& clip) override;
+  void reduce_gradients(double scale, float unscale, kernels::ClipState& clip) override;
   double zero_share() const override;
   // hp: lr, weight_decay and grad_scale (clipping); the Adam moments are not used.
   void step(const kernels::AdamWParams& hp, int64_t step) override;

@@ -20,10 +20,11 @@ class ParamClassOptimizer {
   // Bucket b's gradients are final (in the last micro-batch's backward): start reducing them (non-blocking).
   // Returns how many reductions it started.
   virtual size_t start_bucket(size_t b) = 0;
-  // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP), and adds this rank's
-  // weighted share of the squared gradient norm to `clip` as one part (kernels::squares_add_part: on a GPU in
-  // device memory; shares summed over all ranks count every element once).
-  virtual void reduce_gradients(double scale, kernels::ClipState& clip) = 0;
+  // Starts what was not started, waits for every reduction, scales the sums by `scale` (1/DP), then, where a loss
+  // scale is in use, unscales them by `unscale` (an f32 multiply, as Megatron's unscale of the main gradients), and
+  // adds this rank's weighted share of the squared gradient norm to `clip` as one part (kernels::squares_add_part:
+  // on a GPU in device memory; shares summed over all ranks count every element once).
+  virtual void reduce_gradients(double scale, float unscale, kernels::ClipState& clip) = 0;
   // After reduce_gradients: this rank's weighted share of the zero entries of the reduced gradients (shares summed
   // over all ranks count every element once; Megatron's --log-num-zeros-in-grad).
   virtual double zero_share() const = 0;

@@ -149,12 +149,18 @@ void CheckpointLoader::load_checkpoint(const std::string& dir, const nlohmann::j
   }
   std::vector<Tensor> m, v;
   ckpt::load_tensors(dir, load_targets(optim, m, v));
-  if (optim) opt_->load_moments(m, v);                 // the weights reach the optimizer's masters at OnHost::commit
+  if (optim) opt_->load_moments(m, v);  // the weights reach the optimizer's masters at OnHost::commit
+  if (optim && state.contains("grad_scaler") && opt_->grad_scaler().active()) {  // Megatron's, with the optimizer's
+    const nlohmann::json& s = state["grad_scaler"];
+    opt_->grad_scaler().load(
+        {s.at("scale").get<float>(), s.at("growth_tracker").get<int64_t>(), s.at("hysteresis_tracker").get<int64_t>()});
+  }
   const bool release = state.value("release", false);  // a converted model: weights only
   if (!c_.finetune && !release) {
     p.iteration = state.at("iteration").get<int64_t>();
     p.cursor.consumed_samples = state.at("consumed_samples").get<int64_t>();
     p.sums = IntervalSums::from_json(state.at("log_interval_sums"));
+    p.skipped_iterations = state.value("skipped_iterations", int64_t{0});
     if (!c_.no_load_rng) {
       const auto& counts = state.at("rng").at("router_forward_counts");
       for (auto* l : moe_layers(model_)) {

@@ -109,27 +109,36 @@ nlohmann::json CheckpointSaver::train_state(const Progress& p) const {
             static_cast<uint64_t>(std::llround(t.item(c_.num_layers + i)));
   }
   auto size = [](const std::unique_ptr<comm::ProcessGroup>& g) { return ParallelGroups::size(g); };
-  return {{"format", ckpt::kTrainStateFormat},
-          {"moecore_version", MOECORE_VERSION},
-          {"iteration", p.iteration},
-          {"consumed_samples", p.cursor.consumed_samples},
-          // Where this run's global batch size took effect: consumed_samples follows from it (validated on load).
-          {"run_start", {{"iteration", run_start_iteration_}, {"consumed_samples", run_start_consumed_}}},
-          {"optimizer", true},
-          {"vocab", {{"size", vocab_.size}, {"padded", vocab_.padded}}},
-          {"layout",
-           {{"world", size(g_.world)},
-            {"tp", size(g_.tp)},
-            {"pp", size(g_.pp)},
-            {"dp", g_.dp_size},
-            {"cp", g_.cp_size},
-            {"ep", size(g_.ep)},
-            {"etp", size(g_.etp)},
-            {"distributed_optimizer", opt_ && opt_->distributed()}}},
-          {"rng", {{"seed", c_.seed}, {"router_forward_counts", counts}}},
-          {"log_interval_sums", p.sums.to_json()},
-          {"opt_param_scheduler", scheduler_state(p.schedule, p.schedule_steps)},
-          {"config", config_json(c_)}};
+  nlohmann::json state = {
+      {"format", ckpt::kTrainStateFormat},
+      {"moecore_version", MOECORE_VERSION},
+      {"iteration", p.iteration},
+      {"consumed_samples", p.cursor.consumed_samples},
+      // Where this run's global batch size took effect: consumed_samples follows from it (validated on load).
+      {"run_start", {{"iteration", run_start_iteration_}, {"consumed_samples", run_start_consumed_}}},
+      {"optimizer", true},
+      {"vocab", {{"size", vocab_.size}, {"padded", vocab_.padded}}},
+      {"layout",
+       {{"world", size(g_.world)},
+        {"tp", size(g_.tp)},
+        {"pp", size(g_.pp)},
+        {"dp", g_.dp_size},
+        {"cp", g_.cp_size},
+        {"ep", size(g_.ep)},
+        {"etp", size(g_.etp)},
+        {"distributed_optimizer", opt_ && opt_->distributed()}}},
+      {"rng", {{"seed", c_.seed}, {"router_forward_counts", counts}}},
+      {"log_interval_sums", p.sums.to_json()},
+      {"opt_param_scheduler", scheduler_state(p.schedule, p.schedule_steps)},
+      {"config", config_json(c_)}};
+  // Loss scaling: Megatron's grad_scaler state (with the optimizer's) and the steps it skipped (Adam's step count).
+  if (p.skipped_iterations > 0) state["skipped_iterations"] = p.skipped_iterations;
+  if (opt_ && opt_->grad_scaler().active()) {
+    const optim::GradScalerState s = opt_->grad_scaler().state();
+    state["grad_scaler"] = {
+        {"scale", s.scale}, {"growth_tracker", s.growth_tracker}, {"hysteresis_tracker", s.hysteresis_tracker}};
+  }
+  return state;
 }
 
 std::string CheckpointSaver::save(const Progress& prog) {

@@ -30,6 +30,8 @@ struct Progress {
   // --use-checkpoint-opt_param-scheduler) and its step count in samples (num_steps).
   optim::LRSchedule schedule;
   int64_t schedule_steps = 0;
+  // Steps a loss scaler skipped since the run began (Adam's step count is iteration minus these).
+  int64_t skipped_iterations = 0;
 };
 
 // Megatron's OptimizerParamScheduler.state_dict (steps in samples): saved, and derived from the saved flags when a

@@ -206,6 +206,7 @@ MicroBatches Trainer::micro_batches() const {
   mb.per_token_loss = cfg_.calculate_per_token_loss;
   mb.dp = ParallelGroups::active(groups_->dp);
   mb.cp_size = groups_->cp_size;
+  mb.loss_scale = opt_ ? opt_->loss_scale() : 1.0f;
   return mb;
 }
 
@@ -261,9 +262,13 @@ StepResult Trainer::train_step(bool read_norm) {
   duration_exit_ = all.past_duration();
   const bool async_written =
       ckpt_->async_pending() && all.async_written_everywhere(ParallelGroups::size(groups_->world));
-  // Megatron's --check-for-nan-in-loss-and-grad (on by default); without it the step is applied (routing_health).
-  // A norm still on the GPU is checked there: the update kernels skip the step, and settle_norms stops.
-  if (!cfg_.no_check_for_nan_in_loss_and_grad && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)))
+  // Loss scaling: the scale after the scaler's update (Megatron logs it), and whether the step is skipped.
+  r.loss_scale = opt_->loss_scale();
+  r.skipped = opt_->skipped();
+  // Megatron's --check-for-nan-in-loss-and-grad (on by default, off under dynamic loss scaling); without it the step
+  // is applied (routing_health), or skipped by a loss scaler. A norm still on the GPU is checked there: the update
+  // kernels skip the step, and settle_norms stops.
+  if (check_nan_in_loss_and_grad(cfg_) && (!std::isfinite(r.grad_norm) || !std::isfinite(r.lm_loss)))
     stop_nonfinite(progress_.iteration + 1, r.lm_loss, r.grad_norm, step_cursor, 0);
   // Once per global batch, after gradients are final: expert-bias counts summed over TP×DP×CP and the bias
   // updated, routing statistics of the step snapshotted, counters reset.
@@ -271,10 +276,12 @@ StepResult Trainer::train_step(bool read_norm) {
   progress_.iteration++;
   const double decoupled_lr =
       cfg_.decoupled_lr >= 0 ? decoupled_lr_schedule(cfg_, progress_.schedule).lr(progress_.schedule_steps) : -1.0;
-  opt_->step(r.lr, progress_.iteration, decoupled_lr);
+  // Adam's step count: the updates applied (a skipped step advances neither it nor the learning-rate schedule).
+  if (r.skipped) progress_.skipped_iterations++;
+  opt_->step(r.lr, progress_.iteration - progress_.skipped_iterations, decoupled_lr);
   r.optimizer_seconds = now_seconds() - t1;
   timers_->stop("optimizer");
-  progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the samples of the step
+  if (!r.skipped) progress_.schedule_steps += cfg_.global_batch_size;  // Megatron's increment: the step's samples
   router_losses(cfg_, *model_, *groups_, r);
   mtp_losses(cfg_, *model_, *groups_, r);                 // --mtp-num-layers
   if (cfg_.log_params_norm) opt_->finish_param_gather();  // the norm reads whole f32 parameters
@@ -332,7 +339,7 @@ bool Trainer::must_settle(int64_t it) const {
   const auto every = [it](int64_t n) { return n > 0 && it % n == 0; };
   return every(cfg_.log_interval) || it >= cfg_.train_iters ||
          (!cfg_.tensorboard_dir.empty() && every(cfg_.tensorboard_log_interval)) ||
-         cfg_.no_check_for_nan_in_loss_and_grad ||  // the health alarm's per-step non-finite warning
+         !check_nan_in_loss_and_grad(cfg_) ||  // the health alarm's per-step non-finite warning
          (!cfg_.save.empty() && every(cfg_.save_interval)) || every(cfg_.exit_interval) || stop_signal_ != 0 ||
          duration_exit_ || opt_->deferred_full();
 }
@@ -458,7 +465,7 @@ void Trainer::train_loop() {
     }
     if (it % cfg_.log_interval == 0 || it == cfg_.train_iters) {
       if (tty) fmt::print(out_, "\r\033[K");
-      const double secs = now_seconds() - t_interval, steps = static_cast<double>(progress_.sums.steps);
+      const double secs = now_seconds() - t_interval, steps = static_cast<double>(progress_.sums.iterations());
       log_->log_interval(it, progress_.cursor.consumed_samples, r, progress_.sums, secs, step_flops(), peak_gflops_,
                          *model_);
       // Megatron's timers of --timing-log-level after the log line, per iteration of the interval (collective).

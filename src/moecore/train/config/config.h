@@ -110,6 +110,11 @@ struct TrainConfig {
   double decoupled_lr{}, decoupled_min_lr{};  // -1: none (Megatron's None)
   int64_t seed{};
   bool bf16{};
+  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None). --fp16 is refused until its
+  // numerics exist; --testing-dynamic-loss-scale runs Megatron's dynamic scaler on the bf16 or fp32 numerics (tests).
+  bool fp16{}, accumulate_allreduce_grads_in_fp32{}, testing_dynamic_loss_scale{};
+  double loss_scale{}, initial_loss_scale{}, min_loss_scale{}, loss_scale_window{};
+  int64_t hysteresis{};
   // FP8 GEMMs (nn/fp8_recipe.h): fp8_format "" is off (Megatron's None).
   std::string fp8_format{}, fp8_recipe{}, fp8_amax_compute_algo{};
   int64_t fp8_margin{}, fp8_amax_history_len{};

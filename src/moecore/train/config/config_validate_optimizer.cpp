@@ -112,10 +112,27 @@ void validate_optimizer_state(const TrainConfig& c) {
   }
 }
 
+// Megatron's precision checks (arguments.py, "Parameters dtype"; the scaler's asserts, grad_scaler.py).
+void validate_precision(const TrainConfig& c) {
+  MOE_CHECK(!(c.fp16 && c.bf16), "--fp16 and --bf16 are exclusive (as Megatron): give one");
+  MOE_CHECK(!c.fp16 || c.accumulate_allreduce_grads_in_fp32,
+            "--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron then keeps the main gradients in fp16 "
+            "(accumulated over micro-batches and reduced over data parallelism in fp16), which moecore does not "
+            "support; add --accumulate-allreduce-grads-in-fp32 (fp32 main gradients)");
+  MOE_CHECK(!c.fp16,
+            "--fp16: fp16 GEMM operands and weights are not implemented in moecore yet; use --bf16 (with --loss-scale "
+            "S for a constant loss scale)");
+  const bool dynamic = (c.fp16 || c.testing_dynamic_loss_scale) && c.loss_scale == 0;
+  MOE_CHECK(!dynamic || c.min_loss_scale <= c.initial_loss_scale,
+            "--min-loss-scale {} is above --initial-loss-scale {}: the dynamic scale starts at or above its floor",
+            c.min_loss_scale, c.initial_loss_scale);
+}
+
 }  // namespace
 
 void validate_optimizer(const TrainConfig& c) {
   validate_optimizer_state(c);
+  validate_precision(c);
   MOE_CHECK(c.global_batch_size % c.micro_batch_size == 0,
             "--global-batch-size {} must be a multiple of --micro-batch-size {} x data-parallel size 1",
             c.global_batch_size, c.micro_batch_size);

@@ -20,6 +20,9 @@ std::string gpu_training_gap(const TrainConfig& c) {
   if (!c.fp8_format.empty())
     return "--fp8-format " + c.fp8_format +
            ": FP8 training is CPU-only in moecore (the CPU emulates the recipes exactly); the GPU refuses it";
+  // Loss scaling reads the gradient norm on the host and skips steps there (optim/grad_scaler.h).
+  if (c.fp16) return "--fp16: fp16 training is CPU-only in moecore; the GPU refuses it";
+  if (c.loss_scale > 0 || c.testing_dynamic_loss_scale) return gap("loss scaling (--loss-scale)");
   return "";
 }
 

@@ -60,9 +60,11 @@ std::vector<FlagRule> build_rules() {
                         {"fp8-interval"}));
   r.push_back(refused("FP4 training (NVFP4) is Blackwell-only; this build targets Hopper and CPUs: use --fp8-format",
                       {}, {"fp4-"}));
-  r.push_back(refused(unsupported("fp16 training with loss scaling", "use --bf16 (fp32 master weights, no loss scale)"),
-                      {"fp16", "fp16-lm-cross-entropy", "loss-scale", "initial-loss-scale", "min-loss-scale",
-                       "loss-scale-window", "hysteresis"}));
+  // Megatron's cross-entropy on the output layer's fp16 logits; moecore's output layer writes fp32 logits, which
+  // Megatron's default (without the flag) computes the loss on too.
+  r.push_back(refused(unsupported("the cross-entropy on fp16 logits",
+                                  "drop it: the loss is computed on fp32 logits, as Megatron's default"),
+                      {"fp16-lm-cross-entropy"}));
   r.push_back(refused(unsupported("fully sharded data parallelism (Megatron FSDP, torch FSDP2)",
                                   "use --use-distributed-optimizer (sharded optimizer state)"),
                       {"use-megatron-fsdp", "use-torch-fsdp2"}));

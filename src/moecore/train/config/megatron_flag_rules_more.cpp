@@ -12,10 +12,10 @@ std::string not_gpt(const std::string& area) {
 }
 
 void numerics(std::vector<FlagRule>& r) {
-  r.push_back(no_effect(
-      "moecore keeps fp32 main gradients and accumulates and reduces them in fp32 always",
-      {"accumulate-allreduce-grads-in-fp32", "ddp-reduce-scatter-with-fp32-accumulation",
-       "ddp-param-name-patterns-for-fp32-local-accumulation", "gtp-remat-reduce-scatter-with-fp32-accumulation"}));
+  r.push_back(
+      no_effect("moecore keeps fp32 main gradients and accumulates and reduces them in fp32 always",
+                {"ddp-reduce-scatter-with-fp32-accumulation", "ddp-param-name-patterns-for-fp32-local-accumulation",
+                 "gtp-remat-reduce-scatter-with-fp32-accumulation"}));
   r.push_back(no_effect_for({"main-grads-dtype", "main-params-dtype"}, {"fp32"},
                             "moecore's main gradients and master weights are fp32",
                             "lower-precision main gradients and master weights are not supported by moecore "

@@ -5,6 +5,26 @@
 
 namespace moecore::train {
 
+optim::GradScalerConfig grad_scaler_config(const TrainConfig& c) {
+  using Kind = optim::GradScalerConfig::Kind;
+  optim::GradScalerConfig s;
+  if ((c.fp16 || c.bf16 || c.use_distributed_optimizer) && c.loss_scale > 0) {
+    s.kind = Kind::Constant;
+    s.initial_scale = static_cast<float>(c.loss_scale);
+  } else if (c.fp16 || c.testing_dynamic_loss_scale) {
+    s.kind = Kind::Dynamic;
+    s.initial_scale = static_cast<float>(c.initial_loss_scale);
+    s.min_scale = static_cast<float>(c.min_loss_scale);
+    s.window = c.loss_scale_window;
+    s.hysteresis = c.hysteresis;
+  }
+  return s;
+}
+
+bool check_nan_in_loss_and_grad(const TrainConfig& c) {
+  return !c.no_check_for_nan_in_loss_and_grad && grad_scaler_config(c).kind != optim::GradScalerConfig::Kind::Dynamic;
+}
+
 optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   optim::OptimizerConfig oc;
   oc.adam = {c.lr, c.adam_beta1, c.adam_beta2, c.adam_eps, c.weight_decay};
@@ -16,7 +36,8 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.decoupled = c.decoupled_lr >= 0;
   oc.count_zeros = c.log_num_zeros_in_grad;
   oc.bucket_size = c.ddp_bucket_size;
-  oc.check_finite = !c.no_check_for_nan_in_loss_and_grad;
+  oc.check_finite = check_nan_in_loss_and_grad(c);
+  oc.scaler = grad_scaler_config(c);
   // A GPU keeps the norms of the steps between log lines in device memory (the trainer reads them at a log line,
   // a TensorBoard write or a save, or when this many are waiting).
   oc.deferred_norms = std::clamp<int64_t>(c.log_interval, 1, 1024);

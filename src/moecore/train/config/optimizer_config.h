@@ -8,6 +8,16 @@
 namespace moecore::train {
 
 optim::OptimizerConfig optimizer_config(const TrainConfig& c);
+// Megatron's scaler choice (optimizer/__init__.py): --loss-scale S > 0 with --fp16, --bf16 or the distributed
+// optimizer a constant scale; else --fp16 (or --testing-dynamic-loss-scale) the dynamic scaler; else none (fp32
+// and bf16 train unscaled; --loss-scale then has no effect, as in Megatron).
+optim::GradScalerConfig grad_scaler_config(const TrainConfig& c);
+inline bool loss_scaling(const TrainConfig& c) {
+  return grad_scaler_config(c).kind != optim::GradScalerConfig::Kind::None;
+}
+// Megatron's check_for_nan_in_loss_and_grad: on unless --no-check-for-nan-in-loss-and-grad, and off under dynamic
+// loss scaling, whose non-finite gradients are the scaler's signal (the step is skipped, not the run stopped).
+bool check_nan_in_loss_and_grad(const TrainConfig& c);
 // --decoupled-lr's schedule (Megatron's max_lr/min_lr override for is_embedding_or_output_parameter): the run's
 // schedule `s` (the flags', or the checkpoint's) with --decoupled-lr as its peak and --decoupled-min-lr (if given)
 // as its floor.

@@ -10,6 +10,7 @@
 #include "moecore/core/error.h"
 #include "moecore/device/runtime.h"
 #include "moecore/kernels/elementwise.h"
+#include "moecore/train/config/optimizer_config.h"
 
 namespace moecore::train {
 
@@ -181,6 +182,11 @@ void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const Paral
 }
 
 void IntervalSums::add(const StepResult& r) {
+  if (r.skipped) {
+    skipped++;
+    if (!std::isfinite(r.lm_loss)) nan++;
+    return;
+  }
   lm_loss += r.lm_loss;
   grad_norm += r.grad_norm;
   z_loss += r.z_loss;
@@ -192,8 +198,11 @@ void IntervalSums::add(const StepResult& r) {
 }
 
 nlohmann::json IntervalSums::to_json() const {
-  return {{"lm_loss", lm_loss}, {"grad_norm", grad_norm}, {"z_loss", z_loss}, {"aux", aux},
-          {"mtp", mtp},         {"steps", steps}};
+  nlohmann::json j = {{"lm_loss", lm_loss}, {"grad_norm", grad_norm}, {"z_loss", z_loss}, {"aux", aux},
+                      {"mtp", mtp},         {"steps", steps}};
+  if (skipped > 0) j["skipped"] = skipped;
+  if (nan > 0) j["nan"] = nan;
+  return j;
 }
 
 IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
@@ -207,6 +216,8 @@ IntervalSums IntervalSums::from_json(const nlohmann::json& j) {
   if (j.contains("mtp"))
     for (const auto& a : j.at("mtp")) s.mtp.push_back(num(a));
   s.steps = j.at("steps").get<int64_t>();
+  s.skipped = j.value("skipped", int64_t{0});
+  s.nan = j.value("nan", int64_t{0});
   return s;
 }
 
@@ -258,8 +269,8 @@ void MetricsLog::log_validation(int64_t iteration, double v) {
 void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const StepResult& r, IntervalSums& sums,
                               double seconds, double step_flops, double peak_gflops, const nn::GPTModel& model) {
   const auto layers = routed_layers(model);
-  const double n = static_cast<double>(std::max<int64_t>(1, sums.steps));
-  const int64_t steps = sums.steps;
+  const double n = static_cast<double>(std::max<int64_t>(1, sums.steps));  // averages over the applied steps
+  const int64_t steps = sums.iterations();  // throughput over every step run, skipped or not
   const double tokens = static_cast<double>(steps * c_.global_batch_size * c_.seq_length);
   const double tps = tokens / seconds;
   const double gflops = step_flops * static_cast<double>(steps) / seconds / 1e9;  // the whole job's
@@ -318,8 +329,9 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   }
   {  // the timers, seconds per iteration of the interval, the slowest rank's
     Tensor t = Tensor::empty({2}, DType::F64);
-    t.set_item(0, forward_backward_seconds_ / n);
-    t.set_item(1, optimizer_seconds_ / n);
+    const double its = static_cast<double>(std::max<int64_t>(1, steps));
+    t.set_item(0, forward_backward_seconds_ / its);
+    t.set_item(1, optimizer_seconds_ / its);
     if (groups_ && groups_->distributed()) groups_->world->all_reduce(t, comm::ReduceOp::Max);
     j["timers/forward-backward"] = t.item(0);
     j["timers/optimizer"] = t.item(1);
@@ -339,6 +351,14 @@ void MetricsLog::log_interval(int64_t iteration, int64_t consumed_samples, const
   if (c_.log_params_norm) {
     after_norm += fmt::format(" params norm: {:.3f} |", r.params_norm);
     j["params_norm"] = r.params_norm;
+  }
+  if (loss_scaling(c_)) {  // Megatron's fields where a loss scaler acts: the scale, skipped and nan iterations
+    aux += fmt::format(" loss scale: {:.1f} |", r.loss_scale);
+    after_norm +=
+        fmt::format(" number of skipped iterations: {:3d} | number of nan iterations: {:3d} |", sums.skipped, sums.nan);
+    j["loss_scale"] = r.loss_scale;
+    j["skipped_iterations"] = sums.skipped;
+    j["nan_iterations"] = sums.nan;
   }
   if (out_) {
     fmt::print(

@@ -36,6 +36,10 @@ struct StepResult {
   double params_norm = 0;
   int64_t num_zeros = 0;
   double forward_backward_seconds = 0, optimizer_seconds = 0;  // Megatron's timers of the same names
+  // Loss scaling (optim/grad_scaler.h): the scale after the step's update (what Megatron logs), and whether the step
+  // was skipped for an inf or NaN in its gradients (no update, the learning-rate schedule not advanced).
+  double loss_scale = 1.0;
+  bool skipped = false;
 };
 
 // Aux losses and z-loss of the step just finished, as Megatron logs them: L/coeff per layer, averaged over MoE
@@ -57,10 +61,14 @@ void param_stats(const TrainConfig& c, const nn::ParamRegistry& reg, const Paral
 void mtp_losses(const TrainConfig& c, nn::GPTModel& model, const ParallelGroups& g, StepResult& r);
 
 // Sums of the steps since the last log line (checkpointed, so a resumed run logs the same averages).
+// A skipped step (StepResult::skipped) adds to none of the averages: it counts in `skipped`, and in `nan` where its
+// loss was not finite (Megatron's "number of skipped iterations" and "number of nan iterations").
 struct IntervalSums {
   double lm_loss = 0, grad_norm = 0, z_loss = 0;
   std::vector<double> aux, mtp;
-  int64_t steps = 0;
+  int64_t steps = 0;  // the steps applied (Megatron's advanced iterations)
+  int64_t skipped = 0, nan = 0;
+  int64_t iterations() const { return steps + skipped; }
   void add(const StepResult& r);
   nlohmann::json to_json() const;
   static IntervalSums from_json(const nlohmann::json& j);

@@ -153,7 +153,8 @@ std::vector<Alarm> HealthAlarms::after_step(int64_t it, const StepResult& r, con
                       "steps' losses (Megatron's --check-for-spiky-loss rule; the loss over the global batch, the "
                       "same on every rank)",
                       it, r.lm_loss, c_.loss_spike_factor, loss_.max, c_.loss_spike_samples));
-  const bool finite = std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm);
+  // A step the loss scaler skipped is its signal, not an alarm (nothing was applied).
+  const bool finite = r.skipped || (std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm));
   if (!finite && !nan_warned_)
     alarm("nan", fmt::format("iteration {}: the lm loss ({}) or gradient norm ({}) is not finite and the step was "
                              "applied (--no-check-for-nan-in-loss-and-grad, as Megatron); a checkpoint of non-finite "

@@ -46,9 +46,9 @@ void TensorBoardLog::after_step(int64_t it, int64_t samples, const StepResult& r
     both("learning-rate", r.lr);
     both("batch-size", static_cast<double>(c_.global_batch_size));
     both("lm loss", r.lm_loss);
-    if (!c_.no_log_loss_scale_to_tensorboard) both("loss-scale", 1.0);  // bf16 and fp32: no loss scaling
+    if (!c_.no_log_loss_scale_to_tensorboard) both("loss-scale", r.loss_scale);  // 1 without a loss scaler
     if (c_.log_world_size_to_tensorboard) both("world-size", static_cast<double>(world_size_));
-    both("grad-norm", r.grad_norm);
+    if (!r.skipped) both("grad-norm", r.grad_norm);  // Megatron has none for a step the loss scaler skipped
     for (const auto& [tag, v] : extra) both(tag, v);
     if (c_.log_memory_to_tensorboard) {  // the training device allocator's counters (torch.cuda.memory_stats())
       const AllocatorStats m = device::memory_stats(device_);

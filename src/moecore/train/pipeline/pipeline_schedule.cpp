@@ -61,6 +61,7 @@ struct PipelineSchedule::Run {
   std::vector<data::Batch> batches;
   bool per_token_loss = false;
   double global_tokens = 0, dp = 1, cp = 1;  // dp: DP×CP; cp: context-parallel size
+  double loss_scale = 1;                     // the loss scaler's (schedule.h: MicroBatches::loss_scale)
   bool backward = false;                     // false: forward only
   optim::ChainedOptimizer* opt = nullptr;    // its gradient hooks (null: none, as in a re-run that locates a fault)
 };
@@ -79,7 +80,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
   int64_t in_flight = 0;
   peak_in_flight_ = 0;
   StepLoss loss;
-  const TokenScale token_scale_of{r.per_token_loss, r.global_tokens, r.dp, m};
+  const TokenScale token_scale_of{r.per_token_loss, r.global_tokens, r.dp, m, r.loss_scale};
   auto needs_recv = [&](const PipelinePass& p) {
     return p.forward ? p2p_.receives_input(p.chunk) : p2p_.sends_output(p.chunk);
   };
@@ -151,6 +152,7 @@ StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePa
     double aux_scale = r.cp / static_cast<double>(m);
     if (r.per_token_loss)
       aux_scale = r.global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * r.dp / r.global_tokens : 0.0;
+    aux_scale *= r.loss_scale;
     optim::ChainedOptimizer* opt = r.opt;
     std::function<void(size_t)> hook;  // the chunk's last micro-batch: its layers' gradients are final
     if (opt && p.micro_batch == m - 1) hook = [opt](size_t layer) { opt->layer_grads_final(layer); };
@@ -193,6 +195,7 @@ StepLoss PipelineSchedule::forward_backward(nn::GPTModel& model, const data::Sam
   r.backward = true;
   r.opt = opt;
   r.per_token_loss = mb.per_token_loss;
+  r.loss_scale = mb.loss_scale;
   r.dp = static_cast<double>(mb.dp_size * mb.cp_size);
   r.cp = static_cast<double>(mb.cp_size);
   // Every stage reads the micro-batches (the first needs the tokens, the last the labels; all need the sample

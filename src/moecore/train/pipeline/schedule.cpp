@@ -39,7 +39,7 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
   // scales by CP so that the average leaves their sum.
   const double scale = 1.0 / static_cast<double>(mb.count), dp = static_cast<double>(mb.dp_size * mb.cp_size),
                cp = static_cast<double>(mb.cp_size);
-  const TokenScale token_scale_of{mb.per_token_loss, global_tokens, dp, mb.count};
+  const TokenScale token_scale_of{mb.per_token_loss, global_tokens, dp, mb.count, mb.loss_scale};
   StepLoss loss;
   for (int64_t m = 0; m < mb.count; m++) {
     std::optional<TimerScope> batch_timer(std::in_place, "batch-generator", 2);
@@ -61,6 +61,7 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
       // 1/(micro-batches x DP) when every token has a loss.
       aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;  // B·S
     }
+    aux_scale *= mb.loss_scale;  // Megatron's MoEAuxLossAutoScaler carries the loss scale too
     TimerScope backward_timer("backward-compute", 2);
     if (opt.reduces_gradients() && m == mb.count - 1)
       model.backward_scaled(stash, token_scale, aux_scale, [&opt](size_t layer) { opt.layer_grads_final(layer); });

@@ -19,6 +19,7 @@ struct MicroBatches {
   int64_t cp_size = 1;  // context parallelism: gradients average over DP×CP, aux losses scaled by CP (Megatron)
   int64_t eod_mask_token = -1;             // --eod-mask-loss: no loss where the input is this token (-1: none)
   bool per_token_loss = false;             // --calculate-per-token-loss
+  double loss_scale = 1;                   // the loss scaler's: every gradient seed (token and aux) multiplied by it
   const comm::ProcessGroup* dp = nullptr;  // where the global batch's loss tokens are summed (null: this rank)
 };
 
@@ -35,13 +36,15 @@ double loss_tokens(const data::Batch& b);
 // micro-batches of each one's mean token loss, or with per-token loss the token losses over the global batch's loss
 // tokens (× DP, undone by the 1/DP). Known before forward, so the loss's forward computes the logits' gradient too
 // (GPTModel::Stash::token_scale_of).
+// With a loss scaler, times its scale (Megatron multiplies the loss by it before backward).
 struct TokenScale {
   bool per_token_loss;
   double global_tokens, dp;
   int64_t m;
+  double loss_scale = 1;
   double operator()(double mask_sum) const {
-    if (per_token_loss) return global_tokens > 0 ? dp / global_tokens : 0.0;
-    return mask_sum > 0 ? 1.0 / static_cast<double>(m) / mask_sum : 0.0;
+    if (per_token_loss) return global_tokens > 0 ? dp / global_tokens * loss_scale : 0.0;
+    return mask_sum > 0 ? 1.0 / static_cast<double>(m) / mask_sum * loss_scale : 0.0;
   }
 };
 
