@@ -1,6 +1,6 @@
 // Loss scaling through training (optim/grad_scaler.h, the trainer's skipped steps): Megatron's dynamic scaler from
-// a planted overflow (--initial-loss-scale 2^127: the first steps' scaled gradients overflow f32) skips steps
-// without touching parameters, Adam state or the learning-rate schedule, backs off, then trains; the log line and
+// planted overflows (--initial-loss-scale 2^127 and a z-loss whose gradients exceed 2: scaled, they overflow f32) skip
+// steps without touching parameters, Adam state or the learning-rate schedule, backs off, then trains; the log line and
 // the metrics file count the skipped iterations; a resumed run continues bitwise (the scaler's trackers and the
 // skipped count in the checkpoint); a constant power-of-two --loss-scale under --bf16 changes no bit of training.
 // The dynamic scaler runs here on the fp32 numerics (--testing-dynamic-loss-scale), --fp16's being refused.
@@ -24,7 +24,7 @@ using testing::operator+;
 
 std::vector<std::string> scaled_flags(int64_t iters) {
   return testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 100, iters, "3e-3") +
-         std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3"};
+         std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "10"};
 }
 
 std::vector<std::string> dynamic_flags() {
@@ -61,7 +61,6 @@ TEST(LossScaling, PlantedOverflowsSkipStepsThenTrain) {
     EXPECT_EQ(r.skipped, !std::isfinite(r.grad_norm)) << "step " << i;
     if (r.skipped) {
       skipped++;
-      EXPECT_EQ(applied, 0) << "the overflows come first, step " << i;
       EXPECT_TRUE(same(before, snapshot(t))) << "a skipped step changed a parameter, step " << i;
       growth = 0;
       if (--hyst <= 0) scale /= 2;
@@ -76,7 +75,7 @@ TEST(LossScaling, PlantedOverflowsSkipStepsThenTrain) {
     }
     EXPECT_EQ(r.loss_scale, static_cast<double>(scale)) << "step " << i;
   }
-  EXPECT_GE(skipped, 2) << "2^127 should overflow the first steps";
+  EXPECT_GE(skipped, 2) << "2^127 should overflow some steps (the z-loss's gradients exceed 2)";
   EXPECT_GE(applied, 3) << "the backed-off scale should train";
 }
 
@@ -92,15 +91,19 @@ TEST(LossScaling, LogLineAndMetricsCountSkippedIterations) {
   }
   const std::string console = read_file(out_path, "the training log");
   EXPECT_TRUE(testing::contains(console, " loss scale: ")) << console;
-  EXPECT_TRUE(testing::contains(console, " number of skipped iterations:   3 |")) << console;
   EXPECT_TRUE(testing::contains(console, " number of nan iterations: ")) << console;
+  int64_t logged = 0;  // the log lines' skipped counts, one per interval
+  for (size_t at = console.find("number of skipped iterations:"); at != std::string::npos;
+       at = console.find("number of skipped iterations:", at + 1))
+    logged += std::stoll(console.substr(at + 29, 4));
   std::ifstream in(metrics);
   int64_t total = 0;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
     if (j.contains("skipped_iterations")) total += j["skipped_iterations"].get<int64_t>();
   }
-  EXPECT_GE(total, 3);
+  EXPECT_GE(total, 2) << console;
+  EXPECT_EQ(logged, total) << console;
 }
 
 TEST(LossScaling, ResumeContinuesBitwise) {

@@ -133,7 +133,9 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   auto refusal = [](std::vector<std::string> extra) {
     return testing::user_error_of([&] { train::parse_flags(extra); });  // no valid run needed: refused first
   };
-  EXPECT_EQ(refusal({"--fp16"}).rfind("--fp16: fp16 training with loss scaling is not supported", 0), 0u);
+  EXPECT_EQ(
+      refusal({"--batch-invariant-mode"}).rfind("--batch-invariant-mode: batch-invariant kernels is not supported", 0),
+      0u);
   EXPECT_NE(refusal({"--distribute-saved-activations"}).find("full recompute"), std::string::npos);
   EXPECT_NE(refusal({"--transformer-impl", "inference_optimized"})
                 .find("--transformer-impl inference_optimized: the inference-optimized implementation"),
@@ -205,9 +207,12 @@ TEST(MegatronFlags, YamlKeysTakeTheRulesToo) {
   ASSERT_EQ(c.no_effect.size(), 2u);  // a switch set to false is not given
   EXPECT_EQ(c.no_effect[0].rfind("--use-mcore-models: ", 0), 0u);
   EXPECT_EQ(c.no_effect[1].rfind("--transformer-impl local: ", 0), 0u);
-  std::ofstream(y) << "fp16: true\n";
-  EXPECT_EQ(testing::user_error_of([&] { train::parse_flags({"--config", y}); }).rfind("--fp16 true: ", 0), 0u);
-  std::ofstream(y) << "fp16: false\n";
+  std::ofstream(y) << "batch_invariant_mode: true\n";
+  EXPECT_EQ(testing::user_error_of([&] {
+              train::parse_flags({"--config", y});
+            }).rfind("--batch-invariant-mode true: ", 0),
+            0u);
+  std::ofstream(y) << "batch_invariant_mode: false\n";
   EXPECT_EQ(testing::error_of([&] { train::parse_flags({"--config", y}); }), "");
 }
 
@@ -225,7 +230,7 @@ TEST(MegatronFlags, HelpStaysReadableAndDocsListEveryFlag) {
   for (const auto& f : train::megatron_flags())
     EXPECT_NE(md.find("| `--" + f.name + "` | "), std::string::npos) << f.name;
   EXPECT_EQ(md.find("| unknown |"), std::string::npos);
-  EXPECT_NE(md.find("| `--fp16` | refused | fp16 training with loss scaling"), std::string::npos);
+  EXPECT_NE(md.find("| `--batch-invariant-mode` | refused | batch-invariant kernels"), std::string::npos);
   EXPECT_NE(md.find("| `--lr` | implemented | "), std::string::npos);
 }
 
