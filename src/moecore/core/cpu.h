@@ -22,13 +22,9 @@
   }(::moecore::clone_level()))
 // clang-format on
 #define MOE_HAVE_CPU_CLONES 1
-#define MOE_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#define MOE_HAVE_TARGET_CLONES 1
 #else
 #define MOE_CPU_CLONES(...) (__VA_ARGS__)
 #define MOE_HAVE_CPU_CLONES 0  // one baseline build (clang's sanitized build)
-#define MOE_TARGET_CLONES
-#define MOE_HAVE_TARGET_CLONES 0
 #endif
 
 // A function inlined into each level's copy of its caller (so it is compiled for that level): every body.

@@ -4,7 +4,8 @@
 // written straight into the bf16 P rows the next block product reads. online_softmax_row's `omp simd` reductions end
 // in a chain of 16 dependent scalar operations per row and key tile; here they are 4 permutes deep, and two rows go
 // together. Dropout enters as keep bits (AttentionDropout::rows_bits). Internal to the native kernels
-// (attention_flash_native.cpp, attention_flash_native_block.cpp), which include it in their target clones.
+// (attention_flash_native.cpp, attention_flash_native_block.cpp), which inline it into each level's copy of their
+// loops (MOE_CPU_CLONES).
 #pragma once
 
 #include <algorithm>
@@ -19,7 +20,7 @@
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
-// Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.
+// Vector values only pass between force-inlined functions inside one level's copy: no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace moecore::kernels::flash {
