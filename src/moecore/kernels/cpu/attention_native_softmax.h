@@ -45,11 +45,12 @@ MOE_ALWAYS_INLINE Ints16 lanes_below(int64_t j0, int64_t n) {
   return lane < static_cast<int32_t>(std::min<int64_t>(n - j0, 16));
 }
 
-// vexp (vec_math.h) on 16 lanes.
+// vexp (vec_math.h) on 16 lanes; its conversions inlined too, or the baseline copy's would take and return 64-byte
+// vectors through the SSE ABI.
 MOE_ALWAYS_INLINE Floats16 vexp16(Floats16 x) {
   return vexp_f32(
-      x, [](Floats16 n) { return __builtin_convertvector(n, Ints16); },
-      [](Ints16 e) { return std::bit_cast<Floats16>(e); });
+      x, [](Floats16 n) __attribute__((always_inline)) { return __builtin_convertvector(n, Ints16); },
+      [](Ints16 e) __attribute__((always_inline)) { return std::bit_cast<Floats16>(e); });
 }
 
 // The maximum and sum of 16 lanes in a fixed tree: halves, quarters, eighths, pairs.
