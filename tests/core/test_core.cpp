@@ -1,8 +1,12 @@
 // Tensor views, dtype conversion, the caching allocator's statistics, Philox known answers and layout-independent
-// draws.
+// draws; the copy of the hot loops the CPU cap allows.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "moecore/core/allocator.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/rng.h"
 #include "moecore/core/tensor.h"
 #include "moecore/nn/parameter.h"
@@ -139,6 +143,33 @@ TEST(Errors, CheckAndAssertCarryMessages) {
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("test_core.cpp"), std::string::npos);
   }
+}
+
+// The MOE_CPU_CLONES loops run no copy above MOECORE_MAX_CPU_ISA's cap (x86-64-v4 only where AVX-512 is allowed,
+// x86-64-v3 only where AVX2 is), and uncapped the copy GCC's target_clones would pick from CPUID. CTest
+// unit_tests_capped_at_avx2 runs this under MOECORE_MAX_CPU_ISA=avx2.
+TEST(Cpu, CloneLevelNeverExceedsTheCap) {
+  const CloneLevel level = clone_level();
+  if (!cpu_isa_allowed(CpuIsa::Avx512)) {
+    EXPECT_NE(level, CloneLevel::V4);
+  }
+  if (!cpu_isa_allowed(CpuIsa::Avx2)) {
+    EXPECT_EQ(level, CloneLevel::Baseline);
+  }
+  const char* cap = std::getenv("MOECORE_MAX_CPU_ISA");
+  if (cap && std::string(cap) == "avx2") {
+    EXPECT_NE(level, CloneLevel::V4) << clone_level_name(level);
+  }
+#if MOE_HAVE_CPU_CLONES
+  if (max_cpu_isa() == CpuIsa::Amx) {  // no cap
+    const CloneLevel cpuid = __builtin_cpu_supports("x86-64-v4")   ? CloneLevel::V4
+                             : __builtin_cpu_supports("x86-64-v3") ? CloneLevel::V3
+                                                                   : CloneLevel::Baseline;
+    EXPECT_EQ(level, cpuid) << clone_level_name(level);
+  }
+#else
+  EXPECT_EQ(level, CloneLevel::Baseline);  // one copy
+#endif
 }
 
 }  // namespace

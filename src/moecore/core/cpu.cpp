@@ -40,4 +40,28 @@ CpuIsa max_cpu_isa() {
   }();
   return cap;
 }
+
+CloneLevel clone_level() {
+  static const CloneLevel level = [] {
+#if MOE_HAVE_CPU_CLONES
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4") && cpu_isa_allowed(CpuIsa::Avx512)) return CloneLevel::V4;
+    if (__builtin_cpu_supports("x86-64-v3") && cpu_isa_allowed(CpuIsa::Avx2)) return CloneLevel::V3;
+#endif
+    return CloneLevel::Baseline;
+  }();
+  return level;
+}
+
+const char* clone_level_name(CloneLevel level) {
+  switch (level) {
+    case CloneLevel::V4:
+      return "x86-64-v4";
+    case CloneLevel::V3:
+      return "x86-64-v3";
+    case CloneLevel::Baseline:
+      return "baseline";
+  }
+  return "?";
+}
 }  // namespace moecore

@@ -58,8 +58,8 @@ Machine this_machine() {
 
 void print_machine() {
   const Machine m = this_machine();
-  fmt::print("  machine: {}, {}{}, {} threads\n", m.cpu_model, m.isa, m.bf16_native ? "" : ", bf16 widened to f32",
-             num_threads());
+  fmt::print("  machine: {}, {}, loops {}{}, {} threads\n", m.cpu_model, m.isa, clone_level_name(clone_level()),
+             m.bf16_native ? "" : ", bf16 widened to f32", num_threads());
 }
 
 double gemm_peak_sample(DType dtype, Device device) {

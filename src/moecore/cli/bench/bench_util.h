@@ -26,7 +26,8 @@ struct Machine {
   bool bf16_native = false;  // oneDNN has a bf16 matmul here (otherwise bf16 operands are widened to f32)
 };
 Machine this_machine();
-// "  machine: <model>, <ISA>[, bf16 widened to f32], <n> threads" on stdout (every benchmark prints it first).
+// "  machine: <model>, <ISA>, loops <level>[, bf16 widened to f32], <n> threads" on stdout (every benchmark prints it
+// first); <level>: the copy the MOE_CPU_CLONES loops run (core/cpu.h clone_level).
 void print_machine();
 
 // A GEMM roofline measured in the same conditions as the timed work: sample() before each timed run and once after

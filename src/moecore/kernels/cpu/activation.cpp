@@ -63,8 +63,8 @@ inline void act_and_grad(Activation act, T x, T& f, T& df) {
 
 // T: the arithmetic (and probabilities') type; X: x's storage (T, or bf16 from a bf16 GEMM output); O: y's.
 template <typename T, typename X, typename O>
-MOE_TARGET_CLONES void fwd(Activation act, const X* x, const T* p, O* y, int64_t rows, int64_t F) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void fwd_body(Activation act, const X* x, const T* p, O* y, int64_t rows, int64_t F) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);
     O* yr = y + t * F;
@@ -86,11 +86,17 @@ MOE_TARGET_CLONES void fwd(Activation act, const X* x, const T* p, O* y, int64_t
     }
   }
 }
+template <typename T, typename X, typename O>
+void fwd(Activation act, const X* x, const T* p, O* y, int64_t rows, int64_t F) {
+#pragma omp parallel
+  MOE_CPU_CLONES(fwd_body<T, X, O>(act, x, p, y, rows, F));
+}
 
 // Y: dy's storage (T, or bf16 from a bf16 GEMM output).
-template <typename T, typename X, typename O, typename Y = T>
-MOE_TARGET_CLONES void bwd(Activation act, const Y* dy, const X* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
-#pragma omp parallel for schedule(static)
+template <typename T, typename X, typename O, typename Y>
+MOE_ALWAYS_INLINE void bwd_body(Activation act, const Y* dy, const X* x, const T* p, O* dx, T* dp, int64_t rows,
+                                int64_t F) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const T scale = p ? p[t] : T(1);
     const Y* dyr = dy + t * F;
@@ -123,6 +129,11 @@ MOE_TARGET_CLONES void bwd(Activation act, const Y* dy, const X* x, const T* p, 
     }
     if (dp) dp[t] = dps;
   }
+}
+template <typename T, typename X, typename O, typename Y = T>
+void bwd(Activation act, const Y* dy, const X* x, const T* p, O* dx, T* dp, int64_t rows, int64_t F) {
+#pragma omp parallel
+  MOE_CPU_CLONES(bwd_body<T, X, O, Y>(act, dy, x, p, dx, dp, rows, F));
 }
 }  // namespace
 

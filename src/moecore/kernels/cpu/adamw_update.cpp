@@ -46,8 +46,8 @@ void stream_copy(uint16_t* dst, const uint16_t* src, int64_t n) {
 // P16 the new parameter is also stored rounded to bf16 in p16, a piece of kPiece at a time through stream_copy.
 constexpr int64_t kPiece = 512;
 template <typename T, typename M, typename V, bool P16>
-MOE_TARGET_CLONES void update_piece(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps,
-                                    T wd, T bc1, T bc2, T gs) {
+MOE_ALWAYS_INLINE void update_piece_body(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2,
+                                         T eps, T wd, T bc1, T bc2, T gs) {
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
     const T mi = b1 * load(m[i]) + (T(1) - b1) * gi;
@@ -60,6 +60,11 @@ MOE_TARGET_CLONES void update_piece(T* p, const T* g, M* m, V* v, uint16_t* p16,
     p[i] = pi;
     if constexpr (P16) p16[i] = float_to_bf16(static_cast<float>(pi)).bits;
   }
+}
+template <typename T, typename M, typename V, bool P16>
+void update_piece(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
+                  T gs) {
+  MOE_CPU_CLONES(update_piece_body<T, M, V, P16>(p, g, m, v, p16, n, lr, b1, b2, eps, wd, bc1, bc2, gs));
 }
 
 template <typename T, typename M, typename V, bool P16>

@@ -50,10 +50,10 @@ int64_t chunk_heads(const AttentionDims& l, const Blocks& q) {
 
 // dst [c, n, D] bf16 ← rows s0..s0+n of src [S, B, N, D] for the head pairs r0..r0+c (pair r = b·Nq + h; pair r
 // reads source head h / per_src, so a kv head repeats for its query group), times `scale`.
-MOE_TARGET_CLONES void pack(const AttentionDims& l, const float* src, int64_t N, int64_t per_src, int64_t r0, int64_t c,
-                            int64_t s0, int64_t n, float scale, bf16* dst) {
+MOE_ALWAYS_INLINE void pack_body(const AttentionDims& l, const float* src, int64_t N, int64_t per_src, int64_t r0,
+                                 int64_t c, int64_t s0, int64_t n, float scale, bf16* dst) {
   const int64_t D = l.D;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp for schedule(static) collapse(2)
   for (int64_t j = 0; j < c; j++)
     for (int64_t s = 0; s < n; s++) {
       const int64_t r = r0 + j, b = r / l.Nq, h = (r % l.Nq) / per_src;
@@ -62,25 +62,34 @@ MOE_TARGET_CLONES void pack(const AttentionDims& l, const float* src, int64_t N,
       for (int64_t d = 0; d < D; d++) to[d] = float_to_bf16(from[d] * scale);
     }
 }
+void pack(const AttentionDims& l, const float* src, int64_t N, int64_t per_src, int64_t r0, int64_t c, int64_t s0,
+          int64_t n, float scale, bf16* dst) {
+#pragma omp parallel
+  MOE_CPU_CLONES(pack_body(l, src, N, per_src, r0, c, s0, n, scale, dst));
+}
 
 // Rows s0..s0+n of dst [S, B, Nq, D] ← rows [c, n, D] for pairs r0..r0+c (one writer per element).
-MOE_TARGET_CLONES void unpack_q(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t s0, int64_t n,
-                                float* dst) {
+MOE_ALWAYS_INLINE void unpack_q_body(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t s0,
+                                     int64_t n, float* dst) {
   const int64_t D = l.D;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp for schedule(static) collapse(2)
   for (int64_t j = 0; j < c; j++)
     for (int64_t s = 0; s < n; s++) {
       const int64_t r = r0 + j, b = r / l.Nq, h = r % l.Nq;
       std::copy_n(rows + (j * n + s) * D, D, dst + (((s0 + s) * l.B + b) * l.Nq + h) * D);
     }
 }
+void unpack_q(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t s0, int64_t n, float* dst) {
+#pragma omp parallel
+  MOE_CPU_CLONES(unpack_q_body(l, rows, r0, c, s0, n, dst));
+}
 
 // Rows 0..n of dst [S, B, Nkv, D] += rows [c, n, D], summed over the query heads of each kv head in head order.
 // Each thread owns whole sequence positions, so the order is fixed and no two threads touch one element.
-MOE_TARGET_CLONES void accumulate_kv(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t n,
-                                     float* dst) {
+MOE_ALWAYS_INLINE void accumulate_kv_body(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t n,
+                                          float* dst) {
   const int64_t D = l.D;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t s = 0; s < n; s++)
     for (int64_t j = 0; j < c; j++) {
       const int64_t r = r0 + j, b = r / l.Nq, g = (r % l.Nq) / l.group();
@@ -89,6 +98,10 @@ MOE_TARGET_CLONES void accumulate_kv(const AttentionDims& l, const float* rows, 
 #pragma omp simd
       for (int64_t d = 0; d < D; d++) to[d] += from[d];
     }
+}
+void accumulate_kv(const AttentionDims& l, const float* rows, int64_t r0, int64_t c, int64_t n, float* dst) {
+#pragma omp parallel
+  MOE_CPU_CLONES(accumulate_kv_body(l, rows, r0, c, n, dst));
 }
 
 // One query block's scores [c, nq, nk]: row i (sequence position i0 + i) sees keys 0..i0+i.
@@ -107,10 +120,10 @@ constexpr int64_t kZChunk = 64;  // keys per batch of multipliers
 
 // Causal softmax of each row: probabilities as bf16 (zero past the visible keys) and the row's lse into
 // lse[j·S + i0 + i]. The scores are overwritten with the unnormalized exponentials.
-MOE_TARGET_CLONES void softmax_rows(const AttentionDims& l, const BlockRows& br, int64_t r0, float* scores, bf16* probs,
-                                    float* lse, const AttentionDropout* drop) {
+MOE_ALWAYS_INLINE void softmax_rows_body(const AttentionDims& l, const BlockRows& br, int64_t r0, float* scores,
+                                         bf16* probs, float* lse, const AttentionDropout* drop) {
   const int64_t S = l.S;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t row = 0; row < br.c * br.nq; row++) {
     const int64_t n = br.visible(row);
     float* s = scores + row * br.nk;
@@ -140,14 +153,20 @@ MOE_TARGET_CLONES void softmax_rows(const AttentionDims& l, const BlockRows& br,
     lse[row / br.nq * S + br.i0 + row % br.nq] = mx + std::log(sum);
   }
 }
+void softmax_rows(const AttentionDims& l, const BlockRows& br, int64_t r0, float* scores, bf16* probs, float* lse,
+                  const AttentionDropout* drop) {
+#pragma omp parallel
+  MOE_CPU_CLONES(softmax_rows_body(l, br, r0, scores, probs, lse, drop));
+}
 
 // P = exp(Σ − lse) as bf16 into `probs` and dS = P ⊙ (dP − Δ) as bf16 into `dS` (zero past the visible keys);
 // Δ is per row of the block.
-MOE_TARGET_CLONES void softmax_backward_rows(const AttentionDims& ld, const BlockRows& br, int64_t r0,
-                                             const float* scores, const float* lse, const float* dP, const float* delta,
-                                             bf16* probs, bf16* dS, const AttentionDropout* drop) {
+MOE_ALWAYS_INLINE void softmax_backward_rows_body(const AttentionDims& ld, const BlockRows& br, int64_t r0,
+                                                  const float* scores, const float* lse, const float* dP,
+                                                  const float* delta, bf16* probs, bf16* dS,
+                                                  const AttentionDropout* drop) {
   const int64_t S = ld.S;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t row = 0; row < br.c * br.nq; row++) {
     const int64_t n = br.visible(row);
     const float* s = scores + row * br.nk;
@@ -176,6 +195,12 @@ MOE_TARGET_CLONES void softmax_backward_rows(const AttentionDims& ld, const Bloc
     }
     for (int64_t k = n; k < br.nk; k++) p[k] = ds[k] = bf16{0};
   }
+}
+void softmax_backward_rows(const AttentionDims& ld, const BlockRows& br, int64_t r0, const float* scores,
+                           const float* lse, const float* dP, const float* delta, bf16* probs, bf16* dS,
+                           const AttentionDropout* drop) {
+#pragma omp parallel
+  MOE_CPU_CLONES(softmax_backward_rows_body(ld, br, r0, scores, lse, dP, delta, probs, dS, drop));
 }
 
 // A block's packed operands: queries [c, nq, D] (scaled), keys and values [c, nk, D].

@@ -1,10 +1,10 @@
 // Register-blocked small GEMMs for the flash attention kernels (attention_flash.cpp): C[M, N] (+)= A[M, K]·B[K, N]
 // on tiles of at most kAttnTile rows, with the causal shapes of a diagonal tile computed without their discarded
 // half. Written with GCC vector extensions: 64-byte vectors in a form compiled for AVX-512 (32 registers hold 8
-// rows × 2 vectors of accumulators), picked where the CPU has it, and 32-byte vectors in every target clone of the
-// other form (AVX2, baseline SSE2), whose accumulators stay in 16 registers; the micro-kernels are force-inlined into
-// both. Each element sums its k in increasing order in either, one FMA per term, so the AVX-512 form gives the bits
-// of the clones' AVX-512 clone. Not a general GEMM (kernels/cpu/gemm.h).
+// rows × 2 vectors of accumulators), picked where the CPU has it, and 32-byte vectors in every level's copy of the
+// other form (MOE_CPU_CLONES: x86-64-v4, x86-64-v3, baseline SSE2), whose accumulators stay in 16 registers; the
+// micro-kernels are force-inlined into both. Each element sums its k in increasing order in either, one FMA per term,
+// so the AVX-512 form gives the bits of the other form's x86-64-v4 copy. Not a general GEMM (kernels/cpu/gemm.h).
 #pragma once
 
 #include <omp.h>
@@ -19,7 +19,7 @@
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
-// Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.
+// Vector values only pass between force-inlined functions inside one level's copy: no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace moecore::kernels::flash {
@@ -34,8 +34,8 @@ namespace moecore::kernels::flash {
 //               computes it whole).
 enum class Causal { Full, ColsUpToRow, KUpToRow, KFromRow, KFromCol };
 
-// Bytes: 32 (the target clones) or 64 (the AVX-512 form). Callers pad column counts to Vec<T>::kLanes (32 bytes),
-// which either form takes.
+// Bytes: 32 (the level copies of block_gemm_any) or 64 (the AVX-512 form). Callers pad column counts to Vec<T>::kLanes
+// (32 bytes), which either form takes.
 template <typename T, int Bytes = 32>
 struct Vec {
   typedef T type __attribute__((vector_size(Bytes)));
@@ -160,11 +160,11 @@ MOE_ALWAYS_INLINE void block_gemm_rows(int64_t M, int64_t N, int64_t K, MatA<T> 
   rest_rows<T, MR - 1, Bytes>(M - i0, k0, k1, a, i0, b, n, c, accumulate);
 }
 
-// 6 rows × 2 vectors of 32 bytes = 12 accumulators (of 16 AVX2 registers), one function per target clone.
+// 6 rows × 2 vectors of 32 bytes = 12 accumulators (of 16 AVX2 registers), compiled for each level (MOE_CPU_CLONES).
 template <typename T>
-__attribute__((noinline)) MOE_TARGET_CLONES void block_gemm_any(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b,
-                                                                MatC<T> c, bool accumulate, Causal mode) {
-  block_gemm_rows<T, 6, 32>(M, N, K, a, b, c, accumulate, mode);
+__attribute__((noinline)) void block_gemm_any(int64_t M, int64_t N, int64_t K, MatA<T> a, MatB<T> b, MatC<T> c,
+                                              bool accumulate, Causal mode) {
+  MOE_CPU_CLONES(block_gemm_rows<T, 6, 32>(M, N, K, a, b, c, accumulate, mode));
 }
 
 // 8 rows × 2 vectors of 64 bytes = 16 accumulators (of 32 AVX-512 registers).

@@ -53,9 +53,9 @@ int64_t padded_seq(const AttentionDims& d) {
 // is one contiguous block, so a product's rows of B sit in consecutive cache lines (rows S apart would all fall
 // into the same few L1 sets).
 template <typename T, bool R>
-MOE_TARGET_CLONES void pack_transposed(const AttentionDims& d, Heads<T> src, int64_t heads, T* dst) {
+MOE_ALWAYS_INLINE void pack_transposed_body(const AttentionDims& d, Heads<T> src, int64_t heads, T* dst) {
   const int64_t D = d.D, nt = d.ntiles();
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp for schedule(static) collapse(2)
   for (int64_t bn = 0; bn < heads; bn++)
     for (int64_t t = 0; t < nt; t++) {
       T* out = dst + (bn * nt + t) * D * Bt;
@@ -69,6 +69,11 @@ MOE_TARGET_CLONES void pack_transposed(const AttentionDims& d, Heads<T> src, int
         for (int64_t e = 0; e < D; e++) out[e * Bt + j] = rnd<R>(in[e]);
       }
     }
+}
+template <typename T, bool R>
+void pack_transposed(const AttentionDims& d, Heads<T> src, int64_t heads, T* dst) {
+#pragma omp parallel
+  MOE_CPU_CLONES(pack_transposed_body<T, R>(d, src, heads, dst));
 }
 
 // The transposed key tile kt of head pair bg (see pack_transposed), as a block GEMM operand.
@@ -85,9 +90,9 @@ MOE_ALWAYS_INLINE void copy_rows(Heads<T> src, int64_t bn, int64_t s0, int64_t n
 
 // dst [heads, S, D] ← rnd(mul · rows of each head of src), rounded when R.
 template <typename T, bool R>
-MOE_TARGET_CLONES void pack_rows(const AttentionDims& d, Heads<T> src, int64_t heads, T mul, T* dst) {
+MOE_ALWAYS_INLINE void pack_rows_body(const AttentionDims& d, Heads<T> src, int64_t heads, T mul, T* dst) {
   const int64_t D = d.D;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp for schedule(static) collapse(2)
   for (int64_t bn = 0; bn < heads; bn++)
     for (int64_t s = 0; s < d.S; s++) {
       const T* in = src.at(bn, s);
@@ -95,6 +100,11 @@ MOE_TARGET_CLONES void pack_rows(const AttentionDims& d, Heads<T> src, int64_t h
 #pragma omp simd
       for (int64_t e = 0; e < D; e++) out[e] = rnd<R>(in[e] * mul);
     }
+}
+template <typename T, bool R>
+void pack_rows(const AttentionDims& d, Heads<T> src, int64_t heads, T mul, T* dst) {
+#pragma omp parallel
+  MOE_CPU_CLONES(pack_rows_body<T, R>(d, src, heads, mul, dst));
 }
 
 template <typename T>
@@ -110,12 +120,12 @@ struct FwdArgs {
 };
 
 template <typename T, bool R>
-MOE_TARGET_CLONES void forward_impl(const FwdArgs<T>& a, Scratch<T>& scratch) {
+MOE_ALWAYS_INLINE void forward_impl_body(const FwdArgs<T>& a, Scratch<T>& scratch) {
   using flash::Causal;
   constexpr int64_t L = Vec<T>::kLanes;
   const AttentionDims& d = a.d;
   const int64_t S = d.S, D = d.D, nt = d.ntiles(), pairs = d.B * d.Nq;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
     const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
     T* Qs = scratch.mine();  // [Bt, D]
@@ -166,6 +176,11 @@ MOE_TARGET_CLONES void forward_impl(const FwdArgs<T>& a, Scratch<T>& scratch) {
       a.lse[bh * S + i0 + i] = m[i] + std::log(l[i]);
     }
   }
+}
+template <typename T, bool R>
+void forward_impl(const FwdArgs<T>& a, Scratch<T>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(forward_impl_body<T, R>(a, scratch));
 }
 
 template <typename T>
@@ -252,9 +267,9 @@ MOE_ALWAYS_INLINE void dq_rows(const BwdArgs<T>& a, int64_t bh, int64_t i0, int6
 
 // Fused: one item per (b, kv head) does everything for its heads.
 template <typename T, bool R>
-MOE_TARGET_CLONES void backward_fused(const BwdArgs<T>& a, Scratch<T>& scratch) {
+MOE_ALWAYS_INLINE void backward_fused_body(const BwdArgs<T>& a, Scratch<T>& scratch) {
   const AttentionDims& d = a.d;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
     const int64_t b = bg / d.Nkv, g = bg % d.Nkv;
     BackwardTiles<T> w(scratch.mine(), d.D);
     for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) dq_rows(a, b * d.Nq + h, 0, d.S, true);
@@ -262,18 +277,23 @@ MOE_TARGET_CLONES void backward_fused(const BwdArgs<T>& a, Scratch<T>& scratch) 
     for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) dq_rows(a, b * d.Nq + h, 0, d.S, false);
   }
 }
+template <typename T, bool R>
+void backward_fused(const BwdArgs<T>& a, Scratch<T>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(backward_fused_body<T, R>(a, scratch));
+}
 
 // Two passes: dK, dV per (key tile, b, kv head), longest first; then dQ per (query tile, b, head).
 template <typename T, bool R>
-MOE_TARGET_CLONES void backward_two_pass(const BwdArgs<T>& a, Scratch<T>& scratch) {
+MOE_ALWAYS_INLINE void backward_two_pass_body(const BwdArgs<T>& a, Scratch<T>& scratch) {
   const AttentionDims& d = a.d;
   const int64_t nt = d.ntiles(), kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nt; it++) {
     BackwardTiles<T> w(scratch.mine(), d.D);
     const int64_t bg = it % kv_pairs;
     key_tile<T, R>(a, bg / d.Nkv, bg % d.Nkv, it / kv_pairs, w, false);
   }
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nt; it++) {
     BackwardTiles<T> w(scratch.mine(), d.D);
     const int64_t qt = nt - 1 - it / q_pairs, bh = it % q_pairs, i0 = qt * Bt;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, n = std::min(Bt, d.S - i0);
@@ -281,6 +301,11 @@ MOE_TARGET_CLONES void backward_two_pass(const BwdArgs<T>& a, Scratch<T>& scratc
     for (int64_t kt = 0; kt <= qt; kt++) backward_pair<T, R>(a, b, h, qt, kt, w, false, true);
     dq_rows(a, bh, i0, n, false);
   }
+}
+template <typename T, bool R>
+void backward_two_pass(const BwdArgs<T>& a, Scratch<T>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(backward_two_pass_body<T, R>(a, scratch));
 }
 
 template <typename T, bool R>

@@ -107,23 +107,13 @@ MOE_ALWAYS_INLINE void rows(const T* src, int64_t ld, int64_t head, int64_t s0, 
   }
 }
 
+// forward_t's query tiles, shared among the calling team; ktd: the keys packed by pack_t.
 template <typename T, bool R>
-MOE_TARGET_CLONES void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0,
-                                 double scale, Tensor& o, Tensor& lse, const AttentionDropout* drop) {
+MOE_ALWAYS_INLINE void forward_tiles(const BlockDims& d, const T* qd, const T* ktd, const T* vd, T sc_mul, T* od, T* ld,
+                                     const AttentionDropout* drop, Scratch<T>& scratch) {
   constexpr int64_t L = Vec<T>::kLanes;
-  const BlockDims d = block_dims(q, k, v, q0, k0);
-  MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype());
-  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.Sq});
   const int64_t D = d.D, nqt = d.qtiles(), nkt = d.ktiles(), pairs = d.B * d.Nq;
-  Tensor kt = Tensor::empty({d.B * d.Nkv * nkt * D * Bt}, q.dtype());
-  pack_t<T, R>(d, k.data<T>(), kt.data<T>());
-  Scratch<T> scratch(3 * Bt * D + Bt * Bt + 3 * Bt, q.dtype());
-  const T* qd = q.data<T>();
-  const T* vd = v.data<T>();
-  T* od = o.data<T>();
-  T* ld = lse.data<T>();
-  const T sc_mul = T(scale);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
   for (int64_t it = 0; it < pairs * nqt; it++) {
     const int64_t qt = nqt - 1 - it / pairs, bh = it % pairs;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
@@ -141,8 +131,8 @@ MOE_TARGET_CLONES void forward_t(const Tensor& q, const Tensor& k, const Tensor&
     std::fill_n(acc, nr * D, T(0));
     for (int64_t t = 0; t < nkt && d.any(qt, t); t++) {
       const int64_t j0 = t * Bt, nc = std::min(Bt, d.Sk - j0);
-      flash::block_gemm<T>(nr, (nc + L - 1) / L * L, D, MatA<T>{Qs, D, 1},
-                           MatB<T>{kt.data<T>() + (bg * nkt + t) * D * Bt, Bt}, MatC<T>{sc, Bt}, false, Causal::Full);
+      flash::block_gemm<T>(nr, (nc + L - 1) / L * L, D, MatA<T>{Qs, D, 1}, MatB<T>{ktd + (bg * nkt + t) * D * Bt, Bt},
+                           MatC<T>{sc, Bt}, false, Causal::Full);
       for (int64_t i = 0; i < nr; i++) {
         const int64_t jmax = d.visible(i0 + i, j0, nc);
         T* s = sc + i * Bt;
@@ -175,6 +165,21 @@ MOE_TARGET_CLONES void forward_t(const Tensor& q, const Tensor& k, const Tensor&
       ld[bh * d.Sq + i0 + i] = none ? -std::numeric_limits<T>::infinity() : m[i] + std::log(l[i]);
     }
   }
+}
+
+template <typename T, bool R>
+void forward_t(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q0, int64_t k0, double scale, Tensor& o,
+               Tensor& lse, const AttentionDropout* drop) {
+  const BlockDims d = block_dims(q, k, v, q0, k0);
+  MOE_ASSERT(o.shape() == q.shape() && o.dtype() == q.dtype());
+  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.Sq});
+  Tensor kt = Tensor::empty({d.B * d.Nkv * d.ktiles() * d.D * Bt}, q.dtype());
+  pack_t<T, R>(d, k.data<T>(), kt.data<T>());
+  Scratch<T> scratch(3 * Bt * d.D + Bt * Bt + 3 * Bt, q.dtype());
+  const T *qd = q.data<T>(), *ktd = kt.data<T>(), *vd = v.data<T>();
+  T *od = o.data<T>(), *ld = lse.data<T>();
+#pragma omp parallel
+  MOE_CPU_CLONES(forward_tiles<T, R>(d, qd, ktd, vd, T(scale), od, ld, drop, scratch));
 }
 
 template <typename T>
@@ -239,43 +244,28 @@ MOE_ALWAYS_INLINE void probs(const BwdCtx<T>& a, int64_t bh, int64_t qt, int64_t
   }
 }
 
-template <typename T, bool R>
-MOE_TARGET_CLONES void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& o, const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq,
-                                  Tensor& dk, Tensor& dv, const AttentionDropout* drop) {
-  const BlockDims d = block_dims(q, k, v, q0, k0);
-  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
-  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
-  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.Sq});
-  const int64_t D = d.D, nqt = d.qtiles(), nkt = d.ktiles(), q_pairs = d.B * d.Nq, kv_pairs = d.B * d.Nkv;
-  const DType dt = q.dtype();
-  Tensor delta = Tensor::empty({q_pairs, d.Sq}, dt);
-  {
-    const T* od = o.data<T>();
-    const T* dod = dout.data<T>();
-    T* dl = delta.data<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < q_pairs; r++)
-      for (int64_t i = 0; i < d.Sq; i++) {
-        const int64_t off = i * d.q_row() + r * D;
-        T s = 0;
+// Δ [B·Nq, Sq] of dout and o, shared among the calling team.
+template <typename T>
+MOE_ALWAYS_INLINE void delta_rows(const BlockDims& d, const T* od, const T* dod, T* dl) {
+  const int64_t D = d.D;
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < d.B * d.Nq; r++)
+    for (int64_t i = 0; i < d.Sq; i++) {
+      const int64_t off = i * d.q_row() + r * D;
+      T s = 0;
 #pragma omp simd reduction(+ : s)
-        for (int64_t e = 0; e < D; e++) s += dod[off + e] * od[off + e];
-        dl[r * d.Sq + i] = s;
-      }
-  }
-  Tensor kt = Tensor::empty({kv_pairs * nkt * D * Bt}, dt), vt = Tensor::empty({kv_pairs * nkt * D * Bt}, dt);
-  pack_t<T, R>(d, k.data<T>(), kt.data<T>());
-  pack_t<T, R>(d, v.data<T>(), vt.data<T>());
-  BwdCtx<T> a{
-      d,        q.data<T>(), k.data<T>(), dout.data<T>(), lse.data<T>(), delta.data<T>(), kt.data<T>(), vt.data<T>(),
-      T(scale), drop};
-  Scratch<T> scratch(BackwardTiles<T>::size(D), dt);
-  T* dkd = dk.data<T>();
-  T* dvd = dv.data<T>();
-  T* dqd = dq.data<T>();
+      for (int64_t e = 0; e < D; e++) s += dod[off + e] * od[off + e];
+      dl[r * d.Sq + i] = s;
+    }
+}
+
+// backward_t's tiles, shared among the calling team.
+template <typename T, bool R>
+MOE_ALWAYS_INLINE void backward_tiles(const BwdCtx<T>& a, T* dkd, T* dvd, T* dqd, Scratch<T>& scratch) {
+  const BlockDims& d = a.d;
+  const int64_t D = d.D, nqt = d.qtiles(), nkt = d.ktiles(), q_pairs = d.B * d.Nq, kv_pairs = d.B * d.Nkv;
   // dK, dV per (key tile, b, kv head).
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
   for (int64_t it = 0; it < kv_pairs * nkt; it++) {
     BackwardTiles<T> w(scratch.mine(), D);
     const int64_t t = it / kv_pairs, bg = it % kv_pairs, b = bg / d.Nkv, g = bg % d.Nkv;
@@ -304,7 +294,7 @@ MOE_TARGET_CLONES void backward_t(const Tensor& dout, const Tensor& q, const Ten
     }
   }
   // dQ per (query tile, b, head).
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
   for (int64_t it = 0; it < q_pairs * nqt; it++) {
     BackwardTiles<T> w(scratch.mine(), D);
     const int64_t qt = nqt - 1 - it / q_pairs, bh = it % q_pairs, b = bh / d.Nq, h = bh % d.Nq;
@@ -323,6 +313,33 @@ MOE_TARGET_CLONES void backward_t(const Tensor& dout, const Tensor& q, const Ten
       for (int64_t e = 0; e < D; e++) r[e] += w.dK[i * D + e] * a.scale;
     }
   }
+}
+
+template <typename T, bool R>
+void backward_t(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                const Tensor& lse, int64_t q0, int64_t k0, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                const AttentionDropout* drop) {
+  const BlockDims d = block_dims(q, k, v, q0, k0);
+  MOE_ASSERT(dout.shape() == q.shape() && o.shape() == q.shape() && dq.shape() == q.shape());
+  MOE_ASSERT(dk.shape() == k.shape() && dv.shape() == v.shape());
+  MOE_ASSERT_SHAPE(lse, {d.B, d.Nq, d.Sq});
+  const int64_t D = d.D, nkt = d.ktiles(), kv_pairs = d.B * d.Nkv;
+  const DType dt = q.dtype();
+  Tensor delta = Tensor::empty({d.B * d.Nq, d.Sq}, dt);
+  const T *od = o.data<T>(), *dod = dout.data<T>();
+  T* dl = delta.data<T>();
+#pragma omp parallel
+  MOE_CPU_CLONES(delta_rows<T>(d, od, dod, dl));
+  Tensor kt = Tensor::empty({kv_pairs * nkt * D * Bt}, dt), vt = Tensor::empty({kv_pairs * nkt * D * Bt}, dt);
+  pack_t<T, R>(d, k.data<T>(), kt.data<T>());
+  pack_t<T, R>(d, v.data<T>(), vt.data<T>());
+  const BwdCtx<T> a{
+      d,        q.data<T>(), k.data<T>(), dout.data<T>(), lse.data<T>(), delta.data<T>(), kt.data<T>(), vt.data<T>(),
+      T(scale), drop};
+  Scratch<T> scratch(BackwardTiles<T>::size(D), dt);
+  T *dkd = dk.data<T>(), *dvd = dv.data<T>(), *dqd = dq.data<T>();
+#pragma omp parallel
+  MOE_CPU_CLONES(backward_tiles<T, R>(a, dkd, dvd, dqd, scratch));
 }
 
 void require_f32(const Tensor& q) {

@@ -38,10 +38,10 @@ namespace {
 using NativeFwd = FwdCall<NativeDims>;
 
 template <class G>
-MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& scratch) {
+MOE_ALWAYS_INLINE void native_forward_items_body(const NativeFwd& a, Scratch<float>& scratch) {
   const AttentionDims& d = a.n.d;
   const int64_t S = d.S, D = d.D, Dp = a.n.Dp, nt = a.n.nt, pairs = d.B * d.Nq;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nt; it++) {
     const int64_t qt = nt - 1 - it / pairs, bh = it % pairs;  // longest rows of tiles first
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
     const NativeFwdTiles w(scratch.mine(), Dp);
@@ -89,6 +89,11 @@ MOE_TARGET_CLONES void native_forward_items(const NativeFwd& a, Scratch<float>& 
       a.lse[bh * S + i0 + i] = m[i] + std::log(l[i]);
     }
   }
+}
+template <class G>
+void native_forward_items(const NativeFwd& a, Scratch<float>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(native_forward_items_body<G>(a, scratch));
 }
 
 struct NativeBwd {
@@ -160,9 +165,9 @@ MOE_ALWAYS_INLINE void native_dq_rows(const NativeBwd& a, int64_t bh, int64_t i0
 }
 
 template <class G>
-MOE_TARGET_CLONES void native_backward_fused(const NativeBwd& a, Scratch<float>& scratch) {
+MOE_ALWAYS_INLINE void native_backward_fused_body(const NativeBwd& a, Scratch<float>& scratch) {
   const AttentionDims& d = a.n.d;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t bg = 0; bg < d.B * d.Nkv; bg++) {
     const int64_t b = bg / d.Nkv, g = bg % d.Nkv;
     NativeTiles w(scratch.mine(), a.n.Dp);
     G::begin();
@@ -171,19 +176,24 @@ MOE_TARGET_CLONES void native_backward_fused(const NativeBwd& a, Scratch<float>&
     for (int64_t h = g * d.group(); h < (g + 1) * d.group(); h++) native_dq_rows(a, b * d.Nq + h, 0, d.S, w.row);
   }
 }
+template <class G>
+void native_backward_fused(const NativeBwd& a, Scratch<float>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(native_backward_fused_body<G>(a, scratch));
+}
 
 template <class G>
-MOE_TARGET_CLONES void native_backward_two_pass(const NativeBwd& a, Scratch<float>& scratch) {
+MOE_ALWAYS_INLINE void native_backward_two_pass_body(const NativeBwd& a, Scratch<float>& scratch) {
   const AttentionDims& d = a.n.d;
   const int64_t nt = a.n.nt, kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nt; it++) {
     NativeTiles w(scratch.mine(), a.n.Dp);
     const int64_t bg = it % kv_pairs;
     G::begin();
     native_key_tile<G>(a, bg / d.Nkv, bg % d.Nkv, it / kv_pairs, w, false);
     G::end();
   }
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nt; it++) {
     NativeTiles w(scratch.mine(), a.n.Dp);
     const int64_t qt = nt - 1 - it / q_pairs, bh = it % q_pairs, i0 = qt * kTn;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, n = std::min(kTn, d.S - i0);
@@ -192,6 +202,11 @@ MOE_TARGET_CLONES void native_backward_two_pass(const NativeBwd& a, Scratch<floa
     G::end();
     native_dq_rows(a, bh, i0, n, w.row);
   }
+}
+template <class G>
+void native_backward_two_pass(const NativeBwd& a, Scratch<float>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(native_backward_two_pass_body<G>(a, scratch));
 }
 
 // The sizes of a call whose tensors are f32 or bf16 each (NativeRows checks which), lse f32.

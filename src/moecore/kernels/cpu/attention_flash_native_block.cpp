@@ -53,11 +53,11 @@ BlockDims block_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t 
 using BlockFwd = FwdCall<BlockDims>;
 
 template <class G>
-MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& scratch) {
+MOE_ALWAYS_INLINE void block_forward_items_body(const BlockFwd& a, Scratch<float>& scratch) {
   const AttentionDims& d = a.n.nq.d;
   const BlockPlace& at = a.n.at;
   const int64_t D = d.D, Dp = a.n.nq.Dp, nqt = a.n.nq.nt, nkt = a.n.nk.nt, pairs = d.B * d.Nq;
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nqt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < pairs * nqt; it++) {
     const int64_t qt = nqt - 1 - it / pairs, bh = it % pairs;
     const int64_t b = bh / d.Nq, h = bh % d.Nq, bg = b * d.Nkv + h / d.group();
     const NativeFwdTiles w(scratch.mine(), Dp);
@@ -99,6 +99,11 @@ MOE_TARGET_CLONES void block_forward_items(const BlockFwd& a, Scratch<float>& sc
     }
   }
 }
+template <class G>
+void block_forward_items(const BlockFwd& a, Scratch<float>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(block_forward_items_body<G>(a, scratch));
+}
 
 struct BlockBwd {
   BlockDims n;
@@ -133,13 +138,13 @@ MOE_ALWAYS_INLINE void block_probs(const BlockBwd& a, int64_t b, int64_t h, int6
 }
 
 template <class G>
-MOE_TARGET_CLONES void block_backward_items(const BlockBwd& a, Scratch<float>& scratch) {
+MOE_ALWAYS_INLINE void block_backward_items_body(const BlockBwd& a, Scratch<float>& scratch) {
   const AttentionDims& d = a.n.nq.d;
   const BlockPlace& at = a.n.at;
   const int64_t D = d.D, Dp = a.n.nq.Dp, nqt = a.n.nq.nt, nkt = a.n.nk.nt;
   const int64_t kv_pairs = d.B * d.Nkv, q_pairs = d.B * d.Nq;
   // dK, dV per (key tile, b, kv head).
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nkt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < kv_pairs * nkt; it++) {
     NativeTiles w(scratch.mine(), Dp);
     const int64_t kt = it / kv_pairs, bg = it % kv_pairs, b = bg / d.Nkv, g = bg % d.Nkv;
     const int64_t j0 = kt * kTn, nc = std::min(kTn, at.Sk - j0);
@@ -167,7 +172,7 @@ MOE_TARGET_CLONES void block_backward_items(const BlockBwd& a, Scratch<float>& s
     store_transposed_tile(w.dVt, Dp, nullptr, a.dv, bg, j0, nc, D, w.tr, w.row);
   }
   // dQ per (query tile, b, head), summed in w.dKt ([kTn, Dp] here) and added to dq.
-  _Pragma("omp parallel for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nqt; it++) {
+  _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < q_pairs * nqt; it++) {
     NativeTiles w(scratch.mine(), Dp);
     const int64_t qt = nqt - 1 - it / q_pairs, bh = it % q_pairs, b = bh / d.Nq, h = bh % d.Nq;
     const int64_t bg = b * d.Nkv + h / d.group(), i0 = qt * kTn, nr = std::min(kTn, at.Sq - i0);
@@ -188,6 +193,11 @@ MOE_TARGET_CLONES void block_backward_items(const BlockBwd& a, Scratch<float>& s
       for (int64_t e = 0; e < D; e++) r[e] += acc[e] * a.scale;
     }
   }
+}
+template <class G>
+void block_backward_items(const BlockBwd& a, Scratch<float>& scratch) {
+#pragma omp parallel
+  MOE_CPU_CLONES(block_backward_items_body<G>(a, scratch));
 }
 
 void require_f32_block(std::initializer_list<const Tensor*> ts) {

@@ -198,12 +198,11 @@ MOE_ALWAYS_INLINE void store_transposed_tile(const float* t, int64_t Dp, const N
 // dst [heads, nt, tile] ← bf16(mul · R(src)) in layout P (and into dst2 in layout P2 when given: one read of src for
 // both), zero past S and D; R: RoPE by position when rope, else the identity. Each tile's rows are rounded into a
 // per-thread buffer (vectorized), then go 32 columns at a time into their layouts.
-template <NativePack P, NativePack P2 = P>
-MOE_TARGET_CLONES void pack_native(const NativeDims& n, const NativeRows& src, int64_t heads, float mul,
-                                   const NativeRope* rope, bf16* dst, bf16* dst2 = nullptr) {
+template <NativePack P, NativePack P2>
+MOE_ALWAYS_INLINE void pack_native_body(const NativeDims& n, const NativeRows& src, int64_t heads, float mul,
+                                        const NativeRope* rope, bf16* dst, bf16* dst2, Scratch<float>& scratch) {
   const int64_t D = n.d.D, Dp = n.Dp, nt = n.nt;
-  Scratch<float> scratch(n.tile() / 2 + 2 * D, DType::F32);  // the rounded tile, then 2·D floats for row_f32
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp for schedule(static) collapse(2)
   for (int64_t t = 0; t < nt; t++)
     for (int64_t bn = 0; bn < heads; bn++) {
       auto* buf = reinterpret_cast<uint16_t*>(scratch.mine());
@@ -227,6 +226,13 @@ MOE_TARGET_CLONES void pack_native(const NativeDims& n, const NativeRows& src, i
         if (dst2) emit_tile_cols<P2>(buf, Dp, e0, &dst2[off].bits);
       }
     }
+}
+template <NativePack P, NativePack P2 = P>
+void pack_native(const NativeDims& n, const NativeRows& src, int64_t heads, float mul, const NativeRope* rope,
+                 bf16* dst, bf16* dst2 = nullptr) {
+  Scratch<float> scratch(n.tile() / 2 + 2 * n.d.D, DType::F32);  // the rounded tile, then 2·D floats for row_f32
+#pragma omp parallel
+  MOE_CPU_CLONES(pack_native_body<P, P2>(n, src, heads, mul, rope, dst, dst2, scratch));
 }
 
 // Tile t of head pair bn of a packed buffer.
@@ -275,9 +281,9 @@ struct NativeTiles {
 };
 
 // delta [B·Nq, S] ← Δ_i = Σ_d dO_id·O_id per row (f32 values of f32 or bf16 rows, in a fixed vector order).
-MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const NativeRows& dout, const NativeRows& o, float* delta) {
-  Scratch<float> scratch(4 * d.D, DType::F32);
-#pragma omp parallel for schedule(static) collapse(2)
+MOE_ALWAYS_INLINE void native_delta_body(const AttentionDims& d, const NativeRows& dout, const NativeRows& o,
+                                         float* delta, Scratch<float>& scratch) {
+#pragma omp for schedule(static) collapse(2)
   for (int64_t i = 0; i < d.S; i++)
     for (int64_t r = 0; r < d.B * d.Nq; r++) {
       float* tmp = scratch.mine();
@@ -288,6 +294,11 @@ MOE_TARGET_CLONES void native_delta(const AttentionDims& d, const NativeRows& do
       for (int64_t e = 0; e < d.D; e++) s += g[e] * y[e];
       delta[r * d.S + i] = s;
     }
+}
+void native_delta(const AttentionDims& d, const NativeRows& dout, const NativeRows& o, float* delta) {
+  Scratch<float> scratch(4 * d.D, DType::F32);
+#pragma omp parallel
+  MOE_CPU_CLONES(native_delta_body(d, dout, o, delta, scratch));
 }
 
 Tensor bf16_buffer(const NativeDims& n, int64_t heads) {

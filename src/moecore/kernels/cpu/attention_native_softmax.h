@@ -4,7 +4,8 @@
 // written straight into the bf16 P rows the next block product reads. online_softmax_row's `omp simd` reductions end
 // in a chain of 16 dependent scalar operations per row and key tile; here they are 4 permutes deep, and two rows go
 // together. Dropout enters as keep bits (AttentionDropout::rows_bits). Internal to the native kernels
-// (attention_flash_native.cpp, attention_flash_native_block.cpp), which include it in their target clones.
+// (attention_flash_native.cpp, attention_flash_native_block.cpp), which inline it into each level's copy of their
+// loops (MOE_CPU_CLONES).
 #pragma once
 
 #include <algorithm>
@@ -19,7 +20,7 @@
 #include "moecore/kernels/attention.h"
 #include "moecore/kernels/cpu/vec_math.h"
 
-// Vector values only pass between force-inlined functions inside one target clone: no ABI boundary is crossed.
+// Vector values only pass between force-inlined functions inside one level's copy: no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace moecore::kernels::flash {
@@ -44,11 +45,12 @@ MOE_ALWAYS_INLINE Ints16 lanes_below(int64_t j0, int64_t n) {
   return lane < static_cast<int32_t>(std::min<int64_t>(n - j0, 16));
 }
 
-// vexp (vec_math.h) on 16 lanes.
+// vexp (vec_math.h) on 16 lanes; its conversions inlined too, or the baseline copy's would take and return 64-byte
+// vectors through the SSE ABI.
 MOE_ALWAYS_INLINE Floats16 vexp16(Floats16 x) {
   return vexp_f32(
-      x, [](Floats16 n) { return __builtin_convertvector(n, Ints16); },
-      [](Ints16 e) { return std::bit_cast<Floats16>(e); });
+      x, [](Floats16 n) __attribute__((always_inline)) { return __builtin_convertvector(n, Ints16); },
+      [](Ints16 e) __attribute__((always_inline)) { return std::bit_cast<Floats16>(e); });
 }
 
 // The maximum and sum of 16 lanes in a fixed tree: halves, quarters, eighths, pairs.

@@ -42,23 +42,31 @@ inline double widen(double x) {
 }
 
 template <typename C>
-MOE_TARGET_CLONES C row_max(const C* l, int64_t V) {
+MOE_ALWAYS_INLINE C row_max_body(const C* l, int64_t V) {
   C mx = -std::numeric_limits<C>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
   return mx;
 }
+template <typename C>
+C row_max(const C* l, int64_t V) {
+  return MOE_CPU_CLONES(row_max_body<C>(l, V));
+}
 
 template <typename C>
-MOE_TARGET_CLONES C lse_row(const C* l, C mx, int64_t V) {
+MOE_ALWAYS_INLINE C lse_row_body(const C* l, C mx, int64_t V) {
   C s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t v = 0; v < V; v++) s += vexp(l[v] - mx);
   return mx + std::log(s);
 }
+template <typename C>
+C lse_row(const C* l, C mx, int64_t V) {
+  return MOE_CPU_CLONES(lse_row_body<C>(l, mx, V));
+}
 
 // A bf16 row widened into f32, and its maximum.
-MOE_TARGET_CLONES float widen_row_max(const bf16* l, float* out, int64_t V) {
+MOE_ALWAYS_INLINE float widen_row_max_body(const bf16* l, float* out, int64_t V) {
   float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t v = 0; v < V; v++) {
@@ -66,6 +74,9 @@ MOE_TARGET_CLONES float widen_row_max(const bf16* l, float* out, int64_t V) {
     mx = out[v] > mx ? out[v] : mx;
   }
   return mx;
+}
+float widen_row_max(const bf16* l, float* out, int64_t V) {
+  return MOE_CPU_CLONES(widen_row_max_body(l, out, V));
 }
 
 // bf16 rows are widened into an L2-sized f32 row first (finding the maximum as they are): the sum of exponentials
@@ -87,10 +98,14 @@ void lse_rows(const L* logits, C* lse, int64_t rows, int64_t V) {
   }
 }
 
-template <typename L, typename C = Compute<L>>
-MOE_TARGET_CLONES void grad_row(C g, const L* l, C m, C* d, int64_t V) {
+template <typename L, typename C>
+MOE_ALWAYS_INLINE void grad_row_body(C g, const L* l, C m, C* d, int64_t V) {
 #pragma omp simd
   for (int64_t v = 0; v < V; v++) d[v] = vexp(widen(l[v]) - m) * g;
+}
+template <typename L, typename C = Compute<L>>
+void grad_row(C g, const L* l, C m, C* d, int64_t V) {
+  MOE_CPU_CLONES(grad_row_body<L, C>(g, l, m, d, V));
 }
 
 template <typename T>
@@ -122,7 +137,7 @@ void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& 
 }
 
 // A row's exponentials in place, r ← exp(r − mx), and their sum (the sum of lse_row, in the same order).
-MOE_TARGET_CLONES float exp_row_sum(float* r, float mx, int64_t V) {
+MOE_ALWAYS_INLINE float exp_row_sum_body(float* r, float mx, int64_t V) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t v = 0; v < V; v++) {
@@ -131,12 +146,19 @@ MOE_TARGET_CLONES float exp_row_sum(float* r, float mx, int64_t V) {
   }
   return s;
 }
+float exp_row_sum(float* r, float mx, int64_t V) {
+  return MOE_CPU_CLONES(exp_row_sum_body(r, mx, V));
+}
 
 // out ← r·mul in the logits' storage type L (bf16 rounded to nearest even); out may be r itself.
 template <typename L>
-MOE_TARGET_CLONES void scaled_row(const float* r, float mul, L* out, int64_t V) {
+MOE_ALWAYS_INLINE void scaled_row_body(const float* r, float mul, L* out, int64_t V) {
 #pragma omp simd
   for (int64_t v = 0; v < V; v++) store_as(out + v, r[v] * mul);
+}
+template <typename L>
+void scaled_row(const float* r, float mul, L* out, int64_t V) {
+  MOE_CPU_CLONES(scaled_row_body<L>(r, mul, out, V));
 }
 
 // cross_entropy_forward_backward on f32 or bf16 logits, row by row: the row in f32 (bf16 widened into an L2-sized

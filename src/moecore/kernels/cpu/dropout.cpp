@@ -48,8 +48,8 @@ bool philox_avx512() {
 
 // Philox4x32-10 (the rounds of core/rng.cpp) of the `nb` ≤ kLanes counters (c0 + i, c1, c2, c3), lane by lane in
 // structure-of-arrays form so the rounds vectorize; words [4, kLanes] out (out[w][i] = word w of block i).
-MOE_TARGET_CLONES void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                        int nb, uint32_t out[4][kLanes]) {
+MOE_ALWAYS_INLINE void philox_lanes_any_body(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                             int nb, uint32_t out[4][kLanes]) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
   for (int i = 0; i < kLanes; i++) {
@@ -81,6 +81,10 @@ MOE_TARGET_CLONES void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint
     out[2][i] = x2[i];
     out[3][i] = x3[i];
   }
+}
+void philox_lanes_any(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int nb,
+                      uint32_t out[4][kLanes]) {
+  MOE_CPU_CLONES(philox_lanes_any_body(key, c0, c1, c2, c3, nb, out));
 }
 
 // The same rounds with AVX-512 intrinsics, all 16 lanes: both halves of the 32×32-bit products come from vpmuludq on
@@ -158,11 +162,10 @@ void philox_lanes(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, 
   else
     philox_lanes_any(key, c0, c1, c2, c3, nb, out);
 }
-}  // namespace
 
 template <typename T>
-MOE_TARGET_CLONES void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0,
-                                           int64_t n, T* z) {
+MOE_ALWAYS_INLINE void dropout_multipliers_body(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0,
+                                                int64_t n, T* z) {
   if (n <= 0) return;
   const T keep = static_cast<T>(1.0 / (1.0 - m.p));
   const uint32_t r = static_cast<uint32_t>(row), n0 = static_cast<uint32_t>(sample),
@@ -187,6 +190,12 @@ MOE_TARGET_CLONES void dropout_multipliers(const DropoutMask& m, uint64_t sample
         z[col - col0] = w[k][i] >= m.threshold ? keep : T(0);
       }
   }
+}
+}  // namespace
+
+template <typename T>
+void dropout_multipliers(const DropoutMask& m, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, T* z) {
+  MOE_CPU_CLONES(dropout_multipliers_body(m, sample, row, col0, n, z));
 }
 
 void dropout_keep_bits(const DropoutMask& m, uint64_t sample, uint64_t row0, int rows, uint64_t col0, int64_t n,
@@ -221,11 +230,11 @@ template void dropout_multipliers<double>(const DropoutMask&, uint64_t, uint64_t
 
 namespace {
 template <typename T>
-MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const int64_t* sample_B, int64_t B,
-                                  int64_t seq_offset, int64_t rows, int64_t C) {
+MOE_ALWAYS_INLINE void apply_mask_body(const DropoutMask& m, const T* x, T* y, const int64_t* sample_B, int64_t B,
+                                       int64_t seq_offset, int64_t rows, int64_t C) {
   constexpr int64_t kChunk = 64;  // columns per mask word
   const T keep = static_cast<T>(1.0 / (1.0 - m.p));
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const int64_t s = t / B, b = t % B;
     for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
@@ -244,6 +253,12 @@ MOE_TARGET_CLONES void apply_mask(const DropoutMask& m, const T* x, T* y, const 
       }
     }
   }
+}
+template <typename T>
+void apply_mask(const DropoutMask& m, const T* x, T* y, const int64_t* sample_B, int64_t B, int64_t seq_offset,
+                int64_t rows, int64_t C) {
+#pragma omp parallel
+  MOE_CPU_CLONES(apply_mask_body(m, x, y, sample_B, B, seq_offset, rows, C));
 }
 }  // namespace
 

@@ -33,8 +33,15 @@ inline __attribute__((always_inline)) double lane_sum(int64_t begin, int64_t end
   return s;
 }
 
+// partial[c] = the sum of chunk c, the chunks shared among the calling team.
+template <typename F>
+MOE_ALWAYS_INLINE void chunk_sums(int64_t n, int64_t nchunks, F term, double* partial) {
+#pragma omp for schedule(static)
+  for (int64_t c = 0; c < nchunks; c++) partial[c] = lane_sum(c * kChunk, std::min(n, (c + 1) * kChunk), term);
+}
+
 template <typename T, typename F>
-MOE_TARGET_CLONES double chunked_sum(int64_t n, F term) {
+double chunked_sum(int64_t n, F term) {
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
   // Partial sums per fixed chunk, then a sequential sum over chunks: same result for any thread count.
   double partial_stack[64];
@@ -44,9 +51,8 @@ MOE_TARGET_CLONES double chunked_sum(int64_t n, F term) {
     partial_heap.resize(nchunks);
     partial = partial_heap.data();
   }
-  _Pragma("omp parallel for schedule(static) if (nchunks > 1)") for (int64_t c = 0; c < nchunks; c++) {
-    partial[c] = lane_sum(c * kChunk, std::min(n, (c + 1) * kChunk), term);
-  }
+#pragma omp parallel if (nchunks > 1)
+  MOE_CPU_CLONES(chunk_sums(n, nchunks, term, partial));
   double s = 0;
   for (int64_t c = 0; c < nchunks; c++) s += partial[c];
   return s;
@@ -200,11 +206,19 @@ void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegm
 }
 
 namespace {
+// The zeros in this thread's share of v.
 template <typename R>
-MOE_TARGET_CLONES int64_t zeros_in(const R* v, int64_t n) {
+MOE_ALWAYS_INLINE int64_t zeros_in_body(const R* v, int64_t n) {
   int64_t z = 0;
-#pragma omp parallel for reduction(+ : z) schedule(static) if (n > 65536)
+#pragma omp for schedule(static) nowait
   for (int64_t i = 0; i < n; i++) z += v[i] == R(0);
+  return z;
+}
+template <typename R>
+int64_t zeros_in(const R* v, int64_t n) {
+  int64_t z = 0;
+#pragma omp parallel reduction(+ : z) if (n > 65536)
+  z += MOE_CPU_CLONES(zeros_in_body(v, n));
   return z;
 }
 }  // namespace

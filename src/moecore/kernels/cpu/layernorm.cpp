@@ -21,9 +21,9 @@ namespace {
 // Row by row: x += res first when res is given (written back), then the normalised row stored as Y. Row sums run in
 // vector lanes (omp simd reduction), as in rmsnorm.cpp.
 template <typename T, typename Y>
-MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, const T* b, Y* y, T* mean, T* rstd, int64_t rows, int64_t H,
-                           double eps) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void fwd_body(T* x, const T* res, const T* w, const T* b, Y* y, T* mean, T* rstd, int64_t rows,
+                                int64_t H, double eps) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     T* xr = x + t * H;
     if (res)
@@ -59,12 +59,17 @@ MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, const T* b, Y* y, T* 
     rstd[t] = r;
   }
 }
+template <typename T, typename Y>
+void fwd(T* x, const T* res, const T* w, const T* b, Y* y, T* mean, T* rstd, int64_t rows, int64_t H, double eps) {
+#pragma omp parallel
+  MOE_CPU_CLONES(fwd_body<T, Y>(x, res, w, b, y, mean, rstd, rows, H, eps));
+}
 
 // X: T, or bf16 (an input kept rounded for backward, widened as it is read).
 template <typename T, typename X>
-MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* mean, const T* rstd, T* dx, const T* dres,
-                           T* dw, T* db, int64_t rows, int64_t H) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void bwd_body(const T* dy, const X* x, const T* w, const T* mean, const T* rstd, T* dx, const T* dres,
+                                T* dw, T* db, int64_t rows, int64_t H) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const X* xr = x + t * H;
     const T* dyr = dy + t * H;
@@ -86,7 +91,7 @@ MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* mean, c
   // dw, db: each thread owns a column range and walks rows in order, so the sum order is fixed.
   constexpr int64_t kCols = 64;
   const int64_t nblk = (H + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t blk = 0; blk < nblk; blk++) {
     const int64_t j0 = blk * kCols, j1 = std::min(H, j0 + kCols);
     T acc_w[kCols] = {}, acc_b[kCols] = {};
@@ -102,6 +107,12 @@ MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* mean, c
       db[j] += acc_b[j - j0];
     }
   }
+}
+template <typename T, typename X>
+void bwd(const T* dy, const X* x, const T* w, const T* mean, const T* rstd, T* dx, const T* dres, T* dw, T* db,
+         int64_t rows, int64_t H) {
+#pragma omp parallel
+  MOE_CPU_CLONES(bwd_body<T, X>(dy, x, w, mean, rstd, dx, dres, dw, db, rows, H));
 }
 }  // namespace
 

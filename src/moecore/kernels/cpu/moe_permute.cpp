@@ -25,9 +25,9 @@ inline F widen_row(F v) {
 
 // out[t] = Σ rows of t in ascending order, in D (bf16 rows S widened as they are read); vectorized per ISA.
 template <typename S, typename D>
-MOE_TARGET_CLONES void sum_token_rows(const S* src, const int64_t* off, const int32_t* rows, int64_t T, int64_t H,
-                                      D* dst) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void sum_token_rows_body(const S* src, const int64_t* off, const int32_t* rows, int64_t T, int64_t H,
+                                           D* dst) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < T; t++) {
     D* out = dst + t * H;
 #pragma omp simd
@@ -39,10 +39,15 @@ MOE_TARGET_CLONES void sum_token_rows(const S* src, const int64_t* off, const in
     }
   }
 }
+template <typename S, typename D>
+void sum_token_rows(const S* src, const int64_t* off, const int32_t* rows, int64_t T, int64_t H, D* dst) {
+#pragma omp parallel
+  MOE_CPU_CLONES(sum_token_rows_body<S, D>(src, off, rows, T, H, dst));
+}
 
 // d[r] = bf16(s[tok[r]]) (zero where tok[r] < 0), vectorized as the casts are.
-MOE_TARGET_CLONES void gather_rounded_rows(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void gather_rounded_rows_body(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
+#pragma omp for schedule(static)
   for (int64_t r = 0; r < R; r++) {
     bf16* out = d + r * H;
     if (tok[r] < 0) {
@@ -53,6 +58,10 @@ MOE_TARGET_CLONES void gather_rounded_rows(const float* s, const int32_t* tok, i
 #pragma omp simd
     for (int64_t h = 0; h < H; h++) out[h] = float_to_bf16(in[h]);
   }
+}
+void gather_rounded_rows(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
+#pragma omp parallel
+  MOE_CPU_CLONES(gather_rounded_rows_body(s, tok, R, H, d));
 }
 
 // dst[i] = src[at[i]] (gather: 0 where at[i] < 0) or dst[at[i]] = src[i] (scatter: none where at[i] < 0), for

@@ -19,8 +19,8 @@ namespace {
 // Row by row: x += res first when res is given (written back), then y = x·r·w stored as Y. Row sums run in vector
 // lanes (omp simd reduction): a fixed order for a given build and CPU, as the other kernels' reductions.
 template <typename T, typename Y>
-MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, Y* y, T* rstd, int64_t rows, int64_t H, double eps) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void fwd_body(T* x, const T* res, const T* w, Y* y, T* rstd, int64_t rows, int64_t H, double eps) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     T* xr = x + t * H;
     if (res)
@@ -43,12 +43,17 @@ MOE_TARGET_CLONES void fwd(T* x, const T* res, const T* w, Y* y, T* rstd, int64_
     for (int64_t j = 0; j < H; j++) store_as(yr + j, xr[j] * r * w[j]);
   }
 }
+template <typename T, typename Y>
+void fwd(T* x, const T* res, const T* w, Y* y, T* rstd, int64_t rows, int64_t H, double eps) {
+#pragma omp parallel
+  MOE_CPU_CLONES(fwd_body<T, Y>(x, res, w, y, rstd, rows, H, eps));
+}
 
 // X: T, or bf16 (an input kept rounded for backward, widened as it is read).
 template <typename T, typename X>
-MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* rstd, T* dx, const T* dres, T* dw,
-                           int64_t rows, int64_t H) {
-#pragma omp parallel for schedule(static)
+MOE_ALWAYS_INLINE void bwd_body(const T* dy, const X* x, const T* w, const T* rstd, T* dx, const T* dres, T* dw,
+                                int64_t rows, int64_t H) {
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
     const X* xr = x + t * H;
     const T* dyr = dy + t * H;
@@ -67,7 +72,7 @@ MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* rstd, T
   // dw: each thread owns a column range and walks rows in order, so the sum order is fixed.
   constexpr int64_t kCols = 64;
   const int64_t nblk = (H + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t b = 0; b < nblk; b++) {
     const int64_t j0 = b * kCols, j1 = std::min(H, j0 + kCols);
     T acc[kCols] = {};
@@ -77,6 +82,11 @@ MOE_TARGET_CLONES void bwd(const T* dy, const X* x, const T* w, const T* rstd, T
     }
     for (int64_t j = j0; j < j1; j++) dw[j] += acc[j - j0];
   }
+}
+template <typename T, typename X>
+void bwd(const T* dy, const X* x, const T* w, const T* rstd, T* dx, const T* dres, T* dw, int64_t rows, int64_t H) {
+#pragma omp parallel
+  MOE_CPU_CLONES(bwd_body<T, X>(dy, x, w, rstd, dx, dres, dw, rows, H));
 }
 
 void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, double eps, Tensor& y_TH, Tensor& rstd_T) {

@@ -75,22 +75,14 @@ void rope_tables(int64_t S, int64_t rot_dim, double base, DType dtype, Tensor& c
 namespace moecore::kernels::cpu {
 
 namespace {
+// x, y [S, BN, D] (y may be x); cos and sin [≥ S, rot_dim/2].
 template <typename T>
-MOE_TARGET_CLONES void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset,
-                              int64_t rot_dim, RopePairs pairs, Tensor& y, T sign) {
-  MOE_ASSERT_MSG(x.ndim() == 4, "rope input must be [S, B, N, D], got {}", x.shape().str());
-  MOE_ASSERT(y.shape() == x.shape());
-  const int64_t S = x.dim(0), BN = x.dim(1) * x.dim(2), D = x.dim(3), h = rot_dim / 2;
-  MOE_ASSERT_MSG(offset >= 0 && offset + rot_dim <= D && rot_dim % 2 == 0, "rotary dims [{}, {}) vs head dim {}",
-                 offset, offset + rot_dim, D);
-  MOE_ASSERT(cos_SR.dim(0) >= S && cos_SR.dim(1) == h);
+MOE_ALWAYS_INLINE void rotate_body(const T* xp, const T* cp, const T* sp, int64_t S, int64_t BN, int64_t D,
+                                   int64_t offset, int64_t rot_dim, RopePairs pairs, T* yp, T sign) {
+  const int64_t h = rot_dim / 2;
   // Pair i is channels (a_i, b_i) from the rotated window's start.
   const int64_t a_step = pairs == RopePairs::Interleaved ? 2 : 1, b_off = pairs == RopePairs::Interleaved ? 1 : h;
-  const T* xp = x.data<T>();
-  T* yp = y.data<T>();
-  const T* cp = cos_SR.data<T>();
-  const T* sp = sin_SR.data<T>();
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t s = 0; s < S; s++) {
     const T* c = cp + s * h;
     const T* sn = sp + s * h;
@@ -117,6 +109,21 @@ MOE_TARGET_CLONES void rotate(const Tensor& x, const Tensor& cos_SR, const Tenso
       }
     }
   }
+}
+
+template <typename T>
+void rotate(const Tensor& x, const Tensor& cos_SR, const Tensor& sin_SR, int64_t offset, int64_t rot_dim,
+            RopePairs pairs, Tensor& y, T sign) {
+  MOE_ASSERT_MSG(x.ndim() == 4, "rope input must be [S, B, N, D], got {}", x.shape().str());
+  MOE_ASSERT(y.shape() == x.shape());
+  const int64_t S = x.dim(0), BN = x.dim(1) * x.dim(2), D = x.dim(3);
+  MOE_ASSERT_MSG(offset >= 0 && offset + rot_dim <= D && rot_dim % 2 == 0, "rotary dims [{}, {}) vs head dim {}",
+                 offset, offset + rot_dim, D);
+  MOE_ASSERT(cos_SR.dim(0) >= S && cos_SR.dim(1) == rot_dim / 2);
+  const T *xp = x.data<T>(), *cp = cos_SR.data<T>(), *sp = sin_SR.data<T>();
+  T* yp = y.data<T>();
+#pragma omp parallel
+  MOE_CPU_CLONES(rotate_body<T>(xp, cp, sp, S, BN, D, offset, rot_dim, pairs, yp, sign));
 }
 }  // namespace
 

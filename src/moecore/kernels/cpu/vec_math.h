@@ -39,7 +39,7 @@ inline T load_as(const X* p) {
 
 // vexp's f32 operations on F: a float, or a GCC vector of floats (attention_native_softmax.h), whose to_int converts
 // to integers of its width and from_bits reinterprets them. (A vector F passes only between functions inlined into
-// one target clone: no ABI boundary.)
+// one level's copy of a loop, MOE_CPU_CLONES: no ABI boundary.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 template <typename F, typename ToInt, typename FromBits>
