@@ -258,8 +258,8 @@ CONFIGS = [
          refused=[]),
     dict(name="megatron_fsdp_deepseek_v3_example", np=4, cpu_only=FSDP_CPU_ONLY,
          source="examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh "
-         "(USE_MEGATRON_FSDP=1, TP 1, EP 8 -> 2, MBS 4, GBS 2048 -> 32, 61 layers -> 4 with the dense first three -> one, "
-         "256 experts -> 8 top-8 -> top-4 in 8 -> 4 groups, train samples 585937500 -> 96)",
+         "(USE_MEGATRON_FSDP=1, TP 1, EP 8 -> 2, MBS 4, GBS 2048 -> 32, 61 layers -> 4 with the dense first three "
+         "-> one, 256 experts -> 8 top-8 -> top-4 in 8 -> 4 groups, train samples 585937500 -> 96)",
          args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 1 --expert-model-parallel-size 2
            --expert-tensor-parallel-size 1 --context-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce
            --overlap-param-gather --use-mcore-models --sequence-parallel --use-flash-attn --disable-bias-linear
