@@ -139,6 +139,36 @@ TEST(FsdpHsdp, OuterOptimEqualsTwoInstances) {
   std::fclose(null);
 }
 
+// optim_grads_params' buffer and initialisation options change no bit: --fsdp-double-buffer (with full recompute of
+// one layer per chunk, and EP), --init-model-with-meta-device (each rank draws only its shards), the overlap flags.
+TEST(FsdpOptions, DoubleBufferMetaInitAndOverlapChangeNoBit) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  const FsdpLayout l{"DP", w.size(), kFsdpEP2, w.size()};
+  const std::vector<std::string> base = fsdp_base(l);
+  std::FILE* null = std::fopen("/dev/null", "w");
+  std::vector<train::StepResult> want;
+  {
+    train::Trainer t(testing::small_config(base, {"--use-megatron-fsdp"}), null, false, &w);
+    for (int s = 0; s < 3; s++) want.push_back(t.train_step());
+  }
+  const std::vector<std::vector<std::string>> options{{"--fsdp-double-buffer"},
+                                                      {"--fsdp-double-buffer", "--recompute-granularity", "full",
+                                                       "--recompute-method", "uniform", "--recompute-num-layers", "1"},
+                                                      {"--init-model-with-meta-device"},
+                                                      {"--overlap-grad-reduce", "--overlap-param-gather"}};
+  for (const auto& o : options) {
+    train::Trainer t(testing::small_config(base, std::vector<std::string>{"--use-megatron-fsdp"} + o), null, false, &w);
+    for (int s = 0; s < 3; s++) {
+      const train::StepResult r = t.train_step();
+      EXPECT_EQ(r.lm_loss, want[s].lm_loss) << o.front() << " step " << s;
+      EXPECT_EQ(r.grad_norm, want[s].grad_norm) << o.front() << " step " << s;
+      EXPECT_EQ(r.params_norm, want[s].params_norm) << o.front() << " step " << s;
+      EXPECT_EQ(t.optimizer().buckets_gathered(), 0u) << o.front() << " step " << s;
+    }
+  }
+  std::fclose(null);
+}
+
 // FSDP optim_grads_params → the distributed optimizer → FSDP again, through checkpoints: each resumed step equals the
 // straight FSDP run's bitwise (with one micro-batch per step the two optimizers compute the same bits).
 TEST(FsdpCheckpoints, FsdpToDistributedOptimizerAndBackBitwise) {

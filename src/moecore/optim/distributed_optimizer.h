@@ -124,7 +124,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   void take_grads(Bucket& bk);
   void start_grad_reduce(Bucket& bk);
   void finish_grad_reduce(Bucket& bk);
-  void post_gather(Bucket& bk);
+  void post_gather(Bucket& bk, bool prefetch = false);  // a prefetch skips where both double buffers are taken
   void wait_gathered(Bucket& bk);
   void free_params(Bucket& bk);
   void free_all_units();  // before the step: nothing gathered, every reduction in the owned shards

@@ -117,7 +117,7 @@ void ShardedAdamW::finish_grad_reduce(Bucket& bk) {
 
 // --- parameters --------------------------------------------------------------------------------------------------
 
-void ShardedAdamW::post_gather(Bucket& bk) {
+void ShardedAdamW::post_gather(Bucket& bk, bool prefetch) {
   if (bk.resident || bk.gathering) return;
   const DType st = bk.param_shard.dtype();
   if (double_buffer_) {
@@ -129,6 +129,7 @@ void ShardedAdamW::post_gather(Bucket& bk) {
         used = used || ((o.resident || o.gathering) && o.slot == k && o.param_shard.dtype() == st);
       if (!used) bk.slot = k;
     }
+    if (bk.slot < 0 && prefetch) return;  // gathered when it is read instead
     MOE_CHECK(bk.slot >= 0,
               "--fsdp-double-buffer: a third unit's parameters are needed while two are gathered (full recompute of "
               "several layers reads them together); drop --fsdp-double-buffer");
@@ -180,7 +181,7 @@ void ShardedAdamW::unit_forward(size_t b) {
 
 void ShardedAdamW::unit_prefetch(size_t b) {
   if (!params_sharded()) return;
-  for (const size_t i : unit_buckets(b)) post_gather(buckets_[i]);
+  for (const size_t i : unit_buckets(b)) post_gather(buckets_[i], /*prefetch=*/true);
 }
 
 void ShardedAdamW::unit_forward_done(size_t b) {
