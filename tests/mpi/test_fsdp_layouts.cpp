@@ -4,8 +4,8 @@
 // per step, fp32 gradients. With several micro-batches optim_grads and optim_grads_params reduce every micro-batch's
 // gradients (Megatron's order) and agree within 1e-6 relative. After every step no unit holds gathered parameters or
 // whole gradients. Layouts: DP2, DP4, EP2×EDP2, TP2+SP×FSDP2, PP2×FSDP2, HSDP 2×2
-// (--num-distributed-optimizer-instances 2), with and without recompute; and a checkpoint saved under FSDP loads into
-// the distributed optimizer and back, bitwise.
+// (--num-distributed-optimizer-instances 2), with and without recompute, in f32 and bf16; and a checkpoint saved under
+// FSDP loads into the distributed optimizer and back, bitwise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,6 +99,7 @@ const std::vector<std::string> kFsdpEP2{"--expert-model-parallel-size", "2"};
 const std::vector<std::string> kFsdpTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 const std::vector<std::string> kFsdpPP2{"--pipeline-model-parallel-size", "2"};
 const std::vector<std::string> kFsdpHSDP{"--num-distributed-optimizer-instances", "2"};
+const std::vector<std::string> kFsdpBf16{"--bf16"};  // GEMM weights stored in bf16, their fp32 masters sharded
 
 INSTANTIATE_TEST_SUITE_P(
     Fsdp, FsdpLayouts,
@@ -114,7 +115,8 @@ INSTANTIATE_TEST_SUITE_P(
                                                        "--recompute-num-layers", "2"},
                    2},
         FsdpLayout{"PP2xFSDP2FourMicroBatches", 4, kFsdpPP2, 2, 4}, FsdpLayout{"HSDP2x2", 4, kFsdpHSDP, 4},
-        FsdpLayout{"HSDP2x2EP2", 4, kFsdpHSDP + kFsdpEP2, 4}),
+        FsdpLayout{"HSDP2x2EP2", 4, kFsdpHSDP + kFsdpEP2, 4}, FsdpLayout{"DP2Bf16", 2, kFsdpBf16, 2},
+        FsdpLayout{"EP2xEDP2Bf16", 4, kFsdpEP2 + kFsdpBf16, 4}),
     [](const auto& info) { return info.param.name; });
 
 // HSDP with the optimizer state sharded across the instances too (--outer-dp-sharding-strategy optim): the same
