@@ -3,7 +3,7 @@
 // parameter norms but optim_grads_params', summed over shards: 1e-6), where the arithmetic is the same: one micro-batch
 // per step, fp32 gradients. With several micro-batches optim_grads and optim_grads_params reduce every micro-batch's
 // gradients (Megatron's order) and agree within 1e-6 relative. After every step no unit holds gathered parameters or
-// whole gradients. Layouts: DP2, DP4, EP2×EDP2, TP2+SP×FSDP2, PP2×FSDP2, HSDP 2×2
+// whole gradients. Layouts: DP2, DP4, EP2×EDP2, TP2+SP×FSDP2, PP2×FSDP2 (and interleaved), CP2×FSDP2, HSDP 2×2
 // (--num-distributed-optimizer-instances 2), with and without recompute, in f32 and bf16; and a checkpoint saved under
 // FSDP loads into the distributed optimizer and back, bitwise.
 #include <gtest/gtest.h>
@@ -116,7 +116,10 @@ INSTANTIATE_TEST_SUITE_P(
                    2},
         FsdpLayout{"PP2xFSDP2FourMicroBatches", 4, kFsdpPP2, 2, 4}, FsdpLayout{"HSDP2x2", 4, kFsdpHSDP, 4},
         FsdpLayout{"HSDP2x2EP2", 4, kFsdpHSDP + kFsdpEP2, 4}, FsdpLayout{"DP2Bf16", 2, kFsdpBf16, 2},
-        FsdpLayout{"EP2xEDP2Bf16", 4, kFsdpEP2 + kFsdpBf16, 4}),
+        FsdpLayout{"EP2xEDP2Bf16", 4, kFsdpEP2 + kFsdpBf16, 4},
+        FsdpLayout{"CP2xFSDP2", 4, {"--context-parallel-size", "2"}, 2},
+        FsdpLayout{"VPP2xFSDP2", 4, kFsdpPP2 + std::vector<std::string>{"--num-virtual-stages-per-pipeline-rank", "2"},
+                   2, 2}),
     [](const auto& info) { return info.param.name; });
 
 // HSDP with the optimizer state sharded across the instances too (--outer-dp-sharding-strategy optim): the same
