@@ -14,7 +14,8 @@ passes by being refused for the wrong reason, and everything else on the line is
 
 With --on-gpu (a machine with a GPU; exit 77, skipped, without one), each line that runs (refused flags replaced)
 runs with --device cpu and twice with --device cuda, the ranks sharing the one GPU: the GPU's losses must equal the
-CPU's within 1e-2 (the lines train in bf16) and its rerun must give the same losses to the last digit logged.
+CPU's within 1e-2 (the lines train in bf16) and its rerun must give the same losses to the last digit logged; a
+line marked cpu_only (Megatron FSDP, refused on the GPU for now) is skipped there, saying why.
 
 Usage: megatron_configs.py MOECORE [--on-gpu] [NAME...]   (NAME: run only those configurations)
 """
@@ -51,6 +52,44 @@ GPT3_MOE_COMMON = """
 """
 # --ckpt-format torch_dist selects moecore's own format, listed at the start as without effect.
 OWN_FORMAT = "--ckpt-format torch_dist: moecore saves and loads its own checkpoint format"
+
+# The flags Megatron FSDP's DeepSeek proxy tests share (tests/functional_tests/test_cases/moe/deepseek_proxy_fsdp_*),
+# shrunk: --hidden-size 512 -> 64, --ffn-hidden-size 2048 -> 128, --num-attention-heads 8 -> 4, --kv-channels 128
+# -> 16, --seq-length and --max-position-embeddings 1024 -> 64, --moe-ffn-hidden-size and
+# --moe-shared-expert-intermediate-size 1024 -> 32, --q-lora-rank 256 -> 32, --kv-lora-rank 128 -> 16,
+# --qk-head-dim 128 -> 16, --qk-pos-emb-head-dim 64 -> 8, --v-head-dim 128 -> 16, --train-iters and
+# --exit-interval 50 -> 3, --eval-iters 10 -> 1, --save-interval 25 -> 10000; each line adds its layers, batch and
+# precision.
+DEEPSEEK_PROXY_FSDP = """
+--distributed-timeout-minutes 60 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1
+--expert-model-parallel-size 2 --context-parallel-size 1 --expert-tensor-parallel-size 1 --use-distributed-optimizer
+--overlap-grad-reduce --overlap-param-gather --attention-backend unfused --num-distributed-optimizer-instances 1
+--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --outer-dp-sharding-strategy no_shard
+--deterministic-mode --ckpt-format fsdp_dtensor --no-gradient-accumulation-fusion --use-mcore-models
+--sequence-parallel --disable-bias-linear --train-iters 3 --exit-duration-in-mins 60
+--no-check-for-nan-in-loss-and-grad --no-rope-fusion --manual-gc --manual-gc-interval 100
+--transformer-impl transformer_engine --seq-length 64 --data-cache-path ${DATA_CACHE_PATH}
+--data-path ${DATA_PATH}/text/the_pile/shard00/my-gpt3_00_text_document
+--vocab-file ${DATA_PATH}/text/the_pile/shard00/bpe/vocab.json
+--merge-file ${DATA_PATH}/text/the_pile/shard00/bpe/merges.txt --split 949,50,1 --hidden-size 64
+--ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
+--position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 64 --normalization RMSNorm
+--norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention --attention-dropout 0.0
+--hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction .01 --lr 0.00015
+--min-lr 1.0e-5 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 8
+--moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss
+--moe-router-topk 4 --moe-token-dispatcher-type alltoall --moe-router-pre-softmax --moe-grouped-gemm
+--moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0
+--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3
+--moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
+--qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 1.0 --mscale 1.0 --mscale-all-dim 1.0
+--eval-iters 1 --eval-interval 200 --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard
+--log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
+--log-throughput --log-interval 1 --logging-level 10 --tensorboard-dir ${TENSORBOARD_PATH} --exit-interval 3
+"""
+
+# Megatron FSDP trains on the CPU only for now: with --on-gpu these lines are skipped, saying so.
+FSDP_CPU_ONLY = "--use-megatron-fsdp is refused on the GPU (train/config/device_support.cpp)"
 
 CONFIGS = [
     dict(name="tp2_ep2_sinkhorn_dist_optimizer", np=4,
@@ -198,6 +237,95 @@ CONFIGS = [
            --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
            --eval-iters 1 --eval-interval 1000 --log-interval 1""",
          refused=[]),
+    # Megatron FSDP's MoE lines (--use-megatron-fsdp): ZeRO-3 with TP2 x EP2, and the DeepSeek proxies (MLA, sigmoid
+    # group-limited routing with expert bias, shared experts) under EP2 x FSDP, their data where Megatron's CI keeps
+    # the Pile shard (the same scratch dataset).
+    dict(name="tp2_ep2_fsdp_zero3_top2router", np=4, cpu_only=FSDP_CPU_ONLY,
+         source="moe/gpt3_mcore_te_tp2_zp_z3_resume_torch_dist_te_8experts2parallel_top2router",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --log-memory-to-tensorboard
+           --tensorboard-dir ${TENSORBOARD_PATH} --micro-batch-size 4 --global-batch-size 32 --seq-length 64
+           --max-position-embeddings 64 --train-iters 3 --timing-log-level 0 --lr-decay-iters 320000
+           --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json
+           --merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1
+           --distributed-backend nccl --lr 0.00015 --lr-decay-style cosine --min-lr 1.0e-5 --weight-decay 1e-2
+           --clip-grad 1.0 --lr-warmup-fraction .01 --log-interval 1 --save-interval 50 --eval-interval 1000
+           --eval-iters 1 --transformer-impl transformer_engine --tensor-model-parallel-size 2
+           --pipeline-model-parallel-size 1 --expert-model-parallel-size 2 --disable-bias-linear --sequence-parallel
+           --num-experts 8 --moe-router-load-balancing-type aux_loss --moe-router-topk 2 --moe-aux-loss-coeff 1e-2
+           --use-megatron-fsdp --calculate-per-token-loss --data-parallel-sharding-strategy optim_grads_params
+           --use-distributed-optimizer --deterministic-mode --no-gradient-accumulation-fusion --moe-grouped-gemm
+           --attention-softmax-in-fp32 --use-checkpoint-opt_param-scheduler --use-mcore-models
+           --ckpt-format fsdp_dtensor --dist-ckpt-optim-fully-reshardable --dist-ckpt-strictness log_all
+           --data-cache-path ${DATA_CACHE_PATH} --bf16 --no-bias-gelu-fusion""",
+         refused=[]),
+    dict(name="deepseek_proxy_fsdp_ep2_fsdp2", np=4, cpu_only=FSDP_CPU_ONLY,
+         source="moe/deepseek_proxy_fsdp_ep2_fsdp2",
+         args=DEEPSEEK_PROXY_FSDP + """--num-layers 4 --moe-layer-freq ([0]*1+[1]*3) --micro-batch-size 4
+           --global-batch-size 32 --fp8-format e4m3 --fp8-recipe tensorwise --fp8-param-gather""",
+         refused=[("--fp8-param-gather", "fp8-param-gather", "")]),
+    dict(name="deepseek_proxy_fsdp_ep2_fsdp2_1node", np=4, cpu_only=FSDP_CPU_ONLY,
+         source="moe/deepseek_proxy_fsdp_ep2_fsdp2_1node",
+         args=DEEPSEEK_PROXY_FSDP + """--num-layers 2 --moe-layer-freq ([0]*1+[1]*1) --micro-batch-size 4
+           --global-batch-size 32 --fp8-format e4m3 --fp8-recipe tensorwise --fp8-param-gather""",
+         refused=[("--fp8-param-gather", "fp8-param-gather", "")]),
+    dict(name="deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap", np=4, cpu_only=FSDP_CPU_ONLY,
+         source="moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap",
+         args=DEEPSEEK_PROXY_FSDP + """--num-layers 2 --moe-layer-freq ([0]*1+[1]*1) --micro-batch-size 4
+           --global-batch-size 32 --bf16 --overlap-moe-expert-parallel-comm --delay-wgrad-compute
+           --megatron-fsdp-main-params-dtype fp32 --megatron-fsdp-main-grads-dtype fp32
+           --megatron-fsdp-grad-comm-dtype fp32""",
+         refused=[]),
+    dict(name="megatron_fsdp_deepseek_v3_example", np=4, cpu_only=FSDP_CPU_ONLY,
+         source="examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh "
+         "(USE_MEGATRON_FSDP=1, TP 1, EP 8 -> 2, MBS 4, GBS 2048 -> 32, 61 layers -> 4 with the dense first three "
+         "-> one, 256 experts -> 8 top-8 -> top-4 in 8 -> 4 groups, train samples 585937500 -> 96)",
+         args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 1 --expert-model-parallel-size 2
+           --expert-tensor-parallel-size 1 --context-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce
+           --overlap-param-gather --use-mcore-models --sequence-parallel --use-flash-attn --disable-bias-linear
+           --micro-batch-size 4 --global-batch-size 32 --train-samples 96 --exit-duration-in-mins 220
+           --no-check-for-nan-in-loss-and-grad --manual-gc --manual-gc-interval 10 --recompute-granularity selective
+           --recompute-modules mlp moe mla_up_proj layernorm --transformer-impl transformer_engine --seq-length 64
+           --data-cache-path ${DATA_CACHE_PATH} --tokenizer-type HuggingFaceTokenizer
+           --tokenizer-model deepseek-ai/DeepSeek-V3
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
+           --no-mmap-bin-files --no-create-attention-mask-in-dataloader --num-workers 6 --num-layers 4
+           --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16
+           --max-position-embeddings 64 --position-embedding-type rope --rotary-base 10000
+           --make-vocab-size-divisible-by 3232 --normalization RMSNorm --norm-epsilon 1e-6 --swiglu
+           --untie-embeddings-and-output-weights --multi-latent-attention --attention-dropout 0.0 --hidden-dropout 0.0
+           --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm --lr-decay-samples 96 --lr-warmup-samples 32
+           --lr-warmup-init 3.9e-7 --lr 3.9e-6 --min-lr 3.9e-7 --lr-decay-style cosine --adam-beta1 0.9
+           --adam-beta2 0.95 --num-experts 8 --moe-layer-freq [0]*1+[1]*3 --moe-ffn-hidden-size 32
+           --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4
+           --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-router-pre-softmax
+           --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4
+           --moe-router-topk-scaling-factor 2.5 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+           --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32 --moe-permute-fusion
+           --moe-router-force-load-balancing --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
+           --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
+           --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --eval-iters 1 --eval-interval 100
+           --auto-detect-ckpt-format --load ${CHECKPOINT_LOAD_PATH} --save ${CHECKPOINT_SAVE_PATH}
+           --save-interval 100 --dist-ckpt-strictness log_all --init-method-std 0.02 --log-timers-to-tensorboard
+           --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
+           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16
+           --enable-experimental --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
+           --no-gradient-accumulation-fusion --use-distributed-optimizer --calculate-per-token-loss
+           --init-model-with-meta-device --ckpt-format fsdp_dtensor --fsdp-double-buffer --use-nccl-ub
+           --megatron-fsdp-grad-comm-dtype bf16 --megatron-fsdp-main-grads-dtype bf16""",
+         refused=[("--moe-token-dispatcher-type", "--moe-token-dispatcher-type flex is not accepted",
+                   "--moe-token-dispatcher-type alltoall"),
+                  ("--megatron-fsdp-grad-comm-dtype", "gradient collectives in bf16",
+                   "--megatron-fsdp-grad-comm-dtype fp32"),
+                  ("--megatron-fsdp-main-grads-dtype", "gradients accumulated in bf16",
+                   "--megatron-fsdp-main-grads-dtype fp32"),
+                  ("--tokenizer-type", "",
+                   "--tokenizer-type GPT2BPETokenizer "
+                   "--vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json "
+                   "--merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt"),
+                  ("--tokenizer-model", "", "")]),
     dict(name="mixtral_8x7b_example", np=8, source="examples/mixtral/train_mixtral_8x7b_distributed.sh",
          args="""--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256
            --num-layers 4 --hidden-size 64 --ffn-hidden-size 224 --num-attention-heads 4 --init-method-std 0.01
@@ -291,6 +419,9 @@ def make_data(work):
     """The dataset and GPT-2 vocabulary files, where Megatron's CI keeps them."""
     base = os.path.join(work, "data/text/common_pile/v01_filtered_data")
     os.makedirs(os.path.join(base, "bpe"))
+    # Where Megatron FSDP's DeepSeek proxy tests read their data: the same files.
+    os.makedirs(os.path.join(work, "data/text/the_pile"))
+    os.symlink(base, os.path.join(work, "data/text/the_pile/shard00"))
     # FORTUNES_DIR: the fortunes where Debian's package is not installed (a GPU machine's pack, scripts/gpu-pack.sh).
     source = ["--source-dir", os.environ["FORTUNES_DIR"]] if os.environ.get("FORTUNES_DIR") else []
     subprocess.run([MOECORE, "corpus", "fortunes", "--output", os.path.join(work, "all.jsonl")] + source, check=True,
@@ -324,6 +455,9 @@ def main():
     failures = []
     for cfg in CONFIGS:
         if ONLY and cfg["name"] not in ONLY:
+            continue
+        if ON_GPU and cfg.get("cpu_only"):
+            print(f"skip {cfg['name']:<42} {cfg['cpu_only']}", flush=True)
             continue
         d = os.path.join(work, cfg["name"])
         paths = {"DATA_PATH": os.path.join(work, "data"), "TOKENIZER_MODEL": os.path.join(work, "tok"),

@@ -21,6 +21,10 @@ struct MeasuredMemory {
   double activations = 0;  // the plan's activations (stashes at the schedule's peak + backward working set)
   double working = 0;      // the plan's backward working set
   int64_t new_allocs = 0;  // system allocations during step 3
+  double held = 0;         // bytes live after step 3 (less those before the run): what a rank keeps between steps
+  double built = 0;        // the allocator's peak while the trainer was built (less the bytes live before)
+  double model = 0;        // bytes of this rank's parameters, whole, in f32 (its share of the model without sharding)
+  double state = 0;        // the plan's weights, gradients, moments, masters and bf16 copies (kept between steps)
 };
 
 // `warmup` steps first (the allocator's cache filled), then the measured one. On the CPU, whose allocator is the
@@ -34,13 +38,17 @@ inline MeasuredMemory measure_memory(train::TrainConfig c, const comm::ProcessGr
   std::FILE* null = std::fopen("/dev/null", "w");
   int64_t pp_rank = 0;
   {
+    a.reset_peak();
     train::Trainer t(c, null, false, world);
+    m.built = static_cast<double>(t.startup_peak_bytes() - before);
+    for (const auto& p : t.params().all()) m.model += 4.0 * static_cast<double>(p->value.numel());
     for (int i = 0; i < warmup; i++) t.train_step();
     a.reset_peak();
     const AllocatorMark mark = a.mark();
     t.train_step();
     m.peak = static_cast<double>(a.stats().peak_bytes - before);
     m.new_allocs = a.system_allocs_since(mark);
+    m.held = static_cast<double>(a.stats().live_bytes - before);
     if (t.pipeline()) pp_rank = world ? world->rank() / (world->size() / c.pipeline_model_parallel_size) : 0;
   }
   std::fclose(null);
@@ -50,6 +58,7 @@ inline MeasuredMemory measure_memory(train::TrainConfig c, const comm::ProcessGr
   m.planned = p.total();
   m.activations = p.peak_activations + p.working;
   m.working = p.working;
+  m.state = p.weights + p.grads + p.adam + p.master + p.bf16_weights;
   return m;
 }
 

@@ -164,8 +164,10 @@ TEST(MegatronFlags, MegatronsCkptFormatsSelectMoecoresOwnAndAreListedWithTheWayO
   EXPECT_TRUE(train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", "moecore"})
                   .no_effect.empty());
   for (const std::string fmt : {"torch_dist", "torch", "zarr", "torch_dcp", "fsdp_dtensor"}) {
-    const train::TrainConfig c = train::parse_train_config(
-        megatron_tiny_run() + std::vector<std::string>{"--ckpt-format", fmt, "--use-mcore-models"});
+    // fsdp_dtensor only with Megatron FSDP (Megatron's rule; tests/train/test_fsdp_flags.cpp).
+    std::vector<std::string> extra{"--ckpt-format", fmt, "--use-mcore-models"};
+    if (fmt == "fsdp_dtensor") extra.push_back("--use-megatron-fsdp");
+    const train::TrainConfig c = train::parse_train_config(megatron_tiny_run() + extra);
     EXPECT_EQ(c.ckpt_format, fmt);
     ASSERT_EQ(c.no_effect.size(), 2u) << fmt;
     const std::string& line = c.no_effect[1];

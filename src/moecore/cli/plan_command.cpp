@@ -56,7 +56,8 @@ std::vector<std::pair<std::string, double>> rows_of(const TrainConfig& c, const 
       {"gradients (f32 buckets)", w.grads},
       {"Adam moments", w.adam},
       {c.use_distributed_optimizer ? "f32 master shard" : "f32 master weights", w.master},
-      {"pipeline send/receive", w.comm},
+      {c.fsdp_double_buffer ? "pipeline / FSDP buffers" : "pipeline send/receive", w.comm},
+      {"FSDP units in flight", w.fsdp_units},
       {"activations", w.peak_activations - w.logits},
       {"  of which offload window", w.offload_window},
       {"logits", w.logits},
@@ -93,7 +94,9 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
   fmt::print(out, "moecore plan: {}\n", describe_layout(c, l));
   fmt::print(out, "parameters: {:.2f} B ({:.2f} B in routed experts); vocabulary padded to {}; {}{}\n",
              (all.dense + all.expert) / 1e9, all.expert / 1e9, padded_vocab, c.bf16 ? "bf16" : "fp32",
-             c.use_distributed_optimizer ? ", distributed optimizer" : "");
+             c.use_megatron_fsdp           ? ", Megatron FSDP " + c.data_parallel_sharding_strategy
+             : c.use_distributed_optimizer ? ", distributed optimizer"
+                                           : "");
   if (stages.size() > 1) {
     fmt::print(out, "{:>6} {:>12} {:>11} {:>11} {:>12} {:>9} {:>11}\n", "stage", "params", "states", "act/mb",
                "in flight", "act", "total");
@@ -176,6 +179,16 @@ std::vector<Change> changes() {
          c.pipeline_model_parallel_size = pp;
          return true;
        }},
+      // Where the distributed optimizer, more experts per rank and pipeline stages do not fit: Megatron FSDP's
+      // ZeRO-3, the parameters and gradients sharded too (CPU only in moecore).
+      {"--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params",
+       [](TrainConfig& c, int64_t world) {
+         if (world <= 1 || train::plans_gpu(c) || (c.optimizer != "adam" && c.optimizer != "sgd")) return false;
+         if (c.use_megatron_fsdp && c.data_parallel_sharding_strategy == "optim_grads_params") return false;
+         c.use_megatron_fsdp = c.use_distributed_optimizer = true;
+         c.data_parallel_sharding_strategy = "optim_grads_params";
+         return true;
+       }},
       {"--fine-grained-activation-offloading --offload-modules (GPU: stashes to host memory while unused)",
        [](TrainConfig& c, int64_t) {
          // Offloading moves a GPU's stashes to host memory; a CPU's are there already. The modules Megatron's guide
@@ -250,13 +263,13 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
         gib(total), total <= device ? ", fits" : ", does not fit either");
   } catch (const Error&) {
   }
-  fmt::print(
-      out,
-      "no change in Megatron's order (distributed optimizer, raise EP, recompute moe_act/layernorm, raise PP, "
-      "offloading on a GPU, bf16 Adam moments) makes it fit in {} on {} ranks; tried: {}. Use more ranks, a smaller "
-      "--micro-batch-size or --seq-length, {}\n",
-      gib(device), world, applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")),
-      last);
+  fmt::print(out,
+             "no change in Megatron's order (distributed optimizer, raise EP, recompute moe_act/layernorm, raise PP, "
+             "Megatron FSDP, offloading on a GPU, bf16 Adam moments) makes it fit in {} on {} ranks; tried: {}. Use "
+             "more ranks, a smaller "
+             "--micro-batch-size or --seq-length, {}\n",
+             gib(device), world,
+             applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")), last);
 }
 
 }  // namespace

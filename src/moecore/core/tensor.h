@@ -51,6 +51,9 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // A shape and dtype with no storage (defined() is false; its elements must not be read): a parameter's value or
+  // gradient this rank does not hold now (Megatron FSDP's freed units, meta-device initialisation).
+  static Tensor unallocated(const Shape& shape, DType dtype, Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

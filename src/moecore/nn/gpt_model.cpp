@@ -176,8 +176,9 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   const ModelChunk& ch = chunks_.at(c);
   const auto shared_bucket = static_cast<size_t>(cfg_.num_layers);  // the embedding's, final norm's, output's
   Tensor h;
-  if (ch.embedding || ch.loss) pre_hook(shared_bucket);
+  if (!units() && (ch.embedding || ch.loss)) pre_hook(shared_bucket);
   if (ch.embedding) {
+    if (units()) pre_hook(shared_bucket);
     MOE_ASSERT(in.ndim() == 2);
     const Tensor tokens = split_sequence_BS(in, SeqSplit{cfg_.cp.size, cfg_.cp.rank});  // CP: this rank's chunks
     begin_batch(tokens.dim(1), tokens.dim(0), st);
@@ -187,6 +188,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
     if (position_) position_->forward_(h, st.pos);
     embedding_dropout_.forward_(h, st.dropout);
     probe("embedding", false, h);
+    call(unit_hooks_.params_done, shared_bucket);
   } else {
     MOE_ASSERT_MSG(in.ndim() == 3 && in.dim(2) == cfg_.hidden_size, "a chunk's input is [S/TP, B, H], got {}",
                    in.shape().str());
@@ -195,10 +197,16 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   }
   for (size_t i = chunk_begin_[c]; i < chunk_begin_[c + 1]; i++) {
     pre_hook(static_cast<size_t>(global_layer_[i]));
+    if (i + 1 < chunk_begin_[c + 1])  // Megatron FSDP's forward prefetch: the next unit's gather goes out now
+      call(unit_hooks_.prefetch, static_cast<size_t>(global_layer_[i + 1]));
+    else if (ch.loss)
+      call(unit_hooks_.prefetch, shared_bucket);
     st.layers[i].dropout = st.dropout;
     h = recompute_.forward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, h);
+    call(unit_hooks_.params_done, static_cast<size_t>(global_layer_[i]));
   }
   if (!ch.loss) return h;
+  if (units()) pre_hook(shared_bucket);
   // Without MTP the output layer's GEMM is the norm's only reader: under --bf16 the norm writes bf16 for it.
   h = final_norm_->forward(h, st.final_norm, cfg_.bf16 && !mtp_ ? std::optional<DType>(DType::BF16) : std::nullopt);
   probe("decoder.final_layernorm", false, h);
@@ -212,6 +220,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   const Tensor x = sp_all_gather(h, cfg_.tp);
   st.logits_TV = output_->forward(x, st.output, output_->bf16_output_where_possible(x.device()));
   probe("output_layer", false, st.logits_TV);
+  call(unit_hooks_.params_done, shared_bucket);
   return st.logits_TV;
 }
 
@@ -302,8 +311,10 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
                                 const std::function<void(size_t)>& grads_final) {
   const ModelChunk& ch = chunks_.at(c);
   const int64_t S_local = st.S / cfg_.tp.size();
+  const auto shared_bucket = static_cast<size_t>(cfg_.num_layers);
   Tensor dh = dy;
   if (ch.loss) {
+    call(unit_hooks_.backward_start, shared_bucket);
     // The logits are not needed after this, so their gradient overwrites them (in bf16 under --bf16 on the CPU,
     // the dtype the output layer's GEMMs read: the same bits as rounding it there), here or in loss_forward.
     Tensor dlogits = st.logits_TV;
@@ -329,19 +340,34 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
     }
     dh = final_norm_->backward(dh, st.final_norm);
     probe("decoder.final_layernorm", true, dh);
+    // Its gradients are final once the embedding's backward adds to them, where this chunk holds it too.
+    call(ch.embedding ? unit_hooks_.params_done : unit_hooks_.backward_done, shared_bucket);
   } else {
     MOE_ASSERT_MSG(dy.defined() && dy.numel() == S_local * st.B * cfg_.hidden_size,
                    "a chunk's output gradient is [S/TP, B, H]");
   }
   for (size_t i = chunk_begin_[c + 1]; i-- > chunk_begin_[c];) {
     st.layers[i].ffn->loss_scale = aux_scale;
+    const auto unit = static_cast<size_t>(global_layer_[i]);
+    if (units()) {
+      const auto [rb, re] = recompute_.replayed_by(chunk_begin_[c], chunk_begin_[c + 1], i);
+      for (size_t j = rb; j < re; j++) pre_hook(static_cast<size_t>(global_layer_[j]));  // the replay reads them
+      call(unit_hooks_.backward_start, unit);
+      if (i > chunk_begin_[c])  // the backward prefetch: the unit below
+        call(unit_hooks_.prefetch, static_cast<size_t>(global_layer_[i - 1]));
+      else if (ch.embedding)
+        call(unit_hooks_.prefetch, shared_bucket);
+    }
     dh = recompute_.backward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, dh);
-    if (grads_final) grads_final(static_cast<size_t>(global_layer_[i]));
+    if (grads_final) grads_final(unit);
+    call(unit_hooks_.backward_done, unit);
   }
   if (!ch.embedding) return dh;
+  call(unit_hooks_.backward_start, shared_bucket);
   dh = embedding_dropout_.backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.dropout);
   if (position_) position_->backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.pos);
   embedding_->backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
+  call(unit_hooks_.backward_done, shared_bucket);
   return Tensor();
 }
 

@@ -161,6 +161,17 @@ class GPTModel {
   // embedding, final norm, output layer and MTP (num_layers of the whole model). The distributed optimizer waits
   // there for the parameter all-gathers it left in flight (--overlap-param-gather). Empty: none.
   void set_forward_pre_hook(std::function<void(size_t)> hook) { pre_hook_ = std::move(hook); }
+  // Megatron FSDP's unit hooks beside the pre-hook, with the same unit numbers (empty: none): prefetch(i), i's
+  // parameters are read next in this chunk (their gather may start); params_done(i), a forward no longer reads them
+  // (a full-recompute chunk's are read again by the replay in its last layer's backward, which calls the pre-hook
+  // for each replayed layer first); backward_start(i) before i's backward reads them and writes its gradients (the
+  // embedding/output unit's spans the loss's and the embedding's backward when one chunk holds both);
+  // backward_done(i) after it, in every micro-batch. With them set the pre-hook of the embedding/output unit is
+  // called where each part reads it rather than at the chunk's start.
+  struct UnitHooks {
+    std::function<void(size_t)> prefetch, params_done, backward_start, backward_done;
+  };
+  void set_unit_hooks(UnitHooks hooks) { unit_hooks_ = std::move(hooks); }
   // Fine-grained activation offloading of the decoder layers' stashes (stash_offload.h); null: none. It must outlive
   // its use.
   void set_stash_offload(StashOffload* o) { recompute_.set_offload(o); }
@@ -199,6 +210,11 @@ class GPTModel {
   std::function<void(size_t)> pre_hook_;
   void pre_hook(size_t layer) const {
     if (pre_hook_) pre_hook_(layer);
+  }
+  UnitHooks unit_hooks_;
+  bool units() const { return static_cast<bool>(unit_hooks_.backward_done); }
+  static void call(const std::function<void(size_t)>& hook, size_t unit) {
+    if (hook) hook(unit);
   }
   void probe(const char* module, bool backward, const Tensor& t) const {
     if (probe_) (*probe_)(module, backward, t);

@@ -30,6 +30,12 @@ Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Sta
   return y;
 }
 
+std::pair<size_t, size_t> LayerRecompute::replayed_by(size_t begin, size_t end, size_t i) const {
+  const RecomputeConfig::Chunk c = chunk_in_block(cfg_, begin, end, i);
+  if (!c.on() || static_cast<int64_t>(i) != c.end - 1) return {i, i};
+  return {static_cast<size_t>(c.begin), static_cast<size_t>(c.end)};
+}
+
 Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end,
                                 size_t i, const Tensor& dy) const {
   const auto li = static_cast<int64_t>(i);

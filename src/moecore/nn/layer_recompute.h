@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "moecore/nn/recompute.h"
@@ -26,6 +27,9 @@ class LayerRecompute {
   Tensor backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end, size_t i,
                   const Tensor& dy) const;
   const RecomputeConfig& config() const { return cfg_; }
+  // The layers [first, last) whose forwards backward(..., i, ...) replays before i's backward: its full-recompute
+  // chunk where i is the chunk's last layer, else none (first == last).
+  std::pair<size_t, size_t> replayed_by(size_t begin, size_t end, size_t i) const;
   // Fine-grained activation offloading of the layers outside recompute chunks (null: none); it must outlive us.
   void set_offload(StashOffload* o) { offload_ = o; }
 

@@ -20,8 +20,8 @@ Parameter& ParamRegistry::add(const std::string& name, const Shape& shape, InitR
   for (auto& p : params_) MOE_ASSERT_MSG(p->name != name, "parameter {} registered twice", name);
   auto p = std::make_unique<Parameter>();
   p->name = name;
-  p->value = Tensor::zeros(shape, dtype_);
-  p->grad = Tensor::zeros(shape, dtype_);
+  p->value = meta_ ? Tensor::unallocated(shape, dtype_) : Tensor::zeros(shape, dtype_);
+  p->grad = meta_ ? Tensor::unallocated(shape, dtype_) : Tensor::zeros(shape, dtype_);
   p->init = init;
   p->no_weight_decay = no_weight_decay;
   params_.push_back(std::move(p));
@@ -42,7 +42,8 @@ int64_t ParamRegistry::numel() const {
 }
 
 void ParamRegistry::initialize(uint64_t seed) {
-  for (auto& p : params_) init_parameter(*p, seed);
+  for (auto& p : params_)
+    if (p->value.defined()) init_parameter(*p, seed);  // an unallocated one: by its shards' owners
 }
 
 void Parameter::set_shard(const Shape& global, const std::vector<int64_t>& offset, const Shape& box) {
@@ -86,6 +87,23 @@ void init_parameter(Parameter& p, uint64_t seed) {
   });
 }
 
+void init_parameter_range(const Parameter& p, uint64_t seed, int64_t first, Tensor& out) {
+  const int64_t n = out.numel();
+  MOE_ASSERT_MSG(first >= 0 && first + n <= p.value.numel(), "{}: elements [{}, {}) of {}", p.name, first, first + n,
+                 p.value.numel());
+  if (!p.sharded() || p.init.kind != InitKind::Normal) {  // a whole tensor's elements are its global ones
+    init_tensor(out, p.name, p.init, seed, first);
+    return;
+  }
+  const Philox rng(seed, stream_id(p.name));
+  const double std = p.init.std;
+  MOE_DISPATCH_FLOAT(out.dtype(), T, {
+    T* v = out.data<T>();
+    _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++) v[i] =
+        static_cast<T>(std * rng.normal(static_cast<uint64_t>(p.global_index(first + i))));
+  });
+}
+
 namespace {
 ParamRegistry::LazyZero g_lazy_zero = ParamRegistry::LazyZero::Lazy;
 }  // namespace
@@ -96,6 +114,7 @@ void ParamRegistry::set_lazy_zero(LazyZero mode) {
 
 void ParamRegistry::zero_grad(bool lazy) {
   for (auto& p : params_) {
+    if (!p->grad.defined()) continue;  // unallocated (a freed FSDP unit's): its optimizer takes fresh gradients
     p->grad_stale = lazy && g_lazy_zero != LazyZero::Eager && kernels::backend_offers(p->grad.device()).lazy_grad_zero;
     if (!p->grad_stale)
       p->grad.zero_();
@@ -110,6 +129,7 @@ void ParamRegistry::settle_grads() {
 
 void ParamRegistry::to(Device d) {
   for (auto& p : params_) {
+    if (!p->value.defined()) continue;  // unallocated (set_meta): its shards are made where the optimizer lives
     p->settle_grad();
     p->value = p->value.to(d);
     p->grad = p->grad.to(d);

@@ -79,8 +79,8 @@ struct Parameter {
     return grad;
   }
   void settle_grad() {
-    if (grad_stale) grad.zero_();
-    grad_stale = false;
+    if (grad_stale && grad.defined()) grad.zero_();  // an unallocated one (a freed FSDP unit's) stays to its owner
+    grad_stale = grad_stale && !grad.defined();
   }
 
   bool sharded() const { return global_view.ndim() > 0; }
@@ -102,6 +102,10 @@ class ParamRegistry {
   int64_t numel() const;
 
   void initialize(uint64_t seed);
+  // Megatron's --init-model-with-meta-device: the parameters registered from now on hold their shape and dtype but
+  // no storage (Tensor::unallocated); initialize skips them, and the optimizer that shards them allocates and
+  // initialises only this rank's shards (init_parameter_range), so no rank ever holds the whole model.
+  void set_meta(bool meta) { meta_ = meta; }
   // Zeroes every gradient; `lazy` (host tensors only) marks them stale instead (Parameter::grad_stale), for a
   // training step whose writers overwrite them and whose readers settle them first (settle_grads).
   void zero_grad(bool lazy = false);
@@ -118,6 +122,7 @@ class ParamRegistry {
 
  private:
   DType dtype_;
+  bool meta_ = false;
   Device device_ = Device::cpu();
   std::vector<std::unique_ptr<Parameter>> params_;
 };
@@ -155,5 +160,8 @@ void unpack_grads(const Tensor& flat, const std::vector<Parameter*>& params);
 void init_tensor(Tensor& t, const std::string& name, InitRule rule, uint64_t seed, int64_t offset = 0);
 // Fills p.value with its init values: the global tensor's elements at the shard's positions.
 void init_parameter(Parameter& p, uint64_t seed);
+// Fills `out` (f32 or f64) with the init values of p's local elements [first, first + out.numel()): the elements
+// init_parameter would write there, for a rank that holds only part of p.
+void init_parameter_range(const Parameter& p, uint64_t seed, int64_t first, Tensor& out);
 
 }  // namespace moecore::nn

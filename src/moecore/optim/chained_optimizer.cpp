@@ -99,7 +99,7 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
         continue;
       }
     }
-    if (distributed()) {
+    if (distributed() && cfg_.sharding != Sharding::NoShard) {
       const comm::ProcessGroup *shard_group = group, *inter = nullptr;
       if (cfg_.instances > 1) {  // Megatron's partial distributed optimizer
         const int64_t n = group->size() / cfg_.instances;
@@ -119,8 +119,11 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       // Shards count their elements once per shard group: the weight is scaled back by its size.
       const double shards = static_cast<double>(shard_group->size());
       auto weight = [this, shards](const nn::Parameter& p) { return norm_weight(p) * shards; };
-      parts_.push_back(std::make_unique<ShardedAdamW>(*part, *shard_group, weight, bucket_of, cfg_.rule, inter,
-                                                      num_buckets - 1, cfg_.bucket_size));
+      const bool units = cfg_.sharding != Sharding::Optim;  // Megatron FSDP's: one bucket per layer bucket
+      parts_.push_back(std::make_unique<ShardedAdamW>(
+          *part, *shard_group, weight, bucket_of, cfg_.rule, inter, num_buckets - 1, units ? 0 : cfg_.bucket_size,
+          FsdpOptions{cfg_.sharding, cfg_.fsdp_double_buffer, cfg_.fsdp_init_shards, cfg_.init_seed,
+                      cfg_.fsdp_outer_shard}));
       if (cfg_.overlap_param_gather)
         static_cast<ShardedAdamW&>(*parts_.back()).overlap_param_gather(cfg_.param_gather_with_step);
     } else {
@@ -144,16 +147,74 @@ double ChainedOptimizer::norm_weight(const nn::Parameter& p) const {
 }
 
 void ChainedOptimizer::layer_grads_final(size_t bucket) {
+  if (fsdp_units()) {  // every micro-batch's unit_backward_done reduced them, but the shared embedding's unit's
+    if (shares_embedding(bucket)) {
+      sum_shared_grads(bucket);
+      for (auto& part : parts_) part->unit_backward_done(bucket);
+    }
+    return;
+  }
+  sum_shared_grads(bucket);
+  if (cfg_.overlap_grad_reduce)
+    for (auto& part : parts_) started_count_ += part->start_bucket(bucket);
+}
+
+void ChainedOptimizer::unit_forward(size_t bucket) {
+  for (auto& part : parts_) part->unit_forward(bucket);
+}
+
+void ChainedOptimizer::unit_prefetch(size_t bucket) {
+  for (auto& part : parts_) part->unit_prefetch(bucket);
+}
+
+void ChainedOptimizer::unit_params_done(size_t bucket) {
+  for (auto& part : parts_) part->unit_forward_done(bucket);
+}
+
+void ChainedOptimizer::unit_backward(size_t bucket) {
+  for (auto& part : parts_) part->unit_backward(bucket);
+}
+
+bool ChainedOptimizer::shares_embedding(size_t bucket) const {
+  return bucket + 1 == num_buckets_ && g_.embedding && g_.shared_embedding && g_.embedding->size() > 1;
+}
+
+void ChainedOptimizer::sum_shared_grads(size_t bucket) {
   // Megatron's _allreduce_word_embedding_grads: the first and last stage's word-embedding gradients summed, so
   // both copies take the same update (a sum, so it commutes with the data-parallel reduction that follows).
-  if (bucket + 1 == num_buckets_ && g_.embedding && g_.shared_embedding && g_.embedding->size() > 1) {
+  if (shares_embedding(bucket)) {
     nn::Parameter& e = const_cast<nn::Parameter&>(*g_.shared_embedding);
     e.settle_grad();
     g_.embedding->all_reduce(e.grad);
   }
   sp_.sum(bucket);
-  if (cfg_.overlap_grad_reduce)
-    for (auto& part : parts_) started_count_ += part->start_bucket(bucket);
+}
+
+void ChainedOptimizer::unit_backward_done(size_t bucket) {
+  if (!fsdp_units()) return;
+  // The word embedding shared by the first and last pipeline stage: its unit's whole gradients stay for the step
+  // and are summed over the embedding group once, after the schedule (layer_grads_final), as without FSDP (a
+  // stage summing them here would wait for the other while it waits for this one's activation gradients).
+  if (shares_embedding(bucket)) {
+    for (auto& part : parts_) part->unit_forward_done(bucket);
+    return;
+  }
+  // As layer_grads_final does for the last micro-batch without FSDP: the sums come before the data-parallel
+  // reduction (each is a sum, so summing every micro-batch's commutes with the accumulation into the shard).
+  sum_shared_grads(bucket);
+  for (auto& part : parts_) part->unit_backward_done(bucket);
+}
+
+size_t ChainedOptimizer::buckets_gathered() const {
+  size_t n = 0;
+  for (const auto& part : parts_) n += part->buckets_gathered();
+  return n;
+}
+
+size_t ChainedOptimizer::grad_buckets_live() const {
+  size_t n = 0;
+  for (const auto& part : parts_) n += part->grad_buckets_live();
+  return n;
 }
 
 size_t ChainedOptimizer::param_gathers_pending() const {

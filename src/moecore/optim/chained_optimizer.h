@@ -61,6 +61,15 @@ struct OptimizerConfig {
   // Loss scaling (grad_scaler.h): --loss-scale, or the dynamic scaler of --fp16. The gradients are unscaled as they
   // are reduced, and a step with an inf or NaN among them is skipped (no update) and the scaler updated. CPU only.
   GradScalerConfig scaler;
+  // Megatron FSDP (--use-megatron-fsdp): what `distributed` shards (optimizer.h; no_shard: the replicated optimizer,
+  // as without `distributed`), and --fsdp-double-buffer.
+  Sharding sharding = Sharding::Optim;
+  bool fsdp_double_buffer = false;
+  // --init-model-with-meta-device under optim_grads_params: the parameters arrive unallocated and each rank
+  // initialises its shards from init_seed (ParamRegistry::set_meta).
+  bool fsdp_init_shards = false;
+  uint64_t init_seed = 0;
+  bool fsdp_outer_shard = false;  // --outer-dp-sharding-strategy optim with K instances (distributed_optimizer.h)
 };
 
 class ChainedOptimizer {
@@ -81,6 +90,20 @@ class ChainedOptimizer {
   // With overlap_param_gather: the forward is about to read layer bucket `bucket` (Megatron's forward pre-hook):
   // waits for the all-gathers of the parameter buckets holding it (dispatching the next ones). Nothing otherwise.
   void wait_param_gather(size_t bucket);
+  // Megatron FSDP's unit hooks (optim_grads and up; optimizer.h), called by the model for layer bucket `bucket`:
+  // its parameters are read now (gathered), will be read next (their gather posted), not read for now (freed), its
+  // backward starts (parameters gathered, whole gradients taken) or ends in this micro-batch (the tied embedding's
+  // and sequence-parallel sums, then the reduce-scatter into the owned shards).
+  bool fsdp_units() const { return distributed() && (cfg_.sharding == Sharding::OptimGrads || params_sharded()); }
+  bool params_sharded() const { return distributed() && cfg_.sharding == Sharding::OptimGradsParams; }
+  void unit_forward(size_t bucket);
+  void unit_prefetch(size_t bucket);
+  void unit_params_done(size_t bucket);
+  void unit_backward(size_t bucket);
+  void unit_backward_done(size_t bucket);
+  // What the units hold now, over the parts (ParamClassOptimizer::buckets_gathered, grad_buckets_live).
+  size_t buckets_gathered() const;
+  size_t grad_buckets_live() const;
   // Every parameter all-gather still in flight completed (before anything but the forward reads the parameters:
   // a checkpoint, the parameter norm, the weight hashes).
   void finish_param_gather();
@@ -138,6 +161,10 @@ class ChainedOptimizer {
   // Share of a parameter's squared gradient this rank adds to the global norm: 1 over the number of ranks holding
   // the same (reduced) gradient, so the sum over all ranks counts every element once.
   double norm_weight(const nn::Parameter& p) const;
+  // Whether layer bucket `bucket` holds the word embedding shared by the first and last pipeline stage; its sums
+  // over that group and, under sequence parallelism, over TP before the data-parallel reduction.
+  bool shares_embedding(size_t bucket) const;
+  void sum_shared_grads(size_t bucket);
   std::vector<nn::Parameter*> params_;
   std::map<const nn::Parameter*, size_t> index_;  // position in params_
   OptimizerGroups g_;

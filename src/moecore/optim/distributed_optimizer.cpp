@@ -11,8 +11,21 @@ namespace moecore::optim {
 
 ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
                            const std::function<double(const nn::Parameter&)>& norm_weight, const BucketOf& bucket_of,
-                           ElementRule rule, const comm::ProcessGroup* inter, size_t num_layers, int64_t bucket_size)
-    : params_(params), group_(group), rule_(rule), inter_(inter && inter->size() > 1 ? inter : nullptr) {
+                           ElementRule rule, const comm::ProcessGroup* inter, size_t num_layers, int64_t bucket_size,
+                           const FsdpOptions& fsdp)
+    : sharding_(fsdp.sharding),
+      double_buffer_(fsdp.double_buffer && fsdp.sharding == Sharding::OptimGradsParams),
+      init_shards_(fsdp.init_shards),
+      outer_(fsdp.outer_shard && inter != nullptr && inter->size() > 1),
+      seed_(fsdp.seed),
+      params_(params),
+      group_(group),
+      rule_(rule),
+      inter_(inter && inter->size() > 1 ? inter : nullptr) {
+  MOE_ASSERT_MSG(sharding_ != Sharding::NoShard, "no_shard is the replicated optimizer");
+  MOE_ASSERT_MSG(sharding_ == Sharding::Optim || bucket_size == 0, "an FSDP unit is one bucket per layer bucket");
+  MOE_ASSERT_MSG(!init_shards_ || sharding_ == Sharding::OptimGradsParams, "only sharded parameters start sharded");
+  MOE_ASSERT_MSG(!outer_ || sharding_ == Sharding::OptimGradsParams, "outer sharding needs sharded parameters");
   BufferLayout layout;
   for (auto* p : params) {
     MOE_ASSERT_MSG(p->math_dtype() == DType::F32, "{}: the distributed optimizer keeps f32 state", p->name);
@@ -22,14 +35,16 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   num_layers_ = num_layers;
   layout.bucket_of = bucket_of;
   layout.bucket_size = bucket_size;
-  layout.shards = group_.size();
+  layout.shards = group_.size() * (outer_ ? inter_->size() : 1);
   layout.param_buffers = true;
+  layout.layout_only = init_shards_;
   // The buffers and the owned state live where the parameters do (a GPU's collectives stage through the host).
   layout.device = params.empty() ? Device::cpu() : params.front()->value.device();
   // The values as they are (f32) until the buffers hold them: the bf16-stored parameters' master shards come from
   // these.
   std::map<const nn::Parameter*, Tensor> full;
-  for (auto* p : params) full[p] = p->value;
+  if (!init_shards_)
+    for (auto* p : params) full[p] = p->value;
   const int64_t n = group_.size();
   int64_t owned = 0, mastered = 0;
   for (auto& b : make_buckets(params, layout)) {
@@ -37,14 +52,20 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     bk.buf = std::move(b);
     bk.shard = bk.buf.padded / n;
     bk.local = owned;
-    owned += bk.shard;
+    owned += state_len(bk);
     if (bk.buf.storage == DType::BF16) {
       bk.master = mastered;
-      mastered += bk.shard;
+      mastered += state_len(bk);
     }
+    // With the state sharded across the instances too each element has one owner, not one per instance.
+    const double owners = outer_ ? static_cast<double>(inter_->size()) : 1.0;
     for (size_t i = 0; i < bk.buf.params.size(); i++) {
       nn::Parameter* p = bk.buf.params[i];
-      bk.segs.push_back({p, bk.buf.offsets[i], norm_weight ? norm_weight(*p) : 1.0});
+      bk.segs.push_back({p, bk.buf.offsets[i], (norm_weight ? norm_weight(*p) : 1.0) * owners, p->value.shape()});
+    }
+    if (!init_shards_) {
+      bk.grad_shard = bk.buf.grad.slice(group_.rank() * bk.shard, bk.shard);
+      bk.param_shard = bk.buf.param.slice(group_.rank() * bk.shard, bk.shard);
     }
     buckets_.push_back(std::move(bk));
   }
@@ -52,22 +73,40 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), layout.device);
   v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), layout.device);
   for (auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16) continue;
+    if (bk.buf.storage != DType::BF16 || init_shards_) continue;  // sharded initialisation: in shard_units
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = full.at(s.p);
-      master_.slice(bk.master + at - group_.rank() * bk.shard, len)
-          .copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
+      master_.slice(bk.master + at - state_lo(bk), len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
     });
+  }
+  if (sharding_ != Sharding::Optim) shard_units();
+}
+
+template <typename Fn>
+void ShardedAdamW::for_range(const Bucket& bk, int64_t first, int64_t len, Fn fn) const {
+  for (const auto& s : bk.segs) {
+    const int64_t a = std::max(first, s.offset), b = std::min(first + len, s.offset + s.numel());
+    if (a < b) fn(s, a - first, b - a, a);
   }
 }
 
 template <typename Fn>
 void ShardedAdamW::for_owned(const Bucket& bk, Fn fn) const {
-  const int64_t lo = group_.rank() * bk.shard, hi = lo + bk.shard;
-  for (const auto& s : bk.segs) {
-    const int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.p->value.numel());
-    if (a < b) fn(s, a - lo + bk.local, b - a, a);  // owned-array offset, length, offset in the bucket
+  for_range(bk, state_lo(bk), state_len(bk), [&](const Segment& s, int64_t rel, int64_t len, int64_t at) {
+    fn(s, rel + bk.local, len, at);  // owned-array offset, length, offset in the bucket
+  });
+}
+
+Tensor ShardedAdamW::gather_state(const Bucket& bk, const Tensor& part) const {
+  Tensor shard = part.to(Device::cpu());
+  if (outer_) {  // the instances' parts of this shard first
+    Tensor whole = Tensor::empty({bk.shard}, part.dtype());
+    inter_->all_gather(shard, whole);
+    shard = whole;
   }
+  Tensor flat = Tensor::empty({bk.buf.padded}, part.dtype());
+  group_.all_gather(shard, flat);
+  return flat;
 }
 
 void ShardedAdamW::gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const {
@@ -77,11 +116,11 @@ void ShardedAdamW::gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v
   v.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
     for (auto [owned, out] : {std::pair{&m_, &m}, std::pair{&v_, &v}}) {
-      Tensor flat = Tensor::empty({bk.buf.padded}, owned->dtype());  // the moments' storage dtype (bf16 or f32)
-      group_.all_gather(owned->slice(bk.local, bk.shard), flat);
+      // In the moments' storage dtype (bf16 or f32).
+      const Tensor flat = gather_state(bk, owned->slice(bk.local, state_len(bk)));
       for (const auto& s : bk.segs) {
-        Tensor t = Tensor::empty(s.p->value.shape(), owned->dtype());
-        t.copy_from(flat.slice(s.offset, s.p->value.numel()).reshape(t.shape()));
+        Tensor t = Tensor::empty(s.shape, owned->dtype());
+        t.copy_from(flat.slice(s.offset, s.numel()).reshape(t.shape()));
         (*out)[index[s.p]] = t;
       }
     }
@@ -95,7 +134,7 @@ void ShardedAdamW::load_moments(const std::vector<Tensor>& m, const std::vector<
   for (auto& bk : buckets_) {
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
       const size_t i = index[s.p];
-      MOE_ASSERT(m[i].numel() == s.p->value.numel() && v[i].numel() == s.p->value.numel());
+      MOE_ASSERT(m[i].numel() == s.numel() && v[i].numel() == s.numel());
       Tensor mm = m_.slice(off, len), vv = v_.slice(off, len);  // converted to the storage dtype
       mm.copy_from(m[i].reshape({m[i].numel()}).slice(at - s.offset, len));
       vv.copy_from(v[i].reshape({v[i].numel()}).slice(at - s.offset, len));
@@ -108,14 +147,17 @@ void ShardedAdamW::gather_master(std::vector<Tensor>& w) const {
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   w.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16) {  // f32 values are their own masters, whole on every rank
+    if (bk.buf.storage != DType::BF16 && !params_sharded()) {  // f32 values are their own masters, whole here
       for (const auto& s : bk.segs) w[index[s.p]] = s.p->value.to(Device::cpu()).clone();
       continue;
     }
-    Tensor flat = Tensor::empty({bk.buf.padded}, DType::F32);  // the owners' master shards, gathered
-    group_.all_gather(master_.slice(bk.master, bk.shard).to(Device::cpu()), flat);
-    for (const auto& s : bk.segs)
-      w[index[s.p]] = flat.slice(s.offset, s.p->value.numel()).reshape(s.p->value.shape()).clone();
+    // The owners' master shards (an f32 parameter's shard is its master), gathered.
+    Tensor flat = Tensor::empty({bk.buf.padded}, DType::F32);
+    if (bk.buf.storage == DType::BF16)
+      flat = gather_state(bk, master_.slice(bk.master, state_len(bk)));
+    else  // the whole shard on every rank of the instance
+      group_.all_gather(bk.param_shard.to(Device::cpu()), flat);
+    for (const auto& s : bk.segs) w[index[s.p]] = flat.slice(s.offset, s.numel()).reshape(s.shape).clone();
   }
 }
 
@@ -124,12 +166,19 @@ void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
   std::map<const nn::Parameter*, size_t> index;
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   for (auto& bk : buckets_) {
-    for (const auto& s : bk.segs) s.p->value.copy_from(w[index[s.p]]);  // rounded where stored in bf16
+    if (params_sharded()) {  // the owned parameter shard (rounded where stored in bf16); nothing gathered holds them
+      MOE_ASSERT_MSG(!bk.resident, "parameters loaded while their unit is gathered");
+      for_range(bk, lo(bk), bk.shard, [&](const Segment& s, int64_t rel, int64_t len, int64_t at) {
+        const Tensor& f = w[index[s.p]];
+        bk.param_shard.slice(rel, len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
+      });
+    } else {
+      for (const auto& s : bk.segs) s.p->value.copy_from(w[index[s.p]]);  // rounded where stored in bf16
+    }
     if (bk.buf.storage != DType::BF16) continue;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = w[index[s.p]];
-      master_.slice(bk.master + at - group_.rank() * bk.shard, len)
-          .copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
+      master_.slice(bk.master + at - state_lo(bk), len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
     });
   }
 }
@@ -138,15 +187,16 @@ std::vector<double> ShardedAdamW::master_squares() const {
   std::map<const nn::Parameter*, size_t> index;
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   std::vector<double> sq(params_.size(), 0.0);
-  const auto shards = static_cast<double>(group_.size());
+  const auto shards = static_cast<double>(group_.size() * (outer_ ? inter_->size() : 1));
   for (const auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16) {  // whole on every rank
+    if (bk.buf.storage != DType::BF16 && !params_sharded()) {  // whole on every rank
       for (const auto& s : bk.segs) sq[index[s.p]] = kernels::sum_squares(s.p->value);
       continue;
     }
-    const int64_t lo = group_.rank() * bk.shard;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      sq[index[s.p]] += shards * kernels::sum_squares(master_.slice(bk.master + at - lo, len));
+      const Tensor w = bk.buf.storage == DType::BF16 ? master_.slice(bk.master + at - state_lo(bk), len)
+                                                     : bk.param_shard.slice(at - lo(bk), len);
+      sq[index[s.p]] += shards * kernels::sum_squares(w);
     });
   }
   return sq;
@@ -165,6 +215,7 @@ void ShardedAdamW::start(Bucket& bk) {
 }
 
 size_t ShardedAdamW::start_bucket(size_t b) {
+  if (grads_sharded()) return 0;  // each unit's backward reduces its own (unit_backward_done)
   size_t started = 0;
   for (auto& bk : buckets_) {
     BufferBucket& buf = bk.buf;
@@ -179,20 +230,32 @@ size_t ShardedAdamW::start_bucket(size_t b) {
 }
 
 void ShardedAdamW::reduce_gradients(double scale, float unscale, kernels::ClipState& clip) {
-  for (auto& bk : buckets_)
-    if (!bk.buf.started) start(bk);
+  if (grads_sharded()) {
+    free_all_units();
+  } else {
+    for (auto& bk : buckets_)
+      if (!bk.buf.started) start(bk);
+  }
   norm_terms_.clear();
   norm_weights_.clear();
   for (auto& bk : buckets_) {
-    bk.buf.work.wait();
-    bk.buf.started = false;
-    bk.buf.pending = bk.buf.layers.size();
-    Tensor g = bk.buf.grad.slice(group_.rank() * bk.shard, bk.shard);  // this rank's region: its sum
-    if (inter_) inter_->all_reduce(g);                                 // the other instances' sums of the same shard
+    if (grads_sharded()) {
+      if (!bk.summed) bk.grad_shard.zero_();  // no backward reached this unit: its gradients are zero
+      bk.summed = false;
+    } else {
+      bk.buf.work.wait();
+      bk.buf.started = false;
+      bk.buf.pending = bk.buf.layers.size();
+    }
+    Tensor& g = bk.grad_shard;  // this rank's region: its sum
+    if (outer_)                 // the other instances' sums of the same shard, each rank its part of them
+      inter_->reduce_scatter_in_place(g);
+    else if (inter_)
+      inter_->all_reduce(g);
     kernels::scale_(g, scale);
     if (unscale != 1.0f) kernels::scale_(g, unscale);  // the loss scale out of this rank's main gradients
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      norm_terms_.push_back(bk.buf.grad.slice(at, len));
+      norm_terms_.push_back(bk.grad_shard.slice(at - lo(bk), len));
       norm_weights_.push_back(s.norm_weight);
     });
   }
@@ -203,7 +266,7 @@ double ShardedAdamW::zero_share() const {
   double zeros = 0;
   for (const auto& bk : buckets_)
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      zeros += s.norm_weight * static_cast<double>(kernels::count_zeros(bk.buf.grad.slice(at, len)));
+      zeros += s.norm_weight * static_cast<double>(kernels::count_zeros(bk.grad_shard.slice(at - lo(bk), len)));
     });
   return zeros;
 }
@@ -214,17 +277,22 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   // result written into its parameter buffer.
   std::vector<kernels::AdamWTensor> parts;
   for (auto& bk : buckets_) {
-    const int64_t lo = group_.rank() * bk.shard;
+    const int64_t lo = group_.rank() * bk.shard, state = state_lo(bk);
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
       const double wd = s.p->no_weight_decay ? 0.0 : hp.weight_decay;
-      const Tensor g = bk.buf.grad.slice(at, len), p = bk.buf.param.slice(at, len);
+      const Tensor g = bk.grad_shard.slice(at - lo, len), p = bk.param_shard.slice(at - lo, len);
       if (bk.buf.storage == DType::BF16)
-        parts.push_back({master_.slice(bk.master + at - lo, len), g, m_.slice(off, len), v_.slice(off, len), wd, p});
+        parts.push_back({master_.slice(bk.master + at - state, len), g, m_.slice(off, len), v_.slice(off, len), wd, p});
       else
         parts.push_back({p, g, m_.slice(off, len), v_.slice(off, len), wd});
     });
   }
   element_step_multi(rule_, parts, hp, step);
+  if (params_sharded()) {  // each unit is gathered from the updated shards as it is read
+    if (outer_)            // each instance's shard whole again from the parts its ranks updated
+      for (auto& bk : buckets_) inter_->all_gather_in_place(bk.param_shard);
+    return;
+  }
   TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
   if (overlap_gather_) {                     // left in flight for the next forward (wait_param_gather)
     for (auto& bk : buckets_) {

@@ -4,6 +4,12 @@
 // AdamW updates that share of the fp32 master weights and moments, and the updated shares are all-gathered in place
 // into the parameter buffer the model's values are views of (bf16 for the parameters stored in bf16, whose fp32
 // master lives only here, sharded). Dense parameters shard over DP×CP, expert shards over EDP.
+// As Megatron FSDP's engine (`sharding` beyond optim; optimizer.h Sharding) it keeps less: under optim_grads only the
+// owned gradient shard lives between units' backwards (a unit's whole gradients are taken as its backward starts and
+// reduce-scattered into the shard as it ends, in every micro-batch; distributed_optimizer_fsdp.cpp), under
+// optim_grads_params only the owned parameter shard too (a unit's parameters all-gathered before its forward and
+// before its backward, the next unit's gather posted as one starts, and freed after each). One bucket per layer
+// bucket and storage dtype is one FSDP unit.
 #pragma once
 
 #include <functional>
@@ -18,6 +24,20 @@
 
 namespace moecore::optim {
 
+// Megatron FSDP's options of the distributed optimizer: what it shards, --fsdp-double-buffer, and
+// --init-model-with-meta-device (the parameters arrive unallocated, ParamRegistry::set_meta, and each rank
+// initialises its owned shards from `seed` by parameter name and element index).
+struct FsdpOptions {
+  Sharding sharding = Sharding::Optim;
+  bool double_buffer = false;
+  bool init_shards = false;
+  uint64_t seed = 0;
+  // --outer-dp-sharding-strategy optim (HSDP with optim_grads_params and K instances): the optimizer state of each
+  // instance's shard sharded over the K ranks holding it (the inter-instance group) too; the gradients reduce-scattered
+  // over them, the updated parameters all-gathered back.
+  bool outer_shard = false;
+};
+
 class ShardedAdamW : public ParamClassOptimizer {
  public:
   // `norm_weight(p)`: the weight of p's elements in the returned sum of squares (1 over the number of ranks outside
@@ -30,7 +50,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   ShardedAdamW(std::vector<nn::Parameter*> params, const comm::ProcessGroup& group,
                const std::function<double(const nn::Parameter&)>& norm_weight = {}, const BucketOf& bucket_of = {},
                ElementRule rule = {}, const comm::ProcessGroup* inter = nullptr, size_t num_layers = 0,
-               int64_t bucket_size = 0);
+               int64_t bucket_size = 0, const FsdpOptions& fsdp = {});
   // Layer bucket b's gradients are final: starts the in-place reduce-scatter of every bucket it completes
   // (non-blocking). Every rank reports the layers in the same order.
   size_t start_bucket(size_t b) override;
@@ -59,12 +79,24 @@ class ShardedAdamW : public ParamClassOptimizer {
   void wait_param_gather(size_t b) override;
   void finish_param_gather() override;
   size_t param_gathers_pending() const override;
+  // Megatron FSDP's units (optimizer.h; distributed_optimizer_fsdp.cpp). With `double_buffer`
+  // (--fsdp-double-buffer) the gathered parameters of optim_grads_params live in two buffers kept for the run, each
+  // the size of the largest unit, used in turn.
+  void unit_forward(size_t b) override;
+  void unit_prefetch(size_t b) override;
+  void unit_forward_done(size_t b) override;
+  void unit_backward(size_t b) override;
+  void unit_backward_done(size_t b) override;
+  size_t buckets_gathered() const override;
+  size_t grad_buckets_live() const override;
 
  private:
   struct Segment {
     nn::Parameter* p;
     int64_t offset;  // in its bucket
     double norm_weight;
+    Shape shape;  // the parameter's (its value is not held while its unit is freed)
+    int64_t numel() const { return shape.numel(); }
   };
   struct Bucket {
     BufferBucket buf;
@@ -74,11 +106,48 @@ class ShardedAdamW : public ParamClassOptimizer {
     int64_t master = 0;           // offset of its share in master_ (bf16-stored buckets)
     comm::Work gather;            // its parameter all-gather, while in flight
     bool gather_pending = false;  // updated by the step, not yet gathered into every rank's parameters
+    // The owned shards: the gradient sum [shard] (f32) and the parameters [shard] (storage dtype); views into
+    // buf.grad and buf.param where those live for the run.
+    Tensor grad_shard, param_shard;
+    bool grads_live = true;  // buf.grad holds the whole gradients (always, below optim_grads)
+    bool reducing = false;   // optim_grads+: buf.grad's reduce-scatter in flight (buf.work)
+    bool summed = false;     // optim_grads+: grad_shard holds this step's sum so far
+    bool resident = true;    // buf.param holds the whole parameters (always, below optim_grads_params)
+    bool gathering = false;  // optim_grads_params: the all-gather into buf.param in flight (gather)
+    int slot = -1;           // with the double buffer: the one buf.param is a view of
   };
+  // Megatron FSDP (distributed_optimizer_fsdp.cpp): the buckets of layer bucket b; whole gradients bound to the
+  // parameters; the reduce-scatter of whole gradients started, and finished into the owned shard; the parameters
+  // gathered (async: posted, waited on first read) and freed.
+  void shard_units();  // at construction, optim_grads and up: only the owned shards stay
+  std::vector<size_t> unit_buckets(size_t b) const;
+  void take_grads(Bucket& bk);
+  void start_grad_reduce(Bucket& bk);
+  void finish_grad_reduce(Bucket& bk);
+  void post_gather(Bucket& bk, bool prefetch = false);  // a prefetch skips where both double buffers are taken
+  void wait_gathered(Bucket& bk);
+  void free_params(Bucket& bk);
+  void free_all_units();  // before the step: nothing gathered, every reduction in the owned shards
+  Sharding sharding_ = Sharding::Optim;
+  bool double_buffer_ = false, init_shards_ = false, outer_ = false;
+  uint64_t seed_ = 0;
+  std::vector<Tensor> slots_;  // the double buffer's two, per storage dtype: [dtype index · 2 + k]
+  int next_slot_ = 0;
+  bool grads_sharded() const { return sharding_ == Sharding::OptimGrads || sharding_ == Sharding::OptimGradsParams; }
+  bool params_sharded() const { return sharding_ == Sharding::OptimGradsParams; }
+  int64_t lo(const Bucket& bk) const { return group_.rank() * bk.shard; }
+  // The range of the bucket whose optimizer state this rank owns: its shard, or with outer_ its part of it.
+  int64_t state_len(const Bucket& bk) const { return outer_ ? bk.shard / inter_->size() : bk.shard; }
+  int64_t state_lo(const Bucket& bk) const { return lo(bk) + (outer_ ? inter_->rank() * state_len(bk) : 0); }
   // Runs fn(segment, offset in the owned arrays, length, offset in the bucket) for every segment overlapping the
   // share.
   template <typename Fn>
   void for_owned(const Bucket& bk, Fn fn) const;
+  // fn(segment, offset in [first, first + len), length, offset in the bucket) for every segment overlapping it.
+  template <typename Fn>
+  void for_range(const Bucket& bk, int64_t first, int64_t len, Fn fn) const;
+  // A bucket's whole [padded] values on the host from every rank's part of an owned state array.
+  Tensor gather_state(const Bucket& bk, const Tensor& part) const;
   void start(Bucket& bk);
   // The bucket's parameter all-gather dispatched (non-blocking) if not yet.
   void dispatch_gather(Bucket& bk);

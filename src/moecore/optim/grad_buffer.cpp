@@ -21,6 +21,8 @@ std::vector<size_t> final_order(size_t num_layers) {
 
 void bind(BufferBucket& bk, const BufferLayout& o) {
   bk.padded = (bk.numel + o.shards - 1) / o.shards * o.shards;
+  bk.pending = bk.layers.size();
+  if (o.layout_only) return;
   const DType gt = bk.params.front()->grad.dtype();  // f32 (f64 in checks)
   bk.grad = Tensor::zeros({bk.padded}, gt, o.device);
   if (o.param_buffers) bk.param = Tensor::zeros({bk.padded}, bk.storage, o.device);

@@ -39,8 +39,11 @@ struct BufferLayout {
   // become final (layers from the last to the first, then the embedding and output layer) and a bucket is closed
   // at a parameter boundary once it holds at least this many elements.
   int64_t bucket_size = 0;
-  int64_t shards = 1;             // each bucket padded to a multiple of this (the sharding group's size)
-  bool param_buffers = false;     // values as views too, in buckets of one storage dtype each
+  int64_t shards = 1;          // each bucket padded to a multiple of this (the sharding group's size)
+  bool param_buffers = false;  // values as views too, in buckets of one storage dtype each
+  // Megatron FSDP's sharded initialisation: the buckets laid out (parameters, offsets, sizes) without their buffers,
+  // the parameters left as they are (unallocated).
+  bool layout_only = false;
   Device device = Device::cpu();  // where the buffers live (the parameters')
 };
 

@@ -12,6 +12,14 @@
 
 namespace moecore::optim {
 
+// What data parallelism shards (Megatron FSDP's --data-parallel-sharding-strategy; optim is Megatron's distributed
+// optimizer, ZeRO-1): no_shard keeps everything whole on every rank (DDP); optim shards the fp32 master weights and
+// Adam moments; optim_grads (ZeRO-2) also keeps only the owned gradient shard between a unit's backwards, each
+// unit's (transformer layer's, or the embedding's, final norm's and output layer's) gradients reduce-scattered into
+// it as that unit's backward ends in every micro-batch; optim_grads_params (ZeRO-3) keeps only the owned parameter
+// shard too, gathering a unit's parameters before its forward and its backward and freeing them after.
+enum class Sharding { NoShard, Optim, OptimGrads, OptimGradsParams };
+
 class ParamClassOptimizer {
  public:
   virtual ~ParamClassOptimizer() = default;
@@ -38,6 +46,20 @@ class ParamClassOptimizer {
   virtual void wait_param_gather(size_t /*b*/) {}
   virtual void finish_param_gather() {}
   virtual size_t param_gathers_pending() const { return 0; }  // updated buckets not yet gathered
+  // Megatron FSDP's unit hooks (optim_grads and optim_grads_params; nothing elsewhere), b a layer bucket: b's
+  // parameters are read by a forward (or a recompute's replay) now (gather them), will be read next (post their
+  // gather: the prefetch), are not read for now (free them), its backward starts (gather them, give them whole
+  // gradients) or is done in this micro-batch (reduce-scatter the gradients into the owned shard, free both).
+  // Every rank of the group calls them in the same order.
+  virtual void unit_forward(size_t /*b*/) {}
+  virtual void unit_prefetch(size_t /*b*/) {}
+  virtual void unit_forward_done(size_t /*b*/) {}
+  virtual void unit_backward(size_t /*b*/) {}
+  virtual void unit_backward_done(size_t /*b*/) {}
+  // The buckets whose parameters (optim_grads_params) or whole gradients (optim_grads and up) are held now: the FSDP
+  // tests' evidence that units are freed.
+  virtual size_t buckets_gathered() const { return 0; }
+  virtual size_t grad_buckets_live() const { return 0; }
   // The Adam moments whole per parameter (collective where sharded), and back.
   virtual void gather_moments(std::vector<Tensor>& m, std::vector<Tensor>& v) const = 0;
   virtual void load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) = 0;

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "moecore/ckpt/upcycling.h"
 #include "moecore/core/error.h"
@@ -259,21 +260,29 @@ void CheckpointLoader::upcycle(const std::string& dir, const nlohmann::json& sta
 }
 
 void CheckpointLoader::load(StartPoint& start, Progress& p) {
-  OnHost host(reg_, model_, opt_);  // every loader writes whole f32 weights; commit hands them to the optimizer
+  // Every loader writes whole f32 weights on the host; commit hands them to the optimizer. Made only where something
+  // loads: a fresh start keeps its (possibly sharded, never whole: --init-model-with-meta-device) initial weights.
+  std::optional<OnHost> host;
+  auto on_host = [&]() -> OnHost& {
+    if (!host) host.emplace(reg_, model_, opt_);
+    return *host;
+  };
   for (const std::string& line : start.set_aside) fmt::print(out_, "note: {}\n", line);
   if (start.checkpoint && !start.checkpoint->note.empty()) fmt::print(out_, "note: {}\n", start.checkpoint->note);
   if (c_.moe_use_upcycling) {
     // Once the upcycled model is saved, later runs resume it from --save (as Megatron does).
     if (const auto own = ckpt::find_checkpoint(c_.save)) {
       if (!own->note.empty()) fmt::print(out_, "note: {}\n", own->note);
+      on_host();
       load_checkpoint(own->dir, own->state, p);
-      host.commit();
+      on_host().commit();
       if (saver_) saver_->check_save_target();
       return;
     }
     MOE_CHECK(start.checkpoint, "--moe-use-upcycling: --load {} holds no dense checkpoint", c_.load);
+    on_host();
     upcycle(start.checkpoint->dir, start.checkpoint->state);
-    host.commit();  // before the save below reads the weights back
+    on_host().commit();  // before the save below reads the weights back
     MOE_ASSERT(saver_ != nullptr);
     saver_->check_save_target();
     saver_->save(p);
@@ -282,8 +291,9 @@ void CheckpointLoader::load(StartPoint& start, Progress& p) {
   if (saver_) saver_->check_save_target();
   if (!c_.load.empty()) {
     if (start.checkpoint) {
+      on_host();
       load_checkpoint(start.checkpoint->dir, start.checkpoint->state, p);
-      host.commit();
+      on_host().commit();
       return;
     }
     MOE_CHECK(!c_.finetune, "--finetune: --load {} holds no checkpoint (no {} and no index.json)", c_.load,
@@ -293,9 +303,10 @@ void CheckpointLoader::load(StartPoint& start, Progress& p) {
                  ckpt::kLatestFile);
   }
   if (start.hf) {
+    on_host();
     load_hf(*start.hf);
     start.hf.reset();  // its open files
-    host.commit();
+    on_host().commit();
   }
 }
 

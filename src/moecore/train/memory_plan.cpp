@@ -73,6 +73,7 @@ std::string MemoryPlan::describe() const {
   if (packed_weights > 0)
     s += fmt::format(" (packed expert weights {}: MOECORE_PACK_WEIGHTS=off drops them)", human_bytes(packed_weights));
   if (comm > 0) s += fmt::format(" | comm buffers {}", human_bytes(comm));
+  if (fsdp_units > 0) s += fmt::format(" | FSDP units in flight {}", human_bytes(fsdp_units));
   s +=
       fmt::format(" | activations {} per micro-batch x {:.2f} in flight", human_bytes(activations + logits), in_flight);
   if (logits > 0) s += fmt::format(" (logits {})", human_bytes(logits));
@@ -193,18 +194,26 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   ParamCounts p;
   const bool untied = c.untie_embeddings_and_output_weights;
   for (const StageLayers& ch : chunks) {
+    const double dense_before = p.dense, f32_before = p.f32_dense;
     if (ch.embedding) p.dense += V * H / t + positions;
     if (ch.embedding) p.f32_dense += V * H / t + positions;
     // The output layer: its own weight, or on a last stage without the embedding a copy of the tied one.
     if (ch.loss) p.dense += norm * H + ((untied || !ch.embedding) ? V * H / t : 0.0);
     if (ch.loss) p.f32_dense += norm * H + (!untied && !ch.embedding ? V * H / t : 0.0);
     if (ch.loss && !untied) p.bf16_copy += V * H / t;  // the tied weight read by the bf16 output GEMM
+    p.ends += p.dense - dense_before;
+    p.ends_f32 += p.f32_dense - f32_before;
     for (int64_t i = ch.first_layer; i < ch.first_layer + ch.num_layers; i++) {
       const bool m = is_moe[static_cast<size_t>(i)];
       p.dense += attn + (m ? moe_dense : dense_ffn);
       p.expert += m ? expert : 0.0;
       p.f32_dense += attn_f32 + (m ? moe_dense_f32 : dense_ffn_f32);
       p.f32_expert += m ? expert_f32 : 0.0;
+      const double layer = attn + (m ? moe_dense + expert : dense_ffn);
+      if (layer > p.largest_layer) {
+        p.largest_layer = layer;
+        p.largest_layer_f32 = attn_f32 + (m ? moe_dense_f32 + expert_f32 : dense_ffn_f32);
+      }
     }
     if (ch.loss && c.mtp_num_layers > 0) {  // nn/mtp.h per depth: 3 norms, eh_proj (replicated), a last-kind layer
       const bool last_moe = is_moe.back();
@@ -216,6 +225,10 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
       // Untied, a last stage without the embedding keeps a copy of the word embedding for MTP's inputs.
       if (!ch.embedding && untied) p.dense += V * H / t;
       if (!ch.embedding && untied) p.f32_dense += V * H / t;
+      p.ends += depths * (3 * norm * H + 2 * H * H + attn + (last_moe ? moe_dense + expert : dense_ffn)) +
+                (!ch.embedding && untied ? V * H / t : 0.0);
+      p.ends_f32 += depths * (3 * norm * H + attn_f32 + (last_moe ? moe_dense_f32 + expert_f32 : dense_ffn_f32)) +
+                    (!ch.embedding && untied ? V * H / t : 0.0);
     }
   }
   return p;
@@ -255,6 +268,7 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
     m.master = 4 * n16;
   }
   m.comm = 0;
+  apply_fsdp(c, l, p, m);  // Megatron FSDP: what its strategy shards, and its units in flight
   // Sizes whose stash bytes do not fit in int64 (a sequence or batch of ~1e18 tokens) plan as unbounded: the
   // memory check then refuses them, instead of the byte counts overflowing.
   double widest = 1;
@@ -341,6 +355,10 @@ void check_memory_fits(const TrainConfig& c, const MemoryPlan& plan, const Memor
       "Adam moments divide over them)";
   if (!c.use_distributed_optimizer)
     advice += "; --use-distributed-optimizer (Adam moments divide over the data-parallel ranks)";
+  else if (!c.use_megatron_fsdp || c.data_parallel_sharding_strategy != "optim_grads_params")
+    advice +=
+        "; --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (gradients and weights divide "
+        "over the data-parallel ranks too)";
   if (c.recompute_granularity.empty())
     advice +=
         "; activation recompute (--recompute-granularity selective --recompute-modules moe_act layernorm, or "

@@ -36,6 +36,7 @@ struct MemoryPlan {
   double packed_weights = 0;               // of bf16_weights: the experts' packed copies
   double grads = 0, adam = 0, master = 0;  // f32 gradients (the buckets); Adam moments; the bf16 parameters' f32 master
   double comm = 0;                         // pipeline P2P buffers (gradients are reduced in place in their buckets)
+  double fsdp_units = 0;                   // Megatron FSDP: the units' whole parameters and gradients in flight
   double activations = 0;                  // one micro-batch's stashes on this stage (all its chunks), no logits
   double logits = 0;                       // one micro-batch's logits stash (a last stage)
   double in_flight = 1;                    // micro-batches' stashes held at the schedule's peak (stage units)
@@ -52,7 +53,9 @@ struct MemoryPlan {
     double bytes = 0;
   };
   std::vector<Buffer> buffers;
-  double total() const { return weights + bf16_weights + grads + adam + master + comm + peak_activations + working; }
+  double total() const {
+    return weights + bf16_weights + grads + adam + master + comm + fsdp_units + peak_activations + working;
+  }
   // What a step allocates and frees again: the stashes at the schedule's peak and the backward's working set (the
   // bf16 weight copies stay allocated between steps: Bf16WeightScope keeps their buffers).
   double transient() const { return peak_activations + working; }
@@ -68,6 +71,9 @@ struct ParamCounts {
   double f32_dense = 0, f32_expert = 0;
   // Elements rounded into a bf16 copy once per step under --bf16: a tied output layer's f32 weight.
   double bf16_copy = 0;
+  // Megatron FSDP's units here: the largest transformer layer's parameters, and the embedding's, final norm's,
+  // output layer's and MTP's (one unit), each with its part kept in f32 under --bf16.
+  double largest_layer = 0, largest_layer_f32 = 0, ends = 0, ends_f32 = 0;
 };
 // From the model's sizes (what build_model will create), before anything exists: the whole model, or the layers
 // and ends of pipeline rank pp_rank (pp_rank >= 0).
@@ -88,6 +94,10 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
 std::vector<MemoryPlan> plan_memory_stages(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l);
 const MemoryPlan& worst_stage(const std::vector<MemoryPlan>& plans);
 
+// Megatron FSDP (memory_plan_fsdp.cpp): what --data-parallel-sharding-strategy keeps of the weights, gradients,
+// moments and masters (`m` planned as the distributed optimizer's), and the units' whole parameters and gradients
+// in flight (with --fsdp-double-buffer its two buffers, kept for the run, in comm).
+void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p, MemoryPlan& m);
 // Activations (memory_plan_activations.cpp): one micro-batch's stash bytes per model chunk of pipeline rank
 // `pp_rank` (logits apart), and the bytes the schedule holds at its peak; the backward's working set.
 struct StageActivations {

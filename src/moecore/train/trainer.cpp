@@ -91,7 +91,13 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   data_ = build_datasets(cfg_, vocab_.size);
   timers_->stop("train/valid/test-data-iterators-setup");
   timers_->start("model-and-optimizer-setup", 0);
+  // --init-model-with-meta-device under FSDP's optim_grads_params over several ranks: the model is built without
+  // its parameters' storage, and the optimizer makes and initialises each rank's shards
+  // (optim/distributed_optimizer.h).
+  const optim::OptimizerConfig oc = optimizer_config(cfg_);
+  reg_.set_meta(oc.fsdp_init_shards && groups_->dp != nullptr);
   model_ = build_model(cfg_, vocab_.padded, reg_, *groups_);
+  reg_.set_meta(false);
   {  // initialized on the host (the same values on every device), then moved as a whole
     MOE_ASSERT(training_device(cfg_).is_cuda() == device_.is_cuda());  // the GPU path's checks, on every rank
     reg_.to(device_);
@@ -112,11 +118,20 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     og.embedding = groups_->embedding.get();
     og.shared_embedding = model_->word_embedding();
   }
-  optim::OptimizerConfig oc = optimizer_config(cfg_);
   opt_ = std::make_unique<optim::ChainedOptimizer>(
       params, layers + 1, [layers](const nn::Parameter& p) { return layer_of(p, layers); }, og, oc);
   // --overlap-param-gather: every forward waits, layer by layer, for the all-gathers the last step left in flight.
-  if (oc.overlap_param_gather) model_->set_forward_pre_hook([o = opt_.get()](size_t b) { o->wait_param_gather(b); });
+  if (oc.overlap_param_gather || opt_->fsdp_units())
+    model_->set_forward_pre_hook([o = opt_.get()](size_t b) {
+      o->wait_param_gather(b);
+      o->unit_forward(b);
+    });
+  // Megatron FSDP (optim_grads and up): each unit's parameters and gradients gathered and freed around its use.
+  if (opt_->fsdp_units()) {
+    optim::ChainedOptimizer* o = opt_.get();
+    model_->set_unit_hooks({[o](size_t b) { o->unit_prefetch(b); }, [o](size_t b) { o->unit_params_done(b); },
+                            [o](size_t b) { o->unit_backward(b); }, [o](size_t b) { o->unit_backward_done(b); }});
+  }
   if (groups_->pp_size > 1) {
     const int64_t v = virtual_stages(cfg_), m = micro_batches().count;
     // Megatron's micro-batch rules for interleaving, checked before the first step.
@@ -149,6 +164,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (measure_peak) peak_gflops_ = kernels::measure_gemm_peak_gflops(cfg_.bf16 ? DType::BF16 : DType::F32, device_);
   plan_ = print_memory_plan(out_, cfg_, reg_, vocab_.size, vocab_.padded, *groups_);
   log_->set_planned_memory(plan_.total());
+  startup_peak_ = Allocator::instance().stats().peak_bytes;
   Allocator::instance().reset_peak();  // the logged peak is training's, not start-up's (the GEMM peak's buffers)
   device::device_reset_peak(device_);  // nothing on the CPU
   log_timers({"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"});

@@ -66,7 +66,10 @@ class Trainer {
   const optim::ChainedOptimizer& optimizer() const { return *opt_; }
   const PipelineSchedule* pipeline() const { return pipeline_; }  // null without pipeline parallelism
   const TrainConfig& config() const { return cfg_; }
-  const MemoryPlan& memory_plan() const { return plan_; }             // this rank's, printed at start
+  const MemoryPlan& memory_plan() const { return plan_; }  // this rank's, printed at start
+  // The allocator's peak over the trainer's construction (bytes, everything live then counted), before it reset the
+  // peak for training: what building the model and optimizer took at most (--init-model-with-meta-device's test).
+  int64_t startup_peak_bytes() const { return startup_peak_; }
   ActivationOffload* activation_offload() { return offload_.get(); }  // null without --offload-modules
   std::vector<moe::MoELayer*> moe_layers() { return train::moe_layers(*model_); }
   // Model FLOPs of one training step (forward + backward), counted as Megatron counts them for MoE.
@@ -132,6 +135,7 @@ class Trainer {
   };
   std::vector<DeferredStep> deferred_;  // steps whose norm is still in the GPU's memory, in order
   double peak_gflops_ = 0;
+  int64_t startup_peak_ = 0;
   MemoryPlan plan_;
   bool duration_exit_ = false;   // --exit-duration-in-mins passed on some rank (agreed with the stop signal)
   int stop_signal_ = 0;          // the signal that stops training at this step boundary (agreed over all ranks)

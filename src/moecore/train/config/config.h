@@ -135,6 +135,13 @@ struct TrainConfig {
       expert_model_parallel_size{}, expert_tensor_parallel_size{};
   bool sequence_parallel{};
   bool use_distributed_optimizer{};
+  // Megatron FSDP (optim/fsdp.h): what is sharded over the data-parallel group (ZeRO-0..3), the outer group of
+  // hybrid sharding (HSDP, with --num-distributed-optimizer-instances > 1), the dtypes of the main parameters,
+  // gradients and gradient collectives ("fp32" or "auto"; the rest refused), the gather double buffer, and each rank
+  // initialising only its shard.
+  bool use_megatron_fsdp{}, fsdp_double_buffer{}, init_model_with_meta_device{};
+  std::string data_parallel_sharding_strategy{}, outer_dp_sharding_strategy{};
+  std::string megatron_fsdp_main_params_dtype{}, megatron_fsdp_main_grads_dtype{}, megatron_fsdp_grad_comm_dtype{};
   // Megatron's precision-aware optimizer (TransformerEngine's FusedAdam): Adam moments stored in bf16, computed in
   // fp32 (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16).
   bool use_precision_aware_optimizer{};

@@ -76,6 +76,8 @@ void resolve_defaults(TrainConfig& c) {
   // Activation recompute, as Megatron rewrites it: --recompute-activations is selective granularity;
   // --moe-layer-recompute adds moe to the modules (the default core_attn included) unless granularity is full.
   if (c.recompute_activations) c.recompute_granularity = "selective";
+  // Megatron FSDP (version 1) runs under the distributed optimizer: Megatron sets it, and so does moecore.
+  if (c.use_megatron_fsdp) c.use_distributed_optimizer = true;
   if (c.moe_layer_recompute && c.recompute_granularity != "full") {
     c.recompute_granularity = "selective";
     if (c.recompute_modules.empty()) c.recompute_modules = {"core_attn"};
@@ -98,6 +100,7 @@ void validate(const TrainConfig& c) {
   validate_data(c);
   validate_moe(c);
   validate_overlap(c);
+  validate_fsdp(c);
 }
 
 void resolve(TrainConfig& c) {
@@ -125,6 +128,7 @@ void resolve(TrainConfig& c) {
     note_no_effect(c,
                    "--offload-modules, --min-offloaded-tensor-size, --fine-grained-offloading-max-inflight-offloads: "
                    "read only with --fine-grained-activation-offloading (as in Megatron)");
+  if (const std::string line = fsdp_no_effect(c); !line.empty()) note_no_effect(c, line);
   // The FP8 recipe flags without --fp8-format (Megatron reads them only with it).
   if (const std::string line = fp8_no_effect(c); !line.empty()) note_no_effect(c, line);
   // --moe-layer-freq, once for every user (validated --num-layers: the list has one entry per layer).

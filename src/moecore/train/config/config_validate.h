@@ -26,6 +26,11 @@ void validate_moe(const TrainConfig& c);
 // Megatron's rules for the communication overlaps (--overlap-grad-reduce, --overlap-param-gather, the MoE
 // expert-parallel overlap and --delay-wgrad-compute) (config_validate_overlap.cpp).
 void validate_overlap(const TrainConfig& c);
+// Megatron FSDP: Megatron's rules for --use-megatron-fsdp and its sharding and dtype flags, moecore's refusals
+// (config_validate_fsdp.cpp).
+void validate_fsdp(const TrainConfig& c);
+// The no-effect line for the FSDP flags given where Megatron does not read them, or "".
+std::string fsdp_no_effect(const TrainConfig& c);
 // The batch, Adam's state dtypes, Muon, sample- or iteration-based training and the learning-rate schedule
 // (config_validate_optimizer.cpp).
 void validate_optimizer(const TrainConfig& c);

@@ -14,8 +14,8 @@ namespace {
 
 void validate_param_gather(const TrainConfig& c) {
   if (c.overlap_param_gather) {
-    MOE_CHECK(c.use_distributed_optimizer || c.optimizer == "dist_muon",
-              "--overlap-param-gather only supported with distributed optimizer (as Megatron): add "
+    MOE_CHECK(c.use_distributed_optimizer || c.use_megatron_fsdp || c.optimizer == "dist_muon",
+              "--overlap-param-gather only supported with distributed optimizer or Megatron FSDP (as Megatron): add "
               "--use-distributed-optimizer");
     MOE_CHECK(c.overlap_grad_reduce, "Must use --overlap-param-gather with --overlap-grad-reduce (Megatron's rule)");
     MOE_CHECK(c.optimizer != "muon" && c.optimizer != "dist_muon",

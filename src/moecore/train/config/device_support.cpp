@@ -16,6 +16,8 @@ std::string gpu_training_gap(const TrainConfig& c) {
                            c.micro_batch_size, kernels::dropout_philox::kMaxGpuSamples));
   // The GPU router computes in f32 (docs/differences.md).
   if (c.num_experts > 0 && c.moe_router_dtype == "fp64") return gap("--moe-router-dtype fp64");
+  // Megatron FSDP's unit gathers and gradient shards are host-side (optim/fsdp.h).
+  if (c.use_megatron_fsdp) return gap("--use-megatron-fsdp (Megatron FSDP)");
   // FP8 GEMMs are emulated on the CPU only (kernels/fp8.h); refused before any work.
   if (!c.fp8_format.empty())
     return "--fp8-format " + c.fp8_format +

@@ -9,6 +9,9 @@
 #include "moecore/train/config/presets.h"
 
 namespace moecore::train {
+
+std::vector<FlagSpec> fsdp_flag_rows();  // Megatron FSDP's rows (flag_table_fsdp.cpp)
+
 namespace {
 
 // --ckpt-format: moecore's own, and Megatron's choices as selectors without effect (config_resolve.cpp lists them).
@@ -324,7 +327,9 @@ std::vector<FlagSpec> build_flag_table() {
        {"use-distributed-optimizer", &C::use_distributed_optimizer, false,
         "Shard fp32 master weights and Adam moments over DPxCP (dense) and EDP (experts)"},
        {"num-distributed-optimizer-instances", &C::num_distributed_optimizer_instances, 1,
-        "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K", kNoRole, positive()},
+        "Distributed-optimizer copies: shard over DP/K ranks, all-reduce across the K (with --use-megatron-fsdp: "
+        "hybrid sharding, sharded within DP/K ranks and replicated across the K)",
+        kNoRole, positive()},
        {"ddp-bucket-size", &C::ddp_bucket_size, 0,
         "Elements per gradient bucket, filled in the order gradients become final and closed at a parameter "
         "boundary once full (unset: one bucket per layer)",
@@ -378,6 +383,7 @@ std::vector<FlagSpec> build_flag_table() {
         "repeat, commas are cosmetic"},
        {"microbatch-group-size-per-virtual-pipeline-stage", &C::microbatch_group_size_per_vp_stage, 0,
         "Interleaved 1F1B: contiguous micro-batches per virtual stage (0: the pipeline size)", kNoRole, at_least(0)}});
+  section(FlagGroup::Parallel, fsdp_flag_rows());
   section(
       FlagGroup::Data,
       {{"data-path", &C::data_path, {}, "Dataset prefix, or weight/prefix pairs"},

@@ -65,15 +65,30 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(unsupported("the cross-entropy on fp16 logits",
                                   "drop it: the loss is computed on fp32 logits, as Megatron's default"),
                       {"fp16-lm-cross-entropy"}));
-  r.push_back(refused(unsupported("fully sharded data parallelism (Megatron FSDP, torch FSDP2)",
-                                  "use --use-distributed-optimizer (sharded optimizer state)"),
-                      {"use-megatron-fsdp", "use-torch-fsdp2"}));
+  // Megatron FSDP is in the flag table (--use-megatron-fsdp and its sharding, dtype and buffer flags); torch's FSDP2
+  // is not, and the rest tune how Megatron FSDP schedules its GPU collectives and buffers.
+  r.push_back(refused(unsupported("torch FSDP2 (--use-torch-fsdp2)",
+                                  "use --use-megatron-fsdp (the same sharding, Megatron's own implementation)"),
+                      {"use-torch-fsdp2"}));
+  r.push_back(no_effect("acts only with --use-torch-fsdp2 (refused in moecore)",
+                        {"torch-fsdp2-no-reshard-after-forward", "no-pin-cpu-grads", "no-pin-cpu-params"}));
+  r.push_back(no_effect_for({"megatron-fsdp-version"}, {"1"},
+                            "Megatron FSDP's first implementation, the one moecore's --use-megatron-fsdp follows",
+                            unsupported("Megatron FSDP version 2", "use --megatron-fsdp-version 1 (the default)")));
   r.push_back(no_effect(
-      "acts only with --use-megatron-fsdp or --use-torch-fsdp2 (refused in moecore)",
-      {"data-parallel-sharding-strategy", "outer-dp-sharding-strategy", "enable-full-sharding-in-hsdp",
-       "disable-strict-fsdp-dtensor-load", "no-strict-fsdp-dtensor-load", "torch-fsdp2-no-reshard-after-forward",
-       "suggested-communication-unit-size", "no-pin-cpu-grads", "no-pin-cpu-params"},
-      {"megatron-fsdp-", "fsdp-"}));
+      "how Megatron FSDP splits and registers its GPU collectives and buffers (moecore gathers and reduces each unit "
+      "whole, one collective per unit and storage dtype, with the same numbers)",
+      {"megatron-fsdp-enable-fine-grained-param-gather", "suggested-communication-unit-size",
+       "fsdp-manual-registration", "fsdp-db-use-persist-buf-on-alloc-fail"}));
+  r.push_back(refused(unsupported("Megatron FSDP's max-pool double buffer (buffers for every unit size)",
+                                  "use --fsdp-double-buffer: two buffers of the largest unit's size"),
+                      {"megatron-fsdp-max-pool-double-buffer"}));
+  r.push_back(no_effect("Megatron reads it nowhere (the outer group's sharding is --outer-dp-sharding-strategy)",
+                        {"enable-full-sharding-in-hsdp"}));
+  r.push_back(no_effect(
+      "non-strict loading of Megatron's fsdp_dtensor checkpoints (moecore checks every load strictly: a missing or "
+      "unexpected tensor is an error)",
+      {"disable-strict-fsdp-dtensor-load", "no-strict-fsdp-dtensor-load"}));
 
   // --- Checkpoints ---------------------------------------------------------------------------------------------------
   // Format selectors (--ckpt-format is in the table): moecore writes its own format whatever they say. Converting

@@ -70,14 +70,14 @@ void selectors(std::vector<FlagRule>& r) {
       no_effect("tunes a CUDA graph capture, which acts only with --cuda-graph-impl other than none (refused "
                 "by moecore)",
                 {"cuda-graph-modules", "cuda-graph-scope", "cuda-graph-warmup-steps"}));
-  r.push_back(no_effect("GPU memory and stream management: moecore plans its own memory on the CPU engine",
-                        {"empty-unused-memory-level", "init-model-with-meta-device", "use-cpu-initialization",
-                         "high-priority-a2a-comm-stream", "high-priority-stream-groups", "use-nccl-ub",
-                         "disable-symmetric-registration", "gtp-remat-nccl-ub", "gtp-expert-remat-nccl-ub",
-                         "gtp-remat-opt-in-modules", "ep-overlap-early-attn-memory-release", "moe-paged-stash",
-                         "moe-paged-stash-buffer-size-factor-cpu", "moe-paged-stash-buffer-size-factor-cuda",
-                         "moe-paged-stash-page-size", "disable-clone-scatter-output-in-embedding",
-                         "no-clone-scatter-output-in-embedding", "train-sync-interval", "enable-experimental"}));
+  r.push_back(
+      no_effect("GPU memory and stream management: moecore plans its own memory on the CPU engine",
+                {"empty-unused-memory-level", "use-cpu-initialization", "high-priority-a2a-comm-stream",
+                 "high-priority-stream-groups", "use-nccl-ub", "disable-symmetric-registration", "gtp-remat-nccl-ub",
+                 "gtp-expert-remat-nccl-ub", "gtp-remat-opt-in-modules", "ep-overlap-early-attn-memory-release",
+                 "moe-paged-stash", "moe-paged-stash-buffer-size-factor-cpu", "moe-paged-stash-buffer-size-factor-cuda",
+                 "moe-paged-stash-page-size", "disable-clone-scatter-output-in-embedding",
+                 "no-clone-scatter-output-in-embedding", "train-sync-interval", "enable-experimental"}));
   r.push_back(no_effect("moecore keeps the optimizer state in host memory already (same AdamW)",
                         {"optimizer-cpu-offload", "optimizer-offload-fraction", "use-torch-optimizer-for-cpu-offload",
                          "overlap-cpu-optimizer-d2h-h2d"}));

@@ -44,6 +44,18 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.overlap_grad_reduce = c.overlap_grad_reduce;
   oc.overlap_param_gather = c.overlap_param_gather;
   oc.param_gather_with_step = c.overlap_param_gather_with_optimizer_step;
+  if (c.use_megatron_fsdp) {  // Megatron FSDP: its sharding strategy, one bucket per unit
+    const std::string& s = c.data_parallel_sharding_strategy;
+    oc.sharding = s == "no_shard"      ? optim::Sharding::NoShard
+                  : s == "optim"       ? optim::Sharding::Optim
+                  : s == "optim_grads" ? optim::Sharding::OptimGrads
+                                       : optim::Sharding::OptimGradsParams;
+    oc.fsdp_double_buffer = c.fsdp_double_buffer;
+    oc.fsdp_init_shards = c.init_model_with_meta_device && oc.sharding == optim::Sharding::OptimGradsParams;
+    oc.init_seed = static_cast<uint64_t>(c.seed);
+    oc.fsdp_outer_shard = c.outer_dp_sharding_strategy == "optim" && c.num_distributed_optimizer_instances > 1;
+    oc.bucket_size = 0;
+  }
   oc.rule.sgd = c.optimizer == "sgd";
   oc.rule.sgd_momentum = c.sgd_momentum;
   oc.rule.bf16_exp_avg = c.use_precision_aware_optimizer && c.exp_avg_dtype == "bf16";

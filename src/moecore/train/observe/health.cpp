@@ -17,6 +17,7 @@ namespace moecore::train {
 namespace {
 // The sum of squares is accumulated in f64: finite for every finite f32/bf16 tensor, NaN or inf otherwise.
 bool all_finite(const Tensor& t) {
+  if (!t.defined()) return true;  // a tensor this rank does not hold now (Megatron FSDP's freed units): its owner's
   return std::isfinite(kernels::sum_squares(t));
 }
 

@@ -390,7 +390,11 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
   fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
              (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
   const PlanLayout l = PlanLayout::from(c, g.world ? g.world->size() : 1);
-  p.bf16_copy = count_params(c, padded_vocab, l.tp, l.ep * l.etp, g.pp_rank).bf16_copy;
+  const ParamCounts counted = count_params(c, padded_vocab, l.tp, l.ep * l.etp, g.pp_rank);
+  p.bf16_copy = counted.bf16_copy;
+  // Megatron FSDP's units, as planned.
+  p.largest_layer = counted.largest_layer, p.largest_layer_f32 = counted.largest_layer_f32;
+  p.ends = counted.ends, p.ends_f32 = counted.ends_f32;
   const MemoryPlan m = plan_memory(c, padded_vocab, l, g.pp_rank, &p);
   fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
   if (l.pp > 1) {

@@ -1,0 +1,54 @@
+// Megatron FSDP's bytes in the memory plan (see memory_plan.h, apply_fsdp): the state each
+// --data-parallel-sharding-strategy keeps on a rank and the units' whole parameters and gradients a step holds at
+// once (optim/distributed_optimizer_fsdp.cpp: a unit's gradients live from its backward's start until the next
+// unit's backward ends, its reduce-scatter in flight meanwhile; a unit's parameters while a forward or backward reads
+// them, the next unit's gather posted beside; a full-recompute chunk's all at once in its replay).
+#include <algorithm>
+
+#include "moecore/train/memory_plan.h"
+
+namespace moecore::train {
+
+void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p, MemoryPlan& m) {
+  if (!c.use_megatron_fsdp || l.world() <= 1) return;
+  const std::string& s = c.data_parallel_sharding_strategy;
+  const double n = p.dense + p.expert, n32 = c.bf16 ? p.f32_dense + p.f32_expert : n, n16 = n - n32;
+  const double dense16 = c.bf16 ? p.dense - p.f32_dense : 0, expert16 = c.bf16 ? p.expert - p.f32_expert : 0;
+  const bool aware = c.use_precision_aware_optimizer;
+  const double moments = (aware && c.exp_avg_dtype == "bf16" ? 2 : 4) + (aware && c.exp_avg_sq_dtype == "bf16" ? 2 : 4);
+  // The shard groups: dense over DP×CP, experts over EDP, each divided by --num-distributed-optimizer-instances
+  // (HSDP: sharded within an instance, replicated across).
+  const double k = static_cast<double>(std::max<int64_t>(1, c.num_distributed_optimizer_instances));
+  const double over = static_cast<double>(l.dp * l.cp) / k, edp = static_cast<double>(l.edp) / k;
+  auto shard = [&](double dense, double expert) { return dense / over + expert / edp; };
+  if (s == "no_shard") {  // plain data parallelism: everything whole
+    m.adam = moments * n;
+    m.master = 4 * n16;
+    return;
+  }
+  // --outer-dp-sharding-strategy optim: the state sharded across the instances too.
+  const double outer = k > 1 && c.outer_dp_sharding_strategy == "optim" ? k : 1;
+  m.adam = moments * shard(p.dense, p.expert) / outer;
+  m.master = 4 * shard(dense16, expert16) / outer;
+  if (s == "optim") return;
+  // optim_grads: the owned gradient shard, and whole gradients for the unit in backward and the one reducing (the
+  // embedding/output unit's for the whole backward where a stage holds both ends).
+  m.grads = 4 * shard(p.dense, p.expert);
+  m.fsdp_units = 4 * (2 * p.largest_layer + p.ends);
+  if (s != "optim_grads_params") return;
+  // optim_grads_params: the owned parameter shard in its storage dtype, and the gathered units.
+  const double dense32 = p.dense - dense16, expert32 = p.expert - expert16;
+  m.weights = 2 * shard(dense16, expert16) + 4 * shard(dense32, expert32);
+  auto bytes = [&](double all, double f32) { return c.bf16 ? 2 * (all - f32) + 4 * f32 : 4 * all; };
+  const double layer = bytes(p.largest_layer, p.largest_layer_f32), ends = bytes(p.ends, p.ends_f32);
+  if (c.fsdp_double_buffer) {  // two buffers per storage dtype and parameter class, each the largest unit's size
+    m.comm += 2 * (layer + ends);
+    return;
+  }
+  // A layer and the next one's prefetch (or the ends'), or a full-recompute chunk replayed and the next prefetched.
+  const double chunk =
+      c.recompute_granularity == "full" ? static_cast<double>(std::max<int64_t>(1, c.recompute_num_layers)) : 1;
+  m.fsdp_units += std::max((chunk + 1) * layer, layer + ends);
+}
+
+}  // namespace moecore::train
