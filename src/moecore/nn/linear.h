@@ -24,7 +24,7 @@ struct LinearConfig {
   int64_t out = 0;
   bool bias = false;
   InitRule init = InitRule::normal(0.02);
-  bool bf16 = false;
+  LowPrecision low{};             // GEMM operands and the stored weight in bf16 or f16
   TPSplit split = TPSplit::None;  // applies when tp has more than one rank
   TPContext tp = {};
   bool gated = false;  // Column split of [gate; linear] halves
@@ -39,7 +39,7 @@ class Linear {
 
   Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& cfg);
   // Wraps an existing weight [out, in] (no bias), e.g. the tied output layer.
-  Linear(Parameter& weight, bool bf16);
+  Linear(Parameter& weight, LowPrecision low);
 
   // x [..., in] -> y [rows, out]
   // With bf16 on, x and dy may already be bf16 (written so by the op that produced them): then they are used as
@@ -49,8 +49,7 @@ class Linear {
   // bf16 where forward can write it for inputs on `dev` (bf16 on, no bias, a backend whose GEMMs write bf16), else
   // f32.
   DType bf16_output_where_possible(const Device& dev) const {
-    return bf16_ && bias_ == nullptr && kernels::backend_offers(dev).gemm_bf16_output && !fp8_ ? DType::BF16
-                                                                                               : DType::F32;
+    return low_ && bias_ == nullptr && kernels::backend_offers(dev).gemm_bf16_output && !fp8_ ? *low_ : DType::F32;
   }
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;
@@ -69,8 +68,8 @@ class Linear {
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   int64_t in_ = 0, out_ = 0;
-  bool bf16_ = false;
-  Tensor w_bf16_;  // bf16 copy of the weight, refreshed every forward
+  LowPrecision low_{};
+  Tensor w_bf16_;  // bf16 (f16) copy of the weight, refreshed every forward
   // FP8 GEMMs (the model was built under an Fp8ModelScope and this is one of its sites): the site and the weight as
   // cast by forward, which the data gradient reuses.
   std::shared_ptr<Fp8Gemm> fp8_;

@@ -124,8 +124,8 @@ namespace {
 bool bf16_copy_matches(const Parameter& p) {
   const int64_t n = p.value.numel();
   // Only a backend whose update writes the copy keeps it (kernels/backend.h); its tensors are on the host.
-  if (!p.bf16_cache.defined() || p.bf16_cache.numel() != n || p.value.dtype() != DType::F32 ||
-      !kernels::backend_offers(p.value.device()).update_writes_bf16_copy ||
+  if (!p.bf16_cache.defined() || p.bf16_cache.numel() != n || p.bf16_cache.dtype() != DType::BF16 ||
+      p.value.dtype() != DType::F32 || !kernels::backend_offers(p.value.device()).update_writes_bf16_copy ||
       !kernels::backend_offers(p.bf16_cache.device()).update_writes_bf16_copy)
     return false;
   const float* v = p.value.data<float>();
@@ -143,7 +143,7 @@ Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg, bool pack) : reg_(reg) {
   for (auto& p : reg_.all()) {
     p->bf16_cache_enabled = true;
     p->pack_enabled = pack;
-    if (p->value.dtype() == DType::BF16) p->bf16_cache = Tensor();  // the value itself is the copy
+    if (is_half(p->value.dtype())) p->bf16_cache = Tensor();  // the value itself is the copy
     p->bf16_cache_valid = p->bf16_cache_from_update && bf16_copy_matches(*p);
     p->bf16_cache_from_update = false;  // good for this scope only: the next needs the next update's copy
     p->packed_valid.assign(p->packed_valid.size(), false);
@@ -157,12 +157,14 @@ Bf16WeightScope::~Bf16WeightScope() {
   }
 }
 
-Tensor bf16_weights(Parameter& p) {
-  if (p.value.dtype() == DType::BF16) return p.value;  // stored in bf16: the optimizer's master rounded
+Tensor low_weights(Parameter& p, DType low) {
+  MOE_ASSERT(is_half(low));
+  if (p.value.dtype() == low) return p.value;  // stored in bf16 (f16): the optimizer's master rounded
   TimerScope timer("weight-cast", 2);
-  if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
-  if (!p.bf16_cache_valid) {
-    if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16, p.value.device());
+  if (!p.bf16_cache_enabled) return p.value.to(low);
+  if (!p.bf16_cache_valid || p.bf16_cache.dtype() != low) {
+    if (!p.bf16_cache.defined() || p.bf16_cache.dtype() != low)
+      p.bf16_cache = Tensor::empty(p.value.shape(), low, p.value.device());
     p.bf16_cache.copy_from(p.value);
     p.bf16_cache_valid = true;
   }

@@ -12,10 +12,10 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std
     m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(dt), p->value.device()));
     v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(dt), p->value.device()));
     master_.emplace_back();
-    if (storage_dtype(*p) != DType::BF16) continue;
+    if (!is_half(storage_dtype(*p))) continue;
     // The f32 value becomes the master; the model keeps it rounded.
     master_.back() = p->value.dtype() == DType::F32 ? p->value : p->value.to(DType::F32);
-    p->value = master_.back().to(DType::BF16);
+    p->value = master_.back().to(storage_dtype(*p));
     p->bf16_cache = Tensor();
   }
 }
@@ -48,7 +48,7 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     }
     all.push_back({p.value, p.grad, m_[i], v_[i], wd});
     p.bf16_cache_from_update = !rule_.sgd && p.value.dtype() == DType::F32 && p.bf16_cache.defined() &&
-                               p.bf16_cache.numel() == p.value.numel() &&
+                               p.bf16_cache.numel() == p.value.numel() && p.bf16_cache.dtype() == DType::BF16 &&
                                kernels::backend_offers(p.bf16_cache.device()).update_writes_bf16_copy;
     if (p.bf16_cache_from_update) all.back().param_bf16 = p.bf16_cache;
   }

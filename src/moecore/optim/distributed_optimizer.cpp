@@ -38,7 +38,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     bk.shard = bk.buf.padded / n;
     bk.local = owned;
     owned += bk.shard;
-    if (bk.buf.storage == DType::BF16) {
+    if (is_half(bk.buf.storage)) {
       bk.master = mastered;
       mastered += bk.shard;
     }
@@ -52,7 +52,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), layout.device);
   v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), layout.device);
   for (auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16) continue;
+    if (!is_half(bk.buf.storage)) continue;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = full.at(s.p);
       master_.slice(bk.master + at - group_.rank() * bk.shard, len)
@@ -108,7 +108,7 @@ void ShardedAdamW::gather_master(std::vector<Tensor>& w) const {
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   w.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16) {  // f32 values are their own masters, whole on every rank
+    if (!is_half(bk.buf.storage)) {  // f32 values are their own masters, whole on every rank
       for (const auto& s : bk.segs) w[index[s.p]] = s.p->value.to(Device::cpu()).clone();
       continue;
     }
@@ -125,7 +125,7 @@ void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   for (auto& bk : buckets_) {
     for (const auto& s : bk.segs) s.p->value.copy_from(w[index[s.p]]);  // rounded where stored in bf16
-    if (bk.buf.storage != DType::BF16) continue;
+    if (!is_half(bk.buf.storage)) continue;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = w[index[s.p]];
       master_.slice(bk.master + at - group_.rank() * bk.shard, len)
@@ -140,7 +140,7 @@ std::vector<double> ShardedAdamW::master_squares() const {
   std::vector<double> sq(params_.size(), 0.0);
   const auto shards = static_cast<double>(group_.size());
   for (const auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16) {  // whole on every rank
+    if (!is_half(bk.buf.storage)) {  // whole on every rank
       for (const auto& s : bk.segs) sq[index[s.p]] = kernels::sum_squares(s.p->value);
       continue;
     }
@@ -218,7 +218,7 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
       const double wd = s.p->no_weight_decay ? 0.0 : hp.weight_decay;
       const Tensor g = bk.buf.grad.slice(at, len), p = bk.buf.param.slice(at, len);
-      if (bk.buf.storage == DType::BF16)
+      if (is_half(bk.buf.storage))
         parts.push_back({master_.slice(bk.master + at - lo, len), g, m_.slice(off, len), v_.slice(off, len), wd, p});
       else
         parts.push_back({p, g, m_.slice(off, len), v_.slice(off, len), wd});

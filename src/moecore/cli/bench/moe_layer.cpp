@@ -38,7 +38,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   c.router.topk = a.topk;
   c.router.force_load_balancing = a.force_balance;
   c.ffn_hidden = a.ffn;
-  c.bf16 = bf16;
+  c.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   nn::ParamRegistry reg(DType::F32);
   moe::MoELayer layer(reg, "mlp", c);
   reg.initialize(1);
