@@ -173,7 +173,7 @@ TEST(GemmPackedB, LargeProductsReorderBAndMatchThePlainHalves) {
 namespace moecore {
 namespace {
 
-// The bf16 copy an AdamW update wrote (Parameter::bf16_cache_from_update) is what the next Bf16WeightScope reads,
+// The bf16 copy an AdamW update wrote (Parameter::low_cache_from_update) is what the next Bf16WeightScope reads,
 // without rounding the weight again; a weight written by anything else after the update (here a fill, as a
 // checkpoint load would) is rounded afresh, and so is every weight in the scope after that.
 TEST(Bf16WeightScope, TakesTheOptimizersCopyOnlyWhileItRoundsTheWeight) {
@@ -186,18 +186,18 @@ TEST(Bf16WeightScope, TakesTheOptimizersCopyOnlyWhileItRoundsTheWeight) {
   }
   // An update that wrote the copy: the copy holds the new rounding, and the scope takes it as it is.
   for (int64_t i = 0; i < w.value.numel(); i++) w.value.set_item(i, w.value.item(i) * 1.5);
-  w.bf16_cache.copy_from(w.value);
-  w.bf16_cache_from_update = true;
-  const void* copy = w.bf16_cache.raw();
+  w.low_cache.copy_from(w.value);
+  w.low_cache_from_update = true;
+  const void* copy = w.low_cache.raw();
   {
     const nn::Bf16WeightScope scope(reg);
     const Tensor b = nn::low_weights(w, DType::BF16);
     EXPECT_EQ(b.raw(), copy);
     EXPECT_TRUE(bitwise_equal(b, w.value.to(DType::BF16)));
   }
-  EXPECT_FALSE(w.bf16_cache_from_update);  // one scope only
+  EXPECT_FALSE(w.low_cache_from_update);  // one scope only
   // The flag set, but the weight changed after the copy was written: rounded afresh.
-  w.bf16_cache_from_update = true;
+  w.low_cache_from_update = true;
   kernels::fill_(w.value, 0.25);
   {
     const nn::Bf16WeightScope scope(reg);

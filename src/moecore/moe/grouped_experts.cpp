@@ -241,10 +241,10 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
   if (cfg_.low) {  // cached for the step under a Bf16WeightScope (nn/parameter.h)
-    w1_bf16_ = nn::low_weights(*fc1_, *cfg_.low);
-    w2_bf16_ = nn::low_weights(*fc2_, *cfg_.low);
-    w1 = &w1_bf16_;
-    w2 = &w2_bf16_;
+    w1_low_ = nn::low_weights(*fc1_, *cfg_.low);
+    w2_low_ = nn::low_weights(*fc2_, *cfg_.low);
+    w1 = &w1_low_;
+    w2 = &w2_low_;
   }
   const kernels::ExpertWeightPacker pack1 = bf16_packer(*fc1_, *w1, true), pack2 = bf16_packer(*fc2_, *w2, true);
   st.x_RH = to_padded(x_RH, counts, align, cfg_.low ? *cfg_.low : dt);
@@ -300,8 +300,8 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
             "--delay-wgrad-compute: the FP8 experts compute data and weight gradients together; drop one of the two");
   MOE_ASSERT_MSG(!st.wgrad.pending, "a deferred weight gradient was never computed");
   const Tensor dy = to_padded(dy_RH, counts, align, cfg_.low ? *cfg_.low : dt);
-  const Tensor& w1 = cfg_.low ? w1_bf16_ : fc1_->value;
-  const Tensor& w2 = cfg_.low ? w2_bf16_ : fc2_->value;
+  const Tensor& w1 = cfg_.low ? w1_low_ : fc1_->value;
+  const Tensor& w2 = cfg_.low ? w2_low_ : fc2_->value;
   const kernels::ExpertWeightPacker pack1 = bf16_packer(*fc1_, w1, false), pack2 = bf16_packer(*fc2_, w2, false);
   if (!st.a_RF.defined()) {  // moe_act recompute: the activation again, exactly as forward wrote it
     st.a_RF = padded_empty(counts, align, F, cfg_.low ? *cfg_.low : dt, d);

@@ -101,7 +101,7 @@ class GroupedExperts {
   nn::Parameter* fc2_;
   nn::Parameter* b1_ = nullptr;  // [E, F1]
   nn::Parameter* b2_ = nullptr;  // [E, H]
-  Tensor w1_bf16_, w2_bf16_;
+  Tensor w1_low_, w2_low_;
   ExpertFp8 fp8_;  // FP8 GEMM sites, where the model runs them
 };
 

@@ -209,7 +209,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   // Under --bf16 the output layer writes bf16 logits on the CPU, as Megatron's does; the cross-entropy reads them in
   // f32 (Megatron upcasts them) and overwrites them with their bf16 gradient.
   const Tensor x = sp_all_gather(h, cfg_.tp);
-  st.logits_TV = output_->forward(x, st.output, output_->bf16_output_where_possible(x.device()));
+  st.logits_TV = output_->forward(x, st.output, output_->low_output_where_possible(x.device()));
   probe("output_layer", false, st.logits_TV);
   return st.logits_TV;
 }

@@ -66,9 +66,9 @@ Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
                  weight_->name);
   Tensor y = Tensor::empty({x2.rows(), out_}, y16 ? out : weight_->math_dtype(), x2.device());
   if (low_) {
-    w_bf16_ = low_weights(*weight_, *low_);
+    w_low_ = low_weights(*weight_, *low_);
     st.x = x2.as_dtype(*low_);
-    kernels::gemm(st.x, false, w_bf16_, true, y);
+    kernels::gemm(st.x, false, w_low_, true, y);
   } else {
     st.x = x2;
     kernels::gemm(st.x, false, w, true, y);
@@ -108,7 +108,7 @@ void Linear::backward_into(const Tensor& dy, Stash& st, Tensor& dx, float beta) 
                  grad_beta);
   } else if (low_) {
     const Tensor dyb = dy2.as_dtype(*low_);
-    kernels::gemm(dyb, false, w_bf16_, false, dx, 1.0f, beta);
+    kernels::gemm(dyb, false, w_low_, false, dx, 1.0f, beta);
     kernels::gemm(dyb, true, st.x, false, weight_->grad, 1.0f, grad_beta);
   } else {
     kernels::gemm(dy2, false, weight_->value, false, dx, 1.0f, beta);

@@ -130,7 +130,7 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   // forward, backward and the recomputes (mla_up_proj, core_attn) read the same values.
   if (a_.low) kpe = kpe.as_dtype(*a_.low).as_dtype(dt);
   fill_operands(q, kv, kpe, S, B, st);
-  if (m_.recompute_up_proj) st.kpe_SB1R = bf16_operand(kpe);
+  if (m_.recompute_up_proj) st.kpe_SB1R = low_operand(kpe);
   core_forward(S, B, st);
   if (m_.recompute_up_proj) st.q_SBNA = st.k_SBNA = st.v_SBNA = Tensor();  // rebuilt before the kernel's backward
   const Tensor y = proj_.forward(unpadded_output(st), st.proj).reshape({S, B, a_.hidden});
@@ -209,9 +209,9 @@ void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor&
   kernels::mla_move_block(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
   kernels::mla_move_block(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
   kernels::mla_move_block(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
-  st.q_SBNA = bf16_operand(st.q_SBNA);
-  st.k_SBNA = bf16_operand(st.k_SBNA);
-  st.v_SBNA = bf16_operand(st.v_SBNA);
+  st.q_SBNA = low_operand(st.q_SBNA);
+  st.k_SBNA = low_operand(st.k_SBNA);
+  st.v_SBNA = low_operand(st.v_SBNA);
 }
 
 Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {

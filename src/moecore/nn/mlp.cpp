@@ -36,7 +36,7 @@ Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
 Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
   // fc1's output in bf16 where the GEMM can round it as it writes (bf16, no bias, CPU), as Megatron keeps it.
-  st.h = fc1_.forward(x, st.fc1, h_bf16(x.device()) ? *cfg_.low : DType::F32);
+  st.h = fc1_.forward(x, st.fc1, h_low(x.device()) ? *cfg_.low : DType::F32);
   // Where fc1 writes h in f32 under bf16 (with a bias, added to the f32 product, or on the GPU) it is rounded before
   // the activation reads it, as Megatron's bf16 fc1 writes it: the activation, its backward and a recompute read the
   // one bf16 h the stash keeps.
@@ -88,7 +88,7 @@ void MLP::restore_input(const Tensor& x, FeedForward::Stash& base) const {
 int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropped, bool input_shared) {
   const int64_t r = d.rows(), F = m.ffn_hidden / d.tp, F1 = (kernels::is_gated(m.activation) ? 2 : 1) * F;
   const bool own_input = d.low || d.tp > 1;  // a copy (bf16) or the all-gathered input; else the caller's x
-  if (m.recompute)  // the block's input: bf16 when the pre-MLP norm writes it so (takes_bf16_input)
+  if (m.recompute)                           // the block's input: bf16 when the pre-MLP norm writes it so (low_input)
     return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, d.gemm_input());
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x

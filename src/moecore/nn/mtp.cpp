@@ -109,7 +109,7 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
     }
     h = final_norm_[k]->forward(y, d.final_norm);
     const Tensor x = sp_all_gather(h, tp_);
-    d.logits_TV = output.forward(x, d.output, output.bf16_output_where_possible(x.device()));  // as the main ones
+    d.logits_TV = output.forward(x, d.output, output.low_output_where_possible(x.device()));  // as the main ones
   }
 }
 

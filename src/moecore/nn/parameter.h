@@ -52,13 +52,14 @@ struct Parameter {
   bool tensor_parallel = false;
 
   // The bf16 (f16) copy of an f32 `value` that bf16 (f16) GEMMs read, cached only inside a Bf16WeightScope (below).
-  Tensor bf16_cache;
-  bool bf16_cache_valid = false, bf16_cache_enabled = false;
-  // Set by the optimizer where its update also wrote bf16_cache (the new value rounded): the next Bf16WeightScope
-  // takes the copy as it is, after checking sampled elements against `value`, instead of rounding value again.
-  bool bf16_cache_from_update = false;
-  // Packed copies of 2-D slices of bf16_cache (kernels::PackedWeight), made at most once per Bf16WeightScope that
-  // packs: slot slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as bf16_cache does.
+  Tensor low_cache;
+  bool low_cache_valid = false, low_cache_enabled = false;
+  // Set by the optimizer where its update also wrote low_cache (the new value rounded; bf16 copies only): the next
+  // Bf16WeightScope takes the copy as it is, after checking sampled elements against `value`, instead of rounding
+  // value again.
+  bool low_cache_from_update = false;
+  // Packed copies of 2-D slices of low_cache (kernels::PackedWeight), made at most once per Bf16WeightScope that
+  // packs: slot slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as low_cache does.
   std::vector<kernels::PackedWeight> packed_cache;
   std::vector<bool> packed_valid;
   bool pack_enabled = false;
@@ -126,7 +127,7 @@ class ParamRegistry {
 // bf16: a tied output layer's, or any where no optimizer keeps masters) is rounded once per step instead of once per
 // micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
 // parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed). Where the
-// optimizer's update wrote the copy (Parameter::bf16_cache_from_update) the scope starts with it: 64 elements spread
+// optimizer's update wrote the copy (Parameter::low_cache_from_update) the scope starts with it: 64 elements spread
 // over the tensor are compared with value first, and any difference (value written by something else since, e.g. a
 // checkpoint load) makes it round value again.
 // With `pack` (kernels::pack_weights_for the step's micro-batches) the experts' weights are also packed once.

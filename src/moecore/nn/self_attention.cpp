@@ -191,7 +191,7 @@ int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool
   const DType gd = d.gemm_input();  // bf16 under --bf16: every kept activation but the statistics
   int64_t b = 0;
   // st.q/k/v.x: the input norm's output (all-gathered under TP), one tensor the three share (bf16 with --bf16: the
-  // norm writes it so, takes_bf16_input).
+  // norm writes it so, low_input).
   if (!input_dropped) b += tensor_bytes(r * a.hidden, gd);
   // q_SBND, k_SBND, v_SBND; with qk_layernorm also the projections' outputs, kept as the norms' inputs.
   const int64_t norms = a.qk_layernorm ? 2 : 1;

@@ -70,10 +70,10 @@ class Attention {
   // and put them back from the recomputed x_SBH before backward (under SP: all-gathered again).
   void drop_input(Stash& st) const;
   void restore_input(const Tensor& x_SBH, Stash& st) const;
-  // The 16-bit dtype forward's input feeds GEMMs in, if it feeds such GEMMs only (the q/k/v projections under --bf16):
-  // the input norm then writes it in bf16, and the three projections share that one tensor instead of rounding a copy
-  // each.
-  LowPrecision takes_bf16_input() const { return cfg_.low; }
+  // The 16-bit dtype forward's input feeds GEMMs in, if it feeds such GEMMs only (the q/k/v projections under --bf16
+  // or --fp16): the input norm then writes it so, and the three projections share that one tensor instead of rounding
+  // a copy each.
+  LowPrecision low_input() const { return cfg_.low; }
 
  private:
   // The attention kernel (bf16 or f32 by the sequence length): q, k, v -> o, lse.

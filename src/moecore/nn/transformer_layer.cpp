@@ -52,11 +52,11 @@ std::optional<DType> norm_output(LowPrecision low) {
 }  // namespace
 
 std::optional<DType> TransformerLayer::attn_input() const {
-  return norm_output(mla_ ? mla_->takes_bf16_input() : attn_->takes_bf16_input());
+  return norm_output(mla_ ? mla_->low_input() : attn_->low_input());
 }
 
 std::optional<DType> TransformerLayer::ffn_input() const {
-  return norm_output(ffn_->takes_bf16_input());
+  return norm_output(ffn_->low_input());
 }
 
 Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {

@@ -97,7 +97,7 @@ Muon::Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketO
       // The f32 value becomes the owner's master; every rank's model keeps it rounded.
       if (owns(u)) master_[m] = p.value.to(Device::cpu()).clone();
       p.value = p.value.to(storage_dtype(p));
-      p.bf16_cache = Tensor();
+      p.low_cache = Tensor();
     }
 }
 
