@@ -33,7 +33,7 @@ Outputs run_experts(Device d, bool bf16, const std::vector<int64_t>& counts, int
   int64_t R = 0;
   for (int64_t c : counts) R += c;
   nn::ParamRegistry reg(DType::F32);
-  moe::ExpertsConfig cfg{H, F, E, 0, act, 0.3, 0.3, bf16};
+  moe::ExpertsConfig cfg{H, F, E, 0, act, 0.3, 0.3, bf16 ? LowPrecision(DType::BF16) : std::nullopt};
   cfg.bias = bias;
   moe::GroupedExperts ex(reg, "experts", cfg);
   reg.initialize(5);

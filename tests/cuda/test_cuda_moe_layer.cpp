@@ -26,7 +26,7 @@ moe::MoELayerConfig layer_config(bool bf16, bool shared_gate, bool sigmoid_group
   c.router.num_experts = 8;
   c.router.topk = 2;
   c.ffn_hidden = 48;
-  c.bf16 = bf16;
+  c.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   if (sigmoid_groups) {  // DeepSeek-V3's routing: sigmoid scores, expert bias, 4 groups of which 2 are kept
     c.router.score_function = moe::ScoreFunction::Sigmoid;
     c.router.num_groups = 4;
@@ -130,7 +130,7 @@ TEST(CudaMoELayer, SharedExpertOverlapOnASecondStreamChangesNoBit) {
 
 TEST(CudaSharedExperts, GateForwardAndBackwardMatchTheCpu) {
   MOE_REQUIRE_GPU();
-  const nn::MLPConfig mc{64, 32, kernels::Activation::SwiGLU, false, 0.02, 0.02, false, {}};
+  const nn::MLPConfig mc{64, 32, kernels::Activation::SwiGLU, false, 0.02, 0.02, std::nullopt, {}};
   const Tensor x = host_random({24, 2, 64}, 31), dy = host_random({24, 2, 64}, 32);
   std::vector<Tensor> y, dx, gw;
   for (Device d : {Device::cpu(), Device::cuda()}) {

@@ -98,7 +98,7 @@ TEST(LinearBf16Input, SameBitsAndNoCopy) {
   cfg.in = 48;
   cfg.out = 40;
   cfg.init = nn::InitRule::normal(0.05);
-  cfg.bf16 = true;
+  cfg.low = DType::BF16;
   nn::Linear lin(reg, "l", cfg);
   reg.initialize(5);
   const Tensor x = randn({17, 48}, DType::F32, 31), dy = randn({17, 40}, DType::F32, 32);

@@ -97,16 +97,16 @@ TEST(GemmPacked, AParametersSlicesArePackedOncePerScope) {
   nn::Parameter& p = reg.add("w", {2, 32, 48}, nn::InitRule::normal(0.02));
   reg.initialize(1);
   const auto slice = [&](const Tensor& w, int64_t e) { return w.slice(e, 1).reshape({32, 48}); };
-  EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::bf16_weights(p), 0), 0, true, 32).packed.defined())
+  EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::low_weights(p, DType::BF16), 0), 0, true, 32).packed.defined())
       << "outside a scope nothing is packed";
   {
     nn::Bf16WeightScope scope(reg);
-    EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::bf16_weights(p), 0), 0, true, 32).packed.defined())
+    EXPECT_FALSE(nn::packed_bf16_weight(p, slice(nn::low_weights(p, DType::BF16), 0), 0, true, 32).packed.defined())
         << "a scope that does not pack";
   }
   {
     nn::Bf16WeightScope scope(reg, true);
-    const Tensor w = nn::bf16_weights(p);
+    const Tensor w = nn::low_weights(p, DType::BF16);
     const kernels::PackedWeight a = nn::packed_bf16_weight(p, slice(w, 1), 1, true, 32);
     const kernels::PackedWeight b = nn::packed_bf16_weight(p, slice(w, 1), 1, true, 32);
     ASSERT_TRUE(a.packed.defined());
@@ -117,7 +117,7 @@ TEST(GemmPacked, AParametersSlicesArePackedOncePerScope) {
   // The next step's weights: the scope repacks them.
   p.value.set_item(0, 3.0);
   nn::Bf16WeightScope scope(reg, true);
-  const Tensor w = nn::bf16_weights(p);
+  const Tensor w = nn::low_weights(p, DType::BF16);
   const kernels::PackedWeight pw = nn::packed_bf16_weight(p, slice(w, 0), 0, true, 32);
   const Tensor A = bf16_randn({32, 48}, 4);
   Tensor want = Tensor::empty({32, 32}, DType::F32), got = Tensor::empty({32, 32}, DType::F32);
@@ -173,7 +173,7 @@ TEST(GemmPackedB, LargeProductsReorderBAndMatchThePlainHalves) {
 namespace moecore {
 namespace {
 
-// The bf16 copy an AdamW update wrote (Parameter::bf16_cache_from_update) is what the next Bf16WeightScope reads,
+// The bf16 copy an AdamW update wrote (Parameter::low_cache_from_update) is what the next Bf16WeightScope reads,
 // without rounding the weight again; a weight written by anything else after the update (here a fill, as a
 // checkpoint load would) is rounded afresh, and so is every weight in the scope after that.
 TEST(Bf16WeightScope, TakesTheOptimizersCopyOnlyWhileItRoundsTheWeight) {
@@ -182,26 +182,26 @@ TEST(Bf16WeightScope, TakesTheOptimizersCopyOnlyWhileItRoundsTheWeight) {
   reg.initialize(3);
   {
     const nn::Bf16WeightScope scope(reg);
-    EXPECT_TRUE(bitwise_equal(nn::bf16_weights(w), w.value.to(DType::BF16)));
+    EXPECT_TRUE(bitwise_equal(nn::low_weights(w, DType::BF16), w.value.to(DType::BF16)));
   }
   // An update that wrote the copy: the copy holds the new rounding, and the scope takes it as it is.
   for (int64_t i = 0; i < w.value.numel(); i++) w.value.set_item(i, w.value.item(i) * 1.5);
-  w.bf16_cache.copy_from(w.value);
-  w.bf16_cache_from_update = true;
-  const void* copy = w.bf16_cache.raw();
+  w.low_cache.copy_from(w.value);
+  w.low_cache_from_update = true;
+  const void* copy = w.low_cache.raw();
   {
     const nn::Bf16WeightScope scope(reg);
-    const Tensor b = nn::bf16_weights(w);
+    const Tensor b = nn::low_weights(w, DType::BF16);
     EXPECT_EQ(b.raw(), copy);
     EXPECT_TRUE(bitwise_equal(b, w.value.to(DType::BF16)));
   }
-  EXPECT_FALSE(w.bf16_cache_from_update);  // one scope only
+  EXPECT_FALSE(w.low_cache_from_update);  // one scope only
   // The flag set, but the weight changed after the copy was written: rounded afresh.
-  w.bf16_cache_from_update = true;
+  w.low_cache_from_update = true;
   kernels::fill_(w.value, 0.25);
   {
     const nn::Bf16WeightScope scope(reg);
-    EXPECT_TRUE(bitwise_equal(nn::bf16_weights(w), w.value.to(DType::BF16)));
+    EXPECT_TRUE(bitwise_equal(nn::low_weights(w, DType::BF16), w.value.to(DType::BF16)));
   }
 }
 

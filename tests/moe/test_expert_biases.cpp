@@ -90,7 +90,7 @@ TEST(SegmentBias, Bf16RowsReadWidened) {
 }
 
 moe::ExpertsConfig experts_config(int64_t H, int64_t F, int64_t E, kernels::Activation act, bool bf16 = false) {
-  moe::ExpertsConfig c{H, F, E, 0, act, 0.3, 0.3, bf16};
+  moe::ExpertsConfig c{H, F, E, 0, act, 0.3, 0.3, bf16 ? LowPrecision(DType::BF16) : std::nullopt};
   c.bias = true;
   return c;
 }

@@ -112,7 +112,7 @@ TEST(GroupedExperts, EqualsSequentialReference) {
     const int64_t R = 11;
     for (DType dt : {DType::F64, DType::F32}) {
       nn::ParamRegistry reg(dt);
-      moe::GroupedExperts ex(reg, "experts", moe::ExpertsConfig{H, F, E, 0, act, 0.3, 0.3, false});
+      moe::GroupedExperts ex(reg, "experts", moe::ExpertsConfig{H, F, E, 0, act, 0.3, 0.3, std::nullopt});
       reg.initialize(3);
       Tensor x = randn({R, H}, dt, 1), p = randn({R}, dt, 2);
       moe::GroupedExperts::Stash st;
@@ -137,7 +137,7 @@ TEST(GroupedExperts, LongReductionWidthBuildsAndRuns) {
   const std::vector<int64_t> counts{25, 15};
   nn::ParamRegistry reg(DType::F32);
   moe::GroupedExperts ex(reg, "experts",
-                         moe::ExpertsConfig{H, F, E, 0, kernels::Activation::SwiGLU, 0.02, 0.02, false});
+                         moe::ExpertsConfig{H, F, E, 0, kernels::Activation::SwiGLU, 0.02, 0.02, std::nullopt});
   reg.initialize(5);
   const Tensor x = randn({R, H}, DType::F32, 1), p = randn({R}, DType::F32, 2);
   moe::GroupedExperts::Stash st;

@@ -37,7 +37,7 @@ nn::AttentionConfig variant_config(const Variant& v, bool bf16) {
   c.bias = v.bias;
   c.init_std = 0.1;
   c.output_init_std = 0.1;
-  c.bf16 = bf16;
+  c.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   return c;
 }
 

@@ -101,14 +101,14 @@ Bf16StashRun bf16_stash_run(bool bf16, bool mla) {
                                         .init_std = 0.05});
   c.qk_layernorm = true;
   c.seed = 3;
-  c.bf16 = bf16;
+  c.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   if (mla) {
     c.mla.enabled = true;
     c.mla.q_lora_rank = 32, c.mla.kv_lora_rank = 24, c.mla.qk_head_dim = 16, c.mla.qk_pos_emb_head_dim = 8;
     c.mla.v_head_dim = 16;
   }
   moe::MoELayerConfig mc;
-  mc.bf16 = bf16;
+  mc.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   mc.router.hidden = 64;
   mc.router.num_experts = 4;
   mc.router.topk = 4;  // every expert: no routing decision for bf16 rounding to flip against the f32 run

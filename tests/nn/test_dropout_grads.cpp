@@ -36,8 +36,8 @@ struct Layer {
   ParamRegistry reg{DType::F64};
   std::unique_ptr<nn::TransformerLayer> layer;
   explicit Layer(double hidden, double attention) {
-    auto mlp = std::make_unique<nn::MLP>(reg, "layer.mlp",
-                                         nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, false, {}});
+    auto mlp = std::make_unique<nn::MLP>(
+        reg, "layer.mlp", nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, std::nullopt, {}});
     layer = std::make_unique<nn::TransformerLayer>(reg, "layer", attention_with_dropout(attention),
                                                    nn::NormConfig{nn::NormKind::RMSNorm, 1e-6}, std::move(mlp), hidden);
     reg.initialize(5);

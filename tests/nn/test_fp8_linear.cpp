@@ -82,8 +82,9 @@ void fp8lin_check(nn::Fp8Recipe recipe, bool hybrid, bool bf16) {
   std::unique_ptr<nn::Linear> lin;
   {
     const nn::Fp8ModelScope scope(cfg);
-    lin = std::make_unique<nn::Linear>(reg, "decoder.layers.0.mlp.linear_fc1",
-                                       nn::LinearConfig{K, N, false, nn::InitRule::normal(0.5), bf16});
+    lin = std::make_unique<nn::Linear>(
+        reg, "decoder.layers.0.mlp.linear_fc1",
+        nn::LinearConfig{K, N, false, nn::InitRule::normal(0.5), bf16 ? LowPrecision(DType::BF16) : std::nullopt});
   }
   reg.initialize(7);
   const Tensor x = testing::randn({M, K}, DType::F32, 21, 2.0), dy = testing::randn({M, N}, DType::F32, 22, 1e-3);

@@ -123,7 +123,7 @@ TEST(GPTTrain, TwoRunsAreBitwiseEqual) {
 TEST(GPTTrain, Bf16TracksF32) {
   nn::GPTConfig c = copy_config();
   Trainer f32(c);
-  c.bf16 = true;
+  c.low = DType::BF16;
   Trainer b16(c);
   for (int s = 0; s < 10; s++) {
     CopyBatch b = copy_batch(8, 8, 16, s);
@@ -166,7 +166,7 @@ TEST(GPTLossGradient, ComputedInForwardWhenTheScaleIsKnown) {
   mtp.mtp.num_layers = 2;
   mtp.mtp.loss_scaling_factor = 0.3;
   nn::GPTConfig bf16 = copy_config();
-  bf16.bf16 = true;
+  bf16.low = DType::BF16;
   const CopyBatch b = copy_batch(4, 8, 16, 3);
   for (const auto& [name, c, tol] :
        {std::tuple{"f32", copy_config(), 1e-4}, {"bf16", bf16, 2e-2}, {"MTP", mtp, 1e-4}}) {

@@ -26,7 +26,7 @@ using testing::check_module;
 TEST(ModuleGrad, LinearWithAndWithoutBias) {
   for (bool bias : {false, true}) {
     ParamRegistry reg(DType::F64);
-    nn::Linear lin(reg, "lin", nn::LinearConfig{6, 4, bias, nn::InitRule::normal(0.5), false});
+    nn::Linear lin(reg, "lin", nn::LinearConfig{6, 4, bias, nn::InitRule::normal(0.5), std::nullopt});
     reg.initialize(1);
     if (bias) reg.get("lin.bias").value.copy_from(randn({4}, DType::F64, 5));
     Tensor x = randn({5, 6}, DType::F64, 2);
@@ -109,7 +109,7 @@ TEST(ModuleGrad, AttentionVariants) {
 TEST(ModuleGrad, MLPActivations) {
   for (auto act : {kernels::Activation::SwiGLU, kernels::Activation::GeLU, kernels::Activation::SquaredReLU}) {
     ParamRegistry reg(DType::F64);
-    nn::MLP mlp(reg, "mlp", nn::MLPConfig{6, 10, act, true, 0.4, 0.3, false, {}});
+    nn::MLP mlp(reg, "mlp", nn::MLPConfig{6, 10, act, true, 0.4, 0.3, std::nullopt, {}});
     reg.initialize(4);
     randomize_norms(reg);
     Tensor x = randn({3, 2, 6}, DType::F64, 2);
@@ -123,8 +123,8 @@ TEST(ModuleGrad, MLPActivations) {
 TEST(ModuleGrad, TransformerLayer) {
   ParamRegistry reg(DType::F64);
   nn::AttentionConfig ac = small_attention(true, 1.0, 2);
-  auto mlp = std::make_unique<nn::MLP>(reg, "layer.mlp",
-                                       nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, false, {}});
+  auto mlp = std::make_unique<nn::MLP>(
+      reg, "layer.mlp", nn::MLPConfig{8, 12, kernels::Activation::SwiGLU, false, 0.4, 0.3, std::nullopt, {}});
   nn::TransformerLayer layer(reg, "layer", ac, nn::NormConfig{nn::NormKind::RMSNorm, 1e-6}, std::move(mlp));
   reg.initialize(5);
   randomize_norms(reg);

@@ -56,7 +56,7 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
   c.recompute = rc;
   c.mtp.num_layers = mtp;
   c.mtp.recompute = mtp_recompute && rc.full && rc.method == RC::Method::Uniform;
-  c.bf16 = bf16;
+  c.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   c.normalization = bf16 ? nn::NormKind::LayerNorm : nn::NormKind::RMSNorm;
   if (mla) {  // Multi-Latent Attention with YaRN and its latent norms (qk_layernorm)
     c.mla.enabled = true;
@@ -65,7 +65,7 @@ Result run(const RC& rc, moe::LoadBalancingType balance = moe::LoadBalancingType
     c.mla.recompute_up_proj = rc.mla_up_proj;
   }
   moe::MoELayerConfig mc;
-  mc.bf16 = bf16;
+  mc.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   mc.router.hidden = 16;
   mc.router.num_experts = 4;
   mc.router.topk = 2;

@@ -23,7 +23,7 @@ namespace moecore::testing {
 
 struct StateBytes {
   double params = 0;       // parameters on this rank
-  double bf16_params = 0;  // of them: stored in bf16 by the model
+  double bf16_params = 0;  // of them: stored in bf16 (f16 under --fp16) by the model
   double measured = 0;     // the allocator's live bytes held by the model and its optimizer
   double expected = 0;     // the layout's, parameter by parameter (below)
   double planned = 0;      // the plan's weights + gradients + moments + master weights
@@ -59,7 +59,7 @@ inline StateBytes state_bytes(train::TrainConfig c, const comm::ProcessGroup* wo
     const bool sharded = opt.distributed();
     for (auto* p : params) {
       const auto n = static_cast<double>(p->value.numel());
-      const bool b16 = p->value.dtype() == DType::BF16;
+      const bool b16 = is_half(p->value.dtype());  // bf16 (or f16 under --fp16)
       const double shards = !sharded ? 1.0 : static_cast<double>(p->expert_parallel ? g.edp->size() : g.dp->size());
       s.params += n;
       s.bf16_params += b16 ? n : 0.0;
@@ -76,9 +76,9 @@ inline StateBytes state_bytes(train::TrainConfig c, const comm::ProcessGroup* wo
 // the model's few non-parameter tensors), and the plan within `rel` of both.
 inline void expect_layout(const StateBytes& s, const std::string& what, double rel) {
   ASSERT_GT(s.params, 0) << what;
-  ASSERT_GT(s.bf16_params, 0.9 * s.params) << what << ": most parameters are GEMM weights, stored in bf16";
+  ASSERT_GT(s.bf16_params, 0.9 * s.params) << what << ": most parameters are GEMM weights, stored in bf16 (f16)";
   std::printf(
-      "%s: %.3f bytes per parameter measured, %.3f by the layout, %.3f planned (%.0f parameters, %.1f%% bf16)\n",
+      "%s: %.3f bytes per parameter measured, %.3f by the layout, %.3f planned (%.0f parameters, %.1f%% 16-bit)\n",
       what.c_str(), s.measured / s.params, s.expected / s.params, s.planned / s.params, s.params,
       100.0 * s.bf16_params / s.params);
   EXPECT_NEAR(s.measured, s.expected, rel * s.expected) << what;

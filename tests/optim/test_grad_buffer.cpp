@@ -17,7 +17,7 @@ struct BufferModel {
   BufferModel() {
     for (int l = 0; l < 3; l++) {
       nn::Parameter& w = reg.add("decoder.layers." + std::to_string(l) + ".w", {2, 3}, nn::InitRule::normal(1.0));
-      w.bf16_storage = true;
+      w.low_storage = DType::BF16;
       reg.add("decoder.layers." + std::to_string(l) + ".norm", {2}, nn::InitRule::ones());
     }
     reg.add("embedding.weight", {4}, nn::InitRule::normal(1.0));
@@ -84,7 +84,7 @@ TEST(GradBuffer, ParameterBuffersHoldBf16AndF32ValuesApartPadded) {
   EXPECT_EQ(b[0].padded, 8);  // 6 padded to a multiple of 4
   for (size_t i = 0; i < m.params.size(); i++) {
     const nn::Parameter& p = *m.params[i];
-    EXPECT_EQ(p.value.dtype(), p.bf16_storage ? DType::BF16 : DType::F32) << p.name;
+    EXPECT_EQ(p.value.dtype(), p.low_storage.value_or(DType::F32)) << p.name;
     EXPECT_TRUE(testing::bitwise_equal(p.value, f32[i].to(p.value.dtype()))) << p.name << ": rounded where bf16";
   }
   m.params[0]->value.copy_from(Tensor::zeros({2, 3}, DType::F32));

@@ -1,9 +1,9 @@
-// Loss scaling through training (optim/grad_scaler.h, the trainer's skipped steps): Megatron's dynamic scaler from
-// planted overflows (--initial-loss-scale 2^127 and a z-loss whose gradients exceed 2: scaled, they overflow f32) skip
-// steps without touching parameters, Adam state or the learning-rate schedule, backs off, then trains; the log line and
-// the metrics file count the skipped iterations; a resumed run continues bitwise (the scaler's trackers and the
-// skipped count in the checkpoint); a constant power-of-two --loss-scale under --bf16 changes no bit of training.
-// The dynamic scaler runs here on the fp32 numerics (--testing-dynamic-loss-scale), --fp16's being refused.
+// Loss scaling through training (optim/grad_scaler.h, the trainer's skipped steps): under --fp16 Megatron's dynamic
+// scaler from planted overflows (a large --initial-loss-scale and a z-loss whose gradients exceed 2: scaled, they
+// overflow the f16 activation gradients) skip steps without touching parameters, Adam state or the learning-rate
+// schedule, backs off, then trains; the log line and the metrics file count the skipped iterations; a resumed --fp16
+// run continues bitwise (the scaler's trackers and the skipped count in the checkpoint, the f16 weights rounded from
+// the restored f32 masters); a constant power-of-two --loss-scale under --bf16 changes no bit of training.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "config_util.h"
 #include "moecore/core/file.h"
 #include "moecore/kernels/elementwise.h"
+#include "moecore/train/config/optimizer_config.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
 
@@ -27,10 +28,16 @@ std::vector<std::string> scaled_flags(int64_t iters) {
          std::vector<std::string>{"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "10"};
 }
 
+// 2^127 (which overflows f32) would take over a hundred skipped steps to back off from under fp16, whose activation
+// gradients overflow from 65,520: 2^18 overflows the first steps and backs off into range within a few.
+constexpr const char* kInitialScale = "262144";  // 2^18
+constexpr float kInitialScaleValue = 0x1p18f;
+
 std::vector<std::string> dynamic_flags() {
-  return {"--testing-dynamic-loss-scale",
+  return {"--fp16",
+          "--accumulate-allreduce-grads-in-fp32",
           "--initial-loss-scale",
-          "1.7014118346046923e38",  // 2^127
+          kInitialScale,
           "--hysteresis",
           "2",
           "--loss-scale-window",
@@ -53,7 +60,7 @@ TEST(LossScaling, PlantedOverflowsSkipStepsThenTrain) {
   testing::NullOut null;
   train::Trainer t(testing::small_config(scaled_flags(12), dynamic_flags()), null.f, false);
   // Megatron's rule, by hand, on the overflows as they come (hysteresis 2, window 30).
-  float scale = 0x1p127f;
+  float scale = kInitialScaleValue;
   int64_t skipped = 0, applied = 0, hyst = 2, growth = 0;
   for (int i = 0; i < 12; i++) {
     const auto before = snapshot(t);
@@ -75,7 +82,7 @@ TEST(LossScaling, PlantedOverflowsSkipStepsThenTrain) {
     }
     EXPECT_EQ(r.loss_scale, static_cast<double>(scale)) << "step " << i;
   }
-  EXPECT_GE(skipped, 2) << "2^127 should overflow some steps (the z-loss's gradients exceed 2)";
+  EXPECT_GE(skipped, 2) << kInitialScale << " should overflow some steps under fp16 (the z-loss's gradients exceed 2)";
   EXPECT_GE(applied, 3) << "the backed-off scale should train";
 }
 
@@ -156,21 +163,30 @@ TEST(LossScaling, FlagsAsMegatron) {
                                 "exclusive"));
   EXPECT_TRUE(testing::contains(testing::user_error_of([&] { testing::small_config(base, {"--fp16"}); }),
                                 "--accumulate-allreduce-grads-in-fp32"));
+  // fp16 with fp32 main gradients trains; the dynamic scaler is its default and then checks no NaN itself.
+  const train::TrainConfig fp16 = testing::small_config(base, {"--fp16", "--accumulate-allreduce-grads-in-fp32"});
+  EXPECT_EQ(train::grad_scaler_config(fp16).kind, optim::GradScalerConfig::Kind::Dynamic);
+  EXPECT_FALSE(train::check_nan_in_loss_and_grad(fp16));
+  const train::TrainConfig constant =
+      testing::small_config(base, {"--fp16", "--accumulate-allreduce-grads-in-fp32", "--loss-scale", "128"});
+  EXPECT_EQ(train::grad_scaler_config(constant).kind, optim::GradScalerConfig::Kind::Constant);
+  EXPECT_TRUE(train::check_nan_in_loss_and_grad(constant));
   EXPECT_TRUE(testing::contains(testing::user_error_of([&] {
-                                  testing::small_config(base, {"--fp16", "--accumulate-allreduce-grads-in-fp32"});
-                                }),
-                                "--fp16"));
-  EXPECT_TRUE(testing::contains(testing::user_error_of([&] {
-                                  testing::small_config(base, {"--testing-dynamic-loss-scale", "--min-loss-scale", "8",
-                                                               "--initial-loss-scale", "4"});
+                                  testing::small_config(base, {"--fp16", "--accumulate-allreduce-grads-in-fp32",
+                                                               "--min-loss-scale", "8", "--initial-loss-scale", "4"});
                                 }),
                                 "--min-loss-scale"));
+  EXPECT_TRUE(testing::contains(
+      testing::user_error_of([&] {
+        testing::small_config(base, {"--fp16", "--accumulate-allreduce-grads-in-fp32", "--fp8-format", "e4m3"});
+      }),
+      "--fp8-format"));
   EXPECT_TRUE(testing::contains(testing::user_error_of([&] {
                                   testing::small_config(base, {"--hysteresis", "0"});
                                 }),
                                 "--hysteresis"));
   EXPECT_TRUE(testing::contains(
-      testing::user_error_of([&] { testing::small_config(base, {"--fp16-lm-cross-entropy"}); }), "fp16 logits"));
+      testing::user_error_of([&] { testing::small_config(base, {"--fp16-lm-cross-entropy"}); }), "computed in fp16"));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The memory plan (train/memory_plan.h) against the allocator's measured peak on one rank: activations dominate
-// (H 64, 1024 tokens per micro-batch), and the plan must be within 10% with and without recompute, in bf16, with
-// the distributed optimizer, with several micro-batches; a step after the second allocates nothing new. The
+// (H 64, 1024 tokens per micro-batch), and the plan must be within 10% with and without recompute, in bf16 and fp16,
+// with the distributed optimizer, with several micro-batches; a step after the second allocates nothing new. The
 // layouts (TP, EP, PP, DP): tests/mpi/test_memory_plan_layouts.cpp.
 #include <gtest/gtest.h>
 
@@ -30,6 +30,16 @@ TEST(MemoryPlanMeasured, NoRecompute) {
 }
 TEST(MemoryPlanMeasured, Bf16) {
   check({"--bf16"}, "bf16");
+}
+// --fp16: the bf16 plan's bytes (2-byte weights, stashes and rows), with attention's operands widened for the f32
+// kernel.
+TEST(MemoryPlanMeasured, Fp16) {
+  const std::vector<std::string> fp16 = {"--fp16", "--accumulate-allreduce-grads-in-fp32", "--initial-loss-scale",
+                                         "4096"};
+  check(fp16, "fp16");
+  check(fp16 + std::vector<std::string>{"--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                        "moe_act", "layernorm"},
+        "fp16, selective core_attn moe_act layernorm");
 }
 TEST(MemoryPlanMeasured, SelectiveRecompute) {
   check({"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe_act", "layernorm"},

@@ -50,7 +50,7 @@ MemoryPlan worst(const TrainConfig& c, int64_t padded_vocab, int64_t world) {
 // The worst rank's lines, in the order printed.
 std::vector<std::pair<std::string, double>> rows_of(const TrainConfig& c, const MemoryPlan& w) {
   return {
-      {c.bf16 ? "weights (bf16; f32 kept)" : "weights (f32)", w.weights},
+      {c.bf16 ? "weights (bf16; f32 kept)" : (c.fp16 ? "weights (fp16; f32 kept)" : "weights (f32)"), w.weights},
       {"bf16 copies per step", w.bf16_weights},
       {"  of which packed experts", w.packed_weights},
       {"gradients (f32 buckets)", w.grads},
@@ -93,7 +93,7 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
   const train::ParamCounts all = train::count_params(c, padded_vocab, 1, 1);
   fmt::print(out, "moecore plan: {}\n", describe_layout(c, l));
   fmt::print(out, "parameters: {:.2f} B ({:.2f} B in routed experts); vocabulary padded to {}; {}{}\n",
-             (all.dense + all.expert) / 1e9, all.expert / 1e9, padded_vocab, c.bf16 ? "bf16" : "fp32",
+             (all.dense + all.expert) / 1e9, all.expert / 1e9, padded_vocab, c.bf16 ? "bf16" : (c.fp16 ? "fp16" : "fp32"),
              c.use_megatron_fsdp           ? ", Megatron FSDP " + c.data_parallel_sharding_strategy
              : c.use_distributed_optimizer ? ", distributed optimizer"
                                            : "");

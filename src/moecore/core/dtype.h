@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 namespace moecore {
@@ -47,6 +48,16 @@ constexpr std::string_view dtype_name(DType t) {
   }
   return "?";
 }
+
+// A 16-bit float: the storage of a model's GEMM operands and weights under --bf16 or --fp16.
+constexpr bool is_half(DType t) {
+  return t == DType::BF16 || t == DType::F16;
+}
+
+// The 16-bit float a model computes in (GEMM operands with f32 accumulation, weights stored with f32 masters,
+// activations kept between ops): BF16 under --bf16, F16 under --fp16, none (all f32) otherwise. Built once from the
+// config (train::gpt_config) and handed to every module's config.
+using LowPrecision = std::optional<DType>;
 
 constexpr bool is_floating(DType t) {
   return t == DType::F32 || t == DType::BF16 || t == DType::F64 || t == DType::F16;

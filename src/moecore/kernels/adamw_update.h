@@ -36,7 +36,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 // store).
 // param_bf16 (f32 parameters, either device; optional): also receives the updated parameter rounded to bf16 (round
 // to nearest even), written without a cast pass of its own: the model's bf16 weight of an f32 master in the
-// optimizer (nn::Parameter::bf16_storage), or the bf16 copy of an f32 weight (nn::Parameter::bf16_cache).
+// optimizer (nn::Parameter::bf16_storage), or the bf16 copy of an f32 weight (nn::Parameter::low_cache).
 struct AdamWTensor {
   Tensor param, grad, m, v;  // handles (slices share their storage)
   double weight_decay = 0;

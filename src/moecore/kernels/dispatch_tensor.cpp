@@ -46,7 +46,7 @@ double dot(const Tensor& a, const Tensor& b) {
   return elementwise_on(a.device()).dot(a, b);
 }
 double sum_squares(const Tensor& a) {
-  if (a.dtype() == DType::BF16) return sum_squares(a.to(DType::F32));  // a weight stored in bf16
+  if (is_half(a.dtype())) return sum_squares(a.to(DType::F32));  // a weight stored in bf16 or f16
   return elementwise_on(a.device()).sum_squares(a);
 }
 int64_t count_zeros(const Tensor& a) {

@@ -41,7 +41,7 @@ void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1
 }
 
 DType moe_row_sum_dtype(DType rows) {
-  return rows == DType::BF16 ? DType::F32 : rows;
+  return is_half(rows) ? DType::F32 : rows;
 }
 
 void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R) {

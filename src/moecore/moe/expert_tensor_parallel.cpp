@@ -44,7 +44,7 @@ Tensor ExpertTensorParallel::gather_rows_like(const Tensor& rows_in, const EtpPl
 
 Tensor ExpertTensorParallel::reduce_scatter(const Tensor& all_in, const EtpPlan& plan) const {
   Tensor sorted = as_rows(all_in);
-  if (sorted.dtype() == DType::BF16) sorted = sorted.to(DType::F32);
+  if (is_half(sorted.dtype())) sorted = sorted.to(DType::F32);
   Tensor all = Tensor::empty(sorted.shape(), sorted.dtype(), sorted.device());
   kernels::moe_scatter_rows(sorted, plan.sorted_from_all, all);
   const int64_t mine = plan.rows_per_rank[static_cast<size_t>(etp_.rank())];

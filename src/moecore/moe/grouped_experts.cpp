@@ -35,7 +35,7 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
     fc1_->set_shard({E, FG, H}, {cfg.first_expert, f0, 0}, {n, F, H});
   fc2_->set_shard({E, H, FG}, {cfg.first_expert, 0, f0}, {n, H, F});
   fc1_->expert_parallel = fc2_->expert_parallel = true;
-  fc1_->bf16_storage = fc2_->bf16_storage = cfg.bf16;  // read only by the bf16 grouped GEMMs (bf16_weights)
+  fc1_->low_storage = fc2_->low_storage = cfg.low;  // read only by the low-precision grouped GEMMs (low_weights)
   fc1_->tensor_parallel = fc2_->tensor_parallel = cfg.etp_size > 1;
   if (cfg.bias) {
     // Megatron (TransformerConfig) allows expert biases with ETP 1 only: a row-parallel fc2's bias would be added
@@ -176,14 +176,14 @@ int64_t GroupedExperts::row_align(Device d) {
 // Under expert tensor parallelism they stay f32: they are partial sums, reduced over the ETP group first.
 DType GroupedExperts::rows_out_dtype() const {
   const DType wt = fc1_->math_dtype();
-  return cfg_.bf16 && cfg_.etp_size == 1 && wt != DType::F64 ? DType::BF16 : wt;
+  return cfg_.low && cfg_.etp_size == 1 && wt != DType::F64 ? *cfg_.low : wt;
 }
 
 // With bf16 fc1's GEMM rounds h as it writes it, as Megatron keeps it. With a bias the GEMM writes f32 and the bias
 // is added to the f32 product before h is rounded (nn/mlp.cpp does so for a dense fc1 with a bias too); the fc2
 // data-gradient GEMM then writes da in f32, which the bias's gradient path keeps.
 DType GroupedExperts::h_dtype() const {
-  return cfg_.bf16 && !cfg_.bias ? DType::BF16 : fc1_->math_dtype();
+  return cfg_.low && !cfg_.bias ? *cfg_.low : fc1_->math_dtype();
 }
 
 void GroupedExperts::fc1_bias_forward(const Stash& st, Tensor& h_RF1) const {
@@ -207,14 +207,14 @@ void GroupedExperts::fc2_bias_backward(const Stash& st, const Tensor& dy_RH, Ten
 void GroupedExperts::prepare_gemms() const {
   const DType wt = fc1_->math_dtype();
   if (wt == DType::F64) return;  // the f64 reference loop has no primitives
-  const DType dt = cfg_.bf16 ? DType::BF16 : wt, rows_out = rows_out_dtype();
+  const DType dt = cfg_.low ? *cfg_.low : wt, rows_out = rows_out_dtype();
   const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, F1 = fc1_rows();
-  kernels::grouped_gemm_prepare(F1, H, true, dt, h_dtype(), cfg_.bf16);  // fc1
-  kernels::grouped_gemm_prepare(H, F, true, dt, rows_out, cfg_.bf16);    // fc2
-  kernels::grouped_gemm_prepare(F, H, false, dt, h_dtype(), cfg_.bf16);  // fc2 data gradient (da)
-  kernels::grouped_gemm_prepare(H, F1, false, dt, rows_out, cfg_.bf16);  // fc1 data gradient
-  kernels::grouped_gemm_wgrad_prepare(H, F, dt);                         // fc2 weight gradient
-  kernels::grouped_gemm_wgrad_prepare(F1, H, dt);                        // fc1 weight gradient
+  kernels::grouped_gemm_prepare(F1, H, true, dt, h_dtype(), cfg_.low == DType::BF16);  // fc1
+  kernels::grouped_gemm_prepare(H, F, true, dt, rows_out, cfg_.low == DType::BF16);    // fc2
+  kernels::grouped_gemm_prepare(F, H, false, dt, h_dtype(), cfg_.low == DType::BF16);  // fc2 data gradient (da)
+  kernels::grouped_gemm_prepare(H, F1, false, dt, rows_out, cfg_.low == DType::BF16);  // fc1 data gradient
+  kernels::grouped_gemm_wgrad_prepare(H, F, dt);                                       // fc2 weight gradient
+  kernels::grouped_gemm_wgrad_prepare(F1, H, dt);                                      // fc1 weight gradient
 }
 
 Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const std::vector<int64_t>& counts,
@@ -240,14 +240,14 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   st.probs_R = to_padded(probs_R, counts, align, dt);
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
-  if (cfg_.bf16) {  // cached for the step under a Bf16WeightScope (nn/parameter.h)
-    w1_bf16_ = nn::bf16_weights(*fc1_);
-    w2_bf16_ = nn::bf16_weights(*fc2_);
-    w1 = &w1_bf16_;
-    w2 = &w2_bf16_;
+  if (cfg_.low) {  // cached for the step under a Bf16WeightScope (nn/parameter.h)
+    w1_low_ = nn::low_weights(*fc1_, *cfg_.low);
+    w2_low_ = nn::low_weights(*fc2_, *cfg_.low);
+    w1 = &w1_low_;
+    w2 = &w2_low_;
   }
   const kernels::ExpertWeightPacker pack1 = bf16_packer(*fc1_, *w1, true), pack2 = bf16_packer(*fc2_, *w2, true);
-  st.x_RH = to_padded(x_RH, counts, align, cfg_.bf16 ? DType::BF16 : dt);
+  st.x_RH = to_padded(x_RH, counts, align, cfg_.low ? *cfg_.low : dt);
   // With bf16 and no bias the fc1 GEMM rounds its output as it writes it (h_dtype): the activation and its
   // backward read half the bytes, and the stash holds half.
   st.h_RF1 = padded_empty(counts, align, F1, h_dtype(), d);
@@ -257,18 +257,19 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
       fp8_.forward(ExpertFp8::kFc1, e, st.x_RH.slice(r0, n), expert_weight(*w1, e), h, st.fp8_x_scales);
     });
   } else {
-    kernels::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, st.row_begin, st.block_rows, cfg_.bf16 ? &pack1 : nullptr);
+    kernels::grouped_gemm(st.x_RH, *w1, true, st.h_RF1, st.row_begin, st.block_rows,
+                          cfg_.low == DType::BF16 ? &pack1 : nullptr);
   }
   fc1_bias_forward(st, st.h_RF1);
-  if (cfg_.bf16 && st.h_RF1.dtype() != DType::BF16) {
+  if (cfg_.low && st.h_RF1.dtype() != *cfg_.low) {
     // h with a bias (added to the f32 product) rounded once before the activation reads it, as Megatron's bf16 fc1
     // writes it: the activation, its backward and a moe_act recompute read the one bf16 h the stash keeps.
-    Tensor h16 = padded_empty(counts, align, F1, DType::BF16, d);
+    Tensor h16 = padded_empty(counts, align, F1, *cfg_.low, d);
     h16.copy_from(st.h_RF1);
     st.h_RF1 = h16;
   }
   // With bf16 the activation output is rounded as it is written: it only feeds the fc2 GEMMs.
-  st.a_RF = padded_empty(counts, align, F, cfg_.bf16 ? DType::BF16 : dt, d);
+  st.a_RF = padded_empty(counts, align, F, cfg_.low ? *cfg_.low : dt, d);
   if (st.a_RF.rows() > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   Tensor y = padded_empty(counts, align, H, rows_out_dtype(), d);
   if (fp8_.on()) {
@@ -277,7 +278,8 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
       fp8_.forward(ExpertFp8::kFc2, e, st.a_RF.slice(r0, n), expert_weight(*w2, e), yr, st.fp8_x_scales);
     });
   } else {
-    kernels::grouped_gemm(st.a_RF, *w2, true, y, st.row_begin, st.block_rows, cfg_.bf16 ? &pack2 : nullptr);
+    kernels::grouped_gemm(st.a_RF, *w2, true, y, st.row_begin, st.block_rows,
+                          cfg_.low == DType::BF16 ? &pack2 : nullptr);
   }
   // Under bf16 fc2's rows are bf16 and b2·p is added to them in f32 and rounded again, as Megatron's _apply_bias
   // adds it to the bf16 GEMM output.
@@ -297,12 +299,12 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   MOE_CHECK(!defer_wgrad || !fp8_.on(),
             "--delay-wgrad-compute: the FP8 experts compute data and weight gradients together; drop one of the two");
   MOE_ASSERT_MSG(!st.wgrad.pending, "a deferred weight gradient was never computed");
-  const Tensor dy = to_padded(dy_RH, counts, align, cfg_.bf16 ? DType::BF16 : dt);
-  const Tensor& w1 = cfg_.bf16 ? w1_bf16_ : fc1_->value;
-  const Tensor& w2 = cfg_.bf16 ? w2_bf16_ : fc2_->value;
+  const Tensor dy = to_padded(dy_RH, counts, align, cfg_.low ? *cfg_.low : dt);
+  const Tensor& w1 = cfg_.low ? w1_low_ : fc1_->value;
+  const Tensor& w2 = cfg_.low ? w2_low_ : fc2_->value;
   const kernels::ExpertWeightPacker pack1 = bf16_packer(*fc1_, w1, false), pack2 = bf16_packer(*fc2_, w2, false);
   if (!st.a_RF.defined()) {  // moe_act recompute: the activation again, exactly as forward wrote it
-    st.a_RF = padded_empty(counts, align, F, cfg_.bf16 ? DType::BF16 : dt, d);
+    st.a_RF = padded_empty(counts, align, F, cfg_.low ? *cfg_.low : dt, d);
     if (Rp > 0) kernels::activation_forward(cfg_.activation, st.h_RF1, &st.probs_R, st.a_RF);
   }
   // With bf16 the fc2 data-gradient GEMM rounds da as it writes it, as Megatron's bf16 autograd keeps it; the
@@ -319,12 +321,13 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
         fp8_.backward(site, e, dout.slice(r0, n), in.slice(r0, n), st.fp8_x_scales, dr, dw, beta);
       });
     } else {
-      kernels::grouped_gemm(dout, w, false, din, st.row_begin, st.block_rows, cfg_.bf16 ? &pack : nullptr);
+      kernels::grouped_gemm(dout, w, false, din, st.row_begin, st.block_rows,
+                            cfg_.low == DType::BF16 ? &pack : nullptr);
       if (!defer_wgrad) kernels::grouped_gemm_wgrad(dout, in, fc.grad, st.row_begin, st.block_rows, beta);
     }
   };
   gemm_backward(ExpertFp8::kFc2, dy, st.a_RF, w2, pack2, *fc2_, beta2, da);
-  Tensor dhc = padded_empty(counts, align, st.h_RF1.cols(), cfg_.bf16 ? DType::BF16 : dt, d);
+  Tensor dhc = padded_empty(counts, align, st.h_RF1.cols(), cfg_.low ? *cfg_.low : dt, d);
   Tensor dprobs = padded_empty(counts, align, 1, dt, d).reshape({Rp});
   if (Rp > 0) kernels::activation_backward(cfg_.activation, da, st.h_RF1, &st.probs_R, dhc, &dprobs);
   fc2_bias_backward(st, dy, dprobs);  // after the activation's backward, which writes dprobs
@@ -392,7 +395,7 @@ int64_t grouped_experts_stash_bytes(const ExpertsConfig& e, int64_t rows) {
   const int64_t align = kernels::grouped_gemm_row_align(Device::cpu());
   for (int64_t i = 0; i < n; i++) aligned &= (rows / n + (i < rows % n ? 1 : 0)) % align == 0;
   const int64_t cap = rows + n * (align - 1);
-  const DType xt = e.bf16 ? DType::BF16 : DType::F32;
+  const DType xt = e.low.value_or(DType::F32);
   int64_t b = nn::tensor_bytes((aligned ? rows : cap) * e.hidden, xt) + nn::tensor_bytes(cap, DType::F32);  // x, p
   b += nn::tensor_bytes(cap * F1, xt);                                                                      // h_RF1
   if (!e.recompute_act) b += nn::tensor_bytes(cap * e.ffn_hidden, xt);                                      // a_RF

@@ -25,7 +25,7 @@ struct ExpertsConfig {
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
   double output_init_std = 0.02;
-  bool bf16 = false;
+  LowPrecision low{};              // --bf16 or --fp16: the experts' GEMM operands, weights and rows
   int64_t num_global_experts = 0;  // E over all EP ranks (0: num_experts)
   // Expert tensor parallelism: this rank holds FFN columns [etp_rank·F, (etp_rank + 1)·F) of every local expert
   // (fc1 column-parallel, fc2 row-parallel, outputs partial sums over ETP).
@@ -101,7 +101,7 @@ class GroupedExperts {
   nn::Parameter* fc2_;
   nn::Parameter* b1_ = nullptr;  // [E, F1]
   nn::Parameter* b2_ = nullptr;  // [E, H]
-  Tensor w1_bf16_, w2_bf16_;
+  Tensor w1_low_, w2_low_;
   ExpertFp8 fp8_;  // FP8 GEMM sites, where the model runs them
 };
 

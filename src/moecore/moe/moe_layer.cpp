@@ -31,8 +31,7 @@ ExpertsConfig experts_config(const MoELayerConfig& c) {
   const int64_t etp = c.etp_group ? c.etp_group->size() : 1;
   MOE_CHECK(c.ffn_hidden % etp == 0, "--moe-ffn-hidden-size {} is not divisible by --expert-tensor-parallel-size {}",
             c.ffn_hidden, etp);
-  ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n,     n * rank, c.activation,
-                  c.init_std,      c.output_init_std,  c.bf16};
+  ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, n, n * rank, c.activation, c.init_std, c.output_init_std, c.low};
   e.recompute_act = c.recompute_moe_act;
   e.bias = c.bias;
   e.num_global_experts = c.router.num_experts;
@@ -66,7 +65,7 @@ MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELay
     etp_ = std::make_unique<ExpertTensorParallel>(*cfg.etp_group, experts_.config().num_experts);
   if (cfg.shared_ffn_hidden > 0) {
     nn::MLPConfig mc{cfg.router.hidden, cfg.shared_ffn_hidden, cfg.activation, false,
-                     cfg.init_std,      cfg.output_init_std,   cfg.bf16,       cfg.tp};
+                     cfg.init_std,      cfg.output_init_std,   cfg.low,        cfg.tp};
     shared_ = std::make_unique<SharedExperts>(reg, name + ".shared_experts", mc, cfg.shared_expert_gate,
                                               cfg.recompute_shared_experts);
   }
@@ -119,7 +118,7 @@ void MoELayer::restore_input(const Tensor& x, nn::FeedForward::Stash& base) cons
   }
   if (st.router_input_dropped) {
     const Tensor x_TH = x.reshape({x.rows(), x.cols()});
-    st.router.x_r = st.router_input_rounded ? x_TH.as_dtype(DType::BF16) : x_TH;
+    st.router.x_r = st.router_input_rounded ? x_TH.as_dtype(*cfg_.low) : x_TH;
   }
   st.router_input_dropped = false;
   if (shared_) shared_->restore_input(x, st.shared);
@@ -129,7 +128,7 @@ void MoELayer::restore_input(const Tensor& x, nn::FeedForward::Stash& base) cons
 // has at most two rows (a read of 4 bytes and writes of 2 per row), or first, into a bf16 [T, H] the permutation
 // copies from, where more rows would read the f32 values more often than a cast pass costs.
 Tensor MoELayer::rows_input(const Tensor& x_TH) const {
-  return cfg_.bf16 && cfg_.router.topk > 2 ? x_TH.as_dtype(DType::BF16) : x_TH;
+  return cfg_.low && cfg_.router.topk > 2 ? x_TH.as_dtype(*cfg_.low) : x_TH;
 }
 
 Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
@@ -147,15 +146,15 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   st.router.recompute = st.recompute;
   // --bf16: the tokens rounded once, into a [T, H] the router keeps for its weight gradient (as Megatron's router
   // keeps its bf16 input) and the dispatcher copies the experts' rows from.
-  const Tensor x16_TH = cfg_.bf16 ? x_TH.as_dtype(DType::BF16) : Tensor();
+  const Tensor x16_TH = cfg_.low ? x_TH.as_dtype(*cfg_.low) : Tensor();
   const RoutedTokens routed =
       router_.forward(x_TH, st.S, st.B, training_, st.router, x16_TH.defined() ? &x16_TH : nullptr);
   st.router_input_rounded = x16_TH.defined() && st.router.x_r.shares_storage(x16_TH);
   Tensor x_RH, probs_R;
   // Without expert tensor parallelism (whose gather reorders the rows) the rows arrive in the experts' padded layout.
   st.plan.row_align = etp_ ? 1 : GroupedExperts::row_align(x_TH.device());
-  if (cfg_.bf16) st.plan.rows_dtype = DType::BF16;
-  dispatcher_->dispatch(cfg_.bf16 ? x16_TH : x_TH, routed, st.plan, x_RH, probs_R);
+  if (cfg_.low) st.plan.rows_dtype = *cfg_.low;
+  dispatcher_->dispatch(cfg_.low ? x16_TH : x_TH, routed, st.plan, x_RH, probs_R);
   Tensor y_RH;
   if (etp_) {
     Tensor x_all, probs_all;
@@ -292,11 +291,11 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   // gets its capacity. Under ETP the ETP group's rows are gathered.
   int64_t rows = T * K;
   if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity) rows = E * std::min(expert_capacity(c.router, T), T);
-  ExpertsConfig e{H, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
+  ExpertsConfig e{H, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.low};
   e.recompute_act = c.recompute_moe_act;
   e.bias = c.bias;
   e.etp_size = etp;
-  int64_t b = router_stash_bytes(c.router, T, d.training, c.bf16);
+  int64_t b = router_stash_bytes(c.router, T, d.training, c.low);
   b += dispatch_plan_bytes(T, rows, rows, ep > 1);
   if (etp > 1) b += nn::tensor_bytes(rows * etp, DType::I32);  // EtpPlan::sorted_from_all
   b += grouped_experts_stash_bytes(e, rows * etp);
@@ -305,12 +304,12 @@ int64_t moe_layer_stash_bytes(const MoELayerConfig& c, int64_t ep, int64_t etp, 
   // shared experts do (f32: no TP, or the gate's x_TH; under shared_experts recompute); dropped with the norm's output
   // under layernorm recompute.
   const bool jitter = d.training && c.router.input_jitter_eps > 0;
-  const bool router_keeps = !c.bf16 && c.router.router_dtype == DType::F32 && !jitter;
+  const bool router_keeps = !c.low && c.router.router_dtype == DType::F32 && !jitter;
   const bool shared_keeps =
-      c.shared_ffn_hidden > 0 && !c.recompute_shared_experts && !c.bf16 && (c.shared_expert_gate || d.tp == 1);
+      c.shared_ffn_hidden > 0 && !c.recompute_shared_experts && !c.low && (c.shared_expert_gate || d.tp == 1);
   if (!input_dropped && (router_keeps || shared_keeps || (c.shared_ffn_hidden > 0 && c.recompute_shared_experts)))
     b += input;
-  if (!input_dropped && c.bf16 && !jitter) b += nn::tensor_bytes(T * H, DType::BF16);  // the router's x_r
+  if (!input_dropped && c.low && !jitter) b += nn::tensor_bytes(T * H, *c.low);  // the router's x_r
   return b;
 }
 

@@ -31,7 +31,7 @@ struct MoELayerConfig {
   kernels::Activation activation = kernels::Activation::SwiGLU;
   double init_std = 0.02;
   double output_init_std = 0.02;
-  bool bf16 = false;
+  LowPrecision low{};  // --bf16 or --fp16
   // --add-bias-linear (Megatron's default): the router's gating bias and the experts' fc1 and fc2 biases (no shared
   // experts, expert tensor parallelism 1, as in Megatron).
   bool bias = false;
@@ -63,7 +63,8 @@ class MoELayer : public nn::FeedForward {
     int64_t S = 0, B = 0;
     Tensor x_in;                        // --recompute-modules moe: the layer's input, all the stash keeps after forward
     bool router_input_dropped = false;  // layernorm recompute: the router's input was the norm output
-    bool router_input_rounded = false;  // the router keeps the tokens rounded to bf16 (--bf16, no jitter)
+    bool router_input_rounded =
+        false;  // the router keeps the tokens rounded to bf16 or f16 (--bf16, --fp16; no jitter)
   };
 
   MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg);

@@ -253,13 +253,13 @@ void Router::reset_counters() {
 
 // What Router::forward leaves in its Stash (nn/stash_bytes.h); the gating input is the caller's unless converted
 // to the router dtype or jittered.
-int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training, bool bf16) {
+int64_t router_stash_bytes(const RouterConfig& c, int64_t T, bool training, LowPrecision low) {
   const DType rd = c.router_dtype;
   const int64_t H = c.hidden, E = c.num_experts, K = c.topk;
   const bool jitter = training && c.input_jitter_eps > 0;
   int64_t b = 0;
   // x_r: its own when jittered or converted (under --bf16 without jitter the MoE layer's bf16 tokens, counted there).
-  if (jitter || (rd != DType::F32 && !bf16)) b += nn::tensor_bytes(T * H, rd);
+  if (jitter || (rd != DType::F32 && !low)) b += nn::tensor_bytes(T * H, rd);
   if (jitter) b += nn::tensor_bytes(T * H, rd);                                // jitter_TH
   b += nn::tensor_bytes(T * E, rd) * (c.force_load_balancing ? 2 : 1);         // logits_TE (used_TE: its noise)
   b += 2 * nn::tensor_bytes(T * K, DType::I32) + nn::tensor_bytes(T * K, rd);  // idx_TK, kept_TK, p_TK

@@ -12,7 +12,7 @@ namespace moecore::moe {
 
 SharedExperts::SharedExperts(nn::ParamRegistry& reg, const std::string& name, const nn::MLPConfig& cfg, bool gate,
                              bool recompute)
-    : recompute_(recompute), bf16_(cfg.bf16), mlp_(reg, name, cfg) {
+    : recompute_(recompute), low_(cfg.low), mlp_(reg, name, cfg) {
   if (gate) gate_ = &reg.add(name + ".gate_weight", {1, cfg.hidden}, nn::InitRule::normal(cfg.init_std));
 }
 
@@ -49,7 +49,7 @@ void SharedExperts::restore_input(const Tensor& x, Stash& st) const {
 }
 
 Tensor SharedExperts::kept(const Tensor& t) const {
-  return bf16_ ? t.as_dtype(DType::BF16) : t;
+  return low_ ? t.as_dtype(*low_) : t;
 }
 
 Tensor SharedExperts::forward_impl(const Tensor& x_SBH, Stash& st) {
@@ -91,13 +91,13 @@ Tensor SharedExperts::backward(const Tensor& dy_SBH, Stash& st) {
 // gate values; only the input (the MoE layer's, counted there) under shared_experts recompute.
 int64_t shared_experts_stash_bytes(const MoELayerConfig& c, const nn::StashDims& d, bool input_dropped) {
   if (c.shared_ffn_hidden <= 0 || c.recompute_shared_experts) return 0;
-  const nn::MLPConfig mc{c.router.hidden, c.shared_ffn_hidden, c.activation, false, 0, 0, c.bf16, {}};
+  const nn::MLPConfig mc{c.router.hidden, c.shared_ffn_hidden, c.activation, false, 0, 0, c.low, {}};
   int64_t b = nn::mlp_stash_bytes(mc, d, input_dropped, /*input_shared=*/true);
   const int64_t TH = d.local_rows() * c.router.hidden;
   // The gate: the MLP's output and gate values; under bf16 its own bf16 x (in f32 the MoE layer's input).
   if (c.shared_expert_gate)
     b += nn::tensor_bytes(TH, d.gemm_input()) + nn::tensor_bytes(d.local_rows(), DType::F32) +
-         (c.bf16 && !input_dropped ? nn::tensor_bytes(TH, DType::BF16) : 0);
+         (c.low && !input_dropped ? nn::tensor_bytes(TH, *c.low) : 0);
   return b;
 }
 

@@ -31,7 +31,7 @@ class SharedExperts {
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
   Tensor kept(const Tensor& t) const;  // what the stash keeps of an f32 tensor for backward: bf16 under --bf16
   bool recompute_ = false;
-  bool bf16_ = false;  // the gate's kept x and MLP output in bf16
+  LowPrecision low_{};  // the gate's kept x and MLP output in bf16 or f16
   nn::MLP mlp_;
   nn::Parameter* gate_ = nullptr;  // [1, H]
 };

@@ -26,9 +26,9 @@ class FeedForward {
   virtual std::unique_ptr<Stash> make_stash() const = 0;
   // x_SBH [S, B, H] -> [S, B, H]
   virtual Tensor forward(const Tensor& x_SBH, Stash& st) = 0;
-  // Whether x_SBH feeds bf16 GEMMs only, so the pre-MLP norm may write it in bf16 (the cast fused into the norm).
-  // The MoE layer's router reads it in its own dtype: false there.
-  virtual bool takes_bf16_input() const { return false; }
+  // The 16-bit dtype (bf16 or f16) x_SBH feeds GEMMs in, if it feeds such GEMMs only, so the pre-MLP norm may write
+  // it in that dtype (the cast fused into the norm). The MoE layer's router reads it in its own dtype: none there.
+  virtual LowPrecision low_input() const { return std::nullopt; }
   virtual Tensor backward(const Tensor& dy_SBH, Stash& st) = 0;
   // Recompute (recompute.h). carry_replay: copies what a replay of `from`'s forward needs (router noise index,
   // global-aux counts) into the fresh stash `to`. drop_input / restore_input: forgets every reference the stash

@@ -75,7 +75,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
   vocab_start_ = c.tp.rank() * (c.vocab_size / c.tp.size());
   if (has_loss_) {  // under --bf16 it keeps its input (the last layer's output) in bf16 for backward
     NormConfig fn = c.norm();
-    fn.bf16_stash = c.bf16;
+    fn.low_stash = c.low;
     final_norm_ = std::make_unique<Norm>(reg, "decoder.final_layernorm", c.hidden_size, fn);
   }
   if (has_embedding_ && c.position_embedding == PositionEmbeddingType::LearnedAbsolute)
@@ -97,7 +97,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
                      c.init_method_std,
                      out_std,
                      c.add_bias_linear,
-                     c.bf16,
+                     c.low,
                      c.tp,
                      c.attention_dropout,
                      c.normalization,
@@ -112,7 +112,7 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
       std::unique_ptr<FeedForward> f = ffn ? ffn(reg, name + ".mlp", i) : nullptr;
       if (!f) {
         MLPConfig mc{c.hidden_size,     c.ffn_hidden_size, c.activation, c.add_bias_linear,
-                     c.init_method_std, out_std,           c.bf16,       c.tp,
+                     c.init_method_std, out_std,           c.low,        c.tp,
                      c.recompute.mlp};
         f = std::make_unique<MLP>(reg, name + ".mlp", mc);
       }
@@ -134,20 +134,19 @@ GPTModel::GPTModel(const GPTConfig& c, ParamRegistry& reg, FfnFactory ffn)
       if (!f)
         f = std::make_unique<MLP>(reg, name,
                                   MLPConfig{c.hidden_size, c.ffn_hidden_size, c.activation, c.add_bias_linear,
-                                            c.init_method_std, out_std, c.bf16, c.tp, c.recompute.mlp});
+                                            c.init_method_std, out_std, c.low, c.tp, c.recompute.mlp});
       mf.push_back(std::move(f));
     }
     mtp_ = std::make_unique<MTPBlock>(reg, c.mtp, c.hidden_size, ac, c.norm(), c.mla, c.hidden_dropout,
-                                      c.recompute.layernorm, std::move(mf), c.init_method_std, c.bf16, c.tp);
+                                      c.recompute.layernorm, std::move(mf), c.init_method_std, c.low, c.tp);
     mtp_loss_sums_.assign(static_cast<size_t>(c.mtp.num_layers), 0.0);
   }
   if (c.untie_embeddings_and_output_weights) {
-    output_ =
-        std::make_unique<Linear>(reg, "output_layer",
-                                 LinearConfig{c.hidden_size, c.vocab_size, false, InitRule::normal(c.init_method_std),
-                                              c.bf16, TPSplit::Column, c.tp});
+    output_ = std::make_unique<Linear>(reg, "output_layer",
+                                       LinearConfig{c.hidden_size, c.vocab_size, false,
+                                                    InitRule::normal(c.init_method_std), c.low, TPSplit::Column, c.tp});
   } else {
-    output_ = std::make_unique<Linear>(embedding_->weight(), c.bf16);
+    output_ = std::make_unique<Linear>(embedding_->weight(), c.low);
   }
 }
 
@@ -208,7 +207,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   if (!ch.loss) return h;
   if (units()) pre_hook(shared_bucket);
   // Without MTP the output layer's GEMM is the norm's only reader: under --bf16 the norm writes bf16 for it.
-  h = final_norm_->forward(h, st.final_norm, cfg_.bf16 && !mtp_ ? std::optional<DType>(DType::BF16) : std::nullopt);
+  h = final_norm_->forward(h, st.final_norm, !mtp_ ? cfg_.low : std::nullopt);
   probe("decoder.final_layernorm", false, h);
   if (mtp_) {
     MOE_ASSERT_MSG(st.tokens_BS.defined() && st.tokens_BS.dim(0) == st.B && st.tokens_BS.dim(1) == st.S * cfg_.cp.size,
@@ -218,7 +217,7 @@ Tensor GPTModel::forward_chunk(size_t c, const Tensor& in, Stash& st) {
   // Under --bf16 the output layer writes bf16 logits on the CPU, as Megatron's does; the cross-entropy reads them in
   // f32 (Megatron upcasts them) and overwrites them with their bf16 gradient.
   const Tensor x = sp_all_gather(h, cfg_.tp);
-  st.logits_TV = output_->forward(x, st.output, output_->bf16_output_where_possible(x.device()));
+  st.logits_TV = output_->forward(x, st.output, output_->low_output_where_possible(x.device()));
   probe("output_layer", false, st.logits_TV);
   call(unit_hooks_.params_done, shared_bucket);
   return st.logits_TV;

@@ -48,7 +48,7 @@ struct GPTConfig {
   double init_method_std = 0.02;
   kernels::Activation activation = kernels::Activation::SwiGLU;
   bool add_bias_linear = false;
-  bool bf16 = false;  // bf16 GEMM operands with f32 accumulation
+  LowPrecision low{};  // --bf16 or --fp16: bf16 or f16 GEMM operands and weights with f32 accumulation
   // Tensor parallelism with sequence parallelism: vocabulary-parallel embedding, output layer and cross-entropy;
   // attention heads and FFN columns split; layers run on sequence shards [S/TP, B, H].
   TPContext tp;

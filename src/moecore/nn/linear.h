@@ -1,6 +1,7 @@
-// Linear layer y = x·Wᵀ (+ b), W stored [out, in] as in Megatron and HuggingFace. With bf16 on, GEMM operands are
-// rounded to bf16 (f32 accumulation, f32 output) and the stash keeps the bf16 input; master weights and gradients
-// stay f32. A Linear can also wrap a parameter owned elsewhere (the tied output layer uses the embedding).
+// Linear layer y = x·Wᵀ (+ b), W stored [out, in] as in Megatron and HuggingFace. With bf16 or f16 on (--bf16,
+// --fp16), GEMM operands are rounded to it (f32 accumulation, f32 output) and the stash keeps the rounded input; master
+// weights and gradients stay f32. A Linear can also wrap a parameter owned elsewhere (the tied output layer uses the
+// embedding).
 #pragma once
 
 #include <memory>
@@ -24,7 +25,7 @@ struct LinearConfig {
   int64_t out = 0;
   bool bias = false;
   InitRule init = InitRule::normal(0.02);
-  bool bf16 = false;
+  LowPrecision low{};             // GEMM operands and the stored weight in bf16 or f16
   TPSplit split = TPSplit::None;  // applies when tp has more than one rank
   TPContext tp = {};
   bool gated = false;  // Column split of [gate; linear] halves
@@ -39,18 +40,17 @@ class Linear {
 
   Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& cfg);
   // Wraps an existing weight [out, in] (no bias), e.g. the tied output layer.
-  Linear(Parameter& weight, bool bf16);
+  Linear(Parameter& weight, LowPrecision low);
 
   // x [..., in] -> y [rows, out]
   // With bf16 on, x and dy may already be bf16 (written so by the op that produced them): then they are used as
   // they are, with no cast pass, and the stash shares x. y is f32, or bf16 when `out` asks (bf16 on, no bias, CPU):
   // rounded as the GEMM writes it, for a consumer that keeps it in bf16.
   Tensor forward(const Tensor& x, Stash& st, DType out = DType::F32);
-  // bf16 where forward can write it for inputs on `dev` (bf16 on, no bias, a backend whose GEMMs write bf16), else
-  // f32.
-  DType bf16_output_where_possible(const Device& dev) const {
-    return bf16_ && bias_ == nullptr && kernels::backend_offers(dev).gemm_bf16_output && !fp8_ ? DType::BF16
-                                                                                               : DType::F32;
+  // The 16-bit dtype (bf16 or f16) where forward can write it for inputs on `dev` (16-bit on, no bias, a backend
+  // whose GEMMs write 16-bit outputs), else f32.
+  DType low_output_where_possible(const Device& dev) const {
+    return low_ && bias_ == nullptr && kernels::backend_offers(dev).gemm_bf16_output && !fp8_ ? *low_ : DType::F32;
   }
   // What forward keeps of its input x, without the GEMM: recompute puts back an input it dropped.
   void stash_input(const Tensor& x, Stash& st) const;
@@ -69,8 +69,8 @@ class Linear {
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   int64_t in_ = 0, out_ = 0;
-  bool bf16_ = false;
-  Tensor w_bf16_;  // bf16 copy of the weight, refreshed every forward
+  LowPrecision low_{};
+  Tensor w_low_;  // bf16 (f16) copy of the weight, refreshed every forward
   // FP8 GEMMs (the model was built under an Fp8ModelScope and this is one of its sites): the site and the weight as
   // cast by forward, which the data gradient reuses.
   std::shared_ptr<Fp8Gemm> fp8_;

@@ -20,7 +20,7 @@ namespace moecore::nn {
 namespace {
 
 LinearConfig lin(int64_t in, int64_t out, bool bias, double std, const AttentionConfig& a, TPSplit split) {
-  return LinearConfig{in, out, bias, InitRule::normal(std), a.bf16, split, a.tp};
+  return LinearConfig{in, out, bias, InitRule::normal(std), a.low, split, a.tp};
 }
 
 int64_t heads_here(const AttentionConfig& a) {
@@ -57,7 +57,7 @@ MLAttention::MLAttention(ParamRegistry& reg, const std::string& name, const Atte
                                      lin(a.hidden, a.num_heads * dq, false, a.init_std, a, TPSplit::Column));
   }
   if (a.qk_layernorm) {
-    const NormConfig nc{a.qk_norm_kind, a.norm_eps, a.zero_centered_gamma, /*bf16_stash=*/a.bf16};
+    const NormConfig nc{a.qk_norm_kind, a.norm_eps, a.zero_centered_gamma, /*low_stash=*/a.low};
     if (q_down_) q_norm_ = std::make_unique<Norm>(reg, name + ".q_layernorm", m.q_lora_rank, nc);
     kv_norm_ = std::make_unique<Norm>(reg, name + ".kv_layernorm", m.kv_lora_rank, nc);
   }
@@ -128,9 +128,9 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
   const Tensor kv = kv_up_.forward(sp_all_gather(ckv, a_.tp), st.kv_up);  // [S·B, nh·(dn + dv)]
   // Under --bf16 the rope key and the kernel's operands are bf16, as Megatron keeps them: rounded once here, so that
   // forward, backward and the recomputes (mla_up_proj, core_attn) read the same values.
-  if (a_.bf16) kpe = kpe.as_dtype(DType::BF16).as_dtype(dt);
+  if (a_.low) kpe = kpe.as_dtype(*a_.low).as_dtype(dt);
   fill_operands(q, kv, kpe, S, B, st);
-  if (m_.recompute_up_proj) st.kpe_SB1R = bf16_operand(kpe);
+  if (m_.recompute_up_proj) st.kpe_SB1R = low_operand(kpe);
   core_forward(S, B, st);
   if (m_.recompute_up_proj) st.q_SBNA = st.k_SBNA = st.v_SBNA = Tensor();  // rebuilt before the kernel's backward
   const Tensor y = proj_.forward(unpadded_output(st), st.proj).reshape({S, B, a_.hidden});
@@ -146,7 +146,7 @@ Tensor MLAttention::forward(const Tensor& x_local, Stash& st) {
 void MLAttention::core_forward(int64_t S, int64_t B, Stash& st) const {
   // q, k, v as fill_operands wrote them, or (core_attn recompute) as the stash keeps them.
   const Tensor q = kernel_operand(st.q_SBNA, S), k = kernel_operand(st.k_SBNA, S), v = kernel_operand(st.v_SBNA, S);
-  const DType dt = st.q_SBNA.dtype() == DType::BF16 ? DType::F32 : st.q_SBNA.dtype();
+  const DType dt = is_half(st.q_SBNA.dtype()) ? DType::F32 : st.q_SBNA.dtype();
   const Device dev = st.q_SBNA.device();
   st.o_SBNA = Tensor::empty({S, B, nh_, da_}, dt, dev);
   st.lse_BNS = Tensor::empty({B, nh_, S}, dt, dev);
@@ -209,9 +209,9 @@ void MLAttention::fill_operands(const Tensor& q, const Tensor& kv, const Tensor&
   kernels::mla_move_block(kv, nh_, dn_ + dv_, 0, st.k_SBNA, nh_, da_, 0, dn_, T);
   kernels::mla_move_block(kpe_rot, 1, dr_, 0, st.k_SBNA, nh_, da_, dn_, dr_, T);
   kernels::mla_move_block(kv, nh_, dn_ + dv_, dn_, st.v_SBNA, nh_, da_, 0, dv_, T);
-  st.q_SBNA = bf16_operand(st.q_SBNA);
-  st.k_SBNA = bf16_operand(st.k_SBNA);
-  st.v_SBNA = bf16_operand(st.v_SBNA);
+  st.q_SBNA = low_operand(st.q_SBNA);
+  st.k_SBNA = low_operand(st.k_SBNA);
+  st.v_SBNA = low_operand(st.v_SBNA);
 }
 
 Tensor MLAttention::backward(const Tensor& dy_local, Stash& st) {
@@ -312,9 +312,9 @@ int64_t mla_backward_rebuilt_bytes(const AttentionConfig& a, const MLAConfig& m,
   const int64_t padded = tensor_bytes(r * nh * da, DType::F32);
   // o padded again (f32; or by a core_attn recompute), and under bf16 proj's input widened for it.
   int64_t b = padded;
-  if (d.bf16) b += tensor_bytes(r * nh * m.v_head_dim, DType::F32);
+  if (d.low) b += tensor_bytes(r * nh * m.v_head_dim, DType::F32);
   // q, k, v widened where the kernel takes only f32 tensors (the plan is made for this CPU).
-  if (d.bf16 && (d.gpu || !attention_bf16_tensors(d.bf16, d.cp, d.S))) b += 3 * padded;
+  if (d.low && (d.gpu || !attention_bf16_tensors(d.low == DType::BF16, d.cp, d.S))) b += 3 * padded;
   return b;
 }
 

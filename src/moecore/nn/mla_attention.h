@@ -68,12 +68,12 @@ class MLAttention {
   void restore_input(const Tensor& x_local, Stash& st) const;
 
   double softmax_scale() const { return scale_; }
-  // Whether forward's input feeds bf16 GEMMs only (the down projections, or the q projection, under --bf16): the
-  // input norm then writes it in bf16 and the projections share that one tensor.
-  bool takes_bf16_input() const { return a_.bf16; }
+  // The 16-bit dtype forward's input feeds GEMMs in, if it feeds such GEMMs only (the down projections, or the q
+  // projection, under --bf16 or --fp16): the input norm then writes it so and the projections share that tensor.
+  LowPrecision low_input() const { return a_.low; }
 
  private:
-  bool bf16_attention(int64_t S) const { return a_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+  bool bf16_attention(int64_t S) const { return a_.low == DType::BF16 && S <= kernels::kMaxBf16AttentionSeq; }
   // Context parallelism: the attention of this rank's S rows over the whole sequence (bf16 as a single rank would
   // run it), and the YaRN tables' rows at their global positions (the first S rows without CP).
   ContextParallel context_parallel(int64_t S) const {
@@ -98,11 +98,11 @@ class MLAttention {
   // A stashed kernel operand as this rank's kernel reads it: as kept where the kernel takes bf16 tensors (the
   // CPU's FlashNative kernel without context parallelism), else widened to f32.
   // What the stash keeps of an operand: bf16 under --bf16.
-  Tensor bf16_operand(const Tensor& t) const { return a_.bf16 ? t.as_dtype(DType::BF16) : t; }
+  Tensor low_operand(const Tensor& t) const { return a_.low ? t.as_dtype(*a_.low) : t; }
   Tensor kernel_operand(const Tensor& t, int64_t S) const {
-    const bool reads16 =
-        kernels::backend_offers(t.device()).attention_bf16_tensors && attention_bf16_tensors(a_.bf16, a_.cp.size, S);
-    return reads16 || t.dtype() != DType::BF16 ? t : t.as_dtype(DType::F32);
+    const bool reads16 = kernels::backend_offers(t.device()).attention_bf16_tensors &&
+                         attention_bf16_tensors(a_.low == DType::BF16, a_.cp.size, S);
+    return reads16 || !is_half(t.dtype()) ? t : t.as_dtype(DType::F32);
   }
 
   AttentionConfig a_;

@@ -11,7 +11,7 @@ LinearConfig fc_cfg(const MLPConfig& c, bool fc1) {
                       fc1 ? (gated ? 2 : 1) * c.ffn_hidden : c.hidden,
                       c.bias,
                       InitRule::normal(fc1 ? c.init_std : c.output_init_std),
-                      c.bf16,
+                      c.low,
                       fc1 ? TPSplit::Column : TPSplit::Row,
                       c.tp,
                       fc1 && gated};
@@ -36,14 +36,14 @@ Tensor MLP::forward(const Tensor& x_SBH, FeedForward::Stash& base) {
 Tensor MLP::forward_impl(const Tensor& x_SBH, Stash& st) {
   const Tensor x = sp_all_gather(x_SBH, cfg_.tp);
   // fc1's output in bf16 where the GEMM can round it as it writes (bf16, no bias, CPU), as Megatron keeps it.
-  st.h = fc1_.forward(x, st.fc1, h_bf16(x.device()) ? DType::BF16 : DType::F32);
+  st.h = fc1_.forward(x, st.fc1, h_low(x.device()) ? *cfg_.low : DType::F32);
   // Where fc1 writes h in f32 under bf16 (with a bias, added to the f32 product, or on the GPU) it is rounded before
   // the activation reads it, as Megatron's bf16 fc1 writes it: the activation, its backward and a recompute read the
   // one bf16 h the stash keeps.
-  const Tensor h = cfg_.bf16 ? st.h.as_dtype(DType::BF16) : st.h;
+  const Tensor h = cfg_.low ? st.h.as_dtype(*cfg_.low) : st.h;
   st.h = h;
   // With bf16 the activation is rounded as it is written: it only feeds fc2's GEMM.
-  const DType at = cfg_.bf16 ? DType::BF16 : h.dtype();
+  const DType at = cfg_.low ? *cfg_.low : h.dtype();
   Tensor a = Tensor::empty({h.rows(), fc2_.in()}, at, h.device());
   kernels::activation_forward(cfg_.activation, h, nullptr, a);
   return sp_reduce_scatter(fc2_.forward(a, st.fc2).reshape(x.shape()), cfg_.tp);
@@ -60,7 +60,7 @@ Tensor MLP::backward(const Tensor& dy_SBH, FeedForward::Stash& base) {
   const Tensor dy = sp_all_gather(dy_SBH, cfg_.tp);
   const Tensor da = fc2_.backward(dy.reshape({dy.rows(), cfg_.hidden}), st.fc2);
   // Likewise its gradient, which only feeds fc1's GEMMs (and, with a bias, fc1's bias gradient: kept f32 then).
-  Tensor dh = Tensor::empty(st.h.shape(), cfg_.bf16 && !cfg_.bias ? DType::BF16 : da.dtype(), st.h.device());
+  Tensor dh = Tensor::empty(st.h.shape(), cfg_.low && !cfg_.bias ? *cfg_.low : da.dtype(), st.h.device());
   kernels::activation_backward(cfg_.activation, da, st.h, nullptr, dh, nullptr);
   st.h = Tensor();
   return sp_reduce_scatter(fc1_.backward(dh, st.fc1).reshape(dy.shape()), cfg_.tp);
@@ -87,8 +87,8 @@ void MLP::restore_input(const Tensor& x, FeedForward::Stash& base) const {
 // (an MoE layer whose router keeps it too).
 int64_t mlp_stash_bytes(const MLPConfig& m, const StashDims& d, bool input_dropped, bool input_shared) {
   const int64_t r = d.rows(), F = m.ffn_hidden / d.tp, F1 = (kernels::is_gated(m.activation) ? 2 : 1) * F;
-  const bool own_input = d.bf16 || d.tp > 1;  // a copy (bf16) or the all-gathered input; else the caller's x
-  if (m.recompute)  // the block's input: bf16 when the pre-MLP norm writes it so (takes_bf16_input)
+  const bool own_input = d.low || d.tp > 1;  // a copy (bf16) or the all-gathered input; else the caller's x
+  if (m.recompute)                           // the block's input: bf16 when the pre-MLP norm writes it so (low_input)
     return input_dropped || input_shared ? 0 : tensor_bytes(d.local_rows() * m.hidden, d.gemm_input());
   int64_t b = 0;
   if (!input_dropped && (own_input || !input_shared)) b += tensor_bytes(r * m.hidden, d.gemm_input());  // fc1.x

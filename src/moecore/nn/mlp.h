@@ -20,7 +20,7 @@ struct MLPConfig {
   bool bias = false;
   double init_std = 0.02;
   double output_init_std = 0.02;
-  bool bf16 = false;
+  LowPrecision low{};  // --bf16 or --fp16
   TPContext tp;
   bool recompute = false;  // --recompute-modules mlp: the stash keeps only the input; backward re-runs forward
 };
@@ -35,15 +35,16 @@ class MLP : public FeedForward {
   MLP(ParamRegistry& reg, const std::string& name, const MLPConfig& cfg);
   std::unique_ptr<FeedForward::Stash> make_stash() const override { return std::make_unique<Stash>(); }
   Tensor forward(const Tensor& x_SBH, FeedForward::Stash& st) override;
-  bool takes_bf16_input() const override { return cfg_.bf16; }
+  LowPrecision low_input() const override { return cfg_.low; }
   Tensor backward(const Tensor& dy_SBH, FeedForward::Stash& st) override;
   void drop_input(const Tensor& x, FeedForward::Stash& st) const override;
   void restore_input(const Tensor& x, FeedForward::Stash& st) const override;
 
  private:
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
-  // Whether fc1 writes h in bf16 on device d (bf16 GEMMs, no bias, where the backend's GEMMs write bf16).
-  bool h_bf16(Device d) const { return cfg_.bf16 && !cfg_.bias && kernels::backend_offers(d).gemm_bf16_output; }
+  // Whether fc1 writes h in the 16-bit dtype on device d (bf16 or f16 GEMMs, no bias, where the backend's GEMMs
+  // write 16-bit outputs).
+  bool h_low(Device d) const { return cfg_.low && !cfg_.bias && kernels::backend_offers(d).gemm_bf16_output; }
   MLPConfig cfg_;
   Linear fc1_, fc2_;
 };

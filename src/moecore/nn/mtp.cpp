@@ -53,11 +53,11 @@ Tensor roll_local(const Tensor& x_T, int64_t S, int64_t B, int64_t k, const Cont
 
 MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, const AttentionConfig& attn,
                    const NormConfig& norm, const MLAConfig& mla, double hidden_dropout, bool recompute_norms,
-                   std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, bool bf16, TPContext tp)
+                   std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, LowPrecision low, TPContext tp)
     : cfg_(cfg), hidden_(hidden), tp_(tp), cp_(attn.cp) {
   MOE_ASSERT(static_cast<int64_t>(ffn.size()) == cfg.num_layers);
   NormConfig kept_norm = norm;  // the depth's norms keep their inputs in bf16 under --bf16
-  kept_norm.bf16_stash = bf16;
+  kept_norm.low_stash = low;
   for (int64_t k = 0; k < cfg.num_layers; k++) {
     const std::string name = "mtp.layers." + std::to_string(k);
     enorm_.push_back(std::make_unique<Norm>(reg, name + ".enorm", hidden, kept_norm));
@@ -66,7 +66,7 @@ MTPBlock::MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, con
     // followed by its gather and scatter (its gradient is summed over TP like every replicated parameter's).
     eh_proj_.push_back(std::make_unique<Linear>(
         reg, name + ".eh_proj",
-        LinearConfig{2 * hidden, hidden, false, InitRule::normal(init_std), bf16, TPSplit::None, tp}));
+        LinearConfig{2 * hidden, hidden, false, InitRule::normal(init_std), low, TPSplit::None, tp}));
     layers_.push_back(std::make_unique<TransformerLayer>(reg, name + ".mtp_model_layer", attn, norm,
                                                          std::move(ffn[static_cast<size_t>(k)]), hidden_dropout,
                                                          recompute_norms, mla));
@@ -109,7 +109,7 @@ void MTPBlock::forward(const Tensor& h0_SBH, const Tensor& tokens_T, int64_t S, 
     }
     h = final_norm_[k]->forward(y, d.final_norm);
     const Tensor x = sp_all_gather(h, tp_);
-    d.logits_TV = output.forward(x, d.output, output.bf16_output_where_possible(x.device()));  // as the main ones
+    d.logits_TV = output.forward(x, d.output, output.low_output_where_possible(x.device()));  // as the main ones
   }
 }
 

@@ -54,7 +54,7 @@ class MTPBlock {
   // ffn: one per depth, built by the caller from the last decoder layer's spec (Megatron's MTP layer spec).
   MTPBlock(ParamRegistry& reg, const MTPConfig& cfg, int64_t hidden, const AttentionConfig& attn,
            const NormConfig& norm, const MLAConfig& mla, double hidden_dropout, bool recompute_norms,
-           std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, bool bf16, TPContext tp);
+           std::vector<std::unique_ptr<FeedForward>> ffn, double init_std, LowPrecision low, TPContext tp);
   Stash make_stash() const;
   const MTPConfig& config() const { return cfg_; }
 

@@ -41,15 +41,15 @@ Tensor Norm::forward_add(Tensor& x, const Tensor& residual, Stash& st, std::opti
 
 Tensor Norm::forward_impl(Tensor& x, const Tensor* residual, Stash& st, std::optional<DType> out) {
   st.dtype = x.dtype();
-  // bf16_stash: the norm reads its input rounded to bf16, as Megatron's norms read their bf16 activations, so that
+  // low_stash: the norm reads its input rounded to bf16, as Megatron's norms read their bf16 activations, so that
   // forward, backward and a recompute (--recompute-modules layernorm) all see the one rounding the stash keeps; the
   // f32 rows (with a residual: the sum, written into x) stay the residual stream's and are not kept.
   Tensor in = x;
   const Tensor* res = residual;
-  if (cfg_.bf16_stash && x.dtype() == DType::F32) {
+  if (cfg_.low_stash && x.dtype() == DType::F32) {
     if (residual) kernels::add_(x, *residual);
     res = nullptr;
-    st.x = x.as_dtype(DType::BF16);
+    st.x = x.as_dtype(*cfg_.low_stash);
     in = st.x.as_dtype(DType::F32);
   } else {
     st.x = x;

@@ -22,15 +22,16 @@ struct NormConfig {
   NormKind kind = NormKind::RMSNorm;
   double eps = 1e-5;
   bool zero_centered_gamma = false;
-  // --bf16: the norm reads its f32 input rounded to bf16 and keeps that rounding for backward (as Megatron's norms
-  // read and keep their bf16 activations); backward reads it widened. The statistics and dx stay f32.
-  bool bf16_stash = false;
+  // --bf16 (--fp16): the norm reads its f32 input rounded to bf16 (f16) and keeps that rounding for backward (as
+  // Megatron's norms read and keep their bf16 or fp16 activations); backward reads it widened. The statistics and dx
+  // stay f32.
+  LowPrecision low_stash{};
 };
 
 class Norm {
  public:
   struct Stash {
-    Tensor x, mean, rstd;      // x: the input (bf16 with bf16_stash); mean: LayerNorm only
+    Tensor x, mean, rstd;      // x: the input (bf16 or f16 with low_stash); mean: LayerNorm only
     DType dtype = DType::F32;  // the input's own dtype: of dx
   };
   Norm(ParamRegistry& reg, const std::string& name, int64_t dim, const NormConfig& cfg);
@@ -43,7 +44,7 @@ class Norm {
   // dy -> dx. dres: the gradient of a residual branch beside the norm, added to dx as it is written (the same bits
   // as an add_ after).
   Tensor backward(const Tensor& dy, Stash& st, const Tensor* dres = nullptr);
-  // The input forward kept, in its own dtype (widened from bf16 under bf16_stash): what a recompute of the norm's
+  // The input forward kept, in its own dtype (widened from bf16 or f16 under low_stash): what a recompute of the norm's
   // output (--recompute-modules layernorm) normalizes again.
   static Tensor kept_input(const Stash& st) { return st.x.as_dtype(st.dtype); }
 

@@ -133,8 +133,8 @@ void ParamRegistry::to(Device d) {
     p->settle_grad();
     p->value = p->value.to(d);
     p->grad = p->grad.to(d);
-    p->bf16_cache = Tensor();
-    p->bf16_cache_valid = p->bf16_cache_from_update = false;
+    p->low_cache = Tensor();
+    p->low_cache_valid = p->low_cache_from_update = false;
   }
   device_ = d;
 }
@@ -144,12 +144,12 @@ namespace {
 bool bf16_copy_matches(const Parameter& p) {
   const int64_t n = p.value.numel();
   // Only a backend whose update writes the copy keeps it (kernels/backend.h); its tensors are on the host.
-  if (!p.bf16_cache.defined() || p.bf16_cache.numel() != n || p.value.dtype() != DType::F32 ||
-      !kernels::backend_offers(p.value.device()).update_writes_bf16_copy ||
-      !kernels::backend_offers(p.bf16_cache.device()).update_writes_bf16_copy)
+  if (!p.low_cache.defined() || p.low_cache.numel() != n || p.low_cache.dtype() != DType::BF16 ||
+      p.value.dtype() != DType::F32 || !kernels::backend_offers(p.value.device()).update_writes_bf16_copy ||
+      !kernels::backend_offers(p.low_cache.device()).update_writes_bf16_copy)
     return false;
   const float* v = p.value.data<float>();
-  const bf16* c = p.bf16_cache.data<bf16>();
+  const bf16* c = p.low_cache.data<bf16>();
   constexpr int64_t kSamples = 64;
   for (int64_t s = 0; s < std::min(n, kSamples); s++) {
     const int64_t i = n <= kSamples ? s : s * (n - 1) / (kSamples - 1);
@@ -161,36 +161,38 @@ bool bf16_copy_matches(const Parameter& p) {
 
 Bf16WeightScope::Bf16WeightScope(ParamRegistry& reg, bool pack) : reg_(reg) {
   for (auto& p : reg_.all()) {
-    p->bf16_cache_enabled = true;
+    p->low_cache_enabled = true;
     p->pack_enabled = pack;
-    if (p->value.dtype() == DType::BF16) p->bf16_cache = Tensor();  // the value itself is the copy
-    p->bf16_cache_valid = p->bf16_cache_from_update && bf16_copy_matches(*p);
-    p->bf16_cache_from_update = false;  // good for this scope only: the next needs the next update's copy
+    if (is_half(p->value.dtype())) p->low_cache = Tensor();  // the value itself is the copy
+    p->low_cache_valid = p->low_cache_from_update && bf16_copy_matches(*p);
+    p->low_cache_from_update = false;  // good for this scope only: the next needs the next update's copy
     p->packed_valid.assign(p->packed_valid.size(), false);
   }
 }
 
 Bf16WeightScope::~Bf16WeightScope() {
   for (auto& p : reg_.all()) {
-    p->bf16_cache_enabled = p->bf16_cache_valid = p->pack_enabled = false;
+    p->low_cache_enabled = p->low_cache_valid = p->pack_enabled = false;
     p->packed_valid.assign(p->packed_valid.size(), false);
   }
 }
 
-Tensor bf16_weights(Parameter& p) {
-  if (p.value.dtype() == DType::BF16) return p.value;  // stored in bf16: the optimizer's master rounded
+Tensor low_weights(Parameter& p, DType low) {
+  MOE_ASSERT(is_half(low));
+  if (p.value.dtype() == low) return p.value;  // stored in bf16 (f16): the optimizer's master rounded
   TimerScope timer("weight-cast", 2);
-  if (!p.bf16_cache_enabled) return p.value.to(DType::BF16);
-  if (!p.bf16_cache_valid) {
-    if (!p.bf16_cache.defined()) p.bf16_cache = Tensor::empty(p.value.shape(), DType::BF16, p.value.device());
-    p.bf16_cache.copy_from(p.value);
-    p.bf16_cache_valid = true;
+  if (!p.low_cache_enabled) return p.value.to(low);
+  if (!p.low_cache_valid || p.low_cache.dtype() != low) {
+    if (!p.low_cache.defined() || p.low_cache.dtype() != low)
+      p.low_cache = Tensor::empty(p.value.shape(), low, p.value.device());
+    p.low_cache.copy_from(p.value);
+    p.low_cache_valid = true;
   }
-  return p.bf16_cache;
+  return p.low_cache;
 }
 
 kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m) {
-  if (!p.bf16_cache_enabled || !p.pack_enabled) return kernels::PackedWeight{w_bf16, trans, Tensor(), -1};
+  if (!p.low_cache_enabled || !p.pack_enabled) return kernels::PackedWeight{w_bf16, trans, Tensor(), -1};
   const size_t i = static_cast<size_t>(slice * 2 + (trans ? 1 : 0));
   if (p.packed_cache.size() <= i) {
     p.packed_cache.resize(i + 1);

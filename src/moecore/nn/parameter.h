@@ -25,17 +25,17 @@ struct InitRule {
 
 struct Parameter {
   std::string name;
-  // The weights the model computes with: f32 (or f64 in gradient checks), or bf16 where bf16_storage says so and an
+  // The weights the model computes with: f32 (or f64 in gradient checks), or bf16/f16 where low_storage says so and an
   // optimizer keeps the f32 master (Megatron's bf16 parameters beside fp32 main parameters in the optimizer).
   Tensor value;
   Tensor grad;  // same shape, f32 (or f64); backward accumulates into it (see grad_stale)
   InitRule init;
   bool no_weight_decay = false;  // norms, biases (Megatron's default exclusions)
-  // Set at registration by a module whose math reads this parameter only through bf16_weights / packed_bf16_weight
-  // (its GEMMs run in bf16): an optimizer then keeps the f32 master weights itself and the model holds `value` in bf16,
-  // the master rounded, as Megatron's --bf16 holds its parameters. Parameters read in f32 anywhere (norms, biases,
-  // router, embeddings, a tied output layer) are never marked and stay f32.
-  bool bf16_storage = false;
+  // Set at registration by a module whose math reads this parameter only through low_weights / packed_bf16_weight
+  // (its GEMMs run in bf16 or f16): an optimizer then keeps the f32 master weights itself and the model holds `value`
+  // in that dtype, the master rounded, as Megatron's --bf16 and --fp16 hold their parameters. Parameters read in f32
+  // anywhere (norms, biases, router, embeddings, a tied output layer) are never marked and stay f32.
+  LowPrecision low_storage{};
   // The dtype the math computes this parameter's products and gradients in (f32, or f64 in checks), whatever the
   // storage of `value`.
   DType math_dtype() const { return grad.dtype(); }
@@ -51,14 +51,15 @@ struct Parameter {
   bool expert_parallel = false;
   bool tensor_parallel = false;
 
-  // The bf16 copy of an f32 `value` that bf16 GEMMs read, cached only inside a Bf16WeightScope (see below).
-  Tensor bf16_cache;
-  bool bf16_cache_valid = false, bf16_cache_enabled = false;
-  // Set by the optimizer where its update also wrote bf16_cache (the new value rounded): the next Bf16WeightScope
-  // takes the copy as it is, after checking sampled elements against `value`, instead of rounding value again.
-  bool bf16_cache_from_update = false;
-  // Packed copies of 2-D slices of bf16_cache (kernels::PackedWeight), made at most once per Bf16WeightScope that
-  // packs: slot slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as bf16_cache does.
+  // The bf16 (f16) copy of an f32 `value` that bf16 (f16) GEMMs read, cached only inside a Bf16WeightScope (below).
+  Tensor low_cache;
+  bool low_cache_valid = false, low_cache_enabled = false;
+  // Set by the optimizer where its update also wrote low_cache (the new value rounded; bf16 copies only): the next
+  // Bf16WeightScope takes the copy as it is, after checking sampled elements against `value`, instead of rounding
+  // value again.
+  bool low_cache_from_update = false;
+  // Packed copies of 2-D slices of low_cache (kernels::PackedWeight), made at most once per Bf16WeightScope that
+  // packs: slot slice·2 + trans (see packed_bf16_weight). The buffers stay for the next step, as low_cache does.
   std::vector<kernels::PackedWeight> packed_cache;
   std::vector<bool> packed_valid;
   bool pack_enabled = false;
@@ -131,7 +132,7 @@ class ParamRegistry {
 // bf16: a tied output layer's, or any where no optimizer keeps masters) is rounded once per step instead of once per
 // micro-batch: a Bf16WeightScope over the registry makes bf16_weights() cache the copy in the
 // parameter until the scope ends. Outside a scope every call rounds afresh (a weight may have changed). Where the
-// optimizer's update wrote the copy (Parameter::bf16_cache_from_update) the scope starts with it: 64 elements spread
+// optimizer's update wrote the copy (Parameter::low_cache_from_update) the scope starts with it: 64 elements spread
 // over the tensor are compared with value first, and any difference (value written by something else since, e.g. a
 // checkpoint load) makes it round value again.
 // With `pack` (kernels::pack_weights_for the step's micro-batches) the experts' weights are also packed once.
@@ -145,9 +146,9 @@ class Bf16WeightScope {
  private:
   ParamRegistry& reg_;
 };
-// p.value rounded to bf16 (see Bf16WeightScope); a bf16 value is itself.
-Tensor bf16_weights(Parameter& p);
-// The bf16 matrix w_bf16 (slice `slice` of bf16_weights(p), as op(W) with `trans`) packed for products of about m
+// p.value rounded to `low` (bf16 or f16; see Bf16WeightScope); a value stored in `low` is itself.
+Tensor low_weights(Parameter& p, DType low);
+// The bf16 matrix w_bf16 (slice `slice` of low_weights(p), as op(W) with `trans`) packed for products of about m
 // rows (kernels::pack_weight), once per Bf16WeightScope that packs; elsewhere w_bf16 unpacked. Same bits either way.
 kernels::PackedWeight packed_bf16_weight(Parameter& p, const Tensor& w_bf16, int64_t slice, bool trans, int64_t m);
 

@@ -16,7 +16,7 @@ namespace moecore::nn {
 
 namespace {
 LinearConfig proj_cfg(int64_t in, int64_t out, const AttentionConfig& c, double std, TPSplit split) {
-  return LinearConfig{in, out, c.bias, InitRule::normal(std), c.bf16, split, c.tp};
+  return LinearConfig{in, out, c.bias, InitRule::normal(std), c.low, split, c.tp};
 }
 int64_t heads_here(int64_t n, const TPContext& tp, const char* what) {
   MOE_CHECK(n % tp.size() == 0, "{} {} do not split over --tensor-model-parallel-size {}", n, what, tp.size());
@@ -40,7 +40,7 @@ Attention::Attention(ParamRegistry& reg, const std::string& name, const Attentio
   MOE_ASSERT(cfg.num_query_groups > 0 && cfg.num_heads % cfg.num_query_groups == 0);
   MOE_ASSERT(!cfg.rope || (rot_dim_ >= 2 && rot_dim_ <= cfg.head_dim));
   if (cfg.qk_layernorm) {
-    const NormConfig nc{cfg.qk_norm_kind, cfg.norm_eps, cfg.zero_centered_gamma, /*bf16_stash=*/cfg.bf16};
+    const NormConfig nc{cfg.qk_norm_kind, cfg.norm_eps, cfg.zero_centered_gamma, /*low_stash=*/cfg.low};
     q_norm_ = std::make_unique<Norm>(reg, name + ".q_layernorm", cfg.head_dim, nc);
     k_norm_ = std::make_unique<Norm>(reg, name + ".k_layernorm", cfg.head_dim, nc);
   }
@@ -87,13 +87,13 @@ Tensor Attention::forward(const Tensor& x_local, Stash& st) {
   }
   // Under --bf16 the kernel's operands are bf16, as Megatron's are: rounded here where the projections (with a bias)
   // or the qk-norm wrote f32, so that forward, backward and a core_attn recompute read the same values.
-  const auto operand = [&](const Tensor& t) { return cfg_.bf16 ? t.as_dtype(DType::BF16) : t; };
+  const auto operand = [&](const Tensor& t) { return cfg_.low ? t.as_dtype(*cfg_.low) : t; };
   st.q_SBND = operand(q);
   st.k_SBND = operand(k);
   st.v_SBND = operand(st.v_SBND);
   core_forward(st);
   Tensor y = proj_.forward(st.o_SBND.reshape({S * B, nq_ * D}), st.proj).reshape({S, B, cfg_.hidden});
-  if (cfg_.bf16) st.o_SBND = Tensor();  // backward reads o as the output projection keeps it (bf16)
+  if (cfg_.low) st.o_SBND = Tensor();  // backward reads o as the output projection keeps it (bf16)
   if (cfg_.recompute_core_attn) {
     st.o_SBND = st.lse_BNS = Tensor();
     st.proj = {};
@@ -143,7 +143,8 @@ Tensor Attention::backward(const Tensor& dy_local, Stash& st) {
   const Tensor o = kernel_operand(st.proj.x.reshape(st.q_SBND.shape()));
   st.o_SBND = Tensor();
   const bool b16 = bf16_tensors(S, dy_SBH.device());
-  const Tensor d_o = proj_.backward(dy_SBH, st.proj, b16 ? DType::BF16 : DType::F32).reshape(o.shape());
+  Tensor d_o = proj_.backward(dy_SBH, st.proj, b16 ? DType::BF16 : DType::F32).reshape(o.shape());
+  if (cfg_.low == DType::F16) d_o = d_o.as_dtype(DType::F16).as_dtype(DType::F32);  // dO as an f16 kernel reads it
   // The gradients in the dtypes forward's q, k, v had (bf16 where the projections wrote bf16; else dy's).
   const auto grad_dtype = [&](DType t) { return t == DType::BF16 ? t : dy_SBH.dtype(); };
   const Device dev = dy_SBH.device();
@@ -190,7 +191,7 @@ int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool
   const DType gd = d.gemm_input();  // bf16 under --bf16: every kept activation but the statistics
   int64_t b = 0;
   // st.q/k/v.x: the input norm's output (all-gathered under TP), one tensor the three share (bf16 with --bf16: the
-  // norm writes it so, takes_bf16_input).
+  // norm writes it so, low_input).
   if (!input_dropped) b += tensor_bytes(r * a.hidden, gd);
   // q_SBND, k_SBND, v_SBND; with qk_layernorm also the projections' outputs, kept as the norms' inputs.
   const int64_t norms = a.qk_layernorm ? 2 : 1;
@@ -205,7 +206,7 @@ int64_t attention_stash_bytes(const AttentionConfig& a, const StashDims& d, bool
 // What Attention::backward builds beside its stash for the kernel (stash_bytes.h): under --bf16 where the kernel
 // takes only f32 tensors (on the CPU, as the plan is), q, k, v and o widened.
 int64_t attention_backward_rebuilt_bytes(const AttentionConfig& a, const StashDims& d) {
-  if (!d.bf16 || (!d.gpu && attention_bf16_tensors(d.bf16, d.cp, d.S))) return 0;
+  if (!d.low || (!d.gpu && attention_bf16_tensors(d.low == DType::BF16, d.cp, d.S))) return 0;
   const int64_t r = d.rows(), nq = a.num_heads / d.tp, nkv = a.num_query_groups / d.tp, D = a.head_dim;
   return 2 * tensor_bytes(r * nq * D, DType::F32) + 2 * tensor_bytes(r * nkv * D, DType::F32);
 }

@@ -31,7 +31,7 @@ struct AttentionConfig {
   double init_std = 0.02;
   double output_init_std = 0.02;  // init_std / sqrt(2·num_layers) in a model
   bool bias = false;
-  bool bf16 = false;
+  LowPrecision low{};  // --bf16 or --fp16: GEMM operands (and attention's q, k, v, o) in that dtype
   TPContext tp;
   double attention_dropout = 0;               // on the softmax probabilities, in training
   NormKind qk_norm_kind = NormKind::RMSNorm;  // Megatron's qk_layernorm uses the configured --normalization
@@ -70,9 +70,10 @@ class Attention {
   // and put them back from the recomputed x_SBH before backward (under SP: all-gathered again).
   void drop_input(Stash& st) const;
   void restore_input(const Tensor& x_SBH, Stash& st) const;
-  // Whether forward's input feeds bf16 GEMMs only (the q/k/v projections under --bf16): the input norm then writes
-  // it in bf16, and the three projections share that one tensor instead of rounding a copy each.
-  bool takes_bf16_input() const { return cfg_.bf16; }
+  // The 16-bit dtype forward's input feeds GEMMs in, if it feeds such GEMMs only (the q/k/v projections under --bf16
+  // or --fp16): the input norm then writes it so, and the three projections share that one tensor instead of rounding
+  // a copy each.
+  LowPrecision low_input() const { return cfg_.low; }
 
  private:
   // The attention kernel (bf16 or f32 by the sequence length): q, k, v -> o, lse.
@@ -81,7 +82,8 @@ class Attention {
   // in bf16 (f32 with a bias or ahead of the qk-norm), the kernel turns q and k and writes o in bf16, and backward
   // hands it a bf16 dO and takes bf16 dQ, dK, dV back — no cast or RoPE pass between the GEMMs and the kernel.
   bool bf16_tensors(int64_t S, const Device& dev) const {
-    return kernels::backend_offers(dev).attention_bf16_tensors && attention_bf16_tensors(cfg_.bf16, cfg_.cp.size, S);
+    return kernels::backend_offers(dev).attention_bf16_tensors &&
+           attention_bf16_tensors(cfg_.low == DType::BF16, cfg_.cp.size, S);
   }
   kernels::AttentionRope kernel_rope() const { return {&cos_, &sin_, rot_dim_}; }
   // The dtype the projections write q and k (qk: true) or v in: bf16 with bf16_tensors (no bias; q and k not ahead
@@ -92,10 +94,11 @@ class Attention {
   // A stashed kernel operand (bf16 under --bf16) as this rank's kernel reads it: as kept where the kernel takes bf16
   // tensors (bf16_tensors), else widened to f32.
   Tensor kernel_operand(const Tensor& t) const {
-    return t.dtype() != DType::BF16 || bf16_tensors(t.dim(0), t.device()) ? t : t.as_dtype(DType::F32);
+    return !is_half(t.dtype()) || bf16_tensors(t.dim(0), t.device()) ? t : t.as_dtype(DType::F32);
   }
   // --bf16 runs attention's GEMMs in bf16 too, up to the sequence length whose score matrices that kernel holds.
-  bool bf16_attention(int64_t S) const { return cfg_.bf16 && S <= kernels::kMaxBf16AttentionSeq; }
+  // --fp16 runs the f32 kernel on f16 q, k, v and dO widened (docs/differences.md).
+  bool bf16_attention(int64_t S) const { return cfg_.low == DType::BF16 && S <= kernels::kMaxBf16AttentionSeq; }
   // Under context parallelism (S: this rank's rows): bf16 as one rank would run the whole sequence.
   ContextParallel context_parallel(int64_t S) const {
     ContextParallel cp = cfg_.cp;

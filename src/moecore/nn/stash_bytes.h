@@ -19,19 +19,19 @@ namespace moecore::nn {
 
 // One micro-batch on one rank.
 struct StashDims {
-  int64_t S = 0;   // sequence length this rank's layers see: --seq-length / CP (context parallelism's seam)
-  int64_t B = 0;   // --micro-batch-size
-  int64_t tp = 1;  // tensor parallel size: between blocks, sequence shards of S/tp rows (sequence parallelism)
-  int64_t cp = 1;  // context parallel size
-  bool bf16 = false;
+  int64_t S = 0;       // sequence length this rank's layers see: --seq-length / CP (context parallelism's seam)
+  int64_t B = 0;       // --micro-batch-size
+  int64_t tp = 1;      // tensor parallel size: between blocks, sequence shards of S/tp rows (sequence parallelism)
+  int64_t cp = 1;      // context parallel size
+  LowPrecision low{};  // --bf16 or --fp16
   bool training = true;
   // Planned for a GPU (moecore plan --device cuda on any machine): its attention kernels read f32 tensors and its
   // output layer writes f32 logits, where this CPU's kernels may take bf16 ones.
   bool gpu = false;
   int64_t rows() const { return S * B; }             // tokens after the sequence all-gather
   int64_t local_rows() const { return S / tp * B; }  // tokens of a sequence shard
-  DType gemm_input() const { return bf16 ? DType::BF16 : DType::F32; }
-  DType logits() const { return bf16 && !gpu ? DType::BF16 : DType::F32; }  // the output layer's (GPTModel)
+  DType gemm_input() const { return low.value_or(DType::F32); }
+  DType logits() const { return low && !gpu ? *low : DType::F32; }  // the output layer's (GPTModel)
 };
 
 // A tensor of `numel` elements of `dt` as the allocator holds it (rounded to its size class); 0 for none.
@@ -43,7 +43,7 @@ struct MLPConfig;
 enum class NormKind;
 
 // Linear: what it keeps beyond its caller's tensor (the bf16 copy of its [rows, in] input; nothing in f32).
-int64_t linear_stash_bytes(int64_t rows, int64_t in, bool bf16);
+int64_t linear_stash_bytes(int64_t rows, int64_t in, LowPrecision low);
 // Norm over [rows, dim]: its statistics (mean and rstd for LayerNorm, rstd for RMSNorm); its input is its
 // caller's.
 int64_t norm_stash_bytes(int64_t rows, NormKind kind);
@@ -86,7 +86,7 @@ struct MoELayerConfig;
 // Router over T tokens: the gating input when it is not the caller's (router dtype, jitter; under bf16 the MoE
 // layer's bf16 tokens unless jittered), logits, top-K ids, probabilities and masks, scores, the aux losses' scores
 // and gradients, the z-loss logsumexp (all in the router dtype, f32 or f64, whatever bf16).
-int64_t router_stash_bytes(const RouterConfig& r, int64_t T, bool training, bool bf16 = false);
+int64_t router_stash_bytes(const RouterConfig& r, int64_t T, bool training, LowPrecision low = std::nullopt);
 // The dispatcher's plan for T tokens, `rows` permuted here and `received` after the exchange (ep: under EP).
 int64_t dispatch_plan_bytes(int64_t T, int64_t rows, int64_t received, bool ep);
 // Grouped experts fed `rows` rows spread evenly over their local experts (x, probs, fc1 output, activation).

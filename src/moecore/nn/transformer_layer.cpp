@@ -9,8 +9,8 @@ namespace moecore::nn {
 
 namespace {
 // The layer's norms keep their inputs (the layer's input and the attention block's residual sum) in bf16 under --bf16.
-NormConfig layer_norm_config(NormConfig n, bool bf16) {
-  n.bf16_stash = bf16;
+NormConfig layer_norm_config(NormConfig n, LowPrecision low) {
+  n.low_stash = low;
   return n;
 }
 }  // namespace
@@ -18,10 +18,10 @@ NormConfig layer_norm_config(NormConfig n, bool bf16) {
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& name, const AttentionConfig& attn,
                                    const NormConfig& norm_in, std::unique_ptr<FeedForward> ffn, double hidden_dropout,
                                    bool recompute_norms, const MLAConfig& mla)
-    : input_norm_(reg, name + ".input_layernorm", attn.hidden, layer_norm_config(norm_in, attn.bf16)),
+    : input_norm_(reg, name + ".input_layernorm", attn.hidden, layer_norm_config(norm_in, attn.low)),
       attn_(mla.enabled ? nullptr : std::make_unique<Attention>(reg, name + ".self_attention", attn)),
       mla_(mla.enabled ? std::make_unique<MLAttention>(reg, name + ".self_attention", attn, mla) : nullptr),
-      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, layer_norm_config(norm_in, attn.bf16)),
+      pre_mlp_norm_(reg, name + ".pre_mlp_layernorm", attn.hidden, layer_norm_config(norm_in, attn.low)),
       ffn_(std::move(ffn)),
       attn_dropout_(name + ".self_attn_bda.hidden_dropout", hidden_dropout, attn.tp),
       mlp_dropout_(name + ".mlp_bda.hidden_dropout", hidden_dropout, attn.tp),
@@ -44,18 +44,19 @@ void TransformerLayer::release(Stash& st) const {
 }
 
 namespace {
-// The dtype a norm writes for a consumer: bf16 when the consumer's GEMMs read bf16 (the cast fused into the norm).
-std::optional<DType> norm_output(bool bf16) {
-  return bf16 ? std::optional<DType>(DType::BF16) : std::nullopt;
+// The dtype a norm writes for a consumer: bf16 (f16) when the consumer's GEMMs read bf16 (f16) (the cast fused into the
+// norm).
+std::optional<DType> norm_output(LowPrecision low) {
+  return low;
 }
 }  // namespace
 
 std::optional<DType> TransformerLayer::attn_input() const {
-  return norm_output(mla_ ? mla_->takes_bf16_input() : attn_->takes_bf16_input());
+  return norm_output(mla_ ? mla_->low_input() : attn_->low_input());
 }
 
 std::optional<DType> TransformerLayer::ffn_input() const {
-  return norm_output(ffn_->takes_bf16_input());
+  return norm_output(ffn_->low_input());
 }
 
 Tensor TransformerLayer::forward(const Tensor& x_SBH, Stash& st) {

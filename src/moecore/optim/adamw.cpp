@@ -12,11 +12,11 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std
     m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(dt), p->value.device()));
     v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(dt), p->value.device()));
     master_.emplace_back();
-    if (storage_dtype(*p) != DType::BF16) continue;
+    if (!is_half(storage_dtype(*p))) continue;
     // The f32 value becomes the master; the model keeps it rounded.
     master_.back() = p->value.dtype() == DType::F32 ? p->value : p->value.to(DType::F32);
-    p->value = master_.back().to(DType::BF16);
-    p->bf16_cache = Tensor();
+    p->value = master_.back().to(storage_dtype(*p));
+    p->low_cache = Tensor();
   }
 }
 
@@ -47,10 +47,10 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
       continue;
     }
     all.push_back({p.value, p.grad, m_[i], v_[i], wd});
-    p.bf16_cache_from_update = !rule_.sgd && p.value.dtype() == DType::F32 && p.bf16_cache.defined() &&
-                               p.bf16_cache.numel() == p.value.numel() &&
-                               kernels::backend_offers(p.bf16_cache.device()).update_writes_bf16_copy;
-    if (p.bf16_cache_from_update) all.back().param_bf16 = p.bf16_cache;
+    p.low_cache_from_update = !rule_.sgd && p.value.dtype() == DType::F32 && p.low_cache.defined() &&
+                              p.low_cache.numel() == p.value.numel() && p.low_cache.dtype() == DType::BF16 &&
+                              kernels::backend_offers(p.low_cache.device()).update_writes_bf16_copy;
+    if (p.low_cache_from_update) all.back().param_bf16 = p.low_cache;
   }
   element_step_multi(rule_, all, hp, step);
 }

@@ -53,7 +53,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     bk.shard = bk.buf.padded / n;
     bk.local = owned;
     owned += state_len(bk);
-    if (bk.buf.storage == DType::BF16) {
+    if (is_half(bk.buf.storage)) {
       bk.master = mastered;
       mastered += state_len(bk);
     }
@@ -73,7 +73,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), layout.device);
   v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), layout.device);
   for (auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16 || init_shards_) continue;  // sharded initialisation: in shard_units
+    if (!is_half(bk.buf.storage) || init_shards_) continue;  // sharded initialisation: in shard_units
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = full.at(s.p);
       master_.slice(bk.master + at - state_lo(bk), len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
@@ -147,13 +147,13 @@ void ShardedAdamW::gather_master(std::vector<Tensor>& w) const {
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   w.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16 && !params_sharded()) {  // f32 values are their own masters, whole here
+    if (!is_half(bk.buf.storage) && !params_sharded()) {  // f32 values are their own masters, whole here
       for (const auto& s : bk.segs) w[index[s.p]] = s.p->value.to(Device::cpu()).clone();
       continue;
     }
     // The owners' master shards (an f32 parameter's shard is its master), gathered.
     Tensor flat = Tensor::empty({bk.buf.padded}, DType::F32);
-    if (bk.buf.storage == DType::BF16)
+    if (is_half(bk.buf.storage))
       flat = gather_state(bk, master_.slice(bk.master, state_len(bk)));
     else  // the whole shard on every rank of the instance
       group_.all_gather(bk.param_shard.to(Device::cpu()), flat);
@@ -175,7 +175,7 @@ void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
     } else {
       for (const auto& s : bk.segs) s.p->value.copy_from(w[index[s.p]]);  // rounded where stored in bf16
     }
-    if (bk.buf.storage != DType::BF16) continue;
+    if (!is_half(bk.buf.storage)) continue;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = w[index[s.p]];
       master_.slice(bk.master + at - state_lo(bk), len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
@@ -189,12 +189,12 @@ std::vector<double> ShardedAdamW::master_squares() const {
   std::vector<double> sq(params_.size(), 0.0);
   const auto shards = static_cast<double>(group_.size() * (outer_ ? inter_->size() : 1));
   for (const auto& bk : buckets_) {
-    if (bk.buf.storage != DType::BF16 && !params_sharded()) {  // whole on every rank
+    if (!is_half(bk.buf.storage) && !params_sharded()) {  // whole on every rank
       for (const auto& s : bk.segs) sq[index[s.p]] = kernels::sum_squares(s.p->value);
       continue;
     }
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      const Tensor w = bk.buf.storage == DType::BF16 ? master_.slice(bk.master + at - state_lo(bk), len)
+      const Tensor w = is_half(bk.buf.storage) ? master_.slice(bk.master + at - state_lo(bk), len)
                                                      : bk.param_shard.slice(at - lo(bk), len);
       sq[index[s.p]] += shards * kernels::sum_squares(w);
     });
@@ -281,7 +281,7 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
       const double wd = s.p->no_weight_decay ? 0.0 : hp.weight_decay;
       const Tensor g = bk.grad_shard.slice(at - lo, len), p = bk.param_shard.slice(at - lo, len);
-      if (bk.buf.storage == DType::BF16)
+      if (is_half(bk.buf.storage))
         parts.push_back({master_.slice(bk.master + at - state, len), g, m_.slice(off, len), v_.slice(off, len), wd, p});
       else
         parts.push_back({p, g, m_.slice(off, len), v_.slice(off, len), wd});

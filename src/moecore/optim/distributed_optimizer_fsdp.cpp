@@ -17,12 +17,12 @@ Tensor released(const Shape& shape, DType dt, Device d) {
   return Tensor::unallocated(shape, dt, d);
 }
 int dtype_slot(DType dt) {
-  return dt == DType::BF16 ? 0 : dt == DType::F32 ? 1 : 2;
+  return dt == DType::BF16 ? 0 : dt == DType::F16 ? 1 : dt == DType::F32 ? 2 : 3;
 }
 }  // namespace
 
 void ShardedAdamW::shard_units() {
-  int64_t largest[3] = {0, 0, 0};
+  int64_t largest[4] = {0, 0, 0, 0};
   const Device d = params_.empty() ? Device::cpu() : params_.front()->value.device();
   for (auto& bk : buckets_) {
     const DType gt = bk.segs.front().p->math_dtype(), st = bk.buf.storage;
@@ -44,7 +44,7 @@ void ShardedAdamW::shard_units() {
         nn::init_parameter_range(*s.p, seed_, at - s.offset, v);
         bk.param_shard.slice(rel, len).copy_from(v);  // rounded where stored in bf16
       });
-      if (st == DType::BF16)
+      if (is_half(st))
         for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
           Tensor v = Tensor::empty({len}, gt, d);
           nn::init_parameter_range(*s.p, seed_, at - s.offset, v);
@@ -59,8 +59,8 @@ void ShardedAdamW::shard_units() {
     largest[dtype_slot(st)] = std::max(largest[dtype_slot(st)], bk.buf.padded);
   }
   if (!double_buffer_) return;
-  const DType kinds[3] = {DType::BF16, DType::F32, DType::F64};
-  for (int k = 0; k < 3; k++)
+  const DType kinds[4] = {DType::BF16, DType::F16, DType::F32, DType::F64};
+  for (int k = 0; k < 4; k++)
     for (int j = 0; j < 2; j++) slots_.push_back(largest[k] > 0 ? Tensor::empty({largest[k]}, kinds[k], d) : Tensor());
 }
 

@@ -6,7 +6,7 @@
 namespace moecore::optim {
 
 DType storage_dtype(const nn::Parameter& p) {
-  return p.bf16_storage && p.math_dtype() == DType::F32 ? DType::BF16 : p.value.dtype();
+  return p.low_storage && p.math_dtype() == DType::F32 ? *p.low_storage : p.value.dtype();
 }
 
 namespace {
@@ -48,7 +48,7 @@ void bind(BufferBucket& bk, const BufferLayout& o) {
 std::vector<BufferBucket> make_buckets(const std::vector<nn::Parameter*>& params, const BufferLayout& o) {
   MOE_ASSERT(o.shards >= 1);
   std::vector<DType> kinds = {DType::F32};
-  if (o.param_buffers) kinds = {DType::BF16, DType::F32, DType::F64};
+  if (o.param_buffers) kinds = {DType::BF16, DType::F16, DType::F32, DType::F64};
   std::vector<BufferBucket> out;
   for (const DType kind : kinds) {
     // This storage dtype's parameters by layer bucket, in registry order within a layer.

@@ -93,11 +93,11 @@ Muon::Muon(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketO
     for (size_t m : u.members) {
       nn::Parameter& p = *params_[m];
       if (owns(u)) buf_[m] = Tensor::zeros(p.value.shape(), DType::F32);
-      if (storage_dtype(p) != DType::BF16) continue;
+      if (!is_half(storage_dtype(p))) continue;
       // The f32 value becomes the owner's master; every rank's model keeps it rounded.
       if (owns(u)) master_[m] = p.value.to(Device::cpu()).clone();
-      p.value = p.value.to(DType::BF16);
-      p.bf16_cache = Tensor();
+      p.value = p.value.to(storage_dtype(p));
+      p.low_cache = Tensor();
     }
 }
 
@@ -106,7 +106,7 @@ void Muon::gather_master(std::vector<Tensor>& w) const {
   for (const auto& u : units_)
     for (size_t i : u.members) {
       const nn::Parameter& p = *params_[i];
-      if (p.value.dtype() != DType::BF16) {  // f32: the value is the master
+      if (!is_half(p.value.dtype())) {  // f32: the value is the master
         w[i] = p.value.to(Device::cpu()).clone();
         continue;
       }
@@ -120,7 +120,7 @@ std::vector<double> Muon::master_squares() const {
   const double shards = layer_wise_ ? static_cast<double>(group_->size()) : 1.0;  // the owner counts for all
   for (size_t i = 0; i < params_.size(); i++) {
     const nn::Parameter& p = *params_[i];
-    if (p.value.dtype() != DType::BF16)
+    if (!is_half(p.value.dtype()))
       sq[i] = kernels::sum_squares(p.value);
     else if (master_[i].defined())
       sq[i] = shards * kernels::sum_squares(master_[i]);

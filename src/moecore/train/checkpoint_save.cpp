@@ -54,7 +54,7 @@ void OnHost::commit() {
     const auto& all = reg_.all();
     for (size_t i = 0; i < all.size(); i++) all[i]->value.copy_from(w[i]);  // nothing where it is the same tensor
   }
-  for (auto& p : reg_.all()) p->bf16_cache_from_update = false;  // the weights changed: round them afresh
+  for (auto& p : reg_.all()) p->low_cache_from_update = false;  // the weights changed: round them afresh
 }
 
 void OnHost::move_router_state(Device d) {

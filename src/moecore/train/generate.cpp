@@ -72,8 +72,11 @@ TrainConfig generation_config(const ckpt::FoundCheckpoint& found, const std::str
   TrainConfig c;
   nlohmann::json model = nlohmann::json::object();
   const std::string& bf16 = flag_of(&TrainConfig::bf16).name;
+  const std::string& fp16 = flag_of(&TrainConfig::fp16).name;
+  const std::string& fp32_grads = flag_of(&TrainConfig::accumulate_allreduce_grads_in_fp32).name;
+  const auto precision = [&](const std::string& n) { return n == bf16 || n == fp16 || n == fp32_grads; };
   for (const auto& f : flag_table())
-    if ((f.group == FlagGroup::Model || f.group == FlagGroup::MoE || f.name == bf16) && saved.contains(f.name))
+    if ((f.group == FlagGroup::Model || f.group == FlagGroup::MoE || precision(f.name)) && saved.contains(f.name))
       model[f.name] = saved[f.name];
   apply_config_json(c, model, state_file);
   std::string trained_with = saved.value("tokenizer-type", std::string());

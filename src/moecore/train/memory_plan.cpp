@@ -244,11 +244,12 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   // Megatron's --bf16 layout: the GEMM weights stored in bf16 in the model, their f32 masters only in the optimizer
   // (optim/adamw.cpp, distributed_optimizer.cpp); the parameters read in f32 (norms, biases, router, embeddings)
   // kept f32 and their own masters. Without --bf16 every parameter is f32 and its own master.
-  const double n32 = c.bf16 ? p.f32_dense + p.f32_expert : n, n16 = n - n32;
-  const double dense16 = c.bf16 ? p.dense - p.f32_dense : 0, expert16 = c.bf16 ? p.expert - p.f32_expert : 0;
+  const bool low = low_precision(c).has_value();  // --bf16 or --fp16: the same bytes
+  const double n32 = low ? p.f32_dense + p.f32_expert : n, n16 = n - n32;
+  const double dense16 = low ? p.dense - p.f32_dense : 0, expert16 = low ? p.expert - p.f32_expert : 0;
   m.weights = 2 * n16 + 4 * n32;
   m.grads = 4 * n;  // f32, in the optimizers' buckets where gradients cross ranks
-  if (c.bf16) {     // a tied output layer's weight rounded once per step; the experts' packed copies
+  if (low) {        // a tied output layer's weight rounded once per step; the experts' packed copies (bf16)
     m.packed_weights = packed_expert_bytes(c, l, p.expert);
     m.bf16_weights = 2 * p.bf16_copy + m.packed_weights;
   }

@@ -52,7 +52,7 @@ ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
   m.attn.num_query_groups = g.num_query_groups;
   m.attn.head_dim = g.kv_channels;
   m.attn.qk_layernorm = g.qk_layernorm;
-  m.attn.bf16 = g.bf16;
+  m.attn.low = g.low;
   m.attn.qk_norm_kind = g.normalization;
   m.attn.recompute_core_attn = m.rc.core_attn;
   m.mla = g.mla;
@@ -61,7 +61,7 @@ ModelShapes model_shapes(const TrainConfig& c, int64_t padded_vocab) {
   m.mlp.ffn_hidden = g.ffn_hidden_size;
   m.mlp.activation = g.activation;
   m.mlp.bias = g.add_bias_linear;  // keeps fc1's output in f32 under bf16
-  m.mlp.bf16 = g.bf16;
+  m.mlp.low = g.low;
   m.mlp.recompute = m.rc.mlp;
   m.is_moe = c.is_moe_layer;
   MOE_ASSERT(std::ssize(m.is_moe) == c.num_layers);
@@ -109,15 +109,15 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   d.B = c.micro_batch_size;
   d.tp = l.tp;
   d.cp = std::max<int64_t>(l.cp, 1);
-  d.bf16 = c.bf16;
+  d.low = low_precision(c);
   d.gpu = plans_gpu(c);
   nn::StashDims d32 = d;  // the same micro-batch in f32: what the backward's gradients scale with
-  d32.bf16 = false;
+  d32.low = std::nullopt;
   StageActivations a;
   // --bf16: the backward temporaries of the bf16 attention kernel this CPU runs (the oneDNN kernel's largest block;
   // the native flash kernel's packed operands and dQ accumulator) are alive during each attention's backward.
   double attention_kernel = 0;
-  if (d.bf16 && l.cp <= 1 && d.S <= kernels::kMaxBf16AttentionSeq) {
+  if (d.low == DType::BF16 && l.cp <= 1 && d.S <= kernels::kMaxBf16AttentionSeq) {
     const int64_t width = m.mla.enabled ? m.mla.kernel_head_dim() : m.attn.head_dim;
     const int64_t tp = std::max<int64_t>(l.tp, 1), heads = m.attn.num_heads / tp;
     const int64_t kv_heads = m.mla.enabled ? heads : std::max<int64_t>(m.attn.num_query_groups / tp, 1);

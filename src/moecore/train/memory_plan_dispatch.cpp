@@ -18,7 +18,7 @@ std::vector<MemoryPlan::Buffer> dispatch_buffers(const TrainConfig& c, const Pla
   if (c.num_experts <= 0 || (P <= 1 && etp <= 1)) return b;
   const int64_t T = c.seq_length / std::max<int64_t>(l.cp, 1) / std::max<int64_t>(l.tp, 1) * c.micro_batch_size;
   const int64_t H = c.hidden_size, K = c.moe_router_topk, E = c.num_experts;
-  const DType rows_t = c.bf16 ? DType::BF16 : DType::F32;
+  const DType rows_t = low_precision(c).value_or(DType::F32);
   const auto add = [&](const char* name, int64_t numel, DType dt) {
     b.push_back({name, static_cast<double>(nn::tensor_bytes(numel, dt))});
   };

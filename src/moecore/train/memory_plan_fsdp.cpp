@@ -12,8 +12,9 @@ namespace moecore::train {
 void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p, MemoryPlan& m) {
   if (!c.use_megatron_fsdp || l.world() <= 1) return;
   const std::string& s = c.data_parallel_sharding_strategy;
-  const double n = p.dense + p.expert, n32 = c.bf16 ? p.f32_dense + p.f32_expert : n, n16 = n - n32;
-  const double dense16 = c.bf16 ? p.dense - p.f32_dense : 0, expert16 = c.bf16 ? p.expert - p.f32_expert : 0;
+  const bool low = low_precision(c).has_value();  // --bf16 or --fp16: the same bytes
+  const double n = p.dense + p.expert, n32 = low ? p.f32_dense + p.f32_expert : n, n16 = n - n32;
+  const double dense16 = low ? p.dense - p.f32_dense : 0, expert16 = low ? p.expert - p.f32_expert : 0;
   const bool aware = c.use_precision_aware_optimizer;
   const double moments = (aware && c.exp_avg_dtype == "bf16" ? 2 : 4) + (aware && c.exp_avg_sq_dtype == "bf16" ? 2 : 4);
   // The shard groups: dense over DP×CP, experts over EDP, each divided by --num-distributed-optimizer-instances
@@ -39,7 +40,7 @@ void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p,
   // optim_grads_params: the owned parameter shard in its storage dtype, and the gathered units.
   const double dense32 = p.dense - dense16, expert32 = p.expert - expert16;
   m.weights = 2 * shard(dense16, expert16) + 4 * shard(dense32, expert32);
-  auto bytes = [&](double all, double f32) { return c.bf16 ? 2 * (all - f32) + 4 * f32 : 4 * all; };
+  auto bytes = [&](double all, double f32) { return low ? 2 * (all - f32) + 4 * f32 : 4 * all; };
   const double layer = bytes(p.largest_layer, p.largest_layer_f32), ends = bytes(p.ends, p.ends_f32);
   if (c.fsdp_double_buffer) {  // two buffers per storage dtype and parameter class, each the largest unit's size
     m.comm += 2 * (layer + ends);

@@ -108,7 +108,7 @@ int64_t experts_offload(const moe::MoELayerConfig& c, int64_t ep, int64_t etp, c
   int64_t rows = T * c.router.topk;
   if (c.router.capacity_factor >= 0 && c.router.pad_to_capacity)
     rows = E * std::min(moe::expert_capacity(c.router, T), T);
-  moe::ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.bf16};
+  moe::ExpertsConfig e{c.router.hidden, c.ffn_hidden / etp, E / ep, 0, c.activation, 0, 0, c.low};
   e.recompute_act = c.recompute_moe_act;
   e.bias = c.bias;
   e.etp_size = etp;
@@ -136,7 +136,7 @@ StageOffload stage_offload(const TrainConfig& c, int64_t padded_vocab, const Pla
   const nn::RecomputeConfig rc = recompute_config(c);
   nn::AttentionConfig a;
   a.hidden = g.hidden_size, a.num_heads = g.num_attention_heads, a.num_query_groups = g.num_query_groups;
-  a.head_dim = g.kv_channels, a.qk_layernorm = g.qk_layernorm, a.bf16 = g.bf16, a.qk_norm_kind = g.normalization;
+  a.head_dim = g.kv_channels, a.qk_layernorm = g.qk_layernorm, a.low = g.low, a.qk_norm_kind = g.normalization;
   a.bias = g.add_bias_linear, a.recompute_core_attn = rc.core_attn;
   nn::MLAConfig ml = g.mla;
   ml.recompute_up_proj = rc.mla_up_proj;
@@ -147,7 +147,7 @@ StageOffload stage_offload(const TrainConfig& c, int64_t padded_vocab, const Pla
   }
   nn::StashDims d;
   d.S = c.seq_length / std::max<int64_t>(l.cp, 1);
-  d.B = c.micro_batch_size, d.tp = l.tp, d.cp = std::max<int64_t>(l.cp, 1), d.bf16 = c.bf16;
+  d.B = c.micro_batch_size, d.tp = l.tp, d.cp = std::max<int64_t>(l.cp, 1), d.low = low_precision(c);
   const std::vector<StageLayers> chunks = c.pipeline_model_parallel_size <= 1
                                               ? std::vector<StageLayers>{StageLayers{0, c.num_layers, true, true, 0}}
                                               : pipeline_stage_layers(c, pp_rank);

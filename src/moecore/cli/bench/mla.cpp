@@ -30,7 +30,8 @@ void run_bench_mla(const MLABenchArgs& a) {
       "threads\n",
       a.seq, a.batch, a.hidden, a.heads, a.q_lora, a.kv_lora, a.qk, a.rope, a.v, a.dtype, a.iters, num_threads());
   nn::AttentionConfig ac;
-  ac.hidden = a.hidden, ac.num_heads = a.heads, ac.max_seq_len = a.seq, ac.qk_layernorm = true, ac.bf16 = bf16;
+  ac.hidden = a.hidden, ac.num_heads = a.heads, ac.max_seq_len = a.seq, ac.qk_layernorm = true;
+  ac.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   nn::MLAConfig m;
   m.enabled = true, m.q_lora_rank = a.q_lora, m.kv_lora_rank = a.kv_lora, m.qk_head_dim = a.qk;
   m.qk_pos_emb_head_dim = a.rope, m.v_head_dim = a.v;

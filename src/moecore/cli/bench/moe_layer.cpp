@@ -38,7 +38,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
   c.router.topk = a.topk;
   c.router.force_load_balancing = a.force_balance;
   c.ffn_hidden = a.ffn;
-  c.bf16 = bf16;
+  c.low = bf16 ? LowPrecision(DType::BF16) : std::nullopt;
   nn::ParamRegistry reg(DType::F32);
   moe::MoELayer layer(reg, "mlp", c);
   reg.initialize(1);
@@ -67,7 +67,7 @@ void run_bench_moe_layer(const MoEBenchArgs& a) {
     reg.zero_grad(/*lazy=*/true);  // as a training step zeroes them: its weight-gradient GEMMs overwrite them
     // A training step finds each weight's bf16 copy written by the last optimizer update (AdamW::step) and takes
     // it as it is. The weights do not change here, so the copy the last run made stands for it.
-    for (auto& prm : reg.all()) prm->bf16_cache_from_update = prm->bf16_cache.defined();
+    for (auto& prm : reg.all()) prm->low_cache_from_update = prm->low_cache.defined();
     const Stopwatch timer;
     {
       // The bf16 copy of each weight taken once for the forward and backward (packed with

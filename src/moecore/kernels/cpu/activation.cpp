@@ -143,20 +143,18 @@ void activation_forward(Activation act, const Tensor& x, const Tensor* probs_T, 
                  activation_name(act), x.shape().str(), y_TF.shape().str());
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   // x may be bf16 (an f32 computation on the widened values); y f32/f64 like the computation, or bf16 from f32.
-  const DType ct = x.dtype() == DType::BF16 ? DType::F32 : x.dtype();
-  MOE_ASSERT(y_TF.dtype() == ct || (y_TF.dtype() == DType::BF16 && ct == DType::F32));
+  const DType ct = is_half(x.dtype()) ? DType::F32 : x.dtype();
+  MOE_ASSERT(y_TF.dtype() == ct || (is_half(y_TF.dtype()) && ct == DType::F32));
   MOE_ASSERT(!probs_T || probs_T->dtype() == ct);
   MOE_DISPATCH_FLOAT(ct, T, {
     const T* p = probs_T ? probs_T->data<T>() : nullptr;
-    const bool x16 = x.dtype() == DType::BF16, y16 = y_TF.dtype() == DType::BF16;
-    if (x16 && y16)
-      fwd<T, bf16, bf16>(act, x.data<bf16>(), p, y_TF.data<bf16>(), rows, F);
-    else if (x16)
-      fwd<T, bf16, T>(act, x.data<bf16>(), p, y_TF.data<T>(), rows, F);
-    else if (y16)
-      fwd<T, T, bf16>(act, x.data<T>(), p, y_TF.data<bf16>(), rows, F);
-    else
-      fwd<T, T, T>(act, x.data<T>(), p, y_TF.data<T>(), rows, F);
+    with_storage<T>(x.dtype(), [&](auto* xt) {
+      with_storage<T>(y_TF.dtype(), [&](auto* yt) {
+        using X = storage_t<decltype(xt)>;
+        using Y = storage_t<decltype(yt)>;
+        fwd<T, X, Y>(act, x.data<X>(), p, y_TF.data<Y>(), rows, F);
+      });
+    });
   });
 }
 
@@ -167,29 +165,29 @@ void activation_backward(Activation act, const Tensor& dy_TF, const Tensor& x, c
   MOE_ASSERT(x.cols() == (is_gated(act) ? 2 * F : F));
   MOE_ASSERT(!probs_T || probs_T->numel() == rows);
   MOE_ASSERT(!dprobs_T || dprobs_T->numel() == rows);
-  const DType ct = x.dtype() == DType::BF16 ? DType::F32 : x.dtype();  // as in forward
-  MOE_ASSERT(dx.dtype() == ct || (dx.dtype() == DType::BF16 && ct == DType::F32));
-  // dy bf16 (a bf16 GEMM's output) goes with bf16 x and dx: --bf16 training's expert backward.
-  const bool dy16 = dy_TF.dtype() == DType::BF16;
-  MOE_ASSERT(dy_TF.dtype() == ct || (dy16 && x.dtype() == DType::BF16 && dx.dtype() == DType::BF16));
+  const DType ct = is_half(x.dtype()) ? DType::F32 : x.dtype();  // as in forward
+  MOE_ASSERT(dx.dtype() == ct || (is_half(dx.dtype()) && ct == DType::F32));
+  // dy bf16 (f16; a 16-bit GEMM's output) goes with x and dx of its dtype: --bf16 (--fp16) training's expert backward.
+  const bool dy16 = is_half(dy_TF.dtype());
+  MOE_ASSERT(dy_TF.dtype() == ct || (dy16 && x.dtype() == dy_TF.dtype() && dx.dtype() == dy_TF.dtype()));
   MOE_ASSERT((!probs_T || probs_T->dtype() == ct) && (!dprobs_T || dprobs_T->dtype() == ct));
   if (dy16) {
     const float* p = probs_T ? probs_T->data<float>() : nullptr;
     float* dp = dprobs_T ? dprobs_T->data<float>() : nullptr;
+    if (dy_TF.dtype() == DType::F16)
+      return bwd<float, f16, f16, f16>(act, dy_TF.data<f16>(), x.data<f16>(), p, dx.data<f16>(), dp, rows, F);
     return bwd<float, bf16, bf16, bf16>(act, dy_TF.data<bf16>(), x.data<bf16>(), p, dx.data<bf16>(), dp, rows, F);
   }
   MOE_DISPATCH_FLOAT(ct, T, {
     const T* p = probs_T ? probs_T->data<T>() : nullptr;
     T* dp = dprobs_T ? dprobs_T->data<T>() : nullptr;
-    const bool x16 = x.dtype() == DType::BF16, dx16 = dx.dtype() == DType::BF16;
-    if (x16 && dx16)
-      bwd<T, bf16, bf16>(act, dy_TF.data<T>(), x.data<bf16>(), p, dx.data<bf16>(), dp, rows, F);
-    else if (x16)
-      bwd<T, bf16, T>(act, dy_TF.data<T>(), x.data<bf16>(), p, dx.data<T>(), dp, rows, F);
-    else if (dx16)
-      bwd<T, T, bf16>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<bf16>(), dp, rows, F);
-    else
-      bwd<T, T, T>(act, dy_TF.data<T>(), x.data<T>(), p, dx.data<T>(), dp, rows, F);
+    with_storage<T>(x.dtype(), [&](auto* xt) {
+      with_storage<T>(dx.dtype(), [&](auto* dxt) {
+        using X = storage_t<decltype(xt)>;
+        using DX = storage_t<decltype(dxt)>;
+        bwd<T, X, DX>(act, dy_TF.data<T>(), x.data<X>(), p, dx.data<DX>(), dp, rows, F);
+      });
+    });
   });
 }
 

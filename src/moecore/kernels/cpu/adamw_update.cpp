@@ -43,9 +43,10 @@ void stream_copy(uint16_t* dst, const uint16_t* src, int64_t n) {
 }
 
 // One run of elements; vectorized (-fno-math-errno lets sqrt vectorize: the same, correctly rounded bits). With
-// P16 the new parameter is also stored rounded to bf16 in p16, a piece of kPiece at a time through stream_copy.
+// P16 the new parameter is also stored rounded in p16 (P16 1: bf16, 2: f16), a piece of kPiece at a time through
+// stream_copy.
 constexpr int64_t kPiece = 512;
-template <typename T, typename M, typename V, bool P16>
+template <typename T, typename M, typename V, int P16>
 MOE_ALWAYS_INLINE void update_piece_body(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2,
                                          T eps, T wd, T bc1, T bc2, T gs) {
   for (int64_t i = 0; i < n; i++) {
@@ -58,24 +59,25 @@ MOE_ALWAYS_INLINE void update_piece_body(T* p, const T* g, M* m, V* v, uint16_t*
     const T vhat = vi / bc2;
     const T pi = p[i] * (T(1) - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
     p[i] = pi;
-    if constexpr (P16) p16[i] = float_to_bf16(static_cast<float>(pi)).bits;
+    if constexpr (P16 == 1) p16[i] = float_to_bf16(static_cast<float>(pi)).bits;
+    if constexpr (P16 == 2) p16[i] = float_to_f16(static_cast<float>(pi)).bits;
   }
 }
-template <typename T, typename M, typename V, bool P16>
+template <typename T, typename M, typename V, int P16>
 void update_piece(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2,
                   T gs) {
   MOE_CPU_CLONES(update_piece_body<T, M, V, P16>(p, g, m, v, p16, n, lr, b1, b2, eps, wd, bc1, bc2, gs));
 }
 
-template <typename T, typename M, typename V, bool P16>
+template <typename T, typename M, typename V, int P16>
 void update(T* p, const T* g, M* m, V* v, uint16_t* p16, int64_t n, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2, T gs) {
   if constexpr (!P16) {
-    update_piece<T, M, V, false>(p, g, m, v, nullptr, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
+    update_piece<T, M, V, 0>(p, g, m, v, nullptr, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
   } else {
     alignas(64) uint16_t piece[kPiece];
     for (int64_t i = 0; i < n; i += kPiece) {
       const int64_t k = std::min(kPiece, n - i);
-      update_piece<T, M, V, true>(p + i, g + i, m + i, v + i, piece, k, lr, b1, b2, eps, wd, bc1, bc2, gs);
+      update_piece<T, M, V, P16>(p + i, g + i, m + i, v + i, piece, k, lr, b1, b2, eps, wd, bc1, bc2, gs);
       stream_copy(p16 + i, piece, k);
     }
     _mm_sfence();  // the streaming stores are weakly ordered: complete before another thread reads the copy
@@ -106,11 +108,14 @@ void step_all(std::vector<AdamWTensor>& ts, const AdamWParams& hp, double bc1, d
       M* m = x.m.data<M>() + lo;
       V* v = x.v.data<V>() + lo;
       const T lr = T(hp.lr), b1 = T(hp.beta1), b2 = T(hp.beta2), eps = T(hp.eps), wd = T(x.weight_decay);
-      if (x.param_bf16.defined())
-        update<T, M, V, true>(p, g, m, v, reinterpret_cast<uint16_t*>(x.param_bf16.data<bf16>()) + lo, hi - lo, lr, b1,
-                              b2, eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
+      if (x.param_bf16.defined() && x.param_bf16.dtype() == DType::F16)
+        update<T, M, V, 2>(p, g, m, v, reinterpret_cast<uint16_t*>(x.param_bf16.data<f16>()) + lo, hi - lo, lr, b1, b2,
+                           eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
+      else if (x.param_bf16.defined())
+        update<T, M, V, 1>(p, g, m, v, reinterpret_cast<uint16_t*>(x.param_bf16.data<bf16>()) + lo, hi - lo, lr, b1, b2,
+                           eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
       else
-        update<T, M, V, false>(p, g, m, v, nullptr, hi - lo, lr, b1, b2, eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
+        update<T, M, V, 0>(p, g, m, v, nullptr, hi - lo, lr, b1, b2, eps, wd, T(bc1), T(bc2), T(hp.grad_scale));
       at = start[k] + hi;
     }
   }
@@ -131,7 +136,7 @@ void adamw_step_multi(std::vector<AdamWTensor>& ts, const AdamWParams& hp, int64
     MOE_ASSERT(x.param.numel() == x.grad.numel() && x.param.numel() == x.m.numel() && x.param.numel() == x.v.numel());
     MOE_ASSERT(x.param.dtype() == dt && x.grad.dtype() == dt && x.m.dtype() == md && x.v.dtype() == vd);
     MOE_ASSERT(!x.param_bf16.defined() ||
-               (x.param_bf16.dtype() == DType::BF16 && dt == DType::F32 && x.param_bf16.numel() == x.param.numel()));
+               (is_half(x.param_bf16.dtype()) && dt == DType::F32 && x.param_bf16.numel() == x.param.numel()));
   }
   // Moments in the parameters' dtype, or bf16 beside f32 parameters.
   MOE_ASSERT((md == dt || (md == DType::BF16 && dt == DType::F32)) &&

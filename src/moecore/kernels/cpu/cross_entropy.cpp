@@ -28,11 +28,16 @@ void check_labels(const Tensor& targets_T, int64_t rows, int64_t vocab) {
 }
 
 // Logits are read in their storage dtype L and computed in C: f64 for f64, f32 for f32 and bf16 (Megatron's
-// cross-entropy upcasts its bf16 logits to f32).
+// cross-entropy upcasts its bf16 logits to f32), f32 for f16 likewise (--fp16).
 template <typename L>
 using Compute = std::conditional_t<std::is_same_v<L, double>, double, float>;
+template <typename L>
+constexpr bool kHalf = std::is_same_v<L, bf16> || std::is_same_v<L, f16>;
 inline float widen(bf16 x) {
   return bf16_to_float(x);
+}
+inline float widen(f16 x) {
+  return f16_to_float(x);
 }
 inline float widen(float x) {
   return x;
@@ -65,18 +70,20 @@ C lse_row(const C* l, C mx, int64_t V) {
   return MOE_CPU_CLONES(lse_row_body<C>(l, mx, V));
 }
 
-// A bf16 row widened into f32, and its maximum.
-MOE_ALWAYS_INLINE float widen_row_max_body(const bf16* l, float* out, int64_t V) {
+// A bf16 (f16) row widened into f32, and its maximum.
+template <typename L>
+MOE_ALWAYS_INLINE float widen_row_max_body(const L* l, float* out, int64_t V) {
   float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t v = 0; v < V; v++) {
-    out[v] = bf16_to_float(l[v]);
+    out[v] = widen(l[v]);
     mx = out[v] > mx ? out[v] : mx;
   }
   return mx;
 }
-float widen_row_max(const bf16* l, float* out, int64_t V) {
-  return MOE_CPU_CLONES(widen_row_max_body(l, out, V));
+template <typename L>
+float widen_row_max(const L* l, float* out, int64_t V) {
+  return MOE_CPU_CLONES(widen_row_max_body<L>(l, out, V));
 }
 
 // bf16 rows are widened into an L2-sized f32 row first (finding the maximum as they are): the sum of exponentials
@@ -85,10 +92,10 @@ template <typename L, typename C = Compute<L>>
 void lse_rows(const L* logits, C* lse, int64_t rows, int64_t V) {
 #pragma omp parallel
   {
-    std::vector<float> row(std::is_same_v<L, bf16> ? static_cast<size_t>(V) : 0);
+    std::vector<float> row(kHalf<L> ? static_cast<size_t>(V) : 0);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < rows; t++) {
-      if constexpr (std::is_same_v<L, bf16>) {
+      if constexpr (kHalf<L>) {
         const float mx = widen_row_max(logits + t * V, row.data(), V);
         lse[t] = lse_row<C>(row.data(), mx, V);
       } else {
@@ -118,8 +125,8 @@ void grad_rows(const T* dloss, const T* logits, const T* lse, T* dl, int64_t row
 // as they are stored: the bits of the f32 gradient cast to bf16 afterwards, without its [T, V] f32 pass and cast pass.
 // A piece is complete before it is stored, so the gradient may overwrite the logits.
 constexpr int64_t kGradPiece = 1024;
-template <typename L>
-void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& targets_T, int64_t vocab_start, bf16* d,
+template <typename L, typename D>
+void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& targets_T, int64_t vocab_start, D* d,
                     int64_t rows, int64_t V) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; t++) {
@@ -129,9 +136,9 @@ void bf16_grad_rows(const float* g, const L* l, const float* lse, const Tensor& 
       const int64_t n = std::min(kGradPiece, V - v0);
       grad_row<L>(g[t], l + t * V + v0, lse[t], piece, n);
       if (c >= v0 && c < v0 + n) piece[c - v0] -= g[t];
-      uint16_t* out = reinterpret_cast<uint16_t*>(d + t * V + v0);
+      D* out = d + t * V + v0;
 #pragma omp simd
-      for (int64_t v = 0; v < n; v++) out[v] = float_to_bf16(piece[v]).bits;
+      for (int64_t v = 0; v < n; v++) store_as(out + v, piece[v]);
     }
   }
 }
@@ -170,13 +177,13 @@ void forward_backward_rows(L* logits, const Tensor& targets_T, const float* g, f
                            int64_t V) {
 #pragma omp parallel
   {
-    std::vector<float> row(std::is_same_v<L, bf16> ? static_cast<size_t>(V) : 0);
+    std::vector<float> row(kHalf<L> ? static_cast<size_t>(V) : 0);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < rows; t++) {
       L* l = logits + t * V;
       float* r = nullptr;
       float mx = 0;
-      if constexpr (std::is_same_v<L, bf16>) {
+      if constexpr (kHalf<L>) {
         r = row.data();
         mx = widen_row_max(l, r, V);
       } else {
@@ -199,6 +206,7 @@ void forward_backward_rows(L* logits, const Tensor& targets_T, const float* g, f
 template <typename F>
 void with_logits_type(DType dt, F&& body) {
   if (dt == DType::BF16) return body.template operator()<bf16>();
+  if (dt == DType::F16) return body.template operator()<f16>();
   MOE_DISPATCH_FLOAT(dt, T, { body.template operator()<T>(); });
 }
 
@@ -262,7 +270,7 @@ void cross_entropy_forward_vocab_parallel(const Tensor& logits_TV, const Tensor&
 void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, const Tensor& dloss_T, Tensor& loss_T,
                                     Tensor& lse_T) {
   const DType dt = logits_TV.dtype();
-  if (dt != DType::F32 && dt != DType::BF16) {  // f64: the two calls
+  if (dt != DType::F32 && !is_half(dt)) {  // f64: the two calls
     cpu::cross_entropy_forward(logits_TV, targets_T, loss_T, lse_T);
     cpu::cross_entropy_backward(dloss_T, logits_TV, targets_T, lse_T, logits_TV, 0);
     return;
@@ -275,6 +283,8 @@ void cross_entropy_forward_backward(Tensor& logits_TV, const Tensor& targets_T, 
   float *loss = loss_T.data<float>(), *lse = lse_T.data<float>();
   if (dt == DType::BF16)
     forward_backward_rows(logits_TV.data<bf16>(), targets_T, g, loss, lse, rows, V);
+  else if (dt == DType::F16)
+    forward_backward_rows(logits_TV.data<f16>(), targets_T, g, loss, lse, rows, V);
   else
     forward_backward_rows(logits_TV.data<float>(), targets_T, g, loss, lse, rows, V);
 }
@@ -290,6 +300,17 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
     bf16* d = dlogits_TV.data<bf16>();
     if (logits_TV.dtype() == DType::BF16)
       bf16_grad_rows(g, logits_TV.data<bf16>(), lse, targets_T, vocab_start, d, rows, V);
+    else
+      bf16_grad_rows(g, logits_TV.data<float>(), lse, targets_T, vocab_start, d, rows, V);
+    return;
+  }
+  if (dlogits_TV.dtype() == DType::F16) {  // --fp16: as bf16's
+    MOE_ASSERT(logits_TV.dtype() == DType::F16 || logits_TV.dtype() == DType::F32);
+    MOE_ASSERT(dloss_T.dtype() == DType::F32 && lse_T.dtype() == DType::F32);
+    const float *g = dloss_T.data<float>(), *lse = lse_T.data<float>();
+    f16* d = dlogits_TV.data<f16>();
+    if (logits_TV.dtype() == DType::F16)
+      bf16_grad_rows(g, logits_TV.data<f16>(), lse, targets_T, vocab_start, d, rows, V);
     else
       bf16_grad_rows(g, logits_TV.data<float>(), lse, targets_T, vocab_start, d, rows, V);
     return;
@@ -311,7 +332,7 @@ void cross_entropy_backward(const Tensor& dloss_T, const Tensor& logits_TV, cons
 namespace moecore::kernels {
 
 DType cross_entropy_stats_dtype(DType logits) {
-  return logits == DType::BF16 ? DType::F32 : logits;
+  return is_half(logits) ? DType::F32 : logits;
 }
 
 }  // namespace moecore::kernels

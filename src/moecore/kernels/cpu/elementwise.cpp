@@ -175,14 +175,14 @@ void bias_row_dots(const Y* dy, const T* b, const RowSegments& seg, int64_t N, T
 void segment_bias_forward(const Tensor& b_EN, const Tensor* w_R, const RowSegments& seg, Tensor& y_RN) {
   const int64_t N = y_RN.cols();
   const DType ct = b_EN.dtype();
-  MOE_ASSERT(y_RN.dtype() == ct || (y_RN.dtype() == DType::BF16 && ct == DType::F32));
+  MOE_ASSERT(y_RN.dtype() == ct || (is_half(y_RN.dtype()) && ct == DType::F32));
   MOE_ASSERT(!w_R || w_R->dtype() == ct);
   MOE_DISPATCH_FLOAT(ct, T, {
     const T* w = w_R ? w_R->data<T>() : nullptr;
-    if (y_RN.dtype() == DType::BF16)
-      bias_rows<T, bf16>(b_EN.data<T>(), w, seg, N, y_RN.data<bf16>());
-    else
-      bias_rows<T, T>(b_EN.data<T>(), w, seg, N, y_RN.data<T>());
+    with_storage<T>(y_RN.dtype(), [&](auto* yt) {
+      using Y = storage_t<decltype(yt)>;
+      bias_rows<T, Y>(b_EN.data<T>(), w, seg, N, y_RN.data<Y>());
+    });
   });
 }
 
@@ -190,18 +190,16 @@ void segment_bias_backward(const Tensor& dy_RN, const Tensor* w_R, const RowSegm
                            const Tensor* b_EN, Tensor* dw_R) {
   const int64_t N = dy_RN.cols();
   const DType ct = db_EN.dtype();
-  MOE_ASSERT(dy_RN.dtype() == ct || (dy_RN.dtype() == DType::BF16 && ct == DType::F32));
+  MOE_ASSERT(dy_RN.dtype() == ct || (is_half(dy_RN.dtype()) && ct == DType::F32));
   MOE_ASSERT(!w_R || w_R->dtype() == ct);
   MOE_ASSERT(!dw_R || (b_EN->dtype() == ct && dw_R->dtype() == ct));
   MOE_DISPATCH_FLOAT(ct, T, {
     const T* w = w_R ? w_R->data<T>() : nullptr;
-    if (dy_RN.dtype() == DType::BF16) {
-      bias_col_sums<T, bf16>(dy_RN.data<bf16>(), w, seg, N, db_EN.data<T>());
-      if (dw_R) bias_row_dots<T, bf16>(dy_RN.data<bf16>(), b_EN->data<T>(), seg, N, dw_R->data<T>());
-    } else {
-      bias_col_sums<T, T>(dy_RN.data<T>(), w, seg, N, db_EN.data<T>());
-      if (dw_R) bias_row_dots<T, T>(dy_RN.data<T>(), b_EN->data<T>(), seg, N, dw_R->data<T>());
-    }
+    with_storage<T>(dy_RN.dtype(), [&](auto* yt) {
+      using Y = storage_t<decltype(yt)>;
+      bias_col_sums<T, Y>(dy_RN.data<Y>(), w, seg, N, db_EN.data<T>());
+      if (dw_R) bias_row_dots<T, Y>(dy_RN.data<Y>(), b_EN->data<T>(), seg, N, dw_R->data<T>());
+    });
   });
 }
 

@@ -197,10 +197,20 @@ namespace {
 void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
                int64_t batch = 0);
 
-// Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the row-major bf16 matrix x [rows, cols], widened to f32 into
-// dst [nr, nc].
+// Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the row-major bf16 (or f16) matrix x [rows, cols], widened to f32
+// into dst [nr, nc].
 void widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) {
   const int64_t cols = x.cols();
+  if (x.dtype() == DType::F16) {
+    const f16* src = x.data<f16>();
+#pragma omp parallel for schedule(static) if (nr * nc >= (1 << 16))
+    for (int64_t r = 0; r < nr; r++) {
+      const f16* s = src + (r0 + r) * cols + c0;
+      float* d = dst + r * nc;
+      for (int64_t j = 0; j < nc; j++) d[j] = f16_to_float(s[j]);
+    }
+    return;
+  }
   const auto* src = reinterpret_cast<const uint16_t*>(x.data<bf16>());
 #pragma omp parallel for schedule(static) if (nr * nc >= (1 << 16))
   for (int64_t r = 0; r < nr; r++) {
@@ -214,11 +224,11 @@ void widen_block(const Tensor& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc
   }
 }
 
-// A bf16 product on a CPU without bf16 matmul: the operands widened to f32 block by block, so a wide bf16 operand
-// (the output layer's [tokens, vocabulary] gradient) never has a whole f32 copy: K in the long-reduction chunks
-// (gemm_impl's own), M in blocks of about kWidenBlock f32 elements of A. Each element of C still receives the
-// K chunks in order; a bf16 C (beta 0) is the f32 product rounded after. The blocks (and a bf16 C's f32 product)
-// live in Ctx::widened, not in tensors: their sizes follow M and K, which for the experts' products follow the
+// A bf16 product on a CPU without bf16 matmul, and every f16 product (--fp16): the operands widened to f32 block by
+// block, so a wide bf16 operand (the output layer's [tokens, vocabulary] gradient) never has a whole f32 copy: K in the
+// long-reduction chunks (gemm_impl's own), M in blocks of about kWidenBlock f32 elements of A. Each element of C still
+// receives the K chunks in order; a bf16 C (beta 0) is the f32 product rounded after. The blocks (and a bf16 C's f32
+// product) live in Ctx::widened, not in tensors: their sizes follow M and K, which for the experts' products follow the
 // routing, and per-call tensors would take new size classes from the system in any step.
 constexpr int64_t kWidenBlock = int64_t{1} << 22;
 void gemm_widened(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, float alpha, float beta,
@@ -226,7 +236,7 @@ void gemm_widened(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
   const Tensor A2 = A.reshape({A.rows(), A.cols()}), B2 = B.reshape({B.rows(), B.cols()});
   const int64_t chunks = K >= kLongReduction ? (K + kReductionChunk - 1) / kReductionChunk : 1;
   const int64_t kc = (K + chunks - 1) / chunks, mb = std::clamp<int64_t>(kWidenBlock / kc, 1, M);
-  const bool round = C.dtype() == DType::BF16;
+  const bool round = is_half(C.dtype());
   const auto f32 = [](int64_t n) { return (static_cast<size_t>(n) * 4 + 63) & ~size_t(63); };
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.widened_mu);  // one workspace: widened products run one at a time
@@ -250,7 +260,12 @@ void gemm_widened(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
           c32 + m0 * N, m, N, n);
     }
   }
-  if (round) {
+  if (round && C.dtype() == DType::F16) {
+    f16* d = C.data<f16>();
+    const int64_t total = M * N;
+#pragma omp parallel for schedule(static) if (total > 65536)
+    for (int64_t i = 0; i < total; i++) d[i] = float_to_f16(c32[i]);
+  } else if (round) {
     uint16_t* d = reinterpret_cast<uint16_t*>(C.data<bf16>());
     const int64_t total = M * N;
 #pragma omp parallel for simd schedule(static) if (total > 65536)
@@ -290,6 +305,19 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     gemm_ref<double>(A.data<double>(), trans_a, B.data<double>(), trans_b, C.data<double>(), M, N, K, alpha, beta);
     return;
   }
+  if (C.dtype() == DType::F16) {
+    // An f16 output (beta 0): the f32 product of the widened operands, rounded after (products of 11-bit
+    // significands are exact in f32, so only the accumulation order and the final rounding are the GEMM's).
+    MOE_ASSERT_MSG(A.dtype() == DType::F16 && beta == 0.0f, "an f16 gemm output takes f16 operands and beta 0");
+    if (batch == 0 && M > 0 && N > 0 && K > 0) {
+      gemm_widened(A, trans_a, B, trans_b, C, alpha, beta, M, N, K);
+      return;
+    }
+    Tensor c32 = Tensor::empty(C.shape(), DType::F32);
+    gemm_impl(A, trans_a, B, trans_b, c32, alpha, beta, batch);
+    C.copy_from(c32);
+    return;
+  }
   if (C.dtype() == DType::BF16) {
     // A bf16 output (beta 0): oneDNN rounds as it writes, where it multiplies bf16 natively in one call; otherwise
     // (widened operands, chunked long reductions, batches) an f32 product rounded after, with the same rounding.
@@ -310,14 +338,15 @@ void gemm_impl(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
     C.copy_from(c32);
     return;
   }
-  MOE_ASSERT_MSG(C.dtype() == DType::F32, "gemm output must be f32 or bf16 for {} operands", dtype_name(A.dtype()));
+  MOE_ASSERT_MSG(C.dtype() == DType::F32, "gemm output must be f32, bf16 or f16 for {} operands",
+                 dtype_name(A.dtype()));
   if (M == 0 || N == 0) return;
   if (K == 0) {  // oneDNN rejects empty reductions: C = beta·C.
     float* cp = C.data<float>();
     for (int64_t i = 0; i < C.numel(); i++) cp[i] = beta == 0.0f ? 0.0f : beta * cp[i];
     return;
   }
-  if (A.dtype() == DType::BF16 && !c.stats.bf16_native) {
+  if ((A.dtype() == DType::BF16 && !c.stats.bf16_native) || A.dtype() == DType::F16) {
     if (batch == 0) {
       gemm_widened(A, trans_a, B, trans_b, C, alpha, beta, M, N, K);
       return;
@@ -362,14 +391,15 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
 
 void gemm_prepare(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType dtype, float alpha, float beta,
                   DType out) {
-  MOE_ASSERT(dtype == DType::F32 || dtype == DType::BF16);
-  MOE_ASSERT(out == DType::F32 || (out == DType::BF16 && dtype == DType::BF16 && beta == 0.0f));
+  MOE_ASSERT(dtype == DType::F32 || is_half(dtype));
+  MOE_ASSERT(out == DType::F32 || (out == dtype && beta == 0.0f));
   // A long reduction runs in chunks whose primitives carry the whole operand's row stride: they are created on
   // first use (an expert's fc1 data gradient at Mixtral's size, K = 2F = 28,672).
   if (K >= kLongReduction) return;
   Ctx& c = ctx();
   std::lock_guard<std::mutex> lock(c.mu);
-  if (dtype == DType::BF16 && !c.stats.bf16_native) dtype = out = DType::F32;  // widened: an f32 product, rounded
+  // Widened: an f32 product, rounded.
+  if ((dtype == DType::BF16 && !c.stats.bf16_native) || dtype == DType::F16) dtype = out = DType::F32;
   const Key key{0, M, N, K, 0, 0, trans_a, trans_b, dtype, bits(alpha), bits(beta), out};
   if (M > 0 && N > 0 && K > 0) entry_locked(c, key);
 }

@@ -61,7 +61,7 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
                   const ExpertWeightPacker* packed) {
   check_groups(W, row_begin, rows, A_RK.rows());
   MOE_ASSERT(C_RN.rows() == A_RK.rows() && A_RK.dtype() == W.dtype());
-  MOE_ASSERT(C_RN.dtype() != DType::BF16 || A_RK.dtype() == DType::BF16);
+  MOE_ASSERT(!is_half(C_RN.dtype()) || A_RK.dtype() == C_RN.dtype());
   for (size_t e = 0; e < rows.size(); e++) {
     const int64_t n = rows[e], r0 = row_begin[e];
     if (n == 0) continue;
@@ -79,7 +79,7 @@ void grouped_gemm(const Tensor& A_RK, const Tensor& W, bool trans_w, Tensor& C_R
 void grouped_gemm_wgrad(const Tensor& dY_RN, const Tensor& X_RK, Tensor& dW_ENK, const std::vector<int64_t>& row_begin,
                         const std::vector<int64_t>& rows, float beta) {
   check_groups(dW_ENK, row_begin, rows, dY_RN.rows());
-  MOE_ASSERT(X_RK.rows() == dY_RN.rows() && X_RK.dtype() == dY_RN.dtype() && dW_ENK.dtype() != DType::BF16);
+  MOE_ASSERT(X_RK.rows() == dY_RN.rows() && X_RK.dtype() == dY_RN.dtype() && !is_half(dW_ENK.dtype()));
   for (size_t e = 0; e < rows.size(); e++) {
     const int64_t n = rows[e], r0 = row_begin[e];
     if (n == 0) continue;

@@ -124,15 +124,14 @@ void forward_impl(Tensor& x_TH, const Tensor* res_TH, const Tensor& w_H, const T
   MOE_ASSERT_SHAPE(b_H, {H});
   MOE_ASSERT(y_TH.shape() == x_TH.shape() && mean_T.numel() == rows && rstd_T.numel() == rows);
   MOE_ASSERT(!res_TH || (res_TH->numel() == x_TH.numel() && res_TH->dtype() == x_TH.dtype()));
-  MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (y_TH.dtype() == DType::BF16 && x_TH.dtype() == DType::F32));
+  MOE_ASSERT(y_TH.dtype() == x_TH.dtype() || (is_half(y_TH.dtype()) && x_TH.dtype() == DType::F32));
   MOE_DISPATCH_FLOAT(x_TH.dtype(), T, {
     const T* res = res_TH ? res_TH->data<T>() : nullptr;
-    if (y_TH.dtype() == DType::BF16)
-      fwd<T, bf16>(x_TH.data<T>(), res, w_H.data<T>(), b_H.data<T>(), y_TH.data<bf16>(), mean_T.data<T>(),
-                   rstd_T.data<T>(), rows, H, eps);
-    else
-      fwd<T, T>(x_TH.data<T>(), res, w_H.data<T>(), b_H.data<T>(), y_TH.data<T>(), mean_T.data<T>(), rstd_T.data<T>(),
+    with_storage<T>(y_TH.dtype(), [&](auto* yt) {
+      using Y = storage_t<decltype(yt)>;
+      fwd<T, Y>(x_TH.data<T>(), res, w_H.data<T>(), b_H.data<T>(), y_TH.data<Y>(), mean_T.data<T>(), rstd_T.data<T>(),
                 rows, H, eps);
+    });
   });
 }
 }  // namespace
@@ -153,19 +152,18 @@ void layernorm_backward(const Tensor& dy_TH, const Tensor& x_TH, const Tensor& w
   MOE_ASSERT(!dres_TH || (dres_TH->numel() == x_TH.numel() && dres_TH->dtype() == dx_TH.dtype()));
   const int64_t H = x_TH.cols(), rows = x_TH.rows();
   MOE_ASSERT(dy_TH.shape() == x_TH.shape() && dx_TH.shape() == x_TH.shape());
-  MOE_ASSERT(dy_TH.dtype() == dx_TH.dtype() && (x_TH.dtype() == dx_TH.dtype() || x_TH.dtype() == DType::BF16));
+  MOE_ASSERT(dy_TH.dtype() == dx_TH.dtype() && (x_TH.dtype() == dx_TH.dtype() || is_half(x_TH.dtype())));
   MOE_ASSERT_SHAPE(w_H, {H});
   MOE_ASSERT_SHAPE(dw_H, {H});
   MOE_ASSERT_SHAPE(db_H, {H});
   MOE_ASSERT(mean_T.numel() == rows && rstd_T.numel() == rows);
   MOE_DISPATCH_FLOAT(dx_TH.dtype(), T, {
     const T* dres = dres_TH ? dres_TH->data<T>() : nullptr;
-    if (x_TH.dtype() == DType::BF16)
-      bwd<T, bf16>(dy_TH.data<T>(), x_TH.data<bf16>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(),
-                   dx_TH.data<T>(), dres, dw_H.data<T>(), db_H.data<T>(), rows, H);
-    else
-      bwd<T, T>(dy_TH.data<T>(), x_TH.data<T>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
+    with_storage<T>(x_TH.dtype(), [&](auto* xt) {
+      using X = storage_t<decltype(xt)>;
+      bwd<T, X>(dy_TH.data<T>(), x_TH.data<X>(), w_H.data<T>(), mean_T.data<T>(), rstd_T.data<T>(), dx_TH.data<T>(),
                 dres, dw_H.data<T>(), db_H.data<T>(), rows, H);
+    });
   });
 }
 

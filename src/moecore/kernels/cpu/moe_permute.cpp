@@ -18,6 +18,15 @@ namespace {
 inline float widen_row(bf16 v) {
   return bf16_to_float(v);
 }
+inline float widen_row(f16 v) {
+  return f16_to_float(v);
+}
+inline void round_into(float v, bf16& out) {
+  out = float_to_bf16(v);
+}
+inline void round_into(float v, f16& out) {
+  out = float_to_f16(v);
+}
 template <typename F>
 inline F widen_row(F v) {
   return v;
@@ -45,23 +54,25 @@ void sum_token_rows(const S* src, const int64_t* off, const int32_t* rows, int64
   MOE_CPU_CLONES(sum_token_rows_body<S, D>(src, off, rows, T, H, dst));
 }
 
-// d[r] = bf16(s[tok[r]]) (zero where tok[r] < 0), vectorized as the casts are.
-MOE_ALWAYS_INLINE void gather_rounded_rows_body(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
+// d[r] = bf16(s[tok[r]]) or f16(s[tok[r]]) (zero where tok[r] < 0), vectorized as the casts are.
+template <typename O>
+MOE_ALWAYS_INLINE void gather_rounded_rows_body(const float* s, const int32_t* tok, int64_t R, int64_t H, O* d) {
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < R; r++) {
-    bf16* out = d + r * H;
+    O* out = d + r * H;
     if (tok[r] < 0) {
-      std::fill_n(out, H, bf16{0});
+      std::fill_n(out, H, O{0});
       continue;
     }
     const float* in = s + tok[r] * H;
 #pragma omp simd
-    for (int64_t h = 0; h < H; h++) out[h] = float_to_bf16(in[h]);
+    for (int64_t h = 0; h < H; h++) round_into(in[h], out[h]);
   }
 }
-void gather_rounded_rows(const float* s, const int32_t* tok, int64_t R, int64_t H, bf16* d) {
+template <typename O>
+void gather_rounded_rows(const float* s, const int32_t* tok, int64_t R, int64_t H, O* d) {
 #pragma omp parallel
-  MOE_CPU_CLONES(gather_rounded_rows_body(s, tok, R, H, d));
+  MOE_CPU_CLONES(gather_rounded_rows_body<O>(s, tok, R, H, d));
 }
 
 // dst[i] = src[at[i]] (gather: 0 where at[i] < 0) or dst[at[i]] = src[i] (scatter: none where at[i] < 0), for
@@ -194,8 +205,9 @@ void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst) {
   MOE_ASSERT(dst.rows() == R && dst.cols() == H && idx_R.dtype() == DType::I32);
   const int32_t* tok = idx_R.data<int32_t>();
   if (dst.dtype() != src.dtype()) {
-    MOE_ASSERT_MSG(src.dtype() == DType::F32 && dst.dtype() == DType::BF16, "rows gathered from {} into {}",
+    MOE_ASSERT_MSG(src.dtype() == DType::F32 && is_half(dst.dtype()), "rows gathered from {} into {}",
                    dtype_name(src.dtype()), dtype_name(dst.dtype()));
+    if (dst.dtype() == DType::F16) return gather_rounded_rows(src.data<float>(), tok, R, H, dst.data<f16>());
     return gather_rounded_rows(src.data<float>(), tok, R, H, dst.data<bf16>());
   }
   const size_t bytes = static_cast<size_t>(H) * dtype_size(src.dtype());
@@ -230,6 +242,7 @@ void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1
   const int64_t* off = token_offsets_T1.data<int64_t>();
   const int32_t* rows = token_rows.data<int32_t>();
   if (src_RH.dtype() == DType::BF16) return sum_token_rows(src_RH.data<bf16>(), off, rows, T, H, dst_TH.data<float>());
+  if (src_RH.dtype() == DType::F16) return sum_token_rows(src_RH.data<f16>(), off, rows, T, H, dst_TH.data<float>());
   MOE_DISPATCH_FLOAT(src_RH.dtype(), F, { sum_token_rows(src_RH.data<F>(), off, rows, T, H, dst_TH.data<F>()); });
 }
 

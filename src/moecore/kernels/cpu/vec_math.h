@@ -16,26 +16,44 @@
 
 namespace moecore::kernels {
 
-// Stores v into an output element of type O: T itself, or bf16 rounded to nearest even as Tensor::to rounds (the
+// Stores v into an output element of type O: T itself, or bf16 (f16) rounded to nearest even as Tensor::to rounds (the
 // cast fused into the op that produces a tensor a bf16 GEMM reads). bf16 goes through its uint16_t bits: a struct
 // store keeps the loop from vectorizing.
 template <typename O, typename T>
 inline void store_as(O* p, T v) {
   if constexpr (std::is_same_v<O, bf16>)
     *reinterpret_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)).bits;
+  else if constexpr (std::is_same_v<O, f16>)
+    *reinterpret_cast<uint16_t*>(p) = float_to_f16(static_cast<float>(v)).bits;
   else
     *p = v;
 }
 
-// Reads an element of type X (T itself, or bf16, widened exactly) as T: the loads of an op whose input a GEMM or
+// Reads an element of type X (T itself, or bf16 or f16, widened exactly) as T: the loads of an op whose input a GEMM or
 // another op wrote in bf16.
 template <typename T, typename X>
 inline T load_as(const X* p) {
   if constexpr (std::is_same_v<X, bf16>)
     return static_cast<T>(std::bit_cast<float>(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16));
+  else if constexpr (std::is_same_v<X, f16>)
+    return static_cast<T>(f16_to_float(*p));
   else
     return static_cast<T>(*p);
 }
+
+// Calls f with a null pointer of the storage type of a tensor of dtype `dt` whose computation type is T: bf16, f16,
+// or T itself (the storage of an op's input or output that a 16-bit GEMM reads or wrote).
+template <typename T, typename F>
+inline void with_storage(DType dt, F&& f) {
+  if (dt == DType::BF16)
+    f(static_cast<bf16*>(nullptr));
+  else if (dt == DType::F16)
+    f(static_cast<f16*>(nullptr));
+  else
+    f(static_cast<T*>(nullptr));
+}
+template <typename P>
+using storage_t = std::remove_pointer_t<P>;
 
 // vexp's f32 operations on F: a float, or a GCC vector of floats (attention_native_softmax.h), whose to_int converts
 // to integers of its width and from_bits reinterprets them. (A vector F passes only between functions inlined into

@@ -193,6 +193,12 @@ int64_t padded_vocab_size(const TrainConfig& c, int64_t vocab) {
   return padded / m * m;
 }
 
+LowPrecision low_precision(const TrainConfig& c) {
+  if (c.bf16) return DType::BF16;
+  if (c.fp16) return DType::F16;
+  return std::nullopt;
+}
+
 nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   nn::GPTConfig g;
   g.num_layers = c.num_layers;
@@ -215,7 +221,7 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab) {
   g.activation = c.swiglu ? kernels::Activation::SwiGLU
                           : (c.squared_relu ? kernels::Activation::SquaredReLU : kernels::Activation::GeLU);
   g.add_bias_linear = !c.disable_bias_linear;
-  g.bf16 = c.bf16;
+  g.low = low_precision(c);
   g.hidden_dropout = c.hidden_dropout;
   g.attention_dropout = c.attention_dropout;
   g.seed = static_cast<uint64_t>(c.seed);
@@ -278,7 +284,7 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
                           : (c.squared_relu ? kernels::Activation::SquaredReLU : kernels::Activation::GeLU);
   m.init_std = c.init_method_std;
   m.output_init_std = c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
-  m.bf16 = c.bf16;
+  m.low = low_precision(c);
   m.bias = !c.disable_bias_linear;
   m.allgather_dispatcher = c.moe_token_dispatcher_type == "allgather";
   return m;

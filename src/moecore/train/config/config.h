@@ -110,9 +110,9 @@ struct TrainConfig {
   double decoupled_lr{}, decoupled_min_lr{};  // -1: none (Megatron's None)
   int64_t seed{};
   bool bf16{};
-  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None). --fp16 is refused until its
-  // numerics exist; --testing-dynamic-loss-scale runs Megatron's dynamic scaler on the bf16 or fp32 numerics (tests).
-  bool fp16{}, accumulate_allreduce_grads_in_fp32{}, testing_dynamic_loss_scale{};
+  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None). --fp16 needs
+  // --accumulate-allreduce-grads-in-fp32 (moecore keeps fp32 main gradients).
+  bool fp16{}, accumulate_allreduce_grads_in_fp32{};
   double loss_scale{}, initial_loss_scale{}, min_loss_scale{}, loss_scale_window{};
   int64_t hysteresis{};
   // FP8 GEMMs (nn/fp8_recipe.h): fp8_format "" is off (Megatron's None).
@@ -370,6 +370,9 @@ std::string describe(const TrainConfig& c);
 nlohmann::json config_json(const TrainConfig& c);
 void apply_config_json(TrainConfig& c, const nlohmann::json& j, const std::string& where);
 
+// The model's 16-bit float: bf16 under --bf16, f16 under --fp16, none (f32) otherwise; every module's config takes
+// it from here.
+LowPrecision low_precision(const TrainConfig& c);
 nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab);
 // The module configs, each built from the resolved config by its one function (modules never see TrainConfig).
 moe::RouterConfig router_config(const TrainConfig& c);

@@ -11,14 +11,15 @@ namespace moecore::train {
 
 namespace {
 
-// The dtype flags: fp32 and auto (the model's: fp32 gradients, and fp32 parameters without --bf16) are what moecore
+// The dtype flags: fp32 and auto (the model's: fp32 gradients, and fp32 parameters without --bf16 or --fp16) are what moecore
 // computes; a lower-precision main copy or collective is refused by name.
 void validate_fsdp_dtypes(const TrainConfig& c) {
   const std::string& params = c.megatron_fsdp_main_params_dtype;
-  MOE_CHECK(params == "fp32" || (params == "auto" && !c.bf16),
+  const std::string low = c.fp16 ? "fp16" : "bf16";  // the model's low precision, where "auto" takes it
+  MOE_CHECK(params == "fp32" || (params == "auto" && !c.bf16 && !c.fp16),
             "--megatron-fsdp-main-params-dtype {}{}: main (master) parameters in {} are not supported by moecore, "
             "which keeps them in fp32; use --megatron-fsdp-main-params-dtype fp32 (Megatron's default)",
-            params, params == "auto" ? " with --bf16" : "", params == "auto" ? "bf16" : params);
+            params, params == "auto" ? " with --" + low : "", params == "auto" ? low : params);
   MOE_CHECK(c.megatron_fsdp_main_grads_dtype == "fp32" || c.megatron_fsdp_main_grads_dtype == "auto",
             "--megatron-fsdp-main-grads-dtype {}: gradients accumulated in {} are not supported by moecore, which "
             "accumulates them in fp32; use fp32 or auto (Megatron's default)",

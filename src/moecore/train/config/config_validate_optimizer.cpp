@@ -119,10 +119,10 @@ void validate_precision(const TrainConfig& c) {
             "--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron then keeps the main gradients in fp16 "
             "(accumulated over micro-batches and reduced over data parallelism in fp16), which moecore does not "
             "support; add --accumulate-allreduce-grads-in-fp32 (fp32 main gradients)");
-  MOE_CHECK(!c.fp16,
-            "--fp16: fp16 GEMM operands and weights are not implemented in moecore yet; use --bf16 (with --loss-scale "
-            "S for a constant loss scale)");
-  const bool dynamic = (c.fp16 || c.testing_dynamic_loss_scale) && c.loss_scale == 0;
+  MOE_CHECK(!c.fp16 || c.fp8_format.empty(),
+            "--fp16 with --fp8-format {}: moecore's FP8 GEMMs cast from bf16 or fp32 operands; use --bf16 with FP8",
+            c.fp8_format);
+  const bool dynamic = c.fp16 && c.loss_scale == 0;
   MOE_CHECK(!dynamic || c.min_loss_scale <= c.initial_loss_scale,
             "--min-loss-scale {} is above --initial-loss-scale {}: the dynamic scale starts at or above its floor",
             c.min_loss_scale, c.initial_loss_scale);

@@ -62,7 +62,7 @@ void validate_expert_overlap(const TrainConfig& c) {
     const auto& rm = c.recompute_modules;
     MOE_CHECK(!c.moe_layer_recompute && std::find(rm.begin(), rm.end(), "moe") == rm.end(),
               "disable moe in --recompute-modules when enabling --overlap-moe-expert-parallel-comm (Megatron's rule)");
-    MOE_CHECK(c.bf16,
+    MOE_CHECK(c.bf16 || c.fp16,
               "--overlap-moe-expert-parallel-comm is only supported with a bf16 or fp16 model (Megatron's "
               "rule): add --bf16");
     MOE_CHECK(!c.moe_shared_expert_overlap,

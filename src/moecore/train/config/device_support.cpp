@@ -22,9 +22,10 @@ std::string gpu_training_gap(const TrainConfig& c) {
   if (!c.fp8_format.empty())
     return "--fp8-format " + c.fp8_format +
            ": FP8 training is CPU-only in moecore (the CPU emulates the recipes exactly); the GPU refuses it";
-  // Loss scaling reads the gradient norm on the host and skips steps there (optim/grad_scaler.h).
+  // fp16's kernels (f16 operands widened to f32) exist on the CPU only.
   if (c.fp16) return "--fp16: fp16 training is CPU-only in moecore; the GPU refuses it";
-  if (c.loss_scale > 0 || c.testing_dynamic_loss_scale) return gap("loss scaling (--loss-scale)");
+  // Loss scaling reads the gradient norm on the host and skips steps there (optim/grad_scaler.h).
+  if (c.loss_scale > 0) return gap("loss scaling (--loss-scale)");
   return "";
 }
 

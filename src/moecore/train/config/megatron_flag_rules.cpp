@@ -60,10 +60,10 @@ std::vector<FlagRule> build_rules() {
                         {"fp8-interval"}));
   r.push_back(refused("FP4 training (NVFP4) is Blackwell-only; this build targets Hopper and CPUs: use --fp8-format",
                       {}, {"fp4-"}));
-  // Megatron's cross-entropy on the output layer's fp16 logits; moecore's output layer writes fp32 logits, which
-  // Megatron's default (without the flag) computes the loss on too.
-  r.push_back(refused(unsupported("the cross-entropy on fp16 logits",
-                                  "drop it: the loss is computed on fp32 logits, as Megatron's default"),
+  // Megatron's cross-entropy computed in fp16 on the output layer's fp16 logits; without the flag (its default, and
+  // moecore's only way) the loss is computed on the logits upcast to fp32.
+  r.push_back(refused(unsupported("the cross-entropy computed in fp16",
+                                  "drop it: the loss is computed on the logits upcast to fp32, as Megatron's default"),
                       {"fp16-lm-cross-entropy"}));
   // Megatron FSDP is in the flag table (--use-megatron-fsdp and its sharding, dtype and buffer flags); torch's FSDP2
   // is not, and the rest tune how Megatron FSDP schedules its GPU collectives and buffers.

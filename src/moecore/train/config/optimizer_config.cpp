@@ -11,7 +11,7 @@ optim::GradScalerConfig grad_scaler_config(const TrainConfig& c) {
   if ((c.fp16 || c.bf16 || c.use_distributed_optimizer) && c.loss_scale > 0) {
     s.kind = Kind::Constant;
     s.initial_scale = static_cast<float>(c.loss_scale);
-  } else if (c.fp16 || c.testing_dynamic_loss_scale) {
+  } else if (c.fp16) {
     s.kind = Kind::Dynamic;
     s.initial_scale = static_cast<float>(c.initial_loss_scale);
     s.min_scale = static_cast<float>(c.min_loss_scale);

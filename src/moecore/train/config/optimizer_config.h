@@ -9,7 +9,7 @@ namespace moecore::train {
 
 optim::OptimizerConfig optimizer_config(const TrainConfig& c);
 // Megatron's scaler choice (optimizer/__init__.py): --loss-scale S > 0 with --fp16, --bf16 or the distributed
-// optimizer a constant scale; else --fp16 (or --testing-dynamic-loss-scale) the dynamic scaler; else none (fp32
+// optimizer a constant scale; else --fp16 the dynamic scaler; else none (fp32
 // and bf16 train unscaled; --loss-scale then has no effect, as in Megatron).
 optim::GradScalerConfig grad_scaler_config(const TrainConfig& c);
 inline bool loss_scaling(const TrainConfig& c) {

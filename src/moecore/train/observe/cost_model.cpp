@@ -102,7 +102,7 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
   const double M = static_cast<double>(c.global_batch_size / (c.micro_batch_size * g.dp_size));
   const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
   const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
-  const double ab = c.bf16 ? 2.0 : 4.0;                              // dispatched token bytes
+  const double ab = c.bf16 || c.fp16 ? 2.0 : 4.0;                    // dispatched token bytes
   double n_dense = 0, n_rep = 0, n_exp = 0, w_dense = 0, w_exp = 0;  // elements; bytes of their stored values
   for (auto& p : reg.all()) {
     const double n = static_cast<double>(p->value.numel());

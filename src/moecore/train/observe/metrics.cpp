@@ -385,7 +385,7 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
     const bool expert = q->name.find(".experts.") != std::string::npos;
     const auto n = static_cast<double>(q->value.numel());
     (expert ? p.expert : p.dense) += n;
-    if (!q->bf16_storage) (expert ? p.f32_expert : p.f32_dense) += n;  // kept f32 under --bf16
+    if (!q->low_storage) (expert ? p.f32_expert : p.f32_dense) += n;  // kept f32 under --bf16, --fp16
   }
   fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
              (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
