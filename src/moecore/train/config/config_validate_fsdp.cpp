@@ -11,8 +11,8 @@ namespace moecore::train {
 
 namespace {
 
-// The dtype flags: fp32 and auto (the model's: fp32 gradients, and fp32 parameters without --bf16 or --fp16) are what moecore
-// computes; a lower-precision main copy or collective is refused by name.
+// The dtype flags: fp32 and auto (the model's: fp32 gradients, and fp32 parameters without --bf16 or --fp16) are
+// what moecore computes; a lower-precision main copy or collective is refused by name.
 void validate_fsdp_dtypes(const TrainConfig& c) {
   const std::string& params = c.megatron_fsdp_main_params_dtype;
   const std::string low = c.fp16 ? "fp16" : "bf16";  // the model's low precision, where "auto" takes it
