@@ -195,7 +195,7 @@ std::vector<double> ShardedAdamW::master_squares() const {
     }
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor w = is_half(bk.buf.storage) ? master_.slice(bk.master + at - state_lo(bk), len)
-                                                     : bk.param_shard.slice(at - lo(bk), len);
+                                               : bk.param_shard.slice(at - lo(bk), len);
       sq[index[s.p]] += shards * kernels::sum_squares(w);
     });
   }
