@@ -93,7 +93,8 @@ void print_plan(std::FILE* out, const TrainConfig& c, int64_t padded_vocab, int6
   const train::ParamCounts all = train::count_params(c, padded_vocab, 1, 1);
   fmt::print(out, "moecore plan: {}\n", describe_layout(c, l));
   fmt::print(out, "parameters: {:.2f} B ({:.2f} B in routed experts); vocabulary padded to {}; {}{}\n",
-             (all.dense + all.expert) / 1e9, all.expert / 1e9, padded_vocab, c.bf16 ? "bf16" : (c.fp16 ? "fp16" : "fp32"),
+             (all.dense + all.expert) / 1e9, all.expert / 1e9, padded_vocab,
+             c.bf16 ? "bf16" : (c.fp16 ? "fp16" : "fp32"),
              c.use_megatron_fsdp           ? ", Megatron FSDP " + c.data_parallel_sharding_strategy
              : c.use_distributed_optimizer ? ", distributed optimizer"
                                            : "");
