@@ -15,7 +15,7 @@ passes by being refused for the wrong reason, and everything else on the line is
 With --on-gpu (a machine with a GPU; exit 77, skipped, without one), each line that runs (refused flags replaced)
 runs with --device cpu and twice with --device cuda, the ranks sharing the one GPU: the GPU's losses must equal the
 CPU's within 1e-2 (the lines train in bf16) and its rerun must give the same losses to the last digit logged; a
-line marked cpu_only (Megatron FSDP, refused on the GPU for now) is skipped there, saying why.
+line marked cpu_only (Megatron FSDP and fp16, refused on the GPU for now) is skipped there, saying why.
 
 Usage: megatron_configs.py MOECORE [--on-gpu] [NAME...]   (NAME: run only those configurations)
 """
@@ -90,6 +90,7 @@ DEEPSEEK_PROXY_FSDP = """
 
 # Megatron FSDP trains on the CPU only for now: with --on-gpu these lines are skipped, saying so.
 FSDP_CPU_ONLY = "--use-megatron-fsdp is refused on the GPU (train/config/device_support.cpp)"
+FP16_CPU_ONLY = "--fp16 is refused on the GPU (train/config/device_support.cpp)"
 
 CONFIGS = [
     dict(name="tp2_ep2_sinkhorn_dist_optimizer", np=4,
@@ -215,6 +216,26 @@ CONFIGS = [
            --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
            --eval-iters 1 --eval-interval 1000 --log-interval 1 --log-throughput""",
          refused=[]),
+    dict(name="tp2_pp2_fp16_2experts_sinkhorn", np=4, cpu_only=FP16_CPU_ONLY,
+         source="moe/gpt3_mcore_tp2_pp2_resume_torch_dist_te_2experts",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json
+           --merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1
+           --distributed-backend nccl --lr 0.00015 --lr-decay-style cosine --min-lr 1.0e-5 --weight-decay 1e-2
+           --clip-grad 1.0 --lr-warmup-fraction .01 --log-interval 1 --save-interval 50 --eval-interval 1000
+           --eval-iters 1 --transformer-impl local --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+           --num-experts 2 --sequence-parallel --moe-router-load-balancing-type sinkhorn --moe-router-topk 1
+           --deterministic-mode --no-gradient-accumulation-fusion --use-checkpoint-opt_param-scheduler
+           --use-mcore-models --ckpt-format torch_dist --dist-ckpt-strictness log_all
+           --data-cache-path ${DATA_CACHE_PATH} --fp16 --apply-query-key-layer-scaling --disable-bias-linear
+           --no-bias-gelu-fusion --log-memory-to-tensorboard --async-save --use-persistent-ckpt-worker""",
+         # Megatron keeps fp16 main gradients without --accumulate-allreduce-grads-in-fp32; moecore's are fp32.
+         refused=[("--fp16", "--accumulate-allreduce-grads-in-fp32",
+                   "--fp16 --accumulate-allreduce-grads-in-fp32")]),
     dict(name="kimi_k2_instruct", np=1,
          source="MODEL_ARGS of examples/post_training/modelopt/conf/moonshotai/Kimi-K2-Instruct.sh (61 layers, MLA, "
                 "384 experts top-8, --padded-vocab-size 163840), pretraining flags of the functional tests",
