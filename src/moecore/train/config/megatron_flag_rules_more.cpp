@@ -28,7 +28,10 @@ void numerics(std::vector<FlagRule>& r) {
                 "to rounding (an fp16 safeguard)",
                 {"apply-query-key-layer-scaling"}));
   r.push_back(no_effect("moecore's bf16 GEMMs accumulate in fp32 always", {"disable-bf16-reduced-precision-matmul"}));
-  r.push_back(refused(unsupported("an fp32 residual stream"), {"fp32-residual-connection"}));
+  r.push_back(
+      no_effect("moecore keeps the residual stream in fp32 always, under --bf16 and --fp16 too (what this flag "
+                "asks of Megatron)",
+                {"fp32-residual-connection"}));
   r.push_back(no_effect_for({"output-logit-dtype"}, {"fp32"}, "moecore's output layer produces fp32 logits",
                             "bf16 logits are not supported by moecore"));
   r.push_back(refused(unsupported("batch-invariant kernels"), {"batch-invariant-mode"}));
