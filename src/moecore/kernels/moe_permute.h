@@ -72,3 +72,15 @@ struct MoePermuteKernels {
 };
 
 }  // namespace moecore::kernels
+
+// The table's ops as each backend declares them (kernels/cpu/moe_permute.h, kernels/cuda/moe_kernels.h expand it in
+// their namespace), once.
+#define MOECORE_MOE_PERMUTE_OPS                                                                                  \
+  void moe_permute_plan(const Tensor& idx_TK, int64_t E, int64_t pad_capacity, int64_t block, int64_t row_align, \
+                        PermutePlan& plan);                                                                      \
+  void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);                                     \
+  void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);                                    \
+  void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,    \
+                              Tensor& dst_TH);                                                                   \
+  void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R);                        \
+  void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);

@@ -19,15 +19,8 @@ namespace moecore::kernels::cuda {
 // grouped GEMM's per-expert problems, as Megatron's tokens_per_expert .cpu() does).
 void moe_build_plan(const Tensor& idx_TK, int64_t E, std::vector<int64_t>& tokens_per_expert, Tensor& row_token_R,
                     Tensor& row_tk_R, Tensor& token_offsets_T1, Tensor& token_rows);
-// moe_permute_plan for idx_TK on a GPU: moe_build_plan's plan (no padding to capacity, row_align 1).
-void moe_permute_plan(const Tensor& idx_TK, int64_t E, int64_t pad_capacity, int64_t block, int64_t row_align,
-                      PermutePlan& plan);
-// The row ops (moe_permute.h): f32 rows (gathered rows may be bf16 from f32), I32 row indices, the CPU's bits.
-void moe_gather_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);
-void moe_scatter_rows(const Tensor& src, const Tensor& idx_R, Tensor& dst);
-void moe_sum_rows_per_token(const Tensor& src_RH, const Tensor& token_offsets_T1, const Tensor& token_rows,
-                            Tensor& dst_TH);
-void moe_gather_probs(const Tensor& probs_TK, const Tensor& row_tk_R, Tensor& probs_R);
-void moe_scatter_probs(const Tensor& dprobs_R, const Tensor& row_tk_R, Tensor& dprobs_TK);
+// moe_permute_plan for idx_TK on a GPU: moe_build_plan's plan (no padding to capacity, row_align 1). The row ops
+// (moe_permute.h): f32 rows (gathered rows may be bf16 from f32), I32 row indices, the CPU's bits.
+MOECORE_MOE_PERMUTE_OPS
 
 }  // namespace moecore::kernels::cuda
