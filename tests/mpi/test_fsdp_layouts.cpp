@@ -145,7 +145,8 @@ TEST(FsdpHsdp, OuterOptimEqualsTwoInstances) {
 }
 
 // optim_grads_params' buffer and initialisation options change no bit: --fsdp-double-buffer (with full recompute of
-// one layer per chunk, and EP), --init-model-with-meta-device (each rank draws only its shards), the overlap flags.
+// one and of two layers per chunk, and EP), --init-model-with-meta-device (each rank draws only its shards), the
+// overlap flags.
 TEST(FsdpOptions, DoubleBufferMetaInitAndOverlapChangeNoBit) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const FsdpLayout l{"DP", w.size(), kFsdpEP2, w.size()};
@@ -159,6 +160,8 @@ TEST(FsdpOptions, DoubleBufferMetaInitAndOverlapChangeNoBit) {
   const std::vector<std::vector<std::string>> options{{"--fsdp-double-buffer"},
                                                       {"--fsdp-double-buffer", "--recompute-granularity", "full",
                                                        "--recompute-method", "uniform", "--recompute-num-layers", "1"},
+                                                      {"--fsdp-double-buffer", "--recompute-granularity", "full",
+                                                       "--recompute-method", "uniform", "--recompute-num-layers", "2"},
                                                       {"--init-model-with-meta-device"},
                                                       {"--overlap-grad-reduce", "--overlap-param-gather"}};
   for (const auto& o : options) {

@@ -1,8 +1,9 @@
 // Megatron FSDP's memory, measured by the allocator on every rank of a model whose parameters outweigh its
 // activations: the plan (train/memory_plan_fsdp.cpp) within 10% of each rank's peak at DP2 and DP4 under every
-// sharding strategy; what a rank keeps between steps within 10% of the plan's state and, under optim_grads_params,
-// halved from DP2 to DP4 (the sharded state falls as 1/DP); with --init-model-with-meta-device no rank ever holds
-// its whole model (the trainer's construction peaks below the model's f32 bytes, where without it they pass them).
+// sharding strategy, and with full recompute; what a rank keeps between steps within 10% of the plan's state and,
+// under optim_grads_params, halved from DP2 to DP4 (the sharded state falls as 1/DP); with
+// --init-model-with-meta-device no rank ever holds its whole model (the trainer's construction peaks below the
+// model's f32 bytes, where without it they pass them).
 #include <gtest/gtest.h>
 
 #include "../train/memory_measure.h"
@@ -42,6 +43,23 @@ TEST_P(FsdpMemory, PlanWithinTenPercentOfPeakAndState) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpMemory,
                          ::testing::Values("no_shard", "optim", "optim_grads", "optim_grads_params"));
+
+// Full recompute of two layers per chunk, with and without the double buffer: the replay gathers one unit at a time,
+// releasing each after its forward, so the plan's two units in flight hold (within 10% of each rank's peak).
+TEST(FsdpMemoryRecompute, ReplayHoldsOneUnitAtATime) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  const std::vector<std::string> full{"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                      "--recompute-num-layers",  "2"};
+  for (const bool double_buffer : {false, true}) {
+    std::vector<std::string> extra = fsdp_strategy("optim_grads_params") + full;
+    if (double_buffer) extra.push_back("--fsdp-double-buffer");
+    const testing::MeasuredMemory m = testing::measure_memory(testing::small_config(fsdp_model(w.size()), extra), &w);
+    testing::expect_plan_matches(m,
+                                 std::string(double_buffer ? "double buffer" : "plain") + " full recompute DP" +
+                                     std::to_string(w.size()) + " rank " + std::to_string(w.rank()),
+                                 0.10, false);
+  }
+}
 
 // The same model at DP4 (the world) and DP2 (each half of it): optim_grads_params' state halves.
 TEST(FsdpMemoryScaling, ShardedStateFallsAsOneOverDP) {

@@ -348,9 +348,17 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
   for (size_t i = chunk_begin_[c + 1]; i-- > chunk_begin_[c];) {
     st.layers[i].ffn->loss_scale = aux_scale;
     const auto unit = static_cast<size_t>(global_layer_[i]);
+    // A full-recompute chunk's replay, each replayed unit gathered for its forward and released after it but for
+    // this layer's (Megatron FSDP releases them lazily, as soon as another gather needs the room).
+    recompute_.replay(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, [&](size_t j, bool before) {
+      if (!units()) return;
+      const auto u = static_cast<size_t>(global_layer_[j]);
+      if (before)
+        pre_hook(u);
+      else if (j != i)
+        call(unit_hooks_.params_done, u);
+    });
     if (units()) {
-      const auto [rb, re] = recompute_.replayed_by(chunk_begin_[c], chunk_begin_[c + 1], i);
-      for (size_t j = rb; j < re; j++) pre_hook(static_cast<size_t>(global_layer_[j]));  // the replay reads them
       call(unit_hooks_.backward_start, unit);
       if (i > chunk_begin_[c])  // the backward prefetch: the unit below
         call(unit_hooks_.prefetch, static_cast<size_t>(global_layer_[i - 1]));

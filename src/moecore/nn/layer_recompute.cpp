@@ -30,26 +30,24 @@ Tensor LayerRecompute::forward(Layers& layers, std::vector<TransformerLayer::Sta
   return y;
 }
 
-std::pair<size_t, size_t> LayerRecompute::replayed_by(size_t begin, size_t end, size_t i) const {
+void LayerRecompute::replay(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end,
+                            size_t i, const Around& around) const {
   const RecomputeConfig::Chunk c = chunk_in_block(cfg_, begin, end, i);
-  if (!c.on() || static_cast<int64_t>(i) != c.end - 1) return {i, i};
-  return {static_cast<size_t>(c.begin), static_cast<size_t>(c.end)};
+  if (!c.on() || static_cast<int64_t>(i) != c.end - 1) return;
+  const auto b = static_cast<size_t>(c.begin);
+  Tensor h = stashes[b].chunk_input;
+  stashes[b].chunk_input = Tensor();
+  for (auto j = b; j < static_cast<size_t>(c.end); j++) {
+    if (around) around(j, true);
+    stashes[j].replay = true;
+    h = layers[j]->forward(h, stashes[j]);
+    stashes[j].replay = false;
+    if (around) around(j, false);
+  }
 }
 
-Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t end,
+Tensor LayerRecompute::backward(Layers& layers, std::vector<TransformerLayer::Stash>& stashes, size_t begin, size_t,
                                 size_t i, const Tensor& dy) const {
-  const auto li = static_cast<int64_t>(i);
-  const RecomputeConfig::Chunk c = chunk_in_block(cfg_, begin, end, i);
-  if (c.on() && li == c.end - 1) {  // the chunk's forwards again, from its input
-    const auto b = static_cast<size_t>(c.begin);
-    Tensor h = stashes[b].chunk_input;
-    stashes[b].chunk_input = Tensor();
-    for (auto j = b; j < static_cast<size_t>(c.end); j++) {
-      stashes[j].replay = true;
-      h = layers[j]->forward(h, stashes[j]);
-      stashes[j].replay = false;
-    }
-  }
   if (offload_) offload_->reload(stashes[i], i > begin ? &stashes[i - 1] : nullptr);
   return layers[i]->backward(dy, stashes[i]);
 }

@@ -335,6 +335,15 @@ double ChainedOptimizer::master_sum_squares(const std::function<double(const nn:
   return sum;
 }
 
+std::vector<HeldValues> ChainedOptimizer::held_values() const {
+  std::vector<HeldValues> held;
+  for (const auto& part : parts_) {
+    std::vector<HeldValues> h = part->held_values();
+    held.insert(held.end(), h.begin(), h.end());
+  }
+  return held;
+}
+
 void ChainedOptimizer::load_master(const std::vector<Tensor>& w) {
   MOE_ASSERT(w.size() == params_.size());
   for (auto& part : parts_) {

@@ -156,6 +156,8 @@ class ChainedOptimizer {
   // summed over the world, the squared norm of the masters (--log-params-norm).
   double master_sum_squares(const std::function<double(const nn::Parameter&)>& weight) const;
   bool distributed() const { return cfg_.distributed && g_.dp; }
+  // What this rank holds of the parameters' values between steps (ParamClassOptimizer::held_values), over the parts.
+  std::vector<HeldValues> held_values() const;
 
  private:
   // Share of a parameter's squared gradient this rank adds to the global norm: 1 over the number of ranks holding

@@ -161,6 +161,16 @@ void ShardedAdamW::gather_master(std::vector<Tensor>& w) const {
   }
 }
 
+std::vector<HeldValues> ShardedAdamW::held_values() const {
+  if (!params_sharded()) return ParamClassOptimizer::held_values();
+  std::vector<HeldValues> held;  // the owned parameter shards
+  for (const auto& bk : buckets_)
+    for_range(bk, lo(bk), bk.shard, [&](const Segment& s, int64_t rel, int64_t len, int64_t at) {
+      held.push_back({s.p, at - s.offset, bk.param_shard.slice(rel, len)});
+    });
+  return held;
+}
+
 void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
   MOE_ASSERT(w.size() == params_.size());
   std::map<const nn::Parameter*, size_t> index;

@@ -68,6 +68,7 @@ class ShardedAdamW : public ParamClassOptimizer {
   void gather_master(std::vector<Tensor>& w) const override;
   void load_master(const std::vector<Tensor>& w) override;
   std::vector<double> master_squares() const override;
+  std::vector<HeldValues> held_values() const override;
   // AdamW on the owned shard (per-parameter weight decay), then the in-place all-gather of the updated parameters
   // (with overlap_param_gather: left in flight for the next forward).
   void step(const kernels::AdamWParams& hp, int64_t step) override;

@@ -20,6 +20,14 @@ namespace moecore::optim {
 // shard too, gathering a unit's parameters before its forward and its backward and freeing them after.
 enum class Sharding { NoShard, Optim, OptimGrads, OptimGradsParams };
 
+// What a rank holds of a parameter's values between steps: elements [first, first + values.numel()) of the
+// flattened parameter — all of them but under Megatron FSDP's optim_grads_params, where it holds its shard.
+struct HeldValues {
+  nn::Parameter* p = nullptr;
+  int64_t first = 0;
+  Tensor values;  // 1-D, a view
+};
+
 class ParamClassOptimizer {
  public:
   virtual ~ParamClassOptimizer() = default;
@@ -72,6 +80,12 @@ class ParamClassOptimizer {
   // calc_params_l2_norm reads the fp32 main parameters): a sharded master counts its share times the shard count,
   // so the sum over the ranks of the optimizer's group counts every element as often as a whole copy on each would.
   virtual std::vector<double> master_squares() const = 0;
+  // The values this rank holds between steps, for checks that read them (finiteness).
+  virtual std::vector<HeldValues> held_values() const {
+    std::vector<HeldValues> held;
+    for (nn::Parameter* p : params()) held.push_back({p, 0, p->value.reshape({p->value.numel()})});
+    return held;
+  }
 };
 
 }  // namespace moecore::optim

@@ -2,7 +2,7 @@
 // --data-parallel-sharding-strategy keeps on a rank and the units' whole parameters and gradients a step holds at
 // once (optim/distributed_optimizer_fsdp.cpp: a unit's gradients live from its backward's start until the next
 // unit's backward ends, its reduce-scatter in flight meanwhile; a unit's parameters while a forward or backward reads
-// them, the next unit's gather posted beside; a full-recompute chunk's all at once in its replay).
+// them, the next unit's gather posted beside, in a full-recompute chunk's replay too).
 #include <algorithm>
 
 #include "moecore/train/memory_plan.h"
@@ -46,10 +46,8 @@ void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p,
     m.comm += 2 * (layer + ends);
     return;
   }
-  // A layer and the next one's prefetch (or the ends'), or a full-recompute chunk replayed and the next prefetched.
-  const double chunk =
-      c.recompute_granularity == "full" ? static_cast<double>(std::max<int64_t>(1, c.recompute_num_layers)) : 1;
-  m.fsdp_units += std::max((chunk + 1) * layer, layer + ends);
+  // A layer and the next one's prefetch (or the ends'); a full-recompute chunk's replay holds one unit at a time.
+  m.fsdp_units += std::max(2 * layer, layer + ends);
 }
 
 }  // namespace moecore::train

@@ -153,7 +153,8 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
   if (!loaded_from_.empty()) log_timers({"load-checkpoint"});
   timers_->elapsed("load-checkpoint", true);
   timers_->stop("model-and-optimizer-setup");
-  if (!loaded_from_.empty()) check_parameters_finite(reg_, "the model loaded from " + loaded_from_);
+  if (!loaded_from_.empty())
+    check_parameters_finite(opt_->held_values(), "the model loaded from " + loaded_from_, groups_->world.get());
   stall_ = std::make_unique<StallAlarm>(vocab_.padded);
   health_ = std::make_unique<HealthAlarms>(cfg_, cfg_.expert_model_parallel_size);
   log_ = std::make_unique<MetricsLog>(cfg_, out_, groups_->world_rank == 0 ? cfg_.metrics_file : "",
@@ -198,7 +199,8 @@ void Trainer::make_device_current() const {
 std::string Trainer::save_checkpoint() {
   make_device_current();
   opt_->finish_param_gather();  // the parameters whole on every rank before they are read
-  check_parameters_finite(reg_, fmt::format("refusing to save iteration {}", progress_.iteration));
+  check_parameters_finite(opt_->held_values(), fmt::format("refusing to save iteration {}", progress_.iteration),
+                          groups_->world.get());
   Timers::Install timing(timers_.get());
   timers_->start("save-checkpoint", 0);
   std::string dir = ckpt_->save(progress_);
@@ -333,9 +335,10 @@ std::vector<StepResult> Trainer::settle_norms() {
 void Trainer::stop_nonfinite(int64_t iteration, double lm_loss, double grad_norm, const data::SampleCursor& cursor,
                              int64_t not_applied_after) {
   const std::string where =
-      pipeline_ ? locate_nonfinite_pipeline(*model_, reg_, *pipeline_, *data_[0], cursor, micro_batches(),
-                                            *groups_->world, groups_->pp_rank, groups_->pp_size)
-                : locate_nonfinite(*model_, stash_, reg_, *data_[0], cursor, micro_batches(), groups_->world.get());
+      pipeline_ ? locate_nonfinite_pipeline(*model_, reg_, opt_->held_values(), *pipeline_, *data_[0], cursor,
+                                            micro_batches(), *groups_->world, groups_->pp_rank, groups_->pp_size)
+                : locate_nonfinite(*model_, stash_, reg_, opt_->held_values(), *data_[0], cursor, micro_batches(),
+                                   groups_->world.get());
   const std::string later =
       not_applied_after > 0
           ? fmt::format(" (nor the {} after it, which ran before the GPU's norm was read at iteration {})",

@@ -59,13 +59,6 @@ void validate_fsdp(const TrainConfig& c) {
             "--outer-dp-sharding-strategy optim requires --data-parallel-sharding-strategy optim_grads_params "
             "(Megatron's rule: outer sharding is dependent on inner sharding), not {}",
             s);
-  // Two buffers hold two units; a full-recompute chunk's replay reads all its layers' parameters at once.
-  MOE_CHECK(!(c.fsdp_double_buffer && s == "optim_grads_params" && c.recompute_granularity == "full" &&
-              c.recompute_num_layers > 1),
-            "--fsdp-double-buffer with --recompute-granularity full --recompute-num-layers {}: the replay of a chunk "
-            "reads {} layers' parameters at once and the double buffer holds two units; use --recompute-num-layers 1 "
-            "or drop --fsdp-double-buffer",
-            c.recompute_num_layers, c.recompute_num_layers);
   validate_fsdp_dtypes(c);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -33,16 +34,56 @@ std::pair<double, int64_t> first_over_ranks(double ordinal, const comm::ProcessG
   world->all_reduce(r, comm::ReduceOp::Max);
   return {best, static_cast<int64_t>(-r.item(0))};
 }
+// `text` of rank `root` on every rank of `world`.
+std::string broadcast_text(const std::string& text, int64_t root, const comm::ProcessGroup& world) {
+  Tensor n = Tensor::empty({1}, DType::F64);
+  n.set_item(0, static_cast<double>(text.size()));
+  world.broadcast(n, root);
+  Tensor chars = Tensor::zeros({std::max<int64_t>(1, static_cast<int64_t>(n.item(0)))}, DType::F64);
+  for (size_t i = 0; i < text.size() && world.rank() == root; i++)
+    chars.set_item(static_cast<int64_t>(i), static_cast<unsigned char>(text[i]));
+  world.broadcast(chars, root);
+  std::string out(static_cast<size_t>(n.item(0)), ' ');
+  for (size_t i = 0; i < out.size(); i++)
+    out[i] = static_cast<char>(static_cast<int>(chars.item(static_cast<int64_t>(i))));
+  return out;
+}
+
+// Whether every value `held` of each parameter is finite (a parameter held in several shards: all of them).
+std::map<const nn::Parameter*, bool> held_finite(const std::vector<optim::HeldValues>& held) {
+  std::map<const nn::Parameter*, bool> finite;
+  for (const auto& h : held) {
+    auto [it, fresh] = finite.emplace(h.p, true);
+    it->second = it->second && all_finite(h.values);
+  }
+  return finite;
+}
 }  // namespace
 
-void check_parameters_finite(const nn::ParamRegistry& reg, const std::string& source) {
-  for (const auto& p : reg.all())
-    MOE_CHECK(all_finite(p->value), "{}: parameter {} {} holds NaN or infinite values", source, p->name,
-              p->value.shape().str());
+void check_parameters_finite(const std::vector<optim::HeldValues>& held, const std::string& source,
+                             const comm::ProcessGroup* world) {
+  constexpr double kNone = std::numeric_limits<double>::max();
+  double first = kNone;
+  std::string what;
+  for (size_t i = 0; i < held.size() && first == kNone; i++) {
+    const optim::HeldValues& h = held[i];
+    if (all_finite(h.values)) continue;
+    first = static_cast<double>(i);
+    const int64_t numel = h.p->value.shape().numel();
+    const std::string shard = h.first > 0 || h.values.numel() < numel
+                                  ? fmt::format(" in its elements [{}, {})", h.first, h.first + h.values.numel())
+                                  : "";
+    what = fmt::format("parameter {} {} holds NaN or infinite values{}", h.p->name, h.p->value.shape().str(), shard);
+  }
+  const auto [at, rank] = first_over_ranks(first, world);
+  if (at == kNone) return;
+  if (!world || world->size() == 1) MOE_CHECK(false, "{}: {}", source, what);
+  MOE_CHECK(false, "{}: {} on rank {}", source, broadcast_text(what, rank, *world), rank);
 }
 
 std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn::ParamRegistry& reg,
-                             const data::SampleSource& data, const data::SampleCursor& cursor, const MicroBatches& mb,
+                             const std::vector<optim::HeldValues>& held, const data::SampleSource& data,
+                             const data::SampleCursor& cursor, const MicroBatches& mb,
                              const comm::ProcessGroup* world) {
   constexpr double kNone = std::numeric_limits<double>::max();
   // Every place is numbered in execution order, identically on every rank: parameters, then per micro-batch the
@@ -53,7 +94,12 @@ std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn
     if (!finite && first == kNone) first = static_cast<double>(places.size());
     places.push_back(std::move(place));
   };
-  for (const auto& p : reg.all()) note(fmt::format("the parameter {} (its values)", p->name), all_finite(p->value));
+  const std::map<const nn::Parameter*, bool> values_finite = held_finite(held);
+  auto value_finite = [&](const nn::Parameter& p) {
+    const auto it = values_finite.find(&p);
+    return it != values_finite.end() ? it->second : all_finite(p.value);
+  };
+  for (const auto& p : reg.all()) note(fmt::format("the parameter {} (its values)", p->name), value_finite(*p));
   int64_t micro = 0;
   const nn::Probe probe = [&](const std::string& where, bool backward, const Tensor& t) {
     note(fmt::format("{} {} (micro-batch {})", backward ? "the gradient passed down by" : "the forward output of",
@@ -77,28 +123,14 @@ std::string locate_nonfinite(nn::GPTModel& model, nn::GPTModel::Stash& stash, nn
   for (const auto& p : reg.all()) note(fmt::format("the gradient of {}", p->name), all_finite(p->grad));
   const auto [at, rank] = first_over_ranks(first, world);
   if (at == kNone) return "the re-run of the step found every value finite (a fault that does not repeat)";
-  const std::string where = places.at(static_cast<size_t>(at));
-  return world && world->size() > 1 ? fmt::format("{} on rank {}", where, rank) : where;
+  if (!world || world->size() == 1) return places.at(static_cast<size_t>(at));
+  // The place as the rank that found it names it (an expert's or a tensor-parallel shard's name is its own).
+  const std::string mine = first == at ? places.at(static_cast<size_t>(at)) : "";
+  return fmt::format("{} on rank {}", broadcast_text(mine, rank, *world), rank);
 }
 
-namespace {
-// `text` of rank `root` on every rank of `world`.
-std::string broadcast_text(const std::string& text, int64_t root, const comm::ProcessGroup& world) {
-  Tensor n = Tensor::empty({1}, DType::F64);
-  n.set_item(0, static_cast<double>(text.size()));
-  world.broadcast(n, root);
-  Tensor chars = Tensor::zeros({std::max<int64_t>(1, static_cast<int64_t>(n.item(0)))}, DType::F64);
-  for (size_t i = 0; i < text.size() && world.rank() == root; i++)
-    chars.set_item(static_cast<int64_t>(i), static_cast<unsigned char>(text[i]));
-  world.broadcast(chars, root);
-  std::string out(static_cast<size_t>(n.item(0)), ' ');
-  for (size_t i = 0; i < out.size(); i++)
-    out[i] = static_cast<char>(static_cast<int>(chars.item(static_cast<int64_t>(i))));
-  return out;
-}
-}  // namespace
-
-std::string locate_nonfinite_pipeline(nn::GPTModel& model, nn::ParamRegistry& reg, PipelineSchedule& schedule,
+std::string locate_nonfinite_pipeline(nn::GPTModel& model, nn::ParamRegistry& reg,
+                                      const std::vector<optim::HeldValues>& held, PipelineSchedule& schedule,
                                       const data::SampleSource& data, const data::SampleCursor& cursor,
                                       const MicroBatches& mb, const comm::ProcessGroup& world, int64_t pp_rank,
                                       int64_t pp_size) {
@@ -121,10 +153,13 @@ std::string locate_nonfinite_pipeline(nn::GPTModel& model, nn::ParamRegistry& re
   };
   const auto stage = static_cast<uint64_t>(pp_rank);
   uint64_t ordinal = 0;
-  for (const auto& p : reg.all())
+  const std::map<const nn::Parameter*, bool> values_finite = held_finite(held);
+  for (const auto& p : reg.all()) {
+    const auto it = values_finite.find(p.get());
     note(
         key(0, 0, 0, stage, ordinal++), [&] { return fmt::format("the parameter {} (its values)", p->name); },
-        all_finite(p->value));
+        it != values_finite.end() ? it->second : all_finite(p->value));
+  }
   PipelinePass last{false, -1, -1};
   const auto stages = static_cast<uint64_t>(pp_size) * static_cast<uint64_t>(model.num_chunks());
   const nn::Probe probe = [&](const std::string& where, bool backward, const Tensor& t) {
