@@ -43,8 +43,7 @@ void validate_flex_dispatcher(const TrainConfig& c) {
   }
   const std::string backend = c.moe_enable_deepep ? "deepep" : c.moe_flex_dispatcher_backend;
   if (c.moe_flex_dispatcher_backend == "ncclep" && !c.moe_enable_deepep) {
-    MOE_CHECK(flex,
-              "--moe-flex-dispatcher-backend ncclep requires --moe-token-dispatcher-type flex (Megatron's rule)");
+    MOE_CHECK(flex, "--moe-flex-dispatcher-backend ncclep requires --moe-token-dispatcher-type flex (Megatron's rule)");
     MOE_CHECK(false,
               "--moe-flex-dispatcher-backend ncclep (NCCL EP through TransformerEngine) is not supported by moecore; "
               "use --moe-flex-dispatcher-backend deepep or hybridep (the same routing and math)");

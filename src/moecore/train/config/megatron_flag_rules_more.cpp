@@ -118,9 +118,9 @@ void communication(std::vector<FlagRule>& r) {
       "a token-dispatcher backend's tuning or kernel choice (DeepEP, HybridEP, NCCL EP SMs, grouped-GEMM variants): "
       "the same routing and expert math (--moe-flex-dispatcher-backend deepep and hybridep select flex's backend; "
       "both have the same math in moecore)",
-      {"moe-deepep-num-sms", "moe-flex-dispatcher-num-sms",
-       "moe-ncclep-zero-copy", "moe-use-legacy-grouped-gemm", "moe-use-grouped-tensor", "moe-single-grouped-bias",
-       "moe-single-grouped-weight", "use-grouped-gemm-for-dense-mlp", "use-grouped-gemm-for-shared-expert"},
+      {"moe-deepep-num-sms", "moe-flex-dispatcher-num-sms", "moe-ncclep-zero-copy", "moe-use-legacy-grouped-gemm",
+       "moe-use-grouped-tensor", "moe-single-grouped-bias", "moe-single-grouped-weight",
+       "use-grouped-gemm-for-dense-mlp", "use-grouped-gemm-for-shared-expert"},
       {"moe-hybridep-"}));
   r.push_back(no_effect_for({"moe-dispatch-fwd-dtype", "moe-combine-bwd-dtype"}, {"bf16"},
                             "the dispatch wire dtype of the NCCL EP dispatcher; moecore sends activations unrounded",
