@@ -221,8 +221,8 @@ TEST_P(FlexTraining, MatchesAllToAllAndRepeatsBitwise) {
 INSTANTIATE_TEST_SUITE_P(
     Flex, FlexTraining,
     ::testing::Values(
-        TrainCase{"top1", {"--moe-router-topk", "1"}}, TrainCase{"top2", {"--moe-router-topk", "2"}},
-        TrainCase{"top8", {"--moe-router-topk", "8"}},
+        TrainCase{"top1", {"--moe-router-topk", "1", "--moe-router-pre-softmax"}},
+        TrainCase{"top2", {"--moe-router-topk", "2"}}, TrainCase{"top8", {"--moe-router-topk", "8"}},
         TrainCase{"top2_capacity_drop", {"--moe-router-topk", "2", "--moe-expert-capacity-factor", "1.0"}},
         TrainCase{
             "top2_position_drop",
