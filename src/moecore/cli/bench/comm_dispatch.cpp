@@ -64,7 +64,7 @@ void bench_dispatch_bytes(const train::TrainConfig& cfg, bool bf16_rows) {
   }
   Tensor x = Tensor::zeros({T, H}, DType::F32);
   // Per dispatcher: token bytes dispatched and combined (the send buffers), the counters' all-to-all payload.
-  Tensor v = Tensor::zeros({10}, DType::F64);
+  Tensor v = Tensor::zeros({11}, DType::F64);
   auto run = [&](moe::TokenDispatcher& d, int slot, bool flex) {
     moe::DispatchPlan plan;
     plan.rows_dtype = rows_t;
@@ -88,6 +88,7 @@ void bench_dispatch_bytes(const train::TrainConfig& cfg, bool bf16_rows) {
   run(flex, 4, true);
   v.set_item(8, distinct * static_cast<double>(H) * rb);
   v.set_item(9, assignments * static_cast<double>(H) * rb);
+  v.set_item(10, distinct * static_cast<double>(H) * sb);  // flex's partial sums return in the row-sum dtype
   world.all_reduce(v);
   const double flex_bytes = v.item(4), analytic = v.item(8);
   if (world.rank() == 0) {
@@ -101,12 +102,14 @@ void bench_dispatch_bytes(const train::TrainConfig& cfg, bool bf16_rows) {
         v.item(0), v.item(2), v.item(1), v.item(3), v.item(9));
     fmt::print(
         "comm_dispatch dispatcher=flex dispatch_bytes={:.0f} measured={:.0f} combine_bytes={:.0f} "
-        "measured={:.0f} analytic_distinct={:.0f} equal={}\n",
-        v.item(4), v.item(6), v.item(5), v.item(7), analytic, flex_bytes == analytic ? "yes" : "no");
+        "measured={:.0f} analytic_distinct={:.0f} analytic_combine={:.0f} equal={}\n",
+        v.item(4), v.item(6), v.item(5), v.item(7), analytic, v.item(10),
+        flex_bytes == analytic && v.item(6) == analytic && v.item(7) == v.item(10) ? "yes" : "no");
   }
-  MOE_CHECK(flex_bytes == analytic && v.item(6) == analytic,
-            "bench comm: flex dispatched {} token bytes ({} measured), the analytic count is {}", flex_bytes, v.item(6),
-            analytic);
+  MOE_CHECK(flex_bytes == analytic && v.item(6) == analytic && v.item(7) == v.item(10),
+            "bench comm: flex dispatched {} token bytes ({} measured) and combined {} measured; the analytic counts "
+            "are {} and {}",
+            flex_bytes, v.item(6), v.item(7), analytic, v.item(10));
 }
 
 }  // namespace moecore::cli
