@@ -3,7 +3,7 @@
 // agree with AlltoAll's to f32 summation order, each token crosses to a rank once (the bytes are the analytic count
 // of distinct (token, destination rank) pairs; AlltoAll's, the kept assignments), the dispatch/combine pair's
 // gradients pass an fp64 finite-difference check at EP2, and training with flex gives AlltoAll's losses within 1e-6
-// and repeats bitwise, with top-k 1, 2 and 8, capacity dropping and padding to capacity.
+// and repeats bitwise, with top-k 1, 2 and 8, capacity dropping, padding to capacity, and bf16 with the EP overlap.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -230,6 +230,8 @@ INSTANTIATE_TEST_SUITE_P(
         TrainCase{
             "top2_pad_to_capacity",
             {"--moe-router-topk", "2", "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"}},
+        TrainCase{"top2_bf16_overlap",
+                  {"--moe-router-topk", "2", "--bf16", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"}},
         TrainCase{"top8_capacity_drop", {"--moe-router-topk", "8", "--moe-expert-capacity-factor", "0.5"}}),
     [](const ::testing::TestParamInfo<TrainCase>& i) { return std::string(i.param.name); });
 
