@@ -235,6 +235,24 @@ INSTANTIATE_TEST_SUITE_P(
         TrainCase{"top8_capacity_drop", {"--moe-router-topk", "8", "--moe-expert-capacity-factor", "0.5"}}),
     [](const ::testing::TestParamInfo<TrainCase>& i) { return std::string(i.param.name); });
 
+// EP2 × ETP2 on 4 ranks: the flex exchange over EP, then the ETP stage, as AlltoAll's.
+TEST(FlexTraining, WithExpertTensorParallelismMatchesAllToAll) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 4) GTEST_SKIP() << "EP2 x ETP2 runs on 4 ranks";
+  const std::vector<std::string> base =
+      train::override_flags(testing::tiny_moe_flags(), {"--num-experts", "8"}) +
+      testing::mock_run_flags(32, 2, 8, 128, 3, "1e-3") +
+      std::vector<std::string>{
+          "--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2", "--moe-router-topk", "4"};
+  std::FILE* null = std::fopen("/dev/null", "w");
+  {
+    train::Trainer a(testing::small_config(base, {"--moe-token-dispatcher-type", "alltoall"}), null, false, &w),
+        f(testing::small_config(base, {"--moe-token-dispatcher-type", "flex"}), null, false, &w);
+    for (int step = 0; step < 3; step++) testing::expect_same_step(a.train_step(), f.train_step(), step, 1e-6);
+  }
+  std::fclose(null);
+}
+
 // deepep and hybridep (and --moe-enable-deepep) are the same math: bitwise-equal losses.
 TEST(FlexTraining, BackendsAgreeBitwise) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
