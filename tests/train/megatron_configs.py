@@ -336,9 +336,7 @@ CONFIGS = [
            --no-gradient-accumulation-fusion --use-distributed-optimizer --calculate-per-token-loss
            --init-model-with-meta-device --ckpt-format fsdp_dtensor --fsdp-double-buffer --use-nccl-ub
            --megatron-fsdp-grad-comm-dtype bf16 --megatron-fsdp-main-grads-dtype bf16""",
-         refused=[("--moe-token-dispatcher-type", "--moe-token-dispatcher-type flex is not accepted",
-                   "--moe-token-dispatcher-type alltoall"),
-                  ("--megatron-fsdp-grad-comm-dtype", "gradient collectives in bf16",
+         refused=[("--megatron-fsdp-grad-comm-dtype", "gradient collectives in bf16",
                    "--megatron-fsdp-grad-comm-dtype fp32"),
                   ("--megatron-fsdp-main-grads-dtype", "gradients accumulated in bf16",
                    "--megatron-fsdp-main-grads-dtype fp32"),

@@ -79,6 +79,8 @@ struct TrainConfig {
   std::string moe_layer_freq{};
   bool moe_grouped_gemm{};
   std::string moe_token_dispatcher_type{};
+  std::string moe_flex_dispatcher_backend{};  // flex's backend: deepep or hybridep (the same math in moecore)
+  bool moe_enable_deepep{};                   // Megatron's older spelling of --moe-flex-dispatcher-backend deepep
   bool moe_per_layer_logging{};
   // training
   int64_t micro_batch_size{}, global_batch_size{}, train_iters{};

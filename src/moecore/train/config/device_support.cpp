@@ -16,6 +16,11 @@ std::string gpu_training_gap(const TrainConfig& c) {
                            c.micro_batch_size, kernels::dropout_philox::kMaxGpuSamples));
   // The GPU router computes in f32 (docs/differences.md).
   if (c.num_experts > 0 && c.moe_router_dtype == "fp64") return gap("--moe-router-dtype fp64");
+  // The flex dispatcher's exchanges (moe/flex_dispatcher.h) are host code; one EP rank permutes locally either way.
+  if (c.num_experts > 0 && c.moe_token_dispatcher_type == "flex" && c.expert_model_parallel_size > 1)
+    return gap(
+        "--moe-token-dispatcher-type flex (the flex dispatcher, DeepEP/HybridEP semantics) with expert "
+        "parallelism: use --moe-token-dispatcher-type alltoall on the GPU (the same math)");
   // Megatron FSDP's unit gathers and gradient shards are host-side (optim/fsdp.h).
   if (c.use_megatron_fsdp) return gap("--use-megatron-fsdp (Megatron FSDP)");
   // FP8 GEMMs are emulated on the CPU only (kernels/fp8.h); refused before any work.

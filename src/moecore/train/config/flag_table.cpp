@@ -10,7 +10,8 @@
 
 namespace moecore::train {
 
-std::vector<FlagSpec> fsdp_flag_rows();  // Megatron FSDP's rows (flag_table_fsdp.cpp)
+std::vector<FlagSpec> fsdp_flag_rows();        // Megatron FSDP's rows (flag_table_fsdp.cpp)
+std::vector<FlagSpec> dispatcher_flag_rows();  // the token dispatcher's rows (flag_table_dispatcher.cpp)
 
 namespace {
 
@@ -148,9 +149,8 @@ std::vector<FlagSpec> build_flag_table() {
         "GPU: shared experts on a second stream beside the routed experts (the same math)"},
        {"moe-layer-freq", &C::moe_layer_freq, "1", "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
        {"moe-grouped-gemm", &C::moe_grouped_gemm, true, "Grouped GEMM experts (always on in moecore)"},
-       {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type, "alltoall",
-        "alltoall or allgather (one rank: local dispatch either way)", kNoRole, one_of({"alltoall", "allgather"})},
        {"moe-per-layer-logging", &C::moe_per_layer_logging, false, "Log each MoE layer's losses and load"}});
+  section(FlagGroup::MoE, dispatcher_flag_rows());
   section(
       FlagGroup::Training,
       {{"micro-batch-size", &C::micro_batch_size, 4, "Sequences per micro-batch", kNoRole, positive()},

@@ -115,10 +115,12 @@ void communication(std::vector<FlagRule>& r) {
       {"disable-gloo-process-groups", "nccl-communicator-config-path", "use-sharp", "sharp-enabled-group",
        "symmetric-ar-type", "lazy-mpu-init", "distributed-timeout-seconds-after-init", "use-tp-pp-dp-mapping"}));
   r.push_back(no_effect(
-      "a token-dispatcher backend (DeepEP, HybridEP, NCCL EP): the same routing and expert math",
-      {"moe-enable-deepep", "moe-deepep-num-sms", "moe-flex-dispatcher-backend", "moe-flex-dispatcher-num-sms",
-       "moe-ncclep-zero-copy", "moe-use-legacy-grouped-gemm", "moe-use-grouped-tensor", "moe-single-grouped-bias",
-       "moe-single-grouped-weight", "use-grouped-gemm-for-dense-mlp", "use-grouped-gemm-for-shared-expert"},
+      "a dispatcher backend's tuning or a kernel choice (SM counts, HybridEP blocks, grouped-GEMM forms): the same "
+      "routing and expert math (--moe-flex-dispatcher-backend selects flex's backend: deepep and hybridep have the "
+      "same math in moecore)",
+      {"moe-deepep-num-sms", "moe-flex-dispatcher-num-sms", "moe-ncclep-zero-copy", "moe-use-legacy-grouped-gemm",
+       "moe-use-grouped-tensor", "moe-single-grouped-bias", "moe-single-grouped-weight",
+       "use-grouped-gemm-for-dense-mlp", "use-grouped-gemm-for-shared-expert"},
       {"moe-hybridep-"}));
   r.push_back(no_effect_for({"moe-dispatch-fwd-dtype", "moe-combine-bwd-dtype"}, {"bf16"},
                             "the dispatch wire dtype of the NCCL EP dispatcher; moecore sends activations unrounded",
