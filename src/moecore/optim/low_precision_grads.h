@@ -29,6 +29,15 @@
 
 namespace moecore::optim {
 
+// The dtypes of a run's main gradients (train/config/optimizer_config.cpp resolves Megatron's flags into them):
+// `main`, what each micro-batch's gradient is accumulated in (rounded after each micro-batch); `comm`, what the
+// data-parallel collectives reduce in. F32 both: moecore's fp32 gradients, no rounding anywhere.
+struct GradPrecision {
+  DType main = DType::F32, comm = DType::F32;
+  // Any rounding: the reductions then go through the functions below, pre-scaled by 1/DP as Megatron's.
+  bool low() const { return main != DType::F32 || comm != DType::F32; }
+};
+
 // Rounds every element of `t` (f32 or f64, on the host) to `low` (BF16 or F16) in place, keeping its dtype: round
 // to nearest even, an overflow of f16 becomes inf. F32 (or F64): nothing.
 void round_to_dtype(Tensor& t, DType low);
