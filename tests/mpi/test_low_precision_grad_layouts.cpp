@@ -6,6 +6,8 @@
 // and the rounding is there: the fp32-main-gradient run's norms differ in their last bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config_util.h"
 #include "layout_util.h"
 #include "moecore/comm/process_group.h"
@@ -28,7 +30,7 @@ struct LowLayout {
 struct LowPrecision {
   std::string name;
   std::vector<std::string> flags;  // the precision's flags (every run)
-  std::vector<std::string> fp32;   // what turns its main gradients back to fp32 (the control)
+  std::vector<std::string> fp32;   // what turns its main gradients back to fp32 without FSDP (the control), if any
   DType main;
   double rel;  // the layouts' agreement with one rank
 };
@@ -42,7 +44,7 @@ const std::vector<LowPrecision> kPrecisions{
     {"Bf16", {"--bf16", "--grad-reduce-in-bf16"}, {}, DType::BF16, 2e-2}};
 
 std::vector<std::string> low_base(const LowPrecision& p) {
-  return testing::four_layer_moe_flags(3) +
+  return testing::four_layer_moe_flags(5) +
          std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall", "--log-params-norm"} + p.flags;
 }
 
@@ -69,8 +71,12 @@ TEST_P(LowPrecisionGradLayouts, AgreeWithOneRankRerunAndResumeBitwise) {
         b.push_back(u.train_step());
       }
     }
-    if (!p.fp32.empty()) {
-      train::Trainer f(testing::small_config(low_base(p), l.layout + p.fp32), null, false, &w);
+    // Megatron FSDP reads its own dtype flags only.
+    const bool fsdp = std::find(l.layout.begin(), l.layout.end(), "--use-megatron-fsdp") != l.layout.end();
+    const std::vector<std::string> fp32 =
+        fsdp ? std::vector<std::string>{"--megatron-fsdp-main-grads-dtype", "fp32"} : p.fp32;
+    if (!fp32.empty()) {
+      train::Trainer f(testing::small_config(low_base(p), l.layout + fp32), null, false, &w);
       for (int s = 0; s < 3; s++) c.push_back(f.train_step());
     }
     std::fclose(null);
@@ -80,7 +86,7 @@ TEST_P(LowPrecisionGradLayouts, AgreeWithOneRankRerunAndResumeBitwise) {
       EXPECT_EQ(a[s].grad_norm, b[s].grad_norm) << "step " << s;
       EXPECT_EQ(a[s].params_norm, b[s].params_norm) << "step " << s;
     }
-    if (!c.empty()) EXPECT_NE(a[0].grad_norm, c[0].grad_norm) << "fp16 main gradients should round the norm";
+    if (!c.empty()) EXPECT_NE(a[0].grad_norm, c[0].grad_norm) << "low-precision main gradients should round the norm";
     const std::string dir = testing::mpi_shared_dir(w, "low_precision_" + l.name + p.name);
     testing::expect_bitwise_resume(
         [&](const std::vector<std::string>& extra) { return testing::small_config(low_base(p), l.layout + extra); },
