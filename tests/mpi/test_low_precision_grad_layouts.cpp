@@ -37,11 +37,11 @@ struct LowPrecision {
 
 const std::vector<std::string> kFsdp{"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"};
 
-// Measured (commit of this test): DP2/DP4/EP2/FSDP against one rank within 4e-4 (fp16) and 3e-3 (bf16) relative;
-// the bounds leave room.
+// Measured (2026-11-29, 3 steps, every layout here): losses, aux and z losses and gradient norms within 4.2e-5 of the
+// one-rank run's (fp16) and 1.9e-4 (bf16), the gradient norm the farthest; fp32 main gradients agree to 1e-5.
 const std::vector<LowPrecision> kPrecisions{
-    {"Fp16", {"--fp16", "--initial-loss-scale", "4096"}, {"--accumulate-allreduce-grads-in-fp32"}, DType::F16, 2e-3},
-    {"Bf16", {"--bf16", "--grad-reduce-in-bf16"}, {}, DType::BF16, 2e-2}};
+    {"Fp16", {"--fp16", "--initial-loss-scale", "4096"}, {"--accumulate-allreduce-grads-in-fp32"}, DType::F16, 2e-4},
+    {"Bf16", {"--bf16", "--grad-reduce-in-bf16"}, {}, DType::BF16, 1e-3}};
 
 std::vector<std::string> low_base(const LowPrecision& p) {
   return testing::four_layer_moe_flags(5) +
