@@ -1,9 +1,11 @@
 // Megatron's fp16 and bf16 main gradients (optim/low_precision_grads.h) across layouts: --fp16 without
 // --accumulate-allreduce-grads-in-fp32 and --bf16 --grad-reduce-in-bf16, under plain data parallelism (DP2, DP4), the
-// distributed optimizer, EP2 and Megatron FSDP's optim_grads_params (whose auto gradient dtypes are the model's),
-// train the one-rank run's losses and gradient norms within the low dtype's rounding (each layout accumulates
-// different micro-batches before its reduction, in another order); a rerun is bitwise the same, and so is a resume;
-// and the rounding is there: the fp32-main-gradient run's norms differ in their last bits.
+// distributed optimizer (with --overlap-grad-reduce too), EP2, PP2 (the tied embedding's sum over the first and last
+// stage in the low dtype), TP2 with sequence parallelism (the norms' sums over TP in it) and Megatron FSDP's
+// optim_grads_params (whose auto gradient dtypes are the model's), train the one-rank run's losses and gradient
+// norms within the low dtype's rounding (each layout accumulates different micro-batches before its reduction, in
+// another order); a rerun is bitwise the same, and so is a resume; and the rounding is there: the fp32-main-gradient
+// run's norms differ in their last bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(
     LowPrecision, LowPrecisionGradLayouts,
     ::testing::Values(LowLayout{"DP2", 2, {}}, LowLayout{"DP2DistributedOptimizer", 2, {"--use-distributed-optimizer"}},
                       LowLayout{"EP2", 2, {"--expert-model-parallel-size", "2"}}, LowLayout{"DP2Fsdp", 2, kFsdp},
-                      LowLayout{"DP4", 4, {}},
+                      LowLayout{"DP2OverlapGradReduce", 2, {"--overlap-grad-reduce", "--use-distributed-optimizer"}},
+                      LowLayout{"DP4", 4, {}}, LowLayout{"PP2xDP2", 4, {"--pipeline-model-parallel-size", "2"}},
+                      LowLayout{"TP2SPxDP2", 4, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
                       LowLayout{"EP2xEDP2DistributedOptimizer",
                                 4,
                                 {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
