@@ -14,6 +14,8 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
                            ElementRule rule, const comm::ProcessGroup* inter, size_t num_layers, int64_t bucket_size,
                            const FsdpOptions& fsdp)
     : sharding_(fsdp.sharding),
+      precision_(fsdp.precision),
+      grad_scale_(fsdp.grad_scale),
       double_buffer_(fsdp.double_buffer && fsdp.sharding == Sharding::OptimGradsParams),
       init_shards_(fsdp.init_shards),
       outer_(fsdp.outer_shard && inter != nullptr && inter->size() > 1),
@@ -216,8 +218,11 @@ void ShardedAdamW::start(Bucket& bk) {
   MOE_ASSERT_MSG(!bk.buf.started, "a bucket reduced twice in one step");
   for (auto* p : bk.buf.params) p->settle_grad();  // a gradient no backward wrote this step is zero
   if (bk.buf.padded > bk.buf.numel) bk.buf.grad.slice(bk.buf.numel, bk.buf.padded - bk.buf.numel).zero_();
-  bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   bk.buf.started = true;
+  if (precision_.low())  // Megatron's fp16/bf16 buffer: scaled by 1/DP and reduce-scattered in its dtype
+    low_precision_reduce_scatter_in_place(group_, bk.buf.grad, precision_.comm, grad_scale_);
+  else
+    bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   // MPI moves a non-blocking collective along inside MPI calls: a test of the ones in flight lets them progress
   // while backward computes.
   for (auto& other : buckets_)
@@ -258,11 +263,19 @@ void ShardedAdamW::reduce_gradients(double scale, float unscale, kernels::ClipSt
       bk.buf.pending = bk.buf.layers.size();
     }
     Tensor& g = bk.grad_shard;  // this rank's region: its sum
-    if (outer_)                 // the other instances' sums of the same shard, each rank its part of them
-      inter_->reduce_scatter_in_place(g);
-    else if (inter_)
-      inter_->all_reduce(g);
-    kernels::scale_(g, scale);
+    if (precision_.low()) {     // pre-scaled; the other instances' sums in the comm dtype, held in the main dtype
+      if (outer_)
+        low_precision_reduce_scatter_in_place(*inter_, g, precision_.comm, 1.0);
+      else if (inter_)
+        low_precision_all_reduce(*inter_, g, precision_.comm, 1.0);
+      round_to_dtype(g, precision_.main);
+    } else {
+      if (outer_)  // the other instances' sums of the same shard, each rank its part of them
+        inter_->reduce_scatter_in_place(g);
+      else if (inter_)
+        inter_->all_reduce(g);
+      kernels::scale_(g, scale);
+    }
     if (unscale != 1.0f) kernels::scale_(g, unscale);  // the loss scale out of this rank's main gradients
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       norm_terms_.push_back(bk.grad_shard.slice(at - lo(bk), len));

@@ -19,6 +19,7 @@
 #include "moecore/kernels/adamw_update.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/grad_buffer.h"
+#include "moecore/optim/low_precision_grads.h"
 #include "moecore/optim/optimizer.h"
 #include "moecore/optim/sgd.h"
 
@@ -36,6 +37,11 @@ struct FsdpOptions {
   // instance's shard sharded over the K ranks holding it (the inter-instance group) too; the gradients reduce-scattered
   // over them, the updated parameters all-gathered back.
   bool outer_shard = false;
+  // Low-precision main gradients (low_precision_grads.h; Megatron FSDP's main_grads_dtype and grad_comm_dtype, or
+  // the distributed optimizer's fp16/bf16 gradient buffer): every reduction in `precision.comm`, pre-scaled by
+  // `grad_scale` (1/DP), the owned shard held in `precision.main`.
+  GradPrecision precision;
+  double grad_scale = 1.0;
 };
 
 class ShardedAdamW : public ParamClassOptimizer {
@@ -130,6 +136,8 @@ class ShardedAdamW : public ParamClassOptimizer {
   void free_params(Bucket& bk);
   void free_all_units();  // before the step: nothing gathered, every reduction in the owned shards
   Sharding sharding_ = Sharding::Optim;
+  GradPrecision precision_;
+  double grad_scale_ = 1.0;
   bool double_buffer_ = false, init_shards_ = false, outer_ = false;
   uint64_t seed_ = 0;
   std::vector<Tensor> slots_;  // the double buffer's two, per storage dtype: [dtype index · 2 + k]

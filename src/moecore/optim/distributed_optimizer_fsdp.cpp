@@ -89,7 +89,10 @@ void ShardedAdamW::take_grads(Bucket& bk) {
 void ShardedAdamW::start_grad_reduce(Bucket& bk) {
   MOE_ASSERT_MSG(bk.grads_live && !bk.reducing, "a unit's gradients reduced without a backward");
   for (const auto& s : bk.segs) s.p->settle_grad();
-  bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
+  if (precision_.low())  // Megatron FSDP's grad_comm_dtype: scaled by 1/DP and reduce-scattered in it
+    low_precision_reduce_scatter_in_place(group_, bk.buf.grad, precision_.comm, grad_scale_);
+  else
+    bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   bk.reducing = true;
   const DType gt = bk.buf.grad.dtype();
   for (const auto& s : bk.segs)
@@ -109,7 +112,8 @@ void ShardedAdamW::finish_grad_reduce(Bucket& bk) {
   if (bk.summed)
     kernels::add_(bk.grad_shard, sum);
   else
-    bk.grad_shard.copy_from(sum);  // the step's first: the sum itself, as the distributed optimizer's
+    bk.grad_shard.copy_from(sum);                  // the step's first: the sum itself, as the distributed optimizer's
+  round_to_dtype(bk.grad_shard, precision_.main);  // Megatron FSDP's main_grads_dtype: accumulated, rounded
   bk.summed = true;
   bk.reducing = false;
   bk.buf.grad = Tensor();

@@ -112,9 +112,11 @@ struct TrainConfig {
   double decoupled_lr{}, decoupled_min_lr{};  // -1: none (Megatron's None)
   int64_t seed{};
   bool bf16{};
-  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None). --fp16 needs
-  // --accumulate-allreduce-grads-in-fp32 (moecore keeps fp32 main gradients).
-  bool fp16{}, accumulate_allreduce_grads_in_fp32{};
+  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None); the main gradients' dtype
+  // (optimizer_config.h grad_precision: fp16 under --fp16 without --accumulate-allreduce-grads-in-fp32, bf16 under
+  // --bf16 with --grad-reduce-in-bf16 or --main-grads-dtype bf16).
+  bool fp16{}, accumulate_allreduce_grads_in_fp32{}, grad_reduce_in_bf16{};
+  std::string main_grads_dtype{};
   double loss_scale{}, initial_loss_scale{}, min_loss_scale{}, loss_scale_window{};
   int64_t hysteresis{};
   // FP8 GEMMs (nn/fp8_recipe.h): fp8_format "" is off (Megatron's None).
@@ -138,8 +140,8 @@ struct TrainConfig {
   bool sequence_parallel{};
   bool use_distributed_optimizer{};
   // Megatron FSDP (optim/fsdp.h): what is sharded over the data-parallel group (ZeRO-0..3), the outer group of
-  // hybrid sharding (HSDP, with --num-distributed-optimizer-instances > 1), the dtypes of the main parameters,
-  // gradients and gradient collectives ("fp32" or "auto"; the rest refused), the gather double buffer, and each rank
+  // hybrid sharding (HSDP, with --num-distributed-optimizer-instances > 1), the dtypes of the main parameters
+  // ("fp32" or "auto"; the rest refused), gradients and gradient collectives, the gather double buffer, and each rank
   // initialising only its shard.
   bool use_megatron_fsdp{}, fsdp_double_buffer{}, init_model_with_meta_device{};
   std::string data_parallel_sharding_strategy{}, outer_dp_sharding_strategy{};

@@ -5,6 +5,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/dropout_philox.h"
+#include "moecore/train/config/optimizer_config.h"
 
 namespace moecore::train {
 
@@ -29,6 +30,11 @@ std::string gpu_training_gap(const TrainConfig& c) {
            ": FP8 training is CPU-only in moecore (the CPU emulates the recipes exactly); the GPU refuses it";
   // fp16's kernels (f16 operands widened to f32) exist on the CPU only.
   if (c.fp16) return "--fp16: fp16 training is CPU-only in moecore; the GPU refuses it";
+  // fp16/bf16 main gradients are rounded and reduced on the host (optim/low_precision_grads.h).
+  if (grad_precision(c).low())
+    return gap(
+        "bf16 main gradients (--grad-reduce-in-bf16, --main-grads-dtype bf16, or Megatron FSDP's "
+        "--megatron-fsdp-main-grads-dtype/--megatron-fsdp-grad-comm-dtype other than fp32)");
   // Loss scaling reads the gradient norm on the host and skips steps there (optim/grad_scaler.h).
   if (c.loss_scale > 0) return gap("loss scaling (--loss-scale)");
   return "";

@@ -13,15 +13,13 @@ std::string not_gpt(const std::string& area) {
 
 void numerics(std::vector<FlagRule>& r) {
   r.push_back(
-      no_effect("moecore keeps fp32 main gradients and accumulates and reduces them in fp32 always",
+      no_effect("fp32 refinements of fp16/bf16 main gradients: moecore accumulates and reduces those in their own "
+                "dtype (docs/differences.md), fp32 ones in fp32",
                 {"ddp-reduce-scatter-with-fp32-accumulation", "ddp-param-name-patterns-for-fp32-local-accumulation",
                  "gtp-remat-reduce-scatter-with-fp32-accumulation"}));
-  r.push_back(no_effect_for({"main-grads-dtype", "main-params-dtype"}, {"fp32"},
-                            "moecore's main gradients and master weights are fp32",
-                            "lower-precision main gradients and master weights are not supported by moecore "
+  r.push_back(no_effect_for({"main-params-dtype"}, {"fp32"}, "moecore's master weights are fp32",
+                            "lower-precision master weights are not supported by moecore "
                             "(bf16 Adam moments are: --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)"));
-  r.push_back(
-      refused(unsupported("gradient reduction in bf16", "moecore reduces gradients in fp32"), {"grad-reduce-in-bf16"}));
   r.push_back(no_effect("moecore computes the attention softmax in fp32 always", {"attention-softmax-in-fp32"}));
   r.push_back(
       no_effect("scales Q·Kᵀ down by the layer number and the fp32 softmax back up: the same attention up "
