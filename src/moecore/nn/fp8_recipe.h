@@ -28,6 +28,8 @@ struct Fp8Config {
   // --first-last-layers-bf16: decoder layers [0, bf16_start) and [num_layers − bf16_end, num_layers) stay in bf16.
   int64_t num_layers = 0;
   int64_t bf16_start = 0, bf16_end = 0;
+  // --fp8-param-gather: the sites' weights are FP8 parameters (fp8_param.h), taken by the GEMMs as they are.
+  bool param_gather = false;
   bool on() const { return recipe != Fp8Recipe::Off; }
 };
 Fp8Recipe parse_fp8_recipe(const std::string& s);
