@@ -19,6 +19,10 @@ void validate_fp8(const TrainConfig& c) {
     MOE_CHECK(!c.fp8_format.empty(),
               "--fp8-param-gather must be used together with fp8 mode (as Megatron): add --fp8-format e4m3 or "
               "hybrid");
+    MOE_CHECK(c.optimizer != "muon",
+              "--fp8-param-gather with --optimizer muon is not supported by moecore (its Muon updates the matrices "
+              "in place, with no fp32 master to cast FP8 weights from): use --optimizer adam or sgd, or drop "
+              "--fp8-param-gather");
   }
   if (c.fp8_format.empty()) return;  // Megatron reads the other FP8 flags only with --fp8-format
   MOE_CHECK(c.fp8_recipe != "mxfp8",

@@ -1,0 +1,201 @@
+// --fp8-param-gather on 2 ranks: the distributed optimizer at DP2, Megatron FSDP optim_grads_params at DP2, and EP2.
+// - The model's FP8 weights after each step are, bit for bit, the FP8 GEMM's own cast (Fp8Gemm::quantize) of the
+//   gathered fp32 masters: tensorwise and blockwise from a fresh site, delayed with the scale the weight's history
+//   gave; with and without --bf16 (Megatron casts the fp32 master, not its bf16 rounding).
+// - The bytes all-gathered for them are one per element: the run's parameter all-gathers move 3 bytes an FP8 weight
+//   element (its shard) fewer than the f32 run's.
+// - Losses and gradient norms equal, bitwise, the run without --fp8-param-gather where that run's GEMMs cast the
+//   same f32 weights at the same point (tensorwise and blockwise in f32: the weight is the master either way, its
+//   scale the whole tensor's); reruns are bitwise; a resume is bitwise; DP2 agrees with one rank (the plain
+//   optimizer, casting whole tensors) within FP8's tolerance.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "config_util.h"
+#include "layout_util.h"
+#include "moecore/comm/process_group.h"
+#include "moecore/kernels/fp8.h"
+#include "moecore/nn/fp8_param.h"
+#include "moecore/train/trainer.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+using Args = std::vector<std::string>;
+
+Args pg_base() {
+  return testing::tiny_moe_flags() + testing::mock_run_flags(16, 2, 4, 128, 6, "1e-2") +
+         Args{"--make-vocab-size-divisible-by", "64", "--device", "cpu", "--fp8-format", "e4m3"};
+}
+
+struct PgLayout {
+  std::string name;
+  Args layout;
+};
+
+const std::vector<PgLayout> kPgLayouts = {
+    {"DP2", {"--use-distributed-optimizer"}},
+    {"FSDP2",
+     {"--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"}},
+    {"EP2", {"--use-distributed-optimizer", "--expert-model-parallel-size", "2"}},
+};
+
+std::vector<train::StepResult> run_steps(const train::TrainConfig& c, const comm::ProcessGroup& w, int steps) {
+  testing::NullOut null;
+  train::Trainer t(c, null.f, false, &w);
+  std::vector<train::StepResult> out;
+  for (int s = 0; s < steps; s++) out.push_back(t.train_step());
+  return out;
+}
+
+class Fp8ParamGather : public ::testing::TestWithParam<PgLayout> {};
+
+// The FP8 weights (resident under the distributed optimizer; FSDP frees them between units) against the GEMM's cast
+// of the masters, and the bytes gathered.
+TEST_P(Fp8ParamGather, WeightsAreTheGemmsCastOfTheMasters) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  if (GetParam().name == "FSDP2") GTEST_SKIP() << "FSDP frees the weights after the step: see the losses test";
+  for (const Args& precision : {Args{}, Args{"--bf16"}}) {
+    for (const std::string recipe : {"tensorwise", "delayed", "blockwise"}) {
+      SCOPED_TRACE(recipe + (precision.empty() ? "" : " bf16"));
+      const train::TrainConfig c = testing::small_config(
+          pg_base(), GetParam().layout + precision + Args{"--fp8-recipe", recipe, "--fp8-param-gather"});
+      testing::NullOut null;
+      train::Trainer t(c, null.f, false, &w);
+      for (int s = 0; s < 2; s++) t.train_step();
+      std::vector<Tensor> masters;
+      t.optimizer().gather_master(masters);
+      const auto& all = t.params().all();
+      int64_t fp8_params = 0;
+      for (size_t i = 0; i < all.size(); i++) {
+        const nn::Parameter& p = *all[i];
+        if (!p.fp8) continue;
+        fp8_params++;
+        ASSERT_EQ(p.value.dtype(), DType::F32) << p.name;
+        // One slice per expert ([E, rows, cols]) or the whole [rows, cols] weight.
+        const bool experts = p.value.ndim() == 3;
+        const int64_t slices = experts ? p.value.dim(0) : 1;
+        const int64_t rows = experts ? p.value.dim(1) : p.value.dim(0), cols = p.value.dim(p.value.ndim() - 1);
+        for (int64_t e = 0; e < slices; e++) {
+          const Tensor m = masters[i].reshape({slices * rows, cols}).slice(e * rows, rows);
+          const Tensor v = p.value.reshape({slices * rows, cols}).slice(e * rows, rows);
+          Tensor want = Tensor::empty({rows, cols}, DType::F32);
+          if (recipe == "delayed") {
+            kernels::fp8_quantize_tensorwise(m, kernels::Fp8Format::E4M3, p.fp8->scales()[static_cast<size_t>(e)],
+                                             want);
+          } else {
+            nn::Fp8Config fc;
+            fc.recipe = nn::parse_fp8_recipe(recipe);
+            nn::Fp8Gemm gemm(fc, p.name, nn::TPContext{});
+            want = gemm.quantize(m, nn::Fp8Operand::Weight, false).q;
+          }
+          EXPECT_TRUE(testing::bitwise_equal(v, want)) << p.name << " slice " << e;
+          EXPECT_FALSE(testing::bitwise_equal(v, m)) << p.name << " slice " << e;
+        }
+      }
+      EXPECT_GT(fp8_params, 0);
+      // The FP8 weights of every layer (tiny-moe: no --first-last-layers-bf16), the rest as they were.
+      EXPECT_FALSE(t.params().get("decoder.final_layernorm.weight").fp8);
+      EXPECT_FALSE(t.params().get("output_layer.weight").fp8);
+    }
+  }
+}
+
+// All-gathered parameter bytes per step: with FP8 weights 3 bytes an owned element fewer than in f32.
+TEST_P(Fp8ParamGather, GathersOneBytePerElement) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  auto gathered = [&](const Args& extra, double* fp8_elements, int64_t* fp8_params) {
+    const train::TrainConfig c =
+        testing::small_config(pg_base(), GetParam().layout + Args{"--fp8-recipe", "tensorwise"} + extra);
+    testing::NullOut null;
+    train::Trainer t(c, null.f, false, &w);
+    t.train_step();
+    comm::comm_counters().clear();
+    t.train_step();
+    double bytes = 0;
+    for (const auto& [key, counter] : comm::comm_counters())
+      if (key == "dp:all_gather" || key == "edp:all_gather")  // the optimizers' groups (dense, experts)
+        bytes += counter.payload_bytes;
+    *fp8_elements = 0;
+    *fp8_params = 0;
+    for (const auto& p : t.params().all()) {
+      if (!p->fp8) continue;
+      // Sharded over the 2 ranks of its group (dense over DP, experts over EDP: one rank, nothing gathered, under
+      // EP2): each rank's share.
+      if (p->expert_parallel && GetParam().name == "EP2") continue;
+      *fp8_elements += static_cast<double>(p->value.numel()) / 2;
+      ++*fp8_params;
+    }
+    return bytes;
+  };
+  double n = 0, unused = 0;
+  int64_t params = 0, unused_params = 0;
+  const double f32 = gathered({}, &unused, &unused_params), fp8 = gathered({"--fp8-param-gather"}, &n, &params);
+  ASSERT_GT(n, 0);
+  // Each bucket's share padded to whole words (up to 3 bytes) and its buckets padded to the group (4 bytes).
+  const double passes = GetParam().name == "FSDP2" ? 2 : 1;  // FSDP gathers a unit for forward and for backward
+  EXPECT_NEAR(f32 - fp8, passes * 3 * n, passes * 8.0 * static_cast<double>(params)) << "f32 " << f32 << " fp8 " << fp8;
+}
+
+// The reference: the run without --fp8-param-gather casts the same f32 weights (its masters) with the same scales
+// at each forward, so in f32 its losses are these bitwise.
+TEST_P(Fp8ParamGather, LossesEqualTheCastAtTheSamePointAndRerunBitwise) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  for (const std::string recipe : {"tensorwise", "blockwise"}) {
+    SCOPED_TRACE(recipe);
+    const Args layout = GetParam().layout + Args{"--fp8-recipe", recipe};
+    const auto want = run_steps(testing::small_config(pg_base(), layout), w, 4);
+    const train::TrainConfig pg = testing::small_config(pg_base(), layout + Args{"--fp8-param-gather"});
+    const auto got = run_steps(pg, w, 4), again = run_steps(pg, w, 4);
+    for (size_t s = 0; s < want.size(); s++) {
+      EXPECT_EQ(got[s].lm_loss, want[s].lm_loss) << "step " << s;
+      EXPECT_EQ(got[s].grad_norm, want[s].grad_norm) << "step " << s;
+      EXPECT_EQ(again[s].lm_loss, got[s].lm_loss) << "step " << s;
+      EXPECT_EQ(again[s].grad_norm, got[s].grad_norm) << "step " << s;
+    }
+    EXPECT_LT(got.back().lm_loss, got.front().lm_loss);
+  }
+}
+
+// Under --bf16 and delayed scaling the casts differ from the non-gathered run's (the fp32 master against its bf16
+// rounding; the scale of the weight's last cast): within FP8's tolerance of it, and of one rank.
+TEST_P(Fp8ParamGather, Bf16AndDelayedFollowTheOtherRunsAndOneRank) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  for (const Args& recipe :
+       {Args{"--fp8-recipe", "delayed", "--fp8-amax-history-len", "4"}, Args{"--fp8-recipe", "tensorwise", "--bf16"}}) {
+    SCOPED_TRACE(recipe[1]);
+    const Args pg = recipe + Args{"--fp8-param-gather"};
+    const train::TrainConfig multi = testing::small_config(pg_base(), GetParam().layout + pg);
+    const auto plain = run_steps(testing::small_config(pg_base(), GetParam().layout + recipe), w, 4);
+    const auto got = run_steps(multi, w, 4);
+    for (size_t s = 0; s < got.size(); s++) testing::expect_same_step(plain[s], got[s], static_cast<int>(s), 3e-2);
+    // One rank: the plain optimizer (one process has no data-parallel group), casting each whole tensor.
+    testing::expect_same_steps(testing::small_config(pg_base(), pg + Args{"--use-distributed-optimizer"}), multi, w, 4,
+                               3e-2);
+  }
+}
+
+TEST_P(Fp8ParamGather, ResumeIsBitwise) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  const std::string dir = testing::mpi_shared_dir(w, "fp8pg_" + GetParam().name);
+  testing::expect_bitwise_resume(
+      [&](const Args& extra) {
+        return testing::small_config(
+            pg_base(), GetParam().layout + Args{"--bf16", "--fp8-recipe", "tensorwise", "--fp8-param-gather"} + extra);
+      },
+      dir, w);
+}
+
+INSTANTIATE_TEST_SUITE_P(FP8, Fp8ParamGather, ::testing::ValuesIn(kPgLayouts),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace moecore
