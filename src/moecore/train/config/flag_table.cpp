@@ -251,10 +251,6 @@ std::vector<FlagSpec> build_flag_table() {
        {"fp8-amax-compute-algo", &C::fp8_amax_compute_algo, "most_recent",
         "Delayed scaling: the amax a scale is taken from: most_recent or max (of the history)", kNoRole,
         one_of({"most_recent", "max"})},
-       {"fp8-param-gather", &C::fp8_param_gather, false,
-        "FP8 primary weights: the FP8 GEMMs' weights kept in FP8 (cast from the fp32 master weights after each "
-        "optimizer step) and all-gathered in FP8; needs --fp8-format and --use-distributed-optimizer or "
-        "--use-megatron-fsdp"},
        {"first-last-layers-bf16", &C::first_last_layers_bf16, false,
         "FP8: keep the first --num-layers-at-start-in-bf16 and last --num-layers-at-end-in-bf16 layers in bf16"},
        {"num-layers-at-start-in-bf16", &C::num_layers_at_start_in_bf16, 1,
