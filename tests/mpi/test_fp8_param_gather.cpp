@@ -1,5 +1,5 @@
-// --fp8-param-gather on 2 ranks: the distributed optimizer at DP2, Megatron FSDP optim_grads_params at DP2, EP2, and
-// TP2 with sequence parallelism (the weights' amaxes reduced over TP).
+// --fp8-param-gather on 2 ranks: the distributed optimizer at DP2 (also with --overlap-param-gather), Megatron FSDP
+// optim_grads_params and no_shard at DP2, EP2, and TP2 with sequence parallelism (the weights' amaxes over TP).
 // - The model's FP8 weights after each step are, bit for bit, the FP8 GEMM's own cast (Fp8Gemm::quantize) of the
 //   gathered fp32 masters: tensorwise and blockwise from a fresh site, delayed with the scale the weight's history
 //   gave; with and without --bf16 (Megatron casts the fp32 master, not its bf16 rounding).
@@ -42,6 +42,11 @@ const std::vector<PgLayout> kPgLayouts = {
     {"FSDP2",
      {"--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"}},
     {"EP2", {"--use-distributed-optimizer", "--expert-model-parallel-size", "2"}},
+    // With the other buckets' gathers overlapped with the next forward (the FP8 buckets' are gathered at the step).
+    {"DP2_overlap", {"--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce"}},
+    // Megatron FSDP no_shard: the replicated optimizer, each rank casting whole tensors, nothing gathered.
+    {"FSDP2_no_shard",
+     {"--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "no_shard"}},
     // The weights' amaxes reduced over TP as the non-gathered cast reduces them (losses, resume; DP is one rank).
     {"TP2", {"--use-distributed-optimizer", "--tensor-model-parallel-size", "2", "--sequence-parallel"}},
 };
@@ -112,7 +117,7 @@ TEST_P(Fp8ParamGather, WeightsAreTheGemmsCastOfTheMasters) {
 TEST_P(Fp8ParamGather, GathersOneBytePerElement) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
-  if (GetParam().name == "TP2") GTEST_SKIP() << "one data-parallel rank: nothing gathered";
+  if (GetParam().name == "TP2" || GetParam().name == "FSDP2_no_shard") GTEST_SKIP() << "nothing gathered";
   auto gathered = [&](const Args& extra, double* fp8_elements, int64_t* fp8_params) {
     const train::TrainConfig c =
         testing::small_config(pg_base(), GetParam().layout + Args{"--fp8-recipe", "tensorwise"} + extra);
