@@ -215,6 +215,27 @@ TEST_P(Fp8ParamGather, ResumeIsBitwise) {
       dir, w);
 }
 
+// On 4 ranks, Megatron FSDP's other ways of holding the owned shards: HSDP 2×2 with the state sharded across the
+// instances too (the FP8 bytes of each instance's shard gathered from its owners first), DP4 with sharded
+// initialisation and the double buffer, EP2×EDP2: losses bitwise those of the run casting the same f32 weights.
+TEST(Fp8ParamGatherFsdp, OuterShardingMetaInitAndDoubleBufferCastTheSameWeights) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  const Args fsdp = {"--use-distributed-optimizer", "--use-megatron-fsdp", "--global-batch-size", "8"};
+  for (const Args& layout :
+       {Args{"--num-distributed-optimizer-instances", "2", "--outer-dp-sharding-strategy", "optim"},
+        Args{"--init-model-with-meta-device", "--fsdp-double-buffer"}, Args{"--expert-model-parallel-size", "2"}}) {
+    SCOPED_TRACE(layout[0]);
+    const Args run = fsdp + layout + Args{"--fp8-recipe", "blockwise"};
+    const auto want = run_steps(testing::small_config(pg_base(), run), w, 3);
+    const auto got = run_steps(testing::small_config(pg_base(), run + Args{"--fp8-param-gather"}), w, 3);
+    for (size_t s = 0; s < want.size(); s++) {
+      EXPECT_EQ(got[s].lm_loss, want[s].lm_loss) << "step " << s;
+      EXPECT_NEAR(got[s].grad_norm, want[s].grad_norm, 1e-12 * want[s].grad_norm) << "step " << s;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(FP8, Fp8ParamGather, ::testing::ValuesIn(kPgLayouts),
                          [](const auto& info) { return info.param.name; });
 
