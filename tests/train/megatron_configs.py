@@ -285,12 +285,12 @@ CONFIGS = [
          source="moe/deepseek_proxy_fsdp_ep2_fsdp2",
          args=DEEPSEEK_PROXY_FSDP + """--num-layers 4 --moe-layer-freq ([0]*1+[1]*3) --micro-batch-size 4
            --global-batch-size 32 --fp8-format e4m3 --fp8-recipe tensorwise --fp8-param-gather""",
-         refused=[("--fp8-param-gather", "fp8-param-gather", "")]),
+         refused=[]),
     dict(name="deepseek_proxy_fsdp_ep2_fsdp2_1node", np=4, cpu_only=FSDP_CPU_ONLY,
          source="moe/deepseek_proxy_fsdp_ep2_fsdp2_1node",
          args=DEEPSEEK_PROXY_FSDP + """--num-layers 2 --moe-layer-freq ([0]*1+[1]*1) --micro-batch-size 4
            --global-batch-size 32 --fp8-format e4m3 --fp8-recipe tensorwise --fp8-param-gather""",
-         refused=[("--fp8-param-gather", "fp8-param-gather", "")]),
+         refused=[]),
     dict(name="deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap", np=4, cpu_only=FSDP_CPU_ONLY,
          source="moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap",
          args=DEEPSEEK_PROXY_FSDP + """--num-layers 2 --moe-layer-freq ([0]*1+[1]*1) --micro-batch-size 4

@@ -44,7 +44,7 @@ void ShardedAdamW::shard_units() {
         nn::init_parameter_range(*s.p, seed_, at - s.offset, v);
         bk.param_shard.slice(rel, len).copy_from(v);  // rounded where stored in bf16
       });
-      if (is_half(st))
+      if (has_master(bk))
         for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
           Tensor v = Tensor::empty({len}, gt, d);
           nn::init_parameter_range(*s.p, seed_, at - s.offset, v);
@@ -142,7 +142,12 @@ void ShardedAdamW::post_gather(Bucket& bk, bool prefetch) {
   } else {
     bk.buf.param = Tensor::empty({bk.buf.padded}, st, bk.param_shard.device());
   }
-  bk.gather = group_.all_gather(bk.param_shard, bk.buf.param, /*async=*/true);
+  if (bk.buf.fp8) {  // the owned FP8 bytes, read back into buf.param when waited on
+    bk.codes_all = Tensor::empty({bk.codes.numel() * group_.size()}, DType::I32, bk.codes.device());
+    bk.gather = group_.all_gather(bk.codes, bk.codes_all, /*async=*/true);
+  } else {
+    bk.gather = group_.all_gather(bk.param_shard, bk.buf.param, /*async=*/true);
+  }
   bk.gathering = true;
 }
 
@@ -153,6 +158,7 @@ void ShardedAdamW::wait_gathered(Bucket& bk) {
     TimerScope timer("params-all-gather", 1);
     bk.gather.wait();
   }
+  if (bk.buf.fp8) decode_gathered(bk);
   bk.gathering = false;
   bk.resident = true;
   for (const auto& s : bk.segs) s.p->value = bk.buf.param.slice(s.offset, s.numel()).reshape(s.shape);

@@ -123,6 +123,9 @@ struct TrainConfig {
   std::string fp8_format{}, fp8_recipe{}, fp8_amax_compute_algo{};
   int64_t fp8_margin{}, fp8_amax_history_len{};
   bool first_last_layers_bf16{};
+  // --fp8-param-gather: the FP8 sites' weights held as FP8 (rounded from the fp32 masters after each step) and
+  // all-gathered in FP8 (nn/fp8_param.h).
+  bool fp8_param_gather{};
   int64_t num_layers_at_start_in_bf16{}, num_layers_at_end_in_bf16{};
   // activation recompute (nn/recompute.h); "" and 0 stand for Megatron's None
   std::string recompute_granularity{}, recompute_method{};

@@ -24,6 +24,10 @@ std::string gpu_training_gap(const TrainConfig& c) {
         "parallelism: use --moe-token-dispatcher-type alltoall on the GPU (the same math)");
   // Megatron FSDP's unit gathers and gradient shards are host-side (optim/fsdp.h).
   if (c.use_megatron_fsdp) return gap("--use-megatron-fsdp (Megatron FSDP)");
+  // FP8 weights (and their FP8 all-gathers) exist only in the CPU emulation (nn/fp8_param.h).
+  if (c.fp8_param_gather)
+    return "--fp8-param-gather: FP8 primary weights are CPU-only in moecore (the CPU emulates them exactly); the GPU "
+           "refuses them";
   // FP8 GEMMs are emulated on the CPU only (kernels/fp8.h); refused before any work.
   if (!c.fp8_format.empty())
     return "--fp8-format " + c.fp8_format +
