@@ -28,8 +28,6 @@ const char* operand_name(Fp8Operand op) {
   return "?";
 }
 
-constexpr int64_t kBlock = 128;
-
 }  // namespace
 
 Fp8Recipe parse_fp8_recipe(const std::string& s) {
@@ -77,8 +75,8 @@ Fp8Gemm::Quantized Fp8Gemm::quantize(const Tensor& x, Fp8Operand op, bool k_alon
     const double amax = kernels::fp8_amax(x);
     MOE_CHECK(std::isfinite(amax), "FP8 GEMM {}: its {} holds {} values, so it has no FP8 scale; the run has diverged",
               name_, operand_name(op), std::isnan(amax) ? "NaN" : "infinite");
-    const int64_t br = op == Fp8Operand::Weight ? kBlock : (k_along_rows ? kBlock : 1);
-    const int64_t bc = op == Fp8Operand::Weight ? kBlock : (k_along_rows ? 1 : kBlock);
+    const int64_t br = op == Fp8Operand::Weight ? kFp8Block : (k_along_rows ? kFp8Block : 1);
+    const int64_t bc = op == Fp8Operand::Weight ? kFp8Block : (k_along_rows ? 1 : kFp8Block);
     kernels::fp8_quantize_blockwise(x, f, br, bc, /*pow2=*/true, out.q);
     return out;
   }

@@ -16,6 +16,10 @@ namespace moecore::nn {
 
 enum class Fp8Recipe { Off, Delayed, Tensorwise, Blockwise };
 
+// The blockwise recipe's tile: weights cast in kFp8Block × kFp8Block blocks, activations and gradients in
+// 1 × kFp8Block tiles along the GEMM's reduction.
+inline constexpr int64_t kFp8Block = 128;
+
 // The resolved FP8 flags (train/config resolves them once).
 struct Fp8Config {
   Fp8Recipe recipe = Fp8Recipe::Off;
