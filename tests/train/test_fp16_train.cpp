@@ -33,13 +33,19 @@ std::vector<train::StepResult> train_steps(const std::vector<std::string>& extra
   return r;
 }
 
+// With fp32 main gradients and with Megatron's default under --fp16, fp16 main gradients.
 TEST(TrainFp16, LossesTrackBf16Within1Percent) {
-  const auto h = train_steps(kFp16, 20), b = train_steps({"--bf16"}, 20);
-  for (size_t i = 0; i < h.size(); i++) {
-    EXPECT_FALSE(h[i].skipped) << "step " << i << ": 4096 should not overflow here";
-    EXPECT_LT(std::abs(h[i].lm_loss - b[i].lm_loss), 1e-2 * b[i].lm_loss) << "step " << i;
+  const auto b = train_steps({"--bf16"}, 20);
+  for (const bool fp32_main : {true, false}) {
+    const auto h =
+        train_steps(fp32_main ? kFp16 : std::vector<std::string>{"--fp16", "--initial-loss-scale", "4096"}, 20);
+    const char* what = fp32_main ? "fp32 main gradients" : "fp16 main gradients";
+    for (size_t i = 0; i < h.size(); i++) {
+      EXPECT_FALSE(h[i].skipped) << what << " step " << i << ": 4096 should not overflow here";
+      EXPECT_LT(std::abs(h[i].lm_loss - b[i].lm_loss), 1e-2 * b[i].lm_loss) << what << " step " << i;
+    }
+    EXPECT_LT(h.back().lm_loss, h.front().lm_loss) << what << ": fp16 should train";
   }
-  EXPECT_LT(h.back().lm_loss, h.front().lm_loss) << "fp16 should train";
 }
 
 TEST(TrainFp16, FirstStepLossIsFp32sWithinF16Rounding) {
