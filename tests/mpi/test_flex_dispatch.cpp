@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config_util.h"
+#include "dispatch_util.h"
 #include "layout_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/moe/flex_dispatcher.h"
@@ -23,37 +24,8 @@ namespace {
 
 using testing::operator+;
 
-Tensor rnd(const Shape& s, uint64_t seed, DType dt = DType::F32) {
-  Tensor t = Tensor::empty(s, dt);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
-  for (int64_t i = 0; i < t.numel(); i++) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t.set_item(i, static_cast<double>(x >> 40) / static_cast<double>(1 << 24) * 2 - 1);
-  }
-  return t;
-}
-
-// Top-K distinct experts per token, some assignments dropped (−1, probability 0).
-moe::RoutedTokens routing(int64_t T, int64_t K, int64_t E, uint64_t seed, DType probs_t = DType::F32) {
-  moe::RoutedTokens r;
-  r.idx_TK = Tensor::empty({T, K}, DType::I32);
-  r.probs_TK = rnd({T, K}, seed + 1, probs_t);
-  uint64_t x = seed + 3;
-  std::vector<int32_t> perm(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; t++) {
-    std::iota(perm.begin(), perm.end(), 0);
-    for (int64_t i = E - 1; i > 0; i--) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      std::swap(perm[static_cast<size_t>(i)], perm[(x >> 33) % static_cast<uint64_t>(i + 1)]);
-    }
-    for (int64_t j = 0; j < K; j++) {
-      const bool drop = (t + j) % 7 == 3;
-      r.idx_TK.data<int32_t>()[t * K + j] = drop ? -1 : perm[static_cast<size_t>(j)];
-      if (drop) r.probs_TK.set_item(t * K + j, 0.0);
-    }
-  }
-  return r;
-}
+using testing::dispatch_values;
+using testing::dropped_routing;
 
 void expect_close(const Tensor& a, const Tensor& b, double rel, const char* what) {
   ASSERT_EQ(a.numel(), b.numel()) << what;
@@ -74,9 +46,9 @@ TEST(FlexDispatch, SameRowsAsAllToAllAndOneRowPerDestination) {
        {Case{1, 1, 0}, Case{2, 1, 0}, Case{2, 4, 0}, Case{8, 1, 0}, Case{8, 4, 0}, Case{2, 1, 20}, Case{2, 4, 20}}) {
     SCOPED_TRACE(::testing::Message() << "K=" << c.K << " row_align=" << c.row_align << " pad=" << c.pad_capacity);
     const uint64_t seed = 100 + static_cast<uint64_t>(w.rank()) * 17 + static_cast<uint64_t>(c.K);
-    moe::RoutedTokens r = routing(T, c.K, E, seed);
+    moe::RoutedTokens r = dropped_routing(T, c.K, E, seed);
     r.pad_capacity = c.pad_capacity;
-    const Tensor x = rnd({T, H}, seed + 5);
+    const Tensor x = dispatch_values({T, H}, seed + 5);
     moe::AllToAllTokenDispatcher a2a(w, E);
     moe::FlexTokenDispatcher flex(w, E);
     moe::DispatchPlan pa, pf;
@@ -106,7 +78,8 @@ TEST(FlexDispatch, SameRowsAsAllToAllAndOneRowPerDestination) {
       EXPECT_LE(pf.send_token.numel(), pa.local_rows);
     }
     // Combine and the adjoints.
-    const Tensor y = rnd({pa.R, H}, seed + 6), dy = rnd({T, H}, seed + 7), dp = rnd({pa.R}, seed + 8);
+    const Tensor y = dispatch_values({pa.R, H}, seed + 6), dy = dispatch_values({T, H}, seed + 7),
+                 dp = dispatch_values({pa.R}, seed + 8);
     expect_close(flex.combine(y, pf), a2a.combine(y, pa), 1e-6, "combine");
     EXPECT_TRUE(testing::bitwise_equal(flex.combine_backward(dy, pf), a2a.combine_backward(dy, pa)))
         << "combine_backward differs";
@@ -131,9 +104,9 @@ TEST(FlexDispatch, GradientsMatchFiniteDifferencesAtEP2) {
   if (w.size() != 2) GTEST_SKIP() << "EP2 runs on 2 ranks";
   const int64_t T = 10, H = 3, K = 2, E = 4;
   const uint64_t seed = 7 + static_cast<uint64_t>(w.rank()) * 31;
-  moe::RoutedTokens r = routing(T, K, E, seed, DType::F64);
-  Tensor x = rnd({T, H}, seed + 2, DType::F64);
-  const Tensor wt = rnd({T, H}, seed + 3, DType::F64);
+  moe::RoutedTokens r = dropped_routing(T, K, E, seed, DType::F64);
+  Tensor x = dispatch_values({T, H}, seed + 2, DType::F64);
+  const Tensor wt = dispatch_values({T, H}, seed + 3, DType::F64);
   moe::FlexTokenDispatcher flex(w, E);
   auto loss = [&]() {
     moe::DispatchPlan plan;
