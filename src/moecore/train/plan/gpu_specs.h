@@ -12,10 +12,10 @@ struct GpuSpec {
   std::string name;  // "h100"
   std::string description;
   // Datasheet figures (dense, no sparsity), per GPU.
-  double peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s
+  double peak_bf16 = 0, peak_fp8 = 0;       // FLOP/s
   double hbm_bytes = 0, hbm_bandwidth = 0;  // bytes, bytes/s
-  double nvlink_bandwidth = 0;  // bytes/s one direction
-  double network_bandwidth = 0;  // bytes/s one direction (the GPU's own NIC)
+  double nvlink_bandwidth = 0;              // bytes/s one direction
+  double network_bandwidth = 0;             // bytes/s one direction (the GPU's own NIC)
   int gpus_per_nvlink_domain = 8;
   // Achievable rates from public measurements (docs/plan.md, "Rates"): large GEMMs as a fraction of the peak
   // (MAMF), FlashAttention-3 / cuDNN attention forward and backward as a fraction of the BF16 peak, the fraction of
