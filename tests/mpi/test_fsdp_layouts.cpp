@@ -99,7 +99,9 @@ const std::vector<std::string> kFsdpEP2{"--expert-model-parallel-size", "2"};
 const std::vector<std::string> kFsdpTP2{"--tensor-model-parallel-size", "2", "--sequence-parallel"};
 const std::vector<std::string> kFsdpPP2{"--pipeline-model-parallel-size", "2"};
 const std::vector<std::string> kFsdpHSDP{"--num-distributed-optimizer-instances", "2"};
-const std::vector<std::string> kFsdpBf16{"--bf16"};  // GEMM weights stored in bf16, their fp32 masters sharded
+// GEMM weights stored in bf16, their fp32 masters sharded; fp32 main gradients (Megatron FSDP's auto would be bf16
+// under --bf16: mpi/test_low_precision_grad_layouts.cpp), to compare with the distributed optimizer's.
+const std::vector<std::string> kFsdpBf16{"--bf16", "--megatron-fsdp-main-grads-dtype", "fp32"};
 
 INSTANTIATE_TEST_SUITE_P(
     Fsdp, FsdpLayouts,

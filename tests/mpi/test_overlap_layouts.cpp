@@ -170,7 +170,7 @@ TEST(OverlapFlags, MegatronValidation) {
                                 "only supported with expert model parallelism"));
   EXPECT_TRUE(testing::contains(
       error(kOverlapExperts + kOverlapEP2Bf16 + std::vector<std::string>{"--moe-token-dispatcher-type", "allgather"}),
-      "alltoall token dispatcher"));
+      "alltoall or flex token dispatcher"));
   EXPECT_TRUE(testing::contains(error(kOverlapExperts + std::vector<std::string>{"--expert-model-parallel-size", "2"}),
                                 "only supported with a bf16 or fp16 model"));
   EXPECT_TRUE(testing::contains(error(kOverlapExperts + kOverlapEP2Bf16 + kOverlapPP2),

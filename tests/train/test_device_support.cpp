@@ -89,6 +89,19 @@ TEST(DeviceSupport, Fp16IsNamed) {
   EXPECT_TRUE(testing::contains(gap, "CPU-only")) << gap;
 }
 
+// bf16 main gradients (rounded and reduced on the host, optim/low_precision_grads.h) are named by their flags; fp32
+// ones under --bf16 (its default) are covered.
+TEST(DeviceSupport, Bf16MainGradientsAreNamed) {
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--bf16", "--grad-reduce-in-bf16"},
+        std::vector<std::string>{"--bf16", "--use-precision-aware-optimizer", "--use-distributed-optimizer",
+                                 "--main-grads-dtype", "bf16"}}) {
+    const std::string gap = train::gpu_training_gap(config(flags + std::vector<std::string>{"--device", "cpu"}));
+    EXPECT_TRUE(testing::contains(gap, "bf16 main gradients (--grad-reduce-in-bf16")) << gap;
+  }
+  EXPECT_EQ(train::gpu_training_gap(config({"--bf16", "--accumulate-allreduce-grads-in-fp32"})), "");
+}
+
 TEST(DeviceSupport, CpuIsAlwaysTheCpu) {
   train::TrainConfig c = config({"--hidden-dropout", "0.1", "--device", "cpu"});
   EXPECT_TRUE(train::training_device(c, gpus(1)).is_cpu());

@@ -55,7 +55,14 @@ TEST(Fp8Flags, MegatronDefaultsAndRefusals) {
   EXPECT_NE(error({"--fp4-format", "e2m1"}).find("Blackwell-only"), std::string::npos);
   EXPECT_NE(error({"--fp8-format", "e4m3", "--fp8-recipe", "custom"}).find("--fp8-quantizer-factory"),
             std::string::npos);
-  EXPECT_NE(error({"--fp8-param-gather"}).find("--fp8-param-gather"), std::string::npos);
+  // --fp8-param-gather as Megatron: only with the distributed optimizer or Megatron FSDP, and only with FP8.
+  EXPECT_NE(error({"--fp8-format", "e4m3", "--fp8-param-gather"}).find("add --use-distributed-optimizer"),
+            std::string::npos);
+  EXPECT_NE(error({"--use-distributed-optimizer", "--fp8-param-gather"}).find("add --fp8-format"), std::string::npos);
+  const train::TrainConfig pg =
+      testing::small_config(fp8_run(1), {"--fp8-format", "e4m3", "--fp8-param-gather", "--use-distributed-optimizer"});
+  EXPECT_TRUE(train::fp8_config(pg).param_gather);
+  EXPECT_NE(train::gpu_training_gap(pg).find("--fp8-param-gather"), std::string::npos);
   EXPECT_NE(error({"--fp8-format", "e5m2"}).find("--fp8-format"), std::string::npos);
   // Recipe flags without --fp8-format are read by nobody: listed as having no effect.
   const train::TrainConfig ne = testing::small_config(fp8_run(1), {"--fp8-recipe", "blockwise"});

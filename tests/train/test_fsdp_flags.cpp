@@ -113,12 +113,25 @@ TEST(FsdpFlags, DtypesMoecoreCannotDoAreRefusedByName) {
                 .find("--megatron-fsdp-main-params-dtype auto with --bf16: main (master) parameters in bf16"),
             std::string::npos);
   EXPECT_TRUE(fsdp_config({"--use-megatron-fsdp", "--megatron-fsdp-main-params-dtype", "auto"}).use_megatron_fsdp);
-  EXPECT_NE(fsdp_error_of({"--use-megatron-fsdp", "--megatron-fsdp-main-grads-dtype", "bf16"})
-                .find("--megatron-fsdp-main-grads-dtype bf16: gradients accumulated in bf16 are not supported"),
-            std::string::npos);
-  EXPECT_NE(fsdp_error_of({"--use-megatron-fsdp", "--megatron-fsdp-grad-comm-dtype", "fp16"})
-                .find("--megatron-fsdp-grad-comm-dtype fp16: gradient collectives in fp16 are not supported"),
-            std::string::npos);
+}
+
+// The gradient dtypes take every value with Megatron's meaning: auto main gradients are the model's dtype, auto
+// collectives the main gradients'.
+TEST(FsdpFlags, GradientDtypesAsMegatron) {
+  auto precision = [](const std::vector<std::string>& extra) {
+    return train::grad_precision(fsdp_config(std::vector<std::string>{"--use-megatron-fsdp"} + extra));
+  };
+  EXPECT_EQ(precision({}).main, DType::F32);
+  EXPECT_FALSE(precision({}).low());
+  EXPECT_EQ(precision({"--bf16"}).main, DType::BF16);  // auto under --bf16, even with fp32 DDP buffers
+  EXPECT_EQ(precision({"--bf16"}).comm, DType::BF16);
+  EXPECT_EQ(precision({"--bf16", "--megatron-fsdp-main-grads-dtype", "fp32"}).comm, DType::F32);
+  const optim::GradPrecision mixed =
+      precision({"--bf16", "--megatron-fsdp-main-grads-dtype", "fp32", "--megatron-fsdp-grad-comm-dtype", "bf16"});
+  EXPECT_EQ(mixed.main, DType::F32);
+  EXPECT_EQ(mixed.comm, DType::BF16);
+  EXPECT_EQ(precision({"--megatron-fsdp-grad-comm-dtype", "fp16"}).comm, DType::F16);
+  EXPECT_EQ(precision({"--megatron-fsdp-main-grads-dtype", "bf16"}).comm, DType::BF16);
 }
 
 TEST(FsdpFlags, CompanionsWithoutFsdpHaveNoEffect) {

@@ -161,8 +161,8 @@ TEST(LossScaling, FlagsAsMegatron) {
                                   testing::small_config(base, {"--fp16", "--bf16"});
                                 }),
                                 "exclusive"));
-  EXPECT_TRUE(testing::contains(testing::user_error_of([&] { testing::small_config(base, {"--fp16"}); }),
-                                "--accumulate-allreduce-grads-in-fp32"));
+  // fp16 without --accumulate-allreduce-grads-in-fp32 trains with fp16 main gradients (optim/low_precision_grads.h).
+  EXPECT_EQ(train::grad_precision(testing::small_config(base, {"--fp16"})).main, DType::F16);
   // fp16 with fp32 main gradients trains; the dynamic scaler is its default and then checks no NaN itself.
   const train::TrainConfig fp16 = testing::small_config(base, {"--fp16", "--accumulate-allreduce-grads-in-fp32"});
   EXPECT_EQ(train::grad_scaler_config(fp16).kind, optim::GradScalerConfig::Kind::Dynamic);

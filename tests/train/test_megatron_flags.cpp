@@ -111,20 +111,21 @@ TEST(MegatronFlags, EveryRuledFlagParsesToItsRule) {
 TEST(MegatronFlags, NoEffectFlagsAreListedOnceInTheGivenOrder) {
   const auto c = train::parse_train_config(
       megatron_tiny_run() + std::vector<std::string>{"--use-mcore-models", "--attention-backend", "flash",
-                                                     "--no-gradient-accumulation-fusion", "--main-grads-dtype", "fp32",
+                                                     "--no-gradient-accumulation-fusion", "--main-params-dtype", "fp32",
                                                      "--moe-permute-fusion"});
   ASSERT_EQ(c.no_effect.size(), 5u);
   EXPECT_EQ(c.no_effect[0].rfind("--use-mcore-models: ", 0), 0u);
   EXPECT_EQ(c.no_effect[1].rfind("--attention-backend flash: ", 0), 0u);
-  EXPECT_EQ(c.no_effect[3].rfind("--main-grads-dtype fp32: ", 0), 0u);
+  EXPECT_EQ(c.no_effect[3].rfind("--main-params-dtype fp32: ", 0), 0u);
   const std::string listing = train::describe_no_effect(c.no_effect);
   EXPECT_EQ(listing.rfind("no effect in moecore:\n  --use-mcore-models: ", 0), 0u) << listing;
   EXPECT_EQ(train::describe_no_effect({}), "");
   EXPECT_TRUE(train::parse_train_config(megatron_tiny_run()).no_effect.empty());
   // A one-value flag takes a bracketed value whole, and is followed by another flag as usual.
-  const auto d = train::parse_train_config(
-      megatron_tiny_run() + std::vector<std::string>{"--main-grads-dtype=fp32", "--num-workers", "[2]", "--seed", "7"});
-  EXPECT_TRUE(has_line_for(d.no_effect, "--main-grads-dtype fp32: "));
+  const auto d =
+      train::parse_train_config(megatron_tiny_run() + std::vector<std::string>{"--main-params-dtype=fp32",
+                                                                               "--num-workers", "[2]", "--seed", "7"});
+  EXPECT_TRUE(has_line_for(d.no_effect, "--main-params-dtype fp32: "));
   EXPECT_TRUE(has_line_for(d.no_effect, "--num-workers [2]: "));
   EXPECT_EQ(d.seed, 7);
 }
@@ -140,7 +141,7 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   EXPECT_NE(refusal({"--transformer-impl", "inference_optimized"})
                 .find("--transformer-impl inference_optimized: the inference-optimized implementation"),
             std::string::npos);
-  EXPECT_NE(refusal({"--main-grads-dtype", "bf16"}).find("(no effect in moecore only with fp32)"), std::string::npos);
+  EXPECT_NE(refusal({"--main-params-dtype", "fp16"}).find("(no effect in moecore only with fp32)"), std::string::npos);
   EXPECT_NE(refusal({"--wandb-project", "p"}).find("Weights & Biases"), std::string::npos);
   EXPECT_NE(refusal({"--no-save-optim"}).find("--no-load-optim"), std::string::npos);
   EXPECT_NE(refusal({"--rl-use-sequence-packing", "true"}).find("not a GPT pretraining feature"), std::string::npos);

@@ -42,7 +42,7 @@ TEST(PlanPipeline, LatencyOnlyLengthensTheStep) {
 }
 
 StepPrediction predict(const std::vector<std::string>& flags, int64_t world, const std::string& gpu) {
-  const TrainConfig c = compose_train_config(parse_flags(flags + std::vector<std::string>{"--device", "cuda"}), true);
+  const TrainConfig c = compose_train_config(parse_flags(flags), true);
   const int64_t vocab = build_vocabulary(c).padded;
   return predict_step(c, vocab, PlanLayout::from(c, world), gpu_spec(gpu));
 }

@@ -344,11 +344,26 @@ int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
             "moecore plan: --search ranks layouts by predicted step time; add --plan-gpu "
             "({})",
             fmt::join(train::plan::gpu_names(), ", "));
-  // A GPU plan: the memory plan of a GPU run too (no GPU is needed to plan).
-  if (!gpu_name.empty() && !given({"--device"})) args.insert(args.end(), {"--device", "cuda"});
+  // A GPU plan: the memory plan of a GPU run too (no GPU is needed to plan), unless moecore's GPU path refuses the
+  // flags (FP8, Megatron FSDP: device_support.cpp); then the memory plan is the CPU's, and the step-time prediction
+  // is still the GPU's (it models Megatron's run of the flags, not moecore's).
+  std::string cpu_memory_plan;
+  if (!gpu_name.empty() && !given({"--device"})) {
+    std::vector<std::string> on_gpu = args;
+    on_gpu.insert(on_gpu.end(), {"--device", "cuda"});
+    try {
+      train::compose_train_config(train::parse_flags(on_gpu), /*plan_only=*/true);
+      args = on_gpu;
+    } catch (const Error& e) {
+      cpu_memory_plan = e.what();
+    }
+  }
   train::plan::PlanOptions options;
   options.tp_comm_overlap = given({"--tp-comm-overlap"});
   const TrainConfig c = train::compose_train_config(train::parse_flags(args), /*plan_only=*/true);
+  if (!cpu_memory_plan.empty())
+    fmt::print(out, "the memory plan below is a CPU run's: moecore's GPU path refuses these flags ({})\n",
+               cpu_memory_plan);
   const int64_t padded_vocab = train::build_vocabulary(c).padded;
   if (world == 0) world = PlanLayout::from(c, 0).world();
   print_plan(out, c, padded_vocab, world);

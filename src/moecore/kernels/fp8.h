@@ -21,12 +21,20 @@ double fp8_max(Fp8Format f);
 // (infinities included, as a saturating cast does); NaN stays NaN.
 float fp8_round(float v, Fp8Format f);
 
+// The byte of an FP8 value (sign, exponent, mantissa bits; v one of the format's finite values, as fp8_round returns
+// them) and back: fp8_decode(fp8_encode(v, f), f) == v. FP8 tensors move and are stored as these bytes.
+uint8_t fp8_encode(float v, Fp8Format f);
+float fp8_decode(uint8_t code, Fp8Format f);
+
 // max |x| over an f32 or bf16 tensor: NaN if any element is NaN, else +inf if any is infinite.
 double fp8_amax(const Tensor& x);
 
 // The scale that maps amax onto the format's largest value: max / amax, FLT_MAX where that overflows, 1 where amax
 // is 0 (an all-zero tensor); with pow2 rounded down to a power of two (its inverse is then exact).
 float fp8_scale_from_amax(double amax, Fp8Format f, bool pow2);
+
+// An FP8 value read back in f32: fp8·inv (inv = 1/scale in f32), saturated to ±FLT_MAX.
+float fp8_dequantize(float fp8, float inv);
 
 // y = fp8_round(x·scale)·(1/scale), every product in f32. x f32 or bf16 [rows, cols]; y f32 of the same shape.
 void fp8_quantize_tensorwise(const Tensor& x, Fp8Format f, float scale, Tensor& y);

@@ -19,6 +19,8 @@ class ExpertFp8 {
   void build(const std::string& fc1_name, const std::string& fc2_name, int64_t num_experts, int64_t first_expert,
              nn::TPContext etp);
   bool on() const { return !sites_[0].empty(); }
+  // Projection proj's sites, one per local expert (empty where the layer stays in higher precision).
+  const std::vector<std::shared_ptr<nn::Fp8Gemm>>& sites(int proj) const { return sites_[proj]; }
   // y_e = Q(x_e)·Q(W_e)ᵀ; x's scale kept in x_scales[proj·E + e] (the stash's) for the backward.
   void forward(int proj, int64_t e, const Tensor& x, const Tensor& w_e, Tensor& y, std::vector<float>& x_scales);
   // dx_e = Q(dy_e)·Q(W_e) (written); dW_e = beta·dW_e + Q(dy_e)ᵀ·Q(x_e).

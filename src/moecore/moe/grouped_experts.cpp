@@ -14,6 +14,7 @@
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/kernels/grouped_gemm.h"
+#include "moecore/nn/fp8_param.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
@@ -52,6 +53,9 @@ GroupedExperts::GroupedExperts(nn::ParamRegistry& reg, const std::string& name, 
     b1_->expert_parallel = b2_->expert_parallel = true;
   }
   fp8_.build(fc1_->name, fc2_->name, cfg.num_experts, cfg.first_expert, {cfg.etp_group});
+  // --fp8-param-gather: the weights held as FP8, one set of scales per expert (each expert its own site).
+  nn::make_fp8_param(*fc1_, fp8_.sites(ExpertFp8::kFc1), fc1_rows(), H);
+  nn::make_fp8_param(*fc2_, fp8_.sites(ExpertFp8::kFc2), H, F);
   prepare_gemms();
 }
 
@@ -240,7 +244,8 @@ Tensor GroupedExperts::forward(const Tensor& x_RH, const Tensor& probs_R, const 
   st.probs_R = to_padded(probs_R, counts, align, dt);
   const Tensor* w1 = &fc1_->value;
   const Tensor* w2 = &fc2_->value;
-  if (cfg_.low) {  // cached for the step under a Bf16WeightScope (nn/parameter.h)
+  if (cfg_.low &&
+      !fc1_->fp8) {  // cached for the step under a Bf16WeightScope (nn/parameter.h); FP8 weights as they are
     w1_low_ = nn::low_weights(*fc1_, *cfg_.low);
     w2_low_ = nn::low_weights(*fc2_, *cfg_.low);
     w1 = &w1_low_;

@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "moecore/kernels/elementwise.h"
+#include "moecore/moe/flex_dispatcher.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::moe {
@@ -50,6 +51,7 @@ RouterConfig router_config(const MoELayerConfig& c) {
 std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {
   if (!c.ep_group || c.ep_group->size() == 1) return std::make_unique<LocalTokenDispatcher>(c.router.num_experts);
   if (c.allgather_dispatcher) return std::make_unique<AllGatherTokenDispatcher>(*c.ep_group, c.router.num_experts);
+  if (c.flex_dispatcher) return std::make_unique<FlexTokenDispatcher>(*c.ep_group, c.router.num_experts);
   return std::make_unique<AllToAllTokenDispatcher>(*c.ep_group, c.router.num_experts);
 }
 }  // namespace

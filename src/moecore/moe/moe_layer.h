@@ -38,6 +38,7 @@ struct MoELayerConfig {
   // Expert parallelism: the group experts are spread over (null: all experts local).
   const comm::ProcessGroup* ep_group = nullptr;
   bool allgather_dispatcher = false;  // --moe-token-dispatcher-type allgather (else alltoall)
+  bool flex_dispatcher = false;       // --moe-token-dispatcher-type flex (DeepEP/HybridEP semantics)
   // Expert tensor parallelism: the ETP group (null or one rank: experts hold all their FFN columns).
   const comm::ProcessGroup* etp_group = nullptr;
   // Context parallelism: the TP×CP group the router's aux-loss and z-loss statistics sum over (null: TP's).

@@ -42,6 +42,14 @@ struct DispatchPlan : kernels::PermutePlan {
   int64_t local_rows = 0;   // rows this rank permuted before the exchange
   int64_t recv_rows = 0;    // rows it received
   int64_t T_local = 0;      // AllGather dispatcher: this rank's tokens (T counts the gathered ones)
+  // Flex dispatcher (flex_dispatcher.h): input_splits / output_splits, local_rows and recv_rows count (token,
+  // expert) assignments, the routing that travels beside the tokens; sorted_from_recv maps every expert row to its
+  // row among the received tokens. The tokens themselves travel once per (token, destination rank):
+  std::vector<int64_t> send_tokens, recv_tokens;  // token rows sent to / received from each EP rank
+  Tensor send_token;                              // I32 [sent]: the token of each sent row (by rank, ascending token)
+  Tensor sent_offsets_T1, sent_of_token;          // CSR over tokens: token t's sent rows, in ascending rank order
+  Tensor row_assign;                              // I32 [R]: each expert row's received assignment (−1: gap row)
+  Tensor recv_offsets, recv_expert_rows;          // CSR over received tokens: their expert rows, ascending
 };
 
 class TokenDispatcher {

@@ -8,7 +8,8 @@ namespace moecore::nn {
 float fp8_forward(Fp8Gemm& g, const Tensor& x_MK, const Tensor& w_NK, Tensor& y_MN, Tensor& wq_NK) {
   MOE_ASSERT(x_MK.cols() == w_NK.cols());
   Fp8Gemm::Quantized x = g.quantize(x_MK, Fp8Operand::Input, /*k_along_rows=*/false);
-  wq_NK = g.quantize(w_NK, Fp8Operand::Weight, false).q;
+  // An FP8 parameter is its FP8 value already (copied: a Megatron FSDP unit's buffer may be reused before backward).
+  wq_NK = g.weight_is_fp8_param() ? w_NK.as_dtype(DType::F32).clone() : g.quantize(w_NK, Fp8Operand::Weight, false).q;
   if (y_MN.dtype() == DType::F32) {
     kernels::gemm(x.q, false, wq_NK, true, y_MN);
   } else {  // a bf16 output: the f32 product rounded as it is stored

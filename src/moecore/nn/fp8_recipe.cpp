@@ -88,22 +88,26 @@ Fp8Gemm::Quantized Fp8Gemm::quantize(const Tensor& x, Fp8Operand op, bool k_alon
     return out;
   }
   const double amax = checked_amax(x, op);
-  const size_t i = static_cast<size_t>(op);
-  if (cfg_.recipe == Fp8Recipe::Tensorwise) {
-    out.scale = kernels::fp8_scale_from_amax(amax, f, false);
-  } else {
-    out.scale = scales[i];
-    std::vector<double>& h = histories[i];
-    h.insert(h.begin(), amax);
-    if (static_cast<int64_t>(h.size()) > cfg_.amax_history_len) h.resize(static_cast<size_t>(cfg_.amax_history_len));
-    double a = h.front();
-    if (cfg_.amax_max)
-      for (double v : h) a = std::max(a, v);
-    // TE keeps the previous scale while the amax is 0.
-    if (a > 0) scales[i] = static_cast<float>(kernels::fp8_max(f) / a / std::ldexp(1.0, static_cast<int>(cfg_.margin)));
-  }
+  out.scale = cfg_.recipe == Fp8Recipe::Tensorwise ? kernels::fp8_scale_from_amax(amax, f, false)
+                                                   : take_delayed_scale(op, amax);
   kernels::fp8_quantize_tensorwise(x, f, out.scale, out.q);
   return out;
+}
+
+float Fp8Gemm::take_delayed_scale(Fp8Operand op, double amax) {
+  MOE_ASSERT(cfg_.recipe == Fp8Recipe::Delayed);
+  const size_t i = static_cast<size_t>(op);
+  const float scale = scales[i];
+  std::vector<double>& h = histories[i];
+  h.insert(h.begin(), amax);
+  if (static_cast<int64_t>(h.size()) > cfg_.amax_history_len) h.resize(static_cast<size_t>(cfg_.amax_history_len));
+  double a = h.front();
+  if (cfg_.amax_max)
+    for (double v : h) a = std::max(a, v);
+  // TE keeps the previous scale while the amax is 0.
+  if (a > 0)
+    scales[i] = static_cast<float>(kernels::fp8_max(format(op)) / a / std::ldexp(1.0, static_cast<int>(cfg_.margin)));
+  return scale;
 }
 
 Fp8ModelScope::Fp8ModelScope(const Fp8Config& cfg) {

@@ -28,6 +28,8 @@ struct Fp8Config {
   // --first-last-layers-bf16: decoder layers [0, bf16_start) and [num_layers − bf16_end, num_layers) stay in bf16.
   int64_t num_layers = 0;
   int64_t bf16_start = 0, bf16_end = 0;
+  // --fp8-param-gather: the sites' weights are FP8 parameters (fp8_param.h), taken by the GEMMs as they are.
+  bool param_gather = false;
   bool on() const { return recipe != Fp8Recipe::Off; }
 };
 Fp8Recipe parse_fp8_recipe(const std::string& s);
@@ -53,6 +55,13 @@ class Fp8Gemm {
 
   kernels::Fp8Format format(Fp8Operand op) const;
   Fp8Recipe recipe() const { return cfg_.recipe; }
+  // --fp8-param-gather: the weight this site multiplies is an FP8 parameter (fp8_param.h), already on its FP8 grid
+  // with the scale the optimizer took, so the GEMMs take it as it is.
+  bool weight_is_fp8_param() const { return cfg_.param_gather; }
+  const TPContext& tp() const { return tp_; }
+  // Delayed scaling: the scale operand `op`'s cast takes now; `amax` (the cast tensor's, reduced) then joins the
+  // history and sets the next scale.
+  float take_delayed_scale(Fp8Operand op, double amax);
   const std::string& name() const { return name_; }
   // Delayed scaling's state per operand (input, weight, grad): the scale the next quantize takes and the history,
   // newest first.

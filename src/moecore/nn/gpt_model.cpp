@@ -340,6 +340,7 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
     dh = final_norm_->backward(dh, st.final_norm);
     probe("decoder.final_layernorm", true, dh);
     // Its gradients are final once the embedding's backward adds to them, where this chunk holds it too.
+    if (!ch.embedding) call(grads_written_, shared_bucket);
     call(ch.embedding ? unit_hooks_.params_done : unit_hooks_.backward_done, shared_bucket);
   } else {
     MOE_ASSERT_MSG(dy.defined() && dy.numel() == S_local * st.B * cfg_.hidden_size,
@@ -366,6 +367,7 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
         call(unit_hooks_.prefetch, shared_bucket);
     }
     dh = recompute_.backward(layers_, st.layers, chunk_begin_[c], chunk_begin_[c + 1], i, dh);
+    call(grads_written_, unit);
     if (grads_final) grads_final(unit);
     call(unit_hooks_.backward_done, unit);
   }
@@ -374,6 +376,7 @@ Tensor GPTModel::backward_chunk(size_t c, Stash& st, const Tensor& dy, double to
   dh = embedding_dropout_.backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.dropout);
   if (position_) position_->backward(dh.reshape({S_local, st.B, cfg_.hidden_size}), st.pos);
   embedding_->backward(dh.reshape({S_local * st.B, cfg_.hidden_size}), st.emb);
+  call(grads_written_, shared_bucket);
   call(unit_hooks_.backward_done, shared_bucket);
   return Tensor();
 }

@@ -172,6 +172,10 @@ class GPTModel {
     std::function<void(size_t)> prefetch, params_done, backward_start, backward_done;
   };
   void set_unit_hooks(UnitHooks hooks) { unit_hooks_ = std::move(hooks); }
+  // Called in every micro-batch's backward once unit i's parameter gradients for it are written (a layer's after
+  // its backward, before grads_final; the embedding/output unit's at the end of the chunk's part of it, once per
+  // chunk): where low-precision main gradients are rounded (optim/low_precision_grads.h). Empty: none.
+  void set_grads_written_hook(std::function<void(size_t)> hook) { grads_written_ = std::move(hook); }
   // Fine-grained activation offloading of the decoder layers' stashes (stash_offload.h); null: none. It must outlive
   // its use.
   void set_stash_offload(StashOffload* o) { recompute_.set_offload(o); }
@@ -212,6 +216,7 @@ class GPTModel {
     if (pre_hook_) pre_hook_(layer);
   }
   UnitHooks unit_hooks_;
+  std::function<void(size_t)> grads_written_;
   bool units() const { return static_cast<bool>(unit_hooks_.backward_done); }
   static void call(const std::function<void(size_t)>& hook, size_t unit) {
     if (hook) hook(unit);

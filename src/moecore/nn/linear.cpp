@@ -5,6 +5,7 @@
 #include "moecore/kernels/elementwise.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/nn/fp8_gemm.h"
+#include "moecore/nn/fp8_param.h"
 #include "moecore/nn/stash_bytes.h"
 
 namespace moecore::nn {
@@ -42,6 +43,7 @@ Linear::Linear(ParamRegistry& reg, const std::string& name, const LinearConfig& 
   if (bias_) bias_->tensor_parallel = weight_->tensor_parallel;
   MOE_ASSERT_MSG(!low_ || reg.dtype() == DType::F32, "bf16 GEMMs need f32 master weights");
   fp8_ = fp8_gemm_for(weight_->name, cfg.tp);
+  if (fp8_) make_fp8_param(*weight_, {fp8_}, out_, in_);  // --fp8-param-gather: the weight held as FP8
 }
 
 Linear::Linear(Parameter& weight, LowPrecision low)
@@ -58,7 +60,7 @@ Tensor Linear::forward(const Tensor& x, Stash& st, DType out) {
   if (fp8_) {  // operands cast as TE casts them: from bf16 under --bf16
     st.x = low_ ? x2.as_dtype(*low_) : x2;
     Tensor y = Tensor::empty({x2.rows(), out_}, DType::F32, x2.device());
-    st.fp8_x_scale = fp8_forward(*fp8_, st.x, low_ ? low_weights(*weight_, *low_) : w, y, w_fp8_);
+    st.fp8_x_scale = fp8_forward(*fp8_, st.x, low_ && !weight_->fp8 ? low_weights(*weight_, *low_) : w, y, w_fp8_);
     if (bias_) kernels::add_row_bias_(y, bias_->value);
     return y16 ? y.to(out) : y;
   }

@@ -13,6 +13,8 @@
 
 namespace moecore::nn {
 
+class Fp8Param;  // fp8_param.h
+
 enum class InitKind { Normal, Zeros, Ones };
 
 struct InitRule {
@@ -36,6 +38,9 @@ struct Parameter {
   // in that dtype, the master rounded, as Megatron's --bf16 and --fp16 hold their parameters. Parameters read in f32
   // anywhere (norms, biases, router, embeddings, a tied output layer) are never marked and stay f32.
   LowPrecision low_storage{};
+  // --fp8-param-gather, at an FP8 GEMM site: `value` (f32) holds the FP8 weight read back, cast from the f32 master
+  // the optimizer keeps (fp8_param.h); null elsewhere.
+  std::shared_ptr<Fp8Param> fp8;
   // The dtype the math computes this parameter's products and gradients in (f32, or f64 in checks), whatever the
   // storage of `value`.
   DType math_dtype() const { return grad.dtype(); }

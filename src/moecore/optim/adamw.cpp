@@ -2,6 +2,7 @@
 #include "moecore/optim/adamw.h"
 
 #include "moecore/kernels/backend.h"
+#include "moecore/nn/fp8_param.h"
 #include "moecore/optim/grad_buffer.h"
 
 namespace moecore::optim {
@@ -12,6 +13,12 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, ElementRule rule) : params_(std
     m_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_dtype(dt), p->value.device()));
     v_.push_back(Tensor::zeros(p->value.shape(), rule_.exp_avg_sq_dtype(dt), p->value.device()));
     master_.emplace_back();
+    if (p->fp8) {  // --fp8-param-gather: the f32 value becomes the master; the model keeps its FP8 cast
+      master_.back() = p->value;
+      p->value = Tensor::empty(p->value.shape(), DType::F32, p->value.device());
+      nn::fp8_cast_whole(*p, master_.back());
+      continue;
+    }
     if (!is_half(storage_dtype(*p))) continue;
     // The f32 value becomes the master; the model keeps it rounded.
     master_.back() = p->value.dtype() == DType::F32 ? p->value : p->value.to(DType::F32);
@@ -30,7 +37,10 @@ void AdamW::load_master(const std::vector<Tensor>& w) {
   MOE_ASSERT(w.size() == params_.size());
   for (size_t i = 0; i < params_.size(); i++) {
     if (master_[i].defined()) master_[i].copy_from(w[i]);
-    params_[i]->value.copy_from(w[i]);  // rounded where stored in bf16
+    if (params_[i]->fp8)
+      nn::fp8_cast_whole(*params_[i], master_[i]);  // as after a step
+    else
+      params_[i]->value.copy_from(w[i]);  // rounded where stored in bf16
   }
 }
 
@@ -42,6 +52,10 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
   for (size_t i = 0; i < params_.size(); i++) {
     nn::Parameter& p = *params_[i];
     const double wd = p.no_weight_decay ? 0.0 : hp.weight_decay;
+    if (p.fp8) {  // the master updated, the model's value cast from it below
+      all.push_back({master_[i], p.grad, m_[i], v_[i], wd});
+      continue;
+    }
     if (master_[i].defined()) {  // stored in bf16: the master updated, the model's value its rounding
       all.push_back({master_[i], p.grad, m_[i], v_[i], wd, p.value});
       continue;
@@ -53,6 +67,9 @@ void AdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     if (p.low_cache_from_update) all.back().param_bf16 = p.low_cache;
   }
   element_step_multi(rule_, all, hp, step);
+  // --fp8-param-gather without sharding: each rank holds the whole master, so it casts the whole tensor.
+  for (size_t i = 0; i < params_.size(); i++)
+    if (params_[i]->fp8) nn::fp8_cast_whole(*params_[i], master_[i]);
 }
 
 void AdamW::load_moments(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {

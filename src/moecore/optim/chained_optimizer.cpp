@@ -20,9 +20,9 @@ class ReplicatedAdamW : public ParamClassOptimizer {
  public:
   ReplicatedAdamW(std::vector<nn::Parameter*> params, size_t num_buckets, const BucketOf& bucket_of,
                   const comm::ProcessGroup* group, std::vector<double> norm_weights, ElementRule rule,
-                  int64_t bucket_size)
+                  int64_t bucket_size, GradPrecision precision, double scale)
       : adam_(params, rule),
-        buckets_(params, num_buckets, bucket_of, group, bucket_size),
+        buckets_(params, num_buckets, bucket_of, group, bucket_size, precision, scale),
         weights_(std::move(norm_weights)) {}
   const std::vector<nn::Parameter*>& params() const override { return adam_.params(); }
   size_t start_bucket(size_t b) override { return buckets_.start(b); }
@@ -70,8 +70,13 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       cfg_(cfg),
       dp_size_(static_cast<double>(g_.dp ? g_.dp->size() : 1)),
       num_buckets_(num_buckets),
-      sp_(params, num_buckets, bucket_of, g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr) {
-  for (size_t i = 0; i < params_.size(); i++) index_[params_[i]] = i;
+      sp_(params, num_buckets, bucket_of, g_.tp && g_.tp->size() > 1 ? g_.tp : nullptr, cfg.grad_precision.main) {
+  MOE_ASSERT_MSG(!cfg_.grad_precision.low() || !cfg_.muon, "Muon with low-precision main gradients");
+  by_bucket_.resize(std::max<size_t>(num_buckets, 1));
+  for (size_t i = 0; i < params_.size(); i++) {
+    index_[params_[i]] = i;
+    by_bucket_.at(bucket_of ? bucket_of(*params_[i]) : by_bucket_.size() - 1).push_back(params_[i]);
+  }
   clip_ = kernels::make_clip_state(params.empty() ? Device::cpu() : params.front()->value.device(),
                                    std::max<int64_t>(1, cfg_.deferred_norms));
   std::vector<nn::Parameter*> dense, expert, decoupled;
@@ -123,14 +128,14 @@ ChainedOptimizer::ChainedOptimizer(const std::vector<nn::Parameter*>& params, si
       parts_.push_back(std::make_unique<ShardedAdamW>(
           *part, *shard_group, weight, bucket_of, cfg_.rule, inter, num_buckets - 1, units ? 0 : cfg_.bucket_size,
           FsdpOptions{cfg_.sharding, cfg_.fsdp_double_buffer, cfg_.fsdp_init_shards, cfg_.init_seed,
-                      cfg_.fsdp_outer_shard}));
+                      cfg_.fsdp_outer_shard, cfg_.grad_precision, 1.0 / dp_size_}));
       if (cfg_.overlap_param_gather)
         static_cast<ShardedAdamW&>(*parts_.back()).overlap_param_gather(cfg_.param_gather_with_step);
     } else {
       std::vector<double> w;
       for (auto* p : *part) w.push_back(norm_weight(*p));
       parts_.push_back(std::make_unique<ReplicatedAdamW>(*part, num_buckets, bucket_of, group, std::move(w), cfg_.rule,
-                                                         cfg_.bucket_size));
+                                                         cfg_.bucket_size, cfg_.grad_precision, 1.0 / dp_size_));
     }
     decoupled_part_.resize(parts_.size(), part == &decoupled);
   }
@@ -159,6 +164,12 @@ void ChainedOptimizer::layer_grads_final(size_t bucket) {
     for (auto& part : parts_) started_count_ += part->start_bucket(bucket);
 }
 
+void ChainedOptimizer::micro_batch_grads_done(size_t bucket) {
+  if (!rounds_grads()) return;
+  for (auto* p : by_bucket_.at(bucket))
+    if (!p->grad_stale) round_to_dtype(p->grad, cfg_.grad_precision.main);  // a stale one counts as zero
+}
+
 void ChainedOptimizer::unit_forward(size_t bucket) {
   for (auto& part : parts_) part->unit_forward(bucket);
 }
@@ -185,7 +196,10 @@ void ChainedOptimizer::sum_shared_grads(size_t bucket) {
   if (shares_embedding(bucket)) {
     nn::Parameter& e = const_cast<nn::Parameter&>(*g_.shared_embedding);
     e.settle_grad();
-    g_.embedding->all_reduce(e.grad);
+    if (cfg_.grad_precision.main != DType::F32)  // Megatron sums the main_grad copies, in their dtype
+      low_precision_all_reduce(*g_.embedding, e.grad, cfg_.grad_precision.main, 1.0);
+    else
+      g_.embedding->all_reduce(e.grad);
   }
   sp_.sum(bucket);
 }

@@ -70,6 +70,9 @@ struct OptimizerConfig {
   bool fsdp_init_shards = false;
   uint64_t init_seed = 0;
   bool fsdp_outer_shard = false;  // --outer-dp-sharding-strategy optim with K instances (distributed_optimizer.h)
+  // Megatron's fp16/bf16 main gradients (low_precision_grads.h): rounded to grad_precision.main after each
+  // micro-batch (micro_batch_grads_done), reduced in grad_precision.comm. CPU only.
+  GradPrecision grad_precision;
 };
 
 class ChainedOptimizer {
@@ -87,6 +90,11 @@ class ChainedOptimizer {
   // Layer bucket `bucket`'s gradients are final: the tied embedding's and the sequence-parallel sums, and with
   // overlap_grad_reduce the start of the data-parallel reductions it completes.
   void layer_grads_final(size_t bucket);
+  // A micro-batch's backward wrote layer bucket `bucket`'s gradients (every micro-batch, before layer_grads_final):
+  // with low-precision main gradients they are rounded to their dtype here, Megatron's accumulation into an
+  // fp16/bf16 main_grad (not under Megatron FSDP's units, which accumulate the reduced shard). Nothing otherwise.
+  void micro_batch_grads_done(size_t bucket);
+  bool rounds_grads() const { return cfg_.grad_precision.main != DType::F32 && !fsdp_units(); }
   // With overlap_param_gather: the forward is about to read layer bucket `bucket` (Megatron's forward pre-hook):
   // waits for the all-gathers of the parameter buckets holding it (dispatching the next ones). Nothing otherwise.
   void wait_param_gather(size_t bucket);
@@ -168,7 +176,8 @@ class ChainedOptimizer {
   bool shares_embedding(size_t bucket) const;
   void sum_shared_grads(size_t bucket);
   std::vector<nn::Parameter*> params_;
-  std::map<const nn::Parameter*, size_t> index_;  // position in params_
+  std::map<const nn::Parameter*, size_t> index_;        // position in params_
+  std::vector<std::vector<nn::Parameter*>> by_bucket_;  // params_ by layer bucket (micro_batch_grads_done)
   OptimizerGroups g_;
   int64_t num_zeros_ = 0;
   GradScaler scaler_;

@@ -14,6 +14,8 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
                            ElementRule rule, const comm::ProcessGroup* inter, size_t num_layers, int64_t bucket_size,
                            const FsdpOptions& fsdp)
     : sharding_(fsdp.sharding),
+      precision_(fsdp.precision),
+      grad_scale_(fsdp.grad_scale),
       double_buffer_(fsdp.double_buffer && fsdp.sharding == Sharding::OptimGradsParams),
       init_shards_(fsdp.init_shards),
       outer_(fsdp.outer_shard && inter != nullptr && inter->size() > 1),
@@ -53,7 +55,7 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
     bk.shard = bk.buf.padded / n;
     bk.local = owned;
     owned += state_len(bk);
-    if (is_half(bk.buf.storage)) {
+    if (has_master(bk)) {
       bk.master = mastered;
       mastered += state_len(bk);
     }
@@ -73,28 +75,17 @@ ShardedAdamW::ShardedAdamW(std::vector<nn::Parameter*> params, const comm::Proce
   m_ = Tensor::zeros({owned}, rule_.exp_avg_dtype(DType::F32), layout.device);
   v_ = Tensor::zeros({owned}, rule_.exp_avg_sq_dtype(DType::F32), layout.device);
   for (auto& bk : buckets_) {
-    if (!is_half(bk.buf.storage) || init_shards_) continue;  // sharded initialisation: in shard_units
+    if (!has_master(bk) || init_shards_) continue;  // sharded initialisation: in shard_units
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = full.at(s.p);
       master_.slice(bk.master + at - state_lo(bk), len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
     });
   }
   if (sharding_ != Sharding::Optim) shard_units();
-}
-
-template <typename Fn>
-void ShardedAdamW::for_range(const Bucket& bk, int64_t first, int64_t len, Fn fn) const {
-  for (const auto& s : bk.segs) {
-    const int64_t a = std::max(first, s.offset), b = std::min(first + len, s.offset + s.numel());
-    if (a < b) fn(s, a - first, b - a, a);
-  }
-}
-
-template <typename Fn>
-void ShardedAdamW::for_owned(const Bucket& bk, Fn fn) const {
-  for_range(bk, state_lo(bk), state_len(bk), [&](const Segment& s, int64_t rel, int64_t len, int64_t at) {
-    fn(s, rel + bk.local, len, at);  // owned-array offset, length, offset in the bucket
-  });
+  cast_fp8();  // the FP8 parameters from their masters (nothing where there are none)
+  if (!params_sharded())
+    for (auto& bk : buckets_)
+      if (bk.buf.fp8) gather_fp8(bk);
 }
 
 Tensor ShardedAdamW::gather_state(const Bucket& bk, const Tensor& part) const {
@@ -147,13 +138,13 @@ void ShardedAdamW::gather_master(std::vector<Tensor>& w) const {
   for (size_t i = 0; i < params_.size(); i++) index[params_[i]] = i;
   w.assign(params_.size(), Tensor());
   for (const auto& bk : buckets_) {
-    if (!is_half(bk.buf.storage) && !params_sharded()) {  // f32 values are their own masters, whole here
+    if (!has_master(bk) && !params_sharded()) {  // f32 values are their own masters, whole here
       for (const auto& s : bk.segs) w[index[s.p]] = s.p->value.to(Device::cpu()).clone();
       continue;
     }
     // The owners' master shards (an f32 parameter's shard is its master), gathered.
     Tensor flat = Tensor::empty({bk.buf.padded}, DType::F32);
-    if (is_half(bk.buf.storage))
+    if (has_master(bk))
       flat = gather_state(bk, master_.slice(bk.master, state_len(bk)));
     else  // the whole shard on every rank of the instance
       group_.all_gather(bk.param_shard.to(Device::cpu()), flat);
@@ -185,12 +176,16 @@ void ShardedAdamW::load_master(const std::vector<Tensor>& w) {
     } else {
       for (const auto& s : bk.segs) s.p->value.copy_from(w[index[s.p]]);  // rounded where stored in bf16
     }
-    if (!is_half(bk.buf.storage)) continue;
+    if (!has_master(bk)) continue;
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       const Tensor& f = w[index[s.p]];
       master_.slice(bk.master + at - state_lo(bk), len).copy_from(f.reshape({f.numel()}).slice(at - s.offset, len));
     });
   }
+  cast_fp8();  // the FP8 parameters cast from the loaded masters, as after a step
+  if (!params_sharded())
+    for (auto& bk : buckets_)
+      if (bk.buf.fp8) gather_fp8(bk);
 }
 
 std::vector<double> ShardedAdamW::master_squares() const {
@@ -199,13 +194,13 @@ std::vector<double> ShardedAdamW::master_squares() const {
   std::vector<double> sq(params_.size(), 0.0);
   const auto shards = static_cast<double>(group_.size() * (outer_ ? inter_->size() : 1));
   for (const auto& bk : buckets_) {
-    if (!is_half(bk.buf.storage) && !params_sharded()) {  // whole on every rank
+    if (!has_master(bk) && !params_sharded()) {  // whole on every rank
       for (const auto& s : bk.segs) sq[index[s.p]] = kernels::sum_squares(s.p->value);
       continue;
     }
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
-      const Tensor w = is_half(bk.buf.storage) ? master_.slice(bk.master + at - state_lo(bk), len)
-                                               : bk.param_shard.slice(at - lo(bk), len);
+      const Tensor w =
+          has_master(bk) ? master_.slice(bk.master + at - state_lo(bk), len) : bk.param_shard.slice(at - lo(bk), len);
       sq[index[s.p]] += shards * kernels::sum_squares(w);
     });
   }
@@ -216,8 +211,11 @@ void ShardedAdamW::start(Bucket& bk) {
   MOE_ASSERT_MSG(!bk.buf.started, "a bucket reduced twice in one step");
   for (auto* p : bk.buf.params) p->settle_grad();  // a gradient no backward wrote this step is zero
   if (bk.buf.padded > bk.buf.numel) bk.buf.grad.slice(bk.buf.numel, bk.buf.padded - bk.buf.numel).zero_();
-  bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   bk.buf.started = true;
+  if (precision_.low())  // Megatron's fp16/bf16 buffer: scaled by 1/DP and reduce-scattered in its dtype
+    low_precision_reduce_scatter_in_place(group_, bk.buf.grad, precision_.comm, grad_scale_);
+  else
+    bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   // MPI moves a non-blocking collective along inside MPI calls: a test of the ones in flight lets them progress
   // while backward computes.
   for (auto& other : buckets_)
@@ -258,11 +256,19 @@ void ShardedAdamW::reduce_gradients(double scale, float unscale, kernels::ClipSt
       bk.buf.pending = bk.buf.layers.size();
     }
     Tensor& g = bk.grad_shard;  // this rank's region: its sum
-    if (outer_)                 // the other instances' sums of the same shard, each rank its part of them
-      inter_->reduce_scatter_in_place(g);
-    else if (inter_)
-      inter_->all_reduce(g);
-    kernels::scale_(g, scale);
+    if (precision_.low()) {     // pre-scaled; the other instances' sums in the comm dtype, held in the main dtype
+      if (outer_)
+        low_precision_reduce_scatter_in_place(*inter_, g, precision_.comm, 1.0);
+      else if (inter_)
+        low_precision_all_reduce(*inter_, g, precision_.comm, 1.0);
+      round_to_dtype(g, precision_.main);
+    } else {
+      if (outer_)  // the other instances' sums of the same shard, each rank its part of them
+        inter_->reduce_scatter_in_place(g);
+      else if (inter_)
+        inter_->all_reduce(g);
+      kernels::scale_(g, scale);
+    }
     if (unscale != 1.0f) kernels::scale_(g, unscale);  // the loss scale out of this rank's main gradients
     for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
       norm_terms_.push_back(bk.grad_shard.slice(at - lo(bk), len));
@@ -291,23 +297,29 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     for_owned(bk, [&](const Segment& s, int64_t off, int64_t len, int64_t at) {
       const double wd = s.p->no_weight_decay ? 0.0 : hp.weight_decay;
       const Tensor g = bk.grad_shard.slice(at - lo, len), p = bk.param_shard.slice(at - lo, len);
-      if (is_half(bk.buf.storage))
+      if (bk.buf.fp8)  // the master updated; the values are cast from it below
+        parts.push_back({master_.slice(bk.master + at - state, len), g, m_.slice(off, len), v_.slice(off, len), wd});
+      else if (has_master(bk))
         parts.push_back({master_.slice(bk.master + at - state, len), g, m_.slice(off, len), v_.slice(off, len), wd, p});
       else
         parts.push_back({p, g, m_.slice(off, len), v_.slice(off, len), wd});
     });
   }
   element_step_multi(rule_, parts, hp, step);
+  cast_fp8();              // Megatron's quantize_param_shard: the FP8 parameters' owned shards from their masters
   if (params_sharded()) {  // each unit is gathered from the updated shards as it is read
-    if (outer_)            // each instance's shard whole again from the parts its ranks updated
-      for (auto& bk : buckets_) inter_->all_gather_in_place(bk.param_shard);
+    if (outer_)            // each instance's shard whole again from the parts its ranks updated (FP8: cast_fp8)
+      for (auto& bk : buckets_)
+        if (!bk.buf.fp8) inter_->all_gather_in_place(bk.param_shard);
     return;
   }
   TimerScope timer("params-all-gather", 1);  // Megatron's level-1 timer (core/timers.h)
-  if (overlap_gather_) {                     // left in flight for the next forward (wait_param_gather)
+  for (auto& bk : buckets_)                  // FP8 bytes gathered now, whether or not the others overlap
+    if (bk.buf.fp8) gather_fp8(bk);
+  if (overlap_gather_) {  // left in flight for the next forward (wait_param_gather)
     for (auto& bk : buckets_) {
       MOE_ASSERT_MSG(!bk.gather_pending, "a parameter all-gather of the last step was never waited");
-      bk.gather_pending = true;
+      bk.gather_pending = !bk.buf.fp8;
     }
     for (const size_t i : gather_order_) {
       dispatch_gather(buckets_[i]);
@@ -315,8 +327,10 @@ void ShardedAdamW::step(const kernels::AdamWParams& hp, int64_t step) {
     }
     return;
   }
-  for (auto& bk : buckets_) bk.buf.work = group_.all_gather_in_place(bk.buf.param, /*async=*/true);
-  for (auto& bk : buckets_) bk.buf.work.wait();
+  for (auto& bk : buckets_)
+    if (!bk.buf.fp8) bk.buf.work = group_.all_gather_in_place(bk.buf.param, /*async=*/true);
+  for (auto& bk : buckets_)
+    if (!bk.buf.fp8) bk.buf.work.wait();
 }
 
 void ShardedAdamW::overlap_param_gather(bool with_step) {

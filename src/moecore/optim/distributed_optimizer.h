@@ -12,6 +12,7 @@
 // bucket and storage dtype is one FSDP unit.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "moecore/kernels/adamw_update.h"
 #include "moecore/nn/parameter.h"
 #include "moecore/optim/grad_buffer.h"
+#include "moecore/optim/low_precision_grads.h"
 #include "moecore/optim/optimizer.h"
 #include "moecore/optim/sgd.h"
 
@@ -36,6 +38,11 @@ struct FsdpOptions {
   // instance's shard sharded over the K ranks holding it (the inter-instance group) too; the gradients reduce-scattered
   // over them, the updated parameters all-gathered back.
   bool outer_shard = false;
+  // Low-precision main gradients (low_precision_grads.h; Megatron FSDP's main_grads_dtype and grad_comm_dtype, or
+  // the distributed optimizer's fp16/bf16 gradient buffer): every reduction in `precision.comm`, pre-scaled by
+  // `grad_scale` (1/DP), the owned shard held in `precision.main`.
+  GradPrecision precision;
+  double grad_scale = 1.0;
 };
 
 class ShardedAdamW : public ParamClassOptimizer {
@@ -116,7 +123,19 @@ class ShardedAdamW : public ParamClassOptimizer {
     bool resident = true;    // buf.param holds the whole parameters (always, below optim_grads_params)
     bool gathering = false;  // optim_grads_params: the all-gather into buf.param in flight (gather)
     int slot = -1;           // with the double buffer: the one buf.param is a view of
+    // FP8 parameters (buf.fp8): the FP8 bytes of the owned shard (packed four to an i32 word) and, while a unit
+    // gathers them, every rank's.
+    Tensor codes, codes_all;
   };
+  // Whether the bucket's f32 masters live in master_ (bf16-stored and FP8 parameters) rather than in its values.
+  static bool has_master(const Bucket& bk) { return is_half(bk.buf.storage) || bk.buf.fp8; }
+  // --fp8-param-gather (distributed_optimizer_fp8.cpp): every FP8 bucket's owned masters cast to FP8 with the
+  // whole tensors' scales (amaxes reduced over the group), the codes kept and the owned values set to them; the
+  // codes all-gathered (one byte per element) and read back into the whole parameters; the bytes of all ranks'
+  // shards in bk.codes_all read back into buf.param.
+  void cast_fp8();
+  void gather_fp8(Bucket& bk);
+  void decode_gathered(Bucket& bk);
   // Megatron FSDP (distributed_optimizer_fsdp.cpp): the buckets of layer bucket b; whole gradients bound to the
   // parameters; the reduce-scatter of whole gradients started, and finished into the owned shard; the parameters
   // gathered (async: posted, waited on first read) and freed.
@@ -130,6 +149,8 @@ class ShardedAdamW : public ParamClassOptimizer {
   void free_params(Bucket& bk);
   void free_all_units();  // before the step: nothing gathered, every reduction in the owned shards
   Sharding sharding_ = Sharding::Optim;
+  GradPrecision precision_;
+  double grad_scale_ = 1.0;
   bool double_buffer_ = false, init_shards_ = false, outer_ = false;
   uint64_t seed_ = 0;
   std::vector<Tensor> slots_;  // the double buffer's two, per storage dtype: [dtype index · 2 + k]
@@ -168,5 +189,21 @@ class ShardedAdamW : public ParamClassOptimizer {
   std::vector<Tensor> norm_terms_;  // the owned gradient slices and their weights in the norm, reused every step
   std::vector<double> norm_weights_;
 };
+
+// Defined here for every file of the optimizer (distributed_optimizer*.cpp).
+template <typename Fn>
+void ShardedAdamW::for_range(const Bucket& bk, int64_t first, int64_t len, Fn fn) const {
+  for (const auto& s : bk.segs) {
+    const int64_t a = std::max(first, s.offset), b = std::min(first + len, s.offset + s.numel());
+    if (a < b) fn(s, a - first, b - a, a);
+  }
+}
+
+template <typename Fn>
+void ShardedAdamW::for_owned(const Bucket& bk, Fn fn) const {
+  for_range(bk, state_lo(bk), state_len(bk), [&](const Segment& s, int64_t rel, int64_t len, int64_t at) {
+    fn(s, rel + bk.local, len, at);  // owned-array offset, length, offset in the bucket
+  });
+}
 
 }  // namespace moecore::optim

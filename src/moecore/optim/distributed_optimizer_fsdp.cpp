@@ -44,7 +44,7 @@ void ShardedAdamW::shard_units() {
         nn::init_parameter_range(*s.p, seed_, at - s.offset, v);
         bk.param_shard.slice(rel, len).copy_from(v);  // rounded where stored in bf16
       });
-      if (is_half(st))
+      if (has_master(bk))
         for_owned(bk, [&](const Segment& s, int64_t /*off*/, int64_t len, int64_t at) {
           Tensor v = Tensor::empty({len}, gt, d);
           nn::init_parameter_range(*s.p, seed_, at - s.offset, v);
@@ -89,7 +89,10 @@ void ShardedAdamW::take_grads(Bucket& bk) {
 void ShardedAdamW::start_grad_reduce(Bucket& bk) {
   MOE_ASSERT_MSG(bk.grads_live && !bk.reducing, "a unit's gradients reduced without a backward");
   for (const auto& s : bk.segs) s.p->settle_grad();
-  bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
+  if (precision_.low())  // Megatron FSDP's grad_comm_dtype: scaled by 1/DP and reduce-scattered in it
+    low_precision_reduce_scatter_in_place(group_, bk.buf.grad, precision_.comm, grad_scale_);
+  else
+    bk.buf.work = group_.reduce_scatter_in_place(bk.buf.grad, comm::ReduceOp::Sum, /*async=*/true);
   bk.reducing = true;
   const DType gt = bk.buf.grad.dtype();
   for (const auto& s : bk.segs)
@@ -109,7 +112,8 @@ void ShardedAdamW::finish_grad_reduce(Bucket& bk) {
   if (bk.summed)
     kernels::add_(bk.grad_shard, sum);
   else
-    bk.grad_shard.copy_from(sum);  // the step's first: the sum itself, as the distributed optimizer's
+    bk.grad_shard.copy_from(sum);                  // the step's first: the sum itself, as the distributed optimizer's
+  round_to_dtype(bk.grad_shard, precision_.main);  // Megatron FSDP's main_grads_dtype: accumulated, rounded
   bk.summed = true;
   bk.reducing = false;
   bk.buf.grad = Tensor();
@@ -138,7 +142,12 @@ void ShardedAdamW::post_gather(Bucket& bk, bool prefetch) {
   } else {
     bk.buf.param = Tensor::empty({bk.buf.padded}, st, bk.param_shard.device());
   }
-  bk.gather = group_.all_gather(bk.param_shard, bk.buf.param, /*async=*/true);
+  if (bk.buf.fp8) {  // the owned FP8 bytes, read back into buf.param when waited on
+    bk.codes_all = Tensor::empty({bk.codes.numel() * group_.size()}, DType::I32, bk.codes.device());
+    bk.gather = group_.all_gather(bk.codes, bk.codes_all, /*async=*/true);
+  } else {
+    bk.gather = group_.all_gather(bk.param_shard, bk.buf.param, /*async=*/true);
+  }
   bk.gathering = true;
 }
 
@@ -149,6 +158,7 @@ void ShardedAdamW::wait_gathered(Bucket& bk) {
     TimerScope timer("params-all-gather", 1);
     bk.gather.wait();
   }
+  if (bk.buf.fp8) decode_gathered(bk);
   bk.gathering = false;
   bk.resident = true;
   for (const auto& s : bk.segs) s.p->value = bk.buf.param.slice(s.offset, s.numel()).reshape(s.shape);

@@ -47,14 +47,15 @@ void bind(BufferBucket& bk, const BufferLayout& o) {
 
 std::vector<BufferBucket> make_buckets(const std::vector<nn::Parameter*>& params, const BufferLayout& o) {
   MOE_ASSERT(o.shards >= 1);
-  std::vector<DType> kinds = {DType::F32};
-  if (o.param_buffers) kinds = {DType::BF16, DType::F16, DType::F32, DType::F64};
+  std::vector<std::pair<DType, bool>> kinds = {{DType::F32, false}};
+  if (o.param_buffers)
+    kinds = {{DType::BF16, false}, {DType::F16, false}, {DType::F32, false}, {DType::F64, false}, {DType::F32, true}};
   std::vector<BufferBucket> out;
-  for (const DType kind : kinds) {
+  for (const auto& [kind, fp8] : kinds) {
     // This storage dtype's parameters by layer bucket, in registry order within a layer.
     std::vector<std::vector<nn::Parameter*>> by_layer(o.num_layers + 1);
     for (auto* p : params) {
-      if (o.param_buffers && storage_dtype(*p) != kind) continue;
+      if (o.param_buffers && (storage_dtype(*p) != kind || (p->fp8 != nullptr) != fp8)) continue;
       const size_t b = o.bucket_of ? o.bucket_of(*p) : o.num_layers;
       MOE_ASSERT_MSG(b <= o.num_layers, "{}: bucket {} of {}", p->name, b, o.num_layers + 1);
       by_layer[b].push_back(p);
@@ -70,6 +71,7 @@ std::vector<BufferBucket> make_buckets(const std::vector<nn::Parameter*>& params
         if (by_layer[l].empty()) continue;
         BufferBucket bk;
         bk.storage = kind;
+        bk.fp8 = fp8;
         bk.layers = {l};
         for (auto* p : by_layer[l]) add(bk, p);
         mine.push_back(std::move(bk));
@@ -77,6 +79,7 @@ std::vector<BufferBucket> make_buckets(const std::vector<nn::Parameter*>& params
     } else {  // Megatron's: filled in the order gradients become final, closed at a parameter boundary once full
       BufferBucket bk;
       bk.storage = kind;
+      bk.fp8 = fp8;
       for (const size_t l : final_order(o.num_layers)) {
         for (auto* p : by_layer[l]) {
           if (bk.layers.empty() || bk.layers.back() != l) bk.layers.push_back(l);
@@ -85,6 +88,7 @@ std::vector<BufferBucket> make_buckets(const std::vector<nn::Parameter*>& params
             mine.push_back(std::move(bk));
             bk = BufferBucket();
             bk.storage = kind;
+            bk.fp8 = fp8;
           }
         }
       }

@@ -24,6 +24,7 @@ struct BufferBucket {
   int64_t numel = 0;                   // the parameters' elements
   int64_t padded = 0;                  // the buffers' elements: numel rounded up to a multiple of the shard count
   DType storage = DType::F32;          // the dtype of the parameters' values
+  bool fp8 = false;                    // FP8 parameters (nn/fp8_param.h): f32 values, their f32 masters apart
   Tensor grad;                         // [padded] in the gradients' dtype (f32; f64 in checks)
   Tensor param;                        // [padded] in `storage`, with parameter buffers only
   std::vector<size_t> layers;          // the layer buckets whose gradients it holds
@@ -48,7 +49,8 @@ struct BufferLayout {
 };
 
 // The storage dtype a parameter takes in the optimizer's parameter buffers: bf16 where it is marked bf16_storage
-// and computed in f32 (its f32 master then lives in the optimizer), else its own.
+// and computed in f32 (its f32 master then lives in the optimizer), else its own. FP8 parameters (f32 storage)
+// are laid out in buckets of their own.
 DType storage_dtype(const nn::Parameter& p);
 
 // Lays `params` out in buckets and makes their gradients (zeroed) and, with param_buffers, their values (converted

@@ -193,6 +193,10 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
   if (pp_rank >= 0 && c.pipeline_model_parallel_size > 1) chunks = pipeline_stage_layers(c, pp_rank);
   ParamCounts p;
   const bool untied = c.untie_embeddings_and_output_weights;
+  // --fp8-param-gather: the decoder layers running FP8 GEMMs hold their GEMM weights as FP8 parameters.
+  const bool fp8w = c.fp8_param_gather && !c.fp8_format.empty();
+  const int64_t fp8_first = c.first_last_layers_bf16 ? c.num_layers_at_start_in_bf16 : 0;
+  const int64_t fp8_end = c.num_layers - (c.first_last_layers_bf16 ? c.num_layers_at_end_in_bf16 : 0);
   for (const StageLayers& ch : chunks) {
     const double dense_before = p.dense, f32_before = p.f32_dense;
     if (ch.embedding) p.dense += V * H / t + positions;
@@ -210,9 +214,17 @@ ParamCounts count_params(const TrainConfig& c, int64_t padded_vocab, int64_t tp,
       p.f32_dense += attn_f32 + (m ? moe_dense_f32 : dense_ffn_f32);
       p.f32_expert += m ? expert_f32 : 0.0;
       const double layer = attn + (m ? moe_dense + expert : dense_ffn);
+      double fp8_dense = 0, fp8_expert = 0;
+      if (fp8w && i >= fp8_first && i < fp8_end) {  // the GEMM weights: all but what stays f32
+        fp8_dense = attn - attn_f32 + (m ? moe_dense - moe_dense_f32 : dense_ffn - dense_ffn_f32);
+        fp8_expert = m ? expert - expert_f32 : 0.0;
+      }
+      p.fp8_dense += fp8_dense;
+      p.fp8_expert += fp8_expert;
       if (layer > p.largest_layer) {
         p.largest_layer = layer;
         p.largest_layer_f32 = attn_f32 + (m ? moe_dense_f32 + expert_f32 : dense_ffn_f32);
+        p.largest_layer_fp8 = fp8_dense + fp8_expert;
       }
     }
     if (ch.loss && c.mtp_num_layers > 0) {  // nn/mtp.h per depth: 3 norms, eh_proj (replicated), a last-kind layer
@@ -267,6 +279,16 @@ MemoryPlan plan_memory(const TrainConfig& c, int64_t padded_vocab, const PlanLay
   } else {
     m.adam = moments * n;
     m.master = 4 * n16;
+  }
+  // --fp8-param-gather: the FP8 weights held as f32 read-backs (not bf16), their f32 masters apart (without --bf16
+  // too) and this rank's FP8 bytes of them (one per element; the owned shard under the distributed optimizer).
+  const double fp8 = p.fp8_dense + p.fp8_expert;
+  if (fp8 > 0) {
+    const double own = l.world() > 1 && c.use_distributed_optimizer
+                           ? p.fp8_dense / (dp * static_cast<double>(l.cp)) + p.fp8_expert / edp
+                           : fp8;
+    m.weights += (low ? 2 * fp8 : 0) + own;
+    if (!low) m.master += 4 * own;
   }
   m.comm = 0;
   apply_fsdp(c, l, p, m);  // Megatron FSDP: what its strategy shards, and its units in flight

@@ -74,6 +74,9 @@ struct ParamCounts {
   // Megatron FSDP's units here: the largest transformer layer's parameters, and the embedding's, final norm's,
   // output layer's and MTP's (one unit), each with its part kept in f32 under --bf16.
   double largest_layer = 0, largest_layer_f32 = 0, ends = 0, ends_f32 = 0;
+  // --fp8-param-gather: of dense and expert (not of the f32 ones), the FP8 sites' weights (nn/fp8_param.h), held
+  // as f32 read-backs of their FP8 bytes with f32 masters apart; of the largest layer, its FP8 weights.
+  double fp8_dense = 0, fp8_expert = 0, largest_layer_fp8 = 0;
 };
 // From the model's sizes (what build_model will create), before anything exists: the whole model, or the layers
 // and ends of pipeline rank pp_rank (pp_rank >= 0).

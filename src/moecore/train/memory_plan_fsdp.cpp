@@ -22,15 +22,17 @@ void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p,
   const double k = static_cast<double>(std::max<int64_t>(1, c.num_distributed_optimizer_instances));
   const double over = static_cast<double>(l.dp * l.cp) / k, edp = static_cast<double>(l.edp) / k;
   auto shard = [&](double dense, double expert) { return dense / over + expert / edp; };
+  // --fp8-param-gather: FP8 weights have f32 masters apart without --bf16 too (memory_plan.cpp).
+  const double fp8_master16 = low ? 0 : 1;
   if (s == "no_shard") {  // plain data parallelism: everything whole
     m.adam = moments * n;
-    m.master = 4 * n16;
+    m.master = 4 * (n16 + fp8_master16 * (p.fp8_dense + p.fp8_expert));
     return;
   }
   // --outer-dp-sharding-strategy optim: the state sharded across the instances too.
   const double outer = k > 1 && c.outer_dp_sharding_strategy == "optim" ? k : 1;
   m.adam = moments * shard(p.dense, p.expert) / outer;
-  m.master = 4 * shard(dense16, expert16) / outer;
+  m.master = 4 * (shard(dense16, expert16) + fp8_master16 * shard(p.fp8_dense, p.fp8_expert)) / outer;
   if (s == "optim") return;
   // optim_grads: the owned gradient shard, and whole gradients for the unit in backward and the one reducing (the
   // embedding/output unit's for the whole backward where a stage holds both ends).
@@ -39,9 +41,14 @@ void apply_fsdp(const TrainConfig& c, const PlanLayout& l, const ParamCounts& p,
   if (s != "optim_grads_params") return;
   // optim_grads_params: the owned parameter shard in its storage dtype, and the gathered units.
   const double dense32 = p.dense - dense16, expert32 = p.expert - expert16;
-  m.weights = 2 * shard(dense16, expert16) + 4 * shard(dense32, expert32);
+  // FP8 weights (--fp8-param-gather): their owned shard as f32 read-backs and FP8 bytes, 5 bytes an element; a
+  // gathered unit's as f32 read-backs beside the gathered bytes.
+  const double fp8_extra = low ? 3 : 1;
+  m.weights =
+      2 * shard(dense16, expert16) + 4 * shard(dense32, expert32) + fp8_extra * shard(p.fp8_dense, p.fp8_expert);
   auto bytes = [&](double all, double f32) { return low ? 2 * (all - f32) + 4 * f32 : 4 * all; };
-  const double layer = bytes(p.largest_layer, p.largest_layer_f32), ends = bytes(p.ends, p.ends_f32);
+  const double layer = bytes(p.largest_layer, p.largest_layer_f32) + fp8_extra * p.largest_layer_fp8;
+  const double ends = bytes(p.ends, p.ends_f32);
   if (c.fsdp_double_buffer) {  // two buffers per storage dtype and parameter class, each the largest unit's size
     m.comm += 2 * (layer + ends);
     return;

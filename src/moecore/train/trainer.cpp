@@ -126,6 +126,9 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
       o->wait_param_gather(b);
       o->unit_forward(b);
     });
+  // Megatron's fp16/bf16 main gradients: rounded as each micro-batch's backward writes them.
+  if (opt_->rounds_grads())
+    model_->set_grads_written_hook([o = opt_.get()](size_t b) { o->micro_batch_grads_done(b); });
   // Megatron FSDP (optim_grads and up): each unit's parameters and gradients gathered and freed around its use.
   if (opt_->fsdp_units()) {
     optim::ChainedOptimizer* o = opt_.get();

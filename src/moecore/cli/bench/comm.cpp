@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "moecore/cli/bench/benches.h"
+#include "moecore/cli/bench/comm_dispatch.h"
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/comm/gpu_transport.h"
 #include "moecore/core/tensor.h"
@@ -82,6 +83,9 @@ void bench_gpu_collectives(const comm::ProcessGroup& world, Device d, int iters)
   }
 }
 
+void print_comm_table(const train::TrainConfig& cfg, const TrainBenchArgs& a, const TrainRun& r,
+                      const std::map<std::string, double>& analytic, std::map<std::string, double>& measured);
+
 void run_bench_comm(const TrainBenchArgs& a) {
   const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
       a,
@@ -110,7 +114,12 @@ void run_bench_comm(const TrainBenchArgs& a) {
     i = 0;
     for (const auto& [g, bytes] : analytic) measured[g] = v.item(i++) / static_cast<double>(r.world);
   }
-  if (r.rank != 0) return;
+  if (r.rank == 0) print_comm_table(cfg, a, r, analytic, measured);
+  if (r.world > 1 && cfg.num_experts % r.world == 0) bench_dispatch_bytes(cfg, a.dtype == "bf16");
+}
+
+void print_comm_table(const train::TrainConfig& cfg, const TrainBenchArgs& a, const TrainRun& r,
+                      const std::map<std::string, double>& analytic, std::map<std::string, double>& measured) {
   fmt::print(
       "moecore bench comm: {} ranks, TP={} EP={} ETP={} (DP and EDP fill the rest), {} dispatcher, {}, "
       "{} layers H={} S={} global batch {} x {}\n",

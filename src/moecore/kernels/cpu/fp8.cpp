@@ -68,9 +68,37 @@ double fp8_amax(const Tensor& x) {
   return nan ? std::nan("") : amax;
 }
 
+uint8_t fp8_encode(float v, Fp8Format f) {
+  const Fp8Grid g = grid_of(f);
+  const int bias = 1 - g.min_normal_exp;  // E4M3 7, E5M2 15
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const double a = std::fabs(static_cast<double>(v));
+  MOE_ASSERT_MSG(std::isfinite(a) && a <= g.max, "fp8_encode of {}", v);
+  if (a == 0) return sign;
+  int e = 0;
+  std::frexp(a, &e);
+  const int exp = std::max(e - 1, g.min_normal_exp);  // the binade (subnormals: the smallest normal's)
+  const auto steps = static_cast<int64_t>(std::ldexp(a, g.mantissa_bits - exp));  // exact: v is on the grid
+  const int64_t field = e - 1 < g.min_normal_exp ? 0 : exp + bias;
+  const int64_t mantissa = steps - (field == 0 ? 0 : (int64_t{1} << g.mantissa_bits));
+  return static_cast<uint8_t>(sign | (field << g.mantissa_bits) | mantissa);
+}
+
+float fp8_decode(uint8_t code, Fp8Format f) {
+  const Fp8Grid g = grid_of(f);
+  const int bias = 1 - g.min_normal_exp;
+  const int field = (code & 0x7F) >> g.mantissa_bits, mantissa = code & ((1 << g.mantissa_bits) - 1);
+  const double a = field == 0 ? std::ldexp(mantissa, g.min_normal_exp - g.mantissa_bits)
+                              : std::ldexp((1 << g.mantissa_bits) + mantissa, field - bias - g.mantissa_bits);
+  return static_cast<float>((code & 0x80) ? -a : a);
+}
+
 // fp8 · inv in f32, saturated to ±FLT_MAX: near FLT_MAX a value rounded up to the next FP8 step would overflow.
-static float fp8_dequantized(float fp8, float inv) {
+float fp8_dequantize(float fp8, float inv) {
   return std::clamp(fp8 * inv, -FLT_MAX, FLT_MAX);
+}
+static float fp8_dequantized(float fp8, float inv) {
+  return fp8_dequantize(fp8, inv);
 }
 
 float fp8_scale_from_amax(double amax, Fp8Format f, bool pow2) {

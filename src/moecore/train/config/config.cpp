@@ -287,6 +287,7 @@ moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   m.low = low_precision(c);
   m.bias = !c.disable_bias_linear;
   m.allgather_dispatcher = c.moe_token_dispatcher_type == "allgather";
+  m.flex_dispatcher = c.moe_token_dispatcher_type == "flex";
   return m;
 }
 

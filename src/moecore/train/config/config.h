@@ -79,6 +79,8 @@ struct TrainConfig {
   std::string moe_layer_freq{};
   bool moe_grouped_gemm{};
   std::string moe_token_dispatcher_type{};
+  std::string moe_flex_dispatcher_backend{};  // flex's backend: deepep or hybridep (the same math in moecore)
+  bool moe_enable_deepep{};                   // Megatron's older spelling of --moe-flex-dispatcher-backend deepep
   bool moe_per_layer_logging{};
   // training
   int64_t micro_batch_size{}, global_batch_size{}, train_iters{};
@@ -110,15 +112,20 @@ struct TrainConfig {
   double decoupled_lr{}, decoupled_min_lr{};  // -1: none (Megatron's None)
   int64_t seed{};
   bool bf16{};
-  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None). --fp16 needs
-  // --accumulate-allreduce-grads-in-fp32 (moecore keeps fp32 main gradients).
-  bool fp16{}, accumulate_allreduce_grads_in_fp32{};
+  // fp16 and loss scaling (optim/grad_scaler.h; Megatron's --loss-scale 0 is its None); the main gradients' dtype
+  // (optimizer_config.h grad_precision: fp16 under --fp16 without --accumulate-allreduce-grads-in-fp32, bf16 under
+  // --bf16 with --grad-reduce-in-bf16 or --main-grads-dtype bf16).
+  bool fp16{}, accumulate_allreduce_grads_in_fp32{}, grad_reduce_in_bf16{};
+  std::string main_grads_dtype{};
   double loss_scale{}, initial_loss_scale{}, min_loss_scale{}, loss_scale_window{};
   int64_t hysteresis{};
   // FP8 GEMMs (nn/fp8_recipe.h): fp8_format "" is off (Megatron's None).
   std::string fp8_format{}, fp8_recipe{}, fp8_amax_compute_algo{};
   int64_t fp8_margin{}, fp8_amax_history_len{};
   bool first_last_layers_bf16{};
+  // --fp8-param-gather: the FP8 sites' weights held as FP8 (rounded from the fp32 masters after each step) and
+  // all-gathered in FP8 (nn/fp8_param.h).
+  bool fp8_param_gather{};
   int64_t num_layers_at_start_in_bf16{}, num_layers_at_end_in_bf16{};
   // activation recompute (nn/recompute.h); "" and 0 stand for Megatron's None
   std::string recompute_granularity{}, recompute_method{};
@@ -136,8 +143,8 @@ struct TrainConfig {
   bool sequence_parallel{};
   bool use_distributed_optimizer{};
   // Megatron FSDP (optim/fsdp.h): what is sharded over the data-parallel group (ZeRO-0..3), the outer group of
-  // hybrid sharding (HSDP, with --num-distributed-optimizer-instances > 1), the dtypes of the main parameters,
-  // gradients and gradient collectives ("fp32" or "auto"; the rest refused), the gather double buffer, and each rank
+  // hybrid sharding (HSDP, with --num-distributed-optimizer-instances > 1), the dtypes of the main parameters
+  // ("fp32" or "auto"; the rest refused), gradients and gradient collectives, the gather double buffer, and each rank
   // initialising only its shard.
   bool use_megatron_fsdp{}, fsdp_double_buffer{}, init_model_with_meta_device{};
   std::string data_parallel_sharding_strategy{}, outer_dp_sharding_strategy{};

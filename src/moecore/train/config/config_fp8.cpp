@@ -10,6 +10,20 @@
 namespace moecore::train {
 
 void validate_fp8(const TrainConfig& c) {
+  // Megatron's rules (arguments.py; TransformerConfig: fp8_param needs fp8 mode). The gradient-free "inference
+  // mode" arguments.py also allows is not a training run.
+  if (c.fp8_param_gather) {
+    MOE_CHECK(c.use_distributed_optimizer || c.use_megatron_fsdp,
+              "--fp8-param-gather only supported with distributed optimizer or megatron fsdp (as Megatron): add "
+              "--use-distributed-optimizer or --use-megatron-fsdp");
+    MOE_CHECK(!c.fp8_format.empty(),
+              "--fp8-param-gather must be used together with fp8 mode (as Megatron): add --fp8-format e4m3 or "
+              "hybrid");
+    MOE_CHECK(c.optimizer != "muon",
+              "--fp8-param-gather with --optimizer muon is not supported by moecore (its Muon updates the matrices "
+              "in place, with no fp32 master to cast FP8 weights from): use --optimizer adam or sgd, or drop "
+              "--fp8-param-gather");
+  }
   if (c.fp8_format.empty()) return;  // Megatron reads the other FP8 flags only with --fp8-format
   MOE_CHECK(c.fp8_recipe != "mxfp8",
             "--fp8-recipe mxfp8: MXFP8 is Blackwell-only; this build targets Hopper and CPUs: use --fp8-recipe "
@@ -51,6 +65,7 @@ nn::Fp8Config fp8_config(const TrainConfig& c) {
   f.margin = c.fp8_margin;
   f.amax_history_len = c.fp8_amax_history_len;
   f.amax_max = c.fp8_amax_compute_algo == "max";
+  f.param_gather = c.fp8_param_gather;
   f.num_layers = c.num_layers;
   if (c.first_last_layers_bf16) {
     f.bf16_start = c.num_layers_at_start_in_bf16;

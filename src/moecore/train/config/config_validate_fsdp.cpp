@@ -11,8 +11,9 @@ namespace moecore::train {
 
 namespace {
 
-// The dtype flags: fp32 and auto (the model's: fp32 gradients, and fp32 parameters without --bf16 or --fp16) are
-// what moecore computes; a lower-precision main copy or collective is refused by name.
+// The main parameters' dtype: fp32 and auto (the model's: fp32 without --bf16 or --fp16) are what moecore
+// computes; a lower-precision main copy is refused by name. The gradient dtypes take every value (Megatron's
+// meaning: optimizer_config.h grad_precision).
 void validate_fsdp_dtypes(const TrainConfig& c) {
   const std::string& params = c.megatron_fsdp_main_params_dtype;
   const std::string low = c.fp16 ? "fp16" : "bf16";  // the model's low precision, where "auto" takes it
@@ -20,14 +21,6 @@ void validate_fsdp_dtypes(const TrainConfig& c) {
             "--megatron-fsdp-main-params-dtype {}{}: main (master) parameters in {} are not supported by moecore, "
             "which keeps them in fp32; use --megatron-fsdp-main-params-dtype fp32 (Megatron's default)",
             params, params == "auto" ? " with --" + low : "", params == "auto" ? low : params);
-  MOE_CHECK(c.megatron_fsdp_main_grads_dtype == "fp32" || c.megatron_fsdp_main_grads_dtype == "auto",
-            "--megatron-fsdp-main-grads-dtype {}: gradients accumulated in {} are not supported by moecore, which "
-            "accumulates them in fp32; use fp32 or auto (Megatron's default)",
-            c.megatron_fsdp_main_grads_dtype, c.megatron_fsdp_main_grads_dtype);
-  MOE_CHECK(c.megatron_fsdp_grad_comm_dtype == "fp32" || c.megatron_fsdp_grad_comm_dtype == "auto",
-            "--megatron-fsdp-grad-comm-dtype {}: gradient collectives in {} are not supported by moecore, which "
-            "reduces gradients in fp32; use fp32 or auto (Megatron's default)",
-            c.megatron_fsdp_grad_comm_dtype, c.megatron_fsdp_grad_comm_dtype);
 }
 
 }  // namespace

@@ -26,7 +26,43 @@ void check_upcycled_experts(const TrainConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// Megatron's rules for the flex dispatcher's backend flags (TransformerConfig.__post_init__, unconditional there) and
+// the DeepEP dispatcher's construction (TPxEP > 1, with MoE layers). ncclep (NCCL EP through TransformerEngine) is
+// Megatron's third backend; moecore implements deepep and hybridep.
+void validate_flex_dispatcher(const TrainConfig& c) {
+  const bool flex = c.moe_token_dispatcher_type == "flex";
+  if (c.moe_enable_deepep) {
+    MOE_CHECK(flex,
+              "--moe-enable-deepep: the DeepEP backend is only supported with the flex token dispatcher (Megatron's "
+              "rule); add --moe-token-dispatcher-type flex or drop --moe-enable-deepep");
+    MOE_CHECK(c.moe_flex_dispatcher_backend != "hybridep",
+              "--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: only one backend is supported for the "
+              "flex token dispatcher (Megatron's rule); drop one of them");
+  }
+  const std::string backend = c.moe_enable_deepep ? "deepep" : c.moe_flex_dispatcher_backend;
+  if (c.moe_flex_dispatcher_backend == "ncclep" && !c.moe_enable_deepep) {
+    MOE_CHECK(flex, "--moe-flex-dispatcher-backend ncclep requires --moe-token-dispatcher-type flex (Megatron's rule)");
+    MOE_CHECK(false,
+              "--moe-flex-dispatcher-backend ncclep (NCCL EP through TransformerEngine) is not supported by moecore; "
+              "use --moe-flex-dispatcher-backend deepep or hybridep (the same routing and math)");
+  }
+  if (flex && c.moe_pad_expert_input_to_capacity)
+    MOE_CHECK(backend != "deepep",
+              "--moe-pad-expert-input-to-capacity: the flex token dispatcher with the deepep backend does not support "
+              "it (Megatron's rule); use --moe-flex-dispatcher-backend hybridep or drop the padding");
+  if (flex && backend == "deepep" && c.num_experts > 0)
+    MOE_CHECK(c.expert_tensor_parallel_size * c.expert_model_parallel_size > 1,
+              "--moe-token-dispatcher-type flex with the deepep backend requires TPxEP > 1 (Megatron's rule: "
+              "--expert-tensor-parallel-size x --expert-model-parallel-size is 1); use "
+              "--moe-flex-dispatcher-backend hybridep or --moe-token-dispatcher-type alltoall");
+}
+
+}  // namespace
+
 void validate_moe(const TrainConfig& c) {
+  validate_flex_dispatcher(c);
   for (const auto& v : c.moe_aux_loss_coeff) {
     const double x = to_double("moe-aux-loss-coeff", v);
     MOE_CHECK(std::isfinite(x) && x >= 0, "--moe-aux-loss-coeff {} is out of range; accepted: finite numbers >= 0", v);
@@ -47,11 +83,11 @@ void validate_moe(const TrainConfig& c) {
             "upcycled experts; pass --disable-bias-linear");
   MOE_CHECK(c.moe_grouped_gemm, "moe-grouped-gemm: false is rejected: moecore always runs experts as grouped GEMMs");
   // Megatron's checks of --moe-shared-expert-overlap (TransformerConfig): with shared experts, the alltoall
-  // dispatcher, and no shared_experts recompute.
+  // or flex dispatcher, and no shared_experts recompute.
   if (c.moe_shared_expert_overlap && c.moe_shared_expert_intermediate_size > 0) {
-    MOE_CHECK(c.moe_token_dispatcher_type == "alltoall",
-              "--moe-shared-expert-overlap only works with the alltoall token dispatcher (Megatron's rule); drop "
-              "--moe-token-dispatcher-type {} or the overlap",
+    MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "flex",
+              "--moe-shared-expert-overlap only works with the alltoall or flex token dispatcher (Megatron's rule); "
+              "drop --moe-token-dispatcher-type {} or the overlap",
               c.moe_token_dispatcher_type);
     for (const std::string& m : c.recompute_modules)
       MOE_CHECK(m != "shared_experts",

@@ -6,6 +6,7 @@
 #include "moecore/core/error.h"
 #include "moecore/optim/newton_schulz.h"
 #include "moecore/train/config/config_validate.h"
+#include "moecore/train/config/optimizer_config.h"
 
 namespace moecore::train {
 
@@ -115,10 +116,27 @@ void validate_optimizer_state(const TrainConfig& c) {
 // Megatron's precision checks (arguments.py, "Parameters dtype"; the scaler's asserts, grad_scaler.py).
 void validate_precision(const TrainConfig& c) {
   MOE_CHECK(!(c.fp16 && c.bf16), "--fp16 and --bf16 are exclusive (as Megatron): give one");
-  MOE_CHECK(!c.fp16 || c.accumulate_allreduce_grads_in_fp32,
-            "--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron then keeps the main gradients in fp16 "
-            "(accumulated over micro-batches and reduced over data parallelism in fp16), which moecore does not "
-            "support; add --accumulate-allreduce-grads-in-fp32 (fp32 main gradients)");
+  // The main gradients' dtype (arguments.py; optimizer_config.py): --main-grads-dtype other than fp32 only with the
+  // precision-aware optimizer, and under --bf16 not beside --accumulate-allreduce-grads-in-fp32.
+  MOE_CHECK(c.main_grads_dtype == "fp32" || c.use_precision_aware_optimizer,
+            "--main-grads-dtype {}: main_grads_dtype can only be fp32 when not using precision-aware optimizer "
+            "(Megatron's rule); add --use-precision-aware-optimizer or drop --main-grads-dtype",
+            c.main_grads_dtype);
+  MOE_CHECK(!(c.bf16 && c.accumulate_allreduce_grads_in_fp32) || c.main_grads_dtype == "fp32",
+            "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set (Megatron's rule): "
+            "drop one of them");
+  // The precision-aware optimizer's bf16 copy of fp16 or fp32 gradient buffers is not emulated.
+  // (Megatron FSDP reads --megatron-fsdp-main-grads-dtype instead.)
+  MOE_CHECK(c.main_grads_dtype == "fp32" || c.bf16 || c.use_megatron_fsdp,
+            "--main-grads-dtype {} without --bf16: the precision-aware optimizer's bf16 copy of {} main gradients is "
+            "not supported by moecore; use --bf16 (whose gradient buffers are then bf16) or drop --main-grads-dtype",
+            c.main_grads_dtype, c.fp16 ? "fp16" : "fp32");
+  MOE_CHECK(!grad_precision(c).low() || (c.optimizer != "muon" && c.optimizer != "dist_muon"),
+            "--optimizer {} with fp16/bf16 main gradients (--fp16 without --accumulate-allreduce-grads-in-fp32, "
+            "--grad-reduce-in-bf16, --main-grads-dtype bf16 or Megatron FSDP's low-precision gradient dtypes): not "
+            "supported by moecore; use fp32 main gradients (--accumulate-allreduce-grads-in-fp32, or "
+            "--megatron-fsdp-main-grads-dtype fp32) or --optimizer adam",
+            c.optimizer);
   MOE_CHECK(!c.fp16 || c.fp8_format.empty(),
             "--fp16 with --fp8-format {}: moecore's FP8 GEMMs cast from bf16 or fp32 operands; use --bf16 with FP8",
             c.fp8_format);

@@ -48,9 +48,9 @@ void validate_expert_overlap(const TrainConfig& c) {
     MOE_CHECK(c.expert_model_parallel_size > 1,
               "--overlap-moe-expert-parallel-comm is only supported with expert model parallelism (Megatron's rule): "
               "--expert-model-parallel-size must be > 1");
-    MOE_CHECK(c.moe_token_dispatcher_type == "alltoall",
-              "--overlap-moe-expert-parallel-comm is supported with the alltoall token dispatcher (Megatron's rule), "
-              "not --moe-token-dispatcher-type {}",
+    MOE_CHECK(c.moe_token_dispatcher_type == "alltoall" || c.moe_token_dispatcher_type == "flex",
+              "--overlap-moe-expert-parallel-comm is supported with the alltoall or flex token dispatcher (Megatron's "
+              "rule), not --moe-token-dispatcher-type {}",
               c.moe_token_dispatcher_type);
     MOE_CHECK(c.recompute_granularity != "full",
               "disable full recomputation when enabling --overlap-moe-expert-parallel-comm (Megatron's rule)");

@@ -10,7 +10,9 @@
 
 namespace moecore::train {
 
-std::vector<FlagSpec> fsdp_flag_rows();  // Megatron FSDP's rows (flag_table_fsdp.cpp)
+std::vector<FlagSpec> fsdp_flag_rows();        // Megatron FSDP's rows (flag_table_fsdp.cpp)
+std::vector<FlagSpec> dispatcher_flag_rows();  // the token dispatcher's rows (flag_table_dispatcher.cpp)
+std::vector<FlagSpec> main_grad_flag_rows();   // the main gradients' dtype (flag_table_grads.cpp)
 
 namespace {
 
@@ -148,9 +150,8 @@ std::vector<FlagSpec> build_flag_table() {
         "GPU: shared experts on a second stream beside the routed experts (the same math)"},
        {"moe-layer-freq", &C::moe_layer_freq, "1", "N or a list such as ([0]*1+[1]*3)", kModel | kListExpression},
        {"moe-grouped-gemm", &C::moe_grouped_gemm, true, "Grouped GEMM experts (always on in moecore)"},
-       {"moe-token-dispatcher-type", &C::moe_token_dispatcher_type, "alltoall",
-        "alltoall or allgather (one rank: local dispatch either way)", kNoRole, one_of({"alltoall", "allgather"})},
        {"moe-per-layer-logging", &C::moe_per_layer_logging, false, "Log each MoE layer's losses and load"}});
+  section(FlagGroup::MoE, dispatcher_flag_rows());
   section(
       FlagGroup::Training,
       {{"micro-batch-size", &C::micro_batch_size, 4, "Sequences per micro-batch", kNoRole, positive()},
@@ -225,7 +226,7 @@ std::vector<FlagSpec> build_flag_table() {
        {"seed", &C::seed, 1234, "Random seed"},
        {"bf16", &C::bf16, false, "bf16 GEMMs with fp32 master weights and accumulation"},
        {"fp16", &C::fp16, false,
-        "fp16 GEMMs with fp32 master weights and accumulation, and loss scaling (needs "
+        "fp16 GEMMs with fp32 master weights, loss scaling, and fp16 main gradients (fp32 with "
         "--accumulate-allreduce-grads-in-fp32)"},
        {"loss-scale", &C::loss_scale, 0, "Constant loss scale with --fp16 or --bf16 (0: none, or dynamic under --fp16)",
         kNoRole, at_least(0)},
@@ -235,8 +236,6 @@ std::vector<FlagSpec> build_flag_table() {
        {"loss-scale-window", &C::loss_scale_window, 1000, "Dynamic loss scale: clean steps before it doubles", kNoRole,
         positive()},
        {"hysteresis", &C::hysteresis, 2, "Dynamic loss scale: non-finite steps before it halves", kNoRole, positive()},
-       {"accumulate-allreduce-grads-in-fp32", &C::accumulate_allreduce_grads_in_fp32, false,
-        "Gradients accumulated and reduced in fp32 (moecore always does; --fp16 requires it)"},
        {"fp8-format", &C::fp8_format, "",
         "FP8 GEMMs in the transformer layers' linears and experts (emulated exactly on the CPU): e4m3 everywhere, or "
         "hybrid (e4m3 forward, e5m2 gradients); unset: off",
@@ -305,6 +304,7 @@ std::vector<FlagSpec> build_flag_table() {
        {"testing-offload-on-cpu", &C::testing_offload_on_cpu, false,
         "Testing: on the CPU, offloading copies the stashes to a separate host pool and back (its code path and "
         "accounting without a GPU)"}});
+  section(FlagGroup::Training, main_grad_flag_rows());
   section(
       FlagGroup::Parallel,
       {{"tensor-model-parallel-size", &C::tensor_model_parallel_size, 1, "TP", kNoRole, positive()},

@@ -1,6 +1,7 @@
 // The flag table's rows for Megatron FSDP (see config.h; the table: flag_table.cpp): --use-megatron-fsdp, its
-// sharding strategies, its dtypes, the gather double buffer and sharded initialisation, at the end of the
-// parallelism group. Megatron's rules for them: config_validate_fsdp.cpp.
+// sharding strategies, its dtypes, the gather double buffer and sharded initialisation, and --fp8-param-gather
+// (Megatron's DistributedDataParallelConfig option: what the distributed optimizer or FSDP gathers), at the end of
+// the parallelism group. Megatron's rules for them: config_validate_fsdp.cpp, config_fp8.cpp.
 #include "moecore/train/config/config.h"
 
 namespace moecore::train {
@@ -33,7 +34,10 @@ std::vector<FlagSpec> fsdp_flag_rows() {
        "the largest unit (default: a buffer per gathered unit, taken and returned as it goes)"},
       {"init-model-with-meta-device", &C::init_model_with_meta_device, false,
        "FSDP optim_grads_params: each rank initialises only its shard of the parameters (no rank holds the whole "
-       "model)"}};
+       "model)"},
+      {"fp8-param-gather", &C::fp8_param_gather, false,
+       "FP8 primary weights: the FP8 GEMMs' weights kept in FP8 (cast from the fp32 masters after each step) and "
+       "all-gathered in FP8; needs --fp8-format and --use-distributed-optimizer or --use-megatron-fsdp"}};
 }
 
 }  // namespace moecore::train

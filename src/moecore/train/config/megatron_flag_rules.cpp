@@ -53,9 +53,6 @@ std::vector<FlagRule> build_rules() {
                "moe-router-padding-for-fp8", "moe-router-padding-for-quantization", "te-precision-config-file",
                "use-kitchen-attention", "fp8-output-proj", "fp8-quantizer-factory"},
               {"kitchen-"}));
-  r.push_back(refused(unsupported("FP8 primary weights (--fp8-param-gather: weights kept and all-gathered in FP8)",
-                                  "drop it: master weights stay fp32 and each FP8 GEMM casts its weight"),
-                      {"fp8-param-gather"}));
   r.push_back(no_effect("deprecated in Megatron, which ignores it (delayed scaling updates after every cast)",
                         {"fp8-interval"}));
   r.push_back(refused("FP4 training (NVFP4) is Blackwell-only; this build targets Hopper and CPUs: use --fp8-format",

@@ -13,15 +13,13 @@ std::string not_gpt(const std::string& area) {
 
 void numerics(std::vector<FlagRule>& r) {
   r.push_back(
-      no_effect("moecore keeps fp32 main gradients and accumulates and reduces them in fp32 always",
+      no_effect("fp32 refinements of fp16/bf16 main gradients: moecore accumulates and reduces those in their own "
+                "dtype (docs/differences.md), fp32 ones in fp32",
                 {"ddp-reduce-scatter-with-fp32-accumulation", "ddp-param-name-patterns-for-fp32-local-accumulation",
                  "gtp-remat-reduce-scatter-with-fp32-accumulation"}));
-  r.push_back(no_effect_for({"main-grads-dtype", "main-params-dtype"}, {"fp32"},
-                            "moecore's main gradients and master weights are fp32",
-                            "lower-precision main gradients and master weights are not supported by moecore "
+  r.push_back(no_effect_for({"main-params-dtype"}, {"fp32"}, "moecore's master weights are fp32",
+                            "lower-precision master weights are not supported by moecore "
                             "(bf16 Adam moments are: --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)"));
-  r.push_back(
-      refused(unsupported("gradient reduction in bf16", "moecore reduces gradients in fp32"), {"grad-reduce-in-bf16"}));
   r.push_back(no_effect("moecore computes the attention softmax in fp32 always", {"attention-softmax-in-fp32"}));
   r.push_back(
       no_effect("scales Q·Kᵀ down by the layer number and the fp32 softmax back up: the same attention up "
@@ -115,10 +113,12 @@ void communication(std::vector<FlagRule>& r) {
       {"disable-gloo-process-groups", "nccl-communicator-config-path", "use-sharp", "sharp-enabled-group",
        "symmetric-ar-type", "lazy-mpu-init", "distributed-timeout-seconds-after-init", "use-tp-pp-dp-mapping"}));
   r.push_back(no_effect(
-      "a token-dispatcher backend (DeepEP, HybridEP, NCCL EP): the same routing and expert math",
-      {"moe-enable-deepep", "moe-deepep-num-sms", "moe-flex-dispatcher-backend", "moe-flex-dispatcher-num-sms",
-       "moe-ncclep-zero-copy", "moe-use-legacy-grouped-gemm", "moe-use-grouped-tensor", "moe-single-grouped-bias",
-       "moe-single-grouped-weight", "use-grouped-gemm-for-dense-mlp", "use-grouped-gemm-for-shared-expert"},
+      "a dispatcher backend's tuning or a kernel choice (SM counts, HybridEP blocks, grouped-GEMM forms): the same "
+      "routing and expert math (--moe-flex-dispatcher-backend selects flex's backend: deepep and hybridep have the "
+      "same math in moecore)",
+      {"moe-deepep-num-sms", "moe-flex-dispatcher-num-sms", "moe-ncclep-zero-copy", "moe-use-legacy-grouped-gemm",
+       "moe-use-grouped-tensor", "moe-single-grouped-bias", "moe-single-grouped-weight",
+       "use-grouped-gemm-for-dense-mlp", "use-grouped-gemm-for-shared-expert"},
       {"moe-hybridep-"}));
   r.push_back(no_effect_for({"moe-dispatch-fwd-dtype", "moe-combine-bwd-dtype"}, {"bf16"},
                             "the dispatch wire dtype of the NCCL EP dispatcher; moecore sends activations unrounded",

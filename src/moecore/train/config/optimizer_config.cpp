@@ -25,6 +25,25 @@ bool check_nan_in_loss_and_grad(const TrainConfig& c) {
   return !c.no_check_for_nan_in_loss_and_grad && grad_scaler_config(c).kind != optim::GradScalerConfig::Kind::Dynamic;
 }
 
+optim::GradPrecision grad_precision(const TrainConfig& c) {
+  const DType model = c.fp16 ? DType::F16 : c.bf16 ? DType::BF16 : DType::F32;
+  auto named = [](const std::string& d, DType automatic) {
+    return d == "fp16" ? DType::F16 : d == "bf16" ? DType::BF16 : d == "fp32" ? DType::F32 : automatic;
+  };
+  optim::GradPrecision g;
+  if (c.use_megatron_fsdp) {  // Megatron FSDP reads its own flags only (not grad_reduce_in_fp32)
+    g.main = named(c.megatron_fsdp_main_grads_dtype, model);
+    g.comm = named(c.megatron_fsdp_grad_comm_dtype, g.main);
+    return g;
+  }
+  // arguments.py: under --bf16, --grad-reduce-in-bf16 turns accumulate_allreduce_grads_in_fp32 off, and without
+  // it --main-grads-dtype fp32 (the default) turns it on.
+  bool fp32 = c.accumulate_allreduce_grads_in_fp32;
+  if (c.bf16) fp32 = !c.grad_reduce_in_bf16 && (fp32 || c.main_grads_dtype == "fp32");
+  g.main = g.comm = fp32 ? DType::F32 : model;
+  return g;
+}
+
 optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   optim::OptimizerConfig oc;
   oc.adam = {c.lr, c.adam_beta1, c.adam_beta2, c.adam_eps, c.weight_decay};
@@ -38,6 +57,7 @@ optim::OptimizerConfig optimizer_config(const TrainConfig& c) {
   oc.bucket_size = c.ddp_bucket_size;
   oc.check_finite = check_nan_in_loss_and_grad(c);
   oc.scaler = grad_scaler_config(c);
+  oc.grad_precision = grad_precision(c);
   // A GPU keeps the norms of the steps between log lines in device memory (the trainer reads them at a log line,
   // a TensorBoard write or a save, or when this many are waiting).
   oc.deferred_norms = std::clamp<int64_t>(c.log_interval, 1, 1024);

@@ -154,6 +154,14 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const Co
   if (EP > 1 && Lm > 0) {
     if (c.moe_token_dispatcher_type == "alltoall") {
       out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + xb) + 2 * 4);
+    } else if (c.moe_token_dispatcher_type == "flex") {
+      // flex: a token crosses once per other rank holding one of its k experts (k of E uniform: it misses a rank's
+      // E/EP experts with probability C(E − E/EP, k) / C(E, k)), each way as alltoall's rows; its assignments'
+      // routing (two I32 and the probability) forward and their probability gradients back.
+      const double E = static_cast<double>(c.num_experts), n = E / EP;
+      double miss = 1;
+      for (int64_t i = 0; i < c.moe_router_topk; i++) miss *= std::max(0.0, (E - n - i) / (E - i));
+      out["ep"] = M * Lm * Tl * ((EP - 1) * (1 - miss) * 2 * H * (ab + xb) + (EP - 1) / EP * k * 16);
     } else {  // allgather: tokens and [T, K] ids and probabilities (pb bytes each) gathered; outputs, input and
               // probability gradients reduce-scattered
       const double pb = c.moe_router_dtype == "fp64" ? 8.0 : 4.0;

@@ -385,7 +385,10 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
     const bool expert = q->name.find(".experts.") != std::string::npos;
     const auto n = static_cast<double>(q->value.numel());
     (expert ? p.expert : p.dense) += n;
-    if (!q->low_storage) (expert ? p.f32_expert : p.f32_dense) += n;  // kept f32 under --bf16, --fp16
+    if (q->fp8)  // FP8 weights (--fp8-param-gather): f32 read-backs with masters apart
+      (expert ? p.fp8_expert : p.fp8_dense) += n;
+    else if (!q->low_storage)
+      (expert ? p.f32_expert : p.f32_dense) += n;  // kept f32 under --bf16, --fp16
   }
   fmt::print(out, "parameters: {:.2f} M ({:.2f} M in routed experts); vocabulary {} padded to {}\n",
              (p.dense + p.expert) / 1e6, p.expert / 1e6, vocab, padded_vocab);
@@ -394,6 +397,7 @@ MemoryPlan print_memory_plan(std::FILE* out, const TrainConfig& c, const nn::Par
   p.bf16_copy = counted.bf16_copy;
   // Megatron FSDP's units, as planned.
   p.largest_layer = counted.largest_layer, p.largest_layer_f32 = counted.largest_layer_f32;
+  p.largest_layer_fp8 = counted.largest_layer_fp8;
   p.ends = counted.ends, p.ends_f32 = counted.ends_f32;
   const MemoryPlan m = plan_memory(c, padded_vocab, l, g.pp_rank, &p);
   fmt::print(out, "memory plan: {} | total {} per rank\n", m.describe(), human_bytes(m.total()));
