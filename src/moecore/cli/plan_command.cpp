@@ -285,13 +285,17 @@ void print_search(std::FILE* out, const train::plan::SearchResult& r, double lim
                k.prediction.tflops_per_gpu, k.prediction.step_seconds, gib(k.memory_bytes),
                k.given ? " (the layout given)" : "", fmt::join(k.flags, " "));
   }
-  if (r.given.prediction.step_seconds > 0 && !r.best.empty()) {
-    const double gain = r.given.prediction.step_seconds / r.best.front().prediction.step_seconds - 1;
+  if (!r.given_fits) {
+    fmt::print(out, "the layout given {}\n",
+               r.given.memory_bytes > 0 ? fmt::format("plans {} per GPU: it does not fit", gib(r.given.memory_bytes))
+                                        : std::string("is not one Megatron allows"));
+  } else if (!r.best.empty()) {
     if (r.best.front().given)
       fmt::print(out, "the layout given is the fastest that fits\n");
     else
-      fmt::print(out, "the fastest is predicted {:.1f}% faster than the layout given{}\n", 100 * gain,
-                 r.given_fits ? "" : " (which does not fit)");
+      fmt::print(out, "the fastest is predicted {:.1f}% faster than the layout given ({:.1f} TFLOPS per GPU)\n",
+                 100 * (r.given.prediction.step_seconds / r.best.front().prediction.step_seconds - 1),
+                 r.given.prediction.tflops_per_gpu);
   }
 }
 
@@ -344,26 +348,12 @@ int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
             "moecore plan: --search ranks layouts by predicted step time; add --plan-gpu "
             "({})",
             fmt::join(train::plan::gpu_names(), ", "));
-  // A GPU plan: the memory plan of a GPU run too (no GPU is needed to plan), unless moecore's GPU path refuses the
-  // flags (FP8, Megatron FSDP: device_support.cpp); then the memory plan is the CPU's, and the step-time prediction
-  // is still the GPU's (it models Megatron's run of the flags, not moecore's).
-  std::string cpu_memory_plan;
-  if (!gpu_name.empty() && !given({"--device"})) {
-    std::vector<std::string> on_gpu = args;
-    on_gpu.insert(on_gpu.end(), {"--device", "cuda"});
-    try {
-      train::compose_train_config(train::parse_flags(on_gpu), /*plan_only=*/true);
-      args = on_gpu;
-    } catch (const Error& e) {
-      cpu_memory_plan = e.what();
-    }
-  }
   train::plan::PlanOptions options;
   options.tp_comm_overlap = given({"--tp-comm-overlap"});
-  const TrainConfig c = train::compose_train_config(train::parse_flags(args), /*plan_only=*/true);
-  if (!cpu_memory_plan.empty())
-    fmt::print(out, "the memory plan below is a CPU run's: moecore's GPU path refuses these flags ({})\n",
-               cpu_memory_plan);
+  TrainConfig c = train::compose_train_config(train::parse_flags(args), /*plan_only=*/true);
+  // A GPU plan plans the memory of a GPU run (no GPU is needed to plan): Megatron's run of these flags on that GPU,
+  // so what moecore's own GPU path does not cover yet (device_support.cpp) does not stop it.
+  if (!gpu_name.empty()) c.device = "cuda";
   const int64_t padded_vocab = train::build_vocabulary(c).padded;
   if (world == 0) world = PlanLayout::from(c, 0).world();
   print_plan(out, c, padded_vocab, world);

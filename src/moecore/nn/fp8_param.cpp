@@ -9,15 +9,15 @@
 namespace moecore::nn {
 
 namespace {
-constexpr int64_t kBlock = 128;  // blockwise weights: 128 × 128 blocks, as Fp8Gemm::quantize casts them
+constexpr int64_t kWeightBlock = 128;  // blockwise weights: 128 × 128 blocks, as Fp8Gemm::quantize casts them
 }
 
 Fp8Param::Fp8Param(std::vector<std::shared_ptr<Fp8Gemm>> sites, int64_t rows, int64_t cols)
     : sites_(std::move(sites)), rows_(rows), cols_(cols), format_(sites_.front()->format(Fp8Operand::Weight)) {
   MOE_ASSERT(!sites_.empty() && rows > 0 && cols > 0);
   if (recipe() == Fp8Recipe::Blockwise) {
-    block_cols_ = (cols + kBlock - 1) / kBlock;
-    blocks_per_slice_ = (rows + kBlock - 1) / kBlock * block_cols_;
+    block_cols_ = (cols + kWeightBlock - 1) / kWeightBlock;
+    blocks_per_slice_ = (rows + kWeightBlock - 1) / kWeightBlock * block_cols_;
   }
   scales_.assign(static_cast<size_t>(amax_slots()), 1.0f);
   inv_.assign(scales_.size(), 1.0f);
@@ -27,7 +27,7 @@ int64_t Fp8Param::slot_of(int64_t i) const {
   const int64_t rc = rows_ * cols_, slice = i / rc;
   if (blocks_per_slice_ == 1) return slice;
   const int64_t k = i - slice * rc;
-  return slice * blocks_per_slice_ + (k / cols_) / kBlock * block_cols_ + (k % cols_) / kBlock;
+  return slice * blocks_per_slice_ + (k / cols_) / kWeightBlock * block_cols_ + (k % cols_) / kWeightBlock;
 }
 
 void Fp8Param::add_amax(const float* v, int64_t first, int64_t n, double* amax) const {

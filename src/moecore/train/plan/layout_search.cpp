@@ -71,17 +71,19 @@ std::vector<int64_t> powers_of_two(int64_t most) {
 }
 
 // Evaluates `flags` (the run's plus a layout); false where Megatron (or moecore) refuses the combination.
-bool evaluate(const std::vector<std::string>& base, const std::vector<std::string>& layout, int64_t world,
+// Predicts its step only where its memory plan fits in `limit`.
+bool evaluate(const std::vector<std::string>& base, const std::vector<std::string>& layout, int64_t world, double limit,
               const GpuSpec& gpu, const PlanOptions& options, Candidate& out) {
   std::vector<std::string> args = base;
   args.insert(args.end(), layout.begin(), layout.end());
   try {
-    const TrainConfig c = compose_train_config(parse_flags(args), /*plan_only=*/true);
+    TrainConfig c = compose_train_config(parse_flags(args), /*plan_only=*/true);
+    c.device = "cuda";  // the memory of a GPU run (as moecore plan --plan-gpu plans it)
     const int64_t vocab = build_vocabulary(c).padded;
     const PlanLayout l = PlanLayout::from(c, world);
     if (c.global_batch_size % (c.micro_batch_size * l.dp) != 0) return false;
     out.memory_bytes = worst_stage(plan_memory_stages(c, vocab, l)).total();
-    out.prediction = predict_step(c, vocab, l, gpu, options);
+    if (out.memory_bytes <= limit) out.prediction = predict_step(c, vocab, l, gpu, options);
     out.flags = layout;
     return true;
   } catch (const Error&) {
@@ -103,7 +105,7 @@ SearchResult search_layouts(const std::vector<std::string>& args, int64_t world,
       given_layout.push_back(args[i]);
       while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) given_layout.push_back(args[++i]);
     }
-  if (evaluate(base, given_layout, world, gpu, options, r.given)) {
+  if (evaluate(base, given_layout, world, 1e300, gpu, options, r.given)) {
     r.given.given = true;
     r.given_fits = r.given.memory_bytes <= memory_limit;
   }
@@ -122,7 +124,7 @@ SearchResult search_layouts(const std::vector<std::string>& args, int64_t world,
       for (int64_t pp : powers_of_two(16))
         for (int64_t vpp : {1, 2, 4}) {
           if (pp == 1 && vpp > 1) continue;
-          if (world % (tp * cp * pp) != 0) continue;
+          if (world % (tp * cp * pp) != 0 || pp * vpp > c.num_layers) continue;  // no stage without a layer
           for (int64_t ep : powers_of_two(std::max<int64_t>(c.num_experts, 1))) {
             if ((c.num_experts > 0 && c.num_experts % ep != 0) || (world / pp) % ep != 0) continue;
             for (const std::vector<std::string>& rc : recomputes) {
@@ -141,7 +143,7 @@ SearchResult search_layouts(const std::vector<std::string>& args, int64_t world,
               layout.insert(layout.end(), rc.begin(), rc.end());
               r.tried++;
               Candidate cand;
-              if (!evaluate(base, layout, world, gpu, options, cand)) continue;
+              if (!evaluate(base, layout, world, memory_limit, gpu, options, cand)) continue;
               r.valid++;
               if (cand.memory_bytes > memory_limit) continue;
               r.fitting++;

@@ -88,6 +88,36 @@ double alltoall_busbw(int64_t stride, int64_t size, const GpuSpec& g) {
   return 1 / t;
 }
 
+// One direction of one MoE layer's EP communication for one micro-batch. The flex dispatcher's backends (DeepEP,
+// HybridEP) cross the network once per token and destination node (then forward over NVLink): the network carries
+// each token to the other nodes holding one of its k experts (k of E uniform, at most the group-limited routing's
+// --moe-router-group-topk groups where groups align with nodes); the cost model's per-rank bytes go over NVLink.
+// Other dispatchers: the cost model's bytes over the all-to-all's bus bandwidth.
+double ep_seconds(const TrainConfig& c, const PlanLayout& l, const GpuSpec& g, const Links& links, double bytes) {
+  const double inside = peers_inside(l.etp, l.ep, g);
+  if (c.moe_token_dispatcher_type != "flex" || inside >= static_cast<double>(l.ep)) return bytes / links.ep;
+  const double nodes = static_cast<double>(l.ep) / inside, E = static_cast<double>(c.num_experts);
+  const double per_node = E / nodes;
+  double miss = 1;
+  for (int64_t i = 0; i < c.moe_router_topk; i++) miss *= std::max(0.0, (E - per_node - i) / (E - i));
+  double reached = nodes * (1 - miss);
+  if (c.moe_router_num_groups > 0 && c.moe_router_group_topk > 0 && c.moe_router_num_groups >= nodes)
+    reached = std::min(reached, static_cast<double>(c.moe_router_group_topk) *
+                                    std::max(1.0, nodes / static_cast<double>(c.moe_router_num_groups)));
+  const double other_nodes = reached * (nodes - 1) / nodes;
+  const double T = static_cast<double>(c.seq_length * c.micro_batch_size) / static_cast<double>(l.cp * l.tp);
+  const double H = static_cast<double>(c.hidden_size), e = act_bytes(c);
+  const double network = T * other_nodes * H * 2 * e;  // dispatch and combine of one direction
+  return std::max(network / g.nccl_busbw_network, bytes / g.nccl_busbw_nvlink);
+}
+
+// Communication of `comm` seconds overlapped with `compute` seconds: what exceeds the compute is exposed, and while
+// it runs beside the compute its kernels take their SMs from it (GpuSpec::overlap_cost).
+double hidden_cost(const GpuSpec& g, double comm, double compute) {
+  const double hidden = std::min(comm, compute);
+  return (comm - hidden) + hidden * g.overlap_cost();
+}
+
 }  // namespace
 
 Links links_of(const PlanLayout& l, const GpuSpec& g) {
@@ -191,8 +221,8 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
   // too), overlapped with the attention blocks by Megatron's ring.
   if (l.cp > 1) {
     const double kv = T * heads * (dqk + dv) * e * static_cast<double>(l.cp - 1);
-    af.cp += std::max(0.0, kv / links.cp - core_fwd);
-    ab.cp += std::max(0.0, 2 * kv / links.cp - ab.attention);
+    af.cp += hidden_cost(g, kv / links.cp, core_fwd);
+    ab.cp += hidden_cost(g, 2 * kv / links.cp, ab.attention);
   }
   // MLP: dense, or routed experts (+ shared experts).
   const double gated = c.swiglu ? 2.0 : 1.0;
@@ -236,10 +266,10 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     mlp_gemm_fwd = shared_fwd;
     // EP all-to-all and ETP gathers: exposed, or with --overlap-moe-expert-parallel-comm hidden behind another
     // micro-batch's compute of the same layer (Megatron's combined 1F1B schedule).
-    const double ep = bytes.ep_moe_layer / links.ep, etp = bytes.etp_moe_layer / links.etp;
+    const double ep = ep_seconds(c, l, g, links, bytes.ep_moe_layer), etp = bytes.etp_moe_layer / links.etp;
     if (c.overlap_moe_expert_parallel_comm) {
-      mf.ep += std::max(0.0, ep - (af.compute() + mf.compute()));
-      mb.ep += std::max(0.0, ep - (ab.compute() + mb.compute()));
+      mf.ep += hidden_cost(g, ep, af.compute() + mf.compute());
+      mb.ep += hidden_cost(g, ep, ab.compute() + mb.compute());
     } else {
       mf.ep += ep, mb.ep += ep;
     }
@@ -249,7 +279,7 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
   // Tensor parallelism with sequence parallelism: exposed, or with --tp-comm-overlap hidden behind the GEMMs.
   const double tp = (moe_layer ? bytes.tp_moe_layer : bytes.tp_dense_layer) / links.tp;
   auto tp_exposed = [&](double comm, double gemms) {
-    return options.tp_comm_overlap ? std::max(0.0, comm - gemms) : comm;
+    return options.tp_comm_overlap ? hidden_cost(g, comm, gemms) : comm;
   };
   const double gemms_fwd = af.dense_gemm + mlp_gemm_fwd;
   af.tp += tp_exposed(tp, gemms_fwd);
@@ -278,8 +308,8 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
   const double xent = hbm_seconds(g, 3 * s.T * V * 4);  // logits in f32: softmax, loss, its gradient
   out.fwd.memory += xent + hbm_seconds(g, 2 * s.Tsp * s.H * s.e), out.bwd.memory += xent;
   const double tp = bytes.tp_ends / links.tp;
-  out.fwd.tp += options.tp_comm_overlap ? std::max(0.0, tp - out.fwd.dense_gemm) : tp;
-  out.bwd.tp += options.tp_comm_overlap ? std::max(0.0, tp - out.bwd.dense_gemm) : tp;
+  out.fwd.tp += options.tp_comm_overlap ? hidden_cost(g, tp, out.fwd.dense_gemm) : tp;
+  out.bwd.tp += options.tp_comm_overlap ? hidden_cost(g, tp, out.bwd.dense_gemm) : tp;
   return out;
 }
 

@@ -121,8 +121,12 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
     CommSizes z;
     z.tp = l.tp, z.dp = l.dp, z.ep = l.ep, z.etp = l.etp, z.edp = l.edp, z.num_microbatches = M;
     z.n_dense = p.dense, z.n_exp = p.expert;
-    z.w_dense = bf16 ? 2 * (p.dense - p.f32_dense) + 4 * p.f32_dense : 4 * p.dense;
-    z.w_exp = bf16 ? 2 * (p.expert - p.f32_expert) + 4 * p.f32_expert : 4 * p.expert;
+    // Gradients on the wire: f32, or bf16 under --grad-reduce-in-bf16 / bf16 main gradients; the parameters
+    // gathered as stored (FP8 under --fp8-param-gather).
+    z.grad_bytes = c.grad_reduce_in_bf16 || c.main_grads_dtype == "bf16" ? 2.0 : 4.0;
+    const double stored = c.fp8_param_gather ? 1.0 : 2.0;
+    z.w_dense = bf16 ? stored * (p.dense - p.f32_dense) + 4 * p.f32_dense : 4 * p.dense;
+    z.w_exp = bf16 ? stored * (p.expert - p.f32_expert) + 4 * p.f32_expert : 4 * p.expert;
     const std::map<std::string, double> dpb = analytic_comm_bytes(c, z);
     const bool sharded = c.use_distributed_optimizer && (c.optimizer == "adam" || c.optimizer == "sgd");
     double reduce = 0, gather = 0;
