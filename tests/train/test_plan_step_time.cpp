@@ -96,8 +96,8 @@ std::vector<std::string> deepseek_v3_h100_recipe(const std::string& fp8_recipe) 
 // The model misses this run by more than the quarter: it predicts about 1.5x the published 299.4 TFLOPS
 // (docs/plan.md, "Where the model is known to be wrong": a fine-grained MoE at H 2048 runs its many small kernels
 // well below the large-shape rates the model takes). The rates are not fitted to close the gap; this test holds the
-// prediction where it is (optimistic, under twice the published figure) so that a change to the model shows.
-TEST(PlanPublished, Qwen3_30B_A3B_On16H100OptimisticButUnderTwice) {
+// prediction where it is (optimistic, within 60% of the published figure) so that a change to the model shows.
+TEST(PlanPublished, Qwen3_30B_A3B_On16H100OptimisticWithinSixtyPercent) {
   const StepPrediction p = predict(qwen3_30b_a3b_h100_recipe(), 16, "h100");
   RecordProperty("predicted_tflops", std::to_string(p.tflops_per_gpu));
   EXPECT_GT(p.tflops_per_gpu / 299.352, 1.0) << describe(p, gpu_spec("h100"), 16);
