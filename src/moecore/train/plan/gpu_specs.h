@@ -29,7 +29,7 @@ struct GpuSpec {
   // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
   // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
   double sms = 0, comm_sms = 0;
-  // The fraction of compute a hidden (overlapped) communication of `t` seconds still costs.
+  // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
   double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
   double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }
   double achievable_fp8() const { return peak_fp8 * gemm_fp8_efficiency; }

@@ -128,8 +128,9 @@ Links links_of(const PlanLayout& l, const GpuSpec& g) {
   k.etp = ring_busbw(1, l.etp, g);
   k.ep = alltoall_busbw(l.etp, l.ep, g);
   k.edp = ring_busbw(l.etp * l.ep, l.edp, g);
-  // Stage neighbours are TP·CP·DP ranks apart: the network unless the whole pipeline fits in one domain.
-  k.pp = l.tp * l.cp * l.dp * l.pp <= g.gpus_per_nvlink_domain ? g.nvlink_bandwidth * 0.8 : g.network_bandwidth * 0.9;
+  // Stage neighbours are TP·CP·DP ranks apart: NVLink only where the whole pipeline fits in one domain; a P2P
+  // transfer taken at the collectives' bus bandwidth of that link.
+  k.pp = l.tp * l.cp * l.dp * l.pp <= g.gpus_per_nvlink_domain ? g.nccl_busbw_nvlink : g.nccl_busbw_network;
   return k;
 }
 
