@@ -180,10 +180,9 @@ std::string describe(const StepPrediction& p, const GpuSpec& gpu, int64_t world)
       "FLOP count), MFU {:.1f}% of {:.0f} TFLOPS BF16\n",
       world, gpu.description, p.step_seconds, p.tokens_per_second, p.tokens_per_second / static_cast<double>(world),
       p.tflops_per_gpu, 100 * p.mfu, gpu.peak_bf16 / 1e12);
-  s +=
-      fmt::format("  breakdown of pipeline stage {}'s step (seconds; recompute inside compute):\n", p.critical_pp_rank);
+  s += fmt::format("  breakdown of pipeline stage {}'s step (seconds):\n", p.critical_pp_rank);
   for (const auto& [name, t] : p.compute) s += fmt::format("    compute {:<22} {:>9.3f}\n", name, t);
-  s += fmt::format("    {:<30} {:>9.3f}\n", "of which recompute", p.recompute);
+  s += fmt::format("    {:<30} {:>9.3f}\n", "recompute (in the lines above)", p.recompute);
   for (const auto& [name, t] : p.exposed_comm)
     if (t > 0) s += fmt::format("    exposed comm {:<17} {:>9.3f}\n", name, t);
   s += fmt::format("    {:<30} {:>9.3f}\n    {:<30} {:>9.3f}\n", "pipeline bubble", p.bubble, "optimizer step",
