@@ -14,7 +14,7 @@ BenchCommands::BenchCommands(CLI::App& app) {
   bench->require_subcommand(1);
   for (auto add : {add_gemm_bench, add_attention_bench, add_moe_layer_bench, add_train_bench, add_comm_bench,
                    add_checkpoint_bench, add_tokenizer_bench, add_pipeline_bench, add_context_bench, add_memory_bench,
-                   add_mla_bench, add_grouped_gemm_bench})
+                   add_mla_bench, add_plan_bench, add_grouped_gemm_bench})
     benches_.push_back(add(*bench));
 }
 

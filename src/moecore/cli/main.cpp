@@ -106,7 +106,9 @@ int main(int argc, char** argv) {
   app.add_flag("--version", show_version, "Print the version and exit");
   app.footer(
       "Subcommands also include: train (Megatron-LM flags; moecore train --help), plan (the memory plan of train "
-      "flags without running: moecore plan --world-size N --device-memory-gib G <train flags>), launch (mpirun with "
+      "flags without running: moecore plan --world-size N --device-memory-gib G <train flags>; with --plan-gpu "
+      "h100|h200|b200|gb200 the predicted step time and TFLOPS, with --search the fastest layouts that fit), launch "
+      "(mpirun with "
       "graceful "
       "SIGTERM/SIGINT: moecore launch --nproc-per-node N -- train ...)");
 

@@ -17,6 +17,9 @@
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/observe/metrics.h"
+#include "moecore/train/plan/gpu_specs.h"
+#include "moecore/train/plan/layout_search.h"
+#include "moecore/train/plan/step_time.h"
 
 namespace moecore::cli {
 
@@ -273,14 +276,50 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
              applied.empty() ? std::string("none applies") : fmt::format("{}", fmt::join(applied, "; ")), last);
 }
 
+void print_search(std::FILE* out, const train::plan::SearchResult& r, double limit) {
+  fmt::print(out, "search: {} layouts tried, {} allowed, {} fit in {} per GPU; the fastest:\n", r.tried, r.valid,
+             r.fitting, gib(limit));
+  for (size_t i = 0; i < r.best.size(); i++) {
+    const train::plan::Candidate& k = r.best[i];
+    fmt::print(out, "  {}. {:.1f} TFLOPS per GPU, {:.3f} s per step, {} per GPU{}: {}\n", i + 1,
+               k.prediction.tflops_per_gpu, k.prediction.step_seconds, gib(k.memory_bytes),
+               k.given ? " (the layout given)" : "", fmt::join(k.flags, " "));
+  }
+  if (!r.given_fits) {
+    fmt::print(out, "the layout given {}\n",
+               r.given.memory_bytes > 0 ? fmt::format("plans {} per GPU: it does not fit", gib(r.given.memory_bytes))
+                                        : std::string("is not one Megatron allows"));
+  } else if (!r.best.empty()) {
+    if (r.best.front().given)
+      fmt::print(out, "the layout given is the fastest that fits\n");
+    else
+      fmt::print(out, "the fastest is predicted {:.1f}% faster than the layout given ({:.1f} TFLOPS per GPU)\n",
+                 100 * (r.given.prediction.step_seconds / r.best.front().prediction.step_seconds - 1),
+                 r.given.prediction.tflops_per_gpu);
+  }
+}
+
 }  // namespace
 
 int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
   std::vector<std::string> args;
   int64_t world = 0;
   double device_gib = 0;
+  std::string gpu_name;
+  bool search = false;
   for (size_t i = 0; i < args_in.size(); i++) {
     const std::string& a = args_in[i];
+    if (a == "--search") {
+      search = true;
+      continue;
+    }
+    if (a == "--plan-gpu") {
+      MOE_CHECK(i + 1 < args_in.size(), "moecore plan: --plan-gpu needs a value ({})",
+                fmt::join(train::plan::gpu_names(), ", "));
+      gpu_name = args_in[++i];
+      train::plan::gpu_spec(gpu_name);  // refuses an unknown name before any work
+      continue;
+    }
     if (a == "--world-size" || a == "--device-memory-gib") {
       MOE_CHECK(i + 1 < args_in.size(), "moecore plan: {} needs a value", a);
       const std::string& v = args_in[++i];
@@ -305,10 +344,30 @@ int run_plan(const std::vector<std::string>& args_in, std::FILE* out) {
   if (!given({"--train-iters", "--train-samples", "--skip-train"})) args.insert(args.end(), {"--train-iters", "1"});
   if (!given({"--mock-data", "--data-path", "--train-data-path", "--per-split-data-args-path", "--data-args-path"}))
     args.push_back("--mock-data");
-  const TrainConfig c = train::compose_train_config(train::parse_flags(args), /*plan_only=*/true);
+  MOE_CHECK(!search || !gpu_name.empty(),
+            "moecore plan: --search ranks layouts by predicted step time; add --plan-gpu "
+            "({})",
+            fmt::join(train::plan::gpu_names(), ", "));
+  train::plan::PlanOptions options;
+  options.tp_comm_overlap = given({"--tp-comm-overlap"});
+  TrainConfig c = train::compose_train_config(train::parse_flags(args), /*plan_only=*/true);
+  // A GPU plan plans the memory of a GPU run (no GPU is needed to plan): Megatron's run of these flags on that GPU,
+  // so what moecore's own GPU path does not cover yet (device_support.cpp) does not stop it.
+  if (!gpu_name.empty()) c.device = "cuda";
   const int64_t padded_vocab = train::build_vocabulary(c).padded;
   if (world == 0) world = PlanLayout::from(c, 0).world();
   print_plan(out, c, padded_vocab, world);
+  if (!gpu_name.empty()) {
+    const train::plan::GpuSpec& gpu = train::plan::gpu_spec(gpu_name);
+    const PlanLayout l = PlanLayout::from(c, world);
+    fmt::print(out, "{}",
+               train::plan::describe(train::plan::predict_step(c, padded_vocab, l, gpu, options), gpu, world));
+    if (search) {
+      // The memory limit: --device-memory-gib, else the GPU's memory less 4 GiB (CUDA context, NCCL, fragmentation).
+      const double limit = device_gib > 0 ? device_gib * 0x1p30 : (gpu.hbm_bytes / 1e9 - 4) * 0x1p30;
+      print_search(out, train::plan::search_layouts(args, world, limit, gpu, options), limit);
+    }
+  }
   if (device_gib <= 0) return 0;
   const double device = device_gib * 0x1p30, total = worst(c, padded_vocab, world).total();
   if (total <= device) {

@@ -17,6 +17,7 @@ BenchCommand add_pipeline_bench(CLI::App& bench);    // pipeline.cpp
 BenchCommand add_context_bench(CLI::App& bench);     // context.cpp
 BenchCommand add_memory_bench(CLI::App& bench);      // memory.cpp
 BenchCommand add_mla_bench(CLI::App& bench);         // mla.cpp
+BenchCommand add_plan_bench(CLI::App& bench);        // plan.cpp
 
 BenchCommand add_grouped_gemm_bench(CLI::App& bench);  // grouped_gemm.cpp (GPU only)
 

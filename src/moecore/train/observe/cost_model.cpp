@@ -94,28 +94,36 @@ double num_floating_point_operations(const TrainConfig& c, int64_t padded_vocab)
 
 std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,
                                                   const ParallelGroups& g) {
-  std::map<std::string, double> out;
-  if (!g.distributed()) return out;
-  auto size = [](const std::unique_ptr<comm::ProcessGroup>& p) { return static_cast<double>(ParallelGroups::size(p)); };
-  const double TP = size(g.tp), DP = static_cast<double>(g.dp_size), EP = size(g.ep), ETP = size(g.etp),
-               EDP = size(g.edp);
-  const double M = static_cast<double>(c.global_batch_size / (c.micro_batch_size * g.dp_size));
-  const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
-  const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
-  const double ab = c.bf16 || c.fp16 ? 2.0 : 4.0;                    // dispatched token bytes
-  double n_dense = 0, n_rep = 0, n_exp = 0, w_dense = 0, w_exp = 0;  // elements; bytes of their stored values
+  if (!g.distributed()) return {};
+  auto size = [](const std::unique_ptr<comm::ProcessGroup>& p) { return ParallelGroups::size(p); };
+  CommSizes z;
+  z.tp = size(g.tp), z.dp = g.dp_size, z.ep = size(g.ep), z.etp = size(g.etp), z.edp = size(g.edp);
+  z.num_microbatches = c.global_batch_size / (c.micro_batch_size * g.dp_size);
   for (auto& p : reg.all()) {
     const double n = static_cast<double>(p->value.numel());
     const double w = n * static_cast<double>(dtype_size(p->value.dtype()));
     if (p->expert_parallel) {
-      n_exp += n;
-      w_exp += w;
+      z.n_exp += n;
+      z.w_exp += w;
     } else {
-      n_dense += n;
-      w_dense += w;
-      if (!p->tensor_parallel) n_rep += n;
+      z.n_dense += n;
+      z.w_dense += w;
+      if (!p->tensor_parallel) z.n_rep += n;
     }
   }
+  return analytic_comm_bytes(c, z);
+}
+
+std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const CommSizes& z) {
+  std::map<std::string, double> out;
+  const double TP = static_cast<double>(z.tp), DP = static_cast<double>(z.dp), EP = static_cast<double>(z.ep),
+               ETP = static_cast<double>(z.etp), EDP = static_cast<double>(z.edp);
+  const double M = static_cast<double>(z.num_microbatches);
+  const double T = static_cast<double>(c.seq_length * c.micro_batch_size);  // tokens of a micro-batch
+  const double H = static_cast<double>(c.hidden_size), k = static_cast<double>(c.moe_router_topk);
+  const double ab = c.bf16 || c.fp16 ? 2.0 : 4.0;  // dispatched token bytes
+  const double xb = z.activation_bytes, gb = z.grad_bytes;
+  const double n_dense = z.n_dense, n_rep = z.n_rep, n_exp = z.n_exp, w_dense = z.w_dense, w_exp = z.w_exp;
   const std::vector<bool>& is_moe = c.is_moe_layer;
   MOE_ASSERT(std::ssize(is_moe) == c.num_layers);
   const double Lm = static_cast<double>(std::count(is_moe.begin(), is_moe.end(), true));
@@ -123,28 +131,29 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
   const bool shared = c.moe_shared_expert_intermediate_size > 0;
   // Tensor/sequence parallel: per micro-batch and direction, the embedding's reduce-scatter, an all-gather and a
   // reduce-scatter around every attention and dense or shared MLP block, the output layer's all-gather; each of a
-  // [S·b, H] f32 activation, of which a rank receives (TP−1)/TP. Vocabulary-parallel cross-entropy all-reduces
-  // 3 values per token; replicated parameters' gradients are all-reduced once per step.
+  // [S·b, H] activation (xb bytes a value: f32 in moecore), of which a rank receives (TP−1)/TP. Vocabulary-parallel
+  // cross-entropy all-reduces 3 values per token; replicated parameters' gradients are all-reduced once per step.
   if (TP > 1) {
     const double blocks = 2.0 + 2.0 * (static_cast<double>(c.num_layers) + Ld + (shared ? Lm : 0.0));
-    out["tp"] =
-        M * (2.0 * blocks * (TP - 1) / TP * T * H * 4 + 2 * (TP - 1) / TP * 3 * T * 4) + 2 * (TP - 1) / TP * n_rep * 4;
+    out["tp"] = M * (2.0 * blocks * (TP - 1) / TP * T * H * xb + 2 * (TP - 1) / TP * 3 * T * 4) +
+                2 * (TP - 1) / TP * n_rep * gb;
   }
-  // Data parallel: ring all-reduce of the f32 gradients, dense over DP, experts over EDP; under the distributed
-  // optimizer their reduce-scatter and the all-gather of the updated parameters as stored (bf16 where so).
+  // Data parallel: ring all-reduce of the gradients (gb bytes a value: f32 in moecore), dense over DP, experts over
+  // EDP; under the distributed optimizer their reduce-scatter and the all-gather of the updated parameters as stored
+  // (bf16 where so).
   const bool sharded = c.use_distributed_optimizer && (c.optimizer == "adam" || c.optimizer == "sgd");
   auto dp_bytes = [&](double P, double n, double w) {
-    return sharded ? (P - 1) / P * (n * 4 + w) : 2 * (P - 1) / P * n * 4;
+    return sharded ? (P - 1) / P * (n * gb + w) : 2 * (P - 1) / P * n * gb;
   };
   if (DP > 1) out["dp"] = dp_bytes(DP, n_dense, w_dense);
   if (EDP > 1 && n_exp > 0) out["edp"] = dp_bytes(EDP, n_exp, w_exp);
   // Expert parallel, per micro-batch and MoE layer, with uniform routing: of the T/TP·k rows a rank routes,
   // (EP−1)/EP go to other ranks, as tokens and probabilities, and come back: forward dispatch (ab bytes per value)
-  // and combine (f32), backward the same in reverse.
+  // and combine (xb), backward the same in reverse.
   const double Tl = T / TP, rows = Tl * k;
   if (EP > 1 && Lm > 0) {
     if (c.moe_token_dispatcher_type == "alltoall") {
-      out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + 4) + 2 * 4);
+      out["ep"] = M * Lm * (EP - 1) / EP * rows * (2 * H * (ab + xb) + 2 * 4);
     } else if (c.moe_token_dispatcher_type == "flex") {
       // flex: a token crosses once per other rank holding one of its k experts (k of E uniform: it misses a rank's
       // E/EP experts with probability C(E − E/EP, k) / C(E, k)), each way as alltoall's rows; its assignments'
@@ -152,17 +161,17 @@ std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn
       const double E = static_cast<double>(c.num_experts), n = E / EP;
       double miss = 1;
       for (int64_t i = 0; i < c.moe_router_topk; i++) miss *= std::max(0.0, (E - n - i) / (E - i));
-      out["ep"] = M * Lm * Tl * ((EP - 1) * (1 - miss) * 2 * H * (ab + 4) + (EP - 1) / EP * k * 16);
+      out["ep"] = M * Lm * Tl * ((EP - 1) * (1 - miss) * 2 * H * (ab + xb) + (EP - 1) / EP * k * 16);
     } else {  // allgather: tokens and [T, K] ids and probabilities (pb bytes each) gathered; outputs, input and
               // probability gradients reduce-scattered
       const double pb = c.moe_router_dtype == "fp64" ? 8.0 : 4.0;
-      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + k * (4 + pb) + H * 4 + H * ab + H * 4 + k * pb);
+      out["ep"] = M * Lm * (EP - 1) * Tl * (H * ab + k * (4 + pb) + H * xb + H * ab + H * xb + k * pb);
     }
   }
   // Expert tensor parallel: the rows a rank holds after dispatch (T/TP·k on average) are gathered from the other
   // ETP ranks and their partial outputs reduce-scattered back; backward mirrors it (plus probability gradients).
   if (ETP > 1 && Lm > 0) {
-    out["etp"] = M * Lm * (ETP - 1) * rows * (H * ab + 4 + H * 4 + H * ab + H * 4 + 4);
+    out["etp"] = M * Lm * (ETP - 1) * rows * (H * ab + 4 + H * xb + H * ab + H * xb + 4);
   }
   return out;
 }

@@ -25,4 +25,15 @@ double num_floating_point_operations(const TrainConfig& c, int64_t padded_vocab)
 std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const nn::ParamRegistry& reg,
                                                   const ParallelGroups& g);
 
+// The same from the groups' sizes and this rank's parameters alone (what `moecore plan` knows before anything is
+// built): elements and stored bytes of the dense, replicated (not tensor-parallel) and expert parameters.
+// activation_bytes and grad_bytes: a value of an activation and of a gradient on the wire (moecore: f32; a GPU plan
+// of Megatron under --bf16 without --grad-reduce-in-fp32-style options: 2).
+struct CommSizes {
+  int64_t tp = 1, dp = 1, ep = 1, etp = 1, edp = 1, num_microbatches = 1;
+  double n_dense = 0, n_rep = 0, n_exp = 0, w_dense = 0, w_exp = 0;
+  double activation_bytes = 4, grad_bytes = 4;
+};
+std::map<std::string, double> analytic_comm_bytes(const TrainConfig& c, const CommSizes& sizes);
+
 }  // namespace moecore::train

@@ -1,0 +1,130 @@
+// `moecore bench plan`: the step-time model of `moecore plan --plan-gpu` (train/plan/step_time.h) against moecore's
+// own step on this machine. The machine's rates are measured in the same run on every rank at once (a GEMM sample
+// as `bench gemm` takes it, the attention kernels at the model's shape as `bench attention` runs them, a streaming
+// copy, an all-reduce over the world as `bench comm` moves bytes); the model predicts `bench train`'s step under the
+// layout the flags give; the measured step is the median of the timed steps. Prints both and their ratio.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "moecore/cli/bench/bench_util.h"
+#include "moecore/cli/bench/benches.h"
+#include "moecore/cli/bench/train_run.h"
+#include "moecore/comm/process_group.h"
+#include "moecore/core/error.h"
+#include "moecore/core/timer.h"
+#include "moecore/kernels/attention.h"
+#include "moecore/train/config/start_config.h"
+#include "moecore/train/memory_plan.h"
+#include "moecore/train/model_builder.h"
+#include "moecore/train/plan/step_time.h"
+
+namespace moecore::cli {
+
+namespace {
+
+// Seconds of the best of `n` runs of `f`.
+template <class F>
+double best_of(int n, F f) {
+  double best = 1e300;
+  for (int i = 0; i < n; i++) {
+    const Stopwatch t;
+    f();
+    best = std::min(best, t.seconds());
+  }
+  return best;
+}
+
+// This machine as the model's "GPU": each rank's share of it, measured with every rank busy at once.
+train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l, double gemm_gflops) {
+  const comm::ProcessGroup world = comm::ProcessGroup::world();
+  train::plan::GpuSpec s;
+  s.name = "cpu";
+  s.description = "this machine's ranks";
+  s.peak_bf16 = gemm_gflops * 1e9;
+  s.peak_fp8 = s.peak_bf16;
+  s.gemm_bf16_efficiency = s.gemm_fp8_efficiency = 1;
+  // Attention at the model's shape on this rank (S, B, heads / TP), bf16 tensors as --bf16 training runs them.
+  const int64_t S = c.seq_length, B = c.micro_batch_size, D = c.kv_channels;
+  const int64_t Nq = c.num_attention_heads / l.tp, Nkv = std::max<int64_t>(1, c.num_query_groups / l.tp);
+  auto random = [](const Shape& shape, uint64_t seed) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    fill_random(t, seed, 1.0);
+    return t.as_dtype(DType::BF16);
+  };
+  const Tensor q = random({S, B, Nq, D}, 3), k = random({S, B, Nkv, D}, 4), v = random({S, B, Nkv, D}, 5),
+               dout = random({S, B, Nq, D}, 6);
+  Tensor o = Tensor::empty(q.shape(), DType::BF16), lse = Tensor::empty({B, Nq, S}, DType::F32);
+  Tensor dq = Tensor::zeros(q.shape(), DType::BF16), dk = Tensor::empty(k.shape(), DType::BF16),
+         dv = Tensor::empty(v.shape(), DType::BF16);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  world.barrier();
+  const double fwd_s = best_of(3, [&] { kernels::attention_forward_bf16(q, k, v, scale, o, lse); });
+  const double bwd_s = best_of(3, [&] { kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv); });
+  const double fwd_flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) / 2 * static_cast<double>(D * Nq * B);
+  s.attention_fwd_efficiency = fwd_flops / fwd_s / s.peak_bf16;
+  s.attention_bwd_efficiency = 2.5 * fwd_flops / bwd_s / s.peak_bf16;
+  // Streaming copy: 64 MiB read and written.
+  std::vector<char> a(64 << 20, 1), b(64 << 20);
+  world.barrier();
+  const double copy_s = best_of(3, [&] { std::memcpy(b.data(), a.data(), a.size()); });
+  s.hbm_bandwidth = 2.0 * static_cast<double>(a.size()) / copy_s;
+  s.hbm_efficiency = 1;
+  // All-reduce bus bandwidth over the world (every group of this run is inside it).
+  s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network = 1e12;
+  if (world.size() > 1) {
+    Tensor t = Tensor::zeros({4 << 20}, DType::F32);
+    world.barrier();
+    const double ar_s = best_of(3, [&] { world.all_reduce(t); });
+    const double n = static_cast<double>(world.size());
+    s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network =
+        2 * (n - 1) / n * static_cast<double>(t.numel()) * 4 / ar_s;
+  }
+  s.gpus_per_nvlink_domain = static_cast<int>(world.size());
+  s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
+  s.kernel_launch_seconds = 0;
+  return s;
+}
+
+void run_bench_plan(const TrainBenchArgs& a) {
+  MOE_CHECK(a.dtype == "bf16", "moecore bench plan: --dtype {}: the step-time model plans bf16 runs; use --dtype bf16",
+            a.dtype);
+  // bench train's model (cli/bench/train.cpp) under the user's flags.
+  const train::TrainConfig cfg = train::parse_train_config(bench_model_flags(
+      a,
+      "--normalization RMSNorm --position-embedding-type rope --num-layers 4 --hidden-size 1024 "
+      "--num-attention-heads 16 --group-query-attention --num-query-groups 4 --swiglu --disable-bias-linear "
+      "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 --moe-aux-loss-coeff 1e-2 --seq-length 256 "
+      "--micro-batch-size 4 --global-batch-size 8 --vocab-size 32000"));
+  std::unique_ptr<train::Trainer> t;
+  const TrainRun r = timed_train(cfg, a.iters, t, DType::BF16);
+  const int64_t vocab = train::build_vocabulary(cfg).padded;
+  const train::PlanLayout l = train::PlanLayout::from(cfg, r.world);
+  const train::plan::GpuSpec machine = measure_machine(cfg, l, median(r.peak_samples));
+  const train::plan::StepPrediction p = train::plan::predict_step(cfg, vocab, l, machine);
+  if (r.rank != 0) return;
+  const double measured = r.step_median_s, ratio = p.step_seconds / measured;
+  fmt::print(
+      "moecore bench plan: {} rank(s), TP {} PP {} EP {} DP {}; measured rates per rank: GEMM {:.1f} GFLOP/s, "
+      "attention forward {:.1f} / backward {:.1f} GFLOP/s, copy {:.2f} GB/s, all-reduce bus {:.2f} GB/s\n",
+      r.world, l.tp, l.pp, l.ep, l.dp, machine.peak_bf16 / 1e9,
+      machine.attention_fwd_efficiency * machine.peak_bf16 / 1e9,
+      machine.attention_bwd_efficiency * machine.peak_bf16 / 1e9, machine.hbm_bandwidth / 1e9,
+      r.world > 1 ? machine.nccl_busbw_nvlink / 1e9 : 0.0);
+  fmt::print("{}", train::plan::describe(p, machine, r.world));
+  fmt::print("plan predicted_s={:.4f} measured_s={:.4f} ratio={:.3f} within_20_percent={}\n", p.step_seconds, measured,
+             ratio, std::abs(ratio - 1) <= 0.2 ? "yes" : "no");
+}
+
+}  // namespace
+
+BenchCommand add_plan_bench(CLI::App& bench) {
+  return add_training_bench(bench, "plan",
+                            "the step-time model of moecore plan --plan-gpu against bench train's measured step",
+                            TrainBenchArgs{}, run_bench_plan);
+}
+
+}  // namespace moecore::cli

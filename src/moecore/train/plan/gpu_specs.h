@@ -1,0 +1,42 @@
+// The GPUs `moecore plan` predicts a step for (--plan-gpu): each one's public specification (dense peaks, memory,
+// links, GPUs per NVLink domain) and the achievable rates measured on it by public microbenchmarks. Figures only;
+// what they are used for is step_time.h. Sources: docs/plan.md, one per figure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moecore::train::plan {
+
+struct GpuSpec {
+  std::string name;  // "h100"
+  std::string description;
+  // Datasheet figures (dense, no sparsity), per GPU.
+  double peak_bf16 = 0, peak_fp8 = 0;       // FLOP/s
+  double hbm_bytes = 0, hbm_bandwidth = 0;  // bytes, bytes/s
+  double nvlink_bandwidth = 0;              // bytes/s one direction
+  double network_bandwidth = 0;             // bytes/s one direction (the GPU's own NIC)
+  int gpus_per_nvlink_domain = 8;
+  // Achievable rates from public measurements (docs/plan.md, "Rates"): large GEMMs as a fraction of the peak
+  // (MAMF), FlashAttention-3 / cuDNN attention forward and backward as a fraction of the BF16 peak, the fraction of
+  // the HBM bandwidth a streaming kernel reaches, NCCL-tests' bus bandwidth inside the NVLink domain and across it.
+  double gemm_bf16_efficiency = 0, gemm_fp8_efficiency = 0;
+  double attention_fwd_efficiency = 0, attention_bwd_efficiency = 0;
+  double hbm_efficiency = 0;
+  double nccl_busbw_nvlink = 0, nccl_busbw_network = 0;  // bytes/s, all-reduce / reduce-scatter / all-gather
+  double alltoall_busbw_network = 0;                     // bytes/s, all-to-all across nodes (per GPU)
+  double kernel_launch_seconds = 0;                      // fixed cost of one kernel (CUDA graphs: small)
+  // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
+  // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
+  double sms = 0, comm_sms = 0;
+  // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
+  double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
+  double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }
+  double achievable_fp8() const { return peak_fp8 * gemm_fp8_efficiency; }
+};
+
+// The GPUs known by name; throws Error naming --plan-gpu and the names known for any other.
+const GpuSpec& gpu_spec(const std::string& name);
+std::vector<std::string> gpu_names();
+
+}  // namespace moecore::train::plan

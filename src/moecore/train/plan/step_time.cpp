@@ -1,0 +1,193 @@
+// One training step's predicted time (see step_time.h): the layers' op times per pipeline chunk, the pipeline
+// simulated pass by pass in Megatron's order, then the data-parallel communication and the optimizer step.
+#include "moecore/train/plan/step_time.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "moecore/core/error.h"
+#include "moecore/train/model_builder.h"
+#include "moecore/train/observe/cost_model.h"
+#include "moecore/train/pipeline/pipeline_schedule.h"
+#include "moecore/train/pipeline/pipeline_stages.h"
+#include "moecore/train/plan/op_costs.h"
+
+namespace moecore::train::plan {
+
+std::vector<double> simulate_pipeline(int64_t M, int64_t P, int64_t V, int64_t group,
+                                      const std::vector<std::vector<double>>& fwd,
+                                      const std::vector<std::vector<double>>& bwd, double p2p) {
+  std::vector<double> end(static_cast<size_t>(P), 0.0);
+  if (P == 1) {
+    for (int64_t v = 0; v < V; v++) end[0] += static_cast<double>(M) * (fwd[0][v] + bwd[0][v]);
+    return end;
+  }
+  const int64_t stages = P * V;
+  // done[(mb * stages + stage) * 2 + backward]: when that pass finished (-1: not yet).
+  std::vector<double> done(static_cast<size_t>(M * stages * 2), -1.0);
+  auto at = [&](int64_t mb, int64_t stage, bool backward) -> double& {
+    return done[static_cast<size_t>((mb * stages + stage) * 2 + (backward ? 1 : 0))];
+  };
+  std::vector<std::vector<PipelinePass>> order(static_cast<size_t>(P));
+  for (int64_t r = 0; r < P; r++) order[r] = pipeline_order(M, P, r, V, group > 0 ? group : P);
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t r = 0; r < P; r++) {
+      while (next[r] < order[r].size()) {
+        const PipelinePass& p = order[r][next[r]];
+        const int64_t stage = p.chunk * P + r;
+        double ready = 0;
+        if (p.forward && stage > 0) {
+          ready = at(p.micro_batch, stage - 1, false);
+          if (ready < 0) break;
+          ready += p2p;
+        } else if (!p.forward && stage + 1 < stages) {
+          ready = at(p.micro_batch, stage + 1, true);
+          if (ready < 0) break;
+          ready += p2p;
+        }
+        const double start = std::max(end[r], ready);
+        end[r] = start + (p.forward ? fwd[r][p.chunk] : bwd[r][p.chunk]);
+        at(p.micro_batch, stage, !p.forward) = end[r];
+        next[r]++;
+        progress = true;
+      }
+    }
+  }
+  for (int64_t r = 0; r < P; r++) MOE_ASSERT(next[r] == order[r].size());
+  return end;
+}
+
+namespace {
+
+struct RankSteps {
+  std::vector<double> fwd, bwd;  // per chunk, one micro-batch
+  OpTimes all;                   // every pass of the step (M micro-batches, forward and backward)
+  double recompute = 0;          // of which recompute's extra forward (compute and communication)
+  double dp_exposed = 0, optimizer = 0;
+  std::map<std::string, double> dp_by_group;
+};
+
+}  // namespace
+
+StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, const GpuSpec& gpu,
+                            const PlanOptions& options) {
+  const Links links = links_of(l, gpu);
+  const LayerBytes bytes = layer_bytes(c, l);
+  const nn::RecomputeConfig rc = recompute_config(c);
+  const int64_t V = virtual_stages(c), M = l.num_microbatches;
+  const double m = static_cast<double>(M);
+  LayerTimes kinds[2][2];  // [moe][full recompute]
+  for (int moe = 0; moe < 2; moe++)
+    for (int full = 0; full < 2; full++)
+      kinds[moe][full] = layer_times(c, l, gpu, links, bytes, options, moe == 1, full == 1);
+  const LayerTimes embed = embedding_times(c, l, gpu);
+  const LayerTimes loss = loss_times(c, padded_vocab, l, gpu, links, bytes, options);
+  std::vector<RankSteps> ranks(static_cast<size_t>(l.pp));
+  std::vector<std::vector<double>> fwd, bwd;
+  for (int64_t r = 0; r < l.pp; r++) {
+    RankSteps& rs = ranks[r];
+    const std::vector<StageLayers> chunks = pipeline_stage_layers(c, r);
+    MOE_ASSERT(std::ssize(chunks) == V);
+    for (const StageLayers& ch : chunks) {
+      OpTimes f, b, re;
+      auto add_layer = [&](const LayerTimes& t) { f += t.fwd, b += t.bwd, b += t.recompute, re += t.recompute; };
+      for (int64_t i = 0; i < ch.num_layers; i++) {
+        const int64_t layer = ch.first_layer + i;
+        const bool full = rc.full && rc.chunk(i, ch.num_layers).on();
+        add_layer(kinds[c.is_moe_layer[layer] ? 1 : 0][full ? 1 : 0]);
+      }
+      if (ch.embedding) add_layer(embed);
+      if (ch.loss) add_layer(loss);
+      for (int64_t d = 0; d < ch.mtp_layers; d++) {  // one more layer of the last layer's kind, its own logits
+        add_layer(kinds[c.is_moe_layer.back() ? 1 : 0][0]);
+        add_layer(loss);
+      }
+      rs.fwd.push_back(f.total());
+      rs.bwd.push_back(b.total());
+      rs.all += (f += b) * m;
+      rs.recompute += re.total() * m;
+    }
+    fwd.push_back(rs.fwd);
+    bwd.push_back(rs.bwd);
+    // Data parallel: the cost model's bytes of this stage's parameters; reduce-scatter (or all-reduce) of the
+    // gradients after the last backward, all-gather of the updated parameters after the step.
+    const ParamCounts p = count_params(c, padded_vocab, l.tp, l.ep * l.etp, r);
+    const bool bf16 = c.bf16 || c.fp16;
+    CommSizes z;
+    z.tp = l.tp, z.dp = l.dp, z.ep = l.ep, z.etp = l.etp, z.edp = l.edp, z.num_microbatches = M;
+    z.n_dense = p.dense, z.n_exp = p.expert;
+    // Gradients on the wire: f32, or bf16 under --grad-reduce-in-bf16 / bf16 main gradients; the parameters
+    // gathered as stored (FP8 under --fp8-param-gather).
+    z.grad_bytes = c.grad_reduce_in_bf16 || c.main_grads_dtype == "bf16" ? 2.0 : 4.0;
+    const double stored = c.fp8_param_gather ? 1.0 : 2.0;
+    z.w_dense = bf16 ? stored * (p.dense - p.f32_dense) + 4 * p.f32_dense : 4 * p.dense;
+    z.w_exp = bf16 ? stored * (p.expert - p.f32_expert) + 4 * p.f32_expert : 4 * p.expert;
+    const std::map<std::string, double> dpb = analytic_comm_bytes(c, z);
+    const bool sharded = c.use_distributed_optimizer && (c.optimizer == "adam" || c.optimizer == "sgd");
+    double reduce = 0, gather = 0;
+    for (const auto& [name, link, n, w] :
+         {std::tuple{"dp", links.dp, z.n_dense, z.w_dense}, std::tuple{"edp", links.edp, z.n_exp, z.w_exp}}) {
+      if (!dpb.count(name)) continue;
+      const double t = dpb.at(name) / link, grad_share = sharded ? n * z.grad_bytes / (n * z.grad_bytes + w) : 1.0;
+      reduce += t * grad_share, gather += t * (1 - grad_share);
+    }
+    rs.optimizer = optimizer_seconds(
+        c, sharded ? p.dense / static_cast<double>(l.dp) + p.expert / static_cast<double>(l.edp) : p.dense + p.expert,
+        gpu);
+    double last_bwd = 0, first_fwd = 0;
+    for (int64_t v = 0; v < V; v++) last_bwd += rs.bwd[v], first_fwd += rs.fwd[v];
+    const double reduce_exposed = c.overlap_grad_reduce ? std::max(0.0, reduce - last_bwd) : reduce;
+    const double gather_exposed = c.overlap_param_gather_with_optimizer_step ? std::max(0.0, gather - rs.optimizer)
+                                  : c.overlap_param_gather                   ? std::max(0.0, gather - first_fwd)
+                                                                             : gather;
+    rs.dp_exposed = reduce_exposed + gather_exposed;
+  }
+  const double p2p = static_cast<double>(c.seq_length * c.micro_batch_size) / static_cast<double>(l.cp * l.tp) *
+                         static_cast<double>(c.hidden_size) * (c.bf16 || c.fp16 ? 2.0 : 4.0) / links.pp +
+                     10e-6;
+  const std::vector<double> end = simulate_pipeline(M, l.pp, V, c.microbatch_group_size_per_vp_stage, fwd, bwd, p2p);
+  StepPrediction out;
+  for (int64_t r = 0; r < l.pp; r++) {
+    const double t = end[r] + ranks[r].dp_exposed + ranks[r].optimizer;
+    if (t > out.step_seconds) out.step_seconds = t, out.critical_pp_rank = r;
+  }
+  const RankSteps& rs = ranks[out.critical_pp_rank];
+  const OpTimes& a = rs.all;
+  out.compute = {{"dense GEMMs", a.dense_gemm},
+                 {"expert GEMMs", a.expert_gemm},
+                 {"attention", a.attention},
+                 {"memory-bound", a.memory}};
+  out.exposed_comm = {{"tp", a.tp}, {"cp", a.cp}, {"ep", a.ep}, {"etp", a.etp}, {"dp", rs.dp_exposed}};
+  out.recompute = rs.recompute;
+  out.optimizer = rs.optimizer;
+  out.bubble = std::max(0.0, end[out.critical_pp_rank] - a.total());
+  const double tokens = static_cast<double>(c.global_batch_size * c.seq_length);
+  out.tokens_per_second = tokens / out.step_seconds;
+  out.flops = num_floating_point_operations(c, padded_vocab);
+  out.tflops_per_gpu = out.flops / out.step_seconds / static_cast<double>(l.world()) / 1e12;
+  out.mfu = out.tflops_per_gpu * 1e12 / gpu.peak_bf16;
+  return out;
+}
+
+std::string describe(const StepPrediction& p, const GpuSpec& gpu, int64_t world) {
+  std::string s = fmt::format(
+      "predicted step on {} x {}: {:.3f} s, {:.0f} tokens/s ({:.0f} per GPU), {:.1f} TFLOPS per GPU (Megatron's "
+      "FLOP count), MFU {:.1f}% of {:.0f} TFLOPS BF16\n",
+      world, gpu.description, p.step_seconds, p.tokens_per_second, p.tokens_per_second / static_cast<double>(world),
+      p.tflops_per_gpu, 100 * p.mfu, gpu.peak_bf16 / 1e12);
+  s += fmt::format("  breakdown of pipeline stage {}'s step (seconds):\n", p.critical_pp_rank);
+  for (const auto& [name, t] : p.compute) s += fmt::format("    compute {:<22} {:>9.3f}\n", name, t);
+  s += fmt::format("    {:<30} {:>9.3f}\n", "recompute (in the lines above)", p.recompute);
+  for (const auto& [name, t] : p.exposed_comm)
+    if (t > 0) s += fmt::format("    exposed comm {:<17} {:>9.3f}\n", name, t);
+  s += fmt::format("    {:<30} {:>9.3f}\n    {:<30} {:>9.3f}\n", "pipeline bubble", p.bubble, "optimizer step",
+                   p.optimizer);
+  return s;
+}
+
+}  // namespace moecore::train::plan
