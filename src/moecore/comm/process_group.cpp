@@ -83,11 +83,11 @@ void ProcessGroup::count(Work& w, const char* op, double payload, double receive
   else
     w.members_ = comm_->world_ranks;
   w.seq_ = peer >= 0 ? 0 : ++comm_->seq;
-  CommCounter& c = comm_counters()[name_ + ":" + op];
+  w.counter_ = name_ + ":" + op;
+  CommCounter& c = comm_counters()[w.counter_];
   c.calls++;
   c.payload_bytes += payload;
   c.received_bytes += received;
-  w.counter_ = &c;
 }
 
 Work::Work(Work&& o) noexcept
@@ -97,7 +97,7 @@ Work::Work(Work&& o) noexcept
       counts_b_(std::move(o.counts_b_)),
       displs_b_(std::move(o.displs_b_)),
       what_(o.what_),
-      counter_(o.counter_),
+      counter_(std::move(o.counter_)),
       members_(std::move(o.members_)),
       group_(std::move(o.group_)),
       seq_(o.seq_),
@@ -122,7 +122,7 @@ Work& Work::operator=(Work&& o) noexcept {
     counts_b_ = std::move(o.counts_b_);
     displs_b_ = std::move(o.displs_b_);
     what_ = o.what_;
-    counter_ = o.counter_;
+    counter_ = std::move(o.counter_);
     members_ = std::move(o.members_);
     group_ = std::move(o.group_);
     seq_ = o.seq_;
@@ -167,7 +167,7 @@ void Work::wait() {
   if (!pending()) return;
   const Stopwatch timer;
   MOE_MPI(finish());
-  if (counter_) counter_->blocked_seconds += timer.seconds();
+  if (!counter_.empty()) comm_counters()[counter_].blocked_seconds += timer.seconds();
   unstage();
 }
 

@@ -58,7 +58,8 @@ class Work {
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::vector<int> counts_a_, displs_a_, counts_b_, displs_b_;
   const char* what_ = "";
-  CommCounter* counter_ = nullptr;  // blocked time is charged here
+  // The counter its blocked time is charged to, by key (comm_counters() may be cleared while it is in flight).
+  std::string counter_;
   // Where this wait is, for the watchdog (comm/watchdog.h): the group's name and world ranks, the group's sequence
   // number of this collective.
   std::shared_ptr<const std::vector<int>> members_;
