@@ -18,7 +18,7 @@ struct Fiber::Context {
 };
 
 namespace {
-thread_local Fiber* t_current = nullptr;
+thread_local Fiber* t_running_fiber = nullptr;
 }
 
 Fiber::Fiber(std::function<void()> fn, size_t stack_bytes) : fn_(std::move(fn)), ctx_(std::make_unique<Context>()) {
@@ -47,28 +47,28 @@ void Fiber::entry(unsigned lo, unsigned hi) {
     f->error_ = std::current_exception();
   }
   f->done_ = true;
-  t_current = nullptr;
+  t_running_fiber = nullptr;
 }
 
 void Fiber::resume() {
-  MOE_ASSERT(!done_ && t_current == nullptr);  // no nesting: resumed from the thread's own stack
+  MOE_ASSERT(!done_ && t_running_fiber == nullptr);  // no nesting: resumed from the thread's own stack
   started_ = true;
-  t_current = this;
+  t_running_fiber = this;
   MOE_ASSERT(swapcontext(&ctx_->caller, &ctx_->self) == 0);
-  t_current = nullptr;
+  t_running_fiber = nullptr;
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 void Fiber::yield() {
-  Fiber* f = t_current;
+  Fiber* f = t_running_fiber;
   if (!f) return;
-  t_current = nullptr;
+  t_running_fiber = nullptr;
   MOE_ASSERT(swapcontext(&f->ctx_->self, &f->ctx_->caller) == 0);
-  t_current = f;
+  t_running_fiber = f;
 }
 
 Fiber* Fiber::current() {
-  return t_current;
+  return t_running_fiber;
 }
 
 }  // namespace moecore

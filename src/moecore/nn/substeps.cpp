@@ -10,10 +10,10 @@
 namespace moecore::nn {
 
 namespace {
-SubStepSwitch* g_switch = nullptr;
-bool g_tracing = false;
-std::vector<SubStepRecord> g_trace;
-std::vector<SubStepRecord::InFlight> g_in_flight;
+SubStepSwitch* g_substep_switch = nullptr;
+bool g_substep_tracing = false;
+std::vector<SubStepRecord> g_substep_trace;
+std::vector<SubStepRecord::InFlight> g_substep_in_flight;
 }  // namespace
 
 const char* a2a_name(A2A a) {
@@ -31,42 +31,42 @@ const char* a2a_name(A2A a) {
 }
 
 void SubSteps::boundary(const std::string& layer, const char* next) {
-  if (!g_switch) return;
-  g_switch->boundary();
-  if (g_tracing)
-    g_trace.push_back({g_switch->micro_batch(), g_switch->forward(), layer, next, g_in_flight});
+  if (!g_substep_switch) return;
+  g_substep_switch->boundary();
+  if (g_substep_tracing)
+    g_substep_trace.push_back({g_substep_switch->micro_batch(), g_substep_switch->forward(), layer, next, g_substep_in_flight});
 }
 
 void SubSteps::posted(const std::string& layer, A2A kind) {
-  if (!g_switch) return;
-  g_in_flight.push_back({g_switch->micro_batch(), g_switch->forward(), layer, kind});
+  if (!g_substep_switch) return;
+  g_substep_in_flight.push_back({g_substep_switch->micro_batch(), g_substep_switch->forward(), layer, kind});
 }
 
 void SubSteps::waited(const std::string& layer, A2A kind) {
-  if (!g_switch) return;
-  const int64_t m = g_switch->micro_batch();
-  auto it = std::find_if(g_in_flight.begin(), g_in_flight.end(), [&](const SubStepRecord::InFlight& f) {
+  if (!g_substep_switch) return;
+  const int64_t m = g_substep_switch->micro_batch();
+  auto it = std::find_if(g_substep_in_flight.begin(), g_substep_in_flight.end(), [&](const SubStepRecord::InFlight& f) {
     return f.micro_batch == m && f.layer == layer && f.kind == kind;
   });
-  MOE_ASSERT(it != g_in_flight.end());
-  g_in_flight.erase(it);
+  MOE_ASSERT(it != g_substep_in_flight.end());
+  g_substep_in_flight.erase(it);
 }
 
 void SubSteps::set_switch(SubStepSwitch* s) {
-  g_switch = s;
-  if (!s) g_in_flight.clear();
+  g_substep_switch = s;
+  if (!s) g_substep_in_flight.clear();
 }
 
 SubStepSwitch* SubSteps::active() {
-  return g_switch;
+  return g_substep_switch;
 }
 
 void SubSteps::set_tracing(bool on) {
-  g_tracing = on;
+  g_substep_tracing = on;
 }
 
 std::vector<SubStepRecord> SubSteps::take_trace() {
-  return std::exchange(g_trace, {});
+  return std::exchange(g_substep_trace, {});
 }
 
 }  // namespace moecore::nn
