@@ -86,8 +86,8 @@ class TokenDispatcher {
   // start computes up to the exchange and posts it (non-blocking where the dispatcher communicates), finish waits
   // and completes. The same rows, sums and bits as the one-call forms; by default start runs the whole operation.
   struct Pending {
-    Tensor out_a, out_b;      // the results (the default path), or the receive buffers
-    Tensor send_a, send_b;    // send buffers, alive until the exchange completes
+    Tensor out_a, out_b;        // the results (the default path), or the receive buffers
+    Tensor send_a, send_b;      // send buffers, alive until the exchange completes
     comm::Work work_a, work_b;  // the exchange in flight
     bool in_flight() const { return work_a.pending() || work_b.pending(); }
   };

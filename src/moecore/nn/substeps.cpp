@@ -34,7 +34,8 @@ void SubSteps::boundary(const std::string& layer, const char* next) {
   if (!g_substep_switch) return;
   g_substep_switch->boundary();
   if (g_substep_tracing)
-    g_substep_trace.push_back({g_substep_switch->micro_batch(), g_substep_switch->forward(), layer, next, g_substep_in_flight});
+    g_substep_trace.push_back(
+        {g_substep_switch->micro_batch(), g_substep_switch->forward(), layer, next, g_substep_in_flight});
 }
 
 void SubSteps::posted(const std::string& layer, A2A kind) {
