@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "config_util.h"
+#include "layout_util.h"
 #include "moecore/comm/process_group.h"
 #include "moecore/train/trainer.h"
 #include "test_util.h"
