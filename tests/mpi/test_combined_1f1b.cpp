@@ -81,14 +81,18 @@ INSTANTIATE_TEST_SUITE_P(
                                                        "--overlap-param-gather", "--ddp-bucket-size", "1500"}}),
     [](const auto& info) { return info.param.name; });
 
-// The schedule's own trace over one step at EP2: micro-batch m's forward alternates with m−1's backward at every
-// sub-step boundary, and each all-to-all posted by one is in flight while the other's next sub-step runs.
-TEST(Combined1F1B, TraceShowsAllToAllsInFlightWhileTheOtherMicroBatchComputes) {
+// The schedule's own trace over one step at EP2 (alltoall and flex): micro-batch m's forward alternates with m−1's
+// backward at every sub-step boundary, and each all-to-all posted by one is in flight while the other's next
+// sub-step runs.
+class Combined1F1BTrace : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Combined1F1BTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes) {
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   if (w.size() != 2) GTEST_SKIP() << "runs on 2 ranks";
   std::FILE* null = std::fopen("/dev/null", "w");
   {
-    train::Trainer t(testing::small_config(combined_base_flags(2) + kEP2 + kCombined), null, false, &w);
+    const std::vector<std::string> dispatcher{"--moe-token-dispatcher-type", GetParam()};
+    train::Trainer t(testing::small_config(combined_base_flags(2) + kEP2 + kCombined + dispatcher), null, false, &w);
     nn::SubSteps::set_tracing(true);
     t.train_step();
     nn::SubSteps::set_tracing(false);
@@ -124,6 +128,8 @@ TEST(Combined1F1B, TraceShowsAllToAllsInFlightWhileTheOtherMicroBatchComputes) {
   }
   std::fclose(null);
 }
+
+INSTANTIATE_TEST_SUITE_P(Combined, Combined1F1BTrace, ::testing::Values("alltoall", "flex"));
 
 }  // namespace
 }  // namespace moecore
