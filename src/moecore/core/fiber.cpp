@@ -35,8 +35,9 @@ Fiber::Fiber(std::function<void()> fn, size_t stack_bytes) : fn_(std::move(fn)),
 }
 
 Fiber::~Fiber() {
-  MOE_ASSERT(done_ || !started_);  // a suspended fiber's stack holds live objects
-  munmap(ctx_->stack, ctx_->bytes);
+  // A fiber left suspended (its resumer unwound by an exception) keeps objects on its stack that can never be
+  // destroyed: the stack is left mapped rather than freed under them.
+  if (done_ || !started_) munmap(ctx_->stack, ctx_->bytes);
 }
 
 void Fiber::entry(unsigned lo, unsigned hi) {

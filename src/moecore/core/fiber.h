@@ -15,7 +15,7 @@ namespace moecore {
 class Fiber {
  public:
   explicit Fiber(std::function<void()> fn, size_t stack_bytes = size_t{64} << 20);
-  ~Fiber();
+  ~Fiber();  // frees the stack unless the fiber is suspended mid-function
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
   // Runs the function until it yields or ends; an exception it threw is rethrown here.
