@@ -102,6 +102,23 @@ TEST(DeviceSupport, Bf16MainGradientsAreNamed) {
   EXPECT_EQ(train::gpu_training_gap(config({"--bf16", "--accumulate-allreduce-grads-in-fp32"})), "");
 }
 
+// Megatron's combined 1F1B schedule (--overlap-moe-expert-parallel-comm without --delay-wgrad-compute) runs on the
+// CPU only; the GPU refuses it by name and keeps the split backward of --delay-wgrad-compute.
+TEST(DeviceSupport, Combined1F1BIsNamed) {
+  const std::vector<std::string> ep{"--expert-model-parallel-size",
+                                    "2",
+                                    "--moe-token-dispatcher-type",
+                                    "alltoall",
+                                    "--bf16",
+                                    "--overlap-moe-expert-parallel-comm",
+                                    "--device",
+                                    "cpu"};
+  const std::string gap = train::gpu_training_gap(config(ep));
+  EXPECT_TRUE(testing::contains(gap, "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute")) << gap;
+  EXPECT_TRUE(testing::contains(gap, "CPU-only")) << gap;
+  EXPECT_EQ(train::gpu_training_gap(config(ep + std::vector<std::string>{"--delay-wgrad-compute"})), "");
+}
+
 TEST(DeviceSupport, CpuIsAlwaysTheCpu) {
   train::TrainConfig c = config({"--hidden-dropout", "0.1", "--device", "cpu"});
   EXPECT_TRUE(train::training_device(c, gpus(1)).is_cpu());

@@ -107,6 +107,13 @@ void FlexTokenDispatcher::plan_exchange(const RoutedTokens& routed, DispatchPlan
 
 void FlexTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                                    Tensor& probs_R) {
+  Pending p;
+  dispatch_start(x_TH, routed, plan, p);
+  dispatch_finish(p, plan, x_RH, probs_R);
+}
+
+void FlexTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
+                                         Pending& p) {
   MOE_CHECK(x_TH.device().is_cpu(), "--moe-token-dispatcher-type flex runs on the CPU only (tokens on {})",
             x_TH.device().str());
   const int64_t H = x_TH.cols(), P = ep_.size();
@@ -114,21 +121,20 @@ void FlexTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& route
   Tensor meta_send;
   plan_exchange(routed, plan, meta_send);
   // The send buffers, gathered straight from the tokens and the [T, K] probabilities (the fused permutation).
-  Tensor x_send = Tensor::empty({plan.send_token.numel(), H}, rows_t);
-  kernels::moe_gather_rows(x_TH, plan.send_token, x_send);
-  Tensor p_send = Tensor::empty({plan.local_rows, 1}, probs_t), p_view = p_send.reshape({plan.local_rows});
+  p.send_a = Tensor::empty({plan.send_token.numel(), H}, rows_t);
+  kernels::moe_gather_rows(x_TH, plan.send_token, p.send_a);
+  p.send_b = Tensor::empty({plan.local_rows, 1}, probs_t);
+  Tensor p_view = p.send_b.reshape({plan.local_rows});
   kernels::moe_gather_probs(routed.probs_TK, plan.row_tk_R, p_view);
-  Tensor meta_recv = Tensor::empty({plan.recv_rows, 2}, DType::I32),
-         p_recv = Tensor::empty({plan.recv_rows, 1}, probs_t);
-  Tensor x_recv = Tensor::empty({total(plan.recv_tokens), H}, rows_t);
+  Tensor meta_recv = Tensor::empty({plan.recv_rows, 2}, DType::I32);
+  p.out_b = Tensor::empty({plan.recv_rows, 1}, probs_t);
+  p.out_a = Tensor::empty({total(plan.recv_tokens), H}, rows_t);
   {
     TimerScope timer("moe-dispatch-all-to-all", 2);
     comm::Work wm = ep_.all_to_all_v(meta_send, plan.input_splits, meta_recv, plan.output_splits, true);
-    comm::Work wp = ep_.all_to_all_v(p_send, plan.input_splits, p_recv, plan.output_splits, true);
-    comm::Work wx = ep_.all_to_all_v(x_send, plan.send_tokens, x_recv, plan.recv_tokens, true);
+    p.work_b = ep_.all_to_all_v(p.send_b, plan.input_splits, p.out_b, plan.output_splits, true);
+    p.work_a = ep_.all_to_all_v(p.send_a, plan.send_tokens, p.out_a, plan.recv_tokens, true);
     wm.wait();
-    wp.wait();
-    wx.wait();
   }
   // Each received assignment's token among the received rows, then every expert row's.
   const int32_t* meta = meta_recv.data<int32_t>();
@@ -147,13 +153,25 @@ void FlexTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& route
     sf[r] = static_cast<int32_t>(t);
     token_of_row[static_cast<size_t>(r)] = t;
   }
-  owner_csr(token_of_row, x_recv.rows(), plan.recv_offsets, plan.recv_expert_rows);  // ascending expert per token
+  owner_csr(token_of_row, p.out_a.rows(), plan.recv_offsets, plan.recv_expert_rows);  // ascending expert per token
+}
+
+Tensor FlexTokenDispatcher::expand_rows(const Tensor& recv, const Tensor& rows_of, const DispatchPlan& plan) const {
+  Tensor out = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, recv.cols(), recv.dtype());
+  kernels::moe_gather_rows(recv, rows_of, out);
+  return out;
+}
+
+void FlexTokenDispatcher::dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+  {
+    TimerScope timer("moe-dispatch-all-to-all", 2);
+    p.work_b.wait();
+    p.work_a.wait();
+  }
   // The expansion to the experts' rows, straight from the receive buffers.
-  x_RH = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, H, rows_t);
-  kernels::moe_gather_rows(x_recv, plan.sorted_from_recv, x_RH);
-  Tensor p_RH = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, 1, probs_t);
-  kernels::moe_gather_rows(p_recv, plan.row_assign, p_RH);
-  probs_R = p_RH.reshape({plan.R});
+  x_RH = expand_rows(p.out_a, plan.sorted_from_recv, plan);
+  probs_R = expand_rows(p.out_b, plan.row_assign, plan).reshape({plan.R});
+  p = Pending();
 }
 
 Tensor FlexTokenDispatcher::sum_per_received_token(const Tensor& rows_RH, const DispatchPlan& plan) const {
@@ -169,33 +187,48 @@ comm::Work FlexTokenDispatcher::tokens_back_start(const Tensor& per_recv, const 
   return ep_.all_to_all_v(per_recv, plan.recv_tokens, back, plan.send_tokens, /*async=*/true);
 }
 
-Tensor FlexTokenDispatcher::tokens_forward(const Tensor& send, const DispatchPlan& plan) const {
-  Tensor recv = Tensor::empty({total(plan.recv_tokens), send.cols()}, send.dtype());
-  TimerScope timer("moe-dispatch-all-to-all", 2);
-  ep_.all_to_all_v(send, plan.send_tokens, recv, plan.recv_tokens);
-  return recv;
+Tensor FlexTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
+  Pending p;
+  combine_start(y_RH, plan, p);
+  return combine_finish(p, plan);
 }
 
-Tensor FlexTokenDispatcher::combine(const Tensor& y_RH, const DispatchPlan& plan) {
-  const Tensor per = sum_per_received_token(y_RH, plan);
-  Tensor back;
-  comm::Work w = tokens_back_start(per, plan, back);
+void FlexTokenDispatcher::combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) {
+  p.send_a = sum_per_received_token(y_RH, plan);
+  p.work_a = tokens_back_start(p.send_a, plan, p.out_a);
+}
+
+Tensor FlexTokenDispatcher::combine_finish(Pending& p, const DispatchPlan& plan) {
   {
     TimerScope timer("moe-combine-all-to-all", 2);
-    w.wait();
+    p.work_a.wait();
   }
-  Tensor y = Tensor::empty({plan.T, y_RH.cols()}, back.dtype());
-  kernels::moe_sum_rows_per_token(back, plan.sent_offsets_T1, plan.sent_of_token, y);
+  Tensor y = Tensor::empty({plan.T, p.out_a.cols()}, p.out_a.dtype());
+  kernels::moe_sum_rows_per_token(p.out_a, plan.sent_offsets_T1, plan.sent_of_token, y);
+  p = Pending();
   return y;
 }
 
 Tensor FlexTokenDispatcher::combine_backward(const Tensor& dy_TH, const DispatchPlan& plan) {
-  const DType rows_t = plan.rows_dtype_for(dy_TH);
-  Tensor send = Tensor::empty({plan.send_token.numel(), dy_TH.cols()}, rows_t);
-  kernels::moe_gather_rows(dy_TH, plan.send_token, send);
-  const Tensor recv = tokens_forward(send, plan);
-  Tensor d = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, dy_TH.cols(), rows_t);
-  kernels::moe_gather_rows(recv, plan.sorted_from_recv, d);
+  Pending p;
+  combine_backward_start(dy_TH, plan, p);
+  return combine_backward_finish(p, plan);
+}
+
+void FlexTokenDispatcher::combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) {
+  p.send_a = Tensor::empty({plan.send_token.numel(), dy_TH.cols()}, plan.rows_dtype_for(dy_TH));
+  kernels::moe_gather_rows(dy_TH, plan.send_token, p.send_a);
+  p.out_a = Tensor::empty({total(plan.recv_tokens), dy_TH.cols()}, p.send_a.dtype());
+  p.work_a = ep_.all_to_all_v(p.send_a, plan.send_tokens, p.out_a, plan.recv_tokens, /*async=*/true);
+}
+
+Tensor FlexTokenDispatcher::combine_backward_finish(Pending& p, const DispatchPlan& plan) {
+  {
+    TimerScope timer("moe-dispatch-all-to-all", 2);
+    p.work_a.wait();
+  }
+  Tensor d = expand_rows(p.out_a, plan.sorted_from_recv, plan);
+  p = Pending();
   return d;
 }
 

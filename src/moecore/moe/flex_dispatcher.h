@@ -28,6 +28,14 @@ class FlexTokenDispatcher : public ExpertParallelDispatcher {
                                PendingBackward& p) override;
   void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
                                 Tensor& dprobs_TK) override;
+  // The split forms (token_dispatcher.h) for the combined 1F1B schedule: dispatch_start waits for the routing's
+  // small metadata exchange (the plan needs it) and leaves the tokens' and probabilities' exchanges in flight.
+  void dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p) override;
+  void dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) override;
+  void combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) override;
+  Tensor combine_finish(Pending& p, const DispatchPlan& plan) override;
+  void combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) override;
+  Tensor combine_backward_finish(Pending& p, const DispatchPlan& plan) override;
 
  private:
   // The routing's layout on this rank (sent tokens, the assignments' metadata) and, after the count exchange, on
@@ -36,7 +44,8 @@ class FlexTokenDispatcher : public ExpertParallelDispatcher {
   // Per received token, the sum of its expert rows (ascending), and back at the origin one row per (token, rank).
   Tensor sum_per_received_token(const Tensor& rows_RH, const DispatchPlan& plan) const;
   comm::Work tokens_back_start(const Tensor& per_recv, const DispatchPlan& plan, Tensor& back) const;
-  Tensor tokens_forward(const Tensor& send, const DispatchPlan& plan) const;
+  // The received rows expanded to the experts' rows (expert-major, padded layout).
+  Tensor expand_rows(const Tensor& recv, const Tensor& rows_of, const DispatchPlan& plan) const;
 };
 
 }  // namespace moecore::moe

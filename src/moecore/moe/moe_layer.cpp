@@ -7,6 +7,7 @@
 #include "moecore/kernels/elementwise.h"
 #include "moecore/moe/flex_dispatcher.h"
 #include "moecore/nn/stash_bytes.h"
+#include "moecore/nn/substeps.h"
 
 namespace moecore::moe {
 
@@ -56,8 +57,18 @@ std::unique_ptr<TokenDispatcher> make_dispatcher(const MoELayerConfig& c) {
 }
 }  // namespace
 
+bool MoELayer::posted(bool in_flight, nn::A2A kind) const {
+  if (in_flight) nn::SubSteps::posted(name_, kind);
+  return in_flight;
+}
+
+void MoELayer::waited(bool was_in_flight, nn::A2A kind) const {
+  if (was_in_flight) nn::SubSteps::waited(name_, kind);
+}
+
 MoELayer::MoELayer(nn::ParamRegistry& reg, const std::string& name, const MoELayerConfig& cfg)
-    : cfg_(cfg),
+    : name_(name),
+      cfg_(cfg),
       router_(reg, name + ".router", router_config(cfg)),
       experts_(reg, name + ".experts", experts_config(cfg)),
       dispatcher_(make_dispatcher(cfg)),
@@ -156,7 +167,14 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   // Without expert tensor parallelism (whose gather reorders the rows) the rows arrive in the experts' padded layout.
   st.plan.row_align = etp_ ? 1 : GroupedExperts::row_align(x_TH.device());
   if (cfg_.low) st.plan.rows_dtype = *cfg_.low;
-  dispatcher_->dispatch(cfg_.low ? x16_TH : x_TH, routed, st.plan, x_RH, probs_R);
+  // Under the combined 1F1B schedule (nn/substeps.h) the other micro-batch runs a sub-step while each exchange is in
+  // flight.
+  TokenDispatcher::Pending pending;
+  dispatcher_->dispatch_start(cfg_.low ? x16_TH : x_TH, routed, st.plan, pending);
+  const bool dispatching = posted(pending.in_flight(), nn::A2A::Dispatch);
+  nn::SubSteps::boundary(name_, "dispatch wait + experts");
+  dispatcher_->dispatch_finish(pending, st.plan, x_RH, probs_R);
+  waited(dispatching, nn::A2A::Dispatch);
   Tensor y_RH;
   if (etp_) {
     Tensor x_all, probs_all;
@@ -165,7 +183,11 @@ Tensor MoELayer::forward_impl(const Tensor& x_SBH, Stash& st) {
   } else {
     y_RH = experts_.forward(x_RH, probs_R, st.plan.tokens_per_expert, st.experts);
   }
-  Tensor y = dispatcher_->combine(y_RH, st.plan);
+  dispatcher_->combine_start(y_RH, st.plan, pending);
+  const bool combining = posted(pending.in_flight(), nn::A2A::Combine);
+  nn::SubSteps::boundary(name_, "combine wait + the rest");
+  Tensor y = dispatcher_->combine_finish(pending, st.plan);
+  waited(combining, nn::A2A::Combine);
   side_.join();
   if (shared_) kernels::add_(y, shared_out);
   return y.reshape(x_SBH.shape());
@@ -191,7 +213,12 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
     side_.end();
   }
   const Tensor dy_TH = dy_SBH.reshape({T, H});
-  const Tensor dy_RH = dispatcher_->combine_backward(rows_input(dy_TH), st.plan);  // in the rows' dtype
+  TokenDispatcher::Pending cb;
+  dispatcher_->combine_backward_start(rows_input(dy_TH), st.plan, cb);
+  const bool combine_backward = posted(cb.in_flight(), nn::A2A::CombineBackward);
+  nn::SubSteps::boundary(name_, "combine-backward wait + experts backward");
+  const Tensor dy_RH = dispatcher_->combine_backward_finish(cb, st.plan);  // in the rows' dtype
+  waited(combine_backward, nn::A2A::CombineBackward);
   // With the overlap the experts' weight-gradient GEMMs wait until the dispatcher's backward all-to-all is in
   // flight, and run beside it (Megatron's --delay-wgrad-compute: data gradients first, so the exchange can start).
   const bool overlap = cfg_.overlap_dispatch_backward;
@@ -205,14 +232,13 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
     dx_RH = experts_.backward(dy_RH, st.experts, dprobs_R, overlap);
   }
   Tensor dx, dprobs_TK;
-  if (overlap) {
-    TokenDispatcher::PendingBackward pending;
-    dispatcher_->dispatch_backward_start(dx_RH, dprobs_R, st.plan, pending);
-    experts_.backward_wgrad(st.experts);
-    dispatcher_->dispatch_backward_finish(pending, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
-  } else {
-    dispatcher_->dispatch_backward(dx_RH, dprobs_R, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
-  }
+  TokenDispatcher::PendingBackward pending;
+  dispatcher_->dispatch_backward_start(dx_RH, dprobs_R, st.plan, pending);
+  if (overlap) experts_.backward_wgrad(st.experts);
+  const bool dispatch_backward = posted(pending.dx_work.pending(), nn::A2A::DispatchBackward);
+  nn::SubSteps::boundary(name_, "dispatch-backward wait + router + attention backward");
+  dispatcher_->dispatch_backward_finish(pending, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);
+  waited(dispatch_backward, nn::A2A::DispatchBackward);
   router_.backward(dprobs_TK, dx.dtype(), st.loss_scale, st.router, &dx);
   side_.join();
   if (shared_) kernels::add_(dx, (shared_first ? shared_dx : shared_->backward(dy_SBH, st.shared)).reshape({T, H}));

@@ -15,6 +15,7 @@
 #include "moecore/moe/shared_experts.h"
 #include "moecore/moe/token_dispatcher.h"
 #include "moecore/nn/feed_forward.h"
+#include "moecore/nn/substeps.h"
 
 namespace moecore::moe {
 
@@ -94,6 +95,10 @@ class MoELayer : public nn::FeedForward {
   Tensor forward_impl(const Tensor& x_SBH, Stash& st);
   // What combine_backward copies rows from (f32, or bf16 cast first: moe_layer.cpp).
   Tensor rows_input(const Tensor& x_TH) const;
+  // An exchange posted (in flight) or waited, told to the combined schedule's trace (nn/substeps.h).
+  bool posted(bool in_flight, nn::A2A kind) const;
+  void waited(bool was_in_flight, nn::A2A kind) const;
+  std::string name_;
   MoELayerConfig cfg_;
   Router router_;
   GroupedExperts experts_;

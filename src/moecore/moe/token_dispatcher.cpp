@@ -3,6 +3,7 @@
 #include "moecore/moe/token_dispatcher.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "moecore/comm/process_group.h"
 #include "moecore/core/timers.h"
@@ -115,6 +116,34 @@ void TokenDispatcher::dispatch_backward_finish(PendingBackward& p, const Dispatc
   p = PendingBackward();
 }
 
+void TokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p) {
+  dispatch(x_TH, routed, plan, p.out_a, p.out_b);
+}
+
+void TokenDispatcher::dispatch_finish(Pending& p, const DispatchPlan&, Tensor& x_RH, Tensor& probs_R) {
+  x_RH = std::move(p.out_a);
+  probs_R = std::move(p.out_b);
+  p = Pending();
+}
+
+void TokenDispatcher::combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) {
+  p.out_a = combine(y_RH, plan);
+}
+
+Tensor TokenDispatcher::combine_finish(Pending& p, const DispatchPlan&) {
+  Tensor y = std::move(p.out_a);
+  p = Pending();
+  return y;
+}
+
+void TokenDispatcher::combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) {
+  p.out_a = combine_backward(dy_TH, plan);
+}
+
+Tensor TokenDispatcher::combine_backward_finish(Pending& p, const DispatchPlan& plan) {
+  return combine_finish(p, plan);
+}
+
 void LocalTokenDispatcher::dispatch_backward(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                              DType probs_dtype, Tensor& dx_TH, Tensor& dprobs_TK) {
   dx_TH = sum_rows_per_token(dx_RH, plan);
@@ -139,8 +168,16 @@ ExpertParallelDispatcher::ExpertParallelDispatcher(const comm::ProcessGroup& ep,
 
 void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_RH,
                                        Tensor& probs_R) {
-  // 1. Local permute over all E experts: rows for EP rank d are contiguous (experts d·n_le .. (d+1)·n_le − 1).
   Tensor x_perm, p_perm;
+  dispatch_plan(x_TH, routed, plan, x_perm, p_perm);
+  // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
+  x_RH = exchange_forward(x_perm, plan);
+  probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({plan.R});
+}
+
+void AllToAllTokenDispatcher::dispatch_plan(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
+                                            Tensor& x_perm, Tensor& p_perm) {
+  // 1. Local permute over all E experts: rows for EP rank d are contiguous (experts d·n_le .. (d+1)·n_le − 1).
   local_.permute(x_TH, routed.idx_TK, routed.probs_TK, routed.pad_capacity, routed.idx_TK.dim(0), /*row_align=*/1, plan,
                  x_perm, p_perm);  // the rows travel back to back
   const int64_t P = ep_.size(), me = ep_.rank();
@@ -167,20 +204,31 @@ void AllToAllTokenDispatcher::dispatch(const Tensor& x_TH, const RoutedTokens& r
   plan.recv_rows = 0;
   for (int64_t n : plan.output_splits) plan.recv_rows += n;
   plan.R = plan.sorted_from_recv.numel();
-  // 4. Tokens and probabilities travel separately (probabilities keep their own dtype).
-  x_RH = exchange_forward(x_perm, plan);
-  probs_R = exchange_forward(p_perm.reshape({p_perm.numel(), 1}), plan).reshape({plan.R});
 }
 
 Tensor AllToAllTokenDispatcher::exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const {
+  Tensor send, recv;
+  comm::Work w = exchange_forward_start(local_rows, plan, send, recv);
+  {
+    // moecore's MoE timers (core/timers.h) by direction: token ranks to expert ranks is the dispatch (its forward,
+    // and combine's backward), back is the combine.
+    TimerScope timer("moe-dispatch-all-to-all", 2);
+    w.wait();
+  }
+  return sort_received(recv, plan);
+}
+
+comm::Work AllToAllTokenDispatcher::exchange_forward_start(const Tensor& local_rows, const DispatchPlan& plan,
+                                                           Tensor& send, Tensor& recv) const {
   const int64_t C = local_rows.cols();
-  Tensor recv = Tensor::empty({plan.recv_rows, C}, local_rows.dtype(), local_rows.device());
-  // moecore's MoE timers (core/timers.h) by direction: token ranks to expert ranks is the dispatch (its forward,
-  // and combine's backward), back is the combine.
-  TimerScope timer("moe-dispatch-all-to-all", 2);
-  ep_.all_to_all_v(local_rows.reshape({plan.local_rows, local_rows.cols()}), plan.input_splits, recv,
-                   plan.output_splits);
-  Tensor sorted = padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, C, recv.dtype(), recv.device());
+  recv = Tensor::empty({plan.recv_rows, C}, local_rows.dtype(), local_rows.device());
+  send = local_rows.reshape({plan.local_rows, C});
+  return ep_.all_to_all_v(send, plan.input_splits, recv, plan.output_splits, /*async=*/true);
+}
+
+Tensor AllToAllTokenDispatcher::sort_received(const Tensor& recv, const DispatchPlan& plan) const {
+  Tensor sorted =
+      padded_rows_empty(plan.recv_rows, n_local_, plan.row_align, plan.R, recv.cols(), recv.dtype(), recv.device());
   kernels::moe_gather_rows(recv, plan.sorted_from_recv, sorted);
   return sorted;
 }
@@ -237,6 +285,56 @@ void AllToAllTokenDispatcher::dispatch_backward_finish(PendingBackward& p, const
   dx_TH = sum_rows_per_token(p.dx_local, plan);
   dprobs_TK = scatter_dprobs(p.dp_local, plan, probs_dtype);
   p = PendingBackward();
+}
+
+// The split forms (token_dispatcher.h): the permutation and plan before the exchange, the row moves after it.
+void AllToAllTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan,
+                                             Pending& p) {
+  Tensor x_perm, p_perm;
+  dispatch_plan(x_TH, routed, plan, x_perm, p_perm);
+  p.work_a = exchange_forward_start(x_perm, plan, p.send_a, p.out_a);
+  p.work_b = exchange_forward_start(p_perm.reshape({p_perm.numel(), 1}), plan, p.send_b, p.out_b);
+}
+
+void AllToAllTokenDispatcher::dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+  {
+    TimerScope timer("moe-dispatch-all-to-all", 2);
+    p.work_a.wait();
+    p.work_b.wait();
+  }
+  x_RH = sort_received(p.out_a, plan);
+  probs_R = sort_received(p.out_b, plan).reshape({plan.R});
+  p = Pending();
+}
+
+void AllToAllTokenDispatcher::combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) {
+  p.work_a = exchange_backward_start(y_RH, plan, p.send_a, p.out_a);
+}
+
+Tensor AllToAllTokenDispatcher::combine_finish(Pending& p, const DispatchPlan& plan) {
+  {
+    TimerScope timer("moe-combine-all-to-all", 2);
+    p.work_a.wait();
+  }
+  Tensor y = sum_rows_per_token(p.out_a, plan);
+  p = Pending();
+  return y;
+}
+
+void AllToAllTokenDispatcher::combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) {
+  Tensor local = Tensor::empty({plan.local_rows, dy_TH.cols()}, plan.rows_dtype_for(dy_TH), dy_TH.device());
+  kernels::moe_gather_rows(dy_TH, plan.row_token_R, local);
+  p.work_a = exchange_forward_start(local, plan, p.send_a, p.out_a);
+}
+
+Tensor AllToAllTokenDispatcher::combine_backward_finish(Pending& p, const DispatchPlan& plan) {
+  {
+    TimerScope timer("moe-dispatch-all-to-all", 2);
+    p.work_a.wait();
+  }
+  Tensor d = sort_received(p.out_a, plan);
+  p = Pending();
+  return d;
 }
 
 }  // namespace moecore::moe

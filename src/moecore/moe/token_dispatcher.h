@@ -82,6 +82,21 @@ class TokenDispatcher {
                                        PendingBackward& p);
   virtual void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
                                         Tensor& dprobs_TK);
+  // dispatch, combine and combine_backward in two halves likewise, for the combined 1F1B schedule (nn/substeps.h):
+  // start computes up to the exchange and posts it (non-blocking where the dispatcher communicates), finish waits
+  // and completes. The same rows, sums and bits as the one-call forms; by default start runs the whole operation.
+  struct Pending {
+    Tensor out_a, out_b;        // the results (the default path), or the receive buffers
+    Tensor send_a, send_b;      // send buffers, alive until the exchange completes
+    comm::Work work_a, work_b;  // the exchange in flight
+    bool in_flight() const { return work_a.pending() || work_b.pending(); }
+  };
+  virtual void dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p);
+  virtual void dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R);
+  virtual void combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p);
+  virtual Tensor combine_finish(Pending& p, const DispatchPlan& plan);
+  virtual void combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p);
+  virtual Tensor combine_backward_finish(Pending& p, const DispatchPlan& plan);
 };
 
 class LocalTokenDispatcher : public TokenDispatcher {
@@ -147,11 +162,24 @@ class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
                                PendingBackward& p) override;
   void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
                                 Tensor& dprobs_TK) override;
+  void dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p) override;
+  void dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) override;
+  void combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) override;
+  Tensor combine_finish(Pending& p, const DispatchPlan& plan) override;
+  void combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) override;
+  Tensor combine_backward_finish(Pending& p, const DispatchPlan& plan) override;
 
  private:
   // local permuted rows -> received rows in expert-major order, and back (exchange_backward_start: the same,
-  // non-blocking: `send` and `local` must stay alive until `work` completes)
+  // non-blocking: `send` and `local` must stay alive until `work` completes; exchange_forward_start likewise, and
+  // sort_received puts what arrived in expert-major order)
   Tensor exchange_forward(const Tensor& local_rows, const DispatchPlan& plan) const;
+  comm::Work exchange_forward_start(const Tensor& local_rows, const DispatchPlan& plan, Tensor& send,
+                                    Tensor& recv) const;
+  Tensor sort_received(const Tensor& recv, const DispatchPlan& plan) const;
+  // dispatch up to the exchange: the permuted rows and probabilities, and the plan
+  void dispatch_plan(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Tensor& x_perm,
+                     Tensor& p_perm);
   Tensor exchange_backward(const Tensor& sorted_rows, const DispatchPlan& plan) const;
   comm::Work exchange_backward_start(const Tensor& sorted_rows, const DispatchPlan& plan, Tensor& send,
                                      Tensor& local) const;

@@ -146,7 +146,7 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     pipeline_ = p.get();
     schedule_ = std::move(p);
   } else {
-    schedule_ = std::make_unique<NoPipelining>();
+    schedule_ = std::make_unique<NoPipelining>(combined_1f1b(cfg_));  // Megatron's combined 1F1B where it applies
   }
   ckpt_ = std::make_unique<CheckpointSaver>(cfg_, out_, *groups_, vocab_, reg_, *model_, opt_.get());
   progress_.schedule = lr_schedule(cfg_);  // the checkpoint's may replace it (--use-checkpoint-opt_param-scheduler)

@@ -271,6 +271,10 @@ moe::RouterConfig router_config(const TrainConfig& c) {
   return r;
 }
 
+bool combined_1f1b(const TrainConfig& c) {
+  return c.overlap_moe_expert_parallel_comm && !c.delay_wgrad_compute;
+}
+
 moe::MoELayerConfig moe_layer_config(const TrainConfig& c) {
   moe::MoELayerConfig m;
   m.router = router_config(c);

@@ -384,7 +384,9 @@ nn::GPTConfig gpt_config(const TrainConfig& c, int64_t padded_vocab);
 // The module configs, each built from the resolved config by its one function (modules never see TrainConfig).
 moe::RouterConfig router_config(const TrainConfig& c);
 moe::MoELayerConfig moe_layer_config(const TrainConfig& c);  // its router from router_config
-nn::Fp8Config fp8_config(const TrainConfig& c);              // config_fp8.cpp
+// Megatron's combined 1F1B schedule: --overlap-moe-expert-parallel-comm without --delay-wgrad-compute, in training.
+bool combined_1f1b(const TrainConfig& c);
+nn::Fp8Config fp8_config(const TrainConfig& c);  // config_fp8.cpp
 optim::LRSchedule lr_schedule(const TrainConfig& c);
 // The embedding's rows for a vocabulary of `vocab` ids: --padded-vocab-size when given (Megatron then uses it as is),
 // else `vocab` padded to a multiple of --make-vocab-size-divisible-by (× TP), as Megatron pads it.

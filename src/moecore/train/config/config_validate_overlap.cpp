@@ -1,6 +1,6 @@
 // Megatron's rules for its communication overlaps (arguments.py validate_args, TransformerConfig.__post_init__),
 // mirrored and no stricter, and the one combination moecore refuses by name: --overlap-moe-expert-parallel-comm's
-// two-micro-batch schedule without --delay-wgrad-compute.
+// combined 1F1B schedule (without --delay-wgrad-compute) under pipeline parallelism.
 #include <algorithm>
 
 #include "moecore/core/error.h"
@@ -71,11 +71,14 @@ void validate_expert_overlap(const TrainConfig& c) {
               "MTP supports at most one layer when enabling --overlap-moe-expert-parallel-comm (Megatron's rule), "
               "not --mtp-num-layers {}",
               c.mtp_num_layers);
-    MOE_CHECK(c.delay_wgrad_compute,
-              "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute: Megatron's combined 1F1B schedule "
-              "(one micro-batch's forward merged with another's backward, layer by layer on two streams) is not "
-              "supported by moecore; add --delay-wgrad-compute (each MoE layer's dispatch-backward all-to-all then "
-              "overlaps its experts' weight-gradient GEMMs) or drop the flag");
+    // Without --delay-wgrad-compute Megatron runs its combined 1F1B schedule (train/pipeline/combined_1f1b.h);
+    // moecore runs it without pipelining, not yet inside the interleaved pipeline schedule.
+    MOE_CHECK(c.delay_wgrad_compute || c.pipeline_model_parallel_size == 1,
+              "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute under --pipeline-model-parallel-size "
+              "{}: moecore runs Megatron's combined 1F1B schedule without pipeline parallelism only; add "
+              "--delay-wgrad-compute (each MoE layer's dispatch-backward all-to-all then overlaps its experts' "
+              "weight-gradient GEMMs) or use --pipeline-model-parallel-size 1",
+              c.pipeline_model_parallel_size);
   }
   if (c.delay_wgrad_compute)
     MOE_CHECK(c.overlap_moe_expert_parallel_comm,

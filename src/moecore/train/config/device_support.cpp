@@ -22,6 +22,10 @@ std::string gpu_training_gap(const TrainConfig& c) {
     return gap(
         "--moe-token-dispatcher-type flex (the flex dispatcher, DeepEP/HybridEP semantics) with expert "
         "parallelism: use --moe-token-dispatcher-type alltoall on the GPU (the same math)");
+  // The combined schedule's fiber switch (core/fiber.h) interleaves host code; the GPU has no second stream for it.
+  if (combined_1f1b(c))
+    return "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute (Megatron's combined 1F1B schedule) is "
+           "CPU-only in moecore; the GPU refuses it: add --delay-wgrad-compute";
   // Megatron FSDP's unit gathers and gradient shards are host-side (optim/fsdp.h).
   if (c.use_megatron_fsdp) return gap("--use-megatron-fsdp (Megatron FSDP)");
   // FP8 weights (and their FP8 all-gathers) exist only in the CPU emulation (nn/fp8_param.h).

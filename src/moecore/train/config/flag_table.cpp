@@ -344,8 +344,8 @@ std::vector<FlagSpec> build_flag_table() {
         "With --overlap-param-gather under interleaved pipelining: every bucket's all-gather dispatched in the "
         "optimizer step"},
        {"overlap-moe-expert-parallel-comm", &C::overlap_moe_expert_parallel_comm, false,
-        "Overlap the MoE expert-parallel all-to-all with computation (with --delay-wgrad-compute: the dispatch "
-        "backward all-to-all beside the experts' weight-gradient GEMMs; the two-micro-batch schedule is refused)"},
+        "Overlap the MoE expert-parallel all-to-all: Megatron's combined 1F1B (a micro-batch's forward merged with "
+        "the last one's backward; PP 1), or with --delay-wgrad-compute beside the experts' wgrad GEMMs"},
        {"delay-wgrad-compute", &C::delay_wgrad_compute, false,
         "Compute the experts' weight gradients after their data gradients, while the dispatch backward all-to-all "
         "runs (needs --overlap-moe-expert-parallel-comm)"},

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "moecore/core/timers.h"
+#include "moecore/train/pipeline/combined_1f1b.h"
 
 namespace moecore::train {
 
@@ -41,33 +42,58 @@ StepLoss NoPipelining::forward_backward(nn::GPTModel& model, nn::GPTModel::Stash
                cp = static_cast<double>(mb.cp_size);
   const TokenScale token_scale_of{mb.per_token_loss, global_tokens, dp, mb.count, mb.loss_scale};
   StepLoss loss;
-  for (int64_t m = 0; m < mb.count; m++) {
+  // The forward of micro-batch m into stash `st`, then its backward (the loss's token and aux scales kept between).
+  struct Scales {
+    double token = 0, aux = 0;
+  };
+  std::vector<Scales> scales(static_cast<size_t>(mb.count));
+  auto forward = [&](int64_t m, nn::GPTModel::Stash& st) {
     std::optional<TimerScope> batch_timer(std::in_place, "batch-generator", 2);
-    stash.sample_B = samples(m);  // also the dropout masks' sample indices
+    st.sample_B = samples(m);  // also the dropout masks' sample indices
     const data::Batch b = mb.per_token_loss ? std::move(batches[static_cast<size_t>(m)])
-                                            : data::make_batch(data, stash.sample_B, mb.eod_mask_token);
+                                            : data::make_batch(data, st.sample_B, mb.eod_mask_token);
     batch_timer.reset();
-    stash.token_scale_of = token_scale_of;
+    st.token_scale_of = token_scale_of;
     std::optional<TimerScope> forward_timer(std::in_place, "forward-compute", 2);
-    const double mean = model.forward(b.tokens, b.labels, b.loss_mask, stash);
+    const double mean = model.forward(b.tokens, b.labels, b.loss_mask, st);
     forward_timer.reset();
-    loss.sum += mean * stash.mask_sum;
-    loss.tokens += stash.mask_sum;
-    const double token_scale = token_scale_of(stash.mask_sum);
-    double aux_scale = scale * cp;
+    loss.sum += mean * st.mask_sum;
+    loss.tokens += st.mask_sum;
+    Scales& sc = scales[static_cast<size_t>(m)];
+    sc.token = token_scale_of(st.mask_sum);
+    sc.aux = scale * cp;
     if (mb.per_token_loss) {
       // Megatron: token losses summed, every gradient divided by the global loss tokens (token_scale above); the
       // router multiplies its aux and z losses by the micro-batch's tokens (its local tokens x TP), so they keep
       // 1/(micro-batches x DP) when every token has a loss.
-      aux_scale = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;  // B·S
+      sc.aux = global_tokens > 0 ? static_cast<double>(b.tokens.numel()) * dp / global_tokens : 0.0;  // B·S
     }
-    aux_scale *= mb.loss_scale;  // Megatron's MoEAuxLossAutoScaler carries the loss scale too
+    sc.aux *= mb.loss_scale;  // Megatron's MoEAuxLossAutoScaler carries the loss scale too
+  };
+  auto backward = [&](int64_t m, nn::GPTModel::Stash& st) {
+    const Scales& sc = scales[static_cast<size_t>(m)];
     TimerScope backward_timer("backward-compute", 2);
     if (opt.reduces_gradients() && m == mb.count - 1)
-      model.backward_scaled(stash, token_scale, aux_scale, [&opt](size_t layer) { opt.layer_grads_final(layer); });
+      model.backward_scaled(st, sc.token, sc.aux, [&opt](size_t layer) { opt.layer_grads_final(layer); });
     else
-      model.backward_scaled(stash, token_scale, aux_scale);
+      model.backward_scaled(st, sc.token, sc.aux);
+  };
+  if (!combined_) {
+    for (int64_t m = 0; m < mb.count; m++) {
+      forward(m, stash);
+      backward(m, stash);
+    }
+    return loss;
   }
+  // Megatron's combined 1F1B without pipelining (combined_1f1b_schedule_for_no_pipelining): the first forward
+  // alone, then micro-batch m's forward merged with m−1's backward, then the last backward alone. Two stashes.
+  if (!second_stash_) second_stash_ = std::make_unique<nn::GPTModel::Stash>(model.make_stash());
+  auto stash_of = [&](int64_t m) -> nn::GPTModel::Stash& { return m % 2 == 0 ? stash : *second_stash_; };
+  forward(0, stash_of(0));
+  for (int64_t m = 1; m < mb.count; m++)
+    combined_forward_backward(
+        m, [&, m] { forward(m, stash_of(m)); }, m - 1, [&, m] { backward(m - 1, stash_of(m - 1)); });
+  backward(mb.count - 1, stash_of(mb.count - 1));
   return loss;
 }
 

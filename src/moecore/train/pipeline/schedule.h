@@ -63,9 +63,16 @@ class Schedule {
 
 class NoPipelining : public Schedule {
  public:
+  // combined: Megatron's combined 1F1B (combined_1f1b.h), each micro-batch's forward merged with the previous one's
+  // backward (--overlap-moe-expert-parallel-comm without --delay-wgrad-compute).
+  explicit NoPipelining(bool combined = false) : combined_(combined) {}
   StepLoss forward_backward(nn::GPTModel& model, nn::GPTModel::Stash& stash, const data::SampleSource& data,
                             const data::SampleCursor& cursor, const MicroBatches& mb,
                             optim::ChainedOptimizer& opt) override;
+
+ private:
+  bool combined_ = false;
+  std::unique_ptr<nn::GPTModel::Stash> second_stash_;  // the combined schedule's other micro-batch
 };
 
 }  // namespace moecore::train
