@@ -133,12 +133,14 @@ Links links_of(const PlanLayout& l, const GpuSpec& g) {
   k.pp = l.tp * l.cp * l.dp * l.pp <= g.gpus_per_nvlink_domain ? g.nccl_busbw_nvlink : g.nccl_busbw_network;
   auto lat = [&](int64_t stride, int64_t size) {
     return peers_inside(stride, size, g) >= static_cast<double>(size) ? g.collective_latency_nvlink
-                                                                       : g.collective_latency_network;
+                                                                      : g.collective_latency_network;
   };
-  k.latency = {lat(1, l.tp),       lat(l.tp, l.cp),
+  k.latency = {lat(1, l.tp),
+               lat(l.tp, l.cp),
                lat(l.tp * l.cp, l.dp),
                k.pp == g.nccl_busbw_nvlink ? g.collective_latency_nvlink : g.collective_latency_network,
-               lat(l.etp, l.ep),   lat(1, l.etp),
+               lat(l.etp, l.ep),
+               lat(1, l.etp),
                lat(l.etp * l.ep, l.edp)};
   return k;
 }
@@ -295,8 +297,7 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
   // One all-gather or reduce-scatter per block end: 4 per layer and direction, 2 in a MoE layer without shared
   // experts (its dispatcher's own gathers are the EP group's).
   const double tp_calls = l.tp > 1 ? (!moe_layer || c.moe_shared_expert_intermediate_size > 0 ? 4.0 : 2.0) : 0.0;
-  const double tp =
-      (moe_layer ? bytes.tp_moe_layer : bytes.tp_dense_layer) / links.tp + tp_calls * links.latency.tp;
+  const double tp = (moe_layer ? bytes.tp_moe_layer : bytes.tp_dense_layer) / links.tp + tp_calls * links.latency.tp;
   auto tp_exposed = [&](double comm, double gemms) {
     return options.tp_comm_overlap ? hidden_cost(g, comm, gemms) : comm;
   };

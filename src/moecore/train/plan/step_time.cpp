@@ -65,9 +65,9 @@ std::vector<double> simulate_pipeline(int64_t M, int64_t P, int64_t V, int64_t g
 namespace {
 
 struct RankSteps {
-  std::vector<double> fwd, bwd;  // per chunk, one micro-batch
-  OpTimes all;                   // every pass of the step (M micro-batches, forward and backward)
-  double recompute = 0;          // of which recompute's extra forward (compute and communication)
+  std::vector<double> fwd, bwd;                  // per chunk, one micro-batch
+  OpTimes all;                                   // every pass of the step (M micro-batches, forward and backward)
+  double recompute = 0;                          // of which recompute's extra forward (compute and communication)
   std::vector<double> fwd_compute, bwd_compute;  // per chunk: what FSDP's gathers and scatters hide behind
   double dp_exposed = 0, optimizer = 0;
   double fsdp = 0;  // Megatron FSDP's exposed gathers and scatters, inside the passes (all micro-batches)
@@ -145,9 +145,8 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
     if (fsdp) {
       const bool params = c.data_parallel_sharding_strategy == "optim_grads_params";
       double ag = 0, rsc = 0;
-      for (const auto& [P, link, lat, n, w] :
-           {std::tuple{l.dp, links.dp, links.latency.dp, z.n_dense, z.w_dense},
-            std::tuple{l.edp, links.edp, links.latency.edp, z.n_exp, z.w_exp}}) {
+      for (const auto& [P, link, lat, n, w] : {std::tuple{l.dp, links.dp, links.latency.dp, z.n_dense, z.w_dense},
+                                               std::tuple{l.edp, links.edp, links.latency.edp, z.n_exp, z.w_exp}}) {
         if (P <= 1 || n <= 0) continue;
         const double share = static_cast<double>(P - 1) / static_cast<double>(P);
         ag += share * w / link + lat;
@@ -167,9 +166,11 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
     }
     fwd.push_back(rs.fwd);
     bwd.push_back(rs.bwd);
-    rs.optimizer = optimizer_seconds(
-        c, sharded || fsdp ? p.dense / static_cast<double>(l.dp) + p.expert / static_cast<double>(l.edp) : p.dense + p.expert,
-        gpu);
+    rs.optimizer =
+        optimizer_seconds(c,
+                          sharded || fsdp ? p.dense / static_cast<double>(l.dp) + p.expert / static_cast<double>(l.edp)
+                                          : p.dense + p.expert,
+                          gpu);
     double last_bwd = 0, first_fwd = 0;
     for (int64_t v = 0; v < V; v++) last_bwd += rs.bwd[v], first_fwd += rs.fwd[v];
     const double reduce_exposed = c.overlap_grad_reduce ? std::max(0.0, reduce - last_bwd) : reduce;
