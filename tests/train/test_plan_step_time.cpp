@@ -114,6 +114,57 @@ TEST(PlanPublished, DeepSeekV3On1024H100Fp8BlockwiseWithinAQuarter) {
   EXPECT_NEAR(p.tflops_per_gpu / 330.0, 1.0, 0.25) << describe(p, gpu_spec("h100"), 1024);
 }
 
+// A small dense run (no experts) under TP 2 with sequence parallelism, one pipeline stage, no data parallelism: its
+// only communication is TP's.
+std::vector<std::string> dense_tp2(int64_t layers) {
+  return words("--num-layers " + std::to_string(layers) +
+               " --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16 --swiglu --disable-bias-linear "
+               "--normalization RMSNorm --position-embedding-type rope --seq-length 1024 --micro-batch-size 1 "
+               "--global-batch-size 4 --vocab-size 32000 --bf16 --tensor-model-parallel-size 2 --sequence-parallel "
+               "--mock-data --train-iters 1");
+}
+
+StepPrediction predict_on(const std::vector<std::string>& flags, int64_t world, const GpuSpec& gpu) {
+  const TrainConfig c = compose_train_config(parse_flags(flags), true);
+  return predict_step(c, build_vocabulary(c).padded, PlanLayout::from(c, world), gpu);
+}
+
+// Each collective pays the latency once: per micro-batch 4 per layer and direction (a gather and a scatter around
+// attention and MLP), the ends' 2 per direction and the cross-entropy's 3 all-reduces: M (8 L + 7) calls.
+TEST(PlanComm, CollectiveLatencyIsPaidOncePerCall) {
+  GpuSpec fast = gpu_spec("h100");
+  fast.collective_latency_nvlink = fast.collective_latency_network = 0;
+  GpuSpec slow = fast;
+  slow.collective_latency_nvlink = slow.collective_latency_network = 1e-3;
+  for (int64_t L : {2, 3}) {
+    const double d = predict_on(dense_tp2(L), 2, slow).step_seconds - predict_on(dense_tp2(L), 2, fast).step_seconds;
+    EXPECT_NEAR(d, 4 * (8 * L + 7) * 1e-3, 1e-9) << L << " layers";
+  }
+}
+
+// Megatron FSDP (optim_grads_params) adds only communication: with free links it predicts the distributed
+// optimizer's step; across nodes (DP 16 over two 8-GPU domains) its per-micro-batch gathers make it slower.
+TEST(PlanComm, FsdpAddsOnlyItsGathersAndScatters) {
+  auto run = [](bool fsdp) {
+    std::vector<std::string> f = words(
+        "--num-layers 4 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 16 --swiglu "
+        "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --seq-length 2048 "
+        "--micro-batch-size 1 --global-batch-size 64 --vocab-size 32000 --bf16 --use-distributed-optimizer "
+        "--mock-data --train-iters 1");
+    if (fsdp) f.insert(f.end(), {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"});
+    return f;
+  };
+  GpuSpec free_links = gpu_spec("h100");
+  free_links.nccl_busbw_nvlink = free_links.nccl_busbw_network = free_links.alltoall_busbw_network = 1e30;
+  free_links.collective_latency_nvlink = free_links.collective_latency_network = 0;
+  free_links.comm_sms = 0;
+  EXPECT_NEAR(predict_on(run(true), 16, free_links).step_seconds, predict_on(run(false), 16, free_links).step_seconds,
+              1e-12);
+  const StepPrediction fsdp = predict_on(run(true), 16, gpu_spec("h100")),
+                       dist = predict_on(run(false), 16, gpu_spec("h100"));
+  EXPECT_GT(fsdp.step_seconds, dist.step_seconds);
+}
+
 // Faster GPUs, same run: never slower; a GPU twice as fast in every figure but the network is not twice as fast.
 TEST(PlanPublished, FasterGpusPredictShorterSteps) {
   const double h100 = predict(qwen3_30b_a3b_h100_recipe(), 16, "h100").step_seconds;

@@ -4,6 +4,8 @@
 // copy, an all-reduce over the world as `bench comm` moves bytes); the model predicts `bench train`'s step under the
 // layout the flags give; the measured step is the median of the timed steps. Prints both and their ratio.
 #include <fmt/format.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,9 +16,11 @@
 #include "moecore/cli/bench/benches.h"
 #include "moecore/cli/bench/train_run.h"
 #include "moecore/comm/process_group.h"
+#include "moecore/core/cpu.h"
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/gemm.h"
 #include "moecore/train/config/start_config.h"
 #include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
@@ -26,25 +30,67 @@ namespace moecore::cli {
 
 namespace {
 
-// Seconds of the best of `n` runs of `f`.
+// Seconds of one call of `f`: the median of `n` samples, each repeating `f` for at least 50 ms. The step is the
+// median of its timed steps, so the rates are medians too (a moment when this rank had a core to itself does not
+// stand for the step's rate); the 50 ms windows span several of the scheduler's time slices, so ranks that share
+// cores (more ranks than cores, mpirun --oversubscribe) see their share of them, as they do during the step.
 template <class F>
-double best_of(int n, F f) {
-  double best = 1e300;
+double median_of(int n, F f) {
+  std::vector<double> t;
   for (int i = 0; i < n; i++) {
-    const Stopwatch t;
-    f();
-    best = std::min(best, t.seconds());
+    const Stopwatch w;
+    int64_t reps = 0;
+    do {
+      f();
+      reps++;
+    } while (w.seconds() < 0.05);
+    t.push_back(w.seconds() / static_cast<double>(reps));
   }
-  return best;
+  return median(t);
+}
+
+// The same for a collective: every rank must make the same calls, so each of the `n` samples times `reps` of them.
+template <class F>
+double median_of_calls(int n, int reps, F f) {
+  std::vector<double> t;
+  for (int i = 0; i < n; i++) {
+    const Stopwatch w;
+    for (int k = 0; k < reps; k++) f();
+    t.push_back(w.seconds() / reps);
+  }
+  return median(t);
+}
+
+// The cores this process may run on (its affinity mask: what mpirun and the container give it).
+int cores_here() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 // This machine as the model's "GPU": each rank's share of it, measured with every rank busy at once.
-train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l, double gemm_gflops) {
+train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l) {
   const comm::ProcessGroup world = comm::ProcessGroup::world();
   train::plan::GpuSpec s;
   s.name = "cpu";
   s.description = "this machine's ranks";
-  s.peak_bf16 = gemm_gflops * 1e9;
+  // The GEMM rate at the model's shape on this rank, not at a large square's: a micro-batch's tokens [S·B/CP, H]
+  // times a weight [H, H/TP] (the attention projections'), bf16 as training runs it; the median of 7, every rank at
+  // once. Small K and N run well below the large-shape peak, on a CPU as on a GPU.
+  {
+    auto random = [](const Shape& shape, uint64_t seed) {
+      Tensor t = Tensor::empty(shape, DType::F32);
+      fill_random(t, seed, 1.0);
+      return t.as_dtype(DType::BF16);
+    };
+    const int64_t M = c.seq_length * c.micro_batch_size / l.cp, K = c.hidden_size, N = c.hidden_size / l.tp;
+    const Tensor A = random({M, K}, 1), B = random({K, N}, 2);
+    Tensor C = Tensor::empty({M, N}, DType::F32);
+    kernels::gemm(A, false, B, false, C);  // the primitive
+    world.barrier();
+    const double g_s = median_of(5, [&] { kernels::gemm(A, false, B, false, C); });
+    s.peak_bf16 = 2.0 * static_cast<double>(M * K * N) / g_s;
+  }
   s.peak_fp8 = s.peak_bf16;
   s.gemm_bf16_efficiency = s.gemm_fp8_efficiency = 1;
   // Attention at the model's shape on this rank (S, B, heads / TP), bf16 tensors as --bf16 training runs them.
@@ -62,30 +108,57 @@ train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::P
          dv = Tensor::empty(v.shape(), DType::BF16);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   world.barrier();
-  const double fwd_s = best_of(3, [&] { kernels::attention_forward_bf16(q, k, v, scale, o, lse); });
-  const double bwd_s = best_of(3, [&] { kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv); });
+  const double fwd_s = median_of(5, [&] { kernels::attention_forward_bf16(q, k, v, scale, o, lse); });
+  const double bwd_s =
+      median_of(5, [&] { kernels::attention_backward_bf16(dout, q, k, v, o, lse, scale, dq, dk, dv); });
   const double fwd_flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) / 2 * static_cast<double>(D * Nq * B);
   s.attention_fwd_efficiency = fwd_flops / fwd_s / s.peak_bf16;
   s.attention_bwd_efficiency = 2.5 * fwd_flops / bwd_s / s.peak_bf16;
   // Streaming copy: 64 MiB read and written.
   std::vector<char> a(64 << 20, 1), b(64 << 20);
   world.barrier();
-  const double copy_s = best_of(3, [&] { std::memcpy(b.data(), a.data(), a.size()); });
+  const double copy_s = median_of(3, [&] { std::memcpy(b.data(), a.data(), a.size()); });
   s.hbm_bandwidth = 2.0 * static_cast<double>(a.size()) / copy_s;
   s.hbm_efficiency = 1;
-  // All-reduce bus bandwidth over the world (every group of this run is inside it).
+  // MPI over the world (every group of this run is inside it) as latency plus bytes over a bus bandwidth: the
+  // latency from a one-element all-reduce, the bus bandwidth from a 128 MiB one (MPI's host copies at the memory's
+  // rate, the size of a layer's gradient bucket rather than one that stays in cache). With more ranks than cores
+  // both include the waits for a descheduled peer.
   s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network = 1e12;
   if (world.size() > 1) {
-    Tensor t = Tensor::zeros({4 << 20}, DType::F32);
+    Tensor one = Tensor::zeros({1}, DType::F32);
     world.barrier();
-    const double ar_s = best_of(3, [&] { world.all_reduce(t); });
+    const double lat = median_of_calls(5, 50, [&] { world.all_reduce(one); });
+    Tensor t = Tensor::zeros({32 << 20}, DType::F32);
+    world.barrier();
+    const double ar_s = median_of_calls(3, 1, [&] { world.all_reduce(t); });
     const double n = static_cast<double>(world.size());
     s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network =
-        2 * (n - 1) / n * static_cast<double>(t.numel()) * 4 / ar_s;
+        2 * (n - 1) / n * static_cast<double>(t.numel()) * 4 / std::max(1e-9, ar_s - lat);
+    s.collective_latency_nvlink = s.collective_latency_network = lat;
   }
   s.gpus_per_nvlink_domain = static_cast<int>(world.size());
   s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
   s.kernel_launch_seconds = 0;
+  return s;
+}
+
+// The rates measured before and after the timed steps, combined as the steps would see them: each rate the harmonic
+// mean of the two (the mean of its seconds per unit of work), each latency the mean. Other work on a shared machine
+// comes and goes; bracketing the steps makes the rates see about the load the steps saw.
+train::plan::GpuSpec bracket(const train::plan::GpuSpec& a, const train::plan::GpuSpec& b) {
+  auto h = [](double x, double y) { return x > 0 && y > 0 ? 2 / (1 / x + 1 / y) : std::max(x, y); };
+  train::plan::GpuSpec s = a;
+  s.peak_bf16 = s.peak_fp8 = h(a.peak_bf16, b.peak_bf16);
+  s.attention_fwd_efficiency =
+      h(a.attention_fwd_efficiency * a.peak_bf16, b.attention_fwd_efficiency * b.peak_bf16) / s.peak_bf16;
+  s.attention_bwd_efficiency =
+      h(a.attention_bwd_efficiency * a.peak_bf16, b.attention_bwd_efficiency * b.peak_bf16) / s.peak_bf16;
+  s.hbm_bandwidth = h(a.hbm_bandwidth, b.hbm_bandwidth);
+  s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network = h(a.nccl_busbw_nvlink, b.nccl_busbw_nvlink);
+  s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
+  s.collective_latency_nvlink = s.collective_latency_network =
+      (a.collective_latency_nvlink + b.collective_latency_nvlink) / 2;
   return s;
 }
 
@@ -99,21 +172,25 @@ void run_bench_plan(const TrainBenchArgs& a) {
       "--num-attention-heads 16 --group-query-attention --num-query-groups 4 --swiglu --disable-bias-linear "
       "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 --moe-aux-loss-coeff 1e-2 --seq-length 256 "
       "--micro-batch-size 4 --global-batch-size 8 --vocab-size 32000"));
+  comm::ProcessGroup::init(nullptr, nullptr);
+  const train::PlanLayout l = train::PlanLayout::from(cfg, comm::ProcessGroup::world().size());
+  const train::plan::GpuSpec before = measure_machine(cfg, l);
   std::unique_ptr<train::Trainer> t;
-  const TrainRun r = timed_train(cfg, a.iters, t, DType::BF16);
+  const TrainRun r = timed_train(cfg, a.iters, t, std::nullopt);
   const int64_t vocab = train::build_vocabulary(cfg).padded;
-  const train::PlanLayout l = train::PlanLayout::from(cfg, r.world);
-  const train::plan::GpuSpec machine = measure_machine(cfg, l, median(r.peak_samples));
+  const train::plan::GpuSpec machine = bracket(before, measure_machine(cfg, l));
   const train::plan::StepPrediction p = train::plan::predict_step(cfg, vocab, l, machine);
   if (r.rank != 0) return;
   const double measured = r.step_median_s, ratio = p.step_seconds / measured;
   fmt::print(
       "moecore bench plan: {} rank(s), TP {} PP {} EP {} DP {}; measured rates per rank: GEMM {:.1f} GFLOP/s, "
-      "attention forward {:.1f} / backward {:.1f} GFLOP/s, copy {:.2f} GB/s, all-reduce bus {:.2f} GB/s\n",
+      "attention forward {:.1f} / backward {:.1f} GFLOP/s, copy {:.2f} GB/s, all-reduce bus {:.2f} GB/s, collective "
+      "latency {:.1f} us; {} rank(s) x {} thread(s) on {} core(s), each rank bound to {}\n",
       r.world, l.tp, l.pp, l.ep, l.dp, machine.peak_bf16 / 1e9,
       machine.attention_fwd_efficiency * machine.peak_bf16 / 1e9,
       machine.attention_bwd_efficiency * machine.peak_bf16 / 1e9, machine.hbm_bandwidth / 1e9,
-      r.world > 1 ? machine.nccl_busbw_nvlink / 1e9 : 0.0);
+      r.world > 1 ? machine.nccl_busbw_nvlink / 1e9 : 0.0, 1e6 * machine.collective_latency_nvlink, r.world,
+      num_threads(), sysconf(_SC_NPROCESSORS_ONLN), cores_here());
   fmt::print("{}", train::plan::describe(p, machine, r.world));
   fmt::print("plan predicted_s={:.4f} measured_s={:.4f} ratio={:.3f} within_20_percent={}\n", p.step_seconds, measured,
              ratio, std::abs(ratio - 1) <= 0.2 ? "yes" : "no");

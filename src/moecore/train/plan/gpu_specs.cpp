@@ -33,6 +33,9 @@ GpuSpec hopper(std::string name, std::string description, double hbm_gb, double 
   s.nccl_busbw_network = 45 * G;      // nccl-tests across nodes, 400 Gb/s InfiniBand per GPU
   s.alltoall_busbw_network = 35 * G;  // nccl-tests alltoall_perf across nodes, 400 Gb/s per GPU
   s.kernel_launch_seconds = 4e-6;
+  s.collective_latency_nvlink = 6e-6;  // nccl-tests all_reduce_perf, HGX 8x H100, small messages (NVIDIA/nccl#1259)
+  s.collective_latency_network =
+      25e-6;                     // NCCL's own tuning estimate, small all-reduce, H100 cluster (NVIDIA/nccl#1453)
   s.sms = 132, s.comm_sms = 32;  // H100/H200 SXM: 132 SMs
   return s;
 }
@@ -57,6 +60,8 @@ GpuSpec blackwell(std::string name, std::string description, double peak_bf16_tf
   s.nccl_busbw_network = 45 * G;
   s.alltoall_busbw_network = 35 * G;
   s.kernel_launch_seconds = 4e-6;
+  s.collective_latency_nvlink = 6e-6;  // taken as Hopper's (no public Blackwell figure read)
+  s.collective_latency_network = 25e-6;
   s.sms = 148, s.comm_sms = 32;  // B200: 148 SMs
   return s;
 }

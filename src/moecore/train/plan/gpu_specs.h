@@ -26,6 +26,9 @@ struct GpuSpec {
   double nccl_busbw_nvlink = 0, nccl_busbw_network = 0;  // bytes/s, all-reduce / reduce-scatter / all-gather
   double alltoall_busbw_network = 0;                     // bytes/s, all-to-all across nodes (per GPU)
   double kernel_launch_seconds = 0;                      // fixed cost of one kernel (CUDA graphs: small)
+  // Fixed cost of one collective call (NCCL's small-message latency; on the CPU, MPI's measured one), inside the
+  // NVLink domain and across it; paid once per collective on top of its bytes over the bus bandwidth.
+  double collective_latency_nvlink = 0, collective_latency_network = 0;  // seconds
   // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
   // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
   double sms = 0, comm_sms = 0;

@@ -33,7 +33,10 @@ const std::set<std::string>& layout_flags() {
                                           "--recompute-num-layers",
                                           "--recompute-modules",
                                           "--sequence-parallel",
-                                          "--use-distributed-optimizer"};
+                                          "--use-distributed-optimizer",
+                                          "--use-megatron-fsdp",
+                                          "--data-parallel-sharding-strategy",
+                                          "--micro-batch-size"};
   return f;
 }
 
@@ -62,6 +65,21 @@ std::string layout_string(int64_t layers, int64_t stages, int64_t mtp) {
     if (i == stages - 1) s += std::string(static_cast<size_t>(mtp), 'm') + "L";
   }
   return s;
+}
+
+// What the search varies beside the parallel sizes and recompute: ETP 1 or the TP size, the micro-batch size given
+// or twice it, the distributed optimizer or Megatron FSDP (optim_grads_params).
+struct Variant {
+  int64_t etp = 1, mbs = 1;
+  bool fsdp = false;
+};
+std::vector<Variant> variants(int64_t tp, int64_t world, int64_t mbs) {
+  std::vector<Variant> v;
+  for (int64_t etp : tp > 1 ? std::vector<int64_t>{1, tp} : std::vector<int64_t>{1})
+    for (int64_t b : {mbs, 2 * mbs})
+      for (bool fsdp : world > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+        v.push_back({etp, b, fsdp});
+  return v;
 }
 
 std::vector<int64_t> powers_of_two(int64_t most) {
@@ -125,31 +143,42 @@ SearchResult search_layouts(const std::vector<std::string>& args, int64_t world,
         for (int64_t vpp : {1, 2, 4}) {
           if (pp == 1 && vpp > 1) continue;
           if (world % (tp * cp * pp) != 0 || pp * vpp > c.num_layers) continue;  // no stage without a layer
-          for (int64_t ep : powers_of_two(std::max<int64_t>(c.num_experts, 1))) {
-            if ((c.num_experts > 0 && c.num_experts % ep != 0) || (world / pp) % ep != 0) continue;
-            for (const std::vector<std::string>& rc : recomputes) {
-              std::vector<std::string> layout = {"--tensor-model-parallel-size",   std::to_string(tp),
-                                                 "--context-parallel-size",        std::to_string(cp),
-                                                 "--pipeline-model-parallel-size", std::to_string(pp),
-                                                 "--expert-model-parallel-size",   std::to_string(ep),
-                                                 "--expert-tensor-parallel-size",  "1"};
-              if (tp > 1) layout.push_back("--sequence-parallel");
-              if (world > 1) layout.push_back("--use-distributed-optimizer");
-              if (pp * vpp > 1 && (c.num_layers % (pp * vpp) != 0 || c.mtp_num_layers > 0))
-                layout.insert(layout.end(), {"--pipeline-model-parallel-layout",
-                                             layout_string(c.num_layers, pp * vpp, c.mtp_num_layers)});
-              else if (vpp > 1)
-                layout.insert(layout.end(), {"--num-virtual-stages-per-pipeline-rank", std::to_string(vpp)});
-              layout.insert(layout.end(), rc.begin(), rc.end());
-              r.tried++;
-              Candidate cand;
-              if (!evaluate(base, layout, world, memory_limit, gpu, options, cand)) continue;
-              r.valid++;
-              if (cand.memory_bytes > memory_limit) continue;
-              r.fitting++;
-              fits.push_back(std::move(cand));
+          for (int64_t ep : powers_of_two(std::max<int64_t>(c.num_experts, 1)))
+            for (const Variant& var : variants(tp, world, c.micro_batch_size)) {
+              if ((c.num_experts > 0 && c.num_experts % ep != 0) || (world / pp) % (ep * var.etp) != 0) continue;
+              for (const std::vector<std::string>& rc : recomputes) {
+                std::vector<std::string> layout = {"--tensor-model-parallel-size",
+                                                   std::to_string(tp),
+                                                   "--context-parallel-size",
+                                                   std::to_string(cp),
+                                                   "--pipeline-model-parallel-size",
+                                                   std::to_string(pp),
+                                                   "--expert-model-parallel-size",
+                                                   std::to_string(ep),
+                                                   "--expert-tensor-parallel-size",
+                                                   std::to_string(var.etp),
+                                                   "--micro-batch-size",
+                                                   std::to_string(var.mbs)};
+                if (tp > 1) layout.push_back("--sequence-parallel");
+                if (world > 1) layout.push_back("--use-distributed-optimizer");
+                if (var.fsdp)
+                  layout.insert(layout.end(),
+                                {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"});
+                if (pp * vpp > 1 && (c.num_layers % (pp * vpp) != 0 || c.mtp_num_layers > 0))
+                  layout.insert(layout.end(), {"--pipeline-model-parallel-layout",
+                                               layout_string(c.num_layers, pp * vpp, c.mtp_num_layers)});
+                else if (vpp > 1)
+                  layout.insert(layout.end(), {"--num-virtual-stages-per-pipeline-rank", std::to_string(vpp)});
+                layout.insert(layout.end(), rc.begin(), rc.end());
+                r.tried++;
+                Candidate cand;
+                if (!evaluate(base, layout, world, memory_limit, gpu, options, cand)) continue;
+                r.valid++;
+                if (cand.memory_bytes > memory_limit) continue;
+                r.fitting++;
+                fits.push_back(std::move(cand));
+              }
             }
-          }
         }
   }
   if (r.given_fits) fits.push_back(r.given);

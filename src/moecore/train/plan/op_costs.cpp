@@ -131,6 +131,17 @@ Links links_of(const PlanLayout& l, const GpuSpec& g) {
   // Stage neighbours are TP·CP·DP ranks apart: NVLink only where the whole pipeline fits in one domain; a P2P
   // transfer taken at the collectives' bus bandwidth of that link.
   k.pp = l.tp * l.cp * l.dp * l.pp <= g.gpus_per_nvlink_domain ? g.nccl_busbw_nvlink : g.nccl_busbw_network;
+  auto lat = [&](int64_t stride, int64_t size) {
+    return peers_inside(stride, size, g) >= static_cast<double>(size) ? g.collective_latency_nvlink
+                                                                      : g.collective_latency_network;
+  };
+  k.latency = {lat(1, l.tp),
+               lat(l.tp, l.cp),
+               lat(l.tp * l.cp, l.dp),
+               k.pp == g.nccl_busbw_nvlink ? g.collective_latency_nvlink : g.collective_latency_network,
+               lat(l.etp, l.ep),
+               lat(1, l.etp),
+               lat(l.etp * l.ep, l.edp)};
   return k;
 }
 
@@ -222,8 +233,9 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
   // too), overlapped with the attention blocks by Megatron's ring.
   if (l.cp > 1) {
     const double kv = T * heads * (dqk + dv) * e * static_cast<double>(l.cp - 1);
-    af.cp += hidden_cost(g, kv / links.cp, core_fwd);
-    ab.cp += hidden_cost(g, 2 * kv / links.cp, ab.attention);
+    const double steps = static_cast<double>(l.cp - 1) * links.latency.cp;  // one ring step per other shard
+    af.cp += hidden_cost(g, kv / links.cp + steps, core_fwd);
+    ab.cp += hidden_cost(g, 2 * kv / links.cp + steps, ab.attention);
   }
   // MLP: dense, or routed experts (+ shared experts).
   const double gated = c.swiglu ? 2.0 : 1.0;
@@ -267,18 +279,25 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     mlp_gemm_fwd = shared_fwd;
     // EP all-to-all and ETP gathers: exposed, or with --overlap-moe-expert-parallel-comm hidden behind another
     // micro-batch's compute of the same layer (Megatron's combined 1F1B schedule).
+    // Collectives per direction: forward the token counts' all-gather, the dispatch and the combine; backward the
+    // two all-to-alls. Each pays the group's latency on top of its bytes.
     const double ep = ep_seconds(c, l, g, links, bytes.ep_moe_layer), etp = bytes.etp_moe_layer / links.etp;
+    const double ep_lat = l.ep > 1 ? links.latency.ep : 0.0, etp_lat = l.etp > 1 ? 2 * links.latency.etp : 0.0;
+    const double ep_f = ep + 3 * ep_lat, ep_b = ep + 2 * ep_lat;
     if (c.overlap_moe_expert_parallel_comm) {
-      mf.ep += hidden_cost(g, ep, af.compute() + mf.compute());
-      mb.ep += hidden_cost(g, ep, ab.compute() + mb.compute());
+      mf.ep += hidden_cost(g, ep_f, af.compute() + mf.compute());
+      mb.ep += hidden_cost(g, ep_b, ab.compute() + mb.compute());
     } else {
-      mf.ep += ep, mb.ep += ep;
+      mf.ep += ep_f, mb.ep += ep_b;
     }
-    mf.etp += etp, mb.etp += etp;
+    mf.etp += etp + etp_lat, mb.etp += etp + etp_lat;
     if (rc.moe) rc_mlp += mf;
   }
   // Tensor parallelism with sequence parallelism: exposed, or with --tp-comm-overlap hidden behind the GEMMs.
-  const double tp = (moe_layer ? bytes.tp_moe_layer : bytes.tp_dense_layer) / links.tp;
+  // One all-gather or reduce-scatter per block end: 4 per layer and direction, 2 in a MoE layer without shared
+  // experts (its dispatcher's own gathers are the EP group's).
+  const double tp_calls = l.tp > 1 ? (!moe_layer || c.moe_shared_expert_intermediate_size > 0 ? 4.0 : 2.0) : 0.0;
+  const double tp = (moe_layer ? bytes.tp_moe_layer : bytes.tp_dense_layer) / links.tp + tp_calls * links.latency.tp;
   auto tp_exposed = [&](double comm, double gemms) {
     return options.tp_comm_overlap ? hidden_cost(g, comm, gemms) : comm;
   };
@@ -308,9 +327,11 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
   add(out.fwd, out.bwd, &OpTimes::dense_gemm, gemm(c, g, s.T, V, s.H, false));  // the output layer stays in bf16
   const double xent = hbm_seconds(g, 3 * s.T * V * 4);  // logits in f32: softmax, loss, its gradient
   out.fwd.memory += xent + hbm_seconds(g, 2 * s.Tsp * s.H * s.e), out.bwd.memory += xent;
-  const double tp = bytes.tp_ends / links.tp;
-  out.fwd.tp += options.tp_comm_overlap ? hidden_cost(g, tp, out.fwd.dense_gemm) : tp;
-  out.bwd.tp += options.tp_comm_overlap ? hidden_cost(g, tp, out.bwd.dense_gemm) : tp;
+  // The ends' gather and scatter, and the vocabulary-parallel cross-entropy's three all-reduces (forward).
+  const double tp_lat = l.tp > 1 ? links.latency.tp : 0.0;
+  const double tp_f = bytes.tp_ends / links.tp + 5 * tp_lat, tp_b = bytes.tp_ends / links.tp + 2 * tp_lat;
+  out.fwd.tp += options.tp_comm_overlap ? hidden_cost(g, tp_f, out.fwd.dense_gemm) : tp_f;
+  out.bwd.tp += options.tp_comm_overlap ? hidden_cost(g, tp_b, out.bwd.dense_gemm) : tp_b;
   return out;
 }
 

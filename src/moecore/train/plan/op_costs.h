@@ -19,6 +19,11 @@ namespace moecore::train::plan {
 // its bytes between the two by where its peers are.
 struct Links {
   double tp = 0, cp = 0, dp = 0, pp = 0, ep = 0, etp = 0, edp = 0;
+  // Each group's fixed cost of one collective (or P2P transfer): the NVLink latency inside a domain, the network's
+  // across it (GpuSpec::collective_latency_*).
+  struct Latency {
+    double tp = 0, cp = 0, dp = 0, pp = 0, ep = 0, etp = 0, edp = 0;
+  } latency;
 };
 Links links_of(const PlanLayout& l, const GpuSpec& gpu);
 

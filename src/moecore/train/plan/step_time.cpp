@@ -65,10 +65,12 @@ std::vector<double> simulate_pipeline(int64_t M, int64_t P, int64_t V, int64_t g
 namespace {
 
 struct RankSteps {
-  std::vector<double> fwd, bwd;  // per chunk, one micro-batch
-  OpTimes all;                   // every pass of the step (M micro-batches, forward and backward)
-  double recompute = 0;          // of which recompute's extra forward (compute and communication)
+  std::vector<double> fwd, bwd;                  // per chunk, one micro-batch
+  OpTimes all;                                   // every pass of the step (M micro-batches, forward and backward)
+  double recompute = 0;                          // of which recompute's extra forward (compute and communication)
+  std::vector<double> fwd_compute, bwd_compute;  // per chunk: what FSDP's gathers and scatters hide behind
   double dp_exposed = 0, optimizer = 0;
+  double fsdp = 0;  // Megatron FSDP's exposed gathers and scatters, inside the passes (all micro-batches)
   std::map<std::string, double> dp_by_group;
 };
 
@@ -109,11 +111,11 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
       }
       rs.fwd.push_back(f.total());
       rs.bwd.push_back(b.total());
+      rs.fwd_compute.push_back(f.compute());
+      rs.bwd_compute.push_back(b.compute());
       rs.all += (f += b) * m;
       rs.recompute += re.total() * m;
     }
-    fwd.push_back(rs.fwd);
-    bwd.push_back(rs.bwd);
     // Data parallel: the cost model's bytes of this stage's parameters; reduce-scatter (or all-reduce) of the
     // gradients after the last backward, all-gather of the updated parameters after the step.
     const ParamCounts p = count_params(c, padded_vocab, l.tp, l.ep * l.etp, r);
@@ -130,15 +132,45 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
     const std::map<std::string, double> dpb = analytic_comm_bytes(c, z);
     const bool sharded = c.use_distributed_optimizer && (c.optimizer == "adam" || c.optimizer == "sgd");
     double reduce = 0, gather = 0;
-    for (const auto& [name, link, n, w] :
-         {std::tuple{"dp", links.dp, z.n_dense, z.w_dense}, std::tuple{"edp", links.edp, z.n_exp, z.w_exp}}) {
-      if (!dpb.count(name)) continue;
+    for (const auto& [name, link, lat, n, w] : {std::tuple{"dp", links.dp, links.latency.dp, z.n_dense, z.w_dense},
+                                                std::tuple{"edp", links.edp, links.latency.edp, z.n_exp, z.w_exp}}) {
+      if (!dpb.count(name) || dpb.at(name) <= 0) continue;
       const double t = dpb.at(name) / link, grad_share = sharded ? n * z.grad_bytes / (n * z.grad_bytes + w) : 1.0;
-      reduce += t * grad_share, gather += t * (1 - grad_share);
+      reduce += t * grad_share + lat, gather += t * (1 - grad_share) + (sharded ? lat : 0.0);
     }
-    rs.optimizer = optimizer_seconds(
-        c, sharded ? p.dense / static_cast<double>(l.dp) + p.expert / static_cast<double>(l.edp) : p.dense + p.expert,
-        gpu);
+    // Megatron FSDP (docs/user-guide/features/megatron_fsdp.md): the gradients' reduce-scatter in every backward
+    // (optim_grads and optim_grads_params), the parameters' all-gather before every forward and backward
+    // (optim_grads_params), prefetched behind the passes' compute; what exceeds it is exposed.
+    const bool fsdp = c.use_megatron_fsdp && l.world() > 1 && c.data_parallel_sharding_strategy != "no_shard";
+    if (fsdp) {
+      const bool params = c.data_parallel_sharding_strategy == "optim_grads_params";
+      double ag = 0, rsc = 0;
+      for (const auto& [P, link, lat, n, w] : {std::tuple{l.dp, links.dp, links.latency.dp, z.n_dense, z.w_dense},
+                                               std::tuple{l.edp, links.edp, links.latency.edp, z.n_exp, z.w_exp}}) {
+        if (P <= 1 || n <= 0) continue;
+        const double share = static_cast<double>(P - 1) / static_cast<double>(P);
+        ag += share * w / link + lat;
+        rsc += share * n * z.grad_bytes / link + lat;
+      }
+      const double v = static_cast<double>(V);
+      auto exposed = [&](double comm, double compute) {
+        const double hidden = std::min(comm, compute);
+        return comm - hidden + hidden * gpu.overlap_cost();
+      };
+      for (int64_t k = 0; k < V; k++) {
+        const double fe = params ? exposed(ag / v, rs.fwd_compute[k]) : 0.0;
+        const double be = exposed(((params ? ag : 0.0) + rsc) / v, rs.bwd_compute[k]);
+        rs.fwd[k] += fe, rs.bwd[k] += be, rs.fsdp += (fe + be) * m;
+      }
+      reduce = 0, gather = params ? 0.0 : ag;
+    }
+    fwd.push_back(rs.fwd);
+    bwd.push_back(rs.bwd);
+    rs.optimizer =
+        optimizer_seconds(c,
+                          sharded || fsdp ? p.dense / static_cast<double>(l.dp) + p.expert / static_cast<double>(l.edp)
+                                          : p.dense + p.expert,
+                          gpu);
     double last_bwd = 0, first_fwd = 0;
     for (int64_t v = 0; v < V; v++) last_bwd += rs.bwd[v], first_fwd += rs.fwd[v];
     const double reduce_exposed = c.overlap_grad_reduce ? std::max(0.0, reduce - last_bwd) : reduce;
@@ -149,7 +181,7 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
   }
   const double p2p = static_cast<double>(c.seq_length * c.micro_batch_size) / static_cast<double>(l.cp * l.tp) *
                          static_cast<double>(c.hidden_size) * (c.bf16 || c.fp16 ? 2.0 : 4.0) / links.pp +
-                     10e-6;
+                     links.latency.pp;
   const std::vector<double> end = simulate_pipeline(M, l.pp, V, c.microbatch_group_size_per_vp_stage, fwd, bwd, p2p);
   StepPrediction out;
   for (int64_t r = 0; r < l.pp; r++) {
@@ -162,7 +194,7 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
                  {"expert GEMMs", a.expert_gemm},
                  {"attention", a.attention},
                  {"memory-bound", a.memory}};
-  out.exposed_comm = {{"tp", a.tp}, {"cp", a.cp}, {"ep", a.ep}, {"etp", a.etp}, {"dp", rs.dp_exposed}};
+  out.exposed_comm = {{"tp", a.tp}, {"cp", a.cp}, {"ep", a.ep}, {"etp", a.etp}, {"dp", rs.dp_exposed + rs.fsdp}};
   out.recompute = rs.recompute;
   out.optimizer = rs.optimizer;
   out.bubble = std::max(0.0, end[out.critical_pp_rank] - a.total());
