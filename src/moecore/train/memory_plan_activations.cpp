@@ -134,12 +134,14 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   // operands widened where the kernel reads f32 only.
   attention_kernel += static_cast<double>(m.mla.enabled ? nn::mla_backward_rebuilt_bytes(m.attn, m.mla, d)
                                                         : nn::attention_backward_rebuilt_bytes(m.attn, d));
+  double largest_layer = 0;  // the largest layer's kept stash
   for (const StageLayers& ch : chunks_of(c, pp_rank)) {
     double b = ch.embedding ? static_cast<double>(nn::embedding_stash_bytes(d)) : 0.0;
     for (int64_t k = 0; k < ch.num_layers; k++) {
       const int64_t i = ch.first_layer + k;
       const nn::RecomputeConfig::Chunk rc = m.rc.full ? m.rc.chunk(k, ch.num_layers) : nn::RecomputeConfig::Chunk{};
       const double kept = layer_bytes(m, l, i, d), all = layer_bytes(whole, l, i, d);
+      largest_layer = std::max(largest_layer, kept);
       // Backward of layer i: what it rematerializes (a full-recompute chunk replayed whole at its last layer, or
       // what selective recompute dropped) and its gradient temporaries (kBackwardTemporaries of its whole f32 stash;
       // grads_attn: of the attention's part, the FFN's freed).
@@ -197,6 +199,9 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
     live += p.forward ? b : -b;
     a.peak = std::max(a.peak, live);
   }
+  // Megatron's combined 1F1B (PP 1) runs micro-batch m's forward beside m−1's backward, layer i of one beside layer
+  // L−1−i of the other: one micro-batch's stashes, one layer more, and both micro-batches' logits.
+  if (combined_1f1b(c) && P == 1 && M > 1) a.peak += largest_layer + a.logits;
   double one = a.logits;
   for (double b : a.chunk_bytes) one += b;
   a.in_flight = one > 0 ? a.peak / one : 1.0;
