@@ -9,7 +9,7 @@ Prints one flag per line: `--name arity [choices]`, arity one of switch (no valu
 one), list (one or more). A flag in both commits is listed once (HEAD's arity). Not read: the optional
 extra_args_provider of pretrain_gpt.py (NVIDIA ModelOpt's flags, present only when modelopt is installed).
 
-Usage: scripts/megatron_flags.py [--mirror DIR] > tests/train/megatron_flags.txt
+Usage: scripts/megatron_flags.py --mirror DIR > tests/train/megatron_flags.txt
 """
 import argparse
 import ast
@@ -229,7 +229,7 @@ class Extractor:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mirror", default="/work/.mirror/NVIDIA+Megatron-LM/repo")
+    ap.add_argument("--mirror", required=True, help="a git clone (bare or not) of NVIDIA/Megatron-LM")
     ap.add_argument("--release", default="core_v0.15.3")
     ap.add_argument("--head", default="HEAD")
     a = ap.parse_args()
