@@ -239,17 +239,25 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
   }
   // MLP: dense, or routed experts (+ shared experts).
   const double gated = c.swiglu ? 2.0 : 1.0;
-  double mlp_gemm_fwd = 0;
-  if (!moe_layer) {
-    const double F = static_cast<double>(c.ffn_hidden_size) / TP;
+  // A tensor-parallel FFN of width F (this rank's) over the layer's tokens, the dense MLP's or the shared experts':
+  // its two GEMMs and its activation added to the MLP's times; their forward seconds returned for recompute.
+  struct Ffn {
+    double fwd, cast_fwd, act;
+  };
+  auto dense_ffn = [&](double F) {
     const Gemm fc1 = gemm(c, g, T, gated * F, H), fc2 = gemm(c, g, T, H, F);
     add(mf, mb, &OpTimes::dense_gemm, fc1);
     add(mf, mb, &OpTimes::dense_gemm, fc2);
     const double act = hbm_seconds(g, (gated + 1) * T * F * e);
     mf.memory += act, mb.memory += 2 * act;
-    if (rc.mlp) rc_mlp.dense_gemm += fc1.fwd + fc2.fwd, rc_mlp.memory += act + fc1.cast_fwd + fc2.cast_fwd;
-    if (rc.moe_act) rc_mlp.memory += act;
-    mlp_gemm_fwd = fc1.fwd + fc2.fwd;
+    return Ffn{fc1.fwd + fc2.fwd, fc1.cast_fwd + fc2.cast_fwd, act};
+  };
+  double mlp_gemm_fwd = 0;
+  if (!moe_layer) {
+    const Ffn f = dense_ffn(static_cast<double>(c.ffn_hidden_size) / TP);
+    if (rc.mlp) rc_mlp.dense_gemm += f.fwd, rc_mlp.memory += f.act + f.cast_fwd;
+    if (rc.moe_act) rc_mlp.memory += f.act;
+    mlp_gemm_fwd = f.fwd;
   } else {
     const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.moe_router_topk);
     const double EP = static_cast<double>(l.ep), ETP = static_cast<double>(l.etp);
@@ -267,14 +275,9 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     if (rc.moe_act) rc_mlp.memory += act;
     double shared_fwd = 0;
     if (c.moe_shared_expert_intermediate_size > 0) {
-      const double Fs = static_cast<double>(c.moe_shared_expert_intermediate_size) / TP;
-      const Gemm s1 = gemm(c, g, T, gated * Fs, H), s2 = gemm(c, g, T, H, Fs);
-      add(mf, mb, &OpTimes::dense_gemm, s1);
-      add(mf, mb, &OpTimes::dense_gemm, s2);
-      const double sact = hbm_seconds(g, (gated + 1) * T * Fs * e);
-      mf.memory += sact, mb.memory += 2 * sact;
-      shared_fwd = s1.fwd + s2.fwd;
-      if (rc.shared_experts) rc_mlp.dense_gemm += shared_fwd, rc_mlp.memory += sact;
+      const Ffn sh = dense_ffn(static_cast<double>(c.moe_shared_expert_intermediate_size) / TP);
+      shared_fwd = sh.fwd;
+      if (rc.shared_experts) rc_mlp.dense_gemm += shared_fwd, rc_mlp.memory += sh.act;
     }
     mlp_gemm_fwd = shared_fwd;
     // EP all-to-all and ETP gathers: exposed, or with --overlap-moe-expert-parallel-comm hidden behind another
