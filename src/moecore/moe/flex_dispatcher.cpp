@@ -2,6 +2,8 @@
 // routing beside it, the expansion to expert rows and the per-rank partial sums on the experts' rank.
 #include "moecore/moe/flex_dispatcher.h"
 
+#include <cstring>
+
 #include "moecore/comm/process_group.h"
 #include "moecore/core/timers.h"
 
@@ -116,33 +118,42 @@ void FlexTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens&
                                          Pending& p) {
   MOE_CHECK(x_TH.device().is_cpu(), "--moe-token-dispatcher-type flex runs on the CPU only (tokens on {})",
             x_TH.device().str());
-  const int64_t H = x_TH.cols(), P = ep_.size();
+  const int64_t H = x_TH.cols();
   const DType rows_t = plan.rows_dtype_for(x_TH), probs_t = moe_row_sum_dtype(rows_t);
-  Tensor meta_send;
-  plan_exchange(routed, plan, meta_send);
+  Tensor meta;
+  plan_exchange(routed, plan, meta);
   // The send buffers, gathered straight from the tokens and the [T, K] probabilities (the fused permutation).
   p.send_a = Tensor::empty({plan.send_token.numel(), H}, rows_t);
   kernels::moe_gather_rows(x_TH, plan.send_token, p.send_a);
-  p.send_b = Tensor::empty({plan.local_rows, 1}, probs_t);
-  Tensor p_view = p.send_b.reshape({plan.local_rows});
-  kernels::moe_gather_probs(routed.probs_TK, plan.row_tk_R, p_view);
-  Tensor meta_recv = Tensor::empty({plan.recv_rows, 2}, DType::I32);
-  p.out_b = Tensor::empty({plan.recv_rows, 1}, probs_t);
-  p.out_a = Tensor::empty({total(plan.recv_tokens), H}, rows_t);
-  {
-    TimerScope timer("moe-dispatch-all-to-all", 2);
-    comm::Work wm = ep_.all_to_all_v(meta_send, plan.input_splits, meta_recv, plan.output_splits, true);
-    p.work_b = ep_.all_to_all_v(p.send_b, plan.input_splits, p.out_b, plan.output_splits, true);
-    p.work_a = ep_.all_to_all_v(p.send_a, plan.send_tokens, p.out_a, plan.recv_tokens, true);
-    wm.wait();
+  Tensor probs = Tensor::empty({plan.local_rows}, probs_t);
+  kernels::moe_gather_probs(routed.probs_TK, plan.row_tk_R, probs);
+  // Each assignment's routing record travels as one row of 32-bit words: its token's row among the destination's,
+  // its local expert, then its probability's bytes (one or two words). One exchange beside the tokens', so flex
+  // posts as many exchanges as alltoall, and nothing waits before dispatch_finish.
+  const int64_t pw = static_cast<int64_t>(dtype_size(probs_t)) / 4, W = 2 + pw;
+  p.send_b = Tensor::empty({plan.local_rows, W}, DType::I32);
+  for (int64_t a = 0; a < plan.local_rows; a++) {
+    int32_t* rec = p.send_b.data<int32_t>() + a * W;
+    rec[0] = meta.data<int32_t>()[2 * a];
+    rec[1] = meta.data<int32_t>()[2 * a + 1];
+    std::memcpy(rec + 2, static_cast<const char*>(probs.raw()) + a * pw * 4, static_cast<size_t>(pw) * 4);
   }
+  p.out_b = Tensor::empty({plan.recv_rows, W}, DType::I32);
+  p.out_a = Tensor::empty({total(plan.recv_tokens), H}, rows_t);
+  TimerScope timer("moe-dispatch-all-to-all", 2);
+  p.work_b = ep_.all_to_all_v(p.send_b, plan.input_splits, p.out_b, plan.output_splits, true);
+  p.work_a = ep_.all_to_all_v(p.send_a, plan.send_tokens, p.out_a, plan.recv_tokens, true);
+}
+
+void FlexTokenDispatcher::complete_plan(const Tensor& records, DispatchPlan& plan) const {
+  const int64_t P = ep_.size(), W = records.cols();
+  const int32_t* rec = records.data<int32_t>();
   // Each received assignment's token among the received rows, then every expert row's.
-  const int32_t* meta = meta_recv.data<int32_t>();
   std::vector<int64_t> token_of_assign(static_cast<size_t>(plan.recv_rows));
   for (int64_t s = 0, a = 0, tok0 = 0; s < P; tok0 += plan.recv_tokens[static_cast<size_t>(s)], s++)
     for (int64_t i = 0; i < plan.output_splits[static_cast<size_t>(s)]; i++, a++) {
-      MOE_ASSERT(meta[2 * a] >= 0 && meta[2 * a] < plan.recv_tokens[static_cast<size_t>(s)]);
-      token_of_assign[static_cast<size_t>(a)] = tok0 + meta[2 * a];
+      MOE_ASSERT(rec[W * a] >= 0 && rec[W * a] < plan.recv_tokens[static_cast<size_t>(s)]);
+      token_of_assign[static_cast<size_t>(a)] = tok0 + rec[W * a];
     }
   plan.sorted_from_recv = Tensor::empty({plan.R}, DType::I32);
   const int32_t* ra = plan.row_assign.data<int32_t>();
@@ -153,7 +164,7 @@ void FlexTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens&
     sf[r] = static_cast<int32_t>(t);
     token_of_row[static_cast<size_t>(r)] = t;
   }
-  owner_csr(token_of_row, p.out_a.rows(), plan.recv_offsets, plan.recv_expert_rows);  // ascending expert per token
+  owner_csr(token_of_row, total(plan.recv_tokens), plan.recv_offsets, plan.recv_expert_rows);  // ascending expert
 }
 
 Tensor FlexTokenDispatcher::expand_rows(const Tensor& recv, const Tensor& rows_of, const DispatchPlan& plan) const {
@@ -162,15 +173,23 @@ Tensor FlexTokenDispatcher::expand_rows(const Tensor& recv, const Tensor& rows_o
   return out;
 }
 
-void FlexTokenDispatcher::dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+void FlexTokenDispatcher::dispatch_finish(Pending& p, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
   {
     TimerScope timer("moe-dispatch-all-to-all", 2);
     p.work_b.wait();
     p.work_a.wait();
   }
-  // The expansion to the experts' rows, straight from the receive buffers.
+  complete_plan(p.out_b, plan);
+  // The received probabilities out of their records, then the expansion to the experts' rows, straight from the
+  // receive buffers.
+  const int64_t W = p.out_b.cols(), pw = W - 2;
+  Tensor probs = Tensor::empty({plan.recv_rows, 1}, moe_row_sum_dtype(p.out_a.dtype()));
+  MOE_ASSERT(static_cast<int64_t>(dtype_size(probs.dtype())) == 4 * pw);
+  for (int64_t a = 0; a < plan.recv_rows; a++)
+    std::memcpy(static_cast<char*>(probs.raw()) + a * pw * 4, p.out_b.data<int32_t>() + a * W + 2,
+                static_cast<size_t>(pw) * 4);
   x_RH = expand_rows(p.out_a, plan.sorted_from_recv, plan);
-  probs_R = expand_rows(p.out_b, plan.row_assign, plan).reshape({plan.R});
+  probs_R = expand_rows(probs, plan.row_assign, plan).reshape({plan.R});
   p = Pending();
 }
 

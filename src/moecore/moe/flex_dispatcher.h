@@ -28,10 +28,11 @@ class FlexTokenDispatcher : public ExpertParallelDispatcher {
                                PendingBackward& p) override;
   void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
                                 Tensor& dprobs_TK) override;
-  // The split forms (token_dispatcher.h) for the combined 1F1B schedule: dispatch_start waits for the routing's
-  // small metadata exchange (the plan needs it) and leaves the tokens' and probabilities' exchanges in flight.
+  // The split forms (token_dispatcher.h) for the combined 1F1B schedule: dispatch_start posts the tokens' exchange
+  // and the routing records' (local expert, probability) and returns; dispatch_finish completes the plan from the
+  // records.
   void dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p) override;
-  void dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) override;
+  void dispatch_finish(Pending& p, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) override;
   void combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) override;
   Tensor combine_finish(Pending& p, const DispatchPlan& plan) override;
   void combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) override;
@@ -41,6 +42,8 @@ class FlexTokenDispatcher : public ExpertParallelDispatcher {
   // The routing's layout on this rank (sent tokens, the assignments' metadata) and, after the count exchange, on
   // the receiver (expert rows); x_TH's rows are not touched.
   void plan_exchange(const RoutedTokens& routed, DispatchPlan& plan, Tensor& meta_send) const;
+  // The receiver's half of the plan (each expert row's received token) from the routing records.
+  void complete_plan(const Tensor& records, DispatchPlan& plan) const;
   // Per received token, the sum of its expert rows (ascending), and back at the origin one row per (token, rank).
   Tensor sum_per_received_token(const Tensor& rows_RH, const DispatchPlan& plan) const;
   comm::Work tokens_back_start(const Tensor& per_recv, const DispatchPlan& plan, Tensor& back) const;

@@ -120,7 +120,7 @@ void TokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens& rou
   dispatch(x_TH, routed, plan, p.out_a, p.out_b);
 }
 
-void TokenDispatcher::dispatch_finish(Pending& p, const DispatchPlan&, Tensor& x_RH, Tensor& probs_R) {
+void TokenDispatcher::dispatch_finish(Pending& p, DispatchPlan&, Tensor& x_RH, Tensor& probs_R) {
   x_RH = std::move(p.out_a);
   probs_R = std::move(p.out_b);
   p = Pending();
@@ -296,7 +296,7 @@ void AllToAllTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTok
   p.work_b = exchange_forward_start(p_perm.reshape({p_perm.numel(), 1}), plan, p.send_b, p.out_b);
 }
 
-void AllToAllTokenDispatcher::dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
+void AllToAllTokenDispatcher::dispatch_finish(Pending& p, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) {
   {
     TimerScope timer("moe-dispatch-all-to-all", 2);
     p.work_a.wait();

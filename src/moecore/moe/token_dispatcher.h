@@ -84,7 +84,8 @@ class TokenDispatcher {
                                         Tensor& dprobs_TK);
   // dispatch, combine and combine_backward in two halves likewise, for the combined 1F1B schedule (nn/substeps.h):
   // start computes up to the exchange and posts it (non-blocking where the dispatcher communicates), finish waits
-  // and completes. The same rows, sums and bits as the one-call forms; by default start runs the whole operation.
+  // and completes (a dispatcher whose plan depends on what the exchange carries completes the plan there). The same
+  // rows, sums and bits as the one-call forms; by default start runs the whole operation.
   struct Pending {
     Tensor out_a, out_b;        // the results (the default path), or the receive buffers
     Tensor send_a, send_b;      // send buffers, alive until the exchange completes
@@ -92,7 +93,7 @@ class TokenDispatcher {
     bool in_flight() const { return work_a.pending() || work_b.pending(); }
   };
   virtual void dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p);
-  virtual void dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R);
+  virtual void dispatch_finish(Pending& p, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R);
   virtual void combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p);
   virtual Tensor combine_finish(Pending& p, const DispatchPlan& plan);
   virtual void combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p);
@@ -163,7 +164,7 @@ class AllToAllTokenDispatcher : public ExpertParallelDispatcher {
   void dispatch_backward_finish(PendingBackward& p, const DispatchPlan& plan, DType probs_dtype, Tensor& dx_TH,
                                 Tensor& dprobs_TK) override;
   void dispatch_start(const Tensor& x_TH, const RoutedTokens& routed, DispatchPlan& plan, Pending& p) override;
-  void dispatch_finish(Pending& p, const DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) override;
+  void dispatch_finish(Pending& p, DispatchPlan& plan, Tensor& x_RH, Tensor& probs_R) override;
   void combine_start(const Tensor& y_RH, const DispatchPlan& plan, Pending& p) override;
   Tensor combine_finish(Pending& p, const DispatchPlan& plan) override;
   void combine_backward_start(const Tensor& dy_TH, const DispatchPlan& plan, Pending& p) override;
