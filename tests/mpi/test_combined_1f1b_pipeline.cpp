@@ -1,0 +1,155 @@
+// Megatron's combined 1F1B schedule inside the interleaved pipeline schedule (--overlap-moe-expert-parallel-comm
+// without --delay-wgrad-compute under --pipeline-model-parallel-size 2 with two virtual stages; pipeline_schedule.h):
+// each layout trained with and without it gives bitwise the same losses, aux losses, gradient and parameter norms
+// step by step, and the one-rank run's within 1e-5, with micro-batch counts that are and are not multiples of PP
+// (one where the first stage runs every forward in its warm-up); its trace shows each MoE all-to-all of one
+// micro-batch in flight while the other micro-batch's layer computes, on both stages.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "config_util.h"
+#include "layout_util.h"
+#include "moecore/comm/process_group.h"
+#include "moecore/nn/substeps.h"
+#include "moecore/train/pipeline/pipeline_schedule.h"
+#include "moecore/train/trainer.h"
+#include "test_util.h"
+
+namespace moecore {
+namespace {
+
+using testing::operator+;
+
+struct CombinedPipelineLayout {
+  std::string name;
+  int64_t world;
+  int64_t micro_batches;            // per data-parallel rank
+  std::vector<std::string> layout;  // beside EP2 x PP2 x VPP2 (both multi-rank runs)
+  std::vector<std::string> model;   // the model's extra flags (every run)
+};
+
+// The layout tests' four-layer MoE model (dense, MoE, MoE, dense: each virtual stage one layer), alltoall, bf16,
+// micro-batches of 2, the parameter norm logged (compared too).
+std::vector<std::string> model_flags(int64_t global_batch, const std::vector<std::string>& extra) {
+  return train::override_flags(testing::four_layer_moe_flags(3),
+                               {"--global-batch-size", std::to_string(global_batch)}) +
+         std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall", "--bf16", "--log-params-norm"} + extra;
+}
+
+const std::vector<std::string> kEP2PP2VPP2{"--expert-model-parallel-size",           "2",
+                                           "--pipeline-model-parallel-size",         "2",
+                                           "--num-virtual-stages-per-pipeline-rank", "2"};
+const std::vector<std::string> kCombined{"--overlap-moe-expert-parallel-comm"};
+
+class Combined1F1BPipeline : public ::testing::TestWithParam<CombinedPipelineLayout> {};
+
+TEST_P(Combined1F1BPipeline, BitwiseSameAsThePlainInterleavedScheduleAndNearOneRank) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  const CombinedPipelineLayout& l = GetParam();
+  if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
+  const int64_t dp = l.world / 2;  // the dense layers' data parallelism beside PP2 (EP folds into it)
+  const std::vector<std::string> model = model_flags(2 * l.micro_batches * dp, l.model);
+  const std::vector<std::string> layout = kEP2PP2VPP2 + l.layout;
+  std::FILE* null = std::fopen("/dev/null", "w");
+  {
+    train::Trainer single(testing::small_config(model), null, false, nullptr);
+    train::Trainer plain(testing::small_config(model + layout), null, false, &w);
+    train::Trainer combined(testing::small_config(model + layout + kCombined), null, false, &w);
+    for (int step = 0; step < 3; step++) {
+      const train::StepResult one = single.train_step(), a = plain.train_step(), b = combined.train_step();
+      EXPECT_EQ(a.lm_loss, b.lm_loss) << "step " << step;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+      EXPECT_EQ(a.aux_losses, b.aux_losses) << "step " << step;
+      EXPECT_EQ(a.z_loss, b.z_loss) << "step " << step;
+      EXPECT_NE(a.params_norm, 0.0);
+      EXPECT_EQ(a.params_norm, b.params_norm) << "step " << step;
+      testing::expect_same_step(one, b, step, 1e-5);
+    }
+  }
+  std::fclose(null);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Combined, Combined1F1BPipeline,
+    ::testing::Values(
+        CombinedPipelineLayout{"EP2xPP2VPP2M4", 4, 4, {}, {}}, CombinedPipelineLayout{"EP2xPP2VPP2M6", 4, 6, {}, {}},
+        // Not multiples of PP (Megatron's groups: 3 then 2 micro-batches; one group of 5).
+        CombinedPipelineLayout{
+            "EP2xPP2VPP2M5Group3", 4, 5, {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}},
+        CombinedPipelineLayout{
+            "EP2xPP2VPP2M5Group5", 4, 5, {"--microbatch-group-size-per-virtual-pipeline-stage", "5"}},
+        // The first stage's warm-up takes every forward (no merged pair there); the second merges two pairs.
+        CombinedPipelineLayout{
+            "EP2xPP2VPP2M3Group3", 4, 3, {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}},
+        // Selective recompute of what Megatron allows beside the flag (not moe, not full).
+        CombinedPipelineLayout{
+            "EP2xPP2VPP2RecomputeSelective",
+            4,
+            4,
+            {},
+            {"--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act", "shared_experts"}},
+        CombinedPipelineLayout{"EP2xPP2VPP2SharedExperts",
+                               4,
+                               4,
+                               {},
+                               {"--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate"}},
+        // 8 ranks (CTest mpi_tests_8_ranks): each stage's 4 ranks are DP4 for the dense layers, EP2 x DP2 for the
+        // experts, with the distributed optimizer overlapping its reductions.
+        CombinedPipelineLayout{"EP2xPP2VPP2xDP4DistOpt",
+                               8,
+                               4,
+                               {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"},
+                               {}}),
+    [](const auto& info) { return info.param.name; });
+
+// The schedule's own trace over one step on each stage, every layer an MoE layer (each virtual stage one): inside
+// each merged pair the backward and the forward alternate at every sub-step boundary, backward first, on different
+// micro-batches, and each all-to-all posted by one is in flight while the other's next sub-step runs.
+TEST(Combined1F1BPipelineTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  const int64_t m = 4;
+  std::FILE* null = std::fopen("/dev/null", "w");
+  {
+    const std::vector<std::string> flags =
+        train::override_flags(model_flags(2 * m * 2, {}), {"--moe-layer-freq", "1"}) + kEP2PP2VPP2 + kCombined;
+    train::Trainer t(testing::small_config(flags), null, false, &w);
+    ASSERT_NE(t.pipeline(), nullptr);
+    const int64_t pp_rank = w.rank() / 2;
+    int64_t pairs = 0;
+    for (const train::PipelinePass& p : train::pipeline_order(m, 2, pp_rank, 2, 0, false, true)) pairs += p.merged;
+    EXPECT_EQ(pairs, pp_rank == 0 ? 3 : 5);  // 8 passes each way less the warm-up, 2·(P−1−r) + (v−1)·P + 1
+    nn::SubSteps::set_tracing(true);
+    t.train_step();
+    nn::SubSteps::set_tracing(false);
+    const std::vector<nn::SubStepRecord> trace = nn::SubSteps::take_trace();
+    // Each pair: one MoE layer forward (2 boundaries) beside one backward (2 boundaries).
+    ASSERT_EQ(static_cast<int64_t>(trace.size()), 4 * pairs);
+    std::set<std::string> hidden;  // the all-to-alls seen in flight under the other micro-batch's sub-step
+    for (size_t i = 0; i < trace.size(); i++) {
+      const nn::SubStepRecord& r = trace[i];
+      EXPECT_EQ(r.forward, i % 2 == 1) << i;  // alternating, backward first
+      const nn::SubStepRecord& other_side = trace[i % 2 == 0 ? i + 1 : i - 1];
+      EXPECT_NE(r.micro_batch, other_side.micro_batch) << i;
+      bool other = false;
+      for (const auto& f : r.in_flight) {
+        if (f.micro_batch == r.micro_batch) continue;
+        other = true;
+        EXPECT_NE(f.forward, r.forward);
+        hidden.insert(std::string(f.forward ? "f:" : "b:") + nn::a2a_name(f.kind));
+      }
+      // The pair's last sub-step (the forward's combine wait) begins after the backward ended.
+      if (i % 4 != 3)
+        EXPECT_TRUE(other) << "rank " << w.rank() << " record " << i << ": " << r.layer << " " << r.step
+                           << " began with no all-to-all of the other micro-batch in flight";
+      else
+        EXPECT_FALSE(other) << i;
+    }
+    EXPECT_EQ(hidden, (std::set<std::string>{"b:combine-backward", "b:dispatch-backward", "f:combine", "f:dispatch"}));
+  }
+  std::fclose(null);
+}
+
+}  // namespace
+}  // namespace moecore
