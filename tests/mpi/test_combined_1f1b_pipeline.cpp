@@ -31,16 +31,16 @@ struct CombinedPipelineLayout {
 
 // The layout tests' four-layer MoE model (dense, MoE, MoE, dense: each virtual stage one layer), alltoall, bf16,
 // micro-batches of 2, the parameter norm logged (compared too).
-std::vector<std::string> model_flags(int64_t global_batch, const std::vector<std::string>& extra) {
+std::vector<std::string> combined_pipeline_model(int64_t global_batch, const std::vector<std::string>& extra) {
   return train::override_flags(testing::four_layer_moe_flags(3),
                                {"--global-batch-size", std::to_string(global_batch)}) +
          std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall", "--bf16", "--log-params-norm"} + extra;
 }
 
-const std::vector<std::string> kEP2PP2VPP2{"--expert-model-parallel-size",           "2",
-                                           "--pipeline-model-parallel-size",         "2",
-                                           "--num-virtual-stages-per-pipeline-rank", "2"};
-const std::vector<std::string> kCombined{"--overlap-moe-expert-parallel-comm"};
+const std::vector<std::string> kCombinedEP2PP2VPP2{"--expert-model-parallel-size",           "2",
+                                                   "--pipeline-model-parallel-size",         "2",
+                                                   "--num-virtual-stages-per-pipeline-rank", "2"};
+const std::vector<std::string> kCombinedFlag{"--overlap-moe-expert-parallel-comm"};
 
 class Combined1F1BPipeline : public ::testing::TestWithParam<CombinedPipelineLayout> {};
 
@@ -49,13 +49,13 @@ TEST_P(Combined1F1BPipeline, BitwiseSameAsThePlainInterleavedScheduleAndNearOneR
   const CombinedPipelineLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
   const int64_t dp = l.world / 2;  // the dense layers' data parallelism beside PP2 (EP folds into it)
-  const std::vector<std::string> model = model_flags(2 * l.micro_batches * dp, l.model);
-  const std::vector<std::string> layout = kEP2PP2VPP2 + l.layout;
+  const std::vector<std::string> model = combined_pipeline_model(2 * l.micro_batches * dp, l.model);
+  const std::vector<std::string> layout = kCombinedEP2PP2VPP2 + l.layout;
   std::FILE* null = std::fopen("/dev/null", "w");
   {
     train::Trainer single(testing::small_config(model), null, false, nullptr);
     train::Trainer plain(testing::small_config(model + layout), null, false, &w);
-    train::Trainer combined(testing::small_config(model + layout + kCombined), null, false, &w);
+    train::Trainer combined(testing::small_config(model + layout + kCombinedFlag), null, false, &w);
     for (int step = 0; step < 3; step++) {
       const train::StepResult one = single.train_step(), a = plain.train_step(), b = combined.train_step();
       EXPECT_EQ(a.lm_loss, b.lm_loss) << "step " << step;
@@ -113,7 +113,8 @@ TEST(Combined1F1BPipelineTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes
   std::FILE* null = std::fopen("/dev/null", "w");
   {
     const std::vector<std::string> flags =
-        train::override_flags(model_flags(2 * m * 2, {}), {"--moe-layer-freq", "1"}) + kEP2PP2VPP2 + kCombined;
+        train::override_flags(combined_pipeline_model(2 * m * 2, {}), {"--moe-layer-freq", "1"}) + kCombinedEP2PP2VPP2 +
+        kCombinedFlag;
     train::Trainer t(testing::small_config(flags), null, false, &w);
     ASSERT_NE(t.pipeline(), nullptr);
     const int64_t pp_rank = w.rank() / 2;

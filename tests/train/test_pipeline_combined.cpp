@@ -17,27 +17,27 @@ namespace {
 
 using train::PipelinePass;
 
-PipelinePass F(int64_t m, int64_t c = 0, bool merged = false) {
+PipelinePass Fwd(int64_t m, int64_t c = 0, bool merged = false) {
   return {true, m, c, merged};
 }
-PipelinePass B(int64_t m, int64_t c = 0) {
+PipelinePass Bwd(int64_t m, int64_t c = 0) {
   return {false, m, c};
 }
 
 TEST(PipelineOrderCombined, MegatronsExtraWarmupForwardAndMergedPairs) {
   // PP2, v2, m4 on the first rank: warm-up (P−1)·2 + (v−1)·P + 1 = 5 forwards, then pairs F(k+5) | B(k).
-  EXPECT_EQ(
-      train::pipeline_order(4, 2, 0, 2, 0, false, true),
-      (std::vector<PipelinePass>{F(0, 0), F(1, 0), F(0, 1), F(1, 1), F(2, 0), F(3, 0, true), B(0, 1), F(2, 1, true),
-                                 B(1, 1), F(3, 1, true), B(0, 0), B(1, 0), B(2, 1), B(3, 1), B(2, 0), B(3, 0)}));
+  EXPECT_EQ(train::pipeline_order(4, 2, 0, 2, 0, false, true),
+            (std::vector<PipelinePass>{Fwd(0, 0), Fwd(1, 0), Fwd(0, 1), Fwd(1, 1), Fwd(2, 0), Fwd(3, 0, true),
+                                       Bwd(0, 1), Fwd(2, 1, true), Bwd(1, 1), Fwd(3, 1, true), Bwd(0, 0), Bwd(1, 0),
+                                       Bwd(2, 1), Bwd(3, 1), Bwd(2, 0), Bwd(3, 0)}));
   // The last stage: 3 warm-up forwards.
   EXPECT_EQ(train::pipeline_order(4, 2, 1, 2, 0, false, true),
-            (std::vector<PipelinePass>{F(0, 0), F(1, 0), F(0, 1), F(1, 1, true), B(0, 1), F(2, 0, true), B(1, 1),
-                                       F(3, 0, true), B(0, 0), F(2, 1, true), B(1, 0), F(3, 1, true), B(2, 1), B(3, 1),
-                                       B(2, 0), B(3, 0)}));
+            (std::vector<PipelinePass>{Fwd(0, 0), Fwd(1, 0), Fwd(0, 1), Fwd(1, 1, true), Bwd(0, 1), Fwd(2, 0, true),
+                                       Bwd(1, 1), Fwd(3, 0, true), Bwd(0, 0), Fwd(2, 1, true), Bwd(1, 0),
+                                       Fwd(3, 1, true), Bwd(2, 1), Bwd(3, 1), Bwd(2, 0), Bwd(3, 0)}));
   // Without pipelining (combined_1f1b_schedule_for_no_pipelining): the first forward alone, then F(m) | B(m−1).
   EXPECT_EQ(train::pipeline_order(3, 1, 0, 1, 0, false, true),
-            (std::vector<PipelinePass>{F(0), F(1, 0, true), B(0), F(2, 0, true), B(1), B(2)}));
+            (std::vector<PipelinePass>{Fwd(0), Fwd(1, 0, true), Bwd(0), Fwd(2, 0, true), Bwd(1), Bwd(2)}));
   // The warm-up capped at every forward: nothing merged.
   for (const PipelinePass& p : train::pipeline_order(2, 2, 0, 2, 0, false, true)) EXPECT_FALSE(p.merged);
 }
@@ -70,7 +70,7 @@ TEST(PipelineOrderCombined, SamePassesAndChunkOrderAsThePlainSchedule) {
 // Every rank's steps (a pass, or a merged forward and backward) replayed under the schedule's rules: a step starts
 // once every message its passes receive has been sent (both receives before a merged pair), and sends at its end.
 // Returns "" when every rank finishes, else what blocked.
-std::string replay(int64_t m, int64_t P, int64_t v, int64_t group, bool extra_warmup) {
+std::string replay_combined_steps(int64_t m, int64_t P, int64_t v, int64_t group, bool extra_warmup) {
   using Key = std::tuple<int64_t, bool, int64_t, int64_t>;  // (rank, forward, micro-batch, chunk)
   std::vector<std::vector<std::vector<PipelinePass>>> steps(static_cast<size_t>(P));
   for (int64_t r = 0; r < P; r++) {
@@ -132,12 +132,15 @@ TEST(PipelineOrderCombined, EveryStageRunsToCompletionWaitingForBothReceivesOfAP
         for (int64_t group = P; group <= m; group++) {
           const int64_t rest = m % group;
           if (rest != 0 && rest < P) continue;  // Megatron's rule on the last group
-          EXPECT_EQ(replay(m, P, v, group, true), "") << "P " << P << " v " << v << " m " << m << " group " << group;
+          EXPECT_EQ(replay_combined_steps(m, P, v, group, true), "")
+              << "P " << P << " v " << v << " m " << m << " group " << group;
           configurations++;
         }
   EXPECT_GT(configurations, 200);
-  // The replay can fail: without Megatron's extra warm-up forward the last stage's first pair is F(0, v−1) | B(0, v−1).
-  EXPECT_NE(replay(4, 2, 2, 2, false).find("merges a backward with its own micro-batch's forward"), std::string::npos);
+  // The replay can fail: without Megatron's extra warm-up forward the last stage's first pair is Fwd(0, v−1) | Bwd(0,
+  // v−1).
+  EXPECT_NE(replay_combined_steps(4, 2, 2, 2, false).find("merges a backward with its own micro-batch's forward"),
+            std::string::npos);
 }
 
 }  // namespace
