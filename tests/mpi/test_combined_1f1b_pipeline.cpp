@@ -6,6 +6,7 @@
 // micro-batch in flight while the other micro-batch's layer computes, on both stages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "config_util.h"
@@ -130,9 +131,6 @@ TEST(Combined1F1BPipelineTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes
     std::set<std::string> hidden;  // the all-to-alls seen in flight under the other micro-batch's sub-step
     for (size_t i = 0; i < trace.size(); i++) {
       const nn::SubStepRecord& r = trace[i];
-      EXPECT_EQ(r.forward, i % 2 == 1) << i;  // alternating, backward first
-      const nn::SubStepRecord& other_side = trace[i % 2 == 0 ? i + 1 : i - 1];
-      EXPECT_NE(r.micro_batch, other_side.micro_batch) << i;
       bool other = false;
       for (const auto& f : r.in_flight) {
         if (f.micro_batch == r.micro_batch) continue;
@@ -140,6 +138,12 @@ TEST(Combined1F1BPipelineTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes
         EXPECT_NE(f.forward, r.forward);
         hidden.insert(std::string(f.forward ? "f:" : "b:") + nn::a2a_name(f.kind));
       }
+      // Each pair's first record: the backward's combine-backward all-to-all was posted before the forward's first
+      // sub-step (attention, router, permute) ran, and is waited for only now.
+      if (i % 4 == 0)
+        EXPECT_TRUE(std::any_of(r.in_flight.begin(), r.in_flight.end(), [&](const auto& f) {
+          return f.micro_batch == r.micro_batch && f.kind == nn::A2A::CombineBackward;
+        })) << i;
       // The pair's last sub-step (the forward's combine wait) begins after the backward ended.
       if (i % 4 != 3)
         EXPECT_TRUE(other) << "rank " << w.rank() << " record " << i << ": " << r.layer << " " << r.step
@@ -147,7 +151,9 @@ TEST(Combined1F1BPipelineTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes
       else
         EXPECT_FALSE(other) << i;
     }
-    EXPECT_EQ(hidden, (std::set<std::string>{"b:combine-backward", "b:dispatch-backward", "f:combine", "f:dispatch"}));
+    // With one MoE layer per chunk the backward's combine-backward is hidden under the forward's first sub-step,
+    // which begins the pair rather than at a boundary (checked above).
+    EXPECT_EQ(hidden, (std::set<std::string>{"b:dispatch-backward", "f:combine", "f:dispatch"}));
   }
   std::fclose(null);
 }
