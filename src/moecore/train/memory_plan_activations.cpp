@@ -199,16 +199,22 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   auto bytes = [&](const PipelinePass& p) {
     return a.chunk_bytes[static_cast<size_t>(p.chunk)] + (p.chunk == v - 1 ? a.logits : 0.0);
   };
+  // In a merged pair one micro-batch's all-to-all stays in flight while the other computes, so its send and receive
+  // buffers (the largest: the combine's, f32 both ways) come on top of what the computing side holds.
+  double in_flight_exchange = 0;
+  if (combined)
+    for (const MemoryPlan::Buffer& buf : dispatch_buffers(c, l))
+      if (buf.name.rfind("combine all-to-all", 0) == 0) in_flight_exchange += buf.bytes;
   double live = 0;
   for (size_t k = 0; k < order.size(); k++) {
     const PipelinePass& p = order[k];
     if (p.merged) {
       // A merged pair runs forward layer i beside backward layer L−1−i: the backward's stash, still held, and one
-      // layer more of the forward's, with both micro-batches' logits where either is the loss chunk's; once the
-      // backward has ended, the forward's rest (a larger chunk's).
+      // layer more of the forward's, with both micro-batches' logits where either is the loss chunk's, and the other
+      // side's exchange in flight; once the backward has ended, the forward's rest (a larger chunk's).
       const PipelinePass& b = order[k + 1];
       const double logits = p.chunk == v - 1 || b.chunk == v - 1 ? a.logits : 0.0;
-      a.peak = std::max(a.peak, live + std::max(largest_layer + logits, bytes(p) - bytes(b)));
+      a.peak = std::max(a.peak, live + std::max(largest_layer + logits + in_flight_exchange, bytes(p) - bytes(b)));
       live += bytes(p) - bytes(b);
       k++;
       continue;
