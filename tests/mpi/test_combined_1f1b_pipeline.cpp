@@ -54,7 +54,9 @@ TEST_P(Combined1F1BPipeline, BitwiseSameAsThePlainInterleavedScheduleAndNearOneR
   const std::vector<std::string> layout = kCombinedEP2PP2VPP2 + l.layout;
   std::FILE* null = std::fopen("/dev/null", "w");
   {
-    train::Trainer single(testing::small_config(model), null, false, nullptr);
+    // One rank: no expert parallelism, so the alltoall dispatcher (flex needs EP > 1; the same math).
+    train::Trainer single(testing::small_config(model, {"--moe-token-dispatcher-type", "alltoall"}), null, false,
+                          nullptr);
     train::Trainer plain(testing::small_config(model + layout), null, false, &w);
     train::Trainer combined(testing::small_config(model + layout + kCombinedFlag), null, false, &w);
     for (int step = 0; step < 3; step++) {
@@ -95,6 +97,12 @@ INSTANTIATE_TEST_SUITE_P(
                                4,
                                {},
                                {"--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate"}},
+        CombinedPipelineLayout{"EP2xPP2VPP2Flex", 4, 4, {}, {"--moe-token-dispatcher-type", "flex"}},
+        CombinedPipelineLayout{"EP2xPP2VPP2DropoutPerTokenLoss",
+                               4,
+                               4,
+                               {},
+                               {"--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--calculate-per-token-loss"}},
         // 8 ranks (CTest mpi_tests_8_ranks): each stage's 4 ranks are DP4 for the dense layers, EP2 x DP2 for the
         // experts, with the distributed optimizer overlapping its reductions.
         CombinedPipelineLayout{"EP2xPP2VPP2xDP4DistOpt",
