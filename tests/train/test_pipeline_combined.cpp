@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "moecore/train/pipeline/pipeline_schedule.h"
+#include "moecore/train/plan/step_time.h"
 
 namespace moecore {
 namespace {
@@ -141,6 +142,19 @@ TEST(PipelineOrderCombined, EveryStageRunsToCompletionWaitingForBothReceivesOfAP
   // v−1).
   EXPECT_NE(replay_combined_steps(4, 2, 2, 2, false).find("merges a backward with its own micro-batch's forward"),
             std::string::npos);
+}
+
+// `moecore plan`'s pipeline simulation runs the combined order to the end (it asserts every pass ran), each rank
+// busy for at least all its passes.
+TEST(PipelineOrderCombined, PlanSimulationRunsTheCombinedOrder) {
+  for (int64_t P : {2, 3, 4})
+    for (int64_t v : {2, 3})
+      for (int64_t m : {P, 2 * P}) {
+        const std::vector<std::vector<double>> fwd(static_cast<size_t>(P), std::vector<double>(v, 1.0)),
+            bwd(static_cast<size_t>(P), std::vector<double>(v, 2.0));
+        const std::vector<double> end = train::plan::simulate_pipeline(m, P, v, 0, fwd, bwd, 0.0, true);
+        for (double e : end) EXPECT_GE(e, 3.0 * static_cast<double>(m * v));
+      }
 }
 
 }  // namespace
