@@ -176,19 +176,18 @@ void PipelineSchedule::backward_pass(nn::GPTModel& model, const PipelinePass& p,
 // layer, post_forward and post_backward send after the last): both receives are waited for before the pair starts,
 // and each side sends (non-blocking) as soon as it has finished.
 // Why the stages cannot deadlock: sends never block (they are waited for at the end of the step) and every
-// receive is posted before the step that waits for it, so a rank only ever blocks at the start of a step, on a
-// message a neighbour has yet to send; a deadlock is a cycle of steps, each waiting for a message that the next one
-// sends at its end. Merging adds to the plain schedule's dependencies (acyclic: Megatron's 1F1B) only "the pair's
-// sends wait for both its receives". A pair's backward gradient depends on forwards of its own micro-batch only
-// (through the later stages and the loss), so the new edges close a cycle only if that gradient needs the pair's
-// own forward, or a forward that some later stage runs merged behind a receive this rank has yet to send. Megatron's
-// extra warm-up forward (pipeline_order) shifts every stage's forwards one step ahead of its backwards, so both
-// cannot happen: the pair's forward is never of the backward's micro-batch (asserted below), and every forward a
-// gradient needs ran in an earlier step. tests/train/test_pipeline_combined.cpp checks it exhaustively, replaying
-// every rank's steps under exactly these rules (wait both receives, compute, send both) for P ≤ 5, v ≤ 3, up to
-// 12 micro-batches and every group size Megatron allows: each runs to completion, and without the extra forward
-// the last stage's first pair would merge a micro-batch's forward with its own backward.
-// mpi/test_combined_1f1b_pipeline.cpp runs it with micro-batch counts that are and are not multiples of P.
+// receive is posted before the step that waits for it, so a rank only blocks at the start of a step, on a message a
+// neighbour has yet to send. Merging adds one kind of dependency to the plain schedule's (acyclic: Megatron's
+// 1F1B): a pair's sends now wait for both its receives, so its forward's output also waits for its backward's
+// gradient. That gradient comes back from the next virtual stage's backward of the same micro-batch, which needs
+// (through the loss) every forward of that micro-batch; a cycle therefore needs the gradient to depend on this
+// pair's forward output, either directly (the pair's forward of the backward's micro-batch) or through another
+// stage's pair. Megatron's extra warm-up forward (pipeline_order) rules out the first (asserted below), and
+// tests/train/test_pipeline_combined.cpp rules out both exhaustively: it replays every rank's steps under exactly
+// these rules (wait for both receives, compute, send both) for P ≤ 5, v ≤ 3, up to 12 micro-batches and every group
+// size Megatron allows, each to completion; without the extra forward the last stage's first pair would merge a
+// micro-batch's forward with its own backward. mpi/test_combined_1f1b_pipeline.cpp runs it with micro-batch counts
+// that are and are not multiples of P.
 StepLoss PipelineSchedule::run(nn::GPTModel& model, const std::vector<PipelinePass>& order, Run& r) {
   MOE_ASSERT(static_cast<int64_t>(model.num_chunks()) == v_);
   const int64_t m = static_cast<int64_t>(r.batches.size());
