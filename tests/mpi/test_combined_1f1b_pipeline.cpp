@@ -2,11 +2,12 @@
 // without --delay-wgrad-compute under --pipeline-model-parallel-size 2 with two virtual stages; pipeline_schedule.h):
 // each layout trained with and without it gives bitwise the same losses, aux losses, gradient and parameter norms
 // step by step, and the one-rank run's within 1e-5, with micro-batch counts that are and are not multiples of PP
-// (one where the first stage runs every forward in its warm-up); its trace shows each MoE all-to-all of one
-// micro-batch in flight while the other micro-batch's layer computes, on both stages.
+// (one where the first stage runs every forward in its warm-up); a resume continues bitwise; its trace shows each MoE
+// all-to-all of one micro-batch in flight while the other micro-batch's layer computes, on both stages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include "config_util.h"
@@ -111,6 +112,22 @@ INSTANTIATE_TEST_SUITE_P(
                                {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"},
                                {}}),
     [](const auto& info) { return info.param.name; });
+
+// A save and resume under the combined schedule continues bitwise (EP2 x PP2 x VPP2, 4 micro-batches).
+TEST(Combined1F1BPipelineResume, ResumeIsBitwise) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  const std::string dir = testing::mpi_shared_dir(w, "combined_resume");
+  testing::expect_bitwise_resume(
+      [&](const std::vector<std::string>& extra) {
+        return testing::small_config(train::override_flags(combined_pipeline_model(16, {}), {"--train-iters", "5"}) +
+                                         kCombinedEP2PP2VPP2 + kCombinedFlag,
+                                     extra);
+      },
+      dir, w);
+  w.barrier();
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
 
 // The schedule's own trace over one step on each stage, every layer an MoE layer (each virtual stage one): inside
 // each merged pair the backward and the forward alternate at every sub-step boundary, backward first, on different
