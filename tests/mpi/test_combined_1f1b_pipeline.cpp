@@ -1,5 +1,5 @@
 // Megatron's combined 1F1B schedule inside the interleaved pipeline schedule (--overlap-moe-expert-parallel-comm
-// without --delay-wgrad-compute under --pipeline-model-parallel-size 2 with two virtual stages; pipeline_schedule.h):
+// without --delay-wgrad-compute under --pipeline-model-parallel-size 2 or 4 with two virtual stages; pipeline_schedule.h):
 // each layout trained with and without it gives bitwise the same losses, aux losses, gradient and parameter norms
 // step by step, and the one-rank run's within 1e-5, with micro-batch counts that are and are not multiples of PP
 // (one where the first stage runs every forward in its warm-up); a resume continues bitwise; its trace shows each MoE
@@ -29,14 +29,16 @@ struct CombinedPipelineLayout {
   int64_t micro_batches;            // per data-parallel rank
   std::vector<std::string> layout;  // beside EP2 x PP2 x VPP2 (both multi-rank runs)
   std::vector<std::string> model;   // the model's extra flags (every run)
+  int64_t pp = 2;                   // the layout's --pipeline-model-parallel-size (given in `layout` when not 2)
 };
 
 // The layout tests' four-layer MoE model (dense, MoE, MoE, dense: each virtual stage one layer), alltoall, bf16,
 // micro-batches of 2, the parameter norm logged (compared too).
 std::vector<std::string> combined_pipeline_model(int64_t global_batch, const std::vector<std::string>& extra) {
-  return train::override_flags(testing::four_layer_moe_flags(3),
-                               {"--global-batch-size", std::to_string(global_batch)}) +
-         std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall", "--bf16", "--log-params-norm"} + extra;
+  return train::override_flags(
+      train::override_flags(testing::four_layer_moe_flags(3), {"--global-batch-size", std::to_string(global_batch)}) +
+          std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall", "--bf16", "--log-params-norm"},
+      extra);
 }
 
 const std::vector<std::string> kCombinedEP2PP2VPP2{"--expert-model-parallel-size",           "2",
@@ -50,9 +52,9 @@ TEST_P(Combined1F1BPipeline, BitwiseSameAsThePlainInterleavedScheduleAndNearOneR
   const comm::ProcessGroup w = comm::ProcessGroup::world();
   const CombinedPipelineLayout& l = GetParam();
   if (w.size() != l.world) GTEST_SKIP() << l.name << " runs on " << l.world << " ranks";
-  const int64_t dp = l.world / 2;  // the dense layers' data parallelism beside PP2 (EP folds into it)
+  const int64_t dp = l.world / l.pp;  // the dense layers' data parallelism beside PP (EP folds into it)
   const std::vector<std::string> model = combined_pipeline_model(2 * l.micro_batches * dp, l.model);
-  const std::vector<std::string> layout = kCombinedEP2PP2VPP2 + l.layout;
+  const std::vector<std::string> layout = train::override_flags(kCombinedEP2PP2VPP2, l.layout);
   std::FILE* null = std::fopen("/dev/null", "w");
   {
     // One rank: no expert parallelism, so the alltoall dispatcher (flex needs EP > 1; the same math).
@@ -110,7 +112,21 @@ INSTANTIATE_TEST_SUITE_P(
                                8,
                                4,
                                {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"},
-                               {}}),
+                               {}},
+        // 8 ranks: four stages (eight layers, all MoE), 4 micro-batches, and 6 in one group (not a multiple of PP).
+        CombinedPipelineLayout{"EP2xPP4VPP2M4",
+                               8,
+                               4,
+                               {"--pipeline-model-parallel-size", "4"},
+                               {"--num-layers", "8", "--moe-layer-freq", "1"},
+                               4},
+        CombinedPipelineLayout{
+            "EP2xPP4VPP2M6Group6",
+            8,
+            6,
+            {"--pipeline-model-parallel-size", "4", "--microbatch-group-size-per-virtual-pipeline-stage", "6"},
+            {"--num-layers", "8", "--moe-layer-freq", "1"},
+            4}),
     [](const auto& info) { return info.param.name; });
 
 // A save and resume under the combined schedule continues bitwise (EP2 x PP2 x VPP2, 4 micro-batches).
