@@ -1,9 +1,10 @@
 // Megatron's combined 1F1B schedule inside the interleaved pipeline schedule (--overlap-moe-expert-parallel-comm
-// without --delay-wgrad-compute under --pipeline-model-parallel-size 2 or 4 with two virtual stages; pipeline_schedule.h):
-// each layout trained with and without it gives bitwise the same losses, aux losses, gradient and parameter norms
-// step by step, and the one-rank run's within 1e-5, with micro-batch counts that are and are not multiples of PP
-// (one where the first stage runs every forward in its warm-up); a resume continues bitwise; its trace shows each MoE
-// all-to-all of one micro-batch in flight while the other micro-batch's layer computes, on both stages.
+// without --delay-wgrad-compute under --pipeline-model-parallel-size 2 or 4 with two virtual stages;
+// pipeline_schedule.h): each layout trained with and without it gives bitwise the same losses, aux losses, gradient
+// and parameter norms step by step, and the one-rank run's within 1e-5, with micro-batch counts that are and are not
+// multiples of PP (one where the first stage runs every forward in its warm-up); a resume continues bitwise; its
+// trace shows each MoE all-to-all of one micro-batch in flight while the other micro-batch's layer computes, on both
+// stages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
