@@ -190,11 +190,28 @@ TEST(OverlapFlags, MegatronValidation) {
       testing::contains(error({"--delay-wgrad-compute"}),
                         "--overlap-moe-expert-parallel-comm must be enabled when enabling --delay-wgrad-compute"));
   // Megatron's combined 1F1B schedule (without --delay-wgrad-compute) runs without pipelining
-  // (test_combined_1f1b.cpp); inside the interleaved pipeline schedule it is refused by name.
-  EXPECT_EQ(error(kOverlapEP2Bf16 + std::vector<std::string>{"--overlap-moe-expert-parallel-comm"}), "");
+  // (test_combined_1f1b.cpp) and inside the interleaved pipeline schedule (test_combined_1f1b_pipeline.cpp); under
+  // the non-interleaved 1F1B (no virtual stages, or one) Megatron's assertion refuses it, with or without
+  // --delay-wgrad-compute, naming the flags that add virtual stages.
+  const std::vector<std::string> combined{"--overlap-moe-expert-parallel-comm"};
+  EXPECT_EQ(error(kOverlapEP2Bf16 + combined), "");
+  EXPECT_EQ(error(kOverlapEP2Bf16 + kOverlapVPP2 + combined), "");
+  for (const auto& pp :
+       {kOverlapPP2, kOverlapPP2 + std::vector<std::string>{"--num-virtual-stages-per-pipeline-rank", "1"}})
+    for (const auto& delay : {std::vector<std::string>{}, std::vector<std::string>{"--delay-wgrad-compute"}}) {
+      const std::string e = error(kOverlapEP2Bf16 + pp + combined + delay);
+      EXPECT_TRUE(testing::contains(e,
+                                    "virtual pipeline stages must be specified when --pipeline-model-parallel-size "
+                                    "2 > 1 (Megatron's rule; --delay-wgrad-compute does not lift it)"))
+          << e;
+      EXPECT_TRUE(
+          testing::contains(e, "add --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank"))
+          << e;
+    }
+  // Megatron's combined schedule for interleaving asserts no Megatron FSDP.
   EXPECT_TRUE(testing::contains(
-      error(kOverlapEP2Bf16 + kOverlapVPP2 + std::vector<std::string>{"--overlap-moe-expert-parallel-comm"}),
-      "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute under --pipeline-model-parallel-size 2"));
+      error(kOverlapEP2Bf16 + kOverlapVPP2 + combined + std::vector<std::string>{"--use-megatron-fsdp"}),
+      "with FSDP is not supported for interleaved pipeline parallelism"));
   EXPECT_TRUE(testing::contains(error(kOverlapExperts + kOverlapEP2Bf16 +
                                       std::vector<std::string>{"--overlap-dispatch-backward-with-experts-wgrad"}),
                                 "must be disabled when enabling --overlap-dispatch-backward-with-experts-wgrad"));

@@ -1,6 +1,7 @@
-// Numerical faults under pipeline parallelism (train/health.h locate_nonfinite_pipeline): a step that goes
-// non-finite is re-run through the stages with a probe on every module, and every rank stops with the same message
-// naming the first non-finite place over the whole pipeline, its rank and stage — as one rank would name it.
+// Numerical faults under pipeline parallelism (train/health.h locate_nonfinite_pipeline), also under the combined 1F1B
+// schedule: a step that goes non-finite is re-run through the stages with a probe on every module, and every rank
+// stops with the same message naming the first non-finite place over the whole pipeline, its rank and stage — as one
+// rank would name it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,6 +37,24 @@ TEST(PipelineFaults, NamesTheFirstNonFiniteModuleOverTheStages) {
     EXPECT_NE(e.find(place), std::string::npos) << e;
   }
   train::Trainer pp(pp_fault_config(true, {"--init-method-std", "1e30"}), null.f, false, &w);
+  const std::string e = testing::error_of([&] { pp.train_step(); });
+  EXPECT_NE(e.find(place + " on rank 0 (pipeline stage 0)"), std::string::npos) << e;
+  EXPECT_NE(e.find("The step was not applied"), std::string::npos) << e;
+}
+
+// The same under Megatron's combined 1F1B inside the interleaved schedule (EP2 x PP2 x VPP2, 4 micro-batches: merged
+// pairs on both stages): the step runs merged, the locator's re-run one pass at a time, naming the same first place.
+TEST(PipelineFaults, NamesTheFirstNonFiniteModuleUnderTheCombinedSchedule) {
+  const comm::ProcessGroup w = comm::ProcessGroup::world();
+  if (w.size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  testing::NullOut null;
+  const std::string place = "the forward output of decoder.layers.0.self_attention (micro-batch 0)";
+  train::Trainer pp(
+      pp_fault_config(false, {"--init-method-std", "1e30", "--num-layers", "4", "--global-batch-size", "8",
+                              "--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
+                              "--expert-model-parallel-size", "2", "--bf16", "--moe-token-dispatcher-type", "alltoall",
+                              "--overlap-moe-expert-parallel-comm"}),
+      null.f, false, &w);
   const std::string e = testing::error_of([&] { pp.train_step(); });
   EXPECT_NE(e.find(place + " on rank 0 (pipeline stage 0)"), std::string::npos) << e;
   EXPECT_NE(e.find("The step was not applied"), std::string::npos) << e;

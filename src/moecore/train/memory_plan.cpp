@@ -128,17 +128,18 @@ double p2p_messages(const TrainConfig& c, const PlanLayout& l, int64_t pp_rank, 
   const int64_t v = static_cast<int64_t>(pipeline_stage_layers(c, r).size());
   auto receives_input = [&](int64_t ch) { return !(r == 0 && ch == 0); };
   auto sends_output = [&](int64_t ch) { return !(r == P - 1 && ch == v - 1); };
-  const std::vector<PipelinePass> order =
-      pipeline_order(std::max<int64_t>(l.num_microbatches, 1), P, r, v, c.microbatch_group_size_per_vp_stage, false);
+  // Combined 1F1B: a merged pair posts the receive of the pass after it too (pipeline_schedule.cpp).
+  const bool combined = combined_1f1b(c) && (P == 1 || v > 1);
+  const std::vector<PipelinePass> order = pipeline_order(std::max<int64_t>(l.num_microbatches, 1), P, r, v,
+                                                         c.microbatch_group_size_per_vp_stage, false, combined);
+  auto needs_recv = [&](const PipelinePass& p) { return p.forward ? receives_input(p.chunk) : sends_output(p.chunk); };
   const double sends_cap = std::ceil(in_flight);
   double most = 0, sent = 0;
   for (size_t k = 0; k < order.size(); k++) {
     const PipelinePass& p = order[k];
     double live = std::min(sent, sends_cap);
-    if (k + 1 < order.size()) {
-      const PipelinePass& next = order[k + 1];
-      if (next.forward ? receives_input(next.chunk) : sends_output(next.chunk)) live += 1;
-    }
+    if (k + 1 < order.size() && needs_recv(order[k + 1])) live += 1;
+    if (p.merged && k + 2 < order.size() && needs_recv(order[k + 2])) live += 1;
     if (!p.forward && sends_output(p.chunk)) live += 1;
     most = std::max(most, live);
     if (p.forward ? sends_output(p.chunk) : receives_input(p.chunk)) sent += 1;

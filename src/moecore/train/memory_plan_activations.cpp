@@ -191,17 +191,37 @@ StageActivations stage_activations(const TrainConfig& c, int64_t padded_vocab, c
   // The schedule's passes in order: a forward adds its chunk's stash, a backward frees it.
   const int64_t v = static_cast<int64_t>(a.chunk_bytes.size()), P = std::max<int64_t>(l.pp, 1);
   const int64_t M = std::max<int64_t>(l.num_microbatches, 1);
+  // Megatron's combined 1F1B (without pipelining, or interleaved): its order has one warm-up forward more, and each
+  // steady-state forward runs merged with the backward after it (pipeline_order).
+  const bool combined = combined_1f1b(c) && (P == 1 || v > 1);
+  const std::vector<PipelinePass> order =
+      pipeline_order(M, P, std::min(pp_rank, P - 1), v, c.microbatch_group_size_per_vp_stage, false, combined);
+  auto bytes = [&](const PipelinePass& p) {
+    return a.chunk_bytes[static_cast<size_t>(p.chunk)] + (p.chunk == v - 1 ? a.logits : 0.0);
+  };
+  // In a merged pair one micro-batch's all-to-all stays in flight while the other computes, so its send and receive
+  // buffers (the largest: the combine's, f32 both ways) come on top of what the computing side holds.
+  double in_flight_exchange = 0;
+  if (combined)
+    for (const MemoryPlan::Buffer& buf : dispatch_buffers(c, l))
+      if (buf.name.rfind("combine all-to-all", 0) == 0) in_flight_exchange += buf.bytes;
   double live = 0;
-  for (const PipelinePass& p :
-       pipeline_order(M, P, std::min(pp_rank, P - 1), v, c.microbatch_group_size_per_vp_stage, false)) {
-    double b = a.chunk_bytes[static_cast<size_t>(p.chunk)];
-    if (p.chunk == v - 1) b += a.logits;
-    live += p.forward ? b : -b;
+  for (size_t k = 0; k < order.size(); k++) {
+    const PipelinePass& p = order[k];
+    if (p.merged) {
+      // A merged pair runs forward layer i beside backward layer L−1−i: the backward's stash, still held, and one
+      // layer more of the forward's, with both micro-batches' logits where either is the loss chunk's, and the other
+      // side's exchange in flight; once the backward has ended, the forward's rest (a larger chunk's).
+      const PipelinePass& b = order[k + 1];
+      const double logits = p.chunk == v - 1 || b.chunk == v - 1 ? a.logits : 0.0;
+      a.peak = std::max(a.peak, live + std::max(largest_layer + logits + in_flight_exchange, bytes(p) - bytes(b)));
+      live += bytes(p) - bytes(b);
+      k++;
+      continue;
+    }
+    live += p.forward ? bytes(p) : -bytes(p);
     a.peak = std::max(a.peak, live);
   }
-  // Megatron's combined 1F1B (PP 1) runs micro-batch m's forward beside m−1's backward, layer i of one beside layer
-  // L−1−i of the other: one micro-batch's stashes, one layer more, and both micro-batches' logits.
-  if (combined_1f1b(c) && P == 1 && M > 1) a.peak += largest_layer + a.logits;
   double one = a.logits;
   for (double b : a.chunk_bytes) one += b;
   a.in_flight = one > 0 ? a.peak / one : 1.0;

@@ -141,7 +141,9 @@ Trainer::Trainer(TrainConfig cfg, std::FILE* out, bool measure_peak, const comm:
     pipeline_order(m, groups_->pp_size, groups_->pp_rank, v, cfg_.microbatch_group_size_per_vp_stage);
     const Shape hidden{cfg_.seq_length / (cfg_.tensor_model_parallel_size * groups_->cp_size), cfg_.micro_batch_size,
                        cfg_.hidden_size};
-    auto p = std::make_unique<PipelineSchedule>(*groups_->pp, v, cfg_.microbatch_group_size_per_vp_stage, hidden);
+    // Megatron's combined 1F1B inside the interleaved schedule where it applies.
+    auto p = std::make_unique<PipelineSchedule>(*groups_->pp, v, cfg_.microbatch_group_size_per_vp_stage, hidden,
+                                                combined_1f1b(cfg_));
     p->set_device(device_);
     pipeline_ = p.get();
     schedule_ = std::move(p);

@@ -1,6 +1,5 @@
 // Megatron's rules for its communication overlaps (arguments.py validate_args, TransformerConfig.__post_init__),
-// mirrored and no stricter, and the one combination moecore refuses by name: --overlap-moe-expert-parallel-comm's
-// combined 1F1B schedule (without --delay-wgrad-compute) under pipeline parallelism.
+// mirrored and no stricter.
 #include <algorithm>
 
 #include "moecore/core/error.h"
@@ -41,9 +40,13 @@ void validate_param_gather(const TrainConfig& c) {
 
 void validate_expert_overlap(const TrainConfig& c) {
   if (c.overlap_moe_expert_parallel_comm) {
+    // Megatron's non-interleaved 1F1B has no combined schedule: it asserts virtual stages under pipelining, with or
+    // without --delay-wgrad-compute (a virtual pipeline size of 1 counts as none).
     MOE_CHECK(c.pipeline_model_parallel_size == 1 || plan_pipeline(pipeline_flags(c)).vpp > 1,
               "If enabling EP A2A overlap (--overlap-moe-expert-parallel-comm), virtual pipeline stages must be "
-              "specified when --pipeline-model-parallel-size {} > 1 (Megatron's rule)",
+              "specified when --pipeline-model-parallel-size {} > 1 (Megatron's rule; --delay-wgrad-compute does not "
+              "lift it): add --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank (2 or "
+              "more virtual stages per pipeline rank), or drop --overlap-moe-expert-parallel-comm",
               c.pipeline_model_parallel_size);
     MOE_CHECK(c.expert_model_parallel_size > 1,
               "--overlap-moe-expert-parallel-comm is only supported with expert model parallelism (Megatron's rule): "
@@ -67,18 +70,15 @@ void validate_expert_overlap(const TrainConfig& c) {
               "rule): add --bf16");
     MOE_CHECK(!c.moe_shared_expert_overlap,
               "disable --moe-shared-expert-overlap when enabling --overlap-moe-expert-parallel-comm (Megatron's rule)");
+    // combined_1f1b_schedule_for_interleaved_pipelining asserts it in the first step; here before any work.
+    MOE_CHECK(c.pipeline_model_parallel_size == 1 || !c.use_megatron_fsdp,
+              "EP overlap 1F1B (--overlap-moe-expert-parallel-comm) with FSDP is not supported for interleaved "
+              "pipeline parallelism (Megatron's rule): use --pipeline-model-parallel-size 1 or drop "
+              "--use-megatron-fsdp");
     MOE_CHECK(c.mtp_num_layers <= 1,
               "MTP supports at most one layer when enabling --overlap-moe-expert-parallel-comm (Megatron's rule), "
               "not --mtp-num-layers {}",
               c.mtp_num_layers);
-    // Without --delay-wgrad-compute Megatron runs its combined 1F1B schedule (train/pipeline/combined_1f1b.h);
-    // moecore runs it without pipelining, not yet inside the interleaved pipeline schedule.
-    MOE_CHECK(c.delay_wgrad_compute || c.pipeline_model_parallel_size == 1,
-              "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute under --pipeline-model-parallel-size "
-              "{}: moecore runs Megatron's combined 1F1B schedule without pipeline parallelism only; add "
-              "--delay-wgrad-compute (each MoE layer's dispatch-backward all-to-all then overlaps its experts' "
-              "weight-gradient GEMMs) or use --pipeline-model-parallel-size 1",
-              c.pipeline_model_parallel_size);
   }
   if (c.delay_wgrad_compute)
     MOE_CHECK(c.overlap_moe_expert_parallel_comm,

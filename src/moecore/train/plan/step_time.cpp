@@ -19,7 +19,7 @@ namespace moecore::train::plan {
 
 std::vector<double> simulate_pipeline(int64_t M, int64_t P, int64_t V, int64_t group,
                                       const std::vector<std::vector<double>>& fwd,
-                                      const std::vector<std::vector<double>>& bwd, double p2p) {
+                                      const std::vector<std::vector<double>>& bwd, double p2p, bool combined) {
   std::vector<double> end(static_cast<size_t>(P), 0.0);
   if (P == 1) {
     for (int64_t v = 0; v < V; v++) end[0] += static_cast<double>(M) * (fwd[0][v] + bwd[0][v]);
@@ -32,28 +32,34 @@ std::vector<double> simulate_pipeline(int64_t M, int64_t P, int64_t V, int64_t g
     return done[static_cast<size_t>((mb * stages + stage) * 2 + (backward ? 1 : 0))];
   };
   std::vector<std::vector<PipelinePass>> order(static_cast<size_t>(P));
-  for (int64_t r = 0; r < P; r++) order[r] = pipeline_order(M, P, r, V, group > 0 ? group : P);
+  for (int64_t r = 0; r < P; r++) order[r] = pipeline_order(M, P, r, V, group > 0 ? group : P, false, combined);
   std::vector<size_t> next(static_cast<size_t>(P), 0);
+  // When pass p of rank r may start: its message's arrival (0: none comes); negative: not sent yet.
+  auto ready_of = [&](int64_t r, const PipelinePass& p) {
+    const int64_t stage = p.chunk * P + r;
+    double t = 0;
+    if (p.forward && stage > 0)
+      t = at(p.micro_batch, stage - 1, false);
+    else if (!p.forward && stage + 1 < stages)
+      t = at(p.micro_batch, stage + 1, true);
+    else
+      return 0.0;
+    return t < 0 ? -1.0 : t + p2p;
+  };
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t r = 0; r < P; r++) {
       while (next[r] < order[r].size()) {
         const PipelinePass& p = order[r][next[r]];
-        const int64_t stage = p.chunk * P + r;
-        double ready = 0;
-        if (p.forward && stage > 0) {
-          ready = at(p.micro_batch, stage - 1, false);
-          if (ready < 0) break;
-          ready += p2p;
-        } else if (!p.forward && stage + 1 < stages) {
-          ready = at(p.micro_batch, stage + 1, true);
-          if (ready < 0) break;
-          ready += p2p;
-        }
-        const double start = std::max(end[r], ready);
-        end[r] = start + (p.forward ? fwd[r][p.chunk] : bwd[r][p.chunk]);
-        at(p.micro_batch, stage, !p.forward) = end[r];
-        next[r]++;
+        // A merged pair (combined 1F1B) starts once both its messages came and runs both passes; both send at its end.
+        const PipelinePass* q = p.merged ? &order[r][next[r] + 1] : nullptr;
+        const double ready = ready_of(r, p), ready_q = q ? ready_of(r, *q) : 0.0;
+        if (ready < 0 || ready_q < 0) break;
+        const double start = std::max({end[r], ready, ready_q});
+        end[r] = start + (p.forward ? fwd[r][p.chunk] : bwd[r][p.chunk]) + (q ? bwd[r][q->chunk] : 0.0);
+        at(p.micro_batch, p.chunk * P + r, !p.forward) = end[r];
+        if (q) at(q->micro_batch, q->chunk * P + r, true) = end[r];
+        next[r] += q ? 2 : 1;
         progress = true;
       }
     }
@@ -182,7 +188,8 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
   const double p2p = static_cast<double>(c.seq_length * c.micro_batch_size) / static_cast<double>(l.cp * l.tp) *
                          static_cast<double>(c.hidden_size) * (c.bf16 || c.fp16 ? 2.0 : 4.0) / links.pp +
                      links.latency.pp;
-  const std::vector<double> end = simulate_pipeline(M, l.pp, V, c.microbatch_group_size_per_vp_stage, fwd, bwd, p2p);
+  const std::vector<double> end =
+      simulate_pipeline(M, l.pp, V, c.microbatch_group_size_per_vp_stage, fwd, bwd, p2p, combined_1f1b(c) && V > 1);
   StepPrediction out;
   for (int64_t r = 0; r < l.pp; r++) {
     const double t = end[r] + ranks[r].dp_exposed + ranks[r].optimizer;

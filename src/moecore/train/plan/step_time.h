@@ -51,10 +51,11 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
                             const PlanOptions& options = {});
 
 // The pipeline's passes in Megatron's order (pipeline_order) with each pass's seconds, P2P latency `p2p` between
-// stages: when each rank finishes. fwd[r][v], bwd[r][v]: one micro-batch through chunk v of rank r.
+// stages: when each rank finishes. fwd[r][v], bwd[r][v]: one micro-batch through chunk v of rank r. combined:
+// Megatron's combined 1F1B order (one warm-up forward more; each merged pair starts once both its messages came).
 std::vector<double> simulate_pipeline(int64_t num_microbatches, int64_t pp, int64_t vpp, int64_t group,
                                       const std::vector<std::vector<double>>& fwd,
-                                      const std::vector<std::vector<double>>& bwd, double p2p);
+                                      const std::vector<std::vector<double>>& bwd, double p2p, bool combined = false);
 
 // The printed prediction (moecore plan).
 std::string describe(const StepPrediction& p, const GpuSpec& gpu, int64_t world);
