@@ -3,6 +3,7 @@
 // what they are used for is step_time.h. Sources: docs/plan.md, one per figure.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ struct GpuSpec {
   double hbm_bytes = 0, hbm_bandwidth = 0;  // bytes, bytes/s
   double nvlink_bandwidth = 0;              // bytes/s one direction
   double network_bandwidth = 0;             // bytes/s one direction (the GPU's own NIC)
+  // Host <-> device copies (activation offloading), bytes/s one direction as a copy engine reaches them: PCIe Gen5
+  // x16 on H100 / H200 / HGX B200, NVLink-C2C to the Grace CPU on GB200.
+  double host_bandwidth = 0;
   int gpus_per_nvlink_domain = 8;
   // Achievable rates from public measurements (docs/plan.md, "Rates"): large GEMMs as a fraction of the peak
   // (MAMF), FlashAttention-3 / cuDNN attention forward and backward as a fraction of the BF16 peak, the fraction of
@@ -32,6 +36,9 @@ struct GpuSpec {
   // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
   // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
   double sms = 0, comm_sms = 0;
+  // Optional: one GEMM [m, k] x [k, n]'s seconds measured at that shape (moecore bench plan measures the shapes the
+  // model asks for on the CPU); 0 or unset: the roofline of the achievable rate. Not set for the GPUs above.
+  std::function<double(double m, double n, double k)> gemm_seconds;
   // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
   double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
   double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }
