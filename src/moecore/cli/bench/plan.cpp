@@ -39,7 +39,7 @@ namespace {
 // stand for the step's rate); the 50 ms windows span several of the scheduler's time slices, so ranks that share
 // cores (more ranks than cores, mpirun --oversubscribe) see their share of them, as they do during the step.
 template <class F>
-double median_of(int n, F f, double window = 0.05) {
+double median_of(int n, F f) {
   std::vector<double> t;
   for (int i = 0; i < n; i++) {
     const Stopwatch w;
@@ -47,7 +47,7 @@ double median_of(int n, F f, double window = 0.05) {
     do {
       f();
       reps++;
-    } while (w.seconds() < window);
+    } while (w.seconds() < 0.05);
     t.push_back(w.seconds() / static_cast<double>(reps));
   }
   return median(t);
@@ -72,56 +72,8 @@ int cores_here() {
   return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
-Tensor random_bf16(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::F32);
-  fill_random(t, seed, 1.0);
-  return t.as_dtype(DType::BF16);
-}
-
-using GemmShape = std::array<int64_t, 3>;  // m, n, k
-using GemmTable = std::map<GemmShape, double>;
-GemmShape gemm_shape(double m, double n, double k) {
-  auto i = [](double x) { return std::max<int64_t>(1, std::llround(x)); };
-  return {i(m), i(n), i(k)};
-}
-
-// Every GEMM shape the model prices under this layout (each forward GEMM and its two backward ones), measured at
-// that shape on this rank: bf16 operands, f32 output, as training multiplies; every rank at once, each shape the
-// median of three 30 ms windows. A GEMM's rate depends on its shape (tensor parallelism's narrow N = H/TP and
-// K = H/TP run below the full width's), so one rate for every GEMM would not do.
-GemmTable measure_gemm_shapes(const train::TrainConfig& c, int64_t vocab, const train::PlanLayout& l,
-                              const train::plan::GpuSpec& base) {
-  std::set<GemmShape> shapes;
-  train::plan::GpuSpec rec = base;
-  rec.gemm_seconds = [&](double m, double n, double k) {
-    shapes.insert(gemm_shape(m, n, k));
-    return 0.0;
-  };
-  train::plan::predict_step(c, vocab, l, rec);
-  const comm::ProcessGroup world = comm::ProcessGroup::world();
-  GemmTable t;
-  for (const GemmShape& sh : shapes) {  // the same set, in the same order, on every rank
-    const auto [M, N, K] = sh;
-    const Tensor A = random_bf16({M, K}, 7), B = random_bf16({K, N}, 8);
-    Tensor C = Tensor::empty({M, N}, DType::F32);
-    kernels::gemm(A, false, B, false, C);  // the primitive
-    world.barrier();
-    t[sh] = median_of(
-        3, [&] { kernels::gemm(A, false, B, false, C); }, 0.03);
-  }
-  return t;
-}
-
-void use_gemm_table(train::plan::GpuSpec& s, GemmTable t) {
-  auto table = std::make_shared<const GemmTable>(std::move(t));
-  s.gemm_seconds = [table](double m, double n, double k) {
-    const auto it = table->find(gemm_shape(m, n, k));
-    return it == table->end() ? 0.0 : it->second;
-  };
-}
-
 // This machine as the model's "GPU": each rank's share of it, measured with every rank busy at once.
-train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l, int64_t vocab) {
+train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l) {
   const comm::ProcessGroup world = comm::ProcessGroup::world();
   train::plan::GpuSpec s;
   s.name = "cpu";
@@ -192,7 +144,6 @@ train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::P
   s.gpus_per_nvlink_domain = static_cast<int>(world.size());
   s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
   s.kernel_launch_seconds = 0;
-  use_gemm_table(s, measure_gemm_shapes(c, vocab, l, s));
   return s;
 }
 
@@ -212,9 +163,6 @@ train::plan::GpuSpec bracket(const train::plan::GpuSpec& a, const train::plan::G
   s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
   s.collective_latency_nvlink = s.collective_latency_network =
       (a.collective_latency_nvlink + b.collective_latency_nvlink) / 2;
-  s.gemm_seconds = [fa = a.gemm_seconds, fb = b.gemm_seconds](double m, double n, double k) {
-    return (fa(m, n, k) + fb(m, n, k)) / 2;  // each shape's mean seconds: the harmonic mean of its rates
-  };
   return s;
 }
 
@@ -224,17 +172,45 @@ struct PlanRun {
   train::plan::GpuSpec machine;
   train::plan::StepPrediction prediction;
   double ratio = 0;
+  // How much the machine's speed moved during the run, the largest over the ranks of: the GEMM rate and the copy
+  // bandwidth before against after the steps, and the slowest timed step against the fastest (max / min, 1 when
+  // steady). Other work coming and going on a shared machine shows here.
+  double swing = 1;
 };
 PlanRun plan_run(const train::TrainConfig& cfg, const train::PlanLayout& l, int64_t vocab, int iters) {
   PlanRun p;
-  const train::plan::GpuSpec before = measure_machine(cfg, l, vocab);
+  const train::plan::GpuSpec before = measure_machine(cfg, l);
   std::unique_ptr<train::Trainer> t;
   p.steps = timed_train(cfg, iters, t, std::nullopt);
   t.reset();
-  p.machine = bracket(before, measure_machine(cfg, l, vocab));
+  const train::plan::GpuSpec after = measure_machine(cfg, l);
+  p.machine = bracket(before, after);
   p.prediction = train::plan::predict_step(cfg, vocab, l, p.machine);
   p.ratio = p.prediction.step_seconds / p.steps.step_median_s;
+  auto swing = [](double x, double y) { return std::max(x, y) / std::max(1e-30, std::min(x, y)); };
+  const auto [lo, hi] = std::minmax_element(p.steps.steps_s.begin(), p.steps.steps_s.end());
+  Tensor e = Tensor::empty({1}, DType::F64);
+  e.set_item(0, std::max({swing(before.peak_bf16, after.peak_bf16), swing(before.hbm_bandwidth, after.hbm_bandwidth),
+                          swing(*lo, *hi)}));
+  const comm::ProcessGroup world = comm::ProcessGroup::world();
+  if (world.size() > 1) world.all_reduce(e, comm::ReduceOp::Max);
+  p.swing = e.item(0);
   return p;
+}
+
+// A run is steady when the machine's speed moved by at most kUnsteadyPeak (bench_util's bound for the peak
+// samples) during it: only steady runs are compared with the model.
+bool steady(const PlanRun& p) {
+  return p.swing <= kernels::kUnsteadyPeak;
+}
+
+// The largest of `x` over the ranks (so that every rank takes the same decision).
+double max_over_ranks(double x) {
+  const comm::ProcessGroup world = comm::ProcessGroup::world();
+  Tensor e = Tensor::empty({1}, DType::F64);
+  e.set_item(0, x);
+  if (world.size() > 1) world.all_reduce(e, comm::ReduceOp::Max);
+  return e.item(0);
 }
 
 void run_bench_plan(const TrainBenchArgs& a) {
@@ -250,18 +226,29 @@ void run_bench_plan(const TrainBenchArgs& a) {
   comm::ProcessGroup::init(nullptr, nullptr);
   const train::PlanLayout l = train::PlanLayout::from(cfg, comm::ProcessGroup::world().size());
   const int64_t vocab = train::build_vocabulary(cfg).padded;
-  // Whole runs repeated; the one of median ratio is reported (on a shared machine one run's ratio moves with the
-  // other work; the median of a few is what a test can hold to a bound).
+  // Whole runs repeated until `repeats` of them are steady (at most twice that many runs, none started after 40
+  // s); the steady run of median ratio is reported. On a shared machine one run's ratio moves with the other work:
+  // a run during which the machine's speed moved (rates before against after, step against step) compares the
+  // model with a moment of it, so it is printed but not counted.
+  const int want = std::max(1, a.repeats);
+  const Stopwatch clock;
   std::vector<PlanRun> runs;
-  for (int i = 0; i < std::max(1, a.repeats); i++) {
+  std::vector<size_t> kept;
+  for (int i = 0; i < 2 * want && std::ssize(kept) < want; i++) {
+    if (i > 0 && max_over_ranks(clock.seconds()) > 40) break;
     runs.push_back(plan_run(cfg, l, vocab, a.iters));
     const PlanRun& p = runs.back();
+    if (steady(p)) kept.push_back(runs.size() - 1);
     if (p.steps.rank == 0 && a.repeats > 1)
-      fmt::print("plan repeat {}: predicted_s={:.4f} measured_s={:.4f} ratio={:.3f}\n", i + 1,
-                 p.prediction.step_seconds, p.steps.step_median_s, p.ratio);
+      fmt::print("plan repeat {}: predicted_s={:.4f} measured_s={:.4f} ratio={:.3f} swing={:.2f} ({})\n", i + 1,
+                 p.prediction.step_seconds, p.steps.step_median_s, p.ratio, p.swing,
+                 steady(p) ? "steady" : "unsteady: not counted");
   }
-  std::vector<size_t> order(runs.size());
-  for (size_t i = 0; i < order.size(); i++) order[i] = i;
+  // Enough steady runs: all of them with one repeat asked for, else at least two.
+  const bool enough = std::ssize(kept) >= std::min(want, 2);
+  std::vector<size_t> order = enough ? kept : std::vector<size_t>{};
+  if (!enough)
+    for (size_t i = 0; i < runs.size(); i++) order.push_back(i);
   std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return runs[x].ratio < runs[y].ratio; });
   const PlanRun& m = runs[order[order.size() / 2]];
   const TrainRun& r = m.steps;
@@ -280,8 +267,14 @@ void run_bench_plan(const TrainBenchArgs& a) {
   fmt::print("{}", train::plan::describe(p, machine, r.world));
   if (r.world > 1) print_split(r);
   fmt::print("plan predicted_s={:.4f} measured_s={:.4f} ratio={:.3f} within_20_percent={}{}\n", p.step_seconds,
-             r.step_median_s, m.ratio, std::abs(m.ratio - 1) <= 0.2 ? "yes" : "no",
-             runs.size() > 1 ? fmt::format(" (the median of {} runs)", runs.size()) : std::string());
+             r.step_median_s, m.ratio,
+             !enough                        ? "unsteady"
+             : std::abs(m.ratio - 1) <= 0.2 ? "yes"
+                                            : "no",
+             !enough ? fmt::format(" (the machine's speed moved by more than {:.2f}x in {} of {} runs: not compared)",
+                                   kernels::kUnsteadyPeak, runs.size() - kept.size(), runs.size())
+             : order.size() > 1 ? fmt::format(" (the median of {} steady runs of {})", order.size(), runs.size())
+                                : std::string());
 }
 
 }  // namespace

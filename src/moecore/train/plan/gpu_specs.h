@@ -3,7 +3,6 @@
 // what they are used for is step_time.h. Sources: docs/plan.md, one per figure.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,9 +35,6 @@ struct GpuSpec {
   // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
   // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
   double sms = 0, comm_sms = 0;
-  // Optional: one GEMM [m, k] x [k, n]'s seconds measured at that shape (moecore bench plan measures the shapes the
-  // model asks for on the CPU); 0 or unset: the roofline of the achievable rate. Not set for the GPUs above.
-  std::function<double(double m, double n, double k)> gemm_seconds;
   // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
   double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
   double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }

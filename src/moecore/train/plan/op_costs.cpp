@@ -49,10 +49,6 @@ Gemm gemm(const TrainConfig& c, const GpuSpec& g, double m, double n, double k, 
   const double flops = 2 * m * n * k, bytes = (m * k + k * n) * eb + m * n * act_bytes(c);
   out.fwd = std::max(flops / rate, bytes / hbm) + g.kernel_launch_seconds;
   out.bwd = 2 * out.fwd;
-  if (g.gemm_seconds) {  // measured at the shape: the forward, the data gradient [m, n] x [n, k], the weight's
-    const double f = g.gemm_seconds(m, n, k), d = g.gemm_seconds(m, k, n), w = g.gemm_seconds(k, n, m);
-    if (f > 0 && d > 0 && w > 0) out.fwd = f + g.kernel_launch_seconds, out.bwd = d + w + 2 * g.kernel_launch_seconds;
-  }
   if (fp8) {
     const double e = act_bytes(c);
     const double per = c.fp8_recipe == "delayed" ? e + 1 : 2 * e + 1;  // current scaling reads once more for amax
