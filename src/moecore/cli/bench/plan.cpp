@@ -24,6 +24,7 @@
 #include "moecore/core/error.h"
 #include "moecore/core/timer.h"
 #include "moecore/kernels/attention.h"
+#include "moecore/kernels/cross_entropy.h"
 #include "moecore/kernels/gemm.h"
 #include "moecore/train/config/start_config.h"
 #include "moecore/train/memory_plan.h"
@@ -73,7 +74,7 @@ int cores_here() {
 }
 
 // This machine as the model's "GPU": each rank's share of it, measured with every rank busy at once.
-train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l) {
+train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::PlanLayout& l, int64_t vocab) {
   const comm::ProcessGroup world = comm::ProcessGroup::world();
   train::plan::GpuSpec s;
   s.name = "cpu";
@@ -118,6 +119,30 @@ train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::P
   const double fwd_flops = 4.0 * static_cast<double>(S) * static_cast<double>(S) / 2 * static_cast<double>(D * Nq * B);
   s.attention_fwd_efficiency = fwd_flops / fwd_s / s.peak_bf16;
   s.attention_bwd_efficiency = 2.5 * fwd_flops / bwd_s / s.peak_bf16;
+  // The cross-entropy over this rank's logits [S·B/CP, V/TP] (bf16, as the bf16 output layer writes them) with
+  // the kernels training calls: without TP the fused forward and backward (one pass), with TP the vocabulary-
+  // parallel forward (its all-reduces of [tokens] statistics left out: the model prices those calls) and the
+  // backward.
+  {
+    const int64_t rows = c.seq_length * c.micro_batch_size / l.cp, V = vocab / l.tp;
+    Tensor logits = random({rows, V}, 9), targets = Tensor::empty({rows}, DType::I64);
+    for (int64_t t = 0; t < rows; t++) targets.data<int64_t>()[t] = (t * 7919) % V;
+    const DType sd = kernels::cross_entropy_stats_dtype(DType::BF16);
+    Tensor loss = Tensor::empty({rows}, sd), lse = Tensor::empty({rows}, sd), dloss = Tensor::empty({rows}, sd);
+    for (int64_t t = 0; t < rows; t++) dloss.set_item(t, 1.0 / static_cast<double>(rows));
+    world.barrier();
+    if (l.tp == 1) {
+      s.cross_entropy_fwd_seconds =
+          median_of(3, [&] { kernels::cross_entropy_forward_backward(logits, targets, dloss, loss, lse); });
+    } else {
+      const kernels::ReduceFn none = [](Tensor&, bool) {};
+      s.cross_entropy_fwd_seconds = median_of(
+          3, [&] { kernels::cross_entropy_forward_vocab_parallel(logits, targets, 0, V * l.tp, none, loss, lse); });
+      Tensor grad = Tensor::empty({rows, V}, DType::BF16);
+      s.cross_entropy_bwd_seconds =
+          median_of(3, [&] { kernels::cross_entropy_backward(dloss, logits, targets, lse, grad, 0); });
+    }
+  }
   // Streaming copy: 64 MiB read and written.
   std::vector<char> a(64 << 20, 1), b(64 << 20);
   world.barrier();
@@ -159,6 +184,8 @@ train::plan::GpuSpec bracket(const train::plan::GpuSpec& a, const train::plan::G
   s.attention_bwd_efficiency =
       h(a.attention_bwd_efficiency * a.peak_bf16, b.attention_bwd_efficiency * b.peak_bf16) / s.peak_bf16;
   s.hbm_bandwidth = h(a.hbm_bandwidth, b.hbm_bandwidth);
+  s.cross_entropy_fwd_seconds = (a.cross_entropy_fwd_seconds + b.cross_entropy_fwd_seconds) / 2;
+  s.cross_entropy_bwd_seconds = (a.cross_entropy_bwd_seconds + b.cross_entropy_bwd_seconds) / 2;
   s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network = h(a.nccl_busbw_nvlink, b.nccl_busbw_nvlink);
   s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
   s.collective_latency_nvlink = s.collective_latency_network =
@@ -179,11 +206,11 @@ struct PlanRun {
 };
 PlanRun plan_run(const train::TrainConfig& cfg, const train::PlanLayout& l, int64_t vocab, int iters) {
   PlanRun p;
-  const train::plan::GpuSpec before = measure_machine(cfg, l);
+  const train::plan::GpuSpec before = measure_machine(cfg, l, vocab);
   std::unique_ptr<train::Trainer> t;
   p.steps = timed_train(cfg, iters, t, std::nullopt);
   t.reset();
-  const train::plan::GpuSpec after = measure_machine(cfg, l);
+  const train::plan::GpuSpec after = measure_machine(cfg, l, vocab);
   p.machine = bracket(before, after);
   p.prediction = train::plan::predict_step(cfg, vocab, l, p.machine);
   p.ratio = p.prediction.step_seconds / p.steps.step_median_s;

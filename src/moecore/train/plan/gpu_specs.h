@@ -35,6 +35,10 @@ struct GpuSpec {
   // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
   // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
   double sms = 0, comm_sms = 0;
+  // Measured seconds of one micro-batch's cross-entropy on this rank's logits, forward and backward (moecore bench
+  // plan times moecore's CPU kernels at the model's shape: an exponential per logit makes them compute-bound there);
+  // 0 for the GPUs above: the logits' bytes over the HBM bandwidth.
+  double cross_entropy_fwd_seconds = 0, cross_entropy_bwd_seconds = 0;
   // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
   double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
   double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }

@@ -301,7 +301,10 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     // Collectives per direction: forward the token counts' all-gather, the dispatch and the combine; backward the
     // two all-to-alls. Each pays the group's latency on top of its bytes.
     const double ep = ep_seconds(c, l, g, links, bytes.ep_moe_layer), etp = bytes.etp_moe_layer / links.etp;
-    const double ep_lat = l.ep > 1 ? links.latency.ep : 0.0, etp_lat = l.etp > 1 ? 2 * links.latency.etp : 0.0;
+    // ETP's calls: 7 per MoE layer and micro-batch as moecore's communication counters count them under TP 2 (one
+    // all-gather of the token counts, three variable-size all-gathers, three reduce-scatters), taken as 4 in the
+    // forward and 3 in the backward.
+    const double ep_lat = l.ep > 1 ? links.latency.ep : 0.0, etp_lat = l.etp > 1 ? links.latency.etp : 0.0;
     const double ep_f = ep + 3 * ep_lat, ep_b = ep + 2 * ep_lat;
     if (c.overlap_moe_expert_parallel_comm) {
       mf.ep += hidden_cost(g, ep_f, af.compute() + mf.compute());
@@ -309,7 +312,7 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     } else {
       mf.ep += ep_f, mb.ep += ep_b;
     }
-    mf.etp += etp + etp_lat, mb.etp += etp + etp_lat;
+    mf.etp += etp + 4 * etp_lat, mb.etp += etp + 3 * etp_lat;
     if (rc.moe) rc_mlp += mf;
   }
   // Tensor parallelism with sequence parallelism: exposed, or with --tp-comm-overlap hidden behind the GEMMs.
@@ -361,7 +364,9 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
   LayerTimes out;
   add(out.fwd, out.bwd, &OpTimes::dense_gemm, gemm(c, g, s.T, V, s.H, false));  // the output layer stays in bf16
   const double xent = hbm_seconds(g, 3 * s.T * V * 4);  // logits in f32: softmax, loss, its gradient
-  out.fwd.memory += xent + hbm_seconds(g, 2 * s.Tsp * s.H * s.e), out.bwd.memory += xent;
+  const bool measured = g.cross_entropy_fwd_seconds + g.cross_entropy_bwd_seconds > 0;
+  out.fwd.memory += (measured ? g.cross_entropy_fwd_seconds : xent) + hbm_seconds(g, 2 * s.Tsp * s.H * s.e);
+  out.bwd.memory += measured ? g.cross_entropy_bwd_seconds : xent;
   // The final norm and the cross-entropy's kernels (forward: norm, loss; backward: the loss's gradient, norm).
   out.fwd.launch = 2 * g.kernel_launch_seconds, out.bwd.launch = 2 * g.kernel_launch_seconds;
   // The ends' gather and scatter, and the vocabulary-parallel cross-entropy's three all-reduces (forward).
