@@ -4,6 +4,7 @@
 // to these runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -216,6 +217,31 @@ TEST(PlanOffload, HostCopiesAreHiddenOrExposed) {
   const double bytes = plan_memory_stages(on, vocab, l).front().offloaded;
   ASSERT_GT(bytes, 0);
   EXPECT_NEAR(exposed / (2 * 8 * bytes / 1e6), 1.0, 1e-3);
+}
+
+// --search tries offloading for a layout that does not fit without it: with a limit between the run's plan with
+// every module offloaded and its plan without, that layout is found (with its offloading flags) and counted.
+TEST(PlanOffload, SearchTriesOffloadingWhereALayoutDoesNotFit) {
+  const std::string run =
+      "--num-layers 4 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 16 --swiglu "
+      "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --seq-length 4096 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 --mock-data --train-iters 1";
+  auto memory = [](const std::string& flags) {
+    TrainConfig c = compose_train_config(parse_flags(words(flags)), true);
+    c.device = "cuda";
+    return worst_stage(plan_memory_stages(c, build_vocabulary(c).padded, PlanLayout::from(c, 1))).total();
+  };
+  const double plain = memory(run), offloaded = memory(run +
+                                                       " --fine-grained-activation-offloading --offload-modules "
+                                                       "attn_norm qkv_linear core_attn attn_proj mlp_norm");
+  ASSERT_LT(offloaded, plain);
+  const SearchResult r = search_layouts(words(run), 1, (plain + offloaded) / 2, gpu_spec("h100"), {}, 100);
+  EXPECT_GT(r.offloaded, 0);
+  bool listed = false;
+  for (const Candidate& k : r.best)
+    if (std::find(k.flags.begin(), k.flags.end(), "--fine-grained-activation-offloading") != k.flags.end())
+      listed = listed || std::find(k.flags.begin(), k.flags.end(), "--recompute-granularity") == k.flags.end();
+  EXPECT_TRUE(listed) << "the layout without recompute fits only offloaded";
 }
 
 // Faster GPUs, same run: never slower; a GPU twice as fast in every figure but the network is not twice as fast.
