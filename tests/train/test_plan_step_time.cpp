@@ -4,10 +4,12 @@
 // to these runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
 #include "moecore/train/config/start_config.h"
+#include "moecore/train/memory_plan.h"
 #include "moecore/train/model_builder.h"
 #include "moecore/train/plan/layout_search.h"
 #include "moecore/train/plan/step_time.h"
@@ -69,7 +71,8 @@ std::vector<std::string> qwen3_30b_a3b_h100_recipe() {
       "--global-batch-size 1024 --bf16 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
       "--expert-model-parallel-size 16 --expert-tensor-parallel-size 1 --use-distributed-optimizer "
       "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --overlap-moe-expert-parallel-comm "
-      "--delay-wgrad-compute --moe-router-force-load-balancing --grad-reduce-in-bf16 --overlap-grad-reduce "
+      "--delay-wgrad-compute --moe-router-force-load-balancing --moe-router-load-balancing-type aux_loss "
+      "--moe-aux-loss-coeff 1e-3 --grad-reduce-in-bf16 --overlap-grad-reduce "
       "--overlap-param-gather --mock-data --train-iters 1");
 }
 
@@ -163,6 +166,82 @@ TEST(PlanComm, FsdpAddsOnlyItsGathersAndScatters) {
   const StepPrediction fsdp = predict_on(run(true), 16, gpu_spec("h100")),
                        dist = predict_on(run(false), 16, gpu_spec("h100"));
   EXPECT_GT(fsdp.step_seconds, dist.step_seconds);
+}
+
+// Every kernel pays a launch: per micro-batch and layer of the dense TP run the 4 GEMMs (twice as many backward:
+// 12) and the 8 other kernels (attention 5, MLP 3; backward twice: 24), the ends' output GEMM (3), embedding (3)
+// and final norm with loss (4): M (36 L + 10) launches, of which M (24 L + 7) in the "kernel launches" class.
+TEST(PlanOps, EveryKernelPaysOneLaunch) {
+  GpuSpec none = gpu_spec("h100");
+  none.kernel_launch_seconds = 0;
+  GpuSpec slow = none;
+  slow.kernel_launch_seconds = 1e-3;
+  const double M = 4;  // global batch 4, micro-batch 1, DP 1
+  for (int64_t L : {2, 3}) {
+    const StepPrediction a = predict_on(dense_tp2(L), 2, slow), b = predict_on(dense_tp2(L), 2, none);
+    EXPECT_NEAR(a.step_seconds - b.step_seconds, M * (36 * L + 10) * 1e-3, 1e-9) << L << " layers";
+    double launches = 0;
+    for (const auto& [name, t] : a.compute)
+      if (name == "kernel launches") launches = t;
+    EXPECT_NEAR(launches, M * (24 * L + 7) * 1e-3, 1e-9) << L << " layers";
+  }
+}
+
+// Activation offloading adds only host copies, each direction beside its pass's compute: over a free host link
+// the step is the one without offloading; over a slow one the copies (both ways, every micro-batch, the memory
+// plan's offloaded bytes) are exposed and lengthen the step by exactly what the breakdown shows.
+TEST(PlanOffload, HostCopiesAreHiddenOrExposed) {
+  auto config = [](bool offload) {
+    std::vector<std::string> f = words(
+        "--num-layers 4 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 16 --swiglu "
+        "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --seq-length 2048 "
+        "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 --mock-data --train-iters 1");
+    if (offload)
+      f.insert(f.end(), {"--fine-grained-activation-offloading", "--offload-modules", "core_attn", "attn_proj"});
+    TrainConfig c = compose_train_config(parse_flags(f), true);
+    c.device = "cuda";  // offloading applies on a GPU (the CPU keeps its stashes in host memory already)
+    return c;
+  };
+  const TrainConfig on = config(true), off = config(false);
+  const int64_t vocab = build_vocabulary(on).padded;
+  const PlanLayout l = PlanLayout::from(on, 1);
+  GpuSpec g = gpu_spec("h100");
+  g.host_bandwidth = 1e30;
+  EXPECT_NEAR(predict_step(on, vocab, l, g).step_seconds, predict_step(off, vocab, l, g).step_seconds, 1e-12);
+  g.host_bandwidth = 1e6;  // 1 MB/s: the copies dwarf the compute
+  const StepPrediction slow = predict_step(on, vocab, l, g), base = predict_step(off, vocab, l, g);
+  double exposed = 0;
+  for (const auto& [name, t] : slow.exposed_comm)
+    if (name == "offload (host)") exposed = t;
+  EXPECT_NEAR(slow.step_seconds - base.step_seconds, exposed, 1e-9);
+  const double bytes = plan_memory_stages(on, vocab, l).front().offloaded;
+  ASSERT_GT(bytes, 0);
+  EXPECT_NEAR(exposed / (2 * 8 * bytes / 1e6), 1.0, 1e-3);
+}
+
+// --search tries offloading for a layout that does not fit without it: with a limit between the run's plan with
+// every module offloaded and its plan without, that layout is found (with its offloading flags) and counted.
+TEST(PlanOffload, SearchTriesOffloadingWhereALayoutDoesNotFit) {
+  const std::string run =
+      "--num-layers 4 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 16 --swiglu "
+      "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --seq-length 4096 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 --mock-data --train-iters 1";
+  auto memory = [](const std::string& flags) {
+    TrainConfig c = compose_train_config(parse_flags(words(flags)), true);
+    c.device = "cuda";
+    return worst_stage(plan_memory_stages(c, build_vocabulary(c).padded, PlanLayout::from(c, 1))).total();
+  };
+  const double plain = memory(run), offloaded = memory(run +
+                                                       " --fine-grained-activation-offloading --offload-modules "
+                                                       "attn_norm qkv_linear core_attn attn_proj mlp_norm");
+  ASSERT_LT(offloaded, plain);
+  const SearchResult r = search_layouts(words(run), 1, (plain + offloaded) / 2, gpu_spec("h100"), {}, 100);
+  EXPECT_GT(r.offloaded, 0);
+  bool listed = false;
+  for (const Candidate& k : r.best)
+    if (std::find(k.flags.begin(), k.flags.end(), "--fine-grained-activation-offloading") != k.flags.end())
+      listed = listed || std::find(k.flags.begin(), k.flags.end(), "--recompute-granularity") == k.flags.end();
+  EXPECT_TRUE(listed) << "the layout without recompute fits only offloaded";
 }
 
 // Faster GPUs, same run: never slower; a GPU twice as fast in every figure but the network is not twice as fast.

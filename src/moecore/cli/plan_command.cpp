@@ -277,8 +277,10 @@ void advise(std::FILE* out, TrainConfig c, int64_t padded_vocab, int64_t world, 
 }
 
 void print_search(std::FILE* out, const train::plan::SearchResult& r, double limit) {
-  fmt::print(out, "search: {} layouts tried, {} allowed, {} fit in {} per GPU; the fastest:\n", r.tried, r.valid,
-             r.fitting, gib(limit));
+  fmt::print(out,
+             "search: {} layouts tried, {} allowed, {} fit in {} per GPU ({} only with activation offloading); the "
+             "fastest:\n",
+             r.tried, r.valid, r.fitting, gib(limit), r.offloaded);
   for (size_t i = 0; i < r.best.size(); i++) {
     const train::plan::Candidate& k = r.best[i];
     fmt::print(out, "  {}. {:.1f} TFLOPS per GPU, {:.3f} s per step, {} per GPU{}: {}\n", i + 1,

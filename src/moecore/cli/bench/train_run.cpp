@@ -119,6 +119,10 @@ BenchCommand add_training_bench(CLI::App& bench, const std::string& name, const 
   CLI::App* cmd = bench.add_subcommand(name, description);
   cmd->add_option("--dtype", a->dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed steps")->check(CLI::Range(1, 1000))->capture_default_str();
+  if (defaults.repeats > 0)
+    cmd->add_option("--repeats", a->repeats, "Whole runs (rates and timed steps), the median of them reported")
+        ->check(CLI::Range(1, 99))
+        ->capture_default_str();
   cmd->allow_extras();
   return {cmd, [a, cmd, run] {
             a->train_flags = cmd->remaining();

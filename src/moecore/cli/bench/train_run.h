@@ -22,6 +22,9 @@ namespace moecore::cli {
 struct TrainBenchArgs {
   std::string dtype = "bf16";
   int iters = 4;
+  // Whole runs repeated (each: rates, timed steps, rates again), for a benchmark that reports the median of its
+  // repeats; 0 where the benchmark offers no --repeats.
+  int repeats = 0;
   std::vector<std::string> train_flags;  // `moecore train` flags overriding the benchmark's model
 };
 

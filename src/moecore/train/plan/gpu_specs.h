@@ -16,6 +16,9 @@ struct GpuSpec {
   double hbm_bytes = 0, hbm_bandwidth = 0;  // bytes, bytes/s
   double nvlink_bandwidth = 0;              // bytes/s one direction
   double network_bandwidth = 0;             // bytes/s one direction (the GPU's own NIC)
+  // Host <-> device copies (activation offloading), bytes/s one direction as a copy engine reaches them: PCIe Gen5
+  // x16 on H100 / H200 / HGX B200, NVLink-C2C to the Grace CPU on GB200.
+  double host_bandwidth = 0;
   int gpus_per_nvlink_domain = 8;
   // Achievable rates from public measurements (docs/plan.md, "Rates"): large GEMMs as a fraction of the peak
   // (MAMF), FlashAttention-3 / cuDNN attention forward and backward as a fraction of the BF16 peak, the fraction of
@@ -32,6 +35,10 @@ struct GpuSpec {
   // Streaming multiprocessors, and those a communication kernel running beside compute takes from it (DeepEP and
   // HybridEP: Megatron-Bridge's recipes give HybridEP 32, DeepEP's own tests 24; NCCL's channels similar).
   double sms = 0, comm_sms = 0;
+  // Measured seconds of one micro-batch's cross-entropy on this rank's logits, forward and backward (moecore bench
+  // plan times moecore's CPU kernels at the model's shape: an exponential per logit makes them compute-bound there);
+  // 0 for the GPUs above: the logits' bytes over the HBM bandwidth.
+  double cross_entropy_fwd_seconds = 0, cross_entropy_bwd_seconds = 0;
   // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
   double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
   double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }

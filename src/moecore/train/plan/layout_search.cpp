@@ -36,7 +36,9 @@ const std::set<std::string>& layout_flags() {
                                           "--use-distributed-optimizer",
                                           "--use-megatron-fsdp",
                                           "--data-parallel-sharding-strategy",
-                                          "--micro-batch-size"};
+                                          "--micro-batch-size",
+                                          "--fine-grained-activation-offloading",
+                                          "--offload-modules"};
   return f;
 }
 
@@ -50,6 +52,21 @@ std::vector<std::string> without_layout(const std::vector<std::string>& args) {
     while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) i++;  // its values
   }
   return out;
+}
+
+// Fine-grained activation offloading of every module a layer's stash has (attn_proj with core_attn, as Megatron
+// requires); recomputed modules keep nothing to offload.
+const std::vector<std::string>& offload_flags() {
+  static const std::vector<std::string> f = {"--fine-grained-activation-offloading",
+                                             "--offload-modules",
+                                             "attn_norm",
+                                             "qkv_linear",
+                                             "core_attn",
+                                             "attn_proj",
+                                             "mlp_norm",
+                                             "expert_fc1",
+                                             "moe_act"};
+  return f;
 }
 
 // A pipeline layout string for `stages` stages: the embedding on the first, MTP and the loss on the last, the
@@ -174,7 +191,18 @@ SearchResult search_layouts(const std::vector<std::string>& args, int64_t world,
                 Candidate cand;
                 if (!evaluate(base, layout, world, memory_limit, gpu, options, cand)) continue;
                 r.valid++;
-                if (cand.memory_bytes > memory_limit) continue;
+                if (cand.memory_bytes > memory_limit) {
+                  // Offloading only adds host copies to a step (hidden behind compute or exposed), never speeds
+                  // it up: tried only for a layout that does not fit without it, with every module that can go.
+                  std::vector<std::string> offloaded = layout;
+                  offloaded.insert(offloaded.end(), offload_flags().begin(), offload_flags().end());
+                  r.tried++;
+                  if (!evaluate(base, offloaded, world, memory_limit, gpu, options, cand) ||
+                      cand.memory_bytes > memory_limit)
+                    continue;
+                  r.valid++;
+                  r.offloaded++;
+                }
                 r.fitting++;
                 fits.push_back(std::move(cand));
               }

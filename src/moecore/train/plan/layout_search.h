@@ -23,6 +23,7 @@ struct SearchResult {
   Candidate given;              // the command line's own layout (memory_bytes 0 when it failed)
   bool given_fits = false;
   int64_t tried = 0, valid = 0, fitting = 0;
+  int64_t offloaded = 0;  // of the fitting, those that fit only with activation offloading
 };
 
 // `args`: the command line's training flags (model, batch, precision, overlaps, layout). Every candidate replaces

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "moecore/core/error.h"
 #include "moecore/train/model_builder.h"
@@ -61,6 +63,13 @@ void add(OpTimes& fwd, OpTimes& bwd, double OpTimes::*cls, const Gemm& x) {
   bwd.*cls += x.bwd;
   fwd.memory += x.cast_fwd;
   bwd.memory += x.cast_bwd;
+}
+
+// Any load-balancing loss with a nonzero coefficient (Megatron's --moe-aux-loss-coeff takes one per type).
+bool aux_loss_on(const TrainConfig& c) {
+  for (const std::string& x : c.moe_aux_loss_coeff)
+    if (std::strtod(x.c_str(), nullptr) != 0) return true;
+  return false;
 }
 
 double hbm_seconds(const GpuSpec& g, double bytes) {
@@ -217,8 +226,10 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     add(af, ab, &OpTimes::dense_gemm, gemm(c, g, T, (heads + 2 * Nkv) * D, H));
     add(af, ab, &OpTimes::dense_gemm, gemm(c, g, T, H, heads * D));
     const double rope_mem = hbm_seconds(g, 2 * T * (heads + Nkv) * D * e);
-    af.memory += rope_mem;
-    ab.memory += 2 * rope_mem;
+    // --qk-layernorm: a norm over every query and key head (read and write), as RoPE moves them.
+    const double qk_norm = c.qk_layernorm ? rope_mem : 0.0;
+    af.memory += rope_mem + qk_norm;
+    ab.memory += 2 * (rope_mem + qk_norm);
   }
   const double core = 2 * T * (s.S / 2) * heads * (dqk + dv);  // forward FLOPs
   const double core_fwd = core / (g.attention_fwd_efficiency * g.peak_bf16);
@@ -269,6 +280,11 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
                  (fc1.cast_bwd + fc2.cast_bwd) * local};
     add(mf, mb, &OpTimes::expert_gemm, experts);
     add(mf, mb, &OpTimes::dense_gemm, gemm(c, g, s.Tsp, E, H, false));  // router
+    // The router's [tokens, experts] f32 tensors: the logits read by the score function, the scores written and
+    // read by the top-k, the probabilities and the routing map written, and with a load-balancing loss the scores
+    // and the map read once more; the backward reads and writes them again.
+    const double router = hbm_seconds(g, (5.0 + (aux_loss_on(c) ? 2.0 : 0.0)) * s.Tsp * E * 4);
+    mf.memory += router, mb.memory += 2 * router;
     const double act = hbm_seconds(g, (gated + 1) * rows * Fe * e);
     const double permute = hbm_seconds(g, 2 * (s.Tsp + s.Tsp * k) * H * e);  // permute and unpermute
     mf.memory += act + permute, mb.memory += 2 * (act + permute);
@@ -285,7 +301,10 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     // Collectives per direction: forward the token counts' all-gather, the dispatch and the combine; backward the
     // two all-to-alls. Each pays the group's latency on top of its bytes.
     const double ep = ep_seconds(c, l, g, links, bytes.ep_moe_layer), etp = bytes.etp_moe_layer / links.etp;
-    const double ep_lat = l.ep > 1 ? links.latency.ep : 0.0, etp_lat = l.etp > 1 ? 2 * links.latency.etp : 0.0;
+    // ETP's calls: 7 per MoE layer and micro-batch as moecore's communication counters count them under TP 2 (one
+    // all-gather of the token counts, three variable-size all-gathers, three reduce-scatters), taken as 4 in the
+    // forward and 3 in the backward.
+    const double ep_lat = l.ep > 1 ? links.latency.ep : 0.0, etp_lat = l.etp > 1 ? links.latency.etp : 0.0;
     const double ep_f = ep + 3 * ep_lat, ep_b = ep + 2 * ep_lat;
     if (c.overlap_moe_expert_parallel_comm) {
       mf.ep += hidden_cost(g, ep_f, af.compute() + mf.compute());
@@ -293,7 +312,7 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     } else {
       mf.ep += ep_f, mb.ep += ep_b;
     }
-    mf.etp += etp + etp_lat, mb.etp += etp + etp_lat;
+    mf.etp += etp + 4 * etp_lat, mb.etp += etp + 3 * etp_lat;
     if (rc.moe) rc_mlp += mf;
   }
   // Tensor parallelism with sequence parallelism: exposed, or with --tp-comm-overlap hidden behind the GEMMs.
@@ -307,6 +326,21 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
   const double gemms_fwd = af.dense_gemm + mlp_gemm_fwd;
   af.tp += tp_exposed(tp, gemms_fwd);
   ab.tp += tp_exposed(tp, 2 * gemms_fwd);
+  // The kernels besides the GEMMs (whose launch gemm() counts): each costs the GPU a launch however little it
+  // moves (docs/plan.md, "Kernel launches"). Forward, per block, as Megatron's TransformerEngine path launches them:
+  // attention: the input norm, RoPE on queries and on keys, the attention kernel, the fused bias-dropout-add, and
+  // the query and key norms (--qk-layernorm) or MLA's two latent norms; MoE: the pre-MLP norm, the router's
+  // score and top-k, the load-balancing loss (the scores' sum, the token counts, the loss and its scaler), the
+  // dispatcher's token counts, dispatch and combine with their (un)permutation, the activation, the
+  // bias-dropout-add; a dense MLP: norm, activation, bias-dropout-add. The backward launches twice the forward's
+  // (each op's input gradient, and the norms' weight gradients).
+  const double attn_kernels =
+      5.0 + (c.multi_latent_attention ? 2.0 : 0.0) + (c.qk_layernorm && !c.multi_latent_attention ? 2.0 : 0.0);
+  const double mlp_kernels = !moe_layer ? 3.0
+                                        : 1.0 + 2.0 + (aux_loss_on(c) ? 4.0 : 0.0) + 5.0 + 1.0 + 1.0 +
+                                              (c.moe_shared_expert_intermediate_size > 0 ? 1.0 : 0.0);
+  af.launch += attn_kernels * g.kernel_launch_seconds, ab.launch += 2 * attn_kernels * g.kernel_launch_seconds;
+  mf.launch += mlp_kernels * g.kernel_launch_seconds, mb.launch += 2 * mlp_kernels * g.kernel_launch_seconds;
   LayerTimes out;
   out.fwd = af, out.fwd += mf;
   out.bwd = ab, out.bwd += mb;
@@ -319,6 +353,7 @@ LayerTimes embedding_times(const TrainConfig& c, const PlanLayout& l, const GpuS
   LayerTimes out;
   out.fwd.memory = hbm_seconds(g, 2 * s.T * s.H * s.e);
   out.bwd.memory = 2 * out.fwd.memory;
+  out.fwd.launch = g.kernel_launch_seconds, out.bwd.launch = 2 * g.kernel_launch_seconds;  // gather; scatter-add
   return out;
 }
 
@@ -329,7 +364,11 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
   LayerTimes out;
   add(out.fwd, out.bwd, &OpTimes::dense_gemm, gemm(c, g, s.T, V, s.H, false));  // the output layer stays in bf16
   const double xent = hbm_seconds(g, 3 * s.T * V * 4);  // logits in f32: softmax, loss, its gradient
-  out.fwd.memory += xent + hbm_seconds(g, 2 * s.Tsp * s.H * s.e), out.bwd.memory += xent;
+  const bool measured = g.cross_entropy_fwd_seconds + g.cross_entropy_bwd_seconds > 0;
+  out.fwd.memory += (measured ? g.cross_entropy_fwd_seconds : xent) + hbm_seconds(g, 2 * s.Tsp * s.H * s.e);
+  out.bwd.memory += measured ? g.cross_entropy_bwd_seconds : xent;
+  // The final norm and the cross-entropy's kernels (forward: norm, loss; backward: the loss's gradient, norm).
+  out.fwd.launch = 2 * g.kernel_launch_seconds, out.bwd.launch = 2 * g.kernel_launch_seconds;
   // The ends' gather and scatter, and the vocabulary-parallel cross-entropy's three all-reduces (forward).
   const double tp_lat = l.tp > 1 ? links.latency.tp : 0.0;
   const double tp_f = bytes.tp_ends / links.tp + 5 * tp_lat, tp_b = bytes.tp_ends / links.tp + 2 * tp_lat;
@@ -340,21 +379,24 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
 
 double optimizer_seconds(const TrainConfig& c, double params, const GpuSpec& g) {
   // Adam per element: read the gradient (4), read and write the f32 master (8) and both moments (16, or 8 in
-  // bf16), write the bf16 parameter (2); the gradient buffer zeroed (4).
+  // bf16), write the bf16 parameter (2); the gradient buffer zeroed (4); with --clip-grad the gradient read once
+  // more for its norm (4).
   const double moments = c.exp_avg_dtype == "bf16" && c.exp_avg_sq_dtype == "bf16" ? 8.0 : 16.0;
-  const double per = c.optimizer == "sgd" ? 18.0 : 4 + 8 + 2 * moments + 2 + 4;
+  const double clip = c.clip_grad > 0 ? 4.0 : 0.0;
+  const double per = (c.optimizer == "sgd" ? 18.0 : 4 + 8 + moments + 2 + 4) + clip;
   return hbm_seconds(g, params * per);
 }
 
 OpTimes& OpTimes::operator+=(const OpTimes& o) {
   dense_gemm += o.dense_gemm, expert_gemm += o.expert_gemm, attention += o.attention, memory += o.memory;
+  launch += o.launch;
   tp += o.tp, ep += o.ep, etp += o.etp, cp += o.cp;
   return *this;
 }
 
 OpTimes OpTimes::operator*(double f) const {
   OpTimes o = *this;
-  o.dense_gemm *= f, o.expert_gemm *= f, o.attention *= f, o.memory *= f;
+  o.dense_gemm *= f, o.expert_gemm *= f, o.attention *= f, o.memory *= f, o.launch *= f;
   o.tp *= f, o.ep *= f, o.etp *= f, o.cp *= f;
   return o;
 }

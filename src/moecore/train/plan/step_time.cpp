@@ -76,7 +76,8 @@ struct RankSteps {
   double recompute = 0;                          // of which recompute's extra forward (compute and communication)
   std::vector<double> fwd_compute, bwd_compute;  // per chunk: what FSDP's gathers and scatters hide behind
   double dp_exposed = 0, optimizer = 0;
-  double fsdp = 0;  // Megatron FSDP's exposed gathers and scatters, inside the passes (all micro-batches)
+  double fsdp = 0;     // Megatron FSDP's exposed gathers and scatters, inside the passes (all micro-batches)
+  double offload = 0;  // activation offloading's exposed host copies, inside the passes (all micro-batches)
   std::map<std::string, double> dp_by_group;
 };
 
@@ -170,6 +171,17 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
       }
       reduce = 0, gather = params ? 0.0 : ag;
     }
+    // Fine-grained activation offloading: the stage's offloaded stashes copied to the host in each forward and
+    // back in each backward, on a copy stream beside the pass's compute (Megatron's offloading manager); the part
+    // of the copies longer than the compute of its pass is exposed. Spread evenly over the stage's model chunks.
+    const StageOffload off = stage_offload(c, padded_vocab, l, r);
+    if (off.per_micro_batch > 0 && gpu.host_bandwidth > 0) {
+      const double copy = off.per_micro_batch / static_cast<double>(V) / gpu.host_bandwidth;
+      for (int64_t k = 0; k < V; k++) {
+        const double fe = std::max(0.0, copy - rs.fwd_compute[k]), be = std::max(0.0, copy - rs.bwd_compute[k]);
+        rs.fwd[k] += fe, rs.bwd[k] += be, rs.offload += (fe + be) * m;
+      }
+    }
     fwd.push_back(rs.fwd);
     bwd.push_back(rs.bwd);
     rs.optimizer =
@@ -200,8 +212,14 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
   out.compute = {{"dense GEMMs", a.dense_gemm},
                  {"expert GEMMs", a.expert_gemm},
                  {"attention", a.attention},
-                 {"memory-bound", a.memory}};
-  out.exposed_comm = {{"tp", a.tp}, {"cp", a.cp}, {"ep", a.ep}, {"etp", a.etp}, {"dp", rs.dp_exposed + rs.fsdp}};
+                 {"memory-bound", a.memory},
+                 {"kernel launches", a.launch}};
+  out.exposed_comm = {{"tp", a.tp},
+                      {"cp", a.cp},
+                      {"ep", a.ep},
+                      {"etp", a.etp},
+                      {"dp", rs.dp_exposed + rs.fsdp},
+                      {"offload (host)", rs.offload}};
   out.recompute = rs.recompute;
   out.optimizer = rs.optimizer;
   out.bubble = std::max(0.0, end[out.critical_pp_rank] - a.total());

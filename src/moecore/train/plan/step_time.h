@@ -22,8 +22,9 @@ namespace moecore::train::plan {
 // communication as exposed after the overlaps that act inside a layer.
 struct OpTimes {
   double dense_gemm = 0, expert_gemm = 0, attention = 0, memory = 0;  // compute
-  double tp = 0, ep = 0, etp = 0, cp = 0;                             // exposed communication
-  double compute() const { return dense_gemm + expert_gemm + attention + memory; }
+  double launch = 0;  // the fixed cost of the kernels other than the GEMMs (a GEMM's is in its class)
+  double tp = 0, ep = 0, etp = 0, cp = 0;  // exposed communication
+  double compute() const { return dense_gemm + expert_gemm + attention + memory + launch; }
   double comm() const { return tp + ep + etp + cp; }
   double total() const { return compute() + comm(); }
   OpTimes& operator+=(const OpTimes& o);
