@@ -15,7 +15,8 @@ passes by being refused for the wrong reason, and everything else on the line is
 With --on-gpu (a machine with a GPU; exit 77, skipped, without one), each line that runs (refused flags replaced)
 runs with --device cpu and twice with --device cuda, the ranks sharing the one GPU: the GPU's losses must equal the
 CPU's within 1e-2 (the lines train in bf16) and its rerun must give the same losses to the last digit logged; a
-line marked cpu_only (Megatron FSDP and fp16, refused on the GPU for now) is skipped there, saying why.
+line marked cpu_only (Megatron FSDP, fp16, FP8 and the combined 1F1B schedule, refused on the GPU for now) is skipped
+there, saying why.
 
 Megatron's MoE inference and RL tests and GPT-OSS's lines (NOT_TRAINING) must be refused before any work, naming
 the first flag moecore cannot take (skipped with --on-gpu).
@@ -98,6 +99,8 @@ DEEPSEEK_PROXY_FSDP = """
 FSDP_CPU_ONLY = "--use-megatron-fsdp is refused on the GPU (train/config/device_support.cpp)"
 FP16_CPU_ONLY = "--fp16 is refused on the GPU (train/config/device_support.cpp)"
 FP8_CPU_ONLY = "--fp8-format is refused on the GPU (train/config/device_support.cpp)"
+COMBINED_1F1B_CPU_ONLY = ("--overlap-moe-expert-parallel-comm without --delay-wgrad-compute (the combined 1F1B "
+                          "schedule) is refused on the GPU (train/config/device_support.cpp)")
 
 CONFIGS = [
     dict(name="tp2_ep2_sinkhorn_dist_optimizer", np=4,
@@ -468,7 +471,7 @@ CONFIGS = [
            log_all --data-cache-path ${DATA_CACHE_PATH} --bf16 --disable-bias-linear --no-bias-gelu-fusion
            --log-memory-to-tensorboard --verify-integrity""",
          refused=[]),
-    dict(name="tp2_ep4_etp1_a2a_overlap", np=4,
+    dict(name="tp2_ep4_etp1_a2a_overlap", np=4, cpu_only=COMBINED_1F1B_CPU_ONLY,
          source="moe/gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4",
          args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
            --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
