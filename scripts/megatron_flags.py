@@ -96,6 +96,10 @@ class Extractor:
         kw = {k.arg: k.value for k in call.keywords if k.arg}
         action = kw["action"].value if isinstance(kw.get("action"), ast.Constant) else None
         nargs = kw["nargs"].value if isinstance(kw.get("nargs"), ast.Constant) else None
+        if isinstance(kw.get("action"), ast.Attribute) and kw["action"].attr == "BooleanOptionalAction":
+            # argparse.BooleanOptionalAction: --foo and --no-foo, both switches.
+            action = "store_true"
+            names = names + ["--no-" + n[2:] for n in names if n.startswith("--")]
         choices = const_list(kw["choices"]) if "choices" in kw else None
         if choices is None and "choices" in kw:
             # e.g. choices=list(AttnBackend) or [e.name for e in AttnBackend]

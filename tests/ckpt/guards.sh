@@ -10,7 +10,11 @@
 #     previous checkpoint, the marker and its sidecar exactly as they were;
 #  7. a full disk while train-tokenizer replaces its output ends it naming the file; the earlier tokenizer stays;
 #  8. --load of a Megatron torch_dist checkpoint (Megatron's launch line: --ckpt-format torch_dist --load D --save D)
-#     is refused naming its format and files, before training and with every file unchanged.
+#     is refused naming its format and files, before training and with every file unchanged;
+#  9. --verify-integrity (Megatron's): each save writes integrity.json (every other file with its hash); a load with it
+#     resumes when nothing changed, and is refused before training naming the file when a byte of a shard changed,
+#     or naming the manifest when the checkpoint was saved without it; --ckpt-format torch_dist goes with it, torch_dcp
+#     is refused as in Megatron.
 # Usage: guards.sh MOECORE MPIRUN [MPIRUN ARGS...]
 source "$(dirname "$0")/script_setup.sh"
 A=(--mock-data --vocab-size 64 --num-layers 2 --num-attention-heads 2 --disable-bias-linear
@@ -111,4 +115,30 @@ grep -q "moecore convert hf-to-native" "$D/megatron.log" || fail "Megatron check
 grep -q "iteration .*/" "$D/megatron.log" && fail "the refused run trained"
 [ "$(sums "$D/megatron")" = "$before" ] || fail "a refused run changed the Megatron checkpoint"
 echo "Megatron torch_dist checkpoint: refused naming its format and files"
+# 9. --verify-integrity.
+train --train-iters 2 --save "$D/vi" --verify-integrity --ckpt-format torch_dist >"$D/vi.log" 2>&1 ||
+  fail "--verify-integrity save: $(tail -3 "$D/vi.log")"
+[ -f "$D/vi/iter_0000002/integrity.json" ] || fail "--verify-integrity wrote no integrity.json"
+listed=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['files']))" "$D/vi/iter_0000002/integrity.json")
+[ "$listed" = "$(find "$D/vi/iter_0000002" -type f ! -name integrity.json | wc -l)" ] ||
+  fail "integrity.json lists $listed files, not every other file of the checkpoint"
+train --train-iters 4 --load "$D/vi" --save "$D/vi" --verify-integrity >"$D/vi2.log" 2>&1 ||
+  fail "--verify-integrity load of an intact checkpoint: $(tail -3 "$D/vi2.log")"
+grep -q "loaded checkpoint $D/vi/iter_0000002: iteration 2" "$D/vi2.log" || fail "--verify-integrity did not resume"
+shard=$(cd "$D/vi/iter_0000004" && find . -type f ! -name '*.json' | sort | head -1 | sed 's|^\./||')
+python3 -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(-1,2); b=f.read(1); f.seek(-1,2); f.write(bytes([b[0]^1]))" \
+  "$D/vi/iter_0000004/$shard"
+train --train-iters 6 --load "$D/vi" --save "$D/vi" --verify-integrity >"$D/vi3.log" 2>&1 &&
+  fail "--verify-integrity loaded a changed checkpoint"
+grep -q -- "--verify-integrity: checkpoint integrity verification failed for 1 file(s) in $D/vi/iter_0000004: $shard: hash mismatch" \
+  "$D/vi3.log" || fail "changed shard: $(tail -3 "$D/vi3.log")"
+grep -q "iteration .*/" "$D/vi3.log" && fail "the refused run trained"
+train --train-iters 2 --save "$D/nv" >"$D/nv.log" 2>&1 || fail "save without --verify-integrity: $(tail -3 "$D/nv.log")"
+train --train-iters 4 --load "$D/nv" --save "$D/nv" --verify-integrity >"$D/vi4.log" 2>&1 &&
+  fail "--verify-integrity loaded a checkpoint saved without it"
+grep -q -- "--verify-integrity: integrity manifest not found at $D/nv/iter_0000002/integrity.json" "$D/vi4.log" ||
+  fail "no manifest: $(tail -3 "$D/vi4.log")"
+train --train-iters 2 --verify-integrity --ckpt-format torch_dcp >"$D/vi5.log" 2>&1 && fail "torch_dcp accepted"
+grep -q "only supported with torch_dist checkpoint format" "$D/vi5.log" || fail "torch_dcp: $(tail -3 "$D/vi5.log")"
+echo "--verify-integrity: manifest written, intact checkpoint resumed, a changed shard and a missing manifest refused"
 echo "checkpoint guards: all checks passed"

@@ -1,11 +1,14 @@
 // Native checkpoint model state: shards written under one layout load under another (row split -> whole ->
-// column split, experts over "EP ranks" -> one rank), and broken checkpoints are refused listing every problem.
+// column split, experts over "EP ranks" -> one rank), and broken checkpoints are refused listing every problem; the
+// --verify-integrity manifest names changed and missing files.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "moecore/ckpt/checkpoint.h"
+#include "moecore/ckpt/manager.h"
 #include "test_util.h"
 
 namespace moecore {
@@ -95,6 +98,32 @@ TEST(Checkpoint, RefusesBrokenCheckpointsListingEveryProblem) {
   EXPECT_NE(e.find("w: the checkpoint's global shape [4, 6] differs from the model's [4, 7]"), std::string::npos) << e;
   fs::remove_all(dir);
   EXPECT_NE(error_of([&] { ckpt::read_model_index(dir); }).find("no index.json"), std::string::npos);
+}
+
+// --verify-integrity's manifest: every other file (subdirectories too) listed; an intact directory verifies; a
+// changed byte, a missing file and a missing manifest are each refused by name.
+TEST(Checkpoint, IntegrityManifestNamesChangedAndMissingFiles) {
+  const std::string dir = ckpt_dir("integrity");
+  fs::create_directories(dir + "/sub");
+  for (const char* name : {"a.bin", "b.json", "sub/c.bin"}) std::ofstream(dir + "/" + name) << "content of " << name;
+  ckpt::write_integrity_manifest(dir);
+  std::ifstream in(dir + "/" + ckpt::kIntegrityFile);
+  const std::string manifest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* name : {"\"a.bin\"", "\"b.json\"", "\"sub/c.bin\"", "\"xxh3_64\""})
+    EXPECT_NE(manifest.find(name), std::string::npos) << name << " not in " << manifest;
+  EXPECT_EQ(manifest.find("integrity.json\":"), std::string::npos) << "the manifest lists itself";
+  ckpt::verify_integrity_manifest(dir);                         // intact
+  std::ofstream(dir + "/sub/c.bin") << "content of sub/c.biN";  // same size, one byte changed
+  fs::remove(dir + "/a.bin");
+  std::string e = error_of([&] { ckpt::verify_integrity_manifest(dir); });
+  EXPECT_NE(e.find("failed for 2 file(s)"), std::string::npos) << e;
+  EXPECT_NE(e.find("a.bin: file missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("sub/c.bin: hash mismatch"), std::string::npos) << e;
+  EXPECT_EQ(e.find("b.json"), std::string::npos) << e;
+  fs::remove(dir + "/" + ckpt::kIntegrityFile);
+  e = error_of([&] { ckpt::verify_integrity_manifest(dir); });
+  EXPECT_NE(e.find("integrity manifest not found at " + dir + "/integrity.json"), std::string::npos) << e;
+  fs::remove_all(dir);
 }
 
 }  // namespace

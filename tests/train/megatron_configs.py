@@ -15,9 +15,15 @@ passes by being refused for the wrong reason, and everything else on the line is
 With --on-gpu (a machine with a GPU; exit 77, skipped, without one), each line that runs (refused flags replaced)
 runs with --device cpu and twice with --device cuda, the ranks sharing the one GPU: the GPU's losses must equal the
 CPU's within 1e-2 (the lines train in bf16) and its rerun must give the same losses to the last digit logged; a
-line marked cpu_only (Megatron FSDP and fp16, refused on the GPU for now) is skipped there, saying why.
+line marked cpu_only (Megatron FSDP, fp16, FP8 and the combined 1F1B schedule, refused on the GPU for now) is skipped
+there, saying why.
 
-Usage: megatron_configs.py MOECORE [--on-gpu] [NAME...]   (NAME: run only those configurations)
+Megatron's MoE inference and RL tests and GPT-OSS's lines (NOT_TRAINING) must be refused before any work, naming
+the first flag moecore cannot take (skipped with --on-gpu).
+
+Usage: megatron_configs.py MOECORE [--on-gpu] [--part=K/N] [NAME...]   (NAME: run only those configurations;
+--part=K/N: only the configurations K, K+N, K+2N, ... of CONFIGS and NOT_TRAINING, counting from 1, so N ctests can
+share the lines)
 """
 import json
 import os
@@ -30,7 +36,8 @@ import time
 
 MOECORE = os.path.abspath(sys.argv[1])
 ON_GPU = "--on-gpu" in sys.argv[2:]
-ONLY = set(a for a in sys.argv[2:] if a != "--on-gpu")
+PART = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--part=")), "1/1")  # K/N: every Nth, from K
+ONLY = set(a for a in sys.argv[2:] if a != "--on-gpu" and not a.startswith("--part="))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1"]
 
 # The flags every functional test of tests/functional_tests/test_cases/moe/ shares (gpt3 MoE family), shrunk:
@@ -91,6 +98,9 @@ DEEPSEEK_PROXY_FSDP = """
 # Megatron FSDP trains on the CPU only for now: with --on-gpu these lines are skipped, saying so.
 FSDP_CPU_ONLY = "--use-megatron-fsdp is refused on the GPU (train/config/device_support.cpp)"
 FP16_CPU_ONLY = "--fp16 is refused on the GPU (train/config/device_support.cpp)"
+FP8_CPU_ONLY = "--fp8-format is refused on the GPU (train/config/device_support.cpp)"
+COMBINED_1F1B_CPU_ONLY = ("--overlap-moe-expert-parallel-comm without --delay-wgrad-compute (the combined 1F1B "
+                          "schedule) is refused on the GPU (train/config/device_support.cpp)")
 
 CONFIGS = [
     dict(name="tp2_ep2_sinkhorn_dist_optimizer", np=4,
@@ -364,6 +374,395 @@ CONFIGS = [
                    "--vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json "
                    "--merge-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt"),
                   ("--tokenizer-model", "", "")]),
+    dict(name="deepseek_v2_lite", np=1,
+         source="MODEL_ARGS of examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-V2-Lite.sh (27 layers, MLA "
+                "without q-LoRA, 64 experts top-6 with shared experts), pretraining flags of the functional tests",
+         args="""--save-interval 100000 --attention-dropout 0.0 --hidden-dropout 0.0 --micro-batch-size 1 --bf16
+           --no-masked-softmax-fusion --disable-bias-linear --untie-embeddings-and-output-weights
+           --position-embedding-type rope --no-rope-fusion --normalization RMSNorm --norm-epsilon 1e-6 --swiglu
+           --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16
+           --multi-latent-attention --kv-lora-rank 16 --v-head-dim 16 --qk-head-dim 16 --qk-layernorm
+           --qk-pos-emb-head-dim 8 --num-experts 8 --moe-layer-freq ([0]+[1]*1) --moe-ffn-hidden-size 32
+           --moe-grouped-gemm --moe-router-score-function softmax --moe-router-topk 6
+           --moe-router-topk-scaling-factor 1.0 --moe-router-pre-softmax --moe-shared-expert-intermediate-size 64
+           --moe-aux-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall --moe-token-drop-policy probs
+           --moe-router-load-balancing-type seq_aux_loss --seq-length 64 --max-position-embeddings 64
+           --tokenizer-type HuggingFaceTokenizer --tokenizer-model ${TOKENIZER_MODEL}
+           --make-vocab-size-divisible-by 3200
+           --attention-softmax-in-fp32 --use-mcore-models --rotary-percent 1.0 --rotary-base 10000
+           --rotary-scaling-factor 40 --mscale 0.707 --mscale-all-dim 0.707 --sequence-parallel
+           --global-batch-size 4 --train-iters 3 --lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
+           --eval-iters 1 --eval-interval 1000 --log-interval 1""",
+         refused=[]),
+    dict(name="qwen3_235b_a22b", np=1,
+         source="MODEL_ARGS of examples/post_training/modelopt/conf/Qwen/Qwen3-235B-A22B.sh (94 layers, 128 experts "
+                "top-8, --moe-layer-recompute), pretraining flags of the functional tests",
+         args="""--save-interval 100000 --micro-batch-size 1 --bf16 --no-masked-softmax-fusion --disable-bias-linear
+           --untie-embeddings-and-output-weights --position-embedding-type rope --no-rope-fusion --normalization RMSNorm
+           --swiglu --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 8
+           --group-query-attention --num-query-groups 2 --kv-channels 16 --qk-layernorm --num-experts 16
+           --moe-ffn-hidden-size 32 --moe-router-topk 8 --moe-router-dtype fp32 --moe-aux-loss-coeff 1e-3
+           --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type aux_loss --moe-layer-recompute
+           --seq-length 64 --max-position-embeddings 256 --tokenizer-type HuggingFaceTokenizer
+           --tokenizer-model ${TOKENIZER_MODEL} --make-vocab-size-divisible-by 1187 --use-mcore-models
+           --rotary-percent 1.0 --rotary-base 1000000 --rotary-seq-len-interpolation-factor 1
+           --no-bias-swiglu-fusion --attention-dropout 0.0 --hidden-dropout 0.0 --sequence-parallel
+           --global-batch-size 4 --train-iters 3 --lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --split 99,1,0
+           --eval-iters 1 --eval-interval 1000 --log-interval 1""",
+         refused=[]),
+    # The rest of Megatron's MoE functional tests (docs/launch-lines.md lists all 65 with their outcome), generated
+    # from their model_config.yaml with the sizes shrunk as above (12 layers -> one per pipeline stage, VPP 4 -> 8
+    # layers, the Et*3|(tt|)*6... layouts -> Et|(tt|)*2..., with --moe-layer-freq keeping one dense layer first).
+    dict(name="cp2_pp2_ep2_sinkhorn_nondeterministic", np=4,
+         source="moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl
+           transformer_engine --context-parallel-size 2 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+           --sequence-parallel --hidden-dropout 0.0 --attention-dropout 0.0 --num-experts 4
+           --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --no-gradient-accumulation-fusion
+           --use-mcore-models --ckpt-format torch_dist --dist-ckpt-strictness log_all --data-cache-path
+           ${DATA_CACHE_PATH} --bf16 --attention-backend flash --disable-bias-linear --no-bias-gelu-fusion
+           --log-memory-to-tensorboard --async-save --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="cp2_pp2_ep2_tp_pp_dp_mapping", np=4,
+         source="moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic_dp_last",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl
+           transformer_engine --context-parallel-size 2 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+           --sequence-parallel --hidden-dropout 0.0 --attention-dropout 0.0 --num-experts 4
+           --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --no-gradient-accumulation-fusion
+           --use-mcore-models --ckpt-format torch_dist --dist-ckpt-optim-fully-reshardable --dist-ckpt-strictness
+           log_all --data-cache-path ${DATA_CACHE_PATH} --bf16 --attention-backend flash --disable-bias-linear
+           --no-bias-gelu-fusion --log-memory-to-tensorboard --use-tp-pp-dp-mapping --async-save
+           --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp1_pp2_ep2_verify_integrity", np=4,
+         source="moe/gpt3_mcore_te_tp1_pp2_resume_torch_dist_reshard_2x1x4_te_8experts2parallel_dist_optimizer",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl
+           transformer_engine --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2
+           --expert-model-parallel-size 2 --sequence-parallel --num-experts 8 --use-distributed-optimizer
+           --moe-router-load-balancing-type sinkhorn --moe-router-topk 1 --ckpt-fully-parallel-save
+           --ckpt-fully-parallel-load --no-gradient-accumulation-fusion --attention-softmax-in-fp32
+           --use-checkpoint-opt_param-scheduler --use-mcore-models --ckpt-format torch_dist --dist-ckpt-strictness
+           log_all --data-cache-path ${DATA_CACHE_PATH} --bf16 --disable-bias-linear --no-bias-gelu-fusion
+           --log-memory-to-tensorboard --verify-integrity""",
+         refused=[]),
+    dict(name="tp2_ep4_etp1_a2a_overlap", np=4, cpu_only=COMBINED_1F1B_CPU_ONLY,
+         source="moe/gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl
+           transformer_engine --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1
+           --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --disable-bias-linear --sequence-parallel
+           --num-experts 8 --moe-router-load-balancing-type aux_loss --moe-router-topk 2 --moe-aux-loss-coeff 1e-2
+           --deterministic-mode --no-gradient-accumulation-fusion --moe-grouped-gemm --moe-token-dispatcher-type
+           alltoall --overlap-moe-expert-parallel-comm --attention-softmax-in-fp32 --use-mcore-models --ckpt-format
+           torch_dist --dist-ckpt-strictness log_all --data-cache-path ${DATA_CACHE_PATH} --bf16 --attention-backend
+           unfused --no-bias-gelu-fusion --log-memory-to-tensorboard --exit-interval 3 --async-save
+           --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp2_pp2_vpp4_ep4_mla_mtp", np=8,
+         source="moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed",
+         args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+           --num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 4 --context-parallel-size 1
+           --expert-tensor-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+           --attention-backend unfused --use-mcore-models --sequence-parallel --disable-bias-linear --micro-batch-size
+           4 --global-batch-size 32 --train-iters 3 --exit-duration-in-mins 230 --no-check-for-nan-in-loss-and-grad
+           --no-rope-fusion --cross-entropy-loss-fusion --cross-entropy-fusion-impl native --manual-gc
+           --manual-gc-interval 100 --transformer-impl transformer_engine --seq-length 64 --data-cache-path
+           ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8 --hidden-size
+           64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
+           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
+           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad
+           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style
+           cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7)
+           --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type
+           seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall --moe-router-pre-softmax
+           --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4
+           --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+           --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32
+           --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40
+           --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load
+           ${CHECKPOINT_LOAD_PATH} --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard
+           --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
+           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16
+           --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp2_pp2_vpp4_ep4_mla_mtp_fp8", np=8, cpu_only=FP8_CPU_ONLY,
+         source="moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8",
+         args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+           --num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 4 --context-parallel-size 1
+           --expert-tensor-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+           --attention-backend unfused --use-mcore-models --sequence-parallel --disable-bias-linear --micro-batch-size
+           4 --global-batch-size 32 --train-iters 3 --exit-duration-in-mins 230 --no-check-for-nan-in-loss-and-grad
+           --no-rope-fusion --cross-entropy-loss-fusion --cross-entropy-fusion-impl native --manual-gc
+           --manual-gc-interval 100 --transformer-impl transformer_engine --seq-length 64 --data-cache-path
+           ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8 --hidden-size
+           64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
+           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
+           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad
+           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style
+           cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7)
+           --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type
+           seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall --moe-router-pre-softmax
+           --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4
+           --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+           --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32
+           --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40
+           --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load
+           ${CHECKPOINT_LOAD_PATH} --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard
+           --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
+           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16
+           --fp8-format hybrid --fp8-recipe tensorwise --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp2_pp2_vpp4_ep4_attn_cudagraph", np=8, cpu_only=FP8_CPU_ONLY,
+         source="moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_resume_torch_dist_attn_cudagraph",
+         args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+           --num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 4 --context-parallel-size 1
+           --expert-tensor-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+           --attention-backend unfused --use-mcore-models --sequence-parallel --disable-bias-linear --micro-batch-size
+           4 --global-batch-size 32 --train-iters 3 --exit-duration-in-mins 230 --no-check-for-nan-in-loss-and-grad
+           --no-rope-fusion --cross-entropy-loss-fusion --cross-entropy-fusion-impl native --manual-gc
+           --manual-gc-interval 100 --transformer-impl transformer_engine --seq-length 64 --data-cache-path
+           ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8 --hidden-size
+           64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
+           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
+           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm
+           --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2
+           0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7) --moe-ffn-hidden-size 32
+           --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4
+           --moe-token-dispatcher-type alltoall --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4
+           --moe-router-group-topk 2 --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0
+           --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3
+           --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
+           --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
+           --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --save-interval 10000 --dist-ckpt-optim-fully-reshardable --init-method-std 0.02 --log-timers-to-tensorboard
+           --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
+           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --cuda-graph-impl
+           transformer_engine --cuda-graph-modules attn --cuda-graph-warmup-steps 0 --te-rng-tracker --bf16
+           --fp8-format hybrid --fp8-recipe tensorwise --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
+         refused=[("--cuda-graph-impl", "--cuda-graph-impl transformer_engine: CUDA graph capture",
+                   "--cuda-graph-impl none")]),
+    dict(name="tp2_pp2_ep4_layout_selective_recompute", np=8,
+         source="moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental",
+         args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+           --expert-model-parallel-size 4 --context-parallel-size 1 --expert-tensor-parallel-size 1
+           --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --attention-backend unfused
+           --use-mcore-models --sequence-parallel --disable-bias-linear --micro-batch-size 4 --global-batch-size 32
+           --train-iters 3 --exit-duration-in-mins 230 --no-check-for-nan-in-loss-and-grad --no-rope-fusion
+           --cross-entropy-loss-fusion --cross-entropy-fusion-impl native --manual-gc --manual-gc-interval 100
+           --recompute-granularity selective --recompute-modules layernorm mla_up_proj mlp moe_act --transformer-impl
+           transformer_engine --seq-length 64 --data-cache-path ${DATA_CACHE_PATH} --data-path
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 6
+           --moe-layer-freq ([0]*1+[1]*5) --pipeline-model-parallel-layout Et|(tt|)*2tmL --hidden-size 64
+           --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
+           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
+           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad
+           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style
+           cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 --moe-ffn-hidden-size 32
+           --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4
+           --moe-token-dispatcher-type alltoall --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4
+           --moe-router-group-topk 2 --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0
+           --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3
+           --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
+           --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
+           --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard --log-memory-to-tensorboard
+           --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard --log-throughput
+           --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16 --exit-interval 3
+           --overlap-moe-expert-parallel-comm --async-save --use-persistent-ckpt-worker""",
+         # Megatron's combined 1F1B schedule inside the pipeline: moecore overlaps there with --delay-wgrad-compute.
+         refused=[("--overlap-moe-expert-parallel-comm",
+                   "moecore runs Megatron's combined 1F1B schedule without pipeline parallelism only",
+                   "--overlap-moe-expert-parallel-comm --delay-wgrad-compute")]),
+    dict(name="tp2_pp2_ep4_layout_fine_grained_offloading", np=8,
+         source="moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_no_mtp_no_a2a_ovlp_fine_grained_offloading",
+         args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+           --expert-model-parallel-size 4 --context-parallel-size 1 --expert-tensor-parallel-size 1
+           --use-distributed-optimizer --attention-backend unfused --use-mcore-models --sequence-parallel
+           --disable-bias-linear --micro-batch-size 1 --global-batch-size 8 --train-iters 3 --exit-duration-in-mins 230
+           --no-check-for-nan-in-loss-and-grad --no-rope-fusion --manual-gc --manual-gc-interval 100
+           --recompute-granularity selective --recompute-modules layernorm mla_up_proj mlp moe_act
+           --fine-grained-activation-offloading --offload-modules expert_fc1 moe_act attn_norm mlp_norm qkv_linear
+           core_attn attn_proj --transformer-impl transformer_engine --seq-length 64 --data-cache-path
+           ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
+           --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 5
+           --moe-layer-freq ([0]*1+[1]*4) --pipeline-model-parallel-layout Et|(tt|)*2L --hidden-size 64
+           --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
+           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
+           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm
+           --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2
+           0.95 --num-experts 32 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32
+           --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall
+           --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2
+           --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid
+           --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32
+           --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8
+           --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval
+           200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH} --save-interval 10000 --init-method-std
+           0.02 --log-timers-to-tensorboard --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm
+           --log-validation-ppl-to-tensorboard --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir
+           ${TENSORBOARD_PATH} --bf16 --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp2_cp2_pp2_ep2_local", np=8,
+         source="moe/gpt3_mcore_tp2_cp2_pp2_ep2_te_4experts2parallel",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl
+           transformer_engine --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --context-parallel-size 2
+           --expert-model-parallel-size 2 --sequence-parallel --num-experts 4 --moe-router-load-balancing-type sinkhorn
+           --moe-router-topk 1 --deterministic-mode --no-gradient-accumulation-fusion --use-mcore-models --ckpt-format
+           torch_dist --dist-ckpt-optim-fully-reshardable --dist-ckpt-strictness log_all --data-cache-path
+           ${DATA_CACHE_PATH} --bf16 --attention-backend flash --disable-bias-linear --no-bias-gelu-fusion
+           --log-memory-to-tensorboard --async-save --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp4_etp2_pp2_ep2_4experts", np=8,
+         source="moe/gpt3_mcore_tp2_pp2_ep2_etp2_te_4experts2parallel",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --train-iters 3
+           --timing-log-level 0 --lr-decay-iters 320000 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
+           --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl local
+           --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+           --expert-tensor-parallel-size 2 --sequence-parallel --num-experts 4 --moe-router-load-balancing-type
+           sinkhorn --moe-router-topk 1 --deterministic-mode --no-gradient-accumulation-fusion --use-mcore-models
+           --ckpt-format torch_dist --dist-ckpt-strictness log_all --data-cache-path ${DATA_CACHE_PATH} --bf16
+           --attention-backend unfused --disable-bias-linear --no-bias-gelu-fusion --log-memory-to-tensorboard
+           --async-save --use-persistent-ckpt-worker""",
+         refused=[]),
+    dict(name="tp4_etp2_pp2_ep2_scoped_cudagraph_fp8_blockwise", np=8, cpu_only=FP8_CPU_ONLY,
+         source="moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph",
+         args="""--num-layers 5 --hidden-size 64 --num-attention-heads 4 --mtp-num-layers 1 --micro-batch-size 2
+           --global-batch-size 32 --seq-length 64 --max-position-embeddings 64 --position-embedding-type rope
+           --rotary-base 10000 --untie-embeddings-and-output-weights --disable-bias-linear --attention-dropout 0.0
+           --hidden-dropout 0.0 --train-iters 3 --lr-decay-iters 320000 --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --transformer-impl transformer_engine --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2
+           --expert-model-parallel-size 2 --expert-tensor-parallel-size 2 --pipeline-model-parallel-layout Et|(tt|)*2mL
+           --sequence-parallel --num-experts 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+           --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type global_aux_loss --moe-router-topk 2
+           --moe-router-dtype fp32 --moe-router-fusion --moe-router-enable-expert-bias --moe-router-score-function
+           sigmoid --moe-router-pre-softmax --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32
+           --moe-grouped-gemm --moe-layer-freq ([0]*1+[1]*4) --moe-permute-fusion --deterministic-mode
+           --no-gradient-accumulation-fusion --attention-softmax-in-fp32 --use-checkpoint-opt_param-scheduler
+           --use-mcore-models --bf16 --fp8-format hybrid --fp8-recipe blockwise --first-last-layers-bf16
+           --no-bias-gelu-fusion --recompute-granularity selective --recompute-modules moe_act --cuda-graph-impl
+           transformer_engine --cuda-graph-modules attn mlp moe_router moe_preprocess --log-memory-to-tensorboard
+           --log-params-norm --log-num-zeros-in-grad --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard
+           --tensorboard-dir ${TENSORBOARD_PATH} --log-interval 1 --timing-log-level 0 --save-interval 10000
+           --eval-interval 1000 --eval-iters 1 --data-path
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --data-cache-path
+           ${DATA_CACHE_PATH} --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --save ${CHECKPOINT_SAVE_PATH} --load
+           ${CHECKPOINT_LOAD_PATH} --ckpt-fully-parallel-load --ckpt-format torch_dist --ckpt-assume-constant-structure
+           --async-save --use-persistent-ckpt-worker""",
+         refused=[("--cuda-graph-impl", "--cuda-graph-impl transformer_engine: CUDA graph capture",
+                   "--cuda-graph-impl none")]),
+    dict(name="ep8_alltoall_dist_optimizer", np=8,
+         source="moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
+           --log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --tensorboard-dir ${TENSORBOARD_PATH}
+           --micro-batch-size 4 --global-batch-size 32 --seq-length 64 --max-position-embeddings 64
+           --disable-bias-linear --train-iters 3 --timing-log-level 0 --lr-decay-iters 320000 --save
+           ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH} --data-path
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --distributed-backend nccl
+           --lr 0.00015 --lr-decay-style cosine --min-lr 1e-05 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction
+           0.01 --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 1 --transformer-impl
+           transformer_engine --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1
+           --expert-model-parallel-size 8 --num-experts 8 --use-distributed-optimizer --moe-token-dispatcher-type
+           allgather --moe-router-load-balancing-type aux_loss --moe-router-topk 2 --moe-router-dtype fp32
+           --moe-ffn-hidden-size 32 --moe-grouped-gemm --ckpt-fully-parallel-load --deterministic-mode
+           --no-gradient-accumulation-fusion --attention-softmax-in-fp32 --use-checkpoint-opt_param-scheduler
+           --use-mcore-models --ckpt-format torch_dist --ckpt-assume-constant-structure --data-cache-path
+           ${DATA_CACHE_PATH} --bf16 --no-bias-gelu-fusion --log-memory-to-tensorboard --async-save --async-strategy
+           mcore --use-persistent-ckpt-worker""",
+         refused=[]),
+
+]
+
+# Lines refused whole: Megatron's MoE inference and RL functional tests (MODE inference or rl) run its inference
+# scripts or its RL loop, not pretrain_gpt.py; GPT-OSS (ModelOpt's flags, then attention sinks, sliding windows and
+# the clamped quick-GeGLU) is not built. Each must be refused before any work, naming the first flag it cannot take.
+NOT_TRAINING = [
+    dict(name="static_inference_16b_logitsmatch", np=1,
+         source="moe/gpt_static_inference_tp1_pp1_ep1_16B_logitsmatch (its MODEL_ARGS' inference flags)",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
+           --micro-batch-size 1 --bf16 --num-experts 4 --moe-router-topk 2 --temperature 1.0 --top_k 1
+           --return-log-probs --num-tokens-to-generate 30 --output-path ${TENSORBOARD_PATH}/out.json
+           --prompts "Time travel to 2008" --incoming-requests-per-sec -1""",
+         refused="--temperature is a flag of Megatron's inference scripts"),
+    dict(name="gpt_oss_20b", np=1,
+         source="MODEL_ARGS of examples/post_training/modelopt/conf/openai/gpt-oss-20b.sh (ModelOpt's GPT-OSS mode)",
+         args="""--micro-batch-size 1 --bf16 --normalization RMSNorm --num-layers 2 --hidden-size 64
+           --ffn-hidden-size 64 --num-attention-heads 8 --group-query-attention --num-query-groups 2 --kv-channels 16
+           --num-experts 8 --moe-ffn-hidden-size 64 --moe-router-topk 4 --seq-length 64 --max-position-embeddings 256
+           --export-force-local-attention --quick-geglu --glu-linear-offset 1.0 --softmax-type learnable
+           --window-attn-skip-freq 2 --enable-gpt-oss --activation-func-clamp-value 7.0 --window-size 127,0""",
+         refused="--export-force-local-attention is a flag of NVIDIA ModelOpt"),
+    dict(name="grpo_throughput", np=1,
+         source="moe/gpt_grpo_tp8tp4_pp1_ep8ep2_dp8_throughputtest (its RL flags)",
+         args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
+           --micro-batch-size 1 --global-batch-size 4 --mock-data --rl-use-sequence-packing
+           --rl-sequence-packing-algo fifo --rl-offload-optimizer-during-inference --rl-generation-lag 0
+           --grpo-group-size 2 --grpo-prompts-per-step 2 --perform-rl-step --rl-partial-rollouts""",
+         refused="reinforcement learning"),
 ]
 
 
@@ -468,8 +867,9 @@ def main():
     work = tempfile.mkdtemp(prefix="moecore_megatron_configs_")
     make_data(work)
     failures = []
-    for cfg in CONFIGS:
-        if ONLY and cfg["name"] not in ONLY:
+    k, n = (int(x) for x in PART.split("/"))
+    for i, cfg in enumerate(CONFIGS + ([] if ON_GPU else NOT_TRAINING)):
+        if (ONLY and cfg["name"] not in ONLY) or i % n != k - 1:
             continue
         if ON_GPU and cfg.get("cpu_only"):
             print(f"skip {cfg['name']:<42} {cfg['cpu_only']}", flush=True)
@@ -482,6 +882,16 @@ def main():
         os.makedirs(d)
         args = shlex.split(expand(cfg["args"], paths))
         verdict = []
+        if cfg in NOT_TRAINING:
+            rc, out, secs = run(cfg, args, os.path.join(d, "unmodified.log"))
+            if rc == 0 or cfg["refused"] not in out or re.search(r"iteration +\d+/", out):
+                failures.append(f"{cfg['name']}: not refused before any work naming '{cfg['refused']}' (rc {rc}); "
+                                f"see {d}/unmodified.log")
+                print(f"FAIL {cfg['name']} (not training)\n" + out[-3000:], flush=True)
+            else:
+                print(f"ok   {cfg['name']:<42} {cfg['source']}\n     refused naming '{cfg['refused']}' ({secs:.1f} s)",
+                      flush=True)
+            continue
         if cfg["refused"] and ON_GPU:  # the refusals are the CPU run's business; the GPU runs the replaced line
             for flag, _, replacement in cfg["refused"]:
                 args = replace_flag(args, flag, shlex.split(expand(replacement, paths)))

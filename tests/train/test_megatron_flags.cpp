@@ -144,7 +144,9 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
   EXPECT_NE(refusal({"--main-params-dtype", "fp16"}).find("(no effect in moecore only with fp32)"), std::string::npos);
   EXPECT_NE(refusal({"--wandb-project", "p"}).find("Weights & Biases"), std::string::npos);
   EXPECT_NE(refusal({"--no-save-optim"}).find("--no-load-optim"), std::string::npos);
-  EXPECT_NE(refusal({"--rl-use-sequence-packing", "true"}).find("not a GPT pretraining feature"), std::string::npos);
+  // A BooleanOptionalAction flag of Megatron is a switch (and --no-...), as argparse takes it.
+  EXPECT_NE(refusal({"--rl-use-sequence-packing"}).find("not a GPT pretraining feature"), std::string::npos);
+  EXPECT_NE(refusal({"--no-rl-use-sequence-packing"}).find("not a GPT pretraining feature"), std::string::npos);
   EXPECT_NE(refusal({"--rampup-batch-size", "4", "4", "100"}).find("batch-size rampup"), std::string::npos);
   // CUDA graphs (issue 42 item 6): capture is refused by name; the default impl and the capture's tuning flags are
   // listed without effect, as they act on nothing without a capture in Megatron too.
@@ -156,6 +158,38 @@ TEST(MegatronFlags, RefusedInTheFlagPassWithTheFeatureNamed) {
       megatron_tiny_run() + std::vector<std::string>{"--cuda-graph-impl", "none", "--cuda-graph-scope", "attn"});
   EXPECT_TRUE(has_line_for(c.no_effect, "--cuda-graph-impl none: the default"));
   EXPECT_TRUE(has_line_for(c.no_effect, "--cuda-graph-scope attn: tunes a CUDA graph capture"));
+}
+
+// Megatron's inference scripts add their own flags to its parser (megatron/inference/utils.py); a launch line of
+// theirs is refused naming the first such flag as given, and a flag nobody has is named as unknown, in order.
+TEST(MegatronFlags, InferenceScriptFlagsAndUnknownFlagsAreRefusedByName) {
+  auto refusal = [](std::vector<std::string> extra) {
+    return testing::user_error_of([&] { train::parse_flags(extra); });
+  };
+  const std::string inference = refusal({"--num-layers", "2", "--temperature", "1.0", "--prompts", "a b", "c"});
+  EXPECT_EQ(inference.rfind("moecore train: --temperature is a flag of Megatron's inference scripts", 0), 0u)
+      << inference;
+  EXPECT_NE(inference.find("moecore generate --load DIR --prompt TEXT"), std::string::npos);
+  EXPECT_EQ(refusal({"--top_k", "1"}).rfind("moecore train: --top_k is a flag of Megatron's inference", 0), 0u);
+  EXPECT_EQ(refusal({"--enable-gpt-oss"}).rfind("moecore train: --enable-gpt-oss is a flag of NVIDIA ModelOpt", 0), 0u);
+  const std::string unknown = refusal({"--hidden-size", "8", "--not-a-flag=3", "--nor-this"});
+  EXPECT_EQ(unknown.rfind("moecore train: unknown flag --not-a-flag: neither moecore's nor", 0), 0u) << unknown;
+  for (const char* f : {"rl-use-sequence-packing", "no-rl-use-sequence-packing", "inference-wandb-logging"}) {
+    ASSERT_NE(train::find_megatron_flag(f), nullptr) << f;
+    EXPECT_EQ(train::find_megatron_flag(f)->arity, train::MegatronArity::Switch) << f;
+  }
+}
+
+// Megatron divides RoPE's positions by --rotary-seq-len-interpolation-factor: 1 (Qwen3's example lines) changes
+// nothing; another factor is refused by name.
+TEST(MegatronFlags, RotaryInterpolationFactorOneHasNoEffect) {
+  const auto c = train::parse_train_config(megatron_tiny_run() +
+                                           std::vector<std::string>{"--rotary-seq-len-interpolation-factor", "1"});
+  EXPECT_TRUE(has_line_for(c.no_effect, "--rotary-seq-len-interpolation-factor 1: RoPE positions divided by 1"));
+  const std::string e = testing::user_error_of([] {
+    train::parse_flags({"--rotary-seq-len-interpolation-factor", "4"});
+  });
+  EXPECT_NE(e.find("--rotary-seq-len-interpolation-factor 4: RoPE position interpolation"), std::string::npos) << e;
 }
 
 TEST(MegatronFlags, MegatronsCkptFormatsSelectMoecoresOwnAndAreListedWithTheWayOver) {

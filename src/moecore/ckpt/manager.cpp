@@ -127,6 +127,7 @@ void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::
         st["files"][name] = fmt::format("{:016x}", XXH3_64bits(content.data(), content.size()));
       write_file_durable(tmp + "/" + kStateFile, metadata_text(st));
       for (const auto& [name, content] : extra_files) write_file_durable(tmp + "/" + name, content);
+      if (p.integrity) write_integrity_manifest(tmp);
       fsync_dir(tmp);
     } catch (const Error&) {
       std::error_code ec;
@@ -155,9 +156,11 @@ void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::
 
 std::string save_checkpoint(const std::string& root, int64_t iteration, const std::vector<StoredTensor>& mine,
                             const nlohmann::json& state, const comm::ProcessGroup* world,
-                            const std::vector<std::pair<std::string, std::string>>& extra_files, SaveFault fault) {
+                            const std::vector<std::pair<std::string, std::string>>& extra_files, SaveFault fault,
+                            bool integrity) {
   const int64_t rank = world ? world->rank() : 0;
-  const PendingSave p = begin_save(root, iteration, world);
+  PendingSave p = begin_save(root, iteration, world);
+  p.integrity = integrity;
   try {
     write_rank_files(p, rank, mine, fault);
   } catch (const Error&) {
@@ -166,6 +169,63 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
   }
   commit_save(p, state, world, extra_files);
   return p.final_dir;
+}
+
+namespace {
+// The XXH3-64 of a file's bytes, in hex, read in pieces.
+std::string file_hash(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  MOE_CHECK(f != nullptr, "{}: cannot read it: {}", path, std::strerror(errno));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(1 << 20);
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) XXH3_64bits_update(st, buf.data(), n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  MOE_CHECK(!failed, "{}: read error", path);
+  return fmt::format("{:016x}", h);
+}
+}  // namespace
+
+void write_integrity_manifest(const std::string& dir) {
+  nlohmann::json files = nlohmann::json::object();
+  std::vector<std::string> names;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) names.push_back(fs::relative(e.path(), dir).string());
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names)
+    if (n != kIntegrityFile) files[n] = file_hash(dir + "/" + n);
+  write_file_durable(dir + "/" + kIntegrityFile,
+                     nlohmann::json{{"algorithm", "xxh3_64"}, {"files", files}}.dump(2) + "\n");
+}
+
+void verify_integrity_manifest(const std::string& dir) {
+  const std::string path = dir + "/" + kIntegrityFile;
+  MOE_CHECK(fs::exists(path),
+            "--verify-integrity: integrity manifest not found at {}; the checkpoint must be saved with "
+            "--verify-integrity before it can be verified on load (drop the flag to load it unverified)",
+            path);
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(moecore::read_file(path, "integrity manifest"));
+  } catch (const nlohmann::json::exception& e) {
+    MOE_CHECK(false, "--verify-integrity: {} is not valid JSON: {}", path, e.what());
+  }
+  MOE_CHECK(m.is_object() && m.value("algorithm", "") == "xxh3_64" && m.contains("files") && m["files"].is_object(),
+            "--verify-integrity: {} is not an integrity manifest (algorithm xxh3_64 and a files object)", path);
+  std::vector<std::string> bad;
+  for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {
+    const std::string f = dir + "/" + it.key();
+    if (!fs::is_regular_file(f))
+      bad.push_back(fmt::format("{}: file missing", it.key()));
+    else if (!it.value().is_string() || file_hash(f) != it.value().get<std::string>())
+      bad.push_back(fmt::format("{}: hash mismatch", it.key()));
+  }
+  MOE_CHECK(bad.empty(), "--verify-integrity: checkpoint integrity verification failed for {} file(s) in {}: {}",
+            bad.size(), dir, fmt::join(bad, "; "));
 }
 
 void delete_checkpoints(const std::string& root, const std::vector<int64_t>& iterations) {

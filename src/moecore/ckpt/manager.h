@@ -41,7 +41,7 @@ struct SaveFault {
 std::string save_checkpoint(const std::string& root, int64_t iteration, const std::vector<StoredTensor>& mine,
                             const nlohmann::json& state, const comm::ProcessGroup* world,
                             const std::vector<std::pair<std::string, std::string>>& extra_files = {},
-                            SaveFault fault = {});
+                            SaveFault fault = {}, bool integrity = false);
 
 // The same in phases, for asynchronous saves: begin_save (collective: rank 0 creates the temporary directory),
 // write_rank_files (this rank's shards and index fragment, fsynced; no communication, so any thread may run it),
@@ -50,6 +50,7 @@ std::string save_checkpoint(const std::string& root, int64_t iteration, const st
 struct PendingSave {
   std::string root, tmp, final_dir;
   int64_t iteration = 0;
+  bool integrity = false;  // --verify-integrity: commit_save writes the integrity manifest last
 };
 PendingSave begin_save(const std::string& root, int64_t iteration, const comm::ProcessGroup* world);
 void write_rank_files(const PendingSave& p, int64_t rank, const std::vector<StoredTensor>& mine, SaveFault fault);
@@ -57,6 +58,14 @@ void write_rank_files(const PendingSave& p, int64_t rank, const std::vector<Stor
 void commit_save(const PendingSave& p, const nlohmann::json& state, const comm::ProcessGroup* world,
                  const std::vector<std::pair<std::string, std::string>>& extra_files, int64_t fragments = 0);
 void abandon_save(const PendingSave& p, int64_t rank);
+
+// Megatron's --verify-integrity: integrity.json lists every other file of a checkpoint directory (relative path)
+// with a hash of its bytes (XXH3-64 here, SHA-256 in Megatron), written by rank 0 as the save's last file. Verifying
+// re-hashes each listed file and throws naming the missing or changed ones, or the manifest itself when the
+// checkpoint was saved without it.
+inline constexpr const char* kIntegrityFile = "integrity.json";
+void write_integrity_manifest(const std::string& dir);
+void verify_integrity_manifest(const std::string& dir);
 
 // Deletes the checkpoints iter_N of `root` for N in `iterations` (one rank calls it): each directory is renamed
 // to iter_N.deleted first, so a crash mid-deletion leaves nothing that looks like a checkpoint. Symbolic links

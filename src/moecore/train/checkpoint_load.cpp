@@ -319,6 +319,8 @@ std::string load_at_start(const CheckpointedState& state, StartPoint& start, Pro
 StartPoint find_start_point(const TrainConfig& c, const comm::ProcessGroup* world) {
   StartPoint s;
   if (!c.load.empty()) s.checkpoint = ckpt::find_checkpoint(c.load, c.ckpt_step);
+  // --verify-integrity: every rank re-hashes the files, so the refusal comes identically on each before any work.
+  if (s.checkpoint && c.verify_integrity) ckpt::verify_integrity_manifest(s.checkpoint->dir);
   if (!c.save.empty()) {
     // Before anything is built: a save must never replace complete checkpoints this run did not load. Upcycling
     // resumes from --save once that holds its checkpoint.

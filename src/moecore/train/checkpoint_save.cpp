@@ -196,6 +196,7 @@ std::string CheckpointSaver::save(const Progress& prog) {
     a->bytes = total.item(0);
     a->started = t0;
     a->pending = ckpt::begin_save(c_.save, prog.iteration, g_.world.get());
+    a->pending.integrity = c_.verify_integrity;
     const int64_t rank = g_.world_rank;
     AsyncSave* raw = a.get();
     a->writer = std::thread([raw, rank, fault] {
@@ -213,8 +214,8 @@ std::string CheckpointSaver::save(const Progress& prog) {
     last_saved_ = prog.iteration;
     return async_->pending.final_dir;
   }
-  const std::string dir =
-      ckpt::save_checkpoint(c_.save, prog.iteration, mine, train_state(prog), g_.world.get(), extra, fault);
+  const std::string dir = ckpt::save_checkpoint(c_.save, prog.iteration, mine, train_state(prog), g_.world.get(), extra,
+                                                fault, c_.verify_integrity);
   const double secs = now_seconds() - t0;
   fmt::print(out_, " saved checkpoint at iteration {} to {} ({} in {:.2f} s)\n", prog.iteration, dir,
              human_bytes(total.item(0)), secs);

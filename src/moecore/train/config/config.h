@@ -222,6 +222,7 @@ struct TrainConfig {
   int64_t save_retain_interval{};               // 0: off (Megatron's None)
   int64_t keep_last_checkpoints{};              // 0: off (moecore's own)
   bool async_save{};
+  bool verify_integrity{};  // Megatron's: an integrity manifest written with each save, verified on load
 
   // Bookkeeping of resolve(), not flags: the flags resolve_defaults derived with their values (the next
   // resolve_defaults derives those still holding them anew), and a fingerprint of the values resolve() validated

@@ -56,6 +56,11 @@ void validate_checkpointing(const TrainConfig& c) {
     MOE_CHECK(c.save_retain_interval % c.save_interval == 0,
               "--save-retain-interval {} must be a multiple of --save-interval {} (as Megatron requires)",
               c.save_retain_interval, c.save_interval);
+  // Megatron's CheckpointingConfig: the integrity manifest belongs to torch_dist, its default format ("moecore" here).
+  MOE_CHECK(!c.verify_integrity || c.ckpt_format == "torch_dist" || c.ckpt_format == "moecore",
+            "`verify_integrity` is only supported with torch_dist checkpoint format (Megatron's rule), not "
+            "--ckpt-format {}: drop --verify-integrity or use --ckpt-format torch_dist",
+            c.ckpt_format);
   check_testing_faults(c);
 }
 

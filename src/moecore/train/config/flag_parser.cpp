@@ -99,6 +99,96 @@ std::vector<std::string> take_megatron_flags(const std::vector<std::string>& arg
   return rest;
 }
 
+// The flags of Megatron's inference scripts (megatron/inference/utils.py add_inference_args, which
+// examples/inference/gpt/gpt_{static,dynamic}_inference.py add to Megatron's parser; pretrain_gpt.py does not).
+bool inference_script_flag(const std::string& name) {
+  static const char* const names[] = {"batch-boundaries",
+                                      "coordinator-schedule-output-path",
+                                      "drain-between-batches",
+                                      "incoming-requests-duration",
+                                      "incoming-requests-per-sec",
+                                      "incoming-requests-per-step",
+                                      "inference-ckpt-non-strict",
+                                      "inference-repeat-n",
+                                      "model-provider",
+                                      "moe-routing-trace-max-inference-steps",
+                                      "no-record-throughput",
+                                      "num-tokens-from-file",
+                                      "num-tokens-to-generate",
+                                      "num-tokens-to-prompt",
+                                      "output-every-n-results",
+                                      "output-path",
+                                      "output-request-events",
+                                      "prompt-file",
+                                      "prompt-file-num-truncate",
+                                      "prompts",
+                                      "return-log-probs",
+                                      "skip-prompt-log-probs",
+                                      "stop-words",
+                                      "suspend-resume-interval",
+                                      "suspend-timeout",
+                                      "temperature",
+                                      "termination-id",
+                                      "throughput-check-only",
+                                      "top-n-logprobs",
+                                      "top_k",
+                                      "top_p",
+                                      "use-flashinfer-fused-rope"};
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
+// NVIDIA ModelOpt's flags (megatron/post_training/arguments.py add_modelopt_args), which pretrain_gpt.py adds to
+// its parser only when modelopt is installed (GPT-OSS's --enable-gpt-oss among them).
+bool modelopt_flag(const std::string& name) {
+  static const char* const names[] = {"enable-gpt-oss",
+                                      "export-default-te-spec",
+                                      "export-force-local-attention",
+                                      "export-kd-cfg",
+                                      "export-kd-teacher-ckpt-format",
+                                      "export-kd-teacher-load",
+                                      "export-kd-teacher-model-config",
+                                      "export-kv-cache-quant",
+                                      "export-legacy-megatron",
+                                      "export-model-type",
+                                      "export-moe-apply-probs-on-input",
+                                      "export-offline-model",
+                                      "export-qk-l2-norm",
+                                      "export-quant-cfg",
+                                      "export-real-quant-cfg",
+                                      "export-te-mcore-model",
+                                      "finetune-data-files",
+                                      "finetune-data-split",
+                                      "finetune-hf-dataset",
+                                      "freeze-base-for-mtp",
+                                      "modelopt-enabled",
+                                      "qad-train-target"};
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
+// A flag neither in the table nor Megatron's (those were taken out before), named in the order given: CLI11 would
+// list the leftover arguments reversed, values and all.
+void refuse_unknown_flags(const std::vector<std::string>& rest) {
+  for (const std::string& a : rest) {
+    if (a.rfind("--", 0) != 0 || a == "--") continue;
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    if (find_flag(name) || name == "config" || name == "help") continue;
+    MOE_CHECK(!inference_script_flag(name),
+              "moecore train: --{} is a flag of Megatron's inference scripts (megatron/inference/utils.py, "
+              "examples/inference/gpt/), not of its training (pretrain_gpt.py): moecore train trains; to continue "
+              "prompts with a trained checkpoint run `moecore generate --load DIR --prompt TEXT`",
+              name);
+    MOE_CHECK(!modelopt_flag(name),
+              "moecore train: --{} is a flag of NVIDIA ModelOpt (megatron/post_training/arguments.py), which "
+              "pretrain_gpt.py takes only with modelopt installed: ModelOpt's export, quantization, distillation and "
+              "GPT-OSS modes are not supported by moecore; drop the flag",
+              name);
+    MOE_CHECK(false,
+              "moecore train: unknown flag --{}: neither moecore's nor one of Megatron-LM's pretrain_gpt.py (see "
+              "moecore train --help and moecore flags)",
+              name);
+  }
+}
+
 }  // namespace
 
 ParsedFlags parse_flags(const std::vector<std::string>& args) {
@@ -158,6 +248,7 @@ ParsedFlags parse_flags(const std::vector<std::string>& args) {
       if (fixed[i].rfind(opt_eq, 0) == 0) fixed[i] = opt_eq + " " + fixed[i].substr(opt_eq.size());
     }
   }
+  refuse_unknown_flags(rest);
   std::vector<std::string> rev(fixed.rbegin(), fixed.rend());
   try {
     app.parse(rev);

@@ -490,8 +490,7 @@ std::vector<FlagSpec> build_flag_table() {
        {"load", &C::load, "",
         "Checkpoint root (its latest iteration) or iteration directory to resume; none there: start from scratch"},
        {"ckpt-step", &C::ckpt_step, -1,
-        "Load iteration N of --load (its iter_NNNNNNN directory) instead of the one its marker names (-1: the "
-        "marker's)",
+        "Load iteration N of --load (its iter_NNNNNNN directory), not the one its marker names (-1: the marker's)",
         kNoRole, at_least(-1)},
        {"finetune", &C::finetune, false,
         "Load only the model weights from --load: iteration, optimizer, RNG and data position start afresh"},
@@ -535,15 +534,16 @@ std::vector<FlagSpec> build_flag_table() {
         "Save (with --save) and exit once this many minutes have passed since the process started (0: off)", kNoRole,
         at_least(0)},
        {"save-retain-interval", &C::save_retain_interval, 0,
-        "After each save, delete this run's older checkpoints except those at iterations divisible by this (0: "
-        "keep all)",
+        "After each save, delete this run's older checkpoints but those at iterations divisible by it (0: keep all)",
         kNoRole, at_least(0)},
        {"keep-last-checkpoints", &C::keep_last_checkpoints, 0,
         "moecore: after each save, keep only the newest K checkpoints this run wrote (0: keep all)", kNoRole,
         at_least(0)},
        {"async-save", &C::async_save, false,
         "Write checkpoints in a background thread while training goes on; the marker moves once every rank's "
-        "files are complete"}});
+        "files are complete"},
+       {"verify-integrity", &C::verify_integrity, false,
+        "Each save hashes its files into integrity.json; a load verifies them (missing or changed: an error)"}});
   return t;
 }
 

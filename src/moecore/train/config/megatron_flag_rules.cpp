@@ -123,10 +123,10 @@ std::vector<FlagRule> build_rules() {
   r.push_back(refused(
       unsupported("non-persistent (local or in-memory) checkpointing", "use --save and --save-interval"),
       {"persistent-save-interval", "replication", "replication-factor", "replication-jump"}, {"non-persistent-"}));
-  r.push_back(refused(
-      unsupported("this checkpoint option", "use --load with --finetune, --no-load-optim, --no-load-rng"),
-      {"pretrained-checkpoint", "load-main-params-from-ckpt", "override-ckpt-iteration",
-       "use-mp-args-from-checkpoint-args", "exit-on-missing-checkpoint", "verify-integrity", "no-initialization"}));
+  r.push_back(
+      refused(unsupported("this checkpoint option", "use --load with --finetune, --no-load-optim, --no-load-rng"),
+              {"pretrained-checkpoint", "load-main-params-from-ckpt", "override-ckpt-iteration",
+               "use-mp-args-from-checkpoint-args", "exit-on-missing-checkpoint", "no-initialization"}));
   r.push_back(
       no_effect("moecore's --use-checkpoint-args never takes --tokenizer-model from the checkpoint",
                 {"disable-use-tokenizer-model-from-checkpoint-args", "no-use-tokenizer-model-from-checkpoint-args"}));

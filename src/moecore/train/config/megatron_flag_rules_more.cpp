@@ -223,7 +223,6 @@ void model_features(std::vector<FlagRule>& r) {
                        "init-method-xavier-uniform",
                        "embedding-init-method-std",
                        "rotary-interleaved",
-                       "rotary-seq-len-interpolation-factor",
                        "use-rope-scaling",
                        "mrope-section",
                        "no-rope-freq",
@@ -237,6 +236,10 @@ void model_features(std::vector<FlagRule>& r) {
                        "qk-clip-threshold",
                        "use-mup"},
                       {"mhc-", "mup-", "no-yarn-"}));
+  // Megatron's RotaryEmbedding divides the positions by the factor (Qwen3's example lines pass 1).
+  r.push_back(no_effect_for(
+      {"rotary-seq-len-interpolation-factor"}, {"1"}, "RoPE positions divided by 1: unchanged",
+      unsupported("RoPE position interpolation (positions divided by the factor)", "drop the flag or pass 1")));
   r.push_back(
       no_effect("Megatron's default: YaRN's correction range rounded to whole channels, as moecore's MLA "
                 "computes it",
@@ -274,14 +277,14 @@ void not_gpt_pretraining(std::vector<FlagRule>& r) {
                        "encoder-num-layers", "decoder-num-layers", "encoder-seq-length", "decoder-seq-length"},
                       {"ict-", "biencoder-", "retriever-", "indexer-"}));
   r.push_back(refused(not_gpt("RETRO"), {}, {"retro-"}));
-  r.push_back(
-      refused(not_gpt("reinforcement learning"), {"perform-rl-step", "refit-method"}, {"rl-", "grpo-", "langrl-"}));
+  r.push_back(refused(not_gpt("reinforcement learning"), {"perform-rl-step", "refit-method"},
+                      {"rl-", "grpo-", "langrl-", "no-rl-", "no-langrl-"}));
   r.push_back(refused(
       not_gpt("inference serving"),
       {"flash-decode", "enable-chunked-prefill", "disable-chunked-prefill", "num-speculative-tokens",
        "use-legacy-static-engine", "decode-only-cuda-graphs", "mlp-chunks-for-prefill", "nccl-all-reduce-for-prefill",
        "max-tokens-to-oom", "moe-pad-experts-for-cuda-graph-inference", "use-same-sampling-seed-across-dp-ranks"},
-      {"inference-"}));
+      {"inference-", "no-inference-"}));
   r.push_back(refused(not_gpt("supervised fine-tuning (SFT)"), {"sft", "sft-tokenizer-prompt-format"}));
   r.push_back(refused(not_gpt("knowledge distillation"), {}, {"logits-"}));
 }
