@@ -345,13 +345,14 @@ Tensor GroupedExperts::backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R
   return from_padded(dx, counts, align, {R, H}, st.padded_io);
 }
 
-void GroupedExperts::backward_wgrad(Stash& st) {
+void GroupedExperts::backward_wgrad(Stash& st, const std::function<void()>& between) {
   if (!st.wgrad.pending) return;
   TimerScope timer("moe-expert-compute", 2);
   Stash::DeferredWgrad& w = st.wgrad;
   // The fc2 then fc1 weight gradients backward would have run (every expert's slice of the gradient is its own, so
   // the order across experts and projections changes no bit).
   kernels::grouped_gemm_wgrad(w.dy, w.a, fc2_->grad, st.row_begin, st.block_rows, w.beta2);
+  if (between) between();
   kernels::grouped_gemm_wgrad(w.dh, w.x, fc1_->grad, st.row_begin, st.block_rows, w.beta1);
   w = Stash::DeferredWgrad();
 }

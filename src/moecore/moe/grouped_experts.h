@@ -8,6 +8,7 @@
 // alignment (the CPU's 32; none on a GPU).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,8 +72,9 @@ class GroupedExperts {
   // --delay-wgrad-compute) only the data gradients: the weight-gradient GEMMs wait in st.wgrad for backward_wgrad,
   // so the dispatcher's backward all-to-all can run beside them; the same GEMMs on the same operands either way.
   Tensor backward(const Tensor& dy_RH, Stash& st, Tensor& dprobs_R, bool defer_wgrad = false);
-  // The deferred weight-gradient GEMMs of the last backward(defer_wgrad); nothing if none is pending.
-  void backward_wgrad(Stash& st);
+  // The deferred weight-gradient GEMMs of the last backward(defer_wgrad); nothing if none is pending. `between`
+  // runs between the fc2 and fc1 GEMMs (the layer lets the host transport progress the exchange in flight there).
+  void backward_wgrad(Stash& st, const std::function<void()>& between = {});
 
   nn::Parameter& fc1() { return *fc1_; }
   nn::Parameter& fc2() { return *fc2_; }

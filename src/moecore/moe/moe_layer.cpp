@@ -234,7 +234,9 @@ Tensor MoELayer::backward(const Tensor& dy_SBH, nn::FeedForward::Stash& base) {
   Tensor dx, dprobs_TK;
   TokenDispatcher::PendingBackward pending;
   dispatcher_->dispatch_backward_start(dx_RH, dprobs_R, st.plan, pending);
-  if (overlap) experts_.backward_wgrad(st.experts);
+  // MPI moves a large message only inside MPI calls (no progress thread): one test between the two GEMMs lets the
+  // exchange advance while they run.
+  if (overlap) experts_.backward_wgrad(st.experts, [&] { pending.progress(); });
   const bool dispatch_backward = posted(pending.dx_work.pending(), nn::A2A::DispatchBackward);
   nn::SubSteps::boundary(name_, "dispatch-backward wait + router + attention backward");
   dispatcher_->dispatch_backward_finish(pending, st.plan, cfg_.router.router_dtype, dx, dprobs_TK);

@@ -77,6 +77,10 @@ class TokenDispatcher {
     Tensor dx_local, dp_local;    // the exchange's receive buffers (rows back at their tokens' ranks)
     Tensor dx_send, dp_send;      // its send buffers, alive until it completes
     comm::Work dx_work, dp_work;  // the exchange in flight
+    void progress() {             // lets the host transport advance the exchange (completes nothing early)
+      dx_work.test();
+      dp_work.test();
+    }
   };
   virtual void dispatch_backward_start(const Tensor& dx_RH, const Tensor& dprobs_R, const DispatchPlan& plan,
                                        PendingBackward& p);
