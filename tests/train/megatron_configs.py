@@ -614,10 +614,8 @@ CONFIGS = [
            --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard --log-throughput
            --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16 --exit-interval 3
            --overlap-moe-expert-parallel-comm --async-save --use-persistent-ckpt-worker""",
-         # Megatron's combined 1F1B schedule inside the pipeline: moecore overlaps there with --delay-wgrad-compute.
-         refused=[("--overlap-moe-expert-parallel-comm",
-                   "moecore runs Megatron's combined 1F1B schedule without pipeline parallelism only",
-                   "--overlap-moe-expert-parallel-comm --delay-wgrad-compute")]),
+         # Megatron's combined 1F1B schedule inside the interleaved pipeline (the layout's 4 stages on PP 2).
+         cpu_only=COMBINED_1F1B_CPU_ONLY, refused=[]),
     dict(name="tp2_pp2_ep4_layout_fine_grained_offloading", np=8,
          source="moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_no_mtp_no_a2a_ovlp_fine_grained_offloading",
          args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
