@@ -95,6 +95,21 @@ DEEPSEEK_PROXY_FSDP = """
 --log-throughput --log-interval 1 --logging-level 10 --tensorboard-dir ${TENSORBOARD_PATH} --exit-interval 3
 """
 
+# The MLA/MTP proxy model of the tp2_pp2_ep4 functional tests (shrunk as the lines around them are): its sizes and
+# attention, then its MoE and routing, the same words in each of those lines.
+MLA_PROXY_MODEL = """--hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16
+           --max-position-embeddings 64 --position-embedding-type rope --rotary-base 10000
+           --make-vocab-size-divisible-by 3232 --normalization RMSNorm --norm-epsilon 1e-6 --swiglu
+           --untie-embeddings-and-output-weights --multi-latent-attention """
+MLA_PROXY_MOE = """--moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32
+           --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall
+           --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2
+           --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid
+           --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32
+           --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8
+           --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval
+           200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH} --save-interval 10000 """
+
 # Megatron FSDP trains on the CPU only for now: with --on-gpu these lines are skipped, saying so.
 FSDP_CPU_ONLY = "--use-megatron-fsdp is refused on the GPU (train/config/device_support.cpp)"
 FP16_CPU_ONLY = "--fp16 is refused on the GPU (train/config/device_support.cpp)"
@@ -502,21 +517,11 @@ CONFIGS = [
            --manual-gc-interval 100 --transformer-impl transformer_engine --seq-length 64 --data-cache-path
            ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
            --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
-           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8 --hidden-size
-           64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
-           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
-           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
-           --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad
-           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style
-           cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7)
-           --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type
-           seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall --moe-router-pre-softmax
-           --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4
-           --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
-           --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32
-           --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40
-           --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load
-           ${CHECKPOINT_LOAD_PATH} --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8
+           """ + MLA_PROXY_MODEL + """ --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0
+           --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr
+           0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32
+           --moe-layer-freq ([0]*1+[1]*7) """ + MLA_PROXY_MOE + """ --init-method-std 0.02 --log-timers-to-tensorboard
            --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
            --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16
            --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
@@ -532,21 +537,11 @@ CONFIGS = [
            --manual-gc-interval 100 --transformer-impl transformer_engine --seq-length 64 --data-cache-path
            ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
            --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
-           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8 --hidden-size
-           64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
-           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
-           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
-           --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad
-           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style
-           cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7)
-           --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type
-           seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall --moe-router-pre-softmax
-           --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4
-           --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
-           --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32
-           --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40
-           --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load
-           ${CHECKPOINT_LOAD_PATH} --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8
+           """ + MLA_PROXY_MODEL + """ --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0
+           --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr
+           0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32
+           --moe-layer-freq ([0]*1+[1]*7) """ + MLA_PROXY_MOE + """ --init-method-std 0.02 --log-timers-to-tensorboard
            --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
            --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16
            --fp8-format hybrid --fp8-recipe tensorwise --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
@@ -562,25 +557,16 @@ CONFIGS = [
            --manual-gc-interval 100 --transformer-impl transformer_engine --seq-length 64 --data-cache-path
            ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
            --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
-           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8 --hidden-size
-           64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
-           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
-           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
-           --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm
-           --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2
-           0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7) --moe-ffn-hidden-size 32
-           --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4
-           --moe-token-dispatcher-type alltoall --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4
-           --moe-router-group-topk 2 --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0
-           --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3
-           --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
-           --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
-           --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
-           --save-interval 10000 --dist-ckpt-optim-fully-reshardable --init-method-std 0.02 --log-timers-to-tensorboard
+           ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 8
+           """ + MLA_PROXY_MODEL + """ --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1
+           --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1
+           0.9 --adam-beta2 0.95 --num-experts 32 --moe-layer-freq ([0]*1+[1]*7) """ + MLA_PROXY_MOE + """
+           --dist-ckpt-optim-fully-reshardable --init-method-std 0.02 --log-timers-to-tensorboard
            --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
-           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --cuda-graph-impl
-           transformer_engine --cuda-graph-modules attn --cuda-graph-warmup-steps 0 --te-rng-tracker --bf16
-           --fp8-format hybrid --fp8-recipe tensorwise --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
+           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH}
+           --cuda-graph-impl transformer_engine --cuda-graph-modules attn --cuda-graph-warmup-steps 0 --te-rng-tracker
+           --bf16 --fp8-format hybrid --fp8-recipe tensorwise --exit-interval 3 --async-save
+           --use-persistent-ckpt-worker""",
          refused=[("--cuda-graph-impl", "--cuda-graph-impl transformer_engine: CUDA graph capture",
                    "--cuda-graph-impl none")]),
     dict(name="tp2_pp2_ep4_layout_selective_recompute", np=8,
@@ -596,24 +582,14 @@ CONFIGS = [
            ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document --vocab-file
            ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
            ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 6
-           --moe-layer-freq ([0]*1+[1]*5) --pipeline-model-parallel-layout Et|(tt|)*2tmL --hidden-size 64
-           --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
-           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
-           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --moe-layer-freq ([0]*1+[1]*5) --pipeline-model-parallel-layout Et|(tt|)*2tmL """ + MLA_PROXY_MODEL + """
            --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad
-           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style
-           cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 --moe-ffn-hidden-size 32
-           --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4
-           --moe-token-dispatcher-type alltoall --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4
-           --moe-router-group-topk 2 --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0
-           --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3
-           --moe-router-dtype fp32 --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16
-           --qk-pos-emb-head-dim 8 --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
-           --eval-iters 1 --eval-interval 200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH}
-           --save-interval 10000 --init-method-std 0.02 --log-timers-to-tensorboard --log-memory-to-tensorboard
-           --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard --log-throughput
-           --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16 --exit-interval 3
-           --overlap-moe-expert-parallel-comm --async-save --use-persistent-ckpt-worker""",
+           1.0 --weight-decay 0.1 --qk-layernorm --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05
+           --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 32 """ + MLA_PROXY_MOE + """
+           --init-method-std 0.02 --log-timers-to-tensorboard --log-memory-to-tensorboard --log-num-zeros-in-grad
+           --log-params-norm --log-validation-ppl-to-tensorboard --log-throughput --log-interval 1 --logging-level 40
+           --tensorboard-dir ${TENSORBOARD_PATH} --bf16 --exit-interval 3 --overlap-moe-expert-parallel-comm
+           --async-save --use-persistent-ckpt-worker""",
          # Megatron's combined 1F1B schedule inside the interleaved pipeline (the layout's 4 stages on PP 2).
          cpu_only=COMBINED_1F1B_CPU_ONLY, refused=[]),
     dict(name="tp2_pp2_ep4_layout_fine_grained_offloading", np=8,
@@ -621,31 +597,21 @@ CONFIGS = [
          args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
            --expert-model-parallel-size 4 --context-parallel-size 1 --expert-tensor-parallel-size 1
            --use-distributed-optimizer --attention-backend unfused --use-mcore-models --sequence-parallel
-           --disable-bias-linear --micro-batch-size 1 --global-batch-size 8 --train-iters 3 --exit-duration-in-mins 230
-           --no-check-for-nan-in-loss-and-grad --no-rope-fusion --manual-gc --manual-gc-interval 100
+           --disable-bias-linear --micro-batch-size 1 --global-batch-size 8 --train-iters 3 --exit-duration-in-mins
+           230 --no-check-for-nan-in-loss-and-grad --no-rope-fusion --manual-gc --manual-gc-interval 100
            --recompute-granularity selective --recompute-modules layernorm mla_up_proj mlp moe_act
            --fine-grained-activation-offloading --offload-modules expert_fc1 moe_act attn_norm mlp_norm qkv_linear
            core_attn attn_proj --transformer-impl transformer_engine --seq-length 64 --data-cache-path
            ${DATA_CACHE_PATH} --data-path ${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document
            --vocab-file ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json --merge-file
            ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --split 949,50,1 --num-layers 5
-           --moe-layer-freq ([0]*1+[1]*4) --pipeline-model-parallel-layout Et|(tt|)*2L --hidden-size 64
-           --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 64
-           --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 3232 --normalization
-           RMSNorm --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention
+           --moe-layer-freq ([0]*1+[1]*4) --pipeline-model-parallel-layout Et|(tt|)*2L """ + MLA_PROXY_MODEL + """
            --attention-dropout 0.0 --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm
            --lr-warmup-fraction 0.01 --lr 0.00015 --min-lr 1e-05 --lr-decay-style cosine --adam-beta1 0.9 --adam-beta2
-           0.95 --num-experts 32 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32
-           --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4 --moe-token-dispatcher-type alltoall
-           --moe-router-pre-softmax --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2
-           --moe-router-num-groups 4 --moe-router-topk-scaling-factor 2.0 --moe-router-score-function sigmoid
-           --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32
-           --moe-permute-fusion --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8
-           --v-head-dim 16 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0 --eval-iters 1 --eval-interval
-           200 --save ${CHECKPOINT_SAVE_PATH} --load ${CHECKPOINT_LOAD_PATH} --save-interval 10000 --init-method-std
-           0.02 --log-timers-to-tensorboard --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm
-           --log-validation-ppl-to-tensorboard --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir
-           ${TENSORBOARD_PATH} --bf16 --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
+           0.95 --num-experts 32 """ + MLA_PROXY_MOE + """ --init-method-std 0.02 --log-timers-to-tensorboard
+           --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm --log-validation-ppl-to-tensorboard
+           --log-throughput --log-interval 1 --logging-level 40 --tensorboard-dir ${TENSORBOARD_PATH} --bf16
+           --exit-interval 3 --async-save --use-persistent-ckpt-worker""",
          refused=[]),
     dict(name="tp2_cp2_pp2_ep2_local", np=8,
          source="moe/gpt3_mcore_tp2_cp2_pp2_ep2_te_4experts2parallel",
