@@ -18,9 +18,6 @@ int64_t words(int64_t bytes) {
 uint8_t* bytes_of(Tensor& t) {
   return reinterpret_cast<uint8_t*>(t.data<int32_t>());
 }
-const uint8_t* bytes_of(const Tensor& t) {
-  return reinterpret_cast<const uint8_t*>(t.data<int32_t>());
-}
 // `len` bytes from each rank of g (its words in `mine`), one after another in rank order.
 Tensor gather_bytes(const comm::ProcessGroup& g, const Tensor& mine, int64_t len) {
   Tensor all = Tensor::empty({mine.numel() * g.size()}, DType::I32);

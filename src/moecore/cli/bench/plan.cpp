@@ -309,7 +309,7 @@ void run_bench_plan(const TrainBenchArgs& a) {
 BenchCommand add_plan_bench(CLI::App& bench) {
   return add_training_bench(bench, "plan",
                             "the step-time model of moecore plan --plan-gpu against bench train's measured step",
-                            TrainBenchArgs{.repeats = 1}, run_bench_plan);
+                            TrainBenchArgs{.repeats = 1, .train_flags = {}}, run_bench_plan);
 }
 
 }  // namespace moecore::cli
