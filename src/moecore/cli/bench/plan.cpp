@@ -143,6 +143,20 @@ train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::P
           median_of(3, [&] { kernels::cross_entropy_backward(dloss, logits, targets, lse, grad, 0); });
     }
   }
+  // The output layer's GEMMs at their shape, bf16 as training runs them: logits = x·Wᵀ, then dx = dlogits·W and
+  // dW = dlogitsᵀ·x. A [tokens, V] product runs at its own rate, not the projections' (long N; K = V for dx).
+  {
+    const int64_t M = c.seq_length * c.micro_batch_size / l.cp, H = c.hidden_size, V = vocab / l.tp;
+    const Tensor x = random({M, H}, 10), w = random({V, H}, 11), dl = random({M, V}, 12);
+    Tensor y = Tensor::empty({M, V}, DType::F32), dx = Tensor::empty({M, H}, DType::F32),
+           dw = Tensor::empty({V, H}, DType::F32);
+    world.barrier();
+    s.output_layer_fwd_seconds = median_of(3, [&] { kernels::gemm(x, false, w, true, y); });
+    s.output_layer_bwd_seconds = median_of(3, [&] {
+      kernels::gemm(dl, false, w, false, dx);
+      kernels::gemm(dl, true, x, false, dw);
+    });
+  }
   // Streaming copy: 64 MiB read and written.
   std::vector<char> a(64 << 20, 1), b(64 << 20);
   world.barrier();
@@ -186,6 +200,8 @@ train::plan::GpuSpec bracket(const train::plan::GpuSpec& a, const train::plan::G
   s.hbm_bandwidth = h(a.hbm_bandwidth, b.hbm_bandwidth);
   s.cross_entropy_fwd_seconds = (a.cross_entropy_fwd_seconds + b.cross_entropy_fwd_seconds) / 2;
   s.cross_entropy_bwd_seconds = (a.cross_entropy_bwd_seconds + b.cross_entropy_bwd_seconds) / 2;
+  s.output_layer_fwd_seconds = (a.output_layer_fwd_seconds + b.output_layer_fwd_seconds) / 2;
+  s.output_layer_bwd_seconds = (a.output_layer_bwd_seconds + b.output_layer_bwd_seconds) / 2;
   s.nccl_busbw_nvlink = s.nccl_busbw_network = s.alltoall_busbw_network = h(a.nccl_busbw_nvlink, b.nccl_busbw_nvlink);
   s.network_bandwidth = s.nvlink_bandwidth = s.nccl_busbw_nvlink;
   s.collective_latency_nvlink = s.collective_latency_network =

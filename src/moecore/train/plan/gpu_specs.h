@@ -39,6 +39,9 @@ struct GpuSpec {
   // plan times moecore's CPU kernels at the model's shape: an exponential per logit makes them compute-bound there);
   // 0 for the GPUs above: the logits' bytes over the HBM bandwidth.
   double cross_entropy_fwd_seconds = 0, cross_entropy_bwd_seconds = 0;
+  // Measured seconds of one micro-batch's output-layer GEMMs on this rank ([tokens, H] x [H, V/TP]: the forward;
+  // the data and weight gradients), likewise 0 for the GPUs above (the GEMM rate at that shape).
+  double output_layer_fwd_seconds = 0, output_layer_bwd_seconds = 0;
   // The fraction of its own duration a hidden (overlapped) communication still costs the compute beside it.
   double overlap_cost() const { return sms > 0 ? comm_sms / sms : 0; }
   double achievable_bf16() const { return peak_bf16 * gemm_bf16_efficiency; }

@@ -362,7 +362,10 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
   const Shape s = shape_of(c, l);
   const double V = static_cast<double>(padded_vocab) / s.TP;
   LayerTimes out;
-  add(out.fwd, out.bwd, &OpTimes::dense_gemm, gemm(c, g, s.T, V, s.H, false));  // the output layer stays in bf16
+  Gemm output = gemm(c, g, s.T, V, s.H, false);  // the output layer stays in bf16
+  if (g.output_layer_fwd_seconds + g.output_layer_bwd_seconds > 0)
+    output.fwd = g.output_layer_fwd_seconds, output.bwd = g.output_layer_bwd_seconds;
+  add(out.fwd, out.bwd, &OpTimes::dense_gemm, output);
   const double xent = hbm_seconds(g, 3 * s.T * V * 4);  // logits in f32: softmax, loss, its gradient
   const bool measured = g.cross_entropy_fwd_seconds + g.cross_entropy_bwd_seconds > 0;
   out.fwd.memory += (measured ? g.cross_entropy_fwd_seconds : xent) + hbm_seconds(g, 2 * s.Tsp * s.H * s.e);
