@@ -59,8 +59,8 @@ StepPrediction predict(const std::vector<std::string>& flags, int64_t world, con
 // pretrain_performance.H100): recipe qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config on 16 H100, 299.352 TFLOPS/GPU
 // over steps 41-50. The recipe: TP 1, PP 1, EP 16, ETP 1, GBS 1024, MBS 1, sequence 4096, BF16, the distributed
 // optimizer, no recompute, forced load balancing, the flex dispatcher with HybridEP,
-// --overlap-moe-expert-parallel-comm without --delay-wgrad-compute (Megatron's combined 1F1B), gradients reduced in bf16
-// (grad_reduce_in_fp32 off), Bridge's default DDP overlaps.
+// --overlap-moe-expert-parallel-comm without --delay-wgrad-compute (Megatron's combined 1F1B), gradients reduced
+// in bf16 (grad_reduce_in_fp32 off), Bridge's default DDP overlaps.
 std::vector<std::string> qwen3_30b_a3b_h100_recipe() {
   return words(
       "--num-layers 48 --hidden-size 2048 --num-attention-heads 32 --group-query-attention --num-query-groups 4 "
