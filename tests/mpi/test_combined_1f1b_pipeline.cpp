@@ -83,12 +83,12 @@ INSTANTIATE_TEST_SUITE_P(
         CombinedPipelineLayout{"EP2xPP2VPP2M4", 4, 4, {}, {}}, CombinedPipelineLayout{"EP2xPP2VPP2M6", 4, 6, {}, {}},
         // Not multiples of PP (Megatron's groups: 3 then 2 micro-batches; one group of 5).
         CombinedPipelineLayout{
-            "EP2xPP2VPP2M5Group3", 4, 5, {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}},
+            "EP2xPP2VPP2M5Group3", 4, 5, {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}, {}},
         CombinedPipelineLayout{
-            "EP2xPP2VPP2M5Group5", 4, 5, {"--microbatch-group-size-per-virtual-pipeline-stage", "5"}},
+            "EP2xPP2VPP2M5Group5", 4, 5, {"--microbatch-group-size-per-virtual-pipeline-stage", "5"}, {}},
         // The first stage's warm-up takes every forward (no merged pair there); the second merges two pairs.
         CombinedPipelineLayout{
-            "EP2xPP2VPP2M3Group3", 4, 3, {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}},
+            "EP2xPP2VPP2M3Group3", 4, 3, {"--microbatch-group-size-per-virtual-pipeline-stage", "3"}, {}},
         // Selective recompute of what Megatron allows beside the flag (not moe, not full).
         CombinedPipelineLayout{
             "EP2xPP2VPP2RecomputeSelective",
@@ -182,10 +182,11 @@ TEST(Combined1F1BPipelineTrace, AllToAllsInFlightWhileTheOtherMicroBatchComputes
       }
       // Each pair's first record: the backward's combine-backward all-to-all was posted before the forward's first
       // sub-step (attention, router, permute) ran, and is waited for only now.
-      if (i % 4 == 0)
+      if (i % 4 == 0) {
         EXPECT_TRUE(std::any_of(r.in_flight.begin(), r.in_flight.end(), [&](const auto& f) {
           return f.micro_batch == r.micro_batch && f.kind == nn::A2A::CombineBackward;
         })) << i;
+      }
       // The pair's last sub-step (the forward's combine wait) begins after the backward ended.
       if (i % 4 != 3)
         EXPECT_TRUE(other) << "rank " << w.rank() << " record " << i << ": " << r.layer << " " << r.step

@@ -36,7 +36,8 @@ int64_t total(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-void FlexTokenDispatcher::plan_exchange(const RoutedTokens& routed, DispatchPlan& plan, Tensor& meta_send) const {
+void FlexTokenDispatcher::plan_exchange(const RoutedTokens& routed, int64_t record_words, DispatchPlan& plan,
+                                        Tensor& records) const {
   const int64_t T = routed.idx_TK.dim(0), P = ep_.size(), me = ep_.rank();
   plan.T = T;
   plan.E = E_;
@@ -50,8 +51,8 @@ void FlexTokenDispatcher::plan_exchange(const RoutedTokens& routed, DispatchPlan
   plan.send_tokens.assign(static_cast<size_t>(P), 0);
   // Per destination rank, its distinct tokens in ascending order (the send buffer's rows), and for every
   // assignment its token's row among them and its local expert (the routing that travels with the tokens).
-  meta_send = Tensor::empty({plan.R, 2}, DType::I32);
-  int32_t* meta = meta_send.data<int32_t>();
+  records = Tensor::empty({plan.R, record_words}, DType::I32);
+  int32_t* rec = records.data<int32_t>();
   std::vector<int32_t> send_tok, slot(static_cast<size_t>(T), -1);
   std::vector<char> mark(static_cast<size_t>(T), 0);
   int64_t row = 0;
@@ -73,8 +74,8 @@ void FlexTokenDispatcher::plan_exchange(const RoutedTokens& routed, DispatchPlan
     plan.input_splits[static_cast<size_t>(d)] = rows_d;
     for (int64_t le = 0; le < n_local_; le++)
       for (int64_t i = 0; i < plan.tokens_per_expert[static_cast<size_t>(d * n_local_ + le)]; i++, row++) {
-        meta[2 * row] = slot[static_cast<size_t>(row_tok[row])];
-        meta[2 * row + 1] = static_cast<int32_t>(le);
+        rec[record_words * row] = slot[static_cast<size_t>(row_tok[row])];
+        rec[record_words * row + 1] = static_cast<int32_t>(le);
       }
   }
   const int64_t n_sent = static_cast<int64_t>(send_tok.size());
@@ -120,24 +121,19 @@ void FlexTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens&
             x_TH.device().str());
   const int64_t H = x_TH.cols();
   const DType rows_t = plan.rows_dtype_for(x_TH), probs_t = moe_row_sum_dtype(rows_t);
-  Tensor meta;
-  plan_exchange(routed, plan, meta);
+  // Each assignment's routing record travels as one row of 32-bit words: its token's row among the destination's,
+  // its local expert (both written by plan_exchange), then its probability's bytes (one or two words). One exchange
+  // beside the tokens', so flex posts as many exchanges as alltoall, and nothing waits before dispatch_finish.
+  const int64_t pw = static_cast<int64_t>(dtype_size(probs_t)) / 4, W = 2 + pw;
+  plan_exchange(routed, W, plan, p.send_b);
   // The send buffers, gathered straight from the tokens and the [T, K] probabilities (the fused permutation).
   p.send_a = Tensor::empty({plan.send_token.numel(), H}, rows_t);
   kernels::moe_gather_rows(x_TH, plan.send_token, p.send_a);
   Tensor probs = Tensor::empty({plan.local_rows}, probs_t);
   kernels::moe_gather_probs(routed.probs_TK, plan.row_tk_R, probs);
-  // Each assignment's routing record travels as one row of 32-bit words: its token's row among the destination's,
-  // its local expert, then its probability's bytes (one or two words). One exchange beside the tokens', so flex
-  // posts as many exchanges as alltoall, and nothing waits before dispatch_finish.
-  const int64_t pw = static_cast<int64_t>(dtype_size(probs_t)) / 4, W = 2 + pw;
-  p.send_b = Tensor::empty({plan.local_rows, W}, DType::I32);
-  for (int64_t a = 0; a < plan.local_rows; a++) {
-    int32_t* rec = p.send_b.data<int32_t>() + a * W;
-    rec[0] = meta.data<int32_t>()[2 * a];
-    rec[1] = meta.data<int32_t>()[2 * a + 1];
-    std::memcpy(rec + 2, static_cast<const char*>(probs.raw()) + a * pw * 4, static_cast<size_t>(pw) * 4);
-  }
+  for (int64_t a = 0; a < plan.local_rows; a++)
+    std::memcpy(p.send_b.data<int32_t>() + a * W + 2, static_cast<const char*>(probs.raw()) + a * pw * 4,
+                static_cast<size_t>(pw) * 4);
   p.out_b = Tensor::empty({plan.recv_rows, W}, DType::I32);
   p.out_a = Tensor::empty({total(plan.recv_tokens), H}, rows_t);
   TimerScope timer("moe-dispatch-all-to-all", 2);

@@ -39,9 +39,10 @@ class FlexTokenDispatcher : public ExpertParallelDispatcher {
   Tensor combine_backward_finish(Pending& p, const DispatchPlan& plan) override;
 
  private:
-  // The routing's layout on this rank (sent tokens, the assignments' metadata) and, after the count exchange, on
-  // the receiver (expert rows); x_TH's rows are not touched.
-  void plan_exchange(const RoutedTokens& routed, DispatchPlan& plan, Tensor& meta_send) const;
+  // The routing's layout on this rank (sent tokens; each assignment's record [R, record_words], its first two words
+  // written: its token's row among the destination's, its local expert) and, after the count exchange, on the
+  // receiver (expert rows); x_TH's rows are not touched.
+  void plan_exchange(const RoutedTokens& routed, int64_t record_words, DispatchPlan& plan, Tensor& records) const;
   // The receiver's half of the plan (each expert row's received token) from the routing records.
   void complete_plan(const Tensor& records, DispatchPlan& plan) const;
   // Per received token, the sum of its expert rows (ascending), and back at the origin one row per (token, rank).

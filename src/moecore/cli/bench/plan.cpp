@@ -79,15 +79,16 @@ train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::P
   train::plan::GpuSpec s;
   s.name = "cpu";
   s.description = "this machine's ranks";
+  // bf16 operands as --bf16 training has them, from seeded f32 values.
+  auto random = [](const Shape& shape, uint64_t seed) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    fill_random(t, seed, 1.0);
+    return t.as_dtype(DType::BF16);
+  };
   // The GEMM rate at the model's shape on this rank, not at a large square's: a micro-batch's tokens [S·B/CP, H]
   // times a weight [H, H/TP] (the attention projections'), bf16 as training runs it; the median of 7, every rank at
   // once. Small K and N run well below the large-shape peak, on a CPU as on a GPU.
   {
-    auto random = [](const Shape& shape, uint64_t seed) {
-      Tensor t = Tensor::empty(shape, DType::F32);
-      fill_random(t, seed, 1.0);
-      return t.as_dtype(DType::BF16);
-    };
     const int64_t M = c.seq_length * c.micro_batch_size / l.cp, K = c.hidden_size, N = c.hidden_size / l.tp;
     const Tensor A = random({M, K}, 1), B = random({K, N}, 2);
     Tensor C = Tensor::empty({M, N}, DType::F32);
@@ -101,11 +102,6 @@ train::plan::GpuSpec measure_machine(const train::TrainConfig& c, const train::P
   // Attention at the model's shape on this rank (S, B, heads / TP), bf16 tensors as --bf16 training runs them.
   const int64_t S = c.seq_length, B = c.micro_batch_size, D = c.kv_channels;
   const int64_t Nq = c.num_attention_heads / l.tp, Nkv = std::max<int64_t>(1, c.num_query_groups / l.tp);
-  auto random = [](const Shape& shape, uint64_t seed) {
-    Tensor t = Tensor::empty(shape, DType::F32);
-    fill_random(t, seed, 1.0);
-    return t.as_dtype(DType::BF16);
-  };
   const Tensor q = random({S, B, Nq, D}, 3), k = random({S, B, Nkv, D}, 4), v = random({S, B, Nkv, D}, 5),
                dout = random({S, B, Nq, D}, 6);
   Tensor o = Tensor::empty(q.shape(), DType::BF16), lse = Tensor::empty({B, Nq, S}, DType::F32);
