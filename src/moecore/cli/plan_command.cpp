@@ -198,7 +198,8 @@ std::vector<Change> changes() {
          // Offloading moves a GPU's stashes to host memory; a CPU's are there already. The modules Megatron's guide
          // offloads rather than recomputes, largest first, one group per application; none with `moe` recompute
          // (Megatron refuses expert_fc1 and moe_act offloading with it).
-         if (!train::offloading_applies(train::training_device(c))) return false;
+         // A GPU plan plans Megatron's run on that GPU: what moecore's own GPU path lacks does not stop the advice.
+         if (!train::offloading_applies(train::planned_device(c))) return false;
          const auto has = [&](const std::vector<std::string>& v, const char* m) {
            return std::find(v.begin(), v.end(), m) != v.end();
          };

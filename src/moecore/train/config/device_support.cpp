@@ -20,8 +20,9 @@ std::string gpu_training_gap(const TrainConfig& c) {
   // The flex dispatcher's exchanges (moe/flex_dispatcher.h) are host code; one EP rank permutes locally either way.
   if (c.num_experts > 0 && c.moe_token_dispatcher_type == "flex" && c.expert_model_parallel_size > 1)
     return gap(
-        "--moe-token-dispatcher-type flex (the flex dispatcher, DeepEP/HybridEP semantics) with expert "
-        "parallelism: use --moe-token-dispatcher-type alltoall on the GPU (the same math)");
+               "--moe-token-dispatcher-type flex (the flex dispatcher, DeepEP/HybridEP semantics) with expert "
+               "parallelism") +
+           " (--moe-token-dispatcher-type alltoall computes the same math on the GPU)";
   // The combined schedule's fiber switch (core/fiber.h) interleaves host code; the GPU has no second stream for it.
   if (combined_1f1b(c))
     return "--overlap-moe-expert-parallel-comm without --delay-wgrad-compute (Megatron's combined 1F1B schedule) is "
