@@ -19,8 +19,7 @@ std::string gpu_training_gap(const TrainConfig& c) {
   if (c.num_experts > 0 && c.moe_router_dtype == "fp64") return gap("--moe-router-dtype fp64");
   // The flex dispatcher's exchanges (moe/flex_dispatcher.h) are host code; one EP rank permutes locally either way.
   if (c.num_experts > 0 && c.moe_token_dispatcher_type == "flex" && c.expert_model_parallel_size > 1)
-    return gap(
-               "--moe-token-dispatcher-type flex (the flex dispatcher, DeepEP/HybridEP semantics) with expert "
+    return gap("--moe-token-dispatcher-type flex (the flex dispatcher, DeepEP/HybridEP semantics) with expert "
                "parallelism") +
            " (--moe-token-dispatcher-type alltoall computes the same math on the GPU)";
   // The combined schedule's fiber switch (core/fiber.h) interleaves host code; the GPU has no second stream for it.

@@ -21,8 +21,8 @@ GpuSpec hopper(std::string name, std::string description, double hbm_gb, double 
   s.peak_fp8 = 1978.9 * T;
   s.hbm_bytes = hbm_gb * G;
   s.hbm_bandwidth = hbm_tbs * T;
-  s.nvlink_bandwidth = 450 * G;     // NVLink 4: 900 GB/s bidirectional
-  s.network_bandwidth = 50 * G;     // one ConnectX-7 400 Gb/s NIC per GPU (DGX H100 / H200)
+  s.nvlink_bandwidth = 450 * G;  // NVLink 4: 900 GB/s bidirectional
+  s.network_bandwidth = 50 * G;  // one ConnectX-7 400 Gb/s NIC per GPU (DGX H100 / H200)
   // PCIe Gen5 x16, 64 GB/s one way; nvbandwidth on H100 measures 52.8 (device to host) to 57 GB/s (docs/plan.md).
   s.host_bandwidth = 0.82 * 64 * G;
   s.gpus_per_nvlink_domain = 8;
