@@ -1,5 +1,5 @@
-# The CUDA backend (docs/cuda.md). MOECORE_CUDA: AUTO (on when CMake's CheckLanguage finds nvcc), ON (required) or
-# OFF. When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart + cuBLASLt linked (cuDNN loaded at run time), the
+# The CUDA backend (docs/cuda.md). MOECORE_CUDA: AUTO (on when CMake's CheckLanguage finds nvcc), ON (required) or OFF.
+# When on: the .cu kernels for sm_90a plus compute_90 PTX, cudart linked (cuBLASLt and cuDNN loaded at run time), the
 # compile definition MOECORE_HAVE_CUDA, and the GPU test binary moecore_cuda_tests (CTest label gpu; every test skips
 # with a one-line reason where no GPU is visible). When off: the *_unavailable.cpp stand-ins (the GPU runtime's, cuDNN's
 # loader's, NCCL's) answer every device call with "this build has no CUDA", so the CPU-only build links the same
@@ -34,7 +34,9 @@ function(moecore_add_cuda target)
   # nvcc parses only the small pointer-level headers (kernels/cuda/launch.h); unity batches are for the C++ side.
   set_source_files_properties(${cu_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   target_compile_definitions(${target} PUBLIC MOECORE_HAVE_CUDA)
-  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  # cuBLASLt is loaded at its first GEMM (kernels/cuda/cublaslt_loader.cpp): linked, its static initialisers cost
+  # every process, CPU-only runs and each unit test, 0.1 s and 200 MiB at start. Its header is on cudart's path.
+  target_link_libraries(${target} PUBLIC CUDA::cudart)
   # NCCL (docs/cuda.md "NCCL"): the toolkit folder's nccl.h and libnccl.so.2; without them the host-staged MPI path
   # only (comm/nccl_comm_unavailable.cpp).
   find_path(MOECORE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})

@@ -22,7 +22,8 @@ stage() {  # stage NAME COMMAND...: runs it, records its seconds
   echo "=== test.sh: $name took $(($(date +%s) - t0)) s"
 }
 # Stage 1 runs the unit tests (gtest cases, each single-threaded: OMP_NUM_THREADS=1 in CMakeLists.txt) one per core;
-# every scripted test (multi-rank, signals, timing, benchmarks) has RUN_SERIAL and runs alone.
+# every scripted test (multi-rank, signals, timing, benchmarks) has RUN_SERIAL and runs alone, but for those of one
+# process on one thread and nothing timed (MOECORE_ONE_CORE_TESTS in CMakeLists.txt), which run beside the unit tests.
 sanitized='^(sanitized_|fuzz_)'
 stage "install dependencies" bash scripts/install-deps.sh
 stage "configure and build" bash -c 'cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOECORE_BUILD_TESTS=ON &&

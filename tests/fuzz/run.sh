@@ -4,7 +4,8 @@
 #   run.sh build WORK            configure and build tests/fuzz/CMakeLists.txt with clang-14 into WORK
 #   run.sh unit WORK [FILTER]    the unit tests built against the ASan+UBSan library (a gtest filter)
 #   run.sh mpi WORK [FILTER]     the multi-rank tests against it, under mpirun on 2 ranks
-#   run.sh fuzz WORK [SECONDS]   every libFuzzer target for SECONDS (default 10) from tests/fuzz/corpus/<target>/
+#   run.sh fuzz WORK [SECONDS]   every libFuzzer target for SECONDS (default 10) from tests/fuzz/corpus/<target>/,
+#                                one per core at a time
 # A finding (crash, sanitizer report, timeout, out-of-memory) fails the run and leaves the input in
 # WORK/artifacts/; add it to the target's corpus as a regression case once fixed.
 set -euo pipefail
@@ -59,29 +60,42 @@ mpi)
     "$work/build/moecore_san_mpi_tests" --gtest_filter="${3:-*}" --gtest_brief=1
   ;;
 fuzz)
+  # One target per core at a time (each libFuzzer run is one process on one thread), every target for SECONDS.
   seconds="${3:-10}"
-  n=0
-  failed=""
-  for dir in "$here"/corpus/*/; do
-    t="$(basename "$dir")"
-    out="$work/corpus/$t"  # what the run finds goes here, not into the source tree
+  fuzz_one() {  # TARGET DIR: runs it, its report in $work/$t.report; fails on a finding
+    local t="$1" dir="$2" out="$work/corpus/$1" rc=0  # what the run finds goes to $out, not into the source tree
     rm -rf "$out" && mkdir -p "$out" "$work/artifacts"
-    echo "fuzzing $t for ${seconds} s from $(ls "$dir" | wc -l) seeds"
+    echo "fuzzing $t for ${seconds} s from $(ls "$dir" | wc -l) seeds" >"$work/$t.report"
     "$work/build/$t" -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
-      -artifact_prefix="$work/artifacts/$t-" "$out" "$dir" >"$work/$t.log" 2>&1 || {
-      grep -E "ERROR|SUMMARY|terminate|what\(\)|^    #[0-9] |#1[0-9] .*moecore|Test unit written" "$work/$t.log" | head -40
-      echo "fuzz: FINDING in $t (log $work/$t.log, input in $work/artifacts/)"
-      failed="$failed $t"
-    }
-    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$t.log" | tr '\n' ' '
-    echo
-    n=$((n + 1))
+      -artifact_prefix="$work/artifacts/$t-" "$out" "$dir" >"$work/$t.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      grep -E "ERROR|SUMMARY|terminate|what\(\)|^    #[0-9] |#1[0-9] .*moecore|Test unit written" "$work/$t.log" |
+        head -40 >>"$work/$t.report" || true
+      echo "fuzz: FINDING in $t (log $work/$t.log, input in $work/artifacts/)" >>"$work/$t.report"
+    fi
+    { grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$t.log" || true; } |
+      tr '\n' ' ' >>"$work/$t.report"
+    echo >>"$work/$t.report"
+    return "$rc"
+  }
+  targets=()
+  for dir in "$here"/corpus/*/; do targets+=("$(basename "$dir")"); done
+  pids=()
+  for t in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do sleep 0.2; done
+    fuzz_one "$t" "$here/corpus/$t/" &
+    pids+=($!)
   done
-  if [ -n "${failed:-}" ]; then
+  failed=""
+  for i in "${!targets[@]}"; do  # every target's status, a finding or the runner's own failure alike
+    wait "${pids[$i]}" || failed="$failed ${targets[$i]}"
+    cat "$work/${targets[$i]}.report" 2>/dev/null || true
+  done
+  if [ -n "$failed" ]; then
     echo "fuzz: findings in$failed"
     exit 1
   fi
-  echo "fuzz: all $n targets ran ${seconds} s each without a finding"
+  echo "fuzz: all ${#targets[@]} targets ran ${seconds} s each, $(nproc) at a time, without a finding"
   ;;
 *)
   echo "usage: run.sh build|unit|mpi|fuzz WORK [ARG]" >&2
