@@ -101,6 +101,7 @@ void validate(const TrainConfig& c) {
   validate_moe(c);
   validate_overlap(c);
   validate_fsdp(c);
+  validate_cuda_graph(c);
 }
 
 void resolve(TrainConfig& c) {

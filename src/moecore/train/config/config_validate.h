@@ -29,6 +29,10 @@ void validate_overlap(const TrainConfig& c);
 // Megatron FSDP: Megatron's rules for --use-megatron-fsdp and its sharding and dtype flags, moecore's refusals
 // (config_validate_fsdp.cpp).
 void validate_fsdp(const TrainConfig& c);
+// Megatron's rules for its CUDA-graph flags (no effect in moecore, their validation kept): the deprecated switches
+// and names, the modules against the model, recompute, dropout, offloading, the overlaps
+// (config_validate_cuda_graph.cpp).
+void validate_cuda_graph(const TrainConfig& c);
 // The no-effect line for the FSDP flags given where Megatron does not read them, or "".
 std::string fsdp_no_effect(const TrainConfig& c);
 // The batch, Adam's state dtypes, Muon, sample- or iteration-based training and the learning-rate schedule

@@ -7,6 +7,10 @@ namespace moecore::train {
 namespace {
 
 using namespace rule_builders;  // NOLINT(build/namespaces): the rule tables read as prose
+constexpr const char* kEagerSteps =
+    "moecore launches every step eagerly on the CPU and the GPU (no CUDA graph capture, which never changes the math); "
+    "Megatron's rules on the flag are checked";
+
 std::string not_gpt(const std::string& area) {
   return area + " is not a GPT pretraining feature: not supported by moecore";
 }
@@ -61,16 +65,25 @@ void selectors(std::vector<FlagRule>& r) {
       no_effect("moecore is always deterministic (fixed reduction orders, counter-based RNG)", {"deterministic-mode"}));
   r.push_back(
       no_effect("selects Megatron's GPU random-number tracker; moecore's RNG is counter-based", {"te-rng-tracker"}));
-  // CUDA graphs: moecore launches the GPU step eagerly (dropless MoE's shapes change every step); capture is refused
-  // by name, and the flags that only tune a capture act on nothing without one, as in Megatron.
-  r.push_back(refused(unsupported("CUDA graph capture", "drop the flag: the GPU step is launched eagerly"),
-                      {"enable-cuda-graph", "external-cuda-graph", "optimizer-cuda-graph"}));
-  r.push_back(no_effect_for({"cuda-graph-impl"}, {"none"}, "the default: no CUDA graph capture",
-                            unsupported("CUDA graph capture", "use --cuda-graph-impl none (the default)")));
+  // CUDA graphs: moecore launches every step eagerly on both devices, and a capture never changes the math; Megatron's
+  // rules on these flags are refused as Megatron refuses them (config_validate_cuda_graph.cpp).
+  r.push_back(no_effect_for({"cuda-graph-impl"}, {"none", "local", "transformer_engine", "full_iteration"}, kEagerSteps,
+                            "not a CUDA graph implementation of Megatron's"));
+  r.push_back(no_effect(
+      std::string("Megatron's deprecated spellings of --cuda-graph-impl local and transformer_engine; ") + kEagerSteps,
+      {"enable-cuda-graph", "external-cuda-graph"}));
   r.push_back(
-      no_effect("tunes a CUDA graph capture, which acts only with --cuda-graph-impl other than none (refused "
-                "by moecore)",
-                {"cuda-graph-modules", "cuda-graph-scope", "cuda-graph-warmup-steps"}));
+      no_effect_for({"cuda-graph-modules", "cuda-graph-scope"},
+                    {"attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full", "full_iteration",
+                     "full_iteration_inference"},
+                    std::string("what a CUDA graph captures (--cuda-graph-scope: its deprecated name); ") + kEagerSteps,
+                    "not a CUDA graph module of Megatron's"));
+  r.push_back(
+      no_effect(std::string("steps run before a CUDA graph capture; ") + kEagerSteps, {"cuda-graph-warmup-steps"}));
+  r.push_back(
+      no_effect("captures the optimizer step in a CUDA graph (capturable Adam, the same math); moecore launches "
+                "every step eagerly",
+                {"optimizer-cuda-graph"}));
   r.push_back(
       no_effect("GPU memory and stream management: moecore plans its own memory on the CPU engine",
                 {"empty-unused-memory-level", "use-cpu-initialization", "high-priority-a2a-comm-stream",

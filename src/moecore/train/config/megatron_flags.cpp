@@ -161,6 +161,21 @@ std::vector<std::string> megatron_no_effect_lines(const GivenFlags& given) {
   return lines;
 }
 
+std::optional<std::vector<std::string>> given_megatron_values(const std::vector<std::string>& no_effect,
+                                                              const std::string& name) {
+  const std::string flag = "--" + name;
+  for (const auto& l : no_effect) {
+    if (l.rfind(flag, 0) != 0 || l.size() == flag.size()) continue;
+    if (l[flag.size()] == ':') return std::vector<std::string>{};
+    if (l[flag.size()] != ' ') continue;  // another flag with this one's name as its prefix
+    std::vector<std::string> values;
+    std::istringstream words(l.substr(flag.size(), l.find(": ", flag.size()) - flag.size()));
+    for (std::string w; words >> w;) values.push_back(w);
+    return values;
+  }
+  return std::nullopt;
+}
+
 std::string describe_no_effect(const std::vector<std::string>& lines) {
   if (lines.empty()) return "";
   std::string s = "no effect in moecore:\n";

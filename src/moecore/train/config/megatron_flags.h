@@ -6,6 +6,7 @@
 // megatron_flag_rules.cpp. Not here: the flags moecore implements (flag_table.cpp).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +56,10 @@ void give_megatron_flag(GivenFlags& given, const std::string& name, std::vector<
 void check_megatron_flags(const GivenFlags& given);
 // "--flag [value]: why" for each no-effect flag given (a switch set to false is not listed), in the given order.
 std::vector<std::string> megatron_no_effect_lines(const GivenFlags& given);
+// The values a no-effect Megatron flag was given with, read back from its line in `no_effect` (TrainConfig's list,
+// "--name [values]: why"; validate() checks Megatron's rules on them); nullopt if it was not given.
+std::optional<std::vector<std::string>> given_megatron_values(const std::vector<std::string>& no_effect,
+                                                              const std::string& name);
 // What the start of a run prints for them: a "no effect in moecore:" heading and the lines; empty if none.
 std::string describe_no_effect(const std::vector<std::string>& lines);
 
