@@ -59,6 +59,8 @@ GPT3_MOE_COMMON = """
 """
 # --ckpt-format torch_dist selects moecore's own format, listed at the start as without effect.
 OWN_FORMAT = "--ckpt-format torch_dist: moecore saves and loads its own checkpoint format"
+# --cuda-graph-impl transformer_engine: moecore launches every step eagerly (Megatron's rules on it are checked).
+CUDA_GRAPHS = "--cuda-graph-impl transformer_engine: moecore launches every step eagerly"
 
 # The flags Megatron FSDP's DeepSeek proxy tests share (tests/functional_tests/test_cases/moe/deepseek_proxy_fsdp_*),
 # shrunk: --hidden-size 512 -> 64, --ffn-hidden-size 2048 -> 128, --num-attention-heads 8 -> 4, --kv-channels 128
@@ -567,8 +569,7 @@ CONFIGS = [
            --cuda-graph-impl transformer_engine --cuda-graph-modules attn --cuda-graph-warmup-steps 0 --te-rng-tracker
            --bf16 --fp8-format hybrid --fp8-recipe tensorwise --exit-interval 3 --async-save
            --use-persistent-ckpt-worker""",
-         refused=[("--cuda-graph-impl", "--cuda-graph-impl transformer_engine: CUDA graph capture",
-                   "--cuda-graph-impl none")]),
+         refused=[]),
     dict(name="tp2_pp2_ep4_layout_selective_recompute", np=8,
          source="moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental",
          args="""--distributed-timeout-minutes 60 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
@@ -675,8 +676,7 @@ CONFIGS = [
            ${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt --save ${CHECKPOINT_SAVE_PATH} --load
            ${CHECKPOINT_LOAD_PATH} --ckpt-fully-parallel-load --ckpt-format torch_dist --ckpt-assume-constant-structure
            --async-save --use-persistent-ckpt-worker""",
-         refused=[("--cuda-graph-impl", "--cuda-graph-impl transformer_engine: CUDA graph capture",
-                   "--cuda-graph-impl none")]),
+         refused=[]),
     dict(name="ep8_alltoall_dist_optimizer", np=8,
          source="moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer",
          args="""--num-layers 2 --hidden-size 64 --num-attention-heads 4 --log-params-norm --log-num-zeros-in-grad
@@ -887,6 +887,10 @@ def main():
             continue
         if "torch_dist" in args and OWN_FORMAT not in out:
             failures.append(f"{cfg['name']}: --ckpt-format torch_dist not listed as without effect; see {d}/run.log")
+            print(f"FAIL {cfg['name']} (no-effect listing)\n" + out[-3000:], flush=True)
+            continue
+        if "--cuda-graph-impl" in args and CUDA_GRAPHS not in out:
+            failures.append(f"{cfg['name']}: --cuda-graph-impl not listed as without effect; see {d}/run.log")
             print(f"FAIL {cfg['name']} (no-effect listing)\n" + out[-3000:], flush=True)
             continue
         verdict.append(f"trained {iters[-1][0]} iterations on {cfg['np']} ranks ({secs:.1f} s)")
