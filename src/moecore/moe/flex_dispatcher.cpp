@@ -131,9 +131,10 @@ void FlexTokenDispatcher::dispatch_start(const Tensor& x_TH, const RoutedTokens&
   kernels::moe_gather_rows(x_TH, plan.send_token, p.send_a);
   Tensor probs = Tensor::empty({plan.local_rows}, probs_t);
   kernels::moe_gather_probs(routed.probs_TK, plan.row_tk_R, probs);
+  int32_t* rec = p.send_b.data<int32_t>();
+  const char* prob = static_cast<const char*>(probs.raw());
   for (int64_t a = 0; a < plan.local_rows; a++)
-    std::memcpy(p.send_b.data<int32_t>() + a * W + 2, static_cast<const char*>(probs.raw()) + a * pw * 4,
-                static_cast<size_t>(pw) * 4);
+    std::memcpy(rec + a * W + 2, prob + a * pw * 4, static_cast<size_t>(pw) * 4);
   p.out_b = Tensor::empty({plan.recv_rows, W}, DType::I32);
   p.out_a = Tensor::empty({total(plan.recv_tokens), H}, rows_t);
   TimerScope timer("moe-dispatch-all-to-all", 2);

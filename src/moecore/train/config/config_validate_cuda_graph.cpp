@@ -5,6 +5,7 @@
 // full_iteration, --delay-wgrad-compute's graphed wgrads, the allocator's environment), TransformerConfig.__post_init__
 // (the modules against MoE, recompute, dropout, offloading and the EP overlap) and Megatron FSDP's adapter.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -18,18 +19,12 @@
 
 namespace moecore::train {
 
-namespace cuda_graph_checks {  // named: the unity build puts other files' helpers (has, joined) beside these
+namespace cuda_graph_checks {  // named: the unity build puts other files' helpers (has) beside these
 
 using Names = std::vector<std::string>;
 
 bool has(const Names& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-std::string joined(const Names& v, const char* sep) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
-  return s;
 }
 
 std::string py_list(const Names& v) {  // Python's repr of a list of strings, as Megatron's messages print it
@@ -82,7 +77,7 @@ CudaGraphs read_cuda_graphs(const TrainConfig& c) {
     raw = *scope;
     raw_flag = "--cuda-graph-scope";
   }
-  if (!raw.empty()) g.modules_shown = raw_flag + " " + joined(raw, " ");
+  if (!raw.empty()) g.modules_shown = raw_flag + " " + fmt::format("{}", fmt::join(raw, " "));
   if (has(raw, "full")) {  // deprecated: the whole layer
     require(raw == Names{"full"}, "full scope cannot be used with other scopes.",
             g.modules_shown + ": drop full (no modules captures the whole layer)");
@@ -220,7 +215,8 @@ void recompute_rules(const TrainConfig& c, const CudaGraphs& g) {
     return;
   }
   const Names rm = c.recompute_modules.empty() ? Names{"core_attn"} : c.recompute_modules;  // Megatron's default
-  const std::string with = g.impl_shown + " with " + g.modules_shown + " and --recompute-modules " + joined(rm, " ");
+  const std::string with =
+      g.impl_shown + " with " + g.modules_shown + " and --recompute-modules " + fmt::format("{}", fmt::join(rm, " "));
   if (g.impl == "transformer_engine" && has(rm, "moe"))
     require(!g.graphs("moe_router"),
             "moe recompute is not supported with moe_router CUDA graph with: --cuda-graph-impl transformer_engine.",
@@ -249,8 +245,8 @@ void offloading_rules(const TrainConfig& c, const CudaGraphs& g) {
   if (!c.fine_grained_activation_offloading) return;
   const std::set<std::string> partial{"expert_fc1", "moe_act", "fused_group_mlp"};
   const std::set<std::string> offload(c.offload_modules.begin(), c.offload_modules.end());
-  const std::string with =
-      g.impl_shown + " with --fine-grained-activation-offloading --offload-modules " + joined(c.offload_modules, " ");
+  const std::string with = g.impl_shown + " with --fine-grained-activation-offloading --offload-modules " +
+                           fmt::format("{}", fmt::join(c.offload_modules, " "));
   if (g.impl == "local") {
     Names unsupported;
     for (const auto& m : offload)

@@ -6,6 +6,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/train/config/config_validate.h"
+#include "moecore/train/config/megatron_flags.h"
 
 namespace moecore::train {
 
@@ -13,12 +14,6 @@ namespace {
 
 bool has(const std::vector<std::string>& v, const char* s) {
   return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-// A Megatron flag with a rule rather than a table row was given (its line in the no-effect list, "--name ...: why").
-bool given_no_effect_flag(const TrainConfig& c, const std::string& shown) {
-  return std::any_of(c.no_effect.begin(), c.no_effect.end(),
-                     [&](const std::string& l) { return l.rfind(shown + ":", 0) == 0; });
 }
 
 }  // namespace
@@ -29,7 +24,7 @@ void validate_offload(const TrainConfig& c) {
   MOE_CHECK(!m.empty(),
             "--fine-grained-activation-offloading needs --offload-modules (as Megatron): name the modules whose "
             "stashes go to host memory, e.g. --offload-modules core_attn expert_fc1");
-  MOE_CHECK(!given_no_effect_flag(c, "--transformer-impl local"),
+  MOE_CHECK(given_megatron_values(c.no_effect, "transformer-impl") != std::vector<std::string>{"local"},
             "fine-grained activation offloading is only supported with --transformer-impl transformer_engine (as "
             "Megatron); drop --transformer-impl local");
   MOE_CHECK(!has(m, "attn_proj") || has(m, "core_attn"),
@@ -47,7 +42,7 @@ void validate_offload(const TrainConfig& c) {
               "layer keeps only its input, so there is nothing inside it to offload; drop one of them",
               inside);
   if (has(m, "fused_group_mlp")) {
-    MOE_CHECK(given_no_effect_flag(c, "--use-transformer-engine-op-fuser"),
+    MOE_CHECK(given_megatron_values(c.no_effect, "use-transformer-engine-op-fuser").has_value(),
               "--offload-modules fused_group_mlp needs --use-transformer-engine-op-fuser (as Megatron)");
     MOE_CHECK(!has(m, "expert_fc1") && !has(m, "moe_act"),
               "--offload-modules fused_group_mlp offloads the whole grouped MLP and cannot be combined with expert_fc1 "
