@@ -26,8 +26,11 @@ GpuSpec hopper(std::string name, std::string description, double hbm_gb, double 
   // PCIe Gen5 x16, 64 GB/s one way; nvbandwidth on H100 measures 52.8 (device to host) to 57 GB/s (docs/plan.md).
   s.host_bandwidth = 0.82 * 64 * G;
   s.gpus_per_nvlink_domain = 8;
-  s.gemm_bf16_efficiency = 0.803;     // MAMF 794.5 of 989 TFLOPS (ml-engineering)
-  s.gemm_fp8_efficiency = 0.734;      // MAMF 1453.4 of 1979 TFLOPS on H200 (ml-engineering)
+  s.gemm_bf16_efficiency = 0.803;  // MAMF 794.5 of 989 TFLOPS (ml-engineering)
+  s.gemm_fp8_efficiency = 0.734;   // MAMF 1453.4 of 1979 TFLOPS on H200 (ml-engineering)
+  s.gemm_k_overhead = 24;          // fitted to XLA's sm_90 BF16 GEMM table (docs/plan.md)
+  s.gemm_fixed_seconds = 6.2e-6;
+  s.grouped_gemm_fixed_share = 0.6;   // TransformerEngine's grouped GEMM on H100, two published shapes (docs/plan.md)
   s.attention_fwd_efficiency = 0.60;  // FlashAttention-3, causal, head dim 128, 4k: ~600 TFLOPS forward
   s.attention_bwd_efficiency = 0.45;  // FlashAttention-3 backward, same shapes: ~450 TFLOPS
   s.hbm_efficiency = 0.85;            // streaming kernels reach ~85-90% of the HBM datasheet figure
@@ -55,8 +58,11 @@ GpuSpec blackwell(std::string name, std::string description, double peak_bf16_tf
   // HGX B200: PCIe Gen5 x16 to the host; GB200: NVLink-C2C to the Grace CPU (900 GB/s both ways, 450 one way).
   s.host_bandwidth = 0.82 * (domain > 8 ? 450 : 64) * G;  // Hopper's measured share (above)
   s.gpus_per_nvlink_domain = domain;
-  s.gemm_bf16_efficiency = 0.776;     // MAMF 1745 of 2250 TFLOPS on B200 (ml-engineering)
-  s.gemm_fp8_efficiency = 0.763;      // MAMF 3432.5 of 4500 TFLOPS on B200 (ml-engineering)
+  s.gemm_bf16_efficiency = 0.776;  // MAMF 1745 of 2250 TFLOPS on B200 (ml-engineering)
+  s.gemm_fp8_efficiency = 0.763;   // MAMF 3432.5 of 4500 TFLOPS on B200 (ml-engineering)
+  s.gemm_k_overhead = 216;         // fitted to XLA's sm_100 (B200) BF16 GEMM table (docs/plan.md)
+  s.gemm_fixed_seconds = 6.3e-6;
+  s.grouped_gemm_fixed_share = 0.6;   // Hopper's (no published Blackwell figure for TransformerEngine's)
   s.attention_fwd_efficiency = 0.60;  // FlashAttention-4 / cuDNN on Blackwell: taken as FA3's Hopper fractions
   s.attention_bwd_efficiency = 0.45;
   s.hbm_efficiency = 0.85;

@@ -24,6 +24,14 @@ struct GpuSpec {
   // (MAMF), FlashAttention-3 / cuDNN attention forward and backward as a fraction of the BF16 peak, the fraction of
   // the HBM bandwidth a streaming kernel reaches, NCCL-tests' bus bandwidth inside the NVLink domain and across it.
   double gemm_bf16_efficiency = 0, gemm_fp8_efficiency = 0;
+  // A GEMM below the large shapes MAMF is measured at: one kernel of [m, k] x [k, n] takes
+  //   2mnk / (rate * k / (k + gemm_k_overhead)) + gemm_fixed_seconds,
+  // the fixed part being its pipeline fill, tail and epilogue. Fitted once to the BF16 kernel times of a public
+  // cuBLAS-class GEMM table (docs/plan.md, "Rates"); 0 on the CPU, whose rate bench plan measures at the shape.
+  double gemm_k_overhead = 0, gemm_fixed_seconds = 0;
+  // The share of that fixed part a grouped expert GEMM still pays per expert: TransformerEngine runs the experts'
+  // GEMMs on several streams, which overlap one expert's tail with the next one's start.
+  double grouped_gemm_fixed_share = 1;
   double attention_fwd_efficiency = 0, attention_bwd_efficiency = 0;
   double hbm_efficiency = 0;
   double nccl_busbw_nvlink = 0, nccl_busbw_network = 0;  // bytes/s, all-reduce / reduce-scatter / all-gather

@@ -33,13 +33,17 @@ Shape shape_of(const TrainConfig& c, const PlanLayout& l) {
           static_cast<double>(l.tp),         act_bytes(c)};
 }
 
-// A GEMM [m, k] x [k, n] as a roofline: the achievable rate against the bytes it must move, plus one launch; under
-// FP8 the casts of its operands (read, amax read under current scaling, write) and on Hopper the transposed copies
-// its weight-gradient GEMM needs, as memory-bound time. Returns forward seconds; the backward is twice its GEMMs.
+// A GEMM [m, k] x [k, n] and its backward, the data gradient ([m, n] x [n, k]) and the weight gradient ([k, m] x
+// [m, n]): each one kernel priced as a roofline at its own shape, the larger of its FLOPs at the rate that shape
+// reaches (GpuSpec's contraction overhead and fixed part; `grouped`: one expert's GEMM inside TransformerEngine's
+// grouped GEMM) and its bytes at the achievable HBM bandwidth, plus one launch. Under FP8 the casts of its operands
+// (read, amax read under current scaling, write) and on Hopper the transposed copies its weight-gradient GEMM
+// needs, as memory-bound time. Returns forward and backward seconds.
 struct Gemm {
   double fwd = 0, bwd = 0, cast_fwd = 0, cast_bwd = 0;
 };
-Gemm gemm(const TrainConfig& c, const GpuSpec& g, double m, double n, double k, bool allow_fp8 = true) {
+Gemm gemm(const TrainConfig& c, const GpuSpec& g, double m, double n, double k, bool allow_fp8 = true,
+          bool grouped = false) {
   Gemm out;
   if (m <= 0 || n <= 0 || k <= 0) return out;
   const bool fp8 = allow_fp8 && fp8_on(c);
@@ -47,8 +51,12 @@ Gemm gemm(const TrainConfig& c, const GpuSpec& g, double m, double n, double k, 
   const double rate = fp8 ? g.achievable_fp8() : (c.bf16 || c.fp16 ? g.achievable_bf16() : g.achievable_bf16() / 4);
   const double hbm = g.hbm_bandwidth * g.hbm_efficiency;
   const double flops = 2 * m * n * k, bytes = (m * k + k * n) * eb + m * n * act_bytes(c);
-  out.fwd = std::max(flops / rate, bytes / hbm) + g.kernel_launch_seconds;
-  out.bwd = 2 * out.fwd;
+  auto pass = [&](double rows, double cols, double contraction) {
+    const double compute = gemm_kernel_seconds(g, rows, cols, contraction, rate, grouped);
+    return std::max(compute, bytes / hbm) + g.kernel_launch_seconds;
+  };
+  out.fwd = pass(m, n, k);
+  out.bwd = pass(m, k, n) + pass(k, n, m);
   if (fp8) {
     const double e = act_bytes(c);
     const double per = c.fp8_recipe == "delayed" ? e + 1 : 2 * e + 1;  // current scaling reads once more for amax
@@ -128,6 +136,11 @@ double hidden_cost(const GpuSpec& g, double comm, double compute) {
 }
 
 }  // namespace
+
+double gemm_kernel_seconds(const GpuSpec& g, double m, double n, double k, double rate, bool grouped) {
+  const double fixed = g.gemm_fixed_seconds * (grouped ? g.grouped_gemm_fixed_share : 1.0);
+  return 2 * m * n * k / (rate * k / (k + g.gemm_k_overhead)) + fixed;
+}
 
 Links links_of(const PlanLayout& l, const GpuSpec& g) {
   Links k;
@@ -275,7 +288,7 @@ LayerTimes layer_times(const TrainConfig& c, const PlanLayout& l, const GpuSpec&
     const double Fe = static_cast<double>(c.moe_ffn_hidden_size) / ETP, local = E / EP;
     const double rows = s.Tsp * k * ETP;  // rows this rank's experts get (uniform routing)
     const double per_expert = rows / local;
-    Gemm fc1 = gemm(c, g, per_expert, gated * Fe, H), fc2 = gemm(c, g, per_expert, H, Fe);
+    Gemm fc1 = gemm(c, g, per_expert, gated * Fe, H, true, true), fc2 = gemm(c, g, per_expert, H, Fe, true, true);
     Gemm experts{(fc1.fwd + fc2.fwd) * local, (fc1.bwd + fc2.bwd) * local, (fc1.cast_fwd + fc2.cast_fwd) * local,
                  (fc1.cast_bwd + fc2.cast_bwd) * local};
     add(mf, mb, &OpTimes::expert_gemm, experts);

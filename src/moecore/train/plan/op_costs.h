@@ -27,6 +27,11 @@ struct Links {
 };
 Links links_of(const PlanLayout& l, const GpuSpec& gpu);
 
+// Seconds of one GEMM kernel [m, k] x [k, n] at `rate` FLOP/s below the large shapes the rate is measured at: the
+// contraction's overhead and the kernel's fixed part (GpuSpec); `grouped`: one expert's GEMM inside
+// TransformerEngine's grouped GEMM. Compute only: no launch, no bytes.
+double gemm_kernel_seconds(const GpuSpec& gpu, double m, double n, double k, double rate, bool grouped);
+
 // Per-micro-batch communication bytes of one layer of each kind and direction, from the cost model's per-step
 // bytes (analytic_comm_bytes) divided among the layers as its formula counts them.
 struct LayerBytes {
