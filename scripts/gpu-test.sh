@@ -182,7 +182,7 @@ run_bench moe_mixtral bench moe-layer --device cuda --dtype bf16 --tokens 16384 
   --experts 8 --topk 2 --iters 3
 run_bench grouped_gemm bench grouped-gemm --device cuda
 # Qwen3-30B-A3B's expert GEMMs at 4,096 rows per expert, the shape of Megatron-Bridge's 16-GPU card run (EP 16):
-# what docs/plan.md names as the step-time model's open question for that run.
+# cuBLAS measured against the step-time model's GEMM rate at that shape (docs/plan.md, "Rates").
 run_bench grouped_gemm_4096_rows bench grouped-gemm --device cuda --model qwen3-30b-a3b --tokens 65536 --iters 5
 # Training steps (dropout off: not on the GPU yet): a ~0.9B dense GPT, and the Qwen3-MoE-shaped model of
 # torch_baselines.py's HF step.
