@@ -27,7 +27,7 @@ struct GpuSpec {
   // A GEMM below the large shapes MAMF is measured at: one kernel of [m, k] x [k, n] takes
   //   2mnk / (rate * k / (k + gemm_k_overhead)) + gemm_fixed_seconds,
   // the fixed part being its pipeline fill, tail and epilogue. Fitted once to the BF16 kernel times of a public
-  // cuBLAS-class GEMM table (docs/plan.md, "Rates"); 0 on the CPU, whose rate bench plan measures at the shape.
+  // cuBLAS-class GEMM table (docs/plan.md, "Rates"); 0 for the CPU spec bench plan builds from measured rates.
   double gemm_k_overhead = 0, gemm_fixed_seconds = 0;
   // The share of that fixed part a grouped expert GEMM still pays per expert: TransformerEngine runs the experts'
   // GEMMs on several streams, which overlap one expert's tail with the next one's start.
