@@ -9,8 +9,8 @@
 namespace moecore::train::plan {
 namespace {
 
-double tflops(double m, double n, double k, bool grouped) {
-  const GpuSpec& g = gpu_spec("h100");
+double tflops(double m, double n, double k, bool grouped, const char* gpu = "h100") {
+  const GpuSpec& g = gpu_spec(gpu);
   return 2 * m * n * k / gemm_kernel_seconds(g, m, n, k, g.achievable_bf16(), grouped) / 1e12;
 }
 
@@ -23,6 +23,17 @@ TEST(PlanGemmRate, NearTheFittedTable) {
   for (const Point& p : {Point{4096, 4096, 4096, 780.2}, Point{4096, 2048, 2048, 727.5}, Point{2048, 2048, 2048, 641.0},
                          Point{4096, 1024, 2048, 643.7}, Point{4096, 2048, 512, 449.6}, Point{4096, 4096, 1024, 685.2}})
     EXPECT_NEAR(tflops(p.m, p.n, p.k, false) / p.measured, 1.0, 0.10) << p.m << " x " << p.n << " x " << p.k;
+}
+
+// The B200's constants against the same table's sm_100 entries (B200): within 10% too.
+TEST(PlanGemmRate, B200NearTheFittedTable) {
+  struct Point {
+    double m, n, k, measured;
+  };
+  for (const Point& p :
+       {Point{4096, 4096, 4096, 1416.9}, Point{4096, 2048, 2048, 1170.0}, Point{2048, 2048, 2048, 985.8},
+        Point{4096, 2048, 512, 652.3}, Point{4096, 4096, 1024, 1075.6}})
+    EXPECT_NEAR(tflops(p.m, p.n, p.k, false, "b200") / p.measured, 1.0, 0.10) << p.m << " x " << p.n << " x " << p.k;
 }
 
 // TransformerEngine's grouped GEMM (multi-stream cuBLAS) on H100, TransformerEngine pull request 2045 (TE 2.7,
