@@ -1,6 +1,6 @@
 // The GEMM rate of `moecore plan --plan-gpu` at an op's shape (train/plan/op_costs.h, gemm_kernel_seconds): the
-// H100's two fitted constants against published kernel times that were not used to fit them, and against the
-// points of the table they were fitted to (docs/plan.md, "Rates").
+// H100's and B200's two fitted constants against the points of the table they were fitted to, and the H100's against
+// published kernel times that were not used to fit them (docs/plan.md, "Rates").
 #include <gtest/gtest.h>
 
 #include "moecore/train/plan/gpu_specs.h"
