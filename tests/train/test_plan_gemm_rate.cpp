@@ -3,6 +3,8 @@
 // published kernel times that were not used to fit them (docs/plan.md, "Rates").
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+
 #include "moecore/train/plan/gpu_specs.h"
 #include "moecore/train/plan/op_costs.h"
 
@@ -14,26 +16,35 @@ double tflops(double m, double n, double k, bool grouped, const char* gpu = "h10
   return 2 * m * n * k / gemm_kernel_seconds(g, m, n, k, g.achievable_bf16(), grouped) / 1e12;
 }
 
-// XLA's published sm_90 GEMM table (BF16, one GEMM, median kernel time), the table the constants were fitted to:
-// within 10% at the shapes a layer's GEMMs take, large and small.
-TEST(PlanGemmRate, NearTheFittedTable) {
-  struct Point {
-    double m, n, k, measured;
-  };
-  for (const Point& p : {Point{4096, 4096, 4096, 780.2}, Point{4096, 2048, 2048, 727.5}, Point{2048, 2048, 2048, 641.0},
-                         Point{4096, 1024, 2048, 643.7}, Point{4096, 2048, 512, 449.6}, Point{4096, 4096, 1024, 685.2}})
-    EXPECT_NEAR(tflops(p.m, p.n, p.k, false) / p.measured, 1.0, 0.10) << p.m << " x " << p.n << " x " << p.k;
+// One kernel time of XLA's published GEMM table (BF16, one GEMM, median kernel time), TFLOP/s at m x n x k.
+struct TablePoint {
+  double m, n, k, measured;
+};
+
+// The constants of `gpu` within 10% of the table they were fitted to, at the shapes a layer's GEMMs take.
+void expect_near_table(const char* gpu, std::initializer_list<TablePoint> points) {
+  for (const TablePoint& p : points)
+    EXPECT_NEAR(tflops(p.m, p.n, p.k, false, gpu) / p.measured, 1.0, 0.10)
+        << gpu << " " << p.m << " x " << p.n << " x " << p.k;
 }
 
-// The B200's constants against the same table's sm_100 entries (B200): within 10% too.
+// The H100's against the table's sm_90 entries, large and small shapes.
+TEST(PlanGemmRate, NearTheFittedTable) {
+  expect_near_table("h100", {{4096, 4096, 4096, 780.2},
+                             {4096, 2048, 2048, 727.5},
+                             {2048, 2048, 2048, 641.0},
+                             {4096, 1024, 2048, 643.7},
+                             {4096, 2048, 512, 449.6},
+                             {4096, 4096, 1024, 685.2}});
+}
+
+// The B200's against the same table's sm_100 entries (B200).
 TEST(PlanGemmRate, B200NearTheFittedTable) {
-  struct Point {
-    double m, n, k, measured;
-  };
-  for (const Point& p :
-       {Point{4096, 4096, 4096, 1416.9}, Point{4096, 2048, 2048, 1170.0}, Point{2048, 2048, 2048, 985.8},
-        Point{4096, 2048, 512, 652.3}, Point{4096, 4096, 1024, 1075.6}})
-    EXPECT_NEAR(tflops(p.m, p.n, p.k, false, "b200") / p.measured, 1.0, 0.10) << p.m << " x " << p.n << " x " << p.k;
+  expect_near_table("b200", {{4096, 4096, 4096, 1416.9},
+                             {4096, 2048, 2048, 1170.0},
+                             {2048, 2048, 2048, 985.8},
+                             {4096, 2048, 512, 652.3},
+                             {4096, 4096, 1024, 1075.6}});
 }
 
 // TransformerEngine's grouped GEMM (multi-stream cuBLAS) on H100, TransformerEngine pull request 2045 (TE 2.7,
