@@ -122,6 +122,31 @@ TEST(PlanPublished, Qwen3_30B_A3B_EpOverlapGainNearTheMeasuredAB) {
   EXPECT_NEAR(on / off - 1, measured_gain, 0.10) << "predicted " << off << " without, " << on << " with the overlap";
 }
 
+// Host synchronizations are counted (not priced) as Megatron's dispatchers make them: HybridEP without a token
+// budget reads its counts back once per MoE layer forward and micro-batch (48 layers x 64 micro-batches), a full
+// recompute's second forward reads them again, drop-and-pad fixes them on the host (none), and the alltoall
+// dispatcher syncs as HybridEP does. The printed plan names them.
+TEST(PlanOps, HostSyncsCountedPerMoeForward) {
+  // The recipe without the flag `drop` (and its value when `drop_words` is 2), with `extra` added.
+  auto with = [](const std::string& extra, const std::string& drop = "", int drop_words = 2) {
+    std::vector<std::string> f = qwen3_30b_a3b_h100_recipe();
+    if (!drop.empty()) f.erase(std::find(f.begin(), f.end(), drop), std::find(f.begin(), f.end(), drop) + drop_words);
+    for (const std::string& w : words(extra)) f.push_back(w);
+    return predict(f, 16, "h100").host_syncs;
+  };
+  EXPECT_EQ(with(""), 48 * 64);
+  // Megatron refuses recomputing the MoE layer with the EP overlap.
+  const std::string overlap = "--overlap-moe-expert-parallel-comm";
+  EXPECT_EQ(with("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1", overlap, 1),
+            2 * 48 * 64);
+  EXPECT_EQ(with("--recompute-granularity selective --recompute-modules moe", overlap, 1), 2 * 48 * 64);
+  EXPECT_EQ(with("--recompute-granularity selective --recompute-modules moe_act", overlap, 1), 48 * 64);
+  EXPECT_EQ(with("--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity"), 0);
+  EXPECT_EQ(with("--moe-token-dispatcher-type alltoall", "--moe-token-dispatcher-type"), 48 * 64);
+  const StepPrediction p = predict(qwen3_30b_a3b_h100_recipe(), 16, "h100");
+  EXPECT_NE(describe(p, gpu_spec("h100"), 16).find("3072 host-GPU synchronizations"), std::string::npos);
+}
+
 TEST(PlanPublished, DeepSeekV3On1024H100Fp8CurrentScalingWithinAQuarter) {
   const StepPrediction p = predict(deepseek_v3_h100_recipe("tensorwise"), 1024, "h100");
   EXPECT_NEAR(p.tflops_per_gpu / 338.0, 1.0, 0.25) << describe(p, gpu_spec("h100"), 1024);

@@ -393,6 +393,13 @@ LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayo
   return out;
 }
 
+int64_t host_syncs_per_moe_forward(const TrainConfig& c) {
+  const bool drop_and_pad = c.moe_pad_expert_input_to_capacity && c.moe_expert_capacity_factor >= 0;
+  if (c.moe_token_dispatcher_type == "allgather") return 1;
+  if (c.moe_token_dispatcher_type == "flex" && c.moe_flex_dispatcher_backend != "hybridep") return 1;  // DeepEP
+  return drop_and_pad ? 0 : 1;
+}
+
 double optimizer_seconds(const TrainConfig& c, double params, const GpuSpec& g) {
   // Adam per element: read the gradient (4), read and write the f32 master (8) and both moments (16, or 8 in
   // bf16), write the bf16 parameter (2); the gradient buffer zeroed (4); with --clip-grad the gradient read once

@@ -51,6 +51,11 @@ LayerTimes embedding_times(const TrainConfig& c, const PlanLayout& l, const GpuS
 LayerTimes loss_times(const TrainConfig& c, int64_t padded_vocab, const PlanLayout& l, const GpuSpec& gpu,
                       const Links& links, const LayerBytes& bytes, const PlanOptions& options);
 
+// Host-GPU synchronizations of one MoE layer's forward for one micro-batch in Megatron: the dispatcher reads the
+// token counts back to the host (the allgather dispatcher always; alltoall and flex's HybridEP unless drop-and-pad
+// fixes the counts; DeepEP's dispatch always waits on the host for the received count). Not priced (docs/plan.md).
+int64_t host_syncs_per_moe_forward(const TrainConfig& c);
+
 // Seconds of the optimizer step over `params` elements held by this rank's optimizer (its shard).
 double optimizer_seconds(const TrainConfig& c, double params, const GpuSpec& gpu);
 

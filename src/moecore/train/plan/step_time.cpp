@@ -79,6 +79,7 @@ struct RankSteps {
   double fsdp = 0;     // Megatron FSDP's exposed gathers and scatters, inside the passes (all micro-batches)
   double offload = 0;  // activation offloading's exposed host copies, inside the passes (all micro-batches)
   std::map<std::string, double> dp_by_group;
+  int64_t host_syncs = 0;  // per step
 };
 
 }  // namespace
@@ -102,6 +103,7 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
     RankSteps& rs = ranks[r];
     const std::vector<StageLayers> chunks = pipeline_stage_layers(c, r);
     MOE_ASSERT(std::ssize(chunks) == V);
+    const int64_t syncs = host_syncs_per_moe_forward(c) * M;  // one MoE layer's forwards in a step
     for (const StageLayers& ch : chunks) {
       OpTimes f, b, re;
       auto add_layer = [&](const LayerTimes& t) { f += t.fwd, b += t.bwd, b += t.recompute, re += t.recompute; };
@@ -109,12 +111,14 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
         const int64_t layer = ch.first_layer + i;
         const bool full = rc.full && rc.chunk(i, ch.num_layers).on();
         add_layer(kinds[c.is_moe_layer[layer] ? 1 : 0][full ? 1 : 0]);
+        if (c.is_moe_layer[layer]) rs.host_syncs += syncs * (full || rc.moe ? 2 : 1);
       }
       if (ch.embedding) add_layer(embed);
       if (ch.loss) add_layer(loss);
       for (int64_t d = 0; d < ch.mtp_layers; d++) {  // one more layer of the last layer's kind, its own logits
         add_layer(kinds[c.is_moe_layer.back() ? 1 : 0][0]);
         add_layer(loss);
+        if (c.is_moe_layer.back()) rs.host_syncs += syncs * (rc.moe ? 2 : 1);
       }
       rs.fwd.push_back(f.total());
       rs.bwd.push_back(b.total());
@@ -222,6 +226,7 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
                       {"offload (host)", rs.offload}};
   out.recompute = rs.recompute;
   out.optimizer = rs.optimizer;
+  out.host_syncs = rs.host_syncs;
   out.bubble = std::max(0.0, end[out.critical_pp_rank] - a.total());
   const double tokens = static_cast<double>(c.global_batch_size * c.seq_length);
   out.tokens_per_second = tokens / out.step_seconds;
@@ -244,6 +249,14 @@ std::string describe(const StepPrediction& p, const GpuSpec& gpu, int64_t world)
     if (t > 0) s += fmt::format("    exposed comm {:<17} {:>9.3f}\n", name, t);
   s += fmt::format("    {:<30} {:>9.3f}\n    {:<30} {:>9.3f}\n", "pipeline bubble", p.bubble, "optimizer step",
                    p.optimizer);
+  s += "  not priced (docs/plan.md, \"Where the model is known to be wrong\"): the host's own time per call (Python,\n"
+       "    PyTorch, TransformerEngine), CUDA graphs, the data loader";
+  if (p.host_syncs > 0)
+    s += fmt::format(
+        ",\n    and {} host-GPU synchronizations a step on that stage (the MoE dispatcher reads its token counts back "
+        "in\n    each MoE layer's forward of each micro-batch; the host cannot run ahead of the GPU past them)",
+        p.host_syncs);
+  s += "\n";
   return s;
 }
 

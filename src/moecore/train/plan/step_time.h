@@ -45,6 +45,9 @@ struct StepPrediction {
   // the pipeline bubble, the optimizer step.
   std::vector<std::pair<std::string, double>> compute, exposed_comm;
   double recompute = 0, bubble = 0, optimizer = 0;
+  // The critical rank's host-GPU synchronizations in one step (the MoE dispatchers' token counts, recompute
+  // included): the host cannot run ahead of the GPU past them. Counted, not priced.
+  int64_t host_syncs = 0;
 };
 
 // One step of `c` under layout `l` on `gpu`. Throws Error for what the model does not cover (named).
