@@ -4,9 +4,18 @@
 // row (Accepts) first, so these see accepted values and do not repeat those ranges.
 #pragma once
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "moecore/train/config/config.h"
 
 namespace moecore::train {
+
+// Whether a list flag's values (--offload-modules, --recompute-modules, --cuda-graph-modules, ...) hold `value`.
+inline bool holds(const std::vector<std::string>& values, const std::string& value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
 
 // Attention and positions, MLA and its YaRN, MTP, the vocabulary padding, and activation recompute
 // (config_validate_model.cpp).

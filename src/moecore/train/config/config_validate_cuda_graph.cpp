@@ -19,13 +19,9 @@
 
 namespace moecore::train {
 
-namespace cuda_graph_checks {  // named: the unity build puts other files' helpers (has) beside these
+namespace cuda_graph_checks {  // named: the unity build puts other files' helpers beside these
 
 using Names = std::vector<std::string>;
-
-bool has(const Names& v, const std::string& s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
 
 std::string py_list(const Names& v) {  // Python's repr of a list of strings, as Megatron's messages print it
   std::string s;
@@ -48,7 +44,7 @@ struct CudaGraphs {
   int64_t warmup_steps = 3;
 
   bool per_layer() const { return impl == "local" || impl == "transformer_engine"; }
-  bool graphs(const char* m) const { return has(modules, m); }
+  bool graphs(const char* m) const { return holds(modules, m); }
 };
 
 // The deprecated switches and --cuda-graph-scope, then normalize_cuda_graph_modules and its migrations.
@@ -78,7 +74,7 @@ CudaGraphs read_cuda_graphs(const TrainConfig& c) {
     raw_flag = "--cuda-graph-scope";
   }
   if (!raw.empty()) g.modules_shown = raw_flag + " " + fmt::format("{}", fmt::join(raw, " "));
-  if (has(raw, "full")) {  // deprecated: the whole layer
+  if (holds(raw, "full")) {  // deprecated: the whole layer
     require(raw == Names{"full"}, "full scope cannot be used with other scopes.",
             g.modules_shown + ": drop full (no modules captures the whole layer)");
     return g;
@@ -217,26 +213,27 @@ void recompute_rules(const TrainConfig& c, const CudaGraphs& g) {
   const Names rm = c.recompute_modules.empty() ? Names{"core_attn"} : c.recompute_modules;  // Megatron's default
   const std::string with =
       g.impl_shown + " with " + g.modules_shown + " and --recompute-modules " + fmt::format("{}", fmt::join(rm, " "));
-  if (g.impl == "transformer_engine" && has(rm, "moe"))
+  if (g.impl == "transformer_engine" && holds(rm, "moe"))
     require(!g.graphs("moe_router"),
             "moe recompute is not supported with moe_router CUDA graph with: --cuda-graph-impl transformer_engine.",
             with + ": drop moe_router or the moe recompute");
   const bool full = g.impl == "full_iteration" || g.modules.empty();  // the whole layer (or step) captured
   auto graphed = [&](const char* m) { return full || g.graphs(m); };
   if (c.attention_dropout != 0.0)
-    require(!graphed("attn") || !has(rm, "core_attn"),
+    require(!graphed("attn") || !holds(rm, "core_attn"),
             "attention dropout is not supported with graphed attention recomputation.",
             with + fmt::format(" and --attention-dropout {}: set --attention-dropout 0 or recompute core_attn outside "
                                "the graphs",
                                c.attention_dropout));
   if (c.hidden_dropout != 0.0)
-    require((!graphed("mlp") || !has(rm, "mlp")) && (!graphed("moe") || !has(rm, "moe")),
+    require((!graphed("mlp") || !holds(rm, "mlp")) && (!graphed("moe") || !holds(rm, "moe")),
             "hidden dropout is not supported with graphed MLP/MoE recomputation.",
             with + fmt::format(" and --hidden-dropout {}: set --hidden-dropout 0 or recompute mlp and moe outside the "
                                "graphs",
                                c.hidden_dropout));
   if (c.moe_input_jitter_eps > 0)  // 0: Megatron's None
-    require(!graphed("moe") || !has(rm, "moe"), "moe_input_jitter_eps is not supported with graphed moe recomputation.",
+    require(!graphed("moe") || !holds(rm, "moe"),
+            "moe_input_jitter_eps is not supported with graphed moe recomputation.",
             with + " and --moe-input-jitter-eps: drop the jitter or the moe recompute");
 }
 

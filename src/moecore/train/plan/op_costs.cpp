@@ -50,7 +50,7 @@ Gemm gemm(const TrainConfig& c, const GpuSpec& g, double m, double n, double k, 
   const double eb = fp8 ? 1.0 : act_bytes(c);
   const double rate = fp8 ? g.achievable_fp8() : (c.bf16 || c.fp16 ? g.achievable_bf16() : g.achievable_bf16() / 4);
   const double hbm = g.hbm_bandwidth * g.hbm_efficiency;
-  const double flops = 2 * m * n * k, bytes = (m * k + k * n) * eb + m * n * act_bytes(c);
+  const double bytes = (m * k + k * n) * eb + m * n * act_bytes(c);
   auto pass = [&](double rows, double cols, double contraction) {
     const double compute = gemm_kernel_seconds(g, rows, cols, contraction, rate, grouped);
     return std::max(compute, bytes / hbm) + g.kernel_launch_seconds;

@@ -91,7 +91,8 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
   const nn::RecomputeConfig rc = recompute_config(c);
   const int64_t V = virtual_stages(c), M = l.num_microbatches;
   const double m = static_cast<double>(M);
-  LayerTimes kinds[2][2];  // [moe][full recompute]
+  const int64_t syncs = host_syncs_per_moe_forward(c) * M;  // one MoE layer's forwards in a step
+  LayerTimes kinds[2][2];                                   // [moe][full recompute]
   for (int moe = 0; moe < 2; moe++)
     for (int full = 0; full < 2; full++)
       kinds[moe][full] = layer_times(c, l, gpu, links, bytes, options, moe == 1, full == 1);
@@ -103,7 +104,6 @@ StepPrediction predict_step(const TrainConfig& c, int64_t padded_vocab, const Pl
     RankSteps& rs = ranks[r];
     const std::vector<StageLayers> chunks = pipeline_stage_layers(c, r);
     MOE_ASSERT(std::ssize(chunks) == V);
-    const int64_t syncs = host_syncs_per_moe_forward(c) * M;  // one MoE layer's forwards in a step
     for (const StageLayers& ch : chunks) {
       OpTimes f, b, re;
       auto add_layer = [&](const LayerTimes& t) { f += t.fwd, b += t.bwd, b += t.recompute, re += t.recompute; };
